@@ -1,0 +1,1 @@
+"""The prefix-aware router: SGLang's and OpenAI's API in front of the model-server replicas."""

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create or refresh the project's virtual environment (.venv) with the given extras.
+# Re-installs only when pyproject.toml or the extras change. Usage: scripts/venv.sh [extras]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras=${1:-}
+venv=${TPUSERVE_VENV:-.venv}
+
+find_python() {
+  for candidate in python3.13 python3.12 python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+      "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+      command -v "$candidate"
+      return 0
+    fi
+  done
+  echo "tpuserve needs Python 3.11 or newer on PATH (python3.11, python3.12 or python3.13)" >&2
+  return 1
+}
+
+if [ ! -x "$venv/bin/python" ]; then
+  "$(find_python)" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade "pip>=24"
+fi
+stamp="$venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras:-base}"
+if [ ! -f "$stamp" ]; then
+  spec="."
+  [ -n "$extras" ] && spec=".[$extras]"
+  "$venv/bin/python" -m pip install --quiet --editable "$spec"
+  rm -f "$venv"/.installed-*
+  touch "$stamp"
+fi

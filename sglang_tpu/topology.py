@@ -1,0 +1,247 @@
+"""The TPU topology catalog: the one place that knows GKE TPU generations and slice shapes.
+
+The operator (node selectors, `google.com/tpu` requests, host counts), the launcher
+(TorchTPU topology strings, devices per host), the engine twin's performance model (HBM,
+FLOP/s, bandwidth) and the test cluster's fake node pools all read this module.
+
+Everything is keyed on (generation, topology), never on a chip count alone: v6e `2x4` is one
+8-chip VM (`ct6e-standard-8t`) while tpu7x `2x2x2` is two 4-chip VMs. Facts and their
+sources: `shared/reference/tpu-and-gke.md` §2.1–2.3 (GKE) and §2.2 (torch_tpu 0.2.0
+`hardware.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+TPU_RESOURCE = "google.com/tpu"
+ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+ACCELERATOR_COUNT_LABEL = "cloud.google.com/gke-accelerator-count"
+SPOT_LABEL = "cloud.google.com/gke-spot"
+RESERVATION_LABEL = "cloud.google.com/reservation-name"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+# GKE taints TPU slice nodes google.com/tpu=present:NoSchedule; pods tolerate it explicitly.
+TPU_TAINT_KEY = TPU_RESOURCE
+TPU_TAINT_VALUE = "present"
+TPU_TAINT_EFFECT = "NoSchedule"
+
+GIB = 1024**3
+TERA = 1e12
+
+
+class CatalogError(ValueError):
+    """A (generation, topology) pair the catalog does not know; names field, value and allowed."""
+
+    def __init__(
+        self, field_path: str, value: object, allowed: list[str], detail: str = ""
+    ) -> None:
+        self.field = field_path
+        self.value = value
+        self.allowed = allowed
+        what = f"{detail}; " if detail else ""
+        super().__init__(
+            f"{field_path}: {value!r} is not allowed; {what}allowed: {', '.join(allowed)}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TPUGeneration:
+    """One TPU generation's per-chip hardware facts."""
+
+    name: str
+    accelerator: str  # value of cloud.google.com/gke-tpu-accelerator
+    pci_device_id: str
+    hbm_bytes_per_chip: int
+    hbm_bandwidth_bytes_per_second: float
+    peak_bf16_flops_per_chip: float
+    # Dense 8-bit peak (fp8 where the chip has it, int8 otherwise); None when unpublished.
+    peak_8bit_flops_per_chip: float | None
+    # torch_tpu exposes one device per chip, except Ironwood (two TensorCores, one device each).
+    devices_per_chip: int
+    # torch_tpu's host-local TORCH_TPU_TOPOLOGY by number of devices on the host.
+    host_topology_by_devices: Mapping[int, str]
+    # Chips on each multi-host VM (4 on every multi-host machine type).
+    chips_per_multi_host_vm: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class SliceShape:
+    """One slice shape of a generation: what one serving replica runs on."""
+
+    generation: TPUGeneration
+    topology: str  # as GKE labels it: cloud.google.com/gke-tpu-topology
+    machine_type: str
+    hosts: int
+    chips_per_host: int
+    dims: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dims", parse_topology(self.topology))
+        if self.hosts * self.chips_per_host != math.prod(self.dims):
+            raise AssertionError(f"catalog entry {self.generation.name} {self.topology} is wrong")
+
+    @property
+    def chips(self) -> int:
+        return self.hosts * self.chips_per_host
+
+    @property
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def devices_per_host(self) -> int:
+        return self.chips_per_host * self.generation.devices_per_chip
+
+    @property
+    def devices(self) -> int:
+        return self.hosts * self.devices_per_host
+
+    @property
+    def host_topology(self) -> str:
+        """TorchTPU's host-local topology string (`TORCH_TPU_TOPOLOGY` on one host)."""
+        return self.generation.host_topology_by_devices[self.devices_per_host]
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.chips * self.generation.hbm_bytes_per_chip
+
+    def node_selector(self) -> dict[str, str]:
+        return {ACCELERATOR_LABEL: self.generation.accelerator, TOPOLOGY_LABEL: self.topology}
+
+    @property
+    def key(self) -> str:
+        return f"{self.generation.name}/{self.topology}"
+
+
+def parse_topology(topology: str) -> tuple[int, ...]:
+    """`4x4` -> (4, 4); `2x2x2` -> (2, 2, 2). Raises ValueError for anything else."""
+    parts = topology.split("x")
+    if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"topology {topology!r} is not of the form AxB or AxBxC")
+    return tuple(int(p) for p in parts)
+
+
+_SINGLE_CORE_2D = MappingProxyType({1: "1,1,1", 4: "2,2,1", 8: "2,4,1"})
+_SINGLE_CORE_3D = MappingProxyType({1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"})
+
+GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
+    {
+        "v5e": TPUGeneration(
+            name="v5e",
+            accelerator="tpu-v5-lite-podslice",
+            pci_device_id="0x0063",
+            hbm_bytes_per_chip=16 * GIB,
+            hbm_bandwidth_bytes_per_second=819e9,
+            peak_bf16_flops_per_chip=197 * TERA,
+            peak_8bit_flops_per_chip=394 * TERA,  # int8
+            devices_per_chip=1,
+            host_topology_by_devices=_SINGLE_CORE_2D,
+        ),
+        "v5p": TPUGeneration(
+            name="v5p",
+            accelerator="tpu-v5p-slice",
+            pci_device_id="0x0062",
+            hbm_bytes_per_chip=95 * GIB,
+            hbm_bandwidth_bytes_per_second=2765e9,
+            peak_bf16_flops_per_chip=459 * TERA,
+            peak_8bit_flops_per_chip=918 * TERA,  # int8
+            devices_per_chip=1,
+            host_topology_by_devices=_SINGLE_CORE_3D,
+        ),
+        "v6e": TPUGeneration(
+            name="v6e",
+            accelerator="tpu-v6e-slice",
+            pci_device_id="0x006f",
+            hbm_bytes_per_chip=32 * GIB,
+            hbm_bandwidth_bytes_per_second=1640e9,
+            peak_bf16_flops_per_chip=918 * TERA,
+            peak_8bit_flops_per_chip=1836 * TERA,  # int8
+            devices_per_chip=1,
+            host_topology_by_devices=_SINGLE_CORE_2D,
+        ),
+        "tpu7x": TPUGeneration(
+            name="tpu7x",
+            accelerator="tpu7x",
+            pci_device_id="0x0076",
+            hbm_bytes_per_chip=192 * GIB,
+            hbm_bandwidth_bytes_per_second=7380e9,
+            peak_bf16_flops_per_chip=2307 * TERA,
+            peak_8bit_flops_per_chip=4614 * TERA,  # fp8
+            devices_per_chip=2,
+            host_topology_by_devices=MappingProxyType({2: "1,1,1,2", 4: "1,2,1,2", 8: "2,2,1,2"}),
+        ),
+    }
+)
+
+
+def _shapes() -> tuple[SliceShape, ...]:
+    g = GENERATIONS
+    # (generation, topology, machine type, hosts, chips per host)
+    rows: list[tuple[str, str, str, int, int]] = [
+        ("v5e", "1x1", "ct5lp-hightpu-1t", 1, 1),
+        ("v5e", "2x2", "ct5lp-hightpu-4t", 1, 4),
+        ("v5e", "2x4", "ct5lp-hightpu-8t", 1, 8),
+        ("v5e", "4x4", "ct5lp-hightpu-4t", 4, 4),
+        ("v5e", "4x8", "ct5lp-hightpu-4t", 8, 4),
+        ("v5e", "8x8", "ct5lp-hightpu-4t", 16, 4),
+        ("v5e", "8x16", "ct5lp-hightpu-4t", 32, 4),
+        ("v5e", "16x16", "ct5lp-hightpu-4t", 64, 4),
+        ("v5p", "2x2x1", "ct5p-hightpu-4t", 1, 4),
+        ("v5p", "2x2x2", "ct5p-hightpu-4t", 2, 4),
+        ("v5p", "2x2x4", "ct5p-hightpu-4t", 4, 4),
+        ("v5p", "2x4x4", "ct5p-hightpu-4t", 8, 4),
+        ("v5p", "4x4x4", "ct5p-hightpu-4t", 16, 4),
+        ("v5p", "4x4x8", "ct5p-hightpu-4t", 32, 4),
+        ("v6e", "1x1", "ct6e-standard-1t", 1, 1),
+        ("v6e", "2x2", "ct6e-standard-4t", 1, 4),
+        ("v6e", "2x4", "ct6e-standard-8t", 1, 8),
+        ("v6e", "4x4", "ct6e-standard-4t", 4, 4),
+        ("v6e", "4x8", "ct6e-standard-4t", 8, 4),
+        ("v6e", "8x8", "ct6e-standard-4t", 16, 4),
+        ("v6e", "8x16", "ct6e-standard-4t", 32, 4),
+        ("v6e", "16x16", "ct6e-standard-4t", 64, 4),
+        ("tpu7x", "2x2x1", "tpu7x-standard-4t", 1, 4),
+        ("tpu7x", "2x2x2", "tpu7x-standard-4t", 2, 4),
+        ("tpu7x", "2x2x4", "tpu7x-standard-4t", 4, 4),
+        ("tpu7x", "2x4x4", "tpu7x-standard-4t", 8, 4),
+        ("tpu7x", "4x4x4", "tpu7x-standard-4t", 16, 4),
+    ]
+    return tuple(SliceShape(g[gen], topo, mt, hosts, cph) for gen, topo, mt, hosts, cph in rows)
+
+
+SLICE_SHAPES: tuple[SliceShape, ...] = _shapes()
+_BY_KEY: Mapping[tuple[str, str], SliceShape] = MappingProxyType(
+    {(s.generation.name, s.topology): s for s in SLICE_SHAPES}
+)
+
+
+def generation_names() -> list[str]:
+    return list(GENERATIONS)
+
+
+def topologies_for(generation: str) -> list[str]:
+    return [s.topology for s in SLICE_SHAPES if s.generation.name == generation]
+
+
+def get_generation(name: str, field_path: str = "tpu.generation") -> TPUGeneration:
+    try:
+        return GENERATIONS[name]
+    except KeyError:
+        raise CatalogError(field_path, name, generation_names()) from None
+
+
+def lookup(generation: str, topology: str, field_path: str = "tpu.topology") -> SliceShape:
+    """The slice shape for (generation, topology), or a CatalogError listing valid topologies."""
+    get_generation(generation, field_path.rsplit(".", 1)[0] + ".generation")
+    shape = _BY_KEY.get((generation, topology))
+    if shape is None:
+        raise CatalogError(
+            field_path, topology, topologies_for(generation), detail=f"not a {generation} topology"
+        )
+    return shape

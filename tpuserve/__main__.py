@@ -1,0 +1,5 @@
+import sys
+
+from tpuserve.cli import main
+
+sys.exit(main())
