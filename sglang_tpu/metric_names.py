@@ -1,0 +1,206 @@
+"""Every SGLang Prometheus metric the engine twin exports: name, type, labels and buckets.
+
+The one list of ``sglang:*`` names in tpuserve. The twin registers exactly these; the chart's
+dashboards and recording rules import them, and a test fails when a dashboard uses a name that
+is neither here nor a router metric. Names, types, label sets and default buckets follow
+SGLang's collectors (``srt/metrics/collector.py``, later ``srt/observability/
+metrics_collector.py``): request-level metrics come from the tokenizer collector (label
+``model_name``), engine metrics from the scheduler collector (labels ``model_name``,
+``engine_type``, ``tp_rank``, ``pp_rank``).
+
+`name` is spelled as a PromQL query writes it: counters end in ``_total``; a histogram's
+series are `name` + ``_bucket`` / ``_sum`` / ``_count``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MetricKind = Literal["counter", "gauge", "histogram"]
+Collector = Literal["tokenizer", "scheduler"]
+
+TOKENIZER_LABELS: tuple[str, ...] = ("model_name",)
+SCHEDULER_LABELS: tuple[str, ...] = ("model_name", "engine_type", "tp_rank", "pp_rank")
+
+TTFT_BUCKETS_SECONDS: tuple[float, ...] = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+    200.0, 400.0,
+)  # fmt: skip
+ITL_BUCKETS_SECONDS: tuple[float, ...] = (
+    0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08,
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0,
+)  # fmt: skip
+E2E_BUCKETS_SECONDS: tuple[float, ...] = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+    200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0,
+)  # fmt: skip
+QUEUE_TIME_BUCKETS_SECONDS: tuple[float, ...] = (
+    0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    70.0, 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0, 1000.0,
+    1200.0, 1400.0, 1600.0, 1800.0, 2000.0, 2500.0, 3000.0,
+)  # fmt: skip
+
+REALTIME_TOKEN_MODES: tuple[str, ...] = ("prefill_compute", "prefill_cache", "decode")
+CACHE_SOURCES: tuple[str, ...] = ("device",)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: MetricKind
+    documentation: str
+    collector: Collector
+    extra_labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        base = TOKENIZER_LABELS if self.collector == "tokenizer" else SCHEDULER_LABELS
+        return base + self.extra_labels
+
+    @property
+    def family(self) -> str:
+        """The family name prometheus_client's text parser reports (counters lose ``_total``)."""
+        if self.kind == "counter" and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        """Every series name a query may select for this metric."""
+        if self.kind == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+
+def _c(name: str, doc: str, collector: Collector, *extra: str) -> MetricSpec:
+    return MetricSpec(name, "counter", doc, collector, tuple(extra))
+
+
+def _g(name: str, doc: str, *extra: str) -> MetricSpec:
+    return MetricSpec(name, "gauge", doc, "scheduler", tuple(extra))
+
+
+def _h(name: str, doc: str, collector: Collector, buckets: tuple[float, ...]) -> MetricSpec:
+    return MetricSpec(name, "histogram", doc, collector, (), buckets)
+
+
+# Request-level (tokenizer collector).
+PROMPT_TOKENS = _c("sglang:prompt_tokens_total", "Number of prefill tokens processed.", "tokenizer")
+GENERATION_TOKENS = _c(
+    "sglang:generation_tokens_total", "Number of generation tokens processed.", "tokenizer"
+)
+CACHED_TOKENS = _c(
+    "sglang:cached_tokens_total",
+    "Number of cached prompt tokens by source (device/host/storage).",
+    "tokenizer",
+    "cache_source",
+)
+NUM_REQUESTS = _c("sglang:num_requests_total", "Number of requests processed.", "tokenizer")
+NUM_REQUESTS_RECEIVED = _c(
+    "sglang:num_requests_received_total", "Number of requests received.", "tokenizer"
+)
+NUM_SO_REQUESTS = _c(
+    "sglang:num_so_requests_total",
+    "Number of structured output requests processed.",
+    "tokenizer",
+)
+NUM_ABORTED_REQUESTS = _c(
+    "sglang:num_aborted_requests_total", "Number of requests aborted.", "tokenizer"
+)
+TIME_TO_FIRST_TOKEN = _h(
+    "sglang:time_to_first_token_seconds",
+    "Histogram of time to first token in seconds.",
+    "tokenizer",
+    TTFT_BUCKETS_SECONDS,
+)
+INTER_TOKEN_LATENCY = _h(
+    "sglang:inter_token_latency_seconds",
+    "Histogram of inter-token latency in seconds.",
+    "tokenizer",
+    ITL_BUCKETS_SECONDS,
+)
+E2E_REQUEST_LATENCY = _h(
+    "sglang:e2e_request_latency_seconds",
+    "Histogram of End-to-end request latency in seconds",
+    "tokenizer",
+    E2E_BUCKETS_SECONDS,
+)
+
+# Engine (scheduler collector).
+NUM_RUNNING_REQS = _g("sglang:num_running_reqs", "The number of running requests.")
+NUM_QUEUE_REQS = _g("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+NUM_USED_TOKENS = _g("sglang:num_used_tokens", "The number of used tokens.")
+TOKEN_USAGE = _g("sglang:token_usage", "The token usage.")
+MAX_TOTAL_NUM_TOKENS = _g(
+    "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."
+)
+GEN_THROUGHPUT = _g("sglang:gen_throughput", "The generation throughput (token/s).")
+CACHE_HIT_RATE = _g("sglang:cache_hit_rate", "The prefix cache hit rate.")
+NUM_GRAMMAR_QUEUE_REQS = _g(
+    "sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue."
+)
+SPEC_ACCEPT_LENGTH = _g("sglang:spec_accept_length", "The average acceptance length.")
+UTILIZATION = _g(
+    "sglang:utilization",
+    "Running requests over max_running_requests_under_SLO (-1 when not configured).",
+)
+NUM_RETRACTED_REQS = _g("sglang:num_retracted_reqs", "The number of retracted requests.")
+ENGINE_STARTUP_TIME = _g("sglang:engine_startup_time", "The time taken for the engine to start up.")
+ENGINE_LOAD_WEIGHTS_TIME = _g(
+    "sglang:engine_load_weights_time", "The time taken for the engine to load weights."
+)
+CACHE_CONFIG_INFO = _g(
+    "sglang:cache_config_info", "Information about the KV cache configuration.",
+    "page_size", "num_pages",
+)  # fmt: skip
+REALTIME_TOKENS = MetricSpec(
+    "sglang:realtime_tokens_total",
+    "counter",
+    "Number of tokens processed, updated every scheduler step, by mode.",
+    "scheduler",
+    ("mode",),
+)
+QUEUE_TIME = _h(
+    "sglang:queue_time_seconds",
+    "Histogram of queueing time in seconds.",
+    "scheduler",
+    QUEUE_TIME_BUCKETS_SECONDS,
+)
+
+ALL_METRICS: tuple[MetricSpec, ...] = (
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    CACHED_TOKENS,
+    NUM_REQUESTS,
+    NUM_REQUESTS_RECEIVED,
+    NUM_SO_REQUESTS,
+    NUM_ABORTED_REQUESTS,
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    E2E_REQUEST_LATENCY,
+    NUM_RUNNING_REQS,
+    NUM_QUEUE_REQS,
+    NUM_USED_TOKENS,
+    TOKEN_USAGE,
+    MAX_TOTAL_NUM_TOKENS,
+    GEN_THROUGHPUT,
+    CACHE_HIT_RATE,
+    NUM_GRAMMAR_QUEUE_REQS,
+    SPEC_ACCEPT_LENGTH,
+    UTILIZATION,
+    NUM_RETRACTED_REQS,
+    ENGINE_STARTUP_TIME,
+    ENGINE_LOAD_WEIGHTS_TIME,
+    CACHE_CONFIG_INFO,
+    REALTIME_TOKENS,
+    QUEUE_TIME,
+)
+
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in ALL_METRICS}
+
+
+def series_names() -> frozenset[str]:
+    """Every ``sglang:*`` series name a dashboard or rule may select."""
+    return frozenset(s for m in ALL_METRICS for s in m.series)
