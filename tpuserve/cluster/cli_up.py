@@ -1,0 +1,91 @@
+"""`tpuserve cluster up`: start a local control plane with fake GKE TPU node pools."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tpuserve.cluster.cluster import Cluster, default_run_dir
+from tpuserve.cluster.node_pools import DEFAULT_PROFILE, ProfileError, load_profile
+from tpuserve.cluster.process import StartupError
+from tpuserve.cluster.toolchain import ToolchainMissing
+
+DESCRIPTION = """Start a local Kubernetes control plane with fake GKE TPU node pools.
+
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and (when built) the
+LeaderWorkerSet controller run as local processes on 127.0.0.1 and keep running after this
+command returns; stop them with `tpuserve cluster down`. Node pools come from a profile file.
+Binaries: scripts/build-control-plane.sh. Guide: docs/development.md."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=default_run_dir(),
+        help="Where kubeconfig, PKI, etcd data, logs and state go (default: %(default)s).",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=DEFAULT_PROFILE,
+        help="Node-pool profile YAML (default: the built-in profile, %(default)s).",
+    )
+    lws = parser.add_mutually_exclusive_group()
+    lws.add_argument(
+        "--lws",
+        dest="lws",
+        action="store_true",
+        default=None,
+        help="Run the LeaderWorkerSet controller (default: when it was built).",
+    )
+    lws.add_argument(
+        "--no-lws",
+        dest="lws",
+        action="store_false",
+        help="Do not run the LeaderWorkerSet controller.",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="Readiness deadline of each component (default: %(default)s).",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir: Path = args.run_dir.resolve()
+    if (run_dir / "state.json").exists():
+        existing = Cluster.attach(run_dir)
+        alive = existing.alive_processes()
+        if alive:
+            print(
+                f"a cluster is already running from {run_dir} ({', '.join(alive)}); "
+                "stop it with `tpuserve cluster down` first",
+                file=sys.stderr,
+            )
+            return 1
+        existing.stop()  # stale state file of a dead cluster
+    try:
+        pools = load_profile(args.profile)
+        cluster = Cluster(
+            run_dir, pools=pools, lws=args.lws, detach=True, startup_timeout_seconds=args.timeout
+        )
+        cluster.start()
+    except (ProfileError, ToolchainMissing, StartupError) as err:
+        print(f"tpuserve cluster up: {err}", file=sys.stderr)
+        return 1
+    nodes = sum(p.nodes for p in pools)
+    print(f"control plane up in {cluster.started_seconds:.1f} s: {cluster.server}")
+    print(
+        f"  {nodes} fake nodes in {len(pools)} pools; LWS: {'on' if cluster.lws_enabled else 'off'}"
+    )
+    print(f"  logs: {cluster.logs_dir}")
+    print(f"  export KUBECONFIG={cluster.kubeconfig}")
+    print(
+        "  stop with: tpuserve cluster down"
+        + (f" --run-dir {run_dir}" if run_dir != default_run_dir().resolve() else "")
+    )
+    return 0

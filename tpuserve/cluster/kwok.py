@@ -1,0 +1,45 @@
+"""kwok's configuration: the upstream "fast" stages, read from kwok's module in the Go cache.
+
+Standalone kwok exits with "no stages found" unless stages are given. The stages used are the
+ones of kwok's `kustomize/stage/fast` bundle: nodes become Ready at once and keep a lease
+heartbeat; pods bound to a kwok node go straight to Running with Ready=True (so Endpoints and
+EndpointSlices list them), Job pods complete, and deleted pods are released (no kubelet).
+
+Pod IPs come from `POD_CIDR` and node IPs are `NODE_IP`: both are fake, private addresses that
+exist only in API objects. Nothing may ever dial them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+POD_CIDR = "10.244.0.0/16"
+NODE_IP = "10.255.0.1"
+NODE_LEASE_DURATION_SECONDS = 40
+STAGE_FILES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-complete.yaml",
+    "pod/fast/pod-delete.yaml",
+)
+
+
+def kwok_config(kwok_module_dir: Path) -> str:
+    """A multi-document KwokConfiguration + Stage file for `kwok --config`."""
+    options = {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": {
+            "cidr": POD_CIDR,
+            "nodeIP": NODE_IP,
+            "nodeLeaseDurationSeconds": NODE_LEASE_DURATION_SECONDS,
+        },
+    }
+    docs = [yaml.safe_dump(options, sort_keys=False)]
+    stage_dir = kwok_module_dir / "kustomize" / "stage"
+    for name in STAGE_FILES:
+        docs.append((stage_dir / name).read_text())
+    return "---\n".join(doc if doc.endswith("\n") else doc + "\n" for doc in docs)
