@@ -1,0 +1,191 @@
+"""The SGLang launch flags `tpuserve engine launch` sets, with the source of each: one table.
+
+`FLAGS` is the only place that names an SGLang command-line flag. The launcher builds the
+command from it (`sglang_command`), the contract refuses extra arguments that would override
+one of these flags (`OWNED_FLAGS`), and `docs/engine-launch.md` prints it.
+
+Sources:
+
+- ``sglang-0.5.23``: the `sglang==0.5.23` wheel on PyPI (the version pinned in pyproject's
+  `tpu` extra), `sglang/srt/arg_groups/fields/*.py` and
+  `sglang/srt/disaggregation/kv_events.py` (`KVEventsConfig`).
+- ``sglang-docs``: https://docs.sglang.io/references/multi_node_deployment/multi_node.html
+  (`--tp`, `--dist-init-addr`, `--nnodes`, `--node-rank` for multi-node serving).
+- ``unconfirmed``: SGLang-TorchTPU itself is not public (its recipes say "access to
+  SGLang-TorchTPU will be available soon"); the upstream wheel has no TPU device. Flags marked
+  so are our best reading and must be checked on a TPU VM with the SGLang-TorchTPU build.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sglang_tpu.contract import LaunchContract
+
+SGLANG_0_5_23 = "sglang-0.5.23"
+SGLANG_DOCS = "sglang-docs"
+UNCONFIRMED = "unconfirmed"
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One SGLang flag the launcher owns."""
+
+    name: str
+    set_from: str  # the contract variable or derivation that gives its value
+    source: str  # SGLANG_0_5_23 | SGLANG_DOCS | UNCONFIRMED
+    note: str = ""
+    aliases: tuple[str, ...] = ()
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "--model-path",
+        "TPUSERVE_MODEL, resolved to a local directory by the fetch step",
+        SGLANG_0_5_23,
+        aliases=("--model",),
+    ),
+    Flag("--served-model-name", "TPUSERVE_SERVED_MODEL_NAME", SGLANG_0_5_23),
+    Flag(
+        "--device",
+        "always `tpu`",
+        UNCONFIRMED,
+        "upstream 0.5.23 lists cuda, xpu, hpu, npu, cpu, musa; the TorchTPU build's value is "
+        "assumed to be `tpu` (torch.device('tpu') in TorchTPU)",
+    ),
+    Flag(
+        "--tp-size",
+        "hosts x TorchTPU devices per host (the whole slice; tpu7x has 2 devices per chip)",
+        SGLANG_0_5_23,
+        "whether the TorchTPU build counts chips or TensorCores on tpu7x is unconfirmed",
+        aliases=("--tp", "--tensor-parallel-size"),
+    ),
+    Flag("--nnodes", "TPUSERVE_HOSTS (multi-host only)", SGLANG_0_5_23),
+    Flag("--node-rank", "TPUSERVE_HOST_INDEX (multi-host only)", SGLANG_0_5_23),
+    Flag(
+        "--dist-init-addr",
+        "first worker hostname : TPUSERVE_DIST_INIT_PORT (multi-host only)",
+        SGLANG_0_5_23,
+        "SGLang also binds the next ports (port+1 .. port+6) on the leader",
+        aliases=("--nccl-init-addr",),
+    ),
+    Flag("--host", "TPUSERVE_BIND_HOST", SGLANG_0_5_23),
+    Flag("--port", "TPUSERVE_HTTP_PORT", SGLANG_0_5_23),
+    Flag("--enable-metrics", "always set; /metrics on the HTTP port", SGLANG_0_5_23),
+    Flag(
+        "--kv-events-config",
+        'JSON {"publisher": "zmq", "endpoint": TPUSERVE_KV_EVENTS_PORT, '
+        '"replay_endpoint": TPUSERVE_KV_REPLAY_PORT}',
+        SGLANG_0_5_23,
+    ),
+    Flag(
+        "--quantization",
+        "TPUSERVE_QUANTIZATION: fp8 -> fp8, mxfp4 -> mxfp4, nvfp4 -> modelopt_fp4; none -> unset",
+        SGLANG_0_5_23,
+        "which methods the TorchTPU build implements is unconfirmed",
+    ),
+    Flag(
+        "--kv-cache-dtype",
+        "TPUSERVE_KV_CACHE_DTYPE: fp8 -> fp8_e4m3; auto -> unset",
+        SGLANG_0_5_23,
+    ),
+    Flag("--context-length", "TPUSERVE_CONTEXT_LENGTH", SGLANG_0_5_23),
+    Flag(
+        "--speculative-algorithm",
+        "TPUSERVE_SPECULATIVE_ALGORITHM: EAGLE3 -> EAGLE3, MTP -> NEXTN",
+        SGLANG_0_5_23,
+    ),
+    Flag(
+        "--speculative-draft-model-path",
+        "TPUSERVE_SPECULATIVE_DRAFT_MODEL, resolved to a local directory",
+        SGLANG_0_5_23,
+        aliases=("--speculative-draft-model",),
+    ),
+    Flag("--speculative-num-steps", "TPUSERVE_SPECULATIVE_NUM_STEPS", SGLANG_0_5_23),
+    Flag(
+        "--enable-torch-compile",
+        "TPUSERVE_EXECUTION_MODE=compiled",
+        SGLANG_0_5_23,
+        "that the TorchTPU build compiles through torch.compile with this flag is unconfirmed",
+    ),
+    Flag("--revision", "never set: the fetch step pins the revision", SGLANG_0_5_23),
+)
+
+OWNED_FLAGS: frozenset[str] = frozenset(
+    name for flag in FLAGS for name in (flag.name, *flag.aliases)
+)
+
+# Flags whose values are secrets: refused in TPUSERVE_SGLANG_EXTRA_ARGS (command lines are logged).
+SECRET_FLAGS: frozenset[str] = frozenset({"--api-key", "--admin-api-key"})
+
+QUANTIZATION_METHODS = {"fp8": "fp8", "mxfp4": "mxfp4", "nvfp4": "modelopt_fp4"}
+KV_CACHE_DTYPES = {"fp8": "fp8_e4m3"}
+SPECULATIVE_ALGORITHMS = {"EAGLE3": "EAGLE3", "MTP": "NEXTN"}
+
+SGLANG_ENTRYPOINT = ("python3", "-m", "sglang.launch_server")
+
+
+def owned_flag(arg: str) -> str | None:
+    """The owned flag an extra argument would set (`--port=1` -> `--port`), or None."""
+    name = arg.split("=", 1)[0]
+    return name if name in OWNED_FLAGS else None
+
+
+def kv_events_config(contract: LaunchContract) -> str:
+    """SGLang's `--kv-events-config` JSON: a ZMQ PUB (and optional replay ROUTER) socket."""
+    host = "*" if contract.bind_host in ("0.0.0.0", "::") else contract.bind_host
+    config: dict[str, object] = {
+        "publisher": "zmq",
+        "endpoint": f"tcp://{host}:{contract.kv_events_port}",
+    }
+    if contract.kv_replay_port is not None:
+        config["replay_endpoint"] = f"tcp://{host}:{contract.kv_replay_port}"
+    return json.dumps(config, separators=(",", ":"), sort_keys=True)
+
+
+def sglang_command(contract: LaunchContract, model_path: str, draft_path: str | None) -> list[str]:
+    """The SGLang server command for one host of the slice; paths are already local."""
+    shape = contract.shape
+    command = [
+        *SGLANG_ENTRYPOINT,
+        "--model-path",
+        model_path,
+        "--served-model-name",
+        contract.served_name,
+        "--device",
+        "tpu",
+        "--tp-size",
+        str(shape.devices),
+    ]
+    if shape.multi_host:
+        command += [
+            "--nnodes",
+            str(shape.hosts),
+            "--node-rank",
+            str(contract.host_index),
+            "--dist-init-addr",
+            f"{contract.leader_address}:{contract.dist_init_port}",
+        ]
+    command += ["--host", contract.bind_host, "--port", str(contract.http_port)]
+    command += ["--enable-metrics", "--kv-events-config", kv_events_config(contract)]
+    if contract.quantization != "none":
+        command += ["--quantization", QUANTIZATION_METHODS[contract.quantization]]
+    if contract.kv_cache_dtype != "auto":
+        command += ["--kv-cache-dtype", KV_CACHE_DTYPES[contract.kv_cache_dtype]]
+    if contract.context_length is not None:
+        command += ["--context-length", str(contract.context_length)]
+    if contract.speculative_algorithm != "none":
+        command += [
+            "--speculative-algorithm",
+            SPECULATIVE_ALGORITHMS[contract.speculative_algorithm],
+        ]
+        if draft_path is not None:
+            command += ["--speculative-draft-model-path", draft_path]
+        if contract.speculative_num_steps is not None:
+            command += ["--speculative-num-steps", str(contract.speculative_num_steps)]
+    if contract.execution_mode == "compiled":
+        command.append("--enable-torch-compile")
+    return command + list(contract.sglang_extra_args)
