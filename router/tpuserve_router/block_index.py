@@ -1,0 +1,290 @@
+"""Which worker holds which KV-cache block: the index behind the `precise` and `cost` policies.
+
+Keys are the router's own, computed from token ids (the llm-d pattern), never the engine's
+block hashes, so a change in SGLang's hash function cannot break routing: block ``i`` of a
+sequence is the chained hash of its page of ``page_size`` tokens and the previous block's
+key. ``block_keys(token_ids)`` gives a prompt's keys; the engine's ``BlockStored`` events
+are mapped onto the same keys by recomputing them from the event's ``token_ids`` and its
+parent block (the index remembers engine hash -> router key per worker, so ``BlockRemoved``
+can be applied).
+
+Two kinds of entries:
+
+- *confirmed*: from the engine's KV events; removed by ``BlockRemoved``, ``clear`` (on
+  ``AllBlocksCleared``, an engine restart, or a resync after lost events) and ``forget``.
+- *predicted*: written by a policy when it routes a request (``predict``), so requests that
+  arrive before the engine reports the blocks (sibling bursts) still find them. They expire
+  after ``predicted_ttl_seconds`` when the worker publishes KV events (the events soon
+  confirm or deny them) and after ``approximate_ttl_seconds`` when it does not (then they
+  are the only signal), and each worker keeps at most ``max_predicted_blocks`` of them
+  (least recently routed dropped first).
+
+Workers are bits in an integer mask, so a lookup costs one dict probe per block no matter
+how many workers hold it. Time comes from the injected clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+ROOT_KEY = 0x7470757365727665
+"""Parent key of a sequence's first block ("tpuserve" in ASCII)."""
+
+
+def block_keys(token_ids: Sequence[int], page_size: int) -> list[int]:
+    """Router keys of the full pages of ``token_ids`` (a trailing partial page has none)."""
+    keys: list[int] = []
+    parent = ROOT_KEY
+    tokens = tuple(token_ids)
+    for start in range(0, len(tokens) - page_size + 1, page_size):
+        parent = hash((parent, tokens[start : start + page_size]))
+        keys.append(parent)
+    return keys
+
+
+@dataclass(slots=True)
+class _Worker:
+    bit: int
+    engine_keys: dict[int, int | None] = field(default_factory=dict)
+    """Engine block hash -> router key (None: an orphan whose parent the index never saw)."""
+    predicted: OrderedDict[int, float] = field(default_factory=OrderedDict)
+    """Router key -> expiry time, oldest first."""
+    has_events: bool = False
+
+
+class BlockIndex:
+    def __init__(
+        self,
+        *,
+        page_size: int = 16,
+        predicted_ttl_seconds: float = 2.0,
+        approximate_ttl_seconds: float = 120.0,
+        max_predicted_blocks: int = 2**18,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.page_size_learned = False
+        self.predicted_ttl_seconds = predicted_ttl_seconds
+        self.approximate_ttl_seconds = approximate_ttl_seconds
+        self.max_predicted_blocks = max_predicted_blocks
+        self._clock = clock
+        self._workers: dict[str, _Worker] = {}
+        self._free_bits: list[int] = []
+        self._next_bit = 1
+        self._confirmed: dict[int, int] = {}
+        self._predicted: dict[int, int] = {}
+        self._next_expiry = float("inf")
+        self.orphan_blocks = 0
+
+    # ------------------------------------------------------------------ queries
+
+    def keys(self, token_ids: Sequence[int]) -> list[int]:
+        return block_keys(token_ids, self.page_size)
+
+    @property
+    def confirmed_blocks(self) -> int:
+        """Distinct blocks some worker reported holding."""
+        return len(self._confirmed)
+
+    @property
+    def predicted_blocks(self) -> int:
+        """Distinct blocks only predicted (routed, not yet confirmed by an event)."""
+        return len(self._predicted)
+
+    def worker_blocks(self, name: str) -> int:
+        """Blocks ``name`` reported holding (confirmed entries only)."""
+        worker = self._workers.get(name)
+        return len(worker.engine_keys) if worker else 0
+
+    def workers(self) -> list[str]:
+        return list(self._workers)
+
+    def match(self, keys: Sequence[int], names: Sequence[str]) -> list[int]:
+        """For each of ``names``, how many leading blocks of ``keys`` it holds."""
+        self._expire()
+        bits = [w.bit if (w := self._workers.get(n)) is not None else 0 for n in names]
+        depths = [0] * len(names)
+        alive = 0
+        for bit in bits:
+            alive |= bit
+        confirmed = self._confirmed
+        predicted = self._predicted
+        depth = 0
+        for key in keys:
+            if not alive:
+                break
+            held = (confirmed.get(key, 0) | predicted.get(key, 0)) & alive
+            if held != alive:
+                gone = alive & ~held
+                for i, bit in enumerate(bits):
+                    if bit & gone:
+                        depths[i] = depth
+                alive = held
+            depth += 1
+        if alive:
+            for i, bit in enumerate(bits):
+                if bit & alive:
+                    depths[i] = depth
+        return depths
+
+    # ------------------------------------------------------------------ routing predictions
+
+    def predict(self, name: str, keys: Sequence[int]) -> None:
+        """Record that ``name`` is about to hold ``keys`` (it was just routed that prompt)."""
+        worker = self._worker(name)
+        ttl = self.predicted_ttl_seconds if worker.has_events else self.approximate_ttl_seconds
+        if ttl <= 0:
+            return
+        expiry = self._clock() + ttl
+        bit = worker.bit
+        entries = worker.predicted
+        confirmed = self._confirmed
+        predicted = self._predicted
+        for key in keys:
+            if confirmed.get(key, 0) & bit:
+                continue
+            if key in entries:
+                entries.move_to_end(key)
+            else:
+                predicted[key] = predicted.get(key, 0) | bit
+            entries[key] = expiry
+        while len(entries) > self.max_predicted_blocks:
+            key, _ = entries.popitem(last=False)
+            self._drop_predicted(key, bit)
+        if expiry < self._next_expiry:
+            self._next_expiry = expiry
+
+    # ------------------------------------------------------------------ engine events
+
+    def store(
+        self,
+        name: str,
+        block_hashes: Sequence[int],
+        parent_block_hash: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+    ) -> None:
+        """Apply a ``BlockStored`` event: ``name`` now holds these blocks."""
+        worker = self._worker(name)
+        worker.has_events = True
+        if block_size >= 1 and not self.page_size_learned:
+            self.page_size = block_size
+            self.page_size_learned = True
+        parent: int | None
+        if parent_block_hash is None:
+            parent = ROOT_KEY
+        else:
+            parent = worker.engine_keys.get(parent_block_hash)
+        tokens = tuple(token_ids)
+        bit = worker.bit
+        confirmed = self._confirmed
+        for i, engine_hash in enumerate(block_hashes):
+            page = tokens[i * block_size : (i + 1) * block_size]
+            key = None if parent is None else hash((parent, page))
+            if engine_hash in worker.engine_keys:  # stored again: replace the old entry
+                old = worker.engine_keys[engine_hash]
+                if old is None:
+                    self.orphan_blocks -= 1
+                elif old != key:
+                    self._drop_confirmed(old, bit)
+            worker.engine_keys[engine_hash] = key
+            if key is None:
+                self.orphan_blocks += 1
+            else:
+                confirmed[key] = confirmed.get(key, 0) | bit
+                if worker.predicted.pop(key, None) is not None:
+                    self._drop_predicted(key, bit)
+            parent = key
+
+    def remove(self, name: str, block_hashes: Iterable[int]) -> None:
+        """Apply a ``BlockRemoved`` event."""
+        worker = self._workers.get(name)
+        if worker is None:
+            return
+        worker.has_events = True
+        for engine_hash in block_hashes:
+            if engine_hash not in worker.engine_keys:
+                continue
+            key = worker.engine_keys.pop(engine_hash)
+            if key is None:
+                self.orphan_blocks -= 1
+            else:
+                self._drop_confirmed(key, worker.bit)
+                if worker.predicted.pop(key, None) is not None:
+                    self._drop_predicted(key, worker.bit)
+
+    def clear(self, name: str) -> None:
+        """Drop everything ``name`` holds (``AllBlocksCleared``, restart, or resync)."""
+        worker = self._workers.get(name)
+        if worker is None:
+            return
+        bit = worker.bit
+        for key in worker.engine_keys.values():
+            if key is None:
+                self.orphan_blocks -= 1
+            else:
+                self._drop_confirmed(key, bit)
+        worker.engine_keys = {}
+        for key in worker.predicted:
+            self._drop_predicted(key, bit)
+        worker.predicted = OrderedDict()
+
+    def mark_event_feed(self, name: str) -> None:
+        """``name`` publishes KV events (its predictions get the short time to live)."""
+        self._worker(name).has_events = True
+
+    def forget(self, name: str) -> None:
+        """The worker left: drop its entries and free its bit."""
+        if name not in self._workers:
+            return
+        self.clear(name)
+        self._free_bits.append(self._workers.pop(name).bit)
+
+    # ------------------------------------------------------------------ internals
+
+    def _worker(self, name: str) -> _Worker:
+        worker = self._workers.get(name)
+        if worker is None:
+            if self._free_bits:
+                bit = self._free_bits.pop()
+            else:
+                bit = self._next_bit
+                self._next_bit <<= 1
+            worker = self._workers[name] = _Worker(bit)
+        return worker
+
+    def _drop_confirmed(self, key: int, bit: int) -> None:
+        mask = self._confirmed.get(key, 0) & ~bit
+        if mask:
+            self._confirmed[key] = mask
+        else:
+            self._confirmed.pop(key, None)
+
+    def _drop_predicted(self, key: int, bit: int) -> None:
+        mask = self._predicted.get(key, 0) & ~bit
+        if mask:
+            self._predicted[key] = mask
+        else:
+            self._predicted.pop(key, None)
+
+    def _expire(self) -> None:
+        now = self._clock()
+        if now < self._next_expiry:
+            return
+        next_expiry = float("inf")
+        for worker in self._workers.values():
+            entries = worker.predicted
+            while entries:
+                key = next(iter(entries))
+                expiry = entries[key]
+                if expiry > now:
+                    next_expiry = min(next_expiry, expiry)
+                    break
+                del entries[key]
+                self._drop_predicted(key, worker.bit)
+        self._next_expiry = next_expiry

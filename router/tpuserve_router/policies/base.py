@@ -1,0 +1,277 @@
+"""The routing-policy interface, the registry of policies by name, and `NoHealthyWorker`.
+
+A policy is a plain object the router (and the routing benchmark, in-process on a virtual
+clock) calls once per request: ``choose(request, workers) -> Decision``. Policies do no
+I/O and never read the wall clock themselves: time comes from an injected ``clock``
+and randomness from an injected seed, so a benchmark can replay them deterministically.
+
+Hooks with no-op defaults (`PolicyDefaults`) tell a policy what happened afterwards:
+``on_prefill_done`` when the first byte of the answer came back (prefill is over),
+``on_request_done`` when the request finished (success or not), and
+``on_workers_changed`` when workers joined or left. A caller must call
+``on_request_done`` exactly once for every decision it acted on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Generic, Literal, Protocol, TypeVar, runtime_checkable
+
+Clock = Callable[[], float]
+"""Seconds on a monotonic clock (``time.monotonic`` live, a virtual clock in benchmarks)."""
+
+Outcome = Literal["prefix_hit", "miss", "balanced_away", "load_only"]
+OUTCOMES: Final[tuple[Outcome, ...]] = ("prefix_hit", "miss", "balanced_away", "load_only")
+"""Why a worker was chosen: it holds the prefix (`prefix_hit`); no worker held enough of it
+(`miss`); one did but load imbalance sent the request elsewhere (`balanced_away`); the policy
+does not look at prefixes (`load_only`)."""
+
+
+class WorkerView(Protocol):
+    """What a policy may read about a worker (the router's `Worker` and test fakes conform)."""
+
+    @property
+    def name(self) -> str:
+        """The worker's base URL; unique, stable, used as the metric label."""
+        ...
+
+    @property
+    def healthy(self) -> bool:
+        """Routable: passing health checks and its circuit breaker is closed."""
+        ...
+
+    @property
+    def in_flight(self) -> int:
+        """Requests the router has sent to this worker that have not finished yet."""
+        ...
+
+
+W = TypeVar("W", bound=WorkerView)
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    """What a policy sees of one request.
+
+    ``text`` is the routing text (the prompt, or the chat messages flattened) for
+    character-level policies; ``token_ids`` are the prompt's token ids as the engine will
+    see them (chat template applied), filled by the router only for policies with
+    ``needs_tokens``.
+    """
+
+    model: str = ""
+    text: str = ""
+    token_ids: Sequence[int] | None = None
+
+
+@dataclass(slots=True)
+class Decision(Generic[W]):
+    """The chosen worker and why; handed back to the policy's hooks afterwards."""
+
+    worker: W
+    outcome: Outcome
+    predicted_match_ratio: float | None = None
+    """Share of the prompt the policy expects the worker to have cached (None: not predicted)."""
+    prompt_units: int = 0
+    """Prompt length in the policy's units (characters or tokens)."""
+    pending_units: int = 0
+    """Work the policy booked on the worker for this request (released by its hooks)."""
+
+
+class NoHealthyWorker(Exception):
+    """No routable worker can take the request (callers answer 503 with Retry-After)."""
+
+    def __init__(self, model: str = "") -> None:
+        self.model = model
+        detail = f" for model {model!r}" if model else ""
+        super().__init__(f"no healthy worker{detail}")
+
+
+class PolicyConfigError(ValueError):
+    """A policy name or parameter is invalid; the message names it and what is allowed."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """One routing policy. ``name`` is the CLI value and the `policy` metric label."""
+
+    name: ClassVar[str]
+    needs_text: ClassVar[bool]
+    needs_tokens: ClassVar[bool]
+
+    def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
+        """Pick a healthy worker; raise `NoHealthyWorker` when none is healthy."""
+        ...
+
+    def on_prefill_done(self, decision: Decision[Any]) -> None:
+        """The first byte of the answer arrived (the worker finished the prefill)."""
+        ...
+
+    def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
+        """The request ended, whatever the reason; called exactly once per decision."""
+        ...
+
+    def on_workers_changed(self, names: Collection[str]) -> None:
+        """The set of known workers is now ``names`` (forget state about the others)."""
+        ...
+
+
+class PolicyDefaults:
+    """No-op hooks, so a stateless policy only writes ``choose``."""
+
+    name: ClassVar[str] = ""  # set by @register
+    needs_text: ClassVar[bool] = False
+    needs_tokens: ClassVar[bool] = False
+
+    def on_prefill_done(self, decision: Decision[Any]) -> None:
+        return None
+
+    def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
+        return None
+
+    def on_workers_changed(self, names: Collection[str]) -> None:
+        return None
+
+
+def healthy_workers(workers: Sequence[W], model: str = "") -> list[W]:
+    """The routable workers, in their listed order; raises `NoHealthyWorker` if none."""
+    healthy = [w for w in workers if w.healthy]
+    if not healthy:
+        raise NoHealthyWorker(model)
+    return healthy
+
+
+def least_loaded(workers: Sequence[W]) -> W:
+    """The worker with the fewest in-flight requests; ties go to the first listed."""
+    return min(workers, key=_in_flight)
+
+
+def _in_flight(worker: WorkerView) -> int:
+    return worker.in_flight
+
+
+def is_imbalanced(workers: Sequence[WorkerView], abs_threshold: int, rel_threshold: float) -> bool:
+    """sglang-router's imbalance test over routable workers' in-flight counts.
+
+    Imbalanced when ``max - min > abs_threshold`` and ``max > rel_threshold * min``.
+    (sglang-router takes min/max over all workers, unhealthy ones included, so one dead
+    worker at load 0 makes every fleet look imbalanced; tpuserve uses routable ones only.)
+    """
+    loads = [w.in_flight for w in workers]
+    low, high = min(loads), max(loads)
+    return high - low > abs_threshold and high > rel_threshold * low
+
+
+# ----------------------------------------------------------------------------- registry
+
+PolicyFactory = Callable[..., Policy]
+_REGISTRY: dict[str, type[Any]] = {}
+
+P = TypeVar("P", bound=type[Any])
+
+
+def register(name: str) -> Callable[[P], P]:
+    """Class decorator: make the policy available as ``--policy name``."""
+
+    def decorate(cls: P) -> P:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise PolicyConfigError(f"policy name {name!r} registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def registered_policy_names() -> list[str]:
+    """Every policy name ``make_policy`` accepts, sorted."""
+    _load_builtin_policies()
+    return sorted(_REGISTRY)
+
+
+def make_policy(
+    name: str, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any
+) -> Policy:
+    """Build the policy called ``name``.
+
+    ``clock`` and ``seed`` are given to every policy (those that need neither ignore them);
+    ``config`` holds the policy's own parameters and is validated: an unknown parameter or
+    a bad value raises `PolicyConfigError` naming it and what is allowed.
+    """
+    _load_builtin_policies()
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise PolicyConfigError(
+            f"policy: unknown value {name!r}; allowed: {', '.join(sorted(_REGISTRY))}"
+        )
+    policy: Policy = cls(clock=clock, seed=seed, **config)
+    return policy
+
+
+T = TypeVar("T")
+
+
+def build_params(policy: str, params_type: type[T], config: dict[str, Any]) -> T:
+    """Build a policy's parameter dataclass from keyword config, with clear errors.
+
+    Unknown names are rejected with the list of allowed ones; each value is checked
+    against the field's type (int, float or bool) and the dataclass's own
+    ``validate()`` (ranges), so the message always names the parameter and its value.
+    """
+    fields = {f.name: f for f in dataclasses.fields(params_type)}  # type: ignore[arg-type]
+    unknown = sorted(set(config) - set(fields))
+    if unknown:
+        names = ", ".join(sorted(fields)) or "none"
+        raise PolicyConfigError(
+            f"policy {policy}: unknown parameter(s) {', '.join(unknown)}; allowed: {names}"
+        )
+    values: dict[str, Any] = {}
+    for key, value in config.items():
+        kind = fields[key].type
+        values[key] = _coerce(policy, key, value, kind if isinstance(kind, str) else kind.__name__)
+    params = params_type(**values)
+    validate = getattr(params, "validate", None)
+    if validate is not None:
+        problem = validate()
+        if problem:
+            raise PolicyConfigError(f"policy {policy}: {problem}")
+    return params
+
+
+def _coerce(policy: str, key: str, value: Any, kind: str) -> Any:
+    converters: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "bool": _to_bool}
+    convert = converters.get(kind)
+    if convert is None:
+        return value
+    try:
+        if kind == "int" and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return convert(value)
+    except (TypeError, ValueError):
+        raise PolicyConfigError(
+            f"policy {policy}: parameter {key}={value!r} is not a valid {kind}"
+        ) from None
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+def _load_builtin_policies() -> None:
+    # Importing the package registers every built-in policy module exactly once.
+    import tpuserve_router.policies  # noqa: F401
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """Parameters of a policy that has none (any given is rejected by `build_params`)."""

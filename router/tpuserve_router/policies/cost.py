@@ -1,0 +1,155 @@
+"""cost: the worker with the lowest predicted time to first token, under a load bound.
+
+For each routable worker ``w`` the policy predicts, in prefill-token units,
+
+    cost(w) = queued_prefill(w) + (prompt_tokens - cached_tokens(w)) + decode_weight * in_flight(w)
+
+- ``cached_tokens(w)``: the longest run of the prompt's leading blocks ``w`` holds, from the
+  `BlockIndex` (confirmed by KV events when the engines publish them, otherwise predicted
+  from what was routed, as `precise` does);
+- ``queued_prefill(w)``: uncached prompt tokens of requests sent to ``w`` whose first byte
+  has not come back yet (work ahead of this request in ``w``'s prefill queue);
+- ``decode_weight * in_flight(w)``: each running sequence slows every engine step a little
+  (default 8 tokens' worth of prefill per running request).
+
+It picks the minimum, ties to the least loaded. There are no thresholds: a cached prefix
+is worth exactly the prefill it saves, so affinity holds while the holder's queue is
+shorter than the prefill a cold worker would do, and is given up exactly when it is not.
+
+Hot prefixes are replicated instead of piling up: when a prefix is so popular that its
+holder's queue outweighs a fresh prefill elsewhere, the next request goes to another
+worker, which then holds the prefix too, and the two share it. A bounded-load rule keeps
+any worker from being overloaded meanwhile (consistent hashing with bounded loads): a
+worker is a candidate only if ``in_flight + 1 <= ceil(load_factor * (total + 1) / n)``
+(default ``load_factor`` 1.25), so max/mean load stays near 1.25 even when one prefix
+takes most of the traffic. The least loaded worker always qualifies.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tpuserve_router.policies.base import (
+    Clock,
+    Decision,
+    Outcome,
+    PolicyDefaults,
+    RouteRequest,
+    W,
+    build_params,
+    healthy_workers,
+    register,
+)
+from tpuserve_router.policies.precise import make_index, validate_index_params
+
+
+@dataclass(frozen=True)
+class CostParams:
+    decode_weight: float = 8.0
+    load_factor: float = 1.25
+    cache_threshold: float = 0.3
+    """Only labels decisions (prefix_hit / balanced_away / miss); never steers them."""
+    page_size: int = 16
+    predicted_ttl_seconds: float = 2.0
+    approximate_ttl_seconds: float = 120.0
+    max_predicted_blocks: int = 2**18
+
+    def validate(self) -> str | None:
+        if self.decode_weight < 0:
+            return f"decode_weight={self.decode_weight} must be >= 0"
+        if self.load_factor < 1.0:
+            return f"load_factor={self.load_factor} must be >= 1"
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            return f"cache_threshold={self.cache_threshold} must be within [0, 1]"
+        return validate_index_params(self)
+
+
+@register("cost")
+class CostPolicy(PolicyDefaults):
+    needs_tokens = True
+
+    def __init__(self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any):
+        self.params = build_params(self.name, CostParams, config)
+        self.block_index = make_index(self.params, clock)
+        self._queued: dict[str, int] = {}
+
+    def queued_prefill_tokens(self, name: str) -> int:
+        return self._queued.get(name, 0)
+
+    def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
+        params = self.params
+        healthy = healthy_workers(workers, request.model)
+        index = self.block_index
+        tokens = request.token_ids or ()
+        prompt = len(tokens)
+        keys = index.keys(tokens)
+        depths = index.match(keys, [w.name for w in healthy])
+        page = index.page_size
+        total = 0
+        for worker in healthy:
+            total += worker.in_flight
+        cap = math.ceil(params.load_factor * (total + 1) / len(healthy))
+        queued = self._queued
+        best_i = -1
+        best_cost = 0.0
+        for i, worker in enumerate(healthy):
+            load = worker.in_flight
+            if load + 1 > cap:
+                continue
+            cached = min(prompt, depths[i] * page)
+            cost = queued.get(worker.name, 0) + (prompt - cached) + params.decode_weight * load
+            if (
+                best_i < 0
+                or cost < best_cost
+                or (cost == best_cost and load < healthy[best_i].in_flight)
+            ):
+                best_i, best_cost = i, cost
+        target = healthy[best_i]
+        cached = min(prompt, depths[best_i] * page)
+        best_ratio = min(1.0, max(depths) * page / prompt) if prompt else 0.0
+        outcome: Outcome
+        if best_ratio <= params.cache_threshold:
+            outcome = "miss"
+        elif depths[best_i] == max(depths):
+            outcome = "prefix_hit"
+        else:
+            outcome = "balanced_away"
+        index.predict(target.name, keys)
+        uncached = prompt - cached
+        queued[target.name] = queued.get(target.name, 0) + uncached
+        return Decision(
+            target,
+            outcome,
+            predicted_match_ratio=cached / prompt if prompt else 0.0,
+            prompt_units=prompt,
+            pending_units=uncached,
+        )
+
+    def on_prefill_done(self, decision: Decision[Any]) -> None:
+        self._release(decision)
+
+    def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
+        self._release(decision)
+
+    def _release(self, decision: Decision[Any]) -> None:
+        if decision.pending_units:
+            name = decision.worker.name
+            left = self._queued.get(name, 0) - decision.pending_units
+            if left > 0:
+                self._queued[name] = left
+            else:
+                self._queued.pop(name, None)
+            decision.pending_units = 0
+
+    def on_workers_changed(self, names: Collection[str]) -> None:
+        keep = set(names)
+        for name in self.block_index.workers():
+            if name not in keep:
+                self.block_index.forget(name)
+        for name in list(self._queued):
+            if name not in keep:
+                del self._queued[name]

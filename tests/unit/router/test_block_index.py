@@ -1,0 +1,144 @@
+"""The block index mirrors the engines' KV events exactly and expires its predictions."""
+
+from __future__ import annotations
+
+import pytest
+from router_fakes import VirtualClock
+
+from tpuserve_router.block_index import BlockIndex, block_keys
+
+pytestmark = pytest.mark.unit
+
+PAGE = 4
+
+
+def engine_hash(tokens: list[int]) -> int:
+    return hash(("engine", tuple(tokens)))
+
+
+def store(index: BlockIndex, worker: str, tokens: list[int], from_page: int = 0) -> None:
+    """The BlockStored events an engine sends when it caches ``tokens`` page by page."""
+    for i in range(from_page, len(tokens) // PAGE):
+        parent = engine_hash(tokens[: i * PAGE]) if i else None
+        page = tokens[i * PAGE : (i + 1) * PAGE]
+        index.store(worker, [engine_hash(tokens[: (i + 1) * PAGE])], parent, page, PAGE)
+
+
+def test_block_keys_chain_full_pages_only() -> None:
+    keys = block_keys(list(range(10)), 4)
+    assert len(keys) == 2
+    assert block_keys(list(range(8)), 4) == keys
+    assert block_keys([9, 1, 2, 3, 4, 5, 6, 7], 4)[1] != keys[1]  # a different parent
+
+
+def test_store_then_match_counts_leading_blocks_per_worker() -> None:
+    index = BlockIndex(page_size=PAGE)
+    prompt = list(range(32))
+    store(index, "a", prompt[:16])
+    store(index, "b", prompt)
+    assert index.match(index.keys(prompt), ["a", "b", "c"]) == [4, 8, 0]
+    assert index.confirmed_blocks == 8
+    assert index.worker_blocks("a") == 4
+
+
+def test_a_gap_in_the_prompt_stops_the_match() -> None:
+    index = BlockIndex(page_size=PAGE)
+    store(index, "a", list(range(16)))
+    other = [99, 99, 99, 99, *list(range(4, 16))]
+    assert index.match(index.keys(other), ["a"]) == [0]
+
+
+def test_events_with_several_blocks_per_event_are_split_by_block_size() -> None:
+    index = BlockIndex(page_size=PAGE)
+    tokens = list(range(12))
+    index.store("a", [1, 2, 3], None, tokens, PAGE)
+    assert index.match(index.keys(tokens), ["a"]) == [3]
+
+
+def test_block_removed_and_all_blocks_cleared_are_applied() -> None:
+    index = BlockIndex(page_size=PAGE)
+    prompt = list(range(16))
+    store(index, "a", prompt)
+    store(index, "b", prompt)
+    index.remove("a", [engine_hash(prompt[:16])])  # the last page is evicted
+    assert index.match(index.keys(prompt), ["a", "b"]) == [3, 4]
+    index.clear("b")
+    assert index.match(index.keys(prompt), ["a", "b"]) == [3, 0]
+    assert index.worker_blocks("b") == 0
+    index.forget("a")
+    assert index.confirmed_blocks == 0
+    assert index.workers() == ["b"]
+
+
+def test_blocks_whose_parent_was_never_seen_are_orphans_not_matches() -> None:
+    index = BlockIndex(page_size=PAGE)
+    prompt = list(range(16))
+    store(index, "a", prompt, from_page=2)  # the first two pages' events were lost
+    assert index.orphan_blocks == 2
+    assert index.match(index.keys(prompt), ["a"]) == [0]
+    index.clear("a")
+    assert index.orphan_blocks == 0
+
+
+def test_the_page_size_is_learned_from_the_first_event() -> None:
+    index = BlockIndex(page_size=16)
+    index.store("a", [1], None, list(range(8)), 8)
+    assert index.page_size == 8
+    assert index.match(index.keys(list(range(8))), ["a"]) == [1]
+
+
+def test_predictions_expire_with_the_short_ttl_when_events_flow() -> None:
+    clock = VirtualClock()
+    index = BlockIndex(page_size=PAGE, predicted_ttl_seconds=2, clock=clock)
+    index.mark_event_feed("a")
+    keys = index.keys(list(range(16)))
+    index.predict("a", keys)
+    assert index.match(keys, ["a"]) == [4]
+    clock.advance(1.9)
+    assert index.match(keys, ["a"]) == [4]
+    clock.advance(0.2)
+    assert index.match(keys, ["a"]) == [0]
+    assert index.predicted_blocks == 0
+
+
+def test_predictions_last_longer_for_workers_without_events() -> None:
+    clock = VirtualClock()
+    index = BlockIndex(page_size=PAGE, approximate_ttl_seconds=120, clock=clock)
+    keys = index.keys(list(range(16)))
+    index.predict("a", keys)
+    clock.advance(60)
+    assert index.match(keys, ["a"]) == [4]
+    clock.advance(61)
+    assert index.match(keys, ["a"]) == [0]
+
+
+def test_predictions_are_bounded_per_worker() -> None:
+    index = BlockIndex(page_size=PAGE, max_predicted_blocks=10)
+    for start in range(0, 400, 16):
+        index.predict("a", index.keys(list(range(start, start + 16))))
+    assert index.predicted_blocks == 10
+
+
+def test_a_confirmed_block_replaces_its_prediction() -> None:
+    index = BlockIndex(page_size=PAGE)
+    prompt = list(range(16))
+    index.predict("a", index.keys(prompt))
+    store(index, "a", prompt)
+    assert index.predicted_blocks == 0
+    assert index.match(index.keys(prompt), ["a"]) == [4]
+
+
+def test_clear_drops_predictions_too() -> None:
+    index = BlockIndex(page_size=PAGE)
+    prompt = list(range(16))
+    index.predict("a", index.keys(prompt))
+    index.clear("a")
+    assert index.match(index.keys(prompt), ["a"]) == [0]
+
+
+def test_worker_bits_are_reused_after_forget() -> None:
+    index = BlockIndex(page_size=PAGE)
+    for i in range(100):
+        store(index, f"w{i}", list(range(8)))
+        index.forget(f"w{i}")
+    assert index._next_bit <= 2

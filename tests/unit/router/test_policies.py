@@ -1,0 +1,351 @@
+"""Every registered policy honours the contract; each policy routes as its docstring says."""
+
+from __future__ import annotations
+
+import pytest
+from router_fakes import FakeWorker, VirtualClock, fake_request, fake_worker
+
+from tpuserve_router.policies import (
+    OUTCOMES,
+    NoHealthyWorker,
+    Policy,
+    PolicyConfigError,
+    make_policy,
+    registered_policy_names,
+)
+
+pytestmark = pytest.mark.unit
+
+LONG = "You are a helpful assistant. " * 20
+
+
+def test_registry_lists_every_policy_module() -> None:
+    assert registered_policy_names() == [
+        "cache_aware",
+        "cost",
+        "least_load",
+        "power_of_two",
+        "precise",
+        "random",
+        "round_robin",
+    ]
+
+
+@pytest.mark.parametrize("policy_name", registered_policy_names())
+def test_every_policy_has_its_registered_name_and_the_protocol(policy_name: str) -> None:
+    policy = make_policy(policy_name, seed=1)
+    assert policy.name == policy_name
+    assert isinstance(policy, Policy)
+
+
+@pytest.mark.parametrize("policy_name", registered_policy_names())
+def test_every_policy_skips_unhealthy_workers(policy_name: str) -> None:
+    policy = make_policy(policy_name, seed=1)
+    workers = [fake_worker("sick", in_flight=0, healthy=False), fake_worker("ok", in_flight=9)]
+    for _ in range(20):
+        decision = policy.choose(fake_request(prompt=LONG), workers)
+        assert decision.worker.name == "ok"
+        assert decision.outcome in OUTCOMES
+        policy.on_request_done(decision, True)
+
+
+@pytest.mark.parametrize("policy_name", registered_policy_names())
+def test_every_policy_raises_no_healthy_worker(policy_name: str) -> None:
+    policy = make_policy(policy_name, seed=1)
+    with pytest.raises(NoHealthyWorker, match="model 'm'"):
+        policy.choose(fake_request(prompt="hi", model="m"), [fake_worker("a", healthy=False)])
+    with pytest.raises(NoHealthyWorker):
+        policy.choose(fake_request(prompt="hi"), [])
+
+
+@pytest.mark.parametrize("policy_name", registered_policy_names())
+def test_every_policy_handles_an_empty_prompt(policy_name: str) -> None:
+    policy = make_policy(policy_name, seed=1)
+    workers = [fake_worker("a"), fake_worker("b")]
+    decision = policy.choose(fake_request(prompt=""), workers)
+    assert decision.worker in workers
+
+
+@pytest.mark.parametrize("policy_name", registered_policy_names())
+def test_every_policy_rejects_unknown_parameters_by_name(policy_name: str) -> None:
+    with pytest.raises(PolicyConfigError, match=r"unknown parameter\(s\) bogus; allowed"):
+        make_policy(policy_name, bogus=1)
+
+
+@pytest.mark.parametrize("policy_name", registered_policy_names())
+def test_every_policy_forgets_departed_workers(policy_name: str) -> None:
+    policy = make_policy(policy_name, seed=1)
+    workers = [fake_worker("a"), fake_worker("b")]
+    for _ in range(5):
+        policy.on_request_done(policy.choose(fake_request(prompt=LONG), workers), True)
+    policy.on_workers_changed(["b"])
+    decision = policy.choose(fake_request(prompt=LONG), [workers[1]])
+    assert decision.worker.name == "b"
+
+
+@pytest.mark.parametrize("policy_name", registered_policy_names())
+def test_every_policy_is_deterministic_for_a_seed_and_clock(policy_name: str) -> None:
+    def run() -> list[str]:
+        clock = VirtualClock()
+        policy = make_policy(policy_name, seed=7, clock=clock)
+        workers = [fake_worker(f"w{i}") for i in range(4)]
+        picks = []
+        for i in range(40):
+            decision = policy.choose(fake_request(prompt=f"{i % 5} " + LONG), workers)
+            picks.append(decision.worker.name)
+            clock.advance(0.01)
+        return picks
+
+    assert run() == run()
+
+
+def test_unknown_policy_names_the_allowed_values() -> None:
+    with pytest.raises(PolicyConfigError, match="policy: unknown value 'nope'; allowed: cache_a"):
+        make_policy("nope")
+
+
+def test_bad_parameter_values_are_named() -> None:
+    with pytest.raises(PolicyConfigError, match=r"cache_threshold=1.5 must be within \[0, 1\]"):
+        make_policy("cache_aware", cache_threshold=1.5)
+    with pytest.raises(PolicyConfigError, match="balance_abs_threshold='x' is not a valid int"):
+        make_policy("cache_aware", balance_abs_threshold="x")
+    with pytest.raises(PolicyConfigError, match=r"load_factor=0\.5 must be >= 1"):
+        make_policy("cost", load_factor="0.5")
+
+
+def test_parameters_given_as_strings_are_converted() -> None:
+    policy = make_policy("cache_aware", cache_threshold="0.5", balance_abs_threshold="8")
+    assert policy.params.cache_threshold == 0.5  # type: ignore[attr-defined]
+    assert policy.params.balance_abs_threshold == 8  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- load-only policies
+
+
+def test_least_load_picks_fewest_in_flight_first_of_equals() -> None:
+    workers = [fake_worker("a", 3), fake_worker("b", 1), fake_worker("c", 1)]
+    assert make_policy("least_load").choose(fake_request(), workers).worker.name == "b"
+
+
+def test_round_robin_cycles_over_healthy_workers() -> None:
+    policy = make_policy("round_robin")
+    workers = [fake_worker("a"), fake_worker("b"), fake_worker("c")]
+    assert [policy.choose(fake_request(), workers).worker.name for _ in range(4)] == [
+        "a",
+        "b",
+        "c",
+        "a",
+    ]
+
+
+def test_power_of_two_never_picks_the_busiest_of_three() -> None:
+    policy = make_policy("power_of_two", seed=3)
+    workers = [fake_worker("idle", 0), fake_worker("mid", 5), fake_worker("busy", 50)]
+    picks = {policy.choose(fake_request(), workers).worker.name for _ in range(200)}
+    assert picks == {"idle", "mid"}
+
+
+def test_random_spreads_over_all_healthy_workers() -> None:
+    policy = make_policy("random", seed=3)
+    workers = [fake_worker(n) for n in "abcd"]
+    picks = {policy.choose(fake_request(), workers).worker.name for _ in range(200)}
+    assert picks == set("abcd")
+
+
+# ---------------------------------------------------------------- cache_aware
+
+
+def test_cache_aware_keeps_a_prefix_on_its_worker_under_light_load() -> None:
+    policy = make_policy("cache_aware")
+    workers = [fake_worker("a"), fake_worker("b"), fake_worker("c")]
+    first = policy.choose(fake_request(prompt=LONG + "question one"), workers)
+    assert first.outcome == "miss"
+    first.worker.in_flight += 1  # type: ignore[attr-defined]
+    for i in range(10):
+        decision = policy.choose(fake_request(prompt=LONG + f"question {i}"), workers)
+        assert decision.worker is first.worker
+        assert decision.outcome == "prefix_hit"
+        assert decision.predicted_match_ratio is not None
+        assert decision.predicted_match_ratio > 0.8
+
+
+def test_cache_aware_misses_go_to_the_least_loaded_then_emptiest_worker() -> None:
+    policy = make_policy("cache_aware")
+    workers = [fake_worker("a", 2), fake_worker("b", 1), fake_worker("c", 1)]
+    policy.choose(fake_request(prompt="x" * 100), [workers[2]])  # c now holds some text
+    decision = policy.choose(fake_request(prompt="completely different"), workers)
+    assert decision.worker.name == "b"
+    assert decision.outcome == "miss"
+
+
+def test_cache_aware_spreads_under_imbalance_beyond_both_thresholds() -> None:
+    policy = make_policy("cache_aware", balance_abs_threshold=4, balance_rel_threshold=1.5)
+    workers = [fake_worker("a"), fake_worker("b")]
+    holder = policy.choose(fake_request(prompt=LONG), workers).worker
+    other = workers[1] if holder is workers[0] else workers[0]
+    holder.in_flight = 4  # type: ignore[attr-defined]
+    assert policy.choose(fake_request(prompt=LONG), workers).worker is holder  # 4 - 0 is not > 4
+    holder.in_flight = 5  # type: ignore[attr-defined]
+    decision = policy.choose(fake_request(prompt=LONG), workers)
+    assert decision.worker is other
+    assert decision.outcome == "balanced_away"
+
+
+def test_cache_aware_relative_threshold_also_has_to_trip() -> None:
+    policy = make_policy("cache_aware", balance_abs_threshold=4, balance_rel_threshold=1.5)
+    workers = [fake_worker("a"), fake_worker("b")]
+    holder = policy.choose(fake_request(prompt=LONG), workers).worker
+    other = workers[1] if holder is workers[0] else workers[0]
+    holder.in_flight, other.in_flight = 30, 21  # type: ignore[attr-defined]
+    # 30 - 21 > 4 but 30 <= 1.5 * 21: balanced, affinity wins
+    assert policy.choose(fake_request(prompt=LONG), workers).worker is holder
+
+
+def test_cache_aware_ignores_unhealthy_workers_in_the_imbalance_test() -> None:
+    policy = make_policy("cache_aware", balance_abs_threshold=2)
+    workers: list[FakeWorker] = [fake_worker("a"), fake_worker("b", healthy=False)]
+    holder = policy.choose(fake_request(prompt=LONG), workers).worker
+    assert holder.name == "a"
+    workers[0].in_flight = 10
+    assert policy.choose(fake_request(prompt=LONG), workers).outcome == "prefix_hit"
+
+
+def test_cache_aware_below_threshold_is_a_miss() -> None:
+    policy = make_policy("cache_aware", cache_threshold=0.5)
+    workers = [fake_worker("a"), fake_worker("b")]
+    policy.choose(fake_request(prompt="shared" + "x" * 10), [workers[0]])
+    workers[0].in_flight = 1
+    decision = policy.choose(fake_request(prompt="shared" + "y" * 10), workers)
+    assert decision.outcome == "miss"
+    assert decision.worker.name == "b"
+
+
+def test_cache_aware_memory_is_bounded_per_worker() -> None:
+    policy = make_policy("cache_aware", max_tree_size=10_000)
+    workers = [fake_worker("a"), fake_worker("b")]
+    for i in range(2_000):
+        policy.choose(fake_request(prompt=f"{i:08d}" + "z" * 50), workers)
+    tree = policy.tree("")  # type: ignore[attr-defined]
+    assert tree.tenant_chars("a") <= 10_000
+    assert tree.tenant_chars("b") <= 10_000
+    nodes_after_half = tree.node_count
+    for i in range(2_000, 4_000):
+        policy.choose(fake_request(prompt=f"{i:08d}" + "z" * 50), workers)
+    assert tree.node_count <= 1.1 * nodes_after_half
+
+
+# ---------------------------------------------------------------- precise
+
+
+def page_tokens(n_pages: int, start: int = 0, page: int = 4) -> list[int]:
+    return list(range(start, start + n_pages * page))
+
+
+def store_prompt(policy: Policy, worker: str, tokens: list[int], page: int = 4) -> None:
+    """Feed the index the BlockStored events an engine would send for ``tokens``."""
+    index = policy.block_index  # type: ignore[attr-defined]
+    parent = None
+    for i in range(len(tokens) // page):
+        engine_hash = hash(("engine", tuple(tokens[: (i + 1) * page])))
+        index.store(worker, [engine_hash], parent, tokens[i * page : (i + 1) * page], page)
+        parent = engine_hash
+
+
+def test_precise_routes_to_the_worker_whose_events_hold_the_prefix() -> None:
+    clock = VirtualClock()
+    policy = make_policy("precise", clock=clock, page_size=4)
+    workers = [fake_worker("a"), fake_worker("b"), fake_worker("c")]
+    tokens = page_tokens(8)
+    store_prompt(policy, "b", tokens)
+    decision = policy.choose(fake_request(token_ids=[*tokens, 999]), workers)
+    assert decision.worker.name == "b"
+    assert decision.outcome == "prefix_hit"
+    assert decision.predicted_match_ratio == pytest.approx(32 / 33)
+
+
+def test_precise_prefers_the_least_loaded_of_equal_holders() -> None:
+    policy = make_policy("precise", page_size=4)
+    workers = [fake_worker("a", 3), fake_worker("b", 1), fake_worker("c", 0)]
+    tokens = page_tokens(8)
+    store_prompt(policy, "a", tokens)
+    store_prompt(policy, "b", tokens)
+    assert policy.choose(fake_request(token_ids=tokens), workers).worker.name == "b"
+
+
+def test_precise_predictions_keep_a_burst_together_until_they_expire() -> None:
+    clock = VirtualClock()
+    policy = make_policy("precise", clock=clock, page_size=4, predicted_ttl_seconds=2.0)
+    policy.block_index.mark_event_feed("a")  # type: ignore[attr-defined]
+    policy.block_index.mark_event_feed("b")  # type: ignore[attr-defined]
+    workers = [fake_worker("a"), fake_worker("b")]
+    tokens = page_tokens(8)
+    first = policy.choose(fake_request(token_ids=tokens), workers)
+    first.worker.in_flight += 1  # type: ignore[attr-defined]
+    for _ in range(3):
+        assert policy.choose(fake_request(token_ids=tokens), workers).worker is first.worker
+    clock.advance(2.5)
+    decision = policy.choose(fake_request(token_ids=tokens), workers)
+    assert decision.outcome == "miss"
+    assert decision.worker is not first.worker
+
+
+def test_precise_forgets_a_worker_after_all_blocks_cleared() -> None:
+    policy = make_policy("precise", page_size=4, predicted_ttl_seconds=0)
+    workers = [fake_worker("a"), fake_worker("b", 1)]
+    tokens = page_tokens(8)
+    store_prompt(policy, "b", tokens)
+    assert policy.choose(fake_request(token_ids=tokens), workers).worker.name == "b"
+    policy.block_index.clear("b")  # type: ignore[attr-defined]
+    decision = policy.choose(fake_request(token_ids=tokens), workers)
+    assert (decision.worker.name, decision.outcome) == ("a", "miss")
+
+
+# ---------------------------------------------------------------- cost
+
+
+def test_cost_follows_the_cache_while_the_queue_is_short() -> None:
+    policy = make_policy("cost", page_size=4)
+    workers = [fake_worker("a"), fake_worker("b")]
+    tokens = page_tokens(64)
+    store_prompt(policy, "b", tokens)
+    decision = policy.choose(fake_request(token_ids=[*tokens, 1, 2]), workers)
+    assert (decision.worker.name, decision.outcome) == ("b", "prefix_hit")
+    assert decision.pending_units == 2  # only the uncached tail is queued prefill
+
+
+def test_cost_replicates_a_hot_prefix_instead_of_overloading_its_holder() -> None:
+    policy = make_policy("cost", page_size=4)
+    workers = [fake_worker("a"), fake_worker("b"), fake_worker("c"), fake_worker("d")]
+    prefix = page_tokens(64)
+    store_prompt(policy, "a", prefix)
+    chosen: list[str] = []
+    for i in range(40):
+        decision = policy.choose(fake_request(token_ids=prefix + [10_000 + i] * 8), workers)
+        decision.worker.in_flight += 1  # type: ignore[attr-defined]
+        chosen.append(decision.worker.name)
+    loads = [w.in_flight for w in workers]
+    assert max(loads) <= 1.25 * (sum(loads) / len(loads)) + 1
+    assert len(set(chosen)) >= 2  # the prefix was replicated
+    assert chosen[0] == "a"
+
+
+def test_cost_releases_queued_prefill_exactly_once() -> None:
+    policy = make_policy("cost", page_size=4)
+    workers = [fake_worker("a")]
+    decision = policy.choose(fake_request(token_ids=page_tokens(10)), workers)
+    assert policy.queued_prefill_tokens("a") == 40  # type: ignore[attr-defined]
+    policy.on_prefill_done(decision)
+    policy.on_request_done(decision, True)
+    assert policy.queued_prefill_tokens("a") == 0  # type: ignore[attr-defined]
+
+
+def test_cost_bounded_load_keeps_one_prefix_from_taking_everything() -> None:
+    policy = make_policy("cost", page_size=4, load_factor=1.25)
+    workers = [fake_worker(n) for n in "abcd"]
+    prefix = page_tokens(256)
+    for _ in range(100):
+        decision = policy.choose(fake_request(token_ids=prefix), workers)
+        decision.worker.in_flight += 1  # type: ignore[attr-defined]
+        policy.on_prefill_done(decision)
+    loads = [w.in_flight for w in workers]
+    assert max(loads) / (sum(loads) / 4) <= 1.3
