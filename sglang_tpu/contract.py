@@ -42,7 +42,13 @@ from pydantic import (
 from pydantic_core import PydanticUndefined
 
 from sglang_tpu import model_source, perf_model, sglang_flags
-from sglang_tpu.topology import CatalogError, SliceShape, lookup
+from sglang_tpu.topology import (
+    CatalogError,
+    SliceShape,
+    generation_names,
+    lookup,
+    topologies_for,
+)
 
 ENV_PREFIX = "TPUSERVE_"
 REPLICA_PLACEHOLDER = "{replica}"
@@ -243,7 +249,7 @@ class GroupContract(BaseModel):
         default="sglang",
     )
     generation: str = var(
-        Var.TPU_GENERATION, "a generation of the topology catalog", "TPU generation."
+        Var.TPU_GENERATION, ", ".join(generation_names()), "TPU generation (topology catalog)."
     )
     topology: str = var(
         Var.TPU_TOPOLOGY,
@@ -447,7 +453,10 @@ class GroupContract(BaseModel):
             try:
                 lookup(generation, value)
             except CatalogError as err:
-                raise ValueError(f"not a {generation} topology") from err
+                allowed = ", ".join(topologies_for(generation))
+                raise ValueError(
+                    f"not a {generation} topology ({generation} has {allowed})"
+                ) from err
         return value
 
     @field_validator("hosts")

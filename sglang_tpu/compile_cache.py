@@ -1,0 +1,54 @@
+"""The persistent compilation cache: where TorchTPU and torch.compile keep compiled programs.
+
+Compiling a model for a TPU slice (XLA through TorchTPU) takes minutes to tens of minutes;
+a new replica of the same model on the same slice shape can load the programs instead.
+`TPUSERVE_COMPILE_CACHE_DIR` is a directory the operator backs with a volume shared by the
+replicas (a ReadWriteMany PVC or a GCS FUSE mount); unset, nothing persists.
+
+What is cached (torch_tpu 0.2.0):
+
+- ``torch_tpu/``: TorchTPU's tier-3 compilation cache (`TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT`),
+  the compiled PJRT executables. TorchTPU keys each entry by its own compilation cache key
+  (the program and its compile options) and fingerprints its binary, so entries from another
+  TorchTPU build are not reused; it keeps each process's entries under its own path below
+  the root. Sources: vllm-torchtpu's docs/user_guide/compilation_cache.md and the strings
+  of the torch_tpu 0.2.0 wheel ("Tier-3 compilation cache root directory", "Tier-2 cache uses
+  TorchTPU binary fingerprint"); the exact key contents are not documented [unconfirmed].
+- ``inductor/``: torch.compile's FX-graph and AOTAutograd caches (`TORCHINDUCTOR_CACHE_DIR`),
+  keyed by PyTorch by graph hash, PyTorch version and device.
+
+Keys tpuserve adds: the directory is split per ``<generation>-<topology>/<model>``, so one
+shared volume serves several models and slice shapes, a replica only reads entries made
+for its shape, and the cache of a retired model can be deleted as one directory.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sglang_tpu.contract import GroupContract
+
+TIER3_ROOT_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def cache_key(contract: GroupContract) -> str:
+    """`<generation>-<topology>/<model>` with the model source made path-safe."""
+    model = _UNSAFE.sub("_", str(contract.source).replace("://", "_")).strip("_")
+    return f"{contract.generation}-{contract.topology}/{model}"
+
+
+def cache_dir(contract: GroupContract) -> str | None:
+    if contract.compile_cache_dir is None:
+        return None
+    return f"{contract.compile_cache_dir.rstrip('/')}/{cache_key(contract)}"
+
+
+def compile_cache_env(contract: GroupContract) -> dict[str, str]:
+    """The variables that point TorchTPU and torch.compile at the shared cache."""
+    root = cache_dir(contract)
+    if root is None:
+        return {}
+    return {TIER3_ROOT_ENV: f"{root}/torch_tpu", INDUCTOR_ENV: f"{root}/inductor"}

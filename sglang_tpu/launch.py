@@ -1,0 +1,306 @@
+"""`tpuserve engine launch`: turn a pod's launch contract into a running model server.
+
+Steps: read and validate the contract from the environment (exit 2 listing every problem),
+derive the TorchTPU environment and the server command (`plan`, pure), then either print
+them (`--dry-run`) or fetch the weights, create the cache directories and run the server
+as a child process (`supervise`): SIGTERM and SIGINT are forwarded, the server gets
+`TPUSERVE_DRAIN_TIMEOUT_SECONDS` to drain before its process group is killed, and the
+launcher exits with the server's status (128 + N when it died of signal N).
+
+With `TPUSERVE_ENGINE=simulated` the leader runs `tpuserve engine sim` with the same slice,
+ports and model name, and the other hosts only hold their place in the group (`sleep
+infinity`), as SGLang's non-leader ranks serve no HTTP API. Leaders (host index 0) are the
+only routable pods in both modes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+
+from sglang_tpu import compile_cache, model_source, perf_model, sglang_flags
+from sglang_tpu.contract import ContractError, LaunchContract, torch_tpu_env
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """Start SGLang on TorchTPU (or the simulated engine) from the pod's launch contract.
+
+Reads the TPUSERVE_* variables the operator sets (docs/engine-launch.md lists them), checks
+them against the topology catalog, derives the TorchTPU environment (TPU_WORKER_HOSTNAMES,
+NODE_RANK, MASTER_ADDR, TORCH_TPU_*) and the SGLang command line, fetches the weights, and
+runs the server until it exits; SIGTERM drains it within TPUSERVE_DRAIN_TIMEOUT_SECONDS.
+
+exit status: the server's; 2 when the contract is invalid; 1 when the weights cannot be
+fetched.
+
+example (one host of a two-host tpu7x 2x2x2 slice):
+  TPUSERVE_MODEL=hf://Qwen/Qwen3-8B TPUSERVE_TPU_GENERATION=tpu7x \\
+  TPUSERVE_TPU_TOPOLOGY=2x2x2 TPUSERVE_HOSTS=2 TPUSERVE_CHIPS_PER_HOST=4 \\
+  TPUSERVE_HOST_INDEX=1 TPUSERVE_WORKER_HOSTNAMES=tpu-vm-0,tpu-vm-1 \\
+  TPUSERVE_WEIGHTS_CACHE_DIR=/mnt/disks/weights tpuserve engine launch --dry-run
+"""
+
+EXIT_INVALID_CONTRACT = 2
+EXIT_FETCH_FAILED = 1
+
+# TorchTPU 0.2.0 reads these at start-up (names from the wheel's binary strings; the values
+# "1"/"0" follow TORCH_TPU_ENABLE_DEBUG_CHECKS, whose message asks for "1") [unconfirmed].
+EAGER_MODE_ENV: Mapping[str, Mapping[str, str]] = {
+    "compiled": {},
+    "eager": {"TORCH_TPU_DEFER_AND_FUSE": "0", "TORCH_TPU_LAUNCH_BLOCKING": "0"},
+    "eager-defer-and-fuse": {"TORCH_TPU_DEFER_AND_FUSE": "1", "TORCH_TPU_LAUNCH_BLOCKING": "0"},
+    "eager-debug": {"TORCH_TPU_DEFER_AND_FUSE": "0", "TORCH_TPU_LAUNCH_BLOCKING": "1"},
+}
+
+# The simulated engine models weight bytes, not formats: the 4-bit formats time like int4.
+SIM_QUANTIZATION = {"none": "bf16", "fp8": "fp8", "mxfp4": "int4", "nvfp4": "int4"}
+FOLLOWER_COMMAND = ("sleep", "infinity")
+# Variables removed from the server's environment on a single-host slice: TorchTPU treats
+# JOB_COMPLETION_INDEX (set on Indexed Job pods) as a sign of a multi-host job.
+SINGLE_HOST_UNSET = ("JOB_COMPLETION_INDEX",)
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Weights to make available before the server starts."""
+
+    source: model_source.ModelSource
+    local_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """Everything `run` does, decided up front; `env` holds no secrets."""
+
+    env: dict[str, str]
+    command: list[str]
+    fetches: list[Fetch] = field(default_factory=list)
+    directories: list[str] = field(default_factory=list)
+
+    def dry_run_json(self) -> str:
+        return json.dumps({"env": self.env, "command": self.command}, sort_keys=True)
+
+
+def plan(contract: LaunchContract) -> LaunchPlan:
+    """The environment and command of this host's server (pure: no I/O)."""
+    env = torch_tpu_env(contract)
+    env |= compile_cache.compile_cache_env(contract)
+    env |= EAGER_MODE_ENV[contract.execution_mode]
+    directories = [d for d in compile_cache.compile_cache_env(contract).values()]
+    if contract.weights_cache_dir is not None:
+        # Hub and tokenizer caches must be writable with a read-only root filesystem.
+        env["HF_HOME"] = f"{contract.weights_cache_dir.rstrip('/')}/hf-home"
+        directories.append(env["HF_HOME"])
+    if contract.engine == "simulated":
+        return LaunchPlan(env, simulated_command(contract), directories=directories)
+    fetches = [Fetch(contract.source, _local(contract, contract.source))]
+    draft = contract.draft_source
+    if draft is not None:
+        fetches.append(Fetch(draft, _local(contract, draft)))
+    command = sglang_flags.sglang_command(
+        contract, fetches[0].local_path, fetches[1].local_path if draft else None
+    )
+    return LaunchPlan(env, command, fetches, directories)
+
+
+def _local(contract: LaunchContract, source: model_source.ModelSource) -> str:
+    return source.local_path(contract.weights_cache_dir, contract.gcs_fuse_root)
+
+
+def _zmq_endpoint(contract: LaunchContract, port: int) -> str:
+    host = "*" if contract.bind_host in ("0.0.0.0", "::") else contract.bind_host
+    return f"tcp://{host}:{port}"
+
+
+def sim_model_profile(contract: LaunchContract) -> str | None:
+    """The engine twin's model profile: the explicit one, else the HF model's, else its default."""
+    if contract.sim_model_profile is not None:
+        return contract.sim_model_profile
+    source = contract.source
+    if source.scheme == "hf" and perf_model.lookup_hf_model(source.location) is not None:
+        return source.location
+    return None
+
+
+def simulated_command(contract: LaunchContract) -> list[str]:
+    """`tpuserve engine sim` for the leader; followers only hold their place in the group."""
+    if not contract.is_leader:
+        return list(FOLLOWER_COMMAND)
+    command = [
+        "tpuserve",
+        "engine",
+        "sim",
+        "--host",
+        contract.bind_host,
+        "--port",
+        str(contract.http_port),
+        "--drain-grace-seconds",
+        f"{contract.drain_timeout_seconds * 0.8:g}",
+        "--tpu",
+        contract.generation,
+        "--topology",
+        contract.topology,
+    ]
+    profile = sim_model_profile(contract)
+    if profile is not None:
+        command += ["--model-profile", profile]
+    command += ["--served-model-name", contract.served_name]
+    command += ["--quantization", SIM_QUANTIZATION[contract.quantization]]
+    command += ["--kv-cache-dtype", contract.kv_cache_dtype]
+    if contract.context_length is not None:
+        command += ["--context-length", str(contract.context_length)]
+    command += ["--kv-events-endpoint", _zmq_endpoint(contract, contract.kv_events_port)]
+    if contract.kv_replay_port is not None:
+        endpoint = _zmq_endpoint(contract, contract.kv_replay_port)
+        command += ["--kv-events-replay-endpoint", endpoint]
+    return command
+
+
+def server_env(
+    contract: LaunchContract, launch_plan: LaunchPlan, inherited: Mapping[str, str]
+) -> dict[str, str]:
+    """The server's whole environment: inherited, overridden by the plan, plus secrets."""
+    env = {**inherited, **launch_plan.env}
+    if not contract.shape.multi_host:
+        for name in SINGLE_HOST_UNSET:
+            env.pop(name, None)
+    token = inherited.get(contract.hf_token_env)
+    if token:
+        env["HF_TOKEN"] = token  # what huggingface_hub and SGLang read
+    return env
+
+
+# -- running the server ---------------------------------------------------------------------
+
+
+class _Signalled(Exception):
+    """Raised by the signal handler to wake the supervisor from a blocking wait."""
+
+
+def exit_status(returncode: int) -> int:
+    """A process's exit status as a shell reports it (128 + N for death by signal N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def supervise(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    drain_timeout_seconds: float,
+    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+) -> int:
+    """Run `command` until it exits; forward `signals`, kill it after the drain timeout.
+
+    The server runs in its own session so that, when it overstays the drain timeout or
+    leaves processes behind, its whole process group can be killed.
+    """
+    child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
+    deadline: float | None = None
+    previous = {}
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal deadline
+        if deadline is None:
+            deadline = time.monotonic() + drain_timeout_seconds
+            log.info(
+                "received %s: draining for up to %gs",
+                signal.Signals(signum).name,
+                drain_timeout_seconds,
+            )
+        if child.poll() is None:
+            child.send_signal(signum)
+        raise _Signalled
+
+    for sig in signals:
+        previous[sig] = signal.signal(sig, forward)
+    try:
+        while True:
+            try:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    log.warning("server did not exit within %gs; killing it", drain_timeout_seconds)
+                    _kill_group(child.pid)
+                    returncode = child.wait()
+                    break
+                returncode = child.wait(timeout=remaining)
+                break
+            except (_Signalled, subprocess.TimeoutExpired):
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _kill_group(child.pid)  # whatever the server left behind
+    log.info("server exited with status %d", exit_status(returncode))
+    return exit_status(returncode)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+# -- the subcommand ---------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help='Print one JSON object {"env": {...}, "command": [...]} and exit; fetch nothing.',
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    return launch(os.environ, dry_run=args.dry_run)
+
+
+def launch(environ: Mapping[str, str], *, dry_run: bool) -> int:
+    try:
+        contract = LaunchContract.from_env(environ)
+    except ContractError as err:
+        print(f"tpuserve engine launch: {err}", file=sys.stderr)
+        return EXIT_INVALID_CONTRACT
+    launch_plan = plan(contract)
+    if dry_run:
+        print(launch_plan.dry_run_json())
+        return 0
+    role = "leader" if contract.is_leader else "follower (not routable)"
+    log.info(
+        "replica %d host %d/%d (%s) of %s %s, engine %s",
+        contract.replica_index,
+        contract.host_index,
+        contract.shape.hosts,
+        role,
+        contract.generation,
+        contract.topology,
+        contract.engine,
+    )
+    try:
+        for directory in launch_plan.directories:
+            os.makedirs(directory, exist_ok=True)
+        for item in launch_plan.fetches:
+            model_source.fetch(
+                item.source,
+                contract.weights_cache_dir,
+                contract.gcs_fuse_root,
+                environ,
+                contract.hf_token_env,
+            )
+    except (model_source.FetchError, OSError) as err:
+        print(f"tpuserve engine launch: {err}", file=sys.stderr)
+        return EXIT_FETCH_FAILED
+    log.info("starting: %s", " ".join(launch_plan.command))
+    return supervise(
+        launch_plan.command,
+        server_env(contract, launch_plan, environ),
+        contract.drain_timeout_seconds,
+    )
