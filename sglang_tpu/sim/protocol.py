@@ -1,0 +1,288 @@
+"""Request parsing for the twin's three generation APIs, with SGLang's field names.
+
+Every check raises `InvalidRequest` naming the field, the value and what is allowed; the
+server turns it into a 4xx with an OpenAI-style error object. Nothing is silently dropped:
+unknown *types* are rejected, unknown optional fields that change nothing here (logprobs,
+top_p, ...) are accepted as SGLang accepts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+DEFAULT_GENERATE_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
+DEFAULT_COMPLETIONS_MAX_TOKENS = 16  # OpenAI's /v1/completions default
+DEFAULT_CHAT_MAX_TOKENS = 128  # the twin never samples EOS, so chat needs a finite default
+MAX_STOP_STRINGS = 16
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class InvalidRequest(ValueError):
+    def __init__(self, param: str | None, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """What the server needs from any of the three APIs, before tokenization."""
+
+    text: str | None
+    input_ids: list[int] | None
+    max_new_tokens: int
+    stop: list[str]
+    stop_token_ids: list[int]
+    temperature: float
+    seed: int | None
+    stream: bool
+    include_usage: bool
+    model: str | None
+    rid: str | None = None
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise InvalidRequest(None, f"request body is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest(None, f"request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _int(data: Mapping[str, Any], key: str, param: str, minimum: int | None = None) -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: an integer")
+    if minimum is not None and value < minimum:
+        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: >= {minimum}")
+    return value
+
+
+def _float(data: Mapping[str, Any], key: str, param: str, minimum: float = 0.0) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: a number")
+    if value < minimum:
+        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: >= {minimum}")
+    return float(value)
+
+
+def _bool(data: Mapping[str, Any], key: str, param: str) -> bool:
+    value = data.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: true or false")
+    return value
+
+
+def _stop(data: Mapping[str, Any], key: str, param: str) -> list[str]:
+    value = data.get(key)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if (
+        isinstance(value, list)
+        and len(value) <= MAX_STOP_STRINGS
+        and all(isinstance(s, str) for s in value)
+    ):
+        return list(value)
+    raise InvalidRequest(
+        param,
+        f"{param}: {value!r:.80} is not allowed; allowed: a string or a list of at most "
+        f"{MAX_STOP_STRINGS} strings",
+    )
+
+
+def _token_ids(value: object, param: str) -> list[int]:
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    ):
+        return list(value)
+    raise InvalidRequest(
+        param, f"{param}: {value!r:.80} is not allowed; allowed: a non-empty list of token ids"
+    )
+
+
+def _positive_max_tokens(value: int | None, param: str, default: int) -> int:
+    if value is None:
+        return default
+    if value <= 0:
+        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: >= 1")
+    return value
+
+
+def _model(data: Mapping[str, Any]) -> str | None:
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("model", f"model: {model!r} is not allowed; allowed: a string")
+    return model
+
+
+def _n_is_one(data: Mapping[str, Any]) -> None:
+    n = _int(data, "n", "n", minimum=1)
+    if n not in (None, 1):
+        raise InvalidRequest("n", f"n: {n!r} is not allowed; allowed: 1")
+
+
+def _stream_options(data: Mapping[str, Any]) -> bool:
+    options = data.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise InvalidRequest(
+            "stream_options", f"stream_options: {options!r:.80} is not allowed; allowed: an object"
+        )
+    return _bool(options, "include_usage", "stream_options.include_usage")
+
+
+def parse_generate(data: Mapping[str, Any]) -> GenerationRequest:
+    """SGLang's native ``/generate`` (``GenerateReqInput``) with one prompt."""
+    text = data.get("text")
+    ids = data.get("input_ids")
+    if (text is None) == (ids is None):
+        raise InvalidRequest("text", "text / input_ids: give exactly one of them")
+    if isinstance(text, list) and len(text) == 1:
+        text = text[0]
+    if ids is not None and isinstance(ids, list) and ids and isinstance(ids[0], list):
+        if len(ids) != 1:
+            raise InvalidRequest("input_ids", "input_ids: batches are not supported; send one")
+        ids = ids[0]
+    if text is not None and (not isinstance(text, str) or not text):
+        raise InvalidRequest(
+            "text", f"text: {text!r:.80} is not allowed; allowed: a non-empty string"
+        )
+    params = data.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise InvalidRequest(
+            "sampling_params", f"sampling_params: {params!r:.80} is not allowed; allowed: an object"
+        )
+    max_new = _int(params, "max_new_tokens", "sampling_params.max_new_tokens")
+    stop_ids = params.get("stop_token_ids")
+    rid = data.get("rid")
+    if rid is not None and not isinstance(rid, str):
+        raise InvalidRequest("rid", f"rid: {rid!r} is not allowed; allowed: a string")
+    return GenerationRequest(
+        text=text,
+        input_ids=_token_ids(ids, "input_ids") if ids is not None else None,
+        max_new_tokens=_positive_max_tokens(
+            max_new, "sampling_params.max_new_tokens", DEFAULT_GENERATE_MAX_NEW_TOKENS
+        ),
+        stop=_stop(params, "stop", "sampling_params.stop"),
+        stop_token_ids=_token_ids(stop_ids, "sampling_params.stop_token_ids") if stop_ids else [],
+        temperature=_float(params, "temperature", "sampling_params.temperature") or 0.0,
+        seed=_int(params, "sampling_seed", "sampling_params.sampling_seed"),
+        stream=_bool(data, "stream", "stream"),
+        include_usage=False,
+        model=None,
+        rid=rid,
+    )
+
+
+def parse_completions(data: Mapping[str, Any]) -> GenerationRequest:
+    """OpenAI ``/v1/completions`` with one prompt (a string or token ids)."""
+    _n_is_one(data)
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    text: str | None = None
+    ids: list[int] | None = None
+    if isinstance(prompt, str) and prompt:
+        text = prompt
+    elif isinstance(prompt, list):
+        ids = _token_ids(prompt, "prompt")
+    else:
+        raise InvalidRequest(
+            "prompt",
+            f"prompt: {prompt!r:.80} is not allowed; allowed: a non-empty string or a list of "
+            "token ids",
+        )
+    max_tokens = _int(data, "max_tokens", "max_tokens")
+    stop_ids = data.get("stop_token_ids")
+    return GenerationRequest(
+        text=text,
+        input_ids=ids,
+        max_new_tokens=_positive_max_tokens(
+            max_tokens, "max_tokens", DEFAULT_COMPLETIONS_MAX_TOKENS
+        ),
+        stop=_stop(data, "stop", "stop"),
+        stop_token_ids=_token_ids(stop_ids, "stop_token_ids") if stop_ids else [],
+        temperature=_float(data, "temperature", "temperature") or 0.0,
+        seed=_int(data, "seed", "seed"),
+        stream=_bool(data, "stream", "stream"),
+        include_usage=_stream_options(data),
+        model=_model(data),
+        rid=None,
+    )
+
+
+def parse_chat(data: Mapping[str, Any]) -> tuple[GenerationRequest, list[dict[str, Any]]]:
+    """OpenAI ``/v1/chat/completions``; returns the request (text unset) and the messages."""
+    _n_is_one(data)
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest(
+            "messages",
+            f"messages: {messages!r:.80} is not allowed; allowed: a non-empty list of messages",
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"messages[{i}]", f"messages[{i}]: must be an object")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise InvalidRequest(
+                f"messages[{i}].role",
+                f"messages[{i}].role: {role!r} is not allowed; allowed: {', '.join(CHAT_ROLES)}",
+            )
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise InvalidRequest(
+                        f"messages[{i}].content[{j}]",
+                        f"messages[{i}].content[{j}]: only text parts are allowed "
+                        '({"type": "text", "text": ...})',
+                    )
+        elif content is not None and not isinstance(content, str):
+            raise InvalidRequest(
+                f"messages[{i}].content",
+                f"messages[{i}].content: {content!r:.80} is not allowed; allowed: a string or "
+                "a list of text parts",
+            )
+    max_tokens = _int(data, "max_completion_tokens", "max_completion_tokens")
+    param = "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens = _int(data, "max_tokens", "max_tokens")
+        param = "max_tokens"
+    stop_ids = data.get("stop_token_ids")
+    request = GenerationRequest(
+        text=None,
+        input_ids=None,
+        max_new_tokens=_positive_max_tokens(max_tokens, param, DEFAULT_CHAT_MAX_TOKENS),
+        stop=_stop(data, "stop", "stop"),
+        stop_token_ids=_token_ids(stop_ids, "stop_token_ids") if stop_ids else [],
+        temperature=_float(data, "temperature", "temperature") or 0.0,
+        seed=_int(data, "seed", "seed"),
+        stream=_bool(data, "stream", "stream"),
+        include_usage=_stream_options(data),
+        model=_model(data),
+        rid=None,
+    )
+    return request, messages
