@@ -441,11 +441,12 @@ class EngineCore:
                 break
             if headroom < take + reserve and (self.running or items):
                 break
+            self.cache.inc_lock_ref(node)  # before evicting, so the match survives
             if not self._ensure_free(take):
+                self.cache.dec_lock_ref(node)
                 break
             self.waiting.popleft()
             headroom -= take + reserve
-            self.cache.inc_lock_ref(node)
             req.last_node = node
             req.tree_len = prefix
             req.prefilled = prefix
