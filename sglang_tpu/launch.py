@@ -26,7 +26,6 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
 
 from sglang_tpu import compile_cache, model_source, perf_model, sglang_flags
 from sglang_tpu.contract import ContractError, LaunchContract, torch_tpu_env
@@ -183,10 +182,6 @@ def server_env(
 # -- running the server ---------------------------------------------------------------------
 
 
-class _Signalled(Exception):
-    """Raised by the signal handler to wake the supervisor from a blocking wait."""
-
-
 def exit_status(returncode: int) -> int:
     """A process's exit status as a shell reports it (128 + N for death by signal N)."""
     return 128 - returncode if returncode < 0 else returncode
@@ -196,51 +191,49 @@ def supervise(
     command: Sequence[str],
     env: Mapping[str, str],
     drain_timeout_seconds: float,
-    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+    forwarded: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
 ) -> int:
-    """Run `command` until it exits; forward `signals`, kill it after the drain timeout.
+    """Run `command` until it exits; forward signals, kill it after the drain timeout.
 
-    The server runs in its own session so that, when it overstays the drain timeout or
-    leaves processes behind, its whole process group can be killed.
+    The launcher blocks the forwarded signals and SIGCHLD and takes them synchronously
+    (`sigwaitinfo`), so a SIGTERM that arrives while the server is still being started is
+    not lost and no handler can interrupt the bookkeeping. The server runs in its own
+    session with the signal mask the launcher had, so that when it overstays the drain
+    timeout, or leaves processes behind, its whole process group can be killed.
     """
-    child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
-    deadline: float | None = None
-    previous = {}
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        nonlocal deadline
-        if deadline is None:
-            deadline = time.monotonic() + drain_timeout_seconds
-            log.info(
-                "received %s: draining for up to %gs",
-                signal.Signals(signum).name,
-                drain_timeout_seconds,
-            )
-        if child.poll() is None:
-            child.send_signal(signum)
-        raise _Signalled
-
-    for sig in signals:
-        previous[sig] = signal.signal(sig, forward)
+    watched = {*forwarded, signal.SIGCHLD}
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    log.info("starting: %s", " ".join(command))
     try:
-        while True:
-            try:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    log.warning("server did not exit within %gs; killing it", drain_timeout_seconds)
-                    _kill_group(child.pid)
-                    returncode = child.wait()
-                    break
-                returncode = child.wait(timeout=remaining)
-                break
-            except (_Signalled, subprocess.TimeoutExpired):
-                continue
+        child = subprocess.Popen(
+            list(command),
+            env=dict(env),
+            start_new_session=True,
+            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask),
+        )
+        deadline: float | None = None
+        while child.poll() is None:
+            info: signal.struct_siginfo | None
+            if deadline is None:
+                info = signal.sigwaitinfo(watched)
+            else:
+                info = signal.sigtimedwait(watched, max(0.0, deadline - time.monotonic()))
+            if info is None:
+                log.warning("server did not exit within %gs; killing it", drain_timeout_seconds)
+                _kill_group(child.pid)
+                child.wait()
+            elif info.si_signo != signal.SIGCHLD:
+                if deadline is None:
+                    deadline = time.monotonic() + drain_timeout_seconds
+                    name = signal.Signals(info.si_signo).name
+                    log.info("received %s: draining for up to %gs", name, drain_timeout_seconds)
+                child.send_signal(info.si_signo)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
     _kill_group(child.pid)  # whatever the server left behind
-    log.info("server exited with status %d", exit_status(returncode))
-    return exit_status(returncode)
+    status = exit_status(child.returncode)
+    log.info("server exited with status %d", status)
+    return status
 
 
 def _kill_group(pgid: int) -> None:
@@ -298,7 +291,6 @@ def launch(environ: Mapping[str, str], *, dry_run: bool) -> int:
     except (model_source.FetchError, OSError) as err:
         print(f"tpuserve engine launch: {err}", file=sys.stderr)
         return EXIT_FETCH_FAILED
-    log.info("starting: %s", " ".join(launch_plan.command))
     return supervise(
         launch_plan.command,
         server_env(contract, launch_plan, environ),

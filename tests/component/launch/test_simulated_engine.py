@@ -1,0 +1,117 @@
+"""`TPUSERVE_ENGINE=simulated`: the launcher runs the engine twin from the same contract.
+
+A real `tpuserve engine launch` process on loopback starts `tpuserve engine sim` for the
+leader of a two-host tpu7x 2x2x2 slice; the official openai client reaches it under the
+served model name, and SIGTERM to the launcher drains the twin, which exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.error import URLError
+from urllib.request import urlopen
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.component
+
+DEADLINE_SECONDS = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_healthy(url: str, launcher: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while True:
+        assert launcher.poll() is None, "the launcher exited before the engine was healthy"
+        try:
+            with urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (URLError, ConnectionError, TimeoutError):
+            pass
+        assert time.monotonic() < deadline, f"{url}/health not healthy in {DEADLINE_SECONDS}s"
+        time.sleep(0.1)
+
+
+def contract(host: int, http_port: int, kv_port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUSERVE_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env | {
+        "TPUSERVE_ENGINE": "simulated",
+        "TPUSERVE_MODEL": "hf://Qwen/Qwen3-8B",
+        "TPUSERVE_SERVED_MODEL_NAME": "qwen",
+        "TPUSERVE_WEIGHTS_CACHE_DIR": "/nonexistent/never-used",
+        "TPUSERVE_TPU_GENERATION": "tpu7x",
+        "TPUSERVE_TPU_TOPOLOGY": "2x2x2",
+        "TPUSERVE_HOSTS": "2",
+        "TPUSERVE_CHIPS_PER_HOST": "4",
+        "TPUSERVE_HOST_INDEX": str(host),
+        "TPUSERVE_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.2",
+        "TPUSERVE_BIND_HOST": "127.0.0.1",
+        "TPUSERVE_HTTP_PORT": str(http_port),
+        "TPUSERVE_KV_EVENTS_PORT": str(kv_port),
+        "TPUSERVE_DRAIN_TIMEOUT_SECONDS": "20",
+    }
+
+
+def test_leader_serves_the_engine_twin_and_drains_on_sigterm() -> None:
+    http_port, kv_port = free_port(), free_port()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tpuserve", "engine", "launch"],
+        env=contract(0, http_port, kv_port),
+    )
+    try:
+        url = f"http://127.0.0.1:{http_port}"
+        wait_healthy(url, launcher)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30)
+        assert [m.id for m in client.models.list().data] == ["qwen"]
+        completion = client.completions.create(model="qwen", prompt="Hello", max_tokens=4)
+        assert completion.choices[0].text
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=DEADLINE_SECONDS) == 0
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_follower_holds_its_place_without_serving_and_stops_on_sigterm() -> None:
+    http_port = free_port()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tpuserve", "engine", "launch"],
+        env=contract(1, http_port, free_port()),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert launcher.stderr is not None
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        for line in launcher.stderr:  # the launcher logs the command it starts
+            if "starting: sleep infinity" in line:
+                break
+            assert time.monotonic() < deadline
+        assert launcher.poll() is None
+        with (
+            pytest.raises(ConnectionRefusedError),
+            socket.create_connection(("127.0.0.1", http_port), 1),
+        ):
+            pass
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=DEADLINE_SECONDS) == 128 + signal.SIGTERM
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
