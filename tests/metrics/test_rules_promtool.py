@@ -1,0 +1,86 @@
+"""The rules the chart renders pass `promtool check rules`, and `promtool test rules` passes the
+generated unit tests, which cover every recording rule and every alert."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_helpers import VALUES_DIR, find_tool, make_renderer
+
+from tpuserve.observability import generate, rules
+
+pytestmark = pytest.mark.component
+
+TEST_FILE = generate.REPO_ROOT / generate.PROMTOOL_TEST_PATH
+TEST_VALUES = generate.REPO_ROOT / generate.PROMTOOL_VALUES_PATH
+
+
+def rendered_groups(values: list[Path], kind: str) -> list[dict[str, Any]]:
+    objects = make_renderer(find_tool("helm"))(values)
+    (rule,) = [o for o in objects if o["kind"] == kind]
+    groups: list[dict[str, Any]] = rule["spec"]["groups"]
+    return groups
+
+
+@pytest.fixture(scope="module")
+def promtool() -> Path:
+    return find_tool("promtool")
+
+
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [([], "PrometheusRule"), ([VALUES_DIR / "gmp.yaml"], "ClusterRules")],
+    ids=["prometheus-operator", "gmp"],
+)
+def test_promtool_check_rules_accepts_rendered_rules(
+    promtool: Path, tmp_path: Path, values: list[Path], kind: str
+) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rendered_groups(values, kind)}))
+    done = subprocess.run(
+        [str(promtool), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    chart_values = yaml.safe_load(
+        (generate.REPO_ROOT / generate.CHART_DIR / "values.yaml").read_text()
+    )
+    expected = len(rules.recording_rules()) + len(rules.alerts()) + len(chart_values["pricing"])
+    assert f"SUCCESS: {expected} rules found" in done.stdout
+
+
+def test_promtool_unit_tests_pass_on_rendered_rules(promtool: Path, tmp_path: Path) -> None:
+    groups = rendered_groups([TEST_VALUES], "PrometheusRule")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    (tmp_path / "tpuserve.test.yaml").write_text(TEST_FILE.read_text())
+    done = subprocess.run(
+        [str(promtool), "test", "rules", "tpuserve.test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_promtool_unit_tests_catch_a_wrong_rule(promtool: Path, tmp_path: Path) -> None:
+    """The unit tests can fail: a rule that double counts TP ranks is caught."""
+    groups = rendered_groups([TEST_VALUES], "PrometheusRule")
+    for group in groups:
+        for rule in group["rules"]:
+            rule["expr"] = rule["expr"].replace(', tp_rank="0", pp_rank="0"', "")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    (tmp_path / "tpuserve.test.yaml").write_text(TEST_FILE.read_text())
+    done = subprocess.run(
+        [str(promtool), "test", "rules", "tpuserve.test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0
+    assert "pod:sglang_decode_tokens:rate1m" in done.stdout + done.stderr

@@ -1,0 +1,570 @@
+"""promtool unit tests for every recording rule and alert in `rules.py`.
+
+The generator writes them to `tests/metrics/promtool/tpuserve.test.yaml`; the test suite renders
+the chart's rules with `helm template` (prices from `tests/metrics/promtool/values.yaml`) and runs
+`promtool test rules` on both. Expected values are computed here with the same floating-point
+operations PromQL performs, so promtool's exact comparison holds.
+
+The fleet fixture (15 s samples, evaluated at 70 min):
+- `llama-0` (v6e 2x4, 8 chips): 100 prompt tok/s, 40 cached, 20 finished-output, 30 decoded
+  (real-time counter, TP rank 0; a rank-1 copy must not be counted), 1 req/s;
+- `qwen-0` (v5e 2x4, 8 chips): 50 prompt, 10 cached, 10 output, no real-time counter (fallback),
+  2 req/s with a counter reset (pod restart) inside the last minute;
+- `idle-0` (v5e 1x1, 1 chip): counters flat: ratios must be absent, not NaN; its cost counts;
+- `gone-0`: a pod whose series vanished 40 minutes ago.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sglang_tpu import metric_names as sg
+from tpuserve.observability import rules
+
+STEP_SECONDS = 15
+EVAL = "70m"
+NS = "team"
+PODS: dict[str, dict[str, str]] = {
+    "llama-0": {"model_name": "llama", "tpu_generation": "v6e", "tpu_topology": "2x4"},
+    "qwen-0": {"model_name": "qwen", "tpu_generation": "v5e", "tpu_topology": "2x4"},
+    "idle-0": {"model_name": "idle", "tpu_generation": "v5e", "tpu_topology": "1x1"},
+}
+CHIPS = {"llama-0": 8, "qwen-0": 8, "idle-0": 1}
+# Tokens per 15 s step: prompt, cached, generation (finish-time), realtime decode, requests.
+PER_STEP = {
+    "llama-0": (1500, 600, 300, 450, 15),
+    "qwen-0": (750, 150, 150, None, 30),
+    "idle-0": (0, 0, 0, None, 0),
+}
+STEPS = 400  # 100 minutes of samples
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+    return {"series": f"{name}{_labels(labels)}", "values": values}
+
+
+def _pod_labels(pod: str) -> dict[str, str]:
+    return {"namespace": NS, "pod": pod, **PODS[pod]}
+
+
+def _rate(per_step: float, window_seconds: int) -> float:
+    """rate() over a window fully covered by samples (no extrapolation), as PromQL computes it."""
+    return (per_step * (window_seconds // STEP_SECONDS)) * 1.0 / window_seconds
+
+
+def _sample(name: str, labels: dict[str, str], value: float) -> dict[str, Any]:
+    return {"labels": f"{name}{_labels(labels)}", "value": value}
+
+
+def fleet_series() -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    for pod, (prompt, cached, generated, decode, requests) in PER_STEP.items():
+        labels = _pod_labels(pod)
+        out.append(_series(sg.PROMPT_TOKENS.name, labels, f"0+{prompt}x{STEPS}"))
+        out.append(
+            _series(
+                sg.CACHED_TOKENS.name, {**labels, "cache_source": "device"}, f"0+{cached}x{STEPS}"
+            )
+        )
+        out.append(_series(sg.GENERATION_TOKENS.name, labels, f"0+{generated}x{STEPS}"))
+        if decode is not None:
+            for rank in ("0", "1"):
+                rank_labels = {**labels, "mode": "decode", "tp_rank": rank, "pp_rank": "0"}
+                out.append(_series(sg.REALTIME_TOKENS.name, rank_labels, f"0+{decode}x{STEPS}"))
+        if pod == "qwen-0":  # restarts 30 s before the evaluation time
+            before = 277
+            values = f"0+{requests}x{before} 0+{requests}x{STEPS - before - 1}"
+        else:
+            values = f"0+{requests}x{STEPS}"
+        out.append(_series(sg.NUM_REQUESTS.name, labels, values))
+        owner = {"namespace": NS, "pod": pod, "tpu_generation": PODS[pod]["tpu_generation"]}
+        out.append(_series("tpuserve_replica_tpu_chips", owner, f"{CHIPS[pod]}+0x{STEPS}"))
+        info = {"namespace": NS, "pod": pod, **PODS[pod]}
+        out.append(_series("tpuserve_replica_info", info, f"1+0x{STEPS}"))
+    gone = {"namespace": NS, "pod": "gone-0", "model_name": "gone", "tpu_generation": "v6e"}
+    out.append(_series(sg.PROMPT_TOKENS.name, gone, "0+1500x120"))
+    # TTFT of llama: per step 15 requests <= 1 s, 24 <= 2 s, all 30 <= 4 s.
+    llama = {"namespace": NS, "pod": "llama-0", "model_name": "llama"}
+    for le, per_step in TTFT_BUCKETS.items():
+        out.append(
+            _series(
+                f"{sg.TIME_TO_FIRST_TOKEN.name}_bucket",
+                {**llama, "le": le},
+                f"0+{per_step}x{STEPS}",
+            )
+        )
+    out.append(_series(f"{sg.TIME_TO_FIRST_TOKEN.name}_count", llama, f"0+30x{STEPS}"))
+    for le, per_step in ITL_BUCKETS.items():
+        out.append(
+            _series(
+                f"{sg.INTER_TOKEN_LATENCY.name}_bucket",
+                {**llama, "le": le},
+                f"0+{per_step}x{STEPS}",
+            )
+        )
+    out.append(_series(f"{sg.INTER_TOKEN_LATENCY.name}_count", llama, f"0+300x{STEPS}"))
+    for le, per_step in E2E_BUCKETS.items():
+        out.append(
+            _series(
+                f"{sg.E2E_REQUEST_LATENCY.name}_bucket",
+                {**llama, "le": le},
+                f"0+{per_step}x{STEPS}",
+            )
+        )
+    sched = {**llama, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+    for le, per_step in QUEUE_BUCKETS.items():
+        out.append(
+            _series(f"{sg.QUEUE_TIME.name}_bucket", {**sched, "le": le}, f"0+{per_step}x{STEPS}")
+        )
+    return out
+
+
+TTFT_BUCKETS = {"1.0": 15, "2.0": 24, "4.0": 30, "+Inf": 30}
+ITL_BUCKETS = {"0.05": 150, "0.1": 285, "0.2": 300, "+Inf": 300}
+E2E_BUCKETS = {"2.0": 6, "4.0": 15, "8.0": 30, "+Inf": 30}
+QUEUE_BUCKETS = {"0.1": 24, "0.5": 30, "+Inf": 30}
+
+
+def histogram_quantile(q: float, buckets: dict[str, int], window_seconds: int) -> float:
+    """Prometheus 2.x bucketQuantile over rates of the given per-step bucket increments."""
+    bounds = [(float(le), _rate(n, window_seconds)) for le, n in buckets.items()]
+    rank = q * bounds[-1][1]
+    b = next((i for i, (_, count) in enumerate(bounds[:-1]) if count >= rank), len(bounds) - 1)
+    if b == len(bounds) - 1:
+        return bounds[-2][0]
+    start, end, count = 0.0, bounds[b][0], bounds[b][1]
+    if b > 0:
+        start = bounds[b - 1][0]
+        count -= bounds[b - 1][1]
+        rank -= bounds[b - 1][1]
+    return start + (end - start) * (rank / count)
+
+
+def _expect(expr: str, samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    return {"expr": expr, "eval_time": EVAL, "exp_samples": list(samples)}
+
+
+def token_tests() -> list[dict[str, Any]]:
+    r1, r5 = 60, 300
+    cases: list[dict[str, Any]] = []
+    index = {"prompt": 0, "cached": 1, "generation": 2}
+    for what, i in index.items():
+        name = f"pod:sglang_{what}_tokens:rate1m"
+        cases.append(
+            _expect(
+                name, (_sample(name, _pod_labels(p), _rate(PER_STEP[p][i] or 0, r1)) for p in PODS)
+            )
+        )
+
+    def decode(pod: str) -> float:
+        realtime = PER_STEP[pod][3]
+        return _rate(PER_STEP[pod][2] if realtime is None else realtime, r1)
+
+    name = "pod:sglang_decode_tokens:rate1m"
+    cases.append(_expect(name, (_sample(name, _pod_labels(p), decode(p)) for p in PODS)))
+    per_pod = {
+        "prompt": {p: _rate(PER_STEP[p][0], r1) for p in PODS},
+        "cached": {p: _rate(PER_STEP[p][1], r1) for p in PODS},
+        "decode": {p: decode(p) for p in PODS},
+    }
+    for what, values in per_pod.items():
+        name = f"model:sglang_{what}_tokens:rate1m"
+        cases.append(
+            _expect(
+                name,
+                (_sample(name, {"model_name": PODS[p]["model_name"]}, values[p]) for p in PODS),
+            )
+        )
+        name = f"tpu_generation:sglang_{what}_tokens:rate1m"
+        by_gen = {
+            "v5e": values["idle-0"] + values["qwen-0"],  # series order: idle-0 < qwen-0
+            "v6e": values["llama-0"],
+        }
+        cases.append(
+            _expect(name, (_sample(name, {"tpu_generation": g}, v) for g, v in by_gen.items()))
+        )
+        name = f"fleet:sglang_{what}_tokens:rate1m"
+        total = values["idle-0"] + values["llama-0"] + values["qwen-0"]
+        cases.append(_expect(name, [_sample(name, {}, total)]))
+    fleet_prompt = (
+        per_pod["prompt"]["idle-0"] + per_pod["prompt"]["llama-0"] + per_pod["prompt"]["qwen-0"]
+    )
+    fleet_decode = (
+        per_pod["decode"]["idle-0"] + per_pod["decode"]["llama-0"] + per_pod["decode"]["qwen-0"]
+    )
+    cases.append(
+        _expect(
+            "fleet:sglang_tokens:rate1m",
+            [_sample("fleet:sglang_tokens:rate1m", {}, fleet_prompt + fleet_decode)],
+        )
+    )
+    # qwen's counter restarted at 69m30s: the reset step adds nothing, never a negative rate.
+    requests = {"llama-0": 1.0, "qwen-0": (30 * 3) / 60, "idle-0": 0.0}
+    name = "model:sglang_requests:rate1m"
+    cases.append(
+        _expect(
+            name,
+            (_sample(name, {"model_name": PODS[p]["model_name"]}, v) for p, v in requests.items()),
+        )
+    )
+    name = "fleet:sglang_requests:rate1m"
+    cases.append(
+        _expect(
+            name, [_sample(name, {}, requests["idle-0"] + requests["llama-0"] + requests["qwen-0"])]
+        )
+    )
+    # Hit ratios: idle-0 has no ratio at all (0/0 is dropped by "> 0"), gone-0 vanished.
+    active = ("llama-0", "qwen-0")
+    name = "pod:sglang_prefix_cache_hit:ratio_rate5m"
+    cases.append(
+        _expect(
+            name,
+            (
+                _sample(name, _pod_labels(p), _rate(PER_STEP[p][1], r5) / _rate(PER_STEP[p][0], r5))
+                for p in active
+            ),
+        )
+    )
+    name = "model:sglang_prefix_cache_hit:ratio_rate5m"
+    cases.append(
+        _expect(
+            name,
+            (
+                _sample(
+                    name,
+                    {"model_name": PODS[p]["model_name"]},
+                    _rate(PER_STEP[p][1], r5) / _rate(PER_STEP[p][0], r5),
+                )
+                for p in active
+            ),
+        )
+    )
+    cached5 = _rate(0, r5) + _rate(600, r5) + _rate(150, r5)
+    prompt5 = _rate(0, r5) + _rate(1500, r5) + _rate(750, r5)
+    name = "fleet:sglang_prefix_cache_hit:ratio_rate5m"
+    cases.append(_expect(name, [_sample(name, {}, cached5 / prompt5)]))
+    return cases
+
+
+def chip_tests(prices: dict[str, float]) -> list[dict[str, Any]]:
+    r1, r60 = 60, 3600
+    decode = {"llama-0": _rate(450, r1), "qwen-0": _rate(150, r1), "idle-0": _rate(0, r1)}
+    chips_gen = {"v5e": float(CHIPS["idle-0"] + CHIPS["qwen-0"]), "v6e": float(CHIPS["llama-0"])}
+    model = {p: PODS[p]["model_name"] for p in PODS}
+    cost = {p: CHIPS[p] * prices[PODS[p]["tpu_generation"]] for p in PODS}
+    gen_1h = {p: _rate(PER_STEP[p][2], r60) for p in PODS}
+    prompt_1h = {p: _rate(PER_STEP[p][0], r60) for p in PODS}
+    fleet_cost = cost["idle-0"] + cost["llama-0"] + cost["qwen-0"]
+    cases = [
+        _expect(
+            "tpu_generation:tpuserve_replica_tpu_chips:sum",
+            (
+                _sample("tpu_generation:tpuserve_replica_tpu_chips:sum", {"tpu_generation": g}, v)
+                for g, v in chips_gen.items()
+            ),
+        ),
+        _expect(
+            "model:tpuserve_replica_tpu_chips:sum",
+            (
+                _sample(
+                    "model:tpuserve_replica_tpu_chips:sum",
+                    {"model_name": model[p]},
+                    float(CHIPS[p]),
+                )
+                for p in PODS
+            ),
+        ),
+        _expect(
+            "tpu_generation:sglang_decode_tokens_per_chip:rate1m",
+            [
+                _sample(
+                    "tpu_generation:sglang_decode_tokens_per_chip:rate1m",
+                    {"tpu_generation": "v5e"},
+                    (decode["idle-0"] + decode["qwen-0"]) / chips_gen["v5e"],
+                ),
+                _sample(
+                    "tpu_generation:sglang_decode_tokens_per_chip:rate1m",
+                    {"tpu_generation": "v6e"},
+                    decode["llama-0"] / chips_gen["v6e"],
+                ),
+            ],
+        ),
+        _expect(
+            "model:sglang_decode_tokens_per_chip:rate1m",
+            (
+                _sample(
+                    "model:sglang_decode_tokens_per_chip:rate1m",
+                    {"model_name": model[p]},
+                    decode[p] / CHIPS[p],
+                )
+                for p in PODS
+            ),
+        ),
+        _expect(
+            "fleet:sglang_decode_tokens_per_chip:rate1m",
+            [
+                _sample(
+                    "fleet:sglang_decode_tokens_per_chip:rate1m",
+                    {},
+                    (decode["idle-0"] + decode["llama-0"] + decode["qwen-0"])
+                    / float(sum(CHIPS.values())),
+                )
+            ],
+        ),
+        _expect(
+            "pod:tpuserve_tpu_cost_usd:per_hour",
+            (
+                _sample(
+                    "pod:tpuserve_tpu_cost_usd:per_hour",
+                    {"namespace": NS, "pod": p, "tpu_generation": PODS[p]["tpu_generation"]},
+                    cost[p],
+                )
+                for p in PODS
+            ),
+        ),
+        _expect(
+            "model:tpuserve_tpu_cost_usd:per_hour",
+            (
+                _sample("model:tpuserve_tpu_cost_usd:per_hour", {"model_name": model[p]}, cost[p])
+                for p in PODS
+            ),
+        ),
+        _expect(
+            "tpu_generation:tpuserve_tpu_cost_usd:per_hour",
+            [
+                _sample(
+                    "tpu_generation:tpuserve_tpu_cost_usd:per_hour",
+                    {"tpu_generation": "v5e"},
+                    cost["idle-0"] + cost["qwen-0"],
+                ),
+                _sample(
+                    "tpu_generation:tpuserve_tpu_cost_usd:per_hour",
+                    {"tpu_generation": "v6e"},
+                    cost["llama-0"],
+                ),
+            ],
+        ),
+        _expect(
+            "fleet:tpuserve_tpu_cost_usd:per_hour",
+            [_sample("fleet:tpuserve_tpu_cost_usd:per_hour", {}, fleet_cost)],
+        ),
+        # The idle model produced no tokens: no cost per token (not +Inf).
+        _expect(
+            "model:tpuserve_cost_usd_per_1m_output_tokens:rate1h",
+            (
+                _sample(
+                    "model:tpuserve_cost_usd_per_1m_output_tokens:rate1h",
+                    {"model_name": model[p]},
+                    cost[p] / 3600 / gen_1h[p] * 1e6,
+                )
+                for p in ("llama-0", "qwen-0")
+            ),
+        ),
+        _expect(
+            "model:tpuserve_cost_usd_per_1m_tokens:rate1h",
+            (
+                _sample(
+                    "model:tpuserve_cost_usd_per_1m_tokens:rate1h",
+                    {"model_name": model[p]},
+                    cost[p] / 3600 / (gen_1h[p] + prompt_1h[p]) * 1e6,
+                )
+                for p in ("llama-0", "qwen-0")
+            ),
+        ),
+        _expect(
+            "fleet:tpuserve_cost_usd_per_1m_output_tokens:rate1h",
+            [
+                _sample(
+                    "fleet:tpuserve_cost_usd_per_1m_output_tokens:rate1h",
+                    {},
+                    fleet_cost
+                    / 3600
+                    / (gen_1h["idle-0"] + gen_1h["llama-0"] + gen_1h["qwen-0"])
+                    * 1e6,
+                )
+            ],
+        ),
+    ]
+    return cases
+
+
+def latency_tests() -> list[dict[str, Any]]:
+    r5 = 300
+    llama = {"model_name": "llama"}
+    cases = []
+    for short, buckets, quantiles in (
+        ("ttft", TTFT_BUCKETS, (0.5, 0.9, 0.99)),
+        ("itl", ITL_BUCKETS, (0.5, 0.99)),
+        ("e2e", E2E_BUCKETS, (0.5, 0.99)),
+        ("queue_time", QUEUE_BUCKETS, (0.99,)),
+    ):
+        for q in quantiles:
+            name = f"model:sglang_{short}_seconds:p{round(q * 100)}_5m"
+            cases.append(_expect(name, [_sample(name, llama, histogram_quantile(q, buckets, r5))]))
+    good = TTFT_BUCKETS[repr(rules.TTFT_SLO_SECONDS)]
+    windows = {"5m": 300, "30m": 1800, "1h": 3600, "6h": 4200}  # 6h: only 70 min of data yet
+    for window, seconds in windows.items():
+        name = f"model:sglang_ttft_good:ratio_rate{window}"
+        if window == "6h":
+            # Data started at 0: extrapolation stops at the counters' zero, both rates share it.
+            value = (good * 280 / 21600) / (30 * 280 / 21600)
+        else:
+            value = _rate(good, seconds) / _rate(30, seconds)
+        cases.append(_expect(name, [_sample(name, llama, value)]))
+    for window, seconds in (("5m", 300), ("1h", 3600)):
+        name = f"model:sglang_itl_good:ratio_rate{window}"
+        value = _rate(ITL_BUCKETS[repr(rules.ITL_SLO_SECONDS)], seconds) / _rate(300, seconds)
+        cases.append(_expect(name, [_sample(name, llama, value)]))
+    return cases
+
+
+def _alert(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    alert = next(a for a in rules.alerts() if a.alert == name)
+    annotations = {"summary": alert.summary, "description": alert.description}
+    for key, text in annotations.items():
+        for label, value in labels.items():
+            text = text.replace(f"{{{{ $labels.{label} }}}}", value)
+        annotations[key] = text
+    return {"exp_labels": {**labels, "severity": alert.severity}, "exp_annotations": annotations}
+
+
+def alert_tests() -> list[dict[str, Any]]:
+    ttft_b, ttft_c = f"{sg.TIME_TO_FIRST_TOKEN.name}_bucket", f"{sg.TIME_TO_FIRST_TOKEN.name}_count"
+    burn_series = []
+    # "slow": every request misses 2 s; "meh": 10 % miss (slow burn only); "fine": none miss.
+    for model, good_per_min in (("slow", 0), ("meh", 54), ("fine", 60)):
+        labels = {"namespace": NS, "pod": f"{model}-0", "model_name": model}
+        burn_series.append(_series(ttft_b, {**labels, "le": "2.0"}, f"0+{good_per_min}x420"))
+        burn_series.append(_series(ttft_c, labels, "0+60x420"))
+    # Prefix collapse: "dropped" serves 60 % from cache for 6h40m, then 10 %; "steady" stays.
+    prefix_series = [
+        _series(sg.PROMPT_TOKENS.name, {"model_name": "dropped"}, "0+600x430"),
+        _series(sg.CACHED_TOKENS.name, {"model_name": "dropped"}, "0+360x400 144060+60x30"),
+        _series(sg.PROMPT_TOKENS.name, {"model_name": "steady"}, "0+600x430"),
+        _series(sg.CACHED_TOKENS.name, {"model_name": "steady"}, "0+360x430"),
+    ]
+    rank0 = {"engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "model_name": "m"}
+    queue_series = [
+        _series(sg.NUM_QUEUE_REQS.name, {"namespace": NS, "pod": "full-0", **rank0}, "5+0x30"),
+        _series(sg.TOKEN_USAGE.name, {"namespace": NS, "pod": "full-0", **rank0}, "0.95+0x30"),
+        _series(sg.NUM_QUEUE_REQS.name, {"namespace": NS, "pod": "roomy-0", **rank0}, "5+0x30"),
+        _series(sg.TOKEN_USAGE.name, {"namespace": NS, "pod": "roomy-0", **rank0}, "0.5+0x30"),
+    ]
+    down = {"job": f"{NS}/tpuserve-model-server", "namespace": NS, "pod": "dead-0"}
+    up_series = [
+        _series("up", down, "0+0x30"),
+        _series("up", {**down, "pod": "alive-0"}, "1+0x30"),
+    ]
+    return [
+        {
+            "name": "TTFT burn: fast burn pages, slow burn tickets, a healthy model stays quiet",
+            "interval": "1m",
+            "input_series": burn_series,
+            "alert_rule_test": [
+                {
+                    "eval_time": "10m",
+                    "alertname": "TPUServeTTFTBudgetFastBurn",
+                    "exp_alerts": [_alert("TPUServeTTFTBudgetFastBurn", {"model_name": "slow"})],
+                },
+                {"eval_time": "1m", "alertname": "TPUServeTTFTBudgetFastBurn", "exp_alerts": []},
+                {
+                    "eval_time": "400m",
+                    "alertname": "TPUServeTTFTBudgetSlowBurn",
+                    "exp_alerts": [
+                        _alert("TPUServeTTFTBudgetSlowBurn", {"model_name": "meh"}),
+                        _alert("TPUServeTTFTBudgetSlowBurn", {"model_name": "slow"}),
+                    ],
+                },
+            ],
+        },
+        {
+            "name": "queue backlog fires only on a saturated replica",
+            "interval": "1m",
+            "input_series": queue_series,
+            "alert_rule_test": [
+                {"eval_time": "5m", "alertname": "TPUServeQueueBacklog", "exp_alerts": []},
+                {
+                    "eval_time": "15m",
+                    "alertname": "TPUServeQueueBacklog",
+                    "exp_alerts": [
+                        _alert(
+                            "TPUServeQueueBacklog",
+                            {"namespace": NS, "pod": "full-0", "model_name": "m"},
+                        )
+                    ],
+                },
+            ],
+        },
+        {
+            "name": "prefix hit ratio collapse fires when the ratio falls below half its 6h level",
+            "interval": "1m",
+            "input_series": prefix_series,
+            "alert_rule_test": [
+                {
+                    "eval_time": "390m",
+                    "alertname": "TPUServePrefixHitRatioCollapse",
+                    "exp_alerts": [],
+                },
+                {
+                    "eval_time": "425m",
+                    "alertname": "TPUServePrefixHitRatioCollapse",
+                    "exp_alerts": [
+                        _alert("TPUServePrefixHitRatioCollapse", {"model_name": "dropped"})
+                    ],
+                },
+            ],
+        },
+        {
+            "name": "a model server that cannot be scraped for 5 minutes pages",
+            "interval": "1m",
+            "input_series": up_series,
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "TPUServeModelServerDown", "exp_alerts": []},
+                {
+                    "eval_time": "10m",
+                    "alertname": "TPUServeModelServerDown",
+                    "exp_alerts": [_alert("TPUServeModelServerDown", down)],
+                },
+            ],
+        },
+    ]
+
+
+def load_prices(values_path: Path) -> dict[str, float]:
+    values = yaml.safe_load(values_path.read_text())
+    return {p["generation"]: float(p["usdPerChipHour"]) for p in values["pricing"]}
+
+
+def test_file(values_path: Path) -> dict[str, Any]:
+    """The promtool test file; `values_path` holds the prices the chart rendered the rules with."""
+    prices = load_prices(values_path)
+    return {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "name": "fleet: every recording rule (TP ranks, counter reset, idle, vanished)",
+                "interval": f"{STEP_SECONDS}s",
+                "input_series": fleet_series(),
+                "promql_expr_test": token_tests() + chip_tests(prices) + latency_tests(),
+            },
+            *alert_tests(),
+        ],
+    }
+
+
+def tested_names(test: dict[str, Any]) -> set[str]:
+    """Every recording rule and alert name a test file checks."""
+    names: set[str] = set()
+    for case in test["tests"]:
+        names |= {c["expr"].split("{")[0] for c in case.get("promql_expr_test", [])}
+        names |= {c["alertname"] for c in case.get("alert_rule_test", [])}
+    return names

@@ -1,0 +1,406 @@
+"""tpuserve's recording rules and alerts: the one definition of every `level:metric:operation`
+series, every alert, and the SLO they encode.
+
+`python -m tpuserve.observability.generate` writes these groups to
+`charts/tpuserve/rules/tpuserve.rules.yaml`; the chart puts them into a PrometheusRule or GKE
+Managed Prometheus ClusterRules and appends the `tpuserve.prices` group rendered from
+`values.pricing` (prices are values, never literals in a rule or a dashboard). The promtool unit
+tests for every rule live in `rule_tests.py`.
+
+Conventions (docs/observability.md explains each):
+- names follow `level:metric:operation` (https://prometheus.io/docs/practices/rules/); the levels
+  are `pod` (one model-server leader), `model` (`model_name`), `tpu_generation`, `fleet`.
+  Constant series that the chart renders from values use the `tpuserve:` prefix.
+- token counters come from SGLang's tokenizer collector (one series per server); scheduler
+  series are filtered to `tp_rank="0", pp_rank="0"` so tensor/pipeline-parallel ranks are never
+  double counted.
+- ratios divide by `(... > 0)` so an idle model has no ratio instead of NaN.
+- the prefix-cache hit ratio is `cached_tokens / prompt_tokens` from counters, never the
+  `sglang:cache_hit_rate` gauge (it is reset to 0 on every decode log).
+- SLO thresholds sit on bucket boundaries of SGLang's default histograms, written as the float
+  `le` labels prometheus_client emits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sglang_tpu import metric_names as sg
+
+# The latency SLO the burn-rate alerts and good-ratio series encode.
+TTFT_SLO_SECONDS = 2.0
+ITL_SLO_SECONDS = 0.1
+SLO_OBJECTIVE = 0.99  # 99 % of requests (TTFT) / tokens (ITL) within the threshold
+# Multi-window, multi-burn-rate alerting (Google SRE workbook, "Alerting on SLOs"): page when
+# 2 % of a 30-day budget burns in 1 h (14.4x), ticket when 5 % burns in 6 h (6x).
+FAST_BURN_RATE = 14.4
+SLOW_BURN_RATE = 6.0
+
+if TTFT_SLO_SECONDS not in sg.TTFT_BUCKETS_SECONDS:
+    raise AssertionError("TTFT_SLO_SECONDS must be a bucket boundary of SGLang's TTFT histogram")
+if ITL_SLO_SECONDS not in sg.ITL_BUCKETS_SECONDS:
+    raise AssertionError("ITL_SLO_SECONDS must be a bucket boundary of SGLang's ITL histogram")
+
+# Labels a pod-level series keeps: where it runs, what it serves, on which slice.
+POD = "namespace, pod, model_name, tpu_generation, tpu_topology"
+RANK0 = 'tp_rank="0", pp_rank="0"'
+
+
+@dataclass(frozen=True, slots=True)
+class Recording:
+    record: str
+    expr: str
+    doc: str  # one sentence for docs/observability.md
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_rule(self) -> dict[str, object]:
+        rule: dict[str, object] = {"record": self.record, "expr": self.expr}
+        if self.labels:
+            rule["labels"] = dict(self.labels)
+        return rule
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    alert: str
+    expr: str
+    for_: str
+    severity: str  # critical pages, warning tickets, info informs
+    summary: str
+    description: str  # may use {{ $labels.x }} and {{ $value }}
+
+    def to_rule(self) -> dict[str, object]:
+        return {
+            "alert": self.alert,
+            "expr": self.expr,
+            "for": self.for_,
+            "labels": {"severity": self.severity},
+            "annotations": {"summary": self.summary, "description": self.description},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    name: str
+    rules: tuple[Recording | Alert, ...]
+
+    def to_group(self) -> dict[str, object]:
+        return {"name": self.name, "rules": [r.to_rule() for r in self.rules]}
+
+
+def _rate(metric: str, window: str, selector: str = "") -> str:
+    return f"rate({metric}{{{selector}}}[{window}])" if selector else f"rate({metric}[{window}])"
+
+
+def _good_ratio(histogram: sg.MetricSpec, threshold: float, window: str) -> str:
+    bucket, count = f"{histogram.name}_bucket", f"{histogram.name}_count"
+    good = _rate(bucket, window, f'le="{threshold!r}"')
+    return f"sum by (model_name) ({good})\n  / (sum by (model_name) ({_rate(count, window)}) > 0)"
+
+
+def _quantile(q: float, histogram: sg.MetricSpec, window: str) -> str:
+    return (
+        f"histogram_quantile({q}, sum by (le, model_name) "
+        f"({_rate(histogram.name + '_bucket', window)}))"
+    )
+
+
+def token_rules() -> Group:
+    prompt, cached, generated = (
+        sg.PROMPT_TOKENS.name,
+        sg.CACHED_TOKENS.name,
+        sg.GENERATION_TOKENS.name,
+    )
+    realtime = sg.REALTIME_TOKENS.name
+    decode_rank0 = f'mode="decode", {RANK0}'
+    rules: list[Recording | Alert] = [
+        Recording(
+            "pod:sglang_prompt_tokens:rate1m",
+            f"sum by ({POD}) ({_rate(prompt, '1m')})",
+            "Prompt (input) tokens/s of each model server, cached ones included.",
+        ),
+        Recording(
+            "pod:sglang_cached_tokens:rate1m",
+            f"sum by ({POD}) ({_rate(cached, '1m')})",
+            "Prompt tokens/s served from the prefix cache, summed over cache tiers.",
+        ),
+        Recording(
+            "pod:sglang_generation_tokens:rate1m",
+            f"sum by ({POD}) ({_rate(generated, '1m')})",
+            "Output tokens/s counted when requests finish (lags by the request duration).",
+        ),
+        Recording(
+            "pod:sglang_decode_tokens:rate1m",
+            f"sum by ({POD}) ({_rate(realtime, '1m', decode_rank0)})\n"
+            f"or\nsum by ({POD}) ({_rate(generated, '1m')})",
+            "Output tokens/s as decoded (SGLang's real-time counter, TP rank 0 only); falls back "
+            "to the finish-time counter on servers without it.",
+        ),
+    ]
+    for what, doc in (
+        ("prompt", "Prompt tokens/s"),
+        ("cached", "Cached prompt tokens/s"),
+        ("decode", "Output tokens/s"),
+    ):
+        rules.append(
+            Recording(
+                f"model:sglang_{what}_tokens:rate1m",
+                f"sum by (model_name) (pod:sglang_{what}_tokens:rate1m)",
+                f"{doc} per served model.",
+            )
+        )
+        rules.append(
+            Recording(
+                f"tpu_generation:sglang_{what}_tokens:rate1m",
+                f"sum by (tpu_generation) (pod:sglang_{what}_tokens:rate1m)",
+                f"{doc} per TPU generation.",
+            )
+        )
+        rules.append(
+            Recording(
+                f"fleet:sglang_{what}_tokens:rate1m",
+                f"sum(pod:sglang_{what}_tokens:rate1m)",
+                f"{doc} of the whole fleet.",
+            )
+        )
+    rules += [
+        Recording(
+            "fleet:sglang_tokens:rate1m",
+            "fleet:sglang_prompt_tokens:rate1m + fleet:sglang_decode_tokens:rate1m",
+            "Input plus output tokens/s of the whole fleet: the headline number.",
+        ),
+        Recording(
+            "model:sglang_requests:rate1m",
+            f"sum by (model_name) ({_rate(sg.NUM_REQUESTS.name, '1m')})",
+            "Finished requests/s per model.",
+        ),
+        Recording(
+            "fleet:sglang_requests:rate1m",
+            "sum(model:sglang_requests:rate1m)",
+            "Finished requests/s of the whole fleet.",
+        ),
+    ]
+    for level, by in (
+        ("pod", f"sum by ({POD})"),
+        ("model", "sum by (model_name)"),
+        ("fleet", "sum"),
+    ):
+        rules.append(
+            Recording(
+                f"{level}:sglang_prefix_cache_hit:ratio_rate5m",
+                f"{by} ({_rate(cached, '5m')})\n  / ({by} ({_rate(prompt, '5m')}) > 0)",
+                f"Share of prompt tokens served from the prefix cache ({level}), from counters.",
+            )
+        )
+    return Group("tpuserve.tokens", tuple(rules))
+
+
+def chip_and_cost_rules() -> Group:
+    """Per-chip throughput and cost, from the operator's per-replica chip count.
+
+    `tpuserve_replica_tpu_chips` counts the chips of a whole replica (slice) on its leader, so
+    a 4-host 4x4 replica counts 16 once. Prices come from `tpuserve:tpu_chip_hour_price_usd`
+    (rendered from values). Idle replicas count: the cost of an idle slice is real.
+    """
+    chips, info = "tpuserve_replica_tpu_chips", "tpuserve_replica_info"
+    model_of = (
+        f"on (namespace, pod) group_left (model_name) max by (namespace, pod, model_name) ({info})"
+    )
+    generated_1h = _rate(sg.GENERATION_TOKENS.name, "1h")
+    price = "tpuserve:tpu_chip_hour_price_usd"
+    rules: tuple[Recording | Alert, ...] = (
+        Recording(
+            "tpu_generation:tpuserve_replica_tpu_chips:sum",
+            f"sum by (tpu_generation) ({chips})",
+            "TPU chips owned by serving replicas, per generation.",
+        ),
+        Recording(
+            "model:tpuserve_replica_tpu_chips:sum",
+            f"sum by (model_name) (\n  {chips}\n    * {model_of}\n)",
+            "TPU chips owned by serving replicas, per model.",
+        ),
+        Recording(
+            "tpu_generation:sglang_decode_tokens_per_chip:rate1m",
+            "tpu_generation:sglang_decode_tokens:rate1m\n"
+            "  / on (tpu_generation) (tpu_generation:tpuserve_replica_tpu_chips:sum > 0)",
+            "Output tokens/s per TPU chip, per generation: compares generations.",
+        ),
+        Recording(
+            "model:sglang_decode_tokens_per_chip:rate1m",
+            "model:sglang_decode_tokens:rate1m\n"
+            "  / on (model_name) (model:tpuserve_replica_tpu_chips:sum > 0)",
+            "Output tokens/s per TPU chip, per model.",
+        ),
+        Recording(
+            "fleet:sglang_decode_tokens_per_chip:rate1m",
+            f"fleet:sglang_decode_tokens:rate1m / (sum({chips}) > 0)",
+            "Output tokens/s per TPU chip over the whole fleet.",
+        ),
+        Recording(
+            "pod:tpuserve_tpu_cost_usd:per_hour",
+            f"sum by (namespace, pod, tpu_generation) ({chips})\n"
+            f"  * on (tpu_generation) group_left () {price}",
+            "Hourly TPU cost of each replica: its chips times the generation's chip-hour price.",
+        ),
+        Recording(
+            "model:tpuserve_tpu_cost_usd:per_hour",
+            f"sum by (model_name) (\n  pod:tpuserve_tpu_cost_usd:per_hour\n    * {model_of}\n)",
+            "Hourly TPU cost per model.",
+        ),
+        Recording(
+            "tpu_generation:tpuserve_tpu_cost_usd:per_hour",
+            "sum by (tpu_generation) (pod:tpuserve_tpu_cost_usd:per_hour)",
+            "Hourly TPU cost per generation.",
+        ),
+        Recording(
+            "fleet:tpuserve_tpu_cost_usd:per_hour",
+            "sum(pod:tpuserve_tpu_cost_usd:per_hour)",
+            "Hourly TPU cost of the whole fleet.",
+        ),
+        Recording(
+            "model:tpuserve_cost_usd_per_1m_output_tokens:rate1h",
+            "model:tpuserve_tpu_cost_usd:per_hour / 3600\n"
+            f"  / on (model_name) (sum by (model_name) ({generated_1h}) > 0)\n"
+            "  * 1e6",
+            "US dollars per million output tokens per model, over the last hour.",
+        ),
+        Recording(
+            "model:tpuserve_cost_usd_per_1m_tokens:rate1h",
+            "model:tpuserve_tpu_cost_usd:per_hour / 3600\n"
+            "  / on (model_name) (\n"
+            f"    sum by (model_name) ({generated_1h})\n"
+            f"    + sum by (model_name) ({_rate(sg.PROMPT_TOKENS.name, '1h')}) > 0\n"
+            "  )\n  * 1e6",
+            "US dollars per million tokens (input plus output) per model, over the last hour.",
+        ),
+        Recording(
+            "fleet:tpuserve_cost_usd_per_1m_output_tokens:rate1h",
+            f"fleet:tpuserve_tpu_cost_usd:per_hour / 3600\n  / (sum({generated_1h}) > 0)\n  * 1e6",
+            "US dollars per million output tokens over the whole fleet, over the last hour.",
+        ),
+    )
+    return Group("tpuserve.chips", rules)
+
+
+def latency_rules() -> Group:
+    ttft, itl, e2e = sg.TIME_TO_FIRST_TOKEN, sg.INTER_TOKEN_LATENCY, sg.E2E_REQUEST_LATENCY
+    rules: list[Recording | Alert] = []
+    for short, hist, quantiles in (
+        ("ttft", ttft, (0.5, 0.9, 0.99)),
+        ("itl", itl, (0.5, 0.99)),
+        ("e2e", e2e, (0.5, 0.99)),
+        ("queue_time", sg.QUEUE_TIME, (0.99,)),
+    ):
+        for q in quantiles:
+            rules.append(
+                Recording(
+                    f"model:sglang_{short}_seconds:p{round(q * 100)}_5m",
+                    _quantile(q, hist, "5m"),
+                    f"{round(q * 100)}th percentile of {hist.documentation.lower().rstrip('.')}"
+                    " per model, over 5 minutes.",
+                )
+            )
+    for window in ("5m", "30m", "1h", "6h"):
+        rules.append(
+            Recording(
+                f"model:sglang_ttft_good:ratio_rate{window}",
+                _good_ratio(ttft, TTFT_SLO_SECONDS, window),
+                f"Share of requests with TTFT <= {TTFT_SLO_SECONDS} s per model, over {window} "
+                "(the SLI of the TTFT SLO).",
+            )
+        )
+    for window in ("5m", "1h"):
+        rules.append(
+            Recording(
+                f"model:sglang_itl_good:ratio_rate{window}",
+                _good_ratio(itl, ITL_SLO_SECONDS, window),
+                f"Share of output tokens with inter-token latency <= {ITL_SLO_SECONDS} s per "
+                f"model, over {window} (token-weighted, as SGLang's histogram is).",
+            )
+        )
+    return Group("tpuserve.latency", tuple(rules))
+
+
+def _burn(window: str, rate: float) -> str:
+    return (
+        f"(1 - model:sglang_ttft_good:ratio_rate{window}) > {rate} * {round(1 - SLO_OBJECTIVE, 6)}"
+    )
+
+
+def sglang_alerts() -> Group:
+    budget = f"{round((1 - SLO_OBJECTIVE) * 100, 4)} %"
+    rules: tuple[Recording | Alert, ...] = (
+        Alert(
+            "TPUServeTTFTBudgetFastBurn",
+            f"{_burn('1h', FAST_BURN_RATE)}\nand\n{_burn('5m', FAST_BURN_RATE)}",
+            "2m",
+            "critical",
+            "{{ $labels.model_name }} burns its TTFT error budget 14.4x too fast",
+            f"More than {FAST_BURN_RATE} x {budget} of requests to {{{{ $labels.model_name }}}} "
+            f"took longer than {TTFT_SLO_SECONDS} s to the first token over both the last hour "
+            "and the last 5 minutes: at this rate the 30-day budget is gone in about 2 days. "
+            "Check queue backlog and replicas.",
+        ),
+        Alert(
+            "TPUServeTTFTBudgetSlowBurn",
+            f"{_burn('6h', SLOW_BURN_RATE)}\nand\n{_burn('30m', SLOW_BURN_RATE)}",
+            "15m",
+            "warning",
+            "{{ $labels.model_name }} burns its TTFT error budget 6x too fast",
+            f"More than {SLOW_BURN_RATE} x {budget} of requests to {{{{ $labels.model_name }}}} "
+            f"took longer than {TTFT_SLO_SECONDS} s to the first token over the last 6 hours "
+            "and the last 30 minutes: the 30-day budget lasts about 5 days at this rate.",
+        ),
+        Alert(
+            "TPUServeQueueBacklog",
+            f"max by (namespace, pod, model_name) ({sg.NUM_QUEUE_REQS.name}{{{RANK0}}}) > 0\n"
+            "and on (namespace, pod, model_name)\n"
+            f"max by (namespace, pod, model_name) ({sg.TOKEN_USAGE.name}{{{RANK0}}}) > 0.9",
+            "10m",
+            "warning",
+            "{{ $labels.pod }} has a queue while its KV cache is over 90 % full",
+            "Requests wait in the scheduler queue of {{ $labels.namespace }}/{{ $labels.pod }} "
+            "({{ $labels.model_name }}) while its KV pool is nearly full: the replica is "
+            "saturated. Add replicas, or check that the router spreads load.",
+        ),
+        Alert(
+            "TPUServePrefixHitRatioCollapse",
+            "model:sglang_prefix_cache_hit:ratio_rate5m\n"
+            "  < 0.5 * avg_over_time(model:sglang_prefix_cache_hit:ratio_rate5m[6h] offset 15m)\n"
+            "and\navg_over_time(model:sglang_prefix_cache_hit:ratio_rate5m[6h] offset 15m) > 0.2",
+            "15m",
+            "warning",
+            "Prefix-cache hit ratio of {{ $labels.model_name }} fell below half its 6-hour level",
+            "The share of prompt tokens of {{ $labels.model_name }} served from the prefix cache "
+            "fell below half its average over the 6 hours before. Typical causes: the router "
+            "lost its prefix state (restart, KV-event gap), replicas were restarted or "
+            "flushed, or the traffic mix changed.",
+        ),
+        Alert(
+            "TPUServeModelServerDown",
+            'up{job=~".*model-server"} == 0',
+            "5m",
+            "critical",
+            "Model server {{ $labels.namespace }}/{{ $labels.pod }} cannot be scraped",
+            "Prometheus has not reached /metrics of {{ $labels.namespace }}/{{ $labels.pod }} "
+            "for 5 minutes: the engine crashed, hangs, or the pod is gone.",
+        ),
+    )
+    return Group("tpuserve.alerts.engine", rules)
+
+
+def groups() -> tuple[Group, ...]:
+    """Every rule group, in evaluation order (later groups read earlier groups' series)."""
+    return (token_rules(), chip_and_cost_rules(), latency_rules(), sglang_alerts())
+
+
+def rule_file() -> dict[str, object]:
+    return {"groups": [g.to_group() for g in groups()]}
+
+
+def recording_rules() -> list[Recording]:
+    return [r for g in groups() for r in g.rules if isinstance(r, Recording)]
+
+
+def alerts() -> list[Alert]:
+    return [r for g in groups() for r in g.rules if isinstance(r, Alert)]
