@@ -1,0 +1,676 @@
+"""The TPUModelServer API: the one schema source.
+
+These pydantic models are the single definition of the resource. From them come:
+
+- the CRD's OpenAPI v3 schema, with every description, default, enum, bound and CEL rule
+  (`crd.py`, written to `charts/tpuserve/crds/` by `python -m tpuserve_operator.generate`);
+- the resource reference in docs/operator.md (same generator);
+- the operator's typed view of a spec (`TPUModelServerSpec.model_validate(spec)`), and
+  `tpuserve render`'s validation with no cluster (pydantic for types and bounds, the CRD's
+  own CEL rules evaluated by `cel.py`).
+
+Descriptions start with the JSON name and say what the field controls, its default and
+how it interacts with other fields (the LeaderWorkerSet API style), so `kubectl explain`
+documents the resource. Rules that need the topology catalog or the performance model are
+not CEL: the operator checks them (`validation.py`) and reports `Valid=False`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from sglang_tpu.topology import SLICE_SHAPES, generation_names
+
+# Bounds that also keep the apiserver's CEL cost estimate small (every string a rule reads
+# has a maxLength, every list a maxItems).
+MAX_NAME_LENGTH = 40  # leaves room for `-r<k>-w-<i>` and the controller-revision-hash suffix
+NAME_RULE = f"size(self.metadata.name) <= {MAX_NAME_LENGTH}"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+LABEL_VALUE = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
+TOPOLOGY_PATTERN = r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$"
+TOPOLOGY_2D = "^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$"
+TOPOLOGY_3D = "^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$"
+SOURCE_PATTERNS = (
+    "^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9][A-Za-z0-9._/-]*)?$",
+    "^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?$",
+    "^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/.*)?$",
+)
+
+
+def source_rule(field: str, api_path: str) -> tuple[str, str]:
+    """The CEL rule (and its message) for a weights location: hf://, gs:// or pvc://."""
+    rule = " || ".join(f"self.{field}.matches('{p}')" for p in SOURCE_PATTERNS)
+    return (
+        rule,
+        f"{api_path} must be hf://ORG/NAME[@REVISION], gs://BUCKET/PATH or pvc://CLAIM/PATH",
+    )
+
+
+# Generations whose slices are 3-D tori (topology AxBxC); the others are 2-D (AxB).
+THREE_DIMENSIONAL = tuple(
+    g
+    for g in generation_names()
+    if all(len(s.dims) == 3 for s in SLICE_SHAPES if s.generation.name == g)
+)
+THREE_DIMENSIONAL_CEL = "[" + ", ".join(f"'{g}'" for g in THREE_DIMENSIONAL) + "]"
+
+
+def rules(*pairs: tuple[str, str]) -> dict[str, Any]:
+    """CEL rules for a model's schema node: (rule, message) pairs."""
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in pairs]}
+
+
+def free_form(kind: Literal["object", "array"], **extra: Any) -> dict[str, Any]:
+    """Schema extras for a field passed through to Kubernetes as written (pod overrides)."""
+    return {"type": kind, "x-kubernetes-preserve-unknown-fields": True, **extra}
+
+
+class Schema(BaseModel):
+    """Base of every API model: camelCase JSON names, unknown fields rejected."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class SecretKeyRef(Schema):
+    name: str = Field(
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="name is the Secret's name, in the TPUModelServer's namespace.",
+    )
+    key: str = Field(
+        default="token",
+        max_length=253,
+        description="key is the key inside the Secret holding the value. Default: token.",
+    )
+
+
+class ModelSpec(Schema):
+    model_config = ConfigDict(json_schema_extra=rules(source_rule("source", "model.source")))
+
+    source: str = Field(
+        max_length=512,
+        description=(
+            "source is where the weights come from: hf://ORG/NAME[@REVISION] (Hugging Face; "
+            "tokenSecretRef supplies the token for gated models), gs://BUCKET/PATH (read with "
+            "the pod's Workload Identity, see template.serviceAccountName) or "
+            "pvc://CLAIM/PATH (a PersistentVolumeClaim in this namespace, mounted read-only). "
+            "Example: hf://Qwen/Qwen3-8B."
+        ),
+    )
+    served_name: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=LABEL_VALUE,
+        description=(
+            "servedName is the model name clients send in the OpenAI `model` field, also the "
+            "`model` pod label and the `model_name` series label. Default: the last path "
+            "segment of source, lower-cased (hf://Qwen/Qwen3-8B gives qwen3-8b). Letters, "
+            "digits, '.', '_' and '-', at most 63 characters."
+        ),
+    )
+    quantization: Literal["none", "fp8", "mxfp4", "nvfp4"] = Field(
+        default="none",
+        description=(
+            "quantization of the weights as served: none (checkpoint dtype), fp8, mxfp4 or "
+            "nvfp4. It changes the HBM the weights need, so the operator's fit check uses it. "
+            "Default: none."
+        ),
+    )
+    context_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_485_760,
+        description=(
+            "contextLength is the longest sequence (prompt + output tokens) one request may "
+            "use. Default: the model's own maximum. The fit check sizes the KV cache for at "
+            "least one sequence of this length."
+        ),
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description=(
+            "tokenSecretRef names the Secret key holding a Hugging Face token. It reaches the "
+            "pod as HF_TOKEN through secretKeyRef, never as a plain value. Example: "
+            "{name: hf-token, key: token}."
+        ),
+    )
+
+
+class TPUSpec(Schema):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            (
+                f"!(self.generation in {THREE_DIMENSIONAL_CEL}) || "
+                f"self.topology.matches('{TOPOLOGY_3D}')",
+                "tpu.topology for v5p and tpu7x has three dimensions, for example 2x2x2",
+            ),
+            (
+                f"self.generation in {THREE_DIMENSIONAL_CEL} || "
+                f"self.topology.matches('{TOPOLOGY_2D}')",
+                "tpu.topology for v5e and v6e has two dimensions, for example 4x4",
+            ),
+        )
+    )
+
+    generation: str = Field(
+        max_length=16,
+        json_schema_extra={"enum": list[Any](generation_names())},
+        description=(
+            "generation is the TPU generation: v5e, v5p, v6e (Trillium) or tpu7x (Ironwood). "
+            "With topology it selects the node pool (cloud.google.com/gke-tpu-accelerator)."
+        ),
+    )
+    topology: str = Field(
+        max_length=11,
+        pattern=TOPOLOGY_PATTERN,
+        description=(
+            "topology is the slice shape of one replica as GKE labels it "
+            "(cloud.google.com/gke-tpu-topology). (generation, topology) is looked up in the "
+            "topology catalog, which gives hosts and chips per host: v6e 4x4 is 4 hosts of 4 "
+            "chips, v6e 2x4 is one 8-chip host, tpu7x 2x2x2 is 2 hosts of 4 chips. A pair not "
+            "in the catalog sets Valid=False, reason UnsupportedTopology, listing valid ones."
+        ),
+    )
+    spot: bool = Field(
+        default=False,
+        description=(
+            "spot schedules onto Spot TPU node pools (node selector cloud.google.com/gke-spot). "
+            "Spot VMs get 30 s notice before preemption; pods drain within that window. "
+            "Default: false."
+        ),
+    )
+    reservation: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=DNS_LABEL,
+        description=(
+            "reservation pins the pods to a specific Compute Engine reservation (node selector "
+            "cloud.google.com/reservation-name). Default: none."
+        ),
+    )
+
+    @field_validator("generation")
+    @classmethod
+    def _known_generation(cls, value: str) -> str:
+        allowed = generation_names()
+        if value not in allowed:
+            raise ValueError(f"{value!r} is not allowed; allowed: {', '.join(allowed)}")
+        return value
+
+
+class SpeculativeSpec(Schema):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            (
+                "self.algorithm != 'EAGLE3' || has(self.draftModel)",
+                "engine.speculative.draftModel is required when algorithm is EAGLE3",
+            ),
+            (
+                "!has(self.draftModel) || "
+                + source_rule("draftModel", "engine.speculative.draftModel")[0],
+                source_rule("draftModel", "engine.speculative.draftModel")[1],
+            ),
+        )
+    )
+
+    algorithm: Literal["EAGLE3", "MTP"] = Field(
+        description=(
+            "algorithm is the speculative-decoding method: EAGLE3 (a separate draft head, "
+            "needs draftModel) or MTP (the model's own multi-token-prediction layers)."
+        ),
+    )
+    draft_model: str | None = Field(
+        default=None,
+        max_length=512,
+        description=(
+            "draftModel is the draft model's source, same schemes as model.source. Required "
+            "for EAGLE3. Example: hf://lmsys/SGLang-EAGLE3-Llama-3.1-8B-Instruct-SpecForge."
+        ),
+    )
+    num_steps: int = Field(
+        default=3,
+        ge=1,
+        le=16,
+        description="numSteps is how many tokens the draft proposes per step. Default: 3.",
+    )
+
+
+class CompileCacheSpec(Schema):
+    persistent_volume_claim: str = Field(
+        max_length=253,
+        pattern=DNS_LABEL,
+        description=(
+            "persistentVolumeClaim is a PersistentVolumeClaim in this namespace holding the XLA "
+            "compilation cache. It turns a 10-30 minute first compile into 1-3 minutes on "
+            "later starts; every host of every replica mounts it (ReadWriteMany or ReadOnlyMany "
+            "after a warm-up)."
+        ),
+    )
+
+
+class EngineSpec(Schema):
+    type: Literal["sglang", "simulated"] = Field(
+        default="sglang",
+        description=(
+            "type is sglang (SGLang on TorchTPU, needs TPU nodes) or simulated (the tpuserve "
+            "engine twin: same API, metrics and topology, no TPU, for CPU-only clusters; pods "
+            "get no TPU node selectors, tolerations or google.com/tpu requests). Default: "
+            "sglang."
+        ),
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        description=(
+            "image is the engine container image. Default: the operator's --engine-image for "
+            "sglang, its --router-image (the plain tpuserve image) for simulated."
+        ),
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None,
+        description="imagePullPolicy of the engine container. Default: Kubernetes' default.",
+    )
+    execution_mode: Literal["compiled", "eager", "eager-defer-and-fuse", "eager-debug"] = Field(
+        default="compiled",
+        description=(
+            "executionMode is how TorchTPU runs the model: compiled (XLA graphs, fastest, "
+            "long first compile), eager, eager-defer-and-fuse or eager-debug. Default: compiled."
+        ),
+    )
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        default="auto",
+        description=(
+            "kvCacheDtype is the KV-cache element type: auto (the model's dtype) or fp8 (half "
+            "the HBM per token). Default: auto."
+        ),
+    )
+    speculative: SpeculativeSpec | None = Field(
+        default=None,
+        description="speculative enables speculative decoding. Default: off.",
+    )
+    compile_cache: CompileCacheSpec | None = Field(
+        default=None,
+        description=(
+            "compileCache mounts a persistent XLA compilation cache. Default: an emptyDir per "
+            "pod (every start compiles from scratch)."
+        ),
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "type": "object",
+            "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True},
+            "maxProperties": 64,
+        },
+        description=(
+            "args are extra SGLang server flags, name without dashes to a scalar value: "
+            "{mem-fraction-static: 0.85, enable-mixed-chunk: true} gives "
+            "--mem-fraction-static 0.85 --enable-mixed-chunk (false omits a flag). Flags the "
+            "operator sets itself (model path, ports, parallelism, multi-node rendezvous) are "
+            "rejected with Valid=False."
+        ),
+    )
+    resources: dict[str, Any] = Field(
+        default_factory=dict,
+        json_schema_extra=free_form("object"),
+        description=(
+            "resources of the engine container (a core/v1 ResourceRequirements), for cpu and "
+            "memory. google.com/tpu is set by the operator to the chips of one host and must "
+            "not appear here."
+        ),
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={"items": free_form("object")},
+        description=(
+            "env adds core/v1 EnvVar entries to the engine container. Variables of the launch "
+            "contract (TPU_*, TORCH_TPU_*, TPUSERVE_*, HF_TOKEN, ...) are owned by the operator "
+            "and rejected with Valid=False."
+        ),
+    )
+
+
+class RouterSpec(Schema):
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "enabled runs a tpuserve router Deployment in front of the replica leaders. When "
+            "false the endpoint Service selects the leaders directly (no prefix awareness). "
+            "Default: true."
+        ),
+    )
+    policy: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=r"^[a-z][a-z0-9_]*$",
+        description=(
+            "policy is the router's routing policy, as `tpuserve router --policy` spells it "
+            "(for example cache_aware, least_load, power_of_two, round_robin, random). "
+            "Default: the operator's --router-policy (cache_aware unless the chart says "
+            "otherwise)."
+        ),
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="replicas of the router Deployment. Default: the operator's --router-replicas.",
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        description="image of the router container. Default: the operator's --router-image.",
+    )
+    kv_events: bool = Field(
+        default=False,
+        description=(
+            "kvEvents makes the router rebuild each replica's prefix cache from the engines' "
+            "KV events (ZMQ) instead of learning it from routed requests. Default: false."
+        ),
+    )
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP",
+        description="serviceType of the endpoint Service. Default: ClusterIP.",
+    )
+    resources: dict[str, Any] | None = Field(
+        default=None,
+        json_schema_extra=free_form("object"),
+        description=(
+            "resources of the router container (core/v1 ResourceRequirements). Default: the "
+            "operator's router resources (chart value router.resources)."
+        ),
+    )
+
+
+class AutoscalingSpec(Schema):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            (
+                "self.minReplicas <= self.maxReplicas",
+                "autoscaling.minReplicas must be less than or equal to autoscaling.maxReplicas",
+            )
+        )
+    )
+
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1024,
+        description="minReplicas is the fewest replicas the autoscaler keeps. Default: 1.",
+    )
+    max_replicas: int = Field(
+        ge=1,
+        le=1024,
+        description="maxReplicas is the most replicas (slices) the autoscaler may run.",
+    )
+    metric: Literal["queue", "ttft", "tokensInFlight"] = Field(
+        default="queue",
+        description=(
+            "metric drives scaling: queue (waiting requests per replica), ttft (predicted "
+            "time to first token, seconds) or tokensInFlight (per chip). Default: queue."
+        ),
+    )
+    target: float = Field(
+        default=8,
+        gt=0,
+        description="target value of metric per replica. Default: 8.",
+    )
+
+
+class RolloutSpec(Schema):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            (
+                "self.maxUnavailable + self.maxSurge >= 1",
+                "rollout.maxUnavailable and rollout.maxSurge cannot both be 0",
+            )
+        )
+    )
+
+    max_unavailable: int = Field(
+        default=1,
+        ge=0,
+        le=1024,
+        description=(
+            "maxUnavailable is how many replica groups may be down at once while a change "
+            "rolls out. With 2 or more replicas the operator always keeps at least one ready "
+            "group serving, whatever this says. Default: 1."
+        ),
+    )
+    max_surge: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description=(
+            "maxSurge is how many extra replica groups (whole slices) may run above replicas "
+            "during a rollout. Default: 0, since no spare slice is assumed; set it only when "
+            "the node pools have room for an extra slice."
+        ),
+    )
+
+
+class MonitoringSpec(Schema):
+    pod_monitor: bool = Field(
+        default=False,
+        description=(
+            "podMonitor creates a PodMonitor (monitoring.coreos.com/v1) for this server's "
+            "engine pods, when that CRD is installed. The tpuserve chart's fleet-wide monitors "
+            "already scrape every TPUModelServer; enable this only without them, or series "
+            "are scraped twice. Default: false."
+        ),
+    )
+    service_monitor: bool = Field(
+        default=False,
+        description=(
+            "serviceMonitor creates a ServiceMonitor for this server's router (port metrics "
+            "of the endpoint Service), when that CRD is installed. Same caveat as podMonitor. "
+            "Default: false."
+        ),
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "labels added to the monitors so a Prometheus with a monitor selector finds them, "
+            "for example {release: kube-prometheus-stack}."
+        ),
+    )
+
+
+class PodTemplateOverrides(Schema):
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="annotations added to engine and router pods."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "labels added to engine and router pods; keys the operator sets (app.kubernetes.io/"
+            "*, model, tpu-*, serving.tpuserve.dev/*) are rejected with Valid=False."
+        ),
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="nodeSelector entries added to the catalog's TPU node selector.",
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=32,
+        json_schema_extra={"items": free_form("object")},
+        description="tolerations added to the google.com/tpu toleration (core/v1 Toleration).",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        json_schema_extra=free_form("object"),
+        description="affinity of engine pods (core/v1 Affinity).",
+    )
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, description="priorityClassName of engine pods."
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description=(
+            "serviceAccountName of engine pods, e.g. one bound to a Google service account by "
+            "Workload Identity for gs:// sources. Default: the namespace's default account."
+        ),
+    )
+    image_pull_secrets: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="imagePullSecrets: names of Secrets for pulling engine and router images.",
+    )
+
+
+class TPUModelServerSpec(Schema):
+    model: ModelSpec = Field(description="model is what to serve.")
+    tpu: TPUSpec = Field(description="tpu is the TPU slice serving one replica.")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1024,
+        description=(
+            "replicas is the number of replica groups; each is one whole slice (hosts of the "
+            "topology, one pod per host). 0 keeps the router and Services but no engines. "
+            "The scale subresource sets it (kubectl scale, HPA, KEDA). Default: 1."
+        ),
+    )
+    engine: EngineSpec = Field(
+        default_factory=EngineSpec,
+        json_schema_extra={"default": {}},
+        description="engine configures the model server (SGLang on TorchTPU or the simulator).",
+    )
+    router: RouterSpec = Field(
+        default_factory=RouterSpec,
+        json_schema_extra={"default": {}},
+        description="router configures the prefix-aware router in front of the replicas.",
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description=(
+            "autoscaling bounds for the built-in autoscaler. Reserved: this version validates "
+            "and stores it but does not scale; use the scale subresource (HPA, KEDA) meanwhile."
+        ),
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec,
+        json_schema_extra={"default": {}},
+        description=(
+            "rollout controls how spec changes and restarts roll over replica groups: one group "
+            "at a time by default, restarting every host of a slice together."
+        ),
+    )
+    monitoring: MonitoringSpec = Field(
+        default_factory=MonitoringSpec,
+        json_schema_extra={"default": {}},
+        description="monitoring objects for the Prometheus Operator.",
+    )
+    template: PodTemplateOverrides = Field(
+        default_factory=PodTemplateOverrides,
+        json_schema_extra={"default": {}},
+        description=(
+            "template holds pod overrides: annotations, labels, nodeSelector, tolerations, "
+            "affinity, priorityClassName, serviceAccountName, imagePullSecrets."
+        ),
+    )
+
+
+# ---- status ---------------------------------------------------------------------------------
+
+
+class Condition(Schema):
+    type: str = Field(
+        max_length=316,
+        description="type of the condition: Valid, Progressing, Ready or Degraded.",
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="status of the condition.")
+    reason: str = Field(
+        max_length=1024,
+        description="reason is a CamelCase identifier for programs, e.g. Unschedulable.",
+    )
+    message: str = Field(
+        default="",
+        max_length=32768,
+        description="message is a sentence for humans, naming fields and allowed values.",
+    )
+    last_transition_time: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="lastTransitionTime is when status last changed.",
+    )
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="observedGeneration is the metadata.generation the condition was set for.",
+    )
+
+
+class GroupStatus(Schema):
+    index: int = Field(ge=0, description="index of the replica group.")
+    name: str = Field(description="name of the group's workload (LeaderWorkerSet/StatefulSet).")
+    state: Literal["Pending", "Starting", "Ready", "Degraded", "Terminating"] = Field(
+        description=(
+            "state: Pending (pods not all scheduled), Starting (all scheduled, loading or "
+            "compiling), Ready (every host up, leader serving), Degraded (partly up for too "
+            "long, crash-looping or unschedulable), Terminating."
+        ),
+    )
+    hosts: int = Field(ge=0, description="hosts is the pods the group needs.")
+    ready_hosts: int = Field(ge=0, description="readyHosts is the group's ready pods.")
+    updated: bool = Field(description="updated is true when all pods run the current revision.")
+    reason: str = Field(default="", description="reason for the state, CamelCase.")
+    message: str = Field(default="", description="message explaining the state.")
+    since: str = Field(
+        json_schema_extra={"format": "date-time"}, description="since is when state last changed."
+    )
+
+
+class PlanStatus(Schema):
+    workload: Literal["LeaderWorkerSet", "StatefulSet"] = Field(
+        description="workload kind used for each replica group."
+    )
+    machine_type: str = Field(description="machineType of each host, e.g. ct6e-standard-4t.")
+    hosts: int = Field(ge=1, description="hosts (pods) per replica.")
+    chips_per_host: int = Field(ge=1, description="chipsPerHost: google.com/tpu per pod.")
+    chips: int = Field(ge=1, description="chips per replica.")
+
+
+class TPUModelServerStatus(Schema):
+    observed_generation: int | None = Field(
+        default=None, description="observedGeneration is the generation last reconciled."
+    )
+    replicas: int = Field(default=0, description="replicas is the number of replica groups.")
+    ready_replicas: int = Field(
+        default=0, description="readyReplicas is the number of groups ready to serve."
+    )
+    updated_replicas: int = Field(
+        default=0, description="updatedReplicas is the number of groups on the current revision."
+    )
+    endpoint: str = Field(
+        default="", description="endpoint is the in-cluster URL of the OpenAI-compatible API."
+    )
+    served_name: str = Field(
+        default="", description="servedName is the resolved model name clients send."
+    )
+    selector: str = Field(
+        default="",
+        description="selector of the leader pods, for the scale subresource (HPA).",
+    )
+    revision: str = Field(default="", description="revision is the current pod-template hash.")
+    plan: PlanStatus | None = Field(
+        default=None, description="plan is the resolved slice: workload, hosts and chips."
+    )
+    groups: list[GroupStatus] = Field(
+        default_factory=list, description="groups is the state of each replica group."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+        description="conditions: Valid, Progressing, Ready, Degraded.",
+    )

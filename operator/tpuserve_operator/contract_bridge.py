@@ -1,0 +1,153 @@
+"""The one place the operator meets the launch contract (`sglang_tpu.contract`).
+
+Everything a model-server pod is told (environment variables, the SGLang flags the launcher
+owns) comes through here, built with the contract's own types and validators, so render
+code never spells a contract variable and a spec the launcher would refuse is refused here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+
+from sglang_tpu import contract, sglang_flags
+from sglang_tpu.contract import FieldRef, GroupContract, Var
+from sglang_tpu.topology import lookup
+from tpuserve_operator.api import TPUModelServerSpec
+from tpuserve_operator.errors import Problem
+
+# Variables the launcher derives from the contract (TorchTPU / libtpu / torch.distributed);
+# a user value would silently win over the contract, so they are refused like TPUSERVE_*.
+_DERIVED_PREFIXES = (contract.ENV_PREFIX, "TPU_", "TORCH_TPU_", "LWS_")
+_DERIVED_NAMES = frozenset({"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HF_TOKEN"})
+
+# Where a contract variable comes from in the spec, for error messages.
+_SPEC_FIELD: Mapping[str, str] = {
+    Var.MODEL: "spec.model.source",
+    Var.SERVED_MODEL_NAME: "spec.model.servedName",
+    Var.QUANTIZATION: "spec.model.quantization",
+    Var.CONTEXT_LENGTH: "spec.model.contextLength",
+    Var.KV_CACHE_DTYPE: "spec.engine.kvCacheDtype",
+    Var.EXECUTION_MODE: "spec.engine.executionMode",
+    Var.SPECULATIVE_ALGORITHM: "spec.engine.speculative.algorithm",
+    Var.SPECULATIVE_DRAFT_MODEL: "spec.engine.speculative.draftModel",
+    Var.SPECULATIVE_NUM_STEPS: "spec.engine.speculative.numSteps",
+    Var.SGLANG_EXTRA_ARGS: "spec.engine.args",
+    Var.TPU_GENERATION: "spec.tpu.generation",
+    Var.TPU_TOPOLOGY: "spec.tpu.topology",
+}
+
+HTTP_PORT = int(GroupContract.model_fields["http_port"].default)
+KV_EVENTS_PORT = int(GroupContract.model_fields["kv_events_port"].default)
+HF_TOKEN_ENV = str(GroupContract.model_fields["hf_token_env"].default)
+
+# Per-pod values from the downward API, re-exported so render code imports them from here.
+STATEFULSET_POD_INDEX = contract.STATEFULSET_POD_INDEX
+LWS_WORKER_INDEX = contract.LWS_WORKER_INDEX
+LWS_GROUP_KEY = contract.LWS_GROUP_KEY
+
+
+@dataclass(frozen=True, slots=True)
+class PodPaths:
+    """Where the pod's writable volumes are mounted (the root filesystem is read-only)."""
+
+    weights_cache_dir: str
+    compile_cache_dir: str | None
+
+
+def is_owned_env(name: str) -> bool:
+    return name in _DERIVED_NAMES or name.startswith(_DERIVED_PREFIXES)
+
+
+def is_owned_flag(flag: str) -> bool:
+    """`flag` as written in spec.engine.args, with or without leading dashes."""
+    arg = "--" + flag.lstrip("-")
+    name = arg.split("=", 1)[0]
+    return sglang_flags.owned_flag(arg) is not None or name in sglang_flags.SECRET_FLAGS
+
+
+def extra_args(args: Mapping[str, Any]) -> tuple[str, ...]:
+    """spec.engine.args as SGLang arguments: `{a: 1, b: true, c: false}` -> `--a 1 --b`."""
+    out: list[str] = []
+    for name, value in args.items():
+        flag = "--" + name.lstrip("-")
+        if value is True:
+            out.append(flag)
+        elif value is not False and value is not None:
+            out += [flag, str(value)]
+    return tuple(out)
+
+
+def group_contract(
+    spec: TPUModelServerSpec,
+    *,
+    served_name: str,
+    replica: int,
+    hostnames: tuple[str, ...],
+    paths: PodPaths,
+    drain_timeout_seconds: float,
+) -> GroupContract:
+    """The contract every pod of replica group `replica` shares.
+
+    Raises ContractProblems (field-named) when the contract refuses a value from the spec.
+    """
+    values: dict[str, Any] = {
+        "model": spec.model.source,
+        "served_model_name": served_name,
+        "engine": spec.engine.type,
+        "generation": spec.tpu.generation,
+        "topology": spec.tpu.topology,
+        "replica_index": replica,
+        "execution_mode": spec.engine.execution_mode,
+        "quantization": spec.model.quantization,
+        "kv_cache_dtype": spec.engine.kv_cache_dtype,
+        "context_length": spec.model.context_length,
+        "sglang_extra_args": extra_args(spec.engine.args),
+        "weights_cache_dir": paths.weights_cache_dir,
+        "compile_cache_dir": paths.compile_cache_dir,
+        "hf_token_env": HF_TOKEN_ENV,
+        "drain_timeout_seconds": drain_timeout_seconds,
+    }
+    shape = lookup(spec.tpu.generation, spec.tpu.topology)
+    values |= {"hosts": shape.hosts, "chips_per_host": shape.chips_per_host}
+    if shape.multi_host:
+        values["worker_hostnames"] = hostnames
+    if spec.engine.speculative is not None:
+        values |= {
+            "speculative_algorithm": spec.engine.speculative.algorithm,
+            "speculative_draft_model": spec.engine.speculative.draft_model,
+            "speculative_num_steps": spec.engine.speculative.num_steps,
+        }
+    try:
+        return GroupContract.model_validate({k: v for k, v in values.items() if v is not None})
+    except pydantic.ValidationError as err:
+        raise ContractProblems([_problem(e) for e in err.errors()]) from None
+
+
+def engine_env(
+    group: GroupContract, *, host_index: FieldRef | int, group_key: FieldRef | None = None
+) -> list[dict[str, Any]]:
+    """The engine container's contract `env` (group values literal, per-pod values by fieldRef)."""
+    return contract.pod_env(group, host_index=host_index, group_key=group_key)
+
+
+class ContractProblems(ValueError):
+    """The contract refused values built from the spec."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+def _problem(error: Mapping[str, Any]) -> Problem:
+    loc = str(error["loc"][0]) if error["loc"] else ""
+    field = GroupContract.model_fields.get(loc)
+    variable = loc
+    if field is not None and isinstance(field.validation_alias, str):
+        variable = field.validation_alias
+    where = _SPEC_FIELD.get(variable, "spec")
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return Problem(where, f"the launch contract refuses it ({variable}): {message}")

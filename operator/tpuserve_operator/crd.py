@@ -1,0 +1,117 @@
+"""The TPUModelServer CustomResourceDefinition, built from the API models in `api.py`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuserve_operator import labels
+from tpuserve_operator.api import (
+    MAX_NAME_LENGTH,
+    NAME_RULE,
+    TPUModelServerSpec,
+    TPUModelServerStatus,
+)
+from tpuserve_operator.openapi import JSON, structural_schema
+
+RESOURCE_DESCRIPTION = (
+    "TPUModelServer serves one model on Google Cloud TPU slices: per replica a whole slice "
+    "(a LeaderWorkerSet group, or StatefulSets when LeaderWorkerSet is not installed) running "
+    "SGLang on TorchTPU, a prefix-aware router in front of the replica leaders, Services, a "
+    "PodDisruptionBudget and Prometheus monitors. The operator derives node selectors, "
+    "tolerations, google.com/tpu requests and the multi-host launch environment from the "
+    "TPU topology catalog."
+)
+
+PRINTER_COLUMNS: list[JSON] = [
+    {"name": "Model", "type": "string", "jsonPath": ".status.servedName"},
+    {"name": "TPU", "type": "string", "jsonPath": ".spec.tpu.generation"},
+    {"name": "Topology", "type": "string", "jsonPath": ".spec.tpu.topology"},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def openapi_schema() -> JSON:
+    """The whole object's schema: apiVersion, kind, metadata, spec, status."""
+    return {
+        "description": RESOURCE_DESCRIPTION,
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {
+                "description": f"apiVersion is {labels.API_VERSION}.",
+                "type": "string",
+            },
+            "kind": {"description": f"kind is {labels.KIND}.", "type": "string"},
+            "metadata": {"type": "object"},
+            "spec": {
+                **structural_schema(TPUModelServerSpec),
+                "description": "spec is the desired state: what to serve, on which TPU slices.",
+            },
+            "status": {
+                **_without_defaults(structural_schema(TPUModelServerStatus)),
+                "description": "status is written by the operator.",
+            },
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": NAME_RULE,
+                "message": (
+                    f"metadata.name must be at most {MAX_NAME_LENGTH} characters (child "
+                    "objects and pod host names append suffixes)"
+                ),
+            }
+        ],
+    }
+
+
+def _without_defaults(node: JSON) -> JSON:
+    """Status is the operator's to write; the apiserver should not invent values there."""
+    out = {k: v for k, v in node.items() if k != "default"}
+    if "properties" in out:
+        out["properties"] = {k: _without_defaults(v) for k, v in out["properties"].items()}
+    if isinstance(out.get("items"), dict):
+        out["items"] = _without_defaults(out["items"])
+    return out
+
+
+def custom_resource_definition() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{labels.PLURAL}.{labels.GROUP}",
+            "labels": {labels.NAME: labels.PART_OF_VALUE},
+        },
+        "spec": {
+            "group": labels.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": labels.KIND,
+                "listKind": f"{labels.KIND}List",
+                "plural": labels.PLURAL,
+                "singular": labels.SINGULAR,
+                "shortNames": list(labels.SHORT_NAMES),
+                "categories": ["tpuserve"],
+            },
+            "versions": [
+                {
+                    "name": labels.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }

@@ -1,0 +1,106 @@
+"""Every label and annotation key the operator puts on objects, defined once.
+
+These keys are contracts: the chart's PodMonitor copies `model`, `tpu-generation` and
+`tpu-topology` into series labels (`podTargetLabels`), the router selects leaders by label,
+and the recording rules join on them. docs/operator.md lists them (generated from here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+GROUP = "serving.tpuserve.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TPUModelServer"
+PLURAL = "tpumodelservers"
+SINGULAR = "tpumodelserver"
+SHORT_NAMES = ("tms",)
+
+FIELD_MANAGER = "tpuserve-operator"
+
+NAME = "app.kubernetes.io/name"
+INSTANCE = "app.kubernetes.io/instance"
+COMPONENT = "app.kubernetes.io/component"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+PART_OF_VALUE = "tpuserve"
+MANAGED_BY_VALUE = "tpuserve-operator"
+
+COMPONENT_MODEL_SERVER = "model-server"
+COMPONENT_ROUTER = "router"
+
+# Series labels the chart's PodMonitor copies from pods (podTargetLabels).
+MODEL = "model"
+TPU_GENERATION = "tpu-generation"
+TPU_TOPOLOGY = "tpu-topology"
+
+REPLICA = f"{GROUP}/replica"
+ROLE = f"{GROUP}/role"
+ROLE_LEADER = "leader"
+ROLE_WORKER = "worker"
+REVISION = f"{GROUP}/revision"
+
+# Annotations.
+SPEC_HASH = f"{GROUP}/spec-hash"  # hash of the manifest the operator applied to a child
+RESTARTED_AT = f"{GROUP}/restartedAt"  # set on a TPUModelServer to roll every group
+
+LABEL_DOCS: Mapping[str, str] = {
+    NAME: f"always `{PART_OF_VALUE}`",
+    INSTANCE: "the TPUModelServer's name",
+    COMPONENT: f"`{COMPONENT_MODEL_SERVER}` on engine pods, `{COMPONENT_ROUTER}` on router pods",
+    MANAGED_BY: f"always `{MANAGED_BY_VALUE}`; the operator only watches objects carrying it",
+    MODEL: "the served model name (engine pods); copied to series as `model`",
+    TPU_GENERATION: "TPU generation, e.g. `v6e` (engine pods); copied to series",
+    TPU_TOPOLOGY: "slice topology, e.g. `4x4` (engine pods); copied to series",
+    REPLICA: "replica (slice) index of an engine pod's group, `0`..`replicas-1`",
+    ROLE: f"`{ROLE_LEADER}` (host 0, serves HTTP, routable) or `{ROLE_WORKER}`",
+    REVISION: "hash of the engine pod template; a group is updated when all its pods carry "
+    "the TPUModelServer's current revision",
+}
+
+ANNOTATION_DOCS: Mapping[str, str] = {
+    RESTARTED_AT: "set on a TPUModelServer (any new value, e.g. a timestamp) to roll every "
+    "replica group one at a time without a spec change",
+    SPEC_HASH: "on every child: hash of the manifest the operator last applied",
+}
+
+
+def common(instance: str, component: str) -> dict[str, str]:
+    """Labels every child of a TPUModelServer carries."""
+    return {
+        NAME: PART_OF_VALUE,
+        INSTANCE: instance,
+        COMPONENT: component,
+        MANAGED_BY: MANAGED_BY_VALUE,
+    }
+
+
+def leader_selector(instance: str) -> dict[str, str]:
+    """The one selector for routable engine pods: leaders (host 0) of this TPUModelServer.
+
+    The router's `--selector`, the scale subresource's `status.selector` and the operator's
+    replica metrics all use it.
+    """
+    return {
+        INSTANCE: instance,
+        COMPONENT: COMPONENT_MODEL_SERVER,
+        ROLE: ROLE_LEADER,
+    }
+
+
+def group_selector(instance: str, replica: int) -> dict[str, str]:
+    """All pods of one replica group (leader and workers)."""
+    return {INSTANCE: instance, COMPONENT: COMPONENT_MODEL_SERVER, REPLICA: str(replica)}
+
+
+def engine_selector(instance: str) -> dict[str, str]:
+    return {INSTANCE: instance, COMPONENT: COMPONENT_MODEL_SERVER}
+
+
+def router_selector(instance: str) -> dict[str, str]:
+    return {INSTANCE: instance, COMPONENT: COMPONENT_ROUTER}
+
+
+def selector_string(selector: Mapping[str, str]) -> str:
+    """`k=v,k=v` as `--selector`, `kubectl -l` and `status.selector` spell it."""
+    return ",".join(f"{k}={v}" for k, v in selector.items())

@@ -1,0 +1,127 @@
+"""RBAC rules: what the operator may do, and what each router it creates may do. Defined once.
+
+`python -m tpuserve_operator.generate` writes OPERATOR_RULES to
+charts/tpuserve/files/operator-rbac-rules.yaml (the chart's ClusterRole/Role include it) and
+to docs/operator.md. ROUTER_RULES go into the Role the operator creates per TPUModelServer
+for its router's ServiceAccount; the operator holds every permission it grants there, so it
+needs no `escalate` or `bind` verbs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tpuserve_operator import labels
+
+READ = ("get", "list", "watch")
+MANAGE = ("get", "list", "watch", "create", "patch", "update", "delete")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    group: str
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    why: str
+
+    def as_policy_rule(self) -> dict[str, Any]:
+        return {
+            "apiGroups": [self.group],
+            "resources": list(self.resources),
+            "verbs": list(self.verbs),
+        }
+
+
+# Namespaced resources: a ClusterRole in cluster-wide mode, a Role per watched namespace.
+OPERATOR_RULES: tuple[Rule, ...] = (
+    Rule(
+        labels.GROUP,
+        (labels.PLURAL,),
+        ("get", "list", "watch", "patch"),
+        "watch TPUModelServers; kopf records its finalizer on them",
+    ),
+    Rule(
+        labels.GROUP,
+        (f"{labels.PLURAL}/status",),
+        ("get", "patch", "update"),
+        "write status (conditions, replicas, endpoint)",
+    ),
+    Rule(
+        "leaderworkerset.x-k8s.io",
+        ("leaderworkersets",),
+        MANAGE,
+        "one LeaderWorkerSet per replica group (when LWS is installed)",
+    ),
+    Rule("apps", ("statefulsets",), MANAGE, "replica groups without LWS"),
+    Rule("apps", ("deployments",), MANAGE, "the router Deployment"),
+    Rule(
+        "",
+        ("services", "configmaps", "serviceaccounts"),
+        MANAGE,
+        "endpoint and headless Services, router ConfigMap and ServiceAccount",
+    ),
+    Rule(
+        "",
+        ("pods",),
+        ("get", "list", "watch", "delete"),
+        "group state for status; restart a StatefulSet group's pods together on rollout",
+    ),
+    Rule(
+        "discovery.k8s.io",
+        ("endpointslices",),
+        READ,
+        "granted on to routers (an operator may only grant what it holds)",
+    ),
+    Rule("policy", ("poddisruptionbudgets",), MANAGE, "one PodDisruptionBudget per server"),
+    Rule(
+        "rbac.authorization.k8s.io",
+        ("roles", "rolebindings"),
+        MANAGE,
+        "the router's Role and RoleBinding (read pods and EndpointSlices)",
+    ),
+    Rule(
+        "monitoring.coreos.com",
+        ("podmonitors", "servicemonitors"),
+        MANAGE,
+        "Prometheus Operator monitors (when that CRD is installed)",
+    ),
+    Rule("", ("events",), ("create", "patch"), "Events on condition transitions"),
+    Rule("events.k8s.io", ("events",), ("create", "patch"), "Events on condition transitions"),
+    Rule(
+        "kopf.dev",
+        ("kopfpeerings",),
+        ("get", "list", "watch", "patch", "create"),
+        "peering between operator replicas (namespace-scoped mode)",
+    ),
+)
+
+# Cluster-scoped resources: always a ClusterRole.
+OPERATOR_CLUSTER_RULES: tuple[Rule, ...] = (
+    Rule(
+        "apiextensions.k8s.io",
+        ("customresourcedefinitions",),
+        ("get", "list", "watch"),
+        "notice LeaderWorkerSet and Prometheus Operator CRDs appearing",
+    ),
+    Rule("", ("namespaces",), ("get", "list", "watch"), "kopf's namespace discovery"),
+    Rule(
+        "kopf.dev",
+        ("clusterkopfpeerings",),
+        ("get", "list", "watch", "patch", "create"),
+        "peering between operator replicas (cluster-wide mode)",
+    ),
+)
+
+ROUTER_RULES: tuple[Rule, ...] = (
+    Rule("", ("pods",), READ, "discover leader pods by label selector"),
+    Rule("discovery.k8s.io", ("endpointslices",), READ, "discover leader endpoints"),
+)
+
+
+def rules_file() -> dict[str, Any]:
+    """The shape the chart reads: `rules` (namespaced) and `clusterRules` (cluster-scoped)."""
+    return {
+        "rules": [r.as_policy_rule() for r in OPERATOR_RULES],
+        "clusterRules": [r.as_policy_rule() for r in OPERATOR_CLUSTER_RULES],
+    }

@@ -1,0 +1,110 @@
+"""Pure rendering: a TPUModelServer's metadata and spec -> every child manifest. No API calls.
+
+`build_children` is what `tpuserve render` prints and what the operator applies; both go
+through `make_server` (validation) and `render`, so they can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tpuserve_operator import labels
+from tpuserve_operator.api import PlanStatus
+from tpuserve_operator.contract_bridge import ContractProblems
+from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.render.context import Manifest, RenderConfig, Server, stable_hash
+from tpuserve_operator.render.monitors import monitors
+from tpuserve_operator.render.pdb import disruption_budget
+from tpuserve_operator.render.router import router_children
+from tpuserve_operator.render.services import endpoint_service, leaders_service
+from tpuserve_operator.render.workload import engine_templates, group_children
+from tpuserve_operator.validation import validate
+
+__all__ = [
+    "Manifest",
+    "RenderConfig",
+    "Rendered",
+    "Server",
+    "build_children",
+    "make_server",
+    "render",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """Everything a server should have, with replica groups kept apart for rolling."""
+
+    server: Server
+    revision: str
+    shared: list[Manifest]
+    plan: PlanStatus
+
+    def group(self, replica: int) -> list[Manifest]:
+        """Replica group `replica` at the current revision (also for surge groups)."""
+        return group_children(self.server, replica, self.revision)
+
+    @property
+    def replicas(self) -> int:
+        return self.server.valid.spec.replicas
+
+    @property
+    def children(self) -> list[Manifest]:
+        groups = [m for k in range(self.replicas) for m in self.group(k)]
+        return [*self.shared, *groups]
+
+    @property
+    def selector(self) -> str:
+        return labels.selector_string(labels.leader_selector(self.server.name))
+
+    @property
+    def endpoint(self) -> str:
+        return self.server.endpoint
+
+
+def make_server(meta: Mapping[str, Any], spec: Mapping[str, Any], config: RenderConfig) -> Server:
+    """Validate `spec` (InvalidSpec names every problem) and bind it to its identity."""
+    name = str(meta.get("name") or "")
+    valid = validate(name, spec)
+    annotations = meta.get("annotations") or {}
+    return Server(
+        name=name,
+        namespace=str(meta.get("namespace") or "default"),
+        valid=valid,
+        config=config,
+        uid=meta.get("uid"),
+        restarted_at=annotations.get(labels.RESTARTED_AT),
+    )
+
+
+def render(server: Server) -> Rendered:
+    try:
+        revision = stable_hash([server.workload_kind, *engine_templates(server, 0)])
+        shared = [
+            endpoint_service(server),
+            leaders_service(server),
+            disruption_budget(server),
+            *router_children(server),
+            *monitors(server),
+        ]
+        group_children(server, 0, revision)  # the contract checks every group alike
+    except ContractProblems as err:
+        raise InvalidSpec(err.problems) from None
+    shape = server.valid.shape
+    plan = PlanStatus(
+        workload=server.workload_kind,  # type: ignore[arg-type]
+        machine_type=shape.machine_type,
+        hosts=shape.hosts,
+        chips_per_host=shape.chips_per_host,
+        chips=shape.chips,
+    )
+    return Rendered(server=server, revision=revision, shared=shared, plan=plan)
+
+
+def build_children(
+    meta: Mapping[str, Any], spec: Mapping[str, Any], config: RenderConfig
+) -> list[Manifest]:
+    """Every child of the server, validated: what `tpuserve render` prints."""
+    return render(make_server(meta, spec, config)).children

@@ -1,0 +1,117 @@
+"""What every render function gets: the validated server, the operator's settings, and names."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpuserve import __version__
+from tpuserve_operator import labels
+from tpuserve_operator.validation import ValidSpec
+
+DEFAULT_IMAGE = f"ghcr.io/tpuserve/tpuserve:{__version__}"
+DEFAULT_ENGINE_IMAGE = f"ghcr.io/tpuserve/tpuserve-tpu:{__version__}"
+
+ROUTER_PORT = 8000
+ROUTER_METRICS_PORT = 9000
+# Non-root user of the tpuserve images (the chart runs the operator as the same user).
+RUN_AS_USER = 65532
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RenderConfig:
+    """Operator settings and cluster capabilities that shape the children."""
+
+    engine_image: str = DEFAULT_ENGINE_IMAGE
+    router_image: str = DEFAULT_IMAGE
+    router_policy: str = "cache_aware"
+    router_replicas: int = 1
+    router_resources: Mapping[str, Any] = field(default_factory=dict)
+    # Cluster capabilities, discovered by the operator (flags of `tpuserve render`).
+    leaderworkerset: bool = False
+    prometheus_operator: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """One TPUModelServer to render: identity, validated spec, operator settings."""
+
+    name: str
+    namespace: str
+    valid: ValidSpec
+    config: RenderConfig
+    uid: str | None = None  # None under `tpuserve render` (no cluster, no owner reference)
+    restarted_at: str | None = None  # the restart annotation's value
+
+    @property
+    def workload_kind(self) -> str:
+        return "LeaderWorkerSet" if self.config.leaderworkerset else "StatefulSet"
+
+    def owner_references(self) -> list[Manifest]:
+        if self.uid is None:
+            return []
+        return [
+            {
+                "apiVersion": labels.API_VERSION,
+                "kind": labels.KIND,
+                "name": self.name,
+                "uid": self.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+
+    def metadata(
+        self,
+        name: str,
+        component: str,
+        extra_labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> Manifest:
+        meta: Manifest = {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": {**labels.common(self.name, component), **(extra_labels or {})},
+        }
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        owners = self.owner_references()
+        if owners:
+            meta["ownerReferences"] = owners
+        return meta
+
+    # -- names --------------------------------------------------------------------------------
+
+    def group_name(self, replica: int) -> str:
+        """The replica group's workload (and, for StatefulSets, its headless Service)."""
+        return f"{self.name}-r{replica}"
+
+    def worker_statefulset_name(self, replica: int) -> str:
+        return f"{self.group_name(replica)}-w"
+
+    @property
+    def endpoint_service_name(self) -> str:
+        return self.name
+
+    @property
+    def leaders_service_name(self) -> str:
+        return f"{self.name}-leaders"
+
+    @property
+    def router_name(self) -> str:
+        return f"{self.name}-router"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.endpoint_service_name}.{self.namespace}.svc:{ROUTER_PORT}"
+
+
+def stable_hash(value: Any, length: int = 10) -> str:
+    """A short, stable hash of a JSON-able value (templates, manifests)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]

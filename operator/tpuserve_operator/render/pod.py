@@ -1,0 +1,311 @@
+"""The engine pod template: one host of a replica group's slice.
+
+TPU facts come from the topology catalog (node selectors, the google.com/tpu toleration,
+`google.com/tpu` = chips of one host on every host pod); the launch contract comes from
+`contract_bridge`. Only the leader (host 0) serves HTTP, so only it has ports and probes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_tpu.contract import FieldRef
+from sglang_tpu.model_source import parse_model_source, pvc_mount_path
+from sglang_tpu.topology import (
+    RESERVATION_LABEL,
+    SPOT_LABEL,
+    TPU_RESOURCE,
+    TPU_TAINT_EFFECT,
+    TPU_TAINT_KEY,
+)
+from tpuserve_operator import contract_bridge, labels
+from tpuserve_operator.render.context import RUN_AS_USER, Manifest, Server
+
+ENGINE_CONTAINER = "engine"
+ENGINE_COMMAND = ["tpuserve", "engine", "launch"]
+HEALTH_PATH = "/health"
+
+CACHE_ROOT = "/var/cache/tpuserve"
+WEIGHTS_DIR = f"{CACHE_ROOT}/weights"
+COMPILE_CACHE_DIR = f"{CACHE_ROOT}/xla"
+
+
+@dataclass(frozen=True, slots=True)
+class Termination:
+    """How a pod stops: preStop pause (router notices), engine drain, kill deadline.
+
+    Spot VMs get 30 s notice of preemption, of which pods get the first 15 s
+    (shared/reference/tpu-and-gke.md §2.4), so spot pods must be gone within 15 s.
+    """
+
+    grace_seconds: int
+    pre_stop_seconds: int
+    drain_seconds: float
+
+
+ON_DEMAND = Termination(grace_seconds=30, pre_stop_seconds=5, drain_seconds=20)
+SPOT = Termination(grace_seconds=15, pre_stop_seconds=2, drain_seconds=10)
+
+# How long a leader may take to become healthy before Kubernetes restarts it: weights
+# download plus XLA compilation (10-30 minutes on a first compile; 1-3 with a cache).
+STARTUP_BUDGET_SECONDS = {"compiled": 3600, "eager": 1800, "simulated": 600}
+STARTUP_PERIOD_SECONDS = 10
+
+
+def termination(server: Server) -> Termination:
+    return SPOT if server.valid.spec.tpu.spot else ON_DEMAND
+
+
+def startup_budget_seconds(server: Server) -> int:
+    spec = server.valid.spec
+    if spec.engine.type == "simulated":
+        return STARTUP_BUDGET_SECONDS["simulated"]
+    return STARTUP_BUDGET_SECONDS[
+        "compiled" if spec.engine.execution_mode == "compiled" else "eager"
+    ]
+
+
+def engine_image(server: Server) -> str:
+    spec = server.valid.spec
+    if spec.engine.image:
+        return spec.engine.image
+    return (
+        server.config.engine_image if spec.engine.type == "sglang" else server.config.router_image
+    )
+
+
+def pod_labels(server: Server, replica: int, role: str, revision: str) -> dict[str, str]:
+    spec = server.valid.spec
+    return {
+        **spec.template.labels,
+        **labels.common(server.name, labels.COMPONENT_MODEL_SERVER),
+        labels.MODEL: server.valid.served_name,
+        labels.TPU_GENERATION: spec.tpu.generation,
+        labels.TPU_TOPOLOGY: spec.tpu.topology,
+        labels.REPLICA: str(replica),
+        labels.ROLE: role,
+        labels.REVISION: revision,
+    }
+
+
+def pod_annotations(server: Server) -> dict[str, str]:
+    annotations = dict(server.valid.spec.template.annotations)
+    if server.restarted_at:
+        annotations[labels.RESTARTED_AT] = server.restarted_at
+    return annotations
+
+
+def _node_placement(server: Server) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    spec = server.valid.spec
+    selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    if spec.engine.type == "sglang":
+        selector |= server.valid.shape.node_selector()
+        # Exists, not Equal: GKE's taint value is not part of any contract we rely on.
+        tolerations.append({"key": TPU_TAINT_KEY, "operator": "Exists", "effect": TPU_TAINT_EFFECT})
+        if spec.tpu.spot:
+            selector[SPOT_LABEL] = "true"
+            tolerations.append({"key": SPOT_LABEL, "operator": "Exists", "effect": "NoSchedule"})
+        if spec.tpu.reservation:
+            selector[RESERVATION_LABEL] = spec.tpu.reservation
+    selector |= spec.template.node_selector
+    tolerations += spec.template.tolerations
+    return selector, tolerations
+
+
+def _resources(server: Server) -> dict[str, Any]:
+    spec = server.valid.spec
+    requests = dict(spec.engine.resources.get("requests") or {})
+    limits = dict(spec.engine.resources.get("limits") or {})
+    if spec.engine.type == "sglang":
+        chips = str(server.valid.shape.chips_per_host)
+        requests[TPU_RESOURCE] = chips
+        limits[TPU_RESOURCE] = chips
+    out: dict[str, Any] = {
+        k: v for k, v in spec.engine.resources.items() if k not in ("requests", "limits")
+    }
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _volumes(server: Server) -> tuple[list[Manifest], list[Manifest]]:
+    """Writable scratch (the root filesystem is read-only), caches and model volumes."""
+    spec = server.valid.spec
+    volumes: list[Manifest] = [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "weights", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+    ]
+    mounts: list[Manifest] = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "weights", "mountPath": WEIGHTS_DIR},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    if spec.engine.compile_cache is not None:
+        volumes.append(
+            {
+                "name": "compile-cache",
+                "persistentVolumeClaim": {
+                    "claimName": spec.engine.compile_cache.persistent_volume_claim
+                },
+            }
+        )
+        mounts.append({"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR})
+    claims = []
+    for text in (
+        spec.model.source,
+        spec.engine.speculative and spec.engine.speculative.draft_model,
+    ):
+        if text:
+            source = parse_model_source(text)
+            if source.scheme == "pvc" and source.location not in claims:
+                claims.append(source.location)
+    for i, claim in enumerate(claims):
+        volumes.append(
+            {
+                "name": f"model-{i}",
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+            }
+        )
+        mounts.append({"name": f"model-{i}", "mountPath": pvc_mount_path(claim), "readOnly": True})
+    return volumes, mounts
+
+
+def pod_paths(server: Server) -> contract_bridge.PodPaths:
+    has_cache = server.valid.spec.engine.compile_cache is not None
+    return contract_bridge.PodPaths(
+        weights_cache_dir=WEIGHTS_DIR,
+        compile_cache_dir=COMPILE_CACHE_DIR if has_cache else None,
+    )
+
+
+def _probes(server: Server) -> dict[str, Any]:
+    http = {"path": HEALTH_PATH, "port": "http"}
+    budget = startup_budget_seconds(server)
+    return {
+        "startupProbe": {
+            "httpGet": http,
+            "periodSeconds": STARTUP_PERIOD_SECONDS,
+            "timeoutSeconds": 5,
+            "failureThreshold": math.ceil(budget / STARTUP_PERIOD_SECONDS),
+        },
+        "readinessProbe": {
+            "httpGet": http,
+            "periodSeconds": 5,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        # A busy engine answers /health slowly: restart only after two minutes of silence.
+        "livenessProbe": {
+            "httpGet": http,
+            "periodSeconds": 15,
+            "timeoutSeconds": 10,
+            "failureThreshold": 8,
+        },
+    }
+
+
+def engine_pod_template(
+    server: Server,
+    *,
+    replica: int,
+    role: str,
+    revision: str,
+    contract_env: list[dict[str, Any]],
+) -> Manifest:
+    """The pod template of one role (leader or worker) of replica group `replica`."""
+    spec = server.valid.spec
+    stop = termination(server)
+    volumes, mounts = _volumes(server)
+    env = list(contract_env)
+    if spec.model.token_secret_ref is not None:
+        env.append(
+            {
+                "name": contract_bridge.HF_TOKEN_ENV,
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": spec.model.token_secret_ref.name,
+                        "key": spec.model.token_secret_ref.key,
+                    }
+                },
+            }
+        )
+    env.append({"name": "HOME", "value": "/tmp"})
+    env += spec.engine.env
+    container: Manifest = {
+        "name": ENGINE_CONTAINER,
+        "image": engine_image(server),
+        "command": ENGINE_COMMAND,
+        "env": env,
+        "resources": _resources(server),
+        "volumeMounts": mounts,
+        "lifecycle": {"preStop": {"sleep": {"seconds": stop.pre_stop_seconds}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if spec.engine.image_pull_policy:
+        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    if role == labels.ROLE_LEADER:
+        container["ports"] = [
+            {"name": "http", "containerPort": contract_bridge.HTTP_PORT, "protocol": "TCP"},
+            {
+                "name": "kv-events",
+                "containerPort": contract_bridge.KV_EVENTS_PORT,
+                "protocol": "TCP",
+            },
+        ]
+        container |= _probes(server)
+    selector, tolerations = _node_placement(server)
+    pod_spec: Manifest = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": stop.grace_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    overrides = spec.template
+    if overrides.affinity:
+        pod_spec["affinity"] = overrides.affinity
+    if overrides.priority_class_name:
+        pod_spec["priorityClassName"] = overrides.priority_class_name
+    if overrides.service_account_name:
+        pod_spec["serviceAccountName"] = overrides.service_account_name
+    if overrides.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in overrides.image_pull_secrets]
+    template: Manifest = {
+        "metadata": {"labels": pod_labels(server, replica, role, revision)},
+        "spec": pod_spec,
+    }
+    annotations = pod_annotations(server)
+    if annotations:
+        template["metadata"]["annotations"] = annotations
+    return template
+
+
+def host_index_source(server: Server, role: str) -> FieldRef | int:
+    """Host 0 is the leader; a worker reads its index from the workload's pod label."""
+    if role == labels.ROLE_LEADER:
+        return 0
+    if server.config.leaderworkerset:
+        return contract_bridge.LWS_WORKER_INDEX
+    return contract_bridge.STATEFULSET_POD_INDEX

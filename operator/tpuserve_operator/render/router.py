@@ -1,0 +1,161 @@
+"""The router in front of a server's leaders: Deployment, ConfigMap, ServiceAccount and RBAC.
+
+The router is configured only through its command line (ARCHITECTURE §3): it discovers the
+ready leaders of this server by label selector (`labels.leader_selector`) in its namespace.
+The ConfigMap holds the discovery settings; the pod template carries its hash, so a change
+rolls the router.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuserve_operator import labels, rbac
+from tpuserve_operator.render.context import (
+    ROUTER_METRICS_PORT,
+    ROUTER_PORT,
+    RUN_AS_USER,
+    Manifest,
+    Server,
+    stable_hash,
+)
+
+ROUTER_CONTAINER = "router"
+HEALTH_PATH = "/health"
+ENV_POLICY = "TPUSERVE_ROUTER_POLICY"
+ENV_SELECTOR = "TPUSERVE_ROUTER_SELECTOR"
+ENV_NAMESPACE = "TPUSERVE_ROUTER_NAMESPACE"
+CONFIG_HASH = f"{labels.GROUP}/config-hash"
+
+
+def router_policy(server: Server) -> str:
+    return server.valid.spec.router.policy or server.config.router_policy
+
+
+def router_config(server: Server) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": server.metadata(server.router_name, labels.COMPONENT_ROUTER),
+        "data": {
+            ENV_NAMESPACE: server.namespace,
+            ENV_SELECTOR: labels.selector_string(labels.leader_selector(server.name)),
+            ENV_POLICY: router_policy(server),
+        },
+    }
+
+
+def router_args(server: Server) -> list[str]:
+    args = [
+        f"--port={ROUTER_PORT}",
+        f"--metrics-port={ROUTER_METRICS_PORT}",
+        "--discovery=kubernetes",
+        f"--namespace=$({ENV_NAMESPACE})",
+        f"--selector=$({ENV_SELECTOR})",
+        f"--policy=$({ENV_POLICY})",
+    ]
+    if server.valid.spec.router.kv_events:
+        args.append("--kv-events")
+    return args
+
+
+def _resources(server: Server) -> dict[str, Any]:
+    own = server.valid.spec.router.resources
+    return dict(own if own is not None else server.config.router_resources)
+
+
+def router_deployment(server: Server, config: Manifest) -> Manifest:
+    spec = server.valid.spec
+    http = {"path": HEALTH_PATH, "port": "http"}
+    container: Manifest = {
+        "name": ROUTER_CONTAINER,
+        "image": spec.router.image or server.config.router_image,
+        "command": ["tpuserve", "router"],
+        "args": router_args(server),
+        "envFrom": [{"configMapRef": {"name": server.router_name}}],
+        "ports": [
+            {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {"httpGet": http, "periodSeconds": 5, "timeoutSeconds": 3},
+        "livenessProbe": {
+            "httpGet": http,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
+        },
+        "resources": _resources(server),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    pod_labels = {**spec.template.labels, **labels.common(server.name, labels.COMPONENT_ROUTER)}
+    annotations = {**spec.template.annotations, CONFIG_HASH: stable_hash(config["data"])}
+    pod_spec: Manifest = {
+        "serviceAccountName": server.router_name,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if spec.template.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.template.image_pull_secrets]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": server.metadata(server.router_name, labels.COMPONENT_ROUTER),
+        "spec": {
+            "replicas": spec.router.replicas or server.config.router_replicas,
+            "selector": {"matchLabels": labels.router_selector(server.name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": annotations},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def router_rbac(server: Server) -> list[Manifest]:
+    """ServiceAccount, Role (read pods and EndpointSlices) and RoleBinding for the router."""
+    name = server.router_name
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": server.metadata(name, labels.COMPONENT_ROUTER),
+            "automountServiceAccountToken": True,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": server.metadata(name, labels.COMPONENT_ROUTER),
+            "rules": [r.as_policy_rule() for r in rbac.ROUTER_RULES],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": server.metadata(name, labels.COMPONENT_ROUTER),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": server.namespace}],
+        },
+    ]
+
+
+def router_children(server: Server) -> list[Manifest]:
+    if not server.valid.spec.router.enabled:
+        return []
+    config = router_config(server)
+    return [*router_rbac(server), config, router_deployment(server, config)]

@@ -1,0 +1,54 @@
+"""The Services in front of a server: the endpoint clients use, and the leaders' Service."""
+
+from __future__ import annotations
+
+from tpuserve_operator import contract_bridge, labels
+from tpuserve_operator.render.context import ROUTER_METRICS_PORT, ROUTER_PORT, Manifest, Server
+
+
+def endpoint_service(server: Server) -> Manifest:
+    """`<name>`: the OpenAI-compatible endpoint; the router's pods, or the leaders directly
+    when the router is disabled."""
+    spec = server.valid.spec
+    ports = [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}]
+    if spec.router.enabled:
+        selector = labels.router_selector(server.name)
+        component = labels.COMPONENT_ROUTER
+        ports.append(
+            {
+                "name": "metrics",
+                "port": ROUTER_METRICS_PORT,
+                "targetPort": "metrics",
+                "protocol": "TCP",
+            }
+        )
+    else:
+        selector = labels.leader_selector(server.name)
+        component = labels.COMPONENT_MODEL_SERVER
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": server.metadata(server.endpoint_service_name, component),
+        "spec": {"type": spec.router.service_type, "selector": selector, "ports": ports},
+    }
+
+
+def leaders_service(server: Server) -> Manifest:
+    """`<name>-leaders`: headless, ready leaders only; its EndpointSlices list routable workers."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": server.metadata(server.leaders_service_name, labels.COMPONENT_MODEL_SERVER),
+        "spec": {
+            "clusterIP": "None",
+            "selector": labels.leader_selector(server.name),
+            "ports": [
+                {"name": "http", "port": contract_bridge.HTTP_PORT, "targetPort": "http"},
+                {
+                    "name": "kv-events",
+                    "port": contract_bridge.KV_EVENTS_PORT,
+                    "targetPort": "kv-events",
+                },
+            ],
+        },
+    }

@@ -1,0 +1,176 @@
+"""One replica group's workload: a LeaderWorkerSet, or StatefulSets plus a headless Service.
+
+Each replica is its own workload object (`<name>-r<k>`), so the operator rolls groups one at
+a time and every pod's launch contract carries literal values for its group.
+
+- LeaderWorkerSet (when its CRD is installed): one group of `hosts` pods; LWS names the
+  leader `<g>-0` and workers `<g>-0-<i>`, creates the headless Service `<g>`, and recreates
+  the whole group when any pod restarts.
+- Otherwise: a leader StatefulSet `<g>` (1 pod, `<g>-0`) and a worker StatefulSet `<g>-w`
+  (`hosts - 1` pods numbered from 1, `<g>-w-1` ...), both behind the headless Service `<g>`
+  with unready addresses published, since hosts must resolve each other before any is
+  ready. Both use `OnDelete`: the operator restarts a group's pods together on rollout.
+"""
+
+from __future__ import annotations
+
+from sglang_tpu.contract import GroupContract
+from tpuserve_operator import contract_bridge, labels
+from tpuserve_operator.render.context import Manifest, Server
+from tpuserve_operator.render.pod import (
+    engine_pod_template,
+    host_index_source,
+    pod_paths,
+    termination,
+)
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+
+
+def group_hostnames(server: Server, replica: int) -> tuple[str, ...]:
+    """The group's stable DNS names in host-index order (the first is the leader)."""
+    group = server.group_name(replica)
+    hosts = server.valid.shape.hosts
+    if server.config.leaderworkerset:
+        pods = [f"{group}-0"] + [f"{group}-0-{i}" for i in range(1, hosts)]
+    else:
+        pods = [f"{group}-0"] + [
+            f"{server.worker_statefulset_name(replica)}-{i}" for i in range(1, hosts)
+        ]
+    return tuple(f"{pod}.{group}.{server.namespace}.svc" for pod in pods)
+
+
+def group_contract(server: Server, replica: int) -> GroupContract:
+    return contract_bridge.group_contract(
+        server.valid.spec,
+        served_name=server.valid.served_name,
+        replica=replica,
+        hostnames=group_hostnames(server, replica),
+        paths=pod_paths(server),
+        drain_timeout_seconds=termination(server).drain_seconds,
+    )
+
+
+def _template(server: Server, replica: int, role: str, revision: str) -> Manifest:
+    group_key = contract_bridge.LWS_GROUP_KEY if server.config.leaderworkerset else None
+    env = contract_bridge.engine_env(
+        group_contract(server, replica),
+        host_index=host_index_source(server, role),
+        group_key=group_key,
+    )
+    return engine_pod_template(
+        server, replica=replica, role=role, revision=revision, contract_env=env
+    )
+
+
+def group_labels(server: Server, replica: int) -> dict[str, str]:
+    return {labels.REPLICA: str(replica)}
+
+
+def leaderworkerset(server: Server, replica: int, revision: str) -> Manifest:
+    hosts = server.valid.shape.hosts
+    leader = _template(server, replica, labels.ROLE_LEADER, revision)
+    # LWS requires a worker template even for one-host groups (it then creates no workers).
+    worker = _template(server, replica, labels.ROLE_WORKER, revision) if hosts > 1 else leader
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": server.metadata(
+            server.group_name(replica),
+            labels.COMPONENT_MODEL_SERVER,
+            group_labels(server, replica),
+            {labels.REVISION: revision},
+        ),
+        "spec": {
+            "replicas": 1,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
+            },
+            "leaderWorkerTemplate": {
+                "size": hosts,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+        },
+    }
+
+
+def headless_service(server: Server, replica: int) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": server.metadata(
+            server.group_name(replica), labels.COMPONENT_MODEL_SERVER, group_labels(server, replica)
+        ),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": labels.group_selector(server.name, replica),
+            "ports": [{"name": "http", "port": contract_bridge.HTTP_PORT, "targetPort": "http"}],
+        },
+    }
+
+
+def _statefulset(
+    server: Server, replica: int, role: str, revision: str, name: str, pods: int, first: int
+) -> Manifest:
+    selector = {**labels.group_selector(server.name, replica), labels.ROLE: role}
+    spec: Manifest = {
+        "replicas": pods,
+        "serviceName": server.group_name(replica),
+        "podManagementPolicy": "Parallel",
+        "updateStrategy": {"type": "OnDelete"},
+        "selector": {"matchLabels": selector},
+        "template": _template(server, replica, role, revision),
+    }
+    if first:
+        spec["ordinals"] = {"start": first}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": server.metadata(
+            name,
+            labels.COMPONENT_MODEL_SERVER,
+            {**group_labels(server, replica), labels.ROLE: role},
+            {labels.REVISION: revision},
+        ),
+        "spec": spec,
+    }
+
+
+def statefulsets(server: Server, replica: int, revision: str) -> list[Manifest]:
+    hosts = server.valid.shape.hosts
+    out = [
+        _statefulset(
+            server, replica, labels.ROLE_LEADER, revision, server.group_name(replica), 1, 0
+        )
+    ]
+    if hosts > 1:
+        out.append(
+            _statefulset(
+                server,
+                replica,
+                labels.ROLE_WORKER,
+                revision,
+                server.worker_statefulset_name(replica),
+                hosts - 1,
+                1,
+            )
+        )
+    return out
+
+
+def group_children(server: Server, replica: int, revision: str) -> list[Manifest]:
+    """Every object of replica group `replica`, at pod-template revision `revision`."""
+    if server.config.leaderworkerset:
+        return [leaderworkerset(server, replica, revision)]
+    return [headless_service(server, replica), *statefulsets(server, replica, revision)]
+
+
+def engine_templates(server: Server, replica: int) -> list[Manifest]:
+    """The group's pod templates without a revision label: what the revision hashes."""
+    roles = [labels.ROLE_LEADER] + ([labels.ROLE_WORKER] if server.valid.shape.hosts > 1 else [])
+    return [_template(server, replica, role, revision="") for role in roles]

@@ -1,0 +1,221 @@
+"""Validate a TPUModelServer spec: the CRD's rules, then the catalog and the fit check.
+
+`validate` runs every layer and reports every problem at once, each naming the field, the
+value and what is allowed:
+
+1. types, enums, bounds and patterns (the pydantic models the CRD is generated from);
+2. the CRD's CEL rules, evaluated offline (`cel.py`), as the apiserver would;
+3. what CEL cannot know: the (generation, topology) pair is in the topology catalog, the
+   model fits the slice's HBM (the engine twin's performance model, when the model is
+   known), and no override touches what the operator owns (launch-contract variables,
+   SGLang flags, labels, google.com/tpu).
+
+The operator reports the result as the `Valid` condition; `tpuserve render` prints it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+
+from sglang_tpu import model_source, perf_model
+from sglang_tpu.topology import TPU_RESOURCE, CatalogError, SliceShape, lookup
+from tpuserve_operator import cel, contract_bridge, labels
+from tpuserve_operator.api import MAX_NAME_LENGTH, TPUModelServerSpec
+from tpuserve_operator.crd import openapi_schema
+from tpuserve_operator.errors import InvalidSpec, Problem
+
+log = logging.getLogger(__name__)
+
+OWNED_LABEL_KEYS = (labels.MODEL, labels.TPU_GENERATION, labels.TPU_TOPOLOGY)
+OWNED_LABEL_PREFIXES = ("app.kubernetes.io/", f"{labels.GROUP}/")
+_LABEL_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class ValidSpec:
+    """A spec that passed every check, with what the checks resolved."""
+
+    spec: TPUModelServerSpec
+    shape: SliceShape
+    served_name: str
+
+
+def validate(name: str, spec: Mapping[str, Any]) -> ValidSpec:
+    """The typed spec, or InvalidSpec listing every problem (fields as `spec.a.b`)."""
+    problems: list[Problem] = []
+    if len(name) > MAX_NAME_LENGTH:
+        problems.append(
+            Problem(
+                "metadata.name",
+                f"{name!r} is {len(name)} characters; allowed: at most {MAX_NAME_LENGTH}",
+            )
+        )
+    try:
+        model = TPUModelServerSpec.model_validate(dict(spec))
+    except pydantic.ValidationError as err:
+        raise InvalidSpec(problems + [_problem_from_pydantic(e) for e in err.errors()]) from None
+    defaulted = model.model_dump(by_alias=True, exclude_none=True)
+    problems += cel.check(_spec_schema(), defaulted, "spec")
+    shape: SliceShape | None = None
+    try:
+        shape = lookup(model.tpu.generation, model.tpu.topology, field_path="spec.tpu.topology")
+    except CatalogError as err:
+        problems.append(Problem(err.field, _catalog_message(err), reason="UnsupportedTopology"))
+    problems += _sources(model)
+    problems += _owned_overrides(model)
+    if shape is not None:
+        problems += _fit(model, shape)
+    if problems or shape is None:
+        raise InvalidSpec(problems)
+    return ValidSpec(spec=model, shape=shape, served_name=served_name(model))
+
+
+@functools.cache
+def _spec_schema() -> dict[str, Any]:
+    """The CRD's spec schema (generated once; holds the CEL rules)."""
+    schema: dict[str, Any] = openapi_schema()["properties"]["spec"]
+    return schema
+
+
+def served_name(spec: TPUModelServerSpec) -> str:
+    """spec.model.servedName, else the source's last path segment, lower-cased, label-safe."""
+    if spec.model.served_name:
+        return spec.model.served_name
+    location = spec.model.source.split("://", 1)[-1].split("@", 1)[0].rstrip("/")
+    last = location.rsplit("/", 1)[-1].lower()
+    return _LABEL_VALUE_UNSAFE.sub("-", last).strip("-._")[:63] or "model"
+
+
+def _problem_from_pydantic(error: Mapping[str, Any]) -> Problem:
+    path = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "missing":
+        return Problem(path, "is required")
+    if error["type"] == "extra_forbidden":
+        return Problem(path, "is not a field of this object (check the spelling)")
+    return Problem(path, f"{error.get('input')!r} is not valid: {message}")
+
+
+def _catalog_message(err: CatalogError) -> str:
+    return str(err).removeprefix(f"{err.field}: ")
+
+
+def _model_id(source: str) -> str:
+    return source.split("://", 1)[-1].split("@", 1)[0]
+
+
+def _sources(spec: TPUModelServerSpec) -> list[Problem]:
+    """What the launcher's own parser says about the weight locations, and whether the
+    simulated engine has a performance profile for the model."""
+    problems: list[Problem] = []
+    sources = [("spec.model.source", spec.model.source)]
+    if spec.engine.speculative is not None and spec.engine.speculative.draft_model:
+        sources.append(("spec.engine.speculative.draftModel", spec.engine.speculative.draft_model))
+    for path, text in sources:
+        try:
+            model_source.parse_model_source(text)
+        except model_source.ModelSourceError as err:
+            problems.append(Problem(path, f"{err}; allowed: {model_source.ALLOWED_FORMS}"))
+    if (
+        spec.engine.type == "simulated"
+        and perf_model.lookup_hf_model(_model_id(spec.model.source)) is None
+    ):
+        known = sorted(
+            {
+                hf
+                for name in perf_model.profile_names()
+                for hf in perf_model.get_profile(name).hf_ids
+            }
+        )
+        problems.append(
+            Problem(
+                "spec.model.source",
+                f"the simulated engine has no performance profile for {spec.model.source!r}; "
+                f"allowed: hf:// ids of known models ({', '.join(known)})",
+                reason="UnknownModel",
+            )
+        )
+    return problems
+
+
+def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    for i, entry in enumerate(spec.engine.env):
+        env_name = entry.get("name")
+        if not isinstance(env_name, str) or not env_name:
+            problems.append(Problem(f"spec.engine.env[{i}].name", "is required"))
+        elif contract_bridge.is_owned_env(env_name):
+            problems.append(
+                Problem(
+                    f"spec.engine.env[{i}].name",
+                    f"{env_name!r} is set by the operator (launch contract); allowed: any other "
+                    "name",
+                    reason="ReservedField",
+                )
+            )
+    for flag, value in spec.engine.args.items():
+        path = f"spec.engine.args.{flag}"
+        if contract_bridge.is_owned_flag(flag):
+            problems.append(
+                Problem(
+                    path,
+                    f"--{flag.lstrip('-')} is set by the operator from the spec; allowed: "
+                    "SGLang flags the operator does not set",
+                    reason="ReservedField",
+                )
+            )
+        elif not isinstance(value, str | int | float | bool):
+            problems.append(
+                Problem(path, f"{value!r} is not allowed; allowed: a string, number or boolean")
+            )
+    for key in spec.template.labels:
+        if key in OWNED_LABEL_KEYS or key.startswith(OWNED_LABEL_PREFIXES):
+            problems.append(
+                Problem(
+                    f"spec.template.labels.{key}",
+                    "is set by the operator; allowed: keys other than "
+                    f"{', '.join(OWNED_LABEL_KEYS)} and {', '.join(OWNED_LABEL_PREFIXES)}*",
+                    reason="ReservedField",
+                )
+            )
+    for section in ("requests", "limits"):
+        amounts = spec.engine.resources.get(section)
+        if isinstance(amounts, Mapping) and TPU_RESOURCE in amounts:
+            problems.append(
+                Problem(
+                    f"spec.engine.resources.{section}.{TPU_RESOURCE}",
+                    "is set by the operator to the chips of one host (topology catalog); "
+                    "allowed: cpu, memory and other resources",
+                    reason="ReservedField",
+                )
+            )
+    return problems
+
+
+def _fit(spec: TPUModelServerSpec, shape: SliceShape) -> list[Problem]:
+    """The fit check, when the performance model knows the model; otherwise no opinion."""
+    profile = perf_model.lookup_hf_model(_model_id(spec.model.source))
+    if profile is None:
+        return []
+    context_length = spec.model.context_length or profile.context_length
+    try:
+        perf_model.check_fits(
+            shape,
+            profile.name,
+            spec.model.quantization,
+            spec.engine.kv_cache_dtype,
+            context_length,
+        )
+    except perf_model.ModelDoesNotFit as err:
+        return [Problem("spec.tpu.topology", str(err), reason="ModelDoesNotFit")]
+    except ValueError as err:
+        # The performance model does not cover this quantization yet: no opinion.
+        log.debug("fit check skipped for %s: %s", profile.name, err)
+    return []

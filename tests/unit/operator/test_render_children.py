@@ -1,0 +1,388 @@
+"""Render: the children of one server, their wiring (selectors, owners, secrets, security),
+and validity against the Kubernetes schemas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tpuserve_operator import labels
+from tpuserve_operator.render import Rendered
+
+pytestmark = pytest.mark.unit
+
+RenderFn = Callable[..., Rendered]
+SpecWith = Callable[..., dict[str, Any]]
+
+
+def by_kind(children: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [c for c in children if c["kind"] == kind]
+
+
+def one(children: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [c for c in by_kind(children, kind) if c["metadata"]["name"] == name]
+    return found
+
+
+def pod_templates(children: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for c in children:
+        if c["kind"] in ("StatefulSet", "Deployment"):
+            yield c["spec"]["template"]
+        elif c["kind"] == "LeaderWorkerSet":
+            yield c["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+            yield c["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+
+
+def test_statefulset_path_objects(rendered: RenderFn) -> None:
+    children = rendered().children
+    names = sorted((c["kind"], c["metadata"]["name"]) for c in children)
+    assert names == sorted(
+        [
+            ("Service", "qwen"),
+            ("Service", "qwen-leaders"),
+            ("PodDisruptionBudget", "qwen"),
+            ("ServiceAccount", "qwen-router"),
+            ("Role", "qwen-router"),
+            ("RoleBinding", "qwen-router"),
+            ("ConfigMap", "qwen-router"),
+            ("Deployment", "qwen-router"),
+            ("Service", "qwen-r0"),
+            ("StatefulSet", "qwen-r0"),
+            ("StatefulSet", "qwen-r0-w"),
+            ("Service", "qwen-r1"),
+            ("StatefulSet", "qwen-r1"),
+            ("StatefulSet", "qwen-r1-w"),
+        ]
+    )
+
+
+def test_leaderworkerset_path_has_one_lws_per_replica(rendered: RenderFn) -> None:
+    children = rendered(leaderworkerset=True).children
+    lws = by_kind(children, "LeaderWorkerSet")
+    assert [x["metadata"]["name"] for x in lws] == ["qwen-r0", "qwen-r1"]
+    assert not by_kind(children, "StatefulSet")
+    for x in lws:
+        assert x["spec"]["replicas"] == 1
+        assert x["spec"]["leaderWorkerTemplate"]["size"] == 4
+        assert x["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
+
+
+def test_lws_hostnames_are_lws_pod_names(rendered: RenderFn) -> None:
+    (lws, _) = by_kind(rendered(leaderworkerset=True).children, "LeaderWorkerSet")
+    env = {
+        e["name"]: e.get("value")
+        for e in lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0][
+            "env"
+        ]
+    }
+    pods = [n.split(".")[0] for n in env["TPUSERVE_WORKER_HOSTNAMES"].split(",")]
+    assert pods == ["qwen-r0-0", "qwen-r0-0-1", "qwen-r0-0-2", "qwen-r0-0-3"]
+
+
+def test_every_child_is_owned_by_the_server(rendered: RenderFn) -> None:
+    for child in rendered().children:
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": labels.API_VERSION,
+            "kind": labels.KIND,
+            "name": "qwen",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert child["metadata"]["labels"][labels.MANAGED_BY] == labels.MANAGED_BY_VALUE
+        assert child["metadata"]["namespace"] == "ml"
+
+
+def test_without_a_uid_there_are_no_owner_references(rendered: RenderFn) -> None:
+    assert all("ownerReferences" not in c["metadata"] for c in rendered(uid=None).children)
+
+
+def test_one_selector_for_leaders_everywhere(rendered: RenderFn) -> None:
+    result = rendered()
+    selector = (
+        "app.kubernetes.io/instance=qwen,app.kubernetes.io/component=model-server,"
+        "serving.tpuserve.dev/role=leader"
+    )
+    assert result.selector == selector
+    config = one(result.children, "ConfigMap", "qwen-router")
+    assert config["data"]["TPUSERVE_ROUTER_SELECTOR"] == selector
+    leaders = one(result.children, "Service", "qwen-leaders")
+    assert labels.selector_string(leaders["spec"]["selector"]) == selector
+    leader_pods = [
+        t
+        for t in pod_templates(result.children)
+        if t["metadata"]["labels"].get(labels.ROLE) == "leader"
+    ]
+    assert len(leader_pods) == 2
+    for template in leader_pods:
+        assert all(
+            template["metadata"]["labels"][k] == v
+            for k, v in labels.leader_selector("qwen").items()
+        )
+
+
+def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
+    spec = spec_with(router={"policy": "least_load", "kvEvents": True, "replicas": 3})
+    deployment = one(rendered(spec).children, "Deployment", "qwen-router")
+    assert deployment["spec"]["replicas"] == 3
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["tpuserve", "router"]
+    assert container["args"] == [
+        "--port=8000",
+        "--metrics-port=9000",
+        "--discovery=kubernetes",
+        "--namespace=$(TPUSERVE_ROUTER_NAMESPACE)",
+        "--selector=$(TPUSERVE_ROUTER_SELECTOR)",
+        "--policy=$(TPUSERVE_ROUTER_POLICY)",
+        "--kv-events",
+    ]
+    config = one(rendered(spec).children, "ConfigMap", "qwen-router")
+    assert config["data"]["TPUSERVE_ROUTER_POLICY"] == "least_load"
+    assert {p["name"] for p in container["ports"]} == {"http", "metrics"}
+
+
+def test_router_defaults_come_from_the_operator(rendered: RenderFn) -> None:
+    result = rendered(router_policy="power_of_two", router_replicas=2)
+    assert (
+        one(result.children, "ConfigMap", "qwen-router")["data"]["TPUSERVE_ROUTER_POLICY"]
+        == "power_of_two"
+    )
+    assert one(result.children, "Deployment", "qwen-router")["spec"]["replicas"] == 2
+
+
+def test_router_config_change_rolls_the_router(rendered: RenderFn, spec_with: SpecWith) -> None:
+    def config_hash(spec: dict[str, Any]) -> str:
+        deployment = one(rendered(spec).children, "Deployment", "qwen-router")
+        return str(
+            deployment["spec"]["template"]["metadata"]["annotations"][
+                "serving.tpuserve.dev/config-hash"
+            ]
+        )
+
+    assert config_hash(spec_with()) != config_hash(spec_with(router={"policy": "random"}))
+
+
+def test_router_disabled_points_the_endpoint_at_the_leaders(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    children = rendered(spec_with(router={"enabled": False})).children
+    assert not by_kind(children, "Deployment")
+    endpoint = one(children, "Service", "qwen")
+    assert endpoint["spec"]["selector"] == labels.leader_selector("qwen")
+
+
+def test_endpoint(rendered: RenderFn) -> None:
+    assert rendered().endpoint == "http://qwen.ml.svc:8000"
+
+
+def test_hf_token_only_by_secret_reference(rendered: RenderFn) -> None:
+    for template in pod_templates(rendered().children):
+        for container in template["spec"]["containers"]:
+            for env in container.get("env", []):
+                if env["name"] == "HF_TOKEN":
+                    assert "value" not in env
+                    assert env["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+
+
+def test_pods_are_non_root_with_read_only_root_filesystems(rendered: RenderFn) -> None:
+    templates = list(pod_templates(rendered(leaderworkerset=True).children)) + list(
+        pod_templates(rendered().children)
+    )
+    for template in templates:
+        spec = template["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        for container in spec["containers"]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            mounts = {m["mountPath"] for m in container["volumeMounts"]}
+            assert "/tmp" in mounts
+
+
+def test_engine_pods_mount_no_api_token(rendered: RenderFn) -> None:
+    for template in pod_templates(rendered().children):
+        if template["metadata"]["labels"][labels.COMPONENT] == labels.COMPONENT_MODEL_SERVER:
+            assert template["spec"]["automountServiceAccountToken"] is False
+
+
+def test_only_leaders_have_probes_and_ports(rendered: RenderFn) -> None:
+    for template in pod_templates(rendered().children):
+        if template["metadata"]["labels"][labels.COMPONENT] != labels.COMPONENT_MODEL_SERVER:
+            continue
+        (engine,) = template["spec"]["containers"]
+        leader = template["metadata"]["labels"][labels.ROLE] == "leader"
+        assert ("startupProbe" in engine) is leader
+        assert ("ports" in engine) is leader
+
+
+def test_startup_probe_allows_an_hour_for_a_first_compile(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    def budget(spec: dict[str, Any]) -> int:
+        sts = one(rendered(spec).children, "StatefulSet", "qwen-r0")
+        probe = sts["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+        return int(probe["periodSeconds"] * probe["failureThreshold"])
+
+    assert budget(spec_with()) == 3600
+    assert budget(spec_with(engine={"executionMode": "eager"})) == 1800
+    assert budget(spec_with(engine={"type": "simulated"})) == 600
+
+
+def test_spot_pods_stop_within_the_preemption_notice(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    spec = spec_with(tpu={"generation": "v6e", "topology": "4x4", "spot": True})
+    pod = one(rendered(spec).children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] <= 15
+    assert pod["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    (engine,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    drain = float(env["TPUSERVE_DRAIN_TIMEOUT_SECONDS"])
+    pause = engine["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pause + drain < pod["terminationGracePeriodSeconds"]
+
+
+def test_on_demand_drain_fits_the_grace_period(rendered: RenderFn) -> None:
+    pod = one(rendered().children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    (engine,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    pause = engine["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert (
+        pause + float(env["TPUSERVE_DRAIN_TIMEOUT_SECONDS"]) < pod["terminationGracePeriodSeconds"]
+    )
+
+
+def test_compile_cache_and_pvc_model_are_mounted(rendered: RenderFn, spec_with: SpecWith) -> None:
+    spec = spec_with(
+        model={"source": "pvc://weights/qwen3-8b"},
+        engine={"compileCache": {"persistentVolumeClaim": "xla-cache"}},
+    )
+    pod = one(rendered(spec).children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    claims = {
+        v["persistentVolumeClaim"]["claimName"]: v
+        for v in pod["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    assert claims["weights"]["persistentVolumeClaim"]["readOnly"] is True
+    assert "xla-cache" in claims
+    (engine,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    mounts = {m["mountPath"]: m for m in engine["volumeMounts"]}
+    assert env["TPUSERVE_COMPILE_CACHE_DIR"] in mounts
+    assert mounts["/mnt/tpuserve/pvc/weights"]["readOnly"] is True
+
+
+def test_reservation_and_template_overrides(rendered: RenderFn, spec_with: SpecWith) -> None:
+    spec = spec_with(
+        tpu={"generation": "v6e", "topology": "4x4", "reservation": "res-a"},
+        template={
+            "labels": {"team": "search"},
+            "annotations": {"a": "b"},
+            "nodeSelector": {"pool": "x"},
+            "tolerations": [{"key": "k", "operator": "Exists"}],
+            "priorityClassName": "high",
+            "serviceAccountName": "weights-reader",
+            "imagePullSecrets": ["regcred"],
+        },
+    )
+    template = one(rendered(spec).children, "StatefulSet", "qwen-r0")["spec"]["template"]
+    pod = template["spec"]
+    assert pod["nodeSelector"]["cloud.google.com/reservation-name"] == "res-a"
+    assert pod["nodeSelector"]["pool"] == "x"
+    assert {"key": "k", "operator": "Exists"} in pod["tolerations"]
+    assert pod["priorityClassName"] == "high"
+    assert pod["serviceAccountName"] == "weights-reader"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert template["metadata"]["labels"]["team"] == "search"
+    assert template["metadata"]["annotations"]["a"] == "b"
+
+
+def test_extra_sglang_flags_reach_the_contract(rendered: RenderFn, spec_with: SpecWith) -> None:
+    spec = spec_with(
+        engine={"args": {"mem-fraction-static": 0.8, "enable-mixed-chunk": True, "x": False}}
+    )
+    pod = one(rendered(spec).children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["TPUSERVE_SGLANG_EXTRA_ARGS"] == "--mem-fraction-static 0.8 --enable-mixed-chunk"
+
+
+def test_monitors_need_the_crd_and_the_flag(rendered: RenderFn, spec_with: SpecWith) -> None:
+    on = spec_with(
+        monitoring={"podMonitor": True, "serviceMonitor": True, "labels": {"release": "kps"}}
+    )
+    assert not by_kind(rendered(on).children, "PodMonitor")
+    assert not by_kind(rendered(prometheus_operator=True).children, "PodMonitor")
+    children = rendered(on, prometheus_operator=True).children
+    (pm,) = by_kind(children, "PodMonitor")
+    (sm,) = by_kind(children, "ServiceMonitor")
+    assert pm["metadata"]["labels"]["release"] == "kps"
+    assert pm["spec"]["podTargetLabels"] == ["model", "tpu-generation", "tpu-topology"]
+    assert sm["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics"}]
+
+
+def test_scale_to_zero_keeps_router_and_services(rendered: RenderFn, spec_with: SpecWith) -> None:
+    children = rendered(spec_with(replicas=0)).children
+    assert not by_kind(children, "StatefulSet")
+    assert one(children, "Deployment", "qwen-router")
+
+
+def test_revision_follows_pod_templates_not_replicas(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    base = rendered().revision
+    assert rendered(spec_with(replicas=5)).revision == base
+    assert rendered(spec_with(router={"policy": "random"})).revision == base
+    assert rendered(spec_with(engine={"kvCacheDtype": "fp8"})).revision != base
+    assert rendered(annotations={labels.RESTARTED_AT: "2025-01-01T00:00:00Z"}).revision != base
+    assert rendered(leaderworkerset=True).revision != base
+
+
+def test_group_pods_carry_model_and_tpu_labels(rendered: RenderFn) -> None:
+    result = rendered()
+    for template in pod_templates(result.children):
+        meta = template["metadata"]["labels"]
+        if meta[labels.COMPONENT] != labels.COMPONENT_MODEL_SERVER:
+            continue
+        assert meta[labels.MODEL] == "qwen3-8b"
+        assert meta[labels.TPU_GENERATION] == "v6e"
+        assert meta[labels.TPU_TOPOLOGY] == "4x4"
+        assert meta[labels.REVISION] == result.revision
+
+
+@pytest.mark.parametrize("lws", [False, True], ids=["statefulset", "leaderworkerset"])
+def test_built_in_kinds_validate_against_kubernetes_schemas(
+    rendered: RenderFn, spec_with: SpecWith, lws: bool
+) -> None:
+    spec = spec_with(
+        model={"source": "pvc://weights/qwen3-8b"},
+        engine={"compileCache": {"persistentVolumeClaim": "xla-cache"}},
+        tpu={"generation": "v6e", "topology": "4x4", "spot": True},
+    )
+    checked = 0
+    for child in rendered(spec, leaderworkerset=lws).children:
+        if "." in child["apiVersion"].split("/")[0] and not child["apiVersion"].startswith(
+            ("rbac.authorization.k8s.io", "policy")
+        ):
+            continue  # CRD kinds (LWS, monitors): not in the built-in schemas
+        kubernetes_validate.validate(child, "1.33.0", strict=True)
+        checked += 1
+    assert checked >= 8
+
+
+def test_lws_pod_templates_validate_as_pod_templates(rendered: RenderFn) -> None:
+    for lws in by_kind(rendered(leaderworkerset=True).children, "LeaderWorkerSet"):
+        for key in ("leaderTemplate", "workerTemplate"):
+            template = lws["spec"]["leaderWorkerTemplate"][key]
+            kubernetes_validate.validate(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PodTemplate",
+                    "metadata": {"name": "t"},
+                    "template": template,
+                },
+                "1.33.0",
+                strict=True,
+            )
