@@ -458,6 +458,51 @@ def alert_tests() -> list[dict[str, Any]]:
         _series(sg.NUM_QUEUE_REQS.name, {"namespace": NS, "pod": "roomy-0", **rank0}, "5+0x30"),
         _series(sg.TOKEN_USAGE.name, {"namespace": NS, "pod": "roomy-0", **rank0}, "0.5+0x30"),
     ]
+    router = {"namespace": NS, "pod": "router-0"}
+    router_series = [
+        _series(
+            rules.ROUTER_WORKER_HEALTHY, {**router, "model": "llama", "worker": "w0"}, "0+0x20"
+        ),
+        _series(
+            rules.ROUTER_WORKER_HEALTHY, {**router, "model": "llama", "worker": "w1"}, "0+0x20"
+        ),
+        _series(rules.ROUTER_WORKER_HEALTHY, {**router, "model": "qwen", "worker": "w2"}, "1+0x20"),
+        _series(
+            rules.ROUTER_REQUESTS,
+            {
+                **router,
+                "model": "llama",
+                "worker": "w0",
+                "route": "/v1/completions",
+                "status": "200",
+            },
+            "0+100x20",
+        ),
+        _series(
+            rules.ROUTER_UPSTREAM_ERRORS,
+            {**router, "worker": "w0", "reason": "connect_error"},
+            "0+10x20",
+        ),
+        _series(
+            rules.ROUTER_REQUESTS,
+            {
+                "namespace": NS,
+                "pod": "router-1",
+                "model": "qwen",
+                "worker": "w2",
+                "route": "/v1/completions",
+                "status": "200",
+            },
+            "0+100x20",
+        ),
+        _series(
+            rules.ROUTER_UPSTREAM_ERRORS,
+            {"namespace": NS, "pod": "router-1", "worker": "w2", "reason": "connect_error"},
+            "0+1x20",
+        ),
+        _series(rules.ROUTER_KV_EVENT_GAPS, {**router, "worker": "w0"}, "0+0x5 1+0x15"),
+        _series(rules.ROUTER_KV_EVENT_GAPS, {**router, "worker": "w1"}, "0+0x20"),
+    ]
     down = {"job": f"{NS}/tpuserve-model-server", "namespace": NS, "pod": "dead-0"}
     up_series = [
         _series("up", down, "0+0x30"),
@@ -520,6 +565,33 @@ def alert_tests() -> list[dict[str, Any]]:
                         _alert("TPUServePrefixHitRatioCollapse", {"model_name": "dropped"})
                     ],
                 },
+            ],
+        },
+        {
+            "name": "router alerts: no healthy worker, upstream errors over 5 %, KV-event gaps",
+            "interval": "1m",
+            "input_series": router_series,
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "TPUServeNoReadyReplicas", "exp_alerts": []},
+                {
+                    "eval_time": "5m",
+                    "alertname": "TPUServeNoReadyReplicas",
+                    "exp_alerts": [
+                        _alert("TPUServeNoReadyReplicas", {"namespace": NS, "model": "llama"})
+                    ],
+                },
+                {
+                    "eval_time": "15m",
+                    "alertname": "TPUServeRouterUpstreamErrors",
+                    "exp_alerts": [_alert("TPUServeRouterUpstreamErrors", router)],
+                },
+                {"eval_time": "4m", "alertname": "TPUServeKVEventGaps", "exp_alerts": []},
+                {
+                    "eval_time": "8m",
+                    "alertname": "TPUServeKVEventGaps",
+                    "exp_alerts": [_alert("TPUServeKVEventGaps", {**router, "worker": "w0"})],
+                },
+                {"eval_time": "19m", "alertname": "TPUServeKVEventGaps", "exp_alerts": []},
             ],
         },
         {

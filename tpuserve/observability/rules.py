@@ -389,9 +389,55 @@ def sglang_alerts() -> Group:
     return Group("tpuserve.alerts.engine", rules)
 
 
+# Router series (declared in router/tpuserve_router/metrics.py).
+ROUTER_WORKER_HEALTHY = "tpuserve_router_worker_healthy"
+ROUTER_REQUESTS = "tpuserve_router_requests_total"
+ROUTER_UPSTREAM_ERRORS = "tpuserve_router_upstream_errors_total"
+ROUTER_KV_EVENT_GAPS = "tpuserve_router_kv_event_gaps_total"
+ROUTER_ERROR_RATIO = 0.05
+
+
+def router_alerts() -> Group:
+    rules: tuple[Recording | Alert, ...] = (
+        Alert(
+            "TPUServeNoReadyReplicas",
+            f"sum by (namespace, model) ({ROUTER_WORKER_HEALTHY}) == 0",
+            "2m",
+            "critical",
+            "No ready replica serves {{ $labels.model }} in {{ $labels.namespace }}",
+            "The router of {{ $labels.model }} in {{ $labels.namespace }} has had no healthy "
+            "worker for 2 minutes: every request fails. Check the TPUModelServer's status "
+            "conditions and its pods (unschedulable, crash-looping, still compiling).",
+        ),
+        Alert(
+            "TPUServeRouterUpstreamErrors",
+            f"sum by (namespace, pod) ({_rate(ROUTER_UPSTREAM_ERRORS, '5m')})\n"
+            f"  / (sum by (namespace, pod) ({_rate(ROUTER_REQUESTS, '5m')}) > 0)\n"
+            f"> {ROUTER_ERROR_RATIO}",
+            "5m",
+            "warning",
+            "Router {{ $labels.pod }} sees upstream errors on over 5 % of requests",
+            "More than 5 % of the requests router {{ $labels.namespace }}/{{ $labels.pod }} "
+            "forwarded hit an upstream error (connect, reset, timeout, broken stream) over 5 "
+            "minutes. Check the model servers' health and logs.",
+        ),
+        Alert(
+            "TPUServeKVEventGaps",
+            f"sum by (namespace, pod, worker) (increase({ROUTER_KV_EVENT_GAPS}[10m])) > 0",
+            "1m",
+            "warning",
+            "Router {{ $labels.pod }} misses KV events from {{ $labels.worker }}",
+            "Router {{ $labels.namespace }}/{{ $labels.pod }} saw gaps in the KV-event sequence "
+            "of worker {{ $labels.worker }} in the last 10 minutes: its prefix index for that "
+            "worker is stale until a replay or resync, so prefix hits drop.",
+        ),
+    )
+    return Group("tpuserve.alerts.router", rules)
+
+
 def groups() -> tuple[Group, ...]:
     """Every rule group, in evaluation order (later groups read earlier groups' series)."""
-    return (token_rules(), chip_and_cost_rules(), latency_rules(), sglang_alerts())
+    return (token_rules(), chip_and_cost_rules(), latency_rules(), sglang_alerts(), router_alerts())
 
 
 def rule_file() -> dict[str, object]:

@@ -1,0 +1,74 @@
+"""Every dashboard panel has a description, a unit, set refIds and the templated datasource,
+and every metric a panel or rule selects is one tpuserve declares (catches the llm-d class of
+bug: `sglang:num_waiting_reqs`, `sglang_` vs `sglang:`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tpuserve.observability import catalog, generate, rules
+
+pytestmark = pytest.mark.unit
+
+DASHBOARD_FILES = sorted((generate.REPO_ROOT / generate.DASHBOARD_DIR).glob("*.json"))
+
+
+def panels(path: Any) -> list[dict[str, Any]]:
+    board = json.loads(path.read_text())
+    return [p for p in board["panels"] if p["type"] != "row"]
+
+
+def test_the_five_dashboards_exist() -> None:
+    assert [p.stem for p in DASHBOARD_FILES] == [
+        "tpuserve-fleet-overview",
+        "tpuserve-model-detail",
+        "tpuserve-operator",
+        "tpuserve-router",
+        "tpuserve-tpu-utilisation",
+    ]
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
+def test_every_panel_is_documented_and_templated(path: Any) -> None:
+    board = json.loads(path.read_text())
+    assert board["schemaVersion"] == 42
+    assert next(v["name"] for v in board["templating"]["list"]) == "datasource"
+    for panel in panels(path):
+        assert panel["description"], panel["title"]
+        assert panel["fieldConfig"]["defaults"]["unit"], panel["title"]
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert all(ref_ids), panel["title"]
+        assert len(set(ref_ids)) == len(ref_ids), panel["title"]
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
+def test_panels_select_only_declared_metrics(path: Any) -> None:
+    known = catalog.known_series()
+    for panel in panels(path):
+        for t in panel["targets"]:
+            unknown = catalog.selected_names(t["expr"]) - known
+            assert not unknown, f"{path.stem} / {panel['title']}: {unknown}"
+
+
+def test_rules_select_only_declared_metrics() -> None:
+    known = catalog.known_series()
+    for rule in [*rules.recording_rules(), *rules.alerts()]:
+        unknown = catalog.selected_names(rule.expr) - known
+        assert not unknown, f"{rule}: {unknown}"
+
+
+def test_the_checker_catches_a_misspelt_metric() -> None:
+    names = catalog.selected_names(
+        'sum(rate(sglang:num_waiting_reqs{model_name=~"$model_name"}[$__rate_interval]))'
+    )
+    assert names == {"sglang:num_waiting_reqs"}
+    assert names - catalog.known_series()
+
+
+def test_nothing_charts_the_cache_hit_rate_gauge() -> None:
+    for path in DASHBOARD_FILES:
+        assert "sglang:cache_hit_rate" not in path.read_text()
