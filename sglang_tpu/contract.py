@@ -287,8 +287,8 @@ class GroupContract(BaseModel):
     group_key: str | None = var(
         Var.GROUP_KEY,
         "any string up to 253 characters, the same on every pod of the group",
-        "Identifies one incarnation of the group (LWS: the group-key label); seeds the "
-        "shared TorchTPU profiling session id. Default: the leader hostname.",
+        "A key every pod of the group shares (LWS: the group-key label); seeds the "
+        "shared TorchTPU profiling session id. Default: the leader hostname and replica.",
         scope="pod",
         default=None,
         max_length=253,
