@@ -39,8 +39,8 @@ them against the topology catalog, derives the TorchTPU environment (TPU_WORKER_
 NODE_RANK, MASTER_ADDR, TORCH_TPU_*) and the SGLang command line, fetches the weights, and
 runs the server until it exits; SIGTERM drains it within TPUSERVE_DRAIN_TIMEOUT_SECONDS.
 
-exit status: the server's; 2 when the contract is invalid; 1 when the weights cannot be
-fetched.
+exit status: the server's (128 + N if it died of signal N); 2 when the contract is
+invalid; 1 when the weights cannot be fetched; 127 when the server cannot be started.
 
 example (one host of a two-host tpu7x 2x2x2 slice):
   TPUSERVE_MODEL=hf://Qwen/Qwen3-8B TPUSERVE_TPU_GENERATION=tpu7x \\
@@ -51,6 +51,7 @@ example (one host of a two-host tpu7x 2x2x2 slice):
 
 EXIT_INVALID_CONTRACT = 2
 EXIT_FETCH_FAILED = 1
+EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
 
 # TorchTPU 0.2.0 reads these at start-up (names from the wheel's binary strings; the values
 # "1"/"0" follow TORCH_TPU_ENABLE_DEBUG_CHECKS, whose message asks for "1") [unconfirmed].
@@ -205,12 +206,16 @@ def supervise(
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     log.info("starting: %s", " ".join(command))
     try:
-        child = subprocess.Popen(
-            list(command),
-            env=dict(env),
-            start_new_session=True,
-            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask),
-        )
+        try:
+            child = subprocess.Popen(
+                list(command),
+                env=dict(env),
+                start_new_session=True,
+                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask),
+            )
+        except OSError as err:
+            log.error("cannot start %s: %s", command[0], err)
+            return EXIT_CANNOT_START
         deadline: float | None = None
         while child.poll() is None:
             info: signal.struct_siginfo | None

@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from sglang_tpu.launch import supervise
+
 pytestmark = pytest.mark.component
 
 DEADLINE_SECONDS = 60
@@ -91,3 +93,7 @@ def test_a_crashing_server_status_is_returned_without_a_signal() -> None:
     launcher = start_launcher("import sys; print('ready', flush=True); sys.exit(3)", 30)
     assert read_line(launcher) == "ready"
     assert launcher.wait(timeout=DEADLINE_SECONDS) == 3
+
+
+def test_a_server_that_cannot_start_gives_127() -> None:
+    assert supervise(["/nonexistent/sglang-server"], {}, 1.0) == 127
