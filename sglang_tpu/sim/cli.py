@@ -223,10 +223,10 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
     if cache_tokens is None:
         cache_tokens = perf_model.kv_pool_tokens(shape, profile, quant, kv_dtype)
         if cache_tokens <= 0:
-            raise ConfigError(
-                f"--model-profile {profile.name} does not fit --tpu {args.tpu} --topology "
-                f"{args.topology}: its weights alone exceed the usable HBM; pick a larger topology"
-            )
+            try:
+                perf_model.check_fits(shape, profile.name, quant, kv_dtype, 1)
+            except ModelDoesNotFit as err:
+                raise ConfigError(f"--model-profile: {err}") from None
     context = args.context_length or min(profile.context_length, cache_tokens)
     if context > cache_tokens:
         raise ConfigError(
