@@ -1,4 +1,4 @@
-"""`tpuserve engine sim`: --help documents every flag, bad flags get clear errors, SIGTERM drains."""
+"""engine sim CLI: --help documents every flag, bad flags get clear errors, SIGTERM drains."""
 
 from __future__ import annotations
 
