@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import ipaddress
+import logging
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -49,6 +50,8 @@ from sglang_tpu.topology import (
     lookup,
     topologies_for,
 )
+
+log = logging.getLogger(__name__)
 
 ENV_PREFIX = "TPUSERVE_"
 REPLICA_PLACEHOLDER = "{replica}"
@@ -705,6 +708,8 @@ class LaunchContract(GroupContract):
                     problems.append(
                         Problem(name, value, f"unknown variable; did you mean {close[0]}", close[0])
                     )
+                else:
+                    log.warning("%s is not a launch contract variable; ignored", name)
             elif value == "":
                 problems.append(
                     Problem(

@@ -120,8 +120,11 @@ def test_misspelled_variable_is_caught() -> None:
     assert "did you mean TPUSERVE_HTTP_PORT" in problems["TPUSERVE_HTTP_PROT"]
 
 
-def test_unrelated_prefixed_variable_is_ignored() -> None:
+def test_unrelated_prefixed_variable_is_ignored_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     LaunchContract.from_env({**SINGLE_HOST, "TPUSERVE_CACHE": "/root/.cache/tpuserve"})
+    assert "TPUSERVE_CACHE is not a launch contract variable" in caplog.text
 
 
 def test_port_ranges_may_not_overlap() -> None:
