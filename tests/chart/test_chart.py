@@ -71,6 +71,7 @@ def test_defaults_render_prometheus_operator_objects(render: Render) -> None:
     assert model_monitor["spec"]["selector"]["matchLabels"] == {
         labels.NAME: labels.PART_OF_VALUE,
         labels.COMPONENT: labels.COMPONENT_MODEL_SERVER,
+        labels.ROLE: labels.ROLE_LEADER,
     }
     (operator_monitor,) = by_kind(objects, "ServiceMonitor")
     assert operator_monitor["spec"]["endpoints"][0]["honorLabels"] is True

@@ -59,6 +59,22 @@ def dashboard_json(name: str) -> str:
     return json.dumps(board, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
 
+DOCS_PATH = Path("docs/observability.md")
+DOCS_BEGIN, DOCS_END = "<!-- rules:begin -->\n", "<!-- rules:end -->\n"
+
+
+def rules_doc(current: str) -> str:
+    """docs/observability.md with the rules and alerts tables regenerated between markers."""
+    head, rest = current.split(DOCS_BEGIN, 1)
+    _, tail = rest.split(DOCS_END, 1)
+    rows = ["| recording rule | what it is |", "|---|---|"]
+    rows += [f"| `{r.record}` | {r.doc} |" for r in rules.recording_rules()]
+    rows += ["", "| alert | for | severity | when |", "|---|---|---|---|"]
+    rows += [f"| `{a.alert}` | {a.for_} | {a.severity} | {a.summary} |" for a in rules.alerts()]
+    table = "\n".join(rows).replace("{{ $labels.", "<").replace(" }}", ">")
+    return f"{head}{DOCS_BEGIN}{table}\n{DOCS_END}{tail}"
+
+
 def generated_files(root: Path = REPO_ROOT) -> dict[Path, str]:
     files: dict[Path, str] = {
         RULES_PATH: dump_yaml(rules.rule_file(), "tpuserve/observability/rules.py"),
@@ -67,6 +83,7 @@ def generated_files(root: Path = REPO_ROOT) -> dict[Path, str]:
             "tpuserve/observability/rule_tests.py",
         ),
         README_PATH: chart_readme.render(root / CHART_DIR),
+        DOCS_PATH: rules_doc((root / DOCS_PATH).read_text()),
     }
     for name in DASHBOARDS:
         files[DASHBOARD_DIR / f"{name}.json"] = dashboard_json(name)
