@@ -7,8 +7,9 @@ and randomness from an injected seed, so a benchmark can replay them determinist
 
 Hooks with no-op defaults (`PolicyDefaults`) tell a policy what happened afterwards:
 ``on_prefill_done`` when the first byte of the answer came back (prefill is over),
-``on_request_done`` when the request finished (success or not), and
-``on_workers_changed`` when workers joined or left. A caller must call
+``on_request_done`` when the request finished (success or not),
+``on_workers_changed`` when workers joined or left, and ``on_worker_reset`` when a
+worker's cache was emptied through the router. A caller must call
 ``on_request_done`` exactly once for every decision it acted on.
 """
 
@@ -118,6 +119,10 @@ class Policy(Protocol):
         """The set of known workers is now ``names`` (forget state about the others)."""
         ...
 
+    def on_worker_reset(self, name: str) -> None:
+        """The worker's cache was emptied (``/flush_cache`` through the router): forget it."""
+        ...
+
 
 class PolicyDefaults:
     """No-op hooks, so a stateless policy only writes ``choose``."""
@@ -133,6 +138,9 @@ class PolicyDefaults:
         return None
 
     def on_workers_changed(self, names: Collection[str]) -> None:
+        return None
+
+    def on_worker_reset(self, name: str) -> None:
         return None
 
 

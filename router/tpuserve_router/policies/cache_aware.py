@@ -130,3 +130,7 @@ class CacheAwarePolicy(PolicyDefaults):
             for tenant in tree.tenants():
                 if tenant not in keep:
                     tree.remove_tenant(tenant)
+
+    def on_worker_reset(self, name: str) -> None:
+        for tree in self._trees.values():
+            tree.remove_tenant(name)

@@ -145,6 +145,9 @@ class CostPolicy(PolicyDefaults):
                 self._queued.pop(name, None)
             decision.pending_units = 0
 
+    def on_worker_reset(self, name: str) -> None:
+        self.block_index.clear(name)
+
     def on_workers_changed(self, names: Collection[str]) -> None:
         keep = set(names)
         for name in self.block_index.workers():

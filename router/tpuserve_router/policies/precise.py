@@ -126,6 +126,9 @@ class PrecisePolicy(PolicyDefaults):
         ratio = min(1.0, held * index.page_size / len(tokens)) if tokens else 0.0
         return Decision(target, outcome, predicted_match_ratio=ratio, prompt_units=len(tokens))
 
+    def on_worker_reset(self, name: str) -> None:
+        self.block_index.clear(name)
+
     def on_workers_changed(self, names: Collection[str]) -> None:
         keep = set(names)
         for name in self.block_index.workers():

@@ -1,0 +1,330 @@
+"""`tpuserve router`: the prefix-aware router in front of SGLang-compatible workers.
+
+Every flag falls back to an environment variable ``TPUSERVE_ROUTER_<FLAG>`` (upper case,
+dashes as underscores; e.g. ``TPUSERVE_ROUTER_PORT``, ``TPUSERVE_ROUTER_WORKERS`` as a
+comma-separated list), so a Deployment can set either. Settings are checked once at
+start; every problem is reported with the setting, its value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tpuserve_router.config import (
+    DEFAULT_LEADER_LABEL,
+    DEFAULT_POLICY,
+    DEFAULT_WORKER_URL_ANNOTATION,
+    DISCOVERY_MODES,
+    ConfigError,
+    RouterConfig,
+    parse_key_values,
+)
+from tpuserve_router.policies.base import registered_policy_names
+
+DESCRIPTION = """Run the prefix-aware router: OpenAI and SGLang APIs in front of the workers.
+
+Workers are engine leaders speaking SGLang's HTTP API (real SGLang, `tpuserve engine sim`,
+or any compatible server): a static list (--worker URL ...) or the ready leader pods of a
+Kubernetes label selector (--discovery kubernetes --selector k=v). Every flag can also be
+set with the environment variable TPUSERVE_ROUTER_<FLAG> (e.g. TPUSERVE_ROUTER_POLICY).
+
+examples:
+  tpuserve router --port 8000 --worker http://127.0.0.1:30001 --worker http://127.0.0.1:30002
+  tpuserve router --port 8000 --discovery kubernetes --namespace serving \\
+      --selector app.kubernetes.io/instance=llama --policy precise --kv-events
+"""
+
+ENV_PREFIX = "TPUSERVE_ROUTER_"
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    field: str
+    kind: Callable[[str], Any]
+    help: str
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    switch: bool = False  # a bare flag (its environment variable takes true/false)
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (allowed: true, false, 1, 0)")
+
+
+def _optional_int(text: str) -> int | None:
+    return int(text) if text.strip() else None
+
+
+DEFAULTS = RouterConfig()
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--host", "host", str, f"Address to listen on (default {DEFAULTS.host})."),
+    Option("--port", "port", int, f"Port to listen on; 0 = a free port (default {DEFAULTS.port})."),
+    Option(
+        "--metrics-port",
+        "metrics_port",
+        _optional_int,
+        "Also serve /metrics on this port (it is always served on --port).",
+    ),
+    Option(
+        "--discovery",
+        "discovery",
+        str,
+        "Where workers come from (default static).",
+        choices=DISCOVERY_MODES,
+    ),
+    Option("--namespace", "namespace", str, "Kubernetes namespace to watch (default: the pod's)."),
+    Option(
+        "--selector",
+        "selector",
+        str,
+        "Kubernetes label selector of the model-server pods, k=v[,k=v].",
+        metavar="K=V[,K=V]",
+    ),
+    Option(
+        "--leader-label",
+        "leader_label",
+        str,
+        f"Only pods with this label are routable (default {DEFAULT_LEADER_LABEL}; empty: any).",
+        metavar="K=V",
+    ),
+    Option(
+        "--worker-port",
+        "worker_port",
+        _optional_int,
+        "Workers' HTTP port for discovered pods (default: the pod's TPUSERVE_HTTP_PORT, its "
+        "container port named http, else 30000).",
+    ),
+    Option(
+        "--worker-url-annotation",
+        "worker_url_annotation",
+        str,
+        f"Pod annotation that overrides a worker's URL (default {DEFAULT_WORKER_URL_ANNOTATION}).",
+    ),
+    Option(
+        "--policy",
+        "policy",
+        str,
+        f"Routing policy (default {DEFAULT_POLICY}).",
+        choices=tuple(registered_policy_names()),
+    ),
+    Option(
+        "--kv-events",
+        "kv_events",
+        _bool,
+        "Subscribe to the workers' KV-cache events (endpoints from each worker's "
+        "/get_server_info unless given); used by the precise and cost policies.",
+        switch=True,
+    ),
+    Option(
+        "--tokenizer",
+        "tokenizer",
+        str,
+        "tokenizer.json the engines use (precise and cost tokenize prompts); default: the "
+        "built-in tokenizer of the engine twin.",
+    ),
+    Option(
+        "--max-request-bytes",
+        "max_request_bytes",
+        int,
+        f"Larger request bodies get 413 (default {DEFAULTS.max_request_bytes}).",
+    ),
+    Option(
+        "--connect-timeout",
+        "connect_timeout_seconds",
+        float,
+        f"Seconds to connect to a worker (default {DEFAULTS.connect_timeout_seconds:g}).",
+    ),
+    Option(
+        "--first-byte-timeout",
+        "first_byte_timeout_seconds",
+        float,
+        "Seconds for a worker to start answering; then 504 "
+        f"(default {DEFAULTS.first_byte_timeout_seconds:g}).",
+    ),
+    Option(
+        "--request-timeout",
+        "request_timeout_seconds",
+        float,
+        f"Seconds a whole request may take (default {DEFAULTS.request_timeout_seconds:g}).",
+    ),
+    Option(
+        "--max-retries",
+        "max_retries",
+        int,
+        "Retries on another worker for failures before the first byte "
+        f"(default {DEFAULTS.max_retries}).",
+    ),
+    Option(
+        "--health-check-interval",
+        "health_check_interval_seconds",
+        float,
+        f"Seconds between health checks; 0 = off (default "
+        f"{DEFAULTS.health_check_interval_seconds:g}).",
+    ),
+    Option(
+        "--health-check-timeout",
+        "health_check_timeout_seconds",
+        float,
+        f"Seconds per health check (default {DEFAULTS.health_check_timeout_seconds:g}).",
+    ),
+    Option(
+        "--health-failure-threshold",
+        "health_failure_threshold",
+        int,
+        f"Failed checks that eject a worker (default {DEFAULTS.health_failure_threshold}).",
+    ),
+    Option(
+        "--health-success-threshold",
+        "health_success_threshold",
+        int,
+        f"Passing checks that re-admit it (default {DEFAULTS.health_success_threshold}).",
+    ),
+    Option(
+        "--breaker-failure-threshold",
+        "breaker_failure_threshold",
+        int,
+        "Consecutive request failures that open a worker's circuit breaker "
+        f"(default {DEFAULTS.breaker_failure_threshold}).",
+    ),
+    Option(
+        "--breaker-open-seconds",
+        "breaker_open_seconds",
+        float,
+        f"Seconds a breaker stays open before trying again (default "
+        f"{DEFAULTS.breaker_open_seconds:g}).",
+    ),
+    Option("--seed", "seed", _optional_int, "Seed for randomised policies."),
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--worker",
+        dest="workers",
+        action="append",
+        metavar="URL",
+        help="A worker's base URL, http://HOST:PORT; repeat for more (env: comma-separated).",
+    )
+    parser.add_argument(
+        "--policy-param",
+        dest="policy_params",
+        action="append",
+        metavar="NAME=VALUE",
+        help="A policy parameter, e.g. cache_threshold=0.5; repeat for more "
+        "(see docs/router.md for each policy's parameters).",
+    )
+    for option in OPTIONS:
+        if option.switch:
+            parser.add_argument(
+                option.flag, dest=option.field, action="store_const", const="true",
+                default=None, help=option.help,
+            )  # fmt: skip
+            continue
+        parser.add_argument(
+            option.flag,
+            dest=option.field,
+            default=None,
+            metavar=option.metavar,
+            choices=option.choices,
+            help=option.help,
+        )
+
+
+def env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
+
+
+def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> RouterConfig:
+    """Flags first, then ``TPUSERVE_ROUTER_*`` variables, then defaults; raises ConfigError."""
+    env = dict(os.environ if environ is None else environ)
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw = getattr(args, option.field, None)
+        source = option.flag
+        if raw is None:
+            raw = env.get(env_name(option.flag))
+            source = env_name(option.flag)
+        if raw is None:
+            continue
+        try:
+            value = option.kind(raw)
+        except ValueError:
+            problems.append(f"{source}={raw!r}: expected {_kind_name(option.kind)}")
+            continue
+        if option.choices is not None and value not in option.choices:
+            problems.append(f"{source}={raw!r}: allowed {', '.join(option.choices)}")
+            continue
+        values[option.field] = value
+    if "selector" in values:
+        try:
+            values["selector"] = parse_key_values(values["selector"], "selector")
+        except ValueError as err:
+            problems.append(str(err))
+    workers = args.workers
+    if workers is None and env.get(env_name("--workers")):
+        workers = [w for w in env[env_name("--workers")].replace(" ", ",").split(",") if w]
+    if workers:
+        values["workers"] = tuple(workers)
+    params = args.policy_params
+    if params is None and env.get(env_name("--policy-params")):
+        params = env[env_name("--policy-params")].split(",")
+    if params:
+        try:
+            values["policy_params"] = parse_key_values(",".join(params), "policy-param")
+        except ValueError as err:
+            problems.append(str(err))
+    if problems:
+        raise ConfigError(problems)
+    return RouterConfig(**values).validate()
+
+
+def _kind_name(kind: Callable[[str], Any]) -> str:
+    return {
+        int: "an integer",
+        float: "a number",
+        _bool: "true or false",
+        _optional_int: "an integer",
+    }.get(kind, "a string")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = build_config(args)
+    except ConfigError as err:
+        print(f"tpuserve router: {err}", file=sys.stderr)
+        return 2
+    import uvloop
+
+    return uvloop.run(serve_until_signalled(config))
+
+
+async def serve_until_signalled(config: RouterConfig) -> int:
+    from tpuserve_router.app import RouterApp
+
+    app = RouterApp(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await app.start()
+    print(f"tpuserve router: listening on {app.base_url}", file=sys.stderr, flush=True)
+    await stop.wait()
+    logging.getLogger(__name__).info("stopping")
+    await app.stop()
+    return 0

@@ -1,0 +1,178 @@
+"""The router's settings, with their defaults, and the checks run once at start-up.
+
+`tpuserve_router.cli` fills a `RouterConfig` from flags and `TPUSERVE_ROUTER_*`
+environment variables; tests and `tpuserve up` build one directly. ``validate()``
+reports every problem at once, each naming the setting, its value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tpuserve_router.policies.base import PolicyConfigError, make_policy, registered_policy_names
+from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url
+
+DEFAULT_POLICY = "cache_aware"
+"""The routing policy when none is given (the routing benchmark, issue 8, may change it)."""
+
+DEFAULT_LEADER_LABEL = "serving.tpuserve.dev/role=leader"
+DEFAULT_WORKER_URL_ANNOTATION = "serving.tpuserve.dev/worker-url"
+DEFAULT_KV_EVENTS_ANNOTATION = "serving.tpuserve.dev/kv-events-endpoint"
+DEFAULT_KV_REPLAY_ANNOTATION = "serving.tpuserve.dev/kv-replay-endpoint"
+
+Discovery = Literal["static", "kubernetes"]
+DISCOVERY_MODES: tuple[Discovery, ...] = ("static", "kubernetes")
+
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+class ConfigError(ValueError):
+    """One or more settings are invalid; ``problems`` lists them, one sentence each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid router settings:\n  " + "\n  ".join(problems))
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: tuple[str, ...] = ()
+    discovery: Discovery = "static"
+    namespace: str | None = None
+    selector: dict[str, str] = field(default_factory=dict)
+    leader_label: str = DEFAULT_LEADER_LABEL
+    worker_port: int | None = None
+    worker_url_annotation: str = DEFAULT_WORKER_URL_ANNOTATION
+    policy: str = DEFAULT_POLICY
+    policy_params: dict[str, str] = field(default_factory=dict)
+    kv_events: bool = False
+    tokenizer: str | None = None
+    metrics_port: int | None = None
+    max_request_bytes: int = 32 * 1024 * 1024
+    connect_timeout_seconds: float = 3.0
+    first_byte_timeout_seconds: float = 600.0
+    request_timeout_seconds: float = 1800.0
+    max_retries: int = 2
+    health_check_interval_seconds: float = 2.0
+    health_check_timeout_seconds: float = 2.0
+    health_failure_threshold: int = 3
+    health_success_threshold: int = 1
+    breaker_failure_threshold: int = 5
+    breaker_open_seconds: float = 10.0
+    max_idle_connections_per_worker: int = 64
+    seed: int | None = None
+
+    def replace(self, **changes: Any) -> RouterConfig:
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> RouterConfig:
+        """Return self if every setting is valid, else raise `ConfigError` listing all."""
+        problems: list[str] = []
+
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                problems.append(message)
+
+        need(0 <= self.port <= 65535, f"port={self.port}: allowed 0..65535 (0 = any free)")
+        if self.metrics_port is not None:
+            need(
+                0 <= self.metrics_port <= 65535,
+                f"metrics_port={self.metrics_port}: allowed 0..65535",
+            )
+        if self.worker_port is not None:
+            need(
+                1 <= self.worker_port <= 65535,
+                f"worker_port={self.worker_port}: allowed 1..65535",
+            )
+        need(
+            self.discovery in DISCOVERY_MODES,
+            f"discovery={self.discovery!r}: allowed {', '.join(DISCOVERY_MODES)}",
+        )
+        for url in self.workers:
+            try:
+                normalize_worker_url(url)
+            except InvalidWorkerURL as err:
+                problems.append(str(err))
+        if self.discovery == "kubernetes":
+            need(
+                bool(self.selector),
+                "selector: required with discovery=kubernetes (k=v[,k=v]), e.g. "
+                "app.kubernetes.io/instance=my-model",
+            )
+            for key, value in self.selector.items():
+                need(
+                    bool(_LABEL_KEY.match(key)) and len(key) <= 317,
+                    f"selector key {key!r}: not a valid Kubernetes label key",
+                )
+                need(
+                    bool(_LABEL_VALUE.match(value)) and len(value) <= 63,
+                    f"selector value {value!r} (key {key}): not a valid Kubernetes label value",
+                )
+            if self.leader_label:
+                need(
+                    self.leader_label.count("=") == 1,
+                    f"leader_label={self.leader_label!r}: expected KEY=VALUE or empty",
+                )
+        elif not self.workers:
+            pass  # workers may be added later through POST /workers
+        need(self.max_request_bytes >= 1024, f"max_request_bytes={self.max_request_bytes}: >= 1024")
+        for name in (
+            "connect_timeout_seconds",
+            "first_byte_timeout_seconds",
+            "request_timeout_seconds",
+            "health_check_timeout_seconds",
+            "breaker_open_seconds",
+        ):
+            value = getattr(self, name)
+            need(value > 0, f"{name}={value}: must be > 0")
+        need(
+            self.health_check_interval_seconds >= 0,
+            f"health_check_interval_seconds={self.health_check_interval_seconds}: must be >= 0 "
+            "(0 turns active health checks off)",
+        )
+        need(0 <= self.max_retries <= 10, f"max_retries={self.max_retries}: allowed 0..10")
+        for name in (
+            "health_failure_threshold",
+            "health_success_threshold",
+            "breaker_failure_threshold",
+        ):
+            value = getattr(self, name)
+            need(value >= 1, f"{name}={value}: must be >= 1")
+        need(
+            self.max_idle_connections_per_worker >= 0,
+            f"max_idle_connections_per_worker={self.max_idle_connections_per_worker}: >= 0",
+        )
+        if self.policy not in registered_policy_names():
+            problems.append(
+                f"policy={self.policy!r}: allowed {', '.join(registered_policy_names())}"
+            )
+        else:
+            try:
+                params: dict[str, Any] = dict(self.policy_params)
+                make_policy(self.policy, **params)
+            except PolicyConfigError as err:
+                problems.append(str(err))
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+
+def parse_key_values(text: str, what: str) -> dict[str, str]:
+    """``k=v[,k=v]`` into a dict; raises ValueError naming ``what`` and the bad item."""
+    result: dict[str, str] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{what}: {item!r} is not KEY=VALUE")
+        result[key.strip()] = value.strip()
+    return result

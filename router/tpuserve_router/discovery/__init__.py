@@ -1,0 +1,1 @@
+"""Where the router learns its workers: a static list or a Kubernetes pod watch."""

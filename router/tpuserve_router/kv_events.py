@@ -1,0 +1,250 @@
+"""Subscribe to every worker's KV-cache events and keep the block index in step with them.
+
+Per worker, one task reads the engine's ZMQ PUB socket (frames and payload decoded by
+`sglang_tpu.kv_events`, the one schema module) and applies each batch to the policy's
+`BlockIndex`. Sequence numbers decide what the index can still trust:
+
+- the next number: apply;
+- a jump forward (batches lost, ZMQ drops past its high-water mark): ask the engine's
+  replay socket for the missing ones; if it cannot give all of them, *resync*: drop
+  everything known about that worker and carry on from the current batch;
+- a jump back (the engine restarted and numbers from 0 again): drop everything, then
+  replay the new engine's batches before this one;
+- after the connection to the publisher dropped (seen on the socket's monitor), the next
+  batch starts a new session, whatever its number: drop everything and replay from 0,
+  because a restarted engine may already have passed the old numbers;
+- the first batch seen with a number above 0: replay from 0 to learn what the engine
+  already holds (a router that subscribes late otherwise never sees resident prefixes).
+
+``AllBlocksCleared`` (the engine's cache was flushed) drops everything for that worker.
+Each of these is counted in the ``tpuserve_router_kv_event_*`` series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from sglang_tpu.kv_events import (
+    END_SEQ,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventDecodeError,
+    decode_batch,
+    parse_pub_frames,
+    parse_replay_reply,
+    replay_request,
+)
+from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.metrics import RouterMetrics
+
+log = logging.getLogger(__name__)
+
+REPLAY_TIMEOUT_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    events: str
+    replay: str | None = None
+
+
+class _Subscription:
+    """One worker's event stream."""
+
+    def __init__(
+        self,
+        hub: KvEventHub,
+        worker: str,
+        endpoints: Endpoints,
+    ) -> None:
+        self.hub = hub
+        self.worker = worker
+        self.endpoints = endpoints
+        self.expected: int | None = None
+        self.disconnected = False
+        self.batches = 0
+        self.task: asyncio.Task[None] | None = None
+        self.monitor_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        ctx = self.hub.context
+        self.socket = ctx.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.socket.connect(self.endpoints.events)
+        self.task = loop.create_task(self._read())
+        self.monitor_task = loop.create_task(self._watch(monitor))
+
+    async def stop(self) -> None:
+        for task in (self.task, self.monitor_task):
+            if task is not None:
+                task.cancel()
+        for task in (self.task, self.monitor_task):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        with contextlib.suppress(zmq.ZMQError):
+            self.socket.disable_monitor()
+        self.socket.close(linger=0)
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    self.disconnected = True
+        finally:
+            monitor.close(linger=0)
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self.socket.recv_multipart()
+            try:
+                _, seq, payload = parse_pub_frames(frames)
+            except KVEventDecodeError as err:
+                log.warning("worker %s sent an undecodable KV-event message: %s", self.worker, err)
+                continue
+            await self.receive(seq, payload)
+
+    async def receive(self, seq: int, payload: bytes) -> None:
+        hub = self.hub
+        expected = self.expected
+        if self.disconnected or (expected is not None and seq < expected):
+            self.disconnected = False
+            hub.resync(self.worker, "engine_restart")
+            await self._catch_up(0, seq)
+        elif expected is None:
+            if seq > 0:
+                await self._catch_up(0, seq)
+        elif seq > expected:
+            hub.metrics.kv_event_gaps.labels(self.worker).inc()
+            log.warning(
+                "worker %s: KV events %d..%d lost; replaying", self.worker, expected, seq - 1
+            )
+            if not await self._catch_up(expected, seq):
+                hub.resync(self.worker, "gap_unrecoverable")
+        self.apply(payload)
+        self.expected = seq + 1
+
+    async def _catch_up(self, start: int, end: int) -> bool:
+        """Apply batches ``start .. end-1`` from the replay socket; False if not all came."""
+        if start >= end:
+            return True
+        replayed = await self.hub.replay(self.endpoints.replay, start, end)
+        result = "ok" if replayed is not None else "failed"
+        if self.endpoints.replay is not None:
+            self.hub.metrics.kv_event_replays.labels(self.worker, result).inc()
+        if replayed is None:
+            return False
+        for payload in replayed:
+            self.apply(payload)
+        return True
+
+    def apply(self, payload: bytes) -> None:
+        hub = self.hub
+        try:
+            batch = decode_batch(payload)
+        except KVEventDecodeError as err:
+            log.warning("worker %s sent an undecodable KV-event batch: %s", self.worker, err)
+            return
+        self.batches += 1
+        index = hub.index
+        counts = hub.metrics.kv_events
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                index.store(
+                    self.worker,
+                    event.block_hashes,  # type: ignore[arg-type]
+                    event.parent_block_hash,  # type: ignore[arg-type]
+                    event.token_ids,
+                    event.block_size,
+                )
+                counts.labels(self.worker, "BlockStored").inc()
+            elif isinstance(event, BlockRemoved):
+                index.remove(self.worker, event.block_hashes)  # type: ignore[arg-type]
+                counts.labels(self.worker, "BlockRemoved").inc()
+            elif isinstance(event, AllBlocksCleared):
+                counts.labels(self.worker, "AllBlocksCleared").inc()
+                hub.resync(self.worker, "all_blocks_cleared")
+
+
+class KvEventHub:
+    """Owns every worker's subscription; the app calls ``watch``/``unwatch`` as workers change."""
+
+    def __init__(self, index: BlockIndex, metrics: RouterMetrics) -> None:
+        self.index = index
+        self.metrics = metrics
+        self.context = zmq.asyncio.Context()
+        self._subscriptions: dict[str, _Subscription] = {}
+
+    def endpoints(self, worker: str) -> Endpoints | None:
+        sub = self._subscriptions.get(worker)
+        return sub.endpoints if sub else None
+
+    def subscription(self, worker: str) -> _Subscription | None:
+        return self._subscriptions.get(worker)
+
+    async def watch(self, worker: str, endpoints: Endpoints) -> None:
+        current = self._subscriptions.get(worker)
+        if current is not None:
+            if current.endpoints == endpoints:
+                return
+            await self.unwatch(worker)
+        subscription = _Subscription(self, worker, endpoints)
+        self._subscriptions[worker] = subscription
+        self.index.mark_event_feed(worker)
+        subscription.start()
+        log.info("subscribed to KV events of %s at %s", worker, endpoints.events)
+
+    async def unwatch(self, worker: str) -> None:
+        subscription = self._subscriptions.pop(worker, None)
+        if subscription is not None:
+            await subscription.stop()
+
+    async def stop(self) -> None:
+        for worker in list(self._subscriptions):
+            await self.unwatch(worker)
+        self.context.term()
+
+    def resync(self, worker: str, reason: str) -> None:
+        self.index.clear(worker)
+        self.metrics.kv_event_resyncs.labels(worker, reason).inc()
+
+    async def replay(self, endpoint: str | None, start: int, end: int) -> list[bytes] | None:
+        """Payloads of batches ``start .. end-1`` from a replay socket, or None if incomplete."""
+        if endpoint is None:
+            return None
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(endpoint)
+            await sock.send_multipart(replay_request(start))
+            found: dict[int, bytes] = {}
+            while True:
+                if not await sock.poll(int(REPLAY_TIMEOUT_SECONDS * 1000)):
+                    log.warning("replay from %s timed out", endpoint)
+                    return None
+                seq, payload = parse_replay_reply(await sock.recv_multipart())
+                if seq == END_SEQ:
+                    break
+                if start <= seq < end:
+                    found[seq] = payload
+        except (zmq.ZMQError, KVEventDecodeError) as err:
+            log.warning("replay from %s failed: %s", endpoint, err)
+            return None
+        finally:
+            sock.close(linger=0)
+        if len(found) != end - start:
+            return None  # the engine's buffer no longer holds them all
+        return [found[s] for s in range(start, end)]

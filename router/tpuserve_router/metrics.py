@@ -1,0 +1,273 @@
+"""Every ``tpuserve_router_*`` series, declared here once and spelled as on ``/metrics``.
+
+Dashboards, alerts and recording rules refer to these names; a search from a panel lands
+here. The hot path touches only pre-bound children (`WorkerStats`, `RouteStats`) so a
+request costs a few counter increments, no label lookups; gauges that mirror state
+(in-flight, health, index size) are computed when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
+
+from tpuserve_router.policies.base import OUTCOMES
+
+# Seconds; TTFT on TPU ranges from tens of ms (cached prefix) to tens of seconds (queues).
+TTFT_BUCKETS_SECONDS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+E2E_BUCKETS_SECONDS: Final = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+RATIO_BUCKETS: Final = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+UPSTREAM_ERROR_REASONS: Final = (
+    "connect_error",  # refused, unreachable, connect timeout
+    "reset_before_response",  # the connection closed before the response started
+    "retryable_status",  # 429, 502, 503 or 504 before anything reached the client
+    "first_byte_timeout",
+    "stream_broken",  # the connection broke after the response started
+    "request_timeout",
+)
+KV_EVENT_TYPES: Final = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+RESYNC_REASONS: Final = ("gap_unrecoverable", "engine_restart", "all_blocks_cleared")
+INDEX_KINDS: Final = ("tree_chars", "confirmed_blocks", "predicted_blocks")
+
+
+@dataclass(frozen=True)
+class RouterMetrics:
+    registry: CollectorRegistry
+    info: Gauge
+    requests: Counter
+    ttft: Histogram
+    e2e: Histogram
+    prompt_tokens: Counter
+    completion_tokens: Counter
+    cached_tokens: Counter
+    predicted_cached_tokens: Counter
+    decisions: Counter
+    prefix_match_ratio: Histogram
+    retries: Counter
+    upstream_errors: Counter
+    kv_events: Counter
+    kv_event_gaps: Counter
+    kv_event_resyncs: Counter
+    kv_event_replays: Counter
+    workers_changed: Counter
+
+
+def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
+    """Declare every router series in ``registry`` (tests pass a fresh one)."""
+    return RouterMetrics(
+        registry=registry,
+        info=Gauge(
+            "tpuserve_router_info",
+            "Always 1; labels carry the routing policy and the router version.",
+            ["policy", "version"],
+            registry=registry,
+        ),
+        requests=Counter(
+            "tpuserve_router_requests_total",
+            "Requests the router answered, by model, worker, route and HTTP status "
+            "(worker is 'none' when none was chosen: bad input, unknown model, no worker).",
+            ["model", "worker", "route", "status"],
+            registry=registry,
+        ),
+        ttft=Histogram(
+            "tpuserve_router_ttft_seconds",
+            "Seconds from a streamed request's arrival to its first body chunk from the worker.",
+            ["model"],
+            buckets=TTFT_BUCKETS_SECONDS,
+            registry=registry,
+        ),
+        e2e=Histogram(
+            "tpuserve_router_e2e_latency_seconds",
+            "Seconds from a request's arrival to the end of its response, as the router saw it.",
+            ["model", "route"],
+            buckets=E2E_BUCKETS_SECONDS,
+            registry=registry,
+        ),
+        prompt_tokens=Counter(
+            "tpuserve_router_prompt_tokens_total",
+            "Prompt tokens of finished requests, from the responses' usage.",
+            ["model", "worker"],
+            registry=registry,
+        ),
+        completion_tokens=Counter(
+            "tpuserve_router_completion_tokens_total",
+            "Completion tokens of finished requests, from the responses' usage.",
+            ["model", "worker"],
+            registry=registry,
+        ),
+        cached_tokens=Counter(
+            "tpuserve_router_cached_tokens_total",
+            "Prompt tokens the worker served from its prefix cache (usage cached_tokens).",
+            ["model", "worker"],
+            registry=registry,
+        ),
+        predicted_cached_tokens=Counter(
+            "tpuserve_router_predicted_cached_tokens_total",
+            "Prompt tokens the routing policy predicted the worker had cached; compare with "
+            "tpuserve_router_cached_tokens_total (the gap is routing regret).",
+            ["model", "worker"],
+            registry=registry,
+        ),
+        decisions=Counter(
+            "tpuserve_router_routing_decisions_total",
+            "Routing decisions by policy and outcome: prefix_hit, miss, balanced_away "
+            "(load imbalance sent it away from the prefix holder), load_only.",
+            ["policy", "outcome"],
+            registry=registry,
+        ),
+        prefix_match_ratio=Histogram(
+            "tpuserve_router_prefix_match_ratio",
+            "Share of the prompt cached on the chosen worker: source=predicted (by the "
+            "policy) or actual (cached_tokens / prompt_tokens from the response).",
+            ["policy", "source"],
+            buckets=RATIO_BUCKETS,
+            registry=registry,
+        ),
+        retries=Counter(
+            "tpuserve_router_retries_total",
+            "Requests re-sent to another worker after a failure before the first byte.",
+            ["route"],
+            registry=registry,
+        ),
+        upstream_errors=Counter(
+            "tpuserve_router_upstream_errors_total",
+            "Failures talking to a worker, by reason.",
+            ["worker", "reason"],
+            registry=registry,
+        ),
+        kv_events=Counter(
+            "tpuserve_router_kv_events_total",
+            "KV-cache events received from workers, by type.",
+            ["worker", "type"],
+            registry=registry,
+        ),
+        kv_event_gaps=Counter(
+            "tpuserve_router_kv_event_gaps_total",
+            "Gaps in a worker's KV-event sequence numbers (lost batches).",
+            ["worker"],
+            registry=registry,
+        ),
+        kv_event_resyncs=Counter(
+            "tpuserve_router_kv_event_resyncs_total",
+            "Times the router dropped everything it knew about a worker's cache, by reason.",
+            ["worker", "reason"],
+            registry=registry,
+        ),
+        kv_event_replays=Counter(
+            "tpuserve_router_kv_event_replays_total",
+            "Replays requested after a gap, by result (ok or failed).",
+            ["worker", "result"],
+            registry=registry,
+        ),
+        workers_changed=Counter(
+            "tpuserve_router_worker_changes_total",
+            "Workers added or removed (by discovery or the admin API), by change.",
+            ["change"],
+            registry=registry,
+        ),
+    )
+
+
+class WorkerStats:
+    """Children of the per-worker series, bound once when a worker joins."""
+
+    __slots__ = ("cached", "completion", "predicted", "prompt")
+
+    def __init__(self, metrics: RouterMetrics, model: str, worker: str) -> None:
+        self.prompt = metrics.prompt_tokens.labels(model, worker)
+        self.completion = metrics.completion_tokens.labels(model, worker)
+        self.cached = metrics.cached_tokens.labels(model, worker)
+        self.predicted = metrics.predicted_cached_tokens.labels(model, worker)
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """A worker as the state gauges show it at scrape time."""
+
+    name: str
+    models: tuple[str, ...]
+    healthy: bool
+    in_flight: int
+
+
+class StateCollector(Collector):
+    """Gauges that mirror the router's state, computed at scrape time (free on the hot path).
+
+    - ``tpuserve_router_in_flight_requests{worker}``
+    - ``tpuserve_router_worker_healthy{model,worker}``
+    - ``tpuserve_router_prefix_index_size{kind}``
+    """
+
+    def __init__(
+        self,
+        workers: Callable[[], Iterable[WorkerState]],
+        index_size: Callable[[], dict[str, int]],
+    ) -> None:
+        self._workers = workers
+        self._index_size = index_size
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        in_flight = GaugeMetricFamily(
+            "tpuserve_router_in_flight_requests",
+            "Requests sent to the worker that have not finished.",
+            labels=["worker"],
+        )
+        healthy = GaugeMetricFamily(
+            "tpuserve_router_worker_healthy",
+            "1 if the worker is routable (health checks pass, circuit breaker closed), else 0.",
+            labels=["model", "worker"],
+        )
+        for worker in self._workers():
+            in_flight.add_metric([worker.name], worker.in_flight)
+            for model in worker.models or ("",):
+                healthy.add_metric([model, worker.name], 1.0 if worker.healthy else 0.0)
+        index = GaugeMetricFamily(
+            "tpuserve_router_prefix_index_size",
+            "Size of the routing policy's prefix index: tree_chars (cache_aware), "
+            "confirmed_blocks and predicted_blocks (precise, cost).",
+            labels=["kind"],
+        )
+        sizes = self._index_size()
+        for kind in INDEX_KINDS:
+            index.add_metric([kind], sizes.get(kind, 0))
+        yield in_flight
+        yield healthy
+        yield index
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+def remove_worker_series(metrics: RouterMetrics, worker: str) -> None:
+    """Drop a departed worker's series so dashboards stop showing it."""
+    per_worker: tuple[MetricWrapperBase, ...] = (
+        metrics.requests,
+        metrics.prompt_tokens,
+        metrics.completion_tokens,
+        metrics.cached_tokens,
+        metrics.predicted_cached_tokens,
+        metrics.upstream_errors,
+        metrics.kv_events,
+        metrics.kv_event_gaps,
+        metrics.kv_event_resyncs,
+        metrics.kv_event_replays,
+    )
+    for metric in per_worker:
+        metric.remove_by_labels({"worker": worker})
+
+
+def touch_known_series(metrics: RouterMetrics, policy: str) -> None:
+    """Create series that should exist at zero from the start (client_python's advice)."""
+    for outcome in OUTCOMES:
+        metrics.decisions.labels(policy, outcome)

@@ -1,0 +1,282 @@
+"""Pooled raw HTTP/1.1 connections to one worker, parsed with httptools.
+
+`UpstreamPool.acquire()` returns an idle keep-alive connection or dials a new one
+(TCP_NODELAY set, bounded by ``connect_timeout_seconds``). The proxy writes a request with
+``send``, waits for the status line and headers with ``wait_head`` and then reads the
+body as it arrives with ``read`` (each call returns everything received so far, so a
+stream passes through chunk by chunk without buffering). Every wait fails with an
+`UpstreamError` carrying the reason (a label of ``tpuserve_router_upstream_errors_total``)
+and whether anything of the response had arrived, which decides if a retry is safe.
+
+A connection goes back to the pool only after a complete response that allows keep-alive;
+a cancelled or failed one is closed, which also makes the engine abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import cast
+
+import httptools
+
+READ_PAUSE_BYTES = 1 << 20  # stop reading from the worker while this much waits for the client
+
+
+class UpstreamError(Exception):
+    """Talking to a worker failed; ``reason`` is the metric label."""
+
+    def __init__(self, reason: str, detail: str, *, response_started: bool = False) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.response_started = response_started
+
+
+def set_nodelay(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection to a worker; one request at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.reused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._paused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_ready = False
+        self.chunks: list[bytes] = []
+        self.buffered = 0
+        self.received_any = False
+        self.done = False
+        self.keep_alive = False
+        self.error: UpstreamError | None = None
+
+    # ------------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        set_nodelay(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.received_any = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._fail(
+                UpstreamError(
+                    "reset_before_response" if not self.head_ready else "stream_broken",
+                    f"invalid HTTP from worker: {err}",
+                    response_started=self.head_ready,
+                )
+            )
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._cancel_deadline()
+        if not self.done:
+            detail = str(exc) if exc else "connection closed by worker"
+            if self.head_ready:
+                self._fail(UpstreamError("stream_broken", detail, response_started=True))
+            else:
+                self._fail(UpstreamError("reset_before_response", detail))
+
+    # ------------------------------------------------------------------ httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.head_ready = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > READ_PAUSE_BYTES and not self._paused and self.transport:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.done = True
+        self.keep_alive = self.parser.should_keep_alive()
+        self._cancel_deadline()
+        self._wake()
+
+    # ------------------------------------------------------------------ API for the proxy
+
+    def send(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def set_deadline(self, seconds: float, reason: str) -> None:
+        """Fail the pending wait with ``reason`` (and close) if it is not over in time."""
+        self._cancel_deadline()
+        self._deadline = self.loop.call_later(seconds, self._expire, reason, seconds)
+
+    async def wait_head(self) -> None:
+        while not self.head_ready:
+            if self.error is not None:
+                raise self.error
+            await self._wait()
+
+    async def read(self) -> bytes:
+        """Body bytes received so far (waiting for some); b"" once the body is complete."""
+        while True:
+            chunks = self.chunks
+            if chunks:
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                self.buffered = 0
+                if self._paused and self.transport:
+                    self._paused = False
+                    self.transport.resume_reading()
+                return data
+            if self.done:
+                return b""
+            if self.error is not None:
+                raise self.error
+            await self._wait()
+
+    async def read_all(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            data = await self.read()
+            if not data:
+                return b"".join(parts)
+            parts.append(data)
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+        self._cancel_deadline()
+        if self.transport is not None:
+            self.transport.close()
+
+    def prepare(self) -> None:
+        """Reset per-response state before reusing the connection."""
+        self._reset()
+        self.reused = True
+
+    # ------------------------------------------------------------------ internals
+
+    async def _wait(self) -> None:
+        waiter = self.loop.create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    def _expire(self, reason: str, seconds: float) -> None:
+        self._deadline = None
+        if not self.done:
+            self._fail(
+                UpstreamError(
+                    reason, f"no answer within {seconds:g} s", response_started=self.head_ready
+                )
+            )
+            self.close()
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+
+class UpstreamPool:
+    """Idle keep-alive connections to one worker (most recently used first)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        connect_timeout_seconds: float,
+        max_idle: int,
+    ) -> None:
+        self.host = host
+        self.port = port
+        shown = f"[{host}]" if ":" in host else host
+        self.host_header = f"{shown}:{port}".encode()
+        self.connect_timeout_seconds = connect_timeout_seconds
+        self.max_idle = max_idle
+        self.idle: list[UpstreamConnection] = []
+        self.closed = False
+
+    async def acquire(self) -> UpstreamConnection:
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                conn.prepare()
+                return conn
+        return await self.connect()
+
+    async def connect(self) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_seconds):
+                _, conn = await loop.create_connection(
+                    lambda: UpstreamConnection(loop), self.host, self.port
+                )
+        except TimeoutError:
+            raise UpstreamError(
+                "connect_error", f"connect timed out after {self.connect_timeout_seconds:g} s"
+            ) from None
+        except OSError as err:
+            raise UpstreamError("connect_error", err.strerror or str(err)) from None
+        return conn
+
+    def release(self, conn: UpstreamConnection) -> None:
+        """Keep ``conn`` for reuse if its response is complete, else close it."""
+        if (
+            conn.done
+            and conn.keep_alive
+            and not conn.closed
+            and not conn.chunks
+            and not self.closed
+            and len(self.idle) < self.max_idle
+        ):
+            self.idle.append(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        self.closed = True
+        for conn in self.idle:
+            conn.close()
+        self.idle.clear()

@@ -1,0 +1,206 @@
+"""What the router reads from a request body: model, streaming, and the prompt to route on.
+
+The router forwards the body it received, byte for byte; it parses it only to validate
+what it needs and to build the routing inputs. Errors are `ClientError`s with an
+OpenAI-style body naming the field (``param``), never a 500.
+
+Routing text (character policies): the completion prompt (a list joined by spaces, as
+sglang-router does), the chat messages flattened as ``role: content`` lines, or
+`/generate`'s ``text`` (or its ``input_ids`` written out). Token ids (token policies): the
+engine's own view, through the shared tokenizer: chat messages rendered with the chat
+template the engine applies, then encoded; token-id prompts are used as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from sglang_tpu.tokenizer import Tokenizer
+
+
+class ClientError(Exception):
+    """A request the router refuses; rendered as an OpenAI-style error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        error_type: str = "invalid_request_error",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.error_type = error_type
+        self.headers = dict(headers or {})
+
+    def body(self) -> bytes:
+        return error_body(self.status, self.message, self.param, self.error_type)
+
+
+def error_body(status: int, message: str, param: str | None, error_type: str) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+    )
+
+
+@dataclass(slots=True)
+class ParsedBody:
+    model: str
+    stream: bool
+    text: str
+    token_ids: list[int] | None
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise ClientError(400, "the request body is empty; send a JSON object", param="body")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise ClientError(400, f"the request body is not valid JSON: {err}", param="body") from None
+    if not isinstance(data, dict):
+        raise ClientError(
+            400, f"the request body must be a JSON object, got {type(data).__name__}", param="body"
+        )
+    return data
+
+
+def _model(data: dict[str, Any]) -> str:
+    model = data.get("model")
+    if model is None:
+        return ""
+    if not isinstance(model, str):
+        raise ClientError(400, f"model must be a string, got {type(model).__name__}", param="model")
+    return model
+
+
+def _stream(data: dict[str, Any]) -> bool:
+    stream = data.get("stream", False)
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise ClientError(
+            400,
+            f"stream must be true or false, got {orjson.dumps(stream).decode()}",
+            param="stream",
+        )
+    return stream
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(type(t) is int for t in value)
+
+
+def parse_completions(
+    data: dict[str, Any], want_text: bool, tokenizer: Tokenizer | None
+) -> ParsedBody:
+    prompt = data.get("prompt")
+    text = ""
+    tokens: list[int] | None = None
+    if isinstance(prompt, str):
+        text = prompt
+        if tokenizer is not None:
+            tokens = tokenizer.encode(prompt)
+    elif _is_token_list(prompt) and prompt:
+        tokens = prompt
+        if want_text:
+            text = " ".join(map(str, prompt))
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        text = " ".join(prompt)  # a batch: route on all of it, as sglang-router does
+        if tokenizer is not None:
+            tokens = tokenizer.encode(prompt[0])
+    elif isinstance(prompt, list) and prompt and all(_is_token_list(p) for p in prompt):
+        tokens = prompt[0]
+        if want_text:
+            text = " ".join(" ".join(map(str, p)) for p in prompt)
+    else:
+        raise ClientError(
+            400,
+            "prompt is required: a string, a list of strings, a list of token ids or a list "
+            "of token-id lists",
+            param="prompt",
+        )
+    return ParsedBody(_model(data), _stream(data), text, tokens)
+
+
+def _message_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping):
+                if "text" in part:
+                    parts.append(str(part["text"]))
+                else:  # images and other media: route on their reference
+                    parts.append(orjson.dumps(part, option=orjson.OPT_SORT_KEYS).decode())
+        return "".join(parts)
+    return "" if content is None else str(content)
+
+
+def parse_chat(data: dict[str, Any], want_text: bool, tokenizer: Tokenizer | None) -> ParsedBody:
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ClientError(400, "messages is required: a non-empty list", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ClientError(
+                400, f"messages[{i}] must be an object with a string role", param="messages"
+            )
+    text = ""
+    if want_text:
+        text = "".join(f"{m['role']}: {_message_text(m.get('content'))}\n" for m in messages)
+    tokens = None
+    if tokenizer is not None:
+        tokens = tokenizer.encode(tokenizer.apply_chat_template(messages))
+    return ParsedBody(_model(data), _stream(data), text, tokens)
+
+
+def parse_generate(
+    data: dict[str, Any], want_text: bool, tokenizer: Tokenizer | None
+) -> ParsedBody:
+    text_in = data.get("text")
+    ids = data.get("input_ids")
+    text = ""
+    tokens: list[int] | None = None
+    if isinstance(text_in, str) and ids is None:
+        text = text_in
+        if tokenizer is not None:
+            tokens = tokenizer.encode(text_in)
+    elif isinstance(text_in, list) and text_in and all(isinstance(t, str) for t in text_in):
+        text = " ".join(text_in)
+        if tokenizer is not None:
+            tokens = tokenizer.encode(text_in[0])
+    elif text_in is None and _is_token_list(ids) and ids:
+        tokens = ids
+        if want_text:
+            text = " ".join(map(str, ids))
+    elif text_in is None and isinstance(ids, list) and ids and all(_is_token_list(i) for i in ids):
+        tokens = ids[0]
+        if want_text:
+            text = " ".join(" ".join(map(str, i)) for i in ids)
+    else:
+        raise ClientError(
+            400,
+            "exactly one of text (a string or list of strings) and input_ids (a list of token "
+            "ids or of token-id lists) is required",
+            param="text",
+        )
+    return ParsedBody(_model(data), _stream(data), text, tokens)
+
+
+Parser = Callable[[dict[str, Any], bool, "Tokenizer | None"], ParsedBody]
+
+GENERATION_ROUTES: dict[str, Parser] = {
+    "/v1/completions": parse_completions,
+    "/v1/chat/completions": parse_chat,
+    "/generate": parse_generate,
+}

@@ -1,0 +1,310 @@
+"""The worker registry: each engine leader the router forwards to, its load and its health.
+
+A `Worker` is routable (``healthy``) when its active health checks pass and its circuit
+breaker is closed. Both feed one attribute, recomputed only on transitions, so policies
+read a plain field on the hot path.
+
+- Active health: ``health_failure_threshold`` consecutive failed checks eject a worker;
+  ``health_success_threshold`` consecutive passing checks re-admit it (and close its
+  breaker: a passing check is evidence the worker is back).
+- Circuit breaker (passive, from real requests): ``failure_threshold`` consecutive
+  failures (connection refused or reset, 502/504, timeouts) open it; after
+  ``open_seconds`` it is half-open and lets requests through again: one success
+  closes it, one failure re-opens it.
+
+``in_flight`` counts requests the router sent to a worker that have not ended; the proxy
+increments it right after a decision and decrements it in a ``finally``, so it returns
+to zero on every exit path (success, upstream error, client cancel, timeout).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+BreakerState = Literal["closed", "open", "half_open"]
+
+
+class InvalidWorkerURL(ValueError):
+    """A worker URL the router cannot dial; the message names the value and the format."""
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    failure_threshold: int = 5
+    open_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """A worker as discovery or the admin API describes it."""
+
+    url: str
+    kv_events_endpoint: str | None = None
+    kv_replay_endpoint: str | None = None
+
+
+def normalize_worker_url(url: str) -> tuple[str, str, int]:
+    """``(name, host, port)`` of a worker URL; the name is ``http://host:port``.
+
+    Only plain ``http://host[:port]`` is accepted (the router speaks HTTP/1.1 to its workers
+    over pooled raw connections); the port defaults to 80.
+    """
+    text = url.strip()
+    parts = urlsplit(text if "://" in text else f"http://{text}")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        raise InvalidWorkerURL(
+            f"worker url {url!r}: invalid port; expected http://HOST:PORT"
+        ) from None
+    if parts.scheme != "http":
+        raise InvalidWorkerURL(
+            f"worker url {url!r}: scheme {parts.scheme!r} is not supported; expected "
+            "http://HOST:PORT"
+        )
+    if not parts.hostname:
+        raise InvalidWorkerURL(f"worker url {url!r}: no host; expected http://HOST:PORT")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise InvalidWorkerURL(
+            f"worker url {url!r}: a path or query is not allowed; expected http://HOST:PORT"
+        )
+    host = parts.hostname
+    try:
+        shown = f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        shown = host
+    return f"http://{shown}:{port}", host, port
+
+
+class Worker:
+    """One engine leader. ``name`` (its URL) is also its metric label."""
+
+    __slots__ = (
+        "breaker",
+        "breaker_config",
+        "failures",
+        "health_failures",
+        "health_ok",
+        "health_successes",
+        "healthy",
+        "host",
+        "in_flight",
+        "kv_events_endpoint",
+        "kv_replay_endpoint",
+        "manual",
+        "models",
+        "name",
+        "opened_at",
+        "pool",
+        "port",
+        "stats",
+    )
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        breaker_config: BreakerConfig | None = None,
+        *,
+        manual: bool = False,
+    ) -> None:
+        self.name, self.host, self.port = normalize_worker_url(spec.url)
+        self.kv_events_endpoint = spec.kv_events_endpoint
+        self.kv_replay_endpoint = spec.kv_replay_endpoint
+        self.manual = manual
+        self.breaker_config = breaker_config or BreakerConfig()
+        self.in_flight = 0
+        self.health_ok = False  # routable once the first health check passes
+        self.health_failures = 0
+        self.health_successes = 0
+        self.breaker: BreakerState = "closed"
+        self.failures = 0
+        self.opened_at = 0.0
+        self.healthy = False
+        self.models: tuple[str, ...] = ()
+        self.pool: Any = None  # the proxy's connection pool, attached by the app
+        self.stats: Any = None  # the app's cached metric children
+
+    def __repr__(self) -> str:
+        return f"Worker({self.name}, healthy={self.healthy}, in_flight={self.in_flight})"
+
+    # ------------------------------------------------------------------ active health
+
+    def health_check_passed(self, success_threshold: int) -> bool:
+        """Record a passing check; True if this re-admitted the worker."""
+        self.health_failures = 0
+        self.health_successes += 1
+        was = self.healthy
+        if not self.health_ok and self.health_successes >= success_threshold:
+            self.health_ok = True
+        if self.health_ok and self.breaker != "closed":
+            self._close_breaker()
+        self._update()
+        return self.healthy and not was
+
+    def health_check_failed(self, failure_threshold: int) -> bool:
+        """Record a failed check; True if this ejected the worker."""
+        self.health_successes = 0
+        self.health_failures += 1
+        was = self.healthy
+        if self.health_ok and self.health_failures >= failure_threshold:
+            self.health_ok = False
+        self._update()
+        return was and not self.healthy
+
+    # ------------------------------------------------------------------ circuit breaker
+
+    def request_failed(self, now: float | None = None) -> None:
+        """A request failed in a way that blames the worker (not the client)."""
+        self.failures += 1
+        if self.breaker == "half_open" or (
+            self.breaker == "closed" and self.failures >= self.breaker_config.failure_threshold
+        ):
+            self.breaker = "open"
+            self.opened_at = time.monotonic() if now is None else now
+            self._update()
+
+    def request_succeeded(self) -> None:
+        if self.failures or self.breaker != "closed":
+            self._close_breaker()
+            self._update()
+
+    def refresh_breaker(self, now: float | None = None) -> None:
+        """Move an open breaker to half-open once ``open_seconds`` have passed."""
+        if self.breaker == "open":
+            now = time.monotonic() if now is None else now
+            if now - self.opened_at >= self.breaker_config.open_seconds:
+                self.breaker = "half_open"
+                self._update()
+
+    def _close_breaker(self) -> None:
+        self.breaker = "closed"
+        self.failures = 0
+
+    def _update(self) -> None:
+        self.healthy = self.health_ok and self.breaker != "open"
+
+    def describe(self) -> dict[str, Any]:
+        """The worker as ``GET /workers`` shows it."""
+        return {
+            "url": self.name,
+            "healthy": self.healthy,
+            "health_check_ok": self.health_ok,
+            "circuit_breaker": self.breaker,
+            "in_flight": self.in_flight,
+            "models": list(self.models),
+            "kv_events_endpoint": self.kv_events_endpoint,
+            "kv_replay_endpoint": self.kv_replay_endpoint,
+            "source": "admin" if self.manual else "discovery",
+        }
+
+
+Listener = Callable[["WorkerRegistry"], None]
+
+
+@dataclass
+class WorkerRegistry:
+    """The known workers, in a stable order, with per-model views rebuilt on changes."""
+
+    breaker_config: BreakerConfig = field(default_factory=BreakerConfig)
+    workers: list[Worker] = field(default_factory=list)
+    by_model: dict[str, list[Worker]] = field(default_factory=dict)
+    on_added: list[Callable[[Worker], None]] = field(default_factory=list)
+    on_removed: list[Callable[[Worker], None]] = field(default_factory=list)
+    on_changed: list[Listener] = field(default_factory=list)
+    _unknown_models: list[Worker] = field(default_factory=list)
+
+    def get(self, name: str) -> Worker | None:
+        for worker in self.workers:
+            if worker.name == name:
+                return worker
+        return None
+
+    def names(self) -> list[str]:
+        return [w.name for w in self.workers]
+
+    def add(self, spec: WorkerSpec, *, manual: bool = False) -> Worker:
+        """Add a worker, or update the endpoints of the one with the same URL."""
+        worker = Worker(spec, self.breaker_config, manual=manual)
+        existing = self.get(worker.name)
+        if existing is not None:
+            if (existing.kv_events_endpoint, existing.kv_replay_endpoint) != (
+                spec.kv_events_endpoint,
+                spec.kv_replay_endpoint,
+            ):
+                self._remove(existing)
+            else:
+                existing.manual = existing.manual and manual
+                return existing
+        self.workers.append(worker)
+        for added in self.on_added:
+            added(worker)
+        self._changed()
+        return worker
+
+    def remove(self, name: str) -> Worker | None:
+        worker = self.get(name)
+        if worker is not None:
+            self._remove(worker)
+            self._changed()
+        return worker
+
+    def sync(self, specs: Iterable[WorkerSpec]) -> tuple[list[str], list[str]]:
+        """Make the discovered workers exactly ``specs`` (admin-added ones stay).
+
+        Returns the names added and removed.
+        """
+        wanted = {normalize_worker_url(s.url)[0]: s for s in specs}
+        removed = [w.name for w in list(self.workers) if not w.manual and w.name not in wanted]
+        for name in removed:
+            self.remove(name)
+        added = []
+        for name, spec in wanted.items():
+            before = self.get(name)
+            worker = self.add(spec)
+            if worker is not before:
+                added.append(name)
+        return added, removed
+
+    def set_models(self, worker: Worker, models: Iterable[str]) -> None:
+        models = tuple(sorted(set(models)))
+        if models != worker.models:
+            worker.models = models
+            self._changed()
+
+    def candidates(self, model: str) -> list[Worker] | None:
+        """Workers that may serve ``model`` ("" = any); None if no worker may.
+
+        A worker whose models are not known yet may serve any model.
+        """
+        if not model:
+            return self.workers
+        found = self.by_model.get(model)
+        if found is not None:
+            return found
+        return self._unknown_models or None
+
+    def known_models(self) -> list[str]:
+        """Model names the workers reported serving."""
+        return sorted(self.by_model)
+
+    def healthy_count(self) -> int:
+        return sum(1 for w in self.workers if w.healthy)
+
+    def _remove(self, worker: Worker) -> None:
+        self.workers.remove(worker)
+        for removed in self.on_removed:
+            removed(worker)
+
+    def _changed(self) -> None:
+        models = {m for w in self.workers for m in w.models}
+        self.by_model = {
+            m: [w for w in self.workers if m in w.models or not w.models] for m in sorted(models)
+        }
+        self._unknown_models = [w for w in self.workers if not w.models]
+        for listener in self.on_changed:
+            listener(self)
