@@ -76,6 +76,9 @@ class RadixCache:
         self.root.lock_ref = 1
         self.root.digests = []
         self._evictable_leaves: set[TreeNode] = set()
+        # Lazy LRU heap of (last_access, node id, node): an entry is live only while the node
+        # is an evictable leaf with that access stamp; stale entries are skipped on pop.
+        self._heap: list[tuple[int, int, TreeNode]] = []
         self.evictable_size = 0
         self.protected_size = 0
         self.evicted_tokens_total = 0
@@ -88,6 +91,7 @@ class RadixCache:
         self.root.lock_ref = 1
         self.root.digests = []
         self._evictable_leaves.clear()
+        self._heap = []
         self.evictable_size = 0
         self.protected_size = 0
         if self.emit_events:
@@ -107,19 +111,23 @@ class RadixCache:
 
     def _match_len(self, node_key: list[int], key: Sequence[int], start: int, end: int) -> int:
         """Tokens (whole pages when paged) that `node_key` shares with key[start:end]."""
-        limit = min(len(node_key), end - start)
+        n = len(node_key)
+        if n <= end - start and node_key == key[start : start + n]:
+            return n  # the common case: the whole node matches (one C-level comparison)
+        limit = min(n, end - start)
         i = 0
         if self.page_size == 1:
             while i < limit and node_key[i] == key[start + i]:
                 i += 1
             return i
         p = self.page_size
-        while i + p <= limit and node_key[i : i + p] == list(key[start + i : start + i + p]):
+        while i + p <= limit and node_key[i : i + p] == key[start + i : start + i + p]:
             i += p
         return i
 
     def match_prefix(self, key: Sequence[int]) -> tuple[int, TreeNode]:
         """Length of the longest cached prefix and its last node; splits and refreshes LRU."""
+        key = key if isinstance(key, list) else list(key)
         n = self._aligned(len(key))
         self._tick += 1
         tick = self._tick
@@ -129,7 +137,7 @@ class RadixCache:
             child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
-            child.last_access = tick
+            self._touch(child, tick)
             matched = self._match_len(child.key, key, pos, n)
             if matched < len(child.key):
                 node = self._split(child, matched)
@@ -141,6 +149,7 @@ class RadixCache:
 
     def peek_prefix_length(self, key: Sequence[int]) -> int:
         """Cached prefix length without touching the tree (for oracle routers and tests)."""
+        key = key if isinstance(key, list) else list(key)
         n = self._aligned(len(key))
         node = self.root
         pos = 0
@@ -157,6 +166,7 @@ class RadixCache:
 
     def insert(self, key: Sequence[int]) -> int:
         """Insert the page-aligned part of `key`; returns the length that was already cached."""
+        key = key if isinstance(key, list) else list(key)
         n = self._aligned(len(key))
         self._tick += 1
         tick = self._tick
@@ -175,7 +185,7 @@ class RadixCache:
                 if self.emit_events:
                     self._record_store(new)
                 return pos
-            child.last_access = tick
+            self._touch(child, tick)
             matched = self._match_len(child.key, key, pos, n)
             pos += matched
             node = self._split(child, matched) if matched < len(child.key) else child
@@ -203,23 +213,27 @@ class RadixCache:
 
     def evict(self, num_tokens: int) -> int:
         """Evict LRU unlocked leaves until `num_tokens` are freed; returns tokens freed."""
-        heap = list(self._evictable_leaves)
-        heapq.heapify(heap)
+        heap = self._heap
+        leaves = self._evictable_leaves
         freed = 0
         while freed < num_tokens and heap:
-            leaf = heapq.heappop(heap)
+            access, _, leaf = heapq.heappop(heap)
+            if leaf not in leaves or access != leaf.last_access:
+                continue  # stale entry
             parent = leaf.parent
             assert parent is not None
             if self.emit_events:
                 self._record_remove(leaf)
             del parent.children[self._child_key(leaf.key)]
-            self._evictable_leaves.discard(leaf)
+            leaves.discard(leaf)
+            leaf.parent = None
             self.evictable_size -= len(leaf.key)
             freed += len(leaf.key)
             self._update_leaf(parent)
-            if parent in self._evictable_leaves:
-                heapq.heappush(heap, parent)
         self.evicted_tokens_total += freed
+        if len(heap) > 4 * len(leaves) + 1024:  # drop stale entries now and then
+            self._heap = [(n.last_access, n.id, n) for n in leaves]
+            heapq.heapify(self._heap)
         return freed
 
     def take_events(self) -> list[KVEvent]:
@@ -282,8 +296,14 @@ class RadixCache:
     def _update_leaf(self, node: TreeNode) -> None:
         if node is self.root or node.lock_ref > 0 or node.children:
             self._evictable_leaves.discard(node)
-        else:
+        elif node not in self._evictable_leaves:
             self._evictable_leaves.add(node)
+            heapq.heappush(self._heap, (node.last_access, node.id, node))
+
+    def _touch(self, node: TreeNode, tick: int) -> None:
+        node.last_access = tick
+        if node in self._evictable_leaves:
+            heapq.heappush(self._heap, (tick, node.id, node))
 
     def _ensure_digests(self, node: TreeNode) -> list[bytes]:
         if node.digests is not None:
