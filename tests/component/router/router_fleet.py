@@ -1,0 +1,151 @@
+"""Engine twins as real processes on loopback, and a router in the test's event loop.
+
+`EngineTwin` runs `tpuserve engine sim` on a fixed free port (so a test can kill it and
+start it again on the same address, KV-event sockets included). `Fleet` starts N of them
+and a `RouterApp` in front, in the test's own event loop, so tests can read the router's
+state (in-flight counts, health, decisions) while talking to it over real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from tpuserve_router.app import RouterApp
+from tpuserve_router.config import RouterConfig
+
+ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
+START_TIMEOUT_SECONDS = 30.0
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # what the twin serves by default
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class EngineTwin:
+    """One `tpuserve engine sim` process with fixed HTTP and KV-event ports."""
+
+    args: Sequence[str] = ()
+    port: int = field(default_factory=free_port)
+    kv_port: int = field(default_factory=free_port)
+    replay_port: int = field(default_factory=free_port)
+    kv_events: bool = True
+    proc: subprocess.Popen[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def kv_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.kv_port}"
+
+    @property
+    def replay_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.replay_port}"
+
+    def start(self) -> EngineTwin:
+        cmd = [sys.executable, "-c", ENTRY, "engine", "sim", "--port", str(self.port), *self.args]
+        if self.kv_events:
+            cmd += [
+                "--kv-events-endpoint", self.kv_endpoint,
+                "--kv-events-replay-endpoint", self.replay_endpoint,
+            ]  # fmt: skip
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+        )
+        assert self.proc.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"engine exited with {self.proc.returncode} before serving")
+            if selector.select(timeout=0.2) and self.proc.stdout.readline().startswith("READY"):
+                return self
+        self.kill()
+        raise RuntimeError("engine twin did not become ready in time")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def start_engines(n: int, args: Sequence[str] = (), kv_events: bool = True) -> list[EngineTwin]:
+    engines = [EngineTwin(args, kv_events=kv_events) for _ in range(n)]
+    try:
+        for engine in engines:
+            engine.start()
+    except Exception:
+        for engine in engines:
+            engine.kill()
+        raise
+    return engines
+
+
+async def start_router(config: RouterConfig) -> RouterApp:
+    app = RouterApp(config.replace(host="127.0.0.1", port=0), registry=CollectorRegistry())
+    await app.start()
+    return app
+
+
+async def wait_for(
+    condition: Callable[[], Any], deadline_seconds: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll ``condition`` until it is truthy; fail after ``deadline_seconds``."""
+    deadline = time.monotonic() + deadline_seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {deadline_seconds:g} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def wait_ready(app: RouterApp, workers: int, deadline_seconds: float = 15.0) -> None:
+    def ready() -> bool:
+        return sum(1 for w in app.registry.workers if w.healthy and w.models) >= workers
+
+    await wait_for(ready, deadline_seconds, f"{workers} routable workers")
+
+
+def sample(app: RouterApp, name: str, labels: dict[str, str] | None = None) -> float:
+    """The value of one series on the router's registry (0 if absent)."""
+    value = app.metrics.registry.get_sample_value(name, labels or {})
+    return value or 0.0
+
+
+def requests_by_worker(app: RouterApp, route: str = "/v1/completions") -> dict[str, float]:
+    counts: dict[str, float] = {}
+    for family in app.metrics.registry.collect():
+        if family.name != "tpuserve_router_requests":
+            continue
+        for s in family.samples:
+            if s.name.endswith("_total") and s.labels["route"] == route:
+                worker = s.labels["worker"]
+                counts[worker] = counts.get(worker, 0) + s.value
+    return counts

@@ -1,0 +1,227 @@
+"""Failures and load: in-flight counts return to exactly zero on every path, a killed worker
+costs no non-streaming request, is ejected and comes back, and imbalance spreads a prefix."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import openai
+import pytest
+from router_fleet import (
+    MODEL,
+    EngineTwin,
+    requests_by_worker,
+    sample,
+    start_engines,
+    start_router,
+    wait_for,
+    wait_ready,
+)
+
+from tpuserve_router.app import RouterApp
+from tpuserve_router.config import RouterConfig
+
+pytestmark = pytest.mark.component
+
+PREFIX = "A long shared system prompt about TPU serving and prefix caches. " * 10
+
+
+@pytest.fixture(scope="module")
+def slow_engines() -> Iterator[list[EngineTwin]]:
+    """Engines on the real clock: one decode step takes about 16 ms."""
+    fleet = start_engines(3, ["--time-scale", "1"], kv_events=False)
+    yield fleet
+    for engine in fleet:
+        engine.stop()
+
+
+@pytest.fixture
+async def slow_router(slow_engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
+    for engine in slow_engines:  # a previous test may have killed one
+        if engine.proc is None or engine.proc.poll() is not None:
+            engine.start()
+    app = await start_router(
+        RouterConfig(
+            workers=tuple(e.url for e in slow_engines),
+            policy="least_load",
+            health_check_interval_seconds=0.3,
+            health_failure_threshold=2,
+            first_byte_timeout_seconds=5,
+        )
+    )
+    await wait_ready(app, len(slow_engines))
+    yield app
+    await app.stop()
+
+
+def client(app: RouterApp) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=app.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+async def stream_text(oa: openai.AsyncOpenAI, prompt: str, max_tokens: int) -> str:
+    stream = await oa.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        stream=True,
+    )
+    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+
+def all_idle(app: RouterApp) -> bool:
+    return all(w.in_flight == 0 for w in app.registry.workers)
+
+
+async def test_in_flight_returns_to_zero_after_every_kind_of_ending(
+    slow_engines: list[EngineTwin],
+) -> None:
+    dead = "http://127.0.0.1:9"  # nothing listens: connect errors, retried elsewhere
+    app = await start_router(
+        RouterConfig(
+            workers=(*(e.url for e in slow_engines), dead),
+            policy="round_robin",
+            health_check_interval_seconds=0,  # keep the dead worker "healthy": errors happen
+            first_byte_timeout_seconds=0.4,
+            request_timeout_seconds=1.0,
+            breaker_failure_threshold=1000,
+        )
+    )
+    try:
+        await wait_ready(app, 3)
+        async with client(app) as oa:
+
+            async def ok() -> None:
+                await oa.completions.create(model=MODEL, prompt=PREFIX, max_tokens=3)
+
+            async def rejected() -> None:
+                with contextlib.suppress(openai.BadRequestError):
+                    await oa.completions.create(model=MODEL, prompt="x", max_tokens=-5)
+
+            async def first_byte_timeout() -> None:
+                with pytest.raises(openai.APIStatusError) as err:
+                    await oa.completions.create(model=MODEL, prompt=PREFIX, max_tokens=60)
+                assert err.value.status_code == 504
+
+            async def stream_timeout() -> None:
+                with pytest.raises(openai.APIError):
+                    await stream_text(oa, PREFIX, 200)
+
+            async def cancelled() -> None:
+                task = asyncio.ensure_future(stream_text(oa, PREFIX, 200))
+                await wait_for(lambda: not all_idle(app), 5, "a stream in flight")
+                await asyncio.sleep(0.1)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+            jobs = [ok() for _ in range(12)] + [rejected() for _ in range(4)]
+            jobs += [first_byte_timeout() for _ in range(2)] + [stream_timeout() for _ in range(2)]
+            jobs += [cancelled() for _ in range(3)]
+            await asyncio.gather(*jobs)
+        await wait_for(lambda: all_idle(app), 10, "in-flight counts to return to zero")
+        assert [w.in_flight for w in app.registry.workers] == [0, 0, 0, 0]
+        for worker in app.registry.workers:
+            assert sample(app, "tpuserve_router_in_flight_requests", {"worker": worker.name}) == 0
+        assert sample(app, "tpuserve_router_upstream_errors_total",
+                      {"worker": dead, "reason": "connect_error"}) > 0  # fmt: skip
+        assert sample(app, "tpuserve_router_requests_total", {
+            "model": MODEL, "worker": slow_engines[0].url, "route": "/v1/completions",
+            "status": "504"}) + sample(app, "tpuserve_router_requests_total", {
+            "model": MODEL, "worker": slow_engines[1].url, "route": "/v1/completions",
+            "status": "504"}) + sample(app, "tpuserve_router_requests_total", {
+            "model": MODEL, "worker": slow_engines[2].url, "route": "/v1/completions",
+            "status": "504"}) == 2  # fmt: skip
+    finally:
+        await app.stop()
+
+
+async def test_killing_a_worker_under_load_fails_no_plain_request(
+    slow_router: RouterApp, slow_engines: list[EngineTwin]
+) -> None:
+    victim = slow_engines[0]
+    worker = slow_router.registry.get(victim.url)
+    assert worker is not None
+    async with client(slow_router) as oa:
+        streams = [asyncio.ensure_future(stream_text(oa, f"{i} " + PREFIX, 300)) for i in range(3)]
+        await wait_for(lambda: worker.in_flight > 0, 5, "a stream on the victim")
+
+        async def plain(i: int) -> str:
+            result = await oa.completions.create(model=MODEL, prompt=f"{i} {PREFIX}", max_tokens=15)
+            return result.choices[0].text
+
+        plain_jobs = [asyncio.ensure_future(plain(i)) for i in range(30)]
+        await asyncio.sleep(0.15)
+        victim.kill()
+        texts = await asyncio.gather(*plain_jobs)  # any failure raises here
+        assert all(texts)
+        outcomes = await asyncio.gather(*streams, return_exceptions=True)
+    broken = [o for o in outcomes if isinstance(o, Exception)]
+    assert len(broken) == 1, outcomes
+    assert isinstance(broken[0], openai.APIError)
+    assert "stream broke" in str(broken[0])
+    assert sample(slow_router, "tpuserve_router_upstream_errors_total",
+                  {"worker": victim.url, "reason": "stream_broken"}) == 1  # fmt: skip
+    await wait_for(lambda: not worker.healthy, 5, "the dead worker to be ejected")
+    await wait_for(lambda: all_idle(slow_router), 5, "in-flight counts to return to zero")
+    victim.start()
+    await wait_for(lambda: worker.healthy, 5, "re-admission within 5 s of coming back")
+    async with client(slow_router) as oa:
+        for i in range(3):
+            await oa.completions.create(model=MODEL, prompt=f"after {i}", max_tokens=1)
+
+
+async def test_imbalance_beyond_the_thresholds_spreads_a_hot_prefix(
+    slow_engines: list[EngineTwin],
+) -> None:
+    app = await start_router(
+        RouterConfig(
+            workers=tuple(e.url for e in slow_engines),
+            policy="cache_aware",
+            policy_params={"balance_abs_threshold": "2", "balance_rel_threshold": "1.5"},
+        )
+    )
+    try:
+        await wait_ready(app, 3)
+        async with client(app) as oa:
+            await oa.completions.create(model=MODEL, prompt=PREFIX + "warm", max_tokens=1)
+            jobs = [stream_text(oa, PREFIX + f"q{i}", 80) for i in range(12)]
+            await asyncio.gather(*jobs)
+        counts = requests_by_worker(app, "/v1/chat/completions")
+        assert len(counts) >= 2, counts
+        assert sample(app, "tpuserve_router_routing_decisions_total",
+                      {"policy": "cache_aware", "outcome": "balanced_away"}) > 0  # fmt: skip
+        assert all_idle(app)
+    finally:
+        await app.stop()
+
+
+async def test_a_client_disconnect_cancels_the_upstream_request(
+    slow_router: RouterApp, slow_engines: list[EngineTwin]
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}],
+                "max_tokens": 2000, "stream": True}  # fmt: skip
+        response = await session.post(slow_router.base_url + "/v1/chat/completions", json=body)
+        assert response.status == 200
+        await response.content.readline()  # the stream has started
+        response.close()  # the client goes away mid-stream
+
+    async def engines_running() -> int:
+        total = 0
+        async with aiohttp.ClientSession() as session:
+            for engine in slow_engines:
+                async with session.get(engine.url + "/get_load") as response:
+                    total += sum(item["num_reqs"] for item in await response.json())
+        return total
+
+    await wait_for(lambda: all_idle(slow_router), 5, "the router to drop the request")
+    deadline = asyncio.get_running_loop().time() + 5
+    while await engines_running():
+        assert asyncio.get_running_loop().time() < deadline, "the engine kept generating"
+        await asyncio.sleep(0.05)
+    worker = next(iter(requests_by_worker(slow_router, "/v1/chat/completions")))
+    labels = {"model": MODEL, "worker": worker, "route": "/v1/chat/completions", "status": "499"}
+    assert sample(slow_router, "tpuserve_router_requests_total", labels) == 1
