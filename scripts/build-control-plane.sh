@@ -52,9 +52,15 @@ if k8s_current && etcd_current && kwok_current && lws_current; then
 fi
 
 if ! command -v go >/dev/null 2>&1; then
-  log "ERROR: the Go toolchain (go 1.26+) is needed to build the control plane and is not on PATH."
-  log "Install Go, then run scripts/build-control-plane.sh (make test does this)."
-  exit 1
+  # Without Go the e2e tests skip (saying how to enable them), except under CI where they
+  # must run: there a missing Go is an error.
+  if [ "${CI:-}" = true ]; then
+    log "ERROR: the Go toolchain (go 1.26+) is needed to build the control plane (CI=true)."
+    exit 1
+  fi
+  log "WARNING: Go (1.26+) is not on PATH, so the control plane cannot be built; the e2e tests"
+  log "will skip. Install Go and run scripts/build-control-plane.sh (make test does this)."
+  exit 0
 fi
 
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
@@ -140,7 +146,7 @@ build_etcd() {
   "$TPUSERVE_K8S_BIN/etcd" --version >&2
 }
 
-# kwok and LWS have no replace directives, so `go install module/pkg@version` works.
+# kwok's go.mod has no replace directives, so `go install module/pkg@version` works.
 build_kwok() {
   local tmp
   tmp=$(mktemp -d "$build_root/out.XXXXXX")
@@ -151,13 +157,31 @@ build_kwok() {
 }
 
 build_lws() {
-  local tmp
+  # Not `go install sigs.k8s.io/lws/cmd@VERSION`: that also reads the module's version list
+  # (for deprecation notices), which the proxy refuses for sigs.k8s.io/lws (403). A wrapper
+  # module requiring the pinned version resolves the same dependency graph without it.
+  local w=$build_root/lws-$TPUSERVE_LWS_VERSION tmp modfile go_line
+  mkdir -p "$w"
+  cd "$w"
+  modfile=$(go mod download -json "sigs.k8s.io/lws@$TPUSERVE_LWS_VERSION" |
+    python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
+  go_line=$(grep -E '^go [0-9]' "$modfile")
+  printf 'module local.test/lws-bin\n\n%s\n\nrequire sigs.k8s.io/lws %s\n' \
+    "$go_line" "$TPUSERVE_LWS_VERSION" >go.mod.new
+  if ! cmp -s go.mod.new go.mod.gen 2>/dev/null; then
+    cp go.mod.new go.mod
+    cp go.mod.new go.mod.gen
+    rm -f go.sum
+  fi
+  rm -f go.mod.new
   tmp=$(mktemp -d "$build_root/out.XXXXXX")
-  # LWS's main package is sigs.k8s.io/lws/cmd, so go install names the binary "cmd".
-  (cd "$tmp" && GOBIN="$tmp" nice -n 10 go install -p "$jobs" -trimpath -ldflags="-s -w" \
-    "sigs.k8s.io/lws/cmd@$TPUSERVE_LWS_VERSION")
-  install_bin "$tmp/cmd" "$TPUSERVE_K8S_BIN/lws-controller"
+  # LWS's main package is sigs.k8s.io/lws/cmd; its version variables are in pkg/version.
+  nice -n 10 go build -p "$jobs" -trimpath \
+    -ldflags="-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$TPUSERVE_LWS_VERSION" \
+    -o "$tmp/lws-controller" sigs.k8s.io/lws/cmd
+  install_bin "$tmp/lws-controller" "$TPUSERVE_K8S_BIN/lws-controller"
   rmdir "$tmp"
+  "$TPUSERVE_K8S_BIN/lws-controller" --version >&2
 }
 
 timed() { # PART

@@ -25,7 +25,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,8 @@ class Cluster:
         self.ports = Ports.allocate()
         self._pki: PKI | None = None
         self.started_seconds: float | None = None
+        # Seconds each start-up step took (pki, etcd, kube-apiserver, ..., node pools).
+        self.start_seconds: dict[str, float] = {}
 
     # ---- paths and connection facts --------------------------------------------------------
 
@@ -175,24 +177,34 @@ class Cluster:
         t0 = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("pki", self._create_pki),
+            ("etcd", self._start_etcd),
+            ("kube-apiserver", self._start_apiserver),
+            ("kube-controller-manager", self._start_controller_manager),
+            ("kube-scheduler", self._start_scheduler),
+            ("kwok", self._start_kwok),
+            ("node pools", lambda: self.add_node_pools(self.pools)),
+        ]
+        if self.lws_enabled:
+            steps.append(("lws-controller", self._start_lws))
+        steps.append(("default namespace", self._wait_default_namespace))
         try:
-            self._pki = create_pki(self.run_dir / "pki")
-            self._write_kubeconfig(self.kubeconfig, self.pki.admin_token, "tpuserve-admin")
-            self._start_etcd()
-            self._start_apiserver()
-            self._start_controller_manager()
-            self._start_scheduler()
-            self._start_kwok()
-            self.add_node_pools(self.pools)
-            if self.lws_enabled:
-                self._start_lws()
-            self._wait_default_namespace()
+            for step, run in steps:
+                t_step = time.monotonic()
+                run()
+                self.start_seconds[step] = time.monotonic() - t_step
         except BaseException:
             self.stop()
             raise
         self.started_seconds = time.monotonic() - t0
         self._save_state()
-        log.info("control plane up in %.1f s at %s", self.started_seconds, self.server)
+        log.info(
+            "control plane up in %.1f s at %s (%s)",
+            self.started_seconds,
+            self.server,
+            ", ".join(f"{k} {v:.1f} s" for k, v in self.start_seconds.items()),
+        )
         return self
 
     def stop(self) -> None:
@@ -238,6 +250,7 @@ class Cluster:
         cluster._pki = load_pki(cluster.run_dir / "pki")
         cluster.processes = {p["name"]: ManagedProcess.from_state(p) for p in state["processes"]}
         cluster.started_seconds = state.get("started_seconds")
+        cluster.start_seconds = dict(state.get("start_seconds", {}))
         return cluster
 
     def _save_state(self) -> None:
@@ -247,6 +260,7 @@ class Cluster:
             "ports": asdict(self.ports),
             "lws": self.lws_enabled,
             "started_seconds": self.started_seconds,
+            "start_seconds": self.start_seconds,
             "startup_timeout_seconds": self.startup_timeout_seconds,
             "processes": [p.to_state() for p in self.processes.values()],
         }
@@ -285,6 +299,10 @@ class Cluster:
     def _http_ok(url: str) -> bool:
         with urllib.request.urlopen(url, timeout=5) as response:
             return bool(response.status == 200)
+
+    def _create_pki(self) -> None:
+        self._pki = create_pki(self.run_dir / "pki")
+        self._write_kubeconfig(self.kubeconfig, self.pki.admin_token, "tpuserve-admin")
 
     def _start_etcd(self) -> None:
         p = self.ports
@@ -402,6 +420,7 @@ class Cluster:
                 "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 f"--server-address={LOOPBACK}:{self.ports.kwok}",
+                *kwok.kwok_flags(),
             ],
         )
         url = f"http://{LOOPBACK}:{self.ports.kwok}/healthz"
@@ -490,10 +509,15 @@ class Cluster:
 
         wait_for("namespace default", ready, self.startup_timeout_seconds)
 
-    def restart_apiserver(self) -> None:
-        """Stop kube-apiserver and start it again on the same port, flags and etcd data."""
+    def restart_apiserver(self, grace_seconds: float = 3.0) -> None:
+        """Stop kube-apiserver and start it again on the same port, flags and etcd data.
+
+        SIGTERM first; kube-apiserver drains in-flight requests at once but, with clients
+        still watching, does not exit on its own for a long while, so it gets SIGKILL after
+        `grace_seconds` (everything it acknowledged is already in etcd).
+        """
         old = self.processes.pop("kube-apiserver")
-        old.stop()
+        old.stop(grace_seconds)
         self._start_apiserver(old.argv)
         if self.detach:
             self._save_state()
@@ -667,6 +691,7 @@ class Cluster:
         return nodes
 
     def wait_nodes_ready(self, names: Sequence[str], timeout_seconds: float | None = None) -> None:
+        """Wait until the nodes are Ready and free of the not-ready taint (pods can land)."""
         wanted = set(names)
 
         def all_ready() -> bool:
@@ -675,11 +700,7 @@ class Cluster:
                 nodes = _client().CoreV1Api(api).list_node(label_selector=f"{FAKE_NODE_LABEL}=true")
             finally:
                 api.close()
-            ready = {
-                n.metadata.name
-                for n in nodes.items
-                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-            }
+            ready = {n.metadata.name for n in nodes.items if _schedulable(n)}
             return wanted <= ready
 
         wait_for(
@@ -698,6 +719,16 @@ class Cluster:
             state = "running" if self.processes[name].alive() else "NOT RUNNING"
             parts.append(f"---- {name} ({state}) {path}\n{tail(path, lines)}")
         return "\n".join(parts)
+
+
+# Taints the node-lifecycle controller puts on nodes that are not (yet) Ready.
+_NODE_HEALTH_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def _schedulable(node: Any) -> bool:
+    """Ready, and the node-lifecycle controller has lifted its not-ready taint."""
+    ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    return ready and not any(t.key in _NODE_HEALTH_TAINTS for t in node.spec.taints or [])
 
 
 def _port_open(port: int) -> bool:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 POD_CIDR = "10.244.0.0/16"
 NODE_IP = "10.255.0.1"
 NODE_LEASE_DURATION_SECONDS = 40
@@ -28,18 +26,20 @@ STAGE_FILES = (
 
 
 def kwok_config(kwok_module_dir: Path) -> str:
-    """A multi-document KwokConfiguration + Stage file for `kwok --config`."""
-    options = {
-        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
-        "kind": "KwokConfiguration",
-        "options": {
-            "cidr": POD_CIDR,
-            "nodeIP": NODE_IP,
-            "nodeLeaseDurationSeconds": NODE_LEASE_DURATION_SECONDS,
-        },
-    }
-    docs = [yaml.safe_dump(options, sort_keys=False)]
+    """A multi-document Stage file for `kwok --config`.
+
+    It holds no KwokConfiguration: kwok v0.8.0 applies its option defaults (parallelism of
+    the lease and stage workers among them) only when the config file has none, and exits
+    with "node leases parallelism must be greater than 0" otherwise. Options go in as flags.
+    """
     stage_dir = kwok_module_dir / "kustomize" / "stage"
-    for name in STAGE_FILES:
-        docs.append((stage_dir / name).read_text())
+    docs = [(stage_dir / name).read_text() for name in STAGE_FILES]
     return "---\n".join(doc if doc.endswith("\n") else doc + "\n" for doc in docs)
+
+
+def kwok_flags() -> list[str]:
+    return [
+        f"--cidr={POD_CIDR}",
+        f"--node-ip={NODE_IP}",
+        f"--node-lease-duration-seconds={NODE_LEASE_DURATION_SECONDS}",
+    ]

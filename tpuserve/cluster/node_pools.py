@@ -166,11 +166,8 @@ class NodePool:
                     "labels": self.node_labels(name),
                 },
                 "spec": {"taints": taints} if taints else {},
-                "status": {
-                    "allocatable": dict(resources),
-                    "capacity": dict(resources),
-                    "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
-                },
+                # kwok's node-initialize stage keeps these and fills conditions and nodeInfo.
+                "status": {"allocatable": dict(resources), "capacity": dict(resources)},
             }
             for name in self.node_names()
         ]

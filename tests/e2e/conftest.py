@@ -1,0 +1,106 @@
+"""End-to-end fixtures: ONE real control plane per test session, on loopback.
+
+Fixtures for e2e tests (see docs/development.md, "The e2e fixture"):
+
+- ``cluster`` (session): a started `tpuserve.cluster.Cluster` with the default node-pool
+  profile (`tpuserve/cluster/profiles/default.yaml`) and, when built, the LWS controller. Use
+  ``cluster.kubeconfig``, ``cluster.api_client()``, ``cluster.kubectl(...)``,
+  ``cluster.helm(...)``, ``cluster.add_node_pool(...)`` / ``remove_node_pool(...)``,
+  ``cluster.restart_apiserver()``. Tests share it: leave the default pools as they were and
+  remove any pool you add.
+- ``namespace`` (function): a fresh namespace, deleted (and waited for) after the test.
+- ``core_v1``: a `kubernetes.client.CoreV1Api` bound to the cluster.
+
+Without the control-plane binaries the tests skip, saying how to build them; under CI=true
+they fail instead, so CI never counts a skipped e2e suite as a pass. When a test that used the
+cluster fails, the tail of every component's log is added to its report.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tpuserve.cluster import Cluster, Toolchain, ToolchainMissing
+from tpuserve.cluster.process import wait_for
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+NAMESPACE_DELETE_TIMEOUT_SECONDS = 120.0
+_session_clusters: list[Cluster] = []
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: e2e tests never skip)", pytrace=False)
+    pytest.skip(f"{reason}. `make test` builds them; or run scripts/build-control-plane.sh")
+
+
+@pytest.fixture(scope="session")
+def toolchain() -> Toolchain:
+    try:
+        found = Toolchain.discover()
+    except ToolchainMissing as err:
+        _unavailable(str(err))
+        raise
+    missing = found.missing_binaries()
+    if missing:
+        _unavailable(
+            f"control-plane binaries missing in {found.k8s_bin}: {', '.join(missing)} "
+            "(building them needs Go 1.26+)"
+        )
+    return found
+
+
+@pytest.fixture(scope="session")
+def cluster(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    started = Cluster(tmp_path_factory.mktemp("control-plane"), toolchain=toolchain)
+    started.start()
+    _session_clusters.append(started)
+    try:
+        yield started
+    finally:
+        started.stop()
+        _session_clusters.remove(started)
+        leftovers = started.alive_processes()
+        assert not leftovers, f"processes left after teardown: {leftovers}"
+
+
+@pytest.fixture
+def core_v1(cluster: Cluster) -> Iterator[Any]:
+    import kubernetes.client
+
+    api = cluster.api_client()
+    try:
+        yield kubernetes.client.CoreV1Api(api)
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, core_v1: Any) -> Iterator[str]:
+    """A fresh namespace. Afterwards it is deleted and its pods are waited for (so their TPU
+    capacity is free for the next test); the namespace object itself finishes on its own."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    core_v1.create_namespace({"metadata": {"name": name}})
+    yield name
+    core_v1.delete_namespace(name)
+    # The namespace is Terminating, so nothing can recreate pods; removing them now rather than
+    # when the namespace controller gets to them saves seconds per test.
+    core_v1.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    wait_for(
+        f"pods of namespace {name} to be deleted",
+        lambda: not core_v1.list_namespaced_pod(name).items,
+        NAMESPACE_DELETE_TIMEOUT_SECONDS,
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and _session_clusters and "cluster" in getattr(item, "fixturenames", ()):
+        report.sections.append(("control-plane logs", _session_clusters[-1].log_report()))
