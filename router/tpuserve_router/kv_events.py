@@ -10,11 +10,11 @@ Per worker, one task reads the engine's ZMQ PUB socket (frames and payload decod
   everything known about that worker and carry on from the current batch;
 - a jump back (the engine restarted and numbers from 0 again): drop everything, then
   replay the new engine's batches before this one;
-- after the connection to the publisher dropped (seen on the socket's monitor), the next
-  batch starts a new session, whatever its number: drop everything and replay from 0,
-  because a restarted engine may already have passed the old numbers;
-- the first batch seen with a number above 0: replay from 0 to learn what the engine
-  already holds (a router that subscribes late otherwise never sees resident prefixes).
+- the connection to the publisher dropped (seen on the socket's monitor): drop everything
+  at once (the engine is gone, or restarting with an empty cache); on every (re)connect,
+  rebuild from the engine's replay buffer from 0, so a router that subscribes late still
+  learns the resident prefixes (sglang#39750) and a restarted idle engine is known empty;
+- the first batch seen with a number above 0 and no catch-up yet: replay from 0.
 
 ``AllBlocksCleared`` (the engine's cache was flushed) drops everything for that worker.
 Each of these is counted in the ``tpuserve_router_kv_event_*`` series.
@@ -69,8 +69,9 @@ class _Subscription:
         self.worker = worker
         self.endpoints = endpoints
         self.expected: int | None = None
-        self.disconnected = False
+        self.replayed_through: int | None = None
         self.batches = 0
+        self.lock = asyncio.Lock()  # one sequence of updates at a time (reader or monitor)
         self.task: asyncio.Task[None] | None = None
         self.monitor_task: asyncio.Task[None] | None = None
 
@@ -81,7 +82,7 @@ class _Subscription:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self.socket.setsockopt(zmq.RCVHWM, 0)
-        monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(self.endpoints.events)
         self.task = loop.create_task(self._read())
         self.monitor_task = loop.create_task(self._watch(monitor))
@@ -99,11 +100,19 @@ class _Subscription:
         self.socket.close(linger=0)
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        """Connection changes: a lost publisher's blocks are dropped at once; on (re)connect
+        the index is rebuilt from the engine's replay buffer, so even an idle engine that
+        restarted is known to be empty without waiting for its next event."""
         try:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
-                if event["event"] == zmq.EVENT_DISCONNECTED:
-                    self.disconnected = True
+                async with self.lock:
+                    if event["event"] == zmq.EVENT_DISCONNECTED:
+                        self.hub.resync(self.worker, "publisher_disconnected")
+                        self.expected = None
+                        self.replayed_through = None
+                    elif event["event"] == zmq.EVENT_CONNECTED:
+                        await self._catch_up_from_start()
         finally:
             monitor.close(linger=0)
 
@@ -115,13 +124,35 @@ class _Subscription:
             except KVEventDecodeError as err:
                 log.warning("worker %s sent an undecodable KV-event message: %s", self.worker, err)
                 continue
-            await self.receive(seq, payload)
+            async with self.lock:
+                await self.receive(seq, payload)
+
+    async def _catch_up_from_start(self) -> None:
+        """Apply everything the engine's replay buffer holds (what it cached before we came)."""
+        if self.endpoints.replay is None:
+            return
+        replayed = await self.hub.replay(self.endpoints.replay, 0)
+        self.hub.metrics.kv_event_replays.labels(
+            self.worker, "ok" if replayed is not None else "failed"
+        ).inc()
+        if not replayed:
+            return
+        if self.expected is not None and replayed[-1][0] < self.expected - 1:
+            return  # older than what we already applied: nothing new
+        for seq, payload in replayed:
+            if self.expected is None or seq >= self.expected:
+                self.apply(payload)
+        self.expected = replayed[-1][0] + 1
+        self.replayed_through = replayed[-1][0]
 
     async def receive(self, seq: int, payload: bytes) -> None:
         hub = self.hub
         expected = self.expected
-        if self.disconnected or (expected is not None and seq < expected):
-            self.disconnected = False
+        if self.replayed_through is not None:
+            if seq <= self.replayed_through:
+                return  # a live copy of a batch the catch-up replay already applied
+            self.replayed_through = None
+        if expected is not None and seq < expected:
             hub.resync(self.worker, "engine_restart")
             await self._catch_up(0, seq)
         elif expected is None:
@@ -141,13 +172,16 @@ class _Subscription:
         """Apply batches ``start .. end-1`` from the replay socket; False if not all came."""
         if start >= end:
             return True
-        replayed = await self.hub.replay(self.endpoints.replay, start, end)
-        result = "ok" if replayed is not None else "failed"
-        if self.endpoints.replay is not None:
-            self.hub.metrics.kv_event_replays.labels(self.worker, result).inc()
+        replay = self.endpoints.replay
+        if replay is None:
+            return False
+        replayed = await self.hub.replay(replay, start, end)
+        self.hub.metrics.kv_event_replays.labels(
+            self.worker, "ok" if replayed is not None else "failed"
+        ).inc()
         if replayed is None:
             return False
-        for payload in replayed:
+        for _, payload in replayed:
             self.apply(payload)
         return True
 
@@ -221,10 +255,12 @@ class KvEventHub:
         self.index.clear(worker)
         self.metrics.kv_event_resyncs.labels(worker, reason).inc()
 
-    async def replay(self, endpoint: str | None, start: int, end: int) -> list[bytes] | None:
-        """Payloads of batches ``start .. end-1`` from a replay socket, or None if incomplete."""
-        if endpoint is None:
-            return None
+    async def replay(
+        self, endpoint: str, start: int, end: int | None = None
+    ) -> list[tuple[int, bytes]] | None:
+        """Batches ``start .. end-1`` (or all buffered from ``start`` when ``end`` is None)
+        from a replay socket, in order; None if the socket did not answer, or if it no
+        longer holds every batch of a bounded range."""
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         try:
@@ -238,13 +274,13 @@ class KvEventHub:
                 seq, payload = parse_replay_reply(await sock.recv_multipart())
                 if seq == END_SEQ:
                     break
-                if start <= seq < end:
+                if seq >= start and (end is None or seq < end):
                     found[seq] = payload
         except (zmq.ZMQError, KVEventDecodeError) as err:
             log.warning("replay from %s failed: %s", endpoint, err)
             return None
         finally:
             sock.close(linger=0)
-        if len(found) != end - start:
+        if end is not None and len(found) != end - start:
             return None  # the engine's buffer no longer holds them all
-        return [found[s] for s in range(start, end)]
+        return sorted(found.items())

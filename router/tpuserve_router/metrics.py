@@ -37,7 +37,12 @@ UPSTREAM_ERROR_REASONS: Final = (
     "request_timeout",
 )
 KV_EVENT_TYPES: Final = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
-RESYNC_REASONS: Final = ("gap_unrecoverable", "engine_restart", "all_blocks_cleared")
+RESYNC_REASONS: Final = (
+    "gap_unrecoverable",  # lost batches the engine could not replay
+    "engine_restart",  # sequence numbers went back
+    "publisher_disconnected",  # the engine's PUB socket went away
+    "all_blocks_cleared",  # the engine flushed its cache
+)
 INDEX_KINDS: Final = ("tree_chars", "confirmed_blocks", "predicted_blocks")
 
 

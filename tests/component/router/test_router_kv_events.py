@@ -1,0 +1,334 @@
+"""precise routing on the engines' KV events: hits follow the events, and after a flush, an
+engine restart or lost events, no request is routed on stale entries once the event arrives."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import openai
+import pytest
+import zmq
+import zmq.asyncio
+from router_fleet import (
+    MODEL,
+    EngineTwin,
+    sample,
+    start_engines,
+    start_router,
+    wait_for,
+    wait_ready,
+)
+
+from sglang_tpu.kv_events import (
+    END_SEQ_BYTES,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    block_hashes,
+    encode_batch,
+    pub_frames,
+)
+from sglang_tpu.tokenizer import load_tokenizer
+from tpuserve_router.app import RouterApp
+from tpuserve_router.config import RouterConfig
+
+pytestmark = pytest.mark.component
+
+PAGE = 16
+PROMPT = "Shared context for precise routing tests, long enough for many pages. " * 12
+
+
+@pytest.fixture(scope="module")
+def kv_engines() -> Iterator[list[EngineTwin]]:
+    fleet = start_engines(2, ["--time-scale", "0", "--page-size", str(PAGE)])
+    yield fleet
+    for engine in fleet:
+        engine.stop()
+
+
+@pytest.fixture
+async def precise(kv_engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
+    for engine in kv_engines:
+        if engine.proc is None or engine.proc.poll() is not None:
+            engine.start()
+    app = await start_router(
+        RouterConfig(
+            workers=tuple(e.url for e in kv_engines),
+            policy="precise",
+            kv_events=True,
+            health_check_interval_seconds=0.3,
+            health_failure_threshold=1,
+            policy_params={"predicted_ttl_seconds": "0.2"},
+        )
+    )
+    await wait_ready(app, len(kv_engines))
+    hub = app.kv
+    assert hub is not None
+    await wait_for(lambda: all(hub.subscription(e.url) for e in kv_engines), 10, "subscriptions")
+    yield app
+    await app.stop()
+
+
+def decisions(app: RouterApp, outcome: str) -> float:
+    labels = {"policy": "precise", "outcome": outcome}
+    return sample(app, "tpuserve_router_routing_decisions_total", labels)
+
+
+def resyncs(app: RouterApp, worker: str, *reasons: str) -> float:
+    name = "tpuserve_router_kv_event_resyncs_total"
+    return sum(sample(app, name, {"worker": worker, "reason": r}) for r in reasons)
+
+
+def events(app: RouterApp, worker: str, kind: str) -> float:
+    return sample(app, "tpuserve_router_kv_events_total", {"worker": worker, "type": kind})
+
+
+async def complete(app: RouterApp, prompt: str) -> int:
+    """Send a completion; returns the cached tokens the engine reported."""
+    async with openai.AsyncOpenAI(base_url=app.base_url + "/v1", api_key="x") as oa:
+        result = await oa.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    assert result.usage is not None
+    details = result.usage.prompt_tokens_details
+    return (details.cached_tokens or 0) if details else 0
+
+
+def held(app: RouterApp, prompt: str) -> dict[str, int]:
+    """Leading blocks of ``prompt`` each worker holds, as the router's index sees it."""
+    assert app.block_index is not None
+    index = app.block_index
+    names = [w.name for w in app.registry.workers]
+    depths = index.match(index.keys(load_tokenizer().encode(prompt)), names)
+    return {n: d for n, d in zip(names, depths, strict=True) if d}
+
+
+def holder(app: RouterApp, prompt: str) -> str:
+    holders = held(app, prompt)
+    assert len(holders) == 1, holders
+    return next(iter(holders))
+
+
+async def wait_until_predictions_expire(app: RouterApp) -> None:
+    assert app.block_index is not None
+    index = app.block_index
+    await wait_for(lambda: index.match([0], []) == [] and index.predicted_blocks == 0, 5,
+                   "routing predictions to expire")  # fmt: skip
+
+
+async def warm(app: RouterApp, prompt: str) -> str:
+    """Route ``prompt`` once and wait until the engine's events say who holds it."""
+    assert await complete(app, prompt) == 0
+    await wait_until_predictions_expire(app)
+    await wait_for(lambda: held(app, prompt), 5, "BlockStored events")
+    return holder(app, prompt)
+
+
+async def test_requests_follow_the_blocks_the_engines_report(precise: RouterApp) -> None:
+    prompt = "follow: " + PROMPT
+    worker = await warm(precise, prompt)
+    hits = decisions(precise, "prefix_hit")
+    cached = await complete(precise, prompt + "second")
+    assert decisions(precise, "prefix_hit") == hits + 1
+    assert cached >= len(load_tokenizer().encode(prompt)) // PAGE * PAGE - PAGE
+    predicted = sample(precise, "tpuserve_router_predicted_cached_tokens_total",
+                       {"model": MODEL, "worker": worker})  # fmt: skip
+    actual = sample(precise, "tpuserve_router_cached_tokens_total",
+                    {"model": MODEL, "worker": worker})  # fmt: skip
+    assert predicted == actual
+
+
+async def test_after_a_flush_event_nothing_routes_on_the_old_blocks(precise: RouterApp) -> None:
+    prompt = "flush: " + PROMPT
+    worker = await warm(precise, prompt)
+    async with (  # flushed behind the router's back
+        aiohttp.ClientSession() as session,
+        session.post(worker + "/flush_cache") as response,
+    ):
+        assert response.status == 200
+    await wait_for(lambda: events(precise, worker, "AllBlocksCleared") == 1, 5, "the flush event")
+    await wait_until_predictions_expire(precise)
+    assert precise.block_index is not None
+    assert precise.block_index.worker_blocks(worker) == 0
+    misses = decisions(precise, "miss")
+    assert await complete(precise, prompt) == 0
+    assert decisions(precise, "miss") == misses + 1
+    assert resyncs(precise, worker, "all_blocks_cleared") == 1
+
+
+async def test_flush_through_the_router_reaches_every_worker(precise: RouterApp) -> None:
+    prompt = "flush all: " + PROMPT
+    await warm(precise, prompt)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(precise.base_url + "/flush_cache") as response,
+    ):
+        assert response.status == 200
+        body = await response.json()
+    assert body["flushed"] is True
+    assert sorted(body["workers"]) == sorted(w.name for w in precise.registry.workers)
+    assert precise.block_index is not None
+    assert precise.block_index.confirmed_blocks == 0
+    await wait_until_predictions_expire(precise)
+    assert await complete(precise, prompt) == 0
+
+
+async def test_after_an_engine_restart_nothing_routes_on_the_old_blocks(
+    precise: RouterApp, kv_engines: list[EngineTwin]
+) -> None:
+    prompt = "restart: " + PROMPT
+    worker = await warm(precise, prompt)
+    engine = next(e for e in kv_engines if e.url == worker)
+    engine.kill()
+    engine.start()  # same HTTP and KV ports, empty cache, sequence numbers from 0
+    async with aiohttp.ClientSession() as session:  # traffic the router does not see
+        body = {"text": "unrelated warm-up text " * 10, "sampling_params": {"max_new_tokens": 1}}
+        async with session.post(engine.url + "/generate", json=body) as response:
+            assert response.status == 200
+    await wait_for(
+        lambda: resyncs(precise, worker, "engine_restart", "publisher_disconnected"),
+        10,
+        "the restart to be noticed",
+    )
+    await wait_until_predictions_expire(precise)
+    await wait_for(lambda: all(w.healthy for w in precise.registry.workers), 5, "re-admission")
+    assert held(precise, prompt) == {}
+    misses = decisions(precise, "miss")
+    assert await complete(precise, prompt) == 0
+    assert decisions(precise, "miss") == misses + 1
+
+
+# ---------------------------------------------------------------- lost events
+
+
+class Publisher:
+    """An engine's publishing side on real ZMQ sockets that can lose batches on demand:
+    XPUB (to know when the router has subscribed) and an optional replay ROUTER that, like
+    the engine's, holds every batch published, delivered or not."""
+
+    def __init__(self, replay: bool) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.replay: dict[int, bytes] = {}
+        self.router: zmq.asyncio.Socket | None = None
+        self.replay_endpoint: str | None = None
+        self.task: asyncio.Task[None] | None = None
+        if replay:
+            self.router = self.ctx.socket(zmq.ROUTER)
+            self.router.bind("tcp://127.0.0.1:*")
+            self.replay_endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.task = asyncio.ensure_future(self._serve_replay())
+
+    async def _serve_replay(self) -> None:
+        assert self.router is not None
+        while True:
+            identity, _, start = await self.router.recv_multipart()
+            first = int.from_bytes(start, "big")
+            for seq in sorted(s for s in self.replay if s >= first):
+                await self.router.send_multipart(
+                    [identity, b"", seq.to_bytes(8, "big"), self.replay[seq]]
+                )
+            await self.router.send_multipart([identity, b"", END_SEQ_BYTES, b""])
+
+    async def wait_subscribed(self) -> None:
+        assert await self.pub.poll(10_000), "the router never subscribed"
+        await self.pub.recv()
+
+    async def publish(self, seq: int, payload: bytes, *, lost: bool = False) -> None:
+        self.replay[seq] = payload
+        if not lost:
+            await self.pub.send_multipart(pub_frames(b"", seq, payload))
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.ctx.destroy(linger=0)
+
+
+def stored(tokens: list[int]) -> bytes:
+    """The BlockStored events an engine sends when it caches ``tokens``, page by page."""
+    hashes = block_hashes(tokens, PAGE)
+    events = [
+        BlockStored([h], hashes[i - 1] if i else None, tokens[i * PAGE : (i + 1) * PAGE], PAGE)
+        for i, h in enumerate(hashes)
+    ]
+    return encode_batch(EventBatch(0.0, events))  # type: ignore[arg-type]
+
+
+def removed(tokens: list[int], pages: slice) -> bytes:
+    hashes = block_hashes(tokens, PAGE)[pages]
+    return encode_batch(EventBatch(0.0, [BlockRemoved(hashes)]))  # type: ignore[arg-type]
+
+
+async def router_with_publisher(engine: EngineTwin, publisher: Publisher) -> tuple[RouterApp, str]:
+    config = RouterConfig(
+        policy="precise", kv_events=True, policy_params={"predicted_ttl_seconds": "0"}
+    )
+    app = await start_router(config)
+    async with aiohttp.ClientSession() as session:
+        body = {"url": engine.url, "kv_events_endpoint": publisher.endpoint,
+                "kv_replay_endpoint": publisher.replay_endpoint}  # fmt: skip
+        async with session.post(app.base_url + "/workers", json=body) as response:
+            assert response.status == 200
+            name = (await response.json())["worker"]["url"]
+    await wait_ready(app, 1)
+    await publisher.wait_subscribed()
+    return app, name
+
+
+@pytest.fixture(scope="module")
+def plain_engine() -> Iterator[EngineTwin]:
+    engine = EngineTwin(["--time-scale", "0", "--page-size", str(PAGE)], kv_events=False)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+async def test_an_unrecoverable_gap_drops_the_workers_entries(plain_engine: EngineTwin) -> None:
+    tokens = load_tokenizer().encode(PROMPT)
+    publisher = Publisher(replay=False)
+    app, worker = await router_with_publisher(plain_engine, publisher)
+    try:
+        await publisher.publish(0, stored(tokens))
+        assert app.block_index is not None
+        index = app.block_index
+        await wait_for(lambda: index.worker_blocks(worker) == len(tokens) // PAGE, 5, "events")
+        hits = decisions(app, "prefix_hit")
+        await complete(app, PROMPT)
+        assert decisions(app, "prefix_hit") == hits + 1
+        await publisher.publish(1, stored(tokens), lost=True)
+        await publisher.publish(2, stored(tokens), lost=True)
+        await publisher.publish(3, stored(tokens[:PAGE]))
+        await wait_for(lambda: resyncs(app, worker, "gap_unrecoverable") == 1, 5, "resync")
+        assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 1
+        assert index.worker_blocks(worker) == 1  # only what came after the gap
+        misses = decisions(app, "miss")
+        await complete(app, PROMPT)
+        assert decisions(app, "miss") == misses + 1
+    finally:
+        await app.stop()
+        await publisher.close()
+
+
+async def test_a_gap_the_engine_can_replay_is_filled(plain_engine: EngineTwin) -> None:
+    tokens = load_tokenizer().encode(PROMPT)
+    pages = len(tokens) // PAGE
+    publisher = Publisher(replay=True)
+    app, worker = await router_with_publisher(plain_engine, publisher)
+    try:
+        await publisher.publish(0, stored(tokens))
+        assert app.block_index is not None
+        index = app.block_index
+        await wait_for(lambda: index.worker_blocks(worker) == pages, 5, "events")
+        await publisher.publish(1, removed(tokens, slice(pages - 2, None)), lost=True)
+        await publisher.publish(2, encode_batch(EventBatch(0.0, [])), lost=True)
+        await publisher.publish(3, encode_batch(EventBatch(0.0, [])))
+        # the removal in a lost batch is applied through the replay
+        await wait_for(lambda: index.worker_blocks(worker) == pages - 2, 5, "the replay")
+        assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 1
+        assert resyncs(app, worker, "gap_unrecoverable") == 0
+    finally:
+        await app.stop()
+        await publisher.close()
