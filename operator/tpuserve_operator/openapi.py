@@ -99,7 +99,19 @@ def _convert(node: JSON, definitions: dict[str, JSON]) -> JSON:
             out[bound] = True
     if isinstance(out.get("items"), dict):
         out["items"] = _convert(out["items"], definitions)
+    if out.get("default") == {} and "properties" in out:
+        # The apiserver checks a default against the node's CEL rules as written, without
+        # defaulting inside it, so an object default spells out its fields' defaults.
+        out["default"] = _materialized(out)
     return _ordered(out)
+
+
+def _materialized(node: JSON) -> JSON:
+    value: JSON = {}
+    for name, child in node.get("properties", {}).items():
+        if "default" in child:
+            value[name] = child["default"]
+    return value
 
 
 def _ordered(node: JSON) -> JSON:

@@ -7,7 +7,7 @@ through `make_server` (validation) and `render`, so they can never disagree.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tpuserve_operator import labels
@@ -41,10 +41,13 @@ class Rendered:
     revision: str
     shared: list[Manifest]
     plan: PlanStatus
+    _groups: dict[int, list[Manifest]] = field(default_factory=dict, compare=False, repr=False)
 
     def group(self, replica: int) -> list[Manifest]:
         """Replica group `replica` at the current revision (also for surge groups)."""
-        return group_children(self.server, replica, self.revision)
+        if replica not in self._groups:
+            self._groups[replica] = group_children(self.server, replica, self.revision)
+        return self._groups[replica]
 
     @property
     def replicas(self) -> int:

@@ -1,0 +1,1 @@
+"""kopf handlers. Importing `tpuserve_operator.handlers.tpumodelserver` registers them."""

@@ -1,0 +1,189 @@
+"""The operator's Kubernetes calls: server-side apply, delete, status patches, discovery.
+
+Built on the official `kubernetes` client's DynamicClient (its `request` is a stable public
+entry point across client versions), run in a bounded thread pool so the asyncio loop that
+kopf runs on never blocks. Paths come from a fixed table of the kinds the operator manages,
+so no discovery round-trips are needed per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
+
+from tpuserve_operator import labels
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None, name: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        where = f"/namespaces/{namespace}" if self.namespaced and namespace else ""
+        return f"{base}{where}/{self.plural}" + (f"/{name}" if name else "")
+
+
+KINDS: dict[tuple[str, str], Kind] = {
+    (k.api_version, k.kind): k
+    for k in (
+        Kind("v1", "Service", "services"),
+        Kind("v1", "ConfigMap", "configmaps"),
+        Kind("v1", "ServiceAccount", "serviceaccounts"),
+        Kind("v1", "Pod", "pods"),
+        Kind("apps/v1", "StatefulSet", "statefulsets"),
+        Kind("apps/v1", "Deployment", "deployments"),
+        Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+        Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
+        Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+        Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"),
+        Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
+        Kind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
+        Kind(labels.API_VERSION, labels.KIND, labels.PLURAL),
+        Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False),
+        Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings"),
+    )
+}
+
+
+def kind_of(manifest: Mapping[str, Any]) -> Kind:
+    key = (str(manifest["apiVersion"]), str(manifest["kind"]))
+    try:
+        return KINDS[key]
+    except KeyError:
+        raise ValueError(f"the operator does not manage {key[1]} ({key[0]})") from None
+
+
+def error_summary(err: Exception) -> str:
+    """A one-line, secret-free description of an API error, for conditions and logs."""
+    if isinstance(err, DynamicApiError):
+        return str(err.summary())  # type: ignore[no-untyped-call]
+    return f"{type(err).__name__}: {err}"
+
+
+def load_configuration(
+    kubeconfig: str | None = None, pool_size: int = 16
+) -> k8s_client.Configuration:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+    configuration = k8s_client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    configuration.connection_pool_maxsize = pool_size
+    return configuration
+
+
+class Kube:
+    """Asynchronous facade over the synchronous official client."""
+
+    def __init__(self, configuration: k8s_client.Configuration, workers: int = 16) -> None:
+        self._api_client = k8s_client.ApiClient(configuration)
+        self._dynamic = DynamicClient(self._api_client)  # type: ignore[no-untyped-call]
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kube")
+        self._group_versions: dict[str, tuple[float, bool]] = {}
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    async def _request(self, method: str, path: str, **params: Any) -> dict[str, Any]:
+        def call() -> dict[str, Any]:
+            response = self._dynamic.request(method, path, **params)
+            return dict(response.to_dict()) if response is not None else {}
+
+        return await self._run(call)
+
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply with the operator's one field manager, taking ownership of
+        every field it sets (so hand edits to those fields are reverted)."""
+        kind = kind_of(manifest)
+        meta = manifest["metadata"]
+        return await self._request(
+            "patch",
+            kind.path(meta.get("namespace"), meta["name"]),
+            body=dict(manifest),
+            content_type=APPLY_PATCH,
+            field_manager=labels.FIELD_MANAGER,
+            force_conflicts=True,
+        )
+
+    async def create_if_missing(self, manifest: Mapping[str, Any]) -> None:
+        kind = kind_of(manifest)
+        meta = manifest["metadata"]
+        try:
+            await self._request("get", kind.path(meta.get("namespace"), meta["name"]))
+        except NotFoundError:
+            await self._request("post", kind.path(meta.get("namespace")), body=dict(manifest))
+
+    async def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None
+    ) -> bool:
+        """Delete in the background (dependents are collected by the garbage collector).
+        With `uid`, only that incarnation is deleted. False when it was already gone."""
+        target = KINDS[(api_version, kind)]
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self._request("delete", target.path(namespace, name), body=body)
+        except NotFoundError:
+            return False
+        return True
+
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        kind = KINDS[(labels.API_VERSION, labels.KIND)]
+        await self._request(
+            "patch",
+            kind.path(namespace, name) + "/status",
+            body={"status": dict(status)},
+            content_type=MERGE_PATCH,
+        )
+
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        try:
+            return await self._request("get", KINDS[(api_version, kind)].path(namespace, name))
+        except NotFoundError:
+            return None
+
+    async def has_group_version(self, group_version: str, ttl_seconds: float = 30.0) -> bool:
+        """Whether the apiserver serves `group/version` (e.g. a CRD is installed); cached."""
+        cached = self._group_versions.get(group_version)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < ttl_seconds:
+            return cached[1]
+        try:
+            await self._request("get", f"/apis/{group_version}")
+            served = True
+        except NotFoundError:
+            served = False
+        self._group_versions[group_version] = (now, served)
+        return served
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._api_client.close()  # type: ignore[no-untyped-call]

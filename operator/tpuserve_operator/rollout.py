@@ -1,0 +1,78 @@
+"""Which replica groups to create, update, restart or delete now. A pure function.
+
+A replica group is a whole TPU slice; updating one restarts every host of it together, so
+a group is unavailable from the moment it is touched until its leader serves again. The
+plan follows Deployment-style `maxUnavailable` / `maxSurge`, counted in groups:
+
+- a missing group (k < replicas) is always created: it is unavailable anyway;
+- a stale group (not on the current revision) that is not ready is always updated, since
+  updating it costs no availability;
+- a ready stale group is updated only while fewer than `maxUnavailable` (+ ready surge
+  groups) are down, so by default one group rolls at a time; with 2 or more replicas at
+  least one group always stays ready, whatever `maxUnavailable` says;
+- while a rollout is in progress, up to `maxSurge` extra groups (indices replicas ..
+  replicas+maxSurge-1) run at the new revision; when it ends they are deleted, as are all
+  groups at index >= replicas (scale-down).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """One replica group as observed."""
+
+    exists: bool  # its workload exists and is not being deleted
+    updated: bool  # workload and every pod on the current revision
+    ready: bool  # every host up and the leader serving
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    apply: tuple[int, ...]  # create, or update to the current revision
+    restart: tuple[int, ...]  # groups whose stale pods must be replaced (StatefulSet path)
+    delete: tuple[int, ...]
+    rolling: bool
+    scaling_up: bool
+    scaling_down: bool
+
+
+def plan(
+    replicas: int,
+    groups: Mapping[int, GroupState],
+    *,
+    max_unavailable: int,
+    max_surge: int,
+) -> Plan:
+    existing = {k for k, g in groups.items() if g.exists}
+    stale = [k for k in range(replicas) if k in existing and not groups[k].updated]
+    rolling = bool(stale)
+    surge = set(range(replicas, replicas + max_surge)) if rolling else set()
+    missing = [k for k in range(replicas) if k not in existing]
+
+    ready_main = sum(1 for k in range(replicas) if k in existing and groups[k].ready)
+    ready_surge = sum(1 for k in surge if k in existing and groups[k].ready and groups[k].updated)
+    down = replicas - ready_main
+    budget = max_unavailable + ready_surge - down
+    if replicas >= 2:
+        budget = min(budget, ready_main + ready_surge - 1)
+
+    update = [k for k in stale if not groups[k].ready]
+    for k in stale:
+        if groups[k].ready and budget > 0:
+            update.append(k)
+            budget -= 1
+
+    surge_apply = [k for k in sorted(surge) if k not in existing or not groups[k].updated]
+    delete = sorted(k for k in existing if k >= replicas and k not in surge)
+    return Plan(
+        apply=tuple(sorted({*missing, *update, *surge_apply})),
+        restart=tuple(sorted(update)),
+        delete=tuple(delete),
+        rolling=rolling,
+        scaling_up=bool(missing),
+        scaling_down=bool(delete),
+    )
