@@ -14,6 +14,7 @@ from typing import Any
 from sglang_tpu.contract import FieldRef
 from sglang_tpu.model_source import parse_model_source, pvc_mount_path
 from sglang_tpu.topology import (
+    NODE_POOL_LABEL,
     RESERVATION_LABEL,
     SPOT_LABEL,
     TPU_RESOURCE,
@@ -85,6 +86,7 @@ def pod_labels(server: Server, replica: int, role: str, revision: str) -> dict[s
         labels.TPU_GENERATION: spec.tpu.generation,
         labels.TPU_TOPOLOGY: spec.tpu.topology,
         labels.REPLICA: str(replica),
+        labels.SLICE_GROUP: server.group_name(replica),
         labels.ROLE: role,
         labels.REVISION: revision,
     }
@@ -113,6 +115,39 @@ def _node_placement(server: Server) -> tuple[dict[str, str], list[dict[str, Any]
     selector |= spec.template.node_selector
     tolerations += spec.template.tolerations
     return selector, tolerations
+
+
+def _affinity(server: Server, replica: int) -> dict[str, Any] | None:
+    """A multi-host group is one slice, and a GKE slice is one node pool: require every pod
+    of the group in the same pool, and no pod of another group there (the user's affinity
+    terms are kept beside these)."""
+    spec = server.valid.spec
+    user = dict(spec.template.affinity or {})
+    if spec.engine.type != "sglang" or not server.valid.shape.multi_host:
+        return user or None
+    group = server.group_name(replica)
+    together = {
+        "labelSelector": {
+            "matchExpressions": [{"key": labels.SLICE_GROUP, "operator": "In", "values": [group]}]
+        },
+        "topologyKey": NODE_POOL_LABEL,
+    }
+    alone = {
+        "labelSelector": {
+            "matchExpressions": [
+                {"key": labels.SLICE_GROUP, "operator": "Exists"},
+                {"key": labels.SLICE_GROUP, "operator": "NotIn", "values": [group]},
+            ]
+        },
+        "topologyKey": NODE_POOL_LABEL,
+    }
+    out = dict(user)
+    for kind, term in (("podAffinity", together), ("podAntiAffinity", alone)):
+        section = dict(out.get(kind) or {})
+        required = list(section.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+        section["requiredDuringSchedulingIgnoredDuringExecution"] = [*required, term]
+        out[kind] = section
+    return out
 
 
 def _resources(server: Server) -> dict[str, Any]:
@@ -284,8 +319,9 @@ def engine_pod_template(
     if tolerations:
         pod_spec["tolerations"] = tolerations
     overrides = spec.template
-    if overrides.affinity:
-        pod_spec["affinity"] = overrides.affinity
+    affinity = _affinity(server, replica)
+    if affinity:
+        pod_spec["affinity"] = affinity
     if overrides.priority_class_name:
         pod_spec["priorityClassName"] = overrides.priority_class_name
     if overrides.service_account_name:

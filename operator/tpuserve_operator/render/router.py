@@ -1,9 +1,12 @@
 """The router in front of a server's leaders: Deployment, ConfigMap, ServiceAccount and RBAC.
 
-The router is configured only through its command line (ARCHITECTURE §3): it discovers the
-ready leaders of this server by label selector (`labels.leader_selector`) in its namespace.
-The ConfigMap holds the discovery settings; the pod template carries its hash, so a change
-rolls the router.
+The router is configured only through its command line and environment (ARCHITECTURE §3):
+it discovers the ready leaders of this server by label selector (`labels.leader_selector`)
+in its namespace. The ConfigMap holds the discovery settings as the router's own
+`TPUSERVE_ROUTER_<FLAG>` variables (read when the flag is not given); the pod template
+carries the ConfigMap's hash, so a change rolls the router. The readiness probe is the
+router's `/readiness`, true only while it has a healthy worker: a ready router pod means
+at least one routable replica.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from tpuserve_operator.render.context import (
 )
 
 ROUTER_CONTAINER = "router"
-HEALTH_PATH = "/health"
+LIVENESS_PATH = "/health"
+READINESS_PATH = "/readiness"
 ENV_POLICY = "TPUSERVE_ROUTER_POLICY"
 ENV_SELECTOR = "TPUSERVE_ROUTER_SELECTOR"
 ENV_NAMESPACE = "TPUSERVE_ROUTER_NAMESPACE"
@@ -46,13 +50,12 @@ def router_config(server: Server) -> Manifest:
 
 
 def router_args(server: Server) -> list[str]:
+    """Flags; namespace, selector and policy come from the ConfigMap's variables."""
     args = [
+        "--host=0.0.0.0",
         f"--port={ROUTER_PORT}",
         f"--metrics-port={ROUTER_METRICS_PORT}",
         "--discovery=kubernetes",
-        f"--namespace=$({ENV_NAMESPACE})",
-        f"--selector=$({ENV_SELECTOR})",
-        f"--policy=$({ENV_POLICY})",
     ]
     if server.valid.spec.router.kv_events:
         args.append("--kv-events")
@@ -66,7 +69,6 @@ def _resources(server: Server) -> dict[str, Any]:
 
 def router_deployment(server: Server, config: Manifest) -> Manifest:
     spec = server.valid.spec
-    http = {"path": HEALTH_PATH, "port": "http"}
     container: Manifest = {
         "name": ROUTER_CONTAINER,
         "image": spec.router.image or server.config.router_image,
@@ -77,9 +79,13 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
             {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
         ],
-        "readinessProbe": {"httpGet": http, "periodSeconds": 5, "timeoutSeconds": 3},
+        "readinessProbe": {
+            "httpGet": {"path": READINESS_PATH, "port": "http"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+        },
         "livenessProbe": {
-            "httpGet": http,
+            "httpGet": {"path": LIVENESS_PATH, "port": "http"},
             "periodSeconds": 10,
             "timeoutSeconds": 5,
             "failureThreshold": 6,

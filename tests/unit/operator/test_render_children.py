@@ -132,14 +132,14 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["tpuserve", "router"]
     assert container["args"] == [
+        "--host=0.0.0.0",
         "--port=8000",
         "--metrics-port=9000",
         "--discovery=kubernetes",
-        "--namespace=$(TPUSERVE_ROUTER_NAMESPACE)",
-        "--selector=$(TPUSERVE_ROUTER_SELECTOR)",
-        "--policy=$(TPUSERVE_ROUTER_POLICY)",
         "--kv-events",
     ]
+    assert container["envFrom"] == [{"configMapRef": {"name": "qwen-router"}}]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readiness"
     config = one(rendered(spec).children, "ConfigMap", "qwen-router")
     assert config["data"]["TPUSERVE_ROUTER_POLICY"] == "least_load"
     assert {p["name"] for p in container["ports"]} == {"http", "metrics"}
@@ -386,3 +386,66 @@ def test_lws_pod_templates_validate_as_pod_templates(rendered: RenderFn) -> None
                 "1.33.0",
                 strict=True,
             )
+
+
+def test_the_router_accepts_the_rendered_command_line_and_config(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    """Contract with tpuserve_router: its own parser reads what the operator renders."""
+    import argparse
+
+    from tpuserve_router import cli as router_cli
+
+    children = rendered(spec_with(router={"policy": "least_load", "kvEvents": True})).children
+    (container,) = one(children, "Deployment", "qwen-router")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    parser = argparse.ArgumentParser()
+    router_cli.configure(parser)
+    args = parser.parse_args(container["args"])
+    env = one(children, "ConfigMap", "qwen-router")["data"]
+    config = router_cli.build_config(args, environ=dict(env))
+    assert config.discovery == "kubernetes"
+    assert config.host == "0.0.0.0"
+    assert config.namespace == "ml"
+    assert config.policy == "least_load"
+    assert config.kv_events is True
+    assert config.selector == labels.leader_selector("qwen")
+    assert config.leader_label == f"{labels.ROLE}={labels.ROLE_LEADER}"
+
+
+def test_a_multi_host_group_is_pinned_to_one_node_pool_of_its_own(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    user_term = {"labelSelector": {"matchLabels": {"x": "y"}}, "topologyKey": "zone"}
+    spec = spec_with(
+        template={
+            "affinity": {
+                "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [user_term]}
+            }
+        }
+    )
+    pod = one(rendered(spec).children, "StatefulSet", "qwen-r1-w")["spec"]["template"]
+    assert pod["metadata"]["labels"][labels.SLICE_GROUP] == "qwen-r1"
+    affinity = pod["spec"]["affinity"]
+    together = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    alone = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert together[0] == user_term
+    assert together[1]["topologyKey"] == "cloud.google.com/gke-nodepool"
+    assert together[1]["labelSelector"]["matchExpressions"] == [
+        {"key": labels.SLICE_GROUP, "operator": "In", "values": ["qwen-r1"]}
+    ]
+    assert alone[0]["topologyKey"] == "cloud.google.com/gke-nodepool"
+    assert {"key": labels.SLICE_GROUP, "operator": "NotIn", "values": ["qwen-r1"]} in alone[0][
+        "labelSelector"
+    ]["matchExpressions"]
+
+
+def test_single_host_and_simulated_groups_need_no_pool_affinity(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    single = spec_with(tpu={"generation": "v6e", "topology": "2x4"})
+    simulated = spec_with(engine={"type": "simulated"})
+    for spec in (single, simulated):
+        pod = one(rendered(spec).children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+        assert "affinity" not in pod
