@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from sglang_tpu import topology
-from tpuserve.cluster import kwok, lws
+from tpuserve.cluster import kube, kwok, lws
 from tpuserve.cluster.node_pools import FAKE_NODE_LABEL, NodePool, load_profile
 from tpuserve.cluster.pki import PKI, create_pki, issue_serving_cert, load_pki
 from tpuserve.cluster.ports import LOOPBACK, free_ports
@@ -430,16 +430,7 @@ class Cluster:
         module_dir = self.toolchain.lws_module_dir()
         api = self.api_client()
         try:
-            extensions = _client().ApiextensionsV1Api(api)
-            crds = [yaml.safe_load(path.read_text()) for path in lws.crd_paths(module_dir)]
-            for crd in crds:
-                _create_or_replace_crd(extensions, crd)
-            names = [crd["metadata"]["name"] for crd in crds]
-            wait_for(
-                f"CRDs {', '.join(names)} Established",
-                lambda: all(_crd_established(extensions, n) for n in names),
-                self.startup_timeout_seconds,
-            )
+            lws.install_crds(api, module_dir, self.startup_timeout_seconds)
         finally:
             api.close()
         cert_dir = self.run_dir / "lws-certs"
@@ -483,16 +474,9 @@ class Cluster:
             self.startup_timeout_seconds,
             process,
         )
-        configurations = lws.webhook_configurations(
-            lws.webhook_manifests_path(module_dir).read_text(),
-            webhook_port=self.ports.lws_webhook,
-            ca_bundle_pem=self.pki.ca_cert.read_bytes(),
-        )
         api = self.api_client()
         try:
-            admission = _client().AdmissionregistrationV1Api(api)
-            for body in configurations:
-                _create_or_replace_webhook(admission, body)
+            lws.register_webhooks(api, module_dir, self.ports.lws_webhook, self.pki.ca_cert)
         finally:
             api.close()
 
@@ -502,7 +486,7 @@ class Cluster:
         def ready() -> bool:
             api = self.api_client()
             try:
-                _client().CoreV1Api(api).read_namespace("default")
+                kube.client().CoreV1Api(api).read_namespace("default")
                 return True
             finally:
                 api.close()
@@ -553,7 +537,7 @@ class Cluster:
 
     def api_client(self) -> Any:
         """A new `kubernetes.client.ApiClient` for the admin user; close it when done."""
-        config = _config_module()
+        config = kube.config()
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
     def service_account_kubeconfig(
@@ -563,7 +547,7 @@ class Cluster:
         api = self.api_client()
         try:
             response = (
-                _client()
+                kube.client()
                 .CoreV1Api(api)
                 .create_namespaced_service_account_token(
                     name,
@@ -652,7 +636,7 @@ class Cluster:
         """Create the pool's Nodes (kwok makes them Ready); returns their names."""
         api = self.api_client()
         try:
-            core = _client().CoreV1Api(api)
+            core = kube.client().CoreV1Api(api)
             existing = core.list_node(label_selector=f"{topology.NODE_POOL_LABEL}={pool.name}")
             if existing.items:
                 raise ValueError(f"pool: a node pool named {pool.name!r} already exists")
@@ -672,7 +656,7 @@ class Cluster:
         garbage-collected by kube-controller-manager, as when GKE deletes a node pool."""
         api = self.api_client()
         try:
-            core = _client().CoreV1Api(api)
+            core = kube.client().CoreV1Api(api)
             selector = f"{topology.NODE_POOL_LABEL}={name},{FAKE_NODE_LABEL}=true"
             nodes = [n.metadata.name for n in core.list_node(label_selector=selector).items]
             if not nodes:
@@ -697,7 +681,9 @@ class Cluster:
         def all_ready() -> bool:
             api = self.api_client()
             try:
-                nodes = _client().CoreV1Api(api).list_node(label_selector=f"{FAKE_NODE_LABEL}=true")
+                nodes = (
+                    kube.client().CoreV1Api(api).list_node(label_selector=f"{FAKE_NODE_LABEL}=true")
+                )
             finally:
                 api.close()
             ready = {n.metadata.name for n in nodes.items if _schedulable(n)}
@@ -734,67 +720,6 @@ def _schedulable(node: Any) -> bool:
 def _port_open(port: int) -> bool:
     with socket.create_connection((LOOPBACK, port), timeout=2):
         return True
-
-
-def _client() -> Any:
-    import kubernetes.client
-
-    return kubernetes.client
-
-
-def _config_module() -> Any:
-    import kubernetes.config
-
-    return kubernetes.config
-
-
-def _api_exception() -> type[Exception]:
-    from kubernetes.client.exceptions import ApiException
-
-    exc: type[Exception] = ApiException
-    return exc
-
-
-def _create_or_replace_crd(extensions: Any, body: dict[str, Any]) -> None:
-    try:
-        extensions.create_custom_resource_definition(body)
-    except _api_exception() as err:
-        if getattr(err, "status", None) != 409:
-            raise
-        current = extensions.read_custom_resource_definition(body["metadata"]["name"])
-        body["metadata"]["resourceVersion"] = current.metadata.resource_version
-        extensions.replace_custom_resource_definition(body["metadata"]["name"], body)
-
-
-def _crd_established(extensions: Any, name: str) -> bool:
-    crd = extensions.read_custom_resource_definition(name)
-    return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
-
-
-def _create_or_replace_webhook(admission: Any, body: dict[str, Any]) -> None:
-    kind = body["kind"]
-    create, read, replace = (
-        (
-            admission.create_mutating_webhook_configuration,
-            admission.read_mutating_webhook_configuration,
-            admission.replace_mutating_webhook_configuration,
-        )
-        if kind == "MutatingWebhookConfiguration"
-        else (
-            admission.create_validating_webhook_configuration,
-            admission.read_validating_webhook_configuration,
-            admission.replace_validating_webhook_configuration,
-        )
-    )
-    try:
-        create(body)
-    except _api_exception() as err:
-        if getattr(err, "status", None) != 409:
-            raise
-        body["metadata"]["resourceVersion"] = read(
-            body["metadata"]["name"]
-        ).metadata.resource_version
-        replace(body["metadata"]["name"], body)
 
 
 def default_run_dir() -> Path:

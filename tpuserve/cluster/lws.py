@@ -19,6 +19,9 @@ from typing import Any
 
 import yaml
 
+from tpuserve.cluster import kube
+from tpuserve.cluster.process import wait_for
+
 # The label LWS puts on every pod of a group; the pod webhooks only see pods carrying it.
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 POD_WEBHOOKS = ("mpod.kb.io", "vpod.kb.io")
@@ -69,3 +72,29 @@ def webhook_configurations(
 
 def webhook_manifests_path(lws_module_dir: Path) -> Path:
     return lws_module_dir / "config" / "webhook" / "manifests.yaml"
+
+
+def install_crds(api: Any, lws_module_dir: Path, timeout_seconds: float) -> None:
+    """Create (or replace) LWS's CRDs and wait until the apiserver serves them."""
+    extensions = kube.client().ApiextensionsV1Api(api)
+    crds = [yaml.safe_load(path.read_text()) for path in crd_paths(lws_module_dir)]
+    for crd in crds:
+        kube.create_or_replace_crd(extensions, crd)
+    names = [crd["metadata"]["name"] for crd in crds]
+    wait_for(
+        f"CRDs {', '.join(names)} Established",
+        lambda: all(kube.crd_established(extensions, n) for n in names),
+        timeout_seconds,
+    )
+
+
+def register_webhooks(api: Any, lws_module_dir: Path, webhook_port: int, ca_cert: Path) -> None:
+    """Register LWS's webhooks at https://127.0.0.1:webhook_port (call once it serves)."""
+    admission = kube.client().AdmissionregistrationV1Api(api)
+    configurations = webhook_configurations(
+        webhook_manifests_path(lws_module_dir).read_text(),
+        webhook_port=webhook_port,
+        ca_bundle_pem=ca_cert.read_bytes(),
+    )
+    for body in configurations:
+        kube.create_or_replace_webhook(admission, body)

@@ -1,0 +1,67 @@
+"""Thin helpers over the official `kubernetes` client: create-or-replace and readiness checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def client() -> Any:
+    """The `kubernetes.client` module (imported on first use: it is slow to import)."""
+    import kubernetes.client
+
+    return kubernetes.client
+
+
+def config() -> Any:
+    import kubernetes.config
+
+    return kubernetes.config
+
+
+def api_exception() -> type[Exception]:
+    from kubernetes.client.exceptions import ApiException
+
+    exc: type[Exception] = ApiException
+    return exc
+
+
+def create_or_replace_crd(extensions: Any, body: dict[str, Any]) -> None:
+    try:
+        extensions.create_custom_resource_definition(body)
+    except api_exception() as err:
+        if getattr(err, "status", None) != 409:
+            raise
+        current = extensions.read_custom_resource_definition(body["metadata"]["name"])
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        extensions.replace_custom_resource_definition(body["metadata"]["name"], body)
+
+
+def crd_established(extensions: Any, name: str) -> bool:
+    crd = extensions.read_custom_resource_definition(name)
+    return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+
+def create_or_replace_webhook(admission: Any, body: dict[str, Any]) -> None:
+    kind = body["kind"]
+    create, read, replace = (
+        (
+            admission.create_mutating_webhook_configuration,
+            admission.read_mutating_webhook_configuration,
+            admission.replace_mutating_webhook_configuration,
+        )
+        if kind == "MutatingWebhookConfiguration"
+        else (
+            admission.create_validating_webhook_configuration,
+            admission.read_validating_webhook_configuration,
+            admission.replace_validating_webhook_configuration,
+        )
+    )
+    try:
+        create(body)
+    except api_exception() as err:
+        if getattr(err, "status", None) != 409:
+            raise
+        body["metadata"]["resourceVersion"] = read(
+            body["metadata"]["name"]
+        ).metadata.resource_version
+        replace(body["metadata"]["name"], body)
