@@ -1,0 +1,321 @@
+"""`tpuserve bench`: run one routing policy on one workload and print its summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from dataclasses import replace
+from typing import Any
+
+from sglang_tpu import perf_model
+from sglang_tpu.topology import CatalogError, generation_names, lookup
+from tpuserve.bench import sizing, workloads
+from tpuserve.bench.anchors import policy_names
+from tpuserve.bench.report import SLO_FACTOR, recovery_seconds, summarize
+from tpuserve.bench.sim_runner import Fault, SimConfig, measure_rr_saturation, run_sim
+from tpuserve_router.config import DEFAULT_POLICY
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """Benchmark a routing policy on a workload, in-process (sim) or over HTTP (live).
+
+Mode sim drives the router's policy objects (or an anchor: sglang-router cache_aware v1/v2,
+llm-d's approximate scorer, Dynamo's cost function, Preble E2, the oracle) in front of N
+engine twins on a virtual clock: 10^5 requests take seconds. Mode live starts N
+`tpuserve engine sim` processes with time dilation and a router in front of them (`tpuserve
+router`, or the real sglang-router for --policy sglang_cache_aware_v2) and sends the trace
+over HTTP from loopback.
+
+Without --cache-tokens each worker's KV pool is sized from the trace (shared-prefix demand
+= 3-6 x one worker, about 0.7 x the fleet). Without --rate the trace is replayed at
+--rate-fraction (default 0.85) x mu_RR, round-robin's saturation throughput measured in sim mode.
+
+examples:
+  tpuserve bench --workload W2 --json
+  tpuserve bench --workload W5 --policy sglang_cache_aware_v1 --rate-fraction 1.0 --json
+  tpuserve bench --workload W8 --fault restart --fault-at 60 --json
+  tpuserve bench --workload W1 --write-trace w1.jsonl --requests 500
+  tpuserve bench --trace w1.jsonl --mode live --policy cache_aware --json
+"""
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: an integer >= 1")
+    return n
+
+
+def _positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not (x > 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: a number > 0")
+    return x
+
+
+def _fraction(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0 <= x < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: 0 <= x < 1")
+    return x
+
+
+def _non_negative(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not (x >= 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: a number >= 0")
+    return x
+
+
+def _key_value(value: str) -> tuple[str, float]:
+    key, sep, raw = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{value!r} is not KEY=NUMBER")
+    try:
+        return key, float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: {raw!r} is not a number") from None
+
+
+def _workload(value: str) -> str:
+    if value not in workloads.WORKLOADS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not allowed; allowed: {', '.join(workloads.WORKLOADS)}"
+        )
+    return value
+
+
+def _policy(value: str) -> str:
+    names = policy_names()
+    if value not in names:
+        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: {', '.join(names)}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_argument_group("what to send")
+    which = src.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--workload", type=_workload, help=f"One of {', '.join(workloads.WORKLOADS)}."
+    )
+    which.add_argument("--trace", help="A JSON Lines trace file (ours, or Mooncake's format).")
+    src.add_argument(
+        "--requests", type=_positive_int, default=None,
+        help="Requests to generate (default: the workload's, at least 2,000 measured).",
+    )  # fmt: skip
+    src.add_argument("--seed", type=int, default=0, help="Workload and policy seed (default: 0).")
+    src.add_argument(
+        "--workload-param", type=_key_value, action="append", default=[], metavar="KEY=NUMBER",
+        help="Override a workload parameter (e.g. zipf=1.0 for W1).",
+    )  # fmt: skip
+    src.add_argument(
+        "--write-trace", metavar="FILE", help="Also write the trace that is replayed to FILE."
+    )
+    rate = src.add_mutually_exclusive_group()
+    rate.add_argument("--rate", type=_positive_float, help="Mean arrivals per second.")
+    rate.add_argument(
+        "--rate-fraction", type=_positive_float, default=None,
+        help="Mean arrival rate as a fraction of mu_RR (default: 0.85).",
+    )  # fmt: skip
+    src.add_argument(
+        "--mu-rr", type=_positive_float, default=None,
+        help="Use this mu_RR (requests/s) instead of measuring it.",
+    )  # fmt: skip
+    fleet = parser.add_argument_group("fleet")
+    fleet.add_argument(
+        "--policy", type=_policy, default=DEFAULT_POLICY,
+        help=f"Routing policy (default: the router's default, {DEFAULT_POLICY}): "
+        f"{', '.join(policy_names())}.",
+    )  # fmt: skip
+    fleet.add_argument("--mode", choices=("sim", "live"), default="sim", help="(default: sim)")
+    fleet.add_argument("--workers", type=_positive_int, default=4, help="Engines (default: 4).")
+    fleet.add_argument(
+        "--cache-tokens", type=_positive_int, default=None,
+        help="KV pool per engine in tokens (default: sized from the trace).",
+    )  # fmt: skip
+    fleet.add_argument("--page-size", type=_positive_int, default=16, help="(default: 16)")
+    fleet.add_argument("--tpu", default="v6e", choices=generation_names(), help="(default: v6e)")
+    fleet.add_argument("--topology", default="1x1", help="TPU slice shape (default: 1x1).")
+    fleet.add_argument(
+        "--model-profile", default=perf_model.DEFAULT_PROFILE,
+        help=f"(default: %(default)s) one of {', '.join(perf_model.profile_names())}",
+    )  # fmt: skip
+    faults = parser.add_argument_group("faults (W8c/d/e)")
+    faults.add_argument("--fault", choices=("restart", "flush"), help="Inject one fault.")
+    faults.add_argument(
+        "--fault-at", type=_non_negative, default=None,
+        help="Seconds into the (rescaled) trace (default: its middle).",
+    )  # fmt: skip
+    faults.add_argument("--fault-worker", type=int, default=0, help="Worker index (default: 0).")
+    faults.add_argument(
+        "--kv-event-drop", type=_fraction, default=0.0,
+        help="Share of KV-event batches lost before they reach the policy (sim; default 0).",
+    )  # fmt: skip
+    out = parser.add_argument_group("measurement")
+    out.add_argument(
+        "--warmup-fraction", type=_fraction, default=0.1,
+        help="Leading share of requests not measured (default: 0.1).",
+    )  # fmt: skip
+    out.add_argument(
+        "--slo-factor", type=_positive_float, default=SLO_FACTOR,
+        help="Goodput SLO: TTFT and TPOT within this many x unloaded (default: %(default)s).",
+    )  # fmt: skip
+    out.add_argument("--records", metavar="FILE", help="Write per-request records (JSONL).")
+    out.add_argument("--json", action="store_true", help="Print one JSON object.")
+    live = parser.add_argument_group("live mode")
+    live.add_argument(
+        "--time-scale", type=_positive_float, default=1.0,
+        help="Engine time dilation: real seconds per modelled second (default: 1).",
+    )  # fmt: skip
+    live.add_argument(
+        "--anchor-python", default=None,
+        help="Python of the venv holding sglang-router (default: bench/routing_anchor_venv.sh).",
+    )  # fmt: skip
+
+
+def load_trace(args: argparse.Namespace) -> tuple[list[workloads.TraceRequest], str]:
+    if args.trace:
+        trace = workloads.read_trace(args.trace)
+        if args.requests:
+            trace = trace[: args.requests]
+        return trace, args.trace
+    params = dict(args.workload_param)
+    return workloads.generate(args.workload, args.seed, args.requests, **params), args.workload
+
+
+def run(args: argparse.Namespace) -> int:
+    from tpuserve.bench.live_runner import LiveError
+
+    try:
+        return _run(args)
+    except (workloads.TraceError, ValueError, CatalogError, LiveError) as err:
+        print(f"tpuserve bench: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    lookup(args.tpu, args.topology)
+    perf_model.get_profile(args.model_profile)
+    if args.fault_at is not None and args.fault is None:
+        raise ValueError("--fault-at: needs --fault restart|flush")
+    trace, source = load_trace(args)
+    demand = sizing.measure_demand(trace, args.page_size)
+    cache_tokens = args.cache_tokens or sizing.cache_tokens_for(demand, args.workers)
+    config = SimConfig(
+        workers=args.workers, cache_tokens=cache_tokens, page_size=args.page_size, tpu=args.tpu,
+        topology=args.topology, model_profile=args.model_profile, seed=args.seed,
+        kv_event_drop=args.kv_event_drop, slo_factor=args.slo_factor,
+    )  # fmt: skip
+    config.validate()
+    mu_rr = args.mu_rr
+    if args.rate is not None:
+        rate = args.rate
+        fraction = None
+    else:
+        fraction = args.rate_fraction if args.rate_fraction is not None else 0.85
+        if mu_rr is None:
+            mu_rr = measure_rr_saturation(trace, config)
+        rate = fraction * mu_rr
+    trace = workloads.rescale_to_rate(trace, rate)
+    if args.write_trace:
+        workloads.write_trace(trace, args.write_trace)
+    fault_at = None
+    if args.fault:
+        fault_at = args.fault_at if args.fault_at is not None else trace[len(trace) // 2].t
+        config = replace(config, faults=(Fault(args.fault, fault_at, args.fault_worker),))
+        config.validate()
+    extra: dict[str, Any] = {
+        "mode": args.mode, "workload": source, "seed": args.seed, "workers": args.workers,
+        "cache_tokens": cache_tokens, "shared_prefix_tokens": demand.shared_tokens,
+        "rate": rate, "rate_fraction": fraction, "mu_rr": mu_rr,
+        "tpu": f"{args.tpu}-{args.topology}", "model_profile": args.model_profile,
+    }  # fmt: skip
+    if args.mode == "sim":
+        result = run_sim(trace, args.policy, config)
+        records = result.records
+        extra["wall_seconds"] = result.wall_seconds
+        extra["virtual_seconds"] = result.virtual_seconds
+        summary = summarize(
+            args.policy, records, result.samples, warmup_fraction=args.warmup_fraction,
+            extra=extra,
+        )  # fmt: skip
+    else:
+        from tpuserve.bench.live_runner import LiveConfig, run_live
+
+        live = run_live(
+            trace, args.policy,
+            LiveConfig(sim=config, time_scale=args.time_scale, anchor_python=args.anchor_python),
+        )  # fmt: skip
+        records = live.records
+        extra.update(live.meta)
+        summary = summarize(
+            args.policy, records, live.samples, warmup_fraction=args.warmup_fraction,
+            time_unit=args.time_scale, extra=extra,
+        )  # fmt: skip
+    if fault_at is not None:
+        scale = args.time_scale if args.mode == "live" else 1.0
+        worker = sorted({r.worker for r in records if r.worker})[args.fault_worker :][:1]
+        summary["fault"] = {
+            "kind": args.fault, "at": fault_at, "worker": args.fault_worker,
+            "faulted_worker": recovery_seconds(
+                records, fault_at * scale, worker=worker[0] if worker else None,
+                window_seconds=10.0 * scale, step_seconds=0.25 * scale,
+            ),
+            "fleet": recovery_seconds(
+                records, fault_at * scale, window_seconds=10.0 * scale,
+                step_seconds=0.25 * scale,
+            ),
+        }  # fmt: skip
+    if args.records:
+        with open(args.records, "w") as f:
+            for r in records:
+                f.write(json.dumps({
+                    "id": r.id, "worker": r.worker, "arrival": r.arrival, "outcome": r.outcome,
+                    "ttft": r.ttft, "e2e": r.e2e, "prompt_tokens": r.prompt_tokens,
+                    "cached_tokens": r.cached_tokens, "completion_tokens": r.completion_tokens,
+                    "ok": r.ok, "error": r.error,
+                }) + "\n")  # fmt: skip
+    if args.json:
+        print(json.dumps(_finite(summary)))
+    else:
+        print(render_text(summary))
+    return 0
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: report missing statistics as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def render_text(summary: dict[str, Any]) -> str:
+    lines = [f"policy {summary['policy']} on {summary.get('workload')} ({summary.get('mode')})"]
+    for key in (
+        "requests", "failed", "hit_rate", "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99",
+        "e2e_mean", "e2e_p99", "throughput_rps", "output_tokens_per_s", "goodput_rps",
+        "imbalance_max_over_mean", "rate", "mu_rr", "cache_tokens",
+    ):  # fmt: skip
+        value = summary.get(key)
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        lines.append(f"  {key:<24} {shown}")
+    return "\n".join(lines)

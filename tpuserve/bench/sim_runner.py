@@ -1,0 +1,417 @@
+"""Mode sim: a routing policy in front of N engine twins, all in-process on one virtual clock.
+
+The engines are the engine twin's own core (`sglang_tpu.sim.engine.EngineCore` driven by its
+`VirtualEngine`), not a copy; the policies are the router's policy objects (or the anchors),
+called exactly as the router calls them:
+
+- at each arrival every engine is advanced to that instant, the hooks of what happened
+  meanwhile are delivered (``on_prefill_done`` at a request's first token,
+  ``on_request_done`` when it finishes), then ``choose`` runs with the virtual clock set to
+  the arrival time and the router's in-flight counts;
+- a policy that keeps a `BlockIndex` (``precise``, ``cost``, the Dynamo anchor) gets every
+  engine's KV events as they are emitted (optionally dropping a share of batches, W8e);
+- faults (W8c/d): ``restart`` fails the worker's in-flight requests, keeps it unroutable for
+  ``restart_down_seconds`` and brings back a fresh engine (empty cache; a KV-event-fed index is
+  cleared, as the router does when the engine's sequence numbers restart); ``flush`` empties
+  the worker's cache of everything no running request uses (SGLang refuses ``/flush_cache``
+  while requests run; this is what a flush between requests leaves) and the engine's
+  ``BlockRemoved`` events reach an event-fed index; approximate policies are not told.
+
+`measure_rr_saturation` gives mu_RR: round-robin's throughput when the whole trace arrives at
+once (requests per virtual second).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sglang_tpu.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from sglang_tpu.perf_model import StepTimer, get_profile
+from sglang_tpu.sim.engine import (
+    EngineConfig,
+    EngineCore,
+    OutputPalette,
+    Request,
+    VirtualEngine,
+)
+from sglang_tpu.tokenizer import Tokenizer, load_tokenizer
+from sglang_tpu.topology import lookup
+from tpuserve.bench.anchors import AnchorContext, make_bench_policy
+from tpuserve.bench.report import SLO_FACTOR, LoadSamples, RequestRecord
+from tpuserve.bench.workloads import TraceRequest, token_ids_of
+from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.policies.base import Decision, NoHealthyWorker, Policy, RouteRequest
+from tpuserve_router.request_body import parse_chat, parse_completions
+
+log = logging.getLogger(__name__)
+
+SAMPLE_INTERVAL_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # "restart" | "flush"
+    at: float
+    worker: int = 0
+
+    def validate(self, workers: int) -> None:
+        if self.kind not in ("restart", "flush"):
+            raise ValueError(f"--fault: {self.kind!r} is not allowed; allowed: restart, flush")
+        if not 0 <= self.worker < workers:
+            raise ValueError(
+                f"--fault-worker: {self.worker} is not allowed; allowed: 0..{workers - 1}"
+            )
+        if self.at < 0:
+            raise ValueError(f"--fault-at: {self.at} is not allowed; allowed: >= 0")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    workers: int = 4
+    cache_tokens: int = 100_000
+    page_size: int = 16
+    tpu: str = "v6e"
+    topology: str = "1x1"
+    model_profile: str = "llama-3.1-8b"
+    max_running_requests: int = 256
+    chunked_prefill_size: int = 8192
+    max_queued_requests: int = 100_000
+    seed: int = 0
+    kv_event_drop: float = 0.0
+    faults: tuple[Fault, ...] = ()
+    restart_down_seconds: float = 5.0
+    slo_factor: float = SLO_FACTOR
+
+    def validate(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"--workers: {self.workers} is not allowed; allowed: >= 1")
+        if self.cache_tokens < self.page_size:
+            raise ValueError(
+                f"--cache-tokens: {self.cache_tokens} is not allowed; allowed: >= the page size"
+            )
+        if not 0.0 <= self.kv_event_drop < 1.0:
+            raise ValueError(
+                f"--kv-event-drop: {self.kv_event_drop} is not allowed; allowed: 0 <= p < 1"
+            )
+        for fault in self.faults:
+            fault.validate(self.workers)
+
+
+def make_timer(config: SimConfig) -> StepTimer:
+    return StepTimer(lookup(config.tpu, config.topology), get_profile(config.model_profile))
+
+
+@dataclass
+class _Worker:
+    """A worker as policies see it (`WorkerView`) plus the engine behind it."""
+
+    name: str
+    engine: VirtualEngine
+    in_flight: int = 0
+    healthy: bool = True
+    down_until: float = -math.inf
+
+
+@dataclass
+class _Pending:
+    record: RequestRecord
+    decision: Decision[Any]
+    worker: _Worker
+    request: Request
+    prefill_reported: bool = False
+
+
+@dataclass
+class SimResult:
+    policy: str
+    records: list[RequestRecord]
+    samples: LoadSamples
+    config: SimConfig
+    wall_seconds: float
+    virtual_seconds: float
+    rejected: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def route_inputs(
+    req: TraceRequest, policy: Policy, tokenizer: Tokenizer
+) -> tuple[RouteRequest, list[int]]:
+    """What the router would hand the policy for this request, and the engine's token ids.
+
+    The routing text comes from the router's own body parser, so character-level policies see
+    exactly what they see behind ``tpuserve router``.
+    """
+    ids = token_ids_of(req, tokenizer)
+    text = ""
+    if policy.needs_text:
+        route, body = req.body()
+        parsed = (parse_chat if route == "/v1/chat/completions" else parse_completions)(
+            body, True, None
+        )
+        text = parsed.text
+    return RouteRequest(model="", text=text, token_ids=ids if policy.needs_tokens else None), ids
+
+
+class SimRun:
+    def __init__(
+        self,
+        trace: Sequence[TraceRequest],
+        policy_name: str,
+        config: SimConfig,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        config.validate()
+        self.trace = trace
+        self.config = config
+        self.tokenizer = tokenizer or load_tokenizer()
+        self.timer = make_timer(config)
+        self.palette = OutputPalette(self.tokenizer)
+        self.now = 0.0
+        self.rng = random.Random(f"sim:{config.seed}")
+        self.workers = [
+            _Worker(f"http://127.0.0.1:{30000 + i}", self._new_engine(i))
+            for i in range(config.workers)
+        ]
+        engines = {w.name: _LiveCore(self, i) for i, w in enumerate(self.workers)}
+        ctx = AnchorContext(
+            clock=self.clock, seed=config.seed, timer=self.timer, page_size=config.page_size,
+            engines=engines, cache_tokens=config.cache_tokens,
+        )  # fmt: skip
+        self.policy_name = policy_name
+        self.policy = make_bench_policy(policy_name, ctx)
+        index = getattr(self.policy, "block_index", None)
+        self.index: BlockIndex | None = index if isinstance(index, BlockIndex) else None
+        if self.index is not None:
+            for i, w in enumerate(self.workers):
+                self.index.mark_event_feed(w.name)
+                w.engine.core.kv_event_sink = self._event_sink(w.name)
+                self._enable_events(i)
+        self.policy.on_workers_changed([w.name for w in self.workers])
+        self.pending: dict[str, _Pending] = {}
+        self.records: list[RequestRecord] = []
+        self.samples = LoadSamples([w.name for w in self.workers])
+        self._first_tokens: list[_Pending] = []
+
+    # --- engines ------------------------------------------------------------------------
+
+    def _new_engine(self, index: int) -> VirtualEngine:
+        cfg = self.config
+        engine_config = EngineConfig(
+            cache_tokens=cfg.cache_tokens, page_size=cfg.page_size,
+            max_running_requests=cfg.max_running_requests,
+            chunked_prefill_size=cfg.chunked_prefill_size,
+            max_queued_requests=cfg.max_queued_requests, seed=cfg.seed * 1000 + index,
+            emit_kv_events=False,
+        )  # fmt: skip
+        return VirtualEngine(EngineCore(engine_config, self.timer, self.palette))
+
+    def _enable_events(self, i: int) -> None:
+        core = self.workers[i].engine.core
+        core.config = replace(core.config, emit_kv_events=True)
+        core.cache.emit_events = True
+        core.kv_event_sink = self._event_sink(self.workers[i].name)
+
+    def _event_sink(self, name: str) -> Callable[[list[KVEvent]], None]:
+        def sink(events: list[KVEvent]) -> None:
+            index = self.index
+            if index is None:
+                return
+            if self.config.kv_event_drop and self.rng.random() < self.config.kv_event_drop:
+                return
+            for event in events:
+                if isinstance(event, BlockStored):
+                    index.store(
+                        name, event.block_hashes, event.parent_block_hash,  # type: ignore[arg-type]
+                        event.token_ids, event.block_size,
+                    )  # fmt: skip
+                elif isinstance(event, BlockRemoved):
+                    index.remove(name, event.block_hashes)  # type: ignore[arg-type]
+                elif isinstance(event, AllBlocksCleared):
+                    index.clear(name)
+
+        return sink
+
+    def clock(self) -> float:
+        return self.now
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        start = time.perf_counter()
+        faults = sorted(self.config.faults, key=lambda f: f.at)
+        next_sample = 0.0
+        fault_i = 0
+        for req in self.trace:
+            t = req.t
+            while True:
+                next_fault = faults[fault_i].at if fault_i < len(faults) else math.inf
+                step = min(next_sample, next_fault)
+                if step > t:
+                    break
+                self._advance(step)
+                if step == next_fault:
+                    self._apply_fault(faults[fault_i])
+                    fault_i += 1
+                else:
+                    self._sample()
+                    next_sample += SAMPLE_INTERVAL_SECONDS
+            self._advance(t)
+            self._route(req)
+        while self.pending:
+            while fault_i < len(faults) and faults[fault_i].at <= next_sample:
+                self._advance(faults[fault_i].at)
+                self._apply_fault(faults[fault_i])
+                fault_i += 1
+            self._advance(next_sample)
+            self._sample()
+            next_sample += SAMPLE_INTERVAL_SECONDS
+            if all(w.engine.idle for w in self.workers) and self.pending:
+                # Only requests on a worker that is down or rejected remain; nothing can finish.
+                break
+        return SimResult(
+            self.policy_name, self.records, self.samples, self.config,
+            time.perf_counter() - start, self.now,
+            rejected=sum(len(w.engine.rejected) for w in self.workers),
+        )  # fmt: skip
+
+    def _advance(self, t: float) -> None:
+        for w in self.workers:
+            if not w.healthy and t >= w.down_until:
+                w.healthy = True
+            for completion in w.engine.run_until(t):
+                self._deliver_first_tokens()
+                p = self.pending.pop(completion.rid, None)
+                if p is None:
+                    continue
+                rec = p.record
+                rec.ok = True
+                rec.ttft = completion.ttft
+                rec.e2e = completion.e2e
+                rec.cached_tokens = completion.cached_tokens
+                rec.completion_tokens = completion.completion_tokens
+                if not p.prefill_reported:
+                    p.prefill_reported = True
+                    self.policy.on_prefill_done(p.decision)
+                p.worker.in_flight -= 1
+                self.policy.on_request_done(p.decision, True)
+            self._deliver_first_tokens()
+        self.now = max(self.now, t)
+
+    def _deliver_first_tokens(self) -> None:
+        if self._first_tokens:
+            reported, self._first_tokens = self._first_tokens, []
+            for p in reported:
+                self.policy.on_prefill_done(p.decision)
+
+    def _on_update(self, req: Request) -> None:
+        p: _Pending = req.user
+        if not p.prefill_reported and req.first_token_time is not None:
+            p.prefill_reported = True
+            self._first_tokens.append(p)
+
+    def _route(self, req: TraceRequest) -> None:
+        self.now = req.t
+        route_request, ids = route_inputs(req, self.policy, self.tokenizer)
+        cfg = self.config
+        rec = RequestRecord(req.id, "", req.t, len(ids))
+        rec.ttft_slo = cfg.slo_factor * self.timer.prefill_seconds(len(ids), 0)
+        rec.tpot_slo = cfg.slo_factor * self.timer.decode_step_seconds(1, len(ids))
+        self.records.append(rec)
+        try:
+            decision = self.policy.choose(route_request, self.workers)
+        except NoHealthyWorker:
+            rec.error = "no_healthy_worker"
+            return
+        worker: _Worker = decision.worker
+        rec.worker = worker.name
+        rec.outcome = decision.outcome
+        engine_req = Request(req.id, ids, req.max_tokens, on_update=self._on_update)
+        pending = _Pending(rec, decision, worker, engine_req)
+        engine_req.user = pending
+        self.pending[req.id] = pending
+        worker.in_flight += 1
+        worker.engine.submit(engine_req, at=req.t)
+
+    def _sample(self) -> None:
+        self.samples.add(self.now, [w.in_flight for w in self.workers])
+
+    def _apply_fault(self, fault: Fault) -> None:
+        w = self.workers[fault.worker]
+        log.info("fault %s on %s at %.2f s", fault.kind, w.name, self.now)
+        if fault.kind == "flush":
+            core = w.engine.core
+            core.cache.evict(core.cache.evictable_size)
+            core._emit_kv_events()  # the engine publishes after each step; flush outside one
+            return
+        for rid, p in list(self.pending.items()):
+            if p.worker is w:
+                del self.pending[rid]
+                p.record.error = "worker_restarted"
+                w.in_flight -= 1
+                self.policy.on_request_done(p.decision, False)
+        w.engine = self._new_engine(fault.worker)
+        if self.index is not None:
+            self.index.clear(w.name)
+            self._enable_events(fault.worker)
+        w.engine.now = self.now
+        w.healthy = False
+        w.down_until = self.now + self.config.restart_down_seconds
+
+
+class _LiveCore:
+    """The current engine core of worker `i` (it changes when the worker restarts)."""
+
+    def __init__(self, run: SimRun, i: int) -> None:
+        self._run = run
+        self._i = i
+
+    @property
+    def _core(self) -> EngineCore:
+        return self._run.workers[self._i].engine.core
+
+    @property
+    def num_running(self) -> int:
+        return self._core.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self._core.num_waiting
+
+    @property
+    def token_usage(self) -> float:
+        return self._core.token_usage
+
+    def match_prefix_length(self, token_ids: Sequence[int]) -> int:
+        return self._core.match_prefix_length(token_ids)
+
+
+def run_sim(
+    trace: Sequence[TraceRequest],
+    policy: str,
+    config: SimConfig,
+    tokenizer: Tokenizer | None = None,
+) -> SimResult:
+    return SimRun(trace, policy, config, tokenizer).run()
+
+
+def measure_rr_saturation(
+    trace: Sequence[TraceRequest], config: SimConfig, tokenizer: Tokenizer | None = None
+) -> float:
+    """mu_RR: requests per second round-robin completes when the whole trace arrives at once."""
+    burst = [
+        TraceRequest(r.id, 0.0, r.max_tokens, r.prompt, r.messages, r.prompt_token_ids,
+                     r.session, r.token_ids)
+        for r in trace
+    ]  # fmt: skip
+    result = run_sim(burst, "round_robin", replace(config, faults=()), tokenizer)
+    finished = [r for r in result.records if r.ok and r.e2e is not None]
+    if not finished:
+        raise RuntimeError("round-robin finished no request; the engines cannot serve the trace")
+    makespan = max(r.e2e for r in finished if r.e2e is not None)
+    return len(finished) / makespan
