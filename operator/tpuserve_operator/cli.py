@@ -82,6 +82,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"Default router resources as JSON (default: ${ROUTER_RESOURCES_ENV} or none).",
     )
     parser.add_argument(
+        "--workload",
+        choices=("auto", "leaderworkerset", "statefulset"),
+        default="auto",
+        help="Replica-group workload for new servers; auto: LeaderWorkerSet when its CRD is "
+        "installed, else StatefulSets (default). A server keeps the kind it started with.",
+    )
+    parser.add_argument(
         "--partial-group-seconds",
         type=float,
         default=DEFAULT_PARTIAL_GROUP_SECONDS,
@@ -137,6 +144,7 @@ def options_from(args: argparse.Namespace) -> Any:
         peering_lifetime=args.peering_lifetime,
         reconciler=ReconcilerSettings(
             render=render,
+            workload=args.workload,
             partial_group_seconds=args.partial_group_seconds,
             resync_seconds=args.resync_seconds,
             max_concurrent=args.max_concurrent,

@@ -66,6 +66,8 @@ EventSink = Callable[[Mapping[str, Any], str, str, str], None]  # body, type, re
 @dataclass(frozen=True, slots=True)
 class ReconcilerSettings:
     render: RenderConfig = dataclasses.field(default_factory=RenderConfig)
+    # auto: LeaderWorkerSet when its CRD is installed, else StatefulSets
+    workload: str = "auto"
     partial_group_seconds: float = DEFAULT_PARTIAL_GROUP_SECONDS
     resync_seconds: float = 60.0
     max_concurrent: int = 16
@@ -270,6 +272,8 @@ class Reconciler:
         plan = previous.get("plan") or {}
         if plan.get("workload") in ("LeaderWorkerSet", "StatefulSet"):
             lws = plan["workload"] == "LeaderWorkerSet"
+        elif self.settings.workload != "auto":
+            lws = self.settings.workload == "leaderworkerset"
         else:
             lws = await self.kube.has_group_version(LWS_GROUP_VERSION)
         monitoring = await self.kube.has_group_version(MONITORING_GROUP_VERSION)

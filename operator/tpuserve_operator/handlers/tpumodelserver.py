@@ -47,6 +47,27 @@ CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
 FILTERED = {(g, p) for g, _, p in CHILD_RESOURCES} | {("", "pods")}
 
 
+def connection_info(configuration: Any) -> kopf.ConnectionInfo:
+    """The same credentials, as kopf's ConnectionInfo (kopf's watches use them)."""
+    # The client keeps the bearer token under "BearerToken" (kubernetes>=35) or
+    # "authorization" (older); the getter runs the refresh hook of in-cluster tokens.
+    authorization = (
+        configuration.get_api_key_with_prefix("BearerToken")
+        or configuration.get_api_key_with_prefix("authorization")
+        or ""
+    )
+    scheme, _, token = str(authorization).partition(" ")
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
 def _reconciler(memo: Any) -> Reconciler:
     reconciler: Reconciler = memo.reconciler
     return reconciler
@@ -98,6 +119,14 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         "off" if options.standalone else options.peering_name,
         options.peering_priority,
     )
+
+
+@kopf.on.login()
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's watches use the same credentials as the operator's client (--kubeconfig,
+    else in-cluster, else KUBECONFIG); kopf calls this again when they are refused."""
+    options: OperatorOptions = memo.options
+    return connection_info(load_configuration(options.kubeconfig))
 
 
 @kopf.on.cleanup()

@@ -1,0 +1,202 @@
+"""Valid TPUModelServers are served on the matching fake GKE pools and reach Ready; invalid
+ones are refused by the apiserver (CEL) or reported Valid=False with an Event and no children.
+
+Issue 6, items 2 and 3; both workload kinds (LeaderWorkerSet, StatefulSets)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tms_harness import (  # noqa: F401  (fixtures)
+    OperatorProcess,
+    apply,
+    children,
+    condition,
+    engine_pods,
+    get,
+    operator_kubeconfig,
+    run_operator,
+    server,
+    tms,
+    wait_condition,
+    wait_until,
+)
+
+from sglang_tpu.topology import (
+    ACCELERATOR_LABEL,
+    NODE_POOL_LABEL,
+    TOPOLOGY_LABEL,
+    TPU_RESOURCE,
+    lookup,
+)
+from tpuserve.cluster import Cluster, CommandError
+from tpuserve_operator import labels
+
+pytestmark = pytest.mark.e2e
+
+WORKLOADS = {"leaderworkerset": "LeaderWorkerSet", "statefulset": "StatefulSet"}
+
+
+@pytest.fixture(scope="module", params=sorted(WORKLOADS))
+def operator(
+    request: pytest.FixtureRequest,
+    cluster: Cluster,
+    operator_kubeconfig: Path,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    log_dir = tmp_path_factory.mktemp(f"operator-{request.param}")
+    yield from run_operator(cluster, operator_kubeconfig, log_dir, "--workload", request.param)
+
+
+# (name, generation, topology, replicas, extra spec): each fits the default pools at once.
+CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
+    ("v6e-4x4", "v6e", "4x4", 2, {}),
+    ("v6e-2x4", "v6e", "2x4", 2, {}),
+    ("tpu7x", "tpu7x", "2x2x2", 1, {}),
+    ("v5e-spot", "v5e", "2x4", 1, {"tpu": {"spot": True}}),
+    ("simulated", "v6e", "4x4", 1, {"engine": "simulated"}),
+]
+
+
+def _node_labels(cluster: Cluster) -> dict[str, dict[str, str]]:
+    nodes = get(cluster, "default", "nodes")["items"]
+    return {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes}
+
+
+@pytest.mark.parametrize(
+    ("name", "generation", "topology", "replicas", "extra"), CASES, ids=[c[0] for c in CASES]
+)
+def test_valid_servers_are_scheduled_on_their_slices_and_become_ready(
+    cluster: Cluster,
+    namespace: str,
+    operator: OperatorProcess,
+    name: str,
+    generation: str,
+    topology: str,
+    replicas: int,
+    extra: dict[str, Any],
+) -> None:
+    manifest = server(name, generation, topology, replicas=replicas, **extra)
+    simulated = manifest["spec"]["engine"]["type"] == "simulated"
+    apply(cluster, namespace, manifest)
+    body = wait_condition(cluster, namespace, name, "Ready", "True", operator)
+    wait_until(
+        f"{name}: {replicas} ready replica groups",
+        lambda: (
+            (tms(cluster, namespace, name).get("status") or {}).get("readyReplicas") == replicas
+        ),
+        operator,
+    )
+    body = tms(cluster, namespace, name)
+    status = body["status"]
+    shape = lookup(generation, topology)
+    assert status["replicas"] == replicas
+    assert status["updatedReplicas"] == replicas
+    assert status["endpoint"] == f"http://{name}.{namespace}.svc:8000"
+    assert status["plan"]["workload"] == WORKLOADS[operator.extra_args[1]]
+    assert status["plan"]["hosts"] == shape.hosts
+    assert condition(body, "Valid")["reason"] == "SpecValid"
+    assert condition(body, "Degraded")["status"] == "False"
+
+    pods = engine_pods(cluster, namespace, name)
+    assert len(pods) == replicas * shape.hosts
+    nodes = _node_labels(cluster)
+    pools_by_group: dict[str, set[str]] = {}
+    for pod in pods:
+        assert pod["status"]["phase"] == "Running"
+        node = nodes[pod["spec"]["nodeName"]]
+        (container,) = pod["spec"]["containers"]
+        requests = container.get("resources", {}).get("requests", {})
+        if simulated:
+            assert TPU_RESOURCE not in requests
+            assert ACCELERATOR_LABEL not in node
+        else:
+            assert requests[TPU_RESOURCE] == str(shape.chips_per_host)
+            assert node[ACCELERATOR_LABEL] == shape.generation.accelerator
+            assert node[TOPOLOGY_LABEL] == topology
+            group = pod["metadata"]["labels"][labels.SLICE_GROUP]
+            pools_by_group.setdefault(group, set()).add(node[NODE_POOL_LABEL])
+    if shape.multi_host and not simulated:
+        # one slice per group: all its hosts in one pool, and no pool shared by two groups
+        assert all(len(pools) == 1 for pools in pools_by_group.values()), pools_by_group
+        used = [next(iter(p)) for p in pools_by_group.values()]
+        assert len(set(used)) == len(used)
+
+    table = cluster.kubectl("get", "tms", "-n", namespace).stdout.splitlines()
+    assert table[0].split() == [
+        "NAME",
+        "MODEL",
+        "TPU",
+        "TOPOLOGY",
+        "REPLICAS",
+        "READY",
+        "ENDPOINT",
+        "AGE",
+    ]
+    row = table[1].split()
+    assert row[:6] == [name, "qwen3-8b", generation, topology, str(replicas), str(replicas)]
+    assert row[6] == status["endpoint"]
+
+
+def test_the_apiserver_refuses_what_cel_can_see(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    bad = server("bad", "tpu7x", "2x2", model="s3://bucket/model")
+    bad["spec"]["engine"]["speculative"] = {"algorithm": "EAGLE3"}
+    bad["spec"]["autoscaling"] = {"minReplicas": 4, "maxReplicas": 2}
+    with pytest.raises(CommandError) as refused:
+        apply(cluster, namespace, bad)
+    message = refused.value.stderr
+    assert "spec.tpu" in message
+    assert "three dimensions" in message
+    assert "spec.model" in message
+    assert "hf://ORG/NAME" in message
+    assert "spec.engine.speculative" in message
+    assert "draftModel is required" in message
+    assert "spec.autoscaling" in message
+    negative = server("neg", "v6e", "4x4", replicas=-1)
+    with pytest.raises(CommandError) as refused_replicas:
+        apply(cluster, namespace, negative)
+    assert "spec.replicas" in refused_replicas.value.stderr
+
+
+def test_catalog_invalid_servers_get_valid_false_an_event_and_no_children(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    apply(cluster, namespace, server("odd", "v6e", "3x3"))
+    body = wait_condition(
+        cluster, namespace, "odd", "Valid", "False", operator, reason="UnsupportedTopology"
+    )
+    message = condition(body, "Valid")["message"]
+    assert "spec.tpu.topology" in message
+    assert "'3x3'" in message
+    assert "4x4" in message
+
+    def event_posted() -> bool:
+        events = get(cluster, namespace, "events")["items"]
+        return any(
+            e.get("reason") == "UnsupportedTopology"
+            and e.get("type") == "Warning"
+            and e["involvedObject"].get("name") == "odd"
+            for e in events
+        )
+
+    wait_until("a Warning event for odd", event_posted, operator)
+    assert children(cluster, namespace, "odd") == {}
+    assert condition(body, "Ready")["status"] == "False"
+
+
+def test_a_model_that_does_not_fit_is_reported(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    big = server("big", "v5e", "2x4", model="hf://Qwen/Qwen3-235B-A22B")
+    big["spec"]["model"]["quantization"] = "none"
+    apply(cluster, namespace, big)
+    body = wait_condition(
+        cluster, namespace, "big", "Valid", "False", operator, reason="ModelDoesNotFit"
+    )
+    assert "does not fit v5e/2x4" in condition(body, "Valid")["message"]
+    assert children(cluster, namespace, "big") == {}

@@ -1,0 +1,302 @@
+"""Shared pieces of the operator's end-to-end tests (imported by tests/e2e/test_operator_*.py).
+
+- `operator_rbac`: the CRDs (generated files) and, in namespace `tpuserve-e2e`, a
+  ServiceAccount bound to exactly the generated RBAC rules; the operator runs with its
+  token, so a missing permission fails the tests (least privilege checked for real);
+- `OperatorProcess`: `tpuserve operator` as a local process on loopback ports, logs to a
+  file that is printed when a wait fails; start, stop, kill -9, restart;
+- helpers to apply TPUModelServers and wait for conditions, with deadlines (no sleeps).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tpuserve.cluster import Cluster
+from tpuserve.cluster.ports import free_port
+from tpuserve.cluster.process import ManagedProcess, tail, wait_for
+from tpuserve_operator import labels, rbac
+
+REPO = Path(__file__).resolve().parents[2]
+CRDS = REPO / "charts/tpuserve/crds"
+OPERATOR_NAMESPACE = "tpuserve-e2e"
+OPERATOR_ACCOUNT = "tpuserve-operator"
+TIMEOUT_SECONDS = 90.0
+
+
+@dataclass
+class OperatorProcess:
+    """The operator under test, run as `tpuserve operator` against the e2e cluster."""
+
+    cluster: Cluster
+    kubeconfig: Path
+    log_dir: Path
+    extra_args: tuple[str, ...] = ()
+    process: ManagedProcess | None = None
+    restarts: int = 0
+    metrics_port: int = field(default_factory=free_port)
+    liveness_port: int = field(default_factory=free_port)
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"operator-{self.restarts}.log"
+
+    def start(self) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "tpuserve",
+            "operator",
+            "--all-namespaces",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--listen-address",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--liveness-port",
+            str(self.liveness_port),
+            "--standalone",
+            "--log-format",
+            "plain",
+            "--resync-seconds",
+            "10",
+            "--partial-group-seconds",
+            "30",
+            *self.extra_args,
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        self.process = ManagedProcess.spawn("operator", argv, self.log_path, env=env)
+        wait_for(
+            "the operator's liveness endpoint",
+            lambda: _http_ok(f"http://127.0.0.1:{self.liveness_port}/healthz"),
+            TIMEOUT_SECONDS,
+            process=self.process,
+        )
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when a node dies mid-reconcile."""
+        assert self.process is not None
+        assert self.process.popen is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.popen.wait(30)
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.restarts += 1
+        self.start()
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
+            text: str = r.read().decode()
+        return text
+
+    def log_tail(self) -> str:
+        return tail(self.log_path, 60)
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def install_operator_rbac(cluster: Cluster) -> Path:
+    """CRDs, plus a ServiceAccount with exactly the generated rules; its kubeconfig."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
+    for crd in ("tpumodelservers.serving.tpuserve.dev", "clusterkopfpeerings.kopf.dev"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    rules = [r.as_policy_rule() for r in (*rbac.OPERATOR_RULES, *rbac.OPERATOR_CLUSTER_RULES)]
+    name = "tpuserve-e2e-operator"
+    objects = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": OPERATOR_ACCOUNT, "namespace": OPERATOR_NAMESPACE},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [
+                {
+                    "kind": "ServiceAccount",
+                    "name": OPERATOR_ACCOUNT,
+                    "namespace": OPERATOR_NAMESPACE,
+                }
+            ],
+        },
+    ]
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects))
+    return cluster.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(cluster: Cluster) -> Path:
+    return install_operator_rbac(cluster)
+
+
+def run_operator(
+    cluster: Cluster, kubeconfig: Path, log_dir: Path, *extra_args: str
+) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(cluster, kubeconfig, log_dir, tuple(extra_args))
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+# -- TPUModelServers --------------------------------------------------------------------------
+
+
+def server(
+    name: str,
+    generation: str,
+    topology: str,
+    *,
+    replicas: int = 1,
+    engine: str = "sglang",
+    model: str = "hf://Qwen/Qwen3-8B",
+    **spec: Any,
+) -> dict[str, Any]:
+    tpu = {"generation": generation, "topology": topology, **spec.pop("tpu", {})}
+    return {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": model, "quantization": "fp8", "contextLength": 8192},
+            "tpu": tpu,
+            "replicas": replicas,
+            "engine": {"type": engine},
+            **spec,
+        },
+    }
+
+
+def apply(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+
+def get(cluster: Cluster, namespace: str, kind: str, name: str = "", selector: str = "") -> Any:
+    args = ["get", kind, "-n", namespace, "-o", "yaml"]
+    if name:
+        args.insert(2, name)
+    if selector:
+        args += ["-l", selector]
+    return yaml.safe_load(cluster.kubectl(*args).stdout)
+
+
+def tms(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = get(cluster, namespace, "tpumodelservers", name)
+    return found
+
+
+def condition(body: dict[str, Any], type_: str) -> dict[str, Any]:
+    for c in (body.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return {}
+
+
+def wait_until(
+    what: str,
+    check: Callable[[], bool],
+    operator: OperatorProcess,
+    timeout_seconds: float = TIMEOUT_SECONDS,
+) -> None:
+    """Wait for `check`; on timeout, fail with the operator's log tail."""
+    try:
+        wait_for(what, check, timeout_seconds, process=operator.process)
+    except Exception as err:
+        raise AssertionError(f"{err}\n--- operator log ---\n{operator.log_tail()}") from None
+
+
+def wait_condition(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    type_: str,
+    status: str,
+    operator: OperatorProcess,
+    reason: str | None = None,
+    timeout_seconds: float = TIMEOUT_SECONDS,
+) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def check() -> bool:
+        seen.clear()
+        seen.update(tms(cluster, namespace, name))
+        c = condition(seen, type_)
+        return c.get("status") == status and (reason is None or c.get("reason") == reason)
+
+    wait_until(
+        f"{namespace}/{name} {type_}={status} {reason or ''}", check, operator, timeout_seconds
+    )
+    return seen
+
+
+def children(cluster: Cluster, namespace: str, name: str) -> dict[str, list[str]]:
+    """Names of the server's children by kind (operator-made objects only)."""
+    selector = f"{labels.INSTANCE}={name},{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
+    kinds = ",".join(
+        (
+            "statefulsets",
+            "deployments",
+            "services",
+            "configmaps",
+            "serviceaccounts",
+            "roles",
+            "rolebindings",
+            "poddisruptionbudgets",
+            "leaderworkersets",
+        )
+    )
+    listing = get(cluster, namespace, kinds, selector=selector)
+    out: dict[str, list[str]] = {}
+    for item in listing.get("items") or []:
+        out.setdefault(item["kind"], []).append(item["metadata"]["name"])
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def engine_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    selector = f"{labels.INSTANCE}={name},{labels.COMPONENT}={labels.COMPONENT_MODEL_SERVER}"
+    items: list[dict[str, Any]] = get(cluster, namespace, "pods", selector=selector)["items"]
+    return items
