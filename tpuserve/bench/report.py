@@ -182,12 +182,14 @@ def recovery_seconds(
     fault_at: float,
     *,
     worker: str | None = None,
+    pre_fault_at: float | None = None,
     window_seconds: float = 10.0,
     step_seconds: float = 0.25,
     level: float = 0.9,
 ) -> dict[str, float | None]:
-    """Seconds after `fault_at` until the hit rate (a trailing window) is back to `level` x its
-    pre-fault value; None if it never recovers within the run."""
+    """Seconds after `fault_at` until the hit rate of requests arriving in a trailing 1 s
+    window is back to `level` x its value over the `window_seconds` before `pre_fault_at`
+    (default `fault_at`); None if it never recovers within the run."""
 
     def rate(lo: float, hi: float) -> float | None:
         c = p = 0
@@ -197,7 +199,8 @@ def recovery_seconds(
                 p += r.prompt_tokens
         return c / p if p else None
 
-    before = rate(fault_at - window_seconds, fault_at)
+    pre = fault_at if pre_fault_at is None else pre_fault_at
+    before = rate(pre - window_seconds, pre)
     if before is None:
         return {"pre_fault_hit_rate": None, "recovery_seconds": None}
     end = max((r.arrival for r in records), default=fault_at)

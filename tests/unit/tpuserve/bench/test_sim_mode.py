@@ -1,0 +1,158 @@
+"""Mode sim end to end on tiny workloads: the JSON summary is complete and sane; controls agree."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tpuserve.bench import sizing, workloads
+from tpuserve.bench.report import summarize
+from tpuserve.bench.sim_runner import Fault, SimConfig, measure_rr_saturation, run_sim
+from tpuserve.cli import main
+
+pytestmark = pytest.mark.unit
+
+REQUIRED = (
+    "policy", "requests", "hit_rate", "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99",
+    "e2e_mean", "e2e_p99", "throughput_rps", "output_tokens_per_s", "goodput_rps",
+    "imbalance_max_over_mean",
+)  # fmt: skip
+CONTROL_POLICIES = ("round_robin", "least_load", "cache_aware", "precise", "cost",
+                    "sglang_cache_aware_v2", "sglang_cache_aware_v1", "oracle")  # fmt: skip
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    assert main(["bench", *args, "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1, "--json prints exactly one line"
+    data: dict[str, object] = json.loads(out[0])
+    return data
+
+
+def test_json_summary_has_every_field_and_sane_values(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_cli(capsys, "--workload", "W1", "--requests", "200", "--policy", "precise")
+    for key in REQUIRED:
+        assert key in data, key
+    assert data["policy"] == "precise"
+    assert data["requests"] == 180  # 10 % warm-up
+    hit = data["hit_rate"]
+    assert isinstance(hit, float)
+    assert 0.3 < hit <= 1.0
+    for key in ("ttft_p50", "ttft_p90", "ttft_p99"):
+        assert isinstance(data[key], float)
+    assert data["ttft_p50"] <= data["ttft_p90"] <= data["ttft_p99"]  # type: ignore[operator]
+    assert 0 < data["ttft_mean"] < data["e2e_mean"] <= data["e2e_p99"]  # type: ignore[operator]
+    assert data["goodput_rps"] <= data["throughput_rps"]  # type: ignore[operator]
+    assert data["imbalance_max_over_mean"] >= 1.0  # type: ignore[operator]
+    rate, mu = data["rate"], data["mu_rr"]
+    assert isinstance(rate, float)
+    assert isinstance(mu, float)
+    assert rate == pytest.approx(0.85 * mu)
+
+
+def test_default_policy_is_the_routers_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from tpuserve_router.config import DEFAULT_POLICY
+
+    data = run_cli(capsys, "--workload", "W0", "--requests", "60", "--rate", "5")
+    assert data["policy"] == DEFAULT_POLICY
+    assert data["rate"] == 5.0
+
+
+def test_the_same_seed_gives_the_same_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--workload", "W2", "--requests", "120", "--rate", "20", "--policy", "cost")
+    a = run_cli(capsys, *args)
+    b = run_cli(capsys, *args)
+    a.pop("wall_seconds")
+    b.pop("wall_seconds")
+    assert a == b
+
+
+def test_trace_file_replay_matches_the_generated_workload(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "w1.jsonl"
+    args = ("--requests", "100", "--rate", "10", "--policy", "cache_aware")
+    generated = run_cli(capsys, "--workload", "W1", "--write-trace", str(path), *args)
+    replayed = run_cli(capsys, "--trace", str(path), *args)
+    assert replayed["hit_rate"] == pytest.approx(generated["hit_rate"])
+    assert replayed["requests"] == generated["requests"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workload", "W1", "--rate", "0"], "--rate"),
+        (["--workload", "W1", "--fault-at", "3"], "--fault-at: needs --fault"),
+        (["--workload", "W1", "--fault", "restart", "--fault-worker", "9", "--rate", "5"],
+         "--fault-worker"),
+        (["--workload", "W1", "--topology", "3x3"], "topology"),
+        (["--trace", "/nonexistent/trace.jsonl"], "cannot read"),
+        (["--workload", "W1", "--mode", "live", "--policy", "oracle", "--rate", "1",
+          "--requests", "2"], "--mode sim"),
+    ],
+)  # fmt: skip
+def test_bad_flags_get_a_clear_error(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    try:
+        code = main(["bench", *args])
+    except SystemExit as exit_:  # argparse's own checks
+        code = int(exit_.code or 0)
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def _tiny(name: str, n: int, **params: float) -> list[workloads.TraceRequest]:
+    return workloads.generate(name, seed=1, requests=n, **params)
+
+
+def test_control_no_sharing_all_policies_converge() -> None:
+    trace = _tiny("W0", 240)
+    config = SimConfig(cache_tokens=sizing.cache_tokens_for(sizing.measure_demand(trace), 4))
+    trace = workloads.rescale_to_rate(trace, 0.5 * measure_rr_saturation(trace, config))
+    results = {p: summarize(p, run_sim(trace, p, config).records, None) for p in CONTROL_POLICIES}
+    hits = [r["hit_rate"] for r in results.values()]
+    e2e = [r["e2e_mean"] for r in results.values()]
+    assert max(hits) < 0.02
+    assert max(e2e) / min(e2e) < 1.15, results
+
+
+def test_control_everything_fits_all_policies_converge() -> None:
+    trace = _tiny("W1", 600, groups=8)
+    config = SimConfig(cache_tokens=sizing.fits_all(sizing.measure_demand(trace)))
+    trace = workloads.rescale_to_rate(trace, 0.3 * measure_rr_saturation(trace, config))
+    results = {p: summarize(p, run_sim(trace, p, config).records, None, warmup_fraction=0.3)
+               for p in CONTROL_POLICIES}  # fmt: skip
+    hits = [r["hit_rate"] for r in results.values()]
+    assert min(hits) > 0.85
+    assert max(hits) - min(hits) < 0.05, {p: r["hit_rate"] for p, r in results.items()}
+
+
+def test_restart_fails_in_flight_requests_and_the_hit_rate_recovers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = run_cli(capsys, "--workload", "W8", "--requests", "1200", "--rate", "40",
+                   "--policy", "precise", "--fault", "restart", "--fault-at", "5")  # fmt: skip
+    fault = data["fault"]
+    assert isinstance(fault, dict)
+    assert fault["kind"] == "restart"
+    assert fault["serving_again_at"] == 10.0  # down for the default 5 s
+    recovery = fault["fleet"]["recovery_seconds"]
+    assert recovery is not None
+    assert 0 < recovery < 10
+
+
+def test_restart_in_the_runner_sends_no_request_to_the_worker_while_it_is_down() -> None:
+    trace = workloads.rescale_to_rate(_tiny("W1", 300), 30.0)
+    config = SimConfig(cache_tokens=20_000, faults=(Fault("restart", 3.0, 0),),
+                       restart_down_seconds=2.0)  # fmt: skip
+    result = run_sim(trace, "least_load", config)
+    down = [r for r in result.records if 3.0 <= r.arrival < 5.0]
+    assert down
+    assert all(r.worker != "http://127.0.0.1:30000" for r in down)
+    assert any(r.error == "worker_restarted" for r in result.records)
+    assert all(r.ok or r.error for r in result.records)
+    assert not math.isnan(summarize("least_load", result.records, None)["e2e_mean"])
