@@ -1,0 +1,263 @@
+"""The operator over a server's life on a real control plane: too little TPU capacity, scale
+subresource, rolling changes that never leave zero ready groups, children restored, garbage
+collection, and an operator killed mid-reconcile or an apiserver restart.
+
+Issue 6, items 4 to 7; both workload kinds (LeaderWorkerSet, StatefulSets)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import watch
+from tms_harness import (  # noqa: F401  (fixtures)
+    OperatorProcess,
+    apply,
+    children,
+    condition,
+    engine_pods,
+    operator_kubeconfig,
+    run_operator,
+    server,
+    tms,
+    wait_condition,
+    wait_until,
+)
+
+from tpuserve.cluster import Cluster, NodePool
+from tpuserve_operator import labels
+
+pytestmark = pytest.mark.e2e
+
+WORKLOADS = {"leaderworkerset": "LeaderWorkerSet", "statefulset": "StatefulSet"}
+
+
+@pytest.fixture(scope="module", params=sorted(WORKLOADS))
+def operator(
+    request: pytest.FixtureRequest,
+    cluster: Cluster,
+    operator_kubeconfig: Path,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    log_dir = tmp_path_factory.mktemp(f"operator-{request.param}")
+    yield from run_operator(cluster, operator_kubeconfig, log_dir, "--workload", request.param)
+
+
+def workload_kind(operator: OperatorProcess) -> str:
+    return WORKLOADS[operator.extra_args[1]]
+
+
+def status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = tms(cluster, namespace, name).get("status") or {}
+    return found
+
+
+def wait_ready_replicas(
+    cluster: Cluster, namespace: str, name: str, count: int, operator: OperatorProcess
+) -> None:
+    def done() -> bool:
+        s = status(cluster, namespace, name)
+        return (
+            s.get("readyReplicas") == count
+            and s.get("replicas") == count
+            and s.get("updatedReplicas") == count
+        )
+
+    wait_until(f"{name}: {count} ready, updated replica groups", done, operator)
+
+
+def test_too_little_tpu_capacity_degrades_until_a_pool_is_added(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    # Two v6e 4x4 slices exist; a third replica has nowhere to go.
+    apply(cluster, namespace, server("big", "v6e", "4x4", replicas=3))
+    body = wait_condition(
+        cluster, namespace, "big", "Degraded", "True", operator, reason="Unschedulable"
+    )
+    assert "google.com/tpu" in condition(body, "Degraded")["message"]
+    assert condition(body, "Ready")["status"] == "True"  # two groups serve meanwhile
+    pool = NodePool.tpu("v6e-4x4-extra", "v6e", "4x4")
+    cluster.add_node_pool(pool)
+    try:
+        wait_ready_replicas(cluster, namespace, "big", 3, operator)
+        body = wait_condition(cluster, namespace, "big", "Degraded", "False", operator)
+        assert condition(body, "Progressing")["reason"] == "Complete"
+    finally:
+        cluster.kubectl("delete", "tms", "big", "-n", namespace, "--wait=true", "--timeout=60s")
+        wait_until(
+            "big's pods to be gone",
+            lambda: not engine_pods(cluster, namespace, "big"),
+            operator,
+        )
+        cluster.remove_node_pool(pool.name)
+
+
+def test_scale_subresource_adds_and_removes_groups(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    apply(cluster, namespace, server("s", "v6e", "2x4", replicas=1))
+    wait_ready_replicas(cluster, namespace, "s", 1, operator)
+    scale = cluster.kubectl("get", "tms", "s", "-n", namespace, "--subresource=scale", "-o", "json")
+    assert '"replicas": 1' in scale.stdout
+    cluster.kubectl("scale", "tms/s", "-n", namespace, "--replicas=3")
+    wait_ready_replicas(cluster, namespace, "s", 3, operator)
+    assert len(children(cluster, namespace, "s")[workload_kind(operator)]) == 3
+    cluster.kubectl("scale", "tms/s", "-n", namespace, "--replicas=1")
+    wait_ready_replicas(cluster, namespace, "s", 1, operator)
+    wait_until(
+        "scaled-down groups to be deleted",
+        lambda: children(cluster, namespace, "s").get(workload_kind(operator)) == ["s-r0"],
+        operator,
+    )
+    wait_until(
+        "one group's pods left", lambda: len(engine_pods(cluster, namespace, "s")) == 1, operator
+    )
+    assert status(cluster, namespace, "s")["selector"].endswith("serving.tpuserve.dev/role=leader")
+
+
+def _ready_groups(pods: dict[str, dict[str, Any]], hosts: int) -> dict[str, set[str]]:
+    """Group -> revisions of its pods, for groups whose every host is ready."""
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods.values():
+        by_group.setdefault(pod["group"], []).append(pod)
+    return {
+        group: {p["revision"] for p in members}
+        for group, members in by_group.items()
+        if len(members) == hosts and all(p["ready"] for p in members)
+    }
+
+
+def test_a_spec_change_rolls_groups_and_never_leaves_zero_ready(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    hosts = 4
+    apply(cluster, namespace, server("roll", "v6e", "4x4", replicas=2))
+    wait_ready_replicas(cluster, namespace, "roll", 2, operator)
+    old_revision = status(cluster, namespace, "roll")["revision"]
+    api_client = cluster.api_client()
+    core = k8s.CoreV1Api(api_client)
+    selector = f"{labels.INSTANCE}=roll,{labels.COMPONENT}={labels.COMPONENT_MODEL_SERVER}"
+    listing = core.list_namespaced_pod(namespace, label_selector=selector)
+    pods: dict[str, dict[str, Any]] = {}
+
+    def remember(pod: Any) -> None:
+        meta = pod.metadata
+        ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+        pods[meta.name] = {
+            "group": meta.labels[labels.SLICE_GROUP],
+            "revision": meta.labels[labels.REVISION],
+            "ready": ready and meta.deletion_timestamp is None,
+        }
+
+    for pod in listing.items:
+        remember(pod)
+    assert len(_ready_groups(pods, hosts)) == 2
+    patch = {"spec": {"engine": {"kvCacheDtype": "fp8"}}}
+    k8s.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+        labels.GROUP, labels.VERSION, namespace, labels.PLURAL, "roll", patch
+    )
+    lowest = 2
+    finished = threading.Event()
+    stream = watch.Watch()
+    try:
+        for event in stream.stream(
+            core.list_namespaced_pod,
+            namespace,
+            label_selector=selector,
+            resource_version=listing.metadata.resource_version,
+            timeout_seconds=120,
+        ):
+            pod = event["object"]
+            if event["type"] == "DELETED":
+                pods.pop(pod.metadata.name, None)
+            else:
+                remember(pod)
+            ready = _ready_groups(pods, hosts)
+            lowest = min(lowest, len(ready))
+            assert ready, f"no ready replica group after {event['type']} {pod.metadata.name}"
+            if len(ready) == 2 and all(old_revision not in revs for revs in ready.values()):
+                finished.set()
+                break
+    finally:
+        stream.stop()
+        api_client.close()
+    assert finished.is_set(), f"rollout did not finish; pods: {pods}\n{operator.log_tail()}"
+    assert lowest == 1  # groups really went down one at a time
+    wait_condition(cluster, namespace, "roll", "Progressing", "False", operator, reason="Complete")
+    assert status(cluster, namespace, "roll")["revision"] != old_revision
+
+
+def test_children_deleted_by_hand_come_back_and_deletion_collects_everything(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    apply(cluster, namespace, server("own", "tpu7x", "2x2x2", replicas=1))
+    wait_ready_replicas(cluster, namespace, "own", 1, operator)
+    before = children(cluster, namespace, "own")
+    kind = workload_kind(operator)
+    victims = [
+        ("deployment", "own-router"),
+        ("service", "own-leaders"),
+        ("poddisruptionbudget", "own"),
+        ("configmap", "own-router"),
+        (kind.lower(), "own-r0"),
+    ]
+    for resource, name in victims:
+        cluster.kubectl("delete", resource, name, "-n", namespace, "--wait=false")
+    cluster.kubectl("scale", "deployment/own-router", "-n", namespace, "--replicas=5", check=False)
+    wait_until(
+        "every child to be back", lambda: children(cluster, namespace, "own") == before, operator
+    )
+    wait_ready_replicas(cluster, namespace, "own", 1, operator)
+    deployment = cluster.kubectl(
+        "get", "deployment", "own-router", "-n", namespace, "-o", "jsonpath={.spec.replicas}"
+    )
+    assert deployment.stdout == "1"
+
+    cluster.kubectl("delete", "tms", "own", "-n", namespace, "--wait=true", "--timeout=60s")
+    wait_until(
+        "garbage collection of every child",
+        lambda: children(cluster, namespace, "own") == {},
+        operator,
+    )
+    wait_until("the pods to be gone", lambda: not engine_pods(cluster, namespace, "own"), operator)
+
+
+def test_an_operator_killed_mid_reconcile_converges_without_duplicates(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    apply(cluster, namespace, server("crash", "v6e", "2x4", replicas=3))
+    wait_until("the first children", lambda: bool(children(cluster, namespace, "crash")), operator)
+    operator.kill()
+    operator.restarts += 1
+    operator.start()
+    wait_ready_replicas(cluster, namespace, "crash", 3, operator)
+    found = children(cluster, namespace, "crash")
+    assert found[workload_kind(operator)] == ["crash-r0", "crash-r1", "crash-r2"]
+    assert found["Deployment"] == ["crash-router"]
+    assert found["PodDisruptionBudget"] == ["crash"]
+    assert len(engine_pods(cluster, namespace, "crash")) == 3
+
+
+def test_an_apiserver_restart_is_survived(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    apply(cluster, namespace, server("steady", "v6e", "2x4", replicas=2))
+    wait_ready_replicas(cluster, namespace, "steady", 2, operator)
+    cluster.restart_apiserver()
+    cluster.kubectl("scale", "tms/steady", "-n", namespace, "--replicas=1")
+    wait_ready_replicas(cluster, namespace, "steady", 1, operator)
+    wait_until(
+        "the second group to be deleted",
+        lambda: (
+            children(cluster, namespace, "steady").get(workload_kind(operator)) == ["steady-r0"]
+        ),
+        operator,
+    )
+    assert operator.process is not None
+    assert operator.process.alive()
+    metrics = operator.metrics()
+    assert 'tpuserve_replica_info{model_name="qwen3-8b",namespace="' + namespace in metrics
