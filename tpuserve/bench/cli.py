@@ -259,7 +259,7 @@ def _run(args: argparse.Namespace) -> int:
         extra["virtual_seconds"] = result.virtual_seconds
         summary = summarize(
             args.policy, records, result.samples, warmup_fraction=args.warmup_fraction,
-            extra=extra,
+            slo_factor=args.slo_factor, extra=extra,
         )  # fmt: skip
     else:
         from tpuserve.bench.live_runner import LiveConfig, run_live
@@ -272,7 +272,7 @@ def _run(args: argparse.Namespace) -> int:
         extra.update(live.meta)
         summary = summarize(
             args.policy, records, live.samples, warmup_fraction=args.warmup_fraction,
-            time_unit=args.time_scale, extra=extra,
+            time_unit=args.time_scale, slo_factor=args.slo_factor, extra=extra,
         )  # fmt: skip
     if fault_at is not None:
         summary["fault"] = fault_summary(args, records, fault_at)
