@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -191,6 +192,8 @@ class RouterApp:
         )
         self._ratio_actual = self.metrics.prefix_match_ratio.labels(self.policy.name, "actual")
         self._stats: dict[tuple[str, str], WorkerStats] = {}
+        self._ttft_children: dict[str, Any] = {}
+        self._e2e_children: dict[tuple[str, str], Any] = {}
         self._servers: list[asyncio.Server] = []
         self._connections: weakref.WeakSet[HttpConnection] = weakref.WeakSet()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -412,10 +415,7 @@ class RouterApp:
     def _generation_handler(
         self, route: str, parser: Parser
     ) -> Callable[[HttpRequest, HttpConnection], Awaitable[None]]:
-        async def handle(request: HttpRequest, conn: HttpConnection) -> None:
-            await self._generate(request, conn, route, parser)
-
-        return handle
+        return functools.partial(self._generate, route=route, parser=parser)
 
     async def _generate(
         self, request: HttpRequest, conn: HttpConnection, route: str, parser: Parser
@@ -463,12 +463,10 @@ class RouterApp:
                 )
                 return
             self._decisions[decision.outcome].inc()
-            can_retry = attempt < self.config.max_retries and any(
-                w.healthy and w is not decision.worker for w in pool
-            )
             status = await self._attempt(
-                request, conn, route, model, parsed.stream, decision, forwarded, can_retry
-            )
+                request, conn, route, model, parsed.stream, decision, forwarded,
+                attempt < self.config.max_retries and len(pool) > 1, pool,
+            )  # fmt: skip
             if status is not _RETRY:
                 return
             excluded.append(decision.worker)
@@ -484,10 +482,18 @@ class RouterApp:
         stream: bool,
         decision: Decision[Worker],
         forwarded: bytes,
-        can_retry: bool,
+        may_retry: bool,
+        pool_of_workers: list[Worker],
     ) -> str | None:
-        """One try on the decided worker; returns the status answered, or None to retry."""
+        """One try on the decided worker; returns the status answered, or None to retry.
+
+        ``may_retry``: retries are left and there are other workers; whether one of them
+        is healthy is checked only when a retry is wanted.
+        """
         worker = decision.worker
+        can_retry = may_retry and any(
+            w.healthy and w is not worker for w in pool_of_workers
+        )  # fmt: skip
         policy = self.policy
         if not model and worker.models:
             model = worker.models[0]
@@ -499,7 +505,7 @@ class RouterApp:
         try:
             payload = _upstream_request(request, pool.host_header, forwarded)
             try:
-                upstream = await self._open(pool, payload)
+                upstream = await self._open(pool, payload, request.arrived)
             except UpstreamError as err:
                 self.metrics.upstream_errors.labels(worker.name, err.reason).inc()
                 worker.request_failed()
@@ -539,13 +545,6 @@ class RouterApp:
                 status_label = None
                 return _RETRY
             headers = _response_headers(upstream.headers)
-            upstream.set_deadline(
-                max(
-                    0.001,
-                    self.config.request_timeout_seconds - (time.monotonic() - request.arrived),
-                ),
-                "request_timeout",
-            )
             usage: Usage | None
             if upstream.header(b"content-length") is not None or not _is_chunked(upstream):
                 try:
@@ -587,9 +586,7 @@ class RouterApp:
                             first = False
                             policy.on_prefill_done(decision)
                             if stream:
-                                self.metrics.ttft.labels(model).observe(
-                                    time.monotonic() - request.arrived
-                                )
+                                self._ttft(model).observe(time.monotonic() - request.arrived)
                         conn.write_chunk(data)
                         before, last = last, data
                         if conn.write_paused:
@@ -618,16 +615,14 @@ class RouterApp:
             if status_label is not None:
                 self._count(model, worker.name, route, status_label)
                 if status_label != CLIENT_CLOSED:
-                    self.metrics.e2e.labels(model, route).observe(
-                        time.monotonic() - request.arrived
-                    )
+                    self._e2e(model, route).observe(time.monotonic() - request.arrived)
 
-    async def _open(self, pool: UpstreamPool, payload: bytes) -> UpstreamConnection:
+    async def _open(self, pool: UpstreamPool, payload: bytes, arrived: float) -> UpstreamConnection:
         """Send ``payload`` and wait for the response head; a stale pooled connection is
         replaced once by a fresh one (the worker closed it while idle)."""
         upstream = await pool.acquire()
         try:
-            return await self._send(upstream, payload)
+            return await self._send(upstream, payload, arrived)
         except UpstreamError as err:
             upstream.close()
             if err.reason != "reset_before_response" or not upstream.reused:
@@ -637,14 +632,17 @@ class RouterApp:
             raise
         upstream = await pool.connect()
         try:
-            return await self._send(upstream, payload)
+            return await self._send(upstream, payload, arrived)
         except BaseException:
             upstream.close()
             raise
 
-    async def _send(self, upstream: UpstreamConnection, payload: bytes) -> UpstreamConnection:
+    async def _send(
+        self, upstream: UpstreamConnection, payload: bytes, arrived: float
+    ) -> UpstreamConnection:
         upstream.send(payload)
-        upstream.set_deadline(self.config.first_byte_timeout_seconds, "first_byte_timeout")
+        left = self.config.request_timeout_seconds - (time.monotonic() - arrived)
+        upstream.set_deadlines(self.config.first_byte_timeout_seconds, max(0.001, left))
         await upstream.wait_head()
         return upstream
 
@@ -662,6 +660,19 @@ class RouterApp:
             stats.predicted.inc(round(ratio * prompt))
             self._ratio_predicted.observe(ratio)
             self._ratio_actual.observe(min(1.0, usage.cached_tokens / prompt))
+
+    def _ttft(self, model: str) -> Any:
+        child = self._ttft_children.get(model)
+        if child is None:
+            child = self._ttft_children[model] = self.metrics.ttft.labels(model)
+        return child
+
+    def _e2e(self, model: str, route: str) -> Any:
+        key = (model, route)
+        child = self._e2e_children.get(key)
+        if child is None:
+            child = self._e2e_children[key] = self.metrics.e2e.labels(model, route)
+        return child
 
     def _count(self, model: str, worker: str, route: str, status: str) -> None:
         key = (model, worker, route, status)
@@ -851,8 +862,9 @@ def _upstream_request(request: HttpRequest, host: bytes, forwarded: bytes) -> by
 
 
 def _response_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """Upstream response headers to pass on (names arrive lower-cased from the proxy)."""
     return b"".join(
-        name + b": " + value + b"\r\n" for name, value in headers if name.lower() not in HOP_BY_HOP
+        name + b": " + value + b"\r\n" for name, value in headers if name not in HOP_BY_HOP
     )
 
 

@@ -1,23 +1,156 @@
 """Every ``tpuserve_router_*`` series, declared here once and spelled as on ``/metrics``.
 
 Dashboards, alerts and recording rules refer to these names; a search from a panel lands
-here. The hot path touches only pre-bound children (`WorkerStats`, `RouteStats`) so a
-request costs a few counter increments, no label lookups; gauges that mirror state
-(in-flight, health, index size) are computed when Prometheus scrapes.
+here. The request hot path must stay cheap (the router's CPU per request is a benchmarked
+target), so series are kept in plain Python numbers: `Counter`, `Histogram` and `Gauge`
+below mirror client_python's ``labels(...).inc()/observe()/set()`` interface, but a child
+is a bare value with no lock (the router is one event loop), and the app binds children
+once and reuses them. One client_python collector exposes them all at scrape time, in the
+standard text format, through a normal `CollectorRegistry`. Gauges that mirror state
+(in-flight, health, index size) are computed at scrape time by `StateCollector`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from tpuserve_router.policies.base import OUTCOMES
+
+
+class _Value:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
+class _Buckets:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+class _Series:
+    """A named series family with labelled children (client_python's labels() interface)."""
+
+    kind = ""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self.children: dict[tuple[str, ...], object] = {}
+
+    def _new(self) -> object:
+        raise NotImplementedError
+
+    def _child(self, values: tuple[str, ...]) -> object:
+        child = self.children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+            child = self.children[values] = self._new()
+        return child
+
+    def remove_by_labels(self, labels: dict[str, str]) -> None:
+        positions = {self.labelnames.index(k): v for k, v in labels.items()}
+        for key in [k for k in self.children if all(k[i] == v for i, v in positions.items())]:
+            del self.children[key]
+
+
+class Counter(_Series):
+    kind = "counter"
+
+    def _new(self) -> _Value:
+        return _Value()
+
+    def labels(self, *values: str) -> _Value:
+        child = self._child(values)
+        assert isinstance(child, _Value)
+        return child
+
+    def family(self) -> Metric:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, child in self.children.items():
+            assert isinstance(child, _Value)
+            family.add_metric(key, child.value)
+        return family
+
+
+class Gauge(Counter):
+    kind = "gauge"
+
+    def family(self) -> Metric:
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, child in self.children.items():
+            assert isinstance(child, _Value)
+            family.add_metric(key, child.value)
+        return family
+
+
+class Histogram(_Series):
+    kind = "histogram"
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        super().__init__(name, documentation, labelnames)
+        self.bounds = tuple(float(b) for b in buckets)
+
+    def _new(self) -> _Buckets:
+        return _Buckets(self.bounds)
+
+    def labels(self, *values: str) -> _Buckets:
+        child = self._child(values)
+        assert isinstance(child, _Buckets)
+        return child
+
+    def family(self) -> Metric:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, child in self.children.items():
+            assert isinstance(child, _Buckets)
+            cumulative = 0
+            buckets = []
+            for bound, count in zip((*self.bounds, float("inf")), child.counts, strict=True):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            family.add_metric(list(key), buckets, child.sum)
+        return family
+
+
+class _SeriesCollector(Collector):
+    def __init__(self, series: Iterable[_Series]) -> None:
+        self.series = list(series)
+
+    def collect(self) -> Iterator[Metric]:
+        for series in self.series:
+            yield series.family()  # type: ignore[attr-defined]
+
 
 # Seconds; TTFT on TPU ranges from tens of ms (cached prefix) to tens of seconds (queues).
 TTFT_BUCKETS_SECONDS: Final = (
@@ -70,118 +203,104 @@ class RouterMetrics:
 
 def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
     """Declare every router series in ``registry`` (tests pass a fresh one)."""
-    return RouterMetrics(
+    metrics = RouterMetrics(
         registry=registry,
         info=Gauge(
             "tpuserve_router_info",
             "Always 1; labels carry the routing policy and the router version.",
             ["policy", "version"],
-            registry=registry,
         ),
         requests=Counter(
             "tpuserve_router_requests_total",
             "Requests the router answered, by model, worker, route and HTTP status "
             "(worker is 'none' when none was chosen: bad input, unknown model, no worker).",
             ["model", "worker", "route", "status"],
-            registry=registry,
         ),
         ttft=Histogram(
             "tpuserve_router_ttft_seconds",
             "Seconds from a streamed request's arrival to its first body chunk from the worker.",
             ["model"],
-            buckets=TTFT_BUCKETS_SECONDS,
-            registry=registry,
+            TTFT_BUCKETS_SECONDS,
         ),
         e2e=Histogram(
             "tpuserve_router_e2e_latency_seconds",
             "Seconds from a request's arrival to the end of its response, as the router saw it.",
             ["model", "route"],
-            buckets=E2E_BUCKETS_SECONDS,
-            registry=registry,
+            E2E_BUCKETS_SECONDS,
         ),
         prompt_tokens=Counter(
             "tpuserve_router_prompt_tokens_total",
             "Prompt tokens of finished requests, from the responses' usage.",
             ["model", "worker"],
-            registry=registry,
         ),
         completion_tokens=Counter(
             "tpuserve_router_completion_tokens_total",
             "Completion tokens of finished requests, from the responses' usage.",
             ["model", "worker"],
-            registry=registry,
         ),
         cached_tokens=Counter(
             "tpuserve_router_cached_tokens_total",
             "Prompt tokens the worker served from its prefix cache (usage cached_tokens).",
             ["model", "worker"],
-            registry=registry,
         ),
         predicted_cached_tokens=Counter(
             "tpuserve_router_predicted_cached_tokens_total",
             "Prompt tokens the routing policy predicted the worker had cached; compare with "
             "tpuserve_router_cached_tokens_total (the gap is routing regret).",
             ["model", "worker"],
-            registry=registry,
         ),
         decisions=Counter(
             "tpuserve_router_routing_decisions_total",
             "Routing decisions by policy and outcome: prefix_hit, miss, balanced_away "
             "(load imbalance sent it away from the prefix holder), load_only.",
             ["policy", "outcome"],
-            registry=registry,
         ),
         prefix_match_ratio=Histogram(
             "tpuserve_router_prefix_match_ratio",
             "Share of the prompt cached on the chosen worker: source=predicted (by the "
             "policy) or actual (cached_tokens / prompt_tokens from the response).",
             ["policy", "source"],
-            buckets=RATIO_BUCKETS,
-            registry=registry,
+            RATIO_BUCKETS,
         ),
         retries=Counter(
             "tpuserve_router_retries_total",
             "Requests re-sent to another worker after a failure before the first byte.",
             ["route"],
-            registry=registry,
         ),
         upstream_errors=Counter(
             "tpuserve_router_upstream_errors_total",
             "Failures talking to a worker, by reason.",
             ["worker", "reason"],
-            registry=registry,
         ),
         kv_events=Counter(
             "tpuserve_router_kv_events_total",
             "KV-cache events received from workers, by type.",
             ["worker", "type"],
-            registry=registry,
         ),
         kv_event_gaps=Counter(
             "tpuserve_router_kv_event_gaps_total",
             "Gaps in a worker's KV-event sequence numbers (lost batches).",
             ["worker"],
-            registry=registry,
         ),
         kv_event_resyncs=Counter(
             "tpuserve_router_kv_event_resyncs_total",
             "Times the router dropped everything it knew about a worker's cache, by reason.",
             ["worker", "reason"],
-            registry=registry,
         ),
         kv_event_replays=Counter(
             "tpuserve_router_kv_event_replays_total",
             "Replays requested after a gap, by result (ok or failed).",
             ["worker", "result"],
-            registry=registry,
         ),
         workers_changed=Counter(
             "tpuserve_router_worker_changes_total",
             "Workers added or removed (by discovery or the admin API), by change.",
             ["change"],
-            registry=registry,
         ),
     )
+    series = [v for v in vars(metrics).values() if isinstance(v, _Series)]
+    registry.register(_SeriesCollector(series))
+    return metrics
 
 
 class WorkerStats:
@@ -256,7 +375,7 @@ class StateCollector(Collector):
 
 def remove_worker_series(metrics: RouterMetrics, worker: str) -> None:
     """Drop a departed worker's series so dashboards stop showing it."""
-    per_worker: tuple[MetricWrapperBase, ...] = (
+    per_worker: tuple[_Series, ...] = (
         metrics.requests,
         metrics.prompt_tokens,
         metrics.completion_tokens,

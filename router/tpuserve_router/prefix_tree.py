@@ -88,8 +88,7 @@ class PrefixTree:
             else:
                 pos += _common_prefix_length(edge, text, pos)
                 full = False
-            for tenant in child.tenants:
-                matched[tenant] = pos
+            matched.update(dict.fromkeys(child.tenants, pos))
             if not full:
                 break
             node = child
@@ -114,6 +113,8 @@ class PrefixTree:
         leaves = state.leaves
         node = self._root
         path: list[_Node] = []
+        joined = False  # the tenant was added to a node that existed before this insert
+        fresh = False  # the path ends in a node created by this insert
         pos = 0
         end = len(text)
         while pos < end:
@@ -130,37 +131,45 @@ class PrefixTree:
                 child = _Node(text[pos:], node)
                 node.children[text[pos]] = child
                 self.node_count += 1
-                pos = end
+                child.tenants[tenant] = now
+                state.chars += end - pos
+                fresh = True
+                leaves.discard(node)
+                path.append(child)
+                node = child
+                break
+            edge = child.text
+            if text.startswith(edge, pos):
+                pos += len(edge)
             else:
-                edge = child.text
-                if text.startswith(edge, pos):
-                    pos += len(edge)
+                common = _common_prefix_length(edge, text, pos)
+                if pos + common == end and tenant in child.tenants:
+                    # The text ends inside an edge the tenant holds whole: splitting
+                    # would only make a node that must be merged back later.
+                    pos = end
                 else:
-                    common = _common_prefix_length(edge, text, pos)
-                    if pos + common == end and tenant in child.tenants:
-                        # The text ends inside an edge the tenant holds whole: splitting
-                        # would only make a node that must be merged back later.
-                        pos = end
-                    else:
-                        child = self._split(child, common)
-                        pos += common
-            if tenant not in child.tenants:
+                    child = self._split(child, common)
+                    pos += common
+            tenants = child.tenants
+            if tenant not in tenants:
                 state.chars += len(child.text)
-            child.tenants[tenant] = now
+                joined = True
+            tenants[tenant] = now
             # The path goes on below ``node``, so it is no longer one of the tenant's leaves.
             leaves.discard(node)
             node = child
             path.append(child)
-        if node not in leaves and not _has_child_with(node, tenant):
+        if node not in leaves and (fresh or not _has_child_with(node, tenant)):
             leaves.add(node)
             self._push(state, node, now)
-        # Adding the tenant along the path can make a node agree with its only child.
-        below = node
-        for upper in reversed(path[:-1]):
-            if len(upper.children) == 1 and upper.tenants.keys() == below.tenants.keys():
-                self._merge_into_child(upper)
-            else:
-                below = upper
+        if joined:
+            # Adding the tenant along the path can make a node agree with its only child.
+            below = node
+            for upper in reversed(path[:-1]):
+                if len(upper.children) == 1 and upper.tenants.keys() == below.tenants.keys():
+                    self._merge_into_child(upper)
+                else:
+                    below = upper
         if state.chars > self.max_chars_per_tenant:
             self._evict(tenant, state)
 
@@ -263,11 +272,27 @@ def _has_child_with(node: _Node, tenant: str) -> bool:
 
 
 def _common_prefix_length(edge: str, text: str, pos: int) -> int:
-    """Length of the common prefix of ``edge`` and ``text[pos:]`` (binary search in C)."""
-    low, high = 0, min(len(edge), len(text) - pos)
+    """Length of the common prefix of ``edge`` and ``text[pos:]``.
+
+    Prefixes usually diverge within a few characters, so the search gallops: it compares
+    chunks of doubling size (each one C-level ``startswith``) and then bisects the last one.
+    """
+    limit = min(len(edge), len(text) - pos)
+    low = 0
+    step = 8
+    while low < limit:
+        high = min(limit, low + step)
+        if text.startswith(edge[low:high], pos + low):
+            low = high
+            step *= 2
+        else:
+            break
+    else:
+        return low
+    high -= 1  # the answer is in [low, high]
     while low < high:
         mid = (low + high + 1) // 2
-        if text.startswith(edge[:mid], pos):
+        if text.startswith(edge[low:mid], pos + low):
             low = mid
         else:
             high = mid - 1

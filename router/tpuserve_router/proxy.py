@@ -50,6 +50,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.reused = False
         self._waiter: asyncio.Future[None] | None = None
         self._deadline: asyncio.TimerHandle | None = None
+        self._first_byte_at = 0.0
+        self._end_at = 0.0
         self._paused = False
         self._reset()
 
@@ -100,7 +102,7 @@ class UpstreamConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ httptools callbacks
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
@@ -127,10 +129,15 @@ class UpstreamConnection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
-    def set_deadline(self, seconds: float, reason: str) -> None:
-        """Fail the pending wait with ``reason`` (and close) if it is not over in time."""
+    def set_deadlines(self, first_byte_seconds: float, total_seconds: float) -> None:
+        """Fail the pending wait (and close) when the response has not started within
+        ``first_byte_seconds`` (reason ``first_byte_timeout``) or not ended within
+        ``total_seconds`` (``request_timeout``). One timer serves both."""
         self._cancel_deadline()
-        self._deadline = self.loop.call_later(seconds, self._expire, reason, seconds)
+        now = self.loop.time()
+        self._first_byte_at = now + first_byte_seconds
+        self._end_at = now + total_seconds
+        self._deadline = self.loop.call_at(min(self._first_byte_at, self._end_at), self._check)
 
     async def wait_head(self) -> None:
         while not self.head_ready:
@@ -157,6 +164,10 @@ class UpstreamConnection(asyncio.Protocol):
             await self._wait()
 
     async def read_all(self) -> bytes:
+        if self.done:  # the usual case: the whole response came in one read
+            data = b"".join(self.chunks)
+            self.chunks.clear()
+            return data
         parts: list[bytes] = []
         while True:
             data = await self.read()
@@ -165,8 +176,9 @@ class UpstreamConnection(asyncio.Protocol):
             parts.append(data)
 
     def header(self, name: bytes) -> bytes | None:
+        """The first response header called ``name`` (lower case)."""
         for key, value in self.headers:
-            if key.lower() == name:
+            if key == name:
                 return value
         return None
 
@@ -201,15 +213,23 @@ class UpstreamConnection(asyncio.Protocol):
             self.error = error
         self._wake()
 
-    def _expire(self, reason: str, seconds: float) -> None:
+    def _check(self) -> None:
         self._deadline = None
-        if not self.done:
-            self._fail(
-                UpstreamError(
-                    reason, f"no answer within {seconds:g} s", response_started=self.head_ready
-                )
-            )
-            self.close()
+        if self.done:
+            return
+        now = self.loop.time()
+        if not self.head_ready and now >= self._first_byte_at:
+            reason, limit = "first_byte_timeout", self._first_byte_at
+        elif now >= self._end_at:
+            reason, limit = "request_timeout", self._end_at
+        else:  # the head came in time: wait for the end
+            self._deadline = self.loop.call_at(self._end_at, self._check)
+            return
+        self._fail(
+            UpstreamError(reason, f"deadline passed {now - limit:.3f} s ago",
+                          response_started=self.head_ready)
+        )  # fmt: skip
+        self.close()
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:
