@@ -349,3 +349,16 @@ def test_cost_bounded_load_keeps_one_prefix_from_taking_everything() -> None:
         policy.on_prefill_done(decision)
     loads = [w.in_flight for w in workers]
     assert max(loads) / (sum(loads) / 4) <= 1.3
+
+
+@pytest.mark.parametrize("policy_name", ["cache_aware", "precise", "cost"])
+def test_prefix_policies_forget_a_reset_worker(policy_name: str) -> None:
+    policy = make_policy(policy_name, page_size=4) if policy_name != "cache_aware" else None
+    policy = policy or make_policy(policy_name)
+    workers = [fake_worker("a"), fake_worker("b")]
+    first = policy.choose(fake_request(prompt=LONG), workers)
+    first.worker.in_flight += 1  # type: ignore[attr-defined]
+    policy.on_prefill_done(first)
+    assert policy.choose(fake_request(prompt=LONG), workers).outcome == "prefix_hit"
+    policy.on_worker_reset(first.worker.name)
+    assert policy.choose(fake_request(prompt=LONG), workers).outcome == "miss"

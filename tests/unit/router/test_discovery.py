@@ -1,0 +1,117 @@
+"""Kubernetes discovery: only ready leader pods become workers, at the right address."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tpuserve_router.discovery.kubernetes import (
+    PodRules,
+    PodSet,
+    worker_from_pod,
+    workers_from_pods,
+)
+from tpuserve_router.discovery.static import static_workers
+
+pytestmark = pytest.mark.unit
+
+RULES = PodRules(leader_label=("serving.tpuserve.dev/role", "leader"), fallback_port=30000)
+
+
+def pod(
+    name: str = "llama-0",
+    *,
+    role: str = "leader",
+    ready: bool = True,
+    phase: str = "Running",
+    ip: str | None = "10.4.0.7",
+    annotations: dict[str, str] | None = None,
+    env_port: str | None = None,
+    named_port: int | None = None,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "engine", "env": [], "ports": []}
+    if env_port:
+        container["env"].append({"name": "TPUSERVE_HTTP_PORT", "value": env_port})
+    if named_port:
+        container["ports"].append({"name": "http", "containerPort": named_port})
+    metadata: dict[str, Any] = {
+        "name": name, "uid": f"uid-{name}", "annotations": annotations or {},
+        "labels": {"serving.tpuserve.dev/role": role},
+    }  # fmt: skip
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    if ip:
+        status["podIP"] = ip
+    return {"metadata": metadata, "spec": {"containers": [container]}, "status": status}
+
+
+def test_a_ready_leader_is_a_worker_at_pod_ip_and_default_port() -> None:
+    spec = worker_from_pod(pod(), RULES)
+    assert spec is not None
+    assert spec.url == "http://10.4.0.7:30000"
+
+
+@pytest.mark.parametrize(
+    "candidate",
+    [pod(role="worker"), pod(ready=False), pod(phase="Pending"), pod(ip=None), pod(deleting=True)],
+)
+def test_workers_not_ready_or_not_leaders_are_not_routable(candidate: dict[str, Any]) -> None:
+    assert worker_from_pod(candidate, RULES) is None
+
+
+def test_port_comes_from_flag_then_env_then_named_port() -> None:
+    assert worker_from_pod(pod(env_port="31000", named_port=32000), RULES).url.endswith(":31000")  # type: ignore[union-attr]
+    assert worker_from_pod(pod(named_port=32000), RULES).url.endswith(":32000")  # type: ignore[union-attr]
+    flagged = PodRules(RULES.leader_label, worker_port=33000)
+    assert worker_from_pod(pod(env_port="31000"), flagged).url.endswith(":33000")  # type: ignore[union-attr]
+
+
+def test_annotations_override_the_address_and_kv_endpoints() -> None:
+    annotated = pod(annotations={
+        "serving.tpuserve.dev/worker-url": "http://127.0.0.1:4000",
+        "serving.tpuserve.dev/kv-events-endpoint": "tcp://127.0.0.1:4001",
+        "serving.tpuserve.dev/kv-replay-endpoint": "tcp://127.0.0.1:4002",
+    })  # fmt: skip
+    spec = worker_from_pod(annotated, RULES)
+    assert spec is not None
+    assert (spec.url, spec.kv_events_endpoint, spec.kv_replay_endpoint) == (
+        "http://127.0.0.1:4000", "tcp://127.0.0.1:4001", "tcp://127.0.0.1:4002")  # fmt: skip
+
+
+def test_without_a_leader_label_any_ready_pod_counts() -> None:
+    rules = PodRules(leader_label=None)
+    assert worker_from_pod(pod(role="worker"), rules) is not None
+
+
+def test_ipv6_pod_addresses_are_bracketed() -> None:
+    spec = worker_from_pod(pod(ip="fd00::7"), RULES)
+    assert spec is not None
+    assert spec.url == "http://[fd00::7]:30000"
+
+
+def test_watch_events_update_the_worker_set_in_name_order() -> None:
+    pods = PodSet()
+    pods.reset([pod("b", ip="10.0.0.2"), pod("a", ip="10.0.0.1", ready=False)])
+    assert [s.url for s in workers_from_pods(pods.pods.values(), RULES)] == [
+        "http://10.0.0.2:30000"
+    ]
+    assert pods.apply("MODIFIED", pod("a", ip="10.0.0.1"))
+    assert [s.url for s in workers_from_pods(pods.pods.values(), RULES)] == [
+        "http://10.0.0.1:30000", "http://10.0.0.2:30000"]  # fmt: skip
+    assert pods.apply("DELETED", pod("b"))
+    assert not pods.apply("DELETED", pod("zzz"))
+    assert not pods.apply("BOOKMARK", pod("c"))
+    assert [s.url for s in workers_from_pods(pods.pods.values(), RULES)] == [
+        "http://10.0.0.1:30000"
+    ]
+
+
+def test_static_workers_keep_order_and_drop_duplicates() -> None:
+    specs = static_workers(["http://a:1", "http://b:1", "http://a:1"])
+    assert [s.url for s in specs] == ["http://a:1", "http://b:1"]

@@ -1,0 +1,111 @@
+"""The HTTP front on a loopback socket: limits, framing and keep-alive."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tpuserve_router.server import HttpConnection, HttpRequest, serve
+
+pytestmark = pytest.mark.unit
+
+LIMIT = 1024
+
+
+async def echo(request: HttpRequest, conn: HttpConnection) -> None:
+    if request.path == "/stream":
+        conn.start_chunked(200, b"content-type: text/event-stream\r\n")
+        for part in (b"data: 1\n\n", b"data: 2\n\n"):
+            conn.write_chunk(part)
+        conn.end_chunked()
+        return
+    if request.path == "/forget":
+        return  # a handler that never answers
+    conn.respond(200, b"", b"%d:%s" % (len(request.body), request.query.encode()))
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    server = await serve(echo, "127.0.0.1", 0, LIMIT)
+    yield server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+
+
+async def exchange(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+def statuses(data: bytes) -> list[bytes]:
+    return re.findall(rb"HTTP/1.1 (\d+)", data)
+
+
+async def test_a_declared_oversized_body_is_413_without_reading_it(port: int) -> None:
+    head = b"POST /x HTTP/1.1\r\nhost: h\r\ncontent-length: 5000\r\n\r\n"
+    data = await exchange(port, head)  # the body is never sent: the answer comes anyway
+    assert statuses(data) == [b"413"]
+    assert b'"param":"body"' in data
+
+
+async def test_a_chunked_body_over_the_limit_is_413(port: int) -> None:
+    chunk = b"x" * 600
+    body = b"%x\r\n%s\r\n" % (len(chunk), chunk) * 2 + b"0\r\n\r\n"
+    data = await exchange(
+        port, b"POST /x HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n" + body
+    )
+    assert statuses(data) == [b"413"]
+
+
+async def test_a_chunked_body_within_the_limit_is_joined(port: int) -> None:
+    body = b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    request = (
+        b"POST /x?a=1 HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n"
+        b"connection: close\r\n\r\n"
+    )
+    data = await exchange(port, request + body)
+    assert data.endswith(b"5:a=1")
+
+
+async def test_expect_100_continue_is_answered(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /x HTTP/1.1\r\nhost: h\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n"
+    )
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert interim.startswith(b"HTTP/1.1 100")
+    writer.write(b"abc")
+    final = await asyncio.wait_for(reader.readuntil(b"3:"), 5)
+    assert final.startswith(b"HTTP/1.1 200")
+    writer.close()
+
+
+async def test_garbage_is_400_and_closes(port: int) -> None:
+    data = await exchange(port, b"NOT HTTP AT ALL\r\n\r\n")
+    assert statuses(data) == [b"400"]
+
+
+async def test_http_1_0_closes_after_the_response(port: int) -> None:
+    data = await exchange(port, b"POST /x HTTP/1.0\r\ncontent-length: 2\r\n\r\nab")
+    assert statuses(data) == [b"200"]
+    assert b"connection: close" in data
+
+
+async def test_streams_are_chunked_and_the_connection_stays_open(port: int) -> None:
+    get = b"GET /stream HTTP/1.1\r\nhost: h\r\n\r\n"
+    data = await exchange(port, get + get.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n"))
+    assert statuses(data) == [b"200", b"200"]
+    assert data.count(b"transfer-encoding: chunked") == 2
+    assert b"9\r\ndata: 1\n\n\r\n" in data
+
+
+async def test_a_handler_that_never_answers_gets_the_connection_closed(port: int) -> None:
+    data = await exchange(port, b"GET /forget HTTP/1.1\r\nhost: h\r\n\r\n")
+    assert data == b""

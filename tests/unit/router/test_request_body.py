@@ -1,0 +1,93 @@
+"""Request bodies: what the router validates and the routing inputs it builds from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_tpu.tokenizer import load_tokenizer
+from tpuserve_router.request_body import (
+    ClientError,
+    parse_chat,
+    parse_completions,
+    parse_generate,
+    parse_json_object,
+)
+
+pytestmark = pytest.mark.unit
+TOK = load_tokenizer()
+
+
+def test_completion_prompt_gives_text_and_engine_token_ids() -> None:
+    parsed = parse_completions({"model": "m", "prompt": "hello world", "stream": True}, True, TOK)
+    assert (parsed.model, parsed.stream, parsed.text) == ("m", True, "hello world")
+    assert parsed.token_ids == TOK.encode("hello world")
+
+
+def test_token_prompts_are_used_as_given() -> None:
+    parsed = parse_completions({"prompt": [5, 6, 7]}, True, TOK)
+    assert parsed.token_ids == [5, 6, 7]
+    assert parsed.text == "5 6 7"
+    assert parse_completions({"prompt": [[1, 2], [3]]}, False, TOK).token_ids == [1, 2]
+
+
+def test_chat_token_ids_apply_the_engines_template() -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    parsed = parse_chat({"messages": messages}, True, TOK)
+    assert parsed.token_ids == TOK.encode(TOK.apply_chat_template(messages))
+    assert parsed.text == "system: be brief\nuser: hi\n"
+
+
+def test_chat_text_parts_and_media_are_routed_on() -> None:
+    content = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "u"}}]
+    text = parse_chat({"messages": [{"role": "user", "content": content}]}, True, None).text
+    assert text.startswith("user: look{")
+    assert '"url":"u"' in text
+
+
+def test_generate_takes_text_or_input_ids() -> None:
+    assert parse_generate({"text": "abc"}, True, TOK).token_ids == TOK.encode("abc")
+    assert parse_generate({"input_ids": [1, 2]}, True, None).text == "1 2"
+    with pytest.raises(ClientError) as err:
+        parse_generate({"text": "a", "input_ids": [1]}, True, None)
+    assert err.value.param == "text"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"", "body"),
+        (b"{", "body"),
+        (b"[]", "body"),
+        (b'"s"', "body"),
+    ],
+)
+def test_unreadable_bodies_name_the_body(body: bytes, param: str) -> None:
+    with pytest.raises(ClientError) as err:
+        parse_json_object(body)
+    assert (err.value.status, err.value.param) == (400, param)
+
+
+@pytest.mark.parametrize(
+    ("parser", "data", "param"),
+    [
+        (parse_completions, {"prompt": None}, "prompt"),
+        (parse_completions, {"prompt": []}, "prompt"),
+        (parse_completions, {"prompt": [1, "a"]}, "prompt"),
+        (parse_completions, {"prompt": "x", "model": 3}, "model"),
+        (parse_completions, {"prompt": "x", "stream": 1}, "stream"),
+        (parse_chat, {"messages": "hi"}, "messages"),
+        (parse_chat, {"messages": [{"content": "no role"}]}, "messages"),
+        (parse_generate, {}, "text"),
+    ],
+)
+def test_bad_fields_are_named(parser: object, data: dict[str, object], param: str) -> None:
+    with pytest.raises(ClientError) as err:
+        parser(data, True, TOK)  # type: ignore[operator]
+    assert (err.value.status, err.value.param) == (400, param)
+
+
+def test_error_bodies_are_openai_shaped() -> None:
+    err = ClientError(404, "no such model", param="model", error_type="model_not_found")
+    assert err.body() == (
+        b'{"error":{"message":"no such model","type":"model_not_found","param":"model","code":404}}'
+    )

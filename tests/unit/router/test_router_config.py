@@ -1,0 +1,97 @@
+"""Router settings: flags, then TPUSERVE_ROUTER_* variables, then defaults; every bad value is
+reported with its name, its value and what is allowed."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tpuserve_router.cli import build_config, configure, env_name
+from tpuserve_router.config import DEFAULT_POLICY, ConfigError, RouterConfig, parse_key_values
+
+pytestmark = pytest.mark.unit
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults_are_valid() -> None:
+    config = build_config(parse(), environ={})
+    assert config == RouterConfig()
+    assert config.policy == DEFAULT_POLICY
+
+
+def test_flags_win_over_environment() -> None:
+    env = {"TPUSERVE_ROUTER_PORT": "9001", "TPUSERVE_ROUTER_POLICY": "random"}
+    config = build_config(parse("--port", "9002"), environ=env)
+    assert (config.port, config.policy) == (9002, "random")
+
+
+def test_environment_fills_every_kind_of_setting() -> None:
+    env = {
+        env_name("--workers"): "http://127.0.0.1:1, http://127.0.0.1:2",
+        env_name("--kv-events"): "true",
+        env_name("--selector"): "a=b,c=d",
+        env_name("--discovery"): "kubernetes",
+        env_name("--policy-params"): "cache_threshold=0.5,balance_abs_threshold=8",
+        env_name("--health-check-interval"): "0.5",
+    }
+    config = build_config(parse(), environ=env)
+    assert config.workers == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    assert config.kv_events is True
+    assert config.selector == {"a": "b", "c": "d"}
+    assert config.policy_params == {"cache_threshold": "0.5", "balance_abs_threshold": "8"}
+    assert config.health_check_interval_seconds == 0.5
+
+
+def test_kv_events_is_a_bare_flag() -> None:
+    assert build_config(parse("--kv-events"), environ={}).kv_events is True
+
+
+def test_unreadable_values_are_reported_together_with_their_source() -> None:
+    env = {"TPUSERVE_ROUTER_PORT": "http", "TPUSERVE_ROUTER_POLICY": "fastest"}
+    with pytest.raises(ConfigError) as err:
+        build_config(parse("--max-retries", "-1", "--worker", "ftp://x:1"), environ=env)
+    problems = err.value.problems
+    assert "TPUSERVE_ROUTER_PORT='http': expected an integer" in problems
+    assert any(
+        p.startswith("TPUSERVE_ROUTER_POLICY='fastest': allowed cache_aware") for p in problems
+    )
+
+
+def test_validation_names_fields_and_allowed_values() -> None:
+    with pytest.raises(ConfigError) as err:
+        RouterConfig(
+            port=70000,
+            max_retries=11,
+            connect_timeout_seconds=0,
+            discovery="kubernetes",
+            workers=("http://h:1/path",),
+            policy="cache_aware",
+            policy_params={"cache_threshold": "2"},
+        ).validate()
+    text = str(err.value)
+    assert "port=70000: allowed 0..65535" in text
+    assert "max_retries=11: allowed 0..10" in text
+    assert "connect_timeout_seconds=0: must be > 0" in text
+    assert "selector: required with discovery=kubernetes" in text
+    assert "a path or query is not allowed" in text
+    assert "cache_threshold=2.0 must be within [0, 1]" in text
+
+
+def test_selector_keys_and_values_are_checked() -> None:
+    with pytest.raises(ConfigError, match="selector value 'a b'"):
+        RouterConfig(discovery="kubernetes", selector={"app": "a b"}).validate()
+    RouterConfig(
+        discovery="kubernetes", selector={"app.kubernetes.io/instance": "llama-3"}
+    ).validate()
+
+
+def test_key_values_parse_and_reject_items_without_equals() -> None:
+    assert parse_key_values("a=1, b = 2,", "x") == {"a": "1", "b": "2"}
+    with pytest.raises(ValueError, match="x: 'oops' is not KEY=VALUE"):
+        parse_key_values("a=1,oops", "x")

@@ -1,0 +1,117 @@
+"""Router series: each declared once, exposed in valid Prometheus text, removable per worker."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tpuserve_router.metrics import (
+    StateCollector,
+    WorkerState,
+    create_router_metrics,
+    remove_worker_series,
+)
+
+pytestmark = pytest.mark.unit
+
+EXPECTED = {
+    "tpuserve_router_info": "gauge",
+    "tpuserve_router_requests": "counter",
+    "tpuserve_router_ttft_seconds": "histogram",
+    "tpuserve_router_e2e_latency_seconds": "histogram",
+    "tpuserve_router_prompt_tokens": "counter",
+    "tpuserve_router_completion_tokens": "counter",
+    "tpuserve_router_cached_tokens": "counter",
+    "tpuserve_router_predicted_cached_tokens": "counter",
+    "tpuserve_router_routing_decisions": "counter",
+    "tpuserve_router_prefix_match_ratio": "histogram",
+    "tpuserve_router_retries": "counter",
+    "tpuserve_router_upstream_errors": "counter",
+    "tpuserve_router_kv_events": "counter",
+    "tpuserve_router_kv_event_gaps": "counter",
+    "tpuserve_router_kv_event_resyncs": "counter",
+    "tpuserve_router_kv_event_replays": "counter",
+    "tpuserve_router_worker_changes": "counter",
+    "tpuserve_router_in_flight_requests": "gauge",
+    "tpuserve_router_worker_healthy": "gauge",
+    "tpuserve_router_prefix_index_size": "gauge",
+}
+
+
+def scrape(registry: CollectorRegistry) -> dict[str, object]:
+    text = generate_latest(registry).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_every_series_is_declared_with_its_type() -> None:
+    registry = CollectorRegistry()
+    create_router_metrics(registry)
+    registry.register(StateCollector(lambda: [], dict))
+    families = scrape(registry)
+    assert {name: f.type for name, f in families.items()} == EXPECTED  # type: ignore[attr-defined]
+
+
+def test_values_and_histograms_are_exposed_exactly() -> None:
+    registry = CollectorRegistry()
+    metrics = create_router_metrics(registry)
+    metrics.requests.labels("m", "w", "/v1/completions", "200").inc()
+    metrics.requests.labels("m", "w", "/v1/completions", "200").inc(2)
+    ttft = metrics.ttft.labels("m")
+    for value in (0.001, 0.005, 0.2, 100.0):
+        ttft.observe(value)
+    assert registry.get_sample_value("tpuserve_router_requests_total", {
+        "model": "m", "worker": "w", "route": "/v1/completions", "status": "200"}) == 3  # fmt: skip
+    buckets = {
+        s.labels["le"]: s.value
+        for s in scrape(registry)["tpuserve_router_ttft_seconds"].samples  # type: ignore[attr-defined]
+        if s.name.endswith("_bucket")
+    }
+    assert buckets["0.005"] == 2  # le: a value equal to a bound counts in that bucket
+    assert buckets["0.25"] == 3
+    assert buckets["60.0"] == 3
+    assert buckets["+Inf"] == 4
+    assert registry.get_sample_value("tpuserve_router_ttft_seconds_sum", {"model": "m"}) == (
+        pytest.approx(100.206))  # fmt: skip
+
+
+def test_state_gauges_are_read_at_scrape_time() -> None:
+    registry = CollectorRegistry()
+    states = [WorkerState("http://a:1", ("m",), True, 3), WorkerState("http://b:1", (), False, 0)]
+    registry.register(StateCollector(lambda: states, lambda: {"tree_chars": 42}))
+    assert (
+        registry.get_sample_value("tpuserve_router_in_flight_requests", {"worker": "http://a:1"})
+        == 3
+    )
+    assert registry.get_sample_value(
+        "tpuserve_router_worker_healthy", {"model": "", "worker": "http://b:1"}) == 0  # fmt: skip
+    assert (
+        registry.get_sample_value("tpuserve_router_prefix_index_size", {"kind": "tree_chars"}) == 42
+    )
+
+
+def test_a_departed_workers_series_are_removed() -> None:
+    registry = CollectorRegistry()
+    metrics = create_router_metrics(registry)
+    metrics.prompt_tokens.labels("m", "gone").inc(5)
+    metrics.prompt_tokens.labels("m", "stays").inc(5)
+    metrics.kv_events.labels("gone", "BlockStored").inc()
+    remove_worker_series(metrics, "gone")
+    assert (
+        registry.get_sample_value(
+            "tpuserve_router_prompt_tokens_total", {"model": "m", "worker": "gone"}
+        )
+        is None
+    )
+    assert (
+        registry.get_sample_value(
+            "tpuserve_router_prompt_tokens_total", {"model": "m", "worker": "stays"}
+        )
+        == 5
+    )
+    assert (
+        registry.get_sample_value(
+            "tpuserve_router_kv_events_total", {"worker": "gone", "type": "BlockStored"}
+        )
+        is None
+    )

@@ -1,0 +1,113 @@
+"""Workers: URLs, health ejection and re-admission, the circuit breaker, the registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpuserve_router.workers import (
+    BreakerConfig,
+    InvalidWorkerURL,
+    Worker,
+    WorkerRegistry,
+    WorkerSpec,
+    normalize_worker_url,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_urls_normalize_to_http_host_port() -> None:
+    assert normalize_worker_url("http://127.0.0.1:30000/") == (
+        "http://127.0.0.1:30000",
+        "127.0.0.1",
+        30000,
+    )
+    assert normalize_worker_url("10.0.0.2:8000")[0] == "http://10.0.0.2:8000"
+    assert normalize_worker_url("http://[::1]:5")[0] == "http://[::1]:5"
+    assert normalize_worker_url("http://host")[0] == "http://host:80"
+
+
+@pytest.mark.parametrize("url", ["https://h:1", "http://:1", "http://h:1/v1", "http://h:x"])
+def test_bad_urls_say_what_is_expected(url: str) -> None:
+    with pytest.raises(InvalidWorkerURL, match="expected http://HOST:PORT"):
+        normalize_worker_url(url)
+
+
+def test_health_checks_eject_after_failures_and_readmit_after_success() -> None:
+    worker = Worker(WorkerSpec("http://h:1"))
+    assert not worker.healthy  # until the first check passes
+    assert worker.health_check_passed(1)
+    assert not worker.health_check_failed(3)
+    assert not worker.health_check_failed(3)
+    assert worker.healthy
+    assert worker.health_check_failed(3)  # the third one ejects
+    assert not worker.healthy
+    assert not worker.health_check_passed(2)
+    assert worker.health_check_passed(2)
+    assert worker.healthy
+
+
+def test_breaker_opens_after_consecutive_failures_and_half_opens_later() -> None:
+    worker = Worker(WorkerSpec("http://h:1"), BreakerConfig(failure_threshold=3, open_seconds=10))
+    worker.health_check_passed(1)
+    for _ in range(2):
+        worker.request_failed(now=0)
+    worker.request_succeeded()  # consecutive failures only
+    for _ in range(3):
+        worker.request_failed(now=100)
+    assert (worker.breaker, worker.healthy) == ("open", False)
+    worker.refresh_breaker(now=105)
+    assert worker.breaker == "open"
+    worker.refresh_breaker(now=110)
+    assert (worker.breaker, worker.healthy) == ("half_open", True)
+    worker.request_failed(now=111)  # one failure while half-open re-opens
+    assert worker.breaker == "open"
+    worker.refresh_breaker(now=121)
+    worker.request_succeeded()
+    assert (worker.breaker, worker.healthy) == ("closed", True)
+
+
+def test_a_passing_health_check_closes_an_open_breaker() -> None:
+    worker = Worker(WorkerSpec("http://h:1"), BreakerConfig(failure_threshold=1))
+    worker.health_check_passed(1)
+    worker.request_failed(now=0)
+    assert not worker.healthy
+    worker.health_check_passed(1)
+    assert (worker.breaker, worker.healthy) == ("closed", True)
+
+
+def test_registry_sync_adds_removes_and_keeps_admin_workers() -> None:
+    registry = WorkerRegistry()
+    added: list[str] = []
+    removed: list[str] = []
+    registry.on_added.append(lambda w: added.append(w.name))
+    registry.on_removed.append(lambda w: removed.append(w.name))
+    registry.add(WorkerSpec("http://admin:1"), manual=True)
+    assert registry.sync([WorkerSpec("http://a:1"), WorkerSpec("http://b:1")]) == (
+        ["http://a:1", "http://b:1"], [])  # fmt: skip
+    assert registry.sync([WorkerSpec("http://b:1")]) == ([], ["http://a:1"])
+    assert registry.names() == ["http://admin:1", "http://b:1"]
+    assert removed == ["http://a:1"]
+
+
+def test_changed_kv_endpoints_replace_the_worker() -> None:
+    registry = WorkerRegistry()
+    first = registry.add(WorkerSpec("http://a:1", "tcp://a:5557"))
+    assert registry.add(WorkerSpec("http://a:1", "tcp://a:5557")) is first
+    assert registry.add(WorkerSpec("http://a:1", "tcp://a:6000")) is not first
+    assert len(registry.workers) == 1
+
+
+def test_candidates_by_model_include_workers_not_yet_described() -> None:
+    registry = WorkerRegistry()
+    a = registry.add(WorkerSpec("http://a:1"))
+    b = registry.add(WorkerSpec("http://b:1"))
+    c = registry.add(WorkerSpec("http://c:1"))
+    registry.set_models(a, ["llama"])
+    registry.set_models(b, ["qwen"])
+    assert registry.candidates("llama") == [a, c]
+    assert registry.candidates("mistral") == [c]  # c may serve anything until it says
+    assert registry.candidates("") == [a, b, c]
+    registry.set_models(c, ["qwen"])
+    assert registry.candidates("mistral") is None
+    assert registry.known_models() == ["llama", "qwen"]
