@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import os
 import time
@@ -111,8 +112,11 @@ class Kube:
 
     async def _request(self, method: str, path: str, **params: Any) -> dict[str, Any]:
         def call() -> dict[str, Any]:
-            response = self._dynamic.request(method, path, **params)
-            return dict(response.to_dict()) if response is not None else {}
+            # serialize=False: the raw response; json is far cheaper than ResourceInstance.
+            response = self._dynamic.request(method, path, serialize=False, **params)
+            data = getattr(response, "data", b"")
+            parsed = json.loads(data) if data else {}
+            return parsed if isinstance(parsed, dict) else {}
 
         return await self._run(call)
 

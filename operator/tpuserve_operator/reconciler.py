@@ -108,6 +108,7 @@ class Reconciler:
         self._last_status: dict[ServerKey, dict[str, Any]] = {}
         self._seen: dict[ServerKey, tuple[Any, ...]] = {}
         self._served: dict[ServerKey, _Served] = {}
+        self._renders: dict[ServerKey, tuple[tuple[Any, ...], Rendered | InvalidSpec]] = {}
         self._errors: dict[ServerKey, int] = {}
         self._semaphore = asyncio.Semaphore(settings.max_concurrent)
 
@@ -163,6 +164,7 @@ class Reconciler:
         self._seen.pop(key, None)
         self._served.pop(key, None)
         self._errors.pop(key, None)
+        self._renders.pop(key, None)
         for record_key in [k for k in self._applied if k[0] == key]:
             del self._applied[record_key]
 
@@ -186,6 +188,7 @@ class Reconciler:
 
     async def converge(self, key: ServerKey, body: Mapping[str, Any]) -> float:
         """Run one pass; returns seconds until the next one is due without events."""
+        await self._acknowledge(key, body)
         async with self._semaphore:
             started = time.monotonic()
             try:
@@ -196,8 +199,10 @@ class Reconciler:
                 log.warning("reconcile %s/%s failed: %s", *key, error_summary(err))
                 delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
                 result = "error"
+            took = time.monotonic() - started
             self.metrics.reconciles.labels(result).inc()
-            self.metrics.reconcile_duration.observe(time.monotonic() - started)
+            self.metrics.reconcile_duration.observe(took)
+            log.debug("reconciled %s/%s in %.3f s: %s", *key, took, result)
             return delay
 
     async def _converge(self, key: ServerKey, body: Mapping[str, Any]) -> tuple[float, str]:
@@ -208,7 +213,7 @@ class Reconciler:
         config = await self._config(previous)
         now = self._clock()
         try:
-            rendered = render(make_server(meta, dict(body.get("spec") or {}), config))
+            rendered = self._render(meta, body, config)
         except InvalidSpec as err:
             await self._report_invalid(key, body, previous, err, now)
             return self.settings.resync_seconds, "invalid"
@@ -266,6 +271,84 @@ class Reconciler:
         self._errors.pop(key, None)
         rechecks = [r.recheck_seconds for r in reports.values() if r.recheck_seconds is not None]
         return min([self.settings.resync_seconds, *(s + 1.0 for s in rechecks)]), "ok"
+
+    async def _acknowledge(self, key: ServerKey, body: Mapping[str, Any]) -> None:
+        """A new generation: say at once that it is valid and being rolled out, before
+        waiting for a reconcile slot, so a burst of new servers all show Progressing fast.
+        Failures are left to the full pass."""
+        meta = body.get("metadata") or {}
+        previous = self._last_status.get(key) or dict(body.get("status") or {})
+        if meta.get("deletionTimestamp") or previous.get("observedGeneration") == meta.get(
+            "generation"
+        ):
+            return
+        if any(
+            c.get("type") == conditions.PROGRESSING and c.get("reason") == "Reconciling"
+            for c in previous.get("conditions") or []
+        ):
+            return
+        try:
+            rendered = self._render(meta, body, await self._config(previous))
+            await self._report_started(key, body, previous, rendered, self._clock())
+        except Exception as err:
+            log.debug("acknowledging %s/%s deferred: %s", *key, err)
+
+    def _render(
+        self, meta: Mapping[str, Any], body: Mapping[str, Any], config: RenderConfig
+    ) -> Rendered:
+        """Render, or reuse the last rendering of this generation (spec changes bump it)."""
+        marker = (
+            meta.get("uid"),
+            meta.get("generation"),
+            (meta.get("annotations") or {}).get(labels.RESTARTED_AT),
+            config.leaderworkerset,
+            config.prometheus_operator,
+        )
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        cached = self._renders.get(key)
+        if cached is not None and cached[0] == marker:
+            if isinstance(cached[1], InvalidSpec):
+                raise cached[1]
+            return cached[1]
+        try:
+            rendered = render(
+                make_server(meta, dict(body.get("spec") or {}), config, cel_rules=False)
+            )
+        except InvalidSpec as err:
+            self._renders[key] = (marker, err)
+            raise
+        self._renders[key] = (marker, rendered)
+        return rendered
+
+    async def _report_started(
+        self,
+        key: ServerKey,
+        body: Mapping[str, Any],
+        previous: Mapping[str, Any],
+        rendered: Rendered,
+        now: datetime.datetime,
+    ) -> dict[str, Any]:
+        decided = [
+            conditions.Condition.of(conditions.VALID, True, "SpecValid", "the spec is valid"),
+            conditions.Condition.of(
+                conditions.PROGRESSING,
+                True,
+                "Reconciling",
+                f"applying generation {(body.get('metadata') or {}).get('generation')}",
+            ),
+        ]
+        status = {
+            **previous,
+            "endpoint": rendered.endpoint,
+            "servedName": rendered.server.valid.served_name,
+            "selector": rendered.selector,
+            "plan": rendered.plan.model_dump(by_alias=True),
+            "conditions": conditions.merge(
+                previous.get("conditions") or [], decided, now=timestamp(now), generation=None
+            ),
+        }
+        await self._write_status(key, body, previous, status, decided)
+        return status
 
     async def _config(self, previous: Mapping[str, Any]) -> RenderConfig:
         """Cluster capabilities; the workload kind sticks once a server has one."""

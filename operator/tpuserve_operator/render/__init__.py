@@ -67,10 +67,19 @@ class Rendered:
         return self.server.endpoint
 
 
-def make_server(meta: Mapping[str, Any], spec: Mapping[str, Any], config: RenderConfig) -> Server:
-    """Validate `spec` (InvalidSpec names every problem) and bind it to its identity."""
+def make_server(
+    meta: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    config: RenderConfig,
+    *,
+    cel_rules: bool = True,
+) -> Server:
+    """Validate `spec` (InvalidSpec names every problem) and bind it to its identity.
+
+    The operator passes `cel_rules=False`: the apiserver enforced the CRD's CEL rules.
+    """
     name = str(meta.get("name") or "")
-    valid = validate(name, spec)
+    valid = validate(name, spec, cel_rules=cel_rules)
     annotations = meta.get("annotations") or {}
     return Server(
         name=name,

@@ -1,0 +1,87 @@
+"""Operator metrics are declared once with the names the dashboards use; the CLI builds the
+operator's options from its flags."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from tpuserve_operator import cli
+from tpuserve_operator.metrics import ReplicaRow, create_operator_metrics
+
+pytestmark = pytest.mark.unit
+
+
+def test_replica_series_are_labelled_as_the_recording_rules_join_them() -> None:
+    registry = CollectorRegistry()
+    rows = [ReplicaRow("ml", "qwen-r0-0", "qwen3-8b", "v6e", "4x4", 16)]
+    metrics = create_operator_metrics(registry, lambda: rows, lambda: [True, False])
+    metrics.reconciles.labels("ok").inc()
+    text = generate_latest(registry).decode()
+    assert (
+        'tpuserve_replica_info{model_name="qwen3-8b",namespace="ml",pod="qwen-r0-0",'
+        'tpu_generation="v6e",tpu_topology="4x4"} 1.0'
+    ) in text
+    assert (
+        'tpuserve_replica_tpu_chips{namespace="ml",pod="qwen-r0-0",tpu_generation="v6e"} 16.0'
+        in text
+    )
+    assert 'tpuserve_operator_reconciles_total{result="ok"} 1.0' in text
+    assert 'tpuserve_operator_reconciles_total{result="error"} 0.0' in text
+    assert 'tpuserve_operator_servers{ready="true"} 1.0' in text
+    assert "tpuserve_operator_reconcile_duration_seconds_bucket" in text
+
+
+def test_replica_series_disappear_with_their_replicas() -> None:
+    registry = CollectorRegistry()
+    rows: list[ReplicaRow] = [ReplicaRow("ml", "a-r0-0", "m", "v5e", "2x4", 8)]
+    create_operator_metrics(registry, lambda: rows)
+    assert 'pod="a-r0-0"' in generate_latest(registry).decode()
+    rows.clear()
+    assert 'pod="a-r0-0"' not in generate_latest(registry).decode()
+
+
+def test_operator_flags_become_options() -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    args = parser.parse_args(
+        [
+            "--namespace",
+            "a",
+            "--namespace",
+            "b",
+            "--router-policy",
+            "least_load",
+            "--router-resources",
+            '{"requests": {"cpu": "1"}}',
+            "--workload",
+            "statefulset",
+            "--peering-priority",
+            "7",
+        ]
+    )
+    options = cli.options_from(args)
+    assert options.namespaces == ("a", "b")
+    assert not options.clusterwide
+    assert options.peering_priority == 7
+    assert options.reconciler.workload == "statefulset"
+    assert options.reconciler.render.router_policy == "least_load"
+    assert options.reconciler.render.router_resources == {"requests": {"cpu": "1"}}
+
+
+def test_default_is_all_namespaces_with_a_random_peering_priority() -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    options = cli.options_from(parser.parse_args([]))
+    assert options.clusterwide
+    assert options.peering_priority > 0
+    assert not options.standalone
+
+
+def test_bad_router_resources_name_the_flag() -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    with pytest.raises(SystemExit, match="--router-resources"):
+        cli.options_from(parser.parse_args(["--router-resources", "[1]"]))
