@@ -252,9 +252,11 @@ def _run(args: argparse.Namespace) -> int:
         "rate": rate, "rate_fraction": fraction, "mu_rr": mu_rr,
         "tpu": f"{args.tpu}-{args.topology}", "model_profile": args.model_profile,
     }  # fmt: skip
+    fault_log: list[dict[str, Any]] = []
     if args.mode == "sim":
         result = run_sim(trace, args.policy, config)
         records = result.records
+        fault_log = result.faults
         extra["wall_seconds"] = result.wall_seconds
         extra["virtual_seconds"] = result.virtual_seconds
         summary = summarize(
@@ -275,7 +277,7 @@ def _run(args: argparse.Namespace) -> int:
             time_unit=args.time_scale, slo_factor=args.slo_factor, extra=extra,
         )  # fmt: skip
     if fault_at is not None:
-        summary["fault"] = fault_summary(args, records, fault_at)
+        summary["fault"] = fault_summary(args, records, fault_log[0] if fault_log else {})
     if args.records:
         with open(args.records, "w") as f:
             for r in records:
@@ -293,20 +295,25 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def fault_summary(
-    args: argparse.Namespace, records: list[RequestRecord], fault_at: float
+    args: argparse.Namespace, records: list[RequestRecord], fault: dict[str, Any]
 ) -> dict[str, Any]:
-    """Hit-rate recovery after the fault: from the moment the engine serves again (a restarted
-    engine after --restart-down-seconds, a flushed one at once)."""
-    back_at = fault_at + (args.restart_down_seconds if args.fault == "restart" else 0.0)
-    worker = sorted({r.worker for r in records if r.worker})[args.fault_worker :][:1]
-    return {
+    """Hit-rate recovery after the fault, from the moment the engine serves again (a restarted
+    engine after --restart-down-seconds, a flushed one once drained and flushed)."""
+    fault_at = fault.get("at")
+    back_at = fault.get("serving_again_at")
+    out: dict[str, Any] = {
         "kind": args.fault, "at": fault_at, "serving_again_at": back_at,
         "worker": args.fault_worker,
-        "faulted_worker": recovery_seconds(
-            records, back_at, worker=worker[0] if worker else None, pre_fault_at=fault_at
-        ),
-        "fleet": recovery_seconds(records, back_at, pre_fault_at=fault_at),
     }  # fmt: skip
+    if fault_at is None or back_at is None:
+        out["faulted_worker"] = out["fleet"] = {"recovery_seconds": None}
+        return out
+    worker = sorted({r.worker for r in records if r.worker})[args.fault_worker :][:1]
+    out["faulted_worker"] = recovery_seconds(
+        records, back_at, worker=worker[0] if worker else None, pre_fault_at=fault_at
+    )
+    out["fleet"] = recovery_seconds(records, back_at, pre_fault_at=fault_at)
+    return out
 
 
 def _finite(value: Any) -> Any:

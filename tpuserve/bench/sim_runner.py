@@ -12,10 +12,12 @@ called exactly as the router calls them:
   engine's KV events as they are emitted (optionally dropping a share of batches, W8e);
 - faults (W8c/d): ``restart`` fails the worker's in-flight requests, keeps it unroutable for
   ``restart_down_seconds`` and brings back a fresh engine (empty cache; a KV-event-fed index is
-  cleared, as the router does when the engine's sequence numbers restart); ``flush`` empties
-  the worker's cache of everything no running request uses (SGLang refuses ``/flush_cache``
-  while requests run; this is what a flush between requests leaves) and the engine's
-  ``BlockRemoved`` events reach an event-fed index; approximate policies are not told.
+  cleared, as the router does when the engine's sequence numbers restart); ``flush`` drains
+  the worker (unroutable until its running requests finish, because SGLang refuses
+  ``/flush_cache`` while requests run), then flushes its cache (``AllBlocksCleared`` reaches an
+  event-fed index) and makes it routable again. Either way the policy is not told (the fault
+  happened at the engine, not through the router). ``SimResult.faults`` records when each
+  faulted engine served again.
 
 `measure_rr_saturation` gives mu_RR: round-robin's throughput when the whole trace arrives at
 once (requests per virtual second).
@@ -136,6 +138,8 @@ class SimResult:
     wall_seconds: float
     virtual_seconds: float
     rejected: int = 0
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    """Per fault: kind, worker index, ``at`` and ``serving_again_at`` (None: never)."""
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -197,6 +201,8 @@ class SimRun:
         self.records: list[RequestRecord] = []
         self.samples = LoadSamples([w.name for w in self.workers])
         self._first_tokens: list[_Pending] = []
+        self._draining: dict[int, dict[str, Any]] = {}
+        self.fault_log: list[dict[str, Any]] = []
 
     # --- engines ------------------------------------------------------------------------
 
@@ -278,10 +284,11 @@ class SimRun:
             self.policy_name, self.records, self.samples, self.config,
             time.perf_counter() - start, self.now,
             rejected=sum(len(w.engine.rejected) for w in self.workers),
+            faults=self.fault_log,
         )  # fmt: skip
 
     def _advance(self, t: float) -> None:
-        for w in self.workers:
+        for i, w in enumerate(self.workers):
             if not w.healthy and t >= w.down_until:
                 w.healthy = True
             for completion in w.engine.run_until(t):
@@ -301,6 +308,11 @@ class SimRun:
                 p.worker.in_flight -= 1
                 self.policy.on_request_done(p.decision, True)
             self._deliver_first_tokens()
+            drain = self._draining.get(i)
+            if drain is not None and w.in_flight == 0 and w.engine.core.flush_cache():
+                del self._draining[i]
+                w.healthy, w.down_until = True, -math.inf
+                drain["serving_again_at"] = max(t, self.now)
         self.now = max(self.now, t)
 
     def _deliver_first_tokens(self) -> None:
@@ -344,10 +356,12 @@ class SimRun:
     def _apply_fault(self, fault: Fault) -> None:
         w = self.workers[fault.worker]
         log.info("fault %s on %s at %.2f s", fault.kind, w.name, self.now)
+        entry: dict[str, Any] = {"kind": fault.kind, "worker": fault.worker, "at": self.now,
+                                 "serving_again_at": None}  # fmt: skip
+        self.fault_log.append(entry)
         if fault.kind == "flush":
-            core = w.engine.core
-            core.cache.evict(core.cache.evictable_size)
-            core._emit_kv_events()  # the engine publishes after each step; flush outside one
+            w.healthy, w.down_until = False, math.inf
+            self._draining[fault.worker] = entry
             return
         for rid, p in list(self.pending.items()):
             if p.worker is w:
@@ -362,6 +376,7 @@ class SimRun:
         w.engine.now = self.now
         w.healthy = False
         w.down_until = self.now + self.config.restart_down_seconds
+        entry["serving_again_at"] = w.down_until
 
 
 class _LiveCore:

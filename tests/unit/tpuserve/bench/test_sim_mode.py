@@ -156,3 +156,20 @@ def test_restart_in_the_runner_sends_no_request_to_the_worker_while_it_is_down()
     assert any(r.error == "worker_restarted" for r in result.records)
     assert all(r.ok or r.error for r in result.records)
     assert not math.isnan(summarize("least_load", result.records, None)["e2e_mean"])
+
+
+def test_flush_drains_the_worker_then_serves_again_from_an_empty_cache() -> None:
+    trace = workloads.rescale_to_rate(_tiny("W1", 300), 30.0)
+    config = SimConfig(cache_tokens=20_000, faults=(Fault("flush", 3.0, 0),))
+    result = run_sim(trace, "cache_aware", config)
+    (fault,) = result.faults
+    back = fault["serving_again_at"]
+    assert back is not None
+    assert back > 3.0
+    first = "http://127.0.0.1:30000"
+    assert all(r.worker != first for r in result.records if 3.0 <= r.arrival < back)
+    after = sorted((r for r in result.records if r.worker == first and r.arrival >= back),
+                   key=lambda r: r.arrival)  # fmt: skip
+    assert after
+    assert after[0].cached_tokens == 0
+    assert all(r.ok for r in result.records)
