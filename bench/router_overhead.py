@@ -1,0 +1,329 @@
+"""Router overhead, side by side: tpuserve router vs sglang-router 0.3.2, in one run.
+
+Both routers sit in front of the same 4 engine twins (`tpuserve engine sim --time-scale 0`)
+on loopback, each alone on one core (``taskset``), with ~2 kB prompts. Rounds alternate the
+routers (interleaved), and each round also measures the engines directly, so every router
+number has a same-conditions baseline. Measured per round:
+
+- CPU per request at saturation: the router process's own CPU time (all threads, from
+  /proc/<pid>/task/*/schedstat, nanoseconds) over a closed-loop run at concurrency 32,
+  divided by the requests served;
+- added latency at 500 req/s: open-loop non-streaming requests, p50 and p99 latency through
+  the router minus the same directly to the engines;
+- streamed time to first chunk: open-loop streamed chat at 50 req/s, p50 and p99 of the time
+  to the first body chunk through the router (and directly, for reference).
+
+Usage (from the repository root; installs sglang-router into its own venv on first use):
+
+    python bench/router_overhead.py [--rounds 3] [--requests 6000] [--json out.json]
+
+Cores: the router under test gets core 1; engines and the load generator share core 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from router_loadgen import build_request, closed_loop, open_loop, percentile
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+ROUTER_CORE = "1"
+OTHER_CORE = "0"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def anchor_python() -> str:
+    """The python of a venv holding sglang-router (bench/routing_anchor_venv.sh installs it)."""
+    script = ROOT / "bench" / "routing_anchor_venv.sh"
+    if script.exists():
+        return (
+            subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+    venv = Path.home() / ".cache" / "tpuserve" / "bench" / "sglang-router-0.3.2"
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "sglang-router==0.3.2"],
+            check=True,
+        )
+    return str(venv / "bin" / "python")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of ``pid`` (schedstat: nanoseconds on the CPU)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            continue
+    return total / 1e9
+
+
+def wait_http(url: str, path: str, deadline_seconds: float = 60.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + path, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url}{path} did not answer 200 in {deadline_seconds:g} s")
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+def start(name: str, cmd: Sequence[str], core: str, port: int) -> Proc:
+    popen = subprocess.Popen(
+        ["taskset", "-c", core, *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    return Proc(name, popen, port)
+
+
+def start_engines(n: int) -> list[Proc]:
+    engines = []
+    for i in range(n):
+        port = free_port()
+        cmd = [sys.executable, "-c", ENTRY, "engine", "sim", "--port", str(port),
+               "--time-scale", "0", "--log-level", "warning",
+               "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}",
+               "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{free_port()}"]  # fmt: skip
+        engines.append(start(f"engine{i}", cmd, OTHER_CORE, port))
+    for engine in engines:
+        wait_http(engine.url, "/health")
+    return engines
+
+
+@dataclass(frozen=True)
+class RouterKind:
+    label: str
+    command: Callable[[int, list[str]], list[str]]
+    ready_path: str
+
+
+def tpuserve_router(policy: str, kv_events: bool = False) -> RouterKind:
+    def command(port: int, workers: list[str]) -> list[str]:
+        cmd = [sys.executable, "-c", ENTRY, "router", "--port", str(port), "--policy", policy,
+               "--log-level", "warning"]  # fmt: skip
+        for w in workers:
+            cmd += ["--worker", w]
+        if kv_events:
+            cmd.append("--kv-events")
+        return cmd
+
+    label = f"tpuserve {policy}" + (" +kv-events" if kv_events else "")
+    return RouterKind(label, command, "/readiness")
+
+
+def sglang_router(python: str) -> RouterKind:
+    def command(port: int, workers: list[str]) -> list[str]:
+        return [python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                "--port", str(port), "--policy", "cache_aware", "--log-level", "warn",
+                "--prometheus-port", str(free_port()), "--worker-urls", *workers]  # fmt: skip
+
+    return RouterKind("sglang-router 0.3.2 cache_aware", command, "/readiness")
+
+
+# ------------------------------------------------------------------------ workloads
+
+WORDS = [" " + "".join(random.Random(i).choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3))
+         for i in range(4096)]  # fmt: skip
+
+
+def prompt(i: int, rng: random.Random) -> str:
+    """~2 kB: one of 16 shared ~1.5 kB system prompts and a ~500 B question of its own."""
+    system = "".join(WORDS[((i % 16) * 256 + k) % len(WORDS)] for k in range(380))
+    question = "".join(rng.choice(WORDS) for _ in range(125))
+    return system + question
+
+
+def completion_requests(seed: int, n: int) -> list[bytes]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        body = orjson.dumps({"model": MODEL, "prompt": prompt(i, rng), "max_tokens": 8})
+        out.append(build_request("/v1/completions", body))
+    return out
+
+
+def stream_requests(seed: int, n: int) -> list[bytes]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        body = orjson.dumps({
+            "model": MODEL, "messages": [{"role": "user", "content": prompt(i, rng)}],
+            "max_tokens": 16, "stream": True,
+        })  # fmt: skip
+        out.append(build_request("/v1/chat/completions", body))
+    return out
+
+
+# ------------------------------------------------------------------------ measurements
+
+
+def targets_of(urls: Sequence[str]) -> list[tuple[str, int]]:
+    return [("127.0.0.1", int(u.rsplit(":", 1)[1])) for u in urls]
+
+
+def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
+            pid: int | None) -> dict[str, Any]:  # fmt: skip
+    out: dict[str, Any] = {}
+    warm = completion_requests(seed + 7, 500)
+    asyncio.run(closed_loop(targets, warm.__getitem__, len(warm), 16))
+    if pid is not None:
+        reqs = completion_requests(seed, args.requests)
+        before = cpu_seconds(pid)
+        run = asyncio.run(closed_loop(targets, reqs.__getitem__, len(reqs), 32))
+        used = cpu_seconds(pid) - before
+        ok = sum(1 for r in run.results if r.status == 200)
+        out["cpu_us_per_request"] = used / ok * 1e6
+        out["saturation_rps"] = ok / run.wall_seconds
+        out["saturation_errors"] = len(reqs) - ok
+    reqs = completion_requests(seed + 1, args.latency_requests)
+    run = asyncio.run(open_loop(targets, reqs.__getitem__, len(reqs), args.rate))
+    lat = run.latencies()
+    out["latency_p50_ms"] = percentile(lat, 0.5) * 1e3
+    out["latency_p99_ms"] = percentile(lat, 0.99) * 1e3
+    out["latency_errors"] = sum(1 for r in run.results if r.status != 200) + run.errors
+    streams = stream_requests(seed + 2, args.stream_requests)
+    run = asyncio.run(open_loop(targets, streams.__getitem__, len(streams), args.stream_rate))
+    first = run.latencies(first_chunk=True)
+    out["first_chunk_p50_ms"] = percentile(first, 0.5) * 1e3
+    out["first_chunk_p99_ms"] = percentile(first, 0.99) * 1e3
+    return out
+
+
+def run_router(kind: RouterKind, engines: list[Proc], args: argparse.Namespace,
+               seed: int) -> dict[str, Any]:  # fmt: skip
+    port = free_port()
+    router = start(kind.label, kind.command(port, [e.url for e in engines]), ROUTER_CORE, port)
+    try:
+        wait_http(router.url, kind.ready_path)
+        time.sleep(1.0)  # let both routers finish their start-up health checks
+        return measure(targets_of([router.url]), args, seed, router.popen.pid)
+    finally:
+        router.stop()
+
+
+def median(rows: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=6000, help="closed-loop requests")
+    parser.add_argument("--rate", type=float, default=500.0, help="open-loop requests/s")
+    parser.add_argument("--latency-requests", type=int, default=5000)
+    parser.add_argument("--stream-rate", type=float, default=50.0)
+    parser.add_argument("--stream-requests", type=int, default=500)
+    parser.add_argument("--skip-anchor", action="store_true", help="tpuserve only")
+    parser.add_argument("--policies", default="cache_aware", help="tpuserve policies, comma list")
+    parser.add_argument("--json", type=Path, default=None, help="write all rows here")
+    args = parser.parse_args()
+
+    os.sched_setaffinity(0, {int(OTHER_CORE)})  # the load generator stays off the router's core
+    kinds = [tpuserve_router(p) for p in args.policies.split(",")]
+    if not args.skip_anchor:
+        kinds.append(sglang_router(anchor_python()))
+    engines = start_engines(4)
+    rows: dict[str, list[dict[str, Any]]] = {k.label: [] for k in kinds}
+    direct: list[dict[str, Any]] = []
+    try:
+        for r in range(args.rounds):
+            seed = 1000 * r
+            direct.append(measure(targets_of([e.url for e in engines]), args, seed, None))
+            order = kinds if r % 2 == 0 else list(reversed(kinds))
+            for kind in order:
+                rows[kind.label].append(run_router(kind, engines, args, seed))
+                print(f"round {r + 1}: {kind.label}: {json.dumps(rows[kind.label][-1])}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        for engine in engines:
+            engine.stop()
+
+    base50, base99 = median(direct, "latency_p50_ms"), median(direct, "latency_p99_ms")
+    base_first = median(direct, "first_chunk_p50_ms")
+    anchor = next((k.label for k in kinds if k.label.startswith("sglang")), None)
+    anchor_cpu = median(rows[anchor], "cpu_us_per_request") if anchor else None
+    print(f"\ndirect to engines: p50 {base50:.2f} ms, p99 {base99:.2f} ms at {args.rate:g} req/s;"
+          f" first chunk p50 {base_first:.2f} ms ({args.rounds} rounds, medians)")  # fmt: skip
+    header = ("router", "CPU/request", "vs sglang", "max req/s", "added p50", "added p99",
+              "first chunk p50", "first chunk p99")  # fmt: skip
+    print(" | ".join(header))
+    summary = {}
+    for label, results in rows.items():
+        cpu = median(results, "cpu_us_per_request")
+        entry = {
+            "cpu_us_per_request": cpu,
+            "cpu_ratio_vs_sglang": cpu / anchor_cpu if anchor_cpu else None,
+            "saturation_rps": median(results, "saturation_rps"),
+            "added_latency_p50_ms": median(results, "latency_p50_ms") - base50,
+            "added_latency_p99_ms": median(results, "latency_p99_ms") - base99,
+            "first_chunk_p50_ms": median(results, "first_chunk_p50_ms"),
+            "first_chunk_p99_ms": median(results, "first_chunk_p99_ms"),
+            "rounds": results,
+        }
+        summary[label] = entry
+        ratio = f"{entry['cpu_ratio_vs_sglang']:.2f}x" if anchor_cpu else "-"
+        cells = (
+            label, f"{cpu:.0f} us", ratio, f"{entry['saturation_rps']:.0f}",
+            f"{entry['added_latency_p50_ms']:+.2f} ms", f"{entry['added_latency_p99_ms']:+.2f} ms",
+            f"{entry['first_chunk_p50_ms']:.2f} ms", f"{entry['first_chunk_p99_ms']:.2f} ms",
+        )  # fmt: skip
+        print(" | ".join(cells))
+    if args.json:
+        args.json.write_text(json.dumps({"direct": direct, "routers": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
