@@ -43,7 +43,7 @@ import orjson
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from sglang_tpu.tokenizer import Tokenizer, load_tokenizer
+from sglang_tpu.tokenizer import load_tokenizer
 from tpuserve import __version__
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.config import RouterConfig
@@ -74,6 +74,7 @@ from tpuserve_router.request_body import (
     parse_json_object,
 )
 from tpuserve_router.server import JSON_HEADERS, HttpConnection, HttpRequest, serve
+from tpuserve_router.token_cache import ChatTokenCache
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
 from tpuserve_router.workers import (
     BreakerConfig,
@@ -130,8 +131,8 @@ class RouterApp:
         self.config = config.validate()
         params: dict[str, Any] = dict(config.policy_params)
         self.policy = policy or make_policy(config.policy, seed=config.seed, **params)
-        self.tokenizer: Tokenizer | None = (
-            load_tokenizer(config.tokenizer) if self.policy.needs_tokens else None
+        self.tokenizer: ChatTokenCache | None = (
+            ChatTokenCache(load_tokenizer(config.tokenizer)) if self.policy.needs_tokens else None
         )
         self.want_text = self.policy.needs_text
         self.metrics: RouterMetrics = create_router_metrics(registry or CollectorRegistry())

@@ -118,7 +118,9 @@ class BlockIndex:
         for key in keys:
             if not alive:
                 break
-            held = (confirmed.get(key, 0) | predicted.get(key, 0)) & alive
+            held = confirmed.get(key, 0) & alive
+            if held != alive and predicted:
+                held |= predicted.get(key, 0) & alive
             if held != alive:
                 gone = alive & ~held
                 for i, bit in enumerate(bits):
@@ -273,6 +275,9 @@ class BlockIndex:
             self._predicted.pop(key, None)
 
     def _expire(self) -> None:
+        """Drop expired predictions. Sweeps run at most every tenth of the shortest time to
+        live, so a prediction lives at most 10 % longer than asked and a lookup rarely pays
+        for a sweep."""
         now = self._clock()
         if now < self._next_expiry:
             return
@@ -287,4 +292,5 @@ class BlockIndex:
                     break
                 del entries[key]
                 self._drop_predicted(key, worker.bit)
-        self._next_expiry = next_expiry
+        ttl = min(self.predicted_ttl_seconds, self.approximate_ttl_seconds)
+        self._next_expiry = max(next_expiry, now + ttl / 10)

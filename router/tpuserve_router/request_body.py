@@ -13,13 +13,19 @@ template the engine applies, then encoded; token-id prompts are used as they are
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from sglang_tpu.tokenizer import Tokenizer
+
+class Tokens(Protocol):
+    """How the router gets token ids (`tpuserve_router.token_cache.ChatTokenCache`)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
 
 
 class ClientError(Exception):
@@ -100,7 +106,7 @@ def _is_token_list(value: Any) -> bool:
 
 
 def parse_completions(
-    data: dict[str, Any], want_text: bool, tokenizer: Tokenizer | None
+    data: dict[str, Any], want_text: bool, tokenizer: Tokens | None
 ) -> ParsedBody:
     prompt = data.get("prompt")
     text = ""
@@ -146,7 +152,7 @@ def _message_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def parse_chat(data: dict[str, Any], want_text: bool, tokenizer: Tokenizer | None) -> ParsedBody:
+def parse_chat(data: dict[str, Any], want_text: bool, tokenizer: Tokens | None) -> ParsedBody:
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ClientError(400, "messages is required: a non-empty list", param="messages")
@@ -160,13 +166,11 @@ def parse_chat(data: dict[str, Any], want_text: bool, tokenizer: Tokenizer | Non
         text = "".join(f"{m['role']}: {_message_text(m.get('content'))}\n" for m in messages)
     tokens = None
     if tokenizer is not None:
-        tokens = tokenizer.encode(tokenizer.apply_chat_template(messages))
+        tokens = tokenizer.encode_chat(messages)
     return ParsedBody(_model(data), _stream(data), text, tokens)
 
 
-def parse_generate(
-    data: dict[str, Any], want_text: bool, tokenizer: Tokenizer | None
-) -> ParsedBody:
+def parse_generate(data: dict[str, Any], want_text: bool, tokenizer: Tokens | None) -> ParsedBody:
     text_in = data.get("text")
     ids = data.get("input_ids")
     text = ""
@@ -197,7 +201,7 @@ def parse_generate(
     return ParsedBody(_model(data), _stream(data), text, tokens)
 
 
-Parser = Callable[[dict[str, Any], bool, "Tokenizer | None"], ParsedBody]
+Parser = Callable[[dict[str, Any], bool, "Tokens | None"], ParsedBody]
 
 GENERATION_ROUTES: dict[str, Parser] = {
     "/v1/completions": parse_completions,

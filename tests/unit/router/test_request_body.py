@@ -12,9 +12,11 @@ from tpuserve_router.request_body import (
     parse_generate,
     parse_json_object,
 )
+from tpuserve_router.token_cache import ChatTokenCache
 
 pytestmark = pytest.mark.unit
-TOK = load_tokenizer()
+RAW = load_tokenizer()
+TOK = ChatTokenCache(RAW)
 
 
 def test_completion_prompt_gives_text_and_engine_token_ids() -> None:
@@ -33,7 +35,7 @@ def test_token_prompts_are_used_as_given() -> None:
 def test_chat_token_ids_apply_the_engines_template() -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     parsed = parse_chat({"messages": messages}, True, TOK)
-    assert parsed.token_ids == TOK.encode(TOK.apply_chat_template(messages))
+    assert parsed.token_ids == RAW.encode(RAW.apply_chat_template(messages))
     assert parsed.text == "system: be brief\nuser: hi\n"
 
 
