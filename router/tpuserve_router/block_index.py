@@ -237,8 +237,17 @@ class BlockIndex:
         worker.predicted = OrderedDict()
 
     def mark_event_feed(self, name: str) -> None:
-        """``name`` publishes KV events (its predictions get the short time to live)."""
-        self._worker(name).has_events = True
+        """``name`` publishes KV events: its predictions, new and old, get the short time to
+        live (the events will soon say what it really holds)."""
+        worker = self._worker(name)
+        if worker.has_events:
+            return
+        worker.has_events = True
+        latest = self._clock() + self.predicted_ttl_seconds
+        for key, expiry in worker.predicted.items():
+            if expiry > latest:
+                worker.predicted[key] = latest
+        self._next_expiry = min(self._next_expiry, latest)
 
     def forget(self, name: str) -> None:
         """The worker left: drop its entries and free its bit."""

@@ -142,3 +142,14 @@ def test_worker_bits_are_reused_after_forget() -> None:
         store(index, f"w{i}", list(range(8)))
         index.forget(f"w{i}")
     assert index._next_bit <= 2
+
+
+def test_old_predictions_get_the_short_ttl_once_events_flow() -> None:
+    clock = VirtualClock()
+    index = BlockIndex(page_size=PAGE, predicted_ttl_seconds=2, approximate_ttl_seconds=120,
+                       clock=clock)  # fmt: skip
+    keys = index.keys(list(range(16)))
+    index.predict("a", keys)  # no events yet: 120 s
+    index.mark_event_feed("a")
+    clock.advance(2.5)
+    assert index.match(keys, ["a"]) == [0]
