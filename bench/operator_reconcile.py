@@ -94,6 +94,7 @@ class ChildWatcher:
         self._changed = threading.Condition()
         self._watches: list[watch.Watch] = []
         self._threads: list[threading.Thread] = []
+        self._stopping = False
 
     def start(self) -> None:
         for kind, lister in self._listers:
@@ -105,12 +106,16 @@ class ChildWatcher:
 
     def _follow(self, kind: str, lister: Any, stream: watch.Watch) -> None:
         selector = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
-        for event in stream.stream(lister, self.namespace, label_selector=selector):
-            obj = event["object"]
-            name = obj["metadata"]["name"] if isinstance(obj, dict) else obj.metadata.name
-            with self._changed:
-                self.seen.setdefault((kind, name), time.perf_counter())
-                self._changed.notify_all()
+        try:
+            for event in stream.stream(lister, self.namespace, label_selector=selector):
+                obj = event["object"]
+                name = obj["metadata"]["name"] if isinstance(obj, dict) else obj.metadata.name
+                with self._changed:
+                    self.seen.setdefault((kind, name), time.perf_counter())
+                    self._changed.notify_all()
+        except Exception:  # the stream is cut when the benchmark stops it
+            if not self._stopping:
+                raise
 
     def wait_all(self, wanted: set[tuple[str, str]], timeout_seconds: float) -> float:
         """The time the last of `wanted` appeared."""
@@ -125,6 +130,7 @@ class ChildWatcher:
             return max(self.seen[w] for w in wanted)
 
     def stop(self) -> None:
+        self._stopping = True
         for stream in self._watches:
             stream.stop()
 

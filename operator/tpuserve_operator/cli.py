@@ -98,6 +98,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--resync-seconds", type=float, default=60.0, help="Re-check every server this often."
     )
     parser.add_argument(
+        "--relist-seconds",
+        type=float,
+        default=300.0,
+        help="Re-list each server's children and pods this often (watches can miss deletions).",
+    )
+    parser.add_argument(
         "--max-concurrent", type=int, default=16, help="Servers reconciled at the same time."
     )
     parser.add_argument(
@@ -147,6 +153,7 @@ def options_from(args: argparse.Namespace) -> Any:
             workload=args.workload,
             partial_group_seconds=args.partial_group_seconds,
             resync_seconds=args.resync_seconds,
+            relist_seconds=args.relist_seconds,
             max_concurrent=args.max_concurrent,
         ),
     )

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+__all__ = ["KINDS", "Kube", "NotFoundError", "error_summary", "kind_of", "load_configuration"]
+
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -173,6 +175,23 @@ class Kube:
             return await self._request("get", KINDS[(api_version, kind)].path(namespace, name))
         except NotFoundError:
             return None
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, selector: str
+    ) -> list[dict[str, Any]] | None:
+        """Objects of a kind in a namespace matching a label selector; None when the kind is
+        not served (its CRD is not installed)."""
+        try:
+            listing = await self._request(
+                "get", KINDS[(api_version, kind)].path(namespace), label_selector=selector
+            )
+        except NotFoundError:
+            return None
+        items = listing.get("items") or []
+        for item in items:  # list items carry no apiVersion/kind of their own
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return list(items)
 
     async def has_group_version(self, group_version: str, ttl_seconds: float = 30.0) -> bool:
         """Whether the apiserver serves `group/version` (e.g. a CRD is installed); cached."""

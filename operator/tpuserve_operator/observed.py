@@ -176,6 +176,13 @@ class ObservedCache:
         entry = self._entries.get(key)
         return list(entry.pods.values()) if entry else []
 
+    def replace(self, key: ServerKey, children: list[ChildView], pods: list[PodView]) -> None:
+        """Everything known about one server, from a fresh list (a watch may miss deletions
+        while the apiserver restarts)."""
+        self._entries[key] = _Entry(
+            children={c.ref: c for c in children}, pods={p.name: p for p in pods}
+        )
+
     def forget(self, key: ServerKey) -> None:
         self._entries.pop(key, None)
 

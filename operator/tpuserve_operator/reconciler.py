@@ -34,11 +34,12 @@ from typing import Any
 from tpuserve_operator import conditions, labels, rollout
 from tpuserve_operator.apply import AppliedRecord, needs_apply, record_of, stamp
 from tpuserve_operator.errors import InvalidSpec
-from tpuserve_operator.kube import Kube, error_summary
+from tpuserve_operator.kube import Kube, NotFoundError, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow
 from tpuserve_operator.observed import (
     ChildView,
     ObservedCache,
+    PodView,
     ServerKey,
     child_view,
     pod_view,
@@ -59,6 +60,20 @@ log = logging.getLogger(__name__)
 LWS_GROUP_VERSION = "leaderworkerset.x-k8s.io/v1"
 MONITORING_GROUP_VERSION = "monitoring.coreos.com/v1"
 ERROR_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
+CHILD_KINDS = (
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("v1", "ServiceAccount"),
+    ("v1", "Pod"),
+    ("apps/v1", "StatefulSet"),
+    ("apps/v1", "Deployment"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    (LWS_GROUP_VERSION, "LeaderWorkerSet"),
+    (MONITORING_GROUP_VERSION, "PodMonitor"),
+    (MONITORING_GROUP_VERSION, "ServiceMonitor"),
+)
 
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]  # body, type, reason, message
 
@@ -70,6 +85,9 @@ class ReconcilerSettings:
     workload: str = "auto"
     partial_group_seconds: float = DEFAULT_PARTIAL_GROUP_SECONDS
     resync_seconds: float = 60.0
+    # Re-list a server's children and pods this often: watches can miss deletions (apiserver
+    # restarts, expired resourceVersions), and kopf does not report relists to handlers.
+    relist_seconds: float = 300.0
     max_concurrent: int = 16
 
 
@@ -82,6 +100,10 @@ class _Served:
     topology: str
     chips: int
     ready: bool
+
+
+class ServerGone(Exception):
+    """The TPUModelServer no longer exists (its deletion event may have been missed)."""
 
 
 def _utcnow() -> datetime.datetime:
@@ -109,6 +131,7 @@ class Reconciler:
         self._seen: dict[ServerKey, tuple[Any, ...]] = {}
         self._served: dict[ServerKey, _Served] = {}
         self._renders: dict[ServerKey, tuple[tuple[Any, ...], Rendered | InvalidSpec]] = {}
+        self._relisted: dict[ServerKey, float] = {}
         self._errors: dict[ServerKey, int] = {}
         self._semaphore = asyncio.Semaphore(settings.max_concurrent)
 
@@ -165,6 +188,7 @@ class Reconciler:
         self._served.pop(key, None)
         self._errors.pop(key, None)
         self._renders.pop(key, None)
+        self._relisted.pop(key, None)
         for record_key in [k for k in self._applied if k[0] == key]:
             del self._applied[record_key]
 
@@ -177,6 +201,11 @@ class Reconciler:
             while not stopped:
                 wake.clear()
                 delay = await self.converge(key, body)
+                if delay is None:
+                    log.info("%s/%s no longer exists; its loop ends", *key)
+                    self.forget(key)
+                    self.cache.forget(key)
+                    break
                 if stopped:
                     break
                 with contextlib.suppress(TimeoutError):
@@ -186,19 +215,24 @@ class Reconciler:
 
     # -- one pass ------------------------------------------------------------------------------
 
-    async def converge(self, key: ServerKey, body: Mapping[str, Any]) -> float:
-        """Run one pass; returns seconds until the next one is due without events."""
+    async def converge(self, key: ServerKey, body: Mapping[str, Any]) -> float | None:
+        """Run one pass; returns seconds until the next one is due without events, or None
+        when the server is gone."""
         await self._acknowledge(key, body)
         async with self._semaphore:
             started = time.monotonic()
             try:
+                await self._relist_if_due(key, body)
                 delay, result = await self._converge(key, body)
+            except ServerGone:
+                return None
             except Exception as err:  # an API failure: report, back off, retry
                 failures = self._errors.get(key, 0)
                 self._errors[key] = failures + 1
                 log.warning("reconcile %s/%s failed: %s", *key, error_summary(err))
                 delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
                 result = "error"
+                self._relisted.pop(key, None)  # the watches may have missed something too
             took = time.monotonic() - started
             self.metrics.reconciles.labels(result).inc()
             self.metrics.reconcile_duration.observe(took)
@@ -271,6 +305,28 @@ class Reconciler:
         self._errors.pop(key, None)
         rechecks = [r.recheck_seconds for r in reports.values() if r.recheck_seconds is not None]
         return min([self.settings.resync_seconds, *(s + 1.0 for s in rechecks)]), "ok"
+
+    async def _relist_if_due(self, key: ServerKey, body: Mapping[str, Any]) -> None:
+        last = self._relisted.get(key)
+        now = time.monotonic()
+        if last is None:
+            self._relisted[key] = now  # the watches just delivered everything
+            return
+        if now - last < self.settings.relist_seconds:
+            return
+        selector = f"{labels.INSTANCE}={key[1]},{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
+        children: list[ChildView] = []
+        pods: list[PodView] = []
+        for api_version, kind in CHILD_KINDS:
+            items = await self.kube.list(api_version, kind, key[0], selector)
+            for item in items or []:
+                if kind == "Pod":
+                    pods.append(pod_view(item))
+                else:
+                    children.append(child_view(item))
+        self.cache.replace(key, children, pods)
+        self._relisted[key] = time.monotonic()
+        log.debug("re-listed %s/%s: %d children, %d pods", *key, len(children), len(pods))
 
     async def _acknowledge(self, key: ServerKey, body: Mapping[str, Any]) -> None:
         """A new generation: say at once that it is valid and being rolled out, before
@@ -447,7 +503,12 @@ class Reconciler:
             for p in self.cache.pods(key)
             if p.replica in plan.restart and p.revision != rendered.revision and not p.deleting
         ]
-        await asyncio.gather(*(self.kube.delete("v1", "Pod", key[0], p.name) for p in stale))
+        found = await asyncio.gather(
+            *(self.kube.delete("v1", "Pod", key[0], p.name) for p in stale)
+        )
+        for pod, existed in zip(stale, found, strict=True):
+            if not existed:
+                self.cache.drop_pod(key, pod.name)
 
     def _desired_refs(self, rendered: Rendered, keep: Iterable[int]) -> set[tuple[str, str]]:
         refs = {(m["kind"], m["metadata"]["name"]) for m in rendered.shared}
@@ -468,15 +529,18 @@ class Reconciler:
         doomed = [
             c
             for c in children.values()
-            if c.owner_uid == rendered.server.uid and c.ref not in wanted and not c.deleting
+            if c.owner_uid == rendered.server.uid and c.ref not in wanted
         ]
         for child in doomed:
-            log.info("deleting %s %s/%s: no longer wanted", child.kind, key[0], child.name)
-        await asyncio.gather(
+            if not child.deleting:
+                log.info("deleting %s %s/%s: no longer wanted", child.kind, key[0], child.name)
+        found = await asyncio.gather(
             *(self.kube.delete(c.api_version, c.kind, key[0], c.name, uid=c.uid) for c in doomed)
         )
-        for child in doomed:
+        for child, existed in zip(doomed, found, strict=True):
             self._applied.pop((key, child.kind, child.name), None)
+            if not existed:  # gone already; its deletion event was missed
+                self.cache.drop_child(key, child.kind, child.name)
 
     @staticmethod
     def _router_ready(children: Mapping[tuple[str, str], ChildView], rendered: Rendered) -> int:
@@ -550,7 +614,10 @@ class Reconciler:
         decided: list[conditions.Condition],
     ) -> None:
         if status != previous:
-            await self.kube.patch_status(key[0], key[1], status)
+            try:
+                await self.kube.patch_status(key[0], key[1], status)
+            except NotFoundError:
+                raise ServerGone(key) from None
             self._last_status[key] = status
         for change in conditions.transitions(previous.get("conditions") or [], decided):
             c = change.condition

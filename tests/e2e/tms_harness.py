@@ -72,6 +72,8 @@ class OperatorProcess:
             "10",
             "--partial-group-seconds",
             "30",
+            "--relist-seconds",
+            "15",
             *self.extra_args,
         ]
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
