@@ -79,7 +79,10 @@ def test_too_little_tpu_capacity_degrades_until_a_pool_is_added(
         cluster, namespace, "big", "Degraded", "True", operator, reason="Unschedulable"
     )
     assert "google.com/tpu" in condition(body, "Degraded")["message"]
-    assert condition(body, "Ready")["status"] == "True"  # two groups serve meanwhile
+    # the two groups that found a slice serve meanwhile
+    wait_ready = wait_condition(cluster, namespace, "big", "Ready", "True", operator)
+    assert wait_ready["status"]["readyReplicas"] == 2
+    assert condition(wait_ready, "Degraded")["reason"] == "Unschedulable"
     pool = NodePool.tpu("v6e-4x4-extra", "v6e", "4x4")
     cluster.add_node_pool(pool)
     try:
