@@ -34,8 +34,8 @@ MAIN = ("W1", "W2", "W3", "W4", "W5", "W6")
 PREFIX_HEAVY = ("W2", "W5", "W6")
 HEADLINE = 0.85
 PLOT_POLICIES = (
-    "round_robin", "least_load", "cache_aware", "precise", "cost",
-    "sglang_cache_aware_v2", "sglang_cache_aware_v1", "oracle",
+    "round_robin", "cache_aware", "precise", "cost", "sglang_cache_aware_v2",
+    "sglang_cache_aware_v1", "oracle",
 )  # fmt: skip
 
 
@@ -176,6 +176,33 @@ def criteria(sweep: list[dict[str, Any]], live: list[dict[str, Any]],
     return text
 
 
+def default_choice(sweep: list[dict[str, Any]]) -> str:
+    """tpuserve's prefix policies side by side at 0.85 x mu_RR: which should be the default."""
+    candidates = ("cache_aware", "precise", "cost")
+    body = []
+    for policy in candidates:
+        cells = [f"**{policy}**" if policy == DEFAULT_POLICY else policy]
+        ratios = []
+        for workload in MAIN:
+            r = point(sweep, workload, policy, HEADLINE)
+            o = point(sweep, workload, "oracle", HEADLINE)
+            best = min((point(sweep, workload, p, HEADLINE).get("e2e_p99") or math.inf
+                        for p in candidates), default=math.inf)  # fmt: skip
+            if not r or not o:
+                cells.append("–")
+                continue
+            ratio = r["e2e_p99"] / best
+            ratios.append(ratio)
+            cells.append(f"{fmt(r['hit_rate'] / o['hit_rate'])} / {fmt(ratio)}")
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None
+        cells.append(fmt(geo))
+        body.append(cells)
+    return table(
+        ["policy", *(f"{w}: hit/oracle, p99/best" for w in MAIN), "p99/best, geometric mean"],
+        body,
+    )
+
+
 def live_table(live: list[dict[str, Any]]) -> str:
     body = []
     for r in live:
@@ -268,6 +295,8 @@ def main() -> int:
     generated = "\n\n".join([
         BEGIN,
         "### Success criteria\n\n" + criteria(sweep, live, faults),
+        "### Which tpuserve policy should be the default (sim, 0.85 x mu_RR)\n\n"
+        + default_choice(sweep),
         "### Live: tpuserve router vs sglang-router 0.3.2 (same engine twins, 0.85 x mu_RR)\n\n"
         + (live_table(live) if live else "not run"),
         "### Capacity under the 2x SLO (highest load fraction with >= 90 % of requests good)\n\n"

@@ -15,7 +15,8 @@ Everything binds and dials 127.0.0.1 only. The runner starts:
 
 Engine load (``/get_load``) is sampled every `SAMPLE_SECONDS` for the imbalance metric, and
 the CPU seconds of the client, the router and the engines are read from ``/proc`` so a run
-can show the two cores were not the bottleneck (``cpu`` in the summary: share of one core).
+can show the two cores were not the bottleneck (``cpu_share_of_one_core`` in the summary), with
+the host's load average at the end (other work on the machine shows there).
 """
 
 from __future__ import annotations
@@ -294,6 +295,10 @@ async def _drive(
         await sampler
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_live(trace: Sequence[TraceRequest], policy: str, config: LiveConfig) -> LiveResult:
     sim = config.sim
     if policy not in registered_policy_names() and policy != SGLANG_ROUTER_POLICY:
@@ -312,6 +317,8 @@ def run_live(trace: Sequence[TraceRequest], policy: str, config: LiveConfig) -> 
     samples = LoadSamples([f"engine{i}" for i in range(sim.workers)])
     engines: list[Proc] = []
     router: Proc | None = None
+    # SIGTERM (a sweep script stopped) must still stop the engines and the router below.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         for i in range(sim.workers):
             engines.append(start_engine(i, config, policy in KV_EVENT_POLICIES))
@@ -328,6 +335,7 @@ def run_live(trace: Sequence[TraceRequest], policy: str, config: LiveConfig) -> 
         for proc in [router, *engines]:
             if proc is not None:
                 proc.stop()
+        signal.signal(signal.SIGTERM, previous)
     engine_cpu = sum(v for k, v in cpu.items() if k.startswith("engine"))
     meta = {
         "router": "sglang-router 0.3.2" if policy == SGLANG_ROUTER_POLICY else "tpuserve router",
@@ -336,5 +344,7 @@ def run_live(trace: Sequence[TraceRequest], policy: str, config: LiveConfig) -> 
         "cpu_share_of_one_core": {k: round(v, 3) for k, v in cpu.items()},
         "cpu_total_cores": round(sum(cpu.values()), 3),
         "cpu_engines_cores": round(engine_cpu, 3),
+        "host_load_average_1m": round(os.getloadavg()[0], 2),
+        "host_cores": os.cpu_count(),
     }
     return LiveResult(records, samples, meta)
