@@ -30,9 +30,19 @@ helm install tpuserve charts/tpuserve --namespace tpuserve-system --create-names
 ```
 
 `helm uninstall tpuserve -n tpuserve-system` removes everything the chart created except the
-`TPUModelServer` CRD (Helm never deletes CRDs; `kubectl delete crd
-tpumodelservers.serving.tpuserve.dev` removes it and every TPUModelServer). Examples:
-`examples/`. Metrics, rules, alerts and dashboards: `docs/observability.md`.
+CRDs in `crds/` (`tpumodelservers.serving.tpuserve.dev` and kopf's `clusterkopfpeerings` /
+`kopfpeerings.kopf.dev`): Helm never deletes CRDs. `kubectl delete crd
+tpumodelservers.serving.tpuserve.dev` removes the CRD and every TPUModelServer with it.
+
+Examples (`examples/`, each checked by `tpuserve render -f` in the tests):
+`simulated.yaml` runs the engine twin on any CPU node (no TPU), `v6e-4x4-qwen3-8b.yaml` serves
+Qwen3-8B on v6e 4x4 slices.
+
+Monitoring: the chart's monitors are fleet-wide (every TPUModelServer's leaders and routers in
+the watched namespaces, the operator, GKE's TPU device plugin). A TPUModelServer's own
+`spec.monitoring.podMonitor`/`serviceMonitor` default to off; enable them only with
+`monitoring.backend=none`, or the same pods are scraped twice. Metrics, rules, alerts and
+dashboards: `docs/observability.md`.
 
 ## Values
 
