@@ -9,7 +9,10 @@
   `tpuserve_replica_tpu_chips{namespace,pod,tpu_generation}` = chips of the whole replica
   group, both on leader pods only (observability.md §4.1): recording rules join SGLang's
   per-pod series on (namespace, pod) to get per-generation and per-chip throughput without
-  counting multi-host groups more than once.
+  counting multi-host groups more than once;
+- `tpuserve_unschedulable_pods{namespace,tpumodelserver,tpu_generation,tpu_topology}`: pods of
+  each TPUModelServer the scheduler cannot place (PodScheduled=False, reason Unschedulable),
+  0 when none, so the "pods unschedulable for TPU" alert needs no kube-state-metrics.
 """
 
 from __future__ import annotations
@@ -38,6 +41,17 @@ class ReplicaRow:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerPodsRow:
+    """One TPUModelServer's count of pods the scheduler cannot place."""
+
+    namespace: str
+    tpumodelserver: str
+    tpu_generation: str
+    tpu_topology: str
+    unschedulable_pods: int
+
+
+@dataclass(frozen=True, slots=True)
 class OperatorMetrics:
     reconciles: Counter
     reconcile_duration: Histogram
@@ -51,9 +65,11 @@ class ReplicaCollector(Collector):
         self,
         replicas: Callable[[], Iterable[ReplicaRow]],
         servers: Callable[[], Iterable[bool]],
+        unschedulable: Callable[[], Iterable[ServerPodsRow]] = tuple,
     ) -> None:
         self._replicas = replicas
         self._servers = servers
+        self._unschedulable = unschedulable
 
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily(
@@ -79,15 +95,29 @@ class ReplicaCollector(Collector):
         states = list(self._servers())
         servers.add_metric(["true"], sum(1 for s in states if s))
         servers.add_metric(["false"], sum(1 for s in states if not s))
+        unschedulable = GaugeMetricFamily(
+            "tpuserve_unschedulable_pods",
+            "Pods of a TPUModelServer the scheduler cannot place (PodScheduled=False, reason "
+            "Unschedulable): no TPU node pool of its generation and topology has room.",
+            labels=["namespace", "tpumodelserver", "tpu_generation", "tpu_topology"],
+        )
+        for server in self._unschedulable():
+            unschedulable.add_metric(
+                [server.namespace, server.tpumodelserver, server.tpu_generation,
+                 server.tpu_topology],
+                server.unschedulable_pods,
+            )  # fmt: skip
         yield info
         yield chips
         yield servers
+        yield unschedulable
 
 
 def create_operator_metrics(
     registry: CollectorRegistry,
     replicas: Callable[[], Iterable[ReplicaRow]] = tuple,
     servers: Callable[[], Iterable[bool]] = tuple,
+    unschedulable: Callable[[], Iterable[ServerPodsRow]] = tuple,
 ) -> OperatorMetrics:
     """Register every operator series on `registry` (tests pass a fresh one)."""
     metrics = OperatorMetrics(
@@ -112,5 +142,5 @@ def create_operator_metrics(
     )
     for result in RESULTS:
         metrics.reconciles.labels(result)  # series exist at zero from the start
-    registry.register(ReplicaCollector(replicas, servers))
+    registry.register(ReplicaCollector(replicas, servers, unschedulable))
     return metrics

@@ -35,7 +35,7 @@ from tpuserve_operator import conditions, labels, rollout
 from tpuserve_operator.apply import AppliedRecord, needs_apply, record_of, stamp
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.kube import Kube, NotFoundError, error_summary
-from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow
+from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow
 from tpuserve_operator.observed import (
     ChildView,
     ObservedCache,
@@ -651,3 +651,17 @@ class Reconciler:
 
     def server_readiness(self) -> list[bool]:
         return [s.ready for s in self._served.values()]
+
+    def unschedulable_rows(self) -> list[ServerPodsRow]:
+        return [
+            ServerPodsRow(
+                namespace=key[0],
+                tpumodelserver=key[1],
+                tpu_generation=served.generation,
+                tpu_topology=served.topology,
+                unschedulable_pods=sum(
+                    1 for p in self.cache.pods(key) if p.unschedulable and not p.deleting
+                ),
+            )
+            for key, served in list(self._served.items())
+        ]

@@ -103,7 +103,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     def servers() -> Any:
         return reconciler.server_readiness() if reconciler else ()
 
-    metrics = create_operator_metrics(registry, rows, servers)
+    def unschedulable() -> Any:
+        return reconciler.unschedulable_rows() if reconciler else ()
+
+    metrics = create_operator_metrics(registry, rows, servers, unschedulable)
     reconciler = Reconciler(kube, options.reconciler, metrics, _emit)
     memo.reconciler = reconciler
     memo.kube = kube
