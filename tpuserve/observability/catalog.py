@@ -3,7 +3,7 @@
 - SGLang series: `sglang_tpu.metric_names` (what the engine twin and SGLang export);
 - router series: `tpuserve_router.metrics` (built into a throwaway registry and collected);
 - GKE TPU device plugin series: `tpuserve.observability.device_metrics`;
-- operator series: `tpuserve_replica_info`, `tpuserve_replica_tpu_chips` (observability.md §4.1);
+- operator series: `tpuserve_operator.metrics` (built into a throwaway registry and collected);
 - recording rules and chart-rendered constants; Prometheus's own `up`.
 """
 
@@ -17,11 +17,22 @@ from prometheus_client import CollectorRegistry
 from sglang_tpu import metric_names as sg
 from tpuserve.observability import device_metrics, rules
 
-OPERATOR_SERIES = frozenset({"tpuserve_replica_info", "tpuserve_replica_tpu_chips"})
 CHART_CONSTANTS = frozenset({"tpuserve:tpu_chip_hour_price_usd"})
 PROMETHEUS_SERIES = frozenset({"up"})
 # Grafana macros replaced before parsing a panel query.
 MACROS = {"$__rate_interval": "5m", "$__interval": "1m", "$model_name": ".*"}
+
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+
+
+def _series_of(registry: CollectorRegistry) -> set[str]:
+    # Families are listed even before a labelled child has a sample.
+    return {
+        family.name + suffix
+        for family in registry.collect()
+        for suffix in SUFFIXES.get(family.type, ("",))
+    }
 
 
 def router_series() -> frozenset[str]:
@@ -29,13 +40,18 @@ def router_series() -> frozenset[str]:
 
     registry = CollectorRegistry()
     create_router_metrics(registry)
-    names: set[str] = set()
-    for family in registry.collect():  # labelled families have no samples until used
-        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
-        names |= {family.name + s for s in suffixes.get(family.type, ("",))}
+    names = _series_of(registry)
     for family in StateCollector(lambda: (), dict).collect():
         names.add(family.name)
     return frozenset(names)
+
+
+def operator_series() -> frozenset[str]:
+    from tpuserve_operator.metrics import create_operator_metrics
+
+    registry = CollectorRegistry()
+    create_operator_metrics(registry)
+    return frozenset(_series_of(registry))
 
 
 def known_series() -> frozenset[str]:
@@ -43,7 +59,7 @@ def known_series() -> frozenset[str]:
         sg.series_names()
         | router_series()
         | frozenset(device_metrics.DEVICE_PLUGIN_METRICS)
-        | OPERATOR_SERIES
+        | operator_series()
         | CHART_CONSTANTS
         | PROMETHEUS_SERIES
         | frozenset(r.record for r in rules.recording_rules())

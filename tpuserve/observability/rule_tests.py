@@ -503,6 +503,28 @@ def alert_tests() -> list[dict[str, Any]]:
         _series(rules.ROUTER_KV_EVENT_GAPS, {**router, "worker": "w0"}, "0+0x5 1+0x15"),
         _series(rules.ROUTER_KV_EVENT_GAPS, {**router, "worker": "w1"}, "0+0x20"),
     ]
+    operator = {"namespace": "tpuserve-system", "pod": "tpuserve-operator-0"}
+    operator_series = [
+        # errors every minute for 40 minutes, then none
+        _series(rules.OPERATOR_RECONCILES, {**operator, "result": "error"}, "0+1x40 40+0x30"),
+        _series(rules.OPERATOR_RECONCILES, {**operator, "result": "ok"}, "0+10x70"),
+        # a standby operator: no errors
+        _series(
+            rules.OPERATOR_RECONCILES,
+            {**operator, "pod": "tpuserve-operator-1", "result": "error"},
+            "0+0x70",
+        ),
+    ]
+    stuck = {"namespace": NS, "tpumodelserver": "big", "tpu_generation": "v6e",
+             "tpu_topology": "4x4"}  # fmt: skip
+    placed = {**stuck, "tpumodelserver": "small", "tpu_topology": "2x4"}
+    unschedulable_series = [
+        # two operator replicas export the same server (HA): one alert, not two
+        _series(rules.UNSCHEDULABLE_PODS, {**stuck, "pod": "op-0"}, "4+0x30"),
+        _series(rules.UNSCHEDULABLE_PODS, {**stuck, "pod": "op-1"}, "4+0x30"),
+        # pending for 5 minutes while the autoscaler adds a node, then placed: quiet
+        _series(rules.UNSCHEDULABLE_PODS, {**placed, "pod": "op-0"}, "2+0x5 0+0x25"),
+    ]
     down = {"job": f"{NS}/tpuserve-model-server", "namespace": NS, "pod": "dead-0"}
     up_series = [
         _series("up", down, "0+0x30"),
@@ -592,6 +614,45 @@ def alert_tests() -> list[dict[str, Any]]:
                     "exp_alerts": [_alert("TPUServeKVEventGaps", {**router, "worker": "w0"})],
                 },
                 {"eval_time": "19m", "alertname": "TPUServeKVEventGaps", "exp_alerts": []},
+            ],
+        },
+        {
+            "name": "operator: reconcile errors that persist for 15 minutes, a standby is quiet",
+            "interval": "1m",
+            "input_series": operator_series,
+            "alert_rule_test": [
+                {
+                    "eval_time": "10m",
+                    "alertname": "TPUServeOperatorReconcileErrors",
+                    "exp_alerts": [],
+                },
+                {
+                    "eval_time": "30m",
+                    "alertname": "TPUServeOperatorReconcileErrors",
+                    "exp_alerts": [_alert("TPUServeOperatorReconcileErrors", operator)],
+                },
+                {
+                    "eval_time": "65m",
+                    "alertname": "TPUServeOperatorReconcileErrors",
+                    "exp_alerts": [],
+                },
+            ],
+        },
+        {
+            "name": "TPU pods unschedulable for 15 minutes, once per server, not while scaling up",
+            "interval": "1m",
+            "input_series": unschedulable_series,
+            "alert_rule_test": [
+                {
+                    "eval_time": "10m",
+                    "alertname": "TPUServeTPUPodsUnschedulable",
+                    "exp_alerts": [],
+                },
+                {
+                    "eval_time": "20m",
+                    "alertname": "TPUServeTPUPodsUnschedulable",
+                    "exp_alerts": [_alert("TPUServeTPUPodsUnschedulable", stuck)],
+                },
             ],
         },
         {

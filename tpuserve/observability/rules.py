@@ -435,9 +435,53 @@ def router_alerts() -> Group:
     return Group("tpuserve.alerts.router", rules)
 
 
+# Operator series (declared in operator/tpuserve_operator/metrics.py).
+OPERATOR_RECONCILES = "tpuserve_operator_reconciles_total"
+UNSCHEDULABLE_PODS = "tpuserve_unschedulable_pods"
+
+
+def operator_alerts() -> Group:
+    rules: tuple[Recording | Alert, ...] = (
+        Alert(
+            "TPUServeOperatorReconcileErrors",
+            f'sum by (namespace, pod) (increase({OPERATOR_RECONCILES}{{result="error"}}[10m])) > 0',
+            "15m",
+            "warning",
+            "Operator {{ $labels.pod }} keeps failing to reconcile TPUModelServers",
+            "Reconcile passes of operator {{ $labels.namespace }}/{{ $labels.pod }} have failed "
+            "with Kubernetes API errors in every 10-minute window for 15 minutes: changes to "
+            "TPUModelServers are not being applied. Its log names the server and the error "
+            "(RBAC, quota, admission webhook, apiserver availability).",
+        ),
+        Alert(
+            "TPUServeTPUPodsUnschedulable",
+            "max by (namespace, tpumodelserver, tpu_generation, tpu_topology) "
+            f"({UNSCHEDULABLE_PODS}) > 0",
+            "15m",
+            "warning",
+            "Pods of {{ $labels.namespace }}/{{ $labels.tpumodelserver }} cannot be scheduled "
+            "on TPU {{ $labels.tpu_generation }} {{ $labels.tpu_topology }}",
+            "Pods of TPUModelServer {{ $labels.namespace }}/{{ $labels.tpumodelserver }} have "
+            "been unschedulable for 15 minutes: no node pool of TPU "
+            "{{ $labels.tpu_generation }} with topology {{ $labels.tpu_topology }} has room "
+            "(longer than a cluster-autoscaler scale-up takes). Add or resize a matching node "
+            "pool, check TPU quota and reservations, or lower replicas. The server's Degraded "
+            "condition carries the scheduler's message.",
+        ),
+    )
+    return Group("tpuserve.alerts.operator", rules)
+
+
 def groups() -> tuple[Group, ...]:
     """Every rule group, in evaluation order (later groups read earlier groups' series)."""
-    return (token_rules(), chip_and_cost_rules(), latency_rules(), sglang_alerts(), router_alerts())
+    return (
+        token_rules(),
+        chip_and_cost_rules(),
+        latency_rules(),
+        sglang_alerts(),
+        router_alerts(),
+        operator_alerts(),
+    )
 
 
 def rule_file() -> dict[str, object]:
