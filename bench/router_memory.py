@@ -88,34 +88,6 @@ def measure(
     return samples
 
 
-STUB = """
-import asyncio, sys, uvloop
-from tpuserve_router.server import serve
-MODELS = b'{"object":"list","data":[{"id":"stub","object":"model"}]}'
-ANSWER = (b'{"text":" a","output_ids":[5],"meta_info":{"prompt_tokens":500,'
-          b'"completion_tokens":1,"cached_tokens":0,"finish_reason":{"type":"length"}}}')
-async def handle(request, conn):
-    body = MODELS if request.path == "/v1/models" else ANSWER
-    conn.respond(200, b"content-type: application/json\\r\\n", body)
-async def main():
-    await serve(handle, "127.0.0.1", int(sys.argv[1]), 1 << 24)
-    await asyncio.Event().wait()
-uvloop.run(main())
-"""
-
-
-def start_stubs(n: int) -> list[ro.Proc]:
-    stubs = []
-    for i in range(n):
-        port = ro.free_port()
-        stubs.append(
-            ro.start(f"stub{i}", [sys.executable, "-c", STUB, str(port)], ro.OTHER_CORE, port)
-        )
-    for stub in stubs:
-        ro.wait_http(stub.url, "/health")
-    return stubs
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=1_000_000)
@@ -127,7 +99,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     os.sched_setaffinity(0, {int(ro.OTHER_CORE)})
-    engines = ro.start_engines(4) if args.upstream == "engine" else start_stubs(4)
+    engines = ro.start_engines(4) if args.upstream == "engine" else ro.start_stubs(4)
     results: dict[str, Any] = {}
     try:
         kind = ro.tpuserve_router(args.policy)

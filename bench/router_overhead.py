@@ -10,8 +10,12 @@ number has a same-conditions baseline. Measured per round:
   divided by the requests served;
 - added latency at 500 req/s: open-loop non-streaming requests, p50 and p99 latency through
   the router minus the same directly to the engines;
-- streamed time to first chunk: open-loop streamed chat at 50 req/s, p50 and p99 of the time
-  to the first body chunk through the router (and directly, for reference).
+- streamed time to first chunk: streamed chat one request at a time, p50 and p99 of the
+  time to the first body chunk through the router (and directly, for reference).
+
+With ``--upstream stub`` the engines are replaced by 4 minimal SGLang-compatible stubs that
+answer at once: on a shared 2-core machine the twins cannot always sustain 500 req/s of
+2 kB prompts, and their queueing then drowns the router's own added latency.
 
 Usage (from the repository root; installs sglang-router into its own venv on first use):
 
@@ -142,6 +146,21 @@ def start_engines(n: int) -> list[Proc]:
     return engines
 
 
+STUB = str(Path(__file__).resolve().parent / "router_stub.py")
+
+
+def start_stubs(n: int) -> list[Proc]:
+    """Minimal SGLang-compatible upstreams that answer at once (they isolate the router)."""
+    stubs = []
+    for i in range(n):
+        port = free_port()
+        cmd = [sys.executable, STUB, str(port), MODEL]
+        stubs.append(start(f"stub{i}", cmd, OTHER_CORE, port))
+    for stub in stubs:
+        wait_http(stub.url, "/health")
+    return stubs
+
+
 @dataclass(frozen=True)
 class RouterKind:
     label: str
@@ -234,7 +253,7 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
     out["latency_p99_ms"] = percentile(lat, 0.99) * 1e3
     out["latency_errors"] = sum(1 for r in run.results if r.status != 200) + run.errors
     streams = stream_requests(seed + 2, args.stream_requests)
-    run = asyncio.run(open_loop(targets, streams.__getitem__, len(streams), args.stream_rate))
+    run = asyncio.run(closed_loop(targets, streams.__getitem__, len(streams), 1))
     first = run.latencies(first_chunk=True)
     out["first_chunk_p50_ms"] = percentile(first, 0.5) * 1e3
     out["first_chunk_p99_ms"] = percentile(first, 0.99) * 1e3
@@ -263,18 +282,30 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=6000, help="closed-loop requests")
     parser.add_argument("--rate", type=float, default=500.0, help="open-loop requests/s")
     parser.add_argument("--latency-requests", type=int, default=5000)
-    parser.add_argument("--stream-rate", type=float, default=50.0)
-    parser.add_argument("--stream-requests", type=int, default=500)
+    parser.add_argument("--stream-requests", type=int, default=300, help="one at a time")
+    parser.add_argument(
+        "--upstream",
+        choices=("engine", "stub"),
+        default="engine",
+        help="4 engine twins, or 4 stubs answering at once (isolates the router)",
+    )
     parser.add_argument("--skip-anchor", action="store_true", help="tpuserve only")
-    parser.add_argument("--policies", default="cache_aware", help="tpuserve policies, comma list")
+    parser.add_argument(
+        "--policies",
+        default="cache_aware,cost+kv",
+        help="tpuserve policies, comma list; NAME+kv also subscribes to KV events",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write all rows here")
     args = parser.parse_args()
 
     os.sched_setaffinity(0, {int(OTHER_CORE)})  # the load generator stays off the router's core
-    kinds = [tpuserve_router(p) for p in args.policies.split(",")]
+    kinds = [
+        tpuserve_router(p.removesuffix("+kv"), kv_events=p.endswith("+kv"))
+        for p in args.policies.split(",")
+    ]
     if not args.skip_anchor:
         kinds.append(sglang_router(anchor_python()))
-    engines = start_engines(4)
+    engines = start_engines(4) if args.upstream == "engine" else start_stubs(4)
     rows: dict[str, list[dict[str, Any]]] = {k.label: [] for k in kinds}
     direct: list[dict[str, Any]] = []
     try:
