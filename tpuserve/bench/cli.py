@@ -167,6 +167,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="How long a restarted worker is unroutable (default: 5).",
     )  # fmt: skip
     faults.add_argument(
+        "--no-kv-events", action="store_true",
+        help="Sim: policies with a block index get no KV events (a router without --kv-events).",
+    )  # fmt: skip
+    faults.add_argument(
         "--kv-event-drop", type=_fraction, default=0.0,
         help="Share of KV-event batches lost before they reach the policy (sim; default 0).",
     )  # fmt: skip
@@ -226,7 +230,7 @@ def _run(args: argparse.Namespace) -> int:
         workers=args.workers, cache_tokens=cache_tokens, page_size=args.page_size, tpu=args.tpu,
         topology=args.topology, model_profile=args.model_profile, seed=args.seed,
         kv_event_drop=args.kv_event_drop, slo_factor=args.slo_factor,
-        restart_down_seconds=args.restart_down_seconds,
+        restart_down_seconds=args.restart_down_seconds, kv_events=not args.no_kv_events,
     )  # fmt: skip
     config.validate()
     mu_rr = args.mu_rr
@@ -251,6 +255,7 @@ def _run(args: argparse.Namespace) -> int:
         "cache_tokens": cache_tokens, "shared_prefix_tokens": demand.shared_tokens,
         "rate": rate, "rate_fraction": fraction, "mu_rr": mu_rr,
         "tpu": f"{args.tpu}-{args.topology}", "model_profile": args.model_profile,
+        "kv_events": not args.no_kv_events,
     }  # fmt: skip
     fault_log: list[dict[str, Any]] = []
     if args.mode == "sim":

@@ -183,7 +183,7 @@ def start_router(policy: str, workers: Sequence[str], config: LiveConfig) -> Pro
         ]  # fmt: skip
         for url in workers:
             cmd += ["--worker", url]
-        if policy in KV_EVENT_POLICIES:
+        if policy in KV_EVENT_POLICIES and config.sim.kv_events:
             cmd.append("--kv-events")
     else:
         raise LiveError(
@@ -321,7 +321,8 @@ def run_live(trace: Sequence[TraceRequest], policy: str, config: LiveConfig) -> 
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         for i in range(sim.workers):
-            engines.append(start_engine(i, config, policy in KV_EVENT_POLICIES))
+            events = policy in KV_EVENT_POLICIES and sim.kv_events
+            engines.append(start_engine(i, config, events))
         router = start_router(policy, [e.url for e in engines], config)
         asyncio.run(wait_router_ready(router, sim.workers, START_TIMEOUT_SECONDS))
         cpu_before = {p.role: p.cpu_seconds() for p in [router, *engines]}

@@ -86,6 +86,9 @@ class SimConfig:
     max_queued_requests: int = 100_000
     seed: int = 0
     kv_event_drop: float = 0.0
+    kv_events: bool = True
+    """Feed the engines' KV events to a policy with a block index (``tpuserve router
+    --kv-events``); False models a router started without it."""
     faults: tuple[Fault, ...] = ()
     restart_down_seconds: float = 5.0
     slo_factor: float = SLO_FACTOR
@@ -191,7 +194,7 @@ class SimRun:
         self.policy = make_bench_policy(policy_name, ctx)
         index = getattr(self.policy, "block_index", None)
         self.index: BlockIndex | None = index if isinstance(index, BlockIndex) else None
-        if self.index is not None:
+        if self.index is not None and config.kv_events:
             for i, w in enumerate(self.workers):
                 self.index.mark_event_feed(w.name)
                 w.engine.core.kv_event_sink = self._event_sink(w.name)
@@ -370,7 +373,7 @@ class SimRun:
                 w.in_flight -= 1
                 self.policy.on_request_done(p.decision, False)
         w.engine = self._new_engine(fault.worker)
-        if self.index is not None:
+        if self.index is not None and self.config.kv_events:
             self.index.clear(w.name)
             self._enable_events(fault.worker)
         w.engine.now = self.now

@@ -173,3 +173,15 @@ def test_flush_drains_the_worker_then_serves_again_from_an_empty_cache() -> None
     assert after
     assert after[0].cached_tokens == 0
     assert all(r.ok for r in result.records)
+
+
+def test_without_kv_events_precise_routes_on_its_own_predictions(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("--workload", "W1", "--requests", "300", "--rate", "20", "--policy", "precise")
+    with_events = run_cli(capsys, *args)
+    without = run_cli(capsys, *args, "--no-kv-events")
+    assert with_events["kv_events"] is True
+    assert without["kv_events"] is False
+    assert without["hit_rate"] > 0.5  # type: ignore[operator]
+    assert without != with_events
