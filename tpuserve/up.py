@@ -42,6 +42,7 @@ examples:
   tpuserve up                                    # 4 engines + router on http://127.0.0.1:8000
   tpuserve up --workers 2 --policy precise --load shared-prefix --rate 20
   tpuserve up --load W1 --rate 10 --duration 60  # a benchmark workload, when installed
+  tpuserve up --load shared-prefix --prometheus  # + Prometheus with the chart's rules on :9090
 """
 
 ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
@@ -407,6 +408,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=None, help="Stop the load after N.")
     parser.add_argument("--duration", type=float, default=None, help="Stop after S seconds.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the load (default 0).")
+    parser.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="Also run Prometheus on loopback (tpuserve.observability.local_prometheus): "
+        "scrapes engines and router every second, evaluates the chart's rules and alerts.",
+    )
+    parser.add_argument(
+        "--prometheus-port", type=int, default=9090, help="Prometheus port (default 9090)."
+    )
+    parser.add_argument(
+        "--prometheus-target",
+        action="append",
+        default=[],
+        metavar="JOB=URL",
+        help="Another /metrics for that Prometheus to scrape, e.g. an exporter (repeatable).",
+    )
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -431,6 +448,15 @@ def check_args(args: argparse.Namespace) -> None:
             problems.append(f"--policy {args.policy!r}: allowed {allowed}")
     if args.load is not None and args.load not in load_names():
         problems.append(f"--load {args.load!r}: allowed {', '.join(load_names())}")
+    if not 1 <= args.prometheus_port <= 65535:
+        problems.append(f"--prometheus-port {args.prometheus_port}: allowed 1..65535")
+    for target in args.prometheus_target:
+        from tpuserve.observability.local_prometheus import parse_target
+
+        try:
+            parse_target(target)
+        except ValueError as err:
+            problems.append(str(err))
     if problems:
         raise UpError("\n  ".join(problems))
 
@@ -460,6 +486,7 @@ async def up(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     children: list[Child] = []
+    prometheus: Any = None
     try:
         with console.status(f"starting {args.workers} engine twins"):
             engines = await asyncio.gather(*(
@@ -488,6 +515,15 @@ async def up(args: argparse.Namespace) -> int:
             router = await spawn("router", router_args, "tpuserve router: listening on")
             children.append(router)
             model = await wait_routable(router.url)
+        if args.prometheus:
+            from tpuserve.observability import local_prometheus
+
+            with console.status("starting Prometheus"):
+                prometheus = await local_prometheus.start_for_fleet(
+                    [e.url for e in engines], router.url, args.prometheus_port,
+                    args.prometheus_target,
+                )  # fmt: skip
+            console.print(f"  prometheus: {prometheus.url}  (rules and alerts: /rules)")
         base = router.url
         console.print(f"[bold]OpenAI base URL: {base}/v1[/bold]  (model {model!r})")
         console.print(f"  workers: {', '.join(e.url for e in engines)}")
@@ -528,6 +564,8 @@ async def up(args: argparse.Namespace) -> int:
         return 0
     finally:
         with console.status("stopping"):
+            if prometheus is not None:
+                await prometheus.stop()
             await stop_children(list(reversed(children)))
 
 
