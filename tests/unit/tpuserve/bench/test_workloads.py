@@ -173,3 +173,11 @@ def test_rescale_sets_the_mean_rate_and_keeps_order() -> None:
     assert scaled[0].t == 0.0
     with pytest.raises(TraceError, match="--rate"):
         workloads.rescale_to_rate(trace, 0.0)
+
+
+def test_checked_in_sample_trace_is_what_the_generator_writes() -> None:
+    """bench/traces/w1-small.jsonl is generated; regenerate it when the generator changes:
+    ``generate("W1", seed=0, requests=24, groups=4, system=256, question=32, output=32)``."""
+    path = Path(__file__).resolve().parents[4] / "bench" / "traces" / "w1-small.jsonl"
+    expected = generate("W1", seed=0, requests=24, groups=4, system=256, question=32, output=32)
+    assert [r.to_json() for r in workloads.read_trace(path)] == [r.to_json() for r in expected]
