@@ -221,7 +221,9 @@ class RouterApp:
     async def start(self) -> None:
         config = self.config
         loop = asyncio.get_running_loop()
-        front = await serve(self._handle, config.host, config.port, config.max_request_bytes)
+        front = await serve(
+            self._handle, config.host, config.port, config.max_request_bytes, self._connections
+        )
         self._servers.append(front)
         if config.metrics_port is not None:
             self._servers.append(
@@ -492,9 +494,6 @@ class RouterApp:
         is healthy is checked only when a retry is wanted.
         """
         worker = decision.worker
-        can_retry = may_retry and any(
-            w.healthy and w is not worker for w in pool_of_workers
-        )  # fmt: skip
         policy = self.policy
         if not model and worker.models:
             model = worker.models[0]
@@ -523,7 +522,7 @@ class RouterApp:
                         count=False,
                     )
                     return status_label
-                if can_retry:
+                if may_retry and _other_healthy(worker, pool_of_workers):
                     status_label = None
                     return _RETRY
                 status_label = "502"
@@ -539,7 +538,11 @@ class RouterApp:
                 )
                 return status_label
             status = upstream.status
-            if status in RETRYABLE_STATUSES and can_retry:
+            if (
+                status in RETRYABLE_STATUSES
+                and may_retry
+                and _other_healthy(worker, pool_of_workers)
+            ):
                 self.metrics.upstream_errors.labels(worker.name, "retryable_status").inc()
                 if status in BREAKER_STATUSES:
                     worker.request_failed()
@@ -553,7 +556,11 @@ class RouterApp:
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(worker.name, err.reason).inc()
                     worker.request_failed()
-                    if can_retry and err.reason != "request_timeout":
+                    if (
+                        err.reason != "request_timeout"
+                        and may_retry
+                        and _other_healthy(worker, pool_of_workers)
+                    ):
                         status_label = None
                         return _RETRY
                     code = 504 if err.reason == "request_timeout" else 502
@@ -841,6 +848,10 @@ class RouterApp:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _other_healthy(worker: Worker, workers: list[Worker]) -> bool:
+    return any(w.healthy and w is not worker for w in workers)
 
 
 def _forwarded_headers(request: HttpRequest) -> bytes:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -346,9 +347,23 @@ def _whole(status: int, body: bytes) -> bytes:
     )
 
 
-async def serve(handler: Handler, host: str, port: int, max_body_bytes: int) -> asyncio.Server:
-    """Listen on ``host:port`` (port 0 = a free port); the caller closes the server."""
+async def serve(
+    handler: Handler,
+    host: str,
+    port: int,
+    max_body_bytes: int,
+    connections: weakref.WeakSet[HttpConnection] | None = None,
+) -> asyncio.Server:
+    """Listen on ``host:port`` (port 0 = a free port); the caller closes the server.
+
+    Live connections are added to ``connections`` so the owner can drain and close them.
+    """
     loop = asyncio.get_running_loop()
-    return await loop.create_server(
-        lambda: HttpConnection(handler, max_body_bytes, loop), host, port, reuse_address=True
-    )
+
+    def factory() -> HttpConnection:
+        conn = HttpConnection(handler, max_body_bytes, loop)
+        if connections is not None:
+            connections.add(conn)
+        return conn
+
+    return await loop.create_server(factory, host, port, reuse_address=True)
