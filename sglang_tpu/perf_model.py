@@ -7,21 +7,31 @@ re-spells them.
 
 The model (a roofline with two efficiency factors and a fixed overhead):
 
-- **weights** = parameters x bytes per parameter of the quantization;
+- **weights** = parameters x bytes per parameter of the quantization (`WEIGHT_BYTES`: the
+  block-scaled 4-bit formats count their scales, MXFP4 4.25 and NVFP4 4.5 bits);
 - **KV bytes per token** = 2 (K and V) x layers x KV heads x head dim x KV-cache dtype bytes;
 - **one scheduler step** that prefills ``p`` new tokens (attending to ``a`` context tokens in
   total) and decodes one token for ``b`` running sequences holding ``c`` context tokens takes
-  ``STEP_OVERHEAD + max(compute, memory)`` where
+  ``step_overhead + max(compute, memory)`` where
   ``compute = (2 x active_params x (p + b) + 4 x layers x heads x head_dim x (a + c))
-  / (chips x peak FLOP/s x PREFILL_MFU)`` and
-  ``memory = (weights touched + KV bytes x (c + a)) / (chips x HBM bandwidth x DECODE_MBU)``;
+  / (chips x peak FLOP/s x prefill_mfu)`` (the 8-bit peak for fp8/int8 weights) and
+  ``memory = (weights touched + KV bytes x (c + a / p)) / (chips x HBM bandwidth x decode_mbu)``;
 - for MoE models a decode batch touches the shared weights plus, per layer, the experts its
   tokens route to (at most all of them), so small batches read far less than all weights;
 - **fit**: weights + KV for one full ``context_length`` sequence must fit in
   ``MEM_FRACTION_STATIC`` of the slice's HBM; the rest of that fraction is the KV pool.
 
-The efficiencies are calibrated against published TPU serving figures; the table and the
-error are in ``docs/engine-sim.md``. They are the only tuning knobs.
+**Calibration.** `Efficiency` holds the only tuning knobs; `CALIBRATED` (prefill MFU 0.22,
+decode MBU 0.87, 10 ms per step, +1 ms per step on multi-host slices) is a least-squares fit
+(in log space) of the first three to 33 published values from eight benchmark reports (vLLM
+TPU and SGLang-JAX on v6e with 1, 4 and 8 chips and on tpu7x with 4 chips; dense 8B-70B and
+MoE models; bf16 and fp8), made by ``bench/perf_model_validation.py --fit``. One set serves
+every generation; the data did not justify more (a separate KV-read efficiency fitted equal
+to the weight one, a per-layer overhead drove weight bandwidth to 100% of peak, and the tpu7x
+rows disagree with each other by engine, not by generation). The low MFU and the large
+overhead are what those engines achieve end to end, not the chips' kernel peaks. Median error
+12%, worst 46%; no v5e, v5p or multi-host figure was found, so those rest on the same
+constants unvalidated. Table, sources and what the model leaves out: ``docs/engine-sim.md``.
 """
 
 from __future__ import annotations
@@ -33,14 +43,61 @@ from types import MappingProxyType
 
 from sglang_tpu.topology import GIB, SliceShape
 
-PREFILL_MFU = 0.55
-DECODE_MBU = 0.70
-STEP_OVERHEAD_SECONDS = 0.002
-MULTI_HOST_STEP_OVERHEAD_SECONDS = 0.001  # extra per step when the slice spans several hosts
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """The model's only tuning knobs: achieved fractions of peak, and a fixed cost per step.
+
+    `CALIBRATED` holds the values fitted to published TPU serving figures by
+    ``bench/perf_model_validation.py --fit`` (the fit and its error: ``docs/engine-sim.md``).
+    """
+
+    prefill_mfu: float = 0.22  # fraction of peak FLOP/s reached by a step's matmuls
+    decode_mbu: float = 0.87  # fraction of HBM bandwidth reached reading weights and KV
+    step_overhead_seconds: float = 0.010  # scheduling, sampling, launch: per step, any size
+    multi_host_step_overhead_seconds: float = 0.001  # extra per step on a multi-host slice
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_mfu", "decode_mbu"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{name}: {value!r} is not allowed; allowed: 0 < value <= 1")
+        for name in ("step_overhead_seconds", "multi_host_step_overhead_seconds"):
+            value = getattr(self, name)
+            if value < 0.0:
+                raise ValueError(f"{name}: {value!r} is not allowed; allowed: >= 0")
+
+
+CALIBRATED = Efficiency()
+PREFILL_MFU = CALIBRATED.prefill_mfu
+DECODE_MBU = CALIBRATED.decode_mbu
+STEP_OVERHEAD_SECONDS = CALIBRATED.step_overhead_seconds
+MULTI_HOST_STEP_OVERHEAD_SECONDS = CALIBRATED.multi_host_step_overhead_seconds
 MEM_FRACTION_STATIC = 0.88
 
+# Block-scaled 4-bit formats: 4-bit elements plus one 8-bit scale per block. MXFP4 (OCP
+# Microscaling): E2M1 elements, one E8M0 scale per 32 -> 4 + 8/32 = 4.25 bits. NVFP4: E2M1
+# elements, one FP8 E4M3 scale per 16 -> 4 + 8/16 = 4.5 bits (its one FP32 scale per tensor is
+# negligible).
+MXFP4_BYTES_PER_PARAM = (4 + 8 / 32) / 8
+NVFP4_BYTES_PER_PARAM = (4 + 8 / 16) / 8
+
+# Weight formats whose matmuls run on the chip's 8-bit peak (where it has one); the 4-bit
+# formats are weight-only on TPUs (dequantised to bf16 for the matmul).
+EIGHT_BIT_COMPUTE = frozenset({"fp8", "int8", "w8a8"})
+
 WEIGHT_BYTES: Mapping[str, float] = MappingProxyType(
-    {"bf16": 2.0, "none": 2.0, "fp8": 1.0, "int8": 1.0, "w8a8": 1.0, "int4": 0.5, "awq": 0.5}
+    {
+        "bf16": 2.0,
+        "none": 2.0,
+        "fp8": 1.0,
+        "int8": 1.0,
+        "w8a8": 1.0,
+        "int4": 0.5,
+        "awq": 0.5,
+        "mxfp4": MXFP4_BYTES_PER_PARAM,
+        "nvfp4": NVFP4_BYTES_PER_PARAM,
+    }
 )
 KV_CACHE_BYTES: Mapping[str, float] = MappingProxyType(
     {"auto": 2.0, "bf16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "int8": 1.0}
@@ -241,22 +298,24 @@ class StepTimer:
         profile: ModelProfile,
         quantization: str = "bf16",
         kv_cache_dtype: str = "auto",
+        efficiency: Efficiency = CALIBRATED,
     ) -> None:
         self.shape = shape
         self.profile = profile
+        self.efficiency = efficiency
         gen = shape.generation
         chips = shape.chips
         self.weight_bytes = profile.weight_bytes(quantization)
         self.kv_bytes_per_token = profile.kv_bytes_per_token(kv_cache_dtype)
         peak = gen.peak_bf16_flops_per_chip
-        if quantization in ("fp8", "int8", "w8a8") and gen.peak_8bit_flops_per_chip:
+        if quantization in EIGHT_BIT_COMPUTE and gen.peak_8bit_flops_per_chip:
             peak = gen.peak_8bit_flops_per_chip
-        self._flops_per_second = chips * peak * PREFILL_MFU
-        self._bytes_per_second = chips * gen.hbm_bandwidth_bytes_per_second * DECODE_MBU
+        self.flops_per_second = chips * peak * efficiency.prefill_mfu
+        self.bytes_per_second = chips * gen.hbm_bandwidth_bytes_per_second * efficiency.decode_mbu
         self._flops_per_token = 2.0 * profile.active_parameters
         self._attn_flops_per_ctx = 4.0 * profile.layers * profile.attention_heads * profile.head_dim
-        self.overhead_seconds = STEP_OVERHEAD_SECONDS + (
-            MULTI_HOST_STEP_OVERHEAD_SECONDS if shape.multi_host else 0.0
+        self.overhead_seconds = efficiency.step_overhead_seconds + (
+            efficiency.multi_host_step_overhead_seconds if shape.multi_host else 0.0
         )
         wpb = _weight_bytes_per_param(quantization)
         if profile.is_moe:
@@ -287,12 +346,11 @@ class StepTimer:
         compute = (
             self._flops_per_token * tokens
             + self._attn_flops_per_ctx * (prefill_attention_context + decode_context)
-        ) / self._flops_per_second
+        ) / self.flops_per_second
+        kv_read = decode_context + prefill_attention_context / max(1, prefill_tokens)
         memory = (
-            self._weights_touched(tokens)
-            + self.kv_bytes_per_token
-            * (decode_context + prefill_attention_context / max(1, prefill_tokens))
-        ) / self._bytes_per_second
+            self._weights_touched(tokens) + self.kv_bytes_per_token * kv_read
+        ) / self.bytes_per_second
         return self.overhead_seconds + max(compute, memory)
 
     def prefill_seconds(self, new_tokens: int, cached_tokens: int = 0) -> float:

@@ -200,6 +200,20 @@ def test_fp8_makes_a_model_fit(spec_with: SpecWith) -> None:
     )
 
 
+def test_four_bit_weights_are_sized_by_the_fit_check(spec_with: SpecWith) -> None:
+    big = {"source": "hf://meta-llama/Llama-3.3-70B-Instruct", "contextLength": 8192}
+    four_chips = {"generation": "v5e", "topology": "2x2"}
+    one_chip = {"generation": "v5e", "topology": "1x1"}
+    fp8 = spec_with(model={**big, "quantization": "fp8"}, tpu=four_chips)
+    assert problems_of(fp8)["spec.tpu.topology"][1] == "ModelDoesNotFit"
+    for quantization in ("mxfp4", "nvfp4"):
+        validate("llama", spec_with(model={**big, "quantization": quantization}, tpu=four_chips))
+        too_small = spec_with(model={**big, "quantization": quantization}, tpu=one_chip)
+        message, reason = problems_of(too_small)["spec.tpu.topology"]
+        assert reason == "ModelDoesNotFit"
+        assert f"{quantization} weights" in message
+
+
 def test_unknown_models_get_no_fit_opinion(spec_with: SpecWith) -> None:
     validate("m", spec_with(model={"source": "hf://acme/secret-model"}))
 

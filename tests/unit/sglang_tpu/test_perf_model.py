@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 
 from sglang_tpu import perf_model as pm
 from sglang_tpu.topology import lookup
 
 pytestmark = pytest.mark.unit
+
+VALIDATION_BENCH = Path(__file__).resolve().parents[3] / "bench" / "perf_model_validation.py"
+
+
+def _validation_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("perf_model_validation", VALIDATION_BENCH)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_required_profiles_exist() -> None:
@@ -67,8 +85,64 @@ def test_step_times_grow_with_work_and_shrink_with_chips() -> None:
 
 def test_moe_small_batch_decode_reads_fewer_bytes_than_all_weights() -> None:
     timer = pm.StepTimer(lookup("tpu7x", "2x2x2"), pm.get_profile("qwen3-235b-a22b"), "fp8")
-    dense_equivalent = timer.weight_bytes / timer._bytes_per_second
+    dense_equivalent = timer.weight_bytes / timer.bytes_per_second
     assert timer.decode_step_seconds(1, 1000) - timer.overhead_seconds < dense_equivalent / 4
+
+
+@pytest.mark.parametrize(
+    ("quantization", "bits"), [("mxfp4", 4 + 8 / 32), ("nvfp4", 4 + 8 / 16), ("int4", 4.0)]
+)
+def test_four_bit_formats_count_their_block_scales(quantization: str, bits: float) -> None:
+    profile = pm.get_profile("llama-3.3-70b")
+    assert profile.weight_bytes(quantization) == pytest.approx(profile.parameters * bits / 8)
+
+
+def test_mxfp4_is_smaller_than_nvfp4_and_both_between_int4_and_fp8() -> None:
+    profile = pm.get_profile("qwen3-32b")
+    sizes = [profile.weight_bytes(q) for q in ("int4", "mxfp4", "nvfp4", "fp8")]
+    assert sizes == sorted(sizes)
+    assert len(set(sizes)) == 4
+
+
+def test_four_bit_weights_fit_where_fp8_does_not_and_still_report_the_shortfall() -> None:
+    four_chips, one_chip = lookup("v5e", "2x2"), lookup("v5e", "1x1")
+    with pytest.raises(pm.ModelDoesNotFit):
+        pm.check_fits(four_chips, "llama-3.3-70b", "fp8", "auto", 8192)
+    for quantization in ("mxfp4", "nvfp4"):
+        pm.check_fits(four_chips, "llama-3.3-70b", quantization, "auto", 8192)
+        with pytest.raises(pm.ModelDoesNotFit, match=rf"\({quantization} weights 3\d\.\d GiB"):
+            pm.check_fits(one_chip, "llama-3.3-70b", quantization, "auto", 8192)
+
+
+def test_four_bit_formats_keep_bf16_matmuls_and_stream_fewer_bytes() -> None:
+    shape, profile = lookup("v6e", "2x4"), pm.get_profile("llama-3.3-70b")
+    bf16, fp8, mxfp4 = (pm.StepTimer(shape, profile, q) for q in ("bf16", "fp8", "mxfp4"))
+    assert mxfp4.flops_per_second == bf16.flops_per_second < fp8.flops_per_second
+    assert mxfp4.decode_step_seconds(1, 1000) < fp8.decode_step_seconds(1, 1000)
+
+
+def test_efficiency_knobs_change_the_step_time_they_name() -> None:
+    shape, profile = lookup("v6e", "2x2"), pm.get_profile("qwen3-8b")
+    base = pm.Efficiency(prefill_mfu=0.5, decode_mbu=0.8, step_overhead_seconds=0.005)
+    timer = pm.StepTimer(shape, profile, efficiency=base)
+    half_bandwidth = pm.StepTimer(shape, profile, efficiency=replace(base, decode_mbu=0.4))
+    half_flops = pm.StepTimer(shape, profile, efficiency=replace(base, prefill_mfu=0.25))
+    # A memory-bound decode step: halving the bandwidth doubles everything but the overhead.
+    decode = timer.decode_step_seconds(64, 64 * 2048) - 0.005
+    assert half_bandwidth.decode_step_seconds(64, 64 * 2048) - 0.005 == pytest.approx(2 * decode)
+    # A compute-bound prefill: halving the FLOP/s doubles everything but the overhead.
+    prefill = timer.prefill_seconds(8192) - 0.005
+    assert half_flops.prefill_seconds(8192) - 0.005 == pytest.approx(2 * prefill)
+    assert pm.StepTimer(shape, profile, efficiency=base).step_seconds() == 0.005
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [("prefill_mfu", 0.0), ("decode_mbu", 1.5), ("step_overhead_seconds", -1.0)],
+)
+def test_efficiency_out_of_range_names_the_knob(knob: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"{knob}: {value!r} is not allowed"):
+        pm.Efficiency(**{knob: value})
 
 
 def test_kv_pool_tokens_is_what_is_left_after_weights() -> None:
@@ -79,3 +153,29 @@ def test_kv_pool_tokens_is_what_is_left_after_weights() -> None:
         tokens * profile.kv_bytes_per_token() <= pm.usable_hbm_bytes(shape) - profile.weight_bytes()
     )
     assert tokens > 50_000
+
+
+def test_docs_tables_are_what_the_validation_bench_prints() -> None:
+    """docs/engine-sim.md's predictions and validation tables come from the calibrated model;
+    after changing the model run `bench/perf_model_validation.py --update-docs`."""
+    bench = _validation_bench()
+    text = bench.DOCS.read_text()
+    for name, body in bench.docs_blocks().items():
+        assert bench.replace_block(text, name, body) == text, f"{name} is stale"
+
+
+def test_validation_replay_reports_what_a_closed_loop_client_sees() -> None:
+    """One request at a time: TTFT is one prefill step, TPOT one decode step per token."""
+    bench = _validation_bench()
+    shape, profile = lookup("v6e", "1x1"), pm.get_profile("llama-3.1-8b")
+    timer = pm.StepTimer(shape, profile)
+    workload = bench.Workload(
+        "sglang", 2048, 8, 1, 3, bench.fixed(1000), bench.fixed(11), mem_fraction=0.9
+    )
+    outcome = bench.replay(timer, workload, pool_tokens=100_000)
+    prefill = timer.prefill_seconds(1000)
+    decode = sum(timer.decode_step_seconds(1, 1000 + i) for i in range(1, 11)) / 10
+    assert outcome.ttft_ms == pytest.approx(1e3 * prefill)
+    assert outcome.tpot_ms == pytest.approx(1e3 * decode)
+    assert outcome.output_tok_s == pytest.approx(33 / outcome.duration_s)
+    assert outcome.duration_s == pytest.approx(3 * (prefill + 10 * decode))
