@@ -19,16 +19,22 @@ The replay is a benchmark harness, not the engine twin's scheduler
   of ``--max-num-batched-tokens`` with prefill chunks, FCFS.
 
 A request admitted needs a KV reservation for its prompt and output; requests wait when the
-slice's KV pool (`perf_model.kv_pool_tokens`) or the running bound is full.
+run's KV pool (its memory fraction of HBM, less the weights) or the running bound is full.
+Two MoE models with published figures but no catalog profile are built here from their
+config.json (`QWEN3_30B_A3B`, `QWEN3_CODER_480B_A35B`).
 
-``--fit`` searches the `Efficiency` knobs (prefill MFU, weight and KV bandwidth efficiency,
-per-step overhead) that minimise the mean squared log error over all rows, and prints it; the
-fitted values are `perf_model.CALIBRATED`. One set of values serves every generation: the
-figures do not justify more (see docs/engine-sim.md).
+``--fit`` searches the `Efficiency` knobs (by default prefill MFU, decode MBU and the per-step
+overhead) that minimise the mean squared log error over all rows by coordinate descent and
+prints them; `perf_model.CALIBRATED` holds the result, rounded. One set of values serves every
+generation: the figures do not justify more (see docs/engine-sim.md).
+``--leave-one-source-out`` refits without each source in turn and predicts its rows, so the
+error it reports is out of sample. ``--update-docs`` rewrites the two generated tables of
+docs/engine-sim.md (a unit test fails when they are stale).
 
     .venv/bin/python bench/perf_model_validation.py            # the table (markdown)
     .venv/bin/python bench/perf_model_validation.py --json     # one JSON object per row
     .venv/bin/python bench/perf_model_validation.py --fit      # refit the knobs
+    .venv/bin/python bench/perf_model_validation.py --update-docs
 """
 
 from __future__ import annotations
@@ -512,7 +518,7 @@ def fit(
     figures: Sequence[Figure], knobs: Sequence[str], start: Efficiency = CALIBRATED
 ) -> tuple[Efficiency, float]:
     """Coordinate descent on `knobs` (multiplicative steps, halved until 1%) minimising
-    `log_loss`; the other knobs keep their `start` values. Deterministic; about a minute."""
+    `log_loss`; the other knobs keep their `start` values. Deterministic; 1-2 minutes."""
     current = start
     loss = log_loss(evaluate(figures, current))
     step = 1.5
@@ -586,7 +592,7 @@ def main() -> None:
     parser.add_argument(
         "--leave-one-source-out",
         action="store_true",
-        help="predict each source's rows with knobs fitted to the other sources (~15 min)",
+        help="predict each source's rows with knobs fitted to the other sources (~10 min)",
     )
     args = parser.parse_args()
     start = time.perf_counter()
