@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs
 
 import orjson
@@ -58,6 +59,7 @@ from tpuserve_router.metrics import (
     create_router_metrics,
     remove_worker_series,
     touch_known_series,
+    touch_worker_series,
 )
 from tpuserve_router.policies.base import (
     Decision,
@@ -76,6 +78,7 @@ from tpuserve_router.request_body import (
 from tpuserve_router.server import JSON_HEADERS, HttpConnection, HttpRequest, serve
 from tpuserve_router.token_cache import ChatTokenCache
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
+from tpuserve_router.worker_networks import endpoint_problem, parse_networks, url_problem
 from tpuserve_router.workers import (
     BreakerConfig,
     InvalidWorkerURL,
@@ -83,6 +86,9 @@ from tpuserve_router.workers import (
     WorkerRegistry,
     WorkerSpec,
 )
+
+if TYPE_CHECKING:
+    from tpuserve_router.discovery.kubernetes import PodWatcher
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +141,7 @@ class RouterApp:
             ChatTokenCache(load_tokenizer(config.tokenizer)) if self.policy.needs_tokens else None
         )
         self.want_text = self.policy.needs_text
+        self.networks = parse_networks(config.worker_networks)
         self.metrics: RouterMetrics = create_router_metrics(registry or CollectorRegistry())
         self.metrics.info.labels(self.policy.name, __version__).set(1)
         touch_known_series(self.metrics, self.policy.name)
@@ -198,7 +205,7 @@ class RouterApp:
         self._servers: list[asyncio.Server] = []
         self._connections: weakref.WeakSet[HttpConnection] = weakref.WeakSet()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._discovery: Any = None
+        self._discovery: PodWatcher | None = None
         self._started = False
 
     # ================================================================== lifetime
@@ -240,7 +247,10 @@ class RouterApp:
             from tpuserve_router.discovery.kubernetes import ApiServer, PodRules, PodWatcher
 
             rules = PodRules.from_flags(
-                config.leader_label, config.worker_port, config.worker_url_annotation
+                config.leader_label,
+                config.worker_port,
+                config.worker_url_annotation,
+                self.networks,
             )
             namespace = config.namespace or _current_namespace()
             self._discovery = PodWatcher(
@@ -301,6 +311,7 @@ class RouterApp:
             max_idle=self.config.max_idle_connections_per_worker,
         )
         self.metrics.workers_changed.labels("added").inc()
+        touch_worker_series(self.metrics, worker.name, kv_events=self.kv is not None)
         if self._started:
             self.health.watch(worker)
 
@@ -332,14 +343,27 @@ class RouterApp:
                 self.registry.set_models(worker, ids)
         except Exception as err:  # an engine without /v1/models still serves any model
             log.info("worker %s: could not list models (%s)", worker.name, err)
+        if self.registry.get(worker.name) is worker:
+            for model in worker.models:  # token series exist at zero before the first answer
+                self._worker_stats(model, worker.name)
         if self.kv is not None and self.registry.get(worker.name) is worker:
             endpoints = await self._kv_endpoints(worker)
-            if endpoints is not None:
+            problem = self._kv_endpoints_problem(endpoints) if endpoints is not None else None
+            if problem:
+                log.warning("worker %s: not subscribing to KV events: %s", worker.name, problem)
+            elif endpoints is not None:
                 await self.kv.watch(worker.name, endpoints)
             else:
                 log.warning(
                     "worker %s publishes no KV events; its routing stays approximate", worker.name
                 )
+
+    def _kv_endpoints_problem(self, endpoints: Endpoints) -> str | None:
+        for endpoint in (endpoints.events, endpoints.replay):
+            problem = endpoint_problem(endpoint, self.networks) if endpoint else None
+            if problem:
+                return problem
+        return None
 
     async def _kv_endpoints(self, worker: Worker) -> Endpoints | None:
         if worker.kv_events_endpoint:
@@ -654,11 +678,15 @@ class RouterApp:
         await upstream.wait_head()
         return upstream
 
-    def _account(self, usage: Usage, decision: Decision[Worker], model: str, worker: str) -> None:
+    def _worker_stats(self, model: str, worker: str) -> WorkerStats:
         key = (model, worker)
         stats = self._stats.get(key)
         if stats is None:
             stats = self._stats[key] = WorkerStats(self.metrics, model, worker)
+        return stats
+
+    def _account(self, usage: Usage, decision: Decision[Worker], model: str, worker: str) -> None:
+        stats = self._worker_stats(model, worker)
         prompt = usage.prompt_tokens
         stats.prompt.inc(prompt)
         stats.completion.inc(usage.completion_tokens)
@@ -740,7 +768,11 @@ class RouterApp:
     # ================================================================== admin
 
     async def _list_workers(self, request: HttpRequest, conn: HttpConnection) -> None:
-        body = {"workers": [w.describe() for w in self.registry.workers]}
+        rejected = self._discovery.rejected if self._discovery is not None else []
+        body = {
+            "workers": [w.describe() for w in self.registry.workers],
+            "rejected": [dataclasses.asdict(r) for r in rejected],
+        }
         conn.respond(200, JSON_HEADERS, orjson.dumps(body))
 
     def _admin_args(self, request: HttpRequest) -> dict[str, Any]:
@@ -764,6 +796,7 @@ class RouterApp:
                         400, f"{key} must be a string like tcp://HOST:PORT", param=key
                     )
             spec = WorkerSpec(url, args.get("kv_events_endpoint"), args.get("kv_replay_endpoint"))
+            self._check_dialable(spec)
             worker = self.registry.add(spec, manual=True)
         except InvalidWorkerURL as err:
             self._reply_error(conn, ClientError(400, str(err), param="url"), "admin")
@@ -772,6 +805,19 @@ class RouterApp:
             self._reply_error(conn, err, "admin")
             return
         conn.respond(200, JSON_HEADERS, orjson.dumps({"worker": worker.describe()}))
+
+    def _check_dialable(self, spec: WorkerSpec) -> None:
+        """Refuse (400) a worker or KV-event endpoint outside ``--worker-networks``."""
+        problem = url_problem(spec.url, self.networks)
+        if problem:
+            raise ClientError(400, problem, param="url")
+        for key, endpoint in (
+            ("kv_events_endpoint", spec.kv_events_endpoint),
+            ("kv_replay_endpoint", spec.kv_replay_endpoint),
+        ):
+            problem = endpoint_problem(endpoint, self.networks) if endpoint else None
+            if problem:
+                raise ClientError(400, problem, param=key)
 
     async def _remove_worker(self, request: HttpRequest, conn: HttpConnection) -> None:
         try:

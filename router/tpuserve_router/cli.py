@@ -70,6 +70,10 @@ def _optional_int(text: str) -> int | None:
     return int(text) if text.strip() else None
 
 
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
 DEFAULTS = RouterConfig()
 
 OPTIONS: tuple[Option, ...] = (
@@ -115,6 +119,15 @@ OPTIONS: tuple[Option, ...] = (
         "worker_url_annotation",
         str,
         f"Pod annotation that overrides a worker's URL (default {DEFAULT_WORKER_URL_ANNOTATION}).",
+    ),
+    Option(
+        "--worker-networks",
+        "worker_networks",
+        _comma_list,
+        "Only dial workers (and KV-event endpoints) at IPs in these networks; discovered pods "
+        "outside them are not routed and are listed under `rejected` by GET /workers "
+        "(default: any address).",
+        metavar="CIDR[,CIDR]",
     ),
     Option(
         "--policy",

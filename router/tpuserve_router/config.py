@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tpuserve_router.policies.base import PolicyConfigError, make_policy, registered_policy_names
+from tpuserve_router.worker_networks import parse_networks, url_problem
 from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url
 
 DEFAULT_POLICY = "cache_aware"
@@ -51,6 +52,7 @@ class RouterConfig:
     leader_label: str = DEFAULT_LEADER_LABEL
     worker_port: int | None = None
     worker_url_annotation: str = DEFAULT_WORKER_URL_ANNOTATION
+    worker_networks: tuple[str, ...] = ()  # CIDRs the router may dial; empty: any
     policy: str = DEFAULT_POLICY
     policy_params: dict[str, str] = field(default_factory=dict)
     kv_events: bool = False
@@ -96,11 +98,20 @@ class RouterConfig:
             self.discovery in DISCOVERY_MODES,
             f"discovery={self.discovery!r}: allowed {', '.join(DISCOVERY_MODES)}",
         )
+        try:
+            networks = parse_networks(self.worker_networks)
+        except ValueError as err:
+            problems.append(str(err))
+            networks = ()
         for url in self.workers:
             try:
                 normalize_worker_url(url)
             except InvalidWorkerURL as err:
                 problems.append(str(err))
+                continue
+            problem = url_problem(url, networks)
+            if problem:
+                problems.append(problem)
         if self.discovery == "kubernetes":
             need(
                 bool(self.selector),

@@ -176,6 +176,7 @@ RESYNC_REASONS: Final = (
     "publisher_disconnected",  # the engine's PUB socket went away
     "all_blocks_cleared",  # the engine flushed its cache
 )
+REPLAY_RESULTS: Final = ("ok", "failed")
 INDEX_KINDS: Final = ("tree_chars", "confirmed_blocks", "predicted_blocks")
 
 
@@ -389,6 +390,28 @@ def remove_worker_series(metrics: RouterMetrics, worker: str) -> None:
     )
     for metric in per_worker:
         metric.remove_by_labels({"worker": worker})
+
+
+def touch_worker_series(metrics: RouterMetrics, worker: str, *, kv_events: bool) -> None:
+    """Create a new worker's error and KV-event series at zero.
+
+    A series that first appears at its first increment has no earlier sample, so
+    ``increase()`` and ``rate()`` cannot see that increment: the first upstream error or the
+    first KV-event gap after a worker joins would be lost to alerts. The KV-event series are
+    created only when the router subscribes to KV events. `remove_worker_series` drops them
+    all when the worker leaves.
+    """
+    for reason in UPSTREAM_ERROR_REASONS:
+        metrics.upstream_errors.labels(worker, reason)
+    if not kv_events:
+        return
+    for event_type in KV_EVENT_TYPES:
+        metrics.kv_events.labels(worker, event_type)
+    metrics.kv_event_gaps.labels(worker)
+    for reason in RESYNC_REASONS:
+        metrics.kv_event_resyncs.labels(worker, reason)
+    for result in REPLAY_RESULTS:
+        metrics.kv_event_replays.labels(worker, result)
 
 
 def touch_known_series(metrics: RouterMetrics, policy: str) -> None:

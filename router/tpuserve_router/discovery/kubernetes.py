@@ -10,6 +10,11 @@ URL (tests use it so nothing ever dials a fake pod IP); ``.../kv-events-endpoint
 ``.../kv-replay-endpoint`` override the KV-event endpoints, which are otherwise read from
 the worker's ``/get_server_info``.
 
+A ready leader the router must not dial is *rejected*, not dropped silently: its annotation
+URL is malformed, or its address or KV-event endpoint lies outside ``--worker-networks``.
+The watcher keeps the current rejections (``GET /workers`` lists them with the reason) and
+logs each once; one bad pod never stops the others from being routed.
+
 The watch is a plain list-then-watch over the API server's HTTP interface (aiohttp,
 cancellable), re-listing on ``410 Gone`` or a dropped connection; every change publishes
 the full set of workers, which the app reconciles (workers join and leave live).
@@ -34,6 +39,7 @@ from tpuserve_router.config import (
     DEFAULT_KV_REPLAY_ANNOTATION,
     DEFAULT_WORKER_URL_ANNOTATION,
 )
+from tpuserve_router.worker_networks import Network, endpoint_problem, url_problem
 from tpuserve_router.workers import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -60,16 +66,27 @@ class PodRules:
     kv_events_annotation: str = DEFAULT_KV_EVENTS_ANNOTATION
     kv_replay_annotation: str = DEFAULT_KV_REPLAY_ANNOTATION
     fallback_port: int = 30000
+    networks: tuple[Network, ...] = ()  # empty: any address may be dialled
 
     @classmethod
     def from_flags(
-        cls, leader_label: str, worker_port: int | None, url_annotation: str
+        cls,
+        leader_label: str,
+        worker_port: int | None,
+        url_annotation: str,
+        networks: tuple[Network, ...] = (),
     ) -> PodRules:
         label = None
         if leader_label:
             key, _, value = leader_label.partition("=")
             label = (key, value)
-        return cls(label, worker_port, url_annotation, fallback_port=default_worker_port())
+        return cls(
+            label,
+            worker_port,
+            url_annotation,
+            fallback_port=default_worker_port(),
+            networks=networks,
+        )
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
@@ -124,11 +141,47 @@ def worker_from_pod(pod: Mapping[str, Any], rules: PodRules) -> WorkerSpec | Non
     )
 
 
-def workers_from_pods(pods: Iterable[Mapping[str, Any]], rules: PodRules) -> list[WorkerSpec]:
-    """Ready leaders as workers, ordered by pod name so the order is stable."""
+@dataclass(frozen=True)
+class RejectedPod:
+    """A ready leader the router will not dial, and why."""
+
+    pod: str
+    url: str
+    reason: str
+
+
+def _dial_problem(spec: WorkerSpec, rules: PodRules) -> str | None:
+    problem = url_problem(spec.url, rules.networks)
+    for endpoint in (spec.kv_events_endpoint, spec.kv_replay_endpoint):
+        if problem is None and endpoint:
+            problem = endpoint_problem(endpoint, rules.networks)
+    return problem
+
+
+def classify_pods(
+    pods: Iterable[Mapping[str, Any]], rules: PodRules
+) -> tuple[list[WorkerSpec], list[RejectedPod]]:
+    """Ready leaders as workers, and those that may not be dialled as rejections; both
+    ordered by pod name so the order is stable."""
     ordered = sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", ""))
-    specs = [worker_from_pod(p, rules) for p in ordered]
-    return [s for s in specs if s is not None]
+    specs: list[WorkerSpec] = []
+    rejected: list[RejectedPod] = []
+    for pod in ordered:
+        spec = worker_from_pod(pod, rules)
+        if spec is None:
+            continue
+        problem = _dial_problem(spec, rules)
+        if problem is None:
+            specs.append(spec)
+        else:
+            name = str((pod.get("metadata") or {}).get("name", ""))
+            rejected.append(RejectedPod(name, spec.url, problem))
+    return specs, rejected
+
+
+def workers_from_pods(pods: Iterable[Mapping[str, Any]], rules: PodRules) -> list[WorkerSpec]:
+    """Ready leaders as workers (rejected ones left out), ordered by pod name."""
+    return classify_pods(pods, rules)[0]
 
 
 class PodSet:
@@ -205,6 +258,7 @@ class PodWatcher:
         self.rules = rules
         self.publish = publish
         self.pods = PodSet()
+        self.rejected: list[RejectedPod] = []
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -221,7 +275,11 @@ class PodWatcher:
         return f"{self.api.host}/api/v1/namespaces/{quote(self.namespace)}/pods?{query}"
 
     def _report(self) -> None:
-        self.publish(workers_from_pods(self.pods.pods.values(), self.rules))
+        specs, rejected = classify_pods(self.pods.pods.values(), self.rules)
+        for pod in set(rejected) - set(self.rejected):
+            log.warning("pod %s/%s is not routed: %s", self.namespace, pod.pod, pod.reason)
+        self.rejected = rejected
+        self.publish(specs)
 
     async def _run(self) -> None:
         async with aiohttp.ClientSession(headers=self.api.headers) as session:

@@ -1,0 +1,77 @@
+"""A worker's error and KV-event series exist at zero from the moment it joins (so
+``increase()``/``rate()`` see its first error or gap) and are removed when it leaves."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tpuserve_router.app import RouterApp
+from tpuserve_router.config import RouterConfig
+from tpuserve_router.metrics import (
+    KV_EVENT_TYPES,
+    REPLAY_RESULTS,
+    RESYNC_REASONS,
+    UPSTREAM_ERROR_REASONS,
+)
+from tpuserve_router.workers import WorkerSpec
+
+pytestmark = pytest.mark.unit
+
+WORKER = "http://127.0.0.1:4000"
+
+
+def kv_series(worker: str) -> list[tuple[str, dict[str, str]]]:
+    return [
+        *[
+            ("tpuserve_router_kv_events_total", {"worker": worker, "type": t})
+            for t in KV_EVENT_TYPES
+        ],
+        ("tpuserve_router_kv_event_gaps_total", {"worker": worker}),
+        *[
+            ("tpuserve_router_kv_event_resyncs_total", {"worker": worker, "reason": r})
+            for r in RESYNC_REASONS
+        ],
+        *[
+            ("tpuserve_router_kv_event_replays_total", {"worker": worker, "result": r})
+            for r in REPLAY_RESULTS
+        ],
+    ]
+
+
+def error_series(worker: str) -> list[tuple[str, dict[str, str]]]:
+    return [
+        ("tpuserve_router_upstream_errors_total", {"worker": worker, "reason": r})
+        for r in UPSTREAM_ERROR_REASONS
+    ]
+
+
+def values(registry: CollectorRegistry, series: list[tuple[str, dict[str, str]]]) -> set[object]:
+    return {registry.get_sample_value(name, labels) for name, labels in series}
+
+
+async def test_error_series_appear_at_zero_on_join_and_go_on_leave() -> None:
+    registry = CollectorRegistry()
+    app = RouterApp(RouterConfig(), registry=registry)
+    app.apply_discovered([WorkerSpec(WORKER)])
+    assert values(registry, error_series(WORKER)) == {0.0}
+    assert values(registry, kv_series(WORKER)) == {None}  # no KV events subscribed
+    app.metrics.upstream_errors.labels(WORKER, "connect_error").inc()
+    assert registry.get_sample_value(
+        "tpuserve_router_upstream_errors_total", {"worker": WORKER, "reason": "connect_error"}
+    ) == 1.0  # fmt: skip
+    app.apply_discovered([])
+    assert values(registry, error_series(WORKER)) == {None}
+
+
+async def test_with_kv_events_every_kv_series_of_a_worker_starts_at_zero() -> None:
+    registry = CollectorRegistry()
+    app = RouterApp(RouterConfig(policy="precise", kv_events=True), registry=registry)
+    try:
+        app.apply_discovered([WorkerSpec(WORKER), WorkerSpec("http://127.0.0.1:4001")])
+        assert values(registry, kv_series(WORKER) + error_series(WORKER)) == {0.0}
+        app.apply_discovered([WorkerSpec("http://127.0.0.1:4001")])
+        assert values(registry, kv_series(WORKER)) == {None}
+        assert values(registry, kv_series("http://127.0.0.1:4001")) == {0.0}
+    finally:
+        await app.stop()
