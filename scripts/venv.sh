@@ -22,11 +22,13 @@ if [ ! -x "$venv/bin/python" ]; then
   "$(find_python)" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --upgrade "pip>=24"
 fi
-stamp="$venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras:-base}"
+hash=$(sha256sum pyproject.toml | cut -c1-16)
+stamp="$venv/.installed-$hash-${extras:-base}"
 if [ ! -f "$stamp" ]; then
   spec="."
   [ -n "$extras" ] && spec=".[$extras]"
   "$venv/bin/python" -m pip install --quiet --editable "$spec"
-  rm -f "$venv"/.installed-*
-  touch "$stamp"
+  # Stamps of an older pyproject.toml are stale; the base install is part of every extra.
+  find "$venv" -maxdepth 1 -name '.installed-*' ! -name ".installed-$hash-*" -delete
+  touch "$stamp" "$venv/.installed-$hash-base"
 fi
