@@ -211,11 +211,21 @@ class PodSet:
 
 @dataclass(frozen=True)
 class ApiServer:
-    """Where and how to reach the Kubernetes API (from kubeconfig or the pod's account)."""
+    """Where and how to reach the Kubernetes API (from kubeconfig or the pod's account).
+
+    ``bearer_token`` gives the current ``Authorization`` value, asked again for every list
+    and watch: the kubernetes client re-reads a pod's projected token, which the kubelet
+    rotates, and refreshes expiring kubeconfig credentials.
+    """
 
     host: str
     headers: dict[str, str]
     ssl_context: ssl.SSLContext | bool
+    bearer_token: Callable[[], str | None] | None = None
+
+    def request_headers(self) -> dict[str, str]:
+        token = self.bearer_token() if self.bearer_token is not None else None
+        return {**self.headers, "Authorization": token} if token else dict(self.headers)
 
     @classmethod
     def load(cls) -> ApiServer:
@@ -226,10 +236,14 @@ class ApiServer:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
             config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        headers: dict[str, str] = {}
-        token = configuration.get_api_key_with_prefix("authorization")
-        if token:
-            headers["Authorization"] = token
+
+        def bearer_token() -> str | None:
+            # The loaders store the token as api_key["BearerToken"] ("Bearer <token>");
+            # auth_settings() reads it through the refresh hook, under any client version.
+            setting = configuration.auth_settings().get("BearerToken")
+            value = setting.get("value") if setting else None
+            return str(value) if value else None
+
         context: ssl.SSLContext | bool = False
         if configuration.host.startswith("https"):
             context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
@@ -238,7 +252,7 @@ class ApiServer:
             if not configuration.verify_ssl:
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
-        return cls(configuration.host.rstrip("/"), headers, context)
+        return cls(configuration.host.rstrip("/"), {}, context, bearer_token)
 
 
 class PodWatcher:
@@ -282,7 +296,7 @@ class PodWatcher:
         self.publish(specs)
 
     async def _run(self) -> None:
-        async with aiohttp.ClientSession(headers=self.api.headers) as session:
+        async with aiohttp.ClientSession() as session:
             while True:
                 try:
                     version = await self._list(session)
@@ -293,7 +307,9 @@ class PodWatcher:
 
     async def _list(self, session: aiohttp.ClientSession) -> str:
         async with session.get(
-            self._url(labelSelector=self.selector), ssl=self.api.ssl_context
+            self._url(labelSelector=self.selector),
+            headers=self.api.request_headers(),
+            ssl=self.api.ssl_context,
         ) as response:
             response.raise_for_status()
             body = orjson.loads(await response.read())
@@ -310,7 +326,9 @@ class PodWatcher:
             timeoutSeconds=str(WATCH_TIMEOUT_SECONDS),
         )
         timeout = aiohttp.ClientTimeout(total=None, sock_read=WATCH_TIMEOUT_SECONDS + 30)
-        async with session.get(url, ssl=self.api.ssl_context, timeout=timeout) as response:
+        async with session.get(
+            url, headers=self.api.request_headers(), ssl=self.api.ssl_context, timeout=timeout
+        ) as response:
             response.raise_for_status()
             async for line in response.content:
                 if not line.strip():
