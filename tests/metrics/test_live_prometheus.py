@@ -174,7 +174,12 @@ async def inject_router_faults(fleet: Fleet) -> None:
         async with aiohttp.ClientSession() as session:
             for _ in range(100):
                 async with session.get(fleet.router + "/metrics") as response:
-                    if "tpuserve_router_kv_event_gaps_total{" in await response.text():
+                    lines = (await response.text()).splitlines()
+                    if any(  # the series exists at 0 from the start; wait for the count
+                        line.startswith("tpuserve_router_kv_event_gaps_total{")
+                        and not line.endswith(" 0.0")
+                        for line in lines
+                    ):
                         break
             else:
                 raise AssertionError("the router counted no KV-event gap")
