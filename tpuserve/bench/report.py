@@ -171,21 +171,6 @@ def summarize(
     return summary
 
 
-def hit_rate_timeline(
-    records: Sequence[RequestRecord], worker: str | None, bucket_seconds: float
-) -> list[tuple[float, float]]:
-    """(bucket start, hit rate) of requests arriving in each bucket (one worker, or all)."""
-    sums: dict[int, list[int]] = {}
-    for r in records:
-        if not r.ok or (worker is not None and r.worker != worker):
-            continue
-        k = int(r.arrival // bucket_seconds)
-        s = sums.setdefault(k, [0, 0])
-        s[0] += r.cached_tokens
-        s[1] += r.prompt_tokens
-    return [(k * bucket_seconds, c / p if p else 0.0) for k, (c, p) in sorted(sums.items())]
-
-
 def recovery_seconds(
     records: Sequence[RequestRecord],
     fault_at: float,

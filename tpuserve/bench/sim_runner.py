@@ -185,7 +185,7 @@ class SimRun:
             _Worker(f"http://127.0.0.1:{30000 + i}", self._new_engine(i))
             for i in range(config.workers)
         ]
-        engines = {w.name: _LiveCore(self, i) for i, w in enumerate(self.workers)}
+        engines = {w.name: _CurrentCore(self, i) for i, w in enumerate(self.workers)}
         ctx = AnchorContext(
             clock=self.clock, seed=config.seed, timer=self.timer, page_size=config.page_size,
             engines=engines, cache_tokens=config.cache_tokens,
@@ -382,7 +382,7 @@ class SimRun:
         entry["serving_again_at"] = w.down_until
 
 
-class _LiveCore:
+class _CurrentCore:
     """The current engine core of worker `i` (it changes when the worker restarts)."""
 
     def __init__(self, run: SimRun, i: int) -> None:
