@@ -16,8 +16,10 @@ from tpuserve_router.policies.base import PolicyConfigError, make_policy, regist
 from tpuserve_router.worker_networks import parse_networks, url_problem
 from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url
 
-DEFAULT_POLICY = "cache_aware"
-"""The routing policy when none is given (the routing benchmark, issue 8, may change it)."""
+DEFAULT_POLICY = "precise"
+"""The routing policy when none is given: the winner of the routing benchmark (issue 8,
+docs/benchmarks.md): best or tied p99 on W1-W6 and W8 with --kv-events, about even with
+cache_aware without them."""
 
 DEFAULT_LEADER_LABEL = "serving.tpuserve.dev/role=leader"
 DEFAULT_WORKER_URL_ANNOTATION = "serving.tpuserve.dev/worker-url"
