@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -235,7 +236,11 @@ class ApiServer:
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            # KUBECONFIG is read now: the client reads it once, when it is first imported.
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=os.environ.get("KUBECONFIG") or None,
+                client_configuration=configuration,
+            )
 
         def bearer_token() -> str | None:
             # The loaders store the token as api_key["BearerToken"] ("Bearer <token>");
