@@ -503,13 +503,9 @@ async def up(args: argparse.Namespace) -> int:
         router_args = ["router", "--host", "127.0.0.1", "--port", str(args.port)]
         for engine in engines:
             router_args += ["--worker", engine.url]
+        # No --kv-events: the router subscribes when its policy uses them (every twin publishes).
         if args.policy:
             router_args += ["--policy", args.policy]
-        from tpuserve_router.config import DEFAULT_POLICY
-        from tpuserve_router.policies import make_policy
-
-        if make_policy(args.policy or DEFAULT_POLICY).needs_tokens:  # keeps a block index
-            router_args.append("--kv-events")
         router_args += args.router_arg
         with console.status("starting the router"):
             router = await spawn("router", router_args, "tpuserve router: listening on")

@@ -2,8 +2,8 @@
 
 `RouterApp(config)` owns everything that runs: the HTTP front (`server`), the worker
 registry with per-worker connection pools (`proxy`), active health checks (`health`),
-discovery (static or Kubernetes), KV-event subscriptions (`kv_events`, with ``--kv-events``
-and a policy that has a block index) and the metrics. ``await app.start()`` listens and
+discovery (static or Kubernetes), KV-event subscriptions (`kv_events`, for a policy with a
+block index unless ``--no-kv-events``) and the metrics. ``await app.start()`` listens and
 starts the background tasks; ``await app.stop()`` cancels and awaits every one of them.
 
 Routes (the router speaks SGLang's API, so it fronts real SGLang, the engine twin or any
@@ -47,7 +47,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from sglang_tpu.tokenizer import load_tokenizer
 from tpuserve import __version__
 from tpuserve_router.block_index import BlockIndex
-from tpuserve_router.config import RouterConfig
+from tpuserve_router.config import RouterConfig, kv_events_enabled
 from tpuserve_router.discovery.static import static_workers
 from tpuserve_router.health import HealthChecker
 from tpuserve_router.kv_events import Endpoints, KvEventHub
@@ -162,7 +162,7 @@ class RouterApp:
         index = getattr(self.policy, "block_index", None)
         self.block_index: BlockIndex | None = index if isinstance(index, BlockIndex) else None
         self.kv: KvEventHub | None = None
-        if config.kv_events:
+        if kv_events_enabled(config.kv_events, self.policy):
             if self.block_index is None:
                 log.warning(
                     "--kv-events has no effect with policy %s (it keeps no block index); "
@@ -260,9 +260,10 @@ class RouterApp:
         else:
             self.apply_discovered(static_workers(config.workers))
         log.info(
-            "router listening on %s (policy %s, %d workers)",
+            "router listening on %s (policy %s, KV events %s, %d workers)",
             self.base_url,
             self.policy.name,
+            "on" if self.kv is not None else "off",
             len(self.registry.workers),
         )
 

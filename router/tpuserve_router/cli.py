@@ -40,7 +40,7 @@ set with the environment variable TPUSERVE_ROUTER_<FLAG> (e.g. TPUSERVE_ROUTER_P
 examples:
   tpuserve router --port 8000 --worker http://127.0.0.1:30001 --worker http://127.0.0.1:30002
   tpuserve router --port 8000 --discovery kubernetes --namespace serving \\
-      --selector app.kubernetes.io/instance=llama --policy precise --kv-events
+      --selector app.kubernetes.io/instance=llama --policy cache_aware
 """
 
 ENV_PREFIX = "TPUSERVE_ROUTER_"
@@ -54,16 +54,19 @@ class Option:
     help: str
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
-    switch: bool = False  # a bare flag (its environment variable takes true/false)
+    switch: bool = False  # --FLAG / --no-FLAG (its environment variable: true, false or auto)
 
 
-def _bool(text: str) -> bool:
+def _auto_bool(text: str) -> bool | None:
+    """A switch's environment value: true or false, or auto (None: the router decides)."""
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
-    if value in ("0", "false", "no", "off", ""):
+    if value in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{text!r} is not a boolean (allowed: true, false, 1, 0)")
+    if value in ("auto", ""):
+        return None
+    raise ValueError(f"{text!r} is not allowed; allowed: true, false or auto")
 
 
 def _optional_int(text: str) -> int | None:
@@ -139,9 +142,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--kv-events",
         "kv_events",
-        _bool,
+        _auto_bool,
         "Subscribe to the workers' KV-cache events (endpoints from each worker's "
-        "/get_server_info unless given); used by the precise and cost policies.",
+        "/get_server_info unless a pod annotation gives them), or not (--no-kv-events). "
+        "Default: when the policy uses them (precise, cost).",
         switch=True,
     ),
     Option(
@@ -244,9 +248,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     for option in OPTIONS:
         if option.switch:
-            parser.add_argument(
+            pair = parser.add_mutually_exclusive_group()
+            pair.add_argument(
                 option.flag, dest=option.field, action="store_const", const="true",
                 default=None, help=option.help,
+            )  # fmt: skip
+            pair.add_argument(
+                "--no-" + option.flag.removeprefix("--"), dest=option.field,
+                action="store_const", const="false", help=f"The opposite of {option.flag}.",
             )  # fmt: skip
             continue
         parser.add_argument(
@@ -312,7 +321,7 @@ def _kind_name(kind: Callable[[str], Any]) -> str:
     return {
         int: "an integer",
         float: "a number",
-        _bool: "true or false",
+        _auto_bool: "true, false or auto",
         _optional_int: "an integer",
     }.get(kind, "a string")
 

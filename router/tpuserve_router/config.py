@@ -12,14 +12,20 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tpuserve_router.policies.base import PolicyConfigError, make_policy, registered_policy_names
+from tpuserve_router.policies.base import (
+    Policy,
+    PolicyConfigError,
+    make_policy,
+    registered_policy_names,
+)
 from tpuserve_router.worker_networks import parse_networks, url_problem
 from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url
 
 DEFAULT_POLICY = "precise"
 """The routing policy when none is given: the winner of the routing benchmark (issue 8,
-docs/benchmarks.md): best or tied p99 on W1-W6 and W8 with --kv-events, about even with
-cache_aware without them."""
+docs/benchmarks.md): best or tied p99 on W1-W6 and W8 with KV events, about even with
+cache_aware without them. The operator and the chart leave the policy unset by default, so
+this is the one place the default is spelled."""
 
 DEFAULT_LEADER_LABEL = "serving.tpuserve.dev/role=leader"
 DEFAULT_WORKER_URL_ANNOTATION = "serving.tpuserve.dev/worker-url"
@@ -57,7 +63,7 @@ class RouterConfig:
     worker_networks: tuple[str, ...] = ()  # CIDRs the router may dial; empty: any
     policy: str = DEFAULT_POLICY
     policy_params: dict[str, str] = field(default_factory=dict)
-    kv_events: bool = False
+    kv_events: bool | None = None  # None (auto): subscribe when the policy uses KV events
     tokenizer: str | None = None
     metrics_port: int | None = None
     max_request_bytes: int = 32 * 1024 * 1024
@@ -176,6 +182,12 @@ class RouterConfig:
         if problems:
             raise ConfigError(problems)
         return self
+
+
+def kv_events_enabled(setting: bool | None, policy: Policy) -> bool:
+    """Whether the router subscribes to the workers' KV events: ``--kv-events`` or
+    ``--no-kv-events`` when given, else whatever the policy's ``uses_kv_events`` says."""
+    return policy.uses_kv_events if setting is None else setting
 
 
 def parse_key_values(text: str, what: str) -> dict[str, str]:

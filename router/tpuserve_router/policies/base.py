@@ -102,6 +102,9 @@ class Policy(Protocol):
     name: ClassVar[str]
     needs_text: ClassVar[bool]
     needs_tokens: ClassVar[bool]
+    uses_kv_events: ClassVar[bool]
+    """The policy's index is fed by the workers' KV events, so the router subscribes to them
+    unless told otherwise (``--kv-events`` unset)."""
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
         """Pick a healthy worker; raise `NoHealthyWorker` when none is healthy."""
@@ -130,6 +133,7 @@ class PolicyDefaults:
     name: ClassVar[str] = ""  # set by @register
     needs_text: ClassVar[bool] = False
     needs_tokens: ClassVar[bool] = False
+    uses_kv_events: ClassVar[bool] = False
 
     def on_prefill_done(self, decision: Decision[Any]) -> None:
         return None

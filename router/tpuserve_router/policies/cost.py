@@ -71,6 +71,7 @@ class CostParams:
 @register("cost")
 class CostPolicy(PolicyDefaults):
     needs_tokens = True
+    uses_kv_events = True
 
     def __init__(self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any):
         self.params = build_params(self.name, CostParams, config)

@@ -93,6 +93,7 @@ def make_index(params: Any, clock: Clock) -> BlockIndex:
 @register("precise")
 class PrecisePolicy(PolicyDefaults):
     needs_tokens = True
+    uses_kv_events = True
 
     def __init__(self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any):
         self.params = build_params(self.name, PreciseParams, config)

@@ -56,8 +56,7 @@ async def precise(kv_engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
     app = await start_router(
         RouterConfig(
             workers=tuple(e.url for e in kv_engines),
-            policy="precise",
-            kv_events=True,
+            policy="precise",  # kv_events left unset: precise subscribes by itself
             health_check_interval_seconds=0.3,
             health_failure_threshold=1,
             policy_params={"predicted_ttl_seconds": "0.2"},

@@ -8,7 +8,14 @@ import argparse
 import pytest
 
 from tpuserve_router.cli import build_config, configure, env_name
-from tpuserve_router.config import DEFAULT_POLICY, ConfigError, RouterConfig, parse_key_values
+from tpuserve_router.config import (
+    DEFAULT_POLICY,
+    ConfigError,
+    RouterConfig,
+    kv_events_enabled,
+    parse_key_values,
+)
+from tpuserve_router.policies import make_policy
 
 pytestmark = pytest.mark.unit
 
@@ -48,8 +55,41 @@ def test_environment_fills_every_kind_of_setting() -> None:
     assert config.health_check_interval_seconds == 0.5
 
 
-def test_kv_events_is_a_bare_flag() -> None:
+def test_kv_events_is_on_off_or_left_to_the_policy() -> None:
     assert build_config(parse("--kv-events"), environ={}).kv_events is True
+    assert build_config(parse("--no-kv-events"), environ={}).kv_events is False
+    assert build_config(parse(), environ={}).kv_events is None
+    env = env_name("--kv-events")
+    assert build_config(parse(), environ={env: "off"}).kv_events is False
+    assert build_config(parse(), environ={env: "auto"}).kv_events is None
+    assert build_config(parse("--kv-events"), environ={env: "false"}).kv_events is True
+    with pytest.raises(ConfigError, match="TPUSERVE_ROUTER_KV_EVENTS='maybe': expected true"):
+        build_config(parse(), environ={env: "maybe"})
+    with pytest.raises(SystemExit):
+        parse("--kv-events", "--no-kv-events")
+
+
+@pytest.mark.parametrize(
+    ("policy", "setting", "subscribes"),
+    [
+        ("precise", None, True),
+        ("cost", None, True),
+        ("cache_aware", None, False),
+        ("round_robin", None, False),
+        ("precise", False, False),
+        ("cost", True, True),
+        ("least_load", True, True),  # asked for; the app warns it has no index to feed
+    ],
+)
+def test_kv_events_follow_the_policy_unless_set(
+    policy: str, setting: bool | None, subscribes: bool
+) -> None:
+    assert kv_events_enabled(setting, make_policy(policy)) is subscribes
+
+
+def test_the_default_policy_gets_kv_events_by_default() -> None:
+    config = build_config(parse(), environ={})
+    assert kv_events_enabled(config.kv_events, make_policy(config.policy)) is True
 
 
 def test_unreadable_values_are_reported_together_with_their_source() -> None:

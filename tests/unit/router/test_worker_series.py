@@ -52,7 +52,7 @@ def values(registry: CollectorRegistry, series: list[tuple[str, dict[str, str]]]
 
 async def test_error_series_appear_at_zero_on_join_and_go_on_leave() -> None:
     registry = CollectorRegistry()
-    app = RouterApp(RouterConfig(), registry=registry)
+    app = RouterApp(RouterConfig(kv_events=False), registry=registry)
     app.apply_discovered([WorkerSpec(WORKER)])
     assert values(registry, error_series(WORKER)) == {0.0}
     assert values(registry, kv_series(WORKER)) == {None}  # no KV events subscribed
@@ -73,5 +73,28 @@ async def test_with_kv_events_every_kv_series_of_a_worker_starts_at_zero() -> No
         app.apply_discovered([WorkerSpec("http://127.0.0.1:4001")])
         assert values(registry, kv_series(WORKER)) == {None}
         assert values(registry, kv_series("http://127.0.0.1:4001")) == {0.0}
+    finally:
+        await app.stop()
+
+
+@pytest.mark.parametrize(
+    ("config", "subscribed"),
+    [
+        (RouterConfig(), True),  # the default policy, precise, uses KV events
+        (RouterConfig(policy="cost"), True),
+        (RouterConfig(policy="cache_aware"), False),
+        (RouterConfig(policy="precise", kv_events=False), False),
+    ],
+    ids=["default", "cost", "cache_aware", "precise-no-kv-events"],
+)
+async def test_kv_events_are_subscribed_when_the_policy_uses_them(
+    config: RouterConfig, subscribed: bool
+) -> None:
+    registry = CollectorRegistry()
+    app = RouterApp(config, registry=registry)
+    try:
+        assert (app.kv is not None) is subscribed
+        app.apply_discovered([WorkerSpec(WORKER)])
+        assert values(registry, kv_series(WORKER)) == ({0.0} if subscribed else {None})
     finally:
         await app.stop()
