@@ -183,8 +183,8 @@ def start_router(policy: str, workers: Sequence[str], config: LiveConfig) -> Pro
         ]  # fmt: skip
         for url in workers:
             cmd += ["--worker", url]
-        if policy in KV_EVENT_POLICIES and config.sim.kv_events:
-            cmd.append("--kv-events")
+        if policy in KV_EVENT_POLICIES:
+            cmd.append("--kv-events" if config.sim.kv_events else "--no-kv-events")
     else:
         raise LiveError(
             f"--policy {policy}: live mode runs tpuserve's policies "
