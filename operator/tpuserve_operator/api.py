@@ -350,9 +350,9 @@ class RouterSpec(Schema):
         pattern=r"^[a-z][a-z0-9_]*$",
         description=(
             "policy is the router's routing policy, as `tpuserve router --policy` spells it "
-            "(for example cache_aware, least_load, power_of_two, round_robin, random). "
-            "Default: the operator's --router-policy (cache_aware unless the chart says "
-            "otherwise)."
+            "(for example precise, cost, cache_aware, least_load, power_of_two, round_robin, "
+            "random). Default: the operator's --router-policy (chart value router.policy); "
+            "when that is unset too, the router's own default policy (docs/router.md)."
         ),
     )
     replicas: int | None = Field(
@@ -366,11 +366,14 @@ class RouterSpec(Schema):
         max_length=512,
         description="image of the router container. Default: the operator's --router-image.",
     )
-    kv_events: bool = Field(
-        default=False,
+    kv_events: bool | None = Field(
+        default=None,
         description=(
             "kvEvents makes the router rebuild each replica's prefix cache from the engines' "
-            "KV events (ZMQ) instead of learning it from routed requests. Default: false."
+            "KV events (ZMQ, the leaders' kv-events port) instead of learning it from routed "
+            "requests: true subscribes (`tpuserve router --kv-events`), false never does "
+            "(--no-kv-events). Default: unset, the router decides: it subscribes when its "
+            "policy uses KV events (precise, cost)."
         ),
     )
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(

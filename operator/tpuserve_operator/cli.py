@@ -74,7 +74,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--router-image", default=DEFAULT_IMAGE, help="Default router (and simulated engine) image."
     )
-    parser.add_argument("--router-policy", default="cache_aware", help="Default routing policy.")
+    parser.add_argument(
+        "--router-policy",
+        default=None,
+        metavar="NAME",
+        help="Routing policy of routers whose TPUModelServer sets none (default: none given, "
+        "so the router's own default applies; empty means the same).",
+    )
     parser.add_argument("--router-replicas", type=int, default=1, help="Default router replicas.")
     parser.add_argument(
         "--router-resources",
@@ -130,7 +136,7 @@ def options_from(args: argparse.Namespace) -> Any:
     render = RenderConfig(
         engine_image=args.engine_image,
         router_image=args.router_image,
-        router_policy=args.router_policy,
+        router_policy=args.router_policy or None,
         router_replicas=args.router_replicas,
         router_resources=_router_resources(args.router_resources),
     )

@@ -44,7 +44,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--engine-image", default=DEFAULT_ENGINE_IMAGE)
     parser.add_argument("--router-image", default=DEFAULT_IMAGE)
-    parser.add_argument("--router-policy", default="cache_aware")
+    parser.add_argument(
+        "--router-policy",
+        default=None,
+        metavar="NAME",
+        help="As `tpuserve operator --router-policy` (default: the router's own).",
+    )
     parser.add_argument("--router-replicas", type=int, default=1)
 
 
@@ -57,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     config = RenderConfig(
         engine_image=args.engine_image,
         router_image=args.router_image,
-        router_policy=args.router_policy,
+        router_policy=args.router_policy or None,
         router_replicas=args.router_replicas,
         leaderworkerset=args.leaderworkerset,
         prometheus_operator=args.prometheus_operator,

@@ -18,6 +18,7 @@ from chart_helpers import CHART, VALUES_DIR, Render
 import tpuserve_operator.cli as operator_cli
 from tpuserve import cli
 from tpuserve_operator import labels
+from tpuserve_router.config import DEFAULT_POLICY
 from tpuserve_router.policies import registered_policy_names
 
 pytestmark = pytest.mark.component
@@ -70,6 +71,8 @@ def test_operator_arguments_parse_with_the_real_cli(
     assert options.reconciler.render.router_resources == json.loads(
         env[operator_cli.ROUTER_RESOURCES_ENV]
     )
+    router_values = chart_values.get("router") or {}
+    assert options.reconciler.render.router_policy == (router_values.get("policy") or None)
 
 
 def test_options_before_the_subcommand_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -79,9 +82,19 @@ def test_options_before_the_subcommand_are_refused(capsys: pytest.CaptureFixture
 
 
 def test_values_schema_offers_exactly_the_routers_policies() -> None:
+    """Plus "" (the default): the router's own default policy."""
     schema = json.loads((CHART / "values.schema.json").read_text())
     enum = schema["properties"]["router"]["properties"]["policy"]["enum"]
-    assert sorted(enum) == sorted(registered_policy_names())
+    assert sorted(enum) == sorted(["", *registered_policy_names()])
+
+
+def test_the_default_policy_is_the_routers_own() -> None:
+    """The chart names no policy, so the operator renders none and the router's default
+    applies; the values comment names that default, and this keeps it true."""
+    values = (CHART / "values.yaml").read_text()
+    assert (yaml.safe_load(values).get("router") or {}).get("policy") == ""
+    prose = " ".join(values.replace("#", " ").split())
+    assert f"Empty: the router's own default (`{DEFAULT_POLICY}`" in prose
 
 
 def render_server(path: Path, *flags: str) -> list[dict[str, Any]]:

@@ -6,10 +6,14 @@ Closest to production: the operator (a local process) reconciles a simulated TPU
 kwok runs its pods, and `tpuserve router` runs as a local process with exactly what the
 operator rendered for the router — the ServiceAccount bound to its Role (a token kubeconfig,
 so a missing permission fails here), the ConfigMap's `TPUSERVE_ROUTER_*` variables (namespace,
-selector, policy) and the Deployment's arguments — overriding only where it listens and adding
+selector) and the Deployment's arguments — overriding only where it listens and adding
 `--worker-networks 127.0.0.0/8`. Engine twins run on 127.0.0.1; a leader pod is pointed at one
 with the `serving.tpuserve.dev/worker-url` annotation. Until annotated, a ready leader has only
 its fake kwok pod IP, so the router must report it as rejected and never dial it.
+
+The server sets no policy and no kvEvents, so the router runs its own default policy and,
+as that policy uses them, subscribes to each discovered leader's KV events at the endpoint
+the engine reports in `/get_server_info` (the twins publish on loopback).
 """
 
 from __future__ import annotations
@@ -42,10 +46,11 @@ from tms_harness import (  # noqa: F401  (fixtures)
 from sglang_tpu.metric_names import NUM_REQUESTS_RECEIVED
 from tpuserve.cluster import Cluster
 from tpuserve.cluster.kwok import POD_CIDR
+from tpuserve.cluster.ports import free_ports
 from tpuserve.cluster.process import ManagedProcess, tail, wait_for
 from tpuserve_operator import labels
 from tpuserve_operator.render.router import ENV_NAMESPACE, ENV_SELECTOR
-from tpuserve_router.config import DEFAULT_WORKER_URL_ANNOTATION
+from tpuserve_router.config import DEFAULT_POLICY, DEFAULT_WORKER_URL_ANNOTATION
 from tpuserve_router.metrics import UPSTREAM_ERROR_REASONS
 
 pytestmark = pytest.mark.e2e
@@ -56,6 +61,8 @@ LOOPBACK = "127.0.0.0/8"
 TIMEOUT_SECONDS = 90.0
 READY_LINE = re.compile(r"^READY (http://\S+)$", re.MULTILINE)
 LISTENING_LINE = re.compile(r"tpuserve router: listening on (http://\S+)")
+# Long enough for several full KV pages, so every request makes its engine publish BlockStored.
+QUESTION = "tell me about TPUs, their chips, slices, hosts and interconnect. " * 6
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +113,12 @@ class Engine:
 
 
 def start_engine(name: str, log_dir: Path) -> Engine:
-    argv = [sys.executable, "-m", "tpuserve", "engine", "sim", "--port", "0", "--time-scale", "0"]
+    events, replay = free_ports(2)
+    argv = [
+        sys.executable, "-m", "tpuserve", "engine", "sim", "--port", "0", "--time-scale", "0",
+        f"--kv-events-endpoint=tcp://127.0.0.1:{events}",
+        f"--kv-events-replay-endpoint=tcp://127.0.0.1:{replay}",
+    ]  # fmt: skip
     log = log_dir / f"{name}.log"
     process = ManagedProcess.spawn(name, argv, log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     wait_for(f"{name} to serve", lambda: bool(READY_LINE.search(log.read_text())), 60, process)
@@ -263,6 +275,11 @@ def test_ready_leaders_come_and_go_live_and_only_loopback_is_dialled(
         assert variables[ENV_SELECTOR] == labels.selector_string(labels.leader_selector(NAME))
         assert variables[ENV_NAMESPACE] == namespace
         assert "--discovery=kubernetes" in args
+        # Nothing set on the server or the operator: the router's own defaults apply.
+        assert "TPUSERVE_ROUTER_POLICY" not in variables
+        assert not [a for a in args if "kv-events" in a]
+        (info,) = router.metrics()["tpuserve_router_info"]
+        assert info.labels["policy"] == DEFAULT_POLICY
         log = router.process.log_path
 
         def wait(what: str, check: Callable[[], bool]) -> None:
@@ -321,7 +338,7 @@ def test_ready_leaders_come_and_go_live_and_only_loopback_is_dialled(
             nonlocal sent
             for _ in range(count):
                 answer = client.completions.create(
-                    model=model, prompt=f"request {sent}: tell me about TPUs", max_tokens=4
+                    model=model, prompt=f"request {sent}: {QUESTION}", max_tokens=4
                 )
                 assert answer.choices[0].text
                 assert answer.usage is not None
@@ -336,6 +353,20 @@ def test_ready_leaders_come_and_go_live_and_only_loopback_is_dialled(
         after_both = received()
         assert after_both["a"] + after_both["b"] - start["a"] - start["b"] == 8
         assert after_both["c"] == after_both["decoy"] == 0
+
+        # The default policy's index is fed by the discovered leaders' own KV events.
+        def blocks_stored() -> dict[str, float]:
+            return {
+                s.labels["worker"]: s.value
+                for s in router.metrics()["tpuserve_router_kv_events"]
+                if s.name.endswith("_total") and s.labels["type"] == "BlockStored"
+            }
+
+        stored = {url for n, url in (("a", a.url), ("b", b.url)) if after_both[n] > start[n]}
+        wait(
+            "KV events from the leaders that served",
+            lambda: stored <= {w for w, n in blocks_stored().items() if n > 0},
+        )
 
         # 3. A leader that stops being ready leaves; its requests go to the other one.
         set_ready(core_v1, namespace, leaders[1], ready=False)

@@ -29,7 +29,7 @@ class RenderConfig:
 
     engine_image: str = DEFAULT_ENGINE_IMAGE
     router_image: str = DEFAULT_IMAGE
-    router_policy: str = "cache_aware"
+    router_policy: str | None = None  # None: the router's own default policy
     router_replicas: int = 1
     router_resources: Mapping[str, Any] = field(default_factory=dict)
     # Cluster capabilities, discovered by the operator (flags of `tpuserve render`).

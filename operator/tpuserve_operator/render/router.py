@@ -4,9 +4,11 @@ The router is configured only through its command line and environment (ARCHITEC
 it discovers the ready leaders of this server by label selector (`labels.leader_selector`)
 in its namespace. The ConfigMap holds the discovery settings as the router's own
 `TPUSERVE_ROUTER_<FLAG>` variables (read when the flag is not given); the pod template
-carries the ConfigMap's hash, so a change rolls the router. The readiness probe is the
-router's `/readiness`, true only while it has a healthy worker: a ready router pod means
-at least one routable replica.
+carries the ConfigMap's hash, so a change rolls the router. What the server and the
+operator leave unset (the policy, whether to subscribe to KV events) is not rendered at
+all, so the router's own defaults apply: the operator never restates them. The readiness
+probe is the router's `/readiness`, true only while it has a healthy worker: a ready router
+pod means at least one routable replica.
 """
 
 from __future__ import annotations
@@ -32,20 +34,24 @@ ENV_NAMESPACE = "TPUSERVE_ROUTER_NAMESPACE"
 CONFIG_HASH = f"{labels.GROUP}/config-hash"
 
 
-def router_policy(server: Server) -> str:
-    return server.valid.spec.router.policy or server.config.router_policy
+def router_policy(server: Server) -> str | None:
+    """The server's policy, else the operator's --router-policy, else None (the router's)."""
+    return server.valid.spec.router.policy or server.config.router_policy or None
 
 
 def router_config(server: Server) -> Manifest:
+    data = {
+        ENV_NAMESPACE: server.namespace,
+        ENV_SELECTOR: labels.selector_string(labels.leader_selector(server.name)),
+    }
+    policy = router_policy(server)
+    if policy:
+        data[ENV_POLICY] = policy
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": server.metadata(server.router_name, labels.COMPONENT_ROUTER),
-        "data": {
-            ENV_NAMESPACE: server.namespace,
-            ENV_SELECTOR: labels.selector_string(labels.leader_selector(server.name)),
-            ENV_POLICY: router_policy(server),
-        },
+        "data": data,
     }
 
 
@@ -57,8 +63,9 @@ def router_args(server: Server) -> list[str]:
         f"--metrics-port={ROUTER_METRICS_PORT}",
         "--discovery=kubernetes",
     ]
-    if server.valid.spec.router.kv_events:
-        args.append("--kv-events")
+    kv_events = server.valid.spec.router.kv_events
+    if kv_events is not None:  # unset: the router subscribes when its policy uses KV events
+        args.append("--kv-events" if kv_events else "--no-kv-events")
     return args
 
 

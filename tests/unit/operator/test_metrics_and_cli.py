@@ -80,6 +80,13 @@ def test_default_is_all_namespaces_with_a_random_peering_priority() -> None:
     assert not options.standalone
 
 
+@pytest.mark.parametrize("argv", [[], ["--router-policy="]], ids=["unset", "empty"])
+def test_no_router_policy_leaves_it_to_the_router(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    assert cli.options_from(parser.parse_args(argv)).reconciler.render.router_policy is None
+
+
 def test_bad_router_resources_name_the_flag() -> None:
     parser = argparse.ArgumentParser()
     cli.configure(parser)

@@ -414,6 +414,60 @@ def test_the_router_accepts_the_rendered_command_line_and_config(
     assert config.leader_label == f"{labels.ROLE}={labels.ROLE_LEADER}"
 
 
+def router_config_of(children: list[dict[str, Any]]) -> Any:
+    """What `tpuserve router` makes of the rendered args and ConfigMap (its own parser)."""
+    import argparse
+
+    from tpuserve_router import cli as router_cli
+
+    (container,) = one(children, "Deployment", "qwen-router")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    parser = argparse.ArgumentParser()
+    router_cli.configure(parser)
+    args = parser.parse_args(container["args"])
+    env = one(children, "ConfigMap", "qwen-router")["data"]
+    return router_cli.build_config(args, environ=dict(env))
+
+
+def test_unset_policy_and_kv_events_are_left_to_the_router(rendered: RenderFn) -> None:
+    """Neither the server nor the operator names a policy: the router's default applies, and
+    with it the router's own choice to subscribe to KV events (never restated here)."""
+    from tpuserve_router.config import DEFAULT_POLICY, kv_events_enabled
+    from tpuserve_router.policies import make_policy
+
+    children = rendered().children
+    assert "TPUSERVE_ROUTER_POLICY" not in one(children, "ConfigMap", "qwen-router")["data"]
+    config = router_config_of(children)
+    assert (config.policy, config.kv_events) == (DEFAULT_POLICY, None)
+    assert kv_events_enabled(config.kv_events, make_policy(config.policy))
+    assert (
+        "TPUSERVE_ROUTER_POLICY"
+        not in one(rendered(router_policy="").children, "ConfigMap", "qwen-router")["data"]
+    )
+
+
+@pytest.mark.parametrize(("kv_events", "flag"), [(True, "--kv-events"), (False, "--no-kv-events")])
+def test_kv_events_set_on_the_server_are_passed_on(
+    rendered: RenderFn, spec_with: SpecWith, kv_events: bool, flag: str
+) -> None:
+    children = rendered(spec_with(router={"kvEvents": kv_events})).children
+    (container,) = one(children, "Deployment", "qwen-router")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert container["args"][-1] == flag
+    assert router_config_of(children).kv_events is kv_events
+
+
+def test_kv_events_description_names_every_policy_that_uses_them() -> None:
+    from tpuserve_operator.api import RouterSpec
+    from tpuserve_router.policies import make_policy, registered_policy_names
+
+    description = str(RouterSpec.model_fields["kv_events"].description)
+    for name in registered_policy_names():
+        assert (name in description) is make_policy(name).uses_kv_events, name
+
+
 def test_a_multi_host_group_is_pinned_to_one_node_pool_of_its_own(
     rendered: RenderFn, spec_with: SpecWith
 ) -> None:
