@@ -17,6 +17,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 from tpuserve import __version__
 
@@ -73,6 +74,24 @@ def top_level_help() -> str:
     return "\n".join(lines)
 
 
+def build_parser(command: Command) -> tuple[ModuleType, argparse.ArgumentParser]:
+    """Import the command's module and build its parser exactly as ``main`` runs it."""
+    module = importlib.import_module(command.module)
+    parser = argparse.ArgumentParser(
+        prog="tpuserve " + " ".join(command.words),
+        description=module.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=LOG_LEVELS,
+        help="Log verbosity (default: %(default)s).",
+    )
+    module.configure(parser)
+    return module, parser
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
@@ -94,19 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandNotFound as err:
         print(f"tpuserve: unknown command {str(err)!r}\n\n{top_level_help()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(command.module)
-    parser = argparse.ArgumentParser(
-        prog="tpuserve " + " ".join(command.words),
-        description=module.DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=LOG_LEVELS,
-        help="Log verbosity (default: %(default)s).",
-    )
-    module.configure(parser)
+    module, parser = build_parser(command)
     args = parser.parse_args(rest)
     configure_logging(args.log_level)
     result: int = module.run(args)

@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sglang_tpu import cli_types
+
 DESCRIPTION = """Run a local fleet on loopback: engine twins and the router (and optional load).
 
 Starts --workers engine twins (`tpuserve engine sim`) and a router (`tpuserve router`) in
@@ -376,12 +378,19 @@ def render(stats: LoadStats, load: str, policy: str, base_url: str) -> Any:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workers", type=int, default=4, help="Engine twins (default 4).")
-    parser.add_argument("--port", type=int, default=8000, help="Router port (default 8000).")
+    parser.add_argument(
+        "--workers", type=cli_types.positive_int, default=4, help="Engine twins (default 4)."
+    )
+    parser.add_argument(
+        "--port",
+        type=cli_types.port,
+        default=8000,
+        help="Router port; 0 picks a free one (default 8000).",
+    )
     parser.add_argument("--policy", default=None, help="Routing policy (default: the router's).")
     parser.add_argument(
         "--time-scale",
-        type=float,
+        type=cli_types.non_negative_float,
         default=1.0,
         help="Engine twins' time scale: 1 = modelled TPU time, 0 = instant (default 1).",
     )
@@ -403,11 +412,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--load", default=None, metavar="NAME", help="Drive traffic: shared-prefix, or W0..W8."
     )
     parser.add_argument(
-        "--rate", type=float, default=10.0, help="Load requests per second (default 10)."
+        "--rate",
+        type=cli_types.positive_float,
+        default=10.0,
+        help="Load requests per second (default 10).",
     )
-    parser.add_argument("--requests", type=int, default=None, help="Stop the load after N.")
-    parser.add_argument("--duration", type=float, default=None, help="Stop after S seconds.")
-    parser.add_argument("--seed", type=int, default=0, help="Seed of the load (default 0).")
+    parser.add_argument(
+        "--requests", type=cli_types.positive_int, default=None, help="Stop the load after N."
+    )
+    parser.add_argument(
+        "--duration", type=cli_types.duration_seconds, default=None, help="Stop after S seconds."
+    )
+    parser.add_argument(
+        "--seed", type=cli_types.non_negative_int, default=0, help="Seed of the load (default 0)."
+    )
     parser.add_argument(
         "--prometheus",
         action="store_true",
@@ -415,7 +433,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "scrapes engines and router every second, evaluates the chart's rules and alerts.",
     )
     parser.add_argument(
-        "--prometheus-port", type=int, default=9090, help="Prometheus port (default 9090)."
+        "--prometheus-port",
+        type=cli_types.nonzero_port,
+        default=9090,
+        help="Prometheus port (default 9090).",
     )
     parser.add_argument(
         "--prometheus-target",
@@ -427,19 +448,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """Checks across flags and against registries (numbers are checked as they are parsed)."""
     problems = []
-    if args.workers < 1:
-        problems.append(f"--workers {args.workers}: allowed an integer >= 1")
-    if not 0 <= args.port <= 65535:
-        problems.append(f"--port {args.port}: allowed 0..65535")
-    if args.time_scale < 0:
-        problems.append(f"--time-scale {args.time_scale}: allowed a number >= 0")
-    if args.rate <= 0:
-        problems.append(f"--rate {args.rate}: allowed a number > 0")
-    if args.requests is not None and args.requests < 1:
-        problems.append(f"--requests {args.requests}: allowed an integer >= 1")
-    if args.duration is not None and args.duration <= 0:
-        problems.append(f"--duration {args.duration}: allowed a number > 0")
     if args.policy is not None:
         from tpuserve_router.policies import registered_policy_names
 
@@ -448,8 +458,6 @@ def check_args(args: argparse.Namespace) -> None:
             problems.append(f"--policy {args.policy!r}: allowed {allowed}")
     if args.load is not None and args.load not in load_names():
         problems.append(f"--load {args.load!r}: allowed {', '.join(load_names())}")
-    if not 1 <= args.prometheus_port <= 65535:
-        problems.append(f"--prometheus-port {args.prometheus_port}: allowed 1..65535")
     for target in args.prometheus_target:
         from tpuserve.observability.local_prometheus import parse_target
 

@@ -9,6 +9,7 @@ import logging
 import os
 from typing import Any
 
+from sglang_tpu import cli_types
 from tpuserve_operator import peering
 from tpuserve_operator.reconciler import ReconcilerSettings
 from tpuserve_operator.render.context import DEFAULT_ENGINE_IMAGE, DEFAULT_IMAGE, RenderConfig
@@ -46,8 +47,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="0.0.0.0",
         help="Address of the metrics and liveness endpoints (default: %(default)s).",
     )
-    parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port.")
-    parser.add_argument("--liveness-port", type=int, default=8081, help="kopf /healthz port.")
+    parser.add_argument(
+        "--metrics-port",
+        type=cli_types.nonzero_port,
+        default=9090,
+        help="Prometheus /metrics port (default: %(default)s).",
+    )
+    parser.add_argument(
+        "--liveness-port",
+        type=cli_types.nonzero_port,
+        default=8081,
+        help="kopf /healthz port (default: %(default)s).",
+    )
     peer = parser.add_mutually_exclusive_group()
     peer.add_argument("--standalone", action="store_true", help="Run without peering.")
     peer.add_argument(
@@ -58,13 +69,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--peering-priority",
-        type=int,
+        type=cli_types.non_negative_int,
         default=None,
         help="kopf peering priority; default: random, so replicas never tie (a tie pauses all).",
     )
     parser.add_argument(
         "--peering-lifetime",
-        type=int,
+        type=cli_types.positive_int,
         default=60,
         help="Seconds a peer's keep-alive lasts; a standby takes over this long after a crash.",
     )
@@ -81,7 +92,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="Routing policy of routers whose TPUModelServer sets none (default: none given, "
         "so the router's own default applies; empty means the same).",
     )
-    parser.add_argument("--router-replicas", type=int, default=1, help="Default router replicas.")
+    parser.add_argument(
+        "--router-replicas",
+        type=cli_types.positive_int,
+        default=1,
+        help="Router replicas of servers that set none (default: %(default)s).",
+    )
     parser.add_argument(
         "--router-resources",
         default=os.environ.get(ROUTER_RESOURCES_ENV, "{}"),
@@ -96,21 +112,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--partial-group-seconds",
-        type=float,
+        type=cli_types.duration_seconds,
         default=DEFAULT_PARTIAL_GROUP_SECONDS,
         help="A group partly up this long is Degraded (default: %(default)s).",
     )
     parser.add_argument(
-        "--resync-seconds", type=float, default=60.0, help="Re-check every server this often."
+        "--resync-seconds",
+        type=cli_types.duration_seconds,
+        default=60.0,
+        help="Re-check every server this often (default: %(default)s).",
     )
     parser.add_argument(
         "--relist-seconds",
-        type=float,
+        type=cli_types.duration_seconds,
         default=300.0,
         help="Re-list each server's children and pods this often (watches can miss deletions).",
     )
     parser.add_argument(
-        "--max-concurrent", type=int, default=16, help="Servers reconciled at the same time."
+        "--max-concurrent",
+        type=cli_types.positive_int,
+        default=16,
+        help="Servers reconciled at the same time (default: %(default)s).",
     )
     parser.add_argument(
         "--log-format",

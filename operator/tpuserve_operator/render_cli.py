@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from sglang_tpu import cli_types
 from tpuserve_operator import labels
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render import RenderConfig, build_children
@@ -42,15 +43,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Render PodMonitors/ServiceMonitors, as when their CRDs are installed.",
     )
-    parser.add_argument("--engine-image", default=DEFAULT_ENGINE_IMAGE)
-    parser.add_argument("--router-image", default=DEFAULT_IMAGE)
+    parser.add_argument(
+        "--engine-image",
+        default=DEFAULT_ENGINE_IMAGE,
+        help="As `tpuserve operator --engine-image` (default: %(default)s).",
+    )
+    parser.add_argument(
+        "--router-image",
+        default=DEFAULT_IMAGE,
+        help="As `tpuserve operator --router-image` (default: %(default)s).",
+    )
     parser.add_argument(
         "--router-policy",
         default=None,
         metavar="NAME",
         help="As `tpuserve operator --router-policy` (default: the router's own).",
     )
-    parser.add_argument("--router-replicas", type=int, default=1)
+    parser.add_argument(
+        "--router-replicas",
+        type=cli_types.positive_int,
+        default=1,
+        help="As `tpuserve operator --router-replicas` (default: %(default)s).",
+    )
 
 
 def _documents(filename: str) -> list[Any]:

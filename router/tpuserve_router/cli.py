@@ -2,8 +2,10 @@
 
 Every flag falls back to an environment variable ``TPUSERVE_ROUTER_<FLAG>`` (upper case,
 dashes as underscores; e.g. ``TPUSERVE_ROUTER_PORT``, ``TPUSERVE_ROUTER_WORKERS`` as a
-comma-separated list), so a Deployment can set either. Settings are checked once at
-start; every problem is reported with the setting, its value and what is allowed.
+comma-separated list), so a Deployment can set either. A flag and its variable obey the same
+rule (`sglang_tpu.cli_types` for numbers); an empty variable for a number or a switch counts
+as unset. Settings are checked once at start; every problem is reported with the setting,
+its value and what is allowed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_tpu import cli_types
 from tpuserve_router.config import (
     DEFAULT_LEADER_LABEL,
     DEFAULT_POLICY,
@@ -66,11 +69,7 @@ def _auto_bool(text: str) -> bool | None:
         return False
     if value in ("auto", ""):
         return None
-    raise ValueError(f"{text!r} is not allowed; allowed: true, false or auto")
-
-
-def _optional_int(text: str) -> int | None:
-    return int(text) if text.strip() else None
+    raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: true, false or auto")
 
 
 def _comma_list(text: str) -> tuple[str, ...]:
@@ -81,11 +80,16 @@ DEFAULTS = RouterConfig()
 
 OPTIONS: tuple[Option, ...] = (
     Option("--host", "host", str, f"Address to listen on (default {DEFAULTS.host})."),
-    Option("--port", "port", int, f"Port to listen on; 0 = a free port (default {DEFAULTS.port})."),
+    Option(
+        "--port",
+        "port",
+        cli_types.port,
+        f"Port to listen on; 0 = a free port (default {DEFAULTS.port}).",
+    ),
     Option(
         "--metrics-port",
         "metrics_port",
-        _optional_int,
+        cli_types.port,
         "Also serve /metrics on this port (it is always served on --port).",
     ),
     Option(
@@ -113,7 +117,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--worker-port",
         "worker_port",
-        _optional_int,
+        cli_types.nonzero_port,
         "Workers' HTTP port for discovered pods (default: the pod's TPUSERVE_HTTP_PORT, its "
         "container port named http, else 30000).",
     ),
@@ -158,75 +162,75 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--max-request-bytes",
         "max_request_bytes",
-        int,
+        cli_types.positive_int,
         f"Larger request bodies get 413 (default {DEFAULTS.max_request_bytes}).",
     ),
     Option(
         "--connect-timeout",
         "connect_timeout_seconds",
-        float,
+        cli_types.duration_seconds,
         f"Seconds to connect to a worker (default {DEFAULTS.connect_timeout_seconds:g}).",
     ),
     Option(
         "--first-byte-timeout",
         "first_byte_timeout_seconds",
-        float,
+        cli_types.duration_seconds,
         "Seconds for a worker to start answering; then 504 "
         f"(default {DEFAULTS.first_byte_timeout_seconds:g}).",
     ),
     Option(
         "--request-timeout",
         "request_timeout_seconds",
-        float,
+        cli_types.duration_seconds,
         f"Seconds a whole request may take (default {DEFAULTS.request_timeout_seconds:g}).",
     ),
     Option(
         "--max-retries",
         "max_retries",
-        int,
+        cli_types.non_negative_int,
         "Retries on another worker for failures before the first byte "
         f"(default {DEFAULTS.max_retries}).",
     ),
     Option(
         "--health-check-interval",
         "health_check_interval_seconds",
-        float,
+        cli_types.non_negative_float,
         f"Seconds between health checks; 0 = off (default "
         f"{DEFAULTS.health_check_interval_seconds:g}).",
     ),
     Option(
         "--health-check-timeout",
         "health_check_timeout_seconds",
-        float,
+        cli_types.duration_seconds,
         f"Seconds per health check (default {DEFAULTS.health_check_timeout_seconds:g}).",
     ),
     Option(
         "--health-failure-threshold",
         "health_failure_threshold",
-        int,
+        cli_types.positive_int,
         f"Failed checks that eject a worker (default {DEFAULTS.health_failure_threshold}).",
     ),
     Option(
         "--health-success-threshold",
         "health_success_threshold",
-        int,
+        cli_types.positive_int,
         f"Passing checks that re-admit it (default {DEFAULTS.health_success_threshold}).",
     ),
     Option(
         "--breaker-failure-threshold",
         "breaker_failure_threshold",
-        int,
+        cli_types.positive_int,
         "Consecutive request failures that open a worker's circuit breaker "
         f"(default {DEFAULTS.breaker_failure_threshold}).",
     ),
     Option(
         "--breaker-open-seconds",
         "breaker_open_seconds",
-        float,
+        cli_types.duration_seconds,
         f"Seconds a breaker stays open before trying again (default "
         f"{DEFAULTS.breaker_open_seconds:g}).",
     ),
-    Option("--seed", "seed", _optional_int, "Seed for randomised policies."),
+    Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
 )
 
 
@@ -250,17 +254,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         if option.switch:
             pair = parser.add_mutually_exclusive_group()
             pair.add_argument(
-                option.flag, dest=option.field, action="store_const", const="true",
+                option.flag, dest=option.field, action="store_const", const=True,
                 default=None, help=option.help,
             )  # fmt: skip
             pair.add_argument(
                 "--no-" + option.flag.removeprefix("--"), dest=option.field,
-                action="store_const", const="false", help=f"The opposite of {option.flag}.",
+                action="store_const", const=False, help=f"The opposite of {option.flag}.",
             )  # fmt: skip
             continue
         parser.add_argument(
             option.flag,
             dest=option.field,
+            type=option.kind,
             default=None,
             metavar=option.metavar,
             choices=option.choices,
@@ -278,21 +283,20 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
     problems: list[str] = []
     values: dict[str, Any] = {}
     for option in OPTIONS:
-        raw = getattr(args, option.field, None)
-        source = option.flag
-        if raw is None:
-            raw = env.get(env_name(option.flag))
-            source = env_name(option.flag)
-        if raw is None:
-            continue
-        try:
-            value = option.kind(raw)
-        except ValueError:
-            problems.append(f"{source}={raw!r}: expected {_kind_name(option.kind)}")
-            continue
-        if option.choices is not None and value not in option.choices:
-            problems.append(f"{source}={raw!r}: allowed {', '.join(option.choices)}")
-            continue
+        value = getattr(args, option.field, None)  # argparse has converted and checked it
+        if value is None:
+            name = env_name(option.flag)
+            raw = env.get(name)
+            if raw is None or (option.kind is not str and not raw.strip()):
+                continue
+            try:
+                value = option.kind(raw)
+            except argparse.ArgumentTypeError as err:
+                problems.append(f"{name}: {err}")
+                continue
+            if option.choices is not None and value not in option.choices:
+                problems.append(f"{name}={raw!r}: allowed {', '.join(option.choices)}")
+                continue
         values[option.field] = value
     if "selector" in values:
         try:
@@ -312,18 +316,14 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
             values["policy_params"] = parse_key_values(",".join(params), "policy-param")
         except ValueError as err:
             problems.append(str(err))
+    config = RouterConfig(**values)
+    try:
+        config.validate()
+    except ConfigError as err:
+        problems += err.problems
     if problems:
         raise ConfigError(problems)
-    return RouterConfig(**values).validate()
-
-
-def _kind_name(kind: Callable[[str], Any]) -> str:
-    return {
-        int: "an integer",
-        float: "a number",
-        _auto_bool: "true, false or auto",
-        _optional_int: "an integer",
-    }.get(kind, "a string")
+    return config
 
 
 def run(args: argparse.Namespace) -> int:

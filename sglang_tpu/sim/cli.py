@@ -12,7 +12,7 @@ import sys
 import uvloop
 from aiohttp import web
 
-from sglang_tpu import perf_model
+from sglang_tpu import cli_types, perf_model
 from sglang_tpu.perf_model import KV_CACHE_BYTES, WEIGHT_BYTES, ModelDoesNotFit, StepTimer
 from sglang_tpu.sim.engine import EngineConfig
 from sglang_tpu.sim.server import SERVICE, ServerSettings, create_app
@@ -35,36 +35,6 @@ example:
 """
 
 
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: an integer >= 1")
-    return n
-
-
-def _port(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: 0..65535")
-    return n
-
-
-def _scale(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: a number >= 0")
-    return x
-
-
 def _endpoint(value: str) -> str:
     if not value.startswith(("tcp://", "ipc://", "inproc://")):
         raise argparse.ArgumentTypeError(
@@ -78,13 +48,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--host", default="127.0.0.1", help="Address to bind (default: %(default)s).")
     net.add_argument(
         "--port",
-        type=_port,
+        type=cli_types.port,
         default=30000,
         help="HTTP port; 0 picks a free one (default: %(default)s).",
     )
     net.add_argument(
         "--drain-grace-seconds",
-        type=float,
+        type=cli_types.non_negative_float,
         default=30.0,
         help="On SIGTERM, how long in-flight requests may take to finish (default: %(default)s).",
     )
@@ -138,49 +108,52 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sched = parser.add_argument_group("cache and scheduler")
     sched.add_argument(
         "--cache-tokens",
-        type=_positive,
+        type=cli_types.positive_int,
         default=None,
         help="KV pool size in tokens (default: what the slice's HBM holds after weights).",
     )
     sched.add_argument(
         "--page-size",
-        type=_positive,
+        type=cli_types.positive_int,
         default=16,
         help="Radix-cache page size in tokens (default: %(default)s).",
     )
     sched.add_argument(
         "--context-length",
-        type=_positive,
+        type=cli_types.positive_int,
         default=None,
         help="Longest prompt + output (default: the model's, capped at --cache-tokens).",
     )
     sched.add_argument(
         "--max-running-requests",
-        type=_positive,
+        type=cli_types.positive_int,
         default=256,
         help="Requests decoded together at most (default: %(default)s).",
     )
     sched.add_argument(
         "--chunked-prefill-size",
-        type=int,
+        type=cli_types.positive_int_or_minus_one,
         default=8192,
         help="Prefill token budget per step; -1 disables chunking (default: %(default)s).",
     )
     sched.add_argument(
         "--max-queued-requests",
-        type=_positive,
+        type=cli_types.positive_int,
         default=4096,
         help="Waiting-queue bound; beyond it requests get 503 + Retry-After "
         "(default: %(default)s).",
     )
     sched.add_argument(
         "--time-scale",
-        type=_scale,
+        type=cli_types.non_negative_float,
         default=1.0,
         help="Multiplier on all modelled time; 0 runs steps back to back (default: %(default)s).",
     )
     sched.add_argument(
-        "--seed", type=int, default=0, help="Seed of the pseudo-text output (default: %(default)s)."
+        "--seed",
+        type=cli_types.non_negative_int,
+        default=0,
+        help="Seed of the pseudo-text output (default: %(default)s).",
     )
     events = parser.add_argument_group("KV events (SGLang's ZMQ publisher contract)")
     events.add_argument(
@@ -200,7 +173,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     events.add_argument(
         "--kv-events-buffer-steps",
-        type=_positive,
+        type=cli_types.positive_int,
         default=10_000,
         help="Batches kept for replay (default: %(default)s).",
     )
@@ -238,11 +211,6 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
             perf_model.check_fits(shape, profile.name, quant, kv_dtype, context)
         except ModelDoesNotFit as err:
             raise ConfigError(str(err)) from None
-    if args.chunked_prefill_size == 0 or args.chunked_prefill_size < -1:
-        raise ConfigError(
-            f"--chunked-prefill-size: {args.chunked_prefill_size} is not allowed; allowed: -1 "
-            "or an integer >= 1"
-        )
     if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
         raise ConfigError("--kv-events-replay-endpoint needs --kv-events-endpoint")
     try:

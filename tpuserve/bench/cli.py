@@ -10,7 +10,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from sglang_tpu import perf_model
+from sglang_tpu import cli_types, perf_model
 from sglang_tpu.topology import CatalogError, generation_names, lookup
 from tpuserve.bench import sizing, workloads
 from tpuserve.bench.anchors import policy_names
@@ -40,46 +40,6 @@ examples:
   tpuserve bench --workload W1 --write-trace w1.jsonl --requests 500
   tpuserve bench --trace w1.jsonl --mode live --policy cache_aware --json
 """
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: an integer >= 1")
-    return n
-
-
-def _positive_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not (x > 0 and math.isfinite(x)):
-        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: a number > 0")
-    return x
-
-
-def _fraction(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not 0 <= x < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: 0 <= x < 1")
-    return x
-
-
-def _non_negative(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not (x >= 0 and math.isfinite(x)):
-        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; allowed: a number >= 0")
-    return x
 
 
 def _key_value(value: str) -> tuple[str, float]:
@@ -115,10 +75,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     which.add_argument("--trace", help="A JSON Lines trace file (ours, or Mooncake's format).")
     src.add_argument(
-        "--requests", type=_positive_int, default=None,
+        "--requests", type=cli_types.positive_int, default=None,
         help="Requests to generate (default: the workload's, at least 2,000 measured).",
     )  # fmt: skip
-    src.add_argument("--seed", type=int, default=0, help="Workload and policy seed (default: 0).")
+    src.add_argument(
+        "--seed",
+        type=cli_types.non_negative_int,
+        default=0,
+        help="Workload and policy seed (default: 0).",
+    )
     src.add_argument(
         "--workload-param", type=_key_value, action="append", default=[], metavar="KEY=NUMBER",
         help="Override a workload parameter (e.g. zipf=1.0 for W1).",
@@ -127,13 +92,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--write-trace", metavar="FILE", help="Also write the trace that is replayed to FILE."
     )
     rate = src.add_mutually_exclusive_group()
-    rate.add_argument("--rate", type=_positive_float, help="Mean arrivals per second.")
+    rate.add_argument("--rate", type=cli_types.positive_float, help="Mean arrivals per second.")
     rate.add_argument(
-        "--rate-fraction", type=_positive_float, default=None,
+        "--rate-fraction", type=cli_types.positive_float, default=None,
         help="Mean arrival rate as a fraction of mu_RR (default: 0.85).",
     )  # fmt: skip
     src.add_argument(
-        "--mu-rr", type=_positive_float, default=None,
+        "--mu-rr", type=cli_types.positive_float, default=None,
         help="Use this mu_RR (requests/s) instead of measuring it.",
     )  # fmt: skip
     fleet = parser.add_argument_group("fleet")
@@ -143,12 +108,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         f"{', '.join(policy_names())}.",
     )  # fmt: skip
     fleet.add_argument("--mode", choices=("sim", "live"), default="sim", help="(default: sim)")
-    fleet.add_argument("--workers", type=_positive_int, default=4, help="Engines (default: 4).")
     fleet.add_argument(
-        "--cache-tokens", type=_positive_int, default=None,
+        "--workers", type=cli_types.positive_int, default=4, help="Engines (default: 4)."
+    )
+    fleet.add_argument(
+        "--cache-tokens", type=cli_types.positive_int, default=None,
         help="KV pool per engine in tokens (default: sized from the trace).",
     )  # fmt: skip
-    fleet.add_argument("--page-size", type=_positive_int, default=16, help="(default: 16)")
+    fleet.add_argument("--page-size", type=cli_types.positive_int, default=16, help="(default: 16)")
     fleet.add_argument("--tpu", default="v6e", choices=generation_names(), help="(default: v6e)")
     fleet.add_argument("--topology", default="1x1", help="TPU slice shape (default: 1x1).")
     fleet.add_argument(
@@ -158,12 +125,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     faults = parser.add_argument_group("faults (W8c/d/e)")
     faults.add_argument("--fault", choices=("restart", "flush"), help="Inject one fault.")
     faults.add_argument(
-        "--fault-at", type=_non_negative, default=None,
+        "--fault-at", type=cli_types.non_negative_float, default=None,
         help="Seconds into the (rescaled) trace (default: its middle).",
     )  # fmt: skip
-    faults.add_argument("--fault-worker", type=int, default=0, help="Worker index (default: 0).")
     faults.add_argument(
-        "--restart-down-seconds", type=_non_negative, default=5.0,
+        "--fault-worker",
+        type=cli_types.non_negative_int,
+        default=0,
+        help="Worker index (default: 0).",
+    )
+    faults.add_argument(
+        "--restart-down-seconds", type=cli_types.non_negative_float, default=5.0,
         help="How long a restarted worker is unroutable (default: 5).",
     )  # fmt: skip
     faults.add_argument(
@@ -171,23 +143,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="Sim: policies with a block index get no KV events (a router without --kv-events).",
     )  # fmt: skip
     faults.add_argument(
-        "--kv-event-drop", type=_fraction, default=0.0,
+        "--kv-event-drop", type=cli_types.fraction, default=0.0,
         help="Share of KV-event batches lost before they reach the policy (sim; default 0).",
     )  # fmt: skip
     out = parser.add_argument_group("measurement")
     out.add_argument(
-        "--warmup-fraction", type=_fraction, default=0.1,
+        "--warmup-fraction", type=cli_types.fraction, default=0.1,
         help="Leading share of requests not measured (default: 0.1).",
     )  # fmt: skip
     out.add_argument(
-        "--slo-factor", type=_positive_float, default=SLO_FACTOR,
+        "--slo-factor", type=cli_types.positive_float, default=SLO_FACTOR,
         help="Goodput SLO: TTFT and TPOT within this many x unloaded (default: %(default)s).",
     )  # fmt: skip
     out.add_argument("--records", metavar="FILE", help="Write per-request records (JSONL).")
     out.add_argument("--json", action="store_true", help="Print one JSON object.")
     live = parser.add_argument_group("live mode")
     live.add_argument(
-        "--time-scale", type=_positive_float, default=1.0,
+        "--time-scale", type=cli_types.positive_float, default=1.0,
         help="Engine time dilation: real seconds per modelled second (default: 1).",
     )  # fmt: skip
     live.add_argument(

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sglang_tpu import cli_types
 from tpuserve.cluster.cluster import Cluster, default_run_dir
 from tpuserve.cluster.node_pools import DEFAULT_PROFILE, ProfileError, load_profile
 from tpuserve.cluster.process import StartupError
@@ -48,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=cli_types.duration_seconds,
         default=120.0,
         metavar="SECONDS",
         help="Readiness deadline of each component (default: %(default)s).",

@@ -19,14 +19,20 @@ ROUTER = [sys.executable, "-c", ENTRY, "router"]
 
 
 def test_bad_settings_exit_2_naming_each_one() -> None:
-    env = {**os.environ, "TPUSERVE_ROUTER_POLICY": "fastest"}
+    env = {**os.environ, "TPUSERVE_ROUTER_POLICY": "fastest", "TPUSERVE_ROUTER_PORT": "http"}
     result = subprocess.run(
-        [*ROUTER, "--port", "http", "--worker", "ftp://x:1"],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+        [*ROUTER, "--worker", "ftp://x:1"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert result.returncode == 2
-    assert "--port='http': expected an integer" in result.stderr
+    assert "TPUSERVE_ROUTER_PORT: 'http' is not allowed; allowed: an integer" in result.stderr
     assert "TPUSERVE_ROUTER_POLICY='fastest': allowed cache_aware" in result.stderr
+    assert "ftp://x:1" in result.stderr
+
+
+def test_a_bad_flag_exits_2_naming_it() -> None:
+    result = subprocess.run([*ROUTER, "--port", "http"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "argument --port: 'http' is not allowed; allowed: an integer" in result.stderr
 
 
 def test_it_serves_from_environment_settings_and_stops_on_sigterm() -> None:

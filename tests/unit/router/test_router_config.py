@@ -63,7 +63,7 @@ def test_kv_events_is_on_off_or_left_to_the_policy() -> None:
     assert build_config(parse(), environ={env: "off"}).kv_events is False
     assert build_config(parse(), environ={env: "auto"}).kv_events is None
     assert build_config(parse("--kv-events"), environ={env: "false"}).kv_events is True
-    with pytest.raises(ConfigError, match="TPUSERVE_ROUTER_KV_EVENTS='maybe': expected true"):
+    with pytest.raises(ConfigError, match="TPUSERVE_ROUTER_KV_EVENTS: 'maybe' is not allowed"):
         build_config(parse(), environ={env: "maybe"})
     with pytest.raises(SystemExit):
         parse("--kv-events", "--no-kv-events")
@@ -93,14 +93,37 @@ def test_the_default_policy_gets_kv_events_by_default() -> None:
 
 
 def test_unreadable_values_are_reported_together_with_their_source() -> None:
-    env = {"TPUSERVE_ROUTER_PORT": "http", "TPUSERVE_ROUTER_POLICY": "fastest"}
+    env = {
+        "TPUSERVE_ROUTER_PORT": "http",
+        "TPUSERVE_ROUTER_MAX_RETRIES": "-1",
+        "TPUSERVE_ROUTER_POLICY": "fastest",
+    }
     with pytest.raises(ConfigError) as err:
-        build_config(parse("--max-retries", "-1", "--worker", "ftp://x:1"), environ=env)
+        build_config(parse("--worker", "ftp://x:1"), environ=env)
     problems = err.value.problems
-    assert "TPUSERVE_ROUTER_PORT='http': expected an integer" in problems
+    assert (
+        "TPUSERVE_ROUTER_PORT: 'http' is not allowed; allowed: an integer from 0 to 65535 "
+        "(0: any free port)" in problems
+    )
+    assert "TPUSERVE_ROUTER_MAX_RETRIES: '-1' is not allowed; allowed: an integer >= 0" in problems
     assert any(
         p.startswith("TPUSERVE_ROUTER_POLICY='fastest': allowed cache_aware") for p in problems
     )
+    assert any("ftp://x:1" in p for p in problems)
+
+
+def test_a_flag_and_its_variable_obey_one_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse("--max-retries", "-1")
+    assert exit_.value.code == 2
+    assert "argument --max-retries: '-1' is not allowed" in capsys.readouterr().err
+    assert build_config(parse("--max-retries", "3"), environ={}).max_retries == 3
+
+
+def test_an_empty_variable_for_a_number_is_unset() -> None:
+    env = {env_name("--metrics-port"): "", env_name("--seed"): " ", env_name("--leader-label"): ""}
+    config = build_config(parse(), environ=env)
+    assert (config.metrics_port, config.seed, config.leader_label) == (None, None, "")
 
 
 def test_validation_names_fields_and_allowed_values() -> None:
