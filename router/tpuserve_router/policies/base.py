@@ -16,7 +16,9 @@ worker's cache was emptied through the router. A caller must call
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Generic, Literal, Protocol, TypeVar, runtime_checkable
@@ -148,6 +150,25 @@ class PolicyDefaults:
         return None
 
 
+class LoadOnlyPolicy(PolicyDefaults, ABC):
+    """A policy that looks only at the routable workers, never at the prompt, and takes no
+    parameters: it writes ``pick``; the healthy filter, `NoHealthyWorker` and the decision
+    (outcome ``load_only``) are here. ``rng`` is seeded for the randomised ones."""
+
+    def __init__(
+        self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any
+    ) -> None:
+        build_params(self.name, NoParams, config)
+        self.rng = random.Random(seed)
+
+    @abstractmethod
+    def pick(self, healthy: Sequence[W]) -> W:
+        """One of ``healthy`` (never empty, in the listed order)."""
+
+    def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
+        return Decision(self.pick(healthy_workers(workers, request.model)), "load_only")
+
+
 def healthy_workers(workers: Sequence[W], model: str = "") -> list[W]:
     """The routable workers, in their listed order; raises `NoHealthyWorker` if none."""
     healthy = [w for w in workers if w.healthy]
@@ -158,10 +179,11 @@ def healthy_workers(workers: Sequence[W], model: str = "") -> list[W]:
 
 def least_loaded(workers: Sequence[W]) -> W:
     """The worker with the fewest in-flight requests; ties go to the first listed."""
-    return min(workers, key=_in_flight)
+    return min(workers, key=in_flight_of)
 
 
-def _in_flight(worker: WorkerView) -> int:
+def in_flight_of(worker: WorkerView) -> int:
+    """A worker's in-flight count, as a sort key."""
     return worker.in_flight
 
 

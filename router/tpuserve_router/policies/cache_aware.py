@@ -42,32 +42,24 @@ from typing import Any
 from tpuserve_router.policies.base import (
     Clock,
     Decision,
-    Outcome,
     PolicyDefaults,
     RouteRequest,
     W,
     build_params,
     healthy_workers,
-    is_imbalanced,
     register,
 )
+from tpuserve_router.policies.prefix_routing import AffinityParams, choose_by_affinity
 from tpuserve_router.prefix_tree import PrefixTree
 
 
 @dataclass(frozen=True)
-class CacheAwareParams:
-    cache_threshold: float = 0.3
-    balance_abs_threshold: int = 64
-    balance_rel_threshold: float = 1.5
+class CacheAwareParams(AffinityParams):
     max_tree_size: int = 2**24
 
     def validate(self) -> str | None:
-        if not 0.0 <= self.cache_threshold <= 1.0:
-            return f"cache_threshold={self.cache_threshold} must be within [0, 1]"
-        if self.balance_abs_threshold < 0:
-            return f"balance_abs_threshold={self.balance_abs_threshold} must be >= 0"
-        if self.balance_rel_threshold < 1.0:
-            return f"balance_rel_threshold={self.balance_rel_threshold} must be >= 1"
+        if problem := super().validate():
+            return problem
         if self.max_tree_size < 1:
             return f"max_tree_size={self.max_tree_size} must be >= 1"
         return None
@@ -93,35 +85,21 @@ class CacheAwarePolicy(PolicyDefaults):
         return sum(t.total_chars for t in self._trees.values())
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
-        params = self.params
         healthy = healthy_workers(workers, request.model)
         tree = self.tree(request.model)
         text = request.text
         matched = tree.match(text) if text else {}
-        holder: W | None = None
-        held = 0
-        for worker in healthy:
-            length = matched.get(worker.name, 0)
-            if length > held or (
-                length == held and holder is not None and worker.in_flight < holder.in_flight
-            ):
-                holder, held = worker, length
-        is_hit = bool(text) and held / len(text) > params.cache_threshold
-        target: W
-        outcome: Outcome
-        if len(healthy) > 1 and is_imbalanced(
-            healthy, params.balance_abs_threshold, params.balance_rel_threshold
-        ):
-            target = min(healthy, key=lambda w: w.in_flight)
-            outcome = ("prefix_hit" if target is holder else "balanced_away") if is_hit else "miss"
-        elif is_hit:
-            assert holder is not None
-            target, outcome = holder, "prefix_hit"
-        else:
-            target = min(healthy, key=lambda w: (w.in_flight, tree.tenant_chars(w.name)))
-            outcome = "miss"
+        held = [matched.get(w.name, 0) for w in healthy]
+        i, outcome = choose_by_affinity(
+            healthy,
+            held,
+            len(text),
+            self.params,
+            miss_key=lambda w: (w.in_flight, tree.tenant_chars(w.name)),
+        )
+        target = healthy[i]
         tree.insert(text, target.name)
-        ratio = matched.get(target.name, 0) / len(text) if text else 0.0
+        ratio = held[i] / len(text) if text else 0.0
         return Decision(target, outcome, predicted_match_ratio=ratio, prompt_units=len(text))
 
     def on_workers_changed(self, names: Collection[str]) -> None:

@@ -37,42 +37,37 @@ from tpuserve_router.policies.base import (
     Clock,
     Decision,
     Outcome,
-    PolicyDefaults,
     RouteRequest,
     W,
     build_params,
     healthy_workers,
     register,
 )
-from tpuserve_router.policies.precise import make_index, validate_index_params
+from tpuserve_router.policies.prefix_routing import (
+    BlockIndexPolicy,
+    IndexParams,
+    cache_threshold_problem,
+    make_index,
+)
 
 
 @dataclass(frozen=True)
-class CostParams:
+class CostParams(IndexParams):
     decode_weight: float = 8.0
     load_factor: float = 1.25
     cache_threshold: float = 0.3
     """Only labels decisions (prefix_hit / balanced_away / miss); never steers them."""
-    page_size: int = 16
-    predicted_ttl_seconds: float = 2.0
-    approximate_ttl_seconds: float = 120.0
-    max_predicted_blocks: int = 2**18
 
     def validate(self) -> str | None:
         if self.decode_weight < 0:
             return f"decode_weight={self.decode_weight} must be >= 0"
         if self.load_factor < 1.0:
             return f"load_factor={self.load_factor} must be >= 1"
-        if not 0.0 <= self.cache_threshold <= 1.0:
-            return f"cache_threshold={self.cache_threshold} must be within [0, 1]"
-        return validate_index_params(self)
+        return cache_threshold_problem(self.cache_threshold) or super().validate()
 
 
 @register("cost")
-class CostPolicy(PolicyDefaults):
-    needs_tokens = True
-    uses_kv_events = True
-
+class CostPolicy(BlockIndexPolicy):
     def __init__(self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any):
         self.params = build_params(self.name, CostParams, config)
         self.block_index = make_index(self.params, clock)
@@ -146,14 +141,9 @@ class CostPolicy(PolicyDefaults):
                 self._queued.pop(name, None)
             decision.pending_units = 0
 
-    def on_worker_reset(self, name: str) -> None:
-        self.block_index.clear(name)
-
     def on_workers_changed(self, names: Collection[str]) -> None:
+        super().on_workers_changed(names)
         keep = set(names)
-        for name in self.block_index.workers():
-            if name not in keep:
-                self.block_index.forget(name)
         for name in list(self._queued):
             if name not in keep:
                 del self._queued[name]
