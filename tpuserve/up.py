@@ -23,7 +23,6 @@ import contextlib
 import os
 import random
 import signal
-import socket
 import sys
 import time
 from collections import deque
@@ -153,13 +152,6 @@ register_load(
 
 
 # ====================================================================== processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -487,6 +479,8 @@ def run(args: argparse.Namespace) -> int:
 async def up(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
+
+    from tpuserve.cluster.ports import free_port
 
     console = Console(stderr=True)
     stop = asyncio.Event()

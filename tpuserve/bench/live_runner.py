@@ -26,7 +26,6 @@ import contextlib
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ import orjson
 from tpuserve.bench.report import LoadSamples, RequestRecord
 from tpuserve.bench.sim_runner import SimConfig, make_timer
 from tpuserve.bench.workloads import TraceRequest, token_ids_of
+from tpuserve.cluster.ports import free_port
 from tpuserve_router.policies.base import registered_policy_names
 
 ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
@@ -54,13 +54,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 class LiveError(RuntimeError):
     """A process of the live fleet could not start or the policy cannot run live."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
