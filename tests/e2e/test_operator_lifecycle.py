@@ -7,8 +7,6 @@ Issue 6, items 4 to 7; both workload kinds (LeaderWorkerSet, StatefulSets)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,34 +19,18 @@ from tms_harness import (  # noqa: F401  (fixtures)
     condition,
     engine_pods,
     operator_kubeconfig,
-    run_operator,
+    operator_per_workload,
     server,
     tms,
     wait_condition,
     wait_until,
+    workload_kind,
 )
 
 from tpuserve.cluster import Cluster, NodePool
 from tpuserve_operator import labels
 
 pytestmark = pytest.mark.e2e
-
-WORKLOADS = {"leaderworkerset": "LeaderWorkerSet", "statefulset": "StatefulSet"}
-
-
-@pytest.fixture(scope="module", params=sorted(WORKLOADS))
-def operator(
-    request: pytest.FixtureRequest,
-    cluster: Cluster,
-    operator_kubeconfig: Path,  # noqa: F811
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OperatorProcess]:
-    log_dir = tmp_path_factory.mktemp(f"operator-{request.param}")
-    yield from run_operator(cluster, operator_kubeconfig, log_dir, "--workload", request.param)
-
-
-def workload_kind(operator: OperatorProcess) -> str:
-    return WORKLOADS[operator.extra_args[1]]
 
 
 def status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:

@@ -5,8 +5,6 @@ Issue 6, items 2 and 3; both workload kinds (LeaderWorkerSet, StatefulSets)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +16,12 @@ from tms_harness import (  # noqa: F401  (fixtures)
     engine_pods,
     get,
     operator_kubeconfig,
-    run_operator,
+    operator_per_workload,
     server,
     tms,
     wait_condition,
     wait_until,
+    workload_kind,
 )
 
 from sglang_tpu.topology import (
@@ -36,20 +35,6 @@ from tpuserve.cluster import Cluster, CommandError
 from tpuserve_operator import labels
 
 pytestmark = pytest.mark.e2e
-
-WORKLOADS = {"leaderworkerset": "LeaderWorkerSet", "statefulset": "StatefulSet"}
-
-
-@pytest.fixture(scope="module", params=sorted(WORKLOADS))
-def operator(
-    request: pytest.FixtureRequest,
-    cluster: Cluster,
-    operator_kubeconfig: Path,  # noqa: F811
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OperatorProcess]:
-    log_dir = tmp_path_factory.mktemp(f"operator-{request.param}")
-    yield from run_operator(cluster, operator_kubeconfig, log_dir, "--workload", request.param)
-
 
 # (name, generation, topology, replicas, extra spec): each fits the default pools at once.
 CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
@@ -96,7 +81,7 @@ def test_valid_servers_are_scheduled_on_their_slices_and_become_ready(
     assert status["replicas"] == replicas
     assert status["updatedReplicas"] == replicas
     assert status["endpoint"] == f"http://{name}.{namespace}.svc:8000"
-    assert status["plan"]["workload"] == WORKLOADS[operator.extra_args[1]]
+    assert status["plan"]["workload"] == workload_kind(operator)
     assert status["plan"]["hosts"] == shape.hosts
     assert condition(body, "Valid")["reason"] == "SpecValid"
     assert condition(body, "Degraded")["status"] == "False"

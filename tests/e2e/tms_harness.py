@@ -5,6 +5,9 @@
   token, so a missing permission fails the tests (least privilege checked for real);
 - `OperatorProcess`: `tpuserve operator` as a local process on loopback ports, logs to a
   file that is printed when a wait fails; start, stop, kill -9, restart;
+- `operator_per_workload`: the module-scoped fixture `operator`, that operator run once per
+  workload kind (`--workload leaderworkerset`, then `statefulset`); a module that imports it
+  has the fixture, and `workload_kind(operator)` names what its replica groups are made of;
 - helpers to apply TPUModelServers and wait for conditions, with deadlines (no sleeps).
 """
 
@@ -183,6 +186,26 @@ def run_operator(
         yield process
     finally:
         process.stop()
+
+
+WORKLOADS = {"leaderworkerset": "LeaderWorkerSet", "statefulset": "StatefulSet"}
+"""`tpuserve operator --workload` values and the kind each makes a replica group of."""
+
+
+@pytest.fixture(scope="module", params=sorted(WORKLOADS), name="operator")
+def operator_per_workload(
+    request: pytest.FixtureRequest,
+    cluster: Cluster,
+    operator_kubeconfig: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    log_dir = tmp_path_factory.mktemp(f"operator-{request.param}")
+    yield from run_operator(cluster, operator_kubeconfig, log_dir, "--workload", request.param)
+
+
+def workload_kind(operator: OperatorProcess) -> str:
+    """LeaderWorkerSet or StatefulSet: what this operator makes replica groups of."""
+    return WORKLOADS[operator.extra_args[operator.extra_args.index("--workload") + 1]]
 
 
 # -- TPUModelServers --------------------------------------------------------------------------
