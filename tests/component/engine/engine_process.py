@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from tpuserve.cluster.ports import free_port as free_port  # tests import it from here
+
 START_TIMEOUT_SECONDS = 30.0
 ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -12,7 +12,6 @@ import asyncio
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,19 +21,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from tpuserve.cluster.ports import free_port
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 
 ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
 START_TIMEOUT_SECONDS = 30.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # what the twin serves by default
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
