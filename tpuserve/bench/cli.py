@@ -140,7 +140,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     faults.add_argument(
         "--no-kv-events", action="store_true",
-        help="Sim: policies with a block index get no KV events (a router without --kv-events).",
+        help="Policies with a block index get no KV events (a router run with --no-kv-events).",
     )  # fmt: skip
     faults.add_argument(
         "--kv-event-drop", type=cli_types.fraction, default=0.0,
