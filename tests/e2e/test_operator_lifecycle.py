@@ -61,10 +61,16 @@ def test_too_little_tpu_capacity_degrades_until_a_pool_is_added(
         cluster, namespace, "big", "Degraded", "True", operator, reason="Unschedulable"
     )
     assert "google.com/tpu" in condition(body, "Degraded")["message"]
-    # the two groups that found a slice serve meanwhile
-    wait_ready = wait_condition(cluster, namespace, "big", "Ready", "True", operator)
-    assert wait_ready["status"]["readyReplicas"] == 2
-    assert condition(wait_ready, "Degraded")["reason"] == "Unschedulable"
+    # the two groups that found a slice serve meanwhile (Ready turns True with the first
+    # of them, so wait for the second rather than read the count at that moment)
+    wait_condition(cluster, namespace, "big", "Ready", "True", operator)
+    wait_until(
+        "big: 2 ready groups while the third is unschedulable",
+        lambda: status(cluster, namespace, "big").get("readyReplicas") == 2,
+        operator,
+    )
+    body = tms(cluster, namespace, "big")
+    assert condition(body, "Degraded")["reason"] == "Unschedulable"
     pool = NodePool.tpu("v6e-4x4-extra", "v6e", "4x4")
     cluster.add_node_pool(pool)
     try:
