@@ -48,6 +48,10 @@ from tpuserve_router.metrics import RouterMetrics
 log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_SECONDS = 2.0
+DRAIN_MAX_MESSAGES = 64
+"""Messages read per wake-up: the first awaited, the rest taken without waiting while they
+are already queued (an engine publishes a batch per scheduler step, so under load several
+wait; awaiting each costs a future and a poller round), bounded so requests keep flowing."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class _Subscription:
         self.socket.setsockopt(zmq.RCVHWM, 0)
         monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(self.endpoints.events)
+        self.drain: zmq.Socket[bytes] = zmq.Socket.shadow(self.socket.underlying)  # no futures
         self.task = loop.create_task(self._read())
         self.monitor_task = loop.create_task(self._watch(monitor))
 
@@ -117,15 +122,25 @@ class _Subscription:
             monitor.close(linger=0)
 
     async def _read(self) -> None:
+        socket = self.socket
+        drain = self.drain
         while True:
-            frames = await self.socket.recv_multipart()
-            try:
-                _, seq, payload = parse_pub_frames(frames)
-            except KVEventDecodeError as err:
-                log.warning("worker %s sent an undecodable KV-event message: %s", self.worker, err)
-                continue
+            messages = [await socket.recv_multipart()]
+            while len(messages) < DRAIN_MAX_MESSAGES:
+                try:
+                    messages.append(drain.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
             async with self.lock:
-                await self.receive(seq, payload)
+                for frames in messages:
+                    try:
+                        _, seq, payload = parse_pub_frames(frames)
+                    except KVEventDecodeError as err:
+                        log.warning(
+                            "worker %s sent an undecodable KV-event message: %s", self.worker, err
+                        )
+                        continue
+                    await self.receive(seq, payload)
 
     async def _catch_up_from_start(self) -> None:
         """Apply everything the engine's replay buffer holds (what it cached before we came)."""
@@ -194,23 +209,29 @@ class _Subscription:
             return
         self.batches += 1
         index = hub.index
-        counts = hub.metrics.kv_events
+        worker = self.worker
+        stored = removed = 0
         for event in batch.events:
             if isinstance(event, BlockStored):
                 index.store(
-                    self.worker,
+                    worker,
                     event.block_hashes,  # type: ignore[arg-type]
                     event.parent_block_hash,  # type: ignore[arg-type]
                     event.token_ids,
                     event.block_size,
                 )
-                counts.labels(self.worker, "BlockStored").inc()
+                stored += 1
             elif isinstance(event, BlockRemoved):
-                index.remove(self.worker, event.block_hashes)  # type: ignore[arg-type]
-                counts.labels(self.worker, "BlockRemoved").inc()
+                index.remove(worker, event.block_hashes)  # type: ignore[arg-type]
+                removed += 1
             elif isinstance(event, AllBlocksCleared):
-                counts.labels(self.worker, "AllBlocksCleared").inc()
-                hub.resync(self.worker, "all_blocks_cleared")
+                hub.metrics.kv_events.labels(worker, "AllBlocksCleared").inc()
+                hub.resync(worker, "all_blocks_cleared")
+        counts = hub.metrics.kv_events
+        if stored:
+            counts.labels(worker, "BlockStored").inc(stored)
+        if removed:
+            counts.labels(worker, "BlockRemoved").inc(removed)
 
 
 class KvEventHub:

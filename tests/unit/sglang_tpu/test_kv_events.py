@@ -98,7 +98,17 @@ def test_decoding_tolerates_missing_optional_and_extra_trailing_fields() -> None
 
 
 @pytest.mark.parametrize(
-    "payload", [b"\xc1", msgpack.packb({"ts": 1}), msgpack.packb([1.0, [["BlockStored", [1]]]])]
+    "payload",
+    [
+        b"\xc1",
+        msgpack.packb({"ts": 1}),
+        msgpack.packb([1.0, [["BlockStored", [1]]]]),
+        msgpack.packb([1.0, [["BlockStored", 7, None, [1, 2], 2]]]),  # hashes not an array
+        msgpack.packb([1.0, [["BlockStored", [7], None, "ab", 2]]]),  # tokens not an array
+        msgpack.packb([1.0, [["BlockStored", [7], None, [1, 2], "x"]]]),  # block size
+        msgpack.packb([1.0, [["BlockRemoved", 7]]]),
+        msgpack.packb([1.0, [[3, [7]]]]),  # tag not a string
+    ],
 )
 def test_garbage_payloads_raise_a_decode_error(payload: bytes) -> None:
     with pytest.raises(KVEventDecodeError):
