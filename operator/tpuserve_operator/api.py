@@ -556,8 +556,7 @@ class TPUModelServerSpec(Schema):
         default=None,
         description=(
             "autoscaling bounds for the built-in autoscaler. Reserved: this version validates "
-            "and stores it but does not scale, and says so in the Valid condition and a "
-            "FieldIgnored Warning event; use the scale subresource (HPA, KEDA) meanwhile."
+            "and stores it but does not scale; use the scale subresource (HPA, KEDA) meanwhile."
         ),
     )
     rollout: RolloutSpec = Field(
@@ -581,11 +580,6 @@ class TPUModelServerSpec(Schema):
             "affinity, priorityClassName, serviceAccountName, imagePullSecrets."
         ),
     )
-
-
-def ignored_fields(spec: TPUModelServerSpec) -> list[str]:
-    """Set fields this version accepts but does not act on (reserved for a later one)."""
-    return ["spec.autoscaling"] if spec.autoscaling is not None else []
 
 
 # ---- status ---------------------------------------------------------------------------------

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuserve_operator import conditions, labels, rollout
-from tpuserve_operator.api import TPUModelServerSpec, ignored_fields
 from tpuserve_operator.apply import AppliedRecord, needs_apply, record_of, stamp
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.kube import Kube, NotFoundError, error_summary
@@ -54,7 +53,6 @@ from tpuserve_operator.status import (
     decide,
     report_group,
     timestamp,
-    valid_message,
 )
 
 log = logging.getLogger(__name__)
@@ -135,7 +133,6 @@ class Reconciler:
         self._renders: dict[ServerKey, tuple[tuple[Any, ...], Rendered | InvalidSpec]] = {}
         self._relisted: dict[ServerKey, float] = {}
         self._errors: dict[ServerKey, int] = {}
-        self._warned_ignored: dict[ServerKey, Any] = {}
         self._semaphore = asyncio.Semaphore(settings.max_concurrent)
 
     # -- event intake (kopf handlers) ----------------------------------------------------------
@@ -192,7 +189,6 @@ class Reconciler:
         self._errors.pop(key, None)
         self._renders.pop(key, None)
         self._relisted.pop(key, None)
-        self._warned_ignored.pop(key, None)
         for record_key in [k for k in self._applied if k[0] == key]:
             del self._applied[record_key]
 
@@ -291,9 +287,7 @@ class Reconciler:
             router_enabled=server.valid.spec.router.enabled,
             router_ready_replicas=router_ready,
             apply_error=apply_error,
-            ignored_fields=ignored_fields(server.valid.spec),
         )
-        self._warn_ignored_fields(key, body, server.valid.spec, meta.get("generation"))
         status = self._status(rendered, reports, previous, decided, meta, now)
         await self._write_status(key, body, previous, status, decided)
         ready = any(c.type == conditions.READY and c.status == "True" for c in decided)
@@ -391,12 +385,7 @@ class Reconciler:
         now: datetime.datetime,
     ) -> dict[str, Any]:
         decided = [
-            conditions.Condition.of(
-                conditions.VALID,
-                True,
-                "SpecValid",
-                valid_message(ignored_fields(rendered.server.valid.spec)),
-            ),
+            conditions.Condition.of(conditions.VALID, True, "SpecValid", "the spec is valid"),
             conditions.Condition.of(
                 conditions.PROGRESSING,
                 True,
@@ -557,16 +546,6 @@ class Reconciler:
     def _router_ready(children: Mapping[tuple[str, str], ChildView], rendered: Rendered) -> int:
         router = children.get(("Deployment", rendered.server.router_name))
         return router.ready_replicas if router is not None else 0
-
-    def _warn_ignored_fields(
-        self, key: ServerKey, body: Mapping[str, Any], spec: TPUModelServerSpec, generation: Any
-    ) -> None:
-        """One Warning Event per generation that sets a field this version does not act on."""
-        fields = ignored_fields(spec)
-        if not fields or self._warned_ignored.get(key) == generation:
-            return
-        self._warned_ignored[key] = generation
-        self._emit_event(body, "Warning", "FieldIgnored", valid_message(fields))
 
     def _status(
         self,

@@ -169,15 +169,6 @@ def report_group(
     )
 
 
-def valid_message(ignored_fields: Sequence[str] = ()) -> str:
-    if not ignored_fields:
-        return "the spec is valid"
-    return (
-        f"the spec is valid; {', '.join(ignored_fields)} is reserved and not acted on by this "
-        "version (scale through the scale subresource: kubectl scale, an HPA or KEDA)"
-    )
-
-
 def decide(
     *,
     replicas: int,
@@ -188,12 +179,8 @@ def decide(
     router_enabled: bool,
     router_ready_replicas: int,
     apply_error: str | None = None,
-    ignored_fields: Sequence[str] = (),
 ) -> list[Condition]:
-    """The four conditions, in order Valid, Progressing, Ready, Degraded.
-
-    ``ignored_fields``: set fields this version accepts but does not act on; Valid's message
-    names them, so a user who relies on one learns it does nothing."""
+    """The four conditions, in order Valid, Progressing, Ready, Degraded."""
     of = Condition.of
     ready_groups = sum(1 for r in reports if r.ready)
     main = [r for r in reports if r.index < replicas]
@@ -211,7 +198,7 @@ def decide(
             )
         )
     else:
-        out.append(of(conditions.VALID, True, "SpecValid", valid_message(ignored_fields)))
+        out.append(of(conditions.VALID, True, "SpecValid", "the spec is valid"))
         if apply_error is not None:
             out.append(of(conditions.PROGRESSING, False, "ApplyFailed", apply_error))
         elif plan is not None and plan.scaling_up:

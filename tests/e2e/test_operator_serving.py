@@ -174,33 +174,6 @@ def test_catalog_invalid_servers_get_valid_false_an_event_and_no_children(
     assert condition(body, "Ready")["status"] == "False"
 
 
-def test_a_reserved_field_is_reported_not_silently_ignored(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
-) -> None:
-    manifest = server(
-        "auto",
-        "v6e",
-        "2x4",
-        replicas=0,
-        autoscaling={"minReplicas": 1, "maxReplicas": 4, "metric": "queue", "target": 8},
-    )
-    apply(cluster, namespace, manifest)
-    body = wait_condition(cluster, namespace, "auto", "Valid", "True", operator)
-    assert "spec.autoscaling is reserved and not acted on" in condition(body, "Valid")["message"]
-
-    def warned() -> bool:
-        events = get(cluster, namespace, "events")["items"]
-        return any(
-            e.get("reason") == "FieldIgnored"
-            and e.get("type") == "Warning"
-            and e["involvedObject"].get("name") == "auto"
-            and "spec.autoscaling" in e.get("message", "")
-            for e in events
-        )
-
-    wait_until("a FieldIgnored Warning event for auto", warned, operator)
-
-
 def test_a_model_that_does_not_fit_is_reported(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

@@ -11,14 +11,7 @@ import pytest
 from tpuserve_operator import conditions
 from tpuserve_operator.observed import PodView, child_view, pod_view
 from tpuserve_operator.rollout import plan
-from tpuserve_operator.status import (
-    GroupObservation,
-    GroupReport,
-    decide,
-    report_group,
-    timestamp,
-    valid_message,
-)
+from tpuserve_operator.status import GroupObservation, GroupReport, decide, report_group, timestamp
 
 pytestmark = pytest.mark.unit
 
@@ -425,21 +418,3 @@ def test_child_view_reads_owner_hash_and_readiness() -> None:
         "h",
         2,
     )
-
-
-def test_valid_names_set_fields_this_version_ignores() -> None:
-    reports = _reports((True, True))
-    p = plan(1, {r.index: r.rollout_state() for r in reports}, max_unavailable=1, max_surge=0)
-    decided = decide(
-        replicas=1,
-        reports=reports,
-        plan=p,
-        invalid=None,
-        router_enabled=False,
-        router_ready_replicas=0,
-        ignored_fields=["spec.autoscaling"],
-    )
-    (valid,) = [c for c in decided if c.type == conditions.VALID]
-    assert (valid.status, valid.reason) == ("True", "SpecValid")
-    assert "spec.autoscaling is reserved and not acted on" in valid.message
-    assert valid_message() == "the spec is valid"

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from sglang_tpu.topology import topologies_for
-from tpuserve_operator.api import ignored_fields
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.validation import validate
 
@@ -89,12 +88,6 @@ def test_autoscaling_min_must_not_exceed_max(spec_with: SpecWith) -> None:
     spec = spec_with(autoscaling={"minReplicas": 5, "maxReplicas": 2})
     message, _ = problems_of(spec)["spec.autoscaling"]
     assert "minReplicas must be less than or equal to autoscaling.maxReplicas" in message
-
-
-def test_autoscaling_is_the_one_field_reported_as_ignored(spec_with: SpecWith) -> None:
-    assert ignored_fields(validate("qwen", spec_with()).spec) == []
-    spec = spec_with(autoscaling={"minReplicas": 1, "maxReplicas": 4})
-    assert ignored_fields(validate("qwen", spec).spec) == ["spec.autoscaling"]
 
 
 def test_rollout_cannot_forbid_both_unavailability_and_surge(spec_with: SpecWith) -> None:
