@@ -402,9 +402,12 @@ class AutoscalingSpec(Schema):
 
     min_replicas: int = Field(
         default=1,
-        ge=0,
+        ge=1,
         le=1024,
-        description="minReplicas is the fewest replicas the autoscaler keeps. Default: 1.",
+        description=(
+            "minReplicas is the fewest replicas the autoscaler keeps, at least 1 (a "
+            "HorizontalPodAutoscaler does not scale to zero). Default: 1."
+        ),
     )
     max_replicas: int = Field(
         ge=1,
@@ -414,14 +417,20 @@ class AutoscalingSpec(Schema):
     metric: Literal["queue", "ttft", "tokensInFlight"] = Field(
         default="queue",
         description=(
-            "metric drives scaling: queue (waiting requests per replica), ttft (predicted "
-            "time to first token, seconds) or tokensInFlight (per chip). Default: queue."
+            "metric drives scaling, read through the cluster's metrics adapter: queue "
+            "(requests waiting per replica: the engines' sglang:num_queue_reqs), "
+            "tokensInFlight (KV-cache tokens in use per chip: sglang:num_used_tokens) or ttft "
+            "(p90 time to first token over 5 minutes, seconds: the external metric "
+            "model:sglang_ttft_seconds:p90_5m of the served model). Default: queue."
         ),
     )
     target: float = Field(
         default=8,
         gt=0,
-        description="target value of metric per replica. Default: 8.",
+        description=(
+            "target value of metric: waiting requests per replica (queue), tokens per chip "
+            "(tokensInFlight) or seconds (ttft). Default: 8."
+        ),
     )
 
 
@@ -555,8 +564,9 @@ class TPUModelServerSpec(Schema):
     autoscaling: AutoscalingSpec | None = Field(
         default=None,
         description=(
-            "autoscaling bounds for the built-in autoscaler. Reserved: this version validates "
-            "and stores it but does not scale; use the scale subresource (HPA, KEDA) meanwhile."
+            "autoscaling makes the operator create a HorizontalPodAutoscaler that scales this "
+            "server's replicas (whole slices) through its scale subresource. It then owns "
+            "spec.replicas: leave replicas out of applied manifests. Unset: no autoscaler."
         ),
     )
     rollout: RolloutSpec = Field(

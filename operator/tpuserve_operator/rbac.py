@@ -75,6 +75,12 @@ OPERATOR_RULES: tuple[Rule, ...] = (
     ),
     Rule("policy", ("poddisruptionbudgets",), MANAGE, "one PodDisruptionBudget per server"),
     Rule(
+        "autoscaling",
+        ("horizontalpodautoscalers",),
+        MANAGE,
+        "one HorizontalPodAutoscaler per server that sets spec.autoscaling",
+    ),
+    Rule(
         "rbac.authorization.k8s.io",
         ("roles", "rolebindings"),
         MANAGE,

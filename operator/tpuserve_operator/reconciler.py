@@ -68,6 +68,7 @@ CHILD_KINDS = (
     ("apps/v1", "StatefulSet"),
     ("apps/v1", "Deployment"),
     ("policy/v1", "PodDisruptionBudget"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     (LWS_GROUP_VERSION, "LeaderWorkerSet"),

@@ -6,6 +6,7 @@ Issue 6, items 4 to 7; both workload kinds (LeaderWorkerSet, StatefulSets)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -108,6 +109,57 @@ def test_scale_subresource_adds_and_removes_groups(
         "one group's pods left", lambda: len(engine_pods(cluster, namespace, "s")) == 1, operator
     )
     assert status(cluster, namespace, "s")["selector"].endswith("serving.tpuserve.dev/role=leader")
+
+
+def hpa_of(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(
+        cluster.kubectl("get", "hpa", name, "-n", namespace, "-o", "json").stdout
+    )
+    return found
+
+
+def test_autoscaling_creates_an_hpa_that_scales_through_the_scale_subresource(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    # Kubernetes' HPA controller raises replicas to minReplicas before it reads any metric
+    # (there is no metrics adapter here), through the server's scale subresource.
+    autoscaling = {"minReplicas": 2, "maxReplicas": 3, "metric": "queue", "target": 4}
+    apply(cluster, namespace, server("auto", "v6e", "2x4", replicas=1, autoscaling=autoscaling))
+    wait_until(
+        "auto's HorizontalPodAutoscaler",
+        lambda: children(cluster, namespace, "auto").get("HorizontalPodAutoscaler") == ["auto"],
+        operator,
+    )
+    hpa = hpa_of(cluster, namespace, "auto")
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == labels.KIND
+    assert hpa["metadata"]["ownerReferences"][0]["name"] == "auto"
+    wait_until(
+        "the HPA to raise auto's spec.replicas to minReplicas",
+        lambda: tms(cluster, namespace, "auto")["spec"]["replicas"] == 2,
+        operator,
+    )
+    wait_ready_replicas(cluster, namespace, "auto", 2, operator)
+    hpa = hpa_of(cluster, namespace, "auto")
+    able = {c["type"]: c for c in hpa["status"].get("conditions", [])}["AbleToScale"]
+    assert able["status"] == "True", able
+
+    def metric_unavailable() -> bool:  # no adapter here: the HPA says so, and holds the bounds
+        got = hpa_of(cluster, namespace, "auto")
+        found = {c["type"]: c for c in got["status"].get("conditions", [])}
+        return found.get("ScalingActive", {}).get("status") == "False"
+
+    wait_until("the HPA to report ScalingActive=False", metric_unavailable, operator)
+    assert tms(cluster, namespace, "auto")["spec"]["replicas"] == 2
+
+    # autoscaling removed: the HPA goes, the replicas it set stay
+    remove = json.dumps([{"op": "remove", "path": "/spec/autoscaling"}])
+    cluster.kubectl("patch", "tms", "auto", "-n", namespace, "--type=json", "-p", remove)
+    wait_until(
+        "auto's HPA to be pruned",
+        lambda: "HorizontalPodAutoscaler" not in children(cluster, namespace, "auto"),
+        operator,
+    )
+    assert tms(cluster, namespace, "auto")["spec"]["replicas"] == 2
 
 
 def _ready_groups(pods: dict[str, dict[str, Any]], hosts: int) -> dict[str, set[str]]:

@@ -311,6 +311,7 @@ def children(cluster: Cluster, namespace: str, name: str) -> dict[str, list[str]
             "roles",
             "rolebindings",
             "poddisruptionbudgets",
+            "horizontalpodautoscalers",
             "leaderworkersets",
         )
     )

@@ -38,6 +38,7 @@ CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
     ("apps", "v1", "statefulsets"),
     ("apps", "v1", "deployments"),
     ("policy", "v1", "poddisruptionbudgets"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
     ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),

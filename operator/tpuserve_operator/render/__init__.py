@@ -14,6 +14,7 @@ from tpuserve_operator import labels
 from tpuserve_operator.api import PlanStatus
 from tpuserve_operator.contract_bridge import ContractProblems
 from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.render.autoscaler import autoscaler
 from tpuserve_operator.render.context import Manifest, RenderConfig, Server, stable_hash
 from tpuserve_operator.render.monitors import monitors
 from tpuserve_operator.render.pdb import disruption_budget
@@ -98,6 +99,7 @@ def render(server: Server) -> Rendered:
             endpoint_service(server),
             leaders_service(server),
             disruption_budget(server),
+            *autoscaler(server),
             *router_children(server),
             *monitors(server),
         ]

@@ -1,0 +1,105 @@
+"""Render: the HorizontalPodAutoscaler behind `spec.autoscaling`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tpuserve.observability import rules
+from tpuserve_operator import labels
+from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.render import Rendered
+from tpuserve_operator.render.autoscaler import TTFT_METRIC, quantity
+
+pytestmark = pytest.mark.unit
+
+RenderFn = Callable[..., Rendered]
+SpecWith = Callable[..., dict[str, Any]]
+
+
+def hpa_of(rendered: Rendered) -> dict[str, Any]:
+    (hpa,) = [c for c in rendered.children if c["kind"] == "HorizontalPodAutoscaler"]
+    return hpa
+
+
+def test_no_autoscaling_no_autoscaler(rendered: RenderFn) -> None:
+    assert not [c for c in rendered().children if c["kind"] == "HorizontalPodAutoscaler"]
+
+
+def test_the_autoscaler_targets_the_servers_scale_subresource(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    spec = spec_with(autoscaling={"minReplicas": 2, "maxReplicas": 6})
+    hpa = hpa_of(rendered(spec))
+    assert hpa["metadata"]["name"] == "qwen"
+    assert hpa["metadata"]["namespace"] == "ml"
+    assert hpa["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.KIND,
+        "name": "qwen",
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+    # one slice at a time both ways; scale-down only after 5 minutes of lower demand
+    behavior = hpa["spec"]["behavior"]
+    assert behavior["scaleUp"]["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 300
+    kubernetes_validate.validate(hpa, "1.33.0", strict=True)
+
+
+def test_queue_is_the_engines_waiting_requests_per_replica(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    spec = spec_with(autoscaling={"maxReplicas": 4, "metric": "queue", "target": 5})
+    (metric,) = hpa_of(rendered(spec))["spec"]["metrics"]
+    assert metric == {
+        "type": "Pods",
+        "pods": {
+            "metric": {"name": "sglang:num_queue_reqs"},
+            "target": {"type": "AverageValue", "averageValue": "5"},
+        },
+    }
+
+
+def test_tokens_in_flight_target_is_per_chip(rendered: RenderFn, spec_with: SpecWith) -> None:
+    # v6e 4x4: 16 chips per replica, and one leader reports the whole slice
+    spec = spec_with(autoscaling={"maxReplicas": 4, "metric": "tokensInFlight", "target": 2500})
+    (metric,) = hpa_of(rendered(spec))["spec"]["metrics"]
+    assert metric["pods"]["metric"]["name"] == "sglang:num_used_tokens"
+    assert metric["pods"]["target"]["averageValue"] == "40000"
+
+
+def test_ttft_is_the_served_models_p90_from_the_recording_rule(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    spec = spec_with(autoscaling={"maxReplicas": 4, "metric": "ttft", "target": 0.75})
+    (metric,) = hpa_of(rendered(spec))["spec"]["metrics"]
+    assert metric == {
+        "type": "External",
+        "external": {
+            "metric": {
+                "name": "model:sglang_ttft_seconds:p90_5m",
+                "selector": {"matchLabels": {"model_name": "qwen3-8b"}},  # served name
+            },
+            "target": {"type": "Value", "value": "0.75"},
+        },
+    }
+
+
+def test_the_ttft_metric_is_a_recording_rule_of_the_chart() -> None:
+    assert TTFT_METRIC in {r.record for r in rules.recording_rules()}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(8.0, "8"), (0.5, "0.5"), (1e-05, "1e-05"), (1234.25, "1234.25")]
+)
+def test_quantities(value: float, expected: str) -> None:
+    assert quantity(value) == expected
+
+
+def test_min_replicas_of_zero_is_refused(rendered: RenderFn, spec_with: SpecWith) -> None:
+    with pytest.raises(InvalidSpec, match=r"spec\.autoscaling\.minReplicas"):
+        rendered(spec_with(autoscaling={"minReplicas": 0, "maxReplicas": 4}))
