@@ -42,6 +42,9 @@ _SPEC_FIELD: Mapping[str, str] = {
 
 HTTP_PORT = int(GroupContract.model_fields["http_port"].default)
 KV_EVENTS_PORT = int(GroupContract.model_fields["kv_events_port"].default)
+KV_REPLAY_PORT = KV_EVENTS_PORT + 1
+"""The leaders' KV-event replay socket (SGLang's `replay_endpoint`; the contract leaves it off
+by default): a router that subscribes late or misses batches catches up from it."""
 HF_TOKEN_ENV = str(GroupContract.model_fields["hf_token_env"].default)
 
 # Per-pod values from the downward API, re-exported so render code imports them from here.
@@ -109,6 +112,7 @@ def group_contract(
         "weights_cache_dir": paths.weights_cache_dir,
         "compile_cache_dir": paths.compile_cache_dir,
         "hf_token_env": HF_TOKEN_ENV,
+        "kv_replay_port": KV_REPLAY_PORT,
         "drain_timeout_seconds": drain_timeout_seconds,
     }
     shape = lookup(spec.tpu.generation, spec.tpu.topology)

@@ -297,6 +297,11 @@ def engine_pod_template(
                 "containerPort": contract_bridge.KV_EVENTS_PORT,
                 "protocol": "TCP",
             },
+            {
+                "name": "kv-replay",
+                "containerPort": contract_bridge.KV_REPLAY_PORT,
+                "protocol": "TCP",
+            },
         ]
         container |= _probes(server)
     selector, tolerations = _node_placement(server)

@@ -49,6 +49,11 @@ def leaders_service(server: Server) -> Manifest:
                     "port": contract_bridge.KV_EVENTS_PORT,
                     "targetPort": "kv-events",
                 },
+                {
+                    "name": "kv-replay",
+                    "port": contract_bridge.KV_REPLAY_PORT,
+                    "targetPort": "kv-replay",
+                },
             ],
         },
     }

@@ -218,6 +218,18 @@ def test_only_leaders_have_probes_and_ports(rendered: RenderFn) -> None:
         assert ("ports" in engine) is leader
 
 
+def test_leaders_publish_kv_events_with_a_replay_socket(rendered: RenderFn) -> None:
+    children = rendered().children
+    leader = one(children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    (engine,) = leader["containers"]
+    ports = {p["name"]: p["containerPort"] for p in engine["ports"]}
+    assert ports == {"http": 30000, "kv-events": 5557, "kv-replay": 5558}
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    assert (env["TPUSERVE_KV_EVENTS_PORT"], env["TPUSERVE_KV_REPLAY_PORT"]) == ("5557", "5558")
+    service = one(children, "Service", "qwen-leaders")
+    assert {p["name"] for p in service["spec"]["ports"]} == {"http", "kv-events", "kv-replay"}
+
+
 def test_startup_probe_allows_an_hour_for_a_first_compile(
     rendered: RenderFn, spec_with: SpecWith
 ) -> None:
