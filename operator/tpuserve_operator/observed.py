@@ -31,6 +31,7 @@ class PodView:
     crash_loop: str | None  # "container: message" when a container is in CrashLoopBackOff
     restarts: int
     created: str
+    uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         crash_loop=crash_loop,
         restarts=restarts,
         created=str(meta.get("creationTimestamp") or ""),
+        uid=str(meta.get("uid") or ""),
     )
 
 

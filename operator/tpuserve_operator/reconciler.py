@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuserve_operator import conditions, labels, rollout
+from tpuserve_operator import conditions, group_restart, labels, rollout
 from tpuserve_operator.apply import AppliedRecord, needs_apply, record_of, stamp
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.kube import Kube, NotFoundError, error_summary
@@ -134,6 +134,10 @@ class Reconciler:
         self._renders: dict[ServerKey, tuple[tuple[Any, ...], Rendered | InvalidSpec]] = {}
         self._relisted: dict[ServerKey, float] = {}
         self._errors: dict[ServerKey, int] = {}
+        # StatefulSet path: each multi-host group's pods while it runs as one, and the pods
+        # the operator deleted to restart it (group_restart)
+        self._epochs: dict[tuple[ServerKey, int], group_restart.Epoch] = {}
+        self._condemned: dict[tuple[ServerKey, int], set[str]] = {}
         self._semaphore = asyncio.Semaphore(settings.max_concurrent)
 
     # -- event intake (kopf handlers) ----------------------------------------------------------
@@ -190,6 +194,9 @@ class Reconciler:
         self._errors.pop(key, None)
         self._renders.pop(key, None)
         self._relisted.pop(key, None)
+        for slot in [s for s in (*self._epochs, *self._condemned) if s[0] == key]:
+            self._epochs.pop(slot, None)
+            self._condemned.pop(slot, None)
         for record_key in [k for k in self._applied if k[0] == key]:
             del self._applied[record_key]
 
@@ -278,6 +285,7 @@ class Reconciler:
         apply_error = await self._apply(key, rendered, plan, reports, children)
         if apply_error is None:
             await self._restart_stale_pods(key, rendered, plan)
+            await self._restart_broken_groups(key, body, rendered, plan, groups)
             await self._prune(key, rendered, plan, children)
         router_ready = self._router_ready(children, rendered)
         decided = decide(
@@ -510,6 +518,49 @@ class Reconciler:
         for pod, existed in zip(stale, found, strict=True):
             if not existed:
                 self.cache.drop_pod(key, pod.name)
+
+    async def _restart_broken_groups(
+        self,
+        key: ServerKey,
+        body: Mapping[str, Any],
+        rendered: Rendered,
+        plan: rollout.Plan,
+        groups: Mapping[int, GroupObservation],
+    ) -> None:
+        """StatefulSet path: when one pod of a multi-host group restarts, restart the rest
+        (LeaderWorkerSet's RecreateGroupOnPodRestart, done by hand; see group_restart)."""
+        server = rendered.server
+        hosts = server.valid.shape.hosts
+        if server.config.leaderworkerset or hosts == 1:
+            return
+        for k, group in groups.items():
+            slot = (key, k)
+            if not group.exists or group.deleting or k in plan.restart or k in plan.delete:
+                self._epochs.pop(slot, None)  # being rolled, removed or made: not a restart
+                continue
+            verdict = group_restart.check(
+                self._epochs.get(slot), group.pods, hosts, self._condemned.get(slot, ())
+            )
+            if verdict.epoch is None:
+                self._epochs.pop(slot, None)
+            else:
+                self._epochs[slot] = verdict.epoch
+                self._condemned.pop(slot, None)
+            if not verdict.delete:
+                continue
+            uids = {p.uid for p in group.pods if p.name in verdict.delete}
+            self._condemned[slot] = self._condemned.get(slot, set()) | uids
+            await asyncio.gather(
+                *(self.kube.delete("v1", "Pod", key[0], name) for name in verdict.delete)
+            )
+            self._emit_event(
+                body,
+                "Warning",
+                "GroupRestarted",
+                f"replica group {group.name}: pod {verdict.cause} restarted; restarting the "
+                f"group's other {len(verdict.delete)} pods with it (a multi-host slice runs "
+                "as one program)",
+            )
 
     def _desired_refs(self, rendered: Rendered, keep: Iterable[int]) -> set[tuple[str, str]]:
         refs = {(m["kind"], m["metadata"]["name"]) for m in rendered.shared}

@@ -19,6 +19,7 @@ from tms_harness import (  # noqa: F401  (fixtures)
     children,
     condition,
     engine_pods,
+    get,
     operator_kubeconfig,
     operator_per_workload,
     server,
@@ -232,6 +233,38 @@ def test_a_spec_change_rolls_groups_and_never_leaves_zero_ready(
     assert lowest == 1  # groups really went down one at a time
     wait_condition(cluster, namespace, "roll", "Progressing", "False", operator, reason="Complete")
     assert status(cluster, namespace, "roll")["revision"] != old_revision
+
+
+def test_a_pod_that_restarts_takes_its_whole_multi_host_group_with_it(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    # A slice runs one program: LWS recreates the group itself, the operator does it for
+    # StatefulSets. Deleting one worker pod must replace every pod of its group.
+    apply(cluster, namespace, server("grp", "tpu7x", "2x2x2", replicas=1))
+    wait_ready_replicas(cluster, namespace, "grp", 1, operator)
+    pods = engine_pods(cluster, namespace, "grp")
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    assert len(before) == 2
+    (worker,) = [
+        p["metadata"]["name"]
+        for p in pods
+        if p["metadata"]["labels"][labels.ROLE] != labels.ROLE_LEADER
+    ]
+    cluster.kubectl("delete", "pod", worker, "-n", namespace, "--wait=false")
+
+    def all_replaced() -> bool:
+        now = {
+            p["metadata"]["name"]: p["metadata"]["uid"]
+            for p in engine_pods(cluster, namespace, "grp")
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        return len(now) == 2 and all(uid != before.get(name) for name, uid in now.items())
+
+    wait_until("every pod of grp's group to be replaced", all_replaced, operator)
+    wait_ready_replicas(cluster, namespace, "grp", 1, operator)
+    if workload_kind(operator) == "StatefulSet":
+        events = get(cluster, namespace, "events")["items"]
+        assert any(e.get("reason") == "GroupRestarted" for e in events), operator.log_tail()
 
 
 def test_children_deleted_by_hand_come_back_and_deletion_collects_everything(
