@@ -65,7 +65,7 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         "",
         ("pods",),
         ("get", "list", "watch", "delete"),
-        "group state for status; restart a StatefulSet group's pods together on rollout",
+        "group state for status; restart a StatefulSet group's pods together (rollout, restart)",
     ),
     Rule(
         "discovery.k8s.io",
