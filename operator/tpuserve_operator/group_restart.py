@@ -52,18 +52,11 @@ def check(
             return Verdict({p.name: incarnation(p) for p in live})
         return Verdict(None)
     current = {p.name: p for p in live}
-    changed = [
-        name
-        for name, seen in epoch.items()
-        if name not in current or incarnation(current[name]) != seen
-    ]
+    survivors: list[str] = []
+    changed: list[str] = []
+    for name, seen in epoch.items():
+        pod = current.get(name)
+        (survivors if pod is not None and incarnation(pod) == seen else changed).append(name)
     if not changed:
         return Verdict(epoch)
-    survivors = tuple(
-        sorted(
-            name
-            for name, seen in epoch.items()
-            if name in current and incarnation(current[name]) == seen
-        )
-    )
-    return Verdict(None, survivors, sorted(changed)[0])
+    return Verdict(None, tuple(sorted(survivors)), min(changed))

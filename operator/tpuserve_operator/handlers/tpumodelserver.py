@@ -19,10 +19,10 @@ import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tpuserve_operator import labels, peering
-from tpuserve_operator.kube import Kube, load_configuration
+from tpuserve_operator.kube import KINDS, Kube, load_configuration
 from tpuserve_operator.metrics import create_operator_metrics
 from tpuserve_operator.options import OperatorOptions
-from tpuserve_operator.reconciler import Reconciler
+from tpuserve_operator.reconciler import CHILD_KINDS, Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +30,16 @@ FINALIZER = f"{labels.GROUP}/kopf-finalizer"
 MANAGED = {labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
 MANAGED_SELECTOR = labels.selector_string(MANAGED)
 
-# Children the operator creates (group, version, plural), watched to restore and report.
-CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
-    ("", "v1", "services"),
-    ("", "v1", "configmaps"),
-    ("", "v1", "serviceaccounts"),
-    ("apps", "v1", "statefulsets"),
-    ("apps", "v1", "deployments"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("autoscaling", "v2", "horizontalpodautoscalers"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
-    ("monitoring.coreos.com", "v1", "podmonitors"),
-    ("monitoring.coreos.com", "v1", "servicemonitors"),
+
+def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
+    group, _, version = api_version.rpartition("/")
+    return group, version, KINDS[(api_version, kind)].plural
+
+
+# Children the operator creates (group, version, plural), watched to restore and report:
+# the reconciler's list, pods aside (they have a handler of their own).
+CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = tuple(
+    _resource(api_version, kind) for api_version, kind in CHILD_KINDS if kind != "Pod"
 )
 FILTERED = {(g, p) for g, _, p in CHILD_RESOURCES} | {("", "pods")}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from pod_views import make_pod
 
 from tpuserve_operator.group_restart import check
 from tpuserve_operator.observed import PodView
@@ -13,21 +14,7 @@ pytestmark = pytest.mark.unit
 
 
 def pod(name: str, uid: str, *, restarts: int = 0, running: bool = True) -> PodView:
-    return PodView(
-        name=name,
-        replica=0,
-        role="leader" if name.endswith("-0") and "-w" not in name else "worker",
-        revision="rev",
-        phase="Running" if running else "Pending",
-        ready=running,
-        running=running,
-        deleting=False,
-        unschedulable=None,
-        crash_loop=None,
-        restarts=restarts,
-        created="",
-        uid=uid,
-    )
+    return make_pod(name, uid=uid, restarts=restarts, running=running)
 
 
 GROUP = [pod("q-r0-0", "a"), pod("q-r0-w-1", "b"), pod("q-r0-w-2", "c")]

@@ -7,6 +7,7 @@ import datetime
 from typing import Any
 
 import pytest
+from pod_views import make_pod
 
 from tpuserve_operator import conditions
 from tpuserve_operator.observed import PodView, child_view, pod_view
@@ -29,19 +30,14 @@ def pod(
     unschedulable: str | None = None,
     crash: str | None = None,
 ) -> PodView:
-    return PodView(
-        name=name,
-        replica=0,
+    return make_pod(
+        name,
         role=role,
-        revision=revision,
-        phase="Running" if running else "Pending",
-        ready=ready and running,
         running=running,
-        deleting=False,
+        ready=ready and running,
+        revision=revision,
         unschedulable=unschedulable,
         crash_loop=crash,
-        restarts=0,
-        created="",
     )
 
 
