@@ -480,8 +480,6 @@ async def up(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from tpuserve.cluster.ports import free_port
-
     console = Console(stderr=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -495,8 +493,11 @@ async def up(args: argparse.Namespace) -> int:
                 spawn(f"engine {i}", [
                     "engine", "sim", "--host", "127.0.0.1", "--port", "0",
                     "--time-scale", str(args.time_scale),
-                    "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}",
-                    "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{free_port()}",
+                    # ZMQ picks free ports (the twin reports them in /get_server_info,
+                    # where the router reads them): no window for another socket to take
+                    # a port chosen here first
+                    "--kv-events-endpoint", "tcp://127.0.0.1:*",
+                    "--kv-events-replay-endpoint", "tcp://127.0.0.1:*",
                     *args.engine_arg,
                 ], "READY")
                 for i in range(args.workers)

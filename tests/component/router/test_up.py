@@ -36,12 +36,15 @@ def test_ctrl_c_stops_the_fleet() -> None:
     proc = subprocess.Popen(UP, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
+    seen: list[str] = []
     for line in proc.stderr:
+        seen.append(line)
         if "Ctrl-C stops everything" in line:
             break
         assert time.monotonic() < deadline
+    assert "Ctrl-C stops everything" in seen[-1], "".join(seen)[-3000:]
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()[-3000:]
 
 
 def test_bad_flags_name_the_flag() -> None:
