@@ -132,8 +132,8 @@ def start_engine(index: int, config: LiveConfig, kv_events: bool) -> Proc:
     ]  # fmt: skip
     if kv_events:
         cmd += [
-            "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}",
-            "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{free_port()}",
+            "--kv-events-endpoint", "tcp://127.0.0.1:*",  # free ports, in /get_server_info
+            "--kv-events-replay-endpoint", "tcp://127.0.0.1:*",
         ]  # fmt: skip
     popen = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
