@@ -23,6 +23,7 @@ PIP_TIMEOUT_SECONDS = 600
 def pinned_version() -> str:
     """The SGLang version pinned by pyproject's `tpu` extra (the one source of the pin)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirement: str
     for requirement in project["optional-dependencies"]["tpu"]:
         name, sep, version = requirement.partition("==")
         if name.strip() == "sglang" and sep:
