@@ -1,12 +1,12 @@
 """Every SGLang Prometheus metric the engine twin exports: name, type, labels and buckets.
 
 The one list of ``sglang:*`` names in tpuserve. The twin registers exactly these; the chart's
-dashboards and recording rules import them, and a test fails when a dashboard uses a name that
-is neither here nor a router metric. Names, types, label sets and default buckets follow
-SGLang's collectors (``srt/metrics/collector.py``, later ``srt/observability/
-metrics_collector.py``): request-level metrics come from the tokenizer collector (label
-``model_name``), engine metrics from the scheduler collector (labels ``model_name``,
-``engine_type``, ``tp_rank``, ``pp_rank``).
+dashboards, recording rules and the operator's autoscaler import them. Each is declared by the
+SGLang release the image pins (0.5.23, ``srt/observability/metrics_collector.py``) with the same
+type, label names and buckets; ``tests/metrics/test_sglang_declarations.py`` checks that against
+the pinned wheel. Request-level metrics come from SGLang's tokenizer collector (labels
+``model_name``, ``engine_type``), engine metrics from its scheduler collector (labels
+``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``).
 
 `name` is spelled as a PromQL query writes it: counters end in ``_total``; a histogram's
 series are `name` + ``_bucket`` / ``_sum`` / ``_count``.
@@ -20,8 +20,16 @@ from typing import Literal
 MetricKind = Literal["counter", "gauge", "histogram"]
 Collector = Literal["tokenizer", "scheduler"]
 
-TOKENIZER_LABELS: tuple[str, ...] = ("model_name",)
-SCHEDULER_LABELS: tuple[str, ...] = ("model_name", "engine_type", "tp_rank", "pp_rank")
+TOKENIZER_LABELS: tuple[str, ...] = ("model_name", "engine_type")
+SCHEDULER_LABELS: tuple[str, ...] = (
+    "model_name",
+    "engine_type",
+    "tp_rank",
+    "pp_rank",
+    "moe_ep_rank",
+)
+# Request counters and histograms split streaming from non-streaming requests: "true" | "false".
+IS_STREAMING = "is_streaming"
 
 TTFT_BUCKETS_SECONDS: tuple[float, ...] = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
@@ -36,13 +44,17 @@ E2E_BUCKETS_SECONDS: tuple[float, ...] = (
     200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0,
 )  # fmt: skip
 QUEUE_TIME_BUCKETS_SECONDS: tuple[float, ...] = (
-    0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-    70.0, 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0, 1000.0,
-    1200.0, 1400.0, 1600.0, 1800.0, 2000.0, 2500.0, 3000.0,
+    0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0,
+    30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0,
+    800.0, 900.0, 1000.0, 1200.0, 1400.0, 1600.0, 1800.0, 2000.0, 2500.0, 3000.0,
 )  # fmt: skip
 
 REALTIME_TOKEN_MODES: tuple[str, ...] = ("prefill_compute", "prefill_cache", "decode")
 CACHE_SOURCES: tuple[str, ...] = ("device",)
+# The phases SGLang reports once the server is up (`emit_startup_time`).
+STARTUP_PHASES: tuple[str, ...] = (
+    "load_weight", "kv_cache_allocation", "scheduler_e2e", "tokenizer_e2e",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +90,31 @@ def _c(name: str, doc: str, collector: Collector, *extra: str) -> MetricSpec:
     return MetricSpec(name, "counter", doc, collector, tuple(extra))
 
 
-def _g(name: str, doc: str, *extra: str) -> MetricSpec:
-    return MetricSpec(name, "gauge", doc, "scheduler", tuple(extra))
+def _g(name: str, doc: str, collector: Collector = "scheduler", *extra: str) -> MetricSpec:
+    return MetricSpec(name, "gauge", doc, collector, tuple(extra))
 
 
-def _h(name: str, doc: str, collector: Collector, buckets: tuple[float, ...]) -> MetricSpec:
-    return MetricSpec(name, "histogram", doc, collector, (), buckets)
+def _h(
+    name: str, doc: str, collector: Collector, buckets: tuple[float, ...], *extra: str
+) -> MetricSpec:
+    return MetricSpec(name, "histogram", doc, collector, tuple(extra), buckets)
 
 
 # Request-level (tokenizer collector).
-PROMPT_TOKENS = _c("sglang:prompt_tokens_total", "Number of prefill tokens processed.", "tokenizer")
+STARTUP_TIME = _g(
+    "sglang:startup_time_seconds",
+    "Engine startup duration by phase in seconds.",
+    "tokenizer",
+    "phase",
+)
+PROMPT_TOKENS = _c(
+    "sglang:prompt_tokens_total", "Number of prefill tokens processed.", "tokenizer", IS_STREAMING
+)
 GENERATION_TOKENS = _c(
-    "sglang:generation_tokens_total", "Number of generation tokens processed.", "tokenizer"
+    "sglang:generation_tokens_total",
+    "Number of generation tokens processed.",
+    "tokenizer",
+    IS_STREAMING,
 )
 CACHED_TOKENS = _c(
     "sglang:cached_tokens_total",
@@ -97,9 +122,8 @@ CACHED_TOKENS = _c(
     "tokenizer",
     "cache_source",
 )
-NUM_REQUESTS = _c("sglang:num_requests_total", "Number of requests processed.", "tokenizer")
-NUM_REQUESTS_RECEIVED = _c(
-    "sglang:num_requests_received_total", "Number of requests received.", "tokenizer"
+NUM_REQUESTS = _c(
+    "sglang:num_requests_total", "Number of requests processed.", "tokenizer", IS_STREAMING
 )
 NUM_SO_REQUESTS = _c(
     "sglang:num_so_requests_total",
@@ -114,6 +138,7 @@ TIME_TO_FIRST_TOKEN = _h(
     "Histogram of time to first token in seconds.",
     "tokenizer",
     TTFT_BUCKETS_SECONDS,
+    IS_STREAMING,
 )
 INTER_TOKEN_LATENCY = _h(
     "sglang:inter_token_latency_seconds",
@@ -126,6 +151,7 @@ E2E_REQUEST_LATENCY = _h(
     "Histogram of End-to-end request latency in seconds",
     "tokenizer",
     E2E_BUCKETS_SECONDS,
+    IS_STREAMING,
 )
 
 # Engine (scheduler collector).
@@ -141,26 +167,25 @@ CACHE_HIT_RATE = _g("sglang:cache_hit_rate", "The prefix cache hit rate.")
 NUM_GRAMMAR_QUEUE_REQS = _g(
     "sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue."
 )
-SPEC_ACCEPT_LENGTH = _g("sglang:spec_accept_length", "The average acceptance length.")
-UTILIZATION = _g(
-    "sglang:utilization",
-    "Running requests over max_running_requests_under_SLO (-1 when not configured).",
+SPEC_ACCEPT_LENGTH = _g(
+    "sglang:spec_accept_length",
+    "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward).",
 )
-NUM_RETRACTED_REQS = _g("sglang:num_retracted_reqs", "The number of retracted requests.")
-ENGINE_STARTUP_TIME = _g("sglang:engine_startup_time", "The time taken for the engine to start up.")
-ENGINE_LOAD_WEIGHTS_TIME = _g(
-    "sglang:engine_load_weights_time", "The time taken for the engine to load weights."
+UTILIZATION = _g("sglang:utilization", "The utilization.")
+# SGLang declares this gauge without a multiprocess mode, so its multiprocess /metrics keeps one
+# series per process, labelled with the scheduler's `pid`.
+NUM_RETRACTED_REQS = _g(
+    "sglang:num_retracted_reqs", "The number of retracted requests.", "scheduler", "pid"
 )
-CACHE_CONFIG_INFO = _g(
-    "sglang:cache_config_info", "Information about the KV cache configuration.",
-    "page_size", "num_pages",
-)  # fmt: skip
-REALTIME_TOKENS = MetricSpec(
+PAGE_SIZE = _g("sglang:page_size", "KV cache page size in tokens.")
+NUM_PAGES = _g("sglang:num_pages", "Number of KV cache pages.")
+CONTEXT_LEN = _g("sglang:context_len", "Maximum context length.")
+REALTIME_TOKENS = _c(
     "sglang:realtime_tokens_total",
-    "counter",
-    "Number of tokens processed, updated every scheduler step, by mode.",
+    "Total number of tokens processed (updated on each log interval). "
+    "mode: prefill_compute, prefill_cache, decode.",
     "scheduler",
-    ("mode",),
+    "mode",
 )
 QUEUE_TIME = _h(
     "sglang:queue_time_seconds",
@@ -170,11 +195,11 @@ QUEUE_TIME = _h(
 )
 
 ALL_METRICS: tuple[MetricSpec, ...] = (
+    STARTUP_TIME,
     PROMPT_TOKENS,
     GENERATION_TOKENS,
     CACHED_TOKENS,
     NUM_REQUESTS,
-    NUM_REQUESTS_RECEIVED,
     NUM_SO_REQUESTS,
     NUM_ABORTED_REQUESTS,
     TIME_TO_FIRST_TOKEN,
@@ -191,9 +216,9 @@ ALL_METRICS: tuple[MetricSpec, ...] = (
     SPEC_ACCEPT_LENGTH,
     UTILIZATION,
     NUM_RETRACTED_REQS,
-    ENGINE_STARTUP_TIME,
-    ENGINE_LOAD_WEIGHTS_TIME,
-    CACHE_CONFIG_INFO,
+    PAGE_SIZE,
+    NUM_PAGES,
+    CONTEXT_LEN,
     REALTIME_TOKENS,
     QUEUE_TIME,
 )

@@ -143,6 +143,7 @@ class Request:
         "stop_strings",
         "stop_text_index",
         "stop_token_ids",
+        "stream",
         "text",
         "tree_len",
         "user",
@@ -159,6 +160,7 @@ class Request:
         sampling_seed: int | None = None,
         on_update: Callable[[Request], None] | None = None,
         user: Any = None,
+        stream: bool = False,
     ) -> None:
         self.rid = rid
         self.input_ids = list(input_ids)
@@ -168,6 +170,7 @@ class Request:
         self.sampling_seed = sampling_seed
         self.on_update = on_update
         self.user = user
+        self.stream = stream  # the client streams the output (SGLang's `is_streaming` label)
         self.output_ids: list[int] = []
         self.text: list[str] = []  # output text pieces, kept only when stop strings are set
         self.stop_text_index: int | None = None  # where a matched stop string starts

@@ -3,19 +3,29 @@
 `EngineMetrics` is the core's observer in the HTTP server: token counters move when a request
 finishes (as SGLang's tokenizer collector does), latency histograms on every token, and the
 scheduler gauges read the core at scrape time, so they are exact whenever Prometheus looks.
+Request series carry `is_streaming` ("true" | "false"); both children exist from the start,
+as client_python advises for known label values. `/metrics` serves `EngineMetrics.exposed`,
+which shows the registry as SGLang's multiprocess collector would (no `_created` series).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from sglang_tpu import metric_names as names
 from sglang_tpu.metric_names import MetricSpec
 from sglang_tpu.sim.engine import EngineCore, Request, Step
 
 GEN_THROUGHPUT_WINDOW_SECONDS = 5.0
+IS_STREAMING_VALUES = {False: "false", True: "true"}
+M = TypeVar("M", Counter, Gauge, Histogram)
+R = TypeVar("R", Counter, Histogram)
 
 
 def _make(spec: MetricSpec, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
@@ -31,6 +41,19 @@ def _make(spec: MetricSpec, registry: CollectorRegistry) -> Counter | Gauge | Hi
     )
 
 
+class _WithoutCreated(Collector):
+    """A registry's families without client_python's `<name>_created` samples: SGLang serves
+    /metrics from the multiprocess collector, which keeps none."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
 class EngineMetrics:
     def __init__(
         self,
@@ -40,75 +63,73 @@ class EngineMetrics:
         engine_type: str = "unified",
     ) -> None:
         self.registry = registry
+        self.exposed = CollectorRegistry(auto_describe=False)
+        self.exposed.register(_WithoutCreated(registry))
         self.core = core
-        made = {spec.name: _make(spec, registry) for spec in names.ALL_METRICS}
-        tok = {"model_name": model_name}
-        sched = {
-            "model_name": model_name,
-            "engine_type": engine_type,
-            "tp_rank": "0",
-            "pp_rank": "0",
-        }
+        self._made = {spec.name: _make(spec, registry) for spec in names.ALL_METRICS}
+        self._tokenizer = {"model_name": model_name, "engine_type": engine_type}
+        self._scheduler = {**self._tokenizer, "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+        self._pid = str(os.getpid())
 
-        def counter(spec: MetricSpec, **extra: str) -> Counter:
-            metric = made[spec.name]
-            assert isinstance(metric, Counter)
-            base = tok if spec.collector == "tokenizer" else sched
-            return metric.labels(**base, **extra)
-
-        def gauge(spec: MetricSpec, **extra: str) -> Gauge:
-            metric = made[spec.name]
-            assert isinstance(metric, Gauge)
-            return metric.labels(**sched, **extra)
-
-        def histogram(spec: MetricSpec) -> Histogram:
-            metric = made[spec.name]
-            assert isinstance(metric, Histogram)
-            return metric.labels(**(tok if spec.collector == "tokenizer" else sched))
-
-        self.prompt_tokens = counter(names.PROMPT_TOKENS)
-        self.generation_tokens = counter(names.GENERATION_TOKENS)
-        self.cached_tokens = counter(names.CACHED_TOKENS, cache_source="device")
-        self.num_requests = counter(names.NUM_REQUESTS)
-        self.num_requests_received = counter(names.NUM_REQUESTS_RECEIVED)
-        counter(names.NUM_SO_REQUESTS)  # the twin has no structured output: stays 0
-        self.num_aborted = counter(names.NUM_ABORTED_REQUESTS)
-        self.ttft = histogram(names.TIME_TO_FIRST_TOKEN)
-        self.itl = histogram(names.INTER_TOKEN_LATENCY)
-        self.e2e = histogram(names.E2E_REQUEST_LATENCY)
-        self.queue_time = histogram(names.QUEUE_TIME)
+        self.prompt_tokens = self._by_streaming(names.PROMPT_TOKENS, Counter)
+        self.generation_tokens = self._by_streaming(names.GENERATION_TOKENS, Counter)
+        self.num_requests = self._by_streaming(names.NUM_REQUESTS, Counter)
+        self.ttft = self._by_streaming(names.TIME_TO_FIRST_TOKEN, Histogram)
+        self.e2e = self._by_streaming(names.E2E_REQUEST_LATENCY, Histogram)
+        self.cached_tokens = self._child(names.CACHED_TOKENS, Counter, cache_source="device")
+        self._child(names.NUM_SO_REQUESTS, Counter)  # the twin has no structured output: 0
+        self.num_aborted = self._child(names.NUM_ABORTED_REQUESTS, Counter)
+        self.itl = self._child(names.INTER_TOKEN_LATENCY, Histogram)
+        self.queue_time = self._child(names.QUEUE_TIME, Histogram)
         self.realtime = {
-            mode: counter(names.REALTIME_TOKENS, mode=mode) for mode in names.REALTIME_TOKEN_MODES
+            mode: self._child(names.REALTIME_TOKENS, Counter, mode=mode)
+            for mode in names.REALTIME_TOKEN_MODES
         }
-        self.gen_throughput = gauge(names.GEN_THROUGHPUT)
-        self.cache_hit_rate = gauge(names.CACHE_HIT_RATE)
-        cfg = core.config
+        self.gen_throughput = self._child(names.GEN_THROUGHPUT, Gauge)
+        self.cache_hit_rate = self._child(names.CACHE_HIT_RATE, Gauge)
         live: list[tuple[MetricSpec, Callable[[], float]]] = [
             (names.NUM_RUNNING_REQS, lambda: core.num_running),
             (names.NUM_QUEUE_REQS, lambda: core.num_waiting),
             (names.NUM_USED_TOKENS, lambda: core.num_used_tokens),
             (names.TOKEN_USAGE, lambda: core.token_usage),
-            (names.MAX_TOTAL_NUM_TOKENS, lambda: cfg.cache_tokens),
             (names.NUM_RETRACTED_REQS, lambda: core.retracted_total),
         ]
         for spec, read in live:
-            gauge(spec).set_function(read)
-        gauge(names.NUM_GRAMMAR_QUEUE_REQS).set(0)
-        gauge(names.SPEC_ACCEPT_LENGTH).set(0)
-        gauge(names.UTILIZATION).set(-1)
-        gauge(names.ENGINE_STARTUP_TIME).set(0)
-        gauge(names.ENGINE_LOAD_WEIGHTS_TIME).set(0)
-        gauge(
-            names.CACHE_CONFIG_INFO,
-            page_size=str(cfg.page_size),
-            num_pages=str(cfg.cache_tokens // cfg.page_size),
-        ).set(1)
+            self._child(spec, Gauge).set_function(read)
+        cfg = core.config
+        constants: list[tuple[MetricSpec, float]] = [
+            (names.MAX_TOTAL_NUM_TOKENS, cfg.cache_tokens),
+            (names.PAGE_SIZE, cfg.page_size),
+            (names.NUM_PAGES, cfg.cache_tokens // cfg.page_size),
+            (names.CONTEXT_LEN, cfg.context_length),
+            (names.NUM_GRAMMAR_QUEUE_REQS, 0),
+            (names.SPEC_ACCEPT_LENGTH, 0),
+            (names.UTILIZATION, -1),  # SGLang's value without max_running_requests_under_SLO
+        ]
+        for spec, value in constants:
+            self._child(spec, Gauge).set(value)
         self._window_start = 0.0
         self._window_tokens = 0
         self.last_gen_throughput = 0.0
 
-    def on_received(self) -> None:
-        self.num_requests_received.inc()
+    def _child(self, spec: MetricSpec, kind: type[M], **extra: str) -> M:
+        metric = self._made[spec.name]
+        assert isinstance(metric, kind), spec.name
+        base = self._tokenizer if spec.collector == "tokenizer" else self._scheduler
+        if "pid" in spec.extra_labels:
+            extra = {**extra, "pid": self._pid}
+        return metric.labels(**base, **extra)
+
+    def _by_streaming(self, spec: MetricSpec, kind: type[R]) -> Mapping[bool, R]:
+        return {
+            stream: self._child(spec, kind, **{names.IS_STREAMING: value})
+            for stream, value in IS_STREAMING_VALUES.items()
+        }
+
+    def emit_startup_time(self, seconds: Mapping[str, float]) -> None:
+        """Startup seconds by phase (every one of `metric_names.STARTUP_PHASES`), set once."""
+        for phase in names.STARTUP_PHASES:
+            self._child(names.STARTUP_TIME, Gauge, phase=phase).set(seconds[phase])
 
     def on_scheduled(self, req: Request, now: float) -> None:
         self.queue_time.observe(now - req.arrival_time)
@@ -130,16 +151,16 @@ class EngineMetrics:
 
     def on_token(self, req: Request, now: float, interval: float | None) -> None:
         if interval is None:
-            self.ttft.observe(now - req.arrival_time)
+            self.ttft[req.stream].observe(now - req.arrival_time)
         else:
             self.itl.observe(interval)
 
     def on_finish(self, req: Request, now: float) -> None:
-        self.prompt_tokens.inc(len(req.input_ids))
-        self.generation_tokens.inc(len(req.output_ids))
+        self.prompt_tokens[req.stream].inc(len(req.input_ids))
+        self.generation_tokens[req.stream].inc(len(req.output_ids))
         self.cached_tokens.inc(req.cached_tokens)
-        self.num_requests.inc()
-        self.e2e.observe(now - req.arrival_time)
+        self.num_requests[req.stream].inc()
+        self.e2e[req.stream].observe(now - req.arrival_time)
 
     def on_abort(self, req: Request, now: float) -> None:
         self.num_aborted.inc()

@@ -105,6 +105,7 @@ class EngineService:
     """The running engine: core, real-clock loop, metrics and KV-event publisher."""
 
     def __init__(self, settings: ServerSettings) -> None:
+        self._began = time.perf_counter()  # startup phases are measured from here
         self.settings = settings
         self.tokenizer = settings.tokenizer
         self.registry = CollectorRegistry()
@@ -124,6 +125,7 @@ class EngineService:
         self.core = EngineCore(
             engine_config, settings.timer, OutputPalette(self.tokenizer), kv_event_sink=sink
         )
+        self._core_seconds = time.perf_counter() - self._began
         self.metrics = EngineMetrics(self.registry, settings.served_model_name, self.core)
         self.core.observer = self.metrics
         self.draining = False
@@ -141,6 +143,12 @@ class EngineService:
     async def start(self) -> None:
         if self.publisher is not None:
             self.publisher.start()
+        # The twin loads no weights; its KV pool and scheduler are the core it just built.
+        self.metrics.emit_startup_time(
+            {"load_weight": 0.0, "kv_cache_allocation": self._core_seconds,
+             "scheduler_e2e": self._core_seconds,
+             "tokenizer_e2e": time.perf_counter() - self._began}
+        )  # fmt: skip
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
@@ -175,7 +183,6 @@ class EngineService:
 
     def submit(self, req: Request) -> None:
         """Queue a request (QueueFull when the waiting queue is at its bound)."""
-        self.metrics.on_received()
         self.core.add_request(req, self.now())
         self.idle_event.clear()
         self._wake.set()
@@ -231,6 +238,7 @@ def _prepare(
         stop_strings=gen.stop,
         stop_token_ids=gen.stop_token_ids,
         sampling_seed=seed,
+        stream=gen.stream,
     )
 
 
@@ -620,7 +628,7 @@ async def handle_flush_cache(request: web.Request) -> web.Response:
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    body = generate_latest(_service(request).registry)
+    body = generate_latest(_service(request).metrics.exposed)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -43,7 +43,7 @@ from tms_harness import (  # noqa: F401  (fixtures)
     server,
 )
 
-from sglang_tpu.metric_names import NUM_REQUESTS_RECEIVED
+from sglang_tpu.metric_names import NUM_REQUESTS
 from tpuserve.cluster import Cluster
 from tpuserve.cluster.kwok import POD_CIDR
 from tpuserve.cluster.ports import free_ports
@@ -102,13 +102,13 @@ class Engine:
     url: str
 
     def requests_received(self) -> float:
-        """The engine's own count of generation requests (SGLang's counter)."""
+        """The engine's own count of finished generation requests (SGLang's counter)."""
         text = http_get(self.url + "/metrics").body.decode()
         return sum(
             sample.value
             for family in text_string_to_metric_families(text)
             for sample in family.samples
-            if sample.name == NUM_REQUESTS_RECEIVED.name
+            if sample.name == NUM_REQUESTS.name
         )
 
 

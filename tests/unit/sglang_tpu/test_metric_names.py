@@ -1,4 +1,7 @@
-"""The SGLang metric list holds the core names with SGLang's types and label sets."""
+"""The SGLang metric list holds the core names with SGLang's types and label sets.
+
+tests/metrics/test_sglang_declarations.py checks every entry against the pinned SGLang wheel;
+these checks need no wheel."""
 
 from __future__ import annotations
 
@@ -35,10 +38,13 @@ def test_names_are_unique_and_prefixed() -> None:
 
 
 def test_label_sets_follow_the_collector() -> None:
-    assert m.NUM_RUNNING_REQS.labels == ("model_name", "engine_type", "tp_rank", "pp_rank")
-    assert m.PROMPT_TOKENS.labels == ("model_name",)
-    assert m.CACHED_TOKENS.labels == ("model_name", "cache_source")
-    assert m.REALTIME_TOKENS.labels[-1] == "mode"
+    scheduler = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
+    assert m.NUM_RUNNING_REQS.labels == scheduler
+    assert m.PROMPT_TOKENS.labels == ("model_name", "engine_type", "is_streaming")
+    assert m.CACHED_TOKENS.labels == ("model_name", "engine_type", "cache_source")
+    assert m.INTER_TOKEN_LATENCY.labels == ("model_name", "engine_type")
+    assert m.STARTUP_TIME.labels == ("model_name", "engine_type", "phase")
+    assert m.REALTIME_TOKENS.labels == (*scheduler, "mode")
 
 
 def test_series_names_include_histogram_parts_and_counter_families() -> None:
@@ -46,4 +52,6 @@ def test_series_names_include_histogram_parts_and_counter_families() -> None:
     assert "sglang:time_to_first_token_seconds_bucket" in names
     assert "sglang:prompt_tokens_total" in names
     assert m.PROMPT_TOKENS.family == "sglang:prompt_tokens"
-    assert tuple(sorted(m.TTFT_BUCKETS_SECONDS)) == m.TTFT_BUCKETS_SECONDS
+    for spec in m.ALL_METRICS:
+        assert tuple(sorted(spec.buckets)) == spec.buckets, spec.name
+        assert bool(spec.buckets) == (spec.kind == "histogram"), spec.name

@@ -1,0 +1,104 @@
+"""The engine twin's live /metrics matches what the pinned SGLang declares: every `sglang:`
+family it exposes is one SGLang declares, with the same type, label names, buckets and help
+text. The differences we keep on purpose are listed in `TWIN_DIFFERENCES`, nowhere else."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sglang_tpu import metric_names
+from tests import sglang_metrics as sm
+from tests.component.engine.engine_process import running_engine
+from tests.sglang_wheel import pinned_version
+
+pytestmark = pytest.mark.component
+
+# (family, aspect) -> why the twin differs from SGLang there. Aspects: declared, type, labels,
+# buckets, help. The test fails on any difference not listed and on a listed one that is gone.
+TWIN_DIFFERENCES: Mapping[tuple[str, str], str] = MappingProxyType({})
+IGNORED_SAMPLE_LABELS = frozenset({"le", "quantile"})
+
+
+def differences(exposition: str) -> dict[tuple[str, str], str]:
+    """How the `sglang:` families of a /metrics text differ from the pinned SGLang's."""
+    declared = {m.family: m for m in sm.declared_metrics().values()}
+    found: dict[tuple[str, str], str] = {}
+    for family in text_string_to_metric_families(exposition):
+        if not family.name.startswith(sm.PREFIX):
+            continue
+        spec = declared.get(family.name)
+        if spec is None:
+            found[family.name, "declared"] = "SGLang declares no such metric"
+            continue
+        if family.type != spec.kind:
+            found[family.name, "type"] = f"{family.type}, SGLang: {spec.kind}"
+        labels = {k for s in family.samples for k in s.labels} - IGNORED_SAMPLE_LABELS
+        if spec.labels is not None and labels != set(spec.labels):
+            found[family.name, "labels"] = f"{sorted(labels)}, SGLang: {sorted(spec.labels)}"
+        if family.type == "histogram" and spec.buckets is not None:
+            bounds = {float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")}
+            buckets = tuple(sorted(bounds - {float("inf")}))
+            if buckets != spec.buckets:
+                found[family.name, "buckets"] = f"{buckets}, SGLang: {spec.buckets}"
+        if spec.documentation is not None and family.documentation != spec.documentation:
+            found[family.name, "help"] = f"{family.documentation!r}, SGLang: {spec.documentation!r}"
+    return found
+
+
+def scrape_after_traffic(url: str) -> str:
+    """/metrics after one streaming and one non-streaming request (every child has samples)."""
+
+    async def go() -> str:
+        async with aiohttp.ClientSession() as session:
+            for stream in (False, True):
+                body = {"prompt": "metric families " * 20, "max_tokens": 4, "stream": stream}
+                async with session.post(url + "/v1/completions", json=body) as response:
+                    assert response.status == 200, await response.text()
+                    await response.read()
+            async with session.get(url + "/metrics") as response:
+                return await response.text()
+
+    return asyncio.run(go())
+
+
+def test_the_twin_exposes_only_what_sglang_declares_as_sglang_declares_it() -> None:
+    with running_engine(["--time-scale", "0"]) as engine:
+        exposition = scrape_after_traffic(engine.url)
+    found = differences(exposition)
+    unlisted = {k: v for k, v in found.items() if k not in TWIN_DIFFERENCES}
+    gone = set(TWIN_DIFFERENCES) - set(found)
+    assert not unlisted, f"the twin differs from SGLang {pinned_version()}: {unlisted}"
+    assert not gone, f"listed in TWIN_DIFFERENCES but no longer different: {sorted(gone)}"
+    exposed = {f.name for f in text_string_to_metric_families(exposition)}
+    assert {m.family for m in metric_names.ALL_METRICS} <= exposed
+
+
+def test_the_comparison_catches_a_renamed_metric_and_a_missing_label() -> None:
+    old = sm.PREFIX + "num_requests_received"  # a counter the twin exposed before 0.5.23
+    exposition = "\n".join(
+        [
+            f"# HELP {old}_total Number of requests received.",
+            f"# TYPE {old}_total counter",
+            f'{old}_total{{model_name="m"}} 1.0',
+            "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
+            "# TYPE sglang:num_queue_reqs gauge",
+            'sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 0',
+            "",
+        ]
+    )
+    found = differences(exposition)
+    assert set(found) == {(old, "declared"), ("sglang:num_queue_reqs", "labels")}
+    assert "moe_ep_rank" in found["sglang:num_queue_reqs", "labels"]
+
+
+def test_the_twins_startup_phases_are_sglangs() -> None:
+    phases = sm.loop_values(
+        sm.COLLECTORS_FILE, "TokenizerMetricsCollector.emit_startup_time", "phase"
+    )
+    assert phases == metric_names.STARTUP_PHASES
