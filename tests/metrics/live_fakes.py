@@ -14,6 +14,7 @@ the real contract it replaces.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import zmq
@@ -73,7 +74,7 @@ class FakeTpuDevicePlugin:
 
     def exposition(self) -> str:
         hbm = self.shape.generation.hbm_bytes_per_chip
-        values = {
+        values: dict[str, Callable[[int], float]] = {
             dm.TENSORCORE_UTILIZATION: lambda i: 40.0 + i,
             dm.MEMORY_BANDWIDTH_UTILIZATION: lambda i: 60.0 + i,
             dm.DUTY_CYCLE: lambda i: 90.0,

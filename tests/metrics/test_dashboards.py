@@ -56,7 +56,8 @@ def test_panels_select_only_declared_metrics(path: Any) -> None:
 
 def test_rules_select_only_declared_metrics() -> None:
     known = catalog.known_series()
-    for rule in [*rules.recording_rules(), *rules.alerts()]:
+    every: list[rules.Recording | rules.Alert] = [*rules.recording_rules(), *rules.alerts()]
+    for rule in every:
         unknown = catalog.selected_names(rule.expr) - known
         assert not unknown, f"{rule}: {unknown}"
 

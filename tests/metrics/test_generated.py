@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import yaml
 
-from tpuserve.observability import generate, rule_tests, rules
+from tests.metrics.promtool import rule_tests
+from tpuserve.observability import generate, rules
 
 pytestmark = pytest.mark.unit
 
@@ -16,9 +16,8 @@ def test_generated_files_are_not_stale() -> None:
 
 
 def test_every_recording_rule_and_alert_has_a_promtool_test() -> None:
-    test_file = yaml.safe_load((generate.REPO_ROOT / generate.PROMTOOL_TEST_PATH).read_text())
     names = {r.record for r in rules.recording_rules()} | {a.alert for a in rules.alerts()}
-    untested = names - rule_tests.tested_names(test_file)
+    untested = names - rule_tests.tested_names(rule_tests.promtool_test_file())
     assert not untested
 
 

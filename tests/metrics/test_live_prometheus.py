@@ -12,14 +12,12 @@ are proven against the real control plane (tests/e2e/test_observability.py).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +25,11 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from chart_helpers import find_tool
-from live_fakes import FakeTpuDevicePlugin, GappyPublisher, OverloadedWorker
 
 from sglang_tpu.tokenizer import load_tokenizer
+from tests.chart.chart_helpers import find_tool, make_renderer
+from tests.metrics.live_fakes import FakeTpuDevicePlugin, GappyPublisher, OverloadedWorker
+from tests.waiting import eventually, eventually_async
 from tpuserve.cluster.ports import free_port
 from tpuserve.observability import catalog, generate, rules
 
@@ -74,14 +73,6 @@ class Fleet:
     log: Path
 
 
-def wait(what: str, check: Any, deadline_seconds: float, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + deadline_seconds
-    while not check():
-        assert proc.poll() is None, f"tpuserve up exited while waiting for {what}"
-        assert time.monotonic() < deadline, f"{what} not within {deadline_seconds:g} s"
-        time.sleep(0.2)
-
-
 def get_json(url: str) -> Any:
     import urllib.request
 
@@ -89,12 +80,22 @@ def get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
-def ready(url: str) -> bool:
-    try:
-        get_json(url)
-    except OSError:
-        return False
-    return True
+def wait_for_up(what: str, check: Callable[[], object], timeout_seconds: float,
+                proc: subprocess.Popen[bytes], log: Path) -> None:  # fmt: skip
+    """Wait for `check` while `tpuserve up` runs; its log tail says why when it does not."""
+
+    def while_running() -> object:
+        assert proc.poll() is None, f"tpuserve up exited while waiting for {what}"
+        return check()
+
+    eventually(
+        while_running,
+        what=what,
+        timeout_seconds=timeout_seconds,
+        interval_seconds=0.2,
+        context=lambda: log.read_text(errors="replace")[-3000:],
+        ignore=(OSError,),
+    )
 
 
 @pytest.fixture
@@ -124,18 +125,20 @@ def fleet(device_plugin: FakeTpuDevicePlugin, tmp_path: Path) -> Iterator[Fleet]
         )  # fmt: skip
     router, prometheus = f"http://127.0.0.1:{router_port}", f"http://127.0.0.1:{prometheus_port}"
     try:
-        wait("the router and Prometheus", lambda: ready(prometheus + "/api/v1/targets"), 120, proc)
-        targets = lambda: get_json(prometheus + "/api/v1/targets")["data"]["activeTargets"]  # noqa: E731
+        wait_for_up(
+            "the router and Prometheus", lambda: get_json(prometheus + "/api/v1/targets"), 120,
+            proc, log,
+        )  # fmt: skip
         jobs = {"tpuserve-model-server", "tpuserve-router", "tpuserve-replicas",
                 "tpu-device-plugin"}  # fmt: skip
 
         def all_up() -> bool:  # discovery hands targets to the scrapers after a few seconds
-            found = targets()
+            found = get_json(prometheus + "/api/v1/targets")["data"]["activeTargets"]
             return {t["labels"]["job"] for t in found} == jobs and all(
                 t["health"] == "up" for t in found
             )
 
-        wait("every target up", all_up, 60, proc)
+        wait_for_up("every target up", all_up, 60, proc, log)
         model = get_json(router + "/v1/models")["data"][0]["id"]
         yield Fleet(router, prometheus, model, log)
     finally:
@@ -172,17 +175,20 @@ async def inject_router_faults(fleet: Fleet) -> None:
         assert worker.refused, "the router never sent the held prompt to its holder"
         await publisher.publish_stored(2, tokens, PAGE)  # batch 1 is lost
         async with aiohttp.ClientSession() as session:
-            for _ in range(100):
+
+            async def gap_counted() -> bool:
                 async with session.get(fleet.router + "/metrics") as response:
                     lines = (await response.text()).splitlines()
-                    if any(  # the series exists at 0 from the start; wait for the count
-                        line.startswith("tpuserve_router_kv_event_gaps_total{")
-                        and not line.endswith(" 0.0")
-                        for line in lines
-                    ):
-                        break
-            else:
-                raise AssertionError("the router counted no KV-event gap")
+                return any(  # the series exists at 0 from the start; wait for the count
+                    line.startswith("tpuserve_router_kv_event_gaps_total{")
+                    and not line.endswith(" 0.0")
+                    for line in lines
+                )
+
+            counted: bool = await eventually_async(
+                gap_counted, what="the router to count a KV-event gap"
+            )
+            assert counted
     finally:
         await worker.stop()
         publisher.close()
@@ -202,12 +208,20 @@ async def test_every_rule_and_panel_query_returns_data_from_a_live_fleet(fleet: 
     expressions = {f"rule {r.record}": r.record for r in rules.recording_rules()}
     expressions |= panel_queries()
     empty = dict(expressions)
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while empty and time.monotonic() < deadline:
-        empty = {k: e for k, e in empty.items() if not query(fleet, e)}
-        if empty:
-            await asyncio.sleep(1.0)
-    assert not empty, f"no data after {DEADLINE_SECONDS:g} s: {sorted(empty)}"
+
+    def all_have_data() -> bool:
+        for key, expr in list(empty.items()):
+            if query(fleet, expr):
+                del empty[key]
+        return not empty
+
+    await eventually_async(
+        all_have_data,
+        what="data from every rule and panel query",
+        timeout_seconds=DEADLINE_SECONDS,
+        interval_seconds=1.0,
+        context=lambda: f"still empty: {sorted(empty)}",
+    )
 
     # Every rule (recording and alerting) evaluates without error.
     groups = get_json(fleet.prometheus + "/api/v1/rules")["data"]["groups"]
@@ -229,8 +243,6 @@ async def test_every_rule_and_panel_query_returns_data_from_a_live_fleet(fleet: 
 
 
 def test_the_local_rules_are_the_ones_the_chart_renders() -> None:
-    from chart_helpers import make_renderer
-
     from tpuserve.observability import local_prometheus
 
     objects = make_renderer(find_tool("helm"))()

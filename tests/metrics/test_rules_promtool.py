@@ -1,5 +1,5 @@
 """The rules the chart renders pass `promtool check rules`, and `promtool test rules` passes the
-generated unit tests, which cover every recording rule and every alert."""
+unit tests of `promtool/rule_tests.py`, which cover every recording rule and every alert."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import VALUES_DIR, find_tool, make_renderer
 
+from tests.chart.chart_helpers import VALUES_DIR, find_tool, make_renderer
+from tests.metrics.promtool import rule_tests
 from tpuserve.observability import generate, rules
 
 pytestmark = pytest.mark.component
-
-TEST_FILE = generate.REPO_ROOT / generate.PROMTOOL_TEST_PATH
-TEST_VALUES = generate.REPO_ROOT / generate.PROMTOOL_VALUES_PATH
 
 
 def rendered_groups(values: list[Path], kind: str) -> list[dict[str, Any]]:
@@ -24,6 +22,21 @@ def rendered_groups(values: list[Path], kind: str) -> list[dict[str, Any]]:
     (rule,) = [o for o in objects if o["kind"] == kind]
     groups: list[dict[str, Any]] = rule["spec"]["groups"]
     return groups
+
+
+def run_promtool_tests(promtool: Path, folder: Path, groups: list[dict[str, Any]]) -> str:
+    """`promtool test rules` on `groups` with rule_tests' file; its output, failing or not."""
+    (folder / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    test_file = yaml.safe_dump(rule_tests.promtool_test_file(), sort_keys=False)
+    (folder / "tpuserve.test.yaml").write_text(test_file)
+    done = subprocess.run(
+        [str(promtool), "test", "rules", "tpuserve.test.yaml"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    return f"exit {done.returncode}\n{done.stdout}{done.stderr}"
 
 
 @pytest.fixture(scope="module")
@@ -53,34 +66,18 @@ def test_promtool_check_rules_accepts_rendered_rules(
 
 
 def test_promtool_unit_tests_pass_on_rendered_rules(promtool: Path, tmp_path: Path) -> None:
-    groups = rendered_groups([TEST_VALUES], "PrometheusRule")
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    (tmp_path / "tpuserve.test.yaml").write_text(TEST_FILE.read_text())
-    done = subprocess.run(
-        [str(promtool), "test", "rules", "tpuserve.test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS" in done.stdout
+    groups = rendered_groups([rule_tests.VALUES], "PrometheusRule")
+    output = run_promtool_tests(promtool, tmp_path, groups)
+    assert output.startswith("exit 0\n"), output
+    assert "SUCCESS" in output
 
 
 def test_promtool_unit_tests_catch_a_wrong_rule(promtool: Path, tmp_path: Path) -> None:
     """The unit tests can fail: a rule that double counts TP ranks is caught."""
-    groups = rendered_groups([TEST_VALUES], "PrometheusRule")
+    groups = rendered_groups([rule_tests.VALUES], "PrometheusRule")
     for group in groups:
         for rule in group["rules"]:
             rule["expr"] = rule["expr"].replace(', tp_rank="0", pp_rank="0"', "")
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    (tmp_path / "tpuserve.test.yaml").write_text(TEST_FILE.read_text())
-    done = subprocess.run(
-        [str(promtool), "test", "rules", "tpuserve.test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode != 0
-    assert "pod:sglang_decode_tokens:rate1m" in done.stdout + done.stderr
+    output = run_promtool_tests(promtool, tmp_path, groups)
+    assert not output.startswith("exit 0\n")
+    assert "pod:sglang_decode_tokens:rate1m" in output

@@ -8,7 +8,9 @@ docs/observability.md names the dashboards' source):
 - charts/tpuserve/rules/tpuserve.rules.yaml     (rules.py)
 - charts/tpuserve/dashboards/<name>.json         (dashboards/*.py)
 - charts/tpuserve/README.md                      (charts/tpuserve/values.yaml)
-- tests/metrics/promtool/tpuserve.test.yaml      (rule_tests.py)
+- docs/observability.md, between its markers     (rules.py)
+
+promtool's unit tests for the rules are test data: tests/metrics/promtool/rule_tests.py.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from tpuserve.observability import chart_readme, rule_tests, rules
+from tpuserve.observability import chart_readme, rules
 from tpuserve.observability.dashboards import DASHBOARDS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -30,9 +32,6 @@ CHART_DIR = Path("charts/tpuserve")
 RULES_PATH = CHART_DIR / "rules" / "tpuserve.rules.yaml"
 DASHBOARD_DIR = CHART_DIR / "dashboards"
 README_PATH = CHART_DIR / "README.md"
-PROMTOOL_TEST_PATH = Path("tests/metrics/promtool/tpuserve.test.yaml")
-# Prices the promtool tests render the chart with: binary fractions keep expected costs exact.
-PROMTOOL_VALUES_PATH = Path("tests/metrics/promtool/values.yaml")
 
 
 class _Dumper(yaml.SafeDumper):
@@ -78,10 +77,6 @@ def rules_doc(current: str) -> str:
 def generated_files(root: Path = REPO_ROOT) -> dict[Path, str]:
     files: dict[Path, str] = {
         RULES_PATH: dump_yaml(rules.rule_file(), "tpuserve/observability/rules.py"),
-        PROMTOOL_TEST_PATH: dump_yaml(
-            rule_tests.test_file(root / PROMTOOL_VALUES_PATH),
-            "tpuserve/observability/rule_tests.py",
-        ),
         README_PATH: chart_readme.render(root / CHART_DIR),
         DOCS_PATH: rules_doc((root / DOCS_PATH).read_text()),
     }

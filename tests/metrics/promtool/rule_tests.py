@@ -1,9 +1,11 @@
-"""promtool unit tests for every recording rule and alert in `rules.py`.
+"""promtool unit tests for every recording rule and alert in `tpuserve/observability/rules.py`.
 
-The generator writes them to `tests/metrics/promtool/tpuserve.test.yaml`; the test suite renders
-the chart's rules with `helm template` (prices from `tests/metrics/promtool/values.yaml`) and runs
-`promtool test rules` on both. Expected values are computed here with the same floating-point
-operations PromQL performs, so promtool's exact comparison holds.
+`test_rules_promtool.py` renders the chart's rules with `helm template` (prices from `VALUES`,
+this folder's values.yaml), writes `promtool_test_file()` beside them and runs `promtool test
+rules`; `python -m tests.metrics.promtool.rule_tests` prints the test file. Expected values are
+computed here with the same floating-point operations PromQL performs, so promtool's exact
+comparison holds. Input series carry the label sets SGLang 0.5.23 exposes
+(`sglang_tpu.metric_names`).
 
 The fleet fixture (15 s samples, evaluated at 70 min):
 - `llama-0` (v6e 2x4, 8 chips): 100 prompt tok/s, 40 cached, 20 finished-output, 30 decoded
@@ -25,6 +27,8 @@ import yaml
 from sglang_tpu import metric_names as sg
 from tpuserve.observability import rules
 
+# Prices the tests render the chart with: binary fractions keep expected costs exact.
+VALUES = Path(__file__).parent / "values.yaml"
 STEP_SECONDS = 15
 EVAL = "70m"
 NS = "team"
@@ -55,6 +59,23 @@ def _pod_labels(pod: str) -> dict[str, str]:
     return {"namespace": NS, "pod": pod, **PODS[pod]}
 
 
+# Values of SGLang's own labels on a single-rank, non-disaggregated server.
+ENGINE_LABEL_VALUES = {
+    "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0",
+    "is_streaming": "false", "cache_source": "device",
+}  # fmt: skip
+
+
+def _engine(spec: sg.MetricSpec, target: dict[str, str], **values: str) -> dict[str, str]:
+    """`target`'s labels (what the scrape adds, and `model_name`) plus every label SGLang puts
+    on `spec`, so the fixture's series look like a real server's."""
+    own = {k: values.get(k, ENGINE_LABEL_VALUES.get(k, "")) for k in spec.labels if k not in target}
+    missing = [k for k, v in own.items() if not v]
+    if missing:
+        raise ValueError(f"{spec.name}: give values for {missing}")
+    return {**target, **own}
+
+
 def _rate(per_step: float, window_seconds: int) -> float:
     """rate() over a window fully covered by samples (no extrapolation), as PromQL computes it."""
     return (per_step * (window_seconds // STEP_SECONDS)) * 1.0 / window_seconds
@@ -68,62 +89,51 @@ def fleet_series() -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     for pod, (prompt, cached, generated, decode, requests) in PER_STEP.items():
         labels = _pod_labels(pod)
-        out.append(_series(sg.PROMPT_TOKENS.name, labels, f"0+{prompt}x{STEPS}"))
+        if pod == "llama-0":  # streaming and non-streaming requests: two series to add up
+            for streaming, share in (("false", 900), ("true", prompt - 900)):
+                tagged = _engine(sg.PROMPT_TOKENS, labels, is_streaming=streaming)
+                out.append(_series(sg.PROMPT_TOKENS.name, tagged, f"0+{share}x{STEPS}"))
+        else:
+            out.append(
+                _series(sg.PROMPT_TOKENS.name, _engine(sg.PROMPT_TOKENS, labels),
+                        f"0+{prompt}x{STEPS}")
+            )  # fmt: skip
         out.append(
-            _series(
-                sg.CACHED_TOKENS.name, {**labels, "cache_source": "device"}, f"0+{cached}x{STEPS}"
-            )
+            _series(sg.CACHED_TOKENS.name, _engine(sg.CACHED_TOKENS, labels), f"0+{cached}x{STEPS}")
         )
-        out.append(_series(sg.GENERATION_TOKENS.name, labels, f"0+{generated}x{STEPS}"))
+        out.append(
+            _series(sg.GENERATION_TOKENS.name, _engine(sg.GENERATION_TOKENS, labels),
+                    f"0+{generated}x{STEPS}")
+        )  # fmt: skip
         if decode is not None:
             for rank in ("0", "1"):
-                rank_labels = {**labels, "mode": "decode", "tp_rank": rank, "pp_rank": "0"}
+                rank_labels = _engine(sg.REALTIME_TOKENS, labels, mode="decode", tp_rank=rank)
                 out.append(_series(sg.REALTIME_TOKENS.name, rank_labels, f"0+{decode}x{STEPS}"))
         if pod == "qwen-0":  # restarts 30 s before the evaluation time
             before = 277
             values = f"0+{requests}x{before} 0+{requests}x{STEPS - before - 1}"
         else:
             values = f"0+{requests}x{STEPS}"
-        out.append(_series(sg.NUM_REQUESTS.name, labels, values))
+        out.append(_series(sg.NUM_REQUESTS.name, _engine(sg.NUM_REQUESTS, labels), values))
         owner = {"namespace": NS, "pod": pod, "tpu_generation": PODS[pod]["tpu_generation"]}
         out.append(_series("tpuserve_replica_tpu_chips", owner, f"{CHIPS[pod]}+0x{STEPS}"))
         info = {"namespace": NS, "pod": pod, **PODS[pod]}
         out.append(_series("tpuserve_replica_info", info, f"1+0x{STEPS}"))
     gone = {"namespace": NS, "pod": "gone-0", "model_name": "gone", "tpu_generation": "v6e"}
-    out.append(_series(sg.PROMPT_TOKENS.name, gone, "0+1500x120"))
+    out.append(_series(sg.PROMPT_TOKENS.name, _engine(sg.PROMPT_TOKENS, gone), "0+1500x120"))
     # TTFT of llama: per step 15 requests <= 1 s, 24 <= 2 s, all 30 <= 4 s.
     llama = {"namespace": NS, "pod": "llama-0", "model_name": "llama"}
-    for le, per_step in TTFT_BUCKETS.items():
-        out.append(
-            _series(
-                f"{sg.TIME_TO_FIRST_TOKEN.name}_bucket",
-                {**llama, "le": le},
-                f"0+{per_step}x{STEPS}",
-            )
-        )
-    out.append(_series(f"{sg.TIME_TO_FIRST_TOKEN.name}_count", llama, f"0+30x{STEPS}"))
-    for le, per_step in ITL_BUCKETS.items():
-        out.append(
-            _series(
-                f"{sg.INTER_TOKEN_LATENCY.name}_bucket",
-                {**llama, "le": le},
-                f"0+{per_step}x{STEPS}",
-            )
-        )
-    out.append(_series(f"{sg.INTER_TOKEN_LATENCY.name}_count", llama, f"0+300x{STEPS}"))
-    for le, per_step in E2E_BUCKETS.items():
-        out.append(
-            _series(
-                f"{sg.E2E_REQUEST_LATENCY.name}_bucket",
-                {**llama, "le": le},
-                f"0+{per_step}x{STEPS}",
-            )
-        )
-    sched = {**llama, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
-    for le, per_step in QUEUE_BUCKETS.items():
-        out.append(
-            _series(f"{sg.QUEUE_TIME.name}_bucket", {**sched, "le": le}, f"0+{per_step}x{STEPS}")
-        )
+    for spec, buckets, count in (
+        (sg.TIME_TO_FIRST_TOKEN, TTFT_BUCKETS, 30),
+        (sg.INTER_TOKEN_LATENCY, ITL_BUCKETS, 300),
+        (sg.E2E_REQUEST_LATENCY, E2E_BUCKETS, None),
+        (sg.QUEUE_TIME, QUEUE_BUCKETS, None),
+    ):
+        for le, per_step in buckets.items():
+            bucket = {**_engine(spec, llama), "le": le}
+            out.append(_series(f"{spec.name}_bucket", bucket, f"0+{per_step}x{STEPS}"))
+        if count is not None:
+            out.append(_series(f"{spec.name}_count", _engine(spec, llama), f"0+{count}x{STEPS}"))
     return out
 
 
@@ -441,22 +451,28 @@ def alert_tests() -> list[dict[str, Any]]:
     burn_series = []
     # "slow": every request misses 2 s; "meh": 10 % miss (slow burn only); "fine": none miss.
     for model, good_per_min in (("slow", 0), ("meh", 54), ("fine", 60)):
-        labels = {"namespace": NS, "pod": f"{model}-0", "model_name": model}
+        labels = _engine(
+            sg.TIME_TO_FIRST_TOKEN, {"namespace": NS, "pod": f"{model}-0", "model_name": model}
+        )
         burn_series.append(_series(ttft_b, {**labels, "le": "2.0"}, f"0+{good_per_min}x420"))
         burn_series.append(_series(ttft_c, labels, "0+60x420"))
     # Prefix collapse: "dropped" serves 60 % from cache for 6h40m, then 10 %; "steady" stays.
+    prompt, cached = sg.PROMPT_TOKENS, sg.CACHED_TOKENS
+    dropped, steady = {"model_name": "dropped"}, {"model_name": "steady"}
     prefix_series = [
-        _series(sg.PROMPT_TOKENS.name, {"model_name": "dropped"}, "0+600x430"),
-        _series(sg.CACHED_TOKENS.name, {"model_name": "dropped"}, "0+360x400 144060+60x30"),
-        _series(sg.PROMPT_TOKENS.name, {"model_name": "steady"}, "0+600x430"),
-        _series(sg.CACHED_TOKENS.name, {"model_name": "steady"}, "0+360x430"),
+        _series(prompt.name, _engine(prompt, dropped), "0+600x430"),
+        _series(cached.name, _engine(cached, dropped), "0+360x400 144060+60x30"),
+        _series(prompt.name, _engine(prompt, steady), "0+600x430"),
+        _series(cached.name, _engine(cached, steady), "0+360x430"),
     ]
-    rank0 = {"engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "model_name": "m"}
     queue_series = [
-        _series(sg.NUM_QUEUE_REQS.name, {"namespace": NS, "pod": "full-0", **rank0}, "5+0x30"),
-        _series(sg.TOKEN_USAGE.name, {"namespace": NS, "pod": "full-0", **rank0}, "0.95+0x30"),
-        _series(sg.NUM_QUEUE_REQS.name, {"namespace": NS, "pod": "roomy-0", **rank0}, "5+0x30"),
-        _series(sg.TOKEN_USAGE.name, {"namespace": NS, "pod": "roomy-0", **rank0}, "0.5+0x30"),
+        _series(spec.name, _engine(spec, {"namespace": NS, "pod": pod, "model_name": "m"}), values)
+        for spec, pod, values in (
+            (sg.NUM_QUEUE_REQS, "full-0", "5+0x30"),
+            (sg.TOKEN_USAGE, "full-0", "0.95+0x30"),
+            (sg.NUM_QUEUE_REQS, "roomy-0", "5+0x30"),
+            (sg.TOKEN_USAGE, "roomy-0", "0.5+0x30"),
+        )
     ]
     router = {"namespace": NS, "pod": "router-0"}
     router_series = [
@@ -676,7 +692,7 @@ def load_prices(values_path: Path) -> dict[str, float]:
     return {p["generation"]: float(p["usdPerChipHour"]) for p in values["pricing"]}
 
 
-def test_file(values_path: Path) -> dict[str, Any]:
+def promtool_test_file(values_path: Path = VALUES) -> dict[str, Any]:
     """The promtool test file; `values_path` holds the prices the chart rendered the rules with."""
     prices = load_prices(values_path)
     return {
@@ -701,3 +717,7 @@ def tested_names(test: dict[str, Any]) -> set[str]:
         names |= {c["expr"].split("{")[0] for c in case.get("promql_expr_test", [])}
         names |= {c["alertname"] for c in case.get("alert_rule_test", [])}
     return names
+
+
+if __name__ == "__main__":
+    print(yaml.safe_dump(promtool_test_file(), sort_keys=False, width=100), end="")
