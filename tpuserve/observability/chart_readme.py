@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from tpuserve.observability import sglang_table
+
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.-]+):(?:\s|$)")
 
 HEADER = """\
@@ -44,6 +46,14 @@ the watched namespaces, the operator, GKE's TPU device plugin). A TPUModelServer
 `monitoring.backend=none`, or the same pods are scraped twice. Metrics, rules, alerts and
 dashboards: `docs/observability.md`.
 
+## SGLang metrics the chart reads
+
+The recording rules, alerts, dashboards and the operator's autoscaler read these series from
+every model-server leader, as the SGLang release the engine image pins declares them; the engine
+twin (`engine.type: simulated`) exposes the same names, types, labels and buckets.
+{collector_labels}
+
+{sglang_table}
 ## Values
 
 | Key | Type | Default | Description |
@@ -104,7 +114,13 @@ def render(chart_dir: Path) -> str:
     values_text = (chart_dir / "values.yaml").read_text()
     values = yaml.safe_load(values_text)
     chart = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
-    out = [HEADER.format(description=" ".join(chart["description"].split()))]
+    out = [
+        HEADER.format(
+            description=" ".join(chart["description"].split()),
+            collector_labels=sglang_table.collector_labels(),
+            sglang_table=sglang_table.table(read_only=True),
+        )
+    ]
     for path, description in documented_keys(values_text):
         value = _lookup(values, path)
         default = json.dumps(value, separators=(",", ":")).replace("|", "\\|")

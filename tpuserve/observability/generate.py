@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from tpuserve.observability import chart_readme, rules
+from tpuserve.observability import chart_readme, rules, sglang_table
 from tpuserve.observability.dashboards import DASHBOARDS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -60,18 +60,26 @@ def dashboard_json(name: str) -> str:
 
 DOCS_PATH = Path("docs/observability.md")
 DOCS_BEGIN, DOCS_END = "<!-- rules:begin -->\n", "<!-- rules:end -->\n"
+METRICS_BEGIN, METRICS_END = "<!-- sglang-metrics:begin -->\n", "<!-- sglang-metrics:end -->\n"
+
+
+def _between(current: str, begin: str, end: str, text: str) -> str:
+    head, rest = current.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}{text}{end}{tail}"
 
 
 def rules_doc(current: str) -> str:
-    """docs/observability.md with the rules and alerts tables regenerated between markers."""
-    head, rest = current.split(DOCS_BEGIN, 1)
-    _, tail = rest.split(DOCS_END, 1)
+    """docs/observability.md with its SGLang metric, rules and alerts tables regenerated."""
     rows = ["| recording rule | what it is |", "|---|---|"]
     rows += [f"| `{r.record}` | {r.doc} |" for r in rules.recording_rules()]
     rows += ["", "| alert | for | severity | when |", "|---|---|---|---|"]
     rows += [f"| `{a.alert}` | {a.for_} | {a.severity} | {a.summary} |" for a in rules.alerts()]
     table = "\n".join(rows).replace("{{ $labels.", "<").replace(" }}", ">")
-    return f"{head}{DOCS_BEGIN}{table}\n{DOCS_END}{tail}"
+    metrics = f"{sglang_table.collector_labels()}\n\n{sglang_table.table()}"
+    return _between(
+        _between(current, DOCS_BEGIN, DOCS_END, table + "\n"), METRICS_BEGIN, METRICS_END, metrics
+    )
 
 
 def generated_files(root: Path = REPO_ROOT) -> dict[Path, str]:

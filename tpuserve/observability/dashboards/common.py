@@ -129,7 +129,8 @@ def base_dashboard(title: str, uid: str, description: str, *, model_variable: bo
             gd.QueryVariable("model_name")
             .label("Model")
             .datasource(DATASOURCE)
-            .query(f"label_values({sg.NUM_REQUESTS.name}, model_name)")
+            # Set once at startup, so a server lists its model before its first request.
+            .query(f"label_values({sg.MAX_TOTAL_NUM_TOKENS.name}, model_name)")
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .multi(True)
             .include_all(True)
