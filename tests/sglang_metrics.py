@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from prometheus_client import Histogram
+
 from tests.sglang_wheel import unpacked_wheel
 
 PREFIX = "sglang:"
@@ -48,7 +50,7 @@ GAUGE_HISTOGRAM_LABELS = ("gt", "le")
 PER_PROCESS_MODES = frozenset({"all", "liveall"})
 DEFAULT_MULTIPROCESS_MODE = "all"
 # prometheus_client's default buckets, for a Histogram declared without `buckets`.
-DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+DEFAULT_BUCKETS = tuple(b for b in Histogram.DEFAULT_BUCKETS if b != float("inf"))
 COLLECTORS_FILE = "srt/observability/metrics_collector.py"
 # Collector class -> (file, function) holding the dict literal of the labels it spreads with
 # `labels.keys()`: a `labels = {...}` assignment or a returned dict literal.
@@ -187,7 +189,10 @@ def _find_function(tree: ast.Module, qualified: str) -> ast.FunctionDef:
     scope: list[ast.stmt] = tree.body
     *classes, name = qualified.split(".")
     for class_name in classes:
-        scope = next(s for s in scope if isinstance(s, ast.ClassDef) and s.name == class_name).body
+        found = [s for s in scope if isinstance(s, ast.ClassDef) and s.name == class_name]
+        if not found:
+            raise LookupError(f"no class {class_name} for {qualified}")
+        scope = found[0].body
     for stmt in scope:
         if isinstance(stmt, ast.FunctionDef) and stmt.name == name:
             return stmt
@@ -225,10 +230,16 @@ class _Declarations(ast.NodeVisitor):
         self.generic_visit(node)
         self.classes.pop()
 
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+    def _in_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.functions.append(node)
         self.generic_visit(node)
         self.functions.pop()
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self._in_function(node)
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self._in_function(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         self.generic_visit(node)
