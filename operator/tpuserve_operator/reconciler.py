@@ -34,7 +34,7 @@ from typing import Any
 from tpuserve_operator import conditions, group_restart, labels, rollout
 from tpuserve_operator.apply import AppliedRecord, needs_apply, record_of, stamp
 from tpuserve_operator.errors import InvalidSpec
-from tpuserve_operator.kube import Kube, NotFoundError, error_summary
+from tpuserve_operator.kube import KubeApi, NotFoundError, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow
 from tpuserve_operator.observed import (
     ChildView,
@@ -114,7 +114,7 @@ def _utcnow() -> datetime.datetime:
 class Reconciler:
     def __init__(
         self,
-        kube: Kube,
+        kube: KubeApi,
         settings: ReconcilerSettings,
         metrics: OperatorMetrics,
         emit_event: EventSink,
