@@ -10,7 +10,7 @@ The public surface (pinned by tests/unit/operator/test_exported_members.py):
 """
 
 from tpuserve_operator.api import TPUModelServerSpec
-from tpuserve_operator.crd import custom_resource_definition
+from tpuserve_operator.build.crd import custom_resource_definition
 from tpuserve_operator.errors import InvalidSpec, Problem
 from tpuserve_operator.render import RenderConfig, build_children
 from tpuserve_operator.validation import validate

@@ -12,7 +12,7 @@ A pass:
    `Valid=False` with the field-named message, posts an Event and changes nothing else;
 2. plan groups (`rollout.plan`) from observed group states;
 3. server-side apply shared children and the groups the plan allows, skipping children
-   whose applied hash and generation say nothing changed (`apply.needs_apply`);
+   whose applied hash and generation say nothing changed (`drift.needs_apply`);
 4. on the StatefulSet path, delete the stale pods of groups being updated (their
    StatefulSets use OnDelete, so the whole slice restarts together);
 5. delete children this server no longer wants (scale-down, surge groups, router off);
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuserve_operator import conditions, group_restart, labels, rollout
-from tpuserve_operator.apply import AppliedRecord, needs_apply, record_of, stamp
+from tpuserve_operator.drift import AppliedRecord, needs_apply, record_of, stamp
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.kube import KubeApi, NotFoundError, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow

@@ -4,7 +4,7 @@
 value and what is allowed:
 
 1. types, enums, bounds and patterns (the pydantic models the CRD is generated from);
-2. the CRD's CEL rules, evaluated offline (`cel.py`), as the apiserver would;
+2. the CRD's CEL rules, evaluated offline (`build/cel.py`), as the apiserver would;
 3. what CEL cannot know: the (generation, topology) pair is in the topology catalog, the
    model fits the slice's HBM (the engine twin's performance model, when the model is
    known), and no override touches what the operator owns (launch-contract variables,
@@ -26,9 +26,10 @@ import pydantic
 
 from sglang_tpu import model_source, perf_model
 from sglang_tpu.topology import TPU_RESOURCE, CatalogError, SliceShape, lookup
-from tpuserve_operator import cel, contract_bridge, labels
+from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.api import MAX_NAME_LENGTH, TPUModelServerSpec
-from tpuserve_operator.crd import openapi_schema
+from tpuserve_operator.build import cel
+from tpuserve_operator.build.crd import openapi_schema
 from tpuserve_operator.errors import InvalidSpec, Problem
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
         env_name = entry.get("name")
         if not isinstance(env_name, str) or not env_name:
             problems.append(Problem(f"spec.engine.env[{i}].name", "is required"))
-        elif contract_bridge.is_owned_env(env_name):
+        elif launch_contract.is_owned_env(env_name):
             problems.append(
                 Problem(
                     f"spec.engine.env[{i}].name",
@@ -167,7 +168,7 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
             )
     for flag, value in spec.engine.args.items():
         path = f"spec.engine.args.{flag}"
-        if contract_bridge.is_owned_flag(flag):
+        if launch_contract.is_owned_flag(flag):
             problems.append(
                 Problem(
                     path,

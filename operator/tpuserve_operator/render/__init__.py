@@ -12,8 +12,8 @@ from typing import Any
 
 from tpuserve_operator import labels
 from tpuserve_operator.api import PlanStatus
-from tpuserve_operator.contract_bridge import ContractProblems
 from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.launch_contract import ContractProblems
 from tpuserve_operator.render.autoscaler import autoscaler
 from tpuserve_operator.render.context import Manifest, RenderConfig, Server, stable_hash
 from tpuserve_operator.render.monitors import monitors

@@ -15,7 +15,7 @@ a time and every pod's launch contract carries literal values for its group.
 from __future__ import annotations
 
 from sglang_tpu.contract import GroupContract
-from tpuserve_operator import contract_bridge, labels
+from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.render.context import Manifest, Server
 from tpuserve_operator.render.pod import (
     engine_pod_template,
@@ -41,7 +41,7 @@ def group_hostnames(server: Server, replica: int) -> tuple[str, ...]:
 
 
 def group_contract(server: Server, replica: int) -> GroupContract:
-    return contract_bridge.group_contract(
+    return launch_contract.group_contract(
         server.valid.spec,
         served_name=server.valid.served_name,
         replica=replica,
@@ -52,8 +52,8 @@ def group_contract(server: Server, replica: int) -> GroupContract:
 
 
 def _template(server: Server, replica: int, role: str, revision: str) -> Manifest:
-    group_key = contract_bridge.LWS_GROUP_KEY if server.config.leaderworkerset else None
-    env = contract_bridge.engine_env(
+    group_key = launch_contract.LWS_GROUP_KEY if server.config.leaderworkerset else None
+    env = launch_contract.engine_env(
         group_contract(server, replica),
         host_index=host_index_source(server, role),
         group_key=group_key,
@@ -109,7 +109,7 @@ def headless_service(server: Server, replica: int) -> Manifest:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": labels.group_selector(server.name, replica),
-            "ports": [{"name": "http", "port": contract_bridge.HTTP_PORT, "targetPort": "http"}],
+            "ports": [{"name": "http", "port": launch_contract.HTTP_PORT, "targetPort": "http"}],
         },
     }
 

@@ -1,8 +1,9 @@
-"""The one place the operator meets the launch contract (`sglang_tpu.contract`).
+"""The launch contract (`sglang_tpu.contract`) as the operator fills it in from a spec.
 
-Everything a model-server pod is told (environment variables, the SGLang flags the launcher
-owns) comes through here, built with the contract's own types and validators, so render
-code never spells a contract variable and a spec the launcher would refuse is refused here.
+The one place the operator meets the contract: everything a model-server pod is told
+(environment variables, the SGLang flags the launcher owns) comes through here, built with
+the contract's own types and validators, so render code never spells a contract variable and
+a spec the launcher would refuse is refused by validation.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 from tpuserve_operator.errors import Problem
-from tpuserve_operator.openapi import JSON
+from tpuserve_operator.build.openapi import JSON
 
 REASON = "FailedValidationRule"
 
