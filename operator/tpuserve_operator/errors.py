@@ -1,4 +1,4 @@
-"""Errors the operator reports: an invalid spec (not retried), a missing dependency (retried)."""
+"""The error the operator reports for a spec that can never work: every problem, field-named."""
 
 from __future__ import annotations
 
@@ -35,7 +35,3 @@ class InvalidSpec(ValueError):
     def reason(self) -> str:
         """The first problem's reason: the condition carries one reason."""
         return self.problems[0].reason
-
-
-class MissingDependency(RuntimeError):
-    """Something the children need is not in the cluster yet (retry later, spec is fine)."""

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpuserve import __version__
 from tpuserve_operator import labels
 from tpuserve_operator.validation import ValidSpec
+from tpuserve_operator.version import VERSION
 
-DEFAULT_IMAGE = f"ghcr.io/tpuserve/tpuserve:{__version__}"
-DEFAULT_ENGINE_IMAGE = f"ghcr.io/tpuserve/tpuserve-tpu:{__version__}"
+DEFAULT_IMAGE = f"ghcr.io/tpuserve/tpuserve:{VERSION}"
+DEFAULT_ENGINE_IMAGE = f"ghcr.io/tpuserve/tpuserve-tpu:{VERSION}"
 
 ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 9000
