@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tpuserve_operator.conditions import Reason
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
@@ -12,7 +14,7 @@ class Problem:
 
     field: str
     message: str
-    reason: str = "InvalidSpec"
+    reason: Reason = Reason.INVALID_SPEC
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"
@@ -32,6 +34,6 @@ class InvalidSpec(ValueError):
         super().__init__("; ".join(str(p) for p in self.problems))
 
     @property
-    def reason(self) -> str:
+    def reason(self) -> Reason:
         """The first problem's reason: the condition carries one reason."""
         return self.problems[0].reason

@@ -31,6 +31,7 @@ T = TypeVar("T")
 
 __all__ = [
     "KINDS",
+    "EventSink",
     "Kube",
     "KubeApi",
     "NotFoundError",
@@ -107,6 +108,10 @@ def load_configuration(
         )
     configuration.connection_pool_maxsize = pool_size
     return configuration
+
+
+EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+"""Posts an Event about an object: (body, type, reason, message); kopf.event in the operator."""
 
 
 class KubeApi(Protocol):

@@ -30,6 +30,7 @@ from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.api import MAX_NAME_LENGTH, TPUModelServerSpec
 from tpuserve_operator.build import cel
 from tpuserve_operator.build.crd import openapi_schema
+from tpuserve_operator.conditions import Reason
 from tpuserve_operator.errors import InvalidSpec, Problem
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,9 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
     try:
         shape = lookup(model.tpu.generation, model.tpu.topology, field_path="spec.tpu.topology")
     except CatalogError as err:
-        problems.append(Problem(err.field, _catalog_message(err), reason="UnsupportedTopology"))
+        problems.append(
+            Problem(err.field, _catalog_message(err), reason=Reason.UNSUPPORTED_TOPOLOGY)
+        )
     problems += _sources(model)
     problems += _owned_overrides(model)
     if shape is not None:
@@ -145,7 +148,7 @@ def _sources(spec: TPUModelServerSpec) -> list[Problem]:
                 "spec.model.source",
                 f"the simulated engine has no performance profile for {spec.model.source!r}; "
                 f"allowed: hf:// ids of known models ({', '.join(known)})",
-                reason="UnknownModel",
+                reason=Reason.UNKNOWN_MODEL,
             )
         )
     return problems
@@ -163,7 +166,7 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
                     f"spec.engine.env[{i}].name",
                     f"{env_name!r} is set by the operator (launch contract); allowed: any other "
                     "name",
-                    reason="ReservedField",
+                    reason=Reason.RESERVED_FIELD,
                 )
             )
     for flag, value in spec.engine.args.items():
@@ -174,7 +177,7 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
                     path,
                     f"--{flag.lstrip('-')} is set by the operator from the spec; allowed: "
                     "SGLang flags the operator does not set",
-                    reason="ReservedField",
+                    reason=Reason.RESERVED_FIELD,
                 )
             )
         elif not isinstance(value, str | int | float | bool):
@@ -188,7 +191,7 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
                     f"spec.template.labels.{key}",
                     "is set by the operator; allowed: keys other than "
                     f"{', '.join(OWNED_LABEL_KEYS)} and {', '.join(OWNED_LABEL_PREFIXES)}*",
-                    reason="ReservedField",
+                    reason=Reason.RESERVED_FIELD,
                 )
             )
     for section in ("requests", "limits"):
@@ -199,7 +202,7 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
                     f"spec.engine.resources.{section}.{TPU_RESOURCE}",
                     "is set by the operator to the chips of one host (topology catalog); "
                     "allowed: cpu, memory and other resources",
-                    reason="ReservedField",
+                    reason=Reason.RESERVED_FIELD,
                 )
             )
     return problems
@@ -220,7 +223,7 @@ def _fit(spec: TPUModelServerSpec, shape: SliceShape) -> list[Problem]:
             context_length,
         )
     except perf_model.ModelDoesNotFit as err:
-        return [Problem("spec.tpu.topology", str(err), reason="ModelDoesNotFit")]
+        return [Problem("spec.tpu.topology", str(err), reason=Reason.MODEL_DOES_NOT_FIT)]
     except ValueError as err:
         # The performance model does not cover this quantization yet: no opinion.
         log.debug("fit check skipped for %s: %s", profile.name, err)

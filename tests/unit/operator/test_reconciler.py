@@ -288,3 +288,33 @@ async def test_a_restarted_host_restarts_its_whole_group(operator: Operator) -> 
     kind, reason, message = operator.events[-1]
     assert (kind, reason) == ("Warning", "GroupRestarted")
     assert "qwen-r0-w-2" in message
+
+
+async def test_a_new_generation_is_acknowledged_before_its_pass(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    first = operator.kube.status_patches[0]
+    assert "observedGeneration" not in first
+    assert first["endpoint"] == "http://qwen.ml.svc:8000"
+    assert [(c["type"], c["reason"]) for c in first["conditions"]] == [
+        ("Valid", "SpecValid"),
+        ("Progressing", "Reconciling"),
+    ]
+    assert "observedGeneration" not in first["conditions"][0]
+
+
+async def test_an_invalid_edit_keeps_the_last_good_status_but_its_conditions(
+    operator: Operator,
+) -> None:
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    before = operator.status(key)
+    operator.edit(key, tpu={"generation": "v6e", "topology": "3x3"})
+    await operator.converge(key)
+    after = operator.status(key)
+    assert after["observedGeneration"] == 2
+    assert operator.conditions(key)["Valid"] == ("False", "UnsupportedTopology")
+    assert {k: after[k] for k in ("endpoint", "plan", "groups", "revision")} == {
+        k: before[k] for k in ("endpoint", "plan", "groups", "revision")
+    }
+    assert operator.reconciler.server_readiness() == []  # an invalid server is not counted
