@@ -9,7 +9,7 @@ failed apply, the periodic resync).
 
 A pass:
 
-1. validate and render (`render.make_server`, `render.render`); an invalid spec sets
+1. validate and render (`render.validate_server`, `render.render`); an invalid spec sets
    `Valid=False` with the field-named message, posts an Event and changes nothing else;
 2. plan groups (`rollout.plan`) from observed group states (`status.report_group`);
 3. server-side apply shared children and the groups the plan allows, skipping children
@@ -48,7 +48,7 @@ from tpuserve_operator.observed import (
     pod_view,
     server_key_of,
 )
-from tpuserve_operator.render import RenderConfig, Rendered, make_server, render
+from tpuserve_operator.render import RenderConfig, Rendered, render, validate_server
 from tpuserve_operator.restarts import GroupRestarts
 from tpuserve_operator.server_state import RenderKey, ServedModel, ServerState
 from tpuserve_operator.status import (
@@ -376,7 +376,7 @@ class Reconciler:
             return state.rendering[1]
         try:
             rendered = render(
-                make_server(meta, dict(body.get("spec") or {}), config, cel_rules=False)
+                validate_server(meta, dict(body.get("spec") or {}), config, cel_rules=False)
             )
         except InvalidSpec as err:
             state.rendering = (marker, err)

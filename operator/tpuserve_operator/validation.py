@@ -10,7 +10,10 @@ value and what is allowed:
    known), and no override touches what the operator owns (launch-contract variables,
    SGLang flags, labels, google.com/tpu).
 
-The operator reports the result as the `Valid` condition; `tpuserve render` prints it.
+`render.validate_server` runs these and then the last layer, which needs the server's name,
+namespace and workload kind: the launch contract its replica groups get (host names, ports,
+flags), checked by the contract's own validators. After it, rendering cannot fail. The
+operator reports the result as the `Valid` condition; `tpuserve render` prints it.
 """
 
 from __future__ import annotations
