@@ -83,10 +83,13 @@ CHILD_KINDS = (
 )
 
 
+WORKLOADS = ("auto", "leaderworkerset", "statefulset")
+
+
 @dataclass(frozen=True, slots=True)
 class ReconcilerSettings:
     render: RenderConfig = dataclasses.field(default_factory=RenderConfig)
-    # auto: LeaderWorkerSet when its CRD is installed, else StatefulSets
+    # one of WORKLOADS; auto: LeaderWorkerSet when its CRD is installed, else StatefulSets
     workload: str = "auto"
     partial_group_seconds: float = DEFAULT_PARTIAL_GROUP_SECONDS
     resync_seconds: float = 60.0
