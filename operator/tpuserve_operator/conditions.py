@@ -73,54 +73,76 @@ class ReasonDoc:
     meaning: str
 
 
-R = Reason
 REASONS: tuple[ReasonDoc, ...] = (
     ReasonDoc(
-        VALID, "True", R.SPEC_VALID, "the spec passed the CRD rules, the catalog and the fit check"
+        VALID,
+        "True",
+        Reason.SPEC_VALID,
+        "the spec passed the CRD rules, the catalog and the fit check",
     ),
-    ReasonDoc(VALID, "False", R.INVALID_SPEC, "a field has a value the operator cannot use"),
-    ReasonDoc(VALID, "False", R.FAILED_VALIDATION_RULE, "a CEL rule of the CRD failed"),
+    ReasonDoc(VALID, "False", Reason.INVALID_SPEC, "a field has a value the operator cannot use"),
+    ReasonDoc(VALID, "False", Reason.FAILED_VALIDATION_RULE, "a CEL rule of the CRD failed"),
     ReasonDoc(
-        VALID, "False", R.UNSUPPORTED_TOPOLOGY, "(generation, topology) is not in the catalog"
+        VALID, "False", Reason.UNSUPPORTED_TOPOLOGY, "(generation, topology) is not in the catalog"
     ),
     ReasonDoc(
-        VALID, "False", R.MODEL_DOES_NOT_FIT, "weights + one context of KV exceed the slice's HBM"
+        VALID,
+        "False",
+        Reason.MODEL_DOES_NOT_FIT,
+        "weights + one context of KV exceed the slice's HBM",
     ),
-    ReasonDoc(VALID, "False", R.UNKNOWN_MODEL, "the simulated engine has no profile for the model"),
-    ReasonDoc(VALID, "False", R.RESERVED_FIELD, "an override sets something the operator owns"),
-    ReasonDoc(PROGRESSING, "True", R.RECONCILING, "children are being created or updated"),
     ReasonDoc(
-        PROGRESSING, "True", R.ROLLING_UPDATE, "replica groups are being replaced, one at a time"
+        VALID, "False", Reason.UNKNOWN_MODEL, "the simulated engine has no profile for the model"
     ),
-    ReasonDoc(PROGRESSING, "True", R.SCALING_UP, "replica groups are being added"),
-    ReasonDoc(PROGRESSING, "True", R.SCALING_DOWN, "replica groups are being removed"),
-    ReasonDoc(PROGRESSING, "True", R.GROUPS_STARTING, "groups exist but not all are ready yet"),
-    ReasonDoc(PROGRESSING, "False", R.COMPLETE, "every group is on the current revision and ready"),
     ReasonDoc(
-        PROGRESSING, "False", R.INVALID_SPEC, "nothing is rolled out while the spec is invalid"
+        VALID, "False", Reason.RESERVED_FIELD, "an override sets something the operator owns"
     ),
-    ReasonDoc(PROGRESSING, "False", R.APPLY_FAILED, "the apiserver refused a child (see message)"),
-    ReasonDoc(READY, "True", R.ROUTER_READY, "the router is up and at least one group is ready"),
-    ReasonDoc(READY, "True", R.LEADERS_READY, "router disabled; at least one group is ready"),
-    ReasonDoc(READY, "False", R.NO_READY_REPLICAS, "no replica group is ready"),
-    ReasonDoc(READY, "False", R.ROUTER_NOT_READY, "groups are ready but no router pod is"),
-    ReasonDoc(READY, "False", R.SCALED_TO_ZERO, "spec.replicas is 0"),
-    ReasonDoc(READY, "False", R.INVALID_SPEC, "the spec is invalid; nothing is served"),
+    ReasonDoc(PROGRESSING, "True", Reason.RECONCILING, "children are being created or updated"),
     ReasonDoc(
-        DEGRADED, "True", R.UNSCHEDULABLE, "pods cannot be scheduled (no matching TPU capacity)"
+        PROGRESSING,
+        "True",
+        Reason.ROLLING_UPDATE,
+        "replica groups are being replaced, one at a time",
     ),
-    ReasonDoc(DEGRADED, "True", R.CRASH_LOOP, "an engine container is crash-looping"),
+    ReasonDoc(PROGRESSING, "True", Reason.SCALING_UP, "replica groups are being added"),
+    ReasonDoc(PROGRESSING, "True", Reason.SCALING_DOWN, "replica groups are being removed"),
+    ReasonDoc(
+        PROGRESSING, "True", Reason.GROUPS_STARTING, "groups exist but not all are ready yet"
+    ),
+    ReasonDoc(
+        PROGRESSING, "False", Reason.COMPLETE, "every group is on the current revision and ready"
+    ),
+    ReasonDoc(
+        PROGRESSING, "False", Reason.INVALID_SPEC, "nothing is rolled out while the spec is invalid"
+    ),
+    ReasonDoc(
+        PROGRESSING, "False", Reason.APPLY_FAILED, "the apiserver refused a child (see message)"
+    ),
+    ReasonDoc(
+        READY, "True", Reason.ROUTER_READY, "the router is up and at least one group is ready"
+    ),
+    ReasonDoc(READY, "True", Reason.LEADERS_READY, "router disabled; at least one group is ready"),
+    ReasonDoc(READY, "False", Reason.NO_READY_REPLICAS, "no replica group is ready"),
+    ReasonDoc(READY, "False", Reason.ROUTER_NOT_READY, "groups are ready but no router pod is"),
+    ReasonDoc(READY, "False", Reason.SCALED_TO_ZERO, "spec.replicas is 0"),
+    ReasonDoc(READY, "False", Reason.INVALID_SPEC, "the spec is invalid; nothing is served"),
     ReasonDoc(
         DEGRADED,
         "True",
-        R.GROUP_PARTIALLY_UP,
+        Reason.UNSCHEDULABLE,
+        "pods cannot be scheduled (no matching TPU capacity)",
+    ),
+    ReasonDoc(DEGRADED, "True", Reason.CRASH_LOOP, "an engine container is crash-looping"),
+    ReasonDoc(
+        DEGRADED,
+        "True",
+        Reason.GROUP_PARTIALLY_UP,
         "a group has had only some hosts running for too long",
     ),
-    ReasonDoc(DEGRADED, "True", R.APPLY_FAILED, "the apiserver refused a child (see message)"),
-    ReasonDoc(DEGRADED, "False", R.AS_EXPECTED, "nothing is wrong"),
-    ReasonDoc(DEGRADED, "False", R.INVALID_SPEC, "the spec is invalid; see Valid"),
+    ReasonDoc(DEGRADED, "True", Reason.APPLY_FAILED, "the apiserver refused a child (see message)"),
+    ReasonDoc(DEGRADED, "False", Reason.AS_EXPECTED, "nothing is wrong"),
+    ReasonDoc(DEGRADED, "False", Reason.INVALID_SPEC, "the spec is invalid; see Valid"),
 )
-del R
 
 
 @dataclass(frozen=True, slots=True)
