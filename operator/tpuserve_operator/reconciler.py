@@ -17,8 +17,7 @@ A pass:
 4. on the StatefulSet path, restart groups as one: the stale pods of groups being updated,
    and the other pods of a group one of whose hosts restarted (`restarts`);
 5. delete children this server no longer wants (scale-down, surge groups, router off);
-6. write status and post Events for condition transitions (`status.build_status`,
-   `status_writer`).
+6. write status and post Events for condition transitions (`status_writer`).
 """
 
 from __future__ import annotations
@@ -54,12 +53,11 @@ from tpuserve_operator.server_state import RenderKey, ServedModel, ServerState
 from tpuserve_operator.status import (
     DEFAULT_PARTIAL_GROUP_SECONDS,
     acknowledged,
-    build_status,
     decide,
     observe_groups,
     report_group,
 )
-from tpuserve_operator.status_writer import ServerGone, StatusWriter
+from tpuserve_operator.status_writer import ServerGone, StatusWriter, build_status
 
 log = logging.getLogger(__name__)
 

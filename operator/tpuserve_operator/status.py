@@ -11,6 +11,9 @@ Group states (status.groups[].state):
   (Unschedulable), or the group has been partly up for longer than the bound
   (GroupPartiallyUp; the bound is the operator's --partial-group-seconds);
 - Terminating: the group is being deleted.
+
+`observe_groups` gathers each group's workloads and pods, `report_group` gives its state and
+`decide` the four conditions (`status_writer.build_status` turns them into the status).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tpuserve_operator import conditions
-from tpuserve_operator.api import GroupStatus, TPUModelServerStatus
+from tpuserve_operator.api import GroupStatus
 from tpuserve_operator.conditions import Condition, Reason
 from tpuserve_operator.observed import ChildView, PodView
 from tpuserve_operator.render import Rendered
@@ -374,49 +377,3 @@ def acknowledged(generation: int | None) -> list[Condition]:
             conditions.PROGRESSING, True, Reason.RECONCILING, f"applying generation {generation}"
         ),
     ]
-
-
-def build_status(
-    previous: TPUModelServerStatus,
-    decided: Sequence[Condition],
-    *,
-    now: datetime.datetime,
-    generation: int | None,
-    observed: bool,
-    rendered: Rendered | None = None,
-    reports: Mapping[int, GroupReport] | None = None,
-) -> TPUModelServerStatus:
-    """The status to write: `previous` with the decided conditions merged in, and
-
-    - `observed`: `generation` was reconciled, so it becomes `observedGeneration` and the
-      conditions carry it (False: a new generation is only being acknowledged);
-    - `rendered`: what the spec resolves to (endpoint, served name, selector, plan);
-    - `reports` (with `rendered`): the replica groups, their counts and the revision.
-    """
-    update: dict[str, object] = {
-        "conditions": conditions.merge(
-            previous.conditions,
-            decided,
-            now=timestamp(now),
-            generation=generation if observed else None,
-        )
-    }
-    if observed:
-        update["observed_generation"] = generation
-    if rendered is not None:
-        update |= {
-            "endpoint": rendered.endpoint,
-            "served_name": rendered.server.valid.served_name,
-            "selector": rendered.selector,
-            "plan": rendered.plan,
-        }
-    if rendered is not None and reports is not None:
-        main = [r for r in reports.values() if r.index < rendered.replicas]
-        update |= {
-            "replicas": sum(1 for r in reports.values() if r.exists),
-            "ready_replicas": sum(1 for r in reports.values() if r.ready),
-            "updated_replicas": sum(1 for r in main if r.updated),
-            "revision": rendered.revision,
-            "groups": [reports[k].as_status() for k in sorted(reports)],
-        }
-    return previous.model_copy(update=update)
