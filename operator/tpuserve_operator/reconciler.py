@@ -107,6 +107,9 @@ def _backoff_seconds(state: ServerState) -> float:
 
 
 class Reconciler:
+    """Every TPUModelServer's loop: what it remembers of each (`ServerState`), the watch-fed
+    view of their children and pods, and the passes that converge them."""
+
     def __init__(
         self,
         kube: KubeApi,
