@@ -3,11 +3,12 @@
 These pydantic models are the single definition of the resource. From them come:
 
 - the CRD's OpenAPI v3 schema, with every description, default, enum, bound and CEL rule
-  (`crd.py`, written to `charts/tpuserve/crds/` by `python -m tpuserve_operator.generate`);
+  (`build/crd.py`, written to `charts/tpuserve/crds/` by
+  `python -m tpuserve_operator.build.generate`);
 - the resource reference in docs/operator.md (same generator);
 - the operator's typed view of a spec (`TPUModelServerSpec.model_validate(spec)`), and
   `tpuserve render`'s validation with no cluster (pydantic for types and bounds, the CRD's
-  own CEL rules evaluated by `cel.py`).
+  own CEL rules evaluated by `build/cel.py`).
 
 Descriptions start with the JSON name and say what the field controls, its default and
 how it interacts with other fields (the LeaderWorkerSet API style), so `kubectl explain`

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -11,9 +12,9 @@ from typing import Any
 
 from sglang_tpu import cli_types
 from tpuserve_operator import peering
-from tpuserve_operator.reconciler import ReconcilerSettings
-from tpuserve_operator.render.context import DEFAULT_ENGINE_IMAGE, DEFAULT_IMAGE, RenderConfig
-from tpuserve_operator.status import DEFAULT_PARTIAL_GROUP_SECONDS
+from tpuserve_operator.flags import RENDER_FLAGS, Flag, add_flags, apply_flags, with_field
+from tpuserve_operator.options import OperatorOptions
+from tpuserve_operator.reconciler import WORKLOADS
 
 DESCRIPTION = """Run the TPUModelServer operator.
 
@@ -28,42 +29,90 @@ priority, the highest serves and the others wait (kopf peering). --standalone tu
 
 ROUTER_RESOURCES_ENV = "TPUSERVE_ROUTER_RESOURCES"
 
+DEFAULTS = OperatorOptions()
+
+# Flags that set one field of OperatorOptions; their defaults are the dataclasses'.
+OPTIONS: tuple[Flag, ...] = (
+    Flag("--kubeconfig", "kubeconfig", "Kubeconfig file (default: KUBECONFIG)."),
+    Flag(
+        "--listen-address",
+        "listen_address",
+        "Address of the metrics and liveness endpoints (default: %(default)s).",
+    ),
+    Flag(
+        "--metrics-port",
+        "metrics_port",
+        "Prometheus /metrics port (default: %(default)s).",
+        kind=cli_types.nonzero_port,
+    ),
+    Flag(
+        "--liveness-port",
+        "liveness_port",
+        "kopf /healthz port (default: %(default)s).",
+        kind=cli_types.nonzero_port,
+    ),
+    Flag(
+        "--peering-lifetime",
+        "peering_lifetime",
+        "Seconds a peer's keep-alive lasts; a standby takes over this long after a crash "
+        "(default: %(default)s).",
+        kind=cli_types.positive_int,
+    ),
+    *(f.under("reconciler.render") for f in RENDER_FLAGS),
+    Flag(
+        "--workload",
+        "reconciler.workload",
+        "Replica-group workload for new servers; auto: LeaderWorkerSet when its CRD is "
+        "installed, else StatefulSets (default: %(default)s). A server keeps the kind it "
+        "started with.",
+        choices=WORKLOADS,
+    ),
+    Flag(
+        "--partial-group-seconds",
+        "reconciler.partial_group_seconds",
+        "A group partly up this long is Degraded (default: %(default)s).",
+        kind=cli_types.duration_seconds,
+    ),
+    Flag(
+        "--resync-seconds",
+        "reconciler.resync_seconds",
+        "Re-check every server this often (default: %(default)s).",
+        kind=cli_types.duration_seconds,
+    ),
+    Flag(
+        "--relist-seconds",
+        "reconciler.relist_seconds",
+        "Re-list each server's children and pods this often; watches can miss deletions "
+        "(default: %(default)s).",
+        kind=cli_types.duration_seconds,
+    ),
+    Flag(
+        "--max-concurrent",
+        "reconciler.max_concurrent",
+        "Servers reconciled at the same time (default: %(default)s).",
+        kind=cli_types.positive_int,
+    ),
+)
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "--namespace",
         action="append",
-        default=[],
+        default=list(DEFAULTS.namespaces),
         metavar="NS",
         help="Watch this namespace (repeatable). Default: all namespaces.",
     )
     scope.add_argument(
         "--all-namespaces", action="store_true", help="Watch every namespace (the default)."
     )
-    parser.add_argument("--kubeconfig", default=None, help="Kubeconfig file (default: KUBECONFIG).")
-    parser.add_argument(
-        "--listen-address",
-        default="0.0.0.0",
-        help="Address of the metrics and liveness endpoints (default: %(default)s).",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=cli_types.nonzero_port,
-        default=9090,
-        help="Prometheus /metrics port (default: %(default)s).",
-    )
-    parser.add_argument(
-        "--liveness-port",
-        type=cli_types.nonzero_port,
-        default=8081,
-        help="kopf /healthz port (default: %(default)s).",
-    )
     peer = parser.add_mutually_exclusive_group()
     peer.add_argument("--standalone", action="store_true", help="Run without peering.")
     peer.add_argument(
         "--peering",
-        default="tpuserve",
+        dest="peering_name",
+        default=DEFAULTS.peering_name,
         metavar="NAME",
         help="Peering object name (default: %(default)s).",
     )
@@ -73,66 +122,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="kopf peering priority; default: random, so replicas never tie (a tie pauses all).",
     )
-    parser.add_argument(
-        "--peering-lifetime",
-        type=cli_types.positive_int,
-        default=60,
-        help="Seconds a peer's keep-alive lasts; a standby takes over this long after a crash.",
-    )
-    parser.add_argument(
-        "--engine-image", default=DEFAULT_ENGINE_IMAGE, help="Default SGLang-on-TPU image."
-    )
-    parser.add_argument(
-        "--router-image", default=DEFAULT_IMAGE, help="Default router (and simulated engine) image."
-    )
-    parser.add_argument(
-        "--router-policy",
-        default=None,
-        metavar="NAME",
-        help="Routing policy of routers whose TPUModelServer sets none (default: none given, "
-        "so the router's own default applies; empty means the same).",
-    )
-    parser.add_argument(
-        "--router-replicas",
-        type=cli_types.positive_int,
-        default=1,
-        help="Router replicas of servers that set none (default: %(default)s).",
-    )
+    add_flags(parser, OPTIONS, DEFAULTS)
     parser.add_argument(
         "--router-resources",
         default=os.environ.get(ROUTER_RESOURCES_ENV, "{}"),
         help=f"Default router resources as JSON (default: ${ROUTER_RESOURCES_ENV} or none).",
-    )
-    parser.add_argument(
-        "--workload",
-        choices=("auto", "leaderworkerset", "statefulset"),
-        default="auto",
-        help="Replica-group workload for new servers; auto: LeaderWorkerSet when its CRD is "
-        "installed, else StatefulSets (default). A server keeps the kind it started with.",
-    )
-    parser.add_argument(
-        "--partial-group-seconds",
-        type=cli_types.duration_seconds,
-        default=DEFAULT_PARTIAL_GROUP_SECONDS,
-        help="A group partly up this long is Degraded (default: %(default)s).",
-    )
-    parser.add_argument(
-        "--resync-seconds",
-        type=cli_types.duration_seconds,
-        default=60.0,
-        help="Re-check every server this often (default: %(default)s).",
-    )
-    parser.add_argument(
-        "--relist-seconds",
-        type=cli_types.duration_seconds,
-        default=300.0,
-        help="Re-list each server's children and pods this often (watches can miss deletions).",
-    )
-    parser.add_argument(
-        "--max-concurrent",
-        type=cli_types.positive_int,
-        default=16,
-        help="Servers reconciled at the same time (default: %(default)s).",
     )
     parser.add_argument(
         "--log-format",
@@ -152,37 +146,20 @@ def _router_resources(text: str) -> dict[str, Any]:
     return value
 
 
-def options_from(args: argparse.Namespace) -> Any:
-    from tpuserve_operator.options import OperatorOptions
-
-    render = RenderConfig(
-        engine_image=args.engine_image,
-        router_image=args.router_image,
-        router_policy=args.router_policy or None,
-        router_replicas=args.router_replicas,
-        router_resources=_router_resources(args.router_resources),
+def options_from(args: argparse.Namespace) -> OperatorOptions:
+    options = apply_flags(DEFAULTS, OPTIONS, args)
+    options = with_field(
+        options, "reconciler.render.router_resources", _router_resources(args.router_resources)
     )
-    return OperatorOptions(
+    return dataclasses.replace(
+        options,
         namespaces=tuple(args.namespace),
-        kubeconfig=args.kubeconfig,
-        listen_address=args.listen_address,
-        metrics_port=args.metrics_port,
-        liveness_port=args.liveness_port,
         standalone=args.standalone,
-        peering_name=args.peering,
+        peering_name=args.peering_name,
         peering_priority=(
             args.peering_priority
             if args.peering_priority is not None
             else peering.random_priority()
-        ),
-        peering_lifetime=args.peering_lifetime,
-        reconciler=ReconcilerSettings(
-            render=render,
-            workload=args.workload,
-            partial_group_seconds=args.partial_group_seconds,
-            resync_seconds=args.resync_seconds,
-            relist_seconds=args.relist_seconds,
-            max_concurrent=args.max_concurrent,
         ),
     )
 

@@ -1,16 +1,20 @@
-"""Condition types, their reasons, and how a condition list changes. Pure functions.
+"""Condition types, every reason the operator writes, and how a condition list changes. Pure.
 
 Conditions follow metav1.Condition: a list keyed by `type`; `reason` is a CamelCase
 identifier for programs, `message` a sentence; `lastTransitionTime` changes only when
-`status` does. Every reason the operator can write is listed in REASONS (docs/operator.md
-is generated from it, and a test checks the operator writes no other).
+`status` does. Every reason is a member of `Reason`; the condition reasons are documented in
+REASONS (docs/operator.md is generated from it, and a test checks the operator writes no
+other).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Literal
+
+from tpuserve_operator import api
 
 VALID = "Valid"
 PROGRESSING = "Progressing"
@@ -21,56 +25,123 @@ TYPES = (VALID, PROGRESSING, READY, DEGRADED)
 Status = Literal["True", "False", "Unknown"]
 
 
+class Reason(StrEnum):
+    """Every reason the operator writes: in conditions, replica groups' status and Events."""
+
+    # Valid
+    SPEC_VALID = "SpecValid"
+    INVALID_SPEC = "InvalidSpec"
+    FAILED_VALIDATION_RULE = "FailedValidationRule"
+    UNSUPPORTED_TOPOLOGY = "UnsupportedTopology"
+    MODEL_DOES_NOT_FIT = "ModelDoesNotFit"
+    UNKNOWN_MODEL = "UnknownModel"
+    RESERVED_FIELD = "ReservedField"
+    # Progressing
+    RECONCILING = "Reconciling"
+    ROLLING_UPDATE = "RollingUpdate"
+    SCALING_UP = "ScalingUp"
+    SCALING_DOWN = "ScalingDown"
+    GROUPS_STARTING = "GroupsStarting"
+    COMPLETE = "Complete"
+    APPLY_FAILED = "ApplyFailed"
+    # Ready
+    ROUTER_READY = "RouterReady"
+    LEADERS_READY = "LeadersReady"
+    NO_READY_REPLICAS = "NoReadyReplicas"
+    ROUTER_NOT_READY = "RouterNotReady"
+    SCALED_TO_ZERO = "ScaledToZero"
+    # Degraded (the first three are also a replica group's reason)
+    UNSCHEDULABLE = "Unschedulable"
+    CRASH_LOOP = "CrashLoop"
+    GROUP_PARTIALLY_UP = "GroupPartiallyUp"
+    AS_EXPECTED = "AsExpected"
+    # A replica group's state (status.groups[].reason) only
+    CREATING = "Creating"
+    DELETING = "Deleting"
+    SERVING = "Serving"
+    STARTING = "Starting"
+    PARTIALLY_UP = "PartiallyUp"
+    # Events only
+    GROUP_RESTARTED = "GroupRestarted"
+
+
 @dataclass(frozen=True, slots=True)
 class ReasonDoc:
     type: str
     status: Status
-    reason: str
+    reason: Reason
     meaning: str
 
 
 REASONS: tuple[ReasonDoc, ...] = (
     ReasonDoc(
-        VALID, "True", "SpecValid", "the spec passed the CRD rules, the catalog and the fit check"
+        VALID,
+        "True",
+        Reason.SPEC_VALID,
+        "the spec passed the CRD rules, the catalog and the fit check",
     ),
-    ReasonDoc(VALID, "False", "InvalidSpec", "a field has a value the operator cannot use"),
-    ReasonDoc(VALID, "False", "FailedValidationRule", "a CEL rule of the CRD failed"),
+    ReasonDoc(VALID, "False", Reason.INVALID_SPEC, "a field has a value the operator cannot use"),
+    ReasonDoc(VALID, "False", Reason.FAILED_VALIDATION_RULE, "a CEL rule of the CRD failed"),
     ReasonDoc(
-        VALID, "False", "UnsupportedTopology", "(generation, topology) is not in the catalog"
+        VALID, "False", Reason.UNSUPPORTED_TOPOLOGY, "(generation, topology) is not in the catalog"
     ),
     ReasonDoc(
-        VALID, "False", "ModelDoesNotFit", "weights + one context of KV exceed the slice's HBM"
+        VALID,
+        "False",
+        Reason.MODEL_DOES_NOT_FIT,
+        "weights + one context of KV exceed the slice's HBM",
     ),
-    ReasonDoc(VALID, "False", "UnknownModel", "the simulated engine has no profile for the model"),
-    ReasonDoc(VALID, "False", "ReservedField", "an override sets something the operator owns"),
-    ReasonDoc(PROGRESSING, "True", "Reconciling", "children are being created or updated"),
     ReasonDoc(
-        PROGRESSING, "True", "RollingUpdate", "replica groups are being replaced, one at a time"
+        VALID, "False", Reason.UNKNOWN_MODEL, "the simulated engine has no profile for the model"
     ),
-    ReasonDoc(PROGRESSING, "True", "ScalingUp", "replica groups are being added"),
-    ReasonDoc(PROGRESSING, "True", "ScalingDown", "replica groups are being removed"),
-    ReasonDoc(PROGRESSING, "True", "GroupsStarting", "groups exist but not all are ready yet"),
-    ReasonDoc(PROGRESSING, "False", "Complete", "every group is on the current revision and ready"),
     ReasonDoc(
-        PROGRESSING, "False", "InvalidSpec", "nothing is rolled out while the spec is invalid"
+        VALID, "False", Reason.RESERVED_FIELD, "an override sets something the operator owns"
     ),
-    ReasonDoc(PROGRESSING, "False", "ApplyFailed", "the apiserver refused a child (see message)"),
-    ReasonDoc(READY, "True", "RouterReady", "the router is up and at least one group is ready"),
-    ReasonDoc(READY, "True", "LeadersReady", "router disabled; at least one group is ready"),
-    ReasonDoc(READY, "False", "NoReadyReplicas", "no replica group is ready"),
-    ReasonDoc(READY, "False", "RouterNotReady", "groups are ready but no router pod is"),
-    ReasonDoc(READY, "False", "ScaledToZero", "spec.replicas is 0"),
-    ReasonDoc(READY, "False", "InvalidSpec", "the spec is invalid; nothing is served"),
+    ReasonDoc(PROGRESSING, "True", Reason.RECONCILING, "children are being created or updated"),
     ReasonDoc(
-        DEGRADED, "True", "Unschedulable", "pods cannot be scheduled (no matching TPU capacity)"
+        PROGRESSING,
+        "True",
+        Reason.ROLLING_UPDATE,
+        "replica groups are being replaced, one at a time",
     ),
-    ReasonDoc(DEGRADED, "True", "CrashLoop", "an engine container is crash-looping"),
+    ReasonDoc(PROGRESSING, "True", Reason.SCALING_UP, "replica groups are being added"),
+    ReasonDoc(PROGRESSING, "True", Reason.SCALING_DOWN, "replica groups are being removed"),
     ReasonDoc(
-        DEGRADED, "True", "GroupPartiallyUp", "a group has had only some hosts running for too long"
+        PROGRESSING, "True", Reason.GROUPS_STARTING, "groups exist but not all are ready yet"
     ),
-    ReasonDoc(DEGRADED, "True", "ApplyFailed", "the apiserver refused a child (see message)"),
-    ReasonDoc(DEGRADED, "False", "AsExpected", "nothing is wrong"),
-    ReasonDoc(DEGRADED, "False", "InvalidSpec", "the spec is invalid; see Valid"),
+    ReasonDoc(
+        PROGRESSING, "False", Reason.COMPLETE, "every group is on the current revision and ready"
+    ),
+    ReasonDoc(
+        PROGRESSING, "False", Reason.INVALID_SPEC, "nothing is rolled out while the spec is invalid"
+    ),
+    ReasonDoc(
+        PROGRESSING, "False", Reason.APPLY_FAILED, "the apiserver refused a child (see message)"
+    ),
+    ReasonDoc(
+        READY, "True", Reason.ROUTER_READY, "the router is up and at least one group is ready"
+    ),
+    ReasonDoc(READY, "True", Reason.LEADERS_READY, "router disabled; at least one group is ready"),
+    ReasonDoc(READY, "False", Reason.NO_READY_REPLICAS, "no replica group is ready"),
+    ReasonDoc(READY, "False", Reason.ROUTER_NOT_READY, "groups are ready but no router pod is"),
+    ReasonDoc(READY, "False", Reason.SCALED_TO_ZERO, "spec.replicas is 0"),
+    ReasonDoc(READY, "False", Reason.INVALID_SPEC, "the spec is invalid; nothing is served"),
+    ReasonDoc(
+        DEGRADED,
+        "True",
+        Reason.UNSCHEDULABLE,
+        "pods cannot be scheduled (no matching TPU capacity)",
+    ),
+    ReasonDoc(DEGRADED, "True", Reason.CRASH_LOOP, "an engine container is crash-looping"),
+    ReasonDoc(
+        DEGRADED,
+        "True",
+        Reason.GROUP_PARTIALLY_UP,
+        "a group has had only some hosts running for too long",
+    ),
+    ReasonDoc(DEGRADED, "True", Reason.APPLY_FAILED, "the apiserver refused a child (see message)"),
+    ReasonDoc(DEGRADED, "False", Reason.AS_EXPECTED, "nothing is wrong"),
+    ReasonDoc(DEGRADED, "False", Reason.INVALID_SPEC, "the spec is invalid; see Valid"),
 )
 
 
@@ -80,46 +151,46 @@ class Condition:
 
     type: str
     status: Status
-    reason: str
+    reason: Reason
     message: str
 
     @classmethod
-    def of(cls, type_: str, ok: bool, reason: str, message: str) -> Condition:
+    def of(cls, type_: str, ok: bool, reason: Reason, message: str) -> Condition:
         return cls(type_, "True" if ok else "False", reason, message)
 
 
-def find(conditions: Sequence[dict[str, Any]], type_: str) -> dict[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == type_), None)
+def find(conditions: Sequence[api.Condition], type_: str) -> api.Condition | None:
+    return next((c for c in conditions if c.type == type_), None)
 
 
 def merge(
-    existing: Sequence[dict[str, Any]],
+    existing: Sequence[api.Condition],
     decided: Sequence[Condition],
     *,
     now: str,
     generation: int | None,
-) -> list[dict[str, Any]]:
+) -> list[api.Condition]:
     """The new condition list: decided conditions replace theirs by type, keeping
     `lastTransitionTime` when the status did not change; others are kept as they were."""
-    out: list[dict[str, Any]] = []
     by_type = {c.type: c for c in decided}
-    out += [dict(c) for c in existing if c.get("type") not in by_type]
+    out = [c for c in existing if c.type not in by_type]
     for new in decided:
         previous = find(existing, new.type)
-        same = previous is not None and previous.get("status") == new.status
-        since = previous.get("lastTransitionTime") if previous is not None and same else None
-        item: dict[str, Any] = {
+        same = previous is not None and previous.status == new.status
+        fields: dict[str, object] = {
             "type": new.type,
             "status": new.status,
-            "reason": new.reason,
+            "reason": str(new.reason),
             "message": new.message,
-            "lastTransitionTime": since or now,
+            "last_transition_time": previous.last_transition_time
+            if previous is not None and same
+            else now,
         }
         if generation is not None:
-            item["observedGeneration"] = generation
-        out.append(item)
+            fields["observed_generation"] = generation
+        out.append(api.Condition.model_validate(fields))
     order = {t: i for i, t in enumerate(TYPES)}
-    return sorted(out, key=lambda c: order.get(str(c.get("type")), len(order)))
+    return sorted(out, key=lambda c: order.get(c.type, len(order)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,20 +208,20 @@ class Transition:
         if c.type == DEGRADED:
             return c.status == "True"
         if c.type == PROGRESSING:
-            return c.reason == "ApplyFailed"
+            return c.reason == Reason.APPLY_FAILED
         if c.type == READY:
             return c.status == "False" and self.previous_status == "True"
         return c.status == "False"
 
 
 def transitions(
-    existing: Sequence[dict[str, Any]], decided: Sequence[Condition]
+    existing: Sequence[api.Condition], decided: Sequence[Condition]
 ) -> list[Transition]:
     out = []
     for new in decided:
         old = find(existing, new.type)
-        old_status = old.get("status") if old else None
-        old_reason = old.get("reason") if old else None
+        old_status = old.status if old else None
+        old_reason = old.reason if old else None
         if old_status != new.status or old_reason != new.reason:
             out.append(Transition(new, old_status, old_reason))
     return out

@@ -1,9 +1,11 @@
-"""Errors the operator reports: an invalid spec (not retried), a missing dependency (retried)."""
+"""The error the operator reports for a spec that can never work: every problem, field-named."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from tpuserve_operator.conditions import Reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,7 +14,7 @@ class Problem:
 
     field: str
     message: str
-    reason: str = "InvalidSpec"
+    reason: Reason = Reason.INVALID_SPEC
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"
@@ -32,10 +34,6 @@ class InvalidSpec(ValueError):
         super().__init__("; ".join(str(p) for p in self.problems))
 
     @property
-    def reason(self) -> str:
+    def reason(self) -> Reason:
         """The first problem's reason: the condition carries one reason."""
         return self.problems[0].reason
-
-
-class MissingDependency(RuntimeError):
-    """Something the children need is not in the cluster yet (retry later, spec is fine)."""

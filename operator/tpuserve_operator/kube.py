@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
@@ -29,7 +29,16 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-__all__ = ["KINDS", "Kube", "NotFoundError", "error_summary", "kind_of", "load_configuration"]
+__all__ = [
+    "KINDS",
+    "EventSink",
+    "Kube",
+    "KubeApi",
+    "NotFoundError",
+    "error_summary",
+    "kind_of",
+    "load_configuration",
+]
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
@@ -99,6 +108,28 @@ def load_configuration(
         )
     configuration.connection_pool_maxsize = pool_size
     return configuration
+
+
+EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+"""Posts an Event about an object: (body, type, reason, message); kopf.event in the operator."""
+
+
+class KubeApi(Protocol):
+    """The calls the reconciler makes (`Kube`; unit tests use an in-memory fake)."""
+
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None
+    ) -> bool: ...
+
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, selector: str
+    ) -> list[dict[str, Any]] | None: ...
+
+    async def has_group_version(self, group_version: str, ttl_seconds: float = 30.0) -> bool: ...
 
 
 class Kube:

@@ -1,6 +1,6 @@
 """RBAC rules: what the operator may do, and what each router it creates may do. Defined once.
 
-`python -m tpuserve_operator.generate` writes OPERATOR_RULES to
+`python -m tpuserve_operator.build.generate` writes OPERATOR_RULES to
 charts/tpuserve/files/operator-rbac-rules.yaml (the chart's ClusterRole/Role include it) and
 to docs/operator.md. ROUTER_RULES go into the Role the operator creates per TPUModelServer
 for its router's ServiceAccount; the operator holds every permission it grants there, so it

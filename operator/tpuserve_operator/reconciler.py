@@ -1,22 +1,23 @@
 """Converge one TPUModelServer: validate, render, apply what changed, roll groups, report.
 
-One pass (`converge`) is idempotent and reads only the object and the in-memory view of its
-children and pods (`ObservedCache`, filled from watch events). The kopf handlers run one
-loop per TPUModelServer (`run`) that converges, then sleeps until a watch event about the
-server, one of its children or pods wakes it, or until a recheck is due (a group partly up
-waiting for its Degraded bound, a failed apply, the periodic resync).
+One pass (`converge`) is idempotent and reads only the object, the in-memory view of its
+children and pods (`ObservedCache`, filled from watch events) and what the operator remembers
+about it (`ServerState`). The kopf handlers run one loop per TPUModelServer (`run`) that
+converges, then sleeps until a watch event about the server, one of its children or pods
+wakes it, or until a recheck is due (a group partly up waiting for its Degraded bound, a
+failed apply, the periodic resync).
 
 A pass:
 
-1. validate and render (`render.make_server`, `render.render`); an invalid spec sets
+1. validate and render (`render.validate_server`, `render.render`); an invalid spec sets
    `Valid=False` with the field-named message, posts an Event and changes nothing else;
-2. plan groups (`rollout.plan`) from observed group states;
+2. plan groups (`rollout.plan`) from observed group states (`status.report_group`);
 3. server-side apply shared children and the groups the plan allows, skipping children
-   whose applied hash and generation say nothing changed (`apply.needs_apply`);
-4. on the StatefulSet path, delete the stale pods of groups being updated (their
-   StatefulSets use OnDelete, so the whole slice restarts together);
+   whose applied hash and generation say nothing changed (`children`, `drift`);
+4. on the StatefulSet path, restart groups as one: the stale pods of groups being updated,
+   and the other pods of a group one of whose hosts restarted (`restarts`);
 5. delete children this server no longer wants (scale-down, surge groups, router off);
-6. write status and post Events for condition transitions.
+6. write status and post Events for condition transitions (`status_writer`).
 """
 
 from __future__ import annotations
@@ -27,14 +28,15 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuserve_operator import conditions, group_restart, labels, rollout
-from tpuserve_operator.apply import AppliedRecord, needs_apply, record_of, stamp
+from tpuserve_operator import conditions, labels, rollout
+from tpuserve_operator.api import TPUModelServerStatus
+from tpuserve_operator.children import Children
 from tpuserve_operator.errors import InvalidSpec
-from tpuserve_operator.kube import Kube, NotFoundError, error_summary
+from tpuserve_operator.kube import EventSink, KubeApi, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow
 from tpuserve_operator.observed import (
     ChildView,
@@ -45,15 +47,17 @@ from tpuserve_operator.observed import (
     pod_view,
     server_key_of,
 )
-from tpuserve_operator.render import Manifest, RenderConfig, Rendered, make_server, render
+from tpuserve_operator.render import RenderConfig, Rendered, render, validate_server
+from tpuserve_operator.restarts import GroupRestarts
+from tpuserve_operator.server_state import RenderKey, ServedModel, ServerState
 from tpuserve_operator.status import (
     DEFAULT_PARTIAL_GROUP_SECONDS,
-    GroupObservation,
-    GroupReport,
+    acknowledged,
     decide,
+    observe_groups,
     report_group,
-    timestamp,
 )
+from tpuserve_operator.status_writer import ServerGone, StatusWriter, build_status
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +80,14 @@ CHILD_KINDS = (
     (MONITORING_GROUP_VERSION, "ServiceMonitor"),
 )
 
-EventSink = Callable[[Mapping[str, Any], str, str, str], None]  # body, type, reason, message
+
+WORKLOADS = ("auto", "leaderworkerset", "statefulset")
 
 
 @dataclass(frozen=True, slots=True)
 class ReconcilerSettings:
     render: RenderConfig = dataclasses.field(default_factory=RenderConfig)
-    # auto: LeaderWorkerSet when its CRD is installed, else StatefulSets
+    # one of WORKLOADS; auto: LeaderWorkerSet when its CRD is installed, else StatefulSets
     workload: str = "auto"
     partial_group_seconds: float = DEFAULT_PARTIAL_GROUP_SECONDS
     resync_seconds: float = 60.0
@@ -92,29 +97,22 @@ class ReconcilerSettings:
     max_concurrent: int = 16
 
 
-@dataclass(frozen=True, slots=True)
-class _Served:
-    """What the replica metrics need from a server's last successful render."""
-
-    model_name: str
-    generation: str
-    topology: str
-    chips: int
-    ready: bool
-
-
-class ServerGone(Exception):
-    """The TPUModelServer no longer exists (its deletion event may have been missed)."""
-
-
 def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+def _backoff_seconds(state: ServerState) -> float:
+    """The wait after a failed pass (the failure already counted)."""
+    return ERROR_BACKOFF_SECONDS[min(state.failures, len(ERROR_BACKOFF_SECONDS)) - 1]
+
+
 class Reconciler:
+    """Every TPUModelServer's loop: what it remembers of each (`ServerState`), the watch-fed
+    view of their children and pods, and the passes that converge them."""
+
     def __init__(
         self,
-        kube: Kube,
+        kube: KubeApi,
         settings: ReconcilerSettings,
         metrics: OperatorMetrics,
         emit_event: EventSink,
@@ -124,26 +122,24 @@ class Reconciler:
         self.settings = settings
         self.metrics = metrics
         self.cache = ObservedCache()
-        self._emit_event = emit_event
         self._clock = clock
-        self._triggers: dict[ServerKey, asyncio.Event] = {}
-        self._applied: dict[tuple[ServerKey, str, str], AppliedRecord] = {}
-        self._last_status: dict[ServerKey, dict[str, Any]] = {}
-        self._seen: dict[ServerKey, tuple[Any, ...]] = {}
-        self._served: dict[ServerKey, _Served] = {}
-        self._renders: dict[ServerKey, tuple[tuple[Any, ...], Rendered | InvalidSpec]] = {}
-        self._relisted: dict[ServerKey, float] = {}
-        self._errors: dict[ServerKey, int] = {}
-        # StatefulSet path: each multi-host group's pods while it runs as one, and the pods
-        # the operator deleted to restart it (group_restart)
-        self._epochs: dict[tuple[ServerKey, int], group_restart.Epoch] = {}
-        self._condemned: dict[tuple[ServerKey, int], set[str]] = {}
+        self._servers: dict[ServerKey, ServerState] = {}
+        self._wakers: dict[ServerKey, asyncio.Event] = {}  # one per running loop
         self._semaphore = asyncio.Semaphore(settings.max_concurrent)
+        self._children = Children(kube, self.cache, metrics)
+        self._restarts = GroupRestarts(kube, self.cache, emit_event)
+        self._status = StatusWriter(kube, emit_event)
+
+    def _state(self, key: ServerKey) -> ServerState:
+        state = self._servers.get(key)
+        if state is None:
+            state = self._servers[key] = ServerState()
+        return state
 
     # -- event intake (kopf handlers) ----------------------------------------------------------
 
     def trigger(self, key: ServerKey) -> None:
-        event = self._triggers.get(key)
+        event = self._wakers.get(key)
         if event is not None:
             event.set()
 
@@ -161,8 +157,9 @@ class Reconciler:
             (meta.get("annotations") or {}).get(labels.RESTARTED_AT),
             meta.get("deletionTimestamp"),
         )
-        if self._seen.get(key) != marker:
-            self._seen[key] = marker
+        state = self._state(key)
+        if state.seen != marker:
+            state.seen = marker
             self.trigger(key)
 
     def on_child_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -188,23 +185,14 @@ class Reconciler:
         self.trigger(key)
 
     def forget(self, key: ServerKey) -> None:
-        self._last_status.pop(key, None)
-        self._seen.pop(key, None)
-        self._served.pop(key, None)
-        self._errors.pop(key, None)
-        self._renders.pop(key, None)
-        self._relisted.pop(key, None)
-        for slot in [s for s in (*self._epochs, *self._condemned) if s[0] == key]:
-            self._epochs.pop(slot, None)
-            self._condemned.pop(slot, None)
-        for record_key in [k for k in self._applied if k[0] == key]:
-            del self._applied[record_key]
+        """Drop what is remembered about a server (its loop, if running, keeps its waker)."""
+        self._servers.pop(key, None)
 
     # -- the per-server loop (a kopf daemon) ---------------------------------------------------
 
     async def run(self, key: ServerKey, body: Mapping[str, Any], stopped: Any) -> None:
         """Converge until `stopped`; `body` is kopf's live view of the object."""
-        wake = self._triggers.setdefault(key, asyncio.Event())
+        wake = self._wakers.setdefault(key, asyncio.Event())
         try:
             while not stopped:
                 wake.clear()
@@ -219,7 +207,7 @@ class Reconciler:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=delay)
         finally:
-            self._triggers.pop(key, None)
+            self._wakers.pop(key, None)
 
     # -- one pass ------------------------------------------------------------------------------
 
@@ -229,41 +217,42 @@ class Reconciler:
         await self._acknowledge(key, body)
         async with self._semaphore:
             started = time.monotonic()
+            state = self._state(key)
             try:
-                await self._relist_if_due(key, body)
-                delay, result = await self._converge(key, body)
+                await self._relist_if_due(key, state)
+                delay, result = await self._converge(key, state, body)
             except ServerGone:
                 return None
             except Exception as err:  # an API failure: report, back off, retry
-                failures = self._errors.get(key, 0)
-                self._errors[key] = failures + 1
+                state.failures += 1
                 log.warning("reconcile %s/%s failed: %s", *key, error_summary(err))
-                delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
-                result = "error"
-                self._relisted.pop(key, None)  # the watches may have missed something too
+                delay, result = _backoff_seconds(state), "error"
+                state.relisted_at = None  # the watches may have missed something too
             took = time.monotonic() - started
             self.metrics.reconciles.labels(result).inc()
             self.metrics.reconcile_duration.observe(took)
             log.debug("reconciled %s/%s in %.3f s: %s", *key, took, result)
             return delay
 
-    async def _converge(self, key: ServerKey, body: Mapping[str, Any]) -> tuple[float, str]:
+    async def _converge(
+        self, key: ServerKey, state: ServerState, body: Mapping[str, Any]
+    ) -> tuple[float, str]:
         meta = dict(body.get("metadata") or {})
         if meta.get("deletionTimestamp"):
             return self.settings.resync_seconds, "ok"
-        previous = self._last_status.get(key) or dict(body.get("status") or {})
+        previous = self._status.previous(state, body)
         config = await self._config(previous)
         now = self._clock()
         try:
-            rendered = self._render(meta, body, config)
+            rendered = self._render(state, meta, body, config)
         except InvalidSpec as err:
-            await self._report_invalid(key, body, previous, err, now)
+            await self._report_invalid(key, state, body, previous, err, now)
             return self.settings.resync_seconds, "invalid"
 
         server = rendered.server
         children = self.cache.children(key)
-        groups = self._observe_groups(key, rendered, children)
-        previous_groups = {g.get("index"): g for g in previous.get("groups") or []}
+        groups = observe_groups(rendered, children, self.cache.pods(key))
+        previous_groups = {g.index: g for g in previous.groups}
         reports = {
             k: report_group(
                 obs,
@@ -282,46 +271,50 @@ class Reconciler:
             max_unavailable=rollout_spec.max_unavailable,
             max_surge=rollout_spec.max_surge,
         )
-        apply_error = await self._apply(key, rendered, plan, reports, children)
+        apply_error = await self._children.apply(key, state, rendered, plan, reports, children)
         if apply_error is None:
-            await self._restart_stale_pods(key, rendered, plan)
-            await self._restart_broken_groups(key, body, rendered, plan, groups)
-            await self._prune(key, rendered, plan, children)
-        router_ready = self._router_ready(children, rendered)
+            await self._restarts.replace_stale_pods(key, rendered, plan)
+            await self._restarts.restart_broken_groups(key, state, body, rendered, plan, groups)
+            await self._children.prune(key, state, rendered, plan, children)
         decided = decide(
             replicas=rendered.replicas,
             reports=list(reports.values()),
             plan=plan,
             invalid=None,
             router_enabled=server.valid.spec.router.enabled,
-            router_ready_replicas=router_ready,
+            router_ready_replicas=self._router_ready(children, rendered),
             apply_error=apply_error,
         )
-        status = self._status(rendered, reports, previous, decided, meta, now)
-        await self._write_status(key, body, previous, status, decided)
-        ready = any(c.type == conditions.READY and c.status == "True" for c in decided)
-        self._served[key] = _Served(
+        status = build_status(
+            previous,
+            decided,
+            now=now,
+            generation=meta.get("generation"),
+            observed=True,
+            rendered=rendered,
+            reports=reports,
+        )
+        await self._status.write(key, state, body, status, decided)
+        state.served = ServedModel(
             model_name=server.valid.served_name,
             generation=server.valid.spec.tpu.generation,
             topology=server.valid.spec.tpu.topology,
             chips=server.valid.shape.chips,
-            ready=ready,
+            ready=any(c.type == conditions.READY and c.status == "True" for c in decided),
         )
         if apply_error is not None:
-            failures = self._errors.get(key, 0)
-            self._errors[key] = failures + 1
-            return ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)], "error"
-        self._errors.pop(key, None)
+            state.failures += 1
+            return _backoff_seconds(state), "error"
+        state.failures = 0
         rechecks = [r.recheck_seconds for r in reports.values() if r.recheck_seconds is not None]
         return min([self.settings.resync_seconds, *(s + 1.0 for s in rechecks)]), "ok"
 
-    async def _relist_if_due(self, key: ServerKey, body: Mapping[str, Any]) -> None:
-        last = self._relisted.get(key)
+    async def _relist_if_due(self, key: ServerKey, state: ServerState) -> None:
         now = time.monotonic()
-        if last is None:
-            self._relisted[key] = now  # the watches just delivered everything
+        if state.relisted_at is None:
+            state.relisted_at = now  # the watches just delivered everything
             return
-        if now - last < self.settings.relist_seconds:
+        if now - state.relisted_at < self.settings.relist_seconds:
             return
         selector = f"{labels.INSTANCE}={key[1]},{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
         children: list[ChildView] = []
@@ -334,7 +327,7 @@ class Reconciler:
                 else:
                     children.append(child_view(item))
         self.cache.replace(key, children, pods)
-        self._relisted[key] = time.monotonic()
+        state.relisted_at = time.monotonic()
         log.debug("re-listed %s/%s: %d children, %d pods", *key, len(children), len(pods))
 
     async def _acknowledge(self, key: ServerKey, body: Mapping[str, Any]) -> None:
@@ -342,84 +335,63 @@ class Reconciler:
         waiting for a reconcile slot, so a burst of new servers all show Progressing fast.
         Failures are left to the full pass."""
         meta = body.get("metadata") or {}
-        previous = self._last_status.get(key) or dict(body.get("status") or {})
-        if meta.get("deletionTimestamp") or previous.get("observedGeneration") == meta.get(
-            "generation"
-        ):
+        state = self._state(key)
+        previous = self._status.previous(state, body)
+        if meta.get("deletionTimestamp") or previous.observed_generation == meta.get("generation"):
             return
         if any(
-            c.get("type") == conditions.PROGRESSING and c.get("reason") == "Reconciling"
-            for c in previous.get("conditions") or []
+            c.type == conditions.PROGRESSING and c.reason == conditions.Reason.RECONCILING
+            for c in previous.conditions
         ):
             return
         try:
-            rendered = self._render(meta, body, await self._config(previous))
-            await self._report_started(key, body, previous, rendered, self._clock())
+            rendered = self._render(state, meta, body, await self._config(previous))
+            decided = acknowledged(meta.get("generation"))
+            status = build_status(
+                previous,
+                decided,
+                now=self._clock(),
+                generation=meta.get("generation"),
+                observed=False,
+                rendered=rendered,
+            )
+            await self._status.write(key, state, body, status, decided)
         except Exception as err:
             log.debug("acknowledging %s/%s deferred: %s", *key, err)
 
     def _render(
-        self, meta: Mapping[str, Any], body: Mapping[str, Any], config: RenderConfig
+        self,
+        state: ServerState,
+        meta: Mapping[str, Any],
+        body: Mapping[str, Any],
+        config: RenderConfig,
     ) -> Rendered:
         """Render, or reuse the last rendering of this generation (spec changes bump it)."""
-        marker = (
+        marker: RenderKey = (
             meta.get("uid"),
             meta.get("generation"),
             (meta.get("annotations") or {}).get(labels.RESTARTED_AT),
             config.leaderworkerset,
             config.prometheus_operator,
         )
-        key = (str(meta.get("namespace")), str(meta.get("name")))
-        cached = self._renders.get(key)
-        if cached is not None and cached[0] == marker:
-            if isinstance(cached[1], InvalidSpec):
-                raise cached[1]
-            return cached[1]
+        if state.rendering is not None and state.rendering[0] == marker:
+            if isinstance(state.rendering[1], InvalidSpec):
+                raise state.rendering[1]
+            return state.rendering[1]
         try:
             rendered = render(
-                make_server(meta, dict(body.get("spec") or {}), config, cel_rules=False)
+                validate_server(meta, dict(body.get("spec") or {}), config, cel_rules=False)
             )
         except InvalidSpec as err:
-            self._renders[key] = (marker, err)
+            state.rendering = (marker, err)
             raise
-        self._renders[key] = (marker, rendered)
+        state.rendering = (marker, rendered)
         return rendered
 
-    async def _report_started(
-        self,
-        key: ServerKey,
-        body: Mapping[str, Any],
-        previous: Mapping[str, Any],
-        rendered: Rendered,
-        now: datetime.datetime,
-    ) -> dict[str, Any]:
-        decided = [
-            conditions.Condition.of(conditions.VALID, True, "SpecValid", "the spec is valid"),
-            conditions.Condition.of(
-                conditions.PROGRESSING,
-                True,
-                "Reconciling",
-                f"applying generation {(body.get('metadata') or {}).get('generation')}",
-            ),
-        ]
-        status = {
-            **previous,
-            "endpoint": rendered.endpoint,
-            "servedName": rendered.server.valid.served_name,
-            "selector": rendered.selector,
-            "plan": rendered.plan.model_dump(by_alias=True),
-            "conditions": conditions.merge(
-                previous.get("conditions") or [], decided, now=timestamp(now), generation=None
-            ),
-        }
-        await self._write_status(key, body, previous, status, decided)
-        return status
-
-    async def _config(self, previous: Mapping[str, Any]) -> RenderConfig:
+    async def _config(self, previous: TPUModelServerStatus) -> RenderConfig:
         """Cluster capabilities; the workload kind sticks once a server has one."""
-        plan = previous.get("plan") or {}
-        if plan.get("workload") in ("LeaderWorkerSet", "StatefulSet"):
-            lws = plan["workload"] == "LeaderWorkerSet"
+        if previous.plan is not None:
+            lws = previous.plan.workload == "LeaderWorkerSet"
         elif self.settings.workload != "auto":
             lws = self.settings.workload == "leaderworkerset"
         else:
@@ -429,208 +401,17 @@ class Reconciler:
             self.settings.render, leaderworkerset=lws, prometheus_operator=monitoring
         )
 
-    def _observe_groups(
-        self,
-        key: ServerKey,
-        rendered: Rendered,
-        children: Mapping[tuple[str, str], ChildView],
-    ) -> dict[int, GroupObservation]:
-        server = rendered.server
-        kind = server.workload_kind
-        workloads: dict[int, list[ChildView]] = {}
-        for child in children.values():
-            if child.kind == kind and child.replica is not None and child.owner_uid == server.uid:
-                workloads.setdefault(child.replica, []).append(child)
-        pods: dict[int, list[Any]] = {}
-        for pod in self.cache.pods(key):
-            if pod.replica is not None:
-                pods.setdefault(pod.replica, []).append(pod)
-        expected = 1 if kind == "LeaderWorkerSet" or server.valid.shape.hosts == 1 else 2
-        out: dict[int, GroupObservation] = {}
-        for k in sorted(set(workloads) | set(range(rendered.replicas))):
-            found = workloads.get(k, [])
-            revisions = {w.revision for w in found}
-            out[k] = GroupObservation(
-                index=k,
-                name=server.group_name(k),
-                exists=len(found) == expected and not any(w.deleting for w in found),
-                deleting=bool(found) and all(w.deleting for w in found),
-                workload_revision=revisions.pop() if len(revisions) == 1 else None,
-                pods=tuple(pods.get(k, ())),
-            )
-        return out
-
-    async def _apply(
-        self,
-        key: ServerKey,
-        rendered: Rendered,
-        plan: rollout.Plan,
-        reports: Mapping[int, GroupReport],
-        children: Mapping[tuple[str, str], ChildView],
-    ) -> str | None:
-        """Apply what changed; returns a sentence naming the first refused child, or None."""
-        wanted: list[Manifest] = list(rendered.shared)
-        for k in plan.apply:
-            wanted += rendered.group(k)
-        # Groups already on this revision are re-applied when drifted (edited, deleted
-        # parts); stale groups are left alone until the plan lets them roll.
-        for k, report in reports.items():
-            if k not in plan.apply and k not in plan.delete and report.updated:
-                wanted += rendered.group(k)
-        todo: list[tuple[dict[str, Any], str]] = []
-        for manifest in wanted:
-            stamped, digest = stamp(manifest)
-            ref = (manifest["kind"], manifest["metadata"]["name"])
-            record = self._applied.get((key, *ref))
-            if needs_apply(digest, children.get(ref), record):
-                todo.append((stamped, digest))
-        results = await asyncio.gather(
-            *(self._apply_one(key, m, d) for m, d in todo), return_exceptions=True
-        )
-        for (manifest, _), result in zip(todo, results, strict=True):
-            if isinstance(result, BaseException):
-                if not isinstance(result, Exception):
-                    raise result
-                return f"{manifest['kind']} {manifest['metadata']['name']}: {error_summary(result)}"
-        return None
-
-    async def _apply_one(self, key: ServerKey, manifest: dict[str, Any], digest: str) -> None:
-        applied = await self.kube.apply(manifest)
-        ref = (manifest["kind"], manifest["metadata"]["name"])
-        self._applied[(key, *ref)] = record_of(applied, digest)
-        self.metrics.applies.labels(manifest["kind"]).inc()
-        log.debug("applied %s %s/%s", manifest["kind"], key[0], ref[1])
-
-    async def _restart_stale_pods(
-        self, key: ServerKey, rendered: Rendered, plan: rollout.Plan
-    ) -> None:
-        """StatefulSet path: replace every stale pod of an updating group at once."""
-        if rendered.server.config.leaderworkerset or not plan.restart:
-            return
-        stale = [
-            p
-            for p in self.cache.pods(key)
-            if p.replica in plan.restart and p.revision != rendered.revision and not p.deleting
-        ]
-        found = await asyncio.gather(
-            *(self.kube.delete("v1", "Pod", key[0], p.name) for p in stale)
-        )
-        for pod, existed in zip(stale, found, strict=True):
-            if not existed:
-                self.cache.drop_pod(key, pod.name)
-
-    async def _restart_broken_groups(
-        self,
-        key: ServerKey,
-        body: Mapping[str, Any],
-        rendered: Rendered,
-        plan: rollout.Plan,
-        groups: Mapping[int, GroupObservation],
-    ) -> None:
-        """StatefulSet path: when one pod of a multi-host group restarts, restart the rest
-        (LeaderWorkerSet's RecreateGroupOnPodRestart, done by hand; see group_restart)."""
-        server = rendered.server
-        hosts = server.valid.shape.hosts
-        if server.config.leaderworkerset or hosts == 1:
-            return
-        for k, group in groups.items():
-            slot = (key, k)
-            if not group.exists or group.deleting or k in plan.restart or k in plan.delete:
-                self._epochs.pop(slot, None)  # being rolled, removed or made: not a restart
-                continue
-            verdict = group_restart.check(
-                self._epochs.get(slot), group.pods, hosts, self._condemned.get(slot, ())
-            )
-            if verdict.epoch is None:
-                self._epochs.pop(slot, None)
-            else:
-                self._epochs[slot] = verdict.epoch
-                self._condemned.pop(slot, None)
-            if not verdict.delete:
-                continue
-            uids = {p.uid for p in group.pods if p.name in verdict.delete}
-            self._condemned[slot] = self._condemned.get(slot, set()) | uids
-            await asyncio.gather(
-                *(self.kube.delete("v1", "Pod", key[0], name) for name in verdict.delete)
-            )
-            self._emit_event(
-                body,
-                "Warning",
-                "GroupRestarted",
-                f"replica group {group.name}: pod {verdict.cause} restarted; restarting the "
-                f"group's other {len(verdict.delete)} pods with it (a multi-host slice runs "
-                "as one program)",
-            )
-
-    def _desired_refs(self, rendered: Rendered, keep: Iterable[int]) -> set[tuple[str, str]]:
-        refs = {(m["kind"], m["metadata"]["name"]) for m in rendered.shared}
-        for k in keep:
-            refs |= {(m["kind"], m["metadata"]["name"]) for m in rendered.group(k)}
-        return refs
-
-    async def _prune(
-        self,
-        key: ServerKey,
-        rendered: Rendered,
-        plan: rollout.Plan,
-        children: Mapping[tuple[str, str], ChildView],
-    ) -> None:
-        existing_groups = {c.replica for c in children.values() if c.replica is not None}
-        keep = (set(range(rendered.replicas)) | existing_groups) - set(plan.delete)
-        wanted = self._desired_refs(rendered, keep)
-        doomed = [
-            c
-            for c in children.values()
-            if c.owner_uid == rendered.server.uid and c.ref not in wanted
-        ]
-        for child in doomed:
-            if not child.deleting:
-                log.info("deleting %s %s/%s: no longer wanted", child.kind, key[0], child.name)
-        found = await asyncio.gather(
-            *(self.kube.delete(c.api_version, c.kind, key[0], c.name, uid=c.uid) for c in doomed)
-        )
-        for child, existed in zip(doomed, found, strict=True):
-            self._applied.pop((key, child.kind, child.name), None)
-            if not existed:  # gone already; its deletion event was missed
-                self.cache.drop_child(key, child.kind, child.name)
-
     @staticmethod
     def _router_ready(children: Mapping[tuple[str, str], ChildView], rendered: Rendered) -> int:
         router = children.get(("Deployment", rendered.server.router_name))
         return router.ready_replicas if router is not None else 0
 
-    def _status(
-        self,
-        rendered: Rendered,
-        reports: Mapping[int, GroupReport],
-        previous: Mapping[str, Any],
-        decided: list[conditions.Condition],
-        meta: Mapping[str, Any],
-        now: datetime.datetime,
-    ) -> dict[str, Any]:
-        generation = meta.get("generation")
-        main = [r for r in reports.values() if r.index < rendered.replicas]
-        return {
-            "observedGeneration": generation,
-            "replicas": sum(1 for r in reports.values() if r.exists),
-            "readyReplicas": sum(1 for r in reports.values() if r.ready),
-            "updatedReplicas": sum(1 for r in main if r.updated),
-            "endpoint": rendered.endpoint,
-            "servedName": rendered.server.valid.served_name,
-            "selector": rendered.selector,
-            "revision": rendered.revision,
-            "plan": rendered.plan.model_dump(by_alias=True),
-            "groups": [reports[k].as_status() for k in sorted(reports)],
-            "conditions": conditions.merge(
-                previous.get("conditions") or [], decided, now=timestamp(now), generation=generation
-            ),
-        }
-
     async def _report_invalid(
         self,
         key: ServerKey,
+        state: ServerState,
         body: Mapping[str, Any],
-        previous: Mapping[str, Any],
+        previous: TPUModelServerStatus,
         err: InvalidSpec,
         now: datetime.datetime,
     ) -> None:
@@ -644,49 +425,20 @@ class Reconciler:
             router_enabled=True,
             router_ready_replicas=0,
         )
-        status = {
-            **{k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")},
-            "observedGeneration": meta.get("generation"),
-            "conditions": conditions.merge(
-                previous.get("conditions") or [],
-                decided,
-                now=timestamp(now),
-                generation=meta.get("generation"),
-            ),
-        }
-        await self._write_status(key, body, previous, status, decided)
-        self._served.pop(key, None)
-
-    async def _write_status(
-        self,
-        key: ServerKey,
-        body: Mapping[str, Any],
-        previous: Mapping[str, Any],
-        status: dict[str, Any],
-        decided: list[conditions.Condition],
-    ) -> None:
-        if status != previous:
-            try:
-                await self.kube.patch_status(key[0], key[1], status)
-            except NotFoundError:
-                raise ServerGone(key) from None
-            self._last_status[key] = status
-        for change in conditions.transitions(previous.get("conditions") or [], decided):
-            c = change.condition
-            if (
-                change.previous_status is None
-                and c.status == "False"
-                and c.type != conditions.VALID
-            ):
-                continue  # a new object: only report what is true, and a bad spec
-            kind = "Warning" if change.warning else "Normal"
-            self._emit_event(body, kind, c.reason, f"{c.type}={c.status}: {c.message}")
+        status = build_status(
+            previous, decided, now=now, generation=meta.get("generation"), observed=True
+        )
+        await self._status.write(key, state, body, status, decided)
+        state.served = None
 
     # -- metrics -------------------------------------------------------------------------------
 
+    def _served(self) -> list[tuple[ServerKey, ServedModel]]:
+        return [(k, s.served) for k, s in list(self._servers.items()) if s.served is not None]
+
     def replica_rows(self) -> list[ReplicaRow]:
         rows = []
-        for key, served in list(self._served.items()):
+        for key, served in self._served():
             for pod in self.cache.pods(key):
                 if pod.role == labels.ROLE_LEADER and not pod.deleting:
                     rows.append(
@@ -702,7 +454,7 @@ class Reconciler:
         return rows
 
     def server_readiness(self) -> list[bool]:
-        return [s.ready for s in self._served.values()]
+        return [served.ready for _, served in self._served()]
 
     def unschedulable_rows(self) -> list[ServerPodsRow]:
         return [
@@ -715,5 +467,5 @@ class Reconciler:
                     1 for p in self.cache.pods(key) if p.unschedulable and not p.deleting
                 ),
             )
-            for key, served in list(self._served.items())
+            for key, served in self._served()
         ]

@@ -13,11 +13,10 @@ from typing import Any
 
 import yaml
 
-from sglang_tpu import cli_types
 from tpuserve_operator import labels
 from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.flags import RENDER_FLAGS, Flag, add_flags, apply_flags
 from tpuserve_operator.render import RenderConfig, build_children
-from tpuserve_operator.render.context import DEFAULT_ENGINE_IMAGE, DEFAULT_IMAGE
 
 DESCRIPTION = """Print the children of TPUModelServer resources as YAML, with no cluster.
 
@@ -28,43 +27,30 @@ code is 1.
 """
 
 
+# The cluster capabilities the operator discovers, given here; then as `tpuserve operator`.
+OPTIONS: tuple[Flag, ...] = (
+    Flag(
+        "--leaderworkerset",
+        "leaderworkerset",
+        "Render LeaderWorkerSets, as when the LWS CRD is installed (default: StatefulSets).",
+        switch=True,
+    ),
+    Flag(
+        "--prometheus-operator",
+        "prometheus_operator",
+        "Render PodMonitors/ServiceMonitors, as when their CRDs are installed.",
+        switch=True,
+    ),
+    *RENDER_FLAGS,
+)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", required=True, help="YAML file, or - for stdin.")
     parser.add_argument(
         "--namespace", default=None, help="Namespace when a document has none (default: default)."
     )
-    parser.add_argument(
-        "--leaderworkerset",
-        action="store_true",
-        help="Render LeaderWorkerSets, as when the LWS CRD is installed (default: StatefulSets).",
-    )
-    parser.add_argument(
-        "--prometheus-operator",
-        action="store_true",
-        help="Render PodMonitors/ServiceMonitors, as when their CRDs are installed.",
-    )
-    parser.add_argument(
-        "--engine-image",
-        default=DEFAULT_ENGINE_IMAGE,
-        help="As `tpuserve operator --engine-image` (default: %(default)s).",
-    )
-    parser.add_argument(
-        "--router-image",
-        default=DEFAULT_IMAGE,
-        help="As `tpuserve operator --router-image` (default: %(default)s).",
-    )
-    parser.add_argument(
-        "--router-policy",
-        default=None,
-        metavar="NAME",
-        help="As `tpuserve operator --router-policy` (default: the router's own).",
-    )
-    parser.add_argument(
-        "--router-replicas",
-        type=cli_types.positive_int,
-        default=1,
-        help="As `tpuserve operator --router-replicas` (default: %(default)s).",
-    )
+    add_flags(parser, OPTIONS, RenderConfig())
 
 
 def _documents(filename: str) -> list[Any]:
@@ -73,14 +59,7 @@ def _documents(filename: str) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = RenderConfig(
-        engine_image=args.engine_image,
-        router_image=args.router_image,
-        router_policy=args.router_policy or None,
-        router_replicas=args.router_replicas,
-        leaderworkerset=args.leaderworkerset,
-        prometheus_operator=args.prometheus_operator,
-    )
+    config = apply_flags(RenderConfig(), OPTIONS, args)
     try:
         documents = _documents(args.filename)
     except (OSError, yaml.YAMLError) as err:

@@ -11,22 +11,31 @@ Group states (status.groups[].state):
   (Unschedulable), or the group has been partly up for longer than the bound
   (GroupPartiallyUp; the bound is the operator's --partial-group-seconds);
 - Terminating: the group is being deleted.
+
+`observe_groups` gathers each group's workloads and pods, `report_group` gives its state and
+`decide` the four conditions (`status_writer.build_status` turns them into the status).
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
 from tpuserve_operator import conditions
-from tpuserve_operator.conditions import Condition
-from tpuserve_operator.observed import PodView
+from tpuserve_operator.api import GroupStatus
+from tpuserve_operator.conditions import Condition, Reason
+from tpuserve_operator.observed import ChildView, PodView
+from tpuserve_operator.render import Rendered
 from tpuserve_operator.rollout import GroupState, Plan
 
-PARTIAL_REASONS = ("PartiallyUp", "GroupPartiallyUp")
+PARTIAL_REASONS = (Reason.PARTIALLY_UP, Reason.GROUP_PARTIALLY_UP)
 DEFAULT_PARTIAL_GROUP_SECONDS = 600.0
+
+SPEC_VALID = Condition.of(conditions.VALID, True, Reason.SPEC_VALID, "the spec is valid")
+
+GroupStateName = Literal["Pending", "Starting", "Ready", "Degraded", "Terminating"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +54,8 @@ class GroupObservation:
 class GroupReport:
     index: int
     name: str
-    state: str
-    reason: str
+    state: GroupStateName
+    reason: Reason
     message: str
     since: str
     hosts: int
@@ -57,21 +66,52 @@ class GroupReport:
     # When the group's current state should be looked at again (seconds), if ever.
     recheck_seconds: float | None = None
 
-    def as_status(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "state": self.state,
-            "hosts": self.hosts,
-            "readyHosts": self.ready_hosts,
-            "updated": self.updated,
-            "reason": self.reason,
-            "message": self.message,
-            "since": self.since,
-        }
+    def as_status(self) -> GroupStatus:
+        return GroupStatus(
+            index=self.index,
+            name=self.name,
+            state=self.state,
+            hosts=self.hosts,
+            ready_hosts=self.ready_hosts,
+            updated=self.updated,
+            reason=str(self.reason),
+            message=self.message,
+            since=self.since,
+        )
 
     def rollout_state(self) -> GroupState:
         return GroupState(exists=self.exists, updated=self.updated, ready=self.ready)
+
+
+def observe_groups(
+    rendered: Rendered, children: Mapping[tuple[str, str], ChildView], pods: Iterable[PodView]
+) -> dict[int, GroupObservation]:
+    """Every replica group the server wants or has: its workload(s) and its pods."""
+    server = rendered.server
+    kind = server.workload_kind
+    workloads: dict[int, list[ChildView]] = {}
+    for child in children.values():
+        if child.kind == kind and child.replica is not None and child.owner_uid == server.uid:
+            workloads.setdefault(child.replica, []).append(child)
+    by_group: dict[int, list[PodView]] = {}
+    for pod in pods:
+        if pod.replica is not None:
+            by_group.setdefault(pod.replica, []).append(pod)
+    # a StatefulSet group of several hosts is two workloads: leader and workers
+    expected = 1 if kind == "LeaderWorkerSet" or server.valid.shape.hosts == 1 else 2
+    out: dict[int, GroupObservation] = {}
+    for k in sorted(set(workloads) | set(range(rendered.replicas))):
+        found = workloads.get(k, [])
+        revisions = {w.revision for w in found}
+        out[k] = GroupObservation(
+            index=k,
+            name=server.group_name(k),
+            exists=len(found) == expected and not any(w.deleting for w in found),
+            deleting=bool(found) and all(w.deleting for w in found),
+            workload_revision=revisions.pop() if len(revisions) == 1 else None,
+            pods=tuple(by_group.get(k, ())),
+        )
+    return out
 
 
 def timestamp(now: datetime.datetime) -> str:
@@ -90,7 +130,7 @@ def report_group(
     *,
     hosts: int,
     revision: str,
-    previous: Mapping[str, Any] | None,
+    previous: GroupStatus | None,
     now: datetime.datetime,
     partial_group_seconds: float = DEFAULT_PARTIAL_GROUP_SECONDS,
 ) -> GroupReport:
@@ -109,44 +149,48 @@ def report_group(
     unschedulable = next((p for p in live if p.unschedulable), None)
     crash = next((p for p in live if p.crash_loop), None)
 
-    state, reason, message = "Pending", "Creating", f"{len(running)} of {hosts} hosts running"
+    state: GroupStateName = "Pending"
+    reason, message = Reason.CREATING, f"{len(running)} of {hosts} hosts running"
     if obs.deleting or not obs.exists:
-        state, reason = ("Terminating", "Deleting") if obs.deleting else ("Pending", "Creating")
+        state, reason = (
+            ("Terminating", Reason.DELETING) if obs.deleting else ("Pending", Reason.CREATING)
+        )
         message = (
             "the group is being deleted"
             if obs.deleting
             else "the group's workload is being created"
         )
     elif crash is not None:
-        state, reason, message = "Degraded", "CrashLoop", f"pod {crash.name}: {crash.crash_loop}"
+        state, reason = "Degraded", Reason.CRASH_LOOP
+        message = f"pod {crash.name}: {crash.crash_loop}"
     elif unschedulable is not None:
-        state, reason = "Degraded", "Unschedulable"
+        state, reason = "Degraded", Reason.UNSCHEDULABLE
         message = f"pod {unschedulable.name}: {unschedulable.unschedulable}"
     elif ready:
-        state, reason, message = "Ready", "Serving", f"all {hosts} hosts ready"
+        state, reason, message = "Ready", Reason.SERVING, f"all {hosts} hosts ready"
     elif len(running) == hosts:
-        state, reason = "Starting", "Starting"
+        state, reason = "Starting", Reason.STARTING
         message = f"all {hosts} hosts running; waiting for the leader to serve"
     elif running:
-        state, reason = "Pending", "PartiallyUp"
+        state, reason = "Pending", Reason.PARTIALLY_UP
         message = f"{len(running)} of {hosts} hosts running"
 
-    prev_reason = previous.get("reason") if previous else None
-    prev_since = _parse(str(previous.get("since"))) if previous else None
+    prev_reason = previous.reason if previous else None
+    prev_since = _parse(previous.since) if previous else None
     continuing = (
         previous is not None
         and prev_since is not None
         and (
-            (prev_reason == reason and previous.get("state") == state)
-            or (reason == "PartiallyUp" and prev_reason in PARTIAL_REASONS)
+            (prev_reason == reason and previous.state == state)
+            or (reason == Reason.PARTIALLY_UP and prev_reason in PARTIAL_REASONS)
         )
     )
     since = prev_since if continuing and prev_since is not None else now
     recheck = None
-    if reason == "PartiallyUp":
+    if reason == Reason.PARTIALLY_UP:
         waited = (now - since).total_seconds()
         if waited >= partial_group_seconds:
-            state, reason = "Degraded", "GroupPartiallyUp"
+            state, reason = "Degraded", Reason.GROUP_PARTIALLY_UP
             message = (
                 f"only {len(running)} of {hosts} hosts running for {int(waited)} s "
                 f"(bound {int(partial_group_seconds)} s)"
@@ -175,7 +219,7 @@ def decide(
     reports: Sequence[GroupReport],
     plan: Plan | None,
     invalid: str | None,
-    invalid_reason: str = "InvalidSpec",
+    invalid_reason: Reason = Reason.INVALID_SPEC,
     router_enabled: bool,
     router_ready_replicas: int,
     apply_error: str | None = None,
@@ -193,21 +237,21 @@ def decide(
             of(
                 conditions.PROGRESSING,
                 False,
-                "InvalidSpec",
+                Reason.INVALID_SPEC,
                 "nothing is rolled out while the spec is invalid",
             )
         )
     else:
-        out.append(of(conditions.VALID, True, "SpecValid", "the spec is valid"))
+        out.append(SPEC_VALID)
         if apply_error is not None:
-            out.append(of(conditions.PROGRESSING, False, "ApplyFailed", apply_error))
+            out.append(of(conditions.PROGRESSING, False, Reason.APPLY_FAILED, apply_error))
         elif plan is not None and plan.scaling_up:
             existing = sum(1 for r in main if r.exists)
             out.append(
                 of(
                     conditions.PROGRESSING,
                     True,
-                    "ScalingUp",
+                    Reason.SCALING_UP,
                     f"{existing} of {replicas} replica groups exist",
                 )
             )
@@ -216,7 +260,7 @@ def decide(
                 of(
                     conditions.PROGRESSING,
                     True,
-                    "RollingUpdate",
+                    Reason.ROLLING_UPDATE,
                     f"{updated} of {replicas} replica groups on the current revision",
                 )
             )
@@ -226,7 +270,7 @@ def decide(
                 of(
                     conditions.PROGRESSING,
                     True,
-                    "ScalingDown",
+                    Reason.SCALING_DOWN,
                     f"removing {extra} replica group(s)",
                 )
             )
@@ -236,7 +280,7 @@ def decide(
                 of(
                     conditions.PROGRESSING,
                     True,
-                    "GroupsStarting",
+                    Reason.GROUPS_STARTING,
                     f"{ready_main} of {replicas} replica groups ready",
                 )
             )
@@ -245,7 +289,7 @@ def decide(
                 of(
                     conditions.PROGRESSING,
                     False,
-                    "Complete",
+                    Reason.COMPLETE,
                     f"{replicas} replica groups ready on the current revision",
                 )
             )
@@ -256,7 +300,7 @@ def decide(
                 of(
                     conditions.READY,
                     True,
-                    "RouterReady",
+                    Reason.ROUTER_READY,
                     f"the router has {ready_groups} routable replica group(s)",
                 )
             )
@@ -265,7 +309,7 @@ def decide(
                 of(
                     conditions.READY,
                     True,
-                    "LeadersReady",
+                    Reason.LEADERS_READY,
                     f"{ready_groups} replica group(s) serving",
                 )
             )
@@ -274,29 +318,34 @@ def decide(
             of(
                 conditions.READY,
                 False,
-                "InvalidSpec",
+                Reason.INVALID_SPEC,
                 "the spec is invalid; see the Valid condition",
             )
         )
     elif replicas == 0:
-        out.append(of(conditions.READY, False, "ScaledToZero", "spec.replicas is 0"))
+        out.append(of(conditions.READY, False, Reason.SCALED_TO_ZERO, "spec.replicas is 0"))
     elif not ready_groups:
         out.append(
-            of(conditions.READY, False, "NoReadyReplicas", f"0 of {replicas} replica groups ready")
+            of(
+                conditions.READY,
+                False,
+                Reason.NO_READY_REPLICAS,
+                f"0 of {replicas} replica groups ready",
+            )
         )
     else:
         out.append(
             of(
                 conditions.READY,
                 False,
-                "RouterNotReady",
+                Reason.ROUTER_NOT_READY,
                 "replica groups are ready but no router pod is",
             )
         )
 
     degraded = next((r for r in reports if r.state == "Degraded"), None)
     if apply_error is not None:
-        out.append(of(conditions.DEGRADED, True, "ApplyFailed", apply_error))
+        out.append(of(conditions.DEGRADED, True, Reason.APPLY_FAILED, apply_error))
     elif degraded is not None:
         out.append(
             of(
@@ -311,10 +360,20 @@ def decide(
             of(
                 conditions.DEGRADED,
                 False,
-                "InvalidSpec",
+                Reason.INVALID_SPEC,
                 "the spec is invalid; see the Valid condition",
             )
         )
     else:
-        out.append(of(conditions.DEGRADED, False, "AsExpected", "nothing is wrong"))
+        out.append(of(conditions.DEGRADED, False, Reason.AS_EXPECTED, "nothing is wrong"))
     return out
+
+
+def acknowledged(generation: int | None) -> list[Condition]:
+    """What a new generation says at once, before its first full pass."""
+    return [
+        SPEC_VALID,
+        Condition.of(
+            conditions.PROGRESSING, True, Reason.RECONCILING, f"applying generation {generation}"
+        ),
+    ]

@@ -4,13 +4,16 @@
 value and what is allowed:
 
 1. types, enums, bounds and patterns (the pydantic models the CRD is generated from);
-2. the CRD's CEL rules, evaluated offline (`cel.py`), as the apiserver would;
+2. the CRD's CEL rules, evaluated offline (`build/cel.py`), as the apiserver would;
 3. what CEL cannot know: the (generation, topology) pair is in the topology catalog, the
    model fits the slice's HBM (the engine twin's performance model, when the model is
    known), and no override touches what the operator owns (launch-contract variables,
    SGLang flags, labels, google.com/tpu).
 
-The operator reports the result as the `Valid` condition; `tpuserve render` prints it.
+`render.validate_server` runs these and then the last layer, which needs the server's name,
+namespace and workload kind: the launch contract its replica groups get (host names, ports,
+flags), checked by the contract's own validators. After it, rendering cannot fail. The
+operator reports the result as the `Valid` condition; `tpuserve render` prints it.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ import pydantic
 
 from sglang_tpu import model_source, perf_model
 from sglang_tpu.topology import TPU_RESOURCE, CatalogError, SliceShape, lookup
-from tpuserve_operator import cel, contract_bridge, labels
+from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.api import MAX_NAME_LENGTH, TPUModelServerSpec
-from tpuserve_operator.crd import openapi_schema
+from tpuserve_operator.build import cel
+from tpuserve_operator.build.crd import openapi_schema
+from tpuserve_operator.conditions import Reason
 from tpuserve_operator.errors import InvalidSpec, Problem
 
 log = logging.getLogger(__name__)
@@ -72,7 +77,9 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
     try:
         shape = lookup(model.tpu.generation, model.tpu.topology, field_path="spec.tpu.topology")
     except CatalogError as err:
-        problems.append(Problem(err.field, _catalog_message(err), reason="UnsupportedTopology"))
+        problems.append(
+            Problem(err.field, _catalog_message(err), reason=Reason.UNSUPPORTED_TOPOLOGY)
+        )
     problems += _sources(model)
     problems += _owned_overrides(model)
     if shape is not None:
@@ -144,7 +151,7 @@ def _sources(spec: TPUModelServerSpec) -> list[Problem]:
                 "spec.model.source",
                 f"the simulated engine has no performance profile for {spec.model.source!r}; "
                 f"allowed: hf:// ids of known models ({', '.join(known)})",
-                reason="UnknownModel",
+                reason=Reason.UNKNOWN_MODEL,
             )
         )
     return problems
@@ -156,24 +163,24 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
         env_name = entry.get("name")
         if not isinstance(env_name, str) or not env_name:
             problems.append(Problem(f"spec.engine.env[{i}].name", "is required"))
-        elif contract_bridge.is_owned_env(env_name):
+        elif launch_contract.is_owned_env(env_name):
             problems.append(
                 Problem(
                     f"spec.engine.env[{i}].name",
                     f"{env_name!r} is set by the operator (launch contract); allowed: any other "
                     "name",
-                    reason="ReservedField",
+                    reason=Reason.RESERVED_FIELD,
                 )
             )
     for flag, value in spec.engine.args.items():
         path = f"spec.engine.args.{flag}"
-        if contract_bridge.is_owned_flag(flag):
+        if launch_contract.is_owned_flag(flag):
             problems.append(
                 Problem(
                     path,
                     f"--{flag.lstrip('-')} is set by the operator from the spec; allowed: "
                     "SGLang flags the operator does not set",
-                    reason="ReservedField",
+                    reason=Reason.RESERVED_FIELD,
                 )
             )
         elif not isinstance(value, str | int | float | bool):
@@ -187,7 +194,7 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
                     f"spec.template.labels.{key}",
                     "is set by the operator; allowed: keys other than "
                     f"{', '.join(OWNED_LABEL_KEYS)} and {', '.join(OWNED_LABEL_PREFIXES)}*",
-                    reason="ReservedField",
+                    reason=Reason.RESERVED_FIELD,
                 )
             )
     for section in ("requests", "limits"):
@@ -198,7 +205,7 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
                     f"spec.engine.resources.{section}.{TPU_RESOURCE}",
                     "is set by the operator to the chips of one host (topology catalog); "
                     "allowed: cpu, memory and other resources",
-                    reason="ReservedField",
+                    reason=Reason.RESERVED_FIELD,
                 )
             )
     return problems
@@ -219,7 +226,7 @@ def _fit(spec: TPUModelServerSpec, shape: SliceShape) -> list[Problem]:
             context_length,
         )
     except perf_model.ModelDoesNotFit as err:
-        return [Problem("spec.tpu.topology", str(err), reason="ModelDoesNotFit")]
+        return [Problem("spec.tpu.topology", str(err), reason=Reason.MODEL_DOES_NOT_FIT)]
     except ValueError as err:
         # The performance model does not cover this quantization yet: no opinion.
         log.debug("fit check skipped for %s: %s", profile.name, err)

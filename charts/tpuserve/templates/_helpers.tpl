@@ -70,7 +70,7 @@ cluster-wide mode, a Role per watched namespace in namespace-scoped mode) and op
 {{- define "tpuserve.rbacRules" -}}
 {{- $raw := .Files.Get "files/operator-rbac-rules.yaml" }}
 {{- if not $raw }}
-{{- fail "files/operator-rbac-rules.yaml is missing from the chart: regenerate it with `python -m tpuserve_operator.generate`" }}
+{{- fail "files/operator-rbac-rules.yaml is missing from the chart: regenerate it with `python -m tpuserve_operator.build.generate`" }}
 {{- end }}
 {{- $parsed := fromYaml $raw }}
 {{- if hasKey $parsed "Error" }}

@@ -145,7 +145,7 @@ def probe(memo: kopf.Memo, **_: Any) -> str:
 
 
 @kopf.daemon(labels.GROUP, labels.VERSION, labels.PLURAL, cancellation_timeout=2.0)
-async def serve(
+async def reconcile_loop(
     body: kopf.Body, meta: kopf.Meta, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any
 ) -> None:
     """The TPUModelServer's reconcile loop, for as long as it exists."""

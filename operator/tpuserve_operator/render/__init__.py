@@ -1,7 +1,9 @@
 """Pure rendering: a TPUModelServer's metadata and spec -> every child manifest. No API calls.
 
-`build_children` is what `tpuserve render` prints and what the operator applies; both go
-through `make_server` (validation) and `render`, so they can never disagree.
+Two steps, in this order: `validate_server` runs every check and raises InvalidSpec naming
+every problem; `render` turns what it returns into manifests and cannot fail.
+`build_children` is what `tpuserve render` prints and what the operator applies; both take
+these two steps, so they can never disagree.
 """
 
 from __future__ import annotations
@@ -12,15 +14,23 @@ from typing import Any
 
 from tpuserve_operator import labels
 from tpuserve_operator.api import PlanStatus
-from tpuserve_operator.contract_bridge import ContractProblems
-from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render.autoscaler import autoscaler
-from tpuserve_operator.render.context import Manifest, RenderConfig, Server, stable_hash
+from tpuserve_operator.render.context import (
+    Manifest,
+    RenderConfig,
+    Server,
+    ValidServer,
+    stable_hash,
+)
 from tpuserve_operator.render.monitors import monitors
 from tpuserve_operator.render.pdb import disruption_budget
 from tpuserve_operator.render.router import router_children
 from tpuserve_operator.render.services import endpoint_service, leaders_service
-from tpuserve_operator.render.workload import engine_templates, group_children
+from tpuserve_operator.render.workload import (
+    check_group_contract,
+    engine_templates,
+    group_children,
+)
 from tpuserve_operator.validation import validate
 
 __all__ = [
@@ -28,9 +38,10 @@ __all__ = [
     "RenderConfig",
     "Rendered",
     "Server",
+    "ValidServer",
     "build_children",
-    "make_server",
     "render",
+    "validate_server",
 ]
 
 
@@ -38,7 +49,7 @@ __all__ = [
 class Rendered:
     """Everything a server should have, with replica groups kept apart for rolling."""
 
-    server: Server
+    server: ValidServer
     revision: str
     shared: list[Manifest]
     plan: PlanStatus
@@ -68,21 +79,22 @@ class Rendered:
         return self.server.endpoint
 
 
-def make_server(
+def validate_server(
     meta: Mapping[str, Any],
     spec: Mapping[str, Any],
     config: RenderConfig,
     *,
     cel_rules: bool = True,
-) -> Server:
-    """Validate `spec` (InvalidSpec names every problem) and bind it to its identity.
+) -> ValidServer:
+    """The one validation step: the spec's own checks (`validate`), then, bound to its identity
+    and settings, the launch contract its replica groups get. InvalidSpec names every problem.
 
     The operator passes `cel_rules=False`: the apiserver enforced the CRD's CEL rules.
     """
     name = str(meta.get("name") or "")
     valid = validate(name, spec, cel_rules=cel_rules)
     annotations = meta.get("annotations") or {}
-    return Server(
+    server = Server(
         name=name,
         namespace=str(meta.get("namespace") or "default"),
         valid=valid,
@@ -90,25 +102,31 @@ def make_server(
         uid=meta.get("uid"),
         restarted_at=annotations.get(labels.RESTARTED_AT),
     )
+    return ValidServer(
+        name=server.name,
+        namespace=server.namespace,
+        valid=server.valid,
+        config=server.config,
+        uid=server.uid,
+        restarted_at=server.restarted_at,
+        contract=check_group_contract(server),
+    )
 
 
-def render(server: Server) -> Rendered:
-    try:
-        revision = stable_hash([server.workload_kind, *engine_templates(server, 0)])
-        shared = [
-            endpoint_service(server),
-            leaders_service(server),
-            disruption_budget(server),
-            *autoscaler(server),
-            *router_children(server),
-            *monitors(server),
-        ]
-        group_children(server, 0, revision)  # the contract checks every group alike
-    except ContractProblems as err:
-        raise InvalidSpec(err.problems) from None
+def render(server: ValidServer) -> Rendered:
+    """Every child of a validated server (replica groups built on demand); cannot fail."""
+    revision = stable_hash([server.workload_kind, *engine_templates(server, 0)])
+    shared = [
+        endpoint_service(server),
+        leaders_service(server),
+        disruption_budget(server),
+        *autoscaler(server),
+        *router_children(server),
+        *monitors(server),
+    ]
     shape = server.valid.shape
     plan = PlanStatus(
-        workload=server.workload_kind,  # type: ignore[arg-type]
+        workload=server.workload_kind,
         machine_type=shape.machine_type,
         hosts=shape.hosts,
         chips_per_host=shape.chips_per_host,
@@ -121,4 +139,4 @@ def build_children(
     meta: Mapping[str, Any], spec: Mapping[str, Any], config: RenderConfig
 ) -> list[Manifest]:
     """Every child of the server, validated: what `tpuserve render` prints."""
-    return render(make_server(meta, spec, config)).children
+    return render(validate_server(meta, spec, config)).children

@@ -6,14 +6,15 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from tpuserve import __version__
+from sglang_tpu.contract import GroupContract
 from tpuserve_operator import labels
 from tpuserve_operator.validation import ValidSpec
+from tpuserve_operator.version import VERSION
 
-DEFAULT_IMAGE = f"ghcr.io/tpuserve/tpuserve:{__version__}"
-DEFAULT_ENGINE_IMAGE = f"ghcr.io/tpuserve/tpuserve-tpu:{__version__}"
+DEFAULT_IMAGE = f"ghcr.io/tpuserve/tpuserve:{VERSION}"
+DEFAULT_ENGINE_IMAGE = f"ghcr.io/tpuserve/tpuserve-tpu:{VERSION}"
 
 ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 9000
@@ -21,6 +22,7 @@ ROUTER_METRICS_PORT = 9000
 RUN_AS_USER = 65532
 
 Manifest = dict[str, Any]
+WorkloadKind = Literal["LeaderWorkerSet", "StatefulSet"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,7 @@ class Server:
     restarted_at: str | None = None  # the restart annotation's value
 
     @property
-    def workload_kind(self) -> str:
+    def workload_kind(self) -> WorkloadKind:
         return "LeaderWorkerSet" if self.config.leaderworkerset else "StatefulSet"
 
     def owner_references(self) -> list[Manifest]:
@@ -109,6 +111,14 @@ class Server:
     @property
     def endpoint(self) -> str:
         return f"http://{self.endpoint_service_name}.{self.namespace}.svc:{ROUTER_PORT}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidServer(Server):
+    """A server that passed every check, the launch contract included: what `render` takes,
+    and cannot fail on (`validate_server` makes it)."""
+
+    contract: GroupContract  # replica group 0's; `launch_contract.for_replica` gives the others
 
 
 def stable_hash(value: Any, length: int = 10) -> str:

@@ -2,7 +2,7 @@
 
 TPU facts come from the topology catalog (node selectors, the google.com/tpu toleration,
 `google.com/tpu` = chips of one host on every host pod); the launch contract comes from
-`contract_bridge`. Only the leader (host 0) serves HTTP, so only it has ports and probes.
+`launch_contract`. Only the leader (host 0) serves HTTP, so only it has ports and probes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sglang_tpu.topology import (
     TPU_TAINT_EFFECT,
     TPU_TAINT_KEY,
 )
-from tpuserve_operator import contract_bridge, labels
+from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.render.context import RUN_AS_USER, Manifest, Server
 
 ENGINE_CONTAINER = "engine"
@@ -211,9 +211,9 @@ def _volumes(server: Server) -> tuple[list[Manifest], list[Manifest]]:
     return volumes, mounts
 
 
-def pod_paths(server: Server) -> contract_bridge.PodPaths:
+def pod_paths(server: Server) -> launch_contract.PodPaths:
     has_cache = server.valid.spec.engine.compile_cache is not None
-    return contract_bridge.PodPaths(
+    return launch_contract.PodPaths(
         weights_cache_dir=WEIGHTS_DIR,
         compile_cache_dir=COMPILE_CACHE_DIR if has_cache else None,
     )
@@ -261,7 +261,7 @@ def engine_pod_template(
     if spec.model.token_secret_ref is not None:
         env.append(
             {
-                "name": contract_bridge.HF_TOKEN_ENV,
+                "name": launch_contract.HF_TOKEN_ENV,
                 "valueFrom": {
                     "secretKeyRef": {
                         "name": spec.model.token_secret_ref.name,
@@ -291,15 +291,15 @@ def engine_pod_template(
         container["imagePullPolicy"] = spec.engine.image_pull_policy
     if role == labels.ROLE_LEADER:
         container["ports"] = [
-            {"name": "http", "containerPort": contract_bridge.HTTP_PORT, "protocol": "TCP"},
+            {"name": "http", "containerPort": launch_contract.HTTP_PORT, "protocol": "TCP"},
             {
                 "name": "kv-events",
-                "containerPort": contract_bridge.KV_EVENTS_PORT,
+                "containerPort": launch_contract.KV_EVENTS_PORT,
                 "protocol": "TCP",
             },
             {
                 "name": "kv-replay",
-                "containerPort": contract_bridge.KV_REPLAY_PORT,
+                "containerPort": launch_contract.KV_REPLAY_PORT,
                 "protocol": "TCP",
             },
         ]
@@ -348,5 +348,5 @@ def host_index_source(server: Server, role: str) -> FieldRef | int:
     if role == labels.ROLE_LEADER:
         return 0
     if server.config.leaderworkerset:
-        return contract_bridge.LWS_WORKER_INDEX
-    return contract_bridge.STATEFULSET_POD_INDEX
+        return launch_contract.LWS_WORKER_INDEX
+    return launch_contract.STATEFULSET_POD_INDEX

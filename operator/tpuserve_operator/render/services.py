@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpuserve_operator import contract_bridge, labels
+from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.render.context import ROUTER_METRICS_PORT, ROUTER_PORT, Manifest, Server
 
 
@@ -43,15 +43,15 @@ def leaders_service(server: Server) -> Manifest:
             "clusterIP": "None",
             "selector": labels.leader_selector(server.name),
             "ports": [
-                {"name": "http", "port": contract_bridge.HTTP_PORT, "targetPort": "http"},
+                {"name": "http", "port": launch_contract.HTTP_PORT, "targetPort": "http"},
                 {
                     "name": "kv-events",
-                    "port": contract_bridge.KV_EVENTS_PORT,
+                    "port": launch_contract.KV_EVENTS_PORT,
                     "targetPort": "kv-events",
                 },
                 {
                     "name": "kv-replay",
-                    "port": contract_bridge.KV_REPLAY_PORT,
+                    "port": launch_contract.KV_REPLAY_PORT,
                     "targetPort": "kv-replay",
                 },
             ],

@@ -15,8 +15,8 @@ a time and every pod's launch contract carries literal values for its group.
 from __future__ import annotations
 
 from sglang_tpu.contract import GroupContract
-from tpuserve_operator import contract_bridge, labels
-from tpuserve_operator.render.context import Manifest, Server
+from tpuserve_operator import labels, launch_contract
+from tpuserve_operator.render.context import Manifest, Server, ValidServer
 from tpuserve_operator.render.pod import (
     engine_pod_template,
     host_index_source,
@@ -40,21 +40,22 @@ def group_hostnames(server: Server, replica: int) -> tuple[str, ...]:
     return tuple(f"{pod}.{group}.{server.namespace}.svc" for pod in pods)
 
 
-def group_contract(server: Server, replica: int) -> GroupContract:
-    return contract_bridge.group_contract(
+def check_group_contract(server: Server) -> GroupContract:
+    """Replica group 0's launch contract, validated (InvalidSpec names what it refuses)."""
+    return launch_contract.group_contract(
         server.valid.spec,
         served_name=server.valid.served_name,
-        replica=replica,
-        hostnames=group_hostnames(server, replica),
+        replica=0,
+        hostnames=group_hostnames(server, 0),
         paths=pod_paths(server),
         drain_timeout_seconds=termination(server).drain_seconds,
     )
 
 
-def _template(server: Server, replica: int, role: str, revision: str) -> Manifest:
-    group_key = contract_bridge.LWS_GROUP_KEY if server.config.leaderworkerset else None
-    env = contract_bridge.engine_env(
-        group_contract(server, replica),
+def _template(server: ValidServer, replica: int, role: str, revision: str) -> Manifest:
+    group_key = launch_contract.LWS_GROUP_KEY if server.config.leaderworkerset else None
+    env = launch_contract.engine_env(
+        launch_contract.for_replica(server.contract, replica, group_hostnames(server, replica)),
         host_index=host_index_source(server, role),
         group_key=group_key,
     )
@@ -67,7 +68,7 @@ def group_labels(server: Server, replica: int) -> dict[str, str]:
     return {labels.REPLICA: str(replica)}
 
 
-def leaderworkerset(server: Server, replica: int, revision: str) -> Manifest:
+def leaderworkerset(server: ValidServer, replica: int, revision: str) -> Manifest:
     hosts = server.valid.shape.hosts
     leader = _template(server, replica, labels.ROLE_LEADER, revision)
     # LWS requires a worker template even for one-host groups (it then creates no workers).
@@ -109,13 +110,13 @@ def headless_service(server: Server, replica: int) -> Manifest:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": labels.group_selector(server.name, replica),
-            "ports": [{"name": "http", "port": contract_bridge.HTTP_PORT, "targetPort": "http"}],
+            "ports": [{"name": "http", "port": launch_contract.HTTP_PORT, "targetPort": "http"}],
         },
     }
 
 
 def _statefulset(
-    server: Server, replica: int, role: str, revision: str, name: str, pods: int, first: int
+    server: ValidServer, replica: int, role: str, revision: str, name: str, pods: int, first: int
 ) -> Manifest:
     selector = {**labels.group_selector(server.name, replica), labels.ROLE: role}
     spec: Manifest = {
@@ -141,7 +142,7 @@ def _statefulset(
     }
 
 
-def statefulsets(server: Server, replica: int, revision: str) -> list[Manifest]:
+def statefulsets(server: ValidServer, replica: int, revision: str) -> list[Manifest]:
     hosts = server.valid.shape.hosts
     out = [
         _statefulset(
@@ -163,14 +164,14 @@ def statefulsets(server: Server, replica: int, revision: str) -> list[Manifest]:
     return out
 
 
-def group_children(server: Server, replica: int, revision: str) -> list[Manifest]:
+def group_children(server: ValidServer, replica: int, revision: str) -> list[Manifest]:
     """Every object of replica group `replica`, at pod-template revision `revision`."""
     if server.config.leaderworkerset:
         return [leaderworkerset(server, replica, revision)]
     return [headless_service(server, replica), *statefulsets(server, replica, revision)]
 
 
-def engine_templates(server: Server, replica: int) -> list[Manifest]:
+def engine_templates(server: ValidServer, replica: int) -> list[Manifest]:
     """The group's pod templates without a revision label: what the revision hashes."""
     roles = [labels.ROLE_LEADER] + ([labels.ROLE_WORKER] if server.valid.shape.hosts > 1 else [])
     return [_template(server, replica, role, revision="") for role in roles]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tpuserve_operator.render import RenderConfig, Rendered, make_server, render
+from tpuserve_operator.render import RenderConfig, Rendered, render, validate_server
 
 BASE_SPEC: dict[str, Any] = {
     "model": {"source": "hf://Qwen/Qwen3-8B", "tokenSecretRef": {"name": "hf-token"}},
@@ -40,7 +40,7 @@ def _rendered(
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
     if annotations:
         meta["annotations"] = annotations
-    return render(make_server(meta, spec or BASE_SPEC, RenderConfig(**config)))
+    return render(validate_server(meta, spec or BASE_SPEC, RenderConfig(**config)))
 
 
 SpecWith = Callable[..., dict[str, Any]]

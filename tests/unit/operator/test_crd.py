@@ -11,7 +11,7 @@ import pytest
 
 from tpuserve_operator import labels
 from tpuserve_operator.api import TPUModelServerSpec
-from tpuserve_operator.crd import custom_resource_definition, openapi_schema
+from tpuserve_operator.build.crd import custom_resource_definition, openapi_schema
 
 pytestmark = pytest.mark.unit
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tpuserve_operator import generate, rbac
+from tpuserve_operator import rbac
+from tpuserve_operator.build import generate
 
 pytestmark = pytest.mark.unit
 
 
 def test_no_generated_file_is_stale() -> None:
     stale = generate.stale_files()
-    assert not stale, f"stale: {stale}; run python -m tpuserve_operator.generate"
+    assert not stale, f"stale: {stale}; run python -m tpuserve_operator.build.generate"
 
 
 def test_generated_files_say_so_in_their_first_line() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from pod_views import make_pod
 
+from tests.fakes import make_pod
 from tpuserve_operator.group_restart import check
 from tpuserve_operator.observed import PodView
 

@@ -4,12 +4,16 @@ operator's options from its flags."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tpuserve_operator import cli
+from tpuserve_operator import cli, render_cli
+from tpuserve_operator.flags import apply_flags, field_value
 from tpuserve_operator.metrics import ReplicaRow, create_operator_metrics
+from tpuserve_operator.options import OperatorOptions
+from tpuserve_operator.render import RenderConfig
 
 pytestmark = pytest.mark.unit
 
@@ -92,3 +96,36 @@ def test_bad_router_resources_name_the_flag() -> None:
     cli.configure(parser)
     with pytest.raises(SystemExit, match="--router-resources"):
         cli.options_from(parser.parse_args(["--router-resources", "[1]"]))
+
+
+def test_unset_flags_leave_every_setting_at_its_dataclass_default() -> None:
+    """The CLI repeats no default: with no flags, the options are the dataclasses' own."""
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    options = cli.options_from(parser.parse_args([]))
+    assert options == dataclasses.replace(
+        OperatorOptions(), peering_priority=options.peering_priority
+    )
+
+
+def test_every_operator_flag_sets_the_field_it_names() -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    for flag in cli.OPTIONS:
+        field_value(OperatorOptions(), flag.field)  # raises AttributeError for a wrong path
+    options = cli.options_from(
+        parser.parse_args(["--resync-seconds", "7", "--engine-image", "engine:x"])
+    )
+    assert options.reconciler.resync_seconds == 7.0
+    assert options.reconciler.render.engine_image == "engine:x"
+
+
+def test_render_flags_default_to_the_render_config() -> None:
+    parser = argparse.ArgumentParser()
+    render_cli.configure(parser)
+    assert apply_flags(RenderConfig(), render_cli.OPTIONS, parser.parse_args(["-f", "x"])) == (
+        RenderConfig()
+    )
+    args = parser.parse_args(["-f", "x", "--leaderworkerset", "--router-replicas", "3"])
+    config = apply_flags(RenderConfig(), render_cli.OPTIONS, args)
+    assert (config.leaderworkerset, config.router_replicas) == (True, 3)

@@ -4,12 +4,13 @@ ready router; Degraded for unschedulable pods, crash loops and groups partly up 
 from __future__ import annotations
 
 import datetime
-from typing import Any
 
 import pytest
-from pod_views import make_pod
 
+from tests.fakes import make_pod
 from tpuserve_operator import conditions
+from tpuserve_operator.api import GroupStatus
+from tpuserve_operator.conditions import Reason
 from tpuserve_operator.observed import PodView, child_view, pod_view
 from tpuserve_operator.rollout import plan
 from tpuserve_operator.status import GroupObservation, GroupReport, decide, report_group, timestamp
@@ -49,7 +50,7 @@ def group(*pods: PodView, revision: str = REV) -> GroupObservation:
 
 def report(
     obs: GroupObservation,
-    previous: dict[str, Any] | None = None,
+    previous: GroupStatus | None = None,
     now: datetime.datetime = NOW,
     hosts: int = 2,
 ) -> GroupReport:
@@ -123,7 +124,7 @@ def _reports(*states: tuple[bool, bool]) -> list[GroupReport]:
             index=i,
             name=f"g{i}",
             state="Ready" if ready else "Starting",
-            reason="",
+            reason=Reason.SERVING if ready else Reason.STARTING,
             message="",
             since="",
             hosts=1,
@@ -238,7 +239,7 @@ def test_invalid_spec_sets_valid_false_with_its_reason() -> None:
             reports=[],
             plan=None,
             invalid="spec.tpu.topology: ...",
-            invalid_reason="UnsupportedTopology",
+            invalid_reason=Reason.UNSUPPORTED_TOPOLOGY,
             router_enabled=True,
             router_ready_replicas=0,
         )
@@ -254,7 +255,7 @@ def test_a_degraded_group_degrades_the_server() -> None:
             index=0,
             name="g0",
             state="Degraded",
-            reason="Unschedulable",
+            reason=Reason.UNSCHEDULABLE,
             message="pod x: no tpu",
             since="",
             hosts=4,
@@ -322,34 +323,57 @@ def test_every_reason_the_operator_writes_is_documented() -> None:
 def test_merge_keeps_transition_time_while_status_holds() -> None:
     first = conditions.merge(
         [],
-        [conditions.Condition.of("Ready", False, "NoReadyReplicas", "x")],
+        [conditions.Condition.of("Ready", False, Reason.NO_READY_REPLICAS, "x")],
         now="t1",
         generation=1,
     )
     same = conditions.merge(
         first,
-        [conditions.Condition.of("Ready", False, "RouterNotReady", "y")],
+        [conditions.Condition.of("Ready", False, Reason.ROUTER_NOT_READY, "y")],
         now="t2",
         generation=2,
     )
-    assert same[0]["lastTransitionTime"] == "t1"
-    assert same[0]["observedGeneration"] == 2
+    assert same[0].last_transition_time == "t1"
+    assert same[0].observed_generation == 2
+    assert same[0].reason == "RouterNotReady"
     flipped = conditions.merge(
-        same, [conditions.Condition.of("Ready", True, "RouterReady", "z")], now="t3", generation=2
+        same,
+        [conditions.Condition.of("Ready", True, Reason.ROUTER_READY, "z")],
+        now="t3",
+        generation=2,
     )
-    assert flipped[0]["lastTransitionTime"] == "t3"
+    assert flipped[0].last_transition_time == "t3"
+
+
+def test_merge_sets_observed_generation_only_when_given() -> None:
+    (acknowledged,) = conditions.merge(
+        [],
+        [conditions.Condition.of("Ready", False, Reason.NO_READY_REPLICAS, "x")],
+        now="t",
+        generation=None,
+    )
+    assert acknowledged.model_dump(by_alias=True, exclude_unset=True) == {
+        "type": "Ready",
+        "status": "False",
+        "reason": "NoReadyReplicas",
+        "message": "x",
+        "lastTransitionTime": "t",
+    }
 
 
 def test_transitions_flag_warnings() -> None:
     old = conditions.merge(
-        [], [conditions.Condition.of("Ready", True, "RouterReady", "x")], now="t", generation=1
+        [],
+        [conditions.Condition.of("Ready", True, Reason.ROUTER_READY, "x")],
+        now="t",
+        generation=1,
     )
     (t,) = conditions.transitions(
-        old, [conditions.Condition.of("Ready", False, "NoReadyReplicas", "y")]
+        old, [conditions.Condition.of("Ready", False, Reason.NO_READY_REPLICAS, "y")]
     )
     assert t.warning
     (d,) = conditions.transitions(
-        [], [conditions.Condition.of("Degraded", False, "AsExpected", "")]
+        [], [conditions.Condition.of("Degraded", False, Reason.AS_EXPECTED, "")]
     )
     assert not d.warning
 

@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from tests.fakes import FakeKube, pod_object
+from tpuserve_operator import labels
 from tpuserve_operator.metrics import ServerPodsRow, create_operator_metrics
-from tpuserve_operator.observed import pod_view
-from tpuserve_operator.reconciler import Reconciler, ReconcilerSettings, _Served
-from tpuserve_operator.render import RenderConfig
+from tpuserve_operator.reconciler import Reconciler, ReconcilerSettings
 
 pytestmark = pytest.mark.unit
+
+NO_TPU = "0/3 nodes are available: 3 Insufficient google.com/tpu."
 
 
 def test_unschedulable_pods_are_exported_per_server() -> None:
@@ -31,42 +33,48 @@ def test_unschedulable_pods_are_exported_per_server() -> None:
     assert 'tpumodelserver="llama"} 0.0' in text
 
 
-def pod(name: str, *, unschedulable: bool, deleting: bool = False) -> dict[str, Any]:
-    scheduled = {"type": "PodScheduled", "status": "True"}
-    if unschedulable:
-        scheduled = {
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": "Unschedulable",
-            "message": "0/3 nodes are available: 3 Insufficient google.com/tpu.",
-        }
-    meta: dict[str, Any] = {"name": name, "labels": {}}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "status": {"phase": "Pending", "conditions": [scheduled]}}
+def server(name: str, generation: str, topology: str) -> dict[str, Any]:
+    return {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.KIND,
+        "metadata": {"name": name, "namespace": "ml", "uid": f"{name}-uid", "generation": 1},
+        "spec": {
+            "model": {"source": "hf://Qwen/Qwen3-8B"},
+            "tpu": {"generation": generation, "topology": topology},
+            "replicas": 2,
+        },
+    }
 
 
-def test_the_reconciler_counts_live_unschedulable_pods_per_server() -> None:
+async def test_the_reconciler_counts_live_unschedulable_pods_per_server() -> None:
+    kube = FakeKube()
     reconciler = Reconciler(
-        kube=None,  # type: ignore[arg-type]  # no API call is made
-        settings=ReconcilerSettings(render=RenderConfig()),
-        metrics=create_operator_metrics(CollectorRegistry()),
+        kube,
+        ReconcilerSettings(),
+        create_operator_metrics(CollectorRegistry()),
         emit_event=lambda *_: None,
     )
-    qwen, llama = ("ml", "qwen"), ("ml", "llama")
-    reconciler._served[qwen] = _Served("qwen3-8b", "v6e", "4x4", 16, ready=False)
-    reconciler._served[llama] = _Served("llama", "v5e", "2x4", 8, ready=True)
-    reconciler.cache.replace(
-        qwen,
-        [],
-        [
-            pod_view(pod("qwen-r0-0", unschedulable=True)),
-            pod_view(pod("qwen-r0-1", unschedulable=True)),
-            pod_view(pod("qwen-r1-0", unschedulable=True, deleting=True)),
-            pod_view(pod("qwen-r1-1", unschedulable=False)),
-        ],
-    )
-    reconciler.cache.replace(llama, [], [pod_view(pod("llama-r0-0", unschedulable=False))])
+    kube.watch(lambda event_type, body: reconciler.on_pod_event(event_type, body))
+    qwen = kube.put(server("qwen", "v6e", "4x4"))
+    llama = kube.put(server("llama", "v5e", "2x4"))
+    kube.put(pod_object("qwen", "qwen-r0-0", unschedulable=NO_TPU))
+    kube.put(pod_object("qwen", "qwen-r0-w-1", unschedulable=NO_TPU))
+    kube.put(pod_object("qwen", "qwen-r1-0", replica=1))
+    kube.put(pod_object("llama", "llama-r0-0"))
+    doomed = pod_object("qwen", "qwen-r1-w-1", replica=1, unschedulable=NO_TPU)
+    doomed["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    kube.put(doomed)
+    assert reconciler.unschedulable_rows() == []  # no server has been reconciled yet
+
+    await reconciler.converge(("ml", "qwen"), qwen)
+    await reconciler.converge(("ml", "llama"), llama)
     rows = {r.tpumodelserver: r for r in reconciler.unschedulable_rows()}
     assert rows["qwen"] == ServerPodsRow("ml", "qwen", "v6e", "4x4", 2)
-    assert rows["llama"].unschedulable_pods == 0
+    assert rows["llama"] == ServerPodsRow("ml", "llama", "v5e", "2x4", 0)
+
+    kube.put(pod_object("qwen", "qwen-r0-0"))
+    kube.put(pod_object("qwen", "qwen-r0-w-1"))
+    assert {r.tpumodelserver: r.unschedulable_pods for r in reconciler.unschedulable_rows()} == {
+        "qwen": 0,
+        "llama": 0,
+    }

@@ -9,6 +9,7 @@ import pytest
 
 from sglang_tpu.topology import topologies_for
 from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.render import RenderConfig, validate_server
 from tpuserve_operator.validation import validate
 
 pytestmark = pytest.mark.unit
@@ -65,7 +66,10 @@ def test_eagle3_needs_a_draft_model(spec_with: SpecWith) -> None:
 
 
 def test_mtp_needs_no_draft_model(spec_with: SpecWith) -> None:
-    validate("qwen", spec_with(engine={"speculative": {"algorithm": "MTP"}}))
+    valid = validate("qwen", spec_with(engine={"speculative": {"algorithm": "MTP"}}))
+    assert valid.spec.engine.speculative is not None
+    assert valid.spec.engine.speculative.algorithm == "MTP"
+    assert valid.spec.engine.speculative.draft_model is None
 
 
 @pytest.mark.parametrize(
@@ -81,7 +85,9 @@ def test_source_scheme_is_checked(source: str, spec_with: SpecWith) -> None:
     "source", ["hf://Qwen/Qwen3-8B@main", "gs://my-bucket/qwen3-8b", "pvc://weights/qwen3-8b"]
 )
 def test_each_source_scheme_is_accepted(source: str, spec_with: SpecWith) -> None:
-    validate("qwen", spec_with(model={"source": source}))
+    valid = validate("qwen", spec_with(model={"source": source}))
+    assert valid.spec.model.source == source
+    assert valid.served_name == "qwen3-8b"
 
 
 def test_autoscaling_min_must_not_exceed_max(spec_with: SpecWith) -> None:
@@ -149,7 +155,8 @@ def test_contract_variables_cannot_be_overridden(name: str, spec_with: SpecWith)
 
 
 def test_other_env_vars_pass(spec_with: SpecWith) -> None:
-    validate("qwen", spec_with(engine={"env": [{"name": "XLA_FLAGS", "value": "--x"}]}))
+    valid = validate("qwen", spec_with(engine={"env": [{"name": "XLA_FLAGS", "value": "--x"}]}))
+    assert valid.spec.engine.env == [{"name": "XLA_FLAGS", "value": "--x"}]
 
 
 @pytest.mark.parametrize("flag", ["port", "tp-size", "--dist-init-addr", "api-key"])
@@ -195,9 +202,10 @@ def test_fp8_makes_a_model_fit(spec_with: SpecWith) -> None:
     assert (
         problems_of(spec_with(model=big, tpu=slice_))["spec.tpu.topology"][1] == "ModelDoesNotFit"
     )
-    validate(
+    valid = validate(
         "llama", spec_with(model={**big, "quantization": "fp8", "contextLength": 8192}, tpu=slice_)
     )
+    assert (valid.shape.key, valid.spec.model.quantization) == ("v5e/2x4", "fp8")
 
 
 def test_four_bit_weights_are_sized_by_the_fit_check(spec_with: SpecWith) -> None:
@@ -207,7 +215,10 @@ def test_four_bit_weights_are_sized_by_the_fit_check(spec_with: SpecWith) -> Non
     fp8 = spec_with(model={**big, "quantization": "fp8"}, tpu=four_chips)
     assert problems_of(fp8)["spec.tpu.topology"][1] == "ModelDoesNotFit"
     for quantization in ("mxfp4", "nvfp4"):
-        validate("llama", spec_with(model={**big, "quantization": quantization}, tpu=four_chips))
+        fits = validate(
+            "llama", spec_with(model={**big, "quantization": quantization}, tpu=four_chips)
+        )
+        assert (fits.shape.key, fits.spec.model.quantization) == ("v5e/2x2", quantization)
         too_small = spec_with(model={**big, "quantization": quantization}, tpu=one_chip)
         message, reason = problems_of(too_small)["spec.tpu.topology"]
         assert reason == "ModelDoesNotFit"
@@ -215,7 +226,12 @@ def test_four_bit_weights_are_sized_by_the_fit_check(spec_with: SpecWith) -> Non
 
 
 def test_unknown_models_get_no_fit_opinion(spec_with: SpecWith) -> None:
-    validate("m", spec_with(model={"source": "hf://acme/secret-model"}))
+    """Even on a one-chip slice: only the performance model's models are sized."""
+    spec = spec_with(
+        model={"source": "hf://acme/secret-model"}, tpu={"generation": "v5e", "topology": "1x1"}
+    )
+    valid = validate("m", spec)
+    assert (valid.shape.chips, valid.served_name) == (1, "secret-model")
 
 
 def test_the_simulator_needs_a_known_model(spec_with: SpecWith) -> None:
@@ -223,3 +239,19 @@ def test_the_simulator_needs_a_known_model(spec_with: SpecWith) -> None:
     message, reason = problems_of(spec)["spec.model.source"]
     assert reason == "UnknownModel"
     assert "Qwen/Qwen3-8B" in message
+
+
+def test_the_launch_contract_is_checked_in_the_same_step(spec_with: SpecWith) -> None:
+    """Render cannot fail afterwards: what the launcher would refuse is refused here, even on
+    the operator's path, which leaves the CRD's CEL rules to the apiserver."""
+    spec = spec_with(engine={"speculative": {"algorithm": "EAGLE3"}})
+    with pytest.raises(InvalidSpec) as caught:
+        validate_server({"name": "qwen", "namespace": "ml"}, spec, RenderConfig(), cel_rules=False)
+    (problem,) = caught.value.problems
+    assert problem.field == "spec.engine.speculative.draftModel"
+    assert "the launch contract refuses it (TPUSERVE_SPECULATIVE_DRAFT_MODEL)" in problem.message
+
+
+def test_names_the_hosts_cannot_resolve_are_refused(spec_with: SpecWith) -> None:
+    with pytest.raises(InvalidSpec, match=r"TPUSERVE_WORKER_HOSTNAMES.*not a DNS name"):
+        validate_server({"name": "Qwen_3", "namespace": "ml"}, spec_with(), RenderConfig())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tpuserve_operator import labels
-from tpuserve_operator.apply import AppliedRecord, needs_apply, record_of, stamp
+from tpuserve_operator.drift import AppliedRecord, needs_apply, record_of, stamp
 from tpuserve_operator.observed import ChildView
 
 pytestmark = pytest.mark.unit

@@ -15,10 +15,9 @@ import celpy
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
+from tpuserve_operator.conditions import Reason
 from tpuserve_operator.errors import Problem
-from tpuserve_operator.openapi import JSON
-
-REASON = "FailedValidationRule"
+from tpuserve_operator.build.openapi import JSON
 
 
 @functools.lru_cache(maxsize=256)
@@ -39,7 +38,7 @@ def rule_holds(rule: str, value: Any) -> bool:
 def check(schema: JSON, value: Any, path: str) -> list[Problem]:
     """Every failed rule in `schema` (and below it) for `value`, located at `path`."""
     problems = [
-        Problem(field=path, message=rule["message"], reason=REASON)
+        Problem(field=path, message=rule["message"], reason=Reason.FAILED_VALIDATION_RULE)
         for rule in schema.get("x-kubernetes-validations", [])
         if not rule_holds(rule["rule"], value)
     ]

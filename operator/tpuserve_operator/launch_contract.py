@@ -1,8 +1,9 @@
-"""The one place the operator meets the launch contract (`sglang_tpu.contract`).
+"""The launch contract (`sglang_tpu.contract`) as the operator fills it in from a spec.
 
-Everything a model-server pod is told (environment variables, the SGLang flags the launcher
-owns) comes through here, built with the contract's own types and validators, so render
-code never spells a contract variable and a spec the launcher would refuse is refused here.
+The one place the operator meets the contract: everything a model-server pod is told
+(environment variables, the SGLang flags the launcher owns) comes through here, built with
+the contract's own types and validators, so render code never spells a contract variable and
+a spec the launcher would refuse is refused by validation.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sglang_tpu import contract, sglang_flags
 from sglang_tpu.contract import FieldRef, GroupContract, Var
 from sglang_tpu.topology import lookup
 from tpuserve_operator.api import TPUModelServerSpec
-from tpuserve_operator.errors import Problem
+from tpuserve_operator.errors import InvalidSpec, Problem
 
 # Variables the launcher derives from the contract (TorchTPU / libtpu / torch.distributed);
 # a user value would silently win over the contract, so they are refused like TPUSERVE_*.
@@ -93,9 +94,9 @@ def group_contract(
     paths: PodPaths,
     drain_timeout_seconds: float,
 ) -> GroupContract:
-    """The contract every pod of replica group `replica` shares.
+    """The contract every pod of replica group `replica` shares, validated by the contract.
 
-    Raises ContractProblems (field-named) when the contract refuses a value from the spec.
+    Raises InvalidSpec (field-named) when the contract refuses a value from the spec.
     """
     values: dict[str, Any] = {
         "model": spec.model.source,
@@ -128,7 +129,19 @@ def group_contract(
     try:
         return GroupContract.model_validate({k: v for k, v in values.items() if v is not None})
     except pydantic.ValidationError as err:
-        raise ContractProblems([_problem(e) for e in err.errors()]) from None
+        raise InvalidSpec([_problem(e) for e in err.errors()]) from None
+
+
+def for_replica(group0: GroupContract, replica: int, hostnames: tuple[str, ...]) -> GroupContract:
+    """Replica group `replica`'s contract from group 0's, with no validation (cannot fail).
+
+    Groups differ only in their index and host names, which the API's bounds (name length,
+    replicas plus surge) keep within what the contract accepts once group 0's names passed.
+    """
+    update: dict[str, Any] = {"replica_index": replica}
+    if group0.worker_hostnames:
+        update["worker_hostnames"] = hostnames
+    return group0.model_copy(update=update)
 
 
 def engine_env(
@@ -136,14 +149,6 @@ def engine_env(
 ) -> list[dict[str, Any]]:
     """The engine container's contract `env` (group values literal, per-pod values by fieldRef)."""
     return contract.pod_env(group, host_index=host_index, group_key=group_key)
-
-
-class ContractProblems(ValueError):
-    """The contract refused values built from the spec."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
 
 
 def _problem(error: Mapping[str, Any]) -> Problem:

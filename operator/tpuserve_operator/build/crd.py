@@ -11,7 +11,7 @@ from tpuserve_operator.api import (
     TPUModelServerSpec,
     TPUModelServerStatus,
 )
-from tpuserve_operator.openapi import JSON, structural_schema
+from tpuserve_operator.build.openapi import JSON, structural_schema
 
 RESOURCE_DESCRIPTION = (
     "TPUModelServer serves one model on Google Cloud TPU slices: per replica a whole slice "

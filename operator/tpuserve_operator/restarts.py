@@ -1,0 +1,91 @@
+"""Deleting pods so replica groups restart as one (the StatefulSet path; LWS does it itself).
+
+- On a rollout: the plan's groups to restart lose every stale pod at once (their StatefulSets
+  use `OnDelete`, so the whole slice comes back on the new revision together).
+- When one host of a running multi-host group restarts: the group's other pods are deleted
+  too (LeaderWorkerSet's `RecreateGroupOnPodRestart`, done by hand; `group_restart.check`
+  decides, with what the server's state remembers) and a `GroupRestarted` Warning is posted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from tpuserve_operator import group_restart, rollout
+from tpuserve_operator.conditions import Reason
+from tpuserve_operator.kube import EventSink, KubeApi
+from tpuserve_operator.observed import ObservedCache, ServerKey
+from tpuserve_operator.render import Rendered
+from tpuserve_operator.server_state import ServerState
+from tpuserve_operator.status import GroupObservation
+
+
+class GroupRestarts:
+    """Deletes the pods that make a replica group restart as one."""
+
+    def __init__(self, kube: KubeApi, cache: ObservedCache, emit_event: EventSink) -> None:
+        self.kube = kube
+        self.cache = cache
+        self.emit_event = emit_event
+
+    async def replace_stale_pods(
+        self, key: ServerKey, rendered: Rendered, plan: rollout.Plan
+    ) -> None:
+        """Replace every stale pod of the groups the plan restarts, at once."""
+        if rendered.server.config.leaderworkerset or not plan.restart:
+            return
+        stale = [
+            p
+            for p in self.cache.pods(key)
+            if p.replica in plan.restart and p.revision != rendered.revision and not p.deleting
+        ]
+        found = await asyncio.gather(
+            *(self.kube.delete("v1", "Pod", key[0], p.name) for p in stale)
+        )
+        for pod, existed in zip(stale, found, strict=True):
+            if not existed:
+                self.cache.drop_pod(key, pod.name)
+
+    async def restart_broken_groups(
+        self,
+        key: ServerKey,
+        state: ServerState,
+        body: Mapping[str, Any],
+        rendered: Rendered,
+        plan: rollout.Plan,
+        groups: Mapping[int, GroupObservation],
+    ) -> None:
+        """When one pod of a running multi-host group restarted, restart the rest."""
+        server = rendered.server
+        hosts = server.valid.shape.hosts
+        if server.config.leaderworkerset or hosts == 1:
+            return
+        for k, group in groups.items():
+            if not group.exists or group.deleting or k in plan.restart or k in plan.delete:
+                state.epochs.pop(k, None)  # being rolled, removed or made: not a restart
+                continue
+            verdict = group_restart.check(
+                state.epochs.get(k), group.pods, hosts, state.condemned.get(k, ())
+            )
+            if verdict.epoch is None:
+                state.epochs.pop(k, None)
+            else:
+                state.epochs[k] = verdict.epoch
+                state.condemned.pop(k, None)
+            if not verdict.delete:
+                continue
+            uids = {p.uid for p in group.pods if p.name in verdict.delete}
+            state.condemned[k] = state.condemned.get(k, set()) | uids
+            await asyncio.gather(
+                *(self.kube.delete("v1", "Pod", key[0], name) for name in verdict.delete)
+            )
+            self.emit_event(
+                body,
+                "Warning",
+                str(Reason.GROUP_RESTARTED),
+                f"replica group {group.name}: pod {verdict.cause} restarted; restarting the "
+                f"group's other {len(verdict.delete)} pods with it (a multi-host slice runs "
+                "as one program)",
+            )

@@ -1,0 +1,126 @@
+"""A TPUModelServer's status: built (`build_status`, the one builder of it) and written, with
+an Event for each condition that changed.
+
+The status is patched only when it differs from the one last written (or, after a restart,
+from the object's); `ServerGone` says the object no longer exists.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pydantic
+
+from tpuserve_operator import conditions
+from tpuserve_operator.api import TPUModelServerStatus
+from tpuserve_operator.conditions import Condition
+from tpuserve_operator.kube import EventSink, KubeApi, NotFoundError
+from tpuserve_operator.observed import ServerKey
+from tpuserve_operator.render import Rendered
+from tpuserve_operator.server_state import ServerState
+from tpuserve_operator.status import GroupReport, timestamp
+
+log = logging.getLogger(__name__)
+
+
+def build_status(
+    previous: TPUModelServerStatus,
+    decided: Sequence[Condition],
+    *,
+    now: datetime.datetime,
+    generation: int | None,
+    observed: bool,
+    rendered: Rendered | None = None,
+    reports: Mapping[int, GroupReport] | None = None,
+) -> TPUModelServerStatus:
+    """The status to write: `previous` with the decided conditions merged in, and
+
+    - `observed`: `generation` was reconciled, so it becomes `observedGeneration` and the
+      conditions carry it (False: a new generation is only being acknowledged);
+    - `rendered`: what the spec resolves to (endpoint, served name, selector, plan);
+    - `reports` (with `rendered`): the replica groups, their counts and the revision.
+    """
+    update: dict[str, object] = {
+        "conditions": conditions.merge(
+            previous.conditions,
+            decided,
+            now=timestamp(now),
+            generation=generation if observed else None,
+        )
+    }
+    if observed:
+        update["observed_generation"] = generation
+    if rendered is not None:
+        update |= {
+            "endpoint": rendered.endpoint,
+            "served_name": rendered.server.valid.served_name,
+            "selector": rendered.selector,
+            "plan": rendered.plan,
+        }
+    if rendered is not None and reports is not None:
+        main = [r for r in reports.values() if r.index < rendered.replicas]
+        update |= {
+            "replicas": sum(1 for r in reports.values() if r.exists),
+            "ready_replicas": sum(1 for r in reports.values() if r.ready),
+            "updated_replicas": sum(1 for r in main if r.updated),
+            "revision": rendered.revision,
+            "groups": [reports[k].as_status() for k in sorted(reports)],
+        }
+    return previous.model_copy(update=update)
+
+
+class ServerGone(Exception):
+    """The TPUModelServer no longer exists (its deletion event may have been missed)."""
+
+
+def _written(state: ServerState, body: Mapping[str, Any]) -> dict[str, Any]:
+    return state.status or dict(body.get("status") or {})
+
+
+class StatusWriter:
+    """Patches one server's status and posts Events for its condition transitions."""
+
+    def __init__(self, kube: KubeApi, emit_event: EventSink) -> None:
+        self.kube = kube
+        self.emit_event = emit_event
+
+    def previous(self, state: ServerState, body: Mapping[str, Any]) -> TPUModelServerStatus:
+        """The status last written, else the object's (none after a restart)."""
+        written = _written(state, body)
+        try:
+            return TPUModelServerStatus.model_validate(written)
+        except pydantic.ValidationError as err:
+            meta = body.get("metadata") or {}
+            where = f"{meta.get('namespace')}/{meta.get('name')}"
+            log.warning("%s: ignoring a status the operator cannot read: %s", where, err)
+            return TPUModelServerStatus()
+
+    async def write(
+        self,
+        key: ServerKey,
+        state: ServerState,
+        body: Mapping[str, Any],
+        status: TPUModelServerStatus,
+        decided: Sequence[Condition],
+    ) -> None:
+        previous = self.previous(state, body)
+        new = status.model_dump(by_alias=True, exclude_unset=True)
+        if new != _written(state, body):
+            try:
+                await self.kube.patch_status(key[0], key[1], new)
+            except NotFoundError:
+                raise ServerGone(key) from None
+            state.status = new
+        for change in conditions.transitions(previous.conditions, decided):
+            c = change.condition
+            if (
+                change.previous_status is None
+                and c.status == "False"
+                and c.type != conditions.VALID
+            ):
+                continue  # a new object: only report what is true, and a bad spec
+            kind = "Warning" if change.warning else "Normal"
+            self.emit_event(body, kind, str(c.reason), f"{c.type}={c.status}: {c.message}")

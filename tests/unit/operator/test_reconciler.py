@@ -1,0 +1,320 @@
+"""`Reconciler.converge`, one pass against an in-memory apiserver: it applies what changed and
+nothing else, prunes what is no longer wanted, restarts multi-host groups as one, writes
+status and Events, and backs off while the apiserver refuses children."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.fakes import FakeKube, not_found, pod_object, refused
+from tpuserve_operator import labels
+from tpuserve_operator.metrics import create_operator_metrics
+from tpuserve_operator.reconciler import ERROR_BACKOFF_SECONDS, Reconciler, ReconcilerSettings
+from tpuserve_operator.render import RenderConfig
+
+pytestmark = pytest.mark.unit
+
+NAMESPACE = "ml"
+NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+RESYNC_SECONDS = 60.0
+
+ONE_HOST = {
+    "model": {"source": "hf://Qwen/Qwen3-8B"},
+    "tpu": {"generation": "v6e", "topology": "2x4"},
+    "replicas": 2,
+    "engine": {"type": "simulated"},
+}
+FOUR_HOSTS = {**ONE_HOST, "tpu": {"generation": "v6e", "topology": "4x4"}, "replicas": 1}
+
+
+@dataclass
+class Operator:
+    """A reconciler wired to a FakeKube the way the kopf handlers wire it to the cluster."""
+
+    kube: FakeKube
+    reconciler: Reconciler
+    registry: CollectorRegistry
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # type, reason, message
+
+    def create(self, spec: dict[str, Any], name: str = "qwen") -> tuple[str, str]:
+        self.kube.put(
+            {
+                "apiVersion": labels.API_VERSION,
+                "kind": labels.KIND,
+                "metadata": {
+                    "name": name,
+                    "namespace": NAMESPACE,
+                    "uid": f"{name}-uid",
+                    "generation": 1,
+                },
+                "spec": copy.deepcopy(spec),
+            }
+        )
+        return (NAMESPACE, name)
+
+    def body(self, key: tuple[str, str]) -> dict[str, Any]:
+        return self.kube.get_object(labels.API_VERSION, labels.KIND, *key)
+
+    def edit(self, key: tuple[str, str], **spec: Any) -> None:
+        """A spec change, as `kubectl apply` makes it: a new generation."""
+        body = self.body(key)
+        body["spec"] |= spec
+        body["metadata"]["generation"] += 1
+        self.kube.put(body)
+
+    async def converge(self, key: tuple[str, str]) -> float | None:
+        return await self.reconciler.converge(key, self.body(key))
+
+    def status(self, key: tuple[str, str]) -> dict[str, Any]:
+        status: dict[str, Any] = self.body(key)["status"]
+        return status
+
+    def conditions(self, key: tuple[str, str]) -> dict[str, tuple[str, str]]:
+        """type -> (status, reason)"""
+        return {c["type"]: (c["status"], c["reason"]) for c in self.status(key)["conditions"]}
+
+    def reasons(self) -> list[str]:
+        return [reason for _, reason, _ in self.events]
+
+    def reconciles(self, result: str) -> float:
+        value = self.registry.get_sample_value(
+            "tpuserve_operator_reconciles_total", {"result": result}
+        )
+        return value or 0.0
+
+
+@pytest.fixture
+def operator() -> Operator:
+    kube = FakeKube()
+    registry = CollectorRegistry()
+    events: list[tuple[str, str, str]] = []
+    reconciler = Reconciler(
+        kube,
+        ReconcilerSettings(render=RenderConfig(), resync_seconds=RESYNC_SECONDS),
+        create_operator_metrics(registry),
+        lambda body, kind, reason, message: events.append((kind, reason, message)),
+        clock=lambda: NOW,
+    )
+
+    def deliver(event_type: str, body: Any) -> None:
+        if body["kind"] == labels.KIND:
+            reconciler.on_server_event(event_type, body)
+        elif body["kind"] == "Pod":
+            reconciler.on_pod_event(event_type, body)
+        else:
+            reconciler.on_child_event(event_type, body)
+
+    kube.watch(deliver)
+    return Operator(kube, reconciler, registry, events)
+
+
+async def test_a_new_server_gets_every_child_and_says_it_is_scaling_up(
+    operator: Operator,
+) -> None:
+    key = operator.create(ONE_HOST)
+    assert await operator.converge(key) == RESYNC_SECONDS
+    assert operator.kube.names("StatefulSet") == ["qwen-r0", "qwen-r1"]
+    assert operator.kube.names("Deployment") == ["qwen-router"]
+    assert ("Service", "qwen") in operator.kube.applied
+    status = operator.status(key)
+    assert status["observedGeneration"] == 1
+    assert status["endpoint"] == "http://qwen.ml.svc:8000"
+    assert status["plan"]["workload"] == "StatefulSet"
+    assert [g["state"] for g in status["groups"]] == ["Pending", "Pending"]
+    assert operator.conditions(key) == {
+        "Valid": ("True", "SpecValid"),
+        "Progressing": ("True", "ScalingUp"),
+        "Ready": ("False", "NoReadyReplicas"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    # Reconciling is said at once, before the pass; a new object's False conditions are not.
+    assert operator.reasons() == ["SpecValid", "Reconciling", "ScalingUp"]
+    assert operator.reconciles("ok") == 1
+
+
+async def test_a_pass_with_nothing_changed_applies_and_writes_nothing(
+    operator: Operator,
+) -> None:
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    await operator.converge(key)  # sees its groups exist: GroupsStarting
+    assert operator.conditions(key)["Progressing"] == ("True", "GroupsStarting")
+    applied, patches = len(operator.kube.applied), len(operator.kube.status_patches)
+    assert await operator.converge(key) == RESYNC_SECONDS
+    assert len(operator.kube.applied) == applied
+    assert len(operator.kube.status_patches) == patches
+
+
+async def test_a_child_edited_by_hand_is_applied_again(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    service = operator.kube.get_object("v1", "Service", NAMESPACE, "qwen")
+    service["spec"]["ports"] = []
+    service["metadata"]["generation"] += 1
+    operator.kube.put(service)
+    applied = len(operator.kube.applied)
+    await operator.converge(key)
+    assert operator.kube.applied[applied:] == [("Service", "qwen")]
+
+
+async def test_an_invalid_spec_changes_nothing_but_status(operator: Operator) -> None:
+    key = operator.create({**ONE_HOST, "tpu": {"generation": "v6e", "topology": "3x3"}})
+    assert await operator.converge(key) == RESYNC_SECONDS
+    assert operator.kube.applied == []
+    assert operator.conditions(key)["Valid"] == ("False", "UnsupportedTopology")
+    assert operator.status(key)["observedGeneration"] == 1
+    kind, reason, message = operator.events[-1]
+    assert (kind, reason) == ("Warning", "UnsupportedTopology")
+    assert "spec.tpu.topology" in message
+    assert operator.reconciles("invalid") == 1
+
+
+async def test_refused_applies_back_off_then_recover(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    operator.kube.refuse_kinds["StatefulSet"] = refused("denied by policy")
+    delays = [await operator.converge(key) for _ in range(len(ERROR_BACKOFF_SECONDS) + 1)]
+    assert delays == [*ERROR_BACKOFF_SECONDS, ERROR_BACKOFF_SECONDS[-1]]
+    assert operator.conditions(key)["Progressing"] == ("False", "ApplyFailed")
+    assert operator.conditions(key)["Degraded"] == ("True", "ApplyFailed")
+    message = next(
+        c["message"] for c in operator.status(key)["conditions"] if c["type"] == "Degraded"
+    )
+    assert message.startswith("StatefulSet qwen-r0: ")
+    assert "denied by policy" in message
+    assert ("Warning", "ApplyFailed") in [(kind, reason) for kind, reason, _ in operator.events]
+    assert operator.reconciles("error") == len(delays)
+    assert operator.kube.names("StatefulSet") == []
+    assert operator.kube.names("Deployment") == ["qwen-router"]  # the rest was applied
+
+    del operator.kube.refuse_kinds["StatefulSet"]
+    assert await operator.converge(key) == RESYNC_SECONDS
+    assert operator.kube.names("StatefulSet") == ["qwen-r0", "qwen-r1"]
+    assert operator.conditions(key)["Degraded"] == ("False", "AsExpected")
+
+    operator.kube.refuse_kinds["Service"] = refused("denied again")
+    operator.edit(key, router={"enabled": False})  # the endpoint Service changes
+    assert await operator.converge(key) == ERROR_BACKOFF_SECONDS[0]  # the backoff starts over
+
+
+async def test_api_failures_back_off_like_refused_applies(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    operator.kube.status_error = refused("etcd is slow")
+    delays = [await operator.converge(key) for _ in range(3)]
+    assert delays == list(ERROR_BACKOFF_SECONDS[:3])
+    assert operator.reconciles("error") == 3
+    operator.kube.status_error = None
+    assert await operator.converge(key) == RESYNC_SECONDS
+    assert operator.conditions(key)["Valid"] == ("True", "SpecValid")
+
+
+async def test_a_server_that_is_gone_ends_its_loop(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    body = operator.body(key)
+    operator.kube.status_error = not_found("qwen")
+    assert await operator.reconciler.converge(key, body) is None
+
+
+async def test_a_server_being_deleted_is_left_alone(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    body = operator.body(key)
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    assert await operator.reconciler.converge(key, body) == RESYNC_SECONDS
+    assert operator.kube.applied == []
+    assert operator.kube.status_patches == []
+
+
+async def test_scaling_down_deletes_the_highest_group(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    operator.edit(key, replicas=1)
+    await operator.converge(key)
+    assert operator.kube.names("StatefulSet") == ["qwen-r0"]
+    assert ("Service", "qwen-r1") in operator.kube.deleted
+    assert operator.conditions(key)["Progressing"] == ("True", "ScalingDown")
+
+
+async def test_ready_groups_behind_a_ready_router_make_the_server_ready(
+    operator: Operator,
+) -> None:
+    key = operator.create({**ONE_HOST, "replicas": 1})
+    await operator.converge(key)
+    revision = operator.status(key)["revision"]
+    operator.kube.put(pod_object("qwen", "qwen-r0-0", revision=revision))
+    router = operator.kube.get_object("apps/v1", "Deployment", NAMESPACE, "qwen-router")
+    operator.kube.put({**router, "status": {"readyReplicas": 1}})
+    await operator.converge(key)
+    assert operator.conditions(key)["Ready"] == ("True", "RouterReady")
+    assert operator.conditions(key)["Progressing"] == ("False", "Complete")
+    assert operator.status(key)["readyReplicas"] == 1
+    assert operator.reconciler.server_readiness() == [True]
+    (row,) = operator.reconciler.replica_rows()
+    assert (row.pod, row.model_name, row.chips) == ("qwen-r0-0", "qwen3-8b", 8)
+
+
+async def test_a_stale_pod_of_an_updating_group_is_replaced(operator: Operator) -> None:
+    key = operator.create({**ONE_HOST, "replicas": 1})
+    await operator.converge(key)
+    operator.kube.put(pod_object("qwen", "qwen-r0-0", revision="an-old-revision"))
+    await operator.converge(key)
+    assert ("Pod", "qwen-r0-0") in operator.kube.deleted
+
+
+async def test_a_restarted_host_restarts_its_whole_group(operator: Operator) -> None:
+    key = operator.create(FOUR_HOSTS)
+    await operator.converge(key)
+    revision = operator.status(key)["revision"]
+    names = ["qwen-r0-0", "qwen-r0-w-1", "qwen-r0-w-2", "qwen-r0-w-3"]
+    for i, name in enumerate(names):
+        role = labels.ROLE_LEADER if i == 0 else labels.ROLE_WORKER
+        operator.kube.put(pod_object("qwen", name, role=role, revision=revision))
+    await operator.converge(key)  # the group runs as one: the operator remembers its pods
+    assert operator.kube.deleted == []
+
+    operator.kube.put(
+        pod_object("qwen", "qwen-r0-w-2", role=labels.ROLE_WORKER, revision=revision, restarts=1)
+    )
+    await operator.converge(key)
+    assert sorted(name for kind, name in operator.kube.deleted if kind == "Pod") == [
+        "qwen-r0-0",
+        "qwen-r0-w-1",
+        "qwen-r0-w-3",
+    ]
+    kind, reason, message = operator.events[-1]
+    assert (kind, reason) == ("Warning", "GroupRestarted")
+    assert "qwen-r0-w-2" in message
+
+
+async def test_a_new_generation_is_acknowledged_before_its_pass(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    first = operator.kube.status_patches[0]
+    assert "observedGeneration" not in first
+    assert first["endpoint"] == "http://qwen.ml.svc:8000"
+    assert [(c["type"], c["reason"]) for c in first["conditions"]] == [
+        ("Valid", "SpecValid"),
+        ("Progressing", "Reconciling"),
+    ]
+    assert "observedGeneration" not in first["conditions"][0]
+
+
+async def test_an_invalid_edit_keeps_the_last_good_status_but_its_conditions(
+    operator: Operator,
+) -> None:
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    before = operator.status(key)
+    operator.edit(key, tpu={"generation": "v6e", "topology": "3x3"})
+    await operator.converge(key)
+    after = operator.status(key)
+    assert after["observedGeneration"] == 2
+    assert operator.conditions(key)["Valid"] == ("False", "UnsupportedTopology")
+    assert {k: after[k] for k in ("endpoint", "plan", "groups", "revision")} == {
+        k: before[k] for k in ("endpoint", "plan", "groups", "revision")
+    }
+    assert operator.reconciler.server_readiness() == []  # an invalid server is not counted
