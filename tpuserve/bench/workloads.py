@@ -289,12 +289,6 @@ class _Builder:
         rid = f"r{len(self.requests)}"
         self.requests.append(TraceRequest(rid, t, max_tokens, messages=messages, session=session))
 
-    def add_ids(self, t: float, ids: list[int], max_tokens: int, session: str | None) -> None:
-        rid = f"r{len(self.requests)}"
-        req = TraceRequest(rid, t, max_tokens, prompt_token_ids=ids, session=session)
-        req.token_ids = ids
-        self.requests.append(req)
-
     def done(self, limit: int) -> list[TraceRequest]:
         out = sorted(self.requests, key=lambda r: r.t)[:limit]
         for i, r in enumerate(out):
