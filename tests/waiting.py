@@ -95,7 +95,7 @@ async def eventually_async(
 
 
 async def eventually_async(
-    check: Callable[[], T | None | Awaitable[T | None]],
+    check: Callable[[], T | Awaitable[T | None] | None],
     *,
     what: str,
     timeout_seconds: float = 10.0,
