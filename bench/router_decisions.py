@@ -27,8 +27,6 @@ from typing import Any
 from sglang_tpu.kv_events import block_hashes
 from sglang_tpu.tokenizer import load_tokenizer
 from tpuserve_router.policies import RouteRequest, make_policy
-from tpuserve_router.policies.cache_aware import CacheAwarePolicy
-from tpuserve_router.policies.prefix_routing import BlockIndexPolicy
 
 PAGE = 16
 PAGES_PER_PROMPT = 31  # 496 tokens, about 2 kB of text
@@ -58,7 +56,7 @@ def text_prompt(rng: random.Random) -> str:
 
 
 def fill_block_index(
-    policy: BlockIndexPolicy, workers: list[Worker], blocks: int, rng: random.Random
+    policy: Any, workers: list[Worker], blocks: int, rng: random.Random
 ) -> list[list[int]]:
     """Feed BlockStored events until the index holds ``blocks`` blocks; returns the prompts."""
     index = policy.block_index
@@ -80,9 +78,7 @@ def fill_block_index(
     return prompts
 
 
-def fill_tree(
-    policy: CacheAwarePolicy, workers: list[Worker], blocks: int, rng: random.Random
-) -> list[str]:
+def fill_tree(policy: Any, workers: list[Worker], blocks: int, rng: random.Random) -> list[str]:
     prompts = []
     chars = 0
     i = 0
@@ -101,34 +97,26 @@ def bench_policy(name: str, blocks: int, requests: int, seed: int) -> dict[str, 
     policy = make_policy(name, seed=seed)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     fill_started = time.perf_counter()
-    texts: list[str] = []  # what cache_aware indexed (text)
-    token_lists: list[list[int]] = []  # what a block-index policy indexed (token ids)
-    if isinstance(policy, CacheAwarePolicy):
-        texts = fill_tree(policy, workers, blocks, rng)
-        size = policy.indexed_chars // CHARS_PER_BLOCK
-    elif isinstance(policy, BlockIndexPolicy):
-        token_lists = fill_block_index(policy, workers, blocks, rng)
-        size = policy.block_index.confirmed_blocks
+    if name == "cache_aware":
+        indexed: list[Any] = fill_tree(policy, workers, blocks, rng)
+        size = policy.indexed_chars // CHARS_PER_BLOCK  # type: ignore[attr-defined]
     else:
-        raise ValueError(f"--policies: {name!r} keeps no prefix index; allowed: cache_aware, "
-                         "or a policy on a block index (precise, cost)")  # fmt: skip
+        indexed = fill_block_index(policy, workers, blocks, rng)
+        size = policy.block_index.confirmed_blocks  # type: ignore[attr-defined]
     fill_seconds = time.perf_counter() - fill_started
     queries: list[RouteRequest] = []
     for i in range(requests):
-        if isinstance(policy, CacheAwarePolicy):
-            base_text = rng.choice(texts)
+        base = rng.choice(indexed)
+        if name == "cache_aware":
             text = (
-                base_text[: 24 * CHARS_PER_BLOCK] + text_prompt(rng)[: 7 * CHARS_PER_BLOCK]
+                base[: 24 * CHARS_PER_BLOCK] + text_prompt(rng)[: 7 * CHARS_PER_BLOCK]
                 if i % 2
                 else text_prompt(rng)
             )
             queries.append(RouteRequest("", text, None))
         else:
-            base_tokens = rng.choice(token_lists)
             tokens = (
-                base_tokens[: 24 * PAGE] + token_prompt(rng)[: 7 * PAGE]
-                if i % 2
-                else token_prompt(rng)
+                base[: 24 * PAGE] + token_prompt(rng)[: 7 * PAGE] if i % 2 else token_prompt(rng)
             )
             queries.append(RouteRequest("", "", tokens))
     gc.collect()
