@@ -16,7 +16,7 @@ from tpuserve.up.errors import UpError
 
 
 class LoadRequest(Protocol):
-    """One request of a load trace (`tpuserve.bench.workloads.TraceRequest` fits)."""
+    """One request of a load trace (`tpuserve.bench.traces.TraceRequest` fits)."""
 
     @property
     def t(self) -> float:
