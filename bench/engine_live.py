@@ -19,13 +19,16 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import aiohttp
 
 ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
 
 
-async def load(url: str, seconds: float, concurrency: int, max_tokens: int, path: str) -> dict:
+async def load(
+    url: str, seconds: float, concurrency: int, max_tokens: int, path: str
+) -> dict[str, Any]:
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds

@@ -29,10 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client as k8s
-from kubernetes import watch
-
-from tpuserve.cluster import Cluster, NodePool
+from tpuserve.cluster import Cluster, NodePool, kube
 from tpuserve.cluster.ports import free_port
 from tpuserve.cluster.process import ManagedProcess, wait_for
 from tpuserve_operator import labels
@@ -67,9 +64,10 @@ class ChildWatcher:
     """Watches every child kind in a namespace and remembers when each object first appeared
     (watch events, not polling, so measuring adds no load and no polling granularity)."""
 
-    def __init__(self, api: k8s.ApiClient, namespace: str, lws: bool) -> None:
-        core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
-        rbac, policy = k8s.RbacAuthorizationV1Api(api), k8s.PolicyV1Api(api)
+    def __init__(self, api: Any, namespace: str, lws: bool) -> None:
+        client = kube.client()
+        core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        rbac, policy = client.RbacAuthorizationV1Api(api), client.PolicyV1Api(api)
         self._listers: list[tuple[str, Any]] = [
             ("Service", core.list_namespaced_service),
             ("ConfigMap", core.list_namespaced_config_map),
@@ -81,7 +79,7 @@ class ChildWatcher:
             ("PodDisruptionBudget", policy.list_namespaced_pod_disruption_budget),
         ]
         if lws:
-            custom = k8s.CustomObjectsApi(api)
+            custom = client.CustomObjectsApi(api)
 
             def list_lws(namespace: str, **kw: Any) -> Any:
                 return custom.list_namespaced_custom_object(
@@ -92,19 +90,19 @@ class ChildWatcher:
         self.namespace = namespace
         self.seen: dict[tuple[str, str], float] = {}
         self._changed = threading.Condition()
-        self._watches: list[watch.Watch] = []
+        self._watches: list[Any] = []  # kubernetes.watch.Watch
         self._threads: list[threading.Thread] = []
         self._stopping = False
 
     def start(self) -> None:
         for kind, lister in self._listers:
-            stream = watch.Watch()
+            stream = kube.watch().Watch()
             self._watches.append(stream)
             thread = threading.Thread(target=self._follow, args=(kind, lister, stream), daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _follow(self, kind: str, lister: Any, stream: watch.Watch) -> None:
+    def _follow(self, kind: str, lister: Any, stream: Any) -> None:
         selector = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
         try:
             for event in stream.stream(lister, self.namespace, label_selector=selector):
@@ -135,16 +133,19 @@ class ChildWatcher:
             stream.stop()
 
 
-def create(api: k8s.ApiClient, namespace: str, body: dict[str, Any]) -> None:
-    k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+def create(api: Any, namespace: str, body: dict[str, Any]) -> None:
+    kube.client().CustomObjectsApi(api).create_namespaced_custom_object(
         labels.GROUP, labels.VERSION, namespace, labels.PLURAL, body
     )
 
 
-def list_servers(api: k8s.ApiClient, namespace: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = k8s.CustomObjectsApi(api).list_namespaced_custom_object(
-        labels.GROUP, labels.VERSION, namespace, labels.PLURAL
-    )["items"]
+def list_servers(api: Any, namespace: str) -> list[dict[str, Any]]:
+    listing = (
+        kube.client()
+        .CustomObjectsApi(api)
+        .list_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, labels.PLURAL)
+    )
+    items: list[dict[str, Any]] = listing["items"]
     return items
 
 
@@ -246,12 +247,12 @@ def _http_ok(url: str) -> bool:
 
 def run(
     cluster: Cluster,
-    api: k8s.ApiClient,
+    api: Any,
     operator: ManagedProcess,
     args: argparse.Namespace,
     lws: bool,
 ) -> dict[str, Any]:
-    core = k8s.CoreV1Api(api)
+    core = kube.client().CoreV1Api(api)
     core.create_namespace({"metadata": {"name": "bench-latency"}})
     core.create_namespace({"metadata": {"name": "bench-burst"}})
     wanted = expected_children("bench-latency", lws)

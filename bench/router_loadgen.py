@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import httptools
 
@@ -56,7 +57,8 @@ class _Client(asyncio.Protocol):
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A TCP connection's transport (uvloop's does not subclass asyncio.Transport).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.parser.feed_data(data)

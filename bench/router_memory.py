@@ -28,9 +28,11 @@ from typing import Any
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import router_overhead as ro
-from router_loadgen import build_request, closed_loop
+# Run as a script (`python bench/router_memory.py`): the checkout's root first, so `bench.*`
+# is this checkout's even when another one is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import router_overhead as ro
+from bench.router_loadgen import build_request, closed_loop
 
 
 def rss_mib(pid: int) -> float:

@@ -43,8 +43,10 @@ from typing import Any
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from router_loadgen import build_request, closed_loop, open_loop, percentile
+# Run as a script (`python bench/router_overhead.py`): the checkout's root first, so `bench.*`
+# is this checkout's even when another one is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.router_loadgen import build_request, closed_loop, open_loop, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
@@ -273,7 +275,7 @@ def run_router(kind: RouterKind, engines: list[Proc], args: argparse.Namespace,
 
 
 def median(rows: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in rows)
+    return float(statistics.median(r[key] for r in rows))
 
 
 def main() -> int:

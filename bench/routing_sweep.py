@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tpuserve.bench import sizing, workloads
+from tpuserve.bench import sizing, traces, workloads
 from tpuserve.bench.anchors import policy_names
 from tpuserve.bench.report import RequestRecord, measured, summarize
 from tpuserve.bench.sim_runner import SimConfig, measure_rr_saturation, run_sim
@@ -149,7 +149,7 @@ def main() -> int:
             pooled: list[RequestRecord] = []
             started = time.perf_counter()
             for trace, config, mu in prepared:
-                scaled = workloads.rescale_to_rate(trace, load * mu)
+                scaled = traces.rescale_to_rate(trace, load * mu)
                 result = run_sim(scaled, policy, config)
                 summary = summarize(policy, result.records, result.samples)
                 summary.update(mu_rr=mu, rate=load * mu, cache_tokens=config.cache_tokens)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ def _failure(
 
 
 def eventually(
-    check: Callable[[], T],
+    check: Callable[[], T | None],
     *,
     what: str,
     timeout_seconds: float = 10.0,
@@ -50,6 +50,7 @@ def eventually(
     """Call `check` until it returns a truthy value and return that value.
 
     Exceptions of the types in `ignore` count as "not yet"; any other exception fails at once.
+    A check may return None for "not yet": the value returned is then typed without None.
     """
     deadline = time.monotonic() + timeout_seconds
     last: object = None
@@ -69,8 +70,32 @@ def eventually(
         time.sleep(interval_seconds)
 
 
+@overload
 async def eventually_async(
-    check: Callable[[], T | Awaitable[T]],
+    check: Callable[[], Awaitable[T | None]],
+    *,
+    what: str,
+    timeout_seconds: float = 10.0,
+    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+    context: Callable[[], str] | None = None,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T: ...
+
+
+@overload
+async def eventually_async(
+    check: Callable[[], T | None],
+    *,
+    what: str,
+    timeout_seconds: float = 10.0,
+    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+    context: Callable[[], str] | None = None,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T: ...
+
+
+async def eventually_async(
+    check: Callable[[], T | Awaitable[T | None] | None],
     *,
     what: str,
     timeout_seconds: float = 10.0,
@@ -86,7 +111,7 @@ async def eventually_async(
     while True:
         try:
             result = check()
-            value: T = await result if isinstance(result, Awaitable) else result
+            value = await result if isinstance(result, Awaitable) else result
         except ignore as err:
             error = err
         else:

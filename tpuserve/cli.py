@@ -37,7 +37,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(("router",), "tpuserve_router.cli", "Run the prefix-aware router."),
     Command(("operator",), "tpuserve_operator.cli", "Run the TPUModelServer operator."),
     Command(("render",), "tpuserve_operator.render_cli", "Print a TPUModelServer's children."),
-    Command(("up",), "tpuserve.up", "Run a local fleet: engine twins and the router."),
+    Command(("up",), "tpuserve.up.command", "Run a local fleet: engine twins and the router."),
     Command(("bench",), "tpuserve.bench.cli", "Benchmark routing policies on a workload."),
     Command(("cluster", "up"), "tpuserve.cluster.cli_up", "Start a local control plane."),
     Command(("cluster", "down"), "tpuserve.cluster.cli_down", "Stop the local control plane."),

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chart_helpers import Render, find_tool, make_renderer
+
+from tests.chart.chart_helpers import Render, find_tool, make_renderer
 
 
 @pytest.fixture(scope="session")

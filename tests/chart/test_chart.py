@@ -11,10 +11,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from chart_helpers import CHART, MONITORING_APIS, VALUES_DIR, Render, run_helm
-from monitoring_schemas import SCHEMAS
 
 from sglang_tpu.topology import generation_names
+from tests.chart.chart_helpers import CHART, MONITORING_APIS, VALUES_DIR, Render, run_helm
+from tests.chart.monitoring_schemas import SCHEMAS
 from tpuserve_operator import labels
 
 pytestmark = pytest.mark.component

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import CHART, VALUES_DIR, Render
 
 import tpuserve_operator.cli as operator_cli
+from tests.chart.chart_helpers import CHART, VALUES_DIR, Render
 from tpuserve import cli
 from tpuserve_operator import labels
 from tpuserve_router.config import DEFAULT_POLICY

@@ -10,6 +10,11 @@ Fixtures for e2e tests (see docs/development.md, "The e2e fixture"):
   remove any pool you add.
 - ``namespace`` (function): a fresh namespace, deleted (and waited for) after the test.
 - ``core_v1``: a `kubernetes.client.CoreV1Api` bound to the cluster.
+- ``operator_kubeconfig`` (session): the CRDs plus a ServiceAccount with exactly the operator's
+  generated RBAC rules; the kubeconfig that authenticates as it.
+- ``operator`` (module): `tpuserve operator` as a local process, run once per workload kind
+  (``--workload leaderworkerset``, then ``statefulset``): every test using it runs twice. A
+  module that needs other flags defines its own ``operator`` fixture (with `run_operator`).
 
 Without the control-plane binaries the tests skip, saying how to build them; under CI=true
 they fail instead, so CI never counts a skipped e2e suite as a pass. When a test that used the
@@ -20,13 +25,22 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tpuserve.cluster import Cluster, Toolchain, ToolchainMissing
-from tpuserve.cluster.process import wait_for
+from tests.e2e.tms_harness import (
+    NOT_YET,
+    POLL_SECONDS,
+    WORKLOADS,
+    OperatorProcess,
+    install_operator_rbac,
+    run_operator,
+)
+from tests.waiting import eventually
+from tpuserve.cluster import Cluster, Toolchain, ToolchainMissing, kube
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 NAMESPACE_DELETE_TIMEOUT_SECONDS = 120.0
@@ -71,11 +85,9 @@ def cluster(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> I
 
 @pytest.fixture
 def core_v1(cluster: Cluster) -> Iterator[Any]:
-    import kubernetes.client
-
     api = cluster.api_client()
     try:
-        yield kubernetes.client.CoreV1Api(api)
+        yield kube.client().CoreV1Api(api)
     finally:
         api.close()
 
@@ -91,16 +103,36 @@ def namespace(cluster: Cluster, core_v1: Any) -> Iterator[str]:
     # The namespace is Terminating, so nothing can recreate pods; removing them now rather than
     # when the namespace controller gets to them saves seconds per test.
     core_v1.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    wait_for(
-        f"pods of namespace {name} to be deleted",
+    eventually(
         lambda: not core_v1.list_namespaced_pod(name).items,
-        NAMESPACE_DELETE_TIMEOUT_SECONDS,
+        what=f"pods of namespace {name} to be deleted",
+        timeout_seconds=NAMESPACE_DELETE_TIMEOUT_SECONDS,
+        interval_seconds=POLL_SECONDS,
+        ignore=NOT_YET,
     )
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+@pytest.fixture(scope="session")
+def operator_kubeconfig(cluster: Cluster) -> Path:
+    return install_operator_rbac(cluster)
+
+
+@pytest.fixture(scope="module", params=sorted(WORKLOADS))
+def operator(
+    request: pytest.FixtureRequest,
+    cluster: Cluster,
+    operator_kubeconfig: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    log_dir = tmp_path_factory.mktemp(f"operator-{request.param}")
+    yield from run_operator(cluster, operator_kubeconfig, log_dir, "--workload", request.param)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
     if report.failed and _session_clusters and "cluster" in getattr(item, "fixturenames", ()):
         report.sections.append(("control-plane logs", _session_clusters[-1].log_report()))
+    return report

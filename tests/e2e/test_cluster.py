@@ -15,9 +15,11 @@ import pytest
 import yaml
 
 from sglang_tpu import topology
-from tpuserve.cluster import Cluster, NodePool, load_profile
+from tests.e2e.tms_harness import NOT_YET, POLL_SECONDS
+from tests.waiting import eventually
+from tpuserve.cluster import Cluster, NodePool, kube, load_profile
 from tpuserve.cluster.node_pools import FAKE_NODE_LABEL
-from tpuserve.cluster.process import ManagedProcess, wait_for
+from tpuserve.cluster.process import ManagedProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -79,15 +81,17 @@ def wait_pods(
     check: Callable[[Any], bool] = pod_ready,
     what: str = "Running and Ready",
 ) -> list[Any]:
-    pods: list[Any] = []
+    def done() -> list[Any] | None:
+        pods: list[Any] = core_v1.list_namespaced_pod(namespace, label_selector=selector).items
+        return pods if len(pods) == count and all(check(p) for p in pods) else None
 
-    def done() -> bool:
-        nonlocal pods
-        pods = core_v1.list_namespaced_pod(namespace, label_selector=selector).items
-        return len(pods) == count and all(check(p) for p in pods)
-
-    wait_for(f"{count} pods {selector} {what}", done, POD_TIMEOUT_SECONDS)
-    return pods
+    return eventually(
+        done,
+        what=f"{count} pods {selector} {what}",
+        timeout_seconds=POD_TIMEOUT_SECONDS,
+        interval_seconds=POLL_SECONDS,
+        ignore=NOT_YET,
+    )
 
 
 def node_pool_of(core_v1: Any, node_name: str) -> str:
@@ -185,8 +189,6 @@ def test_helm_installs_a_chart_that_requires_this_kubernetes_version(
 def test_service_account_kubeconfig_is_bound_by_rbac(
     cluster: Cluster, core_v1: Any, namespace: str
 ) -> None:
-    import kubernetes.client
-
     core_v1.create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
     kubeconfig = cluster.service_account_kubeconfig(namespace, "reader")
     as_reader = ["--kubeconfig", str(kubeconfig), "--namespace", namespace]
@@ -195,7 +197,7 @@ def test_service_account_kubeconfig_is_bound_by_rbac(
     assert "forbidden" in denied.stderr.lower()
     api = cluster.api_client()
     try:
-        rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+        rbac = kube.client().RbacAuthorizationV1Api(api)
         rbac.create_namespaced_role(
             namespace,
             {
@@ -217,10 +219,12 @@ def test_service_account_kubeconfig_is_bound_by_rbac(
         )
     finally:
         api.close()
-    wait_for(
-        "the reader to be allowed to list pods",
+    eventually(
         lambda: cluster.kubectl(*as_reader, "get", "pods", check=False).returncode == 0,
-        POD_TIMEOUT_SECONDS,
+        what="the reader to be allowed to list pods",
+        timeout_seconds=POD_TIMEOUT_SECONDS,
+        interval_seconds=POLL_SECONDS,
+        ignore=NOT_YET,
     )
     assert cluster.kubectl(*as_reader, "get", "nodes", check=False).returncode != 0
 
@@ -246,8 +250,6 @@ def test_ready_pods_are_listed_ready_in_their_services_endpointslice(
     cluster: Cluster, core_v1: Any, namespace: str
 ) -> None:
     """kwok marks pods Ready, so EndpointSlices list them, as router discovery expects."""
-    import kubernetes.client
-
     core_v1.create_namespaced_pod(
         namespace, pod_body("leader-0", tpu_pod_spec("v6e", "2x4"), {"app": "leader"})
     )
@@ -261,18 +263,21 @@ def test_ready_pods_are_listed_ready_in_their_services_endpointslice(
     (pod,) = wait_pods(core_v1, namespace, "app=leader", 1)
     api = cluster.api_client()
     try:
-        discovery = kubernetes.client.DiscoveryV1Api(api)
-        endpoints: list[Any] = []
+        discovery = kube.client().DiscoveryV1Api(api)
 
-        def listed() -> bool:
-            nonlocal endpoints
+        def listed() -> list[Any]:
             slices = discovery.list_namespaced_endpoint_slice(
                 namespace, label_selector="kubernetes.io/service-name=leaders"
             ).items
-            endpoints = [e for s in slices for e in s.endpoints or []]
-            return bool(endpoints)
+            return [e for s in slices for e in s.endpoints or []]
 
-        wait_for("the leaders EndpointSlice", listed, POD_TIMEOUT_SECONDS)
+        endpoints = eventually(
+            listed,
+            what="the leaders EndpointSlice",
+            timeout_seconds=POD_TIMEOUT_SECONDS,
+            interval_seconds=POLL_SECONDS,
+            ignore=NOT_YET,
+        )
     finally:
         api.close()
     (endpoint,) = endpoints
@@ -294,11 +299,9 @@ def test_tpu_pod_without_the_toleration_stays_pending_unschedulable(
 def test_statefulset_of_four_hosts_fills_one_pools_four_nodes(
     cluster: Cluster, core_v1: Any, namespace: str
 ) -> None:
-    import kubernetes.client
-
     api = cluster.api_client()
     try:
-        kubernetes.client.AppsV1Api(api).create_namespaced_stateful_set(
+        kube.client().AppsV1Api(api).create_namespaced_stateful_set(
             namespace,
             {
                 "metadata": {"name": "slice"},
@@ -348,10 +351,12 @@ def test_exhausted_capacity_leaves_pods_pending_until_a_pool_is_added(
         assert pools == ["tpu7x-2x2x2"] * 2 + ["tpu7x-2x2x2-extra"] * 2
     finally:
         core_v1.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        wait_for(
-            "ironwood pods deleted",
+        eventually(
             lambda: not core_v1.list_namespaced_pod(namespace).items,
-            POD_TIMEOUT_SECONDS,
+            what="ironwood pods deleted",
+            timeout_seconds=POD_TIMEOUT_SECONDS,
+            interval_seconds=POLL_SECONDS,
+            ignore=NOT_YET,
         )
         cluster.remove_node_pool(extra.name)
     assert not core_v1.list_node(label_selector=f"{topology.NODE_POOL_LABEL}={extra.name}").items
@@ -368,12 +373,10 @@ def test_leaderworkerset_group_gets_its_worker_pods(
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"{reason} (CI=true: e2e tests never skip)")
         pytest.skip(reason)
-    import kubernetes.client
-
     spec = tpu_pod_spec("v6e", "4x4", pool="v6e-4x4-a")
     api = cluster.api_client()
     try:
-        kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        kube.client().CustomObjectsApi(api).create_namespaced_custom_object(
             "leaderworkerset.x-k8s.io",
             "v1",
             namespace,

@@ -7,9 +7,7 @@ reconcile passes fail."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,15 +16,15 @@ from urllib.parse import urlencode
 import aiohttp
 import pytest
 import yaml
-from tms_harness import (  # noqa: F401  (fixtures)
+
+from tests.e2e.tms_harness import (
     OperatorProcess,
     apply,
-    operator_kubeconfig,
     run_operator,
     server,
     wait_condition,
 )
-
+from tests.waiting import eventually_async
 from tpuserve.cluster import Cluster
 from tpuserve.cluster.ports import free_port
 from tpuserve.observability import catalog, generate, local_prometheus, rules
@@ -41,7 +39,7 @@ OPERATOR_ALERTS = ("TPUServeOperatorReconcileErrors", "TPUServeTPUPodsUnschedula
 @pytest.fixture(scope="module")
 def operator(
     cluster: Cluster,
-    operator_kubeconfig: Path,  # noqa: F811
+    operator_kubeconfig: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     yield from run_operator(cluster, operator_kubeconfig, tmp_path_factory.mktemp("operator"))
@@ -110,20 +108,26 @@ async def test_operator_dashboard_and_alerts_return_data_from_a_live_operator(
         assert len(expressions) > len(OPERATOR_ALERTS)
         empty = dict(expressions)
         found: dict[str, list[Any]] = {}
-        deadline = time.monotonic() + DEADLINE_SECONDS
         async with aiohttp.ClientSession() as session:
-            while empty and time.monotonic() < deadline:
+
+            async def every_expression_has_data() -> bool:
                 for key, expr in list(empty.items()):
                     result = await query(session, prometheus.url, expr)
                     if result:
                         found[key] = result
                         del empty[key]
-                if empty:
-                    await asyncio.sleep(1.0)
+                return not empty
+
+            await eventually_async(
+                every_expression_has_data,
+                what="data for every operator panel and alert",
+                timeout_seconds=DEADLINE_SECONDS,
+                interval_seconds=1.0,
+                context=lambda: f"still no data: {sorted(empty)}\n{operator.log_report()}",
+            )
             names = await (
                 await session.get(prometheus.url + "/api/v1/label/__name__/values")
             ).json()
-        assert not empty, f"no data after {DEADLINE_SECONDS:g} s: {sorted(empty)}"
     finally:
         await prometheus.stop()
 

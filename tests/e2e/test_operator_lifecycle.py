@@ -11,25 +11,21 @@ import threading
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
-from kubernetes import watch
-from tms_harness import (  # noqa: F401  (fixtures)
+
+from tests.e2e.tms_harness import (
     OperatorProcess,
     apply,
     children,
     condition,
     engine_pods,
     get,
-    operator_kubeconfig,
-    operator_per_workload,
     server,
     tms,
     wait_condition,
     wait_until,
     workload_kind,
 )
-
-from tpuserve.cluster import Cluster, NodePool
+from tpuserve.cluster import Cluster, NodePool, kube
 from tpuserve_operator import labels
 
 pytestmark = pytest.mark.e2e
@@ -147,7 +143,7 @@ def test_autoscaling_creates_an_hpa_that_scales_through_the_scale_subresource(
     def metric_unavailable() -> bool:  # no adapter here: the HPA says so, and holds the bounds
         got = hpa_of(cluster, namespace, "auto")
         found = {c["type"]: c for c in got["status"].get("conditions", [])}
-        return found.get("ScalingActive", {}).get("status") == "False"
+        return bool(found.get("ScalingActive", {}).get("status") == "False")
 
     wait_until("the HPA to report ScalingActive=False", metric_unavailable, operator)
     assert tms(cluster, namespace, "auto")["spec"]["replicas"] == 2
@@ -183,7 +179,7 @@ def test_a_spec_change_rolls_groups_and_never_leaves_zero_ready(
     wait_ready_replicas(cluster, namespace, "roll", 2, operator)
     old_revision = status(cluster, namespace, "roll")["revision"]
     api_client = cluster.api_client()
-    core = k8s.CoreV1Api(api_client)
+    core = kube.client().CoreV1Api(api_client)
     selector = f"{labels.INSTANCE}=roll,{labels.COMPONENT}={labels.COMPONENT_MODEL_SERVER}"
     listing = core.list_namespaced_pod(namespace, label_selector=selector)
     pods: dict[str, dict[str, Any]] = {}
@@ -201,12 +197,12 @@ def test_a_spec_change_rolls_groups_and_never_leaves_zero_ready(
         remember(pod)
     assert len(_ready_groups(pods, hosts)) == 2
     patch = {"spec": {"engine": {"kvCacheDtype": "fp8"}}}
-    k8s.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+    kube.client().CustomObjectsApi(api_client).patch_namespaced_custom_object(
         labels.GROUP, labels.VERSION, namespace, labels.PLURAL, "roll", patch
     )
     lowest = 2
     finished = threading.Event()
-    stream = watch.Watch()
+    stream = kube.watch().Watch()
     try:
         for event in stream.stream(
             core.list_namespaced_pod,

@@ -8,21 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tms_harness import (  # noqa: F401  (fixtures)
-    OperatorProcess,
-    apply,
-    children,
-    condition,
-    engine_pods,
-    get,
-    operator_kubeconfig,
-    operator_per_workload,
-    server,
-    tms,
-    wait_condition,
-    wait_until,
-    workload_kind,
-)
 
 from sglang_tpu.topology import (
     ACCELERATOR_LABEL,
@@ -30,6 +15,19 @@ from sglang_tpu.topology import (
     TOPOLOGY_LABEL,
     TPU_RESOURCE,
     lookup,
+)
+from tests.e2e.tms_harness import (
+    OperatorProcess,
+    apply,
+    children,
+    condition,
+    engine_pods,
+    get,
+    server,
+    tms,
+    wait_condition,
+    wait_until,
+    workload_kind,
 )
 from tpuserve.cluster import Cluster, CommandError
 from tpuserve_operator import labels

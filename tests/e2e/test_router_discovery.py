@@ -34,20 +34,25 @@ from urllib.request import urlopen
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tms_harness import (  # noqa: F401  (fixtures)
+
+from sglang_tpu.metric_names import NUM_REQUESTS
+from tests.e2e.tms_harness import (
+    NOT_YET,
+    POLL_SECONDS,
+    TIMEOUT_SECONDS,
     OperatorProcess,
     apply,
     get,
-    operator_kubeconfig,
     run_operator,
     server,
+    wait_until,
+    while_running,
 )
-
-from sglang_tpu.metric_names import NUM_REQUESTS
+from tests.waiting import eventually
 from tpuserve.cluster import Cluster
 from tpuserve.cluster.kwok import POD_CIDR
 from tpuserve.cluster.ports import free_ports
-from tpuserve.cluster.process import ManagedProcess, tail, wait_for
+from tpuserve.cluster.process import ManagedProcess, tail
 from tpuserve_operator import labels
 from tpuserve_operator.render.router import ENV_NAMESPACE, ENV_SELECTOR
 from tpuserve_router.config import DEFAULT_POLICY, DEFAULT_WORKER_URL_ANNOTATION
@@ -58,7 +63,7 @@ pytestmark = pytest.mark.e2e
 NAME = "sim"
 REPLICAS = 2
 LOOPBACK = "127.0.0.0/8"
-TIMEOUT_SECONDS = 90.0
+START_TIMEOUT_SECONDS = 60.0
 READY_LINE = re.compile(r"^READY (http://\S+)$", re.MULTILINE)
 LISTENING_LINE = re.compile(r"tpuserve router: listening on (http://\S+)")
 # Long enough for several full KV pages, so every request makes its engine publish BlockStored.
@@ -68,7 +73,7 @@ QUESTION = "tell me about TPUs, their chips, slices, hosts and interconnect. " *
 @pytest.fixture(scope="module")
 def operator(
     cluster: Cluster,
-    operator_kubeconfig: Path,  # noqa: F811
+    operator_kubeconfig: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     log_dir = tmp_path_factory.mktemp("operator-router-discovery")
@@ -121,9 +126,13 @@ def start_engine(name: str, log_dir: Path) -> Engine:
     ]  # fmt: skip
     log = log_dir / f"{name}.log"
     process = ManagedProcess.spawn(name, argv, log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    wait_for(f"{name} to serve", lambda: bool(READY_LINE.search(log.read_text())), 60, process)
-    match = READY_LINE.search(log.read_text())
-    assert match is not None
+    match = eventually(
+        while_running(process, lambda: READY_LINE.search(log.read_text())),
+        what=f"{name} to serve",
+        timeout_seconds=START_TIMEOUT_SECONDS,
+        interval_seconds=POLL_SECONDS,
+        ignore=NOT_YET,
+    )
     return Engine(process, match.group(1))
 
 
@@ -198,10 +207,13 @@ def start_router(
     ]  # fmt: skip
     log = log_dir / "router.log"
     process = ManagedProcess.spawn("router", argv, log, env=env)
-    wait_for("the router to listen", lambda: bool(LISTENING_LINE.search(log.read_text())), 60,
-             process)  # fmt: skip
-    match = LISTENING_LINE.search(log.read_text())
-    assert match is not None
+    match = eventually(
+        while_running(process, lambda: LISTENING_LINE.search(log.read_text())),
+        what="the router to listen",
+        timeout_seconds=START_TIMEOUT_SECONDS,
+        interval_seconds=POLL_SECONDS,
+        ignore=NOT_YET,
+    )
     return Router(process, match.group(1)), variables, args
 
 
@@ -256,12 +268,11 @@ def test_ready_leaders_come_and_go_live_and_only_loopback_is_dialled(
         pods = engine_pods(cluster, namespace)
         return len(pods) == REPLICAS * hosts and all(is_ready(p) for p in pods)
 
-    wait_for("the model-server pods to run", pods_running, TIMEOUT_SECONDS, operator.process)
-    wait_for(
+    wait_until("the model-server pods to run", pods_running, operator)
+    wait_until(
         "the operator to render the router",
         lambda: len(router_deployments(cluster, namespace)) == 1,
-        TIMEOUT_SECONDS,
-        operator.process,
+        operator,
     )
     pods = engine_pods(cluster, namespace)
     leaders = [p["metadata"]["name"] for p in pods if is_leader(p)]
@@ -283,7 +294,13 @@ def test_ready_leaders_come_and_go_live_and_only_loopback_is_dialled(
         log = router.process.log_path
 
         def wait(what: str, check: Callable[[], bool]) -> None:
-            wait_for(what, check, TIMEOUT_SECONDS, router.process)
+            eventually(
+                while_running(router.process, check),
+                what=what,
+                timeout_seconds=TIMEOUT_SECONDS,
+                interval_seconds=POLL_SECONDS,
+                ignore=NOT_YET,
+            )
 
         # 1. Ready leaders with only kwok's fake pod IPs: reported as rejected, never workers.
         wait(

@@ -1,14 +1,14 @@
-"""Shared pieces of the operator's end-to-end tests (imported by tests/e2e/test_operator_*.py).
+"""Shared pieces of the end-to-end tests (the fixtures that use them are in conftest.py).
 
-- `operator_rbac`: the CRDs (generated files) and, in namespace `tpuserve-e2e`, a
+- `install_operator_rbac`: the CRDs (generated files) and, in namespace `tpuserve-e2e`, a
   ServiceAccount bound to exactly the generated RBAC rules; the operator runs with its
   token, so a missing permission fails the tests (least privilege checked for real);
 - `OperatorProcess`: `tpuserve operator` as a local process on loopback ports, logs to a
-  file that is printed when a wait fails; start, stop, kill -9, restart;
-- `operator_per_workload`: the module-scoped fixture `operator`, that operator run once per
-  workload kind (`--workload leaderworkerset`, then `statefulset`); a module that imports it
-  has the fixture, and `workload_kind(operator)` names what its replica groups are made of;
-- helpers to apply TPUModelServers and wait for conditions, with deadlines (no sleeps).
+  file that is shown when a wait fails; start, stop, kill -9, restart; `run_operator` runs
+  one for a fixture, and `workload_kind(operator)` names what its replica groups are made of;
+- `while_running` and `wait_until`: `tests.waiting.eventually` for checks that read a cluster
+  while a process of ours serves it (fail at once when it exits, show its log on timeout);
+- helpers to apply TPUModelServers and wait for their conditions.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
 
+from tests.waiting import eventually
 from tpuserve.cluster import Cluster
 from tpuserve.cluster.ports import free_port
-from tpuserve.cluster.process import ManagedProcess, tail, wait_for
+from tpuserve.cluster.process import ManagedProcess, tail
 from tpuserve_operator import labels, rbac
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,6 +35,31 @@ CRDS = REPO / "charts/tpuserve/crds"
 OPERATOR_NAMESPACE = "tpuserve-e2e"
 OPERATOR_ACCOUNT = "tpuserve-operator"
 TIMEOUT_SECONDS = 90.0
+# A check reads a cluster or a process that may be restarting or not listening yet: any error
+# it raises means "not yet" (a process of ours exiting is caught by `while_running` instead).
+NOT_YET = (Exception,)
+# Checks run kubectl or list objects: poll at a pace the shared 2-core machine can carry.
+POLL_SECONDS = 0.3
+
+T = TypeVar("T")
+
+
+def while_running(process: ManagedProcess | None, check: Callable[[], T]) -> Callable[[], T]:
+    """`check`, but failing the test at once once `process` has exited, with its log's end.
+
+    It fails with `pytest.fail`, which is no `Exception`, so `eventually(..., ignore=NOT_YET)`
+    does not take it for "not yet".
+    """
+
+    def checked() -> T:
+        if process is not None and not process.alive():
+            pytest.fail(
+                f"{process.name} exited (code {process.exit_code()}); "
+                f"last lines of {process.log_path}:\n{tail(process.log_path)}"
+            )
+        return check()
+
+    return checked
 
 
 @dataclass
@@ -81,11 +107,13 @@ class OperatorProcess:
         ]
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         self.process = ManagedProcess.spawn("operator", argv, self.log_path, env=env)
-        wait_for(
-            "the operator's liveness endpoint",
-            lambda: _http_ok(f"http://127.0.0.1:{self.liveness_port}/healthz"),
-            TIMEOUT_SECONDS,
-            process=self.process,
+        liveness = f"http://127.0.0.1:{self.liveness_port}/healthz"
+        eventually(
+            while_running(self.process, lambda: _http_ok(liveness)),
+            what="the operator's liveness endpoint",
+            timeout_seconds=TIMEOUT_SECONDS,
+            interval_seconds=POLL_SECONDS,
+            ignore=NOT_YET,
         )
 
     def stop(self) -> None:
@@ -117,6 +145,10 @@ class OperatorProcess:
 
     def log_tail(self) -> str:
         return tail(self.log_path, 60)
+
+    def log_report(self) -> str:
+        """The end of the operator's log, for a failed wait's message."""
+        return f"--- operator log ---\n{self.log_tail()}"
 
 
 def _http_ok(url: str) -> bool:
@@ -172,11 +204,6 @@ def install_operator_rbac(cluster: Cluster) -> Path:
     return cluster.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)
 
 
-@pytest.fixture(scope="session")
-def operator_kubeconfig(cluster: Cluster) -> Path:
-    return install_operator_rbac(cluster)
-
-
 def run_operator(
     cluster: Cluster, kubeconfig: Path, log_dir: Path, *extra_args: str
 ) -> Iterator[OperatorProcess]:
@@ -190,17 +217,6 @@ def run_operator(
 
 WORKLOADS = {"leaderworkerset": "LeaderWorkerSet", "statefulset": "StatefulSet"}
 """`tpuserve operator --workload` values and the kind each makes a replica group of."""
-
-
-@pytest.fixture(scope="module", params=sorted(WORKLOADS), name="operator")
-def operator_per_workload(
-    request: pytest.FixtureRequest,
-    cluster: Cluster,
-    operator_kubeconfig: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OperatorProcess]:
-    log_dir = tmp_path_factory.mktemp(f"operator-{request.param}")
-    yield from run_operator(cluster, operator_kubeconfig, log_dir, "--workload", request.param)
 
 
 def workload_kind(operator: OperatorProcess) -> str:
@@ -263,15 +279,19 @@ def condition(body: dict[str, Any], type_: str) -> dict[str, Any]:
 
 def wait_until(
     what: str,
-    check: Callable[[], bool],
+    check: Callable[[], T],
     operator: OperatorProcess,
     timeout_seconds: float = TIMEOUT_SECONDS,
-) -> None:
-    """Wait for `check`; on timeout, fail with the operator's log tail."""
-    try:
-        wait_for(what, check, timeout_seconds, process=operator.process)
-    except Exception as err:
-        raise AssertionError(f"{err}\n--- operator log ---\n{operator.log_tail()}") from None
+) -> T:
+    """`eventually(check)` while the operator runs; a timeout shows the operator's log tail."""
+    return eventually(
+        while_running(operator.process, check),
+        what=what,
+        timeout_seconds=timeout_seconds,
+        interval_seconds=POLL_SECONDS,
+        context=operator.log_report,
+        ignore=NOT_YET,
+    )
 
 
 def wait_condition(

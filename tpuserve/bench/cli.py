@@ -12,7 +12,7 @@ from typing import Any
 
 from sglang_tpu import cli_types, perf_model
 from sglang_tpu.topology import CatalogError, generation_names, lookup
-from tpuserve.bench import sizing, workloads
+from tpuserve.bench import sizing, traces, workloads
 from tpuserve.bench.anchors import policy_names
 from tpuserve.bench.report import SLO_FACTOR, RequestRecord, recovery_seconds, summarize
 from tpuserve.bench.sim_runner import Fault, SimConfig, measure_rr_saturation, run_sim
@@ -168,9 +168,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def load_trace(args: argparse.Namespace) -> tuple[list[workloads.TraceRequest], str]:
+def load_trace(args: argparse.Namespace) -> tuple[list[traces.TraceRequest], str]:
     if args.trace:
-        trace = workloads.read_trace(args.trace)
+        trace = traces.read_trace(args.trace)
         if args.requests:
             trace = trace[: args.requests]
         return trace, args.trace
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return _run(args)
-    except (workloads.TraceError, ValueError, CatalogError, LiveError) as err:
+    except (traces.TraceError, ValueError, CatalogError, LiveError) as err:
         print(f"tpuserve bench: {err}", file=sys.stderr)
         return 2
 
@@ -214,9 +214,9 @@ def _run(args: argparse.Namespace) -> int:
         if mu_rr is None:
             mu_rr = measure_rr_saturation(trace, config)
         rate = fraction * mu_rr
-    trace = workloads.rescale_to_rate(trace, rate)
+    trace = traces.rescale_to_rate(trace, rate)
     if args.write_trace:
-        workloads.write_trace(trace, args.write_trace)
+        traces.write_trace(trace, args.write_trace)
     fault_at = None
     if args.fault:
         fault_at = args.fault_at if args.fault_at is not None else trace[len(trace) // 2].t

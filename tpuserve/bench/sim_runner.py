@@ -46,7 +46,7 @@ from sglang_tpu.tokenizer import Tokenizer, load_tokenizer
 from sglang_tpu.topology import lookup
 from tpuserve.bench.anchors import AnchorContext, make_bench_policy
 from tpuserve.bench.report import SLO_FACTOR, LoadSamples, RequestRecord
-from tpuserve.bench.workloads import TraceRequest, token_ids_of
+from tpuserve.bench.traces import TraceRequest, token_ids_of
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.policies.base import Decision, NoHealthyWorker, Policy, RouteRequest
 from tpuserve_router.request_body import parse_chat, parse_completions

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sglang_tpu.tokenizer import Tokenizer, load_tokenizer
-from tpuserve.bench.workloads import TraceRequest, token_ids_of
+from tpuserve.bench.traces import TraceRequest, token_ids_of
 from tpuserve_router.block_index import block_keys
 
 DEMAND_SHARE_OF_FLEET = 0.7

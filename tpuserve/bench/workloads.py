@@ -1,20 +1,8 @@
-"""Benchmark workloads W0-W8 as seeded generators, and the JSON Lines trace format.
+"""Benchmark workloads W0-W8 as seeded generators of traces (`tpuserve.bench.traces`).
 
-A trace is one request per line::
-
-    {"id": "r1", "t": 0.125, "prompt": "..." | "messages": [...] | "prompt_token_ids": [...],
-     "max_tokens": 64, "session": "optional"}
-
-``t`` is the arrival time in seconds from the start. `read_trace` accepts exactly that (and
-Mooncake's ``{"timestamp", "input_length", "output_length", "hash_ids"}`` lines, converted as
-W7 describes); `write_trace` writes it.
-
-Text is built from words that are one token each in the shared tokenizer (a space and three
-lowercase letters, 4 characters), so a character-level router (sglang-router's 4 characters per
-token, llm-d's 64-character blocks) and a token-level router see the same prefixes, and the
-generators know every prompt's token ids without tokenizing. Chat prompts (W3, W4) are sent as
-``messages`` and rendered by the engine's ChatML template, so their token ids carry the
-template's special and role tokens.
+Prompts are built from the traces' one-token words, so the generators know every prompt's
+token ids without tokenizing. Chat prompts (W3, W4) are sent as ``messages`` and rendered by
+the engine's ChatML template, so their token ids carry the template's special and role tokens.
 
 The workloads, scaled from the published ones (docs/benchmarks.md; reference router.md §7.4):
 
@@ -32,236 +20,29 @@ W8 adversarial: one prefix takes 80 % of the traffic (W8b: sibling bursts of 16 
 
 Arrivals are Poisson (sessions start as a Poisson process; turns within a session follow after
 a think time). The nominal rate only fixes the order: runners rescale times to the rate asked
-for (`rescale_to_rate`).
+for (`traces.rescale_to_rate`).
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from sglang_tpu.tokenizer import Tokenizer, load_tokenizer
+from tpuserve.bench.traces import (
+    TraceError,
+    TraceRequest,
+    Vocabulary,
+    from_mooncake,
+    vocabulary,
+)
 
 NOMINAL_RATE = 10.0
 """Arrivals per second a generator uses before a runner rescales the trace."""
-
-
-class TraceError(ValueError):
-    """A trace line or a workload parameter that is not allowed; the message names it."""
-
-
-@dataclass(slots=True)
-class TraceRequest:
-    """One request of a trace (exactly one of prompt, messages, prompt_token_ids is set)."""
-
-    id: str
-    t: float
-    max_tokens: int
-    prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    prompt_token_ids: list[int] | None = None
-    session: str | None = None
-    token_ids: list[int] | None = field(default=None, repr=False)
-    """The prompt as the engine tokenizes it (template applied); filled lazily (`token_ids_of`)."""
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "t": round(self.t, 6)}
-        if self.prompt is not None:
-            out["prompt"] = self.prompt
-        elif self.messages is not None:
-            out["messages"] = self.messages
-        else:
-            out["prompt_token_ids"] = self.prompt_token_ids
-        out["max_tokens"] = self.max_tokens
-        if self.session is not None:
-            out["session"] = self.session
-        return out
-
-    def body(self) -> tuple[str, dict[str, Any]]:
-        """The HTTP route and JSON body that send this request (without model/stream)."""
-        if self.messages is not None:
-            return "/v1/chat/completions", {
-                "messages": self.messages,
-                "max_tokens": self.max_tokens,
-            }
-        prompt: Any = self.prompt if self.prompt is not None else self.prompt_token_ids
-        return "/v1/completions", {"prompt": prompt, "max_tokens": self.max_tokens}
-
-
-# ---------------------------------------------------------------------------------- trace I/O
-
-
-def write_trace(requests: Iterable[TraceRequest], path: str | Path) -> int:
-    """Write `requests` as JSON Lines; returns how many were written."""
-    n = 0
-    with open(path, "wb") as f:
-        for req in requests:
-            f.write(orjson.dumps(req.to_json()) + b"\n")
-            n += 1
-    return n
-
-
-def read_trace(path: str | Path, mooncake_block_tokens: int = 512) -> list[TraceRequest]:
-    """Read a trace file (our format, or Mooncake's); TraceError names the line and field."""
-    out: list[TraceRequest] = []
-    try:
-        lines = Path(path).read_bytes().splitlines()
-    except OSError as err:
-        raise TraceError(f"--trace: cannot read {str(path)!r}: {err.strerror}") from None
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as err:
-            raise TraceError(f"{path}:{number}: not valid JSON: {err}") from None
-        if not isinstance(data, dict):
-            raise TraceError(f"{path}:{number}: expected a JSON object per line")
-        if "hash_ids" in data:
-            out.append(_from_mooncake(data, f"{path}:{number}", mooncake_block_tokens))
-        else:
-            out.append(parse_trace_line(data, f"{path}:{number}"))
-    if not out:
-        raise TraceError(f"--trace: {path} holds no requests")
-    out.sort(key=lambda r: r.t)
-    return out
-
-
-def parse_trace_line(data: Mapping[str, Any], where: str) -> TraceRequest:
-    """One request of our format; TraceError naming `where` and the field otherwise."""
-    rid = data.get("id")
-    if not isinstance(rid, str) or not rid:
-        raise TraceError(f"{where}: id must be a non-empty string, got {rid!r}")
-    t = data.get("t")
-    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
-        raise TraceError(f"{where}: t must be a number of seconds >= 0, got {t!r}")
-    max_tokens = data.get("max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise TraceError(f"{where}: max_tokens must be an integer >= 1, got {max_tokens!r}")
-    session = data.get("session")
-    if session is not None and not isinstance(session, str):
-        raise TraceError(f"{where}: session must be a string when given, got {session!r}")
-    given = [k for k in ("prompt", "messages", "prompt_token_ids") if k in data]
-    if len(given) != 1:
-        raise TraceError(
-            f"{where}: exactly one of prompt, messages, prompt_token_ids is allowed, got "
-            f"{', '.join(given) or 'none'}"
-        )
-    req = TraceRequest(rid, float(t), max_tokens, session=session)
-    key = given[0]
-    value = data[key]
-    if key == "prompt":
-        if not isinstance(value, str) or not value:
-            raise TraceError(f"{where}: prompt must be a non-empty string")
-        req.prompt = value
-    elif key == "messages":
-        if not isinstance(value, list) or not value:
-            raise TraceError(f"{where}: messages must be a non-empty list")
-        for i, message in enumerate(value):
-            if (
-                not isinstance(message, dict)
-                or not isinstance(message.get("role"), str)
-                or not isinstance(message.get("content"), str)
-            ):
-                raise TraceError(
-                    f"{where}: messages[{i}] must be an object with string role and content"
-                )
-        req.messages = value
-    else:
-        if (
-            not isinstance(value, list)
-            or not value
-            or not all(type(x) is int and x >= 0 for x in value)
-        ):
-            raise TraceError(f"{where}: prompt_token_ids must be a non-empty list of ids >= 0")
-        req.prompt_token_ids = value
-    return req
-
-
-def token_ids_of(req: TraceRequest, tokenizer: Tokenizer) -> list[int]:
-    """The prompt's token ids as the engine sees them (cached on the request)."""
-    if req.token_ids is None:
-        if req.prompt_token_ids is not None:
-            req.token_ids = req.prompt_token_ids
-        elif req.messages is not None:
-            req.token_ids = tokenizer.encode(tokenizer.apply_chat_template(req.messages))
-        else:
-            req.token_ids = tokenizer.encode(req.prompt or "")
-    return req.token_ids
-
-
-def rescale_to_rate(requests: Sequence[TraceRequest], rate: float) -> list[TraceRequest]:
-    """Copies of `requests` with arrival times scaled so the mean rate is `rate` per second."""
-    if rate <= 0 or not math.isfinite(rate):
-        raise TraceError(f"--rate: {rate!r} is not allowed; allowed: a number > 0")
-    current = mean_rate(requests)
-    factor = current / rate if current > 0 else 0.0
-    start = requests[0].t if requests else 0.0
-    out = []
-    for r in requests:
-        copy = TraceRequest(
-            r.id, (r.t - start) * factor, r.max_tokens, r.prompt, r.messages,
-            r.prompt_token_ids, r.session, r.token_ids,
-        )  # fmt: skip
-        out.append(copy)
-    return out
-
-
-def mean_rate(requests: Sequence[TraceRequest]) -> float:
-    """Requests per second over the trace's span (0 when all arrive at once)."""
-    if len(requests) < 2:
-        return 0.0
-    span = requests[-1].t - requests[0].t
-    return (len(requests) - 1) / span if span > 0 else 0.0
-
-
-# ---------------------------------------------------------------------------------- words
-
-
-class Vocabulary:
-    """Words that are one token each: `text` and `ids` of word indices agree exactly."""
-
-    SIZE = 26**3
-
-    def __init__(self, tokenizer: Tokenizer | None = None) -> None:
-        tok = tokenizer or load_tokenizer()
-        letters = "abcdefghijklmnopqrstuvwxyz"
-        self.words = [" " + "".join(w) for w in itertools.product(letters, repeat=3)]
-        ids = tok.encode("".join(self.words))
-        if len(ids) != len(self.words):
-            raise TraceError(
-                f"tokenizer {tok.name}: the benchmark's words are not one token each; "
-                "use the built-in tokenizer"
-            )
-        self.ids = ids
-        self.tokenizer = tok
-
-    def text(self, words: Sequence[int]) -> str:
-        w = self.words
-        return "".join([w[i] for i in words])
-
-    def token_ids(self, words: Sequence[int]) -> list[int]:
-        ids = self.ids
-        return [ids[i] for i in words]
-
-
-_VOCAB: Vocabulary | None = None
-
-
-def vocabulary() -> Vocabulary:
-    global _VOCAB
-    if _VOCAB is None:
-        _VOCAB = Vocabulary()
-    return _VOCAB
 
 
 class _Builder:
@@ -288,12 +69,6 @@ class _Builder:
     ) -> None:
         rid = f"r{len(self.requests)}"
         self.requests.append(TraceRequest(rid, t, max_tokens, messages=messages, session=session))
-
-    def add_ids(self, t: float, ids: list[int], max_tokens: int, session: str | None) -> None:
-        rid = f"r{len(self.requests)}"
-        req = TraceRequest(rid, t, max_tokens, prompt_token_ids=ids, session=session)
-        req.token_ids = ids
-        self.requests.append(req)
 
     def done(self, limit: int) -> list[TraceRequest]:
         out = sorted(self.requests, key=lambda r: r.t)[:limit]
@@ -439,37 +214,6 @@ def _w6(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
     return b.done(n)
 
 
-@functools.lru_cache(maxsize=65536)
-def _block_tokens(block_id: int, size: int) -> tuple[int, ...]:
-    """The deterministic content of one Mooncake hash-id block (token ids of benchmark words)."""
-    rng = random.Random(block_id * 0x9E3779B1 + 7)
-    ids = vocabulary().ids
-    return tuple([ids[rng.randrange(Vocabulary.SIZE)] for _ in range(size)])
-
-
-def _from_mooncake(data: Mapping[str, Any], where: str, block: int) -> TraceRequest:
-    try:
-        hash_ids = [int(h) for h in data["hash_ids"]]
-        input_length = int(data["input_length"])
-        output_length = int(data["output_length"])
-        timestamp_ms = float(data["timestamp"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise TraceError(
-            f"{where}: a Mooncake line needs timestamp, input_length, output_length and "
-            f"hash_ids ({err})"
-        ) from None
-    if input_length < 1 or output_length < 1 or not hash_ids:
-        raise TraceError(f"{where}: input_length, output_length and hash_ids must be positive")
-    ids: list[int] = []
-    for h in hash_ids:
-        ids.extend(_block_tokens(h, block))
-    ids = ids[:input_length] if len(ids) >= input_length else ids
-    return TraceRequest(
-        str(data.get("id", f"m{int(timestamp_ms)}-{hash_ids[0]}")),
-        timestamp_ms / 1000.0, output_length, prompt_token_ids=ids,
-    )  # fmt: skip
-
-
 def _w7(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
     """Synthetic Mooncake `conversation`-style sessions: each turn extends its hash_ids."""
     b = _Builder(seed, "W7")
@@ -489,7 +233,7 @@ def _w7(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
                 "timestamp": t * 1000.0, "input_length": input_length,
                 "output_length": rng.randint(32, 128), "hash_ids": hash_ids,
             }  # fmt: skip
-            req = _from_mooncake(line, "W7", block)
+            req = from_mooncake(line, "W7", block)
             req.session = f"s{s}"
             req.token_ids = req.prompt_token_ids
             b.requests.append(req)

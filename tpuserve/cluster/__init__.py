@@ -11,10 +11,11 @@ Public surface (see docs/development.md):
 - `Toolchain.discover()`, `ToolchainMissing`, `StartupError`, `CommandError`, `ProfileError`.
 """
 
-from tpuserve.cluster.cluster import Cluster, CommandError, default_run_dir
+from tpuserve.cluster.cluster import Cluster, default_run_dir
 from tpuserve.cluster.node_pools import DEFAULT_PROFILE, NodePool, ProfileError, load_profile
 from tpuserve.cluster.process import StartupError
 from tpuserve.cluster.toolchain import Toolchain, ToolchainMissing
+from tpuserve.cluster.tools import CommandError
 
 __all__ = [
     "DEFAULT_PROFILE",

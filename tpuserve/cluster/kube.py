@@ -18,6 +18,13 @@ def config() -> Any:
     return kubernetes.config
 
 
+def watch() -> Any:
+    """The `kubernetes.watch` module (its `Watch().stream(list_call, ...)` follows a list)."""
+    import kubernetes.watch
+
+    return kubernetes.watch
+
+
 def api_exception() -> type[Exception]:
     from kubernetes.client.exceptions import ApiException
 

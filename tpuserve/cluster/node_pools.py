@@ -109,10 +109,6 @@ class NodePool:
         if self.nodes < 1:
             raise ProfileError(f"{self.name}.nodes: {self.nodes!r} is not allowed; at least 1")
 
-    @property
-    def chips_per_node(self) -> int:
-        return self.shape.chips_per_host if self.shape else 0
-
     def node_names(self) -> list[str]:
         return [f"{NODE_NAME_PREFIX}-{self.name}-{i}" for i in range(self.nodes)]
 

@@ -7,12 +7,11 @@ import selectors
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from tpuserve.cluster.ports import free_port as free_port  # tests import it from here
+from tests.waiting import WaitTimeout, eventually
 
 START_TIMEOUT_SECONDS = 30.0
 ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
@@ -35,20 +34,29 @@ def start_engine(args: Sequence[str]) -> EngineProcess:
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
     )
-    assert proc.stdout is not None
+    stdout = proc.stdout
+    assert stdout is not None
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
+    sel.register(stdout, selectors.EVENT_READ)
+
+    def ready_url() -> str | None:
         if proc.poll() is not None:
             raise RuntimeError(f"engine exited with {proc.returncode} before serving")
-        if sel.select(timeout=0.5):
-            line = proc.stdout.readline()
+        if sel.select(timeout=0):
+            line = stdout.readline()
             if line.startswith("READY "):
-                return EngineProcess(proc, line.split()[1])
-    proc.kill()
-    proc.wait()
-    raise RuntimeError("engine did not print READY in time")
+                return line.split()[1]
+        return None
+
+    try:
+        url = eventually(
+            ready_url, what="the engine to print READY", timeout_seconds=START_TIMEOUT_SECONDS
+        )
+    except WaitTimeout:
+        proc.kill()
+        proc.wait()
+        raise
+    return EngineProcess(proc, url)
 
 
 @contextmanager

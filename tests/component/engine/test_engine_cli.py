@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pytest
-from engine_process import ENTRY, start_engine
+
+from tests.component.engine.engine_process import ENTRY, start_engine
+from tests.waiting import eventually_async
 
 pytestmark = pytest.mark.component
 
@@ -63,11 +64,14 @@ def test_sigterm_fails_health_finishes_in_flight_requests_and_exits_zero() -> No
             async with s.post(engine.url + "/v1/completions", json=body) as r:
                 await r.content.readline()  # the first token is out: the request is in flight
                 engine.proc.send_signal(15)
-                deadline = time.monotonic() + 20
-                health = 200
-                while health == 200 and time.monotonic() < deadline:
+
+                async def unhealthy() -> int | None:
                     async with s.get(engine.url + "/health") as h:
-                        health = h.status
+                        return None if h.status == 200 else h.status
+
+                health = await eventually_async(
+                    unhealthy, what="/health to fail once draining", timeout_seconds=20
+                )
                 chunks = [line async for line in r.content if line.startswith(b"data: ")]
             assert chunks[-1] == b"data: [DONE]\n"
             return health, r.status

@@ -7,12 +7,11 @@ and after an engine restart on the same endpoints (the sequence number restarts 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 
 import aiohttp
 import pytest
 import zmq
-from engine_process import free_port, running_engine
 
 from sglang_tpu.kv_events import (
     END_SEQ,
@@ -24,6 +23,9 @@ from sglang_tpu.kv_events import (
     parse_replay_reply,
     replay_request,
 )
+from tests.component.engine.engine_process import running_engine
+from tests.waiting import eventually
+from tpuserve.cluster.ports import free_port
 
 pytestmark = pytest.mark.component
 
@@ -132,15 +134,37 @@ def flush(url: str) -> None:
 
 
 def wait_until_rebuilt(sub: Rebuilder, url: str) -> Blocks:
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    view = debug_view(url)
-    while time.monotonic() < deadline:
+    """The engine's blocks, once the subscriber holds exactly them."""
+    views: list[Blocks] = []
+
+    def rebuilt() -> bool:
         sub.sub.poll(100)
         sub.drain()
-        view = debug_view(url)
-        if sub.blocks == view:
-            return view
-    raise AssertionError(f"subscriber holds {len(sub.blocks)} blocks, engine {len(view)}")
+        views.append(debug_view(url))
+        return sub.blocks == views[-1]
+
+    eventually(
+        rebuilt,
+        what="the subscriber to hold the engine's blocks",
+        timeout_seconds=DEADLINE_SECONDS,
+        context=lambda: f"subscriber holds {len(sub.blocks)} blocks, engine {len(views[-1])}",
+    )
+    return views[-1]
+
+
+def poke_until(sub: Rebuilder, url: str, tag: str, done: Callable[[], bool], what: str) -> None:
+    """Send a new prompt (new blocks, so new events) and read the events, until `done`."""
+    pokes = 0
+
+    def poked() -> bool:
+        nonlocal pokes
+        pokes += 1
+        send(url, prompts(1, f"{tag} {pokes}"))
+        sub.sub.poll(200)
+        sub.drain()
+        return done()
+
+    eventually(poked, what=what, timeout_seconds=DEADLINE_SECONDS)
 
 
 @pytest.fixture
@@ -163,13 +187,9 @@ def test_subscriber_rebuilds_cache_across_eviction_flush_and_restart(
     try:
         with running_engine(args) as engine:
             send(engine.url, prompts(1, "warmup"))  # a late-joining SUB may miss this
-            deadline = time.monotonic() + DEADLINE_SECONDS
-            hellos = 0
-            while sub.last_seq is None and time.monotonic() < deadline:
-                hellos += 1
-                send(engine.url, prompts(1, f"hello {hellos}"))
-                sub.sub.poll(200)
-                sub.drain()
+            poke_until(
+                sub, engine.url, "hello", lambda: sub.last_seq is not None, "a first live batch"
+            )
             sub.blocks = {}  # start over from the replayed history, as a late joiner does
             sub.last_seq = None
             assert sub.replay(0) > 0
@@ -188,13 +208,7 @@ def test_subscriber_rebuilds_cache_across_eviction_flush_and_restart(
 
         with running_engine(args) as engine:  # same endpoints: sequence restarts at 0
             send(engine.url, prompts(4, "restarted"))
-            deadline = time.monotonic() + DEADLINE_SECONDS
-            pokes = 0
-            while sub.restarts == 0 and time.monotonic() < deadline:
-                pokes += 1  # a new prompt each time, so every poke stores new blocks
-                send(engine.url, prompts(1, f"poke {pokes}"))
-                sub.sub.poll(200)
-                sub.drain()
+            poke_until(sub, engine.url, "poke", lambda: sub.restarts > 0, "the restart to be seen")
             assert sub.restarts == 1
             view = wait_until_rebuilt(sub, engine.url)
             assert view

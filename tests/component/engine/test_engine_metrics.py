@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 import pytest
-from engine_process import running_engine
 from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_tpu.metric_names import ALL_METRICS
+from tests.component.engine.engine_process import running_engine
 
 pytestmark = pytest.mark.component
 
@@ -32,8 +33,10 @@ def total(families: dict[str, tuple[str, dict[str, float]]], family: str, sample
     return sum(v for k, v in families[family][1].items() if k.startswith(sample + "["))
 
 
-def serve(url: str, n: int) -> list[dict[str, int]]:
-    async def go() -> list[dict[str, int]]:
+def serve(url: str, n: int) -> list[dict[str, Any]]:
+    """The `usage` of n completions (with `prompt_tokens_details`)."""
+
+    async def go() -> list[dict[str, Any]]:
         async with aiohttp.ClientSession() as s:
             usages = []
             for i in range(n):

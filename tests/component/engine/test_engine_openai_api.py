@@ -8,7 +8,9 @@ from collections.abc import Iterator
 import aiohttp
 import openai
 import pytest
-from engine_process import EngineProcess, running_engine
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.component.engine.engine_process import EngineProcess, running_engine
 
 pytestmark = pytest.mark.component
 
@@ -63,13 +65,17 @@ def test_streamed_chat_arrives_token_by_token_with_usage(client: openai.OpenAI) 
 
 
 def test_same_prompt_twice_reports_cached_tokens(client: openai.OpenAI) -> None:
-    messages = [{"role": "user", "content": LONG_PROMPT + " who measured the speed of light?"}]
-    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)  # type: ignore[arg-type]
-    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)  # type: ignore[arg-type]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": LONG_PROMPT + " who measured the speed of light?"}
+    ]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
     assert first.usage is not None
     assert second.usage is not None
     assert second.usage.prompt_tokens_details is not None
-    assert second.usage.prompt_tokens_details.cached_tokens > 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached is not None
+    assert cached > 0
     assert second.choices[0].message.content == first.choices[0].message.content
 
 

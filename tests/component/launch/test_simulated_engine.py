@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.error import URLError
 from urllib.request import urlopen
@@ -20,30 +19,26 @@ from urllib.request import urlopen
 import openai
 import pytest
 
+from tests.waiting import eventually
+from tpuserve.cluster.ports import free_port
+
 pytestmark = pytest.mark.component
 
 DEADLINE_SECONDS = 120
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def wait_healthy(url: str, launcher: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while True:
+    def healthy() -> bool:
         assert launcher.poll() is None, "the launcher exited before the engine was healthy"
-        try:
-            with urlopen(f"{url}/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (URLError, ConnectionError, TimeoutError):
-            pass
-        assert time.monotonic() < deadline, f"{url}/health not healthy in {DEADLINE_SECONDS}s"
-        time.sleep(0.1)
+        with urlopen(f"{url}/health", timeout=5) as response:
+            return bool(response.status == 200)
+
+    eventually(
+        healthy,
+        what=f"{url}/health to answer 200",
+        timeout_seconds=DEADLINE_SECONDS,
+        ignore=(URLError, ConnectionError, TimeoutError),
+    )
 
 
 def contract(host: int, http_port: int, kv_port: int) -> dict[str, str]:
@@ -97,12 +92,20 @@ def test_follower_holds_its_place_without_serving_and_stops_on_sigterm() -> None
         text=True,
     )
     try:
-        assert launcher.stderr is not None
-        deadline = time.monotonic() + DEADLINE_SECONDS
-        for line in launcher.stderr:  # the launcher logs the command it starts
-            if "starting: sleep infinity" in line:
-                break
-            assert time.monotonic() < deadline
+        stderr = launcher.stderr
+        assert stderr is not None
+
+        def started_holder() -> bool:  # the launcher logs the command it starts
+            line = stderr.readline()
+            assert line, "the launcher exited before starting its command"
+            return "starting: sleep infinity" in line
+
+        eventually(
+            started_holder,
+            what="the launcher to start `sleep infinity`",
+            timeout_seconds=DEADLINE_SECONDS,
+            interval_seconds=0,
+        )
         assert launcher.poll() is None
         with (
             pytest.raises(ConnectionRefusedError),

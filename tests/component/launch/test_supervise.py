@@ -11,11 +11,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from sglang_tpu.launch import supervise
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.component
 
@@ -48,10 +48,9 @@ def running(pid: int) -> bool:
 
 
 def wait_gone(pid: int) -> None:
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while running(pid):
-        assert time.monotonic() < deadline, f"process {pid} still alive"
-        time.sleep(0.05)
+    eventually(
+        lambda: not running(pid), what=f"process {pid} to be gone", timeout_seconds=DEADLINE_SECONDS
+    )
 
 
 DRAINS_ON_SIGTERM = """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TypedDict
 
 import pytest
 
@@ -75,18 +76,26 @@ MALFORMED: dict[Var, str] = {
 }
 
 
-def dry_run(env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+class Plan(TypedDict):
+    """What `launch --dry-run` prints: the server's environment and command line."""
+
+    env: dict[str, str]
+    command: list[str]
+
+
+def dry_run(env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> Plan:
     assert launch.launch(env, dry_run=True) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1  # exactly one JSON object
-    result: dict[str, object] = json.loads(out)
-    assert set(result) == {"env", "command"}
-    return result
+    plan: Plan = json.loads(out)
+    assert set(plan) == {"env", "command"}
+    assert all(isinstance(v, str) for v in plan["env"].values())
+    assert all(isinstance(a, str) for a in plan["command"])
+    return plan
 
 
-def flag(command: object, name: str) -> str:
-    assert isinstance(command, list)
-    return str(command[command.index(name) + 1])
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
 
 
 def test_every_variable_has_a_malformed_example() -> None:
@@ -182,9 +191,9 @@ def test_v6e_4x4_is_four_hosts_of_four_chips(capsys: pytest.CaptureFixture[str])
         assert env["TORCH_TPU_DEVICES_PER_HOST"] == "4"
         assert env["MASTER_ADDR"] == "srv-0.srv.ns.svc"
         assert len(env["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(",")) == 16
-    shared = {k for k in outs[0]["env"] if k not in ("NODE_RANK", "TPU_WORKER_ID")}  # type: ignore[union-attr]
+    shared = {k for k in outs[0]["env"] if k not in ("NODE_RANK", "TPU_WORKER_ID")}
     for out in outs[1:]:
-        assert {k: out["env"][k] for k in shared} == {k: outs[0]["env"][k] for k in shared}  # type: ignore[index]
+        assert {k: out["env"][k] for k in shared} == {k: outs[0]["env"][k] for k in shared}
 
 
 def test_engine_options_reach_the_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -220,14 +229,14 @@ def test_engine_options_reach_the_command(capsys: pytest.CaptureFixture[str]) ->
         "endpoint": "tcp://127.0.0.1:5557",
         "replay_endpoint": "tcp://127.0.0.1:5558",
     }
-    assert out["env"]["TORCH_TPU_DEFER_AND_FUSE"] == "1"  # type: ignore[index]
+    assert out["env"]["TORCH_TPU_DEFER_AND_FUSE"] == "1"
 
 
 def test_mtp_uses_sglangs_nextn_without_a_draft_model(capsys: pytest.CaptureFixture[str]) -> None:
     env = {**env_for("v6e", "2x4", 1, 8, 0), "TPUSERVE_SPECULATIVE_ALGORITHM": "MTP"}
     command = dry_run(env, capsys)["command"]
     assert flag(command, "--speculative-algorithm") == "NEXTN"
-    assert "--speculative-draft-model-path" not in command  # type: ignore[operator]
+    assert "--speculative-draft-model-path" not in command
 
 
 def test_compile_cache_is_keyed_by_slice_and_model(capsys: pytest.CaptureFixture[str]) -> None:
@@ -274,7 +283,7 @@ def test_simulated_leader_runs_the_engine_twin_with_the_same_slice_and_ports(
     assert args.kv_events_endpoint == "tcp://*:5557"
     assert args.kv_events_replay_endpoint == "tcp://*:5558"
     assert args.drain_grace_seconds == 20
-    assert out["env"]["NNODES"] == "2"  # type: ignore[index]
+    assert out["env"]["NNODES"] == "2"
 
 
 def test_simulated_follower_only_holds_its_place(capsys: pytest.CaptureFixture[str]) -> None:
@@ -318,7 +327,7 @@ def test_derived_variables_override_what_webhooks_injected() -> None:
 
 def test_no_derived_variable_is_empty(capsys: pytest.CaptureFixture[str]) -> None:
     out = dry_run(IRONWOOD, capsys)
-    assert all(value != "" for value in out["env"].values())  # type: ignore[union-attr]
+    assert all(value != "" for value in out["env"].values())
 
 
 @pytest.mark.parametrize(("returncode", "status"), [(0, 0), (3, 3), (-15, 143), (-9, 137)])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from sglang_tpu.kv_events import KVEvent
@@ -23,8 +26,12 @@ TOKENIZER = load_tokenizer()
 PALETTE = OutputPalette(TOKENIZER)
 
 
-def make_core(**overrides: object) -> EngineCore:
-    config = EngineConfig(**{"cache_tokens": 100_000, "page_size": 16, **overrides})  # type: ignore[arg-type]
+BASE_CONFIG = EngineConfig(cache_tokens=100_000, page_size=16)
+
+
+def make_core(**overrides: Any) -> EngineCore:
+    """A core on BASE_CONFIG with `overrides` (EngineConfig fields, as `dataclasses.replace`)."""
+    config = dataclasses.replace(BASE_CONFIG, **overrides)
     timer = StepTimer(lookup("v6e", "1x1"), get_profile("llama-3.1-8b"))
     return EngineCore(config, timer, PALETTE)
 

@@ -11,11 +11,14 @@ from sglang_tpu.perf_model import StepTimer, get_profile
 from sglang_tpu.topology import lookup
 from tpuserve.bench.anchors import ANCHORS, AnchorContext, make_bench_policy, policy_names
 from tpuserve.bench.anchors.base import AnchorUnavailable
+from tpuserve.bench.anchors.dynamo_cost import DynamoCost
 from tpuserve.bench.anchors.gie_approx import GieApprox
+from tpuserve.bench.anchors.oracle import Oracle
 from tpuserve.bench.anchors.sglang_cache_aware import (
     CLI_DEFAULTS,
     STRUCT_DEFAULTS,
     SglangCacheAware,
+    SglangDefaults,
 )
 from tpuserve.bench.anchors.sglang_tree import EMPTY, SglangTree
 from tpuserve_router.policies.base import NoHealthyWorker, RouteRequest
@@ -117,8 +120,8 @@ def test_tree_remove_tenant_forgets_its_text() -> None:
 # ------------------------------------------------------------------ sglang cache_aware v1 / v2
 
 
-def _sglang(miss_path: str, defaults: object = CLI_DEFAULTS) -> SglangCacheAware:
-    return SglangCacheAware("x", miss_path, defaults, Clock())  # type: ignore[arg-type]
+def _sglang(miss_path: str, defaults: SglangDefaults = CLI_DEFAULTS) -> SglangCacheAware:
+    return SglangCacheAware("x", miss_path, defaults, Clock())
 
 
 def test_hit_above_threshold_follows_affinity() -> None:
@@ -200,7 +203,8 @@ def test_gie_weights_prefix_3_queue_2_kv_2() -> None:
 def test_dynamo_cost_trades_overlap_against_active_blocks() -> None:
     clock = Clock()
     policy = make_bench_policy("dynamo_cost", ctx(clock))
-    index = policy.block_index  # type: ignore[attr-defined]
+    assert isinstance(policy, DynamoCost)
+    index = policy.block_index
     tokens = list(range(160))  # 10 blocks
     index.mark_event_feed("a")
     index.store("a", list(range(1, 9)), None, tokens[:128], 16)  # a holds 8 of 10 blocks
@@ -220,13 +224,14 @@ def test_dynamo_cost_trades_overlap_against_active_blocks() -> None:
 def test_oracle_prefers_the_true_cache_until_its_queue_costs_more() -> None:
     engines = {"a": FakeEngine(cached=4000), "b": FakeEngine()}
     policy = make_bench_policy("oracle", ctx(engines=engines))
+    assert isinstance(policy, Oracle)
     tokens = list(range(4096))
     a, b = W("a"), W("b")
     d1 = policy.choose(RouteRequest(token_ids=tokens), [a, b])
     assert d1.worker is a
     assert d1.outcome == "prefix_hit"
     for _ in range(40):  # book a long prefill queue on a
-        policy._queued["a"] = 60_000  # type: ignore[attr-defined]
+        policy._queued["a"] = 60_000
     d2 = policy.choose(RouteRequest(token_ids=tokens), [a, b])
     assert d2.worker is b
     assert d2.outcome == "balanced_away"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tpuserve.bench import sizing
-from tpuserve.bench.workloads import TraceRequest
+from tpuserve.bench.traces import TraceRequest
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,9 @@ import orjson
 import pytest
 
 from sglang_tpu.tokenizer import load_tokenizer
-from tpuserve.bench import workloads
-from tpuserve.bench.workloads import TraceError, TraceRequest, generate, token_ids_of
+from tpuserve.bench import traces, workloads
+from tpuserve.bench.traces import TraceError, TraceRequest, token_ids_of
+from tpuserve.bench.workloads import generate
 
 pytestmark = pytest.mark.unit
 
@@ -113,8 +114,8 @@ def test_trace_round_trips_through_jsonl(tmp_path: Path) -> None:
     trace = generate("W3", seed=1, requests=20) + generate("W7", seed=1, requests=5)
     trace.sort(key=lambda r: r.t)
     path = tmp_path / "trace.jsonl"
-    assert workloads.write_trace(trace, path) == 25
-    back = workloads.read_trace(path)
+    assert traces.write_trace(trace, path) == 25
+    back = traces.read_trace(path)
     assert [r.to_json() for r in back] == [r.to_json() for r in trace]
 
 
@@ -125,7 +126,7 @@ def test_mooncake_lines_become_prompt_token_ids(tmp_path: Path) -> None:
         {"timestamp": 500, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2, 3]},
     ]
     path.write_bytes(b"\n".join(orjson.dumps(x) for x in lines))
-    a, b = workloads.read_trace(path)
+    a, b = traces.read_trace(path)
     assert a.prompt_token_ids is not None
     assert b.prompt_token_ids is not None
     assert len(a.prompt_token_ids) == 700
@@ -153,7 +154,7 @@ def test_bad_trace_lines_name_the_line_and_field(
     path.write_bytes(orjson.dumps({"id": "ok", "t": 0, "prompt": "y", "max_tokens": 1}) + b"\n"
                      + orjson.dumps(line) + b"\n")  # fmt: skip
     with pytest.raises(TraceError) as err:
-        workloads.read_trace(path)
+        traces.read_trace(path)
     assert f"{path}:2" in str(err.value)
     assert message in str(err.value)
 
@@ -167,12 +168,12 @@ def test_unknown_workload_and_parameter_are_refused_with_the_allowed_values() ->
 
 def test_rescale_sets_the_mean_rate_and_keeps_order() -> None:
     trace = generate("W1", seed=0, requests=100)
-    scaled = workloads.rescale_to_rate(trace, 50.0)
-    assert workloads.mean_rate(scaled) == pytest.approx(50.0)
+    scaled = traces.rescale_to_rate(trace, 50.0)
+    assert traces.mean_rate(scaled) == pytest.approx(50.0)
     assert [r.id for r in scaled] == [r.id for r in trace]
     assert scaled[0].t == 0.0
     with pytest.raises(TraceError, match="--rate"):
-        workloads.rescale_to_rate(trace, 0.0)
+        traces.rescale_to_rate(trace, 0.0)
 
 
 def test_checked_in_sample_trace_is_what_the_generator_writes() -> None:
@@ -180,4 +181,4 @@ def test_checked_in_sample_trace_is_what_the_generator_writes() -> None:
     ``generate("W1", seed=0, requests=24, groups=4, system=256, question=32, output=32)``."""
     path = Path(__file__).resolve().parents[4] / "bench" / "traces" / "w1-small.jsonl"
     expected = generate("W1", seed=0, requests=24, groups=4, system=256, question=32, output=32)
-    assert [r.to_json() for r in workloads.read_trace(path)] == [r.to_json() for r in expected]
+    assert [r.to_json() for r in traces.read_trace(path)] == [r.to_json() for r in expected]
