@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test run: environment, tools, lint, types, then every test suite.
-# Usage: scripts/test.sh [pytest args]   (TPUSERVE_SKIP_E2E=1 skips the control-plane suite)
+# Usage: scripts/test.sh [pytest args]
+#   TPUSERVE_SKIP_E2E=1 skips the control-plane suite;
+#   TPUSERVE_SKIP_REAL_SGLANG=1 skips installing real SGLang and its tests (ignored under CI=true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
@@ -9,6 +11,14 @@ scripts/venv.sh dev
 scripts/install-tools.sh                       # helm, kubectl, prometheus, promtool
 if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
   scripts/build-control-plane.sh               # no-op when the versioned binaries exist
+fi
+skip_real_sglang=${TPUSERVE_SKIP_REAL_SGLANG:-0}
+if [ "${CI:-}" = true ] && [ "$skip_real_sglang" = 1 ]; then
+  echo "CI=true: ignoring TPUSERVE_SKIP_REAL_SGLANG=1, CI always runs the real-SGLang tests" >&2
+  skip_real_sglang=0
+fi
+if [ "$skip_real_sglang" != 1 ]; then
+  scripts/install-real-sglang.sh >/dev/null    # no-op when the venv and the tiny model exist
 fi
 # shellcheck disable=SC1091
 source scripts/tool-paths.sh
@@ -19,7 +29,11 @@ echo "== pytest"
 if [ $# -gt 0 ]; then
   exec .venv/bin/pytest "$@"
 fi
-.venv/bin/pytest -m "unit or component"
+if [ "$skip_real_sglang" = 1 ]; then
+  .venv/bin/pytest -m "(unit or component) and not real_sglang"
+else
+  .venv/bin/pytest -m "unit or component"
+fi
 if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
   .venv/bin/pytest -m e2e
 fi
