@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from sglang_tpu.contract import GroupContract
+from sglang_tpu.contract.group_contract import GroupContract
 
 TIER3_ROOT_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"

@@ -28,7 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sglang_tpu import compile_cache, model_source, perf_model, sglang_flags
-from sglang_tpu.contract import ContractError, LaunchContract, torch_tpu_env
+from sglang_tpu.contract.launch_contract import LaunchContract
+from sglang_tpu.contract.problems import ContractError
+from sglang_tpu.contract.torch_tpu import torch_tpu_env
 
 log = logging.getLogger(__name__)
 

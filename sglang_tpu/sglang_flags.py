@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sglang_tpu.contract import LaunchContract
+    from sglang_tpu.contract.launch_contract import LaunchContract
 
 SGLANG_0_5_23 = "sglang-0.5.23"
 SGLANG_DOCS = "sglang-docs"

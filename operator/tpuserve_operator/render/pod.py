@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_tpu.contract import FieldRef
+from sglang_tpu.contract.pod_env import FieldRef
 from sglang_tpu.model_source import parse_model_source, pvc_mount_path
 from sglang_tpu.topology import (
     NODE_POOL_LABEL,

@@ -9,7 +9,8 @@ from typing import TypedDict
 import pytest
 
 from sglang_tpu import launch
-from sglang_tpu.contract import LaunchContract, Var
+from sglang_tpu.contract.env_names import Var
+from sglang_tpu.contract.launch_contract import LaunchContract
 from sglang_tpu.sim import cli as sim_cli
 from tpuserve import cli
 

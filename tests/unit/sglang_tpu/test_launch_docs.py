@@ -1,6 +1,6 @@
 """docs/engine-launch.md stays true to the code: its tables are generated from the definitions.
 
-The contract table comes from `sglang_tpu.contract.variables()` and the SGLang flag table
+The contract table comes from `sglang_tpu.contract.doc_rows.variables()` and the SGLang flag table
 from `sglang_tpu.sglang_flags.FLAGS`; each sits between marker comments. After changing
 either definition, regenerate and review:
 
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_tpu import contract, launch, sglang_flags
-from sglang_tpu.contract import LaunchContract
+from sglang_tpu import launch, sglang_flags
+from sglang_tpu.contract.doc_rows import variables
+from sglang_tpu.contract.launch_contract import LaunchContract
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +34,7 @@ def contract_table() -> str:
         "| variable | scope | required | default | allowed | meaning |",
         "|---|---|---|---|---|---|",
     ]
-    for v in contract.variables():
+    for v in variables():
         default = f"`{v.default}`" if v.default else ""
         required = "yes" if v.required else ""
         lines.append(
@@ -86,8 +87,8 @@ def test_every_derived_variable_is_documented() -> None:
         "TPUSERVE_COMPILE_CACHE_DIR": "/c",
     }
     names = set(launch.plan(LaunchContract.from_env(env)).env)
-    for variables in launch.EAGER_MODE_ENV.values():
-        names |= set(variables)
+    for mode_env in launch.EAGER_MODE_ENV.values():
+        names |= set(mode_env)
     text = DOC.read_text()
     missing = sorted(n for n in names if f"`{n}`" not in text)
     assert not missing, f"undocumented derived variables: {missing}"

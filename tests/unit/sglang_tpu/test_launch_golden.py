@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from sglang_tpu import launch
-from sglang_tpu.contract import LaunchContract, lws_hostnames
+from sglang_tpu.contract.launch_contract import LaunchContract
+from sglang_tpu.contract.pod_env import lws_hostnames
 from sglang_tpu.topology import SLICE_SHAPES, SliceShape
 
 pytestmark = pytest.mark.unit
