@@ -15,7 +15,8 @@ from aiohttp import web
 from sglang_tpu import cli_types, perf_model
 from sglang_tpu.perf_model import KV_CACHE_BYTES, WEIGHT_BYTES, ModelDoesNotFit, StepTimer
 from sglang_tpu.sim.engine import EngineConfig
-from sglang_tpu.sim.server import SERVICE, ServerSettings, create_app
+from sglang_tpu.sim.server import create_app
+from sglang_tpu.sim.service import SERVICE, ServerSettings
 from sglang_tpu.tokenizer import TokenizerError, load_tokenizer
 from sglang_tpu.topology import CatalogError, generation_names, lookup
 

@@ -55,10 +55,6 @@ def parse_json(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _type_name(value: object) -> str:
-    return "null" if value is None else type(value).__name__
-
-
 def _int(data: Mapping[str, Any], key: str, param: str, minimum: int | None = None) -> int | None:
     value = data.get(key)
     if value is None:

@@ -1,0 +1,213 @@
+"""The twin's admin and information routes: health, model and server info, load, cache
+flush, metrics, and the tpuserve-specific ``/debug/radix_cache``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from sglang_tpu.sim.generation import RequestRejected, run_to_end
+from sglang_tpu.sim.request import Request
+from sglang_tpu.sim.responses import json_response
+from sglang_tpu.sim.service import EngineService, service_of
+
+SGLANG_VERSION = "0.5.6"  # the SGLang API generation the twin answers as
+FLUSH_OK = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+    "waiting requests, the operation will not be performed.)\n"
+)
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    if service_of(request).draining:
+        return web.Response(status=503, text="draining")
+    return web.Response(status=200)
+
+
+async def handle_health_generate(request: web.Request) -> web.Response:
+    svc = service_of(request)
+    if svc.draining:
+        return web.Response(status=503, text="draining")
+    req = Request(f"HEALTH_CHECK_{svc.new_rid()}", [svc.core.palette.ids[0]], 1)
+    try:
+        await run_to_end(svc, req)
+    except RequestRejected:
+        return web.Response(status=503, text="the waiting queue is full")
+    return web.Response(status=200)
+
+
+async def handle_model_info(request: web.Request) -> web.Response:
+    s = service_of(request).settings
+    return json_response(
+        {"model_path": s.model_path, "tokenizer_path": s.tokenizer_path or s.tokenizer.name,
+         "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+         "has_image_understanding": False, "has_audio_understanding": False,
+         "model_type": None, "architectures": None}
+    )  # fmt: skip
+
+
+def _kv_events_config(svc: EngineService) -> str | None:
+    if svc.publisher is None:
+        return None
+    return orjson.dumps(
+        {"publisher": "zmq", "endpoint": svc.publisher.endpoint,
+         "replay_endpoint": svc.publisher.replay_endpoint, "topic": svc.settings.kv_events_topic,
+         "buffer_steps": svc.settings.kv_events_buffer_steps}
+    ).decode()  # fmt: skip
+
+
+async def handle_server_info(request: web.Request) -> web.Response:
+    svc = service_of(request)
+    s = svc.settings
+    cfg = svc.core.config
+    shape = s.timer.shape
+    return json_response(
+        {
+            # server_args, as SGLang dumps its ServerArgs dataclass (the fields the twin has)
+            "model_path": s.model_path,
+            "tokenizer_path": s.tokenizer_path,
+            "served_model_name": s.served_model_name,
+            "host": s.host,
+            "port": s.port,
+            "context_length": cfg.context_length,
+            "page_size": cfg.page_size,
+            "max_running_requests": cfg.max_running_requests,
+            "max_queued_requests": cfg.max_queued_requests,
+            "chunked_prefill_size": cfg.chunked_prefill_size,
+            "max_total_tokens": cfg.cache_tokens,
+            "quantization": s.quantization,
+            "kv_cache_dtype": s.kv_cache_dtype,
+            "tp_size": shape.devices,
+            "dp_size": 1,
+            "pp_size": 1,
+            "nnodes": shape.hosts,
+            "device": "tpu",
+            "schedule_policy": "fcfs",
+            "random_seed": cfg.seed,
+            "enable_metrics": True,
+            "kv_events_config": _kv_events_config(svc),
+            "disable_radix_cache": False,
+            # scheduler_info
+            "max_total_num_tokens": cfg.cache_tokens,
+            "max_req_input_len": cfg.context_length - 1,
+            "internal_states": [
+                {"last_gen_throughput": svc.metrics.last_gen_throughput,
+                 "memory_usage": {"token_capacity": cfg.cache_tokens}}
+            ],
+            "version": SGLANG_VERSION,
+            "tpuserve": {
+                "simulated": True, "tpu": shape.generation.name, "topology": shape.topology,
+                "chips": shape.chips, "model_profile": s.timer.profile.name,
+                "time_scale": s.time_scale, "tokenizer": s.tokenizer.name,
+            },
+        }
+    )  # fmt: skip
+
+
+def _load(svc: EngineService) -> dict[str, Any]:
+    core = svc.core
+    cfg = core.config
+    used = core.num_used_tokens
+    return {
+        "dp_rank": 0,
+        "timestamp": time.time(),
+        "num_running_reqs": core.num_running,
+        "num_waiting_reqs": core.num_waiting,
+        "num_total_reqs": core.num_running + core.num_waiting,
+        "num_used_tokens": used,
+        "num_total_tokens": used + core.waiting_prompt_tokens,
+        "max_total_num_tokens": cfg.cache_tokens,
+        "token_usage": core.token_usage,
+        "gen_throughput": svc.metrics.last_gen_throughput,
+        "cache_hit_rate": core.last_prefill_hit_rate,
+        "utilization": -1.0,
+        "max_running_requests": cfg.max_running_requests,
+    }
+
+
+async def handle_get_load(request: web.Request) -> web.Response:
+    load = _load(service_of(request))
+    return json_response(
+        [{"dp_rank": 0, "num_reqs": load["num_total_reqs"],
+          "num_waiting_reqs": load["num_waiting_reqs"], "num_tokens": load["num_total_tokens"],
+          "num_pending_tokens": load["num_total_tokens"] - load["num_used_tokens"],
+          "ts_tic": time.perf_counter()}]
+    )  # fmt: skip
+
+
+async def handle_loads(request: web.Request) -> web.Response:
+    load = _load(service_of(request))
+    return json_response(
+        {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "version": SGLANG_VERSION,
+            "dp_rank_count": 1,
+            "loads": [load],
+            "aggregate": {
+                "total_running_reqs": load["num_running_reqs"],
+                "total_waiting_reqs": load["num_waiting_reqs"],
+                "total_reqs": load["num_total_reqs"],
+                "total_used_tokens": load["num_used_tokens"],
+                "total_tokens": load["num_total_tokens"],
+                "avg_token_usage": load["token_usage"],
+                "avg_throughput": load["gen_throughput"],
+                "avg_utilization": load["utilization"],
+            },
+        }
+    )
+
+
+async def handle_flush_cache(request: web.Request) -> web.Response:
+    core = service_of(request).core
+    if core.flush_cache():
+        return web.Response(status=200, text=FLUSH_OK)
+    return web.Response(
+        status=400,
+        text="Cache not flushed because there are pending requests. "
+        f"#queue-req: {core.num_waiting}, #running-req: {core.num_running}\n",
+    )
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    body = generate_latest(service_of(request).metrics.exposed)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def handle_debug_radix_cache(request: web.Request) -> web.Response:
+    """tpuserve-specific (not an SGLang path): the cache as pages with their event hashes."""
+    cache = service_of(request).core.cache
+    blocks = [
+        {"block_hash": b.block_hash, "parent_block_hash": b.parent_block_hash,
+         "token_ids": list(b.token_ids)}
+        for b in cache.blocks()
+    ]  # fmt: skip
+    body: dict[str, Any] = {
+        "page_size": cache.page_size,
+        "total_tokens": cache.total_size,
+        "evictable_tokens": cache.evictable_size,
+        "protected_tokens": cache.protected_size,
+        "evicted_tokens_total": cache.evicted_tokens_total,
+        "blocks": blocks,
+    }
+    if request.query.get("tree") in ("1", "true"):
+        body["tree"] = cache.debug_tree()
+    return json_response(body)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/health", handle_health)
+    router.add_get("/health_generate", handle_health_generate)
+    router.add_get("/get_model_info", handle_model_info)
+    router.add_get("/model_info", handle_model_info)
+    router.add_get("/get_server_info", handle_server_info)
+    router.add_get("/server_info", handle_server_info)
+    router.add_get("/get_load", handle_get_load)
+    router.add_get("/v1/loads", handle_loads)
+    router.add_get("/flush_cache", handle_flush_cache)
+    router.add_post("/flush_cache", handle_flush_cache)
+    router.add_get("/metrics", handle_metrics)
+    router.add_get("/debug/radix_cache", handle_debug_radix_cache)
