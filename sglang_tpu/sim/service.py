@@ -49,6 +49,7 @@ class ServerSettings:
     kv_events_buffer_steps: int = 10_000
     quantization: str = "bf16"
     kv_cache_dtype: str = "auto"
+    drain_grace_seconds: float = 30.0
 
 
 class EngineService:
