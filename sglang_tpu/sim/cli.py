@@ -6,10 +6,11 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import shlex
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
 import uvloop
@@ -66,6 +67,7 @@ class Option:
     source: type[ServerSettings] | type[EngineConfig] | None = None
     default: Any = None
     choices: tuple[str, ...] | None = None
+    switch: bool = False  # a flag without a value that turns the setting on
 
     @property
     def dest(self) -> str:
@@ -99,6 +101,13 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
                 "(default: %(default)s).",
                 cli_types.non_negative_float,
                 ServerSettings,
+            ),
+            Option(
+                "--enable-cache-report",
+                "Report cached prompt tokens in OpenAI usage (prompt_tokens_details), as "
+                "SGLang's flag of the same name; off by default, as in SGLang.",
+                source=ServerSettings,
+                switch=True,
             ),
         ),
     ),
@@ -238,6 +247,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     for title, options in OPTION_GROUPS:
         group = parser.add_argument_group(title)
         for option in options:
+            if option.switch:
+                group.add_argument(
+                    option.flag,
+                    action="store_true",
+                    default=option.resolved_default(),
+                    help=option.help,
+                )
+                continue
             group.add_argument(
                 option.flag,
                 type=option.kind,
@@ -313,6 +330,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         quantization=quant,
         kv_cache_dtype=kv_dtype,
         drain_grace_seconds=args.drain_grace_seconds,
+        enable_cache_report=args.enable_cache_report,
     )
 
 
@@ -359,4 +377,5 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"tpuserve engine sim: error: {err}", file=sys.stderr, flush=True)
         return 2
+    settings = replace(settings, launch_command=shlex.join(["tpuserve", *sys.argv[1:]]))
     return int(uvloop.run(serve(settings)))

@@ -73,9 +73,9 @@ async def run_request(svc: EngineService, req: Request, stream: bool) -> AsyncGe
         while not req.finished:
             await wake.wait()
             wake.clear()
-            if stream:
+            if stream and not req.finished:
                 yield len(req.output_ids)
-        yield len(req.output_ids)
+        yield len(req.output_ids)  # the finished state, once
     finally:
         if not req.finished:
             svc.core.abort(req, svc.now())

@@ -1,4 +1,11 @@
-"""SGLang's OpenAI-compatible routes on the twin: completions, chat completions, models."""
+"""SGLang's OpenAI-compatible routes on the twin: completions, chat completions, models.
+
+Shapes follow SGLang 0.5.23: the response ``id`` is the request id, ``model`` echoes the
+request's (``default`` when it names none), non-streamed responses carry ``metadata`` with the
+weight version, and ``usage.prompt_tokens_details`` holds the cached tokens only when the
+server runs with ``--enable-cache-report`` (otherwise null, or absent from a streamed
+completions usage chunk, which SGLang serialises without nulls).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +32,9 @@ from sglang_tpu.sim.responses import (
     sse_event,
     sse_start,
 )
-from sglang_tpu.sim.service import EngineService, service_of
+from sglang_tpu.sim.service import WEIGHT_VERSION, EngineService, service_of, weight_versions
+
+DEFAULT_MODEL_NAME = "default"  # what SGLang's OpenAI routes echo when a request names no model
 
 
 def _finish_reason(reason: dict[str, Any] | None) -> str | None:
@@ -44,13 +53,21 @@ def _check_model(svc: EngineService, model: str | None) -> None:
         )
 
 
-def _usage(req: Request) -> dict[str, Any]:
+def usage(req: Request, *, enable_cache_report: bool) -> dict[str, Any]:
+    """SGLang's `UsageInfo` of a finished request (null fields included)."""
+    details = {"cached_tokens": req.cached_tokens} if enable_cache_report else None
     return {
         "prompt_tokens": len(req.input_ids),
-        "completion_tokens": len(req.output_ids),
         "total_tokens": len(req.input_ids) + len(req.output_ids),
-        "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
+        "completion_tokens": len(req.output_ids),
+        "prompt_tokens_details": details,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
     }
+
+
+def _without_nulls(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if v is not None}
 
 
 async def handle_completions(request: web.Request) -> web.StreamResponse:
@@ -81,9 +98,10 @@ async def _respond(
     request: web.Request, svc: EngineService, gen: GenerationRequest, req: Request, chat: bool
 ) -> web.StreamResponse:
     palette = svc.core.palette
-    model = svc.settings.served_model_name
+    model = gen.model or DEFAULT_MODEL_NAME
+    report = svc.settings.enable_cache_report
     created = int(time.time())
-    rid = ("chatcmpl-" if chat else "cmpl-") + req.rid
+    rid = req.rid
     obj = "chat.completion" if chat else "text_completion"
     try:
         if not gen.stream:
@@ -97,23 +115,26 @@ async def _respond(
             text = output_text(req, palette)
             if chat:
                 choice["message"] = {
-                    "role": "assistant", "content": text, "reasoning_content": None,
-                    "tool_calls": None,
-                }  # fmt: skip
+                    "role": "assistant",
+                    "content": text,
+                    "reasoning_content": None,
+                }
             else:
                 choice["text"] = text
             return json_response(
                 {"id": rid, "object": obj, "created": created, "model": model,
-                 "choices": [choice], "usage": _usage(req)}
+                 "choices": [choice], "usage": usage(req, enable_cache_report=report),
+                 "metadata": {"weight_version": WEIGHT_VERSION,
+                              "weight_versions": weight_versions(req)}}
             )  # fmt: skip
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
         resp: web.StreamResponse | None = None
         sent_text = 0
 
         def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
-            c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+            c: dict[str, Any] = {"index": 0}
             if chat:
-                d: dict[str, Any] = {}
+                d: dict[str, Any] = {"reasoning_content": None}
                 if first:
                     d["role"] = "assistant"
                 if delta is not None:
@@ -121,10 +142,16 @@ async def _respond(
                 c["delta"] = d
             else:
                 c["text"] = delta or ""
-            if finish is not None:
-                c["matched_stop"] = (req.finish_reason or {}).get("matched")
-            return {"id": rid, "object": chunk_obj, "created": created, "model": model,
+            c |= {
+                "logprobs": None,
+                "finish_reason": finish,
+                "matched_stop": (req.finish_reason or {}).get("matched") if finish else None,
+            }
+            body = {"id": rid, "object": chunk_obj, "created": created, "model": model,
                     "choices": [c]}  # fmt: skip
+            if not chat:
+                body["usage"] = None
+            return body
 
         async with contextlib.aclosing(run_request(svc, req, stream=True)) as run:
             async for _ in run:
@@ -139,10 +166,11 @@ async def _respond(
         assert resp is not None
         await sse_event(resp, chunk(None if chat else "", _finish_reason(req.finish_reason)))
         if gen.include_usage:
+            final = usage(req, enable_cache_report=report)
             await sse_event(
                 resp,
                 {"id": rid, "object": chunk_obj, "created": created, "model": model,
-                 "choices": [], "usage": _usage(req)},
+                 "choices": [], "usage": final if chat else _without_nulls(final)},
             )  # fmt: skip
         return await sse_done(resp)
     except RequestRejected as rejected:
@@ -156,7 +184,7 @@ async def handle_models(request: web.Request) -> web.Response:
             "object": "list",
             "data": [
                 {"id": s.served_model_name, "object": "model", "created": int(time.time()),
-                 "owned_by": "sglang", "root": s.model_path,
+                 "owned_by": "sglang", "root": s.model_path, "parent": None,
                  "max_model_len": s.engine.context_length},
             ],
         }

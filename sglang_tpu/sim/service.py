@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -30,6 +30,8 @@ from sglang_tpu.sim.request import Request
 from sglang_tpu.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+WEIGHT_VERSION = "default"  # SGLang's --weight-version default; the twin's weights never change
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,8 @@ class ServerSettings:
     quantization: str = "bf16"
     kv_cache_dtype: str = "auto"
     drain_grace_seconds: float = 30.0
+    enable_cache_report: bool = False  # as SGLang: cached tokens in OpenAI usage only when set
+    launch_command: str | None = None  # the command line, reported by /server_info
 
 
 class EngineService:
@@ -83,13 +87,18 @@ class EngineService:
         self.idle_event = asyncio.Event()
         self.idle_event.set()
         self._wake = asyncio.Event()
-        self._t0 = time.monotonic()
         self._task: asyncio.Task[None] | None = None
-        self._ids = itertools.count()
         self.started_at = time.time()
+        self._t0 = time.monotonic()
+        self.startup_seconds = 0.0
 
     def now(self) -> float:
+        """Seconds on the engine's clock (monotonic, 0 at construction)."""
         return time.monotonic() - self._t0
+
+    def realtime(self, t: float) -> float:
+        """A time on the engine's clock as a Unix timestamp (SGLang's ``*_ts`` values)."""
+        return self.started_at + t
 
     async def start(self) -> None:
         if self.publisher is not None:
@@ -101,6 +110,7 @@ class EngineService:
              "tokenizer_e2e": time.perf_counter() - self._began}
         )  # fmt: skip
         self._task = asyncio.get_running_loop().create_task(self._run())
+        self.startup_seconds = self.now()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -139,7 +149,8 @@ class EngineService:
         self._wake.set()
 
     def new_rid(self) -> str:
-        return f"{uuid.uuid4().hex[:16]}{next(self._ids)}"
+        """A request id as SGLang makes one (32 hex digits)."""
+        return uuid.uuid4().hex
 
     @property
     def idle(self) -> bool:
@@ -147,6 +158,11 @@ class EngineService:
 
 
 SERVICE = web.AppKey("service", EngineService)
+
+
+def weight_versions(req: Request) -> list[dict[str, Any]]:
+    """Which weights produced which output tokens (one version: the twin never reloads)."""
+    return [{"version": WEIGHT_VERSION, "start": 0, "end": len(req.output_ids)}]
 
 
 def service_of(request: web.Request) -> EngineService:
