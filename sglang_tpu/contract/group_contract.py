@@ -50,6 +50,7 @@ _PORT_WIDTHS = {
     "master_port": 1,
     "tpu_process_port": 1,
     "slicebuilder_base_port": 0,
+    "torch_tpu_handshake_port": 1,
 }
 
 
@@ -100,6 +101,13 @@ class GroupContract(BaseModel):
         "sglang runs SGLang on TorchTPU; simulated runs `tpuserve engine sim` with the "
         "same topology and ports (CPU-only clusters).",
         default="sglang",
+    )
+    device: Literal["tpu", "cpu"] = var(
+        Var.DEVICE,
+        "tpu, cpu",
+        "Where SGLang runs: tpu (TorchTPU) or cpu, a development target that starts real "
+        "SGLang on this machine's CPU (one host; no TorchTPU environment).",
+        default="tpu",
     )
     generation: str = var(
         Var.TPU_GENERATION, ", ".join(generation_names()), "TPU generation (topology catalog)."
@@ -185,6 +193,13 @@ class GroupContract(BaseModel):
         "TORCH_TPU_BASE_PORT: TorchTPU uses base .. base + devices per host - 1 on each host.",
         default=8070,
     )
+    torch_tpu_handshake_port: Port = var(
+        Var.TORCH_TPU_HANDSHAKE_PORT,
+        PORTS_ALLOWED,
+        "TORCH_TPU_INTERNAL_HANDSHAKE_PORT: the TorchTPU handshake on the leader "
+        "(MASTER_ADDR); pinned so the pod can declare it.",
+        default=36423,
+    )
     execution_mode: Literal["compiled", "eager", "eager-defer-and-fuse", "eager-debug"] = var(
         Var.EXECUTION_MODE,
         "compiled, eager, eager-defer-and-fuse, eager-debug",
@@ -230,6 +245,20 @@ class GroupContract(BaseModel):
         "shell-quoted SGLang arguments, none of the flags the launcher sets, no secrets",
         "Appended to the SGLang command line.",
         default=(),
+    )
+    sglang_python: str | None = var(
+        Var.SGLANG_PYTHON,
+        "an absolute path or a command name on PATH",
+        "The Python interpreter that runs SGLang; default: python3 on tpu (the image's), the "
+        "launcher's own interpreter on cpu.",
+        default=None,
+    )
+    cpu_kernel_shim_dir: str | None = var(
+        Var.CPU_KERNEL_SHIM_DIR,
+        f"{ABSOLUTE_PATH}; only with TPUSERVE_DEVICE=cpu",
+        "Put first on SGLang's PYTHONPATH on cpu: a directory with a pure-torch `sgl_kernel` "
+        "stand-in; default: `sglang_tpu.cpu_shim`'s when it is installed.",
+        default=None,
     )
     sim_model_profile: str | None = var(
         Var.SIM_MODEL_PROFILE,
@@ -316,6 +345,8 @@ class GroupContract(BaseModel):
         shape = _shape_from(info)
         if shape is not None and value != shape.hosts:
             raise ValueError(f"{shape.key} has {shape.hosts} hosts, not {value}")
+        if info.data.get("device") == "cpu" and value > 1:
+            raise ValueError(f"{Var.DEVICE}=cpu runs on one host; choose a one-host topology")
         return value
 
     @field_validator("chips_per_host")
@@ -412,6 +443,25 @@ class GroupContract(BaseModel):
             reasons.append(f"passes {', '.join(secret)}; secrets must not be on a command line")
         if reasons:
             raise ValueError("; ".join(reasons))
+        return value
+
+    @field_validator("sglang_python")
+    @classmethod
+    def _sglang_python(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not value or any(c.isspace() for c in value):
+            raise ValueError("not an absolute path or a command name")
+        if "/" in value:
+            check_absolute(value)
+        return value
+
+    @field_validator("cpu_kernel_shim_dir")
+    @classmethod
+    def _cpu_kernel_shim_dir(cls, value: str | None, info: ValidationInfo) -> str | None:
+        check_absolute(value)
+        if value is not None and info.data.get("device") != "cpu":
+            raise ValueError(f"set while {Var.DEVICE} is not cpu")
         return value
 
     @field_validator("sim_model_profile")

@@ -13,19 +13,23 @@ def torch_tpu_env(contract: LaunchContract) -> dict[str, str]:
     `JOB_COMPLETION_INDEX` or falling back to 8 devices per host. `TORCH_TPU_TOPOLOGY` is
     the host-local topology, the value TorchTPU itself leaves there after ranking hosts
     (a slice topology set from outside would only be used to rank hosts, which `NODE_RANK`
-    already does).
+    already does). libtpu reads `TPU_WORKER_ID`, `TPU_WORKER_HOSTNAMES` and
+    `TPU_ACCELERATOR_TYPE` and asks the GCE metadata server (30 retries) for any it lacks;
+    the handshake port is pinned so the pod can declare it.
     """
     shape = contract.shape
     hosts = contract.hostnames
     env = {
         "TPU_WORKER_HOSTNAMES": ",".join(hosts),
         "TPU_WORKER_ID": str(contract.host_index),
+        "TPU_ACCELERATOR_TYPE": shape.accelerator_type,
         "TPU_PROCESS_PORT": str(contract.tpu_process_port),
         "TPU_PROCESS_ADDRESSES": ",".join(f"{h}:{contract.tpu_process_port}" for h in hosts),
         "TORCH_TPU_TOPOLOGY": shape.host_topology,
         "TORCH_TPU_DEVICES_PER_HOST": str(shape.devices_per_host),
         "TORCH_TPU_BASE_PORT": str(contract.slicebuilder_base_port),
         "TORCH_TPU_XPROF_SESSION_ID": contract.xprof_session_id,
+        "TORCH_TPU_INTERNAL_HANDSHAKE_PORT": str(contract.torch_tpu_handshake_port),
     }
     if shape.multi_host:
         base = contract.slicebuilder_base_port

@@ -1,8 +1,8 @@
 """docs/engine-launch.md stays true to the code: its tables are generated from the definitions.
 
-The contract table comes from `sglang_tpu.contract.doc_rows.variables()` and the SGLang flag table
-from `sglang_tpu.sglang_flags.FLAGS`; each sits between marker comments. After changing
-either definition, regenerate and review:
+The contract table comes from `sglang_tpu.contract.doc_rows.variables()`, the SGLang flag table
+from `sglang_tpu.sglang_flags.FLAGS` and the cpu device's flags from `CPU_FLAGS`; each sits
+between marker comments. After changing a definition, regenerate and review:
 
     TPUSERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/sglang_tpu/test_launch_docs.py
 """
@@ -52,7 +52,19 @@ def flag_table() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"contract-table": contract_table, "sglang-flag-table": flag_table}
+def cpu_flag_table() -> str:
+    lines = ["| flag | value | note |", "|---|---|---|"]
+    for f in sglang_flags.CPU_FLAGS:
+        value = f"`{f.set_from}`" if f.set_from else "(a switch)"
+        lines.append(f"| `{f.name}` | {value} | {cell(f.note)} |")
+    return "\n".join(lines)
+
+
+TABLES = {
+    "contract-table": contract_table,
+    "sglang-flag-table": flag_table,
+    "cpu-flag-table": cpu_flag_table,
+}
 
 
 def section(name: str, text: str) -> re.Match[str]:
@@ -87,6 +99,11 @@ def test_every_derived_variable_is_documented() -> None:
         "TPUSERVE_COMPILE_CACHE_DIR": "/c",
     }
     names = set(launch.plan(LaunchContract.from_env(env)).env)
+    cpu = {**env, "TPUSERVE_DEVICE": "cpu", "TPUSERVE_TPU_TOPOLOGY": "2x4", "TPUSERVE_HOSTS": "1"}
+    cpu |= {"TPUSERVE_CHIPS_PER_HOST": "8", "TPUSERVE_HOST_INDEX": "0"}
+    cpu.pop("TPUSERVE_WORKER_HOSTNAMES")
+    cpu |= {"TPUSERVE_CPU_KERNEL_SHIM_DIR": "/shim"}
+    names |= set(launch.plan(LaunchContract.from_env(cpu)).env)
     for mode_env in launch.EAGER_MODE_ENV.values():
         names |= set(mode_env)
     text = DOC.read_text()
