@@ -163,9 +163,6 @@ async def handle_server_info(request: web.Request) -> web.Response:
     cfg = svc.core.config
     shape = s.timer.shape
     server_args = _server_args(svc)
-    took = svc.startup_seconds
-    startup = {"load_weight": 0.0, "kv_cache_allocation": 0.0, "scheduler_e2e": took,
-               "tokenizer_e2e": took}  # fmt: skip
     return json_response(
         {
             **server_args,
@@ -175,7 +172,7 @@ async def handle_server_info(request: web.Request) -> web.Response:
             "max_total_num_tokens": cfg.cache_tokens,
             "max_req_input_len": cfg.context_length - 1,
             "kv_events": kv_events_descriptor(svc),
-            "startup_time": startup,
+            "startup_time": svc.startup_time,
             "internal_states": [
                 {**server_args, "world_size": shape.devices,
                  "effective_max_running_requests_per_dp": cfg.max_running_requests,

@@ -90,7 +90,7 @@ class EngineService:
         self._task: asyncio.Task[None] | None = None
         self.started_at = time.time()
         self._t0 = time.monotonic()
-        self.startup_seconds = 0.0
+        self.startup_time: dict[str, float] = {}  # SGLang's startup phases, in seconds
 
     def now(self) -> float:
         """Seconds on the engine's clock (monotonic, 0 at construction)."""
@@ -104,13 +104,13 @@ class EngineService:
         if self.publisher is not None:
             self.publisher.start()
         # The twin loads no weights; its KV pool and scheduler are the core it just built.
-        self.metrics.emit_startup_time(
-            {"load_weight": 0.0, "kv_cache_allocation": self._core_seconds,
-             "scheduler_e2e": self._core_seconds,
-             "tokenizer_e2e": time.perf_counter() - self._began}
-        )  # fmt: skip
+        self.startup_time = {
+            "load_weight": 0.0, "kv_cache_allocation": self._core_seconds,
+            "scheduler_e2e": self._core_seconds,
+            "tokenizer_e2e": time.perf_counter() - self._began,
+        }  # fmt: skip
+        self.metrics.emit_startup_time(self.startup_time)
         self._task = asyncio.get_running_loop().create_task(self._run())
-        self.startup_seconds = self.now()
 
     async def stop(self) -> None:
         if self._task is not None:
