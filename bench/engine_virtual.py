@@ -1,6 +1,6 @@
 """Benchmark: simulated requests per wall-clock minute of the engine core on the virtual clock.
 
-Drives `sglang_tpu.sim.engine.VirtualEngine` in-process with Poisson arrivals of a
+Drives `sglang_tpu.sim.virtual_clock.VirtualEngine` in-process with Poisson arrivals of a
 shared-prefix workload (W1-like: groups share a system prompt) and prints one JSON line:
 simulated requests, wall seconds, simulated requests per minute, hit rate, mean TTFT/E2E.
 
@@ -15,7 +15,10 @@ import random
 import time
 
 from sglang_tpu.perf_model import StepTimer, get_profile, kv_pool_tokens
-from sglang_tpu.sim.engine import EngineConfig, EngineCore, OutputPalette, Request, VirtualEngine
+from sglang_tpu.sim.engine import EngineConfig, EngineCore
+from sglang_tpu.sim.output_text import OutputPalette
+from sglang_tpu.sim.request import Request
+from sglang_tpu.sim.virtual_clock import VirtualEngine
 from sglang_tpu.tokenizer import load_tokenizer
 from sglang_tpu.topology import lookup
 

@@ -17,6 +17,10 @@ What is cached (torch_tpu 0.2.0):
 - ``inductor/``: torch.compile's FX-graph and AOTAutograd caches (`TORCHINDUCTOR_CACHE_DIR`),
   keyed by PyTorch by graph hash, PyTorch version and device.
 
+Below it, TorchTPU keeps a tier-2 cache in shared memory: `TORCH_TPU_TIER2_COMPILATION_CACHE`
+names it under `/dev/shm` (the pod mounts a memory-backed `/dev/shm`, an emptyDir that
+outlives container restarts). The launcher always sets it (`tier2_cache_env`).
+
 Keys tpuserve adds: the directory is split per ``<generation>-<topology>/<model>``, so one
 shared volume serves several models and slice shapes, a replica only reads entries made
 for its shape, and the cache of a retired model can be deleted as one directory.
@@ -26,10 +30,12 @@ from __future__ import annotations
 
 import re
 
-from sglang_tpu.contract import GroupContract
+from sglang_tpu.contract.group_contract import GroupContract
 
 TIER3_ROOT_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+TIER2_CACHE_ENV = "TORCH_TPU_TIER2_COMPILATION_CACHE"
+TIER2_CACHE_NAME = "tpuserve-compilation-cache"  # a name under /dev/shm
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -52,3 +58,8 @@ def compile_cache_env(contract: GroupContract) -> dict[str, str]:
     if root is None:
         return {}
     return {TIER3_ROOT_ENV: f"{root}/torch_tpu", INDUCTOR_ENV: f"{root}/inductor"}
+
+
+def tier2_cache_env() -> dict[str, str]:
+    """TorchTPU's shared-memory (tier-2) compilation cache, by its name under /dev/shm."""
+    return {TIER2_CACHE_ENV: TIER2_CACHE_NAME}

@@ -11,12 +11,19 @@ With `TPUSERVE_ENGINE=simulated` the leader runs `tpuserve engine sim` with the 
 ports and model name, and the other hosts only hold their place in the group (`sleep
 infinity`), as SGLang's non-leader ranks serve no HTTP API. Leaders (host index 0) are the
 only routable pods in both modes.
+
+With `TPUSERVE_DEVICE=cpu` (a development target, one host) the launcher starts real SGLang
+on this machine's CPU instead of TorchTPU: no TorchTPU environment, SGLang's CPU engine and
+offline variables (`sglang_flags.CPU_ENV`), the CPU flags (`sglang_flags.CPU_FLAGS`), and a
+pure-torch `sgl_kernel` stand-in first on PYTHONPATH (`TPUSERVE_CPU_KERNEL_SHIM_DIR`, by
+default the `sglang_tpu.cpu_shim` package's directory when it is installed).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -28,7 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sglang_tpu import compile_cache, model_source, perf_model, sglang_flags
-from sglang_tpu.contract import ContractError, LaunchContract, torch_tpu_env
+from sglang_tpu.contract.launch_contract import LaunchContract
+from sglang_tpu.contract.problems import ContractError
+from sglang_tpu.contract.torch_tpu import torch_tpu_env
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +56,17 @@ example (one host of a two-host tpu7x 2x2x2 slice):
   TPUSERVE_TPU_TOPOLOGY=2x2x2 TPUSERVE_HOSTS=2 TPUSERVE_CHIPS_PER_HOST=4 \\
   TPUSERVE_HOST_INDEX=1 TPUSERVE_WORKER_HOSTNAMES=tpu-vm-0,tpu-vm-1 \\
   TPUSERVE_WEIGHTS_CACHE_DIR=/mnt/disks/weights tpuserve engine launch --dry-run
+
+TPUSERVE_DEVICE=cpu starts real SGLang on this machine's CPU instead (a development target;
+TPUSERVE_SGLANG_PYTHON names the interpreter with SGLang installed).
 """
 
 EXIT_INVALID_CONTRACT = 2
 EXIT_FETCH_FAILED = 1
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
 
-# TorchTPU 0.2.0 reads these at start-up (names from the wheel's binary strings; the values
-# "1"/"0" follow TORCH_TPU_ENABLE_DEBUG_CHECKS, whose message asks for "1") [unconfirmed].
+# TorchTPU 0.2.0 reads these at start-up as booleans ("1"/"0"/"true"/"false"; read from its
+# wheel); unset, TorchTPU never defers.
 EAGER_MODE_ENV: Mapping[str, Mapping[str, str]] = {
     "compiled": {},
     "eager": {"TORCH_TPU_DEFER_AND_FUSE": "0", "TORCH_TPU_LAUNCH_BLOCKING": "0"},
@@ -68,6 +80,7 @@ FOLLOWER_COMMAND = ("sleep", "infinity")
 # Variables removed from the server's environment on a single-host slice: TorchTPU treats
 # JOB_COMPLETION_INDEX (set on Indexed Job pods) as a sign of a multi-host job.
 SINGLE_HOST_UNSET = ("JOB_COMPLETION_INDEX",)
+CPU_SHIM_PACKAGE = "sglang_tpu.cpu_shim"  # a pure-torch sgl_kernel lives in its directory
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +105,19 @@ class LaunchPlan:
 
 
 def plan(contract: LaunchContract) -> LaunchPlan:
-    """The environment and command of this host's server (pure: no I/O)."""
-    env = torch_tpu_env(contract)
-    env |= compile_cache.compile_cache_env(contract)
-    env |= EAGER_MODE_ENV[contract.execution_mode]
-    directories = [d for d in compile_cache.compile_cache_env(contract).values()]
+    """The environment and command of this host's server (no I/O)."""
+    if contract.device == "cpu" and contract.engine == "sglang":
+        env = dict(sglang_flags.CPU_ENV)
+        shim = cpu_kernel_shim_dir(contract)
+        if shim is not None:
+            env["PYTHONPATH"] = shim  # server_env puts it before any inherited PYTHONPATH
+        directories = []
+    else:
+        env = torch_tpu_env(contract)
+        env |= compile_cache.compile_cache_env(contract)
+        env |= compile_cache.tier2_cache_env()
+        env |= EAGER_MODE_ENV[contract.execution_mode]
+        directories = [d for d in compile_cache.compile_cache_env(contract).values()]
     if contract.weights_cache_dir is not None:
         # Hub and tokenizer caches must be writable with a read-only root filesystem.
         env["HF_HOME"] = f"{contract.weights_cache_dir.rstrip('/')}/hf-home"
@@ -108,9 +129,34 @@ def plan(contract: LaunchContract) -> LaunchPlan:
     if draft is not None:
         fetches.append(Fetch(draft, _local(contract, draft)))
     command = sglang_flags.sglang_command(
-        contract, fetches[0].local_path, fetches[1].local_path if draft else None
+        contract,
+        fetches[0].local_path,
+        fetches[1].local_path if draft else None,
+        python=sglang_python(contract),
     )
     return LaunchPlan(env, command, fetches, directories)
+
+
+def sglang_python(contract: LaunchContract) -> str:
+    """The interpreter that runs SGLang: the contract's, else the image's `python3` on tpu
+    and this launcher's own interpreter on cpu (where SGLang sits in a development venv)."""
+    if contract.sglang_python is not None:
+        return contract.sglang_python
+    return sys.executable if contract.device == "cpu" else sglang_flags.DEFAULT_PYTHON
+
+
+def cpu_kernel_shim_dir(contract: LaunchContract) -> str | None:
+    """Where the pure-torch `sgl_kernel` is: the contract's directory, else the directory of
+    the `sglang_tpu.cpu_shim` package when it is installed, else None (SGLang's own)."""
+    if contract.cpu_kernel_shim_dir is not None:
+        return contract.cpu_kernel_shim_dir
+    try:
+        spec = importlib.util.find_spec(CPU_SHIM_PACKAGE)
+    except ModuleNotFoundError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return str(next(iter(spec.submodule_search_locations)))
 
 
 def _local(contract: LaunchContract, source: model_source.ModelSource) -> str:
@@ -159,6 +205,7 @@ def simulated_command(contract: LaunchContract) -> list[str]:
     command += ["--kv-cache-dtype", contract.kv_cache_dtype]
     if contract.context_length is not None:
         command += ["--context-length", str(contract.context_length)]
+    command += ["--enable-cache-report"]  # as the SGLang command
     command += ["--kv-events-endpoint", _zmq_endpoint(contract, contract.kv_events_port)]
     if contract.kv_replay_port is not None:
         endpoint = _zmq_endpoint(contract, contract.kv_replay_port)
@@ -169,8 +216,15 @@ def simulated_command(contract: LaunchContract) -> list[str]:
 def server_env(
     contract: LaunchContract, launch_plan: LaunchPlan, inherited: Mapping[str, str]
 ) -> dict[str, str]:
-    """The server's whole environment: inherited, overridden by the plan, plus secrets."""
+    """The server's whole environment: inherited, overridden by the plan, plus secrets.
+
+    The plan's PYTHONPATH goes before the inherited one instead of replacing it.
+    """
     env = {**inherited, **launch_plan.env}
+    if "PYTHONPATH" in launch_plan.env and inherited.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            [launch_plan.env["PYTHONPATH"], inherited["PYTHONPATH"]]
+        )
     if not contract.shape.multi_host:
         for name in SINGLE_HOST_UNSET:
             env.pop(name, None)

@@ -68,10 +68,6 @@ class ModelSource:
         last = PurePosixPath(self.path or self.location).name
         return last or self.location
 
-    @property
-    def needs_weights_cache(self) -> bool:
-        return self.scheme in ("hf", "gs")
-
     def local_path(self, weights_cache_dir: str | None, gcs_fuse_root: str | None) -> str:
         """Where the weights are (or will be after `fetch`) on this host."""
         if self.scheme == "local":

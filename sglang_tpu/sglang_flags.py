@@ -1,8 +1,10 @@
 """The SGLang launch flags `tpuserve engine launch` sets, with the source of each: one table.
 
-`FLAGS` is the only place that names an SGLang command-line flag. The launcher builds the
-command from it (`sglang_command`), the contract refuses extra arguments that would override
-one of these flags (`OWNED_FLAGS`), and `docs/engine-launch.md` prints it.
+`FLAGS` is the only place that names an SGLang command-line flag the launcher owns. The
+launcher builds the command from it (`sglang_command`), the contract refuses extra arguments
+that would override one of these flags (`OWNED_FLAGS`), and `docs/engine-launch.md` prints
+it. `CPU_FLAGS` are the flags of the `cpu` development device (TPUSERVE_DEVICE=cpu): real
+SGLang on this machine's CPU; they are defaults there, which extra arguments may override.
 
 Sources:
 
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sglang_tpu.contract import LaunchContract
+    from sglang_tpu.contract.launch_contract import LaunchContract
 
 SGLANG_0_5_23 = "sglang-0.5.23"
 SGLANG_DOCS = "sglang-docs"
@@ -51,14 +53,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--served-model-name", "TPUSERVE_SERVED_MODEL_NAME", SGLANG_0_5_23),
     Flag(
         "--device",
-        "always `tpu`",
+        "TPUSERVE_DEVICE: `tpu`, or `cpu` for the development device",
         UNCONFIRMED,
-        "upstream 0.5.23 lists cuda, xpu, hpu, npu, cpu, musa; the TorchTPU build's value is "
+        "0.5.23's --device is a free string (cpu works); the TorchTPU build's value is "
         "assumed to be `tpu` (torch.device('tpu') in TorchTPU)",
     ),
     Flag(
         "--tp-size",
-        "hosts x TorchTPU devices per host (the whole slice; tpu7x has 2 devices per chip)",
+        "hosts x TorchTPU devices per host (the whole slice; tpu7x has 2 devices per chip); "
+        "1 on cpu",
         SGLANG_0_5_23,
         "whether the TorchTPU build counts chips or TensorCores on tpu7x is unconfirmed",
         aliases=("--tp", "--tensor-parallel-size"),
@@ -76,10 +79,19 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--port", "TPUSERVE_HTTP_PORT", SGLANG_0_5_23),
     Flag("--enable-metrics", "always set; /metrics on the HTTP port", SGLANG_0_5_23),
     Flag(
+        "--enable-cache-report",
+        "always set",
+        SGLANG_0_5_23,
+        "without it SGLang reports no cached tokens in OpenAI usage (clients, the router, "
+        "the benchmark and the dashboards read them)",
+    ),
+    Flag(
         "--kv-events-config",
-        'JSON {"publisher": "zmq", "endpoint": TPUSERVE_KV_EVENTS_PORT, '
+        'JSON {"publisher": "zmq", "endpoint": TPUSERVE_KV_EVENTS_PORT, "bind": true, '
         '"replay_endpoint": TPUSERVE_KV_REPLAY_PORT}',
         SGLANG_0_5_23,
+        "bind: with a concrete host SGLang's publisher would connect instead of binding and "
+        "nobody could subscribe (KVEventsConfig.bind)",
     ),
     Flag(
         "--quantization",
@@ -114,6 +126,29 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--revision", "never set: the fetch step pins the revision", SGLANG_0_5_23),
 )
 
+# The cpu development device (TPUSERVE_DEVICE=cpu): what ran real SGLang 0.5.23 on a CPU-only
+# machine (docs/engine-launch.md, "The cpu development device").
+CPU_FLAGS: tuple[Flag, ...] = (
+    Flag("--attention-backend", "torch_native", SGLANG_0_5_23, "the CPU attention path"),
+    Flag("--sampling-backend", "pytorch", SGLANG_0_5_23),
+    Flag("--grammar-backend", "none", SGLANG_0_5_23, "no grammar library needed"),
+    Flag("--cuda-graph-backend-decode", "disabled", SGLANG_0_5_23),
+    Flag("--cuda-graph-backend-prefill", "disabled", SGLANG_0_5_23),
+    Flag("--sleep-on-idle", "", SGLANG_0_5_23, "an idle scheduler busy-polls a core without it"),
+    Flag(
+        "--max-total-tokens",
+        "20000",
+        SGLANG_0_5_23,
+        "a small KV pool: by default SGLang sizes it from the machine's free memory",
+    ),
+)
+CPU_ENV: dict[str, str] = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "HF_HUB_OFFLINE": "1",  # the launcher fetched the weights; the server downloads nothing
+    "TRANSFORMERS_OFFLINE": "1",
+    "CUDA_VISIBLE_DEVICES": "",
+}
+
 OWNED_FLAGS: frozenset[str] = frozenset(
     name for flag in FLAGS for name in (flag.name, *flag.aliases)
 )
@@ -125,7 +160,8 @@ QUANTIZATION_METHODS = {"fp8": "fp8", "mxfp4": "mxfp4", "nvfp4": "modelopt_fp4"}
 KV_CACHE_DTYPES = {"fp8": "fp8_e4m3"}
 SPECULATIVE_ALGORITHMS = {"EAGLE3": "EAGLE3", "MTP": "NEXTN"}
 
-SGLANG_ENTRYPOINT = ("python3", "-m", "sglang.launch_server")
+DEFAULT_PYTHON = "python3"  # the image's interpreter, which has SGLang and TorchTPU
+SGLANG_MODULE = ("-m", "sglang.launch_server")
 
 
 def owned_flag(arg: str) -> str | None:
@@ -135,30 +171,43 @@ def owned_flag(arg: str) -> str | None:
 
 
 def kv_events_config(contract: LaunchContract) -> str:
-    """SGLang's `--kv-events-config` JSON: a ZMQ PUB (and optional replay ROUTER) socket."""
+    """SGLang's `--kv-events-config` JSON: a bound ZMQ PUB (and optional replay ROUTER)."""
     host = "*" if contract.bind_host in ("0.0.0.0", "::") else contract.bind_host
     config: dict[str, object] = {
         "publisher": "zmq",
         "endpoint": f"tcp://{host}:{contract.kv_events_port}",
+        "bind": True,
     }
     if contract.kv_replay_port is not None:
         config["replay_endpoint"] = f"tcp://{host}:{contract.kv_replay_port}"
     return json.dumps(config, separators=(",", ":"), sort_keys=True)
 
 
-def sglang_command(contract: LaunchContract, model_path: str, draft_path: str | None) -> list[str]:
+def cpu_flags() -> list[str]:
+    """`CPU_FLAGS` as arguments (a flag with an empty value is a switch)."""
+    return [arg for flag in CPU_FLAGS for arg in (flag.name, flag.set_from) if arg]
+
+
+def sglang_command(
+    contract: LaunchContract,
+    model_path: str,
+    draft_path: str | None,
+    python: str = DEFAULT_PYTHON,
+) -> list[str]:
     """The SGLang server command for one host of the slice; paths are already local."""
     shape = contract.shape
+    cpu = contract.device == "cpu"
     command = [
-        *SGLANG_ENTRYPOINT,
+        python,
+        *SGLANG_MODULE,
         "--model-path",
         model_path,
         "--served-model-name",
         contract.served_name,
         "--device",
-        "tpu",
+        contract.device,
         "--tp-size",
-        str(shape.devices),
+        "1" if cpu else str(shape.devices),
     ]
     if shape.multi_host:
         command += [
@@ -170,7 +219,8 @@ def sglang_command(contract: LaunchContract, model_path: str, draft_path: str | 
             f"{contract.leader_address}:{contract.dist_init_port}",
         ]
     command += ["--host", contract.bind_host, "--port", str(contract.http_port)]
-    command += ["--enable-metrics", "--kv-events-config", kv_events_config(contract)]
+    command += ["--enable-metrics", "--enable-cache-report"]
+    command += ["--kv-events-config", kv_events_config(contract)]
     if contract.quantization != "none":
         command += ["--quantization", QUANTIZATION_METHODS[contract.quantization]]
     if contract.kv_cache_dtype != "auto":
@@ -186,6 +236,8 @@ def sglang_command(contract: LaunchContract, model_path: str, draft_path: str | 
             command += ["--speculative-draft-model-path", draft_path]
         if contract.speculative_num_steps is not None:
             command += ["--speculative-num-steps", str(contract.speculative_num_steps)]
-    if contract.execution_mode == "compiled":
+    if cpu:
+        command += cpu_flags()
+    elif contract.execution_mode == "compiled":
         command.append("--enable-torch-compile")
     return command + list(contract.sglang_extra_args)

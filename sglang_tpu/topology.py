@@ -66,6 +66,9 @@ class TPUGeneration:
     devices_per_chip: int
     # torch_tpu's host-local TORCH_TPU_TOPOLOGY by number of devices on the host.
     host_topology_by_devices: Mapping[int, str]
+    # Cloud TPU's accelerator-type name (TPU_ACCELERATOR_TYPE) is `<prefix>-<TensorCores>`.
+    accelerator_type_prefix: str
+    tensorcores_per_chip: int = 1
     # Chips on each multi-host VM (4 on every multi-host machine type).
     chips_per_multi_host_vm: int = 4
 
@@ -108,6 +111,16 @@ class SliceShape:
         return self.generation.host_topology_by_devices[self.devices_per_host]
 
     @property
+    def accelerator_type(self) -> str:
+        """Cloud TPU's name of the whole slice (`TPU_ACCELERATOR_TYPE`), e.g. `v6e-16`.
+
+        It counts TensorCores: v5p and tpu7x chips have two (`tpu7x-128` is 64 chips),
+        v5e and v6e chips one.
+        """
+        g = self.generation
+        return f"{g.accelerator_type_prefix}-{self.chips * g.tensorcores_per_chip}"
+
+    @property
     def hbm_bytes(self) -> int:
         return self.chips * self.generation.hbm_bytes_per_chip
 
@@ -142,6 +155,7 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             peak_8bit_flops_per_chip=394 * TERA,  # int8
             devices_per_chip=1,
             host_topology_by_devices=_SINGLE_CORE_2D,
+            accelerator_type_prefix="v5litepod",
         ),
         "v5p": TPUGeneration(
             name="v5p",
@@ -153,6 +167,8 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             peak_8bit_flops_per_chip=918 * TERA,  # int8
             devices_per_chip=1,
             host_topology_by_devices=_SINGLE_CORE_3D,
+            accelerator_type_prefix="v5p",
+            tensorcores_per_chip=2,  # megacore: one torch device per chip, two TensorCores
         ),
         "v6e": TPUGeneration(
             name="v6e",
@@ -164,6 +180,7 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             peak_8bit_flops_per_chip=1836 * TERA,  # int8
             devices_per_chip=1,
             host_topology_by_devices=_SINGLE_CORE_2D,
+            accelerator_type_prefix="v6e",
         ),
         "tpu7x": TPUGeneration(
             name="tpu7x",
@@ -175,6 +192,8 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             peak_8bit_flops_per_chip=4614 * TERA,  # fp8
             devices_per_chip=2,
             host_topology_by_devices=MappingProxyType({2: "1,1,1,2", 4: "1,2,1,2", 8: "2,2,1,2"}),
+            accelerator_type_prefix="tpu7x",
+            tensorcores_per_chip=2,
         ),
     }
 )

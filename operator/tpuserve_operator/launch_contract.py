@@ -14,15 +14,18 @@ from typing import Any
 
 import pydantic
 
-from sglang_tpu import contract, sglang_flags
-from sglang_tpu.contract import FieldRef, GroupContract, Var
+from sglang_tpu import sglang_flags
+from sglang_tpu.contract import pod_env
+from sglang_tpu.contract.env_names import ENV_PREFIX, Var
+from sglang_tpu.contract.group_contract import GroupContract
+from sglang_tpu.contract.pod_env import FieldRef
 from sglang_tpu.topology import lookup
 from tpuserve_operator.api import TPUModelServerSpec
 from tpuserve_operator.errors import InvalidSpec, Problem
 
 # Variables the launcher derives from the contract (TorchTPU / libtpu / torch.distributed);
 # a user value would silently win over the contract, so they are refused like TPUSERVE_*.
-_DERIVED_PREFIXES = (contract.ENV_PREFIX, "TPU_", "TORCH_TPU_", "LWS_")
+_DERIVED_PREFIXES = (ENV_PREFIX, "TPU_", "TORCH_TPU_", "LWS_")
 _DERIVED_NAMES = frozenset({"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HF_TOKEN"})
 
 # Where a contract variable comes from in the spec, for error messages.
@@ -49,9 +52,9 @@ by default): a router that subscribes late or misses batches catches up from it.
 HF_TOKEN_ENV = str(GroupContract.model_fields["hf_token_env"].default)
 
 # Per-pod values from the downward API, re-exported so render code imports them from here.
-STATEFULSET_POD_INDEX = contract.STATEFULSET_POD_INDEX
-LWS_WORKER_INDEX = contract.LWS_WORKER_INDEX
-LWS_GROUP_KEY = contract.LWS_GROUP_KEY
+STATEFULSET_POD_INDEX = pod_env.STATEFULSET_POD_INDEX
+LWS_WORKER_INDEX = pod_env.LWS_WORKER_INDEX
+LWS_GROUP_KEY = pod_env.LWS_GROUP_KEY
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +151,7 @@ def engine_env(
     group: GroupContract, *, host_index: FieldRef | int, group_key: FieldRef | None = None
 ) -> list[dict[str, Any]]:
     """The engine container's contract `env` (group values literal, per-pod values by fieldRef)."""
-    return contract.pod_env(group, host_index=host_index, group_key=group_key)
+    return pod_env.pod_env(group, host_index=host_index, group_key=group_key)
 
 
 def _problem(error: Mapping[str, Any]) -> Problem:

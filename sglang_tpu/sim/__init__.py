@@ -1,6 +1,7 @@
 """The simulated SGLang engine ("engine twin"): one core, a virtual clock and an HTTP server.
 
-`sglang_tpu.sim.engine` holds the core and the virtual-clock driver benchmarks use;
-`sglang_tpu.sim.server` serves SGLang's HTTP API on the real clock; `sglang_tpu.sim.cli` is
-`tpuserve engine sim`.
+`engine` is the scheduler core (with `request`, the requests it runs, and `output_text`, the
+pseudo-text they produce); `virtual_clock` drives it for benchmarks; `service` drives it on
+the real clock and `server` serves SGLang's HTTP API over it (handlers in `native_api`,
+`openai_api`, `info_api`); `cli` is `tpuserve engine sim`.
 """

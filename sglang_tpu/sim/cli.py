@@ -6,8 +6,12 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import shlex
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, fields, replace
+from typing import Any
 
 import uvloop
 from aiohttp import web
@@ -15,7 +19,8 @@ from aiohttp import web
 from sglang_tpu import cli_types, perf_model
 from sglang_tpu.perf_model import KV_CACHE_BYTES, WEIGHT_BYTES, ModelDoesNotFit, StepTimer
 from sglang_tpu.sim.engine import EngineConfig
-from sglang_tpu.sim.server import SERVICE, ServerSettings, create_app
+from sglang_tpu.sim.server import create_app
+from sglang_tpu.sim.service import SERVICE, ServerSettings
 from sglang_tpu.tokenizer import TokenizerError, load_tokenizer
 from sglang_tpu.topology import CatalogError, generation_names, lookup
 
@@ -43,140 +48,220 @@ def _endpoint(value: str) -> str:
     return value
 
 
+DEFAULT_TPU = "v6e"
+DEFAULT_TOPOLOGY = "1x1"
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One flag of `tpuserve engine sim`.
+
+    A flag that sets a field of `ServerSettings` or `EngineConfig` (the field named like the
+    flag) takes that field's default, so every default has one source; `default` is only for
+    flags that set no field of those (the slice, the profile, and values derived when unset).
+    """
+
+    flag: str
+    help: str
+    kind: Callable[[str], Any] = str
+    source: type[ServerSettings] | type[EngineConfig] | None = None
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    switch: bool = False  # a flag without a value that turns the setting on
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    def resolved_default(self) -> Any:
+        if self.source is None:
+            return self.default
+        return field_defaults(self.source)[self.dest]
+
+
+def field_defaults(cls: type[ServerSettings] | type[EngineConfig]) -> dict[str, Any]:
+    """The declared defaults of a settings dataclass, by field name."""
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
+OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
+    (
+        "serving",
+        (
+            Option("--host", "Address to bind (default: %(default)s).", source=ServerSettings),
+            Option(
+                "--port",
+                "HTTP port; 0 picks a free one (default: %(default)s).",
+                cli_types.port,
+                ServerSettings,
+            ),
+            Option(
+                "--drain-grace-seconds",
+                "On SIGTERM, how long in-flight requests may take to finish "
+                "(default: %(default)s).",
+                cli_types.non_negative_float,
+                ServerSettings,
+            ),
+            Option(
+                "--enable-cache-report",
+                "Report cached prompt tokens in OpenAI usage (prompt_tokens_details), as "
+                "SGLang's flag of the same name; off by default, as in SGLang.",
+                source=ServerSettings,
+                switch=True,
+            ),
+        ),
+    ),
+    (
+        "model and hardware",
+        (
+            Option(
+                "--tpu",
+                "TPU generation (default: %(default)s).",
+                default=DEFAULT_TPU,
+                choices=tuple(generation_names()),
+            ),
+            Option(
+                "--topology",
+                "Slice shape as GKE labels it, e.g. 2x4 or 2x2x1 (default: %(default)s).",
+                default=DEFAULT_TOPOLOGY,
+            ),
+            Option(
+                "--model-profile",
+                "Model whose timing and KV size are simulated: "
+                f"{', '.join(perf_model.profile_names())} or one of their Hugging Face ids "
+                "(default: %(default)s).",
+                default=perf_model.DEFAULT_PROFILE,
+            ),
+            Option(
+                "--model-path",
+                "Model path reported by /get_model_info (default: the profile's Hugging Face id).",
+            ),
+            Option(
+                "--served-model-name",
+                "Model name clients send in `model` (default: --model-path).",
+            ),
+            Option(
+                "--tokenizer",
+                "Path to a Hugging Face tokenizer.json (or its folder); default: the built-in "
+                "tpuserve-default-v1 tokenizer.",
+            ),
+            Option(
+                "--quantization",
+                "Weight format for HBM and timing (default: %(default)s).",
+                source=ServerSettings,
+                choices=tuple(WEIGHT_BYTES),
+            ),
+            Option(
+                "--kv-cache-dtype",
+                "KV-cache element type (default: %(default)s = bf16).",
+                source=ServerSettings,
+                choices=tuple(KV_CACHE_BYTES),
+            ),
+        ),
+    ),
+    (
+        "cache and scheduler",
+        (
+            Option(
+                "--cache-tokens",
+                "KV pool size in tokens (default: what the slice's HBM holds after weights).",
+                cli_types.positive_int,
+            ),
+            Option(
+                "--page-size",
+                "Radix-cache page size in tokens (default: %(default)s).",
+                cli_types.positive_int,
+                EngineConfig,
+            ),
+            Option(
+                "--context-length",
+                "Longest prompt + output (default: the model's, capped at --cache-tokens).",
+                cli_types.positive_int,
+            ),
+            Option(
+                "--max-running-requests",
+                "Requests decoded together at most (default: %(default)s).",
+                cli_types.positive_int,
+                EngineConfig,
+            ),
+            Option(
+                "--chunked-prefill-size",
+                "Prefill token budget per step; -1 disables chunking (default: %(default)s).",
+                cli_types.positive_int_or_minus_one,
+                EngineConfig,
+            ),
+            Option(
+                "--max-queued-requests",
+                "Waiting-queue bound; beyond it requests get 503 + Retry-After "
+                "(default: %(default)s).",
+                cli_types.positive_int,
+                EngineConfig,
+            ),
+            Option(
+                "--time-scale",
+                "Multiplier on all modelled time; 0 runs steps back to back "
+                "(default: %(default)s).",
+                cli_types.non_negative_float,
+                ServerSettings,
+            ),
+            Option(
+                "--seed",
+                "Seed of the pseudo-text output (default: %(default)s).",
+                cli_types.non_negative_int,
+                EngineConfig,
+            ),
+        ),
+    ),
+    (
+        "KV events (SGLang's ZMQ publisher contract)",
+        (
+            Option(
+                "--kv-events-endpoint",
+                "ZMQ PUB address to bind, e.g. tcp://127.0.0.1:5557 (default: off).",
+                _endpoint,
+                ServerSettings,
+            ),
+            Option(
+                "--kv-events-replay-endpoint",
+                "ZMQ ROUTER address for replay requests (default: off).",
+                _endpoint,
+                ServerSettings,
+            ),
+            Option(
+                "--kv-events-topic",
+                "Topic frame of every batch (default: empty).",
+                source=ServerSettings,
+            ),
+            Option(
+                "--kv-events-buffer-steps",
+                "Batches kept for replay (default: %(default)s).",
+                cli_types.positive_int,
+                ServerSettings,
+            ),
+        ),
+    ),
+)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    net = parser.add_argument_group("serving")
-    net.add_argument("--host", default="127.0.0.1", help="Address to bind (default: %(default)s).")
-    net.add_argument(
-        "--port",
-        type=cli_types.port,
-        default=30000,
-        help="HTTP port; 0 picks a free one (default: %(default)s).",
-    )
-    net.add_argument(
-        "--drain-grace-seconds",
-        type=cli_types.non_negative_float,
-        default=30.0,
-        help="On SIGTERM, how long in-flight requests may take to finish (default: %(default)s).",
-    )
-    model = parser.add_argument_group("model and hardware")
-    model.add_argument(
-        "--tpu",
-        default="v6e",
-        choices=generation_names(),
-        help="TPU generation (default: %(default)s).",
-    )
-    model.add_argument(
-        "--topology",
-        default="1x1",
-        help="Slice shape as GKE labels it, e.g. 2x4 or 2x2x1 (default: %(default)s).",
-    )
-    model.add_argument(
-        "--model-profile",
-        default=perf_model.DEFAULT_PROFILE,
-        help="Model whose timing and KV size are simulated: "
-        f"{', '.join(perf_model.profile_names())} or one of their Hugging Face ids "
-        "(default: %(default)s).",
-    )
-    model.add_argument(
-        "--model-path",
-        default=None,
-        help="Model path reported by /get_model_info (default: the profile's Hugging Face id).",
-    )
-    model.add_argument(
-        "--served-model-name",
-        default=None,
-        help="Model name clients send in `model` (default: --model-path).",
-    )
-    model.add_argument(
-        "--tokenizer",
-        default=None,
-        help="Path to a Hugging Face tokenizer.json (or its folder); default: the built-in "
-        "tpuserve-default-v1 tokenizer.",
-    )
-    model.add_argument(
-        "--quantization",
-        default="bf16",
-        choices=list(WEIGHT_BYTES),
-        help="Weight format for HBM and timing (default: %(default)s).",
-    )
-    model.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=list(KV_CACHE_BYTES),
-        help="KV-cache element type (default: %(default)s = bf16).",
-    )
-    sched = parser.add_argument_group("cache and scheduler")
-    sched.add_argument(
-        "--cache-tokens",
-        type=cli_types.positive_int,
-        default=None,
-        help="KV pool size in tokens (default: what the slice's HBM holds after weights).",
-    )
-    sched.add_argument(
-        "--page-size",
-        type=cli_types.positive_int,
-        default=16,
-        help="Radix-cache page size in tokens (default: %(default)s).",
-    )
-    sched.add_argument(
-        "--context-length",
-        type=cli_types.positive_int,
-        default=None,
-        help="Longest prompt + output (default: the model's, capped at --cache-tokens).",
-    )
-    sched.add_argument(
-        "--max-running-requests",
-        type=cli_types.positive_int,
-        default=256,
-        help="Requests decoded together at most (default: %(default)s).",
-    )
-    sched.add_argument(
-        "--chunked-prefill-size",
-        type=cli_types.positive_int_or_minus_one,
-        default=8192,
-        help="Prefill token budget per step; -1 disables chunking (default: %(default)s).",
-    )
-    sched.add_argument(
-        "--max-queued-requests",
-        type=cli_types.positive_int,
-        default=4096,
-        help="Waiting-queue bound; beyond it requests get 503 + Retry-After "
-        "(default: %(default)s).",
-    )
-    sched.add_argument(
-        "--time-scale",
-        type=cli_types.non_negative_float,
-        default=1.0,
-        help="Multiplier on all modelled time; 0 runs steps back to back (default: %(default)s).",
-    )
-    sched.add_argument(
-        "--seed",
-        type=cli_types.non_negative_int,
-        default=0,
-        help="Seed of the pseudo-text output (default: %(default)s).",
-    )
-    events = parser.add_argument_group("KV events (SGLang's ZMQ publisher contract)")
-    events.add_argument(
-        "--kv-events-endpoint",
-        type=_endpoint,
-        default=None,
-        help="ZMQ PUB address to bind, e.g. tcp://127.0.0.1:5557 (default: off).",
-    )
-    events.add_argument(
-        "--kv-events-replay-endpoint",
-        type=_endpoint,
-        default=None,
-        help="ZMQ ROUTER address for replay requests (default: off).",
-    )
-    events.add_argument(
-        "--kv-events-topic", default="", help="Topic frame of every batch (default: empty)."
-    )
-    events.add_argument(
-        "--kv-events-buffer-steps",
-        type=cli_types.positive_int,
-        default=10_000,
-        help="Batches kept for replay (default: %(default)s).",
-    )
+    for title, options in OPTION_GROUPS:
+        group = parser.add_argument_group(title)
+        for option in options:
+            if option.switch:
+                group.add_argument(
+                    option.flag,
+                    action="store_true",
+                    default=option.resolved_default(),
+                    help=option.help,
+                )
+                continue
+            group.add_argument(
+                option.flag,
+                type=option.kind,
+                default=option.resolved_default(),
+                choices=option.choices,
+                help=option.help,
+            )
 
 
 class ConfigError(ValueError):
@@ -244,10 +329,12 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         kv_events_buffer_steps=args.kv_events_buffer_steps,
         quantization=quant,
         kv_cache_dtype=kv_dtype,
+        drain_grace_seconds=args.drain_grace_seconds,
+        enable_cache_report=args.enable_cache_report,
     )
 
 
-async def serve(settings: ServerSettings, drain_grace_seconds: float) -> int:
+async def serve(settings: ServerSettings) -> int:
     app = create_app(settings)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
@@ -272,11 +359,10 @@ async def serve(settings: ServerSettings, drain_grace_seconds: float) -> int:
     print(f"READY http://{settings.host}:{port}", flush=True)
     await stop.wait()
     svc.draining = True
-    log.info(
-        "draining: /health fails; waiting up to %gs for in-flight requests", drain_grace_seconds
-    )
+    grace = settings.drain_grace_seconds
+    log.info("draining: /health fails; waiting up to %gs for in-flight requests", grace)
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(svc.idle_event.wait(), drain_grace_seconds)
+        await asyncio.wait_for(svc.idle_event.wait(), grace)
     if not svc.idle:
         log.warning("grace period over with %d requests unfinished", svc.core.num_running)
     with contextlib.suppress(Exception):
@@ -291,4 +377,5 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"tpuserve engine sim: error: {err}", file=sys.stderr, flush=True)
         return 2
-    return int(uvloop.run(serve(settings, args.drain_grace_seconds)))
+    settings = replace(settings, launch_command=shlex.join(["tpuserve", *sys.argv[1:]]))
+    return int(uvloop.run(serve(settings)))

@@ -3,8 +3,8 @@
 One core, two clocks. `EngineCore` holds all behaviour (admission, radix cache, chunked
 prefill, decode, memory accounting, retraction, KV events, output tokens) and never reads a
 clock: a driver calls ``begin_step(now)`` to form a batch and learn how long it takes, then
-``finish_step(step, now)`` when that time has passed. `VirtualEngine` (below) drives it on a
-virtual clock for benchmarks; `sglang_tpu.sim.server` drives the same core on the event
+``finish_step(step, now)`` when that time has passed. `sglang_tpu.sim.virtual_clock` drives it
+on a virtual clock for benchmarks; `sglang_tpu.sim.service` drives the same core on the event
 loop's clock for the HTTP server.
 
 Scheduling follows SGLang's default scheduler:
@@ -28,81 +28,32 @@ words of the tokenizer, seeded from the engine seed, the prompt and the request'
 twin never samples EOS: a request runs to ``max_new_tokens`` unless a stop string or stop
 token id matches.
 
-Virtual-clock API (what a benchmark uses)::
-
-    core = EngineCore(EngineConfig(cache_tokens=200_000, page_size=16), timer, palette)
-    sim = VirtualEngine(core)
-    sim.submit(Request("r1", token_ids, max_new_tokens=64), at=0.0)
-    done = sim.run_until(10.0)            # list[Completion]: ttft, e2e, cached_tokens, ...
-    core.match_prefix_length(token_ids)   # oracle view of the cache, no side effects
-    core.num_running, core.num_waiting, core.token_usage
+Output tokens are deterministic pseudo-text (`sglang_tpu.sim.output_text`); requests and
+their finished records are `sglang_tpu.sim.request`.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from sglang_tpu.kv_events import KVEvent
 from sglang_tpu.perf_model import StepTimer
-from sglang_tpu.sim.radix_cache import RadixCache, TreeNode
-from sglang_tpu.tokenizer import Tokenizer
+from sglang_tpu.sim.output_text import OutputPalette, next_token, record_text, seed_output
+from sglang_tpu.sim.radix_cache import RadixCache
+from sglang_tpu.sim.request import Request
 
-_MASK64 = (1 << 64) - 1
-_LCG_A = 6364136223846793005
-_LCG_C = 1442695040888963407
 # Share of a running request's remaining output the scheduler keeps free in the KV pool
 # before admitting more (SGLang's new_token_ratio, which it adapts between 0.1 and 0.7).
 NEW_TOKEN_RESERVE_RATIO = 0.3
 RESERVE_CLIP_TOKENS = 4096
 
-PALETTE_WORDS = (
-    " the", " of", " and", " to", " in", " is", " that", " for", " it", " as", " was", " with",
-    " be", " by", " on", " not", " he", " this", " are", " or", " his", " from", " at",
-    " which", " but", " have", " an", " had", " they", " you", " were", " their", " one",
-    " all", " we", " can", " her", " has", " there", " been", " if", " more", " when",
-    " will", " would", " who", " so", " no", " out", " up", " into", " that", " time",
-    " new", " some", " them", " two", " may", " only", " over", " such", " our", " any",
-    " most", " made", " after", " first", " also", " did", " many", " way", " well", " year",
-)  # fmt: skip
-
 
 class QueueFull(Exception):
     """The waiting queue is at --max-queued-requests; the caller answers 503."""
-
-
-class OutputPalette:
-    """One-token words of a tokenizer from which output tokens are drawn."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        ids: list[int] = []
-        texts: list[str] = []
-        seen: set[int] = set()
-        for word in PALETTE_WORDS:
-            encoded = tokenizer.encode(word)
-            if (
-                len(encoded) == 1
-                and encoded[0] not in seen
-                and encoded[0] != tokenizer.eos_token_id
-                and tokenizer.decode(encoded) == word
-            ):
-                seen.add(encoded[0])
-                ids.append(encoded[0])
-                texts.append(word)
-        if not ids:  # an unusual vocabulary: fall back to any decodable non-EOS ids
-            for token_id in range(min(tokenizer.vocab_size, 512)):
-                if token_id != tokenizer.eos_token_id:
-                    ids.append(token_id)
-                    texts.append(tokenizer.decode([token_id]))
-                if len(ids) >= 64:
-                    break
-        self.ids = ids
-        self.texts = texts
-        self.text_of = dict(zip(ids, texts, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,123 +66,6 @@ class EngineConfig:
     context_length: int = 131072
     seed: int = 0
     emit_kv_events: bool = False
-
-
-class Request:
-    """One generation request as the core sees it; the driver reads the public fields."""
-
-    __slots__ = (
-        "_rng",
-        "arrival_time",
-        "cached_tokens",
-        "finish_reason",
-        "finish_time",
-        "first_token_time",
-        "input_ids",
-        "last_node",
-        "last_token_time",
-        "max_new_tokens",
-        "on_update",
-        "output_ids",
-        "prefill_len",
-        "prefilled",
-        "private_tokens",
-        "retractions",
-        "rid",
-        "sampling_seed",
-        "schedule_time",
-        "stop_strings",
-        "stop_text_index",
-        "stop_token_ids",
-        "stream",
-        "text",
-        "tree_len",
-        "user",
-    )
-
-    def __init__(
-        self,
-        rid: str,
-        input_ids: Sequence[int],
-        max_new_tokens: int,
-        *,
-        stop_strings: Sequence[str] = (),
-        stop_token_ids: Sequence[int] = (),
-        sampling_seed: int | None = None,
-        on_update: Callable[[Request], None] | None = None,
-        user: Any = None,
-        stream: bool = False,
-    ) -> None:
-        self.rid = rid
-        self.input_ids = list(input_ids)
-        self.max_new_tokens = max_new_tokens
-        self.stop_strings = tuple(s for s in stop_strings if s)
-        self.stop_token_ids = frozenset(stop_token_ids)
-        self.sampling_seed = sampling_seed
-        self.on_update = on_update
-        self.user = user
-        self.stream = stream  # the client streams the output (SGLang's `is_streaming` label)
-        self.output_ids: list[int] = []
-        self.text: list[str] = []  # output text pieces, kept only when stop strings are set
-        self.stop_text_index: int | None = None  # where a matched stop string starts
-        self.arrival_time = 0.0
-        self.schedule_time: float | None = None
-        self.first_token_time: float | None = None
-        self.last_token_time = 0.0
-        self.finish_time: float | None = None
-        self.finish_reason: dict[str, Any] | None = None
-        self.cached_tokens = 0
-        self.prefilled = 0
-        self.prefill_len = 0  # tokens to prefill: len(fill_ids()) when admitted
-        self.tree_len = 0
-        self.private_tokens = 0
-        self.retractions = 0
-        self.last_node: TreeNode | None = None
-        self._rng = 0
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.output_ids)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    def fill_ids(self) -> list[int]:
-        """Tokens whose KV the request needs (prompt, plus output after a retraction)."""
-        return self.input_ids + self.output_ids if self.output_ids else self.input_ids
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """A finished request's timings and token counts (times on the driver's clock)."""
-
-    rid: str
-    arrival_time: float
-    schedule_time: float
-    first_token_time: float
-    finish_time: float
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    finish_reason: dict[str, Any]
-    retractions: int
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token_time - self.arrival_time
-
-    @property
-    def e2e(self) -> float:
-        return self.finish_time - self.arrival_time
-
-    @property
-    def queue_time(self) -> float:
-        return self.schedule_time - self.arrival_time
 
 
 @dataclass(slots=True)
@@ -262,6 +96,8 @@ class EngineObserver(Protocol):
 
 
 class EngineCore:
+    """SGLang's scheduler over a radix cache; a driver supplies the clock (see above)."""
+
     def __init__(
         self,
         config: EngineConfig,
@@ -317,10 +153,6 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked is not None)
 
-    @property
-    def step_in_flight(self) -> bool:
-        return self._step is not None
-
     # --- requests -----------------------------------------------------------------------
 
     def add_request(self, req: Request, now: float) -> None:
@@ -330,11 +162,7 @@ class EngineCore:
                 f"(--max-queued-requests {self.config.max_queued_requests})"
             )
         req.arrival_time = now
-        seed = req.sampling_seed
-        if seed is None:
-            tail = tuple(req.input_ids[-32:])
-            seed = hash(tail) ^ (len(req.input_ids) << 32)
-        req._rng = (seed * _LCG_A + self.config.seed * 0x9E3779B97F4A7C15 + 1) & _MASK64
+        seed_output(req, self.config.seed)
         self.waiting.append(req)
 
     def next_sampling_seed(self) -> int:
@@ -566,10 +394,7 @@ class EngineCore:
         self._release(req)
 
     def _append_token(self, req: Request, now: float) -> None:
-        pal = self.palette
-        x = (req._rng * _LCG_A + _LCG_C) & _MASK64
-        req._rng = x
-        token = pal.ids[(x >> 33) % len(pal.ids)]
+        token = next_token(req, self.palette)
         req.output_ids.append(token)
         self.generated_tokens_total += 1
         interval = None
@@ -578,10 +403,7 @@ class EngineCore:
         else:
             interval = now - req.last_token_time
         req.last_token_time = now
-        if req.stop_strings:
-            piece = pal.text_of.get(token, "")
-            req.text.append(piece)
-            self._check_stop_strings(req, piece)
+        record_text(req, token, self.palette)
         if req.finish_reason is None:
             if token in req.stop_token_ids:
                 req.finish_reason = {"type": "stop", "matched": token}
@@ -594,113 +416,9 @@ class EngineCore:
         if req.on_update is not None and req.finish_reason is None:
             req.on_update(req)
 
-    def _check_stop_strings(self, req: Request, piece: str) -> None:
-        longest = max(len(s) for s in req.stop_strings)
-        tail_pieces: list[str] = []
-        size = 0
-        for p in reversed(req.text):
-            tail_pieces.append(p)
-            size += len(p)
-            if size >= longest + len(piece):
-                break
-        tail = "".join(reversed(tail_pieces))
-        total = sum(len(p) for p in req.text) if len(tail_pieces) < len(req.text) else len(tail)
-        offset = total - len(tail)
-        best: tuple[int, str] | None = None
-        for stop in req.stop_strings:
-            idx = tail.find(stop)
-            if idx >= 0 and (best is None or idx < best[0]):
-                best = (idx, stop)
-        if best is not None:
-            req.stop_text_index = offset + best[0]
-            req.finish_reason = {"type": "stop", "matched": best[1]}
-
-    def output_text(self, req: Request) -> str:
-        """The request's output text so far, cut before a matched stop string."""
-        if req.stop_strings:
-            text = "".join(req.text)
-        else:
-            text_of = self.palette.text_of
-            text = "".join([text_of.get(t, "") for t in req.output_ids])
-        if req.stop_text_index is not None:
-            return text[: req.stop_text_index]
-        return text
-
     def _emit_kv_events(self) -> None:
         if not self.config.emit_kv_events:
             return
         events = self.cache.take_events()
         if events and self.kv_event_sink is not None:
             self.kv_event_sink(events)
-
-    def completion(self, req: Request) -> Completion:
-        assert req.finish_reason is not None
-        assert req.finish_time is not None
-        return Completion(
-            rid=req.rid,
-            arrival_time=req.arrival_time,
-            schedule_time=req.schedule_time if req.schedule_time is not None else req.arrival_time,
-            first_token_time=req.first_token_time
-            if req.first_token_time is not None
-            else req.finish_time,
-            finish_time=req.finish_time,
-            prompt_tokens=len(req.input_ids),
-            cached_tokens=req.cached_tokens,
-            completion_tokens=len(req.output_ids),
-            finish_reason=req.finish_reason,
-            retractions=req.retractions,
-        )
-
-
-class VirtualEngine:
-    """Drives an EngineCore on a virtual clock: submit arrivals, advance, read completions."""
-
-    def __init__(self, core: EngineCore) -> None:
-        self.core = core
-        self.now = 0.0
-        self._arrivals: list[tuple[float, int, Request]] = []
-        self._seq = 0
-        self._step = None  # type: Step | None
-        self._step_end = math.inf
-        self.rejected: list[tuple[float, Request]] = []
-
-    def submit(self, req: Request, at: float) -> None:
-        """Schedule `req` to arrive at virtual time `at` (not before the current time)."""
-        self._seq += 1
-        heapq.heappush(self._arrivals, (max(at, self.now), self._seq, req))
-
-    @property
-    def idle(self) -> bool:
-        return not self._arrivals and self._step is None and not self.core.has_work()
-
-    def run_until(self, until: float) -> list[Completion]:
-        """Advance to `until` (or the last event before it); completions finished meanwhile."""
-        core = self.core
-        arrivals = self._arrivals
-        done: list[Completion] = []
-        while True:
-            while arrivals and arrivals[0][0] <= self.now:
-                at, _, req = heapq.heappop(arrivals)
-                try:
-                    core.add_request(req, at)
-                except QueueFull:
-                    self.rejected.append((at, req))
-            if self._step is None and core.has_work():
-                step = core.begin_step(self.now)
-                if step is not None:
-                    self._step = step
-                    self._step_end = self.now + step.duration
-            next_arrival = arrivals[0][0] if arrivals else math.inf
-            next_time = min(next_arrival, self._step_end)
-            if next_time > until or next_time == math.inf:
-                if until != math.inf:
-                    self.now = max(self.now, until)
-                return done
-            self.now = next_time
-            if self._step is not None and self._step_end <= next_arrival:
-                step, self._step, self._step_end = self._step, None, math.inf
-                for req in core.finish_step(step, self.now):
-                    done.append(core.completion(req))
-
-    def run_to_completion(self) -> list[Completion]:
-        return self.run_until(math.inf)

@@ -20,7 +20,8 @@ from prometheus_client.registry import Collector
 
 from sglang_tpu import metric_names as names
 from sglang_tpu.metric_names import MetricSpec
-from sglang_tpu.sim.engine import EngineCore, Request, Step
+from sglang_tpu.sim.engine import EngineCore, Step
+from sglang_tpu.sim.request import Request
 
 GEN_THROUGHPUT_WINDOW_SECONDS = 5.0
 IS_STREAMING_VALUES = {False: "false", True: "true"}

@@ -1,16 +1,17 @@
 """Request parsing for the twin's three generation APIs, with SGLang's field names.
 
 Every check raises `InvalidRequest` naming the field, the value and what is allowed; the
-server turns it into a 4xx with an OpenAI-style error object. Nothing is silently dropped:
-unknown *types* are rejected, unknown optional fields that change nothing here (logprobs,
-top_p, ...) are accepted as SGLang accepts them.
+server turns it into a 4xx. The OpenAI routes always answer with an OpenAI error object; the
+native ``/generate`` answers as SGLang 0.5.23 does for each kind of problem (`ErrorKind`).
+Nothing is silently dropped: unknown *types* are rejected, unknown optional fields that change
+nothing here (logprobs, top_p, ...) are accepted as SGLang accepts them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -21,11 +22,26 @@ MAX_STOP_STRINGS = 16
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
+ErrorKind = Literal["schema", "contract", "value"]
+"""How SGLang 0.5.23's ``/generate`` reports a bad request (all with status 400):
+
+- ``schema``: the body is not JSON or a top-level field has the wrong type; FastAPI's request
+  validation answers with an OpenAI error object (``type`` "Bad Request");
+- ``contract``: a sampling parameter has the wrong type; the API contract check answers
+  ``{"error": "<message>"}``;
+- ``value``: a well-typed value is not allowed (no prompt, a negative token budget, a prompt
+  longer than the context); the tokenizer manager answers ``{"error": {"message": ...}}``.
+"""
+
+
 class InvalidRequest(ValueError):
-    def __init__(self, param: str | None, message: str, status: int = 400) -> None:
+    def __init__(
+        self, param: str | None, message: str, status: int = 400, kind: ErrorKind = "value"
+    ) -> None:
         super().__init__(message)
         self.param = param
         self.status = status
+        self.kind = kind
 
 
 @dataclass(slots=True)
@@ -49,22 +65,30 @@ def parse_json(body: bytes) -> dict[str, Any]:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as err:
-        raise InvalidRequest(None, f"request body is not valid JSON: {err}") from None
+        raise InvalidRequest(
+            None, f"request body is not valid JSON: {err}", kind="schema"
+        ) from None
     if not isinstance(data, dict):
-        raise InvalidRequest(None, f"request body must be a JSON object, got {type(data).__name__}")
+        raise InvalidRequest(
+            None, f"request body must be a JSON object, got {type(data).__name__}", kind="schema"
+        )
     return data
 
 
-def _type_name(value: object) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _int(data: Mapping[str, Any], key: str, param: str, minimum: int | None = None) -> int | None:
+def _int(
+    data: Mapping[str, Any],
+    key: str,
+    param: str,
+    minimum: int | None = None,
+    type_kind: ErrorKind = "contract",
+) -> int | None:
     value = data.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: an integer")
+        raise InvalidRequest(
+            param, f"{param}: {value!r} is not allowed; allowed: an integer", kind=type_kind
+        )
     if minimum is not None and value < minimum:
         raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: >= {minimum}")
     return value
@@ -75,18 +99,22 @@ def _float(data: Mapping[str, Any], key: str, param: str, minimum: float = 0.0) 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: a number")
+        raise InvalidRequest(
+            param, f"{param}: {value!r} is not allowed; allowed: a number", kind="contract"
+        )
     if value < minimum:
         raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: >= {minimum}")
     return float(value)
 
 
-def _bool(data: Mapping[str, Any], key: str, param: str) -> bool:
+def _bool(data: Mapping[str, Any], key: str, param: str, type_kind: ErrorKind = "contract") -> bool:
     value = data.get(key, False)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: true or false")
+        raise InvalidRequest(
+            param, f"{param}: {value!r} is not allowed; allowed: true or false", kind=type_kind
+        )
     return value
 
 
@@ -106,10 +134,11 @@ def _stop(data: Mapping[str, Any], key: str, param: str) -> list[str]:
         param,
         f"{param}: {value!r:.80} is not allowed; allowed: a string or a list of at most "
         f"{MAX_STOP_STRINGS} strings",
+        kind="contract",
     )
 
 
-def _token_ids(value: object, param: str) -> list[int]:
+def _token_ids(value: object, param: str, kind: ErrorKind = "contract") -> list[int]:
     if (
         isinstance(value, list)
         and value
@@ -117,7 +146,9 @@ def _token_ids(value: object, param: str) -> list[int]:
     ):
         return list(value)
     raise InvalidRequest(
-        param, f"{param}: {value!r:.80} is not allowed; allowed: a non-empty list of token ids"
+        param,
+        f"{param}: {value!r:.80} is not allowed; allowed: a non-empty list of token ids",
+        kind=kind,
     )
 
 
@@ -165,23 +196,29 @@ def parse_generate(data: Mapping[str, Any]) -> GenerationRequest:
         if len(ids) != 1:
             raise InvalidRequest("input_ids", "input_ids: batches are not supported; send one")
         ids = ids[0]
-    if text is not None and (not isinstance(text, str) or not text):
+    if text is not None and not isinstance(text, str):
         raise InvalidRequest(
-            "text", f"text: {text!r:.80} is not allowed; allowed: a non-empty string"
+            "text", f"text: {text!r:.80} is not allowed; allowed: a string", kind="schema"
         )
+    if text == "":
+        raise InvalidRequest("text", "text: '' is not allowed; allowed: a non-empty string")
     params = data.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise InvalidRequest(
-            "sampling_params", f"sampling_params: {params!r:.80} is not allowed; allowed: an object"
+            "sampling_params",
+            f"sampling_params: {params!r:.80} is not allowed; allowed: an object",
+            kind="schema",
         )
     max_new = _int(params, "max_new_tokens", "sampling_params.max_new_tokens")
     stop_ids = params.get("stop_token_ids")
     rid = data.get("rid")
     if rid is not None and not isinstance(rid, str):
-        raise InvalidRequest("rid", f"rid: {rid!r} is not allowed; allowed: a string")
+        raise InvalidRequest(
+            "rid", f"rid: {rid!r} is not allowed; allowed: a string", kind="schema"
+        )
     return GenerationRequest(
         text=text,
-        input_ids=_token_ids(ids, "input_ids") if ids is not None else None,
+        input_ids=_token_ids(ids, "input_ids", kind="schema") if ids is not None else None,
         max_new_tokens=_positive_max_tokens(
             max_new, "sampling_params.max_new_tokens", DEFAULT_GENERATE_MAX_NEW_TOKENS
         ),
@@ -189,7 +226,7 @@ def parse_generate(data: Mapping[str, Any]) -> GenerationRequest:
         stop_token_ids=_token_ids(stop_ids, "sampling_params.stop_token_ids") if stop_ids else [],
         temperature=_float(params, "temperature", "sampling_params.temperature") or 0.0,
         seed=_int(params, "sampling_seed", "sampling_params.sampling_seed"),
-        stream=_bool(data, "stream", "stream"),
+        stream=_bool(data, "stream", "stream", type_kind="schema"),
         include_usage=False,
         model=None,
         rid=rid,

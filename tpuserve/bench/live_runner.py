@@ -129,6 +129,7 @@ def start_engine(index: int, config: LiveConfig, kv_events: bool) -> Proc:
         "--chunked-prefill-size", str(sim.chunked_prefill_size),
         "--max-queued-requests", str(min(sim.max_queued_requests, 100_000)),
         "--time-scale", repr(config.time_scale), "--seed", str(sim.seed * 1000 + index),
+        "--enable-cache-report",  # cached tokens in usage, as engines the launcher starts
     ]  # fmt: skip
     if kv_events:
         cmd += [

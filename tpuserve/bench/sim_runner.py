@@ -35,13 +35,10 @@ from typing import Any
 
 from sglang_tpu.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from sglang_tpu.perf_model import StepTimer, get_profile
-from sglang_tpu.sim.engine import (
-    EngineConfig,
-    EngineCore,
-    OutputPalette,
-    Request,
-    VirtualEngine,
-)
+from sglang_tpu.sim.engine import EngineConfig, EngineCore
+from sglang_tpu.sim.output_text import OutputPalette
+from sglang_tpu.sim.request import Request
+from sglang_tpu.sim.virtual_clock import VirtualEngine
 from sglang_tpu.tokenizer import Tokenizer, load_tokenizer
 from sglang_tpu.topology import lookup
 from tpuserve.bench.anchors import AnchorContext, make_bench_policy

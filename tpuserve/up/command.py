@@ -174,6 +174,7 @@ async def up(args: argparse.Namespace, status: StatusLines) -> int:
                 spawn(f"engine {i}", [
                     "engine", "sim", "--host", "127.0.0.1", "--port", "0",
                     "--time-scale", str(args.time_scale),
+                    "--enable-cache-report",  # cached tokens in usage, as launched engines
                     # ZMQ picks free ports (the twin reports them in /get_server_info,
                     # where the router reads them): no window for another socket to take
                     # a port chosen here first

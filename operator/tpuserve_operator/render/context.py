@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sglang_tpu.contract import GroupContract
+from sglang_tpu.contract.group_contract import GroupContract
 from tpuserve_operator import labels
 from tpuserve_operator.validation import ValidSpec
 from tpuserve_operator.version import VERSION

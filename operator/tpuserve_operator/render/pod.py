@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_tpu.contract import FieldRef
+from sglang_tpu.contract.group_contract import GroupContract
+from sglang_tpu.contract.pod_env import FieldRef
 from sglang_tpu.model_source import parse_model_source, pvc_mount_path
 from sglang_tpu.topology import (
     NODE_POOL_LABEL,
@@ -27,6 +28,8 @@ from tpuserve_operator.render.context import RUN_AS_USER, Manifest, Server
 ENGINE_CONTAINER = "engine"
 ENGINE_COMMAND = ["tpuserve", "engine", "launch"]
 HEALTH_PATH = "/health"
+# TorchTPU's handshake on the leader (MASTER_ADDR), pinned by the launch contract.
+TORCH_TPU_HANDSHAKE_PORT = int(GroupContract.model_fields["torch_tpu_handshake_port"].default)
 
 CACHE_ROOT = "/var/cache/tpuserve"
 WEIGHTS_DIR = f"{CACHE_ROOT}/weights"
@@ -303,6 +306,14 @@ def engine_pod_template(
                 "protocol": "TCP",
             },
         ]
+        if spec.engine.type == "sglang":
+            container["ports"].append(
+                {
+                    "name": "tpu-handshake",
+                    "containerPort": TORCH_TPU_HANDSHAKE_PORT,
+                    "protocol": "TCP",
+                }
+            )
         container |= _probes(server)
     selector, tolerations = _node_placement(server)
     pod_spec: Manifest = {

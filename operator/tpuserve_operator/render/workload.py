@@ -14,7 +14,7 @@ a time and every pod's launch contract carries literal values for its group.
 
 from __future__ import annotations
 
-from sglang_tpu.contract import GroupContract
+from sglang_tpu.contract.group_contract import GroupContract
 from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.render.context import Manifest, Server, ValidServer
 from tpuserve_operator.render.pod import (

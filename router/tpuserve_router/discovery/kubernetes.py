@@ -53,7 +53,7 @@ WATCH_TIMEOUT_SECONDS = 300
 
 def default_worker_port() -> int:
     """The engine's HTTP port when a pod says nothing else (from the launch contract)."""
-    from sglang_tpu.contract import GroupContract
+    from sglang_tpu.contract.group_contract import GroupContract
 
     default = GroupContract.model_fields["http_port"].default
     return int(default)

@@ -50,7 +50,8 @@ def serve(url: str, n: int) -> list[dict[str, Any]]:
 
 
 def test_every_listed_metric_is_exposed_with_its_type_and_counters_add_up() -> None:
-    with running_engine(["--time-scale", "0", "--served-model-name", MODEL]) as engine:
+    args = ["--time-scale", "0", "--served-model-name", MODEL, "--enable-cache-report"]
+    with running_engine(args) as engine:
         before = scrape(engine.url)
         for spec in ALL_METRICS:
             assert spec.family in before, spec.name

@@ -1,15 +1,18 @@
-"""The official openai client works against `tpuserve engine sim`; bad input gets named 4xx."""
+"""The official openai client works against `tpuserve engine sim`; bad input gets named 4xx;
+usage, meta_info and error bodies have SGLang 0.5.23's shapes."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
-from openai.types.chat import ChatCompletionMessageParam
 
+from sglang_tpu.sim.native_api import TIMING_KEYS
 from tests.component.engine.engine_process import EngineProcess, running_engine
 
 pytestmark = pytest.mark.component
@@ -24,8 +27,9 @@ LONG_PROMPT = (
 @pytest.fixture(scope="module")
 def engine() -> Iterator[EngineProcess]:
     with running_engine(
-        ["--time-scale", "0", "--served-model-name", MODEL, "--context-length", "4096"]
-    ) as proc:
+        ["--time-scale", "0", "--served-model-name", MODEL, "--context-length", "4096",
+         "--enable-cache-report"]
+    ) as proc:  # fmt: skip
         yield proc
 
 
@@ -64,40 +68,174 @@ def test_streamed_chat_arrives_token_by_token_with_usage(client: openai.OpenAI) 
     assert usage.completion_tokens == 5
 
 
-def test_same_prompt_twice_reports_cached_tokens(client: openai.OpenAI) -> None:
-    messages: list[ChatCompletionMessageParam] = [
-        {"role": "user", "content": LONG_PROMPT + " who measured the speed of light?"}
-    ]
-    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
-    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
+def test_same_prompt_twice_reports_cached_tokens_in_whole_pages(client: openai.OpenAI) -> None:
+    content = LONG_PROMPT + " who measured the speed of light?"
+    first = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=3
+    )
+    second = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=3
+    )
     assert first.usage is not None
     assert second.usage is not None
     assert second.usage.prompt_tokens_details is not None
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached is not None
-    assert cached > 0
+    assert 0 < cached < second.usage.prompt_tokens
+    assert cached % 16 == 0  # the radix cache matches whole pages (--page-size 16)
     assert second.choices[0].message.content == first.choices[0].message.content
 
 
-def test_native_generate_reports_meta_info(engine: EngineProcess) -> None:
-    async def go() -> dict[str, object]:
-        async with (
-            aiohttp.ClientSession() as s,
-            s.post(
-                engine.url + "/generate",
-                json={"text": LONG_PROMPT, "sampling_params": {"max_new_tokens": 4}},
-            ) as r,
-        ):
-            assert r.status == 200
-            body: dict[str, object] = await r.json()
-            return body
+def test_without_cache_report_usage_has_no_cached_tokens() -> None:
+    """As SGLang: prompt_tokens_details is null (absent when streamed) without the flag."""
 
-    body = asyncio.run(go())
-    meta = body["meta_info"]
-    assert isinstance(meta, dict)
+    async def go(url: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        body = {"prompt": LONG_PROMPT, "max_tokens": 2}
+        async with aiohttp.ClientSession() as s:
+            for _ in range(2):  # the second one hits the cache
+                async with s.post(url + "/v1/completions", json=body) as r:
+                    plain = await r.json()
+            streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+            async with s.post(url + "/v1/completions", json=streamed) as r:
+                events = [line async for line in r.content if line.startswith(b"data: {")]
+        return plain, [json.loads(e.removeprefix(b"data: ")) for e in events]
+
+    with running_engine(["--time-scale", "0"]) as proc:
+        plain, chunks = asyncio.run(go(proc.url))
+    assert plain["usage"]["prompt_tokens_details"] is None
+    assert plain["usage"]["completion_tokens"] == 2
+    (usage,) = [c["usage"] for c in chunks if c.get("usage")]
+    assert "prompt_tokens_details" not in usage
+    assert usage["completion_tokens"] == 2
+
+
+def post_generate(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON body of a /generate answer, or every streamed chunk of it."""
+
+    async def go() -> list[dict[str, Any]]:
+        async with aiohttp.ClientSession() as s, s.post(url + "/generate", json=body) as r:
+            assert r.status == 200
+            if not body.get("stream"):
+                return [await r.json()]
+            return [
+                json.loads(line.removeprefix(b"data: "))
+                async for line in r.content
+                if line.startswith(b"data: {")
+            ]
+
+    return asyncio.run(go())
+
+
+# SGLang 0.5.23's meta_info of a finished plain-text request (observed on a real engine with
+# --enable-metrics, as the launcher starts it).
+FINISHED_META_KEYS = {
+    "id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions",
+    "storage_prefetch_wait", "storage_staging_wait", "forward_entry_time",
+    "prefill_finished_time", "queue_time", "reasoning_tokens", "completion_tokens",
+    "cached_tokens", "weight_versions", "cached_tokens_details", "dp_rank", "e2e_latency",
+    "request_received_ts", "first_token_latency", "api_server_dispatch_finish_ts",
+    "request_finished_ts", "decode_throughput", "response_sent_to_client_ts",
+}  # fmt: skip
+FINISHED_ONLY_KEYS = {
+    "weight_versions", "e2e_latency", "request_received_ts", "first_token_latency",
+    "api_server_dispatch_finish_ts", "request_finished_ts", "decode_throughput",
+}  # fmt: skip
+
+
+def test_native_generate_reports_sglangs_meta_info(engine: EngineProcess) -> None:
+    body = {"text": LONG_PROMPT, "sampling_params": {"max_new_tokens": 4}}
+    (first,) = post_generate(engine.url, body)
+    (again,) = post_generate(engine.url, body)
+    meta = again["meta_info"]
+    assert meta.keys() == FINISHED_META_KEYS
+    assert TIMING_KEYS <= FINISHED_META_KEYS
     assert meta["completion_tokens"] == 4
     assert meta["finish_reason"] == {"type": "length", "length": 4}
-    assert {"prompt_tokens", "cached_tokens", "id"} <= meta.keys()
+    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 4}]
+    assert meta["cached_tokens"] > 0
+    assert meta["cached_tokens_details"] == {"device": meta["cached_tokens"], "host": 0}
+    assert first["meta_info"]["cached_tokens_details"] is None
+    assert meta["e2e_latency"] >= meta["first_token_latency"] >= 0
+
+
+def test_streamed_generate_reports_end_to_end_timings_only_at_the_end(
+    engine: EngineProcess,
+) -> None:
+    chunks = post_generate(
+        engine.url, {"text": "stream me", "stream": True, "sampling_params": {"max_new_tokens": 3}}
+    )
+    assert len(chunks) == 3
+    *running, last = [c["meta_info"] for c in chunks]
+    for meta in running:
+        assert meta["finish_reason"] is None
+        assert meta.keys() == FINISHED_META_KEYS - FINISHED_ONLY_KEYS
+    assert last.keys() == FINISHED_META_KEYS
+    assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # a value SGLang refuses: {"error": {"message": ...}}
+        (b'{"sampling_params": {}}', {"error": {"message": str}}),
+        (b'{"text": "hi", "sampling_params": {"max_new_tokens": -1}}', {"error": {"message": str}}),
+        # a sampling parameter of the wrong type (the API contract check): {"error": "..."}
+        (b'{"text": "hi", "sampling_params": {"max_new_tokens": "x"}}', {"error": str}),
+        # not a valid request body (FastAPI validation): an OpenAI error object
+        (b"{not json", {"object": "error", "message": str, "type": "Bad Request", "param": None,
+                        "code": 400}),
+        (b'{"text": 5}', {"object": "error", "message": str, "type": "Bad Request",
+                          "param": None, "code": 400}),
+    ],
+)  # fmt: skip
+def test_native_errors_have_sglangs_bodies(
+    engine: EngineProcess, body: bytes, expected: dict[str, Any]
+) -> None:
+    async def go() -> tuple[int, dict[str, Any]]:
+        async with aiohttp.ClientSession() as s, s.post(engine.url + "/generate", data=body) as r:
+            return r.status, await r.json()
+
+    status, payload = asyncio.run(go())
+    assert status == 400
+    assert matches(payload, expected), payload
+
+
+def matches(value: Any, expected: Any) -> bool:
+    """`value` has the shape of `expected`, where `str` stands for any string (a message)."""
+    if expected is str:
+        return isinstance(value, str) and bool(value)
+    if isinstance(expected, dict):
+        return (
+            isinstance(value, dict)
+            and value.keys() == expected.keys()
+            and all(matches(value[k], v) for k, v in expected.items())
+        )
+    return bool(value == expected)
+
+
+def test_server_info_is_current_and_get_server_info_its_deprecated_alias(
+    engine: EngineProcess,
+) -> None:
+    async def go() -> list[dict[str, Any]]:
+        async with aiohttp.ClientSession() as s:
+            bodies = []
+            for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+                async with s.get(engine.url + path) as r:
+                    assert r.status == 200, path
+                    bodies.append(await r.json())
+            return bodies
+
+    info, old_info, model, old_model = asyncio.run(go())
+    assert info.keys() == old_info.keys()
+    assert model == old_model
+    assert info["version"] == "0.5.23"
+    assert info["enable_cache_report"] is True
+    assert info["served_model_name"] == MODEL
+    assert info["kv_events"] is None  # this engine publishes no KV events
+    assert {"launch_command", "startup_time", "internal_states", "max_total_num_tokens",
+            "max_req_input_len", "page_size", "tp_size", "dp_size"} <= info.keys()  # fmt: skip
+    assert model["served_model_name"] == MODEL
+    assert model["weight_version"] == "default"
 
 
 @pytest.mark.parametrize(
@@ -113,7 +251,6 @@ def test_native_generate_reports_meta_info(engine: EngineProcess) -> None:
         ("/v1/chat/completions", b'{"messages": [{"role": "x", "content": "a"}]}', 400,
          "messages[0].role"),
         ("/v1/completions", b'{"prompt": "' + b"word " * 5000 + b'"}', 400, "prompt"),
-        ("/generate", b'{"sampling_params": {}}', 400, "text"),
     ],
 )  # fmt: skip
 def test_bad_input_gets_a_4xx_naming_the_field(

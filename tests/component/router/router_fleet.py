@@ -54,7 +54,8 @@ class EngineTwin:
         return f"tcp://127.0.0.1:{self.replay_port}"
 
     def start(self) -> EngineTwin:
-        cmd = [sys.executable, "-c", ENTRY, "engine", "sim", "--port", str(self.port), *self.args]
+        cmd = [sys.executable, "-c", ENTRY, "engine", "sim", "--port", str(self.port)]
+        cmd += ["--enable-cache-report", *self.args]  # cached tokens in usage, as the launcher
         if self.kv_events:
             cmd += [
                 "--kv-events-endpoint", self.kv_endpoint,

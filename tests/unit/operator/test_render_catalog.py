@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from sglang_tpu.contract import LaunchContract, torch_tpu_env
+from sglang_tpu.contract.launch_contract import LaunchContract
+from sglang_tpu.contract.torch_tpu import torch_tpu_env
 from sglang_tpu.topology import (
     ACCELERATOR_LABEL,
     SLICE_SHAPES,

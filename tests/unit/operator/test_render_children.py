@@ -223,11 +223,26 @@ def test_leaders_publish_kv_events_with_a_replay_socket(rendered: RenderFn) -> N
     leader = one(children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
     (engine,) = leader["containers"]
     ports = {p["name"]: p["containerPort"] for p in engine["ports"]}
-    assert ports == {"http": 30000, "kv-events": 5557, "kv-replay": 5558}
+    assert ports == {"http": 30000, "kv-events": 5557, "kv-replay": 5558, "tpu-handshake": 36423}
     env = {e["name"]: e.get("value") for e in engine["env"]}
     assert (env["TPUSERVE_KV_EVENTS_PORT"], env["TPUSERVE_KV_REPLAY_PORT"]) == ("5557", "5558")
     service = one(children, "Service", "qwen-leaders")
     assert {p["name"] for p in service["spec"]["ports"]} == {"http", "kv-events", "kv-replay"}
+
+
+def test_engines_pin_the_torch_tpu_handshake_port_and_mount_a_memory_dev_shm(
+    rendered: RenderFn,
+) -> None:
+    """TorchTPU's handshake port is the contract's and declared; its tier-2 cache needs a
+    memory-backed /dev/shm."""
+    pod = one(rendered().children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    (engine,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    declared = {p["name"]: p["containerPort"] for p in engine["ports"]}
+    assert declared["tpu-handshake"] == int(env["TPUSERVE_TORCH_TPU_HANDSHAKE_PORT"])
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in engine["volumeMounts"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
 
 
 def test_startup_probe_allows_an_hour_for_a_first_compile(

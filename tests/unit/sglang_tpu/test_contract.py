@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_tpu import contract
-from sglang_tpu.contract import (
-    ContractError,
-    GroupContract,
-    LaunchContract,
-    Var,
+from sglang_tpu.contract.doc_rows import variables
+from sglang_tpu.contract.env_names import Var
+from sglang_tpu.contract.group_contract import GroupContract
+from sglang_tpu.contract.launch_contract import LaunchContract
+from sglang_tpu.contract.pod_env import (
+    LWS_GROUP_INDEX,
+    LWS_GROUP_KEY,
+    LWS_WORKER_INDEX,
     lws_hostnames,
     pod_env,
     statefulset_hostnames,
-    torch_tpu_env,
 )
+from sglang_tpu.contract.problems import ContractError
+from sglang_tpu.contract.torch_tpu import torch_tpu_env
 
 pytestmark = pytest.mark.unit
 
@@ -71,7 +74,7 @@ def test_replica_placeholder_gives_this_groups_hostnames() -> None:
     assert not c.is_leader
 
 
-@pytest.mark.parametrize("variable", [v.name for v in contract.variables() if v.required], ids=str)
+@pytest.mark.parametrize("variable", [v.name for v in variables() if v.required], ids=str)
 def test_a_missing_required_variable_is_named(variable: str) -> None:
     env = dict(IRONWOOD)
     del env[variable]
@@ -209,13 +212,13 @@ def test_pod_env_takes_per_pod_values_from_the_downward_api() -> None:
     )
     env = pod_env(
         group,
-        host_index=contract.LWS_WORKER_INDEX,
-        replica_index=contract.LWS_GROUP_INDEX,
-        group_key=contract.LWS_GROUP_KEY,
+        host_index=LWS_WORKER_INDEX,
+        replica_index=LWS_GROUP_INDEX,
+        group_key=LWS_GROUP_KEY,
     )
     by_name = {e["name"]: e for e in env}
     assert len(by_name) == len(env)
-    worker_index = {"fieldRef": {"fieldPath": contract.LWS_WORKER_INDEX.field_path}}
+    worker_index = {"fieldRef": {"fieldPath": LWS_WORKER_INDEX.field_path}}
     assert by_name["TPUSERVE_HOST_INDEX"]["valueFrom"] == worker_index
     assert by_name["TPU_WORKER_ID"]["valueFrom"] == worker_index
     group_index = "metadata.labels['leaderworkerset.sigs.k8s.io/group-index']"
@@ -243,7 +246,7 @@ def test_constructing_a_group_contract_in_python_validates_too() -> None:
 
 
 def test_documented_variables_are_exactly_the_contract() -> None:
-    rows = contract.variables()
+    rows = variables()
     assert [r.name for r in rows] == [v.value for v in Var]
     assert all(r.description and r.allowed for r in rows)
 

@@ -9,7 +9,8 @@ from typing import TypedDict
 import pytest
 
 from sglang_tpu import launch
-from sglang_tpu.contract import LaunchContract, Var
+from sglang_tpu.contract.env_names import Var
+from sglang_tpu.contract.launch_contract import LaunchContract
 from sglang_tpu.sim import cli as sim_cli
 from tpuserve import cli
 
@@ -40,6 +41,7 @@ MALFORMED: dict[Var, str] = {
     Var.MODEL: "s3://bucket/model",
     Var.SERVED_MODEL_NAME: "   ",
     Var.ENGINE: "vllm",
+    Var.DEVICE: "gpu",
     Var.TPU_GENERATION: "v4",
     Var.TPU_TOPOLOGY: "3x3",
     Var.HOSTS: "two",
@@ -56,6 +58,7 @@ MALFORMED: dict[Var, str] = {
     Var.MASTER_PORT: "30000",
     Var.TPU_PROCESS_PORT: "20003",
     Var.SLICEBUILDER_BASE_PORT: "29495",
+    Var.TORCH_TPU_HANDSHAKE_PORT: "8071",  # inside the slicebuilder range 8070-8077
     Var.EXECUTION_MODE: "lazy",
     Var.QUANTIZATION: "int4",
     Var.KV_CACHE_DTYPE: "fp16",
@@ -64,6 +67,8 @@ MALFORMED: dict[Var, str] = {
     Var.SPECULATIVE_DRAFT_MODEL: "/models/draft",
     Var.SPECULATIVE_NUM_STEPS: "2",
     Var.SGLANG_EXTRA_ARGS: "--tp-size 4",
+    Var.SGLANG_PYTHON: "venv/bin/python",
+    Var.CPU_KERNEL_SHIM_DIR: "/opt/shim",  # only with TPUSERVE_DEVICE=cpu
     Var.SIM_MODEL_PROFILE: "no-such-model",
     Var.COMPILE_CACHE_DIR: "relative/dir",
     Var.GCS_FUSE_ROOT: "gcs",
@@ -149,9 +154,13 @@ def test_single_host_eight_chips(generation: str, capsys: pytest.CaptureFixture[
     assert env["TORCH_TPU_DEVICES_PER_HOST"] == "8"
     assert env["TPU_WORKER_HOSTNAMES"] == "srv-0.srv.ns.svc"
     assert env["TPU_WORKER_ID"] == "0"
+    assert env["TPU_ACCELERATOR_TYPE"] == f"{'v5litepod' if generation == 'v5e' else 'v6e'}-8"
+    assert env["TORCH_TPU_INTERNAL_HANDSHAKE_PORT"] == "36423"
+    assert env["TORCH_TPU_TIER2_COMPILATION_CACHE"]
     assert not {"NNODES", "NODE_RANK", "MASTER_ADDR", "TORCH_TPU_SLICEBUILDER_ADDRESSES"} & set(env)
+    assert "--enable-cache-report" in command
     kv = json.loads(flag(command, "--kv-events-config"))
-    assert kv == {"publisher": "zmq", "endpoint": "tcp://*:5557"}
+    assert kv == {"publisher": "zmq", "endpoint": "tcp://*:5557", "bind": True}
 
 
 @pytest.mark.parametrize("host", [0, 1])
@@ -226,6 +235,7 @@ def test_engine_options_reach_the_command(capsys: pytest.CaptureFixture[str]) ->
     assert "--enable-torch-compile" not in command
     assert json.loads(flag(command, "--kv-events-config")) == {
         "publisher": "zmq",
+        "bind": True,
         "endpoint": "tcp://127.0.0.1:5557",
         "replay_endpoint": "tcp://127.0.0.1:5558",
     }

@@ -1,8 +1,8 @@
 """docs/engine-launch.md stays true to the code: its tables are generated from the definitions.
 
-The contract table comes from `sglang_tpu.contract.variables()` and the SGLang flag table
-from `sglang_tpu.sglang_flags.FLAGS`; each sits between marker comments. After changing
-either definition, regenerate and review:
+The contract table comes from `sglang_tpu.contract.doc_rows.variables()`, the SGLang flag table
+from `sglang_tpu.sglang_flags.FLAGS` and the cpu device's flags from `CPU_FLAGS`; each sits
+between marker comments. After changing a definition, regenerate and review:
 
     TPUSERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/sglang_tpu/test_launch_docs.py
 """
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_tpu import contract, launch, sglang_flags
-from sglang_tpu.contract import LaunchContract
+from sglang_tpu import launch, sglang_flags
+from sglang_tpu.contract.doc_rows import variables
+from sglang_tpu.contract.launch_contract import LaunchContract
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +34,7 @@ def contract_table() -> str:
         "| variable | scope | required | default | allowed | meaning |",
         "|---|---|---|---|---|---|",
     ]
-    for v in contract.variables():
+    for v in variables():
         default = f"`{v.default}`" if v.default else ""
         required = "yes" if v.required else ""
         lines.append(
@@ -51,7 +52,19 @@ def flag_table() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"contract-table": contract_table, "sglang-flag-table": flag_table}
+def cpu_flag_table() -> str:
+    lines = ["| flag | value | note |", "|---|---|---|"]
+    for f in sglang_flags.CPU_FLAGS:
+        value = f"`{f.set_from}`" if f.set_from else "(a switch)"
+        lines.append(f"| `{f.name}` | {value} | {cell(f.note)} |")
+    return "\n".join(lines)
+
+
+TABLES = {
+    "contract-table": contract_table,
+    "sglang-flag-table": flag_table,
+    "cpu-flag-table": cpu_flag_table,
+}
 
 
 def section(name: str, text: str) -> re.Match[str]:
@@ -86,8 +99,13 @@ def test_every_derived_variable_is_documented() -> None:
         "TPUSERVE_COMPILE_CACHE_DIR": "/c",
     }
     names = set(launch.plan(LaunchContract.from_env(env)).env)
-    for variables in launch.EAGER_MODE_ENV.values():
-        names |= set(variables)
+    cpu = {**env, "TPUSERVE_DEVICE": "cpu", "TPUSERVE_TPU_TOPOLOGY": "2x4", "TPUSERVE_HOSTS": "1"}
+    cpu |= {"TPUSERVE_CHIPS_PER_HOST": "8", "TPUSERVE_HOST_INDEX": "0"}
+    cpu.pop("TPUSERVE_WORKER_HOSTNAMES")
+    cpu |= {"TPUSERVE_CPU_KERNEL_SHIM_DIR": "/shim"}
+    names |= set(launch.plan(LaunchContract.from_env(cpu)).env)
+    for mode_env in launch.EAGER_MODE_ENV.values():
+        names |= set(mode_env)
     text = DOC.read_text()
     missing = sorted(n for n in names if f"`{n}`" not in text)
     assert not missing, f"undocumented derived variables: {missing}"

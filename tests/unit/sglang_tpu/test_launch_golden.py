@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from sglang_tpu import launch
-from sglang_tpu.contract import LaunchContract, lws_hostnames
+from sglang_tpu.contract.launch_contract import LaunchContract
+from sglang_tpu.contract.pod_env import lws_hostnames
 from sglang_tpu.topology import SLICE_SHAPES, SliceShape
 
 pytestmark = pytest.mark.unit
@@ -122,6 +123,9 @@ def test_goldens_say_what_the_catalog_says(shape: SliceShape) -> None:
         assert env["TORCH_TPU_TOPOLOGY"] == shape.host_topology
         assert env["TORCH_TPU_DEVICES_PER_HOST"] == str(shape.devices_per_host)
         assert env["TPU_WORKER_ID"] == str(host)
+        assert env["TPU_ACCELERATOR_TYPE"] == shape.accelerator_type
+        assert "--enable-cache-report" in command
+        assert json.loads(command[command.index("--kv-events-config") + 1])["bind"] is True
         hostnames = env["TPU_WORKER_HOSTNAMES"].split(",")
         assert len(hostnames) == shape.hosts
         assert hostnames[0] == leader

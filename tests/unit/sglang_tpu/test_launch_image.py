@@ -14,7 +14,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from sglang_tpu.contract import GroupContract
+from sglang_tpu.contract.group_contract import GroupContract
 
 pytestmark = pytest.mark.unit
 

@@ -52,3 +52,18 @@ def test_node_selector_uses_gke_labels() -> None:
         "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
         "cloud.google.com/gke-tpu-topology": "2x4",
     }
+
+
+@pytest.mark.parametrize(
+    ("generation", "topo", "accelerator_type"),
+    [
+        ("v5e", "2x4", "v5litepod-8"),
+        ("v5p", "2x2x1", "v5p-8"),  # 4 chips, 2 TensorCores each
+        ("v6e", "4x4", "v6e-16"),
+        ("tpu7x", "4x4x4", "tpu7x-128"),  # Google's dynamic-slicing sample: 64 chips
+    ],
+)
+def test_accelerator_type_counts_tensorcores_as_cloud_tpu_names_slices(
+    generation: str, topo: str, accelerator_type: str
+) -> None:
+    assert lookup(generation, topo).accelerator_type == accelerator_type

@@ -9,14 +9,10 @@ import pytest
 
 from sglang_tpu.kv_events import KVEvent
 from sglang_tpu.perf_model import StepTimer, get_profile
-from sglang_tpu.sim.engine import (
-    EngineConfig,
-    EngineCore,
-    OutputPalette,
-    QueueFull,
-    Request,
-    VirtualEngine,
-)
+from sglang_tpu.sim.engine import EngineConfig, EngineCore, QueueFull
+from sglang_tpu.sim.output_text import OutputPalette, output_text
+from sglang_tpu.sim.request import Request
+from sglang_tpu.sim.virtual_clock import VirtualEngine
 from sglang_tpu.tokenizer import load_tokenizer
 from sglang_tpu.topology import lookup
 
@@ -68,7 +64,7 @@ def test_output_is_deterministic_for_the_same_prompt_and_seed() -> None:
         req = Request("a", prompt(50), 20)
         sim.submit(req, at=0.0)
         sim.run_to_completion()
-        outs.append((req.output_ids, core.output_text(req)))
+        outs.append((req.output_ids, output_text(req, PALETTE)))
     assert outs[0] == outs[1]
     assert outs[0][1].startswith(" ")
 
@@ -137,7 +133,7 @@ def test_stop_strings_end_the_request_and_trim_the_text() -> None:
     probe = Request("p", prompt(20), 30)
     sim.submit(probe, at=0.0)
     sim.run_to_completion()
-    full = core.output_text(probe)
+    full = output_text(probe, PALETTE)
     stop = full.split(" ")[3]
     again = make_core()
     sim2 = VirtualEngine(again)
@@ -145,8 +141,8 @@ def test_stop_strings_end_the_request_and_trim_the_text() -> None:
     sim2.submit(req, at=0.0)
     (done,) = sim2.run_to_completion()
     assert done.finish_reason == {"type": "stop", "matched": " " + stop}
-    assert full.startswith(again.output_text(req))
-    assert (" " + stop) not in again.output_text(req)
+    assert full.startswith(output_text(req, PALETTE))
+    assert (" " + stop) not in output_text(req, PALETTE)
 
 
 def test_kv_events_reach_the_sink_every_step() -> None:

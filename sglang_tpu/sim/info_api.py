@@ -1,0 +1,295 @@
+"""The twin's admin and information routes: health, model and server info, load, cache
+flush, metrics, and the tpuserve-specific ``/debug/radix_cache``.
+
+``/server_info`` and ``/model_info`` are the current names in SGLang 0.5.23; ``/get_server_info``
+and ``/get_model_info`` stay as deprecated aliases that log a warning, as SGLang's do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from sglang_tpu.sim.generation import RequestRejected, run_to_end
+from sglang_tpu.sim.request import Request
+from sglang_tpu.sim.responses import json_response
+from sglang_tpu.sim.service import WEIGHT_VERSION, EngineService, service_of
+
+log = logging.getLogger(__name__)
+
+SGLANG_VERSION = "0.5.23"  # the SGLang release whose API the twin answers as
+FLUSH_OK = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+    "waiting requests, the operation will not be performed.)\n"
+)
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    if service_of(request).draining:
+        return web.Response(status=503, text="draining")
+    return web.Response(status=200)
+
+
+async def handle_health_generate(request: web.Request) -> web.Response:
+    svc = service_of(request)
+    if svc.draining:
+        return web.Response(status=503, text="draining")
+    req = Request(f"HEALTH_CHECK_{svc.new_rid()}", [svc.core.palette.ids[0]], 1)
+    try:
+        await run_to_end(svc, req)
+    except RequestRejected:
+        return web.Response(status=503, text="the waiting queue is full")
+    return web.Response(status=200)
+
+
+def deprecated(
+    handler: Callable[[web.Request], Awaitable[web.Response]], current: str
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An old path that answers like `current` and logs SGLang's deprecation warning."""
+
+    async def alias(request: web.Request) -> web.Response:
+        log.warning(
+            "Endpoint '%s' is deprecated and will be removed in a future version. "
+            "Please use '%s' instead.",
+            request.path,
+            current,
+        )
+        return await handler(request)
+
+    return alias
+
+
+async def handle_model_info(request: web.Request) -> web.Response:
+    s = service_of(request).settings
+    return json_response(
+        {"model_path": s.model_path, "served_model_name": s.served_model_name,
+         "tokenizer_path": s.tokenizer_path or s.tokenizer.name, "is_generation": True,
+         "preferred_sampling_params": None, "weight_version": WEIGHT_VERSION,
+         "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None,
+         "disaggregation_mode": "null", "has_image_understanding": False,
+         "has_audio_understanding": False, "model_type": None, "architectures": None}
+    )  # fmt: skip
+
+
+def _kv_events_config(svc: EngineService) -> str | None:
+    """`--kv-events-config` as SGLang keeps it: the publisher's JSON (bound endpoints here)."""
+    if svc.publisher is None:
+        return None
+    return orjson.dumps(
+        {"publisher": "zmq", "endpoint": svc.publisher.endpoint, "bind": True,
+         "replay_endpoint": svc.publisher.replay_endpoint, "topic": svc.settings.kv_events_topic,
+         "buffer_steps": svc.settings.kv_events_buffer_steps}
+    ).decode()  # fmt: skip
+
+
+def _tcp_host_port(endpoint: str | None) -> tuple[str, int] | None:
+    """(host, port) of a tcp:// endpoint, IPv6 hosts bracketed; None for anything else."""
+    if endpoint is None or not endpoint.startswith("tcp://"):
+        return None
+    host, sep, port = endpoint.removeprefix("tcp://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return None
+    return host, int(port)
+
+
+def kv_events_descriptor(svc: EngineService) -> dict[str, Any] | None:
+    """The ``kv_events`` block of ``/server_info``, as SGLang's `describe_kv_events_publisher`
+    builds it: where to subscribe (one port per DP rank from the base; a wildcard host means
+    "the worker's own host"), the topic and the block size to hash prompts with."""
+    if svc.publisher is None:
+        return None
+    address = _tcp_host_port(svc.publisher.endpoint)
+    if address is None:
+        return None
+    descriptor: dict[str, Any] = {
+        "publisher": "zmq",
+        "endpoint_host": address[0],
+        "endpoint_port_base": address[1],
+        "topic": svc.settings.kv_events_topic,
+        "block_size": svc.core.config.page_size,
+        "dp_size": 1,
+    }
+    replay = _tcp_host_port(svc.publisher.replay_endpoint)
+    if replay is not None:
+        descriptor["replay_endpoint_port_base"] = replay[1]
+    return descriptor
+
+
+def _server_args(svc: EngineService) -> dict[str, Any]:
+    """The resolved server arguments the twin has, under SGLang's `ServerArgs` names."""
+    s = svc.settings
+    cfg = svc.core.config
+    shape = s.timer.shape
+    return {
+        "model_path": s.model_path,
+        "tokenizer_path": s.tokenizer_path,
+        "served_model_name": s.served_model_name,
+        "host": s.host,
+        "port": s.port,
+        "context_length": cfg.context_length,
+        "page_size": cfg.page_size,
+        "max_running_requests": cfg.max_running_requests,
+        "max_queued_requests": cfg.max_queued_requests,
+        "chunked_prefill_size": cfg.chunked_prefill_size,
+        "max_total_tokens": cfg.cache_tokens,
+        "quantization": s.quantization,
+        "kv_cache_dtype": s.kv_cache_dtype,
+        "tp_size": shape.devices,
+        "dp_size": 1,
+        "pp_size": 1,
+        "nnodes": shape.hosts,
+        "device": "tpu",
+        "schedule_policy": "fcfs",
+        "random_seed": cfg.seed,
+        "enable_metrics": True,
+        "enable_cache_report": s.enable_cache_report,
+        "kv_events_config": _kv_events_config(svc),
+        "disable_radix_cache": False,
+        "weight_version": WEIGHT_VERSION,
+    }
+
+
+async def handle_server_info(request: web.Request) -> web.Response:
+    """SGLang's ``/server_info``: resolved server arguments, scheduler info, the KV-event
+    publisher, live internal state and the version, plus a tpuserve-specific block."""
+    svc = service_of(request)
+    s = svc.settings
+    cfg = svc.core.config
+    shape = s.timer.shape
+    server_args = _server_args(svc)
+    return json_response(
+        {
+            **server_args,
+            "launch_command": s.launch_command,
+            # scheduler info
+            "status": "ready",
+            "max_total_num_tokens": cfg.cache_tokens,
+            "max_req_input_len": cfg.context_length - 1,
+            "kv_events": kv_events_descriptor(svc),
+            "startup_time": svc.startup_time,
+            "internal_states": [
+                {**server_args, "world_size": shape.devices,
+                 "effective_max_running_requests_per_dp": cfg.max_running_requests,
+                 "last_gen_throughput": svc.metrics.last_gen_throughput,
+                 "memory_usage": {"token_capacity": cfg.cache_tokens}}
+            ],
+            "version": SGLANG_VERSION,
+            "frontend": "python",
+            "tpuserve": {
+                "simulated": True, "tpu": shape.generation.name, "topology": shape.topology,
+                "chips": shape.chips, "model_profile": s.timer.profile.name,
+                "time_scale": s.time_scale, "tokenizer": s.tokenizer.name,
+            },
+        }
+    )  # fmt: skip
+
+
+def _load(svc: EngineService) -> dict[str, Any]:
+    core = svc.core
+    cfg = core.config
+    used = core.num_used_tokens
+    return {
+        "dp_rank": 0,
+        "timestamp": time.time(),
+        "num_running_reqs": core.num_running,
+        "num_waiting_reqs": core.num_waiting,
+        "num_total_reqs": core.num_running + core.num_waiting,
+        "num_used_tokens": used,
+        "num_total_tokens": used + core.waiting_prompt_tokens,
+        "max_total_num_tokens": cfg.cache_tokens,
+        "token_usage": core.token_usage,
+        "gen_throughput": svc.metrics.last_gen_throughput,
+        "cache_hit_rate": core.last_prefill_hit_rate,
+        "utilization": -1.0,
+        "max_running_requests": cfg.max_running_requests,
+    }
+
+
+async def handle_get_load(request: web.Request) -> web.Response:
+    load = _load(service_of(request))
+    return json_response(
+        [{"dp_rank": 0, "num_reqs": load["num_total_reqs"],
+          "num_waiting_reqs": load["num_waiting_reqs"], "num_tokens": load["num_total_tokens"],
+          "num_pending_tokens": load["num_total_tokens"] - load["num_used_tokens"],
+          "ts_tic": time.perf_counter()}]
+    )  # fmt: skip
+
+
+async def handle_loads(request: web.Request) -> web.Response:
+    load = _load(service_of(request))
+    return json_response(
+        {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "version": SGLANG_VERSION,
+            "dp_rank_count": 1,
+            "loads": [load],
+            "aggregate": {
+                "total_running_reqs": load["num_running_reqs"],
+                "total_waiting_reqs": load["num_waiting_reqs"],
+                "total_reqs": load["num_total_reqs"],
+                "total_used_tokens": load["num_used_tokens"],
+                "total_tokens": load["num_total_tokens"],
+                "avg_token_usage": load["token_usage"],
+                "avg_throughput": load["gen_throughput"],
+                "avg_utilization": load["utilization"],
+            },
+        }
+    )
+
+
+async def handle_flush_cache(request: web.Request) -> web.Response:
+    core = service_of(request).core
+    if core.flush_cache():
+        return web.Response(status=200, text=FLUSH_OK)
+    return web.Response(
+        status=400,
+        text="Cache not flushed because there are pending requests. "
+        f"#queue-req: {core.num_waiting}, #running-req: {core.num_running}\n",
+    )
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    body = generate_latest(service_of(request).metrics.exposed)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def handle_debug_radix_cache(request: web.Request) -> web.Response:
+    """tpuserve-specific (not an SGLang path): the cache as pages with their event hashes."""
+    cache = service_of(request).core.cache
+    blocks = [
+        {"block_hash": b.block_hash, "parent_block_hash": b.parent_block_hash,
+         "token_ids": list(b.token_ids)}
+        for b in cache.blocks()
+    ]  # fmt: skip
+    body: dict[str, Any] = {
+        "page_size": cache.page_size,
+        "total_tokens": cache.total_size,
+        "evictable_tokens": cache.evictable_size,
+        "protected_tokens": cache.protected_size,
+        "evicted_tokens_total": cache.evicted_tokens_total,
+        "blocks": blocks,
+    }
+    if request.query.get("tree") in ("1", "true"):
+        body["tree"] = cache.debug_tree()
+    return json_response(body)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/health", handle_health)
+    router.add_get("/health_generate", handle_health_generate)
+    router.add_get("/model_info", handle_model_info)
+    router.add_get("/get_model_info", deprecated(handle_model_info, "/model_info"))
+    router.add_get("/server_info", handle_server_info)
+    router.add_get("/get_server_info", deprecated(handle_server_info, "/server_info"))
+    router.add_get("/get_load", handle_get_load)
+    router.add_get("/v1/loads", handle_loads)
+    router.add_get("/flush_cache", handle_flush_cache)
+    router.add_post("/flush_cache", handle_flush_cache)
+    router.add_get("/metrics", handle_metrics)
+    router.add_get("/debug/radix_cache", handle_debug_radix_cache)

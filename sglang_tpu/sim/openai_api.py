@@ -1,0 +1,197 @@
+"""SGLang's OpenAI-compatible routes on the twin: completions, chat completions, models.
+
+Shapes follow SGLang 0.5.23: the response ``id`` is the request id, ``model`` echoes the
+request's (``default`` when it names none), non-streamed responses carry ``metadata`` with the
+weight version, and ``usage.prompt_tokens_details`` holds the cached tokens only when the
+server runs with ``--enable-cache-report`` (otherwise null, or absent from a streamed
+completions usage chunk, which SGLang serialises without nulls).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from aiohttp import web
+
+from sglang_tpu.sim.generation import RequestRejected, prepare, run_request, run_to_end
+from sglang_tpu.sim.output_text import output_text
+from sglang_tpu.sim.protocol import (
+    GenerationRequest,
+    InvalidRequest,
+    parse_chat,
+    parse_completions,
+    parse_json,
+)
+from sglang_tpu.sim.request import Request
+from sglang_tpu.sim.responses import (
+    json_response,
+    openai_error,
+    sse_done,
+    sse_event,
+    sse_start,
+)
+from sglang_tpu.sim.service import WEIGHT_VERSION, EngineService, service_of, weight_versions
+
+DEFAULT_MODEL_NAME = "default"  # what SGLang's OpenAI routes echo when a request names no model
+
+
+def _finish_reason(reason: dict[str, Any] | None) -> str | None:
+    if reason is None:
+        return None
+    return "stop" if reason["type"] in ("stop", "abort") else "length"
+
+
+def _check_model(svc: EngineService, model: str | None) -> None:
+    served = svc.settings.served_model_name
+    if model is not None and model not in (served, svc.settings.model_path):
+        raise InvalidRequest(
+            "model",
+            f"model: {model!r} does not exist; allowed: {served!r}",
+            status=404,
+        )
+
+
+def usage(req: Request, *, enable_cache_report: bool) -> dict[str, Any]:
+    """SGLang's `UsageInfo` of a finished request (null fields included)."""
+    details = {"cached_tokens": req.cached_tokens} if enable_cache_report else None
+    return {
+        "prompt_tokens": len(req.input_ids),
+        "total_tokens": len(req.input_ids) + len(req.output_ids),
+        "completion_tokens": len(req.output_ids),
+        "prompt_tokens_details": details,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
+    }
+
+
+def _without_nulls(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if v is not None}
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    svc = service_of(request)
+    try:
+        gen = parse_completions(parse_json(await request.read()))
+        _check_model(svc, gen.model)
+        ids = gen.input_ids if gen.input_ids is not None else svc.tokenizer.encode(gen.text or "")
+        req = prepare(svc, gen, ids, openai=True)
+    except InvalidRequest as err:
+        return openai_error(str(err), err.status, err.param)
+    return await _respond(request, svc, gen, req, chat=False)
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    svc = service_of(request)
+    try:
+        gen, messages = parse_chat(parse_json(await request.read()))
+        _check_model(svc, gen.model)
+        ids = svc.tokenizer.encode(svc.tokenizer.apply_chat_template(messages))
+        req = prepare(svc, gen, ids, openai=True)
+    except InvalidRequest as err:
+        return openai_error(str(err), err.status, err.param)
+    return await _respond(request, svc, gen, req, chat=True)
+
+
+async def _respond(
+    request: web.Request, svc: EngineService, gen: GenerationRequest, req: Request, chat: bool
+) -> web.StreamResponse:
+    palette = svc.core.palette
+    model = gen.model or DEFAULT_MODEL_NAME
+    report = svc.settings.enable_cache_report
+    created = int(time.time())
+    rid = req.rid
+    obj = "chat.completion" if chat else "text_completion"
+    try:
+        if not gen.stream:
+            await run_to_end(svc, req)
+            choice: dict[str, Any] = {
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": _finish_reason(req.finish_reason),
+                "matched_stop": (req.finish_reason or {}).get("matched"),
+            }
+            text = output_text(req, palette)
+            if chat:
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": text,
+                    "reasoning_content": None,
+                }
+            else:
+                choice["text"] = text
+            return json_response(
+                {"id": rid, "object": obj, "created": created, "model": model,
+                 "choices": [choice], "usage": usage(req, enable_cache_report=report),
+                 "metadata": {"weight_version": WEIGHT_VERSION,
+                              "weight_versions": weight_versions(req)}}
+            )  # fmt: skip
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+        resp: web.StreamResponse | None = None
+        sent_text = 0
+
+        def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+            c: dict[str, Any] = {"index": 0}
+            if chat:
+                d: dict[str, Any] = {"reasoning_content": None}
+                if first:
+                    d["role"] = "assistant"
+                if delta is not None:
+                    d["content"] = delta
+                c["delta"] = d
+            else:
+                c["text"] = delta or ""
+            c |= {
+                "logprobs": None,
+                "finish_reason": finish,
+                "matched_stop": (req.finish_reason or {}).get("matched") if finish else None,
+            }
+            body = {"id": rid, "object": chunk_obj, "created": created, "model": model,
+                    "choices": [c]}  # fmt: skip
+            if not chat:
+                body["usage"] = None
+            return body
+
+        async with contextlib.aclosing(run_request(svc, req, stream=True)) as run:
+            async for _ in run:
+                if resp is None:
+                    resp = await sse_start(request)
+                    if chat:
+                        await sse_event(resp, chunk("", None, first=True))
+                text = output_text(req, palette)
+                if len(text) > sent_text:
+                    await sse_event(resp, chunk(text[sent_text:], None))
+                    sent_text = len(text)
+        assert resp is not None
+        await sse_event(resp, chunk(None if chat else "", _finish_reason(req.finish_reason)))
+        if gen.include_usage:
+            final = usage(req, enable_cache_report=report)
+            await sse_event(
+                resp,
+                {"id": rid, "object": chunk_obj, "created": created, "model": model,
+                 "choices": [], "usage": final if chat else _without_nulls(final)},
+            )  # fmt: skip
+        return await sse_done(resp)
+    except RequestRejected as rejected:
+        return rejected.response
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    s = service_of(request).settings
+    return json_response(
+        {
+            "object": "list",
+            "data": [
+                {"id": s.served_model_name, "object": "model", "created": int(time.time()),
+                 "owned_by": "sglang", "root": s.model_path, "parent": None,
+                 "max_model_len": s.engine.context_length},
+            ],
+        }
+    )  # fmt: skip
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post("/v1/completions", handle_completions)
+    router.add_post("/v1/chat/completions", handle_chat)
+    router.add_get("/v1/models", handle_models)

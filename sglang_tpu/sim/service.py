@@ -1,0 +1,169 @@
+"""The running engine twin: its settings, the engine core on the event loop's clock, metrics
+and the KV-event publisher.
+
+The engine loop is the real-clock driver of `sglang_tpu.sim.engine.EngineCore`: it forms a
+step, sleeps the modelled step time times ``time_scale`` (0 = only yield to the event loop)
+and applies the step. Handlers reach the service through the app key `SERVICE`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from sglang_tpu.kv_events import KVEvent
+from sglang_tpu.perf_model import StepTimer
+from sglang_tpu.sim.engine import EngineConfig, EngineCore
+from sglang_tpu.sim.kv_publisher import KVEventPublisher
+from sglang_tpu.sim.metrics import EngineMetrics
+from sglang_tpu.sim.output_text import OutputPalette
+from sglang_tpu.sim.request import Request
+from sglang_tpu.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+WEIGHT_VERSION = "default"  # SGLang's --weight-version default; the twin's weights never change
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    engine: EngineConfig
+    timer: StepTimer
+    tokenizer: Tokenizer
+    model_path: str
+    served_model_name: str
+    tokenizer_path: str | None = None
+    time_scale: float = 1.0
+    host: str = "127.0.0.1"
+    port: int = 30000
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
+    kv_events_buffer_steps: int = 10_000
+    quantization: str = "bf16"
+    kv_cache_dtype: str = "auto"
+    drain_grace_seconds: float = 30.0
+    enable_cache_report: bool = False  # as SGLang: cached tokens in OpenAI usage only when set
+    launch_command: str | None = None  # the command line, reported by /server_info
+
+
+class EngineService:
+    """The running engine: core, real-clock loop, metrics and KV-event publisher."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self._began = time.perf_counter()  # startup phases are measured from here
+        self.settings = settings
+        self.tokenizer = settings.tokenizer
+        self.registry = CollectorRegistry()
+        self.publisher: KVEventPublisher | None = None
+        sink: Callable[[list[KVEvent]], None] | None = None
+        engine_config = settings.engine
+        if settings.kv_events_endpoint:
+            self.publisher = KVEventPublisher(
+                settings.kv_events_endpoint,
+                settings.kv_events_replay_endpoint,
+                settings.kv_events_topic,
+                settings.kv_events_buffer_steps,
+            )
+            sink = self.publisher.publish
+            if not engine_config.emit_kv_events:
+                engine_config = EngineConfig(**{**asdict(engine_config), "emit_kv_events": True})
+        self.core = EngineCore(
+            engine_config, settings.timer, OutputPalette(self.tokenizer), kv_event_sink=sink
+        )
+        self._core_seconds = time.perf_counter() - self._began
+        self.metrics = EngineMetrics(self.registry, settings.served_model_name, self.core)
+        self.core.observer = self.metrics
+        self.draining = False
+        self.idle_event = asyncio.Event()
+        self.idle_event.set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+        self.startup_time: dict[str, float] = {}  # SGLang's startup phases, in seconds
+
+    def now(self) -> float:
+        """Seconds on the engine's clock (monotonic, 0 at construction)."""
+        return time.monotonic() - self._t0
+
+    def realtime(self, t: float) -> float:
+        """A time on the engine's clock as a Unix timestamp (SGLang's ``*_ts`` values)."""
+        return self.started_at + t
+
+    async def start(self) -> None:
+        if self.publisher is not None:
+            self.publisher.start()
+        # The twin loads no weights; its KV pool and scheduler are the core it just built.
+        self.startup_time = {
+            "load_weight": 0.0, "kv_cache_allocation": self._core_seconds,
+            "scheduler_e2e": self._core_seconds,
+            "tokenizer_e2e": time.perf_counter() - self._began,
+        }  # fmt: skip
+        self.metrics.emit_startup_time(self.startup_time)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.publisher is not None:
+            await self.publisher.close()
+
+    async def _run(self) -> None:
+        core = self.core
+        scale = self.settings.time_scale
+        while True:
+            if not core.has_work():
+                self.idle_event.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            step = core.begin_step(self.now())
+            if step is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            delay = step.duration * scale
+            await asyncio.sleep(delay if delay > 0 else 0)
+            try:
+                core.finish_step(step, self.now())
+            except Exception:
+                log.exception("engine step failed")
+                raise
+
+    def submit(self, req: Request) -> None:
+        """Queue a request (QueueFull when the waiting queue is at its bound)."""
+        self.core.add_request(req, self.now())
+        self.idle_event.clear()
+        self._wake.set()
+
+    def new_rid(self) -> str:
+        """A request id as SGLang makes one (32 hex digits)."""
+        return uuid.uuid4().hex
+
+    @property
+    def idle(self) -> bool:
+        return not self.core.has_work()
+
+
+SERVICE = web.AppKey("service", EngineService)
+
+
+def weight_versions(req: Request) -> list[dict[str, Any]]:
+    """Which weights produced which output tokens (one version: the twin never reloads)."""
+    return [{"version": WEIGHT_VERSION, "start": 0, "end": len(req.output_ids)}]
+
+
+def service_of(request: web.Request) -> EngineService:
+    return request.app[SERVICE]
