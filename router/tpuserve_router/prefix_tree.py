@@ -96,11 +96,6 @@ class PrefixTree:
 
     # ------------------------------------------------------------------ updates
 
-    def add_tenant(self, tenant: str) -> None:
-        """Register a tenant holding nothing yet (so it counts as the emptiest)."""
-        if tenant not in self._tenants:
-            self._tenants[tenant] = _Tenant()
-
     def insert(self, text: str, tenant: str) -> None:
         """Record that ``tenant`` now holds ``text``; evict its oldest text if over budget."""
         state = self._tenants.get(tenant)
