@@ -99,10 +99,10 @@ def bench_policy(name: str, blocks: int, requests: int, seed: int) -> dict[str, 
     fill_started = time.perf_counter()
     if name == "cache_aware":
         indexed: list[Any] = fill_tree(policy, workers, blocks, rng)
-        size = policy.indexed_chars // CHARS_PER_BLOCK  # type: ignore[attr-defined]
+        size = policy.index_sizes()["tree_chars"] // CHARS_PER_BLOCK
     else:
         indexed = fill_block_index(policy, workers, blocks, rng)
-        size = policy.block_index.confirmed_blocks  # type: ignore[attr-defined]
+        size = policy.index_sizes()["confirmed_blocks"]
     fill_seconds = time.perf_counter() - fill_started
     queries: list[RouteRequest] = []
     for i in range(requests):

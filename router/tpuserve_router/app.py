@@ -159,8 +159,7 @@ class RouterApp:
             success_threshold=config.health_success_threshold,
             on_admitted=self._admitted,
         )
-        index = getattr(self.policy, "block_index", None)
-        self.block_index: BlockIndex | None = index if isinstance(index, BlockIndex) else None
+        self.block_index: BlockIndex | None = self.policy.block_index
         self.kv: KvEventHub | None = None
         if kv_events_enabled(config.kv_events, self.policy):
             if self.block_index is None:
@@ -171,7 +170,7 @@ class RouterApp:
                 )
             else:
                 self.kv = KvEventHub(self.block_index, self.metrics)
-        self.metrics.registry.register(StateCollector(self._worker_states, self._index_sizes))
+        self.metrics.registry.register(StateCollector(self._worker_states, self.policy.index_sizes))
         self._post: dict[str, Callable[[HttpRequest, HttpConnection], Awaitable[None]]] = {
             "/workers": self._add_worker,
             "/flush_cache": self._flush_cache,
@@ -880,16 +879,6 @@ class RouterApp:
         return [
             WorkerState(w.name, w.models, w.healthy, w.in_flight) for w in self.registry.workers
         ]
-
-    def _index_sizes(self) -> dict[str, int]:
-        sizes: dict[str, int] = {}
-        chars = getattr(self.policy, "indexed_chars", None)
-        if isinstance(chars, int):
-            sizes["tree_chars"] = chars
-        if self.block_index is not None:
-            sizes["confirmed_blocks"] = self.block_index.confirmed_blocks
-            sizes["predicted_blocks"] = self.block_index.predicted_blocks
-        return sizes
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)

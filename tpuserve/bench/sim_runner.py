@@ -189,8 +189,7 @@ class SimRun:
         )  # fmt: skip
         self.policy_name = policy_name
         self.policy = make_bench_policy(policy_name, ctx)
-        index = getattr(self.policy, "block_index", None)
-        self.index: BlockIndex | None = index if isinstance(index, BlockIndex) else None
+        self.index: BlockIndex | None = self.policy.block_index
         if self.index is not None and config.kv_events:
             for i, w in enumerate(self.workers):
                 self.index.mark_event_feed(w.name)

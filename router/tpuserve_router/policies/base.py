@@ -11,6 +11,10 @@ Hooks with no-op defaults (`PolicyDefaults`) tell a policy what happened afterwa
 ``on_workers_changed`` when workers joined or left, and ``on_worker_reset`` when a
 worker's cache was emptied through the router. A caller must call
 ``on_request_done`` exactly once for every decision it acted on.
+
+Optional capabilities are part of the interface too, with defaults: ``block_index`` (the
+index a policy routes on, which KV events feed; None for the others) and ``index_sizes()``
+(what the ``tpuserve_router_prefix_index_size`` gauge shows).
 """
 
 from __future__ import annotations
@@ -21,7 +25,20 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Final,
+    Generic,
+    Literal,
+    Protocol,
+    TypeVar,
+    runtime_checkable,
+)
+
+if TYPE_CHECKING:
+    from tpuserve_router.block_index import BlockIndex
 
 Clock = Callable[[], float]
 """Seconds on a monotonic clock (``time.monotonic`` live, a virtual clock in benchmarks)."""
@@ -128,14 +145,35 @@ class Policy(Protocol):
         """The worker's cache was emptied (``/flush_cache`` through the router): forget it."""
         ...
 
+    @property
+    def block_index(self) -> BlockIndex | None:
+        """The index of the workers' cached blocks the policy routes on, fed by their KV
+        events; None when the policy keeps none."""
+        ...
+
+    def index_sizes(self) -> dict[str, int]:
+        """The size of the policy's prefix index by kind (`metrics.INDEX_KINDS`); empty
+        when it keeps none."""
+        ...
+
 
 class PolicyDefaults:
-    """No-op hooks, so a stateless policy only writes ``choose``."""
+    """No-op hooks and no index, so a stateless policy only writes ``choose``."""
 
     name: ClassVar[str] = ""  # set by @register
     needs_text: ClassVar[bool] = False
     needs_tokens: ClassVar[bool] = False
     uses_kv_events: ClassVar[bool] = False
+    block_index: BlockIndex | None = None
+
+    def index_sizes(self) -> dict[str, int]:
+        index = self.block_index
+        if index is None:
+            return {}
+        return {
+            "confirmed_blocks": index.confirmed_blocks,
+            "predicted_blocks": index.predicted_blocks,
+        }
 
     def on_prefill_done(self, decision: Decision[Any]) -> None:
         return None

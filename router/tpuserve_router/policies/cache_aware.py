@@ -84,6 +84,9 @@ class CacheAwarePolicy(PolicyDefaults):
     def indexed_chars(self) -> int:
         return sum(t.total_chars for t in self._trees.values())
 
+    def index_sizes(self) -> dict[str, int]:
+        return {"tree_chars": self.indexed_chars}
+
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
         healthy = healthy_workers(workers, request.model)
         tree = self.tree(request.model)

@@ -34,6 +34,7 @@ from tpuserve_router.policies.base import (
 
 class DynamoCost(PolicyDefaults):
     needs_tokens: ClassVar[bool] = True
+    block_index: BlockIndex
 
     def __init__(self, ctx: AnchorContext, overlap_weight: float) -> None:
         self.weight = overlap_weight
