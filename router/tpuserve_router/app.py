@@ -45,7 +45,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sglang_tpu.tokenizer import load_tokenizer
-from tpuserve import __version__
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.config import RouterConfig, kv_events_enabled
 from tpuserve_router.discovery.static import static_workers
@@ -78,6 +77,7 @@ from tpuserve_router.request_body import (
 from tpuserve_router.server import JSON_HEADERS, HttpConnection, HttpRequest, serve
 from tpuserve_router.token_cache import ChatTokenCache
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
+from tpuserve_router.version import router_version
 from tpuserve_router.worker_networks import endpoint_problem, parse_networks, url_problem
 from tpuserve_router.workers import (
     BreakerConfig,
@@ -143,7 +143,7 @@ class RouterApp:
         self.want_text = self.policy.needs_text
         self.networks = parse_networks(config.worker_networks)
         self.metrics: RouterMetrics = create_router_metrics(registry or CollectorRegistry())
-        self.metrics.info.labels(self.policy.name, __version__).set(1)
+        self.metrics.info.labels(self.policy.name, router_version()).set(1)
         touch_known_series(self.metrics, self.policy.name)
         self.registry = WorkerRegistry(
             BreakerConfig(config.breaker_failure_threshold, config.breaker_open_seconds)
