@@ -54,10 +54,10 @@ from tpuserve_router.metrics import (
     RouterMetrics,
     StateCollector,
     WorkerState,
-    WorkerStats,
     create_router_metrics,
     remove_worker_series,
     touch_known_series,
+    touch_token_series,
     touch_worker_series,
 )
 from tpuserve_router.policies.base import (
@@ -189,7 +189,6 @@ class RouterApp:
         self._delete: dict[str, Callable[[HttpRequest, HttpConnection], Awaitable[None]]] = {
             "/workers": self._remove_worker,
         }
-        self._counters: dict[tuple[str, str, str, str], Any] = {}
         self._decisions = {
             o: self.metrics.decisions.labels(self.policy.name, o)
             for o in ("prefix_hit", "miss", "balanced_away", "load_only")
@@ -198,9 +197,6 @@ class RouterApp:
             self.policy.name, "predicted"
         )
         self._ratio_actual = self.metrics.prefix_match_ratio.labels(self.policy.name, "actual")
-        self._stats: dict[tuple[str, str], WorkerStats] = {}
-        self._ttft_children: dict[str, Any] = {}
-        self._e2e_children: dict[tuple[str, str], Any] = {}
         self._servers: list[asyncio.Server] = []
         self._connections: weakref.WeakSet[HttpConnection] = weakref.WeakSet()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -321,10 +317,6 @@ class RouterApp:
             worker.pool.close()
         self.metrics.workers_changed.labels("removed").inc()
         remove_worker_series(self.metrics, worker.name)
-        for stats_key in [k for k in self._stats if k[1] == worker.name]:
-            del self._stats[stats_key]
-        for counter_key in [k for k in self._counters if k[1] == worker.name]:
-            del self._counters[counter_key]
         if self.kv is not None:
             self._spawn(self.kv.unwatch(worker.name))
 
@@ -345,7 +337,7 @@ class RouterApp:
             log.info("worker %s: could not list models (%s)", worker.name, err)
         if self.registry.get(worker.name) is worker:
             for model in worker.models:  # token series exist at zero before the first answer
-                self._worker_stats(model, worker.name)
+                touch_token_series(self.metrics, model, worker.name)
         if self.kv is not None and self.registry.get(worker.name) is worker:
             endpoints = await self._kv_endpoints(worker)
             problem = self._kv_endpoints_problem(endpoints) if endpoints is not None else None
@@ -618,7 +610,9 @@ class RouterApp:
                             first = False
                             policy.on_prefill_done(decision)
                             if stream:
-                                self._ttft(model).observe(time.monotonic() - request.arrived)
+                                self.metrics.ttft.labels(model).observe(
+                                    time.monotonic() - request.arrived
+                                )
                         conn.write_chunk(data)
                         before, last = last, data
                         if conn.write_paused:
@@ -647,7 +641,9 @@ class RouterApp:
             if status_label is not None:
                 self._count(model, worker.name, route, status_label)
                 if status_label != CLIENT_CLOSED:
-                    self._e2e(model, route).observe(time.monotonic() - request.arrived)
+                    self.metrics.e2e.labels(model, route).observe(
+                        time.monotonic() - request.arrived
+                    )
 
     async def _open(self, pool: UpstreamPool, payload: bytes, arrived: float) -> UpstreamConnection:
         """Send ``payload`` and wait for the response head; a stale pooled connection is
@@ -678,44 +674,21 @@ class RouterApp:
         await upstream.wait_head()
         return upstream
 
-    def _worker_stats(self, model: str, worker: str) -> WorkerStats:
-        key = (model, worker)
-        stats = self._stats.get(key)
-        if stats is None:
-            stats = self._stats[key] = WorkerStats(self.metrics, model, worker)
-        return stats
-
     def _account(self, usage: Usage, decision: Decision[Worker], model: str, worker: str) -> None:
-        stats = self._worker_stats(model, worker)
+        metrics = self.metrics
         prompt = usage.prompt_tokens
-        stats.prompt.inc(prompt)
-        stats.completion.inc(usage.completion_tokens)
-        stats.cached.inc(usage.cached_tokens)
+        metrics.prompt_tokens.labels(model, worker).inc(prompt)
+        metrics.completion_tokens.labels(model, worker).inc(usage.completion_tokens)
+        metrics.cached_tokens.labels(model, worker).inc(usage.cached_tokens)
+        predicted = metrics.predicted_cached_tokens.labels(model, worker)  # exists at zero too
         ratio = decision.predicted_match_ratio
         if ratio is not None and prompt > 0:
-            stats.predicted.inc(round(ratio * prompt))
+            predicted.inc(round(ratio * prompt))
             self._ratio_predicted.observe(ratio)
             self._ratio_actual.observe(min(1.0, usage.cached_tokens / prompt))
 
-    def _ttft(self, model: str) -> Any:
-        child = self._ttft_children.get(model)
-        if child is None:
-            child = self._ttft_children[model] = self.metrics.ttft.labels(model)
-        return child
-
-    def _e2e(self, model: str, route: str) -> Any:
-        key = (model, route)
-        child = self._e2e_children.get(key)
-        if child is None:
-            child = self._e2e_children[key] = self.metrics.e2e.labels(model, route)
-        return child
-
     def _count(self, model: str, worker: str, route: str, status: str) -> None:
-        key = (model, worker, route, status)
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters[key] = self.metrics.requests.labels(*key)
-        counter.inc()
+        self.metrics.requests.labels(model, worker, route, status).inc()
 
     def _reply_error(
         self,

@@ -4,18 +4,21 @@ Dashboards, alerts and recording rules refer to these names; a search from a pan
 here. The request hot path must stay cheap (the router's CPU per request is a benchmarked
 target), so series are kept in plain Python numbers: `Counter`, `Histogram` and `Gauge`
 below mirror client_python's ``labels(...).inc()/observe()/set()`` interface, but a child
-is a bare value with no lock (the router is one event loop), and the app binds children
-once and reuses them. One client_python collector exposes them all at scrape time, in the
-standard text format, through a normal `CollectorRegistry`. Gauges that mirror state
-(in-flight, health, index size) are computed at scrape time by `StateCollector`.
+is a bare value with no lock (the router is one event loop), and ``labels(...)`` is one
+dict lookup: a family keeps its children, made on first use, and is their only cache (so
+`remove_worker_series` leaves no stale copy behind). One client_python collector exposes
+them all at scrape time, in the standard text format, through a normal `CollectorRegistry`.
+Gauges that mirror state (in-flight, health, index size) are computed at scrape time by
+`StateCollector`.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -27,6 +30,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tpuserve_router.policies.base import OUTCOMES
+
+C = TypeVar("C")
 
 
 class _Value:
@@ -55,8 +60,13 @@ class _Buckets:
         self.sum += value
 
 
-class _Series:
-    """A named series family with labelled children (client_python's labels() interface)."""
+class _Series(ABC, Generic[C]):
+    """A named series family with labelled children (client_python's labels() interface).
+
+    ``labels(...)`` is the one cache of children: a child is made on first use and kept
+    until `remove_by_labels` drops it, so callers look children up per request instead of
+    keeping copies that could outlive a departed worker.
+    """
 
     kind = ""
 
@@ -64,12 +74,16 @@ class _Series:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self.children: dict[tuple[str, ...], object] = {}
+        self.children: dict[tuple[str, ...], C] = {}
 
-    def _new(self) -> object:
-        raise NotImplementedError
+    @abstractmethod
+    def _new(self) -> C: ...
 
-    def _child(self, values: tuple[str, ...]) -> object:
+    @abstractmethod
+    def family(self) -> Metric:
+        """The family as client_python exposes it, with every child."""
+
+    def labels(self, *values: str) -> C:
         child = self.children.get(values)
         if child is None:
             if len(values) != len(self.labelnames):
@@ -83,21 +97,15 @@ class _Series:
             del self.children[key]
 
 
-class Counter(_Series):
+class Counter(_Series[_Value]):
     kind = "counter"
 
     def _new(self) -> _Value:
         return _Value()
 
-    def labels(self, *values: str) -> _Value:
-        child = self._child(values)
-        assert isinstance(child, _Value)
-        return child
-
     def family(self) -> Metric:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for key, child in self.children.items():
-            assert isinstance(child, _Value)
             family.add_metric(key, child.value)
         return family
 
@@ -108,12 +116,11 @@ class Gauge(Counter):
     def family(self) -> Metric:
         family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for key, child in self.children.items():
-            assert isinstance(child, _Value)
             family.add_metric(key, child.value)
         return family
 
 
-class Histogram(_Series):
+class Histogram(_Series[_Buckets]):
     kind = "histogram"
 
     def __init__(
@@ -125,15 +132,9 @@ class Histogram(_Series):
     def _new(self) -> _Buckets:
         return _Buckets(self.bounds)
 
-    def labels(self, *values: str) -> _Buckets:
-        child = self._child(values)
-        assert isinstance(child, _Buckets)
-        return child
-
     def family(self) -> Metric:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for key, child in self.children.items():
-            assert isinstance(child, _Buckets)
             cumulative = 0
             buckets = []
             for bound, count in zip((*self.bounds, float("inf")), child.counts, strict=True):
@@ -144,12 +145,12 @@ class Histogram(_Series):
 
 
 class _SeriesCollector(Collector):
-    def __init__(self, series: Iterable[_Series]) -> None:
+    def __init__(self, series: Iterable[_Series[Any]]) -> None:
         self.series = list(series)
 
     def collect(self) -> Iterator[Metric]:
         for series in self.series:
-            yield series.family()  # type: ignore[attr-defined]
+            yield series.family()
 
 
 # Seconds; TTFT on TPU ranges from tens of ms (cached prefix) to tens of seconds (queues).
@@ -299,21 +300,9 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             ["change"],
         ),
     )
-    series = [v for v in vars(metrics).values() if isinstance(v, _Series)]
+    series: list[_Series[Any]] = [v for v in vars(metrics).values() if isinstance(v, _Series)]
     registry.register(_SeriesCollector(series))
     return metrics
-
-
-class WorkerStats:
-    """Children of the per-worker series, bound once when a worker joins."""
-
-    __slots__ = ("cached", "completion", "predicted", "prompt")
-
-    def __init__(self, metrics: RouterMetrics, model: str, worker: str) -> None:
-        self.prompt = metrics.prompt_tokens.labels(model, worker)
-        self.completion = metrics.completion_tokens.labels(model, worker)
-        self.cached = metrics.cached_tokens.labels(model, worker)
-        self.predicted = metrics.predicted_cached_tokens.labels(model, worker)
 
 
 @dataclass(frozen=True)
@@ -376,7 +365,7 @@ class StateCollector(Collector):
 
 def remove_worker_series(metrics: RouterMetrics, worker: str) -> None:
     """Drop a departed worker's series so dashboards stop showing it."""
-    per_worker: tuple[_Series, ...] = (
+    per_worker: tuple[_Series[Any], ...] = (
         metrics.requests,
         metrics.prompt_tokens,
         metrics.completion_tokens,
@@ -412,6 +401,17 @@ def touch_worker_series(metrics: RouterMetrics, worker: str, *, kv_events: bool)
         metrics.kv_event_resyncs.labels(worker, reason)
     for result in REPLAY_RESULTS:
         metrics.kv_event_replays.labels(worker, result)
+
+
+def touch_token_series(metrics: RouterMetrics, model: str, worker: str) -> None:
+    """Create a worker's token series for ``model`` at zero, before its first answer."""
+    for series in (
+        metrics.prompt_tokens,
+        metrics.completion_tokens,
+        metrics.cached_tokens,
+        metrics.predicted_cached_tokens,
+    ):
+        series.labels(model, worker)
 
 
 def touch_known_series(metrics: RouterMetrics, policy: str) -> None:

@@ -115,3 +115,23 @@ def test_a_departed_workers_series_are_removed() -> None:
         )
         is None
     )
+
+
+def test_a_child_is_made_once_and_a_removed_one_starts_again_at_zero() -> None:
+    registry = CollectorRegistry()
+    metrics = create_router_metrics(registry)
+    first = metrics.requests.labels("m", "w", "/generate", "200")
+    assert metrics.requests.labels("m", "w", "/generate", "200") is first
+    first.inc()
+    remove_worker_series(metrics, "w")
+    again = metrics.requests.labels("m", "w", "/generate", "200")
+    assert again is not first
+    again.inc()
+    labels = {"model": "m", "worker": "w", "route": "/generate", "status": "200"}
+    assert registry.get_sample_value("tpuserve_router_requests_total", labels) == 1
+
+
+def test_a_child_with_the_wrong_number_of_labels_is_refused() -> None:
+    metrics = create_router_metrics(CollectorRegistry())
+    with pytest.raises(ValueError, match="expected labels"):
+        metrics.requests.labels("m", "w")
