@@ -15,7 +15,7 @@ import sys
 
 import uvloop
 
-from tpuserve_router.server import HttpConnection, HttpRequest, serve
+from tpuserve_router.server import Handler, HttpRequest, serve
 
 JSON = b"content-type: application/json\r\n"
 SSE = b"content-type: text/event-stream\r\n"
@@ -37,23 +37,23 @@ EVENT = (
 )
 
 
-def make_handler(model: str):  # type: ignore[no-untyped-def]
+def make_handler(model: str) -> Handler:
     models = b'{"object":"list","data":[{"id":"%s","object":"model"}]}' % model.encode()
 
-    async def handle(request: HttpRequest, conn: HttpConnection) -> None:
+    async def handle(request: HttpRequest) -> None:
         if request.path == "/v1/models":
-            conn.respond(200, JSON, models)
+            request.respond(200, JSON, models)
         elif request.path == "/v1/chat/completions":
-            conn.start_chunked(200, SSE)
+            request.start_chunked(200, SSE)
             for _ in range(4):
-                conn.write_chunk(EVENT)
+                request.write_chunk(EVENT)
                 await asyncio.sleep(0)
-            conn.write_chunk(b"data: [DONE]\n\n")
-            conn.end_chunked()
+            request.write_chunk(b"data: [DONE]\n\n")
+            request.end_chunked()
         elif request.path == "/generate":
-            conn.respond(200, JSON, GENERATE)
+            request.respond(200, JSON, GENERATE)
         else:
-            conn.respond(200, JSON, COMPLETION)
+            request.respond(200, JSON, COMPLETION)
 
     return handle
 

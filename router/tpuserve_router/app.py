@@ -36,7 +36,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs
 
@@ -74,7 +74,7 @@ from tpuserve_router.request_body import (
     Parser,
     parse_json_object,
 )
-from tpuserve_router.server import JSON_HEADERS, HttpConnection, HttpRequest, serve
+from tpuserve_router.server import JSON_HEADERS, Handler, HttpConnection, HttpRequest, serve
 from tpuserve_router.token_cache import ChatTokenCache
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
 from tpuserve_router.version import router_version
@@ -171,7 +171,7 @@ class RouterApp:
             else:
                 self.kv = KvEventHub(self.block_index, self.metrics)
         self.metrics.registry.register(StateCollector(self._worker_states, self.policy.index_sizes))
-        self._post: dict[str, Callable[[HttpRequest, HttpConnection], Awaitable[None]]] = {
+        self._post: dict[str, Handler] = {
             "/workers": self._add_worker,
             "/flush_cache": self._flush_cache,
             "/add_worker": self._add_worker,
@@ -179,14 +179,14 @@ class RouterApp:
         }
         for route, parser in GENERATION_ROUTES.items():
             self._post[route] = self._generation_handler(route, parser)
-        self._get: dict[str, Callable[[HttpRequest, HttpConnection], Awaitable[None]]] = {
+        self._get: dict[str, Handler] = {
             "/v1/models": self._models,
             "/health": self._health,
             "/readiness": self._readiness,
             "/metrics": self._metrics,
             "/workers": self._list_workers,
         }
-        self._delete: dict[str, Callable[[HttpRequest, HttpConnection], Awaitable[None]]] = {
+        self._delete: dict[str, Handler] = {
             "/workers": self._remove_worker,
         }
         self._decisions = {
@@ -385,7 +385,7 @@ class RouterApp:
 
     # ================================================================== dispatch
 
-    async def _handle(self, request: HttpRequest, conn: HttpConnection) -> None:
+    async def _handle(self, request: HttpRequest) -> None:
         method = request.method
         if method == b"POST":
             handler = self._post.get(request.path)
@@ -396,7 +396,7 @@ class RouterApp:
         else:
             handler = None
         if handler is not None:
-            await handler(request, conn)
+            await handler(request)
             return
         path = request.path
         if path in self._post or path in self._get or path in self._delete:
@@ -406,7 +406,7 @@ class RouterApp:
                 if path in t
             ]
             self._reply_error(
-                conn,
+                request,
                 ClientError(
                     405,
                     f"method {method.decode('latin-1')} is not allowed on {path}; "
@@ -418,38 +418,34 @@ class RouterApp:
             )
             return
         self._reply_error(
-            conn,
+            request,
             ClientError(404, f"no route {path}", param="path", error_type="not_found_error"),
             route="other",
         )
 
-    async def _handle_metrics_only(self, request: HttpRequest, conn: HttpConnection) -> None:
+    async def _handle_metrics_only(self, request: HttpRequest) -> None:
         if request.path == "/metrics":
-            await self._metrics(request, conn)
+            await self._metrics(request)
         else:
-            conn.respond(404, JSON_HEADERS, b'{"error": "only /metrics is served here"}')
+            request.respond(404, JSON_HEADERS, b'{"error": "only /metrics is served here"}')
 
     # ================================================================== generation hot path
 
-    def _generation_handler(
-        self, route: str, parser: Parser
-    ) -> Callable[[HttpRequest, HttpConnection], Awaitable[None]]:
+    def _generation_handler(self, route: str, parser: Parser) -> Handler:
         return functools.partial(self._generate, route=route, parser=parser)
 
-    async def _generate(
-        self, request: HttpRequest, conn: HttpConnection, route: str, parser: Parser
-    ) -> None:
+    async def _generate(self, request: HttpRequest, route: str, parser: Parser) -> None:
         try:
             parsed = parser(parse_json_object(request.body), self.want_text, self.tokenizer)
         except ClientError as err:
-            self._reply_error(conn, err, route)
+            self._reply_error(request, err, route)
             return
         model = parsed.model
         candidates = self.registry.candidates(model)
         if candidates is None:
             known = ", ".join(self.registry.known_models()) or "none"
             self._reply_error(
-                conn,
+                request,
                 ClientError(
                     404,
                     f"model {model!r} is not served by this router; available: {known}",
@@ -470,7 +466,7 @@ class RouterApp:
                 decision = policy.choose(route_request, pool)
             except NoHealthyWorker:
                 self._reply_error(
-                    conn,
+                    request,
                     ClientError(
                         503,
                         f"no healthy worker for model {model!r}" if model else "no healthy worker",
@@ -483,7 +479,7 @@ class RouterApp:
                 return
             self._decisions[decision.outcome].inc()
             status = await self._attempt(
-                request, conn, route, model, parsed.stream, decision, forwarded,
+                request, route, model, parsed.stream, decision, forwarded,
                 attempt < self.config.max_retries and len(pool) > 1, pool,
             )  # fmt: skip
             if status is not _RETRY:
@@ -495,7 +491,6 @@ class RouterApp:
     async def _attempt(
         self,
         request: HttpRequest,
-        conn: HttpConnection,
         route: str,
         model: str,
         stream: bool,
@@ -528,7 +523,7 @@ class RouterApp:
                 if err.reason == "first_byte_timeout":
                     status_label = "504"
                     self._reply_error(
-                        conn,
+                        request,
                         ClientError(
                             504, f"worker did not answer: {err.detail}", error_type="timeout"
                         ),
@@ -543,7 +538,7 @@ class RouterApp:
                     return _RETRY
                 status_label = "502"
                 self._reply_error(
-                    conn,
+                    request,
                     ClientError(
                         502, f"worker unavailable: {err.detail}", error_type="upstream_error"
                     ),
@@ -582,7 +577,7 @@ class RouterApp:
                     code = 504 if err.reason == "request_timeout" else 502
                     status_label = str(code)
                     self._reply_error(
-                        conn,
+                        request,
                         ClientError(
                             code,
                             f"worker failed mid-response: {err.detail}",
@@ -595,10 +590,10 @@ class RouterApp:
                     )
                     return status_label
                 policy.on_prefill_done(decision)
-                conn.respond(status, headers, body)
+                request.respond(status, headers, body)
                 usage = usage_from_body(body) if status == 200 else None
             else:
-                conn.start_chunked(status, headers)
+                request.start_chunked(status, headers)
                 first = True
                 before = last = b""
                 try:
@@ -613,18 +608,18 @@ class RouterApp:
                                 self.metrics.ttft.labels(model).observe(
                                     time.monotonic() - request.arrived
                                 )
-                        conn.write_chunk(data)
+                        request.write_chunk(data)
                         before, last = last, data
-                        if conn.write_paused:
-                            await conn.drain()
+                        if request.write_paused:
+                            await request.drain()
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(worker.name, err.reason).inc()
                     worker.request_failed()
-                    conn.write_chunk(sse_error_event(f"the worker's stream broke: {err.detail}"))
-                    conn.end_chunked(keep_alive=False)
+                    request.write_chunk(sse_error_event(f"the worker's stream broke: {err.detail}"))
+                    request.end_chunked(keep_alive=False)
                     status_label = STREAM_ERROR
                     return status_label
-                conn.end_chunked()
+                request.end_chunked()
                 usage = usage_from_stream_tail(before + last) if status == 200 else None
             succeeded = status < 400
             if status < 500:
@@ -692,7 +687,7 @@ class RouterApp:
 
     def _reply_error(
         self,
-        conn: HttpConnection,
+        request: HttpRequest,
         err: ClientError,
         route: str,
         model: str = "",
@@ -703,16 +698,16 @@ class RouterApp:
         headers = JSON_HEADERS + b"".join(
             f"{k}: {v}\r\n".encode("latin-1") for k, v in err.headers.items()
         )
-        conn.respond(err.status, headers, err.body())
+        request.respond(err.status, headers, err.body())
         if count:
             self._count(model, worker, route, str(err.status))
 
     # ================================================================== small endpoints
 
-    async def _health(self, request: HttpRequest, conn: HttpConnection) -> None:
-        conn.respond(200, JSON_HEADERS, b'{"status":"ok"}')
+    async def _health(self, request: HttpRequest) -> None:
+        request.respond(200, JSON_HEADERS, b'{"status":"ok"}')
 
-    async def _readiness(self, request: HttpRequest, conn: HttpConnection) -> None:
+    async def _readiness(self, request: HttpRequest) -> None:
         healthy = self.registry.healthy_count()
         body = orjson.dumps(
             {
@@ -722,31 +717,31 @@ class RouterApp:
             }
         )
         if healthy:
-            conn.respond(200, JSON_HEADERS, body)
+            request.respond(200, JSON_HEADERS, body)
         else:
-            conn.respond(
+            request.respond(
                 503, JSON_HEADERS + b"retry-after: " + RETRY_AFTER_SECONDS.encode() + b"\r\n", body
             )
 
-    async def _metrics(self, request: HttpRequest, conn: HttpConnection) -> None:
-        conn.respond(200, METRICS_HEADERS, generate_latest(self.metrics.registry))
+    async def _metrics(self, request: HttpRequest) -> None:
+        request.respond(200, METRICS_HEADERS, generate_latest(self.metrics.registry))
 
-    async def _models(self, request: HttpRequest, conn: HttpConnection) -> None:
+    async def _models(self, request: HttpRequest) -> None:
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "tpuserve"}
             for m in self.registry.known_models()
         ]
-        conn.respond(200, JSON_HEADERS, orjson.dumps({"object": "list", "data": data}))
+        request.respond(200, JSON_HEADERS, orjson.dumps({"object": "list", "data": data}))
 
     # ================================================================== admin
 
-    async def _list_workers(self, request: HttpRequest, conn: HttpConnection) -> None:
+    async def _list_workers(self, request: HttpRequest) -> None:
         rejected = self._discovery.rejected if self._discovery is not None else []
         body = {
             "workers": [w.describe() for w in self.registry.workers],
             "rejected": [dataclasses.asdict(r) for r in rejected],
         }
-        conn.respond(200, JSON_HEADERS, orjson.dumps(body))
+        request.respond(200, JSON_HEADERS, orjson.dumps(body))
 
     def _admin_args(self, request: HttpRequest) -> dict[str, Any]:
         args: dict[str, Any] = {k: v[-1] for k, v in parse_qs(request.query).items()}
@@ -755,7 +750,7 @@ class RouterApp:
             args.update(body)
         return args
 
-    async def _add_worker(self, request: HttpRequest, conn: HttpConnection) -> None:
+    async def _add_worker(self, request: HttpRequest) -> None:
         try:
             args = self._admin_args(request)
             url = args.get("url")
@@ -772,12 +767,12 @@ class RouterApp:
             self._check_dialable(spec)
             worker = self.registry.add(spec, manual=True)
         except InvalidWorkerURL as err:
-            self._reply_error(conn, ClientError(400, str(err), param="url"), "admin")
+            self._reply_error(request, ClientError(400, str(err), param="url"), "admin")
             return
         except ClientError as err:
-            self._reply_error(conn, err, "admin")
+            self._reply_error(request, err, "admin")
             return
-        conn.respond(200, JSON_HEADERS, orjson.dumps({"worker": worker.describe()}))
+        request.respond(200, JSON_HEADERS, orjson.dumps({"worker": worker.describe()}))
 
     def _check_dialable(self, spec: WorkerSpec) -> None:
         """Refuse (400) a worker or KV-event endpoint outside ``--worker-networks``."""
@@ -792,7 +787,7 @@ class RouterApp:
             if problem:
                 raise ClientError(400, problem, param=key)
 
-    async def _remove_worker(self, request: HttpRequest, conn: HttpConnection) -> None:
+    async def _remove_worker(self, request: HttpRequest) -> None:
         try:
             args = self._admin_args(request)
             url = args.get("url")
@@ -804,15 +799,15 @@ class RouterApp:
 
             name = normalize_worker_url(url)[0]
         except InvalidWorkerURL as err:
-            self._reply_error(conn, ClientError(400, str(err), param="url"), "admin")
+            self._reply_error(request, ClientError(400, str(err), param="url"), "admin")
             return
         except ClientError as err:
-            self._reply_error(conn, err, "admin")
+            self._reply_error(request, err, "admin")
             return
         if self.registry.remove(name) is None:
             known = ", ".join(self.registry.names()) or "none"
             self._reply_error(
-                conn,
+                request,
                 ClientError(
                     404,
                     f"worker {name} is not registered; registered: {known}",
@@ -822,9 +817,9 @@ class RouterApp:
                 "admin",
             )
             return
-        conn.respond(200, JSON_HEADERS, orjson.dumps({"removed": name}))
+        request.respond(200, JSON_HEADERS, orjson.dumps({"removed": name}))
 
-    async def _flush_cache(self, request: HttpRequest, conn: HttpConnection) -> None:
+    async def _flush_cache(self, request: HttpRequest) -> None:
         session = self.health.session
         workers = list(self.registry.workers)
         results: dict[str, Any] = {}
@@ -842,7 +837,7 @@ class RouterApp:
 
         await asyncio.gather(*(flush(w) for w in workers))
         ok = all(r["status"] == 200 for r in results.values())
-        conn.respond(
+        request.respond(
             200 if ok else 502, JSON_HEADERS, orjson.dumps({"flushed": ok, "workers": results})
         )
 

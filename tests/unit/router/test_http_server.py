@@ -8,23 +8,23 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tpuserve_router.server import HttpConnection, HttpRequest, serve
+from tpuserve_router.server import HttpRequest, serve
 
 pytestmark = pytest.mark.unit
 
 LIMIT = 1024
 
 
-async def echo(request: HttpRequest, conn: HttpConnection) -> None:
+async def echo(request: HttpRequest) -> None:
     if request.path == "/stream":
-        conn.start_chunked(200, b"content-type: text/event-stream\r\n")
+        request.start_chunked(200, b"content-type: text/event-stream\r\n")
         for part in (b"data: 1\n\n", b"data: 2\n\n"):
-            conn.write_chunk(part)
-        conn.end_chunked()
+            request.write_chunk(part)
+        request.end_chunked()
         return
     if request.path == "/forget":
         return  # a handler that never answers
-    conn.respond(200, b"", b"%d:%s" % (len(request.body), request.query.encode()))
+    request.respond(200, b"", b"%d:%s" % (len(request.body), request.query.encode()))
 
 
 @pytest.fixture
