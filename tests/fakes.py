@@ -20,6 +20,7 @@ from kubernetes.dynamic.exceptions import NotFoundError, UnprocessibleEntityErro
 
 from tpuserve_operator import labels
 from tpuserve_operator.observed import PodView
+from tpuserve_router.policies import RouteRequest
 
 Watcher = Callable[[str, Mapping[str, Any]], None]  # event type (ADDED, MODIFIED, DELETED), body
 ObjectKey = tuple[str, str, str, str]  # apiVersion, kind, namespace, name
@@ -223,3 +224,45 @@ def pod_object(
         "metadata": {"name": name, "namespace": namespace, "labels": pod_labels},
         "status": status,
     }
+
+
+# --- router ------------------------------------------------------------------------------------
+#
+# `FakeWorker` is a worker as routing policies see it (`policies.base.WorkerView`);
+# `fake_request` a routing request whose prompt's characters stand in for its tokens;
+# `VirtualClock` a clock a test moves by hand (policies and the block index take a clock).
+
+
+@dataclasses.dataclass
+class FakeWorker:
+    """A worker as routing policies see it."""
+
+    name: str
+    in_flight: int = 0
+    healthy: bool = True
+
+
+def fake_worker(name: str, in_flight: int = 0, healthy: bool = True) -> FakeWorker:
+    return FakeWorker(name, in_flight, healthy)
+
+
+def fake_request(
+    prompt: str = "", token_ids: list[int] | None = None, model: str = ""
+) -> RouteRequest:
+    """A routing request; without ``token_ids`` a prompt's characters stand in for tokens."""
+    if token_ids is None and prompt:
+        token_ids = [ord(c) for c in prompt]
+    return RouteRequest(model=model, text=prompt, token_ids=token_ids)
+
+
+class VirtualClock:
+    """A clock tests move by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from router_fakes import VirtualClock
 
+from tests.fakes import VirtualClock
 from tpuserve_router.block_index import BlockIndex, block_keys
 
 pytestmark = pytest.mark.unit

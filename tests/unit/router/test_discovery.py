@@ -65,11 +65,17 @@ def test_workers_not_ready_or_not_leaders_are_not_routable(candidate: dict[str, 
     assert worker_from_pod(candidate, RULES) is None
 
 
+def url_of(candidate: dict[str, Any], rules: PodRules) -> str:
+    spec = worker_from_pod(candidate, rules)
+    assert spec is not None, "the pod is not routable"
+    return spec.url
+
+
 def test_port_comes_from_flag_then_env_then_named_port() -> None:
-    assert worker_from_pod(pod(env_port="31000", named_port=32000), RULES).url.endswith(":31000")  # type: ignore[union-attr]
-    assert worker_from_pod(pod(named_port=32000), RULES).url.endswith(":32000")  # type: ignore[union-attr]
+    assert url_of(pod(env_port="31000", named_port=32000), RULES).endswith(":31000")
+    assert url_of(pod(named_port=32000), RULES).endswith(":32000")
     flagged = PodRules(RULES.leader_label, worker_port=33000)
-    assert worker_from_pod(pod(env_port="31000"), flagged).url.endswith(":33000")  # type: ignore[union-attr]
+    assert url_of(pod(env_port="31000"), flagged).endswith(":33000")
 
 
 def test_annotations_override_the_address_and_kv_endpoints() -> None:

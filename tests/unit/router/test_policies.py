@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from router_fakes import FakeWorker, VirtualClock, fake_request, fake_worker
 
+from tests.fakes import FakeWorker, VirtualClock, fake_request, fake_worker
+from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.policies import (
     OUTCOMES,
     NoHealthyWorker,
@@ -13,6 +14,8 @@ from tpuserve_router.policies import (
     make_policy,
     registered_policy_names,
 )
+from tpuserve_router.policies.cache_aware import CacheAwarePolicy
+from tpuserve_router.policies.cost import CostPolicy
 
 pytestmark = pytest.mark.unit
 
@@ -74,13 +77,18 @@ def test_every_policy_rejects_unknown_parameters_by_name(policy_name: str) -> No
 
 @pytest.mark.parametrize("policy_name", registered_policy_names())
 def test_every_policy_forgets_departed_workers(policy_name: str) -> None:
-    policy = make_policy(policy_name, seed=1)
-    workers = [fake_worker("a"), fake_worker("b")]
-    for _ in range(5):
-        policy.on_request_done(policy.choose(fake_request(prompt=LONG), workers), True)
+    """A worker that leaves and comes back under the same name (a restarted pod) holds
+    nothing: a policy that remembered what it held would call the prompt a prefix hit."""
+    policy = make_policy(policy_name, seed=1, clock=VirtualClock())
+    a, b = fake_worker("a"), fake_worker("b")
+    policy.on_workers_changed(["a", "b"])
+    for _ in range(5):  # only a is offered, so only a can learn the prompt
+        policy.on_request_done(policy.choose(fake_request(prompt=LONG), [a]), True)
     policy.on_workers_changed(["b"])
-    decision = policy.choose(fake_request(prompt=LONG), [workers[1]])
-    assert decision.worker.name == "b"
+    policy.on_workers_changed(["a", "b"])
+    decision = policy.choose(fake_request(prompt=LONG), [a, b])
+    assert decision.outcome != "prefix_hit"
+    assert not decision.predicted_match_ratio
 
 
 @pytest.mark.parametrize("policy_name", registered_policy_names())
@@ -115,8 +123,9 @@ def test_bad_parameter_values_are_named() -> None:
 
 def test_parameters_given_as_strings_are_converted() -> None:
     policy = make_policy("cache_aware", cache_threshold="0.5", balance_abs_threshold="8")
-    assert policy.params.cache_threshold == 0.5  # type: ignore[attr-defined]
-    assert policy.params.balance_abs_threshold == 8  # type: ignore[attr-defined]
+    assert isinstance(policy, CacheAwarePolicy)
+    assert policy.params.cache_threshold == 0.5
+    assert policy.params.balance_abs_threshold == 8
 
 
 # ---------------------------------------------------------------- load-only policies
@@ -160,7 +169,7 @@ def test_cache_aware_keeps_a_prefix_on_its_worker_under_light_load() -> None:
     workers = [fake_worker("a"), fake_worker("b"), fake_worker("c")]
     first = policy.choose(fake_request(prompt=LONG + "question one"), workers)
     assert first.outcome == "miss"
-    first.worker.in_flight += 1  # type: ignore[attr-defined]
+    first.worker.in_flight += 1
     for i in range(10):
         decision = policy.choose(fake_request(prompt=LONG + f"question {i}"), workers)
         assert decision.worker is first.worker
@@ -183,9 +192,9 @@ def test_cache_aware_spreads_under_imbalance_beyond_both_thresholds() -> None:
     workers = [fake_worker("a"), fake_worker("b")]
     holder = policy.choose(fake_request(prompt=LONG), workers).worker
     other = workers[1] if holder is workers[0] else workers[0]
-    holder.in_flight = 4  # type: ignore[attr-defined]
+    holder.in_flight = 4
     assert policy.choose(fake_request(prompt=LONG), workers).worker is holder  # 4 - 0 is not > 4
-    holder.in_flight = 5  # type: ignore[attr-defined]
+    holder.in_flight = 5
     decision = policy.choose(fake_request(prompt=LONG), workers)
     assert decision.worker is other
     assert decision.outcome == "balanced_away"
@@ -196,7 +205,7 @@ def test_cache_aware_relative_threshold_also_has_to_trip() -> None:
     workers = [fake_worker("a"), fake_worker("b")]
     holder = policy.choose(fake_request(prompt=LONG), workers).worker
     other = workers[1] if holder is workers[0] else workers[0]
-    holder.in_flight, other.in_flight = 30, 21  # type: ignore[attr-defined]
+    holder.in_flight, other.in_flight = 30, 21
     # 30 - 21 > 4 but 30 <= 1.5 * 21: balanced, affinity wins
     assert policy.choose(fake_request(prompt=LONG), workers).worker is holder
 
@@ -225,7 +234,8 @@ def test_cache_aware_memory_is_bounded_per_worker() -> None:
     workers = [fake_worker("a"), fake_worker("b")]
     for i in range(2_000):
         policy.choose(fake_request(prompt=f"{i:08d}" + "z" * 50), workers)
-    tree = policy.tree("")  # type: ignore[attr-defined]
+    assert isinstance(policy, CacheAwarePolicy)
+    tree = policy.tree("")
     assert tree.tenant_chars("a") <= 10_000
     assert tree.tenant_chars("b") <= 10_000
     nodes_after_half = tree.node_count
@@ -241,9 +251,15 @@ def page_tokens(n_pages: int, start: int = 0, page: int = 4) -> list[int]:
     return list(range(start, start + n_pages * page))
 
 
+def index_of(policy: Policy) -> BlockIndex:
+    index = policy.block_index
+    assert index is not None, f"{policy.name} keeps no block index"
+    return index
+
+
 def store_prompt(policy: Policy, worker: str, tokens: list[int], page: int = 4) -> None:
     """Feed the index the BlockStored events an engine would send for ``tokens``."""
-    index = policy.block_index  # type: ignore[attr-defined]
+    index = index_of(policy)
     parent = None
     for i in range(len(tokens) // page):
         engine_hash = hash(("engine", tuple(tokens[: (i + 1) * page])))
@@ -275,12 +291,12 @@ def test_precise_prefers_the_least_loaded_of_equal_holders() -> None:
 def test_precise_predictions_keep_a_burst_together_until_they_expire() -> None:
     clock = VirtualClock()
     policy = make_policy("precise", clock=clock, page_size=4, predicted_ttl_seconds=2.0)
-    policy.block_index.mark_event_feed("a")  # type: ignore[attr-defined]
-    policy.block_index.mark_event_feed("b")  # type: ignore[attr-defined]
+    index_of(policy).mark_event_feed("a")
+    index_of(policy).mark_event_feed("b")
     workers = [fake_worker("a"), fake_worker("b")]
     tokens = page_tokens(8)
     first = policy.choose(fake_request(token_ids=tokens), workers)
-    first.worker.in_flight += 1  # type: ignore[attr-defined]
+    first.worker.in_flight += 1
     for _ in range(3):
         assert policy.choose(fake_request(token_ids=tokens), workers).worker is first.worker
     clock.advance(2.5)
@@ -295,7 +311,7 @@ def test_precise_forgets_a_worker_after_all_blocks_cleared() -> None:
     tokens = page_tokens(8)
     store_prompt(policy, "b", tokens)
     assert policy.choose(fake_request(token_ids=tokens), workers).worker.name == "b"
-    policy.block_index.clear("b")  # type: ignore[attr-defined]
+    index_of(policy).clear("b")
     decision = policy.choose(fake_request(token_ids=tokens), workers)
     assert (decision.worker.name, decision.outcome) == ("a", "miss")
 
@@ -321,7 +337,7 @@ def test_cost_replicates_a_hot_prefix_instead_of_overloading_its_holder() -> Non
     chosen: list[str] = []
     for i in range(40):
         decision = policy.choose(fake_request(token_ids=prefix + [10_000 + i] * 8), workers)
-        decision.worker.in_flight += 1  # type: ignore[attr-defined]
+        decision.worker.in_flight += 1
         chosen.append(decision.worker.name)
     loads = [w.in_flight for w in workers]
     assert max(loads) <= 1.25 * (sum(loads) / len(loads)) + 1
@@ -332,11 +348,12 @@ def test_cost_replicates_a_hot_prefix_instead_of_overloading_its_holder() -> Non
 def test_cost_releases_queued_prefill_exactly_once() -> None:
     policy = make_policy("cost", page_size=4)
     workers = [fake_worker("a")]
+    assert isinstance(policy, CostPolicy)
     decision = policy.choose(fake_request(token_ids=page_tokens(10)), workers)
-    assert policy.queued_prefill_tokens("a") == 40  # type: ignore[attr-defined]
+    assert policy.queued_prefill_tokens("a") == 40
     policy.on_prefill_done(decision)
     policy.on_request_done(decision, True)
-    assert policy.queued_prefill_tokens("a") == 0  # type: ignore[attr-defined]
+    assert policy.queued_prefill_tokens("a") == 0
 
 
 def test_cost_bounded_load_keeps_one_prefix_from_taking_everything() -> None:
@@ -345,7 +362,7 @@ def test_cost_bounded_load_keeps_one_prefix_from_taking_everything() -> None:
     prefix = page_tokens(256)
     for _ in range(100):
         decision = policy.choose(fake_request(token_ids=prefix), workers)
-        decision.worker.in_flight += 1  # type: ignore[attr-defined]
+        decision.worker.in_flight += 1
         policy.on_prefill_done(decision)
     loads = [w.in_flight for w in workers]
     assert max(loads) / (sum(loads) / 4) <= 1.3
@@ -357,7 +374,7 @@ def test_prefix_policies_forget_a_reset_worker(policy_name: str) -> None:
     policy = policy or make_policy(policy_name)
     workers = [fake_worker("a"), fake_worker("b")]
     first = policy.choose(fake_request(prompt=LONG), workers)
-    first.worker.in_flight += 1  # type: ignore[attr-defined]
+    first.worker.in_flight += 1
     policy.on_prefill_done(first)
     assert policy.choose(fake_request(prompt=LONG), workers).outcome == "prefix_hit"
     policy.on_worker_reset(first.worker.name)

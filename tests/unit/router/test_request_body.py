@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sglang_tpu.tokenizer import load_tokenizer
 from tpuserve_router.request_body import (
     ClientError,
+    Parser,
     parse_chat,
     parse_completions,
     parse_generate,
@@ -82,9 +85,9 @@ def test_unreadable_bodies_name_the_body(body: bytes, param: str) -> None:
         (parse_generate, {}, "text"),
     ],
 )
-def test_bad_fields_are_named(parser: object, data: dict[str, object], param: str) -> None:
+def test_bad_fields_are_named(parser: Parser, data: dict[str, Any], param: str) -> None:
     with pytest.raises(ClientError) as err:
-        parser(data, True, TOK)  # type: ignore[operator]
+        parser(data, True, TOK)
     assert (err.value.status, err.value.param) == (400, param)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tpuserve_router.metrics import (
@@ -39,7 +40,7 @@ EXPECTED = {
 }
 
 
-def scrape(registry: CollectorRegistry) -> dict[str, object]:
+def scrape(registry: CollectorRegistry) -> dict[str, Metric]:
     text = generate_latest(registry).decode()
     return {f.name: f for f in text_string_to_metric_families(text)}
 
@@ -49,7 +50,7 @@ def test_every_series_is_declared_with_its_type() -> None:
     create_router_metrics(registry)
     registry.register(StateCollector(lambda: [], dict))
     families = scrape(registry)
-    assert {name: f.type for name, f in families.items()} == EXPECTED  # type: ignore[attr-defined]
+    assert {name: f.type for name, f in families.items()} == EXPECTED
 
 
 def test_values_and_histograms_are_exposed_exactly() -> None:
@@ -64,7 +65,7 @@ def test_values_and_histograms_are_exposed_exactly() -> None:
         "model": "m", "worker": "w", "route": "/v1/completions", "status": "200"}) == 3  # fmt: skip
     buckets = {
         s.labels["le"]: s.value
-        for s in scrape(registry)["tpuserve_router_ttft_seconds"].samples  # type: ignore[attr-defined]
+        for s in scrape(registry)["tpuserve_router_ttft_seconds"].samples
         if s.name.endswith("_bucket")
     }
     assert buckets["0.005"] == 2  # le: a value equal to a bound counts in that bucket

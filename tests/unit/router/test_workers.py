@@ -36,15 +36,12 @@ def test_bad_urls_say_what_is_expected(url: str) -> None:
 def test_health_checks_eject_after_failures_and_readmit_after_success() -> None:
     worker = Worker(WorkerSpec("http://h:1"))
     assert not worker.healthy  # until the first check passes
-    assert worker.health_check_passed(1)
+    assert (worker.health_check_passed(1), worker.healthy) == (True, True)
     assert not worker.health_check_failed(3)
-    assert not worker.health_check_failed(3)
-    assert worker.healthy
-    assert worker.health_check_failed(3)  # the third one ejects
-    assert not worker.healthy
-    assert not worker.health_check_passed(2)
-    assert worker.health_check_passed(2)
-    assert worker.healthy
+    assert (worker.health_check_failed(3), worker.healthy) == (False, True)
+    assert (worker.health_check_failed(3), worker.healthy) == (True, False)  # the third ejects
+    assert (worker.health_check_passed(2), worker.healthy) == (False, False)
+    assert (worker.health_check_passed(2), worker.healthy) == (True, True)
 
 
 def test_breaker_opens_after_consecutive_failures_and_half_opens_later() -> None:
