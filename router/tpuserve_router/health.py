@@ -3,8 +3,8 @@
 One owner task probes all workers concurrently every ``interval_seconds``; a worker added
 later is probed at once. A probe passes on HTTP 200 within ``timeout_seconds``. The
 thresholds and the circuit breaker live on `Worker`; this module only runs the probes and
-calls ``on_admitted`` when a worker becomes routable (the app then learns its models and
-KV-event endpoints). Not on the request hot path, so it uses aiohttp's client.
+calls ``on_admitted`` when a worker becomes routable (`admission` then learns its models
+and KV-event endpoints). Not on the request hot path, so it uses aiohttp's client.
 """
 
 from __future__ import annotations

@@ -1,0 +1,192 @@
+"""Worker admission: what happens when a worker joins, becomes routable, or leaves.
+
+`Admission` subscribes to the `WorkerRegistry` and owns the `HealthChecker`. A worker that
+joins gets its upstream connection pool and its error (and KV-event) series at zero, and
+is probed. Once its probes pass, the router learns the models it serves (its
+``/v1/models``) and, when the router subscribes to KV events, where it publishes them: the
+endpoints it was registered with, or its ``/get_server_info``'s ``kv_events_config``.
+Endpoints outside ``--worker-networks`` are not dialled. A worker that leaves loses its
+pool, its series and its KV-event subscription; the policy hears of every change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+from tpuserve_router.config import RouterConfig
+from tpuserve_router.health import HealthChecker
+from tpuserve_router.kv_events import Endpoints, KvEventHub
+from tpuserve_router.metrics import (
+    RouterMetrics,
+    remove_worker_series,
+    touch_token_series,
+    touch_worker_series,
+)
+from tpuserve_router.policies.base import Policy
+from tpuserve_router.proxy import UpstreamPool
+from tpuserve_router.worker_networks import Network, endpoint_problem
+from tpuserve_router.workers import Worker, WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """Keeps pools, series, health checks, KV-event subscriptions and the policy in step
+    with the registry's workers."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        policy: Policy,
+        registry: WorkerRegistry,
+        metrics: RouterMetrics,
+        networks: Sequence[Network],
+        kv: KvEventHub | None,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.registry = registry
+        self.metrics = metrics
+        self.networks = networks
+        self.kv = kv
+        self.health = HealthChecker(
+            registry,
+            interval_seconds=config.health_check_interval_seconds,
+            timeout_seconds=config.health_check_timeout_seconds,
+            failure_threshold=config.health_failure_threshold,
+            success_threshold=config.health_success_threshold,
+            on_admitted=self._admitted,
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._started = False
+        registry.on_added.append(self._worker_added)
+        registry.on_removed.append(self._worker_removed)
+        registry.on_changed.append(self._workers_changed)
+
+    def start(self) -> None:
+        """Start probing; workers added from now on are probed as they join."""
+        self.health.start()
+        self._started = True
+
+    async def stop(self) -> None:
+        """Stop probing, cancel and await pending unsubscriptions, close every pool."""
+        await self.health.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for worker in self.registry.workers:
+            if worker.pool is not None:
+                worker.pool.close()
+        self._started = False
+
+    # ------------------------------------------------------------------ registry callbacks
+
+    def _worker_added(self, worker: Worker) -> None:
+        worker.pool = UpstreamPool(
+            worker.host,
+            worker.port,
+            connect_timeout_seconds=self.config.connect_timeout_seconds,
+            max_idle=self.config.max_idle_connections_per_worker,
+        )
+        self.metrics.workers_changed.labels("added").inc()
+        touch_worker_series(self.metrics, worker.name, kv_events=self.kv is not None)
+        if self._started:
+            self.health.watch(worker)
+
+    def _worker_removed(self, worker: Worker) -> None:
+        worker.healthy = False
+        if worker.pool is not None:
+            worker.pool.close()
+        self.metrics.workers_changed.labels("removed").inc()
+        remove_worker_series(self.metrics, worker.name)
+        if self.kv is not None:
+            self._spawn(self.kv.unwatch(worker.name))
+
+    def _workers_changed(self, registry: WorkerRegistry) -> None:
+        self.policy.on_workers_changed(registry.names())
+
+    # ------------------------------------------------------------------ a worker turns routable
+
+    async def _admitted(self, worker: Worker) -> None:
+        """A worker became routable: learn its models and its KV-event endpoints."""
+        try:
+            listing = await self.health.get_json(worker.name + "/v1/models")
+            data = listing.get("data") if isinstance(listing, dict) else None
+            if isinstance(data, list):
+                ids = [
+                    m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)
+                ]
+                self.registry.set_models(worker, ids)
+        except Exception as err:  # an engine without /v1/models still serves any model
+            log.info("worker %s: could not list models (%s)", worker.name, err)
+        if self.registry.get(worker.name) is worker:
+            for model in worker.models:  # token series exist at zero before the first answer
+                touch_token_series(self.metrics, model, worker.name)
+        if self.kv is not None and self.registry.get(worker.name) is worker:
+            endpoints = await self._kv_endpoints(worker)
+            problem = self._kv_endpoints_problem(endpoints) if endpoints is not None else None
+            if problem:
+                log.warning("worker %s: not subscribing to KV events: %s", worker.name, problem)
+            elif endpoints is not None:
+                await self.kv.watch(worker.name, endpoints)
+            else:
+                log.warning(
+                    "worker %s publishes no KV events; its routing stays approximate", worker.name
+                )
+
+    def _kv_endpoints_problem(self, endpoints: Endpoints) -> str | None:
+        for endpoint in (endpoints.events, endpoints.replay):
+            problem = endpoint_problem(endpoint, self.networks) if endpoint else None
+            if problem:
+                return problem
+        return None
+
+    async def _kv_endpoints(self, worker: Worker) -> Endpoints | None:
+        if worker.kv_events_endpoint:
+            return Endpoints(worker.kv_events_endpoint, worker.kv_replay_endpoint)
+        try:
+            info = await self.health.get_json(worker.name + "/get_server_info")
+        except Exception as err:
+            log.info("worker %s: no server info (%s)", worker.name, err)
+            return None
+        if not isinstance(info, dict):
+            return None
+        raw = info.get("kv_events_config")
+        try:
+            kv_config = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            return None
+        if not isinstance(kv_config, dict) or kv_config.get("publisher", "zmq") != "zmq":
+            return None
+        endpoint = kv_config.get("endpoint")
+        if not isinstance(endpoint, str):
+            return None
+        replay = kv_config.get("replay_endpoint")
+        return Endpoints(
+            _dialable(endpoint, worker.host),
+            _dialable(replay, worker.host) if isinstance(replay, str) else None,
+        )
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _dialable(endpoint: str, host: str) -> str:
+    """A ZMQ endpoint the router can connect to: wildcard hosts become the worker's host."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme != "tcp":
+        return endpoint
+    address, _, port = rest.rpartition(":")
+    if address in ("*", "0.0.0.0", "::", "[::]", ""):
+        shown = f"[{host}]" if ":" in host else host
+        return f"tcp://{shown}:{port}"
+    return endpoint

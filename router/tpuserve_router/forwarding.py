@@ -1,0 +1,335 @@
+"""The generation routes: route a request with the policy and proxy it to a worker, retrying.
+
+A generation request's life: parse and validate the body (400 naming the field), find
+the workers serving its model (404), ask the policy (503 with Retry-After if none is
+healthy), count it in flight on the chosen worker, send it. A failure before the first
+byte reaches the client is retried on another worker under the one rule of
+`tpuserve_router.retry`; nothing is retried once the client has received bytes. A stream
+that breaks ends with an SSE error event and the connection closes. The in-flight count
+is decremented in a ``finally``, so it returns to zero on every path.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Final
+
+from tpuserve_router.config import RouterConfig
+from tpuserve_router.metrics import RouterMetrics
+from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, Policy, RouteRequest
+from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
+from tpuserve_router.replies import RETRY_AFTER_SECONDS, reject, reply_error, sse_error_event
+from tpuserve_router.request_body import ClientError, Parser, Tokens, parse_json_object
+from tpuserve_router.retry import Attempt, retryable_error, retryable_status, should_retry
+from tpuserve_router.server import Handler, HttpRequest
+from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
+from tpuserve_router.workers import Worker, WorkerRegistry
+
+HOP_BY_HOP: Final = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"expect",
+    }
+)
+BREAKER_STATUSES: Final = frozenset({502, 504})  # the worker, not its load, is at fault
+CLIENT_CLOSED: Final = "499"  # nginx's code for "the client went away first"
+STREAM_ERROR: Final = "stream_error"
+
+
+class Forwarder:
+    """Routes and proxies generation requests; one per router."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        policy: Policy,
+        registry: WorkerRegistry,
+        metrics: RouterMetrics,
+        tokenizer: Tokens | None,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.registry = registry
+        self.metrics = metrics
+        self.tokenizer = tokenizer
+        self.want_text = policy.needs_text
+        # Children whose labels never change, bound once.
+        self._decisions = {o: metrics.decisions.labels(policy.name, o) for o in OUTCOMES}
+        self._ratio_predicted = metrics.prefix_match_ratio.labels(policy.name, "predicted")
+        self._ratio_actual = metrics.prefix_match_ratio.labels(policy.name, "actual")
+
+    def handler(self, route: str, parser: Parser) -> Handler:
+        """The handler of one generation route (``parser`` reads its body)."""
+        return functools.partial(self.generate, route=route, parser=parser)
+
+    async def generate(self, request: HttpRequest, route: str, parser: Parser) -> None:
+        try:
+            parsed = parser(parse_json_object(request.body), self.want_text, self.tokenizer)
+        except ClientError as err:
+            reject(request, err, self.metrics, route)
+            return
+        model = parsed.model
+        candidates = self.registry.candidates(model)
+        if candidates is None:
+            known = ", ".join(self.registry.known_models()) or "none"
+            reject(
+                request,
+                ClientError(
+                    404,
+                    f"model {model!r} is not served by this router; available: {known}",
+                    param="model",
+                    error_type="model_not_found",
+                ),
+                self.metrics,
+                route,
+            )
+            return
+        route_request = RouteRequest(model, parsed.text, parsed.token_ids)
+        forwarded = _forwarded_headers(request)
+        excluded: list[Worker] = []
+        retries = 0
+        policy = self.policy
+        while True:
+            pool = candidates if not excluded else [w for w in candidates if w not in excluded]
+            try:
+                decision = policy.choose(route_request, pool)
+            except NoHealthyWorker:
+                reject(
+                    request,
+                    ClientError(
+                        503,
+                        f"no healthy worker for model {model!r}" if model else "no healthy worker",
+                        error_type="service_unavailable",
+                        headers={"retry-after": RETRY_AFTER_SECONDS},
+                    ),
+                    self.metrics,
+                    route,
+                    model,
+                )
+                return
+            self._decisions[decision.outcome].inc()
+            attempt = await self._attempt(
+                request, route, model, parsed.stream, decision, forwarded, retries, pool
+            )
+            if attempt is Attempt.ANSWERED:
+                return
+            excluded.append(decision.worker)
+            retries += 1
+            self.metrics.retries.labels(route).inc()
+
+    async def _attempt(
+        self,
+        request: HttpRequest,
+        route: str,
+        model: str,
+        stream: bool,
+        decision: Decision[Worker],
+        forwarded: bytes,
+        retries: int,
+        candidates: list[Worker],
+    ) -> Attempt:
+        """One try on the decided worker, after ``retries`` earlier ones; ``candidates``
+        are the workers this try could have gone to (a retry picks among the others)."""
+        worker = decision.worker
+        policy = self.policy
+        max_retries = self.config.max_retries
+        if not model and worker.models:
+            model = worker.models[0]
+        pool: UpstreamPool = worker.pool
+        upstream: UpstreamConnection | None = None
+        succeeded = False
+        result = Attempt.ANSWERED
+        status_label = CLIENT_CLOSED  # the requests_total status, unless retried
+        worker.in_flight += 1
+        try:
+            payload = _upstream_request(request, pool.host_header, forwarded)
+            try:
+                upstream = await self._open(pool, payload, request.arrived)
+            except UpstreamError as err:
+                self._worker_failed(worker, err.reason)
+                if should_retry(retryable_error(err), retries, max_retries, worker, candidates):
+                    result = Attempt.RETRY
+                    return result
+                if err.reason == "first_byte_timeout":
+                    status_label = "504"
+                    reply_error(
+                        request,
+                        ClientError(
+                            504, f"worker did not answer: {err.detail}", error_type="timeout"
+                        ),
+                    )
+                    return result
+                status_label = "502"
+                reply_error(
+                    request,
+                    ClientError(
+                        502, f"worker unavailable: {err.detail}", error_type="upstream_error"
+                    ),
+                )
+                return result
+            status = upstream.status
+            if should_retry(retryable_status(status), retries, max_retries, worker, candidates):
+                self.metrics.upstream_errors.labels(worker.name, "retryable_status").inc()
+                if status in BREAKER_STATUSES:
+                    worker.request_failed()
+                result = Attempt.RETRY
+                return result
+            headers = _response_headers(upstream.headers)
+            usage: Usage | None
+            if upstream.header(b"content-length") is not None or not _is_chunked(upstream):
+                try:
+                    body = await upstream.read_all()
+                except UpstreamError as err:
+                    self._worker_failed(worker, err.reason)
+                    if should_retry(retryable_error(err), retries, max_retries, worker, candidates):
+                        result = Attempt.RETRY
+                        return result
+                    code = 504 if err.reason == "request_timeout" else 502
+                    status_label = str(code)
+                    reply_error(
+                        request,
+                        ClientError(
+                            code,
+                            f"worker failed mid-response: {err.detail}",
+                            error_type="upstream_error",
+                        ),
+                    )
+                    return result
+                policy.on_prefill_done(decision)
+                request.respond(status, headers, body)
+                usage = usage_from_body(body) if status == 200 else None
+            else:
+                request.start_chunked(status, headers)
+                first = True
+                before = last = b""
+                try:
+                    while True:
+                        data = await upstream.read()
+                        if not data:
+                            break
+                        if first:
+                            first = False
+                            policy.on_prefill_done(decision)
+                            if stream:
+                                self.metrics.ttft.labels(model).observe(
+                                    time.monotonic() - request.arrived
+                                )
+                        request.write_chunk(data)
+                        before, last = last, data
+                        if request.write_paused:
+                            await request.drain()
+                except UpstreamError as err:
+                    self._worker_failed(worker, err.reason)
+                    request.write_chunk(sse_error_event(f"the worker's stream broke: {err.detail}"))
+                    request.end_chunked(keep_alive=False)
+                    status_label = STREAM_ERROR
+                    return result
+                request.end_chunked()
+                usage = usage_from_stream_tail(before + last) if status == 200 else None
+            succeeded = status < 400
+            if status < 500:
+                worker.request_succeeded()
+            status_label = str(status)
+            if usage is not None:
+                self._account(usage, decision, model, worker.name)
+            return result
+        finally:
+            worker.in_flight -= 1
+            if upstream is not None:
+                pool.release(upstream)
+            policy.on_request_done(decision, succeeded)
+            if result is Attempt.ANSWERED:
+                self.metrics.requests.labels(model, worker.name, route, status_label).inc()
+                if status_label != CLIENT_CLOSED:
+                    self.metrics.e2e.labels(model, route).observe(
+                        time.monotonic() - request.arrived
+                    )
+
+    async def _open(self, pool: UpstreamPool, payload: bytes, arrived: float) -> UpstreamConnection:
+        """Send ``payload`` and wait for the response head; a stale pooled connection is
+        replaced once by a fresh one (the worker closed it while idle)."""
+        upstream = await pool.acquire()
+        try:
+            return await self._send(upstream, payload, arrived)
+        except UpstreamError as err:
+            upstream.close()
+            if err.reason != "reset_before_response" or not upstream.reused:
+                raise
+        except BaseException:
+            upstream.close()
+            raise
+        upstream = await pool.connect()
+        try:
+            return await self._send(upstream, payload, arrived)
+        except BaseException:
+            upstream.close()
+            raise
+
+    async def _send(
+        self, upstream: UpstreamConnection, payload: bytes, arrived: float
+    ) -> UpstreamConnection:
+        upstream.send(payload)
+        left = self.config.request_timeout_seconds - (time.monotonic() - arrived)
+        upstream.set_deadlines(self.config.first_byte_timeout_seconds, max(0.001, left))
+        await upstream.wait_head()
+        return upstream
+
+    def _worker_failed(self, worker: Worker, reason: str) -> None:
+        self.metrics.upstream_errors.labels(worker.name, reason).inc()
+        worker.request_failed()
+
+    def _account(self, usage: Usage, decision: Decision[Worker], model: str, worker: str) -> None:
+        metrics = self.metrics
+        prompt = usage.prompt_tokens
+        metrics.prompt_tokens.labels(model, worker).inc(prompt)
+        metrics.completion_tokens.labels(model, worker).inc(usage.completion_tokens)
+        metrics.cached_tokens.labels(model, worker).inc(usage.cached_tokens)
+        predicted = metrics.predicted_cached_tokens.labels(model, worker)  # exists at zero too
+        ratio = decision.predicted_match_ratio
+        if ratio is not None and prompt > 0:
+            predicted.inc(round(ratio * prompt))
+            self._ratio_predicted.observe(ratio)
+            self._ratio_actual.observe(min(1.0, usage.cached_tokens / prompt))
+
+
+def _forwarded_headers(request: HttpRequest) -> bytes:
+    return b"".join(
+        name + b": " + value + b"\r\n" for name, value in request.headers if name not in HOP_BY_HOP
+    )
+
+
+def _upstream_request(request: HttpRequest, host: bytes, forwarded: bytes) -> bytes:
+    target = request.path.encode("latin-1")
+    if request.query:
+        target += b"?" + request.query.encode("latin-1")
+    body = request.body
+    return b"".join(
+        (
+            request.method, b" ", target, b" HTTP/1.1\r\nhost: ", host, b"\r\n", forwarded,
+            b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body,
+        )
+    )  # fmt: skip
+
+
+def _response_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """Upstream response headers to pass on (names arrive lower-cased from the proxy)."""
+    return b"".join(
+        name + b": " + value + b"\r\n" for name, value in headers if name not in HOP_BY_HOP
+    )
+
+
+def _is_chunked(upstream: UpstreamConnection) -> bool:
+    value = upstream.header(b"transfer-encoding")
+    return value is not None and b"chunked" in value.lower()

@@ -1,0 +1,223 @@
+"""The retry rule: which failures go to another worker, and only while retries are left
+and another candidate is healthy; through the router, a retried try is counted as a retry
+and never as an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.fakes import fake_worker
+from tests.waiting import eventually_async
+from tpuserve_router.app import RouterApp
+from tpuserve_router.config import RouterConfig
+from tpuserve_router.proxy import UpstreamError
+from tpuserve_router.retry import (
+    RETRYABLE_STATUSES,
+    Attempt,
+    retryable_error,
+    retryable_status,
+    should_retry,
+)
+from tpuserve_router.server import JSON_HEADERS, HttpRequest, serve
+
+pytestmark = pytest.mark.unit
+
+ROUTE = "/v1/completions"
+
+
+# ---------------------------------------------------------------- the rule alone
+
+
+@pytest.mark.parametrize(
+    ("reason", "response_started", "retryable"),
+    [
+        ("connect_error", False, True),
+        ("reset_before_response", False, True),
+        ("stream_broken", True, True),  # a whole body broke before the client saw it
+        ("request_timeout", False, True),
+        ("first_byte_timeout", False, False),  # slow, not gone: a retry duplicates the work
+        ("request_timeout", True, False),  # the request's time is up
+    ],
+)
+def test_which_worker_failures_are_retryable(
+    reason: str, response_started: bool, retryable: bool
+) -> None:
+    err = UpstreamError(reason, "detail", response_started=response_started)
+    assert retryable_error(err) is retryable
+
+
+@pytest.mark.parametrize("status", [200, 400, 404, 429, 500, 502, 503, 504])
+def test_which_statuses_are_retryable(status: int) -> None:
+    assert retryable_status(status) is (status in {429, 502, 503, 504})
+    assert {429, 502, 503, 504} == RETRYABLE_STATUSES
+
+
+def test_a_retryable_failure_is_retried_while_retries_are_left() -> None:
+    sick, other = fake_worker("sick"), fake_worker("other")
+    assert should_retry(True, 0, 2, sick, [sick, other])
+    assert should_retry(True, 1, 2, sick, [sick, other])
+    assert not should_retry(True, 2, 2, sick, [sick, other])
+    assert not should_retry(True, 0, 0, sick, [sick, other])
+
+
+def test_a_failure_that_is_not_retryable_is_never_retried() -> None:
+    sick, other = fake_worker("sick"), fake_worker("other")
+    assert not should_retry(False, 0, 2, sick, [sick, other])
+
+
+def test_a_retry_needs_another_healthy_candidate() -> None:
+    sick = fake_worker("sick")
+    assert not should_retry(True, 0, 2, sick, [sick])
+    assert not should_retry(True, 0, 2, sick, [sick, fake_worker("down", healthy=False)])
+    assert should_retry(True, 0, 2, sick, [fake_worker("down", healthy=False), fake_worker("up")])
+
+
+def test_an_attempt_either_answered_or_goes_elsewhere() -> None:
+    assert {a.name for a in Attempt} == {"ANSWERED", "RETRY"}
+
+
+# ---------------------------------------------------------------- through the router
+
+COMPLETION = (
+    b'{"id":"c","object":"text_completion","choices":[{"index":0,"text":"ok",'
+    b'"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}'
+)
+
+Answer = Callable[[HttpRequest], Awaitable[None]]
+
+
+def answering(status: int) -> Answer:
+    async def handle(request: HttpRequest) -> None:
+        if request.path == "/v1/models":
+            request.respond(404, JSON_HEADERS, b"{}")  # serves any model
+        elif status == 200:
+            request.respond(200, JSON_HEADERS, COMPLETION)
+        else:
+            request.respond(status, JSON_HEADERS, b'{"error":"busy"}')
+
+    return handle
+
+
+async def never_answering(request: HttpRequest) -> None:
+    if request.path == "/v1/models":
+        request.respond(404, JSON_HEADERS, b"{}")
+        return
+    await asyncio.Event().wait()  # cancelled when the router gives up and closes
+
+
+def refused_url() -> str:
+    """A loopback address nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@asynccontextmanager
+async def router_in_front_of(
+    first: Answer | str, second: Answer, **settings: float
+) -> AsyncIterator[RouterApp]:
+    """A least_load router (ties go to the first listed) in front of two workers; ``first``
+    is a handler to serve or a URL to use as it is."""
+    servers = []
+    urls = []
+    for worker in (first, second):
+        if isinstance(worker, str):
+            urls.append(worker)
+            continue
+        server = await serve(worker, "127.0.0.1", 0, 1 << 20)
+        servers.append(server)
+        urls.append(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    config = RouterConfig(
+        host="127.0.0.1",
+        port=0,
+        workers=tuple(urls),
+        policy="least_load",
+        health_check_interval_seconds=0,  # admitted at once, never probed
+    ).replace(**settings)
+    app = RouterApp(config, registry=CollectorRegistry())
+    await app.start()
+    try:
+        await eventually_async(
+            lambda: all(w.healthy for w in app.registry.workers), what="both workers routable"
+        )
+        yield app
+    finally:
+        await app.stop()
+        for server in servers:
+            server.close()
+            await server.wait_closed()
+
+
+async def complete(app: RouterApp) -> int:
+    async with aiohttp.ClientSession() as session:
+        body = {"model": "m", "prompt": "hello", "max_tokens": 1}
+        async with session.post(app.base_url + ROUTE, json=body) as response:
+            await response.read()
+            return response.status
+
+
+def value(app: RouterApp, name: str, **labels: str) -> float:
+    return app.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def answered(app: RouterApp, worker: int, status: str) -> float:
+    return value(
+        app,
+        "tpuserve_router_requests_total",
+        model="m",
+        worker=app.registry.workers[worker].name,
+        route=ROUTE,
+        status=status,
+    )
+
+
+async def test_a_retryable_status_goes_to_the_other_worker_and_counts_once() -> None:
+    async with router_in_front_of(answering(503), answering(200)) as app:
+        assert await complete(app) == 200
+        busy = app.registry.workers[0].name
+        assert value(app, "tpuserve_router_retries_total", route=ROUTE) == 1
+        assert (
+            value(
+                app, "tpuserve_router_upstream_errors_total", worker=busy, reason="retryable_status"
+            )
+            == 1
+        )
+        assert (answered(app, 0, "503"), answered(app, 1, "200")) == (0, 1)
+        assert all(w.in_flight == 0 for w in app.registry.workers)
+
+
+async def test_without_retries_left_the_status_reaches_the_client() -> None:
+    async with router_in_front_of(answering(503), answering(200), max_retries=0) as app:
+        assert await complete(app) == 503
+        assert value(app, "tpuserve_router_retries_total", route=ROUTE) == 0
+        assert (answered(app, 0, "503"), answered(app, 1, "200")) == (1, 0)
+
+
+async def test_a_refused_connection_is_retried_on_the_other_worker() -> None:
+    async with router_in_front_of(refused_url(), answering(200)) as app:
+        assert await complete(app) == 200
+        refused = app.registry.workers[0].name
+        assert value(app, "tpuserve_router_retries_total", route=ROUTE) == 1
+        assert (
+            value(
+                app, "tpuserve_router_upstream_errors_total", worker=refused, reason="connect_error"
+            )
+            == 1
+        )
+
+
+async def test_a_first_byte_timeout_is_answered_504_and_not_retried() -> None:
+    async with router_in_front_of(
+        never_answering, answering(200), first_byte_timeout_seconds=0.2
+    ) as app:
+        assert await complete(app) == 504
+        assert value(app, "tpuserve_router_retries_total", route=ROUTE) == 0
+        assert (answered(app, 0, "504"), answered(app, 1, "200")) == (1, 0)
