@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from router_fleet import EngineTwin, start_engines, start_router, wait_ready
 
+from tests.component.router.router_fleet import EngineTwin, start_engines, start_router, wait_ready
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 

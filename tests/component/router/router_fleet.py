@@ -8,19 +8,18 @@ state (in-flight counts, health, decisions) while talking to it over real HTTP.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import selectors
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
@@ -109,22 +108,13 @@ async def start_router(config: RouterConfig) -> RouterApp:
     return app
 
 
-async def wait_for(
-    condition: Callable[[], Any], deadline_seconds: float = 10.0, what: str = "condition"
-) -> None:
-    """Poll ``condition`` until it is truthy; fail after ``deadline_seconds``."""
-    deadline = time.monotonic() + deadline_seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {deadline_seconds:g} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def wait_ready(app: RouterApp, workers: int, deadline_seconds: float = 15.0) -> None:
+async def wait_ready(app: RouterApp, workers: int, timeout_seconds: float = 15.0) -> None:
     def ready() -> bool:
         return sum(1 for w in app.registry.workers if w.healthy and w.models) >= workers
 
-    await wait_for(ready, deadline_seconds, f"{workers} routable workers")
+    await eventually_async(
+        ready, what=f"{workers} routable workers", timeout_seconds=timeout_seconds
+    )
 
 
 def sample(app: RouterApp, name: str, labels: dict[str, str] | None = None) -> float:

@@ -10,7 +10,8 @@ import time
 import urllib.request
 
 import pytest
-from router_fleet import free_port
+
+from tpuserve.cluster.ports import free_port
 
 pytestmark = pytest.mark.component
 

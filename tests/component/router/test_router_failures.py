@@ -10,17 +10,17 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import openai
 import pytest
-from router_fleet import (
+
+from tests.component.router.router_fleet import (
     MODEL,
     EngineTwin,
     requests_by_worker,
     sample,
     start_engines,
     start_router,
-    wait_for,
     wait_ready,
 )
-
+from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 
@@ -71,6 +71,33 @@ async def stream_text(oa: openai.AsyncOpenAI, prompt: str, max_tokens: int) -> s
     return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
 
+async def cancel_mid_stream(oa: openai.AsyncOpenAI, prompt: str, max_tokens: int) -> None:
+    """Start a stream, wait for its first chunk, then go away (cancel) while it runs."""
+    first_chunk = asyncio.Event()
+
+    async def consume() -> None:
+        stream = await oa.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            stream=True,
+        )
+        async for _ in stream:
+            first_chunk.set()
+
+    task = asyncio.ensure_future(consume())
+    waiter = asyncio.ensure_future(first_chunk.wait())
+    await asyncio.wait({task, waiter}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task.done():
+        task.result()  # the stream failed or ended before it could be cancelled: say why
+        raise AssertionError("the stream ended before it could be cancelled mid-way")
+    assert first_chunk.is_set(), "no first chunk within 10 s"
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def all_idle(app: RouterApp) -> bool:
     return all(w.in_flight == 0 for w in app.registry.workers)
 
@@ -110,18 +137,15 @@ async def test_in_flight_returns_to_zero_after_every_kind_of_ending(
                     await stream_text(oa, PREFIX, 200)
 
             async def cancelled() -> None:
-                task = asyncio.ensure_future(stream_text(oa, PREFIX, 200))
-                await wait_for(lambda: not all_idle(app), 5, "a stream in flight")
-                await asyncio.sleep(0.1)
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_mid_stream(oa, PREFIX, 200)
 
             jobs = [ok() for _ in range(12)] + [rejected() for _ in range(4)]
             jobs += [first_byte_timeout() for _ in range(2)] + [stream_timeout() for _ in range(2)]
             jobs += [cancelled() for _ in range(3)]
             await asyncio.gather(*jobs)
-        await wait_for(lambda: all_idle(app), 10, "in-flight counts to return to zero")
+        await eventually_async(
+            lambda: all_idle(app), what="in-flight counts to return to zero", timeout_seconds=10
+        )
         assert [w.in_flight for w in app.registry.workers] == [0, 0, 0, 0]
         for worker in app.registry.workers:
             assert sample(app, "tpuserve_router_in_flight_requests", {"worker": worker.name}) == 0
@@ -145,14 +169,18 @@ async def test_killing_a_worker_under_load_fails_no_plain_request(
     assert worker is not None
     async with client(slow_router) as oa:
         streams = [asyncio.ensure_future(stream_text(oa, f"{i} " + PREFIX, 300)) for i in range(3)]
-        await wait_for(lambda: worker.in_flight > 0, 5, "a stream on the victim")
+        await eventually_async(
+            lambda: worker.in_flight > 0, what="a stream on the victim", timeout_seconds=5
+        )
 
         async def plain(i: int) -> str:
             result = await oa.completions.create(model=MODEL, prompt=f"{i} {PREFIX}", max_tokens=15)
             return result.choices[0].text
 
         plain_jobs = [asyncio.ensure_future(plain(i)) for i in range(30)]
-        await asyncio.sleep(0.15)
+        await eventually_async(  # its stream and at least one plain request
+            lambda: worker.in_flight >= 2, what="plain requests on the victim", timeout_seconds=5
+        )
         victim.kill()
         texts = await asyncio.gather(*plain_jobs)  # any failure raises here
         assert all(texts)
@@ -163,10 +191,16 @@ async def test_killing_a_worker_under_load_fails_no_plain_request(
     assert "stream broke" in str(broken[0])
     assert sample(slow_router, "tpuserve_router_upstream_errors_total",
                   {"worker": victim.url, "reason": "stream_broken"}) == 1  # fmt: skip
-    await wait_for(lambda: not worker.healthy, 5, "the dead worker to be ejected")
-    await wait_for(lambda: all_idle(slow_router), 5, "in-flight counts to return to zero")
+    await eventually_async(
+        lambda: not worker.healthy, what="the dead worker to be ejected", timeout_seconds=5
+    )
+    await eventually_async(
+        lambda: all_idle(slow_router), what="in-flight counts to return to zero", timeout_seconds=5
+    )
     victim.start()
-    await wait_for(lambda: worker.healthy, 5, "re-admission within 5 s of coming back")
+    await eventually_async(
+        lambda: worker.healthy, what="re-admission within 5 s of coming back", timeout_seconds=5
+    )
     async with client(slow_router) as oa:
         for i in range(3):
             await oa.completions.create(model=MODEL, prompt=f"after {i}", max_tokens=1)
@@ -216,11 +250,17 @@ async def test_a_client_disconnect_cancels_the_upstream_request(
                     total += sum(item["num_reqs"] for item in await response.json())
         return total
 
-    await wait_for(lambda: all_idle(slow_router), 5, "the router to drop the request")
-    deadline = asyncio.get_running_loop().time() + 5
-    while await engines_running():
-        assert asyncio.get_running_loop().time() < deadline, "the engine kept generating"
-        await asyncio.sleep(0.05)
+    await eventually_async(
+        lambda: all_idle(slow_router), what="the router to drop the request", timeout_seconds=5
+    )
+
+    async def engines_idle() -> bool:
+        return await engines_running() == 0
+
+    idle: bool = await eventually_async(
+        engines_idle, what="the engine to stop generating for the gone client", timeout_seconds=5
+    )
+    assert idle
     worker = next(iter(requests_by_worker(slow_router, "/v1/chat/completions")))
     labels = {"model": MODEL, "worker": worker, "route": "/v1/chat/completions", "status": "499"}
     assert sample(slow_router, "tpuserve_router_requests_total", labels) == 1

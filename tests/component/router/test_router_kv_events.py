@@ -11,26 +11,28 @@ import openai
 import pytest
 import zmq
 import zmq.asyncio
-from router_fleet import (
-    MODEL,
-    EngineTwin,
-    sample,
-    start_engines,
-    start_router,
-    wait_for,
-    wait_ready,
-)
 
 from sglang_tpu.kv_events import (
     END_SEQ_BYTES,
+    BlockHash,
     BlockRemoved,
     BlockStored,
     EventBatch,
+    KVEvent,
     block_hashes,
     encode_batch,
     pub_frames,
 )
 from sglang_tpu.tokenizer import load_tokenizer
+from tests.component.router.router_fleet import (
+    MODEL,
+    EngineTwin,
+    sample,
+    start_engines,
+    start_router,
+    wait_ready,
+)
+from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 
@@ -65,7 +67,11 @@ async def precise(kv_engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
     await wait_ready(app, len(kv_engines))
     hub = app.kv
     assert hub is not None
-    await wait_for(lambda: all(hub.subscription(e.url) for e in kv_engines), 10, "subscriptions")
+    await eventually_async(
+        lambda: all(hub.subscription(e.url) for e in kv_engines),
+        what="subscriptions",
+        timeout_seconds=10,
+    )
     yield app
     await app.stop()
 
@@ -111,15 +117,18 @@ def holder(app: RouterApp, prompt: str) -> str:
 async def wait_until_predictions_expire(app: RouterApp) -> None:
     assert app.block_index is not None
     index = app.block_index
-    await wait_for(lambda: index.match([0], []) == [] and index.predicted_blocks == 0, 5,
-                   "routing predictions to expire")  # fmt: skip
+    await eventually_async(
+        lambda: index.match([0], []) == [] and index.predicted_blocks == 0,
+        what="routing predictions to expire",
+        timeout_seconds=5,
+    )
 
 
 async def warm(app: RouterApp, prompt: str) -> str:
     """Route ``prompt`` once and wait until the engine's events say who holds it."""
     assert await complete(app, prompt) == 0
     await wait_until_predictions_expire(app)
-    await wait_for(lambda: held(app, prompt), 5, "BlockStored events")
+    await eventually_async(lambda: held(app, prompt), what="BlockStored events", timeout_seconds=5)
     return holder(app, prompt)
 
 
@@ -145,7 +154,11 @@ async def test_after_a_flush_event_nothing_routes_on_the_old_blocks(precise: Rou
         session.post(worker + "/flush_cache") as response,
     ):
         assert response.status == 200
-    await wait_for(lambda: events(precise, worker, "AllBlocksCleared") == 1, 5, "the flush event")
+    await eventually_async(
+        lambda: events(precise, worker, "AllBlocksCleared") == 1,
+        what="the flush event",
+        timeout_seconds=5,
+    )
     await wait_until_predictions_expire(precise)
     assert precise.block_index is not None
     assert precise.block_index.worker_blocks(worker) == 0
@@ -184,13 +197,17 @@ async def test_after_an_engine_restart_nothing_routes_on_the_old_blocks(
         body = {"text": "unrelated warm-up text " * 10, "sampling_params": {"max_new_tokens": 1}}
         async with session.post(engine.url + "/generate", json=body) as response:
             assert response.status == 200
-    await wait_for(
+    await eventually_async(
         lambda: resyncs(precise, worker, "engine_restart", "publisher_disconnected"),
-        10,
-        "the restart to be noticed",
+        what="the restart to be noticed",
+        timeout_seconds=10,
     )
     await wait_until_predictions_expire(precise)
-    await wait_for(lambda: all(w.healthy for w in precise.registry.workers), 5, "re-admission")
+    await eventually_async(
+        lambda: all(w.healthy for w in precise.registry.workers),
+        what="re-admission",
+        timeout_seconds=5,
+    )
     assert held(precise, prompt) == {}
     misses = decisions(precise, "miss")
     assert await complete(precise, prompt) == 0
@@ -249,16 +266,16 @@ class Publisher:
 def stored(tokens: list[int]) -> bytes:
     """The BlockStored events an engine sends when it caches ``tokens``, page by page."""
     hashes = block_hashes(tokens, PAGE)
-    events = [
+    events: list[KVEvent] = [
         BlockStored([h], hashes[i - 1] if i else None, tokens[i * PAGE : (i + 1) * PAGE], PAGE)
         for i, h in enumerate(hashes)
     ]
-    return encode_batch(EventBatch(0.0, events))  # type: ignore[arg-type]
+    return encode_batch(EventBatch(0.0, events))
 
 
 def removed(tokens: list[int], pages: slice) -> bytes:
-    hashes = block_hashes(tokens, PAGE)[pages]
-    return encode_batch(EventBatch(0.0, [BlockRemoved(hashes)]))  # type: ignore[arg-type]
+    hashes: list[BlockHash] = [*block_hashes(tokens, PAGE)[pages]]
+    return encode_batch(EventBatch(0.0, [BlockRemoved(hashes)]))
 
 
 async def router_with_publisher(engine: EngineTwin, publisher: Publisher) -> tuple[RouterApp, str]:
@@ -293,14 +310,20 @@ async def test_an_unrecoverable_gap_drops_the_workers_entries(plain_engine: Engi
         await publisher.publish(0, stored(tokens))
         assert app.block_index is not None
         index = app.block_index
-        await wait_for(lambda: index.worker_blocks(worker) == len(tokens) // PAGE, 5, "events")
+        await eventually_async(
+            lambda: index.worker_blocks(worker) == len(tokens) // PAGE,
+            what="events",
+            timeout_seconds=5,
+        )
         hits = decisions(app, "prefix_hit")
         await complete(app, PROMPT)
         assert decisions(app, "prefix_hit") == hits + 1
         await publisher.publish(1, stored(tokens), lost=True)
         await publisher.publish(2, stored(tokens), lost=True)
         await publisher.publish(3, stored(tokens[:PAGE]))
-        await wait_for(lambda: resyncs(app, worker, "gap_unrecoverable") == 1, 5, "resync")
+        await eventually_async(
+            lambda: resyncs(app, worker, "gap_unrecoverable") == 1, what="resync", timeout_seconds=5
+        )
         assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 1
         assert index.worker_blocks(worker) == 1  # only what came after the gap
         misses = decisions(app, "miss")
@@ -320,12 +343,16 @@ async def test_a_gap_the_engine_can_replay_is_filled(plain_engine: EngineTwin) -
         await publisher.publish(0, stored(tokens))
         assert app.block_index is not None
         index = app.block_index
-        await wait_for(lambda: index.worker_blocks(worker) == pages, 5, "events")
+        await eventually_async(
+            lambda: index.worker_blocks(worker) == pages, what="events", timeout_seconds=5
+        )
         await publisher.publish(1, removed(tokens, slice(pages - 2, None)), lost=True)
         await publisher.publish(2, encode_batch(EventBatch(0.0, [])), lost=True)
         await publisher.publish(3, encode_batch(EventBatch(0.0, [])))
         # the removal in a lost batch is applied through the replay
-        await wait_for(lambda: index.worker_blocks(worker) == pages - 2, 5, "the replay")
+        await eventually_async(
+            lambda: index.worker_blocks(worker) == pages - 2, what="the replay", timeout_seconds=5
+        )
         assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 1
         assert resyncs(app, worker, "gap_unrecoverable") == 0
     finally:

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
-from router_fleet import MODEL, EngineTwin, requests_by_worker, sample, start_router
 
+from tests.component.router.router_fleet import (
+    MODEL,
+    EngineTwin,
+    requests_by_worker,
+    sample,
+    start_router,
+)
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 
@@ -19,8 +26,10 @@ pytestmark = pytest.mark.component
 SYSTEM = "You are a meticulous assistant for the tpuserve project. " * 12
 
 
-def client(app: RouterApp, **kwargs: object) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=app.base_url + "/v1", api_key="unused", **kwargs)  # type: ignore[arg-type]
+def client(app: RouterApp, max_retries: int = openai.DEFAULT_MAX_RETRIES) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=app.base_url + "/v1", api_key="unused", max_retries=max_retries
+    )
 
 
 async def test_completion_passes_through_with_usage(router: RouterApp) -> None:
@@ -98,7 +107,9 @@ async def test_distinct_prefixes_spread_over_workers(router: RouterApp) -> None:
 # ---------------------------------------------------------------- bad input
 
 
-async def raw_post(app: RouterApp, path: str, body: bytes, **headers: str) -> tuple[int, dict]:
+async def raw_post(
+    app: RouterApp, path: str, body: bytes, **headers: str
+) -> tuple[int, dict[str, Any]]:
     async with (
         aiohttp.ClientSession() as session,
         session.post(app.base_url + path, data=body, headers=headers) as response,
@@ -115,9 +126,10 @@ async def test_malformed_json_is_400_naming_the_body(router: RouterApp) -> None:
 
 
 async def test_wrong_field_types_are_400_naming_the_field(router: RouterApp) -> None:
+    not_a_list: Any = "hi"  # messages must be a list; the router answers 400 naming it
     async with client(router, max_retries=0) as oa:
         with pytest.raises(openai.BadRequestError) as err:
-            await oa.chat.completions.create(model=MODEL, messages="hi")  # type: ignore[arg-type]
+            await oa.chat.completions.create(model=MODEL, messages=not_a_list)
         assert "messages" in str(err.value)
     status, body = await raw_post(router, "/v1/completions", b'{"prompt": 5}')
     assert (status, body["error"]["param"]) == (400, "prompt")
