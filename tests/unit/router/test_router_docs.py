@@ -42,3 +42,10 @@ def test_every_series_is_documented() -> None:
         name = family.name + ("_total" if family.type == "counter" else "")
         short = "_" + name.removeprefix("tpuserve_router_")
         assert f"`{name}`" in DOC or f"`{short}`" in DOC, name
+
+
+def test_every_module_is_on_the_code_map() -> None:
+    package = Path(__file__).resolve().parents[3] / "router" / "tpuserve_router"
+    names = [f"`{p.name}`" for p in package.glob("*.py") if p.name != "__init__.py"]
+    names += [f"`{p.name}/`" for p in package.iterdir() if (p / "__init__.py").exists()]
+    assert [n for n in sorted(names) if n not in DOC] == []
