@@ -21,7 +21,14 @@ from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, P
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.replies import RETRY_AFTER_SECONDS, reject, reply_error, sse_error_event
 from tpuserve_router.request_body import ClientError, Parser, Tokens, parse_json_object
-from tpuserve_router.retry import Attempt, retryable_error, retryable_status, should_retry
+from tpuserve_router.retry import (
+    ANSWERED,
+    RETRY,
+    RETRYABLE_STATUSES,
+    Attempt,
+    retryable_error,
+    should_retry,
+)
 from tpuserve_router.server import Handler, HttpRequest
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
 from tpuserve_router.workers import Worker, WorkerRegistry
@@ -65,10 +72,18 @@ class Forwarder:
         self.metrics = metrics
         self.tokenizer = tokenizer
         self.want_text = policy.needs_text
-        # Children whose labels never change, bound once.
+        # Children whose labels never change, bound once; the others are looked up in their
+        # family (the one cache of children) through lookups bound here.
         self._decisions = {o: metrics.decisions.labels(policy.name, o) for o in OUTCOMES}
         self._ratio_predicted = metrics.prefix_match_ratio.labels(policy.name, "predicted")
         self._ratio_actual = metrics.prefix_match_ratio.labels(policy.name, "actual")
+        self._requests = metrics.requests.labels
+        self._e2e = metrics.e2e.labels
+        self._ttft = metrics.ttft.labels
+        self._prompt_tokens = metrics.prompt_tokens.child
+        self._completion_tokens = metrics.completion_tokens.child
+        self._cached_tokens = metrics.cached_tokens.child
+        self._predicted_tokens = metrics.predicted_cached_tokens.child
 
     def handler(self, route: str, parser: Parser) -> Handler:
         """The handler of one generation route (``parser`` reads its body)."""
@@ -123,7 +138,7 @@ class Forwarder:
             attempt = await self._attempt(
                 request, route, model, parsed.stream, decision, forwarded, retries, pool
             )
-            if attempt is Attempt.ANSWERED:
+            if attempt is ANSWERED:
                 return
             excluded.append(decision.worker)
             retries += 1
@@ -150,7 +165,7 @@ class Forwarder:
         pool: UpstreamPool = worker.pool
         upstream: UpstreamConnection | None = None
         succeeded = False
-        result = Attempt.ANSWERED
+        result: Attempt = ANSWERED
         status_label = CLIENT_CLOSED  # the requests_total status, unless retried
         worker.in_flight += 1
         try:
@@ -160,7 +175,7 @@ class Forwarder:
             except UpstreamError as err:
                 self._worker_failed(worker, err.reason)
                 if should_retry(retryable_error(err), retries, max_retries, worker, candidates):
-                    result = Attempt.RETRY
+                    result = RETRY
                     return result
                 if err.reason == "first_byte_timeout":
                     status_label = "504"
@@ -180,11 +195,11 @@ class Forwarder:
                 )
                 return result
             status = upstream.status
-            if should_retry(retryable_status(status), retries, max_retries, worker, candidates):
+            if should_retry(status in RETRYABLE_STATUSES, retries, max_retries, worker, candidates):
                 self.metrics.upstream_errors.labels(worker.name, "retryable_status").inc()
                 if status in BREAKER_STATUSES:
                     worker.request_failed()
-                result = Attempt.RETRY
+                result = RETRY
                 return result
             headers = _response_headers(upstream.headers)
             usage: Usage | None
@@ -194,7 +209,7 @@ class Forwarder:
                 except UpstreamError as err:
                     self._worker_failed(worker, err.reason)
                     if should_retry(retryable_error(err), retries, max_retries, worker, candidates):
-                        result = Attempt.RETRY
+                        result = RETRY
                         return result
                     code = 504 if err.reason == "request_timeout" else 502
                     status_label = str(code)
@@ -223,9 +238,7 @@ class Forwarder:
                             first = False
                             policy.on_prefill_done(decision)
                             if stream:
-                                self.metrics.ttft.labels(model).observe(
-                                    time.monotonic() - request.arrived
-                                )
+                                self._ttft(model).observe(time.monotonic() - request.arrived)
                         request.write_chunk(data)
                         before, last = last, data
                         if request.write_paused:
@@ -250,12 +263,10 @@ class Forwarder:
             if upstream is not None:
                 pool.release(upstream)
             policy.on_request_done(decision, succeeded)
-            if result is Attempt.ANSWERED:
-                self.metrics.requests.labels(model, worker.name, route, status_label).inc()
+            if result is ANSWERED:
+                self._requests(model, worker.name, route, status_label).inc()
                 if status_label != CLIENT_CLOSED:
-                    self.metrics.e2e.labels(model, route).observe(
-                        time.monotonic() - request.arrived
-                    )
+                    self._e2e(model, route).observe(time.monotonic() - request.arrived)
 
     async def _open(self, pool: UpstreamPool, payload: bytes, arrived: float) -> UpstreamConnection:
         """Send ``payload`` and wait for the response head; a stale pooled connection is
@@ -291,12 +302,12 @@ class Forwarder:
         worker.request_failed()
 
     def _account(self, usage: Usage, decision: Decision[Worker], model: str, worker: str) -> None:
-        metrics = self.metrics
+        key = (model, worker)
         prompt = usage.prompt_tokens
-        metrics.prompt_tokens.labels(model, worker).inc(prompt)
-        metrics.completion_tokens.labels(model, worker).inc(usage.completion_tokens)
-        metrics.cached_tokens.labels(model, worker).inc(usage.cached_tokens)
-        predicted = metrics.predicted_cached_tokens.labels(model, worker)  # exists at zero too
+        self._prompt_tokens(key).inc(prompt)
+        self._completion_tokens(key).inc(usage.completion_tokens)
+        self._cached_tokens(key).inc(usage.cached_tokens)
+        predicted = self._predicted_tokens(key)  # the series exists at zero too
         ratio = decision.predicted_match_ratio
         if ratio is not None and prompt > 0:
             predicted.inc(round(ratio * prompt))
@@ -306,7 +317,11 @@ class Forwarder:
 
 def _forwarded_headers(request: HttpRequest) -> bytes:
     return b"".join(
-        name + b": " + value + b"\r\n" for name, value in request.headers if name not in HOP_BY_HOP
+        [
+            name + b": " + value + b"\r\n"
+            for name, value in request.headers
+            if name not in HOP_BY_HOP
+        ]
     )
 
 
@@ -326,7 +341,7 @@ def _upstream_request(request: HttpRequest, host: bytes, forwarded: bytes) -> by
 def _response_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
     """Upstream response headers to pass on (names arrive lower-cased from the proxy)."""
     return b"".join(
-        name + b": " + value + b"\r\n" for name, value in headers if name not in HOP_BY_HOP
+        [name + b": " + value + b"\r\n" for name, value in headers if name not in HOP_BY_HOP]
     )
 
 

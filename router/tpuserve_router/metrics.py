@@ -84,11 +84,17 @@ class _Series(ABC, Generic[C]):
         """The family as client_python exposes it, with every child."""
 
     def labels(self, *values: str) -> C:
-        child = self.children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-            child = self.children[values] = self._new()
+        """The child for these label values, made on first use (children are never falsy)."""
+        return self.children.get(values) or self._add(values)
+
+    def child(self, values: tuple[str, ...]) -> C:
+        """`labels` for a tuple already built (one key serves several families)."""
+        return self.children.get(values) or self._add(values)
+
+    def _add(self, values: tuple[str, ...]) -> C:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+        child = self.children[values] = self._new()
         return child
 
     def remove_by_labels(self, labels: dict[str, str]) -> None:

@@ -22,7 +22,6 @@ from tpuserve_router.retry import (
     RETRYABLE_STATUSES,
     Attempt,
     retryable_error,
-    retryable_status,
     should_retry,
 )
 from tpuserve_router.server import JSON_HEADERS, HttpRequest, serve
@@ -53,10 +52,8 @@ def test_which_worker_failures_are_retryable(
     assert retryable_error(err) is retryable
 
 
-@pytest.mark.parametrize("status", [200, 400, 404, 429, 500, 502, 503, 504])
-def test_which_statuses_are_retryable(status: int) -> None:
-    assert retryable_status(status) is (status in {429, 502, 503, 504})
-    assert {429, 502, 503, 504} == RETRYABLE_STATUSES
+def test_overloaded_or_unavailable_answers_are_retryable() -> None:
+    assert frozenset({429, 502, 503, 504}) == RETRYABLE_STATUSES  # not 500: the request may be bad
 
 
 def test_a_retryable_failure_is_retried_while_retries_are_left() -> None:

@@ -123,6 +123,7 @@ def test_a_child_is_made_once_and_a_removed_one_starts_again_at_zero() -> None:
     metrics = create_router_metrics(registry)
     first = metrics.requests.labels("m", "w", "/generate", "200")
     assert metrics.requests.labels("m", "w", "/generate", "200") is first
+    assert metrics.requests.child(("m", "w", "/generate", "200")) is first
     first.inc()
     remove_worker_series(metrics, "w")
     again = metrics.requests.labels("m", "w", "/generate", "200")
