@@ -1,3 +1,5 @@
 """The `tpuserve` command: a thin layer over the operator, the router and sglang_tpu."""
 
-__version__ = "0.1.0.dev0"
+from sglang_tpu.version import tpuserve_version
+
+__version__ = tpuserve_version()

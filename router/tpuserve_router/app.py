@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sglang_tpu.tokenizer import load_tokenizer
+from sglang_tpu.version import tpuserve_version
 from tpuserve_router.admin import AdminApi
 from tpuserve_router.admission import Admission
 from tpuserve_router.block_index import BlockIndex
@@ -54,7 +55,6 @@ from tpuserve_router.replies import RETRY_AFTER_SECONDS, reject
 from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
 from tpuserve_router.server import JSON_HEADERS, Handler, HttpConnection, HttpRequest, serve
 from tpuserve_router.token_cache import ChatTokenCache
-from tpuserve_router.version import router_version
 from tpuserve_router.worker_networks import parse_networks
 from tpuserve_router.workers import BreakerConfig, WorkerRegistry, WorkerSpec
 
@@ -83,7 +83,7 @@ class RouterApp:
         )
         self.networks = parse_networks(config.worker_networks)
         self.metrics: RouterMetrics = create_router_metrics(registry or CollectorRegistry())
-        self.metrics.info.labels(self.policy.name, router_version()).set(1)
+        self.metrics.info.labels(self.policy.name, tpuserve_version()).set(1)
         touch_known_series(self.metrics, self.policy.name)
         self.registry = WorkerRegistry(
             BreakerConfig(config.breaker_failure_threshold, config.breaker_open_seconds)

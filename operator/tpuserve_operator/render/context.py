@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sglang_tpu.contract.group_contract import GroupContract
+from sglang_tpu.version import tpuserve_version
 from tpuserve_operator import labels
 from tpuserve_operator.validation import ValidSpec
-from tpuserve_operator.version import VERSION
 
-DEFAULT_IMAGE = f"ghcr.io/tpuserve/tpuserve:{VERSION}"
-DEFAULT_ENGINE_IMAGE = f"ghcr.io/tpuserve/tpuserve-tpu:{VERSION}"
+DEFAULT_IMAGE = f"ghcr.io/tpuserve/tpuserve:{tpuserve_version()}"
+DEFAULT_ENGINE_IMAGE = f"ghcr.io/tpuserve/tpuserve-tpu:{tpuserve_version()}"
 
 ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 9000

@@ -1,12 +1,13 @@
-"""The router's version, as the `tpuserve_router_info` series shows it.
+"""The tpuserve release every part reports (router info series, operator image tags, the CLI).
 
-It is the installed ``tpuserve`` distribution's version, read from package metadata: the
-router is a library of that distribution and never imports the `tpuserve` command. In a
-source tree that is not installed, the version comes from the tree's ``pyproject.toml``.
+It is the installed ``tpuserve`` distribution's version, read from package metadata, so the
+libraries (router, operator) never import the `tpuserve` command for it. In a source tree that
+is not installed, the version comes from the tree's ``pyproject.toml``.
 """
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -16,10 +17,11 @@ DISTRIBUTION: Final = "tpuserve"
 UNKNOWN_VERSION: Final = "0+unknown"
 """The version when neither metadata nor a ``pyproject.toml`` names one."""
 
-_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
-def router_version() -> str:
+@functools.cache
+def tpuserve_version() -> str:
     """The ``tpuserve`` distribution's version (see the module docstring for the fallback)."""
     try:
         return version(DISTRIBUTION)
