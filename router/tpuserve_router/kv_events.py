@@ -215,14 +215,14 @@ class _Subscription:
             if isinstance(event, BlockStored):
                 index.store(
                     worker,
-                    event.block_hashes,  # type: ignore[arg-type]
-                    event.parent_block_hash,  # type: ignore[arg-type]
+                    event.block_hashes,
+                    event.parent_block_hash,
                     event.token_ids,
                     event.block_size,
                 )
                 stored += 1
             elif isinstance(event, BlockRemoved):
-                index.remove(worker, event.block_hashes)  # type: ignore[arg-type]
+                index.remove(worker, event.block_hashes)
                 removed += 1
             elif isinstance(event, AllBlocksCleared):
                 hub.metrics.kv_events.labels(worker, "AllBlocksCleared").inc()

@@ -19,6 +19,7 @@ from aiohttp import web
 from sglang_tpu import cli_types, perf_model
 from sglang_tpu.perf_model import KV_CACHE_BYTES, WEIGHT_BYTES, ModelDoesNotFit, StepTimer
 from sglang_tpu.sim.engine import EngineConfig
+from sglang_tpu.sim.kv_publisher import wire_from_env
 from sglang_tpu.sim.server import create_app
 from sglang_tpu.sim.service import SERVICE, ServerSettings
 from sglang_tpu.tokenizer import TokenizerError, load_tokenizer
@@ -298,6 +299,10 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
             raise ConfigError(str(err)) from None
     if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
         raise ConfigError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+    try:
+        wire_from_env()  # read again by the publisher; checked here to fail with a message
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     try:
         tokenizer = load_tokenizer(args.tokenizer)
     except TokenizerError as err:

@@ -232,11 +232,11 @@ class SimRun:
             for event in events:
                 if isinstance(event, BlockStored):
                     index.store(
-                        name, event.block_hashes, event.parent_block_hash,  # type: ignore[arg-type]
+                        name, event.block_hashes, event.parent_block_hash,
                         event.token_ids, event.block_size,
                     )  # fmt: skip
                 elif isinstance(event, BlockRemoved):
-                    index.remove(name, event.block_hashes)  # type: ignore[arg-type]
+                    index.remove(name, event.block_hashes)
                 elif isinstance(event, AllBlocksCleared):
                     index.clear(name)
 

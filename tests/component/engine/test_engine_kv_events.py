@@ -1,20 +1,29 @@
-"""A pyzmq subscriber rebuilds the engine's cache exactly from its KV events.
+"""A pyzmq subscriber rebuilds the engine's cache exactly from its KV events, which are SGLang's.
 
 Checked against `/debug/radix_cache` after traffic that forces eviction, after `/flush_cache`
-and after an engine restart on the same endpoints (the sequence number restarts at 0).
+and after an engine restart on the same endpoints (the sequence number restarts at 0). Every
+batch the twin publishes, live or replayed, decodes with SGLang 0.5.23's own `KVEventBatch`
+(from the pinned wheel) and replay replies carry 0.5.23's topic frame; with
+``TPUSERVE_SIM_KV_EVENTS_WIRE=0.5.19`` the twin speaks the older wire, which SGLang rejects.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 
 import aiohttp
+import msgspec
 import pytest
 import zmq
 
 from sglang_tpu.kv_events import (
     END_SEQ,
+    END_SEQ_BYTES,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -23,7 +32,9 @@ from sglang_tpu.kv_events import (
     parse_replay_reply,
     replay_request,
 )
-from tests.component.engine.engine_process import running_engine
+from sglang_tpu.sim.kv_publisher import WIRE_ENV
+from tests.component.engine.engine_process import ENTRY, running_engine
+from tests.sglang_kv_events import sglang_kv_events
 from tests.waiting import eventually
 from tpuserve.cluster.ports import free_port
 
@@ -50,12 +61,13 @@ class Rebuilder:
 
     def apply(self, payload: bytes) -> None:
         for event in decode_batch(payload).events:
-            if isinstance(event, BlockStored):
+            if isinstance(event, BlockStored):  # one event may carry a chain of pages
                 parent = event.parent_block_hash
-                self.blocks[int(event.block_hashes[0])] = (
-                    None if parent is None else int(parent),
-                    tuple(event.token_ids),
-                )
+                size = event.block_size
+                for i, block in enumerate(event.block_hashes):
+                    page = tuple(event.token_ids[i * size : (i + 1) * size])
+                    self.blocks[int(block)] = (None if parent is None else int(parent), page)
+                    parent = block
             elif isinstance(event, BlockRemoved):
                 for h in event.block_hashes:
                     self.blocks.pop(int(h), None)
@@ -215,3 +227,111 @@ def test_subscriber_rebuilds_cache_across_eviction_flush_and_restart(
             assert engine.terminate() == 0
     finally:
         sub.close()
+
+
+# ---------------------------------------------------------------- SGLang's own decoder
+
+
+def sglang_decodes(payload: bytes) -> bool:
+    decoder = msgspec.msgpack.Decoder(sglang_kv_events().KVEventBatch)
+    try:
+        decoder.decode(payload)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def published(sub: zmq.Socket[bytes], url: str, prompt: str) -> list[list[bytes]]:
+    """Messages the engine publishes while it serves ``prompt`` (sent until one arrives: a
+    new SUB misses what is published before its subscription reaches the engine)."""
+
+    def poke() -> list[list[bytes]]:
+        send(url, [f"{time.monotonic()} {prompt}"])  # new each time: stores every page
+        messages = []
+        while sub.poll(200):
+            messages.append(sub.recv_multipart())
+        return messages
+
+    return eventually(poke, what="a published KV-event batch", timeout_seconds=DEADLINE_SECONDS)
+
+
+def replayed(replay_endpoint: str, ctx: zmq.Context[zmq.Socket[bytes]]) -> list[list[bytes]]:
+    """Every reply a DEALER receives for a replay from 0, end marker included."""
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(replay_endpoint)
+    dealer.send_multipart(replay_request(0))
+    replies: list[list[bytes]] = []
+    try:
+        while not replies or parse_replay_reply(replies[-1])[0] != END_SEQ:
+            assert dealer.poll(int(DEADLINE_SECONDS * 1000)), "no replay reply"
+            replies.append(dealer.recv_multipart())
+    finally:
+        dealer.close(linger=0)
+    return replies
+
+
+def test_every_batch_the_twin_sends_is_sglang_0_5_23s(endpoints: tuple[str, str]) -> None:
+    pub, replay = endpoints
+    args = ["--time-scale", "0", "--page-size", "16", "--kv-events-endpoint", pub,
+            "--kv-events-replay-endpoint", replay, "--kv-events-topic", "kv"]  # fmt: skip
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.connect(pub)
+    try:
+        with running_engine(args) as engine:
+            prompt = " ".join(f"word{i}" for i in range(200))
+            live = published(sub, engine.url, prompt)
+            history = replayed(replay, ctx)
+            assert engine.terminate() == 0
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+    payloads = [parse_pub_frames(m)[2] for m in live]
+    assert all(map(sglang_decodes, payloads))
+    stores = [e for p in payloads for e in decode_batch(p).events if isinstance(e, BlockStored)]
+    assert any(len(e.block_hashes) > 1 for e in stores)  # coalesced, as 0.5.23 sends them
+    *batches, end = history
+    assert end == [b"", b"", END_SEQ_BYTES, b""]
+    assert batches
+    assert all(len(r) == 4 and r[:2] == [b"", b"kv"] for r in batches)
+    assert all(sglang_decodes(r[-1]) for r in batches)
+
+
+def test_the_legacy_wire_is_what_sglang_rejects(
+    endpoints: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(WIRE_ENV, "0.5.19")
+    pub, replay = endpoints
+    args = ["--time-scale", "0", "--page-size", "16", "--kv-events-endpoint", pub,
+            "--kv-events-replay-endpoint", replay]  # fmt: skip
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(pub)
+    try:
+        with running_engine(args) as engine:
+            live = published(sub, engine.url, " ".join(f"word{i}" for i in range(200)))
+            history = replayed(replay, ctx)
+            assert engine.terminate() == 0
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+    payloads = [parse_pub_frames(m)[2] for m in live]
+    assert payloads
+    assert not any(map(sglang_decodes, payloads))
+    assert all(decode_batch(p) for p in payloads)  # the router still reads them
+    *batches, end = history
+    assert end == [b"", END_SEQ_BYTES, b""]
+    assert batches
+    assert all(len(r) == 3 for r in batches)
+
+
+def test_an_unknown_wire_is_refused_with_the_allowed_values() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", ENTRY, "engine", "sim", "--kv-events-endpoint", "tcp://127.0.0.1:*"],
+        env={**os.environ, WIRE_ENV: "0.4"}, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert f"{WIRE_ENV}: '0.4' is not allowed; allowed: 0.5.23, 0.5.19" in out.stderr
