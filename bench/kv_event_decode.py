@@ -1,11 +1,16 @@
-"""CPU cost of decoding one KV-event batch, per wire encoding, as the router's subscriber pays it.
+"""CPU cost of decoding KV-event batches, per SGLang wire generation, as the router pays it.
 
-A batch holds 8 events like an engine's decode steps under load: 6 ``BlockStored`` of one
-16-token page each (chained) and 2 ``BlockRemoved`` of 2 hashes each. The payload is built
-with msgpack exactly as each SGLang generation lays it out: *array* (tagged arrays, SGLang
-0.5.6-0.5.19) and *map* (tagged maps and a 3-element batch, 0.5.21 on; the pinned 0.5.23).
-``sglang_tpu.kv_events.decode_batch`` is timed for both; times are the thread's CPU time
-(``time.thread_time_ns``), the median of ``--rounds`` rounds of ``--batches`` decodes each.
+Two batches, each encoded by `sglang_tpu.kv_events.encode_batch` in both wires: *legacy*
+(tagged arrays, SGLang 0.5.6-0.5.19) and *current* (tagged maps in a 3-element batch, 0.5.21
+on; the pinned 0.5.23, whose recorder coalesces chained stores):
+
+- ``decode-8``: 8 events of a busy decode step, 6 ``BlockStored`` of one 16-token page each
+  (six requests, so nothing coalesces) and 2 ``BlockRemoved`` of 2 hashes each;
+- ``prefill-12``: a 192-token prompt cached at once, 12 chained pages: 12 events on the
+  legacy wire, 1 on the current one (as a real 0.5.23 engine sends it).
+
+``decode_batch`` is timed on the thread's CPU clock (``time.thread_time_ns``); the median of
+``--rounds`` rounds of ``--batches`` decodes each, in µs per batch and per block.
 
     taskset -c 1 python bench/kv_event_decode.py [--batches 20000] [--rounds 7] [--json out.json]
 """
@@ -18,46 +23,54 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
-import msgpack
-
-from sglang_tpu.kv_events import block_hashes, decode_batch
+from sglang_tpu.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVEvent,
+    Wire,
+    block_hashes,
+    coalesce,
+    decode_batch,
+    encode_batch,
+)
 
 PAGE = 16
-STORED = 6
-REMOVED = 2
 
 
-def _events() -> list[tuple[str, dict[str, Any]]]:
-    tokens = list(range(5000, 5000 + STORED * PAGE))
-    hashes = block_hashes(tokens, PAGE)
-    events: list[tuple[str, dict[str, Any]]] = []
-    for i, block in enumerate(hashes):
-        stored = {
-            "block_hashes": [block],
-            "parent_block_hash": hashes[i - 1] if i else None,
-            "token_ids": tokens[i * PAGE : (i + 1) * PAGE],
-            "block_size": PAGE,
-            "lora_id": None,
-            "medium": "GPU",
-        }
-        events.append(("BlockStored", stored))
-    for i in range(REMOVED):
-        removed = {"block_hashes": hashes[2 * i : 2 * i + 2], "medium": "GPU"}
-        events.append(("BlockRemoved", removed))
+def decode_step() -> list[KVEvent]:
+    events: list[KVEvent] = []
+    for request in range(6):
+        tokens = list(range(5000 + 1000 * request, 5000 + 1000 * request + 2 * PAGE))
+        hashes = block_hashes(tokens, PAGE)
+        events.append(BlockStored([hashes[1]], hashes[0], tokens[PAGE:], PAGE, None, "GPU"))
+    for request in range(2):
+        tokens = list(range(90000 + 1000 * request, 90000 + 1000 * request + 2 * PAGE))
+        events.append(BlockRemoved(block_hashes(tokens, PAGE), "GPU"))
     return events
 
 
-def payloads() -> dict[str, bytes]:
-    """One 8-event batch in each encoding, laid out as SGLang's msgspec encoder does."""
-    events = _events()
-    array = [[tag, *fields.values()] for tag, fields in events]
-    tagged_maps = [{"type": tag, **fields} for tag, fields in events]
-    return {
-        "array": msgpack.packb([1.0, array], use_bin_type=True),
-        "map": msgpack.packb([1.0, tagged_maps, 0], use_bin_type=True),
-    }
+def prefill() -> list[KVEvent]:
+    tokens = list(range(7000, 7000 + 12 * PAGE))
+    hashes = block_hashes(tokens, PAGE)
+    return [
+        BlockStored([h], hashes[i - 1] if i else None, tokens[i * PAGE : (i + 1) * PAGE], PAGE,
+                    None, "GPU")
+        for i, h in enumerate(hashes)
+    ]  # fmt: skip
+
+
+def payloads() -> dict[tuple[str, str], tuple[bytes, int]]:
+    """(batch, wire) -> (payload, blocks in it), laid out as each SGLang generation sends it."""
+    out: dict[tuple[str, str], tuple[bytes, int]] = {}
+    for name, events in (("decode-8", decode_step()), ("prefill-12", prefill())):
+        blocks = sum(len(e.block_hashes) for e in events if not isinstance(e, AllBlocksCleared))
+        out[(name, "legacy")] = (encode_batch(EventBatch(1.0, events), Wire.LEGACY), blocks)
+        current = EventBatch(1.0, coalesce(events), 0)
+        out[(name, "current")] = (encode_batch(current, Wire.CURRENT), blocks)
+    return out
 
 
 def time_decode(payload: bytes, batches: int, rounds: int) -> float:
@@ -77,22 +90,17 @@ def time_decode(payload: bytes, batches: int, rounds: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--batches", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    results: dict[str, float | None] = {}
-    print(f"{'encoding':<10}{'bytes':>8}{'µs per 8-event batch':>24}")
-    for name, payload in payloads().items():
-        try:
-            micros: float | None = time_decode(payload, args.batches, args.rounds)
-        except ValueError as err:  # KVEventDecodeError: this decoder cannot read it
-            micros = None
-            print(f"{name:<10}{len(payload):>8}{'undecodable':>24}  ({err})")
-        else:
-            print(f"{name:<10}{len(payload):>8}{micros:>24.2f}")
-        results[name] = micros
+    results: dict[str, dict[str, float]] = {}
+    print(f"{'batch':<12}{'wire':<9}{'bytes':>7}{'µs/batch':>10}{'µs/block':>10}")
+    for (name, wire), (payload, blocks) in payloads().items():
+        micros = time_decode(payload, args.batches, args.rounds)
+        print(f"{name:<12}{wire:<9}{len(payload):>7}{micros:>10.2f}{micros / blocks:>10.2f}")
+        results[f"{name}/{wire}"] = {"bytes": len(payload), "us_per_batch": micros}
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

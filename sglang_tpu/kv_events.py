@@ -244,6 +244,8 @@ def _decode_map_event(raw: dict[Any, Any]) -> KVEvent:
             size = raw["block_size"]
             if type(hashes) is not list or type(tokens) is not list or type(size) is not int:
                 raise TypeError("block_hashes, token_ids: arrays; block_size: an integer")
+            if size < 1:
+                raise ValueError("block_size must be >= 1")
             get = raw.get
             return BlockStored(
                 hashes,
@@ -261,7 +263,7 @@ def _decode_map_event(raw: dict[Any, Any]) -> KVEvent:
             if type(hashes) is not list:
                 raise TypeError("block_hashes must be an array")
             return BlockRemoved(hashes, raw.get("medium"))
-    except (KeyError, TypeError) as err:
+    except (KeyError, TypeError, ValueError) as err:
         raise _malformed(tag, raw) from err
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
@@ -278,6 +280,8 @@ def _decode_array_event(raw: list[Any]) -> KVEvent:
             hashes, tokens, size = raw[1], raw[3], raw[4]
             if type(hashes) is not list or type(tokens) is not list or type(size) is not int:
                 raise TypeError("block_hashes, token_ids: arrays; block_size: an integer")
+            if size < 1:
+                raise ValueError("block_size must be >= 1")
             if n < 8:
                 lora_id = raw[5] if n > 5 else None
                 return BlockStored(hashes, raw[2], tokens, size, lora_id, raw[6] if n > 6 else None)
@@ -291,7 +295,7 @@ def _decode_array_event(raw: list[Any]) -> KVEvent:
             if type(hashes) is not list:
                 raise TypeError("block_hashes must be an array")
             return BlockRemoved(hashes, raw[2] if n > 2 else None)
-    except (IndexError, TypeError) as err:
+    except (IndexError, TypeError, ValueError) as err:
         raise _malformed(tag, raw) from err
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()

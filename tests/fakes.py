@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, UnprocessibleEntityError
 
@@ -266,3 +267,49 @@ class VirtualClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+# --- kv events ---------------------------------------------------------------------------------
+#
+# `FakeSGLangWorker` is an HTTP worker whose `/server_info` a test writes, to drive the router's
+# discovery of KV-event publishers (it serves no generation).
+
+
+class FakeSGLangWorker:
+    """An HTTP worker on loopback that answers what a router asks before it routes there
+    (``/health``, ``/v1/models``) and a given ``/server_info``; it generates nothing. Tests
+    put a KV-event publisher description in the server info (``kv_events`` block or
+    ``kv_events_config``) to drive the router's discovery."""
+
+    def __init__(self, server_info: dict[str, Any], model: str = "fake-model") -> None:
+        self.server_info = server_info
+        self.model = model
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/server_info", self._server_info)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = next(a[1] for a in self._runner.addresses if isinstance(a, tuple))
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model}]})
+
+    async def _server_info(self, _: web.Request) -> web.Response:
+        return web.json_response(self.server_info)

@@ -4,8 +4,9 @@
 joins gets its upstream connection pool and its error (and KV-event) series at zero, and
 is probed. Once its probes pass, the router learns the models it serves (its
 ``/v1/models``) and, when the router subscribes to KV events, where it publishes them: the
-endpoints it was registered with, or its ``/get_server_info``'s ``kv_events_config``.
-Endpoints outside ``--worker-networks`` are not dialled. A worker that leaves loses its
+endpoints it was registered with, or what its ``/server_info`` describes, one stream per DP
+rank (`tpuserve_router.kv_publishers`). Endpoints outside ``--worker-networks`` are not
+dialled. A worker that leaves loses its
 pool, its series and its KV-event subscription; the policy hears of every change.
 """
 
@@ -13,14 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.health import HealthChecker
-from tpuserve_router.kv_events import Endpoints, KvEventHub
+from tpuserve_router.kv_events import KvEventHub
+from tpuserve_router.kv_publishers import Endpoints, NoPublisher, discover_publisher
 from tpuserve_router.metrics import (
     RouterMetrics,
     remove_worker_series,
@@ -131,7 +132,7 @@ class Admission:
                 touch_token_series(self.metrics, model, worker.name)
         if self.kv is not None and self.registry.get(worker.name) is worker:
             endpoints = await self._kv_endpoints(worker)
-            problem = self._kv_endpoints_problem(endpoints) if endpoints is not None else None
+            problem = self._kv_endpoints_problem(endpoints) if endpoints else None
             if problem:
                 log.warning("worker %s: not subscribing to KV events: %s", worker.name, problem)
             elif endpoints is not None:
@@ -141,52 +142,24 @@ class Admission:
                     "worker %s publishes no KV events; its routing stays approximate", worker.name
                 )
 
-    def _kv_endpoints_problem(self, endpoints: Endpoints) -> str | None:
-        for endpoint in (endpoints.events, endpoints.replay):
-            problem = endpoint_problem(endpoint, self.networks) if endpoint else None
-            if problem:
-                return problem
+    def _kv_endpoints_problem(self, streams: list[Endpoints]) -> str | None:
+        for endpoints in streams:
+            for endpoint in (endpoints.events, endpoints.replay):
+                problem = endpoint_problem(endpoint, self.networks) if endpoint else None
+                if problem:
+                    return problem
         return None
 
-    async def _kv_endpoints(self, worker: Worker) -> Endpoints | None:
+    async def _kv_endpoints(self, worker: Worker) -> list[Endpoints] | None:
         if worker.kv_events_endpoint:
-            return Endpoints(worker.kv_events_endpoint, worker.kv_replay_endpoint)
+            return [Endpoints(worker.kv_events_endpoint, worker.kv_replay_endpoint)]
         try:
-            info = await self.health.get_json(worker.name + "/get_server_info")
-        except Exception as err:
-            log.info("worker %s: no server info (%s)", worker.name, err)
+            return await discover_publisher(self.health.get_json, worker.name, worker.host)
+        except NoPublisher as err:
+            log.info("worker %s: %s", worker.name, err)
             return None
-        if not isinstance(info, dict):
-            return None
-        raw = info.get("kv_events_config")
-        try:
-            kv_config = json.loads(raw) if isinstance(raw, str) else raw
-        except ValueError:
-            return None
-        if not isinstance(kv_config, dict) or kv_config.get("publisher", "zmq") != "zmq":
-            return None
-        endpoint = kv_config.get("endpoint")
-        if not isinstance(endpoint, str):
-            return None
-        replay = kv_config.get("replay_endpoint")
-        return Endpoints(
-            _dialable(endpoint, worker.host),
-            _dialable(replay, worker.host) if isinstance(replay, str) else None,
-        )
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _dialable(endpoint: str, host: str) -> str:
-    """A ZMQ endpoint the router can connect to: wildcard hosts become the worker's host."""
-    scheme, sep, rest = endpoint.partition("://")
-    if not sep or scheme != "tcp":
-        return endpoint
-    address, _, port = rest.rpartition(":")
-    if address in ("*", "0.0.0.0", "::", "[::]", ""):
-        shown = f"[{host}]" if ":" in host else host
-        return f"tcp://{shown}:{port}"
-    return endpoint

@@ -19,8 +19,16 @@ Two kinds of entries:
   are the only signal), and each worker keeps at most ``max_predicted_blocks`` of them
   (least recently routed dropped first).
 
-Workers are bits in an integer mask, so a lookup costs one dict probe per block no matter
-how many workers hold it. Time comes from the injected clock.
+An engine with data-parallel attention has one KV cache, and one event stream, per DP rank.
+Confirmed entries are kept per *stream* (worker, rank): each stream has its own bit, its own
+engine hash -> key map, and is cleared on its own (its ``AllBlocksCleared``, restart or
+resync). Routing goes to the worker: a worker holds a block when any of its ranks does, and
+its match depth is that of its best rank. Predictions are per worker (which rank SGLang's DP
+controller picks is not the router's choice).
+
+Streams are bits in an integer mask and a worker is the mask of its streams, so a lookup
+costs one dict probe per block no matter how many workers hold it. Time comes from the
+injected clock.
 """
 
 from __future__ import annotations
@@ -46,10 +54,21 @@ def block_keys(token_ids: Sequence[int], page_size: int) -> list[int]:
 
 
 @dataclass(slots=True)
-class _Worker:
+class _Stream:
+    """One KV cache's event stream: a worker's DP rank (rank 0 for most engines)."""
+
     bit: int
     engine_keys: dict[int, int | None] = field(default_factory=dict)
     """Engine block hash -> router key (None: an orphan whose parent the index never saw)."""
+
+
+@dataclass(slots=True)
+class _Worker:
+    bit: int
+    """The bit of its predictions and of its rank-0 stream."""
+    mask: int
+    """The bits of all its streams."""
+    streams: dict[int, _Stream]
     predicted: OrderedDict[int, float] = field(default_factory=OrderedDict)
     """Router key -> expiry time, oldest first."""
     has_events: bool = False
@@ -96,22 +115,29 @@ class BlockIndex:
         """Distinct blocks only predicted (routed, not yet confirmed by an event)."""
         return len(self._predicted)
 
-    def worker_blocks(self, name: str) -> int:
-        """Blocks ``name`` reported holding (confirmed entries only)."""
+    def worker_blocks(self, name: str, rank: int | None = None) -> int:
+        """Blocks ``name`` reported holding (confirmed entries only), in all its DP ranks or
+        in ``rank``."""
         worker = self._workers.get(name)
-        return len(worker.engine_keys) if worker else 0
+        if worker is None:
+            return 0
+        if rank is not None:
+            stream = worker.streams.get(rank)
+            return len(stream.engine_keys) if stream else 0
+        return sum(len(stream.engine_keys) for stream in worker.streams.values())
 
     def workers(self) -> list[str]:
         return list(self._workers)
 
     def match(self, keys: Sequence[int], names: Sequence[str]) -> list[int]:
-        """For each of ``names``, how many leading blocks of ``keys`` it holds."""
+        """For each of ``names``, how many leading blocks of ``keys`` it holds (the best of
+        its DP ranks)."""
         self._expire()
-        bits = [w.bit if (w := self._workers.get(n)) is not None else 0 for n in names]
+        masks = [w.mask if (w := self._workers.get(n)) is not None else 0 for n in names]
         depths = [0] * len(names)
         alive = 0
-        for bit in bits:
-            alive |= bit
+        for mask in masks:
+            alive |= mask
         confirmed = self._confirmed
         predicted = self._predicted
         depth = 0
@@ -123,14 +149,14 @@ class BlockIndex:
                 held |= predicted.get(key, 0) & alive
             if held != alive:
                 gone = alive & ~held
-                for i, bit in enumerate(bits):
-                    if bit & gone:
+                for i, mask in enumerate(masks):
+                    if mask & gone and not mask & held:  # its last rank dropped out here
                         depths[i] = depth
                 alive = held
             depth += 1
         if alive:
-            for i, bit in enumerate(bits):
-                if bit & alive:
+            for i, mask in enumerate(masks):
+                if mask & alive:
                     depths[i] = depth
         return depths
 
@@ -144,11 +170,12 @@ class BlockIndex:
             return
         expiry = self._clock() + ttl
         bit = worker.bit
+        mask = worker.mask
         entries = worker.predicted
         confirmed = self._confirmed
         predicted = self._predicted
         for key in keys:
-            if confirmed.get(key, 0) & bit:
+            if confirmed.get(key, 0) & mask:
                 continue
             if key in entries:
                 entries.move_to_end(key)
@@ -170,70 +197,76 @@ class BlockIndex:
         parent_block_hash: int | None,
         token_ids: Sequence[int],
         block_size: int,
+        rank: int = 0,
     ) -> None:
-        """Apply a ``BlockStored`` event: ``name`` now holds these blocks."""
+        """Apply a ``BlockStored`` event of ``name``'s DP rank ``rank``: it now holds these
+        blocks."""
         worker = self._worker(name)
         worker.has_events = True
+        stream = worker.streams.get(rank) or self._stream(worker, rank)
         if block_size >= 1 and not self.page_size_learned:
             self.page_size = block_size
             self.page_size_learned = True
-        parent: int | None
-        if parent_block_hash is None:
-            parent = ROOT_KEY
-        else:
-            parent = worker.engine_keys.get(parent_block_hash)
+        engine_keys = stream.engine_keys
+        parent = ROOT_KEY if parent_block_hash is None else engine_keys.get(parent_block_hash)
         tokens = tuple(token_ids)
-        bit = worker.bit
+        bit = stream.bit
         confirmed = self._confirmed
+        predicted = worker.predicted
         for i, engine_hash in enumerate(block_hashes):
             page = tokens[i * block_size : (i + 1) * block_size]
             key = None if parent is None else hash((parent, page))
-            if engine_hash in worker.engine_keys:  # stored again: replace the old entry
-                old = worker.engine_keys[engine_hash]
+            if engine_hash in engine_keys:  # stored again: replace the old entry
+                old = engine_keys[engine_hash]
                 if old is None:
                     self.orphan_blocks -= 1
                 elif old != key:
                     self._drop_confirmed(old, bit)
-            worker.engine_keys[engine_hash] = key
+            engine_keys[engine_hash] = key
             if key is None:
                 self.orphan_blocks += 1
             else:
                 confirmed[key] = confirmed.get(key, 0) | bit
-                if worker.predicted.pop(key, None) is not None:
-                    self._drop_predicted(key, bit)
+                if predicted.pop(key, None) is not None:
+                    self._drop_predicted(key, worker.bit)
             parent = key
 
-    def remove(self, name: str, block_hashes: Iterable[int]) -> None:
-        """Apply a ``BlockRemoved`` event."""
+    def remove(self, name: str, block_hashes: Iterable[int], rank: int = 0) -> None:
+        """Apply a ``BlockRemoved`` event of ``name``'s DP rank ``rank``."""
         worker = self._workers.get(name)
         if worker is None:
             return
         worker.has_events = True
+        stream = worker.streams.get(rank)
+        if stream is None:
+            return
+        engine_keys = stream.engine_keys
         for engine_hash in block_hashes:
-            if engine_hash not in worker.engine_keys:
+            if engine_hash not in engine_keys:
                 continue
-            key = worker.engine_keys.pop(engine_hash)
+            key = engine_keys.pop(engine_hash)
             if key is None:
                 self.orphan_blocks -= 1
             else:
-                self._drop_confirmed(key, worker.bit)
+                self._drop_confirmed(key, stream.bit)
                 if worker.predicted.pop(key, None) is not None:
                     self._drop_predicted(key, worker.bit)
 
-    def clear(self, name: str) -> None:
-        """Drop everything ``name`` holds (``AllBlocksCleared``, restart, or resync)."""
+    def clear(self, name: str, rank: int | None = None) -> None:
+        """Drop what ``name`` holds: everything, or only DP rank ``rank``'s confirmed blocks
+        (that stream's ``AllBlocksCleared``, restart or resync)."""
         worker = self._workers.get(name)
         if worker is None:
             return
-        bit = worker.bit
-        for key in worker.engine_keys.values():
-            if key is None:
-                self.orphan_blocks -= 1
-            else:
-                self._drop_confirmed(key, bit)
-        worker.engine_keys = {}
+        if rank is not None:
+            stream = worker.streams.get(rank)
+            if stream is not None:
+                self._clear_stream(stream)
+            return
+        for stream in worker.streams.values():
+            self._clear_stream(stream)
         for key in worker.predicted:
-            self._drop_predicted(key, bit)
+            self._drop_predicted(key, worker.bit)
         worker.predicted = OrderedDict()
 
     def mark_event_feed(self, name: str) -> None:
@@ -250,24 +283,42 @@ class BlockIndex:
         self._next_expiry = min(self._next_expiry, latest)
 
     def forget(self, name: str) -> None:
-        """The worker left: drop its entries and free its bit."""
+        """The worker left: drop its entries and free its bits."""
         if name not in self._workers:
             return
         self.clear(name)
-        self._free_bits.append(self._workers.pop(name).bit)
+        worker = self._workers.pop(name)
+        self._free_bits.extend(stream.bit for stream in worker.streams.values())
 
     # ------------------------------------------------------------------ internals
+
+    def _new_bit(self) -> int:
+        if self._free_bits:
+            return self._free_bits.pop()
+        bit = self._next_bit
+        self._next_bit <<= 1
+        return bit
 
     def _worker(self, name: str) -> _Worker:
         worker = self._workers.get(name)
         if worker is None:
-            if self._free_bits:
-                bit = self._free_bits.pop()
-            else:
-                bit = self._next_bit
-                self._next_bit <<= 1
-            worker = self._workers[name] = _Worker(bit)
+            bit = self._new_bit()
+            worker = self._workers[name] = _Worker(bit, bit, {0: _Stream(bit)})
         return worker
+
+    def _stream(self, worker: _Worker, rank: int) -> _Stream:
+        """A DP rank's stream, seen for the first time (rank 0 exists from the start)."""
+        stream = worker.streams[rank] = _Stream(self._new_bit())
+        worker.mask |= stream.bit
+        return stream
+
+    def _clear_stream(self, stream: _Stream) -> None:
+        for key in stream.engine_keys.values():
+            if key is None:
+                self.orphan_blocks -= 1
+            else:
+                self._drop_confirmed(key, stream.bit)
+        stream.engine_keys = {}
 
     def _drop_confirmed(self, key: int, bit: int) -> None:
         mask = self._confirmed.get(key, 0) & ~bit

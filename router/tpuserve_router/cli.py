@@ -148,7 +148,7 @@ OPTIONS: tuple[Option, ...] = (
         "kv_events",
         _auto_bool,
         "Subscribe to the workers' KV-cache events (endpoints from each worker's "
-        "/get_server_info unless a pod annotation gives them), or not (--no-kv-events). "
+        "/server_info unless a pod annotation gives them), or not (--no-kv-events). "
         "Default: when the policy uses them (precise, cost).",
         switch=True,
     ),

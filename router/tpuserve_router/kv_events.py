@@ -1,8 +1,11 @@
 """Subscribe to every worker's KV-cache events and keep the block index in step with them.
 
-Per worker, one task reads the engine's ZMQ PUB socket (frames and payload decoded by
-`sglang_tpu.kv_events`, the one schema module) and applies each batch to the policy's
-`BlockIndex`. Sequence numbers decide what the index can still trust:
+Per stream, one task reads the engine's ZMQ PUB socket (frames and payload decoded by
+`sglang_tpu.kv_events`, the one schema module, in either SGLang wire generation) and applies
+each batch to the policy's `BlockIndex`. A worker publishes one stream, or one per
+data-parallel rank (`tpuserve_router.kv_publishers` finds them); each stream is indexed as
+that worker's rank and everything below happens per stream. Sequence numbers decide what
+the index can still trust:
 
 - the next number: apply;
 - a jump forward (batches lost, ZMQ drops past its high-water mark): ask the engine's
@@ -16,8 +19,11 @@ Per worker, one task reads the engine's ZMQ PUB socket (frames and payload decod
   learns the resident prefixes (sglang#39750) and a restarted idle engine is known empty;
 - the first batch seen with a number above 0 and no catch-up yet: replay from 0.
 
-``AllBlocksCleared`` (the engine's cache was flushed) drops everything for that worker.
-Each of these is counted in the ``tpuserve_router_kv_event_*`` series.
+``AllBlocksCleared`` (the engine's cache was flushed) drops everything that stream held.
+Each of these is counted in the ``tpuserve_router_kv_event_*`` series. A message or event
+the router cannot use (bad frames, an undecodable batch, a malformed or unknown event) is
+skipped, counted in ``tpuserve_router_kv_events_skipped_total{reason}`` and logged once per
+worker and reason; the rest of its batch is still applied and the subscriber carries on.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import zmq
 import zmq.asyncio
@@ -43,6 +49,7 @@ from sglang_tpu.kv_events import (
     replay_request,
 )
 from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.kv_publishers import Endpoints
 from tpuserve_router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -53,24 +60,17 @@ DRAIN_MAX_MESSAGES = 64
 are already queued (an engine publishes a batch per scheduler step, so under load several
 wait; awaiting each costs a future and a poller round), bounded so requests keep flowing."""
 
-
-@dataclass(frozen=True)
-class Endpoints:
-    events: str
-    replay: str | None = None
+__all__ = ["Endpoints", "KvEventHub"]
 
 
 class _Subscription:
-    """One worker's event stream."""
+    """One event stream: a worker's, or one DP rank's of it."""
 
-    def __init__(
-        self,
-        hub: KvEventHub,
-        worker: str,
-        endpoints: Endpoints,
-    ) -> None:
+    def __init__(self, hub: KvEventHub, worker: str, endpoints: Endpoints, label: str) -> None:
         self.hub = hub
         self.worker = worker
+        self.rank = endpoints.dp_rank
+        self.label = label  # the worker, or "worker (DP rank r)", for logs
         self.endpoints = endpoints
         self.expected: int | None = None
         self.replayed_through: int | None = None
@@ -84,7 +84,7 @@ class _Subscription:
         ctx = self.hub.context
         self.socket = ctx.socket(zmq.SUB)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.socket.setsockopt(zmq.SUBSCRIBE, self.endpoints.topic.encode("utf-8"))
         self.socket.setsockopt(zmq.RCVHWM, 0)
         monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(self.endpoints.events)
@@ -113,7 +113,7 @@ class _Subscription:
                 event = parse_monitor_message(await monitor.recv_multipart())
                 async with self.lock:
                     if event["event"] == zmq.EVENT_DISCONNECTED:
-                        self.hub.resync(self.worker, "publisher_disconnected")
+                        self.hub.resync(self.worker, "publisher_disconnected", self.rank)
                         self.expected = None
                         self.replayed_through = None
                     elif event["event"] == zmq.EVENT_CONNECTED:
@@ -136,11 +136,12 @@ class _Subscription:
                     try:
                         _, seq, payload = parse_pub_frames(frames)
                     except KVEventDecodeError as err:
-                        log.warning(
-                            "worker %s sent an undecodable KV-event message: %s", self.worker, err
-                        )
+                        self.hub.skip(self.worker, self.label, err)
                         continue
-                    await self.receive(seq, payload)
+                    try:
+                        await self.receive(seq, payload)
+                    except Exception:  # a bug must not end the subscription
+                        log.exception("%s: could not apply KV-event batch %d", self.label, seq)
 
     async def _catch_up_from_start(self) -> None:
         """Apply everything the engine's replay buffer holds (what it cached before we came)."""
@@ -168,18 +169,16 @@ class _Subscription:
                 return  # a live copy of a batch the catch-up replay already applied
             self.replayed_through = None
         if expected is not None and seq < expected:
-            hub.resync(self.worker, "engine_restart")
+            hub.resync(self.worker, "engine_restart", self.rank)
             await self._catch_up(0, seq)
         elif expected is None:
             if seq > 0:
                 await self._catch_up(0, seq)
         elif seq > expected:
             hub.metrics.kv_event_gaps.labels(self.worker).inc()
-            log.warning(
-                "worker %s: KV events %d..%d lost; replaying", self.worker, expected, seq - 1
-            )
+            log.warning("%s: KV events %d..%d lost; replaying", self.label, expected, seq - 1)
             if not await self._catch_up(expected, seq):
-                hub.resync(self.worker, "gap_unrecoverable")
+                hub.resync(self.worker, "gap_unrecoverable", self.rank)
         self.apply(payload)
         self.expected = seq + 1
 
@@ -202,31 +201,40 @@ class _Subscription:
 
     def apply(self, payload: bytes) -> None:
         hub = self.hub
+        skipped: list[KVEventDecodeError] = []
         try:
-            batch = decode_batch(payload)
+            batch = decode_batch(payload, skipped)
         except KVEventDecodeError as err:
-            log.warning("worker %s sent an undecodable KV-event batch: %s", self.worker, err)
+            hub.skip(self.worker, self.label, err)
             return
+        for problem in skipped:
+            hub.skip(self.worker, self.label, problem)
         self.batches += 1
         index = hub.index
         worker = self.worker
+        rank = self.rank
         stored = removed = 0
         for event in batch.events:
-            if isinstance(event, BlockStored):
-                index.store(
-                    worker,
-                    event.block_hashes,
-                    event.parent_block_hash,
-                    event.token_ids,
-                    event.block_size,
-                )
-                stored += 1
-            elif isinstance(event, BlockRemoved):
-                index.remove(worker, event.block_hashes)
-                removed += 1
-            elif isinstance(event, AllBlocksCleared):
-                hub.metrics.kv_events.labels(worker, "AllBlocksCleared").inc()
-                hub.resync(worker, "all_blocks_cleared")
+            try:
+                if isinstance(event, BlockStored):
+                    index.store(
+                        worker,
+                        event.block_hashes,
+                        event.parent_block_hash,
+                        event.token_ids,
+                        event.block_size,
+                        rank,
+                    )
+                    stored += 1
+                elif isinstance(event, BlockRemoved):
+                    index.remove(worker, event.block_hashes, rank)
+                    removed += 1
+                elif isinstance(event, AllBlocksCleared):
+                    hub.metrics.kv_events.labels(worker, "AllBlocksCleared").inc()
+                    hub.resync(worker, "all_blocks_cleared", rank)
+            except (TypeError, ValueError) as err:  # e.g. token ids that are not integers
+                malformed = KVEventDecodeError("malformed_event", f"{event!r:.80}: {err}")
+                hub.skip(worker, self.label, malformed)
         counts = hub.metrics.kv_events
         if stored:
             counts.labels(worker, "BlockStored").inc(stored)
@@ -235,46 +243,69 @@ class _Subscription:
 
 
 class KvEventHub:
-    """Owns every worker's subscription; the app calls ``watch``/``unwatch`` as workers change."""
+    """Owns every worker's subscriptions; the app calls ``watch``/``unwatch`` as workers change."""
 
     def __init__(self, index: BlockIndex, metrics: RouterMetrics) -> None:
         self.index = index
         self.metrics = metrics
         self.context = zmq.asyncio.Context()
-        self._subscriptions: dict[str, _Subscription] = {}
+        self._subscriptions: dict[str, tuple[_Subscription, ...]] = {}
+        self._logged: set[tuple[str, str]] = set()
 
-    def endpoints(self, worker: str) -> Endpoints | None:
-        sub = self._subscriptions.get(worker)
-        return sub.endpoints if sub else None
+    def endpoints(self, worker: str) -> tuple[Endpoints, ...]:
+        return tuple(sub.endpoints for sub in self._subscriptions.get(worker, ()))
 
-    def subscription(self, worker: str) -> _Subscription | None:
-        return self._subscriptions.get(worker)
+    def subscriptions(self, worker: str) -> tuple[_Subscription, ...]:
+        """The worker's streams (one per DP rank), empty when it is not subscribed."""
+        return self._subscriptions.get(worker, ())
 
-    async def watch(self, worker: str, endpoints: Endpoints) -> None:
-        current = self._subscriptions.get(worker)
-        if current is not None:
-            if current.endpoints == endpoints:
-                return
-            await self.unwatch(worker)
-        subscription = _Subscription(self, worker, endpoints)
-        self._subscriptions[worker] = subscription
+    async def watch(self, worker: str, endpoints: Sequence[Endpoints]) -> None:
+        """Subscribe to the worker's streams (again, if they changed)."""
+        if not endpoints:
+            raise ValueError(f"worker {worker}: no KV-event endpoints to subscribe to")
+        if self.endpoints(worker) == tuple(endpoints):
+            return
+        await self.unwatch(worker)
+        several = len(endpoints) > 1
+        subscriptions = tuple(
+            _Subscription(self, worker, e, f"{worker} (DP rank {e.dp_rank})" if several else worker)
+            for e in endpoints
+        )
+        self._subscriptions[worker] = subscriptions
         self.index.mark_event_feed(worker)
-        subscription.start()
-        log.info("subscribed to KV events of %s at %s", worker, endpoints.events)
+        for subscription in subscriptions:
+            subscription.start()
+        log.info(
+            "subscribed to KV events of %s at %s", worker, ", ".join(e.events for e in endpoints)
+        )
 
     async def unwatch(self, worker: str) -> None:
-        subscription = self._subscriptions.pop(worker, None)
-        if subscription is not None:
+        for subscription in self._subscriptions.pop(worker, ()):
             await subscription.stop()
+        self._logged = {logged for logged in self._logged if logged[0] != worker}
 
     async def stop(self) -> None:
         for worker in list(self._subscriptions):
             await self.unwatch(worker)
         self.context.term()
 
-    def resync(self, worker: str, reason: str) -> None:
-        self.index.clear(worker)
+    def resync(self, worker: str, reason: str, rank: int | None = None) -> None:
+        """Drop what the index knows of the worker (of one DP rank's stream, given ``rank``)."""
+        self.index.clear(worker, rank)
         self.metrics.kv_event_resyncs.labels(worker, reason).inc()
+
+    def skip(self, worker: str, label: str, err: KVEventDecodeError) -> None:
+        """Count a message or event the router cannot use; log each reason once per worker."""
+        self.metrics.kv_events_skipped.labels(worker, err.reason).inc()
+        if (worker, err.reason) in self._logged:
+            log.debug("%s: skipped KV events (%s): %s", label, err.reason, err)
+            return
+        self._logged.add((worker, err.reason))
+        log.warning(
+            "%s: skipped KV events (%s): %s; further ones are only counted "
+            "(tpuserve_router_kv_events_skipped_total)",
+            label, err.reason, err,
+        )  # fmt: skip
 
     async def replay(
         self, endpoint: str, start: int, end: int | None = None

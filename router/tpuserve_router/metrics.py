@@ -29,6 +29,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from sglang_tpu.kv_events import DECODE_ERROR_REASONS
 from tpuserve_router.policies.base import OUTCOMES
 
 C = TypeVar("C")
@@ -184,6 +185,7 @@ RESYNC_REASONS: Final = (
     "all_blocks_cleared",  # the engine flushed its cache
 )
 REPLAY_RESULTS: Final = ("ok", "failed")
+KV_EVENT_SKIP_REASONS: Final = DECODE_ERROR_REASONS  # bad_frames, ..., unknown_event
 INDEX_KINDS: Final = ("tree_chars", "confirmed_blocks", "predicted_blocks")
 
 
@@ -206,6 +208,7 @@ class RouterMetrics:
     kv_event_gaps: Counter
     kv_event_resyncs: Counter
     kv_event_replays: Counter
+    kv_events_skipped: Counter
     workers_changed: Counter
 
 
@@ -300,6 +303,12 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "Replays requested after a gap, by result (ok or failed).",
             ["worker", "result"],
         ),
+        kv_events_skipped=Counter(
+            "tpuserve_router_kv_events_skipped_total",
+            "KV-event messages or events from a worker the router could not use and skipped, "
+            "by reason: bad_frames, undecodable_batch, malformed_event, unknown_event.",
+            ["worker", "reason"],
+        ),
         workers_changed=Counter(
             "tpuserve_router_worker_changes_total",
             "Workers added or removed (by discovery or the admin API), by change.",
@@ -382,6 +391,7 @@ def remove_worker_series(metrics: RouterMetrics, worker: str) -> None:
         metrics.kv_event_gaps,
         metrics.kv_event_resyncs,
         metrics.kv_event_replays,
+        metrics.kv_events_skipped,
     )
     for metric in per_worker:
         metric.remove_by_labels({"worker": worker})
@@ -407,6 +417,8 @@ def touch_worker_series(metrics: RouterMetrics, worker: str, *, kv_events: bool)
         metrics.kv_event_resyncs.labels(worker, reason)
     for result in REPLAY_RESULTS:
         metrics.kv_event_replays.labels(worker, result)
+    for reason in KV_EVENT_SKIP_REASONS:
+        metrics.kv_events_skipped.labels(worker, reason)
 
 
 def touch_token_series(metrics: RouterMetrics, model: str, worker: str) -> None:

@@ -8,7 +8,7 @@ container's ``TPUSERVE_HTTP_PORT`` variable, its container port named ``http``, 
 launch contract's default. The annotation ``serving.tpuserve.dev/worker-url`` overrides the
 URL (tests use it so nothing ever dials a fake pod IP); ``.../kv-events-endpoint`` and
 ``.../kv-replay-endpoint`` override the KV-event endpoints, which are otherwise read from
-the worker's ``/get_server_info``.
+the worker's ``/server_info`` (`tpuserve_router.kv_publishers`).
 
 A ready leader the router must not dial is *rejected*, not dropped silently: its annotation
 URL is malformed, or its address or KV-event endpoint lies outside ``--worker-networks``.

@@ -1,12 +1,15 @@
 """precise routing on the engines' KV events: hits follow the events, and after a flush, an
-engine restart or lost events, no request is routed on stale entries once the event arrives."""
+engine restart or lost events, no request is routed on stale entries once the event arrives;
+what the router cannot read is counted, logged once and skipped, and the stream goes on."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
+import msgpack
 import openai
 import pytest
 import zmq
@@ -14,7 +17,6 @@ import zmq.asyncio
 
 from sglang_tpu.kv_events import (
     END_SEQ_BYTES,
-    BlockHash,
     BlockRemoved,
     BlockStored,
     EventBatch,
@@ -35,6 +37,7 @@ from tests.component.router.router_fleet import (
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
 
 pytestmark = pytest.mark.component
 
@@ -68,7 +71,7 @@ async def precise(kv_engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
     hub = app.kv
     assert hub is not None
     await eventually_async(
-        lambda: all(hub.subscription(e.url) for e in kv_engines),
+        lambda: all(hub.subscriptions(e.url) for e in kv_engines),
         what="subscriptions",
         timeout_seconds=10,
     )
@@ -274,7 +277,7 @@ def stored(tokens: list[int]) -> bytes:
 
 
 def removed(tokens: list[int], pages: slice) -> bytes:
-    hashes: list[BlockHash] = [*block_hashes(tokens, PAGE)[pages]]
+    hashes = block_hashes(tokens, PAGE)[pages]
     return encode_batch(EventBatch(0.0, [BlockRemoved(hashes)]))
 
 
@@ -354,6 +357,52 @@ async def test_a_gap_the_engine_can_replay_is_filled(plain_engine: EngineTwin) -
             lambda: index.worker_blocks(worker) == pages - 2, what="the replay", timeout_seconds=5
         )
         assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 1
+        assert resyncs(app, worker, "gap_unrecoverable") == 0
+    finally:
+        await app.stop()
+        await publisher.close()
+
+
+# ---------------------------------------------------------------- what the router cannot read
+
+
+def skipped(app: RouterApp, worker: str, reason: str) -> float:
+    labels = {"worker": worker, "reason": reason}
+    return sample(app, "tpuserve_router_kv_events_skipped_total", labels)
+
+
+async def test_malformed_and_unknown_events_are_counted_logged_once_and_skipped(
+    plain_engine: EngineTwin, caplog: pytest.LogCaptureFixture
+) -> None:
+    tokens = load_tokenizer().encode(PROMPT)
+    hashes = block_hashes(tokens, PAGE)
+    pages = len(hashes)
+    unknown = {"type": "BlockPinned", "block_hashes": [1]}  # a type from a newer engine
+    unhashable = BlockStored([5], None, [[1, 2]] * PAGE, PAGE)  # type: ignore[list-item]
+    publisher = Publisher(replay=False)
+    app, worker = await router_with_publisher(plain_engine, publisher)
+    try:
+        await publisher.publish(0, stored(tokens))
+        last = ["BlockRemoved", [hashes[-1]]]  # the rest of a batch still counts
+        await publisher.publish(1, msgpack.packb([0.0, [unknown, last], 0]))
+        await publisher.publish(2, b"\xc1not msgpack")
+        await publisher.pub.send_multipart([b"", b"no sequence frame"])
+        await publisher.publish(3, msgpack.packb([0.0, [unknown, {"type": "BlockStored"}], 0]))
+        await publisher.publish(4, encode_batch(EventBatch(0.0, [unhashable])))
+        await publisher.publish(5, removed(tokens, slice(pages - 2, pages - 1)))
+        assert app.block_index is not None
+        index = app.block_index
+        await eventually_async(
+            lambda: index.worker_blocks(worker) == pages - 2,
+            what="the last batch",
+            timeout_seconds=5,
+        )
+        counts = {r: skipped(app, worker, r) for r in KV_EVENT_SKIP_REASONS}
+        assert counts == {"bad_frames": 1, "undecodable_batch": 1, "malformed_event": 2,
+                          "unknown_event": 2}  # fmt: skip
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        for reason in KV_EVENT_SKIP_REASONS:  # once per worker and reason
+            assert sum(f"({reason})" in m for m in warned) == 1, (reason, warned)
         assert resyncs(app, worker, "gap_unrecoverable") == 0
     finally:
         await app.stop()

@@ -16,12 +16,14 @@ def engine_hash(tokens: list[int]) -> int:
     return hash(("engine", tuple(tokens)))
 
 
-def store(index: BlockIndex, worker: str, tokens: list[int], from_page: int = 0) -> None:
+def store(
+    index: BlockIndex, worker: str, tokens: list[int], from_page: int = 0, rank: int = 0
+) -> None:
     """The BlockStored events an engine sends when it caches ``tokens`` page by page."""
     for i in range(from_page, len(tokens) // PAGE):
         parent = engine_hash(tokens[: i * PAGE]) if i else None
         page = tokens[i * PAGE : (i + 1) * PAGE]
-        index.store(worker, [engine_hash(tokens[: (i + 1) * PAGE])], parent, page, PAGE)
+        index.store(worker, [engine_hash(tokens[: (i + 1) * PAGE])], parent, page, PAGE, rank)
 
 
 def test_block_keys_chain_full_pages_only() -> None:
@@ -153,3 +155,60 @@ def test_old_predictions_get_the_short_ttl_once_events_flow() -> None:
     index.mark_event_feed("a")
     clock.advance(2.5)
     assert index.match(keys, ["a"]) == [0]
+
+
+# ---------------------------------------------------------------- data-parallel ranks
+
+
+def test_a_worker_matches_as_deep_as_its_best_dp_rank() -> None:
+    index = BlockIndex(page_size=PAGE)
+    prompt = list(range(32))
+    store(index, "dp", prompt[:8], rank=0)
+    store(index, "dp", prompt[:24], rank=1)
+    store(index, "b", prompt[:16])
+    assert index.match(index.keys(prompt), ["dp", "b"]) == [6, 4]
+    assert index.match(index.keys(prompt), ["b", "dp"]) == [4, 6]
+    assert index.workers() == ["dp", "b"]  # ranks are not workers
+    assert (index.worker_blocks("dp"), index.worker_blocks("dp", rank=1)) == (8, 6)
+
+
+def test_ranks_with_the_same_engine_hashes_are_kept_apart() -> None:
+    index = BlockIndex(page_size=PAGE)
+    prompt = list(range(16))
+    store(index, "dp", prompt, rank=0)
+    store(index, "dp", prompt, rank=1)  # same tokens: same engine hashes on both ranks
+    index.remove("dp", [engine_hash(prompt[:16])], rank=1)
+    assert index.worker_blocks("dp", rank=1) == 3
+    assert index.match(index.keys(prompt), ["dp"]) == [4]  # rank 0 still holds the last page
+    index.remove("dp", [engine_hash(prompt[:16])], rank=0)
+    assert index.match(index.keys(prompt), ["dp"]) == [3]
+
+
+def test_one_ranks_clear_leaves_the_other_ranks_blocks() -> None:
+    index = BlockIndex(page_size=PAGE)
+    prompt = list(range(16))
+    store(index, "dp", prompt[:8], rank=0)
+    store(index, "dp", prompt, rank=2)
+    index.clear("dp", rank=2)
+    assert index.match(index.keys(prompt), ["dp"]) == [2]
+    assert index.confirmed_blocks == 2
+    index.clear("dp")
+    assert index.confirmed_blocks == 0
+
+
+def test_forget_frees_the_bits_of_every_rank() -> None:
+    index = BlockIndex(page_size=PAGE)
+    for i in range(50):
+        for rank in range(3):
+            store(index, f"w{i}", list(range(8)), rank=rank)
+        index.forget(f"w{i}")
+    assert index._next_bit == 8  # three streams' bits, reused by every later worker
+    assert index.confirmed_blocks == 0
+
+
+def test_a_prediction_is_not_written_for_a_block_another_rank_confirmed() -> None:
+    index = BlockIndex(page_size=PAGE, predicted_ttl_seconds=60)
+    prompt = list(range(16))
+    store(index, "dp", prompt, rank=1)
+    index.predict("dp", index.keys(prompt))
+    assert index.predicted_blocks == 0

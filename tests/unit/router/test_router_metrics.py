@@ -33,6 +33,7 @@ EXPECTED = {
     "tpuserve_router_kv_event_gaps": "counter",
     "tpuserve_router_kv_event_resyncs": "counter",
     "tpuserve_router_kv_event_replays": "counter",
+    "tpuserve_router_kv_events_skipped": "counter",
     "tpuserve_router_worker_changes": "counter",
     "tpuserve_router_in_flight_requests": "gauge",
     "tpuserve_router_worker_healthy": "gauge",

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.metrics import (
+    KV_EVENT_SKIP_REASONS,
     KV_EVENT_TYPES,
     REPLAY_RESULTS,
     RESYNC_REASONS,
@@ -35,6 +36,10 @@ def kv_series(worker: str) -> list[tuple[str, dict[str, str]]]:
         *[
             ("tpuserve_router_kv_event_replays_total", {"worker": worker, "result": r})
             for r in REPLAY_RESULTS
+        ],
+        *[
+            ("tpuserve_router_kv_events_skipped_total", {"worker": worker, "reason": r})
+            for r in KV_EVENT_SKIP_REASONS
         ],
     ]
 

@@ -165,6 +165,7 @@ def map_stored(**fields: Any) -> dict[str, Any]:
         (["BlockStored", [7], None, "ab", 2], "malformed_event"),  # tokens not an array
         (["BlockStored", [7], None, [1, 2], "x"], "malformed_event"),  # block size
         (["BlockStored", [7], None, [1, 2], True], "malformed_event"),  # a bool is no size
+        (["BlockStored", [7], None, [1, 2], 0], "malformed_event"),
         (["BlockRemoved", 7], "malformed_event"),
         ([3, [7]], "malformed_event"),  # tag not a string
         ([], "malformed_event"),
@@ -172,6 +173,7 @@ def map_stored(**fields: Any) -> dict[str, Any]:
         (map_stored(parent_block_hash="<absent>"), "malformed_event"),
         (map_stored(token_ids=None), "malformed_event"),
         (map_stored(block_size=2.0), "malformed_event"),
+        (map_stored(block_size=-1), "malformed_event"),
         ({"type": "BlockRemoved"}, "malformed_event"),
         ({"block_hashes": [1]}, "malformed_event"),  # no type
         (7, "malformed_event"),
