@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import atexit
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -101,10 +102,17 @@ def sglang_publishers(ranks: int, topic: str) -> tuple[list[Any], int, int]:
                 )  # fmt: skip
         except zmq.ZMQError:
             for publisher in publishers:
-                publisher.shutdown()
+                shut_down(publisher)
             continue
         return publishers, base, replay_base
     raise AssertionError("no free consecutive ports for the publishers")
+
+
+def shut_down(publisher: Any) -> None:
+    """Stop a publisher now, and not again at exit (SGLang registers ``shutdown`` with
+    atexit, where a second call waits a second on its dead thread and warns)."""
+    publisher.shutdown()
+    atexit.unregister(publisher.shutdown)
 
 
 def sglang_stored(tokens: list[int]) -> Any:
@@ -123,7 +131,7 @@ def dp_publishers() -> Iterator[tuple[list[Any], int, int]]:
     publishers, base, replay_base = sglang_publishers(2, "kv")
     yield publishers, base, replay_base
     for publisher in publishers:
-        publisher.shutdown()
+        shut_down(publisher)
 
 
 @pytest.fixture
