@@ -285,7 +285,7 @@ def _decode_array_event(raw: list[Any]) -> KVEvent:
             if n < 8:
                 lora_id = raw[5] if n > 5 else None
                 return BlockStored(hashes, raw[2], tokens, size, lora_id, raw[6] if n > 6 else None)
-            meta = raw[7] if type(raw[7]) is dict else {}  # 0.5.19's trailing metadata
+            meta = raw[7] if type(raw[7]) is dict else {}  # salted stores: a metadata map
             return BlockStored(
                 hashes, raw[2], tokens, size, raw[5], raw[6],
                 meta.get("cache_salt"), meta.get("session_id"), meta.get("lora_name"),

@@ -52,6 +52,8 @@ from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.kv_publishers import Endpoints
 from tpuserve_router.metrics import RouterMetrics
 
+__all__ = ["Endpoints", "KvEventHub"]
+
 log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_SECONDS = 2.0
@@ -59,9 +61,6 @@ DRAIN_MAX_MESSAGES = 64
 """Messages read per wake-up: the first awaited, the rest taken without waiting while they
 are already queued (an engine publishes a batch per scheduler step, so under load several
 wait; awaiting each costs a future and a poller round), bounded so requests keep flowing."""
-
-__all__ = ["Endpoints", "KvEventHub"]
-
 
 class _Subscription:
     """One event stream: a worker's, or one DP rank's of it."""
