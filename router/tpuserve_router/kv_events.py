@@ -62,6 +62,7 @@ DRAIN_MAX_MESSAGES = 64
 are already queued (an engine publishes a batch per scheduler step, so under load several
 wait; awaiting each costs a future and a poller round), bounded so requests keep flowing."""
 
+
 class _Subscription:
     """One event stream: a worker's, or one DP rank's of it."""
 
