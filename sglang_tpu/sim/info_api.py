@@ -88,37 +88,13 @@ def _kv_events_config(svc: EngineService) -> str | None:
     ).decode()  # fmt: skip
 
 
-def _tcp_host_port(endpoint: str | None) -> tuple[str, int] | None:
-    """(host, port) of a tcp:// endpoint, IPv6 hosts bracketed; None for anything else."""
-    if endpoint is None or not endpoint.startswith("tcp://"):
-        return None
-    host, sep, port = endpoint.removeprefix("tcp://").rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        return None
-    return host, int(port)
-
-
 def kv_events_descriptor(svc: EngineService) -> dict[str, Any] | None:
     """The ``kv_events`` block of ``/server_info``, as SGLang's `describe_kv_events_publisher`
-    builds it: where to subscribe (one port per DP rank from the base; a wildcard host means
-    "the worker's own host"), the topic and the block size to hash prompts with."""
+    builds it (`KVEventPublisher.describe`): where to subscribe, the topic and the block size
+    to hash prompts with; None without a publisher on TCP."""
     if svc.publisher is None:
         return None
-    address = _tcp_host_port(svc.publisher.endpoint)
-    if address is None:
-        return None
-    descriptor: dict[str, Any] = {
-        "publisher": "zmq",
-        "endpoint_host": address[0],
-        "endpoint_port_base": address[1],
-        "topic": svc.settings.kv_events_topic,
-        "block_size": svc.core.config.page_size,
-        "dp_size": 1,
-    }
-    replay = _tcp_host_port(svc.publisher.replay_endpoint)
-    if replay is not None:
-        descriptor["replay_endpoint_port_base"] = replay[1]
-    return descriptor
+    return svc.publisher.describe(svc.core.config.page_size)
 
 
 def _server_args(svc: EngineService) -> dict[str, Any]:

@@ -55,11 +55,12 @@ def wire_from_env(environ: Mapping[str, str] = os.environ) -> Wire:
 
 
 def _tcp_host_port(endpoint: str | None) -> tuple[str, int] | None:
-    """(host, port) of a bound ``tcp://HOST:PORT`` endpoint; IPv6 hosts stay bracketed."""
+    """(host, port) of a bound ``tcp://HOST:PORT`` endpoint, IPv6 hosts bracketed; None for
+    anything else."""
     if not endpoint or not endpoint.startswith("tcp://"):
         return None
-    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
-    if not sep or not host or not port.isdigit():
+    host, sep, port = endpoint.removeprefix("tcp://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
         return None
     return host, int(port)
 
