@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, overload
+from typing import TypeVar, cast, overload
 
 T = TypeVar("T")
 
@@ -21,21 +21,39 @@ class WaitTimeout(AssertionError):
     """A condition did not hold within its deadline."""
 
 
-def _failure(
-    what: str,
-    timeout_seconds: float,
-    last: object,
-    error: BaseException | None,
-    context: Callable[[], str] | None,
-) -> WaitTimeout:
-    seen = f"last error: {error!r}" if error is not None else f"last value: {last!r}"
-    extra = ""
-    if context is not None:
-        try:
-            extra = "\n" + context()
-        except Exception as err:  # the context is best effort; the timeout is the news
-            extra = f"\n(context unavailable: {err!r})"
-    return WaitTimeout(f"timed out after {timeout_seconds:g} s waiting for {what} ({seen}){extra}")
+class _Deadline:
+    """What one wait has seen so far, and the failure to raise once its deadline passes."""
+
+    def __init__(
+        self, what: str, timeout_seconds: float, context: Callable[[], str] | None, now: float
+    ) -> None:
+        self.what, self.timeout_seconds, self.context = what, timeout_seconds, context
+        self.deadline = now + timeout_seconds
+        self.last: object = None
+        self.error: BaseException | None = None
+
+    def holds(self, value: object, error: BaseException | None, now: float) -> bool:
+        """True when the check gave a truthy value; WaitTimeout once the deadline has passed."""
+        self.error = error
+        if error is None:
+            self.last = value
+            if value:
+                return True
+        if now >= self.deadline:
+            raise self._failure()
+        return False
+
+    def _failure(self) -> WaitTimeout:
+        seen = f"last error: {self.error!r}" if self.error else f"last value: {self.last!r}"
+        extra = ""
+        if self.context is not None:
+            try:
+                extra = "\n" + self.context()
+            except Exception as err:  # the context is best effort; the timeout is the news
+                extra = f"\n(context unavailable: {err!r})"
+        return WaitTimeout(
+            f"timed out after {self.timeout_seconds:g} s waiting for {self.what} ({seen}){extra}"
+        )
 
 
 def eventually(
@@ -52,21 +70,15 @@ def eventually(
     Exceptions of the types in `ignore` count as "not yet"; any other exception fails at once.
     A check may return None for "not yet": the value returned is then typed without None.
     """
-    deadline = time.monotonic() + timeout_seconds
-    last: object = None
-    error: BaseException | None = None
+    wait = _Deadline(what, timeout_seconds, context, time.monotonic())
     while True:
+        value, error = None, None
         try:
             value = check()
         except ignore as err:
             error = err
-        else:
-            error = None
-            last = value
-            if value:
-                return value
-        if time.monotonic() >= deadline:
-            raise _failure(what, timeout_seconds, last, error, context)
+        if wait.holds(value, error, time.monotonic()):
+            return cast(T, value)
         time.sleep(interval_seconds)
 
 
@@ -105,20 +117,14 @@ async def eventually_async(
 ) -> T:
     """`eventually` for the event loop: `check` may be sync or async; sleeps yield the loop."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_seconds
-    last: object = None
-    error: BaseException | None = None
+    wait = _Deadline(what, timeout_seconds, context, loop.time())
     while True:
+        value, error = None, None
         try:
             result = check()
             value = await result if isinstance(result, Awaitable) else result
         except ignore as err:
             error = err
-        else:
-            error = None
-            last = value
-            if value:
-                return value
-        if loop.time() >= deadline:
-            raise _failure(what, timeout_seconds, last, error, context)
+        if wait.holds(value, error, loop.time()):
+            return cast(T, value)
         await asyncio.sleep(interval_seconds)
