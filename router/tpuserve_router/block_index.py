@@ -126,6 +126,16 @@ class BlockIndex:
             return len(stream.engine_keys) if stream else 0
         return sum(len(stream.engine_keys) for stream in worker.streams.values())
 
+    def engine_hashes(self, name: str, rank: int | None = None) -> set[int]:
+        """The engine's own block hashes ``name`` reported holding and not yet removed, in
+        all its DP ranks or in ``rank``: what its ``BlockStored`` events added and its
+        ``BlockRemoved``/``AllBlocksCleared`` did not take away (orphans included)."""
+        worker = self._workers.get(name)
+        if worker is None:
+            return set()
+        streams = worker.streams.values() if rank is None else [worker.streams.get(rank)]
+        return {h for stream in streams if stream is not None for h in stream.engine_keys}
+
     def workers(self) -> list[str]:
         return list(self._workers)
 

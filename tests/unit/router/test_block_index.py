@@ -72,6 +72,21 @@ def test_block_removed_and_all_blocks_cleared_are_applied() -> None:
     assert index.workers() == ["b"]
 
 
+def test_engine_hashes_are_what_the_events_stored_minus_what_they_removed() -> None:
+    index = BlockIndex(page_size=PAGE)
+    prompt = list(range(16))
+    store(index, "a", prompt)
+    store(index, "a", prompt[:8], rank=1)
+    index.remove("a", [engine_hash(prompt[:16])])
+    page_hashes = [engine_hash(prompt[: (i + 1) * PAGE]) for i in range(4)]
+    assert index.engine_hashes("a") == set(page_hashes[:3])
+    assert index.engine_hashes("a", rank=1) == set(page_hashes[:2])
+    assert index.engine_hashes("a", rank=7) == set()
+    assert index.engine_hashes("unknown") == set()
+    index.clear("a", rank=0)
+    assert index.engine_hashes("a") == set(page_hashes[:2])
+
+
 def test_blocks_whose_parent_was_never_seen_are_orphans_not_matches() -> None:
     index = BlockIndex(page_size=PAGE)
     prompt = list(range(16))
