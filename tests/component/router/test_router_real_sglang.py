@@ -41,6 +41,7 @@ from tests.component.router.router_fleet import requests_by_worker, sample
 from tests.real_sglang import EngineFactory, RealEngine
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
+from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
 
 pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
 
@@ -235,6 +236,16 @@ async def test_the_index_holds_exactly_the_blocks_the_engines_published(
                 {w: (len(index.engine_hashes(w)), len(f.held())) for w, f in feeds.items()}
             ),
         )
+        skipped = {
+            (worker, reason): sample(
+                router,
+                "tpuserve_router_kv_events_skipped_total",
+                {"worker": worker, "reason": reason},
+            )
+            for worker in feeds
+            for reason in KV_EVENT_SKIP_REASONS
+        }
+        assert set(skipped.values()) == {0}, f"the router reads every event: {skipped}"
         holders = [w for w in feeds if prefix_pages(router, tokenizer, shared, w)[0]]
         assert len(holders) == 1, f"the shared prefix is on one engine, not {holders}"
         held, pages = prefix_pages(router, tokenizer, shared, holders[0])
@@ -477,6 +488,14 @@ async def test_killing_an_engine_under_load_fails_no_non_streaming_request(
     )
     assert errors == []
     assert retries >= 1, "requests in flight on the killed engine were retried"
+    index = router.block_index
+    assert index is not None
+    await eventually_async(
+        lambda: index.worker_blocks(victim.url) == 0,
+        what="the killed engine's blocks to leave the index (its publisher disconnected)",
+        timeout_seconds=INDEX_SECONDS,
+    )
+    assert index.worker_blocks(survivor.url) > 0
     assert len(outcomes) - killed_at[0] >= REQUESTS_AFTER_KILL
     survivor_worker = router.registry.get(survivor.url)
     assert survivor_worker is not None
