@@ -165,8 +165,8 @@ class RealEngine:
                 os.kill(self.pid, signal.SIGTERM)
 
     def wait_stopped(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
-        """Wait for the exit, SIGKILL after the grace, then SIGKILL whatever is left of the
-        engine's own process group (it runs in its own session)."""
+        """Wait for the exit, SIGKILL after the grace. SGLang's scheduler and detokenizer set
+        PR_SET_PDEATHSIG themselves (`kill_itself_when_parent_died`), so they go with it."""
         popen = self.process.popen
         assert popen is not None, "engines are always started by this process"
         try:
@@ -174,8 +174,6 @@ class RealEngine:
         except subprocess.TimeoutExpired:
             popen.kill()
             popen.wait(grace_seconds)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
 
     def stop(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
         self.terminate()
