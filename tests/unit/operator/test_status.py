@@ -4,13 +4,15 @@ ready router; Degraded for unschedulable pods, crash loops and groups partly up 
 from __future__ import annotations
 
 import datetime
+import itertools
+from typing import Any
 
 import pytest
 
 from tests.fakes import make_pod
-from tpuserve_operator import conditions
+from tpuserve_operator import api, conditions
 from tpuserve_operator.api import GroupStatus
-from tpuserve_operator.conditions import Reason
+from tpuserve_operator.conditions import DEGRADED, PROGRESSING, READY, VALID, Reason
 from tpuserve_operator.observed import PodView, child_view, pod_view
 from tpuserve_operator.rollout import plan
 from tpuserve_operator.status import GroupObservation, GroupReport, decide, report_group, timestamp
@@ -141,112 +143,112 @@ def _by_type(decided: list[conditions.Condition]) -> dict[str, tuple[str, str]]:
     return {c.type: (c.status, c.reason) for c in decided}
 
 
-def test_ready_needs_a_ready_router_and_a_ready_group() -> None:
-    reports = _reports((True, True), (False, True))
-    p = plan(2, {r.index: r.rollout_state() for r in reports}, max_unavailable=1, max_surge=0)
-    ready = _by_type(
+def _decide(
+    groups: tuple[tuple[bool, bool], ...],
+    *,
+    replicas: int | None = None,
+    planned: bool = False,
+    router_enabled: bool = True,
+    router_ready_replicas: int = 1,
+    invalid: str | None = None,
+    invalid_reason: Reason = Reason.INVALID_SPEC,
+    apply_error: str | None = None,
+) -> dict[str, tuple[str, str]]:
+    """`decide` over groups given as (ready, updated), with a rollout plan over them when
+    `planned`; `replicas` defaults to the number of groups."""
+    reports = _reports(*groups)
+    n = len(reports) if replicas is None else replicas
+    states = {r.index: r.rollout_state() for r in reports}
+    return _by_type(
         decide(
-            replicas=2,
+            replicas=n,
             reports=reports,
-            plan=p,
-            invalid=None,
-            router_enabled=True,
-            router_ready_replicas=1,
+            plan=plan(n, states, max_unavailable=1, max_surge=0) if planned else None,
+            invalid=invalid,
+            invalid_reason=invalid_reason,
+            router_enabled=router_enabled,
+            router_ready_replicas=router_ready_replicas,
+            apply_error=apply_error,
         )
     )
-    assert ready[conditions.READY] == ("True", "RouterReady")
-    assert ready[conditions.PROGRESSING] == ("True", "GroupsStarting")
-    no_router = _by_type(
-        decide(
-            replicas=2,
-            reports=reports,
-            plan=p,
-            invalid=None,
-            router_enabled=True,
-            router_ready_replicas=0,
-        )
-    )
-    assert no_router[conditions.READY] == ("False", "RouterNotReady")
 
 
-def test_no_ready_group_is_not_ready() -> None:
-    reports = _reports((False, True))
-    got = _by_type(
-        decide(
-            replicas=1,
-            reports=reports,
-            plan=None,
-            invalid=None,
-            router_enabled=True,
-            router_ready_replicas=1,
-        )
-    )
-    assert got[conditions.READY] == ("False", "NoReadyReplicas")
+# Groups as (ready, updated).
+SERVING, STARTING, OUTDATED = (True, True), (False, True), (True, False)
 
 
-def test_router_disabled_is_ready_on_leaders() -> None:
-    got = _by_type(
-        decide(
-            replicas=1,
-            reports=_reports((True, True)),
-            plan=None,
-            invalid=None,
-            router_enabled=False,
-            router_ready_replicas=0,
-        )
-    )
-    assert got[conditions.READY] == ("True", "LeadersReady")
-
-
-def test_complete_when_all_groups_updated_and_ready() -> None:
-    reports = _reports((True, True), (True, True))
-    p = plan(2, {r.index: r.rollout_state() for r in reports}, max_unavailable=1, max_surge=0)
-    got = _by_type(
-        decide(
-            replicas=2,
-            reports=reports,
-            plan=p,
-            invalid=None,
-            router_enabled=True,
-            router_ready_replicas=1,
-        )
-    )
-    assert got[conditions.PROGRESSING] == ("False", "Complete")
-    assert got[conditions.DEGRADED] == ("False", "AsExpected")
-    assert got[conditions.VALID] == ("True", "SpecValid")
-
-
-def test_rolling_update_is_progressing() -> None:
-    reports = _reports((True, False), (True, False))
-    p = plan(2, {r.index: r.rollout_state() for r in reports}, max_unavailable=1, max_surge=0)
-    got = _by_type(
-        decide(
-            replicas=2,
-            reports=reports,
-            plan=p,
-            invalid=None,
-            router_enabled=True,
-            router_ready_replicas=1,
-        )
-    )
-    assert got[conditions.PROGRESSING] == ("True", "RollingUpdate")
-
-
-def test_invalid_spec_sets_valid_false_with_its_reason() -> None:
-    got = _by_type(
-        decide(
-            replicas=1,
-            reports=[],
-            plan=None,
-            invalid="spec.tpu.topology: ...",
-            invalid_reason=Reason.UNSUPPORTED_TOPOLOGY,
-            router_enabled=True,
-            router_ready_replicas=0,
-        )
-    )
-    assert got[conditions.VALID] == ("False", "UnsupportedTopology")
-    assert got[conditions.READY] == ("False", "InvalidSpec")
-    assert got[conditions.PROGRESSING] == ("False", "InvalidSpec")
+@pytest.mark.parametrize(
+    ("groups", "settings", "expected"),
+    [
+        pytest.param(
+            (SERVING, STARTING),
+            {"planned": True},
+            {READY: ("True", "RouterReady"), PROGRESSING: ("True", "GroupsStarting")},
+            id="ready-router-and-group",
+        ),
+        pytest.param(
+            (SERVING, STARTING),
+            {"planned": True, "router_ready_replicas": 0},
+            {READY: ("False", "RouterNotReady")},
+            id="no-ready-router",
+        ),
+        pytest.param((STARTING,), {}, {READY: ("False", "NoReadyReplicas")}, id="no-ready-group"),
+        pytest.param(
+            (SERVING,),
+            {"router_enabled": False, "router_ready_replicas": 0},
+            {READY: ("True", "LeadersReady")},
+            id="router-disabled-ready-on-leaders",
+        ),
+        pytest.param(
+            (SERVING, SERVING),
+            {"planned": True},
+            {
+                PROGRESSING: ("False", "Complete"),
+                DEGRADED: ("False", "AsExpected"),
+                VALID: ("True", "SpecValid"),
+            },
+            id="complete-when-all-updated-and-ready",
+        ),
+        pytest.param(
+            (OUTDATED, OUTDATED),
+            {"planned": True},
+            {PROGRESSING: ("True", "RollingUpdate")},
+            id="rolling-update",
+        ),
+        pytest.param(
+            (),
+            {
+                "replicas": 1,
+                "router_ready_replicas": 0,
+                "invalid": "spec.tpu.topology: ...",
+                "invalid_reason": Reason.UNSUPPORTED_TOPOLOGY,
+            },
+            {
+                VALID: ("False", "UnsupportedTopology"),
+                READY: ("False", "InvalidSpec"),
+                PROGRESSING: ("False", "InvalidSpec"),
+            },
+            id="invalid-spec-with-its-reason",
+        ),
+        pytest.param(
+            (),
+            {
+                "replicas": 1,
+                "router_ready_replicas": 0,
+                "apply_error": "StatefulSet qwen-r0: forbidden",
+            },
+            {PROGRESSING: ("False", "ApplyFailed"), DEGRADED: ("True", "ApplyFailed")},
+            id="apply-error",
+        ),
+    ],
+)
+def test_server_conditions(
+    groups: tuple[tuple[bool, bool], ...],
+    settings: dict[str, Any],
+    expected: dict[str, tuple[str, str]],
+) -> None:
+    got = _decide(groups, **settings)
+    assert {t: got[t] for t in expected} == expected
 
 
 def test_a_degraded_group_degrades_the_server() -> None:
@@ -273,85 +275,58 @@ def test_a_degraded_group_degrades_the_server() -> None:
         router_enabled=True,
         router_ready_replicas=1,
     )
-    (degraded,) = [c for c in got if c.type == conditions.DEGRADED]
+    (degraded,) = [c for c in got if c.type == DEGRADED]
     assert (degraded.status, degraded.reason) == ("True", "Unschedulable")
     assert "no tpu" in degraded.message
 
 
-def test_apply_errors_are_reported() -> None:
-    got = _by_type(
-        decide(
-            replicas=1,
-            reports=[],
-            plan=None,
-            invalid=None,
-            router_enabled=True,
-            router_ready_replicas=0,
-            apply_error="StatefulSet qwen-r0: forbidden",
-        )
-    )
-    assert got[conditions.PROGRESSING] == ("False", "ApplyFailed")
-    assert got[conditions.DEGRADED] == ("True", "ApplyFailed")
-
-
 def test_every_reason_the_operator_writes_is_documented() -> None:
     documented = {(r.type, r.status, r.reason) for r in conditions.REASONS}
-    cases = [
-        decide(
-            replicas=n,
-            reports=reports,
-            plan=plan(
-                n, {r.index: r.rollout_state() for r in reports}, max_unavailable=1, max_surge=0
-            ),
-            invalid=inv,
-            router_enabled=router,
-            router_ready_replicas=rr,
-            apply_error=err,
-        )
-        for n in (0, 1, 2)
-        for reports in (_reports(), _reports((True, True)), _reports((False, False), (True, False)))
-        for inv in (None, "bad")
-        for router in (True, False)
-        for rr in (0, 1)
-        for err in (None, "boom")
-    ]
-    for decided in cases:
-        for c in decided:
-            assert (c.type, c.status, c.reason) in documented, c
+    for n in (0, 1, 2):
+        for groups in ((), (SERVING,), ((False, False), OUTDATED)):
+            for inv, router, rr, err in itertools.product(
+                (None, "bad"), (True, False), (0, 1), (None, "boom")
+            ):
+                decided = _decide(
+                    groups,
+                    replicas=n,
+                    planned=True,
+                    invalid=inv,
+                    router_enabled=router,
+                    router_ready_replicas=rr,
+                    apply_error=err,
+                )
+                for type_, (status, reason) in decided.items():
+                    assert (type_, status, reason) in documented, (type_, status, reason)
+
+
+def _ready(ok: bool, reason: Reason, message: str = "") -> conditions.Condition:
+    return conditions.Condition.of(READY, ok, reason, message)
+
+
+def _merge_ready(
+    existing: list[api.Condition],
+    ok: bool,
+    reason: Reason,
+    *,
+    now: str,
+    generation: int | None,
+) -> list[api.Condition]:
+    return conditions.merge(existing, [_ready(ok, reason, "x")], now=now, generation=generation)
 
 
 def test_merge_keeps_transition_time_while_status_holds() -> None:
-    first = conditions.merge(
-        [],
-        [conditions.Condition.of("Ready", False, Reason.NO_READY_REPLICAS, "x")],
-        now="t1",
-        generation=1,
-    )
-    same = conditions.merge(
-        first,
-        [conditions.Condition.of("Ready", False, Reason.ROUTER_NOT_READY, "y")],
-        now="t2",
-        generation=2,
-    )
+    first = _merge_ready([], False, Reason.NO_READY_REPLICAS, now="t1", generation=1)
+    same = _merge_ready(first, False, Reason.ROUTER_NOT_READY, now="t2", generation=2)
     assert same[0].last_transition_time == "t1"
     assert same[0].observed_generation == 2
     assert same[0].reason == "RouterNotReady"
-    flipped = conditions.merge(
-        same,
-        [conditions.Condition.of("Ready", True, Reason.ROUTER_READY, "z")],
-        now="t3",
-        generation=2,
-    )
+    flipped = _merge_ready(same, True, Reason.ROUTER_READY, now="t3", generation=2)
     assert flipped[0].last_transition_time == "t3"
 
 
 def test_merge_sets_observed_generation_only_when_given() -> None:
-    (acknowledged,) = conditions.merge(
-        [],
-        [conditions.Condition.of("Ready", False, Reason.NO_READY_REPLICAS, "x")],
-        now="t",
-        generation=None,
-    )
+    (acknowledged,) = _merge_ready([], False, Reason.NO_READY_REPLICAS, now="t", generation=None)
     assert acknowledged.model_dump(by_alias=True, exclude_unset=True) == {
         "type": "Ready",
         "status": "False",
@@ -362,18 +337,11 @@ def test_merge_sets_observed_generation_only_when_given() -> None:
 
 
 def test_transitions_flag_warnings() -> None:
-    old = conditions.merge(
-        [],
-        [conditions.Condition.of("Ready", True, Reason.ROUTER_READY, "x")],
-        now="t",
-        generation=1,
-    )
-    (t,) = conditions.transitions(
-        old, [conditions.Condition.of("Ready", False, Reason.NO_READY_REPLICAS, "y")]
-    )
+    old = _merge_ready([], True, Reason.ROUTER_READY, now="t", generation=1)
+    (t,) = conditions.transitions(old, [_ready(False, Reason.NO_READY_REPLICAS)])
     assert t.warning
     (d,) = conditions.transitions(
-        [], [conditions.Condition.of("Degraded", False, Reason.AS_EXPECTED, "")]
+        [], [conditions.Condition.of(DEGRADED, False, Reason.AS_EXPECTED, "")]
     )
     assert not d.warning
 
