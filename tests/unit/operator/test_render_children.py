@@ -419,19 +419,8 @@ def test_the_router_accepts_the_rendered_command_line_and_config(
     rendered: RenderFn, spec_with: SpecWith
 ) -> None:
     """Contract with tpuserve_router: its own parser reads what the operator renders."""
-    import argparse
-
-    from tpuserve_router import cli as router_cli
-
     children = rendered(spec_with(router={"policy": "least_load", "kvEvents": True})).children
-    (container,) = one(children, "Deployment", "qwen-router")["spec"]["template"]["spec"][
-        "containers"
-    ]
-    parser = argparse.ArgumentParser()
-    router_cli.configure(parser)
-    args = parser.parse_args(container["args"])
-    env = one(children, "ConfigMap", "qwen-router")["data"]
-    config = router_cli.build_config(args, environ=dict(env))
+    config = router_config_of(children)
     assert config.discovery == "kubernetes"
     assert config.host == "0.0.0.0"
     assert config.namespace == "ml"
