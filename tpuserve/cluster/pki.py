@@ -30,6 +30,7 @@ APISERVER_SANS: tuple[str, ...] = (
 )
 ADMIN_USER = "tpuserve-admin"
 ADMIN_GROUP = "system:masters"  # bypasses RBAC, like kind's and envtest's admin
+TOKEN_FILE = "tokens.csv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,20 @@ class PKI:
     service_account_key: Path
     token_file: Path
     admin_token: str
+
+    @classmethod
+    def in_directory(cls, directory: Path, admin_token: str) -> PKI:
+        """The file layout `create_pki` writes into `directory`."""
+        return cls(
+            dir=directory,
+            ca_cert=directory / "ca.crt",
+            ca_key=directory / "ca.key",
+            apiserver_cert=directory / "apiserver.crt",
+            apiserver_key=directory / "apiserver.key",
+            service_account_key=directory / "sa.key",
+            token_file=directory / TOKEN_FILE,
+            admin_token=admin_token,
+        )
 
 
 def _key() -> rsa.RSAPrivateKey:
@@ -148,16 +163,7 @@ def issue_serving_cert(
 def create_pki(directory: Path) -> PKI:
     """Write a fresh CA, apiserver certificate, SA key and admin token file into `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
-    pki = PKI(
-        dir=directory,
-        ca_cert=directory / "ca.crt",
-        ca_key=directory / "ca.key",
-        apiserver_cert=directory / "apiserver.crt",
-        apiserver_key=directory / "apiserver.key",
-        service_account_key=directory / "sa.key",
-        token_file=directory / "tokens.csv",
-        admin_token=secrets.token_hex(24),
-    )
+    pki = PKI.in_directory(directory, secrets.token_hex(24))
     _create_ca(pki.ca_cert, pki.ca_key)
     issue_serving_cert(
         pki.ca_cert,
@@ -178,14 +184,5 @@ def create_pki(directory: Path) -> PKI:
 
 def load_pki(directory: Path) -> PKI:
     """The PKI an earlier `create_pki` wrote (used when re-attaching to a running cluster)."""
-    token = directory.joinpath("tokens.csv").read_text().split(",", 1)[0]
-    return PKI(
-        dir=directory,
-        ca_cert=directory / "ca.crt",
-        ca_key=directory / "ca.key",
-        apiserver_cert=directory / "apiserver.crt",
-        apiserver_key=directory / "apiserver.key",
-        service_account_key=directory / "sa.key",
-        token_file=directory / "tokens.csv",
-        admin_token=token,
-    )
+    token = directory.joinpath(TOKEN_FILE).read_text().split(",", 1)[0]
+    return PKI.in_directory(directory, token)
