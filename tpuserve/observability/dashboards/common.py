@@ -3,6 +3,8 @@ templated `${datasource}` and a set refId (grafana-foundation-sdk leaves refId e
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from grafana_foundation_sdk.builders import common as gc
 from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.builders import prometheus, stat, timeseries
@@ -47,18 +49,23 @@ class Ids:
         return self._next - 1
 
 
-def stat_panel(
+# The panel builders these helpers fill (each setter returns the builder itself).
+_Panel = TypeVar("_Panel", stat.Panel, timeseries.Panel)
+
+
+def _framed(
+    panel: _Panel,
     ids: Ids,
     title: str,
     description: str,
     unit: str,
-    *targets: Target,
-    span: int = 6,
-    height: int = 4,
-) -> stat.Panel:
+    targets: tuple[Target, ...],
+    span: int,
+    height: int,
+) -> _Panel:
+    """What every panel has: id, title, description, unit, datasource, size, queries."""
     panel = (
-        stat.Panel()
-        .id(ids.take())
+        panel.id(ids.take())
         .title(title)
         .description(description)
         .unit(unit)
@@ -70,6 +77,18 @@ def stat_panel(
     for query in _queries(targets):
         panel = panel.with_target(query)
     return panel
+
+
+def stat_panel(
+    ids: Ids,
+    title: str,
+    description: str,
+    unit: str,
+    *targets: Target,
+    span: int = 6,
+    height: int = 4,
+) -> stat.Panel:
+    return _framed(stat.Panel(), ids, title, description, unit, targets, span, height)
 
 
 def timeseries_panel(
@@ -90,27 +109,12 @@ def timeseries_panel(
         .placement(LegendPlacement.BOTTOM)
         .calcs(["mean", "lastNotNull"])
     )
-    panel = (
-        timeseries.Panel()
-        .id(ids.take())
-        .title(title)
-        .description(description)
-        .unit(unit)
-        .datasource(DATASOURCE)
-        .span(span)
-        .height(height)
-        .min(0)
-        .fill_opacity(25 if stacked else 8)
-        .legend(legend)
-        .no_value("No traffic")
-    )
+    panel = timeseries.Panel().min(0).fill_opacity(25 if stacked else 8).legend(legend)
     if max_value is not None:
         panel = panel.max(max_value)
     if stacked:
         panel = panel.stacking(gc.StackingConfig().mode(StackingMode.NORMAL))
-    for query in _queries(targets):
-        panel = panel.with_target(query)
-    return panel
+    return _framed(panel, ids, title, description, unit, targets, span, height)
 
 
 def base_dashboard(title: str, uid: str, description: str, *, model_variable: bool) -> gd.Dashboard:
