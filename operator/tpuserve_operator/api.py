@@ -76,6 +76,11 @@ class Schema(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+def section(model: type[Schema], description: str) -> Any:
+    """A field holding a sub-object that defaults to its own defaults (`{}` in the CRD)."""
+    return Field(default_factory=model, json_schema_extra={"default": {}}, description=description)
+
+
 class SecretKeyRef(Schema):
     name: str = Field(
         max_length=253,
@@ -552,15 +557,11 @@ class TPUModelServerSpec(Schema):
             "The scale subresource sets it (kubectl scale, HPA, KEDA). Default: 1."
         ),
     )
-    engine: EngineSpec = Field(
-        default_factory=EngineSpec,
-        json_schema_extra={"default": {}},
-        description="engine configures the model server (SGLang on TorchTPU or the simulator).",
+    engine: EngineSpec = section(
+        EngineSpec, "engine configures the model server (SGLang on TorchTPU or the simulator)."
     )
-    router: RouterSpec = Field(
-        default_factory=RouterSpec,
-        json_schema_extra={"default": {}},
-        description="router configures the prefix-aware router in front of the replicas.",
+    router: RouterSpec = section(
+        RouterSpec, "router configures the prefix-aware router in front of the replicas."
     )
     autoscaling: AutoscalingSpec | None = Field(
         default=None,
@@ -570,26 +571,18 @@ class TPUModelServerSpec(Schema):
             "spec.replicas: leave replicas out of applied manifests. Unset: no autoscaler."
         ),
     )
-    rollout: RolloutSpec = Field(
-        default_factory=RolloutSpec,
-        json_schema_extra={"default": {}},
-        description=(
-            "rollout controls how spec changes and restarts roll over replica groups: one group "
-            "at a time by default, restarting every host of a slice together."
-        ),
+    rollout: RolloutSpec = section(
+        RolloutSpec,
+        "rollout controls how spec changes and restarts roll over replica groups: one group "
+        "at a time by default, restarting every host of a slice together.",
     )
-    monitoring: MonitoringSpec = Field(
-        default_factory=MonitoringSpec,
-        json_schema_extra={"default": {}},
-        description="monitoring objects for the Prometheus Operator.",
+    monitoring: MonitoringSpec = section(
+        MonitoringSpec, "monitoring objects for the Prometheus Operator."
     )
-    template: PodTemplateOverrides = Field(
-        default_factory=PodTemplateOverrides,
-        json_schema_extra={"default": {}},
-        description=(
-            "template holds pod overrides: annotations, labels, nodeSelector, tolerations, "
-            "affinity, priorityClassName, serviceAccountName, imagePullSecrets."
-        ),
+    template: PodTemplateOverrides = section(
+        PodTemplateOverrides,
+        "template holds pod overrides: annotations, labels, nodeSelector, tolerations, "
+        "affinity, priorityClassName, serviceAccountName, imagePullSecrets.",
     )
 
 
