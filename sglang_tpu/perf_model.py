@@ -361,29 +361,3 @@ class StepTimer:
     def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
         """One decode step for `batch` sequences holding `context_tokens` tokens in total."""
         return self.step_seconds(decode_batch=batch, decode_context=context_tokens)
-
-
-def prefill_seconds(
-    shape: SliceShape,
-    profile_name: str,
-    new_tokens: int,
-    cached_tokens: int = 0,
-    quantization: str = "bf16",
-    kv_cache_dtype: str = "auto",
-) -> float:
-    """Seconds to prefill one request alone on the slice (overhead included)."""
-    timer = StepTimer(shape, get_profile(profile_name), quantization, kv_cache_dtype)
-    return timer.prefill_seconds(new_tokens, cached_tokens)
-
-
-def decode_step_seconds(
-    shape: SliceShape,
-    profile_name: str,
-    batch: int,
-    context_tokens: int,
-    quantization: str = "bf16",
-    kv_cache_dtype: str = "auto",
-) -> float:
-    """Seconds of one decode step for `batch` sequences with `context_tokens` in total."""
-    timer = StepTimer(shape, get_profile(profile_name), quantization, kv_cache_dtype)
-    return timer.decode_step_seconds(batch, context_tokens)
