@@ -18,29 +18,21 @@ from sglang_tpu.contract.pod_env import (
 )
 from sglang_tpu.contract.problems import ContractError
 from sglang_tpu.contract.torch_tpu import torch_tpu_env
+from tests.contract_env import contract_env
 
 pytestmark = pytest.mark.unit
 
-SINGLE_HOST = {
-    "TPUSERVE_MODEL": "/models/llama",
-    "TPUSERVE_TPU_GENERATION": "v6e",
-    "TPUSERVE_TPU_TOPOLOGY": "2x4",
-    "TPUSERVE_HOSTS": "1",
-    "TPUSERVE_CHIPS_PER_HOST": "8",
-    "TPUSERVE_HOST_INDEX": "0",
-}
+SINGLE_HOST = contract_env()
 
-IRONWOOD = {
-    "TPUSERVE_MODEL": "hf://Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8@main",
-    "TPUSERVE_TPU_GENERATION": "tpu7x",
-    "TPUSERVE_TPU_TOPOLOGY": "2x2x2",
-    "TPUSERVE_HOSTS": "2",
-    "TPUSERVE_CHIPS_PER_HOST": "4",
-    "TPUSERVE_HOST_INDEX": "1",
-    "TPUSERVE_REPLICA_INDEX": "3",
-    "TPUSERVE_WORKER_HOSTNAMES": "qwen-{replica}.qwen.ml.svc,qwen-{replica}-1.qwen.ml.svc",
-    "TPUSERVE_WEIGHTS_CACHE_DIR": "/var/cache/tpuserve/weights",
-}
+IRONWOOD = contract_env(
+    "tpu7x",
+    "2x2x2",
+    hosts=2,
+    chips_per_host=4,
+    host_index=1,
+    model="hf://Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8@main",
+    worker_hostnames=("qwen-{replica}.qwen.ml.svc", "qwen-{replica}-1.qwen.ml.svc"),
+) | {"TPUSERVE_REPLICA_INDEX": "3", "TPUSERVE_WEIGHTS_CACHE_DIR": "/var/cache/tpuserve/weights"}
 
 
 def problems_of(env: dict[str, str]) -> dict[str, str]:

@@ -12,22 +12,15 @@ from sglang_tpu import launch
 from sglang_tpu.contract.env_names import Var
 from sglang_tpu.contract.launch_contract import LaunchContract
 from sglang_tpu.sim import cli as sim_cli
+from tests.contract_env import contract_env
 from tpuserve import cli
 
 pytestmark = pytest.mark.unit
 
 
 def env_for(generation: str, topology: str, hosts: int, chips: int, host: int) -> dict[str, str]:
-    names = ",".join(f"srv-{i}.srv.ns.svc" for i in range(hosts))
-    return {
-        "TPUSERVE_MODEL": "/models/llama",
-        "TPUSERVE_TPU_GENERATION": generation,
-        "TPUSERVE_TPU_TOPOLOGY": topology,
-        "TPUSERVE_HOSTS": str(hosts),
-        "TPUSERVE_CHIPS_PER_HOST": str(chips),
-        "TPUSERVE_HOST_INDEX": str(host),
-        "TPUSERVE_WORKER_HOSTNAMES": names,
-    }
+    names = [f"srv-{i}.srv.ns.svc" for i in range(hosts)]
+    return contract_env(generation, topology, hosts, chips, host, worker_hostnames=names)
 
 
 IRONWOOD = {

@@ -12,17 +12,12 @@ import pytest
 
 from sglang_tpu import launch, sglang_flags
 from sglang_tpu.contract.launch_contract import LaunchContract
+from tests.contract_env import contract_env
 
 pytestmark = pytest.mark.unit
 
-CPU = {
+CPU = contract_env("v6e", "1x1", chips_per_host=1, model="/models/tiny-llama") | {
     "TPUSERVE_DEVICE": "cpu",
-    "TPUSERVE_MODEL": "/models/tiny-llama",
-    "TPUSERVE_TPU_GENERATION": "v6e",
-    "TPUSERVE_TPU_TOPOLOGY": "1x1",
-    "TPUSERVE_HOSTS": "1",
-    "TPUSERVE_CHIPS_PER_HOST": "1",
-    "TPUSERVE_HOST_INDEX": "0",
     "TPUSERVE_BIND_HOST": "127.0.0.1",
     "TPUSERVE_HTTP_PORT": "31000",
     "TPUSERVE_KV_EVENTS_PORT": "31001",

@@ -18,6 +18,7 @@ import pytest
 from sglang_tpu import launch, sglang_flags
 from sglang_tpu.contract.doc_rows import variables
 from sglang_tpu.contract.launch_contract import LaunchContract
+from tests.contract_env import contract_env
 
 pytestmark = pytest.mark.unit
 
@@ -87,22 +88,19 @@ def test_generated_tables_are_current(name: str) -> None:
 
 
 def test_every_derived_variable_is_documented() -> None:
-    env = {
-        "TPUSERVE_MODEL": "hf://o/m",
-        "TPUSERVE_TPU_GENERATION": "v6e",
-        "TPUSERVE_TPU_TOPOLOGY": "4x4",
-        "TPUSERVE_HOSTS": "4",
-        "TPUSERVE_CHIPS_PER_HOST": "4",
-        "TPUSERVE_HOST_INDEX": "1",
-        "TPUSERVE_WORKER_HOSTNAMES": "a,b,c,d",
-        "TPUSERVE_WEIGHTS_CACHE_DIR": "/w",
-        "TPUSERVE_COMPILE_CACHE_DIR": "/c",
-    }
+    caches = {"TPUSERVE_WEIGHTS_CACHE_DIR": "/w", "TPUSERVE_COMPILE_CACHE_DIR": "/c"}
+    env = caches | contract_env(
+        "v6e",
+        "4x4",
+        hosts=4,
+        chips_per_host=4,
+        host_index=1,
+        model="hf://o/m",
+        worker_hostnames=("a", "b", "c", "d"),
+    )
     names = set(launch.plan(LaunchContract.from_env(env)).env)
-    cpu = {**env, "TPUSERVE_DEVICE": "cpu", "TPUSERVE_TPU_TOPOLOGY": "2x4", "TPUSERVE_HOSTS": "1"}
-    cpu |= {"TPUSERVE_CHIPS_PER_HOST": "8", "TPUSERVE_HOST_INDEX": "0"}
-    cpu.pop("TPUSERVE_WORKER_HOSTNAMES")
-    cpu |= {"TPUSERVE_CPU_KERNEL_SHIM_DIR": "/shim"}
+    cpu = caches | contract_env(model="hf://o/m")
+    cpu |= {"TPUSERVE_DEVICE": "cpu", "TPUSERVE_CPU_KERNEL_SHIM_DIR": "/shim"}
     names |= set(launch.plan(LaunchContract.from_env(cpu)).env)
     for mode_env in launch.EAGER_MODE_ENV.values():
         names |= set(mode_env)

@@ -14,6 +14,7 @@ from sglang_tpu.model_source import (
     fetch,
     parse_model_source,
 )
+from tests.contract_env import contract_env
 
 pytestmark = pytest.mark.unit
 
@@ -137,15 +138,8 @@ def test_mounted_and_local_sources_must_exist(tmp_path: Path) -> None:
 def test_launch_exits_1_when_the_weights_are_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    env = {
-        "TPUSERVE_MODEL": f"{tmp_path}/no-such-model",
-        "TPUSERVE_TPU_GENERATION": "v6e",
-        "TPUSERVE_TPU_TOPOLOGY": "2x4",
-        "TPUSERVE_HOSTS": "1",
-        "TPUSERVE_CHIPS_PER_HOST": "8",
-        "TPUSERVE_HOST_INDEX": "0",
-        "TPUSERVE_COMPILE_CACHE_DIR": f"{tmp_path}/compile",
-    }
+    env = contract_env(model=f"{tmp_path}/no-such-model")
+    env["TPUSERVE_COMPILE_CACHE_DIR"] = f"{tmp_path}/compile"
     assert launch.launch(env, dry_run=False) == launch.EXIT_FETCH_FAILED
     assert "no-such-model" in capsys.readouterr().err
     assert (tmp_path / "compile" / "v6e-2x4").is_dir()  # cache directories are created first
