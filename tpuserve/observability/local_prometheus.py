@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -33,6 +32,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from tpuserve.observability import rules
+from tpuserve.subprocesses import stop_processes
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_VALUES = REPO_ROOT / "charts" / "tpuserve" / "values.yaml"
 SCRAPE_INTERVAL = "1s"
 START_TIMEOUT_SECONDS = 60.0
-STOP_GRACE_SECONDS = 10.0
 LOCAL_NAMESPACE = "local"
 # Job names as the chart's monitors make them (PodMonitor `<namespace>/<name>`); dashboards and
 # alerts match them with `job=~".*model-server"` and the like.
@@ -153,15 +152,7 @@ class LocalPrometheus:
     exporter: ReplicaExporter | None = None
 
     async def stop(self) -> None:
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), STOP_GRACE_SECONDS)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.kill()
-                await self.process.wait()
+        await stop_processes([self.process])
         if self.exporter is not None:
             await self.exporter.stop()
         self.directory.cleanup()

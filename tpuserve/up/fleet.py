@@ -11,17 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tpuserve.subprocesses import stop_processes
 from tpuserve.up.errors import UpError
 
 ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
 START_TIMEOUT_SECONDS = 60.0
-STOP_GRACE_SECONDS = 10.0
 
 
 @dataclass
@@ -72,17 +71,7 @@ async def _drain(stream: asyncio.StreamReader) -> None:
 
 
 async def stop_children(children: Sequence[Child]) -> None:
-    for child in children:
-        if child.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                child.proc.send_signal(signal.SIGTERM)
-    for child in children:
-        try:
-            await asyncio.wait_for(child.proc.wait(), STOP_GRACE_SECONDS)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                child.proc.kill()
-            await child.proc.wait()
+    await stop_processes([child.proc for child in children])
 
 
 async def watch_children(children: Sequence[Child], stop: asyncio.Event) -> None:
