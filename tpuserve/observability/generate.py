@@ -15,7 +15,6 @@ promtool's unit tests for the rules are test data: tests/metrics/promtool/rule_t
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
+from sglang_tpu import generated_files as generated
 from tpuserve.observability import chart_readme, rules, sglang_table
 from tpuserve.observability.dashboards import DASHBOARDS
 
@@ -93,39 +93,29 @@ def generated_files(root: Path = REPO_ROOT) -> dict[Path, str]:
     return files
 
 
-def stale_files(root: Path = REPO_ROOT) -> list[Path]:
-    stale = []
-    for path, text in generated_files(root).items():
-        target = root / path
-        if not target.exists() or target.read_text() != text:
-            stale.append(path)
-    known = {p.name for p in generated_files(root) if p.parent == DASHBOARD_DIR}
-    stale += [
+def orphan_dashboards(root: Path = REPO_ROOT) -> list[Path]:
+    """Dashboard JSON in the chart that no builder produces any more."""
+    known = {f"{name}.json" for name in DASHBOARDS}
+    return [
         p.relative_to(root)
         for p in sorted((root / DASHBOARD_DIR).glob("*.json"))
         if p.name not in known
     ]
-    return stale
+
+
+def stale_files(root: Path = REPO_ROOT) -> list[Path]:
+    return generated.stale(generated_files(root), root) + orphan_dashboards(root)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="Only report stale files.")
-    args = parser.parse_args(argv)
-    if args.check:
-        stale = stale_files()
-        for path in stale:
-            print(f"stale: {path} (run python -m tpuserve.observability.generate)")
-        return 1 if stale else 0
-    for path, text in generated_files().items():
-        target = REPO_ROOT / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-        print(f"wrote {path}")
-    for path in stale_files():  # dashboards no builder produces any more
-        (REPO_ROOT / path).unlink()
-        print(f"removed {path}")
-    return 0
+    return generated.main(
+        argv,
+        description=__doc__.splitlines()[0],
+        module="tpuserve.observability.generate",
+        root=REPO_ROOT,
+        files=generated_files,
+        orphans=orphan_dashboards,
+    )
 
 
 if __name__ == "__main__":

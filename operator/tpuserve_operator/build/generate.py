@@ -13,13 +13,13 @@ Generated here:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sglang_tpu import generated_files as generated
 from tpuserve_operator import peering, rbac
 from tpuserve_operator.build import docs
 from tpuserve_operator.build.crd import custom_resource_definition
@@ -49,35 +49,23 @@ def generated_files(root: Path = REPO_ROOT) -> dict[Path, str]:
             source="operator/tpuserve_operator/peering.py",
         ),
         RBAC_PATH: _yaml(rbac.rules_file(), source="operator/tpuserve_operator/rbac.py"),
-        DOCS_PATH: docs.fill(_read(root / DOCS_PATH)),
+        DOCS_PATH: docs.fill(generated.read(root / DOCS_PATH)),
     }
 
 
 def stale_files(root: Path = REPO_ROOT) -> list[Path]:
-    return [path for path, text in generated_files(root).items() if _read(root / path) != text]
-
-
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8") if path.exists() else ""
+    return generated.stale(generated_files(root), root)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="Only report stale files.")
-    args = parser.parse_args(argv)
-    if args.check:
-        stale = stale_files()
-        for path in stale:
-            print(f"stale: {path} (run python -m tpuserve_operator.build.generate)", file=sys.stderr)
-        return 1 if stale else 0
-    for path, text in generated_files().items():
-        target = REPO_ROOT / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if _read(target) != text:
-            target.write_text(text, encoding="utf-8")
-            print(f"wrote {path}")
-    return 0
+    return generated.main(
+        argv,
+        description=__doc__.splitlines()[0],
+        module="tpuserve_operator.build.generate",
+        root=REPO_ROOT,
+        files=generated_files,
+    )
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
