@@ -269,13 +269,41 @@ class VirtualClock:
         self.now += seconds
 
 
+# --- http --------------------------------------------------------------------------------------
+#
+# `LoopbackApp` serves an aiohttp application on a free loopback port: the base of every fake
+# HTTP server here and in the suites.
+
+
+class LoopbackApp:
+    """An aiohttp application on 127.0.0.1 and a free port; ``start`` returns its base URL."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._runner = web.AppRunner(app, access_log=None)
+        self._started = False
+        self.url = ""
+
+    async def start(self) -> str:
+        await self._runner.setup()
+        self._started = True
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        port = next(a[1] for a in self._runner.addresses if isinstance(a, tuple))
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._started:
+            self._started = False
+            await self._runner.cleanup()
+
+
 # --- kv events ---------------------------------------------------------------------------------
 #
 # `FakeSGLangWorker` is an HTTP worker whose `/server_info` a test writes, to drive the router's
 # discovery of KV-event publishers (it serves no generation).
 
 
-class FakeSGLangWorker:
+class FakeSGLangWorker(LoopbackApp):
     """An HTTP worker on loopback that answers what a router asks before it routes there
     (``/health``, ``/v1/models``) and a given ``/server_info``; it generates nothing. Tests
     put a KV-event publisher description in the server info (``kv_events`` block or
@@ -284,26 +312,11 @@ class FakeSGLangWorker:
     def __init__(self, server_info: dict[str, Any], model: str = "fake-model") -> None:
         self.server_info = server_info
         self.model = model
-        self._runner: web.AppRunner | None = None
-        self.url = ""
-
-    async def start(self) -> str:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/server_info", self._server_info)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = next(a[1] for a in self._runner.addresses if isinstance(a, tuple))
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        super().__init__(app)
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(text="")

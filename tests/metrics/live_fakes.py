@@ -23,22 +23,8 @@ from aiohttp import web
 
 from sglang_tpu.kv_events import BlockStored, EventBatch, block_hashes, encode_batch, pub_frames
 from sglang_tpu.topology import lookup
+from tests.fakes import LoopbackApp
 from tpuserve.observability import device_metrics as dm
-
-
-class _Server:
-    def __init__(self, app: web.Application) -> None:
-        self._runner = web.AppRunner(app, access_log=None)
-        self.url = ""
-
-    async def start(self) -> str:
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self.url
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
 
 
 class FakeTpuDevicePlugin:
@@ -93,7 +79,7 @@ class FakeTpuDevicePlugin:
         return "\n".join(lines) + "\n"
 
 
-class OverloadedWorker(_Server):
+class OverloadedWorker(LoopbackApp):
     """An SGLang server whose waiting queue is full: 503 + Retry-After on generation."""
 
     def __init__(self, model: str) -> None:
