@@ -272,7 +272,8 @@ class VirtualClock:
 # --- http --------------------------------------------------------------------------------------
 #
 # `LoopbackApp` serves an aiohttp application on a free loopback port: the base of every fake
-# HTTP server here and in the suites.
+# HTTP server here and in the suites. `FakeModelServer` adds what a router asks a model server
+# before it routes there (`/health`, `/v1/models`) to the routes a fake serves.
 
 
 class LoopbackApp:
@@ -297,13 +298,32 @@ class LoopbackApp:
             await self._runner.cleanup()
 
 
+class FakeModelServer(LoopbackApp):
+    """A model server on loopback: healthy, lists ``model``, and serves ``routes``."""
+
+    def __init__(self, model: str, routes: Iterable[web.RouteDef]) -> None:
+        self.model = model
+        app = web.Application()
+        app.add_routes([web.get("/health", self._health), web.get("/v1/models", self._models)])
+        app.add_routes(routes)
+        super().__init__(app)
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+        )
+
+
 # --- kv events ---------------------------------------------------------------------------------
 #
 # `FakeSGLangWorker` is an HTTP worker whose `/server_info` a test writes, to drive the router's
 # discovery of KV-event publishers (it serves no generation).
 
 
-class FakeSGLangWorker(LoopbackApp):
+class FakeSGLangWorker(FakeModelServer):
     """An HTTP worker on loopback that answers what a router asks before it routes there
     (``/health``, ``/v1/models``) and a given ``/server_info``; it generates nothing. Tests
     put a KV-event publisher description in the server info (``kv_events`` block or
@@ -311,18 +331,7 @@ class FakeSGLangWorker(LoopbackApp):
 
     def __init__(self, server_info: dict[str, Any], model: str = "fake-model") -> None:
         self.server_info = server_info
-        self.model = model
-        app = web.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/server_info", self._server_info)
-        super().__init__(app)
-
-    async def _health(self, _: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def _models(self, _: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model}]})
+        super().__init__(model, [web.get("/server_info", self._server_info)])
 
     async def _server_info(self, _: web.Request) -> web.Response:
         return web.json_response(self.server_info)

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from sglang_tpu.kv_events import BlockStored, EventBatch, block_hashes, encode_batch, pub_frames
 from sglang_tpu.topology import lookup
-from tests.fakes import LoopbackApp
+from tests.fakes import FakeModelServer
 from tpuserve.observability import device_metrics as dm
 
 
@@ -79,25 +79,12 @@ class FakeTpuDevicePlugin:
         return "\n".join(lines) + "\n"
 
 
-class OverloadedWorker(LoopbackApp):
+class OverloadedWorker(FakeModelServer):
     """An SGLang server whose waiting queue is full: 503 + Retry-After on generation."""
 
     def __init__(self, model: str) -> None:
-        self.model = model
         self.refused = 0
-        app = web.Application()
-        app.router.add_get("/health", self._ok)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/{tail:.*}", self._refuse)
-        super().__init__(app)
-
-    async def _ok(self, _: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def _models(self, _: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": self.model, "object": "model"}]}
-        )
+        super().__init__(model, [web.post("/{tail:.*}", self._refuse)])
 
     async def _refuse(self, request: web.Request) -> web.Response:
         await request.read()
