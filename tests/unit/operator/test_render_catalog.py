@@ -78,11 +78,18 @@ def _resolve_env(template: dict[str, Any], host_index: int, pod_name: str) -> di
     return env
 
 
-SHAPE_IDS = [s.key for s in SLICE_SHAPES]
+# Every catalog slice, rendered as StatefulSets and as LeaderWorkerSets.
+EVERY_SLICE_BOTH_KINDS = pytest.mark.parametrize(
+    ("shape", "lws"),
+    [
+        pytest.param(shape, lws, id=f"{shape.key}-{kind}")
+        for shape in SLICE_SHAPES
+        for lws, kind in ((False, "statefulset"), (True, "leaderworkerset"))
+    ],
+)
 
 
-@pytest.mark.parametrize("lws", [False, True], ids=["statefulset", "leaderworkerset"])
-@pytest.mark.parametrize("shape", SLICE_SHAPES, ids=SHAPE_IDS)
+@EVERY_SLICE_BOTH_KINDS
 def test_every_slice_renders_hosts_chips_and_selectors(
     shape: SliceShape, lws: bool, rendered: RenderFn
 ) -> None:
@@ -104,8 +111,7 @@ def test_every_slice_renders_hosts_chips_and_selectors(
             ]
 
 
-@pytest.mark.parametrize("lws", [False, True], ids=["statefulset", "leaderworkerset"])
-@pytest.mark.parametrize("shape", SLICE_SHAPES, ids=SHAPE_IDS)
+@EVERY_SLICE_BOTH_KINDS
 def test_every_host_gets_a_contract_the_launcher_accepts(
     shape: SliceShape, lws: bool, rendered: RenderFn
 ) -> None:
@@ -154,8 +160,7 @@ def test_worker_hostnames_are_the_pods_real_dns_names(
     assert {n.split(".", 1)[1] for n in names} == {"qwen-r0.ml.svc"}
 
 
-@pytest.mark.parametrize("lws", [False, True], ids=["statefulset", "leaderworkerset"])
-@pytest.mark.parametrize("shape", SLICE_SHAPES, ids=SHAPE_IDS)
+@EVERY_SLICE_BOTH_KINDS
 def test_simulated_engine_keeps_topology_but_needs_no_tpu(
     shape: SliceShape, lws: bool, rendered: RenderFn
 ) -> None:
