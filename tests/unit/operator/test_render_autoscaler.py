@@ -50,43 +50,57 @@ def test_the_autoscaler_targets_the_servers_scale_subresource(
     kubernetes_validate.validate(hpa, "1.33.0", strict=True)
 
 
-def test_queue_is_the_engines_waiting_requests_per_replica(
-    rendered: RenderFn, spec_with: SpecWith
-) -> None:
-    spec = spec_with(autoscaling={"maxReplicas": 4, "metric": "queue", "target": 5})
-    (metric,) = hpa_of(rendered(spec))["spec"]["metrics"]
-    assert metric == {
-        "type": "Pods",
-        "pods": {
-            "metric": {"name": "sglang:num_queue_reqs"},
-            "target": {"type": "AverageValue", "averageValue": "5"},
-        },
-    }
-
-
-def test_tokens_in_flight_target_is_per_chip(rendered: RenderFn, spec_with: SpecWith) -> None:
-    # v6e 4x4: 16 chips per replica, and one leader reports the whole slice
-    spec = spec_with(autoscaling={"maxReplicas": 4, "metric": "tokensInFlight", "target": 2500})
-    (metric,) = hpa_of(rendered(spec))["spec"]["metrics"]
-    assert metric["pods"]["metric"]["name"] == "sglang:num_used_tokens"
-    assert metric["pods"]["target"]["averageValue"] == "40000"
-
-
-def test_ttft_is_the_served_models_p90_from_the_recording_rule(
-    rendered: RenderFn, spec_with: SpecWith
-) -> None:
-    spec = spec_with(autoscaling={"maxReplicas": 4, "metric": "ttft", "target": 0.75})
-    (metric,) = hpa_of(rendered(spec))["spec"]["metrics"]
-    assert metric == {
-        "type": "External",
-        "external": {
-            "metric": {
-                "name": "model:sglang_ttft_seconds:p90_5m",
-                "selector": {"matchLabels": {"model_name": "qwen3-8b"}},  # served name
+@pytest.mark.parametrize(
+    ("metric", "target", "expected"),
+    [
+        pytest.param(
+            "queue",
+            5,
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": "sglang:num_queue_reqs"},
+                    "target": {"type": "AverageValue", "averageValue": "5"},
+                },
             },
-            "target": {"type": "Value", "value": "0.75"},
-        },
-    }
+            id="queue-is-the-engines-waiting-requests-per-replica",
+        ),
+        pytest.param(
+            "tokensInFlight",
+            2500,
+            # v6e 4x4: 16 chips per replica, and one leader reports the whole slice
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": "sglang:num_used_tokens"},
+                    "target": {"type": "AverageValue", "averageValue": "40000"},
+                },
+            },
+            id="tokens-in-flight-target-is-per-chip",
+        ),
+        pytest.param(
+            "ttft",
+            0.75,
+            {
+                "type": "External",
+                "external": {
+                    "metric": {
+                        "name": "model:sglang_ttft_seconds:p90_5m",
+                        "selector": {"matchLabels": {"model_name": "qwen3-8b"}},  # served name
+                    },
+                    "target": {"type": "Value", "value": "0.75"},
+                },
+            },
+            id="ttft-is-the-served-models-p90-from-the-recording-rule",
+        ),
+    ],
+)
+def test_each_autoscaling_metric_renders_its_hpa_metric(
+    rendered: RenderFn, spec_with: SpecWith, metric: str, target: float, expected: dict[str, Any]
+) -> None:
+    spec = spec_with(autoscaling={"maxReplicas": 4, "metric": metric, "target": target})
+    (rendered_metric,) = hpa_of(rendered(spec))["spec"]["metrics"]
+    assert rendered_metric == expected
 
 
 def test_the_ttft_metric_is_a_recording_rule_of_the_chart() -> None:
