@@ -50,32 +50,26 @@ def test_the_autoscaler_targets_the_servers_scale_subresource(
     kubernetes_validate.validate(hpa, "1.33.0", strict=True)
 
 
+def _pods_metric(name: str, average_value: str) -> dict[str, Any]:
+    """An HPA metric averaged over the target's pods (the engines' own series)."""
+    target = {"type": "AverageValue", "averageValue": average_value}
+    return {"type": "Pods", "pods": {"metric": {"name": name}, "target": target}}
+
+
 @pytest.mark.parametrize(
     ("metric", "target", "expected"),
     [
         pytest.param(
             "queue",
             5,
-            {
-                "type": "Pods",
-                "pods": {
-                    "metric": {"name": "sglang:num_queue_reqs"},
-                    "target": {"type": "AverageValue", "averageValue": "5"},
-                },
-            },
+            _pods_metric("sglang:num_queue_reqs", "5"),
             id="queue-is-the-engines-waiting-requests-per-replica",
         ),
         pytest.param(
             "tokensInFlight",
             2500,
             # v6e 4x4: 16 chips per replica, and one leader reports the whole slice
-            {
-                "type": "Pods",
-                "pods": {
-                    "metric": {"name": "sglang:num_used_tokens"},
-                    "target": {"type": "AverageValue", "averageValue": "40000"},
-                },
-            },
+            _pods_metric("sglang:num_used_tokens", "40000"),
             id="tokens-in-flight-target-is-per-chip",
         ),
         pytest.param(
