@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cryptography import x509
@@ -30,7 +30,6 @@ APISERVER_SANS: tuple[str, ...] = (
 )
 ADMIN_USER = "tpuserve-admin"
 ADMIN_GROUP = "system:masters"  # bypasses RBAC, like kind's and envtest's admin
-TOKEN_FILE = "tokens.csv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +55,7 @@ class PKI:
             apiserver_cert=directory / "apiserver.crt",
             apiserver_key=directory / "apiserver.key",
             service_account_key=directory / "sa.key",
-            token_file=directory / TOKEN_FILE,
+            token_file=directory / "tokens.csv",
             admin_token=admin_token,
         )
 
@@ -184,5 +183,6 @@ def create_pki(directory: Path) -> PKI:
 
 def load_pki(directory: Path) -> PKI:
     """The PKI an earlier `create_pki` wrote (used when re-attaching to a running cluster)."""
-    token = directory.joinpath(TOKEN_FILE).read_text().split(",", 1)[0]
-    return PKI.in_directory(directory, token)
+    layout = PKI.in_directory(directory, admin_token="")
+    token = layout.token_file.read_text().split(",", 1)[0]
+    return replace(layout, admin_token=token)
