@@ -70,11 +70,13 @@ async def run_request(svc: EngineService, req: Request, stream: bool) -> AsyncGe
     except QueueFull as err:
         raise RequestRejected(unavailable(str(err))) from None
     try:
+        sent = 0
         while not req.finished:
             await wake.wait()
             wake.clear()
-            if stream and not req.finished:
-                yield len(req.output_ids)
+            if stream and not req.finished and len(req.output_ids) > sent:
+                sent = len(req.output_ids)  # not a chunked-prefill step: it adds no token
+                yield sent
         yield len(req.output_ids)  # the finished state, once
     finally:
         if not req.finished:

@@ -19,7 +19,14 @@ from sglang_tpu.sim.generation import RequestRejected, prepare, run_request, run
 from sglang_tpu.sim.output_text import output_text
 from sglang_tpu.sim.protocol import InvalidRequest, parse_generate, parse_json
 from sglang_tpu.sim.request import Request
-from sglang_tpu.sim.responses import json_response, sse_done, sse_event, sse_start
+from sglang_tpu.sim.responses import (
+    VALIDATION_ERROR_TYPE,
+    json_response,
+    openai_error,
+    sse_done,
+    sse_event,
+    sse_start,
+)
 from sglang_tpu.sim.service import WEIGHT_VERSION, EngineService, service_of, weight_versions
 
 TIMING_KEYS = frozenset(
@@ -93,20 +100,11 @@ def _body(svc: EngineService, req: Request) -> dict[str, Any]:
 
 def native_error(err: InvalidRequest) -> web.Response:
     """The body SGLang 0.5.23's ``/generate`` answers for this kind of problem."""
-    body: dict[str, Any]
-    if err.kind == "schema":
-        body = {
-            "object": "error",
-            "message": str(err),
-            "type": "Bad Request",
-            "param": None,
-            "code": err.status,
-        }
-    elif err.kind == "contract":
-        body = {"error": str(err)}
-    else:
-        body = {"error": {"message": str(err)}}
-    return json_response(body, status=err.status)
+    if err.kind == "schema":  # FastAPI's validation handler: an OpenAI error object
+        return openai_error(str(err), err.status, error_type=VALIDATION_ERROR_TYPE)
+    if err.kind == "contract":  # the API contract check
+        return json_response({"error": str(err)}, status=err.status)
+    return json_response({"error": {"message": str(err)}}, status=err.status)
 
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:

@@ -26,6 +26,7 @@ from sglang_tpu.sim.protocol import (
 )
 from sglang_tpu.sim.request import Request
 from sglang_tpu.sim.responses import (
+    VALIDATION_ERROR_TYPE,
     json_response,
     openai_error,
     sse_done,
@@ -53,6 +54,13 @@ def _check_model(svc: EngineService, model: str | None) -> None:
         )
 
 
+def _error(err: InvalidRequest) -> web.Response:
+    """As SGLang: a body its request schema refuses is a "Bad Request" (FastAPI's validation),
+    a value its serving code refuses gets the status's error class."""
+    error_type = VALIDATION_ERROR_TYPE if err.kind in ("schema", "contract") else None
+    return openai_error(str(err), err.status, err.param, error_type=error_type)
+
+
 def usage(req: Request, *, enable_cache_report: bool) -> dict[str, Any]:
     """SGLang's `UsageInfo` of a finished request (null fields included)."""
     details = {"cached_tokens": req.cached_tokens} if enable_cache_report else None
@@ -78,7 +86,7 @@ async def handle_completions(request: web.Request) -> web.StreamResponse:
         ids = gen.input_ids if gen.input_ids is not None else svc.tokenizer.encode(gen.text or "")
         req = prepare(svc, gen, ids, openai=True)
     except InvalidRequest as err:
-        return openai_error(str(err), err.status, err.param)
+        return _error(err)
     return await _respond(request, svc, gen, req, chat=False)
 
 
@@ -90,7 +98,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         ids = svc.tokenizer.encode(svc.tokenizer.apply_chat_template(messages))
         req = prepare(svc, gen, ids, openai=True)
     except InvalidRequest as err:
-        return openai_error(str(err), err.status, err.param)
+        return _error(err)
     return await _respond(request, svc, gen, req, chat=True)
 
 
@@ -160,11 +168,15 @@ async def _respond(
                     if chat:
                         await sse_event(resp, chunk("", None, first=True))
                 text = output_text(req, palette)
-                if len(text) > sent_text:
-                    await sse_event(resp, chunk(text[sent_text:], None))
-                    sent_text = len(text)
+                delta, sent_text = text[sent_text:], len(text)
+                if not chat:  # SGLang: one chunk per update, the last one with the reason
+                    finish = _finish_reason(req.finish_reason) if req.finished else None
+                    await sse_event(resp, chunk(delta, finish))
+                elif delta:  # chat: content chunks only, then the reason on its own
+                    await sse_event(resp, chunk(delta, None))
         assert resp is not None
-        await sse_event(resp, chunk(None if chat else "", _finish_reason(req.finish_reason)))
+        if chat:
+            await sse_event(resp, chunk(None, _finish_reason(req.finish_reason)))
         if gen.include_usage:
             final = usage(req, enable_cache_report=report)
             await sse_event(
@@ -184,7 +196,7 @@ async def handle_models(request: web.Request) -> web.Response:
             "object": "list",
             "data": [
                 {"id": s.served_model_name, "object": "model", "created": int(time.time()),
-                 "owned_by": "sglang", "root": s.model_path, "parent": None,
+                 "owned_by": "sglang", "root": s.served_model_name, "parent": None,
                  "max_model_len": s.engine.context_length},
             ],
         }

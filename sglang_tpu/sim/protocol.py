@@ -25,8 +25,10 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 ErrorKind = Literal["schema", "contract", "value"]
 """How SGLang 0.5.23's ``/generate`` reports a bad request (all with status 400):
 
-- ``schema``: the body is not JSON or a top-level field has the wrong type; FastAPI's request
-  validation answers with an OpenAI error object (``type`` "Bad Request");
+- ``schema``: the body is not JSON, a required field is missing or a top-level field has the
+  wrong type; FastAPI's request validation answers with an OpenAI error object (``type``
+  "Bad Request"; on the OpenAI routes, whose request models type every field, so does a
+  ``contract`` error);
 - ``contract``: a sampling parameter has the wrong type; the API contract check answers
   ``{"error": "<message>"}``;
 - ``value``: a well-typed value is not allowed (no prompt, a negative token budget, a prompt
@@ -152,18 +154,22 @@ def _token_ids(value: object, param: str, kind: ErrorKind = "contract") -> list[
     )
 
 
-def _positive_max_tokens(value: int | None, param: str, default: int) -> int:
+def _positive_max_tokens(
+    value: int | None, param: str, default: int, kind: ErrorKind = "value"
+) -> int:
     if value is None:
         return default
     if value <= 0:
-        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: >= 1")
+        raise InvalidRequest(param, f"{param}: {value!r} is not allowed; allowed: >= 1", kind=kind)
     return value
 
 
 def _model(data: Mapping[str, Any]) -> str | None:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
-        raise InvalidRequest("model", f"model: {model!r} is not allowed; allowed: a string")
+        raise InvalidRequest(
+            "model", f"model: {model!r} is not allowed; allowed: a string", kind="schema"
+        )
     return model
 
 
@@ -179,7 +185,9 @@ def _stream_options(data: Mapping[str, Any]) -> bool:
         return False
     if not isinstance(options, dict):
         raise InvalidRequest(
-            "stream_options", f"stream_options: {options!r:.80} is not allowed; allowed: an object"
+            "stream_options",
+            f"stream_options: {options!r:.80} is not allowed; allowed: an object",
+            kind="schema",
         )
     return _bool(options, "include_usage", "stream_options.include_usage")
 
@@ -245,19 +253,20 @@ def parse_completions(data: Mapping[str, Any]) -> GenerationRequest:
         text = prompt
     elif isinstance(prompt, list):
         ids = _token_ids(prompt, "prompt")
-    else:
+    else:  # SGLang's schema requires a string or a list; its serving code refuses ""
         raise InvalidRequest(
             "prompt",
             f"prompt: {prompt!r:.80} is not allowed; allowed: a non-empty string or a list of "
             "token ids",
+            kind="value" if prompt == "" else "schema",
         )
     max_tokens = _int(data, "max_tokens", "max_tokens")
     stop_ids = data.get("stop_token_ids")
     return GenerationRequest(
         text=text,
         input_ids=ids,
-        max_new_tokens=_positive_max_tokens(
-            max_tokens, "max_tokens", DEFAULT_COMPLETIONS_MAX_TOKENS
+        max_new_tokens=_positive_max_tokens(  # a validator of SGLang's request schema
+            max_tokens, "max_tokens", DEFAULT_COMPLETIONS_MAX_TOKENS, kind="schema"
         ),
         stop=_stop(data, "stop", "stop"),
         stop_token_ids=_token_ids(stop_ids, "stop_token_ids") if stop_ids else [],
@@ -275,18 +284,22 @@ def parse_chat(data: Mapping[str, Any]) -> tuple[GenerationRequest, list[dict[st
     _n_is_one(data)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequest(
+        raise InvalidRequest(  # SGLang's schema requires a list; its serving code refuses []
             "messages",
             f"messages: {messages!r:.80} is not allowed; allowed: a non-empty list of messages",
+            kind="value" if messages == [] else "schema",
         )
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise InvalidRequest(f"messages[{i}]", f"messages[{i}]: must be an object")
+            raise InvalidRequest(
+                f"messages[{i}]", f"messages[{i}]: must be an object", kind="schema"
+            )
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise InvalidRequest(
                 f"messages[{i}].role",
                 f"messages[{i}].role: {role!r} is not allowed; allowed: {', '.join(CHAT_ROLES)}",
+                kind="schema",
             )
         content = message.get("content")
         if isinstance(content, list):
@@ -302,6 +315,7 @@ def parse_chat(data: Mapping[str, Any]) -> tuple[GenerationRequest, list[dict[st
                 f"messages[{i}].content",
                 f"messages[{i}].content: {content!r:.80} is not allowed; allowed: a string or "
                 "a list of text parts",
+                kind="schema",
             )
     max_tokens = _int(data, "max_completion_tokens", "max_completion_tokens")
     param = "max_completion_tokens"

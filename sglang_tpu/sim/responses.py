@@ -18,15 +18,25 @@ def json_response(
     )
 
 
+VALIDATION_ERROR_TYPE = "Bad Request"
+"""The OpenAI error ``type`` of a body SGLang's request schema refuses (FastAPI's validation
+handler), on every route; errors its serving code raises are typed by status instead."""
+
+
 def openai_error(
-    message: str, status: int, param: str | None = None, headers: dict[str, str] | None = None
+    message: str,
+    status: int,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+    error_type: str | None = None,
 ) -> web.Response:
+    """An OpenAI error object; `error_type` defaults to the status's error class."""
     kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
     return json_response(
         {
             "object": "error",
             "message": message,
-            "type": kind.get(status, "BadRequestError"),
+            "type": error_type or kind.get(status, "BadRequestError"),
             "param": param,
             "code": status,
         },

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sglang_tpu.kv_events import KVEvent
+from sglang_tpu.kv_events import AllBlocksCleared, KVEvent
 from sglang_tpu.perf_model import StepTimer
 from sglang_tpu.sim.engine import EngineConfig, EngineCore
 from sglang_tpu.sim.kv_publisher import KVEventPublisher
@@ -103,6 +103,9 @@ class EngineService:
     async def start(self) -> None:
         if self.publisher is not None:
             self.publisher.start()
+            # SGLang's radix cache resets when it is built, so a real engine's first batch is
+            # AllBlocksCleared (seq 0), published before any request.
+            self.publisher.publish([AllBlocksCleared()])
         # The twin loads no weights; its KV pool and scheduler are the core it just built.
         self.startup_time = {
             "load_weight": 0.0, "kv_cache_allocation": self._core_seconds,
