@@ -15,7 +15,9 @@ and `real_sglang`):
   (all at once) when the module's tests are done.
 - ``real_engine`` (module): one engine with the default options.
 
-An engine costs 25-50 s to start and ~3.6 GiB of RSS, hence module scope.
+An engine costs 25-50 s to start and ~3.6 GiB of RSS, hence module scope. An engine that dies
+because another process took one of its free ports before it bound them is started again on
+new ports (`PORT_RACE_ATTEMPTS`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ PAGE_SIZE = 16
 KV_TOPIC = "kv"
 SERVED_MODEL_NAME = "tiny-llama"
 FIXTURE_NAMES = ("real_sglang", "real_engines", "real_engine")
+PORT_TAKEN = "Address already in use"
+PORT_RACE_ATTEMPTS = 3
 
 
 class RealSGLangMissing(RuntimeError):
@@ -175,6 +179,11 @@ class RealEngine:
             popen.kill()
             popen.wait(grace_seconds)
 
+    def lost_a_port_race(self) -> bool:
+        """It exited because another process took one of its free ports before it bound
+        them (free ports are only free when chosen; the engine binds seconds later)."""
+        return not self.alive() and PORT_TAKEN in tail(self.process.log_path, LOG_TAIL_LINES)
+
     def stop(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
         self.terminate()
         self.wait_stopped(grace_seconds)
@@ -214,11 +223,13 @@ def spawn_engine(
     name: str = "engine",
     max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS,
     extra_args: Sequence[str] = (),
+    enable_cache_report: bool = True,
 ) -> RealEngine:
     """Start one real engine (not yet serving; see `RealEngine.wait_healthy`).
 
     `extra_args` are appended to SGLang's command line (for example
-    `["--max-running-requests", "4"]`); the log goes to `run_dir/NAME.log`.
+    `["--max-running-requests", "4"]`); `enable_cache_report=False` leaves out
+    `--enable-cache-report` (as SGLang's default); the log goes to `run_dir/NAME.log`.
     """
     port, kv_port, replay_port = free_ports(3)
     kv_endpoint = f"tcp://{LOOPBACK}:{kv_port}"
@@ -245,7 +256,7 @@ def spawn_engine(
         *("--mem-fraction-static", "0.1"),
         *("--max-total-tokens", str(max_total_tokens)),
         "--skip-server-warmup",
-        "--enable-cache-report",
+        *(["--enable-cache-report"] if enable_cache_report else []),
         "--enable-metrics",
         *("--page-size", str(PAGE_SIZE)),
         "--sleep-on-idle",
@@ -286,6 +297,7 @@ class EngineFactory:
         name: str | None = None,
         max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS,
         extra_args: Sequence[str] = (),
+        enable_cache_report: bool = True,
     ) -> RealEngine:
         """One engine, serving when this returns."""
         (engine,) = self.start_many(
@@ -293,6 +305,7 @@ class EngineFactory:
             names=[name] if name else None,
             max_total_tokens=max_total_tokens,
             extra_args=extra_args,
+            enable_cache_report=enable_cache_report,
         )
         return engine
 
@@ -303,6 +316,7 @@ class EngineFactory:
         names: Sequence[str] | None = None,
         max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS,
         extra_args: Sequence[str] = (),
+        enable_cache_report: bool = True,
     ) -> list[RealEngine]:
         """`count` engines started side by side (faster than one after another), all serving
         when this returns. Names default to `engine-<n>`, numbered across the factory."""
@@ -310,22 +324,38 @@ class EngineFactory:
             raise ValueError(f"names: {len(names)} given for {count} engines")
         first = len(self.engines)
         chosen = list(names) if names else [f"engine-{first + i}" for i in range(count)]
-        started = [
-            spawn_engine(
+
+        def spawn(name: str) -> RealEngine:
+            engine = spawn_engine(
                 self.installed,
                 self.run_dir,
                 name=name,
                 max_total_tokens=max_total_tokens,
                 extra_args=extra_args,
+                enable_cache_report=enable_cache_report,
             )
-            for name in chosen
-        ]
-        self.engines.extend(started)
-        _running.extend(started)
-        for engine in started:
-            engine.wait_healthy()
+            self.engines.append(engine)
+            _running.append(engine)
+            return engine
+
+        started = [spawn(name) for name in chosen]
+        for i, engine in enumerate(started):
+            for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+                try:
+                    engine.wait_healthy()
+                    break
+                except RuntimeError:
+                    if attempt == PORT_RACE_ATTEMPTS or not engine.lost_a_port_race():
+                        raise
+                    self._forget(engine)
+                    engine = started[i] = spawn(engine.name)
             engine.start_seconds = time.monotonic() - engine.spawned_at
         return started
+
+    def _forget(self, engine: RealEngine) -> None:
+        engine.wait_stopped()
+        self.engines.remove(engine)
+        _running.remove(engine)
 
     def close(self) -> None:
         """Stop every engine: all get SIGTERM first, so their shutdowns overlap."""

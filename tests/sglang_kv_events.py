@@ -11,11 +11,14 @@ calls them, so a test can never pass on a stub. Everything a test uses (the even
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import sys
 from types import ModuleType
 from typing import Any, NoReturn
+
+import msgspec
 
 from tests.sglang_wheel import source
 
@@ -68,3 +71,17 @@ def sglang_kv_events() -> ModuleType:
             else:
                 sys.modules[name] = previous
     return module
+
+
+@functools.cache
+def batch_decoder() -> msgspec.msgpack.Decoder[Any]:
+    """SGLang's own decoder of a KV-event payload (a ``KVEventBatch``): what a consumer built
+    on SGLang's classes accepts; anything else raises ``msgspec.ValidationError``."""
+    return msgspec.msgpack.Decoder(sglang_kv_events().KVEventBatch)
+
+
+def as_fields(event: Any) -> tuple[str, dict[str, Any]]:
+    """(type name, fields) of an event: one of SGLang's structs or one of tpuserve's dataclasses."""
+    if isinstance(event, msgspec.Struct):
+        return type(event).__name__, msgspec.structs.asdict(event)
+    return type(event).__name__, dataclasses.asdict(event)

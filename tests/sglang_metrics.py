@@ -31,6 +31,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from prometheus_client import Histogram
+from prometheus_client import metrics_core as prometheus_metrics
 
 from tests.sglang_wheel import unpacked_wheel
 
@@ -340,6 +341,39 @@ def loop_values(
                 if isinstance(e, ast.Constant) and isinstance(e.value, str)
             )
     raise LookupError(f"{function} loops over no literal with {target}")
+
+
+IGNORED_SAMPLE_LABELS = frozenset({"le", "quantile"})
+
+
+@dataclass(frozen=True, slots=True)
+class ExposedFamily:
+    """What a live /metrics shows of one family: its type, label names and buckets."""
+
+    kind: str
+    labels: frozenset[str]  # over every sample, without `le` and `quantile`
+    buckets: tuple[float, ...] | None  # histograms: upper bounds without +Inf
+
+    def __str__(self) -> str:
+        buckets = "" if self.buckets is None else f", buckets {list(self.buckets)}"
+        return f"{self.kind}, labels {sorted(self.labels)}{buckets}"
+
+
+def exposed_families(
+    families: Iterable[prometheus_metrics.Metric], prefix: str = PREFIX
+) -> dict[str, ExposedFamily]:
+    """The `prefix` families of a parsed exposition (`text_string_to_metric_families`)."""
+    out = {}
+    for family in families:
+        if not family.name.startswith(prefix):
+            continue
+        labels = {k for s in family.samples for k in s.labels} - IGNORED_SAMPLE_LABELS
+        buckets = None
+        if family.type == "histogram":
+            bounds = {float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")}
+            buckets = tuple(sorted(bounds - {float("inf")}))
+        out[family.name] = ExposedFamily(family.type, frozenset(labels), buckets)
+    return out
 
 
 def undeclared(names: Iterable[str], version: str | None = None) -> set[str]:

@@ -1,12 +1,12 @@
 """The engine twin's live /metrics matches what the pinned SGLang declares: every `sglang:`
 family it exposes is one SGLang declares, with the same type, label names, buckets and help
-text. The differences we keep on purpose are listed in `TWIN_DIFFERENCES`, nowhere else."""
+text. The differences we keep on purpose are listed in `tests/twin_differences.py` (with the
+differences a live real engine shows, tests/component/differential/), nowhere else."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from types import MappingProxyType
 
 import aiohttp
 import pytest
@@ -16,38 +16,35 @@ from sglang_tpu import metric_names
 from tests import sglang_metrics as sm
 from tests.component.engine.engine_process import running_engine
 from tests.sglang_wheel import pinned_version
+from tests.twin_differences import DECLARATION_ASPECTS, metric_differences
 
 pytestmark = pytest.mark.component
 
-# (family, aspect) -> why the twin differs from SGLang there. Aspects: declared, type, labels,
-# buckets, help. The test fails on any difference not listed and on a listed one that is gone.
-TWIN_DIFFERENCES: Mapping[tuple[str, str], str] = MappingProxyType({})
-IGNORED_SAMPLE_LABELS = frozenset({"le", "quantile"})
+# (family, aspect) -> why the twin differs from SGLang's declarations there. The test fails on
+# any difference not listed and on a listed one that is gone.
+TWIN_DIFFERENCES: Mapping[tuple[str, str], str] = metric_differences(*DECLARATION_ASPECTS)
 
 
 def differences(exposition: str) -> dict[tuple[str, str], str]:
     """How the `sglang:` families of a /metrics text differ from the pinned SGLang's."""
     declared = {m.family: m for m in sm.declared_metrics().values()}
+    parsed = list(text_string_to_metric_families(exposition))
+    help_texts = {family.name: family.documentation for family in parsed}
     found: dict[tuple[str, str], str] = {}
-    for family in text_string_to_metric_families(exposition):
-        if not family.name.startswith(sm.PREFIX):
-            continue
-        spec = declared.get(family.name)
+    for name, family in sm.exposed_families(parsed).items():
+        spec = declared.get(name)
         if spec is None:
-            found[family.name, "declared"] = "SGLang declares no such metric"
+            found[name, "declared"] = "SGLang declares no such metric"
             continue
-        if family.type != spec.kind:
-            found[family.name, "type"] = f"{family.type}, SGLang: {spec.kind}"
-        labels = {k for s in family.samples for k in s.labels} - IGNORED_SAMPLE_LABELS
-        if spec.labels is not None and labels != set(spec.labels):
-            found[family.name, "labels"] = f"{sorted(labels)}, SGLang: {sorted(spec.labels)}"
-        if family.type == "histogram" and spec.buckets is not None:
-            bounds = {float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")}
-            buckets = tuple(sorted(bounds - {float("inf")}))
-            if buckets != spec.buckets:
-                found[family.name, "buckets"] = f"{buckets}, SGLang: {spec.buckets}"
-        if spec.documentation is not None and family.documentation != spec.documentation:
-            found[family.name, "help"] = f"{family.documentation!r}, SGLang: {spec.documentation!r}"
+        if family.kind != spec.kind:
+            found[name, "type"] = f"{family.kind}, SGLang: {spec.kind}"
+        if spec.labels is not None and family.labels != set(spec.labels):
+            found[name, "labels"] = f"{sorted(family.labels)}, SGLang: {sorted(spec.labels)}"
+        buckets = family.buckets
+        if buckets is not None and spec.buckets is not None and buckets != spec.buckets:
+            found[name, "buckets"] = f"{buckets}, SGLang: {spec.buckets}"
+        if spec.documentation is not None and help_texts[name] != spec.documentation:
+            found[name, "help"] = f"{help_texts[name]!r}, SGLang: {spec.documentation!r}"
     return found
 
 

@@ -7,7 +7,7 @@ import selectors
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -28,9 +28,10 @@ class EngineProcess:
         return self.proc.wait(timeout=timeout)
 
 
-def start_engine(args: Sequence[str]) -> EngineProcess:
+def start_engine(args: Sequence[str], env: Mapping[str, str] | None = None) -> EngineProcess:
+    """`tpuserve engine sim --port 0 ARGS`, serving; `env` adds to this process's environment."""
     cmd = [sys.executable, "-c", ENTRY, "engine", "sim", "--port", "0", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
     )
@@ -60,8 +61,10 @@ def start_engine(args: Sequence[str]) -> EngineProcess:
 
 
 @contextmanager
-def running_engine(args: Sequence[str]) -> Iterator[EngineProcess]:
-    engine = start_engine(args)
+def running_engine(
+    args: Sequence[str], env: Mapping[str, str] | None = None
+) -> Iterator[EngineProcess]:
+    engine = start_engine(args, env)
     try:
         yield engine
     finally:

@@ -152,13 +152,19 @@ async def test_requests_follow_the_blocks_the_engines_report(precise: RouterApp)
 async def test_after_a_flush_event_nothing_routes_on_the_old_blocks(precise: RouterApp) -> None:
     prompt = "flush: " + PROMPT
     worker = await warm(precise, prompt)
+    # Counted from here: an engine's first batch clears every block too (SGLang's radix cache
+    # resets when it is built), and the router may have caught it live or by replay.
+    cleared, resynced = (
+        events(precise, worker, "AllBlocksCleared"),
+        resyncs(precise, worker, "all_blocks_cleared"),
+    )
     async with (  # flushed behind the router's back
         aiohttp.ClientSession() as session,
         session.post(worker + "/flush_cache") as response,
     ):
         assert response.status == 200
     await eventually_async(
-        lambda: events(precise, worker, "AllBlocksCleared") == 1,
+        lambda: events(precise, worker, "AllBlocksCleared") == cleared + 1,
         what="the flush event",
         timeout_seconds=5,
     )
@@ -168,7 +174,7 @@ async def test_after_a_flush_event_nothing_routes_on_the_old_blocks(precise: Rou
     misses = decisions(precise, "miss")
     assert await complete(precise, prompt) == 0
     assert decisions(precise, "miss") == misses + 1
-    assert resyncs(precise, worker, "all_blocks_cleared") == 1
+    assert resyncs(precise, worker, "all_blocks_cleared") == resynced + 1
 
 
 async def test_flush_through_the_router_reaches_every_worker(precise: RouterApp) -> None:

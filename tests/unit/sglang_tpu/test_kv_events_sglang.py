@@ -27,7 +27,7 @@ from sglang_tpu.kv_events import (
     decode_batch,
     encode_batch,
 )
-from tests.sglang_kv_events import sglang_kv_events
+from tests.sglang_kv_events import as_fields, batch_decoder, sglang_kv_events
 
 pytestmark = pytest.mark.unit
 
@@ -48,13 +48,6 @@ def twin_events() -> list[KVEvent]:
     ]
 
 
-def as_fields(event: Any) -> tuple[str, dict[str, Any]]:
-    """(type name, fields) of an event of either side."""
-    if isinstance(event, msgspec.Struct):
-        return type(event).__name__, msgspec.structs.asdict(event)
-    return type(event).__name__, dataclasses.asdict(event)
-
-
 def sglang_batch(batch: EventBatch) -> Any:
     """The same batch built from SGLang's classes."""
     module = sglang_kv_events()
@@ -64,7 +57,7 @@ def sglang_batch(batch: EventBatch) -> Any:
 
 @pytest.fixture(scope="module")
 def decoder() -> Any:
-    return msgspec.msgpack.Decoder(sglang_kv_events().KVEventBatch)
+    return batch_decoder()
 
 
 def test_sglang_decodes_the_twins_batch_to_the_same_events(decoder: Any) -> None:
