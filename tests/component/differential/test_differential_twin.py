@@ -1,0 +1,293 @@
+"""The engine twin answers like real SGLang 0.5.23: the same requests go to one real engine and
+one twin configured alike (page size 16, cached tokens reported, the tiny model's tokenizer,
+KV events on), and everything a client sees is compared — native and OpenAI answers and their
+streamed chunks, usage and cached tokens, error bodies, the `/server_info` keys clients read,
+the metric families of the live `/metrics`, and the KV events as SGLang's own classes decode
+them. What differs on purpose is listed once, in `tests/twin_differences.py`.
+
+The last test switches a twin back to the 0.5.6-0.5.19 event encoding and shows the KV-event
+comparison catches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sglang_tpu.kv_events import Wire
+from sglang_tpu.sim.kv_publisher import WIRE_ENV
+from tests import sglang_metrics as sm
+from tests.component.differential import kv_tap
+from tests.component.differential.compare import json_differences
+from tests.component.differential.engine_pair import (
+    GREEDY,
+    EnginePair,
+    assert_alike,
+    ids,
+    kv_endpoints,
+    request,
+    twin_like,
+)
+from tests.component.engine.engine_process import EngineProcess
+from tests.real_sglang import RealEngine
+from tests.twin_differences import REFUSED_BY_THE_TWIN, metric_differences
+
+pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
+
+# /server_info keys tpuserve's router, `tpuserve up` and the bench read (kv_publishers.py,
+# local_prometheus.py) and the values they must agree on when configured alike.
+SERVER_INFO_KEYS = ("kv_events", "kv_events_config", "dp_size", "served_model_name",
+                    "model_path", "tokenizer_path", "page_size", "max_total_num_tokens",
+                    "max_req_input_len", "enable_cache_report", "version", "status")  # fmt: skip
+SAME_VALUE_KEYS = ("dp_size", "served_model_name", "model_path", "tokenizer_path", "page_size",
+                   "max_total_num_tokens", "enable_cache_report", "version", "status")  # fmt: skip
+KV_EVENTS_SAME_VALUES = ("publisher", "endpoint_host", "topic", "block_size", "dp_size")
+
+
+@pytest.fixture(scope="module")
+def twin(real_engine: RealEngine) -> Iterator[EngineProcess]:
+    with twin_like(real_engine, enable_cache_report=True) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def pair(real_engine: RealEngine, twin: EngineProcess) -> EnginePair:
+    return EnginePair(real_engine, twin)
+
+
+# --- answers -----------------------------------------------------------------------------
+
+
+def test_native_generate_answers_alike(pair: EnginePair) -> None:
+    assert_alike(*pair.post(
+        "/generate", {"input_ids": ids(100, 40), "sampling_params": {"max_new_tokens": 3, **GREEDY}}
+    ))  # fmt: skip
+    real, twin = pair.post(
+        "/generate",
+        {"text": "The differential twin streams.", "stream": True,
+         "sampling_params": {"max_new_tokens": 3, **GREEDY}},
+    )  # fmt: skip
+    assert_alike(real, twin)
+    assert real.data_chunks[-1]["meta_info"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_completions_answer_alike(pair: EnginePair, stream: bool) -> None:
+    body = {"model": pair.real.model, "prompt": "Compare the completions.", "max_tokens": 3,
+            "stream": stream, **GREEDY}  # fmt: skip
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    assert_alike(*pair.post("/v1/completions", body))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_chat_answers_alike(pair: EnginePair, stream: bool) -> None:
+    body = {"model": pair.real.model, "max_tokens": 3, "stream": stream, **GREEDY,
+            "messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": "Compare the chats."}]}  # fmt: skip
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    assert_alike(*pair.post("/v1/chat/completions", body))
+
+
+def test_cached_tokens_are_whole_pages_alike(pair: EnginePair) -> None:
+    """A prompt sent twice: the second is cached up to its last full page before the last
+    token (48 tokens: 32), reported in meta_info and in OpenAI usage."""
+    page = pair.real.page_size
+    native = {
+        "input_ids": ids(300, 3 * page + 2),
+        "sampling_params": {"max_new_tokens": 2, **GREEDY},
+    }
+    openai = {"model": pair.real.model, "prompt": ids(400, 3 * page), "max_tokens": 2, **GREEDY}
+    for path, body in (("/generate", native), ("/v1/completions", openai)):
+        for _ in range(2):
+            real, twin = pair.post(path, body)
+            assert_alike(real, twin)
+    assert real.body["usage"]["prompt_tokens_details"] == {"cached_tokens": 2 * page}
+
+
+# --- errors ------------------------------------------------------------------------------
+
+BAD_REQUESTS = {
+    "generate: not JSON": ("/generate", b"{not json"),
+    "generate: text of the wrong type": ("/generate", b'{"text": 5}'),
+    "generate: sampling_params of the wrong type":
+        ("/generate", b'{"text": "x", "sampling_params": 5}'),
+    "generate: stream of the wrong type": ("/generate", b'{"text": "x", "stream": "x"}'),
+    "generate: max_new_tokens of the wrong type":
+        ("/generate", b'{"text": "x", "sampling_params": {"max_new_tokens": "x"}}'),
+    "generate: temperature of the wrong type":
+        ("/generate", b'{"text": "x", "sampling_params": {"temperature": "x"}}'),
+    "generate: no prompt": ("/generate", b'{"sampling_params": {"max_new_tokens": 1}}'),
+    "generate: negative max_new_tokens":
+        ("/generate", b'{"text": "x", "sampling_params": {"max_new_tokens": -1}}'),
+    "generate: negative temperature":
+        ("/generate", b'{"text": "x", "sampling_params": {"temperature": -1}}'),
+    "generate: longer than the context": ("/generate", None),
+    "completions: not JSON": ("/v1/completions", b"{not json"),
+    "completions: no prompt": ("/v1/completions", b'{"max_tokens": 1}'),
+    "completions: prompt of the wrong type": ("/v1/completions", b'{"prompt": 5}'),
+    "completions: empty prompt": ("/v1/completions", b'{"prompt": "", "max_tokens": 1}'),
+    "completions: max_tokens 0": ("/v1/completions", b'{"prompt": "x", "max_tokens": 0}'),
+    "completions: max_tokens of the wrong type":
+        ("/v1/completions", b'{"prompt": "x", "max_tokens": "x"}'),
+    "completions: stream of the wrong type": ("/v1/completions", b'{"prompt": "x", "stream": "x"}'),
+    "completions: longer than the context": ("/v1/completions", None),
+    "chat: no messages": ("/v1/chat/completions", b'{"max_tokens": 1}'),
+    "chat: empty messages": ("/v1/chat/completions", b'{"messages": []}'),
+    "chat: max_tokens of the wrong type": ("/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "x"}'),
+    "chat: negative max_tokens": ("/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}'),
+    "chat: negative temperature": ("/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "x"}], "temperature": -1}'),
+}  # fmt: skip
+
+
+def too_long(pair: EnginePair, path: str) -> dict[str, Any]:
+    """A prompt one token longer than the context both engines have."""
+    context = pair.real.get_json("/v1/models")["data"][0]["max_model_len"]
+    prompt = [16 + i % 2000 for i in range(context + 1)]
+    if path == "/generate":
+        return {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}}
+    return {"prompt": prompt, "max_tokens": 1}
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS)
+def test_bad_requests_get_the_same_error_bodies(pair: EnginePair, case: str) -> None:
+    path, body = BAD_REQUESTS[case]
+    real, twin = pair.post(path, body if body is not None else too_long(pair, path))
+    assert real.status == twin.status, (real, twin)
+    assert 400 <= real.status < 500, real
+    found = json_differences(real.body, twin.body)
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("case", REFUSED_BY_THE_TWIN)
+def test_what_only_the_twin_refuses_is_still_refused_only_by_it(
+    pair: EnginePair, case: str
+) -> None:
+    refusal = REFUSED_BY_THE_TWIN[case]
+    twin = request(pair.twin.url, "POST", refusal.path, refusal.body)
+    assert 400 <= twin.status < 500, twin
+    if not refusal.crashes_real:  # listed as a difference: SGLang must still serve it
+        real = request(pair.real.url, "POST", refusal.path, refusal.body)
+        assert real.status == 200, f"SGLang refuses {case} too now; drop it from the list: {real}"
+
+
+# --- server and model info ---------------------------------------------------------------
+
+
+def test_server_info_keys_clients_read_agree(pair: EnginePair) -> None:
+    real, twin = (answer.body for answer in pair.get("/server_info"))
+    assert set(twin) - {"tpuserve"} <= set(real), sorted(set(twin) - set(real))
+    for key in SERVER_INFO_KEYS:
+        assert key in real, key
+        assert key in twin, key
+        assert type(real[key]) is type(twin[key]), (key, real[key], twin[key])
+    assert {k: real[k] for k in SAME_VALUE_KEYS} == {k: twin[k] for k in SAME_VALUE_KEYS}
+    r_events, t_events = real["kv_events"], twin["kv_events"]
+    assert r_events.keys() == t_events.keys()
+    assert {k: r_events[k] for k in KV_EVENTS_SAME_VALUES} == {
+        k: t_events[k] for k in KV_EVENTS_SAME_VALUES
+    }
+    for info, engine_url in ((real, pair.real.url), (twin, pair.twin.url)):
+        assert kv_endpoints(engine_url)[0] == "tcp://{endpoint_host}:{endpoint_port_base}".format(
+            **info["kv_events"]
+        )
+
+
+def test_model_info_and_models_agree(pair: EnginePair) -> None:
+    for path in ("/model_info", "/v1/models"):
+        real, twin = pair.get(path)
+        assert (real.status, twin.status) == (200, 200), path
+        if path == "/v1/models":  # the creation time is a clock reading
+            for body in (real.body, twin.body):
+                body["data"][0].pop("created")
+        found = json_differences(real.body, twin.body)
+        assert not found, f"{path}:\n" + "\n".join(found)
+
+
+# --- metrics -----------------------------------------------------------------------------
+
+
+def families(exposition: str) -> dict[str, sm.ExposedFamily]:
+    return sm.exposed_families(text_string_to_metric_families(exposition))
+
+
+def test_metric_families_agree_on_the_live_metrics(pair: EnginePair) -> None:
+    body = {"input_ids": ids(600, 40), "sampling_params": {"max_new_tokens": 2, **GREEDY}}
+    for stream in (False, True, True):  # the second streamed one is a cache hit
+        for answer in pair.post("/generate", {**body, "stream": stream}):
+            assert answer.status == 200, answer
+    real, twin = (families(answer.body) for answer in pair.get("/metrics"))
+    not_modelled = metric_differences("not_modelled")
+    first_use = metric_differences("created_on_first_use")
+    unlisted_real = {f for f in set(real) - set(twin) if (f, "not_modelled") not in not_modelled}
+    unlisted_twin = {
+        f for f in set(twin) - set(real) if (f, "created_on_first_use") not in first_use
+    }
+    assert not unlisted_real, (
+        f"the real engine exposes families the twin lacks: {sorted(unlisted_real)}"
+    )
+    assert not unlisted_twin, (
+        f"the twin exposes families the real engine lacks: {sorted(unlisted_twin)}"
+    )
+    stale = {f for f, _ in not_modelled if f in twin}
+    assert not stale, f"listed as not modelled, but the twin exposes them: {sorted(stale)}"
+    declared = {m.family for m in sm.declared_metrics().values()}
+    assert {f for f, _ in [*not_modelled, *first_use]} <= declared
+    differ = {f: (real[f], twin[f]) for f in set(real) & set(twin) if real[f] != twin[f]}
+    assert not differ, "\n".join(f"{f}:\n  real {r}\n  twin {t}" for f, (r, t) in differ.items())
+    assert "sglang:cached_tokens" in set(real) & set(twin)  # the cache hit above made it
+
+
+# --- KV events ---------------------------------------------------------------------------
+
+
+def kv_prompts(page: int) -> list[kv_tap.Prompt]:
+    """Prompt-only pages (one token generated: nothing generated is cached), a shared prefix,
+    a repeated prompt, and one request whose output fills pages (stored when it finishes)."""
+    a = ids(1000, 2 * page + 8)
+    return [
+        (a, 1),
+        (a[: 2 * page] + ids(1100, page + 4), 1),  # a's first two pages, then a new one
+        (a, 1),  # all cached: nothing new to store
+        (ids(1200, 6 * page + 4), 1),
+        (ids(1400, page + 8), 2 * page),
+    ]
+
+
+def kv_differences(real: RealEngine, twin: EngineProcess) -> list[str]:
+    return kv_tap.compare_engines(
+        real.url, twin.url, kv_prompts(real.page_size), real.kv_topic, real.page_size
+    )
+
+
+def test_kv_events_agree_as_sglangs_classes_decode_them(pair: EnginePair) -> None:
+    found = kv_differences(pair.real, pair.twin)
+    assert not found, "\n".join(found)
+
+
+def test_the_first_batch_of_both_is_all_blocks_cleared(pair: EnginePair) -> None:
+    """SGLang's radix cache resets when it is built: its seq 0 clears every block."""
+    for url in (pair.real.url, pair.twin.url):
+        _, replay = kv_endpoints(url)
+        first = kv_tap.replay_from(replay, 0)[0]
+        decoded = kv_tap.decode(first)
+        assert decoded.error is None, decoded.error
+        assert [type(e).__name__ for e in decoded.batch.events] == ["AllBlocksCleared"], url
+
+
+def test_the_kv_comparison_fails_against_a_twin_on_the_legacy_wire(real_engine: RealEngine) -> None:
+    with twin_like(
+        real_engine, enable_cache_report=True, env={WIRE_ENV: Wire.LEGACY.value}
+    ) as legacy:
+        found = kv_differences(real_engine, legacy)
+    assert found, "a twin on the 0.5.19 wire passed the KV-event comparison"
+    text = "\n".join(found)
+    assert "SGLang's decoder refuses the batch: Expected `object`, got `array`" in text, text
+    assert "replay frames differ" in text, text
