@@ -63,9 +63,6 @@ JSON_DIFFERENCES: Mapping[str, Difference] = MappingProxyType(
         # /model_info
         "model_type": Difference("type", "the twin loads no model config: null"),
         "architectures": Difference("type", "the twin loads no model config: null"),
-        "tokenizer_path": Difference(
-            "value", "SGLang reports the directory it loaded, the twin the file it read"
-        ),
     }
 )
 

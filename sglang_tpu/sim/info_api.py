@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from sglang_tpu.sim.generation import RequestRejected, run_to_end
 from sglang_tpu.sim.request import Request
@@ -231,8 +231,11 @@ async def handle_flush_cache(request: web.Request) -> web.Response:
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    body = generate_latest(service_of(request).metrics.exposed)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """Prometheus text, negotiated as SGLang's `make_asgi_app` does (the same prometheus_client
+    call): OpenMetrics when asked for it, with its escaping of names."""
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    body = encoder(service_of(request).metrics.exposed)
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def handle_debug_radix_cache(request: web.Request) -> web.Response:

@@ -2,7 +2,9 @@
 --prometheus`: engine twins, the router, the fleet's replica series), and EVERY recording rule
 and EVERY panel query of the fleet, model, router and TPU dashboards, evaluated through
 Prometheus's HTTP API, returns data; every metric they use was scraped from a live /metrics;
-every rule evaluates without error.
+every rule evaluates without error. The same holds against a real SGLang 0.5.23 engine for
+every rule and panel that reads `sglang:` series: a Prometheus scraping one real engine (and
+the replica series the operator would export for its pod) after some traffic.
 
 Series that cannot exist here come from clearly labelled stand-ins (`live_fakes.py`): GKE's TPU
 device plugin exporter (no TPU), an overloaded SGLang server (upstream errors, retries) and a
@@ -17,7 +19,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +29,13 @@ import openai
 import pytest
 
 from sglang_tpu.tokenizer import load_tokenizer
+from tests import sglang_metrics as sm
 from tests.chart.chart_helpers import find_tool, make_renderer
 from tests.metrics.live_fakes import FakeTpuDevicePlugin, GappyPublisher, OverloadedWorker
+from tests.real_sglang import RealEngine
 from tests.waiting import eventually, eventually_async
 from tpuserve.cluster.ports import free_port
-from tpuserve.observability import catalog, generate, rules
+from tpuserve.observability import catalog, generate, local_prometheus, rules
 
 pytestmark = pytest.mark.component
 
@@ -194,24 +198,28 @@ async def inject_router_faults(fleet: Fleet) -> None:
         publisher.close()
 
 
-def query(fleet: Fleet, expr: str) -> list[Any]:
+def query(prometheus: str, expr: str) -> list[Any]:
     from urllib.parse import urlencode
 
-    answer = get_json(f"{fleet.prometheus}/api/v1/query?{urlencode({'query': expr})}")
+    answer = get_json(f"{prometheus}/api/v1/query?{urlencode({'query': expr})}")
     assert answer["status"] == "success", (expr, answer)
     result: list[Any] = answer["data"]["result"]
     return result
 
 
-async def test_every_rule_and_panel_query_returns_data_from_a_live_fleet(fleet: Fleet) -> None:
-    await inject_router_faults(fleet)
-    expressions = {f"rule {r.record}": r.record for r in rules.recording_rules()}
-    expressions |= panel_queries()
+async def wait_for_data(
+    prometheus: str, expressions: dict[str, str], while_waiting: Callable[[], object] = bool
+) -> None:
+    """Until every expression returns data (`while_waiting` runs at each round), then: every
+    rule, recording and alerting, evaluates without error."""
     empty = dict(expressions)
 
-    def all_have_data() -> bool:
+    async def all_have_data() -> bool:
+        result = while_waiting()
+        if isinstance(result, Awaitable):
+            await result
         for key, expr in list(empty.items()):
-            if query(fleet, expr):
+            if query(prometheus, expr):
                 del empty[key]
         return not empty
 
@@ -222,14 +230,19 @@ async def test_every_rule_and_panel_query_returns_data_from_a_live_fleet(fleet: 
         interval_seconds=1.0,
         context=lambda: f"still empty: {sorted(empty)}",
     )
-
-    # Every rule (recording and alerting) evaluates without error.
-    groups = get_json(fleet.prometheus + "/api/v1/rules")["data"]["groups"]
+    groups = get_json(prometheus + "/api/v1/rules")["data"]["groups"]
     evaluated = {r["name"]: r for g in groups for r in g["rules"]}
     assert set(evaluated) >= {r.record for r in rules.recording_rules()}
     assert set(evaluated) >= {a.alert for a in rules.alerts()}
     broken = {n: r.get("lastError") for n, r in evaluated.items() if r["health"] != "ok"}
     assert not broken
+
+
+async def test_every_rule_and_panel_query_returns_data_from_a_live_fleet(fleet: Fleet) -> None:
+    await inject_router_faults(fleet)
+    expressions = {f"rule {r.record}": r.record for r in rules.recording_rules()}
+    expressions |= panel_queries()
+    await wait_for_data(fleet.prometheus, expressions)
 
     # Every metric a panel or rule selects was scraped from a live /metrics.
     scraped = set(get_json(fleet.prometheus + "/api/v1/label/__name__/values")["data"])
@@ -267,3 +280,79 @@ def test_bad_prometheus_flags_are_refused_naming_the_flag() -> None:
         "argument --prometheus-port: '0' is not allowed; allowed: an integer from 1 to 65535"
         in done.stderr
     )
+
+
+# --- against a real SGLang engine ------------------------------------------------------------
+
+
+def reads_sglang(expr: str) -> bool:
+    """The expression selects an `sglang:` series, directly or through recording rules."""
+    recorded = {r.record: r.expr for r in rules.recording_rules()}
+    pending, seen = set(catalog.selected_names(expr)), set()
+    while pending:
+        name = pending.pop()
+        seen.add(name)
+        if name.startswith(sm.PREFIX):
+            return True
+        if name in recorded:
+            pending |= catalog.selected_names(recorded[name]) - seen
+    return False
+
+
+class Traffic:
+    """Every few rounds of waiting, a plain and a streamed request sharing a prefix (the
+    second hits the cache): enough for every rate to move, few enough for a CPU engine."""
+
+    EVERY = 5
+
+    def __init__(self, engine: RealEngine) -> None:
+        self.engine = engine
+        self.rounds = 0
+
+    async def __call__(self) -> None:
+        self.rounds += 1
+        if self.rounds % self.EVERY != 1:
+            return
+        prefix = list(range(100, 100 + 3 * self.engine.page_size))
+        async with aiohttp.ClientSession() as session:
+            for stream in (False, True):
+                body = {"input_ids": [*prefix, 16 + self.rounds % 2000, 17], "stream": stream,
+                        "sampling_params": {"max_new_tokens": 4, "temperature": 0}}  # fmt: skip
+                async with session.post(self.engine.url + "/generate", json=body) as response:
+                    assert response.status == 200, await response.text()
+                    await response.read()
+
+
+@pytest.mark.real_sglang
+async def test_every_sglang_rule_and_panel_returns_data_from_a_real_engine(
+    real_engine: RealEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", f"{find_tool('prometheus').parent}:{os.environ.get('PATH', '')}")
+    # The engine runs on CPU; it is labelled as the one-chip replica the operator would export
+    # it as (`tpuserve_replica_*`, which the per-chip and cost rules divide by).
+    engine = local_prometheus.FleetEngine(
+        real_engine.url, "real-sglang-0", real_engine.model, "v6e", "1x1", chips=1
+    )
+    exporter = local_prometheus.ReplicaExporter([engine])
+    targets = [
+        *local_prometheus.engine_targets([engine]),
+        local_prometheus.ScrapeTarget(
+            local_prometheus.REPLICAS_JOB, await exporter.start() + "/metrics", honor_labels=True
+        ),
+    ]
+    prometheus = await local_prometheus.start(targets, free_port())
+    prometheus.exporter = exporter
+    try:
+        sglang_rules = [r for r in rules.recording_rules() if reads_sglang(r.expr)]
+        panels = {k: e for k, e in panel_queries().items() if reads_sglang(e)}
+        expressions = {f"rule {r.record}": r.record for r in sglang_rules} | panels
+        assert len(sglang_rules) >= 30, [r.record for r in sglang_rules]
+        assert len(panels) >= 30, sorted(panels)
+        await wait_for_data(prometheus.url, expressions, Traffic(real_engine))
+        scraped = set(get_json(prometheus.url + "/api/v1/label/__name__/values")["data"])
+        used = set().union(*map(catalog.selected_names, [*(r.expr for r in sglang_rules),
+                                                         *panels.values()]))  # fmt: skip
+        raw_sglang = {n for n in used if n.startswith(sm.PREFIX)}
+        assert raw_sglang <= scraped, sorted(raw_sglang - scraped)
+    finally:
+        await prometheus.stop()

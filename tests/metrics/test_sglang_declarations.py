@@ -6,6 +6,7 @@ differences a live real engine shows, tests/component/differential/), nowhere el
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping
 
 import aiohttp
@@ -15,8 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sglang_tpu import metric_names
 from tests import sglang_metrics as sm
 from tests.component.engine.engine_process import running_engine
-from tests.sglang_wheel import pinned_version
+from tests.sglang_wheel import pinned_version, unpacked_wheel
 from tests.twin_differences import DECLARATION_ASPECTS, metric_differences
+from tpuserve.observability import local_prometheus
 
 pytestmark = pytest.mark.component
 
@@ -99,3 +101,25 @@ def test_the_twins_startup_phases_are_sglangs() -> None:
         sm.COLLECTORS_FILE, "TokenizerMetricsCollector.emit_startup_time", "phase"
     )
     assert phases == metric_names.STARTUP_PHASES
+
+
+def test_sglang_declares_no_name_the_colon_restoring_relabeling_could_clash_with() -> None:
+    """The local Prometheus turns an escaped `sglang_x` back into `sglang:x`
+    (`local_prometheus.RESTORE_SGLANG_COLON`): lossless only while SGLang declares no
+    `sglang_` name of its own."""
+    package = unpacked_wheel()
+    clashing = [
+        metric
+        for path in sorted((package / "srt").rglob("*.py"))
+        if '"sglang_' in (text := path.read_text(encoding="utf-8"))
+        for metric in sm.declarations_in(text, str(path), {}, prefix="sglang_")
+    ]
+    assert not clashing, [m.where for m in clashing]
+    rule = local_prometheus.RESTORE_SGLANG_COLON
+    assert re.fullmatch(rule["regex"], "sglang_num_requests_total")
+    replacement = str(rule["replacement"])
+    assert replacement.replace("${1}", "num_requests_total") == "sglang:num_requests_total"
+    job = local_prometheus.config(
+        [local_prometheus.ScrapeTarget(local_prometheus.MODEL_SERVER_JOB, "http://127.0.0.1:1")]
+    )["scrape_configs"][0]
+    assert job["metric_relabel_configs"] == [rule]

@@ -47,6 +47,21 @@ MODEL_SERVER_JOB = "tpuserve-model-server"
 ROUTER_JOB = "tpuserve-router"
 REPLICAS_JOB = "tpuserve-replicas"
 OPERATOR_JOB = "tpuserve-operator"
+# SGLang serves /metrics with prometheus_client's content negotiation. Asked for OpenMetrics
+# without an `escaping` parameter, as Prometheus 2.x asks, prometheus_client (0.26, the one
+# SGLang 0.5.23 runs; prometheus/client_python#1177) writes `sglang_x` in the samples for
+# `sglang:x`. The model-server job puts the colon back, so rules and dashboards find the names
+# SGLang declares whichever Prometheus scrapes; with Prometheus 3 (`escaping=allow-utf-8`) the
+# names arrive intact and this changes nothing. SGLang 0.5.23 declares no `sglang_` name.
+RESTORE_SGLANG_COLON: dict[str, Any] = {
+    "source_labels": ["__name__"],
+    "regex": "sglang_(.+)",
+    "target_label": "__name__",
+    "replacement": "sglang:${1}",
+}
+JOB_METRIC_RELABELINGS: Mapping[str, list[dict[str, Any]]] = {
+    MODEL_SERVER_JOB: [RESTORE_SGLANG_COLON]
+}
 
 
 class PrometheusError(Exception):
@@ -117,6 +132,8 @@ def config(targets: Iterable[ScrapeTarget], interval: str = SCRAPE_INTERVAL) -> 
                 "static_configs": [],
             },
         )
+        if target.job in JOB_METRIC_RELABELINGS:
+            job["metric_relabel_configs"] = JOB_METRIC_RELABELINGS[target.job]
         job["static_configs"].append({"targets": [address], "labels": dict(target.labels)})
     names = [j["job_name"] for j in jobs.values()]
     if len(names) != len(set(names)):
@@ -245,9 +262,9 @@ async def describe_engines(urls: Sequence[str]) -> list[FleetEngine]:
     return engines
 
 
-def fleet_targets(engines: Sequence[FleetEngine], router_url: str) -> list[ScrapeTarget]:
-    """Engines and router, labelled as the chart's PodMonitors label their pods' series."""
-    out = [
+def engine_targets(engines: Sequence[FleetEngine]) -> list[ScrapeTarget]:
+    """Engines, labelled as the chart's PodMonitor labels a model-server leader's series."""
+    return [
         ScrapeTarget(
             MODEL_SERVER_JOB,
             engine.url + "/metrics",
@@ -261,12 +278,14 @@ def fleet_targets(engines: Sequence[FleetEngine], router_url: str) -> list[Scrap
         )
         for engine in engines
     ]
-    out.append(
-        ScrapeTarget(
-            ROUTER_JOB, router_url + "/metrics", {"namespace": LOCAL_NAMESPACE, "pod": "router"}
-        )
+
+
+def fleet_targets(engines: Sequence[FleetEngine], router_url: str) -> list[ScrapeTarget]:
+    """Engines and router, labelled as the chart's PodMonitors label their pods' series."""
+    router = ScrapeTarget(
+        ROUTER_JOB, router_url + "/metrics", {"namespace": LOCAL_NAMESPACE, "pod": "router"}
     )
-    return out
+    return [*engine_targets(engines), router]
 
 
 class _ReplicaSeries(Collector):

@@ -40,6 +40,7 @@ class Answer:
     status: int
     body: Any = None
     chunks: tuple[Any, ...] | None = None  # streamed: JSON chunks, "[DONE]" as the string
+    content_type: str = ""
 
     @property
     def data_chunks(self) -> list[Any]:
@@ -48,7 +49,13 @@ class Answer:
         return list(self.chunks[:-1])
 
 
-def request(url: str, method: str, path: str, body: bytes | Mapping[str, Any] | None) -> Answer:
+def request(
+    url: str,
+    method: str,
+    path: str,
+    body: bytes | Mapping[str, Any] | None,
+    headers: Mapping[str, str] | None = None,
+) -> Answer:
     """Send one request (a dict body as JSON, bytes as they are) and read the whole answer."""
     parts = urlsplit(url)
     assert parts.hostname is not None
@@ -57,10 +64,13 @@ def request(url: str, method: str, path: str, body: bytes | Mapping[str, Any] | 
     )
     try:
         data = body if isinstance(body, bytes | None) else json.dumps(body).encode()
-        connection.request(method, path, data, {"Content-Type": "application/json"})
+        connection.request(
+            method, path, data, {"Content-Type": "application/json", **(headers or {})}
+        )
         response = connection.getresponse()
         raw = response.read().decode()
-        if response.getheader("Content-Type", "").startswith("text/event-stream"):
+        content_type = response.getheader("Content-Type", "")
+        if content_type.startswith("text/event-stream"):
             chunks = [
                 line.removeprefix("data: ")
                 for line in raw.splitlines()
@@ -69,11 +79,12 @@ def request(url: str, method: str, path: str, body: bytes | Mapping[str, Any] | 
             return Answer(
                 response.status,
                 chunks=tuple(c if c == SSE_DONE else json.loads(c) for c in chunks),
+                content_type=content_type,
             )
         try:
-            return Answer(response.status, json.loads(raw))
+            return Answer(response.status, json.loads(raw), content_type=content_type)
         except json.JSONDecodeError:
-            return Answer(response.status, raw)
+            return Answer(response.status, raw, content_type=content_type)
     finally:
         connection.close()
 
@@ -99,8 +110,10 @@ class EnginePair:
             self.twin.url, "POST", path, body
         )
 
-    def get(self, path: str) -> tuple[Answer, Answer]:
-        return request(self.real.url, "GET", path, None), request(self.twin.url, "GET", path, None)
+    def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[Answer, Answer]:
+        return request(self.real.url, "GET", path, None, headers), request(
+            self.twin.url, "GET", path, None, headers
+        )
 
     def flush_cache(self) -> None:
         for answer in self.post("/flush_cache", b""):

@@ -245,6 +245,33 @@ def test_metric_families_agree_on_the_live_metrics(pair: EnginePair) -> None:
     assert "sglang:cached_tokens" in set(real) & set(twin)  # the cache hit above made it
 
 
+# What Prometheus sends: 2.x prefers OpenMetrics without an escaping scheme; 3.x asks to keep
+# UTF-8 names; none is what a curl or a test client sends.
+PROMETHEUS_ACCEPT = {
+    "none": "",
+    "Prometheus 2": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Prometheus 3": "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8,"
+    "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.5,*/*;q=0.1",
+}
+
+
+def sglang_spellings(exposition: str) -> set[str]:
+    """How the samples spell SGLang's prefix: `sglang:` or, escaped, `sglang_`."""
+    return {line[:7] for line in exposition.splitlines() if line.startswith("sglang")}
+
+
+@pytest.mark.parametrize("client", PROMETHEUS_ACCEPT)
+def test_metrics_negotiate_the_format_alike(pair: EnginePair, client: str) -> None:
+    """Asked for OpenMetrics without an escaping scheme, both write `sglang_` in the samples
+    (prometheus/client_python#1177); local_prometheus puts the colon back."""
+    real, twin = pair.get("/metrics", {"Accept": PROMETHEUS_ACCEPT[client]} if client else {})
+    assert (real.status, twin.status) == (200, 200)
+    assert real.content_type == twin.content_type
+    assert sglang_spellings(real.body) == sglang_spellings(twin.body)
+    assert len(sglang_spellings(real.body)) == 1, sglang_spellings(real.body)
+
+
 # --- KV events ---------------------------------------------------------------------------
 
 
