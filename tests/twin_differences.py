@@ -9,6 +9,7 @@ docs/engine-sim.md's "Intended differences" paragraph says the same in prose.
   is any element of a list). ``value``: both have the key with the same JSON type, the values
   differ. ``type``: both have the key, its type differs too.
 - `ONLY_ON_REAL`: keys a real engine's answer has and the twin's does not.
+- `SERVED_ONLY_BY_THE_TWIN`: GET routes a real 0.5.23 engine answers with 404.
 - `REFUSED_BY_THE_TWIN`: requests the twin answers with a 4xx where SGLang serves them. The
   differential test sends each to both and checks the difference is still there, except the
   ones marked `crashes_real` (a real 0.5.23 engine on CPU dies on them).
@@ -60,6 +61,26 @@ JSON_DIFFERENCES: Mapping[str, Difference] = MappingProxyType(
         "param": Difference(
             "type", "the twin names the offending field in `param`; SGLang 0.5.23 leaves it null"
         ),
+        # /v1/loads
+        "timestamp": Difference("value", _ID),
+        "loads[].timestamp": Difference("value", _ID),
+        "loads[].gen_throughput": Difference("value", _TIMING),
+        "loads[].total_prefill_busy_us": Difference("value", _TIMING),
+        "loads[].total_prefill_uncached_tokens": Difference(
+            "value",
+            "cumulative since start: a real engine also prefills its /health probes "
+            "and the requests only it serves",
+        ),
+        "loads[].decode_moments": Difference(
+            "type",
+            "moments of the decode batches: not modelled (null, as SGLang before its first decode)",
+        ),
+        "loads[].memory.weight_gb": Difference(
+            "value", "the twin's memory is its modelled TPU model's, not the tiny CPU model's"
+        ),
+        "loads[].memory.kv_cache_gb": Difference(
+            "value", "the twin's memory is its modelled TPU model's, not the tiny CPU model's"
+        ),
         # /model_info
         "model_type": Difference("type", "the twin loads no model config: null"),
         "architectures": Difference("type", "the twin loads no model config: null"),
@@ -69,6 +90,15 @@ JSON_DIFFERENCES: Mapping[str, Difference] = MappingProxyType(
 ONLY_ON_REAL: Mapping[str, str] = MappingProxyType(
     {
         "embedding": "/model_info's embedding-model capabilities: the twin serves generation only",
+    }
+)
+
+
+SERVED_ONLY_BY_THE_TWIN: Mapping[str, str] = MappingProxyType(
+    {
+        "/get_load": "SGLang's load route before /v1/loads (0.5.23 answers 404); kept for "
+        "clients of older engines, tpuserve's own code reads /v1/loads",
+        "/debug/radix_cache": "tpuserve-specific: every cached page with its event hash",
     }
 )
 
@@ -139,9 +169,9 @@ _NOT_MODELLED_GROUPS: Mapping[str, tuple[str, ...]] = {
         "num_unique_running_routing_keys", "routing_key_all_req_count",
         "routing_key_running_req_count", "routing_keys_active",
     ),
-    "HTTP middleware counters: tpuserve reads request counts from the router and the "
-    "engine's own request counters": (
-        "http_requests", "http_requests_active", "http_responses",
+    "HTTP middleware counters and endpoint timings: tpuserve reads request counts from the "
+    "router and the engine's own request counters": (
+        "http_requests", "http_requests_active", "http_responses", "get_loads_duration_seconds",
     ),
     "CPU time of SGLang's own processes: the twin is one process of another program": (
         "process_cpu_seconds", "scheduler_process_cpu_seconds", "scheduler_idle_seconds",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -197,24 +198,51 @@ async def handle_get_load(request: web.Request) -> web.Response:
     )  # fmt: skip
 
 
+GIB = 1 << 30
+
+
 async def handle_loads(request: web.Request) -> web.Response:
-    load = _load(service_of(request))
+    """SGLang 0.5.23's ``/v1/loads`` (its default, every section): one load snapshot per DP
+    rank (the twin has one), with the memory, disaggregation and queue sections."""
+    svc = service_of(request)
+    load = _load(svc)
+    core, timer = svc.core, svc.settings.timer
+    snapshot = {
+        "timestamp": load["timestamp"], "dp_rank": 0,
+        "num_running_reqs": load["num_running_reqs"],
+        "num_waiting_reqs": load["num_waiting_reqs"],
+        "num_waiting_uncached_tokens": core.waiting_prompt_tokens,
+        "num_used_tokens": load["num_used_tokens"],
+        "num_total_tokens": load["num_total_tokens"],
+        "num_active_tokens": load["num_total_tokens"], "num_prealloc_ready_tokens": 0,
+        "max_total_num_tokens": load["max_total_num_tokens"],
+        "max_running_requests": load["max_running_requests"],
+        "token_usage": load["token_usage"], "gen_throughput": load["gen_throughput"],
+        "cache_hit_rate": load["cache_hit_rate"], "utilization": 0.0,
+        "total_prefill_uncached_tokens": svc.metrics.prefill_uncached_tokens,
+        "total_prefill_busy_us": round(svc.metrics.prefill_busy_seconds * 1e6),
+        "decode_moments": None,
+        "memory": {
+            "weight_gb": round(timer.weight_bytes / timer.shape.devices / GIB, 3),
+            "kv_cache_gb": round(core.config.cache_tokens * timer.kv_bytes_per_token / GIB, 3),
+            "graph_gb": 0.0, "token_capacity": core.config.cache_tokens,
+        },
+        "disaggregation": {
+            "mode": "null", "prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
+            "decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0,
+            "decode_retracted_queue_reqs": 0, "kv_transfer_speed_gb_s": 0.0,
+            "kv_transfer_latency_ms": 0.0,
+        },
+        "queues": {"waiting": load["num_waiting_reqs"], "grammar": 0, "paused": 0,
+                   "retracted": 0, "prealloc_ready": 0},
+    }  # fmt: skip
     return json_response(
         {
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "timestamp": datetime.now(UTC).isoformat(),
             "version": SGLANG_VERSION,
-            "dp_rank_count": 1,
-            "loads": [load],
-            "aggregate": {
-                "total_running_reqs": load["num_running_reqs"],
-                "total_waiting_reqs": load["num_waiting_reqs"],
-                "total_reqs": load["num_total_reqs"],
-                "total_used_tokens": load["num_used_tokens"],
-                "total_tokens": load["num_total_tokens"],
-                "avg_token_usage": load["token_usage"],
-                "avg_throughput": load["gen_throughput"],
-                "avg_utilization": load["utilization"],
-            },
+            "accelerator": None,  # SGLang's device name; the twin runs on none
+            "num_accelerators": timer.shape.devices,
+            "loads": [snapshot],
         }
     )
 

@@ -71,6 +71,9 @@ class EngineMetrics:
         self._tokenizer = {"model_name": model_name, "engine_type": engine_type}
         self._scheduler = {**self._tokenizer, "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
         self._pid = str(os.getpid())
+        # cumulative, for /v1/loads' total_prefill_uncached_tokens and total_prefill_busy_us
+        self.prefill_uncached_tokens = 0
+        self.prefill_busy_seconds = 0.0
 
         self.prompt_tokens = self._by_streaming(names.PROMPT_TOKENS, Counter)
         self.generation_tokens = self._by_streaming(names.GENERATION_TOKENS, Counter)
@@ -137,6 +140,8 @@ class EngineMetrics:
 
     def on_step(self, step: Step, now: float) -> None:
         if step.kind == "prefill":
+            self.prefill_uncached_tokens += step.prefill_compute_tokens
+            self.prefill_busy_seconds += step.duration  # modelled, as the step was timed
             self.realtime["prefill_compute"].inc(step.prefill_compute_tokens)
             self.realtime["prefill_cache"].inc(step.prefill_cached_tokens)
             self.cache_hit_rate.set(self.core.last_prefill_hit_rate)

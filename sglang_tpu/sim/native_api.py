@@ -46,8 +46,11 @@ TIMING_KEYS = frozenset(
 """`meta_info` keys whose values are times: present as in SGLang 0.5.23, values the twin's."""
 
 
-def meta_info(svc: EngineService, req: Request) -> dict[str, Any]:
-    """`meta_info` of the request's current state, keys in SGLang 0.5.23's order."""
+def meta_info(svc: EngineService, req: Request, sent_at: float | None) -> dict[str, Any]:
+    """`meta_info` of the request's current state, keys in SGLang 0.5.23's order.
+
+    `sent_at` is when the first chunk (or the whole answer) went to the client: as SGLang's,
+    a stream reports it on its first chunk and again on its last, not in between."""
     info: dict[str, Any] = {
         "id": req.rid,
         "finish_reason": req.finish_reason,
@@ -86,15 +89,16 @@ def meta_info(svc: EngineService, req: Request) -> dict[str, Any]:
         decoding = req.finish_time - first
         if len(req.output_ids) > 1 and decoding > 0:
             info["decode_throughput"] = (len(req.output_ids) - 1) / decoding
-    info["response_sent_to_client_ts"] = time.time()
+    if sent_at is not None:
+        info["response_sent_to_client_ts"] = sent_at
     return info
 
 
-def _body(svc: EngineService, req: Request) -> dict[str, Any]:
+def _body(svc: EngineService, req: Request, sent_at: float | None) -> dict[str, Any]:
     return {
         "text": output_text(req, svc.core.palette),
         "output_ids": list(req.output_ids),
-        "meta_info": meta_info(svc, req),
+        "meta_info": meta_info(svc, req, sent_at),
     }
 
 
@@ -118,13 +122,17 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     try:
         if not gen.stream:
             await run_to_end(svc, req)
-            return json_response(_body(svc, req))
+            return json_response(_body(svc, req, time.time()))
         resp: web.StreamResponse | None = None
+        first_sent: float | None = None
         async with contextlib.aclosing(run_request(svc, req, stream=True)) as run:
             async for _ in run:
                 if resp is None:
                     resp = await sse_start(request)
-                await sse_event(resp, _body(svc, req))
+                sent_at = first_sent if req.finished else None
+                if first_sent is None:
+                    sent_at = first_sent = time.time()
+                await sse_event(resp, _body(svc, req, sent_at))
         assert resp is not None
         return await sse_done(resp)
     except RequestRejected as rejected:

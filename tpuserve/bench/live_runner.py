@@ -13,7 +13,8 @@ Everything binds and dials 127.0.0.1 only. The runner starts:
   streaming, and records the time to the first data chunk, the end, and the engine's
   ``usage.prompt_tokens_details.cached_tokens`` (the ground-truth hit).
 
-Engine load (``/get_load``) is sampled every `SAMPLE_SECONDS` for the imbalance metric, and
+Engine load (``/v1/loads``: running plus waiting requests over every DP rank; SGLang 0.5.23
+has no ``/get_load``) is sampled every `SAMPLE_SECONDS` for the imbalance metric, and
 the CPU seconds of the client, the router and the engines are read from ``/proc`` so a run
 can show the two cores were not the bottleneck (``cpu_share_of_one_core`` in the summary), with
 the host's load average at the end (other work on the machine shows there).
@@ -256,9 +257,12 @@ async def _sample_loads(
         loads = []
         for engine in engines:
             try:
-                async with session.get(engine.url + "/get_load") as resp:
+                async with session.get(engine.url + "/v1/loads") as resp:
                     data = await resp.json()
-                    loads.append(int(data[0]["num_reqs"]))
+                    loads.append(
+                        sum(int(r["num_running_reqs"]) + int(r["num_waiting_reqs"])
+                            for r in data["loads"])
+                    )  # fmt: skip
             except (TimeoutError, aiohttp.ClientError, KeyError, IndexError, ValueError):
                 loads.append(0)
         samples.add(loop.time() - t0, loads)

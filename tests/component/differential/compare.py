@@ -2,8 +2,8 @@
 
 `json_differences` walks both answers: every key on both sides, the same JSON types, the same
 values — except where `tests.twin_differences` lists an intended difference. A stream is
-compared by its kinds of chunks (consecutive chunks of one shape count once, since an engine
-may merge token updates into one chunk) and, fully, by its last data chunk and its usage chunk.
+compared by the shapes of its chunks (not their number: an engine may merge token updates into
+one chunk) and, fully, by its last data chunk and its usage chunk.
 """
 
 from __future__ import annotations
@@ -81,39 +81,40 @@ def signature(value: Any, path: str = "") -> Signature:
     return ((path, "any" if listed and listed.aspect == "type" else json_type(value)),)
 
 
-def chunk_kinds(chunks: Sequence[Any]) -> list[Signature]:
-    """The shapes of a stream's chunks, consecutive repeats counted once."""
-    kinds: list[Signature] = []
-    for chunk in chunks:
-        shape = signature(chunk)
-        if not kinds or kinds[-1] != shape:
-            kinds.append(shape)
-    return kinds
-
-
 def _is_usage(chunk: Any) -> bool:
     return isinstance(chunk, dict) and chunk.get("choices") == [] and "usage" in chunk
 
 
+def _shapes(chunks: Sequence[Any]) -> list[Signature]:
+    return sorted(set(map(signature, chunks)))
+
+
 def stream_differences(real: Sequence[Any], twin: Sequence[Any]) -> list[str]:
-    """How the twin's stream of chunks differs from the real engine's."""
+    """How the twin's stream of chunks differs from the real engine's.
+
+    An engine may merge token updates into one chunk, so the number of chunks is not
+    compared: the first data chunk's shape, the shapes of the chunks between it and the last
+    (when both streams have some), the last data chunk and the usage chunk in full."""
     found = []
-    real_kinds, twin_kinds = chunk_kinds(real), chunk_kinds(twin)
-    if real_kinds != twin_kinds:
+    (real_data, real_usage), (twin_data, twin_usage) = (
+        ([c for c in chunks if not _is_usage(c)], [c for c in chunks if _is_usage(c)])
+        for chunks in (real, twin)
+    )
+    if not real_data or not twin_data:
+        return [f"data chunks: real {len(real_data)}, twin {len(twin_data)}"]
+    if signature(real_data[0]) != signature(twin_data[0]):
+        r, t = set(signature(real_data[0])), set(signature(twin_data[0]))
+        found.append(f"first chunk: real-only {sorted(r - t)}, twin-only {sorted(t - r)}")
+    real_middle, twin_middle = _shapes(real_data[1:-1]), _shapes(twin_data[1:-1])
+    if real_middle and twin_middle and real_middle != twin_middle:
+        r, t = {s for m in real_middle for s in m}, {s for m in twin_middle for s in m}
         found.append(
-            f"kinds of chunks differ: real {len(real_kinds)} kinds over {len(real)} chunks, "
-            f"twin {len(twin_kinds)} kinds over {len(twin)} chunks; "
-            + "; ".join(
-                f"#{i}: real-only {sorted(set(r) - set(t))}, twin-only {sorted(set(t) - set(r))}"
-                for i, (r, t) in enumerate(zip(real_kinds, twin_kinds, strict=False))
-                if r != t
-            )
+            f"chunks between the first and the last: real-only {sorted(r - t)}, "
+            f"twin-only {sorted(t - r)}"
         )
-    for name, pick in (("usage chunk", _is_usage), ("last data chunk", None)):
-        r = [c for c in real if (pick(c) if pick else not _is_usage(c))]
-        t = [c for c in twin if (pick(c) if pick else not _is_usage(c))]
-        if bool(r) != bool(t):
-            found.append(f"{name}: real has {len(r)}, twin {len(t)}")
-        elif r:
-            found += [f"{name}: {d}" for d in json_differences(r[-1], t[-1])]
+    found += [f"last data chunk: {d}" for d in json_differences(real_data[-1], twin_data[-1])]
+    if len(real_usage) != len(twin_usage):
+        found.append(f"usage chunks: real {len(real_usage)}, twin {len(twin_usage)}")
+    elif real_usage:
+        found += [f"usage chunk: {d}" for d in json_differences(real_usage[-1], twin_usage[-1])]
     return found

@@ -1,9 +1,10 @@
 """A real SGLang engine and an engine twin configured alike, and the same request sent to both.
 
-The twin takes what the real engine resolved (`/server_info`, `/v1/models`): its served model
-name, model path and tokenizer directory, page size, KV pool size, context length, KV-event
-topic and whether cached tokens are reported; it runs at `--time-scale 0` (timings are an
-intended difference) and binds its KV-event PUB and replay sockets on free loopback ports.
+The twin takes what the real engine resolved (`/server_info`, `/v1/models`, `/v1/loads`): its
+served model name, model path and tokenizer directory, page size, KV pool size, running-request
+bound, context length, KV-event topic and whether cached tokens are reported; it runs at
+`--time-scale 0` (timings are an intended difference) and binds its KV-event PUB and replay
+sockets on free loopback ports.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def twin_args(real: RealEngine, *, enable_cache_report: bool) -> list[str]:
     """`tpuserve engine sim` flags that make the twin serve like `real`."""
     info = real.get_json("/server_info")
     (model,) = real.get_json("/v1/models")["data"]
+    (load,) = real.get_json("/v1/loads")["loads"]
     assert bool(info["enable_cache_report"]) == enable_cache_report, info["enable_cache_report"]
     return [
         *("--model-path", info["model_path"]),
@@ -131,6 +133,7 @@ def twin_args(real: RealEngine, *, enable_cache_report: bool) -> list[str]:
         *("--tokenizer", info["tokenizer_path"]),
         *("--page-size", str(info["page_size"])),
         *("--cache-tokens", str(info["max_total_num_tokens"])),
+        *("--max-running-requests", str(load["max_running_requests"])),
         # the twin's context fits its pool; SGLang checks requests against both anyway
         *("--context-length", str(min(model["max_model_len"], info["max_total_num_tokens"]))),
         *(["--enable-cache-report"] if enable_cache_report else []),

@@ -33,7 +33,11 @@ from tests.component.differential.engine_pair import (
 )
 from tests.component.engine.engine_process import EngineProcess
 from tests.real_sglang import RealEngine
-from tests.twin_differences import REFUSED_BY_THE_TWIN, metric_differences
+from tests.twin_differences import (
+    REFUSED_BY_THE_TWIN,
+    SERVED_ONLY_BY_THE_TWIN,
+    metric_differences,
+)
 
 pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
 
@@ -68,15 +72,15 @@ def test_native_generate_answers_alike(pair: EnginePair) -> None:
     real, twin = pair.post(
         "/generate",
         {"text": "The differential twin streams.", "stream": True,
-         "sampling_params": {"max_new_tokens": 3, **GREEDY}},
+         "sampling_params": {"max_new_tokens": 4, **GREEDY}},
     )  # fmt: skip
     assert_alike(real, twin)
-    assert real.data_chunks[-1]["meta_info"]["completion_tokens"] == 3
+    assert real.data_chunks[-1]["meta_info"]["completion_tokens"] == 4
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_completions_answer_alike(pair: EnginePair, stream: bool) -> None:
-    body = {"model": pair.real.model, "prompt": "Compare the completions.", "max_tokens": 3,
+    body = {"model": pair.real.model, "prompt": "Compare the completions.", "max_tokens": 4,
             "stream": stream, **GREEDY}  # fmt: skip
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -85,7 +89,7 @@ def test_openai_completions_answer_alike(pair: EnginePair, stream: bool) -> None
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_chat_answers_alike(pair: EnginePair, stream: bool) -> None:
-    body = {"model": pair.real.model, "max_tokens": 3, "stream": stream, **GREEDY,
+    body = {"model": pair.real.model, "max_tokens": 4, "stream": stream, **GREEDY,
             "messages": [{"role": "system", "content": "Be brief."},
                          {"role": "user", "content": "Compare the chats."}]}  # fmt: skip
     if stream:
@@ -209,6 +213,27 @@ def test_model_info_and_models_agree(pair: EnginePair) -> None:
                 body["data"][0].pop("created")
         found = json_differences(real.body, twin.body)
         assert not found, f"{path}:\n" + "\n".join(found)
+
+
+def test_loads_and_flush_agree(pair: EnginePair) -> None:
+    """`/v1/loads` of two idle engines whose last request was the same, then `/flush_cache`."""
+    body = {"input_ids": ids(800, 40), "sampling_params": {"max_new_tokens": 2, **GREEDY}}
+    assert_alike(*pair.post("/generate", body))  # the last prefill batch is the same
+    real, twin = pair.get("/v1/loads")
+    assert (real.status, twin.status) == (200, 200)
+    found = json_differences(real.body, twin.body)
+    assert not found, "\n".join(found)
+    real, twin = pair.post("/flush_cache", b"")
+    assert (real.status, real.body) == (twin.status, twin.body)
+
+
+@pytest.mark.parametrize("path", SERVED_ONLY_BY_THE_TWIN)
+def test_what_only_the_twin_serves_is_still_missing_from_sglang(
+    pair: EnginePair, path: str
+) -> None:
+    real, twin = pair.get(path)
+    assert twin.status == 200, twin
+    assert real.status == 404, f"SGLang serves {path} now; drop it from the list: {real}"
 
 
 # --- metrics -----------------------------------------------------------------------------

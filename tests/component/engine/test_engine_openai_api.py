@@ -165,11 +165,15 @@ def test_streamed_generate_reports_end_to_end_timings_only_at_the_end(
         engine.url, {"text": "stream me", "stream": True, "sampling_params": {"max_new_tokens": 3}}
     )
     assert len(chunks) == 3
-    *running, last = [c["meta_info"] for c in chunks]
-    for meta in running:
+    first, middle, last = [c["meta_info"] for c in chunks]
+    for meta in (first, middle):
         assert meta["finish_reason"] is None
-        assert meta.keys() == FINISHED_META_KEYS - FINISHED_ONLY_KEYS
+    # as SGLang's: the time the response went out, on the first chunk and again on the last
+    sent = "response_sent_to_client_ts"
+    assert first.keys() == FINISHED_META_KEYS - FINISHED_ONLY_KEYS
+    assert middle.keys() == FINISHED_META_KEYS - FINISHED_ONLY_KEYS - {sent}
     assert last.keys() == FINISHED_META_KEYS
+    assert last[sent] == first[sent]
     assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 2, 3]
 
 
