@@ -104,7 +104,7 @@ def test_the_twins_startup_phases_are_sglangs() -> None:
 
 
 def test_sglang_declares_no_name_the_colon_restoring_relabeling_could_clash_with() -> None:
-    """The local Prometheus turns an escaped `sglang_x` back into `sglang:x`
+    """The local Prometheus turns an escaped `sglang_token_usage` back into `sglang:token_usage`
     (`local_prometheus.RESTORE_SGLANG_COLON`): lossless only while SGLang declares no
     `sglang_` name of its own."""
     package = unpacked_wheel()

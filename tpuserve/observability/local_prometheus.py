@@ -49,10 +49,11 @@ REPLICAS_JOB = "tpuserve-replicas"
 OPERATOR_JOB = "tpuserve-operator"
 # SGLang serves /metrics with prometheus_client's content negotiation. Asked for OpenMetrics
 # without an `escaping` parameter, as Prometheus 2.x asks, prometheus_client (0.26, the one
-# SGLang 0.5.23 runs; prometheus/client_python#1177) writes `sglang_x` in the samples for
-# `sglang:x`. The model-server job puts the colon back, so rules and dashboards find the names
-# SGLang declares whichever Prometheus scrapes; with Prometheus 3 (`escaping=allow-utf-8`) the
-# names arrive intact and this changes nothing. SGLang 0.5.23 declares no `sglang_` name.
+# SGLang 0.5.23 runs; prometheus/client_python#1177) writes `sglang_token_usage` in the
+# samples for `sglang:token_usage`. The model-server job puts the colon back, so rules and
+# dashboards find the names SGLang declares whichever Prometheus scrapes; with Prometheus 3
+# (`escaping=allow-utf-8`) the names arrive intact and this changes nothing. SGLang 0.5.23
+# declares no `sglang_` name.
 RESTORE_SGLANG_COLON: dict[str, Any] = {
     "source_labels": ["__name__"],
     "regex": "sglang_(.+)",
