@@ -15,7 +15,7 @@ series are `name` + ``_bucket`` / ``_sum`` / ``_count``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 MetricKind = Literal["counter", "gauge", "histogram"]
 Collector = Literal["tokenizer", "scheduler"]
@@ -229,3 +229,30 @@ BY_NAME: dict[str, MetricSpec] = {m.name: m for m in ALL_METRICS}
 def series_names() -> frozenset[str]:
     """Every ``sglang:*`` series name a dashboard or rule may select."""
     return frozenset(s for m in ALL_METRICS for s in m.series)
+
+
+# SGLang serves /metrics with prometheus_client's content negotiation. Asked for OpenMetrics
+# without an `escaping` parameter, as Prometheus 2.x asks, prometheus_client (0.26, the one
+# SGLang 0.5.23 runs; prometheus/client_python#1177) writes `sglang_token_usage` in the samples
+# for `sglang:token_usage`. Every scrape of a model server puts the colon back with this metric
+# relabeling (the local Prometheus, the chart's and the operator's PodMonitors), so rules and
+# dashboards find the names SGLang declares whichever Prometheus scrapes; with Prometheus 3
+# (`escaping=allow-utf-8`) the names arrive intact and it changes nothing. Lossless while SGLang
+# declares no `sglang_` name (tests/metrics/test_sglang_declarations.py checks the wheel).
+RESTORE_SGLANG_COLON: Final[dict[str, str | list[str]]] = {
+    "source_labels": ["__name__"],
+    "regex": "sglang_(.+)",
+    "target_label": "__name__",
+    "replacement": "sglang:${1}",
+}
+"""The rule in Prometheus' own configuration spelling (`metric_relabel_configs`)."""
+
+
+def restore_sglang_colon_relabeling() -> dict[str, str | list[str]]:
+    """The same rule as a prometheus-operator `RelabelConfig` (camelCase keys)."""
+    return {
+        "sourceLabels": list(RESTORE_SGLANG_COLON["source_labels"]),
+        "regex": RESTORE_SGLANG_COLON["regex"],
+        "targetLabel": RESTORE_SGLANG_COLON["target_label"],
+        "replacement": RESTORE_SGLANG_COLON["replacement"],
+    }

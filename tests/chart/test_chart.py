@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from sglang_tpu.metric_names import restore_sglang_colon_relabeling
 from sglang_tpu.topology import generation_names
 from tests.chart.chart_helpers import CHART, MONITORING_APIS, VALUES_DIR, Render, run_helm
 from tests.chart.monitoring_schemas import SCHEMAS
@@ -73,6 +74,31 @@ def test_defaults_render_prometheus_operator_objects(render: Render) -> None:
         labels.COMPONENT: labels.COMPONENT_MODEL_SERVER,
         labels.ROLE: labels.ROLE_LEADER,
     }
+    # SGLang's escaped `sglang_` names get their colon back first, as the one rule says.
+    (endpoint,) = model_monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["metricRelabelings"] == [restore_sglang_colon_relabeling()]
+    router_monitor = next(
+        o for o in by_kind(objects, "PodMonitor") if "router" in o["metadata"]["name"]
+    )
+    assert "metricRelabelings" not in router_monitor["spec"]["podMetricsEndpoints"][0]
+
+
+def test_user_metric_relabelings_come_after_the_sglang_colon_rule(
+    render: Render, tmp_path: Path
+) -> None:
+    drop = {"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"monitoring": {"metricRelabelings": [drop]}}))
+    objects = render([values])
+    model_monitor = next(
+        o for o in by_kind(objects, "PodMonitor") if "model-server" in o["metadata"]["name"]
+    )
+    endpoint = model_monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["metricRelabelings"] == [restore_sglang_colon_relabeling(), drop]
+    router_monitor = next(
+        o for o in by_kind(objects, "PodMonitor") if "router" in o["metadata"]["name"]
+    )
+    assert router_monitor["spec"]["podMetricsEndpoints"][0]["metricRelabelings"] == [drop]
     (operator_monitor,) = by_kind(objects, "ServiceMonitor")
     assert operator_monitor["spec"]["endpoints"][0]["honorLabels"] is True
     args = operator_args(objects)

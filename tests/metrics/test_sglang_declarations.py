@@ -105,7 +105,7 @@ def test_the_twins_startup_phases_are_sglangs() -> None:
 
 def test_sglang_declares_no_name_the_colon_restoring_relabeling_could_clash_with() -> None:
     """The local Prometheus turns an escaped `sglang_token_usage` back into `sglang:token_usage`
-    (`local_prometheus.RESTORE_SGLANG_COLON`): lossless only while SGLang declares no
+    (`metric_names.RESTORE_SGLANG_COLON`): lossless only while SGLang declares no
     `sglang_` name of its own."""
     package = unpacked_wheel()
     clashing = [
@@ -115,7 +115,7 @@ def test_sglang_declares_no_name_the_colon_restoring_relabeling_could_clash_with
         for metric in sm.declarations_in(text, str(path), {}, prefix="sglang_")
     ]
     assert not clashing, [m.where for m in clashing]
-    rule = local_prometheus.RESTORE_SGLANG_COLON
+    rule = metric_names.RESTORE_SGLANG_COLON
     assert re.fullmatch(rule["regex"], "sglang_num_requests_total")
     replacement = str(rule["replacement"])
     assert replacement.replace("${1}", "num_requests_total") == "sglang:num_requests_total"

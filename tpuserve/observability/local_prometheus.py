@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from sglang_tpu.metric_names import RESTORE_SGLANG_COLON
 from tpuserve.observability import rules
 from tpuserve.subprocesses import stop_processes
 
@@ -47,20 +48,8 @@ MODEL_SERVER_JOB = "tpuserve-model-server"
 ROUTER_JOB = "tpuserve-router"
 REPLICAS_JOB = "tpuserve-replicas"
 OPERATOR_JOB = "tpuserve-operator"
-# SGLang serves /metrics with prometheus_client's content negotiation. Asked for OpenMetrics
-# without an `escaping` parameter, as Prometheus 2.x asks, prometheus_client (0.26, the one
-# SGLang 0.5.23 runs; prometheus/client_python#1177) writes `sglang_token_usage` in the
-# samples for `sglang:token_usage`. The model-server job puts the colon back, so rules and
-# dashboards find the names SGLang declares whichever Prometheus scrapes; with Prometheus 3
-# (`escaping=allow-utf-8`) the names arrive intact and this changes nothing. SGLang 0.5.23
-# declares no `sglang_` name.
-RESTORE_SGLANG_COLON: dict[str, Any] = {
-    "source_labels": ["__name__"],
-    "regex": "sglang_(.+)",
-    "target_label": "__name__",
-    "replacement": "sglang:${1}",
-}
-JOB_METRIC_RELABELINGS: Mapping[str, list[dict[str, Any]]] = {
+# A model server's escaped `sglang_` names get their colon back (see the rule's comment).
+JOB_METRIC_RELABELINGS: Mapping[str, list[dict[str, str | list[str]]]] = {
     MODEL_SERVER_JOB: [RESTORE_SGLANG_COLON]
 }
 

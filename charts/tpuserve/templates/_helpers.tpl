@@ -80,16 +80,31 @@ cluster-wide mode, a Role per watched namespace in namespace-scoped mode) and op
 {{- end }}
 
 {{/* Monitor endpoint extras shared by the model-server and router PodMonitors. */}}
+{{- /*
+Interval, timeout and relabelings of a PodMonitor endpoint. Called with (dict "root" $ "sglang"
+BOOL); with sglang true the endpoint scrapes SGLang and first restores the `sglang:` names that
+SGLang 0.5.23's prometheus_client escapes to `sglang_` for Prometheus 2.x (client_python#1177).
+The rule is sglang_tpu.metric_names.RESTORE_SGLANG_COLON; tests/chart checks this copy.
+*/ -}}
 {{- define "tpuserve.podMetricsEndpointExtras" -}}
-interval: {{ .Values.monitoring.scrapeInterval }}
-scrapeTimeout: {{ .Values.monitoring.scrapeTimeout }}
-{{- with .Values.monitoring.relabelings }}
+{{- $values := .root.Values -}}
+interval: {{ $values.monitoring.scrapeInterval }}
+scrapeTimeout: {{ $values.monitoring.scrapeTimeout }}
+{{- with $values.monitoring.relabelings }}
 relabelings:
 {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.monitoring.metricRelabelings }}
+{{- if or .sglang $values.monitoring.metricRelabelings }}
 metricRelabelings:
+{{- if .sglang }}
+  - sourceLabels: [__name__]
+    regex: sglang_(.+)
+    targetLabel: __name__
+    replacement: sglang:${1}
+{{- end }}
+{{- with $values.monitoring.metricRelabelings }}
 {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 {{- end }}
 

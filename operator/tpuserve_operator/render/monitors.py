@@ -6,6 +6,7 @@ off (spec.monitoring); turn them on when the chart's monitoring is not installed
 
 from __future__ import annotations
 
+from sglang_tpu.metric_names import restore_sglang_colon_relabeling
 from tpuserve_operator import labels
 from tpuserve_operator.render.context import Manifest, Server
 
@@ -28,7 +29,13 @@ def monitors(server: Server) -> list[Manifest]:
                 "spec": {
                     "selector": {"matchLabels": labels.engine_selector(server.name)},
                     "podTargetLabels": POD_TARGET_LABELS,
-                    "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}],
+                    "podMetricsEndpoints": [
+                        {
+                            "port": "http",
+                            "path": "/metrics",
+                            "metricRelabelings": [restore_sglang_colon_relabeling()],
+                        }
+                    ],
                 },
             }
         )

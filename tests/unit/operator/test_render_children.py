@@ -9,6 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from sglang_tpu.metric_names import restore_sglang_colon_relabeling
 from tpuserve_operator import labels
 from tpuserve_operator.render import Rendered
 
@@ -347,6 +348,8 @@ def test_monitors_need_the_crd_and_the_flag(rendered: RenderFn, spec_with: SpecW
     (sm,) = by_kind(children, "ServiceMonitor")
     assert pm["metadata"]["labels"]["release"] == "kps"
     assert pm["spec"]["podTargetLabels"] == ["model", "tpu-generation", "tpu-topology"]
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["metricRelabelings"] == [restore_sglang_colon_relabeling()]
     assert sm["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics"}]
 
 
