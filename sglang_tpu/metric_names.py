@@ -15,7 +15,7 @@ series are `name` + ``_bucket`` / ``_sum`` / ``_count``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, TypedDict
 
 MetricKind = Literal["counter", "gauge", "histogram"]
 Collector = Literal["tokenizer", "scheduler"]
@@ -239,13 +239,21 @@ def series_names() -> frozenset[str]:
 # dashboards find the names SGLang declares whichever Prometheus scrapes; with Prometheus 3
 # (`escaping=allow-utf-8`) the names arrive intact and it changes nothing. Lossless while SGLang
 # declares no `sglang_` name (tests/metrics/test_sglang_declarations.py checks the wheel).
-RESTORE_SGLANG_COLON: Final[dict[str, str | list[str]]] = {
+class PrometheusRelabel(TypedDict):
+    """One `metric_relabel_configs` entry, in Prometheus' own configuration spelling."""
+
+    source_labels: list[str]
+    regex: str
+    target_label: str
+    replacement: str
+
+
+RESTORE_SGLANG_COLON: Final[PrometheusRelabel] = {
     "source_labels": ["__name__"],
     "regex": "sglang_(.+)",
     "target_label": "__name__",
     "replacement": "sglang:${1}",
 }
-"""The rule in Prometheus' own configuration spelling (`metric_relabel_configs`)."""
 
 
 def restore_sglang_colon_relabeling() -> dict[str, str | list[str]]:

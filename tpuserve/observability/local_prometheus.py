@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from sglang_tpu.metric_names import RESTORE_SGLANG_COLON
+from sglang_tpu.metric_names import RESTORE_SGLANG_COLON, PrometheusRelabel
 from tpuserve.observability import rules
 from tpuserve.subprocesses import stop_processes
 
@@ -49,7 +49,7 @@ ROUTER_JOB = "tpuserve-router"
 REPLICAS_JOB = "tpuserve-replicas"
 OPERATOR_JOB = "tpuserve-operator"
 # A model server's escaped `sglang_` names get their colon back (see the rule's comment).
-JOB_METRIC_RELABELINGS: Mapping[str, list[dict[str, str | list[str]]]] = {
+JOB_METRIC_RELABELINGS: Mapping[str, list[PrometheusRelabel]] = {
     MODEL_SERVER_JOB: [RESTORE_SGLANG_COLON]
 }
 
