@@ -335,3 +335,54 @@ class FakeSGLangWorker(FakeModelServer):
 
     async def _server_info(self, _: web.Request) -> web.Response:
         return web.json_response(self.server_info)
+
+
+# --- admission: TPUModelServers as admission sees them ---------------------------------------
+
+
+def tms_object(
+    source: str = "hf://Qwen/Qwen3-8B",
+    generation: str = "v6e",
+    topology: str = "2x4",
+    *,
+    name: str = "m",
+    quantization: str = "none",
+    kv_cache_dtype: str = "auto",
+    engine_type: str = "sglang",
+    context_length: int | None = None,
+    engine: Mapping[str, Any] | None = None,
+    template: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A TPUModelServer with the CRD's defaults filled in, as admission policies receive it."""
+    model: dict[str, Any] = {"source": source, "quantization": quantization}
+    if context_length is not None:
+        model["contextLength"] = context_length
+    return {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "model": model,
+            "tpu": {"generation": generation, "topology": topology},
+            "replicas": 1,
+            "engine": {
+                "type": engine_type,
+                "executionMode": "compiled",
+                "kvCacheDtype": kv_cache_dtype,
+                **(engine or {}),
+            },
+            "template": dict(template or {}),
+        },
+    }
+
+
+def operator_verdict(obj: Mapping[str, Any]) -> str | None:
+    """What the operator's validation says about `obj` (its `Valid` message), None if valid."""
+    from tpuserve_operator import validation
+    from tpuserve_operator.errors import InvalidSpec
+
+    try:
+        validation.validate(obj["metadata"]["name"], obj["spec"], cel_rules=False)
+    except InvalidSpec as err:
+        return str(err)
+    return None

@@ -25,8 +25,10 @@ from tpuserve_operator.errors import InvalidSpec, Problem
 
 # Variables the launcher derives from the contract (TorchTPU / libtpu / torch.distributed);
 # a user value would silently win over the contract, so they are refused like TPUSERVE_*.
-_DERIVED_PREFIXES = (ENV_PREFIX, "TPU_", "TORCH_TPU_", "LWS_")
-_DERIVED_NAMES = frozenset({"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HF_TOKEN"})
+OWNED_ENV_PREFIXES = (ENV_PREFIX, "TPU_", "TORCH_TPU_", "LWS_")
+OWNED_ENV_NAMES = frozenset({"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HF_TOKEN"})
+# Flags a user may not pass in spec.engine.args: the launcher sets them, or they carry secrets.
+OWNED_FLAG_NAMES = sglang_flags.OWNED_FLAGS | sglang_flags.SECRET_FLAGS
 
 # Where a contract variable comes from in the spec, for error messages.
 _SPEC_FIELD: Mapping[str, str] = {
@@ -66,14 +68,14 @@ class PodPaths:
 
 
 def is_owned_env(name: str) -> bool:
-    return name in _DERIVED_NAMES or name.startswith(_DERIVED_PREFIXES)
+    return name in OWNED_ENV_NAMES or name.startswith(OWNED_ENV_PREFIXES)
 
 
 def is_owned_flag(flag: str) -> bool:
     """`flag` as written in spec.engine.args, with or without leading dashes."""
     arg = "--" + flag.lstrip("-")
     name = arg.split("=", 1)[0]
-    return sglang_flags.owned_flag(arg) is not None or name in sglang_flags.SECRET_FLAGS
+    return name in OWNED_FLAG_NAMES
 
 
 def extra_args(args: Mapping[str, Any]) -> tuple[str, ...]:

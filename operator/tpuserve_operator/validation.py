@@ -119,10 +119,6 @@ def _catalog_message(err: CatalogError) -> str:
     return str(err).removeprefix(f"{err.field}: ")
 
 
-def _model_id(source: str) -> str:
-    return source.split("://", 1)[-1].split("@", 1)[0]
-
-
 def _sources(spec: TPUModelServerSpec) -> list[Problem]:
     """What the launcher's own parser says about the weight locations, and whether the
     simulated engine has a performance profile for the model."""
@@ -137,24 +133,29 @@ def _sources(spec: TPUModelServerSpec) -> list[Problem]:
             problems.append(Problem(path, f"{err}; allowed: {model_source.ALLOWED_FORMS}"))
     if (
         spec.engine.type == "simulated"
-        and perf_model.lookup_hf_model(_model_id(spec.model.source)) is None
+        and perf_model.lookup_hf_model(model_id(spec.model.source)) is None
     ):
-        known = sorted(
-            {
-                hf
-                for name in perf_model.profile_names()
-                for hf in perf_model.get_profile(name).hf_ids
-            }
-        )
         problems.append(
             Problem(
                 "spec.model.source",
                 f"the simulated engine has no performance profile for {spec.model.source!r}; "
-                f"allowed: hf:// ids of known models ({', '.join(known)})",
+                f"allowed: hf:// ids of known models ({', '.join(known_model_ids())})",
                 reason=Reason.UNKNOWN_MODEL,
             )
         )
     return problems
+
+
+def known_model_ids() -> list[str]:
+    """The Hugging Face ids the performance model (and so the simulated engine) knows."""
+    return sorted(
+        {hf for name in perf_model.profile_names() for hf in perf_model.get_profile(name).hf_ids}
+    )
+
+
+def model_id(source: str) -> str:
+    """The model's id inside a source (`hf://Qwen/Qwen3-8B@main` -> `Qwen/Qwen3-8B`)."""
+    return source.split("://", 1)[-1].split("@", 1)[0]
 
 
 def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
@@ -213,7 +214,7 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
 
 def _fit(spec: TPUModelServerSpec, shape: SliceShape) -> list[Problem]:
     """The fit check, when the performance model knows the model; otherwise no opinion."""
-    profile = perf_model.lookup_hf_model(_model_id(spec.model.source))
+    profile = perf_model.lookup_hf_model(model_id(spec.model.source))
     if profile is None:
         return []
     context_length = spec.model.context_length or profile.context_length

@@ -18,6 +18,8 @@ CHART = REPO_ROOT / "charts" / "tpuserve"
 VALUES_DIR = Path(__file__).parent / "values"
 # The API groups a cluster with kube-prometheus-stack and GMP serves, for .Capabilities checks.
 MONITORING_APIS = ("monitoring.coreos.com/v1", "monitoring.googleapis.com/v1")
+# Served by Kubernetes 1.30+; helm template only knows it when told (kind-level capability).
+ADMISSION_POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 
 Render = Callable[..., list[dict[str, Any]]]
 
@@ -40,7 +42,7 @@ def make_renderer(helm: Path) -> Render:
     def _render(
         values: Sequence[Path] = (),
         sets: Sequence[str] = (),
-        api_versions: Sequence[str] = MONITORING_APIS,
+        api_versions: Sequence[str] = (*MONITORING_APIS, ADMISSION_POLICY_API),
         include_crds: bool = False,
         namespace: str = "tpuserve-system",
     ) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from sglang_tpu.topology import generation_names
 from tests.chart.chart_helpers import CHART, MONITORING_APIS, VALUES_DIR, Render, run_helm
 from tests.chart.monitoring_schemas import SCHEMAS
 from tpuserve_operator import labels
+from tpuserve_operator.build import admission
 
 pytestmark = pytest.mark.component
 
@@ -221,6 +222,41 @@ def test_crds_come_from_the_operator_and_the_test_hook_checks_routers(render: Re
     (pod,) = by_kind(objects, "Pod")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert pod["spec"]["containers"][0]["command"] == ["python", "/scripts/check_routers.py"]
+
+
+def test_admission_policy_ships_the_generated_policy_bound_to_its_parameters(
+    render: Render,
+) -> None:
+    objects = render(namespace="ml-system")
+    (policy,) = by_kind(objects, "ValidatingAdmissionPolicy")
+    (binding,) = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    (parameters,) = [
+        o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-admission")
+    ]
+    assert policy["spec"] == admission.policy_spec()
+    assert parameters["data"] == admission.parameters()
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["paramRef"] == {
+        "name": parameters["metadata"]["name"],
+        "namespace": "ml-system",
+        "parameterNotFoundAction": "Deny",
+    }
+
+
+@pytest.mark.parametrize(
+    ("sets", "api_versions"),
+    [(["admissionPolicy.enabled=false"], None), ([], MONITORING_APIS)],
+    ids=["disabled", "api-not-served"],
+)
+def test_no_admission_policy_when_disabled_or_not_served(
+    render: Render, sets: list[str], api_versions: tuple[str, ...] | None
+) -> None:
+    kwargs: dict[str, Any] = {"sets": sets}
+    if api_versions is not None:
+        kwargs["api_versions"] = api_versions
+    kinds = {o["kind"] for o in render(**kwargs)}
+    assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 
 BAD_VALUES = [

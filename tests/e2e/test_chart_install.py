@@ -26,7 +26,9 @@ CRDS = {
 NAMESPACED = (
     "configmaps,services,serviceaccounts,deployments,poddisruptionbudgets,roles,rolebindings"
 )
-CLUSTER_SCOPED = "clusterroles,clusterrolebindings"
+CLUSTER_SCOPED = (
+    "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings"
+)
 
 
 def owned(cluster: Cluster, kinds: str, *namespaces: str) -> list[str]:

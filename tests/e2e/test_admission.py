@@ -1,0 +1,158 @@
+"""`kubectl apply` refuses a bad TPUModelServer on a real kube-apiserver, naming the field, with
+the operator's own message: the chart's ValidatingAdmissionPolicy, installed by `helm install`.
+
+One flow: a TPUModelServer that is invalid but created before the chart stays manageable
+(metadata-only updates pass, spec changes are checked); every `# refused:` example in the docs
+is refused; a sample over the catalog gets the operator's verdict from the apiserver; the
+chart's examples are admitted; `helm uninstall` removes the policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from sglang_tpu.topology import SLICE_SHAPES
+from tests.e2e.tms_harness import CRDS, NOT_YET, POLL_SECONDS, REPO, TIMEOUT_SECONDS
+from tests.fakes import operator_verdict, tms_object
+from tests.waiting import eventually
+from tpuserve.cluster import Cluster, kube
+from tpuserve.cluster.tools import CommandError
+from tpuserve_operator import labels
+
+pytestmark = pytest.mark.e2e
+
+CHART = REPO / "charts" / "tpuserve"
+RELEASE = "tpuserve"
+DOCS = [
+    REPO / "README.md",
+    REPO / "charts/tpuserve/README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+]
+EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+REFUSED = re.compile(r"```yaml\n(# refused: (\S+).*?\n.*?)```", re.DOTALL)
+
+
+def refused_examples() -> list[tuple[str, str, dict[str, Any]]]:
+    """(where, field, manifest) of every yaml block in the docs that opens `# refused: FIELD`."""
+    found = []
+    for path in DOCS:
+        for match in REFUSED.finditer(path.read_text()):
+            manifest = yaml.safe_load(match.group(1))
+            found.append(
+                (
+                    f"{path.relative_to(REPO)}: {manifest['metadata']['name']}",
+                    match.group(2),
+                    manifest,
+                )
+            )
+    return found
+
+
+def apply(cluster: Cluster, manifest: dict[str, Any], namespace: str, *extra: str) -> str:
+    """`kubectl apply` the manifest; its stderr when refused, "" when applied."""
+    try:
+        cluster.kubectl("apply", "-n", namespace, *extra, "-f", "-", input=yaml.safe_dump(manifest))
+    except CommandError as err:
+        return str(err.stderr)
+    return ""
+
+
+def test_kubectl_apply_refuses_what_the_operator_would_refuse(
+    cluster: Cluster, namespace: str
+) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
+    legacy = tms_object(generation="v6e", topology="3x3", name="legacy")
+    assert apply(cluster, legacy, namespace) == ""  # no policy yet: accepted, as before
+    try:
+        cluster.helm("install", RELEASE, str(CHART), "--namespace", namespace)
+        bad = tms_object(generation="v6e", topology="3x3", name="probe")
+        eventually(
+            lambda: (
+                "ValidatingAdmissionPolicy" in apply(cluster, bad, namespace, "--dry-run=server")
+            ),
+            what="the admission policy to refuse a 3x3 v6e slice",
+            timeout_seconds=TIMEOUT_SECONDS,
+            interval_seconds=POLL_SECONDS,
+            ignore=NOT_YET,
+        )
+
+        # An object created before the policy: metadata-only updates pass, spec changes are checked.
+        cluster.kubectl(
+            "annotate", "-n", namespace, f"{labels.PLURAL}/legacy", f"{labels.RESTARTED_AT}=now"
+        )
+        refused = apply(cluster, {**legacy, "spec": {**legacy["spec"], "replicas": 2}}, namespace)
+        assert "spec.tpu.topology: '3x3' is not allowed" in refused
+
+        examples = refused_examples()
+        assert len(examples) >= 5
+        for where, field, manifest in examples:
+            refused = apply(cluster, manifest, namespace)
+            assert field in refused, (
+                f"{where}: applied, or refused without naming {field}: {refused}"
+            )
+            verdict = operator_verdict(manifest | {"spec": _defaulted(manifest["spec"])})
+            if verdict is not None and "ValidatingAdmissionPolicy" in refused:
+                assert verdict in refused, where
+
+        _apiserver_agrees_with_the_operator(cluster, namespace)
+
+        for path in EXAMPLES:
+            manifest = yaml.safe_load(path.read_text())
+            assert apply(cluster, manifest, namespace, "--dry-run=server") == "", path
+    finally:
+        cluster.helm("uninstall", RELEASE, "--namespace", namespace, check=False)
+        with contextlib.suppress(CommandError):
+            cluster.kubectl("delete", labels.PLURAL, "--all", "-n", namespace, "--wait=false")
+    # Gone with the release (other tests in the session create invalid servers on purpose).
+    after = tms_object(topology="3x3", name="after")
+    eventually(
+        lambda: apply(cluster, after, namespace, "--dry-run=server") == "",
+        what="the admission policy to be gone after helm uninstall",
+        timeout_seconds=TIMEOUT_SECONDS,
+        interval_seconds=POLL_SECONDS,
+        ignore=NOT_YET,
+    )
+
+
+def _defaulted(spec: dict[str, Any]) -> dict[str, Any]:
+    """The CRD's defaults the apiserver fills in before admission, for the operator's check."""
+    from tpuserve_operator.api import TPUModelServerSpec
+
+    dumped: dict[str, Any] = TPUModelServerSpec.model_validate(spec).model_dump(
+        by_alias=True, exclude_none=True
+    )
+    return dumped
+
+
+def _apiserver_agrees_with_the_operator(cluster: Cluster, namespace: str) -> None:
+    """Every catalog slice with a small and a large model, and a context too long for any
+    slice (KV beyond 1000 GiB: formatted without a thousands separator), by server dry run."""
+    cases = [
+        tms_object(f"hf://{model}", shape.generation.name, shape.topology, name="sample")
+        for shape in SLICE_SHAPES
+        for model in ("Qwen/Qwen3-8B", "meta-llama/Llama-3.3-70B-Instruct")
+    ]
+    cases.append(
+        tms_object("hf://meta-llama/Llama-3.1-8B", "v6e", "2x4", context_length=10_485_760)
+    )
+    with contextlib.closing(cluster.api_client()) as api:
+        custom = kube.client().CustomObjectsApi(api)
+        for case in cases:
+            expected = operator_verdict(case)
+            try:
+                custom.create_namespaced_custom_object(
+                    labels.GROUP, labels.VERSION, namespace, labels.PLURAL, case, dry_run="All"
+                )
+                refused = ""
+            except kube.api_exception() as err:
+                refused = json.loads(getattr(err, "body", "{}") or "{}").get("message", str(err))
+            if expected is None:
+                assert refused == "", case["spec"]
+            else:
+                assert expected in refused, (expected, refused)
