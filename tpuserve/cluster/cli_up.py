@@ -48,6 +48,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="Do not run the LeaderWorkerSet controller.",
     )
     parser.add_argument(
+        "--no-pods",
+        dest="run_pods",
+        action="store_false",
+        help="Do not run pods: kwok marks them Running and nothing runs (the e2e suite's mode). "
+        "By default the pod runner runs every pod as local processes on loopback.",
+    )
+    parser.add_argument(
         "--timeout",
         type=cli_types.duration_seconds,
         default=120.0,
@@ -72,7 +79,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         pools = load_profile(args.profile)
         cluster = Cluster(
-            run_dir, pools=pools, lws=args.lws, detach=True, startup_timeout_seconds=args.timeout
+            run_dir,
+            pools=pools,
+            lws=args.lws,
+            run_pods=args.run_pods,
+            detach=True,
+            startup_timeout_seconds=args.timeout,
         )
         cluster.start()
     except (ProfileError, ToolchainMissing, StartupError) as err:
@@ -83,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"  {nodes} fake nodes in {len(pools)} pools; LWS: {'on' if cluster.lws_enabled else 'off'}"
     )
+    if cluster.run_pods:
+        print(
+            "  pods run as local processes on 127.244.0.0/16; a Service with ClusterIP "
+            "10.96.A.B answers at 127.96.A.B (`tpuserve cluster services`)"
+        )
     print(f"  logs: {cluster.logs_dir}")
     print(f"  export KUBECONFIG={cluster.kubeconfig}")
     print(

@@ -54,6 +54,8 @@ class Cluster:
         run_dir: where PKI, kubeconfig, etcd data, configs, logs and the state file go.
         pools: fake node pools to create (default: the default profile).
         lws: run the LeaderWorkerSet controller; None means "if its binary was built".
+        run_pods: run every pod bound to a fake node as local processes on loopback (the pod
+            runner, `tpuserve.cluster.pods`) instead of letting kwok fake them Running.
         detach: leave processes running after this Python process exits (`cluster up`).
         startup_timeout_seconds: deadline for each component's readiness.
         ports, pki: those of a cluster already running (`attach`); default: new ones.
@@ -65,6 +67,7 @@ class Cluster:
         *,
         pools: Sequence[NodePool] | None = None,
         lws: bool | None = None,
+        run_pods: bool = False,
         detach: bool = False,
         toolchain: Toolchain | None = None,
         startup_timeout_seconds: float = DEFAULT_STARTUP_TIMEOUT_SECONDS,
@@ -75,6 +78,7 @@ class Cluster:
         self.toolchain = toolchain or Toolchain.discover()
         self.pools: list[NodePool] = list(load_profile() if pools is None else pools)
         self.lws_enabled = self.toolchain.has_lws if lws is None else lws
+        self.run_pods = run_pods
         self.components = Components(
             self.run_dir,
             self.toolchain,
@@ -162,10 +166,15 @@ class Cluster:
             ("kube-apiserver", lambda: components.start_apiserver(self.pki)),
             (
                 "kube-controller-manager",
-                lambda: components.start_controller_manager(self.pki, self.kubeconfig),
+                lambda: components.start_controller_manager(
+                    self.pki, self.kubeconfig, loopback_pods=self.run_pods
+                ),
             ),
             ("kube-scheduler", lambda: components.start_scheduler(self.kubeconfig)),
-            ("kwok", lambda: components.start_kwok(self.kubeconfig)),
+            (
+                "kwok",
+                lambda: components.start_kwok(self.kubeconfig, pod_stages=not self.run_pods),
+            ),
             ("node pools", lambda: self.add_node_pools(self.pools)),
         ]
         if self.lws_enabled:
@@ -174,6 +183,10 @@ class Cluster:
                     "lws-controller",
                     lambda: components.start_lws(self.pki, self.kubeconfig, self.api_client),
                 )
+            )
+        if self.run_pods:
+            steps.append(
+                ("pod-runner", lambda: components.start_pod_runner(self.pki, self.kubeconfig))
             )
         steps.append(("default namespace", self._wait_default_namespace))
         try:
@@ -221,6 +234,7 @@ class Cluster:
             run_dir,
             pools=[],
             lws=bool(state["lws"]),
+            run_pods=bool(state.get("run_pods", False)),
             detach=True,
             toolchain=toolchain,
             startup_timeout_seconds=float(
@@ -242,6 +256,7 @@ class Cluster:
             "kubeconfig": str(self.kubeconfig),
             "ports": asdict(self.ports),
             "lws": self.lws_enabled,
+            "run_pods": self.run_pods,
             "started_seconds": self.started_seconds,
             "start_seconds": self.start_seconds,
             "startup_timeout_seconds": self.startup_timeout_seconds,

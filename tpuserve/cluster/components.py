@@ -12,6 +12,7 @@ import contextlib
 import os
 import socket
 import ssl
+import sys
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,9 +40,14 @@ START_ORDER = (
     "kube-scheduler",
     "kwok",
     "lws-controller",
+    "pod-runner",
 )
 # What a component inherits from our environment; everything else it needs is in its argv.
 INHERITED_ENV = ("PATH", "HOME", "TMPDIR", "TZ")
+# The pod runner also passes PYTHONPATH on to the pods, so they run the code it runs.
+POD_RUNNER_ENV = ("PYTHONPATH", "LANG")
+# Written by the pod runner into the run directory once it has listed pods and Services.
+POD_RUNNER_READY_FILE = "pod-runner.ready"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +128,15 @@ def controller_argv(binary: Path, kubeconfig: Path, port: int) -> list[str]:
     ]
 
 
-def controller_manager_argv(binary: Path, kubeconfig: Path, ports: Ports, pki: PKI) -> list[str]:
-    return [
+# With pods on loopback addresses, which Endpoints and EndpointSlices refuse, their controllers
+# only fail and post Warning events; the pod runner's Service proxy reads pods instead.
+LOOPBACK_POD_DISABLED_CONTROLLERS = ("endpoint", "endpointslice", "endpointslicemirroring")
+
+
+def controller_manager_argv(
+    binary: Path, kubeconfig: Path, ports: Ports, pki: PKI, *, loopback_pods: bool = False
+) -> list[str]:
+    argv = [
         *controller_argv(binary, kubeconfig, ports.controller_manager),
         f"--root-ca-file={pki.ca_cert}",
         f"--service-account-private-key-file={pki.service_account_key}",
@@ -131,6 +144,11 @@ def controller_manager_argv(binary: Path, kubeconfig: Path, ports: Ports, pki: P
         "--node-monitor-period=5s",
         "--node-monitor-grace-period=40s",
     ]
+    if loopback_pods:
+        argv.append(
+            "--controllers=*," + ",".join(f"-{c}" for c in LOOPBACK_POD_DISABLED_CONTROLLERS)
+        )
+    return argv
 
 
 def kwok_argv(binary: Path, kubeconfig: Path, config: Path, ports: Ports) -> list[str]:
@@ -147,6 +165,18 @@ def kwok_argv(binary: Path, kubeconfig: Path, config: Path, ports: Ports) -> lis
 
 def lws_argv(binary: Path, kubeconfig: Path, config: Path) -> list[str]:
     return [str(binary), f"--config={config}", f"--kubeconfig={kubeconfig}"]
+
+
+def pod_runner_argv(run_dir: Path, kubeconfig: Path, server: str, pki: PKI) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "tpuserve.cluster.pods",
+        f"--kubeconfig={kubeconfig}",
+        f"--run-dir={run_dir}",
+        f"--server={server}",
+        f"--ca-cert={pki.ca_cert}",
+    ]
 
 
 def has_default_route(route_table: Path = Path("/proc/net/route")) -> bool:
@@ -259,11 +289,14 @@ class Components:
         old.stop(grace_seconds)
         self.start_apiserver(pki, old.argv)
 
-    def start_controller_manager(self, pki: PKI, kubeconfig: Path) -> None:
+    def start_controller_manager(
+        self, pki: PKI, kubeconfig: Path, *, loopback_pods: bool = False
+    ) -> None:
         binary = self.toolchain.binary("kube-controller-manager")
-        process = self.spawn(
-            "kube-controller-manager", controller_manager_argv(binary, kubeconfig, self.ports, pki)
+        argv = controller_manager_argv(
+            binary, kubeconfig, self.ports, pki, loopback_pods=loopback_pods
         )
+        process = self.spawn("kube-controller-manager", argv)
         healthz = f"https://{LOOPBACK}:{self.ports.controller_manager}/healthz"
         self.wait(
             "kube-controller-manager /healthz",
@@ -279,9 +312,9 @@ class Components:
         healthz = f"https://{LOOPBACK}:{self.ports.scheduler}/healthz"
         self.wait("kube-scheduler /healthz", lambda: https_ok(healthz, ca_cert=None), process)
 
-    def start_kwok(self, kubeconfig: Path) -> None:
+    def start_kwok(self, kubeconfig: Path, *, pod_stages: bool = True) -> None:
         config = self.run_dir / "kwok.yaml"
-        config.write_text(kwok.kwok_config(self.toolchain.kwok_module_dir()))
+        config.write_text(kwok.kwok_config(self.toolchain.kwok_module_dir(), pod_stages=pod_stages))
         process = self.spawn(
             "kwok", kwok_argv(self.toolchain.binary("kwok"), kubeconfig, config, self.ports)
         )
@@ -318,6 +351,16 @@ class Components:
         self.wait("lws webhook port", lambda: port_open(self.ports.lws_webhook), process)
         with contextlib.closing(new_api()) as api:
             lws.register_webhooks(api, module_dir, self.ports.lws_webhook, pki.ca_cert)
+
+    def start_pod_runner(self, pki: PKI, kubeconfig: Path) -> None:
+        """The pod runner (`tpuserve.cluster.pods`), ready once it has listed pods and Services."""
+        ready_file = self.run_dir / POD_RUNNER_READY_FILE
+        ready_file.unlink(missing_ok=True)
+        env = {k: v for k, v in os.environ.items() if k in POD_RUNNER_ENV}
+        process = self.spawn(
+            "pod-runner", pod_runner_argv(self.run_dir, kubeconfig, self.server, pki), env
+        )
+        self.wait("pod-runner ready", ready_file.exists, process)
 
     def stop(self) -> None:
         """Stop every component, in reverse start order; RuntimeError names any survivor."""

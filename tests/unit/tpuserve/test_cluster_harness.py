@@ -95,7 +95,7 @@ def test_lws_config_binds_loopback_and_disables_cert_rotation(tmp_path: Path) ->
 
 
 def test_kwok_config_is_the_fast_stages_and_options_are_flags(tmp_path: Path) -> None:
-    for i, name in enumerate(kwok.STAGE_FILES):
+    for i, name in enumerate(kwok.NODE_STAGE_FILES + kwok.POD_STAGE_FILES):
         path = tmp_path / "kustomize" / "stage" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
@@ -104,6 +104,18 @@ def test_kwok_config_is_the_fast_stages_and_options_are_flags(tmp_path: Path) ->
     docs = list(yaml.safe_load_all(kwok.kwok_config(tmp_path)))
     assert [d["metadata"]["name"] for d in docs] == [f"s{i}" for i in range(5)]
     assert f"--cidr={kwok.POD_CIDR}" in kwok.kwok_flags()
+
+
+def test_kwok_leaves_pods_to_the_pod_runner_when_it_runs(tmp_path: Path) -> None:
+    for i, name in enumerate(kwok.NODE_STAGE_FILES + kwok.POD_STAGE_FILES):
+        path = tmp_path / "kustomize" / "stage" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"kind: Stage\nmetadata: {{name: {Path(name).stem}}}\n")
+    docs = list(yaml.safe_load_all(kwok.kwok_config(tmp_path, pod_stages=False)))
+    assert [d["metadata"]["name"] for d in docs] == [
+        "node-initialize",
+        "node-heartbeat-with-lease",
+    ]
 
 
 def test_toolchain_reads_the_tool_paths_environment(tmp_path: Path) -> None:
