@@ -41,6 +41,11 @@ COMMANDS: tuple[Command, ...] = (
     Command(("bench",), "tpuserve.bench.cli", "Benchmark routing policies on a workload."),
     Command(("cluster", "up"), "tpuserve.cluster.cli_up", "Start a local control plane."),
     Command(("cluster", "down"), "tpuserve.cluster.cli_down", "Stop the local control plane."),
+    Command(
+        ("cluster", "services"),
+        "tpuserve.cluster.cli_services",
+        "Where the local cluster's Services and TPUModelServers answer.",
+    ),
 )
 
 

@@ -12,6 +12,9 @@ Fixtures for e2e tests (see docs/development.md, "The e2e fixture"):
 - ``core_v1``: a `kubernetes.client.CoreV1Api` bound to the cluster.
 - ``operator_kubeconfig`` (session): the CRDs plus a ServiceAccount with exactly the operator's
   generated RBAC rules; the kubeconfig that authenticates as it.
+- ``living_cluster`` (module): a second control plane whose pods really run (the pod runner,
+  `Cluster(run_pods=True)`), with one CPU pool: the user's `tpuserve cluster up`. Pods get
+  loopback addresses and Services answer at 127.96.A.B; nothing else is shared with ``cluster``.
 - ``operator`` (module): `tpuserve operator` as a local process, run once per workload kind
   (``--workload leaderworkerset``, then ``statefulset``): every test using it runs twice. A
   module that needs other flags defines its own ``operator`` fixture (with `run_operator`).
@@ -40,7 +43,7 @@ from tests.e2e.tms_harness import (
     run_operator,
 )
 from tests.waiting import eventually
-from tpuserve.cluster import Cluster, Toolchain, ToolchainMissing, kube
+from tpuserve.cluster import Cluster, NodePool, Toolchain, ToolchainMissing, kube
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 NAMESPACE_DELETE_TIMEOUT_SECONDS = 120.0
@@ -72,6 +75,27 @@ def toolchain() -> Toolchain:
 @pytest.fixture(scope="session")
 def cluster(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     started = Cluster(tmp_path_factory.mktemp("control-plane"), toolchain=toolchain)
+    started.start()
+    _session_clusters.append(started)
+    try:
+        yield started
+    finally:
+        started.stop()
+        _session_clusters.remove(started)
+        leftovers = started.alive_processes()
+        assert not leftovers, f"processes left after teardown: {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def living_cluster(
+    toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    started = Cluster(
+        tmp_path_factory.mktemp("living-cluster"),
+        pools=[NodePool.cpu_pool("cpu", nodes=2)],
+        run_pods=True,
+        toolchain=toolchain,
+    )
     started.start()
     _session_clusters.append(started)
     try:
@@ -133,6 +157,7 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if report.failed and _session_clusters and "cluster" in getattr(item, "fixturenames", ()):
+    names = getattr(item, "fixturenames", ())
+    if report.failed and _session_clusters and {"cluster", "living_cluster"} & set(names):
         report.sections.append(("control-plane logs", _session_clusters[-1].log_report()))
     return report

@@ -6,7 +6,8 @@ a ready, not terminating pod the runner runs, in the Service's namespace, matchi
 selector (round robin), on the `targetPort` (a number, or a container port's name). This is
 what kube-proxy does with the ClusterIP, read from the runner's own pods rather than from
 EndpointSlices (which refuse loopback addresses). With no ready endpoint a connection is
-closed at once. Headless Services (no ClusterIP) have no address, as in a cluster.
+closed at once. Headless Services (no ClusterIP) have no address, as in a cluster, and nor
+have Services without a selector (`default/kubernetes`: use the kubeconfig's address).
 The Service gets the annotation `tpuserve.dev/local-address` so `kubectl` shows it.
 """
 
@@ -47,6 +48,15 @@ class _Listener:
     port: Mapping[str, Any]
 
 
+def local_address(service: Mapping[str, Any]) -> str | None:
+    """Where the Service answers: None when headless or without a selector (no endpoints the
+    runner could know, such as `default/kubernetes`)."""
+    spec = service.get("spec") or {}
+    if not spec.get("selector"):
+        return None
+    return local_service_address(str(spec.get("clusterIP") or ""))
+
+
 def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
@@ -84,7 +94,7 @@ class ServiceProxy:
         """Serve the Service (again, if its ports changed); its local address, or None."""
         uid = str(service["metadata"]["uid"])
         spec = service.get("spec") or {}
-        address = local_service_address(str(spec.get("clusterIP") or ""))
+        address = local_address(service)
         ports = tuple(
             (p.get("name"), p["port"], p.get("targetPort"), p.get("protocol", "TCP"))
             for p in spec.get("ports") or []
