@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -386,3 +387,115 @@ def operator_verdict(obj: Mapping[str, Any]) -> str | None:
     except InvalidSpec as err:
         return str(err)
     return None
+
+
+# --- pod runner: the runner as a pod sees it, with no API server ------------------------------
+
+
+class FakePodHost:
+    """`tpuserve.cluster.pods.pod.PodHost` in memory: every status write, event and deletion
+    is recorded; ConfigMaps and Secrets come from `objects` ((kind, namespace, name) -> data)."""
+
+    def __init__(self, root: Any, network: str = "127.250.7.0/24") -> None:
+        import ipaddress
+        from pathlib import Path
+
+        from tpuserve.cluster.pods.addresses import PodAddresses
+
+        self.root = Path(root)
+        self.pods_dir = self.root / "pods"
+        self.claims_dir = self.root / "claims"
+        self.base_env = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        self.backoff_base_seconds = 0.2
+        self.objects: dict[tuple[str, str, str], dict[str, str]] = {}
+        self.statuses: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.deleted: list[str] = []
+        self.addresses = PodAddresses(ipaddress.IPv4Network(network))
+        ca_cert = self.root / "ca.crt"
+        ca_cert.parent.mkdir(parents=True, exist_ok=True)
+        ca_cert.write_text("not a certificate\n")
+        self.reader = _FakeReader(self.objects, ca_cert)
+
+    def lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
+        return self.objects.get((kind, namespace, name))
+
+    def allocate_address(self) -> str:
+        return self.addresses.allocate()
+
+    def release_address(self, address: str) -> None:
+        self.addresses.release(address)
+
+    async def write_status(self, pod: Mapping[str, Any], status: dict[str, Any]) -> bool:
+        self.statuses.append(copy.deepcopy(status))
+        return True
+
+    def event(self, pod: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        self.events.append((kind, reason, message))
+
+    async def delete_pod(self, pod: Mapping[str, Any]) -> None:
+        self.deleted.append(str(pod["metadata"]["name"]))
+
+    def pod_changed(self, supervisor: Any) -> None:
+        pass
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The last status written."""
+        return self.statuses[-1] if self.statuses else {}
+
+    def container(self, name: str) -> dict[str, Any]:
+        """The last status of container `name`; KeyError before there is one."""
+        for found in self.status.get("containerStatuses") or []:
+            if found["name"] == name:
+                return dict(found)
+        raise KeyError(name)
+
+
+class _FakeReader:
+    server = "https://127.0.0.1:6443"
+
+    def __init__(self, objects: Mapping[tuple[str, str, str], dict[str, str]], ca_cert: Any):
+        self.objects = objects
+        self.ca_cert = ca_cert
+
+    def data(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
+        return self.objects.get((kind, namespace, name))
+
+    def token(
+        self,
+        namespace: str,
+        service_account: str,
+        pod: Mapping[str, Any],
+        expiration_seconds: int,
+        audiences: list[str] | None,
+    ) -> str:
+        return f"token-for-{namespace}-{service_account}"
+
+
+def pod_manifest(
+    name: str,
+    containers: list[dict[str, Any]],
+    *,
+    namespace: str = "ns",
+    restart_policy: str = "Always",
+    grace_seconds: int = 5,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A bound pod as the runner receives it from the API server."""
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "labels": {"app": name},
+        },
+        "spec": {
+            "nodeName": "gke-tpuserve-cpu-0",
+            "restartPolicy": restart_policy,
+            "terminationGracePeriodSeconds": grace_seconds,
+            "containers": containers,
+            **spec,
+        },
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]},
+    }

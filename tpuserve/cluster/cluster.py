@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from tpuserve.cluster import kube, kubeconfig, nodes
+from tpuserve.cluster.components import POD_LOGS_DIR as PODS_DIR
 from tpuserve.cluster.components import Components, Ports
 from tpuserve.cluster.node_pools import NodePool, load_profile
 from tpuserve.cluster.pki import ADMIN_USER, PKI, create_pki, load_pki
-from tpuserve.cluster.process import ManagedProcess, wait_for
+from tpuserve.cluster.process import ManagedProcess, tail, wait_for
 from tpuserve.cluster.toolchain import Toolchain, ToolchainMissing
 from tpuserve.cluster.tools import Tools
 
@@ -375,8 +376,13 @@ class Cluster:
     # ---- diagnostics -----------------------------------------------------------------------
 
     def log_report(self, lines: int = 40) -> str:
-        """The last lines of every component log, for a failing test's report."""
-        return self.components.log_report(lines)
+        """The last lines of every component log (and pod log, when pods run), for a failing
+        test's report."""
+        report = self.components.log_report(lines)
+        if self.run_pods:
+            for path in sorted((self.run_dir / PODS_DIR).glob("*/*/*.log")):
+                report += f"\n---- pod log {path}\n{tail(path, lines // 2)}"
+        return report
 
 
 def default_run_dir() -> Path:

@@ -48,6 +48,8 @@ INHERITED_ENV = ("PATH", "HOME", "TMPDIR", "TZ")
 POD_RUNNER_ENV = ("PYTHONPATH", "LANG")
 # Written by the pod runner into the run directory once it has listed pods and Services.
 POD_RUNNER_READY_FILE = "pod-runner.ready"
+# Under the run directory: NAMESPACE/POD/CONTAINER.log, and each pod's volumes.
+POD_LOGS_DIR = "pods"
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,12 @@ class ProcessSpec:
     argv: list[str]
     env: dict[str, str]
     cwd: Path
+    pod_ip: str = ""
+    mount_points: tuple[tuple[str, Path], ...] = ()
+
+    def localize(self, text: str) -> str:
+        """`text` as the container would mean it (an exec probe's or hook's command)."""
+        return expand(localize(text, self.pod_ip, self.mount_points), self.env)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,4 +239,4 @@ def process_spec(
     working_dir = container.get("workingDir")
     cwd = Path(localize(working_dir, ctx.pod_ip, mount_points)) if working_dir else ctx.pod_dir
     cwd.mkdir(parents=True, exist_ok=True)
-    return ProcessSpec([program, *argv[1:]], env, cwd)
+    return ProcessSpec([program, *argv[1:]], env, cwd, ctx.pod_ip, tuple(mount_points))

@@ -240,7 +240,8 @@ class PodSupervisor:
                 return await self._stay_until_deleted()
         self.mark_changed()
         tasks = [asyncio.create_task(c.run()) for c in self.containers]
-        finished = await self._until(asyncio.ensure_future(asyncio.gather(*tasks)), self.containers)
+        together = asyncio.gather(*tasks, return_exceptions=True)
+        finished = await self._until(together, self.containers)
         if finished:
             await self._stay_until_deleted()
 
@@ -252,8 +253,12 @@ class PodSupervisor:
             stop.cancel()
             return True
         await asyncio.gather(*(c.stop(self._grace_seconds) for c in containers))
-        with contextlib.suppress(Exception):
-            await work
+        try:
+            await asyncio.wait_for(asyncio.shield(work), self._grace_seconds + 5.0)
+        except (TimeoutError, Exception):
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
         return False
 
     async def _stay_until_deleted(self) -> None:

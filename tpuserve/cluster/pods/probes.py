@@ -2,7 +2,9 @@
 
 httpGet (HTTP or HTTPS without verification, any 2xx or 3xx passes), tcpSocket (a
 connection opens) and exec (exit code 0, run with the container's environment) are
-supported; grpc is not, and counts as failing with a message saying so. A named port is
+supported; grpc is not, and counts as failing with a message saying so. An exec command is
+read as inside the container: its paths under a mountPath and wildcard addresses are
+localized, and `$(VAR)` expanded, like the container's own command. A named port is
 looked up in the container's ports. The host is the pod's address (`host` may override it,
 and is then used as given, as the kubelet does). Timing fields and thresholds have the
 Kubernetes defaults.
@@ -92,7 +94,7 @@ async def _tcp(
 async def _exec(
     handler: Mapping[str, Any], process: ProcessSpec, timeout_seconds: float
 ) -> str | None:
-    command = [str(c) for c in handler.get("command") or []]
+    command = [process.localize(str(c)) for c in handler.get("command") or []]
     if not command:
         return "exec probe has no command"
     child = await asyncio.create_subprocess_exec(

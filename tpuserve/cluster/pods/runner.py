@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuserve.cluster import kube, kubeconfig
+from tpuserve.cluster.components import POD_LOGS_DIR as PODS_DIR
 from tpuserve.cluster.components import POD_RUNNER_READY_FILE as READY_FILE
 from tpuserve.cluster.pods.addresses import PodAddresses
 from tpuserve.cluster.pods.pod import PodSupervisor
@@ -36,7 +37,6 @@ from tpuserve.cluster.pods.status import now
 
 log = logging.getLogger(__name__)
 
-PODS_DIR = "pods"
 CLAIMS_DIR = "volumes"
 DEFAULT_BACKOFF_SECONDS = 10.0
 DEFAULT_STOP_GRACE_SECONDS = 10.0
