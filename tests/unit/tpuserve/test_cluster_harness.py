@@ -107,7 +107,7 @@ def test_kwok_config_is_the_fast_stages_and_options_are_flags(tmp_path: Path) ->
 
 
 def test_kwok_leaves_pods_to_the_pod_runner_when_it_runs(tmp_path: Path) -> None:
-    for i, name in enumerate(kwok.NODE_STAGE_FILES + kwok.POD_STAGE_FILES):
+    for name in kwok.NODE_STAGE_FILES + kwok.POD_STAGE_FILES:
         path = tmp_path / "kustomize" / "stage" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"kind: Stage\nmetadata: {{name: {Path(name).stem}}}\n")
