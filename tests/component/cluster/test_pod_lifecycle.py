@@ -173,7 +173,7 @@ async def test_init_containers_run_first_and_a_finished_pod_succeeds(host: FakeP
             {
                 "name": "GREETING",
                 "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "GREETING"}},
-            }
+            },
         ],
         volumeMounts=[{"name": "work", "mountPath": "/work"}],
     )
