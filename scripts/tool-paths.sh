@@ -11,6 +11,9 @@ export TPUSERVE_KWOK_VERSION=${TPUSERVE_KWOK_VERSION:-v0.8.0}
 # LWS v0.10.0 is pinned upstream by the reference, but the module proxy answers 403 "This module
 # version is not available" for its zip (and for @v/list); v0.9.0 (go 1.26, k8s.io v0.36.2) is served.
 export TPUSERVE_LWS_VERSION=${TPUSERVE_LWS_VERSION:-v0.9.0}
+# Data only (nothing is built): the Prometheus Operator's CRDs (PodMonitor, ServiceMonitor,
+# PrometheusRule) for a cluster whose pods run, read from the module in the Go cache.
+export TPUSERVE_PROMETHEUS_OPERATOR_VERSION=${TPUSERVE_PROMETHEUS_OPERATOR_VERSION:-v0.85.0}
 TPUSERVE_K8S_KEY=k8s-$TPUSERVE_K8S_VERSION.etcd-$TPUSERVE_ETCD_VERSION.kwok-$TPUSERVE_KWOK_VERSION.lws-$TPUSERVE_LWS_VERSION
 export TPUSERVE_K8S_KEY
 export TPUSERVE_K8S_BIN=${TPUSERVE_K8S_BIN:-$TPUSERVE_CACHE/k8s/$TPUSERVE_K8S_KEY/bin}

@@ -1,6 +1,7 @@
 """The README's local flow, with pods that really run: `tpuserve cluster up`, `helm install`
 (the operator runs as a pod), `kubectl apply -f charts/tpuserve/examples/simulated.yaml`, and
-the official `openai` client gets answers from the address `tpuserve cluster services` prints.
+the official `openai` client gets answers from the address `tpuserve cluster services` prints,
+and the cluster's Prometheus scrapes what the chart's monitors select.
 
 One flow on the module's `living_cluster` (the pod runner on): the operator pod passes its
 real probes; the server's engine and router pods run at loopback pod addresses; answers come
@@ -13,11 +14,13 @@ stops every engine with SIGTERM (the launcher drains) and removes its pods.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +98,12 @@ def read(url: str) -> str:
         return str(response.read().decode())
 
 
+def query(prometheus: str, promql: str) -> list[dict[str, Any]]:
+    url = f"{prometheus}/api/v1/query?query={urllib.parse.quote(promql)}"
+    result: list[dict[str, Any]] = json.loads(read(url))["data"]["result"]
+    return result
+
+
 def ask(client: openai.OpenAI, model: str, prompt: str) -> Any:
     return client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], max_tokens=8
@@ -106,6 +115,7 @@ def test_readme_flow_answers_from_the_printed_endpoint(living_cluster: Cluster) 
     cluster.helm(
         "install", "tpuserve", str(CHART), "--namespace", OPERATOR_NAMESPACE,
         "--create-namespace", "--wait", "--timeout", "180s",
+        "--set", "monitoring.scrapeInterval=2s", "--set", "monitoring.scrapeTimeout=2s",
     )  # fmt: skip
     (operator_pod,) = get(cluster, "pods", "-n", OPERATOR_NAMESPACE)["items"]
     assert operator_pod["status"]["podIP"].startswith("127.244.")
@@ -132,6 +142,18 @@ def test_readme_flow_answers_from_the_printed_endpoint(living_cluster: Cluster) 
     details = second.usage.prompt_tokens_details if second.usage else None
     assert details is not None
     assert details.cached_tokens, "no prefix reuse on the second request"
+
+    # Prometheus scrapes what the chart's PodMonitors select, and evaluates its rules.
+    assert cluster.prometheus_url is not None
+    prometheus = cluster.prometheus_url
+
+    def scraped_and_recorded() -> bool:
+        queues = query(prometheus, f'sglang:num_queue_reqs{{namespace="{NAMESPACE}"}}')
+        models = {(r["metric"].get("pod"), r["metric"].get("model")) for r in queues}
+        requests = query(prometheus, f'model:sglang_requests:rate1m{{model_name="{model}"}}')
+        return models == {(e["metadata"]["name"], model) for e in engines} and bool(requests)
+
+    wait("Prometheus scraping the engines and recording rates", scraped_and_recorded)
 
     # KV events: the precise policy rebuilds each engine's cache from its KV events.
     cluster.kubectl(

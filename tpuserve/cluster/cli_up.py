@@ -55,6 +55,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "By default the pod runner runs every pod as local processes on loopback.",
     )
     parser.add_argument(
+        "--no-prometheus",
+        dest="prometheus",
+        action="store_false",
+        default=None,
+        help="Do not run Prometheus (by default it runs when pods do, scraping what the "
+        "cluster's PodMonitors and ServiceMonitors select).",
+    )
+    parser.add_argument(
         "--timeout",
         type=cli_types.duration_seconds,
         default=120.0,
@@ -83,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             pools=pools,
             lws=args.lws,
             run_pods=args.run_pods,
+            prometheus=args.prometheus,
             detach=True,
             startup_timeout_seconds=args.timeout,
         )
@@ -100,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
             "  pods run as local processes on 127.244.0.0/16; a Service with ClusterIP "
             "10.96.A.B answers at 127.96.A.B (`tpuserve cluster services`)"
         )
+    if cluster.prometheus_url:
+        print(f"  Prometheus: {cluster.prometheus_url} (scrapes the cluster's PodMonitors)")
     print(f"  logs: {cluster.logs_dir}")
     print(f"  export KUBECONFIG={cluster.kubeconfig}")
     print(

@@ -57,6 +57,9 @@ class Cluster:
         lws: run the LeaderWorkerSet controller; None means "if its binary was built".
         run_pods: run every pod bound to a fake node as local processes on loopback (the pod
             runner, `tpuserve.cluster.pods`) instead of letting kwok fake them Running.
+        prometheus: run the real Prometheus scraping what the cluster's PodMonitors and
+            ServiceMonitors select (`tpuserve.cluster.monitoring`, with the Prometheus Operator's
+            CRDs); None means "when pods run" (without them there is nothing to scrape).
         detach: leave processes running after this Python process exits (`cluster up`).
         startup_timeout_seconds: deadline for each component's readiness.
         ports, pki: those of a cluster already running (`attach`); default: new ones.
@@ -69,6 +72,7 @@ class Cluster:
         pools: Sequence[NodePool] | None = None,
         lws: bool | None = None,
         run_pods: bool = False,
+        prometheus: bool | None = None,
         detach: bool = False,
         toolchain: Toolchain | None = None,
         startup_timeout_seconds: float = DEFAULT_STARTUP_TIMEOUT_SECONDS,
@@ -80,6 +84,7 @@ class Cluster:
         self.pools: list[NodePool] = list(load_profile() if pools is None else pools)
         self.lws_enabled = self.toolchain.has_lws if lws is None else lws
         self.run_pods = run_pods
+        self.prometheus = run_pods if prometheus is None else prometheus
         self.components = Components(
             self.run_dir,
             self.toolchain,
@@ -110,6 +115,11 @@ class Cluster:
     @property
     def processes(self) -> dict[str, ManagedProcess]:
         return self.components.processes
+
+    @property
+    def prometheus_url(self) -> str | None:
+        """The local Prometheus (`prometheus=True`), on 127.0.0.1."""
+        return f"http://127.0.0.1:{self.ports.prometheus}" if self.prometheus else None
 
     @property
     def kubeconfig(self) -> Path:
@@ -189,6 +199,13 @@ class Cluster:
             steps.append(
                 ("pod-runner", lambda: components.start_pod_runner(self.pki, self.kubeconfig))
             )
+        if self.prometheus:
+            steps.append(
+                (
+                    "prometheus",
+                    lambda: components.start_monitoring(self.kubeconfig, self.api_client),
+                )
+            )
         steps.append(("default namespace", self._wait_default_namespace))
         try:
             for step, run in steps:
@@ -236,6 +253,7 @@ class Cluster:
             pools=[],
             lws=bool(state["lws"]),
             run_pods=bool(state.get("run_pods", False)),
+            prometheus=bool(state.get("prometheus", False)),
             detach=True,
             toolchain=toolchain,
             startup_timeout_seconds=float(
@@ -258,6 +276,7 @@ class Cluster:
             "ports": asdict(self.ports),
             "lws": self.lws_enabled,
             "run_pods": self.run_pods,
+            "prometheus": self.prometheus,
             "started_seconds": self.started_seconds,
             "start_seconds": self.start_seconds,
             "startup_timeout_seconds": self.startup_timeout_seconds,

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tpuserve.cluster import kwok, lws
+from tpuserve.cluster import kube, kwok, lws
 from tpuserve.cluster.pki import PKI, issue_serving_cert
 from tpuserve.cluster.ports import LOOPBACK, free_ports
 from tpuserve.cluster.process import ManagedProcess, tail, wait_for
@@ -41,6 +41,7 @@ START_ORDER = (
     "kwok",
     "lws-controller",
     "pod-runner",
+    "monitoring",
 )
 # What a component inherits from our environment; everything else it needs is in its argv.
 INHERITED_ENV = ("PATH", "HOME", "TMPDIR", "TZ")
@@ -62,10 +63,11 @@ class Ports:
     kwok: int
     lws_webhook: int
     lws_health: int
+    prometheus: int = 0  # 0 in state files written before the cluster ran Prometheus
 
     @classmethod
     def allocate(cls) -> Ports:
-        return cls(*free_ports(8))
+        return cls(*free_ports(9))
 
 
 # ---- command lines --------------------------------------------------------------------------
@@ -178,6 +180,17 @@ def pod_runner_argv(run_dir: Path, kubeconfig: Path, server: str, pki: PKI) -> l
         f"--run-dir={run_dir}",
         f"--server={server}",
         f"--ca-cert={pki.ca_cert}",
+    ]
+
+
+def monitoring_argv(run_dir: Path, kubeconfig: Path, ports: Ports) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "tpuserve.cluster.monitoring",
+        f"--kubeconfig={kubeconfig}",
+        f"--dir={run_dir / 'prometheus'}",
+        f"--port={ports.prometheus}",
     ]
 
 
@@ -327,7 +340,7 @@ class Components:
         """CRDs first, then the controller with a serving cert from our CA, then its webhooks."""
         module_dir = self.toolchain.lws_module_dir()
         with contextlib.closing(new_api()) as api:
-            lws.install_crds(api, module_dir, self.startup_timeout_seconds)
+            kube.install_crds(api, lws.crd_paths(module_dir), self.startup_timeout_seconds)
         cert_dir = self.run_dir / "lws-certs"
         cert_dir.mkdir(exist_ok=True)
         issue_serving_cert(
@@ -363,6 +376,17 @@ class Components:
             "pod-runner", pod_runner_argv(self.run_dir, kubeconfig, self.server, pki), env
         )
         self.wait("pod-runner ready", ready_file.exists, process)
+
+    def start_monitoring(self, kubeconfig: Path, new_api: Callable[[], Any]) -> None:
+        """The Prometheus Operator's monitor CRDs, then Prometheus kept equal to the monitors."""
+        with contextlib.closing(new_api()) as api:
+            crds = self.toolchain.prometheus_operator_crds()
+            kube.install_crds(api, crds, self.startup_timeout_seconds)
+        env = {k: v for k, v in os.environ.items() if k in POD_RUNNER_ENV}
+        argv = monitoring_argv(self.run_dir, kubeconfig, self.ports)
+        process = self.spawn("monitoring", argv, env)
+        ready = f"http://{LOOPBACK}:{self.ports.prometheus}/-/ready"
+        self.wait("prometheus /-/ready", lambda: http_ok(ready), process)
 
     def stop(self) -> None:
         """Stop every component, in reverse start order; RuntimeError names any survivor."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -72,3 +73,23 @@ def create_or_replace_webhook(admission: Any, body: dict[str, Any]) -> None:
             body["metadata"]["name"]
         ).metadata.resource_version
         replace(body["metadata"]["name"], body)
+
+
+def install_crds(api: Any, paths: list[Path], timeout_seconds: float) -> None:
+    """Create (or replace) CRDs from YAML files and wait until the apiserver serves them."""
+    import yaml
+
+    from tpuserve.cluster.process import wait_for
+
+    # Large CRDs (LWS's is 1.3 MB): libyaml parses in ~0.3 s, pure-Python PyYAML in ~3 s.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    extensions = client().ApiextensionsV1Api(api)
+    crds = [yaml.load(path.read_text(), Loader=loader) for path in paths]
+    for crd in crds:
+        create_or_replace_crd(extensions, crd)
+    names = [crd["metadata"]["name"] for crd in crds]
+    wait_for(
+        f"CRDs {', '.join(names)} Established",
+        lambda: all(crd_established(extensions, n) for n in names),
+        timeout_seconds,
+    )

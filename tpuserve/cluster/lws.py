@@ -20,7 +20,6 @@ from typing import Any
 import yaml
 
 from tpuserve.cluster import kube
-from tpuserve.cluster.process import wait_for
 
 # The label LWS puts on every pod of a group; the pod webhooks only see pods carrying it.
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
@@ -80,20 +79,6 @@ def webhook_configurations(
 
 def webhook_manifests_path(lws_module_dir: Path) -> Path:
     return lws_module_dir / "config" / "webhook" / "manifests.yaml"
-
-
-def install_crds(api: Any, lws_module_dir: Path, timeout_seconds: float) -> None:
-    """Create (or replace) LWS's CRDs and wait until the apiserver serves them."""
-    extensions = kube.client().ApiextensionsV1Api(api)
-    crds = [_load_yaml(path.read_text()) for path in crd_paths(lws_module_dir)]
-    for crd in crds:
-        kube.create_or_replace_crd(extensions, crd)
-    names = [crd["metadata"]["name"] for crd in crds]
-    wait_for(
-        f"CRDs {', '.join(names)} Established",
-        lambda: all(kube.crd_established(extensions, n) for n in names),
-        timeout_seconds,
-    )
 
 
 def register_webhooks(api: Any, lws_module_dir: Path, webhook_port: int, ca_cert: Path) -> None:

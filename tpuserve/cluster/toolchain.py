@@ -40,6 +40,7 @@ _ENV_KEYS = (
     "TPUSERVE_ETCD_VERSION",
     "TPUSERVE_KWOK_VERSION",
     "TPUSERVE_LWS_VERSION",
+    "TPUSERVE_PROMETHEUS_OPERATOR_VERSION",
 )
 
 
@@ -57,6 +58,7 @@ class Toolchain:
     etcd_version: str
     kwok_version: str
     lws_version: str
+    prometheus_operator_version: str
 
     @classmethod
     def discover(cls, environ: Mapping[str, str] | None = None) -> Toolchain:
@@ -68,6 +70,7 @@ class Toolchain:
             etcd_version=env["TPUSERVE_ETCD_VERSION"],
             kwok_version=env["TPUSERVE_KWOK_VERSION"],
             lws_version=env["TPUSERVE_LWS_VERSION"],
+            prometheus_operator_version=env["TPUSERVE_PROMETHEUS_OPERATOR_VERSION"],
         )
 
     def binary(self, name: str) -> Path:
@@ -98,6 +101,15 @@ class Toolchain:
 
     def lws_module_dir(self) -> Path:
         return go_module_dir("sigs.k8s.io/lws", self.lws_version)
+
+    def prometheus_operator_crds(self) -> list[Path]:
+        """The PodMonitor, ServiceMonitor and PrometheusRule CRDs, from the operator's module."""
+        module = go_module_dir(
+            "github.com/prometheus-operator/prometheus-operator", self.prometheus_operator_version
+        )
+        crd_dir = module / "example" / "prometheus-operator-crd"
+        kinds = ("podmonitors", "servicemonitors", "prometheusrules")
+        return [crd_dir / f"monitoring.coreos.com_{kind}.yaml" for kind in kinds]
 
 
 def _tool_paths_env(environ: Mapping[str, str]) -> dict[str, str]:

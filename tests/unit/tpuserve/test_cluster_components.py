@@ -27,7 +27,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
 
 
 def toolchain(root: Path) -> Toolchain:
-    return Toolchain(root / "k8s", root / "tools", "v1.36.3", "v3.6.16", "v0.8.0", "v0.9.0")
+    return Toolchain(
+        root / "k8s", root / "tools", "v1.36.3", "v3.6.16", "v0.8.0", "v0.9.0", "v0.85.0"
+    )
 
 
 def flags(argv: list[str]) -> dict[str, str]:

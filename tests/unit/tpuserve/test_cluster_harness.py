@@ -127,6 +127,7 @@ def test_toolchain_reads_the_tool_paths_environment(tmp_path: Path) -> None:
         "TPUSERVE_ETCD_VERSION": "v3.6.16",
         "TPUSERVE_KWOK_VERSION": "v0.8.0",
         "TPUSERVE_LWS_VERSION": "v0.9.0",
+        "TPUSERVE_PROMETHEUS_OPERATOR_VERSION": "v0.85.0",
     }
     toolchain = Toolchain.discover(env)
     assert toolchain.k8s_bin == tmp_path / "k8s"
