@@ -438,6 +438,17 @@ class AutoscalingSpec(Schema):
             "(tokensInFlight) or seconds (ttft). Default: 8."
         ),
     )
+    scale_down_stabilization_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=3600,
+        description=(
+            "scaleDownStabilizationSeconds is how long demand must stay lower before the "
+            "autoscaler removes a slice (the HorizontalPodAutoscaler's scale-down "
+            "stabilization window); slices then go one per minute. Scale-up never waits. "
+            "Default: 300."
+        ),
+    )
 
 
 class RolloutSpec(Schema):

@@ -15,8 +15,8 @@ Custom Metrics Stackdriver Adapter over Managed Prometheus), which must serve:
   `target` seconds.
 
 Scale-up adds one slice at a time per minute (a slice is costly and slow to start; the next
-decision sees the new one); scale-down waits 5 minutes of lower demand, then removes one
-slice at a time.
+decision sees the new one); scale-down waits `scaleDownStabilizationSeconds` (default 5
+minutes) of lower demand, then removes one slice at a time.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def autoscaler(server: Server) -> list[Manifest]:
                         "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
                     },
                     "scaleDown": {
-                        "stabilizationWindowSeconds": 300,
+                        "stabilizationWindowSeconds": spec.scale_down_stabilization_seconds,
                         "selectPolicy": "Max",
                         "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
                     },
