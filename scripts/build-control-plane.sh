@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and the
-# LeaderWorkerSet controller from Go modules (module proxy only, no tarballs) into
+# Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, the
+# LeaderWorkerSet controller and Prometheus Adapter from Go modules (module proxy only, no tarballs) into
 # $TPUSERVE_K8S_BIN, a directory keyed by the pinned versions. A no-op when every binary
 # exists AND its embedded Go build info (`go version -m`) names the pinned module version.
 #
@@ -37,16 +37,20 @@ k8s_current() {
 etcd_current() { built_from "$TPUSERVE_K8S_BIN/etcd" go.etcd.io/etcd/server/v3 "$TPUSERVE_ETCD_VERSION"; }
 kwok_current() { built_from "$TPUSERVE_K8S_BIN/kwok" sigs.k8s.io/kwok "$TPUSERVE_KWOK_VERSION"; }
 lws_current() { built_from "$TPUSERVE_K8S_BIN/lws-controller" sigs.k8s.io/lws "$TPUSERVE_LWS_VERSION"; }
+adapter_current() {
+  built_from "$TPUSERVE_K8S_BIN/prometheus-adapter" sigs.k8s.io/prometheus-adapter \
+    "$TPUSERVE_PROMETHEUS_ADAPTER_VERSION"
+}
 
 if [ "$check_only" = 1 ]; then
   ok=0
-  for part in k8s etcd kwok lws; do
+  for part in k8s etcd kwok lws adapter; do
     if "${part}_current"; then log "$part: current"; else log "$part: missing or stale"; ok=1; fi
   done
   exit "$ok"
 fi
 
-if k8s_current && etcd_current && kwok_current && lws_current; then
+if k8s_current && etcd_current && kwok_current && lws_current && adapter_current; then
   log "all binaries current in $TPUSERVE_K8S_BIN (nothing to do)"
   exit 0
 fi
@@ -184,6 +188,27 @@ build_lws() {
   "$TPUSERVE_K8S_BIN/lws-controller" --version >&2
 }
 
+build_adapter() {
+  # A wrapper module, as for LWS: the proxy refuses sigs.k8s.io/prometheus-adapter's version
+  # list (403), which `go install module/pkg@version` reads.
+  local w=$build_root/prometheus-adapter-$TPUSERVE_PROMETHEUS_ADAPTER_VERSION tmp
+  mkdir -p "$w"
+  cd "$w"
+  printf 'module local.test/prometheus-adapter-bin\n\ngo 1.26\n\nrequire sigs.k8s.io/prometheus-adapter %s\n' \
+    "$TPUSERVE_PROMETHEUS_ADAPTER_VERSION" >go.mod.new
+  if ! cmp -s go.mod.new go.mod.gen 2>/dev/null; then
+    cp go.mod.new go.mod
+    cp go.mod.new go.mod.gen
+    rm -f go.sum
+  fi
+  rm -f go.mod.new
+  tmp=$(mktemp -d "$build_root/out.XXXXXX")
+  nice -n 10 go build -p "$jobs" -trimpath -ldflags="-s -w" \
+    -o "$tmp/prometheus-adapter" sigs.k8s.io/prometheus-adapter/cmd/adapter
+  install_bin "$tmp/prometheus-adapter" "$TPUSERVE_K8S_BIN/prometheus-adapter"
+  rmdir "$tmp"
+}
+
 timed() { # PART
   local t0=$SECONDS
   if "${1}_current"; then
@@ -210,5 +235,15 @@ if ! wait $!; then
     exit 1
   fi
   log "WARNING: the LWS controller did not build; the LWS e2e test will skip"
+fi
+# Prometheus Adapter serves the engines' series to the HPA; optional like LWS (only the
+# autoscaling e2e test needs it).
+timed adapter &
+if ! wait $!; then
+  if [ "${CI:-}" = true ]; then
+    log "ERROR: Prometheus Adapter did not build (CI=true)"
+    exit 1
+  fi
+  log "WARNING: Prometheus Adapter did not build; the autoscaling e2e test will skip"
 fi
 log "done in $(($(date +%s) - start_all)) s; binaries in $TPUSERVE_K8S_BIN"

@@ -11,6 +11,9 @@ export TPUSERVE_KWOK_VERSION=${TPUSERVE_KWOK_VERSION:-v0.8.0}
 # LWS v0.10.0 is pinned upstream by the reference, but the module proxy answers 403 "This module
 # version is not available" for its zip (and for @v/list); v0.9.0 (go 1.26, k8s.io v0.36.2) is served.
 export TPUSERVE_LWS_VERSION=${TPUSERVE_LWS_VERSION:-v0.9.0}
+# The metrics adapter the HPA reads the engines' series through (built like LWS; optional, so
+# not part of the directory key: a missing one only skips the autoscaling e2e test).
+export TPUSERVE_PROMETHEUS_ADAPTER_VERSION=${TPUSERVE_PROMETHEUS_ADAPTER_VERSION:-v0.12.0}
 # Data only (nothing is built): the Prometheus Operator's CRDs (PodMonitor, ServiceMonitor,
 # PrometheusRule) for a cluster whose pods run, read from the module in the Go cache.
 export TPUSERVE_PROMETHEUS_OPERATOR_VERSION=${TPUSERVE_PROMETHEUS_OPERATOR_VERSION:-v0.85.0}

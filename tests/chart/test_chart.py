@@ -240,7 +240,7 @@ def test_admission_policy_ships_the_generated_policy_bound_to_its_parameters(
     assert binding["spec"]["paramRef"] == {
         "name": parameters["metadata"]["name"],
         "namespace": "ml-system",
-        "parameterNotFoundAction": "Deny",
+        "parameterNotFoundAction": "Allow",
     }
 
 

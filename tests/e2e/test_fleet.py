@@ -1,4 +1,4 @@
-"""The README's local flow, with pods that really run: `tpuserve cluster up`, `helm install`
+"""The README's local flow, with pods that really run, and autoscaling on live metrics: `tpuserve cluster up`, `helm install`
 (the operator runs as a pod), `kubectl apply -f charts/tpuserve/examples/simulated.yaml`, and
 the official `openai` client gets answers from the address `tpuserve cluster services` prints,
 and the cluster's Prometheus scrapes what the chart's monitors select.
@@ -10,6 +10,14 @@ through the router Service's local address, with prefix reuse; switching the rou
 their KV events; an engine killed with SIGKILL is restarted (LeaderWorkerSet recreates its
 group, or the StatefulSet's pod restarts) and the server is Ready again; deleting the server
 stops every engine with SIGTERM (the launcher drains) and removes its pods.
+
+Autoscaling: a server with `spec.autoscaling` (KV tokens in use per chip) under load from the
+official client: the engines' series go from Prometheus through Prometheus Adapter to the HPA,
+which raises `spec.replicas` through the scale subresource; the operator adds a slice, the
+router finds it and sends it requests; when the load drops to a trickle the HPA lowers
+`spec.replicas` after the stabilisation window and the operator removes the slice (the router
+stops sending to its terminating leader, the engine drains). Not one request fails; the
+timeline is printed (`-s`) and recorded in docs/operator.md.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -182,8 +192,9 @@ def test_readme_flow_answers_from_the_printed_endpoint(living_cluster: Cluster) 
 
     # A killed engine comes back (its container restarts, or LWS recreates the group).
     victim = engines[0]
-    pid = int(victim["status"]["containerStatuses"][0]["containerID"].rsplit("/", 1)[1])
-    os.kill(pid, signal.SIGKILL)
+    init = int(victim["status"]["containerStatuses"][0]["containerID"].rsplit("/", 1)[1])
+    (main,) = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+    os.kill(int(main), signal.SIGKILL)  # the container's main process: the launcher
 
     def restarted() -> bool:
         now = pods(cluster, f"statefulset.kubernetes.io/pod-name={victim['metadata']['name']}")
@@ -208,4 +219,175 @@ def test_readme_flow_answers_from_the_printed_endpoint(living_cluster: Cluster) 
     cluster.helm("uninstall", "tpuserve", "--namespace", OPERATOR_NAMESPACE, "--wait")
     wait(
         "the operator pod gone", lambda: not get(cluster, "pods", "-n", OPERATOR_NAMESPACE)["items"]
+    )
+
+
+# ---- autoscaling on live metrics ------------------------------------------------------------
+
+AUTOSCALED = "autoscaled"
+# KV tokens in use per chip; the v6e 2x4 slice has 8 chips, so 800 tokens per replica.
+TOKENS_PER_CHIP_TARGET = 100
+HEAVY_STREAMS = 6
+HEAVY_PROMPT_WORDS = 1500
+SCALE_TIMEOUT_SECONDS = 300.0
+
+
+class Load:
+    """Closed-loop clients through the router with the official client; counts every outcome."""
+
+    def __init__(self, base_url: str, model: str) -> None:
+        self.client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        self.model = model
+        self.ok = 0
+        self.failed: list[str] = []
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.stop = threading.Event()
+
+    def run(self, streams: int, prompt_words: int, max_tokens: int) -> None:
+        """Start `streams` clients (stopping the ones before)."""
+        self.halt()
+        self.stop = threading.Event()
+        for i in range(streams):
+            prompt = " ".join(f"w{i}x{j}" for j in range(prompt_words))
+            thread = threading.Thread(
+                target=self._loop, args=(self.stop, prompt, max_tokens), daemon=True
+            )
+            thread.start()
+            self.threads.append(thread)
+
+    def _loop(self, stop: threading.Event, prompt: str, max_tokens: int) -> None:
+        sent = 0
+        while not stop.is_set():
+            sent += 1
+            # A new first word each time: no prefix to follow, so the router balances by load.
+            unique = f"{threading.get_ident()}-{sent} {prompt}"
+            try:
+                answer = self.client.chat.completions.create(
+                    model=self.model,
+                    messages=[{"role": "user", "content": unique}],
+                    max_tokens=max_tokens,
+                    timeout=60,
+                )
+                good = bool(answer.choices and answer.choices[0].message.content)
+            except Exception as err:  # every failure is counted and shown
+                good = False
+                reason = f"{type(err).__name__}: {err}"
+            else:
+                reason = "empty answer"
+            with self.lock:
+                if good:
+                    self.ok += 1
+                else:
+                    self.failed.append(reason)
+
+    def halt(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(90)
+        self.threads = []
+
+
+def test_autoscaling_acts_on_live_metrics_with_no_failed_request(living_cluster: Cluster) -> None:
+    cluster = living_cluster
+    if not cluster.metrics_adapter:
+        pytest.skip("Prometheus Adapter was not built (scripts/build-control-plane.sh)")
+    cluster.helm(
+        "upgrade", "--install", "tpuserve", str(CHART), "--namespace", OPERATOR_NAMESPACE,
+        "--create-namespace", "--wait", "--timeout", "180s",
+        "--set", "monitoring.scrapeInterval=2s", "--set", "monitoring.scrapeTimeout=2s",
+    )  # fmt: skip
+    server = {
+        "apiVersion": "serving.tpuserve.dev/v1alpha1",
+        "kind": "TPUModelServer",
+        "metadata": {"name": AUTOSCALED},
+        "spec": {
+            "model": {"source": "hf://Qwen/Qwen3-8B", "contextLength": 8192},
+            "tpu": {"generation": "v6e", "topology": "2x4"},
+            "engine": {"type": "simulated"},
+            "router": {"replicas": 1},
+            "autoscaling": {
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "metric": "tokensInFlight",
+                "target": TOKENS_PER_CHIP_TARGET,
+                "scaleDownStabilizationSeconds": 20,
+            },
+        },
+    }
+    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(server))
+    wait(f"{AUTOSCALED} Ready", lambda: ready(cluster, AUTOSCALED))
+    base_url = local_base_url(cluster, AUTOSCALED)
+    model = get(cluster, "tpumodelserver", AUTOSCALED, "-n", NAMESPACE)["status"]["servedName"]
+    metrics_url = base_url.rsplit(":", 1)[0] + ":9000/metrics"
+    timeline: dict[str, float] = {}
+    load = Load(base_url, model)
+    t0 = time.monotonic()
+    try:
+        load.run(HEAVY_STREAMS, HEAVY_PROMPT_WORDS, max_tokens=400)
+        timeline["load start"] = 0.0
+
+        def replicas() -> int:
+            spec = get(cluster, "tpumodelserver", AUTOSCALED, "-n", NAMESPACE)["spec"]
+            return int(spec.get("replicas", 0))
+
+        wait("the HPA raising spec.replicas", lambda: replicas() == 2, SCALE_TIMEOUT_SECONDS)
+        timeline["scale-up decision (spec.replicas 2)"] = time.monotonic() - t0
+
+        def two_ready() -> bool:
+            status = get(cluster, "tpumodelserver", AUTOSCALED, "-n", NAMESPACE)["status"]
+            return int(status.get("readyReplicas", 0)) == 2
+
+        wait("the new slice Ready", two_ready, SCALE_TIMEOUT_SECONDS)
+        timeline["new group Ready"] = time.monotonic() - t0
+        (new_leader,) = pods(
+            cluster,
+            f"app.kubernetes.io/instance={AUTOSCALED},serving.tpuserve.dev/role=leader,"
+            "serving.tpuserve.dev/replica=1",
+        )
+        new_worker = f"http://{new_leader['status']['podIP']}:30000"
+
+        def served_by_new_group() -> float:
+            worker = f'worker="{new_worker}"'
+            return sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in read(metrics_url).splitlines()
+                if line.startswith("tpuserve_router_requests_total{") and worker in line
+            )
+
+        wait("the router sending requests to the new slice", lambda: served_by_new_group() > 0)
+        timeline["first request served by the new group"] = time.monotonic() - t0
+
+        # Light steady load: far below the target, so the fleet scales back down while
+        # requests keep flowing through the group being removed.
+        load.run(1, 20, max_tokens=16)
+        timeline["heavy load stops (light load goes on)"] = time.monotonic() - t0
+        wait("the HPA lowering spec.replicas", lambda: replicas() == 1, SCALE_TIMEOUT_SECONDS)
+        timeline["scale-down decision (spec.replicas 1)"] = time.monotonic() - t0
+        wait(
+            "the removed slice's pods gone",
+            lambda: (
+                len(
+                    pods(
+                        cluster,
+                        f"app.kubernetes.io/instance={AUTOSCALED},serving.tpuserve.dev/role=leader",
+                    )
+                )
+                == 1
+            ),
+            SCALE_TIMEOUT_SECONDS,
+        )
+        timeline["removed group gone"] = time.monotonic() - t0
+        settled_ok = load.ok
+        wait("requests still answered after the scale-down", lambda: load.ok > settled_ok + 3)
+    finally:
+        load.halt()
+        report = ", ".join(f"{k} {v:.1f} s" for k, v in timeline.items())
+        print(f"\nautoscaling timeline: {report}; {load.ok} requests ok, {len(load.failed)} failed")
+    assert load.failed == [], load.failed[:5]
+    assert load.ok > 0
+    cluster.kubectl("delete", "tpumodelserver", AUTOSCALED, "-n", NAMESPACE, "--wait=false")
+    wait(
+        f"{AUTOSCALED}'s pods gone",
+        lambda: not pods(cluster, f"app.kubernetes.io/instance={AUTOSCALED}"),
     )

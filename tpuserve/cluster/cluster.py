@@ -60,6 +60,9 @@ class Cluster:
         prometheus: run the real Prometheus scraping what the cluster's PodMonitors and
             ServiceMonitors select (`tpuserve.cluster.monitoring`, with the Prometheus Operator's
             CRDs); None means "when pods run" (without them there is nothing to scrape).
+        metrics_adapter: run Prometheus Adapter as the custom and external metrics APIs, so
+            HorizontalPodAutoscalers act on the engines' series; None means "with Prometheus,
+            when its binary was built".
         detach: leave processes running after this Python process exits (`cluster up`).
         startup_timeout_seconds: deadline for each component's readiness.
         ports, pki: those of a cluster already running (`attach`); default: new ones.
@@ -73,6 +76,7 @@ class Cluster:
         lws: bool | None = None,
         run_pods: bool = False,
         prometheus: bool | None = None,
+        metrics_adapter: bool | None = None,
         detach: bool = False,
         toolchain: Toolchain | None = None,
         startup_timeout_seconds: float = DEFAULT_STARTUP_TIMEOUT_SECONDS,
@@ -85,6 +89,11 @@ class Cluster:
         self.lws_enabled = self.toolchain.has_lws if lws is None else lws
         self.run_pods = run_pods
         self.prometheus = run_pods if prometheus is None else prometheus
+        self.metrics_adapter = (
+            self.prometheus and self.toolchain.has_metrics_adapter
+            if metrics_adapter is None
+            else metrics_adapter
+        )
         self.components = Components(
             self.run_dir,
             self.toolchain,
@@ -206,6 +215,15 @@ class Cluster:
                     lambda: components.start_monitoring(self.kubeconfig, self.api_client),
                 )
             )
+        if self.metrics_adapter:
+            steps.append(
+                (
+                    "metrics-adapter",
+                    lambda: components.start_metrics_adapter(
+                        self.pki, self.kubeconfig, self.api_client
+                    ),
+                )
+            )
         steps.append(("default namespace", self._wait_default_namespace))
         try:
             for step, run in steps:
@@ -254,6 +272,7 @@ class Cluster:
             lws=bool(state["lws"]),
             run_pods=bool(state.get("run_pods", False)),
             prometheus=bool(state.get("prometheus", False)),
+            metrics_adapter=bool(state.get("metrics_adapter", False)),
             detach=True,
             toolchain=toolchain,
             startup_timeout_seconds=float(
@@ -277,6 +296,7 @@ class Cluster:
             "lws": self.lws_enabled,
             "run_pods": self.run_pods,
             "prometheus": self.prometheus,
+            "metrics_adapter": self.metrics_adapter,
             "started_seconds": self.started_seconds,
             "start_seconds": self.start_seconds,
             "startup_timeout_seconds": self.startup_timeout_seconds,

@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from tpuserve.cluster import kube, kwok, lws
-from tpuserve.cluster.pki import PKI, issue_serving_cert
+from tpuserve.cluster import kube, kwok, lws, metrics_adapter
+from tpuserve.cluster.pki import FRONT_PROXY_CLIENT, PKI, issue_serving_cert
 from tpuserve.cluster.ports import LOOPBACK, free_ports
 from tpuserve.cluster.process import ManagedProcess, tail, wait_for
-from tpuserve.cluster.toolchain import Toolchain
+from tpuserve.cluster.toolchain import METRICS_ADAPTER_BINARY, Toolchain
 
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -42,6 +42,7 @@ START_ORDER = (
     "lws-controller",
     "pod-runner",
     "monitoring",
+    "metrics-adapter",
 )
 # What a component inherits from our environment; everything else it needs is in its argv.
 INHERITED_ENV = ("PATH", "HOME", "TMPDIR", "TZ")
@@ -64,10 +65,11 @@ class Ports:
     lws_webhook: int
     lws_health: int
     prometheus: int = 0  # 0 in state files written before the cluster ran Prometheus
+    metrics_adapter: int = 0
 
     @classmethod
     def allocate(cls) -> Ports:
-        return cls(*free_ports(9))
+        return cls(*free_ports(10))
 
 
 # ---- command lines --------------------------------------------------------------------------
@@ -109,6 +111,15 @@ def apiserver_argv(binary: Path, ports: Ports, pki: PKI, *, default_route: bool)
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--allow-privileged=true",
         "--disable-admission-plugins=ServiceAccount",
+        # Aggregated APIs (a metrics adapter) learn the caller from these headers, trusting
+        # the front-proxy client certificate the apiserver presents.
+        f"--requestheader-client-ca-file={pki.ca_cert}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.front_proxy_cert}",
+        f"--proxy-client-key-file={pki.front_proxy_key}",
         "--profiling=false",
         "--v=1",
     ]
@@ -152,6 +163,8 @@ def controller_manager_argv(
         argv.append(
             "--controllers=*," + ",".join(f"-{c}" for c in LOOPBACK_POD_DISABLED_CONTROLLERS)
         )
+        # Pods really run: HorizontalPodAutoscalers look every 5 s (the default is 15 s).
+        argv.append("--horizontal-pod-autoscaler-sync-period=5s")
     return argv
 
 
@@ -387,6 +400,38 @@ class Components:
         process = self.spawn("monitoring", argv, env)
         ready = f"http://{LOOPBACK}:{self.ports.prometheus}/-/ready"
         self.wait("prometheus /-/ready", lambda: http_ok(ready), process)
+
+    def start_metrics_adapter(self, pki: PKI, kubeconfig: Path, new_api: Callable[[], Any]) -> None:
+        """Prometheus Adapter on loopback, registered as the custom and external metrics APIs."""
+        cert_dir = self.run_dir / "metrics-adapter"
+        cert_dir.mkdir(exist_ok=True)
+        cert, key = cert_dir / "tls.crt", cert_dir / "tls.key"
+        issue_serving_cert(
+            pki.ca_cert,
+            pki.ca_key,
+            cert,
+            key,
+            metrics_adapter.SERVICE,
+            metrics_adapter.SERVING_NAMES,
+        )
+        argv = metrics_adapter.adapter_argv(
+            self.toolchain.binary(METRICS_ADAPTER_BINARY),
+            port=self.ports.metrics_adapter,
+            cert=cert,
+            key=key,
+            kubeconfig=kubeconfig,
+            prometheus_url=f"http://{LOOPBACK}:{self.ports.prometheus}",
+        )
+        process = self.spawn("metrics-adapter", argv)
+        healthz = f"https://{LOOPBACK}:{self.ports.metrics_adapter}/healthz"
+        self.wait("metrics-adapter /healthz", lambda: https_ok(healthz, ca_cert=None), process)
+        with contextlib.closing(new_api()) as api:
+            metrics_adapter.register(api, self.ports.metrics_adapter, pki.ca_cert)
+            self.wait(
+                "the metrics APIServices Available",
+                lambda: metrics_adapter.available(api),
+                process,
+            )
 
     def stop(self) -> None:
         """Stop every component, in reverse start order; RuntimeError names any survivor."""

@@ -1,5 +1,6 @@
 """Certificates and tokens for the local control plane: a throwaway CA, the apiserver's and
-webhooks' serving certificates, the service-account signing key and a static admin token.
+webhooks' serving certificates, the front-proxy client certificate the apiserver presents to
+aggregated APIs (a metrics adapter), the service-account signing key and a static admin token.
 
 Everything is valid for loopback only and for a few days; keys are written 0600.
 """
@@ -30,6 +31,8 @@ APISERVER_SANS: tuple[str, ...] = (
 )
 ADMIN_USER = "tpuserve-admin"
 ADMIN_GROUP = "system:masters"  # bypasses RBAC, like kind's and envtest's admin
+# The name kube-apiserver's front-proxy client certificate carries (--requestheader-allowed-names).
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,14 @@ class PKI:
             token_file=directory / "tokens.csv",
             admin_token=admin_token,
         )
+
+    @property
+    def front_proxy_cert(self) -> Path:
+        return self.dir / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_key(self) -> Path:
+        return self.dir / "front-proxy-client.key"
 
 
 def _key() -> rsa.RSAPrivateKey:
@@ -131,14 +142,17 @@ def issue_serving_cert(
     key_path: Path,
     common_name: str,
     sans: tuple[str, ...] = LOOPBACK_SANS,
+    *,
+    client: bool = False,
 ) -> None:
-    """A TLS server certificate for `sans`, signed by the local CA."""
+    """A TLS server certificate for `sans` (or, `client`, a client certificate for
+    `common_name`), signed by the local CA."""
     ca = x509.load_pem_x509_certificate(ca_cert.read_bytes())
     signer = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
     assert isinstance(signer, rsa.RSAPrivateKey)
     key = _key()
     not_before, not_after = _validity()
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca.subject)
@@ -147,14 +161,20 @@ def issue_serving_cert(
         .not_valid_before(not_before)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(_san(sans), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
+            ),
+            critical=False,
+        )
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()),
             critical=False,
         )
-        .sign(signer, hashes.SHA256())
     )
+    if sans:
+        builder = builder.add_extension(_san(sans), critical=False)
+    cert = builder.sign(signer, hashes.SHA256())
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(key_path, key)
 
@@ -171,6 +191,15 @@ def create_pki(directory: Path) -> PKI:
         pki.apiserver_key,
         "kube-apiserver",
         APISERVER_SANS,
+    )
+    issue_serving_cert(
+        pki.ca_cert,
+        pki.ca_key,
+        pki.front_proxy_cert,
+        pki.front_proxy_key,
+        FRONT_PROXY_CLIENT,
+        (),
+        client=True,
     )
     # One key both signs and verifies service-account tokens (the apiserver accepts a private
     # key for --service-account-key-file).

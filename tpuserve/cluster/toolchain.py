@@ -32,6 +32,7 @@ CONTROL_PLANE_BINARIES = (
     "kwok",
 )
 LWS_BINARY = "lws-controller"
+METRICS_ADAPTER_BINARY = "prometheus-adapter"
 _ENV_KEYS = (
     "TPUSERVE_CACHE",
     "TPUSERVE_TOOLS_BIN",
@@ -86,6 +87,10 @@ class Toolchain:
     @property
     def has_lws(self) -> bool:
         return os.access(self.k8s_bin / LWS_BINARY, os.X_OK)
+
+    @property
+    def has_metrics_adapter(self) -> bool:
+        return os.access(self.k8s_bin / METRICS_ADAPTER_BINARY, os.X_OK)
 
     def tool(self, name: str) -> Path:
         """helm, kubectl, prometheus or promtool from the tool cache (scripts/install-tools.sh)."""

@@ -148,8 +148,7 @@ async def test_deletion_is_pre_stop_then_sigterm_then_sigkill_after_the_grace(
     watcher.cancel()
     assert order == ["pre-stop", "term"]
     terminated = host.container("main")["state"]["terminated"]
-    assert terminated["signal"] == 9
-    assert terminated["exitCode"] == 137
+    assert terminated["exitCode"] == 137  # 128 + SIGKILL, as a container runtime reports it
     assert host.deleted == ["stubborn"]  # the runner removes the object, as the kubelet does
     assert not supervisor.work_dir.exists()  # emptyDir volumes go with the pod
 
@@ -203,6 +202,35 @@ async def test_init_containers_run_first_and_a_finished_pod_succeeds(host: FakeP
 def _no_leftover_children() -> Iterator[None]:
     yield
     assert sys.platform != "linux" or not _children(), "a container process outlived its test"
+
+
+async def test_a_container_ends_with_everything_its_command_started(host: FakePodHost) -> None:
+    """A command that leaves a process behind in its own session (as the launcher's server
+    is): when the command exits, the leftover goes too, as with a container's PID 1."""
+    leaver = python(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+        " start_new_session=True)\n"
+        "print('leftover', child.pid, flush=True)\n"
+        "time.sleep(0.5)\n"
+        "sys.exit(4)\n",
+    )
+    pod = pod_manifest("leaver", [leaver], restart_policy="Never")
+    async with running(host, pod) as supervisor:
+        await until("the command done", lambda: host.status.get("phase") == "Failed")
+        log = (supervisor.pod_dir / "main.log").read_text()
+    leftover = int(log.split("leftover ", 1)[1].split()[0])
+    assert _gone(leftover)
+    assert host.container("main")["state"]["terminated"]["exitCode"] == 4
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def _children() -> list[str]:

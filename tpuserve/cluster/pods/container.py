@@ -11,14 +11,16 @@ The lifecycle the kubelet gives a container:
   back-off of 10 s doubling to 5 min (reset after 10 min of running), shown as waiting
   CrashLoopBackOff; `restartCount` and `lastState` record every exit;
 - stop (pod deleted, liveness failure): `preStop`, then SIGTERM to the process, then
-  SIGKILL to its whole process group when the grace period is over.
+  SIGKILL to it and everything it started when the grace period is over.
+
+Each container's first process is `container_init.py`, which runs the command and, like a
+container's PID 1 and cgroup, takes everything the command leaves behind down with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -36,13 +38,9 @@ log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 300.0
 BACKOFF_RESET_SECONDS = 600.0
-_PR_SET_PDEATHSIG = 1
-
-
-def _own_session_dying_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    os.setsid()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+INIT = Path(__file__).with_name("container_init.py")
+# container_init.py's "kill the container": SIGKILL the command and everything under it.
+KILL_CONTAINER = signal.SIGUSR1
 
 
 def backoff_seconds(restarts: int, base_seconds: float) -> float:
@@ -143,13 +141,16 @@ class Container:
             log_file.flush()
             try:
                 process = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-I",
+                    str(INIT),
                     *spec.argv,
                     env=spec.env,
                     cwd=spec.cwd,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=asyncio.subprocess.STDOUT,
-                    preexec_fn=_own_session_dying_with_parent if sys.platform == "linux" else None,
+                    start_new_session=True,
                 )
             except OSError as err:
                 self.state.last_state = {}
@@ -184,18 +185,15 @@ class Container:
             for task in watchers:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            self._kill_group(process.pid)
         finished_at = now()
-        reason = "Completed" if code == 0 else "Error"
         terminated: dict[str, Any] = {
-            "exitCode": code if code >= 0 else 128 - code,  # killed by signal N: 128 + N
-            "reason": reason,
+            # container_init.py exits 128 + N when signal N ended the command, as runtimes report
+            "exitCode": code if code >= 0 else 128 - code,
+            "reason": "Completed" if code == 0 else "Error",
             "startedAt": started_at,
             "finishedAt": finished_at,
             "containerID": self.state.container_id,
         }
-        if code < 0:
-            terminated["signal"] = -code
         self.state.state = {"terminated": terminated}
         self.state.last_state = {"terminated": terminated}
         self.state.ready = False
@@ -312,14 +310,14 @@ class Container:
         try:
             await asyncio.wait_for(process.wait(), remaining)
         except TimeoutError:
-            self._kill_group(process.pid)
+            self._kill_container(process.pid)
             await process.wait()
 
     @staticmethod
-    def _kill_group(pid: int) -> None:
-        """SIGKILL whatever is left of the container (its process group)."""
+    def _kill_container(pid: int) -> None:
+        """SIGKILL the command and everything under it (container_init.py does it)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+            os.kill(pid, KILL_CONTAINER)
 
     async def stop(self, grace_seconds: float) -> None:
         """preStop, SIGTERM, then SIGKILL after `grace_seconds`; no restart afterwards."""
@@ -336,4 +334,4 @@ class Container:
         self._stopping = True
         self._restart_now.set()
         if self.process is not None:
-            self._kill_group(self.process.pid)
+            self._kill_container(self.process.pid)
