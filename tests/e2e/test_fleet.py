@@ -1,7 +1,9 @@
-"""The README's local flow, with pods that really run, and autoscaling on live metrics: `tpuserve cluster up`, `helm install`
-(the operator runs as a pod), `kubectl apply -f charts/tpuserve/examples/simulated.yaml`, and
-the official `openai` client gets answers from the address `tpuserve cluster services` prints,
-and the cluster's Prometheus scrapes what the chart's monitors select.
+"""The README's local flow with pods that really run, and autoscaling on live metrics.
+
+`tpuserve cluster up`, `helm install` (the operator runs as a pod), `kubectl apply -f
+charts/tpuserve/examples/simulated.yaml`, and the official `openai` client gets answers from the
+address `tpuserve cluster services` prints; the cluster's Prometheus scrapes what the chart's
+monitors select.
 
 One flow on the module's `living_cluster` (the pod runner on): the operator pod passes its
 real probes; the server's engine and router pods run at loopback pod addresses; answers come
