@@ -430,19 +430,19 @@ def test_cluster_up_and_down_leave_no_process_behind(cluster: Cluster, tmp_path:
     assert f"export KUBECONFIG={run_dir / 'kubeconfig'}" in up.stdout
     state = json.loads((run_dir / "state.json").read_text())
     processes = [ManagedProcess.from_state(p) for p in state["processes"]]
-    # `up` runs pods by default: the pod runner, Prometheus and (when built) its adapter too.
-    adapter = {"metrics-adapter"} if cluster.toolchain.has_metrics_adapter else set()
-    assert {p.name for p in processes} == {
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-        "kwok",
-        "pod-runner",
-        "monitoring",
-        *adapter,
-    }
     try:
+        # `up` runs pods by default: the pod runner, Prometheus and (when built) its adapter too.
+        adapter = {"metrics-adapter"} if cluster.toolchain.has_metrics_adapter else set()
+        assert {p.name for p in processes} == {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+            "pod-runner",
+            "monitoring",
+            *adapter,
+        }
         assert all(p.alive() for p in processes)
         nodes = subprocess.run(
             [
