@@ -1,0 +1,318 @@
+"""The ValidatingAdmissionPolicy that refuses at `kubectl apply` what the operator would refuse.
+
+The CRD's schema and CEL rules cannot know the topology catalog, the model profiles or the
+launch contract, so without this a v6e `3x3` or a 70B model on one v5e chip is accepted and only
+turns into `Valid=False` later. The policy runs, inside kube-apiserver, the checks of
+`validation.validate` that need those facts, with the operator's own messages word for word
+(field first, then value and what is allowed), joined with "; " as `InvalidSpec` joins them:
+
+- the (generation, topology) pair is in the catalog (reason UnsupportedTopology);
+- a simulated engine has a performance profile for the model (UnknownModel);
+- no override touches what the operator owns: launch-contract variables in `engine.env`
+  (and every entry has a name), flags in `engine.args`, label keys in `template.labels`,
+  `google.com/tpu` in `engine.resources` (ReservedField);
+- the model fits the slice's HBM when the performance model knows it (ModelDoesNotFit).
+
+Left to the operator: the fine print of model sources (gs:// bucket and pvc:// claim names,
+paths) and non-scalar `engine.args` values; the CRD's own rules already cover the rest.
+
+The facts come as the policy's parameters, a ConfigMap whose data this module generates from
+`sglang_tpu.topology`, `sglang_tpu.perf_model` and the launch contract (numbers as Python
+`repr`, so kube-apiserver reads the same doubles); the expressions only look them up. ConfigMap
+values are strings, so a list is one value joined with ", ". Two things are written here a
+second time, in CEL, and `tests/unit/operator/test_admission_policy.py` holds them equal to the
+Python they mirror for every catalog entry, model, quantization and KV dtype: the message
+templates, and the model-id normalisation of `perf_model.lookup_hf_model`.
+
+Why a ValidatingAdmissionPolicy and not a webhook served by the operator: docs/operator.md,
+"Admission".
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+from sglang_tpu import perf_model
+from sglang_tpu.topology import GIB, SLICE_SHAPES, TPU_RESOURCE, generation_names, topologies_for
+from tpuserve_operator import labels, launch_contract, validation
+from tpuserve_operator.api import EngineSpec, ModelSpec
+
+JSON = dict[str, Any]
+LIST_SEPARATOR = ", "
+DEFAULT_ENGINE_TYPE = EngineSpec.model_fields["type"].default
+
+
+def quantizations() -> tuple[str, ...]:
+    """spec.model.quantization's allowed values (the CRD's enum)."""
+    return typing.get_args(ModelSpec.model_fields["quantization"].annotation)
+
+
+def kv_cache_dtypes() -> tuple[str, ...]:
+    """spec.engine.kvCacheDtype's allowed values (the CRD's enum)."""
+    return typing.get_args(EngineSpec.model_fields["kv_cache_dtype"].annotation)
+
+
+def _join(items: typing.Iterable[str]) -> str:
+    return LIST_SEPARATOR.join(items)
+
+
+def _gib(value: float, digits: int) -> str:
+    return f"{value / GIB:.{digits}f}"
+
+
+def parameters() -> dict[str, str]:
+    """The parameter ConfigMap's data: the catalog, the model profiles, the owned names."""
+    data: dict[str, str] = {}
+    for generation in generation_names():
+        data[f"topologies.{generation}"] = _join(topologies_for(generation))
+    for shape in SLICE_SHAPES:
+        usable = perf_model.usable_hbm_bytes(shape)
+        key = f"slice.{shape.generation.name}.{shape.topology}"
+        data[f"{key}.usableBytes"] = repr(usable)
+        data[f"{key}.describe"] = (
+            f"{shape.key} ({shape.chips} chips, {_gib(usable, 1)} GiB usable of "
+            f"{_gib(shape.hbm_bytes, 0)} GiB HBM)"
+        )
+    exact: dict[str, str] = {}
+    bases: dict[str, str] = {}
+    for profile in perf_model.PROFILES.values():
+        for hf_id in profile.hf_ids:
+            exact[hf_id.lower()] = profile.name
+            # lookup_hf_model's fallback key; the CEL variable `base` recomputes it.
+            bases[perf_model._normalise(hf_id)] = profile.name
+        key = f"profile.{profile.name}"
+        data[f"{key}.contextLength"] = str(profile.context_length)
+        for quantization in quantizations():
+            weights = profile.weight_bytes(quantization)
+            data[f"{key}.weightBytes.{quantization}"] = repr(weights)
+            data[f"{key}.weightGiB.{quantization}"] = _gib(weights, 1)
+        for dtype in kv_cache_dtypes():
+            data[f"{key}.kvBytesPerToken.{dtype}"] = repr(profile.kv_bytes_per_token(dtype))
+    data["models.exact"] = " ".join(f"{k}={v}" for k, v in exact.items())
+    data["models.base"] = " ".join(f"{k}={v}" for k, v in bases.items())
+    data["models.known"] = _join(validation.known_model_ids())
+    data["owned.envNames"] = _join(sorted(launch_contract.OWNED_ENV_NAMES))
+    data["owned.envPrefixes"] = _join(launch_contract.OWNED_ENV_PREFIXES)
+    data["owned.flags"] = _join(sorted(launch_contract.OWNED_FLAG_NAMES))
+    data["owned.labelKeys"] = _join(validation.OWNED_LABEL_KEYS)
+    data["owned.labelPrefixes"] = _join(validation.OWNED_LABEL_PREFIXES)
+    return dict(sorted(data.items()))
+
+
+def _param(key: str) -> str:
+    """CEL for the parameter `key` (itself a CEL string expression)."""
+    return f"params.data[{key}]"
+
+
+def _param_list(name: str) -> str:
+    return f"params.data['{name}'].split('{LIST_SEPARATOR}')"
+
+
+def _has(path: str) -> str:
+    """CEL: every step of `object.a.b.c` is present (CRD defaults fill most of them)."""
+    steps = path.split(".")
+    return " && ".join(f"has({'.'.join(steps[: i + 1])})" for i in range(1, len(steps)))
+
+
+def _or_default(path: str, default: str) -> str:
+    return f"{_has(path)} ? {path} : {default}"
+
+
+def _fixed1(expression: str) -> str:
+    """CEL: Python's f'{x:.1f}'. CEL's format groups thousands ('1,234.5'); Python does not."""
+    return f"'%.1f'.format([{expression}]).replace(',', '')"
+
+
+GIB_CEL = f"{float(GIB)!r}"
+# `lookup_hf_model`'s fallback (`perf_model._normalise`): last path segment, lower-cased,
+# without a leading `meta-` and a trailing `-instruct`, `-MMDD` date and quantization suffix.
+SUFFIX_PATTERN = "(-instruct)?(-[0-9]{4})?(-fp8|-awq|-int4|-int8)?$"
+
+_ENV_NAME_MISSING = (
+    "(!has(variables.env[i].name) || type(variables.env[i].name) != string || "
+    "variables.env[i].name == '')"
+)
+
+VARIABLES: tuple[tuple[str, str], ...] = (
+    ("generation", "object.spec.tpu.generation"),
+    ("topology", "object.spec.tpu.topology"),
+    ("slice", "'slice.' + variables.generation + '.' + variables.topology"),
+    ("inCatalog", "(variables.slice + '.usableBytes') in params.data"),
+    ("source", "object.spec.model.source"),
+    (
+        "modelId",
+        "(variables.source.indexOf('://') >= 0 ? "
+        "variables.source.substring(variables.source.indexOf('://') + 3) : variables.source)"
+        ".split('@')[0].lowerAscii()",
+    ),
+    ("segment", "variables.modelId.find('[^/]*/*$').find('^[^/]*')"),
+    (
+        "unprefixed",
+        "variables.segment.startsWith('meta-') ? variables.segment.substring(5) : "
+        "variables.segment",
+    ),
+    (
+        "base",
+        "variables.unprefixed.substring(0, size(variables.unprefixed) - "
+        f"size(variables.unprefixed.find('{SUFFIX_PATTERN}')))",
+    ),
+    (
+        "exactMatches",
+        "params.data['models.exact'].split(' ')"
+        ".filter(e, e.split('=')[0] == variables.modelId)",
+    ),
+    (
+        "baseMatches",
+        "params.data['models.base'].split(' ').filter(e, e.split('=')[0] == variables.base)",
+    ),
+    (
+        "profile",
+        "size(variables.exactMatches) > 0 ? variables.exactMatches[0].split('=')[1] : "
+        "(size(variables.baseMatches) > 0 ? variables.baseMatches[0].split('=')[1] : '')",
+    ),
+    ("engineType", _or_default("object.spec.engine.type", f"'{DEFAULT_ENGINE_TYPE}'")),
+    ("env", _or_default("object.spec.engine.env", "[]")),
+    ("args", _or_default("object.spec.engine.args", "{}")),
+    ("labels", _or_default("object.spec.template.labels", "{}")),
+    ("resources", _or_default("object.spec.engine.resources", "{}")),
+    # --- the fit check: weights + one contextLength sequence of KV against usable HBM ---
+    ("fits", "!variables.inCatalog || variables.profile == ''"),
+    ("quantization", _or_default("object.spec.model.quantization", "'none'")),
+    ("kvCacheDtype", _or_default("object.spec.engine.kvCacheDtype", "'auto'")),
+    ("profileKey", "'profile.' + variables.profile"),
+    (
+        "contextLength",
+        "variables.fits ? 0 : ("
+        + _or_default(
+            "object.spec.model.contextLength",
+            "int(" + _param("variables.profileKey + '.contextLength'") + ")",
+        )
+        + ")",
+    ),
+    (
+        "weightBytes",
+        "variables.fits ? 0.0 : double("
+        + _param("variables.profileKey + '.weightBytes.' + variables.quantization")
+        + ")",
+    ),
+    (
+        "kvBytes",
+        "variables.fits ? 0.0 : double("
+        + _param("variables.profileKey + '.kvBytesPerToken.' + variables.kvCacheDtype")
+        + ") * double(variables.contextLength)",
+    ),
+    (
+        "missingBytes",
+        "variables.fits ? 0.0 : variables.weightBytes + variables.kvBytes - double("
+        + _param("variables.slice + '.usableBytes'")
+        + ")",
+    ),
+    # --- one list of problems per check, in the order validation.validate reports them ---
+    (
+        "catalogProblems",
+        "variables.inCatalog ? [] : ['spec.tpu.topology: \\'' + variables.topology + "
+        "'\\' is not allowed; not a ' + variables.generation + ' topology; allowed: ' + "
+        + _param("'topologies.' + variables.generation")
+        + "]",
+    ),
+    (
+        "modelProblems",
+        f"variables.engineType == 'simulated' && variables.profile == '' ? "
+        "['spec.model.source: the simulated engine has no performance profile for \\'' + "
+        "variables.source + '\\'; allowed: hf:// ids of known models (' + "
+        "params.data['models.known'] + ')'] : []",
+    ),
+    (
+        "envProblems",
+        f"lists.range(size(variables.env)).filter(i, {_ENV_NAME_MISSING} || "
+        f"variables.env[i].name in {_param_list('owned.envNames')} || "
+        f"{_param_list('owned.envPrefixes')}.exists(p, variables.env[i].name.startsWith(p)))"
+        ".map(i, 'spec.engine.env[' + string(i) + '].name: ' + "
+        f"({_ENV_NAME_MISSING} ? 'is required' : '\\'' + variables.env[i].name + "
+        "'\\' is set by the operator (launch contract); allowed: any other name'))",
+    ),
+    (
+        "argProblems",
+        "variables.args.filter(k, ('--' + k.substring(size(k.find('^-*')))).split('=')[0] "
+        f"in {_param_list('owned.flags')})"
+        ".map(k, 'spec.engine.args.' + k + ': --' + k.substring(size(k.find('^-*'))) + "
+        "' is set by the operator from the spec; allowed: SGLang flags the operator does not "
+        "set')",
+    ),
+    (
+        "labelProblems",
+        f"variables.labels.filter(k, k in {_param_list('owned.labelKeys')} || "
+        f"{_param_list('owned.labelPrefixes')}.exists(p, k.startsWith(p)))"
+        ".map(k, 'spec.template.labels.' + k + ': is set by the operator; allowed: keys other "
+        "than ' + params.data['owned.labelKeys'] + ' and ' + "
+        "params.data['owned.labelPrefixes'] + '*')",
+    ),
+    (
+        "resourceProblems",
+        "['requests', 'limits'].filter(s, s in variables.resources && "
+        f"type(variables.resources[s]) == map && '{TPU_RESOURCE}' in variables.resources[s])"
+        f".map(s, 'spec.engine.resources.' + s + '.{TPU_RESOURCE}: is set by the operator to "
+        "the chips of one host (topology catalog); allowed: cpu, memory and other resources')",
+    ),
+    (
+        "fitProblems",
+        "variables.missingBytes > 0.0 ? ['spec.tpu.topology: ' + variables.profile + ' (' + "
+        "variables.quantization + ' weights ' + "
+        + _param("variables.profileKey + '.weightGiB.' + variables.quantization")
+        + " + ' GiB + ' + variables.kvCacheDtype + ' KV for ' + "
+        "string(variables.contextLength) + ' tokens ' + "
+        + _fixed1(f"variables.kvBytes / {GIB_CEL}")
+        + " + ' GiB) does not fit ' + "
+        + _param("variables.slice + '.describe'")
+        + " + ': short by ' + "
+        + _fixed1(f"variables.missingBytes / {GIB_CEL}")
+        + " + ' GiB; use a larger topology, quantization fp8 or a shorter context'] : []",
+    ),
+    (
+        "problems",
+        "variables.catalogProblems + variables.modelProblems + variables.envProblems + "
+        "variables.argProblems + variables.labelProblems + variables.resourceProblems + "
+        "variables.fitProblems",
+    ),
+)
+
+
+def policy_spec() -> JSON:
+    """The ValidatingAdmissionPolicy's spec (the chart adds its name and the binding)."""
+    group, version = labels.API_VERSION.split("/")
+    return {
+        "failurePolicy": "Fail",
+        "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": [group],
+                    "apiVersions": [version],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": [labels.PLURAL],
+                }
+            ]
+        },
+        # Metadata-only updates (kopf's finalizer and annotations, `kubectl annotate`) pass, so
+        # an object created before the policy (or before a catalog change) stays manageable.
+        "matchConditions": [
+            {
+                "name": "spec-changed",
+                "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+            }
+        ],
+        "variables": [{"name": name, "expression": expr} for name, expr in VARIABLES],
+        "validations": [
+            {
+                "expression": "size(variables.problems) == 0",
+                "messageExpression": "variables.problems.join('; ')",
+                "reason": "Invalid",
+            }
+        ],
+    }
+
+
+def chart_file() -> JSON:
+    """`charts/tpuserve/files/admission-policy.yaml`: the policy's spec and its parameters."""
+    return {"policy": {"spec": policy_spec()}, "parameters": {"data": parameters()}}
