@@ -74,36 +74,33 @@ def toolchain() -> Toolchain:
 
 @pytest.fixture(scope="session")
 def cluster(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    started = Cluster(tmp_path_factory.mktemp("control-plane"), toolchain=toolchain)
-    started.start()
-    _session_clusters.append(started)
-    try:
-        yield started
-    finally:
-        started.stop()
-        _session_clusters.remove(started)
-        leftovers = started.alive_processes()
-        assert not leftovers, f"processes left after teardown: {leftovers}"
+    yield from _running(Cluster(tmp_path_factory.mktemp("control-plane"), toolchain=toolchain))
 
 
 @pytest.fixture(scope="module")
 def living_cluster(
     toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    started = Cluster(
-        tmp_path_factory.mktemp("living-cluster"),
-        pools=[NodePool.cpu_pool("cpu", nodes=2)],
-        run_pods=True,
-        toolchain=toolchain,
+    yield from _running(
+        Cluster(
+            tmp_path_factory.mktemp("living-cluster"),
+            pools=[NodePool.cpu_pool("cpu", nodes=2)],
+            run_pods=True,
+            toolchain=toolchain,
+        )
     )
-    started.start()
-    _session_clusters.append(started)
+
+
+def _running(cluster: Cluster) -> Iterator[Cluster]:
+    """Start `cluster`, yield it, stop it and check that none of its processes is left."""
+    cluster.start()
+    _session_clusters.append(cluster)
     try:
-        yield started
+        yield cluster
     finally:
-        started.stop()
-        _session_clusters.remove(started)
-        leftovers = started.alive_processes()
+        cluster.stop()
+        _session_clusters.remove(cluster)
+        leftovers = cluster.alive_processes()
         assert not leftovers, f"processes left after teardown: {leftovers}"
 
 

@@ -54,6 +54,18 @@ JOB_METRIC_RELABELINGS: Mapping[str, list[PrometheusRelabel]] = {
 }
 
 
+def prometheus_argv(binary: Path, root: Path, port: int) -> list[str]:
+    """Prometheus on 127.0.0.1:`port` with `root`/prometheus.yml, its data under `root`/data."""
+    return [
+        str(binary),
+        f"--config.file={root / 'prometheus.yml'}",
+        f"--storage.tsdb.path={root / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=1d",
+        "--log.level=warn",
+    ]
+
+
 class PrometheusError(Exception):
     """Prometheus could not be configured or started (the message says why)."""
 
@@ -183,12 +195,7 @@ async def start(
     log_path = root / "prometheus.log"
     with log_path.open("wb") as log_file:
         process = await asyncio.create_subprocess_exec(
-            str(binary),
-            f"--config.file={root / 'prometheus.yml'}",
-            f"--storage.tsdb.path={root / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1d",
-            "--log.level=warn",
+            *prometheus_argv(binary, root, port),
             stdout=log_file,
             stderr=log_file,
             start_new_session=True,  # Ctrl-C reaches `tpuserve up`, which stops it in order

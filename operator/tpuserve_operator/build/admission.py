@@ -159,8 +159,7 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     ),
     (
         "exactMatches",
-        "params.data['models.exact'].split(' ')"
-        ".filter(e, e.split('=')[0] == variables.modelId)",
+        "params.data['models.exact'].split(' ').filter(e, e.split('=')[0] == variables.modelId)",
     ),
     (
         "baseMatches",
@@ -218,7 +217,7 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     ),
     (
         "modelProblems",
-        f"variables.engineType == 'simulated' && variables.profile == '' ? "
+        "variables.engineType == 'simulated' && variables.profile == '' ? "
         "['spec.model.source: the simulated engine has no performance profile for \\'' + "
         "variables.source + '\\'; allowed: hf:// ids of known models (' + "
         "params.data['models.known'] + ')'] : []",

@@ -15,9 +15,9 @@ import celpy
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
+from tpuserve_operator.build.openapi import JSON
 from tpuserve_operator.conditions import Reason
 from tpuserve_operator.errors import Problem
-from tpuserve_operator.build.openapi import JSON
 
 
 @functools.lru_cache(maxsize=256)

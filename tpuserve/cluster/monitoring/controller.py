@@ -27,7 +27,7 @@ import yaml
 
 from tpuserve.cluster import kube, kubeconfig
 from tpuserve.cluster.monitoring import translate
-from tpuserve.observability.local_prometheus import find_prometheus
+from tpuserve.observability.local_prometheus import find_prometheus, prometheus_argv
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +41,6 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def prometheus_argv(binary: Path, root: Path, port: int) -> list[str]:
-    return [
-        str(binary),
-        f"--config.file={root / 'prometheus.yml'}",
-        f"--storage.tsdb.path={root / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--storage.tsdb.retention.time=1d",
-        "--log.level=warn",
-    ]
 
 
 class Controller:
