@@ -126,10 +126,16 @@ class Proc:
                 self.popen.wait()
 
 
-def start(name: str, cmd: Sequence[str], core: str, port: int) -> Proc:
+def start(name: str, cmd: Sequence[str], core: str, port: int,
+          tree: Path | None = None) -> Proc:  # fmt: skip
+    """Run ``cmd`` on ``core``; with ``tree``, tpuserve comes from that checkout (it also
+    starts there, as ``python -c`` puts its working directory first on the path)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(str(tree / sub) for sub in ("", "router", "operator"))
     popen = subprocess.Popen(
         ["taskset", "-c", core, *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=env, cwd=tree,
     )  # fmt: skip
     return Proc(name, popen, port)
 
@@ -168,9 +174,10 @@ class RouterKind:
     label: str
     command: Callable[[int, list[str]], list[str]]
     ready_path: str
+    tree: Path | None = None  # another checkout to run (a baseline, for before/after)
 
 
-def tpuserve_router(policy: str, kv_events: bool = False) -> RouterKind:
+def tpuserve_router(policy: str, kv_events: bool = False, tree: Path | None = None) -> RouterKind:
     def command(port: int, workers: list[str]) -> list[str]:
         cmd = [sys.executable, "-c", ENTRY, "router", "--port", str(port), "--policy", policy,
                "--log-level", "warning"]  # fmt: skip
@@ -181,6 +188,8 @@ def tpuserve_router(policy: str, kv_events: bool = False) -> RouterKind:
         return cmd
 
     label = f"tpuserve {policy}" + (" +kv-events" if kv_events else "")
+    if tree is not None:
+        return RouterKind(f"{label} @{tree.name}", command, "/readiness", tree)
     return RouterKind(label, command, "/readiness")
 
 
@@ -265,7 +274,8 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
 def run_router(kind: RouterKind, engines: list[Proc], args: argparse.Namespace,
                seed: int) -> dict[str, Any]:  # fmt: skip
     port = free_port()
-    router = start(kind.label, kind.command(port, [e.url for e in engines]), ROUTER_CORE, port)
+    router = start(kind.label, kind.command(port, [e.url for e in engines]), ROUTER_CORE, port,
+                   kind.tree)  # fmt: skip
     try:
         wait_http(router.url, kind.ready_path)
         time.sleep(1.0)  # let both routers finish their start-up health checks
@@ -297,13 +307,21 @@ def main() -> int:
         default="cache_aware,cost+kv",
         help="tpuserve policies, comma list; NAME+kv also subscribes to KV events",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="also run each tpuserve policy from this checkout (before/after in one run)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write all rows here")
     args = parser.parse_args()
 
     os.sched_setaffinity(0, {int(OTHER_CORE)})  # the load generator stays off the router's core
+    trees: list[Path | None] = [None] if args.baseline is None else [None, args.baseline]
     kinds = [
-        tpuserve_router(p.removesuffix("+kv"), kv_events=p.endswith("+kv"))
+        tpuserve_router(p.removesuffix("+kv"), kv_events=p.endswith("+kv"), tree=tree)
         for p in args.policies.split(",")
+        for tree in trees
     ]
     if not args.skip_anchor:
         kinds.append(sglang_router(anchor_python()))

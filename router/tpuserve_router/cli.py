@@ -15,6 +15,7 @@ import asyncio
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -160,10 +161,86 @@ OPTIONS: tuple[Option, ...] = (
         "built-in tokenizer of the engine twin.",
     ),
     Option(
+        "--max-request-line-bytes",
+        "max_request_line_bytes",
+        cli_types.positive_int,
+        f"Longer request URLs get 414 (default {DEFAULTS.max_request_line_bytes}).",
+    ),
+    Option(
+        "--max-header-bytes",
+        "max_header_bytes",
+        cli_types.positive_int,
+        "Larger request heads (request line and headers) get 431 "
+        f"(default {DEFAULTS.max_header_bytes}).",
+    ),
+    Option(
+        "--max-headers",
+        "max_headers",
+        cli_types.positive_int,
+        f"Requests with more headers get 431 (default {DEFAULTS.max_headers}).",
+    ),
+    Option(
         "--max-request-bytes",
         "max_request_bytes",
         cli_types.positive_int,
         f"Larger request bodies get 413 (default {DEFAULTS.max_request_bytes}).",
+    ),
+    Option(
+        "--max-prompt-chars",
+        "max_prompt_chars",
+        cli_types.positive_int,
+        "Prompts with more characters (or token ids) get 413, before they are tokenized "
+        f"(default {DEFAULTS.max_prompt_chars}).",
+    ),
+    Option(
+        "--max-connections",
+        "max_connections",
+        cli_types.positive_int,
+        "Client connections open at once; beyond, the longest-waiting idle one is closed, or "
+        "the newcomer gets 503 if all are busy (default "
+        f"{DEFAULTS.max_connections}; lowered to what the open-file limit allows).",
+    ),
+    Option(
+        "--max-in-flight",
+        "max_in_flight",
+        cli_types.positive_int,
+        "Generation requests in flight at once; beyond, 503 with Retry-After "
+        f"(default {DEFAULTS.max_in_flight}).",
+    ),
+    Option(
+        "--header-timeout",
+        "header_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds for a request head to arrive, from its first byte (or the connection's "
+        f"opening); then 408 (default {DEFAULTS.header_timeout_seconds:g}).",
+    ),
+    Option(
+        "--body-timeout",
+        "body_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds for a request body to arrive after its head; then 408 "
+        f"(default {DEFAULTS.body_timeout_seconds:g}).",
+    ),
+    Option(
+        "--keep-alive-timeout",
+        "keep_alive_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds an idle keep-alive client connection stays open "
+        f"(default {DEFAULTS.keep_alive_timeout_seconds:g}).",
+    ),
+    Option(
+        "--send-timeout",
+        "send_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds a client may stop reading a response before its connection (and request) "
+        f"is dropped (default {DEFAULTS.send_timeout_seconds:g}).",
+    ),
+    Option(
+        "--max-response-bytes",
+        "max_response_bytes",
+        cli_types.positive_int,
+        "Larger worker responses are cut: 502, or an error event in a stream "
+        f"(default {DEFAULTS.max_response_bytes}).",
     ),
     Option(
         "--connect-timeout",
@@ -340,6 +417,7 @@ def run(args: argparse.Namespace) -> int:
 async def serve_until_signalled(config: RouterConfig) -> int:
     from tpuserve_router.app import RouterApp
 
+    raise_open_file_limit()
     app = RouterApp(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -353,6 +431,18 @@ async def serve_until_signalled(config: RouterConfig) -> int:
     logging.getLogger(__name__).info("stopping")
     await app.stop()
     return 0
+
+
+def raise_open_file_limit() -> None:
+    """Raise the soft open-file limit to the hard one: every client connection, upstream
+    connection and health check is a file descriptor (the app sizes its connection budget
+    from the result)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as err:
+            logging.getLogger(__name__).warning("could not raise the open-file limit: %s", err)
 
 
 def tune_garbage_collector() -> None:

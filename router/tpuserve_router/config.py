@@ -18,6 +18,7 @@ from tpuserve_router.policies.base import (
     make_policy,
     registered_policy_names,
 )
+from tpuserve_router.server import FrontLimits
 from tpuserve_router.worker_networks import parse_networks, url_problem
 from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url
 
@@ -66,7 +67,19 @@ class RouterConfig:
     kv_events: bool | None = None  # None (auto): subscribe when the policy uses KV events
     tokenizer: str | None = None
     metrics_port: int | None = None
+    # The front's limits (server.FrontLimits), as uvicorn, aiohttp and Envoy bound theirs.
+    max_request_line_bytes: int = 8 * 1024
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 100
     max_request_bytes: int = 32 * 1024 * 1024
+    max_prompt_chars: int = 4 * 1024 * 1024  # also the most token ids a prompt may have
+    max_connections: int = 10_000
+    max_in_flight: int = 4096
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 60.0
+    keep_alive_timeout_seconds: float = 30.0
+    send_timeout_seconds: float = 60.0
+    max_response_bytes: int = 64 * 1024 * 1024
     connect_timeout_seconds: float = 3.0
     first_byte_timeout_seconds: float = 600.0
     request_timeout_seconds: float = 1800.0
@@ -82,6 +95,21 @@ class RouterConfig:
 
     def replace(self, **changes: Any) -> RouterConfig:
         return dataclasses.replace(self, **changes)
+
+    def front_limits(self, max_connections: int | None = None) -> FrontLimits:
+        """The front's limits; ``max_connections`` overrides the setting (the app lowers it
+        to what the process's file-descriptor limit allows)."""
+        return FrontLimits(
+            max_request_line_bytes=self.max_request_line_bytes,
+            max_header_bytes=self.max_header_bytes,
+            max_headers=self.max_headers,
+            max_body_bytes=self.max_request_bytes,
+            max_connections=self.max_connections if max_connections is None else max_connections,
+            header_timeout_seconds=self.header_timeout_seconds,
+            body_timeout_seconds=self.body_timeout_seconds,
+            keep_alive_timeout_seconds=self.keep_alive_timeout_seconds,
+            send_timeout_seconds=self.send_timeout_seconds,
+        )
 
     def validate(self) -> RouterConfig:
         """Return self if every setting is valid, else raise `ConfigError` listing all."""
@@ -142,8 +170,19 @@ class RouterConfig:
                 )
         elif not self.workers:
             pass  # workers may be added later through POST /workers
-        need(self.max_request_bytes >= 1024, f"max_request_bytes={self.max_request_bytes}: >= 1024")
+        for name, least in _SIZE_FLOORS.items():
+            value = getattr(self, name)
+            need(value >= least, f"{name}={value}: must be >= {least}")
+        need(
+            self.max_request_line_bytes <= self.max_header_bytes,
+            f"max_request_line_bytes={self.max_request_line_bytes}: must be <= "
+            f"max_header_bytes={self.max_header_bytes} (the request line is part of the head)",
+        )
         for name in (
+            "header_timeout_seconds",
+            "body_timeout_seconds",
+            "keep_alive_timeout_seconds",
+            "send_timeout_seconds",
             "connect_timeout_seconds",
             "first_byte_timeout_seconds",
             "request_timeout_seconds",
@@ -182,6 +221,19 @@ class RouterConfig:
         if problems:
             raise ConfigError(problems)
         return self
+
+
+_SIZE_FLOORS: dict[str, int] = {
+    "max_request_line_bytes": 256,
+    "max_header_bytes": 1024,
+    "max_headers": 8,
+    "max_request_bytes": 1024,
+    "max_prompt_chars": 1,
+    "max_connections": 1,
+    "max_in_flight": 1,
+    "max_response_bytes": 1024,
+}
+"""The least each size limit may be: below these an ordinary request could not pass."""
 
 
 def kv_events_enabled(setting: bool | None, policy: Policy) -> bool:

@@ -1,8 +1,10 @@
 """The generation routes: route a request with the policy and proxy it to a worker, retrying.
 
-A generation request's life: parse and validate the body (400 naming the field), find
-the workers serving its model (404), ask the policy (503 with Retry-After if none is
-healthy), count it in flight on the chosen worker, send it. A failure before the first
+A generation request's life: over ``--max-in-flight`` requests already, 503 with
+Retry-After; else parse and validate the body (400 naming the field; 413 for a prompt over
+``--max-prompt-chars``, before it is tokenized), find the workers serving its model (404),
+ask the policy (503 with Retry-After if none is healthy), count it in flight on the chosen
+worker, send it. A failure before the first
 byte reaches the client is retried on another worker under the one rule of
 `tpuserve_router.retry`; nothing is retried once the client has received bytes. A stream
 that breaks ends with an SSE error event and the connection closes. The in-flight count
@@ -19,7 +21,7 @@ from tpuserve_router.config import RouterConfig
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, Policy, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
-from tpuserve_router.replies import RETRY_AFTER_SECONDS, reject, reply_error, sse_error_event
+from tpuserve_router.replies import reject, reply_error, sse_error_event
 from tpuserve_router.request_body import ClientError, Parser, Tokens, parse_json_object
 from tpuserve_router.retry import (
     ANSWERED,
@@ -29,7 +31,7 @@ from tpuserve_router.retry import (
     retryable_error,
     should_retry,
 )
-from tpuserve_router.server import Handler, HttpRequest
+from tpuserve_router.server import RETRY_AFTER_SECONDS, Handler, HttpRequest
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
 from tpuserve_router.workers import Worker, WorkerRegistry
 
@@ -72,6 +74,9 @@ class Forwarder:
         self.metrics = metrics
         self.tokenizer = tokenizer
         self.want_text = policy.needs_text
+        self.max_prompt_chars = config.max_prompt_chars
+        self.max_in_flight = config.max_in_flight
+        self.in_flight = 0  # generation requests between arrival and answer
         # Children whose labels never change, bound once; the others are looked up in their
         # family (the one cache of children) through lookups bound here.
         self._decisions = {o: metrics.decisions.labels(policy.name, o) for o in OUTCOMES}
@@ -90,8 +95,32 @@ class Forwarder:
         return functools.partial(self.generate, route=route, parser=parser)
 
     async def generate(self, request: HttpRequest, route: str, parser: Parser) -> None:
+        if self.in_flight >= self.max_in_flight:
+            reject(
+                request,
+                ClientError(
+                    503,
+                    f"the router has {self.in_flight} requests in flight, its limit "
+                    "(--max-in-flight); retry",
+                    error_type="service_unavailable",
+                    headers={"retry-after": RETRY_AFTER_SECONDS},
+                ),
+                self.metrics,
+                route,
+            )
+            return
+        self.in_flight += 1
         try:
-            parsed = parser(parse_json_object(request.body), self.want_text, self.tokenizer)
+            await self._route(request, route, parser)
+        finally:
+            self.in_flight -= 1
+
+    async def _route(self, request: HttpRequest, route: str, parser: Parser) -> None:
+        try:
+            parsed = parser(
+                parse_json_object(request.body), self.want_text, self.tokenizer,
+                self.max_prompt_chars,
+            )  # fmt: skip
         except ClientError as err:
             reject(request, err, self.metrics, route)
             return

@@ -176,6 +176,20 @@ UPSTREAM_ERROR_REASONS: Final = (
     "first_byte_timeout",
     "stream_broken",  # the connection broke after the response started
     "request_timeout",
+    "response_too_large",  # over --max-response-bytes (or a head over --max-header-bytes)
+)
+CONNECTION_CLOSE_REASONS: Final = (
+    "header_timeout",  # a head (or a new connection's first request) did not arrive in time
+    "body_timeout",
+    "keep_alive_timeout",  # idle between requests
+    "send_timeout",  # the client stopped reading its response
+    "evicted",  # closed while waiting, to make room at the connection limit
+    "refused",  # over the connection limit with every connection busy: 503
+    "malformed",  # 400: not HTTP/1.1
+    "url_too_long",  # 414
+    "head_too_large",  # 431
+    "too_many_headers",  # 431
+    "body_too_large",  # 413
 )
 KV_EVENT_TYPES: Final = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 RESYNC_REASONS: Final = (
@@ -204,6 +218,7 @@ class RouterMetrics:
     prefix_match_ratio: Histogram
     retries: Counter
     upstream_errors: Counter
+    connections_closed: Counter
     kv_events: Counter
     kv_event_gaps: Counter
     kv_event_resyncs: Counter
@@ -283,6 +298,12 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "Failures talking to a worker, by reason.",
             ["worker", "reason"],
         ),
+        connections_closed=Counter(
+            "tpuserve_router_connections_closed_total",
+            "Client connections the router closed itself, by reason (timeouts, limits, "
+            "malformed requests, eviction at the connection limit).",
+            ["reason"],
+        ),
         kv_events=Counter(
             "tpuserve_router_kv_events_total",
             "KV-cache events received from workers, by type.",
@@ -336,15 +357,18 @@ class StateCollector(Collector):
     - ``tpuserve_router_in_flight_requests{worker}``
     - ``tpuserve_router_worker_healthy{model,worker}``
     - ``tpuserve_router_prefix_index_size{kind}``
+    - ``tpuserve_router_client_connections`` (open on the client port)
     """
 
     def __init__(
         self,
         workers: Callable[[], Iterable[WorkerState]],
         index_size: Callable[[], dict[str, int]],
+        connections: Callable[[], int] = lambda: 0,
     ) -> None:
         self._workers = workers
         self._index_size = index_size
+        self._connections = connections
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         in_flight = GaugeMetricFamily(
@@ -370,9 +394,15 @@ class StateCollector(Collector):
         sizes = self._index_size()
         for kind in INDEX_KINDS:
             index.add_metric([kind], sizes.get(kind, 0))
+        connections = GaugeMetricFamily(
+            "tpuserve_router_client_connections",
+            "Client connections open on the router's port.",
+            value=self._connections(),
+        )
         yield in_flight
         yield healthy
         yield index
+        yield connections
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())
@@ -436,3 +466,5 @@ def touch_known_series(metrics: RouterMetrics, policy: str) -> None:
     """Create series that should exist at zero from the start (client_python's advice)."""
     for outcome in OUTCOMES:
         metrics.decisions.labels(policy, outcome)
+    for reason in CONNECTION_CLOSE_REASONS:
+        metrics.connections_closed.labels(reason)

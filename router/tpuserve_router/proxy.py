@@ -8,8 +8,11 @@ stream passes through chunk by chunk without buffering). Every wait fails with a
 `UpstreamError` carrying the reason (a label of ``tpuserve_router_upstream_errors_total``)
 and whether anything of the response had arrived, which decides if a retry is safe.
 
-A connection goes back to the pool only after a complete response that allows keep-alive;
-a cancelled or failed one is closed, which also makes the engine abort the request.
+A response is bounded: a head over ``max_head_bytes`` or a body over ``max_body_bytes``
+fails with reason ``response_too_large`` (a worker must not be able to fill the router's
+memory). A connection goes back to the pool only after a complete response that allows
+keep-alive; a cancelled or failed one is closed, which also makes the engine abort the
+request.
 """
 
 from __future__ import annotations
@@ -39,11 +42,23 @@ def set_nodelay(transport: asyncio.BaseTransport) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class _NoCallbacks:
+    """The protocol of `DETACHED_PARSER`: nothing to call."""
+
+
+DETACHED_PARSER = httptools.HttpResponseParser(_NoCallbacks())
+"""What a closed connection holds instead of its parser."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection to a worker; one request at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, max_head_bytes: int, max_body_bytes: int
+    ) -> None:
         self.loop = loop
+        self.max_head_bytes = max_head_bytes
+        self.max_body_bytes = max_body_bytes
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -61,6 +76,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.head_ready = False
         self.chunks: list[bytes] = []
         self.buffered = 0
+        self.received = 0  # bytes of the head, then of the body
         self.received_any = False
         self.done = False
         self.keep_alive = False
@@ -74,6 +90,23 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
+        if not self.head_ready:  # count before parsing (server.py says why: quadratic heads)
+            seen = self.received + len(data)
+            if seen > self.max_head_bytes:
+                allowed = max(0, self.max_head_bytes - self.received)
+                view = memoryview(data)
+                self._feed(view[:allowed])
+                if self._head_arrived():
+                    self._feed(view[allowed:])
+                elif self.error is None:
+                    self._too_large()
+                return
+            self.received = seen
+        self._feed(data)
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        if self.closed:
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
@@ -86,12 +119,16 @@ class UpstreamConnection(asyncio.Protocol):
             )
             self.close()
 
+    def _head_arrived(self) -> bool:
+        return self.head_ready  # a call, so the checker does not assume it unchanged
+
     def eof_received(self) -> bool:
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._cancel_deadline()
+        self.parser = DETACHED_PARSER  # it holds our callbacks: a cycle (see server.py)
         if not self.done:
             detail = str(exc) if exc else "connection closed by worker"
             if self.head_ready:
@@ -107,9 +144,14 @@ class UpstreamConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.head_ready = True
+        self.received = 0
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        self.received += len(body)
+        if self.received > self.max_body_bytes:
+            self._too_large()
+            return
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > READ_PAUSE_BYTES and not self._paused and self.transport:
@@ -118,6 +160,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.error is not None:  # cut short (too large): the response is not complete
+            return
         self.done = True
         self.keep_alive = self.parser.should_keep_alive()
         self._cancel_deadline()
@@ -208,6 +252,18 @@ class UpstreamConnection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def _too_large(self) -> None:
+        what = "body" if self.head_ready else "head"
+        limit = self.max_body_bytes if self.head_ready else self.max_head_bytes
+        self._fail(
+            UpstreamError(
+                "response_too_large",
+                f"the worker's response {what} is over the router's limit of {limit} bytes",
+                response_started=self.head_ready,
+            )
+        )
+        self.close()
+
     def _fail(self, error: UpstreamError) -> None:
         if self.error is None:
             self.error = error
@@ -247,6 +303,8 @@ class UpstreamPool:
         *,
         connect_timeout_seconds: float,
         max_idle: int,
+        max_head_bytes: int,
+        max_body_bytes: int,
     ) -> None:
         self.host = host
         self.port = port
@@ -254,6 +312,8 @@ class UpstreamPool:
         self.host_header = f"{shown}:{port}".encode()
         self.connect_timeout_seconds = connect_timeout_seconds
         self.max_idle = max_idle
+        self.max_head_bytes = max_head_bytes
+        self.max_body_bytes = max_body_bytes
         self.idle: list[UpstreamConnection] = []
         self.closed = False
 
@@ -271,7 +331,9 @@ class UpstreamPool:
         try:
             async with asyncio.timeout(self.connect_timeout_seconds):
                 _, conn = await loop.create_connection(
-                    lambda: UpstreamConnection(loop), self.host, self.port
+                    lambda: UpstreamConnection(loop, self.max_head_bytes, self.max_body_bytes),
+                    self.host,
+                    self.port,
                 )
         except TimeoutError:
             raise UpstreamError(

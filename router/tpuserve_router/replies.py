@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Final
-
 import orjson
 
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.request_body import ClientError
 from tpuserve_router.server import JSON_HEADERS, HttpRequest
-
-RETRY_AFTER_SECONDS: Final = "1"
-"""Retry-After on a 503 (no healthy worker, router not ready)."""
 
 
 def reply_error(request: HttpRequest, err: ClientError) -> None:

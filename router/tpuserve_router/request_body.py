@@ -9,6 +9,10 @@ sglang-router does), the chat messages flattened as ``role: content`` lines, or
 `/generate`'s ``text`` (or its ``input_ids`` written out). Token ids (token policies): the
 engine's own view, through the shared tokenizer: chat messages rendered with the chat
 template the engine applies, then encoded; token-id prompts are used as they are.
+
+A prompt longer than ``max_prompt_chars`` characters (or token ids) is refused with 413
+before anything is tokenized or copied: tokenizing a 30 MB prompt costs seconds and a
+gigabyte of token objects.
 """
 
 from __future__ import annotations
@@ -105,13 +109,44 @@ def _is_token_list(value: Any) -> bool:
     return isinstance(value, list) and all(type(t) is int for t in value)
 
 
+def _check_size(size: int, limit: int | None, param: str) -> None:
+    if limit is not None and size > limit:
+        raise ClientError(
+            413,
+            f"{param} has {size} characters or token ids; the router's limit is {limit} "
+            "(--max-prompt-chars)",
+            param=param,
+        )
+
+
+def _chat_size(messages: list[Any]) -> int:
+    size = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, dict) else None
+                if isinstance(text, str):
+                    size += len(text)
+    return size
+
+
 def parse_completions(
-    data: dict[str, Any], want_text: bool, tokenizer: Tokens | None
+    data: dict[str, Any],
+    want_text: bool,
+    tokenizer: Tokens | None,
+    max_prompt_chars: int | None = None,
 ) -> ParsedBody:
     prompt = data.get("prompt")
     text = ""
     tokens: list[int] | None = None
+    if isinstance(prompt, list):
+        _check_size(sum(len(p) if isinstance(p, str | list) else 1 for p in prompt),
+                    max_prompt_chars, "prompt")  # fmt: skip
     if isinstance(prompt, str):
+        _check_size(len(prompt), max_prompt_chars, "prompt")
         text = prompt
         if tokenizer is not None:
             tokens = tokenizer.encode(prompt)
@@ -152,10 +187,16 @@ def _message_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def parse_chat(data: dict[str, Any], want_text: bool, tokenizer: Tokens | None) -> ParsedBody:
+def parse_chat(
+    data: dict[str, Any],
+    want_text: bool,
+    tokenizer: Tokens | None,
+    max_prompt_chars: int | None = None,
+) -> ParsedBody:
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ClientError(400, "messages is required: a non-empty list", param="messages")
+    _check_size(_chat_size(messages), max_prompt_chars, "messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ClientError(
@@ -170,11 +211,24 @@ def parse_chat(data: dict[str, Any], want_text: bool, tokenizer: Tokens | None) 
     return ParsedBody(_model(data), _stream(data), text, tokens)
 
 
-def parse_generate(data: dict[str, Any], want_text: bool, tokenizer: Tokens | None) -> ParsedBody:
+def parse_generate(
+    data: dict[str, Any],
+    want_text: bool,
+    tokenizer: Tokens | None,
+    max_prompt_chars: int | None = None,
+) -> ParsedBody:
     text_in = data.get("text")
     ids = data.get("input_ids")
     text = ""
     tokens: list[int] | None = None
+    if isinstance(text_in, str):
+        _check_size(len(text_in), max_prompt_chars, "text")
+    elif isinstance(text_in, list):
+        _check_size(sum(len(t) if isinstance(t, str) else 1 for t in text_in),
+                    max_prompt_chars, "text")  # fmt: skip
+    if isinstance(ids, list):
+        _check_size(sum(len(i) if isinstance(i, list) else 1 for i in ids),
+                    max_prompt_chars, "input_ids")  # fmt: skip
     if isinstance(text_in, str) and ids is None:
         text = text_in
         if tokenizer is not None:
@@ -201,7 +255,7 @@ def parse_generate(data: dict[str, Any], want_text: bool, tokenizer: Tokens | No
     return ParsedBody(_model(data), _stream(data), text, tokens)
 
 
-Parser = Callable[[dict[str, Any], bool, "Tokens | None"], ParsedBody]
+Parser = Callable[[dict[str, Any], bool, "Tokens | None", "int | None"], ParsedBody]
 
 GENERATION_ROUTES: dict[str, Parser] = {
     "/v1/completions": parse_completions,

@@ -3,9 +3,10 @@
 A try fails before anything reached the client when the worker refuses or drops the
 connection, answers 429/502/503/504, or breaks while its whole (non-streamed) answer is
 being read. Such a failure is retried on another worker (`should_retry`) while retries are
-left and another candidate is healthy. Two failures are never retried: a first-byte
+left and another candidate is healthy. Three failures are never retried: a first-byte
 timeout (the worker is slow, not gone, so a retry would duplicate its work) and a request
-timeout once the answer has started (the request's time is up); they are answered 504.
+timeout once the answer has started (the request's time is up), answered 504, and an
+answer over ``--max-response-bytes``, answered 502.
 Nothing is retried once the client has received bytes.
 """
 
@@ -19,6 +20,9 @@ from tpuserve_router.policies.base import WorkerView
 from tpuserve_router.proxy import UpstreamError
 
 RETRYABLE_STATUSES: Final = frozenset({429, 502, 503, 504})
+NEVER_RETRIED: Final = frozenset({"first_byte_timeout", "response_too_large"})
+"""Failures another worker would repeat: slow to start (its work would be duplicated), or an
+answer too large for the router."""
 """Worker answers that let another worker take the request: overloaded or unavailable."""
 
 
@@ -39,7 +43,7 @@ RETRY: Final = Attempt.RETRY
 
 def retryable_error(err: UpstreamError) -> bool:
     """Whether another worker may take a request whose try failed with ``err``."""
-    if err.reason == "first_byte_timeout":
+    if err.reason in NEVER_RETRIED:
         return False
     return not (err.reason == "request_timeout" and err.response_started)
 

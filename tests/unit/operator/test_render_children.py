@@ -140,7 +140,8 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
         "--kv-events",
     ]
     assert container["envFrom"] == [{"configMapRef": {"name": "qwen-router"}}]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
     config = one(rendered(spec).children, "ConfigMap", "qwen-router")
     assert config["data"]["TPUSERVE_ROUTER_POLICY"] == "least_load"
     assert {p["name"] for p in container["ports"]} == {"http", "metrics"}

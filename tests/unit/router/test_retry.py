@@ -129,7 +129,7 @@ async def router_in_front_of(
         if isinstance(worker, str):
             urls.append(worker)
             continue
-        server = await serve(worker, "127.0.0.1", 0, 1 << 20)
+        server = await serve(worker, "127.0.0.1", 0, RouterConfig().front_limits())
         servers.append(server)
         urls.append(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
     config = RouterConfig(

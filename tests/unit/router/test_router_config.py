@@ -158,3 +158,28 @@ def test_key_values_parse_and_reject_items_without_equals() -> None:
     assert parse_key_values("a=1, b = 2,", "x") == {"a": "1", "b": "2"}
     with pytest.raises(ValueError, match="x: 'oops' is not KEY=VALUE"):
         parse_key_values("a=1,oops", "x")
+
+
+def test_front_limits_are_flags_and_variables_checked_together() -> None:
+    env = {env_name("--max-connections"): "500", env_name("--header-timeout"): "2.5"}
+    config = build_config(parse("--max-headers", "40"), environ=env)
+    limits = config.front_limits()
+    assert (limits.max_connections, limits.header_timeout_seconds, limits.max_headers) == (
+        500,
+        2.5,
+        40,
+    )
+    assert limits.max_body_bytes == config.max_request_bytes
+    assert config.front_limits(max_connections=7).max_connections == 7
+    with pytest.raises(ConfigError) as err:
+        RouterConfig(
+            max_header_bytes=512,
+            max_request_line_bytes=4096,
+            max_headers=2,
+            keep_alive_timeout_seconds=0,
+        ).validate()
+    text = str(err.value)
+    assert "max_header_bytes=512: must be >= 1024" in text
+    assert "max_headers=2: must be >= 8" in text
+    assert "max_request_line_bytes=4096: must be <= max_header_bytes=512" in text
+    assert "keep_alive_timeout_seconds=0: must be > 0" in text
