@@ -55,6 +55,7 @@ from tpuserve_router.metrics import (
     create_router_metrics,
     touch_known_series,
 )
+from tpuserve_router.outliers import Ejectable, OutlierDetector
 from tpuserve_router.policies.base import Policy, make_policy
 from tpuserve_router.replies import reject
 from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
@@ -68,7 +69,7 @@ from tpuserve_router.server import (
 )
 from tpuserve_router.token_cache import ChatTokenCache
 from tpuserve_router.worker_networks import parse_networks
-from tpuserve_router.workers import BreakerConfig, WorkerRegistry, WorkerSpec
+from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
 if TYPE_CHECKING:
     from tpuserve_router.discovery.kubernetes import PodWatcher, RejectedPod
@@ -104,8 +105,9 @@ class RouterApp:
         self.metrics: RouterMetrics = create_router_metrics(registry or CollectorRegistry())
         self.metrics.info.labels(self.policy.name, tpuserve_version()).set(1)
         touch_known_series(self.metrics, self.policy.name)
-        self.registry = WorkerRegistry(
-            BreakerConfig(config.breaker_failure_threshold, config.breaker_open_seconds)
+        self.registry = WorkerRegistry()
+        self.outliers = OutlierDetector(
+            config.outlier_config(), lambda: self.registry.workers, self._ejected
         )
         self.block_index: BlockIndex | None = self.policy.block_index
         self.kv: KvEventHub | None = None
@@ -123,7 +125,7 @@ class RouterApp:
         )
         self.health: HealthChecker = self.admission.health
         self.forwarder = Forwarder(
-            self.config, self.policy, self.registry, self.metrics, self.tokenizer
+            self.config, self.policy, self.registry, self.metrics, self.tokenizer, self.outliers
         )
         self.admin = AdminApi(
             self.registry, self.policy, self.health, self.metrics, self.networks, self._rejected
@@ -205,6 +207,7 @@ class RouterApp:
                 )
             )
         self.admission.start()
+        self.outliers.start()
         if config.discovery == "kubernetes":
             from tpuserve_router.discovery.kubernetes import ApiServer, PodRules, PodWatcher
 
@@ -247,6 +250,7 @@ class RouterApp:
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
+        self.outliers.stop()
         await self.admission.stop()
         if self.kv is not None:
             await self.kv.stop()
@@ -331,6 +335,19 @@ class RouterApp:
                 JSON_HEADERS,
                 b'{"error": "only /metrics, /health and /readiness are served here"}',
             )
+
+    def _ejected(self, worker: Ejectable, reason: str) -> None:
+        self.metrics.worker_ejections.labels(worker.name, reason).inc()
+        log.warning(
+            "worker %s ejected (%s) for %.0f s: %d consecutive failures, %d of %d requests "
+            "failed this interval",
+            worker.name,
+            reason,
+            worker.ejected_until - self.outliers.clock(),
+            worker.consecutive_failures,
+            worker.window_failures,
+            worker.window_requests,
+        )
 
     def _connection_closed(self, reason: str) -> None:
         self.metrics.connections_closed.labels(reason).inc()

@@ -252,8 +252,37 @@ OPTIONS: tuple[Option, ...] = (
         "--first-byte-timeout",
         "first_byte_timeout_seconds",
         cli_types.duration_seconds,
-        "Seconds for a worker to start answering; then 504 "
+        "Most seconds a worker is given to start answering (the time given is derived from "
+        "the request; then retried elsewhere, or 504) "
         f"(default {DEFAULTS.first_byte_timeout_seconds:g}).",
+    ),
+    Option(
+        "--first-byte-timeout-floor",
+        "first_byte_timeout_floor_seconds",
+        cli_types.duration_seconds,
+        "Least seconds a worker is given to start answering "
+        f"(default {DEFAULTS.first_byte_timeout_floor_seconds:g}).",
+    ),
+    Option(
+        "--min-prefill-rate",
+        "min_prefill_tokens_per_second",
+        cli_types.positive_float,
+        "Slowest prefill (prompt tokens per second) the first-byte time allows for "
+        f"(default {DEFAULTS.min_prefill_tokens_per_second:g}).",
+    ),
+    Option(
+        "--min-decode-rate",
+        "min_decode_tokens_per_second",
+        cli_types.positive_float,
+        "Slowest decoding (tokens per second) the first-byte time of a non-streamed answer "
+        f"allows for (default {DEFAULTS.min_decode_tokens_per_second:g}).",
+    ),
+    Option(
+        "--stream-idle-timeout",
+        "stream_idle_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds a started stream may send nothing before it is cut with an error event "
+        f"(default {DEFAULTS.stream_idle_timeout_seconds:g}).",
     ),
     Option(
         "--request-timeout",
@@ -267,6 +296,20 @@ OPTIONS: tuple[Option, ...] = (
         cli_types.non_negative_int,
         "Retries on another worker for failures before the first byte "
         f"(default {DEFAULTS.max_retries}).",
+    ),
+    Option(
+        "--retry-budget-percent",
+        "retry_budget_percent",
+        cli_types.non_negative_float,
+        "Retries in flight may be at most this percent of the requests in flight "
+        f"(default {DEFAULTS.retry_budget_percent:g}).",
+    ),
+    Option(
+        "--retry-budget-min",
+        "retry_budget_min",
+        cli_types.non_negative_int,
+        "Retries in flight always allowed, whatever the percent "
+        f"(default {DEFAULTS.retry_budget_min}).",
     ),
     Option(
         "--health-check-interval",
@@ -294,18 +337,51 @@ OPTIONS: tuple[Option, ...] = (
         f"Passing checks that re-admit it (default {DEFAULTS.health_success_threshold}).",
     ),
     Option(
-        "--breaker-failure-threshold",
-        "breaker_failure_threshold",
+        "--outlier-consecutive-failures",
+        "outlier_consecutive_failures",
         cli_types.positive_int,
-        "Consecutive request failures that open a worker's circuit breaker "
-        f"(default {DEFAULTS.breaker_failure_threshold}).",
+        "Consecutive failed requests (5xx, timeouts, broken connections) that eject a worker "
+        f"(default {DEFAULTS.outlier_consecutive_failures}).",
     ),
     Option(
-        "--breaker-open-seconds",
-        "breaker_open_seconds",
+        "--outlier-failure-rate",
+        "outlier_failure_rate",
+        cli_types.positive_float,
+        "Share of failed requests in an interval that ejects a worker "
+        f"(default {DEFAULTS.outlier_failure_rate:g}).",
+    ),
+    Option(
+        "--outlier-min-requests",
+        "outlier_min_requests",
+        cli_types.positive_int,
+        "Requests an interval needs before the failure rate counts "
+        f"(default {DEFAULTS.outlier_min_requests}).",
+    ),
+    Option(
+        "--outlier-interval",
+        "outlier_interval_seconds",
         cli_types.duration_seconds,
-        f"Seconds a breaker stays open before trying again (default "
-        f"{DEFAULTS.breaker_open_seconds:g}).",
+        f"Seconds of the failure-rate window (default {DEFAULTS.outlier_interval_seconds:g}).",
+    ),
+    Option(
+        "--outlier-base-ejection",
+        "outlier_base_ejection_seconds",
+        cli_types.duration_seconds,
+        "Seconds of a first ejection; the n-th lasts n times this "
+        f"(default {DEFAULTS.outlier_base_ejection_seconds:g}).",
+    ),
+    Option(
+        "--outlier-max-ejection",
+        "outlier_max_ejection_seconds",
+        cli_types.duration_seconds,
+        f"Longest ejection in seconds (default {DEFAULTS.outlier_max_ejection_seconds:g}).",
+    ),
+    Option(
+        "--outlier-max-ejected-percent",
+        "outlier_max_ejected_percent",
+        cli_types.non_negative_float,
+        "Most workers ejected at once, in percent (at least one may be) "
+        f"(default {DEFAULTS.outlier_max_ejected_percent:g}).",
     ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
 )

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tpuserve_router.deadlines import FirstByteBudget
+from tpuserve_router.outliers import OutlierConfig
 from tpuserve_router.policies.base import (
     Policy,
     PolicyConfigError,
@@ -81,20 +83,53 @@ class RouterConfig:
     send_timeout_seconds: float = 60.0
     max_response_bytes: int = 64 * 1024 * 1024
     connect_timeout_seconds: float = 3.0
+    # A worker's first byte is awaited for a time derived from the request (forwarding.py,
+    # first_byte_deadline): at least the floor, at most first_byte_timeout_seconds.
     first_byte_timeout_seconds: float = 600.0
+    first_byte_timeout_floor_seconds: float = 15.0
+    min_prefill_tokens_per_second: float = 1000.0
+    min_decode_tokens_per_second: float = 5.0
+    stream_idle_timeout_seconds: float = 30.0
     request_timeout_seconds: float = 1800.0
     max_retries: int = 2
+    retry_budget_percent: float = 20.0  # of the requests in flight, as Envoy's retry budget
+    retry_budget_min: int = 3
     health_check_interval_seconds: float = 2.0
     health_check_timeout_seconds: float = 2.0
     health_failure_threshold: int = 3
     health_success_threshold: int = 1
-    breaker_failure_threshold: int = 5
-    breaker_open_seconds: float = 10.0
+    # Outlier ejection (outliers.py), with Envoy's defaults where it has them.
+    outlier_consecutive_failures: int = 5
+    outlier_failure_rate: float = 0.5
+    outlier_min_requests: int = 20
+    outlier_interval_seconds: float = 10.0
+    outlier_base_ejection_seconds: float = 30.0
+    outlier_max_ejection_seconds: float = 300.0
+    outlier_max_ejected_percent: float = 50.0
     max_idle_connections_per_worker: int = 64
     seed: int | None = None
 
     def replace(self, **changes: Any) -> RouterConfig:
         return dataclasses.replace(self, **changes)
+
+    def first_byte_budget(self) -> FirstByteBudget:
+        return FirstByteBudget(
+            floor_seconds=self.first_byte_timeout_floor_seconds,
+            cap_seconds=self.first_byte_timeout_seconds,
+            prefill_tokens_per_second=self.min_prefill_tokens_per_second,
+            decode_tokens_per_second=self.min_decode_tokens_per_second,
+        )
+
+    def outlier_config(self) -> OutlierConfig:
+        return OutlierConfig(
+            consecutive_failures=self.outlier_consecutive_failures,
+            failure_rate=self.outlier_failure_rate,
+            min_requests=self.outlier_min_requests,
+            interval_seconds=self.outlier_interval_seconds,
+            base_ejection_seconds=self.outlier_base_ejection_seconds,
+            max_ejection_seconds=self.outlier_max_ejection_seconds,
+            max_ejected_percent=self.outlier_max_ejected_percent,
+        )
 
     def front_limits(self, max_connections: int | None = None) -> FrontLimits:
         """The front's limits; ``max_connections`` overrides the setting (the app lowers it
@@ -187,7 +222,13 @@ class RouterConfig:
             "first_byte_timeout_seconds",
             "request_timeout_seconds",
             "health_check_timeout_seconds",
-            "breaker_open_seconds",
+            "first_byte_timeout_floor_seconds",
+            "min_prefill_tokens_per_second",
+            "min_decode_tokens_per_second",
+            "stream_idle_timeout_seconds",
+            "outlier_interval_seconds",
+            "outlier_base_ejection_seconds",
+            "outlier_max_ejection_seconds",
         ):
             value = getattr(self, name)
             need(value > 0, f"{name}={value}: must be > 0")
@@ -197,10 +238,24 @@ class RouterConfig:
             "(0 turns active health checks off)",
         )
         need(0 <= self.max_retries <= 10, f"max_retries={self.max_retries}: allowed 0..10")
+        need(
+            0 < self.outlier_failure_rate <= 1,
+            f"outlier_failure_rate={self.outlier_failure_rate}: allowed (0, 1]",
+        )
+        for name in ("outlier_max_ejected_percent", "retry_budget_percent"):
+            value = getattr(self, name)
+            need(0 <= value <= 100, f"{name}={value}: allowed 0..100")
+        need(self.retry_budget_min >= 0, f"retry_budget_min={self.retry_budget_min}: must be >= 0")
+        need(
+            self.outlier_base_ejection_seconds <= self.outlier_max_ejection_seconds,
+            f"outlier_base_ejection_seconds={self.outlier_base_ejection_seconds}: must be <= "
+            f"outlier_max_ejection_seconds={self.outlier_max_ejection_seconds}",
+        )
         for name in (
             "health_failure_threshold",
             "health_success_threshold",
-            "breaker_failure_threshold",
+            "outlier_consecutive_failures",
+            "outlier_min_requests",
         ):
             value = getattr(self, name)
             need(value >= 1, f"{name}={value}: must be >= 1")

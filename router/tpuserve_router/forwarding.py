@@ -19,15 +19,24 @@ from typing import Final
 
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.metrics import RouterMetrics
+from tpuserve_router.outliers import OutlierDetector
 from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, Policy, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.replies import reject, reply_error, sse_error_event
-from tpuserve_router.request_body import ClientError, Parser, Tokens, parse_json_object
+from tpuserve_router.request_body import (
+    ClientError,
+    ParsedBody,
+    Parser,
+    Tokens,
+    parse_json_object,
+)
 from tpuserve_router.retry import (
     ANSWERED,
+    FREE_RETRIES,
     RETRY,
     RETRYABLE_STATUSES,
     Attempt,
+    RetryBudget,
     retryable_error,
     should_retry,
 )
@@ -52,7 +61,7 @@ HOP_BY_HOP: Final = frozenset(
         b"expect",
     }
 )
-BREAKER_STATUSES: Final = frozenset({502, 504})  # the worker, not its load, is at fault
+TIMEOUTS: Final = frozenset({"first_byte_timeout", "request_timeout"})  # answered 504
 CLIENT_CLOSED: Final = "499"  # nginx's code for "the client went away first"
 STREAM_ERROR: Final = "stream_error"
 
@@ -67,16 +76,25 @@ class Forwarder:
         registry: WorkerRegistry,
         metrics: RouterMetrics,
         tokenizer: Tokens | None,
+        outliers: OutlierDetector,
     ) -> None:
         self.config = config
         self.policy = policy
         self.registry = registry
         self.metrics = metrics
         self.tokenizer = tokenizer
+        self.outliers = outliers
         self.want_text = policy.needs_text
         self.max_prompt_chars = config.max_prompt_chars
         self.max_in_flight = config.max_in_flight
+        self.max_retries = config.max_retries
+        self.first_byte = config.first_byte_budget()
         self.in_flight = 0  # generation requests between arrival and answer
+        self.budget = RetryBudget(
+            config.retry_budget_percent,
+            config.retry_budget_min,
+            metrics.retries_over_budget.labels().inc,
+        )
         # Children whose labels never change, bound once; the others are looked up in their
         # family (the one cache of children) through lookups bound here.
         self._decisions = {o: metrics.decisions.labels(policy.name, o) for o in OUTCOMES}
@@ -145,40 +163,61 @@ class Forwarder:
         excluded: list[Worker] = []
         retries = 0
         policy = self.policy
-        while True:
-            pool = candidates if not excluded else [w for w in candidates if w not in excluded]
-            try:
-                decision = policy.choose(route_request, pool)
-            except NoHealthyWorker:
-                reject(
-                    request,
-                    ClientError(
-                        503,
-                        f"no healthy worker for model {model!r}" if model else "no healthy worker",
-                        error_type="service_unavailable",
-                        headers={"retry-after": RETRY_AFTER_SECONDS},
-                    ),
-                    self.metrics,
-                    route,
-                    model,
+        try:
+            while True:
+                pool = candidates if not excluded else [w for w in candidates if w not in excluded]
+                try:
+                    decision = policy.choose(route_request, pool)
+                except NoHealthyWorker:
+                    reject(
+                        request,
+                        ClientError(
+                            503,
+                            f"no healthy worker for model {model!r}"
+                            if model
+                            else "no healthy worker",
+                            error_type="service_unavailable",
+                            headers={"retry-after": RETRY_AFTER_SECONDS},
+                        ),
+                        self.metrics,
+                        route,
+                        model,
+                    )
+                    return
+                self._decisions[decision.outcome].inc()
+                attempt = await self._attempt(
+                    request, route, parsed, decision, forwarded, retries, pool
                 )
-                return
-            self._decisions[decision.outcome].inc()
-            attempt = await self._attempt(
-                request, route, model, parsed.stream, decision, forwarded, retries, pool
-            )
-            if attempt is ANSWERED:
-                return
-            excluded.append(decision.worker)
-            retries += 1
-            self.metrics.retries.labels(route).inc()
+                if attempt is ANSWERED:
+                    return
+                if not retries:
+                    self.budget.active += 1  # held until the request ends
+                excluded.append(decision.worker)
+                retries += 1
+                self.metrics.retries.labels(route).inc()
+        finally:
+            if retries:
+                self.budget.active -= 1
+
+    def _retry(
+        self,
+        retryable: bool,
+        retries: int,
+        worker: Worker,
+        candidates: list[Worker],
+        reason: str = "",
+    ) -> bool:
+        """`should_retry` with this router's budget (unless ``reason`` spends none)."""
+        budget = None if reason in FREE_RETRIES else self.budget
+        return should_retry(
+            retryable, retries, self.max_retries, worker, candidates, budget, self.in_flight
+        )
 
     async def _attempt(
         self,
         request: HttpRequest,
         route: str,
-        model: str,
-        stream: bool,
+        parsed: ParsedBody,
         decision: Decision[Worker],
         forwarded: bytes,
         retries: int,
@@ -188,7 +227,8 @@ class Forwarder:
         are the workers this try could have gone to (a retry picks among the others)."""
         worker = decision.worker
         policy = self.policy
-        max_retries = self.config.max_retries
+        model = parsed.model
+        stream = parsed.stream
         if not model and worker.models:
             model = worker.models[0]
         pool: UpstreamPool = worker.pool
@@ -196,17 +236,20 @@ class Forwarder:
         succeeded = False
         result: Attempt = ANSWERED
         status_label = CLIENT_CLOSED  # the requests_total status, unless retried
+        first_byte = self.first_byte.seconds(
+            parsed.prompt_tokens, parsed.max_new_tokens, stream, worker.in_flight
+        )
         worker.in_flight += 1
         try:
             payload = _upstream_request(request, pool.host_header, forwarded)
             try:
-                upstream = await self._open(pool, payload, request.arrived)
+                upstream = await self._open(pool, payload, request.arrived, first_byte)
             except UpstreamError as err:
                 self._worker_failed(worker, err.reason)
-                if should_retry(retryable_error(err), retries, max_retries, worker, candidates):
+                if self._retry(retryable_error(err), retries, worker, candidates, err.reason):
                     result = RETRY
                     return result
-                if err.reason == "first_byte_timeout":
+                if err.reason in TIMEOUTS:
                     status_label = "504"
                     reply_error(
                         request,
@@ -224,10 +267,10 @@ class Forwarder:
                 )
                 return result
             status = upstream.status
-            if should_retry(status in RETRYABLE_STATUSES, retries, max_retries, worker, candidates):
+            if self._retry(status in RETRYABLE_STATUSES, retries, worker, candidates):
                 self.metrics.upstream_errors.labels(worker.name, "retryable_status").inc()
-                if status in BREAKER_STATUSES:
-                    worker.request_failed()
+                if status >= 500:
+                    self.outliers.failed(worker)
                 result = RETRY
                 return result
             headers = _response_headers(upstream.headers)
@@ -237,7 +280,7 @@ class Forwarder:
                     body = await upstream.read_all()
                 except UpstreamError as err:
                     self._worker_failed(worker, err.reason)
-                    if should_retry(retryable_error(err), retries, max_retries, worker, candidates):
+                    if self._retry(retryable_error(err), retries, worker, candidates, err.reason):
                         result = RETRY
                         return result
                     code = 504 if err.reason == "request_timeout" else 502
@@ -256,6 +299,7 @@ class Forwarder:
                 usage = usage_from_body(body) if status == 200 else None
             else:
                 request.start_chunked(status, headers)
+                upstream.watch_progress()
                 first = True
                 before = last = b""
                 try:
@@ -274,7 +318,10 @@ class Forwarder:
                             await request.drain()
                 except UpstreamError as err:
                     self._worker_failed(worker, err.reason)
-                    request.write_chunk(sse_error_event(f"the worker's stream broke: {err.detail}"))
+                    what = "stalled" if err.reason == "stream_stalled" else "broke"
+                    request.write_chunk(
+                        sse_error_event(f"the worker's stream {what}: {err.detail}")
+                    )
                     request.end_chunked(keep_alive=False)
                     status_label = STREAM_ERROR
                     return result
@@ -282,7 +329,9 @@ class Forwarder:
                 usage = usage_from_stream_tail(before + last) if status == 200 else None
             succeeded = status < 400
             if status < 500:
-                worker.request_succeeded()
+                self.outliers.succeeded(worker)
+            else:
+                self._worker_failed(worker, "server_error")
             status_label = str(status)
             if usage is not None:
                 self._account(usage, decision, model, worker.name)
@@ -297,12 +346,14 @@ class Forwarder:
                 if status_label != CLIENT_CLOSED:
                     self._e2e(model, route).observe(time.monotonic() - request.arrived)
 
-    async def _open(self, pool: UpstreamPool, payload: bytes, arrived: float) -> UpstreamConnection:
+    async def _open(
+        self, pool: UpstreamPool, payload: bytes, arrived: float, first_byte: float
+    ) -> UpstreamConnection:
         """Send ``payload`` and wait for the response head; a stale pooled connection is
         replaced once by a fresh one (the worker closed it while idle)."""
         upstream = await pool.acquire()
         try:
-            return await self._send(upstream, payload, arrived)
+            return await self._send(upstream, payload, arrived, first_byte)
         except UpstreamError as err:
             upstream.close()
             if err.reason != "reset_before_response" or not upstream.reused:
@@ -312,23 +363,25 @@ class Forwarder:
             raise
         upstream = await pool.connect()
         try:
-            return await self._send(upstream, payload, arrived)
+            return await self._send(upstream, payload, arrived, first_byte)
         except BaseException:
             upstream.close()
             raise
 
     async def _send(
-        self, upstream: UpstreamConnection, payload: bytes, arrived: float
+        self, upstream: UpstreamConnection, payload: bytes, arrived: float, first_byte: float
     ) -> UpstreamConnection:
         upstream.send(payload)
         left = self.config.request_timeout_seconds - (time.monotonic() - arrived)
-        upstream.set_deadlines(self.config.first_byte_timeout_seconds, max(0.001, left))
+        upstream.set_deadlines(
+            first_byte, max(0.001, left), self.config.stream_idle_timeout_seconds
+        )
         await upstream.wait_head()
         return upstream
 
     def _worker_failed(self, worker: Worker, reason: str) -> None:
         self.metrics.upstream_errors.labels(worker.name, reason).inc()
-        worker.request_failed()
+        self.outliers.failed(worker)
 
     def _account(self, usage: Usage, decision: Decision[Worker], model: str, worker: str) -> None:
         key = (model, worker)

@@ -30,6 +30,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sglang_tpu.kv_events import DECODE_ERROR_REASONS
+from tpuserve_router.outliers import EJECTION_REASONS
 from tpuserve_router.policies.base import OUTCOMES
 
 C = TypeVar("C")
@@ -172,9 +173,11 @@ RATIO_BUCKETS: Final = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 
 UPSTREAM_ERROR_REASONS: Final = (
     "connect_error",  # refused, unreachable, connect timeout
     "reset_before_response",  # the connection closed before the response started
-    "retryable_status",  # 429, 502, 503 or 504 before anything reached the client
-    "first_byte_timeout",
+    "retryable_status",  # 429 or 5xx before anything reached the client: retried
+    "server_error",  # a 5xx answer passed on to the client
+    "first_byte_timeout",  # no answer within the time derived for the request
     "stream_broken",  # the connection broke after the response started
+    "stream_stalled",  # a started answer sent nothing for --stream-idle-timeout
     "request_timeout",
     "response_too_large",  # over --max-response-bytes (or a head over --max-header-bytes)
 )
@@ -217,7 +220,9 @@ class RouterMetrics:
     decisions: Counter
     prefix_match_ratio: Histogram
     retries: Counter
+    retries_over_budget: Counter
     upstream_errors: Counter
+    worker_ejections: Counter
     connections_closed: Counter
     kv_events: Counter
     kv_event_gaps: Counter
@@ -293,9 +298,20 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "Requests re-sent to another worker after a failure before the first byte.",
             ["route"],
         ),
+        retries_over_budget=Counter(
+            "tpuserve_router_retries_over_budget_total",
+            "Retries not made because the retry budget was spent (--retry-budget-percent).",
+            [],
+        ),
         upstream_errors=Counter(
             "tpuserve_router_upstream_errors_total",
             "Failures talking to a worker, by reason.",
+            ["worker", "reason"],
+        ),
+        worker_ejections=Counter(
+            "tpuserve_router_worker_ejections_total",
+            "Times a worker was ejected as an outlier, by the rule that ejected it "
+            "(consecutive_failures, failure_rate).",
             ["worker", "reason"],
         ),
         connections_closed=Counter(
@@ -378,7 +394,7 @@ class StateCollector(Collector):
         )
         healthy = GaugeMetricFamily(
             "tpuserve_router_worker_healthy",
-            "1 if the worker is routable (health checks pass, circuit breaker closed), else 0.",
+            "1 if the worker is routable (health checks pass, not ejected as an outlier), else 0.",
             labels=["model", "worker"],
         )
         for worker in self._workers():
@@ -417,6 +433,7 @@ def remove_worker_series(metrics: RouterMetrics, worker: str) -> None:
         metrics.cached_tokens,
         metrics.predicted_cached_tokens,
         metrics.upstream_errors,
+        metrics.worker_ejections,
         metrics.kv_events,
         metrics.kv_event_gaps,
         metrics.kv_event_resyncs,
@@ -438,6 +455,8 @@ def touch_worker_series(metrics: RouterMetrics, worker: str, *, kv_events: bool)
     """
     for reason in UPSTREAM_ERROR_REASONS:
         metrics.upstream_errors.labels(worker, reason)
+    for reason in EJECTION_REASONS:
+        metrics.worker_ejections.labels(worker, reason)
     if not kv_events:
         return
     for event_type in KV_EVENT_TYPES:
@@ -468,3 +487,4 @@ def touch_known_series(metrics: RouterMetrics, policy: str) -> None:
         metrics.decisions.labels(policy, outcome)
     for reason in CONNECTION_CLOSE_REASONS:
         metrics.connections_closed.labels(reason)
+    metrics.retries_over_budget.labels()

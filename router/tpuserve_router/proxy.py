@@ -67,6 +67,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._first_byte_at = 0.0
         self._end_at = 0.0
+        self._idle_seconds = 0.0
+        self._given = 0.0  # first-byte seconds given to the current request
+        self._seen = -1  # body chunks at the last deadline check
         self._paused = False
         self._reset()
 
@@ -75,6 +78,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_ready = False
         self.chunks: list[bytes] = []
+        self.body_chunks = 0  # received, for the stall check
         self.buffered = 0
         self.received = 0  # bytes of the head, then of the body
         self.received_any = False
@@ -152,6 +156,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self.received > self.max_body_bytes:
             self._too_large()
             return
+        self.body_chunks += 1
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > READ_PAUSE_BYTES and not self._paused and self.transport:
@@ -173,15 +178,31 @@ class UpstreamConnection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
-    def set_deadlines(self, first_byte_seconds: float, total_seconds: float) -> None:
+    def set_deadlines(
+        self, first_byte_seconds: float, total_seconds: float, idle_seconds: float
+    ) -> None:
         """Fail the pending wait (and close) when the response has not started within
-        ``first_byte_seconds`` (reason ``first_byte_timeout``) or not ended within
-        ``total_seconds`` (``request_timeout``). One timer serves both."""
+        ``first_byte_seconds`` (reason ``first_byte_timeout``), its body has sent nothing
+        for ``idle_seconds`` once that time has passed (``stream_stalled``; detected within
+        one to two idle periods, as progress is sampled, not timed per chunk) or it has not
+        ended within ``total_seconds`` (``request_timeout``). One timer serves all three."""
         self._cancel_deadline()
         now = self.loop.time()
         self._first_byte_at = now + first_byte_seconds
         self._end_at = now + total_seconds
+        self._idle_seconds = idle_seconds
+        self._given = first_byte_seconds
+        self._seen = -1
         self._deadline = self.loop.call_at(min(self._first_byte_at, self._end_at), self._check)
+
+    def watch_progress(self) -> None:
+        """The body is about to be relayed as it comes (a stream): check its progress from
+        now on, every idle period (before, the head's deadline was all that was timed)."""
+        if self.done or self.closed:
+            return
+        self._cancel_deadline()
+        self._seen = self.body_chunks
+        self._check_again(self.loop.time())
 
     async def wait_head(self) -> None:
         while not self.head_ready:
@@ -275,17 +296,28 @@ class UpstreamConnection(asyncio.Protocol):
             return
         now = self.loop.time()
         if not self.head_ready and now >= self._first_byte_at:
-            reason, limit = "first_byte_timeout", self._first_byte_at
+            reason, detail = "first_byte_timeout", f"no answer within {self._given:.3g} s"
         elif now >= self._end_at:
-            reason, limit = "request_timeout", self._end_at
-        else:  # the head came in time: wait for the end
-            self._deadline = self.loop.call_at(self._end_at, self._check)
+            reason, detail = "request_timeout", "the request's time is up"
+        elif (
+            self.head_ready
+            and self.body_chunks == self._seen
+            and (self.body_chunks or now >= self._first_byte_at)  # the first chunk has its time
+            and not self._paused  # paused by us: the client reads slowly, not the worker
+        ):
+            reason, detail = "stream_stalled", f"nothing for {self._idle_seconds:g} s"
+        else:  # in time: sample the body's progress again one idle period on
+            self._seen = self.body_chunks if self.head_ready else -1
+            self._check_again(now)
             return
-        self._fail(
-            UpstreamError(reason, f"deadline passed {now - limit:.3f} s ago",
-                          response_started=self.head_ready)
-        )  # fmt: skip
+        self._fail(UpstreamError(reason, detail, response_started=self.head_ready))
         self.close()
+
+    def _check_again(self, now: float) -> None:
+        next_check = now + self._idle_seconds
+        if not self.body_chunks:
+            next_check = max(next_check, self._first_byte_at)
+        self._deadline = self.loop.call_at(min(self._end_at, next_check), self._check)
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:

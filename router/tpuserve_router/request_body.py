@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -61,12 +61,20 @@ def error_body(status: int, message: str, param: str | None, error_type: str) ->
     )
 
 
+CHARS_PER_TOKEN: Final = 4
+"""A prompt's tokens, estimated from its characters when it is not tokenized."""
+COMPLETIONS_DEFAULT_MAX_TOKENS: Final = 16  # SGLang's CompletionRequest, as OpenAI's
+GENERATE_DEFAULT_MAX_NEW_TOKENS: Final = 128  # SGLang's SamplingParams
+
+
 @dataclass(slots=True)
 class ParsedBody:
     model: str
     stream: bool
     text: str
     token_ids: list[int] | None
+    prompt_tokens: int  # counted when tokenized or given as ids, else estimated
+    max_new_tokens: int | None  # as asked, or the API's default; None: up to the context
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -109,7 +117,7 @@ def _is_token_list(value: Any) -> bool:
     return isinstance(value, list) and all(type(t) is int for t in value)
 
 
-def _check_size(size: int, limit: int | None, param: str) -> None:
+def _check_size(size: int, limit: int | None, param: str) -> int:
     if limit is not None and size > limit:
         raise ClientError(
             413,
@@ -117,6 +125,16 @@ def _check_size(size: int, limit: int | None, param: str) -> None:
             "(--max-prompt-chars)",
             param=param,
         )
+    return size
+
+
+def _size(prompt: Any) -> int:
+    """Characters (a string) or token ids of a prompt, or of a batch of them (a list)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(len(i) if isinstance(i, str | list) else 1 for i in prompt)
+    return 0
 
 
 def _chat_size(messages: list[Any]) -> int:
@@ -133,6 +151,15 @@ def _chat_size(messages: list[Any]) -> int:
     return size
 
 
+def _token_count(value: Any) -> int | None:
+    """A token count as given (an int that is not a bool), else None."""
+    return value if type(value) is int else None
+
+
+def _estimate(tokens: list[int] | None, chars: int) -> int:
+    return len(tokens) if tokens is not None else chars // CHARS_PER_TOKEN
+
+
 def parse_completions(
     data: dict[str, Any],
     want_text: bool,
@@ -142,11 +169,8 @@ def parse_completions(
     prompt = data.get("prompt")
     text = ""
     tokens: list[int] | None = None
-    if isinstance(prompt, list):
-        _check_size(sum(len(p) if isinstance(p, str | list) else 1 for p in prompt),
-                    max_prompt_chars, "prompt")  # fmt: skip
+    size = _check_size(_size(prompt), max_prompt_chars, "prompt")
     if isinstance(prompt, str):
-        _check_size(len(prompt), max_prompt_chars, "prompt")
         text = prompt
         if tokenizer is not None:
             tokens = tokenizer.encode(prompt)
@@ -169,7 +193,8 @@ def parse_completions(
             "of token-id lists",
             param="prompt",
         )
-    return ParsedBody(_model(data), _stream(data), text, tokens)
+    max_new = _token_count(data.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS))
+    return ParsedBody(_model(data), _stream(data), text, tokens, _estimate(tokens, size), max_new)
 
 
 def _message_text(content: Any) -> str:
@@ -196,7 +221,7 @@ def parse_chat(
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ClientError(400, "messages is required: a non-empty list", param="messages")
-    _check_size(_chat_size(messages), max_prompt_chars, "messages")
+    size = _check_size(_chat_size(messages), max_prompt_chars, "messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ClientError(
@@ -208,7 +233,10 @@ def parse_chat(
     tokens = None
     if tokenizer is not None:
         tokens = tokenizer.encode_chat(messages)
-    return ParsedBody(_model(data), _stream(data), text, tokens)
+    max_new = _token_count(data.get("max_completion_tokens")) or _token_count(
+        data.get("max_tokens")
+    )
+    return ParsedBody(_model(data), _stream(data), text, tokens, _estimate(tokens, size), max_new)
 
 
 def parse_generate(
@@ -221,14 +249,9 @@ def parse_generate(
     ids = data.get("input_ids")
     text = ""
     tokens: list[int] | None = None
-    if isinstance(text_in, str):
-        _check_size(len(text_in), max_prompt_chars, "text")
-    elif isinstance(text_in, list):
-        _check_size(sum(len(t) if isinstance(t, str) else 1 for t in text_in),
-                    max_prompt_chars, "text")  # fmt: skip
-    if isinstance(ids, list):
-        _check_size(sum(len(i) if isinstance(i, list) else 1 for i in ids),
-                    max_prompt_chars, "input_ids")  # fmt: skip
+    size = _check_size(_size(text_in), max_prompt_chars, "text") + _check_size(
+        _size(ids), max_prompt_chars, "input_ids"
+    )
     if isinstance(text_in, str) and ids is None:
         text = text_in
         if tokenizer is not None:
@@ -252,7 +275,15 @@ def parse_generate(
             "ids or of token-id lists) is required",
             param="text",
         )
-    return ParsedBody(_model(data), _stream(data), text, tokens)
+    params = data.get("sampling_params")
+    asked = (
+        params.get("max_new_tokens", GENERATE_DEFAULT_MAX_NEW_TOKENS)
+        if isinstance(params, dict)
+        else GENERATE_DEFAULT_MAX_NEW_TOKENS
+    )
+    return ParsedBody(
+        _model(data), _stream(data), text, tokens, _estimate(tokens, size), _token_count(asked)
+    )
 
 
 Parser = Callable[[dict[str, Any], bool, "Tokens | None", "int | None"], ParsedBody]

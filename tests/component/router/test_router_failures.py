@@ -113,7 +113,8 @@ async def test_in_flight_returns_to_zero_after_every_kind_of_ending(
             health_check_interval_seconds=0,  # keep the dead worker "healthy": errors happen
             first_byte_timeout_seconds=0.4,
             request_timeout_seconds=1.0,
-            breaker_failure_threshold=1000,
+            outlier_consecutive_failures=1000,
+            outlier_min_requests=1000,
         )
     )
     try:
@@ -127,10 +128,10 @@ async def test_in_flight_returns_to_zero_after_every_kind_of_ending(
                 with contextlib.suppress(openai.BadRequestError):
                     await oa.completions.create(model=MODEL, prompt="x", max_tokens=-5)
 
-            async def first_byte_timeout() -> None:
+            async def first_byte_timeout() -> None:  # retried, so the last try answers
                 with pytest.raises(openai.APIStatusError) as err:
                     await oa.completions.create(model=MODEL, prompt=PREFIX, max_tokens=60)
-                assert err.value.status_code == 504
+                assert err.value.status_code in (502, 504)  # 502 if the last try was dead
 
             async def stream_timeout() -> None:
                 with pytest.raises(openai.APIError):
@@ -153,8 +154,8 @@ async def test_in_flight_returns_to_zero_after_every_kind_of_ending(
                       {"worker": dead, "reason": "connect_error"}) > 0  # fmt: skip
         timeouts = sum(
             sample(app, "tpuserve_router_requests_total", {
-                "model": MODEL, "worker": e.url, "route": "/v1/completions", "status": "504"})
-            for e in slow_engines
+                "model": MODEL, "worker": w.name, "route": "/v1/completions", "status": status})
+            for w in app.registry.workers for status in ("502", "504")
         )  # fmt: skip
         assert timeouts == 2
     finally:

@@ -1,11 +1,10 @@
-"""Workers: URLs, health ejection and re-admission, the circuit breaker, the registry."""
+"""Workers: URLs, health ejection and re-admission, outlier ejection, the registry."""
 
 from __future__ import annotations
 
 import pytest
 
 from tpuserve_router.workers import (
-    BreakerConfig,
     InvalidWorkerURL,
     Worker,
     WorkerRegistry,
@@ -44,33 +43,24 @@ def test_health_checks_eject_after_failures_and_readmit_after_success() -> None:
     assert (worker.health_check_passed(2), worker.healthy) == (True, True)
 
 
-def test_breaker_opens_after_consecutive_failures_and_half_opens_later() -> None:
-    worker = Worker(WorkerSpec("http://h:1"), BreakerConfig(failure_threshold=3, open_seconds=10))
+def test_an_ejected_worker_is_not_routable_whatever_its_health_checks_say() -> None:
+    worker = Worker(WorkerSpec("http://h:1"))
     worker.health_check_passed(1)
-    for _ in range(2):
-        worker.request_failed(now=0)
-    worker.request_succeeded()  # consecutive failures only
-    for _ in range(3):
-        worker.request_failed(now=100)
-    assert (worker.breaker, worker.healthy) == ("open", False)
-    worker.refresh_breaker(now=105)
-    assert worker.breaker == "open"
-    worker.refresh_breaker(now=110)
-    assert (worker.breaker, worker.healthy) == ("half_open", True)
-    worker.request_failed(now=111)  # one failure while half-open re-opens
-    assert worker.breaker == "open"
-    worker.refresh_breaker(now=121)
-    worker.request_succeeded()
-    assert (worker.breaker, worker.healthy) == ("closed", True)
+    worker.set_ejected(True)
+    assert (worker.healthy, worker.health_check_passed(1)) == (False, False)
+    assert not worker.healthy  # a passing probe does not end an ejection
+    worker.set_ejected(False)
+    assert worker.describe()["healthy"] is True
 
 
-def test_a_passing_health_check_closes_an_open_breaker() -> None:
-    worker = Worker(WorkerSpec("http://h:1"), BreakerConfig(failure_threshold=1))
+def test_a_worker_that_went_down_while_ejected_returns_when_its_checks_pass_again() -> None:
+    worker = Worker(WorkerSpec("http://h:1"))
     worker.health_check_passed(1)
-    worker.request_failed(now=0)
-    assert not worker.healthy
-    worker.health_check_passed(1)
-    assert (worker.breaker, worker.healthy) == ("closed", True)
+    worker.set_ejected(True)
+    worker.health_check_failed(3)  # down (killed), then restarted
+    assert worker.health_check_passed(1)
+    assert (worker.ejected, worker.healthy) == (False, True)
+    assert worker.describe()["ejected"] is False
 
 
 def test_registry_sync_adds_removes_and_keeps_admin_workers() -> None:
