@@ -42,6 +42,7 @@ from sglang_tpu.version import tpuserve_version
 from tpuserve_router.admin import AdminApi
 from tpuserve_router.admission import Admission
 from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.cancellation import Aborter
 from tpuserve_router.config import RouterConfig, kv_events_enabled
 from tpuserve_router.connections import ConnectionBook
 from tpuserve_router.discovery.static import static_workers
@@ -124,8 +125,18 @@ class RouterApp:
             self.config, self.policy, self.registry, self.metrics, self.networks, self.kv
         )
         self.health: HealthChecker = self.admission.health
+        self.aborter = Aborter(
+            lambda: self.health.session,
+            lambda worker, reason: self.metrics.upstream_aborts.labels(worker, reason).inc(),
+        )
         self.forwarder = Forwarder(
-            self.config, self.policy, self.registry, self.metrics, self.tokenizer, self.outliers
+            self.config,
+            self.policy,
+            self.registry,
+            self.metrics,
+            self.tokenizer,
+            self.outliers,
+            self.aborter,
         )
         self.admin = AdminApi(
             self.registry, self.policy, self.health, self.metrics, self.networks, self._rejected
@@ -251,6 +262,7 @@ class RouterApp:
             await server.wait_closed()
         self._servers.clear()
         self.outliers.stop()
+        await self.aborter.stop()
         await self.admission.stop()
         if self.kv is not None:
             await self.kv.stop()

@@ -36,4 +36,4 @@ class FirstByteBudget:
             if max_new_tokens is None:
                 return self.cap_seconds
             wait += max_new_tokens / self.decode_tokens_per_second
-        return min(wait, self.cap_seconds)
+        return wait if wait < self.cap_seconds else self.cap_seconds

@@ -13,10 +13,12 @@ is decremented in a ``finally``, so it returns to zero on every path.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from typing import Final
 
+from tpuserve_router.cancellation import Aborter, new_rid, with_rid
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.outliers import OutlierDetector
@@ -62,6 +64,10 @@ HOP_BY_HOP: Final = frozenset(
     }
 )
 TIMEOUTS: Final = frozenset({"first_byte_timeout", "request_timeout"})  # answered 504
+ABANDONED: Final = frozenset(
+    {"first_byte_timeout", "stream_stalled", "request_timeout", "response_too_large"}
+)
+"""Failures after which the worker may still be generating: it is asked to abort."""
 CLIENT_CLOSED: Final = "499"  # nginx's code for "the client went away first"
 STREAM_ERROR: Final = "stream_error"
 
@@ -77,6 +83,7 @@ class Forwarder:
         metrics: RouterMetrics,
         tokenizer: Tokens | None,
         outliers: OutlierDetector,
+        aborter: Aborter,
     ) -> None:
         self.config = config
         self.policy = policy
@@ -84,6 +91,7 @@ class Forwarder:
         self.metrics = metrics
         self.tokenizer = tokenizer
         self.outliers = outliers
+        self.aborter = aborter
         self.want_text = policy.needs_text
         self.max_prompt_chars = config.max_prompt_chars
         self.max_in_flight = config.max_in_flight
@@ -128,42 +136,41 @@ class Forwarder:
             )
             return
         self.in_flight += 1
-        try:
-            await self._route(request, route, parser)
-        finally:
-            self.in_flight -= 1
-
-    async def _route(self, request: HttpRequest, route: str, parser: Parser) -> None:
-        try:
-            parsed = parser(
-                parse_json_object(request.body), self.want_text, self.tokenizer,
-                self.max_prompt_chars,
-            )  # fmt: skip
-        except ClientError as err:
-            reject(request, err, self.metrics, route)
-            return
-        model = parsed.model
-        candidates = self.registry.candidates(model)
-        if candidates is None:
-            known = ", ".join(self.registry.known_models()) or "none"
-            reject(
-                request,
-                ClientError(
-                    404,
-                    f"model {model!r} is not served by this router; available: {known}",
-                    param="model",
-                    error_type="model_not_found",
-                ),
-                self.metrics,
-                route,
-            )
-            return
-        route_request = RouteRequest(model, parsed.text, parsed.token_ids)
-        forwarded = _forwarded_headers(request)
-        excluded: list[Worker] = []
         retries = 0
-        policy = self.policy
         try:
+            try:
+                parsed = parser(
+                    parse_json_object(request.body), self.want_text, self.tokenizer,
+                    self.max_prompt_chars,
+                )  # fmt: skip
+            except ClientError as err:
+                reject(request, err, self.metrics, route)
+                return
+            model = parsed.model
+            candidates = self.registry.candidates(model)
+            if candidates is None:
+                known = ", ".join(self.registry.known_models()) or "none"
+                reject(
+                    request,
+                    ClientError(
+                        404,
+                        f"model {model!r} is not served by this router; available: {known}",
+                        param="model",
+                        error_type="model_not_found",
+                    ),
+                    self.metrics,
+                    route,
+                )
+                return
+            route_request = RouteRequest(model, parsed.text, parsed.token_ids)
+            body = request.body
+            rid = parsed.rid if parsed.single else None  # what names it on the engine
+            if parsed.single and rid is None:
+                rid = new_rid()
+                body = with_rid(body, rid)
+            forwarded = _forwarded_headers(request, body)
+            excluded: list[Worker] = []
+            policy = self.policy
             while True:
                 pool = candidates if not excluded else [w for w in candidates if w not in excluded]
                 try:
@@ -186,7 +193,7 @@ class Forwarder:
                     return
                 self._decisions[decision.outcome].inc()
                 attempt = await self._attempt(
-                    request, route, parsed, decision, forwarded, retries, pool
+                    request, route, parsed, decision, forwarded, rid, retries, pool
                 )
                 if attempt is ANSWERED:
                     return
@@ -196,6 +203,7 @@ class Forwarder:
                 retries += 1
                 self.metrics.retries.labels(route).inc()
         finally:
+            self.in_flight -= 1
             if retries:
                 self.budget.active -= 1
 
@@ -219,12 +227,15 @@ class Forwarder:
         route: str,
         parsed: ParsedBody,
         decision: Decision[Worker],
-        forwarded: bytes,
+        headers_and_body: bytes,
+        rid: str | None,
         retries: int,
         candidates: list[Worker],
     ) -> Attempt:
         """One try on the decided worker, after ``retries`` earlier ones; ``candidates``
-        are the workers this try could have gone to (a retry picks among the others)."""
+        are the workers this try could have gone to (a retry picks among the others).
+        ``headers_and_body`` follow the request line and host; ``rid`` names the request
+        on the worker (to abort it), if it can be named."""
         worker = decision.worker
         policy = self.policy
         model = parsed.model
@@ -236,15 +247,19 @@ class Forwarder:
         succeeded = False
         result: Attempt = ANSWERED
         status_label = CLIENT_CLOSED  # the requests_total status, unless retried
+        sent = False
+        abandoned = ""  # why the worker should stop this request (ABORT_REASONS), if it should
         first_byte = self.first_byte.seconds(
             parsed.prompt_tokens, parsed.max_new_tokens, stream, worker.in_flight
         )
         worker.in_flight += 1
         try:
-            payload = _upstream_request(request, pool.host_header, forwarded)
+            payload = _upstream_request(request, pool.host_header, headers_and_body)
             try:
+                sent = True
                 upstream = await self._open(pool, payload, request.arrived, first_byte)
             except UpstreamError as err:
+                abandoned = "gave_up" if err.reason in ABANDONED else ""
                 self._worker_failed(worker, err.reason)
                 if self._retry(retryable_error(err), retries, worker, candidates, err.reason):
                     result = RETRY
@@ -267,7 +282,7 @@ class Forwarder:
                 )
                 return result
             status = upstream.status
-            if self._retry(status in RETRYABLE_STATUSES, retries, worker, candidates):
+            if status in RETRYABLE_STATUSES and self._retry(True, retries, worker, candidates):
                 self.metrics.upstream_errors.labels(worker.name, "retryable_status").inc()
                 if status >= 500:
                     self.outliers.failed(worker)
@@ -279,6 +294,7 @@ class Forwarder:
                 try:
                     body = await upstream.read_all()
                 except UpstreamError as err:
+                    abandoned = "gave_up" if err.reason in ABANDONED else ""
                     self._worker_failed(worker, err.reason)
                     if self._retry(retryable_error(err), retries, worker, candidates, err.reason):
                         result = RETRY
@@ -317,6 +333,7 @@ class Forwarder:
                         if request.write_paused:
                             await request.drain()
                 except UpstreamError as err:
+                    abandoned = "gave_up" if err.reason in ABANDONED else ""
                     self._worker_failed(worker, err.reason)
                     what = "stalled" if err.reason == "stream_stalled" else "broke"
                     request.write_chunk(
@@ -336,7 +353,12 @@ class Forwarder:
             if usage is not None:
                 self._account(usage, decision, model, worker.name)
             return result
+        except asyncio.CancelledError:  # the client went away (or stopped reading)
+            abandoned = "client_gone"
+            raise
         finally:
+            if abandoned and rid is not None and sent and (upstream is None or not upstream.done):
+                self.aborter.abort(worker.name, rid, abandoned)
             worker.in_flight -= 1
             if upstream is not None:
                 pool.release(upstream)
@@ -397,27 +419,25 @@ class Forwarder:
             self._ratio_actual.observe(min(1.0, usage.cached_tokens / prompt))
 
 
-def _forwarded_headers(request: HttpRequest) -> bytes:
+def _forwarded_headers(request: HttpRequest, body: bytes) -> bytes:
+    """The client's end-to-end headers and ``body``, framed: all of a request after its host."""
     return b"".join(
         [
             name + b": " + value + b"\r\n"
             for name, value in request.headers
             if name not in HOP_BY_HOP
         ]
+        + [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body]
     )
 
 
-def _upstream_request(request: HttpRequest, host: bytes, forwarded: bytes) -> bytes:
+def _upstream_request(request: HttpRequest, host: bytes, headers_and_body: bytes) -> bytes:
     target = request.path.encode("latin-1")
     if request.query:
         target += b"?" + request.query.encode("latin-1")
-    body = request.body
     return b"".join(
-        (
-            request.method, b" ", target, b" HTTP/1.1\r\nhost: ", host, b"\r\n", forwarded,
-            b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body,
-        )
-    )  # fmt: skip
+        (request.method, b" ", target, b" HTTP/1.1\r\nhost: ", host, b"\r\n", headers_and_body)
+    )
 
 
 def _response_headers(headers: list[tuple[bytes, bytes]]) -> bytes:

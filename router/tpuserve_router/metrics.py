@@ -30,6 +30,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sglang_tpu.kv_events import DECODE_ERROR_REASONS
+from tpuserve_router.cancellation import ABORT_REASONS
 from tpuserve_router.outliers import EJECTION_REASONS
 from tpuserve_router.policies.base import OUTCOMES
 
@@ -223,6 +224,7 @@ class RouterMetrics:
     retries_over_budget: Counter
     upstream_errors: Counter
     worker_ejections: Counter
+    upstream_aborts: Counter
     connections_closed: Counter
     kv_events: Counter
     kv_event_gaps: Counter
@@ -306,6 +308,12 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
         upstream_errors=Counter(
             "tpuserve_router_upstream_errors_total",
             "Failures talking to a worker, by reason.",
+            ["worker", "reason"],
+        ),
+        upstream_aborts=Counter(
+            "tpuserve_router_upstream_aborts_total",
+            "Requests a worker was asked to abort (/abort_request), by reason: client_gone "
+            "(the client left or stopped reading), gave_up (timeout, stall, oversized answer).",
             ["worker", "reason"],
         ),
         worker_ejections=Counter(
@@ -434,6 +442,7 @@ def remove_worker_series(metrics: RouterMetrics, worker: str) -> None:
         metrics.predicted_cached_tokens,
         metrics.upstream_errors,
         metrics.worker_ejections,
+        metrics.upstream_aborts,
         metrics.kv_events,
         metrics.kv_event_gaps,
         metrics.kv_event_resyncs,
@@ -457,6 +466,8 @@ def touch_worker_series(metrics: RouterMetrics, worker: str, *, kv_events: bool)
         metrics.upstream_errors.labels(worker, reason)
     for reason in EJECTION_REASONS:
         metrics.worker_ejections.labels(worker, reason)
+    for reason in ABORT_REASONS:
+        metrics.upstream_aborts.labels(worker, reason)
     if not kv_events:
         return
     for event_type in KV_EVENT_TYPES:

@@ -106,7 +106,10 @@ class UpstreamConnection(asyncio.Protocol):
                     self._too_large()
                 return
             self.received = seen
-        self._feed(data)
+        try:  # as _feed, inlined: this is the request path
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._parse_failed(err)
 
     def _feed(self, data: bytes | memoryview) -> None:
         if self.closed:
@@ -114,14 +117,17 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
-            self._fail(
-                UpstreamError(
-                    "reset_before_response" if not self.head_ready else "stream_broken",
-                    f"invalid HTTP from worker: {err}",
-                    response_started=self.head_ready,
-                )
+            self._parse_failed(err)
+
+    def _parse_failed(self, err: httptools.HttpParserError) -> None:
+        self._fail(
+            UpstreamError(
+                "reset_before_response" if not self.head_ready else "stream_broken",
+                f"invalid HTTP from worker: {err}",
+                response_started=self.head_ready,
             )
-            self.close()
+        )
+        self.close()
 
     def _head_arrived(self) -> bool:
         return self.head_ready  # a call, so the checker does not assume it unchanged

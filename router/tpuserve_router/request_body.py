@@ -75,6 +75,8 @@ class ParsedBody:
     token_ids: list[int] | None
     prompt_tokens: int  # counted when tokenized or given as ids, else estimated
     max_new_tokens: int | None  # as asked, or the API's default; None: up to the context
+    rid: str | None  # the request id the client chose, if a string
+    single: bool  # one prompt, one sample (n = 1): the engine knows it by its rid alone
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -156,6 +158,15 @@ def _token_count(value: Any) -> int | None:
     return value if type(value) is int else None
 
 
+def _rid(data: dict[str, Any], single: bool) -> tuple[str | None, bool]:
+    """The client's rid, and whether the request is one generation its rid names (a rid
+    that is not a string, a list for a batch, leaves it unnamed)."""
+    rid = data.get("rid")
+    if rid is None or isinstance(rid, str):
+        return rid, single
+    return None, False
+
+
 def _estimate(tokens: list[int] | None, chars: int) -> int:
     return len(tokens) if tokens is not None else chars // CHARS_PER_TOKEN
 
@@ -194,7 +205,11 @@ def parse_completions(
             param="prompt",
         )
     max_new = _token_count(data.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS))
-    return ParsedBody(_model(data), _stream(data), text, tokens, _estimate(tokens, size), max_new)
+    single = isinstance(prompt, str) or _is_token_list(prompt)
+    return ParsedBody(
+        _model(data), _stream(data), text, tokens, _estimate(tokens, size), max_new,
+        *_rid(data, single and data.get("n") in (None, 1)),
+    )  # fmt: skip
 
 
 def _message_text(content: Any) -> str:
@@ -236,7 +251,10 @@ def parse_chat(
     max_new = _token_count(data.get("max_completion_tokens")) or _token_count(
         data.get("max_tokens")
     )
-    return ParsedBody(_model(data), _stream(data), text, tokens, _estimate(tokens, size), max_new)
+    return ParsedBody(
+        _model(data), _stream(data), text, tokens, _estimate(tokens, size), max_new,
+        *_rid(data, data.get("n") in (None, 1)),
+    )  # fmt: skip
 
 
 def parse_generate(
@@ -276,14 +294,14 @@ def parse_generate(
             param="text",
         )
     params = data.get("sampling_params")
-    asked = (
-        params.get("max_new_tokens", GENERATE_DEFAULT_MAX_NEW_TOKENS)
-        if isinstance(params, dict)
-        else GENERATE_DEFAULT_MAX_NEW_TOKENS
-    )
+    if not isinstance(params, dict):
+        params = {}
+    asked = params.get("max_new_tokens", GENERATE_DEFAULT_MAX_NEW_TOKENS)
+    single = (isinstance(text_in, str) or _is_token_list(ids)) and params.get("n") in (None, 1)
     return ParsedBody(
-        _model(data), _stream(data), text, tokens, _estimate(tokens, size), _token_count(asked)
-    )
+        _model(data), _stream(data), text, tokens, _estimate(tokens, size), _token_count(asked),
+        *_rid(data, single),
+    )  # fmt: skip
 
 
 Parser = Callable[[dict[str, Any], bool, "Tokens | None", "int | None"], ParsedBody]

@@ -280,7 +280,13 @@ class HttpConnection(asyncio.Protocol):
                 self._feed_past_head_limit(data)
                 return
             self._head_bytes = seen
-        self._feed(data)
+        try:  # _feed, inlined on the request path
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._upgrade_refused()
+        except httptools.HttpParserError as err:
+            self._malformed(err)
+        self._last = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -316,8 +322,11 @@ class HttpConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._upgrade_refused()
         except httptools.HttpParserError as err:
-            self._reject(400, f"malformed HTTP request: {err}", "headers", "malformed")
+            self._malformed(err)
         self._last = None  # only an upgrade, within this feed, needs the latest request
+
+    def _malformed(self, err: httptools.HttpParserError) -> None:
+        self._reject(400, f"malformed HTTP request: {err}", "headers", "malformed")
 
     def _feed_past_head_limit(self, data: bytes | memoryview) -> None:
         """Feed only what the head limit allows; if the head has not ended by then, 431."""
@@ -423,7 +432,7 @@ class HttpConnection(asyncio.Protocol):
         self._last = request
         self._start_message()  # the request owns its parts; the connection keeps none
         if self.task is None:
-            self.book.busy(self)
+            self.book.waiting.pop(self, None)  # book.busy, inlined on the request path
             self._run(request)
         else:
             self.pending.append(request)
@@ -474,7 +483,7 @@ class HttpConnection(asyncio.Protocol):
             self._run(self.pending.popleft())
             return
         self.since = self.book.now  # the keep-alive (or a pipelined head's) clock starts now
-        self.book.idle(self)
+        self.book.waiting[self] = None  # book.idle, inlined
 
     # ------------------------------------------------------------------ flow control, closing
 

@@ -30,6 +30,7 @@ EXPECTED = {
     "tpuserve_router_retries": "counter",
     "tpuserve_router_retries_over_budget": "counter",
     "tpuserve_router_worker_ejections": "counter",
+    "tpuserve_router_upstream_aborts": "counter",
     "tpuserve_router_upstream_errors": "counter",
     "tpuserve_router_kv_events": "counter",
     "tpuserve_router_kv_event_gaps": "counter",
