@@ -28,7 +28,10 @@ from sglang_tpu.topology import SLICE_SHAPES, generation_names
 # Bounds that also keep the apiserver's CEL cost estimate small (every string a rule reads
 # has a maxLength, every list a maxItems).
 MAX_NAME_LENGTH = 40  # leaves room for `-r<k>-w-<i>` and the controller-revision-hash suffix
-NAME_RULE = f"size(self.metadata.name) <= {MAX_NAME_LENGTH}"
+SERVER_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # children include Services: DNS-1035 labels
+NAME_RULE = (
+    f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{SERVER_NAME}')"
+)
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 LABEL_VALUE = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
@@ -71,9 +74,13 @@ def free_form(kind: Literal["object", "array"], **extra: Any) -> dict[str, Any]:
 
 
 class Schema(BaseModel):
-    """Base of every API model: camelCase JSON names, unknown fields rejected."""
+    """Base of every API model: camelCase JSON names, unknown fields rejected, and values of
+    the declared JSON type only (strict: ``replicas: true`` or ``"3"`` is refused, as the
+    apiserver refuses it, not read as 1 or 3)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True
+    )
 
 
 def section(model: type[Schema], description: str) -> Any:

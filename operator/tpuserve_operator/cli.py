@@ -15,6 +15,7 @@ from tpuserve_operator import peering
 from tpuserve_operator.flags import RENDER_FLAGS, Flag, add_flags, apply_flags, with_field
 from tpuserve_operator.options import OperatorOptions
 from tpuserve_operator.reconciler import WORKLOADS
+from tpuserve_operator.render.context import DEFAULT_ROUTER_RESOURCES
 
 DESCRIPTION = """Run the TPUModelServer operator.
 
@@ -125,8 +126,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, OPTIONS, DEFAULTS)
     parser.add_argument(
         "--router-resources",
-        default=os.environ.get(ROUTER_RESOURCES_ENV, "{}"),
-        help=f"Default router resources as JSON (default: ${ROUTER_RESOURCES_ENV} or none).",
+        default=os.environ.get(ROUTER_RESOURCES_ENV, ""),
+        help=f"Default router resources as JSON (default: ${ROUTER_RESOURCES_ENV}, else "
+        f"{json.dumps(DEFAULT_ROUTER_RESOURCES, separators=(',', ':'))}; {{}}: none).",
     )
     parser.add_argument(
         "--log-format",
@@ -137,8 +139,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _router_resources(text: str) -> dict[str, Any]:
+    if not text.strip():
+        return dict(DEFAULT_ROUTER_RESOURCES)
     try:
-        value = json.loads(text or "{}")
+        value = json.loads(text)
     except json.JSONDecodeError as err:
         raise SystemExit(f"--router-resources: {text!r} is not JSON ({err})") from None
     if not isinstance(value, dict):

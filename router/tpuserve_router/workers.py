@@ -19,6 +19,8 @@ to zero on every exit path (success, upstream error, client cancel, timeout).
 from __future__ import annotations
 
 import ipaddress
+import re
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,33 +44,75 @@ def normalize_worker_url(url: str) -> tuple[str, str, int]:
     """``(name, host, port)`` of a worker URL; the name is ``http://host:port``.
 
     Only plain ``http://host[:port]`` is accepted (the router speaks HTTP/1.1 to its workers
-    over pooled raw connections); the port defaults to 80.
+    over pooled raw connections); the port defaults to 80. The host is made canonical
+    (`canonical_host`), so the aliases of one address name one worker.
     """
     text = url.strip()
-    parts = urlsplit(text if "://" in text else f"http://{text}")
-    try:
-        port = parts.port or 80
-    except ValueError:
+    expected = "expected http://HOST:PORT"
+    if len(text) > MAX_URL_CHARS:
         raise InvalidWorkerURL(
-            f"worker url {url!r}: invalid port; expected http://HOST:PORT"
-        ) from None
+            f"worker url {url[:60]!r}...: longer than {MAX_URL_CHARS} characters; {expected}"
+        )
+    try:
+        parts = urlsplit(text if "://" in text else f"http://{text}")
+        port = parts.port
+    except ValueError as err:
+        raise InvalidWorkerURL(f"worker url {url!r}: {err}; {expected}") from None
     if parts.scheme != "http":
         raise InvalidWorkerURL(
-            f"worker url {url!r}: scheme {parts.scheme!r} is not supported; expected "
-            "http://HOST:PORT"
+            f"worker url {url!r}: scheme {parts.scheme!r} is not supported; {expected}"
         )
+    if parts.username is not None or parts.password is not None:
+        raise InvalidWorkerURL(f"worker url {url!r}: credentials are not allowed; {expected}")
     if not parts.hostname:
-        raise InvalidWorkerURL(f"worker url {url!r}: no host; expected http://HOST:PORT")
+        raise InvalidWorkerURL(f"worker url {url!r}: no host; {expected}")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise InvalidWorkerURL(
-            f"worker url {url!r}: a path or query is not allowed; expected http://HOST:PORT"
-        )
-    host = parts.hostname
-    try:
-        shown = f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
-    except ValueError:
-        shown = host
+        raise InvalidWorkerURL(f"worker url {url!r}: a path or query is not allowed; {expected}")
+    if port == 0:
+        raise InvalidWorkerURL(f"worker url {url!r}: port 0 is not allowed; {expected}")
+    host = canonical_host(parts.hostname, url)
+    port = port or 80
+    shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}", host, port
+
+
+MAX_URL_CHARS = 2048
+_NUMERIC = re.compile(r"[0-9][0-9a-fx.]*")  # what inet_aton may read as an IPv4 address
+_LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+
+
+def canonical_host(host: str, url: str = "") -> str:
+    """One spelling per address: lower case, no trailing dot; IPv4 in dotted quads whatever
+    form inet_aton reads (``0x7f000001``, ``127.1``, ``2130706433``); IPv6 compressed, and an
+    IPv4-mapped one as its IPv4; ``localhost`` (RFC 6761: always loopback) as ``127.0.0.1``.
+    Anything else must be a DNS name. Raises `InvalidWorkerURL` naming ``url``."""
+    name = host.lower().rstrip(".")
+    if ":" in name:
+        try:
+            address = ipaddress.IPv6Address(name)
+        except ValueError:
+            raise InvalidWorkerURL(f"worker url {url!r}: {host!r} is not an IPv6 address") from None
+        mapped = address.ipv4_mapped
+        return str(mapped) if mapped is not None else str(address)
+    if name == "localhost" or name.endswith(".localhost"):
+        return "127.0.0.1"
+    if _NUMERIC.fullmatch(name):
+        try:
+            return socket.inet_ntoa(socket.inet_aton(name))
+        except OSError:
+            pass  # perhaps a name such as 1a.example (all hex): checked below
+    labels = name.split(".")
+    if (
+        not name
+        or len(name) > 253
+        or not all(_LABEL.fullmatch(label) for label in labels)
+        or labels[-1].isdigit()
+    ):
+        raise InvalidWorkerURL(
+            f"worker url {url!r}: {host!r} is not an IP address or a host name "
+            "(letters, digits, '-' and '_' in dot-separated labels of at most 63)"
+        )
+    return name
 
 
 class Worker:

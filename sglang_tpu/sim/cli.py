@@ -104,6 +104,13 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
                 ServerSettings,
             ),
             Option(
+                "--body-timeout-seconds",
+                "How long a request body may take to arrive; then 408 and the connection "
+                "closes (default: %(default)s).",
+                cli_types.duration_seconds,
+                ServerSettings,
+            ),
+            Option(
                 "--enable-cache-report",
                 "Report cached prompt tokens in OpenAI usage (prompt_tokens_details), as "
                 "SGLang's flag of the same name; off by default, as in SGLang.",
@@ -335,6 +342,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         quantization=quant,
         kv_cache_dtype=kv_dtype,
         drain_grace_seconds=args.drain_grace_seconds,
+        body_timeout_seconds=args.body_timeout_seconds,
         enable_cache_report=args.enable_cache_report,
     )
 

@@ -52,6 +52,7 @@ class ServerSettings:
     quantization: str = "bf16"
     kv_cache_dtype: str = "auto"
     drain_grace_seconds: float = 30.0
+    body_timeout_seconds: float = 30.0  # a request body must arrive within this, else 408
     enable_cache_report: bool = False  # as SGLang: cached tokens in OpenAI usage only when set
     launch_command: str | None = None  # the command line, reported by /server_info
 

@@ -12,6 +12,7 @@ import pytest
 from sglang_tpu.metric_names import restore_sglang_colon_relabeling
 from tpuserve_operator import labels
 from tpuserve_operator.render import Rendered
+from tpuserve_operator.render.context import DEFAULT_ROUTER_RESOURCES
 
 pytestmark = pytest.mark.unit
 
@@ -142,6 +143,7 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
     assert container["envFrom"] == [{"configMapRef": {"name": "qwen-router"}}]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "metrics"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
+    assert container["resources"] == DEFAULT_ROUTER_RESOURCES  # with no operator setting
     config = one(rendered(spec).children, "ConfigMap", "qwen-router")
     assert config["data"]["TPUSERVE_ROUTER_POLICY"] == "least_load"
     assert {p["name"] for p in container["ports"]} == {"http", "metrics"}

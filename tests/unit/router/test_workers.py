@@ -26,10 +26,39 @@ def test_urls_normalize_to_http_host_port() -> None:
     assert normalize_worker_url("http://host")[0] == "http://host:80"
 
 
-@pytest.mark.parametrize("url", ["https://h:1", "http://:1", "http://h:1/v1", "http://h:x"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://h:1", "http://:1", "http://h:1/v1", "http://h:x", "http://[::1", "http://[zz]:1",
+        "http://h:99999", "http://h:0", "http://user:pw@h:1", "http://a b:1", "http://%41:1",
+        "http://\u00e9xample:1", "http://999.1.1.1:1", "http://" + "a" * 64 + ".example:1",
+        "http://h:1" + "/" * 3000,
+    ],
+)  # fmt: skip
 def test_bad_urls_say_what_is_expected(url: str) -> None:
-    with pytest.raises(InvalidWorkerURL, match="expected http://HOST:PORT"):
+    with pytest.raises(InvalidWorkerURL, match=r"expected http://HOST:PORT|host name"):
         normalize_worker_url(url)
+
+
+@pytest.mark.parametrize(
+    "alias",
+    ["http://localhost:8000", "http://LOCALHOST.:8000", "http://127.0.0.1.:8000",
+     "http://0x7f000001:8000", "http://127.1:8000", "http://2130706433:8000",
+     "http://[::ffff:127.0.0.1]:8000", "127.0.0.1:8000"],
+)  # fmt: skip
+def test_aliases_of_one_address_name_one_worker(alias: str) -> None:
+    assert normalize_worker_url(alias)[0] == "http://127.0.0.1:8000"
+
+
+def test_registry_keeps_one_worker_for_all_its_aliases() -> None:
+    registry = WorkerRegistry()
+    first = registry.add(WorkerSpec("http://localhost:8000"))
+    assert registry.add(WorkerSpec("http://0x7f000001:8000")) is first
+    assert registry.add(WorkerSpec("http://127.0.0.1.:8000")) is first
+    assert registry.names() == ["http://127.0.0.1:8000"]
+    assert normalize_worker_url("http://Engine-0.Serving.svc:30000")[0] == (
+        "http://engine-0.serving.svc:30000"
+    )
 
 
 def test_health_checks_eject_after_failures_and_readmit_after_success() -> None:
