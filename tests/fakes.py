@@ -534,6 +534,7 @@ class StubWorker:
         self.in_progress = 0
         self.aborted: list[str] = []  # rids of /abort_request calls
         self.bodies: list[bytes] = []
+        self.headers: list[list[tuple[bytes, bytes]]] = []  # of each generation request
         self.release = asyncio.Event()  # lets "hang" requests answer
         self._server: asyncio.Server | None = None
 
@@ -566,6 +567,7 @@ class StubWorker:
         elif path in ("/v1/completions", "/v1/chat/completions", "/generate"):
             self.generation_requests += 1
             self.bodies.append(request.body)
+            self.headers.append(request.headers)
             self.in_progress += 1
             try:
                 await self._generate(request, json)

@@ -348,6 +348,20 @@ class EngineSpec(Schema):
     )
 
 
+class ApiKeysSecret(Schema):
+    secret_name: str = Field(
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="secretName is the Secret holding the keys file, in the server's namespace.",
+    )
+    key: str = Field(
+        default="keys.json",
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="key is the Secret's key holding the keys file (JSON). Default: keys.json.",
+    )
+
+
 class RouterSpec(Schema):
     enabled: bool = Field(
         default=True,
@@ -399,6 +413,15 @@ class RouterSpec(Schema):
         description=(
             "resources of the router container (core/v1 ResourceRequirements). Default: the "
             "operator's router resources (chart value router.resources)."
+        ),
+    )
+    api_keys: ApiKeysSecret | None = Field(
+        default=None,
+        description=(
+            "apiKeys makes clients authenticate: the router reads its API keys (tenants, "
+            "priority classes, rate limits, admin role; docs/router.md, Authentication) from "
+            "this Secret, mounted into its pods, and reloads them when the Secret changes. "
+            "Default: unset, no keys (anyone who reaches the router is served)."
         ),
     )
 

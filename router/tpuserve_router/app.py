@@ -39,8 +39,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sglang_tpu.tokenizer import load_tokenizer
 from sglang_tpu.version import tpuserve_version
+from tpuserve_router.admin import ROUTE as ADMIN_ROUTE
 from tpuserve_router.admin import AdminApi
 from tpuserve_router.admission import Admission
+from tpuserve_router.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.cancellation import Aborter
 from tpuserve_router.config import RouterConfig, kv_events_enabled
@@ -58,7 +60,7 @@ from tpuserve_router.metrics import (
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
 from tpuserve_router.policies.base import Policy, make_policy
-from tpuserve_router.replies import reject
+from tpuserve_router.replies import reject, unauthorized
 from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
 from tpuserve_router.server import (
     JSON_HEADERS,
@@ -125,6 +127,12 @@ class RouterApp:
             self.config, self.policy, self.registry, self.metrics, self.networks, self.kv
         )
         self.health: HealthChecker = self.admission.health
+        self.keys: KeyStore | None = None
+        if config.api_keys_file is not None:
+            self.keys = KeyStore(
+                config.api_keys_file, config.api_keys_reload_seconds, self._keys_reloaded
+            )
+            self.metrics.api_keys.labels().set(len(self.keys.keys))
         self.aborter = Aborter(
             lambda: self.health.session,
             lambda worker, reason: self.metrics.upstream_aborts.labels(worker, reason).inc(),
@@ -137,6 +145,7 @@ class RouterApp:
             self.tokenizer,
             self.outliers,
             self.aborter,
+            self.keys,
         )
         self.admin = AdminApi(
             self.registry, self.policy, self.health, self.metrics, self.networks, self._rejected
@@ -146,23 +155,24 @@ class RouterApp:
                 self._worker_states, self.policy.index_sizes, lambda: len(self.book.open)
             )
         )
+        admin = self._admin_only
         self._post: dict[str, Handler] = {
-            "/workers": self.admin.add_worker,
-            "/flush_cache": self.admin.flush_cache,
-            "/add_worker": self.admin.add_worker,
-            "/remove_worker": self.admin.remove_worker,
+            "/workers": admin(self.admin.add_worker),
+            "/flush_cache": admin(self.admin.flush_cache),
+            "/add_worker": admin(self.admin.add_worker),
+            "/remove_worker": admin(self.admin.remove_worker),
         }
         for route, parser in GENERATION_ROUTES.items():
             self._post[route] = self.forwarder.handler(route, parser)
         self._get: dict[str, Handler] = {
-            "/v1/models": self._models,
+            "/v1/models": self._models if self.keys is None else self._keyed(self._models),
             "/health": self._health,
             "/readiness": self._readiness,
             "/metrics": self._metrics,
-            "/workers": self.admin.list_workers,
+            "/workers": admin(self.admin.list_workers),
         }
         self._delete: dict[str, Handler] = {
-            "/workers": self.admin.remove_worker,
+            "/workers": admin(self.admin.remove_worker),
         }
         self.limits: FrontLimits = config.front_limits(connection_budget(config))
         self.book = ConnectionBook(
@@ -219,6 +229,8 @@ class RouterApp:
             )
         self.admission.start()
         self.outliers.start()
+        if self.keys is not None:
+            self.keys.start()
         if config.discovery == "kubernetes":
             from tpuserve_router.discovery.kubernetes import ApiServer, PodRules, PodWatcher
 
@@ -262,6 +274,8 @@ class RouterApp:
             await server.wait_closed()
         self._servers.clear()
         self.outliers.stop()
+        if self.keys is not None:
+            self.keys.stop()
         await self.aborter.stop()
         await self.admission.stop()
         if self.kv is not None:
@@ -347,6 +361,69 @@ class RouterApp:
                 JSON_HEADERS,
                 b'{"error": "only /metrics, /health and /readiness are served here"}',
             )
+
+    # ================================================================== who may do what
+
+    def _admin_only(self, handler: Handler) -> Handler:
+        """``handler``, answering only those ``--admin`` lets use the admin API."""
+
+        async def gated(request: HttpRequest) -> None:
+            refusal = self._admin_refusal(request)
+            if refusal is None:
+                await handler(request)
+                return
+            self.metrics.auth_failures.labels("admin_denied").inc()
+            reject(request, refusal, self.metrics, route=ADMIN_ROUTE)
+
+        return gated
+
+    def _admin_refusal(self, request: HttpRequest) -> ClientError | None:
+        mode = self.config.admin
+        if mode == "open":
+            return None
+        if mode == "off":
+            return ClientError(
+                403, "the admin API is off (--admin off)", error_type="permission_error"
+            )
+        key = self._key_of(request)
+        if key is not None and key.admin:
+            return None
+        if mode == "loopback" and request.from_loopback:
+            return None
+        allowed = "an admin API key" + (
+            " or a client on the router's host" if mode == "loopback" else ""
+        )
+        return ClientError(
+            403,
+            f"the admin API needs {allowed} (--admin {mode})",
+            error_type="permission_error",
+        )
+
+    def _keyed(self, handler: Handler) -> Handler:
+        """``handler``, answering only requests with a valid API key (else 401)."""
+
+        async def keyed(request: HttpRequest) -> None:
+            presented = self._presented(request)
+            if self.keys is not None and self.keys.authenticate(presented) is None:
+                self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
+                reject(request, unauthorized(presented), self.metrics, route="other")
+                return
+            await handler(request)
+
+        return keyed
+
+    def _key_of(self, request: HttpRequest) -> ApiKey | None:
+        return self.keys.authenticate(self._presented(request)) if self.keys is not None else None
+
+    @staticmethod
+    def _presented(request: HttpRequest) -> bytes | None:
+        return presented_key(request.header(b"authorization"), request.header(b"x-api-key"))
+
+    def _keys_reloaded(self, result: str, count: int) -> None:
+        self.metrics.api_key_reloads.labels(result).inc()
+        self.metrics.api_keys.labels().set(count)
+        if result == "ok" and self.keys is not None:
+            self.forwarder.quotas.keep_only(self.keys.keys)
 
     def _ejected(self, worker: Ejectable, reason: str) -> None:
         self.metrics.worker_ejections.labels(worker.name, reason).inc()

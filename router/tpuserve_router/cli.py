@@ -24,6 +24,7 @@ from typing import Any
 
 from sglang_tpu import cli_types
 from tpuserve_router.config import (
+    ADMIN_MODES,
     DEFAULT_LEADER_LABEL,
     DEFAULT_POLICY,
     DEFAULT_WORKER_URL_ANNOTATION,
@@ -382,6 +383,31 @@ OPTIONS: tuple[Option, ...] = (
         cli_types.non_negative_float,
         "Most workers ejected at once, in percent (at least one may be) "
         f"(default {DEFAULTS.outlier_max_ejected_percent:g}).",
+    ),
+    Option(
+        "--api-keys-file",
+        "api_keys_file",
+        str,
+        "JSON file of API keys (a mounted Secret): generation routes and /v1/models then need "
+        "one (Authorization: Bearer KEY); per-key tenant, priority, rate limits, admin role "
+        "(docs/router.md, Authentication). Default: no keys.",
+        metavar="FILE",
+    ),
+    Option(
+        "--api-keys-reload-seconds",
+        "api_keys_reload_seconds",
+        cli_types.duration_seconds,
+        "How often the keys file is checked for changes "
+        f"(default {DEFAULTS.api_keys_reload_seconds:g}).",
+    ),
+    Option(
+        "--admin",
+        "admin",
+        str,
+        "Who may use the admin API (/workers, /flush_cache, ...): loopback (clients on this "
+        "host or a port-forward, or an admin key), keys (an admin key only), open (anyone), "
+        f"off (default {DEFAULTS.admin}).",
+        choices=ADMIN_MODES,
     ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
 )

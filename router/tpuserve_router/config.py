@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tpuserve_router.auth import KeysFileError, KeyStore
 from tpuserve_router.deadlines import FirstByteBudget
 from tpuserve_router.outliers import OutlierConfig
 from tpuserve_router.policies.base import (
@@ -36,6 +37,8 @@ DEFAULT_KV_EVENTS_ANNOTATION = "serving.tpuserve.dev/kv-events-endpoint"
 DEFAULT_KV_REPLAY_ANNOTATION = "serving.tpuserve.dev/kv-replay-endpoint"
 
 Discovery = Literal["static", "kubernetes"]
+AdminMode = Literal["loopback", "keys", "open", "off"]
+ADMIN_MODES: tuple[AdminMode, ...] = ("loopback", "keys", "open", "off")
 DISCOVERY_MODES: tuple[Discovery, ...] = ("static", "kubernetes")
 
 _LABEL_KEY = re.compile(
@@ -107,6 +110,9 @@ class RouterConfig:
     outlier_max_ejection_seconds: float = 300.0
     outlier_max_ejected_percent: float = 50.0
     max_idle_connections_per_worker: int = 64
+    api_keys_file: str | None = None  # auth.py: keys for the data plane; none: no keys
+    api_keys_reload_seconds: float = 10.0
+    admin: AdminMode = "loopback"  # who may use the admin API (app.py)
     seed: int | None = None
 
     def replace(self, **changes: Any) -> RouterConfig:
@@ -263,6 +269,30 @@ class RouterConfig:
             self.max_idle_connections_per_worker >= 0,
             f"max_idle_connections_per_worker={self.max_idle_connections_per_worker}: >= 0",
         )
+        need(
+            self.admin in ADMIN_MODES,
+            f"admin={self.admin!r}: allowed {', '.join(ADMIN_MODES)}",
+        )
+        need(
+            self.api_keys_reload_seconds > 0,
+            f"api_keys_reload_seconds={self.api_keys_reload_seconds}: must be > 0",
+        )
+        if self.api_keys_file is not None:
+            try:
+                keys = KeyStore(self.api_keys_file, self.api_keys_reload_seconds).keys
+            except (OSError, KeysFileError) as err:
+                problems.append(f"api_keys_file={self.api_keys_file!r}: {err}")
+            else:
+                need(
+                    self.admin != "keys" or any(k.admin for k in keys.values()),
+                    f"admin='keys': api_keys_file {self.api_keys_file!r} has no key with "
+                    '"admin": true, so nobody could use the admin API',
+                )
+        else:
+            need(
+                self.admin != "keys",
+                "admin='keys': needs api_keys_file with a key whose \"admin\" is true",
+            )
         if self.policy not in registered_policy_names():
             problems.append(
                 f"policy={self.policy!r}: allowed {', '.join(registered_policy_names())}"

@@ -18,13 +18,15 @@ import functools
 import time
 from typing import Final
 
+from tpuserve_router.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.cancellation import Aborter, new_rid, with_rid
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.outliers import OutlierDetector
 from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, Policy, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
-from tpuserve_router.replies import reject, reply_error, sse_error_event
+from tpuserve_router.quotas import Quotas, in_flight_limits
+from tpuserve_router.replies import reject, reply_error, sse_error_event, unauthorized
 from tpuserve_router.request_body import (
     ClientError,
     ParsedBody,
@@ -63,6 +65,7 @@ HOP_BY_HOP: Final = frozenset(
         b"expect",
     }
 )
+CREDENTIALS: Final = frozenset({b"authorization", b"x-api-key"})
 TIMEOUTS: Final = frozenset({"first_byte_timeout", "request_timeout"})  # answered 504
 ABANDONED: Final = frozenset(
     {"first_byte_timeout", "stream_stalled", "request_timeout", "response_too_large"}
@@ -84,6 +87,7 @@ class Forwarder:
         tokenizer: Tokens | None,
         outliers: OutlierDetector,
         aborter: Aborter,
+        keys: KeyStore | None = None,
     ) -> None:
         self.config = config
         self.policy = policy
@@ -98,6 +102,11 @@ class Forwarder:
         self.max_retries = config.max_retries
         self.first_byte = config.first_byte_budget()
         self.in_flight = 0  # generation requests between arrival and answer
+        self.keys = keys
+        # With the router's own keys, a client's key is the router's business: not the workers'.
+        self._not_forwarded = HOP_BY_HOP if keys is None else HOP_BY_HOP | CREDENTIALS
+        self.quotas = Quotas()
+        self._shed_at = in_flight_limits(config.max_in_flight)
         self.budget = RetryBudget(
             config.retry_budget_percent,
             config.retry_budget_min,
@@ -115,19 +124,31 @@ class Forwarder:
         self._completion_tokens = metrics.completion_tokens.child
         self._cached_tokens = metrics.cached_tokens.child
         self._predicted_tokens = metrics.predicted_cached_tokens.child
+        self._tenant_requests = metrics.tenant_requests.labels
+        self._tenant_tokens = metrics.tenant_tokens.labels
 
     def handler(self, route: str, parser: Parser) -> Handler:
         """The handler of one generation route (``parser`` reads its body)."""
         return functools.partial(self.generate, route=route, parser=parser)
 
     async def generate(self, request: HttpRequest, route: str, parser: Parser) -> None:
-        if self.in_flight >= self.max_in_flight:
+        key: ApiKey | None = None
+        limit = self.max_in_flight
+        if self.keys is not None:
+            key = self._admit(request, route)
+            if key is None:
+                return
+            limit = self._shed_at[key.priority]
+        if self.in_flight >= limit:
+            if key is not None:
+                self.metrics.shed.labels(key.priority).inc()
             reject(
                 request,
                 ClientError(
                     503,
                     f"the router has {self.in_flight} requests in flight, its limit "
-                    "(--max-in-flight); retry",
+                    + ("(--max-in-flight)" if key is None else f"for {key.priority} requests")
+                    + "; retry",
                     error_type="service_unavailable",
                     headers={"retry-after": RETRY_AFTER_SECONDS},
                 ),
@@ -168,7 +189,7 @@ class Forwarder:
             if parsed.single and rid is None:
                 rid = new_rid()
                 body = with_rid(body, rid)
-            forwarded = _forwarded_headers(request, body)
+            forwarded = _forwarded_headers(request, body, self._not_forwarded)
             excluded: list[Worker] = []
             policy = self.policy
             while True:
@@ -193,7 +214,7 @@ class Forwarder:
                     return
                 self._decisions[decision.outcome].inc()
                 attempt = await self._attempt(
-                    request, route, parsed, decision, forwarded, rid, retries, pool
+                    request, route, parsed, decision, forwarded, rid, retries, pool, key
                 )
                 if attempt is ANSWERED:
                     return
@@ -231,11 +252,12 @@ class Forwarder:
         rid: str | None,
         retries: int,
         candidates: list[Worker],
+        key: ApiKey | None,
     ) -> Attempt:
         """One try on the decided worker, after ``retries`` earlier ones; ``candidates``
         are the workers this try could have gone to (a retry picks among the others).
         ``headers_and_body`` follow the request line and host; ``rid`` names the request
-        on the worker (to abort it), if it can be named."""
+        on the worker (to abort it), if it can be named; ``key`` is the client's API key."""
         worker = decision.worker
         policy = self.policy
         model = parsed.model
@@ -352,6 +374,8 @@ class Forwarder:
             status_label = str(status)
             if usage is not None:
                 self._account(usage, decision, model, worker.name)
+            if key is not None:
+                self._spend(key, usage, parsed)
             return result
         except asyncio.CancelledError:  # the client went away (or stopped reading)
             abandoned = "client_gone"
@@ -365,6 +389,8 @@ class Forwarder:
             policy.on_request_done(decision, succeeded)
             if result is ANSWERED:
                 self._requests(model, worker.name, route, status_label).inc()
+                if key is not None:
+                    self._tenant_requests(key.label, key.priority, status_label).inc()
                 if status_label != CLIENT_CLOSED:
                     self._e2e(model, route).observe(time.monotonic() - request.arrived)
 
@@ -405,6 +431,51 @@ class Forwarder:
         self.metrics.upstream_errors.labels(worker.name, reason).inc()
         self.outliers.failed(worker)
 
+    def _admit(self, request: HttpRequest, route: str) -> ApiKey | None:
+        """The request's API key if it is valid and within its rate limits; else answered
+        (401, 429) and None."""
+        assert self.keys is not None
+        authorization = api_key = None
+        for name, value in request.headers:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"x-api-key":
+                api_key = value
+        presented = presented_key(authorization, api_key)
+        key = self.keys.authenticate(presented)
+        if key is None:
+            self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
+            reject(request, unauthorized(presented), self.metrics, route)
+            return None
+        refused = self.quotas.of(key, request.arrived).admit(request.arrived)
+        if refused is not None:
+            refusal, headers = refused
+            self.metrics.rate_limited.labels(key.label, refusal.limit).inc()
+            reject(
+                request,
+                ClientError(
+                    429,
+                    f"rate limit reached for {refusal.limit} per minute "
+                    f"({refusal.per_minute}, tenant {key.tenant}); retry in "
+                    f"{refusal.retry_after_seconds:.3g} s",
+                    error_type="rate_limit_exceeded",
+                    headers=headers,
+                ),
+                self.metrics,
+                route,
+            )
+            return None
+        return key
+
+    def _spend(self, key: ApiKey, usage: Usage | None, parsed: ParsedBody) -> None:
+        if usage is not None:
+            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        else:  # no usage in the answer: what it may have cost
+            prompt, completion = parsed.prompt_tokens, parsed.max_new_tokens or 0
+        self.quotas.spend_tokens(key, prompt + completion, time.monotonic())
+        self._tenant_tokens(key.label, "prompt").inc(prompt)
+        self._tenant_tokens(key.label, "completion").inc(completion)
+
     def _account(self, usage: Usage, decision: Decision[Worker], model: str, worker: str) -> None:
         key = (model, worker)
         prompt = usage.prompt_tokens
@@ -419,14 +490,11 @@ class Forwarder:
             self._ratio_actual.observe(min(1.0, usage.cached_tokens / prompt))
 
 
-def _forwarded_headers(request: HttpRequest, body: bytes) -> bytes:
-    """The client's end-to-end headers and ``body``, framed: all of a request after its host."""
+def _forwarded_headers(request: HttpRequest, body: bytes, dropped: frozenset[bytes]) -> bytes:
+    """The client's headers but ``dropped``, and ``body``, framed: all of a request after its
+    host."""
     return b"".join(
-        [
-            name + b": " + value + b"\r\n"
-            for name, value in request.headers
-            if name not in HOP_BY_HOP
-        ]
+        [name + b": " + value + b"\r\n" for name, value in request.headers if name not in dropped]
         + [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body]
     )
 

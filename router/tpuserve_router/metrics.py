@@ -195,6 +195,7 @@ CONNECTION_CLOSE_REASONS: Final = (
     "too_many_headers",  # 431
     "body_too_large",  # 413
 )
+AUTH_FAILURE_REASONS: Final = ("missing", "invalid", "admin_denied")
 KV_EVENT_TYPES: Final = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 RESYNC_REASONS: Final = (
     "gap_unrecoverable",  # lost batches the engine could not replay
@@ -225,6 +226,13 @@ class RouterMetrics:
     upstream_errors: Counter
     worker_ejections: Counter
     upstream_aborts: Counter
+    tenant_requests: Counter
+    tenant_tokens: Counter
+    rate_limited: Counter
+    shed: Counter
+    auth_failures: Counter
+    api_key_reloads: Counter
+    api_keys: Gauge
     connections_closed: Counter
     kv_events: Counter
     kv_event_gaps: Counter
@@ -315,6 +323,43 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "Requests a worker was asked to abort (/abort_request), by reason: client_gone "
             "(the client left or stopped reading), gave_up (timeout, stall, oversized answer).",
             ["worker", "reason"],
+        ),
+        tenant_requests=Counter(
+            "tpuserve_router_tenant_requests_total",
+            "Requests of API keys answered by a worker, by tenant (the keys file's; at most "
+            "100 named, the rest 'other'), priority class and HTTP status.",
+            ["tenant", "priority", "status"],
+        ),
+        tenant_tokens=Counter(
+            "tpuserve_router_tenant_tokens_total",
+            "Tokens of API keys' requests, by tenant and kind (prompt, completion).",
+            ["tenant", "kind"],
+        ),
+        rate_limited=Counter(
+            "tpuserve_router_rate_limited_total",
+            "Requests refused with 429, by tenant and limit (requests, tokens).",
+            ["tenant", "limit"],
+        ),
+        shed=Counter(
+            "tpuserve_router_shed_total",
+            "Requests refused with 503 under overload, by priority class (lowest shed first).",
+            ["priority"],
+        ),
+        auth_failures=Counter(
+            "tpuserve_router_auth_failures_total",
+            "Requests refused with 401 (missing or invalid API key) or 403 (admin API).",
+            ["reason"],
+        ),
+        api_key_reloads=Counter(
+            "tpuserve_router_api_key_reloads_total",
+            "Reloads of the API keys file after it changed, by result (ok, failed: the keys "
+            "in force stay).",
+            ["result"],
+        ),
+        api_keys=Gauge(
+            "tpuserve_router_api_keys",
+            "API keys in force.",
+            [],
         ),
         worker_ejections=Counter(
             "tpuserve_router_worker_ejections_total",
@@ -499,3 +544,5 @@ def touch_known_series(metrics: RouterMetrics, policy: str) -> None:
     for reason in CONNECTION_CLOSE_REASONS:
         metrics.connections_closed.labels(reason)
     metrics.retries_over_budget.labels()
+    for reason in AUTH_FAILURE_REASONS:
+        metrics.auth_failures.labels(reason)

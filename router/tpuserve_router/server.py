@@ -36,6 +36,7 @@ that disconnects cancels the handler's task (so the proxy aborts the upstream re
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections import deque
@@ -218,6 +219,11 @@ class HttpRequest:
     def write_paused(self) -> bool:
         """The client reads slower than the response is written: ``await drain()``."""
         return self._conn.write_paused
+
+    @property
+    def from_loopback(self) -> bool:
+        """The client connected from a loopback address (this host, or a port-forward)."""
+        return self._conn.peer_is_loopback()
 
     async def drain(self) -> None:
         await self._conn.drain()
@@ -484,6 +490,16 @@ class HttpConnection(asyncio.Protocol):
             return
         self.since = self.book.now  # the keep-alive (or a pipelined head's) clock starts now
         self.book.waiting[self] = None  # book.idle, inlined
+
+    def peer_is_loopback(self) -> bool:
+        transport = self.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        if not isinstance(peer, tuple) or not peer:
+            return False
+        try:
+            return ipaddress.ip_address(peer[0]).is_loopback
+        except ValueError:
+            return False
 
     # ------------------------------------------------------------------ flow control, closing
 

@@ -54,6 +54,7 @@ class ServerSettings:
     drain_grace_seconds: float = 30.0
     body_timeout_seconds: float = 30.0  # a request body must arrive within this, else 408
     enable_cache_report: bool = False  # as SGLang: cached tokens in OpenAI usage only when set
+    enable_debug_endpoints: bool = False  # /debug/radix_cache shows cached token ids
     launch_command: str | None = None  # the command line, reported by /server_info
 
 

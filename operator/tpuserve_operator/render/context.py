@@ -34,6 +34,17 @@ DEFAULT_ROUTER_RESOURCES: Mapping[str, Any] = {
 says otherwise (the chart's router.resources default is the same; a test keeps it so)."""
 
 
+DEFAULT_METRICS_FROM: tuple[Mapping[str, Any], ...] = (
+    {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    },
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gmp-system"}}},
+)
+"""Who scrapes engines (NetworkPolicy peers) unless the operator's --metrics-from says
+otherwise: Prometheus pods in any namespace, and GKE Managed Prometheus's collectors."""
+
+
 @dataclass(frozen=True, slots=True)
 class RenderConfig:
     """Operator settings and cluster capabilities that shape the children."""
@@ -45,6 +56,8 @@ class RenderConfig:
     router_resources: Mapping[str, Any] = field(
         default_factory=lambda: copy.deepcopy(DEFAULT_ROUTER_RESOURCES)
     )
+    network_policy: Literal["engines", "none"] = "engines"  # render/network_policy.py
+    metrics_from: tuple[Mapping[str, Any], ...] = DEFAULT_METRICS_FROM  # NetworkPolicy peers
     # Cluster capabilities, discovered by the operator (flags of `tpuserve render`).
     leaderworkerset: bool = False
     prometheus_operator: bool = False

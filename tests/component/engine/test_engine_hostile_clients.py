@@ -1,5 +1,6 @@
 """A twin facing broken clients: a body that never arrives gets 408 and a closed connection,
-and malformed HTTP or a client gone mid-body is one INFO line in the log, not a traceback."""
+malformed HTTP or a client gone mid-body is one INFO line in the log, not a traceback, and
+the debug endpoint (cached token ids) is off unless asked for."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ async def test_broken_clients_get_an_answer_and_one_log_line(tmp_path: Path) -> 
         bad = await exchange(engine, b"GET / HTTP/1.1\r\nhost: e\r\nbad header\r\n\r\n")
         assert bad.startswith(b"HTTP/1.0 400") or bad.startswith(b"HTTP/1.1 400")
         await exchange(engine, declared, close_early=True)  # gone mid-body
+        debug = await exchange(engine, b"GET /debug/radix_cache HTTP/1.1\r\nhost: e\r\n"
+                               b"connection: close\r\n\r\n")  # fmt: skip
+        assert debug.startswith(b"HTTP/1.1 404")  # cached token ids: only when asked for
         await asyncio.sleep(0)  # let the engine log what it logs; it is read after it stops
         engine.terminate()
     text = log.read_text()
