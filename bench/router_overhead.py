@@ -126,10 +126,16 @@ class Proc:
                 self.popen.wait()
 
 
-def start(name: str, cmd: Sequence[str], core: str, port: int) -> Proc:
+def start(name: str, cmd: Sequence[str], core: str, port: int,
+          tree: Path | None = None) -> Proc:  # fmt: skip
+    """Run ``cmd`` on ``core``; with ``tree``, tpuserve comes from that checkout (it also
+    starts there, as ``python -c`` puts its working directory first on the path)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(str(tree / sub) for sub in ("", "router", "operator"))
     popen = subprocess.Popen(
         ["taskset", "-c", core, *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=env, cwd=tree,
     )  # fmt: skip
     return Proc(name, popen, port)
 
@@ -168,9 +174,26 @@ class RouterKind:
     label: str
     command: Callable[[int, list[str]], list[str]]
     ready_path: str
+    tree: Path | None = None  # another checkout to run (a baseline, for before/after)
 
 
-def tpuserve_router(policy: str, kv_events: bool = False) -> RouterKind:
+BENCH_KEY = "sk-bench-0123456789abcdef"
+"""Every request carries it (Authorization: Bearer), so routers with and without API keys
+get the same bytes; a router with keys checks it, rate-limits it and counts its tenant."""
+
+
+def keys_file() -> Path:
+    """A keys file with `BENCH_KEY`, limits high enough never to refuse (but kept)."""
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tpuserve-bench-keys-{os.getpid()}.json"
+    entry = {"key": BENCH_KEY, "tenant": "bench", "requests_per_minute": 10**9,
+             "tokens_per_minute": 10**12}  # fmt: skip
+    path.write_bytes(orjson.dumps({"keys": [entry]}))
+    return path
+
+
+def tpuserve_router(
+    policy: str, kv_events: bool = False, tree: Path | None = None, auth: bool = False
+) -> RouterKind:
     def command(port: int, workers: list[str]) -> list[str]:
         cmd = [sys.executable, "-c", ENTRY, "router", "--port", str(port), "--policy", policy,
                "--log-level", "warning"]  # fmt: skip
@@ -178,9 +201,13 @@ def tpuserve_router(policy: str, kv_events: bool = False) -> RouterKind:
             cmd += ["--worker", w]
         if kv_events:
             cmd.append("--kv-events")
+        if auth:
+            cmd += ["--api-keys-file", str(keys_file())]
         return cmd
 
-    label = f"tpuserve {policy}" + (" +kv-events" if kv_events else "")
+    label = f"tpuserve {policy}" + (" +kv-events" if kv_events else "") + (" +auth" if auth else "")
+    if tree is not None:
+        return RouterKind(f"{label} @{tree.name}", command, "/readiness", tree)
     return RouterKind(label, command, "/readiness")
 
 
@@ -206,12 +233,16 @@ def prompt(i: int, rng: random.Random) -> str:
     return system + question
 
 
+def with_key(request: bytes) -> bytes:
+    return request.replace(b"\r\n", b"\r\nauthorization: Bearer " + BENCH_KEY.encode() + b"\r\n", 1)
+
+
 def completion_requests(seed: int, n: int) -> list[bytes]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
         body = orjson.dumps({"model": MODEL, "prompt": prompt(i, rng), "max_tokens": 8})
-        out.append(build_request("/v1/completions", body))
+        out.append(with_key(build_request("/v1/completions", body)))
     return out
 
 
@@ -223,7 +254,7 @@ def stream_requests(seed: int, n: int) -> list[bytes]:
             "model": MODEL, "messages": [{"role": "user", "content": prompt(i, rng)}],
             "max_tokens": 16, "stream": True,
         })  # fmt: skip
-        out.append(build_request("/v1/chat/completions", body))
+        out.append(with_key(build_request("/v1/chat/completions", body)))
     return out
 
 
@@ -265,7 +296,8 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
 def run_router(kind: RouterKind, engines: list[Proc], args: argparse.Namespace,
                seed: int) -> dict[str, Any]:  # fmt: skip
     port = free_port()
-    router = start(kind.label, kind.command(port, [e.url for e in engines]), ROUTER_CORE, port)
+    router = start(kind.label, kind.command(port, [e.url for e in engines]), ROUTER_CORE, port,
+                   kind.tree)  # fmt: skip
     try:
         wait_http(router.url, kind.ready_path)
         time.sleep(1.0)  # let both routers finish their start-up health checks
@@ -295,15 +327,24 @@ def main() -> int:
     parser.add_argument(
         "--policies",
         default="cache_aware,cost+kv",
-        help="tpuserve policies, comma list; NAME+kv also subscribes to KV events",
+        help="tpuserve policies, comma list; NAME+kv also subscribes to KV events, NAME+auth "
+        "runs with an API keys file (every request carries the key either way)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="also run each tpuserve policy from this checkout (before/after in one run)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write all rows here")
     args = parser.parse_args()
 
     os.sched_setaffinity(0, {int(OTHER_CORE)})  # the load generator stays off the router's core
+    trees: list[Path | None] = [None] if args.baseline is None else [None, args.baseline]
     kinds = [
-        tpuserve_router(p.removesuffix("+kv"), kv_events=p.endswith("+kv"))
+        tpuserve_router(p.split("+")[0], kv_events="+kv" in p, tree=tree, auth="+auth" in p)
         for p in args.policies.split(",")
+        for tree in (trees if "+auth" not in p else [None])  # the baseline has no keys
     ]
     if not args.skip_anchor:
         kinds.append(sglang_router(anchor_python()))

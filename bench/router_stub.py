@@ -15,6 +15,7 @@ import sys
 
 import uvloop
 
+from tpuserve_router.config import RouterConfig
 from tpuserve_router.server import Handler, HttpRequest, serve
 
 JSON = b"content-type: application/json\r\n"
@@ -59,7 +60,7 @@ def make_handler(model: str) -> Handler:
 
 
 async def main(port: int, model: str) -> None:
-    await serve(make_handler(model), "127.0.0.1", port, 1 << 24)
+    await serve(make_handler(model), "127.0.0.1", port, RouterConfig().front_limits())
     await asyncio.Event().wait()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 # every change is delivered to the watchers (as kopf's watches would deliver it to the
 # reconciler). It runs no controllers: pods exist only when a test puts them.
 # `make_pod` builds the operator's compact `PodView`; `pod_object` a pod as the apiserver has it.
+import asyncio
 import copy
 import dataclasses
 import itertools
@@ -16,13 +17,16 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import orjson
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, UnprocessibleEntityError
 
 from tpuserve_operator import labels
 from tpuserve_operator.observed import PodView
+from tpuserve_router.config import RouterConfig
 from tpuserve_router.policies import RouteRequest
+from tpuserve_router.server import HttpRequest, serve
 
 Watcher = Callable[[str, Mapping[str, Any]], None]  # event type (ADDED, MODIFIED, DELETED), body
 ObjectKey = tuple[str, str, str, str]  # apiVersion, kind, namespace, name
@@ -499,3 +503,100 @@ def pod_manifest(
         },
         "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]},
     }
+
+
+# --- router: stub workers ----------------------------------------------------------------------
+#
+# `StubWorker` is an SGLang-compatible worker on loopback that answers at once, or misbehaves
+# as a test asks (`mode`): 500 to every generation request while /health passes, never
+# answering, an answer larger than the router's cap, a stream that never ends, a stream that
+# stalls after its first event. It counts what it saw and records `/abort_request` calls, so
+# tests assert on counts and state, never on time. It runs in the test's event loop.
+
+STUB_MODEL = "stub-model"
+STUB_COMPLETION = (
+    b'{"id":"c","object":"text_completion","model":"stub-model","choices":[{"index":0,'
+    b'"text":" ok","finish_reason":"length"}],"usage":{"prompt_tokens":3,'
+    b'"completion_tokens":1,"total_tokens":4}}'
+)
+STUB_EVENT = b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":" a"}]}\n\n'
+STUB_MODES = ("ok", "error_500", "hang", "big", "flood", "stall")
+
+
+class StubWorker:
+    """A worker answering as ``mode`` says (one of `STUB_MODES`); see the section comment."""
+
+    def __init__(self, mode: str = "ok", big_bytes: int = 1 << 20) -> None:
+        self.mode = mode
+        self.big_bytes = big_bytes
+        self.health_status = 200
+        self.generation_requests = 0
+        self.in_progress = 0
+        self.aborted: list[str] = []  # rids of /abort_request calls
+        self.bodies: list[bytes] = []
+        self.headers: list[list[tuple[bytes, bytes]]] = []  # of each generation request
+        self.release = asyncio.Event()  # lets "hang" requests answer
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the stub first"
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def start(self) -> StubWorker:
+        self._server = await serve(self.handle, "127.0.0.1", 0, RouterConfig().front_limits())
+        return self
+
+    async def stop(self) -> None:
+        self.release.set()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    async def handle(self, request: HttpRequest) -> None:
+        json = b"content-type: application/json\r\n"
+        path = request.path
+        if path == "/health":
+            request.respond(self.health_status, json, b"{}")
+        elif path == "/v1/models":
+            body = b'{"object":"list","data":[{"id":"%s","object":"model"}]}' % STUB_MODEL.encode()
+            request.respond(200, json, body)
+        elif path == "/abort_request":
+            self.aborted.append(str(orjson.loads(request.body or b"{}").get("rid")))
+            request.respond(200, json, b"{}")
+        elif path in ("/v1/completions", "/v1/chat/completions", "/generate"):
+            self.generation_requests += 1
+            self.bodies.append(request.body)
+            self.headers.append(request.headers)
+            self.in_progress += 1
+            try:
+                await self._generate(request, json)
+            finally:
+                self.in_progress -= 1
+        else:
+            request.respond(404, json, b"{}")
+
+    async def _generate(self, request: HttpRequest, json: bytes) -> None:
+        mode = self.mode
+        if mode == "ok":
+            request.respond(200, json, STUB_COMPLETION)
+        elif mode == "error_500":
+            request.respond(500, json, b'{"error":{"message":"engine failure","code":500}}')
+        elif mode == "hang":
+            await self.release.wait()
+            request.respond(200, json, STUB_COMPLETION)
+        elif mode == "big":
+            request.respond(200, json, b'{"pad":"' + b"x" * self.big_bytes + b'"}')
+        elif mode == "flood":
+            request.start_chunked(200, b"content-type: text/event-stream\r\n")
+            while True:  # until the router goes away (that cancels this task)
+                request.write_chunk(STUB_EVENT * 64)
+                await request.drain()
+                await asyncio.sleep(0)
+        elif mode == "stall":
+            request.start_chunked(200, b"content-type: text/event-stream\r\n")
+            request.write_chunk(STUB_EVENT)
+            await self.release.wait()
+            request.end_chunked()
+        else:
+            raise ValueError(f"mode {mode!r}: allowed {', '.join(STUB_MODES)}")

@@ -98,7 +98,8 @@ SERVED_ONLY_BY_THE_TWIN: Mapping[str, str] = MappingProxyType(
     {
         "/get_load": "SGLang's load route before /v1/loads (0.5.23 answers 404); kept for "
         "clients of older engines, tpuserve's own code reads /v1/loads",
-        "/debug/radix_cache": "tpuserve-specific: every cached page with its event hash",
+        "/debug/radix_cache": "tpuserve-specific: every cached page with its event hash "
+        "(with --enable-debug-endpoints only)",
     }
 )
 

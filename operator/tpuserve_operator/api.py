@@ -28,7 +28,10 @@ from sglang_tpu.topology import SLICE_SHAPES, generation_names
 # Bounds that also keep the apiserver's CEL cost estimate small (every string a rule reads
 # has a maxLength, every list a maxItems).
 MAX_NAME_LENGTH = 40  # leaves room for `-r<k>-w-<i>` and the controller-revision-hash suffix
-NAME_RULE = f"size(self.metadata.name) <= {MAX_NAME_LENGTH}"
+SERVER_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # children include Services: DNS-1035 labels
+NAME_RULE = (
+    f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{SERVER_NAME}')"
+)
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 LABEL_VALUE = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
@@ -71,9 +74,13 @@ def free_form(kind: Literal["object", "array"], **extra: Any) -> dict[str, Any]:
 
 
 class Schema(BaseModel):
-    """Base of every API model: camelCase JSON names, unknown fields rejected."""
+    """Base of every API model: camelCase JSON names, unknown fields rejected, and values of
+    the declared JSON type only (strict: ``replicas: true`` or ``"3"`` is refused, as the
+    apiserver refuses it, not read as 1 or 3)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True
+    )
 
 
 def section(model: type[Schema], description: str) -> Any:
@@ -341,6 +348,20 @@ class EngineSpec(Schema):
     )
 
 
+class ApiKeysSecret(Schema):
+    secret_name: str = Field(
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="secretName is the Secret holding the keys file, in the server's namespace.",
+    )
+    key: str = Field(
+        default="keys.json",
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="key is the Secret's key holding the keys file (JSON). Default: keys.json.",
+    )
+
+
 class RouterSpec(Schema):
     enabled: bool = Field(
         default=True,
@@ -392,6 +413,15 @@ class RouterSpec(Schema):
         description=(
             "resources of the router container (core/v1 ResourceRequirements). Default: the "
             "operator's router resources (chart value router.resources)."
+        ),
+    )
+    api_keys: ApiKeysSecret | None = Field(
+        default=None,
+        description=(
+            "apiKeys makes clients authenticate: the router reads its API keys (tenants, "
+            "priority classes, rate limits, admin role; docs/router.md, Authentication) from "
+            "this Secret, mounted into its pods, and reloads them when the Secret changes. "
+            "Default: unset, no keys (anyone who reaches the router is served)."
         ),
     )
 

@@ -15,6 +15,7 @@ from tpuserve_operator import peering
 from tpuserve_operator.flags import RENDER_FLAGS, Flag, add_flags, apply_flags, with_field
 from tpuserve_operator.options import OperatorOptions
 from tpuserve_operator.reconciler import WORKLOADS
+from tpuserve_operator.render.context import DEFAULT_METRICS_FROM, DEFAULT_ROUTER_RESOURCES
 
 DESCRIPTION = """Run the TPUModelServer operator.
 
@@ -28,6 +29,7 @@ priority, the highest serves and the others wait (kopf peering). --standalone tu
 """
 
 ROUTER_RESOURCES_ENV = "TPUSERVE_ROUTER_RESOURCES"
+METRICS_FROM_ENV = "TPUSERVE_METRICS_FROM"
 
 DEFAULTS = OperatorOptions()
 
@@ -124,9 +126,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_flags(parser, OPTIONS, DEFAULTS)
     parser.add_argument(
+        "--metrics-from",
+        default=os.environ.get(METRICS_FROM_ENV, ""),
+        help="Who scrapes engines, as a JSON list of NetworkPolicy peers the engines' "
+        f"NetworkPolicy admits to their HTTP port (default: ${METRICS_FROM_ENV}, else "
+        "Prometheus pods in any namespace and GKE Managed Prometheus's gmp-system).",
+    )
+    parser.add_argument(
         "--router-resources",
-        default=os.environ.get(ROUTER_RESOURCES_ENV, "{}"),
-        help=f"Default router resources as JSON (default: ${ROUTER_RESOURCES_ENV} or none).",
+        default=os.environ.get(ROUTER_RESOURCES_ENV, ""),
+        help=f"Default router resources as JSON (default: ${ROUTER_RESOURCES_ENV}, else "
+        f"{json.dumps(DEFAULT_ROUTER_RESOURCES, separators=(',', ':'))}; {{}}: none).",
     )
     parser.add_argument(
         "--log-format",
@@ -136,9 +146,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _router_resources(text: str) -> dict[str, Any]:
+def _metrics_from(text: str) -> tuple[dict[str, Any], ...]:
+    if not text.strip():
+        return tuple(dict(p) for p in DEFAULT_METRICS_FROM)
     try:
-        value = json.loads(text or "{}")
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"--metrics-from: {text!r} is not JSON ({err})") from None
+    if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
+        raise SystemExit(
+            f"--metrics-from: {text!r} is not allowed; allowed: a JSON list of NetworkPolicy "
+            'peers, e.g. [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]'
+        )
+    return tuple(value)
+
+
+def _router_resources(text: str) -> dict[str, Any]:
+    if not text.strip():
+        return dict(DEFAULT_ROUTER_RESOURCES)
+    try:
+        value = json.loads(text)
     except json.JSONDecodeError as err:
         raise SystemExit(f"--router-resources: {text!r} is not JSON ({err})") from None
     if not isinstance(value, dict):
@@ -150,6 +177,9 @@ def options_from(args: argparse.Namespace) -> OperatorOptions:
     options = apply_flags(DEFAULTS, OPTIONS, args)
     options = with_field(
         options, "reconciler.render.router_resources", _router_resources(args.router_resources)
+    )
+    options = with_field(
+        options, "reconciler.render.metrics_from", _metrics_from(args.metrics_from)
     )
     return dataclasses.replace(
         options,

@@ -109,4 +109,12 @@ RENDER_FLAGS: tuple[Flag, ...] = (
         "Router replicas of servers that set none (default: %(default)s).",
         kind=cli_types.positive_int,
     ),
+    Flag(
+        "--network-policy",
+        "network_policy",
+        "engines: a NetworkPolicy per server lets only its routers, its engine pods and "
+        "Prometheus (--metrics-from) reach its engines; none: render none (default: "
+        "%(default)s).",
+        choices=("engines", "none"),
+    ),
 )

@@ -75,6 +75,12 @@ OPERATOR_RULES: tuple[Rule, ...] = (
     ),
     Rule("policy", ("poddisruptionbudgets",), MANAGE, "one PodDisruptionBudget per server"),
     Rule(
+        "networking.k8s.io",
+        ("networkpolicies",),
+        MANAGE,
+        "one NetworkPolicy per server: only its routers and Prometheus reach its engines",
+    ),
+    Rule(
         "autoscaling",
         ("horizontalpodautoscalers",),
         MANAGE,

@@ -72,6 +72,7 @@ CHILD_KINDS = (
     ("apps/v1", "StatefulSet"),
     ("apps/v1", "Deployment"),
     ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),

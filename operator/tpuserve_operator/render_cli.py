@@ -17,13 +17,15 @@ from tpuserve_operator import labels
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.flags import RENDER_FLAGS, Flag, add_flags, apply_flags
 from tpuserve_operator.render import RenderConfig, build_children
+from tpuserve_operator.validation import check_bounds
 
 DESCRIPTION = """Print the children of TPUModelServer resources as YAML, with no cluster.
 
 Reads every TPUModelServer document of FILE ('-' for stdin), validates it exactly as the
 operator does (CRD rules, topology catalog, fit check) and prints the objects the operator
 would apply. Invalid resources are reported on stderr, one line per problem, and the exit
-code is 1.
+code is 1; a FILE that cannot be read (too large, not UTF-8, not YAML, too deep, or
+expanding through aliases beyond 100,000 values) is one line and exit code 2.
 """
 
 
@@ -53,16 +55,43 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, OPTIONS, RenderConfig())
 
 
+MAX_INPUT_BYTES = 4 * 1024 * 1024
+
+
+class UnreadableInput(ValueError):
+    """FILE is not YAML the render can take; the message is one line."""
+
+
 def _documents(filename: str) -> list[Any]:
-    text = sys.stdin.read() if filename == "-" else Path(filename).read_text(encoding="utf-8")
-    return [d for d in yaml.safe_load_all(text) if d is not None]
+    """The YAML documents of FILE, refused with one line when FILE is too large, not UTF-8,
+    not YAML, nested too deep, or expands (through aliases) beyond what is looked at."""
+    if filename == "-":
+        raw = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+    else:
+        with Path(filename).open("rb") as handle:
+            raw = handle.read(MAX_INPUT_BYTES + 1)
+    if len(raw) > MAX_INPUT_BYTES:
+        raise UnreadableInput(f"larger than {MAX_INPUT_BYTES} bytes; allowed: at most that")
+    try:
+        text = raw.decode("utf-8")
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except UnicodeDecodeError as err:
+        raise UnreadableInput(f"not UTF-8: byte {err.start} ({raw[err.start]:#04x})") from None
+    except yaml.YAMLError as err:
+        raise UnreadableInput(" ".join(str(err).split())) from None
+    except RecursionError:
+        raise UnreadableInput("nested too deeply to parse") from None
+    for index, document in enumerate(documents):
+        for problem in check_bounds(document, f"document {index + 1}"):
+            raise UnreadableInput(str(problem))
+    return documents
 
 
 def run(args: argparse.Namespace) -> int:
     config = apply_flags(RenderConfig(), OPTIONS, args)
     try:
         documents = _documents(args.filename)
-    except (OSError, yaml.YAMLError) as err:
+    except (OSError, UnreadableInput) as err:
         print(f"tpuserve render: {args.filename}: {err}", file=sys.stderr)
         return 2
     servers = [d for d in documents if isinstance(d, dict) and d.get("kind") == labels.KIND]
@@ -76,9 +105,18 @@ def run(args: argparse.Namespace) -> int:
     failed = False
     out: list[dict[str, Any]] = []
     for doc in servers:
-        meta = dict(doc.get("metadata") or {})
+        meta = doc.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(meta, dict) or not isinstance(name, str) or not name:
+            print(
+                f"{labels.KIND} without metadata.name (got {name!r}); allowed: a name",
+                file=sys.stderr,
+            )
+            failed = True
+            continue
+        meta = dict(meta)
         meta.setdefault("namespace", args.namespace or "default")
-        where = f"{meta['namespace']}/{meta.get('name', '?')}"
+        where = f"{meta['namespace']}/{name}"
         if doc.get("apiVersion") != labels.API_VERSION:
             print(
                 f"{where}: apiVersion: {doc.get('apiVersion')!r} is not allowed; "

@@ -30,7 +30,7 @@ import pydantic
 from sglang_tpu import model_source, perf_model
 from sglang_tpu.topology import TPU_RESOURCE, CatalogError, SliceShape, lookup
 from tpuserve_operator import labels, launch_contract
-from tpuserve_operator.api import MAX_NAME_LENGTH, TPUModelServerSpec
+from tpuserve_operator.api import MAX_NAME_LENGTH, SERVER_NAME, TPUModelServerSpec
 from tpuserve_operator.build import cel
 from tpuserve_operator.build.crd import openapi_schema
 from tpuserve_operator.conditions import Reason
@@ -58,12 +58,22 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
     `cel_rules=False` skips the CRD's CEL rules: the operator reads objects the apiserver
     already checked them on (evaluating them in Python costs milliseconds per server).
     """
-    problems: list[Problem] = []
+    problems = check_bounds(spec, "spec")
+    if problems:  # a structure this large or deep is not looked at further
+        raise InvalidSpec(problems)
     if len(name) > MAX_NAME_LENGTH:
         problems.append(
             Problem(
                 "metadata.name",
                 f"{name!r} is {len(name)} characters; allowed: at most {MAX_NAME_LENGTH}",
+            )
+        )
+    if not re.fullmatch(SERVER_NAME, name):
+        problems.append(
+            Problem(
+                "metadata.name",
+                f"{name!r} is not allowed; allowed: lower-case letters, digits and '-', "
+                "starting with a letter and ending with a letter or digit",
             )
         )
     try:
@@ -87,6 +97,45 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
     if problems or shape is None:
         raise InvalidSpec(problems)
     return ValidSpec(spec=model, shape=shape, served_name=served_name(model))
+
+
+MAX_DEPTH = 64
+MAX_VALUES = 100_000
+
+
+def check_bounds(value: Any, field: str) -> list[Problem]:
+    """Whether ``value`` (parsed YAML or JSON) is small enough to look at: at most
+    `MAX_DEPTH` levels deep and `MAX_VALUES` values once YAML aliases are expanded (an
+    "anchor bomb" of a few lines expands to billions). Shared objects are counted once per
+    reference but walked once, so the check itself is fast whatever the expansion."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Any, depth: int) -> int:
+        if not isinstance(node, dict | list):
+            return 1
+        if depth > MAX_DEPTH:
+            raise _TooLarge(f"nested deeper than {MAX_DEPTH} levels")
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        total = 1 + sum(size(child, depth + 1) for child in children)
+        if total > MAX_VALUES:
+            raise _TooLarge(
+                f"more than {MAX_VALUES} values (with YAML aliases expanded); allowed: fewer"
+            )
+        sizes[id(node)] = total
+        return total
+
+    try:
+        size(value, 0)
+    except _TooLarge as err:
+        return [Problem(field, str(err))]
+    return []
+
+
+class _TooLarge(Exception):
+    pass
 
 
 @functools.cache

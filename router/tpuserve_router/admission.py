@@ -95,6 +95,8 @@ class Admission:
             worker.port,
             connect_timeout_seconds=self.config.connect_timeout_seconds,
             max_idle=self.config.max_idle_connections_per_worker,
+            max_head_bytes=self.config.max_header_bytes,
+            max_body_bytes=self.config.max_response_bytes,
         )
         self.metrics.workers_changed.labels("added").inc()
         touch_worker_series(self.metrics, worker.name, kv_events=self.kv is not None)

@@ -18,15 +18,19 @@ SGLang-compatible server):
 - admin: ``GET /workers``, ``POST /workers`` (``{"url": ...}``), ``DELETE /workers``
   (``{"url": ...}`` or ``?url=``), ``POST /flush_cache`` (sent to every worker) (`admin`).
 
-An unknown path gets 404, a known path with another method 405 naming the allowed ones.
+An unknown path gets 404, a known path with another method 405 naming the allowed ones,
+a method the router never serves (``CONNECT``, ``PUT``, ...) 405. With ``--metrics-port``,
+that port serves ``/metrics``, ``/health`` and ``/readiness`` with a connection budget of
+its own (`PROBE_CONNECTIONS`), so probes and scrapes are never locked out by clients.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import resource
 import time
-import weakref
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -35,10 +39,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sglang_tpu.tokenizer import load_tokenizer
 from sglang_tpu.version import tpuserve_version
+from tpuserve_router.admin import ROUTE as ADMIN_ROUTE
 from tpuserve_router.admin import AdminApi
 from tpuserve_router.admission import Admission
+from tpuserve_router.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.cancellation import Aborter
 from tpuserve_router.config import RouterConfig, kv_events_enabled
+from tpuserve_router.connections import ConnectionBook
 from tpuserve_router.discovery.static import static_workers
 from tpuserve_router.forwarding import Forwarder
 from tpuserve_router.health import HealthChecker
@@ -50,13 +58,21 @@ from tpuserve_router.metrics import (
     create_router_metrics,
     touch_known_series,
 )
+from tpuserve_router.outliers import Ejectable, OutlierDetector
 from tpuserve_router.policies.base import Policy, make_policy
-from tpuserve_router.replies import RETRY_AFTER_SECONDS, reject
+from tpuserve_router.replies import reject, unauthorized
 from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
-from tpuserve_router.server import JSON_HEADERS, Handler, HttpConnection, HttpRequest, serve
+from tpuserve_router.server import (
+    JSON_HEADERS,
+    RETRY_AFTER,
+    FrontLimits,
+    Handler,
+    HttpRequest,
+    serve,
+)
 from tpuserve_router.token_cache import ChatTokenCache
 from tpuserve_router.worker_networks import parse_networks
-from tpuserve_router.workers import BreakerConfig, WorkerRegistry, WorkerSpec
+from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
 if TYPE_CHECKING:
     from tpuserve_router.discovery.kubernetes import PodWatcher, RejectedPod
@@ -65,6 +81,13 @@ log = logging.getLogger(__name__)
 
 METRICS_HEADERS: Final = f"content-type: {CONTENT_TYPE_LATEST}\r\n".encode()
 SHUTDOWN_GRACE_SECONDS: Final = 5.0
+KNOWN_METHODS: Final = (b"GET", b"HEAD", b"POST", b"DELETE")
+PROBE_CONNECTIONS: Final = 64
+"""The metrics port's own connection budget: probes and scrapes never wait for clients."""
+PROBE_BODY_BYTES: Final = 1 << 16
+FD_RESERVE: Final = 512
+"""Open files kept for what is not a client connection (listeners, health checks, idle
+upstream pools, KV-event sockets, logs), beside one upstream connection per request."""
 
 
 class RouterApp:
@@ -85,8 +108,9 @@ class RouterApp:
         self.metrics: RouterMetrics = create_router_metrics(registry or CollectorRegistry())
         self.metrics.info.labels(self.policy.name, tpuserve_version()).set(1)
         touch_known_series(self.metrics, self.policy.name)
-        self.registry = WorkerRegistry(
-            BreakerConfig(config.breaker_failure_threshold, config.breaker_open_seconds)
+        self.registry = WorkerRegistry()
+        self.outliers = OutlierDetector(
+            config.outlier_config(), lambda: self.registry.workers, self._ejected
         )
         self.block_index: BlockIndex | None = self.policy.block_index
         self.kv: KvEventHub | None = None
@@ -103,33 +127,61 @@ class RouterApp:
             self.config, self.policy, self.registry, self.metrics, self.networks, self.kv
         )
         self.health: HealthChecker = self.admission.health
+        self.keys: KeyStore | None = None
+        if config.api_keys_file is not None:
+            self.keys = KeyStore(
+                config.api_keys_file, config.api_keys_reload_seconds, self._keys_reloaded
+            )
+            self.metrics.api_keys.labels().set(len(self.keys.keys))
+        self.aborter = Aborter(
+            lambda: self.health.session,
+            lambda worker, reason: self.metrics.upstream_aborts.labels(worker, reason).inc(),
+        )
         self.forwarder = Forwarder(
-            self.config, self.policy, self.registry, self.metrics, self.tokenizer
+            self.config,
+            self.policy,
+            self.registry,
+            self.metrics,
+            self.tokenizer,
+            self.outliers,
+            self.aborter,
+            self.keys,
         )
         self.admin = AdminApi(
             self.registry, self.policy, self.health, self.metrics, self.networks, self._rejected
         )
-        self.metrics.registry.register(StateCollector(self._worker_states, self.policy.index_sizes))
+        self.metrics.registry.register(
+            StateCollector(
+                self._worker_states, self.policy.index_sizes, lambda: len(self.book.open)
+            )
+        )
+        admin = self._admin_only
         self._post: dict[str, Handler] = {
-            "/workers": self.admin.add_worker,
-            "/flush_cache": self.admin.flush_cache,
-            "/add_worker": self.admin.add_worker,
-            "/remove_worker": self.admin.remove_worker,
+            "/workers": admin(self.admin.add_worker),
+            "/flush_cache": admin(self.admin.flush_cache),
+            "/add_worker": admin(self.admin.add_worker),
+            "/remove_worker": admin(self.admin.remove_worker),
         }
         for route, parser in GENERATION_ROUTES.items():
             self._post[route] = self.forwarder.handler(route, parser)
         self._get: dict[str, Handler] = {
-            "/v1/models": self._models,
+            "/v1/models": self._models if self.keys is None else self._keyed(self._models),
             "/health": self._health,
             "/readiness": self._readiness,
             "/metrics": self._metrics,
-            "/workers": self.admin.list_workers,
+            "/workers": admin(self.admin.list_workers),
         }
         self._delete: dict[str, Handler] = {
-            "/workers": self.admin.remove_worker,
+            "/workers": admin(self.admin.remove_worker),
         }
+        self.limits: FrontLimits = config.front_limits(connection_budget(config))
+        self.book = ConnectionBook(
+            self.limits.max_connections, self.limits.tick_seconds, self._connection_closed
+        )
+        self.probe_book = ConnectionBook(
+            PROBE_CONNECTIONS, self.limits.tick_seconds, self._connection_closed
+        )
         self._servers: list[asyncio.Server] = []
-        self._connections: weakref.WeakSet[HttpConnection] = weakref.WeakSet()
         self._discovery: PodWatcher | None = None
 
     # ================================================================== lifetime
@@ -151,21 +203,34 @@ class RouterApp:
 
     async def start(self) -> None:
         config = self.config
-        loop = asyncio.get_running_loop()
-        front = await serve(
-            self._handle, config.host, config.port, config.max_request_bytes, self._connections
-        )
+        if self.limits.max_connections < config.max_connections:
+            log.warning(
+                "max_connections lowered from %d to %d: the process may open %d files "
+                "(RLIMIT_NOFILE), and %d are kept for requests to workers and the rest",
+                config.max_connections,
+                self.limits.max_connections,
+                open_file_limit(),
+                config.max_in_flight + FD_RESERVE,
+            )
+        front = await serve(self._handle, config.host, config.port, self.limits, self.book)
         self._servers.append(front)
         if config.metrics_port is not None:
+            probe_limits = dataclasses.replace(
+                self.limits, max_connections=PROBE_CONNECTIONS, max_body_bytes=PROBE_BODY_BYTES
+            )
             self._servers.append(
-                await loop.create_server(
-                    lambda: HttpConnection(self._handle_metrics_only, 1 << 16, loop),
+                await serve(
+                    self._handle_probe,
                     config.host,
                     config.metrics_port,
-                    reuse_address=True,
+                    probe_limits,
+                    self.probe_book,
                 )
             )
         self.admission.start()
+        self.outliers.start()
+        if self.keys is not None:
+            self.keys.start()
         if config.discovery == "kubernetes":
             from tpuserve_router.discovery.kubernetes import ApiServer, PodRules, PodWatcher
 
@@ -197,15 +262,21 @@ class RouterApp:
         for server in self._servers:
             server.close()
         deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
-        while any(c.task is not None for c in self._connections):
+        while len(self.book.open) > len(self.book.waiting):  # requests still in hand
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
-        for conn in list(self._connections):
-            conn.abort()
+        for book in (self.book, self.probe_book):
+            book.stop()
+            for conn in list(book.open):
+                conn.evict()
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
+        self.outliers.stop()
+        if self.keys is not None:
+            self.keys.stop()
+        await self.aborter.stop()
         await self.admission.stop()
         if self.kv is not None:
             await self.kv.stop()
@@ -254,6 +325,20 @@ class RouterApp:
                 route="other",
             )
             return
+        if method not in KNOWN_METHODS:  # CONNECT included: the router is no forward proxy
+            reject(
+                request,
+                ClientError(
+                    405,
+                    f"method {method.decode('latin-1')} is not supported; supported: "
+                    f"{', '.join(m.decode() for m in KNOWN_METHODS)}",
+                    param="method",
+                    headers={"allow": ", ".join(m.decode() for m in KNOWN_METHODS)},
+                ),
+                self.metrics,
+                route="other",
+            )
+            return
         reject(
             request,
             ClientError(404, f"no route {path}", param="path", error_type="not_found_error"),
@@ -261,11 +346,100 @@ class RouterApp:
             route="other",
         )
 
-    async def _handle_metrics_only(self, request: HttpRequest) -> None:
-        if request.path == "/metrics":
+    async def _handle_probe(self, request: HttpRequest) -> None:
+        """The metrics port: scrapes and probes, with a connection budget of their own."""
+        path = request.path
+        if path == "/metrics":
             await self._metrics(request)
+        elif path == "/health":
+            await self._health(request)
+        elif path == "/readiness":
+            await self._readiness(request)
         else:
-            request.respond(404, JSON_HEADERS, b'{"error": "only /metrics is served here"}')
+            request.respond(
+                404,
+                JSON_HEADERS,
+                b'{"error": "only /metrics, /health and /readiness are served here"}',
+            )
+
+    # ================================================================== who may do what
+
+    def _admin_only(self, handler: Handler) -> Handler:
+        """``handler``, answering only those ``--admin`` lets use the admin API."""
+
+        async def gated(request: HttpRequest) -> None:
+            refusal = self._admin_refusal(request)
+            if refusal is None:
+                await handler(request)
+                return
+            self.metrics.auth_failures.labels("admin_denied").inc()
+            reject(request, refusal, self.metrics, route=ADMIN_ROUTE)
+
+        return gated
+
+    def _admin_refusal(self, request: HttpRequest) -> ClientError | None:
+        mode = self.config.admin
+        if mode == "open":
+            return None
+        if mode == "off":
+            return ClientError(
+                403, "the admin API is off (--admin off)", error_type="permission_error"
+            )
+        key = self._key_of(request)
+        if key is not None and key.admin:
+            return None
+        if mode == "loopback" and request.from_loopback:
+            return None
+        allowed = "an admin API key" + (
+            " or a client on the router's host" if mode == "loopback" else ""
+        )
+        return ClientError(
+            403,
+            f"the admin API needs {allowed} (--admin {mode})",
+            error_type="permission_error",
+        )
+
+    def _keyed(self, handler: Handler) -> Handler:
+        """``handler``, answering only requests with a valid API key (else 401)."""
+
+        async def keyed(request: HttpRequest) -> None:
+            presented = self._presented(request)
+            if self.keys is not None and self.keys.authenticate(presented) is None:
+                self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
+                reject(request, unauthorized(presented), self.metrics, route="other")
+                return
+            await handler(request)
+
+        return keyed
+
+    def _key_of(self, request: HttpRequest) -> ApiKey | None:
+        return self.keys.authenticate(self._presented(request)) if self.keys is not None else None
+
+    @staticmethod
+    def _presented(request: HttpRequest) -> bytes | None:
+        return presented_key(request.header(b"authorization"), request.header(b"x-api-key"))
+
+    def _keys_reloaded(self, result: str, count: int) -> None:
+        self.metrics.api_key_reloads.labels(result).inc()
+        self.metrics.api_keys.labels().set(count)
+        if result == "ok" and self.keys is not None:
+            self.forwarder.quotas.keep_only(self.keys.keys)
+
+    def _ejected(self, worker: Ejectable, reason: str) -> None:
+        self.metrics.worker_ejections.labels(worker.name, reason).inc()
+        log.warning(
+            "worker %s ejected (%s) for %.0f s: %d consecutive failures, %d of %d requests "
+            "failed this interval",
+            worker.name,
+            reason,
+            worker.ejected_until - self.outliers.clock(),
+            worker.consecutive_failures,
+            worker.window_failures,
+            worker.window_requests,
+        )
+
+    def _connection_closed(self, reason: str) -> None:
+        self.metrics.connections_closed.labels(reason).inc()
 
     # ================================================================== the router's own state
 
@@ -284,9 +458,7 @@ class RouterApp:
         if healthy:
             request.respond(200, JSON_HEADERS, body)
         else:
-            request.respond(
-                503, JSON_HEADERS + b"retry-after: " + RETRY_AFTER_SECONDS.encode() + b"\r\n", body
-            )
+            request.respond(503, JSON_HEADERS + RETRY_AFTER, body)
 
     async def _metrics(self, request: HttpRequest) -> None:
         request.respond(200, METRICS_HEADERS, generate_latest(self.metrics.registry))
@@ -302,6 +474,20 @@ class RouterApp:
         return [
             WorkerState(w.name, w.models, w.healthy, w.in_flight) for w in self.registry.workers
         ]
+
+
+def open_file_limit() -> int:
+    """The process's open-file limit (soft RLIMIT_NOFILE; `cli` raises it to the hard one)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def connection_budget(config: RouterConfig) -> int:
+    """``max_connections``, lowered so that client connections, one upstream connection per
+    request in flight and `FD_RESERVE` fit in the open-file limit: a router out of file
+    descriptors can neither answer clients nor probe its workers."""
+    room = open_file_limit() - config.max_in_flight - FD_RESERVE
+    return max(1, min(config.max_connections, room))
 
 
 def _current_namespace() -> str:

@@ -15,6 +15,7 @@ import asyncio
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any
 
 from sglang_tpu import cli_types
 from tpuserve_router.config import (
+    ADMIN_MODES,
     DEFAULT_LEADER_LABEL,
     DEFAULT_POLICY,
     DEFAULT_WORKER_URL_ANNOTATION,
@@ -160,10 +162,86 @@ OPTIONS: tuple[Option, ...] = (
         "built-in tokenizer of the engine twin.",
     ),
     Option(
+        "--max-request-line-bytes",
+        "max_request_line_bytes",
+        cli_types.positive_int,
+        f"Longer request URLs get 414 (default {DEFAULTS.max_request_line_bytes}).",
+    ),
+    Option(
+        "--max-header-bytes",
+        "max_header_bytes",
+        cli_types.positive_int,
+        "Larger request heads (request line and headers) get 431 "
+        f"(default {DEFAULTS.max_header_bytes}).",
+    ),
+    Option(
+        "--max-headers",
+        "max_headers",
+        cli_types.positive_int,
+        f"Requests with more headers get 431 (default {DEFAULTS.max_headers}).",
+    ),
+    Option(
         "--max-request-bytes",
         "max_request_bytes",
         cli_types.positive_int,
         f"Larger request bodies get 413 (default {DEFAULTS.max_request_bytes}).",
+    ),
+    Option(
+        "--max-prompt-chars",
+        "max_prompt_chars",
+        cli_types.positive_int,
+        "Prompts with more characters (or token ids) get 413, before they are tokenized "
+        f"(default {DEFAULTS.max_prompt_chars}).",
+    ),
+    Option(
+        "--max-connections",
+        "max_connections",
+        cli_types.positive_int,
+        "Client connections open at once; beyond, the longest-waiting idle one is closed, or "
+        "the newcomer gets 503 if all are busy (default "
+        f"{DEFAULTS.max_connections}; lowered to what the open-file limit allows).",
+    ),
+    Option(
+        "--max-in-flight",
+        "max_in_flight",
+        cli_types.positive_int,
+        "Generation requests in flight at once; beyond, 503 with Retry-After "
+        f"(default {DEFAULTS.max_in_flight}).",
+    ),
+    Option(
+        "--header-timeout",
+        "header_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds for a request head to arrive, from its first byte (or the connection's "
+        f"opening); then 408 (default {DEFAULTS.header_timeout_seconds:g}).",
+    ),
+    Option(
+        "--body-timeout",
+        "body_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds for a request body to arrive after its head; then 408 "
+        f"(default {DEFAULTS.body_timeout_seconds:g}).",
+    ),
+    Option(
+        "--keep-alive-timeout",
+        "keep_alive_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds an idle keep-alive client connection stays open "
+        f"(default {DEFAULTS.keep_alive_timeout_seconds:g}).",
+    ),
+    Option(
+        "--send-timeout",
+        "send_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds a client may stop reading a response before its connection (and request) "
+        f"is dropped (default {DEFAULTS.send_timeout_seconds:g}).",
+    ),
+    Option(
+        "--max-response-bytes",
+        "max_response_bytes",
+        cli_types.positive_int,
+        "Larger worker responses are cut: 502, or an error event in a stream "
+        f"(default {DEFAULTS.max_response_bytes}).",
     ),
     Option(
         "--connect-timeout",
@@ -175,8 +253,37 @@ OPTIONS: tuple[Option, ...] = (
         "--first-byte-timeout",
         "first_byte_timeout_seconds",
         cli_types.duration_seconds,
-        "Seconds for a worker to start answering; then 504 "
+        "Most seconds a worker is given to start answering (the time given is derived from "
+        "the request; then retried elsewhere, or 504) "
         f"(default {DEFAULTS.first_byte_timeout_seconds:g}).",
+    ),
+    Option(
+        "--first-byte-timeout-floor",
+        "first_byte_timeout_floor_seconds",
+        cli_types.duration_seconds,
+        "Least seconds a worker is given to start answering "
+        f"(default {DEFAULTS.first_byte_timeout_floor_seconds:g}).",
+    ),
+    Option(
+        "--min-prefill-rate",
+        "min_prefill_tokens_per_second",
+        cli_types.positive_float,
+        "Slowest prefill (prompt tokens per second) the first-byte time allows for "
+        f"(default {DEFAULTS.min_prefill_tokens_per_second:g}).",
+    ),
+    Option(
+        "--min-decode-rate",
+        "min_decode_tokens_per_second",
+        cli_types.positive_float,
+        "Slowest decoding (tokens per second) the first-byte time of a non-streamed answer "
+        f"allows for (default {DEFAULTS.min_decode_tokens_per_second:g}).",
+    ),
+    Option(
+        "--stream-idle-timeout",
+        "stream_idle_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds a started stream may send nothing before it is cut with an error event "
+        f"(default {DEFAULTS.stream_idle_timeout_seconds:g}).",
     ),
     Option(
         "--request-timeout",
@@ -190,6 +297,20 @@ OPTIONS: tuple[Option, ...] = (
         cli_types.non_negative_int,
         "Retries on another worker for failures before the first byte "
         f"(default {DEFAULTS.max_retries}).",
+    ),
+    Option(
+        "--retry-budget-percent",
+        "retry_budget_percent",
+        cli_types.non_negative_float,
+        "Retries in flight may be at most this percent of the requests in flight "
+        f"(default {DEFAULTS.retry_budget_percent:g}).",
+    ),
+    Option(
+        "--retry-budget-min",
+        "retry_budget_min",
+        cli_types.non_negative_int,
+        "Retries in flight always allowed, whatever the percent "
+        f"(default {DEFAULTS.retry_budget_min}).",
     ),
     Option(
         "--health-check-interval",
@@ -217,18 +338,76 @@ OPTIONS: tuple[Option, ...] = (
         f"Passing checks that re-admit it (default {DEFAULTS.health_success_threshold}).",
     ),
     Option(
-        "--breaker-failure-threshold",
-        "breaker_failure_threshold",
+        "--outlier-consecutive-failures",
+        "outlier_consecutive_failures",
         cli_types.positive_int,
-        "Consecutive request failures that open a worker's circuit breaker "
-        f"(default {DEFAULTS.breaker_failure_threshold}).",
+        "Consecutive failed requests (5xx, timeouts, broken connections) that eject a worker "
+        f"(default {DEFAULTS.outlier_consecutive_failures}).",
     ),
     Option(
-        "--breaker-open-seconds",
-        "breaker_open_seconds",
+        "--outlier-failure-rate",
+        "outlier_failure_rate",
+        cli_types.positive_float,
+        "Share of failed requests in an interval that ejects a worker "
+        f"(default {DEFAULTS.outlier_failure_rate:g}).",
+    ),
+    Option(
+        "--outlier-min-requests",
+        "outlier_min_requests",
+        cli_types.positive_int,
+        "Requests an interval needs before the failure rate counts "
+        f"(default {DEFAULTS.outlier_min_requests}).",
+    ),
+    Option(
+        "--outlier-interval",
+        "outlier_interval_seconds",
         cli_types.duration_seconds,
-        f"Seconds a breaker stays open before trying again (default "
-        f"{DEFAULTS.breaker_open_seconds:g}).",
+        f"Seconds of the failure-rate window (default {DEFAULTS.outlier_interval_seconds:g}).",
+    ),
+    Option(
+        "--outlier-base-ejection",
+        "outlier_base_ejection_seconds",
+        cli_types.duration_seconds,
+        "Seconds of a first ejection; the n-th lasts n times this "
+        f"(default {DEFAULTS.outlier_base_ejection_seconds:g}).",
+    ),
+    Option(
+        "--outlier-max-ejection",
+        "outlier_max_ejection_seconds",
+        cli_types.duration_seconds,
+        f"Longest ejection in seconds (default {DEFAULTS.outlier_max_ejection_seconds:g}).",
+    ),
+    Option(
+        "--outlier-max-ejected-percent",
+        "outlier_max_ejected_percent",
+        cli_types.non_negative_float,
+        "Most workers ejected at once, in percent (at least one may be) "
+        f"(default {DEFAULTS.outlier_max_ejected_percent:g}).",
+    ),
+    Option(
+        "--api-keys-file",
+        "api_keys_file",
+        str,
+        "JSON file of API keys (a mounted Secret): generation routes and /v1/models then need "
+        "one (Authorization: Bearer KEY); per-key tenant, priority, rate limits, admin role "
+        "(docs/router.md, Authentication). Default: no keys.",
+        metavar="FILE",
+    ),
+    Option(
+        "--api-keys-reload-seconds",
+        "api_keys_reload_seconds",
+        cli_types.duration_seconds,
+        "How often the keys file is checked for changes "
+        f"(default {DEFAULTS.api_keys_reload_seconds:g}).",
+    ),
+    Option(
+        "--admin",
+        "admin",
+        str,
+        "Who may use the admin API (/workers, /flush_cache, ...): loopback (clients on this "
+        "host or a port-forward, or an admin key), keys (an admin key only), open (anyone), "
+        f"off (default {DEFAULTS.admin}).",
+        choices=ADMIN_MODES,
     ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
 )
@@ -340,6 +519,7 @@ def run(args: argparse.Namespace) -> int:
 async def serve_until_signalled(config: RouterConfig) -> int:
     from tpuserve_router.app import RouterApp
 
+    raise_open_file_limit()
     app = RouterApp(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -353,6 +533,18 @@ async def serve_until_signalled(config: RouterConfig) -> int:
     logging.getLogger(__name__).info("stopping")
     await app.stop()
     return 0
+
+
+def raise_open_file_limit() -> None:
+    """Raise the soft open-file limit to the hard one: every client connection, upstream
+    connection and health check is a file descriptor (the app sizes its connection budget
+    from the result)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as err:
+            logging.getLogger(__name__).warning("could not raise the open-file limit: %s", err)
 
 
 def tune_garbage_collector() -> None:

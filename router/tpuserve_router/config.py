@@ -12,12 +12,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tpuserve_router.auth import KeysFileError, KeyStore
+from tpuserve_router.deadlines import FirstByteBudget
+from tpuserve_router.outliers import OutlierConfig
 from tpuserve_router.policies.base import (
     Policy,
     PolicyConfigError,
     make_policy,
     registered_policy_names,
 )
+from tpuserve_router.server import FrontLimits
 from tpuserve_router.worker_networks import parse_networks, url_problem
 from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url
 
@@ -33,6 +37,8 @@ DEFAULT_KV_EVENTS_ANNOTATION = "serving.tpuserve.dev/kv-events-endpoint"
 DEFAULT_KV_REPLAY_ANNOTATION = "serving.tpuserve.dev/kv-replay-endpoint"
 
 Discovery = Literal["static", "kubernetes"]
+AdminMode = Literal["loopback", "keys", "open", "off"]
+ADMIN_MODES: tuple[AdminMode, ...] = ("loopback", "keys", "open", "off")
 DISCOVERY_MODES: tuple[Discovery, ...] = ("static", "kubernetes")
 
 _LABEL_KEY = re.compile(
@@ -66,22 +72,85 @@ class RouterConfig:
     kv_events: bool | None = None  # None (auto): subscribe when the policy uses KV events
     tokenizer: str | None = None
     metrics_port: int | None = None
+    # The front's limits (server.FrontLimits), as uvicorn, aiohttp and Envoy bound theirs.
+    max_request_line_bytes: int = 8 * 1024
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 100
     max_request_bytes: int = 32 * 1024 * 1024
+    max_prompt_chars: int = 4 * 1024 * 1024  # also the most token ids a prompt may have
+    max_connections: int = 10_000
+    max_in_flight: int = 4096
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 60.0
+    keep_alive_timeout_seconds: float = 30.0
+    send_timeout_seconds: float = 60.0
+    max_response_bytes: int = 64 * 1024 * 1024
     connect_timeout_seconds: float = 3.0
+    # A worker's first byte is awaited for a time derived from the request (forwarding.py,
+    # first_byte_deadline): at least the floor, at most first_byte_timeout_seconds.
     first_byte_timeout_seconds: float = 600.0
+    first_byte_timeout_floor_seconds: float = 15.0
+    min_prefill_tokens_per_second: float = 1000.0
+    min_decode_tokens_per_second: float = 5.0
+    stream_idle_timeout_seconds: float = 30.0
     request_timeout_seconds: float = 1800.0
     max_retries: int = 2
+    retry_budget_percent: float = 20.0  # of the requests in flight, as Envoy's retry budget
+    retry_budget_min: int = 3
     health_check_interval_seconds: float = 2.0
     health_check_timeout_seconds: float = 2.0
     health_failure_threshold: int = 3
     health_success_threshold: int = 1
-    breaker_failure_threshold: int = 5
-    breaker_open_seconds: float = 10.0
+    # Outlier ejection (outliers.py), with Envoy's defaults where it has them.
+    outlier_consecutive_failures: int = 5
+    outlier_failure_rate: float = 0.5
+    outlier_min_requests: int = 20
+    outlier_interval_seconds: float = 10.0
+    outlier_base_ejection_seconds: float = 30.0
+    outlier_max_ejection_seconds: float = 300.0
+    outlier_max_ejected_percent: float = 50.0
     max_idle_connections_per_worker: int = 64
+    api_keys_file: str | None = None  # auth.py: keys for the data plane; none: no keys
+    api_keys_reload_seconds: float = 10.0
+    admin: AdminMode = "loopback"  # who may use the admin API (app.py)
     seed: int | None = None
 
     def replace(self, **changes: Any) -> RouterConfig:
         return dataclasses.replace(self, **changes)
+
+    def first_byte_budget(self) -> FirstByteBudget:
+        return FirstByteBudget(
+            floor_seconds=self.first_byte_timeout_floor_seconds,
+            cap_seconds=self.first_byte_timeout_seconds,
+            prefill_tokens_per_second=self.min_prefill_tokens_per_second,
+            decode_tokens_per_second=self.min_decode_tokens_per_second,
+        )
+
+    def outlier_config(self) -> OutlierConfig:
+        return OutlierConfig(
+            consecutive_failures=self.outlier_consecutive_failures,
+            failure_rate=self.outlier_failure_rate,
+            min_requests=self.outlier_min_requests,
+            interval_seconds=self.outlier_interval_seconds,
+            base_ejection_seconds=self.outlier_base_ejection_seconds,
+            max_ejection_seconds=self.outlier_max_ejection_seconds,
+            max_ejected_percent=self.outlier_max_ejected_percent,
+        )
+
+    def front_limits(self, max_connections: int | None = None) -> FrontLimits:
+        """The front's limits; ``max_connections`` overrides the setting (the app lowers it
+        to what the process's file-descriptor limit allows)."""
+        return FrontLimits(
+            max_request_line_bytes=self.max_request_line_bytes,
+            max_header_bytes=self.max_header_bytes,
+            max_headers=self.max_headers,
+            max_body_bytes=self.max_request_bytes,
+            max_connections=self.max_connections if max_connections is None else max_connections,
+            header_timeout_seconds=self.header_timeout_seconds,
+            body_timeout_seconds=self.body_timeout_seconds,
+            keep_alive_timeout_seconds=self.keep_alive_timeout_seconds,
+            send_timeout_seconds=self.send_timeout_seconds,
+        )
 
     def validate(self) -> RouterConfig:
         """Return self if every setting is valid, else raise `ConfigError` listing all."""
@@ -142,13 +211,30 @@ class RouterConfig:
                 )
         elif not self.workers:
             pass  # workers may be added later through POST /workers
-        need(self.max_request_bytes >= 1024, f"max_request_bytes={self.max_request_bytes}: >= 1024")
+        for name, least in _SIZE_FLOORS.items():
+            value = getattr(self, name)
+            need(value >= least, f"{name}={value}: must be >= {least}")
+        need(
+            self.max_request_line_bytes <= self.max_header_bytes,
+            f"max_request_line_bytes={self.max_request_line_bytes}: must be <= "
+            f"max_header_bytes={self.max_header_bytes} (the request line is part of the head)",
+        )
         for name in (
+            "header_timeout_seconds",
+            "body_timeout_seconds",
+            "keep_alive_timeout_seconds",
+            "send_timeout_seconds",
             "connect_timeout_seconds",
             "first_byte_timeout_seconds",
             "request_timeout_seconds",
             "health_check_timeout_seconds",
-            "breaker_open_seconds",
+            "first_byte_timeout_floor_seconds",
+            "min_prefill_tokens_per_second",
+            "min_decode_tokens_per_second",
+            "stream_idle_timeout_seconds",
+            "outlier_interval_seconds",
+            "outlier_base_ejection_seconds",
+            "outlier_max_ejection_seconds",
         ):
             value = getattr(self, name)
             need(value > 0, f"{name}={value}: must be > 0")
@@ -158,10 +244,24 @@ class RouterConfig:
             "(0 turns active health checks off)",
         )
         need(0 <= self.max_retries <= 10, f"max_retries={self.max_retries}: allowed 0..10")
+        need(
+            0 < self.outlier_failure_rate <= 1,
+            f"outlier_failure_rate={self.outlier_failure_rate}: allowed (0, 1]",
+        )
+        for name in ("outlier_max_ejected_percent", "retry_budget_percent"):
+            value = getattr(self, name)
+            need(0 <= value <= 100, f"{name}={value}: allowed 0..100")
+        need(self.retry_budget_min >= 0, f"retry_budget_min={self.retry_budget_min}: must be >= 0")
+        need(
+            self.outlier_base_ejection_seconds <= self.outlier_max_ejection_seconds,
+            f"outlier_base_ejection_seconds={self.outlier_base_ejection_seconds}: must be <= "
+            f"outlier_max_ejection_seconds={self.outlier_max_ejection_seconds}",
+        )
         for name in (
             "health_failure_threshold",
             "health_success_threshold",
-            "breaker_failure_threshold",
+            "outlier_consecutive_failures",
+            "outlier_min_requests",
         ):
             value = getattr(self, name)
             need(value >= 1, f"{name}={value}: must be >= 1")
@@ -169,6 +269,30 @@ class RouterConfig:
             self.max_idle_connections_per_worker >= 0,
             f"max_idle_connections_per_worker={self.max_idle_connections_per_worker}: >= 0",
         )
+        need(
+            self.admin in ADMIN_MODES,
+            f"admin={self.admin!r}: allowed {', '.join(ADMIN_MODES)}",
+        )
+        need(
+            self.api_keys_reload_seconds > 0,
+            f"api_keys_reload_seconds={self.api_keys_reload_seconds}: must be > 0",
+        )
+        if self.api_keys_file is not None:
+            try:
+                keys = KeyStore(self.api_keys_file, self.api_keys_reload_seconds).keys
+            except (OSError, KeysFileError) as err:
+                problems.append(f"api_keys_file={self.api_keys_file!r}: {err}")
+            else:
+                need(
+                    self.admin != "keys" or any(k.admin for k in keys.values()),
+                    f"admin='keys': api_keys_file {self.api_keys_file!r} has no key with "
+                    '"admin": true, so nobody could use the admin API',
+                )
+        else:
+            need(
+                self.admin != "keys",
+                "admin='keys': needs api_keys_file with a key whose \"admin\" is true",
+            )
         if self.policy not in registered_policy_names():
             problems.append(
                 f"policy={self.policy!r}: allowed {', '.join(registered_policy_names())}"
@@ -182,6 +306,19 @@ class RouterConfig:
         if problems:
             raise ConfigError(problems)
         return self
+
+
+_SIZE_FLOORS: dict[str, int] = {
+    "max_request_line_bytes": 256,
+    "max_header_bytes": 1024,
+    "max_headers": 8,
+    "max_request_bytes": 1024,
+    "max_prompt_chars": 1,
+    "max_connections": 1,
+    "max_in_flight": 1,
+    "max_response_bytes": 1024,
+}
+"""The least each size limit may be: below these an ordinary request could not pass."""
 
 
 def kv_events_enabled(setting: bool | None, policy: Policy) -> bool:

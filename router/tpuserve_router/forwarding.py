@@ -1,8 +1,10 @@
 """The generation routes: route a request with the policy and proxy it to a worker, retrying.
 
-A generation request's life: parse and validate the body (400 naming the field), find
-the workers serving its model (404), ask the policy (503 with Retry-After if none is
-healthy), count it in flight on the chosen worker, send it. A failure before the first
+A generation request's life: over ``--max-in-flight`` requests already, 503 with
+Retry-After; else parse and validate the body (400 naming the field; 413 for a prompt over
+``--max-prompt-chars``, before it is tokenized), find the workers serving its model (404),
+ask the policy (503 with Retry-After if none is healthy), count it in flight on the chosen
+worker, send it. A failure before the first
 byte reaches the client is retried on another worker under the one rule of
 `tpuserve_router.retry`; nothing is retried once the client has received bytes. A stream
 that breaks ends with an SSE error event and the connection closes. The in-flight count
@@ -11,25 +13,38 @@ is decremented in a ``finally``, so it returns to zero on every path.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from typing import Final
 
+from tpuserve_router.auth import ApiKey, KeyStore, presented_key
+from tpuserve_router.cancellation import Aborter, new_rid, with_rid
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.metrics import RouterMetrics
+from tpuserve_router.outliers import OutlierDetector
 from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, Policy, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
-from tpuserve_router.replies import RETRY_AFTER_SECONDS, reject, reply_error, sse_error_event
-from tpuserve_router.request_body import ClientError, Parser, Tokens, parse_json_object
+from tpuserve_router.quotas import Quotas, in_flight_limits
+from tpuserve_router.replies import reject, reply_error, sse_error_event, unauthorized
+from tpuserve_router.request_body import (
+    ClientError,
+    ParsedBody,
+    Parser,
+    Tokens,
+    parse_json_object,
+)
 from tpuserve_router.retry import (
     ANSWERED,
+    FREE_RETRIES,
     RETRY,
     RETRYABLE_STATUSES,
     Attempt,
+    RetryBudget,
     retryable_error,
     should_retry,
 )
-from tpuserve_router.server import Handler, HttpRequest
+from tpuserve_router.server import RETRY_AFTER_SECONDS, Handler, HttpRequest
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
 from tpuserve_router.workers import Worker, WorkerRegistry
 
@@ -50,7 +65,12 @@ HOP_BY_HOP: Final = frozenset(
         b"expect",
     }
 )
-BREAKER_STATUSES: Final = frozenset({502, 504})  # the worker, not its load, is at fault
+CREDENTIALS: Final = frozenset({b"authorization", b"x-api-key"})
+TIMEOUTS: Final = frozenset({"first_byte_timeout", "request_timeout"})  # answered 504
+ABANDONED: Final = frozenset(
+    {"first_byte_timeout", "stream_stalled", "request_timeout", "response_too_large"}
+)
+"""Failures after which the worker may still be generating: it is asked to abort."""
 CLIENT_CLOSED: Final = "499"  # nginx's code for "the client went away first"
 STREAM_ERROR: Final = "stream_error"
 
@@ -65,13 +85,33 @@ class Forwarder:
         registry: WorkerRegistry,
         metrics: RouterMetrics,
         tokenizer: Tokens | None,
+        outliers: OutlierDetector,
+        aborter: Aborter,
+        keys: KeyStore | None = None,
     ) -> None:
         self.config = config
         self.policy = policy
         self.registry = registry
         self.metrics = metrics
         self.tokenizer = tokenizer
+        self.outliers = outliers
+        self.aborter = aborter
         self.want_text = policy.needs_text
+        self.max_prompt_chars = config.max_prompt_chars
+        self.max_in_flight = config.max_in_flight
+        self.max_retries = config.max_retries
+        self.first_byte = config.first_byte_budget()
+        self.in_flight = 0  # generation requests between arrival and answer
+        self.keys = keys
+        # With the router's own keys, a client's key is the router's business: not the workers'.
+        self._not_forwarded = HOP_BY_HOP if keys is None else HOP_BY_HOP | CREDENTIALS
+        self.quotas = Quotas()
+        self._shed_at = in_flight_limits(config.max_in_flight)
+        self.budget = RetryBudget(
+            config.retry_budget_percent,
+            config.retry_budget_min,
+            metrics.retries_over_budget.labels().inc,
+        )
         # Children whose labels never change, bound once; the others are looked up in their
         # family (the one cache of children) through lookups bound here.
         self._decisions = {o: metrics.decisions.labels(policy.name, o) for o in OUTCOMES}
@@ -84,82 +124,144 @@ class Forwarder:
         self._completion_tokens = metrics.completion_tokens.child
         self._cached_tokens = metrics.cached_tokens.child
         self._predicted_tokens = metrics.predicted_cached_tokens.child
+        self._tenant_requests = metrics.tenant_requests.labels
+        self._tenant_tokens = metrics.tenant_tokens.labels
 
     def handler(self, route: str, parser: Parser) -> Handler:
         """The handler of one generation route (``parser`` reads its body)."""
         return functools.partial(self.generate, route=route, parser=parser)
 
     async def generate(self, request: HttpRequest, route: str, parser: Parser) -> None:
-        try:
-            parsed = parser(parse_json_object(request.body), self.want_text, self.tokenizer)
-        except ClientError as err:
-            reject(request, err, self.metrics, route)
-            return
-        model = parsed.model
-        candidates = self.registry.candidates(model)
-        if candidates is None:
-            known = ", ".join(self.registry.known_models()) or "none"
+        key: ApiKey | None = None
+        limit = self.max_in_flight
+        if self.keys is not None:
+            key = self._admit(request, route)
+            if key is None:
+                return
+            limit = self._shed_at[key.priority]
+        if self.in_flight >= limit:
+            if key is not None:
+                self.metrics.shed.labels(key.priority).inc()
             reject(
                 request,
                 ClientError(
-                    404,
-                    f"model {model!r} is not served by this router; available: {known}",
-                    param="model",
-                    error_type="model_not_found",
+                    503,
+                    f"the router has {self.in_flight} requests in flight, its limit "
+                    + ("(--max-in-flight)" if key is None else f"for {key.priority} requests")
+                    + "; retry",
+                    error_type="service_unavailable",
+                    headers={"retry-after": RETRY_AFTER_SECONDS},
                 ),
                 self.metrics,
                 route,
             )
             return
-        route_request = RouteRequest(model, parsed.text, parsed.token_ids)
-        forwarded = _forwarded_headers(request)
-        excluded: list[Worker] = []
+        self.in_flight += 1
         retries = 0
-        policy = self.policy
-        while True:
-            pool = candidates if not excluded else [w for w in candidates if w not in excluded]
+        try:
             try:
-                decision = policy.choose(route_request, pool)
-            except NoHealthyWorker:
+                parsed = parser(
+                    parse_json_object(request.body), self.want_text, self.tokenizer,
+                    self.max_prompt_chars,
+                )  # fmt: skip
+            except ClientError as err:
+                reject(request, err, self.metrics, route)
+                return
+            model = parsed.model
+            candidates = self.registry.candidates(model)
+            if candidates is None:
+                known = ", ".join(self.registry.known_models()) or "none"
                 reject(
                     request,
                     ClientError(
-                        503,
-                        f"no healthy worker for model {model!r}" if model else "no healthy worker",
-                        error_type="service_unavailable",
-                        headers={"retry-after": RETRY_AFTER_SECONDS},
+                        404,
+                        f"model {model!r} is not served by this router; available: {known}",
+                        param="model",
+                        error_type="model_not_found",
                     ),
                     self.metrics,
                     route,
-                    model,
                 )
                 return
-            self._decisions[decision.outcome].inc()
-            attempt = await self._attempt(
-                request, route, model, parsed.stream, decision, forwarded, retries, pool
-            )
-            if attempt is ANSWERED:
-                return
-            excluded.append(decision.worker)
-            retries += 1
-            self.metrics.retries.labels(route).inc()
+            route_request = RouteRequest(model, parsed.text, parsed.token_ids)
+            body = request.body
+            rid = parsed.rid if parsed.single else None  # what names it on the engine
+            if parsed.single and rid is None:
+                rid = new_rid()
+                body = with_rid(body, rid)
+            forwarded = _forwarded_headers(request, body, self._not_forwarded)
+            excluded: list[Worker] = []
+            policy = self.policy
+            while True:
+                pool = candidates if not excluded else [w for w in candidates if w not in excluded]
+                try:
+                    decision = policy.choose(route_request, pool)
+                except NoHealthyWorker:
+                    reject(
+                        request,
+                        ClientError(
+                            503,
+                            f"no healthy worker for model {model!r}"
+                            if model
+                            else "no healthy worker",
+                            error_type="service_unavailable",
+                            headers={"retry-after": RETRY_AFTER_SECONDS},
+                        ),
+                        self.metrics,
+                        route,
+                        model,
+                    )
+                    return
+                self._decisions[decision.outcome].inc()
+                attempt = await self._attempt(
+                    request, route, parsed, decision, forwarded, rid, retries, pool, key
+                )
+                if attempt is ANSWERED:
+                    return
+                if not retries:
+                    self.budget.active += 1  # held until the request ends
+                excluded.append(decision.worker)
+                retries += 1
+                self.metrics.retries.labels(route).inc()
+        finally:
+            self.in_flight -= 1
+            if retries:
+                self.budget.active -= 1
+
+    def _retry(
+        self,
+        retryable: bool,
+        retries: int,
+        worker: Worker,
+        candidates: list[Worker],
+        reason: str = "",
+    ) -> bool:
+        """`should_retry` with this router's budget (unless ``reason`` spends none)."""
+        budget = None if reason in FREE_RETRIES else self.budget
+        return should_retry(
+            retryable, retries, self.max_retries, worker, candidates, budget, self.in_flight
+        )
 
     async def _attempt(
         self,
         request: HttpRequest,
         route: str,
-        model: str,
-        stream: bool,
+        parsed: ParsedBody,
         decision: Decision[Worker],
-        forwarded: bytes,
+        headers_and_body: bytes,
+        rid: str | None,
         retries: int,
         candidates: list[Worker],
+        key: ApiKey | None,
     ) -> Attempt:
         """One try on the decided worker, after ``retries`` earlier ones; ``candidates``
-        are the workers this try could have gone to (a retry picks among the others)."""
+        are the workers this try could have gone to (a retry picks among the others).
+        ``headers_and_body`` follow the request line and host; ``rid`` names the request
+        on the worker (to abort it), if it can be named; ``key`` is the client's API key."""
         worker = decision.worker
         policy = self.policy
-        max_retries = self.config.max_retries
+        model = parsed.model
+        stream = parsed.stream
         if not model and worker.models:
             model = worker.models[0]
         pool: UpstreamPool = worker.pool
@@ -167,17 +269,24 @@ class Forwarder:
         succeeded = False
         result: Attempt = ANSWERED
         status_label = CLIENT_CLOSED  # the requests_total status, unless retried
+        sent = False
+        abandoned = ""  # why the worker should stop this request (ABORT_REASONS), if it should
+        first_byte = self.first_byte.seconds(
+            parsed.prompt_tokens, parsed.max_new_tokens, stream, worker.in_flight
+        )
         worker.in_flight += 1
         try:
-            payload = _upstream_request(request, pool.host_header, forwarded)
+            payload = _upstream_request(request, pool.host_header, headers_and_body)
             try:
-                upstream = await self._open(pool, payload, request.arrived)
+                sent = True
+                upstream = await self._open(pool, payload, request.arrived, first_byte)
             except UpstreamError as err:
+                abandoned = "gave_up" if err.reason in ABANDONED else ""
                 self._worker_failed(worker, err.reason)
-                if should_retry(retryable_error(err), retries, max_retries, worker, candidates):
+                if self._retry(retryable_error(err), retries, worker, candidates, err.reason):
                     result = RETRY
                     return result
-                if err.reason == "first_byte_timeout":
+                if err.reason in TIMEOUTS:
                     status_label = "504"
                     reply_error(
                         request,
@@ -195,10 +304,10 @@ class Forwarder:
                 )
                 return result
             status = upstream.status
-            if should_retry(status in RETRYABLE_STATUSES, retries, max_retries, worker, candidates):
+            if status in RETRYABLE_STATUSES and self._retry(True, retries, worker, candidates):
                 self.metrics.upstream_errors.labels(worker.name, "retryable_status").inc()
-                if status in BREAKER_STATUSES:
-                    worker.request_failed()
+                if status >= 500:
+                    self.outliers.failed(worker)
                 result = RETRY
                 return result
             headers = _response_headers(upstream.headers)
@@ -207,8 +316,9 @@ class Forwarder:
                 try:
                     body = await upstream.read_all()
                 except UpstreamError as err:
+                    abandoned = "gave_up" if err.reason in ABANDONED else ""
                     self._worker_failed(worker, err.reason)
-                    if should_retry(retryable_error(err), retries, max_retries, worker, candidates):
+                    if self._retry(retryable_error(err), retries, worker, candidates, err.reason):
                         result = RETRY
                         return result
                     code = 504 if err.reason == "request_timeout" else 502
@@ -227,6 +337,7 @@ class Forwarder:
                 usage = usage_from_body(body) if status == 200 else None
             else:
                 request.start_chunked(status, headers)
+                upstream.watch_progress()
                 first = True
                 before = last = b""
                 try:
@@ -244,8 +355,12 @@ class Forwarder:
                         if request.write_paused:
                             await request.drain()
                 except UpstreamError as err:
+                    abandoned = "gave_up" if err.reason in ABANDONED else ""
                     self._worker_failed(worker, err.reason)
-                    request.write_chunk(sse_error_event(f"the worker's stream broke: {err.detail}"))
+                    what = "stalled" if err.reason == "stream_stalled" else "broke"
+                    request.write_chunk(
+                        sse_error_event(f"the worker's stream {what}: {err.detail}")
+                    )
                     request.end_chunked(keep_alive=False)
                     status_label = STREAM_ERROR
                     return result
@@ -253,27 +368,40 @@ class Forwarder:
                 usage = usage_from_stream_tail(before + last) if status == 200 else None
             succeeded = status < 400
             if status < 500:
-                worker.request_succeeded()
+                self.outliers.succeeded(worker)
+            else:
+                self._worker_failed(worker, "server_error")
             status_label = str(status)
             if usage is not None:
                 self._account(usage, decision, model, worker.name)
+            if key is not None:
+                self._spend(key, usage, parsed)
             return result
+        except asyncio.CancelledError:  # the client went away (or stopped reading)
+            abandoned = "client_gone"
+            raise
         finally:
+            if abandoned and rid is not None and sent and (upstream is None or not upstream.done):
+                self.aborter.abort(worker.name, rid, abandoned)
             worker.in_flight -= 1
             if upstream is not None:
                 pool.release(upstream)
             policy.on_request_done(decision, succeeded)
             if result is ANSWERED:
                 self._requests(model, worker.name, route, status_label).inc()
+                if key is not None:
+                    self._tenant_requests(key.label, key.priority, status_label).inc()
                 if status_label != CLIENT_CLOSED:
                     self._e2e(model, route).observe(time.monotonic() - request.arrived)
 
-    async def _open(self, pool: UpstreamPool, payload: bytes, arrived: float) -> UpstreamConnection:
+    async def _open(
+        self, pool: UpstreamPool, payload: bytes, arrived: float, first_byte: float
+    ) -> UpstreamConnection:
         """Send ``payload`` and wait for the response head; a stale pooled connection is
         replaced once by a fresh one (the worker closed it while idle)."""
         upstream = await pool.acquire()
         try:
-            return await self._send(upstream, payload, arrived)
+            return await self._send(upstream, payload, arrived, first_byte)
         except UpstreamError as err:
             upstream.close()
             if err.reason != "reset_before_response" or not upstream.reused:
@@ -283,23 +411,70 @@ class Forwarder:
             raise
         upstream = await pool.connect()
         try:
-            return await self._send(upstream, payload, arrived)
+            return await self._send(upstream, payload, arrived, first_byte)
         except BaseException:
             upstream.close()
             raise
 
     async def _send(
-        self, upstream: UpstreamConnection, payload: bytes, arrived: float
+        self, upstream: UpstreamConnection, payload: bytes, arrived: float, first_byte: float
     ) -> UpstreamConnection:
         upstream.send(payload)
         left = self.config.request_timeout_seconds - (time.monotonic() - arrived)
-        upstream.set_deadlines(self.config.first_byte_timeout_seconds, max(0.001, left))
+        upstream.set_deadlines(
+            first_byte, max(0.001, left), self.config.stream_idle_timeout_seconds
+        )
         await upstream.wait_head()
         return upstream
 
     def _worker_failed(self, worker: Worker, reason: str) -> None:
         self.metrics.upstream_errors.labels(worker.name, reason).inc()
-        worker.request_failed()
+        self.outliers.failed(worker)
+
+    def _admit(self, request: HttpRequest, route: str) -> ApiKey | None:
+        """The request's API key if it is valid and within its rate limits; else answered
+        (401, 429) and None."""
+        assert self.keys is not None
+        authorization = api_key = None
+        for name, value in request.headers:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"x-api-key":
+                api_key = value
+        presented = presented_key(authorization, api_key)
+        key = self.keys.authenticate(presented)
+        if key is None:
+            self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
+            reject(request, unauthorized(presented), self.metrics, route)
+            return None
+        refused = self.quotas.of(key, request.arrived).admit(request.arrived)
+        if refused is not None:
+            refusal, headers = refused
+            self.metrics.rate_limited.labels(key.label, refusal.limit).inc()
+            reject(
+                request,
+                ClientError(
+                    429,
+                    f"rate limit reached for {refusal.limit} per minute "
+                    f"({refusal.per_minute}, tenant {key.tenant}); retry in "
+                    f"{refusal.retry_after_seconds:.3g} s",
+                    error_type="rate_limit_exceeded",
+                    headers=headers,
+                ),
+                self.metrics,
+                route,
+            )
+            return None
+        return key
+
+    def _spend(self, key: ApiKey, usage: Usage | None, parsed: ParsedBody) -> None:
+        if usage is not None:
+            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        else:  # no usage in the answer: what it may have cost
+            prompt, completion = parsed.prompt_tokens, parsed.max_new_tokens or 0
+        self.quotas.spend_tokens(key, prompt + completion, time.monotonic())
+        self._tenant_tokens(key.label, "prompt").inc(prompt)
+        self._tenant_tokens(key.label, "completion").inc(completion)
 
     def _account(self, usage: Usage, decision: Decision[Worker], model: str, worker: str) -> None:
         key = (model, worker)
@@ -315,27 +490,22 @@ class Forwarder:
             self._ratio_actual.observe(min(1.0, usage.cached_tokens / prompt))
 
 
-def _forwarded_headers(request: HttpRequest) -> bytes:
+def _forwarded_headers(request: HttpRequest, body: bytes, dropped: frozenset[bytes]) -> bytes:
+    """The client's headers but ``dropped``, and ``body``, framed: all of a request after its
+    host."""
     return b"".join(
-        [
-            name + b": " + value + b"\r\n"
-            for name, value in request.headers
-            if name not in HOP_BY_HOP
-        ]
+        [name + b": " + value + b"\r\n" for name, value in request.headers if name not in dropped]
+        + [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body]
     )
 
 
-def _upstream_request(request: HttpRequest, host: bytes, forwarded: bytes) -> bytes:
+def _upstream_request(request: HttpRequest, host: bytes, headers_and_body: bytes) -> bytes:
     target = request.path.encode("latin-1")
     if request.query:
         target += b"?" + request.query.encode("latin-1")
-    body = request.body
     return b"".join(
-        (
-            request.method, b" ", target, b" HTTP/1.1\r\nhost: ", host, b"\r\n", forwarded,
-            b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body,
-        )
-    )  # fmt: skip
+        (request.method, b" ", target, b" HTTP/1.1\r\nhost: ", host, b"\r\n", headers_and_body)
+    )
 
 
 def _response_headers(headers: list[tuple[bytes, bytes]]) -> bytes:

@@ -1,24 +1,31 @@
 """Active health checks: probe every worker's ``/health`` on an interval, eject and re-admit.
 
 One owner task probes all workers concurrently every ``interval_seconds``; a worker added
-later is probed at once. A probe passes on HTTP 200 within ``timeout_seconds``. The
-thresholds and the circuit breaker live on `Worker`; this module only runs the probes and
-calls ``on_admitted`` when a worker becomes routable (`admission` then learns its models
-and KV-event endpoints). Not on the request hot path, so it uses aiohttp's client.
+later is probed at once. A probe passes on HTTP 200 within ``timeout_seconds``. A probe
+that fails for a reason of the router's own (out of file descriptors or buffers) gives no
+verdict: the worker is not blamed. The thresholds live on `Worker`; this module only runs
+the probes and calls ``on_admitted`` when a worker becomes routable (`admission` then
+learns its models and KV-event endpoints). A passing probe does not end an outlier
+ejection (`outliers`). Not on the request hot path, so it uses aiohttp's client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 import aiohttp
 
 from tpuserve_router.workers import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
+
+LOCAL_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""Errors that say the router, not the worker, is short of something."""
 
 
 class HealthChecker:
@@ -76,7 +83,6 @@ class HealthChecker:
             self._spawn(self._admitted(worker))
 
     async def check(self, worker: Worker) -> None:
-        worker.refresh_breaker()
         session = self._session
         if session is None:
             return
@@ -84,7 +90,12 @@ class HealthChecker:
             async with session.get(worker.name + self.path) as response:
                 await response.read()
                 passed = response.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
+        except OSError as err:  # aiohttp's connection errors and timeouts are OSErrors too
+            if err.errno in LOCAL_ERRNOS:
+                log.warning("health check of %s not made: %s", worker.name, err)
+                return
+            passed = False
+        except aiohttp.ClientError:
             passed = False
         if self.registry.get(worker.name) is not worker:
             return  # removed meanwhile

@@ -30,6 +30,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sglang_tpu.kv_events import DECODE_ERROR_REASONS
+from tpuserve_router.cancellation import ABORT_REASONS
+from tpuserve_router.outliers import EJECTION_REASONS
 from tpuserve_router.policies.base import OUTCOMES
 
 C = TypeVar("C")
@@ -172,11 +174,28 @@ RATIO_BUCKETS: Final = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 
 UPSTREAM_ERROR_REASONS: Final = (
     "connect_error",  # refused, unreachable, connect timeout
     "reset_before_response",  # the connection closed before the response started
-    "retryable_status",  # 429, 502, 503 or 504 before anything reached the client
-    "first_byte_timeout",
+    "retryable_status",  # 429 or 5xx before anything reached the client: retried
+    "server_error",  # a 5xx answer passed on to the client
+    "first_byte_timeout",  # no answer within the time derived for the request
     "stream_broken",  # the connection broke after the response started
+    "stream_stalled",  # a started answer sent nothing for --stream-idle-timeout
     "request_timeout",
+    "response_too_large",  # over --max-response-bytes (or a head over --max-header-bytes)
 )
+CONNECTION_CLOSE_REASONS: Final = (
+    "header_timeout",  # a head (or a new connection's first request) did not arrive in time
+    "body_timeout",
+    "keep_alive_timeout",  # idle between requests
+    "send_timeout",  # the client stopped reading its response
+    "evicted",  # closed while waiting, to make room at the connection limit
+    "refused",  # over the connection limit with every connection busy: 503
+    "malformed",  # 400: not HTTP/1.1
+    "url_too_long",  # 414
+    "head_too_large",  # 431
+    "too_many_headers",  # 431
+    "body_too_large",  # 413
+)
+AUTH_FAILURE_REASONS: Final = ("missing", "invalid", "admin_denied")
 KV_EVENT_TYPES: Final = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 RESYNC_REASONS: Final = (
     "gap_unrecoverable",  # lost batches the engine could not replay
@@ -203,7 +222,18 @@ class RouterMetrics:
     decisions: Counter
     prefix_match_ratio: Histogram
     retries: Counter
+    retries_over_budget: Counter
     upstream_errors: Counter
+    worker_ejections: Counter
+    upstream_aborts: Counter
+    tenant_requests: Counter
+    tenant_tokens: Counter
+    rate_limited: Counter
+    shed: Counter
+    auth_failures: Counter
+    api_key_reloads: Counter
+    api_keys: Gauge
+    connections_closed: Counter
     kv_events: Counter
     kv_event_gaps: Counter
     kv_event_resyncs: Counter
@@ -278,10 +308,70 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "Requests re-sent to another worker after a failure before the first byte.",
             ["route"],
         ),
+        retries_over_budget=Counter(
+            "tpuserve_router_retries_over_budget_total",
+            "Retries not made because the retry budget was spent (--retry-budget-percent).",
+            [],
+        ),
         upstream_errors=Counter(
             "tpuserve_router_upstream_errors_total",
             "Failures talking to a worker, by reason.",
             ["worker", "reason"],
+        ),
+        upstream_aborts=Counter(
+            "tpuserve_router_upstream_aborts_total",
+            "Requests a worker was asked to abort (/abort_request), by reason: client_gone "
+            "(the client left or stopped reading), gave_up (timeout, stall, oversized answer).",
+            ["worker", "reason"],
+        ),
+        tenant_requests=Counter(
+            "tpuserve_router_tenant_requests_total",
+            "Requests of API keys answered by a worker, by tenant (the keys file's; at most "
+            "100 named, the rest 'other'), priority class and HTTP status.",
+            ["tenant", "priority", "status"],
+        ),
+        tenant_tokens=Counter(
+            "tpuserve_router_tenant_tokens_total",
+            "Tokens of API keys' requests, by tenant and kind (prompt, completion).",
+            ["tenant", "kind"],
+        ),
+        rate_limited=Counter(
+            "tpuserve_router_rate_limited_total",
+            "Requests refused with 429, by tenant and limit (requests, tokens).",
+            ["tenant", "limit"],
+        ),
+        shed=Counter(
+            "tpuserve_router_shed_total",
+            "Requests refused with 503 under overload, by priority class (lowest shed first).",
+            ["priority"],
+        ),
+        auth_failures=Counter(
+            "tpuserve_router_auth_failures_total",
+            "Requests refused with 401 (missing or invalid API key) or 403 (admin API).",
+            ["reason"],
+        ),
+        api_key_reloads=Counter(
+            "tpuserve_router_api_key_reloads_total",
+            "Reloads of the API keys file after it changed, by result (ok, failed: the keys "
+            "in force stay).",
+            ["result"],
+        ),
+        api_keys=Gauge(
+            "tpuserve_router_api_keys",
+            "API keys in force.",
+            [],
+        ),
+        worker_ejections=Counter(
+            "tpuserve_router_worker_ejections_total",
+            "Times a worker was ejected as an outlier, by the rule that ejected it "
+            "(consecutive_failures, failure_rate).",
+            ["worker", "reason"],
+        ),
+        connections_closed=Counter(
+            "tpuserve_router_connections_closed_total",
+            "Client connections the router closed itself, by reason (timeouts, limits, "
+            "malformed requests, eviction at the connection limit).",
+            ["reason"],
         ),
         kv_events=Counter(
             "tpuserve_router_kv_events_total",
@@ -336,15 +426,18 @@ class StateCollector(Collector):
     - ``tpuserve_router_in_flight_requests{worker}``
     - ``tpuserve_router_worker_healthy{model,worker}``
     - ``tpuserve_router_prefix_index_size{kind}``
+    - ``tpuserve_router_client_connections`` (open on the client port)
     """
 
     def __init__(
         self,
         workers: Callable[[], Iterable[WorkerState]],
         index_size: Callable[[], dict[str, int]],
+        connections: Callable[[], int] = lambda: 0,
     ) -> None:
         self._workers = workers
         self._index_size = index_size
+        self._connections = connections
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         in_flight = GaugeMetricFamily(
@@ -354,7 +447,7 @@ class StateCollector(Collector):
         )
         healthy = GaugeMetricFamily(
             "tpuserve_router_worker_healthy",
-            "1 if the worker is routable (health checks pass, circuit breaker closed), else 0.",
+            "1 if the worker is routable (health checks pass, not ejected as an outlier), else 0.",
             labels=["model", "worker"],
         )
         for worker in self._workers():
@@ -370,9 +463,15 @@ class StateCollector(Collector):
         sizes = self._index_size()
         for kind in INDEX_KINDS:
             index.add_metric([kind], sizes.get(kind, 0))
+        connections = GaugeMetricFamily(
+            "tpuserve_router_client_connections",
+            "Client connections open on the router's port.",
+            value=self._connections(),
+        )
         yield in_flight
         yield healthy
         yield index
+        yield connections
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())
@@ -387,6 +486,8 @@ def remove_worker_series(metrics: RouterMetrics, worker: str) -> None:
         metrics.cached_tokens,
         metrics.predicted_cached_tokens,
         metrics.upstream_errors,
+        metrics.worker_ejections,
+        metrics.upstream_aborts,
         metrics.kv_events,
         metrics.kv_event_gaps,
         metrics.kv_event_resyncs,
@@ -408,6 +509,10 @@ def touch_worker_series(metrics: RouterMetrics, worker: str, *, kv_events: bool)
     """
     for reason in UPSTREAM_ERROR_REASONS:
         metrics.upstream_errors.labels(worker, reason)
+    for reason in EJECTION_REASONS:
+        metrics.worker_ejections.labels(worker, reason)
+    for reason in ABORT_REASONS:
+        metrics.upstream_aborts.labels(worker, reason)
     if not kv_events:
         return
     for event_type in KV_EVENT_TYPES:
@@ -436,3 +541,8 @@ def touch_known_series(metrics: RouterMetrics, policy: str) -> None:
     """Create series that should exist at zero from the start (client_python's advice)."""
     for outcome in OUTCOMES:
         metrics.decisions.labels(policy, outcome)
+    for reason in CONNECTION_CLOSE_REASONS:
+        metrics.connections_closed.labels(reason)
+    metrics.retries_over_budget.labels()
+    for reason in AUTH_FAILURE_REASONS:
+        metrics.auth_failures.labels(reason)

@@ -8,8 +8,11 @@ stream passes through chunk by chunk without buffering). Every wait fails with a
 `UpstreamError` carrying the reason (a label of ``tpuserve_router_upstream_errors_total``)
 and whether anything of the response had arrived, which decides if a retry is safe.
 
-A connection goes back to the pool only after a complete response that allows keep-alive;
-a cancelled or failed one is closed, which also makes the engine abort the request.
+A response is bounded: a head over ``max_head_bytes`` or a body over ``max_body_bytes``
+fails with reason ``response_too_large`` (a worker must not be able to fill the router's
+memory). A connection goes back to the pool only after a complete response that allows
+keep-alive; a cancelled or failed one is closed, which also makes the engine abort the
+request.
 """
 
 from __future__ import annotations
@@ -39,11 +42,23 @@ def set_nodelay(transport: asyncio.BaseTransport) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class _NoCallbacks:
+    """The protocol of `DETACHED_PARSER`: nothing to call."""
+
+
+DETACHED_PARSER = httptools.HttpResponseParser(_NoCallbacks())
+"""What a closed connection holds instead of its parser."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection to a worker; one request at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, max_head_bytes: int, max_body_bytes: int
+    ) -> None:
         self.loop = loop
+        self.max_head_bytes = max_head_bytes
+        self.max_body_bytes = max_body_bytes
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -52,6 +67,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._first_byte_at = 0.0
         self._end_at = 0.0
+        self._idle_seconds = 0.0
+        self._given = 0.0  # first-byte seconds given to the current request
+        self._seen = -1  # body chunks at the last deadline check
         self._paused = False
         self._reset()
 
@@ -60,7 +78,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_ready = False
         self.chunks: list[bytes] = []
+        self.body_chunks = 0  # received, for the stall check
         self.buffered = 0
+        self.received = 0  # bytes of the head, then of the body
         self.received_any = False
         self.done = False
         self.keep_alive = False
@@ -74,17 +94,43 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
+        if not self.head_ready:  # count before parsing (server.py says why: quadratic heads)
+            seen = self.received + len(data)
+            if seen > self.max_head_bytes:
+                allowed = max(0, self.max_head_bytes - self.received)
+                view = memoryview(data)
+                self._feed(view[:allowed])
+                if self._head_arrived():
+                    self._feed(view[allowed:])
+                elif self.error is None:
+                    self._too_large()
+                return
+            self.received = seen
+        try:  # as _feed, inlined: this is the request path
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._parse_failed(err)
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        if self.closed:
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
-            self._fail(
-                UpstreamError(
-                    "reset_before_response" if not self.head_ready else "stream_broken",
-                    f"invalid HTTP from worker: {err}",
-                    response_started=self.head_ready,
-                )
+            self._parse_failed(err)
+
+    def _parse_failed(self, err: httptools.HttpParserError) -> None:
+        self._fail(
+            UpstreamError(
+                "reset_before_response" if not self.head_ready else "stream_broken",
+                f"invalid HTTP from worker: {err}",
+                response_started=self.head_ready,
             )
-            self.close()
+        )
+        self.close()
+
+    def _head_arrived(self) -> bool:
+        return self.head_ready  # a call, so the checker does not assume it unchanged
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -92,6 +138,7 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._cancel_deadline()
+        self.parser = DETACHED_PARSER  # it holds our callbacks: a cycle (see server.py)
         if not self.done:
             detail = str(exc) if exc else "connection closed by worker"
             if self.head_ready:
@@ -107,9 +154,15 @@ class UpstreamConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.head_ready = True
+        self.received = 0
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        self.received += len(body)
+        if self.received > self.max_body_bytes:
+            self._too_large()
+            return
+        self.body_chunks += 1
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > READ_PAUSE_BYTES and not self._paused and self.transport:
@@ -118,6 +171,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.error is not None:  # cut short (too large): the response is not complete
+            return
         self.done = True
         self.keep_alive = self.parser.should_keep_alive()
         self._cancel_deadline()
@@ -129,15 +184,31 @@ class UpstreamConnection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
-    def set_deadlines(self, first_byte_seconds: float, total_seconds: float) -> None:
+    def set_deadlines(
+        self, first_byte_seconds: float, total_seconds: float, idle_seconds: float
+    ) -> None:
         """Fail the pending wait (and close) when the response has not started within
-        ``first_byte_seconds`` (reason ``first_byte_timeout``) or not ended within
-        ``total_seconds`` (``request_timeout``). One timer serves both."""
+        ``first_byte_seconds`` (reason ``first_byte_timeout``), its body has sent nothing
+        for ``idle_seconds`` once that time has passed (``stream_stalled``; detected within
+        one to two idle periods, as progress is sampled, not timed per chunk) or it has not
+        ended within ``total_seconds`` (``request_timeout``). One timer serves all three."""
         self._cancel_deadline()
         now = self.loop.time()
         self._first_byte_at = now + first_byte_seconds
         self._end_at = now + total_seconds
+        self._idle_seconds = idle_seconds
+        self._given = first_byte_seconds
+        self._seen = -1
         self._deadline = self.loop.call_at(min(self._first_byte_at, self._end_at), self._check)
+
+    def watch_progress(self) -> None:
+        """The body is about to be relayed as it comes (a stream): check its progress from
+        now on, every idle period (before, the head's deadline was all that was timed)."""
+        if self.done or self.closed:
+            return
+        self._cancel_deadline()
+        self._seen = self.body_chunks
+        self._check_again(self.loop.time())
 
     async def wait_head(self) -> None:
         while not self.head_ready:
@@ -208,6 +279,18 @@ class UpstreamConnection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def _too_large(self) -> None:
+        what = "body" if self.head_ready else "head"
+        limit = self.max_body_bytes if self.head_ready else self.max_head_bytes
+        self._fail(
+            UpstreamError(
+                "response_too_large",
+                f"the worker's response {what} is over the router's limit of {limit} bytes",
+                response_started=self.head_ready,
+            )
+        )
+        self.close()
+
     def _fail(self, error: UpstreamError) -> None:
         if self.error is None:
             self.error = error
@@ -219,17 +302,28 @@ class UpstreamConnection(asyncio.Protocol):
             return
         now = self.loop.time()
         if not self.head_ready and now >= self._first_byte_at:
-            reason, limit = "first_byte_timeout", self._first_byte_at
+            reason, detail = "first_byte_timeout", f"no answer within {self._given:.3g} s"
         elif now >= self._end_at:
-            reason, limit = "request_timeout", self._end_at
-        else:  # the head came in time: wait for the end
-            self._deadline = self.loop.call_at(self._end_at, self._check)
+            reason, detail = "request_timeout", "the request's time is up"
+        elif (
+            self.head_ready
+            and self.body_chunks == self._seen
+            and (self.body_chunks or now >= self._first_byte_at)  # the first chunk has its time
+            and not self._paused  # paused by us: the client reads slowly, not the worker
+        ):
+            reason, detail = "stream_stalled", f"nothing for {self._idle_seconds:g} s"
+        else:  # in time: sample the body's progress again one idle period on
+            self._seen = self.body_chunks if self.head_ready else -1
+            self._check_again(now)
             return
-        self._fail(
-            UpstreamError(reason, f"deadline passed {now - limit:.3f} s ago",
-                          response_started=self.head_ready)
-        )  # fmt: skip
+        self._fail(UpstreamError(reason, detail, response_started=self.head_ready))
         self.close()
+
+    def _check_again(self, now: float) -> None:
+        next_check = now + self._idle_seconds
+        if not self.body_chunks:
+            next_check = max(next_check, self._first_byte_at)
+        self._deadline = self.loop.call_at(min(self._end_at, next_check), self._check)
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:
@@ -247,6 +341,8 @@ class UpstreamPool:
         *,
         connect_timeout_seconds: float,
         max_idle: int,
+        max_head_bytes: int,
+        max_body_bytes: int,
     ) -> None:
         self.host = host
         self.port = port
@@ -254,6 +350,8 @@ class UpstreamPool:
         self.host_header = f"{shown}:{port}".encode()
         self.connect_timeout_seconds = connect_timeout_seconds
         self.max_idle = max_idle
+        self.max_head_bytes = max_head_bytes
+        self.max_body_bytes = max_body_bytes
         self.idle: list[UpstreamConnection] = []
         self.closed = False
 
@@ -271,7 +369,9 @@ class UpstreamPool:
         try:
             async with asyncio.timeout(self.connect_timeout_seconds):
                 _, conn = await loop.create_connection(
-                    lambda: UpstreamConnection(loop), self.host, self.port
+                    lambda: UpstreamConnection(loop, self.max_head_bytes, self.max_body_bytes),
+                    self.host,
+                    self.port,
                 )
         except TimeoutError:
             raise UpstreamError(

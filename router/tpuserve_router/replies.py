@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Final
-
 import orjson
 
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.request_body import ClientError
 from tpuserve_router.server import JSON_HEADERS, HttpRequest
-
-RETRY_AFTER_SECONDS: Final = "1"
-"""Retry-After on a 503 (no healthy worker, router not ready)."""
 
 
 def reply_error(request: HttpRequest, err: ClientError) -> None:
@@ -39,3 +34,18 @@ def sse_error_event(message: str, status: int = 502) -> bytes:
     """The SSE event that ends a stream whose worker failed mid-way."""
     error = {"message": message, "type": "upstream_error", "param": None, "code": status}
     return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+
+def unauthorized(presented: bytes | None) -> ClientError:
+    """The 401 for a request without a valid API key (OpenAI's shape and wording)."""
+    message = (
+        "Incorrect API key provided."
+        if presented
+        else "You didn't provide an API key: send Authorization: Bearer KEY."
+    )
+    return ClientError(
+        401,
+        message,
+        error_type="invalid_request_error",
+        headers={"www-authenticate": "Bearer"},
+    )

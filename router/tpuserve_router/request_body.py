@@ -9,13 +9,17 @@ sglang-router does), the chat messages flattened as ``role: content`` lines, or
 `/generate`'s ``text`` (or its ``input_ids`` written out). Token ids (token policies): the
 engine's own view, through the shared tokenizer: chat messages rendered with the chat
 template the engine applies, then encoded; token-id prompts are used as they are.
+
+A prompt longer than ``max_prompt_chars`` characters (or token ids) is refused with 413
+before anything is tokenized or copied: tokenizing a 30 MB prompt costs seconds and a
+gigabyte of token objects.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -57,12 +61,22 @@ def error_body(status: int, message: str, param: str | None, error_type: str) ->
     )
 
 
+CHARS_PER_TOKEN: Final = 4
+"""A prompt's tokens, estimated from its characters when it is not tokenized."""
+COMPLETIONS_DEFAULT_MAX_TOKENS: Final = 16  # SGLang's CompletionRequest, as OpenAI's
+GENERATE_DEFAULT_MAX_NEW_TOKENS: Final = 128  # SGLang's SamplingParams
+
+
 @dataclass(slots=True)
 class ParsedBody:
     model: str
     stream: bool
     text: str
     token_ids: list[int] | None
+    prompt_tokens: int  # counted when tokenized or given as ids, else estimated
+    max_new_tokens: int | None  # as asked, or the API's default; None: up to the context
+    rid: str | None  # the request id the client chose, if a string
+    single: bool  # one prompt, one sample (n = 1): the engine knows it by its rid alone
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -105,12 +119,68 @@ def _is_token_list(value: Any) -> bool:
     return isinstance(value, list) and all(type(t) is int for t in value)
 
 
+def _check_size(size: int, limit: int | None, param: str) -> int:
+    if limit is not None and size > limit:
+        raise ClientError(
+            413,
+            f"{param} has {size} characters or token ids; the router's limit is {limit} "
+            "(--max-prompt-chars)",
+            param=param,
+        )
+    return size
+
+
+def _size(prompt: Any) -> int:
+    """Characters (a string) or token ids of a prompt, or of a batch of them (a list)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(len(i) if isinstance(i, str | list) else 1 for i in prompt)
+    return 0
+
+
+def _chat_size(messages: list[Any]) -> int:
+    size = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, dict) else None
+                if isinstance(text, str):
+                    size += len(text)
+    return size
+
+
+def _token_count(value: Any) -> int | None:
+    """A token count as given (an int that is not a bool), else None."""
+    return value if type(value) is int else None
+
+
+def _rid(data: dict[str, Any], single: bool) -> tuple[str | None, bool]:
+    """The client's rid, and whether the request is one generation its rid names (a rid
+    that is not a string, a list for a batch, leaves it unnamed)."""
+    rid = data.get("rid")
+    if rid is None or isinstance(rid, str):
+        return rid, single
+    return None, False
+
+
+def _estimate(tokens: list[int] | None, chars: int) -> int:
+    return len(tokens) if tokens is not None else chars // CHARS_PER_TOKEN
+
+
 def parse_completions(
-    data: dict[str, Any], want_text: bool, tokenizer: Tokens | None
+    data: dict[str, Any],
+    want_text: bool,
+    tokenizer: Tokens | None,
+    max_prompt_chars: int | None = None,
 ) -> ParsedBody:
     prompt = data.get("prompt")
     text = ""
     tokens: list[int] | None = None
+    size = _check_size(_size(prompt), max_prompt_chars, "prompt")
     if isinstance(prompt, str):
         text = prompt
         if tokenizer is not None:
@@ -134,7 +204,12 @@ def parse_completions(
             "of token-id lists",
             param="prompt",
         )
-    return ParsedBody(_model(data), _stream(data), text, tokens)
+    max_new = _token_count(data.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS))
+    single = isinstance(prompt, str) or _is_token_list(prompt)
+    return ParsedBody(
+        _model(data), _stream(data), text, tokens, _estimate(tokens, size), max_new,
+        *_rid(data, single and data.get("n") in (None, 1)),
+    )  # fmt: skip
 
 
 def _message_text(content: Any) -> str:
@@ -152,10 +227,16 @@ def _message_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def parse_chat(data: dict[str, Any], want_text: bool, tokenizer: Tokens | None) -> ParsedBody:
+def parse_chat(
+    data: dict[str, Any],
+    want_text: bool,
+    tokenizer: Tokens | None,
+    max_prompt_chars: int | None = None,
+) -> ParsedBody:
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ClientError(400, "messages is required: a non-empty list", param="messages")
+    size = _check_size(_chat_size(messages), max_prompt_chars, "messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ClientError(
@@ -167,14 +248,28 @@ def parse_chat(data: dict[str, Any], want_text: bool, tokenizer: Tokens | None) 
     tokens = None
     if tokenizer is not None:
         tokens = tokenizer.encode_chat(messages)
-    return ParsedBody(_model(data), _stream(data), text, tokens)
+    max_new = _token_count(data.get("max_completion_tokens")) or _token_count(
+        data.get("max_tokens")
+    )
+    return ParsedBody(
+        _model(data), _stream(data), text, tokens, _estimate(tokens, size), max_new,
+        *_rid(data, data.get("n") in (None, 1)),
+    )  # fmt: skip
 
 
-def parse_generate(data: dict[str, Any], want_text: bool, tokenizer: Tokens | None) -> ParsedBody:
+def parse_generate(
+    data: dict[str, Any],
+    want_text: bool,
+    tokenizer: Tokens | None,
+    max_prompt_chars: int | None = None,
+) -> ParsedBody:
     text_in = data.get("text")
     ids = data.get("input_ids")
     text = ""
     tokens: list[int] | None = None
+    size = _check_size(_size(text_in), max_prompt_chars, "text") + _check_size(
+        _size(ids), max_prompt_chars, "input_ids"
+    )
     if isinstance(text_in, str) and ids is None:
         text = text_in
         if tokenizer is not None:
@@ -198,10 +293,18 @@ def parse_generate(data: dict[str, Any], want_text: bool, tokenizer: Tokens | No
             "ids or of token-id lists) is required",
             param="text",
         )
-    return ParsedBody(_model(data), _stream(data), text, tokens)
+    params = data.get("sampling_params")
+    if not isinstance(params, dict):
+        params = {}
+    asked = params.get("max_new_tokens", GENERATE_DEFAULT_MAX_NEW_TOKENS)
+    single = (isinstance(text_in, str) or _is_token_list(ids)) and params.get("n") in (None, 1)
+    return ParsedBody(
+        _model(data), _stream(data), text, tokens, _estimate(tokens, size), _token_count(asked),
+        *_rid(data, single),
+    )  # fmt: skip
 
 
-Parser = Callable[[dict[str, Any], bool, "Tokens | None"], ParsedBody]
+Parser = Callable[[dict[str, Any], bool, "Tokens | None", "int | None"], ParsedBody]
 
 GENERATION_ROUTES: dict[str, Parser] = {
     "/v1/completions": parse_completions,

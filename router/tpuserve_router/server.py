@@ -11,31 +11,90 @@ answers through it: ``respond`` for a whole response, or ``start_chunked`` /
 ``write_chunk`` / ``end_chunked`` to stream, with ``drain`` for back-pressure when the
 client reads slowly.
 
-Requests pipelined on one connection are answered in order. Bodies over
-``max_body_bytes`` get 413 as soon as the declared length (or the received body) shows it,
-and the connection is closed. ``Expect: 100-continue`` is answered. A client that
-disconnects cancels the handler's task (so the proxy aborts the upstream request).
+Requests pipelined on one connection are answered in order. What a client may send is
+bounded (`FrontLimits`), and an unreadable request is answered and its connection closed
+(its remaining bytes cannot be trusted):
+
+- a request line (URL) over ``max_request_line_bytes``: 414;
+- a head (request line and headers) over ``max_header_bytes``: 431, counted before the
+  parser sees the bytes (httptools joins a header's pieces by concatenation, so a huge
+  header would otherwise cost quadratic time); more than ``max_headers`` headers: 431;
+- a body over ``max_body_bytes``: 413 as soon as the declared length (or the received
+  body) shows it;
+- a head not complete within ``header_timeout_seconds`` of its first byte (or of the
+  connection opening), a body not complete within ``body_timeout_seconds`` of its head:
+  408; a keep-alive connection idle for ``keep_alive_timeout_seconds``: closed; a client
+  that stops reading a response for ``send_timeout_seconds``: closed (its request is
+  cancelled). The listener's `ConnectionBook` runs these timeouts and the connection budget.
+
+``Expect: 100-continue`` is answered. A HEAD request is answered with the head alone. A
+request asking to switch protocols (``Upgrade``, ``CONNECT``) is answered as a plain request
+(the upgrade is ignored, as RFC 9110 allows) and the connection is then closed. A client
+that disconnects cancels the handler's task (so the proxy aborts the upstream request).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
-import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from http import HTTPStatus
-from typing import cast
+from typing import Final, cast
 
 import httptools
 
+from tpuserve_router.connections import ConnectionBook
 from tpuserve_router.proxy import set_nodelay
 from tpuserve_router.request_body import error_body
 
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 16
+RETRY_AFTER_SECONDS: Final = "1"
+"""Retry-After on a 503 (no healthy worker, router not ready, over a budget)."""
+
+# What a connection is reading: nothing yet (new), nothing between requests (idle), a
+# request's head, a request's body; or, answered and half-closed, input to drop (closing).
+NEW, IDLE, HEAD, BODY, CLOSING = 0, 1, 2, 3, 4
+LINGER_IDLE_SECONDS: Final = 2.0
+LINGER_MAX_SECONDS: Final = 30.0
+"""A rejected client's remaining input is read and dropped until it has sent nothing for
+`LINGER_IDLE_SECONDS`, at most `LINGER_MAX_SECONDS` (nginx's lingering close): closing with
+unread input resets the connection, which can destroy the answer before it is read."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrontLimits:
+    """What one client may send and hold open; `RouterConfig.front_limits` gives the
+    router's (its settings and their defaults are the one source)."""
+
+    max_request_line_bytes: int
+    max_header_bytes: int
+    max_headers: int
+    max_body_bytes: int
+    max_connections: int
+    header_timeout_seconds: float
+    body_timeout_seconds: float
+    keep_alive_timeout_seconds: float
+    send_timeout_seconds: float
+
+    @property
+    def tick_seconds(self) -> float:
+        """How often the timeouts are checked: a quarter of the shortest."""
+        return (
+            min(
+                self.header_timeout_seconds,
+                self.body_timeout_seconds,
+                self.keep_alive_timeout_seconds,
+                self.send_timeout_seconds,
+            )
+            / 4
+        )
+
 
 _STATUS_LINES: dict[int, bytes] = {}
 
@@ -66,6 +125,7 @@ class HttpRequest:
         "arrived",
         "body",
         "finished",
+        "head_only",
         "head_sent",
         "headers",
         "keep_alive",
@@ -95,6 +155,7 @@ class HttpRequest:
         self.arrived = arrived
         self.head_sent = False
         self.finished = False
+        self.head_only = method == b"HEAD"
 
     def header(self, name: bytes) -> bytes | None:
         """The first header called ``name`` (lower case), or None."""
@@ -124,7 +185,7 @@ class HttpRequest:
                     b"content-length: ",
                     str(len(body)).encode(),
                     b"\r\n\r\n",
-                    body,
+                    b"" if self.head_only else body,
                 )
             )
         )
@@ -159,6 +220,11 @@ class HttpRequest:
         """The client reads slower than the response is written: ``await drain()``."""
         return self._conn.write_paused
 
+    @property
+    def from_loopback(self) -> bool:
+        """The client connected from a loopback address (this host, or a port-forward)."""
+        return self._conn.peer_is_loopback()
+
     async def drain(self) -> None:
         await self._conn.drain()
 
@@ -167,21 +233,34 @@ Handler = Callable[[HttpRequest], Awaitable[None]]
 
 
 class HttpConnection(asyncio.Protocol):
-    """One client connection: parsing, pipelining, flow control and closing."""
+    """One client connection: parsing, pipelining, flow control, limits and closing."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self,
+        handler: Handler,
+        limits: FrontLimits,
+        book: ConnectionBook,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.handler = handler
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
+        self.book = book
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
         self.pending: deque[HttpRequest] = deque()
         self.task: asyncio.Task[None] | None = None
+        self.phase = NEW
+        self.since = book.now  # when the phase began (the book's clock)
+        self._head_bytes = 0  # bytes received while reading the current head
+        self._last: HttpRequest | None = None  # the latest request read
         self._drain: asyncio.Future[None] | None = None
         self._write_paused = False
+        self._paused_at = 0.0
+        self._last_input = 0.0
         self._read_paused = False
-        self._rejecting = False
+        self._ignoring = False  # the rest of the input cannot be trusted
         self._rejection: bytes | None = None
         self._start_message()
 
@@ -189,35 +268,95 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        if not self.book.opened(self):
+            self._ignoring = self.closed = True
+            self.transport.write(_whole(503, _BUSY, RETRY_AFTER))
+            self.transport.close()
+            return
+        self.since = self.book.now  # opened() may have just refreshed the clock
         set_nodelay(transport)
 
-    def data_received(self, data: bytes) -> None:
-        if self._rejecting:
+    def data_received(self, data: bytes | memoryview) -> None:
+        if self._ignoring:
+            self._last_input = self.book.now  # a lingering close waits for the input to end
             return
-        try:
+        if self.phase != BODY:  # these bytes may belong to a head: count them first
+            seen = self._head_bytes + len(data)
+            if seen > self.limits.max_header_bytes:
+                self._feed_past_head_limit(data)
+                return
+            self._head_bytes = seen
+        try:  # _feed, inlined on the request path
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reject(400, "protocol upgrades are not supported", "headers")
+            self._upgrade_refused()
         except httptools.HttpParserError as err:
-            self._reject(400, f"malformed HTTP request: {err}", "headers")
+            self._malformed(err)
+        self._last = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.book.closed(self)
         if self.task is not None and not self.task.done():
             self.task.cancel()
         self.pending.clear()
+        # The parser holds this connection's bound callbacks: a cycle only the collector
+        # would break, late (the router collects rarely), with the buffers kept until then.
+        self.parser = DETACHED_PARSER
+        self._start_message()
         waiter = self._drain
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        self._paused_at = self.book.now
+        self.book.stalled.add(self)
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self.book.stalled.discard(self)
         waiter = self._drain
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    # ------------------------------------------------------------------ parsing
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._upgrade_refused()
+        except httptools.HttpParserError as err:
+            self._malformed(err)
+        self._last = None  # only an upgrade, within this feed, needs the latest request
+
+    def _malformed(self, err: httptools.HttpParserError) -> None:
+        self._reject(400, f"malformed HTTP request: {err}", "headers", "malformed")
+
+    def _feed_past_head_limit(self, data: bytes | memoryview) -> None:
+        """Feed only what the head limit allows; if the head has not ended by then, 431."""
+        limit = self.limits.max_header_bytes
+        allowed = max(0, limit - self._head_bytes)
+        view = memoryview(data)
+        self._head_bytes = -1  # on_headers_complete resets it to 0
+        self._feed(view[:allowed])
+        if self._ignoring:
+            return
+        if self._head_bytes != 0:
+            self._reject(
+                431, f"the request head is larger than the router's limit of {limit} bytes",
+                "headers", "head_too_large",
+            )  # fmt: skip
+            return
+        self.data_received(view[allowed:])
+
+    def _upgrade_refused(self) -> None:
+        """A request asked to switch protocols: it is answered as a plain HTTP request, and
+        the connection closes after it (what follows is in the other protocol)."""
+        self._ignoring = True
+        if self._last is not None:
+            self._last.keep_alive = False
 
     # ------------------------------------------------------------------ httptools callbacks
 
@@ -228,38 +367,63 @@ class HttpConnection(asyncio.Protocol):
         self._body_size = 0
 
     def on_message_begin(self) -> None:
-        self._start_message()
+        self.phase = HEAD
+        self.since = self.book.now
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > self.limits.max_request_line_bytes and not self._ignoring:
+            self._reject(
+                414,
+                f"the request URL is longer than the router's limit of "
+                f"{self.limits.max_request_line_bytes} bytes",
+                "path",
+                "url_too_long",
+            )
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        for name, value in self._headers:
+        self._head_bytes = 0
+        self.phase = BODY
+        self.since = self.book.now
+        if self._ignoring:
+            return
+        headers = self._headers
+        if len(headers) > self.limits.max_headers:
+            self._reject(
+                431,
+                f"the request has {len(headers)} headers; the router's limit is "
+                f"{self.limits.max_headers}",
+                "headers",
+                "too_many_headers",
+            )
+            return
+        for name, value in headers:
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = -1
-                if declared > self.max_body_bytes:
+                if declared > self.limits.max_body_bytes:
                     self._reject_too_large(declared)
                     return
             elif name == b"expect" and value.lower() == b"100-continue" and self.transport:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
-        if self._rejecting:
+        if self._ignoring:
             return
         self._body_size += len(body)
-        if self._body_size > self.max_body_bytes:
+        if self._body_size > self.limits.max_body_bytes:
             self._reject_too_large(self._body_size)
             return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        if self._rejecting:
+        self.phase = IDLE
+        if self._ignoring:
             return
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = HttpRequest(
@@ -271,7 +435,10 @@ class HttpConnection(asyncio.Protocol):
             self.parser.should_keep_alive(),
             time.monotonic(),
         )
+        self._last = request
+        self._start_message()  # the request owns its parts; the connection keeps none
         if self.task is None:
+            self.book.waiting.pop(self, None)  # book.busy, inlined on the request path
             self._run(request)
         else:
             self.pending.append(request)
@@ -313,13 +480,26 @@ class HttpConnection(asyncio.Protocol):
             return
         if self._rejection is not None and not self.pending and self.transport is not None:
             self.transport.write(self._rejection)
-            self.close()
+            self._linger()
             return
         if self.pending:
             if self._read_paused and self.transport and len(self.pending) < MAX_PIPELINED:
                 self._read_paused = False
                 self.transport.resume_reading()
             self._run(self.pending.popleft())
+            return
+        self.since = self.book.now  # the keep-alive (or a pipelined head's) clock starts now
+        self.book.waiting[self] = None  # book.idle, inlined
+
+    def peer_is_loopback(self) -> bool:
+        transport = self.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        if not isinstance(peer, tuple) or not peer:
+            return False
+        try:
+            return ipaddress.ip_address(peer[0]).is_loopback
+        except ValueError:
+            return False
 
     # ------------------------------------------------------------------ flow control, closing
 
@@ -346,34 +526,115 @@ class HttpConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    # ------------------------------------------------------------------ timeouts, eviction
+
+    def expired(self, now: float) -> str | None:
+        """Close the connection if a timeout passed (`ConnectionBook.sweep` asks)."""
+        if self.phase == CLOSING:
+            if (
+                now - self._last_input > LINGER_IDLE_SECONDS
+                or now - self.since > LINGER_MAX_SECONDS
+            ):
+                self.abort()
+            return None
+        if self.closed:
+            return None
+        limits = self.limits
+        if self.task is not None:  # busy: only a client that stopped reading is timed
+            if self._write_paused and now - self._paused_at > limits.send_timeout_seconds:
+                self.abort()
+                return "send_timeout"
+            return None
+        waited = now - self.since
+        phase = self.phase
+        if phase == IDLE:
+            if waited > limits.keep_alive_timeout_seconds:
+                self.close()
+                return "keep_alive_timeout"
+        elif phase == NEW:
+            if waited > limits.header_timeout_seconds:
+                self.close()
+                return "header_timeout"
+        elif phase == HEAD:
+            if waited > limits.header_timeout_seconds:
+                self._time_out("head", limits.header_timeout_seconds)
+                return "header_timeout"
+        elif waited > limits.body_timeout_seconds:
+            self._time_out("body", limits.body_timeout_seconds)
+            return "body_timeout"
+        return None
+
+    def evict(self) -> None:
+        self.abort()
+
+    def _time_out(self, part: str, seconds: float) -> None:
+        self._ignoring = True
+        message = f"the request {part} did not arrive within {seconds:g} s"
+        if self.transport is not None:
+            self.transport.write(_whole(408, error_body(408, message, part, "timeout")))
+        self._linger()
+
+    def _linger(self) -> None:
+        """Half-close after an error answer and drop what the client still sends, for
+        a while (`LINGER_IDLE_SECONDS`); then the sweep closes the connection."""
+        self._ignoring = True
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        if not transport.can_write_eof():
+            self.close()
+            return
+        transport.write_eof()
+        self.closed = True  # nothing more is written
+        self.phase = CLOSING
+        self.since = self._last_input = self.book.now
+        self.book.idle(self)
+
     # ------------------------------------------------------------------ rejections
 
     def _reject_too_large(self, size: int) -> None:
         self._reject(
             413,
             f"the request body ({size} bytes) is larger than the router's limit of "
-            f"{self.max_body_bytes} bytes",
+            f"{self.limits.max_body_bytes} bytes",
             "body",
+            "body_too_large",
         )
 
-    def _reject(self, status: int, message: str, param: str) -> None:
-        """Answer an unreadable request and close: its remaining bytes cannot be trusted."""
-        self._rejecting = True
+    def _reject(self, status: int, message: str, param: str, reason: str) -> None:
+        """Answer an unreadable request and close: its remaining bytes cannot be trusted;
+        ``reason`` is counted (a label of ``tpuserve_router_connections_closed_total``)."""
+        self._ignoring = True
+        self.book.count(reason)
         answer = _whole(status, error_body(status, message, param, "invalid_request_error"))
         if self.transport is None or self.closed:
             return
         if self.task is None:
             self.transport.write(answer)
-            self.close()
+            self._linger()
         else:  # answer the requests already read, then this one, then close
             self._rejection = answer
 
 
-def _whole(status: int, body: bytes) -> bytes:
+class _NoCallbacks:
+    """The protocol of `DETACHED_PARSER`: nothing to call."""
+
+
+DETACHED_PARSER: Final = httptools.HttpRequestParser(_NoCallbacks())
+"""What a closed connection holds instead of its parser (see `connection_lost`)."""
+
+RETRY_AFTER: Final = b"retry-after: " + RETRY_AFTER_SECONDS.encode() + b"\r\n"
+_BUSY: Final = error_body(
+    503, "the router is at its connection limit; retry", None, "service_unavailable"
+)
+
+
+def _whole(status: int, body: bytes, headers: bytes = b"") -> bytes:
     return b"".join(
         (
             status_line(status),
             JSON_HEADERS,
+            headers,
             b"connection: close\r\ncontent-length: ",
             str(len(body)).encode(),
             b"\r\n\r\n",
@@ -386,19 +647,19 @@ async def serve(
     handler: Handler,
     host: str,
     port: int,
-    max_body_bytes: int,
-    connections: weakref.WeakSet[HttpConnection] | None = None,
+    limits: FrontLimits,
+    book: ConnectionBook | None = None,
 ) -> asyncio.Server:
     """Listen on ``host:port`` (port 0 = a free port); the caller closes the server.
 
-    Live connections are added to ``connections`` so the owner can drain and close them.
+    Connections are counted, timed and closed under pressure by ``book`` (one of its own
+    if none is given).
     """
     loop = asyncio.get_running_loop()
+    if book is None:
+        book = ConnectionBook(limits.max_connections, limits.tick_seconds)
 
     def factory() -> HttpConnection:
-        conn = HttpConnection(handler, max_body_bytes, loop)
-        if connections is not None:
-            connections.add(conn)
-        return conn
+        return HttpConnection(handler, limits, book, loop)
 
-    return await loop.create_server(factory, host, port, reuse_address=True)
+    return await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)

@@ -1,16 +1,15 @@
 """The worker registry: each engine leader the router forwards to, its load and its health.
 
-A `Worker` is routable (``healthy``) when its active health checks pass and its circuit
-breaker is closed. Both feed one attribute, recomputed only on transitions, so policies
+A `Worker` is routable (``healthy``) when its active health checks pass and it is not
+ejected as an outlier. Both feed one attribute, recomputed only on transitions, so policies
 read a plain field on the hot path.
 
 - Active health: ``health_failure_threshold`` consecutive failed checks eject a worker;
-  ``health_success_threshold`` consecutive passing checks re-admit it (and close its
-  breaker: a passing check is evidence the worker is back).
-- Circuit breaker (passive, from real requests): ``failure_threshold`` consecutive
-  failures (connection refused or reset, 502/504, timeouts) open it; after
-  ``open_seconds`` it is half-open and lets requests through again: one success
-  closes it, one failure re-opens it.
+  ``health_success_threshold`` consecutive passing checks re-admit it.
+- Outlier ejection (passive, from real requests): `tpuserve_router.outliers` keeps its
+  counters on the worker and ejects it for a while. A passing check ends an ejection only
+  if a check failed since it began: the worker was down and is back (restarted); a worker
+  whose checks pass while its requests fail stays out.
 
 ``in_flight`` counts requests the router sent to a worker that have not ended; the proxy
 increments it right after a decision and decrements it in a ``finally``, so it returns
@@ -20,23 +19,16 @@ to zero on every exit path (success, upstream error, client cancel, timeout).
 from __future__ import annotations
 
 import ipaddress
-import time
+import re
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
-
-BreakerState = Literal["closed", "open", "half_open"]
 
 
 class InvalidWorkerURL(ValueError):
     """A worker URL the router cannot dial; the message names the value and the format."""
-
-
-@dataclass(frozen=True)
-class BreakerConfig:
-    failure_threshold: int = 5
-    open_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -52,42 +44,85 @@ def normalize_worker_url(url: str) -> tuple[str, str, int]:
     """``(name, host, port)`` of a worker URL; the name is ``http://host:port``.
 
     Only plain ``http://host[:port]`` is accepted (the router speaks HTTP/1.1 to its workers
-    over pooled raw connections); the port defaults to 80.
+    over pooled raw connections); the port defaults to 80. The host is made canonical
+    (`canonical_host`), so the aliases of one address name one worker.
     """
     text = url.strip()
-    parts = urlsplit(text if "://" in text else f"http://{text}")
-    try:
-        port = parts.port or 80
-    except ValueError:
+    expected = "expected http://HOST:PORT"
+    if len(text) > MAX_URL_CHARS:
         raise InvalidWorkerURL(
-            f"worker url {url!r}: invalid port; expected http://HOST:PORT"
-        ) from None
+            f"worker url {url[:60]!r}...: longer than {MAX_URL_CHARS} characters; {expected}"
+        )
+    try:
+        parts = urlsplit(text if "://" in text else f"http://{text}")
+        port = parts.port
+    except ValueError as err:
+        raise InvalidWorkerURL(f"worker url {url!r}: {err}; {expected}") from None
     if parts.scheme != "http":
         raise InvalidWorkerURL(
-            f"worker url {url!r}: scheme {parts.scheme!r} is not supported; expected "
-            "http://HOST:PORT"
+            f"worker url {url!r}: scheme {parts.scheme!r} is not supported; {expected}"
         )
+    if parts.username is not None or parts.password is not None:
+        raise InvalidWorkerURL(f"worker url {url!r}: credentials are not allowed; {expected}")
     if not parts.hostname:
-        raise InvalidWorkerURL(f"worker url {url!r}: no host; expected http://HOST:PORT")
+        raise InvalidWorkerURL(f"worker url {url!r}: no host; {expected}")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise InvalidWorkerURL(
-            f"worker url {url!r}: a path or query is not allowed; expected http://HOST:PORT"
-        )
-    host = parts.hostname
-    try:
-        shown = f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
-    except ValueError:
-        shown = host
+        raise InvalidWorkerURL(f"worker url {url!r}: a path or query is not allowed; {expected}")
+    if port == 0:
+        raise InvalidWorkerURL(f"worker url {url!r}: port 0 is not allowed; {expected}")
+    host = canonical_host(parts.hostname, url)
+    port = port or 80
+    shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}", host, port
+
+
+MAX_URL_CHARS = 2048
+_NUMERIC = re.compile(r"[0-9][0-9a-fx.]*")  # what inet_aton may read as an IPv4 address
+_LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+
+
+def canonical_host(host: str, url: str = "") -> str:
+    """One spelling per address: lower case, no trailing dot; IPv4 in dotted quads whatever
+    form inet_aton reads (``0x7f000001``, ``127.1``, ``2130706433``); IPv6 compressed, and an
+    IPv4-mapped one as its IPv4; ``localhost`` (RFC 6761: always loopback) as ``127.0.0.1``.
+    Anything else must be a DNS name. Raises `InvalidWorkerURL` naming ``url``."""
+    name = host.lower().rstrip(".")
+    if ":" in name:
+        try:
+            address = ipaddress.IPv6Address(name)
+        except ValueError:
+            raise InvalidWorkerURL(f"worker url {url!r}: {host!r} is not an IPv6 address") from None
+        mapped = address.ipv4_mapped
+        return str(mapped) if mapped is not None else str(address)
+    if name == "localhost" or name.endswith(".localhost"):
+        return "127.0.0.1"
+    if _NUMERIC.fullmatch(name):
+        try:
+            return socket.inet_ntoa(socket.inet_aton(name))
+        except OSError:
+            pass  # perhaps a name such as 1a.example (all hex): checked below
+    labels = name.split(".")
+    if (
+        not name
+        or len(name) > 253
+        or not all(_LABEL.fullmatch(label) for label in labels)
+        or labels[-1].isdigit()
+    ):
+        raise InvalidWorkerURL(
+            f"worker url {url!r}: {host!r} is not an IP address or a host name "
+            "(letters, digits, '-' and '_' in dot-separated labels of at most 63)"
+        )
+    return name
 
 
 class Worker:
     """One engine leader. ``name`` (its URL) is also its metric label."""
 
     __slots__ = (
-        "breaker",
-        "breaker_config",
-        "failures",
+        "consecutive_failures",
+        "ejected",
+        "ejected_until",
+        "ejections",
         "health_failures",
         "health_ok",
         "health_successes",
@@ -99,31 +134,32 @@ class Worker:
         "manual",
         "models",
         "name",
-        "opened_at",
         "pool",
         "port",
+        "probe_failed_while_ejected",
+        "returned_at",
         "stats",
+        "window_failures",
+        "window_requests",
     )
 
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        breaker_config: BreakerConfig | None = None,
-        *,
-        manual: bool = False,
-    ) -> None:
+    def __init__(self, spec: WorkerSpec, *, manual: bool = False) -> None:
         self.name, self.host, self.port = normalize_worker_url(spec.url)
         self.kv_events_endpoint = spec.kv_events_endpoint
         self.kv_replay_endpoint = spec.kv_replay_endpoint
         self.manual = manual
-        self.breaker_config = breaker_config or BreakerConfig()
         self.in_flight = 0
         self.health_ok = False  # routable once the first health check passes
         self.health_failures = 0
         self.health_successes = 0
-        self.breaker: BreakerState = "closed"
-        self.failures = 0
-        self.opened_at = 0.0
+        self.ejected = False  # as an outlier (see tpuserve_router.outliers)
+        self.probe_failed_while_ejected = False
+        self.ejected_until = 0.0
+        self.ejections = 0
+        self.returned_at = 0.0
+        self.consecutive_failures = 0
+        self.window_requests = 0
+        self.window_failures = 0
         self.healthy = False
         self.models: tuple[str, ...] = ()
         self.pool: Any = None  # the proxy's connection pool, attached by the app
@@ -141,8 +177,9 @@ class Worker:
         was = self.healthy
         if not self.health_ok and self.health_successes >= success_threshold:
             self.health_ok = True
-        if self.health_ok and self.breaker != "closed":
-            self._close_breaker()
+        if self.ejected and self.probe_failed_while_ejected:  # down, and back
+            self.ejected = self.probe_failed_while_ejected = False
+            self.consecutive_failures = 0
         self._update()
         return self.healthy and not was
 
@@ -150,43 +187,23 @@ class Worker:
         """Record a failed check; True if this ejected the worker."""
         self.health_successes = 0
         self.health_failures += 1
+        if self.ejected:
+            self.probe_failed_while_ejected = True
         was = self.healthy
         if self.health_ok and self.health_failures >= failure_threshold:
             self.health_ok = False
         self._update()
         return was and not self.healthy
 
-    # ------------------------------------------------------------------ circuit breaker
+    # ------------------------------------------------------------------ outlier ejection
 
-    def request_failed(self, now: float | None = None) -> None:
-        """A request failed in a way that blames the worker (not the client)."""
-        self.failures += 1
-        if self.breaker == "half_open" or (
-            self.breaker == "closed" and self.failures >= self.breaker_config.failure_threshold
-        ):
-            self.breaker = "open"
-            self.opened_at = time.monotonic() if now is None else now
-            self._update()
-
-    def request_succeeded(self) -> None:
-        if self.failures or self.breaker != "closed":
-            self._close_breaker()
-            self._update()
-
-    def refresh_breaker(self, now: float | None = None) -> None:
-        """Move an open breaker to half-open once ``open_seconds`` have passed."""
-        if self.breaker == "open":
-            now = time.monotonic() if now is None else now
-            if now - self.opened_at >= self.breaker_config.open_seconds:
-                self.breaker = "half_open"
-                self._update()
-
-    def _close_breaker(self) -> None:
-        self.breaker = "closed"
-        self.failures = 0
+    def set_ejected(self, ejected: bool) -> None:
+        self.ejected = ejected
+        self.probe_failed_while_ejected = False
+        self._update()
 
     def _update(self) -> None:
-        self.healthy = self.health_ok and self.breaker != "open"
+        self.healthy = self.health_ok and not self.ejected
 
     def describe(self) -> dict[str, Any]:
         """The worker as ``GET /workers`` shows it."""
@@ -194,7 +211,9 @@ class Worker:
             "url": self.name,
             "healthy": self.healthy,
             "health_check_ok": self.health_ok,
-            "circuit_breaker": self.breaker,
+            "ejected": self.ejected,
+            "ejections": self.ejections,
+            "consecutive_failures": self.consecutive_failures,
             "in_flight": self.in_flight,
             "models": list(self.models),
             "kv_events_endpoint": self.kv_events_endpoint,
@@ -210,7 +229,6 @@ Listener = Callable[["WorkerRegistry"], None]
 class WorkerRegistry:
     """The known workers, in a stable order, with per-model views rebuilt on changes."""
 
-    breaker_config: BreakerConfig = field(default_factory=BreakerConfig)
     workers: list[Worker] = field(default_factory=list)
     by_model: dict[str, list[Worker]] = field(default_factory=dict)
     on_added: list[Callable[[Worker], None]] = field(default_factory=list)
@@ -229,7 +247,7 @@ class WorkerRegistry:
 
     def add(self, spec: WorkerSpec, *, manual: bool = False) -> Worker:
         """Add a worker, or update the endpoints of the one with the same URL."""
-        worker = Worker(spec, self.breaker_config, manual=manual)
+        worker = Worker(spec, manual=manual)
         existing = self.get(worker.name)
         if existing is not None:
             if (existing.kv_events_endpoint, existing.kv_replay_endpoint) != (

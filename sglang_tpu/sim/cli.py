@@ -104,6 +104,21 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
                 ServerSettings,
             ),
             Option(
+                "--body-timeout-seconds",
+                "How long a request body may take to arrive; then 408 and the connection "
+                "closes (default: %(default)s).",
+                cli_types.duration_seconds,
+                ServerSettings,
+            ),
+            Option(
+                "--enable-debug-endpoints",
+                "Serve the tpuserve-specific /debug/radix_cache (every cached page with its "
+                "token ids: prompt text, readable by anyone who reaches the port); off by "
+                "default.",
+                source=ServerSettings,
+                switch=True,
+            ),
+            Option(
                 "--enable-cache-report",
                 "Report cached prompt tokens in OpenAI usage (prompt_tokens_details), as "
                 "SGLang's flag of the same name; off by default, as in SGLang.",
@@ -335,7 +350,9 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         quantization=quant,
         kv_cache_dtype=kv_dtype,
         drain_grace_seconds=args.drain_grace_seconds,
+        body_timeout_seconds=args.body_timeout_seconds,
         enable_cache_report=args.enable_cache_report,
+        enable_debug_endpoints=args.enable_debug_endpoints,
     )
 
 

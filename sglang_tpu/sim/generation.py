@@ -1,11 +1,18 @@
 """What every generation route shares: a parsed request checked and turned into an engine
-request, then run to completion (or streamed) with the client's disconnect as an abort."""
+request, then run to completion (or streamed) with the client's disconnect as an abort.
+
+As SGLang 0.5.23's tokenizer manager: a prompt of the context length or more is refused, and
+so is a request whose prompt and asked-for new tokens exceed the context (400, SGLang's
+message; a chat without ``max_tokens`` is not checked and stops at the context). A streamed
+request is aborted when writing to its client fails; a non-streamed one when its client is
+found gone, checked as the engine reports progress and, while it reports none (a queued
+request), every `DISCONNECT_POLL_SECONDS` (SGLang's ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from aiohttp import web
 
@@ -14,6 +21,8 @@ from sglang_tpu.sim.protocol import GenerationRequest, InvalidRequest
 from sglang_tpu.sim.request import Request
 from sglang_tpu.sim.responses import unavailable
 from sglang_tpu.sim.service import EngineService
+
+DISCONNECT_POLL_SECONDS = 4.0
 
 
 class RequestRejected(Exception):
@@ -44,6 +53,15 @@ def prepare(
             "input_ids" if not openai else "prompt",
             f"token id {bad} is not allowed; allowed: ids below the vocabulary size {vocab}",
         )
+    total = len(prompt_ids) + gen.max_new_tokens
+    if gen.max_new_tokens_asked and total > ctx:
+        raise InvalidRequest(
+            None,
+            f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+            f"You requested a total of {total} tokens: {len(prompt_ids)} tokens from the input "
+            f"messages and {gen.max_new_tokens} tokens for the completion. Please reduce the "
+            "number of tokens in the input messages or the completion to fit within the limit.",
+        )
     max_new = min(gen.max_new_tokens, ctx - len(prompt_ids))
     seed = gen.seed
     if seed is None and gen.temperature > 0:
@@ -59,8 +77,14 @@ def prepare(
     )
 
 
-async def run_request(svc: EngineService, req: Request, stream: bool) -> AsyncGenerator[int, None]:
-    """Submit `req` and yield the output length each time it grows; aborts on disconnect."""
+async def run_request(
+    svc: EngineService,
+    req: Request,
+    stream: bool,
+    client_gone: Callable[[], bool] | None = None,
+) -> AsyncGenerator[int, None]:
+    """Submit `req` and yield the output length each time it grows; aborts on disconnect
+    (``client_gone`` is polled every `DISCONNECT_POLL_SECONDS` while nothing happens)."""
     wake = asyncio.Event()
     req.on_update = lambda _r: wake.set()
     if svc.draining:
@@ -72,7 +96,13 @@ async def run_request(svc: EngineService, req: Request, stream: bool) -> AsyncGe
     try:
         sent = 0
         while not req.finished:
-            await wake.wait()
+            if client_gone is None:
+                await wake.wait()
+            else:  # checked when the engine reports progress, or after a quiet poll period
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), DISCONNECT_POLL_SECONDS)
+                if client_gone():
+                    return  # the finally aborts it
             wake.clear()
             if stream and not req.finished and len(req.output_ids) > sent:
                 sent = len(req.output_ids)  # not a chunked-prefill step: it adds no token
@@ -83,8 +113,16 @@ async def run_request(svc: EngineService, req: Request, stream: bool) -> AsyncGe
             svc.core.abort(req, svc.now())
 
 
-async def run_to_end(svc: EngineService, req: Request) -> None:
-    """Run `req` until it finishes (RequestRejected when the engine cannot take it)."""
-    async with contextlib.aclosing(run_request(svc, req, stream=False)) as run:
+async def run_to_end(svc: EngineService, req: Request, request: web.Request | None = None) -> None:
+    """Run `req` until it finishes or its client (``request``, if any) is gone
+    (RequestRejected when the engine cannot take it)."""
+    client_gone: Callable[[], bool] | None = None
+    if request is not None:
+        transport = request.transport
+
+        def client_gone() -> bool:
+            return transport is None or transport.is_closing()
+
+    async with contextlib.aclosing(run_request(svc, req, False, client_gone)) as run:
         async for _ in run:
             pass

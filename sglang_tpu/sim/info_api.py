@@ -267,8 +267,12 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 async def handle_debug_radix_cache(request: web.Request) -> web.Response:
-    """tpuserve-specific (not an SGLang path): the cache as pages with their event hashes."""
-    cache = service_of(request).core.cache
+    """tpuserve-specific (not an SGLang path): the cache as pages with their event hashes.
+    Only with ``--enable-debug-endpoints``: the token ids are the cached prompts' text."""
+    svc = service_of(request)
+    if not svc.settings.enable_debug_endpoints:
+        return json_response({"detail": "Not Found"}, status=404)
+    cache = svc.core.cache
     blocks = [
         {"block_hash": b.block_hash, "parent_block_hash": b.parent_block_hash,
          "token_ids": list(b.token_ids)}

@@ -121,7 +121,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         return native_error(err)
     try:
         if not gen.stream:
-            await run_to_end(svc, req)
+            await run_to_end(svc, req, request)
             return json_response(_body(svc, req, time.time()))
         resp: web.StreamResponse | None = None
         first_sent: float | None = None
@@ -139,6 +139,25 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         return rejected.response
 
 
+async def handle_abort_request(request: web.Request) -> web.Response:
+    """SGLang's ``/abort_request``: ``{"rid": ...}`` or ``{"abort_all": true}``; 200, empty."""
+    try:
+        data = parse_json(await request.read())
+    except InvalidRequest as err:
+        return native_error(err)
+    rid = data.get("rid")
+    abort_all = data.get("abort_all", False)
+    if (rid is not None and not isinstance(rid, str)) or not isinstance(abort_all, bool):
+        return native_error(
+            InvalidRequest(
+                "rid", "rid: a string and abort_all: true or false are allowed", kind="schema"
+            )
+        )
+    service_of(request).abort(rid or "", abort_all)
+    return web.Response(status=200)
+
+
 def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post("/abort_request", handle_abort_request)
     router.add_post("/generate", handle_generate)
     router.add_put("/generate", handle_generate)

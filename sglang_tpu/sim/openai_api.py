@@ -113,7 +113,7 @@ async def _respond(
     obj = "chat.completion" if chat else "text_completion"
     try:
         if not gen.stream:
-            await run_to_end(svc, req)
+            await run_to_end(svc, req, request)
             choice: dict[str, Any] = {
                 "index": 0,
                 "logprobs": None,

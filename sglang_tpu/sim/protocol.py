@@ -61,6 +61,7 @@ class GenerationRequest:
     include_usage: bool
     model: str | None
     rid: str | None = None
+    max_new_tokens_asked: bool = True  # False: the API's default (chat without max_tokens)
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -164,6 +165,14 @@ def _positive_max_tokens(
     return value
 
 
+def _rid(data: Mapping[str, Any], kind: ErrorKind = "value") -> str | None:
+    """The request id a client (or a router, to abort it later) chose, as SGLang reads it."""
+    rid = data.get("rid")
+    if rid is not None and not isinstance(rid, str):
+        raise InvalidRequest("rid", f"rid: {rid!r} is not allowed; allowed: a string", kind=kind)
+    return rid
+
+
 def _model(data: Mapping[str, Any]) -> str | None:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
@@ -219,11 +228,6 @@ def parse_generate(data: Mapping[str, Any]) -> GenerationRequest:
         )
     max_new = _int(params, "max_new_tokens", "sampling_params.max_new_tokens")
     stop_ids = params.get("stop_token_ids")
-    rid = data.get("rid")
-    if rid is not None and not isinstance(rid, str):
-        raise InvalidRequest(
-            "rid", f"rid: {rid!r} is not allowed; allowed: a string", kind="schema"
-        )
     return GenerationRequest(
         text=text,
         input_ids=_token_ids(ids, "input_ids", kind="schema") if ids is not None else None,
@@ -237,7 +241,7 @@ def parse_generate(data: Mapping[str, Any]) -> GenerationRequest:
         stream=_bool(data, "stream", "stream", type_kind="schema"),
         include_usage=False,
         model=None,
-        rid=rid,
+        rid=_rid(data, "schema"),
     )
 
 
@@ -275,7 +279,7 @@ def parse_completions(data: Mapping[str, Any]) -> GenerationRequest:
         stream=_bool(data, "stream", "stream"),
         include_usage=_stream_options(data),
         model=_model(data),
-        rid=None,
+        rid=_rid(data),
     )
 
 
@@ -334,6 +338,7 @@ def parse_chat(data: Mapping[str, Any]) -> tuple[GenerationRequest, list[dict[st
         stream=_bool(data, "stream", "stream"),
         include_usage=_stream_options(data),
         model=_model(data),
-        rid=None,
+        rid=_rid(data),
+        max_new_tokens_asked=max_tokens is not None,
     )
     return request, messages

@@ -9,22 +9,75 @@ route family:
 - `info_api`: ``/health``, ``/health_generate``, ``/get_model_info`` (and ``/model_info``),
   ``/get_server_info`` (and ``/server_info``), ``/flush_cache``, ``/metrics``, ``/get_load``,
   ``/v1/loads``, plus the tpuserve-specific ``/debug/radix_cache``.
+
+A request body must arrive within ``body_timeout_seconds`` (408, and the connection closes;
+a client gone mid-body gets nothing), and a client's malformed HTTP or lost connection is
+logged as one line at INFO, not as an ERROR traceback (`ClientErrorsInOneLine`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.typedefs import Handler, Middleware
 
 from sglang_tpu.sim import info_api, native_api, openai_api
+from sglang_tpu.sim.responses import json_response
 from sglang_tpu.sim.service import SERVICE, EngineService, ServerSettings
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+CLIENT_ERRORS = (BadHttpMessage, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+"""What a client's malformed input or early departure raises: its problem, not the server's."""
+
+
+def body_in_time(seconds: float) -> Middleware:
+    """Read a request's body before its handler, within ``seconds``."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.body_exists:
+            try:
+                async with asyncio.timeout(seconds):
+                    await request.read()  # kept by aiohttp: the handler's read returns it
+            except TimeoutError:
+                message = f"the request body did not arrive within {seconds:g} s"
+                response = json_response({"error": {"message": message}}, status=408)
+                response.force_close()
+                return response
+            except CLIENT_ERRORS:
+                return web.Response(status=400)  # the client is gone: nobody reads this
+        return await handler(request)
+
+    return middleware
+
+
+class ClientErrorsInOneLine(logging.Filter):
+    """aiohttp logs a client's malformed request or lost connection as an ERROR with a
+    traceback; make it one INFO line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, CLIENT_ERRORS):
+            record.msg = f"{record.getMessage()}: {type(error).__name__}: {str(error).strip()}"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        return True
 
 
 def create_app(settings: ServerSettings) -> web.Application:
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    app = web.Application(
+        client_max_size=MAX_REQUEST_BYTES, middlewares=[body_in_time(settings.body_timeout_seconds)]
+    )
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, ClientErrorsInOneLine) for f in server_log.filters):
+        server_log.addFilter(ClientErrorsInOneLine())
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         svc = EngineService(settings)

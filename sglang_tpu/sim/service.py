@@ -52,7 +52,9 @@ class ServerSettings:
     quantization: str = "bf16"
     kv_cache_dtype: str = "auto"
     drain_grace_seconds: float = 30.0
+    body_timeout_seconds: float = 30.0  # a request body must arrive within this, else 408
     enable_cache_report: bool = False  # as SGLang: cached tokens in OpenAI usage only when set
+    enable_debug_endpoints: bool = False  # /debug/radix_cache shows cached token ids
     launch_command: str | None = None  # the command line, reported by /server_info
 
 
@@ -150,6 +152,23 @@ class EngineService:
         self.core.add_request(req, self.now())
         self.idle_event.clear()
         self._wake.set()
+
+    def abort(self, rid: str, abort_all: bool = False) -> int:
+        """SGLang's ``/abort_request``: every live request if ``abort_all``; else, if a live
+        request has exactly ``rid`` (SGLang's tokenizer manager ignores an unknown one), every
+        live request whose rid starts with it (its scheduler's match). Their waiters wake."""
+        core = self.core
+        live = [*core.waiting, *core.running, *([core.chunked] if core.chunked else [])]
+        if not abort_all:
+            if not rid or all(r.rid != rid for r in live):
+                return 0
+            live = [r for r in live if r.rid.startswith(rid)]
+        now = self.now()
+        for req in live:
+            if core.abort(req, now) and req.on_update is not None:
+                req.on_update(req)
+        self._wake.set()
+        return len(live)
 
     def new_rid(self) -> str:
         """A request id as SGLang makes one (32 hex digits)."""

@@ -59,8 +59,10 @@ def openapi_schema() -> JSON:
             {
                 "rule": NAME_RULE,
                 "message": (
-                    f"metadata.name must be at most {MAX_NAME_LENGTH} characters (child "
-                    "objects and pod host names append suffixes)"
+                    f"metadata.name must be at most {MAX_NAME_LENGTH} characters of lower-case "
+                    "letters, digits and '-', starting with a letter and ending with a letter or "
+                    "digit (children include Services; child objects and pod host names append "
+                    "suffixes)"
                 ),
             }
         ],

@@ -23,6 +23,7 @@ from tpuserve_operator.render.context import (
     stable_hash,
 )
 from tpuserve_operator.render.monitors import monitors
+from tpuserve_operator.render.network_policy import engine_network_policy
 from tpuserve_operator.render.pdb import disruption_budget
 from tpuserve_operator.render.router import router_children
 from tpuserve_operator.render.services import endpoint_service, leaders_service
@@ -120,6 +121,7 @@ def render(server: ValidServer) -> Rendered:
         endpoint_service(server),
         leaders_service(server),
         disruption_budget(server),
+        *engine_network_policy(server),
         *autoscaler(server),
         *router_children(server),
         *monitors(server),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping
@@ -25,6 +26,25 @@ Manifest = dict[str, Any]
 WorkloadKind = Literal["LeaderWorkerSet", "StatefulSet"]
 
 
+DEFAULT_ROUTER_RESOURCES: Mapping[str, Any] = {
+    "requests": {"cpu": "500m", "memory": "512Mi"},
+    "limits": {"memory": "2Gi"},
+}
+"""The router container's resources unless a server or the operator's --router-resources
+says otherwise (the chart's router.resources default is the same; a test keeps it so)."""
+
+
+DEFAULT_METRICS_FROM: tuple[Mapping[str, Any], ...] = (
+    {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    },
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gmp-system"}}},
+)
+"""Who scrapes engines (NetworkPolicy peers) unless the operator's --metrics-from says
+otherwise: Prometheus pods in any namespace, and GKE Managed Prometheus's collectors."""
+
+
 @dataclass(frozen=True, slots=True)
 class RenderConfig:
     """Operator settings and cluster capabilities that shape the children."""
@@ -33,7 +53,11 @@ class RenderConfig:
     router_image: str = DEFAULT_IMAGE
     router_policy: str | None = None  # None: the router's own default policy
     router_replicas: int = 1
-    router_resources: Mapping[str, Any] = field(default_factory=dict)
+    router_resources: Mapping[str, Any] = field(
+        default_factory=lambda: copy.deepcopy(DEFAULT_ROUTER_RESOURCES)
+    )
+    network_policy: Literal["engines", "none"] = "engines"  # render/network_policy.py
+    metrics_from: tuple[Mapping[str, Any], ...] = DEFAULT_METRICS_FROM  # NetworkPolicy peers
     # Cluster capabilities, discovered by the operator (flags of `tpuserve render`).
     leaderworkerset: bool = False
     prometheus_operator: bool = False

@@ -8,7 +8,8 @@ carries the ConfigMap's hash, so a change rolls the router. What the server and 
 operator leave unset (the policy, whether to subscribe to KV events) is not rendered at
 all, so the router's own defaults apply: the operator never restates them. The readiness
 probe is the router's `/readiness`, true only while it has a healthy worker: a ready router
-pod means at least one routable replica.
+pod means at least one routable replica. Probes use the metrics port, whose connections
+no client can take.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from tpuserve_operator.render.context import (
 ROUTER_CONTAINER = "router"
 LIVENESS_PATH = "/health"
 READINESS_PATH = "/readiness"
+API_KEYS_DIR = "/etc/tpuserve/api-keys"
+PROBE_PORT_NAME = "metrics"
+"""Probes go to the router's metrics port: it has a connection budget of its own, so a
+flood of client connections cannot fail the probes (docs/router.md, Limits)."""
 ENV_POLICY = "TPUSERVE_ROUTER_POLICY"
 ENV_SELECTOR = "TPUSERVE_ROUTER_SELECTOR"
 ENV_NAMESPACE = "TPUSERVE_ROUTER_NAMESPACE"
@@ -63,6 +68,9 @@ def router_args(server: Server) -> list[str]:
         f"--metrics-port={ROUTER_METRICS_PORT}",
         "--discovery=kubernetes",
     ]
+    api_keys = server.valid.spec.router.api_keys
+    if api_keys is not None:
+        args.append(f"--api-keys-file={API_KEYS_DIR}/{api_keys.key}")
     kv_events = server.valid.spec.router.kv_events
     if kv_events is not None:  # unset: the router subscribes when its policy uses KV events
         args.append("--kv-events" if kv_events else "--no-kv-events")
@@ -87,12 +95,12 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
             {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
         ],
         "readinessProbe": {
-            "httpGet": {"path": READINESS_PATH, "port": "http"},
+            "httpGet": {"path": READINESS_PATH, "port": PROBE_PORT_NAME},
             "periodSeconds": 5,
             "timeoutSeconds": 3,
         },
         "livenessProbe": {
-            "httpGet": {"path": LIVENESS_PATH, "port": "http"},
+            "httpGet": {"path": LIVENESS_PATH, "port": PROBE_PORT_NAME},
             "periodSeconds": 10,
             "timeoutSeconds": 5,
             "failureThreshold": 6,
@@ -120,6 +128,20 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
+    api_keys = spec.router.api_keys
+    if api_keys is not None:  # a whole-Secret mount (no subPath), so updates reach the pod
+        container["volumeMounts"].append(
+            {"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True}
+        )
+        pod_spec["volumes"].append(
+            {
+                "name": "api-keys",
+                "secret": {
+                    "secretName": api_keys.secret_name,
+                    "items": [{"key": api_keys.key, "path": api_keys.key}],
+                },
+            }
+        )
     if spec.template.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.template.image_pull_secrets]
     return {

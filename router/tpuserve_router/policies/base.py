@@ -60,7 +60,7 @@ class WorkerView(Protocol):
 
     @property
     def healthy(self) -> bool:
-        """Routable: passing health checks and its circuit breaker is closed."""
+        """Routable: passing health checks and not ejected as an outlier."""
         ...
 
     @property

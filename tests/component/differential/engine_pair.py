@@ -141,6 +141,7 @@ def twin_args(real: RealEngine, *, enable_cache_report: bool) -> list[str]:
         *("--kv-events-endpoint", "tcp://127.0.0.1:*"),
         *("--kv-events-replay-endpoint", "tcp://127.0.0.1:*"),
         *("--kv-events-topic", real.kv_topic),
+        "--enable-debug-endpoints",  # /debug/radix_cache, which only the twin serves
     ]
 
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from tests.waiting import WaitTimeout, eventually
 
@@ -28,13 +29,20 @@ class EngineProcess:
         return self.proc.wait(timeout=timeout)
 
 
-def start_engine(args: Sequence[str], env: Mapping[str, str] | None = None) -> EngineProcess:
-    """`tpuserve engine sim --port 0 ARGS`, serving; `env` adds to this process's environment."""
+def start_engine(
+    args: Sequence[str], env: Mapping[str, str] | None = None, log: Path | None = None
+) -> EngineProcess:
+    """`tpuserve engine sim --port 0 ARGS`, serving; `env` adds to this process's environment;
+    its log (stderr) goes to ``log`` if given, else nowhere."""
     cmd = [sys.executable, "-c", ENTRY, "engine", "sim", "--port", "0", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-    )
+    if log is None:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+        )
+    else:
+        with log.open("w") as stderr:  # the child keeps its own copy
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     stdout = proc.stdout
     assert stdout is not None
     sel = selectors.DefaultSelector()
@@ -62,9 +70,9 @@ def start_engine(args: Sequence[str], env: Mapping[str, str] | None = None) -> E
 
 @contextmanager
 def running_engine(
-    args: Sequence[str], env: Mapping[str, str] | None = None
+    args: Sequence[str], env: Mapping[str, str] | None = None, log: Path | None = None
 ) -> Iterator[EngineProcess]:
-    engine = start_engine(args, env)
+    engine = start_engine(args, env, log)
     try:
         yield engine
     finally:

@@ -194,7 +194,7 @@ def test_subscriber_rebuilds_cache_across_eviction_flush_and_restart(
     pub, replay = endpoints
     args = ["--time-scale", "0", "--page-size", "4", "--cache-tokens", "1024",
             "--context-length", "512", "--kv-events-endpoint", pub,
-            "--kv-events-replay-endpoint", replay]  # fmt: skip
+            "--kv-events-replay-endpoint", replay, "--enable-debug-endpoints"]  # fmt: skip
     sub = Rebuilder(pub, replay)
     try:
         with running_engine(args) as engine:
@@ -304,7 +304,7 @@ def test_the_legacy_wire_is_what_sglang_rejects(
     monkeypatch.setenv(WIRE_ENV, "0.5.19")
     pub, replay = endpoints
     args = ["--time-scale", "0", "--page-size", "16", "--kv-events-endpoint", pub,
-            "--kv-events-replay-endpoint", replay]  # fmt: skip
+            "--kv-events-replay-endpoint", replay, "--enable-debug-endpoints"]  # fmt: skip
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")

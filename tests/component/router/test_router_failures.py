@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import openai
+import orjson
 import pytest
 
 from tests.component.router.router_fleet import (
@@ -113,7 +114,8 @@ async def test_in_flight_returns_to_zero_after_every_kind_of_ending(
             health_check_interval_seconds=0,  # keep the dead worker "healthy": errors happen
             first_byte_timeout_seconds=0.4,
             request_timeout_seconds=1.0,
-            breaker_failure_threshold=1000,
+            outlier_consecutive_failures=1000,
+            outlier_min_requests=1000,
         )
     )
     try:
@@ -127,10 +129,10 @@ async def test_in_flight_returns_to_zero_after_every_kind_of_ending(
                 with contextlib.suppress(openai.BadRequestError):
                     await oa.completions.create(model=MODEL, prompt="x", max_tokens=-5)
 
-            async def first_byte_timeout() -> None:
+            async def first_byte_timeout() -> None:  # retried, so the last try answers
                 with pytest.raises(openai.APIStatusError) as err:
                     await oa.completions.create(model=MODEL, prompt=PREFIX, max_tokens=60)
-                assert err.value.status_code == 504
+                assert err.value.status_code in (502, 504)  # 502 if the last try was dead
 
             async def stream_timeout() -> None:
                 with pytest.raises(openai.APIError):
@@ -153,8 +155,8 @@ async def test_in_flight_returns_to_zero_after_every_kind_of_ending(
                       {"worker": dead, "reason": "connect_error"}) > 0  # fmt: skip
         timeouts = sum(
             sample(app, "tpuserve_router_requests_total", {
-                "model": MODEL, "worker": e.url, "route": "/v1/completions", "status": "504"})
-            for e in slow_engines
+                "model": MODEL, "worker": w.name, "route": "/v1/completions", "status": status})
+            for w in app.registry.workers for status in ("502", "504")
         )  # fmt: skip
         assert timeouts == 2
     finally:
@@ -264,3 +266,36 @@ async def test_a_client_disconnect_cancels_the_upstream_request(
     worker = next(iter(requests_by_worker(slow_router, "/v1/chat/completions")))
     labels = {"model": MODEL, "worker": worker, "route": "/v1/chat/completions", "status": "499"}
     assert sample(slow_router, "tpuserve_router_requests_total", labels) == 1
+
+
+async def test_a_client_leaving_a_plain_request_has_the_engine_abort_it(
+    slow_router: RouterApp, slow_engines: list[EngineTwin]
+) -> None:
+    body = orjson.dumps({"model": MODEL, "prompt": "go on", "max_tokens": 2000})
+    _, writer = await asyncio.open_connection("127.0.0.1", slow_router.port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%b" % (len(body), body)
+    )
+
+    async def engines_running() -> int:
+        total = 0
+        async with aiohttp.ClientSession() as session:
+            for engine in slow_engines:
+                async with session.get(engine.url + "/get_load") as response:
+                    total += sum(item["num_reqs"] for item in await response.json())
+        return total
+
+    await eventually_async(engines_running, what="the engine generating")
+    writer.close()  # the client goes away before the answer
+
+    async def engines_idle() -> bool:
+        return await engines_running() == 0
+
+    await eventually_async(engines_idle, what="the engine to stop generating", timeout_seconds=5)
+    aborted = sum(
+        sample(slow_router, "tpuserve_router_upstream_aborts_total",
+               {"worker": e.url, "reason": "client_gone"})
+        for e in slow_engines
+    )  # fmt: skip
+    assert aborted == 1  # the router asked: the engine did not wait for its next check

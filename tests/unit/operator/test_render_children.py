@@ -12,6 +12,7 @@ import pytest
 from sglang_tpu.metric_names import restore_sglang_colon_relabeling
 from tpuserve_operator import labels
 from tpuserve_operator.render import Rendered
+from tpuserve_operator.render.context import DEFAULT_METRICS_FROM, DEFAULT_ROUTER_RESOURCES
 
 pytestmark = pytest.mark.unit
 
@@ -45,6 +46,7 @@ def test_statefulset_path_objects(rendered: RenderFn) -> None:
             ("Service", "qwen"),
             ("Service", "qwen-leaders"),
             ("PodDisruptionBudget", "qwen"),
+            ("NetworkPolicy", "qwen-engines"),
             ("ServiceAccount", "qwen-router"),
             ("Role", "qwen-router"),
             ("RoleBinding", "qwen-router"),
@@ -140,7 +142,9 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
         "--kv-events",
     ]
     assert container["envFrom"] == [{"configMapRef": {"name": "qwen-router"}}]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
+    assert container["resources"] == DEFAULT_ROUTER_RESOURCES  # with no operator setting
     config = one(rendered(spec).children, "ConfigMap", "qwen-router")
     assert config["data"]["TPUSERVE_ROUTER_POLICY"] == "least_load"
     assert {p["name"] for p in container["ports"]} == {"http", "metrics"}
@@ -522,3 +526,34 @@ def test_single_host_and_simulated_groups_need_no_pool_affinity(
     for spec in (single, simulated):
         pod = one(rendered(spec).children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
         assert "affinity" not in pod
+
+
+def test_engines_are_fenced_to_their_routers_peers_and_prometheus(rendered: RenderFn) -> None:
+    policy = one(rendered().children, "NetworkPolicy", "qwen-engines")
+    spec = policy["spec"]
+    engines = labels.engine_selector("qwen")
+    assert spec["podSelector"] == {"matchLabels": engines}
+    assert spec["policyTypes"] == ["Ingress"]
+    own, routers, prometheus = spec["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": engines}}]}  # every port
+    assert routers["from"] == [{"podSelector": {"matchLabels": labels.router_selector("qwen")}}]
+    assert [p["port"] for p in routers["ports"]] == [30000, 5557, 5558]
+    assert prometheus["from"] == [dict(p) for p in DEFAULT_METRICS_FROM]
+    assert [p["port"] for p in prometheus["ports"]] == [30000]
+    assert not by_kind(rendered(network_policy="none").children, "NetworkPolicy")
+
+
+def test_api_keys_come_from_a_mounted_secret(rendered: RenderFn, spec_with: SpecWith) -> None:
+    spec = spec_with(router={"apiKeys": {"secretName": "qwen-keys"}})
+    deployment = one(rendered(spec).children, "Deployment", "qwen-router")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--api-keys-file=/etc/tpuserve/api-keys/keys.json" in container["args"]
+    assert {"name": "api-keys", "mountPath": "/etc/tpuserve/api-keys", "readOnly": True} in (
+        container["volumeMounts"]
+    )
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "api-keys"]
+    assert volume["secret"] == {
+        "secretName": "qwen-keys",
+        "items": [{"key": "keys.json", "path": "keys.json"}],
+    }

@@ -83,3 +83,63 @@ def test_wrong_api_version_is_named(tmp_path: Path, capsys: pytest.CaptureFixtur
     path.write_text(VALID.replace("v1alpha1", "v1"))
     assert main(["render", "-f", str(path)]) == 1
     assert "apiVersion: 'serving.tpuserve.dev/v1' is not allowed" in capsys.readouterr().err
+
+
+def _bomb(levels: int) -> str:
+    """A YAML alias bomb of ``levels`` levels: 10**levels strings from a few lines."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join("      " + line for line in lines)
+
+
+HOSTILE = {
+    "an alias bomb": (
+        VALID + "  template:\n    affinity:\n" + _bomb(9) + "\n",
+        "document 1: more than 100000 values (with YAML aliases expanded)",
+    ),
+    "deep nesting": (VALID.replace("replicas: 1", "replicas: " + "[" * 20000 + "]" * 20000),
+                     "nested too deeply to parse"),
+    "not UTF-8": (VALID.replace("qwen,", "q\udcffwen,"), "not UTF-8: byte "),
+    "not YAML": ("a: [b\n", "while parsing a flow sequence"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_files_are_refused_in_one_line(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text, expected = HOSTILE[case]
+    path = tmp_path / "hostile.yaml"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    assert main(["render", "-f", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"tpuserve render: {path}: ")
+    assert expected in err
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ("", "TPUModelServer without metadata.name (got None)"),
+        ("metadata: [a]", "TPUModelServer without metadata.name (got None)"),
+        ("metadata: {name: 5}", "TPUModelServer without metadata.name (got 5)"),
+        ("metadata: {name: Qwen_3}", "metadata.name: 'Qwen_3' is not allowed"),
+    ],
+)
+def test_a_document_without_a_valid_name_is_refused(
+    metadata: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "tms.yaml"
+    path.write_text(VALID.replace("metadata: {name: qwen, namespace: ml}", metadata))
+    assert main(["render", "-f", str(path)]) == 1
+    assert expected in capsys.readouterr().err
+
+
+def test_replicas_true_is_not_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "tms.yaml"
+    path.write_text(VALID.replace("replicas: 1", "replicas: true"))
+    assert main(["render", "-f", str(path)]) == 1
+    assert "spec.replicas: True is not valid: Input should be a valid integer" in (
+        capsys.readouterr().err
+    )

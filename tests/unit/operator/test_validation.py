@@ -253,5 +253,27 @@ def test_the_launch_contract_is_checked_in_the_same_step(spec_with: SpecWith) ->
 
 
 def test_names_the_hosts_cannot_resolve_are_refused(spec_with: SpecWith) -> None:
-    with pytest.raises(InvalidSpec, match=r"TPUSERVE_WORKER_HOSTNAMES.*not a DNS name"):
-        validate_server({"name": "Qwen_3", "namespace": "ml"}, spec_with(), RenderConfig())
+    for name in ("Qwen_3", "3qwen", "qwen.3", "qwen-"):  # children include Services
+        with pytest.raises(InvalidSpec, match=r"metadata.name: .* is not allowed; allowed: lower"):
+            validate_server({"name": name, "namespace": "ml"}, spec_with(), RenderConfig())
+
+
+def test_a_value_of_the_wrong_json_type_is_refused(spec_with: SpecWith) -> None:
+    for replicas in (True, "3", 3.0):
+        message, _ = problems_of(spec_with(replicas=replicas))["spec.replicas"]
+        assert "valid integer" in message
+
+
+def test_a_huge_or_deep_spec_is_refused_before_it_is_looked_at(spec_with: SpecWith) -> None:
+    level: list[object] = ["x"] * 10
+    for _ in range(7):  # an alias bomb: 10^7 values once expanded, a few objects in memory
+        level = [level] * 10
+    spec = spec_with(template={"affinity": {"a": level}})
+    assert "more than 100000 values" in problems_of(spec)["spec"][0]
+    deep: object = "x"
+    for _ in range(100):
+        deep = {"a": deep}
+    assert (
+        "nested deeper than 64 levels"
+        in problems_of(spec_with(template={"affinity": deep}))["spec"][0]
+    )

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
+import weakref
 from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.waiting import eventually_async
+from tpuserve_router.config import RouterConfig
+from tpuserve_router.connections import ConnectionBook
+from tpuserve_router.proxy import UpstreamPool
 from tpuserve_router.server import HttpRequest, serve
 
 pytestmark = pytest.mark.unit
@@ -29,7 +35,7 @@ async def echo(request: HttpRequest) -> None:
 
 @pytest.fixture
 async def port() -> AsyncIterator[int]:
-    server = await serve(echo, "127.0.0.1", 0, LIMIT)
+    server = await serve(echo, "127.0.0.1", 0, RouterConfig(max_request_bytes=LIMIT).front_limits())
     yield server.sockets[0].getsockname()[1]
     server.close()
     await server.wait_closed()
@@ -109,3 +115,44 @@ async def test_streams_are_chunked_and_the_connection_stays_open(port: int) -> N
 async def test_a_handler_that_never_answers_gets_the_connection_closed(port: int) -> None:
     data = await exchange(port, b"GET /forget HTTP/1.1\r\nhost: h\r\n\r\n")
     assert data == b""
+
+
+async def test_a_closed_connection_is_freed_at_once_with_its_buffers() -> None:
+    """No reference cycle keeps a connection (and the body it read) for the collector: the
+    router collects rarely, and a cycle per connection made its memory creep."""
+    book = ConnectionBook(16, 1.0)
+    server = await serve(echo, "127.0.0.1", 0, RouterConfig().front_limits(), book)
+    port = server.sockets[0].getsockname()[1]
+    gc.disable()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /x HTTP/1.1\r\nconnection: close\r\ncontent-length: 100000\r\n\r\n")
+        writer.write(b"a" * 100_000)
+        await eventually_async(lambda: len(book.open) == 1, what="the connection accepted")
+        conn = weakref.ref(next(iter(book.open)))
+        assert (await asyncio.wait_for(reader.read(), 5)).endswith(b"100000:")
+        writer.close()
+        await eventually_async(lambda: conn() is None, what="the closed connection freed")
+    finally:
+        gc.enable()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_closed_upstream_connection_is_freed_at_once(port: int) -> None:
+    pool = UpstreamPool(
+        "127.0.0.1", port, connect_timeout_seconds=5, max_idle=0,
+        max_head_bytes=1 << 16, max_body_bytes=1 << 20,
+    )  # fmt: skip
+    gc.disable()
+    try:
+        upstream = await pool.connect()
+        upstream.send(b"GET /x HTTP/1.1\r\nhost: h\r\n\r\n")
+        await upstream.wait_head()
+        assert await upstream.read_all() == b"0:"
+        conn = weakref.ref(upstream)
+        pool.release(upstream)  # max_idle=0: closed
+        del upstream
+        await eventually_async(lambda: conn() is None, what="the upstream connection freed")
+    finally:
+        gc.enable()

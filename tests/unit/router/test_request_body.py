@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -87,8 +88,41 @@ def test_unreadable_bodies_name_the_body(body: bytes, param: str) -> None:
 )
 def test_bad_fields_are_named(parser: Parser, data: dict[str, Any], param: str) -> None:
     with pytest.raises(ClientError) as err:
-        parser(data, True, TOK)
+        parser(data, True, TOK, None)
     assert (err.value.status, err.value.param) == (400, param)
+
+
+@pytest.mark.parametrize(
+    ("parser", "data", "param"),
+    [
+        (parse_completions, {"prompt": "x" * 11}, "prompt"),
+        (parse_completions, {"prompt": ["x" * 6, "y" * 6]}, "prompt"),
+        (parse_completions, {"prompt": list(range(11))}, "prompt"),
+        (parse_chat, {"messages": [{"role": "user", "content": "x" * 11}]}, "messages"),
+        (
+            parse_chat,
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 11}]}]},
+            "messages",
+        ),
+        (parse_generate, {"text": "x" * 11}, "text"),
+        (parse_generate, {"input_ids": [list(range(6)), list(range(6))]}, "input_ids"),
+    ],
+)
+def test_a_prompt_over_the_limit_is_413_before_tokenizing(
+    parser: Parser, data: dict[str, Any], param: str
+) -> None:
+    class Untouchable:
+        def encode(self, text: str) -> list[int]:
+            raise AssertionError("tokenized a prompt over the limit")
+
+        def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+            raise AssertionError("tokenized a prompt over the limit")
+
+    with pytest.raises(ClientError) as err:
+        parser(data, True, Untouchable(), 10)
+    assert (err.value.status, err.value.param) == (413, param)
+    assert "limit is 10" in err.value.message
+    parser(data, True, TOK, 100)  # within a larger limit it passes
 
 
 def test_error_bodies_are_openai_shaped() -> None:

@@ -1,6 +1,6 @@
-"""The retry rule: which failures go to another worker, and only while retries are left
-and another candidate is healthy; through the router, a retried try is counted as a retry
-and never as an answer."""
+"""The retry rule: which failures go to another worker, and only while retries are left,
+another candidate is healthy and the retry budget allows; through the router, a retried try
+is counted as a retry and never as an answer."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tpuserve_router.proxy import UpstreamError
 from tpuserve_router.retry import (
     RETRYABLE_STATUSES,
     Attempt,
+    RetryBudget,
     retryable_error,
     should_retry,
 )
@@ -41,8 +42,10 @@ ROUTE = "/v1/completions"
         ("reset_before_response", False, True),
         ("stream_broken", True, True),  # a whole body broke before the client saw it
         ("request_timeout", False, True),
-        ("first_byte_timeout", False, False),  # slow, not gone: a retry duplicates the work
+        ("first_byte_timeout", False, True),  # beyond the time a working engine needs
+        ("stream_stalled", True, True),  # a whole body stalled before the client saw it
         ("request_timeout", True, False),  # the request's time is up
+        ("response_too_large", True, False),  # another worker would answer as much
     ],
 )
 def test_which_worker_failures_are_retryable(
@@ -52,28 +55,47 @@ def test_which_worker_failures_are_retryable(
     assert retryable_error(err) is retryable
 
 
-def test_overloaded_or_unavailable_answers_are_retryable() -> None:
-    assert frozenset({429, 502, 503, 504}) == RETRYABLE_STATUSES  # not 500: the request may be bad
+def test_overloaded_failing_or_unavailable_answers_are_retryable() -> None:
+    assert frozenset({429, 500, 502, 503, 504}) == RETRYABLE_STATUSES
+
+
+def unlimited() -> RetryBudget:
+    return RetryBudget(100, 1000)
 
 
 def test_a_retryable_failure_is_retried_while_retries_are_left() -> None:
     sick, other = fake_worker("sick"), fake_worker("other")
-    assert should_retry(True, 0, 2, sick, [sick, other])
-    assert should_retry(True, 1, 2, sick, [sick, other])
-    assert not should_retry(True, 2, 2, sick, [sick, other])
-    assert not should_retry(True, 0, 0, sick, [sick, other])
+    assert should_retry(True, 0, 2, sick, [sick, other], unlimited(), 1)
+    assert should_retry(True, 1, 2, sick, [sick, other], unlimited(), 1)
+    assert not should_retry(True, 2, 2, sick, [sick, other], unlimited(), 1)
+    assert not should_retry(True, 0, 0, sick, [sick, other], unlimited(), 1)
 
 
 def test_a_failure_that_is_not_retryable_is_never_retried() -> None:
     sick, other = fake_worker("sick"), fake_worker("other")
-    assert not should_retry(False, 0, 2, sick, [sick, other])
+    assert not should_retry(False, 0, 2, sick, [sick, other], unlimited(), 1)
 
 
 def test_a_retry_needs_another_healthy_candidate() -> None:
     sick = fake_worker("sick")
-    assert not should_retry(True, 0, 2, sick, [sick])
-    assert not should_retry(True, 0, 2, sick, [sick, fake_worker("down", healthy=False)])
-    assert should_retry(True, 0, 2, sick, [fake_worker("down", healthy=False), fake_worker("up")])
+    budget = unlimited()
+    assert not should_retry(True, 0, 2, sick, [sick], budget, 1)
+    assert not should_retry(True, 0, 2, sick, [sick, fake_worker("down", healthy=False)], budget, 1)
+    up = fake_worker("up")
+    assert should_retry(True, 0, 2, sick, [fake_worker("down", healthy=False), up], budget, 1)
+
+
+def test_the_budget_bounds_requests_being_retried_to_a_share_of_those_in_flight() -> None:
+    denied: list[int] = []
+    budget = RetryBudget(20, 3, lambda: denied.append(1))
+    sick, other = fake_worker("sick"), fake_worker("other")
+    budget.active = 3  # the minimum is always allowed, and no more with few in flight
+    assert not should_retry(True, 0, 2, sick, [sick, other], budget, 10)
+    assert should_retry(True, 0, 2, sick, [sick, other], budget, 20)  # 20 % of 20 = 4 > 3
+    assert should_retry(True, 1, 2, sick, [sick, other], budget, 10)  # it holds one already
+    assert len(denied) == 1
+    budget.active = 2
+    assert should_retry(True, 0, 2, sick, [sick, other], budget, 1)
 
 
 def test_an_attempt_either_answered_or_goes_elsewhere() -> None:
@@ -129,7 +151,7 @@ async def router_in_front_of(
         if isinstance(worker, str):
             urls.append(worker)
             continue
-        server = await serve(worker, "127.0.0.1", 0, 1 << 20)
+        server = await serve(worker, "127.0.0.1", 0, RouterConfig().front_limits())
         servers.append(server)
         urls.append(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
     config = RouterConfig(
@@ -211,10 +233,25 @@ async def test_a_refused_connection_is_retried_on_the_other_worker() -> None:
         )
 
 
-async def test_a_first_byte_timeout_is_answered_504_and_not_retried() -> None:
+async def test_no_answer_within_the_derived_time_is_retried_on_the_other_worker() -> None:
     async with router_in_front_of(
-        never_answering, answering(200), first_byte_timeout_seconds=0.2
+        never_answering,
+        answering(200),
+        first_byte_timeout_seconds=0.2,
+        first_byte_timeout_floor_seconds=0.1,
+    ) as app:
+        assert await complete(app) == 200
+        assert value(app, "tpuserve_router_retries_total", route=ROUTE) == 1
+        assert (answered(app, 0, "504"), answered(app, 1, "200")) == (0, 1)
+
+
+async def test_without_retries_left_no_answer_in_time_is_504() -> None:
+    async with router_in_front_of(
+        never_answering,
+        answering(200),
+        first_byte_timeout_seconds=0.2,
+        first_byte_timeout_floor_seconds=0.1,
+        max_retries=0,
     ) as app:
         assert await complete(app) == 504
-        assert value(app, "tpuserve_router_retries_total", route=ROUTE) == 0
         assert (answered(app, 0, "504"), answered(app, 1, "200")) == (1, 0)

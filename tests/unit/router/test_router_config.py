@@ -4,6 +4,7 @@ reported with its name, its value and what is allowed."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +159,48 @@ def test_key_values_parse_and_reject_items_without_equals() -> None:
     assert parse_key_values("a=1, b = 2,", "x") == {"a": "1", "b": "2"}
     with pytest.raises(ValueError, match="x: 'oops' is not KEY=VALUE"):
         parse_key_values("a=1,oops", "x")
+
+
+def test_front_limits_are_flags_and_variables_checked_together() -> None:
+    env = {env_name("--max-connections"): "500", env_name("--header-timeout"): "2.5"}
+    config = build_config(parse("--max-headers", "40"), environ=env)
+    limits = config.front_limits()
+    assert (limits.max_connections, limits.header_timeout_seconds, limits.max_headers) == (
+        500,
+        2.5,
+        40,
+    )
+    assert limits.max_body_bytes == config.max_request_bytes
+    assert config.front_limits(max_connections=7).max_connections == 7
+    with pytest.raises(ConfigError) as err:
+        RouterConfig(
+            max_header_bytes=512,
+            max_request_line_bytes=4096,
+            max_headers=2,
+            keep_alive_timeout_seconds=0,
+        ).validate()
+    text = str(err.value)
+    assert "max_header_bytes=512: must be >= 1024" in text
+    assert "max_headers=2: must be >= 8" in text
+    assert "max_request_line_bytes=4096: must be <= max_header_bytes=512" in text
+    assert "keep_alive_timeout_seconds=0: must be > 0" in text
+
+
+def test_a_bad_keys_file_or_an_admin_mode_nobody_can_use_stops_the_start(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"keys": [{"key": "short", "tenant": "a"}]}')
+    with pytest.raises(ConfigError) as err:
+        RouterConfig(api_keys_file=str(keys), admin="sometimes").validate()  # type: ignore[arg-type]
+    text = str(err.value)
+    assert "keys[0].key: allowed: a string of at least 16 characters" in text
+    assert "admin='sometimes': allowed loopback, keys, open, off" in text
+    with pytest.raises(ConfigError, match="needs api_keys_file"):
+        RouterConfig(admin="keys").validate()
+    keys.write_text('{"keys": [{"key": "sk-0123456789abcdef", "tenant": "a"}]}')
+    with pytest.raises(ConfigError, match='has no key with "admin": true'):
+        RouterConfig(api_keys_file=str(keys), admin="keys").validate()
+    with pytest.raises(ConfigError, match="No such file"):
+        RouterConfig(api_keys_file=str(tmp_path / "missing.json")).validate()
+    env = {env_name("--api-keys-file"): str(keys), env_name("--admin"): "open"}
+    config = build_config(parse(), environ=env)
+    assert (config.api_keys_file, config.admin) == (str(keys), "open")

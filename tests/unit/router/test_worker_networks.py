@@ -74,9 +74,11 @@ def test_addresses_inside_pass_and_outside_ones_are_explained() -> None:
         "worker url http://10.244.0.7:30000: address 10.244.0.7 is outside worker_networks "
         "(127.0.0.0/8, ::1/128)"
     )
-    named = url_problem("http://localhost:4000", LOOPBACK)
+    named = url_problem("http://engine.local:4000", LOOPBACK)
     assert named is not None
-    assert "'localhost' is not an IP address" in named
+    assert "'engine.local' is not an IP address" in named
+    assert url_problem("http://localhost:4000", LOOPBACK) is None  # RFC 6761: loopback
+    assert url_problem("http://0x0af40007:30000", LOOPBACK) == outside  # 10.244.0.7 in disguise
     assert url_problem("http://10.244.0.7:30000", ()) is None
     assert url_problem("ftp://127.0.0.1:1", ()) is not None  # a bad URL is always a problem
 

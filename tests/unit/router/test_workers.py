@@ -1,11 +1,10 @@
-"""Workers: URLs, health ejection and re-admission, the circuit breaker, the registry."""
+"""Workers: URLs, health ejection and re-admission, outlier ejection, the registry."""
 
 from __future__ import annotations
 
 import pytest
 
 from tpuserve_router.workers import (
-    BreakerConfig,
     InvalidWorkerURL,
     Worker,
     WorkerRegistry,
@@ -27,10 +26,39 @@ def test_urls_normalize_to_http_host_port() -> None:
     assert normalize_worker_url("http://host")[0] == "http://host:80"
 
 
-@pytest.mark.parametrize("url", ["https://h:1", "http://:1", "http://h:1/v1", "http://h:x"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://h:1", "http://:1", "http://h:1/v1", "http://h:x", "http://[::1", "http://[zz]:1",
+        "http://h:99999", "http://h:0", "http://user:pw@h:1", "http://a b:1", "http://%41:1",
+        "http://\u00e9xample:1", "http://999.1.1.1:1", "http://" + "a" * 64 + ".example:1",
+        "http://h:1" + "/" * 3000,
+    ],
+)  # fmt: skip
 def test_bad_urls_say_what_is_expected(url: str) -> None:
-    with pytest.raises(InvalidWorkerURL, match="expected http://HOST:PORT"):
+    with pytest.raises(InvalidWorkerURL, match=r"expected http://HOST:PORT|host name"):
         normalize_worker_url(url)
+
+
+@pytest.mark.parametrize(
+    "alias",
+    ["http://localhost:8000", "http://LOCALHOST.:8000", "http://127.0.0.1.:8000",
+     "http://0x7f000001:8000", "http://127.1:8000", "http://2130706433:8000",
+     "http://[::ffff:127.0.0.1]:8000", "127.0.0.1:8000"],
+)  # fmt: skip
+def test_aliases_of_one_address_name_one_worker(alias: str) -> None:
+    assert normalize_worker_url(alias)[0] == "http://127.0.0.1:8000"
+
+
+def test_registry_keeps_one_worker_for_all_its_aliases() -> None:
+    registry = WorkerRegistry()
+    first = registry.add(WorkerSpec("http://localhost:8000"))
+    assert registry.add(WorkerSpec("http://0x7f000001:8000")) is first
+    assert registry.add(WorkerSpec("http://127.0.0.1.:8000")) is first
+    assert registry.names() == ["http://127.0.0.1:8000"]
+    assert normalize_worker_url("http://Engine-0.Serving.svc:30000")[0] == (
+        "http://engine-0.serving.svc:30000"
+    )
 
 
 def test_health_checks_eject_after_failures_and_readmit_after_success() -> None:
@@ -44,33 +72,24 @@ def test_health_checks_eject_after_failures_and_readmit_after_success() -> None:
     assert (worker.health_check_passed(2), worker.healthy) == (True, True)
 
 
-def test_breaker_opens_after_consecutive_failures_and_half_opens_later() -> None:
-    worker = Worker(WorkerSpec("http://h:1"), BreakerConfig(failure_threshold=3, open_seconds=10))
+def test_an_ejected_worker_is_not_routable_whatever_its_health_checks_say() -> None:
+    worker = Worker(WorkerSpec("http://h:1"))
     worker.health_check_passed(1)
-    for _ in range(2):
-        worker.request_failed(now=0)
-    worker.request_succeeded()  # consecutive failures only
-    for _ in range(3):
-        worker.request_failed(now=100)
-    assert (worker.breaker, worker.healthy) == ("open", False)
-    worker.refresh_breaker(now=105)
-    assert worker.breaker == "open"
-    worker.refresh_breaker(now=110)
-    assert (worker.breaker, worker.healthy) == ("half_open", True)
-    worker.request_failed(now=111)  # one failure while half-open re-opens
-    assert worker.breaker == "open"
-    worker.refresh_breaker(now=121)
-    worker.request_succeeded()
-    assert (worker.breaker, worker.healthy) == ("closed", True)
+    worker.set_ejected(True)
+    assert (worker.healthy, worker.health_check_passed(1)) == (False, False)
+    assert not worker.healthy  # a passing probe does not end an ejection
+    worker.set_ejected(False)
+    assert worker.describe()["healthy"] is True
 
 
-def test_a_passing_health_check_closes_an_open_breaker() -> None:
-    worker = Worker(WorkerSpec("http://h:1"), BreakerConfig(failure_threshold=1))
+def test_a_worker_that_went_down_while_ejected_returns_when_its_checks_pass_again() -> None:
+    worker = Worker(WorkerSpec("http://h:1"))
     worker.health_check_passed(1)
-    worker.request_failed(now=0)
-    assert not worker.healthy
-    worker.health_check_passed(1)
-    assert (worker.breaker, worker.healthy) == ("closed", True)
+    worker.set_ejected(True)
+    worker.health_check_failed(3)  # down (killed), then restarted
+    assert worker.health_check_passed(1)
+    assert (worker.ejected, worker.healthy) == (False, True)
+    assert worker.describe()["ejected"] is False
 
 
 def test_registry_sync_adds_removes_and_keeps_admin_workers() -> None:

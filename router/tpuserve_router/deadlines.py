@@ -1,0 +1,39 @@
+"""How long a worker is given to start answering: derived from the request, not one constant.
+
+A worker that accepts a request and never answers used to hold it for the whole first-byte
+timeout (600 s). The time given is now what a slow but working engine would need:
+
+    floor + prompt_tokens × (1 + requests ahead) / min_prefill_rate
+          (+ max_new_tokens / min_decode_rate for a non-streamed answer, which starts only
+           after its last token; without max_new_tokens, up to the context: the cap)
+
+at most the cap (``--first-byte-timeout``). "Requests ahead" are those already in flight on
+the worker, which an engine may have to prefill first. The rates are floors: an engine slower
+than ``--min-prefill-rate`` tokens/s of prefill (or ``--min-decode-rate`` tokens/s of
+decoding) counts as stuck. For a stream the same time bounds its first body chunk, since
+SGLang sends a stream's head before the first token; after that, ``--stream-idle-timeout``
+bounds every gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FirstByteBudget:
+    floor_seconds: float
+    cap_seconds: float
+    prefill_tokens_per_second: float
+    decode_tokens_per_second: float
+
+    def seconds(
+        self, prompt_tokens: int, max_new_tokens: int | None, stream: bool, ahead: int
+    ) -> float:
+        """Seconds a worker with ``ahead`` requests in flight is given for this request."""
+        wait = self.floor_seconds + prompt_tokens * (1 + ahead) / self.prefill_tokens_per_second
+        if not stream:
+            if max_new_tokens is None:
+                return self.cap_seconds
+            wait += max_new_tokens / self.decode_tokens_per_second
+        return wait if wait < self.cap_seconds else self.cap_seconds

@@ -1,0 +1,182 @@
+"""Through the router with API keys: no key or a wrong one is 401, a tenant over its rate
+limit 429 with Retry-After and rate-limit headers, low priority shed first under overload,
+the admin API only for admin keys (or this host, by default), all counted per tenant."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.fakes import STUB_MODEL, StubWorker
+from tests.waiting import eventually_async
+from tpuserve_router.app import RouterApp
+from tpuserve_router.config import RouterConfig
+
+pytestmark = pytest.mark.component
+
+KEYS = {
+    "critical": "sk-critical-0123456789",
+    "normal": "sk-normal-0123456789ab",
+    "low": "sk-low-0123456789abcdef",
+    "limited": "sk-limited-0123456789ab",
+    "thrifty": "sk-thrifty-0123456789ab",
+    "admin": "sk-admin-0123456789abcd",
+}
+ENTRIES = [
+    {"key": KEYS["critical"], "tenant": "acme", "priority": "critical"},
+    {"key": KEYS["normal"], "tenant": "acme"},
+    {"key": KEYS["low"], "tenant": "batch", "priority": "low"},
+    {"key": KEYS["limited"], "tenant": "trial", "requests_per_minute": 2},
+    {"key": KEYS["thrifty"], "tenant": "trial", "tokens_per_minute": 5},
+    {"key": KEYS["admin"], "tenant": "ops", "admin": True},
+]
+
+
+@contextlib.asynccontextmanager
+async def router(tmp_path: Path, worker: StubWorker, **settings: Any) -> AsyncIterator[RouterApp]:
+    path = tmp_path / "keys.json"
+    path.write_bytes(orjson.dumps({"keys": ENTRIES}))
+    await worker.start()
+    config = RouterConfig(
+        host="127.0.0.1",
+        port=0,
+        workers=(worker.url,),
+        policy="least_load",
+        health_check_interval_seconds=0,
+        api_keys_file=str(path),
+    ).replace(**settings)
+    app = RouterApp(config, registry=CollectorRegistry())
+    await app.start()
+    try:
+        await eventually_async(lambda: app.registry.workers[0].healthy, what="worker routable")
+        yield app
+    finally:
+        await app.stop()
+        await worker.stop()
+
+
+async def complete(
+    session: aiohttp.ClientSession, app: RouterApp, key: str | None, **headers: str
+) -> tuple[int, dict[str, str], dict[str, Any]]:
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    body = {"model": STUB_MODEL, "prompt": "hi", "max_tokens": 1}
+    async with session.post(app.base_url + "/v1/completions", json=body, headers=headers) as answer:
+        return answer.status, dict(answer.headers), await answer.json()
+
+
+def sample(app: RouterApp, name: str, **labels: str) -> float:
+    return app.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_only_a_known_key_is_served(tmp_path: Path) -> None:
+    worker = StubWorker()
+    async with router(tmp_path, worker) as app, aiohttp.ClientSession() as session:
+        status, headers, body = await complete(session, app, None)
+        assert (status, headers["WWW-Authenticate"]) == (401, "Bearer")
+        assert "provide an API key" in body["error"]["message"]
+        status, _, body = await complete(session, app, "sk-wrong-0123456789")
+        assert (status, body["error"]["message"]) == (401, "Incorrect API key provided.")
+        assert (await complete(session, app, KEYS["normal"]))[0] == 200
+        assert (await complete(session, app, None, **{"x-api-key": KEYS["normal"]}))[0] == 200
+        async with session.get(app.base_url + "/v1/models") as answer:
+            assert answer.status == 401
+        async with session.get(app.base_url + "/health") as answer:
+            assert answer.status == 200  # probes need no key
+        assert sample(app, "tpuserve_router_auth_failures_total", reason="missing") == 2
+        assert sample(app, "tpuserve_router_auth_failures_total", reason="invalid") == 1
+        assert sample(
+            app, "tpuserve_router_tenant_requests_total",
+            tenant="acme", priority="normal", status="200",
+        ) == 2  # fmt: skip
+        assert sample(app, "tpuserve_router_tenant_tokens_total", tenant="acme", kind="prompt") == 6
+        credentials = {b"authorization", b"x-api-key"}
+        assert all(not credentials & {name for name, _ in h} for h in worker.headers)
+
+
+async def test_a_key_over_its_limits_gets_429_saying_when_to_return(tmp_path: Path) -> None:
+    async with router(tmp_path, StubWorker()) as app, aiohttp.ClientSession() as session:
+        assert [(await complete(session, app, KEYS["limited"]))[0] for _ in range(2)] == [200, 200]
+        status, headers, body = await complete(session, app, KEYS["limited"])
+        assert status == 429
+        assert body["error"]["type"] == "rate_limit_exceeded"
+        assert int(headers["Retry-After"]) >= 1
+        assert headers["x-ratelimit-limit-requests"] == "2"
+        assert headers["x-ratelimit-remaining-requests"] == "0"
+        # 5 tokens a minute: each answer spends 4 (3 prompt + 1 completion), after it arrives
+        assert (await complete(session, app, KEYS["thrifty"]))[0] == 200
+        assert (await complete(session, app, KEYS["thrifty"]))[0] == 200
+        status, headers, _ = await complete(session, app, KEYS["thrifty"])
+        assert (status, headers["x-ratelimit-limit-tokens"]) == (429, "5")
+        assert (
+            sample(app, "tpuserve_router_rate_limited_total", tenant="trial", limit="requests") == 1
+        )
+        assert (
+            sample(app, "tpuserve_router_rate_limited_total", tenant="trial", limit="tokens") == 1
+        )
+        assert (await complete(session, app, KEYS["normal"]))[0] == 200  # others unaffected
+
+
+async def test_under_overload_the_lowest_priority_is_shed_first(tmp_path: Path) -> None:
+    hang = StubWorker("hang")
+    async with router(tmp_path, hang, max_in_flight=10) as app, aiohttp.ClientSession() as session:
+        held = [asyncio.ensure_future(complete(session, app, KEYS["critical"])) for _ in range(7)]
+        await eventually_async(lambda: hang.in_progress == 7, what="7 requests in flight")
+        status, headers, _ = await complete(session, app, KEYS["low"])  # low stops at 7
+        assert (status, headers["Retry-After"]) == (503, "1")
+        normal = asyncio.ensure_future(complete(session, app, KEYS["normal"]))  # normal at 8
+        await eventually_async(lambda: hang.in_progress == 8, what="the normal one admitted")
+        assert (await complete(session, app, KEYS["normal"]))[0] == 503
+        critical = asyncio.ensure_future(complete(session, app, KEYS["critical"]))
+        await eventually_async(lambda: hang.in_progress == 9, what="critical still admitted")
+        hang.release.set()
+        answers = await asyncio.gather(*held, normal, critical)
+        assert [a[0] for a in answers] == [200] * 9
+        assert sample(app, "tpuserve_router_shed_total", priority="low") == 1
+        assert sample(app, "tpuserve_router_shed_total", priority="normal") == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "key", "status"),
+    [
+        ("loopback", None, 200),  # this host may, by default
+        ("loopback", "normal", 200),
+        ("keys", None, 403),
+        ("keys", "normal", 403),
+        ("keys", "admin", 200),
+        ("off", "admin", 403),
+        ("open", None, 200),
+    ],
+)
+async def test_the_admin_api_answers_whom_admin_allows(
+    tmp_path: Path, mode: str, key: str | None, status: int
+) -> None:
+    async with router(tmp_path, StubWorker(), admin=mode) as app, aiohttp.ClientSession() as s:
+        headers = {"Authorization": f"Bearer {KEYS[key]}"} if key else {}
+        async with s.get(app.base_url + "/workers", headers=headers) as answer:
+            assert answer.status == status
+            if status == 403:
+                assert (await answer.json())["error"]["type"] == "permission_error"
+
+
+async def test_a_new_keys_file_takes_effect_without_a_restart(tmp_path: Path) -> None:
+    async with router(tmp_path, StubWorker()) as app, aiohttp.ClientSession() as session:
+        assert app.keys is not None
+        fresh = tmp_path / "fresh.json"
+        fresh.write_bytes(
+            orjson.dumps({"keys": [{"key": "sk-rotated-0123456789", "tenant": "acme"}]})
+        )
+        fresh.replace(tmp_path / "keys.json")
+        app.keys.reload_if_changed()  # what the reload timer does every few seconds
+        assert (await complete(session, app, KEYS["normal"]))[0] == 401
+        assert (await complete(session, app, "sk-rotated-0123456789"))[0] == 200
+        assert sample(app, "tpuserve_router_api_keys") == 1
+        assert sample(app, "tpuserve_router_api_key_reloads_total", result="ok") == 1

@@ -1,0 +1,114 @@
+"""Work nobody waits for is aborted on the worker (SGLang's /abort_request by rid): when the
+client leaves, streamed or not, and when the router gives up on a slow worker; the router
+names every single request so it can, and leaves the client's own rid as it is."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.fakes import STUB_MODEL, StubWorker
+from tests.waiting import eventually_async
+from tpuserve_router.app import RouterApp
+from tpuserve_router.config import RouterConfig
+
+pytestmark = pytest.mark.component
+
+
+@contextlib.asynccontextmanager
+async def router(*workers: StubWorker, **settings: object) -> AsyncIterator[RouterApp]:
+    for worker in workers:
+        await worker.start()
+    config = RouterConfig(
+        host="127.0.0.1",
+        port=0,
+        workers=tuple(w.url for w in workers),
+        policy="least_load",
+        health_check_interval_seconds=0,  # admitted at once
+    ).replace(**settings)
+    app = RouterApp(config, registry=CollectorRegistry())
+    await app.start()
+    try:
+        await eventually_async(
+            lambda: all(w.healthy for w in app.registry.workers), what="workers routable"
+        )
+        yield app
+    finally:
+        await app.stop()
+        for worker in workers:
+            await worker.stop()
+
+
+def request_bytes(body: dict[str, Any]) -> bytes:
+    data = orjson.dumps(body)
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(data)
+    ) + data
+
+
+async def leave_after_sending(app: RouterApp, worker: StubWorker, body: dict[str, Any]) -> None:
+    """Send a request, wait until the worker has it, then close the connection."""
+    _, writer = await asyncio.open_connection("127.0.0.1", app.port)
+    writer.write(request_bytes(body))
+    await eventually_async(lambda: worker.in_progress == 1, what="the worker holding it")
+    writer.close()
+
+
+def aborts(app: RouterApp, reason: str) -> float:
+    value = app.metrics.registry.get_sample_value(
+        "tpuserve_router_upstream_aborts_total",
+        {"worker": app.registry.workers[0].name, "reason": reason},
+    )
+    return value or 0.0
+
+
+async def test_a_client_leaving_a_plain_request_has_it_aborted_by_the_rid_it_was_given() -> None:
+    hang = StubWorker("hang")
+    async with router(hang) as app:
+        await leave_after_sending(app, hang, {"model": STUB_MODEL, "prompt": "hi"})
+        await eventually_async(lambda: hang.aborted, what="an abort sent to the worker")
+        sent = orjson.loads(hang.bodies[0])
+        assert hang.bodies[0].startswith(b'{"rid":"')  # named at the front, nothing else moved
+        assert len(sent["rid"]) == 32
+        assert sent["prompt"] == "hi"
+        assert hang.aborted == [sent["rid"]]
+        assert aborts(app, "client_gone") == 1
+
+
+async def test_a_client_leaving_a_stream_has_it_aborted() -> None:
+    stall = StubWorker("stall")
+    async with router(stall) as app:
+        body = {"model": STUB_MODEL, "prompt": "hi", "stream": True, "rid": "client-rid"}
+        await leave_after_sending(app, stall, body)
+        await eventually_async(lambda: stall.aborted, what="an abort sent to the worker")
+        assert stall.aborted == ["client-rid"]  # the client's own rid, untouched
+        assert orjson.loads(stall.bodies[0])["rid"] == "client-rid"
+
+
+async def test_a_worker_the_router_gives_up_on_is_asked_to_abort() -> None:
+    hang, ok = StubWorker("hang"), StubWorker()
+    async with router(hang, ok, first_byte_timeout_seconds=0.2) as app:
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.port)
+        writer.write(request_bytes({"model": STUB_MODEL, "prompt": "hi", "max_tokens": 1}))
+        assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")  # retried on ok
+        writer.close()
+        await eventually_async(lambda: hang.aborted, what="an abort sent to the slow worker")
+        assert hang.aborted == [orjson.loads(hang.bodies[0])["rid"]]
+        assert aborts(app, "gave_up") == 1
+
+
+async def test_a_batch_is_not_renamed_and_left_to_the_engine() -> None:
+    hang = StubWorker("hang")
+    async with router(hang) as app:
+        body = {"model": STUB_MODEL, "prompt": ["a", "b"]}
+        await leave_after_sending(app, hang, body)
+        await eventually_async(lambda: hang.in_progress == 0, what="the upstream closed")
+        assert orjson.loads(hang.bodies[0]) == body
+        assert hang.aborted == []

@@ -1,0 +1,139 @@
+"""Misbehaving workers whose /health passes: one answering 500 to everything, one that never
+answers, one whose stream stalls. Requests still succeed elsewhere, and the culprit is
+ejected after a bounded number of failures (counts and state, never time)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.fakes import STUB_MODEL, StubWorker
+from tests.waiting import eventually_async
+from tpuserve_router.app import RouterApp
+from tpuserve_router.config import RouterConfig
+
+pytestmark = pytest.mark.component
+
+CONSECUTIVE = 5  # --outlier-consecutive-failures (the default)
+
+
+@contextlib.asynccontextmanager
+async def router(*workers: StubWorker, **settings: object) -> AsyncIterator[RouterApp]:
+    """A least_load router, probing every 50 ms, in front of started ``workers``: a worker
+    that fails fast is always the least loaded, so it would get every request."""
+    for worker in workers:
+        await worker.start()
+    config = RouterConfig(
+        host="127.0.0.1",
+        port=0,
+        workers=tuple(w.url for w in workers),
+        policy="least_load",
+        health_check_interval_seconds=0.05,
+        outlier_consecutive_failures=CONSECUTIVE,
+    ).replace(**settings)
+    app = RouterApp(config, registry=CollectorRegistry())
+    await app.start()
+    try:
+        await eventually_async(
+            lambda: all(w.healthy and w.models for w in app.registry.workers),
+            what="every worker routable",
+        )
+        yield app
+    finally:
+        await app.stop()
+        for worker in workers:
+            await worker.stop()
+
+
+def sample(app: RouterApp, name: str, **labels: str) -> float:
+    return app.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def send(app: RouterApp, total: int, concurrency: int, stream: bool = False) -> list[int]:
+    """``total`` completions over ``concurrency`` connections; their statuses."""
+    statuses: list[int] = []
+    body = {"model": STUB_MODEL, "prompt": "hello", "max_tokens": 1, "stream": stream}
+    left = iter(range(total))
+    async with aiohttp.ClientSession() as session:
+
+        async def loop() -> None:
+            for _ in left:
+                async with session.post(app.base_url + "/v1/completions", json=body) as answer:
+                    await answer.read()
+                    statuses.append(answer.status)
+
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return statuses
+
+
+async def test_a_worker_answering_500_to_everything_is_ejected_and_costs_no_request() -> None:
+    bad = StubWorker("error_500")
+    good = [StubWorker() for _ in range(3)]
+    concurrency = 16
+    async with router(bad, *good) as app:
+        statuses = await send(app, 1000, concurrency)
+        bad_worker = app.registry.workers[0]
+        # Its 500s are retried elsewhere, within the retry budget (the few over it reach
+        # the client): at least 99 % succeed.
+        assert sum(1 for s in statuses if s == 200) >= 990
+        assert (
+            sample(
+                app,
+                "tpuserve_router_worker_ejections_total",
+                worker=bad_worker.name,
+                reason="consecutive_failures",
+            )
+            == 1
+        )
+        assert not bad_worker.healthy
+        assert bad_worker.health_ok  # its /health passed all along
+        # Ejected at its fifth failure in a row: besides those, only requests already sent
+        # to it when it was ejected reached it.
+        assert CONSECUTIVE <= bad.generation_requests <= CONSECUTIVE + concurrency
+        assert sum(w.generation_requests for w in good) >= 990
+
+
+async def test_a_worker_that_never_answers_is_retried_elsewhere_then_ejected() -> None:
+    hang, ok = StubWorker("hang"), StubWorker()
+    async with router(
+        hang, ok, first_byte_timeout_seconds=0.2, first_byte_timeout_floor_seconds=0.1
+    ) as app:
+        assert await send(app, 12, 1) == [200] * 12
+        assert hang.generation_requests == CONSECUTIVE  # then out of rotation
+        assert not app.registry.workers[0].healthy
+        assert (
+            sample(
+                app,
+                "tpuserve_router_upstream_errors_total",
+                worker=app.registry.workers[0].name,
+                reason="first_byte_timeout",
+            )
+            == CONSECUTIVE
+        )
+
+
+async def test_a_stalled_stream_is_cut_with_an_error_event() -> None:
+    stall = StubWorker("stall")
+    async with router(stall, stream_idle_timeout_seconds=0.2) as app:
+        async with aiohttp.ClientSession() as session:
+            body = {"model": STUB_MODEL, "prompt": "hi", "max_tokens": 50, "stream": True}
+            async with session.post(app.base_url + "/v1/completions", json=body) as answer:
+                assert answer.status == 200
+                text = (await answer.read()).decode()
+        first, error = text.split("\n\n")[:2]
+        assert first.startswith('data: {"id":"c"')
+        assert '"type":"upstream_error"' in error
+        assert "the worker's stream stalled" in error
+        worker = app.registry.workers[0].name
+        assert (
+            sample(
+                app, "tpuserve_router_upstream_errors_total", worker=worker, reason="stream_stalled"
+            )
+            == 1
+        )
+        await eventually_async(lambda: stall.in_progress == 0, what="the upstream cancelled")

@@ -1,0 +1,176 @@
+"""API keys: the file's problems are named, only digests are kept, keys are compared in
+constant time and reread when the file changes; buckets limit requests and tokens per
+minute and say when to come back; priority classes are shed lowest first."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+from typing import cast
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tpuserve_router.app import RouterApp
+from tpuserve_router.auth import (
+    MAX_TENANT_LABELS,
+    OTHER_TENANT,
+    KeysFileError,
+    KeyStore,
+    parse_keys,
+    presented_key,
+)
+from tpuserve_router.config import RouterConfig
+from tpuserve_router.quotas import Quotas, in_flight_limits
+from tpuserve_router.server import HttpConnection, HttpRequest
+
+pytestmark = pytest.mark.unit
+
+KEY = "sk-test-0123456789abcdef"
+
+
+def keys_file(tmp_path: Path, *entries: dict[str, object]) -> Path:
+    path = tmp_path / "keys.json"
+    path.write_bytes(orjson.dumps({"keys": list(entries)}))
+    return path
+
+
+def test_a_key_in_clear_or_as_its_sha256_is_kept_as_its_digest_only() -> None:
+    hashed = hashlib.sha256(b"sk-other-0123456789abcdef").hexdigest()
+    keys = parse_keys(
+        orjson.dumps({"keys": [
+            {"key": KEY, "tenant": "acme", "priority": "high", "requests_per_minute": 60},
+            {"key_sha256": hashed, "tenant": "ops", "admin": True},
+        ]}),
+        "keys.json",
+    )  # fmt: skip
+    assert set(keys) == {hashlib.sha256(KEY.encode()).digest(), bytes.fromhex(hashed)}
+    assert KEY.encode() not in repr(keys).encode()
+    acme = keys[hashlib.sha256(KEY.encode()).digest()]
+    assert (acme.tenant, acme.priority, acme.requests_per_minute, acme.admin) == (
+        "acme", "high", 60, False,
+    )  # fmt: skip
+
+
+def test_every_problem_of_the_file_is_named() -> None:
+    with pytest.raises(KeysFileError) as err:
+        parse_keys(
+            orjson.dumps({"keys": [
+                {"key": "short", "tenant": "a"},
+                {"key": KEY, "key_sha256": "00", "tenant": "b"},
+                {"key": KEY + "x", "tenant": "no spaces", "priority": "urgent"},
+                {"key": KEY + "y", "tenant": "c", "requests_per_minute": 0, "admin": "yes"},
+                {"key": KEY + "z", "tenant": "d", "color": "red"},
+            ]}),
+            "keys.json",
+        )  # fmt: skip
+    text = str(err.value)
+    for expected in (
+        "keys[0].key: allowed: a string of at least 16 characters",
+        "keys[1]: exactly one of key and key_sha256 is required",
+        "keys[2].tenant: 'no spaces' is not allowed",
+        "keys[2].priority: 'urgent' is not allowed; allowed: critical, high, normal, low",
+        "keys[3].requests_per_minute: 0 is not allowed",
+        "keys[3].admin: 'yes' is not allowed",
+        "keys[4]: unknown field(s) color",
+    ):
+        assert expected in text
+    with pytest.raises(KeysFileError, match="not JSON"):
+        parse_keys(b"{", "keys.json")
+
+
+def test_tenant_labels_are_bounded() -> None:
+    entries = [{"key": f"{KEY}-{i:04d}", "tenant": f"t{i:04d}"} for i in range(150)]
+    keys = parse_keys(orjson.dumps({"keys": entries}), "keys.json")
+    labels = {k.label for k in keys.values()}
+    assert len(labels) == MAX_TENANT_LABELS + 1
+    assert OTHER_TENANT in labels
+
+
+def test_the_bearer_key_or_x_api_key_is_presented() -> None:
+    assert presented_key(b"Bearer  abc ", None) == b"abc"
+    assert presented_key(b"bearer abc", b"def") == b"abc"
+    assert presented_key(None, b"def") == b"def"
+    assert presented_key(b"Basic abc", None) is None
+
+
+def test_the_store_rereads_a_changed_file_and_keeps_its_keys_on_a_bad_one(
+    tmp_path: Path,
+) -> None:
+    results: list[tuple[str, int]] = []
+    path = keys_file(tmp_path, {"key": KEY, "tenant": "acme"})
+    store = KeyStore(str(path), 10, lambda result, n: results.append((result, n)))
+    assert store.authenticate(KEY.encode()) is not None
+    assert store.authenticate(KEY.encode() + b"x") is None
+    assert store.authenticate(None) is None
+    store.reload_if_changed()
+    assert results == []  # unchanged: not read again
+    replacement = tmp_path / "new.json"
+    replacement.write_bytes(orjson.dumps({"keys": [{"key": KEY + "-new", "tenant": "acme"}]}))
+    os.replace(replacement, path)  # as a Secret update swaps the file
+    store.reload_if_changed()
+    assert store.authenticate(KEY.encode()) is None
+    assert store.authenticate(KEY.encode() + b"-new") is not None
+    path.write_text("{not json")
+    store.reload_if_changed()
+    assert store.authenticate(KEY.encode() + b"-new") is not None  # the keys in force stay
+    assert results == [("ok", 1), ("failed", 1)]
+
+
+def test_buckets_refuse_over_the_limits_and_say_when_to_return() -> None:
+    keys = parse_keys(
+        orjson.dumps({"keys": [
+            {"key": KEY, "tenant": "acme", "requests_per_minute": 2},
+            {"key": KEY + "-tokens", "tenant": "acme", "tokens_per_minute": 60},
+        ]}),
+        "keys.json",
+    )  # fmt: skip
+    requests_key, tokens_key = keys.values()
+    quotas = Quotas()
+    assert quotas.admit(requests_key, 0.0) is None
+    assert quotas.admit(requests_key, 0.0) is None
+    refused = quotas.admit(requests_key, 0.0)
+    assert refused is not None
+    refusal, headers = refused
+    assert (refusal.limit, headers["retry-after"]) == ("requests", "30")  # 1 of 2 per minute
+    assert headers["x-ratelimit-limit-requests"] == "2"
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-reset-requests"] == "60s"
+    assert quotas.admit(requests_key, 30.0) is None  # one request refilled
+    assert quotas.admit(tokens_key, 0.0) is None
+    quotas.spend_tokens(tokens_key, 90, 0.0)  # spent after the answer: 30 over the bucket
+    refused = quotas.admit(tokens_key, 29.0)  # -30 + 29 s at 1 token/s
+    assert refused is not None
+    assert (refused[0].limit, refused[1]["retry-after"]) == ("tokens", "2")
+    assert quotas.admit(tokens_key, 31.0) is None
+
+
+def test_lower_classes_are_shed_first() -> None:
+    assert in_flight_limits(100) == {"critical": 100, "high": 95, "normal": 85, "low": 70}
+    assert in_flight_limits(1) == {"critical": 1, "high": 1, "normal": 1, "low": 1}
+
+
+class FakeTransport:
+    def __init__(self, peer: tuple[str, int]) -> None:
+        self.peer = peer
+
+    def get_extra_info(self, name: str) -> object:
+        return self.peer if name == "peername" else None
+
+
+@pytest.mark.parametrize(
+    ("peer", "refused"), [("127.0.0.1", False), ("::1", False), ("10.0.0.5", True)]
+)
+async def test_by_default_only_this_host_may_use_the_admin_api(peer: str, refused: bool) -> None:
+    app = RouterApp(RouterConfig(), registry=CollectorRegistry())
+    conn = HttpConnection(app._handle, app.limits, app.book, asyncio.get_running_loop())
+    conn.transport = cast(asyncio.Transport, FakeTransport((peer, 40000)))
+    request = HttpRequest(conn, b"GET", b"/workers", [], b"", True, 0.0)
+    assert request.from_loopback is not refused
+    refusal = app._admin_refusal(request)
+    assert (refusal is not None) is refused
+    if refusal is not None:
+        assert (refusal.status, refusal.error_type) == (403, "permission_error")
