@@ -10,20 +10,24 @@ from __future__ import annotations
 # reconciler). It runs no controllers: pods exist only when a test puts them.
 # `make_pod` builds the operator's compact `PodView`; `pod_object` a pod as the apiserver has it.
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import itertools
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, UnprocessibleEntityError
+from prometheus_client import CollectorRegistry
 
+from tests.waiting import eventually_async
 from tpuserve_operator import labels
 from tpuserve_operator.observed import PodView
+from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.policies import RouteRequest
 from tpuserve_router.server import HttpRequest, serve
@@ -600,3 +604,32 @@ class StubWorker:
             request.end_chunked()
         else:
             raise ValueError(f"mode {mode!r}: allowed {', '.join(STUB_MODES)}")
+
+
+@contextlib.asynccontextmanager
+async def stub_router(*workers: StubWorker, **settings: Any) -> AsyncIterator[RouterApp]:
+    """A least_load router probing every 50 ms in front of the started stub ``workers``
+    (``settings`` override `RouterConfig` fields), once every worker is routable; stops the
+    router and the workers on exit. A worker that fails fast is always the least loaded, so
+    least_load sends it every request it can."""
+    for worker in workers:
+        await worker.start()
+    config = RouterConfig(
+        host="127.0.0.1",
+        port=0,
+        workers=tuple(w.url for w in workers),
+        policy="least_load",
+        health_check_interval_seconds=0.05,
+    ).replace(**settings)
+    app = RouterApp(config, registry=CollectorRegistry())
+    await app.start()
+    try:
+        await eventually_async(
+            lambda: all(w.healthy and w.models for w in app.registry.workers),
+            what="every worker routable",
+        )
+        yield app
+    finally:
+        await app.stop()
+        for worker in workers:
+            await worker.stop()

@@ -5,49 +5,25 @@ ejected after a bounded number of failures (counts and state, never time)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
 
-from tests.fakes import STUB_MODEL, StubWorker
+from tests.fakes import STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
-from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
 
 CONSECUTIVE = 5  # --outlier-consecutive-failures (the default)
 
 
-@contextlib.asynccontextmanager
-async def router(*workers: StubWorker, **settings: object) -> AsyncIterator[RouterApp]:
+def router(*workers: StubWorker, **settings: Any) -> AbstractAsyncContextManager[RouterApp]:
     """A least_load router, probing every 50 ms, in front of started ``workers``: a worker
     that fails fast is always the least loaded, so it would get every request."""
-    for worker in workers:
-        await worker.start()
-    config = RouterConfig(
-        host="127.0.0.1",
-        port=0,
-        workers=tuple(w.url for w in workers),
-        policy="least_load",
-        health_check_interval_seconds=0.05,
-        outlier_consecutive_failures=CONSECUTIVE,
-    ).replace(**settings)
-    app = RouterApp(config, registry=CollectorRegistry())
-    await app.start()
-    try:
-        await eventually_async(
-            lambda: all(w.healthy and w.models for w in app.registry.workers),
-            what="every worker routable",
-        )
-        yield app
-    finally:
-        await app.stop()
-        for worker in workers:
-            await worker.stop()
+    return stub_router(*workers, **{"outlier_consecutive_failures": CONSECUTIVE, **settings})
 
 
 def sample(app: RouterApp, name: str, **labels: str) -> float:

@@ -8,15 +8,15 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import orjson
 import pytest
-from prometheus_client import CollectorRegistry
 
-from tests.fakes import STUB_MODEL, StubWorker
+from tests.fakes import STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
-from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
 
@@ -35,31 +35,9 @@ LIMITS = {
 }
 
 
-@contextlib.asynccontextmanager
-async def router(*workers: StubWorker, **settings: object) -> AsyncIterator[RouterApp]:
+def router(*workers: StubWorker, **settings: Any) -> AbstractAsyncContextManager[RouterApp]:
     """A least_load router (with a metrics port) in front of started ``workers``."""
-    for worker in workers:
-        await worker.start()
-    config = RouterConfig(
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        workers=tuple(w.url for w in workers),
-        policy="least_load",
-        health_check_interval_seconds=0.05,
-    ).replace(**settings)
-    app = RouterApp(config, registry=CollectorRegistry())
-    await app.start()
-    try:
-        await eventually_async(
-            lambda: all(w.healthy and w.models for w in app.registry.workers),
-            what="every worker routable",
-        )
-        yield app
-    finally:
-        await app.stop()
-        for worker in workers:
-            await worker.stop()
+    return stub_router(*workers, **{"metrics_port": 0, **settings})
 
 
 @pytest.fixture
