@@ -245,6 +245,21 @@ def parse_generate(data: Mapping[str, Any]) -> GenerationRequest:
     )
 
 
+def _openai_sampling(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling, streaming and naming fields completions and chat read alike."""
+    stop_ids = data.get("stop_token_ids")
+    return {
+        "stop": _stop(data, "stop", "stop"),
+        "stop_token_ids": _token_ids(stop_ids, "stop_token_ids") if stop_ids else [],
+        "temperature": _float(data, "temperature", "temperature") or 0.0,
+        "seed": _int(data, "seed", "seed"),
+        "stream": _bool(data, "stream", "stream"),
+        "include_usage": _stream_options(data),
+        "model": _model(data),
+        "rid": _rid(data),
+    }
+
+
 def parse_completions(data: Mapping[str, Any]) -> GenerationRequest:
     """OpenAI ``/v1/completions`` with one prompt (a string or token ids)."""
     _n_is_one(data)
@@ -265,21 +280,13 @@ def parse_completions(data: Mapping[str, Any]) -> GenerationRequest:
             kind="value" if prompt == "" else "schema",
         )
     max_tokens = _int(data, "max_tokens", "max_tokens")
-    stop_ids = data.get("stop_token_ids")
     return GenerationRequest(
         text=text,
         input_ids=ids,
         max_new_tokens=_positive_max_tokens(  # a validator of SGLang's request schema
             max_tokens, "max_tokens", DEFAULT_COMPLETIONS_MAX_TOKENS, kind="schema"
         ),
-        stop=_stop(data, "stop", "stop"),
-        stop_token_ids=_token_ids(stop_ids, "stop_token_ids") if stop_ids else [],
-        temperature=_float(data, "temperature", "temperature") or 0.0,
-        seed=_int(data, "seed", "seed"),
-        stream=_bool(data, "stream", "stream"),
-        include_usage=_stream_options(data),
-        model=_model(data),
-        rid=_rid(data),
+        **_openai_sampling(data),
     )
 
 
@@ -326,19 +333,11 @@ def parse_chat(data: Mapping[str, Any]) -> tuple[GenerationRequest, list[dict[st
     if max_tokens is None:
         max_tokens = _int(data, "max_tokens", "max_tokens")
         param = "max_tokens"
-    stop_ids = data.get("stop_token_ids")
     request = GenerationRequest(
         text=None,
         input_ids=None,
         max_new_tokens=_positive_max_tokens(max_tokens, param, DEFAULT_CHAT_MAX_TOKENS),
-        stop=_stop(data, "stop", "stop"),
-        stop_token_ids=_token_ids(stop_ids, "stop_token_ids") if stop_ids else [],
-        temperature=_float(data, "temperature", "temperature") or 0.0,
-        seed=_int(data, "seed", "seed"),
-        stream=_bool(data, "stream", "stream"),
-        include_usage=_stream_options(data),
-        model=_model(data),
-        rid=_rid(data),
+        **_openai_sampling(data),
         max_new_tokens_asked=max_tokens is not None,
     )
     return request, messages

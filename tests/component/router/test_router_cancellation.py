@@ -5,44 +5,22 @@ names every single request so it can, and leaves the client's own rid as it is."
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import orjson
 import pytest
-from prometheus_client import CollectorRegistry
 
-from tests.fakes import STUB_MODEL, StubWorker
+from tests.fakes import STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
-from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
 
 
-@contextlib.asynccontextmanager
-async def router(*workers: StubWorker, **settings: object) -> AsyncIterator[RouterApp]:
-    for worker in workers:
-        await worker.start()
-    config = RouterConfig(
-        host="127.0.0.1",
-        port=0,
-        workers=tuple(w.url for w in workers),
-        policy="least_load",
-        health_check_interval_seconds=0,  # admitted at once
-    ).replace(**settings)
-    app = RouterApp(config, registry=CollectorRegistry())
-    await app.start()
-    try:
-        await eventually_async(
-            lambda: all(w.healthy for w in app.registry.workers), what="workers routable"
-        )
-        yield app
-    finally:
-        await app.stop()
-        for worker in workers:
-            await worker.stop()
+def router(*workers: StubWorker, **settings: Any) -> AbstractAsyncContextManager[RouterApp]:
+    """A least_load router in front of started ``workers``, admitting them at once."""
+    return stub_router(*workers, **{"health_check_interval_seconds": 0, **settings})
 
 
 def request_bytes(body: dict[str, Any]) -> bytes:
