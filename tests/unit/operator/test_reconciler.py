@@ -318,3 +318,15 @@ async def test_an_invalid_edit_keeps_the_last_good_status_but_its_conditions(
         k: before[k] for k in ("endpoint", "plan", "groups", "revision")
     }
     assert operator.reconciler.server_readiness() == []  # an invalid server is not counted
+
+
+def test_every_child_kind_is_known_to_the_kube_client_and_watched() -> None:
+    """The operator starts only if every kind it renders has a REST mapping (a new child
+    kind without one made the handlers module fail at import)."""
+    from tpuserve_operator.handlers import tpumodelserver
+    from tpuserve_operator.kube import KINDS
+    from tpuserve_operator.reconciler import CHILD_KINDS
+
+    assert [k for k in CHILD_KINDS if k not in KINDS] == []
+    watched = {(group, plural) for group, _, plural in tpumodelserver.CHILD_RESOURCES}
+    assert ("networking.k8s.io", "networkpolicies") in watched
