@@ -93,8 +93,10 @@ def stream_differences(real: Sequence[Any], twin: Sequence[Any]) -> list[str]:
     """How the twin's stream of chunks differs from the real engine's.
 
     An engine may merge token updates into one chunk, so the number of chunks is not
-    compared: the first data chunk's shape, the shapes of the chunks between it and the last
-    (when both streams have some), the last data chunk and the usage chunk in full."""
+    compared: the first data chunk's shape (when neither stream's first chunk is also its
+    last: a short answer merged whole is one final chunk), the shapes of the chunks between it
+    and the last (when both streams have some), the last data chunk and the usage chunk in
+    full."""
     found = []
     (real_data, real_usage), (twin_data, twin_usage) = (
         ([c for c in chunks if not _is_usage(c)], [c for c in chunks if _is_usage(c)])
@@ -102,7 +104,8 @@ def stream_differences(real: Sequence[Any], twin: Sequence[Any]) -> list[str]:
     )
     if not real_data or not twin_data:
         return [f"data chunks: real {len(real_data)}, twin {len(twin_data)}"]
-    if signature(real_data[0]) != signature(twin_data[0]):
+    both_longer = len(real_data) > 1 and len(twin_data) > 1
+    if both_longer and signature(real_data[0]) != signature(twin_data[0]):
         r, t = set(signature(real_data[0])), set(signature(twin_data[0]))
         found.append(f"first chunk: real-only {sorted(r - t)}, twin-only {sorted(t - r)}")
     real_middle, twin_middle = _shapes(real_data[1:-1]), _shapes(twin_data[1:-1])
