@@ -10,7 +10,11 @@ A `tpuserve router` (default settings, ``--metrics-port``) in front of 2 stub wo
    child processes (each process has its own open-file limit), while an ordinary client and
    the metrics port's ``/readiness`` are probed, and every worker must stay healthy.
 
-    python bench/router_probes.py [--idle 20000] [--json out.json]
+With ``--stopped-engine``, only this: two engine twins on the real clock, plain requests at
+concurrency 8, one engine stopped with SIGSTOP mid-load; how long until it is ejected, the
+longest request, how many failed.
+
+    python bench/router_probes.py [--idle 20000] [--json out.json] [--stopped-engine]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import multiprocessing
 import os
 import resource
+import signal
 import sys
 import time
 import urllib.request
@@ -140,11 +145,85 @@ def hold_idle(port: int, count: int, ready: Any, release: Any) -> None:
     asyncio.run(run())
 
 
+def stopped_engine() -> dict[str, Any]:
+    """Two engine twins on the real clock behind a router with default settings; plain
+    requests at concurrency 8; one engine is stopped (SIGSTOP) mid-load. How long until the
+    router stops routing to it, the longest request, and how many failed."""
+    engines = []
+    for _ in range(2):
+        port = ro.free_port()
+        cmd = [sys.executable, "-c", ro.ENTRY, "engine", "sim", "--port", str(port),
+               "--time-scale", "1", "--log-level", "warning"]  # fmt: skip
+        engines.append(ro.start("engine", cmd, ro.OTHER_CORE, port))
+    for engine in engines:
+        ro.wait_http(engine.url, "/health")
+    port = ro.free_port()
+    router = ro.start(
+        "router", ro.tpuserve_router("least_load").command(port, [e.url for e in engines]),
+        ro.ROUTER_CORE, port,
+    )  # fmt: skip
+    url = f"http://{HOST}:{port}"
+    try:
+        ro.wait_http(url, "/readiness")
+        time.sleep(2.0)
+        return asyncio.run(_stop_one_under_load(port, url, engines[0]))
+    finally:
+        os.kill(engines[0].popen.pid, signal.SIGCONT)
+        router.stop()
+        for engine in engines:
+            engine.stop()
+
+
+async def _stop_one_under_load(port: int, url: str, victim: ro.Proc) -> dict[str, Any]:
+    body = orjson.dumps({"model": ro.MODEL, "prompt": "hello there", "max_tokens": 20})
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nhost: r\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n" % len(body)
+    ) + body
+    durations: list[float] = []
+    failed = 0
+    stop_at = time.monotonic() + 40.0
+
+    async def client() -> None:
+        nonlocal failed
+        while time.monotonic() < stop_at:
+            started = time.monotonic()
+            status = status_of(await exchange(port, request, read_seconds=120))
+            durations.append(time.monotonic() - started)
+            failed += status != 200
+
+    clients = [asyncio.ensure_future(client()) for _ in range(8)]
+    await asyncio.sleep(5.0)
+    os.kill(victim.popen.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    ejected = None
+    while time.monotonic() < stopped + 60:
+        healthy = await asyncio.to_thread(workers_healthy, url)
+        if not healthy[0]:
+            ejected = time.monotonic() - stopped
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.gather(*clients)
+    return {
+        "requests": len(durations),
+        "failed": failed,
+        "longest_request_seconds": round(max(durations), 1),
+        "ejected_after_seconds": None if ejected is None else round(ejected, 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--idle", type=int, default=20_000)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--stopped-engine", action="store_true", help="only the SIGSTOP probe (engine twins)"
+    )
     args = parser.parse_args()
+    if args.stopped_engine:
+        row = stopped_engine()
+        print(f"stopped engine: {json.dumps(row)}")
+        return 0
     stubs = ro.start_stubs(2)
     port, metrics_port = ro.free_port(), ro.free_port()
     kind = ro.tpuserve_router("cache_aware")

@@ -68,7 +68,7 @@ HOP_BY_HOP: Final = frozenset(
 CREDENTIALS: Final = frozenset({b"authorization", b"x-api-key"})
 TIMEOUTS: Final = frozenset({"first_byte_timeout", "request_timeout"})  # answered 504
 ABANDONED: Final = frozenset(
-    {"first_byte_timeout", "stream_stalled", "request_timeout", "response_too_large"}
+    {"first_byte_timeout", "stream_stalled", "request_timeout", "response_too_large", "worker_down"}
 )
 """Failures after which the worker may still be generating: it is asked to abort."""
 CLIENT_CLOSED: Final = "499"  # nginx's code for "the client went away first"
@@ -403,17 +403,17 @@ class Forwarder:
         try:
             return await self._send(upstream, payload, arrived, first_byte)
         except UpstreamError as err:
-            upstream.close()
+            pool.release(upstream)  # not done: closed
             if err.reason != "reset_before_response" or not upstream.reused:
                 raise
         except BaseException:
-            upstream.close()
+            pool.release(upstream)
             raise
         upstream = await pool.connect()
         try:
             return await self._send(upstream, payload, arrived, first_byte)
         except BaseException:
-            upstream.close()
+            pool.release(upstream)
             raise
 
     async def _send(

@@ -181,6 +181,7 @@ UPSTREAM_ERROR_REASONS: Final = (
     "stream_stalled",  # a started answer sent nothing for --stream-idle-timeout
     "request_timeout",
     "response_too_large",  # over --max-response-bytes (or a head over --max-header-bytes)
+    "worker_down",  # in flight when the worker failed its health checks
 )
 CONNECTION_CLOSE_REASONS: Final = (
     "header_timeout",  # a head (or a new connection's first request) did not arrive in time

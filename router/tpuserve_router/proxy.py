@@ -259,6 +259,12 @@ class UpstreamConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def abandon(self, error: UpstreamError) -> None:
+        """Fail the pending wait with ``error`` and close."""
+        if not self.done:
+            self._fail(error)
+        self.close()
+
     def prepare(self) -> None:
         """Reset per-response state before reusing the connection."""
         self._reset()
@@ -353,6 +359,7 @@ class UpstreamPool:
         self.max_head_bytes = max_head_bytes
         self.max_body_bytes = max_body_bytes
         self.idle: list[UpstreamConnection] = []
+        self.busy: set[UpstreamConnection] = set()  # handed out, not yet released
         self.closed = False
 
     async def acquire(self) -> UpstreamConnection:
@@ -361,6 +368,7 @@ class UpstreamPool:
             conn = idle.pop()
             if not conn.closed:
                 conn.prepare()
+                self.busy.add(conn)
                 return conn
         return await self.connect()
 
@@ -379,10 +387,12 @@ class UpstreamPool:
             ) from None
         except OSError as err:
             raise UpstreamError("connect_error", err.strerror or str(err)) from None
+        self.busy.add(conn)
         return conn
 
     def release(self, conn: UpstreamConnection) -> None:
         """Keep ``conn`` for reuse if its response is complete, else close it."""
+        self.busy.discard(conn)
         if (
             conn.done
             and conn.keep_alive
@@ -394,6 +404,12 @@ class UpstreamPool:
             self.idle.append(conn)
         else:
             conn.close()
+
+    def fail_busy(self, detail: str) -> None:
+        """The worker is down: every request on it fails now (reason ``worker_down``), so
+        what has not started answering is retried elsewhere instead of waiting its time out."""
+        for conn in list(self.busy):
+            conn.abandon(UpstreamError("worker_down", detail, response_started=conn.head_ready))
 
     def close(self) -> None:
         self.closed = True

@@ -30,7 +30,9 @@ RETRYABLE_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
 (501, 505 and the like say the request itself cannot be served)."""
 NEVER_RETRIED: Final = frozenset({"response_too_large"})
 """Failures another worker would repeat: an answer too large for the router."""
-FREE_RETRIES: Final = frozenset({"connect_error", "reset_before_response", "stream_broken"})
+FREE_RETRIES: Final = frozenset(
+    {"connect_error", "reset_before_response", "stream_broken", "worker_down"}
+)
 """Failures of the connection itself: the worker is gone, nothing is done twice, so their
 retries spend no budget."""
 

@@ -113,3 +113,25 @@ async def test_a_stalled_stream_is_cut_with_an_error_event() -> None:
             == 1
         )
         await eventually_async(lambda: stall.in_progress == 0, what="the upstream cancelled")
+
+
+async def test_a_worker_failing_its_probes_hands_its_requests_to_another() -> None:
+    """A stopped engine (SIGSTOP) fails its probes while holding requests: they move as soon
+    as it is ejected, instead of waiting for their first-byte time (here 300 s)."""
+    hang, ok = StubWorker("hang"), StubWorker()
+    async with router(hang, ok, health_failure_threshold=2,
+                      first_byte_timeout_floor_seconds=300) as app:  # fmt: skip
+        call = asyncio.ensure_future(send(app, 1, 1))
+        await eventually_async(lambda: hang.in_progress == 1, what="the request held")
+        hang.health_status = 503
+        assert await asyncio.wait_for(call, 30) == [200]
+        assert (
+            sample(
+                app,
+                "tpuserve_router_upstream_errors_total",
+                worker=app.registry.workers[0].name,
+                reason="worker_down",
+            )
+            == 1
+        )
+        assert ok.generation_requests == 1
