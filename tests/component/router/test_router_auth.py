@@ -5,20 +5,17 @@ the admin API only for admin keys (or this host, by default), all counted per te
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-from prometheus_client import CollectorRegistry
 
-from tests.fakes import STUB_MODEL, StubWorker
+from tests.fakes import STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
-from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
 
@@ -40,27 +37,13 @@ ENTRIES = [
 ]
 
 
-@contextlib.asynccontextmanager
-async def router(tmp_path: Path, worker: StubWorker, **settings: Any) -> AsyncIterator[RouterApp]:
+def router(
+    tmp_path: Path, worker: StubWorker, **settings: Any
+) -> AbstractAsyncContextManager[RouterApp]:
+    """`stub_router` in front of ``worker``, with `ENTRIES` as its keys file."""
     path = tmp_path / "keys.json"
     path.write_bytes(orjson.dumps({"keys": ENTRIES}))
-    await worker.start()
-    config = RouterConfig(
-        host="127.0.0.1",
-        port=0,
-        workers=(worker.url,),
-        policy="least_load",
-        health_check_interval_seconds=0,
-        api_keys_file=str(path),
-    ).replace(**settings)
-    app = RouterApp(config, registry=CollectorRegistry())
-    await app.start()
-    try:
-        await eventually_async(lambda: app.registry.workers[0].healthy, what="worker routable")
-        yield app
-    finally:
-        await app.stop()
-        await worker.stop()
+    return stub_router(worker, api_keys_file=str(path), **settings)
 
 
 async def complete(
