@@ -262,7 +262,8 @@ def _run(args: argparse.Namespace) -> int:
                     "id": r.id, "worker": r.worker, "arrival": r.arrival, "outcome": r.outcome,
                     "ttft": r.ttft, "e2e": r.e2e, "prompt_tokens": r.prompt_tokens,
                     "cached_tokens": r.cached_tokens, "completion_tokens": r.completion_tokens,
-                    "ok": r.ok, "error": r.error,
+                    "ok": r.succeeded, "error": r.failure_reason,
+                    "error_detail": r.error_detail,
                 }) + "\n")  # fmt: skip
     if args.json:
         print(json.dumps(_finite(summary)))
@@ -307,11 +308,16 @@ def _finite(value: Any) -> Any:
 def render_text(summary: dict[str, Any]) -> str:
     lines = [f"policy {summary['policy']} on {summary.get('workload')} ({summary.get('mode')})"]
     for key in (
-        "requests", "failed", "hit_rate", "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99",
-        "e2e_mean", "e2e_p99", "throughput_rps", "output_tokens_per_s", "goodput_rps",
-        "imbalance_max_over_mean", "rate", "mu_rr", "cache_tokens",
+        "requests", "failed", "failed_by_reason", "hit_rate", "ttft_mean", "ttft_p50",
+        "ttft_p90", "ttft_p99", "e2e_mean", "e2e_p99", "throughput_rps", "output_tokens_per_s",
+        "goodput_rps", "imbalance_max_over_mean", "rate", "mu_rr", "cache_tokens",
     ):  # fmt: skip
         value = summary.get(key)
-        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        if isinstance(value, float):
+            shown = f"{value:.4g}"
+        elif isinstance(value, dict):
+            shown = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+        else:
+            shown = str(value)
         lines.append(f"  {key:<24} {shown}")
     return "\n".join(lines)

@@ -19,6 +19,10 @@ called exactly as the router calls them:
   happened at the engine, not through the router). ``SimResult.faults`` records when each
   faulted engine served again.
 
+Every request of the trace runs as its own request, whatever its id (the engines see the
+request's position in the trace), and one that fails carries its reason in
+``RequestRecord.error`` (`FAILURE_REASONS`).
+
 `measure_rr_saturation` gives mu_RR: round-robin's throughput when the whole trace arrives at
 once (requests per virtual second).
 """
@@ -51,6 +55,16 @@ from tpuserve_router.request_body import parse_chat, parse_completions
 log = logging.getLogger(__name__)
 
 SAMPLE_INTERVAL_SECONDS = 0.1
+
+FAILURE_REASONS = {
+    "no_healthy_worker": "the policy found no routable worker (the router answers 503)",
+    "prompt_too_long": "the prompt has at least the engine's context length of tokens "
+    "(the engine answers 400)",
+    "queue_full": "the engine's waiting queue was full (the engine answers 503)",
+    "worker_restarted": "the worker restarted while the request ran (--fault restart)",
+    "not_finished": "the run ended before the request finished (its worker never served it)",
+}
+"""Why a request failed in mode sim: the ``error`` of its record, one of these keys."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,12 @@ class SimConfig:
     faults: tuple[Fault, ...] = ()
     restart_down_seconds: float = 5.0
     slo_factor: float = SLO_FACTOR
+
+    @property
+    def context_length(self) -> int:
+        """The engines' context length, as ``tpuserve engine sim`` chooses it when not told:
+        the model's, at most the KV pool."""
+        return min(get_profile(self.model_profile).context_length, self.cache_tokens)
 
     def validate(self) -> None:
         if self.workers < 1:
@@ -200,6 +220,7 @@ class SimRun:
         self.records: list[RequestRecord] = []
         self.samples = LoadSamples([w.name for w in self.workers])
         self._first_tokens: list[_Pending] = []
+        self.rejected = 0
         self._draining: dict[int, dict[str, Any]] = {}
         self.fault_log: list[dict[str, Any]] = []
 
@@ -212,7 +233,7 @@ class SimRun:
             max_running_requests=cfg.max_running_requests,
             chunked_prefill_size=cfg.chunked_prefill_size,
             max_queued_requests=cfg.max_queued_requests, seed=cfg.seed * 1000 + index,
-            emit_kv_events=False,
+            context_length=cfg.context_length, emit_kv_events=False,
         )  # fmt: skip
         return VirtualEngine(EngineCore(engine_config, self.timer, self.palette))
 
@@ -277,12 +298,15 @@ class SimRun:
             self._sample()
             next_sample += SAMPLE_INTERVAL_SECONDS
             if all(w.engine.idle for w in self.workers) and self.pending:
-                # Only requests on a worker that is down or rejected remain; nothing can finish.
+                # Only requests on a worker that is down remain; nothing can finish.
                 break
+        for p in self.pending.values():
+            self._fail(p, "not_finished")
+        self.pending.clear()
         return SimResult(
             self.policy_name, self.records, self.samples, self.config,
             time.perf_counter() - start, self.now,
-            rejected=sum(len(w.engine.rejected) for w in self.workers),
+            rejected=self.rejected,
             faults=self.fault_log,
         )  # fmt: skip
 
@@ -307,6 +331,13 @@ class SimRun:
                 p.worker.in_flight -= 1
                 self.policy.on_request_done(p.decision, True)
             self._deliver_first_tokens()
+            if w.engine.rejected:
+                rejected, w.engine.rejected = w.engine.rejected, []
+                self.rejected += len(rejected)
+                for _at, engine_req in rejected:
+                    p = self.pending.pop(engine_req.rid, None)
+                    if p is not None:
+                        self._fail(p, "queue_full")
             drain = self._draining.get(i)
             if drain is not None and w.in_flight == 0 and w.engine.core.flush_cache():
                 del self._draining[i]
@@ -342,12 +373,26 @@ class SimRun:
         worker: _Worker = decision.worker
         rec.worker = worker.name
         rec.outcome = decision.outcome
-        engine_req = Request(req.id, ids, req.max_tokens, on_update=self._on_update)
+        if len(ids) >= cfg.context_length:
+            rec.error = "prompt_too_long"
+            self.policy.on_request_done(decision, False)
+            return
+        # The engines know a request by its position in the trace, not its id, so requests
+        # that share an id (a hand-written trace) still run as requests of their own.
+        rid = str(len(self.records) - 1)
+        max_tokens = min(req.max_tokens, cfg.context_length - len(ids))
+        engine_req = Request(rid, ids, max_tokens, on_update=self._on_update)
         pending = _Pending(rec, decision, worker, engine_req)
         engine_req.user = pending
-        self.pending[req.id] = pending
+        self.pending[rid] = pending
         worker.in_flight += 1
         worker.engine.submit(engine_req, at=req.t)
+
+    def _fail(self, p: _Pending, reason: str) -> None:
+        """End a routed request that will not finish: its reason, the router's hooks."""
+        p.record.error = reason
+        p.worker.in_flight -= 1
+        self.policy.on_request_done(p.decision, False)
 
     def _sample(self) -> None:
         self.samples.add(self.now, [w.in_flight for w in self.workers])
@@ -365,9 +410,7 @@ class SimRun:
         for rid, p in list(self.pending.items()):
             if p.worker is w:
                 del self.pending[rid]
-                p.record.error = "worker_restarted"
-                w.in_flight -= 1
-                self.policy.on_request_done(p.decision, False)
+                self._fail(p, "worker_restarted")
         w.engine = self._new_engine(fault.worker)
         if self.index is not None and self.config.kv_events:
             self.index.clear(w.name)

@@ -233,9 +233,8 @@ def _w7(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
                 "timestamp": t * 1000.0, "input_length": input_length,
                 "output_length": rng.randint(32, 128), "hash_ids": hash_ids,
             }  # fmt: skip
-            req = from_mooncake(line, "W7", block)
+            req = from_mooncake(line, "W7", block, line=len(b.requests))
             req.session = f"s{s}"
-            req.token_ids = req.prompt_token_ids
             b.requests.append(req)
             t += p["step_seconds"] + rng.expovariate(1.0 / p["think_seconds"])
     return b.done(n)

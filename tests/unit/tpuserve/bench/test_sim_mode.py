@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,67 @@ def test_without_kv_events_precise_routes_on_its_own_predictions(
     assert without["kv_events"] is False
     assert numbers(without)["hit_rate"] > 0.5
     assert without != with_events
+
+
+MOONCAKE_FIXTURE = (
+    Path(__file__).resolve().parents[4] / "bench/traces/mooncake-conversation-small.jsonl"
+)
+
+
+def test_a_mooncake_trace_without_ids_replays_with_no_failed_request(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The fixture repeats timestamps (3 s steps) and starts every prompt with block 0: the
+    two fields the ids used to be made of."""
+    records = tmp_path / "records.jsonl"
+    data = run_cli(capsys, "--trace", str(MOONCAKE_FIXTURE), "--rate", "2",
+                   "--warmup-fraction", "0", "--records", str(records))  # fmt: skip
+    assert data["requests"] == 150
+    assert data["failed"] == 0
+    assert data["failed_by_reason"] == {}
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert len({row["id"] for row in rows}) == 150
+    assert all(row["ok"] and row["error"] == "" for row in rows)
+    assert data["hit_rate"] > 0.1  # type: ignore[operator]
+
+
+def test_requests_sharing_an_id_still_run_as_requests_of_their_own() -> None:
+    trace = workloads.generate("W1", seed=0, requests=60)
+    for r in trace:
+        r.id = "same"
+    trace = traces.rescale_to_rate(trace, 10.0)
+    result = run_sim(trace, "precise", SimConfig(cache_tokens=20_000))
+    assert len(result.records) == 60
+    assert all(r.ok and r.ttft is not None for r in result.records)
+
+
+def test_an_injected_failure_carries_its_reason_in_records_and_summary(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    records = tmp_path / "records.jsonl"
+    # A context of 4,096 tokens (the KV pool): the fixture's longer prompts cannot run.
+    data = run_cli(capsys, "--trace", str(MOONCAKE_FIXTURE), "--rate", "2", "--cache-tokens",
+                   "4096", "--warmup-fraction", "0", "--records", str(records))  # fmt: skip
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    failed = [row for row in rows if not row["ok"]]
+    assert failed
+    assert {row["error"] for row in failed} == {"prompt_too_long"}
+    assert all(row["prompt_tokens"] >= 4096 for row in failed)
+    assert data["failed"] == len(failed)
+    assert data["failed_by_reason"] == {"prompt_too_long": len(failed)}
+
+
+def test_every_way_a_sim_request_fails_names_its_reason() -> None:
+    from tpuserve.bench.sim_runner import FAILURE_REASONS
+
+    trace = traces.rescale_to_rate(_tiny("W1", 200), 200.0)
+    full = run_sim(trace, "round_robin", SimConfig(cache_tokens=20_000, max_queued_requests=2))
+    restarted = run_sim(trace, "least_load", SimConfig(
+        cache_tokens=20_000, workers=1, faults=(Fault("restart", 0.3, 0),),
+        restart_down_seconds=1e9))  # fmt: skip
+    failed = [r for r in full.records + restarted.records if not r.ok]
+    reasons = Counter(r.error for r in failed)
+    assert {"queue_full", "worker_restarted", "no_healthy_worker"} <= set(reasons)
+    assert set(reasons) <= set(FAILURE_REASONS)
+    assert full.rejected == sum(1 for r in full.records if r.error == "queue_full")
+    assert all(r.failure_reason == r.error for r in failed)
