@@ -38,7 +38,7 @@ SWEEP_POLICIES = (
     "round_robin", "cache_aware", "precise", "cost", "sglang_cache_aware_v2", "oracle",
 )  # fmt: skip
 """Policies swept over every load; every other policy and anchor runs at 0.85 x mu_RR."""
-WORKLOADS = ("W0", "W1-fits", "W1", "W2", "W3", "W4", "W5", "W6")
+WORKLOADS = ("W0", "W1-fits", "W1", "W2", "W3", "W4", "W5", "W6", "W9", "W10")
 CONTROLS = ("W0", "W1-fits")
 CONTROL_LOADS = (0.3, 0.85)
 SKIP = ("dynamo_cost_w0", "dynamo_cost_w0.5", "dynamo_cost_w2")

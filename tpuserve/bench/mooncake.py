@@ -11,12 +11,13 @@ later turns extend the earlier turns' blocks, so prompts share a system block, r
 session's context and grow from thousands to tens of thousands of tokens.
 
 The shapes are fitted to what was published about the traces (`PublishedStats`; the
-numbers and their sources are in docs/benchmarks.md):
+numbers and their sources are in docs/benchmarks.md, "Long-context workloads"):
 `CONVERSATION` to the conversation trace, `TOOL_AGENT` to the tool&agent trace. `trace_stats`
 measures a trace the way those numbers are defined (mean and median prompt, mean output,
 the share of prompt blocks an unbounded cache would hold), and a unit test checks the
 shapes still reproduce them.
 
+The workloads W9 and W10 (`tpuserve.bench.workloads`) are these traces turned into prompts;
 ``bench/traces/mooncake-conversation-small.jsonl`` is a small one as a file.
 """
 

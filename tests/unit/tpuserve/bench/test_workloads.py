@@ -246,3 +246,30 @@ def test_bad_mooncake_lines_name_the_line_and_field(
         traces.read_trace(path)
     assert f"{path}:1" in str(err.value)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["W9", "W10"])
+def test_long_context_workloads_share_a_system_block_and_extend_their_sessions(
+    name: str,
+) -> None:
+    trace = generate(name, seed=0, requests=300)
+    ids = [r.token_ids for r in trace]
+    assert all(x is not None for x in ids)
+    lengths = [len(x) for x in ids if x is not None]
+    assert min(lengths) < 4000 < 20_000 < max(lengths) <= 92_000
+    first = ids[0]
+    assert first is not None
+    assert all(x is not None and x[:512] == first[:512] for x in ids)  # one shared block
+    sessions: dict[str, list[TraceRequest]] = {}
+    for r in trace:
+        assert r.prompt is not None
+        assert r.session is not None
+        sessions.setdefault(r.session, []).append(r)
+    multi = [turns for turns in sessions.values() if len(turns) > 1]
+    assert len(multi) > 10
+    for turns in multi:
+        earlier, later = turns[0].token_ids, turns[1].token_ids
+        assert earlier is not None
+        assert later is not None
+        whole = len(earlier) // 512 * 512  # whole Mooncake blocks are shared
+        assert later[:whole] == earlier[:whole]
