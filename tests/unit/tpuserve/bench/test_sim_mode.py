@@ -11,7 +11,7 @@ import pytest
 
 from tpuserve.bench import sizing, traces, workloads
 from tpuserve.bench.report import summarize
-from tpuserve.bench.sim_runner import Fault, SimConfig, measure_rr_saturation, run_sim
+from tpuserve.bench.sim_runner import Fault, SimConfig, SimRun, measure_rr_saturation, run_sim
 from tpuserve.cli import main
 
 pytestmark = pytest.mark.unit
@@ -260,3 +260,34 @@ def test_every_way_a_sim_request_fails_names_its_reason() -> None:
     assert set(reasons) <= set(FAILURE_REASONS)
     assert full.rejected == sum(1 for r in full.records if r.error == "queue_full")
     assert all(r.failure_reason == r.error for r in failed)
+
+
+def test_router_replicas_each_route_a_share_with_their_own_in_flight_counts() -> None:
+    trace = traces.rescale_to_rate(_tiny("W1", 300), 30.0)
+    approximate = SimRun(trace, "cache_aware", SimConfig(cache_tokens=20_000, router_replicas=3))
+    result = approximate.run()
+    assert all(r.ok for r in result.records)
+    # Each replica's tree holds only what it routed itself: all learned something, all differ.
+    trees = [replica.policy.index_sizes()["tree_chars"] for replica in approximate.replicas]
+    assert min(trees) > 0
+    assert len(set(trees)) == 3
+    assert all(v.in_flight == 0 for replica in approximate.replicas for v in replica.views)
+    precise = SimRun(trace, "precise", SimConfig(cache_tokens=20_000, router_replicas=3))
+    result = precise.run()
+    # Every replica subscribes to every engine: the same confirmed blocks in each index.
+    blocks = {replica.policy.index_sizes()["confirmed_blocks"] for replica in precise.replicas}
+    assert len(blocks) == 1
+    assert blocks.pop() > 0
+    assert summarize("precise", result.records, None)["hit_rate"] > 0.5
+
+
+def test_one_router_replica_is_the_plain_run(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--workload", "W1", "--requests", "200", "--rate", "20", "--policy", "cache_aware")
+    one = run_cli(capsys, *args)
+    also_one = run_cli(capsys, *args, "--router-replicas", "1")
+    two = run_cli(capsys, *args, "--router-replicas", "2")
+    for data in (one, also_one, two):
+        data.pop("wall_seconds")
+    assert one == also_one
+    assert two["router_replicas"] == 2
+    assert two["failed"] == 0
