@@ -22,11 +22,12 @@ also follows, `prefix_routing.choose_by_affinity`, here measured in blocks):
    prompt tokens of requests whose prefill is not over: no first byte yet, and the engine's
    KV events have not reported the prompt's last block) plus the prompt tokens it does not
    hold. When the worker chosen above has more than ``queue_ratio`` (1.5) times the
-   least work, and more than ``queue_margin_tokens`` (4,096) more, the request goes to the
-   worker with the least work instead (``balanced_away`` when it gave up the longest
-   prefix). Long prefills then stop queueing behind each other on the holder of a prefix
-   (long-context workloads W9 and W10: p99 TTFT from 1.5-1.8x the oracle's to about its
-   level), while short queues keep affinity (W1-W6 unchanged; docs/benchmarks.md).
+   least work, and more than ``queue_margin_tokens`` (8,192: one chunked-prefill step)
+   more, the request goes to the worker with the least work instead (``balanced_away``
+   when it gave up the longest prefix). Long prefills then stop queueing behind each
+   other on the holder of a prefix (long-context workloads W9 and W10: p99 TTFT from
+   1.5-1.8x the oracle's to about its level), while short queues keep affinity (W1-W8
+   unchanged or better; docs/benchmarks.md).
 
 The chosen worker's blocks are also *predicted* in the index for
 ``predicted_ttl_seconds`` (2 s), so a burst of siblings that arrives before the engine's

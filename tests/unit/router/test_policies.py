@@ -350,14 +350,14 @@ def test_precise_leaves_a_prefix_holder_whose_prefill_queue_outweighs_the_prefix
 
 
 def test_precise_keeps_affinity_while_the_holders_queue_is_short() -> None:
-    policy = make_policy("precise", page_size=4)  # default margin: 4,096 tokens
+    policy = make_policy("precise", page_size=4)  # default margin: 8,192 tokens
     a, b = fake_worker("a"), fake_worker("b")
     prefix = page_tokens(64)
     store_prompt(policy, "a", prefix)
     request = fake_request(token_ids=[*prefix, *range(9000, 9008)])
-    book_prefill(policy, a, 3000)  # 3,008 vs 264 tokens of work: over the ratio, not the margin
+    book_prefill(policy, a, 8000)  # 8,008 vs 264 tokens of work: over the ratio, not the margin
     assert policy.choose(request, [a, b]).worker.name == "a"
-    book_prefill(policy, a, 2000)  # 5,008 vs 264: both
+    book_prefill(policy, a, 1000)  # 9,008 vs 264: both
     assert policy.choose(request, [a, b]).worker.name == "b"
 
 
