@@ -21,10 +21,11 @@ also follows, `prefix_routing.choose_by_affinity`, here measured in blocks):
    each worker's prefill work for the request is the prefill already queued there (uncached
    prompt tokens of requests whose prefill is not over: no first byte yet, and the engine's
    KV events have not reported the prompt's last block) plus the prompt tokens it does not
-   hold. When the worker chosen above has more than ``queue_ratio`` (1.5) times the
-   least work, and more than ``queue_margin_tokens`` (8,192: one chunked-prefill step)
-   more, the request goes to the worker with the least work instead (``balanced_away``
-   when it gave up the longest prefix). Long prefills then stop queueing behind each
+   hold. When the queue the worker with the least work would spare this request (the
+   chosen worker's queued prefill minus its own) exceeds ``saved_prefix_weight`` (2) x the
+   cached prefix it would give up plus ``queue_margin_tokens`` (8,192: one chunked-prefill
+   step), the request goes there instead (``balanced_away`` when it gave up the longest
+   prefix). Long prefills then stop queueing behind each
    other on the holder of a prefix (long-context workloads W9 and W10: p99 TTFT from
    1.5-1.8x the oracle's to about its level), while short queues keep affinity (W1-W8
    unchanged or better; docs/benchmarks.md).

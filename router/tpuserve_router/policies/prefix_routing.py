@@ -169,17 +169,18 @@ class PrefillQueues:
 class QueueParams:
     """When `leave_long_queue` overrules the affinity rule."""
 
-    queue_ratio: float = 1.5
-    """Move only when the chosen worker's prefill work is more than this many times the
-    least's (``inf``: never)."""
+    saved_prefix_weight: float = 2.0
+    """Queued tokens a move must avoid per token of cached prefix it gives up (``inf``:
+    never move). A token of prefix given up is prefilled again at the other worker, and
+    every request queued there after this one waits for it too: hence more than 1."""
     queue_margin_tokens: int = 8192
-    """... and larger by more than this many tokens: one step of SGLang's default chunked
-    prefill, so a move must save at least a whole prefill step (with 4,096 the synthetic
-    Mooncake conversations of W7 lost balance: p99 E2E 8.0 -> 14.7 s)."""
+    """... plus this many: one step of SGLang's default chunked prefill, so a move saves at
+    least a whole prefill step (with 4,096 the synthetic Mooncake conversations of W7 lost
+    balance: p99 E2E 8.0 -> 14.7 s)."""
 
     def validate(self) -> str | None:
-        if not self.queue_ratio >= 1.0:
-            return f"queue_ratio={self.queue_ratio} must be >= 1"
+        if not self.saved_prefix_weight >= 0.0:
+            return f"saved_prefix_weight={self.saved_prefix_weight} must be >= 0"
         if self.queue_margin_tokens < 0:
             return f"queue_margin_tokens={self.queue_margin_tokens} must be >= 0"
         return None
@@ -196,20 +197,21 @@ def leave_long_queue(
     """``chosen``, or the worker that would start this prompt's first token much sooner.
 
     A worker's prefill work for the request is the prefill queued there plus the prompt's
-    tokens it does not hold (``prompt_tokens - cached[i]``): `cost`'s price, where a cached
-    prefix is worth exactly the prefill it saves and a queue costs the prefill ahead. The
-    request moves to the worker with the least work (ties: the longer prefix, then the
-    least loaded) when the chosen one's is more than ``queue_ratio`` times it and larger by
-    more than ``queue_margin_tokens``, so a long prefill queued on a prefix's holder no
-    longer holds up the requests that follow it there, while shorter queues keep affinity
-    (moving costs a prefill that also takes room in the other worker's cache).
+    tokens it does not hold (``prompt_tokens - cached[i]``, `cost`'s price). The candidate
+    is the worker with the least work (ties: the longer prefix, then the least loaded). The
+    request moves there when the queue it avoids outweighs the prefix it gives up: when
+    ``queued[chosen] - queued[candidate]`` exceeds ``saved_prefix_weight`` x
+    ``(cached[chosen] - cached[candidate])`` plus ``queue_margin_tokens``. So a long prefill
+    queued on a prefix's holder no longer holds up the requests that follow it there, while
+    short queues keep affinity (a move costs a prefill, which the requests queued behind it
+    at the other worker pay for too, and room in that worker's cache).
     """
-    work = [queues.tokens(w.name) + prompt_tokens - c for w, c in zip(healthy, cached, strict=True)]
+    queued = [queues.tokens(w.name) for w in healthy]
+    work = [q + prompt_tokens - c for q, c in zip(queued, cached, strict=True)]
     least = min(range(len(healthy)), key=lambda i: (work[i], -cached[i], healthy[i].in_flight))
-    if (
-        work[chosen] > params.queue_ratio * work[least]
-        and work[chosen] - work[least] > params.queue_margin_tokens
-    ):
+    avoided = queued[chosen] - queued[least]
+    given_up = cached[chosen] - cached[least]
+    if avoided > params.saved_prefix_weight * given_up + params.queue_margin_tokens:
         return least
     return chosen
 

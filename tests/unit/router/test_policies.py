@@ -121,8 +121,8 @@ def test_bad_parameter_values_are_named() -> None:
         make_policy("cache_aware", balance_abs_threshold="x")
     with pytest.raises(PolicyConfigError, match=r"load_factor=0\.5 must be >= 1"):
         make_policy("cost", load_factor="0.5")
-    with pytest.raises(PolicyConfigError, match=r"queue_ratio=0\.5 must be >= 1"):
-        make_policy("precise", queue_ratio="0.5")
+    with pytest.raises(PolicyConfigError, match=r"saved_prefix_weight=-1\.0 must be >= 0"):
+        make_policy("precise", saved_prefix_weight="-1")
     with pytest.raises(PolicyConfigError, match="queue_margin_tokens=-1 must be >= 0"):
         make_policy("precise", queue_margin_tokens=-1)
 
@@ -355,9 +355,9 @@ def test_precise_keeps_affinity_while_the_holders_queue_is_short() -> None:
     prefix = page_tokens(64)
     store_prompt(policy, "a", prefix)
     request = fake_request(token_ids=[*prefix, *range(9000, 9008)])
-    book_prefill(policy, a, 8000)  # 8,008 vs 264 tokens of work: over the ratio, not the margin
-    assert policy.choose(request, [a, b]).worker.name == "a"
-    book_prefill(policy, a, 1000)  # 9,008 vs 264: both
+    book_prefill(policy, a, 8000)  # avoids 8,000 queued, gives up 256 cached: 8,000 < 2 x 256
+    assert policy.choose(request, [a, b]).worker.name == "a"  # + 8,192
+    book_prefill(policy, a, 1000)  # 9,000 > 8,704
     assert policy.choose(request, [a, b]).worker.name == "b"
 
 
