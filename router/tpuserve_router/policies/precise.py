@@ -27,8 +27,8 @@ also follows, `prefix_routing.choose_by_affinity`, here measured in blocks):
    step), the request goes there instead (``balanced_away`` when it gave up the longest
    prefix). Long prefills then stop queueing behind each
    other on the holder of a prefix (long-context workloads W9 and W10: p99 TTFT from
-   1.5-1.8x the oracle's to about its level), while short queues keep affinity (W1-W8
-   unchanged or better; docs/benchmarks.md).
+   1.5-1.8x the oracle's to about its level), while short queues keep affinity (W0-W6,
+   W8 unchanged at 0.85 x mu_RR; docs/benchmarks.md).
 
 The chosen worker's blocks are also *predicted* in the index for
 ``predicted_ttl_seconds`` (2 s), so a burst of siblings that arrives before the engine's
