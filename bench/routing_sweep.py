@@ -38,7 +38,7 @@ SWEEP_POLICIES = (
     "round_robin", "cache_aware", "precise", "cost", "sglang_cache_aware_v2", "oracle",
 )  # fmt: skip
 """Policies swept over every load; every other policy and anchor runs at 0.85 x mu_RR."""
-WORKLOADS = ("W0", "W1-fits", "W1", "W2", "W3", "W4", "W5", "W6")
+WORKLOADS = ("W0", "W1-fits", "W1", "W2", "W3", "W4", "W5", "W6", "W9", "W10")
 CONTROLS = ("W0", "W1-fits")
 CONTROL_LOADS = (0.3, 0.85)
 SKIP = ("dynamo_cost_w0", "dynamo_cost_w0.5", "dynamo_cost_w2")
@@ -84,7 +84,7 @@ def median_of(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def prepare(
-    name: str, seed: int, requests: int, workers: int
+    name: str, seed: int, requests: int, workers: int, router_replicas: int = 1
 ) -> tuple[list[Any], SimConfig, float]:
     base = "W1" if name == "W1-fits" else name
     trace = workloads.generate(base, seed=seed, requests=requests)
@@ -92,7 +92,9 @@ def prepare(
     cache = (
         sizing.fits_all(demand) if name == "W1-fits" else sizing.cache_tokens_for(demand, workers)
     )
-    config = SimConfig(workers=workers, cache_tokens=cache, seed=seed)
+    config = SimConfig(
+        workers=workers, cache_tokens=cache, seed=seed, router_replicas=router_replicas
+    )
     mu = measure_rr_saturation(trace, config)
     return trace, config, mu
 
@@ -112,6 +114,10 @@ def main() -> int:
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     parser.add_argument("--requests", type=int, default=REQUESTS)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument(
+        "--router-replicas", type=int, default=1,
+        help="Router replicas, each request to one at random (mu_RR is measured with one).",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     names = args.workloads.split(",")
@@ -144,7 +150,10 @@ def main() -> int:
             if (name, policy, load) in done:
                 continue
             if prepared is None:
-                prepared = [prepare(name, s, args.requests, args.workers) for s in seeds]
+                prepared = [
+                    prepare(name, s, args.requests, args.workers, args.router_replicas)
+                    for s in seeds
+                ]
             summaries = []
             pooled: list[RequestRecord] = []
             started = time.perf_counter()
@@ -155,7 +164,8 @@ def main() -> int:
                 summary.update(mu_rr=mu, rate=load * mu, cache_tokens=config.cache_tokens)
                 summaries.append(summary)
                 pooled += measured(result.records, 0.1)
-            row = {"workload": name, "policy": policy, "load": load, "seeds": seeds}
+            row = {"workload": name, "policy": policy, "load": load, "seeds": seeds,
+                   "router_replicas": args.router_replicas}  # fmt: skip
             row.update(median_of(summaries))
             row["ci95"] = bootstrap(pooled, rng)
             row["wall_seconds"] = time.perf_counter() - started

@@ -139,6 +139,11 @@ class BlockIndex:
     def workers(self) -> list[str]:
         return list(self._workers)
 
+    def holds(self, name: str, key: int) -> bool:
+        """Whether ``name`` reported holding block ``key`` (confirmed, in any of its ranks)."""
+        worker = self._workers.get(name)
+        return worker is not None and bool(self._confirmed.get(key, 0) & worker.mask)
+
     def match(self, keys: Sequence[int], names: Sequence[str]) -> list[int]:
         """For each of ``names``, how many leading blocks of ``keys`` it holds (the best of
         its DP ranks)."""

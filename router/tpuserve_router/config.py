@@ -27,9 +27,10 @@ from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url
 
 DEFAULT_POLICY = "precise"
 """The routing policy when none is given: the winner of the routing benchmark (issue 8,
-docs/benchmarks.md): best or tied p99 on W1-W6 and W8 with KV events, about even with
-cache_aware without them. The operator and the chart leave the policy unset by default, so
-this is the one place the default is spelled."""
+docs/benchmarks.md): best or tied p99 on W1-W6 and W8 with KV events, p99 TTFT at the oracle's
+level on the long-context W9 and W10 (issue 14), about even with cache_aware without them.
+The operator and the chart leave the policy unset by default, so this is the one place the
+default is spelled."""
 
 DEFAULT_LEADER_LABEL = "serving.tpuserve.dev/role=leader"
 DEFAULT_WORKER_URL_ANNOTATION = "serving.tpuserve.dev/worker-url"

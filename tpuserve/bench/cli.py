@@ -115,6 +115,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--cache-tokens", type=cli_types.positive_int, default=None,
         help="KV pool per engine in tokens (default: sized from the trace).",
     )  # fmt: skip
+    fleet.add_argument(
+        "--router-replicas", type=cli_types.positive_int, default=1,
+        help="Router replicas behind one Service (sim): each request goes to one at random; "
+        "each keeps its own policy state and in-flight counts (default: 1).",
+    )  # fmt: skip
     fleet.add_argument("--page-size", type=cli_types.positive_int, default=16, help="(default: 16)")
     fleet.add_argument("--tpu", default="v6e", choices=generation_names(), help="(default: v6e)")
     fleet.add_argument("--topology", default="1x1", help="TPU slice shape (default: 1x1).")
@@ -195,6 +200,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--fault-at: needs --fault restart|flush")
     if args.fault and args.mode == "live":
         raise ValueError("--fault: faults are injected in --mode sim only")
+    if args.router_replicas > 1 and args.mode == "live":
+        raise ValueError("--router-replicas: more than one replica runs in --mode sim only")
     trace, source = load_trace(args)
     demand = sizing.measure_demand(trace, args.page_size)
     cache_tokens = args.cache_tokens or sizing.cache_tokens_for(demand, args.workers)
@@ -203,6 +210,7 @@ def _run(args: argparse.Namespace) -> int:
         topology=args.topology, model_profile=args.model_profile, seed=args.seed,
         kv_event_drop=args.kv_event_drop, slo_factor=args.slo_factor,
         restart_down_seconds=args.restart_down_seconds, kv_events=not args.no_kv_events,
+        router_replicas=args.router_replicas,
     )  # fmt: skip
     config.validate()
     mu_rr = args.mu_rr
@@ -227,7 +235,7 @@ def _run(args: argparse.Namespace) -> int:
         "cache_tokens": cache_tokens, "shared_prefix_tokens": demand.shared_tokens,
         "rate": rate, "rate_fraction": fraction, "mu_rr": mu_rr,
         "tpu": f"{args.tpu}-{args.topology}", "model_profile": args.model_profile,
-        "kv_events": not args.no_kv_events,
+        "kv_events": not args.no_kv_events, "router_replicas": args.router_replicas,
     }  # fmt: skip
     fault_log: list[dict[str, Any]] = []
     if args.mode == "sim":
@@ -262,7 +270,8 @@ def _run(args: argparse.Namespace) -> int:
                     "id": r.id, "worker": r.worker, "arrival": r.arrival, "outcome": r.outcome,
                     "ttft": r.ttft, "e2e": r.e2e, "prompt_tokens": r.prompt_tokens,
                     "cached_tokens": r.cached_tokens, "completion_tokens": r.completion_tokens,
-                    "ok": r.ok, "error": r.error,
+                    "ok": r.succeeded, "error": r.failure_reason,
+                    "error_detail": r.error_detail,
                 }) + "\n")  # fmt: skip
     if args.json:
         print(json.dumps(_finite(summary)))
@@ -307,11 +316,16 @@ def _finite(value: Any) -> Any:
 def render_text(summary: dict[str, Any]) -> str:
     lines = [f"policy {summary['policy']} on {summary.get('workload')} ({summary.get('mode')})"]
     for key in (
-        "requests", "failed", "hit_rate", "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99",
-        "e2e_mean", "e2e_p99", "throughput_rps", "output_tokens_per_s", "goodput_rps",
-        "imbalance_max_over_mean", "rate", "mu_rr", "cache_tokens",
+        "requests", "failed", "failed_by_reason", "hit_rate", "ttft_mean", "ttft_p50",
+        "ttft_p90", "ttft_p99", "e2e_mean", "e2e_p99", "throughput_rps", "output_tokens_per_s",
+        "goodput_rps", "imbalance_max_over_mean", "rate", "mu_rr", "cache_tokens",
     ):  # fmt: skip
         value = summary.get(key)
-        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        if isinstance(value, float):
+            shown = f"{value:.4g}"
+        elif isinstance(value, dict):
+            shown = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+        else:
+            shown = str(value)
         lines.append(f"  {key:<24} {shown}")
     return "\n".join(lines)

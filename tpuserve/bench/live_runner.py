@@ -211,7 +211,20 @@ async def wait_router_ready(router: Proc, workers: int, within_seconds: float) -
     raise LiveError(f"the router was not ready within {within_seconds:g} s")
 
 
-async def _send(
+FAILURE_REASONS = {
+    "http_<status>": "the router answered with that HTTP status (the body's message in "
+    "error_detail)",
+    "stream_error": "the stream carried an error object instead of tokens",
+    "no_data": "the answer ended without a single data chunk",
+    "<exception>": "the connection failed: the client's exception class, e.g. "
+    "ServerDisconnectedError, TimeoutError",
+}
+"""Why a request failed in mode live: the ``error`` of its record, in one of these forms."""
+
+ERROR_DETAIL_CHARS = 300
+
+
+async def send_request(
     session: aiohttp.ClientSession, url: str, req: TraceRequest, rec: RequestRecord, t0: float
 ) -> None:
     route, body = req.body()
@@ -223,19 +236,25 @@ async def _send(
         async with session.post(url + route, data=orjson.dumps(body),
                                 headers={"content-type": "application/json"}) as resp:  # fmt: skip
             if resp.status != 200:
-                rec.error = f"http {resp.status}"
-                await resp.read()
+                rec.error = f"http_{resp.status}"
+                rec.error_detail = (await resp.text(errors="replace"))[:ERROR_DETAIL_CHARS]
                 return
             async for raw in resp.content:
                 line = raw.strip()
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if rec.ttft is None:
-                    rec.ttft = loop.time() - start
                 if data == b"[DONE]":
                     break
                 chunk = orjson.loads(data)
+                if not isinstance(chunk, dict):
+                    continue
+                if chunk.get("error"):
+                    rec.error = "stream_error"
+                    rec.error_detail = str(chunk["error"])[:ERROR_DETAIL_CHARS]
+                    return
+                if rec.ttft is None:
+                    rec.ttft = loop.time() - start
                 usage = chunk.get("usage")
                 if usage:
                     rec.completion_tokens = int(usage.get("completion_tokens") or 0)
@@ -244,8 +263,12 @@ async def _send(
                     rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
         rec.e2e = loop.time() - start
         rec.ok = rec.ttft is not None
-    except (TimeoutError, aiohttp.ClientError) as err:
+        if not rec.ok:
+            rec.error = "no_data"
+    except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as err:
+        rec.ok = False
         rec.error = type(err).__name__
+        rec.error_detail = str(err)[:ERROR_DETAIL_CHARS]
 
 
 async def _sample_loads(
@@ -287,7 +310,7 @@ async def _drive(
             delay = t0 + req.t * scale - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(loop.create_task(_send(session, router.url, req, rec, t0)))
+            tasks.append(loop.create_task(send_request(session, router.url, req, rec, t0)))
         await asyncio.gather(*tasks)
         stop.set()
         await sampler

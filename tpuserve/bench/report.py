@@ -11,6 +11,8 @@ Definitions (reference router.md §7.7):
   uncached TTFT on one engine (prefill of the whole prompt alone) and its TPOT within
   ``slo_factor`` x one unloaded decode step (``goodput_rps``: 5 x; ``goodput_rps_strict``:
   2 x, the two SLOs DualMap's methodology uses);
+- a request that did not succeed is *failed*; ``failed_by_reason`` counts the failed ones by
+  the reason their record carries (a record never fails without one: `failure_reason`);
 - ``imbalance_max_over_mean``: each worker's in-flight count is sampled every 0.1 s over the
   measured window; max over workers of the time-averaged count / mean over workers.
 """
@@ -39,6 +41,9 @@ class RequestRecord:
     completion_tokens: int = 0
     ok: bool = False
     error: str = ""
+    """Why the request failed (empty while it has not): a short code such as ``http_503``."""
+    error_detail: str = ""
+    """More about the failure (the engine's or router's message), when there is more."""
     ttft_slo: float = math.inf
     tpot_slo: float = math.inf
 
@@ -47,6 +52,16 @@ class RequestRecord:
         if self.ttft is None or self.e2e is None or self.completion_tokens < 2:
             return None
         return (self.e2e - self.ttft) / (self.completion_tokens - 1)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.ok and self.ttft is not None and self.e2e is not None
+
+    @property
+    def failure_reason(self) -> str:
+        """Empty for a request that succeeded, else why it failed (``unknown`` only if a
+        runner forgot to say, which the runners' tests rule out)."""
+        return "" if self.succeeded else (self.error or "unknown")
 
     @property
     def good(self) -> bool:
@@ -120,7 +135,7 @@ def summarize(
 ) -> dict[str, Any]:
     """The summary object; times are divided by `time_unit` (live runs undo time dilation)."""
     rows = measured(records, warmup_fraction)
-    done = [r for r in rows if r.ok and r.ttft is not None and r.e2e is not None]
+    done = [r for r in rows if r.succeeded]
     ttft = [r.ttft / time_unit for r in done if r.ttft is not None]
     e2e = [r.e2e / time_unit for r in done if r.e2e is not None]
     prompt = sum(r.prompt_tokens for r in done)
@@ -136,6 +151,10 @@ def summarize(
     per_worker: dict[str, int] = {}
     for r in rows:
         per_worker[r.worker] = per_worker.get(r.worker, 0) + 1
+    failed_by_reason: dict[str, int] = {}
+    for r in rows:
+        if reason := r.failure_reason:
+            failed_by_reason[reason] = failed_by_reason.get(reason, 0) + 1
     good = sum(1 for r in rows if r.good)
     strict = sum(1 for r in rows if r.good_at(STRICT_SLO_FACTOR / slo_factor))
 
@@ -147,6 +166,7 @@ def summarize(
         "requests": len(rows),
         "succeeded": len(done),
         "failed": len(rows) - len(done),
+        "failed_by_reason": dict(sorted(failed_by_reason.items())),
         "hit_rate": cached / prompt if prompt else 0.0,
         "ttft_mean": mean(ttft),
         "ttft_p50": percentile(ttft, 50),

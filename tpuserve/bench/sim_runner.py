@@ -19,6 +19,15 @@ called exactly as the router calls them:
   happened at the engine, not through the router). ``SimResult.faults`` records when each
   faulted engine served again.
 
+With ``router_replicas`` N > 1 the policy runs as N router replicas behind one Service: each
+request goes to one of them at random, each keeps its own policy state (trees, predictions,
+prefill queues) and its own in-flight counts (a router knows only what it sent), and each
+subscribes to every engine's KV events.
+
+Every request of the trace runs as its own request, whatever its id (the engines see the
+request's position in the trace), and one that fails carries its reason in
+``RequestRecord.error`` (`FAILURE_REASONS`).
+
 `measure_rr_saturation` gives mu_RR: round-robin's throughput when the whole trace arrives at
 once (requests per virtual second).
 """
@@ -51,6 +60,16 @@ from tpuserve_router.request_body import parse_chat, parse_completions
 log = logging.getLogger(__name__)
 
 SAMPLE_INTERVAL_SECONDS = 0.1
+
+FAILURE_REASONS = {
+    "no_healthy_worker": "the policy found no routable worker (the router answers 503)",
+    "prompt_too_long": "the prompt has at least the engine's context length of tokens "
+    "(the engine answers 400)",
+    "queue_full": "the engine's waiting queue was full (the engine answers 503)",
+    "worker_restarted": "the worker restarted while the request ran (--fault restart)",
+    "not_finished": "the run ended before the request finished (its worker never served it)",
+}
+"""Why a request failed in mode sim: the ``error`` of its record, one of these keys."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +108,13 @@ class SimConfig:
     faults: tuple[Fault, ...] = ()
     restart_down_seconds: float = 5.0
     slo_factor: float = SLO_FACTOR
+    router_replicas: int = 1
+
+    @property
+    def context_length(self) -> int:
+        """The engines' context length, as ``tpuserve engine sim`` chooses it when not told:
+        the model's, at most the KV pool."""
+        return min(get_profile(self.model_profile).context_length, self.cache_tokens)
 
     def validate(self) -> None:
         if self.workers < 1:
@@ -100,6 +126,10 @@ class SimConfig:
         if not 0.0 <= self.kv_event_drop < 1.0:
             raise ValueError(
                 f"--kv-event-drop: {self.kv_event_drop} is not allowed; allowed: 0 <= p < 1"
+            )
+        if self.router_replicas < 1:
+            raise ValueError(
+                f"--router-replicas: {self.router_replicas} is not allowed; allowed: >= 1"
             )
         for fault in self.faults:
             fault.validate(self.workers)
@@ -120,11 +150,40 @@ class _Worker:
     down_until: float = -math.inf
 
 
+class _View:
+    """A worker as one router replica sees it: its own in-flight count, the shared health."""
+
+    __slots__ = ("in_flight", "name", "worker")
+
+    def __init__(self, worker: _Worker) -> None:
+        self.name = worker.name
+        self.worker = worker
+        self.in_flight = 0
+
+    @property
+    def healthy(self) -> bool:
+        return self.worker.healthy
+
+
+@dataclass
+class _Replica:
+    """One router replica: its policy object, its block index (if any) and its views."""
+
+    policy: Policy
+    views: list[_View]
+
+    @property
+    def index(self) -> BlockIndex | None:
+        return self.policy.block_index
+
+
 @dataclass
 class _Pending:
     record: RequestRecord
     decision: Decision[Any]
     worker: _Worker
+    view: _View
+    replica: _Replica
     request: Request
     prefill_reported: bool = False
 
@@ -188,18 +247,28 @@ class SimRun:
             engines=engines, cache_tokens=config.cache_tokens,
         )  # fmt: skip
         self.policy_name = policy_name
-        self.policy = make_bench_policy(policy_name, ctx)
-        self.index: BlockIndex | None = self.policy.block_index
-        if self.index is not None and config.kv_events:
+        self.replicas = [
+            _Replica(make_bench_policy(policy_name, ctx), [_View(w) for w in self.workers])
+            for _ in range(config.router_replicas)
+        ]
+        self._replica_rng = random.Random(f"replicas:{config.seed}")
+        self.policy = self.replicas[0].policy
+        self.indexes: list[BlockIndex] = []
+        for replica in self.replicas:
+            if (index := replica.index) is not None:
+                self.indexes.append(index)
+        if self.indexes and config.kv_events:
             for i, w in enumerate(self.workers):
-                self.index.mark_event_feed(w.name)
-                w.engine.core.kv_event_sink = self._event_sink(w.name)
+                for index in self.indexes:
+                    index.mark_event_feed(w.name)
                 self._enable_events(i)
-        self.policy.on_workers_changed([w.name for w in self.workers])
+        for replica in self.replicas:
+            replica.policy.on_workers_changed([w.name for w in self.workers])
         self.pending: dict[str, _Pending] = {}
         self.records: list[RequestRecord] = []
         self.samples = LoadSamples([w.name for w in self.workers])
         self._first_tokens: list[_Pending] = []
+        self.rejected = 0
         self._draining: dict[int, dict[str, Any]] = {}
         self.fault_log: list[dict[str, Any]] = []
 
@@ -212,7 +281,7 @@ class SimRun:
             max_running_requests=cfg.max_running_requests,
             chunked_prefill_size=cfg.chunked_prefill_size,
             max_queued_requests=cfg.max_queued_requests, seed=cfg.seed * 1000 + index,
-            emit_kv_events=False,
+            context_length=cfg.context_length, emit_kv_events=False,
         )  # fmt: skip
         return VirtualEngine(EngineCore(engine_config, self.timer, self.palette))
 
@@ -224,21 +293,11 @@ class SimRun:
 
     def _event_sink(self, name: str) -> Callable[[list[KVEvent]], None]:
         def sink(events: list[KVEvent]) -> None:
-            index = self.index
-            if index is None:
-                return
-            if self.config.kv_event_drop and self.rng.random() < self.config.kv_event_drop:
-                return
-            for event in events:
-                if isinstance(event, BlockStored):
-                    index.store(
-                        name, event.block_hashes, event.parent_block_hash,
-                        event.token_ids, event.block_size,
-                    )  # fmt: skip
-                elif isinstance(event, BlockRemoved):
-                    index.remove(name, event.block_hashes)
-                elif isinstance(event, AllBlocksCleared):
-                    index.clear(name)
+            for index in self.indexes:
+                # Each replica's subscription loses its own batches.
+                if self.config.kv_event_drop and self.rng.random() < self.config.kv_event_drop:
+                    continue
+                apply_events(index, name, events)
 
         return sink
 
@@ -277,12 +336,15 @@ class SimRun:
             self._sample()
             next_sample += SAMPLE_INTERVAL_SECONDS
             if all(w.engine.idle for w in self.workers) and self.pending:
-                # Only requests on a worker that is down or rejected remain; nothing can finish.
+                # Only requests on a worker that is down remain; nothing can finish.
                 break
+        for p in self.pending.values():
+            self._fail(p, "not_finished")
+        self.pending.clear()
         return SimResult(
             self.policy_name, self.records, self.samples, self.config,
             time.perf_counter() - start, self.now,
-            rejected=sum(len(w.engine.rejected) for w in self.workers),
+            rejected=self.rejected,
             faults=self.fault_log,
         )  # fmt: skip
 
@@ -303,10 +365,18 @@ class SimRun:
                 rec.completion_tokens = completion.completion_tokens
                 if not p.prefill_reported:
                     p.prefill_reported = True
-                    self.policy.on_prefill_done(p.decision)
+                    p.replica.policy.on_prefill_done(p.decision)
                 p.worker.in_flight -= 1
-                self.policy.on_request_done(p.decision, True)
+                p.view.in_flight -= 1
+                p.replica.policy.on_request_done(p.decision, True)
             self._deliver_first_tokens()
+            if w.engine.rejected:
+                rejected, w.engine.rejected = w.engine.rejected, []
+                self.rejected += len(rejected)
+                for _at, engine_req in rejected:
+                    p = self.pending.pop(engine_req.rid, None)
+                    if p is not None:
+                        self._fail(p, "queue_full")
             drain = self._draining.get(i)
             if drain is not None and w.in_flight == 0 and w.engine.core.flush_cache():
                 del self._draining[i]
@@ -318,7 +388,7 @@ class SimRun:
         if self._first_tokens:
             reported, self._first_tokens = self._first_tokens, []
             for p in reported:
-                self.policy.on_prefill_done(p.decision)
+                p.replica.policy.on_prefill_done(p.decision)
 
     def _on_update(self, req: Request) -> None:
         p: _Pending = req.user
@@ -328,26 +398,47 @@ class SimRun:
 
     def _route(self, req: TraceRequest) -> None:
         self.now = req.t
-        route_request, ids = route_inputs(req, self.policy, self.tokenizer)
+        replica = self.replicas[0]
+        if len(self.replicas) > 1:
+            replica = self.replicas[self._replica_rng.randrange(len(self.replicas))]
+        policy = replica.policy
+        route_request, ids = route_inputs(req, policy, self.tokenizer)
         cfg = self.config
         rec = RequestRecord(req.id, "", req.t, len(ids))
         rec.ttft_slo = cfg.slo_factor * self.timer.prefill_seconds(len(ids), 0)
         rec.tpot_slo = cfg.slo_factor * self.timer.decode_step_seconds(1, len(ids))
         self.records.append(rec)
         try:
-            decision = self.policy.choose(route_request, self.workers)
+            decision = policy.choose(route_request, replica.views)
         except NoHealthyWorker:
             rec.error = "no_healthy_worker"
             return
-        worker: _Worker = decision.worker
+        view: _View = decision.worker
+        worker = view.worker
         rec.worker = worker.name
         rec.outcome = decision.outcome
-        engine_req = Request(req.id, ids, req.max_tokens, on_update=self._on_update)
-        pending = _Pending(rec, decision, worker, engine_req)
+        if len(ids) >= cfg.context_length:
+            rec.error = "prompt_too_long"
+            policy.on_request_done(decision, False)
+            return
+        # The engines know a request by its position in the trace, not its id, so requests
+        # that share an id (a hand-written trace) still run as requests of their own.
+        rid = str(len(self.records) - 1)
+        max_tokens = min(req.max_tokens, cfg.context_length - len(ids))
+        engine_req = Request(rid, ids, max_tokens, on_update=self._on_update)
+        pending = _Pending(rec, decision, worker, view, replica, engine_req)
         engine_req.user = pending
-        self.pending[req.id] = pending
+        self.pending[rid] = pending
         worker.in_flight += 1
+        view.in_flight += 1
         worker.engine.submit(engine_req, at=req.t)
+
+    def _fail(self, p: _Pending, reason: str) -> None:
+        """End a routed request that will not finish: its reason, the router's hooks."""
+        p.record.error = reason
+        p.worker.in_flight -= 1
+        p.view.in_flight -= 1
+        p.replica.policy.on_request_done(p.decision, False)
 
     def _sample(self) -> None:
         self.samples.add(self.now, [w.in_flight for w in self.workers])
@@ -365,12 +456,11 @@ class SimRun:
         for rid, p in list(self.pending.items()):
             if p.worker is w:
                 del self.pending[rid]
-                p.record.error = "worker_restarted"
-                w.in_flight -= 1
-                self.policy.on_request_done(p.decision, False)
+                self._fail(p, "worker_restarted")
         w.engine = self._new_engine(fault.worker)
-        if self.index is not None and self.config.kv_events:
-            self.index.clear(w.name)
+        if self.indexes and self.config.kv_events:
+            for index in self.indexes:
+                index.clear(w.name)
             self._enable_events(fault.worker)
         w.engine.now = self.now
         w.healthy = False
@@ -405,6 +495,20 @@ class _CurrentCore:
         return self._core.match_prefix_length(token_ids)
 
 
+def apply_events(index: BlockIndex, name: str, events: Sequence[KVEvent]) -> None:
+    """One batch of worker ``name``'s KV events, applied as the router applies them."""
+    for event in events:
+        if isinstance(event, BlockStored):
+            index.store(
+                name, event.block_hashes, event.parent_block_hash, event.token_ids,
+                event.block_size,
+            )  # fmt: skip
+        elif isinstance(event, BlockRemoved):
+            index.remove(name, event.block_hashes)
+        elif isinstance(event, AllBlocksCleared):
+            index.clear(name)
+
+
 def run_sim(
     trace: Sequence[TraceRequest],
     policy: str,
@@ -423,7 +527,7 @@ def measure_rr_saturation(
                      r.session, r.token_ids)
         for r in trace
     ]  # fmt: skip
-    result = run_sim(burst, "round_robin", replace(config, faults=()), tokenizer)
+    result = run_sim(burst, "round_robin", replace(config, faults=(), router_replicas=1), tokenizer)
     finished = [r for r in result.records if r.ok and r.e2e is not None]
     if not finished:
         raise RuntimeError("round-robin finished no request; the engines cannot serve the trace")

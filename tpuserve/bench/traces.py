@@ -5,9 +5,10 @@ A trace is one request per line::
     {"id": "r1", "t": 0.125, "prompt": "..." | "messages": [...] | "prompt_token_ids": [...],
      "max_tokens": 64, "session": "optional"}
 
-``t`` is the arrival time in seconds from the start. `read_trace` accepts exactly that (and
-Mooncake's ``{"timestamp", "input_length", "output_length", "hash_ids"}`` lines: each hash id
-is a block of deterministic benchmark words, `from_mooncake`); `write_trace` writes it.
+``t`` is the arrival time in seconds from the start. `read_trace` accepts exactly that, and
+Mooncake's ``{"timestamp", "input_length", "output_length", "hash_ids"}`` lines (`from_mooncake`:
+each 512-token block id becomes the same 512 words wherever it appears); every line runs as its
+own request whatever its fields. `write_trace` writes our format.
 
 Text is built from words that are one token each in the shared tokenizer (a space and three
 lowercase letters, 4 characters), so a character-level router (sglang-router's 4 characters per
@@ -87,12 +88,19 @@ def write_trace(requests: Iterable[TraceRequest], path: str | Path) -> int:
 
 
 def read_trace(path: str | Path, mooncake_block_tokens: int = 512) -> list[TraceRequest]:
-    """Read a trace file (our format, or Mooncake's); TraceError names the line and field."""
+    """Read a trace file (our format, or Mooncake's); TraceError names the line and field.
+
+    Every line becomes its own request: a Mooncake line without an ``id`` is named after its
+    line number (``L<n>``), and an id seen on an earlier line gets ``#<n>`` appended, so no
+    two requests share an id whatever the lines hold (Mooncake traces repeat timestamps and
+    start every prompt with the same block).
+    """
     out: list[TraceRequest] = []
     try:
         lines = Path(path).read_bytes().splitlines()
     except OSError as err:
         raise TraceError(f"--trace: cannot read {str(path)!r}: {err.strerror}") from None
+    seen: set[str] = set()
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -102,10 +110,15 @@ def read_trace(path: str | Path, mooncake_block_tokens: int = 512) -> list[Trace
             raise TraceError(f"{path}:{number}: not valid JSON: {err}") from None
         if not isinstance(data, dict):
             raise TraceError(f"{path}:{number}: expected a JSON object per line")
-        if "hash_ids" in data:
-            out.append(from_mooncake(data, f"{path}:{number}", mooncake_block_tokens))
+        where = f"{path}:{number}"
+        if is_mooncake_line(data):
+            req = from_mooncake(data, where, mooncake_block_tokens, line=number)
         else:
-            out.append(parse_trace_line(data, f"{path}:{number}"))
+            req = parse_trace_line(data, where)
+        if req.id in seen:
+            req.id = f"{req.id}#{number}"
+        seen.add(req.id)
+        out.append(req)
     if not out:
         raise TraceError(f"--trace: {path} holds no requests")
     out.sort(key=lambda r: r.t)
@@ -243,33 +256,73 @@ def vocabulary() -> Vocabulary:
 # ---------------------------------------------------------------------------------- Mooncake
 
 
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+"""A Mooncake trace line (its FAST'25 release): arrival in ms, prompt and output tokens, and
+the ids of the prompt's 512-token blocks (equal ids: equal blocks, so shared prefixes)."""
+
+
+def is_mooncake_line(data: Mapping[str, Any]) -> bool:
+    """A Mooncake line (``hash_ids`` or ``input_length``) rather than one of our format."""
+    return "hash_ids" in data or "input_length" in data
+
+
 @functools.lru_cache(maxsize=65536)
-def _block_tokens(block_id: int, size: int) -> tuple[int, ...]:
-    """The deterministic content of one Mooncake hash-id block (token ids of benchmark words)."""
+def block_words(block_id: int, size: int) -> tuple[int, ...]:
+    """The deterministic content of one Mooncake hash-id block, as benchmark word indices."""
     rng = random.Random(block_id * 0x9E3779B1 + 7)
-    ids = vocabulary().ids
-    return tuple([ids[rng.randrange(Vocabulary.SIZE)] for _ in range(size)])
+    return tuple([rng.randrange(Vocabulary.SIZE) for _ in range(size)])
 
 
-def from_mooncake(data: Mapping[str, Any], where: str, block: int) -> TraceRequest:
-    """One Mooncake line as a request of token ids; TraceError names `where` and the field."""
+def mooncake_words(
+    hash_ids: Sequence[int], input_length: int, block: int, private: str
+) -> list[int]:
+    """A Mooncake prompt as word indices: its blocks' words, cut to ``input_length``; a prompt
+    longer than its blocks is padded with words seeded by `private` (no other prompt has them)."""
+    words: list[int] = []
+    for h in hash_ids:
+        words.extend(block_words(h, block))
+    if len(words) >= input_length:
+        return words[:input_length]
+    rng = random.Random(f"mooncake-tail:{private}")
+    words.extend(rng.randrange(Vocabulary.SIZE) for _ in range(input_length - len(words)))
+    return words
+
+
+def from_mooncake(
+    data: Mapping[str, Any], where: str, block: int, *, line: int, as_text: bool = False
+) -> TraceRequest:
+    """One Mooncake line as a request: ``prompt_token_ids`` (or word text with `as_text`).
+
+    The id is the line's ``id`` when it is a non-empty string, else ``L<line>``. Only
+    ``timestamp`` and ``input_length`` are required; ``hash_ids`` defaults to none (a prompt
+    no other request shares) and ``output_length`` 0 is sent as 1 (an engine always produces
+    a token).
+    """
     try:
-        hash_ids = [int(h) for h in data["hash_ids"]]
-        input_length = int(data["input_length"])
-        output_length = int(data["output_length"])
         timestamp_ms = float(data["timestamp"])
+        input_length = int(data["input_length"])
+        output_length = int(data.get("output_length", 1))
+        hash_ids = [int(h) for h in data.get("hash_ids") or ()]
     except (KeyError, TypeError, ValueError) as err:
         raise TraceError(
-            f"{where}: a Mooncake line needs timestamp, input_length, output_length and "
-            f"hash_ids ({err})"
+            f"{where}: a Mooncake line needs a number timestamp (ms) and input_length, and "
+            f"allows output_length and a list of integer hash_ids ({err!r})"
         ) from None
-    if input_length < 1 or output_length < 1 or not hash_ids:
-        raise TraceError(f"{where}: input_length, output_length and hash_ids must be positive")
-    ids: list[int] = []
-    for h in hash_ids:
-        ids.extend(_block_tokens(h, block))
-    ids = ids[:input_length] if len(ids) >= input_length else ids
-    return TraceRequest(
-        str(data.get("id", f"m{int(timestamp_ms)}-{hash_ids[0]}")),
-        timestamp_ms / 1000.0, output_length, prompt_token_ids=ids,
-    )  # fmt: skip
+    if not math.isfinite(timestamp_ms) or timestamp_ms < 0:
+        raise TraceError(f"{where}: timestamp must be milliseconds >= 0, got {timestamp_ms!r}")
+    if input_length < 1:
+        raise TraceError(f"{where}: input_length must be >= 1, got {input_length}")
+    if output_length < 0:
+        raise TraceError(f"{where}: output_length must be >= 0, got {output_length}")
+    rid = data.get("id")
+    if not isinstance(rid, str) or not rid:
+        rid = f"L{line}"
+    words = mooncake_words(hash_ids, input_length, block, f"{where}:{rid}")
+    vocab = vocabulary()
+    req = TraceRequest(rid, timestamp_ms / 1000.0, max(1, output_length))
+    req.token_ids = vocab.token_ids(words)
+    if as_text:
+        req.prompt = vocab.text(words)
+    else:
+        req.prompt_token_ids = req.token_ids
+    return req

@@ -1,4 +1,4 @@
-"""Benchmark workloads W0-W8 as seeded generators of traces (`tpuserve.bench.traces`).
+"""Benchmark workloads W0-W10 as seeded generators of traces (`tpuserve.bench.traces`).
 
 Prompts are built from the traces' one-token words, so the generators know every prompt's
 token ids without tokenizing. Chat prompts (W3, W4) are sent as ``messages`` and rendered by
@@ -16,6 +16,8 @@ W5 long-document QA: 24 documents of 6-8k tokens, 8-12 questions each, interleav
 W6 B2B SaaS: 24 customers x 3k context, 5 users each, 600-token queries, output 64-128
 W7 trace replay: Mooncake-style hash_ids (512-token blocks), synthetic conversation sessions
 W8 adversarial: one prefix takes 80 % of the traffic (W8b: sibling bursts of 16 prompts x 4)
+W9 long-context conversation: Mooncake's conversation trace's shape (prompts 1-92k tokens)
+W10 long-context agentic tool use: Mooncake's tool&agent trace's shape (16 shared templates)
 == ================================================================================================
 
 Arrivals are Poisson (sessions start as a Poisson process; turns within a session follow after
@@ -26,6 +28,7 @@ for (`traces.rescale_to_rate`).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 import random
@@ -33,6 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tpuserve.bench import mooncake
 from tpuserve.bench.traces import (
     TraceError,
     TraceRequest,
@@ -99,13 +103,17 @@ def _poisson_times(rng: random.Random, n: int, rate: float = NOMINAL_RATE) -> It
 # ---------------------------------------------------------------------------------- generators
 
 
+Generator = Callable[[int, int, Mapping[str, float]], list[TraceRequest]]
+"""(seed, requests, parameters) -> the trace."""
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
     summary: str
     default_requests: int
     params: Mapping[str, float]
-    generate: Callable[[int, int, Mapping[str, float]], list[TraceRequest]]
+    generate: Generator
 
 
 def _w0(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
@@ -233,12 +241,40 @@ def _w7(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
                 "timestamp": t * 1000.0, "input_length": input_length,
                 "output_length": rng.randint(32, 128), "hash_ids": hash_ids,
             }  # fmt: skip
-            req = from_mooncake(line, "W7", block)
+            req = from_mooncake(line, "W7", block, line=len(b.requests))
             req.session = f"s{s}"
-            req.token_ids = req.prompt_token_ids
             b.requests.append(req)
             t += p["step_seconds"] + rng.expovariate(1.0 / p["think_seconds"])
     return b.done(n)
+
+
+def _long_context(shape: mooncake.TraceShape, name: str) -> Generator:
+    """A synthetic Mooncake-format trace (`tpuserve.bench.mooncake`) as word prompts."""
+
+    def generate(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
+        b = _Builder(seed, name)
+        changed = dataclasses.replace(
+            shape, first_median=p["first_median"], continue_probability=p["continue"],
+            max_input_tokens=int(p["max_input"]), think_seconds=p["think_seconds"],
+            timestamp_quantum_ms=int(p["quantum_ms"]),
+        )  # fmt: skip
+        for i, line in enumerate(mooncake.generate_lines(changed, seed, n)):
+            req = from_mooncake(
+                line.to_json(), name, mooncake.MOONCAKE_BLOCK_TOKENS, line=i, as_text=True
+            )
+            req.session = line.session
+            b.requests.append(req)
+        return b.done(n)
+
+    return generate
+
+
+def _long_context_params(shape: mooncake.TraceShape) -> dict[str, float]:
+    return {
+        "first_median": shape.first_median, "continue": shape.continue_probability,
+        "max_input": shape.max_input_tokens, "think_seconds": shape.think_seconds,
+        "quantum_ms": shape.timestamp_quantum_ms,
+    }  # fmt: skip
 
 
 def _w8(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
@@ -298,6 +334,12 @@ WORKLOADS: Mapping[str, Workload] = {
         Workload("W8b", "adversarial: sibling bursts of 16 prompts x 4 samples", 2432,
                  {"system": 1500, "question": 64, "output": 64, "siblings": 16, "samples": 4},
                  _w8b),
+        Workload("W9", "long-context conversation (Mooncake conversation trace's shape)",
+                 2400, _long_context_params(mooncake.CONVERSATION),
+                 _long_context(mooncake.CONVERSATION, "W9")),
+        Workload("W10", "long-context agentic tool use (Mooncake tool&agent trace's shape)",
+                 2400, _long_context_params(mooncake.TOOL_AGENT),
+                 _long_context(mooncake.TOOL_AGENT, "W10")),
     )
 }  # fmt: skip
 

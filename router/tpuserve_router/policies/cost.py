@@ -7,8 +7,9 @@ For each routable worker ``w`` the policy predicts, in prefill-token units,
 - ``cached_tokens(w)``: the longest run of the prompt's leading blocks ``w`` holds, from the
   `BlockIndex` (confirmed by KV events when the engines publish them, otherwise predicted
   from what was routed, as `precise` does);
-- ``queued_prefill(w)``: uncached prompt tokens of requests sent to ``w`` whose first byte
-  has not come back yet (work ahead of this request in ``w``'s prefill queue);
+- ``queued_prefill(w)``: uncached prompt tokens of requests sent to ``w`` whose prefill is
+  not over (`prefix_routing.PrefillQueues`: no first byte yet, and the engine has not
+  reported the prompt's last block), the work ahead of this request in ``w``'s queue;
 - ``decode_weight * in_flight(w)``: each running sequence slows every engine step a little
   (default 8 tokens' worth of prefill per running request).
 
@@ -36,7 +37,6 @@ from typing import Any
 from tpuserve_router.policies.base import (
     Clock,
     Decision,
-    Outcome,
     RouteRequest,
     W,
     build_params,
@@ -46,6 +46,8 @@ from tpuserve_router.policies.base import (
 from tpuserve_router.policies.prefix_routing import (
     BlockIndexPolicy,
     IndexParams,
+    PrefillQueues,
+    affinity_outcome,
     cache_threshold_problem,
     make_index,
 )
@@ -71,10 +73,10 @@ class CostPolicy(BlockIndexPolicy):
     def __init__(self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any):
         self.params = build_params(self.name, CostParams, config)
         self.block_index = make_index(self.params, clock)
-        self._queued: dict[str, int] = {}
+        self.queues = PrefillQueues(self.block_index)
 
     def queued_prefill_tokens(self, name: str) -> int:
-        return self._queued.get(name, 0)
+        return self.queues.tokens(name)
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
         params = self.params
@@ -89,7 +91,7 @@ class CostPolicy(BlockIndexPolicy):
         for worker in healthy:
             total += worker.in_flight
         cap = math.ceil(params.load_factor * (total + 1) / len(healthy))
-        queued = self._queued
+        queues = self.queues
         best_i = -1
         best_cost = 0.0
         for i, worker in enumerate(healthy):
@@ -97,7 +99,7 @@ class CostPolicy(BlockIndexPolicy):
             if load + 1 > cap:
                 continue
             cached = min(prompt, depths[i] * page)
-            cost = queued.get(worker.name, 0) + (prompt - cached) + params.decode_weight * load
+            cost = queues.tokens(worker.name) + (prompt - cached) + params.decode_weight * load
             if (
                 best_i < 0
                 or cost < best_cost
@@ -106,44 +108,23 @@ class CostPolicy(BlockIndexPolicy):
                 best_i, best_cost = i, cost
         target = healthy[best_i]
         cached = min(prompt, depths[best_i] * page)
-        best_ratio = min(1.0, max(depths) * page / prompt) if prompt else 0.0
-        outcome: Outcome
-        if best_ratio <= params.cache_threshold:
-            outcome = "miss"
-        elif depths[best_i] == max(depths):
-            outcome = "prefix_hit"
-        else:
-            outcome = "balanced_away"
-        index.predict(target.name, keys)
-        uncached = prompt - cached
-        queued[target.name] = queued.get(target.name, 0) + uncached
-        return Decision(
-            target,
-            outcome,
-            predicted_match_ratio=cached / prompt if prompt else 0.0,
-            prompt_units=prompt,
-            pending_units=uncached,
+        outcome = affinity_outcome(
+            [min(prompt, d * page) for d in depths], best_i, prompt, params.cache_threshold
         )
+        index.predict(target.name, keys)
+        decision = Decision(
+            target, outcome, predicted_match_ratio=cached / prompt if prompt else 0.0,
+            prompt_units=prompt,
+        )  # fmt: skip
+        queues.book(decision, prompt - cached, keys[-1] if keys else None)
+        return decision
 
     def on_prefill_done(self, decision: Decision[Any]) -> None:
-        self._release(decision)
+        self.queues.release(decision)
 
     def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
-        self._release(decision)
-
-    def _release(self, decision: Decision[Any]) -> None:
-        if decision.pending_units:
-            name = decision.worker.name
-            left = self._queued.get(name, 0) - decision.pending_units
-            if left > 0:
-                self._queued[name] = left
-            else:
-                self._queued.pop(name, None)
-            decision.pending_units = 0
+        self.queues.release(decision)
 
     def on_workers_changed(self, names: Collection[str]) -> None:
         super().on_workers_changed(names)
-        keep = set(names)
-        for name in list(self._queued):
-            if name not in keep:
-                del self._queued[name]
+        self.queues.keep_only(names)

@@ -17,6 +17,18 @@ also follows, `prefix_routing.choose_by_affinity`, here measured in blocks):
    prompt's blocks: if ``match > cache_threshold`` -> the least loaded worker among those
    holding that longest run (``prefix_hit``);
 3. else -> the least loaded worker (``miss``).
+4. Then the price of waiting (`prefix_routing.leave_long_queue`, the `cost` policy's idea):
+   each worker's prefill work for the request is the prefill already queued there (uncached
+   prompt tokens of requests whose prefill is not over: no first byte yet, and the engine's
+   KV events have not reported the prompt's last block) plus the prompt tokens it does not
+   hold. When the queue the worker with the least work would spare this request (the
+   chosen worker's queued prefill minus its own) exceeds ``saved_prefix_weight`` (2) x the
+   cached prefix it would give up plus ``queue_margin_tokens`` (8,192: one chunked-prefill
+   step), the request goes there instead (``balanced_away`` when it gave up the longest
+   prefix). Long prefills then stop queueing behind each
+   other on the holder of a prefix (long-context workloads W9 and W10: p99 TTFT from
+   1.5-1.8x the oracle's to about its level), while short queues keep affinity (W0-W6,
+   W8 unchanged at 0.85 x mu_RR; docs/benchmarks.md).
 
 The chosen worker's blocks are also *predicted* in the index for
 ``predicted_ttl_seconds`` (2 s), so a burst of siblings that arrives before the engine's
@@ -28,7 +40,7 @@ policy degrades to approximate routing rather than to random.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,15 +57,23 @@ from tpuserve_router.policies.prefix_routing import (
     AffinityParams,
     BlockIndexPolicy,
     IndexParams,
+    PrefillQueues,
+    QueueParams,
+    affinity_outcome,
     choose_by_affinity,
+    leave_long_queue,
     make_index,
 )
 
 
 @dataclass(frozen=True)
-class PreciseParams(AffinityParams, IndexParams):
+class PreciseParams(AffinityParams, IndexParams, QueueParams):
     def validate(self) -> str | None:
-        return AffinityParams.validate(self) or IndexParams.validate(self)
+        return (
+            AffinityParams.validate(self)
+            or IndexParams.validate(self)
+            or QueueParams.validate(self)
+        )
 
 
 @register("precise")
@@ -61,15 +81,38 @@ class PrecisePolicy(BlockIndexPolicy):
     def __init__(self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any):
         self.params = build_params(self.name, PreciseParams, config)
         self.block_index = make_index(self.params, clock)
+        self.queues = PrefillQueues(self.block_index)
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
+        params = self.params
         healthy = healthy_workers(workers, request.model)
         index = self.block_index
         tokens = request.token_ids or ()
+        prompt = len(tokens)
         keys = index.keys(tokens)
         depths = index.match(keys, [w.name for w in healthy])
-        i, outcome = choose_by_affinity(healthy, depths, len(keys), self.params)
+        i, outcome = choose_by_affinity(healthy, depths, len(keys), params)
+        page = index.page_size
+        cached = [min(prompt, d * page) for d in depths]
+        moved = leave_long_queue(healthy, cached, prompt, i, self.queues, params)
+        if moved != i:
+            i = moved
+            outcome = affinity_outcome(cached, i, prompt, params.cache_threshold)
         target = healthy[i]
         index.predict(target.name, keys)
-        ratio = min(1.0, depths[i] * index.page_size / len(tokens)) if tokens else 0.0
-        return Decision(target, outcome, predicted_match_ratio=ratio, prompt_units=len(tokens))
+        decision = Decision(
+            target, outcome, predicted_match_ratio=cached[i] / prompt if prompt else 0.0,
+            prompt_units=prompt,
+        )  # fmt: skip
+        self.queues.book(decision, prompt - cached[i], keys[-1] if keys else None)
+        return decision
+
+    def on_prefill_done(self, decision: Decision[Any]) -> None:
+        self.queues.release(decision)
+
+    def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
+        self.queues.release(decision)
+
+    def on_workers_changed(self, names: Collection[str]) -> None:
+        super().on_workers_changed(names)
+        self.queues.keep_only(names)

@@ -14,8 +14,10 @@ from tpuserve_router.policies import (
     make_policy,
     registered_policy_names,
 )
+from tpuserve_router.policies.base import Decision
 from tpuserve_router.policies.cache_aware import CacheAwarePolicy
 from tpuserve_router.policies.cost import CostPolicy
+from tpuserve_router.policies.precise import PrecisePolicy
 
 pytestmark = pytest.mark.unit
 
@@ -119,6 +121,10 @@ def test_bad_parameter_values_are_named() -> None:
         make_policy("cache_aware", balance_abs_threshold="x")
     with pytest.raises(PolicyConfigError, match=r"load_factor=0\.5 must be >= 1"):
         make_policy("cost", load_factor="0.5")
+    with pytest.raises(PolicyConfigError, match=r"saved_prefix_weight=-1\.0 must be >= 0"):
+        make_policy("precise", saved_prefix_weight="-1")
+    with pytest.raises(PolicyConfigError, match="queue_margin_tokens=-1 must be >= 0"):
+        make_policy("precise", queue_margin_tokens=-1)
 
 
 def test_parameters_given_as_strings_are_converted() -> None:
@@ -314,6 +320,79 @@ def test_precise_forgets_a_worker_after_all_blocks_cleared() -> None:
     index_of(policy).clear("b")
     decision = policy.choose(fake_request(token_ids=tokens), workers)
     assert (decision.worker.name, decision.outcome) == ("a", "miss")
+
+
+def book_prefill(policy: Policy, worker: FakeWorker, tokens: int) -> Decision[FakeWorker]:
+    """A request of ``tokens`` uncached prompt tokens routed to ``worker``, not prefilled yet."""
+    assert isinstance(policy, PrecisePolicy)
+    decision = Decision(worker, "miss")
+    policy.queues.book(decision, tokens)
+    return decision
+
+
+def test_precise_leaves_a_prefix_holder_whose_prefill_queue_outweighs_the_prefix() -> None:
+    clock = VirtualClock()
+    policy = make_policy("precise", clock=clock, page_size=4, queue_margin_tokens=0)
+    a, b = fake_worker("a"), fake_worker("b")
+    index_of(policy).mark_event_feed("b")  # b's predicted blocks expire after 2 s
+    prefix = page_tokens(64)  # 256 tokens held by a
+    store_prompt(policy, "a", prefix)
+    request = fake_request(token_ids=[*prefix, *range(9000, 9008)])
+    long_prefill = book_prefill(policy, a, 10_000)
+    decision = policy.choose(request, [a, b])
+    assert (decision.worker.name, decision.outcome) == ("b", "balanced_away")
+    assert decision.pending_units == 264  # b holds nothing: the whole prompt is queued there
+    policy.on_request_done(decision, True)
+    policy.on_prefill_done(long_prefill)  # the long prefill is done: a is cheap again
+    clock.advance(3.0)
+    decision = policy.choose(request, [a, b])
+    assert (decision.worker.name, decision.outcome) == ("a", "prefix_hit")
+
+
+def test_precise_keeps_affinity_while_the_holders_queue_is_short() -> None:
+    policy = make_policy("precise", page_size=4)  # default margin: 8,192 tokens
+    a, b = fake_worker("a"), fake_worker("b")
+    prefix = page_tokens(64)
+    store_prompt(policy, "a", prefix)
+    request = fake_request(token_ids=[*prefix, *range(9000, 9008)])
+    book_prefill(policy, a, 8000)  # avoids 8,000 queued, gives up 256 cached: 8,000 < 2 x 256
+    assert policy.choose(request, [a, b]).worker.name == "a"  # + 8,192
+    book_prefill(policy, a, 1000)  # 9,000 > 8,704
+    assert policy.choose(request, [a, b]).worker.name == "b"
+
+
+def test_precise_counts_a_prefill_done_once_the_engine_reports_its_last_block() -> None:
+    """A request that is not streamed sends its first byte at its end; the engine's KV events
+    say much earlier that its prefill is over."""
+    policy = make_policy("precise", page_size=4)
+    assert isinstance(policy, PrecisePolicy)
+    a, b = fake_worker("a"), fake_worker("b")
+    first = policy.choose(fake_request(token_ids=page_tokens(10)), [a, b])
+    a.in_flight += 1
+    second = policy.choose(fake_request(token_ids=page_tokens(10, start=100)), [a, b])
+    assert (first.worker, second.worker) == (a, b)
+    assert policy.queues.tokens("a") == 40
+    store_prompt(policy, "a", page_tokens(9))  # not the last block yet
+    assert policy.queues.tokens("a") == 40
+    store_prompt(policy, "a", page_tokens(10))
+    assert policy.queues.tokens("a") == 0
+    assert first.pending_units == 0
+    policy.on_request_done(first, True)  # released once only
+    assert (policy.queues.tokens("a"), policy.queues.tokens("b")) == (0, 40)
+
+
+def test_precise_releases_queued_prefill_exactly_once() -> None:
+    policy = make_policy("precise", page_size=4)
+    assert isinstance(policy, PrecisePolicy)
+    a = fake_worker("a")
+    decision = policy.choose(fake_request(token_ids=page_tokens(10)), [a])
+    assert policy.queues.tokens("a") == 40
+    policy.on_prefill_done(decision)
+    policy.on_request_done(decision, True)
+    assert policy.queues.tokens("a") == 0
+    book_prefill(policy, fake_worker("gone"), 100)
+    policy.on_workers_changed(["a"])
+    assert policy.queues.tokens("gone") == 0
 
 
 # ---------------------------------------------------------------- cost

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tpuserve.bench import sizing, traces, workloads
 from tpuserve.bench.report import summarize
-from tpuserve.bench.sim_runner import Fault, SimConfig, measure_rr_saturation, run_sim
+from tpuserve.bench.sim_runner import Fault, SimConfig, SimRun, measure_rr_saturation, run_sim
 from tpuserve.cli import main
 
 pytestmark = pytest.mark.unit
@@ -195,3 +196,98 @@ def test_without_kv_events_precise_routes_on_its_own_predictions(
     assert without["kv_events"] is False
     assert numbers(without)["hit_rate"] > 0.5
     assert without != with_events
+
+
+MOONCAKE_FIXTURE = (
+    Path(__file__).resolve().parents[4] / "bench/traces/mooncake-conversation-small.jsonl"
+)
+
+
+def test_a_mooncake_trace_without_ids_replays_with_no_failed_request(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The fixture repeats timestamps (3 s steps) and starts every prompt with block 0: the
+    two fields the ids used to be made of."""
+    records = tmp_path / "records.jsonl"
+    data = run_cli(capsys, "--trace", str(MOONCAKE_FIXTURE), "--rate", "2",
+                   "--warmup-fraction", "0", "--records", str(records))  # fmt: skip
+    assert data["requests"] == 150
+    assert data["failed"] == 0
+    assert data["failed_by_reason"] == {}
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert len({row["id"] for row in rows}) == 150
+    assert all(row["ok"] and row["error"] == "" for row in rows)
+    assert data["hit_rate"] > 0.1  # type: ignore[operator]
+
+
+def test_requests_sharing_an_id_still_run_as_requests_of_their_own() -> None:
+    trace = workloads.generate("W1", seed=0, requests=60)
+    for r in trace:
+        r.id = "same"
+    trace = traces.rescale_to_rate(trace, 10.0)
+    result = run_sim(trace, "precise", SimConfig(cache_tokens=20_000))
+    assert len(result.records) == 60
+    assert all(r.ok and r.ttft is not None for r in result.records)
+
+
+def test_an_injected_failure_carries_its_reason_in_records_and_summary(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    records = tmp_path / "records.jsonl"
+    # A context of 4,096 tokens (the KV pool): the fixture's longer prompts cannot run.
+    data = run_cli(capsys, "--trace", str(MOONCAKE_FIXTURE), "--rate", "2", "--cache-tokens",
+                   "4096", "--warmup-fraction", "0", "--records", str(records))  # fmt: skip
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    failed = [row for row in rows if not row["ok"]]
+    assert failed
+    assert {row["error"] for row in failed} == {"prompt_too_long"}
+    assert all(row["prompt_tokens"] >= 4096 for row in failed)
+    assert data["failed"] == len(failed)
+    assert data["failed_by_reason"] == {"prompt_too_long": len(failed)}
+
+
+def test_every_way_a_sim_request_fails_names_its_reason() -> None:
+    from tpuserve.bench.sim_runner import FAILURE_REASONS
+
+    trace = traces.rescale_to_rate(_tiny("W1", 200), 200.0)
+    full = run_sim(trace, "round_robin", SimConfig(cache_tokens=20_000, max_queued_requests=2))
+    restarted = run_sim(trace, "least_load", SimConfig(
+        cache_tokens=20_000, workers=1, faults=(Fault("restart", 0.3, 0),),
+        restart_down_seconds=1e9))  # fmt: skip
+    failed = [r for r in full.records + restarted.records if not r.ok]
+    reasons = Counter(r.error for r in failed)
+    assert {"queue_full", "worker_restarted", "no_healthy_worker"} <= set(reasons)
+    assert set(reasons) <= set(FAILURE_REASONS)
+    assert full.rejected == sum(1 for r in full.records if r.error == "queue_full")
+    assert all(r.failure_reason == r.error for r in failed)
+
+
+def test_router_replicas_each_route_a_share_with_their_own_in_flight_counts() -> None:
+    trace = traces.rescale_to_rate(_tiny("W1", 300), 30.0)
+    approximate = SimRun(trace, "cache_aware", SimConfig(cache_tokens=20_000, router_replicas=3))
+    result = approximate.run()
+    assert all(r.ok for r in result.records)
+    # Each replica's tree holds only what it routed itself: all learned something, all differ.
+    trees = [replica.policy.index_sizes()["tree_chars"] for replica in approximate.replicas]
+    assert min(trees) > 0
+    assert len(set(trees)) == 3
+    assert all(v.in_flight == 0 for replica in approximate.replicas for v in replica.views)
+    precise = SimRun(trace, "precise", SimConfig(cache_tokens=20_000, router_replicas=3))
+    result = precise.run()
+    # Every replica subscribes to every engine: the same confirmed blocks in each index.
+    blocks = {replica.policy.index_sizes()["confirmed_blocks"] for replica in precise.replicas}
+    assert len(blocks) == 1
+    assert blocks.pop() > 0
+    assert summarize("precise", result.records, None)["hit_rate"] > 0.5
+
+
+def test_one_router_replica_is_the_plain_run(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--workload", "W1", "--requests", "200", "--rate", "20", "--policy", "cache_aware")
+    one = run_cli(capsys, *args)
+    also_one = run_cli(capsys, *args, "--router-replicas", "1")
+    two = run_cli(capsys, *args, "--router-replicas", "2")
+    for data in (one, also_one, two):
+        data.pop("wall_seconds")
+    assert one == also_one
+    assert two["router_replicas"] == 2
+    assert two["failed"] == 0

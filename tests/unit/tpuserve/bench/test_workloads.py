@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -111,7 +112,10 @@ def test_w8b_sends_sibling_bursts_of_16_prompts_times_4_samples() -> None:
 
 
 def test_trace_round_trips_through_jsonl(tmp_path: Path) -> None:
-    trace = generate("W3", seed=1, requests=20) + generate("W7", seed=1, requests=5)
+    w7 = generate("W7", seed=1, requests=5)
+    for r in w7:
+        r.id = f"w7-{r.id}"  # ids are unique in a file (read_trace renames repeats)
+    trace = generate("W3", seed=1, requests=20) + w7
     trace.sort(key=lambda r: r.t)
     path = tmp_path / "trace.jsonl"
     assert traces.write_trace(trace, path) == 25
@@ -182,3 +186,90 @@ def test_checked_in_sample_trace_is_what_the_generator_writes() -> None:
     path = Path(__file__).resolve().parents[4] / "bench" / "traces" / "w1-small.jsonl"
     expected = generate("W1", seed=0, requests=24, groups=4, system=256, question=32, output=32)
     assert [r.to_json() for r in traces.read_trace(path)] == [r.to_json() for r in expected]
+
+
+def write_lines(path: Path, lines: list[Any]) -> Path:
+    path.write_bytes(b"\n".join(orjson.dumps(x) for x in lines) + b"\n")
+    return path
+
+
+def test_mooncake_lines_without_ids_become_requests_named_by_line(tmp_path: Path) -> None:
+    line = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}
+    path = write_lines(tmp_path / "m.jsonl", [line, line, dict(line, timestamp=3000), line])
+    trace = traces.read_trace(path)
+    assert [r.id for r in trace] == ["L1", "L2", "L4", "L3"]  # sorted by arrival, stable
+    assert len({r.id for r in trace}) == 4
+
+
+def test_repeated_ids_are_made_unique_whatever_the_format(tmp_path: Path) -> None:
+    ours = {"id": "a", "t": 0, "prompt": "x", "max_tokens": 1}
+    moon = {"id": "a", "timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [7]}
+    path = write_lines(tmp_path / "m.jsonl", [ours, ours, moon, dict(ours, id="a#2")])
+    ids = [r.id for r in traces.read_trace(path)]
+    assert len(set(ids)) == 4
+    assert ids[0] == "a"
+
+
+def test_mooncake_prompt_longer_than_its_blocks_is_padded_privately(tmp_path: Path) -> None:
+    lines = [
+        {"timestamp": 0, "input_length": 1000, "output_length": 0, "hash_ids": [3]},
+        {"timestamp": 0, "input_length": 1000, "output_length": 2, "hash_ids": [3]},
+        {"timestamp": 0, "input_length": 300, "output_length": 2},
+    ]
+    a, b, c = traces.read_trace(write_lines(tmp_path / "m.jsonl", lines))
+    assert a.prompt_token_ids is not None
+    assert b.prompt_token_ids is not None
+    assert c.prompt_token_ids is not None
+    assert len(a.prompt_token_ids) == len(b.prompt_token_ids) == 1000
+    assert a.prompt_token_ids[:512] == b.prompt_token_ids[:512]  # the shared block
+    assert a.prompt_token_ids[512:] != b.prompt_token_ids[512:]  # each its own tail
+    assert len(c.prompt_token_ids) == 300  # no hash_ids: a prompt nobody shares
+    assert a.max_tokens == 1  # output_length 0 is sent as 1
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ({"input_length": 10, "hash_ids": [1]}, "timestamp"),
+        ({"timestamp": 0, "hash_ids": [1]}, "input_length"),
+        ({"timestamp": 0, "input_length": 0, "hash_ids": [1]}, "input_length must be >= 1"),
+        ({"timestamp": -5, "input_length": 4, "hash_ids": [1]}, "timestamp must be"),
+        ({"timestamp": 0, "input_length": 4, "hash_ids": ["x"]}, "hash_ids"),
+        ({"timestamp": 0, "input_length": 4, "output_length": -1}, "output_length must be"),
+    ],
+)
+def test_bad_mooncake_lines_name_the_line_and_field(
+    tmp_path: Path, line: dict[str, object], message: str
+) -> None:
+    path = write_lines(tmp_path / "bad.jsonl", [line])
+    with pytest.raises(TraceError) as err:
+        traces.read_trace(path)
+    assert f"{path}:1" in str(err.value)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["W9", "W10"])
+def test_long_context_workloads_share_a_system_block_and_extend_their_sessions(
+    name: str,
+) -> None:
+    trace = generate(name, seed=0, requests=300)
+    ids = [r.token_ids for r in trace]
+    assert all(x is not None for x in ids)
+    lengths = [len(x) for x in ids if x is not None]
+    assert min(lengths) < 4000 < 20_000 < max(lengths) <= 92_000
+    first = ids[0]
+    assert first is not None
+    assert all(x is not None and x[:512] == first[:512] for x in ids)  # one shared block
+    sessions: dict[str, list[TraceRequest]] = {}
+    for r in trace:
+        assert r.prompt is not None
+        assert r.session is not None
+        sessions.setdefault(r.session, []).append(r)
+    multi = [turns for turns in sessions.values() if len(turns) > 1]
+    assert len(multi) > 10
+    for turns in multi:
+        earlier, later = turns[0].token_ids, turns[1].token_ids
+        assert earlier is not None
+        assert later is not None
+        whole = len(earlier) // 512 * 512  # whole Mooncake blocks are shared
+        assert later[:whole] == earlier[:whole]
