@@ -24,111 +24,40 @@ timeline is printed (`-s`) and recorded in docs/operator.md.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import openai
 import pytest
 import yaml
 
-from tests.e2e.tms_harness import NOT_YET, POLL_SECONDS, REPO, condition
-from tests.waiting import eventually
+from tests.e2e.fleet_harness import (
+    EXAMPLE,
+    NAMESPACE,
+    OPERATOR_NAMESPACE,
+    Load,
+    ask,
+    get,
+    install_chart,
+    local_base_url,
+    pods,
+    query,
+    read,
+    ready,
+    wait,
+)
+from tests.e2e.tms_harness import condition
 from tpuserve.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
-CHART = REPO / "charts" / "tpuserve"
-EXAMPLE = CHART / "examples" / "simulated.yaml"
-OPERATOR_NAMESPACE = "tpuserve-system"
-NAMESPACE = "default"
-TIMEOUT_SECONDS = 180.0
-T = TypeVar("T")
-
-
-def wait(what: str, check: Callable[[], T], timeout_seconds: float = TIMEOUT_SECONDS) -> T:
-    return eventually(
-        check,
-        what=what,
-        timeout_seconds=timeout_seconds,
-        interval_seconds=POLL_SECONDS * 2,
-        ignore=NOT_YET,
-    )
-
-
-def get(cluster: Cluster, *args: str) -> Any:
-    return yaml.safe_load(cluster.kubectl("get", *args, "-o", "yaml").stdout)
-
-
-def ready(cluster: Cluster, name: str) -> bool:
-    server = get(cluster, "tpumodelserver", name, "-n", NAMESPACE)
-    return condition(server, "Ready").get("status") == "True"
-
-
-def local_base_url(cluster: Cluster, name: str) -> str:
-    """The server's local URL as `tpuserve cluster services` prints it."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tpuserve",
-            "cluster",
-            "services",
-            "--run-dir",
-            str(cluster.run_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        env={**os.environ},
-    )
-    rows = done.stdout.splitlines()
-    line = next(row for row in rows if f"tpumodelserver {NAMESPACE}/{name}" in row)
-    found = re.search(r"http://127\.96\.\d+\.\d+:\d+", line)
-    assert found, line
-    return found.group(0)
-
-
-def pods(cluster: Cluster, selector: str) -> list[dict[str, Any]]:
-    listing = get(cluster, "pods", "-n", NAMESPACE, "-l", selector)
-    return list(listing.get("items") or [])
-
-
-def read(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return str(response.read().decode())
-
-
-def query(prometheus: str, promql: str) -> list[dict[str, Any]]:
-    url = f"{prometheus}/api/v1/query?query={urllib.parse.quote(promql)}"
-    result: list[dict[str, Any]] = json.loads(read(url))["data"]["result"]
-    return result
-
-
-def ask(client: openai.OpenAI, model: str, prompt: str) -> Any:
-    return client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=8
-    )
-
 
 def test_readme_flow_answers_from_the_printed_endpoint(living_cluster: Cluster) -> None:
     cluster = living_cluster
-    cluster.helm(
-        "install", "tpuserve", str(CHART), "--namespace", OPERATOR_NAMESPACE,
-        "--create-namespace", "--wait", "--timeout", "180s",
-        "--set", "monitoring.scrapeInterval=2s", "--set", "monitoring.scrapeTimeout=2s",
-    )  # fmt: skip
+    install_chart(cluster)
     (operator_pod,) = get(cluster, "pods", "-n", OPERATOR_NAMESPACE)["items"]
     assert operator_pod["status"]["podIP"].startswith("127.244.")
     assert condition(operator_pod, "Ready")["status"] == "True"  # its real probes passed
@@ -234,71 +163,11 @@ HEAVY_PROMPT_WORDS = 1500
 SCALE_TIMEOUT_SECONDS = 300.0
 
 
-class Load:
-    """Closed-loop clients through the router with the official client; counts every outcome."""
-
-    def __init__(self, base_url: str, model: str) -> None:
-        self.client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-        self.model = model
-        self.ok = 0
-        self.failed: list[str] = []
-        self.lock = threading.Lock()
-        self.threads: list[threading.Thread] = []
-        self.stop = threading.Event()
-
-    def run(self, streams: int, prompt_words: int, max_tokens: int) -> None:
-        """Start `streams` clients (stopping the ones before)."""
-        self.halt()
-        self.stop = threading.Event()
-        for i in range(streams):
-            prompt = " ".join(f"w{i}x{j}" for j in range(prompt_words))
-            thread = threading.Thread(
-                target=self._loop, args=(self.stop, prompt, max_tokens), daemon=True
-            )
-            thread.start()
-            self.threads.append(thread)
-
-    def _loop(self, stop: threading.Event, prompt: str, max_tokens: int) -> None:
-        sent = 0
-        while not stop.is_set():
-            sent += 1
-            # A new first word each time: no prefix to follow, so the router balances by load.
-            unique = f"{threading.get_ident()}-{sent} {prompt}"
-            try:
-                answer = self.client.chat.completions.create(
-                    model=self.model,
-                    messages=[{"role": "user", "content": unique}],
-                    max_tokens=max_tokens,
-                    timeout=60,
-                )
-                good = bool(answer.choices and answer.choices[0].message.content)
-            except Exception as err:  # every failure is counted and shown
-                good = False
-                reason = f"{type(err).__name__}: {err}"
-            else:
-                reason = "empty answer"
-            with self.lock:
-                if good:
-                    self.ok += 1
-                else:
-                    self.failed.append(reason)
-
-    def halt(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(90)
-        self.threads = []
-
-
 def test_autoscaling_acts_on_live_metrics_with_no_failed_request(living_cluster: Cluster) -> None:
     cluster = living_cluster
     if not cluster.metrics_adapter:
         pytest.skip("Prometheus Adapter was not built (scripts/build-control-plane.sh)")
-    cluster.helm(
-        "upgrade", "--install", "tpuserve", str(CHART), "--namespace", OPERATOR_NAMESPACE,
-        "--create-namespace", "--wait", "--timeout", "180s",
-        "--set", "monitoring.scrapeInterval=2s", "--set", "monitoring.scrapeTimeout=2s",
-    )  # fmt: skip
+    install_chart(cluster, verb="upgrade")
     server = {
         "apiVersion": "serving.tpuserve.dev/v1alpha1",
         "kind": "TPUModelServer",
