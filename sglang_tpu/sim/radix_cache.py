@@ -104,6 +104,16 @@ class RadixCache:
     def _aligned(self, n: int) -> int:
         return n - n % self.page_size if self.page_size > 1 else n
 
+    def _as_list(self, key: Sequence[int]) -> tuple[list[int], int]:
+        """`key` as a list (copied only when it is not one) and its page-aligned length."""
+        key = key if isinstance(key, list) else list(key)
+        return key, self._aligned(len(key))
+
+    def _next_tick(self) -> int:
+        """A new LRU time: every node a lookup or insert touches gets the same one."""
+        self._tick += 1
+        return self._tick
+
     def _child_key(self, key: Sequence[int], start: int = 0) -> ChildKey:
         if self.page_size == 1:
             return key[start]
@@ -127,12 +137,9 @@ class RadixCache:
 
     def match_prefix(self, key: Sequence[int]) -> tuple[int, TreeNode]:
         """Length of the longest cached prefix and its last node; splits and refreshes LRU."""
-        key = key if isinstance(key, list) else list(key)
-        n = self._aligned(len(key))
-        self._tick += 1
-        tick = self._tick
-        node = self.root
-        pos = 0
+        key, n = self._as_list(key)
+        tick = self._next_tick()
+        node, pos = self.root, 0
         while pos < n:
             child = node.children.get(self._child_key(key, pos))
             if child is None:
@@ -149,10 +156,8 @@ class RadixCache:
 
     def peek_prefix_length(self, key: Sequence[int]) -> int:
         """Cached prefix length without touching the tree (for oracle routers and tests)."""
-        key = key if isinstance(key, list) else list(key)
-        n = self._aligned(len(key))
-        node = self.root
-        pos = 0
+        key, n = self._as_list(key)
+        node, pos = self.root, 0
         while pos < n:
             child = node.children.get(self._child_key(key, pos))
             if child is None:
@@ -166,12 +171,9 @@ class RadixCache:
 
     def insert(self, key: Sequence[int]) -> int:
         """Insert the page-aligned part of `key`; returns the length that was already cached."""
-        key = key if isinstance(key, list) else list(key)
-        n = self._aligned(len(key))
-        self._tick += 1
-        tick = self._tick
-        node = self.root
-        pos = 0
+        key, n = self._as_list(key)
+        tick = self._next_tick()
+        node, pos = self.root, 0
         while pos < n:
             ck = self._child_key(key, pos)
             child = node.children.get(ck)
