@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast, overload
+from typing import Required, TypedDict, TypeVar, Unpack, cast, overload
 
 T = TypeVar("T")
 
@@ -21,13 +21,32 @@ class WaitTimeout(AssertionError):
     """A condition did not hold within its deadline."""
 
 
-class _Deadline:
-    """What one wait has seen so far, and the failure to raise once its deadline passes."""
+class WaitOptions(TypedDict, total=False):
+    """How a wait goes: only `what` is required; the defaults are `_Wait`'s."""
+
+    what: Required[str]
+    timeout_seconds: float
+    interval_seconds: float
+    context: Callable[[], str] | None
+    ignore: tuple[type[BaseException], ...]
+
+
+class _Wait:
+    """One wait's options, what it has seen so far, and the failure to raise once its deadline
+    passes. `ignore`: exception types that count as "not yet" (any other fails at once)."""
 
     def __init__(
-        self, what: str, timeout_seconds: float, context: Callable[[], str] | None, now: float
+        self,
+        now: float,
+        *,
+        what: str,
+        timeout_seconds: float = 10.0,
+        interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+        context: Callable[[], str] | None = None,
+        ignore: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.what, self.timeout_seconds, self.context = what, timeout_seconds, context
+        self.interval_seconds, self.ignore = interval_seconds, ignore
         self.deadline = now + timeout_seconds
         self.last: object = None
         self.error: BaseException | None = None
@@ -56,75 +75,46 @@ class _Deadline:
         )
 
 
-def eventually(
-    check: Callable[[], T | None],
-    *,
-    what: str,
-    timeout_seconds: float = 10.0,
-    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
-    context: Callable[[], str] | None = None,
-    ignore: tuple[type[BaseException], ...] = (),
-) -> T:
+def eventually(check: Callable[[], T | None], **options: Unpack[WaitOptions]) -> T:
     """Call `check` until it returns a truthy value and return that value.
 
-    Exceptions of the types in `ignore` count as "not yet"; any other exception fails at once.
     A check may return None for "not yet": the value returned is then typed without None.
     """
-    wait = _Deadline(what, timeout_seconds, context, time.monotonic())
+    wait = _Wait(time.monotonic(), **options)
     while True:
         value, error = None, None
         try:
             value = check()
-        except ignore as err:
+        except wait.ignore as err:
             error = err
         if wait.holds(value, error, time.monotonic()):
             return cast(T, value)
-        time.sleep(interval_seconds)
+        time.sleep(wait.interval_seconds)
 
 
 @overload
 async def eventually_async(
-    check: Callable[[], Awaitable[T | None]],
-    *,
-    what: str,
-    timeout_seconds: float = 10.0,
-    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
-    context: Callable[[], str] | None = None,
-    ignore: tuple[type[BaseException], ...] = (),
+    check: Callable[[], Awaitable[T | None]], **options: Unpack[WaitOptions]
 ) -> T: ...
 
 
 @overload
-async def eventually_async(
-    check: Callable[[], T | None],
-    *,
-    what: str,
-    timeout_seconds: float = 10.0,
-    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
-    context: Callable[[], str] | None = None,
-    ignore: tuple[type[BaseException], ...] = (),
-) -> T: ...
+async def eventually_async(check: Callable[[], T | None], **options: Unpack[WaitOptions]) -> T: ...
 
 
 async def eventually_async(
-    check: Callable[[], T | Awaitable[T | None] | None],
-    *,
-    what: str,
-    timeout_seconds: float = 10.0,
-    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
-    context: Callable[[], str] | None = None,
-    ignore: tuple[type[BaseException], ...] = (),
+    check: Callable[[], T | Awaitable[T | None] | None], **options: Unpack[WaitOptions]
 ) -> T:
     """`eventually` for the event loop: `check` may be sync or async; sleeps yield the loop."""
     loop = asyncio.get_running_loop()
-    wait = _Deadline(what, timeout_seconds, context, loop.time())
+    wait = _Wait(loop.time(), **options)
     while True:
         value, error = None, None
         try:
             result = check()
             value = await result if isinstance(result, Awaitable) else result
-        except ignore as err:
+        except wait.ignore as err:
             error = err
         if wait.holds(value, error, loop.time()):
             return cast(T, value)
-        await asyncio.sleep(interval_seconds)
+        await asyncio.sleep(wait.interval_seconds)
