@@ -25,6 +25,7 @@ from kubernetes.dynamic.exceptions import NotFoundError, UnprocessibleEntityErro
 from prometheus_client import CollectorRegistry
 
 from tests.waiting import eventually_async
+from tpuserve.cluster.pods.volumes import TokenRequest
 from tpuserve_operator import labels
 from tpuserve_operator.observed import PodView
 from tpuserve_router.app import RouterApp
@@ -470,15 +471,8 @@ class _FakeReader:
     def data(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
         return self.objects.get((kind, namespace, name))
 
-    def token(
-        self,
-        namespace: str,
-        service_account: str,
-        pod: Mapping[str, Any],
-        expiration_seconds: int,
-        audiences: list[str] | None,
-    ) -> str:
-        return f"token-for-{namespace}-{service_account}"
+    def token(self, request: TokenRequest) -> str:
+        return f"token-for-{request.namespace}-{request.service_account}"
 
 
 def pod_manifest(

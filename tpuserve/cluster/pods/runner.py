@@ -34,6 +34,7 @@ from tpuserve.cluster.pods.addresses import PodAddresses
 from tpuserve.cluster.pods.pod import PodSupervisor
 from tpuserve.cluster.pods.services import LOCAL_ADDRESS_ANNOTATION, ServiceProxy
 from tpuserve.cluster.pods.status import now
+from tpuserve.cluster.pods.volumes import TokenRequest
 
 log = logging.getLogger(__name__)
 
@@ -69,27 +70,20 @@ class _Reader:
             k: base64.b64decode(v).decode(errors="replace") for k, v in (secret.data or {}).items()
         }
 
-    def token(
-        self,
-        namespace: str,
-        service_account: str,
-        pod: Mapping[str, Any],
-        expiration_seconds: int,
-        audiences: list[str] | None,
-    ) -> str:
+    def token(self, request: TokenRequest) -> str:
         spec: dict[str, Any] = {
-            "expirationSeconds": expiration_seconds,
+            "expirationSeconds": request.expiration_seconds,
             "boundObjectRef": {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "name": pod["metadata"]["name"],
-                "uid": pod["metadata"]["uid"],
+                "name": request.pod_name,
+                "uid": request.pod_uid,
             },
         }
-        if audiences:
-            spec["audiences"] = audiences
+        if request.audiences:
+            spec["audiences"] = list(request.audiences)
         response = self.core.create_namespaced_service_account_token(
-            service_account, namespace, {"spec": spec}
+            request.service_account, request.namespace, {"spec": spec}
         )
         return str(response.status.token)
 

@@ -30,6 +30,18 @@ SERVICE_ACCOUNT_VOLUME = "kube-api-access"
 TOKEN_EXPIRATION_SECONDS = 7 * 24 * 3600
 
 
+@dataclass(frozen=True, slots=True)
+class TokenRequest:
+    """A ServiceAccount token bound to a pod, as Kubernetes' TokenRequest asks for one."""
+
+    namespace: str
+    service_account: str
+    pod_name: str
+    pod_uid: str
+    expiration_seconds: int
+    audiences: tuple[str, ...] = ()
+
+
 class ClusterReader(Protocol):
     """What filling volumes reads from the API server."""
 
@@ -42,15 +54,8 @@ class ClusterReader(Protocol):
     def data(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
         """A ConfigMap's or Secret's data (Secrets decoded); None when it does not exist."""
 
-    def token(
-        self,
-        namespace: str,
-        service_account: str,
-        pod: Mapping[str, Any],
-        expiration_seconds: int,
-        audiences: list[str] | None,
-    ) -> str:
-        """A TokenRequest token for the ServiceAccount, bound to the pod."""
+    def token(self, request: TokenRequest) -> str:
+        """The token the API server issues for `request`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +110,16 @@ def _token_files(
     expiration_seconds: int = TOKEN_EXPIRATION_SECONDS,
     audience: str | None = None,
 ) -> str:
-    namespace = pod["metadata"].get("namespace", "default")
-    account = pod["spec"].get("serviceAccountName") or "default"
+    metadata = pod["metadata"]
     token = reader.token(
-        namespace, account, pod, expiration_seconds, [audience] if audience else None
+        TokenRequest(
+            metadata.get("namespace", "default"),
+            pod["spec"].get("serviceAccountName") or "default",
+            metadata["name"],
+            metadata["uid"],
+            expiration_seconds,
+            (audience,) if audience else (),
+        )
     )
     _write(directory, {path: token}, None)
     return token
