@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from tpuserve.json_types import json_type
 from tpuserve.observability import sglang_table
 
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.-]+):(?:\s|$)")
@@ -96,20 +97,6 @@ def _lookup(values: dict[str, Any], path: str) -> Any:
     return node
 
 
-def _type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "list"
-    return "object"
-
-
 def render(chart_dir: Path) -> str:
     values_text = (chart_dir / "values.yaml").read_text()
     values = yaml.safe_load(values_text)
@@ -125,5 +112,5 @@ def render(chart_dir: Path) -> str:
         value = _lookup(values, path)
         default = json.dumps(value, separators=(",", ":")).replace("|", "\\|")
         text = description.replace("|", "\\|")
-        out.append(f"| `{path}` | {_type(value)} | `{default}` | {text} |\n")
+        out.append(f"| `{path}` | {json_type(value)} | `{default}` | {text} |\n")
     return "".join(out)

@@ -12,26 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from tests.twin_differences import JSON_DIFFERENCES, ONLY_ON_REAL
+from tpuserve.json_types import json_type
 
 Signature = tuple[tuple[str, str], ...]
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, dict):
-        return "object"
-    raise TypeError(f"not a JSON value: {value!r:.80}")
 
 
 def _join(path: str, key: str) -> str:
