@@ -3,7 +3,7 @@
 The public surface (pinned by tests/unit/operator/test_exported_members.py):
 
 - `build_children(meta, spec, config)`: every child manifest of a server, validated;
-- `validate(name, spec)`: the typed spec or `InvalidSpec` naming every problem of the spec
+- `validate(name, spec)`: the typed spec or `InvalidSpec` naming every `Problem` of the spec
   itself (`build_children` adds the launch contract, which needs the server's identity);
 - `RenderConfig`: operator settings and cluster capabilities that shape the children;
 - `custom_resource_definition()`: the CRD, generated from the API models;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import tpuserve_operator
@@ -9,15 +11,9 @@ import tpuserve_operator
 pytestmark = pytest.mark.unit
 
 
-def test_public_names() -> None:
-    assert sorted(tpuserve_operator.__all__) == [
-        "InvalidSpec",
-        "Problem",
-        "RenderConfig",
-        "TPUModelServerSpec",
-        "build_children",
-        "custom_resource_definition",
-        "validate",
-    ]
+def test_public_names_are_the_ones_the_docstring_names() -> None:
+    assert tpuserve_operator.__doc__ is not None
+    promised = set(re.findall(r"`(\w+)", tpuserve_operator.__doc__))
+    assert sorted(tpuserve_operator.__all__) == sorted(promised)
     for name in tpuserve_operator.__all__:
         assert getattr(tpuserve_operator, name) is not None
