@@ -79,6 +79,17 @@ wrapper() { # DIR NAME
   (cd "$1" && { [ -f go.mod ] || go mod init "local.test/$2" >/dev/null 2>&1; })
 }
 
+# Make go.mod.new (in the current directory) the module's go.mod when it differs from the one
+# generated last time (go.mod.gen); go.sum goes with a changed go.mod and is resolved afresh.
+adopt_go_mod() {
+  if ! cmp -s go.mod.new go.mod.gen 2>/dev/null; then
+    cp go.mod.new go.mod
+    cp go.mod.new go.mod.gen
+    rm -f go.sum
+  fi
+  rm -f go.mod.new
+}
+
 # Install OUT atomically from a temporary build output.
 install_bin() { # SRC DEST
   chmod 0755 "$1"
@@ -110,12 +121,7 @@ build_k8s() {
     for m in $staging; do printf '\t%s => %s %s\n' "$m" "$m" "$stg"; done
     echo ")"
   } >go.mod.new
-  if ! cmp -s go.mod.new go.mod.gen 2>/dev/null; then
-    cp go.mod.new go.mod
-    cp go.mod.new go.mod.gen
-    rm -f go.sum
-  fi
-  rm -f go.mod.new
+  adopt_go_mod
   local p=k8s.io/kubernetes/cmd
   go get "$p/kube-apiserver@$TPUSERVE_K8S_VERSION" "$p/kube-controller-manager@$TPUSERVE_K8S_VERSION" \
     "$p/kube-scheduler@$TPUSERVE_K8S_VERSION"
@@ -172,12 +178,7 @@ build_lws() {
   go_line=$(grep -E '^go [0-9]' "$modfile")
   printf 'module local.test/lws-bin\n\n%s\n\nrequire sigs.k8s.io/lws %s\n' \
     "$go_line" "$TPUSERVE_LWS_VERSION" >go.mod.new
-  if ! cmp -s go.mod.new go.mod.gen 2>/dev/null; then
-    cp go.mod.new go.mod
-    cp go.mod.new go.mod.gen
-    rm -f go.sum
-  fi
-  rm -f go.mod.new
+  adopt_go_mod
   tmp=$(mktemp -d "$build_root/out.XXXXXX")
   # LWS's main package is sigs.k8s.io/lws/cmd; its version variables are in pkg/version.
   nice -n 10 go build -p "$jobs" -trimpath \
@@ -196,12 +197,7 @@ build_adapter() {
   cd "$w"
   printf 'module local.test/prometheus-adapter-bin\n\ngo 1.26\n\nrequire sigs.k8s.io/prometheus-adapter %s\n' \
     "$TPUSERVE_PROMETHEUS_ADAPTER_VERSION" >go.mod.new
-  if ! cmp -s go.mod.new go.mod.gen 2>/dev/null; then
-    cp go.mod.new go.mod
-    cp go.mod.new go.mod.gen
-    rm -f go.sum
-  fi
-  rm -f go.mod.new
+  adopt_go_mod
   tmp=$(mktemp -d "$build_root/out.XXXXXX")
   nice -n 10 go build -p "$jobs" -trimpath -ldflags="-s -w" \
     -o "$tmp/prometheus-adapter" sigs.k8s.io/prometheus-adapter/cmd/adapter
@@ -225,25 +221,22 @@ timed() { # PART
 timed etcd
 timed kwok
 timed k8s
-# LWS is optional for local work (the StatefulSet path covers multi-host without it), so a
-# failed LWS build only warns, and the LWS e2e test skips; under CI=true nothing may skip, so
-# there it is an error. (Run as a job so that `set -e` still applies inside it.)
-timed lws &
-if ! wait $!; then
-  if [ "${CI:-}" = true ]; then
-    log "ERROR: the LWS controller did not build (CI=true)"
-    exit 1
+# Build an optional PART as a job (so that `set -e` still applies inside it): a failure only
+# warns that WHAT did not build and which e2e test will skip; under CI=true nothing may skip,
+# so there it is an error.
+optional() { # PART WHAT SKIPPED
+  timed "$1" &
+  if ! wait $!; then
+    if [ "${CI:-}" = true ]; then
+      log "ERROR: $2 did not build (CI=true)"
+      exit 1
+    fi
+    log "WARNING: $2 did not build; $3 will skip"
   fi
-  log "WARNING: the LWS controller did not build; the LWS e2e test will skip"
-fi
-# Prometheus Adapter serves the engines' series to the HPA; optional like LWS (only the
-# autoscaling e2e test needs it).
-timed adapter &
-if ! wait $!; then
-  if [ "${CI:-}" = true ]; then
-    log "ERROR: Prometheus Adapter did not build (CI=true)"
-    exit 1
-  fi
-  log "WARNING: Prometheus Adapter did not build; the autoscaling e2e test will skip"
-fi
+}
+# LWS is optional for local work (the StatefulSet path covers multi-host without it).
+optional lws "the LWS controller" "the LWS e2e test"
+# Prometheus Adapter serves the engines' series to the HPA (only the autoscaling e2e test
+# needs it).
+optional adapter "Prometheus Adapter" "the autoscaling e2e test"
 log "done in $(($(date +%s) - start_all)) s; binaries in $TPUSERVE_K8S_BIN"
