@@ -270,24 +270,31 @@ def replayed(replay_endpoint: str, ctx: zmq.Context[zmq.Socket[bytes]]) -> list[
     return replies
 
 
-def test_every_batch_the_twin_sends_is_sglang_0_5_23s(endpoints: tuple[str, str]) -> None:
+def served_once(
+    endpoints: tuple[str, str], topic: str, *extra_args: str
+) -> tuple[list[bytes], list[list[bytes]]]:
+    """A twin publishing on `endpoints` (`topic` subscribed to) serves a 200-word prompt: the
+    payloads it published live, and every reply to a replay from 0."""
     pub, replay = endpoints
     args = ["--time-scale", "0", "--page-size", "16", "--kv-events-endpoint", pub,
-            "--kv-events-replay-endpoint", replay, "--kv-events-topic", "kv"]  # fmt: skip
+            "--kv-events-replay-endpoint", replay, *extra_args]  # fmt: skip
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
     sub.connect(pub)
     try:
         with running_engine(args) as engine:
-            prompt = " ".join(f"word{i}" for i in range(200))
-            live = published(sub, engine.url, prompt)
+            live = published(sub, engine.url, " ".join(f"word{i}" for i in range(200)))
             history = replayed(replay, ctx)
             assert engine.terminate() == 0
     finally:
         sub.close(linger=0)
         ctx.term()
-    payloads = [parse_pub_frames(m)[2] for m in live]
+    return [parse_pub_frames(m)[2] for m in live], history
+
+
+def test_every_batch_the_twin_sends_is_sglang_0_5_23s(endpoints: tuple[str, str]) -> None:
+    payloads, history = served_once(endpoints, "kv", "--kv-events-topic", "kv")
     assert all(map(sglang_decodes, payloads))
     stores = [e for p in payloads for e in decode_batch(p).events if isinstance(e, BlockStored)]
     assert any(len(e.block_hashes) > 1 for e in stores)  # coalesced, as 0.5.23 sends them
@@ -302,22 +309,7 @@ def test_the_legacy_wire_is_what_sglang_rejects(
     endpoints: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(WIRE_ENV, "0.5.19")
-    pub, replay = endpoints
-    args = ["--time-scale", "0", "--page-size", "16", "--kv-events-endpoint", pub,
-            "--kv-events-replay-endpoint", replay, "--enable-debug-endpoints"]  # fmt: skip
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(pub)
-    try:
-        with running_engine(args) as engine:
-            live = published(sub, engine.url, " ".join(f"word{i}" for i in range(200)))
-            history = replayed(replay, ctx)
-            assert engine.terminate() == 0
-    finally:
-        sub.close(linger=0)
-        ctx.term()
-    payloads = [parse_pub_frames(m)[2] for m in live]
+    payloads, history = served_once(endpoints, "", "--enable-debug-endpoints")
     assert payloads
     assert not any(map(sglang_decodes, payloads))
     assert all(decode_batch(p) for p in payloads)  # the router still reads them
