@@ -1,4 +1,5 @@
-"""Start `tpuserve engine sim` as a real process on loopback and wait until it serves."""
+"""Start `tpuserve engine sim` as a real process on loopback, wait until it serves, and read
+how many requests a twin is running."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import aiohttp
 
 from tests.waiting import WaitTimeout, eventually
 
@@ -79,3 +82,9 @@ def running_engine(
         if engine.proc.poll() is None:
             engine.proc.kill()
             engine.proc.wait()
+
+
+async def running_requests(session: aiohttp.ClientSession, url: str) -> int:
+    """Requests the twin at `url` is running, from its ``/get_load``."""
+    async with session.get(url + "/get_load") as response:
+        return sum(item["num_reqs"] for item in await response.json())

@@ -12,7 +12,11 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.component.engine.engine_process import EngineProcess, running_engine
+from tests.component.engine.engine_process import (
+    EngineProcess,
+    running_engine,
+    running_requests,
+)
 from tests.waiting import eventually_async
 
 pytestmark = pytest.mark.component
@@ -27,26 +31,23 @@ def engine() -> Iterator[EngineProcess]:
         yield proc
 
 
-async def running(session: aiohttp.ClientSession, url: str) -> int:
-    async with session.get(url + "/get_load") as response:
-        return sum(item["num_reqs"] for item in await response.json())
-
-
 async def test_abort_request_stops_the_request_with_that_rid(engine: EngineProcess) -> None:
     async with aiohttp.ClientSession() as session:
         body = {"prompt": "a long story", "max_tokens": 3000, "rid": "to-abort"}
         call = asyncio.ensure_future(session.post(engine.url + "/v1/completions", json=body))
-        await eventually_async(lambda: running(session, engine.url), what="the request running")
+        await eventually_async(
+            lambda: running_requests(session, engine.url), what="the request running"
+        )
         async with session.post(engine.url + "/abort_request", json={"rid": "unknown"}) as r:
             assert r.status == 200  # an unknown rid is ignored, as SGLang does
-        assert await running(session, engine.url) == 1
+        assert await running_requests(session, engine.url) == 1
         async with session.post(engine.url + "/abort_request", json={"rid": "to-abort"}) as r:
             assert (r.status, await r.read()) == (200, b"")
         response = await call
         answer = await response.json()
         assert answer["id"] == "to-abort"  # SGLang names the answer after the rid
         assert answer["usage"]["completion_tokens"] < 3000
-        assert await running(session, engine.url) == 0
+        assert await running_requests(session, engine.url) == 0
 
 
 async def test_a_non_streamed_request_whose_client_left_is_aborted(engine: EngineProcess) -> None:
@@ -58,11 +59,13 @@ async def test_a_non_streamed_request_whose_client_left_is_aborted(engine: Engin
         b"content-length: %d\r\n\r\n%b" % (len(body), body)
     )
     async with aiohttp.ClientSession() as session:
-        await eventually_async(lambda: running(session, engine.url), what="the request running")
+        await eventually_async(
+            lambda: running_requests(session, engine.url), what="the request running"
+        )
         writer.close()  # the client goes away
 
         async def idle() -> bool:
-            return await running(session, engine.url) == 0
+            return await running_requests(session, engine.url) == 0
 
         await eventually_async(idle, what="the abandoned request aborted")
 

@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 
+from tests.component.engine.engine_process import running_requests
 from tests.component.router.router_fleet import (
     MODEL,
     EngineTwin,
@@ -233,6 +234,16 @@ async def test_imbalance_beyond_the_thresholds_spreads_a_hot_prefix(
         await app.stop()
 
 
+async def running_on(engines: list[EngineTwin]) -> int:
+    """Requests the engines are running, together."""
+    async with aiohttp.ClientSession() as session:
+        return sum([await running_requests(session, engine.url) for engine in engines])
+
+
+async def all_stopped(engines: list[EngineTwin]) -> bool:
+    return await running_on(engines) == 0
+
+
 async def test_a_client_disconnect_cancels_the_upstream_request(
     slow_router: RouterApp, slow_engines: list[EngineTwin]
 ) -> None:
@@ -244,23 +255,14 @@ async def test_a_client_disconnect_cancels_the_upstream_request(
         await response.content.readline()  # the stream has started
         response.close()  # the client goes away mid-stream
 
-    async def engines_running() -> int:
-        total = 0
-        async with aiohttp.ClientSession() as session:
-            for engine in slow_engines:
-                async with session.get(engine.url + "/get_load") as response:
-                    total += sum(item["num_reqs"] for item in await response.json())
-        return total
-
     await eventually_async(
         lambda: all_idle(slow_router), what="the router to drop the request", timeout_seconds=5
     )
 
-    async def engines_idle() -> bool:
-        return await engines_running() == 0
-
     idle: bool = await eventually_async(
-        engines_idle, what="the engine to stop generating for the gone client", timeout_seconds=5
+        lambda: all_stopped(slow_engines),
+        what="the engine to stop generating for the gone client",
+        timeout_seconds=5,
     )
     assert idle
     worker = next(iter(requests_by_worker(slow_router, "/v1/chat/completions")))
@@ -278,21 +280,12 @@ async def test_a_client_leaving_a_plain_request_has_the_engine_abort_it(
         b"content-length: %d\r\n\r\n%b" % (len(body), body)
     )
 
-    async def engines_running() -> int:
-        total = 0
-        async with aiohttp.ClientSession() as session:
-            for engine in slow_engines:
-                async with session.get(engine.url + "/get_load") as response:
-                    total += sum(item["num_reqs"] for item in await response.json())
-        return total
-
-    await eventually_async(engines_running, what="the engine generating")
+    await eventually_async(lambda: running_on(slow_engines), what="the engine generating")
     writer.close()  # the client goes away before the answer
 
-    async def engines_idle() -> bool:
-        return await engines_running() == 0
-
-    await eventually_async(engines_idle, what="the engine to stop generating", timeout_seconds=5)
+    await eventually_async(
+        lambda: all_stopped(slow_engines), what="the engine to stop generating", timeout_seconds=5
+    )
     aborted = sum(
         sample(slow_router, "tpuserve_router_upstream_aborts_total",
                {"worker": e.url, "reason": "client_gone"})
