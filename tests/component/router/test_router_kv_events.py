@@ -5,6 +5,7 @@ what the router cannot read is counted, logged once and skipped, and the stream 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 
@@ -287,20 +288,40 @@ def removed(tokens: list[int], pages: slice) -> bytes:
     return encode_batch(EventBatch(0.0, [BlockRemoved(hashes)]))
 
 
-async def router_with_publisher(engine: EngineTwin, publisher: Publisher) -> tuple[RouterApp, str]:
+@contextlib.asynccontextmanager
+async def publishing_router(
+    engine: EngineTwin, *, replay: bool
+) -> AsyncIterator[tuple[RouterApp, Publisher, str]]:
+    """A precise router whose one worker, `engine`, has its KV events from a `Publisher`: the
+    router, the publisher and the worker's name; both stopped on the way out."""
+    publisher = Publisher(replay=replay)
     config = RouterConfig(
         policy="precise", kv_events=True, policy_params={"predicted_ttl_seconds": "0"}
     )
     app = await start_router(config)
-    async with aiohttp.ClientSession() as session:
-        body = {"url": engine.url, "kv_events_endpoint": publisher.endpoint,
-                "kv_replay_endpoint": publisher.replay_endpoint}  # fmt: skip
-        async with session.post(app.base_url + "/workers", json=body) as response:
-            assert response.status == 200
-            name = (await response.json())["worker"]["url"]
-    await wait_ready(app, 1)
-    await publisher.wait_subscribed()
-    return app, name
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = {"url": engine.url, "kv_events_endpoint": publisher.endpoint,
+                    "kv_replay_endpoint": publisher.replay_endpoint}  # fmt: skip
+            async with session.post(app.base_url + "/workers", json=body) as response:
+                assert response.status == 200
+                name = (await response.json())["worker"]["url"]
+        await wait_ready(app, 1)
+        await publisher.wait_subscribed()
+        yield app, publisher, name
+    finally:
+        await app.stop()
+        await publisher.close()
+
+
+def blocks_of(app: RouterApp, worker: str) -> int:
+    """Blocks the router's index holds for `worker`."""
+    assert app.block_index is not None
+    return app.block_index.worker_blocks(worker)
+
+
+async def wait_blocks(app: RouterApp, worker: str, blocks: int, what: str) -> None:
+    await eventually_async(lambda: blocks_of(app, worker) == blocks, what=what, timeout_seconds=5)
 
 
 @pytest.fixture(scope="module")
@@ -313,17 +334,9 @@ def plain_engine() -> Iterator[EngineTwin]:
 
 async def test_an_unrecoverable_gap_drops_the_workers_entries(plain_engine: EngineTwin) -> None:
     tokens = load_tokenizer().encode(PROMPT)
-    publisher = Publisher(replay=False)
-    app, worker = await router_with_publisher(plain_engine, publisher)
-    try:
+    async with publishing_router(plain_engine, replay=False) as (app, publisher, worker):
         await publisher.publish(0, stored(tokens))
-        assert app.block_index is not None
-        index = app.block_index
-        await eventually_async(
-            lambda: index.worker_blocks(worker) == len(tokens) // PAGE,
-            what="events",
-            timeout_seconds=5,
-        )
+        await wait_blocks(app, worker, len(tokens) // PAGE, "events")
         hits = decisions(app, "prefix_hit")
         await complete(app, PROMPT)
         assert decisions(app, "prefix_hit") == hits + 1
@@ -334,39 +347,25 @@ async def test_an_unrecoverable_gap_drops_the_workers_entries(plain_engine: Engi
             lambda: resyncs(app, worker, "gap_unrecoverable") == 1, what="resync", timeout_seconds=5
         )
         assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 1
-        assert index.worker_blocks(worker) == 1  # only what came after the gap
+        assert blocks_of(app, worker) == 1  # only what came after the gap
         misses = decisions(app, "miss")
         await complete(app, PROMPT)
         assert decisions(app, "miss") == misses + 1
-    finally:
-        await app.stop()
-        await publisher.close()
 
 
 async def test_a_gap_the_engine_can_replay_is_filled(plain_engine: EngineTwin) -> None:
     tokens = load_tokenizer().encode(PROMPT)
     pages = len(tokens) // PAGE
-    publisher = Publisher(replay=True)
-    app, worker = await router_with_publisher(plain_engine, publisher)
-    try:
+    async with publishing_router(plain_engine, replay=True) as (app, publisher, worker):
         await publisher.publish(0, stored(tokens))
-        assert app.block_index is not None
-        index = app.block_index
-        await eventually_async(
-            lambda: index.worker_blocks(worker) == pages, what="events", timeout_seconds=5
-        )
+        await wait_blocks(app, worker, pages, "events")
         await publisher.publish(1, removed(tokens, slice(pages - 2, None)), lost=True)
         await publisher.publish(2, encode_batch(EventBatch(0.0, [])), lost=True)
         await publisher.publish(3, encode_batch(EventBatch(0.0, [])))
         # the removal in a lost batch is applied through the replay
-        await eventually_async(
-            lambda: index.worker_blocks(worker) == pages - 2, what="the replay", timeout_seconds=5
-        )
+        await wait_blocks(app, worker, pages - 2, "the replay")
         assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 1
         assert resyncs(app, worker, "gap_unrecoverable") == 0
-    finally:
-        await app.stop()
-        await publisher.close()
 
 
 # ---------------------------------------------------------------- what the router cannot read
@@ -385,9 +384,7 @@ async def test_malformed_and_unknown_events_are_counted_logged_once_and_skipped(
     pages = len(hashes)
     unknown = {"type": "BlockPinned", "block_hashes": [1]}  # a type from a newer engine
     unhashable = BlockStored([5], None, [[1, 2]] * PAGE, PAGE)  # type: ignore[list-item]
-    publisher = Publisher(replay=False)
-    app, worker = await router_with_publisher(plain_engine, publisher)
-    try:
+    async with publishing_router(plain_engine, replay=False) as (app, publisher, worker):
         await publisher.publish(0, stored(tokens))
         last = ["BlockRemoved", [hashes[-1]]]  # the rest of a batch still counts
         await publisher.publish(1, msgpack.packb([0.0, [unknown, last], 0]))
@@ -396,13 +393,7 @@ async def test_malformed_and_unknown_events_are_counted_logged_once_and_skipped(
         await publisher.publish(3, msgpack.packb([0.0, [unknown, {"type": "BlockStored"}], 0]))
         await publisher.publish(4, encode_batch(EventBatch(0.0, [unhashable])))
         await publisher.publish(5, removed(tokens, slice(pages - 2, pages - 1)))
-        assert app.block_index is not None
-        index = app.block_index
-        await eventually_async(
-            lambda: index.worker_blocks(worker) == pages - 2,
-            what="the last batch",
-            timeout_seconds=5,
-        )
+        await wait_blocks(app, worker, pages - 2, "the last batch")
         counts = {r: skipped(app, worker, r) for r in KV_EVENT_SKIP_REASONS}
         assert counts == {"bad_frames": 1, "undecodable_batch": 1, "malformed_event": 2,
                           "unknown_event": 2}  # fmt: skip
@@ -410,6 +401,3 @@ async def test_malformed_and_unknown_events_are_counted_logged_once_and_skipped(
         for reason in KV_EVENT_SKIP_REASONS:  # once per worker and reason
             assert sum(f"({reason})" in m for m in warned) == 1, (reason, warned)
         assert resyncs(app, worker, "gap_unrecoverable") == 0
-    finally:
-        await app.stop()
-        await publisher.close()
