@@ -17,7 +17,8 @@ Fixtures for e2e tests (see docs/development.md, "The e2e fixture"):
   loopback addresses and Services answer at 127.96.A.B; nothing else is shared with ``cluster``.
 - ``operator`` (module): `tpuserve operator` as a local process, run once per workload kind
   (``--workload leaderworkerset``, then ``statefulset``): every test using it runs twice. A
-  module that needs other flags defines its own ``operator`` fixture (with `run_operator`).
+  module that needs one operator parametrizes it: ``pytest.mark.parametrize("operator",
+  ["statefulset"], indirect=True)`` (or ``auto``, the operator's default).
 
 Without the control-plane binaries the tests skip, saying how to build them; under CI=true
 they fail instead, so CI never counts a skipped e2e suite as a pass. When a test that used the

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -20,7 +19,6 @@ import yaml
 from tests.e2e.tms_harness import (
     OperatorProcess,
     apply,
-    run_operator,
     server,
     wait_condition,
 )
@@ -29,20 +27,15 @@ from tpuserve.cluster import Cluster
 from tpuserve.cluster.ports import free_port
 from tpuserve.observability import catalog, generate, local_prometheus, rules
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    # one operator, with the default workload (auto): its series do not depend on the kind
+    pytest.mark.parametrize("operator", ["auto"], indirect=True),
+]
 
 DEADLINE_SECONDS = 180.0
 SUBSTITUTIONS = {"$__rate_interval": "1m", "$__interval": "1m"}
 OPERATOR_ALERTS = ("TPUServeOperatorReconcileErrors", "TPUServeTPUPodsUnschedulable")
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Cluster,
-    operator_kubeconfig: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OperatorProcess]:
-    yield from run_operator(cluster, operator_kubeconfig, tmp_path_factory.mktemp("operator"))
 
 
 @pytest.fixture

@@ -43,7 +43,6 @@ from tests.e2e.tms_harness import (
     OperatorProcess,
     apply,
     get,
-    run_operator,
     server,
     wait_until,
     while_running,
@@ -58,7 +57,10 @@ from tpuserve_operator.render.router import ENV_NAMESPACE, ENV_SELECTOR
 from tpuserve_router.config import DEFAULT_POLICY, DEFAULT_WORKER_URL_ANNOTATION
 from tpuserve_router.metrics import UPSTREAM_ERROR_REASONS
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.parametrize("operator", ["statefulset"], indirect=True),  # one operator
+]
 
 NAME = "sim"
 REPLICAS = 2
@@ -68,16 +70,6 @@ READY_LINE = re.compile(r"^READY (http://\S+)$", re.MULTILINE)
 LISTENING_LINE = re.compile(r"tpuserve router: listening on (http://\S+)")
 # Long enough for several full KV pages, so every request makes its engine publish BlockStored.
 QUESTION = "tell me about TPUs, their chips, slices, hosts and interconnect. " * 6
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Cluster,
-    operator_kubeconfig: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OperatorProcess]:
-    log_dir = tmp_path_factory.mktemp("operator-router-discovery")
-    yield from run_operator(cluster, operator_kubeconfig, log_dir, "--workload", "statefulset")
 
 
 # -- engine twins and the router, as real processes on loopback --------------------------------
