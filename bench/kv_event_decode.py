@@ -35,6 +35,7 @@ from sglang_tpu.kv_events import (
     coalesce,
     decode_batch,
     encode_batch,
+    page_stores,
 )
 
 PAGE = 16
@@ -53,13 +54,7 @@ def decode_step() -> list[KVEvent]:
 
 
 def prefill() -> list[KVEvent]:
-    tokens = list(range(7000, 7000 + 12 * PAGE))
-    hashes = block_hashes(tokens, PAGE)
-    return [
-        BlockStored([h], hashes[i - 1] if i else None, tokens[i * PAGE : (i + 1) * PAGE], PAGE,
-                    None, "GPU")
-        for i, h in enumerate(hashes)
-    ]  # fmt: skip
+    return [*page_stores(range(7000, 7000 + 12 * PAGE), PAGE, "GPU")]
 
 
 def payloads() -> dict[tuple[str, str], tuple[bytes, int]]:

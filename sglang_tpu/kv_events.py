@@ -422,3 +422,16 @@ def block_hashes(
         digest = page_digest(token_ids[start : start + page_size], digest)
         out.append(digest_to_int64(digest))
     return out
+
+
+def page_stores(
+    token_ids: Sequence[int], page_size: int, medium: str | None = None
+) -> list[BlockStored]:
+    """One `BlockStored` per full page of `token_ids`, each chained to the page before: the
+    events of caching them page by page, before `coalesce` (what SGLang before 0.5.23 sends)."""
+    hashes = block_hashes(token_ids, page_size)
+    return [
+        BlockStored([h], hashes[i - 1] if i else None,
+                    list(token_ids[i * page_size : (i + 1) * page_size]), page_size, None, medium)
+        for i, h in enumerate(hashes)
+    ]  # fmt: skip

@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
-from sglang_tpu.kv_events import BlockStored, EventBatch, block_hashes, encode_batch, pub_frames
+from sglang_tpu.kv_events import EventBatch, encode_batch, page_stores, pub_frames
 from sglang_tpu.topology import lookup
 from tests.fakes import FakeModelServer
 from tpuserve.observability import device_metrics as dm
@@ -108,12 +108,7 @@ class GappyPublisher:
         await self.pub.recv()
 
     async def publish_stored(self, seq: int, tokens: list[int], page: int) -> None:
-        hashes = block_hashes(tokens, page)
-        events = [
-            BlockStored([h], hashes[i - 1] if i else None, tokens[i * page : (i + 1) * page], page)
-            for i, h in enumerate(hashes)
-        ]
-        payload = encode_batch(EventBatch(0.0, events))  # type: ignore[arg-type]
+        payload = encode_batch(EventBatch(0.0, [*page_stores(tokens, page)]))
         await self.pub.send_multipart(pub_frames(b"", seq, payload))
 
     def close(self) -> None:

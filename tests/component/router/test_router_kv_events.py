@@ -21,9 +21,9 @@ from sglang_tpu.kv_events import (
     BlockRemoved,
     BlockStored,
     EventBatch,
-    KVEvent,
     block_hashes,
     encode_batch,
+    page_stores,
     pub_frames,
 )
 from sglang_tpu.tokenizer import load_tokenizer
@@ -275,12 +275,7 @@ class Publisher:
 
 def stored(tokens: list[int]) -> bytes:
     """The BlockStored events an engine sends when it caches ``tokens``, page by page."""
-    hashes = block_hashes(tokens, PAGE)
-    events: list[KVEvent] = [
-        BlockStored([h], hashes[i - 1] if i else None, tokens[i * PAGE : (i + 1) * PAGE], PAGE)
-        for i, h in enumerate(hashes)
-    ]
-    return encode_batch(EventBatch(0.0, events))
+    return encode_batch(EventBatch(0.0, [*page_stores(tokens, PAGE)]))
 
 
 def removed(tokens: list[int], pages: slice) -> bytes:

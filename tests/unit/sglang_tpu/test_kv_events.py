@@ -27,6 +27,7 @@ from sglang_tpu.kv_events import (
     coalesce,
     decode_batch,
     encode_batch,
+    page_stores,
     parse_pub_frames,
     parse_replay_reply,
     pub_frames,
@@ -214,25 +215,16 @@ def test_a_payload_that_is_not_a_batch_always_raises(payload: bytes) -> None:
 # ---------------------------------------------------------------- coalescing (0.5.23's recorder
 
 
-def per_page(tokens: list[int], page: int) -> list[BlockStored]:
-    hashes = block_hashes(tokens, page)
-    return [
-        BlockStored([h], hashes[i - 1] if i else None, tokens[i * page : (i + 1) * page], page,
-                    None, "GPU")
-        for i, h in enumerate(hashes)
-    ]  # fmt: skip
-
-
 def test_a_chain_of_page_stores_becomes_one_event() -> None:
     tokens = list(range(12))
-    events = per_page(tokens, 4)
+    events = page_stores(tokens, 4, "GPU")
     assert coalesce(events) == [BlockStored(block_hashes(tokens, 4), None, tokens, 4, None, "GPU")]
-    assert events == per_page(tokens, 4)  # the inputs are left alone
+    assert events == page_stores(tokens, 4, "GPU")  # the inputs are left alone
 
 
 def test_stores_that_do_not_chain_or_differ_stay_apart() -> None:
-    first, second = per_page(list(range(8)), 4)
-    other = per_page([9, 9, 9, 9], 4)[0]  # hangs off the root, not off `first`
+    first, second = page_stores(list(range(8)), 4, "GPU")
+    other = page_stores([9, 9, 9, 9], 4, "GPU")[0]  # hangs off the root, not off `first`
     salted = BlockStored(second.block_hashes, second.parent_block_hash, second.token_ids, 4,
                          None, "GPU", "salt")  # fmt: skip
     assert coalesce([first, other]) == [first, other]
