@@ -27,7 +27,6 @@ from pathlib import Path
 from sglang_tpu.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
-    BlockStored,
     EventBatch,
     KVEvent,
     Wire,
@@ -43,10 +42,9 @@ PAGE = 16
 
 def decode_step() -> list[KVEvent]:
     events: list[KVEvent] = []
-    for request in range(6):
-        tokens = list(range(5000 + 1000 * request, 5000 + 1000 * request + 2 * PAGE))
-        hashes = block_hashes(tokens, PAGE)
-        events.append(BlockStored([hashes[1]], hashes[0], tokens[PAGE:], PAGE, None, "GPU"))
+    for request in range(6):  # each request's second page, chained to its first
+        start = 5000 + 1000 * request
+        events.append(page_stores(range(start, start + 2 * PAGE), PAGE, "GPU")[1])
     for request in range(2):
         tokens = list(range(90000 + 1000 * request, 90000 + 1000 * request + 2 * PAGE))
         events.append(BlockRemoved(block_hashes(tokens, PAGE), "GPU"))
