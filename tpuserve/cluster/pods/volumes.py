@@ -102,6 +102,29 @@ def _downward_files(
     _write(directory, files, None)
 
 
+def _source_files(
+    reader: ClusterReader,
+    pod: Mapping[str, Any],
+    source: Mapping[str, Any],
+    directory: Path,
+    pod_ip: str,
+    host_ip: str,
+) -> bool:
+    """Fill `directory` from a configMap, secret or downwardAPI `source` (a volume or one source
+    of a projected volume); False when it is none of those."""
+    namespace = pod["metadata"].get("namespace", "default")
+    if "configMap" in source:
+        _object_files(reader, "ConfigMap", namespace, source["configMap"], directory)
+    elif "secret" in source:
+        _object_files(reader, "Secret", namespace, source["secret"], directory)
+    elif "downwardAPI" in source:
+        items = source["downwardAPI"].get("items") or []
+        _downward_files(pod, items, pod_ip, host_ip, directory)
+    else:
+        return False
+    return True
+
+
 def _token_files(
     reader: ClusterReader,
     pod: Mapping[str, Any],
@@ -143,13 +166,6 @@ def prepare(
         if "persistentVolumeClaim" in volume:
             directory = claims_dir / namespace / volume["persistentVolumeClaim"]["claimName"]
             directory.mkdir(parents=True, exist_ok=True)
-        elif "configMap" in volume:
-            _object_files(reader, "ConfigMap", namespace, volume["configMap"], directory)
-        elif "secret" in volume:
-            _object_files(reader, "Secret", namespace, volume["secret"], directory)
-        elif "downwardAPI" in volume:
-            items = volume["downwardAPI"].get("items") or []
-            _downward_files(pod, items, pod_ip, host_ip, directory)
         elif "projected" in volume:
             directory.mkdir(parents=True, exist_ok=True)
             for source in volume["projected"].get("sources") or []:
@@ -163,14 +179,9 @@ def prepare(
                         int(token.get("expirationSeconds", TOKEN_EXPIRATION_SECONDS)),
                         token.get("audience"),
                     )
-                elif "configMap" in source:
-                    _object_files(reader, "ConfigMap", namespace, source["configMap"], directory)
-                elif "secret" in source:
-                    _object_files(reader, "Secret", namespace, source["secret"], directory)
-                elif "downwardAPI" in source:
-                    items = source["downwardAPI"].get("items") or []
-                    _downward_files(pod, items, pod_ip, host_ip, directory)
-        else:
+                else:
+                    _source_files(reader, pod, source, directory, pod_ip, host_ip)
+        elif not _source_files(reader, pod, volume, directory, pod_ip, host_ip):
             if "emptyDir" not in volume:
                 log.info("pod volume %s: %s runs as an empty directory", name, sorted(volume))
             directory.mkdir(parents=True, exist_ok=True)
