@@ -7,7 +7,6 @@ reconcile passes fail."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
@@ -22,10 +21,11 @@ from tests.e2e.tms_harness import (
     server,
     wait_condition,
 )
+from tests.panel_queries import panel_queries
 from tests.waiting import eventually_async
 from tpuserve.cluster import Cluster
 from tpuserve.cluster.ports import free_port
-from tpuserve.observability import catalog, generate, local_prometheus, rules
+from tpuserve.observability import catalog, local_prometheus, rules
 
 pytestmark = [
     pytest.mark.e2e,
@@ -34,7 +34,6 @@ pytestmark = [
 ]
 
 DEADLINE_SECONDS = 180.0
-SUBSTITUTIONS = {"$__rate_interval": "1m", "$__interval": "1m"}
 OPERATOR_ALERTS = ("TPUServeOperatorReconcileErrors", "TPUServeTPUPodsUnschedulable")
 
 
@@ -54,18 +53,6 @@ def quota_namespace(cluster: Cluster, namespace: str) -> Iterator[str]:
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
     # Free the TPU capacity its pods hold now, not when the namespace controller gets to them.
     cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", check=False)
-
-
-def operator_panel_queries() -> dict[str, str]:
-    path = generate.REPO_ROOT / generate.DASHBOARD_DIR / "tpuserve-operator.json"
-    out = {}
-    for panel in json.loads(path.read_text())["panels"]:
-        for t in panel.get("targets") or []:
-            expr = t["expr"]
-            for macro, value in SUBSTITUTIONS.items():
-                expr = expr.replace(macro, value)
-            out[f"{panel['title']} / {t['refId']}"] = expr
-    return out
 
 
 async def query(session: aiohttp.ClientSession, base: str, expr: str) -> list[Any]:
@@ -94,7 +81,7 @@ async def test_operator_dashboard_and_alerts_return_data_from_a_live_operator(
     )
     prometheus = await local_prometheus.start([target], free_port())
     try:
-        expressions = operator_panel_queries()
+        expressions = panel_queries(["tpuserve-operator"])
         expressions |= {
             f"alert {a.alert}": a.expr for a in rules.alerts() if a.alert in OPERATOR_ALERTS
         }
@@ -130,7 +117,7 @@ async def test_operator_dashboard_and_alerts_return_data_from_a_live_operator(
     assert stuck[0]["metric"]["tpu_generation"] == "v5e"
     errors = found["alert TPUServeOperatorReconcileErrors"]
     assert [r["metric"]["pod"] for r in errors] == ["tpuserve-operator-0"]
-    ready = found["TPUModelServers ready / A"]
+    ready = found["tpuserve-operator / TPUModelServers ready / A"]
     assert float(ready[0]["value"][1]) >= 1
     # Every metric the dashboard and the alerts select was scraped from the live operator.
     used: set[str] = set()

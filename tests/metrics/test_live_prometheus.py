@@ -32,18 +32,16 @@ from sglang_tpu.tokenizer import load_tokenizer
 from tests import sglang_metrics as sm
 from tests.chart.chart_helpers import find_tool, make_renderer
 from tests.metrics.live_fakes import FakeTpuDevicePlugin, GappyPublisher, OverloadedWorker
+from tests.panel_queries import panel_queries
 from tests.real_sglang import RealEngine
 from tests.waiting import eventually, eventually_async
 from tpuserve.cluster.ports import free_port
-from tpuserve.observability import catalog, generate, local_prometheus, rules
+from tpuserve.observability import catalog, local_prometheus, rules
 
 pytestmark = pytest.mark.component
 
 DEADLINE_SECONDS = 240.0
 PAGE = 16  # the engine twin's default page size, also its KV-event block size
-# Grafana's macros and variables, as a dashboard viewer would have them; 1m holds 60 samples of
-# the 1 s scrape, so every rate has the two it needs.
-SUBSTITUTIONS = {"$__rate_interval": "1m", "$__interval": "1m", "$model_name": ".*"}
 LIVE_DASHBOARDS = (
     "tpuserve-fleet-overview",
     "tpuserve-model-detail",
@@ -51,22 +49,6 @@ LIVE_DASHBOARDS = (
     "tpuserve-tpu-utilisation",
 )
 PROMPT = "A prompt only the overloaded worker holds, long enough for several pages. " * 6
-
-
-def panel_queries(names: tuple[str, ...] = LIVE_DASHBOARDS) -> dict[str, str]:
-    """`dashboard / panel / refId` -> PromQL with Grafana's macros substituted."""
-    out = {}
-    for name in names:
-        board = json.loads(
-            (generate.REPO_ROOT / generate.DASHBOARD_DIR / f"{name}.json").read_text()
-        )
-        for panel in board["panels"]:
-            for t in panel.get("targets") or []:
-                expr = t["expr"]
-                for macro, value in SUBSTITUTIONS.items():
-                    expr = expr.replace(macro, value)
-                out[f"{name} / {panel['title']} / {t['refId']}"] = expr
-    return out
 
 
 @dataclass
@@ -241,13 +223,16 @@ async def wait_for_data(
 async def test_every_rule_and_panel_query_returns_data_from_a_live_fleet(fleet: Fleet) -> None:
     await inject_router_faults(fleet)
     expressions = {f"rule {r.record}": r.record for r in rules.recording_rules()}
-    expressions |= panel_queries()
+    expressions |= panel_queries(LIVE_DASHBOARDS)
     await wait_for_data(fleet.prometheus, expressions)
 
     # Every metric a panel or rule selects was scraped from a live /metrics.
     scraped = set(get_json(fleet.prometheus + "/api/v1/label/__name__/values")["data"])
     used: set[str] = set()
-    for expr in [*panel_queries().values(), *(r.expr for r in rules.recording_rules())]:
+    for expr in [
+        *panel_queries(LIVE_DASHBOARDS).values(),
+        *(r.expr for r in rules.recording_rules()),
+    ]:
         used |= catalog.selected_names(expr)
     raw = used - {r.record for r in rules.recording_rules()} - catalog.CHART_CONSTANTS
     raw -= catalog.PROMETHEUS_SERIES
@@ -344,7 +329,7 @@ async def test_every_sglang_rule_and_panel_returns_data_from_a_real_engine(
     prometheus.exporter = exporter
     try:
         sglang_rules = [r for r in rules.recording_rules() if reads_sglang(r.expr)]
-        panels = {k: e for k, e in panel_queries().items() if reads_sglang(e)}
+        panels = {k: e for k, e in panel_queries(LIVE_DASHBOARDS).items() if reads_sglang(e)}
         expressions = {f"rule {r.record}": r.record for r in sglang_rules} | panels
         assert len(sglang_rules) >= 30, [r.record for r in sglang_rules]
         assert len(panels) >= 30, sorted(panels)
