@@ -24,16 +24,16 @@ class WaitTimeout(AssertionError):
 class WaitOptions(TypedDict, total=False):
     """How a wait goes: only `what` is required; the defaults are `_Wait`'s."""
 
-    what: Required[str]
+    what: Required[str]  # what is awaited, for the failure message
     timeout_seconds: float
-    interval_seconds: float
-    context: Callable[[], str] | None
-    ignore: tuple[type[BaseException], ...]
+    interval_seconds: float  # between checks
+    context: Callable[[], str] | None  # more for the failure message (a log tail)
+    ignore: tuple[type[BaseException], ...]  # count as "not yet"; any other fails at once
 
 
 class _Wait:
     """One wait's options, what it has seen so far, and the failure to raise once its deadline
-    passes. `ignore`: exception types that count as "not yet" (any other fails at once)."""
+    passes."""
 
     def __init__(
         self,
