@@ -1,9 +1,10 @@
 """The admin API: list, add and remove workers, and flush every worker's cache.
 
 - ``GET /workers``: the workers and their state, and the pods discovery rejected;
-- ``POST /workers`` (or ``/add_worker``) with ``{"url": ..., "kv_events_endpoint": ...,
-  "kv_replay_endpoint": ...}`` (or the same as query parameters): add a worker by hand;
-  addresses outside ``--worker-networks`` get 400;
+- ``POST /workers`` (or ``/add_worker``) with ``{"url": ..., "model": ...,
+  "kv_events_endpoint": ..., "kv_replay_endpoint": ...}`` (or the same as query parameters):
+  add a worker by hand, optionally saying which served model it belongs to (else read from
+  its ``/v1/models``); addresses outside ``--worker-networks`` get 400;
 - ``DELETE /workers`` (or ``POST /remove_worker``) with ``{"url": ...}`` or ``?url=``;
 - ``POST /flush_cache``: sent to every worker; the policy forgets what each flushed one held.
 
@@ -32,6 +33,7 @@ from tpuserve_router.workers import (
     Worker,
     WorkerRegistry,
     WorkerSpec,
+    model_name_problem,
     normalize_worker_url,
 )
 
@@ -71,18 +73,22 @@ class AdminApi:
     async def add_worker(self, request: HttpRequest) -> None:
         try:
             args = _admin_args(request)
-            url = _required_url(args)
+            url = _worker_url(args)
             for key in ("kv_events_endpoint", "kv_replay_endpoint"):
                 if args.get(key) is not None and not isinstance(args[key], str):
                     raise ClientError(
                         400, f"{key} must be a string like tcp://HOST:PORT", param=key
                     )
-            spec = WorkerSpec(url, args.get("kv_events_endpoint"), args.get("kv_replay_endpoint"))
+            model = args.get("model")
+            problem = model_name_problem(model) if model is not None else None
+            if problem:
+                raise ClientError(400, f"{problem} (the served model the worker belongs to)",
+                                  param="model")  # fmt: skip
+            spec = WorkerSpec(
+                url, args.get("kv_events_endpoint"), args.get("kv_replay_endpoint"), model
+            )
             self._check_dialable(spec)
             worker = self.registry.add(spec, manual=True)
-        except InvalidWorkerURL as err:
-            reject(request, ClientError(400, str(err), param="url"), self.metrics, ROUTE)
-            return
         except ClientError as err:
             reject(request, err, self.metrics, ROUTE)
             return
@@ -103,10 +109,7 @@ class AdminApi:
 
     async def remove_worker(self, request: HttpRequest) -> None:
         try:
-            name = normalize_worker_url(_required_url(_admin_args(request)))[0]
-        except InvalidWorkerURL as err:
-            reject(request, ClientError(400, str(err), param="url"), self.metrics, ROUTE)
-            return
+            name = _worker_url(_admin_args(request))
         except ClientError as err:
             reject(request, err, self.metrics, ROUTE)
             return
@@ -157,8 +160,12 @@ def _admin_args(request: HttpRequest) -> dict[str, Any]:
     return args
 
 
-def _required_url(args: dict[str, Any]) -> str:
+def _worker_url(args: dict[str, Any]) -> str:
+    """The worker's URL in its one spelling (`normalize_worker_url`); 400 naming ``url``."""
     url = args.get("url")
     if not isinstance(url, str) or not url:
         raise ClientError(400, "url is required: the worker's http://HOST:PORT", param="url")
-    return url
+    try:
+        return normalize_worker_url(url)[0]
+    except InvalidWorkerURL as err:
+        raise ClientError(400, str(err), param="url") from None

@@ -13,11 +13,11 @@ pool, its series and its KV-event subscription; the policy hears of every change
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.health import HealthChecker
 from tpuserve_router.kv_events import KvEventHub
@@ -73,15 +73,13 @@ class Admission:
         """Start probing; workers added from now on are probed as they join."""
         self.health.start()
         self._started = True
+        if self.config.models_refresh_seconds > 0:
+            self._spawn(self._refresh_models())
 
     async def stop(self) -> None:
         """Stop probing, cancel and await pending unsubscriptions, close every pool."""
         await self.health.stop()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(list(self._tasks))
         for worker in self.registry.workers:
             if worker.pool is not None:
                 worker.pool.close()
@@ -119,16 +117,7 @@ class Admission:
 
     async def _admitted(self, worker: Worker) -> None:
         """A worker became routable: learn its models and its KV-event endpoints."""
-        try:
-            listing = await self.health.get_json(worker.name + "/v1/models")
-            data = listing.get("data") if isinstance(listing, dict) else None
-            if isinstance(data, list):
-                ids = [
-                    m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)
-                ]
-                self.registry.set_models(worker, ids)
-        except Exception as err:  # an engine without /v1/models still serves any model
-            log.info("worker %s: could not list models (%s)", worker.name, err)
+        await self._learn_models(worker)
         if self.registry.get(worker.name) is worker:
             for model in worker.models:  # token series exist at zero before the first answer
                 touch_token_series(self.metrics, model, worker.name)
@@ -143,6 +132,32 @@ class Admission:
                 log.warning(
                     "worker %s publishes no KV events; its routing stays approximate", worker.name
                 )
+
+    async def _learn_models(self, worker: Worker) -> None:
+        """Read the worker's ``/v1/models``: SGLang lists its served model, then each loaded
+        LoRA adapter with ``parent`` set to that model."""
+        try:
+            listing = await self.health.get_json(worker.name + "/v1/models")
+        except Exception as err:  # an engine without /v1/models still serves any model
+            log.info("worker %s: could not list models (%s)", worker.name, err)
+            return
+        data = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(data, list):
+            return
+        cards = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        if self.registry.get(worker.name) is worker:
+            self.registry.set_models(
+                worker,
+                [m["id"] for m in cards if m.get("parent") is None],
+                [m["id"] for m in cards if m.get("parent") is not None],
+            )
+
+    async def _refresh_models(self) -> None:
+        """Every ``--models-refresh-interval``: adapters are loaded and unloaded at run time."""
+        while True:
+            await asyncio.sleep(self.config.models_refresh_seconds)
+            healthy = [w for w in self.registry.workers if w.healthy]
+            await asyncio.gather(*(self._learn_models(w) for w in healthy))
 
     def _kv_endpoints_problem(self, streams: list[Endpoints]) -> str | None:
         for endpoints in streams:

@@ -239,6 +239,7 @@ class RouterApp:
                 config.worker_port,
                 config.worker_url_annotation,
                 self.networks,
+                config.model_label,
             )
             namespace = config.namespace or _current_namespace()
             self._discovery = PodWatcher(
@@ -464,10 +465,14 @@ class RouterApp:
         request.respond(200, METRICS_HEADERS, generate_latest(self.metrics.registry))
 
     async def _models(self, request: HttpRequest) -> None:
+        """The served models, then each one's loaded LoRA adapters as ``model:adapter`` with
+        ``parent`` set (SGLang's cards list an adapter by its bare name, which a request
+        cannot use across several models)."""
         data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "tpuserve"}
-            for m in self.registry.known_models()
-        ]
+            {"id": name, "object": "model", "created": 0, "owned_by": "tpuserve",
+             "root": model, "parent": None if name == model else model}
+            for name, model in self.registry.served()
+        ]  # fmt: skip
         request.respond(200, JSON_HEADERS, orjson.dumps({"object": "list", "data": data}))
 
     def _worker_states(self) -> list[WorkerState]:

@@ -26,6 +26,7 @@ from sglang_tpu import cli_types
 from tpuserve_router.config import (
     ADMIN_MODES,
     DEFAULT_LEADER_LABEL,
+    DEFAULT_MODEL_LABEL,
     DEFAULT_POLICY,
     DEFAULT_WORKER_URL_ANNOTATION,
     DISCOVERY_MODES,
@@ -122,6 +123,14 @@ OPTIONS: tuple[Option, ...] = (
         cli_types.nonzero_port,
         "Workers' HTTP port for discovered pods (default: the pod's TPUSERVE_HTTP_PORT, its "
         "container port named http, else 30000).",
+    ),
+    Option(
+        "--model-label",
+        "model_label",
+        str,
+        "Pod label naming the served model a discovered worker belongs to (default "
+        f"{DEFAULT_MODEL_LABEL}; empty, or a pod without it: read from its /v1/models).",
+        metavar="KEY",
     ),
     Option(
         "--worker-url-annotation",
@@ -320,6 +329,14 @@ OPTIONS: tuple[Option, ...] = (
         f"{DEFAULTS.health_check_interval_seconds:g}).",
     ),
     Option(
+        "--models-refresh-interval",
+        "models_refresh_seconds",
+        cli_types.non_negative_float,
+        "Seconds between re-reading each routable worker's /v1/models (its models and loaded "
+        f"LoRA adapters); 0 = only when it turns routable (default "
+        f"{DEFAULTS.models_refresh_seconds:g}).",
+    ),
+    Option(
         "--health-check-timeout",
         "health_check_timeout_seconds",
         cli_types.duration_seconds,
@@ -418,8 +435,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--worker",
         dest="workers",
         action="append",
-        metavar="URL",
-        help="A worker's base URL, http://HOST:PORT; repeat for more (env: comma-separated).",
+        metavar="[MODEL=]URL",
+        help="A worker's base URL, http://HOST:PORT, optionally with the served model it "
+        "belongs to (MODEL=URL; else read from its /v1/models); repeat for more "
+        "(env: comma-separated).",
     )
     parser.add_argument(
         "--policy-param",

@@ -23,7 +23,7 @@ from tpuserve_router.policies.base import (
 )
 from tpuserve_router.server import FrontLimits
 from tpuserve_router.worker_networks import parse_networks, url_problem
-from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url
+from tpuserve_router.workers import InvalidWorkerURL, parse_worker_flag
 
 DEFAULT_POLICY = "precise"
 """The routing policy when none is given: the winner of the routing benchmark (issue 8,
@@ -36,6 +36,9 @@ DEFAULT_LEADER_LABEL = "serving.tpuserve.dev/role=leader"
 DEFAULT_WORKER_URL_ANNOTATION = "serving.tpuserve.dev/worker-url"
 DEFAULT_KV_EVENTS_ANNOTATION = "serving.tpuserve.dev/kv-events-endpoint"
 DEFAULT_KV_REPLAY_ANNOTATION = "serving.tpuserve.dev/kv-replay-endpoint"
+DEFAULT_MODEL_LABEL = "model"
+"""The pod label naming the served model a discovered worker belongs to (the operator sets
+it to ``servedName`` on engine pods)."""
 
 Discovery = Literal["static", "kubernetes"]
 AdminMode = Literal["loopback", "keys", "open", "off"]
@@ -67,6 +70,7 @@ class RouterConfig:
     leader_label: str = DEFAULT_LEADER_LABEL
     worker_port: int | None = None
     worker_url_annotation: str = DEFAULT_WORKER_URL_ANNOTATION
+    model_label: str = DEFAULT_MODEL_LABEL
     worker_networks: tuple[str, ...] = ()  # CIDRs the router may dial; empty: any
     policy: str = DEFAULT_POLICY
     policy_params: dict[str, str] = field(default_factory=dict)
@@ -101,6 +105,7 @@ class RouterConfig:
     health_check_interval_seconds: float = 2.0
     health_check_timeout_seconds: float = 2.0
     health_failure_threshold: int = 3
+    models_refresh_seconds: float = 30.0  # re-read each worker's /v1/models (LoRA adapters)
     health_success_threshold: int = 1
     # Outlier ejection (outliers.py), with Envoy's defaults where it has them.
     outlier_consecutive_failures: int = 5
@@ -181,9 +186,9 @@ class RouterConfig:
         except ValueError as err:
             problems.append(str(err))
             networks = ()
-        for url in self.workers:
+        for flag in self.workers:
             try:
-                normalize_worker_url(url)
+                url = parse_worker_flag(flag).url
             except InvalidWorkerURL as err:
                 problems.append(str(err))
                 continue

@@ -18,6 +18,7 @@ import functools
 import time
 from typing import Final
 
+from tpuserve_router.adapter_affinity import AdapterAffinity
 from tpuserve_router.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.cancellation import Aborter, new_rid, with_rid
 from tpuserve_router.config import RouterConfig
@@ -96,6 +97,8 @@ class Forwarder:
         self.tokenizer = tokenizer
         self.outliers = outliers
         self.aborter = aborter
+        self.affinity = AdapterAffinity()
+        registry.on_removed.append(lambda worker: self.affinity.forget(worker.name))
         self.want_text = policy.needs_text
         self.max_prompt_chars = config.max_prompt_chars
         self.max_in_flight = config.max_in_flight
@@ -168,21 +171,15 @@ class Forwarder:
                 reject(request, err, self.metrics, route)
                 return
             model = parsed.model
-            candidates = self.registry.candidates(model)
-            if candidates is None:
-                known = ", ".join(self.registry.known_models()) or "none"
-                reject(
-                    request,
-                    ClientError(
-                        404,
-                        f"model {model!r} is not served by this router; available: {known}",
-                        param="model",
-                        error_type="model_not_found",
-                    ),
-                    self.metrics,
-                    route,
-                )
+            served = self.registry.route(model, parsed.lora_path)
+            if served is None:
+                reject(request, self._not_served(model, parsed.lora_path), self.metrics, route)
                 return
+            parsed.model = served.model  # from here on the served name: a bounded label
+            candidates = served.workers
+            first = candidates
+            if served.adapter is not None:
+                first = self.affinity.candidates(served.adapter, candidates)
             route_request = RouteRequest(model, parsed.text, parsed.token_ids)
             body = request.body
             rid = parsed.rid if parsed.single else None  # what names it on the engine
@@ -193,7 +190,7 @@ class Forwarder:
             excluded: list[Worker] = []
             policy = self.policy
             while True:
-                pool = candidates if not excluded else [w for w in candidates if w not in excluded]
+                pool = first if not excluded else [w for w in candidates if w not in excluded]
                 try:
                     decision = policy.choose(route_request, pool)
                 except NoHealthyWorker:
@@ -209,10 +206,12 @@ class Forwarder:
                         ),
                         self.metrics,
                         route,
-                        model,
+                        served.model,
                     )
                     return
                 self._decisions[decision.outcome].inc()
+                if served.adapter is not None:
+                    self.affinity.routed(served.adapter, decision.worker.name)
                 attempt = await self._attempt(
                     request, route, parsed, decision, forwarded, rid, retries, pool, key
                 )
@@ -227,6 +226,18 @@ class Forwarder:
             self.in_flight -= 1
             if retries:
                 self.budget.active -= 1
+
+    def _not_served(self, model: str, lora_path: str | None) -> ClientError:
+        """The 404 for a model (or adapter) no worker serves, listing what is served."""
+        served = ", ".join(name for name, _ in self.registry.served()) or "none"
+        name = f"{model!r}" + (f" with LoRA adapter {lora_path!r}" if lora_path else "")
+        return ClientError(
+            404,
+            f"The model {name} does not exist or is not served by this router; available: {served}",
+            param="model",
+            error_type="invalid_request_error",
+            code="model_not_found",
+        )
 
     def _retry(
         self,
@@ -398,13 +409,17 @@ class Forwarder:
         self, pool: UpstreamPool, payload: bytes, arrived: float, first_byte: float
     ) -> UpstreamConnection:
         """Send ``payload`` and wait for the response head; a stale pooled connection is
-        replaced once by a fresh one (the worker closed it while idle)."""
+        replaced once by a fresh one to the same worker (the worker closed it while idle, so
+        it never read the request). A connection on which the worker sent anything, even an
+        unreadable head, is not stale: the worker read the request, so it is not sent there
+        again (the retry rule may send it elsewhere)."""
         upstream = await pool.acquire()
         try:
             return await self._send(upstream, payload, arrived, first_byte)
         except UpstreamError as err:
             pool.release(upstream)  # not done: closed
-            if err.reason != "reset_before_response" or not upstream.reused:
+            stale = upstream.reused and not upstream.received_any
+            if err.reason != "reset_before_response" or not stale:
                 raise
         except BaseException:
             pool.release(upstream)
@@ -447,8 +462,11 @@ class Forwarder:
             self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
             reject(request, unauthorized(presented), self.metrics, route)
             return None
-        refused = self.quotas.of(key, request.arrived).admit(request.arrived)
-        if refused is not None:
+        quota = self.quotas.of(key, request.arrived)
+        refused = quota.admit(request.arrived)
+        if refused is None:
+            request.extra_headers = quota.headers()
+        else:
             refusal, headers = refused
             self.metrics.rate_limited.labels(key.label, refusal.limit).inc()
             reject(

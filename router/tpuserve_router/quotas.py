@@ -5,9 +5,10 @@ bucket for each (capacity: one minute's worth; refilled continuously). A request
 request; it is refused (429) when there is none left, or when the key's token bucket is
 empty. Tokens are spent after the answer, from its usage (prompt and completion tokens; the
 router's estimate when the answer carries none), so a bucket may go below zero: the key then
-waits until it refills. A 429 carries ``Retry-After`` (whole seconds) and OpenAI's
+waits until it refills. Every answer to a key with limits carries OpenAI's
 ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*`` and ``x-ratelimit-reset-*`` headers for
-the limit that refused it. A key's buckets survive a reload of the keys file while its
+its limits (after taking this request); a 429 also carries ``Retry-After`` (whole
+seconds). A key's buckets survive a reload of the keys file while its
 limits stay the same.
 
 **Priority classes.** Under overload, lower classes are shed first: a request of class c is
@@ -72,14 +73,21 @@ class Refusal:
     retry_after_seconds: float
 
     def headers(self, requests: Bucket | None, tokens: Bucket | None) -> dict[str, str]:
-        headers = {"retry-after": str(max(1, math.ceil(self.retry_after_seconds)))}
-        for name, bucket in (("requests", requests), ("tokens", tokens)):
-            if bucket is not None:
-                headers[f"x-ratelimit-limit-{name}"] = str(bucket.per_minute)
-                headers[f"x-ratelimit-remaining-{name}"] = str(max(0, math.floor(bucket.level)))
-                full = bucket.seconds_until(bucket.per_minute)
-                headers[f"x-ratelimit-reset-{name}"] = f"{full:.3g}s"
-        return headers
+        retry_after = str(max(1, math.ceil(self.retry_after_seconds)))
+        return {"retry-after": retry_after, **limit_headers(requests, tokens)}
+
+
+def limit_headers(requests: Bucket | None, tokens: Bucket | None) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for the buckets a
+    key has: its limit per minute, what is left now, and the time until the bucket is full."""
+    headers = {}
+    for name, bucket in (("requests", requests), ("tokens", tokens)):
+        if bucket is not None:
+            headers[f"x-ratelimit-limit-{name}"] = str(bucket.per_minute)
+            headers[f"x-ratelimit-remaining-{name}"] = str(max(0, math.floor(bucket.level)))
+            full = bucket.seconds_until(bucket.per_minute)
+            headers[f"x-ratelimit-reset-{name}"] = f"{full:.3g}s"
+    return headers
 
 
 class KeyQuota:
@@ -105,6 +113,14 @@ class KeyQuota:
         if requests is not None:
             requests.level -= 1.0
         return None
+
+    def headers(self) -> bytes:
+        """The rate-limit headers every answer to the key carries (none without limits),
+        encoded as ``name: value`` lines."""
+        return b"".join(
+            f"{name}: {value}\r\n".encode() for name, value in
+            limit_headers(self.requests, self.tokens).items()
+        )  # fmt: skip
 
     def spend_tokens(self, tokens: int, now: float) -> None:
         bucket = self.tokens

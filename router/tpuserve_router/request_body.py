@@ -43,6 +43,7 @@ class ClientError(Exception):
         param: str | None = None,
         error_type: str = "invalid_request_error",
         headers: Mapping[str, str] | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -50,14 +51,24 @@ class ClientError(Exception):
         self.param = param
         self.error_type = error_type
         self.headers = dict(headers or {})
+        self.code = code  # OpenAI's error code (e.g. model_not_found); None: the status
 
     def body(self) -> bytes:
-        return error_body(self.status, self.message, self.param, self.error_type)
+        return error_body(self.status, self.message, self.param, self.error_type, self.code)
 
 
-def error_body(status: int, message: str, param: str | None, error_type: str) -> bytes:
+def error_body(
+    status: int, message: str, param: str | None, error_type: str, code: str | None = None
+) -> bytes:
     return orjson.dumps(
-        {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+        {
+            "error": {
+                "message": message,
+                "type": error_type,
+                "param": param,
+                "code": status if code is None else code,
+            }
+        }
     )
 
 
@@ -77,6 +88,7 @@ class ParsedBody:
     max_new_tokens: int | None  # as asked, or the API's default; None: up to the context
     rid: str | None  # the request id the client chose, if a string
     single: bool  # one prompt, one sample (n = 1): the engine knows it by its rid alone
+    lora_path: str | None = None  # the LoRA adapter named by ``lora_path`` (a batch's first)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -100,6 +112,22 @@ def _model(data: dict[str, Any]) -> str:
     if not isinstance(model, str):
         raise ClientError(400, f"model must be a string, got {type(model).__name__}", param="model")
     return model
+
+
+def _lora_path(data: dict[str, Any]) -> str | None:
+    """SGLang's ``lora_path``: an adapter name, or one per prompt of a batch (the first named
+    one is routed on)."""
+    value = data.get("lora_path")
+    if value is None or isinstance(value, str):
+        return value or None
+    if isinstance(value, list) and all(v is None or isinstance(v, str) for v in value):
+        return next((v for v in value if v), None)
+    raise ClientError(
+        400,
+        f"lora_path must be an adapter name or a list of them (or null), got "
+        f"{type(value).__name__}",
+        param="lora_path",
+    )
 
 
 def _stream(data: dict[str, Any]) -> bool:
@@ -208,7 +236,7 @@ def parse_completions(
     single = isinstance(prompt, str) or _is_token_list(prompt)
     return ParsedBody(
         _model(data), _stream(data), text, tokens, _estimate(tokens, size), max_new,
-        *_rid(data, single and data.get("n") in (None, 1)),
+        *_rid(data, single and data.get("n") in (None, 1)), _lora_path(data),
     )  # fmt: skip
 
 
@@ -253,7 +281,7 @@ def parse_chat(
     )
     return ParsedBody(
         _model(data), _stream(data), text, tokens, _estimate(tokens, size), max_new,
-        *_rid(data, data.get("n") in (None, 1)),
+        *_rid(data, data.get("n") in (None, 1)), _lora_path(data),
     )  # fmt: skip
 
 
@@ -270,6 +298,12 @@ def parse_generate(
     size = _check_size(_size(text_in), max_prompt_chars, "text") + _check_size(
         _size(ids), max_prompt_chars, "input_ids"
     )
+    if (text_in == "" or text_in == [] or (isinstance(text_in, list) and "" in text_in)) and (
+        ids is None
+    ):  # SGLang's scheduler fails on an empty prompt instead of refusing it
+        raise ClientError(
+            400, "text must not be empty (nor hold an empty string); send a prompt", param="text"
+        )
     if isinstance(text_in, str) and ids is None:
         text = text_in
         if tokenizer is not None:
@@ -300,7 +334,7 @@ def parse_generate(
     single = (isinstance(text_in, str) or _is_token_list(ids)) and params.get("n") in (None, 1)
     return ParsedBody(
         _model(data), _stream(data), text, tokens, _estimate(tokens, size), _token_count(asked),
-        *_rid(data, single),
+        *_rid(data, single), _lora_path(data),
     )  # fmt: skip
 
 

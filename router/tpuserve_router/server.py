@@ -124,6 +124,7 @@ class HttpRequest:
         "_conn",
         "arrived",
         "body",
+        "extra_headers",
         "finished",
         "head_only",
         "head_sent",
@@ -156,6 +157,7 @@ class HttpRequest:
         self.head_sent = False
         self.finished = False
         self.head_only = method == b"HEAD"
+        self.extra_headers = b""  # added to the response's head (e.g. rate-limit headers)
 
     def header(self, name: bytes) -> bytes | None:
         """The first header called ``name`` (lower case), or None."""
@@ -181,6 +183,7 @@ class HttpRequest:
                 (
                     status_line(status),
                     headers,
+                    self.extra_headers,
                     connection,
                     b"content-length: ",
                     str(len(body)).encode(),
@@ -198,7 +201,11 @@ class HttpRequest:
         self.head_sent = True
         connection = b"" if self.keep_alive else b"connection: close\r\n"
         transport.write(
-            status_line(status) + headers + connection + b"transfer-encoding: chunked\r\n\r\n"
+            status_line(status)
+            + headers
+            + self.extra_headers
+            + connection
+            + b"transfer-encoding: chunked\r\n\r\n"
         )
 
     def write_chunk(self, data: bytes) -> None:

@@ -33,11 +33,47 @@ class InvalidWorkerURL(ValueError):
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """A worker as discovery or the admin API describes it."""
+    """A worker as discovery or the admin API describes it.
+
+    ``model`` is the served model it belongs to when the one who registered it says so
+    (``--worker MODEL=URL``, the admin API, a pod's ``model`` label); otherwise the router
+    learns it from the worker's ``/v1/models``.
+    """
 
     url: str
     kv_events_endpoint: str | None = None
     kv_replay_endpoint: str | None = None
+    model: str | None = None
+
+
+def parse_worker_flag(text: str) -> WorkerSpec:
+    """A ``--worker`` value: ``URL`` or ``MODEL=URL`` (a URL holds no ``=``: no query is
+    allowed). Raises `InvalidWorkerURL` naming the value and the forms allowed."""
+    model, sep, url = text.rpartition("=")
+    normalize_worker_url(url)
+    if not sep:
+        return WorkerSpec(url)
+    problem = model_name_problem(model)
+    if problem:
+        raise InvalidWorkerURL(f"worker {text!r}: {problem}; expected URL or MODEL=URL")
+    return WorkerSpec(url, model=model)
+
+
+MAX_MODEL_CHARS = 256
+
+
+def model_name_problem(name: object) -> str | None:
+    """What is wrong with a served model name given to the router, or None."""
+    if not isinstance(name, str):
+        return f"model must be a string, got {type(name).__name__}"
+    if not name or name != name.strip() or len(name) > MAX_MODEL_CHARS:
+        return (
+            f"model {name[:60]!r}: must be 1 to {MAX_MODEL_CHARS} characters "
+            "without leading or trailing spaces"
+        )
+    if not name.isprintable():
+        return f"model {name[:60]!r}: must be printable characters"
+    return None
 
 
 def normalize_worker_url(url: str) -> tuple[str, str, int]:
@@ -119,6 +155,7 @@ class Worker:
     """One engine leader. ``name`` (its URL) is also its metric label."""
 
     __slots__ = (
+        "adapters",
         "consecutive_failures",
         "ejected",
         "ejected_until",
@@ -132,6 +169,7 @@ class Worker:
         "kv_events_endpoint",
         "kv_replay_endpoint",
         "manual",
+        "model",
         "models",
         "name",
         "pool",
@@ -161,7 +199,9 @@ class Worker:
         self.window_requests = 0
         self.window_failures = 0
         self.healthy = False
-        self.models: tuple[str, ...] = ()
+        self.model = spec.model  # as registered; None: learned from the worker
+        self.models: tuple[str, ...] = (spec.model,) if spec.model else ()
+        self.adapters: tuple[str, ...] = ()  # LoRA adapters loaded (its /v1/models)
         self.pool: Any = None  # the proxy's connection pool, attached by the app
         self.stats: Any = None  # the app's cached metric children
 
@@ -216,6 +256,7 @@ class Worker:
             "consecutive_failures": self.consecutive_failures,
             "in_flight": self.in_flight,
             "models": list(self.models),
+            "adapters": list(self.adapters),
             "kv_events_endpoint": self.kv_events_endpoint,
             "kv_replay_endpoint": self.kv_replay_endpoint,
             "source": "admin" if self.manual else "discovery",
@@ -223,6 +264,17 @@ class Worker:
 
 
 Listener = Callable[["WorkerRegistry"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    """Where a request goes: its served model (the metric label; ``""`` when it names none
+    or the workers' models are not known yet), the LoRA adapter it names, and the workers
+    that may take it."""
+
+    model: str
+    adapter: str | None
+    workers: list[Worker]
 
 
 @dataclass
@@ -250,9 +302,10 @@ class WorkerRegistry:
         worker = Worker(spec, manual=manual)
         existing = self.get(worker.name)
         if existing is not None:
-            if (existing.kv_events_endpoint, existing.kv_replay_endpoint) != (
+            if (existing.kv_events_endpoint, existing.kv_replay_endpoint, existing.model) != (
                 spec.kv_events_endpoint,
                 spec.kv_replay_endpoint,
+                spec.model,
             ):
                 self._remove(existing)
             else:
@@ -288,27 +341,71 @@ class WorkerRegistry:
                 added.append(name)
         return added, removed
 
-    def set_models(self, worker: Worker, models: Iterable[str]) -> None:
-        models = tuple(sorted(set(models)))
-        if models != worker.models:
-            worker.models = models
+    def set_models(
+        self, worker: Worker, models: Iterable[str], adapters: Iterable[str] = ()
+    ) -> None:
+        """What ``worker`` reported serving: its models (a registered model overrides them)
+        and its loaded LoRA adapters."""
+        served = (worker.model,) if worker.model else tuple(sorted(set(models)))
+        loaded = tuple(sorted(set(adapters)))
+        if (served, loaded) != (worker.models, worker.adapters):
+            worker.models, worker.adapters = served, loaded
             self._changed()
 
-    def candidates(self, model: str) -> list[Worker] | None:
-        """Workers that may serve ``model`` ("" = any); None if no worker may.
+    def route(self, requested: str, lora_path: str | None = None) -> ModelRoute | None:
+        """Where a request naming model ``requested`` (``""``: none) and ``lora_path`` goes;
+        None if no worker serves it.
 
-        A worker whose models are not known yet may serve any model.
+        ``base:adapter`` names a LoRA adapter of ``base``, read as SGLang reads it
+        (`split_model`); an adapter in the model name wins over ``lora_path``, as in SGLang.
+        An adapter's workers are those of its model that list it loaded. A worker whose
+        models are not known yet may serve any model and adapter.
         """
-        if not model:
-            return self.workers
-        found = self.by_model.get(model)
-        if found is not None:
-            return found
-        return self._unknown_models or None
+        workers: list[Worker] | None
+        if not requested:
+            base, adapter, workers = "", lora_path, self.workers
+        else:
+            base, adapter = self.split_model(requested)
+            adapter = adapter or lora_path
+            workers = self.by_model.get(base)
+            if workers is None:
+                if not self._unknown_models:
+                    return None
+                base, workers = "", self._unknown_models
+        if adapter:
+            workers = [w for w in workers if adapter in w.adapters or not w.models]
+            if not workers:
+                return None
+        return ModelRoute(base, adapter or None, workers)
+
+    def split_model(self, requested: str) -> tuple[str, str | None]:
+        """``(model, adapter)`` of a requested name, as SGLang's OpenAI routes split it: a
+        served name as is; else a served name followed by ``:`` and the adapter; else at the
+        first ``:``."""
+        if requested in self.by_model or ":" not in requested:
+            return requested, None
+        for served in self.by_model:
+            if requested.startswith(served + ":"):
+                return served, requested[len(served) + 1 :].strip() or None
+        base, _, adapter = requested.partition(":")
+        return base.strip(), adapter.strip() or None
 
     def known_models(self) -> list[str]:
-        """Model names the workers reported serving."""
+        """Model names the workers serve (registered or reported)."""
         return sorted(self.by_model)
+
+    def adapters_of(self, model: str) -> list[str]:
+        """The LoRA adapters some worker of ``model`` has loaded."""
+        return sorted({a for w in self.by_model.get(model, ()) for a in w.adapters})
+
+    def served(self) -> list[tuple[str, str]]:
+        """Every name a request may give, with its model: each model, then ``model:adapter``
+        for each of its loaded adapters."""
+        return [
+            (name, model)
+            for model in self.known_models()
+            for name in (model, *(f"{model}:{a}" for a in self.adapters_of(model)))
+        ]
 
     def healthy_count(self) -> int:
         return sum(1 for w in self.workers if w.healthy)

@@ -9,7 +9,6 @@ and applies the step. Handlers reach the service through the app key `SERVICE`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -27,6 +26,7 @@ from sglang_tpu.sim.kv_publisher import KVEventPublisher
 from sglang_tpu.sim.metrics import EngineMetrics
 from sglang_tpu.sim.output_text import OutputPalette
 from sglang_tpu.sim.request import Request
+from sglang_tpu.tasks import cancel_and_wait
 from sglang_tpu.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -118,10 +118,7 @@ class EngineService:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait([self._task])
         if self.publisher is not None:
             await self.publisher.close()
 

@@ -8,7 +8,10 @@ container's ``TPUSERVE_HTTP_PORT`` variable, its container port named ``http``, 
 launch contract's default. The annotation ``serving.tpuserve.dev/worker-url`` overrides the
 URL (tests use it so nothing ever dials a fake pod IP); ``.../kv-events-endpoint`` and
 ``.../kv-replay-endpoint`` override the KV-event endpoints, which are otherwise read from
-the worker's ``/server_info`` (`tpuserve_router.kv_publishers`).
+the worker's ``/server_info`` (`tpuserve_router.kv_publishers`). The pod label ``model``
+(``--model-label``; the operator sets it to the server's ``servedName``) names the served
+model the worker belongs to, so one router can front the leaders of several
+TPUModelServers (a selector without the instance label; docs/router.md, "Many models").
 
 A ready leader the router must not dial is *rejected*, not dropped silently: its annotation
 URL is malformed, or its address or KV-event endpoint lies outside ``--worker-networks``.
@@ -23,7 +26,6 @@ the full set of workers, which the app reconciles (workers join and leave live).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import ssl
@@ -35,9 +37,11 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.config import (
     DEFAULT_KV_EVENTS_ANNOTATION,
     DEFAULT_KV_REPLAY_ANNOTATION,
+    DEFAULT_MODEL_LABEL,
     DEFAULT_WORKER_URL_ANNOTATION,
 )
 from tpuserve_router.worker_networks import Network, endpoint_problem, url_problem
@@ -68,6 +72,7 @@ class PodRules:
     kv_replay_annotation: str = DEFAULT_KV_REPLAY_ANNOTATION
     fallback_port: int = 30000
     networks: tuple[Network, ...] = ()  # empty: any address may be dialled
+    model_label: str = DEFAULT_MODEL_LABEL  # empty: models are read from the workers
 
     @classmethod
     def from_flags(
@@ -76,6 +81,7 @@ class PodRules:
         worker_port: int | None,
         url_annotation: str,
         networks: tuple[Network, ...] = (),
+        model_label: str = DEFAULT_MODEL_LABEL,
     ) -> PodRules:
         label = None
         if leader_label:
@@ -87,6 +93,7 @@ class PodRules:
             url_annotation,
             fallback_port=default_worker_port(),
             networks=networks,
+            model_label=model_label,
         )
 
 
@@ -139,6 +146,7 @@ def worker_from_pod(pod: Mapping[str, Any], rules: PodRules) -> WorkerSpec | Non
         url,
         kv_events_endpoint=annotations.get(rules.kv_events_annotation) or None,
         kv_replay_endpoint=annotations.get(rules.kv_replay_annotation) or None,
+        model=(labels.get(rules.model_label) or None) if rules.model_label else None,
     )
 
 
@@ -284,10 +292,7 @@ class PodWatcher:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait([self._task])
 
     def _url(self, **params: str) -> str:
         query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())

@@ -1,19 +1,19 @@
-"""Static discovery: the workers given with ``--worker URL`` (more can be added at run time
-through ``POST /workers``)."""
+"""Static discovery: the workers given with ``--worker [MODEL=]URL`` (more can be added at run
+time through ``POST /workers``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tpuserve_router.workers import WorkerSpec
+from tpuserve_router.workers import WorkerSpec, parse_worker_flag
 
 
-def static_workers(urls: Iterable[str]) -> list[WorkerSpec]:
-    """One `WorkerSpec` per URL, in order, without duplicates."""
+def static_workers(flags: Iterable[str]) -> list[WorkerSpec]:
+    """One `WorkerSpec` per ``--worker`` value, in order, without duplicates."""
     seen: set[str] = set()
     specs = []
-    for url in urls:
-        if url not in seen:
-            seen.add(url)
-            specs.append(WorkerSpec(url))
+    for flag in flags:
+        if flag not in seen:
+            seen.add(flag)
+            specs.append(parse_worker_flag(flag))
     return specs

@@ -10,6 +10,7 @@ from tpuserve_router.workers import (
     WorkerRegistry,
     WorkerSpec,
     normalize_worker_url,
+    parse_worker_flag,
 )
 
 pytestmark = pytest.mark.unit
@@ -114,16 +115,75 @@ def test_changed_kv_endpoints_replace_the_worker() -> None:
     assert len(registry.workers) == 1
 
 
-def test_candidates_by_model_include_workers_not_yet_described() -> None:
+def test_routes_by_model_include_workers_not_yet_described() -> None:
     registry = WorkerRegistry()
     a = registry.add(WorkerSpec("http://a:1"))
     b = registry.add(WorkerSpec("http://b:1"))
     c = registry.add(WorkerSpec("http://c:1"))
     registry.set_models(a, ["llama"])
     registry.set_models(b, ["qwen"])
-    assert registry.candidates("llama") == [a, c]
-    assert registry.candidates("mistral") == [c]  # c may serve anything until it says
-    assert registry.candidates("") == [a, b, c]
+
+    def workers(model: str) -> list[Worker] | None:
+        found = registry.route(model)
+        return None if found is None else found.workers
+
+    assert workers("llama") == [a, c]
+    unknown = registry.route("mistral")
+    assert unknown is not None and unknown.workers == [c]  # c may serve anything until it says
+    assert unknown.model == ""  # no label value for a name no worker reported
+    assert workers("") == [a, b, c]
     registry.set_models(c, ["qwen"])
-    assert registry.candidates("mistral") is None
+    assert workers("mistral") is None
     assert registry.known_models() == ["llama", "qwen"]
+
+
+def test_a_worker_flag_may_name_its_model() -> None:
+    assert parse_worker_flag("http://a:1") == WorkerSpec("http://a:1")
+    assert parse_worker_flag("org/llama-3:8b=http://a:1") == WorkerSpec(
+        "http://a:1", model="org/llama-3:8b"
+    )
+    with pytest.raises(InvalidWorkerURL, match="MODEL=URL"):
+        parse_worker_flag("=http://a:1")
+    with pytest.raises(InvalidWorkerURL, match="expected http://HOST:PORT"):
+        parse_worker_flag("llama=ftp://a:1")
+
+
+def test_a_registered_model_wins_over_what_the_worker_reports() -> None:
+    registry = WorkerRegistry()
+    a = registry.add(WorkerSpec("http://a:1", model="llama"))
+    assert registry.known_models() == ["llama"]  # before its first /v1/models
+    registry.set_models(a, ["something-else"], ["sql"])
+    assert (a.models, a.adapters) == (("llama",), ("sql",))
+    assert registry.add(WorkerSpec("http://a:1", model="qwen")) is not a  # moved: replaced
+    assert registry.known_models() == ["qwen"]
+
+
+def test_an_adapter_routes_to_the_workers_of_its_model_that_have_it_loaded() -> None:
+    registry = WorkerRegistry()
+    a = registry.add(WorkerSpec("http://a:1", model="llama"))
+    b = registry.add(WorkerSpec("http://b:1", model="llama"))
+    c = registry.add(WorkerSpec("http://c:1", model="qwen"))
+    registry.set_models(a, [], ["sql"])
+    registry.set_models(c, [], ["sql"])
+    found = registry.route("llama:sql")
+    assert found is not None and (found.model, found.adapter, found.workers) == ("llama", "sql", [a])
+    by_path = registry.route("llama", lora_path="sql")
+    assert by_path is not None and by_path.workers == [a]
+    in_name_first = registry.route("llama:sql", lora_path="other")  # as SGLang: the name wins
+    assert in_name_first is not None and in_name_first.adapter == "sql"
+    assert registry.route("llama:chat") is None
+    assert registry.route("mistral:sql") is None
+    plain = registry.route("llama")
+    assert plain is not None and plain.workers == [a, b] and plain.adapter is None
+    assert registry.served() == [
+        ("llama", "llama"), ("llama:sql", "llama"), ("qwen", "qwen"), ("qwen:sql", "qwen")
+    ]  # fmt: skip
+
+
+def test_a_served_name_with_a_colon_splits_as_sglang_splits_it() -> None:
+    registry = WorkerRegistry()
+    registry.add(WorkerSpec("http://a:1", model="s3://bucket/llama"))
+    assert registry.split_model("s3://bucket/llama") == ("s3://bucket/llama", None)
+    assert registry.split_model("s3://bucket/llama:sql") == ("s3://bucket/llama", "sql")
+    assert registry.split_model("other:sql ") == ("other", "sql")
+    assert registry.split_model("other") == ("other", None)
