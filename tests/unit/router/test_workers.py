@@ -115,6 +115,14 @@ def test_changed_kv_endpoints_replace_the_worker() -> None:
     assert len(registry.workers) == 1
 
 
+def routed(
+    registry: WorkerRegistry, model: str, lora_path: str | None = None
+) -> tuple[str, str | None, list[Worker]] | None:
+    """`WorkerRegistry.route` as a tuple: (model label, adapter, workers), or None."""
+    found = registry.route(model, lora_path)
+    return None if found is None else (found.model, found.adapter, found.workers)
+
+
 def test_routes_by_model_include_workers_not_yet_described() -> None:
     registry = WorkerRegistry()
     a = registry.add(WorkerSpec("http://a:1"))
@@ -122,18 +130,12 @@ def test_routes_by_model_include_workers_not_yet_described() -> None:
     c = registry.add(WorkerSpec("http://c:1"))
     registry.set_models(a, ["llama"])
     registry.set_models(b, ["qwen"])
-
-    def workers(model: str) -> list[Worker] | None:
-        found = registry.route(model)
-        return None if found is None else found.workers
-
-    assert workers("llama") == [a, c]
-    unknown = registry.route("mistral")
-    assert unknown is not None and unknown.workers == [c]  # c may serve anything until it says
-    assert unknown.model == ""  # no label value for a name no worker reported
-    assert workers("") == [a, b, c]
+    assert routed(registry, "llama") == ("llama", None, [a, c])
+    # c may serve anything until it says; a name no worker reported is no label value
+    assert routed(registry, "mistral") == ("", None, [c])
+    assert routed(registry, "") == ("", None, [a, b, c])
     registry.set_models(c, ["qwen"])
-    assert workers("mistral") is None
+    assert routed(registry, "mistral") is None
     assert registry.known_models() == ["llama", "qwen"]
 
 
@@ -165,16 +167,13 @@ def test_an_adapter_routes_to_the_workers_of_its_model_that_have_it_loaded() -> 
     c = registry.add(WorkerSpec("http://c:1", model="qwen"))
     registry.set_models(a, [], ["sql"])
     registry.set_models(c, [], ["sql"])
-    found = registry.route("llama:sql")
-    assert found is not None and (found.model, found.adapter, found.workers) == ("llama", "sql", [a])
-    by_path = registry.route("llama", lora_path="sql")
-    assert by_path is not None and by_path.workers == [a]
-    in_name_first = registry.route("llama:sql", lora_path="other")  # as SGLang: the name wins
-    assert in_name_first is not None and in_name_first.adapter == "sql"
-    assert registry.route("llama:chat") is None
-    assert registry.route("mistral:sql") is None
-    plain = registry.route("llama")
-    assert plain is not None and plain.workers == [a, b] and plain.adapter is None
+    assert routed(registry, "llama:sql") == ("llama", "sql", [a])
+    assert routed(registry, "llama", lora_path="sql") == ("llama", "sql", [a])
+    # as SGLang: the adapter in the model name wins over lora_path
+    assert routed(registry, "llama:sql", lora_path="other") == ("llama", "sql", [a])
+    assert routed(registry, "llama:chat") is None
+    assert routed(registry, "mistral:sql") is None
+    assert routed(registry, "llama") == ("llama", None, [a, b])
     assert registry.served() == [
         ("llama", "llama"), ("llama:sql", "llama"), ("qwen", "qwen"), ("qwen:sql", "qwen")
     ]  # fmt: skip
