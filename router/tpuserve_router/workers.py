@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from sglang_tpu.lora import split_model
+
 
 class InvalidWorkerURL(ValueError):
     """A worker URL the router cannot dial; the message names the value and the format."""
@@ -379,16 +381,8 @@ class WorkerRegistry:
         return ModelRoute(base, adapter or None, workers)
 
     def split_model(self, requested: str) -> tuple[str, str | None]:
-        """``(model, adapter)`` of a requested name, as SGLang's OpenAI routes split it: a
-        served name as is; else a served name followed by ``:`` and the adapter; else at the
-        first ``:``."""
-        if requested in self.by_model or ":" not in requested:
-            return requested, None
-        for served in self.by_model:
-            if requested.startswith(served + ":"):
-                return served, requested[len(served) + 1 :].strip() or None
-        base, _, adapter = requested.partition(":")
-        return base.strip(), adapter.strip() or None
+        """``(model, adapter)`` of a requested name, as SGLang splits it (`split_model`)."""
+        return split_model(requested, self.by_model)
 
     def known_models(self) -> list[str]:
         """Model names the workers serve (registered or reported)."""

@@ -17,6 +17,7 @@ import uvloop
 from aiohttp import web
 
 from sglang_tpu import cli_types, perf_model
+from sglang_tpu.lora import parse_lora_paths
 from sglang_tpu.perf_model import KV_CACHE_BYTES, WEIGHT_BYTES, ModelDoesNotFit, StepTimer
 from sglang_tpu.sim.engine import EngineConfig
 from sglang_tpu.sim.kv_publisher import wire_from_env
@@ -69,6 +70,7 @@ class Option:
     default: Any = None
     choices: tuple[str, ...] | None = None
     switch: bool = False  # a flag without a value that turns the setting on
+    many: bool = False  # a flag taking any number of values
 
     @property
     def dest(self) -> str:
@@ -155,6 +157,19 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
             Option(
                 "--served-model-name",
                 "Model name clients send in `model` (default: --model-path).",
+            ),
+            Option(
+                "--enable-lora",
+                "Accept LoRA adapter requests (set by --lora-paths), as SGLang.",
+                source=ServerSettings,
+                switch=True,
+            ),
+            Option(
+                "--lora-paths",
+                "LoRA adapters served, NAME=PATH or PATH (named by its path); listed by "
+                "/v1/models and named by requests as MODEL:NAME or lora_path, as SGLang. The "
+                "twin loads no weights: an adapter changes no output.",
+                many=True,
             ),
             Option(
                 "--tokenizer",
@@ -277,6 +292,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                 default=option.resolved_default(),
                 choices=option.choices,
                 help=option.help,
+                nargs="*" if option.many else None,
             )
 
 
@@ -333,12 +349,15 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         seed=args.seed,
         emit_kv_events=bool(args.kv_events_endpoint),
     )
+    lora_paths = parse_lora_paths(args.lora_paths or ())
     return ServerSettings(
         engine=engine,
         timer=StepTimer(shape, profile, quant, kv_dtype),
         tokenizer=tokenizer,
         model_path=model_path,
         served_model_name=args.served_model_name or model_path,
+        enable_lora=args.enable_lora or bool(lora_paths),
+        lora_paths=lora_paths,
         tokenizer_path=args.tokenizer,
         time_scale=args.time_scale,
         host=args.host,

@@ -16,13 +16,28 @@ from collections.abc import AsyncGenerator, Callable
 
 from aiohttp import web
 
+from sglang_tpu.lora import adapter_problem, split_model
 from sglang_tpu.sim.engine import QueueFull
-from sglang_tpu.sim.protocol import GenerationRequest, InvalidRequest
+from sglang_tpu.sim.protocol import AdapterRejected, GenerationRequest, InvalidRequest
 from sglang_tpu.sim.request import Request
 from sglang_tpu.sim.responses import unavailable
 from sglang_tpu.sim.service import EngineService
 
 DISCONNECT_POLL_SECONDS = 4.0
+
+
+def check_adapter(svc: EngineService, gen: GenerationRequest) -> None:
+    """As SGLang: the adapter named in ``model`` (``BASE:ADAPTER``), else in ``lora_path``,
+    must be loaded (``--lora-paths``); `AdapterRejected` with SGLang's message if not."""
+    settings = svc.settings
+    adapter = gen.lora_path
+    if gen.model:
+        adapter = split_model(gen.model, (settings.served_model_name,))[1] or adapter
+    if adapter:
+        loaded = [name for name, _ in settings.lora_paths]
+        problem = adapter_problem(adapter, settings.enable_lora, loaded)
+        if problem:
+            raise AdapterRejected(None, problem)
 
 
 class RequestRejected(Exception):
@@ -35,7 +50,9 @@ class RequestRejected(Exception):
 def prepare(
     svc: EngineService, gen: GenerationRequest, prompt_ids: list[int], openai: bool
 ) -> Request:
-    """Check the prompt against the context length and vocabulary; InvalidRequest if not."""
+    """Check the adapter, the prompt against the context length and vocabulary;
+    InvalidRequest if not."""
+    check_adapter(svc, gen)
     ctx = svc.settings.engine.context_length
     if len(prompt_ids) >= ctx:
         param = "messages" if gen.text is None and gen.input_ids is None else "prompt"

@@ -17,7 +17,12 @@ from aiohttp import web
 
 from sglang_tpu.sim.generation import RequestRejected, prepare, run_request, run_to_end
 from sglang_tpu.sim.output_text import output_text
-from sglang_tpu.sim.protocol import InvalidRequest, parse_generate, parse_json
+from sglang_tpu.sim.protocol import (
+    AdapterRejected,
+    InvalidRequest,
+    parse_generate,
+    parse_json,
+)
 from sglang_tpu.sim.request import Request
 from sglang_tpu.sim.responses import (
     VALIDATION_ERROR_TYPE,
@@ -102,6 +107,15 @@ def _body(svc: EngineService, req: Request, sent_at: float | None) -> dict[str, 
     }
 
 
+async def _stream_error(request: web.Request, err: InvalidRequest) -> web.StreamResponse:
+    """A streamed ``/generate`` SGLang refuses once it has started: 200, an error event."""
+    resp = await sse_start(request)
+    error = {"message": str(err), "type": "invalid_request_error", "code": err.status,
+             "retryable": False}  # fmt: skip
+    await sse_event(resp, {"error": error})
+    return await sse_done(resp)
+
+
 def native_error(err: InvalidRequest) -> web.Response:
     """The body SGLang 0.5.23's ``/generate`` answers for this kind of problem."""
     if err.kind == "schema":  # FastAPI's validation handler: an OpenAI error object
@@ -117,6 +131,8 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         gen = parse_generate(parse_json(await request.read()))
         ids = gen.input_ids if gen.input_ids is not None else svc.tokenizer.encode(gen.text or "")
         req = prepare(svc, gen, ids, openai=False)
+    except AdapterRejected as err:  # SGLang: found once the stream has started
+        return native_error(err) if not gen.stream else await _stream_error(request, err)
     except InvalidRequest as err:
         return native_error(err)
     try:

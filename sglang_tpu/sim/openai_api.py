@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from sglang_tpu.lora import split_model
 from sglang_tpu.sim.generation import RequestRejected, prepare, run_request, run_to_end
 from sglang_tpu.sim.output_text import output_text
 from sglang_tpu.sim.protocol import (
@@ -45,8 +46,11 @@ def _finish_reason(reason: dict[str, Any] | None) -> str | None:
 
 
 def _check_model(svc: EngineService, model: str | None) -> None:
+    """The twin's own check (SGLang serves any name): the model, less a ``:ADAPTER`` naming
+    a LoRA adapter (`sglang_tpu.lora.split_model`), must be the served one."""
     served = svc.settings.served_model_name
-    if model is not None and model not in (served, svc.settings.model_path):
+    base = split_model(model, (served,))[0] if model is not None else None
+    if base is not None and base not in (served, svc.settings.model_path):
         raise InvalidRequest(
             "model",
             f"model: {model!r} does not exist; allowed: {served!r}",
@@ -190,17 +194,19 @@ async def _respond(
 
 
 async def handle_models(request: web.Request) -> web.Response:
+    """SGLang's model cards: the served model, then each loaded LoRA adapter (its name, its
+    path as ``root``, the served model as ``parent``)."""
     s = service_of(request).settings
-    return json_response(
-        {
-            "object": "list",
-            "data": [
-                {"id": s.served_model_name, "object": "model", "created": int(time.time()),
-                 "owned_by": "sglang", "root": s.served_model_name, "parent": None,
-                 "max_model_len": s.engine.context_length},
-            ],
-        }
-    )  # fmt: skip
+    created = int(time.time())
+    base = {"id": s.served_model_name, "object": "model", "created": created,
+            "owned_by": "sglang", "root": s.served_model_name, "parent": None,
+            "max_model_len": s.engine.context_length}  # fmt: skip
+    adapters = [
+        {"id": name, "object": "model", "created": created, "owned_by": "sglang",
+         "root": path, "parent": s.served_model_name, "max_model_len": None}
+        for name, path in s.lora_paths
+    ]  # fmt: skip
+    return json_response({"object": "list", "data": [base, *adapters]})
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

@@ -62,6 +62,7 @@ class GenerationRequest:
     model: str | None
     rid: str | None = None
     max_new_tokens_asked: bool = True  # False: the API's default (chat without max_tokens)
+    lora_path: str | None = None  # the LoRA adapter the request names in lora_path
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -173,6 +174,24 @@ def _rid(data: Mapping[str, Any], kind: ErrorKind = "value") -> str | None:
     return rid
 
 
+class AdapterRejected(InvalidRequest):
+    """A LoRA adapter the server cannot use (SGLang's tokenizer manager raises it after the
+    request is accepted: a stream of ``/generate`` gets it as an error event)."""
+
+
+def _lora_path(data: Mapping[str, Any]) -> str | None:
+    """SGLang's ``lora_path`` for one prompt: an adapter name (or a one-element list)."""
+    value = data.get("lora_path")
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest(
+            "lora_path", f"lora_path: {value!r:.80} is not allowed; allowed: a string",
+            kind="schema",
+        )  # fmt: skip
+    return value
+
+
 def _model(data: Mapping[str, Any]) -> str | None:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
@@ -242,6 +261,7 @@ def parse_generate(data: Mapping[str, Any]) -> GenerationRequest:
         include_usage=False,
         model=None,
         rid=_rid(data, "schema"),
+        lora_path=_lora_path(data),
     )
 
 
@@ -257,6 +277,7 @@ def _openai_sampling(data: Mapping[str, Any]) -> dict[str, Any]:
         "include_usage": _stream_options(data),
         "model": _model(data),
         "rid": _rid(data),
+        "lora_path": _lora_path(data),
     }
 
 

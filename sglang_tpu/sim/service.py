@@ -55,6 +55,8 @@ class ServerSettings:
     body_timeout_seconds: float = 30.0  # a request body must arrive within this, else 408
     enable_cache_report: bool = False  # as SGLang: cached tokens in OpenAI usage only when set
     enable_debug_endpoints: bool = False  # /debug/radix_cache shows cached token ids
+    enable_lora: bool = False  # as SGLang: requests may name adapters (set by --lora-paths)
+    lora_paths: tuple[tuple[str, str], ...] = ()  # (name, path) of each loaded adapter
     launch_command: str | None = None  # the command line, reported by /server_info
 
 
