@@ -108,6 +108,31 @@ async def test_a_key_over_its_limits_gets_429_saying_when_to_return(tmp_path: Pa
         assert (await complete(session, app, KEYS["normal"]))[0] == 200  # others unaffected
 
 
+async def test_every_answer_to_a_limited_key_carries_its_rate_limit_headers(
+    tmp_path: Path,
+) -> None:
+    async with router(tmp_path, StubWorker()) as app, aiohttp.ClientSession() as session:
+        status, headers, _ = await complete(session, app, KEYS["limited"])
+        assert status == 200
+        assert headers["x-ratelimit-limit-requests"] == "2"
+        assert headers["x-ratelimit-remaining-requests"] == "1"  # after taking this one
+        assert headers["x-ratelimit-reset-requests"].endswith("s")
+        assert "x-ratelimit-limit-tokens" not in headers  # no token limit for this key
+        status, headers, _ = await complete(session, app, KEYS["thrifty"])
+        assert (status, headers["x-ratelimit-limit-tokens"]) == (200, "5")
+        assert headers["x-ratelimit-remaining-tokens"] == "5"  # spent after the answer
+        async with session.post(
+            app.base_url + "/v1/completions",
+            json={"model": STUB_MODEL, "prompt": 7},
+            headers={"Authorization": f"Bearer {KEYS['thrifty']}"},
+        ) as answer:  # refused by the router itself: the headers are there too
+            assert answer.status == 400
+            assert answer.headers["x-ratelimit-remaining-tokens"] == "1"
+        status, headers, _ = await complete(session, app, KEYS["normal"])
+        assert status == 200
+        assert not [h for h in headers if h.startswith("x-ratelimit")]  # a key without limits
+
+
 async def test_under_overload_the_lowest_priority_is_shed_first(tmp_path: Path) -> None:
     hang = StubWorker("hang")
     async with router(tmp_path, hang, max_in_flight=10) as app, aiohttp.ClientSession() as session:
