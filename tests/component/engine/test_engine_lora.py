@@ -48,7 +48,7 @@ def test_a_loaded_adapter_is_served_by_either_name(engine: EngineProcess) -> Non
     assert oa.completions.create(
         model=MODEL, prompt="hi", max_tokens=2, extra_body={"lora_path": "sql"}
     ).choices
-    body: dict[str, object] = {"text": "hi", "lora_path": "sql"}
+    body = {"text": "hi", "lora_path": "sql"}
     assert requests.post(engine.url + "/generate", json=body, timeout=10).status_code == 200
 
 
