@@ -121,3 +121,29 @@ def test_watch_events_update_the_worker_set_in_name_order() -> None:
 def test_static_workers_keep_order_and_drop_duplicates() -> None:
     specs = static_workers(["http://a:1", "http://b:1", "http://a:1"])
     assert [s.url for s in specs] == ["http://a:1", "http://b:1"]
+
+
+def test_static_workers_may_name_their_model() -> None:
+    specs = static_workers(["http://a:1", "llama=http://b:1"])
+    assert [(s.url, s.model) for s in specs] == [("http://a:1", None), ("http://b:1", "llama")]
+
+
+def test_a_pod_s_model_label_names_the_model_it_serves() -> None:
+    labelled = pod()
+    labelled["metadata"]["labels"]["model"] = "qwen3-8b"
+    spec = worker_from_pod(labelled, RULES)
+    assert spec is not None
+    assert spec.model == "qwen3-8b"
+    unlabelled = worker_from_pod(pod(), RULES)
+    assert unlabelled is not None
+    assert unlabelled.model is None  # learned from its /v1/models
+    ignored = worker_from_pod(labelled, PodRules(RULES.leader_label, model_label=""))
+    assert ignored is not None
+    assert ignored.model is None
+
+
+def test_the_default_model_label_is_the_operator_s() -> None:
+    from tpuserve_operator import labels
+    from tpuserve_router.config import DEFAULT_MODEL_LABEL
+
+    assert DEFAULT_MODEL_LABEL == labels.MODEL

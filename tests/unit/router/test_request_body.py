@@ -84,6 +84,10 @@ def test_unreadable_bodies_name_the_body(body: bytes, param: str) -> None:
         (parse_chat, {"messages": "hi"}, "messages"),
         (parse_chat, {"messages": [{"content": "no role"}]}, "messages"),
         (parse_generate, {}, "text"),
+        (parse_generate, {"text": ""}, "text"),  # SGLang's scheduler fails on it
+        (parse_generate, {"text": ["a", ""]}, "text"),
+        (parse_generate, {"text": "x", "lora_path": 3}, "lora_path"),
+        (parse_completions, {"prompt": "x", "lora_path": [1]}, "lora_path"),
     ],
 )
 def test_bad_fields_are_named(parser: Parser, data: dict[str, Any], param: str) -> None:
@@ -130,3 +134,11 @@ def test_error_bodies_are_openai_shaped() -> None:
     assert err.body() == (
         b'{"error":{"message":"no such model","type":"model_not_found","param":"model","code":404}}'
     )
+
+
+def test_the_adapter_named_by_lora_path_is_read() -> None:
+    assert parse_generate({"text": "x", "lora_path": "sql"}, True, TOK, None).lora_path == "sql"
+    batch = parse_generate({"text": ["a", "b"], "lora_path": [None, "sql"]}, True, TOK, None)
+    assert batch.lora_path == "sql"  # a batch routes on its first named adapter
+    chat = parse_chat({"messages": [{"role": "user", "content": "hi"}]}, True, TOK, None)
+    assert chat.lora_path is None
