@@ -18,17 +18,15 @@ from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from sglang_tpu.tasks import cancel_and_wait
-from tpuserve_router.config import RouterConfig
+from tpuserve_router.core import RouterCore
 from tpuserve_router.health import HealthChecker
 from tpuserve_router.kv_events import KvEventHub
 from tpuserve_router.kv_publishers import Endpoints, NoPublisher, discover_publisher
 from tpuserve_router.metrics import (
-    RouterMetrics,
     remove_worker_series,
     touch_token_series,
     touch_worker_series,
 )
-from tpuserve_router.policies.base import Policy
 from tpuserve_router.proxy import UpstreamPool
 from tpuserve_router.worker_networks import Network, endpoint_problem
 from tpuserve_router.workers import Worker, WorkerRegistry
@@ -41,18 +39,12 @@ class Admission:
     with the registry's workers."""
 
     def __init__(
-        self,
-        config: RouterConfig,
-        policy: Policy,
-        registry: WorkerRegistry,
-        metrics: RouterMetrics,
-        networks: Sequence[Network],
-        kv: KvEventHub | None,
+        self, core: RouterCore, networks: Sequence[Network], kv: KvEventHub | None
     ) -> None:
-        self.config = config
-        self.policy = policy
-        self.registry = registry
-        self.metrics = metrics
+        self.config = config = core.config
+        self.policy = core.policy
+        self.registry = registry = core.registry
+        self.metrics = core.metrics
         self.networks = networks
         self.kv = kv
         self.health = HealthChecker(

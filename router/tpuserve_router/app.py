@@ -47,6 +47,7 @@ from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.cancellation import Aborter
 from tpuserve_router.config import RouterConfig, kv_events_enabled
 from tpuserve_router.connections import ConnectionBook
+from tpuserve_router.core import RouterCore
 from tpuserve_router.discovery.static import static_workers
 from tpuserve_router.forwarding import Forwarder
 from tpuserve_router.health import HealthChecker
@@ -123,9 +124,8 @@ class RouterApp:
                 )
             else:
                 self.kv = KvEventHub(self.block_index, self.metrics)
-        self.admission = Admission(
-            self.config, self.policy, self.registry, self.metrics, self.networks, self.kv
-        )
+        core = RouterCore(self.config, self.policy, self.registry, self.metrics)
+        self.admission = Admission(core, self.networks, self.kv)
         self.health: HealthChecker = self.admission.health
         self.keys: KeyStore | None = None
         if config.api_keys_file is not None:
@@ -138,10 +138,7 @@ class RouterApp:
             lambda worker, reason: self.metrics.upstream_aborts.labels(worker, reason).inc(),
         )
         self.forwarder = Forwarder(
-            self.config,
-            self.policy,
-            self.registry,
-            self.metrics,
+            core,
             self.tokenizer,
             self.outliers,
             self.aborter,

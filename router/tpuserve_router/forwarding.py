@@ -21,10 +21,9 @@ from typing import Final
 from tpuserve_router.adapter_affinity import AdapterAffinity
 from tpuserve_router.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.cancellation import Aborter, new_rid, with_rid
-from tpuserve_router.config import RouterConfig
-from tpuserve_router.metrics import RouterMetrics
+from tpuserve_router.core import RouterCore
 from tpuserve_router.outliers import OutlierDetector
-from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, Policy, RouteRequest
+from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.quotas import Quotas, in_flight_limits
 from tpuserve_router.replies import reject, reply_error, sse_error_event, unauthorized
@@ -47,7 +46,7 @@ from tpuserve_router.retry import (
 )
 from tpuserve_router.server import RETRY_AFTER_SECONDS, Handler, HttpRequest
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
-from tpuserve_router.workers import Worker, WorkerRegistry
+from tpuserve_router.workers import Worker
 
 HOP_BY_HOP: Final = frozenset(
     {
@@ -81,19 +80,16 @@ class Forwarder:
 
     def __init__(
         self,
-        config: RouterConfig,
-        policy: Policy,
-        registry: WorkerRegistry,
-        metrics: RouterMetrics,
+        core: RouterCore,
         tokenizer: Tokens | None,
         outliers: OutlierDetector,
         aborter: Aborter,
         keys: KeyStore | None = None,
     ) -> None:
-        self.config = config
-        self.policy = policy
-        self.registry = registry
-        self.metrics = metrics
+        self.config = config = core.config
+        self.policy = policy = core.policy
+        self.registry = registry = core.registry
+        self.metrics = metrics = core.metrics
         self.tokenizer = tokenizer
         self.outliers = outliers
         self.aborter = aborter
@@ -292,9 +288,8 @@ class Forwarder:
                 sent = True
                 upstream = await self._open(pool, payload, request.arrived, first_byte)
             except UpstreamError as err:
-                abandoned = "gave_up" if err.reason in ABANDONED else ""
-                self._worker_failed(worker, err.reason)
-                if self._retry(retryable_error(err), retries, worker, candidates, err.reason):
+                abandoned = _abandoned(err)
+                if self._failed_before_answer(err, worker, retries, candidates):
                     result = RETRY
                     return result
                 if err.reason in TIMEOUTS:
@@ -327,9 +322,8 @@ class Forwarder:
                 try:
                     body = await upstream.read_all()
                 except UpstreamError as err:
-                    abandoned = "gave_up" if err.reason in ABANDONED else ""
-                    self._worker_failed(worker, err.reason)
-                    if self._retry(retryable_error(err), retries, worker, candidates, err.reason):
+                    abandoned = _abandoned(err)
+                    if self._failed_before_answer(err, worker, retries, candidates):
                         result = RETRY
                         return result
                     code = 504 if err.reason == "request_timeout" else 502
@@ -366,7 +360,7 @@ class Forwarder:
                         if request.write_paused:
                             await request.drain()
                 except UpstreamError as err:
-                    abandoned = "gave_up" if err.reason in ABANDONED else ""
+                    abandoned = _abandoned(err)
                     self._worker_failed(worker, err.reason)
                     what = "stalled" if err.reason == "stream_stalled" else "broke"
                     request.write_chunk(
@@ -442,6 +436,14 @@ class Forwarder:
         await upstream.wait_head()
         return upstream
 
+    def _failed_before_answer(
+        self, err: UpstreamError, worker: Worker, retries: int, candidates: list[Worker]
+    ) -> bool:
+        """Count ``err`` against ``worker`` (nothing reached the client yet); whether the
+        request goes to another worker."""
+        self._worker_failed(worker, err.reason)
+        return self._retry(retryable_error(err), retries, worker, candidates, err.reason)
+
     def _worker_failed(self, worker: Worker, reason: str) -> None:
         self.metrics.upstream_errors.labels(worker.name, reason).inc()
         self.outliers.failed(worker)
@@ -506,6 +508,11 @@ class Forwarder:
             predicted.inc(round(ratio * prompt))
             self._ratio_predicted.observe(ratio)
             self._ratio_actual.observe(min(1.0, usage.cached_tokens / prompt))
+
+
+def _abandoned(err: UpstreamError) -> str:
+    """Why the worker should stop a request that failed with ``err`` ("": it has stopped)."""
+    return "gave_up" if err.reason in ABANDONED else ""
 
 
 def _forwarded_headers(request: HttpRequest, body: bytes, dropped: frozenset[bytes]) -> bytes:

@@ -1,0 +1,20 @@
+"""The parts every piece of the router shares: its settings, policy, workers and metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpuserve_router.config import RouterConfig
+from tpuserve_router.metrics import RouterMetrics
+from tpuserve_router.policies.base import Policy
+from tpuserve_router.workers import WorkerRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class RouterCore:
+    """What `RouterApp` builds once and hands to admission and forwarding."""
+
+    config: RouterConfig
+    policy: Policy
+    registry: WorkerRegistry
+    metrics: RouterMetrics
