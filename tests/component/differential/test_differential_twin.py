@@ -182,6 +182,25 @@ def test_what_only_the_twin_refuses_is_still_refused_only_by_it(
         assert real.status == 200, f"SGLang refuses {case} too now; drop it from the list: {real}"
 
 
+def test_an_adapter_without_lora_gets_sglangs_error(pair: EnginePair) -> None:
+    """Neither engine has LoRA on: naming an adapter (``SERVED:NAME`` or ``lora_path``) gets
+    SGLang's 400, word for word (the router reads these names the same way)."""
+    served = pair.real.get_json("/server_info")["served_model_name"]
+    requests = [
+        ("/v1/completions", {"model": f"{served}:sql", "prompt": "hi", "max_tokens": 1}),
+        ("/v1/completions", {"model": served, "prompt": "hi", "max_tokens": 1,
+                             "lora_path": "sql"}),
+        ("/generate", {"text": "hi", "lora_path": "sql"}),
+        ("/generate", {"text": "hi", "lora_path": "sql", "stream": True}),
+    ]  # fmt: skip
+    for path, body in requests:
+        real, twin = pair.post(path, body)
+        assert (real.status, real.body, real.chunks) == (twin.status, twin.body, twin.chunks), (
+            path, body, real, twin,
+        )  # fmt: skip
+        assert real.status == (200 if body.get("stream") else 400), real
+
+
 # --- server and model info ---------------------------------------------------------------
 
 
