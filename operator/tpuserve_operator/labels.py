@@ -40,6 +40,7 @@ ROLE = f"{GROUP}/role"
 ROLE_LEADER = "leader"
 ROLE_WORKER = "worker"
 REVISION = f"{GROUP}/revision"
+SHARED_ROUTER = f"{GROUP}/shared-router"  # "true" on routers fronting several servers
 
 # Annotations.
 SPEC_HASH = f"{GROUP}/spec-hash"  # hash of the manifest the operator applied to a child
@@ -59,6 +60,9 @@ LABEL_DOCS: Mapping[str, str] = {
     ROLE: f"`{ROLE_LEADER}` (host 0, serves HTTP, routable) or `{ROLE_WORKER}`",
     REVISION: "hash of the engine pod template; a group is updated when all its pods carry "
     "the TPUModelServer's current revision",
+    SHARED_ROUTER: f"`true`, with `{COMPONENT}: {COMPONENT_ROUTER}`, on a router pod of your own "
+    "that fronts several TPUModelServers of the namespace (docs/router.md, Many models): "
+    "every server's engine NetworkPolicy lets it in, as it lets the server's own routers",
 }
 
 ANNOTATION_DOCS: Mapping[str, str] = {
@@ -102,6 +106,11 @@ def engine_selector(instance: str) -> dict[str, str]:
 
 def router_selector(instance: str) -> dict[str, str]:
     return {INSTANCE: instance, COMPONENT: COMPONENT_ROUTER}
+
+
+def shared_router_selector() -> dict[str, str]:
+    """Router pods that front several servers of a namespace (not rendered by the operator)."""
+    return {COMPONENT: COMPONENT_ROUTER, SHARED_ROUTER: "true"}
 
 
 def selector_string(selector: Mapping[str, str]) -> str:

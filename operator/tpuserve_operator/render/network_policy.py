@@ -7,7 +7,9 @@ cached prompts. So, for pods of the server's engines:
 
 - its engine pods reach each other on every port (a multi-host slice's hosts talk to their
   leader: distributed init, the TorchTPU handshake);
-- its router pods reach the HTTP, KV-event and replay ports;
+- its router pods, and shared routers (pods labelled ``labels.shared_router_selector()``:
+  one router in front of several servers, docs/router.md "Many models"), reach the HTTP,
+  KV-event and replay ports;
 - Prometheus (``--metrics-from``: NetworkPolicy peers; by default `DEFAULT_METRICS_FROM`:
   pods labelled ``app.kubernetes.io/name: prometheus`` in any namespace, and anything in
   ``gmp-system``, GKE Managed Prometheus's collectors) reaches the HTTP port, where SGLang
@@ -49,7 +51,8 @@ def engine_network_policy(server: Server) -> list[Manifest]:
                     {"from": [{"podSelector": {"matchLabels": engines}}]},
                     {
                         "from": [
-                            {"podSelector": {"matchLabels": labels.router_selector(server.name)}}
+                            {"podSelector": {"matchLabels": labels.router_selector(server.name)}},
+                            {"podSelector": {"matchLabels": labels.shared_router_selector()}},
                         ],
                         "ports": _ports(
                             launch_contract.HTTP_PORT,

@@ -536,7 +536,10 @@ def test_engines_are_fenced_to_their_routers_peers_and_prometheus(rendered: Rend
     assert spec["policyTypes"] == ["Ingress"]
     own, routers, prometheus = spec["ingress"]
     assert own == {"from": [{"podSelector": {"matchLabels": engines}}]}  # every port
-    assert routers["from"] == [{"podSelector": {"matchLabels": labels.router_selector("qwen")}}]
+    assert routers["from"] == [
+        {"podSelector": {"matchLabels": labels.router_selector("qwen")}},
+        {"podSelector": {"matchLabels": labels.shared_router_selector()}},  # docs/router.md
+    ]
     assert [p["port"] for p in routers["ports"]] == [30000, 5557, 5558]
     assert prometheus["from"] == [dict(p) for p in DEFAULT_METRICS_FROM]
     assert [p["port"] for p in prometheus["ports"]] == [30000]
