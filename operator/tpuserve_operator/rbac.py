@@ -78,7 +78,8 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         "networking.k8s.io",
         ("networkpolicies",),
         MANAGE,
-        "one NetworkPolicy per server: only its (and shared) routers and Prometheus reach its engines",
+        "one NetworkPolicy per server: only its routers (and shared ones) and Prometheus reach "
+        "its engines",
     ),
     Rule(
         "autoscaling",
