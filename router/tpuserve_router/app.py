@@ -12,7 +12,7 @@ SGLang-compatible server):
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /generate``: routed by
   the policy and proxied; streams pass through chunk by chunk (`forwarding`);
-- ``GET /v1/models``: the models the workers serve;
+- ``GET /v1/models``: the models the workers serve, and their loaded LoRA adapters;
 - ``GET /health`` (the router is up), ``GET /readiness`` (at least one routable worker),
   ``GET /metrics``;
 - admin: ``GET /workers``, ``POST /workers`` (``{"url": ...}``), ``DELETE /workers``

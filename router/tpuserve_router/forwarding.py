@@ -2,13 +2,14 @@
 
 A generation request's life: over ``--max-in-flight`` requests already, 503 with
 Retry-After; else parse and validate the body (400 naming the field; 413 for a prompt over
-``--max-prompt-chars``, before it is tokenized), find the workers serving its model (404),
-ask the policy (503 with Retry-After if none is healthy), count it in flight on the chosen
-worker, send it. A failure before the first
-byte reaches the client is retried on another worker under the one rule of
-`tpuserve_router.retry`; nothing is retried once the client has received bytes. A stream
-that breaks ends with an SSE error event and the connection closes. The in-flight count
-is decremented in a ``finally``, so it returns to zero on every path.
+``--max-prompt-chars``, before it is tokenized), find the workers serving its model or LoRA
+adapter (`WorkerRegistry.route`; 404 listing the served ones; an adapter's warm replicas
+first, `adapter_affinity`), ask the policy (503 with Retry-After if none is healthy), count
+it in flight on the chosen worker, send it. A failure before the first byte reaches the
+client is retried on another worker under the one rule of `tpuserve_router.retry`; nothing
+is retried once the client has received bytes. A stream that breaks ends with an SSE error
+event and the connection closes. The in-flight count is decremented in a ``finally``, so it
+returns to zero on every path.
 """
 
 from __future__ import annotations
