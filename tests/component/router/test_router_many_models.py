@@ -145,3 +145,16 @@ async def test_a_worker_added_with_its_model_serves_it(
     async with client(router) as oa:
         completion = await oa.completions.create(model=QWEN, prompt="hello", max_tokens=2)
     assert completion.model == QWEN
+
+
+async def test_an_adapter_sticks_to_its_warm_replica(
+    router: RouterApp, engines: list[EngineTwin]
+) -> None:
+    """Both llama twins have sql loaded; least_load alone would pick the first listed on a
+    tie, but the replica that served sql lately is preferred while the load stays even."""
+    router.forwarder.affinity.routed("sql", engines[1].url)
+    async with client(router) as oa:
+        for _ in range(5):
+            await oa.completions.create(model="llama:sql", prompt="hello", max_tokens=2)
+        await oa.completions.create(model=LLAMA, prompt="hello", max_tokens=2)
+    assert requests_by_worker(router) == {engines[1].url: 5, engines[0].url: 1}
