@@ -524,9 +524,12 @@ STUB_MODES = ("ok", "error_500", "hang", "big", "flood", "stall")
 class StubWorker:
     """A worker answering as ``mode`` says (one of `STUB_MODES`); see the section comment."""
 
-    def __init__(self, mode: str = "ok", big_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self, mode: str = "ok", big_bytes: int = 1 << 20, adapters: tuple[str, ...] = ()
+    ) -> None:
         self.mode = mode
         self.big_bytes = big_bytes
+        self.adapters = adapters  # LoRA adapters its /v1/models lists, as SGLang's
         self.health_status = 200
         self.generation_requests = 0
         self.in_progress = 0
@@ -557,8 +560,9 @@ class StubWorker:
         if path == "/health":
             request.respond(self.health_status, json, b"{}")
         elif path == "/v1/models":
-            body = b'{"object":"list","data":[{"id":"%s","object":"model"}]}' % STUB_MODEL.encode()
-            request.respond(200, json, body)
+            cards = [{"id": STUB_MODEL, "object": "model", "parent": None}]
+            cards += [{"id": a, "object": "model", "parent": STUB_MODEL} for a in self.adapters]
+            request.respond(200, json, orjson.dumps({"object": "list", "data": cards}))
         elif path == "/abort_request":
             self.aborted.append(str(orjson.loads(request.body or b"{}").get("rid")))
             request.respond(200, json, b"{}")

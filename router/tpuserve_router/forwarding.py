@@ -187,7 +187,9 @@ class Forwarder:
             excluded: list[Worker] = []
             policy = self.policy
             while True:
-                pool = first if not excluded else [w for w in candidates if w not in excluded]
+                # a retry goes to any other candidate, warm or not
+                others = [w for w in candidates if w not in excluded] if excluded else candidates
+                pool = others if excluded else first
                 try:
                     decision = policy.choose(route_request, pool)
                 except NoHealthyWorker:
@@ -210,7 +212,7 @@ class Forwarder:
                 if served.adapter is not None:
                     self.affinity.routed(served.adapter, decision.worker.name)
                 attempt = await self._attempt(
-                    request, route, parsed, decision, forwarded, rid, retries, pool, key
+                    request, route, parsed, decision, forwarded, rid, retries, others, key
                 )
                 if attempt is ANSWERED:
                     return

@@ -17,6 +17,8 @@ from tests.component.router.router_fleet import (
     start_router,
     wait_ready,
 )
+from tests.fakes import STUB_MODEL, StubWorker, stub_router
+from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 
@@ -158,3 +160,16 @@ async def test_an_adapter_sticks_to_its_warm_replica(
             await oa.completions.create(model="llama:sql", prompt="hello", max_tokens=2)
         await oa.completions.create(model=LLAMA, prompt="hello", max_tokens=2)
     assert requests_by_worker(router) == {engines[1].url: 5, engines[0].url: 1}
+
+
+async def test_a_failing_warm_replica_hands_the_adapter_to_another() -> None:
+    failing, healthy = StubWorker("error_500", adapters=("sql",)), StubWorker(adapters=("sql",))
+    async with stub_router(failing, healthy) as app, aiohttp.ClientSession() as session:
+        await eventually_async(
+            lambda: all(w.adapters for w in app.registry.workers), what="adapters listed"
+        )
+        app.forwarder.affinity.routed("sql", app.registry.workers[0].name)  # warm: the failing
+        body = {"model": f"{STUB_MODEL}:sql", "prompt": "hi", "max_tokens": 1}
+        async with session.post(app.base_url + "/v1/completions", json=body) as answer:
+            assert answer.status == 200  # retried on the other replica, warm or not
+    assert (failing.generation_requests, healthy.generation_requests) == (1, 1)
