@@ -13,6 +13,7 @@ SGLang-compatible server):
 - ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /generate``: routed by
   the policy and proxied; streams pass through chunk by chunk (`forwarding`);
 - ``GET /v1/models``: the models the workers serve, and their loaded LoRA adapters;
+  ``GET /v1/models/{id}``: one of them (404 ``model_not_found`` otherwise);
 - ``GET /health`` (the router is up), ``GET /readiness`` (at least one routable worker),
   ``GET /metrics``;
 - admin: ``GET /workers``, ``POST /workers`` (``{"url": ...}``), ``DELETE /workers``
@@ -32,6 +33,7 @@ import logging
 import resource
 import time
 from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import unquote
 
 import orjson
 from prometheus_client import CollectorRegistry
@@ -61,7 +63,7 @@ from tpuserve_router.metrics import (
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
 from tpuserve_router.policies.base import Policy, make_policy
-from tpuserve_router.replies import reject, unauthorized
+from tpuserve_router.replies import model_not_found, reject, unauthorized
 from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
 from tpuserve_router.server import (
     JSON_HEADERS,
@@ -83,6 +85,7 @@ log = logging.getLogger(__name__)
 METRICS_HEADERS: Final = f"content-type: {CONTENT_TYPE_LATEST}\r\n".encode()
 SHUTDOWN_GRACE_SECONDS: Final = 5.0
 KNOWN_METHODS: Final = (b"GET", b"HEAD", b"POST", b"DELETE")
+MODELS_PREFIX: Final = "/v1/models/"
 PROBE_CONNECTIONS: Final = 64
 """The metrics port's own connection budget: probes and scrapes never wait for clients."""
 PROBE_BODY_BYTES: Final = 1 << 16
@@ -161,6 +164,7 @@ class RouterApp:
         }
         for route, parser in GENERATION_ROUTES.items():
             self._post[route] = self.forwarder.handler(route, parser)
+        self._model_card = self._model if self.keys is None else self._keyed(self._model)
         self._get: dict[str, Handler] = {
             "/v1/models": self._models if self.keys is None else self._keyed(self._models),
             "/health": self._health,
@@ -304,6 +308,9 @@ class RouterApp:
             await handler(request)
             return
         path = request.path
+        if (method == b"GET" or method == b"HEAD") and path.startswith(MODELS_PREFIX):
+            await self._model_card(request)
+            return
         if path in self._post or path in self._get or path in self._delete:
             allowed = [
                 m
@@ -461,16 +468,29 @@ class RouterApp:
     async def _metrics(self, request: HttpRequest) -> None:
         request.respond(200, METRICS_HEADERS, generate_latest(self.metrics.registry))
 
-    async def _models(self, request: HttpRequest) -> None:
+    def _model_cards(self) -> list[dict[str, Any]]:
         """The served models, then each one's loaded LoRA adapters as ``model:adapter`` with
         ``parent`` set (SGLang's cards list an adapter by its bare name, which a request
         cannot use across several models)."""
-        data = [
+        return [
             {"id": name, "object": "model", "created": 0, "owned_by": "tpuserve",
              "root": model, "parent": None if name == model else model}
             for name, model in self.registry.served()
         ]  # fmt: skip
+
+    async def _models(self, request: HttpRequest) -> None:
+        data = self._model_cards()
         request.respond(200, JSON_HEADERS, orjson.dumps({"object": "list", "data": data}))
+
+    async def _model(self, request: HttpRequest) -> None:
+        """``GET /v1/models/{id}``: one card, or OpenAI's 404 listing the served names."""
+        name = unquote(request.path.removeprefix(MODELS_PREFIX))
+        card = next((c for c in self._model_cards() if c["id"] == name), None)
+        if card is None:
+            served = [n for n, _ in self.registry.served()]
+            reject(request, model_not_found(repr(name), served), self.metrics, route="other")
+            return
+        request.respond(200, JSON_HEADERS, orjson.dumps(card))
 
     def _worker_states(self) -> list[WorkerState]:
         return [

@@ -27,7 +27,13 @@ from tpuserve_router.outliers import OutlierDetector
 from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.quotas import Quotas, in_flight_limits
-from tpuserve_router.replies import reject, reply_error, sse_error_event, unauthorized
+from tpuserve_router.replies import (
+    model_not_found,
+    reject,
+    reply_error,
+    sse_error_event,
+    unauthorized,
+)
 from tpuserve_router.request_body import (
     ClientError,
     ParsedBody,
@@ -227,16 +233,8 @@ class Forwarder:
                 self.budget.active -= 1
 
     def _not_served(self, model: str, lora_path: str | None) -> ClientError:
-        """The 404 for a model (or adapter) no worker serves, listing what is served."""
-        served = ", ".join(name for name, _ in self.registry.served()) or "none"
         name = f"{model!r}" + (f" with LoRA adapter {lora_path!r}" if lora_path else "")
-        return ClientError(
-            404,
-            f"The model {name} does not exist or is not served by this router; available: {served}",
-            param="model",
-            error_type="invalid_request_error",
-            code="model_not_found",
-        )
+        return model_not_found(name, [n for n, _ in self.registry.served()])
 
     def _retry(
         self,

@@ -30,6 +30,18 @@ def reject(
     metrics.requests.labels(model, worker, route, str(err.status)).inc()
 
 
+def model_not_found(name: str, served: list[str]) -> ClientError:
+    """OpenAI's 404 for a model (or adapter) no worker serves, listing what is served."""
+    return ClientError(
+        404,
+        f"The model {name} does not exist or is not served by this router; "
+        f"available: {', '.join(served) or 'none'}",
+        param="model",
+        error_type="invalid_request_error",
+        code="model_not_found",
+    )
+
+
 def sse_error_event(message: str, status: int = 502) -> bytes:
     """The SSE event that ends a stream whose worker failed mid-way."""
     error = {"message": message, "type": "upstream_error", "param": None, "code": status}

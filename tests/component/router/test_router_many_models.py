@@ -72,6 +72,18 @@ async def test_models_lists_every_model_and_adapter(router: RouterApp) -> None:
     assert parents == {LLAMA: None, "llama:chat": LLAMA, "llama:sql": LLAMA, QWEN: None}
 
 
+async def test_one_model_is_retrieved_by_its_id(router: RouterApp) -> None:
+    async with client(router) as oa:
+        card = await oa.models.retrieve("llama:sql")
+        assert (card.id, (card.model_extra or {}).get("parent")) == ("llama:sql", LLAMA)
+        assert (await oa.models.retrieve(QWEN)).id == QWEN
+        with pytest.raises(openai.NotFoundError) as raised:
+            await oa.models.retrieve("gpt-4o")
+    error = raised.value.body
+    assert isinstance(error, dict)
+    assert error["code"] == "model_not_found"
+
+
 async def test_requests_reach_only_workers_of_their_model(
     router: RouterApp, engines: list[EngineTwin]
 ) -> None:
