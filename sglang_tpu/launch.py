@@ -34,7 +34,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sglang_tpu import compile_cache, model_source, perf_model, sglang_flags
+from sglang_tpu import compile_cache, lora, model_source, perf_model, sglang_flags
 from sglang_tpu.contract.launch_contract import LaunchContract
 from sglang_tpu.contract.problems import ContractError
 from sglang_tpu.contract.torch_tpu import torch_tpu_env
@@ -128,13 +128,15 @@ def plan(contract: LaunchContract) -> LaunchPlan:
     draft = contract.draft_source
     if draft is not None:
         fetches.append(Fetch(draft, _local(contract, draft)))
+    adapters = [(name, Fetch(src, _local(contract, src))) for name, src in contract.adapter_sources]
     command = sglang_flags.sglang_command(
         contract,
         fetches[0].local_path,
         fetches[1].local_path if draft else None,
         python=sglang_python(contract),
+        adapter_paths=[(name, item.local_path) for name, item in adapters],
     )
-    return LaunchPlan(env, command, fetches, directories)
+    return LaunchPlan(env, command, fetches + [item for _, item in adapters], directories)
 
 
 def sglang_python(contract: LaunchContract) -> str:
@@ -206,6 +208,8 @@ def simulated_command(contract: LaunchContract) -> list[str]:
     if contract.context_length is not None:
         command += ["--context-length", str(contract.context_length)]
     command += ["--enable-cache-report"]  # as the SGLang command
+    # the twin loads no weights: it serves and lists each adapter under its source
+    command += lora.lora_args([(name, str(src)) for name, src in contract.adapter_sources])
     command += ["--kv-events-endpoint", _zmq_endpoint(contract, contract.kv_events_port)]
     if contract.kv_replay_port is not None:
         endpoint = _zmq_endpoint(contract, contract.kv_replay_port)

@@ -1,9 +1,10 @@
 """SGLang's LoRA contract (0.5.23): how a request names an adapter, how ``--lora-paths`` names
-adapters, and the errors for an adapter a server cannot use. The router and the twin both
-follow it from here."""
+adapters, the names a server's adapters may have, and the errors for an adapter a server
+cannot use. The router, the twin, the launcher and the operator all follow it from here."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Sequence
 
 
@@ -46,3 +47,44 @@ def adapter_problem(adapter: str, enabled: bool, loaded: Sequence[str]) -> str |
             f"All loaded adapters: {dict.fromkeys(loaded).keys()}."
         )
     return None
+
+
+# -- adapters a server is started with ------------------------------------------------------
+
+# A name SGLang can be asked for: `model: "BASE:ADAPTER"` splits at ':' and `--lora-paths
+# NAME=PATH` at the first '=', so neither may appear; SGLang strips spaces around both parts.
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
+MAX_ADAPTER_NAME_LENGTH = 63
+MAX_ADAPTERS = 32  # preloaded adapters; SGLang keeps --max-loras-per-batch (8) in HBM at once
+ADAPTER_NAME_ALLOWED = (
+    f"letters, digits, '.', '_' and '-', starting and ending with a letter or digit, at most "
+    f"{MAX_ADAPTER_NAME_LENGTH} characters (no ':', which separates MODEL:ADAPTER, or '=')"
+)
+LORA_FLAGS = ("--enable-lora", "--lora-paths")  # what `lora_args` sets, on SGLang and the twin
+
+
+def adapters_problem(names: Sequence[str]) -> str | None:
+    """What is wrong with the names of a server's adapters (the first problem), or None."""
+    if len(names) > MAX_ADAPTERS:
+        return f"{len(names)} adapters; at most {MAX_ADAPTERS}"
+    seen: set[str] = set()
+    for name in names:
+        if len(name) > MAX_ADAPTER_NAME_LENGTH or not re.match(ADAPTER_NAME_PATTERN, name):
+            return f"adapter name {name!r} is not allowed; allowed: {ADAPTER_NAME_ALLOWED}"
+        if name in seen:
+            return f"adapter name {name!r} repeats; each adapter needs its own name"
+        seen.add(name)
+    return None
+
+
+def lora_path(name: str, path: str) -> str:
+    """One ``--lora-paths`` value, ``NAME=PATH`` (what `parse_lora_paths` reads back)."""
+    return f"{name}={path}"
+
+
+def lora_args(adapters: Sequence[tuple[str, str]]) -> list[str]:
+    """``--enable-lora --lora-paths NAME=PATH ...`` for ``(name, path)`` pairs; [] for none.
+    SGLang 0.5.23 and the twin read them alike."""
+    if not adapters:
+        return []
+    return [*LORA_FLAGS, *(lora_path(name, path) for name, path in adapters)]

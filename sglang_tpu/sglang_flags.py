@@ -21,8 +21,11 @@ Sources:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from sglang_tpu import lora
 
 if TYPE_CHECKING:
     from sglang_tpu.contract.launch_contract import LaunchContract
@@ -193,8 +196,10 @@ def sglang_command(
     model_path: str,
     draft_path: str | None,
     python: str = DEFAULT_PYTHON,
+    adapter_paths: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
-    """The SGLang server command for one host of the slice; paths are already local."""
+    """The SGLang server command for one host of the slice; paths (of the model, the draft
+    model and each LoRA adapter by name) are already local."""
     shape = contract.shape
     cpu = contract.device == "cpu"
     command = [
@@ -236,6 +241,7 @@ def sglang_command(
             command += ["--speculative-draft-model-path", draft_path]
         if contract.speculative_num_steps is not None:
             command += ["--speculative-num-steps", str(contract.speculative_num_steps)]
+    command += lora.lora_args(adapter_paths)
     if cpu:
         command += cpu_flags()
     elif contract.execution_mode == "compiled":

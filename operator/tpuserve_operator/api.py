@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from sglang_tpu import lora
 from sglang_tpu.topology import SLICE_SHAPES, generation_names
 
 # Bounds that also keep the apiserver's CEL cost estimate small (every string a rule reads
@@ -101,6 +102,28 @@ class SecretKeyRef(Schema):
     )
 
 
+class LoraAdapterSpec(Schema):
+    model_config = ConfigDict(
+        json_schema_extra=rules(source_rule("source", "model.loraAdapters[].source"))
+    )
+
+    name: str = Field(
+        max_length=lora.MAX_ADAPTER_NAME_LENGTH,
+        pattern=lora.ADAPTER_NAME_PATTERN,
+        description=(
+            "name is what clients ask for: `model: SERVEDNAME:NAME` (or `lora_path: NAME`). "
+            f"Unique in the list; {lora.ADAPTER_NAME_ALLOWED}."
+        ),
+    )
+    source: str = Field(
+        max_length=512,
+        description=(
+            "source is where the adapter's weights come from, same schemes as model.source "
+            "(fetched like the model). Example: hf://ORG/NAME-lora."
+        ),
+    )
+
+
 class ModelSpec(Schema):
     model_config = ConfigDict(json_schema_extra=rules(source_rule("source", "model.source")))
 
@@ -149,6 +172,19 @@ class ModelSpec(Schema):
             "tokenSecretRef names the Secret key holding a Hugging Face token. It reaches the "
             "pod as HF_TOKEN through secretKeyRef, never as a plain value. Example: "
             "{name: hf-token, key: token}."
+        ),
+    )
+    lora_adapters: list[LoraAdapterSpec] = Field(
+        default_factory=list,
+        max_length=lora.MAX_ADAPTERS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description=(
+            "loraAdapters are LoRA adapters every replica preloads (SGLang's --enable-lora "
+            "--lora-paths NAME=PATH; the simulated engine serves and lists them too). /v1/models "
+            "lists each as SERVEDNAME:NAME and the router sends an adapter's requests to the "
+            "replicas where it is warm. spec.engine.args may then not set enable-lora or "
+            f"lora-paths. At most {lora.MAX_ADAPTERS}. Default: none. Example: "
+            "[{name: sql, source: hf://ORG/sql-lora}]."
         ),
     )
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pydantic
 
-from sglang_tpu import sglang_flags
+from sglang_tpu import lora, sglang_flags
 from sglang_tpu.contract import pod_env
 from sglang_tpu.contract.env_names import ENV_PREFIX, Var
 from sglang_tpu.contract.group_contract import GroupContract
@@ -41,6 +41,7 @@ _SPEC_FIELD: Mapping[str, str] = {
     Var.SPECULATIVE_ALGORITHM: "spec.engine.speculative.algorithm",
     Var.SPECULATIVE_DRAFT_MODEL: "spec.engine.speculative.draftModel",
     Var.SPECULATIVE_NUM_STEPS: "spec.engine.speculative.numSteps",
+    Var.LORA_ADAPTERS: "spec.model.loraAdapters",
     Var.SGLANG_EXTRA_ARGS: "spec.engine.args",
     Var.TPU_GENERATION: "spec.tpu.generation",
     Var.TPU_TOPOLOGY: "spec.tpu.topology",
@@ -114,6 +115,7 @@ def group_contract(
         "quantization": spec.model.quantization,
         "kv_cache_dtype": spec.engine.kv_cache_dtype,
         "context_length": spec.model.context_length,
+        "lora_adapters": tuple(lora.lora_path(a.name, a.source) for a in spec.model.lora_adapters),
         "sglang_extra_args": extra_args(spec.engine.args),
         "weights_cache_dir": paths.weights_cache_dir,
         "compile_cache_dir": paths.compile_cache_dir,

@@ -27,7 +27,7 @@ from typing import Any
 
 import pydantic
 
-from sglang_tpu import model_source, perf_model
+from sglang_tpu import lora, model_source, perf_model
 from sglang_tpu.topology import TPU_RESOURCE, CatalogError, SliceShape, lookup
 from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.api import MAX_NAME_LENGTH, SERVER_NAME, TPUModelServerSpec
@@ -175,6 +175,11 @@ def _sources(spec: TPUModelServerSpec) -> list[Problem]:
     sources = [("spec.model.source", spec.model.source)]
     if spec.engine.speculative is not None and spec.engine.speculative.draft_model:
         sources.append(("spec.engine.speculative.draftModel", spec.engine.speculative.draft_model))
+    adapters = spec.model.lora_adapters
+    sources += [(f"spec.model.loraAdapters[{i}].source", a.source) for i, a in enumerate(adapters)]
+    names_problem = lora.adapters_problem([adapter.name for adapter in adapters])
+    if names_problem is not None:
+        problems.append(Problem("spec.model.loraAdapters", names_problem))
     for path, text in sources:
         try:
             model_source.parse_model_source(text)
@@ -224,7 +229,17 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
             )
     for flag, value in spec.engine.args.items():
         path = f"spec.engine.args.{flag}"
-        if launch_contract.is_owned_flag(flag):
+        if spec.model.lora_adapters and "--" + flag.lstrip("-") in lora.LORA_FLAGS:
+            problems.append(
+                Problem(
+                    path,
+                    f"--{flag.lstrip('-')} is set by the operator from spec.model.loraAdapters; "
+                    "allowed: adapters in spec.model.loraAdapters only, or these engine args "
+                    "without loraAdapters",
+                    reason=Reason.RESERVED_FIELD,
+                )
+            )
+        elif launch_contract.is_owned_flag(flag):
             problems.append(
                 Problem(
                     path,

@@ -39,7 +39,8 @@ def _split_args(value: object) -> object:
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 Index = Annotated[int, Field(ge=0, le=100_000)]
-HostnameList = Annotated[tuple[str, ...], BeforeValidator(_split_list)]
+CommaList = Annotated[tuple[str, ...], BeforeValidator(_split_list)]
+HostnameList = CommaList
 ArgList = Annotated[tuple[str, ...], BeforeValidator(_split_args)]
 
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from sglang_tpu import model_source, perf_model, sglang_flags
+from sglang_tpu import lora, model_source, perf_model, sglang_flags
 from sglang_tpu.contract.env_names import REPLICA_PLACEHOLDER, Var
 from sglang_tpu.contract.fields import (
     ABSOLUTE_PATH,
@@ -21,6 +21,7 @@ from sglang_tpu.contract.fields import (
     ENV_NAME,
     PORTS_ALLOWED,
     ArgList,
+    CommaList,
     HostnameList,
     Index,
     Port,
@@ -240,6 +241,14 @@ class GroupContract(BaseModel):
         ge=1,
         le=64,
     )
+    lora_adapters: CommaList = var(
+        Var.LORA_ADAPTERS,
+        f"comma-separated NAME=SOURCE, at most {lora.MAX_ADAPTERS}; NAME: "
+        f"{lora.ADAPTER_NAME_ALLOWED}; SOURCE: {model_source.ALLOWED_FORMS}, without ','",
+        "LoRA adapters the server preloads (SGLang's --enable-lora --lora-paths NAME=PATH, "
+        "fetched like the model; the twin lists them); clients ask for MODEL:NAME.",
+        default=(),
+    )
     sglang_extra_args: ArgList = var(
         Var.SGLANG_EXTRA_ARGS,
         "shell-quoted SGLang arguments, none of the flags the launcher sets, no secrets",
@@ -431,14 +440,34 @@ class GroupContract(BaseModel):
             raise ValueError(f"set while {Var.SPECULATIVE_ALGORITHM}=none")
         return value
 
+    @field_validator("lora_adapters")
+    @classmethod
+    def _lora_adapters(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            if "=" not in item:
+                raise ValueError(f"{item!r} is not NAME=SOURCE")
+        pairs = lora.parse_lora_paths(value)
+        for _, source in pairs:
+            model_source.parse_model_source(source)
+        problem = lora.adapters_problem([name for name, _ in pairs])
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     @field_validator("sglang_extra_args")
     @classmethod
-    def _extra_args(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+    def _extra_args(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         owned = sorted({f for f in map(sglang_flags.owned_flag, value) if f is not None})
         secret = sorted({a.split("=", 1)[0] for a in value} & sglang_flags.SECRET_FLAGS)
+        lora_flags = sorted({a.split("=", 1)[0] for a in value} & set(lora.LORA_FLAGS))
         reasons = []
         if owned:
             reasons.append(f"sets {', '.join(owned)}, which the launcher sets from the contract")
+        if lora_flags and info.data.get("lora_adapters"):
+            reasons.append(
+                f"sets {', '.join(lora_flags)}, which the launcher sets from "
+                f"{Var.LORA_ADAPTERS}; give adapters in one place"
+            )
         if secret:
             reasons.append(f"passes {', '.join(secret)}; secrets must not be on a command line")
         if reasons:
@@ -482,8 +511,9 @@ class GroupContract(BaseModel):
         check_absolute(value)
         if value is None:
             gcs_fuse = info.data.get("gcs_fuse_root") is not None
-            for name in ("model", "speculative_draft_model"):
-                text = info.data.get(name)
+            texts = [info.data.get("model"), info.data.get("speculative_draft_model")]
+            texts += [path for _, path in lora.parse_lora_paths(info.data.get("lora_adapters", ()))]
+            for text in texts:
                 if text is None:
                     continue
                 source = model_source.parse_model_source(text)
@@ -513,6 +543,12 @@ class GroupContract(BaseModel):
         if self.speculative_draft_model is None:
             return None
         return model_source.parse_model_source(self.speculative_draft_model)
+
+    @cached_property
+    def adapter_sources(self) -> tuple[tuple[str, model_source.ModelSource], ...]:
+        """``(name, source)`` of each LoRA adapter, in the contract's order."""
+        pairs = lora.parse_lora_paths(self.lora_adapters)
+        return tuple((name, model_source.parse_model_source(path)) for name, path in pairs)
 
     @property
     def served_name(self) -> str:

@@ -198,6 +198,7 @@ def _volumes(server: Server) -> tuple[list[Manifest], list[Manifest]]:
     for text in (
         spec.model.source,
         spec.engine.speculative and spec.engine.speculative.draft_model,
+        *(adapter.source for adapter in spec.model.lora_adapters),
     ):
         if text:
             source = parse_model_source(text)

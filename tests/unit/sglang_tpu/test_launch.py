@@ -59,6 +59,7 @@ MALFORMED: dict[Var, str] = {
     Var.SPECULATIVE_ALGORITHM: "EAGLE2",
     Var.SPECULATIVE_DRAFT_MODEL: "/models/draft",
     Var.SPECULATIVE_NUM_STEPS: "2",
+    Var.LORA_ADAPTERS: "sql:v2=hf://o/sql-lora",
     Var.SGLANG_EXTRA_ARGS: "--tp-size 4",
     Var.SGLANG_PYTHON: "venv/bin/python",
     Var.CPU_KERNEL_SHIM_DIR: "/opt/shim",  # only with TPUSERVE_DEVICE=cpu
