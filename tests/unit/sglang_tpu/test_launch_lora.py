@@ -45,7 +45,12 @@ def test_sglang_gets_each_adapter_by_name_at_its_local_path() -> None:
         "chat=/adapters/chat",
     ]
     fetched = [str(item.source) for item in plan.fetches]
-    assert fetched == ["/models/llama", "hf://org/sql-lora@v2", "pvc://adapters/law", "/adapters/chat"]
+    assert fetched == [
+        "/models/llama",
+        "hf://org/sql-lora@v2",
+        "pvc://adapters/law",
+        "/adapters/chat",
+    ]
 
 
 def test_without_adapters_sglang_gets_no_lora_flags() -> None:
@@ -104,7 +109,8 @@ def test_extra_lora_flags_conflict_with_the_adapters_variable() -> None:
         TPUSERVE_LORA_ADAPTERS="sql=/a", TPUSERVE_SGLANG_EXTRA_ARGS="--lora-paths x=/b"
     )
     assert "TPUSERVE_SGLANG_EXTRA_ARGS=" in message
-    assert "--lora-paths" in message and "TPUSERVE_LORA_ADAPTERS" in message
+    assert "--lora-paths" in message
+    assert "TPUSERVE_LORA_ADAPTERS" in message
 
 
 def test_extra_lora_flags_alone_are_passed_on() -> None:
