@@ -2,7 +2,9 @@
 
 A real `tpuserve engine launch` process on loopback starts `tpuserve engine sim` for the
 leader of a two-host tpu7x 2x2x2 slice; the official openai client reaches it under the
-served model name, and SIGTERM to the launcher drains the twin, which exits 0.
+served model name, and SIGTERM to the launcher drains the twin, which exits 0. LoRA adapters
+of the contract (`TPUSERVE_LORA_ADAPTERS`) are served and listed by the twin and, through a
+`tpuserve router` in front, as `MODEL:ADAPTER`.
 """
 
 from __future__ import annotations
@@ -81,6 +83,59 @@ def test_leader_serves_the_engine_twin_and_drains_on_sigterm() -> None:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_the_contracts_lora_adapters_are_served_and_routed() -> None:
+    http_port, router_port = free_port(), free_port()
+    adapters = "sql=hf://org/sql-lora,law=pvc://adapters/law"
+    env = contract(0, http_port, free_port()) | {"TPUSERVE_LORA_ADAPTERS": adapters}
+    launcher = subprocess.Popen([sys.executable, "-m", "tpuserve", "engine", "launch"], env=env)
+    router = None
+    try:
+        url = f"http://127.0.0.1:{http_port}"
+        wait_healthy(url, launcher)
+        engine = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30)
+        cards = engine.models.list().data
+        assert [(m.id, getattr(m, "parent", None)) for m in cards] == [
+            ("qwen", None),
+            ("sql", "qwen"),
+            ("law", "qwen"),
+        ]
+        worker = f"qwen={url}"
+        router = subprocess.Popen(
+            [sys.executable, "-m", "tpuserve", "router", "--port", str(router_port),
+             "--host", "127.0.0.1", "--worker", worker],
+            env={k: v for k, v in os.environ.items() if not k.startswith("TPUSERVE_")},
+        )  # fmt: skip
+        front = f"http://127.0.0.1:{router_port}"
+        client = openai.OpenAI(base_url=f"{front}/v1", api_key="unused", timeout=30)
+
+        def lists_adapters() -> bool:
+            assert router is not None
+            assert router.poll() is None, "the router exited"
+            ids = [m.id for m in client.models.list().data]
+            return ids == ["qwen", "qwen:law", "qwen:sql"]  # adapters in name order
+
+        eventually(
+            lists_adapters,
+            what="the router's /v1/models to list qwen:sql and qwen:law",
+            timeout_seconds=DEADLINE_SECONDS,
+            ignore=(openai.APIConnectionError,),
+        )
+        completion = client.completions.create(model="qwen:sql", prompt="Hi", max_tokens=2)
+        assert completion.choices[0].text
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="qwen:tax", prompt="Hi", max_tokens=2)
+    finally:
+        if router is not None:
+            stop(router)
+        stop(launcher)
 
 
 def test_follower_holds_its_place_without_serving_and_stops_on_sigterm() -> None:
