@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from sglang_tpu import launch
+from sglang_tpu.contract.launch_contract import LaunchContract
+from tests.contract_env import contract_env
 from tests.real_sglang import RealSGLang
 from tests.sglang_kv_events import sglang_kv_events
 
@@ -61,11 +64,12 @@ def flag_values(argv: list[str]) -> dict[str, Any]:
     return out
 
 
-def test_every_golden_command_line_parses_with_sglangs_parser(real_sglang: RealSGLang) -> None:
-    commands = golden_commands()
-    assert len(commands) >= 20
+def parse_with_sglang(
+    real_sglang: RealSGLang, commands: dict[str, list[str]], read_back: tuple[str, ...]
+) -> dict[str, Any]:
+    """Each command's unknown arguments and the `read_back` values SGLang's parser gives."""
     done = subprocess.run(
-        [str(real_sglang.python), "-c", PARSE, ",".join(READ_BACK)],
+        [str(real_sglang.python), "-c", PARSE, ",".join(read_back)],
         input=json.dumps(commands),
         capture_output=True,
         text=True,
@@ -74,7 +78,14 @@ def test_every_golden_command_line_parses_with_sglangs_parser(real_sglang: RealS
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    parsed = json.loads(done.stdout)
+    parsed: dict[str, Any] = json.loads(done.stdout)
+    return parsed
+
+
+def test_every_golden_command_line_parses_with_sglangs_parser(real_sglang: RealSGLang) -> None:
+    commands = golden_commands()
+    assert len(commands) >= 20
+    parsed = parse_with_sglang(real_sglang, commands, READ_BACK)
     kv_events_config = sglang_kv_events().KVEventsConfig
     for name, argv in commands.items():
         unknown, args = parsed[name]["unknown"], parsed[name]["args"]
@@ -85,3 +96,18 @@ def test_every_golden_command_line_parses_with_sglangs_parser(real_sglang: RealS
         config = kv_events_config.from_cli(args["kv_events_config"])
         assert config.publisher == "zmq", name
         assert config.bind is True, f"{name}: the KV-event endpoint must bind"
+
+
+def test_lora_adapters_parse_as_sglangs_lora_paths(real_sglang: RealSGLang) -> None:
+    env = contract_env() | {
+        "TPUSERVE_WEIGHTS_CACHE_DIR": "/w",
+        "TPUSERVE_LORA_ADAPTERS": "sql=hf://org/sql-lora,law=/adapters/law",
+    }
+    command = launch.plan(LaunchContract.from_env(env)).command
+    argv = command[command.index(LAUNCH_MODULE[1]) + 1 :]
+    parsed = parse_with_sglang(real_sglang, {"lora": argv}, ("enable_lora", "lora_paths"))
+    assert parsed["lora"]["unknown"] == []
+    assert parsed["lora"]["args"] == {
+        "enable_lora": True,
+        "lora_paths": ["sql=/w/hf/org/sql-lora/main", "law=/adapters/law"],
+    }
