@@ -403,6 +403,20 @@ class RouterSpec(Schema):
             "policy uses KV events (precise, cost)."
         ),
     )
+    max_request_seconds: int = Field(
+        default=600,
+        ge=5,
+        le=86400,
+        description=(
+            "maxRequestSeconds is the longest a request (a whole stream included) may take. "
+            "The router gives up on a request after it (`tpuserve router --request-timeout`), "
+            "and engine pods get it to drain after SIGTERM: terminationGracePeriodSeconds is "
+            "the preStop pause + maxRequestSeconds + 5 s, so a rollout, scale-down or "
+            "maintenance move lets every request in flight finish. A Spot preemption cuts "
+            "the grace to what the node's shutdown leaves (GKE: about 30 s of notice). "
+            "Default: 600."
+        ),
+    )
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
         default="ClusterIP",
         description="serviceType of the endpoint Service. Default: ClusterIP.",

@@ -15,7 +15,8 @@ A pass:
 3. server-side apply shared children and the groups the plan allows, skipping children
    whose applied hash and generation say nothing changed (`children`, `drift`);
 4. on the StatefulSet path, restart groups as one: the stale pods of groups being updated,
-   and the other pods of a group one of whose hosts restarted (`restarts`);
+   and the other pods of a group one of whose hosts restarted (`restarts`); on both paths,
+   move the groups on nodes GKE is taking away (`node_signals`, fed by the node watch);
 5. delete children this server no longer wants (scale-down, surge groups, router off);
 6. write status and post Events for condition transitions (`status_writer`).
 """
@@ -38,6 +39,14 @@ from tpuserve_operator.children import Children
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.kube import EventSink, KubeApi, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow
+from tpuserve_operator.node_signals import (
+    NodeSignal,
+    NodeSignals,
+    PodPlacement,
+    affected_groups,
+    by_urgency,
+    parse_time,
+)
 from tpuserve_operator.observed import (
     ChildView,
     ObservedCache,
@@ -123,6 +132,7 @@ class Reconciler:
         self.settings = settings
         self.metrics = metrics
         self.cache = ObservedCache()
+        self.nodes = NodeSignals()
         self._clock = clock
         self._servers: dict[ServerKey, ServerState] = {}
         self._wakers: dict[ServerKey, asyncio.Event] = {}  # one per running loop
@@ -184,6 +194,20 @@ class Reconciler:
         else:
             self.cache.put_pod(key, view)
         self.trigger(key)
+
+    def on_node_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A node's disruption signals changed: wake every server (cheap: one pass each)."""
+        if self.nodes.update(body, self._clock(), deleted=event_type == "DELETED"):
+            for key in list(self._wakers):
+                self.trigger(key)
+
+    def displaced_groups(self, key: ServerKey) -> dict[int, NodeSignal]:
+        """This server's groups on nodes GKE is taking away (see `node_signals`)."""
+        placements = (
+            PodPlacement(p.replica, p.node, parse_time(p.created), p.deleting)
+            for p in self.cache.pods(key)
+        )
+        return affected_groups(placements, self.nodes)
 
     def forget(self, key: ServerKey) -> None:
         """Drop what is remembered about a server (its loop, if running, keeps its waker)."""
@@ -266,15 +290,20 @@ class Reconciler:
             for k, obs in groups.items()
         }
         rollout_spec = server.valid.spec.rollout
+        displaced = self.displaced_groups(key)
+        moving, urgent = by_urgency(displaced)
         plan = rollout.plan(
             rendered.replicas,
             {k: r.rollout_state() for k, r in reports.items()},
             max_unavailable=rollout_spec.max_unavailable,
             max_surge=rollout_spec.max_surge,
+            moving=moving,
+            urgent=urgent,
         )
         apply_error = await self._children.apply(key, state, rendered, plan, reports, children)
         if apply_error is None:
             await self._restarts.replace_stale_pods(key, rendered, plan)
+            await self._restarts.move_groups(key, body, plan, displaced)
             await self._restarts.restart_broken_groups(key, state, body, rendered, plan, groups)
             await self._children.prune(key, state, rendered, plan, children)
         decided = decide(
@@ -285,6 +314,7 @@ class Reconciler:
             router_enabled=server.valid.spec.router.enabled,
             router_ready_replicas=self._router_ready(children, rendered),
             apply_error=apply_error,
+            displaced=displaced,
         )
         status = build_status(
             previous,

@@ -330,3 +330,40 @@ def test_every_child_kind_is_known_to_the_kube_client_and_watched() -> None:
     assert [k for k in CHILD_KINDS if k not in KINDS] == []
     watched = {(group, plural) for group, _, plural in tpumodelserver.CHILD_RESOURCES}
     assert ("networking.k8s.io", "networkpolicies") in watched
+
+
+def placed(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """A pod object scheduled on `node`, created before the test's clock."""
+    pod["spec"] = {**(pod.get("spec") or {}), "nodeName": node}
+    pod["metadata"]["creationTimestamp"] = "2026-01-01T11:00:00Z"
+    return pod
+
+
+async def test_maintenance_on_a_node_surges_a_replacement_then_drains_the_group(
+    operator: Operator,
+) -> None:
+    from tpuserve_operator.node_signals import MAINTENANCE_TIME_LABEL
+
+    key = operator.create({**ONE_HOST, "rollout": {"maxUnavailable": 0, "maxSurge": 1}})
+    await operator.converge(key)
+    revision = operator.status(key)["revision"]
+    for k, node in ((0, "node-a"), (1, "node-b")):
+        pod = pod_object("qwen", f"qwen-r{k}-0", replica=k, revision=revision)
+        operator.kube.put(placed(pod, node))
+    await operator.converge(key)
+    assert operator.conditions(key)["Progressing"] == ("False", "Complete")
+
+    node_a = {"metadata": {"name": "node-a", "labels": {MAINTENANCE_TIME_LABEL: "1798804800"}}}
+    operator.reconciler.on_node_event("MODIFIED", node_a)
+    await operator.converge(key)
+    assert "qwen-r2" in operator.kube.names("StatefulSet")  # the replacement slice first
+    assert not any(kind == "Pod" for kind, _ in operator.kube.deleted)
+    assert operator.conditions(key)["Progressing"] == ("True", "NodeMaintenanceScheduled")
+
+    operator.kube.put(placed(pod_object("qwen", "qwen-r2-0", replica=2, revision=revision), "c"))
+    await operator.converge(key)
+    assert ("Pod", "qwen-r0-0") in operator.kube.deleted  # now the old group drains
+    assert ("Pod", "qwen-r1-0") not in operator.kube.deleted
+    kind, _, message = next(e for e in operator.events if e[1] == "GroupDraining")
+    assert kind == "Normal"
+    assert "node-a" in message
