@@ -66,6 +66,7 @@ class Reason(StrEnum):
     # Events only
     GROUP_RESTARTED = "GroupRestarted"
     GROUP_DRAINING = "GroupDraining"
+    NODE_LOST = "NodeLost"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ and spot", lists the sources and what is still [verify]):
 A group is *affected* when one of its pods runs on a signalled node and was created before
 the operator first saw the signal: a pod placed there afterwards was placed knowingly (no
 other capacity), so replacing it again would only loop. A node that vanishes without notice
-needs no signal: its pods disappear and the group is recreated like any missing group.
+needs no signal: its pods disappear and the group is recreated like any missing group; the
+operator only reports it (`vanished_recently`: a pod deleted just after its node counts).
 """
 
 from __future__ import annotations
@@ -76,15 +77,24 @@ class SeenSignal:
     since: datetime.datetime  # when the operator first saw it
 
 
+# How long after a node's deletion its pods' deletions are blamed on it.
+VANISHED_MEMORY = datetime.timedelta(minutes=2)
+
+
 class NodeSignals:
-    """The signals on every node, as the node watch last reported them."""
+    """The signals on every node, as the node watch last reported them, and the nodes
+    deleted lately."""
 
     def __init__(self) -> None:
         self._nodes: dict[str, SeenSignal] = {}
+        self._vanished: dict[str, datetime.datetime] = {}
 
     def update(self, node: Mapping[str, Any], now: datetime.datetime, deleted: bool) -> bool:
         """Take one node event; True if what the node signals changed."""
         name = str((node.get("metadata") or {}).get("name", ""))
+        self._vanished = {n: t for n, t in self._vanished.items() if now - t < VANISHED_MEMORY}
+        if deleted:
+            self._vanished[name] = now
         signal = None if deleted else signal_of(node)
         previous = self._nodes.get(name)
         if signal is None:
@@ -97,6 +107,10 @@ class NodeSignals:
 
     def get(self, node: str) -> SeenSignal | None:
         return self._nodes.get(node)
+
+    def vanished_recently(self, node: str, now: datetime.datetime) -> bool:
+        gone = self._vanished.get(node)
+        return gone is not None and now - gone < VANISHED_MEMORY
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,6 +137,7 @@ class Reconciler:
         self._servers: dict[ServerKey, ServerState] = {}
         self._wakers: dict[ServerKey, asyncio.Event] = {}  # one per running loop
         self._semaphore = asyncio.Semaphore(settings.max_concurrent)
+        self._emit_event = emit_event
         self._children = Children(kube, self.cache, metrics)
         self._restarts = GroupRestarts(kube, self.cache, emit_event)
         self._status = StatusWriter(kube, emit_event)
@@ -190,14 +191,31 @@ class Reconciler:
             return
         view = pod_view(body)
         if event_type == "DELETED":
+            before = next((p for p in self.cache.pods(key) if p.name == view.name), None)
             self.cache.drop_pod(key, view.name)
+            cut_off = (  # running, not draining, when its node went
+                before is not None
+                and not before.deleting
+                and view.replica is not None
+                and self.nodes.vanished_recently(view.node, self._clock())
+            )
+            if cut_off and view.replica is not None:
+                self._state(key).lost.setdefault(view.node, set()).add(view.replica)
         else:
             self.cache.put_pod(key, view)
         self.trigger(key)
 
     def on_node_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A node's disruption signals changed: wake every server (cheap: one pass each)."""
-        if self.nodes.update(body, self._clock(), deleted=event_type == "DELETED"):
+        deleted = event_type == "DELETED"
+        changed = self.nodes.update(body, self._clock(), deleted=deleted)
+        if deleted:
+            node = str((body.get("metadata") or {}).get("name", ""))
+            for key in self.cache.servers():
+                for pod in self.cache.pods(key):
+                    if pod.node == node and pod.replica is not None and not pod.deleting:
+                        self._state(key).lost.setdefault(node, set()).add(pod.replica)
+        if changed or deleted:
             for key in list(self._wakers):
                 self.trigger(key)
 
@@ -326,6 +344,7 @@ class Reconciler:
             reports=reports,
         )
         await self._status.write(key, state, body, status, decided)
+        self._report_lost_nodes(state, body)
         state.served = ServedModel(
             model_name=server.valid.served_name,
             generation=server.valid.spec.tpu.generation,
@@ -339,6 +358,19 @@ class Reconciler:
         state.failures = 0
         rechecks = [r.recheck_seconds for r in reports.values() if r.recheck_seconds is not None]
         return min([self.settings.resync_seconds, *(s + 1.0 for s in rechecks)]), "ok"
+
+    def _report_lost_nodes(self, state: ServerState, body: Mapping[str, Any]) -> None:
+        """One Warning per node that vanished under this server's groups (no notice)."""
+        for node, groups in sorted(state.lost.items()):
+            listed = ", ".join(str(k) for k in sorted(groups))
+            self._emit_event(
+                body,
+                "Warning",
+                str(conditions.Reason.NODE_LOST),
+                f"node {node} vanished without notice with replica group(s) {listed}; "
+                "recreating them on other nodes",
+            )
+        state.lost.clear()
 
     async def _relist_if_due(self, key: ServerKey, state: ServerState) -> None:
         now = time.monotonic()

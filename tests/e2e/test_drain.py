@@ -114,8 +114,8 @@ class Fleet:
         ]
         return str(leader["spec"]["nodeName"])
 
-    def events(self) -> list[tuple[datetime.datetime, str, str]]:
-        """(time, reason, message) of the server's Events, oldest first."""
+    def events(self, since: datetime.datetime) -> list[tuple[datetime.datetime, str, str]]:
+        """(time, reason, message) of the server's Events from `since` on, oldest first."""
         listing = get(
             self.cluster, "events", "-n", NAMESPACE,
             "--field-selector", f"involvedObject.name={NAME},involvedObject.kind={labels.KIND}",
@@ -126,7 +126,7 @@ class Fleet:
                 event.get("eventTime") or event.get("lastTimestamp") or event.get("firstTimestamp")
             )
             out.append((parse(str(stamp)), str(event.get("reason")), str(event.get("message"))))
-        return sorted(out)
+        return sorted(e for e in out if e[0] >= since.replace(microsecond=0))
 
     def command(self, *args: str) -> subprocess.Popen[str]:
         """`tpuserve cluster ...` on this cluster, in the background, output captured."""
@@ -205,6 +205,20 @@ def print_timeline(title: str, rows: list[tuple[datetime.datetime, str]]) -> Non
     print(f"\n{title}:\n" + "\n".join(lines))
 
 
+def event_rows(
+    events: list[tuple[datetime.datetime, str, str]],
+) -> list[tuple[datetime.datetime, str]]:
+    return [(t, f"event {reason}: {message}") for t, reason, message in events]
+
+
+def group_rows(groups: GroupWatch) -> list[tuple[datetime.datetime, str]]:
+    return [
+        (t, f"group {k} Ready (status since)")
+        for k, times in groups.ready_since.items()
+        for t in times
+    ]
+
+
 def print_outcomes(plain: Load, streams: Load) -> None:
     print(
         f"{plain.ok} requests ok, {len(plain.failed)} failed; {streams.ok} streams ok, "
@@ -253,14 +267,19 @@ def local_base_url_when_ready(cluster: Cluster) -> str:
     return local_base_url(cluster, NAME)
 
 
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
 def test_a_rollout_and_a_scale_down_fail_no_request_and_break_no_stream(fleet: Fleet) -> None:
     cluster = fleet.cluster
+    start = now()
     rows: list[tuple[datetime.datetime, str]] = []
 
     def mark(what: str) -> None:
-        rows.append((datetime.datetime.now(datetime.UTC), what))
+        rows.append((now(), what))
 
-    with steady_load(fleet) as (plain, streams):
+    with GroupWatch(fleet) as groups, steady_load(fleet) as (plain, streams):
         mark("load running")
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         cluster.kubectl(
@@ -282,7 +301,7 @@ def test_a_rollout_and_a_scale_down_fail_no_request_and_break_no_stream(fleet: F
         mark("scale-down done")
         settled_ok = plain.ok + streams.ok
         wait("answers after the scale-down", lambda: plain.ok + streams.ok > settled_ok + 4)
-    rows += [(t, f"event {reason}: {message}") for t, reason, message in fleet.events()]
+    rows += event_rows(fleet.events(start)) + group_rows(groups)
     print_timeline("rollout and scale-down", rows)
     print_outcomes(plain, streams)
     assert plain.failed == [], plain.failed[:5]
@@ -296,19 +315,15 @@ def test_a_rollout_and_a_scale_down_fail_no_request_and_break_no_stream(fleet: F
 
 def test_maintenance_surges_a_replacement_before_the_group_drains(fleet: Fleet) -> None:
     node = fleet.leader_node(0)
+    start = now()
     with GroupWatch(fleet) as groups, steady_load(fleet) as (plain, streams):
         maintenance = fleet.command(
             "maintenance", "--node", node, "--in", str(MAINTENANCE_IN_SECONDS), "--duration", "5"
         )
         rows = command_lines(maintenance, MAINTENANCE_IN_SECONDS + 120)
         wait(f"{NAME} settled on 2 groups", lambda: fleet.settled(2), SETTLE_SECONDS)
-    events = fleet.events()
-    rows += [(t, f"event {reason}: {message}") for t, reason, message in events]
-    rows += [
-        (t, f"group {k} Ready (status since)")
-        for k, times in groups.ready_since.items()
-        for t in times
-    ]
+    events = fleet.events(start)
+    rows += event_rows(events) + group_rows(groups)
     print_timeline(f"maintenance on {node}", rows)
     print_outcomes(plain, streams)
     assert plain.failed == [], plain.failed[:5]
@@ -325,15 +340,18 @@ def test_maintenance_surges_a_replacement_before_the_group_drains(fleet: Fleet) 
 
 def test_spot_preemption_without_notice_loses_no_unstarted_request(fleet: Fleet) -> None:
     node = fleet.leader_node(1)
+    start = now()
     with steady_load(fleet) as (plain, streams):
         preempt = fleet.command("preempt", "--node", node, "--no-notice", "--return-after", "5")
         rows = command_lines(preempt, 180)
         wait(f"{NAME} settled on 2 groups", lambda: fleet.settled(2), SETTLE_SECONDS)
         settled_ok = plain.ok + streams.ok
         wait("answers after the preemption", lambda: plain.ok + streams.ok > settled_ok + 4)
-    rows += [(t, f"event {reason}: {message}") for t, reason, message in fleet.events()]
+    events = fleet.events(start)
+    rows += event_rows(events)
     print_timeline(f"preemption of {node} without notice", rows)
     broken = streams.failed
     print_outcomes(plain, streams)
     assert plain.failed == [], plain.failed[:5]
     assert all(reason.startswith("APIError") for reason in broken), broken
+    assert any(r == "NodeLost" and node in m for _, r, m in events), events

@@ -367,3 +367,22 @@ async def test_maintenance_on_a_node_surges_a_replacement_then_drains_the_group(
     kind, _, message = next(e for e in operator.events if e[1] == "GroupDraining")
     assert kind == "Normal"
     assert "node-a" in message
+
+
+async def test_a_node_vanishing_under_a_group_is_reported_once(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    revision = operator.status(key)["revision"]
+    for k, node in ((0, "node-a"), (1, "node-b")):
+        pod = pod_object("qwen", f"qwen-r{k}-0", replica=k, revision=revision)
+        operator.kube.put(placed(pod, node))
+    await operator.converge(key)
+    operator.reconciler.on_node_event("DELETED", {"metadata": {"name": "node-b"}})
+    await operator.converge(key)
+    lost = [(kind, message) for kind, reason, message in operator.events if reason == "NodeLost"]
+    assert len(lost) == 1
+    assert lost[0][0] == "Warning"
+    assert "node-b" in lost[0][1]
+    assert "replica group(s) 1;" in lost[0][1]
+    await operator.converge(key)
+    assert sum(1 for _, reason, _ in operator.events if reason == "NodeLost") == 1
