@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from sglang_tpu import cli_types
@@ -51,11 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     say = disruption.say
     with disruption.core_api(args.run_dir, "maintenance") as (_, _, core):
-        try:
-            names = disruption.select_nodes(core, args.node, args.pool)
-        except ValueError as err:
-            print(f"tpuserve cluster maintenance: {err}", file=sys.stderr)
-            return 2
+        names = disruption.nodes_or_exit(core, args.node, args.pool, "maintenance")
         start = int(time.time()) + args.in_seconds
         disruption.schedule_maintenance(core, names, start)
         say(f"maintenance scheduled in {args.in_seconds} s on {', '.join(names)}")

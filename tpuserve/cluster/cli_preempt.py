@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from sglang_tpu import cli_types
@@ -48,11 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     say = disruption.say
     with disruption.core_api(args.run_dir, "preempt") as (cluster, api, core):
-        try:
-            (name,) = disruption.select_nodes(core, args.node, None)
-        except ValueError as err:
-            print(f"tpuserve cluster preempt: {err}", file=sys.stderr)
-            return 2
+        (name,) = disruption.nodes_or_exit(core, args.node, None, "preempt")
         saved = disruption.saved_node(core, api, name)
         disruption.preempt(core, name, None if args.no_notice else args.notice, say)
         if args.return_after is None:

@@ -200,6 +200,15 @@ def say(line: str) -> None:
     print(f"{now} {line}", flush=True)
 
 
+def nodes_or_exit(core: Any, node: str | None, pool: str | None, command: str) -> list[str]:
+    """`select_nodes`, or SystemExit(2) with its message (a flag naming nothing)."""
+    try:
+        return select_nodes(core, node, pool)
+    except ValueError as err:
+        print(f"tpuserve cluster {command}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 @contextlib.contextmanager
 def core_api(run_dir: Path, command: str) -> Iterator[Any]:
     """(cluster, API client, CoreV1Api) of the cluster running from run_dir; SystemExit(1)

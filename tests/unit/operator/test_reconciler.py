@@ -339,18 +339,24 @@ def placed(pod: dict[str, Any], node: str) -> dict[str, Any]:
     return pod
 
 
+async def two_groups_on_nodes_a_and_b(operator: Operator, key: tuple[str, str]) -> str:
+    """Groups 0 and 1 running on node-a and node-b; returns the revision."""
+    await operator.converge(key)
+    revision = str(operator.status(key)["revision"])
+    for k, node in ((0, "node-a"), (1, "node-b")):
+        pod = pod_object("qwen", f"qwen-r{k}-0", replica=k, revision=revision)
+        operator.kube.put(placed(pod, node))
+    await operator.converge(key)
+    return revision
+
+
 async def test_maintenance_on_a_node_surges_a_replacement_then_drains_the_group(
     operator: Operator,
 ) -> None:
     from tpuserve_operator.node_signals import MAINTENANCE_TIME_LABEL
 
     key = operator.create({**ONE_HOST, "rollout": {"maxUnavailable": 0, "maxSurge": 1}})
-    await operator.converge(key)
-    revision = operator.status(key)["revision"]
-    for k, node in ((0, "node-a"), (1, "node-b")):
-        pod = pod_object("qwen", f"qwen-r{k}-0", replica=k, revision=revision)
-        operator.kube.put(placed(pod, node))
-    await operator.converge(key)
+    revision = await two_groups_on_nodes_a_and_b(operator, key)
     assert operator.conditions(key)["Progressing"] == ("False", "Complete")
 
     node_a = {"metadata": {"name": "node-a", "labels": {MAINTENANCE_TIME_LABEL: "1798804800"}}}
@@ -371,12 +377,7 @@ async def test_maintenance_on_a_node_surges_a_replacement_then_drains_the_group(
 
 async def test_a_node_vanishing_under_a_group_is_reported_once(operator: Operator) -> None:
     key = operator.create(ONE_HOST)
-    await operator.converge(key)
-    revision = operator.status(key)["revision"]
-    for k, node in ((0, "node-a"), (1, "node-b")):
-        pod = pod_object("qwen", f"qwen-r{k}-0", replica=k, revision=revision)
-        operator.kube.put(placed(pod, node))
-    await operator.converge(key)
+    await two_groups_on_nodes_a_and_b(operator, key)
     operator.reconciler.on_node_event("DELETED", {"metadata": {"name": "node-b"}})
     await operator.converge(key)
     lost = [(kind, message) for kind, reason, message in operator.events if reason == "NodeLost"]
