@@ -211,11 +211,12 @@ def event_rows(
     return [(t, f"event {reason}: {message}") for t, reason, message in events]
 
 
-def group_rows(groups: GroupWatch) -> list[tuple[datetime.datetime, str]]:
+def group_rows(groups: GroupWatch, since: datetime.datetime) -> list[tuple[datetime.datetime, str]]:
     return [
         (t, f"group {k} Ready (status since)")
         for k, times in groups.ready_since.items()
         for t in times
+        if t >= since.replace(microsecond=0)
     ]
 
 
@@ -301,7 +302,7 @@ def test_a_rollout_and_a_scale_down_fail_no_request_and_break_no_stream(fleet: F
         mark("scale-down done")
         settled_ok = plain.ok + streams.ok
         wait("answers after the scale-down", lambda: plain.ok + streams.ok > settled_ok + 4)
-    rows += event_rows(fleet.events(start)) + group_rows(groups)
+    rows += event_rows(fleet.events(start)) + group_rows(groups, start)
     print_timeline("rollout and scale-down", rows)
     print_outcomes(plain, streams)
     assert plain.failed == [], plain.failed[:5]
@@ -323,7 +324,7 @@ def test_maintenance_surges_a_replacement_before_the_group_drains(fleet: Fleet) 
         rows = command_lines(maintenance, MAINTENANCE_IN_SECONDS + 120)
         wait(f"{NAME} settled on 2 groups", lambda: fleet.settled(2), SETTLE_SECONDS)
     events = fleet.events(start)
-    rows += event_rows(events) + group_rows(groups)
+    rows += event_rows(events) + group_rows(groups, start)
     print_timeline(f"maintenance on {node}", rows)
     print_outcomes(plain, streams)
     assert plain.failed == [], plain.failed[:5]
