@@ -120,7 +120,6 @@ class PodPlacement:
     replica: int | None
     node: str
     created: datetime.datetime | None
-    deleting: bool
 
 
 def parse_time(value: str) -> datetime.datetime | None:
@@ -132,10 +131,11 @@ def parse_time(value: str) -> datetime.datetime | None:
 
 
 def affected_groups(pods: Iterable[PodPlacement], signals: NodeSignals) -> dict[int, NodeSignal]:
-    """Replica groups to move off signalled nodes, each with the (first) signal that hit it."""
+    """Replica groups to move off signalled nodes, each with the (first) signal that hit it.
+    A pod already terminating there still counts: its group is on its way off the node."""
     out: dict[int, NodeSignal] = {}
     for pod in pods:
-        if pod.replica is None or pod.deleting or not pod.node or pod.replica in out:
+        if pod.replica is None or not pod.node or pod.replica in out:
             continue
         seen = signals.get(pod.node)
         if seen is None:

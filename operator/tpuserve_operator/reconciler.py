@@ -222,8 +222,7 @@ class Reconciler:
     def displaced_groups(self, key: ServerKey) -> dict[int, NodeSignal]:
         """This server's groups on nodes GKE is taking away (see `node_signals`)."""
         placements = (
-            PodPlacement(p.replica, p.node, parse_time(p.created), p.deleting)
-            for p in self.cache.pods(key)
+            PodPlacement(p.replica, p.node, parse_time(p.created)) for p in self.cache.pods(key)
         )
         return affected_groups(placements, self.nodes)
 

@@ -12,6 +12,8 @@ request's outcome recorded (`fleet_harness.Load`):
 - `tpuserve cluster maintenance` on the node of group 0: not one failed request; the surge
   slice is Ready before group 0 drains (the order read from the server's status and the
   operator's Events, not from wall-clock durations);
+- `tpuserve cluster preempt --notice 15`: the operator replaces the group at once
+  (`NodeTerminating`) and it drains within the notice: not one failed request or stream;
 - `tpuserve cluster preempt --no-notice` on a node with a group: no non-streaming request
   fails (those cut before their answer are retried on the other group), and a stream cut
   mid-way ends with an error event (the `openai` client raises APIError), never silently.
@@ -339,20 +341,34 @@ def test_maintenance_surges_a_replacement_before_the_group_drains(fleet: Fleet) 
     assert fleet.leader_node(0) != node
 
 
-def test_spot_preemption_without_notice_loses_no_unstarted_request(fleet: Fleet) -> None:
-    node = fleet.leader_node(1)
+def preempt_under_load(
+    fleet: Fleet, replica: int, *flags: str
+) -> tuple[Load, Load, list[tuple[datetime.datetime, str, str]], str]:
+    """Preempt the node of `replica`'s leader under load, wait until the fleet settles."""
+    node = fleet.leader_node(replica)
     start = now()
     with steady_load(fleet) as (plain, streams):
-        preempt = fleet.command("preempt", "--node", node, "--no-notice", "--return-after", "5")
+        preempt = fleet.command("preempt", "--node", node, *flags, "--return-after", "5")
         rows = command_lines(preempt, 180)
         wait(f"{NAME} settled on 2 groups", lambda: fleet.settled(2), SETTLE_SECONDS)
         settled_ok = plain.ok + streams.ok
         wait("answers after the preemption", lambda: plain.ok + streams.ok > settled_ok + 4)
     events = fleet.events(start)
-    rows += event_rows(events)
-    print_timeline(f"preemption of {node} without notice", rows)
-    broken = streams.failed
+    print_timeline(f"preemption of {node} ({' '.join(flags)})", rows + event_rows(events))
     print_outcomes(plain, streams)
+    return plain, streams, events, node
+
+
+def test_spot_preemption_with_notice_drains_the_group_in_time(fleet: Fleet) -> None:
+    plain, streams, events, node = preempt_under_load(fleet, 0, "--notice", "15")
     assert plain.failed == [], plain.failed[:5]
+    assert streams.failed == [], streams.failed[:5]
+    assert any(r == "NodeTerminating" and node in m for _, r, m in events), events
+
+
+def test_spot_preemption_without_notice_loses_no_unstarted_request(fleet: Fleet) -> None:
+    plain, streams, events, node = preempt_under_load(fleet, 1, "--no-notice")
+    assert plain.failed == [], plain.failed[:5]
+    broken = streams.failed
     assert all(reason.startswith("APIError") for reason in broken), broken
     assert any(r == "NodeLost" and node in m for _, r, m in events), events

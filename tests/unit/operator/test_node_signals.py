@@ -31,7 +31,7 @@ def node(
 
 
 def pod(replica: int, node_name: str, created: datetime.datetime) -> PodPlacement:
-    return PodPlacement(replica, node_name, created, deleting=False)
+    return PodPlacement(replica, node_name, created)
 
 
 def test_a_plain_node_signals_nothing() -> None:
