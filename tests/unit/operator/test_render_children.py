@@ -301,6 +301,9 @@ def test_the_grace_period_and_router_timeout_come_from_max_request_seconds(
     assert pod["terminationGracePeriodSeconds"] == 120 + 5 + 5
     router = next(c for c in children if c["kind"] == "Deployment")
     assert "--request-timeout=120" in router["spec"]["template"]["spec"]["containers"][0]["args"]
+    longest = rendered(spec_with(router={"maxRequestSeconds": 3600})).children
+    pod = one(longest, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 3600 + 5 + 5  # the launch contract's bound
 
 
 def test_engine_pods_prefer_nodes_without_announced_maintenance(rendered: RenderFn) -> None:
