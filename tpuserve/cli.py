@@ -46,6 +46,16 @@ COMMANDS: tuple[Command, ...] = (
         "tpuserve.cluster.cli_services",
         "Where the local cluster's Services and TPUModelServers answer.",
     ),
+    Command(
+        ("cluster", "maintenance"),
+        "tpuserve.cluster.cli_maintenance",
+        "Announce and run GKE host maintenance on fake nodes.",
+    ),
+    Command(
+        ("cluster", "preempt"),
+        "tpuserve.cluster.cli_preempt",
+        "Preempt a fake Spot node, with notice or without.",
+    ),
 )
 
 

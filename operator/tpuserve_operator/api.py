@@ -228,8 +228,8 @@ class TPUSpec(Schema):
         default=False,
         description=(
             "spot schedules onto Spot TPU node pools (node selector cloud.google.com/gke-spot). "
-            "Spot VMs get 30 s notice before preemption; pods drain within that window. "
-            "Default: false."
+            "Spot VMs get 30 s notice before preemption, which caps the pods' drain then; "
+            "engine pods pause 2 s in preStop (5 s on demand). Default: false."
         ),
     )
     reservation: str | None = Field(
@@ -437,6 +437,20 @@ class RouterSpec(Schema):
             "requests: true subscribes (`tpuserve router --kv-events`), false never does "
             "(--no-kv-events). Default: unset, the router decides: it subscribes when its "
             "policy uses KV events (precise, cost)."
+        ),
+    )
+    max_request_seconds: int = Field(
+        default=600,
+        ge=5,
+        le=3600,
+        description=(
+            "maxRequestSeconds is the longest a request (a whole stream included) may take. "
+            "The router gives up on a request after it (`tpuserve router --request-timeout`), "
+            "and engine pods get it to drain after SIGTERM: terminationGracePeriodSeconds is "
+            "the preStop pause + maxRequestSeconds + 5 s, so a rollout, scale-down or "
+            "maintenance move lets every request in flight finish. A Spot preemption cuts "
+            "the grace to what the node's shutdown leaves (GKE: about 30 s of notice). "
+            "Default: 600."
         ),
     )
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(

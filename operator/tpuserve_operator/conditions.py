@@ -44,6 +44,8 @@ class Reason(StrEnum):
     GROUPS_STARTING = "GroupsStarting"
     COMPLETE = "Complete"
     APPLY_FAILED = "ApplyFailed"
+    NODE_MAINTENANCE_SCHEDULED = "NodeMaintenanceScheduled"
+    NODE_TERMINATING = "NodeTerminating"
     # Ready
     ROUTER_READY = "RouterReady"
     LEADERS_READY = "LeadersReady"
@@ -63,6 +65,8 @@ class Reason(StrEnum):
     PARTIALLY_UP = "PartiallyUp"
     # Events only
     GROUP_RESTARTED = "GroupRestarted"
+    GROUP_DRAINING = "GroupDraining"
+    NODE_LOST = "NodeLost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,18 @@ REASONS: tuple[ReasonDoc, ...] = (
     ReasonDoc(PROGRESSING, "True", Reason.SCALING_DOWN, "replica groups are being removed"),
     ReasonDoc(
         PROGRESSING, "True", Reason.GROUPS_STARTING, "groups exist but not all are ready yet"
+    ),
+    ReasonDoc(
+        PROGRESSING,
+        "True",
+        Reason.NODE_MAINTENANCE_SCHEDULED,
+        "a group moves off a node with upcoming maintenance (a surge group first, if allowed)",
+    ),
+    ReasonDoc(
+        PROGRESSING,
+        "True",
+        Reason.NODE_TERMINATING,
+        "a group is replaced because its node is being terminated (maintenance or preemption)",
     ),
     ReasonDoc(
         PROGRESSING, "False", Reason.COMPLETE, "every group is on the current revision and ready"

@@ -32,6 +32,7 @@ class PodView:
     restarts: int
     created: str
     uid: str = ""
+    node: str = ""  # spec.nodeName once scheduled
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         restarts=restarts,
         created=str(meta.get("creationTimestamp") or ""),
         uid=str(meta.get("uid") or ""),
+        node=str((body.get("spec") or {}).get("nodeName") or ""),
     )
 
 

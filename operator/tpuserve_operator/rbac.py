@@ -119,6 +119,12 @@ OPERATOR_CLUSTER_RULES: tuple[Rule, ...] = (
     ),
     Rule("", ("namespaces",), ("get", "list", "watch"), "kopf's namespace discovery"),
     Rule(
+        "",
+        ("nodes",),
+        READ,
+        "move replica groups off nodes GKE announces maintenance or preemption on (labels, taints)",
+    ),
+    Rule(
         "kopf.dev",
         ("clusterkopfpeerings",),
         ("get", "list", "watch", "patch", "create"),

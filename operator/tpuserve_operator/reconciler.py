@@ -15,7 +15,8 @@ A pass:
 3. server-side apply shared children and the groups the plan allows, skipping children
    whose applied hash and generation say nothing changed (`children`, `drift`);
 4. on the StatefulSet path, restart groups as one: the stale pods of groups being updated,
-   and the other pods of a group one of whose hosts restarted (`restarts`);
+   and the other pods of a group one of whose hosts restarted (`restarts`); on both paths,
+   move the groups on nodes GKE is taking away (`node_signals`, fed by the node watch);
 5. delete children this server no longer wants (scale-down, surge groups, router off);
 6. write status and post Events for condition transitions (`status_writer`).
 """
@@ -38,6 +39,14 @@ from tpuserve_operator.children import Children
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.kube import EventSink, KubeApi, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow
+from tpuserve_operator.node_signals import (
+    NodeSignal,
+    NodeSignals,
+    PodPlacement,
+    affected_groups,
+    by_urgency,
+    parse_time,
+)
 from tpuserve_operator.observed import (
     ChildView,
     ObservedCache,
@@ -123,10 +132,12 @@ class Reconciler:
         self.settings = settings
         self.metrics = metrics
         self.cache = ObservedCache()
+        self.nodes = NodeSignals()
         self._clock = clock
         self._servers: dict[ServerKey, ServerState] = {}
         self._wakers: dict[ServerKey, asyncio.Event] = {}  # one per running loop
         self._semaphore = asyncio.Semaphore(settings.max_concurrent)
+        self._emit_event = emit_event
         self._children = Children(kube, self.cache, metrics)
         self._restarts = GroupRestarts(kube, self.cache, emit_event)
         self._status = StatusWriter(kube, emit_event)
@@ -180,10 +191,40 @@ class Reconciler:
             return
         view = pod_view(body)
         if event_type == "DELETED":
+            before = next((p for p in self.cache.pods(key) if p.name == view.name), None)
             self.cache.drop_pod(key, view.name)
+            cut_off = (  # running, not draining, when its node went
+                before is not None
+                and not before.deleting
+                and view.replica is not None
+                and self.nodes.vanished_recently(view.node, self._clock())
+            )
+            if cut_off and view.replica is not None:
+                self._state(key).lost.setdefault(view.node, set()).add(view.replica)
         else:
             self.cache.put_pod(key, view)
         self.trigger(key)
+
+    def on_node_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A node's disruption signals changed: wake every server (cheap: one pass each)."""
+        deleted = event_type == "DELETED"
+        changed = self.nodes.update(body, self._clock(), deleted=deleted)
+        if deleted:
+            node = str((body.get("metadata") or {}).get("name", ""))
+            for key in self.cache.servers():
+                for pod in self.cache.pods(key):
+                    if pod.node == node and pod.replica is not None and not pod.deleting:
+                        self._state(key).lost.setdefault(node, set()).add(pod.replica)
+        if changed or deleted:
+            for key in list(self._wakers):
+                self.trigger(key)
+
+    def displaced_groups(self, key: ServerKey) -> dict[int, NodeSignal]:
+        """This server's groups on nodes GKE is taking away (see `node_signals`)."""
+        placements = (
+            PodPlacement(p.replica, p.node, parse_time(p.created)) for p in self.cache.pods(key)
+        )
+        return affected_groups(placements, self.nodes)
 
     def forget(self, key: ServerKey) -> None:
         """Drop what is remembered about a server (its loop, if running, keeps its waker)."""
@@ -266,15 +307,20 @@ class Reconciler:
             for k, obs in groups.items()
         }
         rollout_spec = server.valid.spec.rollout
+        displaced = self.displaced_groups(key)
+        moving, urgent = by_urgency(displaced)
         plan = rollout.plan(
             rendered.replicas,
             {k: r.rollout_state() for k, r in reports.items()},
             max_unavailable=rollout_spec.max_unavailable,
             max_surge=rollout_spec.max_surge,
+            moving=moving,
+            urgent=urgent,
         )
         apply_error = await self._children.apply(key, state, rendered, plan, reports, children)
         if apply_error is None:
             await self._restarts.replace_stale_pods(key, rendered, plan)
+            await self._restarts.move_groups(key, body, plan, displaced)
             await self._restarts.restart_broken_groups(key, state, body, rendered, plan, groups)
             await self._children.prune(key, state, rendered, plan, children)
         decided = decide(
@@ -285,6 +331,7 @@ class Reconciler:
             router_enabled=server.valid.spec.router.enabled,
             router_ready_replicas=self._router_ready(children, rendered),
             apply_error=apply_error,
+            displaced=displaced,
         )
         status = build_status(
             previous,
@@ -296,6 +343,7 @@ class Reconciler:
             reports=reports,
         )
         await self._status.write(key, state, body, status, decided)
+        self._report_lost_nodes(state, body)
         state.served = ServedModel(
             model_name=server.valid.served_name,
             generation=server.valid.spec.tpu.generation,
@@ -309,6 +357,19 @@ class Reconciler:
         state.failures = 0
         rechecks = [r.recheck_seconds for r in reports.values() if r.recheck_seconds is not None]
         return min([self.settings.resync_seconds, *(s + 1.0 for s in rechecks)]), "ok"
+
+    def _report_lost_nodes(self, state: ServerState, body: Mapping[str, Any]) -> None:
+        """One Warning per node that vanished under this server's groups (no notice)."""
+        for node, groups in sorted(state.lost.items()):
+            listed = ", ".join(str(k) for k in sorted(groups))
+            self._emit_event(
+                body,
+                "Warning",
+                str(conditions.Reason.NODE_LOST),
+                f"node {node} vanished without notice with replica group(s) {listed}; "
+                "recreating them on other nodes",
+            )
+        state.lost.clear()
 
     async def _relist_if_due(self, key: ServerKey, state: ServerState) -> None:
         now = time.monotonic()

@@ -2,6 +2,9 @@
 
 - On a rollout: the plan's groups to restart lose every stale pod at once (their StatefulSets
   use `OnDelete`, so the whole slice comes back on the new revision together).
+- When a group must leave a node GKE is taking away (`node_signals`) and the plan restarts
+  it: all of its pods are deleted (both workload paths; LeaderWorkerSet recreates the group),
+  each draining within its grace period, and a `GroupDraining` Event names the node.
 - When one host of a running multi-host group restarts: the group's other pods are deleted
   too (LeaderWorkerSet's `RecreateGroupOnPodRestart`, done by hand; `group_restart.check`
   decides, with what the server's state remembers) and a `GroupRestarted` Warning is posted.
@@ -16,6 +19,7 @@ from typing import Any
 from tpuserve_operator import group_restart, rollout
 from tpuserve_operator.conditions import Reason
 from tpuserve_operator.kube import EventSink, KubeApi
+from tpuserve_operator.node_signals import NodeSignal
 from tpuserve_operator.observed import ObservedCache, ServerKey
 from tpuserve_operator.render import Rendered
 from tpuserve_operator.server_state import ServerState
@@ -47,6 +51,30 @@ class GroupRestarts:
         for pod, existed in zip(stale, found, strict=True):
             if not existed:
                 self.cache.drop_pod(key, pod.name)
+
+    async def move_groups(
+        self,
+        key: ServerKey,
+        body: Mapping[str, Any],
+        plan: rollout.Plan,
+        displaced: Mapping[int, NodeSignal],
+    ) -> None:
+        """Delete every pod of the displaced groups the plan restarts now; they are
+        recreated on other nodes (the signalled one is tainted or avoided by affinity)."""
+        for k in plan.restart:
+            signal = displaced.get(k)
+            if signal is None:
+                continue
+            pods = [p for p in self.cache.pods(key) if p.replica == k and not p.deleting]
+            if not pods:
+                continue
+            await asyncio.gather(*(self.kube.delete("v1", "Pod", key[0], p.name) for p in pods))
+            self.emit_event(
+                body,
+                "Normal",
+                str(Reason.GROUP_DRAINING),
+                f"replica group {k} drains and moves: {signal.message} ({signal.reason})",
+            )
 
     async def restart_broken_groups(
         self,

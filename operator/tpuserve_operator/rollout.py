@@ -11,8 +11,14 @@ plan follows Deployment-style `maxUnavailable` / `maxSurge`, counted in groups:
   groups) are down, so by default one group rolls at a time; with 2 or more replicas at
   least one group always stays ready, whatever `maxUnavailable` says;
 - while a rollout is in progress, up to `maxSurge` extra groups (indices replicas ..
-  replicas+maxSurge-1) run at the new revision; when it ends they are deleted, as are all
-  groups at index >= replicas (scale-down).
+  replicas+maxSurge-1) run at the new revision; they are deleted (drained like any group)
+  only once every main group is updated *and ready again*, so with `maxSurge` the routable
+  count never drops below `replicas`; groups at index >= replicas beyond them go at once
+  (scale-down);
+- a group on a node GKE is about to take away (`node_signals`) counts as stale although
+  its revision is current, and is replaced the same way; its pods come back elsewhere. For
+  scheduled maintenance with `maxSurge`, a surge group must be ready first; on a node being
+  terminated now the group is replaced at once.
 """
 
 from __future__ import annotations
@@ -46,11 +52,20 @@ def plan(
     *,
     max_unavailable: int,
     max_surge: int,
+    moving: frozenset[int] = frozenset(),
+    urgent: frozenset[int] = frozenset(),
 ) -> Plan:
+    """`moving`: groups to take off a node with upcoming maintenance; with `max_surge` they
+    wait for a ready surge group, whatever `max_unavailable` says. `urgent`: groups on a node
+    being terminated now; they are replaced at once (they are going anyway)."""
     existing = {k for k, g in groups.items() if g.exists}
-    stale = [k for k in range(replicas) if k in existing and not groups[k].updated]
+    displaced = moving | urgent
+    stale = [
+        k for k in range(replicas) if k in existing and (not groups[k].updated or k in displaced)
+    ]
     rolling = bool(stale)
-    surge = set(range(replicas, replicas + max_surge)) if rolling else set()
+    settling = rolling or any(not groups[k].ready for k in range(replicas) if k in existing)
+    surge = set(range(replicas, replicas + max_surge)) if settling else set()
     missing = [k for k in range(replicas) if k not in existing]
 
     ready_main = sum(1 for k in range(replicas) if k in existing and groups[k].ready)
@@ -59,14 +74,24 @@ def plan(
     budget = max_unavailable + ready_surge - down
     if replicas >= 2:
         budget = min(budget, ready_main + ready_surge - 1)
+    spare = ready_surge - down  # ready groups above replicas: what a surge-first move needs
 
-    update = [k for k in stale if not groups[k].ready]
+    update = [k for k in stale if not groups[k].ready or k in urgent]
     for k in stale:
-        if groups[k].ready and budget > 0:
-            update.append(k)
-            budget -= 1
+        if k in update or budget <= 0:
+            continue
+        if k in moving and max_surge > 0:
+            if spare <= 0:
+                continue
+            spare -= 1
+        update.append(k)
+        budget -= 1
 
-    surge_apply = [k for k in sorted(surge) if k not in existing or not groups[k].updated]
+    surge_apply = [
+        k
+        for k in sorted(surge)
+        if (rolling and k not in existing) or (k in existing and not groups[k].updated)
+    ]
     delete = sorted(k for k in existing if k >= replicas and k not in surge)
     return Plan(
         apply=tuple(sorted({*missing, *update, *surge_apply})),

@@ -50,3 +50,5 @@ class ServerState:
     # pods the operator deleted to restart it (group_restart)
     epochs: dict[int, Epoch] = field(default_factory=dict)
     condemned: dict[int, set[str]] = field(default_factory=dict)
+    # node -> replica groups that lost pods with it (deleted without notice), to report
+    lost: dict[str, set[int]] = field(default_factory=dict)

@@ -26,6 +26,7 @@ from typing import Literal
 from tpuserve_operator import conditions
 from tpuserve_operator.api import GroupStatus
 from tpuserve_operator.conditions import Condition, Reason
+from tpuserve_operator.node_signals import NodeSignal
 from tpuserve_operator.observed import ChildView, PodView
 from tpuserve_operator.render import Rendered
 from tpuserve_operator.rollout import GroupState, Plan
@@ -223,6 +224,7 @@ def decide(
     router_enabled: bool,
     router_ready_replicas: int,
     apply_error: str | None = None,
+    displaced: Mapping[int, NodeSignal] | None = None,
 ) -> list[Condition]:
     """The four conditions, in order Valid, Progressing, Ready, Degraded."""
     of = Condition.of
@@ -253,6 +255,17 @@ def decide(
                     True,
                     Reason.SCALING_UP,
                     f"{existing} of {replicas} replica groups exist",
+                )
+            )
+        elif plan is not None and plan.rolling and displaced:
+            k, signal = min(displaced.items())
+            out.append(
+                of(
+                    conditions.PROGRESSING,
+                    True,
+                    signal.reason,
+                    f"replica group {k} moves: {signal.message}"
+                    + (f" (and {len(displaced) - 1} more group(s))" if len(displaced) > 1 else ""),
                 )
             )
         elif plan is not None and plan.rolling:

@@ -166,6 +166,11 @@ for _group, _version, _plural in CHILD_RESOURCES:
     kopf.on.event(_group, _version, _plural, labels=MANAGED, id=f"child-{_plural}")(on_child)
 
 
+@kopf.on.event("", "v1", "nodes")
+def on_node(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _reconciler(memo).on_node_event(event.get("type"), body)
+
+
 @kopf.on.event("", "v1", "pods", labels=MANAGED)
 def on_pod(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _reconciler(memo).on_pod_event(event.get("type"), body)

@@ -22,7 +22,7 @@ from sglang_tpu.topology import (
     TPU_TAINT_EFFECT,
     TPU_TAINT_KEY,
 )
-from tpuserve_operator import labels, launch_contract
+from tpuserve_operator import labels, launch_contract, node_signals
 from tpuserve_operator.render.context import RUN_AS_USER, Manifest, Server
 
 ENGINE_CONTAINER = "engine"
@@ -38,10 +38,12 @@ COMPILE_CACHE_DIR = f"{CACHE_ROOT}/xla"
 
 @dataclass(frozen=True, slots=True)
 class Termination:
-    """How a pod stops: preStop pause (router notices), engine drain, kill deadline.
+    """How a pod stops: preStop pause (routers drop the terminating leader first), engine
+    drain (requests in flight finish), kill deadline. One source: router.maxRequestSeconds.
 
-    Spot VMs get 30 s notice of preemption, of which pods get the first 15 s
-    (shared/reference/tpu-and-gke.md §2.4), so spot pods must be gone within 15 s.
+    A Spot VM gets 30 s notice of preemption and the kubelet's graceful node shutdown caps
+    every pod's grace then (docs/operator.md, "Maintenance and spot"), so a long grace costs
+    nothing there; spot pods pause shorter to leave more of that window for the drain.
     """
 
     grace_seconds: int
@@ -49,8 +51,9 @@ class Termination:
     drain_seconds: float
 
 
-ON_DEMAND = Termination(grace_seconds=30, pre_stop_seconds=5, drain_seconds=20)
-SPOT = Termination(grace_seconds=15, pre_stop_seconds=2, drain_seconds=10)
+PRE_STOP_SECONDS = {"on-demand": 5, "spot": 2}
+KILL_MARGIN_SECONDS = 5
+
 
 # How long a leader may take to become healthy before Kubernetes restarts it: weights
 # download plus XLA compilation (10-30 minutes on a first compile; 1-3 with a cache).
@@ -59,7 +62,10 @@ STARTUP_PERIOD_SECONDS = 10
 
 
 def termination(server: Server) -> Termination:
-    return SPOT if server.valid.spec.tpu.spot else ON_DEMAND
+    spec = server.valid.spec
+    pause = PRE_STOP_SECONDS["spot" if spec.tpu.spot else "on-demand"]
+    drain = spec.router.max_request_seconds
+    return Termination(pause + drain + KILL_MARGIN_SECONDS, pause, float(drain))
 
 
 def startup_budget_seconds(server: Server) -> int:
@@ -120,14 +126,35 @@ def _node_placement(server: Server) -> tuple[dict[str, str], list[dict[str, Any]
     return selector, tolerations
 
 
-def _affinity(server: Server, replica: int) -> dict[str, Any] | None:
+def _avoid_maintenance(affinity: dict[str, Any]) -> dict[str, Any]:
+    """Prefer nodes without announced maintenance, so a group moved off one (`node_signals`)
+    lands elsewhere when it can; preferred, not required, so a fleet whose every node has
+    maintenance scheduled still runs."""
+    avoid = {
+        "weight": 100,
+        "preference": {
+            "matchExpressions": [
+                {"key": node_signals.MAINTENANCE_TIME_LABEL, "operator": "DoesNotExist"},
+                {"key": node_signals.ACTIVE_MAINTENANCE_LABEL, "operator": "DoesNotExist"},
+            ]
+        },
+    }
+    out = dict(affinity)
+    section = dict(out.get("nodeAffinity") or {})
+    preferred = list(section.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
+    section["preferredDuringSchedulingIgnoredDuringExecution"] = [*preferred, avoid]
+    out["nodeAffinity"] = section
+    return out
+
+
+def _affinity(server: Server, replica: int) -> dict[str, Any]:
     """A multi-host group is one slice, and a GKE slice is one node pool: require every pod
     of the group in the same pool, and no pod of another group there (the user's affinity
-    terms are kept beside these)."""
+    terms are kept beside these). Every engine pod avoids nodes with announced maintenance."""
     spec = server.valid.spec
-    user = dict(spec.template.affinity or {})
+    user = _avoid_maintenance(dict(spec.template.affinity or {}))
     if spec.engine.type != "sglang" or not server.valid.shape.multi_host:
-        return user or None
+        return user
     group = server.group_name(replica)
     together = {
         "labelSelector": {
@@ -336,9 +363,7 @@ def engine_pod_template(
     if tolerations:
         pod_spec["tolerations"] = tolerations
     overrides = spec.template
-    affinity = _affinity(server, replica)
-    if affinity:
-        pod_spec["affinity"] = affinity
+    pod_spec["affinity"] = _affinity(server, replica)
     if overrides.priority_class_name:
         pod_spec["priorityClassName"] = overrides.priority_class_name
     if overrides.service_account_name:

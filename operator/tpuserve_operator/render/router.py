@@ -67,6 +67,7 @@ def router_args(server: Server) -> list[str]:
         f"--port={ROUTER_PORT}",
         f"--metrics-port={ROUTER_METRICS_PORT}",
         "--discovery=kubernetes",
+        f"--request-timeout={server.valid.spec.router.max_request_seconds}",
     ]
     api_keys = server.valid.spec.router.api_keys
     if api_keys is not None:

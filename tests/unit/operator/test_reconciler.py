@@ -330,3 +330,60 @@ def test_every_child_kind_is_known_to_the_kube_client_and_watched() -> None:
     assert [k for k in CHILD_KINDS if k not in KINDS] == []
     watched = {(group, plural) for group, _, plural in tpumodelserver.CHILD_RESOURCES}
     assert ("networking.k8s.io", "networkpolicies") in watched
+
+
+def placed(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """A pod object scheduled on `node`, created before the test's clock."""
+    pod["spec"] = {**(pod.get("spec") or {}), "nodeName": node}
+    pod["metadata"]["creationTimestamp"] = "2026-01-01T11:00:00Z"
+    return pod
+
+
+async def two_groups_on_nodes_a_and_b(operator: Operator, key: tuple[str, str]) -> str:
+    """Groups 0 and 1 running on node-a and node-b; returns the revision."""
+    await operator.converge(key)
+    revision = str(operator.status(key)["revision"])
+    for k, node in ((0, "node-a"), (1, "node-b")):
+        pod = pod_object("qwen", f"qwen-r{k}-0", replica=k, revision=revision)
+        operator.kube.put(placed(pod, node))
+    await operator.converge(key)
+    return revision
+
+
+async def test_maintenance_on_a_node_surges_a_replacement_then_drains_the_group(
+    operator: Operator,
+) -> None:
+    from tpuserve_operator.node_signals import MAINTENANCE_TIME_LABEL
+
+    key = operator.create({**ONE_HOST, "rollout": {"maxUnavailable": 0, "maxSurge": 1}})
+    revision = await two_groups_on_nodes_a_and_b(operator, key)
+    assert operator.conditions(key)["Progressing"] == ("False", "Complete")
+
+    node_a = {"metadata": {"name": "node-a", "labels": {MAINTENANCE_TIME_LABEL: "1798804800"}}}
+    operator.reconciler.on_node_event("MODIFIED", node_a)
+    await operator.converge(key)
+    assert "qwen-r2" in operator.kube.names("StatefulSet")  # the replacement slice first
+    assert not any(kind == "Pod" for kind, _ in operator.kube.deleted)
+    assert operator.conditions(key)["Progressing"] == ("True", "NodeMaintenanceScheduled")
+
+    operator.kube.put(placed(pod_object("qwen", "qwen-r2-0", replica=2, revision=revision), "c"))
+    await operator.converge(key)
+    assert ("Pod", "qwen-r0-0") in operator.kube.deleted  # now the old group drains
+    assert ("Pod", "qwen-r1-0") not in operator.kube.deleted
+    kind, _, message = next(e for e in operator.events if e[1] == "GroupDraining")
+    assert kind == "Normal"
+    assert "node-a" in message
+
+
+async def test_a_node_vanishing_under_a_group_is_reported_once(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    await two_groups_on_nodes_a_and_b(operator, key)
+    operator.reconciler.on_node_event("DELETED", {"metadata": {"name": "node-b"}})
+    await operator.converge(key)
+    lost = [(kind, message) for kind, reason, message in operator.events if reason == "NodeLost"]
+    assert len(lost) == 1
+    assert lost[0][0] == "Warning"
+    assert "node-b" in lost[0][1]
+    assert "replica group(s) 1;" in lost[0][1]
+    await operator.converge(key)
+    assert sum(1 for _, reason, _ in operator.events if reason == "NodeLost") == 1

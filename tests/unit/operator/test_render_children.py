@@ -139,6 +139,7 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
         "--port=8000",
         "--metrics-port=9000",
         "--discovery=kubernetes",
+        "--request-timeout=600",
         "--kv-events",
     ]
     assert container["envFrom"] == [{"configMapRef": {"name": "qwen-router"}}]
@@ -263,12 +264,14 @@ def test_startup_probe_allows_an_hour_for_a_first_compile(
     assert budget(spec_with(engine={"type": "simulated"})) == 600
 
 
-def test_spot_pods_stop_within_the_preemption_notice(
+def test_spot_pods_pause_shorter_and_drain_within_their_grace(
     rendered: RenderFn, spec_with: SpecWith
 ) -> None:
     spec = spec_with(tpu={"generation": "v6e", "topology": "4x4", "spot": True})
     pod = one(rendered(spec).children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
-    assert pod["terminationGracePeriodSeconds"] <= 15
+    on_demand = one(rendered().children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    spot_pause = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert spot_pause < on_demand["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pod["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
     (engine,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in engine["env"]}
@@ -285,6 +288,32 @@ def test_on_demand_drain_fits_the_grace_period(rendered: RenderFn) -> None:
     assert (
         pause + float(env["TPUSERVE_DRAIN_TIMEOUT_SECONDS"]) < pod["terminationGracePeriodSeconds"]
     )
+
+
+def test_the_grace_period_and_router_timeout_come_from_max_request_seconds(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    children = rendered(spec_with(router={"maxRequestSeconds": 120})).children
+    pod = one(children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    (engine,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    assert float(env["TPUSERVE_DRAIN_TIMEOUT_SECONDS"]) == 120
+    assert pod["terminationGracePeriodSeconds"] == 120 + 5 + 5
+    router = next(c for c in children if c["kind"] == "Deployment")
+    assert "--request-timeout=120" in router["spec"]["template"]["spec"]["containers"][0]["args"]
+    longest = rendered(spec_with(router={"maxRequestSeconds": 3600})).children
+    pod = one(longest, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 3600 + 5 + 5  # the launch contract's bound
+
+
+def test_engine_pods_prefer_nodes_without_announced_maintenance(rendered: RenderFn) -> None:
+    pod = one(rendered().children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    keys = {e["key"]: e["operator"] for e in term["preference"]["matchExpressions"]}
+    assert keys == {
+        "cloud.google.com/scheduled-maintenance-time": "DoesNotExist",
+        "cloud.google.com/active-node-maintenance": "DoesNotExist",
+    }
 
 
 def test_compile_cache_and_pvc_model_are_mounted(rendered: RenderFn, spec_with: SpecWith) -> None:
@@ -525,7 +554,8 @@ def test_single_host_and_simulated_groups_need_no_pool_affinity(
     simulated = spec_with(engine={"type": "simulated"})
     for spec in (single, simulated):
         pod = one(rendered(spec).children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
-        assert "affinity" not in pod
+        assert "podAffinity" not in pod["affinity"]
+        assert "podAntiAffinity" not in pod["affinity"]
 
 
 def test_engines_are_fenced_to_their_routers_peers_and_prometheus(rendered: RenderFn) -> None:

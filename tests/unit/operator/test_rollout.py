@@ -113,3 +113,56 @@ def test_a_whole_rollout_converges_and_never_leaves_zero_ready(
         if all(groups.get(k) == READY_NEW for k in range(replicas)) and len(groups) == replicas:
             break
     assert groups == {k: READY_NEW for k in range(replicas)}
+
+
+def test_surge_groups_stay_until_the_last_updated_group_is_ready_again() -> None:
+    groups = {0: READY_NEW, 1: STARTING_NEW, 2: READY_NEW}
+    p = plan(2, groups, max_unavailable=0, max_surge=1)
+    assert p.delete == ()
+    assert not p.rolling
+    groups[1] = READY_NEW
+    assert plan(2, groups, max_unavailable=0, max_surge=1).delete == (2,)
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_with_surge_and_no_unavailability_the_ready_count_never_drops(replicas: int) -> None:
+    groups = {k: READY_OLD for k in range(replicas)}
+    for _ in range(6 * replicas + 6):
+        p = plan(replicas, groups, max_unavailable=0, max_surge=1)
+        for k in p.delete:
+            del groups[k]
+        groups = {k: (READY_NEW if g == STARTING_NEW else g) for k, g in groups.items()}
+        for k in p.apply:
+            groups[k] = STARTING_NEW
+        assert sum(1 for g in groups.values() if g.ready) >= replicas
+        if groups == {k: READY_NEW for k in range(replicas)}:
+            break
+    assert groups == {k: READY_NEW for k in range(replicas)}
+
+
+def test_a_group_moving_off_a_maintenance_node_waits_for_a_ready_surge_group() -> None:
+    groups = {0: READY_NEW, 1: READY_NEW}
+    p = plan(2, groups, max_unavailable=1, max_surge=1, moving=frozenset({0}))
+    assert p.apply == (2,)  # the replacement slice first
+    assert p.restart == ()
+    assert p.rolling
+    groups[2] = STARTING_NEW
+    assert plan(2, groups, max_unavailable=1, max_surge=1, moving=frozenset({0})).restart == ()
+    groups[2] = READY_NEW
+    p = plan(2, groups, max_unavailable=1, max_surge=1, moving=frozenset({0}))
+    assert p.restart == (0,)  # now the moving group drains
+    assert p.delete == ()
+
+
+def test_without_surge_a_moving_group_goes_within_max_unavailable() -> None:
+    groups = {0: READY_NEW, 1: READY_NEW}
+    p = plan(2, groups, max_unavailable=1, max_surge=0, moving=frozenset({1}))
+    assert p.restart == (1,)
+    assert plan(2, groups, max_unavailable=0, max_surge=0, moving=frozenset({1})).restart == ()
+
+
+def test_a_group_on_a_terminating_node_is_replaced_at_once() -> None:
+    groups = {0: READY_NEW, 1: READY_NEW}
+    p = plan(2, groups, max_unavailable=0, max_surge=1, urgent=frozenset({0}))
+    assert p.restart == (0,)
+    assert p.apply == (0, 2)
