@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +46,8 @@ from tpuserve_router.policies.base import (
 from tpuserve_router.policies.prefix_routing import (
     BlockIndexPolicy,
     IndexParams,
-    PrefillQueues,
     affinity_outcome,
     cache_threshold_problem,
-    make_index,
 )
 
 
@@ -72,8 +70,7 @@ class CostParams(IndexParams):
 class CostPolicy(BlockIndexPolicy):
     def __init__(self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any):
         self.params = build_params(self.name, CostParams, config)
-        self.block_index = make_index(self.params, clock)
-        self.queues = PrefillQueues(self.block_index)
+        self.start_index(self.params, clock)
 
     def queued_prefill_tokens(self, name: str) -> int:
         return self.queues.tokens(name)
@@ -118,13 +115,3 @@ class CostPolicy(BlockIndexPolicy):
         )  # fmt: skip
         queues.book(decision, prompt - cached, keys[-1] if keys else None)
         return decision
-
-    def on_prefill_done(self, decision: Decision[Any]) -> None:
-        self.queues.release(decision)
-
-    def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
-        self.queues.release(decision)
-
-    def on_workers_changed(self, names: Collection[str]) -> None:
-        super().on_workers_changed(names)
-        self.queues.keep_only(names)

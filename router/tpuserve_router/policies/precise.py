@@ -40,7 +40,7 @@ policy degrades to approximate routing rather than to random.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,12 +57,10 @@ from tpuserve_router.policies.prefix_routing import (
     AffinityParams,
     BlockIndexPolicy,
     IndexParams,
-    PrefillQueues,
     QueueParams,
     affinity_outcome,
     choose_by_affinity,
     leave_long_queue,
-    make_index,
 )
 
 
@@ -80,8 +78,7 @@ class PreciseParams(AffinityParams, IndexParams, QueueParams):
 class PrecisePolicy(BlockIndexPolicy):
     def __init__(self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any):
         self.params = build_params(self.name, PreciseParams, config)
-        self.block_index = make_index(self.params, clock)
-        self.queues = PrefillQueues(self.block_index)
+        self.start_index(self.params, clock)
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
         params = self.params
@@ -106,13 +103,3 @@ class PrecisePolicy(BlockIndexPolicy):
         )  # fmt: skip
         self.queues.book(decision, prompt - cached[i], keys[-1] if keys else None)
         return decision
-
-    def on_prefill_done(self, decision: Decision[Any]) -> None:
-        self.queues.release(decision)
-
-    def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
-        self.queues.release(decision)
-
-    def on_workers_changed(self, names: Collection[str]) -> None:
-        super().on_workers_changed(names)
-        self.queues.keep_only(names)

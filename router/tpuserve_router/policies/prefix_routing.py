@@ -248,13 +248,26 @@ def make_index(params: IndexParams, clock: Clock) -> BlockIndex:
 
 
 class BlockIndexPolicy(PolicyDefaults):
-    """A policy routing on a `BlockIndex`: it needs the prompt's token ids, the router feeds
-    the index with the workers' KV events, and a worker's blocks go when it is reset or
-    leaves."""
+    """A policy routing on a `BlockIndex`, with the `PrefillQueues` that read it: it needs the
+    prompt's token ids, the router feeds the index with the workers' KV events, a request's
+    queued prefill comes off when its prefill or the request is over, and a worker's blocks
+    and queue go when it is reset or leaves."""
 
     needs_tokens = True
     uses_kv_events = True
     block_index: BlockIndex
+    queues: PrefillQueues
+
+    def start_index(self, params: IndexParams, clock: Clock) -> None:
+        """Build the block index and the prefill queues (called by the policy's ``__init__``)."""
+        self.block_index = make_index(params, clock)
+        self.queues = PrefillQueues(self.block_index)
+
+    def on_prefill_done(self, decision: Decision[Any]) -> None:
+        self.queues.release(decision)
+
+    def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
+        self.queues.release(decision)
 
     def on_worker_reset(self, name: str) -> None:
         self.block_index.clear(name)
@@ -264,3 +277,4 @@ class BlockIndexPolicy(PolicyDefaults):
         for name in self.block_index.workers():
             if name not in keep:
                 self.block_index.forget(name)
+        self.queues.keep_only(keep)
