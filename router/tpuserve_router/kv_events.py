@@ -58,9 +58,8 @@ log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_SECONDS = 2.0
 DRAIN_MAX_MESSAGES = 64
-"""Messages read per wake-up: the first awaited, the rest taken without waiting while they
-are already queued (an engine publishes a batch per scheduler step, so under load several
-wait; awaiting each costs a future and a poller round), bounded so requests keep flowing."""
+"""Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
+are read on the loop's next turn)."""
 
 
 class _Subscription:
@@ -89,10 +88,14 @@ class _Subscription:
         monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(self.endpoints.events)
         self.drain: zmq.Socket[bytes] = zmq.Socket.shadow(self.socket.underlying)  # no futures
-        self.task = loop.create_task(self._read())
+        self.fd = int(self.drain.getsockopt(zmq.FD))
+        self.loop = loop
+        loop.add_reader(self.fd, self._read)
+        loop.call_soon(self._read)  # the descriptor signals changes only: read what came first
         self.monitor_task = loop.create_task(self._watch(monitor))
 
     async def stop(self) -> None:
+        self.loop.remove_reader(self.fd)
         for task in (self.task, self.monitor_task):
             if task is not None:
                 task.cancel()
@@ -118,30 +121,53 @@ class _Subscription:
                         self.replayed_through = None
                     elif event["event"] == zmq.EVENT_CONNECTED:
                         await self._catch_up_from_start()
+                self._read()  # what came while the lock was held
         finally:
             monitor.close(linger=0)
 
-    async def _read(self) -> None:
-        socket = self.socket
+    def _read(self) -> None:
+        """Apply what is queued on the socket, in order, without awaiting (the event loop calls
+        this when the socket's descriptor signals). The next batch in sequence is applied at
+        once; any other (the first one seen, a gap, a restart, one after a catch-up) goes to
+        `_receive_awaiting`, which may ask the replay socket and so must await, and reading
+        resumes when it is done. Nothing is read while the lock is held: its holder reads on
+        when it releases it. The descriptor is edge-triggered, so a read always goes on until
+        the socket has nothing left, or is rescheduled."""
+        if self.task is not None or self.lock.locked():
+            return
         drain = self.drain
-        while True:
-            messages = [await socket.recv_multipart()]
-            while len(messages) < DRAIN_MAX_MESSAGES:
-                try:
-                    messages.append(drain.recv_multipart(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
+        for _ in range(DRAIN_MAX_MESSAGES):
+            if not int(drain.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                return
+            try:
+                frames = drain.recv_multipart(zmq.NOBLOCK)
+                _, seq, payload = parse_pub_frames(frames)
+            except zmq.ZMQError:
+                return  # closed under us (stopping)
+            except KVEventDecodeError as err:
+                self.hub.skip(self.worker, self.label, err)
+                continue
+            if seq != self.expected or self.replayed_through is not None:
+                self.task = self.loop.create_task(self._receive_awaiting(seq, payload))
+                return
+            try:
+                self.apply(payload)
+            except Exception:  # a bug must not end the subscription
+                log.exception("%s: could not apply KV-event batch %d", self.label, seq)
+                continue
+            self.expected = seq + 1
+        self.loop.call_soon(self._read)  # more may be queued; the descriptor will not say so
+
+    async def _receive_awaiting(self, seq: int, payload: bytes) -> None:
+        try:
             async with self.lock:
-                for frames in messages:
-                    try:
-                        _, seq, payload = parse_pub_frames(frames)
-                    except KVEventDecodeError as err:
-                        self.hub.skip(self.worker, self.label, err)
-                        continue
-                    try:
-                        await self.receive(seq, payload)
-                    except Exception:  # a bug must not end the subscription
-                        log.exception("%s: could not apply KV-event batch %d", self.label, seq)
+                try:
+                    await self.receive(seq, payload)
+                except Exception:  # a bug must not end the subscription
+                    log.exception("%s: could not apply KV-event batch %d", self.label, seq)
+        finally:
+            self.task = None
+        self._read()
 
     async def _catch_up_from_start(self) -> None:
         """Apply everything the engine's replay buffer holds (what it cached before we came)."""

@@ -38,6 +38,7 @@ from tests.component.router.router_fleet import (
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.kv_events import DRAIN_MAX_MESSAGES
 from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
 
 pytestmark = pytest.mark.component
@@ -361,6 +362,26 @@ async def test_a_gap_the_engine_can_replay_is_filled(plain_engine: EngineTwin) -
         await wait_blocks(app, worker, pages - 2, "the replay")
         assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 1
         assert resyncs(app, worker, "gap_unrecoverable") == 0
+
+
+async def test_a_burst_longer_than_one_read_is_applied_in_order(plain_engine: EngineTwin) -> None:
+    # The socket is read without awaiting, a bounded number of messages per wake-up: what is
+    # left must still be read (the descriptor will not signal it again), and in order.
+    tokens = load_tokenizer().encode(PROMPT)
+    pages = len(tokens) // PAGE
+    burst = 3 * DRAIN_MAX_MESSAGES + 5
+    async with publishing_router(plain_engine, replay=False) as (app, publisher, worker):
+        for seq in range(burst - 1):  # stored and removed in turn, so order matters
+            payload = stored(tokens) if seq % 2 == 0 else removed(tokens, slice(1, None))
+            await publisher.publish(seq, payload)
+        await publisher.publish(burst - 1, stored(tokens))
+        await eventually_async(
+            lambda: events(app, worker, "BlockStored") == (burst + 1) // 2 * pages,
+            what="every batch",
+            timeout_seconds=10,
+        )
+        assert blocks_of(app, worker) == pages
+        assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 0
 
 
 # ---------------------------------------------------------------- what the router cannot read
