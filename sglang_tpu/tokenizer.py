@@ -21,17 +21,20 @@ ids             meaning
 ==============  =========================================================================
 
 Pieces are found by one regular expression (specials, `` ?letters``, `` ?digits``, any other
-character); each distinct piece is encoded once and cached, so encoding is a regex scan plus
-a dictionary lookup per piece. Chat messages are rendered with a ChatML template
-(``<|im_start|>role\\ncontent<|im_end|>\\n`` ... ``<|im_start|>assistant\\n``), the template
-Qwen models use; it is the one template both tokenizers apply.
+character); each distinct piece is encoded once and cached. A space only ever leads a piece, so
+text cut just before every space encodes word by word: encoding splits on spaces and looks up
+each word's ids (cached per distinct short word), a dictionary lookup per word. Chat messages
+are rendered with a ChatML template (``<|im_start|>role\\ncontent<|im_end|>\\n`` ...
+``<|im_start|>assistant\\n``), the template Qwen models use; it is the one template both
+tokenizers apply.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from itertools import chain, islice
 from typing import Any, Protocol
 
 DEFAULT_TOKENIZER_NAME = "tpuserve-default-v1"
@@ -60,6 +63,8 @@ _PIECE_RE = re.compile(
     re.DOTALL,
 )
 _CACHE_LIMIT = 500_000
+_WORD_CHARS = 64
+"""Words (text between spaces) up to this long have their ids cached."""
 
 
 class TokenizerError(ValueError):
@@ -146,6 +151,7 @@ class DefaultTokenizer:
         self.vocab_size = DEFAULT_VOCAB_SIZE
         self.eos_token_id = _SPECIAL_IDS[EOS_TOKEN]
         self._piece_ids: dict[str, tuple[int, ...]] = {}
+        self._word_ids = _WordIds(self._encode_pieces)
         self._id_texts: dict[int, str] = {}
 
     def _encode_piece(self, piece: str) -> tuple[int, ...]:
@@ -167,6 +173,12 @@ class DefaultTokenizer:
         return tuple(ids)
 
     def encode(self, text: str) -> list[int]:
+        words = text.split(" ")
+        out = self._encode_pieces(words[0]) if words[0] else []
+        out.extend(chain.from_iterable(map(self._word_ids.__getitem__, islice(words, 1, None))))
+        return out
+
+    def _encode_pieces(self, text: str) -> list[int]:
         out: list[int] = []
         cache = self._piece_ids
         get = cache.get
@@ -205,6 +217,23 @@ class DefaultTokenizer:
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
         return render_chatml(messages)
+
+
+class _WordIds(dict[str, list[int]]):
+    """Ids of a space and the word after it, keyed by the word, computed on first use (only
+    words up to `_WORD_CHARS` are kept; the whole cache is dropped at `_CACHE_LIMIT`)."""
+
+    def __init__(self, encode: Callable[[str], list[int]]) -> None:
+        super().__init__()
+        self._encode = encode
+
+    def __missing__(self, word: str) -> list[int]:
+        ids = self._encode(" " + word)
+        if len(word) <= _WORD_CHARS:
+            if len(self) >= _CACHE_LIMIT:
+                self.clear()
+            self[word] = ids
+        return ids
 
 
 class HFTokenizer:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
 from sglang_tpu.tokenizer import (
+    _PIECE_RE,
     DEFAULT_TOKENIZER_NAME,
     DEFAULT_VOCAB_SIZE,
+    DefaultTokenizer,
     TokenizerError,
     load_tokenizer,
 )
@@ -33,6 +36,21 @@ def test_default_tokenizer_round_trips_text(text: str) -> None:
     ids = tok.encode(text)
     assert tok.decode(ids) == text
     assert all(0 <= i < tok.vocab_size for i in ids)
+
+
+def random_texts(count: int) -> list[str]:
+    rng = random.Random(7)
+    alphabet = ["a", "Zq", "7", "  ", " ", "\n", "\t", ",", "é", "東", "🚀", "<|im_start|>",
+                "<|im_end|>", "<|reserved_13|>", "<|", "x" * 70, " " + "y" * 70, "0"]  # fmt: skip
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randrange(60))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("text", TEXTS + random_texts(300))
+def test_encoding_word_by_word_equals_one_scan_of_the_whole_text(text: str) -> None:
+    tok = DefaultTokenizer()
+    one_scan = [i for piece in _PIECE_RE.findall(text) for i in tok._encode_piece(piece)]
+    assert tok.encode(text) == one_scan
+    assert tok.encode(text) == one_scan  # again, from the word cache
 
 
 def test_default_tokenizer_is_deterministic_across_instances() -> None:
