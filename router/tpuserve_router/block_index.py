@@ -45,11 +45,11 @@ ROOT_KEY = 0x7470757365727665
 def block_keys(token_ids: Sequence[int], page_size: int) -> list[int]:
     """Router keys of the full pages of ``token_ids`` (a trailing partial page has none)."""
     keys: list[int] = []
+    append = keys.append
     parent = ROOT_KEY
-    tokens = tuple(token_ids)
-    for start in range(0, len(tokens) - page_size + 1, page_size):
-        parent = hash((parent, tokens[start : start + page_size]))
-        keys.append(parent)
+    for page in zip(*[iter(token_ids)] * page_size, strict=False):  # full pages, as tuples
+        parent = hash((parent, page))
+        append(parent)
     return keys
 
 

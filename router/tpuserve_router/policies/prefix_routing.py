@@ -207,6 +207,10 @@ def leave_long_queue(
     at the other worker pay for too, and room in that worker's cache).
     """
     queued = [queues.tokens(w.name) for w in healthy]
+    if queued[chosen] <= params.queue_margin_tokens + params.saved_prefix_weight * (
+        cached[chosen] - max(cached)
+    ):
+        return chosen  # no move could avoid more than the chosen worker's whole queue
     work = [q + prompt_tokens - c for q, c in zip(queued, cached, strict=True)]
     least = min(range(len(healthy)), key=lambda i: (work[i], -cached[i], healthy[i].in_flight))
     avoided = queued[chosen] - queued[least]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 from tests.fakes import FakeWorker, VirtualClock, fake_request, fake_worker
@@ -18,6 +21,7 @@ from tpuserve_router.policies.base import Decision
 from tpuserve_router.policies.cache_aware import CacheAwarePolicy
 from tpuserve_router.policies.cost import CostPolicy
 from tpuserve_router.policies.precise import PrecisePolicy
+from tpuserve_router.policies.prefix_routing import PrefillQueues, QueueParams, leave_long_queue
 
 pytestmark = pytest.mark.unit
 
@@ -359,6 +363,31 @@ def test_precise_keeps_affinity_while_the_holders_queue_is_short() -> None:
     assert policy.choose(request, [a, b]).worker.name == "a"  # + 8,192
     book_prefill(policy, a, 1000)  # 9,000 > 8,704
     assert policy.choose(request, [a, b]).worker.name == "b"
+
+
+def test_leaving_a_long_queue_follows_the_documented_rule_for_any_queues() -> None:
+    # leave_long_queue returns early when no move could pay off; whatever the queues, it must
+    # decide as the full rule does: move to the worker with the least work when the queue it
+    # avoids exceeds weight x the prefix given up + margin.
+    rng = random.Random(3)
+    for _ in range(2000):
+        n = rng.randint(1, 5)
+        workers = [fake_worker(f"w{i}", in_flight=rng.randint(0, 3)) for i in range(n)]
+        queues = PrefillQueues()
+        for worker in workers:
+            if rng.random() < 0.7:
+                queues.book(Decision(worker, "miss"), rng.choice([1, 500, 5000, 20_000]))
+        prompt = rng.choice([0, 100, 3000, 30_000])
+        cached = [rng.randint(0, prompt) for _ in workers]
+        chosen = rng.randrange(n)
+        params = QueueParams(rng.choice([0.0, 1.0, 2.0, math.inf]), rng.choice([0, 1000, 8192]))
+        queued = [queues.tokens(w.name) for w in workers]
+        work = [q + prompt - c for q, c in zip(queued, cached, strict=True)]
+        least = min(range(n), key=lambda i: (work[i], -cached[i], workers[i].in_flight))
+        avoided = queued[chosen] - queued[least]
+        threshold = params.saved_prefix_weight * (cached[chosen] - cached[least])
+        expected = least if avoided > threshold + params.queue_margin_tokens else chosen
+        assert leave_long_queue(workers, cached, prompt, chosen, queues, params) == expected
 
 
 def test_precise_counts_a_prefill_done_once_the_engine_reports_its_last_block() -> None:
