@@ -21,6 +21,10 @@ Usage (from the repository root; installs sglang-router into its own venv on fir
 
     python bench/router_overhead.py [--rounds 3] [--requests 6000] [--json out.json]
 
+``--cpu-only`` keeps only the CPU and throughput measurement; ``--baseline TREE`` (repeatable)
+also runs each tpuserve policy from other checkouts, e.g. ``git archive COMMIT`` unpacked, so
+steps of a change are compared in one run.
+
 Cores: the router under test gets core 1; engines and the load generator share core 0.
 """
 
@@ -279,6 +283,8 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
         out["cpu_us_per_request"] = used / ok * 1e6
         out["saturation_rps"] = ok / run.wall_seconds
         out["saturation_errors"] = len(reqs) - ok
+    if args.cpu_only:
+        return out
     reqs = completion_requests(seed + 1, args.latency_requests)
     run = asyncio.run(open_loop(targets, reqs.__getitem__, len(reqs), args.rate))
     lat = run.latencies()
@@ -310,6 +316,69 @@ def median(rows: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(r[key] for r in rows))
 
 
+def cpu_summary(rows: dict[str, list[dict[str, Any]]], anchor: str | None) -> dict[str, Any]:
+    """Per router: median CPU per request and saturation throughput; against the anchor, the
+    ratio of the medians and the median of the per-round ratios (each round runs every router
+    under the same host load, so the paired ratio is the steadier one)."""
+    anchor_cpu = median(rows[anchor], "cpu_us_per_request") if anchor else None
+    summary: dict[str, Any] = {}
+    for label, results in rows.items():
+        cpu = median(results, "cpu_us_per_request")
+        paired = None
+        if anchor is not None:
+            paired = statistics.median(
+                r["cpu_us_per_request"] / a["cpu_us_per_request"]
+                for r, a in zip(results, rows[anchor], strict=True)
+            )
+        summary[label] = {
+            "cpu_us_per_request": cpu,
+            "cpu_ratio_vs_sglang": cpu / anchor_cpu if anchor_cpu else None,
+            "cpu_paired_ratio_vs_sglang": paired,
+            "saturation_rps": median(results, "saturation_rps"),
+            "rounds": results,
+        }
+    return summary
+
+
+def add_latency_summary(
+    summary: dict[str, Any],
+    rows: dict[str, list[dict[str, Any]]],
+    direct: list[dict[str, Any]],
+    args: argparse.Namespace,
+) -> None:
+    base50, base99 = median(direct, "latency_p50_ms"), median(direct, "latency_p99_ms")
+    print(f"\ndirect to engines: p50 {base50:.2f} ms, p99 {base99:.2f} ms at {args.rate:g} req/s;"
+          f" first chunk p50 {median(direct, 'first_chunk_p50_ms'):.2f} ms ({args.rounds} "
+          "rounds, medians)")  # fmt: skip
+    for label, results in rows.items():
+        summary[label].update({
+            "added_latency_p50_ms": median(results, "latency_p50_ms") - base50,
+            "added_latency_p99_ms": median(results, "latency_p99_ms") - base99,
+            "first_chunk_p50_ms": median(results, "first_chunk_p50_ms"),
+            "first_chunk_p99_ms": median(results, "first_chunk_p99_ms"),
+        })  # fmt: skip
+
+
+def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    header = ["router", "CPU/request", "vs sglang", "paired", "max req/s"]
+    if not args.cpu_only:
+        header += ["added p50", "added p99", "first chunk p50", "first chunk p99"]
+    print(" | ".join(header))
+    for label, entry in summary.items():
+        ratio, paired = entry["cpu_ratio_vs_sglang"], entry["cpu_paired_ratio_vs_sglang"]
+        cells = [label, f"{entry['cpu_us_per_request']:.0f} us",
+                 f"{ratio:.2f}x" if ratio else "-", f"{paired:.2f}x" if paired else "-",
+                 f"{entry['saturation_rps']:.0f}"]  # fmt: skip
+        if not args.cpu_only:
+            cells += [
+                f"{entry['added_latency_p50_ms']:+.2f} ms",
+                f"{entry['added_latency_p99_ms']:+.2f} ms",
+                f"{entry['first_chunk_p50_ms']:.2f} ms",
+                f"{entry['first_chunk_p99_ms']:.2f} ms",
+            ]
+        print(" | ".join(cells))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -333,14 +402,21 @@ def main() -> int:
     parser.add_argument(
         "--baseline",
         type=Path,
-        default=None,
-        help="also run each tpuserve policy from this checkout (before/after in one run)",
+        action="append",
+        default=[],
+        help="also run each tpuserve policy from this checkout (before/after in one run); "
+        "repeat for several",
+    )
+    parser.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="measure only CPU per request and saturation throughput (no latency, no streams)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write all rows here")
     args = parser.parse_args()
 
     os.sched_setaffinity(0, {int(OTHER_CORE)})  # the load generator stays off the router's core
-    trees: list[Path | None] = [None] if args.baseline is None else [None, args.baseline]
+    trees: list[Path | None] = [None, *args.baseline]
     kinds = [
         tpuserve_router(p.split("+")[0], kv_events="+kv" in p, tree=tree, auth="+auth" in p)
         for p in args.policies.split(",")
@@ -364,36 +440,11 @@ def main() -> int:
         for engine in engines:
             engine.stop()
 
-    base50, base99 = median(direct, "latency_p50_ms"), median(direct, "latency_p99_ms")
-    base_first = median(direct, "first_chunk_p50_ms")
     anchor = next((k.label for k in kinds if k.label.startswith("sglang")), None)
-    anchor_cpu = median(rows[anchor], "cpu_us_per_request") if anchor else None
-    print(f"\ndirect to engines: p50 {base50:.2f} ms, p99 {base99:.2f} ms at {args.rate:g} req/s;"
-          f" first chunk p50 {base_first:.2f} ms ({args.rounds} rounds, medians)")  # fmt: skip
-    header = ("router", "CPU/request", "vs sglang", "max req/s", "added p50", "added p99",
-              "first chunk p50", "first chunk p99")  # fmt: skip
-    print(" | ".join(header))
-    summary = {}
-    for label, results in rows.items():
-        cpu = median(results, "cpu_us_per_request")
-        entry = {
-            "cpu_us_per_request": cpu,
-            "cpu_ratio_vs_sglang": cpu / anchor_cpu if anchor_cpu else None,
-            "saturation_rps": median(results, "saturation_rps"),
-            "added_latency_p50_ms": median(results, "latency_p50_ms") - base50,
-            "added_latency_p99_ms": median(results, "latency_p99_ms") - base99,
-            "first_chunk_p50_ms": median(results, "first_chunk_p50_ms"),
-            "first_chunk_p99_ms": median(results, "first_chunk_p99_ms"),
-            "rounds": results,
-        }
-        summary[label] = entry
-        ratio = f"{entry['cpu_ratio_vs_sglang']:.2f}x" if anchor_cpu else "-"
-        cells = (
-            label, f"{cpu:.0f} us", ratio, f"{entry['saturation_rps']:.0f}",
-            f"{entry['added_latency_p50_ms']:+.2f} ms", f"{entry['added_latency_p99_ms']:+.2f} ms",
-            f"{entry['first_chunk_p50_ms']:.2f} ms", f"{entry['first_chunk_p99_ms']:.2f} ms",
-        )  # fmt: skip
-        print(" | ".join(cells))
+    summary = cpu_summary(rows, anchor)
+    if not args.cpu_only:
+        add_latency_summary(summary, rows, direct, args)
+    print_summary(summary, args)
     if args.json:
         args.json.write_text(json.dumps({"direct": direct, "routers": summary}, indent=2))
     return 0
