@@ -23,7 +23,8 @@ Usage (from the repository root; installs sglang-router into its own venv on fir
 
 ``--cpu-only`` keeps only the CPU and throughput measurement; ``--baseline TREE`` (repeatable)
 also runs each tpuserve policy from other checkouts, e.g. ``git archive COMMIT`` unpacked, so
-steps of a change are compared in one run.
+steps of a change are compared in one run. ``--py-spy DIR`` also samples each router's Python
+stacks during the CPU measurement (py-spy, a dev dependency), to see where its CPU goes.
 
 Cores: the router under test gets core 1; engines and the load generator share core 0.
 """
@@ -35,6 +36,8 @@ import asyncio
 import json
 import os
 import random
+import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -269,16 +272,31 @@ def targets_of(urls: Sequence[str]) -> list[tuple[str, int]]:
     return [("127.0.0.1", int(u.rsplit(":", 1)[1])) for u in urls]
 
 
+def py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """Sample ``pid``'s Python stacks into ``out`` (py-spy's collapsed-stack text) until
+    interrupted; py-spy (a dev dependency) runs in its own process, off the router's core."""
+    binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    cmd = [binary, "record", "--pid", str(pid), "--nonblocking", "--rate", "250",
+           "--format", "raw", "--output", str(out)]  # fmt: skip
+    spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the load starts
+    return spy
+
+
 def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
-            pid: int | None) -> dict[str, Any]:  # fmt: skip
+            pid: int | None, profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
     out: dict[str, Any] = {}
     warm = completion_requests(seed + 7, 500)
     asyncio.run(closed_loop(targets, warm.__getitem__, len(warm), 16))
     if pid is not None:
         reqs = completion_requests(seed, args.requests)
+        spy = py_spy(pid, profile) if profile is not None else None
         before = cpu_seconds(pid)
         run = asyncio.run(closed_loop(targets, reqs.__getitem__, len(reqs), 32))
         used = cpu_seconds(pid) - before
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
+            spy.wait(30)
         ok = sum(1 for r in run.results if r.status == 200)
         out["cpu_us_per_request"] = used / ok * 1e6
         out["saturation_rps"] = ok / run.wall_seconds
@@ -307,7 +325,12 @@ def run_router(kind: RouterKind, engines: list[Proc], args: argparse.Namespace,
     try:
         wait_http(router.url, kind.ready_path)
         time.sleep(1.0)  # let both routers finish their start-up health checks
-        return measure(targets_of([router.url]), args, seed, router.popen.pid)
+        profile = None
+        if args.py_spy is not None:
+            args.py_spy.mkdir(parents=True, exist_ok=True)
+            name = "".join(c if c.isalnum() else "-" for c in kind.label)
+            profile = args.py_spy / f"{name}-seed{seed}.txt"
+        return measure(targets_of([router.url]), args, seed, router.popen.pid, profile)
     finally:
         router.stop()
 
@@ -411,6 +434,15 @@ def main() -> int:
         "--cpu-only",
         action="store_true",
         help="measure only CPU per request and saturation throughput (no latency, no streams)",
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="profile each router during the CPU measurement with py-spy (collapsed stacks, "
+        "one file per router and round, in DIR); sampling from outside adds to the host's "
+        "load, so take CPU figures from runs without it",
     )
     parser.add_argument("--json", type=Path, default=None, help="write all rows here")
     args = parser.parse_args()
