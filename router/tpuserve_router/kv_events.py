@@ -1,8 +1,9 @@
 """Subscribe to every worker's KV-cache events and keep the block index in step with them.
 
-Per stream, one task reads the engine's ZMQ PUB socket (frames and payload decoded by
-`sglang_tpu.kv_events`, the one schema module, in either SGLang wire generation) and applies
-each batch to the policy's `BlockIndex`. A worker publishes one stream, or one per
+Per stream, a reader on the ZMQ SUB socket's descriptor takes what is queued and applies each
+batch to the policy's `BlockIndex` without awaiting (frames and payload decoded by
+`sglang_tpu.kv_events`, the one schema module, in either SGLang wire generation); only a
+batch out of sequence waits, for the replay below. A worker publishes one stream, or one per
 data-parallel rank (`tpuserve_router.kv_publishers` finds them); each stream is indexed as
 that worker's rank and everything below happens per stream. Sequence numbers decide what
 the index can still trust:
