@@ -465,7 +465,11 @@ def main() -> int:
             direct.append(measure(targets_of([e.url for e in engines]), args, seed, None))
             order = kinds if r % 2 == 0 else list(reversed(kinds))
             for kind in order:
-                rows[kind.label].append(run_router(kind, engines, args, seed))
+                # Questions of its own for each router (the 16 system prompts stay shared): with
+                # the same ones, a router would find the engines already holding the prompts an
+                # earlier router of the round sent, so fewer blocks to store and KV events.
+                own_seed = seed + 10 * (kinds.index(kind) + 1)
+                rows[kind.label].append(run_router(kind, engines, args, own_seed))
                 print(f"round {r + 1}: {kind.label}: {json.dumps(rows[kind.label][-1])}",
                       file=sys.stderr, flush=True)  # fmt: skip
     finally:
