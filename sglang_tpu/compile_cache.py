@@ -21,9 +21,13 @@ Below it, TorchTPU keeps a tier-2 cache in shared memory: `TORCH_TPU_TIER2_COMPI
 names it under `/dev/shm` (the pod mounts a memory-backed `/dev/shm`, an emptyDir that
 outlives container restarts). The launcher always sets it (`tier2_cache_env`).
 
-Keys tpuserve adds: the directory is split per ``<generation>-<topology>/<model>``, so one
-shared volume serves several models and slice shapes, a replica only reads entries made
-for its shape, and the cache of a retired model can be deleted as one directory.
+Keys tpuserve adds (`cache_key`, the one place the key is computed; the operator shows it in
+``status.compileCache.key``): the directory is split per
+``<generation>-<topology>/<model>/<engine version>``, so one shared volume serves several
+models, slice shapes and engine images, a replica only reads entries made for its shape by
+the same engine (a new image, with another SGLang, TorchTPU or libtpu, starts a new
+directory instead of trusting TorchTPU's fingerprint alone), and the cache of a retired
+model or engine can be deleted as one directory.
 """
 
 from __future__ import annotations
@@ -40,10 +44,15 @@ TIER2_CACHE_NAME = "tpuserve-compilation-cache"  # a name under /dev/shm
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def _path_safe(text: str) -> str:
+    return _UNSAFE.sub("_", text.replace("://", "_")).strip("_")
+
+
 def cache_key(contract: GroupContract) -> str:
-    """`<generation>-<topology>/<model>` with the model source made path-safe."""
-    model = _UNSAFE.sub("_", str(contract.source).replace("://", "_")).strip("_")
-    return f"{contract.generation}-{contract.topology}/{model}"
+    """`<generation>-<topology>/<model>/<engine version>`, each part made path-safe."""
+    model = _path_safe(str(contract.source))
+    engine = _path_safe(contract.engine_version)
+    return f"{contract.generation}-{contract.topology}/{model}/{engine}"
 
 
 def cache_dir(contract: GroupContract) -> str | None:

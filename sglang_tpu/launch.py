@@ -181,7 +181,10 @@ def sim_model_profile(contract: LaunchContract) -> str | None:
 
 
 def simulated_command(contract: LaunchContract) -> list[str]:
-    """`tpuserve engine sim` for the leader; followers only hold their place in the group."""
+    """`tpuserve engine sim` for the leader; followers only hold their place in the group.
+
+    The twin gets the compile cache key and its keyed directory, and the extra arguments as
+    its own flags (e.g. ``--startup-time-scale``)."""
     if not contract.is_leader:
         return list(FOLLOWER_COMMAND)
     command = [
@@ -214,7 +217,12 @@ def simulated_command(contract: LaunchContract) -> list[str]:
     if contract.kv_replay_port is not None:
         endpoint = _zmq_endpoint(contract, contract.kv_replay_port)
         command += ["--kv-events-replay-endpoint", endpoint]
-    return command
+    command += ["--compile-cache-key", compile_cache.cache_key(contract)]
+    keyed = compile_cache.cache_dir(contract)
+    if keyed is not None:
+        command += ["--compile-cache-dir", keyed]
+    # The twin's own flags (its cold-start model, time scales) from spec.engine.args.
+    return command + list(contract.sglang_extra_args)
 
 
 def server_env(
@@ -236,6 +244,16 @@ def server_env(
     if token:
         env["HF_TOKEN"] = token  # what huggingface_hub and SGLang read
     return env
+
+
+def log_compile_cache(contract: LaunchContract) -> None:
+    """Say whether TorchTPU will find compiled programs under this key (hit) or not (miss)."""
+    env = compile_cache.compile_cache_env(contract)
+    tier3 = env.get(compile_cache.TIER3_ROOT_ENV)
+    hit = tier3 is not None and os.path.isdir(tier3) and any(os.scandir(tier3))
+    log.info(
+        "compile cache %s for key %s", "hit" if hit else "miss", compile_cache.cache_key(contract)
+    )
 
 
 # -- running the server ---------------------------------------------------------------------
@@ -340,6 +358,9 @@ def launch(environ: Mapping[str, str], *, dry_run: bool) -> int:
         contract.topology,
         contract.engine,
     )
+    if contract.engine == "sglang":
+        log_compile_cache(contract)
+    began = time.monotonic()
     try:
         for directory in launch_plan.directories:
             os.makedirs(directory, exist_ok=True)
@@ -354,6 +375,8 @@ def launch(environ: Mapping[str, str], *, dry_run: bool) -> int:
     except (model_source.FetchError, OSError) as err:
         print(f"tpuserve engine launch: {err}", file=sys.stderr)
         return EXIT_FETCH_FAILED
+    if launch_plan.fetches:
+        log.info("cold start: weights took %.2f s (fetch)", time.monotonic() - began)
     return supervise(
         launch_plan.command,
         server_env(contract, launch_plan, environ),

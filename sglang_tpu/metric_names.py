@@ -226,6 +226,19 @@ ALL_METRICS: tuple[MetricSpec, ...] = (
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in ALL_METRICS}
 
 
+# tpuserve's own engine series, beside SGLang's on the engine's /metrics (the twin exports
+# them; `sglang_tpu.cold_start` defines the phases and results, bounded label values).
+COLD_START_SECONDS: Final = "tpuserve_engine_cold_start_seconds"
+COLD_START_SECONDS_HELP: Final = (
+    "Seconds each phase of this engine's last cold start took (pull, weights, compile, warmup)."
+)
+COMPILE_CACHE_TOTAL: Final = "tpuserve_engine_compile_cache_total"
+COMPILE_CACHE_TOTAL_HELP: Final = (
+    "Engine starts by whether the compile cache held their key (result: hit, miss)."
+)
+TPUSERVE_ENGINE_SERIES: Final = frozenset({COLD_START_SECONDS, COMPILE_CACHE_TOTAL})
+
+
 def series_names() -> frozenset[str]:
     """Every ``sglang:*`` series name a dashboard or rule may select."""
     return frozenset(s for m in ALL_METRICS for s in m.series)

@@ -45,6 +45,7 @@ _SPEC_FIELD: Mapping[str, str] = {
     Var.SGLANG_EXTRA_ARGS: "spec.engine.args",
     Var.TPU_GENERATION: "spec.tpu.generation",
     Var.TPU_TOPOLOGY: "spec.tpu.topology",
+    Var.ENGINE_VERSION: "spec.engine.image",
 }
 
 HTTP_PORT = int(GroupContract.model_fields["http_port"].default)
@@ -99,6 +100,7 @@ def group_contract(
     hostnames: tuple[str, ...],
     paths: PodPaths,
     drain_timeout_seconds: float,
+    engine_version: str,
 ) -> GroupContract:
     """The contract every pod of replica group `replica` shares, validated by the contract.
 
@@ -119,6 +121,7 @@ def group_contract(
         "sglang_extra_args": extra_args(spec.engine.args),
         "weights_cache_dir": paths.weights_cache_dir,
         "compile_cache_dir": paths.compile_cache_dir,
+        "engine_version": engine_version,
         "hf_token_env": HF_TOKEN_ENV,
         "kv_replay_port": KV_REPLAY_PORT,
         "drain_timeout_seconds": drain_timeout_seconds,

@@ -252,7 +252,8 @@ class GroupContract(BaseModel):
     sglang_extra_args: ArgList = var(
         Var.SGLANG_EXTRA_ARGS,
         "shell-quoted SGLang arguments, none of the flags the launcher sets, no secrets",
-        "Appended to the SGLang command line.",
+        "Appended to the SGLang command line (with TPUSERVE_ENGINE=simulated: the twin's own "
+        "flags, e.g. --startup-time-scale).",
         default=(),
     )
     sglang_python: str | None = var(
@@ -281,6 +282,16 @@ class GroupContract(BaseModel):
         "Persistent compilation cache (share it between replicas of the same model and "
         "topology); unset: no persistent cache.",
         default=None,
+    )
+    engine_version: str = var(
+        Var.ENGINE_VERSION,
+        "any non-empty text without whitespace, e.g. the engine image reference",
+        "What makes compiled programs incompatible: the engine image (its SGLang, TorchTPU "
+        "and libtpu). Part of the compile cache key, so a new engine never reuses an old "
+        "engine's programs.",
+        default="unversioned",
+        pattern=r"^\S+$",
+        max_length=512,
     )
     gcs_fuse_root: str | None = var(
         Var.GCS_FUSE_ROOT,

@@ -9,7 +9,7 @@ import logging
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
@@ -17,12 +17,14 @@ import uvloop
 from aiohttp import web
 
 from sglang_tpu import cli_types, perf_model
+from sglang_tpu.cold_start import TPU_FIGURES, ColdStartFigures
 from sglang_tpu.lora import parse_lora_paths
 from sglang_tpu.perf_model import KV_CACHE_BYTES, WEIGHT_BYTES, ModelDoesNotFit, StepTimer
 from sglang_tpu.sim.engine import EngineConfig
 from sglang_tpu.sim.kv_publisher import wire_from_env
 from sglang_tpu.sim.server import create_app
 from sglang_tpu.sim.service import SERVICE, ServerSettings
+from sglang_tpu.sim.startup import STARTUP_DEFAULTS, StartupSettings
 from sglang_tpu.tokenizer import TokenizerError, load_tokenizer
 from sglang_tpu.topology import CatalogError, generation_names, lookup
 
@@ -244,6 +246,57 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
         ),
     ),
     (
+        "cold start (sglang_tpu.cold_start: figures at real scale)",
+        (
+            Option(
+                "--startup-time-scale",
+                "Multiplier on the modelled cold start; 0 starts at once (default: %(default)s).",
+                cli_types.non_negative_float,
+                default=STARTUP_DEFAULTS.time_scale,
+            ),
+            Option(
+                "--pull-seconds",
+                "Image pull (default: %(default)s).",
+                cli_types.non_negative_float,
+                default=TPU_FIGURES.pull_seconds,
+            ),
+            Option(
+                "--weights-read-gb-per-second",
+                "Weight read bandwidth of each host, GB/s (default: %(default)s).",
+                cli_types.positive_float,
+                default=TPU_FIGURES.read_gb_per_second,
+            ),
+            Option(
+                "--compile-cold-seconds",
+                "XLA compile of the warmup shapes with no cache entry (default: %(default)s).",
+                cli_types.non_negative_float,
+                default=TPU_FIGURES.compile_cold_seconds,
+            ),
+            Option(
+                "--compile-warm-seconds",
+                "The same when the compile cache holds the key (default: %(default)s).",
+                cli_types.non_negative_float,
+                default=TPU_FIGURES.compile_warm_seconds,
+            ),
+            Option(
+                "--warmup-seconds",
+                "SGLang's warmup request; /health answers 503 meanwhile (default: %(default)s).",
+                cli_types.non_negative_float,
+                default=TPU_FIGURES.warmup_seconds,
+            ),
+            Option(
+                "--compile-cache-dir",
+                "This key's compile-cache directory: a start finding the twin's entry there "
+                "compiles warm, a cold one writes it (default: none, every start is cold).",
+            ),
+            Option(
+                "--compile-cache-key",
+                "The compile cache key this start reports (default: %(default)s).",
+                default=STARTUP_DEFAULTS.compile_cache_key,
+            ),
+        ),
+    ),
+    (
         "KV events (SGLang's ZMQ publisher contract)",
         (
             Option(
@@ -372,16 +425,53 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         body_timeout_seconds=args.body_timeout_seconds,
         enable_cache_report=args.enable_cache_report,
         enable_debug_endpoints=args.enable_debug_endpoints,
+        startup=StartupSettings(
+            figures=ColdStartFigures(
+                pull_seconds=args.pull_seconds,
+                read_gb_per_second=args.weights_read_gb_per_second,
+                compile_cold_seconds=args.compile_cold_seconds,
+                compile_warm_seconds=args.compile_warm_seconds,
+                warmup_seconds=args.warmup_seconds,
+            ),
+            time_scale=args.startup_time_scale,
+            compile_cache_dir=args.compile_cache_dir,
+            compile_cache_key=args.compile_cache_key,
+        ),
     )
 
 
+async def _until_stopped(work: Awaitable[object], stop: asyncio.Event) -> bool:
+    """Run `work` unless `stop` is set first (then cancel it); True when `work` finished."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False
+
+
 async def serve(settings: ServerSettings) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     app = create_app(settings)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
+    if not await _until_stopped(runner.setup(), stop):  # pull, weights, compile
+        log.info("stopped while starting")
+        return 0
     site = web.TCPSite(runner, settings.host, settings.port, backlog=4096)
     await site.start()
     svc = app[SERVICE]
+    if not await _until_stopped(svc.up.wait(), stop):  # warmup: /health answers 503
+        log.info("stopped while warming up")
+        await runner.cleanup()
+        return 0
     addresses = [a for a in runner.addresses if isinstance(a, tuple)]
     port = addresses[0][1] if addresses else settings.port
     log.info(
@@ -393,10 +483,6 @@ async def serve(settings: ServerSettings) -> int:
         log.info(
             "KV events on %s (replay %s)", svc.publisher.endpoint, svc.publisher.replay_endpoint
         )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     print(f"READY http://{settings.host}:{port}", flush=True)
     await stop.wait()
     svc.draining = True

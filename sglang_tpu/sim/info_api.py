@@ -32,15 +32,16 @@ FLUSH_OK = (
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    if service_of(request).draining:
-        return web.Response(status=503, text="draining")
+    unavailable = service_of(request).unavailable
+    if unavailable is not None:
+        return web.Response(status=503, text=unavailable)
     return web.Response(status=200)
 
 
 async def handle_health_generate(request: web.Request) -> web.Response:
     svc = service_of(request)
-    if svc.draining:
-        return web.Response(status=503, text="draining")
+    if svc.unavailable is not None:
+        return web.Response(status=503, text=svc.unavailable)
     req = Request(f"HEALTH_CHECK_{svc.new_rid()}", [svc.core.palette.ids[0]], 1)
     try:
         await run_to_end(svc, req)
@@ -162,6 +163,7 @@ async def handle_server_info(request: web.Request) -> web.Response:
                 "simulated": True, "tpu": shape.generation.name, "topology": shape.topology,
                 "chips": shape.chips, "model_profile": s.timer.profile.name,
                 "time_scale": s.time_scale, "tokenizer": s.tokenizer.name,
+                "cold_start": svc.cold_start.as_json() if svc.cold_start else None,
             },
         }
     )  # fmt: skip

@@ -19,6 +19,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from sglang_tpu import metric_names as names
+from sglang_tpu.cold_start import CACHE_RESULTS, PHASES, ColdStartReport
 from sglang_tpu.metric_names import MetricSpec
 from sglang_tpu.sim.engine import EngineCore, Step
 from sglang_tpu.sim.request import Request
@@ -134,6 +135,22 @@ class EngineMetrics:
         """Startup seconds by phase (every one of `metric_names.STARTUP_PHASES`), set once."""
         for phase in names.STARTUP_PHASES:
             self._child(names.STARTUP_TIME, Gauge, phase=phase).set(seconds[phase])
+
+    def emit_cold_start(self, report: ColdStartReport) -> None:
+        """This start's seconds by phase and its compile-cache answer (tpuserve's series)."""
+        seconds = Gauge(
+            names.COLD_START_SECONDS, names.COLD_START_SECONDS_HELP, ["phase"],
+            registry=self.registry, multiprocess_mode="mostrecent",
+        )  # fmt: skip
+        for phase in PHASES:
+            seconds.labels(phase=phase).set(report.seconds.get(phase, 0.0))
+        starts = Counter(
+            names.COMPILE_CACHE_TOTAL, names.COMPILE_CACHE_TOTAL_HELP, ["result"],
+            registry=self.registry,
+        )  # fmt: skip
+        for result in CACHE_RESULTS:
+            starts.labels(result=result)  # both series exist, at 0 until counted
+        starts.labels(result=report.cache_result).inc()
 
     def on_scheduled(self, req: Request, now: float) -> None:
         self.queue_time.observe(now - req.arrival_time)

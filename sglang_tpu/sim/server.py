@@ -1,7 +1,9 @@
 """The engine twin's HTTP server: SGLang's paths and JSON shapes over the shared engine core.
 
 `create_app(settings)` builds the aiohttp application; its cleanup context owns the
-`EngineService` (the engine loop task and the KV-event publisher). The handlers live by
+`EngineService` (the engine loop task and the KV-event publisher) and runs the cold start
+(`startup`): pull, weights and compile before the port opens, warmup after it (`/health`
+503 until it is done). The handlers live by
 route family:
 
 - `native_api`: ``/generate``;
@@ -18,6 +20,7 @@ logged as one line at INFO, not as an ERROR traceback (`ClientErrorsInOneLine`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -28,6 +31,7 @@ from aiohttp.typedefs import Handler, Middleware
 from sglang_tpu.sim import info_api, native_api, openai_api
 from sglang_tpu.sim.responses import json_response
 from sglang_tpu.sim.service import SERVICE, EngineService, ServerSettings
+from sglang_tpu.sim.startup import AFTER_LISTENING, BEFORE_LISTENING, ColdStart
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 CLIENT_ERRORS = (BadHttpMessage, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
@@ -71,6 +75,11 @@ class ClientErrorsInOneLine(logging.Filter):
         return True
 
 
+async def _warm_up(svc: EngineService, cold: ColdStart) -> None:
+    await cold.run(AFTER_LISTENING)
+    svc.mark_up(cold.report())
+
+
 def create_app(settings: ServerSettings) -> web.Application:
     app = web.Application(
         client_max_size=MAX_REQUEST_BYTES, middlewares=[body_in_time(settings.body_timeout_seconds)]
@@ -83,7 +92,19 @@ def create_app(settings: ServerSettings) -> web.Application:
         svc = EngineService(settings)
         app[SERVICE] = svc
         await svc.start()
+        timer = settings.timer
+        cold = ColdStart(settings.startup, timer.weight_bytes / timer.shape.hosts)
+        await cold.run(BEFORE_LISTENING)  # the port opens after these, as SGLang's does
+        warmup: asyncio.Task[None] | None = None
+        if settings.startup.time_scale > 0:
+            warmup = asyncio.get_running_loop().create_task(_warm_up(svc, cold))
+        else:
+            await _warm_up(svc, cold)  # instant: up before the first request can arrive
         yield
+        if warmup is not None:
+            warmup.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await warmup
         await svc.stop()
 
     app.cleanup_ctx.append(lifetime)

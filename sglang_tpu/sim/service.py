@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from sglang_tpu.cold_start import ColdStartReport
 from sglang_tpu.kv_events import AllBlocksCleared, KVEvent
 from sglang_tpu.perf_model import StepTimer
 from sglang_tpu.sim.engine import EngineConfig, EngineCore
@@ -26,6 +27,7 @@ from sglang_tpu.sim.kv_publisher import KVEventPublisher
 from sglang_tpu.sim.metrics import EngineMetrics
 from sglang_tpu.sim.output_text import OutputPalette
 from sglang_tpu.sim.request import Request
+from sglang_tpu.sim.startup import STARTUP_DEFAULTS, StartupSettings
 from sglang_tpu.tasks import cancel_and_wait
 from sglang_tpu.tokenizer import Tokenizer
 
@@ -58,6 +60,7 @@ class ServerSettings:
     enable_lora: bool = False  # as SGLang: requests may name adapters (set by --lora-paths)
     lora_paths: tuple[tuple[str, str], ...] = ()  # (name, path) of each loaded adapter
     launch_command: str | None = None  # the command line, reported by /server_info
+    startup: StartupSettings = STARTUP_DEFAULTS  # the cold-start model (`sim/startup.py`)
 
 
 class EngineService:
@@ -88,6 +91,8 @@ class EngineService:
         self.metrics = EngineMetrics(self.registry, settings.served_model_name, self.core)
         self.core.observer = self.metrics
         self.draining = False
+        self.cold_start: ColdStartReport | None = None  # set once warmup is done
+        self.up = asyncio.Event()  # set with it
         self.idle_event = asyncio.Event()
         self.idle_event.set()
         self._wake = asyncio.Event()
@@ -145,6 +150,19 @@ class EngineService:
             except Exception:
                 log.exception("engine step failed")
                 raise
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why `/health` answers 503 (starting, draining), or None when it answers 200."""
+        if self.draining:
+            return "draining"
+        return "starting" if self.cold_start is None else None
+
+    def mark_up(self, report: ColdStartReport) -> None:
+        """Warmup is done: `/health` answers 200 and the cold start is reported."""
+        self.cold_start = report
+        self.metrics.emit_cold_start(report)
+        self.up.set()
 
     def submit(self, req: Request) -> None:
         """Queue a request (QueueFull when the waiting queue is at its bound)."""

@@ -1,6 +1,7 @@
 """Every metric name a tpuserve dashboard or rule may select, gathered from where each is declared.
 
-- SGLang series: `sglang_tpu.metric_names` (what the engine twin and SGLang export);
+- SGLang series and tpuserve's own engine series: `sglang_tpu.metric_names` (what the engine
+  twin and SGLang export);
 - router series: `tpuserve_router.metrics` (built into a throwaway registry and collected);
 - GKE TPU device plugin series: `tpuserve.observability.device_metrics`;
 - operator series: `tpuserve_operator.metrics` (built into a throwaway registry and collected);
@@ -57,6 +58,7 @@ def operator_series() -> frozenset[str]:
 def known_series() -> frozenset[str]:
     return (
         sg.series_names()
+        | sg.TPUSERVE_ENGINE_SERIES
         | router_series()
         | frozenset(device_metrics.DEVICE_PLUGIN_METRICS)
         | operator_series()

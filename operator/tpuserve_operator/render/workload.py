@@ -18,6 +18,7 @@ from sglang_tpu.contract.group_contract import GroupContract
 from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.render.context import Manifest, Server, ValidServer
 from tpuserve_operator.render.pod import (
+    engine_image,
     engine_pod_template,
     host_index_source,
     pod_paths,
@@ -49,6 +50,7 @@ def check_group_contract(server: Server) -> GroupContract:
         hostnames=group_hostnames(server, 0),
         paths=pod_paths(server),
         drain_timeout_seconds=termination(server).drain_seconds,
+        engine_version=engine_image(server),  # the compile cache key's engine part
     )
 
 

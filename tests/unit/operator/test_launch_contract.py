@@ -8,7 +8,7 @@ import pytest
 from tpuserve_operator import launch_contract
 from tpuserve_operator.api import MAX_NAME_LENGTH
 from tpuserve_operator.render import RenderConfig, validate_server
-from tpuserve_operator.render.pod import pod_paths, termination
+from tpuserve_operator.render.pod import engine_image, pod_paths, termination
 from tpuserve_operator.render.workload import group_hostnames
 
 pytestmark = pytest.mark.unit
@@ -41,6 +41,7 @@ def test_a_groups_contract_is_what_validation_would_give(
             hostnames=hostnames,
             paths=pod_paths(server),
             drain_timeout_seconds=termination(server).drain_seconds,
+            engine_version=engine_image(server),
         )
         assert derived == validated
         assert derived.to_env() == validated.to_env()

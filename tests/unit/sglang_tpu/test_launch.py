@@ -65,6 +65,7 @@ MALFORMED: dict[Var, str] = {
     Var.CPU_KERNEL_SHIM_DIR: "/opt/shim",  # only with TPUSERVE_DEVICE=cpu
     Var.SIM_MODEL_PROFILE: "no-such-model",
     Var.COMPILE_CACHE_DIR: "relative/dir",
+    Var.ENGINE_VERSION: "two words",
     Var.GCS_FUSE_ROOT: "gcs",
     Var.WEIGHTS_CACHE_DIR: "cache",
     Var.HF_TOKEN_ENV: "HF-TOKEN",
@@ -243,11 +244,20 @@ def test_mtp_uses_sglangs_nextn_without_a_draft_model(capsys: pytest.CaptureFixt
     assert "--speculative-draft-model-path" not in command
 
 
-def test_compile_cache_is_keyed_by_slice_and_model(capsys: pytest.CaptureFixture[str]) -> None:
-    env = {**IRONWOOD, "TPUSERVE_COMPILE_CACHE_DIR": "/cache/compile/"}
+def test_compile_cache_is_keyed_by_slice_model_and_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env = {
+        **IRONWOOD,
+        "TPUSERVE_COMPILE_CACHE_DIR": "/cache/compile/",
+        "TPUSERVE_ENGINE_VERSION": "ghcr.io/tpuserve/tpuserve-tpu:0.3.0",
+    }
     out = dry_run(env, capsys)["env"]
     assert isinstance(out, dict)
-    root = "/cache/compile/tpu7x-2x2x2/hf_Qwen_Qwen3-Coder-480B-A35B-Instruct-FP8"
+    root = (
+        "/cache/compile/tpu7x-2x2x2/hf_Qwen_Qwen3-Coder-480B-A35B-Instruct-FP8/"
+        "ghcr.io_tpuserve_tpuserve-tpu_0.3.0"
+    )
     assert out["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] == f"{root}/torch_tpu"
     assert out["TORCHINDUCTOR_CACHE_DIR"] == f"{root}/inductor"
 
