@@ -344,8 +344,10 @@ class EngineSpec(Schema):
     compile_cache: CompileCacheSpec | None = Field(
         default=None,
         description=(
-            "compileCache mounts a persistent XLA compilation cache. Default: an emptyDir per "
-            "pod (every start compiles from scratch)."
+            "compileCache mounts a persistent XLA compilation cache, keyed by model, slice "
+            "shape and engine image (status.compileCache.key). The first replica to start "
+            "with a new key compiles and writes it; later ones load it. Default: an emptyDir "
+            "per pod (every start compiles from scratch)."
         ),
     )
     args: dict[str, Any] = Field(
@@ -356,7 +358,8 @@ class EngineSpec(Schema):
             "maxProperties": 64,
         },
         description=(
-            "args are extra SGLang server flags, name without dashes to a scalar value: "
+            "args are extra SGLang server flags (the twin's own flags with type simulated, "
+            "e.g. startup-time-scale), name without dashes to a scalar value: "
             "{mem-fraction-static: 0.85, enable-mixed-chunk: true} gives "
             "--mem-fraction-static 0.85 --enable-mixed-chunk (false omits a flag). Flags the "
             "operator sets itself (model path, ports, parallelism, multi-node rendezvous) are "
@@ -736,6 +739,37 @@ class PlanStatus(Schema):
     chips: int = Field(ge=1, description="chips per replica.")
 
 
+class ColdStartStatus(Schema):
+    pod: str = Field(description="pod is the leader whose start this was.")
+    cache_result: Literal["hit", "miss"] = Field(
+        description="cacheResult: hit when the compile cache held the key, else miss."
+    )
+    pull_seconds: float = Field(ge=0, description="pullSeconds: the image pull.")
+    weights_seconds: float = Field(ge=0, description="weightsSeconds: reading the weights.")
+    compile_seconds: float = Field(ge=0, description="compileSeconds: XLA compilation.")
+    warmup_seconds: float = Field(ge=0, description="warmupSeconds: the warmup request.")
+
+
+class CompileCacheStatus(Schema):
+    key: str = Field(
+        description=(
+            "key is the compile cache key, <generation>-<topology>/<model>/<engine version>: "
+            "replicas with the same key share compiled programs."
+        )
+    )
+    location: str = Field(
+        default="",
+        description=(
+            "location is where the cache is (pvc/<claim>); empty: none, every start compiles."
+        ),
+    )
+    hits: int = Field(default=0, ge=0, description="hits: leader starts that found the key.")
+    misses: int = Field(default=0, ge=0, description="misses: leader starts that compiled cold.")
+    last_cold_start: ColdStartStatus | None = Field(
+        default=None, description="lastColdStart is the last leader start's seconds by phase."
+    )
+
+
 class TPUModelServerStatus(Schema):
     observed_generation: int | None = Field(
         default=None, description="observedGeneration is the generation last reconciled."
@@ -763,6 +797,13 @@ class TPUModelServerStatus(Schema):
     )
     groups: list[GroupStatus] = Field(
         default_factory=list, description="groups is the state of each replica group."
+    )
+    compile_cache: CompileCacheStatus | None = Field(
+        default=None,
+        description=(
+            "compileCache is the compile cache key and, as the leaders report them once "
+            "Ready, its hits and misses and the last cold start by phase."
+        ),
     )
     conditions: list[Condition] = Field(
         default_factory=list,

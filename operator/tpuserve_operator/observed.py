@@ -33,6 +33,7 @@ class PodView:
     created: str
     uid: str = ""
     node: str = ""  # spec.nodeName once scheduled
+    ip: str = ""  # status.podIP, once it has one
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         created=str(meta.get("creationTimestamp") or ""),
         uid=str(meta.get("uid") or ""),
         node=str((body.get("spec") or {}).get("nodeName") or ""),
+        ip=str(status.get("podIP") or ""),
     )
 
 

@@ -33,9 +33,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuserve_operator import conditions, labels, rollout
-from tpuserve_operator.api import TPUModelServerStatus
+from tpuserve_operator import conditions, labels, launch_contract, rollout
+from tpuserve_operator.api import CompileCacheStatus, TPUModelServerStatus
 from tpuserve_operator.children import Children
+from tpuserve_operator.cold_starts import (
+    LeaderStart,
+    ReportReader,
+    cache_location,
+    compile_cache_status,
+)
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.kube import EventSink, KubeApi, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow
@@ -127,6 +133,7 @@ class Reconciler:
         metrics: OperatorMetrics,
         emit_event: EventSink,
         clock: Callable[[], datetime.datetime] = _utcnow,
+        read_cold_start: ReportReader | None = None,
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -141,6 +148,7 @@ class Reconciler:
         self._children = Children(kube, self.cache, metrics)
         self._restarts = GroupRestarts(kube, self.cache, emit_event)
         self._status = StatusWriter(kube, emit_event)
+        self._read_cold_start = read_cold_start  # None: leaders' reports are not read
 
     def _state(self, key: ServerKey) -> ServerState:
         state = self._servers.get(key)
@@ -341,6 +349,7 @@ class Reconciler:
             observed=True,
             rendered=rendered,
             reports=reports,
+            compile_cache=await self._compile_cache(key, state, rendered, previous),
         )
         await self._status.write(key, state, body, status, decided)
         self._report_lost_nodes(state, body)
@@ -370,6 +379,25 @@ class Reconciler:
                 "recreating them on other nodes",
             )
         state.lost.clear()
+
+    async def _compile_cache(
+        self,
+        key: ServerKey,
+        state: ServerState,
+        rendered: Rendered,
+        previous: TPUModelServerStatus,
+    ) -> CompileCacheStatus:
+        """The compile cache key, with the cold starts of leaders that became Ready."""
+        starts: list[LeaderStart] = []
+        if self._read_cold_start is not None:
+            starts = await state.cold_starts.new_starts(
+                self.cache.pods(key), launch_contract.HTTP_PORT, self._read_cold_start
+            )
+        spec_cache = rendered.server.valid.spec.engine.compile_cache
+        claim = spec_cache.persistent_volume_claim if spec_cache else None
+        return compile_cache_status(
+            previous.compile_cache, rendered.server.contract, cache_location(claim), starts
+        )
 
     async def _relist_if_due(self, key: ServerKey, state: ServerState) -> None:
         now = time.monotonic()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpuserve_operator.cold_starts import ColdStartTracker
 from tpuserve_operator.drift import AppliedRecord
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.group_restart import Epoch
@@ -52,3 +53,5 @@ class ServerState:
     condemned: dict[int, set[str]] = field(default_factory=dict)
     # node -> replica groups that lost pods with it (deleted without notice), to report
     lost: dict[str, set[int]] = field(default_factory=dict)
+    # the leader starts whose cold-start reports were read (status.compileCache)
+    cold_starts: ColdStartTracker = field(default_factory=ColdStartTracker)

@@ -15,7 +15,7 @@ from typing import Any
 import pydantic
 
 from tpuserve_operator import conditions
-from tpuserve_operator.api import TPUModelServerStatus
+from tpuserve_operator.api import CompileCacheStatus, TPUModelServerStatus
 from tpuserve_operator.conditions import Condition
 from tpuserve_operator.kube import EventSink, KubeApi, NotFoundError
 from tpuserve_operator.observed import ServerKey
@@ -35,13 +35,15 @@ def build_status(
     observed: bool,
     rendered: Rendered | None = None,
     reports: Mapping[int, GroupReport] | None = None,
+    compile_cache: CompileCacheStatus | None = None,
 ) -> TPUModelServerStatus:
     """The status to write: `previous` with the decided conditions merged in, and
 
     - `observed`: `generation` was reconciled, so it becomes `observedGeneration` and the
       conditions carry it (False: a new generation is only being acknowledged);
     - `rendered`: what the spec resolves to (endpoint, served name, selector, plan);
-    - `reports` (with `rendered`): the replica groups, their counts and the revision.
+    - `reports` (with `rendered`): the replica groups, their counts and the revision;
+    - `compile_cache`: the key, hits and misses and the last cold start (`cold_starts`).
     """
     update: dict[str, object] = {
         "conditions": conditions.merge(
@@ -69,6 +71,8 @@ def build_status(
             "revision": rendered.revision,
             "groups": [reports[k].as_status() for k in sorted(reports)],
         }
+    if compile_cache is not None:
+        update["compile_cache"] = compile_cache
     return previous.model_copy(update=update)
 
 

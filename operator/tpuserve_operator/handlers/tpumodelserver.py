@@ -19,6 +19,7 @@ import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tpuserve_operator import labels, peering
+from tpuserve_operator.cold_starts import read_server_info
 from tpuserve_operator.kube import KINDS, Kube, load_configuration
 from tpuserve_operator.metrics import create_operator_metrics
 from tpuserve_operator.options import OperatorOptions
@@ -104,7 +105,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         return reconciler.unschedulable_rows() if reconciler else ()
 
     metrics = create_operator_metrics(registry, rows, servers, unschedulable)
-    reconciler = Reconciler(kube, options.reconciler, metrics, _emit)
+    reconciler = Reconciler(
+        kube, options.reconciler, metrics, _emit, read_cold_start=read_server_info
+    )
     memo.reconciler = reconciler
     memo.kube = kube
     memo.metrics_server, _thread = start_http_server(

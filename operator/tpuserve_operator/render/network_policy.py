@@ -13,7 +13,9 @@ cached prompts. So, for pods of the server's engines:
 - Prometheus (``--metrics-from``: NetworkPolicy peers; by default `DEFAULT_METRICS_FROM`:
   pods labelled ``app.kubernetes.io/name: prometheus`` in any namespace, and anything in
   ``gmp-system``, GKE Managed Prometheus's collectors) reaches the HTTP port, where SGLang
-  serves ``/metrics``;
+  serves ``/metrics``, and so do the operator's pods (``app.kubernetes.io/component:
+  operator``, the chart's label), which read each Ready leader's cold start from
+  ``/server_info`` once (`cold_starts`);
 - nothing else. Kubelet probes come from the node, which network policies do not govern on
   common CNIs (GKE Dataplane V2, Calico).
 
@@ -27,6 +29,12 @@ from typing import Any
 
 from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.render.context import Manifest, Server
+
+# The operator's pods (the chart's labels), which read each Ready leader's cold start once.
+OPERATOR_PEER: Manifest = {
+    "namespaceSelector": {},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator"}},
+}
 
 
 def _ports(*numbers: int) -> list[dict[str, Any]]:
@@ -61,7 +69,10 @@ def engine_network_policy(server: Server) -> list[Manifest]:
                         ),
                     },
                     {
-                        "from": [copy.deepcopy(dict(p)) for p in config.metrics_from],
+                        "from": [
+                            *(copy.deepcopy(dict(p)) for p in config.metrics_from),
+                            OPERATOR_PEER,
+                        ],
                         "ports": _ports(launch_contract.HTTP_PORT),
                     },
                 ],

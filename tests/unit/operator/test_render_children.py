@@ -13,6 +13,7 @@ from sglang_tpu.metric_names import restore_sglang_colon_relabeling
 from tpuserve_operator import labels
 from tpuserve_operator.render import Rendered
 from tpuserve_operator.render.context import DEFAULT_METRICS_FROM, DEFAULT_ROUTER_RESOURCES
+from tpuserve_operator.render.network_policy import OPERATOR_PEER
 
 pytestmark = pytest.mark.unit
 
@@ -558,7 +559,9 @@ def test_single_host_and_simulated_groups_need_no_pool_affinity(
         assert "podAntiAffinity" not in pod["affinity"]
 
 
-def test_engines_are_fenced_to_their_routers_peers_and_prometheus(rendered: RenderFn) -> None:
+def test_engines_are_fenced_to_their_routers_peers_prometheus_and_the_operator(
+    rendered: RenderFn,
+) -> None:
     policy = one(rendered().children, "NetworkPolicy", "qwen-engines")
     spec = policy["spec"]
     engines = labels.engine_selector("qwen")
@@ -571,7 +574,7 @@ def test_engines_are_fenced_to_their_routers_peers_and_prometheus(rendered: Rend
         {"podSelector": {"matchLabels": labels.shared_router_selector()}},  # docs/router.md
     ]
     assert [p["port"] for p in routers["ports"]] == [30000, 5557, 5558]
-    assert prometheus["from"] == [dict(p) for p in DEFAULT_METRICS_FROM]
+    assert prometheus["from"] == [dict(p) for p in DEFAULT_METRICS_FROM] + [OPERATOR_PEER]
     assert [p["port"] for p in prometheus["ports"]] == [30000]
     assert not by_kind(rendered(network_policy="none").children, "NetworkPolicy")
 
