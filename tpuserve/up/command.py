@@ -58,6 +58,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="Engine twins' time scale: 1 = modelled TPU time, 0 = instant (default 1).",
     )
     parser.add_argument(
+        "--startup-time-scale",
+        type=cli_types.non_negative_float,
+        default=0.01,
+        help="Engine twins' cold-start time scale: pull, weights, XLA compile (cold: no "
+        "compile cache) and warmup at TPU figures times this, each phase shown as it ends; "
+        "0 = instant (default 0.01: a 6-minute TPU cold start in about 4 s).",
+    )
+    parser.add_argument(
         "--engine-arg",
         action="append",
         default=[],
@@ -174,6 +182,7 @@ async def up(args: argparse.Namespace, status: StatusLines) -> int:
                 spawn(f"engine {i}", [
                     "engine", "sim", "--host", "127.0.0.1", "--port", "0",
                     "--time-scale", str(args.time_scale),
+                    "--startup-time-scale", str(args.startup_time_scale),
                     "--enable-cache-report",  # cached tokens in usage, as launched engines
                     # ZMQ picks free ports (the twin reports them in /get_server_info,
                     # where the router reads them): no window for another socket to take

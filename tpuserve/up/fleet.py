@@ -21,6 +21,7 @@ from tpuserve.up.errors import UpError
 
 ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
 START_TIMEOUT_SECONDS = 60.0
+RELAYED = "cold start:"  # the engine twin's log line for each phase of its start
 
 
 @dataclass
@@ -42,6 +43,9 @@ async def spawn(name: str, args: Sequence[str], ready_prefix: str) -> Child:
     child = Child(name, proc)
     stream = proc.stdout if ready_prefix == "READY" else proc.stderr
     assert stream is not None
+    if stream is not proc.stderr and proc.stderr is not None:
+        # An engine's cold-start phases, shown as they happen (`sglang_tpu.sim.startup`).
+        child.drains.append(asyncio.ensure_future(_relay(proc.stderr, name, RELAYED)))
     try:
         async with asyncio.timeout(START_TIMEOUT_SECONDS):
             while True:
@@ -59,9 +63,18 @@ async def spawn(name: str, args: Sequence[str], ready_prefix: str) -> Child:
         raise UpError(f"{name} was not ready within {START_TIMEOUT_SECONDS:g} s") from None
     # Keep draining the pipes so a chatty child never blocks on a full pipe.
     for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
+        if pipe is not None and not (pipe is proc.stderr and child.drains):
             child.drains.append(asyncio.ensure_future(_drain(pipe)))
     return child
+
+
+async def _relay(stream: asyncio.StreamReader, name: str, marker: str) -> None:
+    """Drain `stream`, printing the lines holding `marker` with the child's name."""
+    with contextlib.suppress(Exception):
+        while line := await stream.readline():
+            text = line.decode(errors="replace").rstrip()
+            if marker in text:
+                print(f"{name}: {text[text.index(marker) :]}", file=sys.stderr, flush=True)
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:
