@@ -100,11 +100,10 @@ def test_a_cold_compile_writes_the_cache_and_the_next_start_with_the_key_hits(
 
     first, first_metrics = start("v6e-2x4/qwen3-8b/engine-a", "first.log")
     assert first["compile_cache"] == {"result": "miss", "key": "v6e-2x4/qwen3-8b/engine-a"}
-    assert json.loads((cache / SIM_CACHE_ENTRY).read_text()) == {
-        "key": "v6e-2x4/qwen3-8b/engine-a"
-    }
+    assert json.loads((cache / SIM_CACHE_ENTRY).read_text()) == {"key": "v6e-2x4/qwen3-8b/engine-a"}
     phases = first["phases"]
-    assert isinstance(phases, dict) and set(phases) == set(PHASES)
+    assert isinstance(phases, dict)
+    assert set(phases) == set(PHASES)
     miss = f'{metric_names.COMPILE_CACHE_TOTAL}{{result="miss"}} 1.0'
     assert miss in first_metrics
     for phase in PHASES:
@@ -117,7 +116,8 @@ def test_a_cold_compile_writes_the_cache_and_the_next_start_with_the_key_hits(
     assert second["compile_cache"] == {"result": "hit", "key": "v6e-2x4/qwen3-8b/engine-a"}
     assert f'{metric_names.COMPILE_CACHE_TOTAL}{{result="hit"}} 1.0' in second_metrics
     log = (tmp_path / "second.log").read_text()
-    assert "cold start: compile took" in log and "compile cache hit" in log
+    assert "cold start: compile took" in log
+    assert "compile cache hit" in log
     assert all(f"cold start: {phase} took" in log for phase in PHASES)
 
     other, _ = start("v6e-2x4/qwen3-8b/engine-b", "other.log")

@@ -67,7 +67,8 @@ def test_an_8b_model_reads_16_gb_and_compiles_minutes_cold_and_less_warm() -> No
     warm = TPU_FIGURES.phases(weights, cache_hit=True)
     assert list(cold) == list(PHASES)
     assert cold["weights"] == pytest.approx(weights / (1.2 * GB))
-    assert cold["compile"] == 340.0 and warm["compile"] == 135.0
+    assert cold["compile"] == 340.0
+    assert warm["compile"] == 135.0
     assert {k: v for k, v in cold.items() if k != "compile"} == {
         k: v for k, v in warm.items() if k != "compile"
     }
@@ -80,9 +81,7 @@ def test_weights_time_follows_bytes_per_host_and_bandwidth() -> None:
 
 def test_a_report_round_trips_and_refuses_what_is_not_one() -> None:
     report = ColdStartReport({"pull": 0.0, "weights": 1.5, "compile": 3.4, "warmup": 0.05}, "hit")
-    assert ColdStartReport.from_json(report.as_json()) == ColdStartReport(
-        report.seconds, "hit", ""
-    )
+    assert ColdStartReport.from_json(report.as_json()) == ColdStartReport(report.seconds, "hit", "")
     assert report.total_seconds == pytest.approx(4.95)
     with pytest.raises(ValueError, match="allowed"):
         ColdStartReport.from_json({**report.as_json(), "compile_cache": {"result": "maybe"}})
