@@ -1,10 +1,12 @@
 """Fleet overview: how many tokens per second the fleet serves, per model, per TPU generation and
-per chip, at what latency, prefix-hit ratio and cost. Built on the recording rules only."""
+per chip, at what latency, prefix-hit ratio and cost, built on the recording rules; and the
+engines' cold starts (their own two series)."""
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
+from sglang_tpu import metric_names as sg
 from tpuserve.observability.dashboards.common import (
     MODEL,
     Ids,
@@ -187,6 +189,31 @@ def build() -> Dashboard:
                 "US dollars of TPU time per million output tokens per model over the last hour.",
                 "currencyUSD",
                 target(f"model:tpuserve_cost_usd_per_1m_output_tokens:rate1h{m}", "{{model_name}}"),
+            )
+        )
+        .with_row(Row("Cold starts"))
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Cold start by phase",
+                "Seconds each phase of an engine's last cold start took (pull, weights, XLA "
+                "compile, warmup), per leader pod.",
+                "s",
+                target(
+                    f"max by (namespace, pod, phase) ({sg.COLD_START_SECONDS})",
+                    "{{pod}} {{phase}}",
+                ),
+                stacked=True,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Compile cache hits and misses",
+                "Engine starts over the last hour whose compile cache held their key (hit) or "
+                "compiled cold (miss).",
+                "short",
+                target(f"sum by (result) (increase({sg.COMPILE_CACHE_TOTAL}[1h]))", "{{result}}"),
             )
         )
     )
