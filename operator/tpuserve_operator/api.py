@@ -289,7 +289,17 @@ class SpeculativeSpec(Schema):
 
 
 class CompileCacheSpec(Schema):
-    persistent_volume_claim: str = Field(
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            (
+                "has(self.persistentVolumeClaim) != has(self.gcs)",
+                "engine.compileCache needs exactly one of persistentVolumeClaim and gcs",
+            )
+        )
+    )
+
+    persistent_volume_claim: str | None = Field(
+        default=None,
         max_length=253,
         pattern=DNS_LABEL,
         description=(
@@ -297,6 +307,16 @@ class CompileCacheSpec(Schema):
             "compilation cache. It turns a 10-30 minute first compile into 1-3 minutes on "
             "later starts; every host of every replica mounts it (ReadWriteMany or ReadOnlyMany "
             "after a warm-up)."
+        ),
+    )
+    gcs: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=SOURCE_PATTERNS[1],
+        description=(
+            "gcs is a gs://BUCKET/PREFIX holding the cache instead, mounted on every host with "
+            "GKE's Cloud Storage FUSE CSI driver (the pods' service account needs read and "
+            "write on the bucket). Example: gs://my-models/xla-cache."
         ),
     )
 

@@ -26,7 +26,7 @@ from sglang_tpu import compile_cache
 from sglang_tpu.cold_start import ColdStartReport
 from sglang_tpu.contract.group_contract import GroupContract
 from tpuserve_operator import labels
-from tpuserve_operator.api import ColdStartStatus, CompileCacheStatus
+from tpuserve_operator.api import ColdStartStatus, CompileCacheSpec, CompileCacheStatus
 from tpuserve_operator.observed import PodView
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,13 @@ def start_id(pod: PodView) -> str:
     return f"{pod.uid}/{pod.restarts}"
 
 
-def cache_location(claim: str | None) -> str:
-    return f"pvc/{claim}" if claim else ""
+def cache_location(cache: CompileCacheSpec | None) -> str:
+    """Where the cache is, as the status shows it: pvc/<claim>, the gs:// prefix, or ""."""
+    if cache is None:
+        return ""
+    return (
+        f"pvc/{cache.persistent_volume_claim}" if cache.persistent_volume_claim else cache.gcs or ""
+    )
 
 
 def compile_cache_status(

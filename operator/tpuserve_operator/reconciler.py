@@ -393,10 +393,9 @@ class Reconciler:
             starts = await state.cold_starts.new_starts(
                 self.cache.pods(key), launch_contract.HTTP_PORT, self._read_cold_start
             )
-        spec_cache = rendered.server.valid.spec.engine.compile_cache
-        claim = spec_cache.persistent_volume_claim if spec_cache else None
+        location = cache_location(rendered.server.valid.spec.engine.compile_cache)
         return compile_cache_status(
-            previous.compile_cache, rendered.server.contract, cache_location(claim), starts
+            previous.compile_cache, rendered.server.contract, location, starts
         )
 
     async def _relist_if_due(self, key: ServerKey, state: ServerState) -> None:

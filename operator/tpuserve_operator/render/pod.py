@@ -23,6 +23,7 @@ from sglang_tpu.topology import (
     TPU_TAINT_KEY,
 )
 from tpuserve_operator import labels, launch_contract, node_signals
+from tpuserve_operator.api import CompileCacheSpec
 from tpuserve_operator.render.context import RUN_AS_USER, Manifest, Server
 
 ENGINE_CONTAINER = "engine"
@@ -30,6 +31,11 @@ ENGINE_COMMAND = ["tpuserve", "engine", "launch"]
 HEALTH_PATH = "/health"
 # TorchTPU's handshake on the leader (MASTER_ADDR), pinned by the launch contract.
 TORCH_TPU_HANDSHAKE_PORT = int(GroupContract.model_fields["torch_tpu_handshake_port"].default)
+
+# GKE's Cloud Storage FUSE CSI driver: its name, and the pod annotation that has GKE inject
+# its sidecar (cloud.google.com/kubernetes-engine/docs/how-to/cloud-storage-fuse-csi-driver).
+GCS_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+GCS_FUSE_ANNOTATION = "gke-gcsfuse/volumes"
 
 CACHE_ROOT = "/var/cache/tpuserve"
 WEIGHTS_DIR = f"{CACHE_ROOT}/weights"
@@ -103,6 +109,9 @@ def pod_labels(server: Server, replica: int, role: str, revision: str) -> dict[s
 
 def pod_annotations(server: Server) -> dict[str, str]:
     annotations = dict(server.valid.spec.template.annotations)
+    cache = server.valid.spec.engine.compile_cache
+    if cache is not None and cache.gcs is not None:
+        annotations[GCS_FUSE_ANNOTATION] = "true"  # GKE injects the FUSE sidecar
     if server.restarted_at:
         annotations[labels.RESTARTED_AT] = server.restarted_at
     return annotations
@@ -212,14 +221,7 @@ def _volumes(server: Server) -> tuple[list[Manifest], list[Manifest]]:
         {"name": "shm", "mountPath": "/dev/shm"},
     ]
     if spec.engine.compile_cache is not None:
-        volumes.append(
-            {
-                "name": "compile-cache",
-                "persistentVolumeClaim": {
-                    "claimName": spec.engine.compile_cache.persistent_volume_claim
-                },
-            }
-        )
+        volumes.append({"name": "compile-cache", **compile_cache_volume(spec.engine.compile_cache)})
         mounts.append({"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR})
     claims = []
     for text in (
@@ -240,6 +242,22 @@ def _volumes(server: Server) -> tuple[list[Manifest], list[Manifest]]:
         )
         mounts.append({"name": f"model-{i}", "mountPath": pvc_mount_path(claim), "readOnly": True})
     return volumes, mounts
+
+
+def compile_cache_volume(cache: CompileCacheSpec) -> Manifest:
+    """The compile cache's volume source: the claim, or the gs:// prefix through GKE's Cloud
+    Storage FUSE CSI driver (an ephemeral inline volume; `only-dir` mounts the prefix)."""
+    if cache.persistent_volume_claim is not None:
+        return {"persistentVolumeClaim": {"claimName": cache.persistent_volume_claim}}
+    assert cache.gcs is not None  # the CRD's rule: exactly one of the two
+    source = parse_model_source(cache.gcs)
+    options = "implicit-dirs" + (f",only-dir={source.path}" if source.path else "")
+    return {
+        "csi": {
+            "driver": GCS_FUSE_DRIVER,
+            "volumeAttributes": {"bucketName": source.location, "mountOptions": options},
+        }
+    }
 
 
 def pod_paths(server: Server) -> launch_contract.PodPaths:

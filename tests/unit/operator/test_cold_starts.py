@@ -48,7 +48,8 @@ def leader(name: str, uid: str, restarts: int = 0, ready: bool = True) -> PodVie
 
 def test_the_status_key_is_the_launchers_key_of_the_rendered_contract() -> None:
     valid = server()
-    status = compile_cache_status(None, valid.contract, cache_location("xla"), [])
+    location = cache_location(valid.valid.spec.engine.compile_cache)
+    status = compile_cache_status(None, valid.contract, location, [])
     assert status.key == compile_cache.cache_key(valid.contract)
     assert status.key == "v6e-2x4/hf_Qwen_Qwen3-8B/ghcr.io_tpuserve_tpuserve-tpu_0.3.0"
     assert (status.location, status.hits, status.misses, status.last_cold_start) == (

@@ -11,6 +11,7 @@ import pytest
 
 from sglang_tpu.metric_names import restore_sglang_colon_relabeling
 from tpuserve_operator import labels
+from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render import Rendered
 from tpuserve_operator.render.context import DEFAULT_METRICS_FROM, DEFAULT_ROUTER_RESOURCES
 from tpuserve_operator.render.network_policy import OPERATOR_PEER
@@ -335,6 +336,36 @@ def test_compile_cache_and_pvc_model_are_mounted(rendered: RenderFn, spec_with: 
     mounts = {m["mountPath"]: m for m in engine["volumeMounts"]}
     assert env["TPUSERVE_COMPILE_CACHE_DIR"] in mounts
     assert mounts["/mnt/tpuserve/pvc/weights"]["readOnly"] is True
+
+
+def test_a_gcs_compile_cache_is_a_cloud_storage_fuse_volume_on_every_host(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    spec = spec_with(engine={"compileCache": {"gcs": "gs://my-models/xla/qwen"}})
+    template = one(rendered(spec).children, "StatefulSet", "qwen-r0")["spec"]["template"]
+    assert template["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
+    (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == "compile-cache"]
+    assert volume["csi"] == {
+        "driver": "gcsfuse.csi.storage.gke.io",
+        "volumeAttributes": {
+            "bucketName": "my-models",
+            "mountOptions": "implicit-dirs,only-dir=xla/qwen",
+        },
+    }
+    (engine,) = template["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    mounts = {m["mountPath"]: m["name"] for m in engine["volumeMounts"]}
+    assert mounts[env["TPUSERVE_COMPILE_CACHE_DIR"]] == "compile-cache"
+
+
+@pytest.mark.parametrize(
+    "cache", [{}, {"persistentVolumeClaim": "xla", "gcs": "gs://bkt/x"}], ids=["none", "both"]
+)
+def test_a_compile_cache_needs_exactly_one_location(
+    rendered: RenderFn, spec_with: SpecWith, cache: dict[str, str]
+) -> None:
+    with pytest.raises(InvalidSpec, match="exactly one of persistentVolumeClaim and gcs"):
+        rendered(spec_with(engine={"compileCache": cache}))
 
 
 def test_reservation_and_template_overrides(rendered: RenderFn, spec_with: SpecWith) -> None:
