@@ -26,17 +26,8 @@ import pytest
 
 from sglang_tpu.cold_start import PHASES
 from sglang_tpu.metric_names import COMPILE_CACHE_TOTAL
-from tests.e2e.fleet_harness import (
-    NAMESPACE,
-    ask,
-    get,
-    install_chart,
-    local_base_url,
-    pods,
-    query,
-    ready,
-    wait,
-)
+from tests.e2e import fleet_harness as fleet
+from tests.e2e.fleet_harness import NAMESPACE, get, wait
 from tpuserve.cluster import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -112,14 +103,14 @@ def first_answer_seconds(cluster: Cluster, image: str | None) -> tuple[float, fl
     first answer through the router."""
     started = time.monotonic()
     cluster.kubectl("apply", "-f", "-", input=_yaml(manifest(image)))
-    base_url = wait("the endpoint's local address", lambda: local_base_url(cluster, NAME))
+    base_url = wait("the endpoint's local address", lambda: fleet.local_base_url(cluster, NAME))
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
     served = wait("the served name", lambda: _served_name(cluster))
-    wait(f"{NAME} Ready", lambda: ready(cluster, NAME), timeout_seconds=300)
+    wait(f"{NAME} Ready", lambda: fleet.ready(cluster, NAME), timeout_seconds=300)
     ready_after = time.monotonic() - started
 
     def answered() -> bool:
-        return bool(ask(client, served, "Hello from a cold start").choices[0].message.content)
+        return bool(fleet.ask(client, served, "Hello from a cold start").choices[0].message.content)
 
     wait("the first answer", answered, timeout_seconds=300)
     return ready_after, time.monotonic() - started
@@ -146,14 +137,14 @@ def reported(cluster: Cluster) -> dict[str, Any]:
 def delete(cluster: Cluster) -> None:
     cluster.kubectl("delete", "tpumodelserver", NAME, "-n", NAMESPACE, "--wait=true")
     selector = f"app.kubernetes.io/instance={NAME}"
-    wait(f"{NAME}'s pods gone", lambda: not pods(cluster, selector), timeout_seconds=240)
+    wait(f"{NAME}'s pods gone", lambda: not fleet.pods(cluster, selector), timeout_seconds=240)
 
 
 def test_a_warm_compile_cache_shortens_the_cold_start_and_a_new_engine_misses(
     living_cluster: Cluster,
 ) -> None:
     cluster = living_cluster
-    install_chart(cluster)
+    fleet.install_chart(cluster)
     claim(cluster)
 
     runs: dict[str, tuple[float, dict[str, Any]]] = {}
@@ -188,7 +179,7 @@ def test_a_warm_compile_cache_shortens_the_cold_start_and_a_new_engine_misses(
 
     def counted_by_prometheus() -> set[str]:
         series = f'{COMPILE_CACHE_TOTAL}{{namespace="{NAMESPACE}"}}'
-        rows = query(prometheus, f"max_over_time({series}[15m]) > 0")  # gone engines too
+        rows = fleet.query(prometheus, f"max_over_time({series}[15m]) > 0")  # gone engines too
         results = {r["metric"]["result"] for r in rows}
         assert results == {"hit", "miss"}, rows
         return results
