@@ -45,7 +45,7 @@ async def spawn(name: str, args: Sequence[str], ready_prefix: str) -> Child:
     assert stream is not None
     if stream is not proc.stderr and proc.stderr is not None:
         # An engine's cold-start phases, shown as they happen (`sglang_tpu.sim.startup`).
-        child.drains.append(asyncio.ensure_future(_relay(proc.stderr, name, RELAYED)))
+        child.drains.append(asyncio.ensure_future(relay(proc.stderr, name, RELAYED)))
     try:
         async with asyncio.timeout(START_TIMEOUT_SECONDS):
             while True:
@@ -68,7 +68,7 @@ async def spawn(name: str, args: Sequence[str], ready_prefix: str) -> Child:
     return child
 
 
-async def _relay(stream: asyncio.StreamReader, name: str, marker: str) -> None:
+async def relay(stream: asyncio.StreamReader, name: str, marker: str) -> None:
     """Drain `stream`, printing the lines holding `marker` with the child's name."""
     with contextlib.suppress(Exception):
         while line := await stream.readline():
