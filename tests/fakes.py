@@ -202,9 +202,11 @@ def pod_object(
     ready: bool = True,
     unschedulable: str | None = None,
     restarts: int = 0,
+    ip: str | None = None,
 ) -> dict[str, Any]:
     """An engine pod of `server`'s replica group `replica` as the apiserver shows it:
-    running (and ready), or Pending with the scheduler's `unschedulable` message."""
+    running (and ready, at `ip` when given), or Pending with the scheduler's `unschedulable`
+    message."""
     pod_labels = {
         **labels.common(server, labels.COMPONENT_MODEL_SERVER),
         labels.REPLICA: str(replica),
@@ -229,6 +231,8 @@ def pod_object(
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
             "containerStatuses": [{"name": "engine", "restartCount": restarts, "state": {}}],
         }
+        if ip is not None:
+            status["podIP"] = ip
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sglang_tpu.cold_start import ColdStartReport
 from tests.fakes import FakeKube, not_found, pod_object, refused
 from tpuserve_operator import labels
 from tpuserve_operator.metrics import create_operator_metrics
@@ -89,6 +90,16 @@ class Operator:
         return value or 0.0
 
 
+COLD_START = ColdStartReport(
+    {"pull": 0.0, "weights": 13.7, "compile": 340.0, "warmup": 5.0}, "miss"
+)
+
+
+async def report_cold_start(base_url: str) -> ColdStartReport | None:
+    """A leader's `/server_info` report, without a network: every leader reports a miss."""
+    return COLD_START
+
+
 @pytest.fixture
 def operator() -> Operator:
     kube = FakeKube()
@@ -100,6 +111,7 @@ def operator() -> Operator:
         create_operator_metrics(registry),
         lambda body, kind, reason, message: events.append((kind, reason, message)),
         clock=lambda: NOW,
+        read_cold_start=report_cold_start,
     )
 
     def deliver(event_type: str, body: Any) -> None:
@@ -255,6 +267,27 @@ async def test_ready_groups_behind_a_ready_router_make_the_server_ready(
     assert operator.reconciler.server_readiness() == [True]
     (row,) = operator.reconciler.replica_rows()
     assert (row.pod, row.model_name, row.chips) == ("qwen-r0-0", "qwen3-8b", 8)
+
+
+async def test_a_leader_that_turns_ready_has_its_cold_start_counted_once(
+    operator: Operator,
+) -> None:
+    key = operator.create({**ONE_HOST, "replicas": 1})
+    await operator.converge(key)
+    cache = operator.status(key)["compileCache"]
+    assert cache["key"].startswith("v6e-2x4/hf_Qwen_Qwen3-8B/ghcr.io_tpuserve_tpuserve_")
+    assert (cache["location"], cache["hits"], cache["misses"]) == ("", 0, 0)
+    assert cache.get("lastColdStart") is None  # no leader Ready yet
+    revision = operator.status(key)["revision"]
+    operator.kube.put(pod_object("qwen", "qwen-r0-0", revision=revision, ip="127.244.0.7"))
+    await operator.converge(key)
+    await operator.converge(key)
+    cache = operator.status(key)["compileCache"]
+    assert (cache["hits"], cache["misses"]) == (0, 1)
+    assert cache["lastColdStart"] == {
+        "pod": "qwen-r0-0", "cacheResult": "miss", "pullSeconds": 0.0,
+        "weightsSeconds": 13.7, "compileSeconds": 340.0, "warmupSeconds": 5.0,
+    }  # fmt: skip
 
 
 async def test_a_stale_pod_of_an_updating_group_is_replaced(operator: Operator) -> None:
