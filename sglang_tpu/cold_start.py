@@ -25,6 +25,7 @@ The default figures (`TPU_FIGURES`, at real scale) and where they come from:
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,6 @@ def sim_cache_holds(directory: Path | None, key: str) -> bool:
 def write_sim_cache_entry(directory: Path, key: str) -> None:
     """Record a finished compile for `key` (atomically, as XLA's cache writes its entries)."""
     directory.mkdir(parents=True, exist_ok=True)
-    partial = directory / f".{SIM_CACHE_ENTRY}.partial"
+    partial = directory / f".{SIM_CACHE_ENTRY}.{os.getpid()}"  # replicas may write at once
     partial.write_text(json.dumps({"key": key}))
     partial.replace(directory / SIM_CACHE_ENTRY)
