@@ -65,7 +65,10 @@ class ColdStart:
             began = time.perf_counter()
             await asyncio.sleep(self.modelled[phase] * self.settings.time_scale)
             if phase == "compile" and not self.hit and self.directory is not None:
-                write_sim_cache_entry(self.directory, self.settings.compile_cache_key)
+                try:
+                    write_sim_cache_entry(self.directory, self.settings.compile_cache_key)
+                except OSError as err:  # as XLA: a cache it cannot write only costs time
+                    log.warning("compile cache not written: %s", err)
             self.measured[phase] = time.perf_counter() - began
             cache = f", compile cache {self.cache_result}" if phase == "compile" else ""
             log.info(
