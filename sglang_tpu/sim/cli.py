@@ -25,6 +25,7 @@ from sglang_tpu.sim.kv_publisher import wire_from_env
 from sglang_tpu.sim.server import create_app
 from sglang_tpu.sim.service import SERVICE, ServerSettings
 from sglang_tpu.sim.startup import STARTUP_DEFAULTS, StartupSettings
+from sglang_tpu.tasks import cancel_and_wait
 from sglang_tpu.tokenizer import TokenizerError, load_tokenizer
 from sglang_tpu.topology import CatalogError, generation_names, lookup
 
@@ -445,13 +446,11 @@ async def _until_stopped(work: Awaitable[object], stop: asyncio.Event) -> bool:
     task = asyncio.ensure_future(work)
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
+    await cancel_and_wait([stopped])
     if task.done():
         task.result()
         return True
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait([task])
     return False
 
 

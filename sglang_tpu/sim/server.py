@@ -20,7 +20,6 @@ logged as one line at INFO, not as an ERROR traceback (`ClientErrorsInOneLine`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -32,6 +31,7 @@ from sglang_tpu.sim import info_api, native_api, openai_api
 from sglang_tpu.sim.responses import json_response
 from sglang_tpu.sim.service import SERVICE, EngineService, ServerSettings
 from sglang_tpu.sim.startup import AFTER_LISTENING, BEFORE_LISTENING, ColdStart
+from sglang_tpu.tasks import cancel_and_wait
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 CLIENT_ERRORS = (BadHttpMessage, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
@@ -101,10 +101,7 @@ def create_app(settings: ServerSettings) -> web.Application:
         else:
             await _warm_up(svc, cold)  # instant: up before the first request can arrive
         yield
-        if warmup is not None:
-            warmup.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await warmup
+        await cancel_and_wait([warmup])
         await svc.stop()
 
     app.cleanup_ctx.append(lifetime)
