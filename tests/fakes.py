@@ -508,8 +508,9 @@ def pod_manifest(
 # `StubWorker` is an SGLang-compatible worker on loopback that answers at once, or misbehaves
 # as a test asks (`mode`): 500 to every generation request while /health passes, never
 # answering, an answer larger than the router's cap, a stream that never ends, a stream that
-# stalls after its first event. It counts what it saw and records `/abort_request` calls, so
-# tests assert on counts and state, never on time. It runs in the test's event loop.
+# stalls after its first event, or ("stream") answers every request with a short whole stream.
+# It counts what it saw and records `/abort_request` calls, so tests assert on counts and
+# state, never on time. It runs in the test's event loop.
 
 STUB_MODEL = "stub-model"
 STUB_COMPLETION = (
@@ -518,7 +519,7 @@ STUB_COMPLETION = (
     b'"completion_tokens":1,"total_tokens":4}}'
 )
 STUB_EVENT = b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":" a"}]}\n\n'
-STUB_MODES = ("ok", "error_500", "hang", "big", "flood", "stall")
+STUB_MODES = ("ok", "error_500", "hang", "big", "flood", "stall", "stream")
 
 
 class StubWorker:
@@ -595,6 +596,11 @@ class StubWorker:
                 request.write_chunk(STUB_EVENT * 64)
                 await request.drain()
                 await asyncio.sleep(0)
+        elif mode == "stream":  # a whole stream: one event, then [DONE]
+            request.start_chunked(200, b"content-type: text/event-stream\r\n")
+            request.write_chunk(STUB_EVENT)
+            request.write_chunk(b"data: [DONE]\n\n")
+            request.end_chunked()
         elif mode == "stall":
             request.start_chunked(200, b"content-type: text/event-stream\r\n")
             request.write_chunk(STUB_EVENT)
