@@ -68,6 +68,7 @@ class FakeKube:
         self.applied: list[tuple[str, str]] = []  # (kind, name) of every accepted apply
         self.deleted: list[tuple[str, str]] = []  # (kind, name) of every delete that found one
         self.status_patches: list[dict[str, Any]] = []
+        self.replica_patches: list[int] = []  # spec.replicas set by the operator, in order
         self.refuse_kinds: dict[str, Exception] = {}  # kind -> what an apply of it raises
         self.status_error: Exception | None = None  # what patch_status raises, if anything
         self._watchers: list[Watcher] = []
@@ -141,6 +142,14 @@ class FakeKube:
             raise not_found(f"{labels.KIND} {namespace}/{name}")
         body["status"] = _merge_patch(body.get("status") or {}, status)
         self.status_patches.append(copy.deepcopy(dict(status)))
+
+    async def patch_replicas(self, namespace: str, name: str, replicas: int) -> None:
+        body = self.objects[(labels.API_VERSION, labels.KIND, namespace, name)]
+        body["spec"]["replicas"] = replicas
+        body["metadata"]["generation"] = body["metadata"].get("generation", 1) + 1
+        body["metadata"]["resourceVersion"] = str(next(self._versions))
+        self.replica_patches.append(replicas)
+        self._notify("MODIFIED", body)
 
     async def list(
         self, api_version: str, kind: str, namespace: str, selector: str

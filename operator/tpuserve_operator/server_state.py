@@ -6,6 +6,7 @@ once and re-reads status from the object (see `drift`).
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,3 +53,10 @@ class ServerState:
     condemned: dict[int, set[str]] = field(default_factory=dict)
     # node -> replica groups that lost pods with it (deleted without notice), to report
     lost: dict[str, set[int]] = field(default_factory=dict)
+    # scale to zero (scale_to_zero): when this operator first saw the server up (or
+    # activated it), when it last scaled it to zero, the spec.replicas it set and waits to
+    # see, and whether it activated it and no group is ready yet
+    active_since: datetime.datetime | None = None
+    zeroed_at: datetime.datetime | None = None
+    replicas_set: int | None = None
+    activating: bool = False
