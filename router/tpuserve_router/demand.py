@@ -27,7 +27,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from tpuserve_router.discovery.kubernetes import ApiServer
+from tpuserve_router.discovery.kubernetes import ApiServer, ApiTask
 from tpuserve_router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def renewal_patch(now: datetime.datetime, holder: str) -> bytes:
     return orjson.dumps({"spec": {"renewTime": renew_time(now), "holderIdentity": holder}})
 
 
-class DemandLease:
+class DemandLease(ApiTask):
     """Renews one Lease while ``busy()`` (requests in flight or held) or requests arrived."""
 
     def __init__(
@@ -71,7 +71,6 @@ class DemandLease:
         self.written_at: float | None = None  # monotonic time of the last good write
         self._arrived = False
         self._urgent = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     def arrived(self, held: bool) -> None:
         """A request arrived; ``held``: it waits for a worker (renew now unless fresh)."""
@@ -80,16 +79,6 @@ class DemandLease:
             self.written_at is None or self.clock() - self.written_at >= self.interval_seconds
         ):
             self._urgent.set()
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def _run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=WRITE_TIMEOUT_SECONDS)

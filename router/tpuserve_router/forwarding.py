@@ -35,6 +35,7 @@ from tpuserve_router.replies import (
     reply_error,
     sse_error_event,
     unauthorized,
+    unavailable,
 )
 from tpuserve_router.request_body import (
     ClientError,
@@ -53,7 +54,7 @@ from tpuserve_router.retry import (
     retryable_error,
     should_retry,
 )
-from tpuserve_router.server import RETRY_AFTER_SECONDS, Handler, HttpRequest
+from tpuserve_router.server import Handler, HttpRequest
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
 from tpuserve_router.workers import ModelRoute, Worker
 
@@ -155,13 +156,10 @@ class Forwarder:
                 self.metrics.shed.labels(key.priority).inc()
             reject(
                 request,
-                ClientError(
-                    503,
+                unavailable(
                     f"the router has {self.in_flight} requests in flight, its limit "
                     + ("(--max-in-flight)" if key is None else f"for {key.priority} requests")
-                    + "; retry",
-                    error_type="service_unavailable",
-                    headers={"retry-after": RETRY_AFTER_SECONDS},
+                    + "; retry"
                 ),
                 self.metrics,
                 route,
@@ -184,25 +182,15 @@ class Forwarder:
             if self.on_arrival is not None:
                 self.on_arrival(held)
             if held:
+                label = hold_label(model, self._known_models())  # bounded, as a metric label
                 try:
                     await self.holds.hold(
-                        hold_label(model, self._known_models()),
+                        label,
                         request.arrived,
                         functools.partial(self._routable, model, parsed.lora_path),
                     )
                 except HoldRefused as err:
-                    reject(
-                        request,
-                        ClientError(
-                            503,
-                            str(err),
-                            error_type="service_unavailable",
-                            headers={"retry-after": RETRY_AFTER_SECONDS},
-                        ),
-                        self.metrics,
-                        route,
-                        model,
-                    )
+                    reject(request, unavailable(str(err)), self.metrics, route, label)
                     return
                 served = self.registry.route(model, parsed.lora_path)
             if served is None:
@@ -231,13 +219,10 @@ class Forwarder:
                 except NoHealthyWorker:
                     reject(
                         request,
-                        ClientError(
-                            503,
+                        unavailable(
                             f"no healthy worker for model {model!r}"
                             if model
-                            else "no healthy worker",
-                            error_type="service_unavailable",
-                            headers={"retry-after": RETRY_AFTER_SECONDS},
+                            else "no healthy worker"
                         ),
                         self.metrics,
                         route,
