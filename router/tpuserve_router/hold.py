@@ -55,21 +55,19 @@ class _Entry:
 
 
 class HoldQueues:
-    """Every model's hold queue. ``routable(label)`` says whether a request of that queue
-    could be routed now; `announce` is called when that may have changed."""
+    """Every model's hold queue. Each held request brings a ``routable()`` that says whether
+    it could be routed now; `announce` is called when that may have changed."""
 
     def __init__(
         self,
         max_requests: int,
         max_seconds: float,
         metrics: RouterMetrics,
-        on_held: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_requests = max_requests
         self.max_seconds = max_seconds
         self.metrics = metrics
-        self.on_held = on_held
         self.clock = clock
         self._queues: dict[str, deque[_Entry]] = {}
         self.total = 0  # requests held in every queue
@@ -107,7 +105,6 @@ class HoldQueues:
         self.total += 1
         gauge = self.metrics.held_requests.labels(label)
         gauge.inc()
-        self.on_held()
         deadline = arrived + self.max_seconds
         outcome: HoldOutcome = "client_gone"
         try:
