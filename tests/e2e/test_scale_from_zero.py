@@ -14,6 +14,7 @@ the numbers larger.
 
 from __future__ import annotations
 
+import datetime
 import re
 import threading
 import time
@@ -150,6 +151,7 @@ def test_requests_held_at_zero_are_served_and_an_idle_server_returns_to_zero(
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
     burst = Burst(client, model)
     t0 = time.monotonic()
+    wall0 = datetime.datetime.now(datetime.UTC)
     try:
         plain.run(LOAD_CLIENTS, 20, max_tokens=16)
         streams.run(1, 20, max_tokens=16, stream=True)
@@ -176,7 +178,12 @@ def test_requests_held_at_zero_are_served_and_an_idle_server_returns_to_zero(
             lambda: int(server(cluster)["status"].get("readyReplicas", 0)) >= 1,
             STARTUP_TIMEOUT_SECONDS,
         )
-        timeline["slice Ready"] = time.monotonic() - t0
+        timeline["status.readyReplicas 1 (as polled)"] = time.monotonic() - t0
+        (leader,) = leaders(cluster)
+        pod_ready = condition(leader, "Ready")["lastTransitionTime"]  # whole seconds
+        timeline["leader pod Ready (its condition, +-1 s)"] = (
+            datetime.datetime.fromisoformat(pod_ready.replace("Z", "+00:00")) - wall0
+        ).total_seconds()
         burst.join()
         wait("the held load answered", lambda: plain.ok >= LOAD_CLIENTS and streams.ok >= 1)
         answered = [o.finished for load in (plain, streams) for o in load.outcomes if o.ok]
@@ -201,7 +208,7 @@ def test_requests_held_at_zero_are_served_and_an_idle_server_returns_to_zero(
 
     statuses = sorted(status for status, _, _ in burst.results)
     failed = plain.failed + streams.failed
-    report = ", ".join(f"{k} {v:.1f} s" for k, v in timeline.items())
+    report = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(timeline.items(), key=lambda i: i[1]))
     print(
         f"\nscale-from-zero timeline: {report}; load {plain.ok} + {streams.ok} streamed ok, "
         f"{len(failed)} failed; burst statuses {statuses}"
