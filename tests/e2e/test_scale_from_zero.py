@@ -7,7 +7,8 @@ comes up; the held requests are served and streams start then. More requests tha
 bound arrive while at zero: those past the bound get 503 with Retry-After at once. Not one
 request hangs or fails otherwise. When the load stops, after `scaleToZero.idleSeconds` the
 operator sets `spec.replicas: 0` and the slice goes. The timeline is printed (`-s`) and
-recorded in docs/operator.md ("Scale to zero"). No wall-clock assertion: every wait is for a
+recorded in docs/operator.md ("Scale to zero"). Back at zero, one more request activates it
+again. No wall-clock assertion: every wait is for a
 state, with generous deadlines, so a slower cold start (a real one takes minutes) only makes
 the numbers larger.
 """
@@ -205,6 +206,15 @@ def test_requests_held_at_zero_are_served_and_an_idle_server_returns_to_zero(
     timeline["operator sets replicas 0 (idle)"] = time.monotonic() - t0
     wait("the slice gone", lambda: not leaders(cluster), STARTUP_TIMEOUT_SECONDS)
     timeline["slice gone"] = time.monotonic() - t0
+    wait(
+        "Ready=False, reason ScaledToZero",
+        lambda: condition(server(cluster), "Ready").get("reason") == "ScaledToZero",
+    )
+    # Back at zero, one more request is held and activates the server again.
+    again = Burst(client, model)
+    again.send(0)
+    again.join()
+    timeline["a request at zero again: answered"] = time.monotonic() - t0
 
     statuses = sorted(status for status, _, _ in burst.results)
     failed = plain.failed + streams.failed
@@ -218,7 +228,7 @@ def test_requests_held_at_zero_are_served_and_an_idle_server_returns_to_zero(
     # with Retry-After (the component tests check which: the last to arrive).
     assert statuses == [200] * (HOLD_REQUESTS - steady) + [503] * EXTRA
     assert all(after for status, after, _ in burst.results if status == 503)
-    assert condition(server(cluster), "Ready")["reason"] == "ScaledToZero"
+    assert [status for status, _, _ in again.results] == [200]
     events = get(
         cluster, "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={NAME}"
     )
