@@ -178,6 +178,7 @@ class Forwarder:
                 return
             model = parsed.model
             served = self.registry.route(model, parsed.lora_path)
+            since = request.arrived
             held = self.holds.enabled and self._must_hold(model, parsed.lora_path, served)
             if self.on_arrival is not None:
                 self.on_arrival(held)
@@ -193,6 +194,7 @@ class Forwarder:
                     reject(request, unavailable(str(err)), self.metrics, route, label)
                     return
                 served = self.registry.route(model, parsed.lora_path)
+                since = time.monotonic()
             if served is None:
                 reject(request, self._not_served(model, parsed.lora_path), self.metrics, route)
                 return
@@ -233,7 +235,7 @@ class Forwarder:
                 if served.adapter is not None:
                     self.affinity.routed(served.adapter, decision.worker.name)
                 attempt = await self._attempt(
-                    request, route, parsed, decision, forwarded, rid, retries, others, key
+                    request, route, parsed, decision, forwarded, rid, retries, others, key, since
                 )
                 if attempt is ANSWERED:
                     return
@@ -298,11 +300,14 @@ class Forwarder:
         retries: int,
         candidates: list[Worker],
         key: ApiKey | None,
+        since: float,
     ) -> Attempt:
         """One try on the decided worker, after ``retries`` earlier ones; ``candidates``
         are the workers this try could have gone to (a retry picks among the others).
         ``headers_and_body`` follow the request line and host; ``rid`` names the request
-        on the worker (to abort it), if it can be named; ``key`` is the client's API key."""
+        on the worker (to abort it), if it can be named; ``key`` is the client's API key;
+        ``--request-timeout`` runs from ``since`` (its arrival, or its leaving the hold
+        queue: the time it waited for a worker to exist is not taken from its answer's)."""
         worker = decision.worker
         policy = self.policy
         model = parsed.model
@@ -324,7 +329,7 @@ class Forwarder:
             payload = _upstream_request(request, pool.host_header, headers_and_body)
             try:
                 sent = True
-                upstream = await self._open(pool, payload, request.arrived, first_byte)
+                upstream = await self._open(pool, payload, since, first_byte)
             except UpstreamError as err:
                 abandoned = _abandoned(err)
                 if self._failed_before_answer(err, worker, retries, candidates):
