@@ -68,6 +68,7 @@ class FakeKube:
         self.applied: list[tuple[str, str]] = []  # (kind, name) of every accepted apply
         self.deleted: list[tuple[str, str]] = []  # (kind, name) of every delete that found one
         self.status_patches: list[dict[str, Any]] = []
+        self.replica_patches: list[int] = []  # spec.replicas set by the operator, in order
         self.refuse_kinds: dict[str, Exception] = {}  # kind -> what an apply of it raises
         self.status_error: Exception | None = None  # what patch_status raises, if anything
         self._watchers: list[Watcher] = []
@@ -141,6 +142,14 @@ class FakeKube:
             raise not_found(f"{labels.KIND} {namespace}/{name}")
         body["status"] = _merge_patch(body.get("status") or {}, status)
         self.status_patches.append(copy.deepcopy(dict(status)))
+
+    async def patch_replicas(self, namespace: str, name: str, replicas: int) -> None:
+        body = self.objects[(labels.API_VERSION, labels.KIND, namespace, name)]
+        body["spec"]["replicas"] = replicas
+        body["metadata"]["generation"] = body["metadata"].get("generation", 1) + 1
+        body["metadata"]["resourceVersion"] = str(next(self._versions))
+        self.replica_patches.append(replicas)
+        self._notify("MODIFIED", body)
 
     async def list(
         self, api_version: str, kind: str, namespace: str, selector: str
@@ -512,8 +521,9 @@ def pod_manifest(
 # `StubWorker` is an SGLang-compatible worker on loopback that answers at once, or misbehaves
 # as a test asks (`mode`): 500 to every generation request while /health passes, never
 # answering, an answer larger than the router's cap, a stream that never ends, a stream that
-# stalls after its first event. It counts what it saw and records `/abort_request` calls, so
-# tests assert on counts and state, never on time. It runs in the test's event loop.
+# stalls after its first event, or ("stream") answers every request with a short whole stream.
+# It counts what it saw and records `/abort_request` calls, so tests assert on counts and
+# state, never on time. It runs in the test's event loop.
 
 STUB_MODEL = "stub-model"
 STUB_COMPLETION = (
@@ -522,7 +532,7 @@ STUB_COMPLETION = (
     b'"completion_tokens":1,"total_tokens":4}}'
 )
 STUB_EVENT = b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":" a"}]}\n\n'
-STUB_MODES = ("ok", "error_500", "hang", "big", "flood", "stall")
+STUB_MODES = ("ok", "error_500", "hang", "big", "flood", "stall", "stream")
 
 
 class StubWorker:
@@ -599,6 +609,11 @@ class StubWorker:
                 request.write_chunk(STUB_EVENT * 64)
                 await request.drain()
                 await asyncio.sleep(0)
+        elif mode == "stream":  # a whole stream: one event, then [DONE]
+            request.start_chunked(200, b"content-type: text/event-stream\r\n")
+            request.write_chunk(STUB_EVENT)
+            request.write_chunk(b"data: [DONE]\n\n")
+            request.end_chunked()
         elif mode == "stall":
             request.start_chunked(200, b"content-type: text/event-stream\r\n")
             request.write_chunk(STUB_EVENT)

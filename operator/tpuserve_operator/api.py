@@ -421,6 +421,31 @@ class ApiKeysSecret(Schema):
     )
 
 
+class HoldSpec(Schema):
+    max_requests: int = Field(
+        default=256,
+        ge=1,
+        le=100000,
+        description=(
+            "maxRequests is how many requests per model the router holds while the server "
+            "has no routable replica (scaled to zero, or every replica starting); they are "
+            "sent in arrival order once one is Ready. Beyond it a request gets 503 with "
+            "Retry-After at once (`tpuserve router --hold-max-requests`). Used when "
+            "autoscaling.minReplicas is 0. Default: 256."
+        ),
+    )
+    max_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=3600,
+        description=(
+            "maxSeconds is how long a request may be held; then it gets 503 with Retry-After "
+            "(`--hold-max-seconds`). Set it above the time a slice takes to start from zero "
+            "(weights, then compilation). Default: 600."
+        ),
+    )
+
+
 class RouterSpec(Schema):
     enabled: bool = Field(
         default=True,
@@ -488,6 +513,11 @@ class RouterSpec(Schema):
             "operator's router resources (chart value router.resources)."
         ),
     )
+    hold: HoldSpec = section(
+        HoldSpec,
+        "hold bounds the requests the router holds while the server is at zero replicas "
+        "(autoscaling.minReplicas 0): per model, and in time.",
+    )
     api_keys: ApiKeysSecret | None = Field(
         default=None,
         description=(
@@ -495,6 +525,20 @@ class RouterSpec(Schema):
             "priority classes, rate limits, admin role; docs/router.md, Authentication) from "
             "this Secret, mounted into its pods, and reloads them when the Secret changes. "
             "Default: unset, no keys (anyone who reaches the router is served)."
+        ),
+    )
+
+
+class ScaleToZeroSpec(Schema):
+    idle_seconds: int = Field(
+        default=600,
+        ge=30,
+        le=86400,
+        description=(
+            "idleSeconds is how long the server must see no request (none arriving, in "
+            "flight or held at the router) before the operator sets replicas to 0; the next "
+            "request is held by the router and scales it back to 1. Used when minReplicas "
+            "is 0. Default: 600."
         ),
     )
 
@@ -511,11 +555,15 @@ class AutoscalingSpec(Schema):
 
     min_replicas: int = Field(
         default=1,
-        ge=1,
+        ge=0,
         le=1024,
         description=(
-            "minReplicas is the fewest replicas the autoscaler keeps, at least 1 (a "
-            "HorizontalPodAutoscaler does not scale to zero). Default: 1."
+            "minReplicas is the fewest replicas the autoscaler keeps. 0 scales to zero: "
+            "after scaleToZero.idleSeconds without requests the operator sets replicas to "
+            "0, the router holds the requests that arrive (router.hold) and the first one "
+            "makes the operator set replicas to 1; the HorizontalPodAutoscaler (whose own "
+            "minimum is then 1) scales from 1 to maxReplicas. Needs router.enabled. "
+            "Default: 1."
         ),
     )
     max_replicas: int = Field(
@@ -540,6 +588,10 @@ class AutoscalingSpec(Schema):
             "target value of metric: waiting requests per replica (queue), tokens per chip "
             "(tokensInFlight) or seconds (ttft). Default: 8."
         ),
+    )
+    scale_to_zero: ScaleToZeroSpec = section(
+        ScaleToZeroSpec,
+        "scaleToZero says when an idle server goes to zero replicas (minReplicas 0 only).",
     )
     scale_down_stabilization_seconds: int = Field(
         default=300,

@@ -89,6 +89,13 @@ OPTIONS: tuple[Flag, ...] = (
         kind=cli_types.duration_seconds,
     ),
     Flag(
+        "--skip-cold-start-reports",
+        "reconciler.skip_cold_start_reports",
+        "Do not read Ready leaders' cold-start reports from their /server_info (the status "
+        "then shows the compile cache key and location only).",
+        switch=True,
+    ),
+    Flag(
         "--max-concurrent",
         "reconciler.max_concurrent",
         "Servers reconciled at the same time (default: %(default)s).",

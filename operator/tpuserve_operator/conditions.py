@@ -42,6 +42,7 @@ class Reason(StrEnum):
     SCALING_UP = "ScalingUp"
     SCALING_DOWN = "ScalingDown"
     GROUPS_STARTING = "GroupsStarting"
+    ACTIVATING = "Activating"
     COMPLETE = "Complete"
     APPLY_FAILED = "ApplyFailed"
     NODE_MAINTENANCE_SCHEDULED = "NodeMaintenanceScheduled"
@@ -126,6 +127,12 @@ REASONS: tuple[ReasonDoc, ...] = (
         "a group is replaced because its node is being terminated (maintenance or preemption)",
     ),
     ReasonDoc(
+        PROGRESSING,
+        "True",
+        Reason.ACTIVATING,
+        "scaling from zero on demand: the router holds requests until the first slice is ready",
+    ),
+    ReasonDoc(
         PROGRESSING, "False", Reason.COMPLETE, "every group is on the current revision and ready"
     ),
     ReasonDoc(
@@ -140,7 +147,12 @@ REASONS: tuple[ReasonDoc, ...] = (
     ReasonDoc(READY, "True", Reason.LEADERS_READY, "router disabled; at least one group is ready"),
     ReasonDoc(READY, "False", Reason.NO_READY_REPLICAS, "no replica group is ready"),
     ReasonDoc(READY, "False", Reason.ROUTER_NOT_READY, "groups are ready but no router pod is"),
-    ReasonDoc(READY, "False", Reason.SCALED_TO_ZERO, "spec.replicas is 0"),
+    ReasonDoc(
+        READY,
+        "False",
+        Reason.SCALED_TO_ZERO,
+        "spec.replicas is 0 (with autoscaling.minReplicas 0: idle; the next request activates it)",
+    ),
     ReasonDoc(READY, "False", Reason.INVALID_SPEC, "the spec is invalid; nothing is served"),
     ReasonDoc(
         DEGRADED,

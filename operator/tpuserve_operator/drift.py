@@ -60,6 +60,11 @@ def _older(observed: str, recorded: str) -> bool:
     return False
 
 
+WRITTEN_BY_OTHERS = frozenset({"Lease"})
+"""Kinds others write to by design (routers renew the demand Lease): their moving
+resourceVersion is not a hand edit, so only a changed manifest re-applies them."""
+
+
 def needs_apply(
     desired_hash: str, observed: ChildView | None, record: AppliedRecord | None
 ) -> bool:
@@ -71,6 +76,8 @@ def needs_apply(
         return record.spec_hash != desired_hash  # the cache lags our own apply
     if observed.spec_hash != desired_hash or record is None:
         return True
+    if observed.kind in WRITTEN_BY_OTHERS:
+        return False
     if observed.generation is not None and record.generation is not None:
         return observed.generation != record.generation
     return observed.resource_version != record.resource_version

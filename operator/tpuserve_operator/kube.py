@@ -71,6 +71,7 @@ KINDS: dict[tuple[str, str], Kind] = {
         Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
         Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
         Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+        Kind("coordination.k8s.io/v1", "Lease", "leases"),
         Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"),
         Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
         Kind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
@@ -125,6 +126,8 @@ class KubeApi(Protocol):
     ) -> bool: ...
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+
+    async def patch_replicas(self, namespace: str, name: str, replicas: int) -> None: ...
 
     async def list(
         self, api_version: str, kind: str, namespace: str, selector: str
@@ -198,6 +201,17 @@ class Kube:
             "patch",
             kind.path(namespace, name) + "/status",
             body={"status": dict(status)},
+            content_type=MERGE_PATCH,
+        )
+
+    async def patch_replicas(self, namespace: str, name: str, replicas: int) -> None:
+        """Set a TPUModelServer's spec.replicas (scale to zero and back), as `kubectl
+        scale` would."""
+        kind = KINDS[(labels.API_VERSION, labels.KIND)]
+        await self._request(
+            "patch",
+            kind.path(namespace, name),
+            body={"spec": {"replicas": replicas}},
             content_type=MERGE_PATCH,
         )
 

@@ -50,6 +50,8 @@ class ChildView:
     replica: int | None
     deleting: bool
     ready_replicas: int  # Deployments/StatefulSets: status.readyReplicas; others 0
+    created: str = ""  # metadata.creationTimestamp
+    renewed: str | None = None  # Leases: spec.renewTime (the routers' demand signal)
 
     @property
     def ref(self) -> tuple[str, str]:
@@ -127,6 +129,8 @@ def child_view(body: Mapping[str, Any]) -> ChildView:
         replica=_int_or_none(child_labels.get(labels.REPLICA)),
         deleting=meta.get("deletionTimestamp") is not None,
         ready_replicas=int(status.get("readyReplicas") or 0) if isinstance(status, dict) else 0,
+        created=str(meta.get("creationTimestamp") or ""),
+        renewed=(body.get("spec") or {}).get("renewTime") if body.get("kind") == "Lease" else None,
     )
 
 

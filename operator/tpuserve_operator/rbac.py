@@ -94,6 +94,12 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         "the router's Role and RoleBinding (read pods and EndpointSlices)",
     ),
     Rule(
+        "coordination.k8s.io",
+        ("leases",),
+        MANAGE,
+        "the demand Lease of a server that scales to zero (its routers renew it)",
+    ),
+    Rule(
         "monitoring.coreos.com",
         ("podmonitors", "servicemonitors"),
         MANAGE,

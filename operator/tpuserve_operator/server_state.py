@@ -6,6 +6,7 @@ once and re-reads status from the object (see `drift`).
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,3 +56,10 @@ class ServerState:
     lost: dict[str, set[int]] = field(default_factory=dict)
     # the leader starts whose cold-start reports were read (status.compileCache)
     cold_starts: ColdStartTracker = field(default_factory=ColdStartTracker)
+    # scale to zero (scale_to_zero): when this operator first saw the server up (or
+    # activated it), when it last scaled it to zero, the spec.replicas it set and waits to
+    # see, and whether it activated it and no group is ready yet
+    active_since: datetime.datetime | None = None
+    zeroed_at: datetime.datetime | None = None
+    replicas_set: int | None = None
+    activating: bool = False

@@ -225,8 +225,12 @@ def decide(
     router_ready_replicas: int,
     apply_error: str | None = None,
     displaced: Mapping[int, NodeSignal] | None = None,
+    activating: bool = False,
+    scales_to_zero: bool = False,
 ) -> list[Condition]:
-    """The four conditions, in order Valid, Progressing, Ready, Degraded."""
+    """The four conditions, in order Valid, Progressing, Ready, Degraded. ``activating``:
+    the operator scaled the server from zero on demand and no group is ready yet;
+    ``scales_to_zero``: autoscaling.minReplicas is 0."""
     of = Condition.of
     ready_groups = sum(1 for r in reports if r.ready)
     main = [r for r in reports if r.index < replicas]
@@ -247,6 +251,16 @@ def decide(
         out.append(SPEC_VALID)
         if apply_error is not None:
             out.append(of(conditions.PROGRESSING, False, Reason.APPLY_FAILED, apply_error))
+        elif activating and not ready_groups:
+            out.append(
+                of(
+                    conditions.PROGRESSING,
+                    True,
+                    Reason.ACTIVATING,
+                    f"scaling from zero on demand: 0 of {replicas} replica groups ready; "
+                    "the router holds requests until one is",
+                )
+            )
         elif plan is not None and plan.scaling_up:
             existing = sum(1 for r in main if r.exists)
             out.append(
@@ -336,7 +350,17 @@ def decide(
             )
         )
     elif replicas == 0:
-        out.append(of(conditions.READY, False, Reason.SCALED_TO_ZERO, "spec.replicas is 0"))
+        out.append(
+            of(
+                conditions.READY,
+                False,
+                Reason.SCALED_TO_ZERO,
+                "scaled to zero while idle; the router holds the next request and it scales "
+                "the server to 1"
+                if scales_to_zero
+                else "spec.replicas is 0",
+            )
+        )
     elif not ready_groups:
         out.append(
             of(

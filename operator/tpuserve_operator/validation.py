@@ -92,6 +92,7 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
         )
     problems += _sources(model)
     problems += _owned_overrides(model)
+    problems += _scale_to_zero(model)
     if shape is not None:
         problems += _fit(model, shape)
     if problems or shape is None:
@@ -274,6 +275,19 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _scale_to_zero(spec: TPUModelServerSpec) -> list[Problem]:
+    """minReplicas 0 needs the router: it holds requests at zero and signals the demand."""
+    if spec.autoscaling is None or spec.autoscaling.min_replicas > 0 or spec.router.enabled:
+        return []
+    return [
+        Problem(
+            "spec.autoscaling.minReplicas",
+            "0 needs spec.router.enabled true (the router holds the requests that arrive at "
+            "zero replicas and signals the demand); allowed with the router off: 1 or more",
+        )
+    ]
 
 
 def _fit(spec: TPUModelServerSpec, shape: SliceShape) -> list[Problem]:

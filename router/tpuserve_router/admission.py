@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from sglang_tpu.tasks import cancel_and_wait
@@ -57,6 +57,7 @@ class Admission:
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
+        self.on_routable: Callable[[], None] = lambda: None  # the hold queues listen
         registry.on_added.append(self._worker_added)
         registry.on_removed.append(self._worker_removed)
         registry.on_changed.append(self._workers_changed)
@@ -113,6 +114,7 @@ class Admission:
         if self.registry.get(worker.name) is worker:
             for model in worker.models:  # token series exist at zero before the first answer
                 touch_token_series(self.metrics, model, worker.name)
+            self.on_routable()  # held requests go now that its models are known
         if self.kv is not None and self.registry.get(worker.name) is worker:
             endpoints = await self._kv_endpoints(worker)
             problem = self._kv_endpoints_problem(endpoints) if endpoints else None

@@ -14,7 +14,8 @@ SGLang-compatible server):
   the policy and proxied; streams pass through chunk by chunk (`forwarding`);
 - ``GET /v1/models``: the models the workers serve, and their loaded LoRA adapters;
   ``GET /v1/models/{id}``: one of them (404 ``model_not_found`` otherwise);
-- ``GET /health`` (the router is up), ``GET /readiness`` (at least one routable worker),
+- ``GET /health`` (the router is up), ``GET /readiness`` (at least one routable worker,
+  or holding is on: ``--hold-max-requests`` above 0),
   ``GET /metrics``;
 - admin: ``GET /workers``, ``POST /workers`` (``{"url": ...}``), ``DELETE /workers``
   (``{"url": ...}`` or ``?url=``), ``POST /flush_cache`` (sent to every worker) (`admin`).
@@ -53,6 +54,7 @@ from tpuserve_router.core import RouterCore
 from tpuserve_router.discovery.static import static_workers
 from tpuserve_router.forwarding import Forwarder
 from tpuserve_router.health import HealthChecker
+from tpuserve_router.hold import touch_hold_series
 from tpuserve_router.kv_events import KvEventHub
 from tpuserve_router.metrics import (
     RouterMetrics,
@@ -78,6 +80,7 @@ from tpuserve_router.worker_networks import parse_networks
 from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
 if TYPE_CHECKING:
+    from tpuserve_router.demand import DemandLease
     from tpuserve_router.discovery.kubernetes import PodWatcher, RejectedPod
 
 log = logging.getLogger(__name__)
@@ -147,6 +150,13 @@ class RouterApp:
             self.aborter,
             self.keys,
         )
+        holds = self.forwarder.holds
+        self.registry.on_changed.append(lambda _registry: holds.announce())
+        self.admission.on_routable = holds.announce
+        if holds.enabled:
+            for model in config.hold_models:
+                touch_hold_series(self.metrics, model)
+        self._demand: DemandLease | None = None
         self.admin = AdminApi(
             self.registry, self.policy, self.health, self.metrics, self.networks, self._rejected
         )
@@ -243,10 +253,25 @@ class RouterApp:
                 config.model_label,
             )
             namespace = config.namespace or _current_namespace()
+            api = ApiServer.load()
             self._discovery = PodWatcher(
-                ApiServer.load(), namespace, config.selector, rules, self.apply_discovered
+                api, namespace, config.selector, rules, self.apply_discovered
             )
             self._discovery.start()
+            if config.demand_lease is not None:
+                from tpuserve_router.demand import DemandLease
+
+                forwarder = self.forwarder
+                self._demand = DemandLease(
+                    api,
+                    namespace,
+                    config.demand_lease,
+                    config.demand_interval_seconds,
+                    self.metrics,
+                    lambda: forwarder.in_flight > 0,
+                )
+                forwarder.on_arrival = self._demand.arrived
+                self._demand.start()
         else:
             self.apply_discovered(static_workers(config.workers))
         log.info(
@@ -258,6 +283,9 @@ class RouterApp:
         )
 
     async def stop(self) -> None:
+        if self._demand is not None:
+            await self._demand.stop()
+            self._demand = None
         if self._discovery is not None:
             await self._discovery.stop()
             self._discovery = None
@@ -452,15 +480,19 @@ class RouterApp:
         request.respond(200, JSON_HEADERS, b'{"status":"ok"}')
 
     async def _readiness(self, request: HttpRequest) -> None:
+        """Ready with a routable worker, or while requests can be held for one (scale from
+        zero: the router must take requests at zero replicas to signal demand)."""
         healthy = self.registry.healthy_count()
+        holding = self.forwarder.holds.enabled
         body = orjson.dumps(
             {
-                "ready": healthy > 0,
+                "ready": healthy > 0 or holding,
                 "healthy_workers": healthy,
                 "workers": len(self.registry.workers),
+                "holding": holding,
             }
         )
-        if healthy:
+        if healthy or holding:
             request.respond(200, JSON_HEADERS, body)
         else:
             request.respond(503, JSON_HEADERS + RETRY_AFTER, body)

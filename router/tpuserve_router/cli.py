@@ -218,6 +218,45 @@ OPTIONS: tuple[Option, ...] = (
         f"(default {DEFAULTS.max_in_flight}).",
     ),
     Option(
+        "--hold-max-requests",
+        "hold_max_requests",
+        cli_types.non_negative_int,
+        "Requests per model held while the model has no routable worker (scale from zero), "
+        "dispatched in arrival order once one is; beyond, 503 with Retry-After. 0 turns "
+        f"holding off: 503 at once (default {DEFAULTS.hold_max_requests}).",
+    ),
+    Option(
+        "--hold-max-seconds",
+        "hold_max_seconds",
+        cli_types.duration_seconds,
+        "Seconds a request may be held; then 503 with Retry-After "
+        f"(default {DEFAULTS.hold_max_seconds:g}).",
+    ),
+    Option(
+        "--hold-models",
+        "hold_models",
+        _comma_list,
+        "Models held under their own name before any worker has reported them (the "
+        "operator passes the served name); requests for other unknown models are held as "
+        "`other` while no worker is routable, else 404.",
+        metavar="NAME[,NAME]",
+    ),
+    Option(
+        "--demand-lease",
+        "demand_lease",
+        str,
+        "A coordination.k8s.io Lease in --namespace whose renewTime the router sets while "
+        "requests arrive, are in flight or held: the operator scales from zero and back to "
+        "zero on it (needs --discovery kubernetes; default: none).",
+    ),
+    Option(
+        "--demand-interval",
+        "demand_interval_seconds",
+        cli_types.duration_seconds,
+        "Seconds between the Lease's renewals while there is demand; a newly held request "
+        f"renews it at once (default {DEFAULTS.demand_interval_seconds:g}).",
+    ),
+    Option(
         "--header-timeout",
         "header_timeout_seconds",
         cli_types.duration_seconds,

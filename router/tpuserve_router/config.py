@@ -48,6 +48,8 @@ DISCOVERY_MODES: tuple[Discovery, ...] = ("static", "kubernetes")
 _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+MAX_HELD_PER_MODEL = 100_000
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
 
@@ -85,6 +87,12 @@ class RouterConfig:
     max_prompt_chars: int = 4 * 1024 * 1024  # also the most token ids a prompt may have
     max_connections: int = 10_000
     max_in_flight: int = 4096
+    # Scale from zero (hold.py, demand.py): requests held while no worker is routable.
+    hold_max_requests: int = 0  # per model; 0: no holding, 503 at once
+    hold_max_seconds: float = 300.0
+    hold_models: tuple[str, ...] = ()
+    demand_lease: str | None = None
+    demand_interval_seconds: float = 5.0
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 60.0
     keep_alive_timeout_seconds: float = 30.0
@@ -241,9 +249,27 @@ class RouterConfig:
             "outlier_interval_seconds",
             "outlier_base_ejection_seconds",
             "outlier_max_ejection_seconds",
+            "hold_max_seconds",
+            "demand_interval_seconds",
         ):
             value = getattr(self, name)
             need(value > 0, f"{name}={value}: must be > 0")
+        need(
+            0 <= self.hold_max_requests <= MAX_HELD_PER_MODEL,
+            f"hold_max_requests={self.hold_max_requests}: allowed 0..{MAX_HELD_PER_MODEL} "
+            "(0 turns holding off)",
+        )
+        if self.demand_lease is not None:
+            need(
+                self.discovery == "kubernetes",
+                f"demand_lease={self.demand_lease!r}: needs discovery=kubernetes (the Lease "
+                "is written through the same API server)",
+            )
+            need(
+                bool(_DNS_SUBDOMAIN.match(self.demand_lease)) and len(self.demand_lease) <= 253,
+                f"demand_lease={self.demand_lease!r}: not a valid object name (lower-case "
+                "letters, digits, '-' and '.')",
+            )
         need(
             self.health_check_interval_seconds >= 0,
             f"health_check_interval_seconds={self.health_check_interval_seconds}: must be >= 0 "

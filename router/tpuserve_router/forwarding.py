@@ -17,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable
 from typing import Final
 
 from tpuserve_router.adapter_affinity import AdapterAffinity
 from tpuserve_router.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.cancellation import Aborter, new_rid, with_rid
 from tpuserve_router.core import RouterCore
+from tpuserve_router.hold import HoldQueues, HoldRefused, hold_label
 from tpuserve_router.outliers import OutlierDetector
 from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
@@ -33,6 +35,7 @@ from tpuserve_router.replies import (
     reply_error,
     sse_error_event,
     unauthorized,
+    unavailable,
 )
 from tpuserve_router.request_body import (
     ClientError,
@@ -51,9 +54,9 @@ from tpuserve_router.retry import (
     retryable_error,
     should_retry,
 )
-from tpuserve_router.server import RETRY_AFTER_SECONDS, Handler, HttpRequest
+from tpuserve_router.server import Handler, HttpRequest
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
-from tpuserve_router.workers import Worker
+from tpuserve_router.workers import ModelRoute, Worker
 
 HOP_BY_HOP: Final = frozenset(
     {
@@ -112,6 +115,9 @@ class Forwarder:
         # With the router's own keys, a client's key is the router's business: not the workers'.
         self._not_forwarded = HOP_BY_HOP if keys is None else HOP_BY_HOP | CREDENTIALS
         self.quotas = Quotas()
+        self.holds = HoldQueues(config.hold_max_requests, config.hold_max_seconds, metrics)
+        self.hold_models = frozenset(config.hold_models)
+        self.on_arrival: Callable[[bool], None] | None = None  # the demand signal, if any
         self._shed_at = in_flight_limits(config.max_in_flight)
         self.budget = RetryBudget(
             config.retry_budget_percent,
@@ -150,13 +156,10 @@ class Forwarder:
                 self.metrics.shed.labels(key.priority).inc()
             reject(
                 request,
-                ClientError(
-                    503,
+                unavailable(
                     f"the router has {self.in_flight} requests in flight, its limit "
                     + ("(--max-in-flight)" if key is None else f"for {key.priority} requests")
-                    + "; retry",
-                    error_type="service_unavailable",
-                    headers={"retry-after": RETRY_AFTER_SECONDS},
+                    + "; retry"
                 ),
                 self.metrics,
                 route,
@@ -175,6 +178,23 @@ class Forwarder:
                 return
             model = parsed.model
             served = self.registry.route(model, parsed.lora_path)
+            since = request.arrived
+            held = self.holds.enabled and self._must_hold(model, parsed.lora_path, served)
+            if self.on_arrival is not None:
+                self.on_arrival(held)
+            if held:
+                label = hold_label(model, self._known_models())  # bounded, as a metric label
+                try:
+                    await self.holds.hold(
+                        label,
+                        request.arrived,
+                        functools.partial(self._routable, model, parsed.lora_path),
+                    )
+                except HoldRefused as err:
+                    reject(request, unavailable(str(err)), self.metrics, route, label)
+                    return
+                served = self.registry.route(model, parsed.lora_path)
+                since = time.monotonic()
             if served is None:
                 reject(request, self._not_served(model, parsed.lora_path), self.metrics, route)
                 return
@@ -201,13 +221,10 @@ class Forwarder:
                 except NoHealthyWorker:
                     reject(
                         request,
-                        ClientError(
-                            503,
+                        unavailable(
                             f"no healthy worker for model {model!r}"
                             if model
-                            else "no healthy worker",
-                            error_type="service_unavailable",
-                            headers={"retry-after": RETRY_AFTER_SECONDS},
+                            else "no healthy worker"
                         ),
                         self.metrics,
                         route,
@@ -218,7 +235,7 @@ class Forwarder:
                 if served.adapter is not None:
                     self.affinity.routed(served.adapter, decision.worker.name)
                 attempt = await self._attempt(
-                    request, route, parsed, decision, forwarded, rid, retries, others, key
+                    request, route, parsed, decision, forwarded, rid, retries, others, key, since
                 )
                 if attempt is ANSWERED:
                     return
@@ -235,6 +252,28 @@ class Forwarder:
     def _not_served(self, model: str, lora_path: str | None) -> ClientError:
         name = f"{model!r}" + (f" with LoRA adapter {lora_path!r}" if lora_path else "")
         return model_not_found(name, [n for n, _ in self.registry.served()])
+
+    def _must_hold(self, model: str, lora_path: str | None, served: ModelRoute | None) -> bool:
+        """Whether a request for ``model`` waits in the hold queue: others of its queue
+        wait already, or no worker for it is routable (an unknown model is held only while
+        no worker at all is routable, or if it is one of --hold-models)."""
+        if self.holds.total and self.holds.held(hold_label(model, self._known_models())):
+            return True
+        return not self._routable(model, lora_path, served)
+
+    def _routable(
+        self, model: str, lora_path: str | None, served: ModelRoute | None = None
+    ) -> bool:
+        """A worker could take a request for ``model`` now (or, for a model no worker
+        serves, the answer would be a 404 rather than a wait)."""
+        if served is None:
+            served = self.registry.route(model, lora_path)
+        if served is None:
+            return model not in self.hold_models and self.registry.healthy_count() > 0
+        return any(w.healthy for w in served.workers)
+
+    def _known_models(self) -> frozenset[str]:
+        return self.hold_models.union(self.registry.by_model)
 
     def _retry(
         self,
@@ -261,11 +300,14 @@ class Forwarder:
         retries: int,
         candidates: list[Worker],
         key: ApiKey | None,
+        since: float,
     ) -> Attempt:
         """One try on the decided worker, after ``retries`` earlier ones; ``candidates``
         are the workers this try could have gone to (a retry picks among the others).
         ``headers_and_body`` follow the request line and host; ``rid`` names the request
-        on the worker (to abort it), if it can be named; ``key`` is the client's API key."""
+        on the worker (to abort it), if it can be named; ``key`` is the client's API key;
+        ``--request-timeout`` runs from ``since`` (its arrival, or its leaving the hold
+        queue: the time it waited for a worker to exist is not taken from its answer's)."""
         worker = decision.worker
         policy = self.policy
         model = parsed.model
@@ -287,7 +329,7 @@ class Forwarder:
             payload = _upstream_request(request, pool.host_header, headers_and_body)
             try:
                 sent = True
-                upstream = await self._open(pool, payload, request.arrived, first_byte)
+                upstream = await self._open(pool, payload, since, first_byte)
             except UpstreamError as err:
                 abandoned = _abandoned(err)
                 if self._failed_before_answer(err, worker, retries, candidates):

@@ -169,6 +169,12 @@ TTFT_BUCKETS_SECONDS: Final = (
 E2E_BUCKETS_SECONDS: Final = (
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )  # fmt: skip
+# Seconds a request waits for a slice to come up from zero: a TPU cold start takes minutes.
+HOLD_BUCKETS_SECONDS: Final = (
+    0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+)  # fmt: skip
+HOLD_OUTCOMES: Final = ("dispatched", "queue_full", "timeout", "client_gone")
+DEMAND_RESULTS: Final = ("ok", "failed")
 RATIO_BUCKETS: Final = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 UPSTREAM_ERROR_REASONS: Final = (
@@ -231,6 +237,10 @@ class RouterMetrics:
     tenant_tokens: Counter
     rate_limited: Counter
     shed: Counter
+    held_requests: Gauge
+    hold_seconds: Histogram
+    hold_outcomes: Counter
+    demand_signals: Counter
     auth_failures: Counter
     api_key_reloads: Counter
     api_keys: Gauge
@@ -345,6 +355,29 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "tpuserve_router_shed_total",
             "Requests refused with 503 under overload, by priority class (lowest shed first).",
             ["priority"],
+        ),
+        held_requests=Gauge(
+            "tpuserve_router_held_requests",
+            "Requests waiting in the hold queue for a routable worker of their model "
+            "(scale from zero), by model (`other` for a model the router does not know yet).",
+            ["model"],
+        ),
+        hold_seconds=Histogram(
+            "tpuserve_router_hold_seconds",
+            "Seconds a request waited in the hold queue, whatever its outcome.",
+            ["model"],
+            buckets=HOLD_BUCKETS_SECONDS,
+        ),
+        hold_outcomes=Counter(
+            "tpuserve_router_hold_outcomes_total",
+            "Requests that entered or were refused by the hold queue, by outcome: "
+            "dispatched, queue_full and timeout (503 with Retry-After), client_gone.",
+            ["model", "outcome"],
+        ),
+        demand_signals=Counter(
+            "tpuserve_router_demand_signals_total",
+            "Writes of the demand Lease the operator scales from zero on, by result (ok, failed).",
+            ["result"],
         ),
         auth_failures=Counter(
             "tpuserve_router_auth_failures_total",
@@ -547,3 +580,5 @@ def touch_known_series(metrics: RouterMetrics, policy: str) -> None:
     metrics.retries_over_budget.labels()
     for reason in AUTH_FAILURE_REASONS:
         metrics.auth_failures.labels(reason)
+    for result in DEMAND_RESULTS:
+        metrics.demand_signals.labels(result)

@@ -6,7 +6,7 @@ import orjson
 
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.request_body import ClientError
-from tpuserve_router.server import JSON_HEADERS, HttpRequest
+from tpuserve_router.server import JSON_HEADERS, RETRY_AFTER_SECONDS, HttpRequest
 
 
 def reply_error(request: HttpRequest, err: ClientError) -> None:
@@ -60,4 +60,15 @@ def unauthorized(presented: bytes | None) -> ClientError:
         message,
         error_type="invalid_request_error",
         headers={"www-authenticate": "Bearer"},
+    )
+
+
+def unavailable(message: str) -> ClientError:
+    """A 503 with Retry-After: the router cannot take the request now (overload, no worker,
+    the hold queue full or the hold time over)."""
+    return ClientError(
+        503,
+        message,
+        error_type="service_unavailable",
+        headers={"retry-after": RETRY_AFTER_SECONDS},
     )

@@ -95,6 +95,8 @@ class OperatorProcess:
             "--liveness-port",
             str(self.liveness_port),
             "--standalone",
+            # kwok's pod IPs are fake: never dial them for cold-start reports
+            "--skip-cold-start-reports",
             "--log-format",
             "plain",
             "--resync-seconds",

@@ -105,8 +105,13 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         return reconciler.unschedulable_rows() if reconciler else ()
 
     metrics = create_operator_metrics(registry, rows, servers, unschedulable)
+    skip_reports = options.reconciler.skip_cold_start_reports
     reconciler = Reconciler(
-        kube, options.reconciler, metrics, _emit, read_cold_start=read_server_info
+        kube,
+        options.reconciler,
+        metrics,
+        _emit,
+        read_cold_start=None if skip_reports else read_server_info,
     )
     memo.reconciler = reconciler
     memo.kube = kube

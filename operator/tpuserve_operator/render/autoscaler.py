@@ -86,7 +86,9 @@ def autoscaler(server: Server) -> list[Manifest]:
                     "kind": labels.KIND,
                     "name": server.name,
                 },
-                "minReplicas": spec.min_replicas,
+                # The HPA never goes below 1 (HPAScaleToZero is alpha); the operator owns
+                # 0 <-> 1 (scale_to_zero), and at 0 the HPA stands aside (ScalingDisabled).
+                "minReplicas": max(1, spec.min_replicas),
                 "maxReplicas": spec.max_replicas,
                 "metrics": [_metric(server)],
                 "behavior": {

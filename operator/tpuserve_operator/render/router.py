@@ -25,6 +25,7 @@ from tpuserve_operator.render.context import (
     Server,
     stable_hash,
 )
+from tpuserve_operator.render.demand import demand_lease, hold_args, lease_rule
 
 ROUTER_CONTAINER = "router"
 LIVENESS_PATH = "/health"
@@ -75,7 +76,7 @@ def router_args(server: Server) -> list[str]:
     kv_events = server.valid.spec.router.kv_events
     if kv_events is not None:  # unset: the router subscribes when its policy uses KV events
         args.append("--kv-events" if kv_events else "--no-kv-events")
-    return args
+    return args + hold_args(server)
 
 
 def _resources(server: Server) -> dict[str, Any]:
@@ -165,7 +166,8 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
 
 
 def router_rbac(server: Server) -> list[Manifest]:
-    """ServiceAccount, Role (read pods and EndpointSlices) and RoleBinding for the router."""
+    """ServiceAccount, Role (read pods and EndpointSlices; renew the demand Lease when the
+    server scales to zero) and RoleBinding for the router."""
     name = server.router_name
     return [
         {
@@ -178,7 +180,7 @@ def router_rbac(server: Server) -> list[Manifest]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": server.metadata(name, labels.COMPONENT_ROUTER),
-            "rules": [r.as_policy_rule() for r in rbac.ROUTER_RULES],
+            "rules": [r.as_policy_rule() for r in rbac.ROUTER_RULES] + lease_rule(server),
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -194,4 +196,9 @@ def router_children(server: Server) -> list[Manifest]:
     if not server.valid.spec.router.enabled:
         return []
     config = router_config(server)
-    return [*router_rbac(server), config, router_deployment(server, config)]
+    return [
+        *router_rbac(server),
+        config,
+        router_deployment(server, config),
+        *demand_lease(server),
+    ]

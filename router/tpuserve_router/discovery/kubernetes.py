@@ -268,7 +268,24 @@ class ApiServer:
         return cls(configuration.host.rstrip("/"), {}, context, bearer_token)
 
 
-class PodWatcher:
+class ApiTask:
+    """One background task talking to the API server, owned by its ``start`` and ``stop``
+    (the pod watch; the router's demand Lease, `tpuserve_router.demand`)."""
+
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        await cancel_and_wait([self._task])
+        self._task = None
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
+class PodWatcher(ApiTask):
     """List+watch pods matching ``selector`` in ``namespace``; report workers on change."""
 
     def __init__(
@@ -286,13 +303,6 @@ class PodWatcher:
         self.publish = publish
         self.pods = PodSet()
         self.rejected: list[RejectedPod] = []
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        await cancel_and_wait([self._task])
 
     def _url(self, **params: str) -> str:
         query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())

@@ -3,6 +3,8 @@ and not when the watch cache merely lags the operator's own apply."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tpuserve_operator import labels
@@ -77,3 +79,9 @@ def test_stamp_annotates_the_hash_without_touching_the_input() -> None:
     assert stamp(manifest)[1] == digest
     record = record_of({"metadata": {"generation": 2, "resourceVersion": "7"}}, digest)
     assert record == AppliedRecord(digest, 2, "7")
+
+
+def test_a_lease_renewed_by_routers_is_not_taken_for_a_hand_edit() -> None:
+    lease = dataclasses.replace(view(generation=None, rv="150"), kind="Lease")
+    assert not needs_apply("h1", lease, AppliedRecord("h1", None, "100"))
+    assert needs_apply("h2", lease, AppliedRecord("h1", None, "100"))  # our manifest changed

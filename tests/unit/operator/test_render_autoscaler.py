@@ -108,6 +108,58 @@ def test_quantities(value: float, expected: str) -> None:
     assert quantity(value) == expected
 
 
-def test_min_replicas_of_zero_is_refused(rendered: RenderFn, spec_with: SpecWith) -> None:
-    with pytest.raises(InvalidSpec, match=r"spec\.autoscaling\.minReplicas"):
-        rendered(spec_with(autoscaling={"minReplicas": 0, "maxReplicas": 4}))
+def test_min_replicas_of_zero_scales_to_zero_through_the_operator(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    spec = spec_with(
+        autoscaling={"minReplicas": 0, "maxReplicas": 4, "scaleToZero": {"idleSeconds": 60}},
+        router={"hold": {"maxRequests": 32, "maxSeconds": 900}},
+    )
+    out = rendered(spec)
+    assert hpa_of(out)["spec"]["minReplicas"] == 1  # the HPA owns 1..N, the operator 0 <-> 1
+    (lease,) = [c for c in out.children if c["kind"] == "Lease"]
+    assert lease["metadata"]["name"] == "qwen-demand"
+    (router,) = [c for c in out.children if c["kind"] == "Deployment"]
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    served = out.server.valid.served_name
+    assert {
+        "--hold-max-requests=32",
+        "--hold-max-seconds=900",
+        f"--hold-models={served}",
+        "--demand-lease=qwen-demand",
+    } <= set(args)
+    (role,) = [c for c in out.children if c["kind"] == "Role"]
+    (lease_rule,) = [r for r in role["rules"] if r["resources"] == ["leases"]]
+    assert lease_rule == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["qwen-demand"],
+        "verbs": ["get", "patch"],
+    }
+
+
+def test_without_scale_to_zero_no_lease_and_no_holding(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    out = rendered(spec_with(autoscaling={"minReplicas": 1, "maxReplicas": 4}))
+    assert not [c for c in out.children if c["kind"] == "Lease"]
+    (router,) = [c for c in out.children if c["kind"] == "Deployment"]
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith(("--hold", "--demand"))]
+
+
+def test_min_replicas_of_zero_needs_the_router(rendered: RenderFn, spec_with: SpecWith) -> None:
+    spec = spec_with(autoscaling={"minReplicas": 0, "maxReplicas": 4}, router={"enabled": False})
+    with pytest.raises(InvalidSpec, match=r"spec\.autoscaling\.minReplicas.*router\.enabled"):
+        rendered(spec)
+
+
+@pytest.mark.parametrize("idle", [0, 29, 86401])
+def test_an_idle_period_out_of_bounds_is_refused(
+    rendered: RenderFn, spec_with: SpecWith, idle: int
+) -> None:
+    spec = spec_with(
+        autoscaling={"minReplicas": 0, "maxReplicas": 4, "scaleToZero": {"idleSeconds": idle}}
+    )
+    with pytest.raises(InvalidSpec, match=r"spec\.autoscaling\.scaleToZero\.idleSeconds"):
+        rendered(spec)

@@ -204,3 +204,28 @@ def test_a_bad_keys_file_or_an_admin_mode_nobody_can_use_stops_the_start(tmp_pat
     env = {env_name("--api-keys-file"): str(keys), env_name("--admin"): "open"}
     config = build_config(parse(), environ=env)
     assert (config.api_keys_file, config.admin) == (str(keys), "open")
+
+
+def test_hold_and_demand_settings_are_checked() -> None:
+    with pytest.raises(ConfigError) as err:
+        RouterConfig(
+            hold_max_requests=-1,
+            hold_max_seconds=0,
+            demand_lease="Not_A_Name",
+            demand_interval_seconds=0,
+        ).validate()
+    text = str(err.value)
+    assert "hold_max_requests=-1: allowed 0..100000 (0 turns holding off)" in text
+    assert "hold_max_seconds=0: must be > 0" in text
+    assert "demand_interval_seconds=0: must be > 0" in text
+    assert "demand_lease='Not_A_Name': needs discovery=kubernetes" in text
+    assert "demand_lease='Not_A_Name': not a valid object name" in text
+
+
+def test_hold_flags_and_variables() -> None:
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["--hold-max-requests", "8", "--hold-models", "a,b"])
+    config = build_config(args, {env_name("--hold-max-seconds"): "90"})
+    assert (config.hold_max_requests, config.hold_max_seconds) == (8, 90.0)
+    assert config.hold_models == ("a", "b")

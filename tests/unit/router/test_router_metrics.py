@@ -18,6 +18,10 @@ pytestmark = pytest.mark.unit
 
 EXPECTED = {
     "tpuserve_router_info": "gauge",
+    "tpuserve_router_held_requests": "gauge",
+    "tpuserve_router_hold_seconds": "histogram",
+    "tpuserve_router_hold_outcomes": "counter",
+    "tpuserve_router_demand_signals": "counter",
     "tpuserve_router_requests": "counter",
     "tpuserve_router_ttft_seconds": "histogram",
     "tpuserve_router_e2e_latency_seconds": "histogram",

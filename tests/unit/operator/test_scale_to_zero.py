@@ -1,0 +1,186 @@
+"""Scale to zero and back: the operator's decision from the routers' demand Lease, and what a
+pass does with it (spec.replicas, the Events, Ready=False ScaledToZero, Progressing=True
+Activating)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.fakes import FakeKube, VirtualClock
+from tpuserve_operator import labels
+from tpuserve_operator.metrics import create_operator_metrics
+from tpuserve_operator.node_signals import parse_time
+from tpuserve_operator.reconciler import Reconciler, ReconcilerSettings
+from tpuserve_operator.render import RenderConfig
+from tpuserve_operator.render.demand import DEMAND_INTERVAL_SECONDS, FRESH_RENEWALS
+from tpuserve_operator.scale_to_zero import ZeroDecision, decide_zero
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+IDLE = 60
+NAMESPACE = "ml"
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def decide(replicas: int, now: float, **marks: float | None) -> ZeroDecision:
+    times = {k: (at(v) if v is not None else None) for k, v in marks.items()}
+    return decide_zero(
+        replicas=replicas,
+        idle_seconds=IDLE,
+        now=at(now),
+        renewed=times.get("renewed"),
+        active_since=times.get("active_since"),
+        zeroed_at=times.get("zeroed_at"),
+    )
+
+
+# ---- the decision ---------------------------------------------------------------------------
+
+
+def test_a_fresh_renewal_at_zero_activates() -> None:
+    decision = decide(0, now=100, renewed=99, zeroed_at=50)
+    assert decision.action == "activate"
+
+
+def test_a_renewal_from_before_the_scale_to_zero_does_not_activate() -> None:
+    assert decide(0, now=100, renewed=49, zeroed_at=50).action is None
+
+
+def test_a_stale_renewal_at_zero_does_not_activate() -> None:
+    stale = DEMAND_INTERVAL_SECONDS * FRESH_RENEWALS + 1
+    assert decide(0, now=100, renewed=100 - stale).action is None
+
+
+def test_no_request_for_the_idle_period_scales_to_zero() -> None:
+    decision = decide(1, now=200, renewed=200 - IDLE, active_since=10)
+    assert decision.action == "scale_to_zero"
+    assert "idleSeconds 60" in decision.message
+
+
+def test_a_recent_request_keeps_it_up_and_says_when_to_look_again() -> None:
+    decision = decide(2, now=200, renewed=190, active_since=10)
+    assert decision.action is None
+    assert decision.recheck_seconds == pytest.approx(IDLE - 10)
+
+
+def test_a_server_just_activated_or_scaled_up_by_hand_gets_its_idle_period() -> None:
+    # The last request was long ago, but the server came up 5 s ago: not idle yet.
+    assert decide(1, now=1000, renewed=0, active_since=995).action is None
+
+
+def test_lease_times_are_read_as_kubernetes_writes_them() -> None:
+    assert parse_time("2026-01-01T12:00:01.500000Z") == at(1.5)
+    assert parse_time("2026-01-01T12:00:01Z") == at(1)
+    assert parse_time("garbage") is None
+    assert parse_time("") is None
+
+
+# ---- one pass -------------------------------------------------------------------------------
+
+SPEC = {
+    "model": {"source": "hf://Qwen/Qwen3-8B"},
+    "tpu": {"generation": "v6e", "topology": "2x4"},
+    "engine": {"type": "simulated"},
+    "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "scaleToZero": {"idleSeconds": IDLE}},
+}
+
+
+class Fleet:
+    """A reconciler on an in-memory apiserver, with a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.kube = FakeKube()
+        self.clock = VirtualClock(0.0)
+        self.events: list[tuple[str, str]] = []
+        self.reconciler = Reconciler(
+            self.kube,
+            ReconcilerSettings(render=RenderConfig()),
+            create_operator_metrics(CollectorRegistry()),
+            lambda body, kind, reason, message: self.events.append((kind, reason)),
+            clock=lambda: at(self.clock()),
+        )
+
+        def deliver(event_type: str, body: Any) -> None:
+            if body["kind"] == labels.KIND:
+                self.reconciler.on_server_event(event_type, body)
+            elif body["kind"] != "Pod":
+                self.reconciler.on_child_event(event_type, body)
+
+        self.kube.watch(deliver)
+        self.key = (NAMESPACE, "qwen")
+        self.kube.put(
+            {
+                "apiVersion": labels.API_VERSION,
+                "kind": labels.KIND,
+                "metadata": {"name": "qwen", "namespace": NAMESPACE, "uid": "u", "generation": 1},
+                "spec": dict(SPEC),
+            }
+        )
+
+    def body(self) -> dict[str, Any]:
+        return self.kube.get_object(labels.API_VERSION, labels.KIND, *self.key)
+
+    async def converge(self) -> float | None:
+        return await self.reconciler.converge(self.key, self.body())
+
+    def renew(self, seconds: float) -> None:
+        """A router renews the demand Lease at ``seconds``."""
+        lease = self.kube.get_object("coordination.k8s.io/v1", "Lease", NAMESPACE, "qwen-demand")
+        lease["spec"]["renewTime"] = at(seconds).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self.kube.put(lease)
+
+    def condition(self, type_: str) -> tuple[str, str]:
+        found = next(c for c in self.body()["status"]["conditions"] if c["type"] == type_)
+        return found["status"], found["reason"]
+
+
+async def test_an_idle_server_goes_to_zero_and_the_next_request_brings_it_back() -> None:
+    fleet = Fleet()
+    recheck = await fleet.converge()
+    assert recheck is not None
+    assert recheck <= IDLE + 1
+    assert fleet.kube.names("Lease") == ["qwen-demand"]
+
+    fleet.clock.advance(IDLE / 2)
+    fleet.renew(IDLE / 2)  # a request: the idle period starts again
+    fleet.clock.advance(IDLE - 1)
+    await fleet.converge()
+    assert fleet.kube.replica_patches == []
+
+    fleet.clock.advance(2)
+    await fleet.converge()
+    assert fleet.kube.replica_patches == [0]
+    assert ("Normal", "ScaledToZero") in fleet.events
+    await fleet.converge()  # the new generation: at zero, idle
+    assert fleet.condition("Ready") == ("False", "ScaledToZero")
+    assert fleet.kube.replica_patches == [0]
+
+    fleet.clock.advance(600)
+    fleet.renew(fleet.clock())  # a router holds a request
+    await fleet.converge()
+    assert fleet.kube.replica_patches == [0, 1]
+    assert ("Normal", "Activating") in fleet.events
+    await fleet.converge()
+    assert fleet.condition("Progressing") == ("True", "Activating")
+    assert fleet.condition("Ready") == ("False", "NoReadyReplicas")
+
+
+async def test_a_server_without_scale_to_zero_is_never_scaled_by_the_operator() -> None:
+    fleet = Fleet()
+    body = fleet.body()
+    body["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 2}
+    body["metadata"]["generation"] = 2
+    fleet.kube.put(body)
+    await fleet.converge()
+    fleet.clock.advance(10 * IDLE)
+    await fleet.converge()
+    assert fleet.kube.replica_patches == []
+    assert fleet.kube.names("Lease") == []
