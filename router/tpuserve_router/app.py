@@ -14,6 +14,8 @@ SGLang-compatible server):
   the policy and proxied; streams pass through chunk by chunk (`forwarding`);
 - ``GET /v1/models``: the models the workers serve, and their loaded LoRA adapters;
   ``GET /v1/models/{id}``: one of them (404 ``model_not_found`` otherwise);
+- (the engine load poll, `engine_loads`, feeds every worker's load view, so several
+  router replicas see each other's requests)
 - ``GET /health`` (the router is up), ``GET /readiness`` (at least one routable worker),
   ``GET /metrics``;
 - admin: ``GET /workers``, ``POST /workers`` (``{"url": ...}``), ``DELETE /workers``
@@ -51,6 +53,7 @@ from tpuserve_router.config import RouterConfig, kv_events_enabled
 from tpuserve_router.connections import ConnectionBook
 from tpuserve_router.core import RouterCore
 from tpuserve_router.discovery.static import static_workers
+from tpuserve_router.engine_loads import LoadPoller
 from tpuserve_router.forwarding import Forwarder
 from tpuserve_router.health import HealthChecker
 from tpuserve_router.kv_events import KvEventHub
@@ -130,6 +133,14 @@ class RouterApp:
         core = RouterCore(self.config, self.policy, self.registry, self.metrics)
         self.admission = Admission(core, self.networks, self.kv)
         self.health: HealthChecker = self.admission.health
+        self.loads: LoadPoller | None = None
+        if config.load_poll_interval_seconds > 0:
+            self.loads = LoadPoller(
+                self.registry,
+                self.policy.queued_prefill_tokens,
+                interval_seconds=config.load_poll_interval_seconds,
+                timeout_seconds=config.health_check_timeout_seconds,
+            )
         self.keys: KeyStore | None = None
         if config.api_keys_file is not None:
             self.keys = KeyStore(
@@ -229,6 +240,8 @@ class RouterApp:
                 )
             )
         self.admission.start()
+        if self.loads is not None:
+            self.loads.start()
         self.outliers.start()
         if self.keys is not None:
             self.keys.start()
@@ -280,6 +293,8 @@ class RouterApp:
             self.keys.stop()
         await self.aborter.stop()
         await self.admission.stop()
+        if self.loads is not None:
+            await self.loads.stop()
         if self.kv is not None:
             await self.kv.stop()
 
@@ -494,7 +509,7 @@ class RouterApp:
 
     def _worker_states(self) -> list[WorkerState]:
         return [
-            WorkerState(w.name, w.models, w.healthy, w.in_flight) for w in self.registry.workers
+            WorkerState(w.name, w.models, w.healthy, w.own_in_flight) for w in self.registry.workers
         ]
 
 

@@ -337,6 +337,13 @@ OPTIONS: tuple[Option, ...] = (
         f"{DEFAULTS.models_refresh_seconds:g}).",
     ),
     Option(
+        "--load-poll-interval",
+        "load_poll_interval_seconds",
+        cli_types.non_negative_float,
+        "Seconds between polls of every worker's engine load (/v1/loads), so router replicas "
+        f"see each other's requests; 0 = off (default {DEFAULTS.load_poll_interval_seconds:g}).",
+    ),
+    Option(
         "--health-check-timeout",
         "health_check_timeout_seconds",
         cli_types.duration_seconds,

@@ -107,6 +107,8 @@ class RouterConfig:
     health_failure_threshold: int = 3
     models_refresh_seconds: float = 30.0  # re-read each worker's /v1/models (LoRA adapters)
     health_success_threshold: int = 1
+    # load_view.py: every worker's /v1/loads, so router replicas see each other's load.
+    load_poll_interval_seconds: float = 0.1
     # Outlier ejection (outliers.py), with Envoy's defaults where it has them.
     outlier_consecutive_failures: int = 5
     outlier_failure_rate: float = 0.5
@@ -248,6 +250,11 @@ class RouterConfig:
             self.health_check_interval_seconds >= 0,
             f"health_check_interval_seconds={self.health_check_interval_seconds}: must be >= 0 "
             "(0 turns active health checks off)",
+        )
+        need(
+            self.load_poll_interval_seconds >= 0,
+            f"load_poll_interval_seconds={self.load_poll_interval_seconds}: must be >= 0 "
+            "(0 turns the engine load poll off)",
         )
         need(0 <= self.max_retries <= 10, f"max_retries={self.max_retries}: allowed 0..10")
         need(

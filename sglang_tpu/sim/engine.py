@@ -146,6 +146,21 @@ class EngineCore:
     def waiting_prompt_tokens(self) -> int:
         return sum(len(r.input_ids) for r in self.waiting)
 
+    @property
+    def waiting_uncached_tokens(self) -> int:
+        """Prompt tokens waiting for prefill compute, as SGLang 0.5.23's ``/v1/loads`` counts
+        ``num_waiting_uncached_tokens``: each waiting request's tokens past the prefix the cache
+        holds, plus what the chunked request has left to prefill."""
+        peek = self.cache.peek_prefix_length
+        total = 0
+        for req in self.waiting:
+            fill = req.fill_ids()
+            total += len(fill) - min(len(fill), peek(fill))
+        chunked = self.chunked
+        if chunked is not None:
+            total += max(0, chunked.prefill_len - chunked.prefilled)
+        return total
+
     def match_prefix_length(self, token_ids: Sequence[int]) -> int:
         """Tokens of `token_ids` the cache holds now (no side effects)."""
         return self.cache.peek_prefix_length(token_ids)
