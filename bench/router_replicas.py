@@ -10,16 +10,18 @@ start: when B has every worker routable, when its block index holds what A's hol
 alternately through A and B from the moment B is routable.
 
     python bench/router_replicas.py [--engines 4] [--conversations 64] [--buffer-steps 10000]
-                                    [--json out.json]
+                                    [--snapshot] [--json out.json]
 
 ``--buffer-steps`` small enough that the first turns overflow the engines' replay buffers shows
-what replay alone cannot give a late replica.
+what replay alone cannot give a late replica; ``--snapshot`` starts B with
+``--kv-snapshot-from`` A (A's block index, then the engines' replay from there).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -116,7 +118,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     break
                 held = now_held
             started = time.monotonic()
-            late = start_router("precise", urls, config)
+            peer = ("--kv-snapshot-from", early.url) if args.snapshot else ()
+            late = start_router("precise", urls, dataclasses.replace(config, router_args=peer))
             late.role = "B"
             procs.append(late)
             routable_at = converged_at = None
@@ -140,7 +143,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             )
         return {
             "engines": args.engines, "conversations": args.conversations,
-            "buffer_steps": args.buffer_steps, "blocks_early": held,
+            "buffer_steps": args.buffer_steps, "snapshot": args.snapshot, "blocks_early": held,
             "blocks_late_at_routable": blocks_at_routable, "blocks_late": late_blocks,
             "late_routable_seconds": routable_at, "late_converged_seconds": converged_at,
             "second_turn_hit_rate_early": round(hit_rate(via_a), 3),
@@ -160,6 +163,10 @@ def main() -> int:
     parser.add_argument("--cache-tokens", type=int, default=200_000)
     parser.add_argument("--time-scale", type=float, default=0.0)
     parser.add_argument("--timeout", type=float, default=60.0, help="Most seconds to wait for B.")
+    parser.add_argument(
+        "--snapshot", action="store_true",
+        help="Start B with --kv-snapshot-from A (the index from a peer, then replay from there).",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     result = asyncio.run(measure(args))

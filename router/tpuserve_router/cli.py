@@ -164,6 +164,14 @@ OPTIONS: tuple[Option, ...] = (
         switch=True,
     ),
     Option(
+        "--kv-snapshot-from",
+        "kv_snapshot_from",
+        str,
+        "A peer router's URL (http://HOST:PORT, e.g. the router Service): start the block "
+        "index from its GET /kv_snapshot, then replay the engines' KV events from there, so a "
+        "replica started after the engines' replay buffers wrapped still knows what they hold.",
+    ),
+    Option(
         "--tokenizer",
         "tokenizer",
         str,

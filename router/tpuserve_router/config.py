@@ -75,6 +75,7 @@ class RouterConfig:
     policy: str = DEFAULT_POLICY
     policy_params: dict[str, str] = field(default_factory=dict)
     kv_events: bool | None = None  # None (auto): subscribe when the policy uses KV events
+    kv_snapshot_from: str | None = None  # a peer router's URL (kv_events.py: snapshots)
     tokenizer: str | None = None
     metrics_port: int | None = None
     # The front's limits (server.FrontLimits), as uvicorn, aiohttp and Envoy bound theirs.
@@ -251,6 +252,11 @@ class RouterConfig:
             f"health_check_interval_seconds={self.health_check_interval_seconds}: must be >= 0 "
             "(0 turns active health checks off)",
         )
+        if self.kv_snapshot_from is not None:
+            try:
+                normalize_worker_url(self.kv_snapshot_from)
+            except InvalidWorkerURL as err:
+                problems.append(f"kv_snapshot_from: {err}")
         need(
             self.load_poll_interval_seconds >= 0,
             f"load_poll_interval_seconds={self.load_poll_interval_seconds}: must be >= 0 "

@@ -36,8 +36,17 @@ def engines() -> Iterator[list[EngineTwin]]:
         engine.stop()
 
 
-def router_args(engines: list[EngineTwin]) -> list[str]:
-    args = ["--policy", "precise", "--health-check-interval", "0.2"]
+@pytest.fixture
+def forgetful_engines() -> Iterator[list[EngineTwin]]:
+    """Engines whose replay buffers keep only the last few batches (they wrap at once)."""
+    fleet = start_engines(2, ["--page-size", str(PAGE), "--kv-events-buffer-steps", "2"])
+    yield fleet
+    for engine in fleet:
+        engine.stop()
+
+
+def router_args(engines: list[EngineTwin], *extra: str) -> list[str]:
+    args = ["--policy", "precise", "--health-check-interval", "0.2", *extra]
     for engine in engines:
         args += ["--worker", engine.url]
     return args
@@ -48,15 +57,20 @@ def get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
-def confirmed_blocks(router: RouterProcess) -> int:
+def series_sum(router: RouterProcess, sample_name: str, **labels: str) -> float:
+    """The sum of the samples named so on the router's /metrics that carry ``labels``."""
     with urllib.request.urlopen(router.url + "/metrics", timeout=5) as response:
         text = response.read().decode()
+    total = 0.0
     for family in text_string_to_metric_families(text):
-        if family.name == "tpuserve_router_prefix_index_size":
-            for s in family.samples:
-                if s.labels.get("kind") == "confirmed_blocks":
-                    return int(s.value)
-    return 0
+        for s in family.samples:
+            if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def confirmed_blocks(router: RouterProcess) -> int:
+    return int(series_sum(router, "tpuserve_router_prefix_index_size", kind="confirmed_blocks"))
 
 
 def routable(router: RouterProcess, count: int) -> bool:
@@ -80,11 +94,11 @@ async def complete(
         return answer
 
 
-def start_routers(engines: list[EngineTwin], count: int) -> list[RouterProcess]:
+def start_routers(engines: list[EngineTwin], count: int, *extra: str) -> list[RouterProcess]:
     routers: list[RouterProcess] = []
     try:
         for _ in range(count):
-            routers.append(RouterProcess(router_args(engines)).start())
+            routers.append(RouterProcess(router_args(engines, *extra)).start())
             eventually(lambda: routable(routers[-1], len(engines)), what="routable workers",
                        timeout_seconds=20, context=routers[-1].log)  # fmt: skip
     except BaseException:
@@ -94,19 +108,27 @@ def start_routers(engines: list[EngineTwin], count: int) -> list[RouterProcess]:
     return routers
 
 
+async def fill_caches(router: RouterProcess) -> int:
+    """Twelve conversations of many pages each through ``router``; the blocks its index holds."""
+    async with aiohttp.ClientSession() as session:
+        prompts = [
+            f"conversation {i}: " + f"the shared history of turn {i}. " * 30 for i in range(12)
+        ]
+        for prompt in prompts:  # one at a time: a batch of KV events each, at least
+            await complete(session, router, prompt, 8)
+    held = await eventually_async(
+        lambda: confirmed_blocks(router) or None, what="blocks in the early router's index"
+    )
+    assert held >= 12 * 10  # each prompt is hundreds of tokens: many pages each
+    return held
+
+
 async def test_a_late_replica_learns_the_engines_blocks_from_their_replay(
     engines: list[EngineTwin],
 ) -> None:
     (early,) = start_routers(engines, 1)
     try:
-        async with aiohttp.ClientSession() as session:
-            prompts = [f"conversation {i}: " + f"the shared history of turn {i}. " * 30
-                       for i in range(12)]  # fmt: skip
-            await asyncio.gather(*(complete(session, early, p, 8) for p in prompts))
-        held = await eventually_async(
-            lambda: confirmed_blocks(early) or None, what="blocks in the early router's index"
-        )
-        assert held >= 12 * 10  # each prompt is hundreds of tokens: many pages each
+        held = await fill_caches(early)
         (late,) = start_routers(engines, 1)
         try:
             await eventually_async(
@@ -115,6 +137,37 @@ async def test_a_late_replica_learns_the_engines_blocks_from_their_replay(
                 context=late.log,
             )
             assert confirmed_blocks(late) >= held
+        finally:
+            late.stop()
+    finally:
+        early.stop()
+
+
+async def test_a_late_replica_starts_from_a_peers_snapshot_when_replay_is_not_enough(
+    forgetful_engines: list[EngineTwin],
+) -> None:
+    engines = forgetful_engines
+    (early,) = start_routers(engines, 1)
+    try:
+        held = await fill_caches(early)
+        (blind,) = start_routers(engines, 1)
+        try:  # replay alone: the last 2 batches, whose parents it never saw
+            await eventually_async(
+                lambda: series_sum(blind, "tpuserve_router_kv_event_replays_total", result="ok")
+                >= len(engines),
+                what="the blind router's replays", context=blind.log,
+            )  # fmt: skip
+            assert confirmed_blocks(blind) < held / 2
+        finally:
+            blind.stop()
+        (late,) = start_routers(engines, 1, "--kv-snapshot-from", early.url)
+        try:
+            await eventually_async(
+                lambda: confirmed_blocks(late) == confirmed_blocks(early),
+                what="the late router's index holding what the early one holds",
+                context=late.log,
+            )
+            assert "blocks from a peer router's snapshot" in late.log()
         finally:
             late.stop()
     finally:
