@@ -85,12 +85,18 @@ class EngineTwin:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.proc)
+
+
+def stop_process(proc: subprocess.Popen[str] | None) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def start_engines(n: int, args: Sequence[str] = (), kv_events: bool = True) -> list[EngineTwin]:
@@ -184,13 +190,7 @@ class RouterProcess:
         return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         if self.log_file is not None:
             self.log_file.close()
             self.log_file = None
