@@ -23,7 +23,7 @@ from tpuserve_router.policies.base import (
 )
 from tpuserve_router.server import FrontLimits
 from tpuserve_router.worker_networks import parse_networks, url_problem
-from tpuserve_router.workers import InvalidWorkerURL, parse_worker_flag
+from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url, parse_worker_flag
 
 DEFAULT_POLICY = "precise"
 """The routing policy when none is given: the winner of the routing benchmark (issue 8,
