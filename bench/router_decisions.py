@@ -39,6 +39,7 @@ class Worker:
     name: str
     in_flight: int = 0
     healthy: bool = True
+    peer_prefill_tokens: int = 0
 
 
 def percentile(values: list[float], q: float) -> float:

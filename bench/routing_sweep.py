@@ -84,7 +84,12 @@ def median_of(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def prepare(
-    name: str, seed: int, requests: int, workers: int, router_replicas: int = 1
+    name: str,
+    seed: int,
+    requests: int,
+    workers: int,
+    router_replicas: int = 1,
+    load_poll_seconds: float = SimConfig.load_poll_seconds,
 ) -> tuple[list[Any], SimConfig, float]:
     base = "W1" if name == "W1-fits" else name
     trace = workloads.generate(base, seed=seed, requests=requests)
@@ -93,8 +98,9 @@ def prepare(
         sizing.fits_all(demand) if name == "W1-fits" else sizing.cache_tokens_for(demand, workers)
     )
     config = SimConfig(
-        workers=workers, cache_tokens=cache, seed=seed, router_replicas=router_replicas
-    )
+        workers=workers, cache_tokens=cache, seed=seed, router_replicas=router_replicas,
+        load_poll_seconds=load_poll_seconds,
+    )  # fmt: skip
     mu = measure_rr_saturation(trace, config)
     return trace, config, mu
 
@@ -117,6 +123,11 @@ def main() -> int:
     parser.add_argument(
         "--router-replicas", type=int, default=1,
         help="Router replicas, each request to one at random (mu_RR is measured with one).",
+    )  # fmt: skip
+    parser.add_argument(
+        "--load-poll-interval", type=float, default=SimConfig.load_poll_seconds,
+        help="Seconds between a tpuserve policy's polls of the engines' load (0: none), as "
+        "tpuserve router --load-poll-interval.",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
@@ -150,9 +161,10 @@ def main() -> int:
             if (name, policy, load) in done:
                 continue
             if prepared is None:
+                poll = args.load_poll_interval
+                replicas = args.router_replicas
                 prepared = [
-                    prepare(name, s, args.requests, args.workers, args.router_replicas)
-                    for s in seeds
+                    prepare(name, s, args.requests, args.workers, replicas, poll) for s in seeds
                 ]
             summaries = []
             pooled: list[RequestRecord] = []
@@ -165,7 +177,8 @@ def main() -> int:
                 summaries.append(summary)
                 pooled += measured(result.records, 0.1)
             row = {"workload": name, "policy": policy, "load": load, "seeds": seeds,
-                   "router_replicas": args.router_replicas}  # fmt: skip
+                   "router_replicas": args.router_replicas,
+                   "load_poll_seconds": args.load_poll_interval}  # fmt: skip
             row.update(median_of(summaries))
             row["ci95"] = bootstrap(pooled, rng)
             row["wall_seconds"] = time.perf_counter() - started

@@ -264,6 +264,8 @@ class FakeWorker:
     name: str
     in_flight: int = 0
     healthy: bool = True
+    peer_in_flight: int = 0
+    peer_prefill_tokens: int = 0
 
 
 def fake_worker(name: str, in_flight: int = 0, healthy: bool = True) -> FakeWorker:

@@ -73,7 +73,12 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         READ,
         "granted on to routers (an operator may only grant what it holds)",
     ),
-    Rule("policy", ("poddisruptionbudgets",), MANAGE, "one PodDisruptionBudget per server"),
+    Rule(
+        "policy",
+        ("poddisruptionbudgets",),
+        MANAGE,
+        "a PodDisruptionBudget over each server's engines and one over its router",
+    ),
     Rule(
         "networking.k8s.io",
         ("networkpolicies",),

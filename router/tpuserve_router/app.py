@@ -14,11 +14,14 @@ SGLang-compatible server):
   the policy and proxied; streams pass through chunk by chunk (`forwarding`);
 - ``GET /v1/models``: the models the workers serve, and their loaded LoRA adapters;
   ``GET /v1/models/{id}``: one of them (404 ``model_not_found`` otherwise);
+- (the engine load poll, `engine_loads`, feeds every worker's load view, so several
+  router replicas see each other's requests)
 - ``GET /health`` (the router is up), ``GET /readiness`` (at least one routable worker,
   or holding is on: ``--hold-max-requests`` above 0),
   ``GET /metrics``;
 - admin: ``GET /workers``, ``POST /workers`` (``{"url": ...}``), ``DELETE /workers``
-  (``{"url": ...}`` or ``?url=``), ``POST /flush_cache`` (sent to every worker) (`admin`).
+  (``{"url": ...}`` or ``?url=``), ``POST /flush_cache`` (sent to every worker) (`admin`),
+  ``GET /kv_snapshot`` (the block index, for a replica started late: `kv_events`).
 
 An unknown path gets 404, a known path with another method 405 naming the allowed ones,
 a method the router never serves (``CONNECT``, ``PUT``, ...) 405. With ``--metrics-port``,
@@ -36,6 +39,8 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
+import aiohttp
+import msgpack
 import orjson
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -52,6 +57,7 @@ from tpuserve_router.config import RouterConfig, kv_events_enabled
 from tpuserve_router.connections import ConnectionBook
 from tpuserve_router.core import RouterCore
 from tpuserve_router.discovery.static import static_workers
+from tpuserve_router.engine_loads import LoadPoller
 from tpuserve_router.forwarding import Forwarder
 from tpuserve_router.health import HealthChecker
 from tpuserve_router.hold import touch_hold_series
@@ -77,7 +83,7 @@ from tpuserve_router.server import (
 )
 from tpuserve_router.token_cache import ChatTokenCache
 from tpuserve_router.worker_networks import parse_networks
-from tpuserve_router.workers import WorkerRegistry, WorkerSpec
+from tpuserve_router.workers import WorkerRegistry, WorkerSpec, normalize_worker_url
 
 if TYPE_CHECKING:
     from tpuserve_router.demand import DemandLease
@@ -86,6 +92,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 METRICS_HEADERS: Final = f"content-type: {CONTENT_TYPE_LATEST}\r\n".encode()
+MSGPACK_HEADERS: Final = b"content-type: application/msgpack\r\n"
 SHUTDOWN_GRACE_SECONDS: Final = 5.0
 KNOWN_METHODS: Final = (b"GET", b"HEAD", b"POST", b"DELETE")
 MODELS_PREFIX: Final = "/v1/models/"
@@ -133,6 +140,14 @@ class RouterApp:
         core = RouterCore(self.config, self.policy, self.registry, self.metrics)
         self.admission = Admission(core, self.networks, self.kv)
         self.health: HealthChecker = self.admission.health
+        self.loads: LoadPoller | None = None
+        if config.load_poll_interval_seconds > 0:
+            self.loads = LoadPoller(
+                self.registry,
+                self.policy.queued_prefill_tokens,
+                interval_seconds=config.load_poll_interval_seconds,
+                timeout_seconds=config.health_check_timeout_seconds,
+            )
         self.keys: KeyStore | None = None
         if config.api_keys_file is not None:
             self.keys = KeyStore(
@@ -181,6 +196,7 @@ class RouterApp:
             "/readiness": self._readiness,
             "/metrics": self._metrics,
             "/workers": admin(self.admin.list_workers),
+            "/kv_snapshot": admin(self._kv_snapshot),
         }
         self._delete: dict[str, Handler] = {
             "/workers": admin(self.admin.remove_worker),
@@ -239,6 +255,10 @@ class RouterApp:
                 )
             )
         self.admission.start()
+        if self.loads is not None:
+            self.loads.start()
+        if config.kv_snapshot_from is not None and self.kv is not None:
+            await self._seed_from_peer(config.kv_snapshot_from)
         self.outliers.start()
         if self.keys is not None:
             self.keys.start()
@@ -308,6 +328,8 @@ class RouterApp:
             self.keys.stop()
         await self.aborter.stop()
         await self.admission.stop()
+        if self.loads is not None:
+            await self.loads.stop()
         if self.kv is not None:
             await self.kv.stop()
 
@@ -500,6 +522,32 @@ class RouterApp:
     async def _metrics(self, request: HttpRequest) -> None:
         request.respond(200, METRICS_HEADERS, generate_latest(self.metrics.registry))
 
+    async def _kv_snapshot(self, request: HttpRequest) -> None:
+        """``GET /kv_snapshot``: the block index and event positions, for a peer started late
+        (`kv_events.KvEventHub.snapshot`), as msgpack."""
+        if self.kv is None:
+            reject(request, ClientError(409, "this router follows no KV events"), self.metrics,
+                   route=ADMIN_ROUTE)  # fmt: skip
+            return
+        body = msgpack.packb(self.kv.snapshot())
+        request.respond(200, MSGPACK_HEADERS, body)
+
+    async def _seed_from_peer(self, url: str) -> None:
+        """Take a peer router's snapshot before any worker is subscribed; on failure the
+        replicas' usual catch-up (the engines' replay buffers) is all there is."""
+        assert self.kv is not None
+        session = self.health.session
+        if session is None:
+            return
+        try:
+            async with session.get(normalize_worker_url(url)[0] + "/kv_snapshot") as response:
+                response.raise_for_status()
+                taken = self.kv.seed(msgpack.unpackb(await response.read(), strict_map_key=False))
+        except (OSError, aiohttp.ClientError, ValueError, msgpack.UnpackException) as err:
+            log.warning("no KV snapshot from %s: %s", url, err)
+            return
+        log.info("KV snapshot from %s: %d event streams", url, taken)
+
     def _model_cards(self) -> list[dict[str, Any]]:
         """The served models, then each one's loaded LoRA adapters as ``model:adapter`` with
         ``parent`` set (SGLang's cards list an adapter by its bare name, which a request
@@ -526,7 +574,7 @@ class RouterApp:
 
     def _worker_states(self) -> list[WorkerState]:
         return [
-            WorkerState(w.name, w.models, w.healthy, w.in_flight) for w in self.registry.workers
+            WorkerState(w.name, w.models, w.healthy, w.own_in_flight) for w in self.registry.workers
         ]
 
 

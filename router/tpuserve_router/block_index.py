@@ -175,6 +175,34 @@ class BlockIndex:
                     depths[i] = depth
         return depths
 
+    # ------------------------------------------------------------------ peer snapshots
+
+    def stream_blocks(self, name: str, rank: int = 0) -> list[tuple[int, int | None]]:
+        """A stream's engine hash -> router key entries, as a peer router's snapshot carries
+        them (`kv_events.KvEventHub.snapshot`)."""
+        worker = self._workers.get(name)
+        stream = worker.streams.get(rank) if worker is not None else None
+        return list(stream.engine_keys.items()) if stream is not None else []
+
+    def load_stream(self, name: str, rank: int, blocks: Iterable[tuple[int, int | None]]) -> None:
+        """Take a peer router's entries for one stream, as if its events had been applied
+        here (router keys are the same in every router of this version: `block_keys`)."""
+        worker = self._worker(name)
+        worker.has_events = True
+        stream = worker.streams.get(rank) or self._stream(worker, rank)
+        engine_keys = stream.engine_keys
+        confirmed = self._confirmed
+        for engine_hash, key in blocks:
+            if engine_hash in engine_keys:
+                continue
+            engine_keys[engine_hash] = key
+            if key is None:
+                self.orphan_blocks += 1
+                continue
+            confirmed[key] = confirmed.get(key, 0) | stream.bit
+            if worker.predicted.pop(key, None) is not None:
+                self._drop_predicted(key, worker.bit)
+
     # ------------------------------------------------------------------ routing predictions
 
     def predict(self, name: str, keys: Sequence[int]) -> None:

@@ -164,6 +164,14 @@ OPTIONS: tuple[Option, ...] = (
         switch=True,
     ),
     Option(
+        "--kv-snapshot-from",
+        "kv_snapshot_from",
+        str,
+        "A peer router's URL (http://HOST:PORT, e.g. the router Service): start the block "
+        "index from its GET /kv_snapshot, then replay the engines' KV events from there, so a "
+        "replica started after the engines' replay buffers wrapped still knows what they hold.",
+    ),
+    Option(
         "--tokenizer",
         "tokenizer",
         str,
@@ -374,6 +382,13 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds between re-reading each routable worker's /v1/models (its models and loaded "
         f"LoRA adapters); 0 = only when it turns routable (default "
         f"{DEFAULTS.models_refresh_seconds:g}).",
+    ),
+    Option(
+        "--load-poll-interval",
+        "load_poll_interval_seconds",
+        cli_types.non_negative_float,
+        "Seconds between polls of every worker's engine load (/v1/loads), so router replicas "
+        f"see each other's requests; 0 = off (default {DEFAULTS.load_poll_interval_seconds:g}).",
     ),
     Option(
         "--health-check-timeout",

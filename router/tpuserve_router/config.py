@@ -23,7 +23,7 @@ from tpuserve_router.policies.base import (
 )
 from tpuserve_router.server import FrontLimits
 from tpuserve_router.worker_networks import parse_networks, url_problem
-from tpuserve_router.workers import InvalidWorkerURL, parse_worker_flag
+from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url, parse_worker_flag
 
 DEFAULT_POLICY = "precise"
 """The routing policy when none is given: the winner of the routing benchmark (issue 8,
@@ -77,6 +77,7 @@ class RouterConfig:
     policy: str = DEFAULT_POLICY
     policy_params: dict[str, str] = field(default_factory=dict)
     kv_events: bool | None = None  # None (auto): subscribe when the policy uses KV events
+    kv_snapshot_from: str | None = None  # a peer router's URL (kv_events.py: snapshots)
     tokenizer: str | None = None
     metrics_port: int | None = None
     # The front's limits (server.FrontLimits), as uvicorn, aiohttp and Envoy bound theirs.
@@ -115,6 +116,8 @@ class RouterConfig:
     health_failure_threshold: int = 3
     models_refresh_seconds: float = 30.0  # re-read each worker's /v1/models (LoRA adapters)
     health_success_threshold: int = 1
+    # load_view.py: every worker's /v1/loads, so router replicas see each other's load.
+    load_poll_interval_seconds: float = 0.1
     # Outlier ejection (outliers.py), with Envoy's defaults where it has them.
     outlier_consecutive_failures: int = 5
     outlier_failure_rate: float = 0.5
@@ -274,6 +277,16 @@ class RouterConfig:
             self.health_check_interval_seconds >= 0,
             f"health_check_interval_seconds={self.health_check_interval_seconds}: must be >= 0 "
             "(0 turns active health checks off)",
+        )
+        if self.kv_snapshot_from is not None:
+            try:
+                normalize_worker_url(self.kv_snapshot_from)
+            except InvalidWorkerURL as err:
+                problems.append(f"kv_snapshot_from: {err}")
+        need(
+            self.load_poll_interval_seconds >= 0,
+            f"load_poll_interval_seconds={self.load_poll_interval_seconds}: must be >= 0 "
+            "(0 turns the engine load poll off)",
         )
         need(0 <= self.max_retries <= 10, f"max_retries={self.max_retries}: allowed 0..10")
         need(

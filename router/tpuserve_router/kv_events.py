@@ -20,6 +20,14 @@ the index can still trust:
   learns the resident prefixes (sglang#39750) and a restarted idle engine is known empty;
 - the first batch seen with a number above 0 and no catch-up yet: replay from 0.
 
+A replay buffer holds the last batches only (SGLang keeps 10,000), and a block whose parent
+the index never saw cannot be placed, so a replica started after the buffer wrapped would
+never learn the prefixes stored before it (a hot system prompt is stored once). Such a
+replica starts from a peer router's *snapshot* (``--kv-snapshot-from``; `snapshot`,
+`seed`): per stream, the engine hash -> router key entries and the next sequence number;
+the subscription then replays only from that number. If the engine no longer holds the
+batches since (or restarted meanwhile), the usual gap or restart rule drops the snapshot.
+
 ``AllBlocksCleared`` (the engine's cache was flushed) drops everything that stream held.
 Each of these is counted in the ``tpuserve_router_kv_event_*`` series. A message or event
 the router cannot use (bad frames, an undecodable batch, a malformed or unknown event) is
@@ -33,6 +41,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -61,6 +71,22 @@ REPLAY_TIMEOUT_SECONDS = 2.0
 DRAIN_MAX_MESSAGES = 64
 """Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
 are read on the loop's next turn)."""
+
+
+SNAPSHOT_FORMAT = "tpuserve-kv-snapshot-1"
+"""Names the snapshot's layout and its router keys (`block_index.block_keys`): a router
+takes only snapshots of its own format."""
+
+
+@dataclass(frozen=True)
+class _Seed:
+    """One stream of a peer's snapshot, waiting for its subscription."""
+
+    worker: str
+    rank: int
+    events: str
+    seq: int
+    blocks: list[tuple[int, int | None]]
 
 
 class _Subscription:
@@ -171,10 +197,11 @@ class _Subscription:
         self._read()
 
     async def _catch_up_from_start(self) -> None:
-        """Apply everything the engine's replay buffer holds (what it cached before we came)."""
+        """Apply everything the engine's replay buffer holds (what it cached before we came),
+        or, starting from a peer's snapshot, what came after it."""
         if self.endpoints.replay is None:
             return
-        replayed = await self.hub.replay(self.endpoints.replay, 0)
+        replayed = await self.hub.replay(self.endpoints.replay, self.expected or 0)
         self.hub.metrics.kv_event_replays.labels(
             self.worker, "ok" if replayed is not None else "failed"
         ).inc()
@@ -182,6 +209,8 @@ class _Subscription:
             return
         if self.expected is not None and replayed[-1][0] < self.expected - 1:
             return  # older than what we already applied: nothing new
+        if self.expected is not None and replayed[0][0] > self.expected:
+            self.hub.resync(self.worker, "gap_unrecoverable", self.rank)  # the buffer wrapped
         for seq, payload in replayed:
             if self.expected is None or seq >= self.expected:
                 self.apply(payload)
@@ -278,6 +307,7 @@ class KvEventHub:
         self.context = zmq.asyncio.Context()
         self._subscriptions: dict[str, tuple[_Subscription, ...]] = {}
         self._logged: set[tuple[str, str]] = set()
+        self._seeds: dict[tuple[str, int], _Seed] = {}
 
     def endpoints(self, worker: str) -> tuple[Endpoints, ...]:
         return tuple(sub.endpoints for sub in self._subscriptions.get(worker, ()))
@@ -301,6 +331,8 @@ class KvEventHub:
         self._subscriptions[worker] = subscriptions
         self.index.mark_event_feed(worker)
         for subscription in subscriptions:
+            self._start_from_seed(subscription)
+        for subscription in subscriptions:
             subscription.start()
         log.info(
             "subscribed to KV events of %s at %s", worker, ", ".join(e.events for e in endpoints)
@@ -315,6 +347,56 @@ class KvEventHub:
         for worker in list(self._subscriptions):
             await self.unwatch(worker)
         self.context.term()
+
+    def snapshot(self) -> dict[str, Any]:
+        """What this router knows of every stream it follows, for a peer started late: the
+        index's entries and the next batch number (`SNAPSHOT_FORMAT`)."""
+        streams = [
+            {"worker": worker, "rank": sub.rank, "events": sub.endpoints.events,
+             "seq": sub.expected, "blocks": self.index.stream_blocks(worker, sub.rank)}
+            for worker, subs in self._subscriptions.items()
+            for sub in subs
+            if sub.expected is not None
+        ]  # fmt: skip
+        return {"format": SNAPSHOT_FORMAT, "page_size": self.index.page_size, "streams": streams}
+
+    def seed(self, snapshot: object) -> int:
+        """Keep a peer's snapshot until the streams it describes are subscribed; the number
+        of streams taken. Raises ValueError naming what is wrong with it."""
+        if not isinstance(snapshot, dict) or snapshot.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(f"KV snapshot: 'format' must be {SNAPSHOT_FORMAT!r}")
+        page_size = snapshot.get("page_size")
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"KV snapshot: page_size {page_size!r}; allowed: an integer >= 1")
+        streams = snapshot.get("streams")
+        if not isinstance(streams, list):
+            raise ValueError("KV snapshot: 'streams' must be a list")
+        seeds: dict[tuple[str, int], _Seed] = {}
+        for i, stream in enumerate(streams):
+            try:
+                seed = _Seed(
+                    str(stream["worker"]), int(stream["rank"]), str(stream["events"]),
+                    int(stream["seq"]),
+                    [(int(h), None if k is None else int(k)) for h, k in stream["blocks"]],
+                )  # fmt: skip
+            except (KeyError, TypeError, ValueError) as err:
+                raise ValueError(f"KV snapshot: streams[{i}] is malformed: {err!r}") from None
+            seeds[(seed.worker, seed.rank)] = seed
+        if not self.index.page_size_learned:
+            self.index.page_size = page_size
+        self._seeds.update(seeds)
+        return len(seeds)
+
+    def _start_from_seed(self, sub: _Subscription) -> None:
+        seed = self._seeds.pop((sub.worker, sub.rank), None)
+        if seed is None or seed.events != sub.endpoints.events or sub.expected is not None:
+            return
+        self.index.load_stream(sub.worker, sub.rank, seed.blocks)
+        sub.expected = seed.seq
+        log.info(
+            "%s: %d blocks from a peer router's snapshot, replaying from batch %d",
+            sub.label, len(seed.blocks), seed.seq,
+        )  # fmt: skip
 
     def resync(self, worker: str, reason: str, rank: int | None = None) -> None:
         """Drop what the index knows of the worker (of one DP rank's stream, given ``rank``)."""

@@ -12,8 +12,10 @@ read a plain field on the hot path.
   whose checks pass while its requests fail stays out.
 
 ``in_flight`` counts requests the router sent to a worker that have not ended; the proxy
-increments it right after a decision and decrements it in a ``finally``, so it returns
-to zero on every exit path (success, upstream error, client cancel, timeout).
+increments it right after a decision and decrements it in a ``finally``, so its own part
+returns to zero on every exit path (success, upstream error, client cancel, timeout). With
+the engine load poll it also holds ``peer_in_flight``, what other router replicas sent
+there as of the last poll (`tpuserve_router.load_view`); ``own_in_flight`` is the rest.
 """
 
 from __future__ import annotations
@@ -174,6 +176,8 @@ class Worker:
         "model",
         "models",
         "name",
+        "peer_in_flight",
+        "peer_prefill_tokens",
         "pool",
         "port",
         "probe_failed_while_ejected",
@@ -189,6 +193,8 @@ class Worker:
         self.kv_replay_endpoint = spec.kv_replay_endpoint
         self.manual = manual
         self.in_flight = 0
+        self.peer_in_flight = 0  # part of in_flight other router replicas sent (load_view)
+        self.peer_prefill_tokens = 0
         self.health_ok = False  # routable once the first health check passes
         self.health_failures = 0
         self.health_successes = 0
@@ -206,6 +212,11 @@ class Worker:
         self.adapters: tuple[str, ...] = ()  # LoRA adapters loaded (its /v1/models)
         self.pool: Any = None  # the proxy's connection pool, attached by the app
         self.stats: Any = None  # the app's cached metric children
+
+    @property
+    def own_in_flight(self) -> int:
+        """Requests this router sent to the worker that have not ended."""
+        return self.in_flight - self.peer_in_flight
 
     def __repr__(self) -> str:
         return f"Worker({self.name}, healthy={self.healthy}, in_flight={self.in_flight})"
@@ -256,7 +267,9 @@ class Worker:
             "ejected": self.ejected,
             "ejections": self.ejections,
             "consecutive_failures": self.consecutive_failures,
-            "in_flight": self.in_flight,
+            "in_flight": self.own_in_flight,
+            "peer_in_flight": self.peer_in_flight,
+            "peer_prefill_tokens": self.peer_prefill_tokens,
             "models": list(self.models),
             "adapters": list(self.adapters),
             "kv_events_endpoint": self.kv_events_endpoint,

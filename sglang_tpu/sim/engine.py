@@ -146,6 +146,26 @@ class EngineCore:
     def waiting_prompt_tokens(self) -> int:
         return sum(len(r.input_ids) for r in self.waiting)
 
+    @property
+    def waiting_uncached_tokens(self) -> int:
+        """Prompt tokens waiting for prefill compute, as SGLang 0.5.23's ``/v1/loads`` counts
+        ``num_waiting_uncached_tokens``: each waiting request's tokens past its matched prefix,
+        plus what the chunked request has left to prefill. As SGLang keeps a waiting request's
+        ``num_matched_prefix_tokens`` from its last match, the twin matches a waiting request
+        once (the first time it is asked) rather than on every call."""
+        peek = self.cache.peek_prefix_length
+        total = 0
+        for req in self.waiting:
+            fill = req.fill_ids()
+            matched = req.matched_prefix_tokens
+            if matched is None:
+                matched = req.matched_prefix_tokens = min(len(fill), peek(fill))
+            total += len(fill) - matched
+        chunked = self.chunked
+        if chunked is not None:
+            total += max(0, chunked.prefill_len - chunked.prefilled)
+        return total
+
     def match_prefix_length(self, token_ids: Sequence[int]) -> int:
         """Tokens of `token_ids` the cache holds now (no side effects)."""
         return self.cache.peek_prefix_length(token_ids)
@@ -336,6 +356,7 @@ class EngineCore:
         self._release(req)
         req.retractions += 1
         self.retracted_total += 1
+        req.matched_prefix_tokens = None  # waits again: matched again when asked
         self.waiting.appendleft(req)
 
     def finish_step(self, step: Step, now: float) -> list[Request]:

@@ -213,7 +213,7 @@ async def handle_loads(request: web.Request) -> web.Response:
         "timestamp": load["timestamp"], "dp_rank": 0,
         "num_running_reqs": load["num_running_reqs"],
         "num_waiting_reqs": load["num_waiting_reqs"],
-        "num_waiting_uncached_tokens": core.waiting_prompt_tokens,
+        "num_waiting_uncached_tokens": core.waiting_uncached_tokens,
         "num_used_tokens": load["num_used_tokens"],
         "num_total_tokens": load["num_total_tokens"],
         "num_active_tokens": load["num_total_tokens"], "num_prealloc_ready_tokens": 0,

@@ -21,6 +21,7 @@ class Request:
         "input_ids",
         "last_node",
         "last_token_time",
+        "matched_prefix_tokens",
         "max_new_tokens",
         "on_update",
         "output_ids",
@@ -76,6 +77,7 @@ class Request:
         self.prefilled = 0
         self.prefill_len = 0  # tokens to prefill: len(fill_ids()) when admitted
         self.tree_len = 0
+        self.matched_prefix_tokens: int | None = None  # while waiting (engine.py)
         self.private_tokens = 0
         self.retractions = 0
         self.last_node: TreeNode | None = None

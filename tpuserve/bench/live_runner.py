@@ -63,6 +63,7 @@ class LiveConfig:
     time_scale: float = 1.0
     anchor_python: str | None = None
     router_args: tuple[str, ...] = ()
+    engine_args: tuple[str, ...] = ()
 
 
 @dataclass
@@ -131,6 +132,7 @@ def start_engine(index: int, config: LiveConfig, kv_events: bool) -> Proc:
         "--max-queued-requests", str(min(sim.max_queued_requests, 100_000)),
         "--time-scale", repr(config.time_scale), "--seed", str(sim.seed * 1000 + index),
         "--enable-cache-report",  # cached tokens in usage, as engines the launcher starts
+        *config.engine_args,
     ]  # fmt: skip
     if kv_events:
         cmd += [

@@ -22,7 +22,13 @@ called exactly as the router calls them:
 With ``router_replicas`` N > 1 the policy runs as N router replicas behind one Service: each
 request goes to one of them at random, each keeps its own policy state (trees, predictions,
 prefill queues) and its own in-flight counts (a router knows only what it sent), and each
-subscribes to every engine's KV events.
+subscribes to every engine's KV events. A tpuserve policy (not an anchor: sglang-router and the
+others keep their own counts only) also polls every engine's load every ``load_poll_seconds``
+as ``tpuserve router --load-poll-interval`` does, replica ``r`` at phase ``r / N`` of the
+interval, and sees its own in-flight requests and prefill plus what the others put there as
+of its last poll (`tpuserve_router.load_view.set_peer_load`, the router's own rule; the engine
+answers with its running and waiting requests and its uncached waiting prompt tokens, as
+``/v1/loads`` does).
 
 Every request of the trace runs as its own request, whatever its id (the engines see the
 request's position in the trace), and one that fails carries its reason in
@@ -54,7 +60,15 @@ from tpuserve.bench.anchors import AnchorContext, make_bench_policy
 from tpuserve.bench.report import SLO_FACTOR, LoadSamples, RequestRecord
 from tpuserve.bench.traces import TraceRequest, token_ids_of
 from tpuserve_router.block_index import BlockIndex
-from tpuserve_router.policies.base import Decision, NoHealthyWorker, Policy, RouteRequest
+from tpuserve_router.config import RouterConfig
+from tpuserve_router.load_view import set_peer_load
+from tpuserve_router.policies.base import (
+    Decision,
+    NoHealthyWorker,
+    Policy,
+    RouteRequest,
+    registered_policy_names,
+)
 from tpuserve_router.request_body import parse_chat, parse_completions
 
 log = logging.getLogger(__name__)
@@ -109,6 +123,9 @@ class SimConfig:
     restart_down_seconds: float = 5.0
     slo_factor: float = SLO_FACTOR
     router_replicas: int = 1
+    load_poll_seconds: float = RouterConfig.load_poll_interval_seconds
+    """How often a tpuserve policy's replicas poll the engines' load (0: never), as
+    ``tpuserve router --load-poll-interval``."""
 
     @property
     def context_length(self) -> int:
@@ -131,6 +148,10 @@ class SimConfig:
             raise ValueError(
                 f"--router-replicas: {self.router_replicas} is not allowed; allowed: >= 1"
             )
+        if not self.load_poll_seconds >= 0:
+            raise ValueError(
+                f"--load-poll-interval: {self.load_poll_seconds} is not allowed; allowed: >= 0"
+            )
         for fault in self.faults:
             fault.validate(self.workers)
 
@@ -151,14 +172,17 @@ class _Worker:
 
 
 class _View:
-    """A worker as one router replica sees it: its own in-flight count, the shared health."""
+    """A worker as one router replica sees it: its own in-flight count (plus the other
+    replicas' as of its last load poll), the shared health."""
 
-    __slots__ = ("in_flight", "name", "worker")
+    __slots__ = ("in_flight", "name", "peer_in_flight", "peer_prefill_tokens", "worker")
 
     def __init__(self, worker: _Worker) -> None:
         self.name = worker.name
         self.worker = worker
         self.in_flight = 0
+        self.peer_in_flight = 0
+        self.peer_prefill_tokens = 0
 
     @property
     def healthy(self) -> bool:
@@ -252,6 +276,14 @@ class SimRun:
             for _ in range(config.router_replicas)
         ]
         self._replica_rng = random.Random(f"replicas:{config.seed}")
+        interval = config.load_poll_seconds
+        self._poll_interval = interval
+        self._next_poll = [
+            (r * interval / len(self.replicas) if interval > 0 else math.inf)
+            for r in range(len(self.replicas))
+        ]
+        if policy_name not in registered_policy_names():
+            self._next_poll = [math.inf] * len(self.replicas)
         self.policy = self.replicas[0].policy
         self.indexes: list[BlockIndex] = []
         for replica in self.replicas:
@@ -308,33 +340,15 @@ class SimRun:
 
     def run(self) -> SimResult:
         start = time.perf_counter()
-        faults = sorted(self.config.faults, key=lambda f: f.at)
-        next_sample = 0.0
-        fault_i = 0
+        self._faults = sorted(self.config.faults, key=lambda f: f.at)
+        self._fault_i = 0
+        self._next_sample = 0.0
         for req in self.trace:
-            t = req.t
-            while True:
-                next_fault = faults[fault_i].at if fault_i < len(faults) else math.inf
-                step = min(next_sample, next_fault)
-                if step > t:
-                    break
-                self._advance(step)
-                if step == next_fault:
-                    self._apply_fault(faults[fault_i])
-                    fault_i += 1
-                else:
-                    self._sample()
-                    next_sample += SAMPLE_INTERVAL_SECONDS
-            self._advance(t)
+            self._run_timers(req.t)
+            self._advance(req.t)
             self._route(req)
         while self.pending:
-            while fault_i < len(faults) and faults[fault_i].at <= next_sample:
-                self._advance(faults[fault_i].at)
-                self._apply_fault(faults[fault_i])
-                fault_i += 1
-            self._advance(next_sample)
-            self._sample()
-            next_sample += SAMPLE_INTERVAL_SECONDS
+            self._run_timers(self._next_sample)
             if all(w.engine.idle for w in self.workers) and self.pending:
                 # Only requests on a worker that is down remain; nothing can finish.
                 break
@@ -347,6 +361,38 @@ class SimRun:
             rejected=self.rejected,
             faults=self.fault_log,
         )  # fmt: skip
+
+    def _run_timers(self, until: float) -> None:
+        """Fire what is due up to ``until``, in time order (a fault before a sample or a poll
+        at the same instant): faults, load samples and the replicas' load polls."""
+        while True:
+            faults = self._faults
+            next_fault = faults[self._fault_i].at if self._fault_i < len(faults) else math.inf
+            next_poll = min(self._next_poll)
+            at = min(next_fault, self._next_sample, next_poll)
+            if at > until:
+                return
+            self._advance(at)
+            if at == next_fault:
+                self._apply_fault(faults[self._fault_i])
+                self._fault_i += 1
+            elif at == self._next_sample:
+                self._sample()
+                self._next_sample += SAMPLE_INTERVAL_SECONDS
+            else:
+                r = self._next_poll.index(next_poll)
+                self._poll_loads(self.replicas[r])
+                self._next_poll[r] += self._poll_interval
+
+    def _poll_loads(self, replica: _Replica) -> None:
+        """One replica's load poll of every engine (``/v1/loads``), taken at once."""
+        policy = replica.policy
+        for view in replica.views:
+            core = view.worker.engine.core
+            set_peer_load(
+                view, core.num_running + core.num_waiting, core.waiting_uncached_tokens,
+                policy.queued_prefill_tokens(view.name),
+            )  # fmt: skip
 
     def _advance(self, t: float) -> None:
         for i, w in enumerate(self.workers):

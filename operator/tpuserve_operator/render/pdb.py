@@ -1,4 +1,4 @@
-"""The PodDisruptionBudget over a server's engine pods."""
+"""The PodDisruptionBudgets over a server's engine pods and over its router pods."""
 
 from __future__ import annotations
 
@@ -22,5 +22,20 @@ def disruption_budget(server: Server) -> Manifest:
             "maxUnavailable": 1,
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
             "selector": {"matchLabels": labels.engine_selector(server.name)},
+        },
+    }
+
+
+def router_disruption_budget(server: Server) -> Manifest:
+    """One voluntary eviction at a time across the router's pods, so a node drain never takes
+    every replica of the router at once (with one replica it blocks nothing)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": server.metadata(server.router_name, labels.COMPONENT_ROUTER),
+        "spec": {
+            "maxUnavailable": 1,
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            "selector": {"matchLabels": labels.router_selector(server.name)},
         },
     }

@@ -1,4 +1,4 @@
-"""The router in front of a server's leaders: Deployment, ConfigMap, ServiceAccount and RBAC.
+"""The router in front of a server's leaders: Deployment, ConfigMap, ServiceAccount, RBAC, PDB.
 
 The router is configured only through its command line and environment (ARCHITECTURE §3):
 it discovers the ready leaders of this server by label selector (`labels.leader_selector`)
@@ -26,6 +26,7 @@ from tpuserve_operator.render.context import (
     stable_hash,
 )
 from tpuserve_operator.render.demand import demand_lease, hold_args, lease_rule
+from tpuserve_operator.render.pdb import router_disruption_budget
 
 ROUTER_CONTAINER = "router"
 LIVENESS_PATH = "/health"
@@ -38,6 +39,7 @@ ENV_POLICY = "TPUSERVE_ROUTER_POLICY"
 ENV_SELECTOR = "TPUSERVE_ROUTER_SELECTOR"
 ENV_NAMESPACE = "TPUSERVE_ROUTER_NAMESPACE"
 CONFIG_HASH = f"{labels.GROUP}/config-hash"
+HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
 
 
 def router_policy(server: Server) -> str | None:
@@ -129,6 +131,7 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
         },
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "affinity": _spread(server),
     }
     api_keys = spec.router.api_keys
     if api_keys is not None:  # a whole-Secret mount (no subPath), so updates reach the pod
@@ -162,6 +165,22 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
                 "spec": pod_spec,
             },
         },
+    }
+
+
+def _spread(server: Server) -> Manifest:
+    """Replicas on different nodes where the scheduler can (preferred, so a one-node cluster
+    still runs them all): a node's loss then takes one replica, not the router."""
+    term = {
+        "labelSelector": {"matchLabels": labels.router_selector(server.name)},
+        "topologyKey": HOSTNAME_TOPOLOGY_KEY,
+    }
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": term}
+            ]
+        }
     }
 
 
@@ -201,4 +220,5 @@ def router_children(server: Server) -> list[Manifest]:
         config,
         router_deployment(server, config),
         *demand_lease(server),
+        router_disruption_budget(server),
     ]

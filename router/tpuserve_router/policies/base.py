@@ -65,7 +65,15 @@ class WorkerView(Protocol):
 
     @property
     def in_flight(self) -> int:
-        """Requests the router has sent to this worker that have not finished yet."""
+        """Requests in flight at this worker as this router sees them: those it sent that
+        have not finished, plus those other router replicas sent as of the last load poll
+        (`tpuserve_router.load_view`)."""
+        ...
+
+    @property
+    def peer_prefill_tokens(self) -> int:
+        """Prompt tokens waiting for prefill at this worker that other router replicas (or
+        clients) sent, as of the last load poll; 0 without one."""
         ...
 
 
@@ -156,6 +164,11 @@ class Policy(Protocol):
         when it keeps none."""
         ...
 
+    def queued_prefill_tokens(self, name: str) -> int:
+        """Prompt tokens this policy booked on worker ``name`` whose prefill is not over
+        (the load poll subtracts them from the engine's count); 0 when it books none."""
+        ...
+
 
 class PolicyDefaults:
     """No-op hooks and no index, so a stateless policy only writes ``choose``."""
@@ -174,6 +187,9 @@ class PolicyDefaults:
             "confirmed_blocks": index.confirmed_blocks,
             "predicted_blocks": index.predicted_blocks,
         }
+
+    def queued_prefill_tokens(self, name: str) -> int:
+        return 0
 
     def on_prefill_done(self, decision: Decision[Any]) -> None:
         return None

@@ -9,7 +9,8 @@ For each routable worker ``w`` the policy predicts, in prefill-token units,
   from what was routed, as `precise` does);
 - ``queued_prefill(w)``: uncached prompt tokens of requests sent to ``w`` whose prefill is
   not over (`prefix_routing.PrefillQueues`: no first byte yet, and the engine has not
-  reported the prompt's last block), the work ahead of this request in ``w``'s queue;
+  reported the prompt's last block), plus what other router replicas queued there as of the
+  last load poll (``peer_prefill_tokens``), the work ahead of this request in ``w``'s queue;
 - ``decode_weight * in_flight(w)``: each running sequence slows every engine step a little
   (default 8 tokens' worth of prefill per running request).
 
@@ -72,9 +73,6 @@ class CostPolicy(BlockIndexPolicy):
         self.params = build_params(self.name, CostParams, config)
         self.start_index(self.params, clock)
 
-    def queued_prefill_tokens(self, name: str) -> int:
-        return self.queues.tokens(name)
-
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
         params = self.params
         healthy = healthy_workers(workers, request.model)
@@ -96,7 +94,8 @@ class CostPolicy(BlockIndexPolicy):
             if load + 1 > cap:
                 continue
             cached = min(prompt, depths[i] * page)
-            cost = queues.tokens(worker.name) + (prompt - cached) + params.decode_weight * load
+            queued = queues.tokens(worker.name) + worker.peer_prefill_tokens
+            cost = queued + (prompt - cached) + params.decode_weight * load
             if (
                 best_i < 0
                 or cost < best_cost

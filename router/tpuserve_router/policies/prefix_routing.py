@@ -196,7 +196,8 @@ def leave_long_queue(
 ) -> int:
     """``chosen``, or the worker that would start this prompt's first token much sooner.
 
-    A worker's prefill work for the request is the prefill queued there plus the prompt's
+    A worker's prefill work for the request is the prefill queued there (booked by this
+    router, plus what other router replicas queued as of the last load poll) plus the prompt's
     tokens it does not hold (``prompt_tokens - cached[i]``, `cost`'s price). The candidate
     is the worker with the least work (ties: the longer prefix, then the least loaded). The
     request moves there when the queue it avoids outweighs the prefix it gives up: when
@@ -206,7 +207,7 @@ def leave_long_queue(
     short queues keep affinity (a move costs a prefill, which the requests queued behind it
     at the other worker pay for too, and room in that worker's cache).
     """
-    queued = [queues.tokens(w.name) for w in healthy]
+    queued = [queues.tokens(w.name) + w.peer_prefill_tokens for w in healthy]
     if queued[chosen] <= params.queue_margin_tokens + params.saved_prefix_weight * (
         cached[chosen] - max(cached)
     ):
@@ -272,6 +273,9 @@ class BlockIndexPolicy(PolicyDefaults):
 
     def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
         self.queues.release(decision)
+
+    def queued_prefill_tokens(self, name: str) -> int:
+        return self.queues.tokens(name)
 
     def on_worker_reset(self, name: str) -> None:
         self.block_index.clear(name)

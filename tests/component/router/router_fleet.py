@@ -13,13 +13,16 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
 
 from prometheus_client import CollectorRegistry
 
-from tests.waiting import eventually_async
+from tests.waiting import eventually, eventually_async
 from tpuserve.cluster.ports import free_port
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
@@ -82,12 +85,18 @@ class EngineTwin:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.proc)
+
+
+def stop_process(proc: subprocess.Popen[str] | None) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def start_engines(n: int, args: Sequence[str] = (), kv_events: bool = True) -> list[EngineTwin]:
@@ -133,3 +142,55 @@ def requests_by_worker(app: RouterApp, route: str = "/v1/completions") -> dict[s
                 worker = s.labels["worker"]
                 counts[worker] = counts.get(worker, 0) + s.value
     return counts
+
+
+ROUTER_START_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass
+class RouterProcess:
+    """One `tpuserve router` process on a free loopback port (router replicas are processes);
+    its log goes to a temporary file (``log()`` reads it)."""
+
+    args: Sequence[str] = ()
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[str] | None = None
+    log_file: IO[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return Path(self.log_file.name).read_text() if self.log_file is not None else ""
+
+    def start(self) -> RouterProcess:
+        cmd = [sys.executable, "-c", ENTRY, "router", "--port", str(self.port), *self.args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # open for the process's life, closed (and removed) by stop()
+        self.log_file = tempfile.NamedTemporaryFile("w", prefix="router-", suffix=".log")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=self.log_file, text=True, env=env
+        )
+        proc = self.proc
+
+        def listening() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"router exited with {proc.returncode}:\n{self.log()}")
+            return "listening on" in self.log()
+
+        try:
+            eventually(
+                listening, what="the router listening", context=self.log,
+                timeout_seconds=ROUTER_START_TIMEOUT_SECONDS, interval_seconds=0.1,
+            )  # fmt: skip
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        if self.log_file is not None:
+            self.log_file.close()
+            self.log_file = None

@@ -54,6 +54,7 @@ def test_statefulset_path_objects(rendered: RenderFn) -> None:
             ("RoleBinding", "qwen-router"),
             ("ConfigMap", "qwen-router"),
             ("Deployment", "qwen-router"),
+            ("PodDisruptionBudget", "qwen-router"),
             ("Service", "qwen-r0"),
             ("StatefulSet", "qwen-r0"),
             ("StatefulSet", "qwen-r0-w"),
@@ -160,6 +161,24 @@ def test_router_defaults_come_from_the_operator(rendered: RenderFn) -> None:
         == "power_of_two"
     )
     assert one(result.children, "Deployment", "qwen-router")["spec"]["replicas"] == 2
+
+
+def test_router_replicas_spread_over_nodes_and_drain_one_at_a_time(rendered: RenderFn) -> None:
+    children = rendered().children
+    deployment = one(children, "Deployment", "qwen-router")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    (preferred,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert preferred["podAffinityTerm"] == {
+        "labelSelector": {"matchLabels": selector},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    budget = one(children, "PodDisruptionBudget", "qwen-router")
+    assert budget["spec"]["selector"]["matchLabels"] == selector
+    assert budget["spec"]["maxUnavailable"] == 1
+    engines = one(children, "PodDisruptionBudget", "qwen")["spec"]["selector"]["matchLabels"]
+    assert engines != selector  # each budget covers its own pods only
 
 
 def test_router_config_change_rolls_the_router(rendered: RenderFn, spec_with: SpecWith) -> None:

@@ -227,3 +227,20 @@ def test_a_prediction_is_not_written_for_a_block_another_rank_confirmed() -> Non
     store(index, "dp", prompt, rank=1)
     index.predict("dp", index.keys(prompt))
     assert index.predicted_blocks == 0
+
+
+def test_a_streams_entries_loaded_elsewhere_match_as_their_events_would() -> None:
+    """A peer's snapshot (`stream_blocks`) loaded into a fresh index (`load_stream`) matches
+    prompts as the events did, and the events that follow chain onto it."""
+    peer, late = BlockIndex(page_size=PAGE), BlockIndex(page_size=PAGE)
+    tokens = list(range(40))
+    store(peer, "w", tokens[:24], rank=1)
+    late.predict("w", late.keys(tokens[:8]))
+    late.load_stream("w", 1, peer.stream_blocks("w", 1))
+    assert late.match(late.keys(tokens), ["w"]) == peer.match(peer.keys(tokens), ["w"]) == [6]
+    assert late.predicted_blocks == 0  # confirmed now
+    store(late, "w", tokens, from_page=6, rank=1)  # the next events chain onto the snapshot
+    assert late.match(late.keys(tokens), ["w"]) == [10]
+    assert late.engine_hashes("w", 1) >= peer.engine_hashes("w", 1)
+    assert late.stream_blocks("w", 0) == []
+    assert late.stream_blocks("x") == []

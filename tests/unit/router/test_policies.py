@@ -9,6 +9,7 @@ import pytest
 
 from tests.fakes import FakeWorker, VirtualClock, fake_request, fake_worker
 from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.load_view import set_peer_load
 from tpuserve_router.policies import (
     OUTCOMES,
     NoHealthyWorker,
@@ -388,6 +389,31 @@ def test_leaving_a_long_queue_follows_the_documented_rule_for_any_queues() -> No
         threshold = params.saved_prefix_weight * (cached[chosen] - cached[least])
         expected = least if avoided > threshold + params.queue_margin_tokens else chosen
         assert leave_long_queue(workers, cached, prompt, chosen, queues, params) == expected
+
+
+def test_precise_leaves_a_holder_whose_queue_other_replicas_filled() -> None:
+    """The prefill another replica queued on the holder counts as if this one had sent it."""
+    policy = make_policy("precise", page_size=4, queue_margin_tokens=0)
+    a, b = fake_worker("a"), fake_worker("b")
+    prefix = page_tokens(64)  # 256 tokens held by a
+    store_prompt(policy, "a", prefix)
+    request = fake_request(token_ids=[*prefix, *range(9000, 9008)])
+    assert policy.choose(request, [a, b]).worker.name == "a"
+    set_peer_load(a, engine_requests=1, engine_prefill_tokens=10_264, own_prefill_tokens=8)
+    assert a.peer_prefill_tokens == 10_256
+    decision = policy.choose(request, [a, b])
+    assert (decision.worker.name, decision.outcome) == ("b", "balanced_away")
+
+
+def test_the_imbalance_rule_sees_the_other_replicas_requests() -> None:
+    policy = make_policy("cache_aware")
+    a, b = fake_worker("a"), fake_worker("b")
+    set_peer_load(a, engine_requests=100, engine_prefill_tokens=0, own_prefill_tokens=0)
+    assert [policy.choose(fake_request("x" * 50), [a, b]).worker.name for _ in range(3)] == [
+        "b",
+        "b",
+        "b",
+    ]
 
 
 def test_precise_counts_a_prefill_done_once_the_engine_reports_its_last_block() -> None:

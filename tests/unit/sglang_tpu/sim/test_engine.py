@@ -183,3 +183,21 @@ def test_abort_frees_everything() -> None:
     assert core.abort(req, 1.0)
     assert core.num_running == 0
     assert core.num_used_tokens == 0
+
+
+def test_waiting_uncached_tokens_count_past_the_cached_prefix_and_the_chunk_left() -> None:
+    """As SGLang 0.5.23's ``num_waiting_uncached_tokens`` (/v1/loads): each waiting request's
+    tokens past the prefix the cache holds, plus what the chunked request has left."""
+    core = make_core(chunked_prefill_size=256)
+    sim = VirtualEngine(core)
+    sim.submit(Request("warm", prompt(320), 1), at=0.0)
+    sim.run_to_completion()
+    cached = core.match_prefix_length(prompt(400))
+    assert cached == 320  # the warm prompt, in whole pages
+    core.add_request(Request("long", prompt(1000, start=50_000), 1), sim.now)
+    core.add_request(Request("shares", prompt(400), 1), sim.now)
+    assert core.waiting_uncached_tokens == 1000 + (400 - cached)
+    while core.chunked is None or not core.chunked.prefilled:  # its first chunk is done
+        sim.run_until(sim.now + 1e-3)
+    assert core.chunked.prefilled == 256
+    assert core.waiting_uncached_tokens == (1000 - 256) + (400 - cached)

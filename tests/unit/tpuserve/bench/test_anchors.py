@@ -31,6 +31,7 @@ class W:
     name: str
     in_flight: int = 0
     healthy: bool = True
+    peer_prefill_tokens: int = 0
 
 
 @dataclass

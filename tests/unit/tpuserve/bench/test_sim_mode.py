@@ -6,13 +6,15 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tpuserve.bench import sizing, traces, workloads
+from tpuserve.bench import sim_runner, sizing, traces, workloads
 from tpuserve.bench.report import summarize
 from tpuserve.bench.sim_runner import Fault, SimConfig, SimRun, measure_rr_saturation, run_sim
 from tpuserve.cli import main
+from tpuserve_router.load_view import set_peer_load
 
 pytestmark = pytest.mark.unit
 
@@ -291,3 +293,28 @@ def test_one_router_replica_is_the_plain_run(capsys: pytest.CaptureFixture[str])
     assert one == also_one
     assert two["router_replicas"] == 2
     assert two["failed"] == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "poll_seconds", "polls"),
+    [("precise", 0.1, True), ("precise", 0.0, False), ("sglang_cache_aware_v2", 0.1, False)],
+)
+def test_tpuserve_replicas_poll_the_engines_load_and_see_each_others_requests(
+    monkeypatch: pytest.MonkeyPatch, policy: str, poll_seconds: float, polls: bool
+) -> None:
+    """As `tpuserve router --load-poll-interval` does; an anchor (sglang-router) keeps its own
+    counts only, and an interval of 0 turns polling off."""
+    peers: list[int] = []
+
+    def recording(view: Any, requests: int, prefill: int, own_prefill: int) -> None:
+        set_peer_load(view, requests, prefill, own_prefill)
+        peers.append(view.peer_in_flight)
+
+    monkeypatch.setattr(sim_runner, "set_peer_load", recording)
+    trace = traces.rescale_to_rate(_tiny("W1", 200), 30.0)
+    config = SimConfig(cache_tokens=20_000, router_replicas=2, load_poll_seconds=poll_seconds)
+    result = SimRun(trace, policy, config).run()
+    assert all(r.ok for r in result.records)
+    assert bool(peers) == polls
+    if polls:
+        assert max(peers) > 0  # the other replica's requests, seen through the engines

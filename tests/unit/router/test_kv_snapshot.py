@@ -1,0 +1,54 @@
+"""A peer's KV snapshot is checked before a router takes it: format, page size, each stream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.kv_events import SNAPSHOT_FORMAT, KvEventHub
+from tpuserve_router.metrics import create_router_metrics
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def hub() -> Iterator[KvEventHub]:
+    hub = KvEventHub(BlockIndex(page_size=16), create_router_metrics(CollectorRegistry()))
+    yield hub
+    hub.context.term()
+
+
+def snapshot(**changes: Any) -> dict[str, Any]:
+    stream = {"worker": "http://10.0.0.1:30000", "rank": 0, "events": "tcp://10.0.0.1:5557",
+              "seq": 41, "blocks": [[11, 1234], [12, None]]}  # fmt: skip
+    return {"format": SNAPSHOT_FORMAT, "page_size": 32, "streams": [stream], **changes}
+
+
+def test_a_snapshot_is_kept_for_its_streams_and_teaches_the_page_size(hub: KvEventHub) -> None:
+    assert hub.seed(snapshot()) == 1
+    assert hub.index.page_size == 32  # no event has told it yet: the peer's is right
+
+
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        ([], "'format' must be"),
+        (snapshot(format="other-1"), "'format' must be 'tpuserve-kv-snapshot-1'"),
+        (snapshot(page_size=0), "page_size 0; allowed: an integer >= 1"),
+        (snapshot(streams={}), "'streams' must be a list"),
+        (snapshot(streams=[{"worker": "w", "rank": 0, "events": "e", "seq": 1}]),
+         r"streams\[0\] is malformed: KeyError\('blocks'\)"),
+        (snapshot(streams=[{"worker": "w", "rank": 0, "events": "e", "seq": "x", "blocks": []}]),
+         r"streams\[0\] is malformed: ValueError"),
+    ],
+)  # fmt: skip
+def test_a_snapshot_the_router_cannot_use_is_refused_naming_why(
+    hub: KvEventHub, document: object, problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem):
+        hub.seed(document)
+    assert hub.index.page_size == 16
