@@ -394,7 +394,15 @@ ROUTER_WORKER_HEALTHY = "tpuserve_router_worker_healthy"
 ROUTER_REQUESTS = "tpuserve_router_requests_total"
 ROUTER_UPSTREAM_ERRORS = "tpuserve_router_upstream_errors_total"
 ROUTER_KV_EVENT_GAPS = "tpuserve_router_kv_event_gaps_total"
+ROUTER_DEMAND_SIGNALS = "tpuserve_router_demand_signals_total"
 ROUTER_ERROR_RATIO = 0.05
+
+
+def _demand_writes(result: str) -> str:
+    """Routers with demand-Lease writes of `result` in the last 5 minutes."""
+    return (
+        f'sum by (namespace, pod) (increase({ROUTER_DEMAND_SIGNALS}{{result="{result}"}}[5m])) > 0'
+    )
 
 
 def router_alerts() -> Group:
@@ -430,6 +438,18 @@ def router_alerts() -> Group:
             "Router {{ $labels.namespace }}/{{ $labels.pod }} saw gaps in the KV-event sequence "
             "of worker {{ $labels.worker }} in the last 10 minutes: its prefix index for that "
             "worker is stale until a replay or resync, so prefix hits drop.",
+        ),
+        Alert(
+            "TPUServeDemandSignalFailing",
+            f"{_demand_writes('failed')}\nunless on (namespace, pod)\n{_demand_writes('ok')}",
+            "5m",
+            "critical",
+            "Router {{ $labels.pod }} cannot renew its demand Lease",
+            "Every write of the demand Lease by router {{ $labels.namespace }}/{{ $labels.pod }} "
+            "has failed for 5 minutes: the operator does not see this router's traffic, so a "
+            "server with minReplicas 0 is not activated by requests held at zero, and a busy "
+            "one is scaled to zero after its idle period. Check the router's Role (get and "
+            "patch on the Lease `<server>-demand`) and the router's log.",
         ),
     )
     return Group("tpuserve.alerts.router", rules)

@@ -633,6 +633,32 @@ def alert_tests() -> list[dict[str, Any]]:
             ],
         },
         {
+            "name": "demand Lease: all writes failing alert, some failures among successes do not",
+            "interval": "1m",
+            "input_series": [
+                _series(rules.ROUTER_DEMAND_SIGNALS, {**router, "result": "failed"}, "0+1x20"),
+                _series(rules.ROUTER_DEMAND_SIGNALS, {**router, "result": "ok"}, "5+0x20"),
+                _series(
+                    rules.ROUTER_DEMAND_SIGNALS,
+                    {"namespace": NS, "pod": "router-1", "result": "failed"},
+                    "0+1x20",
+                ),
+                _series(
+                    rules.ROUTER_DEMAND_SIGNALS,
+                    {"namespace": NS, "pod": "router-1", "result": "ok"},
+                    "0+10x20",
+                ),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "TPUServeDemandSignalFailing", "exp_alerts": []},
+                {
+                    "eval_time": "12m",
+                    "alertname": "TPUServeDemandSignalFailing",
+                    "exp_alerts": [_alert("TPUServeDemandSignalFailing", router)],
+                },
+            ],
+        },
+        {
             "name": "operator: reconcile errors that persist for 15 minutes, a standby is quiet",
             "interval": "1m",
             "input_series": operator_series,
