@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tpuserve_operator import rollout
@@ -38,6 +38,24 @@ def wanted_refs(rendered: Rendered, groups: Iterable[int]) -> set[ChildRef]:
     for k in groups:
         refs |= {ref_of(m) for m in rendered.group(k)}
     return refs
+
+
+# Kinds that others name, applied first; a RoleBinding next (the apiserver resolves its Role
+# when the binder holds no `bind` verb, so a RoleBinding sent with its Role fails NotFound);
+# then everything else (workloads, Services, monitors), whose pods use the two above.
+FIRST_KINDS = frozenset({"ServiceAccount", "Role", "ConfigMap", "Secret", "Lease"})
+SECOND_KINDS = frozenset({"RoleBinding"})
+
+
+def apply_stages(
+    todo: Sequence[tuple[dict[str, Any], str]],
+) -> list[list[tuple[dict[str, Any], str]]]:
+    """`todo` in the order it can be applied: each stage's applies run at once."""
+    stages: list[list[tuple[dict[str, Any], str]]] = [[], [], []]
+    for item in todo:
+        kind = str(item[0]["kind"])
+        stages[0 if kind in FIRST_KINDS else 1 if kind in SECOND_KINDS else 2].append(item)
+    return [stage for stage in stages if stage]
 
 
 class Children:
@@ -72,15 +90,16 @@ class Children:
             ref = ref_of(manifest)
             if needs_apply(digest, observed.get(ref), state.applied.get(ref)):
                 todo.append((stamped, digest))
-        results = await asyncio.gather(
-            *(self._apply_one(key, state, m, d) for m, d in todo), return_exceptions=True
-        )
-        for (manifest, _), result in zip(todo, results, strict=True):
-            if isinstance(result, BaseException):
-                if not isinstance(result, Exception):
-                    raise result
-                kind, name = ref_of(manifest)
-                return f"{kind} {name}: {error_summary(result)}"
+        for stage in apply_stages(todo):
+            results = await asyncio.gather(
+                *(self._apply_one(key, state, m, d) for m, d in stage), return_exceptions=True
+            )
+            for (manifest, _), result in zip(stage, results, strict=True):
+                if isinstance(result, BaseException):
+                    if not isinstance(result, Exception):
+                        raise result
+                    kind, name = ref_of(manifest)
+                    return f"{kind} {name}: {error_summary(result)}"
         return None
 
     async def _apply_one(

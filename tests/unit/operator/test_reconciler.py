@@ -4,6 +4,7 @@ status and Events, and backs off while the apiserver refuses children."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 from dataclasses import dataclass, field
@@ -420,3 +421,37 @@ async def test_a_node_vanishing_under_a_group_is_reported_once(operator: Operato
     assert "replica group(s) 1;" in lost[0][1]
     await operator.converge(key)
     assert sum(1 for _, reason, _ in operator.events if reason == "NodeLost") == 1
+
+
+class OverlappingKube(FakeKube):
+    """Applies sent together overlap, as on a real apiserver; a RoleBinding whose Role does
+    not exist yet is refused NotFound, as RBAC's escalation check refuses it (no `bind`)."""
+
+    async def apply(self, manifest: Any) -> dict[str, Any]:
+        if manifest["kind"] == "RoleBinding":
+            role = manifest["roleRef"]["name"]
+            if role not in self.names("Role"):
+                raise not_found(f'roles.rbac.authorization.k8s.io "{role}"')
+        await asyncio.sleep(0)  # every apply of a gather starts before any is stored
+        return await super().apply(manifest)
+
+
+async def test_a_role_binding_is_applied_after_its_role_and_workloads_after_both() -> None:
+    kube = OverlappingKube()
+    operator = Operator(
+        kube,
+        Reconciler(
+            kube,
+            ReconcilerSettings(render=RenderConfig(), resync_seconds=RESYNC_SECONDS),
+            create_operator_metrics(CollectorRegistry()),
+            lambda body, kind, reason, message: None,
+            clock=lambda: NOW,
+        ),
+        CollectorRegistry(),
+    )
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    assert operator.conditions(key)["Degraded"] == ("False", "AsExpected")
+    kinds = [kind for kind, _ in kube.applied]
+    assert kinds.index("Role") < kinds.index("RoleBinding") < kinds.index("Deployment")
+    assert kinds.index("ServiceAccount") < kinds.index("RoleBinding")
