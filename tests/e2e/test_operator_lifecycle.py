@@ -310,7 +310,7 @@ def test_an_operator_killed_mid_reconcile_converges_without_duplicates(
     found = children(cluster, namespace, "crash")
     assert found[workload_kind(operator)] == ["crash-r0", "crash-r1", "crash-r2"]
     assert found["Deployment"] == ["crash-router"]
-    assert found["PodDisruptionBudget"] == ["crash"]
+    assert found["PodDisruptionBudget"] == ["crash", "crash-router"]  # engines, router
     assert len(engine_pods(cluster, namespace, "crash")) == 3
 
 

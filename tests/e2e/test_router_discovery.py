@@ -63,6 +63,7 @@ pytestmark = [
 ]
 
 NAME = "sim"
+SERVED_NAME = "qwen3-8b"  # the status.servedName of `server(...)`'s model, hf://Qwen/Qwen3-8B
 REPLICAS = 2
 LOOPBACK = "127.0.0.0/8"
 START_TIMEOUT_SECONDS = 60.0
@@ -115,6 +116,8 @@ def start_engine(name: str, log_dir: Path) -> Engine:
         sys.executable, "-m", "tpuserve", "engine", "sim", "--port", "0", "--time-scale", "0",
         f"--kv-events-endpoint=tcp://127.0.0.1:{events}",
         f"--kv-events-replay-endpoint=tcp://127.0.0.1:{replay}",
+        # the name the router learns from the leader pods' model label (the server's servedName)
+        f"--served-model-name={SERVED_NAME}",
     ]  # fmt: skip
     log = log_dir / f"{name}.log"
     process = ManagedProcess.spawn(name, argv, log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -261,6 +264,9 @@ def test_ready_leaders_come_and_go_live_and_only_loopback_is_dialled(
         return len(pods) == REPLICAS * hosts and all(is_ready(p) for p in pods)
 
     wait_until("the model-server pods to run", pods_running, operator)
+    assert {p["metadata"]["labels"].get(labels.MODEL) for p in engine_pods(cluster, namespace)} == {
+        SERVED_NAME
+    }
     wait_until(
         "the operator to render the router",
         lambda: len(router_deployments(cluster, namespace)) == 1,
