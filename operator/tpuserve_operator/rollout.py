@@ -18,7 +18,8 @@ plan follows Deployment-style `maxUnavailable` / `maxSurge`, counted in groups:
 - a group on a node GKE is about to take away (`node_signals`) counts as stale although
   its revision is current, and is replaced the same way; its pods come back elsewhere. For
   scheduled maintenance with `maxSurge`, a surge group must be ready first; on a node being
-  terminated now the group is replaced at once.
+  terminated now the group is replaced at once, and if it was still ready it uses the
+  unavailability budget first, so a voluntary move or update waits for it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ def plan(
     spare = ready_surge - down  # ready groups above replicas: what a surge-first move needs
 
     update = [k for k in stale if not groups[k].ready or k in urgent]
+    # An urgent group goes anyway, but a ready one still takes a group of availability:
+    # it uses the budget (and a ready surge group) first, so voluntary moves wait.
+    urgent_ready = sum(1 for k in update if k in urgent and groups[k].ready)
+    budget -= urgent_ready
+    spare -= urgent_ready
     for k in stale:
         if k in update or budget <= 0:
             continue

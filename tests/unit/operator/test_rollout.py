@@ -166,3 +166,22 @@ def test_a_group_on_a_terminating_node_is_replaced_at_once() -> None:
     p = plan(2, groups, max_unavailable=0, max_surge=1, urgent=frozenset({0}))
     assert p.restart == (0,)
     assert p.apply == (0, 2)
+
+
+def test_a_ready_urgent_group_uses_the_budget_so_a_move_waits() -> None:
+    groups = {0: READY_NEW, 1: READY_NEW}
+    p = plan(
+        2,
+        groups,
+        max_unavailable=1,
+        max_surge=0,
+        urgent=frozenset({0}),
+        moving=frozenset({1}),
+    )
+    assert p.restart == (0,)
+
+
+def test_a_ready_urgent_group_uses_the_budget_so_an_update_waits() -> None:
+    groups = {0: READY_OLD, 1: READY_OLD, 2: READY_OLD}
+    p = plan(3, groups, max_unavailable=1, max_surge=0, urgent=frozenset({0}))
+    assert p.restart == (0,)
