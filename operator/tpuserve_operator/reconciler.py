@@ -64,6 +64,7 @@ from tpuserve_operator.observed import (
 )
 from tpuserve_operator.render import RenderConfig, Rendered, render, validate_server
 from tpuserve_operator.render.demand import demand_lease_name, scales_to_zero
+from tpuserve_operator.render.pod import startup_budget_seconds
 from tpuserve_operator.restarts import GroupRestarts
 from tpuserve_operator.scale_to_zero import decide_zero
 from tpuserve_operator.server_state import RenderKey, ServedModel, ServerState
@@ -337,9 +338,9 @@ class Reconciler:
             await self._restarts.move_groups(key, body, plan, displaced)
             await self._restarts.restart_broken_groups(key, state, body, rendered, plan, groups)
             await self._children.prune(key, state, rendered, plan, children)
-        zero_recheck = await self._scale_to_zero(key, state, body, rendered, children, now)
-        if any(r.ready for r in reports.values()):
-            state.activating = False
+        zero_recheck = await self._scale_to_zero(
+            key, state, body, rendered, children, now, any(r.ready for r in reports.values())
+        )
         decided = decide(
             replicas=rendered.replicas,
             reports=list(reports.values()),
@@ -419,11 +420,16 @@ class Reconciler:
         rendered: Rendered,
         children: Mapping[tuple[str, str], ChildView],
         now: datetime.datetime,
+        ready: bool,
     ) -> float | None:
         """Activate an idle-at-zero server on demand, or scale an idle one to zero
-        (`scale_to_zero`); returns when the idle period would end, if it runs."""
+        (`scale_to_zero`); returns when the idle period would end, if it runs. ``ready``:
+        a group is Ready now."""
         server = rendered.server
         autoscaling = server.valid.spec.autoscaling
+        if ready and state.activating:
+            state.activating = False
+            state.active_since = now  # the idle clock starts at the first Ready group
         if autoscaling is None or not scales_to_zero(server):
             state.active_since = state.zeroed_at = state.replicas_set = None
             state.activating = False
@@ -440,6 +446,10 @@ class Reconciler:
         lease = children.get(("Lease", demand_lease_name(server)))
         created = parse_time(lease.created) if lease is not None else None
         marks = [t for t in (created, state.active_since) if t is not None]
+        starting_until = None
+        if state.activating and state.active_since is not None:
+            budget = datetime.timedelta(seconds=startup_budget_seconds(server))
+            starting_until = state.active_since + budget
         decision = decide_zero(
             replicas=replicas,
             idle_seconds=autoscaling.scale_to_zero.idle_seconds,
@@ -447,6 +457,7 @@ class Reconciler:
             renewed=parse_time(lease.renewed or "") if lease is not None else None,
             active_since=max(marks) if marks else None,
             zeroed_at=state.zeroed_at,
+            starting_until=starting_until,
         )
         if decision.action is None:
             return decision.recheck_seconds

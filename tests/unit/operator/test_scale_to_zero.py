@@ -17,6 +17,7 @@ from tpuserve_operator.node_signals import parse_time
 from tpuserve_operator.reconciler import Reconciler, ReconcilerSettings
 from tpuserve_operator.render import RenderConfig
 from tpuserve_operator.render.demand import DEMAND_INTERVAL_SECONDS, FRESH_RENEWALS
+from tpuserve_operator.render.pod import STARTUP_BUDGET_SECONDS
 from tpuserve_operator.scale_to_zero import ZeroDecision, decide_zero
 
 pytestmark = pytest.mark.unit
@@ -74,6 +75,30 @@ def test_a_recent_request_keeps_it_up_and_says_when_to_look_again() -> None:
 def test_a_server_just_activated_or_scaled_up_by_hand_gets_its_idle_period() -> None:
     # The last request was long ago, but the server came up 5 s ago: not idle yet.
     assert decide(1, now=1000, renewed=0, active_since=995).action is None
+
+
+def test_a_starting_server_is_not_idle_until_its_startup_budget_ends() -> None:
+    starting = decide_zero(
+        replicas=1,
+        idle_seconds=IDLE,
+        now=at(1000),
+        renewed=at(0),
+        active_since=at(10),
+        zeroed_at=None,
+        starting_until=at(1010),
+    )
+    assert starting.action is None
+    assert starting.recheck_seconds == pytest.approx(10)
+    budget_spent = decide_zero(
+        replicas=1,
+        idle_seconds=IDLE,
+        now=at(1010),
+        renewed=at(0),
+        active_since=at(10),
+        zeroed_at=None,
+        starting_until=at(1010),
+    )
+    assert budget_spent.action == "scale_to_zero"
 
 
 def test_lease_times_are_read_as_kubernetes_writes_them() -> None:
@@ -184,3 +209,25 @@ async def test_a_server_without_scale_to_zero_is_never_scaled_by_the_operator() 
     await fleet.converge()
     assert fleet.kube.replica_patches == []
     assert fleet.kube.names("Lease") == []
+
+
+async def test_an_activated_server_still_compiling_is_not_scaled_to_zero() -> None:
+    fleet = Fleet()
+    await fleet.converge()
+    fleet.clock.advance(IDLE + 1)
+    await fleet.converge()
+    await fleet.converge()  # at zero
+    fleet.clock.advance(10)
+    fleet.renew(fleet.clock())
+    await fleet.converge()
+    await fleet.converge()
+    assert fleet.kube.replica_patches == [0, 1]
+
+    budget = STARTUP_BUDGET_SECONDS["simulated"]
+    fleet.clock.advance(budget - 1)  # held requests timed out long ago; still compiling
+    await fleet.converge()
+    assert fleet.kube.replica_patches == [0, 1]
+
+    fleet.clock.advance(2)  # it never started: the startup budget is spent
+    await fleet.converge()
+    assert fleet.kube.replica_patches == [0, 1, 0]
