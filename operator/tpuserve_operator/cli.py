@@ -30,6 +30,7 @@ priority, the highest serves and the others wait (kopf peering). --standalone tu
 
 ROUTER_RESOURCES_ENV = "TPUSERVE_ROUTER_RESOURCES"
 METRICS_FROM_ENV = "TPUSERVE_METRICS_FROM"
+POD_NAMESPACE_ENV = "POD_NAMESPACE"  # the operator's own namespace (the chart sets it)
 
 DEFAULTS = OperatorOptions()
 
@@ -188,6 +189,10 @@ def options_from(args: argparse.Namespace) -> OperatorOptions:
     options = with_field(
         options, "reconciler.render.metrics_from", _metrics_from(args.metrics_from)
     )
+    if not options.reconciler.skip_cold_start_reports:
+        # The chart sets POD_NAMESPACE; run locally, the engines need not admit this process.
+        namespace = os.environ.get(POD_NAMESPACE_ENV) or None
+        options = with_field(options, "reconciler.render.operator_namespace", namespace)
     return dataclasses.replace(
         options,
         namespaces=tuple(args.namespace),

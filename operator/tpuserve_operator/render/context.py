@@ -58,6 +58,9 @@ class RenderConfig:
     )
     network_policy: Literal["engines", "none"] = "engines"  # render/network_policy.py
     metrics_from: tuple[Mapping[str, Any], ...] = DEFAULT_METRICS_FROM  # NetworkPolicy peers
+    # The namespace of the operator's pods, admitted to engines' HTTP port to read cold
+    # starts (render/network_policy.py); None: not admitted (a local run, or no reports).
+    operator_namespace: str | None = None
     # Cluster capabilities, discovered by the operator (flags of `tpuserve render`).
     leaderworkerset: bool = False
     prometheus_operator: bool = False

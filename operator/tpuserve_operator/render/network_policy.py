@@ -13,9 +13,11 @@ cached prompts. So, for pods of the server's engines:
 - Prometheus (``--metrics-from``: NetworkPolicy peers; by default `DEFAULT_METRICS_FROM`:
   pods labelled ``app.kubernetes.io/name: prometheus`` in any namespace, and anything in
   ``gmp-system``, GKE Managed Prometheus's collectors) reaches the HTTP port, where SGLang
-  serves ``/metrics``, and so do the operator's pods (``app.kubernetes.io/component:
-  operator``, the chart's label), which read each Ready leader's cold start from
-  ``/server_info`` once (`cold_starts`);
+  serves ``/metrics``, and so do the operator's pods (the chart's labels
+  ``app.kubernetes.io/name: tpuserve`` and ``app.kubernetes.io/component: operator``, in
+  the operator's own namespace only, `RenderConfig.operator_namespace`), which read each
+  Ready leader's cold start from ``/server_info`` once (`cold_starts`); not admitted when
+  the operator runs without a namespace (locally) or with ``--skip-cold-start-reports``;
 - nothing else. Kubelet probes come from the node, which network policies do not govern on
   common CNIs (GKE Dataplane V2, Calico).
 
@@ -30,11 +32,19 @@ from typing import Any
 from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.render.context import Manifest, Server
 
-# The operator's pods (the chart's labels), which read each Ready leader's cold start once.
-OPERATOR_PEER: Manifest = {
-    "namespaceSelector": {},
-    "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator"}},
-}
+
+def operator_peer(namespace: str) -> Manifest:
+    """The operator's pods (the chart's labels) in its own namespace, which read each Ready
+    leader's cold start once."""
+    return {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "podSelector": {
+            "matchLabels": {
+                labels.NAME: labels.PART_OF_VALUE,
+                labels.COMPONENT: "operator",
+            }
+        },
+    }
 
 
 def _ports(*numbers: int) -> list[dict[str, Any]]:
@@ -47,6 +57,7 @@ def engine_network_policy(server: Server) -> list[Manifest]:
     if config.network_policy == "none":
         return []
     engines = labels.engine_selector(server.name)
+    operator_peers = [operator_peer(config.operator_namespace)] if config.operator_namespace else []
     return [
         {
             "apiVersion": "networking.k8s.io/v1",
@@ -71,7 +82,7 @@ def engine_network_policy(server: Server) -> list[Manifest]:
                     {
                         "from": [
                             *(copy.deepcopy(dict(p)) for p in config.metrics_from),
-                            OPERATOR_PEER,
+                            *operator_peers,
                         ],
                         "ports": _ports(launch_contract.HTTP_PORT),
                     },

@@ -98,14 +98,31 @@ def test_bad_router_resources_name_the_flag() -> None:
         cli.options_from(parser.parse_args(["--router-resources", "[1]"]))
 
 
-def test_unset_flags_leave_every_setting_at_its_dataclass_default() -> None:
+def test_unset_flags_leave_every_setting_at_its_dataclass_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The CLI repeats no default: with no flags, the options are the dataclasses' own."""
+    monkeypatch.delenv(cli.POD_NAMESPACE_ENV, raising=False)
     parser = argparse.ArgumentParser()
     cli.configure(parser)
     options = cli.options_from(parser.parse_args([]))
     assert options == dataclasses.replace(
         OperatorOptions(), peering_priority=options.peering_priority
     )
+
+
+def test_engines_admit_the_operator_from_its_own_namespace_only_when_it_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    monkeypatch.delenv(cli.POD_NAMESPACE_ENV, raising=False)
+    assert cli.options_from(parser.parse_args([])).reconciler.render.operator_namespace is None
+    monkeypatch.setenv(cli.POD_NAMESPACE_ENV, "tpuserve-system")
+    options = cli.options_from(parser.parse_args([]))
+    assert options.reconciler.render.operator_namespace == "tpuserve-system"
+    skipping = cli.options_from(parser.parse_args(["--skip-cold-start-reports"]))
+    assert skipping.reconciler.render.operator_namespace is None
 
 
 def test_every_operator_flag_sets_the_field_it_names() -> None:

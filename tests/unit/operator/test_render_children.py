@@ -14,7 +14,6 @@ from tpuserve_operator import labels
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render import Rendered
 from tpuserve_operator.render.context import DEFAULT_METRICS_FROM, DEFAULT_ROUTER_RESOURCES
-from tpuserve_operator.render.network_policy import OPERATOR_PEER
 
 pytestmark = pytest.mark.unit
 
@@ -624,9 +623,28 @@ def test_engines_are_fenced_to_their_routers_peers_prometheus_and_the_operator(
         {"podSelector": {"matchLabels": labels.shared_router_selector()}},  # docs/router.md
     ]
     assert [p["port"] for p in routers["ports"]] == [30000, 5557, 5558]
-    assert prometheus["from"] == [dict(p) for p in DEFAULT_METRICS_FROM] + [OPERATOR_PEER]
+    assert prometheus["from"] == [dict(p) for p in DEFAULT_METRICS_FROM]  # no operator peer
     assert [p["port"] for p in prometheus["ports"]] == [30000]
     assert not by_kind(rendered(network_policy="none").children, "NetworkPolicy")
+
+
+def test_engines_admit_only_the_operator_pods_of_the_operator_namespace(
+    rendered: RenderFn,
+) -> None:
+    policy = one(
+        rendered(operator_namespace="tpuserve-system").children, "NetworkPolicy", "qwen-engines"
+    )
+    *_, readers = policy["spec"]["ingress"]
+    operator = readers["from"][-1]
+    assert operator == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tpuserve-system"}},
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "tpuserve",
+                "app.kubernetes.io/component": "operator",
+            }
+        },
+    }
 
 
 def test_api_keys_come_from_a_mounted_secret(rendered: RenderFn, spec_with: SpecWith) -> None:
