@@ -4,7 +4,8 @@
   use `OnDelete`, so the whole slice comes back on the new revision together).
 - When a group must leave a node GKE is taking away (`node_signals`) and the plan restarts
   it: all of its pods are deleted (both workload paths; LeaderWorkerSet recreates the group),
-  each draining within its grace period, and a `GroupDraining` Event names the node.
+  each draining within its grace period, and a `GroupDraining` Event names the node; while
+  one of its pods still terminates, the group is left alone (it is on its way).
 - When one host of a running multi-host group restarts: the group's other pods are deleted
   too (LeaderWorkerSet's `RecreateGroupOnPodRestart`, done by hand; `group_restart.check`
   decides, with what the server's state remembers) and a `GroupRestarted` Warning is posted.
@@ -60,13 +61,15 @@ class GroupRestarts:
         displaced: Mapping[int, NodeSignal],
     ) -> None:
         """Delete every pod of the displaced groups the plan restarts now; they are
-        recreated on other nodes (the signalled one is tainted or avoided by affinity)."""
+        recreated on other nodes (the signalled one is tainted or avoided by affinity). A
+        group with a pod still terminating is being moved already: its hosts recreated
+        elsewhere are left alone, and its move is announced once."""
         for k in plan.restart:
             signal = displaced.get(k)
             if signal is None:
                 continue
-            pods = [p for p in self.cache.pods(key) if p.replica == k and not p.deleting]
-            if not pods:
+            pods = [p for p in self.cache.pods(key) if p.replica == k]
+            if not pods or any(p.deleting for p in pods):
                 continue
             await asyncio.gather(*(self.kube.delete("v1", "Pod", key[0], p.name) for p in pods))
             self.emit_event(

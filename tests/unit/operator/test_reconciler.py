@@ -409,6 +409,41 @@ async def test_maintenance_on_a_node_surges_a_replacement_then_drains_the_group(
     assert "node-a" in message
 
 
+async def test_a_moved_group_is_drained_once_while_its_old_pod_still_terminates(
+    operator: Operator,
+) -> None:
+    from tpuserve_operator.node_signals import TERMINATION_TAINT
+
+    key = operator.create(FOUR_HOSTS)
+    await operator.converge(key)
+    revision = str(operator.status(key)["revision"])
+    for host in range(4):
+        pod = pod_object("qwen", f"qwen-r0-{host}", replica=0, revision=revision)
+        operator.kube.put(placed(pod, f"node-{host}"))
+    await operator.converge(key)
+    tainted = {"metadata": {"name": "node-0"}, "spec": {"taints": [{"key": TERMINATION_TAINT}]}}
+    operator.reconciler.on_node_event("MODIFIED", tainted)
+    await operator.converge(key)
+    assert sorted(n for kind, n in operator.kube.deleted if kind == "Pod") == [
+        f"qwen-r0-{host}" for host in range(4)
+    ]
+
+    # The old leader still terminates on node-0; its hosts came back elsewhere.
+    old = placed(pod_object("qwen", "qwen-r0-0", replica=0, revision=revision), "node-0")
+    old["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:01Z"
+    operator.kube.put(old)
+    for host in range(1, 4):
+        fresh = pod_object("qwen", f"qwen-r0-{host}", replica=0, revision=revision)
+        fresh = placed(fresh, f"node-{host + 10}")
+        fresh["metadata"]["creationTimestamp"] = "2026-01-01T12:00:02Z"
+        operator.kube.put(fresh)
+    deleted = len(operator.kube.deleted)
+    await operator.converge(key)
+    await operator.converge(key)
+    assert operator.kube.deleted[deleted:] == []  # the replacements are left alone
+    assert operator.reasons().count("GroupDraining") == 1
+
+
 async def test_a_node_vanishing_under_a_group_is_reported_once(operator: Operator) -> None:
     key = operator.create(ONE_HOST)
     await two_groups_on_nodes_a_and_b(operator, key)
