@@ -197,6 +197,12 @@ class Reconciler:
         if event_type == "DELETED":
             self.cache.drop_child(key, view.kind, view.name)
         else:
+            before = self.cache.children(key).get((view.kind, view.name))
+            renewal = before is not None and view.renewed not in (None, before.renewed)
+            if view.kind == "Lease" and renewal:
+                # A router renewed the demand Lease: when, by this operator's clock (its
+                # renewTime is the router's); the first sighting, after a restart, is not.
+                self._state(key).demand_seen = self._clock()
             self.cache.put_child(key, view)
         self.trigger(key)
 
@@ -454,7 +460,7 @@ class Reconciler:
             replicas=replicas,
             idle_seconds=autoscaling.scale_to_zero.idle_seconds,
             now=now,
-            renewed=parse_time(lease.renewed or "") if lease is not None else None,
+            renewed=state.demand_seen if lease is not None else None,
             active_since=max(marks) if marks else None,
             zeroed_at=state.zeroed_at,
             starting_until=starting_until,

@@ -1,8 +1,9 @@
 """Scale to zero and back: the operator owns 0 <-> 1, the HorizontalPodAutoscaler 1 <-> N. Pure.
 
 A server with ``autoscaling.minReplicas: 0`` has a demand Lease its routers renew while
-requests arrive, run or are held (`render.demand`). From the Lease's ``renewTime`` (the
-routers' wall clock) and the time now:
+requests arrive, run or are held (`render.demand`). From when the operator saw a renewal
+(its own clock, when the Lease's ``renewTime`` changed: the routers' clocks may be skewed;
+a Lease first seen after an operator restart is not a renewal) and the time now:
 
 - at ``replicas: 0``, a renewal newer than the last scale to zero and at most
   `FRESH_RENEWALS` intervals old is demand: **activate** (replicas 1). At zero every request

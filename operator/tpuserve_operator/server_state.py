@@ -58,8 +58,10 @@ class ServerState:
     cold_starts: ColdStartTracker = field(default_factory=ColdStartTracker)
     # scale to zero (scale_to_zero): when this operator first saw the server up (or
     # activated it), when it last scaled it to zero, the spec.replicas it set and waits to
-    # see, and whether it activated it and no group is ready yet
+    # see, whether it activated it and no group is ready yet, and when (by its own clock) it
+    # last saw a router renew the demand Lease
     active_since: datetime.datetime | None = None
     zeroed_at: datetime.datetime | None = None
     replicas_set: int | None = None
     activating: bool = False
+    demand_seen: datetime.datetime | None = None

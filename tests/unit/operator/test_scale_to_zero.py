@@ -121,9 +121,10 @@ SPEC = {
 class Fleet:
     """A reconciler on an in-memory apiserver, with a clock the test moves."""
 
-    def __init__(self) -> None:
-        self.kube = FakeKube()
-        self.clock = VirtualClock(0.0)
+    def __init__(self, restart_of: Fleet | None = None) -> None:
+        """A new fleet, or the operator of ``restart_of`` restarted (same apiserver, clock)."""
+        self.kube: FakeKube = restart_of.kube if restart_of else FakeKube()
+        self.clock: VirtualClock = restart_of.clock if restart_of else VirtualClock(0.0)
         self.events: list[tuple[str, str]] = []
         self.reconciler = Reconciler(
             self.kube,
@@ -141,6 +142,11 @@ class Fleet:
 
         self.kube.watch(deliver)
         self.key = (NAMESPACE, "qwen")
+        if restart_of is not None:
+            for name in self.kube.names("Lease"):  # the new watch lists what exists
+                lease = self.kube.get_object("coordination.k8s.io/v1", "Lease", NAMESPACE, name)
+                self.reconciler.on_child_event("ADDED", lease)
+            return
         self.kube.put(
             {
                 "apiVersion": labels.API_VERSION,
@@ -231,3 +237,30 @@ async def test_an_activated_server_still_compiling_is_not_scaled_to_zero() -> No
     fleet.clock.advance(2)  # it never started: the startup budget is spent
     await fleet.converge()
     assert fleet.kube.replica_patches == [0, 1, 0]
+
+
+async def test_renewals_are_timed_by_the_operator_clock_not_the_routers() -> None:
+    fleet = Fleet()
+    await fleet.converge()
+    fleet.clock.advance(IDLE + 1)
+    await fleet.converge()
+    await fleet.converge()  # at zero
+    assert fleet.kube.replica_patches == [0]
+
+    fleet.clock.advance(600)
+    fleet.renew(fleet.clock() - 3600)  # the router's clock is an hour behind
+    await fleet.converge()
+    assert fleet.kube.replica_patches == [0, 1]
+
+
+async def test_a_lease_first_seen_after_an_operator_restart_is_not_demand() -> None:
+    fleet = Fleet()
+    await fleet.converge()
+    fleet.clock.advance(IDLE + 1)
+    await fleet.converge()
+    await fleet.converge()  # at zero
+    fleet.clock.advance(600)
+    fleet.renew(fleet.clock() - 1)  # renewed while no operator ran (a restart)
+    restarted = Fleet(restart_of=fleet)
+    await restarted.converge()
+    assert fleet.kube.replica_patches == [0]
