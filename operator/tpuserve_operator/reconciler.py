@@ -441,10 +441,12 @@ class Reconciler:
             state.activating = False
             return None
         replicas = server.valid.spec.replicas
+        generation = int((body.get("metadata") or {}).get("generation") or 0)
         if state.replicas_set is not None:
-            if replicas != state.replicas_set:
+            patched_on, target = state.replicas_set
+            if replicas != target and generation <= patched_on:
                 return None  # our own change has not come back on the watch yet
-            state.replicas_set = None
+            state.replicas_set = None  # seen, or someone else's later write
         if replicas == 0:
             state.active_since = None
         elif state.active_since is None:
@@ -469,7 +471,7 @@ class Reconciler:
             return decision.recheck_seconds
         target = 1 if decision.action == "activate" else 0
         await self.kube.patch_replicas(key[0], key[1], target)
-        state.replicas_set = target
+        state.replicas_set = (generation, target)
         if target:
             state.activating = True
             state.active_since = now

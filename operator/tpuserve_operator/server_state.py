@@ -62,6 +62,6 @@ class ServerState:
     # last saw a router renew the demand Lease
     active_since: datetime.datetime | None = None
     zeroed_at: datetime.datetime | None = None
-    replicas_set: int | None = None
+    replicas_set: tuple[int, int] | None = None  # (generation patched, spec.replicas set)
     activating: bool = False
     demand_seen: datetime.datetime | None = None

@@ -264,3 +264,20 @@ async def test_a_lease_first_seen_after_an_operator_restart_is_not_demand() -> N
     restarted = Fleet(restart_of=fleet)
     await restarted.converge()
     assert fleet.kube.replica_patches == [0]
+
+
+async def test_a_replicas_write_racing_the_operators_own_does_not_wedge_it() -> None:
+    fleet = Fleet()
+    await fleet.converge()
+    fleet.clock.advance(IDLE + 1)
+    stale = fleet.body()
+    await fleet.reconciler.converge(fleet.key, stale)
+    assert fleet.kube.replica_patches == [0]
+    body = fleet.body()  # someone scales it by hand before the operator sees its own change
+    body["spec"]["replicas"] = 2
+    body["metadata"]["generation"] += 1
+    fleet.kube.put(body)
+    await fleet.converge()
+    fleet.clock.advance(IDLE + 1)
+    await fleet.converge()
+    assert fleet.kube.replica_patches == [0, 0]  # idle again: the operator still decides
