@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from tests.waiting import eventually_async
 from tpuserve.cluster.pods.volumes import TokenRequest
 from tpuserve_operator import labels
+from tpuserve_operator.kube import replicas_patch
 from tpuserve_operator.observed import PodView
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
@@ -52,8 +53,9 @@ def _merge_patch(target: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, 
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merge_patch(out[key], value)
+        elif isinstance(value, Mapping):
+            current = out.get(key)
+            out[key] = _merge_patch(current if isinstance(current, dict) else {}, value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -144,8 +146,8 @@ class FakeKube:
         self.status_patches.append(copy.deepcopy(dict(status)))
 
     async def patch_replicas(self, namespace: str, name: str, replicas: int) -> None:
-        body = self.objects[(labels.API_VERSION, labels.KIND, namespace, name)]
-        body["spec"]["replicas"] = replicas
+        key = (labels.API_VERSION, labels.KIND, namespace, name)
+        body = self.objects[key] = _merge_patch(self.objects[key], replicas_patch(replicas))
         body["metadata"]["generation"] = body["metadata"].get("generation", 1) + 1
         body["metadata"]["resourceVersion"] = str(next(self._versions))
         self.replica_patches.append(replicas)

@@ -136,6 +136,16 @@ class KubeApi(Protocol):
     async def has_group_version(self, group_version: str, ttl_seconds: float = 30.0) -> bool: ...
 
 
+def replicas_patch(replicas: int) -> dict[str, Any]:
+    """The merge patch that sets a TPUModelServer's spec.replicas and, in the same write,
+    its `labels.SCALED_TO_ZERO` mark (removed above 0)."""
+    mark = "true" if replicas == 0 else None
+    return {
+        "metadata": {"annotations": {labels.SCALED_TO_ZERO: mark}},
+        "spec": {"replicas": replicas},
+    }
+
+
 class Kube:
     """Asynchronous facade over the synchronous official client."""
 
@@ -206,12 +216,12 @@ class Kube:
 
     async def patch_replicas(self, namespace: str, name: str, replicas: int) -> None:
         """Set a TPUModelServer's spec.replicas (scale to zero and back), as `kubectl
-        scale` would."""
+        scale` would, marking it `labels.SCALED_TO_ZERO` at 0 (unmarked otherwise)."""
         kind = KINDS[(labels.API_VERSION, labels.KIND)]
         await self._request(
             "patch",
             kind.path(namespace, name),
-            body={"spec": {"replicas": replicas}},
+            body=replicas_patch(replicas),
             content_type=MERGE_PATCH,
         )
 

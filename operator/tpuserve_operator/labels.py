@@ -45,6 +45,7 @@ SHARED_ROUTER = f"{GROUP}/shared-router"  # "true" on routers fronting several s
 # Annotations.
 SPEC_HASH = f"{GROUP}/spec-hash"  # hash of the manifest the operator applied to a child
 RESTARTED_AT = f"{GROUP}/restartedAt"  # set on a TPUModelServer to roll every group
+SCALED_TO_ZERO = f"{GROUP}/scaled-to-zero"  # "true" while the operator holds a server at 0
 
 LABEL_DOCS: Mapping[str, str] = {
     NAME: f"always `{PART_OF_VALUE}`",
@@ -69,6 +70,9 @@ ANNOTATION_DOCS: Mapping[str, str] = {
     RESTARTED_AT: "set on a TPUModelServer (any new value, e.g. a timestamp) to roll every "
     "replica group one at a time without a spec change",
     SPEC_HASH: "on every child: hash of the manifest the operator last applied",
+    SCALED_TO_ZERO: "`true` on a TPUModelServer the operator scaled to zero (scale to zero); "
+    "if scale to zero is turned off while it is at zero, the operator sets replicas back to "
+    "max(1, minReplicas)",
 }
 
 

@@ -436,11 +436,18 @@ class Reconciler:
         if ready and state.activating:
             state.activating = False
             state.active_since = now  # the idle clock starts at the first Ready group
+        replicas = server.valid.spec.replicas
         if autoscaling is None or not scales_to_zero(server):
             state.active_since = state.zeroed_at = state.replicas_set = None
             state.activating = False
+            annotations = (body.get("metadata") or {}).get("annotations") or {}
+            if replicas == 0 and annotations.get(labels.SCALED_TO_ZERO) == "true":
+                # Scale to zero was turned off while the operator held the server at zero;
+                # the HPA stands aside at 0, so bring it back up.
+                least = max(1, autoscaling.min_replicas if autoscaling else 1)
+                await self.kube.patch_replicas(key[0], key[1], least)
+                log.info("%s/%s: scale to zero is off: replicas 0 -> %d", *key, least)
             return None
-        replicas = server.valid.spec.replicas
         generation = int((body.get("metadata") or {}).get("generation") or 0)
         if state.replicas_set is not None:
             patched_on, target = state.replicas_set

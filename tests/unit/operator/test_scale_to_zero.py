@@ -281,3 +281,30 @@ async def test_a_replicas_write_racing_the_operators_own_does_not_wedge_it() -> 
     fleet.clock.advance(IDLE + 1)
     await fleet.converge()
     assert fleet.kube.replica_patches == [0, 0]  # idle again: the operator still decides
+
+
+async def test_turning_scale_to_zero_off_at_zero_brings_the_server_back_up() -> None:
+    fleet = Fleet()
+    await fleet.converge()
+    fleet.clock.advance(IDLE + 1)
+    await fleet.converge()
+    assert fleet.body()["metadata"]["annotations"] == {labels.SCALED_TO_ZERO: "true"}
+    body = fleet.body()
+    body["spec"]["autoscaling"] = {"minReplicas": 2, "maxReplicas": 4}
+    body["metadata"]["generation"] += 1
+    fleet.kube.put(body)
+    await fleet.converge()
+    assert fleet.kube.replica_patches == [0, 2]
+    assert labels.SCALED_TO_ZERO not in fleet.body()["metadata"].get("annotations", {})
+    await fleet.converge()
+    assert fleet.kube.replica_patches == [0, 2]
+
+
+async def test_a_server_set_to_zero_by_hand_stays_there() -> None:
+    fleet = Fleet()
+    body = fleet.body()
+    body["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 2}
+    body["spec"]["replicas"] = 0
+    fleet.kube.put(body)
+    await fleet.converge()
+    assert fleet.kube.replica_patches == []
