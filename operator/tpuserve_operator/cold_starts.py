@@ -9,8 +9,12 @@ pods reach the HTTP port. A real SGLang engine has no such block: the status the
 key and location only (the launcher logs the cache result and the weights phase).
 
 The counts live in the status (they survive operator restarts); the starts already counted
-live in `ServerState`. After an operator restart the leaders already Ready are taken as
-counted (their starts were, by the operator before), so nothing is counted twice.
+live in `ServerState`. After an operator restart the leaders already Ready in a fresh pod
+list (not the watch cache, which may not have caught up) are taken as counted (their starts
+were, by the operator before), so nothing is counted twice.
+
+The read is bounded: `READ_DEADLINE_SECONDS` in all, at most `MAX_REPORT_BYTES`, no proxy
+and no redirect (an engine pod runs model code; it must not steer the operator elsewhere).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import logging
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sglang_tpu import compile_cache
 from sglang_tpu.cold_start import ColdStartReport
@@ -31,9 +36,23 @@ from tpuserve_operator.observed import PodView
 
 log = logging.getLogger(__name__)
 
-READ_TIMEOUT_SECONDS = 2.0
+READ_TIMEOUT_SECONDS = 2.0  # per socket operation
+READ_DEADLINE_SECONDS = 5.0  # the whole read
+MAX_REPORT_BYTES = 64 * 1024
 ReportReader = Callable[[str], Awaitable[ColdStartReport | None]]
 """Reads one leader's report from its base URL (None when it has none)."""
+PodLister = Callable[[], Awaitable[list[PodView] | None]]
+"""Lists a server's pods from the API (None when it cannot)."""
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuses every redirect (a 3xx is an error, hence no report)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +117,15 @@ async def read_server_info(base_url: str) -> ColdStartReport | None:
     """The cold start in a leader's ``/server_info`` (None without one, or unreachable)."""
 
     def fetch() -> bytes:
-        with urllib.request.urlopen(f"{base_url}/server_info", timeout=READ_TIMEOUT_SECONDS) as r:
-            body: bytes = r.read()
-            return body
+        with _OPENER.open(f"{base_url}/server_info", timeout=READ_TIMEOUT_SECONDS) as r:
+            body: bytes = r.read(MAX_REPORT_BYTES + 1)
+        if len(body) > MAX_REPORT_BYTES:
+            raise ValueError(f"/server_info is larger than {MAX_REPORT_BYTES} bytes")
+        return body
 
     try:
-        info = json.loads(await asyncio.to_thread(fetch))
+        body = await asyncio.wait_for(asyncio.to_thread(fetch), READ_DEADLINE_SECONDS)
+        info = json.loads(body)
         block = (info.get("tpuserve") or {}).get("cold_start")
         return ColdStartReport.from_json(block) if block else None
     except (OSError, ValueError, AttributeError) as err:
@@ -118,14 +140,17 @@ class ColdStartTracker:
         self.counted: set[str] | None = None  # None: nothing seen since the operator started
 
     async def new_starts(
-        self, pods: Iterable[PodView], port: int, read: ReportReader
+        self, pods: Iterable[PodView], port: int, read: ReportReader, listed: PodLister
     ) -> list[LeaderStart]:
-        leaders = ready_leaders(pods)
+        """The starts of `pods` (the watch cache) not read yet; the first call takes the
+        leaders Ready in a fresh list (`listed`) as counted."""
         if self.counted is None:  # the operator (re)started: these were counted before
-            self.counted = {start_id(p) for p in leaders}
+            existing = await listed()
+            if existing is not None:
+                self.counted = {start_id(p) for p in ready_leaders(existing)}
             return []
         found = []
-        for pod in leaders:
+        for pod in ready_leaders(pods):
             if start_id(pod) in self.counted:
                 continue
             report = await read(f"http://{pod.ip}:{port}")

@@ -411,7 +411,10 @@ class Reconciler:
         starts: list[LeaderStart] = []
         if self._read_cold_start is not None:
             starts = await state.cold_starts.new_starts(
-                self.cache.pods(key), launch_contract.HTTP_PORT, self._read_cold_start
+                self.cache.pods(key),
+                launch_contract.HTTP_PORT,
+                self._read_cold_start,
+                lambda: self._list_pods(key),
             )
         location = cache_location(rendered.server.valid.spec.engine.compile_cache)
         return compile_cache_status(
@@ -491,6 +494,11 @@ class Reconciler:
         self._emit_event(body, "Normal", str(reason), decision.message)
         return None
 
+    async def _list_pods(self, key: ServerKey) -> list[PodView] | None:
+        """A server's pods, listed now from the API."""
+        items = await self.kube.list("v1", "Pod", key[0], _children_selector(key))
+        return None if items is None else [pod_view(item) for item in items]
+
     async def _relist_if_due(self, key: ServerKey, state: ServerState) -> None:
         now = time.monotonic()
         if state.relisted_at is None:
@@ -498,11 +506,10 @@ class Reconciler:
             return
         if now - state.relisted_at < self.settings.relist_seconds:
             return
-        selector = f"{labels.INSTANCE}={key[1]},{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
         children: list[ChildView] = []
         pods: list[PodView] = []
         for api_version, kind in CHILD_KINDS:
-            items = await self.kube.list(api_version, kind, key[0], selector)
+            items = await self.kube.list(api_version, kind, key[0], _children_selector(key))
             for item in items or []:
                 if kind == "Pod":
                     pods.append(pod_view(item))
@@ -651,3 +658,8 @@ class Reconciler:
             )
             for key, served in self._served()
         ]
+
+
+def _children_selector(key: ServerKey) -> str:
+    """The label selector of a server's children and pods, as `kubectl -l` spells it."""
+    return f"{labels.INSTANCE}={key[1]},{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"

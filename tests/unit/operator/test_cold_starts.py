@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import http.server
+import json
+import threading
+from typing import Any
 
 import pytest
 
@@ -14,10 +18,13 @@ from tests.fakes import make_pod
 from tpuserve_operator import labels
 from tpuserve_operator.api import TPUModelServerStatus
 from tpuserve_operator.cold_starts import (
+    MAX_REPORT_BYTES,
     ColdStartTracker,
     LeaderStart,
+    PodLister,
     cache_location,
     compile_cache_status,
+    read_server_info,
 )
 from tpuserve_operator.observed import PodView
 from tpuserve_operator.render import RenderConfig, validate_server
@@ -109,7 +116,7 @@ def test_each_ready_leader_start_is_read_once() -> None:
         ]
         found = []
         for pods in passes:
-            starts = await tracker.new_starts(pods, 30000, reader)
+            starts = await tracker.new_starts(pods, 30000, reader, listed(passes[0]))
             found.append([s.pod for s in starts])
         return found
 
@@ -123,8 +130,74 @@ def test_after_an_operator_restart_the_leaders_already_up_are_not_counted_again(
 
     async def scenario() -> tuple[int, int]:
         tracker = ColdStartTracker()
-        up = await tracker.new_starts([leader("r0", "u0")], 30000, reader)
-        new = await tracker.new_starts([leader("r0", "u0"), leader("r1", "u1")], 30000, reader)
+        up_before = listed([leader("r0", "u0")])
+        up = await tracker.new_starts([leader("r0", "u0")], 30000, reader, up_before)
+        both = [leader("r0", "u0"), leader("r1", "u1")]
+        new = await tracker.new_starts(both, 30000, reader, up_before)
         return len(up), len(new)
 
     assert asyncio.run(scenario()) == (0, 1)
+
+
+def test_after_a_restart_the_leaders_up_are_taken_from_a_list_not_the_watch_cache() -> None:
+    async def reader(url: str) -> ColdStartReport | None:
+        return HIT
+
+    async def cannot_list() -> list[PodView] | None:
+        return None
+
+    async def scenario() -> list[int]:
+        tracker = ColdStartTracker()
+        up = listed([leader("r0", "u0")])
+        return [
+            len(await tracker.new_starts([], 30000, reader, cannot_list)),  # tried again
+            len(await tracker.new_starts([], 30000, reader, up)),  # the cache lags the list
+            len(await tracker.new_starts([leader("r0", "u0")], 30000, reader, up)),
+        ]
+
+    assert asyncio.run(scenario()) == [0, 0, 0]
+
+
+def listed(pods: list[PodView]) -> PodLister:
+    """A pod list from the API that returns `pods`."""
+
+    async def lister() -> list[PodView] | None:
+        return list(pods)
+
+    return lister
+
+
+class _InfoHandler(http.server.BaseHTTPRequestHandler):
+    """A leader's /server_info: a redirect, an oversized body or a report."""
+
+    def do_GET(self) -> None:
+        if self.path == "/moved/server_info":
+            self.send_response(302)
+            self.send_header("Location", "/server_info")
+            self.end_headers()
+            return
+        info: dict[str, Any] = {"tpuserve": {"cold_start": MISS.as_json()}}
+        if self.path == "/big/server_info":
+            info["padding"] = "x" * MAX_REPORT_BYTES
+        body = json.dumps(info).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_report_read_follows_no_redirect_and_reads_a_bounded_body() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _InfoHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert asyncio.run(read_server_info(base)) == MISS
+        assert asyncio.run(read_server_info(f"{base}/moved")) is None
+        assert asyncio.run(read_server_info(f"{base}/big")) is None
+    finally:
+        server.shutdown()
+        server.server_close()
