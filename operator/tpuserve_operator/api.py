@@ -39,11 +39,16 @@ LABEL_VALUE = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
 TOPOLOGY_PATTERN = r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$"
 TOPOLOGY_2D = "^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$"
 TOPOLOGY_3D = "^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$"
+GCS_BUCKET = "gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"
 SOURCE_PATTERNS = (
     "^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9][A-Za-z0-9._/-]*)?$",
-    "^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?$",
+    f"^{GCS_BUCKET}(/.*)?$",
     "^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/.*)?$",
 )
+# A gs:// prefix without ',': it goes into the FUSE mount's comma-separated options.
+GCS_PREFIX_PATTERN = f"^{GCS_BUCKET}(/[^,]*)?$"
+# No ',' in an adapter's source: the launcher takes the adapters as one comma-separated list.
+NO_COMMA = "^[^,]*$"
 
 
 def source_rule(field: str, api_path: str) -> tuple[str, str]:
@@ -117,9 +122,10 @@ class LoraAdapterSpec(Schema):
     )
     source: str = Field(
         max_length=512,
+        pattern=NO_COMMA,
         description=(
             "source is where the adapter's weights come from, same schemes as model.source "
-            "(fetched like the model). Example: hf://ORG/NAME-lora."
+            "(fetched like the model), without ','. Example: hf://ORG/NAME-lora."
         ),
     )
 
@@ -312,11 +318,11 @@ class CompileCacheSpec(Schema):
     gcs: str | None = Field(
         default=None,
         max_length=1024,
-        pattern=SOURCE_PATTERNS[1],
+        pattern=GCS_PREFIX_PATTERN,
         description=(
-            "gcs is a gs://BUCKET/PREFIX holding the cache instead, mounted on every host with "
-            "GKE's Cloud Storage FUSE CSI driver (the pods' service account needs read and "
-            "write on the bucket). Example: gs://my-models/xla-cache."
+            "gcs is a gs://BUCKET/PREFIX (without ',') holding the cache instead, mounted on "
+            "every host with GKE's Cloud Storage FUSE CSI driver (the pods' service account "
+            "needs read and write on the bucket). Example: gs://my-models/xla-cache."
         ),
     )
 

@@ -24,6 +24,7 @@ from sglang_tpu.topology import (
 )
 from tpuserve_operator import labels, launch_contract, node_signals
 from tpuserve_operator.api import CompileCacheSpec
+from tpuserve_operator.errors import InvalidSpec, Problem
 from tpuserve_operator.render.context import RUN_AS_USER, Manifest, Server
 
 ENGINE_CONTAINER = "engine"
@@ -249,7 +250,15 @@ def compile_cache_volume(cache: CompileCacheSpec) -> Manifest:
     Storage FUSE CSI driver (an ephemeral inline volume; `only-dir` mounts the prefix)."""
     if cache.persistent_volume_claim is not None:
         return {"persistentVolumeClaim": {"claimName": cache.persistent_volume_claim}}
-    assert cache.gcs is not None  # the CRD's rule: exactly one of the two
+    if cache.gcs is None:  # the CRD's rule, which the operator does not evaluate again
+        raise InvalidSpec(
+            [
+                Problem(
+                    "spec.engine.compileCache",
+                    "{} is not allowed; allowed: exactly one of persistentVolumeClaim and gcs",
+                )
+            ]
+        )
     source = parse_model_source(cache.gcs)
     options = "implicit-dirs" + (f",only-dir={source.path}" if source.path else "")
     return {

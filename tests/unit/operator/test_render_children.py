@@ -12,7 +12,7 @@ import pytest
 from sglang_tpu.metric_names import restore_sglang_colon_relabeling
 from tpuserve_operator import labels
 from tpuserve_operator.errors import InvalidSpec
-from tpuserve_operator.render import Rendered
+from tpuserve_operator.render import RenderConfig, Rendered, render, validate_server
 from tpuserve_operator.render.context import DEFAULT_METRICS_FROM, DEFAULT_ROUTER_RESOURCES
 
 pytestmark = pytest.mark.unit
@@ -384,6 +384,17 @@ def test_a_compile_cache_needs_exactly_one_location(
 ) -> None:
     with pytest.raises(InvalidSpec, match="exactly one of persistentVolumeClaim and gcs"):
         rendered(spec_with(engine={"compileCache": cache}))
+
+
+def test_an_empty_compile_cache_the_apiserver_let_through_is_invalid_not_a_crash(
+    spec_with: SpecWith,
+) -> None:
+    spec = spec_with(engine={"compileCache": {}})
+    valid = validate_server(
+        {"name": "qwen", "namespace": "ml"}, spec, RenderConfig(), cel_rules=False
+    )
+    with pytest.raises(InvalidSpec, match=r"spec\.engine\.compileCache: .*exactly one"):
+        render(valid)
 
 
 def test_reservation_and_template_overrides(rendered: RenderFn, spec_with: SpecWith) -> None:

@@ -277,3 +277,17 @@ def test_a_huge_or_deep_spec_is_refused_before_it_is_looked_at(spec_with: SpecWi
         "nested deeper than 64 levels"
         in problems_of(spec_with(template={"affinity": deep}))["spec"][0]
     )
+
+
+def test_no_comma_in_an_adapter_source_or_a_gcs_compile_cache(spec_with: SpecWith) -> None:
+    spec = spec_with(
+        model={
+            "source": "hf://Qwen/Qwen3-8B",
+            "loraAdapters": [{"name": "sql", "source": "gs://bkt/a,b"}],
+        },
+        engine={"compileCache": {"gcs": "gs://bkt/xla,rw"}},
+    )
+    problems = problems_of(spec)
+    assert "spec.model.loraAdapters[0].source" in problems
+    assert "spec.engine.compileCache.gcs" in problems
+    assert "gs://bkt/xla,rw" in problems["spec.engine.compileCache.gcs"][0]
