@@ -388,9 +388,16 @@ class Reconciler:
         return min([self.settings.resync_seconds, *(s + 1.0 for s in rechecks)]), "ok"
 
     def _report_lost_nodes(self, state: ServerState, body: Mapping[str, Any]) -> None:
-        """One Warning per node that vanished under this server's groups (no notice)."""
+        """One Warning per node that vanished under this server's groups (no notice), once:
+        the node's DELETED event and its pods' (the pod GC's) both tell of it."""
+        now = self._clock()
         for node, groups in sorted(state.lost.items()):
-            listed = ", ".join(str(k) for k in sorted(groups))
+            reported = state.lost_reported.setdefault(node, set())
+            fresh = groups - reported
+            if not fresh:
+                continue
+            reported |= fresh
+            listed = ", ".join(str(k) for k in sorted(fresh))
             self._emit_event(
                 body,
                 "Warning",
@@ -399,6 +406,9 @@ class Reconciler:
                 "recreating them on other nodes",
             )
         state.lost.clear()
+        state.lost_reported = {
+            n: g for n, g in state.lost_reported.items() if self.nodes.vanished_recently(n, now)
+        }
 
     async def _compile_cache(
         self,

@@ -54,6 +54,7 @@ class ServerState:
     condemned: dict[int, set[str]] = field(default_factory=dict)
     # node -> replica groups that lost pods with it (deleted without notice), to report
     lost: dict[str, set[int]] = field(default_factory=dict)
+    lost_reported: dict[str, set[int]] = field(default_factory=dict)  # while remembered
     # the leader starts whose cold-start reports were read (status.compileCache)
     cold_starts: ColdStartTracker = field(default_factory=ColdStartTracker)
     # scale to zero (scale_to_zero): when this operator first saw the server up (or

@@ -162,11 +162,11 @@ async def reconcile_loop(
 
 
 @kopf.on.event(labels.GROUP, labels.VERSION, labels.PLURAL)
-def on_server(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def on_server(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _reconciler(memo).on_server_event(event.get("type"), body)
 
 
-def on_child(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def on_child(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _reconciler(memo).on_child_event(event.get("type"), body)
 
 
@@ -175,10 +175,10 @@ for _group, _version, _plural in CHILD_RESOURCES:
 
 
 @kopf.on.event("", "v1", "nodes")
-def on_node(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def on_node(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _reconciler(memo).on_node_event(event.get("type"), body)
 
 
 @kopf.on.event("", "v1", "pods", labels=MANAGED)
-def on_pod(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def on_pod(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _reconciler(memo).on_pod_event(event.get("type"), body)

@@ -456,6 +456,21 @@ async def test_a_node_vanishing_under_a_group_is_reported_once(operator: Operato
     assert "replica group(s) 1;" in lost[0][1]
     await operator.converge(key)
     assert sum(1 for _, reason, _ in operator.events if reason == "NodeLost") == 1
+    await operator.kube.delete("v1", "Pod", NAMESPACE, "qwen-r1-0")  # the pod GC follows
+    await operator.converge(key)
+    assert sum(1 for _, reason, _ in operator.events if reason == "NodeLost") == 1
+
+
+def test_watch_handlers_run_on_the_event_loop() -> None:
+    """kopf runs a sync handler in a thread; the handlers wake loops (asyncio.Event) and
+    touch the caches, which only the event loop's thread may do."""
+    import inspect
+
+    from tpuserve_operator.handlers import tpumodelserver
+
+    handlers = [tpumodelserver.on_server, tpumodelserver.on_child]
+    handlers += [tpumodelserver.on_node, tpumodelserver.on_pod]
+    assert all(inspect.iscoroutinefunction(h) for h in handlers)
 
 
 class OverlappingKube(FakeKube):
