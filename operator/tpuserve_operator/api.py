@@ -39,6 +39,10 @@ LABEL_VALUE = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
 TOPOLOGY_PATTERN = r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$"
 TOPOLOGY_2D = "^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$"
 TOPOLOGY_3D = "^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$"
+# GKE drains a node for at most an hour; a pod's grace (preStop pause <= 5 s + the longest
+# request + a 5 s kill margin, render/pod.py `termination`) must fit in it.
+MAX_GRACE_SECONDS = 3600
+MAX_REQUEST_SECONDS = MAX_GRACE_SECONDS - 10
 GCS_BUCKET = "gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"
 SOURCE_PATTERNS = (
     "^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9][A-Za-z0-9._/-]*)?$",
@@ -496,15 +500,16 @@ class RouterSpec(Schema):
     max_request_seconds: int = Field(
         default=600,
         ge=5,
-        le=3600,
+        le=MAX_REQUEST_SECONDS,
         description=(
             "maxRequestSeconds is the longest a request (a whole stream included) may take. "
             "The router gives up on a request after it (`tpuserve router --request-timeout`), "
             "and engine pods get it to drain after SIGTERM: terminationGracePeriodSeconds is "
             "the preStop pause + maxRequestSeconds + 5 s, so a rollout, scale-down or "
-            "maintenance move lets every request in flight finish. A Spot preemption cuts "
-            "the grace to what the node's shutdown leaves (GKE: about 30 s of notice). "
-            "Default: 600."
+            "maintenance move lets every request in flight finish; router pods get the same "
+            "grace. At most 3590, so the grace stays within GKE's 1-hour drain. A Spot "
+            "preemption cuts the grace to what the node's shutdown leaves (GKE: about 30 s "
+            "of notice). Default: 600."
         ),
     )
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(

@@ -27,6 +27,7 @@ from tpuserve_operator.render.context import (
 )
 from tpuserve_operator.render.demand import demand_lease, hold_args, lease_rule
 from tpuserve_operator.render.pdb import router_disruption_budget
+from tpuserve_operator.render.pod import termination
 
 ROUTER_CONTAINER = "router"
 LIVENESS_PATH = "/health"
@@ -132,6 +133,8 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
         "affinity": _spread(server),
+        # as long as the engines': requests in flight through it may take maxRequestSeconds
+        "terminationGracePeriodSeconds": termination(server).grace_seconds,
     }
     api_keys = spec.router.api_keys
     if api_keys is not None:  # a whole-Secret mount (no subPath), so updates reach the pod

@@ -319,11 +319,14 @@ def test_the_grace_period_and_router_timeout_come_from_max_request_seconds(
     env = {e["name"]: e.get("value") for e in engine["env"]}
     assert float(env["TPUSERVE_DRAIN_TIMEOUT_SECONDS"]) == 120
     assert pod["terminationGracePeriodSeconds"] == 120 + 5 + 5
-    router = next(c for c in children if c["kind"] == "Deployment")
-    assert "--request-timeout=120" in router["spec"]["template"]["spec"]["containers"][0]["args"]
-    longest = rendered(spec_with(router={"maxRequestSeconds": 3600})).children
+    router = next(c for c in children if c["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert "--request-timeout=120" in router["containers"][0]["args"]
+    assert router["terminationGracePeriodSeconds"] == 120 + 5 + 5  # requests through it finish
+    longest = rendered(spec_with(router={"maxRequestSeconds": 3590})).children
     pod = one(longest, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
-    assert pod["terminationGracePeriodSeconds"] == 3600 + 5 + 5  # the launch contract's bound
+    assert pod["terminationGracePeriodSeconds"] == 3600  # GKE's drain cap
+    with pytest.raises(InvalidSpec, match=r"spec\.router\.maxRequestSeconds"):
+        rendered(spec_with(router={"maxRequestSeconds": 3591}))
 
 
 def test_engine_pods_prefer_nodes_without_announced_maintenance(rendered: RenderFn) -> None:
