@@ -40,6 +40,7 @@ def decide(replicas: int, now: float, **marks: float | None) -> ZeroDecision:
         renewed=times.get("renewed"),
         active_since=times.get("active_since"),
         zeroed_at=times.get("zeroed_at"),
+        starting_until=times.get("starting_until"),
     )
 
 
@@ -78,26 +79,10 @@ def test_a_server_just_activated_or_scaled_up_by_hand_gets_its_idle_period() -> 
 
 
 def test_a_starting_server_is_not_idle_until_its_startup_budget_ends() -> None:
-    starting = decide_zero(
-        replicas=1,
-        idle_seconds=IDLE,
-        now=at(1000),
-        renewed=at(0),
-        active_since=at(10),
-        zeroed_at=None,
-        starting_until=at(1010),
-    )
+    starting = decide(1, now=1000, renewed=0, active_since=10, starting_until=1010)
     assert starting.action is None
     assert starting.recheck_seconds == pytest.approx(10)
-    budget_spent = decide_zero(
-        replicas=1,
-        idle_seconds=IDLE,
-        now=at(1010),
-        renewed=at(0),
-        active_since=at(10),
-        zeroed_at=None,
-        starting_until=at(1010),
-    )
+    budget_spent = decide(1, now=1010, renewed=0, active_since=10, starting_until=1010)
     assert budget_spent.action == "scale_to_zero"
 
 
@@ -155,6 +140,16 @@ class Fleet:
                 "spec": dict(SPEC),
             }
         )
+
+    @classmethod
+    async def at_zero(cls) -> Fleet:
+        """A new fleet whose server went idle and was scaled to zero."""
+        fleet = cls()
+        await fleet.converge()
+        fleet.clock.advance(IDLE + 1)
+        await fleet.converge()
+        await fleet.converge()  # the new generation: at zero
+        return fleet
 
     def body(self) -> dict[str, Any]:
         return self.kube.get_object(labels.API_VERSION, labels.KIND, *self.key)
@@ -218,11 +213,7 @@ async def test_a_server_without_scale_to_zero_is_never_scaled_by_the_operator() 
 
 
 async def test_an_activated_server_still_compiling_is_not_scaled_to_zero() -> None:
-    fleet = Fleet()
-    await fleet.converge()
-    fleet.clock.advance(IDLE + 1)
-    await fleet.converge()
-    await fleet.converge()  # at zero
+    fleet = await Fleet.at_zero()
     fleet.clock.advance(10)
     fleet.renew(fleet.clock())
     await fleet.converge()
@@ -240,11 +231,7 @@ async def test_an_activated_server_still_compiling_is_not_scaled_to_zero() -> No
 
 
 async def test_renewals_are_timed_by_the_operator_clock_not_the_routers() -> None:
-    fleet = Fleet()
-    await fleet.converge()
-    fleet.clock.advance(IDLE + 1)
-    await fleet.converge()
-    await fleet.converge()  # at zero
+    fleet = await Fleet.at_zero()
     assert fleet.kube.replica_patches == [0]
 
     fleet.clock.advance(600)
@@ -254,11 +241,7 @@ async def test_renewals_are_timed_by_the_operator_clock_not_the_routers() -> Non
 
 
 async def test_a_lease_first_seen_after_an_operator_restart_is_not_demand() -> None:
-    fleet = Fleet()
-    await fleet.converge()
-    fleet.clock.advance(IDLE + 1)
-    await fleet.converge()
-    await fleet.converge()  # at zero
+    fleet = await Fleet.at_zero()
     fleet.clock.advance(600)
     fleet.renew(fleet.clock() - 1)  # renewed while no operator ran (a restart)
     restarted = Fleet(restart_of=fleet)
