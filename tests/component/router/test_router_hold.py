@@ -199,3 +199,26 @@ async def test_without_holding_a_router_with_no_worker_is_not_ready() -> None:
         route = "/v1/completions"
         status, _headers, _ = await post(session, app, route, body(route, "now"))
         assert status == 404  # no worker reported any model: as before holding existed
+
+
+async def test_a_request_for_an_adapter_no_worker_has_is_answered_at_once_not_held() -> None:
+    """Its model has a routable worker: held, it would block the model's queue until the
+    hold time passed; it gets its 404 and the next request is served."""
+    worker = StubWorker()
+    async with (
+        stub_router(
+            worker, hold_max_requests=8, hold_models=(STUB_MODEL,), hold_max_seconds=2
+        ) as app,
+        aiohttp.ClientSession() as session,
+    ):
+        route = "/v1/completions"
+        typo = {**body(route, "typo"), "lora_path": "typo"}
+        status, _headers, content = await post(session, app, route, typo)
+        assert status == 404, content
+        assert b"typo" in content
+        status, _headers, content = await post(session, app, route, body(route, "next"))
+        assert status == 200, content
+        assert (
+            sample(app, "tpuserve_router_hold_outcomes_total", model=STUB_MODEL, outcome="timeout")
+            == 0
+        )
