@@ -104,6 +104,7 @@ class _Subscription:
         self.lock = asyncio.Lock()  # one sequence of updates at a time (reader or monitor)
         self.task: asyncio.Task[None] | None = None
         self.monitor_task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -122,12 +123,14 @@ class _Subscription:
         self.monitor_task = loop.create_task(self._watch(monitor))
 
     async def stop(self) -> None:
+        self._stopped = True  # first: nothing read from here on starts a task
         self.loop.remove_reader(self.fd)
-        for task in (self.task, self.monitor_task):
-            if task is not None:
+        while tasks := [
+            t for t in (self.task, self.monitor_task) if t is not None and not t.done()
+        ]:
+            for task in tasks:
                 task.cancel()
-        for task in (self.task, self.monitor_task):
-            if task is not None:
+            for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         with contextlib.suppress(zmq.ZMQError):
@@ -159,14 +162,20 @@ class _Subscription:
         `_receive_awaiting`, which may ask the replay socket and so must await, and reading
         resumes when it is done. Nothing is read while the lock is held: its holder reads on
         when it releases it. The descriptor is edge-triggered, so a read always goes on until
-        the socket has nothing left, or is rescheduled."""
-        if self.task is not None or self.lock.locked():
+        the socket has nothing left, or is rescheduled. While busy it still reads the
+        socket's events: that clears the descriptor's signal, which otherwise stays set and
+        has the loop call this again at once, a busy spin for the whole catch-up."""
+        if self._stopped:
             return
         drain = self.drain
+        if self.task is not None or self.lock.locked():
+            with contextlib.suppress(zmq.ZMQError):  # closed under us (stopping)
+                drain.getsockopt(zmq.EVENTS)
+            return
         for _ in range(DRAIN_MAX_MESSAGES):
-            if not int(drain.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                return
             try:
+                if not int(drain.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    return
                 frames = drain.recv_multipart(zmq.NOBLOCK)
                 _, seq, payload = parse_pub_frames(frames)
             except zmq.ZMQError:

@@ -38,7 +38,7 @@ from tests.component.router.router_fleet import (
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.kv_events import DRAIN_MAX_MESSAGES
+from tpuserve_router.kv_events import DRAIN_MAX_MESSAGES, KvEventHub, _Subscription
 from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
 
 pytestmark = pytest.mark.component
@@ -382,6 +382,43 @@ async def test_a_burst_longer_than_one_read_is_applied_in_order(plain_engine: En
         )
         assert blocks_of(app, worker) == pages
         assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 0
+
+
+async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
+    plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While the catch-up replay holds the lock, live events queue; the reader must clear the
+    # socket's signal, else the event loop calls it again and again until the lock is free.
+    reads = 0
+    read = _Subscription._read
+
+    def counting(self: _Subscription) -> None:
+        nonlocal reads
+        reads += 1
+        read(self)
+
+    replaying = asyncio.Event()
+    release = asyncio.Event()
+
+    async def stalled(
+        self: KvEventHub, endpoint: str, start: int, end: int | None = None
+    ) -> list[tuple[int, bytes]] | None:
+        replaying.set()
+        await release.wait()
+        return []
+
+    monkeypatch.setattr(_Subscription, "_read", counting)
+    monkeypatch.setattr(KvEventHub, "replay", stalled)
+    tokens = load_tokenizer().encode(PROMPT)
+    async with publishing_router(plain_engine, replay=True) as (app, publisher, worker):
+        await replaying.wait()
+        await publisher.publish(0, stored(tokens))
+        before = reads
+        await asyncio.sleep(0.3)  # a spinning reader is called thousands of times meanwhile
+        busy_reads = reads - before
+        release.set()
+        await wait_blocks(app, worker, len(tokens) // PAGE, "the events after the catch-up")
+    assert busy_reads < 20
 
 
 # ---------------------------------------------------------------- what the router cannot read
