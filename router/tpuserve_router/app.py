@@ -93,7 +93,6 @@ log = logging.getLogger(__name__)
 
 METRICS_HEADERS: Final = f"content-type: {CONTENT_TYPE_LATEST}\r\n".encode()
 MSGPACK_HEADERS: Final = b"content-type: application/msgpack\r\n"
-SHUTDOWN_GRACE_SECONDS: Final = 5.0
 KNOWN_METHODS: Final = (b"GET", b"HEAD", b"POST", b"DELETE")
 MODELS_PREFIX: Final = "/v1/models/"
 PROBE_CONNECTIONS: Final = 64
@@ -303,6 +302,9 @@ class RouterApp:
         )
 
     async def stop(self) -> None:
+        """Stop: no new connections (readiness fails), held requests refused with 503 and
+        Retry-After, requests and streams in hand given up to ``drain_seconds`` to finish."""
+        self.forwarder.holds.refuse_all("the router is stopping; retry")
         if self._demand is not None:
             await self._demand.stop()
             self._demand = None
@@ -311,7 +313,7 @@ class RouterApp:
             self._discovery = None
         for server in self._servers:
             server.close()
-        deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
+        deadline = time.monotonic() + self.config.drain_seconds
         while len(self.book.open) > len(self.book.waiting):  # requests still in hand
             if time.monotonic() > deadline:
                 break

@@ -241,6 +241,15 @@ OPTIONS: tuple[Option, ...] = (
         f"(default {DEFAULTS.hold_max_seconds:g}).",
     ),
     Option(
+        "--drain-seconds",
+        "drain_seconds",
+        cli_types.duration_seconds,
+        "On SIGTERM the router stops accepting connections (readiness fails), refuses held "
+        "requests with 503 and Retry-After, and gives requests and streams in flight this "
+        "long to finish before it exits; keep it below the pod's "
+        f"terminationGracePeriodSeconds (default {DEFAULTS.drain_seconds:g}).",
+    ),
+    Option(
         "--hold-models",
         "hold_models",
         _comma_list,

@@ -94,6 +94,9 @@ class RouterConfig:
     hold_models: tuple[str, ...] = ()
     demand_lease: str | None = None
     demand_interval_seconds: float = 5.0
+    # On SIGTERM: requests and streams in hand finish within this (fits Kubernetes' default
+    # 30 s terminationGracePeriodSeconds; a longer pod grace wants a longer drain).
+    drain_seconds: float = 25.0
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 60.0
     keep_alive_timeout_seconds: float = 30.0
@@ -254,6 +257,7 @@ class RouterConfig:
             "outlier_max_ejection_seconds",
             "hold_max_seconds",
             "demand_interval_seconds",
+            "drain_seconds",
         ):
             value = getattr(self, name)
             need(value > 0, f"{name}={value}: must be > 0")

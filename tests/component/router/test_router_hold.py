@@ -222,3 +222,20 @@ async def test_a_request_for_an_adapter_no_worker_has_is_answered_at_once_not_he
             sample(app, "tpuserve_router_hold_outcomes_total", model=STUB_MODEL, outcome="timeout")
             == 0
         )
+
+
+async def test_a_router_stopping_refuses_held_requests_with_503_and_retry_after() -> None:
+    async with stub_router(hold_max_requests=4, hold_models=(STUB_MODEL,)) as app:
+        route = "/v1/completions"
+        async with aiohttp.ClientSession() as session:
+            waiting = asyncio.ensure_future(post(session, app, route, body(route, "held")))
+            await held(app, 1)
+            await app.stop()  # stub_router's own stop afterwards finds nothing left to do
+            status, headers, content = await waiting
+        assert status == 503
+        assert headers["Retry-After"]
+        assert b"stopping" in content
+        assert (
+            sample(app, "tpuserve_router_hold_outcomes_total", model=STUB_MODEL, outcome="shutdown")
+            == 1
+        )
