@@ -287,7 +287,7 @@ class RouterApp:
                     config.demand_lease,
                     config.demand_interval_seconds,
                     self.metrics,
-                    lambda: forwarder.in_flight > 0,
+                    lambda: forwarder.in_flight > 0 or forwarder.holds.total > 0,
                 )
                 forwarder.on_arrival = self._demand.arrived
                 self._demand.start()

@@ -110,7 +110,7 @@ class Forwarder:
         self.max_in_flight = config.max_in_flight
         self.max_retries = config.max_retries
         self.first_byte = config.first_byte_budget()
-        self.in_flight = 0  # generation requests between arrival and answer
+        self.in_flight = 0  # generation requests between arrival (or the hold) and answer
         self.keys = keys
         # With the router's own keys, a client's key is the router's business: not the workers'.
         self._not_forwarded = HOP_BY_HOP if keys is None else HOP_BY_HOP | CREDENTIALS
@@ -165,7 +165,7 @@ class Forwarder:
                 route,
             )
             return
-        self.in_flight += 1
+        counted = False  # a held request is not in flight: it would shed other models' ones
         retries = 0
         try:
             try:
@@ -193,6 +193,8 @@ class Forwarder:
                     return
                 served = self.registry.route(model, parsed.lora_path)
                 since = time.monotonic()
+            self.in_flight += 1
+            counted = True
             if served is None:
                 reject(request, self._not_served(model, parsed.lora_path), self.metrics, route)
                 return
@@ -243,7 +245,8 @@ class Forwarder:
                 retries += 1
                 self.metrics.retries.labels(route).inc()
         finally:
-            self.in_flight -= 1
+            if counted:
+                self.in_flight -= 1
             if retries:
                 self.budget.active -= 1
 

@@ -239,3 +239,21 @@ async def test_a_router_stopping_refuses_held_requests_with_503_and_retry_after(
             sample(app, "tpuserve_router_hold_outcomes_total", model=STUB_MODEL, outcome="shutdown")
             == 1
         )
+
+
+async def test_held_requests_do_not_count_toward_max_in_flight() -> None:
+    """A burst for a model at zero must not shed the requests of a model that is up."""
+    worker = StubWorker()
+    async with stub_router(
+        worker, max_in_flight=1, hold_max_requests=4, hold_models=(STUB_MODEL, "zeroed")
+    ) as app:
+        route = "/v1/completions"
+        async with aiohttp.ClientSession() as session:
+            zeroed = {**body(route, "held"), "model": "zeroed"}
+            waiting = asyncio.ensure_future(post(session, app, route, zeroed))
+            await held(app, 1)
+            status, _headers, content = await post(session, app, route, body(route, "up"))
+            assert status == 200, content
+            assert app.forwarder.in_flight == 0
+            waiting.cancel()
+        await held(app, 0)
