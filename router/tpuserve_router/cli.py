@@ -172,6 +172,14 @@ OPTIONS: tuple[Option, ...] = (
         "replica started after the engines' replay buffers wrapped still knows what they hold.",
     ),
     Option(
+        "--kv-snapshot-key-file",
+        "kv_snapshot_key_file",
+        str,
+        "A file holding an admin API key of the peer (e.g. a mounted Secret), sent with the "
+        "--kv-snapshot-from request: the peer's admin API answers other hosts only with one.",
+        metavar="PATH",
+    ),
+    Option(
         "--tokenizer",
         "tokenizer",
         str,

@@ -78,6 +78,7 @@ class RouterConfig:
     policy_params: dict[str, str] = field(default_factory=dict)
     kv_events: bool | None = None  # None (auto): subscribe when the policy uses KV events
     kv_snapshot_from: str | None = None  # a peer router's URL (kv_events.py: snapshots)
+    kv_snapshot_key_file: str | None = None  # holds an admin key the peer accepts
     tokenizer: str | None = None
     metrics_port: int | None = None
     # The front's limits (server.FrontLimits), as uvicorn, aiohttp and Envoy bound theirs.
@@ -287,6 +288,11 @@ class RouterConfig:
                 normalize_worker_url(self.kv_snapshot_from)
             except InvalidWorkerURL as err:
                 problems.append(f"kv_snapshot_from: {err}")
+        need(
+            self.kv_snapshot_key_file is None or self.kv_snapshot_from is not None,
+            f"kv_snapshot_key_file={self.kv_snapshot_key_file!r}: needs kv_snapshot_from "
+            "(the peer the key is sent to)",
+        )
         need(
             self.load_poll_interval_seconds >= 0,
             f"load_poll_interval_seconds={self.load_poll_interval_seconds}: must be >= 0 "
