@@ -65,6 +65,10 @@ _PIECE_RE = re.compile(
 _CACHE_LIMIT = 500_000
 _WORD_CHARS = 64
 """Words (text between spaces) up to this long have their ids cached."""
+_WORD_CACHE_LIMIT = 65_536
+"""Words whose ids `_WordIds` keeps before it starts over."""
+_WORD_IDS = 16
+"""Words of at most this many ids are cached (a long run of symbols is not worth keeping)."""
 
 
 class TokenizerError(ValueError):
@@ -221,7 +225,8 @@ class DefaultTokenizer:
 
 class _WordIds(dict[str, list[int]]):
     """Ids of a space and the word after it, keyed by the word, computed on first use (only
-    words up to `_WORD_CHARS` are kept; the whole cache is dropped at `_CACHE_LIMIT`)."""
+    words up to `_WORD_CHARS` characters and `_WORD_IDS` ids are kept; the whole cache is
+    dropped at `_WORD_CACHE_LIMIT`, so what clients send bounds neither count nor size)."""
 
     def __init__(self, encode: Callable[[str], list[int]]) -> None:
         super().__init__()
@@ -229,8 +234,8 @@ class _WordIds(dict[str, list[int]]):
 
     def __missing__(self, word: str) -> list[int]:
         ids = self._encode(" " + word)
-        if len(word) <= _WORD_CHARS:
-            if len(self) >= _CACHE_LIMIT:
+        if len(word) <= _WORD_CHARS and len(ids) <= _WORD_IDS:
+            if len(self) >= _WORD_CACHE_LIMIT:
                 self.clear()
             self[word] = ids
         return ids

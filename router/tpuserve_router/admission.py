@@ -151,7 +151,10 @@ class Admission:
         while True:
             await asyncio.sleep(self.config.models_refresh_seconds)
             healthy = [w for w in self.registry.workers if w.healthy]
-            await asyncio.gather(*(self._learn_models(w) for w in healthy))
+            try:
+                await asyncio.gather(*(self._learn_models(w) for w in healthy))
+            except Exception:  # a bug must not end the refreshes silently
+                log.exception("refreshing the workers' models failed")
 
     def _kv_endpoints_problem(self, streams: list[Endpoints]) -> str | None:
         for endpoints in streams:

@@ -36,6 +36,7 @@ import dataclasses
 import logging
 import resource
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
@@ -93,7 +94,6 @@ log = logging.getLogger(__name__)
 
 METRICS_HEADERS: Final = f"content-type: {CONTENT_TYPE_LATEST}\r\n".encode()
 MSGPACK_HEADERS: Final = b"content-type: application/msgpack\r\n"
-SHUTDOWN_GRACE_SECONDS: Final = 5.0
 KNOWN_METHODS: Final = (b"GET", b"HEAD", b"POST", b"DELETE")
 MODELS_PREFIX: Final = "/v1/models/"
 PROBE_CONNECTIONS: Final = 64
@@ -288,7 +288,7 @@ class RouterApp:
                     config.demand_lease,
                     config.demand_interval_seconds,
                     self.metrics,
-                    lambda: forwarder.in_flight > 0,
+                    lambda: forwarder.in_flight > 0 or forwarder.holds.total > 0,
                 )
                 forwarder.on_arrival = self._demand.arrived
                 self._demand.start()
@@ -303,6 +303,9 @@ class RouterApp:
         )
 
     async def stop(self) -> None:
+        """Stop: no new connections (readiness fails), held requests refused with 503 and
+        Retry-After, requests and streams in hand given up to ``drain_seconds`` to finish."""
+        self.forwarder.holds.refuse_all("the router is stopping; retry")
         if self._demand is not None:
             await self._demand.stop()
             self._demand = None
@@ -311,7 +314,7 @@ class RouterApp:
             self._discovery = None
         for server in self._servers:
             server.close()
-        deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
+        deadline = time.monotonic() + self.config.drain_seconds
         while len(self.book.open) > len(self.book.waiting):  # requests still in hand
             if time.monotonic() > deadline:
                 break
@@ -529,7 +532,8 @@ class RouterApp:
             reject(request, ClientError(409, "this router follows no KV events"), self.metrics,
                    route=ADMIN_ROUTE)  # fmt: skip
             return
-        body = msgpack.packb(self.kv.snapshot())
+        snapshot = self.kv.snapshot()  # on the loop: the index does not change meanwhile
+        body = await asyncio.to_thread(msgpack.packb, snapshot)  # the big part, off the loop
         request.respond(200, MSGPACK_HEADERS, body)
 
     async def _seed_from_peer(self, url: str) -> None:
@@ -540,11 +544,17 @@ class RouterApp:
         if session is None:
             return
         try:
-            async with session.get(normalize_worker_url(url)[0] + "/kv_snapshot") as response:
+            headers = {}
+            if self.config.kv_snapshot_key_file is not None:
+                key_file = Path(self.config.kv_snapshot_key_file)
+                key = await asyncio.to_thread(key_file.read_text, encoding="utf-8")
+                headers["Authorization"] = f"Bearer {key.strip()}"
+            snapshot_url = normalize_worker_url(url)[0] + "/kv_snapshot"
+            async with session.get(snapshot_url, headers=headers) as response:
                 response.raise_for_status()
                 taken = self.kv.seed(msgpack.unpackb(await response.read(), strict_map_key=False))
         except (OSError, aiohttp.ClientError, ValueError, msgpack.UnpackException) as err:
-            log.warning("no KV snapshot from %s: %s", url, err)
+            log.warning("no KV snapshot from %s: %s", url, err)  # OSError: the key file too
             return
         log.info("KV snapshot from %s: %d event streams", url, taken)
 

@@ -172,6 +172,14 @@ OPTIONS: tuple[Option, ...] = (
         "replica started after the engines' replay buffers wrapped still knows what they hold.",
     ),
     Option(
+        "--kv-snapshot-key-file",
+        "kv_snapshot_key_file",
+        str,
+        "A file holding an admin API key of the peer (e.g. a mounted Secret), sent with the "
+        "--kv-snapshot-from request: the peer's admin API answers other hosts only with one.",
+        metavar="PATH",
+    ),
+    Option(
         "--tokenizer",
         "tokenizer",
         str,
@@ -239,6 +247,15 @@ OPTIONS: tuple[Option, ...] = (
         cli_types.duration_seconds,
         "Seconds a request may be held; then 503 with Retry-After "
         f"(default {DEFAULTS.hold_max_seconds:g}).",
+    ),
+    Option(
+        "--drain-seconds",
+        "drain_seconds",
+        cli_types.duration_seconds,
+        "On SIGTERM the router stops accepting connections (readiness fails), refuses held "
+        "requests with 503 and Retry-After, and gives requests and streams in flight this "
+        "long to finish before it exits; keep it below the pod's "
+        f"terminationGracePeriodSeconds (default {DEFAULTS.drain_seconds:g}).",
     ),
     Option(
         "--hold-models",

@@ -78,6 +78,7 @@ class RouterConfig:
     policy_params: dict[str, str] = field(default_factory=dict)
     kv_events: bool | None = None  # None (auto): subscribe when the policy uses KV events
     kv_snapshot_from: str | None = None  # a peer router's URL (kv_events.py: snapshots)
+    kv_snapshot_key_file: str | None = None  # holds an admin key the peer accepts
     tokenizer: str | None = None
     metrics_port: int | None = None
     # The front's limits (server.FrontLimits), as uvicorn, aiohttp and Envoy bound theirs.
@@ -94,6 +95,9 @@ class RouterConfig:
     hold_models: tuple[str, ...] = ()
     demand_lease: str | None = None
     demand_interval_seconds: float = 5.0
+    # On SIGTERM: requests and streams in hand finish within this (fits Kubernetes' default
+    # 30 s terminationGracePeriodSeconds; a longer pod grace wants a longer drain).
+    drain_seconds: float = 25.0
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 60.0
     keep_alive_timeout_seconds: float = 30.0
@@ -254,6 +258,7 @@ class RouterConfig:
             "outlier_max_ejection_seconds",
             "hold_max_seconds",
             "demand_interval_seconds",
+            "drain_seconds",
         ):
             value = getattr(self, name)
             need(value > 0, f"{name}={value}: must be > 0")
@@ -283,6 +288,11 @@ class RouterConfig:
                 normalize_worker_url(self.kv_snapshot_from)
             except InvalidWorkerURL as err:
                 problems.append(f"kv_snapshot_from: {err}")
+        need(
+            self.kv_snapshot_key_file is None or self.kv_snapshot_from is not None,
+            f"kv_snapshot_key_file={self.kv_snapshot_key_file!r}: needs kv_snapshot_from "
+            "(the peer the key is sent to)",
+        )
         need(
             self.load_poll_interval_seconds >= 0,
             f"load_poll_interval_seconds={self.load_poll_interval_seconds}: must be >= 0 "

@@ -87,14 +87,19 @@ class DemandLease(ApiTask):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._urgent.wait(), self.interval_seconds)
                 self._urgent.clear()
-                if self._arrived or self.busy():
-                    self._arrived = False
-                    await self.write(session)
+                try:
+                    if self._arrived or self.busy():
+                        self._arrived = False
+                        await self.write(session)
+                except Exception:  # a bug must not end the Lease's renewals silently
+                    log.exception("demand Lease %s: renewal pass failed", self.url)
 
     async def write(self, session: aiohttp.ClientSession) -> bool:
-        headers = {**self.api.request_headers(), "Content-Type": MERGE_PATCH}
-        body = renewal_patch(datetime.datetime.now(datetime.UTC), self.holder)
+        """Renew the Lease; False (counted ``failed``) whatever went wrong, a token that
+        cannot be read included."""
         try:
+            headers = {**self.api.request_headers(), "Content-Type": MERGE_PATCH}
+            body = renewal_patch(datetime.datetime.now(datetime.UTC), self.holder)
             async with session.patch(
                 self.url, data=body, headers=headers, ssl=self.api.ssl_context
             ) as response:
@@ -103,6 +108,10 @@ class DemandLease(ApiTask):
         except (aiohttp.ClientError, TimeoutError) as err:
             self.metrics.demand_signals.labels("failed").inc()
             log.warning("could not renew the demand Lease %s: %s", self.url, err)
+            return False
+        except Exception:
+            self.metrics.demand_signals.labels("failed").inc()
+            log.exception("could not renew the demand Lease %s", self.url)
             return False
         self.written_at = self.clock()
         self.metrics.demand_signals.labels("ok").inc()

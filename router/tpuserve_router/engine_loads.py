@@ -28,6 +28,9 @@ from tpuserve_router.workers import Worker, WorkerRegistry
 log = logging.getLogger(__name__)
 
 LOADS_PATH: Final = "/v1/loads"
+UNSUPPORTED_AFTER_404S: Final = 3
+"""Consecutive 404s from one worker before it is taken for an engine without the path (one
+could come from a proxy or an engine still starting)."""
 LOAD_KEYS: Final = ("num_running_reqs", "num_waiting_reqs", "num_waiting_uncached_tokens")
 """The fields of each DP rank's load snapshot the view uses (SGLang 0.5.23 `LoadSnapshot`)."""
 
@@ -86,6 +89,7 @@ class LoadPoller:
         self.clock = clock
         self.polled_at: dict[str, float] = {}
         self.unsupported: set[str] = set()
+        self._not_found: dict[str, int] = {}  # consecutive 404s per worker
         self._polling: dict[str, asyncio.Task[None]] = {}
         self._logged: set[tuple[str, str]] = set()
         self._session: aiohttp.ClientSession | None = None
@@ -119,14 +123,9 @@ class LoadPoller:
         try:
             async with session.get(worker.name + LOADS_PATH) as response:
                 if response.status == 404:
-                    self.unsupported.add(worker.name)
-                    log.info(
-                        "worker %s has no %s (SGLang before 0.5.22?): its load is only what "
-                        "this router sent",
-                        worker.name,
-                        LOADS_PATH,
-                    )
+                    self._missing(worker)
                     return
+                self._not_found.pop(worker.name, None)
                 response.raise_for_status()
                 load = parse_engine_load(await response.json(content_type=None))
         except (OSError, aiohttp.ClientError, ValueError) as err:  # TimeoutError is an OSError
@@ -137,6 +136,23 @@ class LoadPoller:
         own = self.own_prefill_tokens(worker.name)
         set_peer_load(worker, load.requests, load.waiting_uncached_tokens, own)
         self.polled_at[worker.name] = self.clock()
+
+    def _missing(self, worker: Worker) -> None:
+        """A 404 from ``worker``: after `UNSUPPORTED_AFTER_404S` in a row, its engine is
+        taken not to have the path and no longer polled (unless the worker was replaced
+        meanwhile: its successor is asked afresh)."""
+        if self.registry.get(worker.name) is not worker:
+            return
+        count = self._not_found.get(worker.name, 0) + 1
+        self._not_found[worker.name] = count
+        if count < UNSUPPORTED_AFTER_404S:
+            return
+        self.unsupported.add(worker.name)
+        log.info(
+            "worker %s has no %s (SGLang before 0.5.22?): its load is only what this router sent",
+            worker.name,
+            LOADS_PATH,
+        )
 
     def expire(self) -> None:
         """Drop the estimates of workers not polled for `STALE_POLLS` intervals."""
@@ -149,15 +165,21 @@ class LoadPoller:
 
     async def _run(self) -> None:
         while True:
-            for worker in self.registry.workers:
-                name = worker.name
-                if name in self.unsupported or name in self._polling:
-                    continue
-                task = asyncio.get_running_loop().create_task(self.poll(worker))
-                self._polling[name] = task
-                task.add_done_callback(functools.partial(self._poll_done, name))
-            self.expire()
+            try:
+                self._start_polls()
+            except Exception:  # a bug must not end the polling silently
+                log.exception("starting the load polls failed")
             await asyncio.sleep(self.interval_seconds)
+
+    def _start_polls(self) -> None:
+        for worker in self.registry.workers:
+            name = worker.name
+            if name in self.unsupported or name in self._polling:
+                continue
+            task = asyncio.get_running_loop().create_task(self.poll(worker))
+            self._polling[name] = task
+            task.add_done_callback(functools.partial(self._poll_done, name))
+        self.expire()
 
     def _poll_done(self, name: str, task: asyncio.Task[None]) -> None:
         if self._polling.get(name) is task:
@@ -166,6 +188,7 @@ class LoadPoller:
     def _forget(self, worker: Worker) -> None:
         self.polled_at.pop(worker.name, None)
         self.unsupported.discard(worker.name)
+        self._not_found.pop(worker.name, None)
         self._logged = {logged for logged in self._logged if logged[0] != worker.name}
 
     def _log_once(self, name: str, kind: str, err: BaseException) -> None:

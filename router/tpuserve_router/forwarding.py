@@ -56,7 +56,7 @@ from tpuserve_router.retry import (
 )
 from tpuserve_router.server import Handler, HttpRequest
 from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
-from tpuserve_router.workers import ModelRoute, Worker
+from tpuserve_router.workers import Worker
 
 HOP_BY_HOP: Final = frozenset(
     {
@@ -110,7 +110,7 @@ class Forwarder:
         self.max_in_flight = config.max_in_flight
         self.max_retries = config.max_retries
         self.first_byte = config.first_byte_budget()
-        self.in_flight = 0  # generation requests between arrival and answer
+        self.in_flight = 0  # generation requests between arrival (or the hold) and answer
         self.keys = keys
         # With the router's own keys, a client's key is the router's business: not the workers'.
         self._not_forwarded = HOP_BY_HOP if keys is None else HOP_BY_HOP | CREDENTIALS
@@ -165,7 +165,7 @@ class Forwarder:
                 route,
             )
             return
-        self.in_flight += 1
+        counted = False  # a held request is not in flight: it would shed other models' ones
         retries = 0
         try:
             try:
@@ -179,22 +179,22 @@ class Forwarder:
             model = parsed.model
             served = self.registry.route(model, parsed.lora_path)
             since = request.arrived
-            held = self.holds.enabled and self._must_hold(model, parsed.lora_path, served)
+            held = self.holds.enabled and self._must_hold(model)
             if self.on_arrival is not None:
                 self.on_arrival(held)
             if held:
                 label = hold_label(model, self._known_models())  # bounded, as a metric label
                 try:
                     await self.holds.hold(
-                        label,
-                        request.arrived,
-                        functools.partial(self._routable, model, parsed.lora_path),
+                        label, request.arrived, functools.partial(self._routable, model)
                     )
                 except HoldRefused as err:
                     reject(request, unavailable(str(err)), self.metrics, route, label)
                     return
                 served = self.registry.route(model, parsed.lora_path)
                 since = time.monotonic()
+            self.in_flight += 1
+            counted = True
             if served is None:
                 reject(request, self._not_served(model, parsed.lora_path), self.metrics, route)
                 return
@@ -245,7 +245,8 @@ class Forwarder:
                 retries += 1
                 self.metrics.retries.labels(route).inc()
         finally:
-            self.in_flight -= 1
+            if counted:
+                self.in_flight -= 1
             if retries:
                 self.budget.active -= 1
 
@@ -253,21 +254,22 @@ class Forwarder:
         name = f"{model!r}" + (f" with LoRA adapter {lora_path!r}" if lora_path else "")
         return model_not_found(name, [n for n, _ in self.registry.served()])
 
-    def _must_hold(self, model: str, lora_path: str | None, served: ModelRoute | None) -> bool:
+    def _must_hold(self, model: str) -> bool:
         """Whether a request for ``model`` waits in the hold queue: others of its queue
-        wait already, or no worker for it is routable (an unknown model is held only while
-        no worker at all is routable, or if it is one of --hold-models)."""
+        wait already, or no worker of its base model is routable (an unknown model is held
+        only while no worker at all is routable, or if it is one of --hold-models). A
+        request whose adapter no routable worker has while its model has some is answered
+        at once (404 or 503): held, it would block its model's queue for nothing."""
         if self.holds.total and self.holds.held(hold_label(model, self._known_models())):
             return True
-        return not self._routable(model, lora_path, served)
+        return not self._routable(model)
 
-    def _routable(
-        self, model: str, lora_path: str | None, served: ModelRoute | None = None
-    ) -> bool:
-        """A worker could take a request for ``model`` now (or, for a model no worker
-        serves, the answer would be a 404 rather than a wait)."""
-        if served is None:
-            served = self.registry.route(model, lora_path)
+    def _routable(self, model: str) -> bool:
+        """A worker of ``model``'s base model, whatever adapter was asked, could take a
+        request now (or, for a model no worker serves, the answer would be a 404 rather
+        than a wait)."""
+        base, _adapter = self.registry.split_model(model)
+        served = self.registry.route(base)
         if served is None:
             return model not in self.hold_models and self.registry.healthy_count() > 0
         return any(w.healthy for w in served.workers)

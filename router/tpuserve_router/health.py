@@ -6,8 +6,9 @@ that fails for a reason of the router's own (out of file descriptors or buffers)
 verdict: the worker is not blamed. The thresholds live on `Worker`; this module only runs
 the probes and calls ``on_admitted`` when a worker becomes routable (`admission` then
 learns its models and KV-event endpoints). A worker ejected by its probes has its requests in
-flight failed at once (`UpstreamPool.fail_busy`): those not yet answering are retried on
-another worker, streams end with an error event. A passing probe does not end an outlier
+flight that have no response head yet failed at once (`UpstreamPool.fail_unanswered`) and
+retried on another worker; answers already coming (streams) go on, cut only by the stall
+timer if they stop. A passing probe does not end an outlier
 ejection (`outliers`). Not on the request hot path, so it uses aiohttp's client.
 """
 
@@ -111,8 +112,8 @@ class HealthChecker:
                 worker.name,
                 worker.health_failures,
             )
-            if worker.pool is not None:  # what it holds will not come: go elsewhere now
-                worker.pool.fail_busy(f"failed {worker.health_failures} health checks")
+            if worker.pool is not None:  # what it holds unanswered may never come
+                worker.pool.fail_unanswered(f"failed {worker.health_failures} health checks")
 
     async def get_json(self, url: str) -> object:
         """GET a worker's JSON endpoint (for the app's model and server-info look-ups)."""

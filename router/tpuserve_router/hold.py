@@ -10,10 +10,11 @@ them even if a worker is routable by then.
 
 Refusals are immediate and always carry ``Retry-After``: a queue at its bound refuses the
 newcomer (``queue_full``); a request held ``--hold-max-seconds`` leaves with 503
-(``timeout``). A client that goes away is removed from its queue (``client_gone``), and the
-request behind it moves up. Queues are keyed by a bounded model label (`hold_label`): the
-model when the router knows it, else ``other``, so neither memory nor metric labels grow with
-what clients send.
+(``timeout``); a router stopping refuses every held request (``shutdown``, `refuse_all`)
+rather than dropping its connection. A client that goes away is removed from its queue
+(``client_gone``), and the request behind it moves up. Queues are keyed by a bounded model
+label (`hold_label`): the model when the router knows it, else ``other``, so neither memory
+nor metric labels grow with what clients send.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Final
 from tpuserve_router.metrics import HOLD_OUTCOMES, RouterMetrics
 
 HoldOutcome = str
-"""One of `HOLD_OUTCOMES` (dispatched, queue_full, timeout, client_gone)."""
+"""One of `HOLD_OUTCOMES` (dispatched, queue_full, timeout, client_gone, shutdown)."""
 OTHER_MODEL: Final = "other"
 """The queue (and label) of requests for a model the router does not know yet."""
 RECHECK_SECONDS: Final = 1.0
@@ -52,6 +53,7 @@ def hold_label(model: str, known: Collection[str]) -> str:
 @dataclass(eq=False, slots=True)
 class _Entry:
     wake: asyncio.Future[None]
+    refusal: str | None = None  # set by `HoldQueues.refuse_all`
 
 
 class HoldQueues:
@@ -71,6 +73,7 @@ class HoldQueues:
         self.clock = clock
         self._queues: dict[str, deque[_Entry]] = {}
         self.total = 0  # requests held in every queue
+        self._refusal: str | None = None  # set by `refuse_all`: every request is refused
 
     @property
     def enabled(self) -> bool:
@@ -86,12 +89,25 @@ class HoldQueues:
             if queue and not queue[0].wake.done():
                 queue[0].wake.set_result(None)
 
+    def refuse_all(self, reason: str) -> None:
+        """Refuse every held request, and any that comes from now on, with 503 and
+        Retry-After saying ``reason`` (the router is stopping)."""
+        self._refusal = reason
+        for queue in self._queues.values():
+            for entry in queue:
+                entry.refusal = reason
+                if not entry.wake.done():
+                    entry.wake.set_result(None)
+
     async def hold(self, label: str, arrived: float, routable: Callable[[], bool]) -> None:
         """Wait until this request's turn comes with a worker routable; raises `HoldRefused`
         when the queue is full or the hold time passes. Cancelling (the client left)
         removes the request from its queue."""
         queue = self._queues.setdefault(label, deque())
         outcomes = self.metrics.hold_outcomes
+        if self._refusal is not None:
+            outcomes.labels(label, "shutdown").inc()
+            raise HoldRefused("shutdown", self._refusal)
         if len(queue) >= self.max_requests:
             outcomes.labels(label, "queue_full").inc()
             raise HoldRefused(
@@ -109,6 +125,9 @@ class HoldQueues:
         outcome: HoldOutcome = "client_gone"
         try:
             while True:
+                if entry.refusal is not None:
+                    outcome = "shutdown"
+                    raise HoldRefused("shutdown", entry.refusal)
                 if queue[0] is entry and routable():
                     outcome = "dispatched"
                     return

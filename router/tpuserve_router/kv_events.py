@@ -26,7 +26,9 @@ never learn the prefixes stored before it (a hot system prompt is stored once). 
 replica starts from a peer router's *snapshot* (``--kv-snapshot-from``; `snapshot`,
 `seed`): per stream, the engine hash -> router key entries and the next sequence number;
 the subscription then replays only from that number. If the engine no longer holds the
-batches since (or restarted meanwhile), the usual gap or restart rule drops the snapshot.
+batches since, the usual gap rule drops the snapshot; if it no longer holds the snapshot's
+last batch nor any later one (it restarted meanwhile, busy or idle), the snapshot's blocks
+are dropped (``engine_restart``) and the stream is replayed from 0.
 
 ``AllBlocksCleared`` (the engine's cache was flushed) drops everything that stream held.
 Each of these is counted in the ``tpuserve_router_kv_event_*`` series. A message or event
@@ -99,11 +101,13 @@ class _Subscription:
         self.label = label  # the worker, or "worker (DP rank r)", for logs
         self.endpoints = endpoints
         self.expected: int | None = None
+        self.seeded = False  # ``expected`` (and the index) came from a peer's snapshot
         self.replayed_through: int | None = None
         self.batches = 0
         self.lock = asyncio.Lock()  # one sequence of updates at a time (reader or monitor)
         self.task: asyncio.Task[None] | None = None
         self.monitor_task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -122,12 +126,14 @@ class _Subscription:
         self.monitor_task = loop.create_task(self._watch(monitor))
 
     async def stop(self) -> None:
+        self._stopped = True  # first: nothing read from here on starts a task
         self.loop.remove_reader(self.fd)
-        for task in (self.task, self.monitor_task):
-            if task is not None:
+        while tasks := [
+            t for t in (self.task, self.monitor_task) if t is not None and not t.done()
+        ]:
+            for task in tasks:
                 task.cancel()
-        for task in (self.task, self.monitor_task):
-            if task is not None:
+            for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         with contextlib.suppress(zmq.ZMQError):
@@ -159,14 +165,20 @@ class _Subscription:
         `_receive_awaiting`, which may ask the replay socket and so must await, and reading
         resumes when it is done. Nothing is read while the lock is held: its holder reads on
         when it releases it. The descriptor is edge-triggered, so a read always goes on until
-        the socket has nothing left, or is rescheduled."""
-        if self.task is not None or self.lock.locked():
+        the socket has nothing left, or is rescheduled. While busy it still reads the
+        socket's events: that clears the descriptor's signal, which otherwise stays set and
+        has the loop call this again at once, a busy spin for the whole catch-up."""
+        if self._stopped:
             return
         drain = self.drain
+        if self.task is not None or self.lock.locked():
+            with contextlib.suppress(zmq.ZMQError):  # closed under us (stopping)
+                drain.getsockopt(zmq.EVENTS)
+            return
         for _ in range(DRAIN_MAX_MESSAGES):
-            if not int(drain.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                return
             try:
+                if not int(drain.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    return
                 frames = drain.recv_multipart(zmq.NOBLOCK)
                 _, seq, payload = parse_pub_frames(frames)
             except zmq.ZMQError:
@@ -198,13 +210,20 @@ class _Subscription:
 
     async def _catch_up_from_start(self) -> None:
         """Apply everything the engine's replay buffer holds (what it cached before we came),
-        or, starting from a peer's snapshot, what came after it."""
-        if self.endpoints.replay is None:
+        or, starting from a peer's snapshot, what came after it. A seeded stream is replayed
+        from the snapshot's last batch: an engine that no longer has it (nor anything later)
+        restarted since, and the snapshot's blocks are dropped for a replay from 0."""
+        replay = self.endpoints.replay
+        if replay is None:
             return
-        replayed = await self.hub.replay(self.endpoints.replay, self.expected or 0)
-        self.hub.metrics.kv_event_replays.labels(
-            self.worker, "ok" if replayed is not None else "failed"
-        ).inc()
+        seeded, self.seeded = self.seeded, False
+        last = self.expected - 1 if seeded and self.expected else None
+        start = (self.expected or 0) if last is None else last
+        replayed = await self._replay(replay, start)
+        if last is not None and (not replayed or replayed[-1][0] < last):
+            self.hub.resync(self.worker, "engine_restart", self.rank)
+            self.expected = None
+            replayed = await self._replay(replay, 0)
         if not replayed:
             return
         if self.expected is not None and replayed[-1][0] < self.expected - 1:
@@ -245,15 +264,22 @@ class _Subscription:
         replay = self.endpoints.replay
         if replay is None:
             return False
-        replayed = await self.hub.replay(replay, start, end)
-        self.hub.metrics.kv_event_replays.labels(
-            self.worker, "ok" if replayed is not None else "failed"
-        ).inc()
+        replayed = await self._replay(replay, start, end)
         if replayed is None:
             return False
         for _, payload in replayed:
             self.apply(payload)
         return True
+
+    async def _replay(
+        self, endpoint: str, start: int, end: int | None = None
+    ) -> list[tuple[int, bytes]] | None:
+        """`KvEventHub.replay`, counted."""
+        replayed = await self.hub.replay(endpoint, start, end)
+        self.hub.metrics.kv_event_replays.labels(
+            self.worker, "ok" if replayed is not None else "failed"
+        ).inc()
+        return replayed
 
     def apply(self, payload: bytes) -> None:
         hub = self.hub
@@ -393,6 +419,7 @@ class KvEventHub:
             return
         self.index.load_stream(sub.worker, sub.rank, seed.blocks)
         sub.expected = seed.seq
+        sub.seeded = True
         log.info(
             "%s: %d blocks from a peer router's snapshot, replaying from batch %d",
             sub.label, len(seed.blocks), seed.seq,

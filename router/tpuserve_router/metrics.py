@@ -173,7 +173,7 @@ E2E_BUCKETS_SECONDS: Final = (
 HOLD_BUCKETS_SECONDS: Final = (
     0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
 )  # fmt: skip
-HOLD_OUTCOMES: Final = ("dispatched", "queue_full", "timeout", "client_gone")
+HOLD_OUTCOMES: Final = ("dispatched", "queue_full", "timeout", "client_gone", "shutdown")
 DEMAND_RESULTS: Final = ("ok", "failed")
 RATIO_BUCKETS: Final = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 

@@ -405,11 +405,14 @@ class UpstreamPool:
         else:
             conn.close()
 
-    def fail_busy(self, detail: str) -> None:
-        """The worker is down: every request on it fails now (reason ``worker_down``), so
-        what has not started answering is retried elsewhere instead of waiting its time out."""
+    def fail_unanswered(self, detail: str) -> None:
+        """The worker is down: every request on it that has no response head yet fails now
+        (reason ``worker_down``), so it is retried elsewhere instead of waiting its time out.
+        A response already coming is left alone (the stall timer ends it if it stops): an
+        ejection must not kill streams that still produce output."""
         for conn in list(self.busy):
-            conn.abandon(UpstreamError("worker_down", detail, response_started=conn.head_ready))
+            if not conn.head_ready:
+                conn.abandon(UpstreamError("worker_down", detail, response_started=False))
 
     def close(self) -> None:
         self.closed = True

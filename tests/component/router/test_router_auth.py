@@ -5,6 +5,7 @@ the admin API only for admin keys (or this host, by default), all counted per te
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -188,3 +189,21 @@ async def test_a_new_keys_file_takes_effect_without_a_restart(tmp_path: Path) ->
         assert (await complete(session, app, "sk-rotated-0123456789"))[0] == 200
         assert sample(app, "tpuserve_router_api_keys") == 1
         assert sample(app, "tpuserve_router_api_key_reloads_total", result="ok") == 1
+
+
+@pytest.mark.parametrize(("key", "taken"), [("admin", True), (None, False)])
+async def test_a_replica_gets_its_peers_kv_snapshot_with_an_admin_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str | None, taken: bool
+) -> None:
+    settings: dict[str, Any] = {"policy": "precise", "kv_events": True}
+    async with router(tmp_path, StubWorker(), admin="keys", **settings) as peer:
+        late: dict[str, Any] = {"kv_snapshot_from": peer.base_url}
+        if key is not None:
+            key_file = tmp_path / "snapshot-key"
+            key_file.write_text(KEYS[key] + "\n")
+            late["kv_snapshot_key_file"] = str(key_file)
+        with caplog.at_level(logging.INFO, logger="tpuserve_router.app"):
+            async with stub_router(StubWorker(), **settings, **late):
+                pass
+    assert ("KV snapshot from" in caplog.text and "no KV snapshot" not in caplog.text) is taken
+    assert ("Forbidden" in caplog.text) is not taken

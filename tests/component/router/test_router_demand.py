@@ -4,6 +4,7 @@ refused write is counted and retried, never fatal. Against a stand-in API server
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -43,11 +44,13 @@ def sample(metrics: RouterMetrics, result: str) -> float:
     return value or 0.0
 
 
-async def lease_against(api: LeaseApi) -> tuple[DemandLease, RouterMetrics]:
+async def lease_against(
+    api: LeaseApi, token: Callable[[], str | None] | None = None
+) -> tuple[DemandLease, RouterMetrics]:
     url = await api.start()
     metrics = create_router_metrics(CollectorRegistry())
     lease = DemandLease(
-        ApiServer(url, {}, False), "ml", "qwen-demand", 3600.0, metrics, busy=lambda: False
+        ApiServer(url, {}, False, token), "ml", "qwen-demand", 3600.0, metrics, busy=lambda: False
     )
     lease.start()
     return lease, metrics
@@ -83,6 +86,26 @@ async def test_a_refused_renewal_is_counted_and_the_router_carries_on() -> None:
         assert lease.written_at is None  # not fresh: the next held request tries again
         lease.arrived(held=True)
         await eventually_async(lambda: sample(metrics, "failed") == 2, what="tried again")
+    finally:
+        await lease.stop()
+        await api.stop()
+
+
+async def test_an_unexpected_error_is_counted_and_the_renewals_go_on() -> None:
+    failures = iter([OSError("token file gone")])
+
+    def token() -> str | None:  # the token file cannot be read, once
+        for err in failures:
+            raise err
+        return None
+
+    api = LeaseApi()
+    lease, metrics = await lease_against(api, token)
+    try:
+        lease.arrived(held=True)
+        await eventually_async(lambda: sample(metrics, "failed") == 1, what="the failure counted")
+        lease.arrived(held=True)
+        await eventually_async(lambda: sample(metrics, "ok") == 1, what="renewed after it")
     finally:
         await lease.stop()
         await api.stop()

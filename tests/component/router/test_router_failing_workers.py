@@ -115,6 +115,30 @@ async def test_a_stalled_stream_is_cut_with_an_error_event() -> None:
         await eventually_async(lambda: stall.in_progress == 0, what="the upstream cancelled")
 
 
+async def test_a_stream_already_answering_outlives_its_workers_ejection() -> None:
+    """Only requests with no answer yet are failed at an ejection: a stream still producing
+    output goes on (a stopped one is the stall timer's business)."""
+    stall = StubWorker("stall")
+    async with router(stall, health_failure_threshold=2) as app:
+        worker = app.registry.workers[0]
+        async with aiohttp.ClientSession() as session:
+            body = {"model": STUB_MODEL, "prompt": "hi", "max_tokens": 50, "stream": True}
+            async with session.post(app.base_url + "/v1/completions", json=body) as answer:
+                assert answer.status == 200
+                first = await answer.content.readuntil(b"\n\n")
+                assert first.startswith(b"data: ")
+                stall.health_status = 503
+                await eventually_async(lambda: not worker.healthy, what="the worker ejected")
+                stall.release.set()  # the stream goes on, and ends
+                rest = (await answer.read()).decode()
+        assert "upstream_error" not in rest
+        assert (
+            sample(app, "tpuserve_router_upstream_errors_total", worker=worker.name,
+                   reason="worker_down")
+            == 0
+        )  # fmt: skip
+
+
 async def test_a_worker_failing_its_probes_hands_its_requests_to_another() -> None:
     """A stopped engine (SIGSTOP) fails its probes while holding requests: they move as soon
     as it is ejected, instead of waiting for their first-byte time (here 300 s)."""

@@ -199,3 +199,61 @@ async def test_without_holding_a_router_with_no_worker_is_not_ready() -> None:
         route = "/v1/completions"
         status, _headers, _ = await post(session, app, route, body(route, "now"))
         assert status == 404  # no worker reported any model: as before holding existed
+
+
+async def test_a_request_for_an_adapter_no_worker_has_is_answered_at_once_not_held() -> None:
+    """Its model has a routable worker: held, it would block the model's queue until the
+    hold time passed; it gets its 404 and the next request is served."""
+    worker = StubWorker()
+    async with (
+        stub_router(
+            worker, hold_max_requests=8, hold_models=(STUB_MODEL,), hold_max_seconds=2
+        ) as app,
+        aiohttp.ClientSession() as session,
+    ):
+        route = "/v1/completions"
+        typo = {**body(route, "typo"), "lora_path": "typo"}
+        status, _headers, content = await post(session, app, route, typo)
+        assert status == 404, content
+        assert b"typo" in content
+        status, _headers, content = await post(session, app, route, body(route, "next"))
+        assert status == 200, content
+        assert (
+            sample(app, "tpuserve_router_hold_outcomes_total", model=STUB_MODEL, outcome="timeout")
+            == 0
+        )
+
+
+async def test_a_router_stopping_refuses_held_requests_with_503_and_retry_after() -> None:
+    async with stub_router(hold_max_requests=4, hold_models=(STUB_MODEL,)) as app:
+        route = "/v1/completions"
+        async with aiohttp.ClientSession() as session:
+            waiting = asyncio.ensure_future(post(session, app, route, body(route, "held")))
+            await held(app, 1)
+            await app.stop()  # stub_router's own stop afterwards finds nothing left to do
+            status, headers, content = await waiting
+        assert status == 503
+        assert headers["Retry-After"]
+        assert b"stopping" in content
+        assert (
+            sample(app, "tpuserve_router_hold_outcomes_total", model=STUB_MODEL, outcome="shutdown")
+            == 1
+        )
+
+
+async def test_held_requests_do_not_count_toward_max_in_flight() -> None:
+    """A burst for a model at zero must not shed the requests of a model that is up."""
+    worker = StubWorker()
+    async with stub_router(
+        worker, max_in_flight=1, hold_max_requests=4, hold_models=(STUB_MODEL, "zeroed")
+    ) as app:
+        route = "/v1/completions"
+        async with aiohttp.ClientSession() as session:
+            zeroed = {**body(route, "held"), "model": "zeroed"}
+            waiting = asyncio.ensure_future(post(session, app, route, zeroed))
+            await held(app, 1)
+            status, _headers, content = await post(session, app, route, body(route, "up"))
+            assert status == 200, content
+            assert app.forwarder.in_flight == 0
+            waiting.cancel()
+        await held(app, 0)

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import aiohttp
 import msgpack
@@ -38,7 +39,12 @@ from tests.component.router.router_fleet import (
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.kv_events import DRAIN_MAX_MESSAGES
+from tpuserve_router.kv_events import (
+    DRAIN_MAX_MESSAGES,
+    SNAPSHOT_FORMAT,
+    KvEventHub,
+    _Subscription,
+)
 from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
 
 pytestmark = pytest.mark.component
@@ -286,15 +292,23 @@ def removed(tokens: list[int], pages: slice) -> bytes:
 
 @contextlib.asynccontextmanager
 async def publishing_router(
-    engine: EngineTwin, *, replay: bool
+    engine: EngineTwin,
+    *,
+    replay: bool,
+    publisher: Publisher | None = None,
+    snapshot: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[RouterApp, Publisher, str]]:
-    """A precise router whose one worker, `engine`, has its KV events from a `Publisher`: the
-    router, the publisher and the worker's name; both stopped on the way out."""
-    publisher = Publisher(replay=replay)
+    """A precise router whose one worker, `engine`, has its KV events from a `Publisher` (a
+    new one unless given), seeded with a peer's ``snapshot`` if given: the router, the
+    publisher and the worker's name; both stopped on the way out."""
+    publisher = publisher or Publisher(replay=replay)
     config = RouterConfig(
         policy="precise", kv_events=True, policy_params={"predicted_ttl_seconds": "0"}
     )
     app = await start_router(config)
+    if snapshot is not None:
+        assert app.kv is not None
+        app.kv.seed(snapshot)
     try:
         async with aiohttp.ClientSession() as session:
             body = {"url": engine.url, "kv_events_endpoint": publisher.endpoint,
@@ -382,6 +396,76 @@ async def test_a_burst_longer_than_one_read_is_applied_in_order(plain_engine: En
         )
         assert blocks_of(app, worker) == pages
         assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 0
+
+
+@pytest.mark.parametrize("restarted", [False, True])
+async def test_a_seeded_stream_whose_engine_restarted_drops_the_snapshots_blocks(
+    plain_engine: EngineTwin, restarted: bool
+) -> None:
+    # A peer saw batches 0..40; an engine that restarted since (and stayed idle) no longer
+    # holds batch 40: the peer's blocks are stale. One that did not restart still holds it.
+    tokens = load_tokenizer().encode(PROMPT)
+    pages = len(tokens) // PAGE
+    publisher = Publisher(replay=True)
+    seq = 41
+    if not restarted:
+        await publisher.publish(seq - 1, stored(tokens), lost=True)  # in its buffer only
+    blocks = [[h, None] for h in block_hashes(tokens, PAGE)[:pages]]
+    stream = {"worker": plain_engine.url, "rank": 0, "events": publisher.endpoint,
+              "seq": seq, "blocks": blocks}  # fmt: skip
+    snapshot = {"format": SNAPSHOT_FORMAT, "page_size": PAGE, "streams": [stream]}
+    async with publishing_router(
+        plain_engine, replay=True, publisher=publisher, snapshot=snapshot
+    ) as (app, _publisher, worker):
+        replays = {"worker": worker, "result": "ok"}
+        await eventually_async(
+            lambda: sample(app, "tpuserve_router_kv_event_replays_total", replays) >= 1,
+            what="the catch-up replay",
+            timeout_seconds=5,
+        )
+        if restarted:
+            await wait_blocks(app, worker, 0, "the stale blocks dropped")
+            assert resyncs(app, worker, "engine_restart") == 1
+        else:
+            assert blocks_of(app, worker) == pages
+            assert resyncs(app, worker, "engine_restart") == 0
+
+
+async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
+    plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While the catch-up replay holds the lock, live events queue; the reader must clear the
+    # socket's signal, else the event loop calls it again and again until the lock is free.
+    reads = 0
+    read = _Subscription._read
+
+    def counting(self: _Subscription) -> None:
+        nonlocal reads
+        reads += 1
+        read(self)
+
+    replaying = asyncio.Event()
+    release = asyncio.Event()
+
+    async def stalled(
+        self: KvEventHub, endpoint: str, start: int, end: int | None = None
+    ) -> list[tuple[int, bytes]] | None:
+        replaying.set()
+        await release.wait()
+        return []
+
+    monkeypatch.setattr(_Subscription, "_read", counting)
+    monkeypatch.setattr(KvEventHub, "replay", stalled)
+    tokens = load_tokenizer().encode(PROMPT)
+    async with publishing_router(plain_engine, replay=True) as (app, publisher, worker):
+        await replaying.wait()
+        await publisher.publish(0, stored(tokens))
+        before = reads
+        await asyncio.sleep(0.3)  # a spinning reader is called thousands of times meanwhile
+        busy_reads = reads - before
+        release.set()
+        await wait_blocks(app, worker, len(tokens) // PAGE, "the events after the catch-up")
+    assert busy_reads < 20
 
 
 # ---------------------------------------------------------------- what the router cannot read

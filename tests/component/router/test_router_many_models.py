@@ -19,8 +19,10 @@ from tests.component.router.router_fleet import (
 )
 from tests.fakes import STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
+from tpuserve_router.admission import Admission
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.workers import Worker
 
 pytestmark = pytest.mark.component
 
@@ -185,3 +187,22 @@ async def test_a_failing_warm_replica_hands_the_adapter_to_another() -> None:
         async with session.post(app.base_url + "/v1/completions", json=body) as answer:
             assert answer.status == 200  # retried on the other replica, warm or not
     assert (failing.generation_requests, healthy.generation_requests) == (1, 1)
+
+
+async def test_an_unexpected_error_does_not_end_the_model_refreshes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    learned = 0
+    learn = Admission._learn_models
+
+    async def failing_once(self: Admission, worker: Worker) -> None:
+        nonlocal learned
+        learned += 1
+        if learned == 1:
+            raise RuntimeError("a bug")
+        await learn(self, worker)
+
+    async with stub_router(StubWorker(), models_refresh_seconds=0.01) as app:
+        monkeypatch.setattr(Admission, "_learn_models", failing_once)
+        await eventually_async(lambda: learned >= 3, what="the refreshes going on")
+        assert app.registry.known_models() == [STUB_MODEL]

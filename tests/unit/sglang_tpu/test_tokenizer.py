@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
+import sglang_tpu.tokenizer as tokenizer_module
 from sglang_tpu.tokenizer import (
     _PIECE_RE,
+    _WORD_IDS,
     DEFAULT_TOKENIZER_NAME,
     DEFAULT_VOCAB_SIZE,
     DefaultTokenizer,
     TokenizerError,
+    _WordIds,
     load_tokenizer,
 )
 
@@ -111,3 +114,17 @@ def test_hf_tokenizer_json_is_wrapped(tmp_path: Path) -> None:
     assert tok.eos_token_id == 1
     assert tok.vocab_size == 4
     assert load_tokenizer(str(tmp_path)).encode("world") == [3]
+
+
+def test_the_word_cache_keeps_short_words_within_its_own_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tokenizer_module, "_WORD_CACHE_LIMIT", 4)
+    cache = _WordIds(lambda text: [ord(c) for c in text])  # one id per character
+    many_ids = "x" * (_WORD_IDS + 1)  # a space and this: more ids than are worth keeping
+    assert cache[many_ids] == [ord(c) for c in " " + many_ids]
+    assert many_ids not in cache
+    for word in ("a", "b", "c", "d", "e"):
+        assert cache[word] == [32, ord(word)]
+        assert len(cache) <= 4
+    assert "e" in cache

@@ -1,0 +1,114 @@
+"""The engine-load poller against a stand-in engine on loopback: a worker is given up as
+having no /v1/loads only after several 404s in a row, and never because of its predecessor's
+answer; an unexpected error does not end the polling."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from tests.fakes import LoopbackApp
+from tests.waiting import eventually_async
+from tpuserve_router.engine_loads import LOAD_KEYS, LOADS_PATH, UNSUPPORTED_AFTER_404S, LoadPoller
+from tpuserve_router.workers import Worker, WorkerRegistry, WorkerSpec
+
+pytestmark = pytest.mark.component
+
+
+class LoadsEngine(LoopbackApp):
+    """Answers /v1/loads with ``status`` (an empty load when 200); counts the polls."""
+
+    def __init__(self) -> None:
+        self.status = 404
+        self.polls = 0
+        app = web.Application()
+        app.add_routes([web.get(LOADS_PATH, self._loads)])
+        super().__init__(app)
+
+    async def _loads(self, _request: web.Request) -> web.Response:
+        self.polls += 1
+        idle = dict.fromkeys(LOAD_KEYS, 0)
+        return web.json_response({"loads": [idle]}, status=self.status)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[LoadsEngine]:
+    engine = LoadsEngine()
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def started_poller(registry: WorkerRegistry, engine: LoadsEngine) -> LoadPoller:
+    """A poller whose interval is an hour, after its first pass (answered 200): only the
+    polls a test makes count."""
+    poller = LoadPoller(registry, lambda _: 0, interval_seconds=3600.0, timeout_seconds=5.0)
+    engine.status = 200
+    poller.start()
+    await eventually_async(lambda: engine.polls == len(registry.workers), what="the first pass")
+    engine.status = 404
+    return poller
+
+
+async def test_a_worker_is_unsupported_only_after_several_404s_in_a_row(
+    engine: LoadsEngine,
+) -> None:
+    registry = WorkerRegistry()
+    worker = registry.add(WorkerSpec(engine.url))
+    assert UNSUPPORTED_AFTER_404S > 1
+    poller = await started_poller(registry, engine)
+    try:
+        for _ in range(UNSUPPORTED_AFTER_404S - 1):
+            await poller.poll(worker)
+        assert worker.name not in poller.unsupported
+        engine.status = 200  # the engine answers after all: the count starts over
+        await poller.poll(worker)
+        engine.status = 404
+        for _ in range(UNSUPPORTED_AFTER_404S - 1):
+            await poller.poll(worker)
+        assert worker.name not in poller.unsupported
+        await poller.poll(worker)
+        assert worker.name in poller.unsupported
+    finally:
+        await poller.stop()
+
+
+async def test_a_404_for_a_replaced_worker_does_not_mark_its_successor(
+    engine: LoadsEngine,
+) -> None:
+    registry = WorkerRegistry()
+    old: Worker = registry.add(WorkerSpec(engine.url))
+    registry.remove(old.name)
+    registry.add(WorkerSpec(engine.url))  # same URL, a new worker
+    poller = await started_poller(registry, engine)
+    try:
+        for _ in range(UNSUPPORTED_AFTER_404S):
+            await poller.poll(old)  # answers that were on their way for the old one
+        assert old.name not in poller.unsupported
+    finally:
+        await poller.stop()
+
+
+async def test_an_unexpected_error_does_not_end_the_polling(engine: LoadsEngine) -> None:
+    calls = 0
+
+    def clock() -> float:  # fails once, in the poll loop's own work
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug")
+        return 0.0
+
+    registry = WorkerRegistry()
+    registry.add(WorkerSpec(engine.url))
+    poller = LoadPoller(
+        registry, lambda _: 0, interval_seconds=0.01, timeout_seconds=5.0, clock=clock
+    )
+    engine.status = 200
+    poller.start()
+    try:
+        await eventually_async(lambda: calls >= 3, what="the polling going on")
+    finally:
+        await poller.stop()
