@@ -507,7 +507,8 @@ class RouterSpec(Schema):
             "and engine pods get it to drain after SIGTERM: terminationGracePeriodSeconds is "
             "the preStop pause + maxRequestSeconds + 5 s, so a rollout, scale-down or "
             "maintenance move lets every request in flight finish; router pods get the same "
-            "grace. At most 3590, so the grace stays within GKE's 1-hour drain. A Spot "
+            "pause and grace and drain for as long (`tpuserve router --drain-seconds`). At "
+            "most 3590, so the grace stays within GKE's 1-hour drain. A Spot "
             "preemption cuts the grace to what the node's shutdown leaves (GKE: about 30 s "
             "of notice). Default: 600."
         ),

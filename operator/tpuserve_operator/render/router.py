@@ -72,6 +72,8 @@ def router_args(server: Server) -> list[str]:
         f"--metrics-port={ROUTER_METRICS_PORT}",
         "--discovery=kubernetes",
         f"--request-timeout={server.valid.spec.router.max_request_seconds}",
+        # after SIGTERM (and the preStop pause) requests in flight may finish: as the engines'
+        f"--drain-seconds={termination(server).drain_seconds:g}",
     ]
     api_keys = server.valid.spec.router.api_keys
     if api_keys is not None:
@@ -111,6 +113,8 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
             "failureThreshold": 6,
         },
         "resources": _resources(server),
+        # Services and load balancers drop the terminating pod before it stops listening
+        "lifecycle": {"preStop": {"sleep": {"seconds": termination(server).pre_stop_seconds}}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": {
             "allowPrivilegeEscalation": False,

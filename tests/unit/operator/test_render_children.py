@@ -142,8 +142,14 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
         "--metrics-port=9000",
         "--discovery=kubernetes",
         "--request-timeout=600",
+        "--drain-seconds=600",
         "--kv-events",
     ]
+    # stopping: a preStop pause (Services drop the pod first), then the drain, within the grace
+    pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert pause > 0
+    assert pause + 600 < grace
     assert container["envFrom"] == [{"configMapRef": {"name": "qwen-router"}}]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "metrics"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
