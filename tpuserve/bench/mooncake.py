@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
+from tpuserve.bench.traces import write_json_lines
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per hash id in Mooncake's traces."""
@@ -235,9 +235,4 @@ def trace_stats(
 
 def write_lines(lines: Iterable[MooncakeLine], path: str | Path) -> int:
     """Write `lines` as a Mooncake JSON Lines file; returns how many were written."""
-    n = 0
-    with open(path, "wb") as f:
-        for line in lines:
-            f.write(orjson.dumps(line.to_json()) + b"\n")
-            n += 1
-    return n
+    return write_json_lines((line.to_json() for line in lines), path)

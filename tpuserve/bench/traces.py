@@ -77,14 +77,19 @@ class TraceRequest:
 # ---------------------------------------------------------------------------------- trace I/O
 
 
-def write_trace(requests: Iterable[TraceRequest], path: str | Path) -> int:
-    """Write `requests` as JSON Lines; returns how many were written."""
+def write_json_lines(rows: Iterable[Mapping[str, Any]], path: str | Path) -> int:
+    """Write `rows` as JSON Lines; returns how many were written."""
     n = 0
     with open(path, "wb") as f:
-        for req in requests:
-            f.write(orjson.dumps(req.to_json()) + b"\n")
+        for row in rows:
+            f.write(orjson.dumps(row) + b"\n")
             n += 1
     return n
+
+
+def write_trace(requests: Iterable[TraceRequest], path: str | Path) -> int:
+    """Write `requests` as JSON Lines in our format; returns how many were written."""
+    return write_json_lines((req.to_json() for req in requests), path)
 
 
 def read_trace(path: str | Path, mooncake_block_tokens: int = 512) -> list[TraceRequest]:
