@@ -90,6 +90,7 @@ def prepare(
     workers: int,
     router_replicas: int = 1,
     load_poll_seconds: float = SimConfig.load_poll_seconds,
+    peer_delay_seconds: float | None = None,
 ) -> tuple[list[Any], SimConfig, float]:
     base = "W1" if name == "W1-fits" else name
     trace = workloads.generate(base, seed=seed, requests=requests)
@@ -99,7 +100,7 @@ def prepare(
     )
     config = SimConfig(
         workers=workers, cache_tokens=cache, seed=seed, router_replicas=router_replicas,
-        load_poll_seconds=load_poll_seconds,
+        load_poll_seconds=load_poll_seconds, peer_delay_seconds=peer_delay_seconds,
     )  # fmt: skip
     mu = measure_rr_saturation(trace, config)
     return trace, config, mu
@@ -128,6 +129,11 @@ def main() -> int:
         "--load-poll-interval", type=float, default=SimConfig.load_poll_seconds,
         help="Seconds between a tpuserve policy's polls of the engines' load (0: none), as "
         "tpuserve router --load-poll-interval.",
+    )  # fmt: skip
+    parser.add_argument(
+        "--peer-delay", type=float, default=None,
+        help="Router replicas of a tpuserve policy peer (tpuserve router --peer-port), each "
+        "hearing the others' decisions this many seconds late (default: no peering).",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
@@ -164,7 +170,8 @@ def main() -> int:
                 poll = args.load_poll_interval
                 replicas = args.router_replicas
                 prepared = [
-                    prepare(name, s, args.requests, args.workers, replicas, poll) for s in seeds
+                    prepare(name, s, args.requests, args.workers, replicas, poll, args.peer_delay)
+                    for s in seeds
                 ]
             summaries = []
             pooled: list[RequestRecord] = []
@@ -178,7 +185,8 @@ def main() -> int:
                 pooled += measured(result.records, 0.1)
             row = {"workload": name, "policy": policy, "load": load, "seeds": seeds,
                    "router_replicas": args.router_replicas,
-                   "load_poll_seconds": args.load_poll_interval}  # fmt: skip
+                   "load_poll_seconds": args.load_poll_interval,
+                   "peer_delay_seconds": args.peer_delay}  # fmt: skip
             row.update(median_of(summaries))
             row["ci95"] = bootstrap(pooled, rng)
             row["wall_seconds"] = time.perf_counter() - started
