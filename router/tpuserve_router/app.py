@@ -71,6 +71,8 @@ from tpuserve_router.metrics import (
     touch_known_series,
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
+from tpuserve_router.peer_view import PeerView, new_router_id
+from tpuserve_router.peers import PeerNetwork
 from tpuserve_router.policies.base import Policy, make_policy
 from tpuserve_router.replies import model_not_found, reject, unauthorized
 from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
@@ -137,7 +139,22 @@ class RouterApp:
                 )
             else:
                 self.kv = KvEventHub(self.block_index, self.metrics)
-        core = RouterCore(self.config, self.policy, self.registry, self.metrics)
+        self.peering: PeerNetwork | None = None
+        if config.peer_port:
+            view = PeerView(
+                new_router_id(), self.policy, self.registry.get, clock=time.monotonic,
+                max_open_per_peer=config.max_in_flight,
+                open_ttl_seconds=config.request_timeout_seconds,
+            )  # fmt: skip
+            self.peering = PeerNetwork(
+                view, self.metrics, host=config.host, port=config.peer_port, peers=config.peers,
+                dns_name=config.peers_from_dns,
+                refresh_seconds=config.peers_refresh_interval_seconds,
+            )  # fmt: skip
+        core = RouterCore(
+            self.config, self.policy, self.registry, self.metrics,
+            self.peering.link if self.peering is not None else None,
+        )  # fmt: skip
         self.admission = Admission(core, self.networks, self.kv)
         self.health: HealthChecker = self.admission.health
         self.loads: LoadPoller | None = None
@@ -257,6 +274,8 @@ class RouterApp:
         self.admission.start()
         if self.loads is not None:
             self.loads.start()
+        if self.peering is not None:
+            await self.peering.start()
         if config.kv_snapshot_from is not None and self.kv is not None:
             await self._seed_from_peer(config.kv_snapshot_from)
         self.outliers.start()
@@ -333,6 +352,8 @@ class RouterApp:
         await self.admission.stop()
         if self.loads is not None:
             await self.loads.stop()
+        if self.peering is not None:
+            await self.peering.stop()
         if self.kv is not None:
             await self.kv.stop()
 
