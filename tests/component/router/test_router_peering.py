@@ -6,6 +6,7 @@ counted and skipped."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterator
 
 import aiohttp
@@ -48,6 +49,10 @@ def own(router: RouterProcess) -> dict[str, int]:
     return {w["url"]: w["in_flight"] for w in workers}
 
 
+def peers_connected(router: RouterProcess, least: int) -> bool:
+    return series_sum(router, "tpuserve_router_peers") >= least
+
+
 def peering_routers(engines: list[EngineTwin], count: int, *extra: str) -> list[RouterProcess]:
     """``count`` routers, each publishing on its own port and subscribed to every router's
     port, its own included (it must ignore itself)."""
@@ -62,10 +67,10 @@ def peering_routers(engines: list[EngineTwin], count: int, *extra: str) -> list[
                 args += ["--worker", engine.url]
             routers.append(RouterProcess(args).start())
         for router in routers:
-            eventually(lambda r=router: routable(r, len(engines)), what="routable workers",
-                       timeout_seconds=20, context=router.log)  # fmt: skip
+            eventually(functools.partial(routable, router, len(engines)),
+                       what="routable workers", timeout_seconds=20, context=router.log)  # fmt: skip
             eventually(
-                lambda r=router: series_sum(r, "tpuserve_router_peers") >= count - 1,
+                functools.partial(peers_connected, router, count - 1),
                 what=f"{count - 1} peers connected", timeout_seconds=20, context=router.log,
             )  # fmt: skip
     except BaseException:
@@ -164,9 +169,7 @@ async def test_a_malformed_peer_message_is_counted_and_skipped(
     rogue = context.socket(zmq.PUB)
     rogue.bind(f"tcp://127.0.0.1:{rogue_port}")
     try:
-        first, second = peering_routers(
-            blind_engines, 2, "--peer", f"tcp://127.0.0.1:{rogue_port}"
-        )
+        first, second = peering_routers(blind_engines, 2, "--peer", f"tcp://127.0.0.1:{rogue_port}")
         try:
 
             def rogue_heard() -> bool:
@@ -174,7 +177,9 @@ async def test_a_malformed_peer_message_is_counted_and_skipped(
                 return series_sum(second, "tpuserve_router_peer_messages_total",
                                   kind="malformed") > 0  # fmt: skip
 
-            await eventually_async(rogue_heard, what="the rogue message counted", context=second.log)
+            await eventually_async(
+                rogue_heard, what="the rogue message counted", context=second.log
+            )
             async with aiohttp.ClientSession() as session:
                 await complete(session, first, "still peering", 4)
             await eventually_async(
