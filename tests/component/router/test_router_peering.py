@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -49,6 +50,16 @@ def own(router: RouterProcess) -> dict[str, int]:
     return {w["url"]: w["in_flight"] for w in workers}
 
 
+def long_requests(
+    session: aiohttp.ClientSession, router: RouterProcess, prompts: list[str]
+) -> list[asyncio.Future[dict[str, Any]]]:
+    """Requests in flight at ``router`` for seconds each (long answers), one per prompt."""
+    return [
+        asyncio.ensure_future(complete(session, router, prompt, LONG_ANSWER_TOKENS))
+        for prompt in prompts
+    ]
+
+
 def peers_connected(router: RouterProcess, least: int) -> bool:
     return series_sum(router, "tpuserve_router_peers") >= least
 
@@ -87,12 +98,7 @@ async def test_a_decision_on_one_replica_shows_in_the_others_load_and_prediction
     try:
         async with aiohttp.ClientSession() as session:
             prompt = "a long shared history the second replica never saw. " * 20
-            busy = [
-                asyncio.ensure_future(
-                    complete(session, first, f"{prompt} question {i}", LONG_ANSWER_TOKENS)
-                )
-                for i in range(4)
-            ]
+            busy = long_requests(session, first, [f"{prompt} question {i}" for i in range(4)])
             try:
                 await eventually_async(
                     lambda: sum(own(first).values()) == 4
@@ -136,12 +142,7 @@ async def test_a_killed_peers_requests_vanish_from_the_others(
     first, second, third = peering_routers(blind_engines, 3)
     try:
         async with aiohttp.ClientSession() as session:
-            busy = [
-                asyncio.ensure_future(
-                    complete(session, first, f"long answer {i}", LONG_ANSWER_TOKENS)
-                )
-                for i in range(3)
-            ]
+            busy = long_requests(session, first, [f"long answer {i}" for i in range(3)])
             await eventually_async(
                 lambda: sum(announced(second).values()) == 3, what="the first's 3 requests",
                 timeout_seconds=10, context=second.log,

@@ -7,18 +7,9 @@ import msgpack
 import pytest
 
 from tests.fakes import FakeWorker, VirtualClock, fake_request
+from tpuserve_router import peer_view
 from tpuserve_router.load_view import clear_peer_load, set_peer_load
-from tpuserve_router.peer_view import (
-    FORMAT,
-    MAX_MESSAGE_BYTES,
-    MAX_ROUTE_KEYS,
-    PeerLink,
-    PeerMessage,
-    PeerMessageError,
-    PeerView,
-    decode,
-    encode,
-)
+from tpuserve_router.peer_view import FORMAT, PeerLink, PeerMessage, PeerView, decode, encode
 from tpuserve_router.policies import make_policy
 from tpuserve_router.policies.base import Decision, Policy
 from tpuserve_router.policies.prefix_routing import BlockIndexPolicy
@@ -84,9 +75,9 @@ def test_messages_survive_the_wire() -> None:
 
 
 def test_a_long_prompt_sends_its_leading_keys_only() -> None:
-    keys = list(range(MAX_ROUTE_KEYS + 5))
+    keys = list(range(peer_view.MAX_ROUTE_KEYS + 5))
     back = decode(encode(PeerMessage("route", "r", 1, "w", 0, keys[-1], keys)))
-    assert list(back.keys) == keys[:MAX_ROUTE_KEYS]
+    assert list(back.keys) == keys[: peer_view.MAX_ROUTE_KEYS]
     assert back.last_key == keys[-1]
 
 
@@ -104,11 +95,11 @@ def test_a_long_prompt_sends_its_leading_keys_only() -> None:
         (msgpack.packb([FORMAT, "route", "r", 1, "w", 0, "k", b""]), "last key 'k'"),
         (msgpack.packb([FORMAT, "route", "r", 1, "w", 0, None, [1, 2]]), "expected binary"),
         (msgpack.packb([FORMAT, "route", "r", 1, "w", 0, None, b"1234"]), "4 bytes"),
-        (b"\x00" * (MAX_MESSAGE_BYTES + 1), "allowed: at most"),
+        (b"\x00" * (peer_view.MAX_MESSAGE_BYTES + 1), "allowed: at most"),
     ],
 )  # fmt: skip
 def test_a_malformed_message_says_what_is_wrong(raw: bytes, problem: str) -> None:
-    with pytest.raises(PeerMessageError, match=problem):
+    with pytest.raises(peer_view.PeerMessageError, match=problem):
         decode(raw)
 
 
