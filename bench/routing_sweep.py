@@ -10,6 +10,10 @@ file are skipped, so an interrupted sweep resumes.
     nice .venv/bin/python bench/routing_sweep.py                 # everything (about an hour)
     nice .venv/bin/python bench/routing_sweep.py --workloads W2 --loads 0.85 --policies cost
 
+``--arrival-jitter S`` moves every arrival by a random 0..S seconds (seeded per workload seed,
+order kept where it can be): the noise floor of a comparison, i.e. how much the metrics move when
+nothing changes but arrivals by as little as peering's delay.
+
 Controls: ``W0`` (no sharing) and ``W1-fits`` (W1 with caches that hold every prefix on every
 worker) must show all policies converging; they run at 0.3 and 0.85 x mu_RR only.
 """
@@ -17,8 +21,10 @@ worker) must show all policies converging; they run at 0.3 and 0.85 x mu_RR only
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import random
 import statistics
 import sys
 import time
@@ -70,6 +76,15 @@ def bootstrap(records: Sequence[RequestRecord], rng: np.random.Generator) -> dic
     return {
         k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] for k, v in stats.items()
     }
+
+
+def jitter_arrivals(
+    trace: Sequence[traces.TraceRequest], seconds: float, seed: int
+) -> list[traces.TraceRequest]:
+    """The trace with each arrival moved later by a random 0..``seconds``, sorted again."""
+    rng = random.Random(f"jitter:{seed}")
+    moved = [dataclasses.replace(r, t=r.t + rng.uniform(0.0, seconds)) for r in trace]
+    return sorted(moved, key=lambda r: r.t)
 
 
 def median_of(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -135,6 +150,10 @@ def main() -> int:
         help="Router replicas of a tpuserve policy peer (tpuserve router --peer-port), each "
         "hearing the others' decisions this many seconds late (default: no peering).",
     )  # fmt: skip
+    parser.add_argument(
+        "--arrival-jitter", type=float, default=0.0,
+        help="Move each arrival later by a random 0..S seconds (the noise floor; default 0).",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     names = args.workloads.split(",")
@@ -178,6 +197,8 @@ def main() -> int:
             started = time.perf_counter()
             for trace, config, mu in prepared:
                 scaled = traces.rescale_to_rate(trace, load * mu)
+                if args.arrival_jitter > 0:
+                    scaled = jitter_arrivals(scaled, args.arrival_jitter, config.seed)
                 result = run_sim(scaled, policy, config)
                 summary = summarize(policy, result.records, result.samples)
                 summary.update(mu_rr=mu, rate=load * mu, cache_tokens=config.cache_tokens)
@@ -186,7 +207,8 @@ def main() -> int:
             row = {"workload": name, "policy": policy, "load": load, "seeds": seeds,
                    "router_replicas": args.router_replicas,
                    "load_poll_seconds": args.load_poll_interval,
-                   "peer_delay_seconds": args.peer_delay}  # fmt: skip
+                   "peer_delay_seconds": args.peer_delay,
+                   "arrival_jitter_seconds": args.arrival_jitter}  # fmt: skip
             row.update(median_of(summaries))
             row["ci95"] = bootstrap(pooled, rng)
             row["wall_seconds"] = time.perf_counter() - started
