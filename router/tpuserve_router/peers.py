@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 import zmq
@@ -55,6 +55,12 @@ DRAIN_MAX_MESSAGES: Final = 256
 def peer_endpoint(host: str, port: int) -> str:
     """``tcp://HOST:PORT`` (an IPv6 address in brackets)."""
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+async def resolve_addresses(name: str, port: int) -> list[str]:
+    """The addresses ``name`` resolves to (raises OSError when it does not)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
 
 
 def bind_endpoint(host: str, port: int) -> str:
@@ -180,6 +186,7 @@ class PeerNetwork:
         peers: Sequence[str] = (),
         dns_name: str | None = None,
         refresh_seconds: float = 5.0,
+        addresses: Callable[[str, int], Awaitable[list[str]]] = resolve_addresses,
     ) -> None:
         self.view = view
         self.link = PeerLink(view.router, self.publish)
@@ -189,6 +196,7 @@ class PeerNetwork:
         self.static = tuple(dict.fromkeys(peers))
         self.dns_name = dns_name
         self.refresh_seconds = refresh_seconds
+        self.addresses = addresses
         self.context = zmq.asyncio.Context()
         self.subscriptions: dict[str, _Subscription] = {}
         self.received = {kind: metrics.peer_messages.labels(kind) for kind in KINDS}
@@ -266,16 +274,15 @@ class PeerNetwork:
         name = self.dns_name
         if name is None:
             return
-        loop = asyncio.get_running_loop()
         try:
-            infos = await loop.getaddrinfo(name, self.port, type=socket.SOCK_STREAM)
+            addresses = await self.addresses(name, self.port)
         except OSError as err:
             if not self._dns_logged:
                 self._dns_logged = True
                 log.warning("peers: cannot resolve %s (%s); keeping the peers known", name, err)
             return
         self._dns_logged = False
-        wanted = {peer_endpoint(str(info[4][0]), self.port) for info in infos}
+        wanted = {peer_endpoint(address, self.port) for address in addresses}
         wanted.update(self.static)
         for endpoint in sorted(wanted - set(self.subscriptions)):
             self._subscribe(endpoint)

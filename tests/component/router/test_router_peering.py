@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 import zmq
+from prometheus_client import CollectorRegistry
 
 from tests.component.router.router_fleet import EngineTwin, RouterProcess, start_engines
 from tests.component.router.test_router_replicas import (
@@ -23,8 +25,14 @@ from tests.component.router.test_router_replicas import (
     routable,
     series_sum,
 )
+from tests.fakes import FakeWorker
 from tests.waiting import eventually, eventually_async
 from tpuserve.cluster.ports import free_port
+from tpuserve_router.metrics import RouterMetrics, create_router_metrics
+from tpuserve_router.peer_view import PeerView
+from tpuserve_router.peers import PeerNetwork
+from tpuserve_router.policies import make_policy
+from tpuserve_router.policies.base import Decision
 
 pytestmark = pytest.mark.component
 
@@ -194,3 +202,64 @@ async def test_a_malformed_peer_message_is_counted_and_skipped(
     finally:
         rogue.close(linger=0)
         context.term()
+
+
+def peer_gauge_is(metrics: RouterMetrics, count: int) -> bool:
+    return metrics.peers.labels().value == count
+
+
+async def test_peers_from_dns_follow_the_names_addresses() -> None:
+    """Three replicas on one port at three loopback addresses, each resolving one name (a
+    headless Service) to all three, itself included; an address the name stops returning is
+    unsubscribed and its peer's requests dropped; a failed lookup keeps the peers known."""
+    port = free_port()
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    answer = list(hosts)
+
+    async def addresses(name: str, _port: int) -> list[str]:
+        if not answer:
+            raise OSError(f"{name}: no such name")
+        return list(answer)
+
+    replicas: list[tuple[PeerNetwork, dict[str, FakeWorker], RouterMetrics]] = []
+    for host in hosts:
+        workers = {"w": FakeWorker("w")}
+        metrics = create_router_metrics(CollectorRegistry())
+        view = PeerView(
+            f"router-{host}", make_policy("precise"), workers.get, clock=time.monotonic,
+            max_open_per_peer=16, open_ttl_seconds=60.0,
+        )  # fmt: skip
+        network = PeerNetwork(
+            view, metrics, host=host, port=port, dns_name="peers.test", refresh_seconds=3600,
+            addresses=addresses,
+        )  # fmt: skip
+        await network.start()
+        replicas.append((network, workers, metrics))
+    try:
+        for _, _, metrics in replicas:
+            await eventually_async(functools.partial(peer_gauge_is, metrics, 2), what="2 peers")
+        first, second, third = (network for network, _, _ in replicas)
+        workers_of_second = replicas[1][1]
+        decision: Decision[FakeWorker] = Decision(
+            FakeWorker("w"), "miss", pending_units=32, block_keys=[11, 12]
+        )
+
+        def heard() -> bool:  # sent again until heard: a new subscription misses the first
+            first.link.routed(decision)
+            return second.view.open_requests() > 0
+
+        await eventually_async(heard, what="the second replica hearing the first's decision")
+        assert workers_of_second["w"].announced_in_flight == second.view.open_requests() > 0
+        answer.clear()  # the name fails to resolve: nothing changes
+        await second.resolve()
+        assert len(second.subscriptions) == 3
+        answer.extend(hosts[1:])  # the first replica is gone from the Service
+        await second.resolve()
+        assert set(second.subscriptions) == {f"tcp://{h}:{port}" for h in hosts[1:]}
+        assert second.view.open_requests() == 0
+        assert workers_of_second["w"].in_flight == 0
+        assert peer_gauge_is(replicas[1][2], 1)
+        assert third.view.open_requests() > 0  # the third still follows the first
+    finally:
+        for network, _, _ in replicas:
+            await network.stop()
