@@ -99,75 +99,74 @@ def peering_routers(engines: list[EngineTwin], count: int, *extra: str) -> list[
     return routers
 
 
+@pytest.fixture
+def trio(blind_engines: list[EngineTwin]) -> Iterator[list[RouterProcess]]:
+    """Three peering routers in front of the blind engines."""
+    routers = peering_routers(blind_engines, 3)
+    yield routers
+    for router in routers:
+        router.stop()
+
+
 async def test_a_decision_on_one_replica_shows_in_the_others_load_and_predictions(
-    blind_engines: list[EngineTwin],
+    trio: list[RouterProcess],
 ) -> None:
-    first, second, third = peering_routers(blind_engines, 3)
-    try:
-        async with aiohttp.ClientSession() as session:
-            prompt = "a long shared history the second replica never saw. " * 20
-            busy = long_requests(session, first, [f"{prompt} question {i}" for i in range(4)])
-            try:
-                await eventually_async(
-                    lambda: sum(own(first).values()) == 4
-                    and announced(second) == own(first) == announced(third),
-                    what="the others counting the first replica's 4 requests on its workers",
-                    timeout_seconds=10, context=second.log,
-                )  # fmt: skip
-                # the first replica predicted the prompts' blocks, and so did its peers
-                predicted = series_sum(
-                    first, "tpuserve_router_prefix_index_size", kind="predicted_blocks"
-                )
-                assert predicted > 0
-                assert (
-                    series_sum(second, "tpuserve_router_prefix_index_size", kind="predicted_blocks")
-                    == predicted
-                )
-                # so the second replica sends the same prefix where the first did, as a hit
-                busiest = max(own(first).items(), key=lambda item: item[1])[0]
-                await complete(session, second, f"{prompt} question 9", 4)
-                assert (
-                    series_sum(second, "tpuserve_router_routing_decisions_total",
-                               outcome="prefix_hit") == 1
-                )  # fmt: skip
-                assert series_sum(second, "tpuserve_router_requests_total", worker=busiest) == 1
-            finally:
-                await asyncio.gather(*busy)
+    first, second, third = trio
+    async with aiohttp.ClientSession() as session:
+        prompt = "a long shared history the second replica never saw. " * 20
+        busy = long_requests(session, first, [f"{prompt} question {i}" for i in range(4)])
+        try:
+            await eventually_async(
+                lambda: sum(own(first).values()) == 4
+                and announced(second) == own(first) == announced(third),
+                what="the others counting the first replica's 4 requests on its workers",
+                timeout_seconds=10, context=second.log,
+            )  # fmt: skip
+            # the first replica predicted the prompts' blocks, and so did its peers
+            predicted = series_sum(
+                first, "tpuserve_router_prefix_index_size", kind="predicted_blocks"
+            )
+            assert predicted > 0
+            assert (
+                series_sum(second, "tpuserve_router_prefix_index_size", kind="predicted_blocks")
+                == predicted
+            )
+            # so the second replica sends the same prefix where the first did, as a hit
+            busiest = max(own(first).items(), key=lambda item: item[1])[0]
+            await complete(session, second, f"{prompt} question 9", 4)
+            assert (
+                series_sum(second, "tpuserve_router_routing_decisions_total", outcome="prefix_hit")
+                == 1
+            )
+            assert series_sum(second, "tpuserve_router_requests_total", worker=busiest) == 1
+        finally:
+            await asyncio.gather(*busy)
+    await eventually_async(
+        lambda: not any(announced(second).values()) and not any(announced(third).values()),
+        what="the peers' counts back to zero once the requests ended",
+    )
+    for kind in ("route", "end"):
+        assert series_sum(second, "tpuserve_router_peer_messages_total", kind=kind) >= 4
+
+
+async def test_a_killed_peers_requests_vanish_from_the_others(trio: list[RouterProcess]) -> None:
+    first, second, _third = trio
+    async with aiohttp.ClientSession() as session:
+        busy = long_requests(session, first, [f"long answer {i}" for i in range(3)])
         await eventually_async(
-            lambda: not any(announced(second).values()) and not any(announced(third).values()),
-            what="the peers' counts back to zero once the requests ended",
-        )
-        for kind in ("route", "end"):
-            assert series_sum(second, "tpuserve_router_peer_messages_total", kind=kind) >= 4
-    finally:
-        for router in (first, second, third):
-            router.stop()
-
-
-async def test_a_killed_peers_requests_vanish_from_the_others(
-    blind_engines: list[EngineTwin],
-) -> None:
-    first, second, third = peering_routers(blind_engines, 3)
-    try:
-        async with aiohttp.ClientSession() as session:
-            busy = long_requests(session, first, [f"long answer {i}" for i in range(3)])
-            await eventually_async(
-                lambda: sum(announced(second).values()) == 3, what="the first's 3 requests",
-                timeout_seconds=10, context=second.log,
-            )  # fmt: skip
-            assert first.proc is not None
-            first.proc.kill()  # no end message will ever come
-            await eventually_async(
-                lambda: sum(announced(second).values()) == 0
-                and series_sum(second, "tpuserve_router_peers") == 1,
-                what="the dead peer's requests dropped, one peer left",
-                timeout_seconds=10, context=second.log,
-            )  # fmt: skip
-            assert "requests dropped" in second.log()
-            await asyncio.gather(*busy, return_exceptions=True)
-    finally:
-        for router in (first, second, third):
-            router.stop()
+            lambda: sum(announced(second).values()) == 3, what="the first's 3 requests",
+            timeout_seconds=10, context=second.log,
+        )  # fmt: skip
+        assert first.proc is not None
+        first.proc.kill()  # no end message will ever come
+        await eventually_async(
+            lambda: sum(announced(second).values()) == 0
+            and series_sum(second, "tpuserve_router_peers") == 1,
+            what="the dead peer's requests dropped, one peer left",
+            timeout_seconds=10, context=second.log,
+        )  # fmt: skip
+        assert "requests dropped" in second.log()
+        await asyncio.gather(*busy, return_exceptions=True)
 
 
 async def test_a_malformed_peer_message_is_counted_and_skipped(
