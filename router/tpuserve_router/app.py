@@ -247,6 +247,8 @@ class RouterApp:
 
     async def start(self) -> None:
         config = self.config
+        if self.peering is not None:  # first: a port it cannot bind stops the start cleanly
+            await self.peering.start()
         if self.limits.max_connections < config.max_connections:
             log.warning(
                 "max_connections lowered from %d to %d: the process may open %d files "
@@ -274,8 +276,6 @@ class RouterApp:
         self.admission.start()
         if self.loads is not None:
             self.loads.start()
-        if self.peering is not None:
-            await self.peering.start()
         if config.kv_snapshot_from is not None and self.kv is not None:
             await self._seed_from_peer(config.kv_snapshot_from)
         self.outliers.start()

@@ -651,7 +651,11 @@ async def serve_until_signalled(config: RouterConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await app.start()
+    try:
+        await app.start()
+    except OSError as err:  # a port in use, an address not on this host
+        print(f"tpuserve router: {err}", file=sys.stderr)
+        return 1
     if os.environ.get("TPUSERVE_ROUTER_GC_TUNE", "1") == "1":
         tune_garbage_collector()
     print(f"tpuserve router: listening on {app.base_url}", file=sys.stderr, flush=True)

@@ -213,7 +213,12 @@ class PeerNetwork:
         pub.setsockopt(zmq.SNDHWM, SEND_HWM)
         if ":" in self.host:
             pub.setsockopt(zmq.IPV6, 1)
-        pub.bind(bind_endpoint(self.host, self.port))
+        endpoint = bind_endpoint(self.host, self.port)
+        try:
+            pub.bind(endpoint)
+        except zmq.ZMQError as err:
+            self._pub_socket.close(linger=0)
+            raise OSError(f"--peer-port {self.port}: cannot publish on {endpoint}: {err}") from None
         self._pub = pub
         for endpoint in self.static:
             self._subscribe(endpoint)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 import zmq
 from prometheus_client import CollectorRegistry
 
-from tests.component.router.router_fleet import EngineTwin, RouterProcess, start_engines
+from tests.component.router.router_fleet import ENTRY, EngineTwin, RouterProcess, start_engines
 from tests.component.router.test_router_replicas import (
     LONG_ANSWER_TOKENS,
     PAGE,
@@ -262,3 +264,21 @@ async def test_peers_from_dns_follow_the_names_addresses() -> None:
     finally:
         for network, _, _ in replicas:
             await network.stop()
+
+
+def test_a_peer_port_in_use_stops_the_start_with_a_clear_message() -> None:
+    port = free_port()
+    context = zmq.Context()
+    taken = context.socket(zmq.PUB)
+    taken.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", ENTRY, "router", "--port", "0", "--peer-port", str(port)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        taken.close(linger=0)
+        context.term()
+    assert done.returncode == 1
+    assert f"--peer-port {port}: cannot publish on tcp://127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
