@@ -10,6 +10,10 @@ file are skipped, so an interrupted sweep resumes.
     nice .venv/bin/python bench/routing_sweep.py                 # everything (about an hour)
     nice .venv/bin/python bench/routing_sweep.py --workloads W2 --loads 0.85 --policies cost
 
+``--arrival-jitter S`` moves every arrival by a random 0..S seconds (seeded per workload seed,
+order kept where it can be): the noise floor of a comparison, i.e. how much the metrics move when
+nothing changes but arrivals by as little as peering's delay.
+
 Controls: ``W0`` (no sharing) and ``W1-fits`` (W1 with caches that hold every prefix on every
 worker) must show all policies converging; they run at 0.3 and 0.85 x mu_RR only.
 """
@@ -17,8 +21,10 @@ worker) must show all policies converging; they run at 0.3 and 0.85 x mu_RR only
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import random
 import statistics
 import sys
 import time
@@ -72,6 +78,15 @@ def bootstrap(records: Sequence[RequestRecord], rng: np.random.Generator) -> dic
     }
 
 
+def jitter_arrivals(
+    trace: Sequence[traces.TraceRequest], seconds: float, seed: int
+) -> list[traces.TraceRequest]:
+    """The trace with each arrival moved later by a random 0..``seconds``, sorted again."""
+    rng = random.Random(f"jitter:{seed}")
+    moved = [dataclasses.replace(r, t=r.t + rng.uniform(0.0, seconds)) for r in trace]
+    return sorted(moved, key=lambda r: r.t)
+
+
 def median_of(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in summaries[0].items():
@@ -90,6 +105,7 @@ def prepare(
     workers: int,
     router_replicas: int = 1,
     load_poll_seconds: float = SimConfig.load_poll_seconds,
+    peer_delay_seconds: float | None = None,
 ) -> tuple[list[Any], SimConfig, float]:
     base = "W1" if name == "W1-fits" else name
     trace = workloads.generate(base, seed=seed, requests=requests)
@@ -99,7 +115,7 @@ def prepare(
     )
     config = SimConfig(
         workers=workers, cache_tokens=cache, seed=seed, router_replicas=router_replicas,
-        load_poll_seconds=load_poll_seconds,
+        load_poll_seconds=load_poll_seconds, peer_delay_seconds=peer_delay_seconds,
     )  # fmt: skip
     mu = measure_rr_saturation(trace, config)
     return trace, config, mu
@@ -128,6 +144,15 @@ def main() -> int:
         "--load-poll-interval", type=float, default=SimConfig.load_poll_seconds,
         help="Seconds between a tpuserve policy's polls of the engines' load (0: none), as "
         "tpuserve router --load-poll-interval.",
+    )  # fmt: skip
+    parser.add_argument(
+        "--peer-delay", type=float, default=None,
+        help="Router replicas of a tpuserve policy peer (tpuserve router --peer-port), each "
+        "hearing the others' decisions this many seconds late (default: no peering).",
+    )  # fmt: skip
+    parser.add_argument(
+        "--arrival-jitter", type=float, default=0.0,
+        help="Move each arrival later by a random 0..S seconds (the noise floor; default 0).",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
@@ -164,13 +189,16 @@ def main() -> int:
                 poll = args.load_poll_interval
                 replicas = args.router_replicas
                 prepared = [
-                    prepare(name, s, args.requests, args.workers, replicas, poll) for s in seeds
+                    prepare(name, s, args.requests, args.workers, replicas, poll, args.peer_delay)
+                    for s in seeds
                 ]
             summaries = []
             pooled: list[RequestRecord] = []
             started = time.perf_counter()
             for trace, config, mu in prepared:
                 scaled = traces.rescale_to_rate(trace, load * mu)
+                if args.arrival_jitter > 0:
+                    scaled = jitter_arrivals(scaled, args.arrival_jitter, config.seed)
                 result = run_sim(scaled, policy, config)
                 summary = summarize(policy, result.records, result.samples)
                 summary.update(mu_rr=mu, rate=load * mu, cache_tokens=config.cache_tokens)
@@ -178,7 +206,9 @@ def main() -> int:
                 pooled += measured(result.records, 0.1)
             row = {"workload": name, "policy": policy, "load": load, "seeds": seeds,
                    "router_replicas": args.router_replicas,
-                   "load_poll_seconds": args.load_poll_interval}  # fmt: skip
+                   "load_poll_seconds": args.load_poll_interval,
+                   "peer_delay_seconds": args.peer_delay,
+                   "arrival_jitter_seconds": args.arrival_jitter}  # fmt: skip
             row.update(median_of(summaries))
             row["ci95"] = bootstrap(pooled, rng)
             row["wall_seconds"] = time.perf_counter() - started

@@ -268,6 +268,7 @@ class FakeWorker:
     healthy: bool = True
     peer_in_flight: int = 0
     peer_prefill_tokens: int = 0
+    announced_in_flight: int = 0
 
 
 def fake_worker(name: str, in_flight: int = 0, healthy: bool = True) -> FakeWorker:

@@ -4,7 +4,8 @@
 routes (`forwarding`, with `retry`'s rule), the admin API (`admin`), worker admission with
 its health checks and per-worker connection pools (`admission`), discovery (static or
 Kubernetes), KV-event subscriptions (`kv_events`, for a policy with a block index unless
-``--no-kv-events``) and the metrics. ``await app.start()`` listens and starts the
+``--no-kv-events``), peering with the other router replicas (`peers`, with ``--peer-port``)
+and the metrics. ``await app.start()`` listens and starts the
 background tasks; ``await app.stop()`` cancels and awaits every one of them.
 
 Routes (the router speaks SGLang's API, so it fronts real SGLang, the engine twin or any
@@ -71,6 +72,8 @@ from tpuserve_router.metrics import (
     touch_known_series,
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
+from tpuserve_router.peer_view import PeerView, new_router_id
+from tpuserve_router.peers import PeerNetwork
 from tpuserve_router.policies.base import Policy, make_policy
 from tpuserve_router.replies import model_not_found, reject, unauthorized
 from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
@@ -137,7 +140,22 @@ class RouterApp:
                 )
             else:
                 self.kv = KvEventHub(self.block_index, self.metrics)
-        core = RouterCore(self.config, self.policy, self.registry, self.metrics)
+        self.peering: PeerNetwork | None = None
+        if config.peer_port:
+            view = PeerView(
+                new_router_id(), self.policy, self.registry.get, clock=time.monotonic,
+                max_open_per_peer=config.max_in_flight,
+                open_ttl_seconds=config.request_timeout_seconds,
+            )  # fmt: skip
+            self.peering = PeerNetwork(
+                view, self.metrics, host=config.host, port=config.peer_port, peers=config.peers,
+                dns_name=config.peers_from_dns,
+                refresh_seconds=config.peers_refresh_interval_seconds,
+            )  # fmt: skip
+        core = RouterCore(
+            self.config, self.policy, self.registry, self.metrics,
+            self.peering.link if self.peering is not None else None,
+        )  # fmt: skip
         self.admission = Admission(core, self.networks, self.kv)
         self.health: HealthChecker = self.admission.health
         self.loads: LoadPoller | None = None
@@ -230,6 +248,8 @@ class RouterApp:
 
     async def start(self) -> None:
         config = self.config
+        if self.peering is not None:  # first: a port it cannot bind stops the start cleanly
+            await self.peering.start()
         if self.limits.max_connections < config.max_connections:
             log.warning(
                 "max_connections lowered from %d to %d: the process may open %d files "
@@ -333,6 +353,8 @@ class RouterApp:
         await self.admission.stop()
         if self.loads is not None:
             await self.loads.stop()
+        if self.peering is not None:
+            await self.peering.stop()
         if self.kv is not None:
             await self.kv.stop()
 

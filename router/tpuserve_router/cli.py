@@ -408,6 +408,29 @@ OPTIONS: tuple[Option, ...] = (
         f"see each other's requests; 0 = off (default {DEFAULTS.load_poll_interval_seconds:g}).",
     ),
     Option(
+        "--peer-port",
+        "peer_port",
+        cli_types.port,
+        "Peer with the other router replicas: publish this router's routing decisions on "
+        "tcp://HOST:PORT (HOST as --host) and apply theirs, read from --peer and "
+        "--peers-from-dns on the same port; 0 = no peering (default 0).",
+    ),
+    Option(
+        "--peers-from-dns",
+        "peers_from_dns",
+        str,
+        "A DNS name whose addresses are the peer replicas (e.g. a headless Service "
+        "NAME.NAMESPACE.svc), resolved every --peers-refresh-interval; needs --peer-port.",
+        metavar="NAME",
+    ),
+    Option(
+        "--peers-refresh-interval",
+        "peers_refresh_interval_seconds",
+        cli_types.duration_seconds,
+        "Seconds between resolutions of --peers-from-dns "
+        f"(default {DEFAULTS.peers_refresh_interval_seconds:g}).",
+    ),
+    Option(
         "--health-check-timeout",
         "health_check_timeout_seconds",
         cli_types.duration_seconds,
@@ -512,6 +535,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(env: comma-separated).",
     )
     parser.add_argument(
+        "--peer",
+        dest="peers",
+        action="append",
+        metavar="tcp://HOST:PORT",
+        help="A peer router replica's --peer-port endpoint; repeat for more "
+        "(env TPUSERVE_ROUTER_PEERS: comma-separated); needs --peer-port.",
+    )
+    parser.add_argument(
         "--policy-param",
         dest="policy_params",
         action="append",
@@ -577,6 +608,11 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
         workers = [w for w in env[env_name("--workers")].replace(" ", ",").split(",") if w]
     if workers:
         values["workers"] = tuple(workers)
+    peers = args.peers
+    if peers is None and env.get(env_name("--peers")):
+        peers = _comma_list(env[env_name("--peers")])
+    if peers:
+        values["peers"] = tuple(peers)
     params = args.policy_params
     if params is None and env.get(env_name("--policy-params")):
         params = env[env_name("--policy-params")].split(",")
@@ -615,7 +651,11 @@ async def serve_until_signalled(config: RouterConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await app.start()
+    try:
+        await app.start()
+    except OSError as err:  # a port in use, an address not on this host
+        print(f"tpuserve router: {err}", file=sys.stderr)
+        return 1
     if os.environ.get("TPUSERVE_ROUTER_GC_TUNE", "1") == "1":
         tune_garbage_collector()
     print(f"tpuserve router: listening on {app.base_url}", file=sys.stderr, flush=True)

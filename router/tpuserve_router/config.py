@@ -122,6 +122,11 @@ class RouterConfig:
     health_success_threshold: int = 1
     # load_view.py: every worker's /v1/loads, so router replicas see each other's load.
     load_poll_interval_seconds: float = 0.1
+    # peers.py: router replicas tell each other their decisions (0: no peering).
+    peer_port: int = 0
+    peers: tuple[str, ...] = ()  # tcp://HOST:PORT of static peers
+    peers_from_dns: str | None = None  # a name whose addresses are the peers (headless Service)
+    peers_refresh_interval_seconds: float = 5.0
     # Outlier ejection (outliers.py), with Envoy's defaults where it has them.
     outlier_consecutive_failures: int = 5
     outlier_failure_rate: float = 0.5
@@ -298,6 +303,7 @@ class RouterConfig:
             f"load_poll_interval_seconds={self.load_poll_interval_seconds}: must be >= 0 "
             "(0 turns the engine load poll off)",
         )
+        problems += self._peering_problems()
         need(0 <= self.max_retries <= 10, f"max_retries={self.max_retries}: allowed 0..10")
         need(
             0 < self.outlier_failure_rate <= 1,
@@ -362,6 +368,34 @@ class RouterConfig:
             raise ConfigError(problems)
         return self
 
+    def _peering_problems(self) -> list[str]:
+        problems: list[str] = []
+        if not 0 <= self.peer_port <= 65535:
+            problems.append(f"peer_port={self.peer_port}: allowed 1..65535, or 0 (no peering)")
+        elif self.peer_port and self.peer_port in (self.port, self.metrics_port):
+            problems.append(f"peer_port={self.peer_port}: must differ from port and metrics_port")
+        for endpoint in self.peers:
+            problem = peer_endpoint_problem(endpoint)
+            if problem:
+                problems.append(problem)
+        name = self.peers_from_dns
+        if name is not None and not (
+            _DNS_SUBDOMAIN.match(name.lower().rstrip(".")) and len(name) <= 253
+        ):
+            problems.append(
+                f"peers_from_dns={name!r}: not a DNS name (letters, digits, '-' and '.'), "
+                "e.g. my-model-router-peers.serving.svc"
+            )
+        if (self.peers or name is not None) and not self.peer_port:
+            problems.append(
+                "peers, peers_from_dns: need peer_port (1..65535), the port peers publish on"
+            )
+        if not self.peers_refresh_interval_seconds > 0:
+            problems.append(
+                f"peers_refresh_interval_seconds={self.peers_refresh_interval_seconds}: must be > 0"
+            )
+        return problems
+
 
 _SIZE_FLOORS: dict[str, int] = {
     "max_request_line_bytes": 256,
@@ -374,6 +408,20 @@ _SIZE_FLOORS: dict[str, int] = {
     "max_response_bytes": 1024,
 }
 """The least each size limit may be: below these an ordinary request could not pass."""
+
+
+def peer_endpoint_problem(endpoint: str) -> str | None:
+    """What is wrong with a ``--peer`` value, or None; it must be ``tcp://HOST:PORT``."""
+    expected = "expected tcp://HOST:PORT, e.g. tcp://10.0.0.7:8100"
+    if not endpoint.startswith("tcp://"):
+        return f"peer {endpoint!r}: {expected}"
+    host, sep, port = endpoint.removeprefix("tcp://").rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"peer {endpoint!r}: {expected} (port 1..65535)"
+    if any(c in host for c in "/?#@ ") or host == "*":
+        return f"peer {endpoint!r}: {host!r} is not a host; {expected}"
+    return None
 
 
 def kv_events_enabled(setting: bool | None, policy: Policy) -> bool:

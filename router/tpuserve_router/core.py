@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.metrics import RouterMetrics
+from tpuserve_router.peer_view import PeerLink
 from tpuserve_router.policies.base import Policy
 from tpuserve_router.workers import WorkerRegistry
 
@@ -18,3 +19,5 @@ class RouterCore:
     policy: Policy
     registry: WorkerRegistry
     metrics: RouterMetrics
+    peers: PeerLink | None = None
+    """Where decisions, first bytes and ends are announced to peer replicas (--peer-port)."""

@@ -71,19 +71,19 @@ def parse_engine_load(document: object) -> EngineLoad:
 
 
 class LoadPoller:
-    """Owns the poll task; ``own_prefill_tokens(name)`` is the policy's booked prefill."""
+    """Owns the poll task; ``booked_prefill_tokens(name)`` is the policy's booked prefill."""
 
     def __init__(
         self,
         registry: WorkerRegistry,
-        own_prefill_tokens: Callable[[str], int],
+        booked_prefill_tokens: Callable[[str], int],
         *,
         interval_seconds: float,
         timeout_seconds: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = registry
-        self.own_prefill_tokens = own_prefill_tokens
+        self.booked_prefill_tokens = booked_prefill_tokens
         self.interval_seconds = interval_seconds
         self.timeout_seconds = timeout_seconds
         self.clock = clock
@@ -133,8 +133,8 @@ class LoadPoller:
             return
         if self.registry.get(worker.name) is not worker:
             return  # removed meanwhile
-        own = self.own_prefill_tokens(worker.name)
-        set_peer_load(worker, load.requests, load.waiting_uncached_tokens, own)
+        booked = self.booked_prefill_tokens(worker.name)
+        set_peer_load(worker, load.requests, load.waiting_uncached_tokens, booked)
         self.polled_at[worker.name] = self.clock()
 
     def _missing(self, worker: Worker) -> None:

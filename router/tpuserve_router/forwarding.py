@@ -100,6 +100,7 @@ class Forwarder:
         self.policy = policy = core.policy
         self.registry = registry = core.registry
         self.metrics = metrics = core.metrics
+        self.peers = core.peers
         self.tokenizer = tokenizer
         self.outliers = outliers
         self.aborter = aborter
@@ -232,6 +233,8 @@ class Forwarder:
                     )
                     return
                 self._decisions[decision.outcome].inc()
+                if self.peers is not None:
+                    self.peers.routed(decision)
                 if served.adapter is not None:
                     self.affinity.routed(served.adapter, decision.worker.name)
                 attempt = await self._attempt(
@@ -382,7 +385,7 @@ class Forwarder:
                         ),
                     )
                     return result
-                policy.on_prefill_done(decision)
+                self._prefill_done(decision)
                 request.respond(status, headers, body)
                 usage = usage_from_body(body) if status == 200 else None
             else:
@@ -397,7 +400,7 @@ class Forwarder:
                             break
                         if first:
                             first = False
-                            policy.on_prefill_done(decision)
+                            self._prefill_done(decision)
                             if stream:
                                 self._ttft(model).observe(time.monotonic() - request.arrived)
                         request.write_chunk(data)
@@ -437,12 +440,21 @@ class Forwarder:
             if upstream is not None:
                 pool.release(upstream)
             policy.on_request_done(decision, succeeded)
+            if self.peers is not None:
+                self.peers.ended(decision)
             if result is ANSWERED:
                 self._requests(model, worker.name, route, status_label).inc()
                 if key is not None:
                     self._tenant_requests(key.label, key.priority, status_label).inc()
                 if status_label != CLIENT_CLOSED:
                     self._e2e(model, route).observe(time.monotonic() - request.arrived)
+
+    def _prefill_done(self, decision: Decision[Worker]) -> None:
+        """The first byte came back: the policy's booked prefill is released, here and at
+        the peers."""
+        self.policy.on_prefill_done(decision)
+        if self.peers is not None:
+            self.peers.prefill_done(decision)
 
     async def _open(
         self, pool: UpstreamPool, payload: bytes, arrived: float, first_byte: float

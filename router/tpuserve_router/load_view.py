@@ -1,25 +1,37 @@
-"""The load every router replica sees: its own in-flight requests plus the engine's polled load.
+"""The load every router replica sees: its own requests, its peers' announced ones, the polled rest.
 
 Several router replicas behind one Service each count only the requests they sent, so each
-sees 1/N of every worker's load and N of them pile onto the same worker at once. The engines
-know their real load: SGLang 0.5.23's ``GET /v1/loads`` gives, per data-parallel rank,
-``num_running_reqs``, ``num_waiting_reqs`` and ``num_waiting_uncached_tokens`` (the prompt
-tokens waiting for prefill compute: each waiting request's tokens past its cached prefix,
-plus what the chunked request has left). A replica polls it every ``--load-poll-interval``
-and keeps, per worker, what the *others* put there as of that poll:
+sees 1/N of every worker's load and N of them pile onto the same worker at once. Two sources
+tell a replica about the others, and one rule combines them:
 
-    peer_in_flight       = max(0, engine requests          - own in-flight at the poll)
-    peer_prefill_tokens  = max(0, engine uncached waiting  - own booked prefill at the poll)
+- *peering* (``--peer-port``, `tpuserve_router.peers`): every peer publishes each request it
+  routes and ends, and this replica counts them on the worker as it hears them (a
+  millisecond or so old): ``announced_in_flight``; the peer's predicted blocks and booked
+  prefill go into this replica's policy as if it had routed them (`peer_view`);
+- the *engine poll* (``--load-poll-interval``, `engine_loads`): SGLang 0.5.23's
+  ``GET /v1/loads`` gives, per data-parallel rank, ``num_running_reqs``, ``num_waiting_reqs``
+  and ``num_waiting_uncached_tokens`` (the prompt tokens waiting for prefill compute: each
+  waiting request's tokens past its cached prefix, plus what the chunked request has left).
 
-and the policy sees ``own now + peer as of the last poll``. Its own part is exact at every
-instant (it changes with every request it sends or ends); only the others' part is as old as
-the last poll. With one replica the peer part is only the gap between the engine's count and
-the router's (requests of other clients, or counted a moment apart). An estimate older than
-`STALE_POLLS` intervals (the engine stopped answering) is dropped, so a replica falls back to
-its own counts rather than steering by a frozen number.
+The rule: the others' part is what the peers announced, exact while peering is connected,
+plus what the engine holds beyond everything this replica knows of, as of the last poll
+(requests of routers outside the peer set, of other clients, of peers not heard yet):
 
-`set_peer_load` is the one rule; the router's `engine_loads.LoadPoller` and the routing
-benchmark's ``--router-replicas`` model both call it, so the simulator measures what runs.
+    rest                 = max(0, engine requests - own in-flight - announced, at the poll)
+    peer_in_flight       = announced (live) + rest (as of the poll)
+    peer_prefill_tokens  = max(0, engine uncached waiting - booked prefill, at the poll)
+
+where booked prefill is what this replica's policy holds booked on the worker: its own
+requests' and its peers' announced ones (`PrefillQueues`). The policy sees
+``in_flight = own + peer_in_flight`` and its queues plus ``peer_prefill_tokens``. Without
+peering ``announced`` is 0 and this is the poll alone; with one replica and no other
+clients the rest is about 0. An estimate older than `STALE_POLLS` intervals (the engine
+stopped answering) is dropped (the rest only), so a replica falls back to what it knows
+rather than steering by a frozen number.
+
+`set_peer_load`, `clear_peer_load` and `announce_peer_request` are the rule; the router
+(`engine_loads.LoadPoller`, `peer_view.PeerView`) and the routing benchmark's
+``--router-replicas`` model both call them, so the simulator measures what runs.
 """
 
 from __future__ import annotations
@@ -27,38 +39,51 @@ from __future__ import annotations
 from typing import Final, Protocol
 
 STALE_POLLS: Final = 3
-"""Poll intervals after which a worker's peer estimate is dropped."""
+"""Poll intervals after which a worker's polled estimate is dropped."""
 
 
 class PeerLoad(Protocol):
     """A worker's load as one router replica keeps it (the router's `Worker`, the sim's view).
 
     ``in_flight`` is what policies read: the replica's own in-flight requests plus
-    ``peer_in_flight``; the proxy adds and removes its own requests on ``in_flight`` directly.
+    ``peer_in_flight``, of which ``announced_in_flight`` came from peering; the proxy adds and
+    removes its own requests on ``in_flight`` directly.
     """
 
     in_flight: int
     peer_in_flight: int
+    announced_in_flight: int
     peer_prefill_tokens: int
 
 
 def set_peer_load(
-    worker: PeerLoad, engine_requests: int, engine_prefill_tokens: int, own_prefill_tokens: int
+    worker: PeerLoad, engine_requests: int, engine_prefill_tokens: int, booked_prefill_tokens: int
 ) -> None:
-    """Take one poll of the worker's engine: what the other replicas put there now.
+    """Take one poll of the worker's engine: what neither this replica nor its peers'
+    announcements account for.
 
     ``engine_requests`` is running plus waiting over every DP rank, ``engine_prefill_tokens``
-    the engine's uncached waiting prompt tokens, ``own_prefill_tokens`` the prefill this replica
-    has booked on the worker and not seen finish (its policy's `PrefillQueues`)."""
+    the engine's uncached waiting prompt tokens, ``booked_prefill_tokens`` the prefill this
+    replica's policy has booked on the worker and not seen finish (its own and its peers')."""
     own = worker.in_flight - worker.peer_in_flight
-    peer = max(0, engine_requests - own)
+    announced = worker.announced_in_flight
+    peer = announced + max(0, engine_requests - own - announced)
     worker.in_flight = own + peer
     worker.peer_in_flight = peer
-    worker.peer_prefill_tokens = max(0, engine_prefill_tokens - own_prefill_tokens)
+    worker.peer_prefill_tokens = max(0, engine_prefill_tokens - booked_prefill_tokens)
 
 
 def clear_peer_load(worker: PeerLoad) -> None:
-    """Forget the other replicas' load on the worker (its polls stopped answering)."""
-    worker.in_flight -= worker.peer_in_flight
-    worker.peer_in_flight = 0
+    """Forget the polled part of the others' load on the worker (its polls stopped
+    answering); what peers announced stays."""
+    rest = worker.peer_in_flight - worker.announced_in_flight
+    worker.in_flight -= rest
+    worker.peer_in_flight -= rest
     worker.peer_prefill_tokens = 0
+
+
+def announce_peer_request(worker: PeerLoad, delta: int) -> None:
+    """A peer announced a request on the worker (``delta`` +1) or its end (-1)."""
+    worker.announced_in_flight += delta
+    worker.peer_in_flight += delta
+    worker.in_flight += delta

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from sglang_tpu.kv_events import DECODE_ERROR_REASONS
 from tpuserve_router.cancellation import ABORT_REASONS
 from tpuserve_router.outliers import EJECTION_REASONS
+from tpuserve_router.peer_view import MESSAGE_KINDS as PEER_MESSAGE_KINDS
 from tpuserve_router.policies.base import OUTCOMES
 
 C = TypeVar("C")
@@ -251,6 +252,8 @@ class RouterMetrics:
     kv_event_replays: Counter
     kv_events_skipped: Counter
     workers_changed: Counter
+    peers: Gauge
+    peer_messages: Counter
 
 
 def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
@@ -438,6 +441,18 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "Workers added or removed (by discovery or the admin API), by change.",
             ["change"],
         ),
+        peers=Gauge(
+            "tpuserve_router_peers",
+            "Peer router replicas this router is connected to (--peer-port: --peer, "
+            "--peers-from-dns), itself not counted.",
+            [],
+        ),
+        peer_messages=Counter(
+            "tpuserve_router_peer_messages_total",
+            "Messages received from peer router replicas, by kind: route, first_byte, end, "
+            "hello, malformed (unreadable: skipped).",
+            ["kind"],
+        ),
     )
     series: list[_Series[Any]] = [v for v in vars(metrics).values() if isinstance(v, _Series)]
     registry.register(_SeriesCollector(series))
@@ -582,3 +597,6 @@ def touch_known_series(metrics: RouterMetrics, policy: str) -> None:
         metrics.auth_failures.labels(reason)
     for result in DEMAND_RESULTS:
         metrics.demand_signals.labels(result)
+    metrics.peers.labels()
+    for kind in PEER_MESSAGE_KINDS:
+        metrics.peer_messages.labels(kind)

@@ -14,8 +14,9 @@ read a plain field on the hot path.
 ``in_flight`` counts requests the router sent to a worker that have not ended; the proxy
 increments it right after a decision and decrements it in a ``finally``, so its own part
 returns to zero on every exit path (success, upstream error, client cancel, timeout). With
-the engine load poll it also holds ``peer_in_flight``, what other router replicas sent
-there as of the last poll (`tpuserve_router.load_view`); ``own_in_flight`` is the rest.
+the engine load poll and peering it also holds ``peer_in_flight``, what other router replicas
+sent there (their announcements, ``announced_in_flight``, plus the polled rest:
+`tpuserve_router.load_view`); ``own_in_flight`` is the rest.
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ class Worker:
 
     __slots__ = (
         "adapters",
+        "announced_in_flight",
         "consecutive_failures",
         "ejected",
         "ejected_until",
@@ -194,6 +196,7 @@ class Worker:
         self.manual = manual
         self.in_flight = 0
         self.peer_in_flight = 0  # part of in_flight other router replicas sent (load_view)
+        self.announced_in_flight = 0  # part of peer_in_flight the peers announced (peering)
         self.peer_prefill_tokens = 0
         self.health_ok = False  # routable once the first health check passes
         self.health_failures = 0
@@ -269,6 +272,7 @@ class Worker:
             "consecutive_failures": self.consecutive_failures,
             "in_flight": self.own_in_flight,
             "peer_in_flight": self.peer_in_flight,
+            "announced_in_flight": self.announced_in_flight,
             "peer_prefill_tokens": self.peer_prefill_tokens,
             "models": list(self.models),
             "adapters": list(self.adapters),

@@ -120,6 +120,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="Router replicas behind one Service (sim): each request goes to one at random; "
         "each keeps its own policy state and in-flight counts (default: 1).",
     )  # fmt: skip
+    fleet.add_argument(
+        "--peer-delay", type=cli_types.non_negative_float, default=None,
+        help="Router replicas of a tpuserve policy peer as tpuserve router --peer-port does, "
+        "each hearing the others' decisions this many seconds late (sim; default: no peering, "
+        "the engine load poll only).",
+    )  # fmt: skip
     fleet.add_argument("--page-size", type=cli_types.positive_int, default=16, help="(default: 16)")
     fleet.add_argument("--tpu", default="v6e", choices=generation_names(), help="(default: v6e)")
     fleet.add_argument("--topology", default="1x1", help="TPU slice shape (default: 1x1).")
@@ -202,6 +208,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--fault: faults are injected in --mode sim only")
     if args.router_replicas > 1 and args.mode == "live":
         raise ValueError("--router-replicas: more than one replica runs in --mode sim only")
+    if args.peer_delay is not None and args.mode == "live":
+        raise ValueError("--peer-delay: peering replicas run in --mode sim only")
     trace, source = load_trace(args)
     demand = sizing.measure_demand(trace, args.page_size)
     cache_tokens = args.cache_tokens or sizing.cache_tokens_for(demand, args.workers)
@@ -210,7 +218,7 @@ def _run(args: argparse.Namespace) -> int:
         topology=args.topology, model_profile=args.model_profile, seed=args.seed,
         kv_event_drop=args.kv_event_drop, slo_factor=args.slo_factor,
         restart_down_seconds=args.restart_down_seconds, kv_events=not args.no_kv_events,
-        router_replicas=args.router_replicas,
+        router_replicas=args.router_replicas, peer_delay_seconds=args.peer_delay,
     )  # fmt: skip
     config.validate()
     mu_rr = args.mu_rr
@@ -236,6 +244,7 @@ def _run(args: argparse.Namespace) -> int:
         "rate": rate, "rate_fraction": fraction, "mu_rr": mu_rr,
         "tpu": f"{args.tpu}-{args.topology}", "model_profile": args.model_profile,
         "kv_events": not args.no_kv_events, "router_replicas": args.router_replicas,
+        "peer_delay_seconds": args.peer_delay,
     }  # fmt: skip
     fault_log: list[dict[str, Any]] = []
     if args.mode == "sim":

@@ -28,7 +28,10 @@ as ``tpuserve router --load-poll-interval`` does, replica ``r`` at phase ``r / N
 interval, and sees its own in-flight requests and prefill plus what the others put there as
 of its last poll (`tpuserve_router.load_view.set_peer_load`, the router's own rule; the engine
 answers with its running and waiting requests and its uncached waiting prompt tokens, as
-``/v1/loads`` does).
+``/v1/loads`` does). With ``peer_delay_seconds`` set, a tpuserve policy's replicas also peer as
+``tpuserve router --peer-port`` does: each announces its decisions, first tokens and ends
+through the router's own `PeerLink`, and every other replica applies them through the router's
+own `PeerView` that many seconds after the event (None: no peering, the poll alone).
 
 Every request of the trace runs as its own request, whatever its id (the engines see the
 request's position in the trace), and one that fails carries its reason in
@@ -40,6 +43,9 @@ once (requests per virtual second).
 
 from __future__ import annotations
 
+import functools
+import heapq
+import itertools
 import logging
 import math
 import random
@@ -62,6 +68,7 @@ from tpuserve.bench.traces import TraceRequest, token_ids_of
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.load_view import set_peer_load
+from tpuserve_router.peer_view import PeerLink, PeerMessage, PeerView
 from tpuserve_router.policies.base import (
     Decision,
     NoHealthyWorker,
@@ -126,6 +133,9 @@ class SimConfig:
     load_poll_seconds: float = RouterConfig.load_poll_interval_seconds
     """How often a tpuserve policy's replicas poll the engines' load (0: never), as
     ``tpuserve router --load-poll-interval``."""
+    peer_delay_seconds: float | None = None
+    """A tpuserve policy's replicas peer (``tpuserve router --peer-port``), each hearing the
+    others' announcements this long after the event; None: no peering."""
 
     @property
     def context_length(self) -> int:
@@ -152,6 +162,10 @@ class SimConfig:
             raise ValueError(
                 f"--load-poll-interval: {self.load_poll_seconds} is not allowed; allowed: >= 0"
             )
+        if self.peer_delay_seconds is not None and not 0 <= self.peer_delay_seconds < math.inf:
+            raise ValueError(
+                f"--peer-delay: {self.peer_delay_seconds} is not allowed; allowed: >= 0 seconds"
+            )
         for fault in self.faults:
             fault.validate(self.workers)
 
@@ -175,13 +189,17 @@ class _View:
     """A worker as one router replica sees it: its own in-flight count (plus the other
     replicas' as of its last load poll), the shared health."""
 
-    __slots__ = ("in_flight", "name", "peer_in_flight", "peer_prefill_tokens", "worker")
+    __slots__ = (
+        "announced_in_flight", "in_flight", "name", "peer_in_flight", "peer_prefill_tokens",
+        "worker",
+    )  # fmt: skip
 
     def __init__(self, worker: _Worker) -> None:
         self.name = worker.name
         self.worker = worker
         self.in_flight = 0
         self.peer_in_flight = 0
+        self.announced_in_flight = 0
         self.peer_prefill_tokens = 0
 
     @property
@@ -191,10 +209,13 @@ class _View:
 
 @dataclass
 class _Replica:
-    """One router replica: its policy object, its block index (if any) and its views."""
+    """One router replica: its policy object, its block index (if any), its views and, when
+    the replicas peer, its link to the others and its view of theirs."""
 
     policy: Policy
     views: list[_View]
+    link: PeerLink | None = None
+    peers: PeerView | None = None
 
     @property
     def index(self) -> BlockIndex | None:
@@ -282,8 +303,15 @@ class SimRun:
             (r * interval / len(self.replicas) if interval > 0 else math.inf)
             for r in range(len(self.replicas))
         ]
-        if policy_name not in registered_policy_names():
+        tpuserve_policy = policy_name in registered_policy_names()
+        if not tpuserve_policy:
             self._next_poll = [math.inf] * len(self.replicas)
+        self._deliveries: list[tuple[float, int, int, PeerMessage]] = []
+        self._sent = itertools.count()
+        self._event_at = 0.0
+        if config.peer_delay_seconds is not None and tpuserve_policy:
+            for r, replica in enumerate(self.replicas):
+                self._join_peers(r, replica)
         self.policy = self.replicas[0].policy
         self.indexes: list[BlockIndex] = []
         for replica in self.replicas:
@@ -317,6 +345,36 @@ class SimRun:
         )  # fmt: skip
         return VirtualEngine(EngineCore(engine_config, self.timer, self.palette))
 
+    def _join_peers(self, r: int, replica: _Replica) -> None:
+        """Replica ``r``'s peering, as `tpuserve router --peer-port` sets it up."""
+        router = f"replica-{r}"
+        replica.link = PeerLink(router, functools.partial(self._publish, r))
+        views = {view.name: view for view in replica.views}
+        defaults = RouterConfig()
+        replica.peers = PeerView(
+            router, replica.policy, views.get, clock=self.clock,
+            max_open_per_peer=defaults.max_in_flight,
+            open_ttl_seconds=defaults.request_timeout_seconds, silent_seconds=math.inf,
+        )  # fmt: skip
+
+    def _publish(self, r: int, message: PeerMessage) -> None:
+        """Replica ``r``'s PUB socket: the others hear ``message`` ``peer_delay_seconds`` after
+        the event (``_event_at``)."""
+        delay = self.config.peer_delay_seconds or 0.0
+        heapq.heappush(self._deliveries, (self._event_at + delay, next(self._sent), r, message))
+
+    def _peer_link(self, replica: _Replica, at: float) -> PeerLink | None:
+        """The replica's link, to announce an event that happened at ``at`` (None: no
+        peering)."""
+        self._event_at = at
+        return replica.link
+
+    def _deliver(self) -> None:
+        _, _, source, message = heapq.heappop(self._deliveries)
+        for r, replica in enumerate(self.replicas):
+            if r != source and replica.peers is not None:
+                replica.peers.apply(message)
+
     def _enable_events(self, i: int) -> None:
         core = self.workers[i].engine.core
         core.config = replace(core.config, emit_kv_events=True)
@@ -346,6 +404,7 @@ class SimRun:
         for req in self.trace:
             self._run_timers(req.t)
             self._advance(req.t)
+            self._run_timers(req.t)  # peers' messages of what happened meanwhile
             self._route(req)
         while self.pending:
             self._run_timers(self._next_sample)
@@ -363,13 +422,15 @@ class SimRun:
         )  # fmt: skip
 
     def _run_timers(self, until: float) -> None:
-        """Fire what is due up to ``until``, in time order (a fault before a sample or a poll
-        at the same instant): faults, load samples and the replicas' load polls."""
+        """Fire what is due up to ``until``, in time order (a fault before a sample, a peer's
+        message or a poll at the same instant): faults, load samples, peers' messages and the
+        replicas' load polls."""
         while True:
             faults = self._faults
             next_fault = faults[self._fault_i].at if self._fault_i < len(faults) else math.inf
             next_poll = min(self._next_poll)
-            at = min(next_fault, self._next_sample, next_poll)
+            next_message = self._deliveries[0][0] if self._deliveries else math.inf
+            at = min(next_fault, self._next_sample, next_message, next_poll)
             if at > until:
                 return
             self._advance(at)
@@ -379,6 +440,8 @@ class SimRun:
             elif at == self._next_sample:
                 self._sample()
                 self._next_sample += SAMPLE_INTERVAL_SECONDS
+            elif at == next_message:
+                self._deliver()
             else:
                 r = self._next_poll.index(next_poll)
                 self._poll_loads(self.replicas[r])
@@ -415,6 +478,8 @@ class SimRun:
                 p.worker.in_flight -= 1
                 p.view.in_flight -= 1
                 p.replica.policy.on_request_done(p.decision, True)
+                if (link := self._peer_link(p.replica, rec.arrival + completion.e2e)) is not None:
+                    link.ended(p.decision)
             self._deliver_first_tokens()
             if w.engine.rejected:
                 rejected, w.engine.rejected = w.engine.rejected, []
@@ -435,6 +500,10 @@ class SimRun:
             reported, self._first_tokens = self._first_tokens, []
             for p in reported:
                 p.replica.policy.on_prefill_done(p.decision)
+                at = p.request.first_token_time
+                link = self._peer_link(p.replica, self.now if at is None else at)
+                if link is not None:
+                    link.prefill_done(p.decision)
 
     def _on_update(self, req: Request) -> None:
         p: _Pending = req.user
@@ -477,6 +546,8 @@ class SimRun:
         self.pending[rid] = pending
         worker.in_flight += 1
         view.in_flight += 1
+        if (link := self._peer_link(replica, req.t)) is not None:
+            link.routed(decision)
         worker.engine.submit(engine_req, at=req.t)
 
     def _fail(self, p: _Pending, reason: str) -> None:
@@ -485,6 +556,8 @@ class SimRun:
         p.worker.in_flight -= 1
         p.view.in_flight -= 1
         p.replica.policy.on_request_done(p.decision, False)
+        if (link := self._peer_link(p.replica, self.now)) is not None:
+            link.ended(p.decision)
 
     def _sample(self) -> None:
         self.samples.add(self.now, [w.in_flight for w in self.workers])

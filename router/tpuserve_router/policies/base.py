@@ -107,6 +107,9 @@ class Decision(Generic[W]):
     """Prompt length in the policy's units (characters or tokens)."""
     pending_units: int = 0
     """Work the policy booked on the worker for this request (released by its hooks)."""
+    block_keys: Sequence[int] = ()
+    """The prompt's block keys the policy predicted on the worker (a `BlockIndex` policy's;
+    what router replicas tell their peers, `peer_view`)."""
 
 
 class NoHealthyWorker(Exception):
@@ -169,6 +172,16 @@ class Policy(Protocol):
         (the load poll subtracts them from the engine's count); 0 when it books none."""
         ...
 
+    def apply_peer_route(
+        self, decision: Decision[Any], last_key: int | None, keys: Sequence[int]
+    ) -> None:
+        """A peer router replica routed a request to ``decision.worker``: take its predicted
+        ``keys`` and its booked prefill (``decision.pending_units``, its prompt's last block
+        ``last_key``) as if this policy had routed it; ``on_prefill_done`` and
+        ``on_request_done`` later get the same decision (`peer_view`). No-op by default: a
+        policy may ignore its peers."""
+        ...
+
 
 class PolicyDefaults:
     """No-op hooks and no index, so a stateless policy only writes ``choose``."""
@@ -190,6 +203,11 @@ class PolicyDefaults:
 
     def queued_prefill_tokens(self, name: str) -> int:
         return 0
+
+    def apply_peer_route(
+        self, decision: Decision[Any], last_key: int | None, keys: Sequence[int]
+    ) -> None:
+        return None
 
     def on_prefill_done(self, decision: Decision[Any]) -> None:
         return None

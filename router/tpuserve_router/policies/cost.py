@@ -110,7 +110,7 @@ class CostPolicy(BlockIndexPolicy):
         index.predict(target.name, keys)
         decision = Decision(
             target, outcome, predicted_match_ratio=cached / prompt if prompt else 0.0,
-            prompt_units=prompt,
+            prompt_units=prompt, block_keys=keys,
         )  # fmt: skip
         queues.book(decision, prompt - cached, keys[-1] if keys else None)
         return decision

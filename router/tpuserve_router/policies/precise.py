@@ -99,7 +99,7 @@ class PrecisePolicy(BlockIndexPolicy):
         index.predict(target.name, keys)
         decision = Decision(
             target, outcome, predicted_match_ratio=cached[i] / prompt if prompt else 0.0,
-            prompt_units=prompt,
+            prompt_units=prompt, block_keys=keys,
         )  # fmt: skip
         self.queues.book(decision, prompt - cached[i], keys[-1] if keys else None)
         return decision

@@ -256,7 +256,8 @@ class BlockIndexPolicy(PolicyDefaults):
     """A policy routing on a `BlockIndex`, with the `PrefillQueues` that read it: it needs the
     prompt's token ids, the router feeds the index with the workers' KV events, a request's
     queued prefill comes off when its prefill or the request is over, and a worker's blocks
-    and queue go when it is reset or leaves."""
+    and queue go when it is reset or leaves. Peer replicas' decisions are predicted and
+    booked as its own (`apply_peer_route`)."""
 
     needs_tokens = True
     uses_kv_events = True
@@ -276,6 +277,13 @@ class BlockIndexPolicy(PolicyDefaults):
 
     def queued_prefill_tokens(self, name: str) -> int:
         return self.queues.tokens(name)
+
+    def apply_peer_route(
+        self, decision: Decision[Any], last_key: int | None, keys: Sequence[int]
+    ) -> None:
+        self.block_index.predict(decision.worker.name, keys)
+        tokens, decision.pending_units = decision.pending_units, 0
+        self.queues.book(decision, tokens, last_key)
 
     def on_worker_reset(self, name: str) -> None:
         self.block_index.clear(name)

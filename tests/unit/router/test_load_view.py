@@ -52,11 +52,11 @@ def test_an_unusable_load_answer_names_the_field(document: object, problem: str)
 
 def test_a_poll_adds_what_the_others_sent_to_the_replicas_own_count() -> None:
     worker = fake_worker("a", in_flight=2)  # this replica sent 2
-    set_peer_load(worker, engine_requests=7, engine_prefill_tokens=900, own_prefill_tokens=300)
+    set_peer_load(worker, engine_requests=7, engine_prefill_tokens=900, booked_prefill_tokens=300)
     assert (worker.in_flight, worker.peer_in_flight, worker.peer_prefill_tokens) == (7, 5, 600)
     worker.in_flight += 1  # the replica's own requests move its count at once
     worker.in_flight -= 2
-    set_peer_load(worker, engine_requests=4, engine_prefill_tokens=0, own_prefill_tokens=50)
+    set_peer_load(worker, engine_requests=4, engine_prefill_tokens=0, booked_prefill_tokens=50)
     # own is now 1; the engine holds 4, so the others hold 3; own prefill above the engine's
     # (counted a moment apart) is no negative peer load
     assert (worker.in_flight, worker.peer_in_flight, worker.peer_prefill_tokens) == (4, 3, 0)
@@ -64,13 +64,13 @@ def test_a_poll_adds_what_the_others_sent_to_the_replicas_own_count() -> None:
 
 def test_an_engine_that_counts_less_than_the_replica_sent_gives_no_peer_load() -> None:
     worker = fake_worker("a", in_flight=5)
-    set_peer_load(worker, engine_requests=3, engine_prefill_tokens=0, own_prefill_tokens=0)
+    set_peer_load(worker, engine_requests=3, engine_prefill_tokens=0, booked_prefill_tokens=0)
     assert (worker.in_flight, worker.peer_in_flight) == (5, 0)
 
 
 def test_clearing_the_peer_load_leaves_the_replicas_own_count() -> None:
     worker = fake_worker("a", in_flight=2)
-    set_peer_load(worker, engine_requests=9, engine_prefill_tokens=500, own_prefill_tokens=0)
+    set_peer_load(worker, engine_requests=9, engine_prefill_tokens=500, booked_prefill_tokens=0)
     clear_peer_load(worker)
     assert (worker.in_flight, worker.peer_in_flight, worker.peer_prefill_tokens) == (2, 0, 0)
 
@@ -82,7 +82,7 @@ def test_estimates_not_refreshed_for_stale_polls_intervals_are_dropped() -> None
     poller = LoadPoller(
         registry, lambda _: 0, interval_seconds=0.1, timeout_seconds=1.0, clock=clock
     )
-    set_peer_load(worker, engine_requests=6, engine_prefill_tokens=40, own_prefill_tokens=0)
+    set_peer_load(worker, engine_requests=6, engine_prefill_tokens=40, booked_prefill_tokens=0)
     poller.polled_at[worker.name] = clock()
     clock.advance(STALE_POLLS * 0.1 - 0.01)
     poller.expire()
@@ -97,7 +97,7 @@ def test_estimates_not_refreshed_for_stale_polls_intervals_are_dropped() -> None
 def test_the_registry_worker_and_the_fakes_keep_the_view_fields() -> None:
     worker = WorkerRegistry().add(WorkerSpec("http://127.0.0.1:1"))
     worker.in_flight = 3
-    set_peer_load(worker, engine_requests=5, engine_prefill_tokens=0, own_prefill_tokens=0)
+    set_peer_load(worker, engine_requests=5, engine_prefill_tokens=0, booked_prefill_tokens=0)
     assert (worker.own_in_flight, worker.describe()["peer_in_flight"]) == (3, 2)
     assert worker.describe()["in_flight"] == 3
     assert FakeWorker("f").peer_prefill_tokens == 0

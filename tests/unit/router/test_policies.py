@@ -399,7 +399,7 @@ def test_precise_leaves_a_holder_whose_queue_other_replicas_filled() -> None:
     store_prompt(policy, "a", prefix)
     request = fake_request(token_ids=[*prefix, *range(9000, 9008)])
     assert policy.choose(request, [a, b]).worker.name == "a"
-    set_peer_load(a, engine_requests=1, engine_prefill_tokens=10_264, own_prefill_tokens=8)
+    set_peer_load(a, engine_requests=1, engine_prefill_tokens=10_264, booked_prefill_tokens=8)
     assert a.peer_prefill_tokens == 10_256
     decision = policy.choose(request, [a, b])
     assert (decision.worker.name, decision.outcome) == ("b", "balanced_away")
@@ -408,7 +408,7 @@ def test_precise_leaves_a_holder_whose_queue_other_replicas_filled() -> None:
 def test_the_imbalance_rule_sees_the_other_replicas_requests() -> None:
     policy = make_policy("cache_aware")
     a, b = fake_worker("a"), fake_worker("b")
-    set_peer_load(a, engine_requests=100, engine_prefill_tokens=0, own_prefill_tokens=0)
+    set_peer_load(a, engine_requests=100, engine_prefill_tokens=0, booked_prefill_tokens=0)
     assert [policy.choose(fake_request("x" * 50), [a, b]).worker.name for _ in range(3)] == [
         "b",
         "b",

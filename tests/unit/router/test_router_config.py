@@ -229,3 +229,34 @@ def test_hold_flags_and_variables() -> None:
     config = build_config(args, {env_name("--hold-max-seconds"): "90"})
     assert (config.hold_max_requests, config.hold_max_seconds) == (8, 90.0)
     assert config.hold_models == ("a", "b")
+
+
+def test_peering_flags_and_variables() -> None:
+    config = build_config(
+        parse("--peer-port", "8100", "--peer", "tcp://10.0.0.7:8100", "--peer", "tcp://[::1]:8100"),
+        environ={env_name("--peers-from-dns"): "m-router-peers.serving.svc"},
+    )
+    assert (config.peer_port, config.peers) == (8100, ("tcp://10.0.0.7:8100", "tcp://[::1]:8100"))
+    assert config.peers_from_dns == "m-router-peers.serving.svc"
+    env = {env_name("--peer-port"): "8100", env_name("--peers"): "tcp://a:1, tcp://b:2"}
+    assert build_config(parse(), environ=env).peers == ("tcp://a:1", "tcp://b:2")
+    assert RouterConfig().peer_port == 0  # peering is off unless asked for
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"peer_port": 70000}, "peer_port=70000: allowed 1..65535, or 0 (no peering)"),
+        ({"peer_port": 8000}, "peer_port=8000: must differ from port and metrics_port"),
+        ({"peer_port": 1, "peers": ("http://a:1",)}, "peer 'http://a:1': expected tcp://HOST:PORT"),
+        ({"peer_port": 1, "peers": ("tcp://a:0",)}, "port 1..65535"),
+        ({"peer_port": 1, "peers": ("tcp://*:5",)}, "'*' is not a host"),
+        ({"peer_port": 1, "peers_from_dns": "Not A Name"}, "peers_from_dns='Not A Name': not a"),
+        ({"peers": ("tcp://a:1",)}, "peers, peers_from_dns: need peer_port"),
+        ({"peers_refresh_interval_seconds": 0.0}, "peers_refresh_interval_seconds=0.0: must be"),
+    ],
+)  # fmt: skip
+def test_peering_settings_are_checked(settings: dict[str, object], problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        RouterConfig(**settings).validate()  # type: ignore[arg-type]
+    assert any(problem in p for p in err.value.problems), err.value.problems

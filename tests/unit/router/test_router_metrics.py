@@ -54,6 +54,8 @@ EXPECTED = {
     "tpuserve_router_in_flight_requests": "gauge",
     "tpuserve_router_worker_healthy": "gauge",
     "tpuserve_router_prefix_index_size": "gauge",
+    "tpuserve_router_peers": "gauge",
+    "tpuserve_router_peer_messages": "counter",
 }
 
 

@@ -318,3 +318,40 @@ def test_tpuserve_replicas_poll_the_engines_load_and_see_each_others_requests(
     assert bool(peers) == polls
     if polls:
         assert max(peers) > 0  # the other replica's requests, seen through the engines
+
+
+@pytest.mark.parametrize(
+    ("policy", "delay", "peers"),
+    [("precise", 0.001, True), ("precise", None, False), ("sglang_cache_aware_v2", 0.001, False)],
+)
+def test_peering_replicas_apply_each_others_decisions_as_the_router_does(
+    policy: str, delay: float | None, peers: bool
+) -> None:
+    """As `tpuserve router --peer-port` does (the router's PeerLink and PeerView), a delay
+    after each event; without --peer-delay, or for an anchor, the replicas do not peer."""
+    trace = traces.rescale_to_rate(_tiny("W1", 200), 30.0)
+    config = SimConfig(
+        cache_tokens=20_000, router_replicas=2, load_poll_seconds=0.0, peer_delay_seconds=delay
+    )
+    run = SimRun(trace, policy, config)
+    assert all((r.peers is not None) == peers for r in run.replicas)
+    announced: list[int] = []
+    for replica in run.replicas:
+        view = replica.peers
+        if view is None:
+            continue
+
+        def apply(message: Any, views: Any = replica.views, apply: Any = view.apply) -> bool:
+            applied: bool = apply(message)
+            announced.append(sum(v.announced_in_flight for v in views))
+            return applied
+
+        view.apply = apply  # type: ignore[method-assign]
+    result = run.run()
+    assert all(r.ok for r in result.records)
+    assert bool(announced) == peers
+    if peers:
+        assert max(announced) > 0  # the other replica's requests, heard from it
+        assert all(r.peers is not None and r.peers.open_requests() == 0 for r in run.replicas)
+    views = [v for replica in run.replicas for v in replica.views]
+    assert all(v.in_flight == v.announced_in_flight == 0 for v in views)
