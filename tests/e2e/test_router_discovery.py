@@ -197,8 +197,10 @@ def start_router(
     env.update(variables, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
     argv = [
         sys.executable, "-m", "tpuserve", *container["command"][1:], *args,
-        # later flags win: listen on loopback only, and never dial anything else
+        # later flags win: listen on loopback only, and never dial anything else (no peers:
+        # one router here, and no cluster DNS to find them by)
         "--host=127.0.0.1", "--port=0", "--metrics-port=0", f"--worker-networks={LOOPBACK}",
+        "--peer-port=0",
     ]  # fmt: skip
     log = log_dir / "router.log"
     process = ManagedProcess.spawn("router", argv, log, env=env)
