@@ -36,6 +36,7 @@ NAME_RULE = (
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 LABEL_VALUE = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
+SECRET_KEY = r"^[-._a-zA-Z0-9]+$"  # a key of a Secret's data
 TOPOLOGY_PATTERN = r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$"
 TOPOLOGY_2D = "^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$"
 TOPOLOGY_3D = "^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$"
@@ -436,13 +437,13 @@ class ApiKeysSecret(Schema):
     key: str = Field(
         default="keys.json",
         max_length=253,
-        pattern=r"^[-._a-zA-Z0-9]+$",
+        pattern=SECRET_KEY,
         description="key is the Secret's key holding the keys file (JSON). Default: keys.json.",
     )
     admin_key: str | None = Field(
         default=None,
         max_length=253,
-        pattern=r"^[-._a-zA-Z0-9]+$",
+        pattern=SECRET_KEY,
         description=(
             "adminKey is the Secret's key holding one admin API key in clear, one the keys "
             'file lists with "admin": true (as key or key_sha256). A router replica that '
