@@ -538,6 +538,7 @@ def test_the_router_accepts_the_rendered_command_line_and_config(
     assert config.kv_events is True
     assert config.selector == labels.leader_selector("qwen")
     assert config.leader_label == f"{labels.ROLE}={labels.ROLE_LEADER}"
+    assert (config.peer_port, config.peers_from_dns) == (5570, "qwen-router-peers.ml.svc")
 
 
 def router_config_of(children: list[dict[str, Any]]) -> Any:
