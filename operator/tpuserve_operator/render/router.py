@@ -14,10 +14,11 @@ no client can take.
 Router replicas peer (docs/router.md, Several router replicas): each publishes its routing
 decisions on `ROUTER_PEER_PORT` and subscribes to every address of the headless Service
 `<name>-router-peers` (`--peers-from-dns`; it lists starting pods too, so a new replica is
-heard from at once). Peering is rendered whatever the replica count: a change of
-`router.replicas` then leaves the pod template alone, so the running replicas keep their
-state instead of rolling (as they would if an autoscaler scaled them), and one replica alone
-merely hears no peer.
+heard from at once). Peering is rendered whatever the replica count, so the count (the
+spec's, or an autoscaler's) never changes the pod template: scaling adds or removes replicas
+without rolling the running ones, which keep what they know; one replica alone merely hears
+no peer.
+
 With `router.apiKeys.adminKey`, a replica that starts takes a ready replica's KV-cache index
 through the endpoint Service (`--kv-snapshot-from`; the Service only sends it to ready
 pods, and the first replica, finding none, starts from the engines' replay as before).
