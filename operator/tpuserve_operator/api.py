@@ -36,6 +36,7 @@ NAME_RULE = (
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 LABEL_VALUE = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
+SECRET_KEY = r"^[-._a-zA-Z0-9]+$"  # a key of a Secret's data
 TOPOLOGY_PATTERN = r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$"
 TOPOLOGY_2D = "^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$"
 TOPOLOGY_3D = "^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$"
@@ -418,6 +419,16 @@ class EngineSpec(Schema):
 
 
 class ApiKeysSecret(Schema):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            (
+                "!has(self.adminKey) || self.adminKey != self.key",
+                "router.apiKeys.adminKey must name another key of the Secret than "
+                "router.apiKeys.key (the keys file)",
+            )
+        )
+    )
+
     secret_name: str = Field(
         max_length=253,
         pattern=DNS_SUBDOMAIN,
@@ -426,8 +437,24 @@ class ApiKeysSecret(Schema):
     key: str = Field(
         default="keys.json",
         max_length=253,
-        pattern=r"^[-._a-zA-Z0-9]+$",
+        pattern=SECRET_KEY,
         description="key is the Secret's key holding the keys file (JSON). Default: keys.json.",
+    )
+    admin_key: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=SECRET_KEY,
+        description=(
+            "adminKey is the Secret's key holding one admin API key in clear, one the keys "
+            'file lists with "admin": true (as key or key_sha256). A router replica that '
+            "starts sends it to a ready replica of the same server, through the endpoint "
+            "Service, to take its KV-cache index (GET /kv_snapshot, an admin route; "
+            "`tpuserve router --kv-snapshot-from`, `--kv-snapshot-key-file`): it then routes "
+            "as well as the others at once, even after the engines' KV-event replay buffers "
+            "have wrapped. Only the router pods mount it. Default: unset, no snapshot: a "
+            "replica started late learns from the engines' replay buffers and its peers' "
+            "routing decisions."
+        ),
     )
 
 
@@ -480,7 +507,14 @@ class RouterSpec(Schema):
         default=None,
         ge=1,
         le=64,
-        description="replicas of the router Deployment. Default: the operator's --router-replicas.",
+        description=(
+            "replicas of the router Deployment, spread over nodes, with a PodDisruptionBudget "
+            "of one. Every replica publishes its routing decisions and request ends to the "
+            "others (`tpuserve router --peer-port`, the container port named peers; found "
+            "through the headless Service <name>-router-peers), so several replicas route as "
+            "one would. Default: the operator's --router-replicas (chart value "
+            "router.replicas)."
+        ),
     )
     image: str | None = Field(
         default=None,

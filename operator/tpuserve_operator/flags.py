@@ -113,8 +113,8 @@ RENDER_FLAGS: tuple[Flag, ...] = (
         "--network-policy",
         "network_policy",
         "engines: a NetworkPolicy per server lets only its routers, its engine pods and "
-        "Prometheus (--metrics-from) reach its engines; none: render none (default: "
-        "%(default)s).",
+        "Prometheus (--metrics-from) reach its engines, and one only its own router pods "
+        "reach its routers' peer port; none: render none (default: %(default)s).",
         choices=("engines", "none"),
     ),
 )

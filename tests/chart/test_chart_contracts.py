@@ -18,7 +18,11 @@ import tpuserve_operator.cli as operator_cli
 from tests.chart.chart_helpers import CHART, VALUES_DIR, Render
 from tpuserve import cli
 from tpuserve_operator import labels
-from tpuserve_operator.render.context import DEFAULT_METRICS_FROM, DEFAULT_ROUTER_RESOURCES
+from tpuserve_operator.render.context import (
+    DEFAULT_METRICS_FROM,
+    DEFAULT_ROUTER_RESOURCES,
+    RenderConfig,
+)
 from tpuserve_router.config import DEFAULT_POLICY
 from tpuserve_router.policies import registered_policy_names
 
@@ -74,15 +78,19 @@ def test_operator_arguments_parse_with_the_real_cli(
     )
     router_values = chart_values.get("router") or {}
     assert options.reconciler.render.router_policy == (router_values.get("policy") or None)
+    assert options.reconciler.render.router_replicas == router_values.get(
+        "replicas", RenderConfig().router_replicas
+    )
     fence = chart_values.get("networkPolicy") or {}
     settings = options.reconciler.render
     assert settings.network_policy == ("engines" if fence.get("enabled", True) else "none")
     assert list(settings.metrics_from) == (fence.get("metricsFrom") or list(DEFAULT_METRICS_FROM))
 
 
-def test_the_charts_router_resources_are_the_operators_default() -> None:
+def test_the_charts_router_defaults_are_the_operators() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["router"]["resources"] == DEFAULT_ROUTER_RESOURCES
+    assert values["router"]["replicas"] == RenderConfig().router_replicas
 
 
 def test_options_before_the_subcommand_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,6 +27,7 @@ from tests.e2e.tms_harness import (
 )
 from tpuserve.cluster import Cluster, NodePool, kube
 from tpuserve_operator import labels
+from tpuserve_operator.render import RenderConfig
 
 pytestmark = pytest.mark.e2e
 
@@ -273,6 +274,8 @@ def test_children_deleted_by_hand_come_back_and_deletion_collects_everything(
     victims = [
         ("deployment", "own-router"),
         ("service", "own-leaders"),
+        ("service", "own-router-peers"),
+        ("networkpolicy", "own-router"),
         ("poddisruptionbudget", "own"),
         ("configmap", "own-router"),
         (kind.lower(), "own-r0"),
@@ -287,7 +290,7 @@ def test_children_deleted_by_hand_come_back_and_deletion_collects_everything(
     deployment = cluster.kubectl(
         "get", "deployment", "own-router", "-n", namespace, "-o", "jsonpath={.spec.replicas}"
     )
-    assert deployment.stdout == "1"
+    assert deployment.stdout == str(RenderConfig().router_replicas)  # not the 5 scaled to
 
     cluster.kubectl("delete", "tms", "own", "-n", namespace, "--wait=true", "--timeout=60s")
     wait_until(
@@ -311,6 +314,8 @@ def test_an_operator_killed_mid_reconcile_converges_without_duplicates(
     assert found[workload_kind(operator)] == ["crash-r0", "crash-r1", "crash-r2"]
     assert found["Deployment"] == ["crash-router"]
     assert found["PodDisruptionBudget"] == ["crash", "crash-router"]  # engines, router
+    assert found["NetworkPolicy"] == ["crash-engines", "crash-router"]
+    assert "crash-router-peers" in found["Service"]
     assert len(engine_pods(cluster, namespace, "crash")) == 3
 
 

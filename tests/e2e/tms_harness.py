@@ -333,6 +333,7 @@ def children(cluster: Cluster, namespace: str, name: str) -> dict[str, list[str]
             "roles",
             "rolebindings",
             "poddisruptionbudgets",
+            "networkpolicies",
             "horizontalpodautoscalers",
             "leaderworkersets",
         )

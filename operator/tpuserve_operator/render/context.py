@@ -19,6 +19,10 @@ DEFAULT_ENGINE_IMAGE = f"ghcr.io/tpuserve/tpuserve-tpu:{tpuserve_version()}"
 
 ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 9000
+ROUTER_PEER_PORT = 5570
+"""Where each router replica publishes its routing decisions to the other replicas of its
+server (`tpuserve router --peer-port`; the container port and Service port named `peers`)."""
+ROUTER_PEER_PORT_NAME = "peers"
 # Non-root user of the tpuserve images (the chart runs the operator as the same user).
 RUN_AS_USER = 65532
 
@@ -52,7 +56,9 @@ class RenderConfig:
     engine_image: str = DEFAULT_ENGINE_IMAGE
     router_image: str = DEFAULT_IMAGE
     router_policy: str | None = None  # None: the router's own default policy
-    router_replicas: int = 1
+    # Several replicas: a node's loss or a rollout never takes the endpoint away; they share
+    # their routing decisions (render/router.py, peering), so N route as well as one.
+    router_replicas: int = 2
     router_resources: Mapping[str, Any] = field(
         default_factory=lambda: copy.deepcopy(DEFAULT_ROUTER_RESOURCES)
     )
@@ -134,6 +140,10 @@ class Server:
     @property
     def router_name(self) -> str:
         return f"{self.name}-router"
+
+    @property
+    def router_peers_service_name(self) -> str:
+        return f"{self.name}-router-peers"
 
     @property
     def endpoint(self) -> str:

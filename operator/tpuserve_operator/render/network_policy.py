@@ -1,5 +1,5 @@
-"""The NetworkPolicy that fences a server's engine pods: only its routers, its own engine
-pods and Prometheus reach them.
+"""The NetworkPolicies that fence a server's pods: only its routers, its own engine pods and
+Prometheus reach its engines; only its own router pods reach its routers' peer port.
 
 An engine's HTTP port serves generation and its admin routes (``/flush_cache``,
 ``/abort_request``) to anyone who reaches it, and its KV-event ports carry the token ids of
@@ -21,7 +21,12 @@ cached prompts. So, for pods of the server's engines:
 - nothing else. Kubelet probes come from the node, which network policies do not govern on
   common CNIs (GKE Dataplane V2, Calico).
 
-``--network-policy none`` renders none (a cluster that fences engines its own way).
+Router pods publish their routing decisions (prompts' block keys, the workers they chose)
+on their peer port, so the router's policy admits that port from the server's own router
+pods alone; its HTTP and metrics ports stay open to anyone, as without a policy (clients,
+load balancers, Prometheus).
+
+``--network-policy none`` renders none (a cluster that fences pods its own way).
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ import copy
 from typing import Any
 
 from tpuserve_operator import labels, launch_contract
-from tpuserve_operator.render.context import Manifest, Server
+from tpuserve_operator.render.context import (
+    ROUTER_METRICS_PORT,
+    ROUTER_PEER_PORT,
+    ROUTER_PORT,
+    Manifest,
+    Server,
+)
 
 
 def operator_peer(namespace: str) -> Manifest:
@@ -85,6 +96,31 @@ def engine_network_policy(server: Server) -> list[Manifest]:
                             *operator_peers,
                         ],
                         "ports": _ports(launch_contract.HTTP_PORT),
+                    },
+                ],
+            },
+        }
+    ]
+
+
+def router_network_policy(server: Server) -> list[Manifest]:
+    """The router pods' policy (none with ``--network-policy none``)."""
+    if server.config.network_policy == "none":
+        return []
+    routers = labels.router_selector(server.name)
+    return [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": server.metadata(server.router_name, labels.COMPONENT_ROUTER),
+            "spec": {
+                "podSelector": {"matchLabels": routers},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {"ports": _ports(ROUTER_PORT, ROUTER_METRICS_PORT)},
+                    {
+                        "from": [{"podSelector": {"matchLabels": routers}}],
+                        "ports": _ports(ROUTER_PEER_PORT),
                     },
                 ],
             },

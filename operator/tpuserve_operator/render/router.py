@@ -1,4 +1,4 @@
-"""The router in front of a server's leaders: Deployment, ConfigMap, ServiceAccount, RBAC, PDB.
+"""The router in front of a server's leaders: Deployment, ConfigMap, RBAC, PDB, peering.
 
 The router is configured only through its command line and environment (ARCHITECTURE §3):
 it discovers the ready leaders of this server by label selector (`labels.leader_selector`)
@@ -10,6 +10,18 @@ all, so the router's own defaults apply: the operator never restates them. The r
 probe is the router's `/readiness`, true only while it has a healthy worker: a ready router
 pod means at least one routable replica. Probes use the metrics port, whose connections
 no client can take.
+
+Router replicas peer (docs/router.md, Several router replicas): each publishes its routing
+decisions on `ROUTER_PEER_PORT` and subscribes to every address of the headless Service
+`<name>-router-peers` (`--peers-from-dns`; it lists starting pods too, so a new replica is
+heard from at once). Peering is rendered whatever the replica count, so the count (the
+spec's, or an autoscaler's) never changes the pod template: scaling adds or removes replicas
+without rolling the running ones, which keep what they know; one replica alone merely hears
+no peer.
+
+With `router.apiKeys.adminKey`, a replica that starts takes a ready replica's KV-cache index
+through the endpoint Service (`--kv-snapshot-from`; the Service only sends it to ready
+pods, and the first replica, finding none, starts from the engines' replay as before).
 """
 
 from __future__ import annotations
@@ -17,8 +29,11 @@ from __future__ import annotations
 from typing import Any
 
 from tpuserve_operator import labels, rbac
+from tpuserve_operator.api import ApiKeysSecret
 from tpuserve_operator.render.context import (
     ROUTER_METRICS_PORT,
+    ROUTER_PEER_PORT,
+    ROUTER_PEER_PORT_NAME,
     ROUTER_PORT,
     RUN_AS_USER,
     Manifest,
@@ -26,8 +41,10 @@ from tpuserve_operator.render.context import (
     stable_hash,
 )
 from tpuserve_operator.render.demand import demand_lease, hold_args, lease_rule
+from tpuserve_operator.render.network_policy import router_network_policy
 from tpuserve_operator.render.pdb import router_disruption_budget
 from tpuserve_operator.render.pod import termination
+from tpuserve_operator.render.services import router_peers_service
 
 ROUTER_CONTAINER = "router"
 LIVENESS_PATH = "/health"
@@ -78,10 +95,25 @@ def router_args(server: Server) -> list[str]:
     api_keys = server.valid.spec.router.api_keys
     if api_keys is not None:
         args.append(f"--api-keys-file={API_KEYS_DIR}/{api_keys.key}")
+    args += peer_args(server)
     kv_events = server.valid.spec.router.kv_events
     if kv_events is not None:  # unset: the router subscribes when its policy uses KV events
         args.append("--kv-events" if kv_events else "--no-kv-events")
     return args + hold_args(server)
+
+
+def peer_args(server: Server) -> list[str]:
+    """Peering with the other replicas, and the snapshot a starting replica takes from a
+    ready one when the server gives the admin key the snapshot route needs."""
+    peers = f"{server.router_peers_service_name}.{server.namespace}.svc"
+    args = [f"--peer-port={ROUTER_PEER_PORT}", f"--peers-from-dns={peers}"]
+    api_keys = server.valid.spec.router.api_keys
+    if api_keys is not None and api_keys.admin_key is not None:
+        args += [
+            f"--kv-snapshot-from={server.endpoint}",
+            f"--kv-snapshot-key-file={API_KEYS_DIR}/{api_keys.admin_key}",
+        ]
+    return args
 
 
 def _resources(server: Server) -> dict[str, Any]:
@@ -100,6 +132,7 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
         "ports": [
             {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+            {"name": ROUTER_PEER_PORT_NAME, "containerPort": ROUTER_PEER_PORT, "protocol": "TCP"},
         ],
         "readinessProbe": {
             "httpGet": {"path": READINESS_PATH, "port": PROBE_PORT_NAME},
@@ -150,7 +183,7 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
                 "name": "api-keys",
                 "secret": {
                     "secretName": api_keys.secret_name,
-                    "items": [{"key": api_keys.key, "path": api_keys.key}],
+                    "items": [{"key": k, "path": k} for k in _mounted_keys(api_keys)],
                 },
             }
         )
@@ -173,6 +206,10 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
             },
         },
     }
+
+
+def _mounted_keys(api_keys: ApiKeysSecret) -> list[str]:
+    return [api_keys.key] + ([api_keys.admin_key] if api_keys.admin_key is not None else [])
 
 
 def _spread(server: Server) -> Manifest:
@@ -226,6 +263,8 @@ def router_children(server: Server) -> list[Manifest]:
         *router_rbac(server),
         config,
         router_deployment(server, config),
+        router_peers_service(server),
+        *router_network_policy(server),
         *demand_lease(server),
         router_disruption_budget(server),
     ]

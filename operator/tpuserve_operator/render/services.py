@@ -1,9 +1,17 @@
-"""The Services in front of a server: the endpoint clients use, and the leaders' Service."""
+"""The Services of a server: the endpoint clients use, the leaders' Service, and the one its
+router replicas find each other by."""
 
 from __future__ import annotations
 
 from tpuserve_operator import labels, launch_contract
-from tpuserve_operator.render.context import ROUTER_METRICS_PORT, ROUTER_PORT, Manifest, Server
+from tpuserve_operator.render.context import (
+    ROUTER_METRICS_PORT,
+    ROUTER_PEER_PORT,
+    ROUTER_PEER_PORT_NAME,
+    ROUTER_PORT,
+    Manifest,
+    Server,
+)
 
 
 def endpoint_service(server: Server) -> Manifest:
@@ -54,6 +62,30 @@ def leaders_service(server: Server) -> Manifest:
                     "port": launch_contract.KV_REPLAY_PORT,
                     "targetPort": "kv-replay",
                 },
+            ],
+        },
+    }
+
+
+def router_peers_service(server: Server) -> Manifest:
+    """`<name>-router-peers`: headless, every router pod of the server, ready or not, so a
+    starting replica is in the DNS answer its peers resolve (`--peers-from-dns`) and hears
+    their decisions before it takes traffic."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": server.metadata(server.router_peers_service_name, labels.COMPONENT_ROUTER),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": labels.router_selector(server.name),
+            "ports": [
+                {
+                    "name": ROUTER_PEER_PORT_NAME,
+                    "port": ROUTER_PEER_PORT,
+                    "targetPort": ROUTER_PEER_PORT_NAME,
+                    "protocol": "TCP",
+                }
             ],
         },
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -172,6 +173,22 @@ async def test_a_late_replica_starts_from_a_peers_snapshot_when_replay_is_not_en
             late.stop()
     finally:
         early.stop()
+
+
+def test_the_first_replica_starts_with_no_peer_to_take_a_snapshot_from(
+    engines: list[EngineTwin],
+) -> None:
+    """The operator gives every replica --kv-snapshot-from the router Service, which has no
+    ready pod when the first one starts: the fetch fails and the router starts as usual."""
+    with socket.socket() as probe:  # a loopback port nobody listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    (first,) = start_routers(engines, 1, "--kv-snapshot-from", nobody)
+    try:
+        assert f"no KV snapshot from {nobody}" in first.log()
+        assert get_json(first.url + "/readiness")
+    finally:
+        first.stop()
 
 
 async def test_each_replica_sees_the_requests_the_other_sent(engines: list[EngineTwin]) -> None:

@@ -252,6 +252,18 @@ async def test_scaling_down_deletes_the_highest_group(operator: Operator) -> Non
     assert operator.conditions(key)["Progressing"] == ("True", "ScalingDown")
 
 
+async def test_turning_the_router_off_prunes_its_peering_too(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    assert "qwen-router-peers" in operator.kube.names("Service")
+    assert operator.kube.names("NetworkPolicy") == ["qwen-engines", "qwen-router"]
+    operator.edit(key, router={"enabled": False})
+    await operator.converge(key)
+    assert operator.kube.names("Deployment") == []
+    assert "qwen-router-peers" not in operator.kube.names("Service")
+    assert operator.kube.names("NetworkPolicy") == ["qwen-engines"]
+
+
 async def test_ready_groups_behind_a_ready_router_make_the_server_ready(
     operator: Operator,
 ) -> None:

@@ -54,6 +54,8 @@ def test_statefulset_path_objects(rendered: RenderFn) -> None:
             ("ConfigMap", "qwen-router"),
             ("Deployment", "qwen-router"),
             ("PodDisruptionBudget", "qwen-router"),
+            ("Service", "qwen-router-peers"),
+            ("NetworkPolicy", "qwen-router"),
             ("Service", "qwen-r0"),
             ("StatefulSet", "qwen-r0"),
             ("StatefulSet", "qwen-r0-w"),
@@ -143,6 +145,8 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
         "--discovery=kubernetes",
         "--request-timeout=600",
         "--drain-seconds=600",
+        "--peer-port=5570",
+        "--peers-from-dns=qwen-router-peers.ml.svc",
         "--kv-events",
     ]
     # stopping: a preStop pause (Services drop the pod first), then the drain, within the grace
@@ -156,7 +160,7 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
     assert container["resources"] == DEFAULT_ROUTER_RESOURCES  # with no operator setting
     config = one(rendered(spec).children, "ConfigMap", "qwen-router")
     assert config["data"]["TPUSERVE_ROUTER_POLICY"] == "least_load"
-    assert {p["name"] for p in container["ports"]} == {"http", "metrics"}
+    assert {p["name"] for p in container["ports"]} == {"http", "metrics", "peers"}
 
 
 def test_router_defaults_come_from_the_operator(rendered: RenderFn) -> None:
@@ -497,7 +501,7 @@ def test_built_in_kinds_validate_against_kubernetes_schemas(
     checked = 0
     for child in rendered(spec, leaderworkerset=lws).children:
         if "." in child["apiVersion"].split("/")[0] and not child["apiVersion"].startswith(
-            ("rbac.authorization.k8s.io", "policy")
+            ("rbac.authorization.k8s.io", "policy", "networking.k8s.io")
         ):
             continue  # CRD kinds (LWS, monitors): not in the built-in schemas
         kubernetes_validate.validate(child, "1.33.0", strict=True)
@@ -534,6 +538,7 @@ def test_the_router_accepts_the_rendered_command_line_and_config(
     assert config.kv_events is True
     assert config.selector == labels.leader_selector("qwen")
     assert config.leader_label == f"{labels.ROLE}={labels.ROLE_LEADER}"
+    assert (config.peer_port, config.peers_from_dns) == (5570, "qwen-router-peers.ml.svc")
 
 
 def router_config_of(children: list[dict[str, Any]]) -> Any:
@@ -681,3 +686,116 @@ def test_api_keys_come_from_a_mounted_secret(rendered: RenderFn, spec_with: Spec
         "secretName": "qwen-keys",
         "items": [{"key": "keys.json", "path": "keys.json"}],
     }
+
+
+# --- several router replicas: defaults, peering, catch-up ---------------------------------
+
+
+def router_container(children: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = one(children, "Deployment", "qwen-router")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def flag_values(container: dict[str, Any], flag: str) -> list[str]:
+    prefix = f"{flag}="
+    return [a.removeprefix(prefix) for a in container["args"] if a.startswith(prefix)]
+
+
+def test_routers_default_to_several_replicas(rendered: RenderFn) -> None:
+    default = RenderConfig().router_replicas
+    assert default > 1  # issue 14: N peering replicas route as one does
+    assert one(rendered().children, "Deployment", "qwen-router")["spec"]["replicas"] == default
+
+
+def test_router_replicas_find_and_hear_each_other_on_the_peer_port(rendered: RenderFn) -> None:
+    children = rendered().children
+    container = router_container(children)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert flag_values(container, "--peer-port") == [str(ports["peers"])]
+    peers = one(children, "Service", "qwen-router-peers")
+    assert flag_values(container, "--peers-from-dns") == ["qwen-router-peers.ml.svc"]
+    spec = peers["spec"]
+    assert spec["clusterIP"] == "None"  # DNS answers with every pod's address
+    assert spec["publishNotReadyAddresses"] is True  # a starting replica is heard at once
+    deployment = one(children, "Deployment", "qwen-router")
+    assert spec["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert deployment["spec"]["template"]["metadata"]["labels"].items() >= spec["selector"].items()
+    assert spec["ports"] == [
+        {"name": "peers", "port": ports["peers"], "targetPort": "peers", "protocol": "TCP"}
+    ]
+
+
+def test_router_replica_count_leaves_the_pod_template_alone(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    """Peering is rendered for one replica too: scaling never rolls the running ones."""
+
+    def template(replicas: int) -> Any:
+        spec = spec_with(router={"replicas": replicas})
+        return one(rendered(spec).children, "Deployment", "qwen-router")["spec"]["template"]
+
+    assert template(1) == template(4)
+
+
+def test_only_the_servers_own_routers_reach_the_peer_port(rendered: RenderFn) -> None:
+    policy = one(rendered().children, "NetworkPolicy", "qwen-router")
+    routers = labels.router_selector("qwen")
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": routers}
+    assert spec["policyTypes"] == ["Ingress"]
+    open_ports, peers = spec["ingress"]
+    assert "from" not in open_ports  # clients, load balancers and Prometheus, as before
+    assert [p["port"] for p in open_ports["ports"]] == [8000, 9000]
+    assert peers["from"] == [{"podSelector": {"matchLabels": routers}}]
+    assert [p["port"] for p in peers["ports"]] == [5570]
+    assert routers != labels.shared_router_selector()
+    assert not by_kind(rendered(network_policy="none").children, "NetworkPolicy")
+
+
+def test_no_router_no_peering(rendered: RenderFn, spec_with: SpecWith) -> None:
+    children = rendered(spec_with(router={"enabled": False})).children
+    assert not [c for c in children if c["metadata"]["name"].startswith("qwen-router")]
+
+
+def test_without_an_admin_key_a_starting_router_takes_no_snapshot(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    """The snapshot is an admin route: with no key a peer would answer 403."""
+    for spec in (spec_with(), spec_with(router={"apiKeys": {"secretName": "qwen-keys"}})):
+        args = " ".join(router_container(rendered(spec).children)["args"])
+        assert "--kv-snapshot" not in args
+
+
+def test_a_starting_router_takes_a_ready_peers_snapshot_with_the_admin_key(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    keys = {"secretName": "qwen-keys", "adminKey": "peer-key"}
+    children = rendered(spec_with(router={"apiKeys": keys})).children
+    container = router_container(children)
+    (url,) = flag_values(container, "--kv-snapshot-from")
+    endpoint = one(children, "Service", "qwen")  # ready router pods only
+    assert url == "http://qwen.ml.svc:8000"
+    assert endpoint["spec"]["selector"] == labels.router_selector("qwen")
+    assert [p["port"] for p in endpoint["spec"]["ports"] if p["name"] == "http"] == [8000]
+    assert flag_values(container, "--kv-snapshot-key-file") == ["/etc/tpuserve/api-keys/peer-key"]
+    pod = one(children, "Deployment", "qwen-router")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "api-keys"]
+    assert volume["secret"]["items"] == [
+        {"key": "keys.json", "path": "keys.json"},
+        {"key": "peer-key", "path": "peer-key"},
+    ]
+    mounted_by = [
+        c["metadata"]["name"]
+        for c in children
+        if "api-keys" in str(c.get("spec", {}).get("template", {}).get("spec", {}).get("volumes"))
+    ]
+    assert mounted_by == ["qwen-router"]  # engines never see it
+
+
+def test_the_admin_key_is_another_key_of_the_secret(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    spec = spec_with(router={"apiKeys": {"secretName": "qwen-keys", "adminKey": "keys.json"}})
+    with pytest.raises(InvalidSpec, match=r"router.apiKeys.adminKey must name another key"):
+        rendered(spec)
