@@ -7,7 +7,10 @@ number has a same-conditions baseline. Measured per round:
 
 - CPU per request at saturation: the router process's own CPU time (all threads, from
   /proc/<pid>/task/*/schedstat, nanoseconds) over a closed-loop run at concurrency 32,
-  divided by the requests served;
+  divided by the requests served. The run starts once the router is idle after its warm-up
+  (`wait_idle`): a router that follows KV events first replays every engine's buffer (up to
+  10,000 batches each, full from the rounds before), a start-up cost that must not land on
+  the requests;
 - added latency at 500 req/s: open-loop non-streaming requests, p50 and p99 latency through
   the router minus the same directly to the engines;
 - streamed time to first chunk: streamed chat one request at a time, p50 and p99 of the
@@ -97,6 +100,22 @@ def cpu_seconds(pid: int) -> float:
         except (OSError, ValueError):
             continue
     return total / 1e9
+
+
+IDLE_CPU_SHARE = 0.05
+"""A router is idle once it uses less than this share of a core (over `IDLE_WINDOW_SECONDS`)."""
+IDLE_WINDOW_SECONDS = 0.5
+
+
+def wait_idle(pid: int, deadline_seconds: float = 60.0) -> None:
+    """Return once ``pid`` is idle (its start-up work done), or fail after the deadline."""
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        before = cpu_seconds(pid)
+        time.sleep(IDLE_WINDOW_SECONDS)
+        if cpu_seconds(pid) - before < IDLE_CPU_SHARE * IDLE_WINDOW_SECONDS:
+            return
+    raise RuntimeError(f"router {pid} still busy after {deadline_seconds:.0f} s of no load")
 
 
 def wait_http(url: str, path: str, deadline_seconds: float = 60.0) -> None:
@@ -289,6 +308,7 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
     warm = completion_requests(seed + 7, 500)
     asyncio.run(closed_loop(targets, warm.__getitem__, len(warm), 16))
     if pid is not None:
+        wait_idle(pid)
         reqs = completion_requests(seed, args.requests)
         spy = py_spy(pid, profile) if profile is not None else None
         before = cpu_seconds(pid)

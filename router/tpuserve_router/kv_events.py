@@ -73,6 +73,10 @@ REPLAY_TIMEOUT_SECONDS = 2.0
 DRAIN_MAX_MESSAGES = 64
 """Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
 are read on the loop's next turn)."""
+_EVENTS = int(zmq.EVENTS)  # plain ints: the enums' operators run in Python, per message
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
 
 
 SNAPSHOT_FORMAT = "tpuserve-kv-snapshot-1"
@@ -171,15 +175,18 @@ class _Subscription:
         if self._stopped:
             return
         drain = self.drain
+        get, recv = drain.get, drain.recv
         if self.task is not None or self.lock.locked():
             with contextlib.suppress(zmq.ZMQError):  # closed under us (stopping)
-                drain.getsockopt(zmq.EVENTS)
+                get(_EVENTS)
             return
         for _ in range(DRAIN_MAX_MESSAGES):
             try:
-                if not int(drain.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                if not int(get(_EVENTS)) & _POLLIN:
                     return
-                frames = drain.recv_multipart(zmq.NOBLOCK)
+                frames = [recv(_NOBLOCK)]  # recv_multipart, without its per-frame enum work
+                while get(_RCVMORE):
+                    frames.append(recv(_NOBLOCK))
                 _, seq, payload = parse_pub_frames(frames)
             except zmq.ZMQError:
                 return  # closed under us (stopping)
