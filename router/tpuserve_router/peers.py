@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 SEND_HWM: Final = 100_000
 RECEIVE_HWM: Final = 100_000
 DRAIN_MAX_MESSAGES: Final = 256
+RESOLVE_TIMEOUT_SECONDS: Final = 5.0  # the start waits for the first resolution (snapshots)
 
 
 def peer_endpoint(host: str, port: int) -> str:
@@ -280,8 +281,9 @@ class PeerNetwork:
         if name is None:
             return
         try:
-            addresses = await self.addresses(name, self.port)
-        except OSError as err:
+            async with asyncio.timeout(RESOLVE_TIMEOUT_SECONDS):
+                addresses = await self.addresses(name, self.port)
+        except OSError as err:  # TimeoutError too
             if not self._dns_logged:
                 self._dns_logged = True
                 log.warning("peers: cannot resolve %s (%s); keeping the peers known", name, err)

@@ -29,7 +29,7 @@ from tests.component.router.test_router_replicas import (
 )
 from tests.fakes import FakeWorker
 from tests.waiting import eventually, eventually_async
-from tpuserve.cluster.ports import free_port
+from tpuserve.cluster.ports import free_port, free_port_pair
 from tpuserve_router.metrics import RouterMetrics, create_router_metrics
 from tpuserve_router.peer_view import PeerView
 from tpuserve_router.peers import PeerNetwork
@@ -77,7 +77,7 @@ def peers_connected(router: RouterProcess, least: int) -> bool:
 def peering_routers(engines: list[EngineTwin], count: int, *extra: str) -> list[RouterProcess]:
     """``count`` routers, each publishing on its own port and subscribed to every router's
     port, its own included (it must ignore itself)."""
-    ports = [free_port() for _ in range(count)]
+    ports = [free_port_pair() for _ in range(count)]
     everyone = [arg for port in ports for arg in ("--peer", f"tcp://127.0.0.1:{port}")]
     routers: list[RouterProcess] = []
     try:
@@ -281,4 +281,24 @@ def test_a_peer_port_in_use_stops_the_start_with_a_clear_message() -> None:
         context.term()
     assert done.returncode == 1
     assert f"--peer-port {port}: cannot publish on tcp://127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_snapshot_port_in_use_stops_the_start_with_a_clear_message() -> None:
+    port = free_port_pair()
+    context = zmq.Context()
+    taken = context.socket(zmq.ROUTER)
+    taken.bind(f"tcp://127.0.0.1:{port + 1}")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", ENTRY, "router", "--port", "0", "--peer-port", str(port)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        taken.close(linger=0)
+        context.term()
+    assert done.returncode == 1
+    assert f"--peer-port {port}: cannot answer KV snapshots on tcp://127.0.0.1:{port + 1}" in (
+        done.stderr
+    )
     assert "Traceback" not in done.stderr

@@ -22,6 +22,7 @@ from tests.component.router.router_fleet import (
     start_engines,
 )
 from tests.waiting import eventually, eventually_async
+from tpuserve.cluster.ports import free_port_pair
 
 pytestmark = pytest.mark.component
 
@@ -189,6 +190,62 @@ def test_the_first_replica_starts_with_no_peer_to_take_a_snapshot_from(
         assert get_json(first.url + "/readiness")
     finally:
         first.stop()
+
+
+async def test_a_late_replica_takes_a_peers_snapshot_over_peering_with_no_key(
+    forgetful_engines: list[EngineTwin],
+) -> None:
+    """Engines whose replay wraps at once: only the early replica's snapshot, asked on its
+    peer port + 1, gives the late one what the engines hold."""
+    engines = forgetful_engines
+    early_port, late_port = free_port_pair(), free_port_pair()
+    (early,) = start_routers(engines, 1, "--peer-port", str(early_port))
+    try:
+        held = await fill_caches(early)
+        (late,) = start_routers(engines, 1, "--peer-port", str(late_port),
+                                "--peer", f"tcp://127.0.0.1:{early_port}")  # fmt: skip
+        try:
+            await eventually_async(
+                lambda: confirmed_blocks(late) == confirmed_blocks(early),
+                what="the late router's index holding what the early one holds",
+                context=late.log,
+            )
+            assert confirmed_blocks(late) >= held
+            assert f"KV snapshot from tcp://127.0.0.1:{early_port + 1}: 2 event streams" in (
+                late.log()
+            )
+            assert "blocks from a peer router's snapshot" in late.log()
+        finally:
+            late.stop()
+    finally:
+        early.stop()
+
+
+def test_a_replica_whose_peers_give_no_snapshot_starts_as_usual(
+    engines: list[EngineTwin],
+) -> None:
+    """One peer has none yet (it has heard no KV events), one never answers (nothing listens
+    on its port): each is asked in turn, within --kv-snapshot-timeout, then the router starts."""
+    empty_port, silent_port, own_port = free_port_pair(), free_port_pair(), free_port_pair()
+    empty = RouterProcess(["--policy", "precise", "--peer-port", str(empty_port)]).start()
+    try:
+        (late,) = start_routers(
+            engines, 1, "--peer-port", str(own_port), "--kv-snapshot-timeout", "1",
+            "--peer", f"tcp://127.0.0.1:{empty_port}", "--peer", f"tcp://127.0.0.1:{silent_port}",
+        )  # fmt: skip
+        try:
+            log = late.log()
+            assert f"no KV snapshot from tcp://127.0.0.1:{empty_port + 1}: it has none yet" in log
+            assert (
+                f"no KV snapshot from tcp://127.0.0.1:{silent_port + 1}: no answer within 1s"
+                in (log)
+            )
+            assert "no KV snapshot from any peer" in log
+            assert get_json(late.url + "/readiness")
+        finally:
+            late.stop()
+    finally:
+        empty.stop()
 
 
 async def test_each_replica_sees_the_requests_the_other_sent(engines: list[EngineTwin]) -> None:
