@@ -23,8 +23,8 @@ cached prompts. So, for pods of the server's engines:
 
 Router pods publish their routing decisions (prompts' block keys, the workers they chose)
 on their peer port, and their KV-cache index on the port after it, so the router's policy
-admits those two ports from the server's own router pods alone; its HTTP and metrics ports stay open to anyone, as without a policy (clients,
-load balancers, Prometheus).
+admits those two ports from the server's own router pods alone; its HTTP and metrics ports
+stay open to anyone, as without a policy (clients, load balancers, Prometheus).
 
 ``--network-policy none`` renders none (a cluster that fences pods its own way).
 """
