@@ -179,8 +179,8 @@ async def test_a_late_replica_starts_from_a_peers_snapshot_when_replay_is_not_en
 def test_the_first_replica_starts_with_no_peer_to_take_a_snapshot_from(
     engines: list[EngineTwin],
 ) -> None:
-    """The operator gives every replica --kv-snapshot-from the router Service, which has no
-    ready pod when the first one starts: the fetch fails and the router starts as usual."""
+    """--kv-snapshot-from a router Service with no ready pod yet (the first replica): the
+    fetch fails and the router starts as usual."""
     with socket.socket() as probe:  # a loopback port nobody listens on once closed
         probe.bind(("127.0.0.1", 0))
         nobody = f"http://127.0.0.1:{probe.getsockname()[1]}"
