@@ -486,8 +486,9 @@ class RouterSpec(Schema):
             "of one. Every replica publishes its routing decisions and request ends to the "
             "others (`tpuserve router --peer-port`, the container port named peers; found "
             "through the headless Service <name>-router-peers), so several replicas route as "
-            "one would. Default: the operator's --router-replicas (chart value "
-            "router.replicas)."
+            "one would; a replica that starts takes a peer's KV-cache index first (the "
+            "container port named peer-snapshot, the next one). Default: the operator's "
+            "--router-replicas (chart value router.replicas)."
         ),
     )
     image: str | None = Field(
