@@ -28,7 +28,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from tpuserve_router.peers import bind_endpoint, peer_endpoint
+from tpuserve_router.peers import bind_or_refuse, peer_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -105,17 +105,7 @@ class SnapshotService:
         server = self.context.socket(zmq.ROUTER)
         server.setsockopt(zmq.LINGER, 0)
         server.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
-        if ":" in self.host:
-            server.setsockopt(zmq.IPV6, 1)
-        endpoint = bind_endpoint(self.host, self.port)
-        try:
-            server.bind(endpoint)
-        except zmq.ZMQError as err:
-            server.close(linger=0)
-            raise OSError(
-                f"--peer-port {self.port - 1}: cannot answer KV snapshots on {endpoint} "
-                f"(the peer port + 1): {err}"
-            ) from None
+        bind_or_refuse(server, self.host, self.port, self.port - 1, "answer KV snapshots")
         self._socket = server
         self._task = asyncio.get_running_loop().create_task(self._serve(server))
 

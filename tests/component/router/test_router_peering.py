@@ -266,29 +266,22 @@ async def test_peers_from_dns_follow_the_names_addresses() -> None:
             await network.stop()
 
 
-def test_a_peer_port_in_use_stops_the_start_with_a_clear_message() -> None:
-    port = free_port()
-    context = zmq.Context()
-    taken = context.socket(zmq.PUB)
-    taken.bind(f"tcp://127.0.0.1:{port}")
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", ENTRY, "router", "--port", "0", "--peer-port", str(port)],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-    finally:
-        taken.close(linger=0)
-        context.term()
-    assert done.returncode == 1
-    assert f"--peer-port {port}: cannot publish on tcp://127.0.0.1:{port}" in done.stderr
-    assert "Traceback" not in done.stderr
-
-
-def test_a_snapshot_port_in_use_stops_the_start_with_a_clear_message() -> None:
+@pytest.mark.parametrize(
+    ("offset", "kind", "message"),
+    [
+        (0, zmq.PUB, "--peer-port {port}: cannot publish on tcp://127.0.0.1:{port}"),
+        (1, zmq.ROUTER, "--peer-port {port}: cannot answer KV snapshots on tcp://127.0.0.1:{taken}"),
+    ],
+    ids=["peer port", "snapshot port"],
+)  # fmt: skip
+def test_a_peer_port_in_use_stops_the_start_with_a_clear_message(
+    offset: int, kind: int, message: str
+) -> None:
+    """The peer port, or the one after it where the router answers KV snapshots."""
     port = free_port_pair()
     context = zmq.Context()
-    taken = context.socket(zmq.ROUTER)
-    taken.bind(f"tcp://127.0.0.1:{port + 1}")
+    taken = context.socket(kind)
+    taken.bind(f"tcp://127.0.0.1:{port + offset}")
     try:
         done = subprocess.run(
             [sys.executable, "-c", ENTRY, "router", "--port", "0", "--peer-port", str(port)],
@@ -298,7 +291,5 @@ def test_a_snapshot_port_in_use_stops_the_start_with_a_clear_message() -> None:
         taken.close(linger=0)
         context.term()
     assert done.returncode == 1
-    assert f"--peer-port {port}: cannot answer KV snapshots on tcp://127.0.0.1:{port + 1}" in (
-        done.stderr
-    )
+    assert message.format(port=port, taken=port + offset) in done.stderr
     assert "Traceback" not in done.stderr

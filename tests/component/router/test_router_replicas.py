@@ -125,6 +125,14 @@ async def fill_caches(router: RouterProcess) -> int:
     return held
 
 
+async def holds_what_the_other_holds(late: RouterProcess, early: RouterProcess) -> None:
+    await eventually_async(
+        lambda: confirmed_blocks(late) == confirmed_blocks(early),
+        what="the late router's index holding what the early one holds",
+        context=late.log,
+    )
+
+
 async def test_a_late_replica_learns_the_engines_blocks_from_their_replay(
     engines: list[EngineTwin],
 ) -> None:
@@ -133,11 +141,7 @@ async def test_a_late_replica_learns_the_engines_blocks_from_their_replay(
         held = await fill_caches(early)
         (late,) = start_routers(engines, 1)
         try:
-            await eventually_async(
-                lambda: confirmed_blocks(late) == confirmed_blocks(early),
-                what="the late router's index holding what the early one holds",
-                context=late.log,
-            )
+            await holds_what_the_other_holds(late, early)
             assert confirmed_blocks(late) >= held
         finally:
             late.stop()
@@ -164,11 +168,7 @@ async def test_a_late_replica_starts_from_a_peers_snapshot_when_replay_is_not_en
             blind.stop()
         (late,) = start_routers(engines, 1, "--kv-snapshot-from", early.url)
         try:
-            await eventually_async(
-                lambda: confirmed_blocks(late) == confirmed_blocks(early),
-                what="the late router's index holding what the early one holds",
-                context=late.log,
-            )
+            await holds_what_the_other_holds(late, early)
             assert "blocks from a peer router's snapshot" in late.log()
         finally:
             late.stop()
@@ -205,11 +205,7 @@ async def test_a_late_replica_takes_a_peers_snapshot_over_peering_with_no_key(
         (late,) = start_routers(engines, 1, "--peer-port", str(late_port),
                                 "--peer", f"tcp://127.0.0.1:{early_port}")  # fmt: skip
         try:
-            await eventually_async(
-                lambda: confirmed_blocks(late) == confirmed_blocks(early),
-                what="the late router's index holding what the early one holds",
-                context=late.log,
-            )
+            await holds_what_the_other_holds(late, early)
             assert confirmed_blocks(late) >= held
             assert f"KV snapshot from tcp://127.0.0.1:{early_port + 1}: 2 event streams" in (
                 late.log()
