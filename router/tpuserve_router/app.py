@@ -4,9 +4,10 @@
 routes (`forwarding`, with `retry`'s rule), the admin API (`admin`), worker admission with
 its health checks and per-worker connection pools (`admission`), discovery (static or
 Kubernetes), KV-event subscriptions (`kv_events`, for a policy with a block index unless
-``--no-kv-events``), peering with the other router replicas (`peers`, with ``--peer-port``)
-and the metrics. ``await app.start()`` listens and starts the
-background tasks; ``await app.stop()`` cancels and awaits every one of them.
+``--no-kv-events``), peering with the other router replicas (`peers`, with ``--peer-port``;
+`peer_snapshot`: a replica started late takes a peer's block index) and the metrics.
+``await app.start()`` listens and starts the background tasks; ``await app.stop()`` cancels
+and awaits every one of them.
 
 Routes (the router speaks SGLang's API, so it fronts real SGLang, the engine twin or any
 SGLang-compatible server):
