@@ -10,11 +10,13 @@ start: when B has every worker routable, when its block index holds what A's hol
 alternately through A and B from the moment B is routable.
 
     python bench/router_replicas.py [--engines 4] [--conversations 64] [--buffer-steps 10000]
-                                    [--snapshot] [--json out.json]
+                                    [--snapshot [peer|http]] [--json out.json]
 
 ``--buffer-steps`` small enough that the first turns overflow the engines' replay buffers shows
-what replay alone cannot give a late replica; ``--snapshot`` starts B with
-``--kv-snapshot-from`` A (A's block index, then the engines' replay from there).
+what replay alone cannot give a late replica; ``--snapshot`` (or ``--snapshot peer``) makes A
+and B peer (``--peer-port``, B with ``--peer`` A), so B asks A for its block index over
+peering before it follows the engines' replay from there, as the operator's router pods do;
+``--snapshot http`` starts B with ``--kv-snapshot-from`` A instead (A's admin route).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from tpuserve.bench.live_runner import (
 from tpuserve.bench.report import RequestRecord
 from tpuserve.bench.sim_runner import SimConfig
 from tpuserve.bench.traces import TraceRequest
+from tpuserve.cluster.ports import free_port_pair
 
 SYSTEM = "You are the support assistant of a large company; answer briefly and politely. " * 8
 POLL_SECONDS = 0.05
@@ -100,7 +103,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         engines = [start_engine(i, config, kv_events=True) for i in range(args.engines)]
         procs += engines
         urls = [e.url for e in engines]
-        early = start_router("precise", urls, config)
+        early_peer_port = free_port_pair()
+        early_args = ("--peer-port", str(early_peer_port)) if args.snapshot == "peer" else ()
+        early = start_router("precise", urls, dataclasses.replace(config, router_args=early_args))
         early.role = "A"
         procs.append(early)
         await wait_router_ready(early, len(urls), 60)
@@ -118,8 +123,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     break
                 held = now_held
             started = time.monotonic()
-            peer = ("--kv-snapshot-from", early.url) if args.snapshot else ()
-            late = start_router("precise", urls, dataclasses.replace(config, router_args=peer))
+            late_args = {
+                None: (),
+                "http": ("--kv-snapshot-from", early.url),
+                "peer": ("--peer-port", str(free_port_pair()),
+                         "--peer", f"tcp://127.0.0.1:{early_peer_port}"),
+            }[args.snapshot]  # fmt: skip
+            late = start_router("precise", urls, dataclasses.replace(config, router_args=late_args))
             late.role = "B"
             procs.append(late)
             routable_at = converged_at = None
@@ -164,8 +174,9 @@ def main() -> int:
     parser.add_argument("--time-scale", type=float, default=0.0)
     parser.add_argument("--timeout", type=float, default=60.0, help="Most seconds to wait for B.")
     parser.add_argument(
-        "--snapshot", action="store_true",
-        help="Start B with --kv-snapshot-from A (the index from a peer, then replay from there).",
+        "--snapshot", nargs="?", const="peer", choices=("peer", "http"),
+        help="B starts from A's index, then replays from there: over peering (peer, the "
+        "default: A and B peer) or from A's GET /kv_snapshot (http, --kv-snapshot-from).",
     )  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -419,16 +419,6 @@ class EngineSpec(Schema):
 
 
 class ApiKeysSecret(Schema):
-    model_config = ConfigDict(
-        json_schema_extra=rules(
-            (
-                "!has(self.adminKey) || self.adminKey != self.key",
-                "router.apiKeys.adminKey must name another key of the Secret than "
-                "router.apiKeys.key (the keys file)",
-            )
-        )
-    )
-
     secret_name: str = Field(
         max_length=253,
         pattern=DNS_SUBDOMAIN,
@@ -439,22 +429,6 @@ class ApiKeysSecret(Schema):
         max_length=253,
         pattern=SECRET_KEY,
         description="key is the Secret's key holding the keys file (JSON). Default: keys.json.",
-    )
-    admin_key: str | None = Field(
-        default=None,
-        max_length=253,
-        pattern=SECRET_KEY,
-        description=(
-            "adminKey is the Secret's key holding one admin API key in clear, one the keys "
-            'file lists with "admin": true (as key or key_sha256). A router replica that '
-            "starts sends it to a ready replica of the same server, through the endpoint "
-            "Service, to take its KV-cache index (GET /kv_snapshot, an admin route; "
-            "`tpuserve router --kv-snapshot-from`, `--kv-snapshot-key-file`): it then routes "
-            "as well as the others at once, even after the engines' KV-event replay buffers "
-            "have wrapped. Only the router pods mount it. Default: unset, no snapshot: a "
-            "replica started late learns from the engines' replay buffers and its peers' "
-            "routing decisions."
-        ),
     )
 
 
@@ -512,8 +486,9 @@ class RouterSpec(Schema):
             "of one. Every replica publishes its routing decisions and request ends to the "
             "others (`tpuserve router --peer-port`, the container port named peers; found "
             "through the headless Service <name>-router-peers), so several replicas route as "
-            "one would. Default: the operator's --router-replicas (chart value "
-            "router.replicas)."
+            "one would; a replica that starts takes a peer's KV-cache index first (the "
+            "container port named peer-snapshot, the next one). Default: the operator's "
+            "--router-replicas (chart value router.replicas)."
         ),
     )
     image: str | None = Field(

@@ -4,9 +4,10 @@
 routes (`forwarding`, with `retry`'s rule), the admin API (`admin`), worker admission with
 its health checks and per-worker connection pools (`admission`), discovery (static or
 Kubernetes), KV-event subscriptions (`kv_events`, for a policy with a block index unless
-``--no-kv-events``), peering with the other router replicas (`peers`, with ``--peer-port``)
-and the metrics. ``await app.start()`` listens and starts the
-background tasks; ``await app.stop()`` cancels and awaits every one of them.
+``--no-kv-events``), peering with the other router replicas (`peers`, with ``--peer-port``;
+`peer_snapshot`: a replica started late takes a peer's block index) and the metrics.
+``await app.start()`` listens and starts the background tasks; ``await app.stop()`` cancels
+and awaits every one of them.
 
 Routes (the router speaks SGLang's API, so it fronts real SGLang, the engine twin or any
 SGLang-compatible server):
@@ -72,6 +73,7 @@ from tpuserve_router.metrics import (
     touch_known_series,
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
+from tpuserve_router.peer_snapshot import SnapshotService, snapshot_endpoint, snapshot_port
 from tpuserve_router.peer_view import PeerView, new_router_id
 from tpuserve_router.peers import PeerNetwork
 from tpuserve_router.policies.base import Policy, make_policy
@@ -141,6 +143,7 @@ class RouterApp:
             else:
                 self.kv = KvEventHub(self.block_index, self.metrics)
         self.peering: PeerNetwork | None = None
+        self.snapshots: SnapshotService | None = None
         if config.peer_port:
             view = PeerView(
                 new_router_id(), self.policy, self.registry.get, clock=time.monotonic,
@@ -151,6 +154,11 @@ class RouterApp:
                 view, self.metrics, host=config.host, port=config.peer_port, peers=config.peers,
                 dns_name=config.peers_from_dns,
                 refresh_seconds=config.peers_refresh_interval_seconds,
+            )  # fmt: skip
+            self.snapshots = SnapshotService(
+                self._snapshot_to_give, host=config.host, port=snapshot_port(config.peer_port),
+                timeout_seconds=config.kv_snapshot_timeout_seconds,
+                max_bytes=config.kv_snapshot_max_bytes,
             )  # fmt: skip
         core = RouterCore(
             self.config, self.policy, self.registry, self.metrics,
@@ -249,7 +257,9 @@ class RouterApp:
     async def start(self) -> None:
         config = self.config
         if self.peering is not None:  # first: a port it cannot bind stops the start cleanly
-            await self.peering.start()
+            await self.peering.start()  # peers from --peers-from-dns resolved (bounded) too
+        if self.snapshots is not None:
+            await self.snapshots.start()
         if self.limits.max_connections < config.max_connections:
             log.warning(
                 "max_connections lowered from %d to %d: the process may open %d files "
@@ -277,8 +287,8 @@ class RouterApp:
         self.admission.start()
         if self.loads is not None:
             self.loads.start()
-        if config.kv_snapshot_from is not None and self.kv is not None:
-            await self._seed_from_peer(config.kv_snapshot_from)
+        if self.kv is not None:  # before any worker is subscribed
+            await self._seed_from_peer()
         self.outliers.start()
         if self.keys is not None:
             self.keys.start()
@@ -353,6 +363,8 @@ class RouterApp:
         await self.admission.stop()
         if self.loads is not None:
             await self.loads.stop()
+        if self.snapshots is not None:
+            await self.snapshots.stop()
         if self.peering is not None:
             await self.peering.stop()
         if self.kv is not None:
@@ -558,27 +570,57 @@ class RouterApp:
         body = await asyncio.to_thread(msgpack.packb, snapshot)  # the big part, off the loop
         request.respond(200, MSGPACK_HEADERS, body)
 
-    async def _seed_from_peer(self, url: str) -> None:
-        """Take a peer router's snapshot before any worker is subscribed; on failure the
-        replicas' usual catch-up (the engines' replay buffers) is all there is."""
+    def _snapshot_to_give(self) -> dict[str, Any] | None:
+        """This router's KV snapshot for a peer over peering, None when it has none to give
+        (it follows no KV events, or has heard no batch yet)."""
+        if self.kv is None:
+            return None
+        snapshot = self.kv.snapshot()
+        return snapshot if snapshot.get("streams") else None
+
+    async def _seed_from_peer(self) -> None:
+        """Take a peer router's snapshot before any worker is subscribed: from
+        ``--kv-snapshot-from`` when given, else from the peers over peering, each in turn.
+        On failure the engines' replay buffers are all the catch-up there is."""
+        config = self.config
+        if config.kv_snapshot_from is not None:
+            await self._seed_from_url(config.kv_snapshot_from)
+        elif self.snapshots is not None and self.peering is not None:
+            peers = [snapshot_endpoint(endpoint) for endpoint in self.peering.subscriptions]
+            if peers and await self.snapshots.take_from(peers, self._seed) is None:
+                log.info("no KV snapshot from any peer: starting from the engines' replay")
+
+    async def _seed(self, body: bytes, source: str) -> None:
+        """Seed the block index from a packed snapshot (ValueError when it cannot be read)."""
         assert self.kv is not None
-        session = self.health.session
-        if session is None:
-            return
+        try:
+            snapshot = await asyncio.to_thread(msgpack.unpackb, body, strict_map_key=False)
+        except msgpack.UnpackException as err:
+            raise ValueError(f"not a msgpack snapshot: {err!r}") from None
+        taken = self.kv.seed(snapshot)
+        log.info("KV snapshot from %s: %d event streams", source, taken)
+
+    async def _seed_from_url(self, url: str) -> None:
+        """``GET URL/kv_snapshot`` with the admin key of ``--kv-snapshot-key-file``, within
+        ``--kv-snapshot-timeout`` and ``--kv-snapshot-max-bytes``."""
+        config = self.config
+        timeout = aiohttp.ClientTimeout(total=config.kv_snapshot_timeout_seconds)
         try:
             headers = {}
-            if self.config.kv_snapshot_key_file is not None:
-                key_file = Path(self.config.kv_snapshot_key_file)
+            if config.kv_snapshot_key_file is not None:
+                key_file = Path(config.kv_snapshot_key_file)
                 key = await asyncio.to_thread(key_file.read_text, encoding="utf-8")
                 headers["Authorization"] = f"Bearer {key.strip()}"
             snapshot_url = normalize_worker_url(url)[0] + "/kv_snapshot"
-            async with session.get(snapshot_url, headers=headers) as response:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.get(snapshot_url, headers=headers) as response,
+            ):
                 response.raise_for_status()
-                taken = self.kv.seed(msgpack.unpackb(await response.read(), strict_map_key=False))
-        except (OSError, aiohttp.ClientError, ValueError, msgpack.UnpackException) as err:
-            log.warning("no KV snapshot from %s: %s", url, err)  # OSError: the key file too
-            return
-        log.info("KV snapshot from %s: %d event streams", url, taken)
+                body = await read_bounded(response, config.kv_snapshot_max_bytes)
+            await self._seed(body, url)
+        except (OSError, aiohttp.ClientError, ValueError) as err:  # OSError: the key file too
+            log.warning("no KV snapshot from %s: %s", url, err or type(err).__name__)
 
     def _model_cards(self) -> list[dict[str, Any]]:
         """The served models, then each one's loaded LoRA adapters as ``model:adapter`` with
@@ -608,6 +650,19 @@ class RouterApp:
         return [
             WorkerState(w.name, w.models, w.healthy, w.own_in_flight) for w in self.registry.workers
         ]
+
+
+async def read_bounded(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """A response's body, or ValueError once it is longer than ``max_bytes``."""
+    too_long = f"the snapshot is larger than --kv-snapshot-max-bytes {max_bytes}"
+    if (response.content_length or 0) > max_bytes:
+        raise ValueError(too_long)
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 20):
+        body += chunk
+        if len(body) > max_bytes:
+            raise ValueError(too_long)
+    return bytes(body)
 
 
 def open_file_limit() -> int:

@@ -180,6 +180,21 @@ OPTIONS: tuple[Option, ...] = (
         metavar="PATH",
     ),
     Option(
+        "--kv-snapshot-timeout",
+        "kv_snapshot_timeout_seconds",
+        cli_types.duration_seconds,
+        "Seconds a peer may take to send its KV snapshot (--kv-snapshot-from, or each peer "
+        "in turn over peering) before the router goes on without it "
+        f"(default {DEFAULTS.kv_snapshot_timeout_seconds:g}).",
+    ),
+    Option(
+        "--kv-snapshot-max-bytes",
+        "kv_snapshot_max_bytes",
+        cli_types.positive_int,
+        "The largest KV snapshot taken from a peer; a larger one is refused "
+        f"(default {DEFAULTS.kv_snapshot_max_bytes}).",
+    ),
+    Option(
         "--tokenizer",
         "tokenizer",
         str,
@@ -413,7 +428,8 @@ OPTIONS: tuple[Option, ...] = (
         cli_types.port,
         "Peer with the other router replicas: publish this router's routing decisions on "
         "tcp://HOST:PORT (HOST as --host) and apply theirs, read from --peer and "
-        "--peers-from-dns on the same port; 0 = no peering (default 0).",
+        "--peers-from-dns on the same port; answer KV snapshots on PORT+1 and, with a "
+        "block index, start from a peer's; 0 = no peering (default 0).",
     ),
     Option(
         "--peers-from-dns",

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from tpuserve_router.auth import KeysFileError, KeyStore
 from tpuserve_router.deadlines import FirstByteBudget
 from tpuserve_router.outliers import OutlierConfig
+from tpuserve_router.peer_snapshot import snapshot_port
 from tpuserve_router.policies.base import (
     Policy,
     PolicyConfigError,
@@ -79,6 +80,10 @@ class RouterConfig:
     kv_events: bool | None = None  # None (auto): subscribe when the policy uses KV events
     kv_snapshot_from: str | None = None  # a peer router's URL (kv_events.py: snapshots)
     kv_snapshot_key_file: str | None = None  # holds an admin key the peer accepts
+    # A snapshot from a peer (over HTTP, or over peering: peer_snapshot.py): how long each
+    # peer may take to answer, and the most bytes taken.
+    kv_snapshot_timeout_seconds: float = 10.0
+    kv_snapshot_max_bytes: int = 256 * 1024 * 1024
     tokenizer: str | None = None
     metrics_port: int | None = None
     # The front's limits (server.FrontLimits), as uvicorn, aiohttp and Envoy bound theirs.
@@ -299,6 +304,10 @@ class RouterConfig:
             "(the peer the key is sent to)",
         )
         need(
+            self.kv_snapshot_timeout_seconds > 0,
+            f"kv_snapshot_timeout_seconds={self.kv_snapshot_timeout_seconds}: must be > 0",
+        )
+        need(
             self.load_poll_interval_seconds >= 0,
             f"load_poll_interval_seconds={self.load_poll_interval_seconds}: must be >= 0 "
             "(0 turns the engine load poll off)",
@@ -370,10 +379,19 @@ class RouterConfig:
 
     def _peering_problems(self) -> list[str]:
         problems: list[str] = []
-        if not 0 <= self.peer_port <= 65535:
-            problems.append(f"peer_port={self.peer_port}: allowed 1..65535, or 0 (no peering)")
-        elif self.peer_port and self.peer_port in (self.port, self.metrics_port):
-            problems.append(f"peer_port={self.peer_port}: must differ from port and metrics_port")
+        if not 0 <= self.peer_port <= 65534:
+            problems.append(
+                f"peer_port={self.peer_port}: allowed 1..65534 (the port after it answers KV "
+                "snapshots), or 0 (no peering)"
+            )
+        elif self.peer_port and {self.peer_port, snapshot_port(self.peer_port)} & {
+            self.port,
+            self.metrics_port,
+        }:
+            problems.append(
+                f"peer_port={self.peer_port}: it and the port after it must differ from port "
+                "and metrics_port"
+            )
         for endpoint in self.peers:
             problem = peer_endpoint_problem(endpoint)
             if problem:
@@ -388,7 +406,7 @@ class RouterConfig:
             )
         if (self.peers or name is not None) and not self.peer_port:
             problems.append(
-                "peers, peers_from_dns: need peer_port (1..65535), the port peers publish on"
+                "peers, peers_from_dns: need peer_port (1..65534), the port peers publish on"
             )
         if not self.peers_refresh_interval_seconds > 0:
             problems.append(
@@ -406,6 +424,7 @@ _SIZE_FLOORS: dict[str, int] = {
     "max_connections": 1,
     "max_in_flight": 1,
     "max_response_bytes": 1024,
+    "kv_snapshot_max_bytes": 1024,
 }
 """The least each size limit may be: below these an ordinary request could not pass."""
 

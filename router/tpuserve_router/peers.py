@@ -26,7 +26,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 import zmq
 import zmq.asyncio
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 SEND_HWM: Final = 100_000
 RECEIVE_HWM: Final = 100_000
 DRAIN_MAX_MESSAGES: Final = 256
+RESOLVE_TIMEOUT_SECONDS: Final = 5.0  # the start waits for the first resolution (snapshots)
 
 
 def peer_endpoint(host: str, port: int) -> str:
@@ -68,6 +69,21 @@ def bind_endpoint(host: str, port: int) -> str:
     if host in ("", "0.0.0.0", "::", "*"):
         return f"tcp://*:{port}"
     return peer_endpoint(host, port)
+
+
+def bind_or_refuse(
+    socket: zmq.Socket[Any], host: str, port: int, peer_port: int, what: str
+) -> None:
+    """Bind ``socket`` on ``port`` where ``--host`` says; one it cannot bind is closed and
+    an OSError names ``--peer-port`` and what the port is for (the start stops on it)."""
+    if ":" in host:
+        socket.setsockopt(zmq.IPV6, 1)
+    endpoint = bind_endpoint(host, port)
+    try:
+        socket.bind(endpoint)
+    except zmq.ZMQError as err:
+        socket.close(linger=0)
+        raise OSError(f"--peer-port {peer_port}: cannot {what} on {endpoint}: {err}") from None
 
 
 class _Subscription:
@@ -211,14 +227,7 @@ class PeerNetwork:
         pub: zmq.Socket[bytes] = zmq.Socket.shadow(self._pub_socket.underlying)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, SEND_HWM)
-        if ":" in self.host:
-            pub.setsockopt(zmq.IPV6, 1)
-        endpoint = bind_endpoint(self.host, self.port)
-        try:
-            pub.bind(endpoint)
-        except zmq.ZMQError as err:
-            self._pub_socket.close(linger=0)
-            raise OSError(f"--peer-port {self.port}: cannot publish on {endpoint}: {err}") from None
+        bind_or_refuse(self._pub_socket, self.host, self.port, self.port, "publish")
         self._pub = pub
         for endpoint in self.static:
             self._subscribe(endpoint)
@@ -280,8 +289,9 @@ class PeerNetwork:
         if name is None:
             return
         try:
-            addresses = await self.addresses(name, self.port)
-        except OSError as err:
+            async with asyncio.timeout(RESOLVE_TIMEOUT_SECONDS):
+                addresses = await self.addresses(name, self.port)
+        except OSError as err:  # TimeoutError too
             if not self._dns_logged:
                 self._dns_logged = True
                 log.warning("peers: cannot resolve %s (%s); keeping the peers known", name, err)

@@ -26,3 +26,18 @@ def free_ports(count: int) -> list[int]:
 
 def free_port() -> int:
     return free_ports(1)[0]
+
+
+def free_port_pair() -> int:
+    """A port P such that P and P + 1 were both free on 127.0.0.1 (a router's --peer-port:
+    it binds P and P + 1)."""
+    while True:
+        port = free_port()
+        if port >= 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port + 1))
+            except OSError:
+                continue
+        return port

@@ -23,6 +23,11 @@ ROUTER_PEER_PORT = 5570
 """Where each router replica publishes its routing decisions to the other replicas of its
 server (`tpuserve router --peer-port`; the container port and Service port named `peers`)."""
 ROUTER_PEER_PORT_NAME = "peers"
+ROUTER_PEER_SNAPSHOT_PORT = ROUTER_PEER_PORT + 1
+"""Where each router replica answers a starting replica's request for its KV-cache index:
+the router binds the port after ``--peer-port`` (docs/router.md, Several router replicas);
+the container port and Service port named `ROUTER_PEER_SNAPSHOT_PORT_NAME`."""
+ROUTER_PEER_SNAPSHOT_PORT_NAME = "peer-snapshot"
 # Non-root user of the tpuserve images (the chart runs the operator as the same user).
 RUN_AS_USER = 65532
 

@@ -22,9 +22,9 @@ cached prompts. So, for pods of the server's engines:
   common CNIs (GKE Dataplane V2, Calico).
 
 Router pods publish their routing decisions (prompts' block keys, the workers they chose)
-on their peer port, so the router's policy admits that port from the server's own router
-pods alone; its HTTP and metrics ports stay open to anyone, as without a policy (clients,
-load balancers, Prometheus).
+on their peer port, and their KV-cache index on the port after it, so the router's policy
+admits those two ports from the server's own router pods alone; its HTTP and metrics ports
+stay open to anyone, as without a policy (clients, load balancers, Prometheus).
 
 ``--network-policy none`` renders none (a cluster that fences pods its own way).
 """
@@ -38,6 +38,7 @@ from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.render.context import (
     ROUTER_METRICS_PORT,
     ROUTER_PEER_PORT,
+    ROUTER_PEER_SNAPSHOT_PORT,
     ROUTER_PORT,
     Manifest,
     Server,
@@ -120,7 +121,7 @@ def router_network_policy(server: Server) -> list[Manifest]:
                     {"ports": _ports(ROUTER_PORT, ROUTER_METRICS_PORT)},
                     {
                         "from": [{"podSelector": {"matchLabels": routers}}],
-                        "ports": _ports(ROUTER_PEER_PORT),
+                        "ports": _ports(ROUTER_PEER_PORT, ROUTER_PEER_SNAPSHOT_PORT),
                     },
                 ],
             },

@@ -19,9 +19,10 @@ spec's, or an autoscaler's) never changes the pod template: scaling adds or remo
 without rolling the running ones, which keep what they know; one replica alone merely hears
 no peer.
 
-With `router.apiKeys.adminKey`, a replica that starts takes a ready replica's KV-cache index
-through the endpoint Service (`--kv-snapshot-from`; the Service only sends it to ready
-pods, and the first replica, finding none, starts from the engines' replay as before).
+A replica that starts also asks its peers, in turn, for their KV-cache index, on the port
+after the peer port (`ROUTER_PEER_SNAPSHOT_PORT`; no key: the NetworkPolicy admits only the
+server's router pods there), so it routes as well as the others at once; the first replica,
+or one whose peers have none yet, starts from the engines' replay.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from __future__ import annotations
 from typing import Any
 
 from tpuserve_operator import labels, rbac
-from tpuserve_operator.api import ApiKeysSecret
 from tpuserve_operator.render.context import (
     ROUTER_METRICS_PORT,
     ROUTER_PEER_PORT,
     ROUTER_PEER_PORT_NAME,
+    ROUTER_PEER_SNAPSHOT_PORT,
+    ROUTER_PEER_SNAPSHOT_PORT_NAME,
     ROUTER_PORT,
     RUN_AS_USER,
     Manifest,
@@ -103,17 +105,10 @@ def router_args(server: Server) -> list[str]:
 
 
 def peer_args(server: Server) -> list[str]:
-    """Peering with the other replicas, and the snapshot a starting replica takes from a
-    ready one when the server gives the admin key the snapshot route needs."""
+    """Peering with the other replicas (which also gives a starting replica a peer's KV
+    snapshot, on the port after the peer port)."""
     peers = f"{server.router_peers_service_name}.{server.namespace}.svc"
-    args = [f"--peer-port={ROUTER_PEER_PORT}", f"--peers-from-dns={peers}"]
-    api_keys = server.valid.spec.router.api_keys
-    if api_keys is not None and api_keys.admin_key is not None:
-        args += [
-            f"--kv-snapshot-from={server.endpoint}",
-            f"--kv-snapshot-key-file={API_KEYS_DIR}/{api_keys.admin_key}",
-        ]
-    return args
+    return [f"--peer-port={ROUTER_PEER_PORT}", f"--peers-from-dns={peers}"]
 
 
 def _resources(server: Server) -> dict[str, Any]:
@@ -133,6 +128,11 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
             {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
             {"name": ROUTER_PEER_PORT_NAME, "containerPort": ROUTER_PEER_PORT, "protocol": "TCP"},
+            {
+                "name": ROUTER_PEER_SNAPSHOT_PORT_NAME,
+                "containerPort": ROUTER_PEER_SNAPSHOT_PORT,
+                "protocol": "TCP",
+            },
         ],
         "readinessProbe": {
             "httpGet": {"path": READINESS_PATH, "port": PROBE_PORT_NAME},
@@ -183,7 +183,7 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
                 "name": "api-keys",
                 "secret": {
                     "secretName": api_keys.secret_name,
-                    "items": [{"key": k, "path": k} for k in _mounted_keys(api_keys)],
+                    "items": [{"key": api_keys.key, "path": api_keys.key}],
                 },
             }
         )
@@ -206,10 +206,6 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
             },
         },
     }
-
-
-def _mounted_keys(api_keys: ApiKeysSecret) -> list[str]:
-    return [api_keys.key] + ([api_keys.admin_key] if api_keys.admin_key is not None else [])
 
 
 def _spread(server: Server) -> Manifest:

@@ -8,6 +8,8 @@ from tpuserve_operator.render.context import (
     ROUTER_METRICS_PORT,
     ROUTER_PEER_PORT,
     ROUTER_PEER_PORT_NAME,
+    ROUTER_PEER_SNAPSHOT_PORT,
+    ROUTER_PEER_SNAPSHOT_PORT_NAME,
     ROUTER_PORT,
     Manifest,
     Server,
@@ -85,7 +87,13 @@ def router_peers_service(server: Server) -> Manifest:
                     "port": ROUTER_PEER_PORT,
                     "targetPort": ROUTER_PEER_PORT_NAME,
                     "protocol": "TCP",
-                }
+                },
+                {
+                    "name": ROUTER_PEER_SNAPSHOT_PORT_NAME,
+                    "port": ROUTER_PEER_SNAPSHOT_PORT,
+                    "targetPort": ROUTER_PEER_SNAPSHOT_PORT_NAME,
+                    "protocol": "TCP",
+                },
             ],
         },
     }

@@ -29,7 +29,7 @@ from tests.component.router.test_router_replicas import (
 )
 from tests.fakes import FakeWorker
 from tests.waiting import eventually, eventually_async
-from tpuserve.cluster.ports import free_port
+from tpuserve.cluster.ports import free_port, free_port_pair
 from tpuserve_router.metrics import RouterMetrics, create_router_metrics
 from tpuserve_router.peer_view import PeerView
 from tpuserve_router.peers import PeerNetwork
@@ -77,7 +77,7 @@ def peers_connected(router: RouterProcess, least: int) -> bool:
 def peering_routers(engines: list[EngineTwin], count: int, *extra: str) -> list[RouterProcess]:
     """``count`` routers, each publishing on its own port and subscribed to every router's
     port, its own included (it must ignore itself)."""
-    ports = [free_port() for _ in range(count)]
+    ports = [free_port_pair() for _ in range(count)]
     everyone = [arg for port in ports for arg in ("--peer", f"tcp://127.0.0.1:{port}")]
     routers: list[RouterProcess] = []
     try:
@@ -266,11 +266,22 @@ async def test_peers_from_dns_follow_the_names_addresses() -> None:
             await network.stop()
 
 
-def test_a_peer_port_in_use_stops_the_start_with_a_clear_message() -> None:
-    port = free_port()
+@pytest.mark.parametrize(
+    ("offset", "kind", "message"),
+    [
+        (0, zmq.PUB, "--peer-port {port}: cannot publish on tcp://127.0.0.1:{port}"),
+        (1, zmq.ROUTER, "--peer-port {port}: cannot answer KV snapshots on tcp://127.0.0.1:{taken}"),
+    ],
+    ids=["peer port", "snapshot port"],
+)  # fmt: skip
+def test_a_peer_port_in_use_stops_the_start_with_a_clear_message(
+    offset: int, kind: int, message: str
+) -> None:
+    """The peer port, or the one after it where the router answers KV snapshots."""
+    port = free_port_pair()
     context = zmq.Context()
-    taken = context.socket(zmq.PUB)
-    taken.bind(f"tcp://127.0.0.1:{port}")
+    taken = context.socket(kind)
+    taken.bind(f"tcp://127.0.0.1:{port + offset}")
     try:
         done = subprocess.run(
             [sys.executable, "-c", ENTRY, "router", "--port", "0", "--peer-port", str(port)],
@@ -280,5 +291,5 @@ def test_a_peer_port_in_use_stops_the_start_with_a_clear_message() -> None:
         taken.close(linger=0)
         context.term()
     assert done.returncode == 1
-    assert f"--peer-port {port}: cannot publish on tcp://127.0.0.1:{port}" in done.stderr
+    assert message.format(port=port, taken=port + offset) in done.stderr
     assert "Traceback" not in done.stderr

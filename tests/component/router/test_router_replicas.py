@@ -22,6 +22,7 @@ from tests.component.router.router_fleet import (
     start_engines,
 )
 from tests.waiting import eventually, eventually_async
+from tpuserve.cluster.ports import free_port_pair
 
 pytestmark = pytest.mark.component
 
@@ -124,6 +125,14 @@ async def fill_caches(router: RouterProcess) -> int:
     return held
 
 
+async def holds_what_the_other_holds(late: RouterProcess, early: RouterProcess) -> None:
+    await eventually_async(
+        lambda: confirmed_blocks(late) == confirmed_blocks(early),
+        what="the late router's index holding what the early one holds",
+        context=late.log,
+    )
+
+
 async def test_a_late_replica_learns_the_engines_blocks_from_their_replay(
     engines: list[EngineTwin],
 ) -> None:
@@ -132,11 +141,7 @@ async def test_a_late_replica_learns_the_engines_blocks_from_their_replay(
         held = await fill_caches(early)
         (late,) = start_routers(engines, 1)
         try:
-            await eventually_async(
-                lambda: confirmed_blocks(late) == confirmed_blocks(early),
-                what="the late router's index holding what the early one holds",
-                context=late.log,
-            )
+            await holds_what_the_other_holds(late, early)
             assert confirmed_blocks(late) >= held
         finally:
             late.stop()
@@ -163,11 +168,7 @@ async def test_a_late_replica_starts_from_a_peers_snapshot_when_replay_is_not_en
             blind.stop()
         (late,) = start_routers(engines, 1, "--kv-snapshot-from", early.url)
         try:
-            await eventually_async(
-                lambda: confirmed_blocks(late) == confirmed_blocks(early),
-                what="the late router's index holding what the early one holds",
-                context=late.log,
-            )
+            await holds_what_the_other_holds(late, early)
             assert "blocks from a peer router's snapshot" in late.log()
         finally:
             late.stop()
@@ -178,8 +179,8 @@ async def test_a_late_replica_starts_from_a_peers_snapshot_when_replay_is_not_en
 def test_the_first_replica_starts_with_no_peer_to_take_a_snapshot_from(
     engines: list[EngineTwin],
 ) -> None:
-    """The operator gives every replica --kv-snapshot-from the router Service, which has no
-    ready pod when the first one starts: the fetch fails and the router starts as usual."""
+    """--kv-snapshot-from a router Service with no ready pod yet (the first replica): the
+    fetch fails and the router starts as usual."""
     with socket.socket() as probe:  # a loopback port nobody listens on once closed
         probe.bind(("127.0.0.1", 0))
         nobody = f"http://127.0.0.1:{probe.getsockname()[1]}"
@@ -189,6 +190,58 @@ def test_the_first_replica_starts_with_no_peer_to_take_a_snapshot_from(
         assert get_json(first.url + "/readiness")
     finally:
         first.stop()
+
+
+async def test_a_late_replica_takes_a_peers_snapshot_over_peering_with_no_key(
+    forgetful_engines: list[EngineTwin],
+) -> None:
+    """Engines whose replay wraps at once: only the early replica's snapshot, asked on its
+    peer port + 1, gives the late one what the engines hold."""
+    engines = forgetful_engines
+    early_port, late_port = free_port_pair(), free_port_pair()
+    (early,) = start_routers(engines, 1, "--peer-port", str(early_port))
+    try:
+        held = await fill_caches(early)
+        (late,) = start_routers(engines, 1, "--peer-port", str(late_port),
+                                "--peer", f"tcp://127.0.0.1:{early_port}")  # fmt: skip
+        try:
+            await holds_what_the_other_holds(late, early)
+            assert confirmed_blocks(late) >= held
+            assert f"KV snapshot from tcp://127.0.0.1:{early_port + 1}: 2 event streams" in (
+                late.log()
+            )
+            assert "blocks from a peer router's snapshot" in late.log()
+        finally:
+            late.stop()
+    finally:
+        early.stop()
+
+
+def test_a_replica_whose_peers_give_no_snapshot_starts_as_usual(
+    engines: list[EngineTwin],
+) -> None:
+    """One peer has none yet (it has heard no KV events), one never answers (nothing listens
+    on its port): each is asked in turn, within --kv-snapshot-timeout, then the router starts."""
+    empty_port, silent_port, own_port = free_port_pair(), free_port_pair(), free_port_pair()
+    empty = RouterProcess(["--policy", "precise", "--peer-port", str(empty_port)]).start()
+    try:
+        (late,) = start_routers(
+            engines, 1, "--peer-port", str(own_port), "--kv-snapshot-timeout", "1",
+            "--peer", f"tcp://127.0.0.1:{empty_port}", "--peer", f"tcp://127.0.0.1:{silent_port}",
+        )  # fmt: skip
+        try:
+            log = late.log()
+            assert f"no KV snapshot from tcp://127.0.0.1:{empty_port + 1}: it has none yet" in log
+            assert (
+                f"no KV snapshot from tcp://127.0.0.1:{silent_port + 1}: no answer within 1s"
+                in (log)
+            )
+            assert "no KV snapshot from any peer" in log
+            assert get_json(late.url + "/readiness")
+        finally:
+            late.stop()
+    finally:
+        empty.stop()
 
 
 async def test_each_replica_sees_the_requests_the_other_sent(engines: list[EngineTwin]) -> None:

@@ -160,7 +160,7 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
     assert container["resources"] == DEFAULT_ROUTER_RESOURCES  # with no operator setting
     config = one(rendered(spec).children, "ConfigMap", "qwen-router")
     assert config["data"]["TPUSERVE_ROUTER_POLICY"] == "least_load"
-    assert {p["name"] for p in container["ports"]} == {"http", "metrics", "peers"}
+    assert {p["name"] for p in container["ports"]} == {"http", "metrics", "peers", "peer-snapshot"}
 
 
 def test_router_defaults_come_from_the_operator(rendered: RenderFn) -> None:
@@ -713,6 +713,7 @@ def test_router_replicas_find_and_hear_each_other_on_the_peer_port(rendered: Ren
     container = router_container(children)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert flag_values(container, "--peer-port") == [str(ports["peers"])]
+    assert ports["peer-snapshot"] == ports["peers"] + 1  # where the router answers snapshots
     peers = one(children, "Service", "qwen-router-peers")
     assert flag_values(container, "--peers-from-dns") == ["qwen-router-peers.ml.svc"]
     spec = peers["spec"]
@@ -722,8 +723,10 @@ def test_router_replicas_find_and_hear_each_other_on_the_peer_port(rendered: Ren
     assert spec["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert deployment["spec"]["template"]["metadata"]["labels"].items() >= spec["selector"].items()
     assert spec["ports"] == [
-        {"name": "peers", "port": ports["peers"], "targetPort": "peers", "protocol": "TCP"}
-    ]
+        {"name": "peers", "port": ports["peers"], "targetPort": "peers", "protocol": "TCP"},
+        {"name": "peer-snapshot", "port": ports["peer-snapshot"], "targetPort": "peer-snapshot",
+         "protocol": "TCP"},
+    ]  # fmt: skip
 
 
 def test_router_replica_count_leaves_the_pod_template_alone(
@@ -738,7 +741,7 @@ def test_router_replica_count_leaves_the_pod_template_alone(
     assert template(1) == template(4)
 
 
-def test_only_the_servers_own_routers_reach_the_peer_port(rendered: RenderFn) -> None:
+def test_only_the_servers_own_routers_reach_the_peer_and_snapshot_ports(rendered: RenderFn) -> None:
     policy = one(rendered().children, "NetworkPolicy", "qwen-router")
     routers = labels.router_selector("qwen")
     spec = policy["spec"]
@@ -748,7 +751,7 @@ def test_only_the_servers_own_routers_reach_the_peer_port(rendered: RenderFn) ->
     assert "from" not in open_ports  # clients, load balancers and Prometheus, as before
     assert [p["port"] for p in open_ports["ports"]] == [8000, 9000]
     assert peers["from"] == [{"podSelector": {"matchLabels": routers}}]
-    assert [p["port"] for p in peers["ports"]] == [5570]
+    assert [p["port"] for p in peers["ports"]] == [5570, 5571]
     assert routers != labels.shared_router_selector()
     assert not by_kind(rendered(network_policy="none").children, "NetworkPolicy")
 
@@ -758,44 +761,21 @@ def test_no_router_no_peering(rendered: RenderFn, spec_with: SpecWith) -> None:
     assert not [c for c in children if c["metadata"]["name"].startswith("qwen-router")]
 
 
-def test_without_an_admin_key_a_starting_router_takes_no_snapshot(
+def test_a_starting_router_takes_its_snapshot_over_peering_with_no_key(
     rendered: RenderFn, spec_with: SpecWith
 ) -> None:
-    """The snapshot is an admin route: with no key a peer would answer 403."""
+    """Over peering (the port after the peer port, fenced to the server's routers), not the
+    admin route: no key is rendered or mounted for it, with or without API keys."""
     for spec in (spec_with(), spec_with(router={"apiKeys": {"secretName": "qwen-keys"}})):
-        args = " ".join(router_container(rendered(spec).children)["args"])
-        assert "--kv-snapshot" not in args
+        children = rendered(spec).children
+        assert "--kv-snapshot" not in " ".join(router_container(children)["args"])
+        pod = one(children, "Deployment", "qwen-router")["spec"]["template"]["spec"]
+        for volume in pod["volumes"]:
+            if volume["name"] == "api-keys":
+                assert volume["secret"]["items"] == [{"key": "keys.json", "path": "keys.json"}]
 
 
-def test_a_starting_router_takes_a_ready_peers_snapshot_with_the_admin_key(
-    rendered: RenderFn, spec_with: SpecWith
-) -> None:
-    keys = {"secretName": "qwen-keys", "adminKey": "peer-key"}
-    children = rendered(spec_with(router={"apiKeys": keys})).children
-    container = router_container(children)
-    (url,) = flag_values(container, "--kv-snapshot-from")
-    endpoint = one(children, "Service", "qwen")  # ready router pods only
-    assert url == "http://qwen.ml.svc:8000"
-    assert endpoint["spec"]["selector"] == labels.router_selector("qwen")
-    assert [p["port"] for p in endpoint["spec"]["ports"] if p["name"] == "http"] == [8000]
-    assert flag_values(container, "--kv-snapshot-key-file") == ["/etc/tpuserve/api-keys/peer-key"]
-    pod = one(children, "Deployment", "qwen-router")["spec"]["template"]["spec"]
-    (volume,) = [v for v in pod["volumes"] if v["name"] == "api-keys"]
-    assert volume["secret"]["items"] == [
-        {"key": "keys.json", "path": "keys.json"},
-        {"key": "peer-key", "path": "peer-key"},
-    ]
-    mounted_by = [
-        c["metadata"]["name"]
-        for c in children
-        if "api-keys" in str(c.get("spec", {}).get("template", {}).get("spec", {}).get("volumes"))
-    ]
-    assert mounted_by == ["qwen-router"]  # engines never see it
-
-
-def test_the_admin_key_is_another_key_of_the_secret(
-    rendered: RenderFn, spec_with: SpecWith
-) -> None:
-    spec = spec_with(router={"apiKeys": {"secretName": "qwen-keys", "adminKey": "keys.json"}})
-    with pytest.raises(InvalidSpec, match=r"router.apiKeys.adminKey must name another key"):
+def test_the_admin_key_field_is_gone(rendered: RenderFn, spec_with: SpecWith) -> None:
+    spec = spec_with(router={"apiKeys": {"secretName": "qwen-keys", "adminKey": "peer-key"}})
+    with pytest.raises(InvalidSpec, match="adminKey"):
         rendered(spec)

@@ -246,14 +246,18 @@ def test_peering_flags_and_variables() -> None:
 @pytest.mark.parametrize(
     ("settings", "problem"),
     [
-        ({"peer_port": 70000}, "peer_port=70000: allowed 1..65535, or 0 (no peering)"),
-        ({"peer_port": 8000}, "peer_port=8000: must differ from port and metrics_port"),
+        ({"peer_port": 65535}, "peer_port=65535: allowed 1..65534 (the port after it"),
+        ({"peer_port": 8000}, "peer_port=8000: it and the port after it must differ from port"),
+        ({"peer_port": 7999}, "peer_port=7999: it and the port after it must differ from port"),
+        ({"peer_port": 9000, "metrics_port": 9001}, "peer_port=9000: it and the port after"),
         ({"peer_port": 1, "peers": ("http://a:1",)}, "peer 'http://a:1': expected tcp://HOST:PORT"),
         ({"peer_port": 1, "peers": ("tcp://a:0",)}, "port 1..65535"),
         ({"peer_port": 1, "peers": ("tcp://*:5",)}, "'*' is not a host"),
         ({"peer_port": 1, "peers_from_dns": "Not A Name"}, "peers_from_dns='Not A Name': not a"),
         ({"peers": ("tcp://a:1",)}, "peers, peers_from_dns: need peer_port"),
         ({"peers_refresh_interval_seconds": 0.0}, "peers_refresh_interval_seconds=0.0: must be"),
+        ({"kv_snapshot_timeout_seconds": 0.0}, "kv_snapshot_timeout_seconds=0.0: must be > 0"),
+        ({"kv_snapshot_max_bytes": 10}, "kv_snapshot_max_bytes=10: must be >= 1024"),
     ],
 )  # fmt: skip
 def test_peering_settings_are_checked(settings: dict[str, object], problem: str) -> None:
