@@ -73,7 +73,12 @@ from tpuserve_router.metrics import (
     touch_known_series,
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
-from tpuserve_router.peer_snapshot import SnapshotService, snapshot_endpoint, snapshot_port
+from tpuserve_router.peer_snapshot import (
+    SnapshotService,
+    snapshot_endpoint,
+    snapshot_port,
+    unpack_snapshot,
+)
 from tpuserve_router.peer_view import PeerView, new_router_id
 from tpuserve_router.peers import PeerNetwork
 from tpuserve_router.policies.base import Policy, make_policy
@@ -580,7 +585,7 @@ class RouterApp:
 
     async def _seed_from_peer(self) -> None:
         """Take a peer router's snapshot before any worker is subscribed: from
-        ``--kv-snapshot-from`` when given, else from the peers over peering, each in turn.
+        ``--kv-snapshot-from`` when given, else from the peers over peering, all at once.
         On failure the engines' replay buffers are all the catch-up there is."""
         config = self.config
         if config.kv_snapshot_from is not None:
@@ -593,10 +598,7 @@ class RouterApp:
     async def _seed(self, body: bytes, source: str) -> None:
         """Seed the block index from a packed snapshot (ValueError when it cannot be read)."""
         assert self.kv is not None
-        try:
-            snapshot = await asyncio.to_thread(msgpack.unpackb, body, strict_map_key=False)
-        except msgpack.UnpackException as err:
-            raise ValueError(f"not a msgpack snapshot: {err!r}") from None
+        snapshot = await asyncio.to_thread(unpack_snapshot, body)
         taken = self.kv.seed(snapshot)
         log.info("KV snapshot from %s: %d event streams", source, taken)
 

@@ -183,15 +183,15 @@ OPTIONS: tuple[Option, ...] = (
         "--kv-snapshot-timeout",
         "kv_snapshot_timeout_seconds",
         cli_types.duration_seconds,
-        "Seconds a peer may take to send its KV snapshot (--kv-snapshot-from, or each peer "
-        "in turn over peering) before the router goes on without it "
+        "Seconds a start waits for a KV snapshot (from --kv-snapshot-from, or from all peers "
+        "at once over peering, the first readable one taken) before going on without it "
         f"(default {DEFAULTS.kv_snapshot_timeout_seconds:g}).",
     ),
     Option(
         "--kv-snapshot-max-bytes",
         "kv_snapshot_max_bytes",
         cli_types.positive_int,
-        "The largest KV snapshot taken from a peer; a larger one is refused "
+        "The largest KV snapshot taken from a peer (1024 to 4 GiB); a larger one is refused "
         f"(default {DEFAULTS.kv_snapshot_max_bytes}).",
     ),
     Option(
@@ -555,7 +555,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         dest="peers",
         action="append",
         metavar="tcp://HOST:PORT",
-        help="A peer router replica's --peer-port endpoint; repeat for more "
+        help="A peer router replica's --peer-port endpoint (HOST: an IPv4 address, a DNS "
+        "name or [IPv6 address]); repeat for more "
         "(env TPUSERVE_ROUTER_PEERS: comma-separated); needs --peer-port.",
     )
     parser.add_argument(

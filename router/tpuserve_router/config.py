@@ -7,10 +7,12 @@ reports every problem at once, each naming the setting, its value and what is al
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from tpuserve_router.auth import KeysFileError, KeyStore
 from tpuserve_router.deadlines import FirstByteBudget
@@ -50,6 +52,8 @@ _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_DNS_NAME = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))*$")
+"""A DNS name: dot-separated labels of letters, digits and '-' (not first nor last)."""
 MAX_HELD_PER_MODEL = 100_000
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
@@ -80,8 +84,8 @@ class RouterConfig:
     kv_events: bool | None = None  # None (auto): subscribe when the policy uses KV events
     kv_snapshot_from: str | None = None  # a peer router's URL (kv_events.py: snapshots)
     kv_snapshot_key_file: str | None = None  # holds an admin key the peer accepts
-    # A snapshot from a peer (over HTTP, or over peering: peer_snapshot.py): how long each
-    # peer may take to answer, and the most bytes taken.
+    # A snapshot from a peer (over HTTP, or over peering: peer_snapshot.py): how long a start
+    # waits for one in all, and the most bytes taken.
     kv_snapshot_timeout_seconds: float = 10.0
     kv_snapshot_max_bytes: int = 256 * 1024 * 1024
     tokenizer: str | None = None
@@ -304,6 +308,11 @@ class RouterConfig:
             "(the peer the key is sent to)",
         )
         need(
+            self.kv_snapshot_max_bytes <= KV_SNAPSHOT_MAX_BYTES_CAP,
+            f"kv_snapshot_max_bytes={self.kv_snapshot_max_bytes}: must be <= "
+            f"{KV_SNAPSHOT_MAX_BYTES_CAP} (4 GiB)",
+        )
+        need(
             self.kv_snapshot_timeout_seconds > 0,
             f"kv_snapshot_timeout_seconds={self.kv_snapshot_timeout_seconds}: must be > 0",
         )
@@ -428,6 +437,9 @@ _SIZE_FLOORS: dict[str, int] = {
 }
 """The least each size limit may be: below these an ordinary request could not pass."""
 
+KV_SNAPSHOT_MAX_BYTES_CAP: Final = 4 << 30
+"""The most ``--kv-snapshot-max-bytes`` may be (ZMQ's MAXMSGSIZE takes a signed 64-bit size)."""
+
 
 def peer_endpoint_problem(endpoint: str) -> str | None:
     """What is wrong with a ``--peer`` value, or None; it must be ``tcp://HOST:PORT``."""
@@ -435,12 +447,26 @@ def peer_endpoint_problem(endpoint: str) -> str | None:
     if not endpoint.startswith("tcp://"):
         return f"peer {endpoint!r}: {expected}"
     host, sep, port = endpoint.removeprefix("tcp://").rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         return f"peer {endpoint!r}: {expected} (port 1..65535)"
-    if any(c in host for c in "/?#@ ") or host == "*":
-        return f"peer {endpoint!r}: {host!r} is not a host; {expected}"
+    if not _is_peer_host(host):
+        return (
+            f"peer {endpoint!r}: {host!r} is not a host (an IPv4 address, a DNS name, or an "
+            f"IPv6 address in brackets); {expected}"
+        )
     return None
+
+
+def _is_peer_host(host: str) -> bool:
+    """``host`` is an IPv4 address, a DNS name, or ``[IPv6 address]``."""
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            return isinstance(ipaddress.ip_address(host[1:-1]), ipaddress.IPv6Address)
+        except ValueError:
+            return False
+    with contextlib.suppress(ValueError):
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address)
+    return bool(_DNS_NAME.match(host.lower().rstrip("."))) and len(host) <= 253
 
 
 def kv_events_enabled(setting: bool | None, policy: Policy) -> bool:

@@ -2,18 +2,22 @@
 
 With ``--peer-port P`` the router also binds a ZMQ ROUTER socket on port ``P + 1``
 (`snapshot_port`) and answers there with its block index (`kv_events.KvEventHub.snapshot`,
-packed with msgpack off the event loop). A starting router with peers asks them in turn,
-before it subscribes to any engine, and seeds its index from the first snapshot it can read
-(`SnapshotService.take_from`); each peer gets ``--kv-snapshot-timeout`` seconds to answer.
-No key is asked for: the port is fenced to the server's own routers (the operator's
-NetworkPolicy) and a snapshot holds block hashes, no prompt text.
+built on the event loop, linear in the index's size, then packed with msgpack off it). The
+packed snapshot is kept for `CACHE_SECONDS` and given to every asker meanwhile, so however
+many ask, the index is built and packed at most once per `CACHE_SECONDS`. A starting router
+with peers asks them all at once, before it subscribes to any engine, and seeds its index from
+the first snapshot it can read (`SnapshotService.take_from`), waiting at most
+``--kv-snapshot-timeout`` seconds in all. No key is asked for: the port is fenced to the
+server's own routers (the operator's NetworkPolicy; with ``--network-policy none`` it is open
+to whatever reaches the pod) and a snapshot holds block hashes, no prompt text.
 
 Wire (a REQ socket asks, the ROUTER answers): the request is `REQUEST` and the most bytes
 the asker takes (decimal ASCII); the answer is `SNAPSHOT` and the msgpack snapshot (opaque
-here: `KvEventHub.seed` reads it), `NONE` when this router has nothing to give (it follows
-no KV events, or has not heard any batch yet: a replica just started), `TOO_LARGE` and the
-snapshot's size in bytes, or `UNKNOWN` for a request it cannot read. The asker also sets
-``MAXMSGSIZE``, so a peer ignoring the bound is cut off rather than read.
+here: `KvEventHub.seed` reads it, after `unpack_snapshot`), `NONE` when this router has
+nothing to give (it follows no KV events, or has not heard any batch yet: a replica just
+started), `TOO_LARGE` and the snapshot's size in bytes, or `UNKNOWN` for a request it cannot
+read. The asker also sets ``MAXMSGSIZE``, so a peer ignoring the bound is cut off rather
+than read.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
@@ -38,6 +43,8 @@ NONE: Final = b"none"
 TOO_LARGE: Final = b"too-large"
 UNKNOWN: Final = b"unknown"
 MAX_REQUEST_BYTES: Final = 256
+CACHE_SECONDS: Final = 5.0
+"""How long a packed snapshot is given to askers before the index is built and packed anew."""
 
 
 class SnapshotError(Exception):
@@ -80,6 +87,15 @@ def answer_body(frames: Sequence[bytes]) -> bytes | None:
     raise SnapshotError(f"an answer this router cannot read ({len(frames)} frames: {shown})")
 
 
+def unpack_snapshot(body: bytes) -> Any:
+    """A packed snapshot read back; ValueError for bytes that are not one (msgpack raises
+    TypeError, not an UnpackException, for a map keyed by an array or a map)."""
+    try:
+        return msgpack.unpackb(body, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as err:
+        raise ValueError(f"not a msgpack snapshot: {err!r}") from None
+
+
 class SnapshotService:
     """Owns the ROUTER socket answering peers and its task; asks peers in `take_from`."""
 
@@ -91,6 +107,7 @@ class SnapshotService:
         port: int,
         timeout_seconds: float,
         max_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.give = give
         self.host = host
@@ -100,6 +117,8 @@ class SnapshotService:
         self.context = zmq.asyncio.Context()
         self._socket: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
+        self._clock = clock
+        self._packed: tuple[float, bytes | None] | None = None  # (packed at, the body)
 
     async def start(self) -> None:
         server = self.context.socket(zmq.ROUTER)
@@ -137,13 +156,23 @@ class SnapshotService:
         bound = asked_bound(request)
         if bound is None:
             return [*envelope, UNKNOWN]
-        snapshot = self.give()  # on the loop: the index does not change meanwhile
-        if snapshot is None:
+        body = await self.packed()
+        if body is None:
             return [*envelope, NONE]
-        body: bytes = await asyncio.to_thread(msgpack.packb, snapshot)  # the big part, off it
         if len(body) > bound:
             return [*envelope, TOO_LARGE, str(len(body)).encode()]
         return [*envelope, SNAPSHOT, body]
+
+    async def packed(self) -> bytes | None:
+        """This router's packed snapshot (None: none to give), built and packed at most once
+        per `CACHE_SECONDS`: requests are answered one at a time, so askers queued behind
+        a build take its body."""
+        if self._packed is not None and self._clock() - self._packed[0] < CACHE_SECONDS:
+            return self._packed[1]
+        snapshot = self.give()  # on the loop: the index does not change meanwhile
+        body = None if snapshot is None else await asyncio.to_thread(msgpack.packb, snapshot)
+        self._packed = (self._clock(), body)
+        return body
 
     async def ask(self, endpoint: str) -> bytes | None:
         """One peer's packed snapshot, None when it has none; SnapshotError, TimeoutError."""
@@ -163,25 +192,57 @@ class SnapshotService:
     async def take_from(
         self, endpoints: Sequence[str], take: Callable[[bytes, str], Awaitable[None]]
     ) -> str | None:
-        """Ask ``endpoints`` in turn until ``take(body, endpoint)`` accepts one's snapshot
-        (it raises ValueError for one it cannot read); the endpoint it came from, or None."""
-        for endpoint in endpoints:
-            try:
-                body = await self.ask(endpoint)
-            except TimeoutError:
+        """Ask all ``endpoints`` at once and give their snapshots, as they come, to
+        ``take(body, endpoint)`` (it raises ValueError for one it cannot read) until it accepts
+        one; within ``timeout_seconds`` in all. The endpoint taken from, or None."""
+        asks = {asyncio.ensure_future(self.ask(endpoint)): endpoint for endpoint in endpoints}
+        pending = set(asks)
+        try:
+            async with asyncio.timeout(self.timeout_seconds):
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for answered in done:
+                        if await self._took(answered, asks[answered], take):
+                            return asks[answered]
+        except TimeoutError:
+            for endpoint in sorted(asks[asking] for asking in pending):
                 log.warning("no KV snapshot from %s: no answer within %gs", endpoint,
                             self.timeout_seconds)  # fmt: skip
-                continue
-            except (SnapshotError, zmq.ZMQError) as err:
-                log.warning("no KV snapshot from %s: %s", endpoint, err)
-                continue
-            if body is None:
-                log.info("no KV snapshot from %s: it has none yet", endpoint)
-                continue
-            try:
-                await take(body, endpoint)
-            except ValueError as err:
-                log.warning("no KV snapshot from %s: %s", endpoint, err)
-                continue
-            return endpoint
+        finally:
+            for asking in pending:
+                asking.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         return None
+
+    async def _took(
+        self,
+        answered: asyncio.Future[bytes | None],
+        endpoint: str,
+        take: Callable[[bytes, str], Awaitable[None]],
+    ) -> bool:
+        """Whether one peer's answer gave a snapshot ``take`` accepted (else logged why not:
+        nothing a peer sends stops the start)."""
+        try:
+            body = answered.result()
+        except TimeoutError:
+            log.warning("no KV snapshot from %s: no answer within %gs", endpoint,
+                        self.timeout_seconds)  # fmt: skip
+            return False
+        except (SnapshotError, zmq.ZMQError) as err:
+            log.warning("no KV snapshot from %s: %s", endpoint, err)
+            return False
+        except Exception:
+            log.exception("no KV snapshot from %s: asking it failed", endpoint)
+            return False
+        if body is None:
+            log.info("no KV snapshot from %s: it has none yet", endpoint)
+            return False
+        try:
+            await take(body, endpoint)
+        except ValueError as err:
+            log.warning("no KV snapshot from %s: %s", endpoint, err)
+            return False
+        except Exception:
+            log.exception("no KV snapshot from %s: taking it failed", endpoint)
+            return False
+        return True

@@ -1,12 +1,14 @@
 """KV snapshots between router replicas over real ZMQ on loopback (`peer_snapshot`): a peer's
 answer within the asker's size bound, one too large refused by the peer or cut off by the
-asker, an answer no router could have sent, peers asked in turn until one snapshot can be
-taken; and the HTTP snapshot's size bound (`app.read_bounded`)."""
+asker, an answer no router could have sent, peers asked all at once and the first snapshot
+that can be read taken (a silent peer does not hold the start, a snapshot msgpack cannot read
+is skipped); and the HTTP snapshot's size bound (`app.read_bounded`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import msgpack
@@ -18,7 +20,7 @@ from aiohttp.test_utils import TestServer
 
 from tpuserve.cluster.ports import free_port_pair
 from tpuserve_router.app import read_bounded
-from tpuserve_router.peer_snapshot import SnapshotError, SnapshotService
+from tpuserve_router.peer_snapshot import SnapshotError, SnapshotService, unpack_snapshot
 from tpuserve_router.peers import peer_endpoint
 
 pytestmark = pytest.mark.component
@@ -78,17 +80,25 @@ async def test_a_peer_with_nothing_to_give_answers_none(asker: SnapshotService) 
         await empty.stop()
 
 
-@pytest.fixture
-async def rogue() -> AsyncIterator[tuple[zmq.asyncio.Socket, str]]:
-    """A ROUTER socket answering however a test makes it."""
+@contextlib.contextmanager
+def rogue_peer() -> Iterator[tuple[zmq.asyncio.Socket, str]]:
+    """A ROUTER socket answering however a test makes it, and its endpoint."""
     context = zmq.asyncio.Context()
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 0)
     port = free_port_pair()
     socket.bind(f"tcp://127.0.0.1:{port}")
-    yield socket, f"tcp://127.0.0.1:{port}"
-    socket.close(linger=0)
-    context.term()
+    try:
+        yield socket, f"tcp://127.0.0.1:{port}"
+    finally:
+        socket.close(linger=0)
+        context.term()
+
+
+@pytest.fixture
+def rogue() -> Iterator[tuple[zmq.asyncio.Socket, str]]:
+    with rogue_peer() as peer:
+        yield peer
 
 
 async def answer_once(socket: zmq.asyncio.Socket, *frames: bytes) -> list[bytes]:
@@ -136,26 +146,62 @@ async def test_a_request_the_peer_cannot_read_is_answered_unknown(giver: Snapsho
         context.term()
 
 
-async def test_peers_are_asked_in_turn_until_a_snapshot_can_be_taken(
-    giver: SnapshotService, rogue: tuple[zmq.asyncio.Socket, str]
+@pytest.mark.parametrize(
+    "garbage",
+    [msgpack.packb([1, 2]), b"\x81\x91\x01\x01"],  # not a map; a map msgpack cannot key
+)
+async def test_a_snapshot_that_cannot_be_read_is_skipped_for_the_next(
+    rogue: tuple[zmq.asyncio.Socket, str], garbage: bytes
 ) -> None:
-    socket, garbage = rogue
+    garbage_socket, garbled = rogue
+    refused = asyncio.Event()
     taken: list[tuple[Any, str]] = []
 
     async def take(body: bytes, endpoint: str) -> None:
-        snapshot = msgpack.unpackb(body)
-        if not isinstance(snapshot, dict):
-            raise ValueError("not a snapshot")
+        try:
+            snapshot = unpack_snapshot(body)  # as the app's seeding reads it
+            if not isinstance(snapshot, dict):
+                raise ValueError("not a snapshot")
+        except ValueError:
+            refused.set()
+            raise
         taken.append((snapshot, endpoint))
 
     asker = service(None)
     try:
-        asking = asyncio.ensure_future(asker.take_from([garbage, endpoint_of(giver)], take))
-        await answer_once(socket, b"snapshot", msgpack.packb([1, 2]))
-        assert await asking == endpoint_of(giver)
+        with rogue_peer() as (socket, good):
+            asking = asyncio.ensure_future(asker.take_from([garbled, good], take))
+            await answer_once(garbage_socket, b"snapshot", garbage)
+            await refused.wait()
+            await answer_once(socket, b"snapshot", msgpack.packb(SNAPSHOT))
+            assert await asking == good
     finally:
         asker.context.term()
-    assert taken == [(SNAPSHOT, endpoint_of(giver))]
+    assert taken == [(SNAPSHOT, good)]
+
+
+async def test_a_silent_peer_does_not_hold_the_start(
+    rogue: tuple[zmq.asyncio.Socket, str],
+) -> None:
+    """Peers are asked at once: the second answers while the first stays silent."""
+    silent_socket, silent = rogue
+    taken: list[str] = []
+
+    async def take(body: bytes, endpoint: str) -> None:
+        taken.append(endpoint)
+
+    asker = service(None)
+    asker.timeout_seconds = 60.0
+    try:
+        with rogue_peer() as (socket, answering):
+            asking = asyncio.ensure_future(asker.take_from([silent, answering], take))
+            async with asyncio.timeout(10):  # a hang guard: asked in turn, the silent one holds
+                assert await silent_socket.recv_multipart()  # asked, and never answers
+                await answer_once(socket, b"snapshot", msgpack.packb(SNAPSHOT))
+                assert await asking == answering
+    finally:
+        asker.context.term()
+    assert taken == [answering]
 
 
 async def body_of(route: web.StreamResponse, max_bytes: int) -> bytes:

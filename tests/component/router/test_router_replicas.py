@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import aiohttp
@@ -192,6 +194,40 @@ def test_the_first_replica_starts_with_no_peer_to_take_a_snapshot_from(
         first.stop()
 
 
+class UnreadableSnapshot(BaseHTTPRequestHandler):
+    """A peer whose ``GET /kv_snapshot`` is msgpack no snapshot can be read from: a map keyed
+    by an array (msgpack raises TypeError for it, not an unpack error)."""
+
+    def do_GET(self) -> None:
+        body = b"\x81\x91\x01\x01"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_snapshot_that_cannot_be_read_does_not_stop_the_start(
+    engines: list[EngineTwin],
+) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), UnreadableSnapshot)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    peer = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        (router,) = start_routers(engines, 1, "--kv-snapshot-from", peer)
+        try:
+            assert f"no KV snapshot from {peer}: not a msgpack snapshot" in router.log()
+            assert get_json(router.url + "/readiness")
+        finally:
+            router.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 async def test_a_late_replica_takes_a_peers_snapshot_over_peering_with_no_key(
     forgetful_engines: list[EngineTwin],
 ) -> None:
@@ -221,7 +257,7 @@ def test_a_replica_whose_peers_give_no_snapshot_starts_as_usual(
     engines: list[EngineTwin],
 ) -> None:
     """One peer has none yet (it has heard no KV events), one never answers (nothing listens
-    on its port): each is asked in turn, within --kv-snapshot-timeout, then the router starts."""
+    on its port): both are asked at once, within --kv-snapshot-timeout, then the router starts."""
     empty_port, silent_port, own_port = free_port_pair(), free_port_pair(), free_port_pair()
     empty = RouterProcess(["--policy", "precise", "--peer-port", str(empty_port)]).start()
     try:

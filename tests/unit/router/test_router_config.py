@@ -244,6 +244,19 @@ def test_peering_flags_and_variables() -> None:
 
 
 @pytest.mark.parametrize(
+    "peer",
+    ["tcp://10.0.0.7:8100", "tcp://[::1]:8100", "tcp://[fd00::7]:1", "tcp://localhost:5570",
+     "tcp://m-router-peers.serving.svc.cluster.local.:5570", "tcp://Router-0.Peers:5570"],
+)  # fmt: skip
+def test_a_peer_is_an_ipv4_address_a_dns_name_or_a_bracketed_ipv6_address(peer: str) -> None:
+    assert RouterConfig(peer_port=1, peers=(peer,)).validate().peers == (peer,)
+
+
+def test_the_kv_snapshot_bound_may_be_4_gib() -> None:
+    assert RouterConfig(kv_snapshot_max_bytes=4 << 30).validate().kv_snapshot_max_bytes == 4 << 30
+
+
+@pytest.mark.parametrize(
     ("settings", "problem"),
     [
         ({"peer_port": 65535}, "peer_port=65535: allowed 1..65534 (the port after it"),
@@ -258,6 +271,14 @@ def test_peering_flags_and_variables() -> None:
         ({"peers_refresh_interval_seconds": 0.0}, "peers_refresh_interval_seconds=0.0: must be"),
         ({"kv_snapshot_timeout_seconds": 0.0}, "kv_snapshot_timeout_seconds=0.0: must be > 0"),
         ({"kv_snapshot_max_bytes": 10}, "kv_snapshot_max_bytes=10: must be >= 1024"),
+        ({"kv_snapshot_max_bytes": 1 << 63}, "must be <= 4294967296 (4 GiB)"),
+        ({"peer_port": 1, "peers": ("tcp://-:5570",)}, "peer 'tcp://-:5570': '-' is not a host"),
+        ({"peer_port": 1, "peers": ("tcp://[::1:5570",)}, "'[::1' is not a host"),
+        ({"peer_port": 1, "peers": ("tcp://a:b:5570",)}, "'a:b' is not a host"),
+        ({"peer_port": 1, "peers": ("tcp://::1:5570",)}, "'::1' is not a host (an IPv4"),
+        ({"peer_port": 1, "peers": ("tcp://[10.0.0.7]:1",)}, "'[10.0.0.7]' is not a host"),
+        ({"peer_port": 1, "peers": ("tcp://a..b:1",)}, "'a..b' is not a host"),
+        ({"peer_port": 1, "peers": ("tcp://a_b:1",)}, "'a_b' is not a host"),
     ],
 )  # fmt: skip
 def test_peering_settings_are_checked(settings: dict[str, object], problem: str) -> None:
