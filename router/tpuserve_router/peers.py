@@ -140,6 +140,10 @@ class _Subscription:
                     self.connected = True
                 elif event["event"] == zmq.EVENT_DISCONNECTED:
                     self.connected = False
+                    # what the connection queued first: a route read after the drop would
+                    # come back with its end lost
+                    while self._take(DRAIN_MAX_MESSAGES):
+                        pass
                     self._forget()
                 self.network.count_peers()
         finally:
@@ -150,15 +154,20 @@ class _Subscription:
         edge-triggered: read until nothing is left, or reschedule)."""
         if self._stopped:
             return
+        if self._take(DRAIN_MAX_MESSAGES):
+            self.loop.call_soon(self._read)
+
+    def _take(self, most: int) -> bool:
+        """Apply up to ``most`` queued messages; True if more may be queued."""
         drain = self.drain
         network = self.network
-        for _ in range(DRAIN_MAX_MESSAGES):
+        for _ in range(most):
             try:
                 if not int(drain.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                    return
+                    return False
                 raw = drain.recv(zmq.NOBLOCK)
             except zmq.ZMQError:
-                return  # closed under us (stopping)
+                return False  # closed under us (stopping)
             try:
                 message = decode(raw)
             except PeerMessageError as err:
@@ -184,7 +193,7 @@ class _Subscription:
                 continue
             self.routers.add(message.router)
             network.received[message.kind].inc()
-        self.loop.call_soon(self._read)
+        return True
 
 
 class PeerNetwork:
