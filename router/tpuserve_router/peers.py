@@ -11,12 +11,15 @@ entries are dropped at once (a peer that restarts comes back as a new router id)
 resolving to this router itself is harmless: its own messages are recognised and ignored,
 and such a connection is not counted in ``tpuserve_router_peers``.
 
-Bounds: the PUB socket's high-water mark (`SEND_HWM` messages per peer: ZMQ drops beyond it
-rather than block the router), the SUB's `RECEIVE_HWM` and ``MAXMSGSIZE``
-(`peer_view.MAX_MESSAGE_BYTES`). A message that cannot be read is counted
-(``tpuserve_router_peer_messages_total{kind="malformed"}``), logged once per peer endpoint,
-and skipped. Reading is done on the socket's descriptor without awaiting, a bounded number of
-messages per wake-up (`DRAIN_MAX_MESSAGES`), as the KV-event subscriber does.
+Bounds: the PUB socket's high-water mark (`high_water_mark`: every message of
+``--max-in-flight`` requests per peer; ZMQ drops beyond it rather than block the router), the
+SUB's, and ``MAXMSGSIZE`` (`peer_view.MAX_MESSAGE_BYTES`). Both ends send ZMTP heartbeats
+(`keep_alive`): a peer that stops answering for 5 s (hung, SIGSTOPped) is disconnected, so
+its requests drop here and nothing more queues for it there. A message that cannot be read is
+counted (``tpuserve_router_peer_messages_total{kind="malformed"}``), logged once per peer
+endpoint, and skipped. Reading is done on the socket's descriptor without awaiting, a bounded
+number of messages per wake-up (`DRAIN_MAX_MESSAGES`), as the KV-event subscriber does; a
+connection that drops has what it queued applied first, then its peers' requests dropped.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from tpuserve_router.peer_view import (
     HELLO_SECONDS,
     KINDS,
     MAX_MESSAGE_BYTES,
+    SILENT_SECONDS,
     PeerLink,
     PeerMessage,
     PeerMessageError,
@@ -47,8 +51,10 @@ from tpuserve_router.peer_view import (
 
 log = logging.getLogger(__name__)
 
-SEND_HWM: Final = 100_000
-RECEIVE_HWM: Final = 100_000
+MESSAGES_PER_REQUEST: Final = 3  # route, first byte, end
+HWM_SLACK: Final = 64  # hellos
+HEARTBEAT_MS: Final = int(HELLO_SECONDS * 1000)
+HEARTBEAT_TIMEOUT_MS: Final = int(SILENT_SECONDS * 1000)
 DRAIN_MAX_MESSAGES: Final = 256
 RESOLVE_TIMEOUT_SECONDS: Final = 5.0  # the start waits for the first resolution (snapshots)
 
@@ -62,6 +68,22 @@ async def resolve_addresses(name: str, port: int) -> list[str]:
     """The addresses ``name`` resolves to (raises OSError when it does not)."""
     infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
+
+
+def high_water_mark(max_open_per_peer: int) -> int:
+    """Messages a PUB socket queues per peer, or a SUB socket from its peer, at most: every
+    message of as many requests as a peer may have open here (`PeerView.max_open_per_peer`,
+    ``--max-in-flight``), so the bound follows the router's own, in requests not bytes."""
+    return MESSAGES_PER_REQUEST * max_open_per_peer + HWM_SLACK
+
+
+def keep_alive(socket: zmq.Socket[Any]) -> None:
+    """ZMTP heartbeats on a peering socket: a peer that stops answering (hung, stopped, its
+    host gone without a reset) is disconnected after `HEARTBEAT_TIMEOUT_MS`, and its queue
+    freed, instead of holding its TCP connection, and the messages queued for it, forever."""
+    socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+    socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    socket.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
 
 
 def bind_endpoint(host: str, port: int) -> str:
@@ -99,12 +121,16 @@ class _Subscription:
         ctx = network.context
         self.socket = ctx.socket(zmq.SUB)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        self.socket.setsockopt(zmq.RCVHWM, high_water_mark(network.view.max_open_per_peer))
+        keep_alive(self.socket)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         if ":" in endpoint.removeprefix("tcp://").rsplit(":", 1)[0]:
             self.socket.setsockopt(zmq.IPV6, 1)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
-        monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        # up once the ZMTP handshake succeeded: a stopped process's kernel still accepts TCP
+        monitor = self.socket.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        )
         self.socket.connect(endpoint)
         self.drain: zmq.Socket[bytes] = zmq.Socket.shadow(self.socket.underlying)  # no futures
         self.fd = int(self.drain.getsockopt(zmq.FD))
@@ -136,7 +162,7 @@ class _Subscription:
         try:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
-                if event["event"] == zmq.EVENT_CONNECTED:
+                if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     self.connected = True
                 elif event["event"] == zmq.EVENT_DISCONNECTED:
                     self.connected = False
@@ -235,7 +261,8 @@ class PeerNetwork:
         self._pub_socket = self.context.socket(zmq.PUB)
         pub: zmq.Socket[bytes] = zmq.Socket.shadow(self._pub_socket.underlying)
         pub.setsockopt(zmq.LINGER, 0)
-        pub.setsockopt(zmq.SNDHWM, SEND_HWM)
+        pub.setsockopt(zmq.SNDHWM, high_water_mark(self.view.max_open_per_peer))
+        keep_alive(pub)
         bind_or_refuse(self._pub_socket, self.host, self.port, self.port, "publish")
         self._pub = pub
         for endpoint in self.static:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import signal
 import subprocess
 import sys
 import time
@@ -168,6 +169,35 @@ async def test_a_killed_peers_requests_vanish_from_the_others(trio: list[RouterP
             timeout_seconds=10, context=second.log,
         )  # fmt: skip
         assert "requests dropped" in second.log()
+        await asyncio.gather(*busy, return_exceptions=True)
+
+
+async def test_a_hung_peer_is_disconnected_by_heartbeats(trio: list[RouterProcess]) -> None:
+    """A stopped process keeps its TCP connections open; the heartbeats tell it from a live
+    one, so its requests drop and nothing more queues for it."""
+    first, second, third = trio
+    async with aiohttp.ClientSession() as session:
+        busy = long_requests(session, first, [f"hung answer {i}" for i in range(2)])
+        await eventually_async(
+            lambda: sum(announced(second).values()) == 2, what="the first's 2 requests",
+            timeout_seconds=10, context=second.log,
+        )  # fmt: skip
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGSTOP)
+        try:
+            await eventually_async(
+                lambda: series_sum(second, "tpuserve_router_peers") == 1
+                and series_sum(third, "tpuserve_router_peers") == 1
+                and sum(announced(second).values()) == 0,
+                what="the stopped peer disconnected, its requests dropped",
+                timeout_seconds=30, context=second.log,
+            )  # fmt: skip
+        finally:
+            first.proc.send_signal(signal.SIGCONT)
+        await eventually_async(
+            lambda: series_sum(second, "tpuserve_router_peers") == 2,
+            what="the peer back once it runs again", timeout_seconds=30, context=second.log,
+        )  # fmt: skip
         await asyncio.gather(*busy, return_exceptions=True)
 
 
