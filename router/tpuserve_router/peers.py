@@ -4,8 +4,9 @@ With ``--peer-port PORT`` the router binds a PUB socket on ``tcp://HOST:PORT`` (
 ``--host``; ``0.0.0.0`` binds every address) and publishes there what its `PeerLink` says
 (`peer_view`: each decision, first byte and end, and a hello every second). It connects a SUB
 socket to each peer: the ``--peer`` endpoints, and ``tcp://ADDR:PORT`` for every address
-``--peers-from-dns NAME`` resolves to (a headless Service), resolved again every
-``--peers-refresh-interval`` seconds. One socket per peer, so the router knows which peers'
+``--peers-from-dns NAME`` resolves to (a headless Service; only those of ``--host``'s
+family when it has both, `same_family`), resolved again every ``--peers-refresh-interval``
+seconds. One socket per peer, so the router knows which peers'
 messages came over a connection: when the socket's monitor sees it drop, those peers'
 entries are dropped at once (a peer that restarts comes back as a new router id). A peer
 resolving to this router itself is harmless: its own messages are recognised and ignored,
@@ -84,6 +85,15 @@ def keep_alive(socket: zmq.Socket[Any]) -> None:
     socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
     socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     socket.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+
+
+def same_family(addresses: list[str], host: str) -> list[str]:
+    """Those of ``addresses`` in ``--host``'s family (IPv6 when it has a colon), or all when
+    none is: a dual-stack name's A and AAAA records are the same peers, and following both
+    would count each peer's requests over two connections (one drop wiping them while the
+    other is up)."""
+    ipv6 = ":" in host
+    return [a for a in addresses if (":" in a) == ipv6] or addresses
 
 
 def bind_endpoint(host: str, port: int) -> str:
@@ -333,6 +343,7 @@ class PeerNetwork:
                 log.warning("peers: cannot resolve %s (%s); keeping the peers known", name, err)
             return
         self._dns_logged = False
+        addresses = same_family(addresses, self.host)
         wanted = {peer_endpoint(address, self.port) for address in addresses}
         wanted.update(self.static)
         for endpoint in sorted(wanted - set(self.subscriptions)):

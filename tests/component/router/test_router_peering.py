@@ -297,6 +297,39 @@ async def test_peers_from_dns_follow_the_names_addresses() -> None:
 
 
 @pytest.mark.parametrize(
+    ("host", "answer", "followed"),
+    [
+        ("127.0.0.1", ["127.0.0.1", "::1"], "tcp://127.0.0.1:{port}"),
+        ("::1", ["127.0.0.1", "::1"], "tcp://[::1]:{port}"),
+        ("::", ["127.0.0.1"], "tcp://127.0.0.1:{port}"),  # no AAAA record: the A one
+    ],
+)
+async def test_a_dual_stack_name_is_followed_once_per_peer(
+    host: str, answer: list[str], followed: str
+) -> None:
+    """A name with A and AAAA records for the same peers: only --host's family is followed."""
+    port = free_port()
+
+    async def addresses(_name: str, _port: int) -> list[str]:
+        return list(answer)
+
+    workers: dict[str, FakeWorker] = {}
+    view = PeerView(
+        "router", make_policy("precise"), workers.get, clock=time.monotonic,
+        max_open_per_peer=16, open_ttl_seconds=60.0,
+    )  # fmt: skip
+    network = PeerNetwork(
+        view, create_router_metrics(CollectorRegistry()), host=host, port=port,
+        dns_name="peers.test", refresh_seconds=3600, addresses=addresses,
+    )  # fmt: skip
+    await network.start()
+    try:
+        assert set(network.subscriptions) == {followed.format(port=port)}
+    finally:
+        await network.stop()
+
+
+@pytest.mark.parametrize(
     ("offset", "kind", "message"),
     [
         (0, zmq.PUB, "--peer-port {port}: cannot publish on tcp://127.0.0.1:{port}"),
