@@ -421,7 +421,9 @@ class RouterConfig:
             problems.append(
                 f"peers_refresh_interval_seconds={self.peers_refresh_interval_seconds}: must be > 0"
             )
-        remote = [e for e in self.peers if not _is_loopback(e.removeprefix("tcp://"))]
+        remote = [
+            e for e in self.peers if not _is_loopback(e.removeprefix("tcp://").rpartition(":")[0])
+        ]
         if self.peer_port and _is_loopback(self.host) and (name is not None or remote):
             problems.append(
                 f"host={self.host!r} with peers_from_dns or a peer on another host "
@@ -432,9 +434,7 @@ class RouterConfig:
 
 
 def _is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address, a name, or ``HOST:PORT``) is this host's loopback."""
-    if host.rpartition(":")[2].isdigit() and (host.count(":") == 1 or host.startswith("[")):
-        host = host.rpartition(":")[0]
+    """Whether ``host`` (an address, bracketed or not, or a name) is this host's loopback."""
     host = host.removeprefix("[").removesuffix("]")
     if host.lower() == "localhost":
         return True
