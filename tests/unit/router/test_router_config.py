@@ -253,7 +253,8 @@ def test_peering_flags_and_variables() -> None:
      "tcp://m-router-peers.serving.svc.cluster.local.:5570", "tcp://Router-0.Peers:5570"],
 )  # fmt: skip
 def test_a_peer_is_an_ipv4_address_a_dns_name_or_a_bracketed_ipv6_address(peer: str) -> None:
-    assert RouterConfig(peer_port=1, peers=(peer,)).validate().peers == (peer,)
+    config = RouterConfig(host="0.0.0.0", peer_port=1, peers=(peer,))  # reachable by peers
+    assert config.validate().peers == (peer,)
 
 
 def test_the_kv_snapshot_bound_may_be_4_gib() -> None:
