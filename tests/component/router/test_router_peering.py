@@ -71,6 +71,18 @@ def long_requests(
     ]
 
 
+async def requests_heard(
+    session: aiohttp.ClientSession, first: RouterProcess, second: RouterProcess, count: int
+) -> list[asyncio.Future[dict[str, Any]]]:
+    """``count`` long requests in flight at ``first``, once ``second`` heard of them all."""
+    busy = long_requests(session, first, [f"long answer {i}" for i in range(count)])
+    await eventually_async(
+        lambda: sum(announced(second).values()) == count, what=f"the first's {count} requests",
+        timeout_seconds=10, context=second.log,
+    )  # fmt: skip
+    return busy
+
+
 def peers_connected(router: RouterProcess, least: int) -> bool:
     return series_sum(router, "tpuserve_router_peers") >= least
 
@@ -155,11 +167,7 @@ async def test_a_decision_on_one_replica_shows_in_the_others_load_and_prediction
 async def test_a_killed_peers_requests_vanish_from_the_others(trio: list[RouterProcess]) -> None:
     first, second, _third = trio
     async with aiohttp.ClientSession() as session:
-        busy = long_requests(session, first, [f"long answer {i}" for i in range(3)])
-        await eventually_async(
-            lambda: sum(announced(second).values()) == 3, what="the first's 3 requests",
-            timeout_seconds=10, context=second.log,
-        )  # fmt: skip
+        busy = await requests_heard(session, first, second, 3)
         assert first.proc is not None
         first.proc.kill()  # no end message will ever come
         await eventually_async(
@@ -177,11 +185,7 @@ async def test_a_hung_peer_is_disconnected_by_heartbeats(trio: list[RouterProces
     one, so its requests drop and nothing more queues for it."""
     first, second, third = trio
     async with aiohttp.ClientSession() as session:
-        busy = long_requests(session, first, [f"hung answer {i}" for i in range(2)])
-        await eventually_async(
-            lambda: sum(announced(second).values()) == 2, what="the first's 2 requests",
-            timeout_seconds=10, context=second.log,
-        )  # fmt: skip
+        busy = await requests_heard(session, first, second, 2)
         assert first.proc is not None
         first.proc.send_signal(signal.SIGSTOP)
         try:
