@@ -421,7 +421,27 @@ class RouterConfig:
             problems.append(
                 f"peers_refresh_interval_seconds={self.peers_refresh_interval_seconds}: must be > 0"
             )
+        remote = [
+            e for e in self.peers if not _is_loopback(e.removeprefix("tcp://").rpartition(":")[0])
+        ]
+        if self.peer_port and _is_loopback(self.host) and (name is not None or remote):
+            problems.append(
+                f"host={self.host!r} with peers_from_dns or a peer on another host "
+                f"({', '.join(remote) or name}): peers could not reach peer_port on a loopback "
+                "address; allowed: host 0.0.0.0, :: or an address of this host"
+            )
         return problems
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, bracketed or not, or a name) is this host's loopback."""
+    host = host.removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _SIZE_FLOORS: dict[str, int] = {

@@ -13,11 +13,16 @@ The wire: one msgpack array per message, ``[FORMAT, kind, router id, request num
   keys as one binary string of little-endian signed 64-bit integers, at most `MAX_ROUTE_KEYS`:
   a longer prompt's leading blocks);
 - ``first_byte`` (prefill over: release the booking) and ``end`` (in flight -1);
-- ``hello``: sent every `HELLO_SECONDS`, so a silent peer is told from an idle one.
+- ``hello``: sent every `HELLO_SECONDS`, so a silent peer is told from an idle one; its
+  request number is the sender's oldest open request (or the next number when none is open):
+  every entry of that peer below it has ended, so one whose ``end`` was lost (ZMQ drops
+  messages past the high-water mark, or while a connection is down) is dropped at the next
+  hello.
 
 Everything is bounded: a message over `MAX_MESSAGE_BYTES` is refused; a peer keeps at most
 ``max_open_per_peer`` open requests here (its oldest dropped first), each for at most
-``open_ttl_seconds`` (the longest a request may run); a peer that disconnects (`peers`) or is
+``open_ttl_seconds`` (the longest a request may run), and only until the peer's next hello
+says it has ended (a lost ``end``); a peer that disconnects (`peers`) or is
 silent for `SILENT_SECONDS` has all its entries dropped. A message this replica cannot read
 raises `PeerMessageError` (the caller counts and skips it). The router id is per process, so
 a replica ignores its own messages (a peer list that includes itself is harmless).
@@ -185,7 +190,11 @@ class PeerLink:
             self.send(PeerMessage("end", self.router, request))
 
     def hello(self) -> None:
-        self.send(PeerMessage("hello", self.router))
+        """Say this replica is alive, and which of its requests are still open: the hello's
+        request number is its oldest open one (``_open`` keeps the order they were routed in),
+        or the next number when none is."""
+        oldest = next(iter(self._open.values()), self._next + 1)
+        self.send(PeerMessage("hello", self.router, oldest))
 
     @property
     def open_requests(self) -> int:
@@ -256,7 +265,20 @@ class PeerView:
             entry = peer.requests.pop(message.request, None)
             if entry is not None:
                 self._close(entry)
+        elif kind == "hello":
+            self._drop_ended(peer, message.request)
         return True
+
+    def _drop_ended(self, peer: _Peer, oldest_open: int) -> None:
+        """The peer's requests numbered below its oldest open one have ended there: drop
+        any still open here (their ``end`` was lost). Entries are in the order routed."""
+        requests = peer.requests
+        while requests:
+            number, entry = next(iter(requests.items()))
+            if number >= oldest_open:
+                return
+            del requests[number]
+            self._close(entry)
 
     def _route(self, peer: _Peer, message: PeerMessage, now: float) -> None:
         worker = self.worker_named(message.worker)

@@ -4,19 +4,23 @@ With ``--peer-port PORT`` the router binds a PUB socket on ``tcp://HOST:PORT`` (
 ``--host``; ``0.0.0.0`` binds every address) and publishes there what its `PeerLink` says
 (`peer_view`: each decision, first byte and end, and a hello every second). It connects a SUB
 socket to each peer: the ``--peer`` endpoints, and ``tcp://ADDR:PORT`` for every address
-``--peers-from-dns NAME`` resolves to (a headless Service), resolved again every
-``--peers-refresh-interval`` seconds. One socket per peer, so the router knows which peers'
+``--peers-from-dns NAME`` resolves to (a headless Service; only those of ``--host``'s
+family when it has both, `same_family`), resolved again every ``--peers-refresh-interval``
+seconds. One socket per peer, so the router knows which peers'
 messages came over a connection: when the socket's monitor sees it drop, those peers'
 entries are dropped at once (a peer that restarts comes back as a new router id). A peer
 resolving to this router itself is harmless: its own messages are recognised and ignored,
 and such a connection is not counted in ``tpuserve_router_peers``.
 
-Bounds: the PUB socket's high-water mark (`SEND_HWM` messages per peer: ZMQ drops beyond it
-rather than block the router), the SUB's `RECEIVE_HWM` and ``MAXMSGSIZE``
-(`peer_view.MAX_MESSAGE_BYTES`). A message that cannot be read is counted
-(``tpuserve_router_peer_messages_total{kind="malformed"}``), logged once per peer endpoint,
-and skipped. Reading is done on the socket's descriptor without awaiting, a bounded number of
-messages per wake-up (`DRAIN_MAX_MESSAGES`), as the KV-event subscriber does.
+Bounds: the PUB socket's high-water mark (`high_water_mark`: every message of
+``--max-in-flight`` requests per peer; ZMQ drops beyond it rather than block the router), the
+SUB's, and ``MAXMSGSIZE`` (`peer_view.MAX_MESSAGE_BYTES`). Both ends send ZMTP heartbeats
+(`keep_alive`): a peer that stops answering for 5 s (hung, SIGSTOPped) is disconnected, so
+its requests drop here and nothing more queues for it there. A message that cannot be read is
+counted (``tpuserve_router_peer_messages_total{kind="malformed"}``), logged once per peer
+endpoint, and skipped. Reading is done on the socket's descriptor without awaiting, a bounded
+number of messages per wake-up (`DRAIN_MAX_MESSAGES`), as the KV-event subscriber does; a
+connection that drops has what it queued applied first, then its peers' requests dropped.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from tpuserve_router.peer_view import (
     HELLO_SECONDS,
     KINDS,
     MAX_MESSAGE_BYTES,
+    SILENT_SECONDS,
     PeerLink,
     PeerMessage,
     PeerMessageError,
@@ -47,8 +52,10 @@ from tpuserve_router.peer_view import (
 
 log = logging.getLogger(__name__)
 
-SEND_HWM: Final = 100_000
-RECEIVE_HWM: Final = 100_000
+MESSAGES_PER_REQUEST: Final = 3  # route, first byte, end
+HWM_SLACK: Final = 64  # hellos
+HEARTBEAT_MS: Final = int(HELLO_SECONDS * 1000)
+HEARTBEAT_TIMEOUT_MS: Final = int(SILENT_SECONDS * 1000)
 DRAIN_MAX_MESSAGES: Final = 256
 RESOLVE_TIMEOUT_SECONDS: Final = 5.0  # the start waits for the first resolution (snapshots)
 
@@ -62,6 +69,31 @@ async def resolve_addresses(name: str, port: int) -> list[str]:
     """The addresses ``name`` resolves to (raises OSError when it does not)."""
     infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
+
+
+def high_water_mark(max_open_per_peer: int) -> int:
+    """Messages a PUB socket queues per peer, or a SUB socket from its peer, at most: every
+    message of as many requests as a peer may have open here (`PeerView.max_open_per_peer`,
+    ``--max-in-flight``), so the bound follows the router's own, in requests not bytes."""
+    return MESSAGES_PER_REQUEST * max_open_per_peer + HWM_SLACK
+
+
+def keep_alive(socket: zmq.Socket[Any]) -> None:
+    """ZMTP heartbeats on a peering socket: a peer that stops answering (hung, stopped, its
+    host gone without a reset) is disconnected after `HEARTBEAT_TIMEOUT_MS`, and its queue
+    freed, instead of holding its TCP connection, and the messages queued for it, forever."""
+    socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+    socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    socket.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+
+
+def same_family(addresses: list[str], host: str) -> list[str]:
+    """Those of ``addresses`` in ``--host``'s family (IPv6 when it has a colon), or all when
+    none is: a dual-stack name's A and AAAA records are the same peers, and following both
+    would count each peer's requests over two connections (one drop wiping them while the
+    other is up)."""
+    ipv6 = ":" in host
+    return [a for a in addresses if (":" in a) == ipv6] or addresses
 
 
 def bind_endpoint(host: str, port: int) -> str:
@@ -99,12 +131,16 @@ class _Subscription:
         ctx = network.context
         self.socket = ctx.socket(zmq.SUB)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        self.socket.setsockopt(zmq.RCVHWM, high_water_mark(network.view.max_open_per_peer))
+        keep_alive(self.socket)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         if ":" in endpoint.removeprefix("tcp://").rsplit(":", 1)[0]:
             self.socket.setsockopt(zmq.IPV6, 1)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
-        monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        # up once the ZMTP handshake succeeded: a stopped process's kernel still accepts TCP
+        monitor = self.socket.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        )
         self.socket.connect(endpoint)
         self.drain: zmq.Socket[bytes] = zmq.Socket.shadow(self.socket.underlying)  # no futures
         self.fd = int(self.drain.getsockopt(zmq.FD))
@@ -136,10 +172,14 @@ class _Subscription:
         try:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
-                if event["event"] == zmq.EVENT_CONNECTED:
+                if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     self.connected = True
                 elif event["event"] == zmq.EVENT_DISCONNECTED:
                     self.connected = False
+                    # what the connection queued first: a route read after the drop would
+                    # come back with its end lost
+                    while self._take(DRAIN_MAX_MESSAGES):
+                        pass
                     self._forget()
                 self.network.count_peers()
         finally:
@@ -150,15 +190,20 @@ class _Subscription:
         edge-triggered: read until nothing is left, or reschedule)."""
         if self._stopped:
             return
+        if self._take(DRAIN_MAX_MESSAGES):
+            self.loop.call_soon(self._read)
+
+    def _take(self, most: int) -> bool:
+        """Apply up to ``most`` queued messages; True if more may be queued."""
         drain = self.drain
         network = self.network
-        for _ in range(DRAIN_MAX_MESSAGES):
+        for _ in range(most):
             try:
                 if not int(drain.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                    return
+                    return False
                 raw = drain.recv(zmq.NOBLOCK)
             except zmq.ZMQError:
-                return  # closed under us (stopping)
+                return False  # closed under us (stopping)
             try:
                 message = decode(raw)
             except PeerMessageError as err:
@@ -184,7 +229,7 @@ class _Subscription:
                 continue
             self.routers.add(message.router)
             network.received[message.kind].inc()
-        self.loop.call_soon(self._read)
+        return True
 
 
 class PeerNetwork:
@@ -226,7 +271,8 @@ class PeerNetwork:
         self._pub_socket = self.context.socket(zmq.PUB)
         pub: zmq.Socket[bytes] = zmq.Socket.shadow(self._pub_socket.underlying)
         pub.setsockopt(zmq.LINGER, 0)
-        pub.setsockopt(zmq.SNDHWM, SEND_HWM)
+        pub.setsockopt(zmq.SNDHWM, high_water_mark(self.view.max_open_per_peer))
+        keep_alive(pub)
         bind_or_refuse(self._pub_socket, self.host, self.port, self.port, "publish")
         self._pub = pub
         for endpoint in self.static:
@@ -297,6 +343,7 @@ class PeerNetwork:
                 log.warning("peers: cannot resolve %s (%s); keeping the peers known", name, err)
             return
         self._dns_logged = False
+        addresses = same_family(addresses, self.host)
         wanted = {peer_endpoint(address, self.port) for address in addresses}
         wanted.update(self.static)
         for endpoint in sorted(wanted - set(self.subscriptions)):

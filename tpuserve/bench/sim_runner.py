@@ -414,6 +414,8 @@ class SimRun:
         for p in self.pending.values():
             self._fail(p, "not_finished")
         self.pending.clear()
+        while self._deliveries:  # peers' messages still on their way: every request ends
+            self._deliver()
         return SimResult(
             self.policy_name, self.records, self.samples, self.config,
             time.perf_counter() - start, self.now,
@@ -472,9 +474,12 @@ class SimRun:
                 rec.e2e = completion.e2e
                 rec.cached_tokens = completion.cached_tokens
                 rec.completion_tokens = completion.completion_tokens
-                if not p.prefill_reported:
-                    p.prefill_reported = True
+                if not p.prefill_reported:  # its first token was not reported: now, as the
+                    p.prefill_reported = True  # router does at the end of a response
                     p.replica.policy.on_prefill_done(p.decision)
+                    link = self._peer_link(p.replica, rec.arrival + completion.ttft)
+                    if link is not None:
+                        link.prefill_done(p.decision)
                 p.worker.in_flight -= 1
                 p.view.in_flight -= 1
                 p.replica.policy.on_request_done(p.decision, True)

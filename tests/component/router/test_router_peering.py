@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import signal
 import subprocess
 import sys
 import time
@@ -68,6 +69,18 @@ def long_requests(
         asyncio.ensure_future(complete(session, router, prompt, LONG_ANSWER_TOKENS))
         for prompt in prompts
     ]
+
+
+async def requests_heard(
+    session: aiohttp.ClientSession, first: RouterProcess, second: RouterProcess, count: int
+) -> list[asyncio.Future[dict[str, Any]]]:
+    """``count`` long requests in flight at ``first``, once ``second`` heard of them all."""
+    busy = long_requests(session, first, [f"long answer {i}" for i in range(count)])
+    await eventually_async(
+        lambda: sum(announced(second).values()) == count, what=f"the first's {count} requests",
+        timeout_seconds=10, context=second.log,
+    )  # fmt: skip
+    return busy
 
 
 def peers_connected(router: RouterProcess, least: int) -> bool:
@@ -154,11 +167,7 @@ async def test_a_decision_on_one_replica_shows_in_the_others_load_and_prediction
 async def test_a_killed_peers_requests_vanish_from_the_others(trio: list[RouterProcess]) -> None:
     first, second, _third = trio
     async with aiohttp.ClientSession() as session:
-        busy = long_requests(session, first, [f"long answer {i}" for i in range(3)])
-        await eventually_async(
-            lambda: sum(announced(second).values()) == 3, what="the first's 3 requests",
-            timeout_seconds=10, context=second.log,
-        )  # fmt: skip
+        busy = await requests_heard(session, first, second, 3)
         assert first.proc is not None
         first.proc.kill()  # no end message will ever come
         await eventually_async(
@@ -168,6 +177,31 @@ async def test_a_killed_peers_requests_vanish_from_the_others(trio: list[RouterP
             timeout_seconds=10, context=second.log,
         )  # fmt: skip
         assert "requests dropped" in second.log()
+        await asyncio.gather(*busy, return_exceptions=True)
+
+
+async def test_a_hung_peer_is_disconnected_by_heartbeats(trio: list[RouterProcess]) -> None:
+    """A stopped process keeps its TCP connections open; the heartbeats tell it from a live
+    one, so its requests drop and nothing more queues for it."""
+    first, second, third = trio
+    async with aiohttp.ClientSession() as session:
+        busy = await requests_heard(session, first, second, 2)
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGSTOP)
+        try:
+            await eventually_async(
+                lambda: series_sum(second, "tpuserve_router_peers") == 1
+                and series_sum(third, "tpuserve_router_peers") == 1
+                and sum(announced(second).values()) == 0,
+                what="the stopped peer disconnected, its requests dropped",
+                timeout_seconds=30, context=second.log,
+            )  # fmt: skip
+        finally:
+            first.proc.send_signal(signal.SIGCONT)
+        await eventually_async(
+            lambda: series_sum(second, "tpuserve_router_peers") == 2,
+            what="the peer back once it runs again", timeout_seconds=30, context=second.log,
+        )  # fmt: skip
         await asyncio.gather(*busy, return_exceptions=True)
 
 
@@ -264,6 +298,39 @@ async def test_peers_from_dns_follow_the_names_addresses() -> None:
     finally:
         for network, _, _ in replicas:
             await network.stop()
+
+
+@pytest.mark.parametrize(
+    ("host", "answer", "followed"),
+    [
+        ("127.0.0.1", ["127.0.0.1", "::1"], "tcp://127.0.0.1:{port}"),
+        ("::1", ["127.0.0.1", "::1"], "tcp://[::1]:{port}"),
+        ("::", ["127.0.0.1"], "tcp://127.0.0.1:{port}"),  # no AAAA record: the A one
+    ],
+)
+async def test_a_dual_stack_name_is_followed_once_per_peer(
+    host: str, answer: list[str], followed: str
+) -> None:
+    """A name with A and AAAA records for the same peers: only --host's family is followed."""
+    port = free_port()
+
+    async def addresses(_name: str, _port: int) -> list[str]:
+        return list(answer)
+
+    workers: dict[str, FakeWorker] = {}
+    view = PeerView(
+        "router", make_policy("precise"), workers.get, clock=time.monotonic,
+        max_open_per_peer=16, open_ttl_seconds=60.0,
+    )  # fmt: skip
+    network = PeerNetwork(
+        view, create_router_metrics(CollectorRegistry()), host=host, port=port,
+        dns_name="peers.test", refresh_seconds=3600, addresses=addresses,
+    )  # fmt: skip
+    await network.start()
+    try:
+        assert set(network.subscriptions) == {followed.format(port=port)}
+    finally:
+        await network.stop()
 
 
 @pytest.mark.parametrize(

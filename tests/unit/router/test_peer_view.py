@@ -196,6 +196,34 @@ def test_a_disconnected_peers_requests_all_end_here(clock: VirtualClock) -> None
     assert booked(replica, "a") == booked(replica, "b") == 0
 
 
+def test_a_hello_names_the_oldest_open_request_and_a_lost_end_drops_at_it(
+    clock: VirtualClock,
+) -> None:
+    first, second = Replica("r1", clock), Replica("r2", clock)
+    first.link.hello()
+    assert first.sent.pop().request == 1  # nothing open: the next number
+    decisions = [first.route(), first.route(), first.route()]
+    second.hear(first)
+    assert second.view.open_requests("r1") == 3
+    first.link.ended(decisions[0])
+    first.link.ended(decisions[1])
+    first.sent[:] = [m for m in first.sent if m.request != 1]  # the first end is lost
+    second.hear(first)
+    assert second.view.open_requests("r1") == 2
+    first.link.hello()
+    assert first.sent[-1].request == 3  # the oldest still open
+    second.hear(first)
+    assert second.view.open_requests("r1") == 1
+    workers = second.workers.values()
+    assert sum(w.announced_in_flight for w in workers) == 1
+    first.link.ended(decisions[2])
+    first.sent.clear()  # this end is lost too
+    first.link.hello()
+    second.hear(first)
+    assert second.view.open_requests() == 0
+    assert all(w.in_flight == 0 for w in workers)
+
+
 def test_an_approximate_policy_takes_the_load_but_not_the_prefix(clock: VirtualClock) -> None:
     replica = Replica("r1", clock, policy="cache_aware")
     assert not isinstance(replica.policy, BlockIndexPolicy)

@@ -233,12 +233,16 @@ def test_hold_flags_and_variables() -> None:
 
 def test_peering_flags_and_variables() -> None:
     config = build_config(
-        parse("--peer-port", "8100", "--peer", "tcp://10.0.0.7:8100", "--peer", "tcp://[::1]:8100"),
+        parse(
+            *("--host", "0.0.0.0", "--peer-port", "8100"),
+            *("--peer", "tcp://10.0.0.7:8100", "--peer", "tcp://[::1]:8100"),
+        ),
         environ={env_name("--peers-from-dns"): "m-router-peers.serving.svc"},
     )
     assert (config.peer_port, config.peers) == (8100, ("tcp://10.0.0.7:8100", "tcp://[::1]:8100"))
     assert config.peers_from_dns == "m-router-peers.serving.svc"
-    env = {env_name("--peer-port"): "8100", env_name("--peers"): "tcp://a:1, tcp://b:2"}
+    env = {env_name("--peer-port"): "8100", env_name("--peers"): "tcp://a:1, tcp://b:2",
+           env_name("--host"): "::"}  # fmt: skip
     assert build_config(parse(), environ=env).peers == ("tcp://a:1", "tcp://b:2")
     assert RouterConfig().peer_port == 0  # peering is off unless asked for
 
@@ -249,7 +253,8 @@ def test_peering_flags_and_variables() -> None:
      "tcp://m-router-peers.serving.svc.cluster.local.:5570", "tcp://Router-0.Peers:5570"],
 )  # fmt: skip
 def test_a_peer_is_an_ipv4_address_a_dns_name_or_a_bracketed_ipv6_address(peer: str) -> None:
-    assert RouterConfig(peer_port=1, peers=(peer,)).validate().peers == (peer,)
+    config = RouterConfig(host="0.0.0.0", peer_port=1, peers=(peer,))  # reachable by peers
+    assert config.validate().peers == (peer,)
 
 
 def test_the_kv_snapshot_bound_may_be_4_gib() -> None:
@@ -285,3 +290,25 @@ def test_peering_settings_are_checked(settings: dict[str, object], problem: str)
     with pytest.raises(ConfigError) as err:
         RouterConfig(**settings).validate()  # type: ignore[arg-type]
     assert any(problem in p for p in err.value.problems), err.value.problems
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"peers_from_dns": "m-router-peers.serving.svc"}, "m-router-peers.serving.svc)"),
+        ({"peers": ("tcp://127.0.0.1:2", "tcp://10.0.0.7:2")}, "(tcp://10.0.0.7:2)"),
+        ({"host": "::1", "peers": ("tcp://peer.svc:2",)}, "host='::1' with peers_from_dns"),
+    ],
+)
+def test_peering_beyond_this_host_needs_a_host_peers_can_reach(
+    settings: dict[str, object], problem: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        RouterConfig(peer_port=5570, **settings).validate()  # type: ignore[arg-type]
+    assert any(
+        problem in p and "peers could not reach peer_port on a loopback" in p
+        for p in err.value.problems
+    ), err.value.problems
+    for host in ("0.0.0.0", "::", "10.0.0.5"):
+        RouterConfig(peer_port=5570, **{**settings, "host": host}).validate()  # type: ignore[arg-type]
+    RouterConfig(peer_port=5570, peers=("tcp://127.0.0.1:2", "tcp://[::1]:2")).validate()

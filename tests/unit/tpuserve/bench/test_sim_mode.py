@@ -355,3 +355,38 @@ def test_peering_replicas_apply_each_others_decisions_as_the_router_does(
         assert all(r.peers is not None and r.peers.open_requests() == 0 for r in run.replicas)
     views = [v for replica in run.replicas for v in replica.views]
     assert all(v.in_flight == v.announced_in_flight == 0 for v in views)
+
+
+@pytest.mark.parametrize("first_tokens_reported", [True, False])
+def test_peering_replicas_deliver_every_message_and_announce_each_first_byte(
+    monkeypatch: pytest.MonkeyPatch, first_tokens_reported: bool
+) -> None:
+    """Messages still on their way when the trace ends are delivered (a peer's request ends
+    everywhere), and a request announces its first byte before its end, as the router does,
+    also one whose first token the engine did not report before it finished."""
+    if not first_tokens_reported:
+        monkeypatch.setattr(SimRun, "_on_update", lambda self, req: None)
+    trace = traces.rescale_to_rate(_tiny("W1", 200), 30.0)
+    config = SimConfig(
+        cache_tokens=20_000, router_replicas=2, load_poll_seconds=0.0, peer_delay_seconds=0.05
+    )
+    run = SimRun(trace, "precise", config)
+    sent: list[tuple[str, str, int]] = []
+    for replica in run.replicas:
+        link = replica.link
+        assert link is not None
+
+        def send(message: Any, publish: Any = link.send) -> None:
+            sent.append((message.kind, message.router, message.request))
+            publish(message)
+
+        link.send = send
+    result = run.run()
+    assert all(r.ok for r in result.records)
+    ended = {(router, n) for kind, router, n in sent if kind == "end"}
+    first_bytes = {(router, n) for kind, router, n in sent if kind == "first_byte"}
+    assert len(ended) == len(result.records)
+    assert ended == first_bytes
+    assert all(r.peers is not None and r.peers.open_requests() == 0 for r in run.replicas)
+    views = [v for replica in run.replicas for v in replica.views]
+    assert all(v.in_flight == v.announced_in_flight == 0 for v in views)
