@@ -18,6 +18,7 @@ from tpuserve_router.auth import KeysFileError, KeyStore
 from tpuserve_router.deadlines import FirstByteBudget
 from tpuserve_router.outliers import OutlierConfig
 from tpuserve_router.peer_snapshot import snapshot_port
+from tpuserve_router.peers import is_loopback
 from tpuserve_router.policies.base import (
     Policy,
     PolicyConfigError,
@@ -422,26 +423,15 @@ class RouterConfig:
                 f"peers_refresh_interval_seconds={self.peers_refresh_interval_seconds}: must be > 0"
             )
         remote = [
-            e for e in self.peers if not _is_loopback(e.removeprefix("tcp://").rpartition(":")[0])
+            e for e in self.peers if not is_loopback(e.removeprefix("tcp://").rpartition(":")[0])
         ]
-        if self.peer_port and _is_loopback(self.host) and (name is not None or remote):
+        if self.peer_port and is_loopback(self.host) and remote:
             problems.append(
-                f"host={self.host!r} with peers_from_dns or a peer on another host "
-                f"({', '.join(remote) or name}): peers could not reach peer_port on a loopback "
-                "address; allowed: host 0.0.0.0, :: or an address of this host"
-            )
+                f"host={self.host!r} with a peer on another host ({', '.join(remote)}): "
+                "peers could not reach peer_port on a loopback address; allowed: host "
+                "0.0.0.0, :: or an address of this host"
+            )  # peers_from_dns's addresses are known only once resolved: `peers` warns then
         return problems
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address, bracketed or not, or a name) is this host's loopback."""
-    host = host.removeprefix("[").removesuffix("]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 _SIZE_FLOORS: dict[str, int] = {

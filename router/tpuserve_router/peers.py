@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
@@ -85,6 +86,17 @@ def keep_alive(socket: zmq.Socket[Any]) -> None:
     socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
     socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     socket.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, bracketed or not, or a name) is this host's loopback."""
+    host = host.removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def same_family(addresses: list[str], host: str) -> list[str]:
@@ -266,6 +278,7 @@ class PeerNetwork:
         self._pub: zmq.Socket[bytes] | None = None  # the same socket, sent on without futures
         self._tasks: list[asyncio.Task[None]] = []
         self._dns_logged = False
+        self._unreachable_logged = False
 
     async def start(self) -> None:
         self._pub_socket = self.context.socket(zmq.PUB)
@@ -344,6 +357,7 @@ class PeerNetwork:
             return
         self._dns_logged = False
         addresses = same_family(addresses, self.host)
+        self._warn_if_unreachable(name, addresses)
         wanted = {peer_endpoint(address, self.port) for address in addresses}
         wanted.update(self.static)
         for endpoint in sorted(wanted - set(self.subscriptions)):
@@ -351,6 +365,21 @@ class PeerNetwork:
         for endpoint in set(self.subscriptions) - wanted:
             await self._unsubscribe(endpoint)
         self.count_peers()
+
+    def _warn_if_unreachable(self, name: str, addresses: list[str]) -> None:
+        """A loopback ``--host`` cannot be reached from peers on other hosts (the operator's
+        `0.0.0.0` can); said once, as it is known only when the name resolves."""
+        if self._unreachable_logged or not is_loopback(self.host):
+            return
+        remote = [address for address in addresses if not is_loopback(address)]
+        if remote:
+            self._unreachable_logged = True
+            log.warning(
+                "peers: %s resolves to addresses on other hosts (%s), but --host %s is a "
+                "loopback address they cannot reach: they will not hear this replica; "
+                "use --host 0.0.0.0 or ::",
+                name, ", ".join(remote[:4]), self.host,
+            )  # fmt: skip
 
     async def _refresh(self) -> None:
         while True:

@@ -334,6 +334,37 @@ async def test_a_dual_stack_name_is_followed_once_per_peer(
 
 
 @pytest.mark.parametrize(
+    ("host", "answer", "warned"),
+    [
+        ("127.0.0.1", ["127.0.0.1", "10.0.0.7"], True),  # a peer elsewhere cannot reach us
+        ("127.0.0.1", ["127.0.0.1", "127.244.0.7"], False),  # local pods: loopback addresses
+        ("0.0.0.0", ["10.0.0.7"], False),
+    ],
+)  # fmt: skip
+def test_a_loopback_host_with_peers_on_other_hosts_is_warned_once(
+    host: str, answer: list[str], warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--peers-from-dns with a loopback --host: refused only once the name resolves to peers
+    that could not reach it (the addresses are checked, never dialled here)."""
+    workers: dict[str, FakeWorker] = {}
+    view = PeerView(
+        "router", make_policy("precise"), workers.get, clock=time.monotonic,
+        max_open_per_peer=16, open_ttl_seconds=60.0,
+    )  # fmt: skip
+    network = PeerNetwork(
+        view, create_router_metrics(CollectorRegistry()), host=host, port=free_port(),
+        dns_name="peers.test", refresh_seconds=3600,
+    )  # fmt: skip
+    try:
+        for _ in range(2):
+            network._warn_if_unreachable("peers.test", answer)
+    finally:
+        network.context.term()
+    warnings = [r for r in caplog.records if "cannot reach" in r.getMessage()]
+    assert len(warnings) == (1 if warned else 0), [r.getMessage() for r in warnings]
+
+
+@pytest.mark.parametrize(
     ("offset", "kind", "message"),
     [
         (0, zmq.PUB, "--peer-port {port}: cannot publish on tcp://127.0.0.1:{port}"),
