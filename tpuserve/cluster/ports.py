@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
+from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
 
@@ -30,14 +32,40 @@ def free_port() -> int:
 
 def free_port_pair() -> int:
     """A port P such that P and P + 1 were both free on 127.0.0.1 (a router's --peer-port:
-    it binds P and P + 1)."""
+    it binds P and P + 1).
+
+    P is taken below the kernel's ephemeral range when there is room: inside it, P + 1 could
+    go to any outgoing connection or port-0 bind (another router's, a ZMQ peer's) between
+    this check and the router's bind."""
+    low = _ephemeral_low()
+    candidates = random.SystemRandom()
+    for _ in range(1000 if low > _PAIR_FLOOR + 2 else 0):
+        port = candidates.randrange(_PAIR_FLOOR, low - 1)
+        if _bindable(port) and _bindable(port + 1):
+            return port
     while True:
         port = free_port()
-        if port >= 65535:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((LOOPBACK, port + 1))
-            except OSError:
-                continue
-        return port
+        if port < 65535 and _bindable(port + 1):
+            return port
+
+
+_PAIR_FLOOR = 20000
+"""Where `free_port_pair` starts looking (well above the well-known and registered ports
+that system services tend to use)."""
+
+
+def _ephemeral_low() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text(encoding="ascii")
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
