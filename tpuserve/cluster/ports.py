@@ -11,13 +11,23 @@ LOOPBACK = "127.0.0.1"
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct ports the kernel just handed out for 127.0.0.1.
+    """`count` distinct ports that were free on 127.0.0.1 just now.
 
-    All sockets stay open until every port is chosen, so the ports are distinct; another
-    process could still take one before the component binds it, which the start-up readiness
-    wait then reports.
+    They are taken below the kernel's ephemeral range when there is room: a port inside it
+    can go to any outgoing connection or port-0 bind (a ZMQ peer's, an HTTP client's) between
+    this check and the component's bind, which under load happened in CI. Another process
+    could still bind one on purpose first, which the start-up readiness wait then reports.
     """
-    with contextlib.ExitStack() as stack:
+    low = _ephemeral_low()
+    chosen: list[int] = []
+    candidates = random.SystemRandom()
+    for _ in range(100 * count if low > _FLOOR + count else 0):
+        port = candidates.randrange(_FLOOR, low)
+        if port not in chosen and _bindable(port):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    with contextlib.ExitStack() as stack:  # no room below the range: the kernel's choice
         ports = []
         for _ in range(count):
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
@@ -39,8 +49,8 @@ def free_port_pair() -> int:
     this check and the router's bind."""
     low = _ephemeral_low()
     candidates = random.SystemRandom()
-    for _ in range(1000 if low > _PAIR_FLOOR + 2 else 0):
-        port = candidates.randrange(_PAIR_FLOOR, low - 1)
+    for _ in range(1000 if low > _FLOOR + 2 else 0):
+        port = candidates.randrange(_FLOOR, low - 1)
         if _bindable(port) and _bindable(port + 1):
             return port
     while True:
@@ -49,9 +59,9 @@ def free_port_pair() -> int:
             return port
 
 
-_PAIR_FLOOR = 20000
-"""Where `free_port_pair` starts looking (well above the well-known and registered ports
-that system services tend to use)."""
+_FLOOR = 20000
+"""Where the ports are looked for (well above the well-known ports and those system services
+tend to use)."""
 
 
 def _ephemeral_low() -> int:
