@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -33,7 +33,7 @@ from tests.waiting import eventually, eventually_async
 from tpuserve.cluster.ports import free_port, free_port_pair
 from tpuserve_router.metrics import RouterMetrics, create_router_metrics
 from tpuserve_router.peer_view import PeerView
-from tpuserve_router.peers import PeerNetwork
+from tpuserve_router.peers import PeerNetwork, resolve_addresses
 from tpuserve_router.policies import make_policy
 from tpuserve_router.policies.base import Decision
 
@@ -81,6 +81,25 @@ async def requests_heard(
         timeout_seconds=10, context=second.log,
     )  # fmt: skip
     return busy
+
+
+def dns_network(
+    host: str,
+    port: int,
+    addresses: Callable[[str, int], Awaitable[list[str]]] = resolve_addresses,
+    workers: dict[str, FakeWorker] | None = None,
+    metrics: RouterMetrics | None = None,
+) -> PeerNetwork:
+    """One replica's peering, following the name ``peers.test`` (resolved by ``addresses``)."""
+    known = {} if workers is None else workers
+    view = PeerView(
+        f"router-{host}", make_policy("precise"), known.get, clock=time.monotonic,
+        max_open_per_peer=16, open_ttl_seconds=60.0,
+    )  # fmt: skip
+    return PeerNetwork(
+        view, metrics or create_router_metrics(CollectorRegistry()), host=host, port=port,
+        dns_name="peers.test", refresh_seconds=3600, addresses=addresses,
+    )  # fmt: skip
 
 
 def peers_connected(router: RouterProcess, least: int) -> bool:
@@ -260,14 +279,7 @@ async def test_peers_from_dns_follow_the_names_addresses() -> None:
     for host in hosts:
         workers = {"w": FakeWorker("w")}
         metrics = create_router_metrics(CollectorRegistry())
-        view = PeerView(
-            f"router-{host}", make_policy("precise"), workers.get, clock=time.monotonic,
-            max_open_per_peer=16, open_ttl_seconds=60.0,
-        )  # fmt: skip
-        network = PeerNetwork(
-            view, metrics, host=host, port=port, dns_name="peers.test", refresh_seconds=3600,
-            addresses=addresses,
-        )  # fmt: skip
+        network = dns_network(host, port, addresses, workers, metrics)
         await network.start()
         replicas.append((network, workers, metrics))
     try:
@@ -317,15 +329,7 @@ async def test_a_dual_stack_name_is_followed_once_per_peer(
     async def addresses(_name: str, _port: int) -> list[str]:
         return list(answer)
 
-    workers: dict[str, FakeWorker] = {}
-    view = PeerView(
-        "router", make_policy("precise"), workers.get, clock=time.monotonic,
-        max_open_per_peer=16, open_ttl_seconds=60.0,
-    )  # fmt: skip
-    network = PeerNetwork(
-        view, create_router_metrics(CollectorRegistry()), host=host, port=port,
-        dns_name="peers.test", refresh_seconds=3600, addresses=addresses,
-    )  # fmt: skip
+    network = dns_network(host, port, addresses)
     await network.start()
     try:
         assert set(network.subscriptions) == {followed.format(port=port)}
@@ -344,17 +348,9 @@ async def test_a_dual_stack_name_is_followed_once_per_peer(
 def test_a_loopback_host_with_peers_on_other_hosts_is_warned_once(
     host: str, answer: list[str], warned: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """--peers-from-dns with a loopback --host: refused only once the name resolves to peers
+    """--peers-from-dns with a loopback --host: warned about once the name resolves to peers
     that could not reach it (the addresses are checked, never dialled here)."""
-    workers: dict[str, FakeWorker] = {}
-    view = PeerView(
-        "router", make_policy("precise"), workers.get, clock=time.monotonic,
-        max_open_per_peer=16, open_ttl_seconds=60.0,
-    )  # fmt: skip
-    network = PeerNetwork(
-        view, create_router_metrics(CollectorRegistry()), host=host, port=free_port(),
-        dns_name="peers.test", refresh_seconds=3600,
-    )  # fmt: skip
+    network = dns_network(host, free_port())
     try:
         for _ in range(2):
             network._warn_if_unreachable("peers.test", answer)
