@@ -11,7 +11,13 @@ from aiohttp import web
 
 from tests.fakes import LoopbackApp
 from tests.waiting import eventually_async
-from tpuserve_router.engine_loads import LOAD_KEYS, LOADS_PATH, UNSUPPORTED_AFTER_404S, LoadPoller
+from tpuserve_router.engine_loads import (
+    LOAD_KEYS,
+    LOADS_PATH,
+    MAX_BODY_BYTES,
+    UNSUPPORTED_AFTER_404S,
+    LoadPoller,
+)
 from tpuserve_router.workers import Worker, WorkerRegistry, WorkerSpec
 
 pytestmark = pytest.mark.component
@@ -110,5 +116,75 @@ async def test_an_unexpected_error_does_not_end_the_polling(engine: LoadsEngine)
     poller.start()
     try:
         await eventually_async(lambda: calls >= 3, what="the polling going on")
+    finally:
+        await poller.stop()
+
+
+class PeerCountingEngine(LoadsEngine):
+    """Also notes each poll's client address (one per TCP connection) and can answer with a
+    body of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.status = 200
+        self.peers: set[object] = set()
+        self.body: bytes | None = None
+
+    async def _loads(self, request: web.Request) -> web.Response:
+        self.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+        if self.body is not None:
+            self.polls += 1
+            return web.Response(body=self.body, content_type="application/json")
+        return await super()._loads(request)
+
+
+@pytest.fixture
+async def counting_engine() -> AsyncIterator[PeerCountingEngine]:
+    engine = PeerCountingEngine()
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def test_polls_keep_one_connection_alive_and_take_the_load(
+    counting_engine: PeerCountingEngine,
+) -> None:
+    registry = WorkerRegistry()
+    worker = registry.add(WorkerSpec(counting_engine.url))
+    poller = LoadPoller(registry, lambda _: 0, interval_seconds=3600.0, timeout_seconds=5.0)
+    poller.start()
+    try:
+        await eventually_async(lambda: worker.name in poller.polled_at, what="the first poll")
+        for _ in range(5):
+            await poller.poll(worker)
+        assert counting_engine.polls == 6
+        assert len(counting_engine.peers) == 1  # one kept-alive connection for all six
+    finally:
+        await poller.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [(b"x" * (MAX_BODY_BYTES + 1), "response_too_large"), (b"{not json", "JSONDecodeError")],
+)
+async def test_an_unusable_answer_fails_the_poll_with_its_reason(
+    counting_engine: PeerCountingEngine,
+    caplog: pytest.LogCaptureFixture,
+    body: bytes,
+    reason: str,
+) -> None:
+    registry = WorkerRegistry()
+    worker = registry.add(WorkerSpec(counting_engine.url))
+    counting_engine.body = body
+    poller = LoadPoller(registry, lambda _: 0, interval_seconds=3600.0, timeout_seconds=5.0)
+    poller.start()
+    try:
+        await eventually_async(lambda: counting_engine.polls >= 1, what="the first poll")
+        await poller.poll(worker)  # awaited here: its outcome is settled
+        assert worker.name not in poller.polled_at
+        assert any(reason in r.getMessage() for r in caplog.records), caplog.text
+        counting_engine.body = None  # a good answer is taken again
+        await poller.poll(worker)
+        assert worker.name in poller.polled_at
     finally:
         await poller.stop()
