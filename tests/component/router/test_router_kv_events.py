@@ -486,7 +486,7 @@ async def test_a_routing_decision_reads_the_events_received_before_it(
         (stream,) = app.kv.subscriptions(worker)
         await publisher.publish(1, stored(tokens))
         await eventually_async(
-            lambda: bool(stream.drain.get(zmq.EVENTS) & zmq.POLLIN), what="the batch received"
+            lambda: int(stream.drain.get(zmq.EVENTS)) & zmq.POLLIN != 0, what="the batch received"
         )
         assert blocks_of(app, worker) == len(warm) // PAGE  # received, not read yet
         hits = decisions(app, "prefix_hit")
