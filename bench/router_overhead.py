@@ -24,6 +24,9 @@ Usage (from the repository root; installs sglang-router into its own venv on fir
 
     python bench/router_overhead.py [--rounds 3] [--requests 6000] [--json out.json]
 
+``--cpu-rate R`` also measures CPU per request in an open loop at R requests/s: the same
+arrivals for every router, where at saturation a router's CPU per request also depends on
+the throughput it reaches (how many requests each wake-up of its event loop serves).
 ``--cpu-only`` keeps only the CPU and throughput measurement; ``--baseline TREE`` (repeatable)
 also runs each tpuserve policy from other checkouts, e.g. ``git archive COMMIT`` unpacked, so
 steps of a change are compared in one run. ``--py-spy DIR`` also samples each router's Python
@@ -321,6 +324,14 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
         out["cpu_us_per_request"] = used / ok * 1e6
         out["saturation_rps"] = ok / run.wall_seconds
         out["saturation_errors"] = len(reqs) - ok
+        if args.cpu_rate:
+            reqs = completion_requests(seed + 3, args.requests)
+            before = cpu_seconds(pid)
+            run = asyncio.run(open_loop(targets, reqs.__getitem__, len(reqs), args.cpu_rate))
+            used = cpu_seconds(pid) - before
+            ok = sum(1 for r in run.results if r.status == 200)
+            out["cpu_at_rate_us_per_request"] = used / max(ok, 1) * 1e6
+            out["cpu_at_rate_errors"] = len(reqs) - ok
     if args.cpu_only:
         return out
     reqs = completion_requests(seed + 1, args.latency_requests)
@@ -373,7 +384,11 @@ def cpu_summary(rows: dict[str, list[dict[str, Any]]], anchor: str | None) -> di
                 r["cpu_us_per_request"] / a["cpu_us_per_request"]
                 for r, a in zip(results, rows[anchor], strict=True)
             )
+        at_rate = [
+            r["cpu_at_rate_us_per_request"] for r in results if "cpu_at_rate_us_per_request" in r
+        ]
         summary[label] = {
+            "cpu_at_rate_us_per_request": statistics.median(at_rate) if at_rate else None,
             "cpu_us_per_request": cpu,
             "cpu_ratio_vs_sglang": cpu / anchor_cpu if anchor_cpu else None,
             "cpu_paired_ratio_vs_sglang": paired,
@@ -404,6 +419,8 @@ def add_latency_summary(
 
 def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
     header = ["router", "CPU/request", "vs sglang", "paired", "max req/s"]
+    if args.cpu_rate:
+        header.append(f"CPU/request at {args.cpu_rate:g} req/s")
     if not args.cpu_only:
         header += ["added p50", "added p99", "first chunk p50", "first chunk p99"]
     print(" | ".join(header))
@@ -412,6 +429,8 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
         cells = [label, f"{entry['cpu_us_per_request']:.0f} us",
                  f"{ratio:.2f}x" if ratio else "-", f"{paired:.2f}x" if paired else "-",
                  f"{entry['saturation_rps']:.0f}"]  # fmt: skip
+        if args.cpu_rate:
+            cells.append(f"{entry['cpu_at_rate_us_per_request']:.0f} us")
         if not args.cpu_only:
             cells += [
                 f"{entry['added_latency_p50_ms']:+.2f} ms",
@@ -463,6 +482,15 @@ def main() -> int:
         help="profile each router during the CPU measurement with py-spy (collapsed stacks, "
         "one file per router and round, in DIR); sampling from outside adds to the host's "
         "load, so take CPU figures from runs without it",
+    )
+    parser.add_argument(
+        "--cpu-rate",
+        type=float,
+        default=0.0,
+        metavar="REQ_PER_S",
+        help="also measure CPU per request in an open loop at this rate (the same arrivals "
+        "for every router: at saturation each router's CPU per request also depends on the "
+        "throughput it reaches, so on how much each wake-up of its event loop batches)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write all rows here")
     args = parser.parse_args()
