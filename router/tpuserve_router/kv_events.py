@@ -82,6 +82,10 @@ DRAIN_MAX_MESSAGES = 64
 the loop's next turn)."""
 DRAIN_INTERVAL_SECONDS = 0.01
 """The longest a received batch waits while no request is routed."""
+RECEIVE_HIGH_WATER_MARK = 10_000
+"""Batches a stream's socket holds unread at most (ZMQ drops what comes beyond). As many as
+SGLang's replay buffer keeps: what a router that fell this far behind loses is still in the
+engine's buffer, and the gap is replayed from there (beyond it nothing could be recovered)."""
 _EVENTS = int(zmq.EVENTS)  # plain ints: the enums' operators run in Python, per message
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -128,7 +132,7 @@ class _Subscription:
         self.socket = ctx.socket(zmq.SUB)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SUBSCRIBE, self.endpoints.topic.encode("utf-8"))
-        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HIGH_WATER_MARK)
         monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(self.endpoints.events)
         self.drain: zmq.Socket[bytes] = zmq.Socket.shadow(self.socket.underlying)  # no futures

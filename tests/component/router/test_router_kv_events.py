@@ -36,12 +36,14 @@ from tests.component.router.router_fleet import (
     start_router,
     wait_ready,
 )
+from tests.sglang_kv_events import sglang_kv_events
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.kv_events import (
     DRAIN_INTERVAL_SECONDS,
     DRAIN_MAX_MESSAGES,
+    RECEIVE_HIGH_WATER_MARK,
     SNAPSHOT_FORMAT,
     KvEventHub,
     _Subscription,
@@ -493,6 +495,19 @@ async def test_a_routing_decision_reads_the_events_received_before_it(
         await complete(app, PROMPT)
         assert decisions(app, "prefix_hit") == hits + 1
         assert blocks_of(app, worker) == len(warm) // PAGE + len(tokens) // PAGE
+
+
+async def test_a_streams_unread_batches_are_bounded_by_the_engines_replay_buffer(
+    plain_engine: EngineTwin,
+) -> None:
+    # Past the mark ZMQ drops batches; the gap is then replayed from the engine, whose buffer
+    # holds as many (beyond it, nothing could be recovered anyway).
+    async with publishing_router(plain_engine, replay=False) as (app, _publisher, worker):
+        assert app.kv is not None
+        (stream,) = app.kv.subscriptions(worker)
+        assert stream.socket.getsockopt(zmq.RCVHWM) == RECEIVE_HIGH_WATER_MARK
+    replay_buffer = sglang_kv_events().KVEventsConfig().buffer_steps  # the wheel's default
+    assert replay_buffer == RECEIVE_HIGH_WATER_MARK
 
 
 # ---------------------------------------------------------------- what the router cannot read
