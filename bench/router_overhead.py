@@ -325,6 +325,7 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
         out["saturation_rps"] = ok / run.wall_seconds
         out["saturation_errors"] = len(reqs) - ok
         if args.cpu_rate:
+            wait_idle(pid)
             reqs = completion_requests(seed + 3, args.requests)
             before = cpu_seconds(pid)
             run = asyncio.run(open_loop(targets, reqs.__getitem__, len(reqs), args.cpu_rate))

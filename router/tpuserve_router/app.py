@@ -196,8 +196,6 @@ class RouterApp:
             self.aborter,
             self.keys,
         )
-        if self.kv is not None:
-            self.forwarder.before_decision = self.kv.drain
         holds = self.forwarder.holds
         self.registry.on_changed.append(lambda _registry: holds.announce())
         self.admission.on_routable = holds.announce

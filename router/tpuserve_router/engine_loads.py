@@ -123,11 +123,10 @@ class LoadPoller:
 
     async def poll(self, worker: Worker) -> None:
         """Ask one worker's engine for its load and take it into the view."""
-        if not self._started:
-            return
+        if not self._started or self.registry.get(worker.name) is not worker:
+            return  # stopped, or removed before this poll began: no pool for it
         try:
-            async with asyncio.timeout(self.timeout_seconds):
-                status, body = await self._get(worker)
+            status, body = await self._get(worker)  # bounded by the connection's deadlines
             if status == 404:
                 self._missing(worker)
                 return
@@ -138,7 +137,7 @@ class LoadPoller:
         except UpstreamError as err:
             self._log_once(worker.name, err.reason, err)
             return
-        except (OSError, ValueError) as err:  # TimeoutError is an OSError; orjson's a ValueError
+        except (OSError, ValueError) as err:  # ValueError: orjson's errors, LoadAnswerError
             self._log_once(worker.name, type(err).__name__, err)
             return
         if self.registry.get(worker.name) is not worker:
@@ -165,14 +164,17 @@ class LoadPoller:
             except UpstreamError as err:
                 if err.reason != "reset_before_response" or not conn.reused or conn.received_any:
                     raise
-                pool.release(conn)  # stale: closed by the engine while idle
-                conn = await pool.connect()
+                pool.release(conn)  # stale: the engine closed it while idle (released twice,
+                conn = await pool.connect()  # harmlessly, if this connect fails)
                 await self._exchange(conn, request)
             return conn.status, await conn.read_all()
         finally:
             pool.release(conn)
 
     async def _exchange(self, conn: UpstreamConnection, request: bytes) -> None:
+        """Send ``request`` and wait for the head; the connection's one deadline timer bounds
+        the head and the whole answer by the poll timeout (a missed one fails the poll with
+        reason ``first_byte_timeout`` or ``request_timeout``)."""
         timeout = self.timeout_seconds
         conn.send(request)
         conn.set_deadlines(timeout, timeout, timeout)

@@ -119,7 +119,6 @@ class Forwarder:
         self.holds = HoldQueues(config.hold_max_requests, config.hold_max_seconds, metrics)
         self.hold_models = frozenset(config.hold_models)
         self.on_arrival: Callable[[bool], None] | None = None  # the demand signal, if any
-        self.before_decision: Callable[[], None] | None = None  # reads the KV events, if any
         self._shed_at = in_flight_limits(config.max_in_flight)
         self.budget = RetryBudget(
             config.retry_budget_percent,
@@ -218,8 +217,6 @@ class Forwarder:
                 # a retry goes to any other candidate, warm or not
                 others = [w for w in candidates if w not in excluded] if excluded else candidates
                 pool = others if excluded else first
-                if self.before_decision is not None:
-                    self.before_decision()
                 try:
                     decision = policy.choose(route_request, pool)
                 except NoHealthyWorker:

@@ -1,15 +1,9 @@
 """Subscribe to every worker's KV-cache events and keep the block index in step with them.
 
-Events are read when they are needed: every routing decision first takes what is queued on
-every stream's ZMQ SUB socket (`KvEventHub.drain`) and applies each batch to the policy's
-`BlockIndex` without awaiting (frames and payload decoded by `sglang_tpu.kv_events`, the one
-schema module, in either SGLang wire generation); only a batch out of sequence waits, for the
-replay below. While no request is routed, a timer drains every `DRAIN_INTERVAL_SECONDS`, so
-the index (its metrics, a peer's snapshot) trails the engines by at most that. A decision
-sees every batch the router's ZMQ I/O thread has received, as before; what changes is the
-cost: a reader on each socket's descriptor woke the event loop for every batch of every
-engine (about two wake-ups per routed request in front of four busy engines), where the
-decisions already wake it. A worker publishes one stream, or one per
+Per stream, a reader on the ZMQ SUB socket's descriptor takes what is queued and applies each
+batch to the policy's `BlockIndex` without awaiting (frames and payload decoded by
+`sglang_tpu.kv_events`, the one schema module, in either SGLang wire generation); only a
+batch out of sequence waits, for the replay below. A worker publishes one stream, or one per
 data-parallel rank (`tpuserve_router.kv_publishers` finds them); each stream is indexed as
 that worker's rank and everything below happens per stream. Sequence numbers decide what
 the index can still trust:
@@ -48,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,14 +71,13 @@ log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_SECONDS = 2.0
 DRAIN_MAX_MESSAGES = 64
-"""Messages read per stream and drain, bounded so requests keep flowing (the rest are read on
-the loop's next turn)."""
-DRAIN_INTERVAL_SECONDS = 0.01
-"""The longest a received batch waits while no request is routed."""
+"""Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
+are read on the loop's next turn)."""
 RECEIVE_HIGH_WATER_MARK = 10_000
-"""Batches a stream's socket holds unread at most (ZMQ drops what comes beyond). As many as
-SGLang's replay buffer keeps: what a router that fell this far behind loses is still in the
-engine's buffer, and the gap is replayed from there (beyond it nothing could be recovered)."""
+"""Batches a stream's socket holds unread at most (some 20 MB at ~2 kB a batch). Past it ZMQ
+stops reading the connection, so the engine's PUB socket queues them and, past its own mark
+(SGLang's is 100,000), drops them: the router then sees a sequence gap and replays what the
+engine's buffer still holds, or resyncs. Only a router far behind its engines gets there."""
 _EVENTS = int(zmq.EVENTS)  # plain ints: the enums' operators run in Python, per message
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -136,12 +128,15 @@ class _Subscription:
         monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.socket.connect(self.endpoints.events)
         self.drain: zmq.Socket[bytes] = zmq.Socket.shadow(self.socket.underlying)  # no futures
+        self.fd = int(self.drain.getsockopt(zmq.FD))
         self.loop = loop
-        loop.call_soon(self.read_queued)
+        loop.add_reader(self.fd, self._read)
+        loop.call_soon(self._read)  # the descriptor signals changes only: read what came first
         self.monitor_task = loop.create_task(self._watch(monitor))
 
     async def stop(self) -> None:
         self._stopped = True  # first: nothing read from here on starts a task
+        self.loop.remove_reader(self.fd)
         while tasks := [
             t for t in (self.task, self.monitor_task) if t is not None and not t.done()
         ]:
@@ -168,20 +163,28 @@ class _Subscription:
                         self.replayed_through = None
                     elif event["event"] == zmq.EVENT_CONNECTED:
                         await self._catch_up_from_start()
-                self.read_queued()  # what came while the lock was held
+                self._read()  # what came while the lock was held
         finally:
             monitor.close(linger=0)
 
-    def read_queued(self) -> None:
-        """Apply what is queued on the socket, in order, without awaiting (`KvEventHub.drain`
-        calls this). The next batch in sequence is applied at once; any other (the first one
-        seen, a gap, a restart, one after a catch-up) goes to `_receive_awaiting`, which may
-        ask the replay socket and so must await, and reading resumes when it is done. Nothing
-        is read while the lock is held: its holder reads on when it releases it."""
-        if self._stopped or self.task is not None or self.lock.locked():
+    def _read(self) -> None:
+        """Apply what is queued on the socket, in order, without awaiting (the event loop calls
+        this when the socket's descriptor signals). The next batch in sequence is applied at
+        once; any other (the first one seen, a gap, a restart, one after a catch-up) goes to
+        `_receive_awaiting`, which may ask the replay socket and so must await, and reading
+        resumes when it is done. Nothing is read while the lock is held: its holder reads on
+        when it releases it. The descriptor is edge-triggered, so a read always goes on until
+        the socket has nothing left, or is rescheduled. While busy it still reads the
+        socket's events: that clears the descriptor's signal, which otherwise stays set and
+        has the loop call this again at once, a busy spin for the whole catch-up."""
+        if self._stopped:
             return
         drain = self.drain
         get, recv = drain.get, drain.recv
+        if self.task is not None or self.lock.locked():
+            with contextlib.suppress(zmq.ZMQError):  # closed under us (stopping)
+                get(_EVENTS)
+            return
         for _ in range(DRAIN_MAX_MESSAGES):
             try:
                 if not int(get(_EVENTS)) & _POLLIN:
@@ -204,7 +207,7 @@ class _Subscription:
                 log.exception("%s: could not apply KV-event batch %d", self.label, seq)
                 continue
             self.expected = seq + 1
-        self.loop.call_soon(self.read_queued)  # more may be queued: on the loop's next turn
+        self.loop.call_soon(self._read)  # more may be queued; the descriptor will not say so
 
     async def _receive_awaiting(self, seq: int, payload: bytes) -> None:
         try:
@@ -215,7 +218,7 @@ class _Subscription:
                     log.exception("%s: could not apply KV-event batch %d", self.label, seq)
         finally:
             self.task = None
-        self.read_queued()
+        self._read()
 
     async def _catch_up_from_start(self) -> None:
         """Apply everything the engine's replay buffer holds (what it cached before we came),
@@ -336,21 +339,11 @@ class _Subscription:
 class KvEventHub:
     """Owns every worker's subscriptions; the app calls ``watch``/``unwatch`` as workers change."""
 
-    def __init__(
-        self,
-        index: BlockIndex,
-        metrics: RouterMetrics,
-        *,
-        drain_interval_seconds: float = DRAIN_INTERVAL_SECONDS,
-    ) -> None:
+    def __init__(self, index: BlockIndex, metrics: RouterMetrics) -> None:
         self.index = index
         self.metrics = metrics
         self.context = zmq.asyncio.Context()
-        self.drain_interval_seconds = drain_interval_seconds
         self._subscriptions: dict[str, tuple[_Subscription, ...]] = {}
-        self._streams: list[_Subscription] = []  # every subscription, flat: drained in turn
-        self._drained_at = 0.0
-        self._drainer: asyncio.Task[None] | None = None
         self._logged: set[tuple[str, str]] = set()
         self._seeds: dict[tuple[str, int], _Seed] = {}
 
@@ -374,9 +367,6 @@ class KvEventHub:
             for e in endpoints
         )
         self._subscriptions[worker] = subscriptions
-        self._streams.extend(subscriptions)
-        if self._drainer is None:
-            self._drainer = asyncio.get_running_loop().create_task(self._drain_when_idle())
         self.index.mark_event_feed(worker)
         for subscription in subscriptions:
             self._start_from_seed(subscription)
@@ -388,41 +378,17 @@ class KvEventHub:
 
     async def unwatch(self, worker: str) -> None:
         for subscription in self._subscriptions.pop(worker, ()):
-            self._streams.remove(subscription)
             await subscription.stop()
         self._logged = {logged for logged in self._logged if logged[0] != worker}
 
     async def stop(self) -> None:
-        if self._drainer is not None:
-            self._drainer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drainer
-            self._drainer = None
         for worker in list(self._subscriptions):
             await self.unwatch(worker)
         self.context.term()
 
-    def drain(self) -> None:
-        """Apply every batch received so far on every stream (before a routing decision)."""
-        self._drained_at = time.monotonic()
-        for subscription in self._streams:
-            subscription.read_queued()
-
-    async def _drain_when_idle(self) -> None:
-        """Drain every `drain_interval_seconds` in which no decision did."""
-        while True:
-            interval = self.drain_interval_seconds
-            await asyncio.sleep(interval)
-            if time.monotonic() - self._drained_at >= interval:
-                try:
-                    self.drain()
-                except Exception:  # a bug must not end the draining
-                    log.exception("draining the KV-event streams failed")
-
     def snapshot(self) -> dict[str, Any]:
         """What this router knows of every stream it follows, for a peer started late: the
         index's entries and the next batch number (`SNAPSHOT_FORMAT`)."""
-        self.drain()  # what has come, applied: the snapshot is as fresh as it can be
         streams = [
             {"worker": worker, "rank": sub.rank, "events": sub.endpoints.events,
              "seq": sub.expected, "blocks": self.index.stream_blocks(worker, sub.rank)}

@@ -4,6 +4,7 @@ answer; an unexpected error does not end the polling."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -129,9 +130,13 @@ class PeerCountingEngine(LoadsEngine):
         self.status = 200
         self.peers: set[object] = set()
         self.body: bytes | None = None
+        self.close_after_answer = False
 
     async def _loads(self, request: web.Request) -> web.Response:
-        self.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+        transport = request.transport
+        self.peers.add(transport.get_extra_info("peername") if transport else None)
+        if self.close_after_answer and transport is not None:  # as an idle timeout would
+            asyncio.get_running_loop().call_later(0.05, transport.close)
         if self.body is not None:
             self.polls += 1
             return web.Response(body=self.body, content_type="application/json")
@@ -186,5 +191,42 @@ async def test_an_unusable_answer_fails_the_poll_with_its_reason(
         counting_engine.body = None  # a good answer is taken again
         await poller.poll(worker)
         assert worker.name in poller.polled_at
+    finally:
+        await poller.stop()
+
+
+async def test_a_connection_the_engine_closed_is_replaced(
+    counting_engine: PeerCountingEngine,
+) -> None:
+    registry = WorkerRegistry()
+    worker = registry.add(WorkerSpec(counting_engine.url))
+    poller = LoadPoller(registry, lambda _: 0, interval_seconds=3600.0, timeout_seconds=5.0)
+    poller.start()
+    try:
+        await eventually_async(lambda: worker.name in poller.polled_at, what="the first poll")
+        counting_engine.close_after_answer = True
+        await poller.poll(worker)
+        await asyncio.sleep(0.2)  # the engine has closed the kept-alive connection
+        counting_engine.close_after_answer = False
+        del poller.polled_at[worker.name]
+        await poller.poll(worker)
+        assert worker.name in poller.polled_at  # answered, on a new connection
+        assert len(counting_engine.peers) == 2
+    finally:
+        await poller.stop()
+
+
+async def test_a_worker_removed_before_its_poll_is_not_polled(
+    counting_engine: PeerCountingEngine,
+) -> None:
+    registry = WorkerRegistry()
+    worker = registry.add(WorkerSpec(counting_engine.url))
+    poller = LoadPoller(registry, lambda _: 0, interval_seconds=3600.0, timeout_seconds=5.0)
+    poller.start()
+    try:
+        await eventually_async(lambda: counting_engine.polls == 1, what="the first poll")
+        registry.remove(worker.name)
+        await poller.poll(worker)  # e.g. a poll task created just before the removal
+        assert counting_engine.polls == 1
     finally:
         await poller.stop()

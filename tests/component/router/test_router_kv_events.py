@@ -36,12 +36,10 @@ from tests.component.router.router_fleet import (
     start_router,
     wait_ready,
 )
-from tests.sglang_kv_events import sglang_kv_events
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.kv_events import (
-    DRAIN_INTERVAL_SECONDS,
     DRAIN_MAX_MESSAGES,
     RECEIVE_HIGH_WATER_MARK,
     SNAPSHOT_FORMAT,
@@ -437,11 +435,10 @@ async def test_a_seeded_stream_whose_engine_restarted_drops_the_snapshots_blocks
 async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
     plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # While the catch-up replay holds the lock, live events queue; nothing may call the reader
-    # over and over until the lock is free (a descriptor's signal did once): only the idle
-    # drain, every DRAIN_INTERVAL_SECONDS.
+    # While the catch-up replay holds the lock, live events queue; the reader must clear the
+    # socket's signal, else the event loop calls it again and again until the lock is free.
     reads = 0
-    read = _Subscription.read_queued
+    read = _Subscription._read
 
     def counting(self: _Subscription) -> None:
         nonlocal reads
@@ -458,7 +455,7 @@ async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
         await release.wait()
         return []
 
-    monkeypatch.setattr(_Subscription, "read_queued", counting)
+    monkeypatch.setattr(_Subscription, "_read", counting)
     monkeypatch.setattr(KvEventHub, "replay", stalled)
     tokens = load_tokenizer().encode(PROMPT)
     async with publishing_router(plain_engine, replay=True) as (app, publisher, worker):
@@ -469,45 +466,16 @@ async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
         busy_reads = reads - before
         release.set()
         await wait_blocks(app, worker, len(tokens) // PAGE, "the events after the catch-up")
-    assert busy_reads <= 2 * 0.3 / DRAIN_INTERVAL_SECONDS
+    assert busy_reads < 20
 
 
-async def test_a_routing_decision_reads_the_events_received_before_it(
-    plain_engine: EngineTwin,
-) -> None:
-    # The idle drain is off (an hour): a batch received by the socket is applied by the next
-    # decision, which already counts it.
-    tokenizer = load_tokenizer()
-    warm, tokens = tokenizer.encode("a warm-up prompt " * 8), tokenizer.encode(PROMPT)
-    async with publishing_router(plain_engine, replay=False) as (app, publisher, worker):
-        assert app.kv is not None
-        await publisher.publish(0, stored(warm))  # the first batch, taken by a task
-        await wait_blocks(app, worker, len(warm) // PAGE, "the first batch")
-        app.kv.drain_interval_seconds = 3600.0
-        await asyncio.sleep(3 * DRAIN_INTERVAL_SECONDS)  # the drainer's last short wait is over
-        (stream,) = app.kv.subscriptions(worker)
-        await publisher.publish(1, stored(tokens))
-        await eventually_async(
-            lambda: int(stream.drain.get(zmq.EVENTS)) & zmq.POLLIN != 0, what="the batch received"
-        )
-        assert blocks_of(app, worker) == len(warm) // PAGE  # received, not read yet
-        hits = decisions(app, "prefix_hit")
-        await complete(app, PROMPT)
-        assert decisions(app, "prefix_hit") == hits + 1
-        assert blocks_of(app, worker) == len(warm) // PAGE + len(tokens) // PAGE
-
-
-async def test_a_streams_unread_batches_are_bounded_by_the_engines_replay_buffer(
-    plain_engine: EngineTwin,
-) -> None:
-    # Past the mark ZMQ drops batches; the gap is then replayed from the engine, whose buffer
-    # holds as many (beyond it, nothing could be recovered anyway).
+async def test_a_streams_unread_batches_are_bounded(plain_engine: EngineTwin) -> None:
+    # Past the mark ZMQ stops reading the connection (the engine's PUB queues, then drops: a
+    # sequence gap); without one, a router far behind its engines would hold every batch.
     async with publishing_router(plain_engine, replay=False) as (app, _publisher, worker):
         assert app.kv is not None
         (stream,) = app.kv.subscriptions(worker)
-        assert stream.socket.getsockopt(zmq.RCVHWM) == RECEIVE_HIGH_WATER_MARK
-    replay_buffer = sglang_kv_events().KVEventsConfig().buffer_steps  # the wheel's default
-    assert replay_buffer == RECEIVE_HIGH_WATER_MARK
+        assert stream.socket.getsockopt(zmq.RCVHWM) == RECEIVE_HIGH_WATER_MARK > 0
 
 
 # ---------------------------------------------------------------- what the router cannot read
