@@ -147,8 +147,7 @@ class LoadPoller:
         self.polled_at[worker.name] = self.clock()
 
     async def _get(self, worker: Worker) -> tuple[int, bytes]:
-        """``GET /v1/loads`` on the worker's kept-alive connection: (status, body). A pooled
-        connection the engine closed while idle is replaced once, as the proxy does."""
+        """``GET /v1/loads`` on the worker's kept-alive connection: (status, body)."""
         pool = self._pools.get(worker.name)
         if pool is None:
             pool = self._pools[worker.name] = UpstreamPool(
@@ -157,16 +156,8 @@ class LoadPoller:
             )  # fmt: skip
         request = b"GET " + LOADS_PATH.encode() + b" HTTP/1.1\r\nhost: " + pool.host_header
         request += b"\r\naccept: application/json\r\n\r\n"
-        conn = await pool.acquire()
+        conn = await pool.open(lambda c: self._exchange(c, request))
         try:
-            try:
-                await self._exchange(conn, request)
-            except UpstreamError as err:
-                if err.reason != "reset_before_response" or not conn.reused or conn.received_any:
-                    raise
-                pool.release(conn)  # stale: the engine closed it while idle (released twice,
-                conn = await pool.connect()  # harmlessly, if this connect fails)
-                await self._exchange(conn, request)
             return conn.status, await conn.read_all()
         finally:
             pool.release(conn)

@@ -334,7 +334,9 @@ class Forwarder:
             payload = _upstream_request(request, pool.host_header, headers_and_body)
             try:
                 sent = True
-                upstream = await self._open(pool, payload, since, first_byte)
+                upstream = await pool.open(
+                    lambda conn: self._send(conn, payload, since, first_byte)
+                )
             except UpstreamError as err:
                 abandoned = _abandoned(err)
                 if self._failed_before_answer(err, worker, retries, candidates):
@@ -456,42 +458,16 @@ class Forwarder:
         if self.peers is not None:
             self.peers.prefill_done(decision)
 
-    async def _open(
-        self, pool: UpstreamPool, payload: bytes, arrived: float, first_byte: float
-    ) -> UpstreamConnection:
-        """Send ``payload`` and wait for the response head; a stale pooled connection is
-        replaced once by a fresh one to the same worker (the worker closed it while idle, so
-        it never read the request). A connection on which the worker sent anything, even an
-        unreadable head, is not stale: the worker read the request, so it is not sent there
-        again (the retry rule may send it elsewhere)."""
-        upstream = await pool.acquire()
-        try:
-            return await self._send(upstream, payload, arrived, first_byte)
-        except UpstreamError as err:
-            pool.release(upstream)  # not done: closed
-            stale = upstream.reused and not upstream.received_any
-            if err.reason != "reset_before_response" or not stale:
-                raise
-        except BaseException:
-            pool.release(upstream)
-            raise
-        upstream = await pool.connect()
-        try:
-            return await self._send(upstream, payload, arrived, first_byte)
-        except BaseException:
-            pool.release(upstream)
-            raise
-
     async def _send(
         self, upstream: UpstreamConnection, payload: bytes, arrived: float, first_byte: float
-    ) -> UpstreamConnection:
+    ) -> None:
+        """Write the request and wait for the response head (`UpstreamPool.open`'s send)."""
         upstream.send(payload)
         left = self.config.request_timeout_seconds - (time.monotonic() - arrived)
         upstream.set_deadlines(
             first_byte, max(0.001, left), self.config.stream_idle_timeout_seconds
         )
         await upstream.wait_head()
-        return upstream
 
     def _failed_before_answer(
         self, err: UpstreamError, worker: Worker, retries: int, candidates: list[Worker]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import httptools
@@ -371,6 +372,34 @@ class UpstreamPool:
                 self.busy.add(conn)
                 return conn
         return await self.connect()
+
+    async def open(
+        self, send: Callable[[UpstreamConnection], Awaitable[None]]
+    ) -> UpstreamConnection:
+        """A connection on which ``send`` (writing a request, waiting for what it needs of the
+        answer) succeeded, the caller's to release. A stale pooled connection is replaced
+        once by a fresh one (the worker closed it while idle, so it never read the request).
+        A connection on which the worker sent anything, even an unreadable head, is not
+        stale: the worker read the request, so it is not sent there again."""
+        conn = await self.acquire()
+        try:
+            await send(conn)
+            return conn
+        except UpstreamError as err:
+            self.release(conn)  # not done: closed
+            stale = conn.reused and not conn.received_any
+            if err.reason != "reset_before_response" or not stale:
+                raise
+        except BaseException:
+            self.release(conn)
+            raise
+        conn = await self.connect()
+        try:
+            await send(conn)
+            return conn
+        except BaseException:
+            self.release(conn)
+            raise
 
     async def connect(self) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
