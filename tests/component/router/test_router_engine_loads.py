@@ -5,6 +5,7 @@ answer; an unexpected error does not end the polling."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -151,21 +152,29 @@ async def counting_engine() -> AsyncIterator[PeerCountingEngine]:
     await engine.stop()
 
 
-async def test_polls_keep_one_connection_alive_and_take_the_load(
-    counting_engine: PeerCountingEngine,
-) -> None:
+@contextlib.asynccontextmanager
+async def polling(engine: LoadsEngine) -> AsyncIterator[tuple[WorkerRegistry, Worker, LoadPoller]]:
+    """One worker on ``engine`` and a started poller (an hour between passes: only its first
+    pass and the polls a test makes run), stopped on the way out."""
     registry = WorkerRegistry()
-    worker = registry.add(WorkerSpec(counting_engine.url))
+    worker = registry.add(WorkerSpec(engine.url))
     poller = LoadPoller(registry, lambda _: 0, interval_seconds=3600.0, timeout_seconds=5.0)
     poller.start()
     try:
+        yield registry, worker, poller
+    finally:
+        await poller.stop()
+
+
+async def test_polls_keep_one_connection_alive_and_take_the_load(
+    counting_engine: PeerCountingEngine,
+) -> None:
+    async with polling(counting_engine) as (_, worker, poller):
         await eventually_async(lambda: worker.name in poller.polled_at, what="the first poll")
         for _ in range(5):
             await poller.poll(worker)
         assert counting_engine.polls == 6
         assert len(counting_engine.peers) == 1  # one kept-alive connection for all six
-    finally:
-        await poller.stop()
 
 
 @pytest.mark.parametrize(
@@ -178,12 +187,8 @@ async def test_an_unusable_answer_fails_the_poll_with_its_reason(
     body: bytes,
     reason: str,
 ) -> None:
-    registry = WorkerRegistry()
-    worker = registry.add(WorkerSpec(counting_engine.url))
     counting_engine.body = body
-    poller = LoadPoller(registry, lambda _: 0, interval_seconds=3600.0, timeout_seconds=5.0)
-    poller.start()
-    try:
+    async with polling(counting_engine) as (_, worker, poller):
         await eventually_async(lambda: counting_engine.polls >= 1, what="the first poll")
         await poller.poll(worker)  # awaited here: its outcome is settled
         assert worker.name not in poller.polled_at
@@ -191,18 +196,12 @@ async def test_an_unusable_answer_fails_the_poll_with_its_reason(
         counting_engine.body = None  # a good answer is taken again
         await poller.poll(worker)
         assert worker.name in poller.polled_at
-    finally:
-        await poller.stop()
 
 
 async def test_a_connection_the_engine_closed_is_replaced(
     counting_engine: PeerCountingEngine,
 ) -> None:
-    registry = WorkerRegistry()
-    worker = registry.add(WorkerSpec(counting_engine.url))
-    poller = LoadPoller(registry, lambda _: 0, interval_seconds=3600.0, timeout_seconds=5.0)
-    poller.start()
-    try:
+    async with polling(counting_engine) as (_, worker, poller):
         await eventually_async(lambda: worker.name in poller.polled_at, what="the first poll")
         counting_engine.close_after_answer = True
         await poller.poll(worker)
@@ -212,21 +211,13 @@ async def test_a_connection_the_engine_closed_is_replaced(
         await poller.poll(worker)
         assert worker.name in poller.polled_at  # answered, on a new connection
         assert len(counting_engine.peers) == 2
-    finally:
-        await poller.stop()
 
 
 async def test_a_worker_removed_before_its_poll_is_not_polled(
     counting_engine: PeerCountingEngine,
 ) -> None:
-    registry = WorkerRegistry()
-    worker = registry.add(WorkerSpec(counting_engine.url))
-    poller = LoadPoller(registry, lambda _: 0, interval_seconds=3600.0, timeout_seconds=5.0)
-    poller.start()
-    try:
+    async with polling(counting_engine) as (registry, worker, poller):
         await eventually_async(lambda: counting_engine.polls == 1, what="the first poll")
         registry.remove(worker.name)
         await poller.poll(worker)  # e.g. a poll task created just before the removal
         assert counting_engine.polls == 1
-    finally:
-        await poller.stop()

@@ -178,6 +178,16 @@ async def test_a_late_replica_starts_from_a_peers_snapshot_when_replay_is_not_en
         early.stop()
 
 
+def starts_without_a_snapshot(engines: list[EngineTwin], source: str, logged: str) -> None:
+    """A router given ``--kv-snapshot-from source`` logs ``logged`` and starts ready anyway."""
+    (router,) = start_routers(engines, 1, "--kv-snapshot-from", source)
+    try:
+        assert logged in router.log()
+        assert get_json(router.url + "/readiness")
+    finally:
+        router.stop()
+
+
 def test_the_first_replica_starts_with_no_peer_to_take_a_snapshot_from(
     engines: list[EngineTwin],
 ) -> None:
@@ -186,12 +196,7 @@ def test_the_first_replica_starts_with_no_peer_to_take_a_snapshot_from(
     with socket.socket() as probe:  # a loopback port nobody listens on once closed
         probe.bind(("127.0.0.1", 0))
         nobody = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    (first,) = start_routers(engines, 1, "--kv-snapshot-from", nobody)
-    try:
-        assert f"no KV snapshot from {nobody}" in first.log()
-        assert get_json(first.url + "/readiness")
-    finally:
-        first.stop()
+    starts_without_a_snapshot(engines, nobody, f"no KV snapshot from {nobody}")
 
 
 class UnreadableSnapshot(BaseHTTPRequestHandler):
@@ -217,12 +222,9 @@ def test_a_snapshot_that_cannot_be_read_does_not_stop_the_start(
     serving.start()
     peer = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        (router,) = start_routers(engines, 1, "--kv-snapshot-from", peer)
-        try:
-            assert f"no KV snapshot from {peer}: not a msgpack snapshot" in router.log()
-            assert get_json(router.url + "/readiness")
-        finally:
-            router.stop()
+        starts_without_a_snapshot(
+            engines, peer, f"no KV snapshot from {peer}: not a msgpack snapshot"
+        )
     finally:
         server.shutdown()
         server.server_close()
