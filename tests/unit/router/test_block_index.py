@@ -158,7 +158,7 @@ def test_worker_bits_are_reused_after_forget() -> None:
     for i in range(100):
         store(index, f"w{i}", list(range(8)))
         index.forget(f"w{i}")
-    assert index._next_bit <= 2
+    assert index.allocated_bits <= 1
 
 
 def test_old_predictions_get_the_short_ttl_once_events_flow() -> None:
@@ -217,7 +217,7 @@ def test_forget_frees_the_bits_of_every_rank() -> None:
         for rank in range(3):
             store(index, f"w{i}", list(range(8)), rank=rank)
         index.forget(f"w{i}")
-    assert index._next_bit == 8  # three streams' bits, reused by every later worker
+    assert index.allocated_bits == 3  # three streams' bits, reused by every later worker
     assert index.confirmed_blocks == 0
 
 

@@ -1,0 +1,497 @@
+//! `BlockIndex`: which worker holds which KV-cache block. The semantics are documented in
+//! `tpuserve_router/block_index.py`, which exports this class.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use hashlink::LinkedHashMap;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::bits::Bits;
+use crate::keys::{block_keys, page_key, ROOT_KEY};
+
+/// Router keys and engine hashes are already well mixed; one multiply spreads them over a
+/// table's buckets (SipHash would cost more than the rest of a lookup).
+#[derive(Default)]
+pub struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_i64(&mut self, value: i64) {
+        self.0 = (self.0.rotate_left(5) ^ value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_i128(&mut self, value: i128) {
+        self.write_i64(value as i64);
+        self.write_i64((value >> 64) as i64);
+    }
+}
+
+type Mix = BuildHasherDefault<MixHasher>;
+type Key = i64;
+/// Engines hash blocks to 64-bit ints, signed (SGLang) or not: both fit.
+type EngineHash = i128;
+
+struct Stream {
+    bit: usize,
+    /// Engine block hash -> router key (None: an orphan whose parent the index never saw).
+    engine_keys: HashMap<EngineHash, Option<Key>, Mix>,
+}
+
+impl Stream {
+    fn new(bit: usize) -> Stream {
+        Stream { bit, engine_keys: HashMap::default() }
+    }
+}
+
+struct Worker {
+    /// The bit of its predictions and of its rank-0 stream.
+    bit: usize,
+    /// The bits of all its streams.
+    mask: Bits,
+    streams: HashMap<i64, Stream>,
+    /// Router key -> expiry time, oldest first.
+    predicted: LinkedHashMap<Key, f64, Mix>,
+    has_events: bool,
+}
+
+#[pyclass(module = "tpuserve_router._native")]
+pub struct BlockIndex {
+    #[pyo3(get, set)]
+    page_size: usize,
+    #[pyo3(get, set)]
+    page_size_learned: bool,
+    #[pyo3(get, set)]
+    predicted_ttl_seconds: f64,
+    #[pyo3(get, set)]
+    approximate_ttl_seconds: f64,
+    #[pyo3(get, set)]
+    max_predicted_blocks: usize,
+    /// Blocks stored under a parent the index never saw (they cannot be keyed).
+    #[pyo3(get)]
+    orphan_blocks: i64,
+    /// Distinct stream bits handed out so far (freed bits are reused before new ones).
+    #[pyo3(get)]
+    allocated_bits: usize,
+    clock: Py<PyAny>,
+    workers: LinkedHashMap<String, Worker>,
+    free_bits: Vec<usize>,
+    confirmed: HashMap<Key, Bits, Mix>,
+    predicted: HashMap<Key, Bits, Mix>,
+    next_expiry: f64,
+}
+
+fn drop_bit(map: &mut HashMap<Key, Bits, Mix>, key: Key, bit: usize) {
+    if let Some(mask) = map.get_mut(&key) {
+        mask.unset(bit);
+        if mask.is_empty() {
+            map.remove(&key);
+        }
+    }
+}
+
+fn add_bit(map: &mut HashMap<Key, Bits, Mix>, key: Key, bit: usize) {
+    map.entry(key).or_default().set(bit);
+}
+
+impl BlockIndex {
+    fn now(&self, py: Python<'_>) -> PyResult<f64> {
+        self.clock.call0(py)?.extract::<f64>(py)
+    }
+
+    fn new_bit(&mut self) -> usize {
+        if let Some(bit) = self.free_bits.pop() {
+            return bit;
+        }
+        self.allocated_bits += 1;
+        self.allocated_bits - 1
+    }
+
+    fn ensure_worker(&mut self, name: &str) {
+        if !self.workers.contains_key(name) {
+            let bit = self.new_bit();
+            let mut streams = HashMap::new();
+            streams.insert(0, Stream::new(bit));
+            let worker = Worker {
+                bit,
+                mask: Bits::single(bit),
+                streams,
+                predicted: LinkedHashMap::default(),
+                has_events: false,
+            };
+            self.workers.insert(name.to_owned(), worker);
+        }
+    }
+
+    /// The worker, created if new, with its stream `rank` created if new.
+    fn ensure_stream(&mut self, name: &str, rank: i64) {
+        self.ensure_worker(name);
+        if !self.workers[name].streams.contains_key(&rank) {
+            let bit = self.new_bit();
+            let worker = self.workers.get_mut(name).expect("just ensured");
+            worker.streams.insert(rank, Stream::new(bit));
+            worker.mask.set(bit);
+        }
+    }
+
+    fn clear_stream(stream: &mut Stream, confirmed: &mut HashMap<Key, Bits, Mix>, orphans: &mut i64) {
+        for key in stream.engine_keys.values() {
+            match key {
+                None => *orphans -= 1,
+                Some(key) => drop_bit(confirmed, *key, stream.bit),
+            }
+        }
+        stream.engine_keys = HashMap::default();
+    }
+
+    fn expire(&mut self, py: Python<'_>) -> PyResult<()> {
+        let now = self.now(py)?;
+        if now < self.next_expiry {
+            return Ok(());
+        }
+        let mut next_expiry = f64::INFINITY;
+        for worker in self.workers.values_mut() {
+            while let Some((&key, &expiry)) = worker.predicted.front() {
+                if expiry > now {
+                    next_expiry = next_expiry.min(expiry);
+                    break;
+                }
+                worker.predicted.pop_front();
+                drop_bit(&mut self.predicted, key, worker.bit);
+            }
+        }
+        let ttl = self.predicted_ttl_seconds.min(self.approximate_ttl_seconds);
+        self.next_expiry = next_expiry.max(now + ttl / 10.0);
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl BlockIndex {
+    #[new]
+    #[pyo3(signature = (*, page_size=16, predicted_ttl_seconds=2.0, approximate_ttl_seconds=120.0,
+                        max_predicted_blocks=262_144, clock=None))]
+    fn new(
+        py: Python<'_>,
+        page_size: i64,
+        predicted_ttl_seconds: f64,
+        approximate_ttl_seconds: f64,
+        max_predicted_blocks: usize,
+        clock: Option<Py<PyAny>>,
+    ) -> PyResult<BlockIndex> {
+        if page_size < 1 {
+            return Err(PyValueError::new_err(format!("page_size must be >= 1, got {page_size}")));
+        }
+        let clock = match clock {
+            Some(clock) => clock,
+            None => py.import("time")?.getattr("monotonic")?.unbind(),
+        };
+        Ok(BlockIndex {
+            page_size: page_size as usize,
+            page_size_learned: false,
+            predicted_ttl_seconds,
+            approximate_ttl_seconds,
+            max_predicted_blocks,
+            orphan_blocks: 0,
+            allocated_bits: 0,
+            clock,
+            workers: LinkedHashMap::new(),
+            free_bits: Vec::new(),
+            confirmed: HashMap::default(),
+            predicted: HashMap::default(),
+            next_expiry: f64::INFINITY,
+        })
+    }
+
+    // ------------------------------------------------------------------ queries
+
+    /// Router keys of the full pages of `token_ids`, at the index's page size.
+    fn keys(&self, token_ids: Vec<i64>) -> Vec<Key> {
+        block_keys(&token_ids, self.page_size)
+    }
+
+    /// Distinct blocks some worker reported holding.
+    #[getter]
+    fn confirmed_blocks(&self) -> usize {
+        self.confirmed.len()
+    }
+
+    /// Distinct blocks only predicted (routed, not yet confirmed by an event).
+    #[getter]
+    fn predicted_blocks(&self) -> usize {
+        self.predicted.len()
+    }
+
+    /// Blocks `name` reported holding (confirmed entries only), in all its DP ranks or in `rank`.
+    #[pyo3(signature = (name, rank=None))]
+    fn worker_blocks(&self, name: &str, rank: Option<i64>) -> usize {
+        let Some(worker) = self.workers.get(name) else { return 0 };
+        match rank {
+            Some(rank) => worker.streams.get(&rank).map_or(0, |s| s.engine_keys.len()),
+            None => worker.streams.values().map(|s| s.engine_keys.len()).sum(),
+        }
+    }
+
+    /// The engine's own block hashes `name` reported holding and not yet removed, in all its DP
+    /// ranks or in `rank` (orphans included).
+    #[pyo3(signature = (name, rank=None))]
+    fn engine_hashes(&self, name: &str, rank: Option<i64>) -> HashSet<EngineHash> {
+        let Some(worker) = self.workers.get(name) else { return HashSet::new() };
+        worker
+            .streams
+            .iter()
+            .filter(|(r, _)| rank.is_none_or(|rank| **r == rank))
+            .flat_map(|(_, stream)| stream.engine_keys.keys().copied())
+            .collect()
+    }
+
+    fn workers(&self) -> Vec<String> {
+        self.workers.keys().cloned().collect()
+    }
+
+    /// Whether `name` reported holding block `key` (confirmed, in any of its ranks).
+    fn holds(&self, name: &str, key: Key) -> bool {
+        match (self.workers.get(name), self.confirmed.get(&key)) {
+            (Some(worker), Some(mask)) => mask.intersects(&worker.mask),
+            _ => false,
+        }
+    }
+
+    /// For each of `names`, how many leading blocks of `keys` it holds (the best of its DP ranks).
+    #[pyo3(name = "match")]
+    fn match_(&mut self, py: Python<'_>, keys: Vec<Key>, names: Vec<String>) -> PyResult<Vec<usize>> {
+        self.expire(py)?;
+        let empty = Bits::default();
+        let masks: Vec<&Bits> =
+            names.iter().map(|n| self.workers.get(n.as_str()).map_or(&empty, |w| &w.mask)).collect();
+        let mut depths = vec![0usize; names.len()];
+        let mut alive = Bits::default();
+        for mask in &masks {
+            alive.or_assign(mask);
+        }
+        let mut depth = 0;
+        for key in &keys {
+            if alive.is_empty() {
+                break;
+            }
+            let mut held = self.confirmed.get(key).map_or_else(Bits::default, |m| m.and(&alive));
+            if held != alive {
+                if let Some(predicted) = self.predicted.get(key) {
+                    held.or_assign(&predicted.and(&alive));
+                }
+            }
+            if held != alive {
+                let gone = alive.and_not(&held);
+                for (i, mask) in masks.iter().enumerate() {
+                    if mask.intersects(&gone) && !mask.intersects(&held) {
+                        depths[i] = depth; // its last rank dropped out here
+                    }
+                }
+                alive = held;
+            }
+            depth += 1;
+        }
+        if !alive.is_empty() {
+            for (i, mask) in masks.iter().enumerate() {
+                if mask.intersects(&alive) {
+                    depths[i] = depth;
+                }
+            }
+        }
+        Ok(depths)
+    }
+
+    // ------------------------------------------------------------------ peer snapshots
+
+    /// A stream's engine hash -> router key entries, as a peer router's snapshot carries them.
+    #[pyo3(signature = (name, rank=0))]
+    fn stream_blocks(&self, name: &str, rank: i64) -> Vec<(EngineHash, Option<Key>)> {
+        self.workers
+            .get(name)
+            .and_then(|w| w.streams.get(&rank))
+            .map_or_else(Vec::new, |s| s.engine_keys.iter().map(|(h, k)| (*h, *k)).collect())
+    }
+
+    /// Take a peer router's entries for one stream, as if its events had been applied here.
+    fn load_stream(&mut self, name: &str, rank: i64, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.ensure_stream(name, rank);
+        let worker = self.workers.get_mut(name).expect("just ensured");
+        worker.has_events = true;
+        let stream = worker.streams.get_mut(&rank).expect("just ensured");
+        for block in blocks.try_iter()? {
+            let (engine_hash, key): (EngineHash, Option<Key>) = block?.extract()?;
+            if stream.engine_keys.contains_key(&engine_hash) {
+                continue;
+            }
+            stream.engine_keys.insert(engine_hash, key);
+            match key {
+                None => self.orphan_blocks += 1,
+                Some(key) => {
+                    add_bit(&mut self.confirmed, key, stream.bit);
+                    if worker.predicted.remove(&key).is_some() {
+                        drop_bit(&mut self.predicted, key, worker.bit);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ routing predictions
+
+    /// Record that `name` is about to hold `keys` (it was just routed that prompt).
+    fn predict(&mut self, py: Python<'_>, name: &str, keys: Vec<Key>) -> PyResult<()> {
+        self.ensure_worker(name);
+        let has_events = self.workers[name].has_events;
+        let ttl = if has_events { self.predicted_ttl_seconds } else { self.approximate_ttl_seconds };
+        if ttl <= 0.0 {
+            return Ok(());
+        }
+        let expiry = self.now(py)? + ttl;
+        let worker = self.workers.get_mut(name).expect("just ensured");
+        for key in keys {
+            if self.confirmed.get(&key).is_some_and(|m| m.intersects(&worker.mask)) {
+                continue;
+            }
+            if worker.predicted.insert(key, expiry).is_none() {
+                add_bit(&mut self.predicted, key, worker.bit);
+            }
+        }
+        while worker.predicted.len() > self.max_predicted_blocks {
+            let Some((key, _)) = worker.predicted.pop_front() else { break };
+            drop_bit(&mut self.predicted, key, worker.bit);
+        }
+        if expiry < self.next_expiry {
+            self.next_expiry = expiry;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ engine events
+
+    /// Apply a `BlockStored` event of `name`'s DP rank `rank`: it now holds these blocks.
+    #[pyo3(signature = (name, block_hashes, parent_block_hash, token_ids, block_size, rank=0))]
+    fn store(
+        &mut self,
+        name: &str,
+        block_hashes: Vec<EngineHash>,
+        parent_block_hash: Option<EngineHash>,
+        token_ids: Vec<i64>,
+        block_size: i64,
+        rank: i64,
+    ) {
+        self.ensure_stream(name, rank);
+        if block_size >= 1 && !self.page_size_learned {
+            self.page_size = block_size as usize;
+            self.page_size_learned = true;
+        }
+        let worker = self.workers.get_mut(name).expect("just ensured");
+        worker.has_events = true;
+        let stream = worker.streams.get_mut(&rank).expect("just ensured");
+        let mut parent = match parent_block_hash {
+            None => Some(ROOT_KEY),
+            Some(hash) => stream.engine_keys.get(&hash).copied().flatten(),
+        };
+        let size = block_size.max(0) as usize;
+        let bit = stream.bit;
+        for (i, engine_hash) in block_hashes.into_iter().enumerate() {
+            let start = (i * size).min(token_ids.len());
+            let end = ((i + 1) * size).min(token_ids.len());
+            let key = parent.map(|parent| page_key(parent, &token_ids[start..end]));
+            if let Some(old) = stream.engine_keys.insert(engine_hash, key) {
+                // stored again: replace the old entry
+                match old {
+                    None => self.orphan_blocks -= 1,
+                    Some(old) if Some(old) != key => drop_bit(&mut self.confirmed, old, bit),
+                    Some(_) => {}
+                }
+            }
+            match key {
+                None => self.orphan_blocks += 1,
+                Some(key) => {
+                    add_bit(&mut self.confirmed, key, bit);
+                    if worker.predicted.remove(&key).is_some() {
+                        drop_bit(&mut self.predicted, key, worker.bit);
+                    }
+                }
+            }
+            parent = key;
+        }
+    }
+
+    /// Apply a `BlockRemoved` event of `name`'s DP rank `rank`.
+    #[pyo3(signature = (name, block_hashes, rank=0))]
+    fn remove(&mut self, name: &str, block_hashes: &Bound<'_, PyAny>, rank: i64) -> PyResult<()> {
+        let Some(worker) = self.workers.get_mut(name) else { return Ok(()) };
+        worker.has_events = true;
+        let Some(stream) = worker.streams.get_mut(&rank) else { return Ok(()) };
+        for engine_hash in block_hashes.try_iter()? {
+            let engine_hash: EngineHash = engine_hash?.extract()?;
+            match stream.engine_keys.remove(&engine_hash) {
+                None => {}
+                Some(None) => self.orphan_blocks -= 1,
+                Some(Some(key)) => {
+                    drop_bit(&mut self.confirmed, key, stream.bit);
+                    if worker.predicted.remove(&key).is_some() {
+                        drop_bit(&mut self.predicted, key, worker.bit);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drop what `name` holds: everything, or only DP rank `rank`'s confirmed blocks.
+    #[pyo3(signature = (name, rank=None))]
+    fn clear(&mut self, name: &str, rank: Option<i64>) {
+        let Some(worker) = self.workers.get_mut(name) else { return };
+        if let Some(rank) = rank {
+            if let Some(stream) = worker.streams.get_mut(&rank) {
+                Self::clear_stream(stream, &mut self.confirmed, &mut self.orphan_blocks);
+            }
+            return;
+        }
+        for stream in worker.streams.values_mut() {
+            Self::clear_stream(stream, &mut self.confirmed, &mut self.orphan_blocks);
+        }
+        for key in worker.predicted.keys() {
+            drop_bit(&mut self.predicted, *key, worker.bit);
+        }
+        worker.predicted = LinkedHashMap::default();
+    }
+
+    /// `name` publishes KV events: its predictions, new and old, get the short time to live.
+    fn mark_event_feed(&mut self, py: Python<'_>, name: &str) -> PyResult<()> {
+        self.ensure_worker(name);
+        if self.workers[name].has_events {
+            return Ok(());
+        }
+        let latest = self.now(py)? + self.predicted_ttl_seconds;
+        let worker = self.workers.get_mut(name).expect("just ensured");
+        worker.has_events = true;
+        for expiry in worker.predicted.values_mut() {
+            if *expiry > latest {
+                *expiry = latest;
+            }
+        }
+        self.next_expiry = self.next_expiry.min(latest);
+        Ok(())
+    }
+
+    /// The worker left: drop its entries and free its bits.
+    fn forget(&mut self, name: &str) {
+        if !self.workers.contains_key(name) {
+            return;
+        }
+        self.clear(name, None);
+        let worker = self.workers.remove(name).expect("checked");
+        self.free_bits.extend(worker.streams.values().map(|s| s.bit));
+    }
+}

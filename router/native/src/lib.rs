@@ -1,0 +1,31 @@
+//! `tpuserve_router._native`: the block index of the router's `precise` and `cost` policies,
+//! compiled. Per request they hash a prompt's pages, match them against every worker and
+//! record predictions; per KV event they key the stored blocks. In Python those loops cost
+//! most of the policy's CPU (docs/router.md, "Performance").
+
+mod bits;
+mod index;
+mod keys;
+
+use pyo3::prelude::*;
+
+/// Router keys of the full pages of `token_ids` (a trailing partial page has none).
+#[pyfunction]
+#[pyo3(name = "block_keys")]
+fn py_block_keys(token_ids: Vec<i64>, page_size: i64) -> PyResult<Vec<i64>> {
+    if page_size < 1 {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "page_size must be >= 1, got {page_size}"
+        )));
+    }
+    Ok(keys::block_keys(&token_ids, page_size as usize))
+}
+
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("ROOT_KEY", keys::ROOT_KEY)?;
+    m.add_function(wrap_pyfunction!(py_block_keys, m)?)?;
+    m.add_class::<index::BlockIndex>()?;
+    Ok(())
+}
