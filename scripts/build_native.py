@@ -50,6 +50,7 @@ def build(python: str = sys.executable) -> Path:
         # A new file renamed into place: a process that has the old one loaded keeps it.
         with tempfile.NamedTemporaryFile(dir=EXTENSION.parent, delete=False) as tmp:
             tmp.write(built.read_bytes())
+        os.chmod(tmp.name, 0o644)  # the image runs as another user than the one building it
         os.replace(tmp.name, EXTENSION)
     return EXTENSION
 

@@ -100,6 +100,25 @@ class _Seed:
     blocks: list[tuple[int, int | None]]
 
 
+MAX_PAGE_SIZE = 1 << 20
+
+
+def _engine_hash(value: object) -> int:
+    """An engine block hash of a snapshot: a 64-bit int, signed (SGLang) or not."""
+    number: int = int(value)  # type: ignore[call-overload]
+    if not -(1 << 63) <= number < 1 << 64:
+        raise ValueError(f"engine block hash {number} is not a 64-bit integer")
+    return number
+
+
+def _router_key(value: object) -> int:
+    """A router key of a snapshot: `block_index.block_keys` gives signed 64-bit ints."""
+    number: int = int(value)  # type: ignore[call-overload]
+    if not -(1 << 63) <= number < 1 << 63:
+        raise ValueError(f"router key {number} is not a signed 64-bit integer")
+    return number
+
+
 class _Subscription:
     """One event stream: a worker's, or one DP rank's of it."""
 
@@ -326,7 +345,7 @@ class _Subscription:
                 elif isinstance(event, AllBlocksCleared):
                     hub.metrics.kv_events.labels(worker, "AllBlocksCleared").inc()
                     hub.resync(worker, "all_blocks_cleared", rank)
-            except (TypeError, ValueError) as err:  # e.g. token ids that are not integers
+            except (TypeError, ValueError, OverflowError) as err:  # e.g. ids not 64-bit ints
                 malformed = KVEventDecodeError("malformed_event", f"{event!r:.80}: {err}")
                 hub.skip(worker, self.label, malformed)
         counts = hub.metrics.kv_events
@@ -404,8 +423,11 @@ class KvEventHub:
         if not isinstance(snapshot, dict) or snapshot.get("format") != SNAPSHOT_FORMAT:
             raise ValueError(f"KV snapshot: 'format' must be {SNAPSHOT_FORMAT!r}")
         page_size = snapshot.get("page_size")
-        if not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"KV snapshot: page_size {page_size!r}; allowed: an integer >= 1")
+        if not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(
+                f"KV snapshot: page_size {page_size!r}; allowed: an integer from 1 to "
+                f"{MAX_PAGE_SIZE}"
+            )
         streams = snapshot.get("streams")
         if not isinstance(streams, list):
             raise ValueError("KV snapshot: 'streams' must be a list")
@@ -415,7 +437,8 @@ class KvEventHub:
                 seed = _Seed(
                     str(stream["worker"]), int(stream["rank"]), str(stream["events"]),
                     int(stream["seq"]),
-                    [(int(h), None if k is None else int(k)) for h, k in stream["blocks"]],
+                    [(_engine_hash(h), None if k is None else _router_key(k))
+                     for h, k in stream["blocks"]],
                 )  # fmt: skip
             except (KeyError, TypeError, ValueError) as err:
                 raise ValueError(f"KV snapshot: streams[{i}] is malformed: {err!r}") from None

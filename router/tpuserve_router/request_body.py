@@ -27,9 +27,9 @@ import orjson
 class Tokens(Protocol):
     """How the router gets token ids (`tpuserve_router.token_cache.ChatTokenCache`)."""
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> Sequence[int]: ...
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> Sequence[int]: ...
 
 
 class ClientError(Exception):
@@ -83,7 +83,7 @@ class ParsedBody:
     model: str
     stream: bool
     text: str
-    token_ids: list[int] | None
+    token_ids: Sequence[int] | None
     prompt_tokens: int  # counted when tokenized or given as ids, else estimated
     max_new_tokens: int | None  # as asked, or the API's default; None: up to the context
     rid: str | None  # the request id the client chose, if a string
@@ -195,7 +195,7 @@ def _rid(data: dict[str, Any], single: bool) -> tuple[str | None, bool]:
     return None, False
 
 
-def _estimate(tokens: list[int] | None, chars: int) -> int:
+def _estimate(tokens: Sequence[int] | None, chars: int) -> int:
     return len(tokens) if tokens is not None else chars // CHARS_PER_TOKEN
 
 
@@ -207,7 +207,7 @@ def parse_completions(
 ) -> ParsedBody:
     prompt = data.get("prompt")
     text = ""
-    tokens: list[int] | None = None
+    tokens: Sequence[int] | None = None
     size = _check_size(_size(prompt), max_prompt_chars, "prompt")
     if isinstance(prompt, str):
         text = prompt
@@ -294,7 +294,7 @@ def parse_generate(
     text_in = data.get("text")
     ids = data.get("input_ids")
     text = ""
-    tokens: list[int] | None = None
+    tokens: Sequence[int] | None = None
     size = _check_size(_size(text_in), max_prompt_chars, "text") + _check_size(
         _size(ids), max_prompt_chars, "input_ids"
     )

@@ -10,6 +10,15 @@ use pyo3::prelude::*;
 
 use crate::bits::Bits;
 use crate::keys::{block_keys, page_key, ROOT_KEY};
+use crate::tokens::TokenIds;
+
+/// `block_keys` of a `TokenIds` (no conversion) or of any sequence of ints.
+pub fn token_ids_keys(token_ids: &Bound<'_, PyAny>, page_size: usize) -> PyResult<Vec<Key>> {
+    if let Ok(ids) = token_ids.cast::<TokenIds>() {
+        return Ok(block_keys(&ids.get().ids, page_size));
+    }
+    Ok(block_keys(&token_ids.extract::<Vec<i64>>()?, page_size))
+}
 
 /// Router keys and engine hashes are already well mixed; one multiply spreads them over a
 /// table's buckets (SipHash would cost more than the rest of a lookup).
@@ -213,8 +222,8 @@ impl BlockIndex {
     // ------------------------------------------------------------------ queries
 
     /// Router keys of the full pages of `token_ids`, at the index's page size.
-    fn keys(&self, token_ids: Vec<i64>) -> Vec<Key> {
-        block_keys(&token_ids, self.page_size)
+    fn keys(&self, token_ids: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
+        token_ids_keys(token_ids, self.page_size)
     }
 
     /// Distinct blocks some worker reported holding.

@@ -41,13 +41,13 @@ fn tuple_hash<I: ExactSizeIterator<Item = u64>>(lanes: I) -> i64 {
 
 /// `hash((parent, tuple(page)))`: the key of a block whose parent's key is `parent`.
 #[inline]
-pub fn page_key(parent: i64, page: &[i64]) -> i64 {
-    let page_hash = tuple_hash(page.iter().map(|&token| int_hash(token)));
+pub fn page_key<T: Copy + Into<i64>>(parent: i64, page: &[T]) -> i64 {
+    let page_hash = tuple_hash(page.iter().map(|&token| int_hash(token.into())));
     tuple_hash([int_hash(parent), page_hash as u64].into_iter())
 }
 
 /// Keys of the full pages of `token_ids` (a trailing partial page has none).
-pub fn block_keys(token_ids: &[i64], page_size: usize) -> Vec<i64> {
+pub fn block_keys<T: Copy + Into<i64>>(token_ids: &[T], page_size: usize) -> Vec<i64> {
     if page_size == 0 {
         return Vec::new();
     }
@@ -83,7 +83,8 @@ mod tests {
 
     #[test]
     fn partial_pages_have_no_keys() {
-        assert_eq!(block_keys(&[1, 2, 3], 2).len(), 1);
-        assert!(block_keys(&[1, 2, 3], 0).is_empty());
+        assert_eq!(block_keys(&[1i64, 2, 3], 2).len(), 1);
+        assert!(block_keys(&[1i64, 2, 3], 0).is_empty());
+        assert_eq!(block_keys(&[1u32, 2, 3, 4], 2), block_keys(&[1i64, 2, 3, 4], 2));
     }
 }

@@ -6,19 +6,21 @@
 mod bits;
 mod index;
 mod keys;
+mod tokenizer;
+mod tokens;
 
 use pyo3::prelude::*;
 
 /// Router keys of the full pages of `token_ids` (a trailing partial page has none).
 #[pyfunction]
 #[pyo3(name = "block_keys")]
-fn py_block_keys(token_ids: Vec<i64>, page_size: i64) -> PyResult<Vec<i64>> {
+fn py_block_keys(token_ids: &Bound<'_, PyAny>, page_size: i64) -> PyResult<Vec<i64>> {
     if page_size < 1 {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
             "page_size must be >= 1, got {page_size}"
         )));
     }
-    Ok(keys::block_keys(&token_ids, page_size as usize))
+    index::token_ids_keys(token_ids, page_size as usize)
 }
 
 #[pymodule]
@@ -27,5 +29,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ROOT_KEY", keys::ROOT_KEY)?;
     m.add_function(wrap_pyfunction!(py_block_keys, m)?)?;
     m.add_class::<index::BlockIndex>()?;
+    m.add_class::<tokens::TokenIds>()?;
+    m.add_class::<tokens::TokenCache>()?;
     Ok(())
 }

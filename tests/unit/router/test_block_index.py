@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tests.fakes import VirtualClock
-from tpuserve_router.block_index import BlockIndex, block_keys
+from tpuserve_router.block_index import ROOT_KEY, BlockIndex, block_keys
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +33,50 @@ def test_block_keys_chain_full_pages_only() -> None:
     assert len(keys) == 2
     assert block_keys(list(range(8)), 4) == keys
     assert block_keys([9, 1, 2, 3, 4, 5, 6, 7], 4)[1] != keys[1]  # a different parent
+
+
+def test_block_keys_are_cpythons_hash_of_parent_and_page() -> None:
+    """The compiled keys equal the interpreter's ``hash((parent, page))``, which earlier
+    (pure-Python) releases used: routers of both agree on a peer's snapshot and decisions."""
+    rng = random.Random(7)
+    for _ in range(500):
+        top = 2**40 if rng.random() < 0.3 else 200_000
+        tokens = [rng.randrange(top) for _ in range(rng.randrange(100))]
+        page_size = rng.randrange(1, 20)
+        expected, parent = [], ROOT_KEY
+        for page in zip(*[iter(tokens)] * page_size, strict=False):
+            parent = hash((parent, page))
+            expected.append(parent)
+        assert block_keys(tokens, page_size) == expected
+    with pytest.raises(ValueError, match="page_size must be >= 1, got 0"):
+        block_keys([1, 2], 0)
+
+
+def test_many_streams_spill_past_the_inline_bits() -> None:
+    """Stream bits are a set of any width: 300 workers (more than the 128 kept inline) each
+    hold their own prefix, and every one is found at its own depth."""
+    index = BlockIndex(page_size=PAGE)
+    names = [f"w{i}" for i in range(300)]
+    for i, name in enumerate(names):
+        store(index, name, [i] * PAGE + list(range(i % 3 * PAGE)))
+    for i in range(len(names)):
+        tokens = [i] * PAGE + list(range(2 * PAGE))
+        depths = index.match(index.keys(tokens), names)
+        assert depths[i] == 1 + i % 3
+        assert sum(depths) == depths[i]
+    index.forget("w299")
+    assert index.match(index.keys([299] * PAGE), names)[299] == 0
+    assert index.allocated_bits == 300
+
+
+def test_unsigned_engine_hashes_are_taken() -> None:
+    """SGLang's block hashes are signed 64-bit ints; unsigned ones are taken too."""
+    index = BlockIndex(page_size=PAGE)
+    index.store("a", [2**64 - 1], None, [1, 2, 3, 4], PAGE)
+    assert index.engine_hashes("a") == {2**64 - 1}
+    assert index.match(index.keys([1, 2, 3, 4]), ["a"]) == [1]
+    index.remove("a", [2**64 - 1])
+    assert index.worker_blocks("a") == 0
 
 
 def test_store_then_match_counts_leading_blocks_per_worker() -> None:

@@ -38,12 +38,18 @@ def test_a_snapshot_is_kept_for_its_streams_and_teaches_the_page_size(hub: KvEve
     [
         ([], "'format' must be"),
         (snapshot(format="other-1"), "'format' must be 'tpuserve-kv-snapshot-1'"),
-        (snapshot(page_size=0), "page_size 0; allowed: an integer >= 1"),
+        (snapshot(page_size=0), "page_size 0; allowed: an integer from 1 to 1048576"),
         (snapshot(streams={}), "'streams' must be a list"),
         (snapshot(streams=[{"worker": "w", "rank": 0, "events": "e", "seq": 1}]),
          r"streams\[0\] is malformed: KeyError\('blocks'\)"),
         (snapshot(streams=[{"worker": "w", "rank": 0, "events": "e", "seq": "x", "blocks": []}]),
          r"streams\[0\] is malformed: ValueError"),
+        (snapshot(streams=[{"worker": "w", "rank": 0, "events": "e", "seq": 1,
+                            "blocks": [[1, 2**63]]}]),
+         r"streams\[0\] is malformed: .*router key 9223372036854775808 is not a signed 64-bit"),
+        (snapshot(streams=[{"worker": "w", "rank": 0, "events": "e", "seq": 1,
+                            "blocks": [[2**64, 1]]}]),
+         r"streams\[0\] is malformed: .*engine block hash 18446744073709551616 is not a 64-bit"),
     ],
 )  # fmt: skip
 def test_a_snapshot_the_router_cannot_use_is_refused_naming_why(

@@ -1,0 +1,207 @@
+//! A prompt's token ids without a Python int per token (`TokenIds`), and the cache of the
+//! token ids of prompt pieces (`TokenCache`, behind `tpuserve_router.token_cache`): a request
+//! pays only for the text it does not share with earlier ones, and its ids go from the cache
+//! to the block index's keys without becoming Python objects.
+
+use std::sync::Arc;
+
+use hashlink::LinkedHashMap;
+use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PySlice};
+
+use crate::tokenizer::DefaultScheme;
+
+/// Immutable token ids: a read-only sequence of ints to Python.
+#[pyclass(module = "tpuserve_router._native", frozen, sequence)]
+pub struct TokenIds {
+    pub ids: Arc<[u32]>,
+}
+
+#[pymethods]
+impl TokenIds {
+    #[new]
+    fn new(ids: Vec<u32>) -> TokenIds {
+        TokenIds { ids: ids.into() }
+    }
+
+    fn __len__(&self) -> usize {
+        self.ids.len()
+    }
+
+    fn __getitem__<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        if let Ok(slice) = index.cast::<PySlice>() {
+            let indices = slice.indices(self.ids.len() as isize)?;
+            let picked: Vec<u32> = (0..indices.slicelength)
+                .map(|k| self.ids[(indices.start + k as isize * indices.step) as usize])
+                .collect();
+            return Ok(PyList::new(py, picked)?.into_any());
+        }
+        let Ok(i) = index.extract::<isize>() else {
+            return Err(PyTypeError::new_err("TokenIds indices must be integers or slices"));
+        };
+        let len = self.ids.len() as isize;
+        let at = if i < 0 { i + len } else { i };
+        if !(0..len).contains(&at) {
+            return Err(PyIndexError::new_err("TokenIds index out of range"));
+        }
+        Ok(self.ids[at as usize].into_pyobject(py)?.into_any())
+    }
+
+    fn tolist(&self) -> Vec<u32> {
+        self.ids.to_vec()
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        if let Ok(other) = other.cast::<TokenIds>() {
+            return other.get().ids == self.ids;
+        }
+        other.extract::<Vec<u32>>().is_ok_and(|ids| *ids == *self.ids)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("TokenIds({:?})", &self.ids)
+    }
+}
+
+enum Encoder {
+    /// The built-in scheme, here.
+    Default(DefaultScheme),
+    /// A Python `encode(text) -> list[int]` (a Hugging Face tokenizer).
+    Python(Py<PyAny>),
+}
+
+/// The token ids of prompt pieces, least recently used out first, bounded by the bytes of
+/// text they stand for.
+#[pyclass(module = "tpuserve_router._native")]
+pub struct TokenCache {
+    encoder: Encoder,
+    chunk_bytes: usize,
+    #[pyo3(get)]
+    max_bytes: usize,
+    #[pyo3(get)]
+    cached_bytes: usize,
+    #[pyo3(get)]
+    hits: u64,
+    #[pyo3(get)]
+    misses: u64,
+    pieces: LinkedHashMap<Box<str>, Arc<[u32]>>,
+}
+
+impl TokenCache {
+    fn encode_uncached(&self, py: Python<'_>, text: &str, out: &mut Vec<u32>) -> PyResult<()> {
+        match &self.encoder {
+            Encoder::Default(scheme) => scheme.encode_into(text, out),
+            Encoder::Python(encode) => out.extend(encode.call1(py, (text,))?.extract::<Vec<u32>>(py)?),
+        }
+        Ok(())
+    }
+
+    fn piece(&mut self, py: Python<'_>, piece: &str, out: &mut Vec<u32>) -> PyResult<()> {
+        if let Some(ids) = self.pieces.to_back(piece) {
+            out.extend_from_slice(ids);
+            self.hits += 1;
+            return Ok(());
+        }
+        self.misses += 1;
+        let start = out.len();
+        self.encode_uncached(py, piece, out)?;
+        if piece.len() <= self.max_bytes {
+            self.pieces.insert(piece.into(), out[start..].into());
+            self.cached_bytes += piece.len();
+            while self.cached_bytes > self.max_bytes {
+                let Some((old, _)) = self.pieces.pop_front() else { break };
+                self.cached_bytes -= old.len();
+            }
+        }
+        Ok(())
+    }
+
+    /// Each chunk of `text` through the cache: cut just before a space once a chunk has
+    /// `chunk_bytes` bytes (a space only ever leads a piece, so chunks encode independently).
+    fn chunks(&mut self, py: Python<'_>, text: &str, out: &mut Vec<u32>) -> PyResult<()> {
+        let bytes = text.as_bytes();
+        let mut start = 0;
+        while start < bytes.len() {
+            let from = (start + self.chunk_bytes).min(bytes.len());
+            let cut = bytes[from..].iter().position(|&b| b == b' ').map_or(bytes.len(), |k| from + k);
+            // A space byte never sits inside a multi-byte character: `cut` is a boundary.
+            self.piece(py, &text[start..cut], out)?;
+            start = cut;
+        }
+        Ok(())
+    }
+
+    fn chunked(&self) -> bool {
+        matches!(self.encoder, Encoder::Default(_))
+    }
+}
+
+#[pymethods]
+impl TokenCache {
+    /// `encode`: None for the built-in scheme (then `scheme` holds its numbers: the special
+    /// tokens and the id bases), else a Python callable (a Hugging Face tokenizer's).
+    #[new]
+    #[pyo3(signature = (encode, scheme, max_bytes, chunk_bytes))]
+    fn new(
+        encode: Option<Py<PyAny>>,
+        scheme: Option<(Vec<String>, u32, u32, u32, u32, u32)>,
+        max_bytes: usize,
+        chunk_bytes: usize,
+    ) -> PyResult<TokenCache> {
+        let encoder = match (encode, scheme) {
+            (Some(encode), None) => Encoder::Python(encode),
+            (None, Some((specials, byte_base, digit_base, digits_per_flag, word_base, words_per_flag))) => {
+                Encoder::Default(DefaultScheme::new(
+                    specials, byte_base, digit_base, digits_per_flag, word_base, words_per_flag,
+                ))
+            }
+            _ => return Err(PyTypeError::new_err("give exactly one of encode and scheme")),
+        };
+        Ok(TokenCache {
+            encoder,
+            chunk_bytes: chunk_bytes.max(1),
+            max_bytes,
+            cached_bytes: 0,
+            hits: 0,
+            misses: 0,
+            pieces: LinkedHashMap::new(),
+        })
+    }
+
+    /// The ids of `text`. With the built-in scheme a long text goes through the cache in
+    /// chunks; other tokenizers (whose pre-tokenizers may merge across spaces) encode it whole.
+    fn encode(&mut self, py: Python<'_>, text: &str) -> PyResult<TokenIds> {
+        let mut out = Vec::with_capacity(text.len() / 3);
+        if !self.chunked() || text.len() < 2 * self.chunk_bytes {
+            self.encode_uncached(py, text, &mut out)?;
+        } else {
+            self.chunks(py, text, &mut out)?;
+        }
+        Ok(TokenIds { ids: out.into() })
+    }
+
+    /// The ids of a rendered chat template: split just before every `turn_start` (no
+    /// tokenizer merges across a special token), each piece through the cache (in chunks
+    /// too when long, with the built-in scheme).
+    fn encode_pieces(&mut self, py: Python<'_>, text: &str, turn_start: &str) -> PyResult<TokenIds> {
+        let mut out = Vec::with_capacity(text.len() / 3);
+        let mut starts: Vec<usize> = text.match_indices(turn_start).map(|(i, _)| i).collect();
+        if starts.first() != Some(&0) {
+            starts.insert(0, 0);
+        }
+        starts.push(text.len());
+        for pair in starts.windows(2) {
+            let piece = &text[pair[0]..pair[1]];
+            if piece.is_empty() {
+                continue;
+            }
+            if self.chunked() && piece.len() >= 2 * self.chunk_bytes {
+                self.chunks(py, piece, &mut out)?;
+            } else {
+                self.piece(py, piece, &mut out)?;
+            }
+        }
+        Ok(TokenIds { ids: out.into() })
+    }
+}
