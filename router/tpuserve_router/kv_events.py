@@ -314,6 +314,16 @@ class _Subscription:
 
     def apply(self, payload: bytes) -> None:
         hub = self.hub
+        common = hub.index.apply_batch(self.worker, payload, self.rank)
+        if common is not None:  # decoded and applied in compiled code: the usual batch
+            self.batches += 1
+            stored, removed = common
+            counts = hub.metrics.kv_events
+            if stored:
+                counts.labels(self.worker, "BlockStored").inc(stored)
+            if removed:
+                counts.labels(self.worker, "BlockRemoved").inc(removed)
+            return
         skipped: list[KVEventDecodeError] = []
         try:
             batch = decode_batch(payload, skipped)

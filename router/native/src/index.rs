@@ -9,6 +9,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::bits::Bits;
+use crate::events::{decode_common_batch, Event};
 use crate::keys::{block_keys, page_key, ROOT_KEY};
 use crate::tokens::TokenIds;
 
@@ -158,6 +159,73 @@ impl BlockIndex {
             }
         }
         stream.engine_keys = HashMap::default();
+    }
+
+    fn store_blocks(
+        &mut self,
+        name: &str,
+        block_hashes: &[EngineHash],
+        parent_block_hash: Option<EngineHash>,
+        token_ids: &[i64],
+        block_size: i64,
+        rank: i64,
+    ) {
+        self.ensure_stream(name, rank);
+        if block_size >= 1 && !self.page_size_learned {
+            self.page_size = block_size as usize;
+            self.page_size_learned = true;
+        }
+        let worker = self.workers.get_mut(name).expect("just ensured");
+        worker.has_events = true;
+        let stream = worker.streams.get_mut(&rank).expect("just ensured");
+        let mut parent = match parent_block_hash {
+            None => Some(ROOT_KEY),
+            Some(hash) => stream.engine_keys.get(&hash).copied().flatten(),
+        };
+        let size = block_size.max(0) as usize;
+        let bit = stream.bit;
+        for (i, &engine_hash) in block_hashes.iter().enumerate() {
+            let start = i.saturating_mul(size).min(token_ids.len());
+            let end = (i + 1).saturating_mul(size).min(token_ids.len());
+            let key = parent.map(|parent| page_key(parent, &token_ids[start..end]));
+            if let Some(old) = stream.engine_keys.insert(engine_hash, key) {
+                // stored again: replace the old entry
+                match old {
+                    None => self.orphan_blocks -= 1,
+                    Some(old) if Some(old) != key => drop_bit(&mut self.confirmed, old, bit),
+                    Some(_) => {}
+                }
+            }
+            match key {
+                None => self.orphan_blocks += 1,
+                Some(key) => {
+                    add_bit(&mut self.confirmed, key, bit);
+                    if worker.predicted.remove(&key).is_some() {
+                        drop_bit(&mut self.predicted, key, worker.bit);
+                    }
+                }
+            }
+            parent = key;
+        }
+    }
+
+
+    fn remove_blocks(&mut self, name: &str, block_hashes: &[EngineHash], rank: i64) {
+        let Some(worker) = self.workers.get_mut(name) else { return };
+        worker.has_events = true;
+        let Some(stream) = worker.streams.get_mut(&rank) else { return };
+        for engine_hash in block_hashes {
+            match stream.engine_keys.remove(engine_hash) {
+                None => {}
+                Some(None) => self.orphan_blocks -= 1,
+                Some(Some(key)) => {
+                    drop_bit(&mut self.confirmed, key, stream.bit);
+                    if worker.predicted.remove(&key).is_some() {
+                        drop_bit(&mut self.predicted, key, worker.bit);
+                    }
+                }
+            }
+        }
     }
 
     fn expire(&mut self, py: Python<'_>) -> PyResult<()> {
@@ -396,65 +464,41 @@ impl BlockIndex {
         block_size: i64,
         rank: i64,
     ) {
-        self.ensure_stream(name, rank);
-        if block_size >= 1 && !self.page_size_learned {
-            self.page_size = block_size as usize;
-            self.page_size_learned = true;
-        }
-        let worker = self.workers.get_mut(name).expect("just ensured");
-        worker.has_events = true;
-        let stream = worker.streams.get_mut(&rank).expect("just ensured");
-        let mut parent = match parent_block_hash {
-            None => Some(ROOT_KEY),
-            Some(hash) => stream.engine_keys.get(&hash).copied().flatten(),
-        };
-        let size = block_size.max(0) as usize;
-        let bit = stream.bit;
-        for (i, engine_hash) in block_hashes.into_iter().enumerate() {
-            let start = (i * size).min(token_ids.len());
-            let end = ((i + 1) * size).min(token_ids.len());
-            let key = parent.map(|parent| page_key(parent, &token_ids[start..end]));
-            if let Some(old) = stream.engine_keys.insert(engine_hash, key) {
-                // stored again: replace the old entry
-                match old {
-                    None => self.orphan_blocks -= 1,
-                    Some(old) if Some(old) != key => drop_bit(&mut self.confirmed, old, bit),
-                    Some(_) => {}
-                }
-            }
-            match key {
-                None => self.orphan_blocks += 1,
-                Some(key) => {
-                    add_bit(&mut self.confirmed, key, bit);
-                    if worker.predicted.remove(&key).is_some() {
-                        drop_bit(&mut self.predicted, key, worker.bit);
-                    }
-                }
-            }
-            parent = key;
-        }
+        self.store_blocks(name, &block_hashes, parent_block_hash, &token_ids, block_size, rank);
     }
 
     /// Apply a `BlockRemoved` event of `name`'s DP rank `rank`.
     #[pyo3(signature = (name, block_hashes, rank=0))]
     fn remove(&mut self, name: &str, block_hashes: &Bound<'_, PyAny>, rank: i64) -> PyResult<()> {
-        let Some(worker) = self.workers.get_mut(name) else { return Ok(()) };
-        worker.has_events = true;
-        let Some(stream) = worker.streams.get_mut(&rank) else { return Ok(()) };
-        for engine_hash in block_hashes.try_iter()? {
-            let engine_hash: EngineHash = engine_hash?.extract()?;
-            match stream.engine_keys.remove(&engine_hash) {
-                None => {}
-                Some(None) => self.orphan_blocks -= 1,
-                Some(Some(key)) => {
-                    drop_bit(&mut self.confirmed, key, stream.bit);
-                    if worker.predicted.remove(&key).is_some() {
-                        drop_bit(&mut self.predicted, key, worker.bit);
-                    }
+        let hashes = block_hashes
+            .try_iter()?
+            .map(|h| h?.extract::<EngineHash>())
+            .collect::<PyResult<Vec<EngineHash>>>()?;
+        self.remove_blocks(name, &hashes, rank);
+        Ok(())
+    }
+
+    /// Apply one KV-event batch (its msgpack payload) of `name`'s DP rank `rank` when every
+    /// event in it is a well-formed `BlockStored` or `BlockRemoved` (the common batch): the
+    /// numbers of stored and removed events. None, with nothing applied, for any other batch:
+    /// decode that one in Python (`sglang_tpu.kv_events.decode_batch`).
+    #[pyo3(signature = (name, payload, rank=0))]
+    fn apply_batch(&mut self, name: &str, payload: &[u8], rank: i64) -> Option<(usize, usize)> {
+        let events = decode_common_batch(payload)?;
+        let (mut stored, mut removed) = (0, 0);
+        for event in events {
+            match event {
+                Event::Stored { hashes, parent, tokens, block_size } => {
+                    self.store_blocks(name, &hashes, parent, &tokens, block_size, rank);
+                    stored += 1;
+                }
+                Event::Removed { hashes } => {
+                    self.remove_blocks(name, &hashes, rank);
+                    removed += 1;
                 }
             }
         }
-        Ok(())
+        Some((stored, removed))
     }
 
     /// Drop what `name` holds: everything, or only DP rank `rank`'s confirmed blocks.

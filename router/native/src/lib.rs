@@ -4,6 +4,7 @@
 //! most of the policy's CPU (docs/router.md, "Performance").
 
 mod bits;
+mod events;
 mod index;
 mod keys;
 mod tokenizer;

@@ -1,0 +1,157 @@
+"""The compiled reader of the usual KV-event batch (`BlockIndex.apply_batch`) applies exactly
+what the schema's Python decoder (`sglang_tpu.kv_events.decode_batch`) gives, on batches
+SGLang's own classes encode (both wire generations), and declines everything else.
+
+Declining is safe (the router then decodes the batch in Python, which names what is wrong);
+applying a batch the Python decoder would read differently is not. So the differential
+check runs both ways: on every batch the compiled reader applies, the Python decoder must
+agree event for event; and on damaged payloads it must never apply what Python rejects.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgspec
+import pytest
+
+from sglang_tpu.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVEventDecodeError,
+    Wire,
+    block_hashes,
+    decode_batch,
+    encode_batch,
+)
+from tests.sglang_kv_events import as_fields
+from tests.unit.sglang_tpu.test_kv_events_sglang import legacy_classes, sglang_batch, twin_events
+from tpuserve_router.block_index import BlockIndex
+
+pytestmark = pytest.mark.unit
+
+PAGE = 16
+WORKER = "http://127.0.0.1:30000"
+
+
+def common_events() -> list[Any]:
+    return [e for e in twin_events() if not isinstance(e, AllBlocksCleared)]
+
+
+def apply_in_python(index: BlockIndex, payload: bytes, rank: int = 0) -> tuple[int, int]:
+    """What the router does with a batch the compiled reader declines."""
+    stored = removed = 0
+    for event in decode_batch(payload).events:
+        if isinstance(event, BlockStored):
+            index.store(WORKER, event.block_hashes, event.parent_block_hash, event.token_ids,
+                        event.block_size, rank)  # fmt: skip
+            stored += 1
+        elif isinstance(event, BlockRemoved):
+            index.remove(WORKER, event.block_hashes, rank)
+            removed += 1
+    return stored, removed
+
+
+def state(index: BlockIndex, probes: list[list[int]]) -> tuple[Any, ...]:
+    return (
+        index.engine_hashes(WORKER), index.worker_blocks(WORKER), index.confirmed_blocks,
+        index.orphan_blocks, index.page_size,
+        [index.match(index.keys(tokens), [WORKER]) for tokens in probes],
+    )  # fmt: skip
+
+
+def probes() -> list[list[int]]:
+    tokens = list(range(3000, 3000 + 3 * PAGE))
+    return [tokens[: k * PAGE] for k in range(1, 4)]
+
+
+def assert_same_as_python(payloads: list[bytes], rank: int = 0) -> None:
+    native, python = BlockIndex(), BlockIndex()
+    for payload in payloads:
+        assert native.apply_batch(WORKER, payload, rank) == apply_in_python(python, payload, rank)
+        assert state(native, probes()) == state(python, probes())
+
+
+def test_sglangs_current_wire_applies_as_the_python_decoder_reads_it() -> None:
+    events = common_events()
+    payloads = [msgspec.msgpack.encode(sglang_batch(EventBatch(1.5, [e], 0))) for e in events]
+    assert_same_as_python(payloads)
+    whole = msgspec.msgpack.encode(sglang_batch(EventBatch(2, events, 3)))
+    assert BlockIndex().apply_batch(WORKER, whole) == (3, 2)
+    assert_same_as_python([whole], rank=1)
+
+
+def test_sglangs_array_like_wire_applies_as_the_python_decoder_reads_it() -> None:
+    legacy = dict(legacy_classes())
+    wire_events = []
+    for event in common_events():
+        name, fields = as_fields(event)
+        if name == "BlockStored" and fields.get("cache_salt") is not None:
+            continue
+        kept = set(legacy[name].__struct_fields__)
+        wire_events.append(legacy[name](**{k: v for k, v in fields.items() if k in kept}))
+    for tail in ([], [0]):
+        assert_same_as_python([msgspec.msgpack.encode([3.5, wire_events, *tail])])
+
+
+def test_batches_it_does_not_read_are_left_to_python_untouched() -> None:
+    tokens = list(range(PAGE))
+    (block,) = block_hashes(tokens, PAGE)
+    stored = BlockStored([block], None, tokens, PAGE)
+    declined = [
+        encode_batch(EventBatch(1.0, [stored, AllBlocksCleared()])),  # a resync: Python's job
+        msgspec.msgpack.encode([1.0, [{"type": "BlockMoved", "block_hashes": [1]}]]),
+        msgspec.msgpack.encode([1.0, [{"type": "BlockStored", "block_hashes": [block],
+                                       "token_ids": tokens, "block_size": PAGE}]]),  # no parent
+        msgspec.msgpack.encode([1.0, [["BlockStored", [block], None, tokens, 0, None]]]),
+        msgspec.msgpack.encode([1.0, [["BlockStored", [block], None, tokens, True, None]]]),
+        msgspec.msgpack.encode([1.0, [["BlockStored", [block], None, [2**63], PAGE, None]]]),
+        msgspec.msgpack.encode([1.0, [["BlockRemoved", ["not a hash"]]]]),
+        msgspec.msgpack.encode([True, []]),
+        msgspec.msgpack.encode([1.0]),
+        msgspec.msgpack.encode({"ts": 1.0}),
+        encode_batch(EventBatch(1.0, [stored])) + b"\x00",  # trailing bytes
+        b"\xc1",
+        b"",
+    ]  # fmt: skip
+    for payload in declined:
+        index = BlockIndex()
+        assert index.apply_batch(WORKER, payload) is None, payload
+        assert index.workers() == []
+
+
+def test_damaged_payloads_are_never_applied_unlike_python() -> None:
+    """Every truncation and many random byte changes of real batches: whatever the compiled
+    reader applies, the Python decoder reads the same way (same events, none skipped)."""
+    rng = random.Random(5)
+    originals = [
+        encode_batch(EventBatch(7.25, common_events(), 0), wire)
+        for wire in (Wire.CURRENT, Wire.LEGACY)
+    ]
+    damaged = [p[:cut] for p in originals for cut in range(len(p))]
+    for _ in range(3000):
+        changed = bytearray(rng.choice(originals))
+        for _ in range(rng.randint(1, 3)):
+            changed[rng.randrange(len(changed))] = rng.randrange(256)
+        damaged.append(bytes(changed))
+    applied = 0
+    for payload in damaged:
+        native = BlockIndex()
+        result = native.apply_batch(WORKER, payload)
+        if result is None:
+            assert native.workers() == []
+            continue
+        applied += 1
+        skipped: list[KVEventDecodeError] = []
+        batch = decode_batch(payload, skipped)
+        assert skipped == []
+        python = BlockIndex()
+        try:
+            assert apply_in_python(python, payload) == result
+        except (TypeError, ValueError, OverflowError):  # pragma: no cover - a failure to see
+            pytest.fail(f"compiled reader applied a batch Python cannot: {batch!r:.200}")
+        assert state(native, probes()) == state(python, probes())
+    assert applied > 0  # some changes (a token id, a timestamp) still make a good batch
