@@ -11,7 +11,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md hatch_build.py ./
+COPY pyproject.toml README.md hatch_build.py .gitignore ./
 COPY scripts/build_native.py ./scripts/
 COPY sglang_tpu ./sglang_tpu
 COPY tpuserve ./tpuserve

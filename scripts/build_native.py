@@ -3,8 +3,8 @@ router/tpuserve_router/_native.abi3.so.
 
 Run by the wheel's build hook (hatch_build.py) and by scripts/venv.sh on every call, so an
 editable checkout picks up a change to the Rust sources; cargo rebuilds only what changed
-(well under a second when nothing did). Needs Rust's cargo (rustup.rs); the crates come from
-crates.io at the versions in router/native/Cargo.lock.
+(well under a second when nothing did). Needs Rust's cargo (1.85 or newer, rustup.rs) and a
+C linker; the crates come from crates.io at the versions in router/native/Cargo.lock.
 
     python scripts/build_native.py [--python PATH]
 """
@@ -29,8 +29,8 @@ def find_cargo() -> str:
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
     if not Path(cargo).is_file():
         raise SystemExit(
-            "building tpuserve's router needs Rust's cargo (1.80 or newer): install it with "
-            "rustup (https://rustup.rs) or your distribution's `cargo` package, then rerun"
+            "building tpuserve's router needs Rust's cargo (1.85 or newer) and a C linker "
+            "(cc): install Rust with rustup (https://rustup.rs), then rerun"
         )
     return cargo
 
@@ -38,20 +38,25 @@ def find_cargo() -> str:
 def build(python: str = sys.executable) -> Path:
     """Build the extension for ``python`` and copy it next to the router's modules."""
     env = {**os.environ, "PYO3_PYTHON": python}
+    env.pop("CARGO_BUILD_TARGET", None)  # the library must be for this machine, where we look
     target = Path(env.get("CARGO_TARGET_DIR") or CRATE / "target")
     command = [
         find_cargo(), "build", "--release", "--locked", "--quiet",
         "--features", "extension-module", "--manifest-path", str(CRATE / "Cargo.toml"),
+        "--target-dir", str(target),
     ]  # fmt: skip
     subprocess.run(command, check=True, env=env)
     suffix = ".dylib" if sys.platform == "darwin" else ".so"
-    built = target / "release" / f"{LIBRARY}{suffix}"
-    if not EXTENSION.exists() or EXTENSION.read_bytes() != built.read_bytes():
+    built = (target / "release" / f"{LIBRARY}{suffix}").read_bytes()
+    if not EXTENSION.exists() or EXTENSION.read_bytes() != built:
         # A new file renamed into place: a process that has the old one loaded keeps it.
         with tempfile.NamedTemporaryFile(dir=EXTENSION.parent, delete=False) as tmp:
-            tmp.write(built.read_bytes())
-        os.chmod(tmp.name, 0o644)  # the image runs as another user than the one building it
-        os.replace(tmp.name, EXTENSION)
+            tmp.write(built)
+        try:
+            os.chmod(tmp.name, 0o644)  # the image runs as another user than the one building
+            os.replace(tmp.name, EXTENSION)
+        finally:
+            Path(tmp.name).unlink(missing_ok=True)
     return EXTENSION
 
 

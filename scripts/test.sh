@@ -25,6 +25,14 @@ source scripts/tool-paths.sh
 
 echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
+echo "== cargo (router/native)"
+(
+  cd router/native
+  export PYO3_PYTHON="$PWD/../../.venv/bin/python"
+  cargo fmt --check
+  cargo clippy --quiet --release --locked --all-targets -- -D warnings
+  cargo test --quiet --release --locked
+)
 echo "== pytest"
 if [ $# -gt 0 ]; then
   exec .venv/bin/pytest "$@"

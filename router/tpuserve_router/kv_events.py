@@ -2,7 +2,9 @@
 
 Per stream, a reader on the ZMQ SUB socket's descriptor takes what is queued and applies each
 batch to the policy's `BlockIndex` without awaiting (frames and payload decoded by
-`sglang_tpu.kv_events`, the one schema module, in either SGLang wire generation); only a
+`sglang_tpu.kv_events`, the one schema module, in either SGLang wire generation; the usual
+batch, only well-formed ``BlockStored`` and ``BlockRemoved`` events, is read and applied in
+compiled code, `BlockIndex.apply_batch`, and any other goes through that module); only a
 batch out of sequence waits, for the replay below. A worker publishes one stream, or one per
 data-parallel rank (`tpuserve_router.kv_publishers` finds them); each stream is indexed as
 that worker's rank and everything below happens per stream. Sequence numbers decide what

@@ -136,8 +136,8 @@ def decode(raw: bytes) -> PeerMessage:
         raise PeerMessageError(f"route worker {worker!r}: expected a non-empty string")
     if not _is_int(booked) or booked < 0:
         raise PeerMessageError(f"route booked tokens {booked!r}: expected an integer >= 0")
-    if last_key is not None and not _is_int(last_key):
-        raise PeerMessageError(f"route last key {last_key!r}: expected an integer or nil")
+    if last_key is not None and not (_is_int(last_key) and -(1 << 63) <= last_key < 1 << 63):
+        raise PeerMessageError(f"route last key {last_key!r}: expected a 64-bit integer or nil")
     if not isinstance(keys, bytes):
         raise PeerMessageError("route keys: expected binary")
     return PeerMessage(kind, router, request, worker, booked, last_key, _unpack_keys(keys))

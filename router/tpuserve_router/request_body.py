@@ -147,6 +147,19 @@ def _is_token_list(value: Any) -> bool:
     return isinstance(value, list) and all(type(t) is int for t in value)
 
 
+_TOKEN_ID_BOUND = 1 << 63
+
+
+def _routable_ids(ids: list[int], param: str) -> list[int]:
+    """Client token ids, refused unless each fits the router's block keys (64-bit ints)."""
+    if ids and (min(ids) < -_TOKEN_ID_BOUND or max(ids) >= _TOKEN_ID_BOUND):
+        bad = next(t for t in ids if not -_TOKEN_ID_BOUND <= t < _TOKEN_ID_BOUND)
+        raise ClientError(
+            400, f"{param}: token id {bad} is out of range; allowed: 64-bit integers", param=param
+        )
+    return ids
+
+
 def _check_size(size: int, limit: int | None, param: str) -> int:
     if limit is not None and size > limit:
         raise ClientError(
@@ -214,7 +227,7 @@ def parse_completions(
         if tokenizer is not None:
             tokens = tokenizer.encode(prompt)
     elif _is_token_list(prompt) and prompt:
-        tokens = prompt
+        tokens = _routable_ids(prompt, "prompt")
         if want_text:
             text = " ".join(map(str, prompt))
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
@@ -222,7 +235,7 @@ def parse_completions(
         if tokenizer is not None:
             tokens = tokenizer.encode(prompt[0])
     elif isinstance(prompt, list) and prompt and all(_is_token_list(p) for p in prompt):
-        tokens = prompt[0]
+        tokens = _routable_ids(prompt[0], "prompt")
         if want_text:
             text = " ".join(" ".join(map(str, p)) for p in prompt)
     else:
@@ -313,11 +326,11 @@ def parse_generate(
         if tokenizer is not None:
             tokens = tokenizer.encode(text_in[0])
     elif text_in is None and _is_token_list(ids) and ids:
-        tokens = ids
+        tokens = _routable_ids(ids, "input_ids")
         if want_text:
             text = " ".join(map(str, ids))
     elif text_in is None and isinstance(ids, list) and ids and all(_is_token_list(i) for i in ids):
-        tokens = ids[0]
+        tokens = _routable_ids(ids[0], "input_ids")
         if want_text:
             text = " ".join(" ".join(map(str, i)) for i in ids)
     else:

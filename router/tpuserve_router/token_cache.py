@@ -37,6 +37,8 @@ __all__ = ["CHUNK_BYTES", "TURN_START", "ChatTokenCache", "TokenIds"]
 TURN_START = "<|im_start|>"
 CHUNK_BYTES = 256
 
+Sequence.register(TokenIds)  # it is one (len, indexing, slices, iteration, count, index)
+
 
 class ChatTokenCache:
     def __init__(self, tokenizer: Tokenizer, max_bytes: int = 32 * 1024 * 1024) -> None:

@@ -43,15 +43,26 @@ impl Bits {
 
     #[inline]
     pub fn and(&self, other: &Bits) -> Bits {
-        let mut out = Bits(self.0.iter().zip(other.0.iter()).map(|(a, b)| a & b).collect());
+        let mut out = Bits(
+            self.0
+                .iter()
+                .zip(other.0.iter())
+                .map(|(a, b)| a & b)
+                .collect(),
+        );
         out.trim();
         out
     }
 
     /// `self & !other`.
     pub fn and_not(&self, other: &Bits) -> Bits {
-        let mut out =
-            Bits(self.0.iter().enumerate().map(|(i, a)| a & !other.0.get(i).copied().unwrap_or(0)).collect());
+        let mut out = Bits(
+            self.0
+                .iter()
+                .enumerate()
+                .map(|(i, a)| a & !other.0.get(i).copied().unwrap_or(0))
+                .collect(),
+        );
         out.trim();
         out
     }

@@ -7,8 +7,15 @@
 //! with the Python decoder's on batches SGLang's own structs encode.
 
 pub enum Event {
-    Stored { hashes: Vec<i128>, parent: Option<i128>, tokens: Vec<i64>, block_size: i64 },
-    Removed { hashes: Vec<i128> },
+    Stored {
+        hashes: Vec<i128>,
+        parent: Option<i128>,
+        tokens: Vec<i64>,
+        block_size: i64,
+    },
+    Removed {
+        hashes: Vec<i128>,
+    },
 }
 
 const MAX_DEPTH: usize = 32;
@@ -27,7 +34,8 @@ enum Head {
     Bin(usize),
     Array(usize),
     Map(usize),
-    Ext(usize),
+    /// An extension value (never read: any declines the batch).
+    Ext,
 }
 
 impl<'a> Reader<'a> {
@@ -39,7 +47,11 @@ impl<'a> Reader<'a> {
     }
 
     fn uint(&mut self, n: usize) -> Option<u64> {
-        Some(self.take(n)?.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
+        Some(
+            self.take(n)?
+                .iter()
+                .fold(0u64, |acc, &b| (acc << 8) | u64::from(b)),
+        )
     }
 
     fn head(&mut self) -> Option<Head> {
@@ -54,9 +66,7 @@ impl<'a> Reader<'a> {
             0xc4 => Head::Bin(self.uint(1)? as usize),
             0xc5 => Head::Bin(self.uint(2)? as usize),
             0xc6 => Head::Bin(self.uint(4)? as usize),
-            0xc7 => Head::Ext(self.uint(1)? as usize + 1),
-            0xc8 => Head::Ext(self.uint(2)? as usize + 1),
-            0xc9 => Head::Ext(self.uint(4)? as usize + 1),
+            0xc7..=0xc9 | 0xd4..=0xd8 => Head::Ext,
             0xca => {
                 self.take(4)?;
                 Head::Float
@@ -73,11 +83,6 @@ impl<'a> Reader<'a> {
             0xd1 => Head::Int(i128::from(self.uint(2)? as u16 as i16)),
             0xd2 => Head::Int(i128::from(self.uint(4)? as u32 as i32)),
             0xd3 => Head::Int(i128::from(self.uint(8)? as i64)),
-            0xd4 => Head::Ext(2),
-            0xd5 => Head::Ext(3),
-            0xd6 => Head::Ext(5),
-            0xd7 => Head::Ext(9),
-            0xd8 => Head::Ext(17),
             0xd9 => Head::Str(self.uint(1)? as usize),
             0xda => Head::Str(self.uint(2)? as usize),
             0xdb => Head::Str(self.uint(4)? as usize),
@@ -103,9 +108,12 @@ impl<'a> Reader<'a> {
             Head::Str(n) => {
                 self.str(n)?;
             }
-            Head::Bin(n) | Head::Ext(n) => {
+            Head::Bin(n) => {
                 self.take(n)?;
             }
+            // msgpack-python checks some extension types (a timestamp's length and range):
+            // none belongs in a KV event, so leave any to the Python decoder.
+            Head::Ext => return None,
             Head::Array(n) => {
                 for _ in 0..n {
                     self.skip(depth + 1)?;
@@ -113,11 +121,26 @@ impl<'a> Reader<'a> {
             }
             Head::Map(n) => {
                 for _ in 0..n {
-                    self.skip(depth + 1)?;
+                    self.skip_key()?;
                     self.skip(depth + 1)?;
                 }
             }
             Head::Nil | Head::Bool | Head::Int(_) | Head::Float => {}
+        }
+        Some(())
+    }
+
+    /// Skip a map key that Python can hash (an array or a map key fails the whole unpack).
+    fn skip_key(&mut self) -> Option<()> {
+        match self.head()? {
+            Head::Str(n) => {
+                self.str(n)?;
+            }
+            Head::Bin(n) => {
+                self.take(n)?;
+            }
+            Head::Nil | Head::Bool | Head::Int(_) | Head::Float => {}
+            Head::Array(_) | Head::Map(_) | Head::Ext => return None,
         }
         Some(())
     }
@@ -138,28 +161,35 @@ impl<'a> Reader<'a> {
     }
 
     fn ints(&mut self) -> Option<Vec<i128>> {
-        let Head::Array(n) = self.head()? else { return None };
+        let Head::Array(n) = self.head()? else {
+            return None;
+        };
         (0..n).map(|_| self.int()).collect()
     }
 
     fn tokens(&mut self) -> Option<Vec<i64>> {
-        let Head::Array(n) = self.head()? else { return None };
-        (0..n).map(|_| self.int().and_then(|v| i64::try_from(v).ok())).collect()
+        let Head::Array(n) = self.head()? else {
+            return None;
+        };
+        (0..n)
+            .map(|_| self.int().and_then(|v| i64::try_from(v).ok()))
+            .collect()
     }
 
     fn map_event(&mut self, n: usize) -> Option<Event> {
-        let (mut kind, mut hashes, mut parent, mut tokens, mut size) = (None, None, None, None, None);
+        let (mut kind, mut hashes, mut parent, mut tokens, mut size) =
+            (None, None, None, None, None);
         for _ in 0..n {
-            let key = match self.head()? {
-                Head::Str(len) => self.str(len)?,
-                _ => {
-                    self.skip(1)?;
-                    continue;
-                }
+            // SGLang's event keys are strings; leave any other to the Python decoder.
+            let Head::Str(len) = self.head()? else {
+                return None;
             };
+            let key = self.str(len)?;
             match key {
                 "type" => {
-                    let Head::Str(len) = self.head()? else { return None };
+                    let Head::Str(len) = self.head()? else {
+                        return None;
+                    };
                     kind = Some(self.str(len)?);
                 }
                 "block_hashes" => hashes = Some(self.ints()?),
@@ -177,7 +207,9 @@ impl<'a> Reader<'a> {
     }
 
     fn array_event(&mut self, n: usize) -> Option<Event> {
-        let Head::Str(len) = self.head()? else { return None };
+        let Head::Str(len) = self.head()? else {
+            return None;
+        };
         match self.str(len)? {
             "BlockStored" if n >= 5 => {
                 let hashes = self.ints()?;
@@ -203,14 +235,24 @@ impl<'a> Reader<'a> {
 
 fn stored(hashes: Vec<i128>, parent: Option<i128>, tokens: Vec<i64>, size: i128) -> Option<Event> {
     let block_size = i64::try_from(size).ok().filter(|&s| s >= 1)?;
-    Some(Event::Stored { hashes, parent, tokens, block_size })
+    Some(Event::Stored {
+        hashes,
+        parent,
+        tokens,
+        block_size,
+    })
 }
 
 /// The events of one msgpack batch `[ts, [event, ...], ...]`, if every one is a well-formed
 /// `BlockStored` or `BlockRemoved`; None for anything else (decode it in Python).
 pub fn decode_common_batch(payload: &[u8]) -> Option<Vec<Event>> {
-    let mut reader = Reader { data: payload, at: 0 };
-    let Head::Array(n) = reader.head()? else { return None };
+    let mut reader = Reader {
+        data: payload,
+        at: 0,
+    };
+    let Head::Array(n) = reader.head()? else {
+        return None;
+    };
     if n < 2 {
         return None;
     }
@@ -218,7 +260,9 @@ pub fn decode_common_batch(payload: &[u8]) -> Option<Vec<Event>> {
         Head::Int(_) | Head::Float => {}
         _ => return None,
     }
-    let Head::Array(count) = reader.head()? else { return None };
+    let Head::Array(count) = reader.head()? else {
+        return None;
+    };
     let mut events = Vec::with_capacity(count.min(64));
     for _ in 0..count {
         let event = match reader.head()? {

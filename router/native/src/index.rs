@@ -2,7 +2,6 @@
 //! `tpuserve_router/block_index.py`, which exports this class.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 
 use hashlink::LinkedHashMap;
 use pyo3::exceptions::PyValueError;
@@ -21,30 +20,10 @@ pub fn token_ids_keys(token_ids: &Bound<'_, PyAny>, page_size: usize) -> PyResul
     Ok(block_keys(&token_ids.extract::<Vec<i64>>()?, page_size))
 }
 
-/// Router keys and engine hashes are already well mixed; one multiply spreads them over a
-/// table's buckets (SipHash would cost more than the rest of a lookup).
-#[derive(Default)]
-pub struct MixHasher(u64);
-
-impl Hasher for MixHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-    }
-    fn write_i64(&mut self, value: i64) {
-        self.0 = (self.0.rotate_left(5) ^ value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_i128(&mut self, value: i128) {
-        self.write_i64(value as i64);
-        self.write_i64((value >> 64) as i64);
-    }
-}
-
-type Mix = BuildHasherDefault<MixHasher>;
+/// Keys come from what clients send (a router key is an invertible hash of the prompt's last
+/// page), so tables use a hash seeded per process: no one can pick keys that all land in one
+/// bucket. foldhash is hashbrown's own default, and about as fast as a plain multiply.
+type Mix = foldhash::fast::RandomState;
 type Key = i64;
 /// Engines hash blocks to 64-bit ints, signed (SGLang) or not: both fit.
 type EngineHash = i128;
@@ -57,7 +36,10 @@ struct Stream {
 
 impl Stream {
     fn new(bit: usize) -> Stream {
-        Stream { bit, engine_keys: HashMap::default() }
+        Stream {
+            bit,
+            engine_keys: HashMap::default(),
+        }
     }
 }
 
@@ -151,7 +133,11 @@ impl BlockIndex {
         }
     }
 
-    fn clear_stream(stream: &mut Stream, confirmed: &mut HashMap<Key, Bits, Mix>, orphans: &mut i64) {
+    fn clear_stream(
+        stream: &mut Stream,
+        confirmed: &mut HashMap<Key, Bits, Mix>,
+        orphans: &mut i64,
+    ) {
         for key in stream.engine_keys.values() {
             match key {
                 None => *orphans -= 1,
@@ -209,11 +195,14 @@ impl BlockIndex {
         }
     }
 
-
     fn remove_blocks(&mut self, name: &str, block_hashes: &[EngineHash], rank: i64) {
-        let Some(worker) = self.workers.get_mut(name) else { return };
+        let Some(worker) = self.workers.get_mut(name) else {
+            return;
+        };
         worker.has_events = true;
-        let Some(stream) = worker.streams.get_mut(&rank) else { return };
+        let Some(stream) = worker.streams.get_mut(&rank) else {
+            return;
+        };
         for engine_hash in block_hashes {
             match stream.engine_keys.remove(engine_hash) {
                 None => {}
@@ -264,7 +253,9 @@ impl BlockIndex {
         clock: Option<Py<PyAny>>,
     ) -> PyResult<BlockIndex> {
         if page_size < 1 {
-            return Err(PyValueError::new_err(format!("page_size must be >= 1, got {page_size}")));
+            return Err(PyValueError::new_err(format!(
+                "page_size must be >= 1, got {page_size}"
+            )));
         }
         let clock = match clock {
             Some(clock) => clock,
@@ -309,7 +300,9 @@ impl BlockIndex {
     /// Blocks `name` reported holding (confirmed entries only), in all its DP ranks or in `rank`.
     #[pyo3(signature = (name, rank=None))]
     fn worker_blocks(&self, name: &str, rank: Option<i64>) -> usize {
-        let Some(worker) = self.workers.get(name) else { return 0 };
+        let Some(worker) = self.workers.get(name) else {
+            return 0;
+        };
         match rank {
             Some(rank) => worker.streams.get(&rank).map_or(0, |s| s.engine_keys.len()),
             None => worker.streams.values().map(|s| s.engine_keys.len()).sum(),
@@ -320,7 +313,9 @@ impl BlockIndex {
     /// ranks or in `rank` (orphans included).
     #[pyo3(signature = (name, rank=None))]
     fn engine_hashes(&self, name: &str, rank: Option<i64>) -> HashSet<EngineHash> {
-        let Some(worker) = self.workers.get(name) else { return HashSet::new() };
+        let Some(worker) = self.workers.get(name) else {
+            return HashSet::new();
+        };
         worker
             .streams
             .iter()
@@ -343,11 +338,18 @@ impl BlockIndex {
 
     /// For each of `names`, how many leading blocks of `keys` it holds (the best of its DP ranks).
     #[pyo3(name = "match")]
-    fn match_(&mut self, py: Python<'_>, keys: Vec<Key>, names: Vec<String>) -> PyResult<Vec<usize>> {
+    fn match_(
+        &mut self,
+        py: Python<'_>,
+        keys: Vec<Key>,
+        names: Vec<String>,
+    ) -> PyResult<Vec<usize>> {
         self.expire(py)?;
         let empty = Bits::default();
-        let masks: Vec<&Bits> =
-            names.iter().map(|n| self.workers.get(n.as_str()).map_or(&empty, |w| &w.mask)).collect();
+        let masks: Vec<&Bits> = names
+            .iter()
+            .map(|n| self.workers.get(n.as_str()).map_or(&empty, |w| &w.mask))
+            .collect();
         let mut depths = vec![0usize; names.len()];
         let mut alive = Bits::default();
         for mask in &masks {
@@ -358,7 +360,10 @@ impl BlockIndex {
             if alive.is_empty() {
                 break;
             }
-            let mut held = self.confirmed.get(key).map_or_else(Bits::default, |m| m.and(&alive));
+            let mut held = self
+                .confirmed
+                .get(key)
+                .map_or_else(Bits::default, |m| m.and(&alive));
             if held != alive {
                 if let Some(predicted) = self.predicted.get(key) {
                     held.or_assign(&predicted.and(&alive));
@@ -393,7 +398,9 @@ impl BlockIndex {
         self.workers
             .get(name)
             .and_then(|w| w.streams.get(&rank))
-            .map_or_else(Vec::new, |s| s.engine_keys.iter().map(|(h, k)| (*h, *k)).collect())
+            .map_or_else(Vec::new, |s| {
+                s.engine_keys.iter().map(|(h, k)| (*h, *k)).collect()
+            })
     }
 
     /// Take a peer router's entries for one stream, as if its events had been applied here.
@@ -427,14 +434,22 @@ impl BlockIndex {
     fn predict(&mut self, py: Python<'_>, name: &str, keys: Vec<Key>) -> PyResult<()> {
         self.ensure_worker(name);
         let has_events = self.workers[name].has_events;
-        let ttl = if has_events { self.predicted_ttl_seconds } else { self.approximate_ttl_seconds };
+        let ttl = if has_events {
+            self.predicted_ttl_seconds
+        } else {
+            self.approximate_ttl_seconds
+        };
         if ttl <= 0.0 {
             return Ok(());
         }
         let expiry = self.now(py)? + ttl;
         let worker = self.workers.get_mut(name).expect("just ensured");
         for key in keys {
-            if self.confirmed.get(&key).is_some_and(|m| m.intersects(&worker.mask)) {
+            if self
+                .confirmed
+                .get(&key)
+                .is_some_and(|m| m.intersects(&worker.mask))
+            {
                 continue;
             }
             if worker.predicted.insert(key, expiry).is_none() {
@@ -442,7 +457,9 @@ impl BlockIndex {
             }
         }
         while worker.predicted.len() > self.max_predicted_blocks {
-            let Some((key, _)) = worker.predicted.pop_front() else { break };
+            let Some((key, _)) = worker.predicted.pop_front() else {
+                break;
+            };
             drop_bit(&mut self.predicted, key, worker.bit);
         }
         if expiry < self.next_expiry {
@@ -464,7 +481,14 @@ impl BlockIndex {
         block_size: i64,
         rank: i64,
     ) {
-        self.store_blocks(name, &block_hashes, parent_block_hash, &token_ids, block_size, rank);
+        self.store_blocks(
+            name,
+            &block_hashes,
+            parent_block_hash,
+            &token_ids,
+            block_size,
+            rank,
+        );
     }
 
     /// Apply a `BlockRemoved` event of `name`'s DP rank `rank`.
@@ -488,7 +512,12 @@ impl BlockIndex {
         let (mut stored, mut removed) = (0, 0);
         for event in events {
             match event {
-                Event::Stored { hashes, parent, tokens, block_size } => {
+                Event::Stored {
+                    hashes,
+                    parent,
+                    tokens,
+                    block_size,
+                } => {
                     self.store_blocks(name, &hashes, parent, &tokens, block_size, rank);
                     stored += 1;
                 }
@@ -504,7 +533,9 @@ impl BlockIndex {
     /// Drop what `name` holds: everything, or only DP rank `rank`'s confirmed blocks.
     #[pyo3(signature = (name, rank=None))]
     fn clear(&mut self, name: &str, rank: Option<i64>) {
-        let Some(worker) = self.workers.get_mut(name) else { return };
+        let Some(worker) = self.workers.get_mut(name) else {
+            return;
+        };
         if let Some(rank) = rank {
             if let Some(stream) = worker.streams.get_mut(&rank) {
                 Self::clear_stream(stream, &mut self.confirmed, &mut self.orphan_blocks);
@@ -545,6 +576,7 @@ impl BlockIndex {
         }
         self.clear(name, None);
         let worker = self.workers.remove(name).expect("checked");
-        self.free_bits.extend(worker.streams.values().map(|s| s.bit));
+        self.free_bits
+            .extend(worker.streams.values().map(|s| s.bit));
     }
 }

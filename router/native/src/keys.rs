@@ -85,6 +85,9 @@ mod tests {
     fn partial_pages_have_no_keys() {
         assert_eq!(block_keys(&[1i64, 2, 3], 2).len(), 1);
         assert!(block_keys(&[1i64, 2, 3], 0).is_empty());
-        assert_eq!(block_keys(&[1u32, 2, 3, 4], 2), block_keys(&[1i64, 2, 3, 4], 2));
+        assert_eq!(
+            block_keys(&[1u32, 2, 3, 4], 2),
+            block_keys(&[1i64, 2, 3, 4], 2)
+        );
     }
 }

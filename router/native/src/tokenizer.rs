@@ -1,7 +1,7 @@
 //! The built-in tokenizer's encoding (`tpuserve-default-v1`, specified and implemented in
 //! `sglang_tpu/tokenizer.py`, which the engine twin uses), compiled for the router's hot
 //! path. Its numbers (special tokens, id bases) come from that module at construction, so
-//! only the scan is written here; `tests/unit/router/test_native_tokens.py` checks that both
+//! only the scan is written here; `tests/unit/router/test_token_cache.py` checks that both
 //! give the same ids on random text.
 
 const LETTERS: &[u8; 52] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
@@ -16,7 +16,10 @@ pub struct DefaultScheme {
 }
 
 fn letter_index(byte: u8) -> u32 {
-    LETTERS.iter().position(|&l| l == byte).expect("an ASCII letter") as u32
+    LETTERS
+        .iter()
+        .position(|&l| l == byte)
+        .expect("an ASCII letter") as u32
 }
 
 impl DefaultScheme {
@@ -28,8 +31,19 @@ impl DefaultScheme {
         word_base: u32,
         words_per_flag: u32,
     ) -> DefaultScheme {
-        let specials = specials.into_iter().enumerate().map(|(i, s)| (s.into_boxed_str(), i as u32)).collect();
-        DefaultScheme { specials, byte_base, digit_base, digits_per_flag, word_base, words_per_flag }
+        let specials = specials
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (s.into_boxed_str(), i as u32))
+            .collect();
+        DefaultScheme {
+            specials,
+            byte_base,
+            digit_base,
+            digits_per_flag,
+            word_base,
+            words_per_flag,
+        }
     }
 
     fn letters_id(&self, chunk: &[u8], spaced: bool) -> u32 {
@@ -40,7 +54,9 @@ impl DefaultScheme {
     }
 
     fn digits_id(&self, group: &[u8], spaced: bool) -> u32 {
-        let value = group.iter().fold(0u32, |acc, &c| acc * 10 + u32::from(c - b'0'));
+        let value = group
+            .iter()
+            .fold(0u32, |acc, &c| acc * 10 + u32::from(c - b'0'));
         let offset = [0, 0, 10, 110][group.len()];
         self.digit_base + if spaced { self.digits_per_flag } else { 0 } + offset + value
     }
@@ -61,14 +77,19 @@ impl DefaultScheme {
                     }
                 }
             }
-            let spaced = bytes[i] == b' ' && i + 1 < bytes.len() && bytes[i + 1].is_ascii_alphanumeric();
+            let spaced =
+                bytes[i] == b' ' && i + 1 < bytes.len() && bytes[i + 1].is_ascii_alphanumeric();
             let start = if spaced { i + 1 } else { i };
             let first = bytes[start];
             if first.is_ascii_alphabetic() || first.is_ascii_digit() {
                 let letters = first.is_ascii_alphabetic();
                 let mut end = start;
                 while end < bytes.len()
-                    && (if letters { bytes[end].is_ascii_alphabetic() } else { bytes[end].is_ascii_digit() })
+                    && (if letters {
+                        bytes[end].is_ascii_alphabetic()
+                    } else {
+                        bytes[end].is_ascii_digit()
+                    })
                 {
                     end += 1;
                 }
@@ -84,7 +105,11 @@ impl DefaultScheme {
             } else {
                 // One character (one code point), as its UTF-8 bytes.
                 let width = text[i..].chars().next().map_or(1, char::len_utf8);
-                out.extend(bytes[i..i + width].iter().map(|&b| self.byte_base + u32::from(b)));
+                out.extend(
+                    bytes[i..i + width]
+                        .iter()
+                        .map(|&b| self.byte_base + u32::from(b)),
+                );
                 i += width;
             }
         }

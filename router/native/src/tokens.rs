@@ -29,7 +29,11 @@ impl TokenIds {
         self.ids.len()
     }
 
-    fn __getitem__<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn __getitem__<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         if let Ok(slice) = index.cast::<PySlice>() {
             let indices = slice.indices(self.ids.len() as isize)?;
             let picked: Vec<u32> = (0..indices.slicelength)
@@ -38,7 +42,9 @@ impl TokenIds {
             return Ok(PyList::new(py, picked)?.into_any());
         }
         let Ok(i) = index.extract::<isize>() else {
-            return Err(PyTypeError::new_err("TokenIds indices must be integers or slices"));
+            return Err(PyTypeError::new_err(
+                "TokenIds indices must be integers or slices",
+            ));
         };
         let len = self.ids.len() as isize;
         let at = if i < 0 { i + len } else { i };
@@ -46,6 +52,22 @@ impl TokenIds {
             return Err(PyIndexError::new_err("TokenIds index out of range"));
         }
         Ok(self.ids[at as usize].into_pyobject(py)?.into_any())
+    }
+
+    /// `Sequence.count`.
+    fn count(&self, value: &Bound<'_, PyAny>) -> usize {
+        value
+            .extract::<u32>()
+            .map_or(0, |v| self.ids.iter().filter(|&&id| id == v).count())
+    }
+
+    /// `Sequence.index` (without its start and stop arguments).
+    fn index(&self, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+        value
+            .extract::<u32>()
+            .ok()
+            .and_then(|v| self.ids.iter().position(|&id| id == v))
+            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("value is not in TokenIds"))
     }
 
     fn tolist(&self) -> Vec<u32> {
@@ -56,7 +78,9 @@ impl TokenIds {
         if let Ok(other) = other.cast::<TokenIds>() {
             return other.get().ids == self.ids;
         }
-        other.extract::<Vec<u32>>().is_ok_and(|ids| *ids == *self.ids)
+        other
+            .extract::<Vec<u32>>()
+            .is_ok_and(|ids| *ids == *self.ids)
     }
 
     fn __repr__(&self) -> String {
@@ -92,7 +116,9 @@ impl TokenCache {
     fn encode_uncached(&self, py: Python<'_>, text: &str, out: &mut Vec<u32>) -> PyResult<()> {
         match &self.encoder {
             Encoder::Default(scheme) => scheme.encode_into(text, out),
-            Encoder::Python(encode) => out.extend(encode.call1(py, (text,))?.extract::<Vec<u32>>(py)?),
+            Encoder::Python(encode) => {
+                out.extend(encode.call1(py, (text,))?.extract::<Vec<u32>>(py)?)
+            }
         }
         Ok(())
     }
@@ -110,7 +136,9 @@ impl TokenCache {
             self.pieces.insert(piece.into(), out[start..].into());
             self.cached_bytes += piece.len();
             while self.cached_bytes > self.max_bytes {
-                let Some((old, _)) = self.pieces.pop_front() else { break };
+                let Some((old, _)) = self.pieces.pop_front() else {
+                    break;
+                };
                 self.cached_bytes -= old.len();
             }
         }
@@ -124,7 +152,10 @@ impl TokenCache {
         let mut start = 0;
         while start < bytes.len() {
             let from = (start + self.chunk_bytes).min(bytes.len());
-            let cut = bytes[from..].iter().position(|&b| b == b' ').map_or(bytes.len(), |k| from + k);
+            let cut = bytes[from..]
+                .iter()
+                .position(|&b| b == b' ')
+                .map_or(bytes.len(), |k| from + k);
             // A space byte never sits inside a multi-byte character: `cut` is a boundary.
             self.piece(py, &text[start..cut], out)?;
             start = cut;
@@ -151,12 +182,22 @@ impl TokenCache {
     ) -> PyResult<TokenCache> {
         let encoder = match (encode, scheme) {
             (Some(encode), None) => Encoder::Python(encode),
-            (None, Some((specials, byte_base, digit_base, digits_per_flag, word_base, words_per_flag))) => {
-                Encoder::Default(DefaultScheme::new(
-                    specials, byte_base, digit_base, digits_per_flag, word_base, words_per_flag,
+            (
+                None,
+                Some((specials, byte_base, digit_base, digits_per_flag, word_base, words_per_flag)),
+            ) => Encoder::Default(DefaultScheme::new(
+                specials,
+                byte_base,
+                digit_base,
+                digits_per_flag,
+                word_base,
+                words_per_flag,
+            )),
+            _ => {
+                return Err(PyTypeError::new_err(
+                    "give exactly one of encode and scheme",
                 ))
             }
-            _ => return Err(PyTypeError::new_err("give exactly one of encode and scheme")),
         };
         Ok(TokenCache {
             encoder,
@@ -184,7 +225,12 @@ impl TokenCache {
     /// The ids of a rendered chat template: split just before every `turn_start` (no
     /// tokenizer merges across a special token), each piece through the cache (in chunks
     /// too when long, with the built-in scheme).
-    fn encode_pieces(&mut self, py: Python<'_>, text: &str, turn_start: &str) -> PyResult<TokenIds> {
+    fn encode_pieces(
+        &mut self,
+        py: Python<'_>,
+        text: &str,
+        turn_start: &str,
+    ) -> PyResult<TokenIds> {
         let mut out = Vec::with_capacity(text.len() / 3);
         let mut starts: Vec<usize> = text.match_indices(turn_start).map(|(i, _)| i).collect();
         if starts.first() != Some(&0) {

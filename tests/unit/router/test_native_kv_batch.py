@@ -97,6 +97,36 @@ def test_sglangs_array_like_wire_applies_as_the_python_decoder_reads_it() -> Non
         assert_same_as_python([msgspec.msgpack.encode([3.5, wire_events, *tail])])
 
 
+def raw_batch(event: bytes) -> bytes:
+    """``[0, [event], 0]`` around a hand-written msgpack event."""
+    return b"\x93\x00\x91" + event + b"\x00"
+
+
+def unhashable_or_checked_by_msgpack() -> list[bytes]:
+    """Events Python's msgpack refuses, or reads otherwise than a lenient reader would."""
+    removed = b"\xa4type\xacBlockRemoved\xacblock_hashes\x91\x01"
+    hidden = b"\xc0\xa4type\xacBlockRemoved\xacblock_hashes\x95"
+    return [
+        raw_batch(b"\x83\x90\x00" + removed),  # an array as a key: unhashable in Python
+        # A bin key whose bytes look like a BlockRemoved: Python sees a map without a type.
+        raw_batch(b"\x83\xc4" + bytes([len(hidden)]) + hidden + b"\x01\x02\x03\x04\x05"),
+        raw_batch(b"\x83" + removed + b"\xa6medium\xd4\xff\x00"),  # a 1-byte timestamp
+        raw_batch(b"\x83" + removed + b"\xa7lora_id\x81\x90\x01"),  # a nested array key
+    ]
+
+
+def test_python_refuses_or_misreads_what_it_declines() -> None:
+    """The hand-written events above really are ones Python does not read as BlockRemoved."""
+    for payload in unhashable_or_checked_by_msgpack():
+        skipped: list[KVEventDecodeError] = []
+        try:
+            batch = decode_batch(payload, skipped)
+        except KVEventDecodeError:
+            continue
+        assert batch.events == []
+        assert len(skipped) == 1
+
+
 def test_batches_it_does_not_read_are_left_to_python_untouched() -> None:
     tokens = list(range(PAGE))
     (block,) = block_hashes(tokens, PAGE)
@@ -114,6 +144,7 @@ def test_batches_it_does_not_read_are_left_to_python_untouched() -> None:
         msgspec.msgpack.encode([1.0]),
         msgspec.msgpack.encode({"ts": 1.0}),
         encode_batch(EventBatch(1.0, [stored])) + b"\x00",  # trailing bytes
+        *unhashable_or_checked_by_msgpack(),
         b"\xc1",
         b"",
     ]  # fmt: skip

@@ -93,6 +93,7 @@ def test_a_long_prompt_sends_its_leading_keys_only() -> None:
         (msgpack.packb([FORMAT, "route", "r", 1, "w", 0, None]), "route: 7 fields"),
         (msgpack.packb([FORMAT, "route", "r", 1, "w", -3, None, b""]), "booked tokens -3"),
         (msgpack.packb([FORMAT, "route", "r", 1, "w", 0, "k", b""]), "last key 'k'"),
+        (msgpack.packb([FORMAT, "route", "r", 1, "w", 0, 2**63, b""]), "a 64-bit integer"),
         (msgpack.packb([FORMAT, "route", "r", 1, "w", 0, None, [1, 2]]), "expected binary"),
         (msgpack.packb([FORMAT, "route", "r", 1, "w", 0, None, b"1234"]), "4 bytes"),
         (b"\x00" * (peer_view.MAX_MESSAGE_BYTES + 1), "allowed: at most"),

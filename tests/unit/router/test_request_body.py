@@ -88,6 +88,10 @@ def test_unreadable_bodies_name_the_body(body: bytes, param: str) -> None:
         (parse_generate, {"text": ["a", ""]}, "text"),
         (parse_generate, {"text": "x", "lora_path": 3}, "lora_path"),
         (parse_completions, {"prompt": "x", "lora_path": [1]}, "lora_path"),
+        (parse_completions, {"prompt": [1, 2**63]}, "prompt"),  # beyond the block keys' ints
+        (parse_completions, {"prompt": [[-(2**63) - 1], [1]]}, "prompt"),
+        (parse_generate, {"input_ids": [2**64]}, "input_ids"),
+        (parse_generate, {"input_ids": [[2**70, 1]]}, "input_ids"),
     ],
 )
 def test_bad_fields_are_named(parser: Parser, data: dict[str, Any], param: str) -> None:
