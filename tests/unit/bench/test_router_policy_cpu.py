@@ -1,0 +1,16 @@
+"""bench/router_policy_cpu.py runs every step it times, for a token policy and a plain one."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.router_policy_cpu import measure
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("policy", ["precise", "cache_aware", "round_robin"])
+def test_the_policy_cost_bench_times_parsing_and_choosing(policy: str) -> None:
+    figures = measure(policy, requests=40, warm_up=10)
+    assert set(figures) == {"parse_us", "choose_us", "total_us"}
+    assert all(value > 0 for value in figures.values())
