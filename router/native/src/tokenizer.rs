@@ -6,6 +6,9 @@
 
 const LETTERS: &[u8; 52] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
+/// (special tokens, byte base, digit base, digits per flag, word base, words per flag).
+pub type SchemeNumbers = (Vec<String>, u32, u32, u32, u32, u32);
+
 pub struct DefaultScheme {
     specials: Vec<(Box<str>, u32)>,
     byte_base: u32,
@@ -23,14 +26,10 @@ fn letter_index(byte: u8) -> u32 {
 }
 
 impl DefaultScheme {
-    pub fn new(
-        specials: Vec<String>,
-        byte_base: u32,
-        digit_base: u32,
-        digits_per_flag: u32,
-        word_base: u32,
-        words_per_flag: u32,
-    ) -> DefaultScheme {
+    /// From the scheme's numbers, as `sglang_tpu.tokenizer` defines them: the special
+    /// tokens (id = position), then the byte, digit and word bases and the per-flag counts.
+    pub fn new(numbers: SchemeNumbers) -> DefaultScheme {
+        let (specials, byte_base, digit_base, digits_per_flag, word_base, words_per_flag) = numbers;
         let specials = specials
             .into_iter()
             .enumerate()

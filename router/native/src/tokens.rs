@@ -10,7 +10,7 @@ use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PySlice};
 
-use crate::tokenizer::DefaultScheme;
+use crate::tokenizer::{DefaultScheme, SchemeNumbers};
 
 /// Immutable token ids: a read-only sequence of ints to Python.
 #[pyclass(module = "tpuserve_router._native", frozen, sequence)]
@@ -176,23 +176,13 @@ impl TokenCache {
     #[pyo3(signature = (encode, scheme, max_bytes, chunk_bytes))]
     fn new(
         encode: Option<Py<PyAny>>,
-        scheme: Option<(Vec<String>, u32, u32, u32, u32, u32)>,
+        scheme: Option<SchemeNumbers>,
         max_bytes: usize,
         chunk_bytes: usize,
     ) -> PyResult<TokenCache> {
         let encoder = match (encode, scheme) {
             (Some(encode), None) => Encoder::Python(encode),
-            (
-                None,
-                Some((specials, byte_base, digit_base, digits_per_flag, word_base, words_per_flag)),
-            ) => Encoder::Default(DefaultScheme::new(
-                specials,
-                byte_base,
-                digit_base,
-                digits_per_flag,
-                word_base,
-                words_per_flag,
-            )),
+            (None, Some(numbers)) => Encoder::Default(DefaultScheme::new(numbers)),
             _ => {
                 return Err(PyTypeError::new_err(
                     "give exactly one of encode and scheme",
