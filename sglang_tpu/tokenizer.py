@@ -55,6 +55,12 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _NL = len(_LETTERS)
 _WORDS_PER_FLAG = _NL + _NL**2 + _NL**3
 DEFAULT_VOCAB_SIZE = _WORD_BASE + 2 * _WORDS_PER_FLAG
+DEFAULT_SCHEME_NUMBERS: tuple[list[str], int, int, int, int, int] = (
+    list(SPECIAL_TOKENS), _BYTE_BASE, _DIGIT_BASE, _DIGITS_PER_FLAG, _WORD_BASE, _WORDS_PER_FLAG,
+)  # fmt: skip
+"""The scheme's numbers, for an encoder written elsewhere (the router's compiled one): the
+special tokens (id = position), the byte and digit bases, the digit ids per space flag, the
+word base and the word ids per space flag."""
 
 _LETTER_INDEX = {c: i for i, c in enumerate(_LETTERS)}
 _SPECIAL_IDS = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}

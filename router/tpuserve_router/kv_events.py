@@ -105,20 +105,24 @@ class _Seed:
 MAX_PAGE_SIZE = 1 << 20
 
 
-def _engine_hash(value: object) -> int:
-    """An engine block hash of a snapshot: a 64-bit int, signed (SGLang) or not."""
+def _int_within(value: object, low: int, high: int, what: str, kind: str) -> int:
+    """A snapshot's number, refused (naming ``what`` and ``kind``) unless in ``[low, high)``."""
     number: int = int(value)  # type: ignore[call-overload]
-    if not -(1 << 63) <= number < 1 << 64:
-        raise ValueError(f"engine block hash {number} is not a 64-bit integer")
+    if not low <= number < high:
+        raise ValueError(f"{what} {number} is not a {kind}")
     return number
 
 
-def _router_key(value: object) -> int:
-    """A router key of a snapshot: `block_index.block_keys` gives signed 64-bit ints."""
-    number: int = int(value)  # type: ignore[call-overload]
-    if not -(1 << 63) <= number < 1 << 63:
-        raise ValueError(f"router key {number} is not a signed 64-bit integer")
-    return number
+def _snapshot_block(block: Any) -> tuple[int, int | None]:
+    """A snapshot's (engine block hash, router key or None): a 64-bit engine hash, signed
+    (SGLang) or not, and a key as `block_index.block_keys` gives them (signed 64-bit)."""
+    engine_hash, key = block
+    return (
+        _int_within(engine_hash, -(1 << 63), 1 << 64, "engine block hash", "64-bit integer"),
+        None
+        if key is None
+        else _int_within(key, -(1 << 63), 1 << 63, "router key", "signed 64-bit integer"),
+    )
 
 
 class _Subscription:
@@ -316,25 +320,32 @@ class _Subscription:
 
     def apply(self, payload: bytes) -> None:
         hub = self.hub
-        common = hub.index.apply_batch(self.worker, payload, self.rank)
-        if common is not None:  # decoded and applied in compiled code: the usual batch
-            self.batches += 1
-            stored, removed = common
-            counts = hub.metrics.kv_events
-            if stored:
-                counts.labels(self.worker, "BlockStored").inc(stored)
-            if removed:
-                counts.labels(self.worker, "BlockRemoved").inc(removed)
-            return
+        worker = self.worker
+        common = hub.index.apply_batch(worker, payload, self.rank)
+        if common is None:  # not the usual batch: decoded here, which names what is wrong
+            common = self._apply_decoded(payload)
+            if common is None:
+                return
+        self.batches += 1
+        stored, removed = common
+        counts = hub.metrics.kv_events
+        if stored:
+            counts.labels(worker, "BlockStored").inc(stored)
+        if removed:
+            counts.labels(worker, "BlockRemoved").inc(removed)
+
+    def _apply_decoded(self, payload: bytes) -> tuple[int, int] | None:
+        """Decode and apply a batch event by event: (stored, removed) events, or None when the
+        payload is not a batch at all. What cannot be read is skipped and counted."""
+        hub = self.hub
         skipped: list[KVEventDecodeError] = []
         try:
             batch = decode_batch(payload, skipped)
         except KVEventDecodeError as err:
             hub.skip(self.worker, self.label, err)
-            return
+            return None
         for problem in skipped:
             hub.skip(self.worker, self.label, problem)
-        self.batches += 1
         index = hub.index
         worker = self.worker
         rank = self.rank
@@ -360,11 +371,7 @@ class _Subscription:
             except (TypeError, ValueError, OverflowError) as err:  # e.g. ids not 64-bit ints
                 malformed = KVEventDecodeError("malformed_event", f"{event!r:.80}: {err}")
                 hub.skip(worker, self.label, malformed)
-        counts = hub.metrics.kv_events
-        if stored:
-            counts.labels(worker, "BlockStored").inc(stored)
-        if removed:
-            counts.labels(worker, "BlockRemoved").inc(removed)
+        return stored, removed
 
 
 class KvEventHub:
@@ -449,8 +456,7 @@ class KvEventHub:
                 seed = _Seed(
                     str(stream["worker"]), int(stream["rank"]), str(stream["events"]),
                     int(stream["seq"]),
-                    [(_engine_hash(h), None if k is None else _router_key(k))
-                     for h, k in stream["blocks"]],
+                    [_snapshot_block(block) for block in stream["blocks"]],
                 )  # fmt: skip
             except (KeyError, TypeError, ValueError) as err:
                 raise ValueError(f"KV snapshot: streams[{i}] is malformed: {err!r}") from None

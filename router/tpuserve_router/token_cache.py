@@ -28,8 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sglang_tpu import tokenizer as scheme
-from sglang_tpu.tokenizer import DEFAULT_TOKENIZER_NAME, Tokenizer
+from sglang_tpu.tokenizer import DEFAULT_SCHEME_NUMBERS, DEFAULT_TOKENIZER_NAME, Tokenizer
 from tpuserve_router._native import TokenCache, TokenIds
 
 __all__ = ["CHUNK_BYTES", "TURN_START", "ChatTokenCache", "TokenIds"]
@@ -44,13 +43,9 @@ class ChatTokenCache:
     def __init__(self, tokenizer: Tokenizer, max_bytes: int = 32 * 1024 * 1024) -> None:
         self.tokenizer = tokenizer
         self.chunked = tokenizer.name == DEFAULT_TOKENIZER_NAME
-        numbers = (
-            list(scheme.SPECIAL_TOKENS), scheme._BYTE_BASE, scheme._DIGIT_BASE,
-            scheme._DIGITS_PER_FLAG, scheme._WORD_BASE, scheme._WORDS_PER_FLAG,
-        )  # fmt: skip
         self._cache = TokenCache(
             None if self.chunked else tokenizer.encode,
-            numbers if self.chunked else None,
+            DEFAULT_SCHEME_NUMBERS if self.chunked else None,
             max_bytes,
             CHUNK_BYTES,
         )
