@@ -1,7 +1,8 @@
 """Compare a real SGLang engine's JSON answers (and SSE streams) with the twin's.
 
 `json_differences` walks both answers: every key on both sides, the same JSON types, the same
-values — except where `tests.twin_differences` lists an intended difference. A stream is
+values — except where `tests.twin_differences` lists an intended difference (or a key a real
+engine leaves out in a condition its answer shows). A stream is
 compared by the shapes of its chunks (not their number: an engine may merge token updates into
 one chunk) and, fully, by its last data chunk and its usage chunk.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tests.twin_differences import JSON_DIFFERENCES, ONLY_ON_REAL
+from tests.twin_differences import JSON_DIFFERENCES, OMITTED_BY_REAL_WHEN, ONLY_ON_REAL
 from tpuserve.json_types import json_type
 
 Signature = tuple[tuple[str, str], ...]
@@ -35,6 +36,9 @@ def json_differences(real: Any, twin: Any, path: str = "") -> list[str]:
             if path or key not in ONLY_ON_REAL:
                 found.append(f"{_join(path, key)}: only on the real engine ({real[key]!r:.60})")
         for key in twin.keys() - real.keys():
+            omission = OMITTED_BY_REAL_WHEN.get(_join(path, key))
+            if omission is not None and omission.applies(real):
+                continue
             found.append(f"{_join(path, key)}: only on the twin ({twin[key]!r:.60})")
         for key in real.keys() & twin.keys():
             found += json_differences(real[key], twin[key], _join(path, key))
