@@ -7,11 +7,39 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
 
+# The control-plane build (no-op when the versioned binaries exist; 13-30 min of Go on a fresh
+# machine) runs in the background while the rest is installed and linted, and is waited for
+# before the tests, which it would otherwise slow down.
+control_plane_pid=""
+control_plane_log=""
+if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
+  control_plane_log=$(mktemp "${TMPDIR:-/tmp}/tpuserve-control-plane.XXXXXX.log")
+  # its own process group (setsid), so an early exit stops its go builds too
+  setsid scripts/build-control-plane.sh >"$control_plane_log" 2>&1 &
+  control_plane_pid=$!
+  echo "== control plane: scripts/build-control-plane.sh in the background, log $control_plane_log"
+fi
+wait_for_control_plane() {
+  [ -n "$control_plane_pid" ] || return 0
+  local status=0
+  wait "$control_plane_pid" || status=$?
+  control_plane_pid=""
+  cat "$control_plane_log" >&2
+  rm -f "$control_plane_log"
+  if [ "$status" != 0 ]; then
+    echo "scripts/build-control-plane.sh failed (exit $status); its output is above" >&2
+    exit "$status"
+  fi
+}
+stop_control_plane() { # an early exit: stop the build, drop its partial log
+  [ -n "$control_plane_pid" ] || return 0
+  kill -- "-$control_plane_pid" 2>/dev/null || true
+  rm -f "$control_plane_log"
+}
+trap stop_control_plane EXIT
+
 scripts/venv.sh dev
 scripts/install-tools.sh                       # helm, kubectl, prometheus, promtool
-if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
-  scripts/build-control-plane.sh               # no-op when the versioned binaries exist
-fi
 skip_real_sglang=${TPUSERVE_SKIP_REAL_SGLANG:-0}
 if [ "${CI:-}" = true ] && [ "$skip_real_sglang" = 1 ]; then
   echo "CI=true: ignoring TPUSERVE_SKIP_REAL_SGLANG=1, CI always runs the real-SGLang tests" >&2
@@ -33,6 +61,8 @@ echo "== cargo (router/native)"
   cargo clippy --quiet --release --locked --all-targets -- -D warnings
   cargo test --quiet --release --locked
 )
+echo "== control plane (waiting for the background build)"
+wait_for_control_plane
 echo "== pytest"
 if [ $# -gt 0 ]; then
   exec .venv/bin/pytest "$@"
