@@ -14,8 +14,12 @@ control_plane_pid=""
 control_plane_log=""
 if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
   control_plane_log=$(mktemp "${TMPDIR:-/tmp}/tpuserve-control-plane.XXXXXX.log")
-  # its own process group (setsid), so an early exit stops its go builds too
-  setsid scripts/build-control-plane.sh >"$control_plane_log" 2>&1 &
+  # its own process group (setsid, util-linux), so an early exit stops its go builds too
+  if command -v setsid >/dev/null 2>&1; then
+    setsid scripts/build-control-plane.sh >"$control_plane_log" 2>&1 &
+  else
+    scripts/build-control-plane.sh >"$control_plane_log" 2>&1 &
+  fi
   control_plane_pid=$!
   echo "== control plane: scripts/build-control-plane.sh in the background, log $control_plane_log"
 fi
@@ -33,7 +37,7 @@ wait_for_control_plane() {
 }
 stop_control_plane() { # an early exit: stop the build, drop its partial log
   [ -n "$control_plane_pid" ] || return 0
-  kill -- "-$control_plane_pid" 2>/dev/null || true
+  kill -- "-$control_plane_pid" 2>/dev/null || kill "$control_plane_pid" 2>/dev/null || true
   rm -f "$control_plane_log"
 }
 trap stop_control_plane EXIT
