@@ -9,22 +9,20 @@ export PYTHONDONTWRITEBYTECODE=1
 
 # The control-plane build (no-op when the versioned binaries exist; 13-30 min of Go on a fresh
 # machine) runs in the background while the rest is installed and linted, and is waited for
-# before the tests, which it would otherwise slow down.
+# before the tests, which it would otherwise slow down. Its log is printed then (and dropped if
+# an earlier step fails: the EXIT trap stops the build). A SIGKILL of this script leaves the
+# build running on its own (no trap runs then).
 control_plane_pid=""
 control_plane_log=""
-if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
-  control_plane_log=$(mktemp "${TMPDIR:-/tmp}/tpuserve-control-plane.XXXXXX.log")
-  # its own process group (setsid, util-linux), so an early exit stops its go builds too
-  if command -v setsid >/dev/null 2>&1; then
-    setsid scripts/build-control-plane.sh >"$control_plane_log" 2>&1 &
-  else
-    scripts/build-control-plane.sh >"$control_plane_log" 2>&1 &
-  fi
-  control_plane_pid=$!
-  echo "== control plane: scripts/build-control-plane.sh in the background, log $control_plane_log"
-fi
+stop_control_plane() { # an early exit: stop the build (its whole process group), drop its log
+  [ -n "$control_plane_pid" ] || return 0
+  kill -- "-$control_plane_pid" 2>/dev/null || true
+  rm -f "$control_plane_log"
+}
+trap stop_control_plane EXIT
 wait_for_control_plane() {
   [ -n "$control_plane_pid" ] || return 0
+  echo "== control plane (waiting for the background build, log $control_plane_log)"
   local status=0
   wait "$control_plane_pid" || status=$?
   control_plane_pid=""
@@ -35,12 +33,14 @@ wait_for_control_plane() {
     exit "$status"
   fi
 }
-stop_control_plane() { # an early exit: stop the build, drop its partial log
-  [ -n "$control_plane_pid" ] || return 0
-  kill -- "-$control_plane_pid" 2>/dev/null || kill "$control_plane_pid" 2>/dev/null || true
-  rm -f "$control_plane_log"
-}
-trap stop_control_plane EXIT
+if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
+  control_plane_log=$(mktemp "${TMPDIR:-/tmp}/tpuserve-control-plane.XXXXXX")
+  set -m  # job control: the build gets a process group of its own, so the trap stops its go too
+  scripts/build-control-plane.sh >"$control_plane_log" 2>&1 &
+  control_plane_pid=$!
+  set +m
+  echo "== control plane: scripts/build-control-plane.sh in the background, log $control_plane_log"
+fi
 
 scripts/venv.sh dev
 scripts/install-tools.sh                       # helm, kubectl, prometheus, promtool
@@ -65,7 +65,6 @@ echo "== cargo (router/native)"
   cargo clippy --quiet --release --locked --all-targets -- -D warnings
   cargo test --quiet --release --locked
 )
-echo "== control plane (waiting for the background build)"
 wait_for_control_plane
 echo "== pytest"
 if [ $# -gt 0 ]; then

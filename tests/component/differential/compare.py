@@ -22,8 +22,9 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def json_differences(real: Any, twin: Any, path: str = "") -> list[str]:
-    """How `twin` differs from `real`, one line per difference, naming the path."""
+def json_differences(real: Any, twin: Any, path: str = "", *, streamed: bool = False) -> list[str]:
+    """How `twin` differs from `real`, one line per difference, naming the path; `streamed`:
+    they are chunks of a stream (where `OMITTED_BY_REAL_WHEN` does not apply)."""
     listed = JSON_DIFFERENCES.get(path)
     real_type, twin_type = json_type(real), json_type(twin)
     if listed is not None and listed.aspect == "type":
@@ -36,19 +37,19 @@ def json_differences(real: Any, twin: Any, path: str = "") -> list[str]:
             if path or key not in ONLY_ON_REAL:
                 found.append(f"{_join(path, key)}: only on the real engine ({real[key]!r:.60})")
         for key in twin.keys() - real.keys():
-            omission = OMITTED_BY_REAL_WHEN.get(_join(path, key))
+            omission = None if streamed else OMITTED_BY_REAL_WHEN.get(_join(path, key))
             if omission is not None and omission.applies(real):
                 continue
             found.append(f"{_join(path, key)}: only on the twin ({twin[key]!r:.60})")
         for key in real.keys() & twin.keys():
-            found += json_differences(real[key], twin[key], _join(path, key))
+            found += json_differences(real[key], twin[key], _join(path, key), streamed=streamed)
         return sorted(found)
     if isinstance(real, list):
         if len(real) != len(twin):
             return [f"{path}: real has {len(real)} elements, twin {len(twin)}"]
         found = []
         for r, t in zip(real, twin, strict=True):
-            found += json_differences(r, t, path + "[]")
+            found += json_differences(r, t, path + "[]", streamed=streamed)
         return found
     if listed is None and real != twin:
         return [f"{path or '.'}: real {real!r:.60}, twin {twin!r:.60}"]
@@ -102,9 +103,11 @@ def stream_differences(real: Sequence[Any], twin: Sequence[Any]) -> list[str]:
             f"chunks between the first and the last: real-only {sorted(r - t)}, "
             f"twin-only {sorted(t - r)}"
         )
-    found += [f"last data chunk: {d}" for d in json_differences(real_data[-1], twin_data[-1])]
+    last = json_differences(real_data[-1], twin_data[-1], streamed=True)
+    found += [f"last data chunk: {d}" for d in last]
     if len(real_usage) != len(twin_usage):
         found.append(f"usage chunks: real {len(real_usage)}, twin {len(twin_usage)}")
     elif real_usage:
-        found += [f"usage chunk: {d}" for d in json_differences(real_usage[-1], twin_usage[-1])]
+        usage = json_differences(real_usage[-1], twin_usage[-1], streamed=True)
+        found += [f"usage chunk: {d}" for d in usage]
     return found
