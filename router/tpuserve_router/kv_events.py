@@ -66,6 +66,7 @@ from sglang_tpu.kv_events import (
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.kv_publishers import Endpoints
 from tpuserve_router.metrics import RouterMetrics
+from tpuserve_router.zmq_monitor import stop_monitor
 
 __all__ = ["Endpoints", "KvEventHub"]
 
@@ -190,7 +191,7 @@ class _Subscription:
                         await self._catch_up_from_start()
                 self._read()  # what came while the lock was held
         finally:
-            monitor.close(linger=0)
+            stop_monitor(self.socket, monitor)
 
     def _read(self) -> None:
         """Apply what is queued on the socket, in order, without awaiting (the event loop calls

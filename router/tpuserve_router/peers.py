@@ -50,6 +50,7 @@ from tpuserve_router.peer_view import (
     decode,
     encode,
 )
+from tpuserve_router.zmq_monitor import stop_monitor
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,7 @@ class _Subscription:
                     self._forget()
                 self.network.count_peers()
         finally:
-            monitor.close(linger=0)
+            stop_monitor(self.socket, monitor)
 
     def _read(self) -> None:
         """Apply what is queued on the socket without awaiting (the descriptor is
