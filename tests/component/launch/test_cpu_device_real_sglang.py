@@ -27,9 +27,10 @@ import pytest
 import zmq
 
 from sglang_tpu.tokenizer import load_tokenizer
+from tests.contract_env import contract_ports
 from tests.real_sglang import RealSGLang
 from tests.waiting import eventually
-from tpuserve.cluster.ports import LOOPBACK, free_ports
+from tpuserve.cluster.ports import LOOPBACK
 from tpuserve.cluster.process import tail
 
 pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
@@ -93,7 +94,9 @@ def contract_env(
 def launched(
     real_sglang: RealSGLang, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LaunchedServer]:
-    http_port, kv_port, replay_port = free_ports(3)
+    http_port, kv_port, replay_port = contract_ports(
+        3, lambda ports: contract_env(real_sglang, *ports)
+    )
     log_path = tmp_path_factory.mktemp("launch-cpu") / "launcher.log"
     with log_path.open("wb") as log:
         launcher = subprocess.Popen(

@@ -21,6 +21,7 @@ from urllib.request import urlopen
 import openai
 import pytest
 
+from tests.contract_env import contract_ports
 from tests.waiting import eventually
 from tpuserve.cluster.ports import free_port
 
@@ -65,7 +66,7 @@ def contract(host: int, http_port: int, kv_port: int) -> dict[str, str]:
 
 
 def test_leader_serves_the_engine_twin_and_drains_on_sigterm() -> None:
-    http_port, kv_port = free_port(), free_port()
+    http_port, kv_port = contract_ports(2, lambda ports: contract(0, *ports))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tpuserve", "engine", "launch"],
         env=contract(0, http_port, kv_port),
@@ -92,9 +93,10 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def test_the_contracts_lora_adapters_are_served_and_routed() -> None:
-    http_port, router_port = free_port(), free_port()
+    http_port, kv_port = contract_ports(2, lambda ports: contract(0, *ports))
+    router_port = free_port()
     adapters = "sql=hf://org/sql-lora,law=pvc://adapters/law"
-    env = contract(0, http_port, free_port()) | {"TPUSERVE_LORA_ADAPTERS": adapters}
+    env = contract(0, http_port, kv_port) | {"TPUSERVE_LORA_ADAPTERS": adapters}
     launcher = subprocess.Popen([sys.executable, "-m", "tpuserve", "engine", "launch"], env=env)
     router = None
     try:
@@ -139,10 +141,10 @@ def test_the_contracts_lora_adapters_are_served_and_routed() -> None:
 
 
 def test_follower_holds_its_place_without_serving_and_stops_on_sigterm() -> None:
-    http_port = free_port()
+    http_port, kv_port = contract_ports(2, lambda ports: contract(1, *ports))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tpuserve", "engine", "launch"],
-        env=contract(1, http_port, free_port()),
+        env=contract(1, http_port, kv_port),
         stderr=subprocess.PIPE,
         text=True,
     )
