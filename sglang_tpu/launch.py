@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import importlib.util
 import json
 import logging
@@ -31,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sglang_tpu import compile_cache, lora, model_source, perf_model, sglang_flags
@@ -64,6 +65,7 @@ TPUSERVE_SGLANG_PYTHON names the interpreter with SGLang installed).
 EXIT_INVALID_CONTRACT = 2
 EXIT_FETCH_FAILED = 1
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
+PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
 
 # TorchTPU 0.2.0 reads these at start-up as booleans ("1"/"0"/"true"/"false"; read from its
 # wheel); unset, TorchTPU never defers.
@@ -276,10 +278,18 @@ def supervise(
     (`sigwaitinfo`), so a SIGTERM that arrives while the server is still being started is
     not lost and no handler can interrupt the bookkeeping. The server runs in its own
     session with the signal mask the launcher had, so that when it overstays the drain
-    timeout, or leaves processes behind, its whole process group can be killed.
+    timeout, or leaves processes behind, its whole process group can be killed. On Linux
+    the server is also SIGKILLed when the launcher itself dies without forwarding anything
+    (`_parent_death_signal`).
     """
     watched = {*forwarded, signal.SIGCHLD}
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    die_with_launcher = _parent_death_signal(signal.SIGKILL)
+
+    def prepare_child() -> None:  # runs in the child, between fork and exec
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        die_with_launcher()
+
     log.info("starting: %s", " ".join(command))
     try:
         try:
@@ -287,7 +297,7 @@ def supervise(
                 list(command),
                 env=dict(env),
                 start_new_session=True,
-                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask),
+                preexec_fn=prepare_child,
             )
         except OSError as err:
             log.error("cannot start %s: %s", command[0], err)
@@ -315,6 +325,28 @@ def supervise(
     status = exit_status(child.returncode)
     log.info("server exited with status %d", status)
     return status
+
+
+def _parent_death_signal(signum: signal.Signals) -> Callable[[], None]:
+    """What a forked child calls so that `signum` kills it when the launcher dies.
+
+    The server runs in its own session, so a launcher killed outright (SIGKILL, the OOM
+    killer) would otherwise leave it running, re-parented to init, with nobody to drain or
+    stop it. Linux's PR_SET_PDEATHSIG covers that; if the launcher died between fork and
+    prctl, the child exits at once. Elsewhere this does nothing. libc is loaded here, in the
+    launcher, so the child only makes the call.
+    """
+    if not sys.platform.startswith("linux"):
+        return lambda: None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    launcher_pid = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        if os.getppid() != launcher_pid:
+            os._exit(128 + int(signum))
+
+    return arm
 
 
 def _kill_group(pgid: int) -> None:

@@ -88,6 +88,23 @@ def test_a_server_that_overstays_the_drain_is_killed_with_its_process_group() ->
     wait_gone(helper_pid)
 
 
+REPORTS_ITS_PID = """
+    import os, signal
+    print(os.getpid(), flush=True)
+    signal.pause()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_launcher_killed_outright_takes_its_server_with_it() -> None:
+    launcher = start_launcher(REPORTS_ITS_PID, drain_seconds=30)
+    server_pid = int(read_line(launcher))
+    assert running(server_pid)
+    launcher.kill()  # SIGKILL: nothing is forwarded, the server is in a session of its own
+    assert launcher.wait(timeout=DEADLINE_SECONDS) == -signal.SIGKILL
+    wait_gone(server_pid)
+
+
 def test_a_crashing_server_status_is_returned_without_a_signal() -> None:
     launcher = start_launcher("import sys; print('ready', flush=True); sys.exit(3)", 30)
     assert read_line(launcher) == "ready"
