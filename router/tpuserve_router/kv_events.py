@@ -1,6 +1,7 @@
 """Subscribe to every worker's KV-cache events and keep the block index in step with them.
 
-Per stream, a reader on the ZMQ SUB socket's descriptor takes what is queued and applies each
+Per stream, a reader takes what is queued (a ``tcp://`` stream is read by `zmtp.ZmtpSubscriber`
+on the event loop, without libzmq's I/O thread; any other by a ZMQ SUB socket) and applies each
 batch to the policy's `BlockIndex` without awaiting (frames and payload decoded by
 `sglang_tpu.kv_events`, the one schema module, in either SGLang wire generation; the usual
 batch, only well-formed ``BlockStored`` and ``BlockRemoved`` events, is read and applied in
@@ -67,6 +68,7 @@ from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.kv_publishers import Endpoints
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.zmq_monitor import stop_monitor
+from tpuserve_router.zmtp import SubscriberGroup, ZmtpSubscriber, tcp_address
 
 __all__ = ["Endpoints", "KvEventHub"]
 
@@ -76,6 +78,10 @@ REPLAY_TIMEOUT_SECONDS = 2.0
 DRAIN_MAX_MESSAGES = 64
 """Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
 are read on the loop's next turn)."""
+READ_INTERVAL_SECONDS = 0.005
+"""A busy ``tcp://`` stream is read at most this often, every such stream in one wake-up of
+the event loop (`zmtp.SubscriberGroup`): events arrive at most this late, and under load
+cost a read per turn rather than a wake-up per batch."""
 RECEIVE_HIGH_WATER_MARK = 10_000
 """Batches a stream's socket holds unread at most (some 20 MB at ~2 kB a batch). Past it ZMQ
 stops reading the connection, so the engine's PUB socket queues them and, past its own mark
@@ -142,10 +148,20 @@ class _Subscription:
         self.lock = asyncio.Lock()  # one sequence of updates at a time (reader or monitor)
         self.task: asyncio.Task[None] | None = None
         self.monitor_task: asyncio.Task[None] | None = None
+        self.subscriber: ZmtpSubscriber | None = None  # a tcp:// stream, read without libzmq
         self._stopped = False
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
+        address = tcp_address(self.endpoints.events)
+        if address is not None:
+            self.subscriber = ZmtpSubscriber(
+                *address, self.endpoints.topic.encode("utf-8"), self.hub.readers,
+                self._connected, self._disconnected, self._read, RECEIVE_HIGH_WATER_MARK,
+                self.label,
+            )  # fmt: skip
+            self.subscriber.start()
+            return
         ctx = self.hub.context
         self.socket = ctx.socket(zmq.SUB)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -155,14 +171,16 @@ class _Subscription:
         self.socket.connect(self.endpoints.events)
         self.drain: zmq.Socket[bytes] = zmq.Socket.shadow(self.socket.underlying)  # no futures
         self.fd = int(self.drain.getsockopt(zmq.FD))
-        self.loop = loop
         loop.add_reader(self.fd, self._read)
         loop.call_soon(self._read)  # the descriptor signals changes only: read what came first
         self.monitor_task = loop.create_task(self._watch(monitor))
 
     async def stop(self) -> None:
         self._stopped = True  # first: nothing read from here on starts a task
-        self.loop.remove_reader(self.fd)
+        if self.subscriber is not None:
+            await self.subscriber.close()
+        else:
+            self.loop.remove_reader(self.fd)
         while tasks := [
             t for t in (self.task, self.monitor_task) if t is not None and not t.done()
         ]:
@@ -171,27 +189,38 @@ class _Subscription:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.subscriber is not None:
+            return
         with contextlib.suppress(zmq.ZMQError):
             self.socket.disable_monitor()
         self.socket.close(linger=0)
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
-        """Connection changes: a lost publisher's blocks are dropped at once; on (re)connect
-        the index is rebuilt from the engine's replay buffer, so even an idle engine that
-        restarted is known to be empty without waiting for its next event."""
+        """Connection changes on libzmq's socket (`_connected`, `_disconnected`)."""
         try:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
-                async with self.lock:
-                    if event["event"] == zmq.EVENT_DISCONNECTED:
-                        self.hub.resync(self.worker, "publisher_disconnected", self.rank)
-                        self.expected = None
-                        self.replayed_through = None
-                    elif event["event"] == zmq.EVENT_CONNECTED:
-                        await self._catch_up_from_start()
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    await self._disconnected()
+                elif event["event"] == zmq.EVENT_CONNECTED:
+                    await self._connected()
                 self._read()  # what came while the lock was held
         finally:
             stop_monitor(self.socket, monitor)
+
+    async def _connected(self) -> None:
+        """On every (re)connect the index is rebuilt from the engine's replay buffer, so even
+        an idle engine that restarted is known to be empty without waiting for its next
+        event."""
+        async with self.lock:
+            await self._catch_up_from_start()
+
+    async def _disconnected(self) -> None:
+        """A lost publisher's blocks are dropped at once."""
+        async with self.lock:
+            self.hub.resync(self.worker, "publisher_disconnected", self.rank)
+            self.expected = None
+            self.replayed_through = None
 
     def _read(self) -> None:
         """Apply what is queued on the socket, in order, without awaiting (the event loop calls
@@ -204,6 +233,9 @@ class _Subscription:
         socket's events: that clears the descriptor's signal, which otherwise stays set and
         has the loop call this again at once, a busy spin for the whole catch-up."""
         if self._stopped:
+            return
+        if self.subscriber is not None:
+            self._take_pending()
             return
         drain = self.drain
         get, recv = drain.get, drain.recv
@@ -234,6 +266,32 @@ class _Subscription:
                 continue
             self.expected = seq + 1
         self.loop.call_soon(self._read)  # more may be queued; the descriptor will not say so
+
+    def _take_pending(self) -> None:
+        """`_read` for a `ZmtpSubscriber`'s stream: the messages it has already parsed."""
+        if self.task is not None or self.lock.locked():
+            return  # they wait, bounded (`RECEIVE_HIGH_WATER_MARK`); read when it is free
+        assert self.subscriber is not None
+        pending = self.subscriber.pending
+        for _ in range(DRAIN_MAX_MESSAGES):
+            if not pending:
+                return
+            try:
+                _, seq, payload = parse_pub_frames(pending.popleft())
+            except KVEventDecodeError as err:
+                self.hub.skip(self.worker, self.label, err)
+                continue
+            if seq != self.expected or self.replayed_through is not None:
+                self.task = self.loop.create_task(self._receive_awaiting(seq, payload))
+                return
+            try:
+                self.apply(payload)
+            except Exception:  # a bug must not end the subscription
+                log.exception("%s: could not apply KV-event batch %d", self.label, seq)
+                continue
+            self.expected = seq + 1
+        if pending:
+            self.loop.call_soon(self._read)
 
     async def _receive_awaiting(self, seq: int, payload: bytes) -> None:
         try:
@@ -381,7 +439,8 @@ class KvEventHub:
     def __init__(self, index: BlockIndex, metrics: RouterMetrics) -> None:
         self.index = index
         self.metrics = metrics
-        self.context = zmq.asyncio.Context()
+        self.context = zmq.asyncio.Context()  # replay sockets, and streams other than tcp://
+        self.readers = SubscriberGroup(READ_INTERVAL_SECONDS)
         self._subscriptions: dict[str, tuple[_Subscription, ...]] = {}
         self._logged: set[tuple[str, str]] = set()
         self._seeds: dict[tuple[str, int], _Seed] = {}
@@ -423,6 +482,7 @@ class KvEventHub:
     async def stop(self) -> None:
         for worker in list(self._subscriptions):
             await self.unwatch(worker)
+        self.readers.close()
         self.context.term()
 
     def snapshot(self) -> dict[str, Any]:

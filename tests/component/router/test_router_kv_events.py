@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -37,6 +38,7 @@ from tests.component.router.router_fleet import (
     wait_ready,
 )
 from tests.waiting import eventually_async
+from tpuserve_router import kv_events
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.kv_events import (
@@ -240,10 +242,10 @@ class Publisher:
     XPUB (to know when the router has subscribed) and an optional replay ROUTER that, like
     the engine's, holds every batch published, delivered or not."""
 
-    def __init__(self, replay: bool) -> None:
+    def __init__(self, replay: bool, bind: str = "tcp://127.0.0.1:*") -> None:
         self.ctx = zmq.asyncio.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
-        self.pub.bind("tcp://127.0.0.1:*")
+        self.pub.bind(bind)
         self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.replay: dict[int, bytes] = {}
         self.router: zmq.asyncio.Socket | None = None
@@ -379,13 +381,26 @@ async def test_a_gap_the_engine_can_replay_is_filled(plain_engine: EngineTwin) -
         assert resyncs(app, worker, "gap_unrecoverable") == 0
 
 
-async def test_a_burst_longer_than_one_read_is_applied_in_order(plain_engine: EngineTwin) -> None:
-    # The socket is read without awaiting, a bounded number of messages per wake-up: what is
-    # left must still be read (the descriptor will not signal it again), and in order.
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+async def test_a_burst_longer_than_one_read_is_applied_in_order(
+    plain_engine: EngineTwin, transport: str, tmp_path: Path
+) -> None:
+    # The stream is read without awaiting, a bounded number of messages per turn: what is
+    # left must still be read (a descriptor will not signal it again), and in order; by the
+    # ZMTP reader (tcp://) and by libzmq's SUB socket (ipc://) alike.
     tokens = load_tokenizer().encode(PROMPT)
     pages = len(tokens) // PAGE
     burst = 3 * DRAIN_MAX_MESSAGES + 5
-    async with publishing_router(plain_engine, replay=False) as (app, publisher, worker):
+    bind = "tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{tmp_path}/kv"
+    publisher = Publisher(replay=False, bind=bind)
+    async with publishing_router(plain_engine, replay=False, publisher=publisher) as (
+        app,
+        publisher,
+        worker,
+    ):
+        assert app.kv is not None
+        (stream,) = app.kv.subscriptions(worker)
+        assert (stream.subscriber is not None) == (transport == "tcp")
         for seq in range(burst - 1):  # stored and removed in turn, so order matters
             payload = stored(tokens) if seq % 2 == 0 else removed(tokens, slice(1, None))
             await publisher.publish(seq, payload)
@@ -469,13 +484,35 @@ async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
     assert busy_reads < 20
 
 
-async def test_a_streams_unread_batches_are_bounded(plain_engine: EngineTwin) -> None:
-    # Past the mark ZMQ stops reading the connection (the engine's PUB queues, then drops: a
-    # sequence gap); without one, a router far behind its engines would hold every batch.
-    async with publishing_router(plain_engine, replay=False) as (app, _publisher, worker):
+async def test_a_streams_unread_batches_are_bounded(
+    plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past the mark the router stops reading the connection (the engine's PUB queues, then
+    # drops: a sequence gap); without one, a router far behind its engines would hold every
+    # batch. Here the stream is kept busy (its lock held) while batches keep coming.
+    mark = 8
+    assert RECEIVE_HIGH_WATER_MARK > 0
+    monkeypatch.setattr(kv_events, "RECEIVE_HIGH_WATER_MARK", mark)
+    tokens = load_tokenizer().encode(PROMPT * 8)
+    assert len(tokens) >= 6 * mark * PAGE
+    async with publishing_router(plain_engine, replay=False) as (app, publisher, worker):
         assert app.kv is not None
         (stream,) = app.kv.subscriptions(worker)
-        assert stream.socket.getsockopt(zmq.RCVHWM) == RECEIVE_HIGH_WATER_MARK > 0
+        assert stream.subscriber is not None
+        pending = stream.subscriber.pending
+        async with stream.lock:
+            for seq in range(3 * mark):
+                await publisher.publish(seq, stored(tokens[: PAGE * (seq + 1)]))
+            await eventually_async(
+                lambda: len(pending) >= mark, what="the mark's worth of batches read",
+                timeout_seconds=5,
+            )  # fmt: skip
+            held = len(pending)  # one read may take a little more than the mark
+            for seq in range(3 * mark, 6 * mark):
+                await publisher.publish(seq, stored(tokens[: PAGE * (seq + 1)]))
+            await asyncio.sleep(0.1)  # turns of the reader, which must not read further
+            assert len(pending) == held
+        await wait_blocks(app, worker, 6 * mark, "the rest read once the stream is free")
 
 
 # ---------------------------------------------------------------- what the router cannot read

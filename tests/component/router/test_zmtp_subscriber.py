@@ -1,0 +1,166 @@
+"""`ZmtpSubscriber` against libzmq's own PUB socket (pyzmq) on loopback.
+
+The router reads engines' KV events with it instead of a libzmq SUB socket, so it must do
+what libzmq's SUB does with a real publisher: subscribe, receive multipart messages in order,
+answer heartbeats (a PUB with ZMQ_HEARTBEAT_* drops a peer that does not), and come back
+after the publisher restarts; and a peer that is not a publisher must not get it stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from tests.waiting import eventually_async
+from tpuserve.cluster.ports import free_port
+from tpuserve_router.zmtp import SubscriberGroup, ZmtpSubscriber
+
+pytestmark = pytest.mark.component
+
+WAIT_SECONDS = 10.0
+
+
+class Record:
+    def __init__(self) -> None:
+        self.connected = 0
+        self.disconnected = 0
+        self.messages: list[list[bytes]] = []
+        self.subscriber: ZmtpSubscriber | None = None
+
+    async def on_connected(self) -> None:
+        self.connected += 1
+
+    async def on_disconnected(self) -> None:
+        self.disconnected += 1
+
+    def on_messages(self) -> None:
+        assert self.subscriber is not None
+        while self.subscriber.pending:
+            self.messages.append(self.subscriber.pending.popleft())
+
+
+@asynccontextmanager
+async def subscribed(port: int, prefix: bytes = b"") -> AsyncIterator[Record]:
+    record = Record()
+    group = SubscriberGroup(0.005)
+    record.subscriber = ZmtpSubscriber(
+        "127.0.0.1", port, prefix, group, record.on_connected, record.on_disconnected,
+        record.on_messages, 100, "test",
+    )  # fmt: skip
+    record.subscriber.start()
+    try:
+        yield record
+    finally:
+        await record.subscriber.close()
+        group.close()
+
+
+def publisher(ctx: zmq.asyncio.Context, port: int, heartbeat_ms: int = 0) -> zmq.asyncio.Socket:
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    if heartbeat_ms:
+        pub.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
+        pub.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * heartbeat_ms)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    return pub
+
+
+async def publish_until(
+    pub: zmq.asyncio.Socket, frames: list[bytes], arrived: Callable[[], bool]
+) -> None:
+    """Send ``frames`` until ``arrived`` (a PUB drops what it sends before the subscription)."""
+
+    async def sent_and_arrived() -> bool:
+        await pub.send_multipart(frames)
+        await asyncio.sleep(0.02)
+        return arrived()
+
+    deadline = asyncio.get_running_loop().time() + WAIT_SECONDS
+    while not await sent_and_arrived():
+        assert asyncio.get_running_loop().time() < deadline, f"{frames} never arrived"
+
+
+async def test_multipart_messages_arrive_whole_and_in_order_with_the_prefix_only() -> None:
+    ctx = zmq.asyncio.Context()
+    port = free_port()
+    try:
+        pub = publisher(ctx, port)
+        async with subscribed(port, prefix=b"kv") as record:
+            await publish_until(pub, [b"kv", b"first"], lambda: bool(record.messages))
+            for i in range(50):
+                await pub.send_multipart([b"other", b"%d" % i])
+                await pub.send_multipart([b"kv-0", b"%d" % i, b"x" * (i * 100)])
+            await eventually_async(
+                lambda: len(record.messages) >= 51, what="50 more messages",
+                timeout_seconds=WAIT_SECONDS,
+            )  # fmt: skip
+            after = record.messages[[m[1] for m in record.messages].index(b"first") + 1 :]
+            assert after == [[b"kv-0", b"%d" % i, b"x" * (i * 100)] for i in range(50)]
+            assert record.connected == 1
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_heartbeats_are_answered_so_the_publisher_keeps_us() -> None:
+    ctx = zmq.asyncio.Context()
+    port = free_port()
+    try:
+        pub = publisher(ctx, port, heartbeat_ms=50)
+        async with subscribed(port) as record:
+            await publish_until(pub, [b"", b"before"], lambda: bool(record.messages))
+            await asyncio.sleep(1.0)  # 20 heartbeats; unanswered, the PUB drops us at 150 ms
+            record.messages.clear()
+            await publish_until(pub, [b"", b"after"], lambda: bool(record.messages))
+            assert (record.connected, record.disconnected) == (1, 0)
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_a_restarted_publisher_is_reconnected() -> None:
+    ctx = zmq.asyncio.Context()
+    port = free_port()
+    try:
+        pub = publisher(ctx, port)
+        async with subscribed(port) as record:
+            await publish_until(pub, [b"", b"one"], lambda: bool(record.messages))
+            pub.close(linger=0)
+            await eventually_async(
+                lambda: record.disconnected == 1, what="the loss seen",
+                timeout_seconds=WAIT_SECONDS,
+            )  # fmt: skip
+            pub = publisher(ctx, port)
+            record.messages.clear()
+            await publish_until(pub, [b"", b"two"], lambda: bool(record.messages))
+            assert record.messages[-1] == [b"", b"two"]
+            assert record.connected == 2
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_a_peer_that_is_not_a_publisher_gets_no_connection() -> None:
+    answered = 0
+
+    async def http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        answered += 1
+        writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n".ljust(64, b" "))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(http, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with subscribed(port) as record:
+            await eventually_async(
+                lambda: answered >= 2, what="a retry after the refused handshake",
+                timeout_seconds=WAIT_SECONDS,
+            )  # fmt: skip
+            assert (record.connected, record.messages) == (0, [])
+    finally:
+        server.close()
+        await server.wait_closed()

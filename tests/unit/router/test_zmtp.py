@@ -1,0 +1,132 @@
+"""The ZMTP 3.0 pieces the router's KV-event reader sends and parses (`tpuserve_router.zmtp`).
+
+The component test (`tests/component/router/test_zmtp_subscriber.py`) checks them against
+libzmq's own PUB socket; here the framing rules, one by one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from tpuserve_router.zmtp import (
+    COMMAND,
+    GREETING,
+    GREETING_BYTES,
+    LONG,
+    MAX_FRAME_BYTES,
+    MORE,
+    FrameParser,
+    ZmtpError,
+    check_greeting,
+    command,
+    message_frame,
+    properties,
+    ready,
+    subscription,
+    tcp_address,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def parse(
+    data: bytes, parser: FrameParser | None = None
+) -> tuple[list[list[bytes]], list[tuple[bytes, bytes]]]:
+    messages: deque[list[bytes]] = deque()
+    commands: list[tuple[bytes, bytes]] = []
+    (parser or FrameParser()).feed(data, messages, commands)
+    return list(messages), commands
+
+
+def test_our_greeting_is_zmtp_3_0_null_as_client() -> None:
+    assert len(GREETING) == GREETING_BYTES
+    assert GREETING[:10] == b"\xff" + b"\x00" * 8 + b"\x7f"
+    assert GREETING[10:12] == bytes([3, 0])
+    assert GREETING[12:32] == b"NULL" + b"\x00" * 16
+    assert GREETING[32] == 0  # as-server: no
+    check_greeting(GREETING)
+
+
+@pytest.mark.parametrize(
+    ("greeting", "message"),
+    [
+        (b"GET / HTTP/1.1\r\n".ljust(64, b"x"), "not a ZMTP greeting"),
+        (GREETING[:10] + bytes([2, 0]) + GREETING[12:], "ZMTP version 2.0"),
+        (GREETING[:12] + b"CURVE".ljust(20, b"\x00") + GREETING[32:], "only NULL"),
+        (GREETING[:63], "not a ZMTP greeting"),
+    ],
+)
+def test_a_greeting_we_cannot_speak_is_refused(greeting: bytes, message: str) -> None:
+    with pytest.raises(ZmtpError, match=message):
+        check_greeting(greeting)
+
+
+def test_ready_names_the_socket_type() -> None:
+    (name, body), *_ = parse(ready(b"SUB"))[1]
+    assert name == b"READY"
+    assert properties(body) == {b"socket-type": b"SUB"}
+
+
+def test_the_subscription_is_a_message_of_1_and_the_prefix() -> None:
+    assert subscription(b"kv") == bytes([0, 3]) + b"\x01kv"
+    assert parse(subscription(b""))[0] == [[b"\x01"]]
+
+
+def test_frames_short_and_long_make_messages_and_commands_in_order() -> None:
+    big = b"p" * 300
+    data = (
+        bytes([MORE, 2])
+        + b"kv"
+        + bytes([MORE, 8])
+        + (7).to_bytes(8, "big")
+        + bytes([LONG])
+        + len(big).to_bytes(8, "big")
+        + big
+        + command(b"PING", b"\x00\x0actx")
+        + message_frame(b"single")
+    )
+    messages, commands = parse(data)
+    assert messages == [[b"kv", (7).to_bytes(8, "big"), big], [b"single"]]
+    assert commands == [(b"PING", b"\x00\x0actx")]
+
+
+def test_a_stream_cut_anywhere_parses_the_same() -> None:
+    data = message_frame(b"a" * 40) + bytes([MORE, 1]) + b"t" + message_frame(b"b" * 400)
+    whole = parse(data)
+    for cut in range(1, len(data)):
+        parser = FrameParser()
+        first, first_commands = parse(data[:cut], parser)
+        second, second_commands = parse(data[cut:], parser)
+        assert (first + second, first_commands + second_commands) == whole
+
+
+def test_reserved_flags_oversized_frames_and_empty_commands_are_refused() -> None:
+    with pytest.raises(ZmtpError, match="reserved bits"):
+        parse(bytes([0x08, 0]))
+    with pytest.raises(ZmtpError, match=f"at most {MAX_FRAME_BYTES}"):
+        parse(bytes([LONG]) + (MAX_FRAME_BYTES + 1).to_bytes(8, "big"))
+    with pytest.raises(ZmtpError, match="malformed command"):
+        parse(bytes([COMMAND, 0]))
+    with pytest.raises(ZmtpError, match="truncated READY"):
+        properties(b"\x0bSocket-Type\x00\x00")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "address"),
+    [
+        ("tcp://127.0.0.1:5557", ("127.0.0.1", 5557)),
+        ("tcp://engine-0.engines.svc:5557", ("engine-0.engines.svc", 5557)),
+        ("tcp://[::1]:5557", ("::1", 5557)),
+        ("tcp://*:5557", None),
+        ("tcp://eth0;10.0.0.1:5557", None),
+        ("tcp://host:0", None),
+        ("tcp://host:http", None),
+        ("ipc:///tmp/kv", None),
+    ],
+)
+def test_only_tcp_host_port_endpoints_are_read_without_libzmq(
+    endpoint: str, address: tuple[str, int] | None
+) -> None:
+    assert tcp_address(endpoint) == address
