@@ -342,8 +342,12 @@ def _parent_death_signal(signum: signal.Signals) -> Callable[[], None]:
     launcher_pid = os.getpid()
 
     def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-        if os.getppid() != launcher_pid:
+        # The signal comes when the thread that forked exits: `supervise` runs on the main
+        # thread, so that is when the launcher does.
+        if prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+            os.write(2, b"tpuserve engine launch: PR_SET_PDEATHSIG failed; the server may "
+                        b"outlive a launcher killed outright\n")  # fmt: skip
+        elif os.getppid() != launcher_pid:
             os._exit(128 + int(signum))
 
     return arm

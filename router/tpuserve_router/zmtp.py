@@ -42,7 +42,8 @@ MORE: Final = 0x01
 LONG: Final = 0x02
 COMMAND: Final = 0x04
 MAX_FRAME_BYTES: Final = 64 << 20
-"""A frame's size at most (a KV-event batch of a 90,000-token prompt is under 1 MB)."""
+"""A frame's size at most, and a message's, all its frames together (a KV-event batch of a
+90,000-token prompt is under 1 MB)."""
 READ_BYTES: Final = 256 << 10
 """Bytes taken from the socket per ``recv``; at most `READS_PER_TURN` of them per turn."""
 READS_PER_TURN: Final = 16
@@ -140,6 +141,7 @@ class FrameParser:
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._frames: list[bytes] = []
+        self._message_bytes = 0  # of the frames in `_frames`
 
     def feed(
         self, data: bytes, messages: deque[list[bytes]], commands: list[tuple[bytes, bytes]]
@@ -173,10 +175,14 @@ class FrameParser:
                     raise ZmtpError("malformed command frame")
                 commands.append((body[1 : 1 + body[0]], body[1 + body[0] :]))
                 continue
+            self._message_bytes += size
+            if self._message_bytes > MAX_FRAME_BYTES:
+                raise ZmtpError(f"a message of over {MAX_FRAME_BYTES} bytes")
             frames.append(body)
             if not flags & MORE:
                 messages.append(frames)
                 frames = self._frames = []
+                self._message_bytes = 0
         if pos:
             del buffer[:pos]
 
@@ -201,16 +207,21 @@ class SubscriberGroup:
 
     def _read_all(self) -> None:
         self._tick = None
-        for subscriber in list(self._busy):
-            if subscriber.read_turn():
-                subscriber.idle_turns = 0
-                continue
-            subscriber.idle_turns += 1
-            if subscriber.idle_turns >= IDLE_TURNS:
-                self._busy.discard(subscriber)
-                subscriber.watch()
-        if self._busy:
-            self.busy(next(iter(self._busy)))
+        try:
+            for subscriber in list(self._busy):
+                try:
+                    if subscriber.read_turn():
+                        subscriber.idle_turns = 0
+                        continue
+                except Exception:  # a bug in one stream must not stall the others
+                    log.exception("%s: reading KV events failed", subscriber.label)
+                subscriber.idle_turns += 1
+                if subscriber.idle_turns >= IDLE_TURNS:
+                    self._busy.discard(subscriber)
+                    subscriber.watch()
+        finally:
+            if self._busy:
+                self.busy(next(iter(self._busy)))
 
     def close(self) -> None:
         if self._tick is not None:
@@ -272,36 +283,53 @@ class ZmtpSubscriber:
         self._drop()
 
     async def _run(self) -> None:
+        """Connect, hold the connection until it is lost, wait, again; until cancelled. The
+        wait doubles from `RECONNECT_SECONDS`'s first to its second after a failed attempt
+        and after a connection that lasted less than the longest wait (a peer that drops us
+        at once must not be reconnected, and replayed from, ten times a second)."""
         delay = RECONNECT_SECONDS[0]
         while True:
             try:
                 await self._connect()
-            except (OSError, ZmtpError, TimeoutError) as err:
+            except Exception as err:  # whatever it was (a bad host name too): try again later
                 self._drop()
-                log.debug("%s: KV-event connection failed: %s", self.label, err)
+                if isinstance(err, (OSError, ZmtpError, TimeoutError)):
+                    log.debug("%s: KV-event connection failed: %s", self.label, err)
+                else:
+                    log.warning("%s: KV-event connection failed: %r", self.label, err)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_SECONDS[1])
                 continue
-            delay = RECONNECT_SECONDS[0]
-            self.connected = True
-            lost = self._lost = asyncio.Event()
+            started = asyncio.get_running_loop().time()
+            await self._hold()
+            lasted = asyncio.get_running_loop().time() - started
+            delay = RECONNECT_SECONDS[0] if lasted >= RECONNECT_SECONDS[1] else delay
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_SECONDS[1])
+
+    async def _hold(self) -> None:
+        """Read a connection whose handshake is done until it is lost; then its end is told."""
+        self.connected = True
+        lost = self._lost = asyncio.Event()
+        try:
+            self._holding = True  # read on while it is handled (libzmq's queue, bounded)
+            self._readable()
             try:
-                self._holding = True  # read on while it is handled (libzmq's queue, bounded)
-                self._readable()
-                try:
-                    await self.on_connected()
-                except Exception:  # a bug must not end the subscription
-                    log.exception("%s: handling the KV-event connection failed", self.label)
-                finally:
-                    self._holding = False
-                self._deliver()  # what came meanwhile
-                await lost.wait()
+                await self.on_connected()
+            except Exception:  # a bug must not end the subscription
+                log.exception("%s: handling the KV-event connection failed", self.label)
             finally:
-                self.connected = False
-                self._drop()
+                self._holding = False
+            self._deliver()  # what came meanwhile
+            await lost.wait()
+        finally:
+            self.connected = False
+            self._drop()
             self.pending.clear()  # the stream is over: what was not taken is resynced
+        try:
             await self.on_disconnected()
-            await asyncio.sleep(RECONNECT_SECONDS[0])
+        except Exception:  # a bug must not end the subscription
+            log.exception("%s: handling the lost KV-event connection failed", self.label)
 
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -401,7 +429,6 @@ class ZmtpSubscriber:
                 self._admit(messages, commands)
         except (OSError, ZmtpError) as err:
             log.info("%s: KV-event connection lost: %s", self.label, err)
-            self._deliver()  # what came before the loss still counts
             self._lose()
             return False
         self._deliver()
@@ -411,9 +438,13 @@ class ZmtpSubscriber:
         """Answer commands; keep the messages whose first frame has our prefix."""
         for name, body in commands:
             if name == b"PING" and self._sock is not None:
-                context = body[2:18]  # after the 2-byte TTL, at most 16 bytes
-                with contextlib.suppress(BlockingIOError, InterruptedError):
-                    self._sock.send(command(b"PONG", context))
+                pong = command(b"PONG", body[2:18])  # the context, after the 2-byte TTL
+                try:
+                    sent = self._sock.send(pong)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                if sent != len(pong):  # a few bytes on a socket we never write otherwise
+                    raise ZmtpError("could not answer the publisher's PING")
             elif name == b"ERROR":
                 raise ZmtpError(f"the publisher sent ERROR: {body[1:]!r}")
         if not messages:
@@ -429,6 +460,10 @@ class ZmtpSubscriber:
             self.on_messages()
 
     def _lose(self) -> None:
+        """The connection is over: nothing more is read or handed on from it (the stream is
+        resynced), and `_hold` is woken to tell so."""
+        self.connected = False
+        self.pending.clear()
         self.group.discard(self)
         self._unwatch()
         if self._lost is not None:

@@ -164,3 +164,61 @@ async def test_a_peer_that_is_not_a_publisher_gets_no_connection() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_connection_lost_while_it_is_being_handled_is_not_read_again() -> None:
+    # The catch-up on connect can take seconds; a publisher lost meanwhile must not leave
+    # the dead socket watched (at EOF it is always readable: the loop would spin on it).
+    ctx = zmq.asyncio.Context()
+    port = free_port()
+    reads = 0
+    try:
+        pub = publisher(ctx, port)
+        async with subscribed(port) as record:
+            subscriber = record.subscriber
+            assert subscriber is not None
+            release = asyncio.Event()
+            read_turn = subscriber.read_turn
+
+            def counted() -> bool:
+                nonlocal reads
+                reads += 1
+                return read_turn()
+
+            async def slow_catch_up() -> None:
+                record.connected += 1
+                await release.wait()
+
+            subscriber.read_turn = counted  # type: ignore[method-assign]
+            await publish_until(pub, [b"", b"one"], lambda: bool(record.messages))
+            subscriber.on_connected = slow_catch_up
+            pub.close(linger=0)  # the first connection is lost: the next one is held up
+            pub = publisher(ctx, port)
+            await eventually_async(
+                lambda: record.connected == 2, what="the reconnect", timeout_seconds=WAIT_SECONDS
+            )
+            pub.close(linger=0)  # lost during its catch-up
+            before = reads
+            await asyncio.sleep(0.5)
+            assert reads - before < 5
+            release.set()
+            await eventually_async(
+                lambda: record.disconnected == 2, what="the second loss told",
+                timeout_seconds=WAIT_SECONDS,
+            )  # fmt: skip
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_a_host_name_the_resolver_refuses_is_retried_not_fatal() -> None:
+    group = SubscriberGroup(0.005)
+    record = Record()
+    subscriber = ZmtpSubscriber(
+        "x" * 64 + ".invalid", 5557, b"", group, record.on_connected, record.on_disconnected,
+        record.on_messages, 100, "test",
+    )  # fmt: skip
+    subscriber.start()
+    await asyncio.sleep(0.3)  # attempts fail (the label is over 63 characters) and back off
+    await subscriber.close()  # raises nothing
+    group.close()
+    assert record.connected == 0

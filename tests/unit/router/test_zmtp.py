@@ -10,6 +10,7 @@ from collections import deque
 
 import pytest
 
+from tpuserve_router import zmtp
 from tpuserve_router.zmtp import (
     COMMAND,
     GREETING,
@@ -130,3 +131,11 @@ def test_only_tcp_host_port_endpoints_are_read_without_libzmq(
     endpoint: str, address: tuple[str, int] | None
 ) -> None:
     assert tcp_address(endpoint) == address
+
+
+def test_a_message_is_bounded_as_a_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zmtp, "MAX_FRAME_BYTES", 100)
+    frames = bytes([MORE, 60]) + b"a" * 60
+    with pytest.raises(ZmtpError, match="a message of over 100 bytes"):
+        parse(frames + frames)
+    assert parse(frames[:0] + message_frame(b"b" * 100))[0] == [[b"b" * 100]]
