@@ -144,7 +144,10 @@ class FrameParser:
         self._message_bytes = 0  # of the frames in `_frames`
 
     def feed(
-        self, data: bytes, messages: deque[list[bytes]], commands: list[tuple[bytes, bytes]]
+        self,
+        data: bytes | memoryview,
+        messages: deque[list[bytes]],
+        commands: list[tuple[bytes, bytes]],
     ) -> None:
         buffer = self._buffer
         buffer += data
@@ -263,6 +266,8 @@ class ZmtpSubscriber:
         self.connected = False  # handshake done, not yet lost
         self._sock: socket.socket | None = None
         self._parser = FrameParser()
+        self._read_buffer = bytearray(READ_BYTES)  # one for every read: no allocation per read
+        self._read_view = memoryview(self._read_buffer)
         self._watching = False
         self.idle_turns = 0  # the group's turns in a row that found nothing to read
         self._holding = False  # `on_connected` is running: nothing is handed on
@@ -417,15 +422,15 @@ class ZmtpSubscriber:
                     full = True
                     break
                 try:
-                    data = sock.recv(READ_BYTES)
+                    size = sock.recv_into(self._read_buffer)
                 except (BlockingIOError, InterruptedError):
                     break
-                if not data:
+                if not size:
                     raise ConnectionResetError("the publisher closed the connection")
                 read_any = True
                 messages: deque[list[bytes]] = deque()
                 commands: list[tuple[bytes, bytes]] = []
-                self._parser.feed(data, messages, commands)
+                self._parser.feed(self._read_view[:size], messages, commands)
                 self._admit(messages, commands)
         except (OSError, ZmtpError) as err:
             log.info("%s: KV-event connection lost: %s", self.label, err)

@@ -70,6 +70,30 @@ def publisher(ctx: zmq.asyncio.Context, port: int, heartbeat_ms: int = 0) -> zmq
     return pub
 
 
+async def restarted(ctx: zmq.asyncio.Context, port: int) -> zmq.asyncio.Socket:
+    """A new publisher on ``port``: libzmq closes the old one's listener on its I/O thread,
+    a moment after ``close``, so binding again may find the port still taken."""
+
+    def bound() -> zmq.asyncio.Socket | None:
+        try:
+            return publisher(ctx, port)
+        except zmq.ZMQError as err:
+            if err.errno != zmq.EADDRINUSE:
+                raise
+            return None
+
+    pub = None
+
+    def rebound() -> bool:
+        nonlocal pub
+        pub = bound()
+        return pub is not None
+
+    await eventually_async(rebound, what=f"port {port} bound again", timeout_seconds=WAIT_SECONDS)
+    assert pub is not None
+    return pub
+
+
 async def publish_until(
     pub: zmq.asyncio.Socket, frames: list[bytes], arrived: Callable[[], bool]
 ) -> None:
@@ -133,7 +157,7 @@ async def test_a_restarted_publisher_is_reconnected() -> None:
                 lambda: record.disconnected == 1, what="the loss seen",
                 timeout_seconds=WAIT_SECONDS,
             )  # fmt: skip
-            pub = publisher(ctx, port)
+            pub = await restarted(ctx, port)
             record.messages.clear()
             await publish_until(pub, [b"", b"two"], lambda: bool(record.messages))
             assert record.messages[-1] == [b"", b"two"]
@@ -193,7 +217,7 @@ async def test_a_connection_lost_while_it_is_being_handled_is_not_read_again() -
             await publish_until(pub, [b"", b"one"], lambda: bool(record.messages))
             subscriber.on_connected = slow_catch_up
             pub.close(linger=0)  # the first connection is lost: the next one is held up
-            pub = publisher(ctx, port)
+            pub = await restarted(ctx, port)
             await eventually_async(
                 lambda: record.connected == 2, what="the reconnect", timeout_seconds=WAIT_SECONDS
             )
