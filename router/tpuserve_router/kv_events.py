@@ -250,21 +250,10 @@ class _Subscription:
                 frames = [recv(_NOBLOCK)]  # recv_multipart, without its per-frame enum work
                 while get(_RCVMORE):
                     frames.append(recv(_NOBLOCK))
-                _, seq, payload = parse_pub_frames(frames)
             except zmq.ZMQError:
                 return  # closed under us (stopping)
-            except KVEventDecodeError as err:
-                self.hub.skip(self.worker, self.label, err)
-                continue
-            if seq != self.expected or self.replayed_through is not None:
-                self.task = self.loop.create_task(self._receive_awaiting(seq, payload))
+            if not self._take(frames):
                 return
-            try:
-                self.apply(payload)
-            except Exception:  # a bug must not end the subscription
-                log.exception("%s: could not apply KV-event batch %d", self.label, seq)
-                continue
-            self.expected = seq + 1
         self.loop.call_soon(self._read)  # more may be queued; the descriptor will not say so
 
     def _take_pending(self) -> None:
@@ -274,24 +263,29 @@ class _Subscription:
         assert self.subscriber is not None
         pending = self.subscriber.pending
         for _ in range(DRAIN_MAX_MESSAGES):
-            if not pending:
+            if not pending or not self._take(pending.popleft()):
                 return
-            try:
-                _, seq, payload = parse_pub_frames(pending.popleft())
-            except KVEventDecodeError as err:
-                self.hub.skip(self.worker, self.label, err)
-                continue
-            if seq != self.expected or self.replayed_through is not None:
-                self.task = self.loop.create_task(self._receive_awaiting(seq, payload))
-                return
-            try:
-                self.apply(payload)
-            except Exception:  # a bug must not end the subscription
-                log.exception("%s: could not apply KV-event batch %d", self.label, seq)
-                continue
-            self.expected = seq + 1
         if pending:
             self.loop.call_soon(self._read)
+
+    def _take(self, frames: list[bytes]) -> bool:
+        """Apply one message if it is the next batch; else hand it to `_receive_awaiting`
+        and say to stop reading (False) until that is done."""
+        try:
+            _, seq, payload = parse_pub_frames(frames)
+        except KVEventDecodeError as err:
+            self.hub.skip(self.worker, self.label, err)
+            return True
+        if seq != self.expected or self.replayed_through is not None:
+            self.task = self.loop.create_task(self._receive_awaiting(seq, payload))
+            return False
+        try:
+            self.apply(payload)
+        except Exception:  # a bug must not end the subscription
+            log.exception("%s: could not apply KV-event batch %d", self.label, seq)
+            return True
+        self.expected = seq + 1
+        return True
 
     async def _receive_awaiting(self, seq: int, payload: bytes) -> None:
         try:
