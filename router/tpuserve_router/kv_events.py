@@ -17,10 +17,11 @@ the index can still trust:
   everything known about that worker and carry on from the current batch;
 - a jump back (the engine restarted and numbers from 0 again): drop everything, then
   replay the new engine's batches before this one;
-- the connection to the publisher dropped (seen on the socket's monitor): drop everything
-  at once (the engine is gone, or restarting with an empty cache); on every (re)connect,
-  rebuild from the engine's replay buffer from 0, so a router that subscribes late still
-  learns the resident prefixes (sglang#39750) and a restarted idle engine is known empty;
+- the connection to the publisher dropped (seen by the ZMTP reader, or on a libzmq socket's
+  monitor): drop everything at once (the engine is gone, or restarting with an empty cache);
+  on every (re)connect, rebuild from the engine's replay buffer from 0, so a router that
+  subscribes late still learns the resident prefixes (sglang#39750) and a restarted idle
+  engine is known empty;
 - the first batch seen with a number above 0 and no catch-up yet: replay from 0.
 
 A replay buffer holds the last batches only (SGLang keeps 10,000), and a block whose parent
