@@ -238,10 +238,10 @@ class ZmtpSubscriber:
 
     ``on_connected`` runs (awaited) once each connection's handshake is done; the stream
     is read meanwhile, up to ``high_water_mark`` messages, and handed on after it.
-    ``on_disconnected`` runs (awaited) when an established connection is lost, after the
-    messages that came before the loss were offered, and before reconnecting.
-    ``on_messages`` is called whenever complete messages are waiting in `pending` (it takes what it
-    can; what it leaves is offered again at the next read).
+    ``on_disconnected`` runs (awaited) when an established connection is lost, before
+    reconnecting; what the lost connection had not handed on is dropped (the stream is
+    resynced). ``on_messages`` is called whenever complete messages are waiting in `pending`
+    (it takes what it can; what it leaves is offered again at the next read).
     """
 
     def __init__(
