@@ -76,13 +76,21 @@ __all__ = ["Endpoints", "KvEventHub"]
 log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_SECONDS = 2.0
+"""Longest wait for the next message of a replay."""
+REPLAY_MAX_BATCHES = 100_000
+"""Batches one replay may bring, and its socket queues unread: past SGLang's buffer (10,000
+batches by default). An engine's replay ROUTER socket drops what the reader's queue cannot
+take (ZMQ's default mark is 1,000 messages), the end marker too; with this mark libzmq's I/O
+thread takes the whole replay off its hands while the event loop reads it."""
 DRAIN_MAX_MESSAGES = 64
 """Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
 are read on the loop's next turn)."""
-READ_INTERVAL_SECONDS = 0.005
+READ_INTERVAL_SECONDS = 0.010
 """A busy ``tcp://`` stream is read at most this often, every such stream in one wake-up of
 the event loop (`zmtp.SubscriberGroup`): events arrive at most this late, and under load
-cost a read per turn rather than a wake-up per batch."""
+cost a read per turn rather than a wake-up per batch. 10 ms costs ~10 % less CPU per request
+than 5 ms with four busy engines (docs/router.md, "A sixth pass"); the routing sweep with the
+delay modelled (`tpuserve bench --kv-event-interval`) shows what the lateness costs."""
 RECEIVE_HIGH_WATER_MARK = 10_000
 """Batches a stream's socket holds unread at most (some 20 MB at ~2 kB a batch). Past it ZMQ
 stops reading the connection, so the engine's PUB socket queues them and, past its own mark
@@ -339,7 +347,7 @@ class _Subscription:
             await self._catch_up(0, seq)
         elif expected is None:
             if seq > 0:
-                await self._catch_up(0, seq)
+                await self._catch_up_before(seq)
         elif seq > expected:
             hub.metrics.kv_event_gaps.labels(self.worker).inc()
             log.warning("%s: KV events %d..%d lost; replaying", self.label, expected, seq - 1)
@@ -347,6 +355,20 @@ class _Subscription:
                 hub.resync(self.worker, "gap_unrecoverable", self.rank)
         self.apply(payload)
         self.expected = seq + 1
+
+    async def _catch_up_before(self, end: int) -> None:
+        """A stream that knows nothing yet (its catch-up failed) hears batch ``end``: apply
+        what the replay buffer holds before it, when that reaches up to it. The buffer may no
+        longer start at batch 0 (it wrapped), so not all of ``0 .. end-1`` is asked for: that
+        would fail every time."""
+        replay = self.endpoints.replay
+        if replay is None:
+            return
+        replayed = await self._replay(replay, 0)
+        before = [(seq, payload) for seq, payload in replayed or () if seq < end]
+        if before and before[-1][0] == end - 1:
+            for _, payload in before:
+                self.apply(payload)
 
     async def _catch_up(self, start: int, end: int) -> bool:
         """Apply batches ``start .. end-1`` from the replay socket; False if not all came."""
@@ -556,28 +578,53 @@ class KvEventHub:
         self, endpoint: str, start: int, end: int | None = None
     ) -> list[tuple[int, bytes]] | None:
         """Batches ``start .. end-1`` (or all buffered from ``start`` when ``end`` is None)
-        from a replay socket, in order; None if the socket did not answer, or if it no
-        longer holds every batch of a bounded range."""
+        from a replay socket, in order and without a hole; None if the socket did not answer,
+        if batches were lost on the way, or if it no longer holds every batch of a bounded
+        range."""
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, REPLAY_MAX_BATCHES)
+        drain: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)  # no futures per message
         try:
             sock.connect(endpoint)
             await sock.send_multipart(replay_request(start))
             found: dict[int, bytes] = {}
+            received = 0
             while True:
                 if not await sock.poll(int(REPLAY_TIMEOUT_SECONDS * 1000)):
                     log.warning("replay from %s timed out", endpoint)
                     return None
-                seq, payload = parse_replay_reply(await sock.recv_multipart())
-                if seq == END_SEQ:
-                    break
-                if seq >= start and (end is None or seq < end):
-                    found[seq] = payload
+                for _ in range(DRAIN_MAX_MESSAGES):
+                    try:
+                        frames = drain.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    seq, payload = parse_replay_reply(frames)
+                    if seq == END_SEQ:
+                        return self._whole(endpoint, found, start, end)
+                    received += 1
+                    if received > REPLAY_MAX_BATCHES:
+                        log.warning("replay from %s: more than %d batches", endpoint, received)
+                        return None
+                    if seq >= start and (end is None or seq < end):
+                        found[seq] = payload
+                await asyncio.sleep(0)  # requests go on between chunks of a long replay
         except (zmq.ZMQError, KVEventDecodeError) as err:
             log.warning("replay from %s failed: %s", endpoint, err)
             return None
         finally:
             sock.close(linger=0)
+
+    @staticmethod
+    def _whole(
+        endpoint: str, found: dict[int, bytes], start: int, end: int | None
+    ) -> list[tuple[int, bytes]] | None:
+        """A replay's batches in order, or None when they have a hole or, given ``end``, do
+        not reach from ``start`` to it."""
+        batches = sorted(found.items())
         if end is not None and len(found) != end - start:
             return None  # the engine's buffer no longer holds them all
-        return sorted(found.items())
+        if batches and batches[-1][0] - batches[0][0] + 1 != len(batches):
+            log.warning("replay from %s lost batches on the way; not applied", endpoint)
+            return None
+        return batches

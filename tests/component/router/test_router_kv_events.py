@@ -447,6 +447,63 @@ async def test_a_seeded_stream_whose_engine_restarted_drops_the_snapshots_blocks
             assert resyncs(app, worker, "engine_restart") == 0
 
 
+def distinct_pages(first: int, pages: int) -> bytes:
+    """A batch storing ``pages`` pages no other batch of a test stores (from page ``first``)."""
+    return stored(list(range(first * PAGE, (first + pages) * PAGE)))
+
+
+async def test_a_catch_up_longer_than_zmqs_default_queues_arrives_whole(
+    plain_engine: EngineTwin,
+) -> None:
+    # SGLang keeps 10,000 batches for replay and sends them from a ROUTER socket, which drops
+    # what the reader's queue cannot take (ZMQ's default mark: 1,000 messages) and may drop
+    # the end marker too. The router must take the whole replay, not a part of it, or fail.
+    batches, pages = 10_000, 8
+    publisher = Publisher(replay=True)
+    for seq in range(batches):
+        publisher.replay[seq] = distinct_pages(seq * pages, pages)  # in its buffer only
+    async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
+        app,
+        _publisher,
+        worker,
+    ):
+        await wait_blocks(app, worker, batches * pages, "the whole replay")
+        replays = "tpuserve_router_kv_event_replays_total"
+        assert sample(app, replays, {"worker": worker, "result": "ok"}) == 1
+        assert sample(app, replays, {"worker": worker, "result": "failed"}) == 0
+
+
+async def test_a_stream_whose_catch_up_failed_learns_the_buffer_at_its_next_batch(
+    plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The catch-up at connect failed (the engine did not answer in time); the next batch
+    # must bring what the engine's buffer holds before it, also when the buffer no longer
+    # starts at batch 0 (it wrapped): asking for batches 0.. would fail again, every time.
+    replay = KvEventHub.replay
+    calls = 0
+
+    async def first_fails(
+        self: KvEventHub, endpoint: str, start: int, end: int | None = None
+    ) -> list[tuple[int, bytes]] | None:
+        nonlocal calls
+        calls += 1
+        return None if calls == 1 else await replay(self, endpoint, start, end)
+
+    monkeypatch.setattr(KvEventHub, "replay", first_fails)
+    publisher = Publisher(replay=True)
+    for seq in range(100, 200):  # 0..99 are gone from its buffer
+        publisher.replay[seq] = distinct_pages(seq, 1)
+    async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
+        app,
+        _publisher,
+        worker,
+    ):
+        await eventually_async(lambda: calls == 1, what="the failed catch-up", timeout_seconds=5)
+        await publisher.publish(200, distinct_pages(200, 1))
+        await wait_blocks(app, worker, 101, "the buffer's batches and the new one")
+        assert calls == 2
+
+
 async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
     plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
 ) -> None:

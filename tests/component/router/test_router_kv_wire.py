@@ -6,10 +6,14 @@
   data-parallel ranks, found through a 0.5.23 ``/server_info`` ``kv_events`` block, the
   router subscribes to both ranks' ports, indexes each rank's blocks apart (one rank's
   ``AllBlocksCleared`` leaves the other's) and routes to the worker.
+- A late router whose event loop is busy while SGLang's own publisher sends it a full replay
+  buffer (10,000 batches, more than ZMQ's default queue of 1,000 messages, past which the
+  publisher's ROUTER socket drops them) indexes every batch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -19,7 +23,7 @@ import aiohttp
 import pytest
 import zmq
 
-from sglang_tpu.kv_events import Wire, block_hashes
+from sglang_tpu.kv_events import Wire, block_hashes, replay_request
 from sglang_tpu.sim.kv_publisher import WIRE_ENV
 from sglang_tpu.tokenizer import load_tokenizer
 from tests.component.router.router_fleet import EngineTwin, sample, start_router, wait_ready
@@ -27,6 +31,7 @@ from tests.fakes import FakeSGLangWorker
 from tests.sglang_kv_events import sglang_kv_events
 from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
+from tpuserve_router import kv_events
 from tpuserve_router.app import RouterApp
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.config import RouterConfig
@@ -196,3 +201,52 @@ async def test_each_dp_rank_of_sglangs_publisher_is_indexed_apart(
         assert skipped(app, dp_worker) == 0
     finally:
         await app.stop()
+
+
+async def test_a_busy_late_router_takes_a_whole_replay_buffer_from_sglangs_publisher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SGLang keeps 10,000 batches for replay and sends a replay from a ROUTER socket in one
+    # loop; that socket drops what the reader's queue cannot take (the end marker too). A
+    # router started late, its event loop busy while the replay comes (here: blocked for
+    # half a second after asking), must index every batch of a full buffer.
+    def then_busy(start: int) -> list[bytes]:
+        asyncio.get_running_loop().call_soon(time.sleep, 0.5)
+        return replay_request(start)
+
+    monkeypatch.setattr(kv_events, "replay_request", then_busy)
+    module = sglang_kv_events()
+    (publisher,), base, replay_base = sglang_publishers(1, "kv")
+    worker = None
+    try:
+        batches, pages = 10_000, 8
+        for batch in range(batches):
+            first = batch * pages * PAGE
+            publisher.publish(sglang_stored(list(range(first, first + pages * PAGE))))
+        await eventually_async(
+            lambda: len(publisher._buffer) == batches, what="SGLang's replay buffer filled",
+            timeout_seconds=30,
+        )  # fmt: skip
+        block = {"publisher": "zmq", "endpoint_host": "127.0.0.1", "endpoint_port_base": base,
+                 "topic": "kv", "block_size": PAGE, "dp_size": 1,
+                 "replay_endpoint_port_base": replay_base}  # fmt: skip
+        worker = FakeSGLangWorker({"dp_size": 1, "page_size": PAGE, "kv_events": block})
+        url = await worker.start()
+        app = await start_router(RouterConfig(workers=(url,), policy="precise"))
+        try:
+            await wait_ready(app, 1)
+            index = index_of(app)
+            await eventually_async(
+                lambda: index.worker_blocks(url) == batches * pages,
+                what="every batch of the replay buffer indexed", timeout_seconds=30,
+            )  # fmt: skip
+            replays = "tpuserve_router_kv_event_replays_total"
+            assert sample(app, replays, {"worker": url, "result": "failed"}) == 0
+            assert skipped(app, url) == 0
+            assert module.ZmqEventPublisher is type(publisher)  # SGLang's own, from the wheel
+        finally:
+            await app.stop()
+    finally:
+        if worker is not None:
+            await worker.stop()
+        shut_down(publisher)
