@@ -432,6 +432,8 @@ class ZmtpSubscriber:
                 commands: list[tuple[bytes, bytes]] = []
                 self._parser.feed(self._read_view[:size], messages, commands)
                 self._admit(messages, commands)
+                if size < READ_BYTES:
+                    break  # the socket had no more: no recv to hear it say so (EAGAIN)
         except (OSError, ZmtpError) as err:
             log.info("%s: KV-event connection lost: %s", self.label, err)
             self._lose()
