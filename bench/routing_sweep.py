@@ -106,6 +106,7 @@ def prepare(
     router_replicas: int = 1,
     load_poll_seconds: float = SimConfig.load_poll_seconds,
     peer_delay_seconds: float | None = None,
+    kv_event_interval_seconds: float = 0.0,
 ) -> tuple[list[Any], SimConfig, float]:
     base = "W1" if name == "W1-fits" else name
     trace = workloads.generate(base, seed=seed, requests=requests)
@@ -116,7 +117,9 @@ def prepare(
     config = SimConfig(
         workers=workers, cache_tokens=cache, seed=seed, router_replicas=router_replicas,
         load_poll_seconds=load_poll_seconds, peer_delay_seconds=peer_delay_seconds,
+        kv_event_interval_seconds=kv_event_interval_seconds,
     )  # fmt: skip
+    config.validate()
     mu = measure_rr_saturation(trace, config)
     return trace, config, mu
 
@@ -149,6 +152,11 @@ def main() -> int:
         "--peer-delay", type=float, default=None,
         help="Router replicas of a tpuserve policy peer (tpuserve router --peer-port), each "
         "hearing the others' decisions this many seconds late (default: no peering).",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kv-event-interval", type=float, default=0.0,
+        help="Each replica reads the engines' KV events every S seconds, as tpuserve router "
+        "reads busy streams (default 0: at once).",
     )  # fmt: skip
     parser.add_argument(
         "--arrival-jitter", type=float, default=0.0,
@@ -189,7 +197,16 @@ def main() -> int:
                 poll = args.load_poll_interval
                 replicas = args.router_replicas
                 prepared = [
-                    prepare(name, s, args.requests, args.workers, replicas, poll, args.peer_delay)
+                    prepare(
+                        name,
+                        s,
+                        args.requests,
+                        args.workers,
+                        replicas,
+                        poll,
+                        args.peer_delay,
+                        args.kv_event_interval,
+                    )
                     for s in seeds
                 ]
             summaries = []
@@ -208,6 +225,7 @@ def main() -> int:
                    "router_replicas": args.router_replicas,
                    "load_poll_seconds": args.load_poll_interval,
                    "peer_delay_seconds": args.peer_delay,
+                   "kv_event_interval_seconds": args.kv_event_interval,
                    "arrival_jitter_seconds": args.arrival_jitter}  # fmt: skip
             row.update(median_of(summaries))
             row["ci95"] = bootstrap(pooled, rng)

@@ -126,6 +126,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "each hearing the others' decisions this many seconds late (sim; default: no peering, "
         "the engine load poll only).",
     )  # fmt: skip
+    fleet.add_argument(
+        "--kv-event-interval", type=cli_types.non_negative_float, default=0.0,
+        help="Each router replica reads the engines' KV events every this many seconds, as "
+        "tpuserve router reads busy streams (sim; default: 0, at once).",
+    )  # fmt: skip
     fleet.add_argument("--page-size", type=cli_types.positive_int, default=16, help="(default: 16)")
     fleet.add_argument("--tpu", default="v6e", choices=generation_names(), help="(default: v6e)")
     fleet.add_argument("--topology", default="1x1", help="TPU slice shape (default: 1x1).")
@@ -210,6 +215,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--router-replicas: more than one replica runs in --mode sim only")
     if args.peer_delay is not None and args.mode == "live":
         raise ValueError("--peer-delay: peering replicas run in --mode sim only")
+    if args.kv_event_interval and args.mode == "live":
+        raise ValueError("--kv-event-interval: the live router reads as it does; sim only")
     trace, source = load_trace(args)
     demand = sizing.measure_demand(trace, args.page_size)
     cache_tokens = args.cache_tokens or sizing.cache_tokens_for(demand, args.workers)
@@ -219,6 +226,7 @@ def _run(args: argparse.Namespace) -> int:
         kv_event_drop=args.kv_event_drop, slo_factor=args.slo_factor,
         restart_down_seconds=args.restart_down_seconds, kv_events=not args.no_kv_events,
         router_replicas=args.router_replicas, peer_delay_seconds=args.peer_delay,
+        kv_event_interval_seconds=args.kv_event_interval,
     )  # fmt: skip
     config.validate()
     mu_rr = args.mu_rr
@@ -244,7 +252,7 @@ def _run(args: argparse.Namespace) -> int:
         "rate": rate, "rate_fraction": fraction, "mu_rr": mu_rr,
         "tpu": f"{args.tpu}-{args.topology}", "model_profile": args.model_profile,
         "kv_events": not args.no_kv_events, "router_replicas": args.router_replicas,
-        "peer_delay_seconds": args.peer_delay,
+        "peer_delay_seconds": args.peer_delay, "kv_event_interval_seconds": args.kv_event_interval,
     }  # fmt: skip
     fault_log: list[dict[str, Any]] = []
     if args.mode == "sim":

@@ -31,7 +31,10 @@ answers with its running and waiting requests and its uncached waiting prompt to
 ``/v1/loads`` does). With ``peer_delay_seconds`` set, a tpuserve policy's replicas also peer as
 ``tpuserve router --peer-port`` does: each announces its decisions, first tokens and ends
 through the router's own `PeerLink`, and every other replica applies them through the router's
-own `PeerView` that many seconds after the event (None: no peering, the poll alone).
+own `PeerView` that many seconds after the event (None: no peering, the poll alone). With
+``kv_event_interval_seconds`` set, a replica's index gets an engine's KV events at its next
+read of them, as the router reads busy streams every
+`tpuserve_router.kv_events.READ_INTERVAL_SECONDS` (0: at once).
 
 Every request of the trace runs as its own request, whatever its id (the engines see the
 request's position in the trace), and one that fails carries its reason in
@@ -136,6 +139,10 @@ class SimConfig:
     peer_delay_seconds: float | None = None
     """A tpuserve policy's replicas peer (``tpuserve router --peer-port``), each hearing the
     others' announcements this long after the event; None: no peering."""
+    kv_event_interval_seconds: float = 0.0
+    """How often a replica reads a busy engine's KV events, as the router does every
+    `tpuserve_router.kv_events.READ_INTERVAL_SECONDS`: an event reaches a replica's index at
+    that replica's next read (replica r reads at phase r / N of the interval); 0: at once."""
 
     @property
     def context_length(self) -> int:
@@ -165,6 +172,11 @@ class SimConfig:
         if self.peer_delay_seconds is not None and not 0 <= self.peer_delay_seconds < math.inf:
             raise ValueError(
                 f"--peer-delay: {self.peer_delay_seconds} is not allowed; allowed: >= 0 seconds"
+            )
+        if not 0 <= self.kv_event_interval_seconds < math.inf:
+            raise ValueError(
+                f"--kv-event-interval: {self.kv_event_interval_seconds} is not allowed; "
+                "allowed: >= 0 seconds"
             )
         for fault in self.faults:
             fault.validate(self.workers)
@@ -307,6 +319,7 @@ class SimRun:
         if not tpuserve_policy:
             self._next_poll = [math.inf] * len(self.replicas)
         self._deliveries: list[tuple[float, int, int, PeerMessage]] = []
+        self._kv_arrivals: list[tuple[float, int, BlockIndex, str, list[KVEvent]]] = []
         self._sent = itertools.count()
         self._event_at = 0.0
         if config.peer_delay_seconds is not None and tpuserve_policy:
@@ -379,15 +392,24 @@ class SimRun:
         core = self.workers[i].engine.core
         core.config = replace(core.config, emit_kv_events=True)
         core.cache.emit_events = True
-        core.kv_event_sink = self._event_sink(self.workers[i].name)
+        core.kv_event_sink = self._event_sink(i)
 
-    def _event_sink(self, name: str) -> Callable[[list[KVEvent]], None]:
+    def _event_sink(self, i: int) -> Callable[[list[KVEvent]], None]:
+        name = self.workers[i].name
+        interval = self.config.kv_event_interval_seconds
+
         def sink(events: list[KVEvent]) -> None:
-            for index in self.indexes:
+            for r, index in enumerate(self.indexes):
                 # Each replica's subscription loses its own batches.
                 if self.config.kv_event_drop and self.rng.random() < self.config.kv_event_drop:
                     continue
-                apply_events(index, name, events)
+                if interval <= 0:
+                    apply_events(index, name, events)
+                    continue
+                phase = r * interval / len(self.indexes)
+                emitted = self.workers[i].engine.now
+                read_at = phase + (math.floor((emitted - phase) / interval) + 1) * interval
+                heapq.heappush(self._kv_arrivals, (read_at, next(self._sent), index, name, events))
 
         return sink
 
@@ -425,14 +447,15 @@ class SimRun:
 
     def _run_timers(self, until: float) -> None:
         """Fire what is due up to ``until``, in time order (a fault before a sample, a peer's
-        message or a poll at the same instant): faults, load samples, peers' messages and the
-        replicas' load polls."""
+        message or a poll at the same instant): faults, load samples, peers' messages, KV
+        events read late and the replicas' load polls."""
         while True:
             faults = self._faults
             next_fault = faults[self._fault_i].at if self._fault_i < len(faults) else math.inf
             next_poll = min(self._next_poll)
             next_message = self._deliveries[0][0] if self._deliveries else math.inf
-            at = min(next_fault, self._next_sample, next_message, next_poll)
+            next_events = self._kv_arrivals[0][0] if self._kv_arrivals else math.inf
+            at = min(next_fault, self._next_sample, next_message, next_poll, next_events)
             if at > until:
                 return
             self._advance(at)
@@ -444,6 +467,9 @@ class SimRun:
                 self._next_sample += SAMPLE_INTERVAL_SECONDS
             elif at == next_message:
                 self._deliver()
+            elif at == next_events:
+                _, _, index, name, events = heapq.heappop(self._kv_arrivals)
+                apply_events(index, name, events)
             else:
                 r = self._next_poll.index(next_poll)
                 self._poll_loads(self.replicas[r])
@@ -582,6 +608,9 @@ class SimRun:
                 del self.pending[rid]
                 self._fail(p, "worker_restarted")
         w.engine = self._new_engine(fault.worker)
+        # The router reads the old engine's last batches before it sees the restart.
+        self._kv_arrivals = [a for a in self._kv_arrivals if a[3] != w.name]
+        heapq.heapify(self._kv_arrivals)
         if self.indexes and self.config.kv_events:
             for index in self.indexes:
                 index.clear(w.name)

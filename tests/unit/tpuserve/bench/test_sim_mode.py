@@ -357,6 +357,68 @@ def test_peering_replicas_apply_each_others_decisions_as_the_router_does(
     assert all(v.in_flight == v.announced_in_flight == 0 for v in views)
 
 
+def test_kv_events_reach_each_replica_at_its_next_read_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``kv_event_interval_seconds`` a batch reaches a replica's index at that replica's
+    next read (replica r reads at phase r / N of the interval), as the router reads busy
+    streams: at every decision the index holds exactly the batches read by then."""
+    interval = 0.01
+    trace = traces.rescale_to_rate(_tiny("W1", 200), 30.0)
+    config = SimConfig(
+        cache_tokens=20_000, router_replicas=2, load_poll_seconds=0.0,
+        kv_event_interval_seconds=interval,
+    )  # fmt: skip
+    run = SimRun(trace, "precise", config)
+    emitted: list[tuple[list[Any], float]] = []  # each batch, and when its engine emitted it
+    for worker in run.workers:
+        core = worker.engine.core
+        assert core.kv_event_sink is not None
+
+        def record(
+            events: Any, sink: Any = core.kv_event_sink, engine: Any = worker.engine
+        ) -> None:
+            emitted.append((events, engine.now))
+            sink(events)
+
+        core.kv_event_sink = record
+    applied: dict[int, list[int]] = {id(index): [] for index in run.indexes}
+    apply_events = sim_runner.apply_events
+
+    def apply(index: Any, name: str, events: Any) -> None:
+        applied[id(index)].append(id(events))
+        apply_events(index, name, events)
+
+    monkeypatch.setattr(sim_runner, "apply_events", apply)
+    late: list[int] = []
+    for r, replica in enumerate(run.replicas):
+        phase = r * interval / len(run.replicas)
+
+        def check(
+            request: Any, workers: Any, choose: Any = replica.policy.choose,
+            index: Any = replica.index, phase: float = phase,
+        ) -> Any:  # fmt: skip
+            now = run.now
+            read = [
+                id(events) for events, at in emitted
+                if phase + (math.floor((at - phase) / interval) + 1) * interval <= now
+            ]  # fmt: skip
+            assert sorted(applied[id(index)]) == sorted(read)
+            late.append(len(emitted) - len(read))
+            return choose(request, workers)
+
+        replica.policy.choose = check  # type: ignore[method-assign]
+    result = run.run()
+    assert all(r.ok for r in result.records)
+    assert len(late) == len(trace)
+    assert any(late)  # some decisions were made before the last batches were read
+
+
+def test_kv_event_interval_is_validated() -> None:
+    with pytest.raises(ValueError, match=r"--kv-event-interval: -0.5 is not allowed"):
+        SimConfig(kv_event_interval_seconds=-0.5).validate()
+
+
 @pytest.mark.parametrize("first_tokens_reported", [True, False])
 def test_peering_replicas_deliver_every_message_and_announce_each_first_byte(
     monkeypatch: pytest.MonkeyPatch, first_tokens_reported: bool
