@@ -77,11 +77,14 @@ log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_SECONDS = 2.0
 """Longest wait for the next message of a replay."""
-REPLAY_MAX_BATCHES = 100_000
-"""Batches one replay may bring, and its socket queues unread: past SGLang's buffer (10,000
-batches by default). An engine's replay ROUTER socket drops what the reader's queue cannot
-take (ZMQ's default mark is 1,000 messages), the end marker too; with this mark libzmq's I/O
-thread takes the whole replay off its hands while the event loop reads it."""
+REPLAY_QUEUE_BATCHES = 100_000
+"""Batches a replay socket queues unread: past SGLang's buffer (10,000 batches by default).
+An engine's replay ROUTER socket drops what the reader's queue cannot take (ZMQ's default
+mark is 1,000 messages), the end marker too; with this mark libzmq's I/O thread takes the
+replay off its hands as fast as the engine's own send queue (also 1,000 messages) empties,
+while a busy event loop reads it."""
+REPLAY_MAX_BATCHES = 1_000_000
+"""Batches one replay may bring at most (a publisher that never ends its replay fails it)."""
 DRAIN_MAX_MESSAGES = 64
 """Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
 are read on the loop's next turn)."""
@@ -344,7 +347,7 @@ class _Subscription:
             self.replayed_through = None
         if expected is not None and seq < expected:
             hub.resync(self.worker, "engine_restart", self.rank)
-            await self._catch_up(0, seq)
+            await self._catch_up_before(seq)
         elif expected is None:
             if seq > 0:
                 await self._catch_up_before(seq)
@@ -357,18 +360,15 @@ class _Subscription:
         self.expected = seq + 1
 
     async def _catch_up_before(self, end: int) -> None:
-        """A stream that knows nothing yet (its catch-up failed) hears batch ``end``: apply
-        what the replay buffer holds before it, when that reaches up to it. The buffer may no
-        longer start at batch 0 (it wrapped), so not all of ``0 .. end-1`` is asked for: that
-        would fail every time."""
+        """A stream that knows nothing of its engine's batches (its catch-up failed, or the
+        engine restarted) hears batch ``end``: apply the run of batches the replay buffer
+        holds up to ``end-1``. The buffer may no longer start at batch 0 (it wrapped), so
+        not all of ``0 .. end-1`` is required: that would fail every time."""
         replay = self.endpoints.replay
         if replay is None:
             return
-        replayed = await self._replay(replay, 0)
-        before = [(seq, payload) for seq, payload in replayed or () if seq < end]
-        if before and before[-1][0] == end - 1:
-            for _, payload in before:
-                self.apply(payload)
+        for _, payload in await self._replay(replay, 0, end, whole=False) or ():
+            self.apply(payload)
 
     async def _catch_up(self, start: int, end: int) -> bool:
         """Apply batches ``start .. end-1`` from the replay socket; False if not all came."""
@@ -385,10 +385,10 @@ class _Subscription:
         return True
 
     async def _replay(
-        self, endpoint: str, start: int, end: int | None = None
+        self, endpoint: str, start: int, end: int | None = None, *, whole: bool = True
     ) -> list[tuple[int, bytes]] | None:
         """`KvEventHub.replay`, counted."""
-        replayed = await self.hub.replay(endpoint, start, end)
+        replayed = await self.hub.replay(endpoint, start, end, whole=whole)
         self.hub.metrics.kv_event_replays.labels(
             self.worker, "ok" if replayed is not None else "failed"
         ).inc()
@@ -575,15 +575,16 @@ class KvEventHub:
         )  # fmt: skip
 
     async def replay(
-        self, endpoint: str, start: int, end: int | None = None
+        self, endpoint: str, start: int, end: int | None = None, *, whole: bool = True
     ) -> list[tuple[int, bytes]] | None:
         """Batches ``start .. end-1`` (or all buffered from ``start`` when ``end`` is None)
         from a replay socket, in order and without a hole; None if the socket did not answer,
         if batches were lost on the way, or if it no longer holds every batch of a bounded
-        range."""
+        range (with ``whole`` False: the run it holds that ends at ``end-1``, however late it
+        starts)."""
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, REPLAY_MAX_BATCHES)
+        sock.setsockopt(zmq.RCVHWM, REPLAY_QUEUE_BATCHES)
         drain: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)  # no futures per message
         try:
             sock.connect(endpoint)
@@ -601,10 +602,12 @@ class KvEventHub:
                         break
                     seq, payload = parse_replay_reply(frames)
                     if seq == END_SEQ:
-                        return self._whole(endpoint, found, start, end)
+                        return self._whole(endpoint, found, start, end, whole)
                     received += 1
                     if received > REPLAY_MAX_BATCHES:
-                        log.warning("replay from %s: more than %d batches", endpoint, received)
+                        log.warning(
+                            "replay from %s: more than %d batches", endpoint, REPLAY_MAX_BATCHES
+                        )
                         return None
                     if seq >= start and (end is None or seq < end):
                         found[seq] = payload
@@ -617,13 +620,15 @@ class KvEventHub:
 
     @staticmethod
     def _whole(
-        endpoint: str, found: dict[int, bytes], start: int, end: int | None
+        endpoint: str, found: dict[int, bytes], start: int, end: int | None, whole: bool = True
     ) -> list[tuple[int, bytes]] | None:
         """A replay's batches in order, or None when they have a hole or, given ``end``, do
-        not reach from ``start`` to it."""
+        not reach from ``start`` (or, not ``whole``, from anywhere) to it."""
         batches = sorted(found.items())
-        if end is not None and len(found) != end - start:
+        if end is not None and whole and len(found) != end - start:
             return None  # the engine's buffer no longer holds them all
+        if end is not None and not whole and (not batches or batches[-1][0] != end - 1):
+            return None
         if batches and batches[-1][0] - batches[0][0] + 1 != len(batches):
             log.warning("replay from %s lost batches on the way; not applied", endpoint)
             return None

@@ -483,11 +483,11 @@ async def test_a_stream_whose_catch_up_failed_learns_the_buffer_at_its_next_batc
     calls = 0
 
     async def first_fails(
-        self: KvEventHub, endpoint: str, start: int, end: int | None = None
+        self: KvEventHub, endpoint: str, start: int, end: int | None = None, *, whole: bool = True
     ) -> list[tuple[int, bytes]] | None:
         nonlocal calls
         calls += 1
-        return None if calls == 1 else await replay(self, endpoint, start, end)
+        return None if calls == 1 else await replay(self, endpoint, start, end, whole=whole)
 
     monkeypatch.setattr(KvEventHub, "replay", first_fails)
     publisher = Publisher(replay=True)
@@ -521,7 +521,7 @@ async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
     release = asyncio.Event()
 
     async def stalled(
-        self: KvEventHub, endpoint: str, start: int, end: int | None = None
+        self: KvEventHub, endpoint: str, start: int, end: int | None = None, *, whole: bool = True
     ) -> list[tuple[int, bytes]] | None:
         replaying.set()
         await release.wait()

@@ -139,3 +139,52 @@ def test_a_message_is_bounded_as_a_whole(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(ZmtpError, match="a message of over 100 bytes"):
         parse(frames + frames)
     assert parse(frames[:0] + message_frame(b"b" * 100))[0] == [[b"b" * 100]]
+
+
+class ChunkedSocket:
+    """A connected socket's reads, counted: each `recv_into` takes the next chunk, and says
+    EAGAIN (BlockingIOError) once there is none."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = deque(chunks)
+        self.reads = 0
+
+    def recv_into(self, buffer: bytearray) -> int:
+        self.reads += 1
+        if not self.chunks:
+            raise BlockingIOError
+        chunk = self.chunks.popleft()
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+
+async def nothing() -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("sizes", "reads"),
+    [
+        ([100], 1),  # one short read: the socket had no more, no second recv to hear EAGAIN
+        ([zmtp.READ_BYTES, 100], 2),  # a full buffer: there may be more, read again
+        ([zmtp.READ_BYTES, zmtp.READ_BYTES], 3),  # ... until EAGAIN says there is not
+    ],
+)
+def test_a_turn_reads_a_socket_until_a_read_does_not_fill_the_buffer(
+    sizes: list[int], reads: int
+) -> None:
+    body = b"".join(message_frame(b"k" * 200) for _ in range(sum(sizes) // 202 + 1))
+    chunks, at = [], 0
+    for size in sizes:
+        chunks.append(body[at : at + size])
+        at += size
+    sock = ChunkedSocket(chunks)
+    subscriber = zmtp.ZmtpSubscriber(
+        "127.0.0.1", 1, b"", zmtp.SubscriberGroup(0.01), nothing, nothing, lambda: None,
+        high_water_mark=10**6, label="test",
+    )  # fmt: skip
+    subscriber._sock = sock  # type: ignore[assignment]
+    subscriber.connected = True
+    assert subscriber.read_turn()
+    assert sock.reads == reads
+    assert len(subscriber.pending) == at // 202

@@ -404,6 +404,10 @@ def test_kv_events_reach_each_replica_at_its_next_read_turn(
                 if phase + (math.floor((at - phase) / interval) + 1) * interval <= now
             ]  # fmt: skip
             assert sorted(applied[id(index)]) == sorted(read)
+            # what that means: a batch is read after it was emitted, at most an interval late
+            emitted_at = {id(events): at for events, at in emitted}
+            assert all(emitted_at[batch] < now for batch in read)
+            assert {id(e) for e, at in emitted if at <= now - interval} <= set(read)
             late.append(len(emitted) - len(read))
             return choose(request, workers)
 
