@@ -91,9 +91,10 @@ are read on the loop's next turn)."""
 READ_INTERVAL_SECONDS = 0.010
 """A busy ``tcp://`` stream is read at most this often, every such stream in one wake-up of
 the event loop (`zmtp.SubscriberGroup`): events arrive at most this late, and under load
-cost a read per turn rather than a wake-up per batch. 10 ms costs ~10 % less CPU per request
-than 5 ms with four busy engines (docs/router.md, "A sixth pass"); the routing sweep with the
-delay modelled (`tpuserve bench --kv-event-interval`) shows what the lateness costs."""
+cost a read per turn rather than a wake-up per batch. With a turn's reads ending at a short
+read, 10 ms cost ~10 % less CPU per request than 5 ms did with four busy engines
+(docs/router.md, "A sixth pass"); the routing sweep with the delay modelled (`tpuserve
+bench --kv-event-interval`) changed no decision."""
 RECEIVE_HIGH_WATER_MARK = 10_000
 """Batches a stream's socket holds unread at most (some 20 MB at ~2 kB a batch). Past it ZMQ
 stops reading the connection, so the engine's PUB socket queues them and, past its own mark
