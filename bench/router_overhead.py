@@ -10,7 +10,9 @@ number has a same-conditions baseline. Measured per round:
   divided by the requests served. The run starts once the router is idle after its warm-up
   (`wait_idle`): a router that follows KV events first replays every engine's buffer (up to
   10,000 batches each, full from the rounds before), a start-up cost that must not land on
-  the requests;
+  the requests. Each tpuserve round also records the router's failed KV-event replays
+  (``kv_replays_failed``, from its ``/metrics``), and the summary names the rounds that had
+  any: their CPU includes the replays' retries;
 - added latency at 500 req/s: open-loop non-streaming requests, p50 and p99 latency through
   the router minus the same directly to the engines;
 - streamed time to first chunk: streamed chat one request at a time, p50 and p99 of the
@@ -55,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 # Run as a script (`python bench/router_overhead.py`): the checkout's root first, so `bench.*`
 # is this checkout's even when another one is installed.
@@ -362,9 +365,28 @@ def run_router(kind: RouterKind, engines: list[Proc], args: argparse.Namespace,
             args.py_spy.mkdir(parents=True, exist_ok=True)
             name = "".join(c if c.isalnum() else "-" for c in kind.label)
             profile = args.py_spy / f"{name}-seed{seed}.txt"
-        return measure(targets_of([router.url]), args, seed, router.popen.pid, profile)
+        out = measure(targets_of([router.url]), args, seed, router.popen.pid, profile)
+        if kind.label.startswith("tpuserve"):
+            out["kv_replays_failed"] = failed_replays(router.url)
+        return out
     finally:
         router.stop()
+
+
+def failed_replays(url: str) -> float:
+    """The router's failed KV-event replays so far (its ``/metrics``). A round with one carries
+    its retries' cost: a catch-up asks an engine for its whole buffer (up to 10,000 batches)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "tpuserve_router_kv_event_replays"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels.get("result") == "failed"
+    )
 
 
 def median(rows: list[dict[str, Any]], key: str) -> float:
@@ -440,6 +462,11 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
                 f"{entry['first_chunk_p99_ms']:.2f} ms",
             ]
         print(" | ".join(cells))
+    for label, entry in summary.items():
+        troubled = sum(1 for r in entry["rounds"] if r.get("kv_replays_failed"))
+        if troubled:
+            print(f"note: {label}: {troubled} of {len(entry['rounds'])} rounds had failed KV-event "
+                  "replays (their CPU includes the retries)")  # fmt: skip
 
 
 def main() -> int:
