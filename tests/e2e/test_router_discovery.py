@@ -343,11 +343,19 @@ def test_ready_leaders_come_and_go_live_and_only_loopback_is_dialled(
             for s in series["tpuserve_router_upstream_errors"]
         }
         assert errors == {(w, r): 0.0 for w in (a.url, b.url) for r in UPSTREAM_ERROR_REASONS}
-        prompt_tokens = {
-            (s.labels["model"], s.labels["worker"]): s.value
-            for s in series["tpuserve_router_prompt_tokens"]
-        }
-        assert prompt_tokens == {(model, a.url): 0.0, (model, b.url): 0.0}
+
+        def prompt_tokens() -> dict[tuple[str, str], float]:
+            return {
+                (s.labels["model"], s.labels["worker"]): s.value
+                for s in router.metrics().get("tpuserve_router_prompt_tokens", [])
+            }
+
+        # A worker's token series come right after its models are learned, in a step of their
+        # own: a pod updated meanwhile may show its models in the listing a moment earlier.
+        wait(
+            "both workers' token series",
+            lambda: prompt_tokens() == {(model, a.url): 0.0, (model, b.url): 0.0},
+        )
 
         client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="unused", max_retries=0)
         sent = 0
