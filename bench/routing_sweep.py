@@ -119,7 +119,6 @@ def prepare(
         load_poll_seconds=load_poll_seconds, peer_delay_seconds=peer_delay_seconds,
         kv_event_interval_seconds=kv_event_interval_seconds,
     )  # fmt: skip
-    config.validate()
     mu = measure_rr_saturation(trace, config)
     return trace, config, mu
 
