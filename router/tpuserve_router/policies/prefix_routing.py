@@ -207,11 +207,14 @@ def leave_long_queue(
     short queues keep affinity (a move costs a prefill, which the requests queued behind it
     at the other worker pay for too, and room in that worker's cache).
     """
-    queued = [queues.tokens(w.name) + w.peer_prefill_tokens for w in healthy]
-    if queued[chosen] <= params.queue_margin_tokens + params.saved_prefix_weight * (
-        cached[chosen] - max(cached)
+    target = healthy[chosen]
+    if queues.tokens(target.name) + target.peer_prefill_tokens <= (
+        params.queue_margin_tokens + params.saved_prefix_weight * (cached[chosen] - max(cached))
     ):
         return chosen  # no move could avoid more than the chosen worker's whole queue
+    # (the usual case, decided on the chosen worker's queue alone: the others' are read only
+    # when a move is possible, and reading one only releases prefills that are over)
+    queued = [queues.tokens(w.name) + w.peer_prefill_tokens for w in healthy]
     work = [q + prompt_tokens - c for q, c in zip(queued, cached, strict=True)]
     least = min(range(len(healthy)), key=lambda i: (work[i], -cached[i], healthy[i].in_flight))
     avoided = queued[chosen] - queued[least]
