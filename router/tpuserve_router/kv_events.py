@@ -5,8 +5,10 @@ on the event loop, without libzmq's I/O thread; any other by a ZMQ SUB socket) a
 batch to the policy's `BlockIndex` without awaiting (frames and payload decoded by
 `sglang_tpu.kv_events`, the one schema module, in either SGLang wire generation; the usual
 batch, only well-formed ``BlockStored`` and ``BlockRemoved`` events, is read and applied in
-compiled code, `BlockIndex.apply_batch`, and any other goes through that module); only a
-batch out of sequence waits, for the replay below. A worker publishes one stream, or one per
+compiled code, `BlockIndex.apply_batch`, and any other goes through that module; on a
+``tcp://`` stream a run of such batches in sequence is applied by the compiled reader where
+it split the frames, `ZmtpReader.apply_in_order`, with no Python per batch); only a batch
+out of sequence waits, for the replay below. A worker publishes one stream, or one per
 data-parallel rank (`tpuserve_router.kv_publishers` finds them); each stream is indexed as
 that worker's rank and everything below happens per stream. Sequence numbers decide what
 the index can still trust:
@@ -104,6 +106,8 @@ _EVENTS = int(zmq.EVENTS)  # plain ints: the enums' operators run in Python, per
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
+_SEQ_END = 1 << 64
+"""Past the last batch number (8 bytes, unsigned)."""
 
 
 SNAPSHOT_FORMAT = "tpuserve-kv-snapshot-1"
@@ -163,6 +167,12 @@ class _Subscription:
         self.monitor_task: asyncio.Task[None] | None = None
         self.subscriber: ZmtpSubscriber | None = None  # a tcp:// stream, read without libzmq
         self._stopped = False
+        # The per-batch counters, looked up once (``labels`` costs a lock and a dict lookup
+        # per call); a departed worker's series, removed before its streams stop, are not
+        # brought back by a batch applied meanwhile.
+        events = hub.metrics.kv_events
+        self.stored_events = events.labels(worker, "BlockStored")
+        self.removed_events = events.labels(worker, "BlockRemoved")
 
     def start(self) -> None:
         loop = self.loop = asyncio.get_running_loop()
@@ -270,14 +280,32 @@ class _Subscription:
         self.loop.call_soon(self._read)  # more may be queued; the descriptor will not say so
 
     def _take_pending(self) -> None:
-        """`_read` for a `ZmtpSubscriber`'s stream: the messages it has already parsed."""
+        """`_read` for a `ZmtpSubscriber`'s stream: the messages it has already parsed. The
+        usual run, the next batches in sequence, is applied by the reader itself (compiled,
+        `ZmtpReader.apply_in_order`); any other message goes through `_take`."""
         if self.task is not None or self.lock.locked():
             return  # they wait, bounded (`RECEIVE_HIGH_WATER_MARK`); read when it is free
         assert self.subscriber is not None
         pending = self.subscriber.pending
-        for _ in range(DRAIN_MAX_MESSAGES):
-            if not pending or not self._take(pending.popleft()):
+        budget = DRAIN_MAX_MESSAGES
+        while pending and budget > 0:
+            expected = self.expected
+            if expected is not None and self.replayed_through is None and expected < _SEQ_END:
+                applied, stored, removed = pending.apply_in_order(
+                    self.hub.index, self.worker, self.rank, expected, budget
+                )
+                if applied:
+                    self.expected = expected + applied
+                    self.batches += applied
+                    if stored:
+                        self.stored_events.inc(stored)
+                    if removed:
+                        self.removed_events.inc(removed)
+                    budget -= applied
+                    continue
+            if not self._take(pending.popleft()):
                 return
+            budget -= 1
         if pending:
             self.loop.call_soon(self._read)
 
@@ -405,11 +433,10 @@ class _Subscription:
                 return
         self.batches += 1
         stored, removed = common
-        counts = hub.metrics.kv_events
         if stored:
-            counts.labels(worker, "BlockStored").inc(stored)
+            self.stored_events.inc(stored)
         if removed:
-            counts.labels(worker, "BlockRemoved").inc(removed)
+            self.removed_events.inc(removed)
 
     def _apply_decoded(self, payload: bytes) -> tuple[int, int] | None:
         """Decode and apply a batch event by event: (stored, removed) events, or None when the

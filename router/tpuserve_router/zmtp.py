@@ -9,7 +9,10 @@ the same wire protocol (ZMTP 3.0, NULL security, rfc.zeromq.org/spec/23) from th
 loop's thread: the socket is watched only while it is idle; once data comes, the
 subscriber's `SubscriberGroup` reads every busy socket at most once per ``interval`` (one
 wake-up for all of a router's streams), so under load the events cost a ``recv`` and the
-frame parsing, and arrive at most ``interval`` late.
+frame parsing, and arrive at most ``interval`` late. The reads and the frames are the
+compiled `ZmtpReader`'s (`tpuserve_router._native`), which also applies a KV-event stream's
+batches in sequence straight from them (`kv_events`): in Python, splitting, filtering and
+handing on each batch's three frames cost more than applying it.
 
 What libzmq gave for free is done here: the handshake (greeting, READY with
 ``Socket-Type: SUB``, the subscription as a ZMTP 3.0 subscribe message), reconnecting after a
@@ -27,9 +30,10 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Final
+
+from tpuserve_router._native import ZmtpReader
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +119,14 @@ def check_greeting(greeting: bytes) -> None:
         raise ZmtpError(f"security mechanism {mechanism!r}; only NULL is supported")
 
 
+def _feed(reader: ZmtpReader, data: bytes) -> list[tuple[bytes, bytes]]:
+    """``reader.feed(data)``, a protocol violation raised as `ZmtpError`."""
+    try:
+        return reader.feed(data)
+    except ValueError as err:
+        raise ZmtpError(str(err)) from None
+
+
 def properties(body: bytes) -> dict[bytes, bytes]:
     """A READY command's metadata (after its name), by lower-cased property name."""
     out: dict[bytes, bytes] = {}
@@ -132,62 +144,6 @@ def properties(body: bytes) -> dict[bytes, bytes]:
             raise ZmtpError("truncated READY property")
         out[name.lower()] = value
     return out
-
-
-class FrameParser:
-    """Frames out of a byte stream: complete messages (lists of frame bodies) and commands
-    ((name, body) pairs), in the order they came."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._frames: list[bytes] = []
-        self._message_bytes = 0  # of the frames in `_frames`
-
-    def feed(
-        self,
-        data: bytes | memoryview,
-        messages: deque[list[bytes]],
-        commands: list[tuple[bytes, bytes]],
-    ) -> None:
-        buffer = self._buffer
-        buffer += data
-        end = len(buffer)
-        pos = 0
-        frames = self._frames
-        while end - pos >= 2:
-            flags = buffer[pos]
-            if flags & ~(MORE | LONG | COMMAND):
-                raise ZmtpError(f"frame flags {flags:#x}: reserved bits set")
-            if flags & LONG:
-                if end - pos < 9:
-                    break
-                size = int.from_bytes(buffer[pos + 1 : pos + 9], "big")
-                start = pos + 9
-            else:
-                size = buffer[pos + 1]
-                start = pos + 2
-            if size > MAX_FRAME_BYTES:
-                raise ZmtpError(f"a frame of {size} bytes; at most {MAX_FRAME_BYTES}")
-            stop = start + size
-            if stop > end:
-                break
-            body = bytes(buffer[start:stop])
-            pos = stop
-            if flags & COMMAND:
-                if not body or 1 + body[0] > len(body):
-                    raise ZmtpError("malformed command frame")
-                commands.append((body[1 : 1 + body[0]], body[1 + body[0] :]))
-                continue
-            self._message_bytes += size
-            if self._message_bytes > MAX_FRAME_BYTES:
-                raise ZmtpError(f"a message of over {MAX_FRAME_BYTES} bytes")
-            frames.append(body)
-            if not flags & MORE:
-                messages.append(frames)
-                frames = self._frames = []
-                self._message_bytes = 0
-        if pos:
-            del buffer[:pos]
 
 
 class SubscriberGroup:
@@ -241,7 +197,10 @@ class ZmtpSubscriber:
     ``on_disconnected`` runs (awaited) when an established connection is lost, before
     reconnecting; what the lost connection had not handed on is dropped (the stream is
     resynced). ``on_messages`` is called whenever complete messages are waiting in `pending`
-    (it takes what it can; what it leaves is offered again at the next read).
+    (it takes what it can; what it leaves is offered again at the next read). `pending` is
+    the connection's `ZmtpReader` (compiled): it splits the frames, keeps the messages with
+    our prefix (``len``, ``popleft``, ``clear``), and can apply a KV-event stream's next
+    batches to a block index where they lie (``apply_in_order``).
     """
 
     def __init__(
@@ -262,12 +221,9 @@ class ZmtpSubscriber:
         self.on_messages = on_messages
         self.high_water_mark = high_water_mark
         self.label = label
-        self.pending: deque[list[bytes]] = deque()
+        self.pending = ZmtpReader(prefix, MAX_FRAME_BYTES)
         self.connected = False  # handshake done, not yet lost
         self._sock: socket.socket | None = None
-        self._parser = FrameParser()
-        self._read_buffer = bytearray(READ_BYTES)  # one for every read: no allocation per read
-        self._read_view = memoryview(self._read_buffer)
         self._watching = False
         self.idle_turns = 0  # the group's turns in a row that found nothing to read
         self._holding = False  # `on_connected` is running: nothing is handed on
@@ -359,13 +315,12 @@ class ZmtpSubscriber:
             await loop.sock_sendall(sock, GREETING)
             check_greeting(await self._receive_exactly(GREETING_BYTES))
             await loop.sock_sendall(sock, ready(b"SUB"))
-            messages: deque[list[bytes]] = deque()
             commands: list[tuple[bytes, bytes]] = []
             while not commands:
                 data = await loop.sock_recv(sock, 4096)
                 if not data:
                     raise ZmtpError("the publisher closed the connection during the handshake")
-                self._parser.feed(data, messages, commands)
+                commands += _feed(self.pending, data)
             name, body = commands.pop(0)
             if name == b"ERROR":
                 raise ZmtpError(f"the publisher refused us: {body[1:]!r}")
@@ -375,7 +330,7 @@ class ZmtpSubscriber:
             if kind_of_peer not in (b"PUB", b"XPUB"):
                 raise ZmtpError(f"the peer is a {kind_of_peer!r} socket, not a publisher")
             await loop.sock_sendall(sock, subscription(self.prefix))
-            self._admit(messages, commands)
+            self._answer(commands)
 
     async def _receive_exactly(self, size: int) -> bytes:
         assert self._sock is not None
@@ -422,16 +377,16 @@ class ZmtpSubscriber:
                     full = True
                     break
                 try:
-                    size = sock.recv_into(self._read_buffer)
+                    size, commands = self.pending.receive(sock.fileno(), READ_BYTES)
                 except (BlockingIOError, InterruptedError):
                     break
+                except ValueError as err:  # the reader's word for a protocol violation
+                    raise ZmtpError(str(err)) from None
                 if not size:
                     raise ConnectionResetError("the publisher closed the connection")
                 read_any = True
-                messages: deque[list[bytes]] = deque()
-                commands: list[tuple[bytes, bytes]] = []
-                self._parser.feed(self._read_view[:size], messages, commands)
-                self._admit(messages, commands)
+                if commands:
+                    self._answer(commands)
                 if size < READ_BYTES:
                     break  # the socket had no more: no recv to hear it say so (EAGAIN)
         except (OSError, ZmtpError) as err:
@@ -441,8 +396,8 @@ class ZmtpSubscriber:
         self._deliver()
         return read_any or full or bool(self.pending)
 
-    def _admit(self, messages: deque[list[bytes]], commands: list[tuple[bytes, bytes]]) -> None:
-        """Answer commands; keep the messages whose first frame has our prefix."""
+    def _answer(self, commands: list[tuple[bytes, bytes]]) -> None:
+        """Answer the publisher's commands (PING with PONG; ERROR ends the connection)."""
         for name, body in commands:
             if name == b"PING" and self._sock is not None:
                 pong = command(b"PONG", body[2:18])  # the context, after the 2-byte TTL
@@ -454,13 +409,6 @@ class ZmtpSubscriber:
                     raise ZmtpError("could not answer the publisher's PING")
             elif name == b"ERROR":
                 raise ZmtpError(f"the publisher sent ERROR: {body[1:]!r}")
-        if not messages:
-            return
-        prefix = self.prefix
-        if prefix:
-            self.pending.extend(m for m in messages if m[0].startswith(prefix))
-        else:
-            self.pending.extend(messages)
 
     def _deliver(self) -> None:
         if self.pending and not self._holding:
@@ -482,4 +430,4 @@ class ZmtpSubscriber:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        self._parser = FrameParser()
+        self.pending = ZmtpReader(self.prefix, MAX_FRAME_BYTES)

@@ -507,7 +507,12 @@ impl BlockIndex {
     /// numbers of stored and removed events. None, with nothing applied, for any other batch:
     /// decode that one in Python (`sglang_tpu.kv_events.decode_batch`).
     #[pyo3(signature = (name, payload, rank=0))]
-    fn apply_batch(&mut self, name: &str, payload: &[u8], rank: i64) -> Option<(usize, usize)> {
+    pub(crate) fn apply_batch(
+        &mut self,
+        name: &str,
+        payload: &[u8],
+        rank: i64,
+    ) -> Option<(usize, usize)> {
         let events = decode_common_batch(payload)?;
         let (mut stored, mut removed) = (0, 0);
         for event in events {

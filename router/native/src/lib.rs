@@ -1,7 +1,8 @@
 //! `tpuserve_router._native`: the block index of the router's `precise` and `cost` policies,
 //! compiled. Per request they hash a prompt's pages, match them against every worker and
 //! record predictions; per KV event they key the stored blocks. In Python those loops cost
-//! most of the policy's CPU (docs/router.md, "Performance").
+//! most of the policy's CPU (docs/router.md, "Performance"). The KV-event streams' frames
+//! are split here too, and their batches applied without a round trip through Python.
 
 mod bits;
 mod events;
@@ -9,6 +10,7 @@ mod index;
 mod keys;
 mod tokenizer;
 mod tokens;
+mod zmtp;
 
 use pyo3::prelude::*;
 
@@ -32,5 +34,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<index::BlockIndex>()?;
     m.add_class::<tokens::TokenIds>()?;
     m.add_class::<tokens::TokenCache>()?;
+    m.add_class::<zmtp::ZmtpReader>()?;
     Ok(())
 }

@@ -29,7 +29,9 @@ from sglang_tpu.kv_events import (
 )
 from tests.sglang_kv_events import as_fields
 from tests.unit.sglang_tpu.test_kv_events_sglang import legacy_classes, sglang_batch, twin_events
+from tpuserve_router._native import ZmtpReader
 from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.zmtp import MAX_FRAME_BYTES, MORE, message_frame
 
 pytestmark = pytest.mark.unit
 
@@ -186,3 +188,60 @@ def test_damaged_payloads_are_never_applied_unlike_python() -> None:
             pytest.fail(f"compiled reader applied a batch Python cannot: {batch!r:.200}")
         assert state(native, probes()) == state(python, probes())
     assert applied > 0  # some changes (a token id, a timestamp) still make a good batch
+
+
+def pub_message(seq: int, payload: bytes, topic: bytes = b"kv") -> bytes:
+    """A KV-event PUB message as it comes over ZMTP: [topic, 8-byte seq, payload]."""
+    return (
+        bytes([MORE, len(topic)]) + topic + bytes([MORE, 8]) + seq.to_bytes(8, "big")
+        + message_frame(payload)
+    )  # fmt: skip
+
+
+def test_the_reader_applies_the_next_batches_in_order_as_apply_batch_does() -> None:
+    """`ZmtpReader.apply_in_order` (a stream's usual run, applied where it was read) leaves
+    the index exactly as `apply_batch` on each payload would, and stops, leaving it queued
+    for Python, at the first message that is not the next common batch."""
+    events = common_events()
+    payloads = [msgspec.msgpack.encode(sglang_batch(EventBatch(1.5, [e], 0))) for e in events]
+    n = len(payloads)
+    cleared = encode_batch(EventBatch(1.0, [AllBlocksCleared()]))
+    reader = ZmtpReader(b"kv", MAX_FRAME_BYTES)
+    reader.feed(
+        b"".join(pub_message(7 + i, p) for i, p in enumerate(payloads))
+        + pub_message(8, payloads[1], topic=b"other")  # not ours: dropped
+        + pub_message(7 + n, cleared)  # not the common batch: Python's
+        + pub_message(99, payloads[0])  # a gap: Python's
+    )
+    native, python = BlockIndex(), BlockIndex()
+    counts = [python.apply_batch(WORKER, p, 2) for p in payloads]
+
+    def total(some: list[tuple[int, int] | None]) -> tuple[int, int, int]:
+        return len(some), sum(c[0] for c in some if c), sum(c[1] for c in some if c)
+
+    assert reader.apply_in_order(native, WORKER, 2, 8, 1000) == (0, 0, 0)  # not the next
+    assert reader.apply_in_order(native, WORKER, 2, 7, 2) == total(counts[:2])  # at most 2
+    assert reader.apply_in_order(native, WORKER, 2, 9, 1000) == total(counts[2:])
+    assert state(native, probes()) == state(python, probes())
+    assert reader.apply_in_order(native, WORKER, 2, 7 + n, 1000) == (0, 0, 0)
+    assert reader.popleft()[2] == cleared  # left for Python, whole
+    assert reader.apply_in_order(native, WORKER, 2, 8 + n, 1000) == (0, 0, 0)
+    assert reader.popleft()[1] == (99).to_bytes(8, "big")
+    assert len(reader) == 0
+
+
+def test_the_reader_leaves_malformed_messages_to_python() -> None:
+    tokens = list(range(PAGE))
+    (block,) = block_hashes(tokens, PAGE)
+    payload = encode_batch(EventBatch(1.0, [BlockStored([block], None, tokens, PAGE)]))
+    for message in (
+        message_frame(b"kv"),  # one frame
+        bytes([MORE, 2]) + b"kv" + bytes([MORE, 4]) + b"\x00" * 4 + message_frame(payload),
+        bytes([MORE, 2]) + b"kv" + bytes([MORE, 8]) + bytes(8) + message_frame(b"\xc1"),
+    ):
+        reader = ZmtpReader(b"kv", MAX_FRAME_BYTES)
+        reader.feed(message + pub_message(1, payload))
+        index = BlockIndex()
+        assert reader.apply_in_order(index, WORKER, 0, 0, 1000) == (0, 0, 0)
+        assert len(reader) == 2
+        assert index.workers() == []

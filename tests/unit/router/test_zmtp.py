@@ -1,4 +1,5 @@
-"""The ZMTP 3.0 pieces the router's KV-event reader sends and parses (`tpuserve_router.zmtp`).
+"""The ZMTP 3.0 pieces the router's KV-event reader sends and parses (`tpuserve_router.zmtp`,
+and the compiled `ZmtpReader` that splits the frames).
 
 The component test (`tests/component/router/test_zmtp_subscriber.py`) checks them against
 libzmq's own PUB socket; here the framing rules, one by one.
@@ -6,11 +7,13 @@ libzmq's own PUB socket; here the framing rules, one by one.
 
 from __future__ import annotations
 
+import socket
 from collections import deque
 
 import pytest
 
 from tpuserve_router import zmtp
+from tpuserve_router._native import ZmtpReader
 from tpuserve_router.zmtp import (
     COMMAND,
     GREETING,
@@ -18,7 +21,6 @@ from tpuserve_router.zmtp import (
     LONG,
     MAX_FRAME_BYTES,
     MORE,
-    FrameParser,
     ZmtpError,
     check_greeting,
     command,
@@ -33,12 +35,13 @@ pytestmark = pytest.mark.unit
 
 
 def parse(
-    data: bytes, parser: FrameParser | None = None
+    data: bytes, reader: ZmtpReader | None = None, prefix: bytes = b""
 ) -> tuple[list[list[bytes]], list[tuple[bytes, bytes]]]:
-    messages: deque[list[bytes]] = deque()
-    commands: list[tuple[bytes, bytes]] = []
-    (parser or FrameParser()).feed(data, messages, commands)
-    return list(messages), commands
+    """The messages and commands in ``data`` (after what ``reader`` was fed before)."""
+    if reader is None:  # (not `or`: a reader with no message queued is falsy)
+        reader = ZmtpReader(prefix, zmtp.MAX_FRAME_BYTES)
+    commands = zmtp._feed(reader, data)
+    return [reader.popleft() for _ in range(len(reader))], commands
 
 
 def test_our_greeting_is_zmtp_3_0_null_as_client() -> None:
@@ -97,9 +100,9 @@ def test_a_stream_cut_anywhere_parses_the_same() -> None:
     data = message_frame(b"a" * 40) + bytes([MORE, 1]) + b"t" + message_frame(b"b" * 400)
     whole = parse(data)
     for cut in range(1, len(data)):
-        parser = FrameParser()
-        first, first_commands = parse(data[:cut], parser)
-        second, second_commands = parse(data[cut:], parser)
+        reader = ZmtpReader(b"", MAX_FRAME_BYTES)
+        first, first_commands = parse(data[:cut], reader)
+        second, second_commands = parse(data[cut:], reader)
         assert (first + second, first_commands + second_commands) == whole
 
 
@@ -141,21 +144,68 @@ def test_a_message_is_bounded_as_a_whole(monkeypatch: pytest.MonkeyPatch) -> Non
     assert parse(frames[:0] + message_frame(b"b" * 100))[0] == [[b"b" * 100]]
 
 
-class ChunkedSocket:
-    """A connected socket's reads, counted: each `recv_into` takes the next chunk, and says
-    EAGAIN (BlockingIOError) once there is none."""
+def test_only_messages_with_the_prefix_are_kept() -> None:
+    data = (
+        bytes([MORE, 3]) + b"kv1" + message_frame(b"a")
+        + bytes([MORE, 2]) + b"xx" + message_frame(b"b")
+        + message_frame(b"kv")
+    )  # fmt: skip
+    assert parse(data, prefix=b"kv")[0] == [[b"kv1", b"a"], [b"kv"]]
+
+
+def test_a_read_takes_what_the_socket_has_and_says_so_at_its_end() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.setblocking(False)
+        reader = ZmtpReader(b"", MAX_FRAME_BYTES)
+        with pytest.raises(BlockingIOError):
+            reader.receive(ours.fileno(), 1024)
+        data = message_frame(b"x" * 100) + command(b"PING", b"\x00\x01")
+        theirs.sendall(data + message_frame(b"y" * 10)[:5])
+        assert reader.receive(ours.fileno(), 1024) == (len(data) + 5, [(b"PING", b"\x00\x01")])
+        assert reader.popleft() == [b"x" * 100]
+        assert len(reader) == 0  # the second message is not whole yet
+        theirs.sendall(message_frame(b"y" * 10)[5:])
+        assert reader.receive(ours.fileno(), 3) == (3, [])  # at most what was asked
+        assert reader.receive(ours.fileno(), 1024) == (4, [])
+        assert reader.popleft() == [b"y" * 10]
+        theirs.sendall(message_frame(b"z"))
+        theirs.close()
+        assert reader.receive(ours.fileno(), 1024) == (3, [])
+        assert reader.receive(ours.fileno(), 1024) == (0, [])  # the end of the stream
+        assert len(reader) == 1
+        reader.clear()
+        assert len(reader) == 0
+        with pytest.raises(IndexError):
+            reader.popleft()
+
+
+class ChunkedReader:
+    """A connection's reads, scripted and counted: each `receive` takes the next chunk into a
+    real `ZmtpReader`, and says EAGAIN (BlockingIOError) once there is none."""
 
     def __init__(self, chunks: list[bytes]) -> None:
         self.chunks = deque(chunks)
         self.reads = 0
+        self.reader = ZmtpReader(b"", MAX_FRAME_BYTES)
 
-    def recv_into(self, buffer: bytearray) -> int:
+    def receive(self, fd: int, max_bytes: int) -> tuple[int, list[tuple[bytes, bytes]]]:
         self.reads += 1
         if not self.chunks:
             raise BlockingIOError
         chunk = self.chunks.popleft()
-        buffer[: len(chunk)] = chunk
-        return len(chunk)
+        assert len(chunk) <= max_bytes
+        return len(chunk), self.reader.feed(chunk)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+
+class Unread:
+    """The connection's socket: only its descriptor is asked for (the reads are scripted)."""
+
+    def fileno(self) -> int:
+        return -1
 
 
 async def nothing() -> None:
@@ -178,13 +228,14 @@ def test_a_turn_reads_a_socket_until_a_read_does_not_fill_the_buffer(
     for size in sizes:
         chunks.append(body[at : at + size])
         at += size
-    sock = ChunkedSocket(chunks)
+    reads_of = ChunkedReader(chunks)
     subscriber = zmtp.ZmtpSubscriber(
         "127.0.0.1", 1, b"", zmtp.SubscriberGroup(0.01), nothing, nothing, lambda: None,
         high_water_mark=10**6, label="test",
     )  # fmt: skip
-    subscriber._sock = sock  # type: ignore[assignment]
+    subscriber._sock = Unread()  # type: ignore[assignment]
+    subscriber.pending = reads_of  # type: ignore[assignment]
     subscriber.connected = True
     assert subscriber.read_turn()
-    assert sock.reads == reads
+    assert reads_of.reads == reads
     assert len(subscriber.pending) == at // 202
