@@ -79,6 +79,10 @@ log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_SECONDS = 2.0
 """Longest wait for the next message of a replay."""
+CATCH_UP_RETRY_SECONDS = (0.5, 1.0, 2.0, 4.0)
+"""Waits before asking again after a failed catch-up (the engine's replay ROUTER socket drops
+what its send queue, 1,000 messages, cannot pass on while the router reads slowly), while the
+stream still knows nothing: an idle engine sends no batch that would trigger one."""
 REPLAY_QUEUE_BATCHES = 100_000
 """Batches a replay socket queues unread: past SGLang's buffer (10,000 batches by default).
 An engine's replay ROUTER socket drops what the reader's queue cannot take (ZMQ's default
@@ -165,6 +169,8 @@ class _Subscription:
         self.lock = asyncio.Lock()  # one sequence of updates at a time (reader or monitor)
         self.task: asyncio.Task[None] | None = None
         self.monitor_task: asyncio.Task[None] | None = None
+        self.retry_task: asyncio.Task[None] | None = None  # a failed catch-up, asked again
+        self.retries = 0  # failed catch-ups in a row
         self.subscriber: ZmtpSubscriber | None = None  # a tcp:// stream, read without libzmq
         self._stopped = False
         # The per-batch counters, looked up once (``labels`` costs a lock and a dict lookup
@@ -205,7 +211,9 @@ class _Subscription:
         else:
             self.loop.remove_reader(self.fd)
         while tasks := [
-            t for t in (self.task, self.monitor_task) if t is not None and not t.done()
+            t
+            for t in (self.task, self.monitor_task, self.retry_task)
+            if t is not None and not t.done()
         ]:
             for task in tasks:
                 task.cancel()
@@ -240,6 +248,9 @@ class _Subscription:
 
     async def _disconnected(self) -> None:
         """A lost publisher's blocks are dropped at once."""
+        if self.retry_task is not None:
+            self.retry_task.cancel()  # the reconnect catches up anew
+            self.retry_task = None
         async with self.lock:
             self.hub.resync(self.worker, "publisher_disconnected", self.rank)
             self.expected = None
@@ -355,6 +366,10 @@ class _Subscription:
             self.hub.resync(self.worker, "engine_restart", self.rank)
             self.expected = None
             replayed = await self._replay(replay, 0)
+        if replayed is None:
+            self._retry_catch_up()
+            return
+        self.retries = 0
         if not replayed:
             return
         if self.expected is not None and replayed[-1][0] < self.expected - 1:
@@ -366,6 +381,26 @@ class _Subscription:
                 self.apply(payload)
         self.expected = replayed[-1][0] + 1
         self.replayed_through = replayed[-1][0]
+
+    def _retry_catch_up(self) -> None:
+        """After a failed catch-up, ask again later (`CATCH_UP_RETRY_SECONDS`), unless a batch
+        comes first (it catches up itself) or the publisher is lost (its reconnect does)."""
+        if self._stopped or self.retries >= len(CATCH_UP_RETRY_SECONDS):
+            return
+        if self.retry_task is not None and not self.retry_task.done():
+            return
+        delay = CATCH_UP_RETRY_SECONDS[self.retries]
+        self.retries += 1
+        self.retry_task = self.loop.create_task(self._catch_up_later(delay))
+
+    async def _catch_up_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        async with self.lock:
+            self.retry_task = None  # from here on a failure may schedule the next try
+            if self.expected is None and not self._stopped:
+                log.info("%s: asking the replay socket again", self.label)
+                await self._catch_up_from_start()
+        self._read()  # what came while the lock was held
 
     async def receive(self, seq: int, payload: bytes) -> None:
         hub = self.hub

@@ -458,6 +458,8 @@ async def test_a_catch_up_longer_than_zmqs_default_queues_arrives_whole(
     # SGLang keeps 10,000 batches for replay and sends them from a ROUTER socket, which drops
     # what the reader's queue cannot take (ZMQ's default mark: 1,000 messages) and may drop
     # the end marker too. The router must take the whole replay, not a part of it, or fail.
+    # (On a loaded machine the publisher's own send queue, 1,000 messages, may still drop
+    # some: that catch-up fails, and is asked again.)
     batches, pages = 10_000, 8
     publisher = Publisher(replay=True)
     for seq in range(batches):
@@ -470,7 +472,6 @@ async def test_a_catch_up_longer_than_zmqs_default_queues_arrives_whole(
         await wait_blocks(app, worker, batches * pages, "the whole replay")
         replays = "tpuserve_router_kv_event_replays_total"
         assert sample(app, replays, {"worker": worker, "result": "ok"}) == 1
-        assert sample(app, replays, {"worker": worker, "result": "failed"}) == 0
 
 
 async def test_a_stream_whose_catch_up_failed_learns_the_buffer_at_its_next_batch(
@@ -490,6 +491,7 @@ async def test_a_stream_whose_catch_up_failed_learns_the_buffer_at_its_next_batc
         return None if calls == 1 else await replay(self, endpoint, start, end, whole=whole)
 
     monkeypatch.setattr(KvEventHub, "replay", first_fails)
+    monkeypatch.setattr(kv_events, "CATCH_UP_RETRY_SECONDS", ())  # only the batch asks again
     publisher = Publisher(replay=True)
     for seq in range(100, 200):  # 0..99 are gone from its buffer
         publisher.replay[seq] = distinct_pages(seq, 1)
@@ -502,6 +504,52 @@ async def test_a_stream_whose_catch_up_failed_learns_the_buffer_at_its_next_batc
         await publisher.publish(200, distinct_pages(200, 1))
         await wait_blocks(app, worker, 101, "the buffer's batches and the new one")
         assert calls == 2
+
+
+async def test_a_failed_catch_up_is_asked_again_while_the_engine_is_idle(
+    plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An idle engine sends no batch that would make the router catch up after a failed
+    # replay; the router asks again by itself, a bounded number of times.
+    replay = KvEventHub.replay
+    calls = 0
+    failing = 1
+
+    async def failing_first(
+        self: KvEventHub, endpoint: str, start: int, end: int | None = None, *, whole: bool = True
+    ) -> list[tuple[int, bytes]] | None:
+        nonlocal calls
+        calls += 1
+        return None if calls <= failing else await replay(self, endpoint, start, end, whole=whole)
+
+    monkeypatch.setattr(KvEventHub, "replay", failing_first)
+    monkeypatch.setattr(kv_events, "CATCH_UP_RETRY_SECONDS", (0.05, 0.05, 0.05))
+    publisher = Publisher(replay=True)
+    for seq in range(50):
+        publisher.replay[seq] = distinct_pages(seq, 1)
+    async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
+        app,
+        _publisher,
+        worker,
+    ):
+        await wait_blocks(app, worker, 50, "the buffer, on the second try")
+        assert calls == 2
+        replays = "tpuserve_router_kv_event_replays_total"
+        assert sample(app, replays, {"worker": worker, "result": "failed"}) == 1
+        assert sample(app, replays, {"worker": worker, "result": "ok"}) == 1
+
+    calls, failing = 0, 100  # never answers whole: asked at connect and 3 times more
+    publisher = Publisher(replay=True)
+    publisher.replay[0] = distinct_pages(0, 1)
+    async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
+        app,
+        _publisher,
+        worker,
+    ):
+        await eventually_async(lambda: calls == 4, what="the retries", timeout_seconds=5)
+        await asyncio.sleep(0.3)
+        assert calls == 4
+        assert blocks_of(app, worker) == 0
 
 
 async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
