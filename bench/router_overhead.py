@@ -10,8 +10,11 @@ number has a same-conditions baseline. Measured per round:
   divided by the requests served. The run starts once the router is idle after its warm-up
   (`wait_idle`): a router that follows KV events first replays every engine's buffer (up to
   10,000 batches each, full from the rounds before), a start-up cost that must not land on
-  the requests. Each tpuserve round also records the router's failed KV-event replays
-  (``kv_replays_failed``, from its ``/metrics``), and the summary names the rounds that had
+  the requests, so the run also waits until every engine's catch-up has succeeded
+  (`wait_caught_up`: the engine's replay socket may drop part of a replay, and the router
+  then asks again). Each tpuserve round also records the router's KV-event replays that
+  failed during the measured runs (``kv_replays_failed``, from its ``/metrics``; those at
+  start-up are ``kv_replays_failed_at_start``), and the summary names the rounds that had
   any: their CPU includes the replays' retries;
 - added latency at 500 req/s: open-loop non-streaming requests, p50 and p99 latency through
   the router minus the same directly to the engines;
@@ -309,10 +312,13 @@ def py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
 
 
 def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
-            pid: int | None, profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
+            pid: int | None, profile: Path | None = None,
+            before_measuring: Callable[[], None] | None = None) -> dict[str, Any]:  # fmt: skip
     out: dict[str, Any] = {}
     warm = completion_requests(seed + 7, 500)
     asyncio.run(closed_loop(targets, warm.__getitem__, len(warm), 16))
+    if before_measuring is not None:
+        before_measuring()
     if pid is not None:
         wait_idle(pid)
         reqs = completion_requests(seed, args.requests)
@@ -365,28 +371,58 @@ def run_router(kind: RouterKind, engines: list[Proc], args: argparse.Namespace,
             args.py_spy.mkdir(parents=True, exist_ok=True)
             name = "".join(c if c.isalnum() else "-" for c in kind.label)
             profile = args.py_spy / f"{name}-seed{seed}.txt"
-        out = measure(targets_of([router.url]), args, seed, router.popen.pid, profile)
-        if kind.label.startswith("tpuserve"):
-            out["kv_replays_failed"] = failed_replays(router.url)
+        at_start: list[float] = []
+
+        def caught_up() -> None:
+            wait_caught_up(router.url, len(engines))
+            at_start.append(failed_replays(router.url))
+
+        tpuserve = kind.label.startswith("tpuserve")
+        out = measure(targets_of([router.url]), args, seed, router.popen.pid, profile,
+                      caught_up if tpuserve else None)  # fmt: skip
+        if tpuserve:
+            out["kv_replays_failed_at_start"] = at_start[0]
+            out["kv_replays_failed"] = failed_replays(router.url) - at_start[0]
         return out
     finally:
         router.stop()
 
 
-def failed_replays(url: str) -> float:
-    """The router's failed KV-event replays so far (its ``/metrics``). A round with one carries
-    its retries' cost: a catch-up asks an engine for its whole buffer (up to 10,000 batches)."""
+def replay_counts(url: str) -> dict[tuple[str, str], float]:
+    """The router's KV-event replays so far by (worker, result), from its ``/metrics``."""
     import urllib.request
 
     with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
         text = response.read().decode()
-    return sum(
-        sample.value
+    return {
+        (sample.labels["worker"], sample.labels["result"]): sample.value
         for family in text_string_to_metric_families(text)
         if family.name == "tpuserve_router_kv_event_replays"
         for sample in family.samples
-        if sample.name.endswith("_total") and sample.labels.get("result") == "failed"
-    )
+        if sample.name.endswith("_total")
+    }
+
+
+def failed_replays(url: str) -> float:
+    """The router's failed KV-event replays so far. A round with one during its measurement
+    carries its retries' cost: a catch-up asks an engine for its whole buffer (up to 10,000
+    batches)."""
+    return sum(n for (_, result), n in replay_counts(url).items() if result == "failed")
+
+
+def wait_caught_up(url: str, engines: int, deadline_seconds: float = 60.0) -> None:
+    """Until a router that follows KV events has caught up on every engine once (a replay
+    that succeeded per worker; a router without KV events has no replay series at all)."""
+    end = time.monotonic() + deadline_seconds
+    while True:
+        counts = replay_counts(url)
+        if not counts or sum(1 for (_, r), n in counts.items() if r == "ok" and n) >= engines:
+            return
+        if time.monotonic() > end:
+            print(f"warning: {url} had not caught up on every engine's KV events after "
+                  f"{deadline_seconds:g} s; measuring anyway", file=sys.stderr)  # fmt: skip
+            return
+        time.sleep(0.2)
 
 
 def median(rows: list[dict[str, Any]], key: str) -> float:

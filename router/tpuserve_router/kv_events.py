@@ -81,8 +81,9 @@ REPLAY_TIMEOUT_SECONDS = 2.0
 """Longest wait for the next message of a replay."""
 CATCH_UP_RETRY_SECONDS = (0.5, 1.0, 2.0, 4.0)
 """Waits before asking again after a failed catch-up (the engine's replay ROUTER socket drops
-what its send queue, 1,000 messages, cannot pass on while the router reads slowly), while the
-stream still knows nothing: an idle engine sends no batch that would trigger one."""
+what its send queue, 1,000 messages, cannot pass on, when the engine's loop sends faster than
+its I/O thread writes), while the stream still knows nothing: an idle engine sends no batch
+that would trigger one. The last try takes the run after what was lost."""
 REPLAY_QUEUE_BATCHES = 100_000
 """Batches a replay socket queues unread: past SGLang's buffer (10,000 batches by default).
 An engine's replay ROUTER socket drops what the reader's queue cannot take (ZMQ's default
@@ -361,7 +362,10 @@ class _Subscription:
         seeded, self.seeded = self.seeded, False
         last = self.expected - 1 if seeded and self.expected else None
         start = (self.expected or 0) if last is None else last
-        replayed = await self._replay(replay, start)
+        # A stream that knows nothing asks for the whole buffer; its last retry takes the run
+        # the replay brings after what it lost (`KvEventHub.replay`, not ``whole``).
+        whole = self.expected is not None or self.retries < len(CATCH_UP_RETRY_SECONDS)
+        replayed = await self._replay(replay, start, whole=whole)
         if last is not None and (not replayed or replayed[-1][0] < last):
             self.hub.resync(self.worker, "engine_restart", self.rank)
             self.expected = None
@@ -643,8 +647,15 @@ class KvEventHub:
         """Batches ``start .. end-1`` (or all buffered from ``start`` when ``end`` is None)
         from a replay socket, in order and without a hole; None if the socket did not answer,
         if batches were lost on the way, or if it no longer holds every batch of a bounded
-        range (with ``whole`` False: the run it holds that ends at ``end-1``, however late it
-        starts)."""
+        range.
+
+        With ``whole`` False, for a stream that knows nothing of its engine's batches: the
+        last run without a hole, however late it starts (the buffer wrapped, or the engine's
+        socket dropped part of the replay), ending at ``end-1`` when ``end`` is given, and,
+        when ``end`` is None, also what came before the replay went silent without its end
+        marker (also dropped). Starting from nothing, such a run leaves out blocks (stored
+        before it, or whose parent was) but never keeps one the engine removed; a tail it
+        misses shows as a gap at the engine's next batch, and is replayed then."""
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, REPLAY_QUEUE_BATCHES)
@@ -656,6 +667,9 @@ class KvEventHub:
             received = 0
             while True:
                 if not await sock.poll(int(REPLAY_TIMEOUT_SECONDS * 1000)):
+                    if not whole and end is None and found:
+                        log.warning("replay from %s ended without its end marker", endpoint)
+                        return self._whole(endpoint, found, start, end, whole)
                     log.warning("replay from %s timed out", endpoint)
                     return None
                 for _ in range(DRAIN_MAX_MESSAGES):
@@ -686,13 +700,23 @@ class KvEventHub:
         endpoint: str, found: dict[int, bytes], start: int, end: int | None, whole: bool = True
     ) -> list[tuple[int, bytes]] | None:
         """A replay's batches in order, or None when they have a hole or, given ``end``, do
-        not reach from ``start`` (or, not ``whole``, from anywhere) to it."""
+        not reach from ``start`` to it; not ``whole``: the last run without a hole (reaching
+        ``end-1`` if given)."""
         batches = sorted(found.items())
         if end is not None and whole and len(found) != end - start:
             return None  # the engine's buffer no longer holds them all
         if end is not None and not whole and (not batches or batches[-1][0] != end - 1):
             return None
         if batches and batches[-1][0] - batches[0][0] + 1 != len(batches):
-            log.warning("replay from %s lost batches on the way; not applied", endpoint)
-            return None
+            if whole:
+                log.warning("replay from %s lost batches on the way; not applied", endpoint)
+                return None
+            first = len(batches) - 1
+            while first > 0 and batches[first - 1][0] == batches[first][0] - 1:
+                first -= 1
+            log.warning(
+                "replay from %s lost batches on the way; applying the run %d..%d after them",
+                endpoint, batches[first][0], batches[-1][0],
+            )  # fmt: skip
+            return batches[first:]
         return batches
