@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use crate::bits::Bits;
 use crate::events::{decode_common_batch, Event};
 use crate::keys::{block_keys, page_key, ROOT_KEY};
+use crate::predictions::Predictions;
 use crate::tokens::TokenIds;
 
 /// `block_keys` of a `TokenIds` (no conversion) or of any sequence of ints.
@@ -50,7 +51,7 @@ struct Worker {
     mask: Bits,
     streams: HashMap<i64, Stream>,
     /// Router key -> expiry time, oldest first.
-    predicted: LinkedHashMap<Key, f64, Mix>,
+    predicted: Predictions,
     has_events: bool,
 }
 
@@ -115,7 +116,7 @@ impl BlockIndex {
                 bit,
                 mask: Bits::single(bit),
                 streams,
-                predicted: LinkedHashMap::default(),
+                predicted: Predictions::default(),
                 has_events: false,
             };
             self.workers.insert(name.to_owned(), worker);
@@ -186,7 +187,7 @@ impl BlockIndex {
                 None => self.orphan_blocks += 1,
                 Some(key) => {
                     add_bit(&mut self.confirmed, key, bit);
-                    if worker.predicted.remove(&key).is_some() {
+                    if worker.predicted.remove(&key) {
                         drop_bit(&mut self.predicted, key, worker.bit);
                     }
                 }
@@ -209,7 +210,7 @@ impl BlockIndex {
                 Some(None) => self.orphan_blocks -= 1,
                 Some(Some(key)) => {
                     drop_bit(&mut self.confirmed, key, stream.bit);
-                    if worker.predicted.remove(&key).is_some() {
+                    if worker.predicted.remove(&key) {
                         drop_bit(&mut self.predicted, key, worker.bit);
                     }
                 }
@@ -224,13 +225,12 @@ impl BlockIndex {
         }
         let mut next_expiry = f64::INFINITY;
         for worker in self.workers.values_mut() {
-            while let Some((&key, &expiry)) = worker.predicted.front() {
-                if expiry > now {
-                    next_expiry = next_expiry.min(expiry);
-                    break;
-                }
-                worker.predicted.pop_front();
-                drop_bit(&mut self.predicted, key, worker.bit);
+            let (predicted, bit) = (&mut self.predicted, worker.bit);
+            if let Some(expiry) = worker
+                .predicted
+                .expire(now, |key| drop_bit(predicted, key, bit))
+            {
+                next_expiry = next_expiry.min(expiry);
             }
         }
         let ttl = self.predicted_ttl_seconds.min(self.approximate_ttl_seconds);
@@ -419,7 +419,7 @@ impl BlockIndex {
                 None => self.orphan_blocks += 1,
                 Some(key) => {
                     add_bit(&mut self.confirmed, key, stream.bit);
-                    if worker.predicted.remove(&key).is_some() {
+                    if worker.predicted.remove(&key) {
                         drop_bit(&mut self.predicted, key, worker.bit);
                     }
                 }
@@ -452,12 +452,12 @@ impl BlockIndex {
             {
                 continue;
             }
-            if worker.predicted.insert(key, expiry).is_none() {
+            if worker.predicted.insert(key, expiry) {
                 add_bit(&mut self.predicted, key, worker.bit);
             }
         }
         while worker.predicted.len() > self.max_predicted_blocks {
-            let Some((key, _)) = worker.predicted.pop_front() else {
+            let Some(key) = worker.predicted.pop_oldest() else {
                 break;
             };
             drop_bit(&mut self.predicted, key, worker.bit);
@@ -553,7 +553,7 @@ impl BlockIndex {
         for key in worker.predicted.keys() {
             drop_bit(&mut self.predicted, *key, worker.bit);
         }
-        worker.predicted = LinkedHashMap::default();
+        worker.predicted = Predictions::default();
     }
 
     /// `name` publishes KV events: its predictions, new and old, get the short time to live.
@@ -565,11 +565,7 @@ impl BlockIndex {
         let latest = self.now(py)? + self.predicted_ttl_seconds;
         let worker = self.workers.get_mut(name).expect("just ensured");
         worker.has_events = true;
-        for expiry in worker.predicted.values_mut() {
-            if *expiry > latest {
-                *expiry = latest;
-            }
-        }
+        worker.predicted.expire_by(latest);
         self.next_expiry = self.next_expiry.min(latest);
         Ok(())
     }

@@ -8,6 +8,7 @@ mod bits;
 mod events;
 mod index;
 mod keys;
+mod predictions;
 mod tokenizer;
 mod tokens;
 mod zmtp;
