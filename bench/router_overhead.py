@@ -412,15 +412,18 @@ def failed_replays(url: str) -> float:
 
 def wait_caught_up(url: str, engines: int, deadline_seconds: float = 60.0) -> None:
     """Until a router that follows KV events has caught up on every engine once (a replay
-    that succeeded per worker). Called after the warm-up, by which time a router whose
-    upstreams publish KV events has asked each for a replay at least once: one that has
-    asked none (no KV events, or upstreams that publish none, as the stubs) has nothing to
-    wait for."""
-    end = time.monotonic() + deadline_seconds
+    that succeeded per worker). A replay is counted when it ends: a router with no replay
+    counted 5 s after its warm-up follows no engine's events (no KV events, or upstreams
+    that publish none, as the stubs) and has nothing to wait for."""
+    start = time.monotonic()
+    end = start + deadline_seconds
     while True:
         counts = replay_counts(url)
         if not any(counts.values()):
-            return
+            if time.monotonic() - start > 5.0:
+                return
+            time.sleep(0.2)
+            continue
         if sum(1 for (_, result), n in counts.items() if result == "ok" and n) >= engines:
             return
         if time.monotonic() > end:

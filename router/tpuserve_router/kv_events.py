@@ -250,8 +250,8 @@ class _Subscription:
     async def _disconnected(self) -> None:
         """A lost publisher's blocks are dropped at once."""
         if self.retry_task is not None:
-            self.retry_task.cancel()  # the reconnect catches up anew
-            self.retry_task = None
+            self.retry_task.cancel()  # the reconnect catches up anew, with every retry
+        self.retries = 0
         async with self.lock:
             self.hub.resync(self.worker, "publisher_disconnected", self.rank)
             self.expected = None
@@ -302,7 +302,7 @@ class _Subscription:
         budget = DRAIN_MAX_MESSAGES
         while pending and budget > 0:
             expected = self.expected
-            if expected is not None and self.replayed_through is None and expected < _SEQ_END:
+            if self.replayed_through is None and expected is not None and 0 <= expected < _SEQ_END:
                 applied, stored, removed = pending.apply_in_order(
                     self.hub.index, self.worker, self.rank, expected, budget
                 )
@@ -391,7 +391,8 @@ class _Subscription:
         comes first (it catches up itself) or the publisher is lost (its reconnect does)."""
         if self._stopped or self.retries >= len(CATCH_UP_RETRY_SECONDS):
             return
-        if self.retry_task is not None and not self.retry_task.done():
+        running = self.retry_task
+        if running is not None and not running.done() and running is not asyncio.current_task():
             return
         delay = CATCH_UP_RETRY_SECONDS[self.retries]
         self.retries += 1
@@ -400,7 +401,6 @@ class _Subscription:
     async def _catch_up_later(self, delay: float) -> None:
         await asyncio.sleep(delay)
         async with self.lock:
-            self.retry_task = None  # from here on a failure may schedule the next try
             if self.expected is None and not self._stopped:
                 log.info("%s: asking the replay socket again", self.label)
                 await self._catch_up_from_start()

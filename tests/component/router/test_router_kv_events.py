@@ -588,12 +588,13 @@ async def test_a_router_that_knows_nothing_takes_the_run_after_what_a_replay_los
     publisher = DroppingPublisher(replay=True)
     for seq in range(50):
         publisher.replay[seq] = distinct_pages(seq, 1)
+    publisher.replay[12] = removed(list(range(2 * PAGE, 3 * PAGE)), slice(None))  # lost
     async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
         app,
         _publisher,
         worker,
     ):
-        await wait_blocks(app, worker, 30, "batches 20..49")
+        await wait_blocks(app, worker, 30, "batches 20..49")  # not page 2, removed in 12
         await publisher.publish(50, distinct_pages(50, 1))
         await wait_blocks(app, worker, 31, "the next batch, in sequence")
         replays = "tpuserve_router_kv_event_replays_total"
