@@ -10,6 +10,13 @@ four engines), so it goes over the proxy's own raw HTTP/1.1 connections (`proxy.
 one kept-alive connection per worker, its own pool: a health ejection's
 ``fail_unanswered`` leaves polls alone); aiohttp's client cost about eight times as much CPU
 per poll, some 40 µs per routed request at 500 requests/s (bench/router_overhead.py).
+
+A pass is one timer callback, not a task per poll: on a kept-alive connection the request is
+written at once and the answer taken in the connection's own callback (`_PollConnection`),
+so a pass over four engines wakes the event loop some two to five times instead of about ten
+(each wake-up, on a busy host, costs more than the poll's own work: the idle router's CPU
+went from 9.5 to N ms a second in front of four engine twins). Only a poll that must dial
+(the first, or after the engine closed the connection) runs as a task, through `poll`.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 import orjson
 
@@ -77,8 +84,22 @@ def parse_engine_load(document: object) -> EngineLoad:
     )
 
 
+class _PollConnection(UpstreamConnection):
+    """An `UpstreamConnection` that, once told whom (``answered``), calls them when the answer
+    is complete or has failed: no task waits on it."""
+
+    answered: Callable[[UpstreamConnection], None] | None = None
+
+    def _wake(self) -> None:
+        if self.done or self.error is not None:
+            answered, self.answered = self.answered, None
+            if answered is not None:
+                answered(self)
+        super()._wake()
+
+
 class LoadPoller:
-    """Owns the poll task; ``booked_prefill_tokens(name)`` is the policy's booked prefill."""
+    """Owns the poll timer; ``booked_prefill_tokens(name)`` is the policy's booked prefill."""
 
     def __init__(
         self,
@@ -97,26 +118,34 @@ class LoadPoller:
         self.polled_at: dict[str, float] = {}
         self.unsupported: set[str] = set()
         self._not_found: dict[str, int] = {}  # consecutive 404s per worker
-        self._polling: dict[str, asyncio.Task[None]] = {}
+        self._polling: dict[str, asyncio.Task[None]] = {}  # polls that dial, by worker
+        self._asking: dict[str, UpstreamConnection] = {}  # polls answered by callback
         self._logged: set[tuple[str, str]] = set()
         self._pools: dict[str, UpstreamPool] = {}
         self._started = False
-        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.Handle | None = None
         registry.on_removed.append(self._forget)
 
     def start(self) -> None:
         self._started = True
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._timer = asyncio.get_running_loop().call_soon(self._pass)
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._polling.values()) if t is not None]
+        self._started = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        tasks = list(self._polling.values())
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._polling.clear()
-        self._started = False
+        for conn in self._asking.values():
+            cast(_PollConnection, conn).answered = None
+            conn.close()
+        self._asking.clear()
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
@@ -127,6 +156,17 @@ class LoadPoller:
             return  # stopped, or removed before this poll began: no pool for it
         try:
             status, body = await self._get(worker)  # bounded by the connection's deadlines
+        except UpstreamError as err:
+            self._log_once(worker.name, err.reason, err)
+            return
+        except OSError as err:
+            self._log_once(worker.name, type(err).__name__, err)
+            return
+        self._take(worker, status, body)
+
+    def _take(self, worker: Worker, status: int, body: bytes) -> None:
+        """Take one answer of ``worker``'s engine into the view (or note why not)."""
+        try:
             if status == 404:
                 self._missing(worker)
                 return
@@ -134,10 +174,7 @@ class LoadPoller:
             if status != 200:
                 raise LoadAnswerError(f"{LOADS_PATH} answered HTTP {status}")
             load = parse_engine_load(orjson.loads(body))
-        except UpstreamError as err:
-            self._log_once(worker.name, err.reason, err)
-            return
-        except (OSError, ValueError) as err:  # ValueError: orjson's errors, LoadAnswerError
+        except ValueError as err:  # orjson's errors, LoadAnswerError
             self._log_once(worker.name, type(err).__name__, err)
             return
         if self.registry.get(worker.name) is not worker:
@@ -146,30 +183,73 @@ class LoadPoller:
         set_peer_load(worker, load.requests, load.waiting_uncached_tokens, booked)
         self.polled_at[worker.name] = self.clock()
 
-    async def _get(self, worker: Worker) -> tuple[int, bytes]:
-        """``GET /v1/loads`` on the worker's kept-alive connection: (status, body)."""
+    def _pool(self, worker: Worker) -> UpstreamPool:
         pool = self._pools.get(worker.name)
         if pool is None:
             pool = self._pools[worker.name] = UpstreamPool(
                 worker.host, worker.port, connect_timeout_seconds=self.timeout_seconds,
                 max_idle=1, max_head_bytes=MAX_HEAD_BYTES, max_body_bytes=MAX_BODY_BYTES,
+                connection=_PollConnection,
             )  # fmt: skip
-        request = b"GET " + LOADS_PATH.encode() + b" HTTP/1.1\r\nhost: " + pool.host_header
-        request += b"\r\naccept: application/json\r\n\r\n"
+        return pool
+
+    def _request(self, pool: UpstreamPool) -> bytes:
+        return (
+            b"GET " + LOADS_PATH.encode() + b" HTTP/1.1\r\nhost: " + pool.host_header
+            + b"\r\naccept: application/json\r\n\r\n"
+        )  # fmt: skip
+
+    async def _get(self, worker: Worker) -> tuple[int, bytes]:
+        """``GET /v1/loads`` on the worker's kept-alive connection: (status, body)."""
+        pool = self._pool(worker)
+        request = self._request(pool)
         conn = await pool.open(lambda c: self._exchange(c, request))
         try:
             return conn.status, await conn.read_all()
         finally:
             pool.release(conn)
 
-    async def _exchange(self, conn: UpstreamConnection, request: bytes) -> None:
-        """Send ``request`` and wait for the head; the connection's one deadline timer bounds
-        the head and the whole answer by the poll timeout (a missed one fails the poll with
-        reason ``first_byte_timeout`` or ``request_timeout``)."""
+    def _send(self, conn: UpstreamConnection, request: bytes) -> None:
+        """Write ``request``; the connection's one deadline timer bounds the head and the whole
+        answer by the poll timeout (a missed one fails the poll with reason
+        ``first_byte_timeout`` or ``request_timeout``)."""
         timeout = self.timeout_seconds
         conn.send(request)
         conn.set_deadlines(timeout, timeout, timeout)
+
+    async def _exchange(self, conn: UpstreamConnection, request: bytes) -> None:
+        """Send ``request`` and wait for the head."""
+        self._send(conn, request)
         await conn.wait_head()
+
+    def _ask(self, worker: Worker) -> bool:
+        """Poll ``worker`` on its idle kept-alive connection, the answer taken by callback
+        (`_answered`); False when it has none (the poll must dial: `poll`)."""
+        pool = self._pool(worker)
+        conn = pool.take_idle()
+        if conn is None:
+            return False
+        cast(_PollConnection, conn).answered = functools.partial(self._answered, worker, pool)
+        self._asking[worker.name] = conn
+        self._send(conn, self._request(pool))
+        return True
+
+    def _answered(self, worker: Worker, pool: UpstreamPool, conn: UpstreamConnection) -> None:
+        """``conn``'s answer is complete or failed (called from its protocol callbacks)."""
+        if self._asking.get(worker.name) is conn:
+            del self._asking[worker.name]
+        error = conn.error
+        status, body = conn.status, b"".join(conn.chunks)
+        conn.chunks.clear()
+        pool.release(conn)  # kept when complete and kept alive, else closed
+        if error is None:
+            self._take(worker, status, body)
+        elif error.reason == "reset_before_response" and conn.reused and not conn.received_any:
+            # closed by the engine while idle (it never read the request): dialled anew
+            # at the next pass, as `UpstreamPool.open` would at once
+            log.debug("load poll of %s: %s", worker.name, error)
+        else:
+            self._log_once(worker.name, error.reason, error)
 
     def _missing(self, worker: Worker) -> None:
         """A 404 from ``worker``: after `UNSUPPORTED_AFTER_404S` in a row, its engine is
@@ -197,20 +277,25 @@ class LoadPoller:
                 del self.polled_at[worker.name]
                 clear_peer_load(worker)
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                self._start_polls()
-            except Exception:  # a bug must not end the polling silently
-                log.exception("starting the load polls failed")
-            await asyncio.sleep(self.interval_seconds)
+    def _pass(self) -> None:
+        """Poll every worker with no poll under way; then again in ``interval_seconds``."""
+        loop = asyncio.get_running_loop()
+        try:
+            self._start_polls(loop)
+        except Exception:  # a bug must not end the polling silently
+            log.exception("starting the load polls failed")
+        finally:
+            if self._started:
+                self._timer = loop.call_later(self.interval_seconds, self._pass)
 
-    def _start_polls(self) -> None:
+    def _start_polls(self, loop: asyncio.AbstractEventLoop) -> None:
         for worker in self.registry.workers:
             name = worker.name
-            if name in self.unsupported or name in self._polling:
+            if name in self.unsupported or name in self._polling or name in self._asking:
                 continue
-            task = asyncio.get_running_loop().create_task(self.poll(worker))
+            if self._ask(worker):
+                continue
+            task = loop.create_task(self.poll(worker))
             self._polling[name] = task
             task.add_done_callback(functools.partial(self._poll_done, name))
         self.expire()
@@ -221,6 +306,7 @@ class LoadPoller:
 
     def _forget(self, worker: Worker) -> None:
         self.polled_at.pop(worker.name, None)
+        self._asking.pop(worker.name, None)  # its answer is not taken (`_take` checks)
         pool = self._pools.pop(worker.name, None)
         if pool is not None:
             pool.close()

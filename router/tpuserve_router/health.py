@@ -8,8 +8,14 @@ the probes and calls ``on_admitted`` when a worker becomes routable (`admission`
 learns its models and KV-event endpoints). A worker ejected by its probes has its requests in
 flight that have no response head yet failed at once (`UpstreamPool.fail_unanswered`) and
 retried on another worker; answers already coming (streams) go on, cut only by the stall
-timer if they stop. A passing probe does not end an outlier
-ejection (`outliers`). Not on the request hot path, so it uses aiohttp's client.
+timer if they stop. A passing probe does not end an outlier ejection (`outliers`).
+
+Probes go over the proxy's raw HTTP/1.1 connections (`proxy.UpstreamPool`, one kept alive
+per worker, as Envoy's health checker reuses its connection): aiohttp's client, dialling
+anew for each probe, cost about 1.2 ms of CPU a probe on a busy host, some 5 µs per routed
+request at 500 requests/s in front of four workers. A probe on a kept-alive connection the
+worker had closed while idle is made again at once on a new one (`UpstreamPool.open`).
+aiohttp's session stays for the look-ups at admission (`get_json`) and for aborts.
 """
 
 from __future__ import annotations
@@ -23,12 +29,16 @@ from typing import Final
 
 import aiohttp
 
+from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.workers import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
 
 LOCAL_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 """Errors that say the router, not the worker, is short of something."""
+MAX_HEAD_BYTES: Final = 64 << 10
+MAX_BODY_BYTES: Final = 64 << 10
+"""A probe's answer is read whole up to these bounds; a larger one fails the probe."""
 
 
 class HealthChecker:
@@ -53,6 +63,8 @@ class HealthChecker:
         self._session: aiohttp.ClientSession | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pools: dict[str, UpstreamPool] = {}
+        registry.on_removed.append(self._forget)
 
     @property
     def enabled(self) -> bool:
@@ -76,6 +88,9 @@ class HealthChecker:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
 
     def watch(self, worker: Worker) -> None:
         """A new worker: probe it now (or, with checks off, admit it at once)."""
@@ -86,19 +101,17 @@ class HealthChecker:
             self._spawn(self._admitted(worker))
 
     async def check(self, worker: Worker) -> None:
-        session = self._session
-        if session is None:
-            return
+        if self._session is None:
+            return  # not started, or stopped
         try:
-            async with session.get(worker.name + self.path) as response:
-                await response.read()
-                passed = response.status == 200
-        except OSError as err:  # aiohttp's connection errors and timeouts are OSErrors too
+            async with asyncio.timeout(self.timeout_seconds):
+                passed = await self._probe(worker) == 200
+        except TimeoutError:
+            passed = False
+        except UpstreamError as err:
             if err.errno in LOCAL_ERRNOS:
                 log.warning("health check of %s not made: %s", worker.name, err)
                 return
-            passed = False
-        except aiohttp.ClientError:
             passed = False
         if self.registry.get(worker.name) is not worker:
             return  # removed meanwhile
@@ -114,6 +127,32 @@ class HealthChecker:
             )
             if worker.pool is not None:  # what it holds unanswered may never come
                 worker.pool.fail_unanswered(f"failed {worker.health_failures} health checks")
+
+    async def _probe(self, worker: Worker) -> int:
+        """``GET`` the health path on the worker's kept-alive connection: the status."""
+        pool = self._pools.get(worker.name)
+        if pool is None:
+            pool = self._pools[worker.name] = UpstreamPool(
+                worker.host, worker.port, connect_timeout_seconds=self.timeout_seconds,
+                max_idle=1, max_head_bytes=MAX_HEAD_BYTES, max_body_bytes=MAX_BODY_BYTES,
+            )  # fmt: skip
+        request = f"GET {self.path} HTTP/1.1\r\nhost: ".encode() + pool.host_header + b"\r\n\r\n"
+
+        async def exchange(conn: UpstreamConnection) -> None:
+            conn.send(request)
+            await conn.wait_head()
+
+        conn = await pool.open(exchange)
+        try:
+            await conn.read_all()
+            return conn.status
+        finally:
+            pool.release(conn)
+
+    def _forget(self, worker: Worker) -> None:
+        pool = self._pools.pop(worker.name, None)
+        if pool is not None:
+            pool.close()
 
     async def get_json(self, url: str) -> object:
         """GET a worker's JSON endpoint (for the app's model and server-info look-ups)."""

@@ -30,11 +30,14 @@ READ_PAUSE_BYTES = 1 << 20  # stop reading from the worker while this much waits
 class UpstreamError(Exception):
     """Talking to a worker failed; ``reason`` is the metric label."""
 
-    def __init__(self, reason: str, detail: str, *, response_started: bool = False) -> None:
+    def __init__(
+        self, reason: str, detail: str, *, response_started: bool = False, errno: int | None = None
+    ) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
         self.response_started = response_started
+        self.errno = errno  # the OS's error number, when connecting failed with one
 
 
 def set_nodelay(transport: asyncio.BaseTransport) -> None:
@@ -350,9 +353,11 @@ class UpstreamPool:
         max_idle: int,
         max_head_bytes: int,
         max_body_bytes: int,
+        connection: type[UpstreamConnection] = UpstreamConnection,
     ) -> None:
         self.host = host
         self.port = port
+        self.connection = connection
         shown = f"[{host}]" if ":" in host else host
         self.host_header = f"{shown}:{port}".encode()
         self.connect_timeout_seconds = connect_timeout_seconds
@@ -364,6 +369,11 @@ class UpstreamPool:
         self.closed = False
 
     async def acquire(self) -> UpstreamConnection:
+        conn = self.take_idle()
+        return conn if conn is not None else await self.connect()
+
+    def take_idle(self) -> UpstreamConnection | None:
+        """An idle keep-alive connection, handed out (the caller's to release), if any."""
         idle = self.idle
         while idle:
             conn = idle.pop()
@@ -371,7 +381,7 @@ class UpstreamPool:
                 conn.prepare()
                 self.busy.add(conn)
                 return conn
-        return await self.connect()
+        return None
 
     async def open(
         self, send: Callable[[UpstreamConnection], Awaitable[None]]
@@ -406,7 +416,7 @@ class UpstreamPool:
         try:
             async with asyncio.timeout(self.connect_timeout_seconds):
                 _, conn = await loop.create_connection(
-                    lambda: UpstreamConnection(loop, self.max_head_bytes, self.max_body_bytes),
+                    lambda: self.connection(loop, self.max_head_bytes, self.max_body_bytes),
                     self.host,
                     self.port,
                 )
@@ -415,7 +425,9 @@ class UpstreamPool:
                 "connect_error", f"connect timed out after {self.connect_timeout_seconds:g} s"
             ) from None
         except OSError as err:
-            raise UpstreamError("connect_error", err.strerror or str(err)) from None
+            raise UpstreamError(
+                "connect_error", err.strerror or str(err), errno=err.errno
+            ) from None
         self.busy.add(conn)
         return conn
 

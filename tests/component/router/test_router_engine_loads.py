@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 
@@ -221,3 +224,108 @@ async def test_a_worker_removed_before_its_poll_is_not_polled(
         registry.remove(worker.name)
         await poller.poll(worker)  # e.g. a poll task created just before the removal
         assert counting_engine.polls == 1
+
+
+class SlowEngine(PeerCountingEngine):
+    """Answers with a load of its own, after ``delay`` seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay = 0.0
+        self.running = 3
+        self.asked = 0  # polls received (answered or not yet)
+
+    async def _loads(self, request: web.Request) -> web.Response:
+        self.asked += 1
+        await asyncio.sleep(self.delay)
+        self.body = orjson.dumps(
+            {"loads": [{**dict.fromkeys(LOAD_KEYS, 0), "num_running_reqs": self.running}]}
+        )
+        return await super()._loads(request)
+
+
+@pytest.fixture
+async def slow_engine() -> AsyncIterator[SlowEngine]:
+    engine = SlowEngine()
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def test_passes_poll_on_the_kept_alive_connection_without_a_task(
+    slow_engine: SlowEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the first poll (which dials), each pass writes on the kept-alive connection and
+    takes the answer in the connection's callback; a connection the engine closed while idle
+    is dialled anew at the next pass, with nothing logged above debug."""
+    registry = WorkerRegistry()
+    worker = registry.add(WorkerSpec(slow_engine.url))
+    poller = LoadPoller(registry, lambda _: 0, interval_seconds=0.02, timeout_seconds=5.0)
+    poller.start()
+    try:
+        await eventually_async(lambda: slow_engine.polls >= 5, what="five passes")
+        assert len(slow_engine.peers) == 1
+        created: list[str] = []  # the tasks created from now on
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+            created.append(coro.__qualname__)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(factory)
+        try:
+            polls = slow_engine.polls
+            await eventually_async(lambda: slow_engine.polls >= polls + 5, what="five more")
+        finally:
+            loop.set_task_factory(None)
+        assert "LoadPoller.poll" not in created, created
+        assert worker.peer_in_flight == 3
+        slow_engine.running = 5
+        await eventually_async(lambda: worker.peer_in_flight == 5, what="the next load taken")
+        slow_engine.close_after_answer = True  # the engine drops each connection after it
+        polls = slow_engine.polls
+        await eventually_async(lambda: slow_engine.polls >= polls + 3, what="passes on")
+        slow_engine.close_after_answer = False
+        slow_engine.running = 7
+        await eventually_async(lambda: worker.peer_in_flight == 7, what="the load after redials")
+        assert len(slow_engine.peers) >= 3
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    finally:
+        await poller.stop()
+
+
+async def test_a_pass_answered_late_fails_with_its_reason_and_the_next_one_polls_again(
+    slow_engine: SlowEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = WorkerRegistry()
+    worker = registry.add(WorkerSpec(slow_engine.url))
+    poller = LoadPoller(registry, lambda _: 0, interval_seconds=0.02, timeout_seconds=0.2)
+    poller.start()
+    try:
+        await eventually_async(lambda: worker.peer_in_flight == 3, what="the first load")
+        slow_engine.delay = 0.5
+        await eventually_async(
+            lambda: any("first_byte_timeout" in r.getMessage() for r in caplog.records),
+            what="the late answer failing",
+        )
+        slow_engine.delay = 0.0
+        slow_engine.running = 4
+        await eventually_async(lambda: worker.peer_in_flight == 4, what="polls going on")
+    finally:
+        await poller.stop()
+
+
+async def test_stopping_with_a_poll_under_way_logs_no_failure(
+    slow_engine: SlowEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = WorkerRegistry()
+    worker = registry.add(WorkerSpec(slow_engine.url))
+    poller = LoadPoller(registry, lambda _: 0, interval_seconds=0.02, timeout_seconds=5.0)
+    poller.start()
+    await eventually_async(lambda: worker.peer_in_flight == 3, what="the first load")
+    slow_engine.delay = 1.0
+    asked = slow_engine.asked
+    await eventually_async(lambda: slow_engine.asked > asked, what="a poll under way")
+    await poller.stop()
+    await asyncio.sleep(0.05)  # the closed connection's end has been handled
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
