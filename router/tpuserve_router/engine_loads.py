@@ -2,8 +2,11 @@
 
 Every ``interval_seconds`` each worker with no poll still under way is asked for its load;
 the answer goes through `load_view.set_peer_load`, so policies see the requests and queued
-prefill other router replicas put there. A worker whose engine does not answer keeps its last
-estimate for `load_view.STALE_POLLS` intervals, then falls back to this router's own counts.
+prefill other router replicas put there. While no engine shows anything beyond this
+replica's own counts, the wait between passes doubles up to 8 intervals, and the first poll
+that shows something (or fails) brings it back (`load_view.next_poll_gap`). A worker whose
+engine does not answer keeps its last estimate for `load_view.STALE_POLLS` intervals, then
+falls back to this router's own counts.
 An engine without ``/v1/loads`` (HTTP 404: SGLang before it, or another server) is not polled
 again until it is re-added. A poll every 100 ms per worker adds up (40 a second in front of
 four engines), so it goes over the proxy's own raw HTTP/1.1 connections (`proxy.UpstreamPool`,
@@ -32,7 +35,12 @@ from typing import Final, cast
 
 import orjson
 
-from tpuserve_router.load_view import STALE_POLLS, clear_peer_load, set_peer_load
+from tpuserve_router.load_view import (
+    STALE_POLLS,
+    clear_peer_load,
+    next_poll_gap,
+    set_peer_load,
+)
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.workers import Worker, WorkerRegistry
 
@@ -124,6 +132,8 @@ class LoadPoller:
         self._pools: dict[str, UpstreamPool] = {}
         self._started = False
         self._timer: asyncio.Handle | None = None
+        self.gap = interval_seconds  # the wait after the last pass (`load_view.next_poll_gap`)
+        self._passed_at = 0.0  # the last pass's loop time
         registry.on_removed.append(self._forget)
 
     def start(self) -> None:
@@ -157,10 +167,10 @@ class LoadPoller:
         try:
             status, body = await self._get(worker)  # bounded by the connection's deadlines
         except UpstreamError as err:
-            self._log_once(worker.name, err.reason, err)
+            self._failed(worker.name, err.reason, err)
             return
         except OSError as err:
-            self._log_once(worker.name, type(err).__name__, err)
+            self._failed(worker.name, type(err).__name__, err)
             return
         self._take(worker, status, body)
 
@@ -175,13 +185,30 @@ class LoadPoller:
                 raise LoadAnswerError(f"{LOADS_PATH} answered HTTP {status}")
             load = parse_engine_load(orjson.loads(body))
         except ValueError as err:  # orjson's errors, LoadAnswerError
-            self._log_once(worker.name, type(err).__name__, err)
+            self._failed(worker.name, type(err).__name__, err)
             return
         if self.registry.get(worker.name) is not worker:
             return  # removed meanwhile
         booked = self.booked_prefill_tokens(worker.name)
-        set_peer_load(worker, load.requests, load.waiting_uncached_tokens, booked)
+        if set_peer_load(worker, load.requests, load.waiting_uncached_tokens, booked):
+            self._poll_soon()
         self.polled_at[worker.name] = self.clock()
+
+    def _failed(self, name: str, kind: str, err: BaseException) -> None:
+        self._log_once(name, kind, err)
+        self._poll_soon()
+
+    def _poll_soon(self) -> None:
+        """A poll found load beyond this replica's own (or failed): the next pass comes one
+        interval after the last, not later (`load_view.next_poll_gap`)."""
+        self.gap = next_poll_gap(self.gap, self.interval_seconds, news=True)
+        timer = self._timer
+        if not self._started or not isinstance(timer, asyncio.TimerHandle):
+            return  # stopped, or the first pass is still to come
+        due = self._passed_at + self.gap
+        if timer.when() > due:
+            timer.cancel()
+            self._timer = asyncio.get_running_loop().call_at(due, self._pass)
 
     def _pool(self, worker: Worker) -> UpstreamPool:
         pool = self._pools.get(worker.name)
@@ -243,13 +270,17 @@ class LoadPoller:
         conn.chunks.clear()
         pool.release(conn)  # kept when complete and kept alive, else closed
         if error is None:
-            self._take(worker, status, body)
+            try:  # inside the parser's callback: httptools would take an error for bad HTTP
+                self._take(worker, status, body)
+            except Exception:  # a bug must not pass for the engine's fault, nor silently
+                log.exception("taking the load of %s failed", worker.name)
         elif error.reason == "reset_before_response" and conn.reused and not conn.received_any:
             # closed by the engine while idle (it never read the request): dialled anew
             # at the next pass, as `UpstreamPool.open` would at once
             log.debug("load poll of %s: %s", worker.name, error)
+            self._poll_soon()
         else:
-            self._log_once(worker.name, error.reason, error)
+            self._failed(worker.name, error.reason, error)
 
     def _missing(self, worker: Worker) -> None:
         """A 404 from ``worker``: after `UNSUPPORTED_AFTER_404S` in a row, its engine is
@@ -257,6 +288,7 @@ class LoadPoller:
         meanwhile: its successor is asked afresh)."""
         if self.registry.get(worker.name) is not worker:
             return
+        self._poll_soon()  # an answer of no use: asked again an interval on
         count = self._not_found.get(worker.name, 0) + 1
         self._not_found[worker.name] = count
         if count < UNSUPPORTED_AFTER_404S:
@@ -269,8 +301,9 @@ class LoadPoller:
         )
 
     def expire(self) -> None:
-        """Drop the estimates of workers not polled for `STALE_POLLS` intervals."""
-        oldest = self.clock() - STALE_POLLS * self.interval_seconds
+        """Drop the estimates of workers not polled for `STALE_POLLS` waits between passes
+        (a quiet replica's waits are longer: its estimates are of nothing beyond its own)."""
+        oldest = self.clock() - STALE_POLLS * self.gap
         for worker in self.registry.workers:
             at = self.polled_at.get(worker.name)
             if at is not None and at < oldest:
@@ -278,15 +311,19 @@ class LoadPoller:
                 clear_peer_load(worker)
 
     def _pass(self) -> None:
-        """Poll every worker with no poll under way; then again in ``interval_seconds``."""
+        """Poll every worker with no poll under way; then again after the wait
+        `load_view.next_poll_gap` gives (twice the last, unless a poll of this pass finds
+        load beyond this replica's own: `_poll_soon`)."""
         loop = asyncio.get_running_loop()
+        self._passed_at = loop.time()
+        self.gap = next_poll_gap(self.gap, self.interval_seconds, news=False)
         try:
             self._start_polls(loop)
         except Exception:  # a bug must not end the polling silently
             log.exception("starting the load polls failed")
         finally:
             if self._started:
-                self._timer = loop.call_later(self.interval_seconds, self._pass)
+                self._timer = loop.call_at(self._passed_at + self.gap, self._pass)
 
     def _start_polls(self, loop: asyncio.AbstractEventLoop) -> None:
         for worker in self.registry.workers:
@@ -306,7 +343,10 @@ class LoadPoller:
 
     def _forget(self, worker: Worker) -> None:
         self.polled_at.pop(worker.name, None)
-        self._asking.pop(worker.name, None)  # its answer is not taken (`_take` checks)
+        conn = self._asking.pop(worker.name, None)
+        if conn is not None:  # its answer is of no use now
+            cast(_PollConnection, conn).answered = None
+            conn.close()
         pool = self._pools.pop(worker.name, None)
         if pool is not None:
             pool.close()

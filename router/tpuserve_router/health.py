@@ -14,7 +14,11 @@ Probes go over the proxy's raw HTTP/1.1 connections (`proxy.UpstreamPool`, one k
 per worker, as Envoy's health checker reuses its connection): aiohttp's client, dialling
 anew for each probe, cost about 1.2 ms of CPU a probe on a busy host, some 5 µs per routed
 request at 500 requests/s in front of four workers. A probe on a kept-alive connection the
-worker had closed while idle is made again at once on a new one (`UpstreamPool.open`).
+worker had closed while idle is made again at once on a new one (`UpstreamPool.open`). As
+with aiohttp before, a probe must end within ``timeout_seconds`` (connecting included); unlike
+it, a redirect is not followed (it fails the probe: only 200 passes), and an answer must say
+its length or be chunked (SGLang's does; one delimited by the connection's end fails). A
+local error number (`LOCAL_ERRNOS`) from connecting or from the connection gives no verdict.
 aiohttp's session stays for the look-ups at admission (`get_json`) and for aborts.
 """
 
@@ -101,8 +105,8 @@ class HealthChecker:
             self._spawn(self._admitted(worker))
 
     async def check(self, worker: Worker) -> None:
-        if self._session is None:
-            return  # not started, or stopped
+        if self._session is None or self.registry.get(worker.name) is not worker:
+            return  # not started, stopped, or the worker was removed before its turn
         try:
             async with asyncio.timeout(self.timeout_seconds):
                 passed = await self._probe(worker) == 200
@@ -177,7 +181,12 @@ class HealthChecker:
         while True:
             workers = list(self.registry.workers)
             if workers:
-                await asyncio.gather(*(self.check(w) for w in workers))
+                results = await asyncio.gather(
+                    *(self.check(w) for w in workers), return_exceptions=True
+                )
+                for worker, result in zip(workers, results, strict=True):
+                    if isinstance(result, Exception):  # a bug must not end the probing
+                        log.error("health check of %s failed", worker.name, exc_info=result)
             await asyncio.sleep(self.interval_seconds)
 
     def _spawn(self, coro: Awaitable[None]) -> None:

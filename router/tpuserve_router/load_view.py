@@ -29,6 +29,14 @@ clients the rest is about 0. An estimate older than `STALE_POLLS` intervals (the
 stopped answering) is dropped (the rest only), so a replica falls back to what it knows
 rather than steering by a frozen number.
 
+While the polls find no rest and no unbooked prefill on any engine (one replica and no
+other clients, or peers whose announcements cover everything), a replica polls less often:
+each quiet pass doubles the wait, up to `QUIET_POLL_FACTOR` intervals (0.8 s at the default
+0.1 s); the first poll that finds some (or fails) brings it back to the interval
+(`next_poll_gap`). Load from outside the replica's view is then seen within that wait
+rather than within one interval; the engines answer 8x fewer polls, and an idle router
+spends 8x less on them.
+
 `set_peer_load`, `clear_peer_load` and `announce_peer_request` are the rule; the router
 (`engine_loads.LoadPoller`, `peer_view.PeerView`) and the routing benchmark's
 ``--router-replicas`` model both call them, so the simulator measures what runs.
@@ -40,6 +48,8 @@ from typing import Final, Protocol
 
 STALE_POLLS: Final = 3
 """Poll intervals after which a worker's polled estimate is dropped."""
+QUIET_POLL_FACTOR: Final = 8
+"""A replica whose polls show nothing beyond what it knows waits up to this many intervals."""
 
 
 class PeerLoad(Protocol):
@@ -58,19 +68,30 @@ class PeerLoad(Protocol):
 
 def set_peer_load(
     worker: PeerLoad, engine_requests: int, engine_prefill_tokens: int, booked_prefill_tokens: int
-) -> None:
+) -> bool:
     """Take one poll of the worker's engine: what neither this replica nor its peers'
-    announcements account for.
+    announcements account for. True when there is some (requests or prefill): the poll told
+    the replica something its own counts did not (`next_poll_gap`).
 
     ``engine_requests`` is running plus waiting over every DP rank, ``engine_prefill_tokens``
     the engine's uncached waiting prompt tokens, ``booked_prefill_tokens`` the prefill this
     replica's policy has booked on the worker and not seen finish (its own and its peers')."""
     own = worker.in_flight - worker.peer_in_flight
     announced = worker.announced_in_flight
-    peer = announced + max(0, engine_requests - own - announced)
+    rest = max(0, engine_requests - own - announced)
+    peer = announced + rest
     worker.in_flight = own + peer
     worker.peer_in_flight = peer
     worker.peer_prefill_tokens = max(0, engine_prefill_tokens - booked_prefill_tokens)
+    return rest > 0 or worker.peer_prefill_tokens > 0
+
+
+def next_poll_gap(gap: float, interval: float, news: bool) -> float:
+    """The wait before a replica's next load poll, ``gap`` being the last one: ``interval``
+    after a poll that showed load beyond the replica's own counts and its peers'
+    announcements (``news``, `set_peer_load`'s answer, or a poll that failed), else twice
+    the last wait, up to `QUIET_POLL_FACTOR` intervals."""
+    return interval if news else min(2.0 * gap, QUIET_POLL_FACTOR * interval)
 
 
 def clear_peer_load(worker: PeerLoad) -> None:

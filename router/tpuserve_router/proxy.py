@@ -37,7 +37,7 @@ class UpstreamError(Exception):
         self.reason = reason
         self.detail = detail
         self.response_started = response_started
-        self.errno = errno  # the OS's error number, when connecting failed with one
+        self.errno = errno  # the OS's error number, when the connection failed with one
 
 
 def set_nodelay(transport: asyncio.BaseTransport) -> None:
@@ -145,10 +145,13 @@ class UpstreamConnection(asyncio.Protocol):
         self.parser = DETACHED_PARSER  # it holds our callbacks: a cycle (see server.py)
         if not self.done:
             detail = str(exc) if exc else "connection closed by worker"
+            errno = exc.errno if isinstance(exc, OSError) else None
             if self.head_ready:
-                self._fail(UpstreamError("stream_broken", detail, response_started=True))
+                self._fail(
+                    UpstreamError("stream_broken", detail, response_started=True, errno=errno)
+                )
             else:
-                self._fail(UpstreamError("reset_before_response", detail))
+                self._fail(UpstreamError("reset_before_response", detail, errno=errno))
 
     # ------------------------------------------------------------------ httptools callbacks
 
@@ -391,7 +394,7 @@ class UpstreamPool:
         once by a fresh one (the worker closed it while idle, so it never read the request).
         A connection on which the worker sent anything, even an unreadable head, is not
         stale: the worker read the request, so it is not sent there again."""
-        conn = await self.acquire()
+        conn = self.take_idle() or await self.connect()
         try:
             await send(conn)
             return conn

@@ -25,7 +25,9 @@ prefill queues) and its own in-flight counts (a router knows only what it sent),
 subscribes to every engine's KV events. A tpuserve policy (not an anchor: sglang-router and the
 others keep their own counts only) also polls every engine's load every ``load_poll_seconds``
 as ``tpuserve router --load-poll-interval`` does, replica ``r`` at phase ``r / N`` of the
-interval, and sees its own in-flight requests and prefill plus what the others put there as
+interval (and, as the router, waiting longer while its polls find nothing beyond its own
+counts: `tpuserve_router.load_view.next_poll_gap`), and sees its own in-flight requests and
+prefill plus what the others put there as
 of its last poll (`tpuserve_router.load_view.set_peer_load`, the router's own rule; the engine
 answers with its running and waiting requests and its uncached waiting prompt tokens, as
 ``/v1/loads`` does). With ``peer_delay_seconds`` set, a tpuserve policy's replicas also peer as
@@ -70,7 +72,7 @@ from tpuserve.bench.report import SLO_FACTOR, LoadSamples, RequestRecord
 from tpuserve.bench.traces import TraceRequest, token_ids_of
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.load_view import set_peer_load
+from tpuserve_router.load_view import next_poll_gap, set_peer_load
 from tpuserve_router.peer_view import PeerLink, PeerMessage, PeerView
 from tpuserve_router.policies.base import (
     Decision,
@@ -311,6 +313,7 @@ class SimRun:
         self._replica_rng = random.Random(f"replicas:{config.seed}")
         interval = config.load_poll_seconds
         self._poll_interval = interval
+        self._poll_gap = [interval] * len(self.replicas)  # each replica's wait after its poll
         self._next_poll = [
             (r * interval / len(self.replicas) if interval > 0 else math.inf)
             for r in range(len(self.replicas))
@@ -472,18 +475,23 @@ class SimRun:
                 apply_events(index, name, events)
             else:
                 r = self._next_poll.index(next_poll)
-                self._poll_loads(self.replicas[r])
-                self._next_poll[r] += self._poll_interval
+                news = self._poll_loads(self.replicas[r])
+                gap = next_poll_gap(self._poll_gap[r], self._poll_interval, news)
+                self._poll_gap[r] = gap
+                self._next_poll[r] += gap
 
-    def _poll_loads(self, replica: _Replica) -> None:
-        """One replica's load poll of every engine (``/v1/loads``), taken at once."""
+    def _poll_loads(self, replica: _Replica) -> bool:
+        """One replica's load poll of every engine (``/v1/loads``), taken at once: True when
+        some engine holds load beyond the replica's own counts (`set_peer_load`)."""
         policy = replica.policy
+        news = False
         for view in replica.views:
             core = view.worker.engine.core
-            set_peer_load(
+            news |= set_peer_load(
                 view, core.num_running + core.num_waiting, core.waiting_uncached_tokens,
                 policy.queued_prefill_tokens(view.name),
             )  # fmt: skip
+        return news
 
     def _advance(self, t: float) -> None:
         for i, w in enumerate(self.workers):

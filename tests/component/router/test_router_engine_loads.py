@@ -23,6 +23,7 @@ from tpuserve_router.engine_loads import (
     UNSUPPORTED_AFTER_404S,
     LoadPoller,
 )
+from tpuserve_router.load_view import QUIET_POLL_FACTOR
 from tpuserve_router.workers import Worker, WorkerRegistry, WorkerSpec
 
 pytestmark = pytest.mark.component
@@ -283,8 +284,7 @@ async def test_passes_poll_on_the_kept_alive_connection_without_a_task(
         slow_engine.running = 5
         await eventually_async(lambda: worker.peer_in_flight == 5, what="the next load taken")
         slow_engine.close_after_answer = True  # the engine drops each connection after it
-        polls = slow_engine.polls
-        await eventually_async(lambda: slow_engine.polls >= polls + 3, what="passes on")
+        await eventually_async(lambda: len(slow_engine.peers) >= 3, what="redials")
         slow_engine.close_after_answer = False
         slow_engine.running = 7
         await eventually_async(lambda: worker.peer_in_flight == 7, what="the load after redials")
@@ -326,6 +326,38 @@ async def test_stopping_with_a_poll_under_way_logs_no_failure(
     slow_engine.delay = 1.0
     asked = slow_engine.asked
     await eventually_async(lambda: slow_engine.asked > asked, what="a poll under way")
+    slow_engine.running = 9  # what the poll under way would bring, were it taken
     await poller.stop()
-    await asyncio.sleep(0.05)  # the closed connection's end has been handled
+    await asyncio.sleep(1.2)  # past the engine's answer
+    assert worker.peer_in_flight == 3
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+async def test_quiet_engines_are_polled_less_until_one_shows_load_of_others(
+    slow_engine: SlowEngine,
+) -> None:
+    """While every answer is within this replica's own counts, the wait between passes
+    doubles up to `QUIET_POLL_FACTOR` intervals; an answer with others' load brings it back to
+    the interval at once, and the passes go on at it while that lasts."""
+    registry = WorkerRegistry()
+    worker = registry.add(WorkerSpec(slow_engine.url))
+    slow_engine.running = 0
+    interval = 0.01
+    poller = LoadPoller(registry, lambda _: 0, interval_seconds=interval, timeout_seconds=5.0)
+    poller.start()
+    try:
+        await eventually_async(
+            lambda: poller.gap == pytest.approx(QUIET_POLL_FACTOR * interval), what="backing off"
+        )
+        slow_engine.running = 2  # someone else's requests
+        await eventually_async(lambda: worker.peer_in_flight == 2, what="the load seen")
+        polls = slow_engine.polls
+        await eventually_async(lambda: slow_engine.polls >= polls + 3, what="passes")
+        assert poller.gap <= 2 * interval  # doubled at a pass, back at its answer
+        slow_engine.running = 0
+        await eventually_async(
+            lambda: poller.gap == pytest.approx(QUIET_POLL_FACTOR * interval), what="again"
+        )
+        assert worker.peer_in_flight == 0
+    finally:
+        await poller.stop()

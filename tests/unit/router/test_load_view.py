@@ -8,7 +8,14 @@ import pytest
 
 from tests.fakes import FakeWorker, VirtualClock, fake_worker
 from tpuserve_router.engine_loads import LoadAnswerError, LoadPoller, parse_engine_load
-from tpuserve_router.load_view import STALE_POLLS, clear_peer_load, set_peer_load
+from tpuserve_router.load_view import (
+    QUIET_POLL_FACTOR,
+    STALE_POLLS,
+    announce_peer_request,
+    clear_peer_load,
+    next_poll_gap,
+    set_peer_load,
+)
 from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
 pytestmark = pytest.mark.unit
@@ -64,8 +71,37 @@ def test_a_poll_adds_what_the_others_sent_to_the_replicas_own_count() -> None:
 
 def test_an_engine_that_counts_less_than_the_replica_sent_gives_no_peer_load() -> None:
     worker = fake_worker("a", in_flight=5)
-    set_peer_load(worker, engine_requests=3, engine_prefill_tokens=0, booked_prefill_tokens=0)
+    assert not set_peer_load(
+        worker, engine_requests=3, engine_prefill_tokens=0, booked_prefill_tokens=0
+    )
     assert (worker.in_flight, worker.peer_in_flight) == (5, 0)
+
+
+@pytest.mark.parametrize(
+    ("requests", "prefill", "announced", "news"),
+    [
+        (2, 100, 0, False),  # the engine holds what this replica sent and booked
+        (3, 100, 0, True),  # a request of someone else's
+        (2, 101, 0, True),  # prefill this replica did not book
+        (3, 100, 1, False),  # the other request is a peer's, announced
+    ],
+)
+def test_a_poll_is_news_only_when_the_engine_holds_more_than_the_replica_knows(
+    requests: int, prefill: int, announced: int, news: bool
+) -> None:
+    worker = fake_worker("a", in_flight=2)
+    for _ in range(announced):
+        announce_peer_request(worker, +1)
+    assert set_peer_load(worker, requests, prefill, booked_prefill_tokens=100) is news
+
+
+def test_quiet_polls_wait_longer_up_to_a_bound_and_news_brings_the_interval_back() -> None:
+    gaps = [0.1]
+    for _ in range(6):
+        gaps.append(next_poll_gap(gaps[-1], 0.1, news=False))
+    assert gaps == pytest.approx([0.1, 0.2, 0.4, 0.8, 0.8, 0.8, 0.8])
+    assert max(gaps) == pytest.approx(QUIET_POLL_FACTOR * 0.1)
+    assert next_poll_gap(0.8, 0.1, news=True) == 0.1
 
 
 def test_clearing_the_peer_load_leaves_the_replicas_own_count() -> None:

@@ -306,9 +306,10 @@ def test_tpuserve_replicas_poll_the_engines_load_and_see_each_others_requests(
     counts only, and an interval of 0 turns polling off."""
     peers: list[int] = []
 
-    def recording(view: Any, requests: int, prefill: int, own_prefill: int) -> None:
-        set_peer_load(view, requests, prefill, own_prefill)
+    def recording(view: Any, requests: int, prefill: int, own_prefill: int) -> bool:
+        news = set_peer_load(view, requests, prefill, own_prefill)
         peers.append(view.peer_in_flight)
+        return news
 
     monkeypatch.setattr(sim_runner, "set_peer_load", recording)
     trace = traces.rescale_to_rate(_tiny("W1", 200), 30.0)
