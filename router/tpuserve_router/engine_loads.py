@@ -1,10 +1,12 @@
 """Poll every worker's engine load (SGLang's ``GET /v1/loads``) into the shared load view.
 
-Every ``interval_seconds`` each worker with no poll still under way is asked for its load;
-the answer goes through `load_view.set_peer_load`, so policies see the requests and queued
-prefill other router replicas put there. While no engine shows anything beyond this
-replica's own counts, the wait between passes doubles up to 8 intervals, and the first poll
-that shows something (or fails) brings it back (`load_view.next_poll_gap`). A worker whose
+Every ``interval_seconds`` (at most: see below) each worker with no poll still under way is
+asked for its load; the answer goes through `load_view.set_peer_load`, so policies see the
+requests and queued prefill other router replicas put there. While no engine shows anything
+beyond this replica's own counts, the wait between passes doubles up to 8 intervals, and the
+first poll that shows something, fails, or is still under way at the next pass brings it
+back (`load_view.next_poll_gap`; one wait for all workers, so one failing worker keeps them
+all polled at the interval). A worker whose
 engine does not answer keeps its last estimate for `load_view.STALE_POLLS` intervals, then
 falls back to this router's own counts.
 An engine without ``/v1/loads`` (HTTP 404: SGLang before it, or another server) is not polled
@@ -138,6 +140,7 @@ class LoadPoller:
 
     def start(self) -> None:
         self._started = True
+        self.gap = self.interval_seconds
         self._timer = asyncio.get_running_loop().call_soon(self._pass)
 
     async def stop(self) -> None:
@@ -301,9 +304,10 @@ class LoadPoller:
         )
 
     def expire(self) -> None:
-        """Drop the estimates of workers not polled for `STALE_POLLS` waits between passes
-        (a quiet replica's waits are longer: its estimates are of nothing beyond its own)."""
-        oldest = self.clock() - STALE_POLLS * self.gap
+        """Drop the estimates of workers not polled for `STALE_POLLS` intervals (a quiet
+        replica's estimates, polled less often, are of nothing beyond its own counts:
+        dropping them changes nothing)."""
+        oldest = self.clock() - STALE_POLLS * self.interval_seconds
         for worker in self.registry.workers:
             at = self.polled_at.get(worker.name)
             if at is not None and at < oldest:
@@ -328,7 +332,10 @@ class LoadPoller:
     def _start_polls(self, loop: asyncio.AbstractEventLoop) -> None:
         for worker in self.registry.workers:
             name = worker.name
-            if name in self.unsupported or name in self._polling or name in self._asking:
+            if name in self.unsupported:
+                continue
+            if name in self._polling or name in self._asking:  # slow to answer: as a failure
+                self.gap = next_poll_gap(self.gap, self.interval_seconds, news=True)
                 continue
             if self._ask(worker):
                 continue
@@ -347,6 +354,9 @@ class LoadPoller:
         if conn is not None:  # its answer is of no use now
             cast(_PollConnection, conn).answered = None
             conn.close()
+        task = self._polling.pop(worker.name, None)
+        if task is not None:
+            task.cancel()
         pool = self._pools.pop(worker.name, None)
         if pool is not None:
             pool.close()

@@ -32,10 +32,10 @@ rather than steering by a frozen number.
 While the polls find no rest and no unbooked prefill on any engine (one replica and no
 other clients, or peers whose announcements cover everything), a replica polls less often:
 each quiet pass doubles the wait, up to `QUIET_POLL_FACTOR` intervals (0.8 s at the default
-0.1 s); the first poll that finds some (or fails) brings it back to the interval
-(`next_poll_gap`). Load from outside the replica's view is then seen within that wait
-rather than within one interval; the engines answer 8x fewer polls, and an idle router
-spends 8x less on them.
+0.1 s); the first poll that finds some (or fails, or is still under way at the next pass)
+brings it back to the interval (`next_poll_gap`). Load from outside the replica's view is
+then seen within that wait rather than within one interval; the engines answer 8x fewer
+polls, and an idle router spends 8x less on them.
 
 `set_peer_load`, `clear_peer_load` and `announce_peer_request` are the rule; the router
 (`engine_loads.LoadPoller`, `peer_view.PeerView`) and the routing benchmark's

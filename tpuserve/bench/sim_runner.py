@@ -487,6 +487,7 @@ class SimRun:
         news = False
         for view in replica.views:
             core = view.worker.engine.core
+            news |= not view.worker.healthy  # the router's poll of a down engine fails
             news |= set_peer_load(
                 view, core.num_running + core.num_waiting, core.waiting_uncached_tokens,
                 policy.queued_prefill_tokens(view.name),

@@ -130,6 +130,23 @@ def test_estimates_not_refreshed_for_stale_polls_intervals_are_dropped() -> None
     assert worker.name not in poller.polled_at
 
 
+def test_a_quiet_pollers_longer_wait_keeps_no_estimate_longer() -> None:
+    """An engine that stopped answering after it showed others' load loses that estimate
+    after `STALE_POLLS` intervals, however long the poller's wait has grown."""
+    clock = VirtualClock()
+    registry = WorkerRegistry()
+    worker = registry.add(WorkerSpec("http://127.0.0.1:1"))
+    poller = LoadPoller(
+        registry, lambda _: 0, interval_seconds=0.1, timeout_seconds=1.0, clock=clock
+    )
+    poller.gap = QUIET_POLL_FACTOR * 0.1
+    set_peer_load(worker, engine_requests=6, engine_prefill_tokens=40, booked_prefill_tokens=0)
+    poller.polled_at[worker.name] = clock()
+    clock.advance(STALE_POLLS * 0.1 + 0.01)
+    poller.expire()
+    assert (worker.in_flight, worker.peer_in_flight, worker.peer_prefill_tokens) == (0, 0, 0)
+
+
 def test_the_registry_worker_and_the_fakes_keep_the_view_fields() -> None:
     worker = WorkerRegistry().add(WorkerSpec("http://127.0.0.1:1"))
     worker.in_flight = 3
