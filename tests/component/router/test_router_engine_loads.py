@@ -328,8 +328,10 @@ async def test_stopping_with_a_poll_under_way_logs_no_failure(
     await eventually_async(lambda: slow_engine.asked > asked, what="a poll under way")
     slow_engine.running = 9  # what the poll under way would bring, were it taken
     await poller.stop()
+    # 3, or 0 if passes meanwhile found the poll under way longer than the estimate may live
+    seen = worker.peer_in_flight
     await asyncio.sleep(1.2)  # past the engine's answer
-    assert worker.peer_in_flight == 3
+    assert worker.peer_in_flight == seen != 9
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
