@@ -1,6 +1,6 @@
 """Pooled raw HTTP/1.1 connections to one worker, parsed with httptools.
 
-`UpstreamPool.acquire()` returns an idle keep-alive connection or dials a new one
+`UpstreamPool.open()` takes an idle keep-alive connection (`take_idle`) or dials a new one
 (TCP_NODELAY set, bounded by ``connect_timeout_seconds``). The proxy writes a request with
 ``send``, waits for the status line and headers with ``wait_head`` and then reads the
 body as it arrives with ``read`` (each call returns everything received so far, so a
@@ -370,10 +370,6 @@ class UpstreamPool:
         self.idle: list[UpstreamConnection] = []
         self.busy: set[UpstreamConnection] = set()  # handed out, not yet released
         self.closed = False
-
-    async def acquire(self) -> UpstreamConnection:
-        conn = self.take_idle()
-        return conn if conn is not None else await self.connect()
 
     def take_idle(self) -> UpstreamConnection | None:
         """An idle keep-alive connection, handed out (the caller's to release), if any."""
