@@ -8,7 +8,10 @@ the generator itself costs little CPU on a 2-core machine. Two modes:
   measured from its scheduled time, so queueing in the generator is not hidden).
 
 Each result records the latency to the end of the response and, for streamed responses,
-to the first body chunk. Only loopback addresses are ever dialled.
+to the first body chunk. A connection the server closed (after a ``connection: close``
+answer, say) is replaced, never written to again, and a response not complete within
+``request_timeout`` seconds (60) counts as an error, so one lost answer cannot hang a run.
+Only loopback addresses are ever dialled.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import httptools
+
+REQUEST_TIMEOUT_SECONDS = 60.0
 
 
 @dataclass
@@ -76,25 +81,54 @@ class _Client(asyncio.Protocol):
             self.first = time.perf_counter()
 
     def on_message_complete(self) -> None:
+        if not self.parser.should_keep_alive():
+            self.close()  # the server closes it: replaced before the next request
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    async def request(self, data: bytes, started: float) -> Result:
+    async def request(
+        self, data: bytes, started: float, request_timeout: float = REQUEST_TIMEOUT_SECONDS
+    ) -> Result:
         assert self.transport is not None
+        if self.lost or self.transport.is_closing():
+            raise ConnectionError("connection closed by the server")
         loop = asyncio.get_running_loop()
         self.waiter = loop.create_future()
         self.first = None
         self.transport.write(data)
-        await self.waiter
+        try:
+            await asyncio.wait_for(self.waiter, request_timeout)
+        except TimeoutError:
+            self.close()
+            raise ConnectionError(f"no complete response within {request_timeout} s") from None
         end = time.perf_counter()
         first = self.first if self.first is not None else end
         return Result(self.status, first - started, end - started)
+
+    @property
+    def usable(self) -> bool:
+        return not self.lost and self.transport is not None and not self.transport.is_closing()
+
+    def close(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
 
 
 async def _connect(host: str, port: int) -> _Client:
     loop = asyncio.get_running_loop()
     _, client = await loop.create_connection(_Client, host, port)
     return client
+
+
+async def _replace(client: _Client, target: tuple[str, int]) -> _Client:
+    """A new connection for a closed one; the closed one back if the server refuses (its next
+    request then fails at once, as an error, rather than waiting)."""
+    client.close()
+    try:
+        return await asyncio.wait_for(_connect(*target), REQUEST_TIMEOUT_SECONDS)
+    except (OSError, TimeoutError):
+        return client
 
 
 def build_request(path: str, body: bytes, host: str = "127.0.0.1") -> bytes:
@@ -109,6 +143,7 @@ async def closed_loop(
     make: Callable[[int], bytes],
     requests: int,
     concurrency: int,
+    request_timeout: float = REQUEST_TIMEOUT_SECONDS,
 ) -> Run:
     """``concurrency`` connections (spread over ``targets``) send ``requests`` in total."""
     run = Run()
@@ -118,17 +153,20 @@ async def closed_loop(
     async def worker(client: _Client) -> None:
         for i in counter:
             try:
-                run.results.append(await client.request(make(i), time.perf_counter()))
+                run.results.append(
+                    await client.request(make(i), time.perf_counter(), request_timeout)
+                )
             except ConnectionError:
                 run.errors += 1
-                return
+            if not client.usable:
+                client = await _replace(client, targets[i % len(targets)])
+                clients.append(client)
 
     start = time.perf_counter()
     await asyncio.gather(*(worker(c) for c in clients))
     run.wall_seconds = time.perf_counter() - start
     for client in clients:
-        if client.transport is not None:
-            client.transport.close()
+        client.close()
     return run
 
 
@@ -138,6 +176,7 @@ async def open_loop(
     requests: int,
     rate: float,
     connections: int = 64,
+    request_timeout: float = REQUEST_TIMEOUT_SECONDS,
 ) -> Run:
     """Start request ``i`` at ``i / rate`` seconds, on the next free connection."""
     run = Run()
@@ -151,10 +190,11 @@ async def open_loop(
     async def one(i: int, scheduled: float) -> None:
         client = await idle.get()
         try:
-            run.results.append(await client.request(make(i), scheduled))
+            run.results.append(await client.request(make(i), scheduled, request_timeout))
         except ConnectionError:
             run.errors += 1
-            client = await _connect(*targets[i % len(targets)])
+        if not client.usable:
+            client = await _replace(client, targets[i % len(targets)])
         idle.put_nowait(client)
 
     for i in range(requests):
@@ -166,7 +206,5 @@ async def open_loop(
     await asyncio.gather(*tasks)
     run.wall_seconds = time.perf_counter() - start
     while not idle.empty():
-        client = idle.get_nowait()
-        if client.transport is not None:
-            client.transport.close()
+        idle.get_nowait().close()
     return run
