@@ -35,7 +35,10 @@ the throughput it reaches (how many requests each wake-up of its event loop serv
 ``--cpu-only`` keeps only the CPU and throughput measurement; ``--baseline TREE`` (repeatable)
 also runs each tpuserve policy from other checkouts, e.g. ``git archive COMMIT`` unpacked, so
 steps of a change are compared in one run. ``--py-spy DIR`` also samples each router's Python
-stacks during the CPU measurement (py-spy, a dev dependency), to see where its CPU goes.
+stacks during the CPU measurement (py-spy, a dev dependency), to see where its CPU goes;
+``--perf DIR`` records native stacks with Linux perf instead (the interpreter, the kernel's
+socket work and the compiled index apart; build ``router/native`` with
+``CARGO_PROFILE_RELEASE_STRIP=false`` to see its functions by name).
 
 Cores: the router under test gets core 1; engines and the load generator share core 0.
 """
@@ -227,23 +230,37 @@ def keys_file() -> Path:
 
 
 def tpuserve_router(
-    policy: str, kv_events: bool = False, tree: Path | None = None, auth: bool = False
+    policy: str, kv_events: bool | None = None, tree: Path | None = None, auth: bool = False
 ) -> RouterKind:
+    """``kv_events``: True adds ``--kv-events``, False ``--no-kv-events``, None leaves the
+    router's default (on for the policies that use them)."""
+
     def command(port: int, workers: list[str]) -> list[str]:
         cmd = [sys.executable, "-c", ENTRY, "router", "--port", str(port), "--policy", policy,
                "--log-level", "warning"]  # fmt: skip
         for w in workers:
             cmd += ["--worker", w]
-        if kv_events:
-            cmd.append("--kv-events")
+        if kv_events is not None:
+            cmd.append("--kv-events" if kv_events else "--no-kv-events")
         if auth:
             cmd += ["--api-keys-file", str(keys_file())]
         return cmd
 
-    label = f"tpuserve {policy}" + (" +kv-events" if kv_events else "") + (" +auth" if auth else "")
+    events = {True: " +kv-events", False: " -kv-events", None: ""}[kv_events]
+    label = f"tpuserve {policy}{events}" + (" +auth" if auth else "")
     if tree is not None:
         return RouterKind(f"{label} @{tree.name}", command, "/readiness", tree)
     return RouterKind(label, command, "/readiness")
+
+
+def kv_option(policy: str) -> bool | None:
+    """``--policies`` entry -> `tpuserve_router`'s ``kv_events``."""
+    modifiers = policy.split("+")[1:]
+    if "kv" in modifiers:
+        return True
+    if "nokv" in modifiers:
+        return False
+    return None
 
 
 def sglang_router(python: str) -> RouterKind:
@@ -300,19 +317,33 @@ def targets_of(urls: Sequence[str]) -> list[tuple[str, int]]:
     return [("127.0.0.1", int(u.rsplit(":", 1)[1])) for u in urls]
 
 
-def py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """Sample ``pid``'s Python stacks into ``out`` (py-spy's collapsed-stack text) until
-    interrupted; py-spy (a dev dependency) runs in its own process, off the router's core."""
-    binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    cmd = [binary, "record", "--pid", str(pid), "--nonblocking", "--rate", "250",
-           "--format", "raw", "--output", str(out)]  # fmt: skip
+@dataclass(frozen=True)
+class Profile:
+    """Where to profile a router's CPU measurement, and with what: ``py-spy`` (Python stacks,
+    collapsed-stack text) or ``perf`` (native stacks, kernel included: `perf report -i`)."""
+
+    tool: str
+    out: Path
+
+
+def start_profiler(pid: int, profile: Profile) -> subprocess.Popen[bytes]:
+    """Sample ``pid`` into ``profile.out`` until interrupted (SIGINT); the profiler runs in
+    its own process, off the router's core. py-spy is a dev dependency; perf comes from the
+    system (Debian's ``linux-perf``) and needs the right to trace the router."""
+    if profile.tool == "perf":
+        cmd = [shutil.which("perf") or "perf", "record", "--quiet", "-F", "999", "-g",
+               "-p", str(pid), "-o", str(profile.out)]  # fmt: skip
+    else:
+        binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        cmd = [binary, "record", "--pid", str(pid), "--nonblocking", "--rate", "250",
+               "--format", "raw", "--output", str(profile.out)]  # fmt: skip
     spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached before the load starts
     return spy
 
 
 def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
-            pid: int | None, profile: Path | None = None,
+            pid: int | None, profile: Profile | None = None,
             before_measuring: Callable[[], None] | None = None) -> dict[str, Any]:  # fmt: skip
     out: dict[str, Any] = {}
     warm = completion_requests(seed + 7, 500)
@@ -322,12 +353,12 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
     if pid is not None:
         wait_idle(pid)
         reqs = completion_requests(seed, args.requests)
-        spy = py_spy(pid, profile) if profile is not None else None
+        spy = start_profiler(pid, profile) if profile is not None else None
         before = cpu_seconds(pid)
         run = asyncio.run(closed_loop(targets, reqs.__getitem__, len(reqs), 32))
         used = cpu_seconds(pid) - before
         if spy is not None:
-            spy.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
+            spy.send_signal(signal.SIGINT)  # both profilers write their output when interrupted
             spy.wait(30)
         ok = sum(1 for r in run.results if r.status == 200)
         out["cpu_us_per_request"] = used / ok * 1e6
@@ -367,10 +398,13 @@ def run_router(kind: RouterKind, engines: list[Proc], args: argparse.Namespace,
         wait_http(router.url, kind.ready_path)
         time.sleep(1.0)  # let both routers finish their start-up health checks
         profile = None
+        name = "".join(c if c.isalnum() else "-" for c in kind.label)
         if args.py_spy is not None:
             args.py_spy.mkdir(parents=True, exist_ok=True)
-            name = "".join(c if c.isalnum() else "-" for c in kind.label)
-            profile = args.py_spy / f"{name}-seed{seed}.txt"
+            profile = Profile("py-spy", args.py_spy / f"{name}-seed{seed}.txt")
+        elif args.perf is not None:
+            args.perf.mkdir(parents=True, exist_ok=True)
+            profile = Profile("perf", args.perf / f"{name}-seed{seed}.perf")
         at_start: list[float] = []
 
         def caught_up() -> None:
@@ -530,7 +564,8 @@ def main() -> int:
     parser.add_argument(
         "--policies",
         default="cache_aware,cost+kv",
-        help="tpuserve policies, comma list; NAME+kv also subscribes to KV events, NAME+auth "
+        help="tpuserve policies, comma list; NAME+kv also subscribes to KV events (NAME+nokv: "
+        "never, to measure what they cost), NAME+auth "
         "runs with an API keys file (every request carries the key either way)",
     )
     parser.add_argument(
@@ -556,6 +591,15 @@ def main() -> int:
         "load, so take CPU figures from runs without it",
     )
     parser.add_argument(
+        "--perf",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="profile each router during the CPU measurement with Linux perf (native stacks "
+        "with the kernel's: one perf.data per router and round, in DIR; read with `perf "
+        "report -i FILE --sort dso`); not with --py-spy",
+    )
+    parser.add_argument(
         "--cpu-rate",
         type=float,
         default=0.0,
@@ -566,11 +610,13 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="write all rows here")
     args = parser.parse_args()
+    if args.py_spy is not None and args.perf is not None:
+        parser.error("--py-spy and --perf: one profiler at a time")
 
     os.sched_setaffinity(0, {int(OTHER_CORE)})  # the load generator stays off the router's core
     trees: list[Path | None] = [None, *args.baseline]
     kinds = [
-        tpuserve_router(p.split("+")[0], kv_events="+kv" in p, tree=tree, auth="+auth" in p)
+        tpuserve_router(p.split("+")[0], kv_events=kv_option(p), tree=tree, auth="+auth" in p)
         for p in args.policies.split(",")
         for tree in (trees if "+auth" not in p else [None])  # the baseline has no keys
     ]
