@@ -9,7 +9,8 @@ the generator itself costs little CPU on a 2-core machine. Two modes:
 
 Each result records the latency to the end of the response and, for streamed responses,
 to the first body chunk. A connection the server closed (after a ``connection: close``
-answer, say) is replaced, never written to again, and a response not complete within
+answer, or while it sat idle) is replaced, to the same target, before the next request is
+written, never written to again, and a response not complete within
 ``request_timeout`` seconds (60) counts as an error, so one lost answer cannot hang a run.
 Only loopback addresses are ever dialled.
 """
@@ -53,7 +54,8 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 class _Client(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[None] | None = None
@@ -115,18 +117,21 @@ class _Client(asyncio.Protocol):
             self.transport.close()
 
 
-async def _connect(host: str, port: int) -> _Client:
+async def _connect(target: tuple[str, int]) -> _Client:
     loop = asyncio.get_running_loop()
-    _, client = await loop.create_connection(_Client, host, port)
+    _, client = await loop.create_connection(lambda: _Client(target), *target)
     return client
 
 
-async def _replace(client: _Client, target: tuple[str, int]) -> _Client:
-    """A new connection for a closed one; the closed one back if the server refuses (its next
-    request then fails at once, as an error, rather than waiting)."""
+async def _usable(client: _Client) -> _Client:
+    """``client``, or a new connection to its target if the server closed it; the closed one
+    back if the server refuses (the request then fails at once, as an error, rather than
+    waiting)."""
+    if client.usable:
+        return client
     client.close()
     try:
-        return await asyncio.wait_for(_connect(*target), REQUEST_TIMEOUT_SECONDS)
+        return await asyncio.wait_for(_connect(client.target), REQUEST_TIMEOUT_SECONDS)
     except (OSError, TimeoutError):
         return client
 
@@ -148,19 +153,19 @@ async def closed_loop(
     """``concurrency`` connections (spread over ``targets``) send ``requests`` in total."""
     run = Run()
     counter = iter(range(requests))
-    clients = [await _connect(*targets[i % len(targets)]) for i in range(concurrency)]
+    clients = [await _connect(targets[i % len(targets)]) for i in range(concurrency)]
 
     async def worker(client: _Client) -> None:
         for i in counter:
+            if not client.usable:
+                client = await _usable(client)
+                clients.append(client)
             try:
                 run.results.append(
                     await client.request(make(i), time.perf_counter(), request_timeout)
                 )
             except ConnectionError:
                 run.errors += 1
-            if not client.usable:
-                client = await _replace(client, targets[i % len(targets)])
-                clients.append(client)
 
     start = time.perf_counter()
     await asyncio.gather(*(worker(c) for c in clients))
@@ -182,19 +187,17 @@ async def open_loop(
     run = Run()
     idle: asyncio.Queue[_Client] = asyncio.Queue()
     for i in range(connections):
-        idle.put_nowait(await _connect(*targets[i % len(targets)]))
+        idle.put_nowait(await _connect(targets[i % len(targets)]))
     loop = asyncio.get_running_loop()
     start = time.perf_counter()
     tasks = []
 
     async def one(i: int, scheduled: float) -> None:
-        client = await idle.get()
+        client = await _usable(await idle.get())
         try:
             run.results.append(await client.request(make(i), scheduled, request_timeout))
         except ConnectionError:
             run.errors += 1
-        if not client.usable:
-            client = await _replace(client, targets[i % len(targets)])
         idle.put_nowait(client)
 
     for i in range(requests):

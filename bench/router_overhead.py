@@ -253,9 +253,21 @@ def tpuserve_router(
     return RouterKind(label, command, "/readiness")
 
 
+MODIFIERS = ("kv", "nokv", "auth")
+
+
 def kv_option(policy: str) -> bool | None:
-    """``--policies`` entry -> `tpuserve_router`'s ``kv_events``."""
+    """``--policies`` entry -> `tpuserve_router`'s ``kv_events``; ValueError for a modifier
+    it does not know, or both ``kv`` and ``nokv``."""
     modifiers = policy.split("+")[1:]
+    unknown = [m for m in modifiers if m not in MODIFIERS]
+    if unknown:
+        raise ValueError(
+            f"--policies entry {policy!r}: unknown modifier {unknown[0]!r} "
+            f"(allowed: {', '.join('+' + m for m in MODIFIERS)})"
+        )
+    if "kv" in modifiers and "nokv" in modifiers:
+        raise ValueError(f"--policies entry {policy!r}: +kv and +nokv contradict each other")
     if "kv" in modifiers:
         return True
     if "nokv" in modifiers:
@@ -565,7 +577,8 @@ def main() -> int:
         "--policies",
         default="cache_aware,cost+kv",
         help="tpuserve policies, comma list; NAME+kv also subscribes to KV events (NAME+nokv: "
-        "never, to measure what they cost), NAME+auth "
+        "never, to measure what they cost; a --baseline tree older than --no-kv-events "
+        "cannot run it), NAME+auth "
         "runs with an API keys file (every request carries the key either way)",
     )
     parser.add_argument(
@@ -615,8 +628,12 @@ def main() -> int:
 
     os.sched_setaffinity(0, {int(OTHER_CORE)})  # the load generator stays off the router's core
     trees: list[Path | None] = [None, *args.baseline]
+    try:
+        options = {p: kv_option(p) for p in args.policies.split(",")}
+    except ValueError as err:
+        parser.error(str(err))
     kinds = [
-        tpuserve_router(p.split("+")[0], kv_events=kv_option(p), tree=tree, auth="+auth" in p)
+        tpuserve_router(p.split("+")[0], kv_events=options[p], tree=tree, auth="+auth" in p)
         for p in args.policies.split(",")
         for tree in (trees if "+auth" not in p else [None])  # the baseline has no keys
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,20 @@ def test_a_policy_entry_says_whether_the_router_reads_kv_events(
     entry: str, expected: bool | None
 ) -> None:
     assert kv_option(entry) is expected
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("precise+kv+nokv", "+kv and +nokv contradict each other"),
+        ("precise+kvv", "unknown modifier 'kvv' (allowed: +kv, +nokv, +auth)"),
+    ],
+)
+def test_a_policy_entry_with_a_modifier_it_cannot_honour_is_refused(
+    entry: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        kv_option(entry)
 
 
 @pytest.mark.parametrize(
@@ -57,3 +72,15 @@ def test_one_profiler_at_a_time() -> None:
     )
     assert run.returncode == 2
     assert "--py-spy and --perf: one profiler at a time" in run.stderr
+
+
+def test_the_bench_refuses_a_bad_policy_entry_before_starting_anything() -> None:
+    bench = Path(__file__).resolve().parents[3] / "bench" / "router_overhead.py"
+    run = subprocess.run(
+        [sys.executable, str(bench), "--policies", "precise+nokv+kv"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert "'precise+nokv+kv': +kv and +nokv contradict each other" in run.stderr
