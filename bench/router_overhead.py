@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
@@ -256,23 +256,31 @@ def tpuserve_router(
 MODIFIERS = ("kv", "nokv", "auth")
 
 
-def kv_option(policy: str) -> bool | None:
-    """``--policies`` entry -> `tpuserve_router`'s ``kv_events``; ValueError for a modifier
-    it does not know, or both ``kv`` and ``nokv``."""
-    modifiers = policy.split("+")[1:]
+@dataclass(frozen=True)
+class PolicyEntry:
+    """One ``--policies`` entry, ``NAME[+MODIFIER...]``: the policy, whether the router reads
+    KV events (True ``+kv``, False ``+nokv``, None its default) and whether it runs with API
+    keys (``+auth``)."""
+
+    name: str
+    kv_events: bool | None
+    auth: bool
+
+
+def policy_entry(entry: str) -> PolicyEntry:
+    """Parse a ``--policies`` entry; ValueError for a modifier it does not know, or both
+    ``kv`` and ``nokv``."""
+    name, *modifiers = entry.split("+")
     unknown = [m for m in modifiers if m not in MODIFIERS]
     if unknown:
         raise ValueError(
-            f"--policies entry {policy!r}: unknown modifier {unknown[0]!r} "
+            f"--policies entry {entry!r}: unknown modifier {unknown[0]!r} "
             f"(allowed: {', '.join('+' + m for m in MODIFIERS)})"
         )
     if "kv" in modifiers and "nokv" in modifiers:
-        raise ValueError(f"--policies entry {policy!r}: +kv and +nokv contradict each other")
-    if "kv" in modifiers:
-        return True
-    if "nokv" in modifiers:
-        return False
-    return None
+        raise ValueError(f"--policies entry {entry!r}: +kv and +nokv contradict each other")
+    kv_events = True if "kv" in modifiers else False if "nokv" in modifiers else None
+    return PolicyEntry(name, kv_events, "auth" in modifiers)
 
 
 def sglang_router(python: str) -> RouterKind:
@@ -334,7 +342,7 @@ class Profile:
     """Where to profile a router's CPU measurement, and with what: ``py-spy`` (Python stacks,
     collapsed-stack text) or ``perf`` (native stacks, kernel included: `perf report -i`)."""
 
-    tool: str
+    tool: Literal["py-spy", "perf"]
     out: Path
 
 
@@ -629,13 +637,13 @@ def main() -> int:
     os.sched_setaffinity(0, {int(OTHER_CORE)})  # the load generator stays off the router's core
     trees: list[Path | None] = [None, *args.baseline]
     try:
-        options = {p: kv_option(p) for p in args.policies.split(",")}
+        entries = [policy_entry(p) for p in args.policies.split(",")]
     except ValueError as err:
         parser.error(str(err))
     kinds = [
-        tpuserve_router(p.split("+")[0], kv_events=options[p], tree=tree, auth="+auth" in p)
-        for p in args.policies.split(",")
-        for tree in (trees if "+auth" not in p else [None])  # the baseline has no keys
+        tpuserve_router(e.name, kv_events=e.kv_events, tree=tree, auth=e.auth)
+        for e in entries
+        for tree in (trees if not e.auth else [None])  # the baseline has no keys
     ]
     if not args.skip_anchor:
         kinds.append(sglang_router(anchor_python()))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.router_overhead import kv_option, tpuserve_router
+from bench.router_overhead import policy_entry, tpuserve_router
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.unit
 def test_a_policy_entry_says_whether_the_router_reads_kv_events(
     entry: str, expected: bool | None
 ) -> None:
-    assert kv_option(entry) is expected
+    assert policy_entry(entry).kv_events is expected
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,22 @@ def test_a_policy_entry_with_a_modifier_it_cannot_honour_is_refused(
     entry: str, message: str
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        kv_option(entry)
+        policy_entry(entry)
+
+
+@pytest.mark.parametrize(
+    ("entry", "name", "auth"),
+    [
+        ("precise", "precise", False),
+        ("cost+auth+nokv", "cost", True),
+        ("precise+kv", "precise", False),
+    ],
+)
+def test_a_policy_entry_names_its_policy_and_whether_it_uses_api_keys(
+    entry: str, name: str, auth: bool
+) -> None:
+    parsed = policy_entry(entry)
+    assert (parsed.name, parsed.auth) == (name, auth)
 
 
 @pytest.mark.parametrize(
