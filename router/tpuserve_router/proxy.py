@@ -18,6 +18,7 @@ request.
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -25,6 +26,9 @@ from typing import cast
 import httptools
 
 READ_PAUSE_BYTES = 1 << 20  # stop reading from the worker while this much waits for the client
+TIMER_SLACK_SECONDS = 0.002
+"""How early a check may run and still count as due: the event loop's timers have a
+resolution of 1 ms (uvloop's), so one may fire a little before the time it was set for."""
 
 
 class UpstreamError(Exception):
@@ -69,6 +73,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.reused = False
         self._waiter: asyncio.Future[None] | None = None
         self._deadline: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf  # when ``_deadline`` fires
         self._first_byte_at = 0.0
         self._end_at = 0.0
         self._idle_seconds = 0.0
@@ -89,6 +94,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.done = False
         self.keep_alive = False
         self.error: UpstreamError | None = None
+        self._check_at = math.inf  # when the current request's deadlines are next checked
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -182,7 +188,7 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self.done = True
         self.keep_alive = self.parser.should_keep_alive()
-        self._cancel_deadline()
+        self._check_at = math.inf  # its timer stays, for the connection's next request
         self._wake()
 
     # ------------------------------------------------------------------ API for the proxy
@@ -198,22 +204,23 @@ class UpstreamConnection(asyncio.Protocol):
         ``first_byte_seconds`` (reason ``first_byte_timeout``), its body has sent nothing
         for ``idle_seconds`` once that time has passed (``stream_stalled``; detected within
         one to two idle periods, as progress is sampled, not timed per chunk) or it has not
-        ended within ``total_seconds`` (``request_timeout``). One timer serves all three."""
-        self._cancel_deadline()
+        ended within ``total_seconds`` (``request_timeout``). One timer serves all three, and
+        the connection's next requests: it is not cancelled when a response ends, so a request
+        on a kept-alive connection usually finds it set for an earlier time and leaves it
+        (`_arm`) rather than paying for a timer of its own."""
         now = self.loop.time()
         self._first_byte_at = now + first_byte_seconds
         self._end_at = now + total_seconds
         self._idle_seconds = idle_seconds
         self._given = first_byte_seconds
         self._seen = -1
-        self._deadline = self.loop.call_at(min(self._first_byte_at, self._end_at), self._check)
+        self._arm(min(self._first_byte_at, self._end_at))
 
     def watch_progress(self) -> None:
         """The body is about to be relayed as it comes (a stream): check its progress from
         now on, every idle period (before, the head's deadline was all that was timed)."""
         if self.done or self.closed:
             return
-        self._cancel_deadline()
         self._seen = self.body_chunks
         self._check_again(self.loop.time())
 
@@ -311,9 +318,13 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _check(self) -> None:
         self._deadline = None
-        if self.done:
-            return
+        self._timer_at = math.inf
+        if self.done or self.closed or self._check_at == math.inf:
+            return  # no request, or it has its answer
         now = self.loop.time()
+        if now + TIMER_SLACK_SECONDS < self._check_at:  # set for an earlier request
+            self._arm(self._check_at)
+            return
         if not self.head_ready and now >= self._first_byte_at:
             reason, detail = "first_byte_timeout", f"no answer within {self._given:.3g} s"
         elif now >= self._end_at:
@@ -336,12 +347,25 @@ class UpstreamConnection(asyncio.Protocol):
         next_check = now + self._idle_seconds
         if not self.body_chunks:
             next_check = max(next_check, self._first_byte_at)
-        self._deadline = self.loop.call_at(min(self._end_at, next_check), self._check)
+        self._arm(min(self._end_at, next_check))
+
+    def _arm(self, at: float) -> None:
+        """Check the deadlines at ``at``: by the timer already set when it fires no later (the
+        check then finds it early and sets it again), else by a new one."""
+        self._check_at = at
+        if self._deadline is not None:
+            if self._timer_at <= at:
+                return
+            self._deadline.cancel()
+        self._timer_at = at
+        self._deadline = self.loop.call_at(at, self._check)
 
     def _cancel_deadline(self) -> None:
+        self._check_at = math.inf
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+            self._timer_at = math.inf
 
 
 class UpstreamPool:
