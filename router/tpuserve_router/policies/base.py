@@ -266,7 +266,11 @@ def is_imbalanced(workers: Sequence[WorkerView], abs_threshold: int, rel_thresho
     (sglang-router takes min/max over all workers, unhealthy ones included, so one dead
     worker at load 0 makes every fleet look imbalanced; tpuserve uses routable ones only.)
     """
-    loads = [w.in_flight for w in workers]
+    return loads_imbalanced([w.in_flight for w in workers], abs_threshold, rel_threshold)
+
+
+def loads_imbalanced(loads: Sequence[int], abs_threshold: int, rel_threshold: float) -> bool:
+    """`is_imbalanced` over the in-flight counts themselves."""
     low, high = min(loads), max(loads)
     return high - low > abs_threshold and high > rel_threshold * low
 

@@ -89,17 +89,18 @@ class PrecisePolicy(BlockIndexPolicy):
         keys = index.keys(tokens)
         depths = index.match(keys, [w.name for w in healthy])
         i, outcome = choose_by_affinity(healthy, depths, len(keys), params)
-        page = index.page_size
-        cached = [min(prompt, d * page) for d in depths]
-        moved = leave_long_queue(healthy, cached, prompt, i, self.queues, params)
+        page = index.page_size  # keys are whole pages of the prompt: depth x page <= prompt
+        moved = leave_long_queue(healthy, depths, page, prompt, i, self.queues, params)
         if moved != i:
             i = moved
+            cached = [d * page for d in depths]
             outcome = affinity_outcome(cached, i, prompt, params.cache_threshold)
         target = healthy[i]
         index.predict(target.name, keys)
+        hit = depths[i] * page
         decision = Decision(
-            target, outcome, predicted_match_ratio=cached[i] / prompt if prompt else 0.0,
+            target, outcome, predicted_match_ratio=hit / prompt if prompt else 0.0,
             prompt_units=prompt, block_keys=keys,
         )  # fmt: skip
-        self.queues.book(decision, prompt - cached[i], keys[-1] if keys else None)
+        self.queues.book(decision, prompt - hit, keys[-1] if keys else None)
         return decision

@@ -36,7 +36,7 @@ from tpuserve_router.policies.base import (
     PolicyDefaults,
     W,
     in_flight_of,
-    is_imbalanced,
+    loads_imbalanced,
 )
 
 
@@ -76,20 +76,26 @@ def choose_by_affinity(
     ``held[i]`` is how much of the prompt ``healthy[i]`` holds, in the units of which the
     prompt has ``prompt_units``. Among equals the first listed wins.
     """
-    count = len(healthy)
     best = max(held)
     is_hit = prompt_units > 0 and best / prompt_units > params.cache_threshold
-    if count > 1 and is_imbalanced(
-        healthy, params.balance_abs_threshold, params.balance_rel_threshold
+    loads = [w.in_flight for w in healthy]  # (the request path: no key functions, one pass each)
+    least = min(loads)
+    if len(loads) > 1 and loads_imbalanced(
+        loads, params.balance_abs_threshold, params.balance_rel_threshold
     ):
-        target = min(range(count), key=lambda i: healthy[i].in_flight)
+        target = loads.index(least)
         if not is_hit:
             return target, "miss"
         return target, "prefix_hit" if held[target] == best else "balanced_away"
     if is_hit:
-        holders = [i for i in range(count) if held[i] == best]
-        return min(holders, key=lambda i: healthy[i].in_flight), "prefix_hit"
-    return min(range(count), key=lambda i: miss_key(healthy[i])), "miss"
+        target = held.index(best)
+        for i in range(target + 1, len(held)):
+            if held[i] == best and loads[i] < loads[target]:
+                target = i
+        return target, "prefix_hit"
+    if miss_key is in_flight_of:
+        return loads.index(least), "miss"
+    return min(range(len(healthy)), key=lambda i: miss_key(healthy[i])), "miss"
 
 
 def affinity_outcome(
@@ -188,7 +194,8 @@ class QueueParams:
 
 def leave_long_queue(
     healthy: Sequence[W],
-    cached: Sequence[int],
+    held: Sequence[int],
+    unit_tokens: int,
     prompt_tokens: int,
     chosen: int,
     queues: PrefillQueues,
@@ -198,7 +205,8 @@ def leave_long_queue(
 
     A worker's prefill work for the request is the prefill queued there (booked by this
     router, plus what other router replicas queued as of the last load poll) plus the prompt's
-    tokens it does not hold (``prompt_tokens - cached[i]``, `cost`'s price). The candidate
+    tokens it does not hold (``prompt_tokens - cached[i]``, `cost`'s price), where ``cached[i]``
+    is ``held[i] * unit_tokens`` (``held`` in blocks of ``unit_tokens``). The candidate
     is the worker with the least work (ties: the longer prefix, then the least loaded). The
     request moves there when the queue it avoids outweighs the prefix it gives up: when
     ``queued[chosen] - queued[candidate]`` exceeds ``saved_prefix_weight`` x
@@ -209,11 +217,13 @@ def leave_long_queue(
     """
     target = healthy[chosen]
     if queues.tokens(target.name) + target.peer_prefill_tokens <= (
-        params.queue_margin_tokens + params.saved_prefix_weight * (cached[chosen] - max(cached))
+        params.queue_margin_tokens
+        + params.saved_prefix_weight * unit_tokens * (held[chosen] - max(held))
     ):
         return chosen  # no move could avoid more than the chosen worker's whole queue
     # (the usual case, decided on the chosen worker's queue alone: the others' are read only
     # when a move is possible, and reading one only releases prefills that are over)
+    cached = [h * unit_tokens for h in held]
     queued = [queues.tokens(w.name) + w.peer_prefill_tokens for w in healthy]
     work = [q + prompt_tokens - c for q, c in zip(queued, cached, strict=True)]
     least = min(range(len(healthy)), key=lambda i: (work[i], -cached[i], healthy[i].in_flight))

@@ -22,7 +22,13 @@ from tpuserve_router.policies.base import Decision
 from tpuserve_router.policies.cache_aware import CacheAwarePolicy
 from tpuserve_router.policies.cost import CostPolicy
 from tpuserve_router.policies.precise import PrecisePolicy
-from tpuserve_router.policies.prefix_routing import PrefillQueues, QueueParams, leave_long_queue
+from tpuserve_router.policies.prefix_routing import (
+    AffinityParams,
+    PrefillQueues,
+    QueueParams,
+    choose_by_affinity,
+    leave_long_queue,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -379,7 +385,9 @@ def test_leaving_a_long_queue_follows_the_documented_rule_for_any_queues() -> No
             if rng.random() < 0.7:
                 queues.book(Decision(worker, "miss"), rng.choice([1, 500, 5000, 20_000]))
         prompt = rng.choice([0, 100, 3000, 30_000])
-        cached = [rng.randint(0, prompt) for _ in workers]
+        unit = rng.choice([1, 16, 64])  # the page size: held in pages, cached in tokens
+        held = [rng.randint(0, prompt // unit) for _ in workers]
+        cached = [h * unit for h in held]
         chosen = rng.randrange(n)
         params = QueueParams(rng.choice([0.0, 1.0, 2.0, math.inf]), rng.choice([0, 1000, 8192]))
         queued = [queues.tokens(w.name) for w in workers]
@@ -388,7 +396,41 @@ def test_leaving_a_long_queue_follows_the_documented_rule_for_any_queues() -> No
         avoided = queued[chosen] - queued[least]
         threshold = params.saved_prefix_weight * (cached[chosen] - cached[least])
         expected = least if avoided > threshold + params.queue_margin_tokens else chosen
-        assert leave_long_queue(workers, cached, prompt, chosen, queues, params) == expected
+        assert leave_long_queue(workers, held, unit, prompt, chosen, queues, params) == expected
+
+
+def test_the_affinity_rule_decides_as_documented_for_any_loads_and_matches() -> None:
+    # The rule as prefix_routing's docstring states it, written plainly, against the
+    # request path's single-pass version (ties: the first listed).
+    rng = random.Random(5)
+    for _ in range(3000):
+        n = rng.randint(1, 5)
+        workers = [fake_worker(f"w{i}", in_flight=rng.choice([0, 1, 2, 40, 100])) for i in range(n)]
+        units = rng.choice([0, 1, 10, 64])
+        held = [rng.randint(0, units) for _ in workers]
+        params = AffinityParams(
+            rng.choice([0.0, 0.3, 0.9]), rng.choice([0, 1, 64]), rng.choice([1.0, 1.5, 3.0])
+        )
+        loads = [w.in_flight for w in workers]
+        best = max(held)
+        hit = units > 0 and best / units > params.cache_threshold
+        least = min(range(n), key=lambda i: loads[i])
+        imbalanced = (
+            n > 1
+            and max(loads) - min(loads) > params.balance_abs_threshold
+            and max(loads) > params.balance_rel_threshold * min(loads)
+        )
+        if imbalanced:
+            outcome = (
+                "miss" if not hit else "prefix_hit" if held[least] == best else "balanced_away"
+            )
+            expected = (least, outcome)
+        elif hit:
+            holders = [i for i in range(n) if held[i] == best]
+            expected = (min(holders, key=lambda i: loads[i]), "prefix_hit")
+        else:
+            expected = (least, "miss")
+        assert choose_by_affinity(workers, held, units, params) == expected
 
 
 def test_precise_leaves_a_holder_whose_queue_other_replicas_filled() -> None:
