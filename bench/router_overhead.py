@@ -15,7 +15,11 @@ number has a same-conditions baseline. Measured per round:
   then asks again). Each tpuserve round also records the router's KV-event replays that
   failed during the measured runs (``kv_replays_failed``, from its ``/metrics``; those at
   start-up are ``kv_replays_failed_at_start``), and the summary names the rounds that had
-  any: their CPU includes the replays' retries;
+  any: their CPU includes the replays' retries. The same run also records the upstreams' CPU
+  per request (``upstreams_cpu_us_per_request``, all their threads): they share core 0 with
+  the load generator, so a router that makes them work harder (a KV-event subscriber: the
+  twins then send every batch) reaches a lower throughput, and so serves fewer requests per
+  wake-up, which raises its own CPU per request there;
 - added latency at 500 req/s: open-loop non-streaming requests, p50 and p99 latency through
   the router minus the same directly to the engines;
 - streamed time to first chunk: streamed chat one request at a time, p50 and p99 of the
@@ -362,9 +366,20 @@ def start_profiler(pid: int, profile: Profile) -> subprocess.Popen[bytes]:
     return spy
 
 
+def upstreams_cpu_seconds(pids: Sequence[int]) -> float:
+    """`cpu_seconds` of every upstream (their threads, a KV-event publisher's I/O thread
+    included, live for the whole run)."""
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
 def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
             pid: int | None, profile: Profile | None = None,
-            before_measuring: Callable[[], None] | None = None) -> dict[str, Any]:  # fmt: skip
+            before_measuring: Callable[[], None] | None = None,
+            upstream_pids: Sequence[int] = ()) -> dict[str, Any]:  # fmt: skip
+    """One round of one router (``pid``; None: the engines directly, latency only). With
+    ``upstream_pids`` the saturated run also records the upstreams' CPU per request: they
+    share core 0 with the load generator, so what they spend sets the throughput a router
+    reaches there, and with it how many requests each of the router's wake-ups serves."""
     out: dict[str, Any] = {}
     warm = completion_requests(seed + 7, 500)
     asyncio.run(closed_loop(targets, warm.__getitem__, len(warm), 16))
@@ -374,9 +389,10 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
         wait_idle(pid)
         reqs = completion_requests(seed, args.requests)
         spy = start_profiler(pid, profile) if profile is not None else None
-        before = cpu_seconds(pid)
+        before, upstreams_before = cpu_seconds(pid), upstreams_cpu_seconds(upstream_pids)
         run = asyncio.run(closed_loop(targets, reqs.__getitem__, len(reqs), 32))
         used = cpu_seconds(pid) - before
+        upstreams_used = upstreams_cpu_seconds(upstream_pids) - upstreams_before
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # both profilers write their output when interrupted
             spy.wait(30)
@@ -384,6 +400,8 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
         out["cpu_us_per_request"] = used / ok * 1e6
         out["saturation_rps"] = ok / run.wall_seconds
         out["saturation_errors"] = len(reqs) - ok
+        if upstream_pids:
+            out["upstreams_cpu_us_per_request"] = upstreams_used / ok * 1e6
         if args.cpu_rate:
             wait_idle(pid)
             reqs = completion_requests(seed + 3, args.requests)
@@ -433,7 +451,7 @@ def run_router(kind: RouterKind, engines: list[Proc], args: argparse.Namespace,
 
         tpuserve = kind.label.startswith("tpuserve")
         out = measure(targets_of([router.url]), args, seed, router.popen.pid, profile,
-                      caught_up if tpuserve else None)  # fmt: skip
+                      caught_up if tpuserve else None, [e.popen.pid for e in engines])  # fmt: skip
         if tpuserve:
             out["kv_replays_failed_at_start"] = at_start[0]
             out["kv_replays_failed"] = failed_replays(router.url) - at_start[0]
@@ -514,6 +532,7 @@ def cpu_summary(rows: dict[str, list[dict[str, Any]]], anchor: str | None) -> di
             "cpu_ratio_vs_sglang": cpu / anchor_cpu if anchor_cpu else None,
             "cpu_paired_ratio_vs_sglang": paired,
             "saturation_rps": median(results, "saturation_rps"),
+            "upstreams_cpu_us_per_request": median(results, "upstreams_cpu_us_per_request"),
             "rounds": results,
         }
     return summary
@@ -539,7 +558,7 @@ def add_latency_summary(
 
 
 def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
-    header = ["router", "CPU/request", "vs sglang", "paired", "max req/s"]
+    header = ["router", "CPU/request", "vs sglang", "paired", "max req/s", "upstreams' CPU/request"]
     if args.cpu_rate:
         header.append(f"CPU/request at {args.cpu_rate:g} req/s")
     if not args.cpu_only:
@@ -549,7 +568,8 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
         ratio, paired = entry["cpu_ratio_vs_sglang"], entry["cpu_paired_ratio_vs_sglang"]
         cells = [label, f"{entry['cpu_us_per_request']:.0f} us",
                  f"{ratio:.2f}x" if ratio else "-", f"{paired:.2f}x" if paired else "-",
-                 f"{entry['saturation_rps']:.0f}"]  # fmt: skip
+                 f"{entry['saturation_rps']:.0f}",
+                 f"{entry['upstreams_cpu_us_per_request']:.0f} us"]  # fmt: skip
         if args.cpu_rate:
             cells.append(f"{entry['cpu_at_rate_us_per_request']:.0f} us")
         if not args.cpu_only:

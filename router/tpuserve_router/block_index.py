@@ -32,13 +32,19 @@ clock.
 
 The index is compiled (``router/native``, Rust; `tpuserve_router._native`): per request the
 policy hashes some 40 pages, matches them against every worker and predicts them, and in
-Python those loops were most of its CPU. Keys are still CPython's ``hash((parent, page))``,
+Python those loops were most of its CPU. ``BlockIndex.keys`` gives a prompt's keys as
+`BlockKeys`, one native array that ``match`` and ``predict`` read as it is (no Python int
+per key on the way). Keys are still CPython's ``hash((parent, page))``,
 computed without the tuples, so routers of this release and of the ones before agree on them
 (a peer's snapshot carries them).
 """
 
 from __future__ import annotations
 
-from tpuserve_router._native import ROOT_KEY, BlockIndex, block_keys
+from collections.abc import Sequence
 
-__all__ = ["ROOT_KEY", "BlockIndex", "block_keys"]
+from tpuserve_router._native import ROOT_KEY, BlockIndex, BlockKeys, block_keys
+
+__all__ = ["ROOT_KEY", "BlockIndex", "BlockKeys", "block_keys"]
+
+Sequence.register(BlockKeys)  # it is one (len, indexing, slices, iteration, count, index)

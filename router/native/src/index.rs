@@ -6,11 +6,13 @@ use std::collections::{HashMap, HashSet};
 use hashlink::LinkedHashMap;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 use crate::bits::Bits;
 use crate::events::{decode_common_batch, Event};
 use crate::keys::{block_keys, page_key, ROOT_KEY};
 use crate::predictions::Predictions;
+use crate::sequence::int_sequence;
 use crate::tokens::TokenIds;
 
 /// `block_keys` of a `TokenIds` (no conversion) or of any sequence of ints.
@@ -19,6 +21,20 @@ pub fn token_ids_keys(token_ids: &Bound<'_, PyAny>, page_size: usize) -> PyResul
         return Ok(block_keys(&ids.get().ids, page_size));
     }
     Ok(block_keys(&token_ids.extract::<Vec<i64>>()?, page_size))
+}
+
+int_sequence!(
+    /// A prompt's block keys (`BlockIndex.keys`): a read-only sequence of ints to Python, taken
+    /// by `match` and `predict` as they are.
+    BlockKeys, keys: i64
+);
+
+/// `f` over `keys`: a `BlockKeys` as it is, any other sequence of ints converted.
+fn with_keys<R>(keys: &Bound<'_, PyAny>, f: impl FnOnce(&[Key]) -> R) -> PyResult<R> {
+    if let Ok(keys) = keys.cast::<BlockKeys>() {
+        return Ok(f(&keys.get().keys));
+    }
+    Ok(f(&keys.extract::<Vec<Key>>()?))
 }
 
 /// Keys come from what clients send (a router key is an invertible hash of the prompt's last
@@ -237,6 +253,86 @@ impl BlockIndex {
         self.next_expiry = next_expiry.max(now + ttl / 10.0);
         Ok(())
     }
+
+    /// For each worker mask, how many leading blocks of `keys` it holds (see `match`).
+    fn depths(&self, keys: &[Key], masks: &[&Bits]) -> Vec<usize> {
+        let mut depths = vec![0usize; masks.len()];
+        let mut alive = Bits::default();
+        for mask in masks {
+            alive.or_assign(mask);
+        }
+        let mut depth = 0;
+        for key in keys {
+            if alive.is_empty() {
+                break;
+            }
+            let mut held = self
+                .confirmed
+                .get(key)
+                .map_or_else(Bits::default, |m| m.and(&alive));
+            if held != alive {
+                if let Some(predicted) = self.predicted.get(key) {
+                    held.or_assign(&predicted.and(&alive));
+                }
+            }
+            if held != alive {
+                let gone = alive.and_not(&held);
+                for (i, mask) in masks.iter().enumerate() {
+                    if mask.intersects(&gone) && !mask.intersects(&held) {
+                        depths[i] = depth; // its last rank dropped out here
+                    }
+                }
+                alive = held;
+            }
+            depth += 1;
+        }
+        if !alive.is_empty() {
+            for (i, mask) in masks.iter().enumerate() {
+                if mask.intersects(&alive) {
+                    depths[i] = depth;
+                }
+            }
+        }
+        depths
+    }
+
+    /// `predict`, over keys as a slice.
+    fn predict_keys(&mut self, py: Python<'_>, name: &str, keys: &[Key]) -> PyResult<()> {
+        self.ensure_worker(name);
+        let has_events = self.workers[name].has_events;
+        let ttl = if has_events {
+            self.predicted_ttl_seconds
+        } else {
+            self.approximate_ttl_seconds
+        };
+        if ttl <= 0.0 {
+            return Ok(());
+        }
+        let expiry = self.now(py)? + ttl;
+        let worker = self.workers.get_mut(name).expect("just ensured");
+        for &key in keys {
+            if self
+                .confirmed
+                .get(&key)
+                .is_some_and(|m| m.intersects(&worker.mask))
+            {
+                continue;
+            }
+            if worker.predicted.insert(key, expiry) {
+                add_bit(&mut self.predicted, key, worker.bit);
+            }
+        }
+        while worker.predicted.len() > self.max_predicted_blocks {
+            let Some(key) = worker.predicted.pop_oldest() else {
+                break;
+            };
+            drop_bit(&mut self.predicted, key, worker.bit);
+        }
+        if expiry < self.next_expiry {
+            self.next_expiry = expiry;
+        }
+        Ok(())
+    }
 }
 
 #[pymethods]
@@ -281,8 +377,10 @@ impl BlockIndex {
     // ------------------------------------------------------------------ queries
 
     /// Router keys of the full pages of `token_ids`, at the index's page size.
-    fn keys(&self, token_ids: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
-        token_ids_keys(token_ids, self.page_size)
+    fn keys(&self, token_ids: &Bound<'_, PyAny>) -> PyResult<BlockKeys> {
+        Ok(BlockKeys {
+            keys: token_ids_keys(token_ids, self.page_size)?.into(),
+        })
     }
 
     /// Distinct blocks some worker reported holding.
@@ -341,53 +439,17 @@ impl BlockIndex {
     fn match_(
         &mut self,
         py: Python<'_>,
-        keys: Vec<Key>,
-        names: Vec<String>,
+        keys: &Bound<'_, PyAny>,
+        names: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<usize>> {
         self.expire(py)?;
+        let names: Vec<Bound<'_, PyString>> = names.extract()?;
         let empty = Bits::default();
-        let masks: Vec<&Bits> = names
-            .iter()
-            .map(|n| self.workers.get(n.as_str()).map_or(&empty, |w| &w.mask))
-            .collect();
-        let mut depths = vec![0usize; names.len()];
-        let mut alive = Bits::default();
-        for mask in &masks {
-            alive.or_assign(mask);
+        let mut masks: Vec<&Bits> = Vec::with_capacity(names.len());
+        for name in &names {
+            masks.push(self.workers.get(name.to_str()?).map_or(&empty, |w| &w.mask));
         }
-        let mut depth = 0;
-        for key in &keys {
-            if alive.is_empty() {
-                break;
-            }
-            let mut held = self
-                .confirmed
-                .get(key)
-                .map_or_else(Bits::default, |m| m.and(&alive));
-            if held != alive {
-                if let Some(predicted) = self.predicted.get(key) {
-                    held.or_assign(&predicted.and(&alive));
-                }
-            }
-            if held != alive {
-                let gone = alive.and_not(&held);
-                for (i, mask) in masks.iter().enumerate() {
-                    if mask.intersects(&gone) && !mask.intersects(&held) {
-                        depths[i] = depth; // its last rank dropped out here
-                    }
-                }
-                alive = held;
-            }
-            depth += 1;
-        }
-        if !alive.is_empty() {
-            for (i, mask) in masks.iter().enumerate() {
-                if mask.intersects(&alive) {
-                    depths[i] = depth;
-                }
-            }
-        }
-        Ok(depths)
+        with_keys(keys, |keys| self.depths(keys, &masks))
     }
 
     // ------------------------------------------------------------------ peer snapshots
@@ -431,41 +493,8 @@ impl BlockIndex {
     // ------------------------------------------------------------------ routing predictions
 
     /// Record that `name` is about to hold `keys` (it was just routed that prompt).
-    fn predict(&mut self, py: Python<'_>, name: &str, keys: Vec<Key>) -> PyResult<()> {
-        self.ensure_worker(name);
-        let has_events = self.workers[name].has_events;
-        let ttl = if has_events {
-            self.predicted_ttl_seconds
-        } else {
-            self.approximate_ttl_seconds
-        };
-        if ttl <= 0.0 {
-            return Ok(());
-        }
-        let expiry = self.now(py)? + ttl;
-        let worker = self.workers.get_mut(name).expect("just ensured");
-        for key in keys {
-            if self
-                .confirmed
-                .get(&key)
-                .is_some_and(|m| m.intersects(&worker.mask))
-            {
-                continue;
-            }
-            if worker.predicted.insert(key, expiry) {
-                add_bit(&mut self.predicted, key, worker.bit);
-            }
-        }
-        while worker.predicted.len() > self.max_predicted_blocks {
-            let Some(key) = worker.predicted.pop_oldest() else {
-                break;
-            };
-            drop_bit(&mut self.predicted, key, worker.bit);
-        }
-        if expiry < self.next_expiry {
-            self.next_expiry = expiry;
-        }
-        Ok(())
+    fn predict(&mut self, py: Python<'_>, name: &str, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        with_keys(keys, |keys| self.predict_keys(py, name, keys))?
     }
 
     // ------------------------------------------------------------------ engine events

@@ -9,6 +9,7 @@ mod events;
 mod index;
 mod keys;
 mod predictions;
+mod sequence;
 mod tokenizer;
 mod tokens;
 mod zmtp;
@@ -33,6 +34,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ROOT_KEY", keys::ROOT_KEY)?;
     m.add_function(wrap_pyfunction!(py_block_keys, m)?)?;
     m.add_class::<index::BlockIndex>()?;
+    m.add_class::<index::BlockKeys>()?;
     m.add_class::<tokens::TokenIds>()?;
     m.add_class::<tokens::TokenCache>()?;
     m.add_class::<zmtp::ZmtpReader>()?;

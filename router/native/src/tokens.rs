@@ -6,87 +6,16 @@
 use std::sync::Arc;
 
 use hashlink::LinkedHashMap;
-use pyo3::exceptions::{PyIndexError, PyTypeError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PySlice};
 
+use crate::sequence::int_sequence;
 use crate::tokenizer::{DefaultScheme, SchemeNumbers};
 
-/// Immutable token ids: a read-only sequence of ints to Python.
-#[pyclass(module = "tpuserve_router._native", frozen, sequence)]
-pub struct TokenIds {
-    pub ids: Arc<[u32]>,
-}
-
-#[pymethods]
-impl TokenIds {
-    #[new]
-    fn new(ids: Vec<u32>) -> TokenIds {
-        TokenIds { ids: ids.into() }
-    }
-
-    fn __len__(&self) -> usize {
-        self.ids.len()
-    }
-
-    fn __getitem__<'py>(
-        &self,
-        py: Python<'py>,
-        index: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        if let Ok(slice) = index.cast::<PySlice>() {
-            let indices = slice.indices(self.ids.len() as isize)?;
-            let picked: Vec<u32> = (0..indices.slicelength)
-                .map(|k| self.ids[(indices.start + k as isize * indices.step) as usize])
-                .collect();
-            return Ok(PyList::new(py, picked)?.into_any());
-        }
-        let Ok(i) = index.extract::<isize>() else {
-            return Err(PyTypeError::new_err(
-                "TokenIds indices must be integers or slices",
-            ));
-        };
-        let len = self.ids.len() as isize;
-        let at = if i < 0 { i + len } else { i };
-        if !(0..len).contains(&at) {
-            return Err(PyIndexError::new_err("TokenIds index out of range"));
-        }
-        Ok(self.ids[at as usize].into_pyobject(py)?.into_any())
-    }
-
-    /// `Sequence.count`.
-    fn count(&self, value: &Bound<'_, PyAny>) -> usize {
-        value
-            .extract::<u32>()
-            .map_or(0, |v| self.ids.iter().filter(|&&id| id == v).count())
-    }
-
-    /// `Sequence.index` (without its start and stop arguments).
-    fn index(&self, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-        value
-            .extract::<u32>()
-            .ok()
-            .and_then(|v| self.ids.iter().position(|&id| id == v))
-            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("value is not in TokenIds"))
-    }
-
-    fn tolist(&self) -> Vec<u32> {
-        self.ids.to_vec()
-    }
-
-    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
-        if let Ok(other) = other.cast::<TokenIds>() {
-            return other.get().ids == self.ids;
-        }
-        other
-            .extract::<Vec<u32>>()
-            .is_ok_and(|ids| *ids == *self.ids)
-    }
-
-    fn __repr__(&self) -> String {
-        format!("TokenIds({:?})", &self.ids)
-    }
-}
+int_sequence!(
+    /// Immutable token ids: a read-only sequence of ints to Python.
+    TokenIds, ids: u32
+);
 
 enum Encoder {
     /// The built-in scheme, here.

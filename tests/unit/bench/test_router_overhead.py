@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
@@ -9,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.router_overhead import policy_entry, tpuserve_router
+from bench.router_overhead import (
+    cpu_summary,
+    policy_entry,
+    print_summary,
+    tpuserve_router,
+    upstreams_cpu_seconds,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -99,3 +106,56 @@ def test_the_bench_refuses_a_bad_policy_entry_before_starting_anything() -> None
     )
     assert run.returncode == 2
     assert "'precise+nokv+kv': +kv and +nokv contradict each other" in run.stderr
+
+
+def test_the_upstreams_cpu_is_every_thread_of_every_upstream() -> None:
+    """What core 0's upstreams spent: the CPU of each process, all its threads (a KV-event
+    publisher's I/O thread counts)."""
+    busy = "import threading, time\n" + "\n".join([
+        "spun = threading.Barrier(2)",
+        "def spin():",
+        "    end = time.thread_time() + 0.3",
+        "    while time.thread_time() < end: pass",
+        "    spun.wait()",
+        "    time.sleep(30)",  # a thread that ended would leave /proc/PID/task with its time
+        "threading.Thread(target=spin, daemon=True).start()",
+        "end = time.thread_time() + 0.3",
+        "while time.thread_time() < end: pass",
+        "spun.wait(); print('done', flush=True); time.sleep(30)",
+    ])  # fmt: skip
+    procs = [
+        subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == "done\n"
+        used = upstreams_cpu_seconds([p.pid for p in procs])
+        assert used >= 4 * 0.3 * 0.9  # two processes, two spinning threads each
+        assert upstreams_cpu_seconds([]) == 0.0
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_summary_reports_the_upstreams_cpu_per_request(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def row(cpu: float, upstreams: float) -> dict[str, float]:
+        return {"cpu_us_per_request": cpu, "saturation_rps": 1000.0,
+                "upstreams_cpu_us_per_request": upstreams}  # fmt: skip
+
+    anchor = "sglang-router 0.3.2 cache_aware"
+    rows = {
+        "tpuserve precise": [row(200, 900), row(220, 800), row(260, 1000)],
+        anchor: [row(200, 700), row(200, 650), row(200, 760)],
+    }
+    summary = cpu_summary(rows, anchor)
+    assert summary["tpuserve precise"]["upstreams_cpu_us_per_request"] == 900
+    assert summary[anchor]["upstreams_cpu_us_per_request"] == 700
+    print_summary(summary, argparse.Namespace(cpu_rate=0, cpu_only=True))
+    out = capsys.readouterr().out.splitlines()
+    assert "upstreams' CPU/request" in out[0].split(" | ")
+    assert out[1].split(" | ")[-1] == "900 us"

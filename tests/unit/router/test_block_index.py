@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
 from tests.fakes import VirtualClock
-from tpuserve_router.block_index import ROOT_KEY, BlockIndex, block_keys
+from tpuserve_router.block_index import ROOT_KEY, BlockIndex, BlockKeys, block_keys
 
 pytestmark = pytest.mark.unit
 
@@ -50,6 +51,37 @@ def test_block_keys_are_cpythons_hash_of_parent_and_page() -> None:
         assert block_keys(tokens, page_size) == expected
     with pytest.raises(ValueError, match="page_size must be >= 1, got 0"):
         block_keys([1, 2], 0)
+
+
+def test_a_prompts_keys_read_as_a_sequence_and_match_as_a_list_would() -> None:
+    """`BlockIndex.keys` gives one native array (no Python int per key): it reads as the list
+    `block_keys` gives, and `match` and `predict` take it or any sequence of ints alike."""
+    tokens = list(range(4 * PAGE + 2))
+    keys = BlockIndex(page_size=PAGE).keys(tokens)
+    expected = block_keys(tokens, PAGE)
+    assert isinstance(keys, BlockKeys)
+    assert isinstance(keys, Sequence)
+    assert list(keys) == expected == keys.tolist()
+    assert keys == expected
+    assert (keys[0], keys[-1], keys[1:3], len(keys)) == (
+        expected[0], expected[-1], expected[1:3], len(expected)
+    )  # fmt: skip
+    assert keys.index(expected[2]) == 2
+    assert keys.count(expected[2]) == 1
+    with pytest.raises(IndexError, match="BlockKeys index out of range"):
+        keys[len(expected)]
+    with pytest.raises(TypeError, match="BlockKeys indices must be integers or slices"):
+        keys["0"]  # type: ignore[call-overload]
+    for given in (keys, expected, tuple(expected), BlockKeys(expected)):
+        index = BlockIndex(page_size=PAGE)
+        store(index, "a", tokens[: 2 * PAGE])
+        index.predict("b", given)
+        assert index.match(given, ("a", "b", "c")) == [2, 4, 0]
+        assert index.match(given, ["c", "a"]) == [0, 2]
+    with pytest.raises(TypeError):
+        index.match(keys, "ab")  # names are a sequence of names, not one string
+    with pytest.raises(TypeError):
+        index.match(keys, ["a", 1])  # type: ignore[list-item]
 
 
 def test_many_streams_spill_past_the_inline_bits() -> None:

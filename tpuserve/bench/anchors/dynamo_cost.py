@@ -45,7 +45,7 @@ class DynamoCost(PolicyDefaults):
         )  # fmt: skip
         self._prefill: dict[str, int] = {}
         self._active: dict[str, Counter[int]] = {}
-        self._keys: dict[int, list[int]] = {}
+        self._keys: dict[int, Sequence[int]] = {}
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
         healthy = [w for w in workers if w.healthy]
