@@ -45,6 +45,10 @@ type Key = i64;
 /// Engines hash blocks to 64-bit ints, signed (SGLang) or not: both fit.
 type EngineHash = i128;
 
+/// Keys whose confirmed entries `depths` looks up together (at most this many are looked up
+/// past the end of a match).
+const LOOKAHEAD: usize = 8;
+
 struct Stream {
     bit: usize,
     /// Engine block hash -> router key (None: an orphan whose parent the index never saw).
@@ -104,6 +108,12 @@ fn drop_bit(map: &mut HashMap<Key, Bits, Mix>, key: Key, bit: usize) {
             map.remove(&key);
         }
     }
+}
+
+/// Read an entry and drop it: brings its cache lines in ahead of the writes that follow.
+#[inline]
+fn touch<T>(entry: Option<&T>) {
+    std::hint::black_box(entry);
 }
 
 fn add_bit(map: &mut HashMap<Key, Bits, Mix>, key: Key, bit: usize) {
@@ -187,28 +197,43 @@ impl BlockIndex {
         };
         let size = block_size.max(0) as usize;
         let bit = stream.bit;
-        for (i, &engine_hash) in block_hashes.iter().enumerate() {
-            let start = i.saturating_mul(size).min(token_ids.len());
-            let end = (i + 1).saturating_mul(size).min(token_ids.len());
-            let key = parent.map(|parent| page_key(parent, &token_ids[start..end]));
-            if let Some(old) = stream.engine_keys.insert(engine_hash, key) {
-                // stored again: replace the old entry
-                match old {
-                    None => self.orphan_blocks -= 1,
-                    Some(old) if Some(old) != key => drop_bit(&mut self.confirmed, old, bit),
-                    Some(_) => {}
+        let keys: Vec<Option<Key>> = (0..block_hashes.len())
+            .map(|i| {
+                let start = i.saturating_mul(size).min(token_ids.len());
+                let end = (i + 1).saturating_mul(size).min(token_ids.len());
+                parent = parent.map(|parent| page_key(parent, &token_ids[start..end]));
+                parent
+            })
+            .collect();
+        for (hashes, keys) in block_hashes.chunks(LOOKAHEAD).zip(keys.chunks(LOOKAHEAD)) {
+            // Each block's entries are read before any is written: the reads do not depend
+            // on each other, so their cache misses overlap (see `depths`).
+            for (hash, key) in hashes.iter().zip(keys) {
+                touch(stream.engine_keys.get(hash));
+                if let Some(key) = key {
+                    touch(self.confirmed.get(key));
+                    touch(worker.predicted.get(key));
                 }
             }
-            match key {
-                None => self.orphan_blocks += 1,
-                Some(key) => {
-                    add_bit(&mut self.confirmed, key, bit);
-                    if worker.predicted.remove(&key) {
-                        drop_bit(&mut self.predicted, key, worker.bit);
+            for (&engine_hash, &key) in hashes.iter().zip(keys) {
+                if let Some(old) = stream.engine_keys.insert(engine_hash, key) {
+                    // stored again: replace the old entry
+                    match old {
+                        None => self.orphan_blocks -= 1,
+                        Some(old) if Some(old) != key => drop_bit(&mut self.confirmed, old, bit),
+                        Some(_) => {}
+                    }
+                }
+                match key {
+                    None => self.orphan_blocks += 1,
+                    Some(key) => {
+                        add_bit(&mut self.confirmed, key, bit);
+                        if worker.predicted.remove(&key) {
+                            drop_bit(&mut self.predicted, key, worker.bit);
+                        }
                     }
                 }
             }
-            parent = key;
         }
     }
 
@@ -220,14 +245,23 @@ impl BlockIndex {
         let Some(stream) = worker.streams.get_mut(&rank) else {
             return;
         };
-        for engine_hash in block_hashes {
-            match stream.engine_keys.remove(engine_hash) {
-                None => {}
-                Some(None) => self.orphan_blocks -= 1,
-                Some(Some(key)) => {
-                    drop_bit(&mut self.confirmed, key, stream.bit);
-                    if worker.predicted.remove(&key) {
-                        drop_bit(&mut self.predicted, key, worker.bit);
+        for hashes in block_hashes.chunks(LOOKAHEAD) {
+            // As in `store_blocks`: first the reads, their misses overlapping.
+            for hash in hashes {
+                if let Some(&Some(key)) = stream.engine_keys.get(hash) {
+                    touch(self.confirmed.get(&key));
+                    touch(worker.predicted.get(&key));
+                }
+            }
+            for engine_hash in hashes {
+                match stream.engine_keys.remove(engine_hash) {
+                    None => {}
+                    Some(None) => self.orphan_blocks -= 1,
+                    Some(Some(key)) => {
+                        drop_bit(&mut self.confirmed, key, stream.bit);
+                        if worker.predicted.remove(&key) {
+                            drop_bit(&mut self.predicted, key, worker.bit);
+                        }
                     }
                 }
             }
@@ -262,29 +296,33 @@ impl BlockIndex {
             alive.or_assign(mask);
         }
         let mut depth = 0;
-        for key in keys {
-            if alive.is_empty() {
-                break;
-            }
-            let mut held = self
-                .confirmed
-                .get(key)
-                .map_or_else(Bits::default, |m| m.and(&alive));
-            if held != alive {
-                if let Some(predicted) = self.predicted.get(key) {
-                    held.or_assign(&predicted.and(&alive));
+        'window: for window in keys.chunks(LOOKAHEAD) {
+            // A window's confirmed entries are looked up before any is used: the lookups do
+            // not depend on each other, so their cache misses overlap (in the router the
+            // table is cold between requests: a miss or two per key).
+            let confirmed: [Option<&Bits>; LOOKAHEAD] =
+                std::array::from_fn(|i| window.get(i).and_then(|key| self.confirmed.get(key)));
+            for (key, confirmed) in window.iter().zip(confirmed) {
+                if alive.is_empty() {
+                    break 'window;
                 }
-            }
-            if held != alive {
-                let gone = alive.and_not(&held);
-                for (i, mask) in masks.iter().enumerate() {
-                    if mask.intersects(&gone) && !mask.intersects(&held) {
-                        depths[i] = depth; // its last rank dropped out here
+                let mut held = confirmed.map_or_else(Bits::default, |m| m.and(&alive));
+                if held != alive {
+                    if let Some(predicted) = self.predicted.get(key) {
+                        held.or_assign(&predicted.and(&alive));
                     }
                 }
-                alive = held;
+                if held != alive {
+                    let gone = alive.and_not(&held);
+                    for (i, mask) in masks.iter().enumerate() {
+                        if mask.intersects(&gone) && !mask.intersects(&held) {
+                            depths[i] = depth; // its last rank dropped out here
+                        }
+                    }
+                    alive = held;
+                }
+                depth += 1;
             }
-            depth += 1;
         }
         if !alive.is_empty() {
             for (i, mask) in masks.iter().enumerate() {
@@ -310,16 +348,21 @@ impl BlockIndex {
         }
         let expiry = self.now(py)? + ttl;
         let worker = self.workers.get_mut(name).expect("just ensured");
-        for &key in keys {
-            if self
-                .confirmed
-                .get(&key)
-                .is_some_and(|m| m.intersects(&worker.mask))
-            {
-                continue;
-            }
-            if worker.predicted.insert(key, expiry) {
-                add_bit(&mut self.predicted, key, worker.bit);
+        for window in keys.chunks(LOOKAHEAD) {
+            // As in `store_blocks`: first the reads, their misses overlapping.
+            let held: [bool; LOOKAHEAD] = std::array::from_fn(|i| {
+                window.get(i).is_some_and(|key| {
+                    touch(worker.predicted.get(key));
+                    touch(self.predicted.get(key));
+                    self.confirmed
+                        .get(key)
+                        .is_some_and(|m| m.intersects(&worker.mask))
+                })
+            });
+            for (&key, held) in window.iter().zip(held) {
+                if !held && worker.predicted.insert(key, expiry) {
+                    add_bit(&mut self.predicted, key, worker.bit);
+                }
             }
         }
         while worker.predicted.len() > self.max_predicted_blocks {

@@ -39,6 +39,11 @@ impl Predictions {
         new
     }
 
+    /// `key`'s expiry, if it is predicted.
+    pub fn get(&self, key: &Key) -> Option<&f64> {
+        self.expiry.get(key)
+    }
+
     /// Forget `key`: true when it was predicted.
     pub fn remove(&mut self, key: &Key) -> bool {
         self.expiry.remove(key).is_some()

@@ -111,6 +111,51 @@ def test_unsigned_engine_hashes_are_taken() -> None:
     assert index.worker_blocks("a") == 0
 
 
+def test_match_is_the_longest_held_run_whatever_the_events_and_predictions() -> None:
+    """Against a plain model (per worker, the keys its events stored and did not remove, and
+    those it was routed and did not hold), on random long prompts sharing prefixes, with
+    blocks removed from the middle of chains: `match` (which looks keys up in windows) is the
+    length of the leading run each worker holds."""
+    rng = random.Random(11)
+    names = ["a", "b", "c", "d"]
+    stems = [[rng.randrange(1000) for _ in range(rng.randrange(0, 30) * PAGE)] for _ in range(4)]
+    prompts = [
+        stem
+        + [rng.randrange(1000) for _ in range(rng.randrange(0, 25) * PAGE + rng.randrange(PAGE))]
+        for stem in stems
+        for _ in range(6)
+    ]
+    index = BlockIndex(page_size=PAGE, clock=VirtualClock())
+    confirmed: dict[str, set[int]] = {n: set() for n in names}
+    predicted: dict[str, set[int]] = {n: set() for n in names}
+    for _ in range(400):
+        name, tokens = rng.choice(names), rng.choice(prompts)
+        keys = block_keys(tokens, PAGE)
+        action = rng.random()
+        if action < 0.4:
+            store(index, name, tokens)
+            confirmed[name] |= set(keys)
+            predicted[name] -= set(keys)
+        elif action < 0.6 and keys:
+            gone = rng.sample(range(len(keys)), rng.randrange(1, min(4, len(keys)) + 1))
+            hashes = [engine_hash(tokens[: (i + 1) * PAGE]) for i in gone]
+            index.remove(name, hashes)
+            confirmed[name] -= {keys[i] for i in gone}
+        else:
+            index.predict(name, index.keys(tokens))
+            predicted[name] |= set(keys) - confirmed[name]
+        for probe in rng.sample(prompts, 3):
+            probe_keys = block_keys(probe, PAGE)
+            expected = []
+            for n in names:
+                held = confirmed[n] | predicted[n]
+                run = 0
+                while run < len(probe_keys) and probe_keys[run] in held:
+                    run += 1
+                expected.append(run)
+            assert index.match(index.keys(probe), names) == expected
+
+
 def test_store_then_match_counts_leading_blocks_per_worker() -> None:
     index = BlockIndex(page_size=PAGE)
     prompt = list(range(32))
