@@ -376,10 +376,8 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
             pid: int | None, profile: Profile | None = None,
             before_measuring: Callable[[], None] | None = None,
             upstream_pids: Sequence[int] = ()) -> dict[str, Any]:  # fmt: skip
-    """One round of one router (``pid``; None: the engines directly, latency only). With
-    ``upstream_pids`` the saturated run also records the upstreams' CPU per request: they
-    share core 0 with the load generator, so what they spend sets the throughput a router
-    reaches there, and with it how many requests each of the router's wake-ups serves."""
+    """One round of one router (``pid``; None: the engines directly, latency only); with
+    ``upstream_pids`` the saturated run also records their CPU per request (module doc)."""
     out: dict[str, Any] = {}
     warm = completion_requests(seed + 7, 500)
     asyncio.run(closed_loop(targets, warm.__getitem__, len(warm), 16))
