@@ -4,16 +4,26 @@ choosing a worker (and the bookkeeping when the request ends), over the requests
 their own) and 4 healthy workers. No sockets, no event loop: what the policy itself costs,
 without the router's wake-ups and cold caches around it (docs/router.md, "Performance").
 
+``--cold-mb N`` also times each request on its own after rewriting an N MB buffer, which
+evicts the core's caches as the time between two requests does in a router at a moderate
+rate: there a request's cost is mostly its cache misses (the code and data it touches), not
+its instructions, and a policy's cold cost tracks its CPU per request at a fixed rate far
+better than its warm cost does (``cold_us``: the median, parsing and choosing together).
+For a deterministic count of those misses, run it under ``valgrind --tool=cachegrind``
+(docs/router.md, "Performance").
+
 Usage (from the repository root):
 
-    python bench/router_policy_cpu.py [--policy precise] [--requests 8000]
+    python bench/router_policy_cpu.py [--policy precise] [--requests 8000] [--cold-mb 48]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,8 +36,10 @@ from tpuserve_router.token_cache import ChatTokenCache
 from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
 
-def measure(policy_name: str, requests: int, warm_up: int) -> dict[str, float]:
-    """Microseconds per request: parsing with tokenizing, and choosing with its bookkeeping."""
+def measure(policy_name: str, requests: int, warm_up: int, cold_mb: int = 0) -> dict[str, float]:
+    """Microseconds per request: parsing with tokenizing, and choosing with its bookkeeping;
+    with ``cold_mb``, also the median of requests timed one by one, each after the caches
+    were evicted (``cold_us``)."""
     policy = make_policy(policy_name)
     tokens = ChatTokenCache(load_tokenizer(None)) if policy.needs_tokens else None
     registry = WorkerRegistry()
@@ -35,7 +47,8 @@ def measure(policy_name: str, requests: int, warm_up: int) -> dict[str, float]:
     for worker in workers:
         worker.healthy = True
     policy.on_workers_changed(registry.names())
-    bodies = [r.split(b"\r\n\r\n", 1)[1] for r in completion_requests(10, warm_up + requests)]
+    total = warm_up + requests * (2 if cold_mb > 0 else 1)  # cold: requests not seen before
+    bodies = [r.split(b"\r\n\r\n", 1)[1] for r in completion_requests(10, total)]
     documents = [parse_json_object(b) for b in bodies]
 
     def parse(i: int) -> RouteRequest:
@@ -56,11 +69,28 @@ def measure(policy_name: str, requests: int, warm_up: int) -> dict[str, float]:
     for request in routed:
         choose(request)
     chosen = time.perf_counter()
-    return {
+    figures = {
         "parse_us": (parsed - start) / requests * 1e6,
         "choose_us": (chosen - parsed) / requests * 1e6,
         "total_us": (chosen - start) / requests * 1e6,
     }
+    if cold_mb > 0:
+        fresh = range(total - requests, total)
+        figures["cold_us"] = cold(lambda i: choose(parse(i)), fresh, cold_mb) * 1e6
+    return figures
+
+
+def cold(run: Callable[[int], None], requests: range, cold_mb: int) -> float:
+    """The median seconds of ``run(i)`` for each of ``requests``, each run after rewriting a
+    ``cold_mb`` MB buffer (the copy evicts what the caches held)."""
+    source, sink = bytearray(cold_mb << 20), bytearray(cold_mb << 20)
+    seconds = []
+    for i in requests:
+        sink[:] = source
+        start = time.perf_counter()
+        run(i)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
 
 
 def main() -> int:
@@ -68,8 +98,17 @@ def main() -> int:
     parser.add_argument("--policy", default="precise")
     parser.add_argument("--requests", type=int, default=8000)
     parser.add_argument("--warm-up", type=int, default=2000)
+    parser.add_argument(
+        "--cold-mb",
+        type=int,
+        default=0,
+        help="also time requests one by one with the caches evicted by rewriting a buffer of "
+        "this many MB before each (more than the last-level cache: 48 on a 32 MB one)",
+    )
     args = parser.parse_args()
-    for name, value in measure(args.policy, args.requests, args.warm_up).items():
+    if args.cold_mb < 0:
+        parser.error(f"--cold-mb must be >= 0, got {args.cold_mb}")
+    for name, value in measure(args.policy, args.requests, args.warm_up, args.cold_mb).items():
         print(f"{name}: {value:.1f}")
     return 0
 

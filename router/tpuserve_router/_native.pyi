@@ -1,7 +1,7 @@
 """Types of the compiled block index (router/native, Rust); see `tpuserve_router.block_index`."""
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import overload
+from typing import Literal, overload
 
 ROOT_KEY: int
 
@@ -36,6 +36,20 @@ class BlockIndex:
     def workers(self) -> list[str]: ...
     def holds(self, name: str, key: int) -> bool: ...
     def match(self, keys: Sequence[int], names: Sequence[str]) -> list[int]: ...
+    def route(
+        self,
+        token_ids: Sequence[int],
+        names: Sequence[str],
+        loads: Sequence[int],
+        queued: Sequence[float],
+        cache_threshold: float,
+        balance_abs_threshold: int,
+        balance_rel_threshold: float,
+        queue_margin_tokens: float,
+        saved_prefix_weight: float,
+    ) -> tuple[
+        BlockKeys, list[int], int, Literal["prefix_hit", "miss", "balanced_away", "load_only"], bool
+    ]: ...
     def stream_blocks(self, name: str, rank: int = 0) -> list[tuple[int, int | None]]: ...
     def load_stream(
         self, name: str, rank: int, blocks: Iterable[tuple[int, int | None]]

@@ -8,6 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
+use crate::affinity;
 use crate::bits::Bits;
 use crate::events::{decode_common_batch, Event};
 use crate::keys::{block_keys, page_key, ROOT_KEY};
@@ -44,6 +45,10 @@ type Mix = foldhash::fast::RandomState;
 type Key = i64;
 /// Engines hash blocks to 64-bit ints, signed (SGLang) or not: both fit.
 type EngineHash = i128;
+
+/// What `route` answers: the prompt's keys, each worker's depth, the chosen one's index, why,
+/// and whether its keys were predicted on it.
+type Routed<'py> = (BlockKeys, Vec<usize>, usize, Bound<'py, PyString>, bool);
 
 /// Keys whose confirmed entries `depths` looks up together (at most this many are looked up
 /// past the end of a match).
@@ -493,6 +498,69 @@ impl BlockIndex {
             masks.push(self.workers.get(name.to_str()?).map_or(&empty, |w| &w.mask));
         }
         with_keys(keys, |keys| self.depths(keys, &masks))
+    }
+
+    /// A request's routing in one call (the `precise` policy's): the prompt's block keys
+    /// (`keys`), each of `names`' depth (`match`), the worker the affinity rule picks
+    /// (`prefix_routing.choose_by_affinity`, with `loads` their in-flight counts) and why;
+    /// and, when no queue could move it (`prefix_routing.leave_long_queue`'s first test, on
+    /// `queued`, upper bounds of each worker's queued prefill tokens), the prediction of the
+    /// keys on it (`predict`). Returns (keys, depths, target, outcome, predicted): when not
+    /// predicted, the caller settles the queues and predicts.
+    #[allow(clippy::too_many_arguments)]
+    fn route<'py>(
+        &mut self,
+        py: Python<'py>,
+        token_ids: &Bound<'py, PyAny>,
+        names: &Bound<'py, PyAny>,
+        loads: Vec<i64>,
+        queued: Vec<f64>,
+        cache_threshold: f64,
+        balance_abs_threshold: i64,
+        balance_rel_threshold: f64,
+        queue_margin_tokens: f64,
+        saved_prefix_weight: f64,
+    ) -> PyResult<Routed<'py>> {
+        self.expire(py)?;
+        let names: Vec<Bound<'_, PyString>> = names.extract()?;
+        if names.is_empty() || names.len() != loads.len() || names.len() != queued.len() {
+            return Err(PyValueError::new_err(format!(
+                "route needs one load and one queue per name (at least one name), got {} names, \
+                 {} loads and {} queues",
+                names.len(),
+                loads.len(),
+                queued.len()
+            )));
+        }
+        let keys = BlockKeys {
+            keys: token_ids_keys(token_ids, self.page_size)?.into(),
+        };
+        let empty = Bits::default();
+        let mut masks: Vec<&Bits> = Vec::with_capacity(names.len());
+        for name in &names {
+            masks.push(self.workers.get(name.to_str()?).map_or(&empty, |w| &w.mask));
+        }
+        let depths = self.depths(&keys.keys, &masks);
+        let (target, outcome) = affinity::choose(
+            &depths,
+            keys.keys.len(),
+            &loads,
+            cache_threshold,
+            balance_abs_threshold,
+            balance_rel_threshold,
+        );
+        let best = depths.iter().copied().max().unwrap_or(0);
+        let given_up = (best - depths[target]) as f64 * self.page_size as f64;
+        let stays = queued[target] <= queue_margin_tokens - saved_prefix_weight * given_up;
+        if stays {
+            self.predict_keys(py, names[target].to_str()?, &keys.keys)?;
+        }
+        let outcome = match outcome {
+            affinity::Outcome::PrefixHit => pyo3::intern!(py, "prefix_hit"),
+            affinity::Outcome::BalancedAway => pyo3::intern!(py, "balanced_away"),
+            affinity::Outcome::Miss => pyo3::intern!(py, "miss"),
+        };
+        Ok((keys, depths, target, outcome.clone(), stays))
     }
 
     // ------------------------------------------------------------------ peer snapshots

@@ -4,6 +4,7 @@
 //! most of the policy's CPU (docs/router.md, "Performance"). The KV-event streams' frames
 //! are split here too, and their batches applied without a round trip through Python.
 
+mod affinity;
 mod bits;
 mod events;
 mod index;

@@ -59,7 +59,6 @@ from tpuserve_router.policies.prefix_routing import (
     IndexParams,
     QueueParams,
     affinity_outcome,
-    choose_by_affinity,
     leave_long_queue,
 )
 
@@ -86,17 +85,22 @@ class PrecisePolicy(BlockIndexPolicy):
         index = self.block_index
         tokens = request.token_ids or ()
         prompt = len(tokens)
-        keys = index.keys(tokens)
-        depths = index.match(keys, [w.name for w in healthy])
-        i, outcome = choose_by_affinity(healthy, depths, len(keys), params)
+        booked = self.queues.booked
+        keys, depths, i, outcome, predicted = index.route(
+            tokens, [w.name for w in healthy], [w.in_flight for w in healthy],
+            [booked.get(w.name, 0) + w.peer_prefill_tokens for w in healthy],
+            params.cache_threshold, params.balance_abs_threshold, params.balance_rel_threshold,
+            params.queue_margin_tokens, params.saved_prefix_weight,
+        )  # fmt: skip
         page = index.page_size  # keys are whole pages of the prompt: depth x page <= prompt
-        moved = leave_long_queue(healthy, depths, page, prompt, i, self.queues, params)
-        if moved != i:
-            i = moved
-            cached = [d * page for d in depths]
-            outcome = affinity_outcome(cached, i, prompt, params.cache_threshold)
+        if not predicted:
+            moved = leave_long_queue(healthy, depths, page, prompt, i, self.queues, params)
+            if moved != i:
+                i = moved
+                cached = [d * page for d in depths]
+                outcome = affinity_outcome(cached, i, prompt, params.cache_threshold)
+            index.predict(healthy[i].name, keys)
         target = healthy[i]
-        index.predict(target.name, keys)
         hit = depths[i] * page
         decision = Decision(
             target, outcome, predicted_match_ratio=hit / prompt if prompt else 0.0,

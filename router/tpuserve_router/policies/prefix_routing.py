@@ -24,7 +24,7 @@ worker is reset or leaves, and asks the router for KV events and token ids.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +140,12 @@ class PrefillQueues:
                 self.release(decision)
         return self._tokens.get(name, 0)
 
+    @property
+    def booked(self) -> Mapping[str, int]:
+        """Tokens booked per worker, before releasing the prefills its index shows are over
+        (`tokens` does): upper bounds of the queues."""
+        return self._tokens
+
     def book(self, decision: Decision[Any], tokens: int, last_key: int | None = None) -> None:
         """Count ``tokens`` on the decision's worker; ``last_key`` is the block index key of
         the prompt's last full block (its confirmation ends the prefill)."""
@@ -148,7 +154,10 @@ class PrefillQueues:
             self._tokens[name] = self._tokens.get(name, 0) + tokens
             decision.pending_units = tokens
             if self._index is not None and last_key is not None:
-                self._waiting.setdefault(name, deque()).append((decision, last_key))
+                waiting = self._waiting.setdefault(name, deque())
+                while waiting and not waiting[0][0].pending_units:  # released meanwhile
+                    waiting.popleft()  # (`tokens` may not be asked between two bookings)
+                waiting.append((decision, last_key))
 
     def release(self, decision: Decision[Any]) -> None:
         if decision.pending_units:

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from tests.fakes import VirtualClock
+from tests.fakes import VirtualClock, fake_worker
 from tpuserve_router.block_index import ROOT_KEY, BlockIndex, BlockKeys, block_keys
+from tpuserve_router.policies.prefix_routing import AffinityParams, choose_by_affinity
 
 pytestmark = pytest.mark.unit
 
@@ -109,6 +110,63 @@ def test_unsigned_engine_hashes_are_taken() -> None:
     assert index.match(index.keys([1, 2, 3, 4]), ["a"]) == [1]
     index.remove("a", [2**64 - 1])
     assert index.worker_blocks("a") == 0
+
+
+def test_route_is_keys_match_the_affinity_rule_and_the_queue_test_in_one_call() -> None:
+    """`route` (the `precise` policy's one call per request) answers as `keys`, `match`,
+    `choose_by_affinity` and `leave_long_queue`'s first test do, and predicts the keys on the
+    chosen worker exactly when that test keeps it there: on two indexes given the same events,
+    one routed with `route`, the other step by step, every answer and every later match agree."""
+    rng = random.Random(5)
+    names = ["a", "b", "c", "d"]
+    stems = [[rng.randrange(1000) for _ in range(rng.randrange(0, 12) * PAGE)] for _ in range(4)]
+    prompts = [stem + [rng.randrange(1000) for _ in range(rng.randrange(0, 40))] for stem in stems]
+    clock = VirtualClock()
+    fused, stepwise = (BlockIndex(page_size=PAGE, clock=clock) for _ in range(2))
+    predicted_at_least_once = kept_off_at_least_once = False
+    for _ in range(600):
+        tokens = rng.choice(prompts)
+        if rng.random() < 0.3:
+            name = rng.choice(names)
+            store(fused, name, tokens)
+            store(stepwise, name, tokens)
+            continue
+        healthy = rng.sample(names, rng.randrange(1, 5))
+        loads = [rng.randrange(6) for _ in healthy]
+        queued = [float(rng.choice([0, 100, 5_000, 9_000, 20_000])) for _ in healthy]
+        params = AffinityParams(
+            cache_threshold=rng.choice([0.0, 0.3, 0.5]),
+            balance_abs_threshold=rng.choice([0, 2, 64]),
+            balance_rel_threshold=rng.choice([1.0, 1.5]),
+        )
+        margin, weight = rng.choice([0.0, 8192.0]), rng.choice([0.0, 2.0])
+        keys, depths, target, outcome, predicted = fused.route(
+            tokens, healthy, loads, queued, params.cache_threshold,
+            params.balance_abs_threshold, params.balance_rel_threshold, margin, weight,
+        )  # fmt: skip
+        expected_keys = stepwise.keys(tokens)
+        expected_depths = stepwise.match(expected_keys, healthy)
+        views = [fake_worker(n, in_flight=load) for n, load in zip(healthy, loads, strict=True)]
+        choice = choose_by_affinity(views, expected_depths, len(expected_keys), params)
+        stays = queued[choice[0]] <= margin + weight * PAGE * (
+            expected_depths[choice[0]] - max(expected_depths)
+        )
+        assert (list(keys), depths, (target, outcome), predicted) == (
+            list(expected_keys), expected_depths, choice, stays,
+        )  # fmt: skip
+        if stays:
+            stepwise.predict(healthy[target], expected_keys)
+        predicted_at_least_once |= stays
+        kept_off_at_least_once |= not stays
+        clock.advance(rng.choice([0.0, 0.5, 3.0]))
+        for probe in rng.sample(prompts, 2):
+            assert fused.match(fused.keys(probe), names) == stepwise.match(
+                stepwise.keys(probe), names
+            )
+    assert predicted_at_least_once
+    assert kept_off_at_least_once
+    with pytest.raises(ValueError, match="one load and one queue per name"):
+        fused.route([1] * PAGE, ["a", "b"], [0], [0.0, 0.0], 0.5, 2, 1.5, 8192.0, 2.0)
 
 
 def test_match_is_the_longest_held_run_whatever_the_events_and_predictions() -> None:

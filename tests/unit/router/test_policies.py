@@ -372,6 +372,20 @@ def test_precise_keeps_affinity_while_the_holders_queue_is_short() -> None:
     assert policy.choose(request, [a, b]).worker.name == "b"
 
 
+def test_released_prefills_leave_the_waiting_line_even_when_no_queue_is_read() -> None:
+    # With short queues `precise` decides without reading any (`BlockIndex.route`), so the
+    # prefills waiting for their last block must also be let go when the next one is booked.
+    policy = make_policy("precise", page_size=4)
+    assert isinstance(policy, PrecisePolicy)
+    a = fake_worker("a")
+    for i in range(500):
+        decision = policy.choose(fake_request(token_ids=list(range(i * 100, i * 100 + 41))), [a])
+        assert decision.pending_units > 0
+        policy.on_prefill_done(decision)
+    assert len(policy.queues._waiting["a"]) == 1  # the last one, released, until the next
+    assert policy.queued_prefill_tokens("a") == 0
+
+
 def test_leaving_a_long_queue_follows_the_documented_rule_for_any_queues() -> None:
     # leave_long_queue returns early when no move could pay off; whatever the queues, it must
     # decide as the full rule does: move to the worker with the least work when the queue it
