@@ -28,25 +28,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+from bench.router_cold_misses import setup
 from bench.router_overhead import completion_requests
-from sglang_tpu.tokenizer import load_tokenizer
-from tpuserve_router.policies.base import RouteRequest, make_policy
+from tpuserve_router.policies.base import RouteRequest
 from tpuserve_router.request_body import parse_completions, parse_json_object
-from tpuserve_router.token_cache import ChatTokenCache
-from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
 
 def measure(policy_name: str, requests: int, warm_up: int, cold_mb: int = 0) -> dict[str, float]:
     """Microseconds per request: parsing with tokenizing, and choosing with its bookkeeping;
     with ``cold_mb``, also the median of requests timed one by one, each after the caches
     were evicted (``cold_us``)."""
-    policy = make_policy(policy_name)
-    tokens = ChatTokenCache(load_tokenizer(None)) if policy.needs_tokens else None
-    registry = WorkerRegistry()
-    workers = [registry.add(WorkerSpec(f"http://127.0.0.1:{9000 + i}")) for i in range(4)]
-    for worker in workers:
-        worker.healthy = True
-    policy.on_workers_changed(registry.names())
+    policy, tokens, workers = setup(policy_name)
     total = warm_up + requests * (2 if cold_mb > 0 else 1)  # cold: requests not seen before
     bodies = [r.split(b"\r\n\r\n", 1)[1] for r in completion_requests(10, total)]
     documents = [parse_json_object(b) for b in bodies]
