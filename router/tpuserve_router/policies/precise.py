@@ -47,10 +47,10 @@ from typing import Any
 from tpuserve_router.policies.base import (
     Clock,
     Decision,
+    NoHealthyWorker,
     RouteRequest,
     W,
     build_params,
-    healthy_workers,
     register,
 )
 from tpuserve_router.policies.prefix_routing import (
@@ -81,14 +81,28 @@ class PrecisePolicy(BlockIndexPolicy):
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
         params = self.params
-        healthy = healthy_workers(workers, request.model)
         index = self.block_index
         tokens = request.token_ids or ()
         prompt = len(tokens)
         booked = self.queues.booked
+        # `healthy_workers` and route's inputs in one loop: in Python 3.11 a comprehension, like
+        # a call, builds a function object and a frame; with cold caches the loop costs ~110
+        # fewer misses per request than the call and three comprehensions (docs/router.md)
+        healthy: list[W] = []
+        names: list[str] = []
+        loads: list[int] = []
+        queued: list[int] = []
+        for w in workers:
+            if w.healthy:
+                healthy.append(w)
+                name = w.name
+                names.append(name)
+                loads.append(w.in_flight)
+                queued.append(booked.get(name, 0) + w.peer_prefill_tokens)
+        if not healthy:
+            raise NoHealthyWorker(request.model)
         keys, depths, i, outcome, predicted = index.route(
-            tokens, [w.name for w in healthy], [w.in_flight for w in healthy],
-            [booked.get(w.name, 0) + w.peer_prefill_tokens for w in healthy],
+            tokens, names, loads, queued,
             params.cache_threshold, params.balance_abs_threshold, params.balance_rel_threshold,
             params.queue_margin_tokens, params.saved_prefix_weight,
         )  # fmt: skip
