@@ -1,7 +1,9 @@
 """Types of the compiled block index (router/native, Rust); see `tpuserve_router.block_index`."""
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Literal, overload
+from typing import overload
+
+from tpuserve_router.policies.base import Outcome
 
 ROOT_KEY: int
 
@@ -47,9 +49,7 @@ class BlockIndex:
         balance_rel_threshold: float,
         queue_margin_tokens: float,
         saved_prefix_weight: float,
-    ) -> tuple[
-        BlockKeys, list[int], int, Literal["prefix_hit", "miss", "balanced_away", "load_only"], bool
-    ]: ...
+    ) -> tuple[BlockKeys, list[int], int, Outcome, bool]: ...
     def stream_blocks(self, name: str, rank: int = 0) -> list[tuple[int, int | None]]: ...
     def load_stream(
         self, name: str, rank: int, blocks: Iterable[tuple[int, int | None]]
