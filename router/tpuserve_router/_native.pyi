@@ -38,17 +38,20 @@ class BlockIndex:
     def workers(self) -> list[str]: ...
     def holds(self, name: str, key: int) -> bool: ...
     def match(self, keys: Sequence[int], names: Sequence[str]) -> list[int]: ...
-    def route(
+    def set_route_params(
         self,
-        token_ids: Sequence[int],
-        names: Sequence[str],
-        loads: Sequence[int],
-        queued: Sequence[float],
         cache_threshold: float,
         balance_abs_threshold: int,
         balance_rel_threshold: float,
         queue_margin_tokens: float,
         saved_prefix_weight: float,
+    ) -> None: ...
+    def route(
+        self,
+        token_ids: Sequence[int],
+        names: Iterable[str],
+        loads: Iterable[int],
+        queued: Iterable[float],
     ) -> tuple[BlockKeys, list[int], int, Outcome, bool]: ...
     def stream_blocks(self, name: str, rank: int = 0) -> list[tuple[int, int | None]]: ...
     def load_stream(

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use hashlink::LinkedHashMap;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyList, PyString};
 
 use crate::affinity;
 use crate::bits::Bits;
@@ -104,6 +104,37 @@ pub struct BlockIndex {
     confirmed: HashMap<Key, Bits, Mix>,
     predicted: HashMap<Key, Bits, Mix>,
     next_expiry: f64,
+    /// `route`'s parameters (`set_route_params`), fixed per policy: not passed per request.
+    route_params: Option<RouteParams>,
+}
+
+/// The affinity rule's and the queue test's parameters (`prefix_routing.AffinityParams`,
+/// `QueueParams`).
+#[derive(Clone, Copy)]
+struct RouteParams {
+    cache_threshold: f64,
+    balance_abs_threshold: i64,
+    balance_rel_threshold: f64,
+    queue_margin_tokens: f64,
+    saved_prefix_weight: f64,
+}
+
+/// Each item of `items` as a `T`: a list read directly (what the policy passes; pyo3's
+/// generic sequence extraction goes through the iterator protocol), any other iterable too.
+fn extract_items<'py, T>(items: &Bound<'py, PyAny>) -> PyResult<Vec<T>>
+where
+    T: for<'a> FromPyObject<'a, 'py>,
+{
+    if let Ok(list) = items.cast::<PyList>() {
+        return list
+            .iter()
+            .map(|item| item.extract::<T>().map_err(Into::into))
+            .collect();
+    }
+    items
+        .try_iter()?
+        .map(|item| item?.extract::<T>().map_err(Into::into))
+        .collect()
 }
 
 fn drop_bit(map: &mut HashMap<Key, Bits, Mix>, key: Key, bit: usize) {
@@ -419,6 +450,7 @@ impl BlockIndex {
             confirmed: HashMap::default(),
             predicted: HashMap::default(),
             next_expiry: f64::INFINITY,
+            route_params: None,
         })
     }
 
@@ -500,29 +532,51 @@ impl BlockIndex {
         with_keys(keys, |keys| self.depths(keys, &masks))
     }
 
-    /// A request's routing in one call (the `precise` policy's): the prompt's block keys
-    /// (`keys`), each of `names`' depth (`match`), the worker the affinity rule picks
-    /// (`prefix_routing.choose_by_affinity`, with `loads` their in-flight counts) and why;
-    /// and, when no queue could move it (`prefix_routing.leave_long_queue`'s first test, on
-    /// `queued`, upper bounds of each worker's queued prefill tokens), the prediction of the
-    /// keys on it (`predict`). Returns (keys, depths, target, outcome, predicted): when not
-    /// predicted, the caller settles the queues and predicts.
-    #[allow(clippy::too_many_arguments)]
-    fn route<'py>(
+    /// The parameters `route` applies (the policy's, set once): `prefix_routing.AffinityParams`'
+    /// ``cache_threshold``, ``balance_abs_threshold``, ``balance_rel_threshold`` and
+    /// `QueueParams`' ``queue_margin_tokens``, ``saved_prefix_weight``.
+    fn set_route_params(
         &mut self,
-        py: Python<'py>,
-        token_ids: &Bound<'py, PyAny>,
-        names: &Bound<'py, PyAny>,
-        loads: Vec<i64>,
-        queued: Vec<f64>,
         cache_threshold: f64,
         balance_abs_threshold: i64,
         balance_rel_threshold: f64,
         queue_margin_tokens: f64,
         saved_prefix_weight: f64,
+    ) {
+        self.route_params = Some(RouteParams {
+            cache_threshold,
+            balance_abs_threshold,
+            balance_rel_threshold,
+            queue_margin_tokens,
+            saved_prefix_weight,
+        });
+    }
+
+    /// A request's routing in one call (the `precise` policy's): the prompt's block keys
+    /// (`keys`), each of `names`' depth (`match`), the worker the affinity rule picks
+    /// (`prefix_routing.choose_by_affinity`, with `loads` their in-flight counts) and why;
+    /// and, when no queue could move it (`prefix_routing.leave_long_queue`'s first test, on
+    /// `queued`, upper bounds of each worker's queued prefill tokens), the prediction of the
+    /// keys on it (`predict`). Parameters as `set_route_params` set them. Returns (keys,
+    /// depths, target, outcome, predicted): when not predicted, the caller settles the queues
+    /// and predicts.
+    fn route<'py>(
+        &mut self,
+        py: Python<'py>,
+        token_ids: &Bound<'py, PyAny>,
+        names: &Bound<'py, PyAny>,
+        loads: &Bound<'py, PyAny>,
+        queued: &Bound<'py, PyAny>,
     ) -> PyResult<Routed<'py>> {
+        let Some(params) = self.route_params else {
+            return Err(PyValueError::new_err(
+                "route needs its parameters: call set_route_params first",
+            ));
+        };
         self.expire(py)?;
-        let names: Vec<Bound<'_, PyString>> = names.extract()?;
+        let names: Vec<Bound<'py, PyString>> = extract_items(names)?;
+        let loads: Vec<i64> = extract_items(loads)?;
+        let queued: Vec<f64> = extract_items(queued)?;
         if names.is_empty() || names.len() != loads.len() || names.len() != queued.len() {
             return Err(PyValueError::new_err(format!(
                 "route needs one load and one queue per name (at least one name), got {} names, \
@@ -545,13 +599,14 @@ impl BlockIndex {
             &depths,
             keys.keys.len(),
             &loads,
-            cache_threshold,
-            balance_abs_threshold,
-            balance_rel_threshold,
+            params.cache_threshold,
+            params.balance_abs_threshold,
+            params.balance_rel_threshold,
         );
         let best = depths.iter().copied().max().unwrap_or(0);
         let given_up = (best - depths[target]) as f64 * self.page_size as f64;
-        let stays = queued[target] <= queue_margin_tokens - saved_prefix_weight * given_up;
+        let stays =
+            queued[target] <= params.queue_margin_tokens - params.saved_prefix_weight * given_up;
         if stays {
             self.predict_keys(py, names[target].to_str()?, &keys.keys)?;
         }

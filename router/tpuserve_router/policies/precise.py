@@ -78,6 +78,11 @@ class PrecisePolicy(BlockIndexPolicy):
     def __init__(self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any):
         self.params = build_params(self.name, PreciseParams, config)
         self.start_index(self.params, clock)
+        p = self.params
+        self.block_index.set_route_params(
+            p.cache_threshold, p.balance_abs_threshold, p.balance_rel_threshold,
+            p.queue_margin_tokens, p.saved_prefix_weight,
+        )  # fmt: skip
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
         params = self.params
@@ -101,11 +106,7 @@ class PrecisePolicy(BlockIndexPolicy):
                 queued.append(booked.get(name, 0) + w.peer_prefill_tokens)
         if not healthy:
             raise NoHealthyWorker(request.model)
-        keys, depths, i, outcome, predicted = index.route(
-            tokens, names, loads, queued,
-            params.cache_threshold, params.balance_abs_threshold, params.balance_rel_threshold,
-            params.queue_margin_tokens, params.saved_prefix_weight,
-        )  # fmt: skip
+        keys, depths, i, outcome, predicted = index.route(tokens, names, loads, queued)
         page = index.page_size  # keys are whole pages of the prompt: depth x page <= prompt
         if not predicted:
             moved = leave_long_queue(healthy, depths, page, prompt, i, self.queues, params)

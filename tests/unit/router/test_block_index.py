@@ -140,10 +140,14 @@ def test_route_is_keys_match_the_affinity_rule_and_the_queue_test_in_one_call() 
             balance_rel_threshold=rng.choice([1.0, 1.5]),
         )
         margin, weight = rng.choice([0.0, 8192.0]), rng.choice([0.0, 2.0])
-        keys, depths, target, outcome, predicted = fused.route(
-            tokens, healthy, loads, queued, params.cache_threshold,
-            params.balance_abs_threshold, params.balance_rel_threshold, margin, weight,
+        fused.set_route_params(
+            params.cache_threshold, params.balance_abs_threshold, params.balance_rel_threshold,
+            margin, weight,
         )  # fmt: skip
+        routed = tuple if rng.random() < 0.5 else list  # lists are read directly, not only
+        keys, depths, target, outcome, predicted = fused.route(
+            tokens, routed(healthy), routed(loads), routed(queued)
+        )
         expected_keys = stepwise.keys(tokens)
         expected_depths = stepwise.match(expected_keys, healthy)
         views = [fake_worker(n, in_flight=load) for n, load in zip(healthy, loads, strict=True)]
@@ -166,7 +170,14 @@ def test_route_is_keys_match_the_affinity_rule_and_the_queue_test_in_one_call() 
     assert predicted_at_least_once
     assert kept_off_at_least_once
     with pytest.raises(ValueError, match="one load and one queue per name"):
-        fused.route([1] * PAGE, ["a", "b"], [0], [0.0, 0.0], 0.5, 2, 1.5, 8192.0, 2.0)
+        fused.route([1] * PAGE, ["a", "b"], [0], [0.0, 0.0])
+    with pytest.raises(TypeError):
+        fused.route([1] * PAGE, ["a", 7], [0, 0], [0.0, 0.0])
+
+
+def test_route_needs_its_parameters_set_first() -> None:
+    with pytest.raises(ValueError, match="set_route_params"):
+        BlockIndex(page_size=PAGE).route([1] * PAGE, ["a"], [0], [0.0])
 
 
 def test_match_is_the_longest_held_run_whatever_the_events_and_predictions() -> None:
