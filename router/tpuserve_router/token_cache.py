@@ -6,8 +6,10 @@ on a system prompt that thousands of requests share. The rendered template is sp
 before every ``<|im_start|>``: tokenizers never merge across a special token (the built-in
 one matches it as a piece of its own; Hugging Face tokenizers split on added tokens first),
 so encoding the pieces separately and concatenating gives the same ids as encoding the
-whole. Each piece's ids are cached (least recently used first out, bounded by the bytes of
-text they stand for), so a request pays only for its new turns.
+whole. Each piece's ids are cached (bounded by the bytes of text they stand for; the clock
+algorithm, an approximation of least recently used, picks what goes), so a request pays only
+for its new turns. Pieces are keyed by a 128-bit hash of their text (a collision would only
+route one piece as the other; the engine still receives the request's own text).
 
 With the built-in tokenizer, plain-text prompts (and long chat pieces) are also cut into
 chunks of about ``CHUNK_BYTES`` bytes, each ending just before a space: that tokenizer

@@ -3,9 +3,9 @@
 //! pays only for the text it does not share with earlier ones, and its ids go from the cache
 //! to the block index's keys without becoming Python objects.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
 
-use hashlink::LinkedHashMap;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
@@ -24,8 +24,34 @@ enum Encoder {
     Python(Py<PyAny>),
 }
 
-/// The token ids of prompt pieces, least recently used out first, bounded by the bytes of
-/// text they stand for.
+/// A piece's text by a 128-bit hash of it, from two independently seeded hashers. Two pieces
+/// that collide (about 2^-128 per pair, and the seeds are per process) would only route one
+/// as if it were the other: what the engine receives is the request's own text. Keyed by the
+/// hash, the table neither copies a piece's text nor compares it on a hit (a 256-byte chunk
+/// is four cache lines, cold in the router between requests).
+#[derive(Default)]
+struct PieceHasher {
+    low: foldhash::quality::RandomState,
+    high: foldhash::quality::RandomState,
+}
+
+impl PieceHasher {
+    fn key(&self, piece: &str) -> u128 {
+        (u128::from(self.high.hash_one(piece)) << 64) | u128::from(self.low.hash_one(piece))
+    }
+}
+
+struct Piece {
+    ids: Box<[u32]>,
+    /// Bytes of text it stands for (what the cache's bound counts).
+    bytes: usize,
+    /// Read since the clock hand last passed it.
+    used: bool,
+}
+
+/// The token ids of prompt pieces, bounded by the bytes of text they stand for. Eviction is
+/// the clock algorithm (second chance), an approximation of least recently used: a hit only
+/// marks its entry, where a linked list would rewrite its neighbours' links too.
 #[pyclass(module = "tpuserve_router._native")]
 pub struct TokenCache {
     encoder: Encoder,
@@ -38,7 +64,10 @@ pub struct TokenCache {
     hits: u64,
     #[pyo3(get)]
     misses: u64,
-    pieces: LinkedHashMap<Box<str>, Arc<[u32]>>,
+    hasher: PieceHasher,
+    pieces: HashMap<u128, Piece, foldhash::fast::RandomState>,
+    /// The clock: keys in the order the hand passes them.
+    clock: VecDeque<u128>,
 }
 
 impl TokenCache {
@@ -53,8 +82,10 @@ impl TokenCache {
     }
 
     fn piece(&mut self, py: Python<'_>, piece: &str, out: &mut Vec<u32>) -> PyResult<()> {
-        if let Some(ids) = self.pieces.to_back(piece) {
-            out.extend_from_slice(ids);
+        let key = self.hasher.key(piece);
+        if let Some(cached) = self.pieces.get_mut(&key) {
+            cached.used = true;
+            out.extend_from_slice(&cached.ids);
             self.hits += 1;
             return Ok(());
         }
@@ -62,16 +93,42 @@ impl TokenCache {
         let start = out.len();
         self.encode_uncached(py, piece, out)?;
         if piece.len() <= self.max_bytes {
-            self.pieces.insert(piece.into(), out[start..].into());
-            self.cached_bytes += piece.len();
-            while self.cached_bytes > self.max_bytes {
-                let Some((old, _)) = self.pieces.pop_front() else {
-                    break;
-                };
-                self.cached_bytes -= old.len();
-            }
+            let ids = out[start..].into();
+            let bytes = piece.len();
+            self.pieces.insert(
+                key,
+                Piece {
+                    ids,
+                    bytes,
+                    used: false,
+                },
+            );
+            self.clock.push_back(key);
+            self.cached_bytes += bytes;
+            self.evict();
         }
         Ok(())
+    }
+
+    /// Drop pieces until the cache is within its bound: the hand takes the oldest key; a
+    /// piece read since the hand last passed gets a second chance (back of the clock,
+    /// unmarked), any other goes. At most two turns of the clock.
+    fn evict(&mut self) {
+        while self.cached_bytes > self.max_bytes {
+            let Some(key) = self.clock.pop_front() else {
+                break;
+            };
+            let Some(piece) = self.pieces.get_mut(&key) else {
+                continue;
+            };
+            if piece.used {
+                piece.used = false;
+                self.clock.push_back(key);
+            } else {
+                self.cached_bytes -= piece.bytes;
+                self.pieces.remove(&key);
+            }
+        }
     }
 
     /// Each chunk of `text` through the cache: cut just before a space once a chunk has
@@ -125,7 +182,9 @@ impl TokenCache {
             cached_bytes: 0,
             hits: 0,
             misses: 0,
-            pieces: LinkedHashMap::new(),
+            hasher: PieceHasher::default(),
+            pieces: HashMap::default(),
+            clock: VecDeque::new(),
         })
     }
 

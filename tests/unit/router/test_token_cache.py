@@ -48,6 +48,22 @@ def test_the_cache_is_bounded_by_bytes() -> None:
     assert 0 < cache.cached_bytes <= 1000
 
 
+def test_a_piece_in_use_outlives_pieces_read_once() -> None:
+    """Eviction approximates least recently used (the clock: a piece read since the hand
+    last passed it gets a second chance): a system prompt read by every request stays cached
+    while the cache turns over many times with questions read once."""
+    cache = ChatTokenCache(TOKENIZER, max_bytes=2000)
+    system = {"role": "system", "content": "You are helpful. " * 10}
+    for i in range(200):
+        cache.encode_chat([system, {"role": "user", "content": f"question {i} " * 20}])
+        assert 0 < cache.cached_bytes <= 2000
+    assert cache.misses == 1 + 200 + 1  # the system piece once, each question, the prompt
+    assert cache.hits == 199 + 199
+    again = cache.misses
+    cache.encode_chat([{"role": "user", "content": "question 0 " * 20}])
+    assert cache.misses == again + 1  # the first questions went long ago
+
+
 def test_the_compiled_encoding_equals_the_specification() -> None:
     """The router's compiled encoding of the built-in scheme gives the ids of
     `sglang_tpu.tokenizer` (the engine twin's) on random text: specials whole and cut short,
