@@ -459,7 +459,7 @@ impl BlockIndex {
     /// Router keys of the full pages of `token_ids`, at the index's page size.
     fn keys(&self, token_ids: &Bound<'_, PyAny>) -> PyResult<BlockKeys> {
         Ok(BlockKeys {
-            keys: token_ids_keys(token_ids, self.page_size)?.into(),
+            keys: token_ids_keys(token_ids, self.page_size)?,
         })
     }
 
@@ -587,7 +587,7 @@ impl BlockIndex {
             )));
         }
         let keys = BlockKeys {
-            keys: token_ids_keys(token_ids, self.page_size)?.into(),
+            keys: token_ids_keys(token_ids, self.page_size)?,
         };
         let empty = Bits::default();
         let mut masks: Vec<&Bits> = Vec::with_capacity(names.len());

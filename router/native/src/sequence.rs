@@ -1,7 +1,7 @@
 //! Read-only sequences of ints held in one native array (`TokenIds`, `BlockKeys`): a request's
 //! token ids and block keys go from one compiled call to the next without a Python int each.
 
-/// Defines `$name`, a frozen pyclass over `Arc<[$item]>` in field `$field`, that Python sees
+/// Defines `$name`, a frozen pyclass over `Vec<$item>` in field `$field`, that Python sees
 /// as a read-only sequence of ints (len, indexing, slices as lists, iteration, count, index,
 /// equality with any sequence of the same ints, `tolist`).
 macro_rules! int_sequence {
@@ -9,14 +9,14 @@ macro_rules! int_sequence {
         $(#[$meta])*
         #[pyclass(module = "tpuserve_router._native", frozen, sequence)]
         pub struct $name {
-            pub $field: std::sync::Arc<[$item]>,
+            pub $field: Vec<$item>,
         }
 
         #[pymethods]
         impl $name {
             #[new]
             fn new($field: Vec<$item>) -> $name {
-                $name { $field: $field.into() }
+                $name { $field }
             }
 
             fn __len__(&self) -> usize {

@@ -197,7 +197,7 @@ impl TokenCache {
         } else {
             self.chunks(py, text, &mut out)?;
         }
-        Ok(TokenIds { ids: out.into() })
+        Ok(TokenIds { ids: out })
     }
 
     /// The ids of a rendered chat template: split just before every `turn_start` (no
@@ -226,6 +226,6 @@ impl TokenCache {
                 self.piece(py, piece, &mut out)?;
             }
         }
-        Ok(TokenIds { ids: out.into() })
+        Ok(TokenIds { ids: out })
     }
 }
