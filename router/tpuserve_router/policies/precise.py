@@ -117,9 +117,8 @@ class PrecisePolicy(BlockIndexPolicy):
             index.predict(healthy[i].name, keys)
         target = healthy[i]
         hit = depths[i] * page
-        decision = Decision(
-            target, outcome, predicted_match_ratio=hit / prompt if prompt else 0.0,
-            prompt_units=prompt, block_keys=keys,
-        )  # fmt: skip
+        # positional: a call with keywords builds a dict for them (Decision's field order:
+        # worker, outcome, predicted_match_ratio, prompt_units, pending_units, block_keys)
+        decision = Decision(target, outcome, hit / prompt if prompt else 0.0, prompt, 0, keys)
         self.queues.book(decision, prompt - hit, keys[-1] if keys else None)
         return decision
