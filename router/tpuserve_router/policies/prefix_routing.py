@@ -125,6 +125,10 @@ class PrefillQueues:
 
     def __init__(self, index: BlockIndex | None = None) -> None:
         self._tokens: dict[str, int] = {}
+        self.booked: Mapping[str, int] = self._tokens
+        """Tokens booked per worker, before releasing the prefills its index shows are over
+        (`tokens` does): upper bounds of the queues. (An attribute, not a property: it is read
+        per request, and a property's getter is one more Python frame.)"""
         self._index = index
         self._waiting: dict[str, deque[tuple[Decision[Any], int]]] = {}
 
@@ -139,12 +143,6 @@ class PrefillQueues:
                 waiting.popleft()
                 self.release(decision)
         return self._tokens.get(name, 0)
-
-    @property
-    def booked(self) -> Mapping[str, int]:
-        """Tokens booked per worker, before releasing the prefills its index shows are over
-        (`tokens` does): upper bounds of the queues."""
-        return self._tokens
 
     def book(self, decision: Decision[Any], tokens: int, last_key: int | None = None) -> None:
         """Count ``tokens`` on the decision's worker; ``last_key`` is the block index key of
@@ -292,10 +290,12 @@ class BlockIndexPolicy(PolicyDefaults):
         self.queues = PrefillQueues(self.block_index)
 
     def on_prefill_done(self, decision: Decision[Any]) -> None:
-        self.queues.release(decision)
+        if decision.pending_units:  # (a call less per request: the second hook finds none)
+            self.queues.release(decision)
 
     def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
-        self.queues.release(decision)
+        if decision.pending_units:
+            self.queues.release(decision)
 
     def queued_prefill_tokens(self, name: str) -> int:
         return self.queues.tokens(name)
