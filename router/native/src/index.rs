@@ -306,8 +306,14 @@ impl BlockIndex {
 
     fn expire(&mut self, py: Python<'_>) -> PyResult<()> {
         let now = self.now(py)?;
+        self.expire_at(now);
+        Ok(())
+    }
+
+    /// Drop the predictions expired at `now`.
+    fn expire_at(&mut self, now: f64) {
         if now < self.next_expiry {
-            return Ok(());
+            return;
         }
         let mut next_expiry = f64::INFINITY;
         for worker in self.workers.values_mut() {
@@ -321,7 +327,6 @@ impl BlockIndex {
         }
         let ttl = self.predicted_ttl_seconds.min(self.approximate_ttl_seconds);
         self.next_expiry = next_expiry.max(now + ttl / 10.0);
-        Ok(())
     }
 
     /// For each worker mask, how many leading blocks of `keys` it holds (see `match`).
@@ -370,8 +375,8 @@ impl BlockIndex {
         depths
     }
 
-    /// `predict`, over keys as a slice.
-    fn predict_keys(&mut self, py: Python<'_>, name: &str, keys: &[Key]) -> PyResult<()> {
+    /// `predict`, over keys as a slice, at time `now`.
+    fn predict_keys(&mut self, now: f64, name: &str, keys: &[Key]) {
         self.ensure_worker(name);
         let has_events = self.workers[name].has_events;
         let ttl = if has_events {
@@ -380,9 +385,9 @@ impl BlockIndex {
             self.approximate_ttl_seconds
         };
         if ttl <= 0.0 {
-            return Ok(());
+            return;
         }
-        let expiry = self.now(py)? + ttl;
+        let expiry = now + ttl;
         let worker = self.workers.get_mut(name).expect("just ensured");
         for window in keys.chunks(LOOKAHEAD) {
             // As in `store_blocks`: first the reads, their misses overlapping.
@@ -410,7 +415,6 @@ impl BlockIndex {
         if expiry < self.next_expiry {
             self.next_expiry = expiry;
         }
-        Ok(())
     }
 }
 
@@ -573,7 +577,8 @@ impl BlockIndex {
                 "route needs its parameters: call set_route_params first",
             ));
         };
-        self.expire(py)?;
+        let now = self.now(py)?; // read once: the clock is a Python call
+        self.expire_at(now);
         let names: Vec<Bound<'py, PyString>> = extract_items(names)?;
         let loads: Vec<i64> = extract_items(loads)?;
         let queued: Vec<f64> = extract_items(queued)?;
@@ -608,7 +613,7 @@ impl BlockIndex {
         let stays =
             queued[target] <= params.queue_margin_tokens - params.saved_prefix_weight * given_up;
         if stays {
-            self.predict_keys(py, names[target].to_str()?, &keys.keys)?;
+            self.predict_keys(now, names[target].to_str()?, &keys.keys);
         }
         let outcome = match outcome {
             affinity::Outcome::PrefixHit => pyo3::intern!(py, "prefix_hit"),
@@ -660,7 +665,8 @@ impl BlockIndex {
 
     /// Record that `name` is about to hold `keys` (it was just routed that prompt).
     fn predict(&mut self, py: Python<'_>, name: &str, keys: &Bound<'_, PyAny>) -> PyResult<()> {
-        with_keys(keys, |keys| self.predict_keys(py, name, keys))?
+        let now = self.now(py)?;
+        with_keys(keys, |keys| self.predict_keys(now, name, keys))
     }
 
     // ------------------------------------------------------------------ engine events
