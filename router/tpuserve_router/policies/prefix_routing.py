@@ -152,7 +152,9 @@ class PrefillQueues:
             self._tokens[name] = self._tokens.get(name, 0) + tokens
             decision.pending_units = tokens
             if self._index is not None and last_key is not None:
-                waiting = self._waiting.setdefault(name, deque())
+                waiting = self._waiting.get(name)
+                if waiting is None:  # (not setdefault: it would build a deque per booking)
+                    waiting = self._waiting[name] = deque()
                 while waiting and not waiting[0][0].pending_units:  # released meanwhile
                     waiting.popleft()  # (`tokens` may not be asked between two bookings)
                 waiting.append((decision, last_key))
