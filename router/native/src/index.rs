@@ -126,15 +126,17 @@ where
     T: for<'a> FromPyObject<'a, 'py>,
 {
     if let Ok(list) = items.cast::<PyList>() {
-        return list
-            .iter()
-            .map(|item| item.extract::<T>().map_err(Into::into))
-            .collect();
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            out.push(item.extract::<T>().map_err(Into::into)?);
+        }
+        return Ok(out);
     }
-    items
-        .try_iter()?
-        .map(|item| item?.extract::<T>().map_err(Into::into))
-        .collect()
+    let mut out = Vec::new();
+    for item in items.try_iter()? {
+        out.push(item?.extract::<T>().map_err(Into::into)?);
+    }
+    Ok(out)
 }
 
 fn drop_bit(map: &mut HashMap<Key, Bits, Mix>, key: Key, bit: usize) {
@@ -378,8 +380,8 @@ impl BlockIndex {
     /// `predict`, over keys as a slice, at time `now`.
     fn predict_keys(&mut self, now: f64, name: &str, keys: &[Key]) {
         self.ensure_worker(name);
-        let has_events = self.workers[name].has_events;
-        let ttl = if has_events {
+        let worker = self.workers.get_mut(name).expect("just ensured");
+        let ttl = if worker.has_events {
             self.predicted_ttl_seconds
         } else {
             self.approximate_ttl_seconds
@@ -388,7 +390,6 @@ impl BlockIndex {
             return;
         }
         let expiry = now + ttl;
-        let worker = self.workers.get_mut(name).expect("just ensured");
         for window in keys.chunks(LOOKAHEAD) {
             // As in `store_blocks`: first the reads, their misses overlapping.
             let held: [bool; LOOKAHEAD] = std::array::from_fn(|i| {
