@@ -47,8 +47,16 @@ type Key = i64;
 type EngineHash = i128;
 
 /// What `route` answers: the prompt's keys, each worker's depth, the chosen one's index, why,
-/// and whether its keys were predicted on it.
-type Routed<'py> = (BlockKeys, Vec<usize>, usize, Bound<'py, PyString>, bool);
+/// whether its keys were predicted on it, the page size the keys were cut at, and the last key.
+type Routed<'py> = (
+    BlockKeys,
+    Vec<usize>,
+    usize,
+    Bound<'py, PyString>,
+    bool,
+    usize,
+    Option<Key>,
+);
 
 /// Keys whose confirmed entries `depths` looks up together (at most this many are looked up
 /// past the end of a match).
@@ -563,8 +571,8 @@ impl BlockIndex {
     /// and, when no queue could move it (`prefix_routing.leave_long_queue`'s first test, on
     /// `queued`, upper bounds of each worker's queued prefill tokens), the prediction of the
     /// keys on it (`predict`). Parameters as `set_route_params` set them. Returns (keys,
-    /// depths, target, outcome, predicted): when not predicted, the caller settles the queues
-    /// and predicts.
+    /// depths, target, outcome, predicted, page size, last key or None): when not predicted,
+    /// the caller settles the queues and predicts.
     fn route<'py>(
         &mut self,
         py: Python<'py>,
@@ -621,7 +629,16 @@ impl BlockIndex {
             affinity::Outcome::BalancedAway => pyo3::intern!(py, "balanced_away"),
             affinity::Outcome::Miss => pyo3::intern!(py, "miss"),
         };
-        Ok((keys, depths, target, outcome.clone(), stays))
+        let last = keys.keys.last().copied();
+        Ok((
+            keys,
+            depths,
+            target,
+            outcome.clone(),
+            stays,
+            self.page_size,
+            last,
+        ))
     }
 
     // ------------------------------------------------------------------ peer snapshots

@@ -106,8 +106,9 @@ class PrecisePolicy(BlockIndexPolicy):
                 queued.append(booked.get(name, 0) + w.peer_prefill_tokens)
         if not healthy:
             raise NoHealthyWorker(request.model)
-        keys, depths, i, outcome, predicted = index.route(tokens, names, loads, queued)
-        page = index.page_size  # keys are whole pages of the prompt: depth x page <= prompt
+        keys, depths, i, outcome, predicted, page, last_key = index.route(
+            tokens, names, loads, queued
+        )  # keys are whole pages of the prompt: depth x page <= prompt
         if not predicted:
             moved = leave_long_queue(healthy, depths, page, prompt, i, self.queues, params)
             if moved != i:
@@ -120,5 +121,5 @@ class PrecisePolicy(BlockIndexPolicy):
         # positional: a call with keywords builds a dict for them (Decision's field order:
         # worker, outcome, predicted_match_ratio, prompt_units, pending_units, block_keys)
         decision = Decision(target, outcome, hit / prompt if prompt else 0.0, prompt, 0, keys)
-        self.queues.book(decision, prompt - hit, keys[-1] if keys else None)
+        self.queues.book(decision, prompt - hit, last_key)
         return decision

@@ -145,9 +145,10 @@ def test_route_is_keys_match_the_affinity_rule_and_the_queue_test_in_one_call() 
             margin, weight,
         )  # fmt: skip
         routed = tuple if rng.random() < 0.5 else list  # lists are read directly, not only
-        keys, depths, target, outcome, predicted = fused.route(
+        keys, depths, target, outcome, predicted, page, last_key = fused.route(
             tokens, routed(healthy), routed(loads), routed(queued)
         )
+        assert (page, last_key) == (PAGE, keys[-1] if keys else None)
         expected_keys = stepwise.keys(tokens)
         expected_depths = stepwise.match(expected_keys, healthy)
         views = [fake_worker(n, in_flight=load) for n, load in zip(healthy, loads, strict=True)]
