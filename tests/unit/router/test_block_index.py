@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -172,8 +173,9 @@ def test_route_is_keys_match_the_affinity_rule_and_the_queue_test_in_one_call() 
     assert kept_off_at_least_once
     with pytest.raises(ValueError, match="one load and one queue per name"):
         fused.route([1] * PAGE, ["a", "b"], [0], [0.0, 0.0])
+    not_names: list[Any] = ["a", 7]
     with pytest.raises(TypeError):
-        fused.route([1] * PAGE, ["a", 7], [0, 0], [0.0, 0.0])
+        fused.route([1] * PAGE, not_names, [0, 0], [0.0, 0.0])
 
 
 def test_route_needs_its_parameters_set_first() -> None:
