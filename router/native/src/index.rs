@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use hashlink::LinkedHashMap;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 
@@ -128,11 +128,17 @@ struct RouteParams {
 }
 
 /// Each item of `items` as a `T`: a list read directly (what the policy passes; pyo3's
-/// generic sequence extraction goes through the iterator protocol), any other iterable too.
+/// generic sequence extraction goes through the iterator protocol), any other iterable too,
+/// except a string (as pyo3 refuses it: names are a sequence of names, not one string).
 fn extract_items<'py, T>(items: &Bound<'py, PyAny>) -> PyResult<Vec<T>>
 where
     T: for<'a> FromPyObject<'a, 'py>,
 {
+    if items.is_instance_of::<PyString>() {
+        return Err(PyTypeError::new_err(
+            "expected a sequence of items, got one str",
+        ));
+    }
     if let Ok(list) = items.cast::<PyList>() {
         let mut out = Vec::with_capacity(list.len());
         for item in list.iter() {
@@ -339,6 +345,19 @@ impl BlockIndex {
         self.next_expiry = next_expiry.max(now + ttl / 10.0);
     }
 
+    /// Each of `names`' stream bits (`empty` for a worker the index has not seen).
+    fn masks<'a>(
+        &'a self,
+        names: &[Bound<'_, PyString>],
+        empty: &'a Bits,
+    ) -> PyResult<Vec<&'a Bits>> {
+        let mut masks = Vec::with_capacity(names.len());
+        for name in names {
+            masks.push(self.workers.get(name.to_str()?).map_or(empty, |w| &w.mask));
+        }
+        Ok(masks)
+    }
+
     /// For each worker mask, how many leading blocks of `keys` it holds (see `match`).
     fn depths(&self, keys: &[Key], masks: &[&Bits]) -> Vec<usize> {
         let mut depths = vec![0usize; masks.len()];
@@ -536,12 +555,9 @@ impl BlockIndex {
         names: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<usize>> {
         self.expire(py)?;
-        let names: Vec<Bound<'_, PyString>> = names.extract()?;
+        let names: Vec<Bound<'_, PyString>> = extract_items(names)?;
         let empty = Bits::default();
-        let mut masks: Vec<&Bits> = Vec::with_capacity(names.len());
-        for name in &names {
-            masks.push(self.workers.get(name.to_str()?).map_or(&empty, |w| &w.mask));
-        }
+        let masks = self.masks(&names, &empty)?;
         with_keys(keys, |keys| self.depths(keys, &masks))
     }
 
@@ -604,10 +620,7 @@ impl BlockIndex {
             keys: token_ids_keys(token_ids, self.page_size)?,
         };
         let empty = Bits::default();
-        let mut masks: Vec<&Bits> = Vec::with_capacity(names.len());
-        for name in &names {
-            masks.push(self.workers.get(name.to_str()?).map_or(&empty, |w| &w.mask));
-        }
+        let masks = self.masks(&names, &empty)?;
         let depths = self.depths(&keys.keys, &masks);
         let (target, outcome) = affinity::choose(
             &depths,

@@ -118,9 +118,10 @@ impl TokenCache {
             let Some(key) = self.clock.pop_front() else {
                 break;
             };
-            let Some(piece) = self.pieces.get_mut(&key) else {
-                continue;
-            };
+            let piece = self
+                .pieces
+                .get_mut(&key)
+                .expect("every key on the clock is cached");
             if piece.used {
                 piece.used = false;
                 self.clock.push_back(key);

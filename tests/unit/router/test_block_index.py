@@ -176,6 +176,8 @@ def test_route_is_keys_match_the_affinity_rule_and_the_queue_test_in_one_call() 
     not_names: list[Any] = ["a", 7]
     with pytest.raises(TypeError):
         fused.route([1] * PAGE, not_names, [0, 0], [0.0, 0.0])
+    with pytest.raises(TypeError):
+        fused.route([1] * PAGE, "ab", [0, 0], [0.0, 0.0])  # one string is not two names
 
 
 def test_route_needs_its_parameters_set_first() -> None:
