@@ -3,7 +3,8 @@ costs a router at a moderate rate (docs/router.md, "An eleventh pass"), without 
 timing it on a shared machine.
 
 The requests are `bench/router_policy_cpu.py`'s (the same bodies, 4 healthy workers, parsing
-with tokenizing, then choosing and the bookkeeping when the request ends). After ``--warm-up``
+with tokenizing, then choosing, reading the token counts of an answer shaped as the engine
+twin's, and the bookkeeping when the request ends). After ``--warm-up``
 requests, each of ``--requests`` requests runs after a buffer of ``--evict-mb`` MB is
 rewritten, which evicts cachegrind's simulated caches (32 kB first-level caches, a 1 MB last
 level); the same run without the requests is subtracted, so the figures are the requests' own:
@@ -28,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHES = ["--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,16,64"]
@@ -58,15 +61,28 @@ def workload(policy_name: str, requests: int, warm_up: int, evict_mb: int, route
     from bench.router_overhead import completion_requests
     from tpuserve_router.policies.base import RouteRequest
     from tpuserve_router.request_body import parse_completions, parse_json_object
+    from tpuserve_router.usage import usage_from_body
 
     policy, tokens, workers = setup(policy_name)
     bodies = [r.split(b"\r\n\r\n", 1)[1] for r in completion_requests(10, warm_up + requests)]
+    # the engine twin's answer to max_tokens=8 (sglang_tpu/sim/openai_api.py)
+    answer = orjson.dumps({
+        "id": "3f5b0c1e9a7d4e2b8c6a1f0d9e8b7a6c", "object": "text_completion",
+        "created": 1764806400, "model": "tiny",
+        "choices": [{"index": 0, "logprobs": None, "finish_reason": "length",
+                     "matched_stop": None, "text": " and the quick brown fox jumps"}],
+        "usage": {"prompt_tokens": 512, "total_tokens": 520, "completion_tokens": 8,
+                  "prompt_tokens_details": {"cached_tokens": 448}, "reasoning_tokens": 0,
+                  "completion_tokens_details": None},
+        "metadata": {"weight_version": "default", "weight_versions": ["default"]},
+    })  # fmt: skip
 
     def one(body: bytes) -> None:
         parsed = parse_completions(parse_json_object(body), policy.needs_text, tokens, None)
         request = RouteRequest(parsed.model, parsed.text, parsed.token_ids)
         decision = policy.choose(request, workers)
         policy.on_prefill_done(decision)
+        usage_from_body(answer)
         policy.on_request_done(decision, True)
 
     for body in bodies[:warm_up]:

@@ -8,6 +8,7 @@ from tpuserve_router.policies.base import Outcome
 ROOT_KEY: int
 
 def block_keys(token_ids: Sequence[int], page_size: int) -> list[int]: ...
+def usage_counts(body: bytes) -> tuple[int, int, int] | None: ...
 
 class BlockIndex:
     page_size: int

@@ -55,7 +55,7 @@ from tpuserve_router.retry import (
     should_retry,
 )
 from tpuserve_router.server import Handler, HttpRequest
-from tpuserve_router.usage import Usage, usage_from_body, usage_from_stream_tail
+from tpuserve_router.usage import TokenCounts, usage_from_body, usage_from_stream_tail
 from tpuserve_router.workers import Worker
 
 HOP_BY_HOP: Final = frozenset(
@@ -367,7 +367,7 @@ class Forwarder:
                 result = RETRY
                 return result
             headers = _response_headers(upstream.headers)
-            usage: Usage | None
+            usage: TokenCounts | None
             if upstream.header(b"content-length") is not None or not _is_chunked(upstream):
                 try:
                     body = await upstream.read_all()
@@ -520,27 +520,29 @@ class Forwarder:
             return None
         return key
 
-    def _spend(self, key: ApiKey, usage: Usage | None, parsed: ParsedBody) -> None:
+    def _spend(self, key: ApiKey, usage: TokenCounts | None, parsed: ParsedBody) -> None:
         if usage is not None:
-            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+            prompt, completion, _ = usage
         else:  # no usage in the answer: what it may have cost
             prompt, completion = parsed.prompt_tokens, parsed.max_new_tokens or 0
         self.quotas.spend_tokens(key, prompt + completion, time.monotonic())
         self._tenant_tokens(key.label, "prompt").inc(prompt)
         self._tenant_tokens(key.label, "completion").inc(completion)
 
-    def _account(self, usage: Usage, decision: Decision[Worker], model: str, worker: str) -> None:
+    def _account(
+        self, usage: TokenCounts, decision: Decision[Worker], model: str, worker: str
+    ) -> None:
         key = (model, worker)
-        prompt = usage.prompt_tokens
+        prompt, completion, cached = usage
         self._prompt_tokens(key).inc(prompt)
-        self._completion_tokens(key).inc(usage.completion_tokens)
-        self._cached_tokens(key).inc(usage.cached_tokens)
+        self._completion_tokens(key).inc(completion)
+        self._cached_tokens(key).inc(cached)
         predicted = self._predicted_tokens(key)  # the series exists at zero too
         ratio = decision.predicted_match_ratio
         if ratio is not None and prompt > 0:
             predicted.inc(round(ratio * prompt))
             self._ratio_predicted.observe(ratio)
-            self._ratio_actual.observe(min(1.0, usage.cached_tokens / prompt))
+            self._ratio_actual.observe(min(1.0, cached / prompt))
 
 
 def _abandoned(err: UpstreamError) -> str:

@@ -13,6 +13,7 @@ mod predictions;
 mod sequence;
 mod tokenizer;
 mod tokens;
+mod usage;
 mod zmtp;
 
 use pyo3::prelude::*;
@@ -29,11 +30,24 @@ fn py_block_keys(token_ids: &Bound<'_, PyAny>, page_size: i64) -> PyResult<Vec<i
     index::token_ids_keys(token_ids, page_size as usize)
 }
 
+/// (prompt, completion, cached) tokens of a worker's JSON answer, as
+/// `tpuserve_router.usage.usage_from_object` counts them, or None if it has no usage; a
+/// `ValueError` when the answer is not one this reads (`usage.rs`: Python reads it then).
+#[pyfunction]
+fn usage_counts(body: &[u8]) -> PyResult<Option<(u64, u64, u64)>> {
+    match usage::skim(body) {
+        usage::Skim::Counts([prompt, completion, cached]) => Ok(Some((prompt, completion, cached))),
+        usage::Skim::NoUsage => Ok(None),
+        usage::Skim::NotRead => Err(pyo3::exceptions::PyValueError::new_err("not read natively")),
+    }
+}
+
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ROOT_KEY", keys::ROOT_KEY)?;
     m.add_function(wrap_pyfunction!(py_block_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(usage_counts, m)?)?;
     m.add_class::<index::BlockIndex>()?;
     m.add_class::<index::BlockKeys>()?;
     m.add_class::<tokens::TokenIds>()?;
