@@ -1,0 +1,56 @@
+"""bench/router_side_by_side.py: its ratios pair rounds, and its arguments are checked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.router_side_by_side import paired, summarize
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = Path(__file__).resolve().parents[3] / "bench" / "router_side_by_side.py"
+
+
+def rows(*pairs: tuple[float, float]) -> list[dict[str, float]]:
+    return [{"cpu_us_per_request": a, "against_us": b, "errors": 0} for a, b in pairs]
+
+
+def test_a_ratio_is_the_median_of_the_rounds_ratios() -> None:
+    # a slow round slows both routers: round by round the first costs 0.9x
+    assert paired(rows((90, 100), (450, 500), (180, 200))) == pytest.approx(0.9)
+    # the ratio of the medians would say 1.0 here; round by round it is 1.25x, 0.5x, 2x
+    assert paired(rows((125, 100), (100, 200), (400, 200))) == pytest.approx(1.25)
+
+
+def test_the_summary_has_a_row_per_pair() -> None:
+    summary = summarize(
+        {("new", "old"): rows((90, 100), (180, 200)), ("new", "anchor"): rows((90, 100))}
+    )
+    first, second = summary
+    assert (first["router"], first["against"]) == ("new", "old")
+    assert first["cpu_us_per_request"] == 135
+    assert first["against_us_per_request"] == 150
+    assert first["paired_ratio"] == pytest.approx(0.9)
+    assert (second["against"], second["errors"]) == ("anchor", 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rate", "0"], "--rate must be > 0, got 0.0"),
+        (["--policies", "precise+kvv"], "unknown modifier 'kvv'"),
+        (["--policies", "precise+auth"], "+auth is not measured here"),
+        (["--baseline", "/nonexistent"], "--baseline /nonexistent: not a tpuserve checkout"),
+        (["--skip-anchor"], "--skip-anchor without --baseline leaves nothing to compare"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_starts(argv: list[str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert message in done.stderr
