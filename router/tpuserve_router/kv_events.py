@@ -95,13 +95,16 @@ REPLAY_MAX_BATCHES = 1_000_000
 DRAIN_MAX_MESSAGES = 64
 """Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
 are read on the loop's next turn)."""
-READ_INTERVAL_SECONDS = 0.010
+READ_INTERVAL_SECONDS = 0.020
 """A busy ``tcp://`` stream is read at most this often, every such stream in one wake-up of
 the event loop (`zmtp.SubscriberGroup`): events arrive at most this late, and under load
-cost a read per turn rather than a wake-up per batch. With a turn's reads ending at a short
-read, 10 ms cost ~10 % less CPU per request than 5 ms did with four busy engines
-(docs/router.md, "A sixth pass"); the routing sweep with the delay modelled (`tpuserve
-bench --kv-event-interval`) changed no decision."""
+cost a read per turn rather than a wake-up per batch, and a turn applies more batches while
+their code is in the caches. With four busy engines, 10 ms cost ~10 % less CPU per request
+than 5 ms (docs/router.md, "A sixth pass"), and 20 ms 7 % less than 10 ms (paired, both
+routers at once: "A thirteenth pass"). With the delay modelled (`tpuserve bench
+--kv-event-interval`), 20 ms changed no decision of `precise` on W1-W5, W9 and W10 against
+10 ms (W6: 274 of 2,400, hit rate equal, p99 TTFT 1 % lower); 40 ms began to cost hit rate
+(W1: 0.9342 -> 0.9333), so not further."""
 RECEIVE_HIGH_WATER_MARK = 10_000
 """Batches a stream's socket holds unread at most (some 20 MB at ~2 kB a batch). Past it ZMQ
 stops reading the connection, so the engine's PUB socket queues them and, past its own mark
