@@ -158,11 +158,7 @@ impl<'a> Skimmer<'a> {
         let mut has_exponent = false;
         if let Some(b'e' | b'E') = self.s.get(self.pos) {
             self.pos += 1;
-            let minus = match self.s.get(self.pos) {
-                Some(b'-') => true,
-                Some(b'+') => false,
-                _ => false,
-            };
+            let minus = self.s.get(self.pos) == Some(&b'-');
             if let Some(b'-' | b'+') = self.s.get(self.pos) {
                 self.pos += 1;
             }
@@ -286,22 +282,28 @@ impl<'a> Skimmer<'a> {
         }
     }
 
-    /// The counts named ``names`` of the object at ``at`` (already skimmed once), the last of
-    /// each name winning as in a parsed dict; with the objects found under ``nested``.
-    fn counts(&mut self, at: usize, names: [&[u8]; 3], nested: &[u8]) -> Step<([u64; 3], usize)> {
+    /// The counts named ``names`` (at most 3, in order) of the object at ``at`` (already
+    /// skimmed once), the last of each name winning as in a parsed dict; and where the object
+    /// under the key ``nested`` starts, if it is one.
+    fn counts(
+        &mut self,
+        at: usize,
+        names: &[&[u8]],
+        nested: Option<&[u8]>,
+    ) -> Step<([u64; 3], Option<usize>)> {
         self.pos = at;
         let mut found = [0u64; 3];
-        let mut inner = 0;
+        let mut inner = None;
         self.object(1, &mut |key, value| {
             if let Some(i) = names.iter().position(|name| *name == key) {
                 found[i] = match value {
                     Value::Number(Number::Count(n)) => n,
                     _ => 0,
                 };
-            } else if key == nested {
+            } else if nested == Some(key) {
                 inner = match value {
-                    Value::Object(at) => at,
-                    _ => 0,
+                    Value::Object(at) => Some(at),
+                    _ => None,
                 };
             }
             Ok(())
@@ -337,19 +339,18 @@ fn skim_json(body: &[u8]) -> Step<Skim> {
         return Err(Stop);
     }
     if let Some(Value::Object(at)) = usage {
-        let names: [&[u8]; 3] = [b"prompt_tokens", b"completion_tokens", b""];
+        let names: [&[u8]; 2] = [b"prompt_tokens", b"completion_tokens"];
         let ([prompt, completion, _], details) =
-            json.counts(at, names, b"prompt_tokens_details")?;
-        let cached = if details == 0 {
-            0
-        } else {
-            json.counts(details, [b"cached_tokens", b"", b""], b"")?.0[0]
+            json.counts(at, &names, Some(b"prompt_tokens_details"))?;
+        let cached = match details {
+            Some(at) => json.counts(at, &[b"cached_tokens"], None)?.0[0],
+            None => 0,
         };
         return Ok(Skim::Counts([prompt, completion, cached]));
     }
     if let Some(Value::Object(at)) = meta {
         let names: [&[u8]; 3] = [b"prompt_tokens", b"completion_tokens", b"cached_tokens"];
-        return Ok(Skim::Counts(json.counts(at, names, b"")?.0));
+        return Ok(Skim::Counts(json.counts(at, &names, None)?.0));
     }
     Ok(Skim::NoUsage)
 }
@@ -388,6 +389,13 @@ mod tests {
     fn the_last_of_a_repeated_key_wins() {
         let body = br#"{"usage": {"prompt_tokens": 1, "prompt_tokens": 2}, "usage": {"prompt_tokens": 7}}"#;
         assert_eq!(skim(body), counts(7, 0, 0));
+    }
+
+    #[test]
+    fn an_empty_key_counts_nothing() {
+        let body = br#"{"usage": {"": 9, "prompt_tokens": 3,
+            "prompt_tokens_details": {"": 5}}, "": {"cached_tokens": 4}}"#;
+        assert_eq!(skim(body), counts(3, 0, 0));
     }
 
     #[test]

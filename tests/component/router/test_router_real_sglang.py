@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import openai
+import orjson
 import pytest
 
 from sglang_tpu.tokenizer import Tokenizer, render_chatml
@@ -40,8 +41,10 @@ from tests.component.router.real_engine_traffic import (
 from tests.component.router.router_fleet import requests_by_worker, sample
 from tests.real_sglang import EngineFactory, RealEngine
 from tests.waiting import eventually_async
+from tpuserve_router._native import usage_counts
 from tpuserve_router.app import RouterApp
 from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
+from tpuserve_router.usage import usage_from_object
 
 pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
 
@@ -195,6 +198,37 @@ async def test_generate_with_input_ids_keeps_a_shared_prefix_on_one_engine(
     fraction = second["cached_tokens"] / second["prompt_tokens"]
     measured("/generate, shared prefix of input ids", f"{fraction:.1%} cached")
     assert fraction >= MIN_CACHED_FRACTION
+
+
+async def test_the_compiled_usage_reader_reads_real_sglang_answers_as_python_does(
+    engines: list[RealEngine], tokenizer: Tokenizer
+) -> None:
+    """The router reads every answer's token counts with the compiled skimmer
+    (`_native.usage_counts`), which leaves what it cannot read to Python: a real engine's
+    answers on each route must be read by the skimmer itself, with Python's counts."""
+    engine = engines[0]
+    prompt = text_of_tokens(tokenizer, random.Random(11), 64) + ' \u00e9 "quoted"'
+    routes = {
+        "/v1/completions": {"model": engine.model, "prompt": prompt, "max_tokens": 4},
+        "/v1/chat/completions": {
+            "model": engine.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 4,
+        },
+        "/generate": {"text": prompt, "sampling_params": {"max_new_tokens": 4}},
+    }
+    async with aiohttp.ClientSession() as session:
+        for route, body in routes.items():
+            cached = []
+            for _ in range(2):  # the second one has cached tokens to count
+                async with session.post(f"{engine.url}{route}", json=body) as response:
+                    assert response.status == 200, await response.text()
+                    raw = await response.read()
+                counts = usage_counts(raw)  # a ValueError here: Python would have read it
+                assert counts is not None, raw
+                cached.append(counts[2])
+                assert counts == usage_from_object(orjson.loads(raw)), raw
+            assert cached[1] > 0, f"{route}: the repeated prompt's cached tokens: {raw!r}"
 
 
 # ---------------------------------------------------------------------------- the block index
