@@ -118,6 +118,9 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+WARM_UP_REQUESTS = 500
+"""Closed-loop requests a router serves before it is measured (its connections, caches and
+index warm)."""
 IDLE_CPU_SHARE = 0.05
 """A router is idle once it uses less than this share of a core (over `IDLE_WINDOW_SECONDS`)."""
 IDLE_WINDOW_SECONDS = 0.5
@@ -379,7 +382,7 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
     """One round of one router (``pid``; None: the engines directly, latency only); with
     ``upstream_pids`` the saturated run also records their CPU per request (module doc)."""
     out: dict[str, Any] = {}
-    warm = completion_requests(seed + 7, 500)
+    warm = completion_requests(seed + 7, WARM_UP_REQUESTS)
     asyncio.run(closed_loop(targets, warm.__getitem__, len(warm), 16))
     if before_measuring is not None:
         before_measuring()

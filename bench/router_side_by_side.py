@@ -43,6 +43,7 @@ from bench.router_loadgen import closed_loop, open_loop
 from bench.router_overhead import (
     OTHER_CORE,
     ROUTER_CORE,
+    WARM_UP_REQUESTS,
     Proc,
     RouterKind,
     anchor_python,
@@ -59,8 +60,6 @@ from bench.router_overhead import (
     wait_http,
     wait_idle,
 )
-
-WARM_UP_REQUESTS = 500
 
 
 @dataclass
