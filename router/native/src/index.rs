@@ -418,16 +418,23 @@ impl BlockIndex {
         }
         let expiry = now + ttl;
         for window in keys.chunks(LOOKAHEAD) {
-            // As in `store_blocks`: first the reads, their misses overlapping.
+            // As in `store_blocks`: first the reads, their misses overlapping. The prediction
+            // tables are read only for the keys the worker does not hold: a prompt's shared
+            // prefix, most of its keys, is usually held (and its confirmed entries are warm
+            // from `depths`), so two cold lookups per held key are saved.
             let held: [bool; LOOKAHEAD] = std::array::from_fn(|i| {
                 window.get(i).is_some_and(|key| {
-                    touch(worker.predicted.get(key));
-                    touch(self.predicted.get(key));
                     self.confirmed
                         .get(key)
                         .is_some_and(|m| m.intersects(&worker.mask))
                 })
             });
+            for (key, held) in window.iter().zip(held) {
+                if !held {
+                    touch(worker.predicted.get(key));
+                    touch(self.predicted.get(key));
+                }
+            }
             for (&key, held) in window.iter().zip(held) {
                 if !held && worker.predicted.insert(key, expiry) {
                     add_bit(&mut self.predicted, key, worker.bit);
