@@ -32,6 +32,23 @@ START_TIMEOUT_SECONDS = 30.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # what the twin serves by default
 
 
+STDERR_TAIL_CHARS = 2000
+START_ATTEMPTS = 3
+
+
+class EngineExited(RuntimeError):
+    """The twin exited before serving; ``stderr`` is the end of what it wrote."""
+
+    def __init__(self, returncode: int, stderr: str) -> None:
+        super().__init__(f"engine exited with {returncode} before serving; stderr:\n{stderr}")
+        self.stderr = stderr
+
+    @property
+    def port_taken(self) -> bool:
+        """One of its ports was bound by another process between their choice and its bind."""
+        return "address already in use" in self.stderr.lower()
+
+
 @dataclass
 class EngineTwin:
     """One `tpuserve engine sim` process with fixed HTTP and KV-event ports."""
@@ -64,18 +81,20 @@ class EngineTwin:
                 "--kv-events-replay-endpoint", self.replay_endpoint,
             ]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-        )
-        assert self.proc.stdout is not None
-        selector = selectors.DefaultSelector()
-        selector.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {self.proc.returncode} before serving")
-            if selector.select(timeout=0.2) and self.proc.stdout.readline().startswith("READY"):
-                return self
+        with tempfile.TemporaryFile("w+") as stderr:
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
+            )
+            assert self.proc.stdout is not None
+            selector = selectors.DefaultSelector()
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            deadline = time.monotonic() + START_TIMEOUT_SECONDS
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    stderr.seek(0)
+                    raise EngineExited(self.proc.returncode, stderr.read()[-STDERR_TAIL_CHARS:])
+                if selector.select(timeout=0.2) and self.proc.stdout.readline().startswith("READY"):
+                    return self
         self.kill()
         raise RuntimeError("engine twin did not become ready in time")
 
@@ -100,10 +119,20 @@ def stop_process(proc: subprocess.Popen[str] | None) -> None:
 
 
 def start_engines(n: int, args: Sequence[str] = (), kv_events: bool = True) -> list[EngineTwin]:
-    engines = [EngineTwin(args, kv_events=kv_events) for _ in range(n)]
+    """``n`` twins, each on ports of its own. A twin whose port another process took between
+    its choice and the twin's bind (the ports are only known free when chosen) starts again on
+    new ones; any other failure is raised with the twin's stderr."""
+    engines: list[EngineTwin] = []
     try:
-        for engine in engines:
-            engine.start()
+        for _ in range(n):
+            for attempt in range(START_ATTEMPTS):
+                engine = EngineTwin(args, kv_events=kv_events)
+                try:
+                    engines.append(engine.start())
+                    break
+                except EngineExited as exited:
+                    if not exited.port_taken or attempt == START_ATTEMPTS - 1:
+                        raise
     except Exception:
         for engine in engines:
             engine.kill()
