@@ -74,6 +74,7 @@ class EngineTwin:
 
     def start(self) -> EngineTwin:
         cmd = [sys.executable, "-c", ENTRY, "engine", "sim", "--port", str(self.port)]
+        cmd += ["--log-level", "warning"]  # its stderr, kept for a failed start, stays small
         cmd += ["--enable-cache-report", *self.args]  # cached tokens in usage, as the launcher
         if self.kv_events:
             cmd += [
