@@ -6,8 +6,9 @@ load moves between those runs, and its rounds spread by ±30 % for the same code
 (docs/router.md, "A thirteenth pass"), more than most steps of a change. Here each tpuserve
 router (each ``--policies`` entry) is paired in turn with the same policy from each
 ``--baseline`` checkout and with sglang-router 0.3.2 ``cache_aware`` (unless
-``--skip-anchor``). For a pair, both routers start in front of the same 4 engine twins, both
-on the router core; each is warmed up (a router that follows KV events also catches up on
+``--skip-anchor``). For a pair, both routers start in front of 4 engine twins, both on the
+router core: the same 4 twins (``--engines shared``, the default) or 4 of its own each
+(``--engines own``); each is warmed up (a router that follows KV events also catches up on
 every engine) and left to go idle; then each gets its own open loop of ``--requests`` ~2 kB
 completions at ``--rate`` requests/s, both loops at once, the second's arrivals half an
 interval after the first's. A router's CPU per request is its process's CPU time over the
@@ -17,13 +18,18 @@ each finds the caches as the other left them. Pairs, not more: two tpuserve rout
 the interpreter's code (libpython), and a third router would find it warmed by one of them
 but not sglang-router's.
 
+With shared twins, a router that follows KV events reads the events of both routers'
+requests, twice what one router in front of its own engines reads per request (and what each
+of 2 router replicas reads in front of one fleet); ``--engines own`` measures the one-router
+deployment, at the event rate its own requests make.
+
 Per pair: both routers' medians over rounds and the paired ratio (the median of the rounds'
 ratios). The start order alternates between rounds.
 
 Usage (from the repository root):
 
     python bench/router_side_by_side.py [--policies precise] [--rate 250] [--rounds 6]
-        [--baseline DIR] [--skip-anchor] [--json out.json]
+        [--baseline DIR] [--skip-anchor] [--engines shared|own] [--json out.json]
 """
 
 from __future__ import annotations
@@ -69,12 +75,13 @@ class Running:
     seed: int  # its own questions (the system prompts stay shared)
 
 
-def start_routers(kinds: list[RouterKind], engines: list[Proc], seed: int) -> list[Running]:
-    urls = [e.url for e in engines]
+def start_routers(kinds: list[RouterKind], fleets: list[list[Proc]], seed: int) -> list[Running]:
+    """The routers of a pair, the i-th in front of ``fleets[i]``."""
     running: list[Running] = []
     try:
         for i, kind in enumerate(kinds):
             port = free_port()
+            urls = [e.url for e in fleets[i]]
             proc = start(kind.label, kind.command(port, urls), ROUTER_CORE, port, kind.tree)
             running.append(Running(kind, proc, seed + 10 * (i + 1)))
         for r in running:
@@ -83,7 +90,7 @@ def start_routers(kinds: list[RouterKind], engines: list[Proc], seed: int) -> li
             warm = completion_requests(r.seed + 7, WARM_UP_REQUESTS)
             asyncio.run(closed_loop(targets_of([r.proc.url]), warm.__getitem__, len(warm), 16))
             if r.kind.label.startswith("tpuserve"):
-                wait_caught_up(r.proc.url, len(engines))
+                wait_caught_up(r.proc.url, len(fleets[0]))
         for r in running:
             wait_idle(r.proc.popen.pid)
     except BaseException:
@@ -107,9 +114,9 @@ async def both_loops(running: list[Running], requests: int, rate: float) -> list
     return list(await asyncio.gather(*(loop(k, r) for k, r in enumerate(running))))
 
 
-def one_pair(kinds: list[RouterKind], engines: list[Proc], args: argparse.Namespace,
+def one_pair(kinds: list[RouterKind], fleets: list[list[Proc]], args: argparse.Namespace,
              seed: int) -> dict[str, dict[str, float]]:  # fmt: skip
-    running = start_routers(kinds, engines, seed)
+    running = start_routers(kinds, fleets, seed)
     try:
         before = [cpu_seconds(r.proc.popen.pid) for r in running]
         answered = asyncio.run(both_loops(running, args.requests, args.rate))
@@ -152,7 +159,8 @@ def summarize(rows: dict[Pair, list[dict[str, float]]]) -> list[dict[str, Any]]:
 
 
 def print_summary(summary: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"two routers at once, {args.rate:g} req/s each, {args.rounds} rounds (medians)")
+    print(f"two routers at once, {args.rate:g} req/s each, {args.rounds} rounds (medians), "
+          f"engine twins: {args.engines}")  # fmt: skip
     print("router | CPU/request | against | its CPU/request | paired ratio | errors")
     for e in summary:
         print(f"{e['router']} | {e['cpu_us_per_request']:.0f} us | {e['against']} | "
@@ -171,6 +179,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=250.0, help="requests/s to each router")
     parser.add_argument("--requests", type=int, default=5000, help="per router and pair")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--engines", choices=("shared", "own"), default="shared",
+                        help="both routers in front of the same 4 engine twins, or of "
+                        "4 each")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write every row here")
     args = parser.parse_args()
     for name in ("rate", "requests", "rounds"):
@@ -195,14 +206,15 @@ def main() -> int:
         new = tpuserve_router(e.name, kv_events=e.kv_events)
         pairs += [(new, tpuserve_router(e.name, e.kv_events, t)) for t in args.baseline]
         pairs += [(new, anchor)] if anchor is not None else []
-    engines = start_engines(4)
+    engines = start_engines(8 if args.engines == "own" else 4)
+    fleets = [engines[:4], engines[4:]] if args.engines == "own" else [engines, engines]
     rows: dict[Pair, list[dict[str, float]]] = {(a.label, b.label): [] for a, b in pairs}
     try:
         for r in range(args.rounds):
             for a, b in pairs:
                 # each router starts (and warms up) first in every other round
                 order = [a, b] if r % 2 == 0 else [b, a]
-                got = one_pair(order, engines, args, 1000 * r)
+                got = one_pair(order, fleets, args, 1000 * r)
                 row = {"cpu_us_per_request": got[a.label]["cpu_us_per_request"],
                        "against_us": got[b.label]["cpu_us_per_request"],
                        "errors": got[a.label]["errors"] + got[b.label]["errors"]}  # fmt: skip

@@ -196,6 +196,8 @@ class RouterApp:
             self.aborter,
             self.keys,
         )
+        if self.kv is not None:  # decisions see the events at most an interval late
+            self.forwarder.before_decision = self.kv.readers.read_if_due
         holds = self.forwarder.holds
         self.registry.on_changed.append(lambda _registry: holds.announce())
         self.admission.on_routable = holds.announce

@@ -119,6 +119,8 @@ class Forwarder:
         self.holds = HoldQueues(config.hold_max_requests, config.hold_max_seconds, metrics)
         self.hold_models = frozenset(config.hold_models)
         self.on_arrival: Callable[[bool], None] | None = None  # the demand signal, if any
+        # what must run before a routing decision: the KV events' due read, if any
+        self.before_decision: Callable[[], None] | None = None
         self._shed_at = in_flight_limits(config.max_in_flight)
         self.budget = RetryBudget(
             config.retry_budget_percent,
@@ -213,6 +215,8 @@ class Forwarder:
             forwarded = _forwarded_headers(request, body, self._not_forwarded)
             excluded: list[Worker] = []
             policy = self.policy
+            if self.before_decision is not None:
+                self.before_decision()
             while True:
                 # a retry goes to any other candidate, warm or not
                 others = [w for w in candidates if w not in excluded] if excluded else candidates

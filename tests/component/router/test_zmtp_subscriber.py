@@ -234,6 +234,48 @@ async def test_a_connection_lost_while_it_is_being_handled_is_not_read_again() -
         ctx.destroy(linger=0)
 
 
+async def test_a_busy_stream_is_read_when_a_decision_finds_it_due_else_at_the_backstop() -> None:
+    # Under load the group's turn rides a request's wake-up: `read_if_due`, called before
+    # each routing decision, reads once the interval has passed; its timer only backs that
+    # up, after `backstop` seconds without a decision.
+    ctx = zmq.asyncio.Context()
+    port = free_port()
+    group = SubscriberGroup(1.0, backstop=3.0)
+    record = Record()
+    record.subscriber = ZmtpSubscriber(
+        "127.0.0.1", port, b"", group, record.on_connected, record.on_disconnected,
+        record.on_messages, 100, "test",
+    )  # fmt: skip
+    pub = publisher(ctx, port)
+    record.subscriber.start()
+    loop = asyncio.get_running_loop()
+    try:
+        # the first message wakes the watched socket; the stream is busy from then on
+        await publish_until(pub, [b"", b"first"], lambda: bool(record.messages))
+        group.read_if_due()  # no turn yet: due at once
+        turn = loop.time()
+        await pub.send_multipart([b"", b"second"])
+        await asyncio.sleep(0.2)
+        group.read_if_due()  # 0.2 s after the turn: not due
+        assert [b"", b"second"] not in record.messages
+        await asyncio.sleep(max(0.0, turn + 1.1 - loop.time()))
+        group.read_if_due()  # past the interval: read now
+        assert record.messages[-1] == [b"", b"second"]
+        turn = loop.time()
+        await pub.send_multipart([b"", b"third"])
+        await asyncio.sleep(1.5)  # past the interval, but no decision asks: the timer waits
+        assert [b"", b"third"] not in record.messages
+        await eventually_async(
+            lambda: record.messages[-1] == [b"", b"third"], what="the backstop's turn",
+            timeout_seconds=WAIT_SECONDS,
+        )  # fmt: skip
+        assert loop.time() - turn >= 3.0 - 0.01
+    finally:
+        await record.subscriber.close()
+        group.close()
+        ctx.destroy(linger=0)
+
+
 async def test_a_host_name_the_resolver_refuses_is_retried_not_fatal() -> None:
     group = SubscriberGroup(0.005)
     record = Record()
