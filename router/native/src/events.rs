@@ -167,13 +167,48 @@ impl<'a> Reader<'a> {
         (0..n).map(|_| self.int()).collect()
     }
 
+    /// An array of token ids. The ids of any real vocabulary (positive fixints, unsigned
+    /// 8-, 16- and 32-bit ints) are read in place, a branch each: a batch is mostly its
+    /// stored pages' ids, and through `int` each cost a call to `head` and to `uint`; any
+    /// other element still goes through `int`.
     fn tokens(&mut self) -> Option<Vec<i64>> {
         let Head::Array(n) = self.head()? else {
             return None;
         };
-        (0..n)
-            .map(|_| self.int().and_then(|v| i64::try_from(v).ok()))
-            .collect()
+        // Every element takes a byte at least: a length the payload cannot hold is refused
+        // before anything is allocated for it.
+        if n > self.data.len() - self.at {
+            return None;
+        }
+        let data = self.data;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let at = self.at;
+            let id = match *data.get(at)? {
+                byte @ 0x00..=0x7f => {
+                    self.at = at + 1;
+                    i64::from(byte)
+                }
+                0xcc => {
+                    let byte = *data.get(at + 1)?;
+                    self.at = at + 2;
+                    i64::from(byte)
+                }
+                0xcd => {
+                    let bytes = data.get(at + 1..at + 3)?;
+                    self.at = at + 3;
+                    i64::from(u16::from_be_bytes([bytes[0], bytes[1]]))
+                }
+                0xce => {
+                    let bytes = data.get(at + 1..at + 5)?;
+                    self.at = at + 5;
+                    i64::from(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+                }
+                _ => i64::try_from(self.int()?).ok()?,
+            };
+            out.push(id);
+        }
+        Some(out)
     }
 
     fn map_event(&mut self, n: usize) -> Option<Event> {

@@ -156,6 +156,38 @@ def test_batches_it_does_not_read_are_left_to_python_untouched() -> None:
         assert index.workers() == []
 
 
+def msgpack_int(value: int, form: int) -> bytes:
+    """``value`` in the msgpack integer format ``form`` (its first byte; 0 for a fixint)."""
+    if form == 0:
+        return value.to_bytes(1, "big", signed=value < 0)
+    size = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}[form]
+    return bytes([form]) + value.to_bytes(size, "big", signed=form >= 0xD0)
+
+
+@pytest.mark.parametrize(
+    ("token", "form"),
+    [
+        (5, 0), (127, 0), (200, 0xCC), (40_000, 0xCD), (100_000, 0xCE), (2**40, 0xCF),
+        (7, 0xCC), (7, 0xCD), (7, 0xCE), (7, 0xCF), (7, 0xD0), (300, 0xD1), (7, 0xD3),
+        (-1, 0), (-3, 0xD0), (-70_000, 0xD2),
+    ],
+)  # fmt: skip
+def test_a_token_id_in_any_integer_format_is_read_as_python_reads_it(token: int, form: int) -> None:
+    # The compiled reader takes the usual formats of an id in place, any other through its
+    # general integer reader: every format must give what the Python decoder gives.
+    tokens = [11, 12, token, *range(13, 13 + PAGE - 3)]
+    (block,) = block_hashes(list(range(PAGE)), PAGE)  # any engine hash: it only names the block
+    plain = msgspec.msgpack.encode(tokens)
+    ids = bytes([0xDC]) + len(tokens).to_bytes(2, "big")
+    ids += b"".join(msgpack_int(t, form if t == token else 0) for t in tokens)
+    for wire in (Wire.CURRENT, Wire.LEGACY):
+        payload = encode_batch(EventBatch(1.5, [BlockStored([block], None, tokens, PAGE)]), wire)
+        assert payload.count(plain) == 1
+        payload = payload.replace(plain, ids)
+        assert [e.token_ids for e in decode_batch(payload).events] == [tokens]
+        assert_same_as_python([payload])
+
+
 def test_damaged_payloads_are_never_applied_unlike_python() -> None:
     """Every truncation and many random byte changes of real batches: whatever the compiled
     reader applies, the Python decoder reads the same way (same events, none skipped)."""
