@@ -86,11 +86,11 @@ def start_routers(kinds: list[RouterKind], fleets: list[list[Proc]], seed: int) 
             running.append(Running(kind, proc, seed + 10 * (i + 1)))
         for r in running:
             wait_http(r.proc.url, r.kind.ready_path)
-        for r in running:
+        for r, fleet in zip(running, fleets, strict=True):
             warm = completion_requests(r.seed + 7, WARM_UP_REQUESTS)
             asyncio.run(closed_loop(targets_of([r.proc.url]), warm.__getitem__, len(warm), 16))
             if r.kind.label.startswith("tpuserve"):
-                wait_caught_up(r.proc.url, len(fleets[0]))
+                wait_caught_up(r.proc.url, len(fleet))
         for r in running:
             wait_idle(r.proc.popen.pid)
     except BaseException:
