@@ -95,16 +95,19 @@ REPLAY_MAX_BATCHES = 1_000_000
 DRAIN_MAX_MESSAGES = 64
 """Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
 are read on the loop's next turn)."""
-READ_INTERVAL_SECONDS = 0.020
+READ_INTERVAL_SECONDS = 0.030
 """A busy ``tcp://`` stream is read at most this often, every such stream in one wake-up of
 the event loop (`zmtp.SubscriberGroup`): events arrive at most this late, and under load
 cost a read per turn rather than a wake-up per batch, and a turn applies more batches while
 their code is in the caches. With four busy engines, 10 ms cost ~10 % less CPU per request
 than 5 ms (docs/router.md, "A sixth pass"), and 20 ms 7 % less than 10 ms (paired, both
-routers at once: "A thirteenth pass"). With the delay modelled (`tpuserve bench
---kv-event-interval`), 20 ms changed no decision of `precise` on W1-W5, W9 and W10 against
-10 ms (W6: 274 of 2,400, hit rate equal, p99 TTFT 1 % lower); 40 ms began to cost hit rate
-(W1: 0.9342 -> 0.9333), so not further."""
+routers at once: "A thirteenth pass"), and 30 ms 5 % less than 20 ms ("A sixteenth pass":
+a turn costs about twice the time it takes, the request path's caches refilled after it).
+With the delay modelled (`tpuserve bench --kv-event-interval`), 30 ms changed no decision of
+`precise` against 20 ms on W1, W2 and W6 (2,400 requests), nor any result on W1-W6, W9 and
+W10 (3 seeds, but W6 seed 1: hit rate 0.7865 -> 0.7903) or with 2 and 4 peering replicas;
+40 ms began to cost (W1: 38 decisions changed, hit rate 0.9342 -> 0.9333, p99 TTFT 0.067 ->
+0.080 s), so not further."""
 READ_BACKSTOP_SECONDS = 0.100
 """The turn is taken before a routing decision once `READ_INTERVAL_SECONDS` have passed
 (`zmtp.SubscriberGroup.read_if_due`), in a wake-up the request caused; a timer takes it only
@@ -195,7 +198,7 @@ class _Subscription:
         if address is not None:
             self.subscriber = ZmtpSubscriber(
                 *address, self.endpoints.topic.encode("utf-8"), self.hub.readers,
-                self._connected, self._disconnected, self._read, RECEIVE_HIGH_WATER_MARK,
+                self._connected, self._disconnected, self._take_pending, RECEIVE_HIGH_WATER_MARK,
                 self.label,
             )  # fmt: skip
             self.subscriber.start()
@@ -302,8 +305,9 @@ class _Subscription:
     def _take_pending(self) -> None:
         """`_read` for a `ZmtpSubscriber`'s stream: the messages it has already parsed. The
         usual run, the next batches in sequence, is applied by the reader itself (compiled,
-        `ZmtpReader.apply_in_order`); any other message goes through `_take`."""
-        if self.task is not None or self.lock.locked():
+        `ZmtpReader.apply_in_order`); any other message goes through `_take`. The
+        subscriber hands its messages on here directly."""
+        if self._stopped or self.task is not None or self.lock.locked():
             return  # they wait, bounded (`RECEIVE_HIGH_WATER_MARK`); read when it is free
         assert self.subscriber is not None
         pending = self.subscriber.pending
