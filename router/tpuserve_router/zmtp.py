@@ -172,32 +172,22 @@ class SubscriberGroup:
             loop = self._loop
             if loop is None:
                 self._loop = loop = asyncio.get_running_loop()
-            self._tick = loop.call_later(self.backstop, self._backstop)
+            self._tick = loop.call_later(self.backstop, self._read_all)
 
     def read_if_due(self) -> None:
-        """A decision is about to be made: take the turn now if one is due."""
-        loop = self._loop
-        if self._busy and loop is not None and loop.time() - self._last_turn >= self.interval:
+        """A decision is about to be made: take the turn now if one is due. The timer is
+        cancelled and armed anew after the turn: under load it never fires (a timer left
+        armed would wake the loop once per ``backstop`` for nothing)."""
+        tick, loop = self._tick, self._loop
+        if tick is not None and loop is not None and loop.time() - self._last_turn >= self.interval:
+            tick.cancel()
             self._read_all()
 
     def discard(self, subscriber: ZmtpSubscriber) -> None:
         self._busy.discard(subscriber)
 
-    def _backstop(self) -> None:
-        """The timer: a turn, unless one was taken less than ``backstop`` seconds ago (then
-        it waits for the rest of that time). Left armed while turns ride decisions, it fires
-        once per ``backstop`` rather than being cancelled and armed anew at every turn."""
-        self._tick = None
-        loop = self._loop
-        if not self._busy or loop is None:
-            return
-        wait = self._last_turn + self.backstop - loop.time()
-        if wait > 0:
-            self._tick = loop.call_later(wait, self._backstop)
-        else:
-            self._read_all()
-
     def _read_all(self) -> None:
+        self._tick = None
         loop = self._loop
         assert loop is not None
         self._last_turn = loop.time()
@@ -214,8 +204,8 @@ class SubscriberGroup:
                     self._busy.discard(subscriber)
                     subscriber.watch()
         finally:
-            if self._busy and self._tick is None:
-                self._tick = loop.call_later(self.backstop, self._backstop)
+            if self._busy:
+                self._tick = loop.call_later(self.backstop, self._read_all)
 
     def close(self) -> None:
         if self._tick is not None:
