@@ -39,7 +39,8 @@ the throughput it reaches (how many requests each wake-up of its event loop serv
 ``--cpu-only`` keeps only the CPU and throughput measurement; ``--baseline TREE`` (repeatable)
 also runs each tpuserve policy from other checkouts, e.g. ``git archive COMMIT`` unpacked, so
 steps of a change are compared in one run. ``--py-spy DIR`` also samples each router's Python
-stacks during the CPU measurement (py-spy, a dev dependency), to see where its CPU goes;
+stacks during the CPU measurement (py-spy, a dev dependency), to see where its CPU goes (the
+saturated run, or with ``--profile-at-rate`` the one at ``--cpu-rate``);
 ``--perf DIR`` records native stacks with Linux perf instead (the interpreter, the kernel's
 socket work and the compiled index apart; build ``router/native`` with
 ``CARGO_PROFILE_RELEASE_STRIP=false`` to see its functions by name).
@@ -369,6 +370,12 @@ def start_profiler(pid: int, profile: Profile) -> subprocess.Popen[bytes]:
     return spy
 
 
+def stop_profiler(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # both profilers write their output when interrupted
+        spy.wait(30)
+
+
 def upstreams_cpu_seconds(pids: Sequence[int]) -> float:
     """`cpu_seconds` of every upstream (their threads, a KV-event publisher's I/O thread
     included, live for the whole run)."""
@@ -389,14 +396,13 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
     if pid is not None:
         wait_idle(pid)
         reqs = completion_requests(seed, args.requests)
-        spy = start_profiler(pid, profile) if profile is not None else None
+        at_rate = args.profile_at_rate
+        spy = start_profiler(pid, profile) if profile is not None and not at_rate else None
         before, upstreams_before = cpu_seconds(pid), upstreams_cpu_seconds(upstream_pids)
         run = asyncio.run(closed_loop(targets, reqs.__getitem__, len(reqs), 32))
         used = cpu_seconds(pid) - before
         upstreams_used = upstreams_cpu_seconds(upstream_pids) - upstreams_before
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)  # both profilers write their output when interrupted
-            spy.wait(30)
+        stop_profiler(spy)
         ok = sum(1 for r in run.results if r.status == 200)
         out["cpu_us_per_request"] = used / ok * 1e6
         out["saturation_rps"] = ok / run.wall_seconds
@@ -406,9 +412,11 @@ def measure(targets: list[tuple[str, int]], args: argparse.Namespace, seed: int,
         if args.cpu_rate:
             wait_idle(pid)
             reqs = completion_requests(seed + 3, args.requests)
+            spy = start_profiler(pid, profile) if profile is not None and at_rate else None
             before = cpu_seconds(pid)
             run = asyncio.run(open_loop(targets, reqs.__getitem__, len(reqs), args.cpu_rate))
             used = cpu_seconds(pid) - before
+            stop_profiler(spy)
             ok = sum(1 for r in run.results if r.status == 200)
             out["cpu_at_rate_us_per_request"] = used / max(ok, 1) * 1e6
             out["cpu_at_rate_errors"] = len(reqs) - ok
@@ -650,10 +658,20 @@ def main() -> int:
         "for every router: at saturation each router's CPU per request also depends on the "
         "throughput it reaches, so on how much each wake-up of its event loop batches)",
     )
+    parser.add_argument(
+        "--profile-at-rate",
+        action="store_true",
+        help="profile the open-loop run at --cpu-rate instead of the saturated one (where "
+        "each wake-up of the event loop serves one request and runs with cold caches)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write all rows here")
     args = parser.parse_args()
     if args.py_spy is not None and args.perf is not None:
         parser.error("--py-spy and --perf: one profiler at a time")
+    if args.cpu_rate < 0:
+        parser.error(f"--cpu-rate {args.cpu_rate:g}: must be 0 (off) or a positive rate")
+    if args.profile_at_rate and (args.cpu_rate <= 0 or (args.py_spy is None and args.perf is None)):
+        parser.error("--profile-at-rate needs --cpu-rate R and a profiler (--py-spy or --perf)")
 
     os.sched_setaffinity(0, {int(OTHER_CORE)})  # the load generator stays off the router's core
     trees: list[Path | None] = [None, *args.baseline]

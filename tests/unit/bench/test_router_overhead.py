@@ -96,6 +96,29 @@ def test_one_profiler_at_a_time() -> None:
     assert "--py-spy and --perf: one profiler at a time" in run.stderr
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--profile-at-rate", "--perf", "d"],
+            "--profile-at-rate needs --cpu-rate R and a profiler",
+        ),
+        (
+            ["--profile-at-rate", "--cpu-rate", "250"],
+            "--profile-at-rate needs --cpu-rate R and a profiler",
+        ),
+        (["--cpu-rate", "-5"], "--cpu-rate -5: must be 0 (off) or a positive rate"),
+    ],
+)
+def test_profiling_at_rate_needs_a_rate_and_a_profiler(flags: list[str], message: str) -> None:
+    bench = Path(__file__).resolve().parents[3] / "bench" / "router_overhead.py"
+    run = subprocess.run(
+        [sys.executable, str(bench), *flags], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 2
+    assert message in run.stderr
+
+
 def test_the_bench_refuses_a_bad_policy_entry_before_starting_anything() -> None:
     bench = Path(__file__).resolve().parents[3] / "bench" / "router_overhead.py"
     run = subprocess.run(
