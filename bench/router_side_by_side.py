@@ -24,7 +24,9 @@ of 2 router replicas reads in front of one fleet); ``--engines own`` measures th
 deployment, at the event rate its own requests make.
 
 Per pair: both routers' medians over rounds and the paired ratio (the median of the rounds'
-ratios). The start order alternates between rounds.
+ratios) with a 95 % interval for it (distribution-free, from the rounds' order statistics: 6
+rounds or more; with 16 it lies between the 4th and 13th smallest ratios). The start order
+alternates between rounds.
 
 Usage (from the repository root):
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
@@ -142,8 +145,29 @@ def paired(rows: list[dict[str, float]]) -> float:
     return float(statistics.median(r["cpu_us_per_request"] / r["against_us"] for r in rows))
 
 
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of what ``values`` sample, covering it with
+    probability at least ``level``: the k-th smallest and k-th largest value, k the largest
+    for which a Binomial(n, 1/2) count falls below k with probability at most (1 - level) / 2.
+    None when no k qualifies (fewer than 6 values at 0.95)."""
+    n = len(values)
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    tail, k = 0.0, 0
+    while k < n // 2:
+        tail += math.comb(n, k) / 2**n  # P(count <= k)
+        if tail > (1 - level) / 2:
+            break
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
+
+
 def summarize(rows: dict[Pair, list[dict[str, float]]]) -> list[dict[str, Any]]:
-    """Per pair: both routers' median CPU per request and the paired ratio."""
+    """Per pair: both routers' median CPU per request, the paired ratio and its 95 % interval
+    (`median_interval` of the rounds' ratios; None with fewer than 6 rounds)."""
     return [
         {
             "router": router,
@@ -151,6 +175,9 @@ def summarize(rows: dict[Pair, list[dict[str, float]]]) -> list[dict[str, Any]]:
             "cpu_us_per_request": statistics.median(r["cpu_us_per_request"] for r in results),
             "against_us_per_request": statistics.median(r["against_us"] for r in results),
             "paired_ratio": paired(results),
+            "paired_ratio_ci95": median_interval(
+                [r["cpu_us_per_request"] / r["against_us"] for r in results]
+            ),
             "errors": sum(r["errors"] for r in results),
             "rounds": results,
         }
@@ -161,10 +188,13 @@ def summarize(rows: dict[Pair, list[dict[str, float]]]) -> list[dict[str, Any]]:
 def print_summary(summary: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"two routers at once, {args.rate:g} req/s each, {args.rounds} rounds (medians), "
           f"engine twins: {args.engines}")  # fmt: skip
-    print("router | CPU/request | against | its CPU/request | paired ratio | errors")
+    print("router | CPU/request | against | its CPU/request | paired ratio [95 % interval] "
+          "| errors")  # fmt: skip
     for e in summary:
+        ci = e["paired_ratio_ci95"]
+        interval = f"[{ci[0]:.3f}-{ci[1]:.3f}]" if ci else "[n/a: under 6 rounds]"
         print(f"{e['router']} | {e['cpu_us_per_request']:.0f} us | {e['against']} | "
-              f"{e['against_us_per_request']:.0f} us | {e['paired_ratio']:.3f}x | "
+              f"{e['against_us_per_request']:.0f} us | {e['paired_ratio']:.3f}x {interval} | "
               f"{e['errors']}")  # fmt: skip
 
 

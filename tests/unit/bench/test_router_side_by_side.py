@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.router_side_by_side import paired, summarize
+from bench.router_side_by_side import median_interval, paired, summarize
 
 pytestmark = pytest.mark.unit
 
@@ -54,3 +54,29 @@ def test_bad_arguments_are_refused_before_anything_starts(argv: list[str], messa
     )
     assert done.returncode == 2
     assert message in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("n", "k"),
+    # k: the order statistic each end takes (from the binomial tails: P(count <= k - 1) is
+    # at most 0.025 and P(count <= k) is more)
+    [(6, 1), (8, 1), (9, 2), (12, 3), (16, 4), (20, 6)],
+)
+def test_the_median_interval_takes_the_binomial_order_statistics(n: int, k: int) -> None:
+    values = [float(v) for v in range(n, 0, -1)]  # unsorted on purpose
+    assert median_interval(values) == (k, n - k + 1)
+
+
+def test_the_median_interval_needs_enough_rounds() -> None:
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None  # 2 / 32 > 0.025 even at k = 1
+    assert median_interval([]) is None
+    with pytest.raises(ValueError, match="level must be in"):
+        median_interval([1.0] * 8, level=1.0)
+
+
+def test_the_summary_gives_the_paired_ratios_interval() -> None:
+    ratios = [0.9, 1.1, 1.0, 0.95, 1.05, 0.97]
+    (row,) = summarize({("new", "anchor"): rows(*((100 * r, 100) for r in ratios))})
+    assert row["paired_ratio_ci95"] == pytest.approx((0.9, 1.1))
+    (short,) = summarize({("new", "anchor"): rows((90, 100), (110, 100))})
+    assert short["paired_ratio_ci95"] is None
