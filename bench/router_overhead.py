@@ -238,14 +238,19 @@ def keys_file() -> Path:
 
 
 def tpuserve_router(
-    policy: str, kv_events: bool | None = None, tree: Path | None = None, auth: bool = False
+    policy: str,
+    kv_events: bool | None = None,
+    tree: Path | None = None,
+    auth: bool = False,
+    python: str | None = None,
 ) -> RouterKind:
     """``kv_events``: True adds ``--kv-events``, False ``--no-kv-events``, None leaves the
-    router's default (on for the policies that use them)."""
+    router's default (on for the policies that use them). ``python``: the interpreter to run
+    it on (one that imports tpuserve), this one when None."""
 
     def command(port: int, workers: list[str]) -> list[str]:
-        cmd = [sys.executable, "-c", ENTRY, "router", "--port", str(port), "--policy", policy,
-               "--log-level", "warning"]  # fmt: skip
+        cmd = [python or sys.executable, "-c", ENTRY, "router", "--port", str(port),
+               "--policy", policy, "--log-level", "warning"]  # fmt: skip
         for w in workers:
             cmd += ["--worker", w]
         if kv_events is not None:
@@ -256,6 +261,8 @@ def tpuserve_router(
 
     events = {True: " +kv-events", False: " -kv-events", None: ""}[kv_events]
     label = f"tpuserve {policy}{events}" + (" +auth" if auth else "")
+    if python is not None:
+        label += f" on {python}"
     if tree is not None:
         return RouterKind(f"{label} @{tree.name}", command, "/readiness", tree)
     return RouterKind(label, command, "/readiness")

@@ -6,22 +6,27 @@ load moves between those runs, and its rounds spread by ±30 % for the same code
 (docs/router.md, "A thirteenth pass"), more than most steps of a change. Here each tpuserve
 router (each ``--policies`` entry) is paired in turn with the same policy from each
 ``--baseline`` checkout and with sglang-router 0.3.2 ``cache_aware`` (unless
-``--skip-anchor``). For a pair, both routers start in front of 4 engine twins, both on the
-router core: the same 4 twins (``--engines shared``, the default) or 4 of its own each
-(``--engines own``); each is warmed up (a router that follows KV events also catches up on
-every engine) and left to go idle; then each gets its own open loop of ``--requests`` ~2 kB
-completions at ``--rate`` requests/s, both loops at once, the second's arrivals half an
-interval after the first's. A router's CPU per request is its process's CPU time over the
-loops (all its threads) divided by the requests it answered. Whatever the host does to the
-core then, it does to both; each router's request comes between two of the other's, so
-each finds the caches as the other left them. Pairs, not more: two tpuserve routers share
-the interpreter's code (libpython), and a third router would find it warmed by one of them
-but not sglang-router's.
+``--skip-anchor``). For a pair, both routers start in front of 4 upstreams, both on the
+router core: the same 4 engine twins (``--engines shared``, the default), 4 of its own each
+(``--engines own``) or the same 4 stubs that answer at once and publish no KV events
+(``--engines stubs``: the request path alone); each is warmed up (a router that follows KV
+events also catches up on every engine) and left to go idle; then each gets its own open loop
+of ``--requests`` ~2 kB completions at ``--rate`` requests/s, both loops at once, the second's
+arrivals half an interval after the first's. A router's CPU per request is its process's CPU
+time over the loops (all its threads) divided by the requests it answered. Whatever the host
+does to the core then, it does to both; each router's request comes between two of the other's,
+so each finds the caches as the other left them. Pairs, not more: two tpuserve routers share
+the interpreter's code (libpython), and a third router would find it warmed by one of them but
+not sglang-router's.
 
 With shared twins, a router that follows KV events reads the events of both routers'
 requests, twice what one router in front of its own engines reads per request (and what each
 of 2 router replicas reads in front of one fleet); ``--engines own`` measures the one-router
 deployment, at the event rate its own requests make.
+
+``--python`` runs the routers under test on another interpreter: how CPython was compiled
+moves the router's CPU (the image's is built with profile-guided and link-time optimization;
+``bench/image_python_venv.sh`` builds one like it), sglang-router's compiled code not at all.
 
 Per pair: both routers' medians over rounds and the paired ratio (the median of the rounds'
 ratios) with a 95 % interval for it (distribution-free, from the rounds' order statistics: 6
@@ -31,7 +36,8 @@ alternates between rounds.
 Usage (from the repository root):
 
     python bench/router_side_by_side.py [--policies precise] [--rate 250] [--rounds 6]
-        [--baseline DIR] [--skip-anchor] [--engines shared|own] [--json out.json]
+        [--baseline DIR] [--skip-anchor] [--engines shared|own|stubs] [--python PATH]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +70,7 @@ from bench.router_overhead import (
     sglang_router,
     start,
     start_engines,
+    start_stubs,
     targets_of,
     tpuserve_router,
     wait_caught_up,
@@ -198,6 +206,21 @@ def print_summary(summary: list[dict[str, Any]], args: argparse.Namespace) -> No
               f"{e['errors']}")  # fmt: skip
 
 
+def interpreter_problem(python: str) -> str | None:
+    """Why ``python`` cannot run a tpuserve router, or None."""
+    try:
+        check = subprocess.run(
+            [python, "-c", "import tpuserve.cli, tpuserve_router._native"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"cannot be run ({err})"
+    if check.returncode != 0:
+        last = (check.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"does not import tpuserve and its router ({last})"
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", default="precise", help="tpuserve policies, comma list "
@@ -209,9 +232,13 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=250.0, help="requests/s to each router")
     parser.add_argument("--requests", type=int, default=5000, help="per router and pair")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--engines", choices=("shared", "own"), default="shared",
-                        help="both routers in front of the same 4 engine twins, or of "
-                        "4 each")  # fmt: skip
+    parser.add_argument("--engines", choices=("shared", "own", "stubs"), default="shared",
+                        help="both routers in front of the same 4 engine twins, of 4 each, "
+                        "or of the same 4 stubs (answers at once, no KV events)")  # fmt: skip
+    parser.add_argument("--python", default=None, metavar="PATH",
+                        help="run the tpuserve routers under test (--policies) on this "
+                        "interpreter, one that imports tpuserve (e.g. a venv with the project "
+                        "installed); baselines run on this one")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write every row here")
     args = parser.parse_args()
     for name in ("rate", "requests", "rounds"):
@@ -228,15 +255,20 @@ def main() -> int:
             parser.error(f"--baseline {tree}: not a tpuserve checkout (no router/tpuserve_router)")
     if args.skip_anchor and not args.baseline:
         parser.error("--skip-anchor without --baseline leaves nothing to compare")
+    if args.python is not None and (problem := interpreter_problem(args.python)):
+        parser.error(f"--python {args.python}: {problem}")
 
     os.sched_setaffinity(0, {int(OTHER_CORE)})  # the load generator stays off the router core
     anchor = None if args.skip_anchor else sglang_router(anchor_python())
     pairs: list[tuple[RouterKind, RouterKind]] = []
     for e in entries:
-        new = tpuserve_router(e.name, kv_events=e.kv_events)
+        new = tpuserve_router(e.name, kv_events=e.kv_events, python=args.python)
         pairs += [(new, tpuserve_router(e.name, e.kv_events, t)) for t in args.baseline]
         pairs += [(new, anchor)] if anchor is not None else []
-    engines = start_engines(8 if args.engines == "own" else 4)
+    if args.engines == "stubs":
+        engines = start_stubs(4)
+    else:
+        engines = start_engines(8 if args.engines == "own" else 4)
     fleets = [engines[:4], engines[4:]] if args.engines == "own" else [engines, engines]
     rows: dict[Pair, list[dict[str, float]]] = {(a.label, b.label): [] for a, b in pairs}
     try:

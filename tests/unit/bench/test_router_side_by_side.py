@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.router_side_by_side import median_interval, paired, summarize
+from bench.router_side_by_side import interpreter_problem, median_interval, paired, summarize
 
 pytestmark = pytest.mark.unit
 
@@ -46,6 +46,8 @@ def test_the_summary_has_a_row_per_pair() -> None:
         (["--policies", "precise+auth"], "+auth is not measured here"),
         (["--baseline", "/nonexistent"], "--baseline /nonexistent: not a tpuserve checkout"),
         (["--skip-anchor"], "--skip-anchor without --baseline leaves nothing to compare"),
+        (["--engines", "twins"], "invalid choice: 'twins'"),
+        (["--python", "/nonexistent/python"], "--python /nonexistent/python: cannot be run"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_starts(argv: list[str], message: str) -> None:
@@ -80,3 +82,14 @@ def test_the_summary_gives_the_paired_ratios_interval() -> None:
     assert row["paired_ratio_ci95"] == pytest.approx((0.9, 1.1))
     (short,) = summarize({("new", "anchor"): rows((90, 100), (110, 100))})
     assert short["paired_ratio_ci95"] is None
+
+
+def test_an_interpreter_is_taken_only_if_it_imports_the_router(tmp_path: Path) -> None:
+    assert interpreter_problem(sys.executable) is None  # this one has the project installed
+    bare = tmp_path / "python"
+    bare.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named tpuserve' >&2\nexit 1\n")
+    bare.chmod(0o755)
+    problem = interpreter_problem(str(bare))
+    assert problem == (
+        "does not import tpuserve and its router (ModuleNotFoundError: No module named tpuserve)"
+    )
