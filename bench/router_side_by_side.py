@@ -78,6 +78,13 @@ from bench.router_overhead import (
     wait_idle,
 )
 
+# --engines: what each pair of routers is in front of
+UPSTREAMS = {
+    "shared": "the same 4 engine twins",
+    "own": "4 engine twins each",
+    "stubs": "the same 4 stubs",
+}
+
 
 @dataclass
 class Running:
@@ -195,7 +202,7 @@ def summarize(rows: dict[Pair, list[dict[str, float]]]) -> list[dict[str, Any]]:
 
 def print_summary(summary: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"two routers at once, {args.rate:g} req/s each, {args.rounds} rounds (medians), "
-          f"engine twins: {args.engines}")  # fmt: skip
+          f"upstreams: {UPSTREAMS[args.engines]}")  # fmt: skip
     print("router | CPU/request | against | its CPU/request | paired ratio [95 % interval] "
           "| errors")  # fmt: skip
     for e in summary:
@@ -232,7 +239,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=250.0, help="requests/s to each router")
     parser.add_argument("--requests", type=int, default=5000, help="per router and pair")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--engines", choices=("shared", "own", "stubs"), default="shared",
+    parser.add_argument("--engines", choices=tuple(UPSTREAMS), default="shared",
                         help="both routers in front of the same 4 engine twins, of 4 each, "
                         "or of the same 4 stubs (answers at once, no KV events)")  # fmt: skip
     parser.add_argument("--python", default=None, metavar="PATH",
@@ -255,6 +262,7 @@ def main() -> int:
             parser.error(f"--baseline {tree}: not a tpuserve checkout (no router/tpuserve_router)")
     if args.skip_anchor and not args.baseline:
         parser.error("--skip-anchor without --baseline leaves nothing to compare")
+    baselines = [tree.resolve() for tree in args.baseline]  # named in the table by folder
     if args.python is not None and (problem := interpreter_problem(args.python)):
         parser.error(f"--python {args.python}: {problem}")
 
@@ -263,7 +271,7 @@ def main() -> int:
     pairs: list[tuple[RouterKind, RouterKind]] = []
     for e in entries:
         new = tpuserve_router(e.name, kv_events=e.kv_events, python=args.python)
-        pairs += [(new, tpuserve_router(e.name, e.kv_events, t)) for t in args.baseline]
+        pairs += [(new, tpuserve_router(e.name, e.kv_events, t)) for t in baselines]
         pairs += [(new, anchor)] if anchor is not None else []
     if args.engines == "stubs":
         engines = start_stubs(4)
