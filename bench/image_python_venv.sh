@@ -12,7 +12,7 @@
 #
 # The source is CPython 3.11.2 as Debian's archive serves it (the upstream tarball, checked
 # against its SHA-256), since python.org is out of reach on this project's machines. A PGO
-# build runs CPython's own test subset to profile: about 25 minutes on 2 cores.
+# build runs CPython's own test subset to profile: about 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/tool-paths.sh
