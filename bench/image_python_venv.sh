@@ -22,6 +22,11 @@ case "$flavour" in
   plain) configure_flags=() ;;
   *) echo "image_python_venv.sh: flavour '$flavour' is not one of: image, plain" >&2; exit 2 ;;
 esac
+[ -x .venv/bin/python ] || {
+  echo "image_python_venv.sh: no .venv/bin/python (its pinned packages are copied):" \
+    "run scripts/venv.sh dev first" >&2
+  exit 2
+}
 version=3.11.2
 sha256=2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849
 url=http://deb.debian.org/debian/pool/main/p/python3.11/python3.11_$version.orig.tar.gz

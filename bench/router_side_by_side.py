@@ -82,7 +82,7 @@ from bench.router_overhead import (
 UPSTREAMS = {
     "shared": "the same 4 engine twins",
     "own": "4 engine twins each",
-    "stubs": "the same 4 stubs",
+    "stubs": "the same 4 stubs (answers at once, no KV events)",
 }
 
 
@@ -240,8 +240,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=5000, help="per router and pair")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--engines", choices=tuple(UPSTREAMS), default="shared",
-                        help="both routers in front of the same 4 engine twins, of 4 each, "
-                        "or of the same 4 stubs (answers at once, no KV events)")  # fmt: skip
+                        help="what both routers are in front of: " + "; ".join(
+                            f"{name}: {what}" for name, what in UPSTREAMS.items()))  # fmt: skip
     parser.add_argument("--python", default=None, metavar="PATH",
                         help="run the tpuserve routers under test (--policies) on this "
                         "interpreter, one that imports tpuserve (e.g. a venv with the project "

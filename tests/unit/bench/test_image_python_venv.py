@@ -23,3 +23,23 @@ def test_an_unknown_flavour_is_refused_with_the_allowed_ones(tmp_path: Path) -> 
     assert done.returncode == 2
     assert "flavour 'pgo' is not one of: image, plain" in done.stderr
     assert not any(tmp_path.iterdir())  # nothing downloaded or built
+
+
+def test_a_checkout_without_its_venv_is_refused_before_any_build(tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout"
+    for part in ("bench/image_python_venv.sh", "scripts/tool-paths.sh"):
+        (checkout / part).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / part).write_text((SCRIPT.parents[1] / part).read_text())
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    done = subprocess.run(
+        ["bash", str(checkout / "bench" / "image_python_venv.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "TPUSERVE_CACHE": str(cache)},
+    )
+    assert done.returncode == 2
+    assert "no .venv/bin/python" in done.stderr
+    assert "scripts/venv.sh dev" in done.stderr
+    assert not any(cache.iterdir())  # nothing downloaded or built
