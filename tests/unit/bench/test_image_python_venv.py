@@ -1,4 +1,4 @@
-"""bench/image_python_venv.sh: a flavour it does not build is refused before any work."""
+"""bench/image_python_venv.sh: what it cannot build from is refused before any work."""
 
 from __future__ import annotations
 
@@ -12,14 +12,18 @@ pytestmark = pytest.mark.unit
 SCRIPT = Path(__file__).resolve().parents[3] / "bench" / "image_python_venv.sh"
 
 
-def test_an_unknown_flavour_is_refused_with_the_allowed_ones(tmp_path: Path) -> None:
-    done = subprocess.run(
-        ["bash", str(SCRIPT), "pgo"],
+def run(script: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(script), *args],
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PATH": "/usr/bin:/bin", "TPUSERVE_CACHE": str(tmp_path)},
+        env={"PATH": "/usr/bin:/bin", "TPUSERVE_CACHE": str(cache)},
     )
+
+
+def test_an_unknown_flavour_is_refused_with_the_allowed_ones(tmp_path: Path) -> None:
+    done = run(SCRIPT, tmp_path, "pgo")
     assert done.returncode == 2
     assert "flavour 'pgo' is not one of: image, plain" in done.stderr
     assert not any(tmp_path.iterdir())  # nothing downloaded or built
@@ -32,13 +36,7 @@ def test_a_checkout_without_its_venv_is_refused_before_any_build(tmp_path: Path)
         (checkout / part).write_text((SCRIPT.parents[1] / part).read_text())
     cache = tmp_path / "cache"
     cache.mkdir()
-    done = subprocess.run(
-        ["bash", str(checkout / "bench" / "image_python_venv.sh")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "TPUSERVE_CACHE": str(cache)},
-    )
+    done = run(checkout / "bench" / "image_python_venv.sh", cache)
     assert done.returncode == 2
     assert "no .venv/bin/python" in done.stderr
     assert "scripts/venv.sh dev" in done.stderr
