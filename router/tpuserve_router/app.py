@@ -50,6 +50,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sglang_tpu.tokenizer import load_tokenizer
 from sglang_tpu.version import tpuserve_version
+from tpuserve_router import compiled
 from tpuserve_router.admin import ROUTE as ADMIN_ROUTE
 from tpuserve_router.admin import AdminApi
 from tpuserve_router.admission import Admission
@@ -331,12 +332,15 @@ class RouterApp:
                 self._demand.start()
         else:
             self.apply_discovered(static_workers(config.workers))
+        running = len(compiled.loaded())
+        path = f"compiled ({running} of {len(compiled.MODULES)} modules)"
         log.info(
-            "router listening on %s (policy %s, KV events %s, %d workers)",
+            "router listening on %s (policy %s, KV events %s, %d workers, request path %s)",
             self.base_url,
             self.policy.name,
             "on" if self.kv is not None else "off",
             len(self.registry.workers),
+            path if running else "interpreted",
         )
 
     async def stop(self) -> None:

@@ -172,8 +172,8 @@ class LoadPoller:
         except UpstreamError as err:
             self._failed(worker.name, err.reason, err)
             return
-        except OSError as err:
-            self._failed(worker.name, type(err).__name__, err)
+        except OSError as failed:
+            self._failed(worker.name, type(failed).__name__, failed)
             return
         self._take(worker, status, body)
 

@@ -191,8 +191,8 @@ class Forwarder:
                     await self.holds.hold(
                         label, request.arrived, functools.partial(self._routable, model)
                     )
-                except HoldRefused as err:
-                    reject(request, unavailable(str(err)), self.metrics, route, label)
+                except HoldRefused as refused:  # not `err`: compiled, one name has one type
+                    reject(request, unavailable(str(refused)), self.metrics, route, label)
                     return
                 served = self.registry.route(model, parsed.lora_path)
                 since = time.monotonic()

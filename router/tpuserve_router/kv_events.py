@@ -50,7 +50,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -79,7 +79,7 @@ log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_SECONDS = 2.0
 """Longest wait for the next message of a replay."""
-CATCH_UP_RETRY_SECONDS = (0.5, 1.0, 2.0, 4.0)
+CATCH_UP_RETRY_SECONDS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
 """Waits before asking again after a failed catch-up (the engine's replay ROUTER socket drops
 what its send queue, 1,000 messages, cannot pass on, when the engine's loop sends faster than
 its I/O thread writes), while the stream still knows nothing: an idle engine sends no batch
@@ -220,8 +220,8 @@ class _Subscription:
         self._stopped = True  # first: nothing read from here on starts a task
         if self.subscriber is not None:
             await self.subscriber.close()
-        else:
-            self.loop.remove_reader(self.fd)
+        else:  # through Any: uvloop's answer is no bool, which compiled code would refuse
+            cast(Any, self.loop).remove_reader(self.fd)
         while tasks := [
             t
             for t in (self.task, self.monitor_task, self.retry_task)
@@ -523,8 +523,8 @@ class _Subscription:
                 elif isinstance(event, AllBlocksCleared):
                     hub.metrics.kv_events.labels(worker, "AllBlocksCleared").inc()
                     hub.resync(worker, "all_blocks_cleared", rank)
-            except (TypeError, ValueError, OverflowError) as err:  # e.g. ids not 64-bit ints
-                malformed = KVEventDecodeError("malformed_event", f"{event!r:.80}: {err}")
+            except (TypeError, ValueError, OverflowError) as bad:  # e.g. ids not 64-bit ints
+                malformed = KVEventDecodeError("malformed_event", f"{event!r:.80}: {bad}")
                 hub.skip(worker, self.label, malformed)
         return stored, removed
 
@@ -678,7 +678,9 @@ class KvEventHub:
             found: dict[int, bytes] = {}
             received = 0
             while True:
-                if not await sock.poll(int(REPLAY_TIMEOUT_SECONDS * 1000)):
+                # pyzmq types an asyncio socket's poll as its poller's (a list); it is an int,
+                # which the compiled router would refuse as a list.
+                if not await cast(Any, sock).poll(int(REPLAY_TIMEOUT_SECONDS * 1000)):
                     if not whole and end is None and found:
                         log.warning("replay from %s ended without its end marker", endpoint)
                         return self._whole(endpoint, found, start, end, whole)

@@ -58,8 +58,11 @@ DETACHED_PARSER = httptools.HttpResponseParser(_NoCallbacks())
 """What a closed connection holds instead of its parser."""
 
 
-class UpstreamConnection(asyncio.Protocol):
-    """One keep-alive connection to a worker; one request at a time."""
+class UpstreamConnection:
+    """One keep-alive connection to a worker; one request at a time.
+
+    An `asyncio.Protocol` by its methods, not by inheritance, as `server.HttpConnection` is.
+    """
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, max_head_bytes: int, max_body_bytes: int
@@ -144,6 +147,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         return False  # close our side too
+
+    def pause_writing(self) -> None:
+        """A request is written whole before its answer is read: nothing to pause."""
+
+    def resume_writing(self) -> None:
+        """See `pause_writing`."""
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -438,8 +447,11 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_seconds):
-                _, conn = await loop.create_connection(
-                    lambda: self.connection(loop, self.max_head_bytes, self.max_body_bytes),
+                _, protocol = await loop.create_connection(
+                    lambda: cast(
+                        asyncio.Protocol,
+                        self.connection(loop, self.max_head_bytes, self.max_body_bytes),
+                    ),
                     self.host,
                     self.port,
                 )
@@ -451,6 +463,7 @@ class UpstreamPool:
             raise UpstreamError(
                 "connect_error", err.strerror or str(err), errno=err.errno
             ) from None
+        conn = cast(UpstreamConnection, protocol)
         self.busy.add(conn)
         return conn
 

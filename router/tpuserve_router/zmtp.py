@@ -33,7 +33,7 @@ import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final, cast
 
 from tpuserve_router._native import ZmtpReader
 
@@ -59,8 +59,10 @@ loop again (a socket that has data every few turns is never watched: no wake-up 
 no ``epoll_ctl`` per batch)."""
 CONNECT_TIMEOUT_SECONDS: Final = 5.0
 HANDSHAKE_TIMEOUT_SECONDS: Final = 5.0
-RECONNECT_SECONDS: Final = (0.1, 2.0)
-"""The first wait before reconnecting (libzmq's ZMQ_RECONNECT_IVL) and the longest."""
+FIRST_RECONNECT_SECONDS: Final = 0.1
+"""The first wait before reconnecting (libzmq's ZMQ_RECONNECT_IVL)."""
+LONGEST_RECONNECT_SECONDS: Final = 2.0
+"""The longest wait before reconnecting."""
 
 
 class ZmtpError(Exception):
@@ -251,6 +253,7 @@ class ZmtpSubscriber:
         self._sock: socket.socket | None = None
         self._watching = False
         self.idle_turns = 0  # the group's turns in a row that found nothing to read
+        self.turns = 0  # `read_turn` calls: a reader spinning on a dead socket shows here
         self._holding = False  # `on_connected` is running: nothing is handed on
         self._lost: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -270,10 +273,11 @@ class ZmtpSubscriber:
 
     async def _run(self) -> None:
         """Connect, hold the connection until it is lost, wait, again; until cancelled. The
-        wait doubles from `RECONNECT_SECONDS`'s first to its second after a failed attempt
-        and after a connection that lasted less than the longest wait (a peer that drops us
-        at once must not be reconnected, and replayed from, ten times a second)."""
-        delay = RECONNECT_SECONDS[0]
+        wait doubles from `FIRST_RECONNECT_SECONDS` to `LONGEST_RECONNECT_SECONDS` after a
+        failed attempt and after a connection that lasted less than the longest wait (a peer
+        that drops us at once must not be reconnected, and replayed from, ten times a
+        second)."""
+        delay = FIRST_RECONNECT_SECONDS
         while True:
             try:
                 await self._connect()
@@ -284,14 +288,14 @@ class ZmtpSubscriber:
                 else:
                     log.warning("%s: KV-event connection failed: %r", self.label, err)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, RECONNECT_SECONDS[1])
+                delay = min(delay * 2, LONGEST_RECONNECT_SECONDS)
                 continue
             started = asyncio.get_running_loop().time()
             await self._hold()
             lasted = asyncio.get_running_loop().time() - started
-            delay = RECONNECT_SECONDS[0] if lasted >= RECONNECT_SECONDS[1] else delay
+            delay = FIRST_RECONNECT_SECONDS if lasted >= LONGEST_RECONNECT_SECONDS else delay
             await asyncio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_SECONDS[1])
+            delay = min(delay * 2, LONGEST_RECONNECT_SECONDS)
 
     async def _hold(self) -> None:
         """Read a connection whose handshake is done until it is lost; then its end is told."""
@@ -378,7 +382,8 @@ class ZmtpSubscriber:
     def _unwatch(self) -> None:
         if self._watching and self._sock is not None:
             assert self._loop is not None
-            self._loop.remove_reader(self._sock.fileno())
+            # Through Any: uvloop's answer is no bool, which compiled code would refuse.
+            cast(Any, self._loop).remove_reader(self._sock.fileno())
         self._watching = False
 
     def _readable(self) -> None:
@@ -392,6 +397,7 @@ class ZmtpSubscriber:
     def read_turn(self) -> bool:
         """Read what the socket has (unless `high_water_mark` messages wait), hand complete
         messages on; whether the socket is still worth reading on the group's next turn."""
+        self.turns += 1
         sock = self._sock
         if sock is None or not self.connected:
             return False
@@ -405,8 +411,8 @@ class ZmtpSubscriber:
                     size, commands = self.pending.receive(sock.fileno(), READ_BYTES)
                 except (BlockingIOError, InterruptedError):
                     break
-                except ValueError as err:  # the reader's word for a protocol violation
-                    raise ZmtpError(str(err)) from None
+                except ValueError as violation:  # the reader's word for a protocol violation
+                    raise ZmtpError(str(violation)) from None
                 if not size:
                     raise ConnectionResetError("the publisher closed the connection")
                 read_any = True

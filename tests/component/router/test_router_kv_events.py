@@ -45,8 +45,6 @@ from tpuserve_router.kv_events import (
     DRAIN_MAX_MESSAGES,
     RECEIVE_HIGH_WATER_MARK,
     SNAPSHOT_FORMAT,
-    KvEventHub,
-    _Subscription,
 )
 from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
 
@@ -240,7 +238,9 @@ async def test_after_an_engine_restart_nothing_routes_on_the_old_blocks(
 class Publisher:
     """An engine's publishing side on real ZMQ sockets that can lose batches on demand:
     XPUB (to know when the router has subscribed) and an optional replay ROUTER that, like
-    the engine's, holds every batch published, delivered or not."""
+    the engine's, holds every batch published, delivered or not. Its replay requests are
+    counted (``asked``); the first ``unanswered`` get no answer (an engine too busy: the
+    router's replay times out), and while ``stalled`` is set none is answered yet."""
 
     def __init__(
         self, replay: bool, bind: str = "tcp://127.0.0.1:*", replay_send_queue: int = 1000
@@ -253,6 +253,9 @@ class Publisher:
         self.router: zmq.asyncio.Socket | None = None
         self.replay_endpoint: str | None = None
         self.task: asyncio.Task[None] | None = None
+        self.asked = 0
+        self.unanswered = 0
+        self.stalled: asyncio.Event | None = None
         if replay:
             self.router = self.ctx.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.SNDHWM, replay_send_queue)  # ZMQ's default, as SGLang's
@@ -264,6 +267,11 @@ class Publisher:
         assert self.router is not None
         while True:
             identity, _, start = await self.router.recv_multipart()
+            self.asked += 1
+            if self.asked <= self.unanswered:
+                continue
+            if self.stalled is not None:
+                await self.stalled.wait()
             first = int.from_bytes(start, "big")
             for seq in sorted(s for s in self.replay if s >= first):
                 await self.router.send_multipart(
@@ -487,19 +495,10 @@ async def test_a_stream_whose_catch_up_failed_learns_the_buffer_at_its_next_batc
     # The catch-up at connect failed (the engine did not answer in time); the next batch
     # must bring what the engine's buffer holds before it, also when the buffer no longer
     # starts at batch 0 (it wrapped): asking for batches 0.. would fail again, every time.
-    replay = KvEventHub.replay
-    calls = 0
-
-    async def first_fails(
-        self: KvEventHub, endpoint: str, start: int, end: int | None = None, *, whole: bool = True
-    ) -> list[tuple[int, bytes]] | None:
-        nonlocal calls
-        calls += 1
-        return None if calls == 1 else await replay(self, endpoint, start, end, whole=whole)
-
-    monkeypatch.setattr(KvEventHub, "replay", first_fails)
+    monkeypatch.setattr(kv_events, "REPLAY_TIMEOUT_SECONDS", 0.3)
     monkeypatch.setattr(kv_events, "CATCH_UP_RETRY_SECONDS", ())  # only the batch asks again
     publisher = Publisher(replay=True)
+    publisher.unanswered = 1
     for seq in range(100, 200):  # 0..99 are gone from its buffer
         publisher.replay[seq] = distinct_pages(seq, 1)
     async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
@@ -507,10 +506,14 @@ async def test_a_stream_whose_catch_up_failed_learns_the_buffer_at_its_next_batc
         _publisher,
         worker,
     ):
-        await eventually_async(lambda: calls == 1, what="the failed catch-up", timeout_seconds=5)
+        replays = "tpuserve_router_kv_event_replays_total"
+        await eventually_async(
+            lambda: sample(app, replays, {"worker": worker, "result": "failed"}) == 1,
+            what="the failed catch-up", timeout_seconds=5,
+        )  # fmt: skip
         await publisher.publish(200, distinct_pages(200, 1))
         await wait_blocks(app, worker, 101, "the buffer's batches and the new one")
-        assert calls == 2
+        assert publisher.asked == 2
 
 
 async def test_a_failed_catch_up_is_asked_again_while_the_engine_is_idle(
@@ -518,20 +521,10 @@ async def test_a_failed_catch_up_is_asked_again_while_the_engine_is_idle(
 ) -> None:
     # An idle engine sends no batch that would make the router catch up after a failed
     # replay; the router asks again by itself, a bounded number of times.
-    replay = KvEventHub.replay
-    calls = 0
-    failing = 1
-
-    async def failing_first(
-        self: KvEventHub, endpoint: str, start: int, end: int | None = None, *, whole: bool = True
-    ) -> list[tuple[int, bytes]] | None:
-        nonlocal calls
-        calls += 1
-        return None if calls <= failing else await replay(self, endpoint, start, end, whole=whole)
-
-    monkeypatch.setattr(KvEventHub, "replay", failing_first)
+    monkeypatch.setattr(kv_events, "REPLAY_TIMEOUT_SECONDS", 0.3)
     monkeypatch.setattr(kv_events, "CATCH_UP_RETRY_SECONDS", (0.05, 0.05, 0.05))
     publisher = Publisher(replay=True)
+    publisher.unanswered = 1
     for seq in range(50):
         publisher.replay[seq] = distinct_pages(seq, 1)
     async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
@@ -540,22 +533,22 @@ async def test_a_failed_catch_up_is_asked_again_while_the_engine_is_idle(
         worker,
     ):
         await wait_blocks(app, worker, 50, "the buffer, on the second try")
-        assert calls == 2
+        assert publisher.asked == 2
         replays = "tpuserve_router_kv_event_replays_total"
         assert sample(app, replays, {"worker": worker, "result": "failed"}) == 1
         assert sample(app, replays, {"worker": worker, "result": "ok"}) == 1
 
-    calls, failing = 0, 100  # never answers whole: asked at connect and 3 times more
-    publisher = Publisher(replay=True)
+    publisher = Publisher(replay=True)  # never answers: asked at connect and 3 times more
+    publisher.unanswered = 100
     publisher.replay[0] = distinct_pages(0, 1)
     async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
         app,
         _publisher,
         worker,
     ):
-        await eventually_async(lambda: calls == 4, what="the retries", timeout_seconds=5)
-        await asyncio.sleep(0.3)
-        assert calls == 4
+        await eventually_async(lambda: publisher.asked == 4, what="the retries", timeout_seconds=5)
+        await asyncio.sleep(0.5)  # past a replay's timeout and a retry's wait
+        assert publisher.asked == 4
         assert blocks_of(app, worker) == 0
 
 
@@ -607,34 +600,23 @@ async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
 ) -> None:
     # While the catch-up replay holds the lock, live events queue; the reader must clear the
     # socket's signal, else the event loop calls it again and again until the lock is free.
-    reads = 0
-    read = _Subscription._read
-
-    def counting(self: _Subscription) -> None:
-        nonlocal reads
-        reads += 1
-        read(self)
-
-    replaying = asyncio.Event()
-    release = asyncio.Event()
-
-    async def stalled(
-        self: KvEventHub, endpoint: str, start: int, end: int | None = None, *, whole: bool = True
-    ) -> list[tuple[int, bytes]] | None:
-        replaying.set()
-        await release.wait()
-        return []
-
-    monkeypatch.setattr(_Subscription, "_read", counting)
-    monkeypatch.setattr(KvEventHub, "replay", stalled)
+    publisher = Publisher(replay=True)
+    publisher.stalled = asyncio.Event()  # the catch-up's replay is not answered until set
     tokens = load_tokenizer().encode(PROMPT)
-    async with publishing_router(plain_engine, replay=True) as (app, publisher, worker):
-        await replaying.wait()
+    async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
+        app,
+        _publisher,
+        worker,
+    ):
+        await eventually_async(lambda: publisher.asked == 1, what="the catch-up's replay")
+        assert app.kv is not None
+        (stream,) = app.kv.subscriptions(worker)
+        assert stream.subscriber is not None
         await publisher.publish(0, stored(tokens))
-        before = reads
+        before = stream.subscriber.turns
         await asyncio.sleep(0.3)  # a spinning reader is called thousands of times meanwhile
-        busy_reads = reads - before
-        release.set()
+        busy_reads = stream.subscriber.turns - before
+        publisher.stalled.set()
         await wait_blocks(app, worker, len(tokens) // PAGE, "the events after the catch-up")
     assert busy_reads < 20
 

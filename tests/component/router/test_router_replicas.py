@@ -121,7 +121,9 @@ async def fill_caches(router: RouterProcess) -> int:
         for prompt in prompts:  # one at a time: a batch of KV events each, at least
             await complete(session, router, prompt, 8)
     held = await eventually_async(
-        lambda: confirmed_blocks(router) or None, what="blocks in the early router's index"
+        lambda: confirmed_blocks(router) or None,
+        what="blocks in the early router's index",
+        context=router.log,
     )
     assert held >= 12 * 10  # each prompt is hundreds of tokens: many pages each
     return held
