@@ -149,10 +149,10 @@ class UpstreamConnection:
         return False  # close our side too
 
     def pause_writing(self) -> None:
-        """A request is written whole before its answer is read: nothing to pause."""
+        """Nothing to pause, as `asyncio.Protocol`'s default (the transport buffers)."""
 
     def resume_writing(self) -> None:
-        """See `pause_writing`."""
+        """Nothing to resume (see `pause_writing`)."""
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
