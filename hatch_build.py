@@ -25,5 +25,7 @@ class NativeExtensionHook(BuildHookInterface):  # type: ignore[type-arg]
             # Beside their sources, where the import system prefers them (tpuserve_router.compiled);
             # router/.compiled is reused when its manifest says it is this build.
             compiled = build_native["compile_request_path"]()
-            for module in compiled.iterdir():
-                build_data["force_include"][str(module)] = f"tpuserve_router/{module.name}"
+            for module in compiled.rglob("*"):
+                if module.is_file():
+                    name = module.relative_to(compiled).as_posix()
+                    build_data["force_include"][str(module)] = f"tpuserve_router/{name}"

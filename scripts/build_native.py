@@ -138,7 +138,7 @@ def _compile_here(out: Path) -> None:
         # mypy reads its configuration (pyproject.toml: strict, mypy_path) from the root.
         os.chdir(ROOT)
         extensions = mypycify(
-            [str(package / f"{name}.py") for name in compiled.MODULES],
+            [str(compiled.module_path(name, package)) for name in compiled.MODULES],
             opt_level="3",
             group_name=compiled.GROUP,
             target_dir=str(Path(work) / "c"),

@@ -1,12 +1,13 @@
 """Which of the router's modules run compiled (mypyc), and whether a checkout's build is fresh.
 
-The request path's modules are compiled to C with mypyc (docs/router.md, "Compiled request
-path"); everything else, the policies included, stays interpreted. A wheel, and so the image,
-ships each compiled module beside its source, where Python's import system prefers it. A
-checkout (an editable install) keeps them apart, in ``router/.compiled`` built by
-``scripts/build_native.py``, and the package puts that folder first on its ``__path__`` only
-while the build matches the sources: after an edit the router runs interpreted, with one
-warning, until the next build. This module is never compiled itself.
+The request path's modules and the default policy are compiled to C with mypyc (docs/router.md,
+"Compiled request path"); everything else, the other policies included, stays interpreted. A
+wheel, and so the image, ships each compiled module beside its source, where Python's import
+system prefers it. A checkout (an editable install) keeps them apart, in ``router/.compiled``
+built by ``scripts/build_native.py``, and the package (and `policies`, `use_build`) puts that
+folder first on its ``__path__`` only while the build matches the sources: after an edit the
+router runs interpreted, with one warning, until the next build. This module is never
+compiled itself.
 """
 
 from __future__ import annotations
@@ -26,8 +27,13 @@ MODULES: Final = (
     "deadlines",
     "engine_loads",
     "forwarding",
+    "hold",
     "kv_events",
     "load_view",
+    "metrics",
+    "policies.base",
+    "policies.precise",
+    "policies.prefix_routing",
     "proxy",
     "replies",
     "request_body",
@@ -37,8 +43,10 @@ MODULES: Final = (
     "workers",
     "zmtp",
 )
-"""The modules compiled, by name in the package: the request path from the socket to the
-worker and back, and the KV events' path into the block index."""
+"""The modules compiled, by dotted name in the package: the request path from the socket to
+the worker and back with the series it counts, the default policy (`precise`) and what it
+builds on, and the KV events' path into the block index. The other policies stay
+interpreted, subclassing the compiled bases."""
 
 GROUP: Final = "tpuserve_router._compiled"
 """mypyc's group: its shared library is ``tpuserve_router/_compiled__mypyc.<suffix>``."""
@@ -51,6 +59,21 @@ SOURCES: Final = (PACKAGE, PACKAGE.parents[1] / "sglang_tpu")
 compiled ones import (a checkout has both side by side)."""
 
 MANIFEST: Final = "manifest.json"
+
+
+def module_path(name: str, package: Path = PACKAGE) -> Path:
+    """The source of the module called ``name`` in `MODULES` (``policies.base``: its file)."""
+    return package.joinpath(*name.split(".")).with_suffix(".py")
+
+
+def use_build(path: list[str], package: str) -> None:
+    """Put the checkout's build of subpackage ``package`` (``tpuserve_router.policies``) first
+    on its ``path``, if the top package runs its build (a subpackage's own ``__init__`` is
+    found first, so it would not look there)."""
+    top = sys.modules[__name__.rpartition(".")[0]]
+    build = BUILD_DIR / "tpuserve_router"
+    if str(build) in getattr(top, "__path__", ()):
+        path.insert(0, str(build.joinpath(*package.split(".")[1:])))
 
 
 def source_digest(sources: Sequence[Path] = SOURCES) -> str:

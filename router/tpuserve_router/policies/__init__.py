@@ -1,6 +1,10 @@
 """Routing policies, one module each; importing this package registers all of them."""
 
-from tpuserve_router.policies import (  # noqa: F401  (imported to register)
+from tpuserve_router import compiled as _compiled
+
+_compiled.use_build(__path__, __name__)  # the compiled ones (`compiled.MODULES`), if fresh
+
+from tpuserve_router.policies import (  # noqa: E402, F401  (imported to register)
     cache_aware,
     cost,
     least_load,
@@ -9,7 +13,7 @@ from tpuserve_router.policies import (  # noqa: F401  (imported to register)
     random,
     round_robin,
 )
-from tpuserve_router.policies.base import (
+from tpuserve_router.policies.base import (  # noqa: E402
     OUTCOMES,
     Clock,
     Decision,

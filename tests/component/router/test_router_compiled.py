@@ -67,9 +67,9 @@ def test_the_wheel_ships_the_compiled_request_path_beside_its_sources(tmp_path: 
     package = unpacked / "tpuserve_router"
     suffix = compiled.interpreter().split()[1]
     for name in (*compiled.MODULES, "_compiled__mypyc"):
-        assert (package / f"{name}{suffix}").is_file(), name
+        assert compiled.module_path(name, package).with_suffix(suffix).is_file(), name
     for name in compiled.MODULES:
-        assert (package / f"{name}.py").is_file(), name
+        assert compiled.module_path(name, package).is_file(), name
     probe = (
         "import importlib, tpuserve_router, tpuserve_router.compiled as c\n"
         "for name in c.MODULES: importlib.import_module('tpuserve_router.' + name)\n"

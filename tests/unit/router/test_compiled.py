@@ -78,7 +78,7 @@ def test_a_missing_or_broken_manifest_is_stale(
 
 def test_every_compiled_module_is_a_module_of_the_package() -> None:
     assert sorted(compiled.MODULES) == list(compiled.MODULES)
-    assert [m for m in compiled.MODULES if not (compiled.PACKAGE / f"{m}.py").is_file()] == []
+    assert [m for m in compiled.MODULES if not compiled.module_path(m).is_file()] == []
 
 
 def test_the_package_runs_the_checkouts_build_exactly_when_it_is_fresh() -> None:
@@ -110,7 +110,7 @@ def test_no_compiled_function_binds_one_exception_name_to_two_types() -> None:
     handling. Each handler of another type takes another name."""
     found = []
     for name in compiled.MODULES:
-        tree = ast.parse((compiled.PACKAGE / f"{name}.py").read_text())
+        tree = ast.parse(compiled.module_path(name).read_text())
         for function in ast.walk(tree):
             if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue

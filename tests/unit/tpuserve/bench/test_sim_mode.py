@@ -6,10 +6,11 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from tests.fakes import ChoosingThrough
 from tpuserve.bench import sim_runner, sizing, traces, workloads
 from tpuserve.bench.report import summarize
 from tpuserve.bench.sim_runner import Fault, SimConfig, SimRun, measure_rr_saturation, run_sim
@@ -412,7 +413,7 @@ def test_kv_events_reach_each_replica_at_its_next_read_turn(
             late.append(len(emitted) - len(read))
             return choose(request, workers)
 
-        replica.policy.choose = check  # type: ignore[method-assign]
+        replica.policy = cast(Any, ChoosingThrough(replica.policy, check))
     result = run.run()
     assert all(r.ok for r in result.records)
     assert len(late) == len(trace)
