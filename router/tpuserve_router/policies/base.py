@@ -209,7 +209,7 @@ class PolicyDefaults:
     Compiled (`tpuserve_router.compiled`), and open to subclasses that are not: the other
     policies, the benchmark's anchors and tests' own."""
 
-    name: ClassVar[str] = ""  # set by @register
+    name: ClassVar[str] = ""  # set by @register (a compiled policy sets its own)
     needs_text: ClassVar[bool] = False
     needs_tokens: ClassVar[bool] = False
     uses_kv_events: ClassVar[bool] = False
