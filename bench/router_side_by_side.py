@@ -237,8 +237,8 @@ def router_build(tree: Path) -> str:
     """What a checkout's routers run: its router's and sglang_tpu's sources, and the compiled
     build beside them (`tpuserve_router.compiled`), as one digest. An edit between rounds
     changes it (the routers after it would run interpreted, or another build)."""
-    sources = [tree / "router" / "tpuserve_router", tree / "sglang_tpu"]
-    manifest = tree / "router" / ".compiled" / "manifest.json"
+    sources = [tree / source.relative_to(ROOT) for source in compiled.SOURCES]
+    manifest = tree / compiled.BUILD_DIR.relative_to(ROOT) / compiled.MANIFEST
     build = manifest.read_text() if manifest.is_file() else "not built"
     return compiled.source_digest(sources) + build
 
