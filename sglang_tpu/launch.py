@@ -2,10 +2,12 @@
 
 Steps: read and validate the contract from the environment (exit 2 listing every problem),
 derive the TorchTPU environment and the server command (`plan`, pure), then either print
-them (`--dry-run`) or fetch the weights, create the cache directories and run the server
-as a child process (`supervise`): SIGTERM and SIGINT are forwarded, the server gets
-`TPUSERVE_DRAIN_TIMEOUT_SECONDS` to drain before its process group is killed, and the
-launcher exits with the server's status (128 + N when it died of signal N).
+them (`--dry-run`) or check the TPU stack and chips against the contract (the pre-flight,
+`sglang_tpu.preflight`: exit 3 with its reason in the termination message), fetch the
+weights, create the cache directories and run the server as a child process (`supervise`):
+SIGTERM and SIGINT are forwarded, the server gets `TPUSERVE_DRAIN_TIMEOUT_SECONDS` to drain
+before its process group is killed, and the launcher exits with the server's status (128 + N
+when it died of signal N).
 
 With `TPUSERVE_ENGINE=simulated` the leader runs `tpuserve engine sim` with the same slice,
 ports and model name, and the other hosts only hold their place in the group (`sleep
@@ -35,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sglang_tpu import compile_cache, lora, model_source, perf_model, sglang_flags
+from sglang_tpu import compile_cache, lora, model_source, perf_model, preflight, sglang_flags
 from sglang_tpu.contract.launch_contract import LaunchContract
 from sglang_tpu.contract.problems import ContractError
 from sglang_tpu.contract.torch_tpu import torch_tpu_env
@@ -49,8 +51,13 @@ them against the topology catalog, derives the TorchTPU environment (TPU_WORKER_
 NODE_RANK, MASTER_ADDR, TORCH_TPU_*) and the SGLang command line, fetches the weights, and
 runs the server until it exits; SIGTERM drains it within TPUSERVE_DRAIN_TIMEOUT_SECONDS.
 
+Before it fetches anything, a pre-flight checks the TPU stack (torch, torch-tpu, libtpu
+versions), the chips TorchTPU sees (generation, count, HBM), the execution mode and the
+compile cache against the contract (`tpuserve engine preflight` runs it alone).
+
 exit status: the server's (128 + N if it died of signal N); 2 when the contract is
-invalid; 1 when the weights cannot be fetched; 127 when the server cannot be started.
+invalid; 3 when the pre-flight fails (its reasons in TPUSERVE_TERMINATION_MESSAGE_PATH);
+1 when the weights cannot be fetched; 127 when the server cannot be started.
 
 example (one host of a two-host tpu7x 2x2x2 slice):
   TPUSERVE_MODEL=hf://Qwen/Qwen3-8B TPUSERVE_TPU_GENERATION=tpu7x \\
@@ -63,6 +70,7 @@ TPUSERVE_SGLANG_PYTHON names the interpreter with SGLang installed).
 """
 
 EXIT_INVALID_CONTRACT = 2
+EXIT_PREFLIGHT_FAILED = preflight.EXIT_PREFLIGHT_FAILED
 EXIT_FETCH_FAILED = 1
 EXIT_CANNOT_START = 127  # as a shell reports a command it cannot run
 PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
@@ -367,13 +375,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help='Print one JSON object {"env": {...}, "command": [...]} and exit; fetch nothing.',
     )
+    parser.add_argument(
+        "--skip-preflight",
+        action="store_true",
+        help="Start without checking the TPU stack, chips and compile cache first (for a "
+        "stack the pre-flight does not know yet; `tpuserve engine preflight` shows why).",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    return launch(os.environ, dry_run=args.dry_run)
+    return launch(os.environ, dry_run=args.dry_run, check=not args.skip_preflight)
 
 
-def launch(environ: Mapping[str, str], *, dry_run: bool) -> int:
+def launch(
+    environ: Mapping[str, str],
+    *,
+    dry_run: bool,
+    check: bool = True,
+    probe: preflight.Probe | None = None,
+) -> int:
+    """`tpuserve engine launch`; `check` runs the pre-flight (with `probe`, else the real
+    one) before anything is fetched or started."""
     try:
         contract = LaunchContract.from_env(environ)
     except ContractError as err:
@@ -394,6 +416,16 @@ def launch(environ: Mapping[str, str], *, dry_run: bool) -> int:
         contract.topology,
         contract.engine,
     )
+    env = server_env(contract, launch_plan, environ)
+    if check:
+        outcome = preflight.preflight(contract, environ, env, sglang_python(contract), probe)
+        if outcome.exit_status:
+            print(
+                f"tpuserve engine launch: pre-flight failed:\n"
+                f"{outcome.report.termination_message()}",
+                file=sys.stderr,
+            )
+            return outcome.exit_status
     if contract.engine == "sglang":
         log_compile_cache(contract)
     began = time.monotonic()
@@ -413,8 +445,4 @@ def launch(environ: Mapping[str, str], *, dry_run: bool) -> int:
         return EXIT_FETCH_FAILED
     if launch_plan.fetches:
         log.info("cold start: weights took %.2f s (fetch)", time.monotonic() - began)
-    return supervise(
-        launch_plan.command,
-        server_env(contract, launch_plan, environ),
-        contract.drain_timeout_seconds,
-    )
+    return supervise(launch_plan.command, env, contract.drain_timeout_seconds)

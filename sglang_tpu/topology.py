@@ -71,6 +71,12 @@ class TPUGeneration:
     tensorcores_per_chip: int = 1
     # Chips on each multi-host VM (4 on every multi-host machine type).
     chips_per_multi_host_vm: int = 4
+    # What torch (TorchTPU's get_device_name) and JAX (device_kind) call one of its devices.
+    device_names: tuple[str, ...] = ()
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        return self.hbm_bytes_per_chip // self.devices_per_chip
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +162,8 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             devices_per_chip=1,
             host_topology_by_devices=_SINGLE_CORE_2D,
             accelerator_type_prefix="v5litepod",
+            # both seen on a v5e (TorchTPU 0.2.0, JAX 0.10.2): shared/reference/tpu-v5e.md
+            device_names=("TPU v5e", "TPU v5 lite"),
         ),
         "v5p": TPUGeneration(
             name="v5p",
@@ -169,6 +177,7 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             host_topology_by_devices=_SINGLE_CORE_3D,
             accelerator_type_prefix="v5p",
             tensorcores_per_chip=2,  # megacore: one torch device per chip, two TensorCores
+            device_names=("TPU v5p", "TPU v5"),  # [unconfirmed]
         ),
         "v6e": TPUGeneration(
             name="v6e",
@@ -181,6 +190,7 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             devices_per_chip=1,
             host_topology_by_devices=_SINGLE_CORE_2D,
             accelerator_type_prefix="v6e",
+            device_names=("TPU v6e", "TPU v6 lite"),  # [unconfirmed]
         ),
         "tpu7x": TPUGeneration(
             name="tpu7x",
@@ -194,6 +204,7 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             host_topology_by_devices=MappingProxyType({2: "1,1,1,2", 4: "1,2,1,2", 8: "2,2,1,2"}),
             accelerator_type_prefix="tpu7x",
             tensorcores_per_chip=2,
+            device_names=("TPU7x", "TPU v7x", "TPU v7"),  # [unconfirmed]
         ),
     }
 )
@@ -253,6 +264,29 @@ def get_generation(name: str, field_path: str = "tpu.generation") -> TPUGenerati
         return GENERATIONS[name]
     except KeyError:
         raise CatalogError(field_path, name, generation_names()) from None
+
+
+def _squeeze(name: str) -> str:
+    return "".join(name.lower().split())
+
+
+def generation_of_device_name(name: str) -> str | None:
+    """The generation whose devices torch or JAX call `name` ("TPU v5e"), else None."""
+    wanted = _squeeze(name)
+    return next(
+        (g.name for g in GENERATIONS.values() if wanted in map(_squeeze, g.device_names)), None
+    )
+
+
+def generation_of_pci_device(device_id: str) -> str | None:
+    """The generation of a Google PCI device id ("0x0063"), else None."""
+    return next((g.name for g in GENERATIONS.values() if g.pci_device_id == device_id), None)
+
+
+def generation_of_accelerator_type(accelerator_type: str) -> str | None:
+    """The generation of a Cloud TPU accelerator type (`v5litepod-4`), else None."""
+    prefix = accelerator_type.rsplit("-", 1)[0]
+    return next((g.name for g in GENERATIONS.values() if g.accelerator_type_prefix == prefix), None)
 
 
 def lookup(generation: str, topology: str, field_path: str = "tpu.topology") -> SliceShape:

@@ -24,6 +24,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, UnprocessibleEntityError
 from prometheus_client import CollectorRegistry
 
+from sglang_tpu.preflight import DeviceFacts, ProbeError
+from sglang_tpu.topology import lookup
+from sglang_tpu.tpu_stack import StackVersions
 from tests.waiting import eventually_async
 from tpuserve.cluster.pods.volumes import TokenRequest
 from tpuserve_operator import labels
@@ -668,3 +671,50 @@ async def stub_router(*workers: StubWorker, **settings: Any) -> AsyncIterator[Ro
         await app.stop()
         for worker in workers:
             await worker.stop()
+
+
+# --- the launcher's pre-flight ------------------------------------------------------------------
+#
+# `FakeTPUProbe` stands where `preflight.SubprocessProbe` runs the probe script with SGLang's
+# interpreter: it answers with the versions and device facts it was given (or raises
+# `ProbeError`), and counts the questions, so a test sees the device was never asked after a
+# stack failure. `FakeTPUProbe.matching(generation, topology)` sees exactly the chips the
+# catalog says one host of that slice has, with the image's stack.
+
+
+@dataclasses.dataclass
+class FakeTPUProbe:
+    stack: StackVersions
+    facts: DeviceFacts
+    versions_error: str | None = None
+    device_error: str | None = None
+    asked: list[str] = dataclasses.field(default_factory=list)
+
+    IMAGE_STACK = StackVersions("/opt/tpuserve/bin/python3", "2.14.1+cpu", "0.2.0", "0.0.50")
+
+    @classmethod
+    def matching(cls, generation: str, topology: str, **stack: Any) -> FakeTPUProbe:
+        shape = lookup(generation, topology)
+        gen = shape.generation
+        facts = DeviceFacts(
+            pci=(gen.pci_device_id,) * shape.chips_per_host,
+            accelerator="tpu",
+            device_count=shape.devices_per_host,
+            device_names=(gen.device_names[0],) * shape.devices_per_host,
+            total_memory_bytes=(gen.hbm_bytes_per_device,) * shape.devices_per_host,
+            eager_modes=("DEFER_AND_FUSE", "DEFER_NEVER", "DEFER_NEVER_AND_LAUNCH_BLOCKING"),
+            compile_backend_tpu=True,
+        )
+        return cls(dataclasses.replace(cls.IMAGE_STACK, **stack), facts)
+
+    def versions(self) -> StackVersions:
+        self.asked.append("versions")
+        if self.versions_error is not None:
+            raise ProbeError(self.versions_error)
+        return self.stack
+
+    def device(self) -> DeviceFacts:
+        self.asked.append("device")
+        if self.device_error is not None:
+            raise ProbeError(self.device_error)
+        return self.facts

@@ -34,6 +34,11 @@ class Command:
 COMMANDS: tuple[Command, ...] = (
     Command(("engine", "sim"), "sglang_tpu.sim.cli", "Run the simulated SGLang engine (no TPU)."),
     Command(("engine", "launch"), "sglang_tpu.launch", "Start real SGLang on TorchTPU in a pod."),
+    Command(
+        ("engine", "preflight"),
+        "sglang_tpu.preflight_cli",
+        "Check the TPU stack and chips against the launch contract.",
+    ),
     Command(("router",), "tpuserve_router.cli", "Run the prefix-aware router."),
     Command(("operator",), "tpuserve_operator.cli", "Run the TPUModelServer operator."),
     Command(("render",), "tpuserve_operator.render_cli", "Print a TPUModelServer's children."),

@@ -322,6 +322,14 @@ class GroupContract(BaseModel):
         gt=0,
         le=3600,
     )
+    termination_message_path: str | None = var(
+        Var.TERMINATION_MESSAGE_PATH,
+        ABSOLUTE_PATH,
+        "Where the launcher writes why it refused to start (the pre-flight's reasons, one "
+        "`Reason: message` per line): the container's terminationMessagePath, so Kubernetes "
+        "and the operator show it; unset: not written.",
+        default=None,
+    )
 
     # -- validators (run in field order; `info.data` holds the fields validated so far) ----
 
@@ -511,7 +519,7 @@ class GroupContract(BaseModel):
             perf_model.get_profile(value, Var.SIM_MODEL_PROFILE.value)
         return value
 
-    @field_validator("compile_cache_dir", "gcs_fuse_root")
+    @field_validator("compile_cache_dir", "gcs_fuse_root", "termination_message_path")
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
         return check_absolute(value)

@@ -70,6 +70,7 @@ MALFORMED: dict[Var, str] = {
     Var.WEIGHTS_CACHE_DIR: "cache",
     Var.HF_TOKEN_ENV: "HF-TOKEN",
     Var.DRAIN_TIMEOUT_SECONDS: "-5",
+    Var.TERMINATION_MESSAGE_PATH: "dev/termination-log",
     Var.HOST_INDEX: "2",
     Var.POD_NAME: "Pod_Name",
     Var.POD_IP: "10.0.0",

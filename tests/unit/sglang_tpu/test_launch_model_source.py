@@ -15,6 +15,7 @@ from sglang_tpu.model_source import (
     parse_model_source,
 )
 from tests.contract_env import contract_env
+from tests.fakes import FakeTPUProbe
 
 pytestmark = pytest.mark.unit
 
@@ -140,6 +141,7 @@ def test_launch_exits_1_when_the_weights_are_missing(
 ) -> None:
     env = contract_env(model=f"{tmp_path}/no-such-model")
     env["TPUSERVE_COMPILE_CACHE_DIR"] = f"{tmp_path}/compile"
-    assert launch.launch(env, dry_run=False) == launch.EXIT_FETCH_FAILED
+    probe = FakeTPUProbe.matching("v6e", "2x4")  # the pre-flight passes
+    assert launch.launch(env, dry_run=False, probe=probe) == launch.EXIT_FETCH_FAILED
     assert "no-such-model" in capsys.readouterr().err
     assert (tmp_path / "compile" / "v6e-2x4").is_dir()  # cache directories are created first
