@@ -15,7 +15,10 @@ import copy
 import dataclasses
 import itertools
 import os
+import stat
+import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -718,3 +721,64 @@ class FakeTPUProbe:
         if self.device_error is not None:
             raise ProbeError(self.device_error)
         return self.facts
+
+
+# A stand-in TPU stack for the probe script (`sglang_tpu/preflight_probe.py`): distribution
+# metadata for torch, torch-tpu and libtpu, and `torch` / `torch_tpu` modules answering the APIs
+# TorchTPU 0.2.0 answered on a v5e (accelerator `tpu`, one device "TPU v5e" of 17179869184
+# bytes, its eager modes, the `tpu` compile backend), behind a wrapper interpreter.
+
+FAKE_TORCH = """
+import enum, types
+class _Accelerator:
+    type = "tpu"
+class _Properties:
+    total_memory = 17179869184
+class EagerMode(enum.Enum):
+    DEFER_NEVER = 0
+    DEFER_AND_FUSE = 1
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = 2
+tpu = types.SimpleNamespace(
+    get_device_name=lambda i=0: "TPU v5e",
+    get_device_properties=lambda i=0: _Properties(),
+    EagerMode=EagerMode,
+)
+accelerator = types.SimpleNamespace(
+    current_accelerator=lambda: _Accelerator(), device_count=lambda: 1
+)
+def get_device_module(name):
+    return tpu
+def _lookup_backend(name):
+    if name != "tpu":
+        raise KeyError(name)
+    return lambda *a: None
+_dynamo = types.SimpleNamespace(lookup_backend=_lookup_backend)
+"""
+IMPORT_RAISES = (
+    'raise RuntimeError("set_libtpu_version(): expected version string to be of the format '
+    "<major>[.<minor>[.<patch>]][.dev<build>][<suffix>], got '0.0.42.1'\")\n"
+)
+
+
+def stand_in_tpu_python(
+    tmp_path: Path, libtpu: str, torch_tpu_module: str = "", with_stack: bool = True
+) -> Path:
+    """A wrapper script running this interpreter with a stand-in TPU stack first on its
+    PYTHONPATH (in `tmp_path/site`): what `TPUSERVE_SGLANG_PYTHON` names in these tests."""
+    site = tmp_path / "site"
+    site.mkdir()
+    if with_stack:
+        for name, version in (("torch", "2.13.0"), ("torch_tpu", "0.2.0"), ("libtpu", libtpu)):
+            info = site / f"{name}-{version}.dist-info"
+            info.mkdir()
+            (info / "METADATA").write_text(
+                f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
+            )
+        (site / "torch").mkdir()
+        (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
+        (site / "torch_tpu").mkdir()
+        (site / "torch_tpu" / "__init__.py").write_text(torch_tpu_module)
+    wrapper = tmp_path / "sglang-python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return wrapper

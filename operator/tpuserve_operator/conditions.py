@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+from sglang_tpu import preflight
 from tpuserve_operator import api
 
 VALID = "Valid"
@@ -58,6 +59,16 @@ class Reason(StrEnum):
     CRASH_LOOP = "CrashLoop"
     GROUP_PARTIALLY_UP = "GroupPartiallyUp"
     AS_EXPECTED = "AsExpected"
+    # Degraded, and a replica group's reason: the launcher's pre-flight refused to start
+    # (the same values as sglang_tpu.preflight.Reason; a test keeps them equal)
+    TPU_STACK_MISSING = "TPUStackMissing"
+    TPU_STACK_INCOMPATIBLE = "TPUStackIncompatible"
+    TPU_PROBE_FAILED = "TPUProbeFailed"
+    ACCELERATOR_MISMATCH = "AcceleratorMismatch"
+    CHIP_COUNT_MISMATCH = "ChipCountMismatch"
+    HBM_MISMATCH = "HBMMismatch"
+    EXECUTION_MODE_UNSUPPORTED = "ExecutionModeUnsupported"
+    COMPILE_CACHE_UNWRITABLE = "CompileCacheUnwritable"
     # A replica group's state (status.groups[].reason) only
     CREATING = "Creating"
     DELETING = "Deleting"
@@ -166,6 +177,15 @@ REASONS: tuple[ReasonDoc, ...] = (
         "True",
         Reason.GROUP_PARTIALLY_UP,
         "a group has had only some hosts running for too long",
+    ),
+    *(
+        ReasonDoc(
+            DEGRADED,
+            "True",
+            Reason(reason),
+            f"the engine's pre-flight refused to start: {meaning}",
+        )
+        for reason, meaning in preflight.REASON_MEANINGS.items()
     ),
     ReasonDoc(DEGRADED, "True", Reason.APPLY_FAILED, "the apiserver refused a child (see message)"),
     ReasonDoc(DEGRADED, "False", Reason.AS_EXPECTED, "nothing is wrong"),

@@ -54,6 +54,9 @@ KV_REPLAY_PORT = KV_EVENTS_PORT + 1
 """The leaders' KV-event replay socket (SGLang's `replay_endpoint`; the contract leaves it off
 by default): a router that subscribes late or misses batches catches up from it."""
 HF_TOKEN_ENV = str(GroupContract.model_fields["hf_token_env"].default)
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""The engine container's terminationMessagePath (the kubelet's default), where the launcher
+writes why its pre-flight refused to start (`TPUSERVE_TERMINATION_MESSAGE_PATH`)."""
 
 # Per-pod values from the downward API, re-exported so render code imports them from here.
 STATEFULSET_POD_INDEX = pod_env.STATEFULSET_POD_INDEX
@@ -125,6 +128,7 @@ def group_contract(
         "hf_token_env": HF_TOKEN_ENV,
         "kv_replay_port": KV_REPLAY_PORT,
         "drain_timeout_seconds": drain_timeout_seconds,
+        "termination_message_path": TERMINATION_MESSAGE_PATH,
     }
     shape = lookup(spec.tpu.generation, spec.tpu.topology)
     values |= {"hosts": shape.hosts, "chips_per_host": shape.chips_per_host}

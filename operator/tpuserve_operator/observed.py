@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_tpu import preflight
 from tpuserve_operator import labels
 
 ServerKey = tuple[str, str]  # (namespace, name)
@@ -34,6 +35,9 @@ class PodView:
     uid: str = ""
     node: str = ""  # spec.nodeName once scheduled
     ip: str = ""  # status.podIP, once it has one
+    # (reason, "container: message") when a container's launcher refused to start: it exited
+    # with the pre-flight's status and its termination message names a pre-flight reason
+    preflight_failure: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +88,15 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
     ):
         unschedulable = str(scheduled.get("message") or "unschedulable")
     crash_loop = None
+    preflight_failure = None
     restarts = 0
     for cs in status.get("containerStatuses") or []:
         restarts += int(cs.get("restartCount") or 0)
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") == "CrashLoopBackOff" and crash_loop is None:
             crash_loop = f"{cs.get('name')}: {waiting.get('message') or 'CrashLoopBackOff'}"
+        if preflight_failure is None:
+            preflight_failure = _preflight_failure(cs)
     return PodView(
         name=str(meta.get("name")),
         replica=_int_or_none(pod_labels.get(labels.REPLICA)),
@@ -106,7 +113,26 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         uid=str(meta.get("uid") or ""),
         node=str((body.get("spec") or {}).get("nodeName") or ""),
         ip=str(status.get("podIP") or ""),
+        preflight_failure=preflight_failure,
     )
+
+
+def _preflight_failure(container_status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, "container: message") when the container, not running now, last exited
+    because the launcher's pre-flight failed; None otherwise."""
+    state = container_status.get("state") or {}
+    if "running" in state:
+        return None  # it started since: that pre-flight passed
+    terminated = state.get("terminated") or (container_status.get("lastState") or {}).get(
+        "terminated"
+    )
+    if not terminated or terminated.get("exitCode") != preflight.EXIT_PREFLIGHT_FAILED:
+        return None
+    parsed = preflight.parse_termination_message(str(terminated.get("message") or ""))
+    if parsed is None:
+        return None
+    reason, message = parsed
+    return str(reason), f"{container_status.get('name')}: {message}"
 
 
 def child_view(body: Mapping[str, Any]) -> ChildView:

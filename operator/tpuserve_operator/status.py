@@ -7,7 +7,9 @@ Group states (status.groups[].state):
   when some hosts run and others do not, Creating otherwise;
 - Starting: every host runs, the leader is not serving yet (weights, XLA compilation);
 - Ready: every host ready, the leader serving;
-- Degraded: a container is crash-looping (CrashLoop), pods are unschedulable
+- Degraded: the launcher's pre-flight refused to start on a host (the pre-flight's reason,
+  e.g. TPUStackIncompatible or AcceleratorMismatch, read from the container's termination
+  message), a container is crash-looping (CrashLoop), pods are unschedulable
   (Unschedulable), or the group has been partly up for longer than the bound
   (GroupPartiallyUp; the bound is the operator's --partial-group-seconds);
 - Terminating: the group is being deleted.
@@ -149,6 +151,7 @@ def report_group(
     ready = obs.exists and len(ready_pods) == hosts and leader_ready
     unschedulable = next((p for p in live if p.unschedulable), None)
     crash = next((p for p in live if p.crash_loop), None)
+    refused = next((p for p in live if p.preflight_failure), None)
 
     state: GroupStateName = "Pending"
     reason, message = Reason.CREATING, f"{len(running)} of {hosts} hosts running"
@@ -161,6 +164,9 @@ def report_group(
             if obs.deleting
             else "the group's workload is being created"
         )
+    elif refused is not None and refused.preflight_failure is not None:
+        state, reason = "Degraded", Reason(refused.preflight_failure[0])
+        message = f"pod {refused.name}: {refused.preflight_failure[1]}"
     elif crash is not None:
         state, reason = "Degraded", Reason.CRASH_LOOP
         message = f"pod {crash.name}: {crash.crash_loop}"

@@ -337,6 +337,10 @@ def engine_pod_template(
         "env": env,
         "resources": _resources(server),
         "volumeMounts": mounts,
+        # The launcher's pre-flight writes its reasons there; a crash that writes nothing
+        # shows the end of its log instead (the operator reads both from the pod's status).
+        "terminationMessagePath": launch_contract.TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "lifecycle": {"preStop": {"sleep": {"seconds": stop.pre_stop_seconds}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -21,61 +20,9 @@ import pytest
 
 from sglang_tpu.preflight import EXIT_PREFLIGHT_FAILED, parse_termination_message
 from tests.contract_env import contract_env
+from tests.fakes import IMPORT_RAISES, stand_in_tpu_python
 
 pytestmark = pytest.mark.component
-
-FAKE_TORCH = """
-import enum, types
-class _Accelerator:
-    type = "tpu"
-class _Properties:
-    total_memory = 17179869184
-class EagerMode(enum.Enum):
-    DEFER_NEVER = 0
-    DEFER_AND_FUSE = 1
-    DEFER_NEVER_AND_LAUNCH_BLOCKING = 2
-tpu = types.SimpleNamespace(
-    get_device_name=lambda i=0: "TPU v5e",
-    get_device_properties=lambda i=0: _Properties(),
-    EagerMode=EagerMode,
-)
-accelerator = types.SimpleNamespace(
-    current_accelerator=lambda: _Accelerator(), device_count=lambda: 1
-)
-def get_device_module(name):
-    return tpu
-def _lookup_backend(name):
-    if name != "tpu":
-        raise KeyError(name)
-    return lambda *a: None
-_dynamo = types.SimpleNamespace(lookup_backend=_lookup_backend)
-"""
-IMPORT_RAISES = (
-    'raise RuntimeError("set_libtpu_version(): expected version string to be of the format '
-    "<major>[.<minor>[.<patch>]][.dev<build>][<suffix>], got '0.0.42.1'\")\n"
-)
-
-
-def stand_in_python(
-    tmp_path: Path, libtpu: str, torch_tpu_module: str = "", with_stack: bool = True
-) -> Path:
-    site = tmp_path / "site"
-    site.mkdir()
-    if with_stack:
-        for name, version in (("torch", "2.13.0"), ("torch_tpu", "0.2.0"), ("libtpu", libtpu)):
-            info = site / f"{name}-{version}.dist-info"
-            info.mkdir()
-            (info / "METADATA").write_text(
-                f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
-            )
-        (site / "torch").mkdir()
-        (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
-        (site / "torch_tpu").mkdir()
-        (site / "torch_tpu" / "__init__.py").write_text(torch_tpu_module)
-    wrapper = tmp_path / "sglang-python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    return wrapper
 
 
 def preflight(tmp_path: Path, python: Path, generation: str = "v5e", **extra: str) -> Any:
@@ -96,7 +43,7 @@ def preflight(tmp_path: Path, python: Path, generation: str = "v5e", **extra: st
 
 
 def test_a_stack_and_chip_like_the_v5e_pass(tmp_path: Path) -> None:
-    python = stand_in_python(tmp_path, "0.0.50")
+    python = stand_in_tpu_python(tmp_path, "0.0.50")
     done = preflight(tmp_path, python, TPUSERVE_COMPILE_CACHE_DIR=str(tmp_path / "cc"))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -108,7 +55,7 @@ def test_a_stack_and_chip_like_the_v5e_pass(tmp_path: Path) -> None:
 
 
 def test_libtpu_0_0_42_1_fails_before_torch_tpu_is_imported(tmp_path: Path) -> None:
-    python = stand_in_python(tmp_path, "0.0.42.1", torch_tpu_module=IMPORT_RAISES)
+    python = stand_in_tpu_python(tmp_path, "0.0.42.1", torch_tpu_module=IMPORT_RAISES)
     done = preflight(tmp_path, python)
     assert done.returncode == EXIT_PREFLIGHT_FAILED
     report = json.loads(done.stdout)
@@ -123,7 +70,7 @@ def test_libtpu_0_0_42_1_fails_before_torch_tpu_is_imported(tmp_path: Path) -> N
 def test_an_import_that_raises_is_reported_with_its_error_not_a_traceback(
     tmp_path: Path,
 ) -> None:
-    python = stand_in_python(tmp_path, "0.0.50", torch_tpu_module=IMPORT_RAISES)
+    python = stand_in_tpu_python(tmp_path, "0.0.50", torch_tpu_module=IMPORT_RAISES)
     done = preflight(tmp_path, python)
     assert done.returncode == EXIT_PREFLIGHT_FAILED
     report = json.loads(done.stdout)
@@ -133,7 +80,7 @@ def test_an_import_that_raises_is_reported_with_its_error_not_a_traceback(
 
 
 def test_a_v6e_contract_on_the_v5e_stand_in_is_an_accelerator_mismatch(tmp_path: Path) -> None:
-    done = preflight(tmp_path, stand_in_python(tmp_path, "0.0.50"), generation="v6e")
+    done = preflight(tmp_path, stand_in_tpu_python(tmp_path, "0.0.50"), generation="v6e")
     assert done.returncode == EXIT_PREFLIGHT_FAILED
     assert json.loads(done.stdout)["reason"] == "AcceleratorMismatch"
 
@@ -141,7 +88,7 @@ def test_a_v6e_contract_on_the_v5e_stand_in_is_an_accelerator_mismatch(tmp_path:
 def test_launch_on_an_interpreter_without_torch_tpu_exits_3_naming_what_is_missing(
     tmp_path: Path,
 ) -> None:
-    python = stand_in_python(tmp_path, "", with_stack=False)
+    python = stand_in_tpu_python(tmp_path, "", with_stack=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPUSERVE_", "TPU_"))}
     env |= contract_env("v5e", "1x1", 1, 1, 0, model=str(tmp_path / "model"))
     env |= {

@@ -9,7 +9,11 @@ The lifecycle the kubelet gives a container:
   probe it is ready once started) and liveness (`failureThreshold` failures restart it);
 - exit: `restartPolicy` Always, or OnFailure after a non-zero code, restarts it after a
   back-off of 10 s doubling to 5 min (reset after 10 min of running), shown as waiting
-  CrashLoopBackOff; `restartCount` and `lastState` record every exit;
+  CrashLoopBackOff; `restartCount` and `lastState` record every exit, with the termination
+  message: what the command wrote to `terminationMessagePath` (default
+  /dev/termination-log, emptied at each start; its first 4096 bytes), or with
+  `terminationMessagePolicy: FallbackToLogsOnError` and a failed exit that wrote nothing, the
+  end of this run's log (at most 80 lines and 2048 bytes);
 - stop (pod deleted, liveness failure): `preStop`, then SIGTERM to the process, then
   SIGKILL to it and everything it started when the grace period is over.
 
@@ -36,6 +40,10 @@ from tpuserve.cluster.pods.status import ContainerState, now
 
 log = logging.getLogger(__name__)
 
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # the kubelet's default
+TERMINATION_MESSAGE_BYTES = 4096
+FALLBACK_LOG_LINES = 80
+FALLBACK_LOG_BYTES = 2048
 MAX_BACKOFF_SECONDS = 300.0
 BACKOFF_RESET_SECONDS = 600.0
 INIT = Path(__file__).with_name("container_init.py")
@@ -63,6 +71,7 @@ class Container:
         backoff_base_seconds: float,
         grace_seconds: float,
         init: bool = False,
+        termination_file: Path | None = None,
     ) -> None:
         self.spec = spec
         self.name = str(spec["name"])
@@ -75,6 +84,7 @@ class Container:
         self.backoff_base_seconds = backoff_base_seconds
         self.grace_seconds = grace_seconds
         self.init = init
+        self.termination_file = termination_file
         self.state = ContainerState(self.name, str(spec.get("image", "")))
         self.process: asyncio.subprocess.Process | None = None
         self.process_spec: ProcessSpec | None = None
@@ -136,7 +146,11 @@ class Container:
 
     async def _run_once(self, spec: ProcessSpec) -> int:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.termination_file is not None:
+            self.termination_file.parent.mkdir(parents=True, exist_ok=True)
+            self.termination_file.write_bytes(b"")
         with self.log_path.open("ab") as log_file:
+            log_start = log_file.tell()
             log_file.write(f"==== {time.strftime('%H:%M:%S')} starting: {spec.argv}\n".encode())
             log_file.flush()
             try:
@@ -194,6 +208,9 @@ class Container:
             "finishedAt": finished_at,
             "containerID": self.state.container_id,
         }
+        message = self._termination_message(int(terminated["exitCode"]), log_start)
+        if message:
+            terminated["message"] = message
         self.state.state = {"terminated": terminated}
         self.state.last_state = {"terminated": terminated}
         self.state.ready = False
@@ -201,6 +218,20 @@ class Container:
         self.process = None
         self.changed()
         return int(terminated["exitCode"])
+
+    def _termination_message(self, exit_code: int, log_start: int) -> str:
+        """What the kubelet reports as the exit's message (see the module docstring)."""
+        text = ""
+        if self.termination_file is not None:
+            with contextlib.suppress(OSError), self.termination_file.open("rb") as file:
+                text = file.read(TERMINATION_MESSAGE_BYTES).decode(errors="replace")
+        fallback = self.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+        if not text.strip() and fallback and exit_code != 0:
+            with contextlib.suppress(OSError), self.log_path.open("rb") as log_file:
+                log_file.seek(max(log_start, log_file.seek(0, os.SEEK_END) - FALLBACK_LOG_BYTES))
+                lines = log_file.read().decode(errors="replace").splitlines()
+                text = "\n".join(lines[-FALLBACK_LOG_LINES:])
+        return text.strip()
 
     # ---- probes --------------------------------------------------------------------------
 

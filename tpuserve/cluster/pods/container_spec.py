@@ -16,8 +16,9 @@ lookup for ConfigMaps and Secrets, following the kubelet's rules:
 What stands in for the container's own namespaces (processes share the host's network and
 file system): a wildcard address (`0.0.0.0`, `::`) in an argument or variable becomes the
 pod's address, as binding the wildcard in a pod binds the pod's address; a path under a
-volume's mountPath becomes the path under the volume's directory, and the working directory
-is the pod's own directory. Processes run as the runner's user (securityContext is not
+volume's mountPath becomes the path under the volume's directory (the termination message's
+`terminationMessagePath` becomes the container's file of it), and the working directory is the
+pod's own directory. Processes run as the runner's user (securityContext is not
 applied) and without resource limits.
 """
 
@@ -218,10 +219,17 @@ def environment(
 
 
 def process_spec(
-    ctx: PodContext, container: Mapping[str, Any], image: LocalImage, lookup: Lookup
+    ctx: PodContext,
+    container: Mapping[str, Any],
+    image: LocalImage,
+    lookup: Lookup,
+    files: Sequence[tuple[str, Path]] = (),
 ) -> ProcessSpec:
-    """The process that runs `container`: argv, environment and working directory."""
-    mount_points = mounts(container, ctx.volumes)
+    """The process that runs `container`: argv, environment and working directory. `files`
+    are single files the kubelet mounts (the termination message's), as (path, host file)."""
+    mount_points = sorted(
+        [*mounts(container, ctx.volumes), *files], key=lambda m: len(m[0]), reverse=True
+    )
     env = environment(ctx, container, image, lookup, mount_points)
     tmp = next((d for p, d in mount_points if p == "/tmp"), None)
     env.setdefault("TMPDIR", str(tmp or ctx.pod_dir))

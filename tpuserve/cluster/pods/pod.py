@@ -8,8 +8,8 @@ after the grace period, SIGKILL, and the runner then removes the pod object, as 
 does; when the object is gone already, the processes are killed at once.
 
 Files: `PODS_DIR/<namespace>/<pod>/<container>.log` (kept across restarts and pod
-incarnations) and `PODS_DIR/<namespace>/<pod>/<uid>/` (volumes, ServiceAccount kubeconfig;
-removed with the pod).
+incarnations) and `PODS_DIR/<namespace>/<pod>/<uid>/` (volumes, ServiceAccount kubeconfig,
+`termination/<container>`, each container's termination message; removed with the pod).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from tpuserve.cluster.kwok import NODE_IP
 from tpuserve.cluster.pods import images, volumes
-from tpuserve.cluster.pods.container import Container
+from tpuserve.cluster.pods.container import TERMINATION_MESSAGE_PATH, Container
 from tpuserve.cluster.pods.container_spec import (
     ContainerConfigError,
     Lookup,
@@ -130,7 +130,12 @@ class PodSupervisor:
             self.host.backoff_base_seconds,
             grace,
             init,
+            termination_file=self._termination_file(name),
         )
+
+    def _termination_file(self, container: str) -> Path:
+        """Where a container's termination message lands (its terminationMessagePath)."""
+        return self.work_dir / "termination" / container
 
     # ---- what others read ----------------------------------------------------------------
 
@@ -185,8 +190,10 @@ class PodSupervisor:
             base_env=self.host.base_env,
         )
         lookup: Lookup = self.host.lookup
+        message_path = str(spec.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH)
+        files = [(message_path, self._termination_file(str(spec["name"])))]
         return process_spec(
-            context, volumes.service_account_mount(spec, self._volumes), image, lookup
+            context, volumes.service_account_mount(spec, self._volumes), image, lookup, files
         )
 
     async def run(self) -> None:
