@@ -17,9 +17,20 @@ What is cached (torch_tpu 0.2.0):
 - ``inductor/``: torch.compile's FX-graph and AOTAutograd caches (`TORCHINDUCTOR_CACHE_DIR`),
   keyed by PyTorch by graph hash, PyTorch version and device.
 
-Below it, TorchTPU keeps a tier-2 cache in shared memory: `TORCH_TPU_TIER2_COMPILATION_CACHE`
-names it under `/dev/shm` (the pod mounts a memory-backed `/dev/shm`, an emptyDir that
-outlives container restarts). The launcher always sets it (`tier2_cache_env`).
+Seen on a TPU v5e (torch_tpu 0.2.0, `shared/reference/tpu-v5e.md`): with the tier-3 root set
+TorchTPU writes its entries under `<root>/<TorchTPU binary fingerprint>/` and also enables
+tier 2; a second process then compiled the same decoder steps in a fifth of the cold time.
+But a third process with TorchTPU's tiers off was as fast: PyTorch's own caches (FX graph and
+AOTAutograd, by default under `/tmp/torchinductor_<user>`) persisted too. So both go to the
+volume, and the launcher switches PyTorch's caches on explicitly (`INDUCTOR_SWITCHES`) rather
+than rely on defaults that differ between PyTorch releases; which store holds what is
+measured by the TPU lane (tests/tpu/test_compile_cache_on_chip.py).
+
+Below it, TorchTPU keeps a tier-2 cache in shared memory, `/dev/shm/torch_tpu_cache/<name>`,
+named by `TORCH_TPU_TIER2_COMPILATION_CACHE` (the pod mounts a memory-backed `/dev/shm`, an
+emptyDir that outlives container restarts). The launcher always sets it (`tier2_cache_env`):
+alone it is the only cache that TorchTPU keeps for world size 1 ("Tier-2 compilation cache is
+disabled for world size 1" otherwise).
 
 Keys tpuserve adds (`cache_key`, the one place the key is computed; the operator shows it in
 ``status.compileCache.key``): the directory is split per
@@ -39,7 +50,11 @@ from sglang_tpu.contract.group_contract import GroupContract
 TIER3_ROOT_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TIER2_CACHE_ENV = "TORCH_TPU_TIER2_COMPILATION_CACHE"
-TIER2_CACHE_NAME = "tpuserve-compilation-cache"  # a name under /dev/shm
+TIER2_CACHE_NAME = "tpuserve-compilation-cache"  # under /dev/shm/torch_tpu_cache/
+# PyTorch's persistent caches under TORCHINDUCTOR_CACHE_DIR: the FX-graph and AOTAutograd
+# caches (on by default in recent releases; set so that a release that changes the default
+# still persists them).
+INDUCTOR_SWITCHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -61,12 +76,18 @@ def cache_dir(contract: GroupContract) -> str | None:
     return f"{contract.compile_cache_dir.rstrip('/')}/{cache_key(contract)}"
 
 
-def compile_cache_env(contract: GroupContract) -> dict[str, str]:
-    """The variables that point TorchTPU and torch.compile at the shared cache."""
+def compile_cache_dirs(contract: GroupContract) -> dict[str, str]:
+    """The variables naming the shared cache's directories (TorchTPU's tier 3, PyTorch's)."""
     root = cache_dir(contract)
     if root is None:
         return {}
     return {TIER3_ROOT_ENV: f"{root}/torch_tpu", INDUCTOR_ENV: f"{root}/inductor"}
+
+
+def compile_cache_env(contract: GroupContract) -> dict[str, str]:
+    """The variables that point TorchTPU and torch.compile at the shared cache."""
+    dirs = compile_cache_dirs(contract)
+    return dirs | INDUCTOR_SWITCHES if dirs else {}
 
 
 def tier2_cache_env() -> dict[str, str]:

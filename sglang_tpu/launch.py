@@ -127,7 +127,7 @@ def plan(contract: LaunchContract) -> LaunchPlan:
         env |= compile_cache.compile_cache_env(contract)
         env |= compile_cache.tier2_cache_env()
         env |= EAGER_MODE_ENV[contract.execution_mode]
-        directories = [d for d in compile_cache.compile_cache_env(contract).values()]
+        directories = list(compile_cache.compile_cache_dirs(contract).values())
     if contract.weights_cache_dir is not None:
         # Hub and tokenizer caches must be writable with a read-only root filesystem.
         env["HF_HOME"] = f"{contract.weights_cache_dir.rstrip('/')}/hf-home"

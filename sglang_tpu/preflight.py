@@ -208,7 +208,7 @@ class Expectation:
         keyed = compile_cache.cache_dir(contract)
         dirs = [] if keyed is None else [keyed]
         if contract.engine == "sglang" and contract.device == "tpu":
-            dirs += compile_cache.compile_cache_env(contract).values()
+            dirs += compile_cache.compile_cache_dirs(contract).values()
         return cls(
             generation=contract.generation,
             topology=contract.topology,
