@@ -24,7 +24,7 @@ But a third process with TorchTPU's tiers off was as fast: PyTorch's own caches 
 AOTAutograd, by default under `/tmp/torchinductor_<user>`) persisted too. So both go to the
 volume, and the launcher switches PyTorch's caches on explicitly (`INDUCTOR_SWITCHES`) rather
 than rely on defaults that differ between PyTorch releases; which store holds what is
-measured by the TPU lane (tests/tpu/test_compile_cache_on_chip.py).
+measured by the TPU lane (tests/tpu/test_warm_compile_on_chip.py).
 
 Below it, TorchTPU keeps a tier-2 cache in shared memory, `/dev/shm/torch_tpu_cache/<name>`,
 named by `TORCH_TPU_TIER2_COMPILATION_CACHE` (the pod mounts a memory-backed `/dev/shm`, an

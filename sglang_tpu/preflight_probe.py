@@ -87,7 +87,7 @@ def device() -> dict[str, Any]:
     try:
         # The point of the probe: import here, never at the top (this may raise or abort).
         import torch
-        import torch_tpu  # type: ignore[import-not-found]  # noqa: F401
+        import torch_tpu  # noqa: F401
     except BaseException as err:  # RuntimeError from set_libtpu_version, ImportError, ...
         out["stage"], out["error"] = "import", _error(err)
         return out

@@ -17,6 +17,9 @@ from tpuserve_router import compiled
 __all__ = ["real_engine", "real_engines", "real_sglang_installation"]  # fixtures, registered here
 
 SUITE_MARKERS = ("unit", "component", "e2e")
+# tests/tpu needs a TPU chip: only scripts/tpu-lane.sh runs it (with its own pytest.ini), so
+# neither CI nor any -m selection here collects, runs or counts it.
+collect_ignore = ["tpu"]
 
 
 def pytest_report_header() -> str:
@@ -30,6 +33,8 @@ def pytest_report_header() -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if item.get_closest_marker("tpu"):
+            raise pytest.UsageError(f"{item.nodeid} needs a TPU: run it with scripts/tpu-lane.sh")
         found = [m for m in SUITE_MARKERS if item.get_closest_marker(m)]
         if len(found) != 1:
             raise pytest.UsageError(
