@@ -18,8 +18,10 @@ The model (a roofline with two efficiency factors and a fixed overhead):
   ``memory = (weights touched + KV bytes x (c + a / p)) / (chips x HBM bandwidth x decode_mbu)``;
 - for MoE models a decode batch touches the shared weights plus, per layer, the experts its
   tokens route to (at most all of them), so small batches read far less than all weights;
-- **fit**: weights + KV for one full ``context_length`` sequence must fit in
-  ``MEM_FRACTION_STATIC`` of the slice's HBM; the rest of that fraction is the KV pool.
+- **fit** (`sglang_tpu.hbm_fit`, checked against every step measured on a v5e): weights + KV
+  for one full ``context_length`` sequence must fit in ``MEM_FRACTION_STATIC`` of the slice's
+  HBM, and a compiled step's weights, KV copies and compiler temporaries in what the runtime
+  gives programs; the rest of the budget is the KV pool.
 
 **Calibration.** `Efficiency` holds the only tuning knobs; `CALIBRATED` (prefill MFU 0.22,
 decode MBU 0.87, 10 ms per step, +1 ms per step on multi-host slices) is a least-squares fit
@@ -41,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from sglang_tpu import hbm_fit
 from sglang_tpu.topology import GIB, SliceShape
 
 
@@ -73,7 +76,7 @@ PREFILL_MFU = CALIBRATED.prefill_mfu
 DECODE_MBU = CALIBRATED.decode_mbu
 STEP_OVERHEAD_SECONDS = CALIBRATED.step_overhead_seconds
 MULTI_HOST_STEP_OVERHEAD_SECONDS = CALIBRATED.multi_host_step_overhead_seconds
-MEM_FRACTION_STATIC = 0.88
+MEM_FRACTION_STATIC = hbm_fit.RULE.static_fraction
 
 # Block-scaled 4-bit formats: 4-bit elements plus one 8-bit scale per block. MXFP4 (OCP
 # Microscaling): E2M1 elements, one E8M0 scale per 32 -> 4 + 8/32 = 4.25 bits. NVFP4: E2M1
@@ -249,7 +252,8 @@ def _kv_bytes(kv_cache_dtype: str, field_path: str = "kvCacheDtype") -> float:
 
 
 def usable_hbm_bytes(shape: SliceShape) -> float:
-    return shape.hbm_bytes * MEM_FRACTION_STATIC
+    """The static budget for weights and KV (`hbm_fit.FitRule.budget_bytes`)."""
+    return hbm_fit.RULE.budget_bytes(shape)
 
 
 def kv_pool_tokens(
@@ -257,9 +261,10 @@ def kv_pool_tokens(
     profile: ModelProfile,
     quantization: str = "bf16",
     kv_cache_dtype: str = "auto",
+    kv_update: str = "in-place",
 ) -> int:
     """Tokens of KV the slice holds after weights (SGLang's ``max_total_num_tokens``); >= 0."""
-    free = usable_hbm_bytes(shape) - profile.weight_bytes(quantization)
+    free = hbm_fit.RULE.pool_bytes(shape, profile.weight_bytes(quantization), kv_update)
     return max(0, int(free // profile.kv_bytes_per_token(kv_cache_dtype)))
 
 
@@ -269,15 +274,17 @@ def check_fits(
     quantization: str,
     kv_cache_dtype: str,
     context_length: int,
+    kv_update: str = "in-place",
 ) -> None:
-    """Raise ModelDoesNotFit when weights + one `context_length` sequence exceed usable HBM."""
+    """Raise ModelDoesNotFit when weights + one `context_length` sequence do not fit the
+    rule (`hbm_fit.RULE`: the static budget, and a compiled step's copies and temporaries)."""
     profile = get_profile(profile_name, "model")
     if context_length <= 0:
         raise ValueError(f"contextLength: {context_length!r} is not allowed; allowed: >= 1")
     weights = profile.weight_bytes(quantization)
     kv = profile.kv_bytes_per_token(kv_cache_dtype) * context_length
     usable = usable_hbm_bytes(shape)
-    missing = weights + kv - usable
+    missing = hbm_fit.RULE.shortfall_bytes(shape, weights, kv, kv_update)
     if missing > 0:
         raise ModelDoesNotFit(
             f"{profile.name} ({quantization} weights {weights / GIB:.1f} GiB + {kv_cache_dtype} "
