@@ -617,10 +617,14 @@ def run_preflight(
     probe: Probe,
     cache_problem: Callable[[str], str | None] = cache_dir_problem,
 ) -> Report:
-    """Every check the contract calls for; the device is probed only when the stack passed."""
+    """Every check the contract calls for. The device is probed only when the stack and the
+    compile cache passed: TorchTPU's import itself fails when its tier-3 cache root cannot be
+    written (seen on a v5e: `RuntimeError: Failed to load the backend extension: torch_tpu`),
+    which would hide the cache's reason behind the stack's."""
     checks: list[Check] = []
     versions: StackVersions | None = None
     facts: DeviceFacts | None = None
+    cache = check_compile_cache(expect, cache_problem)
     if expect.tpu:
         try:
             versions = probe.versions()
@@ -637,13 +641,19 @@ def run_preflight(
             checks.append(check_stack(versions))
         if checks[-1].status == "failed":
             checks.append(Check("accelerator", "skipped", "the TPU stack cannot be imported"))
+        elif cache.status == "failed":
+            checks.append(cache)
+            checks.append(
+                Check("accelerator", "skipped", "TorchTPU cannot start without its compile cache")
+            )
         else:
             try:
                 facts = probe.device()
             except ProbeError as err:
                 facts = DeviceFacts(stage="probe", error=str(err))
             checks += check_device(expect, facts)
-    checks.append(check_compile_cache(expect, cache_problem))
+    if cache not in checks:
+        checks.append(cache)
     return Report(tuple(checks), versions, facts)
 
 
