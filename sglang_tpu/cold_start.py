@@ -11,9 +11,16 @@ A replica that starts from nothing goes through four phases, in order:
 
 The default figures (`TPU_FIGURES`, at real scale) and where they come from:
 
-- compile 340 s cold, 135 s with a warm cache: vllm-project/tpu-inference#1707 (XLA compile
-  of a served model on TPU, without and with the persistent cache); vllm-project/vllm#7533
-  reports 10-30 min cold and 1-3 min cached for larger models;
+- compile: measured on a TPU v5e chip with TorchTPU 0.2.0 (`torch.compile(backend="tpu")`,
+  one program per step shape, `bench/tpu_results/v5e-2026-12-06/` and
+  `tests/tpu/results/`): a step shape's first call took ~1.0 s per decoder layer + 2 s cold
+  (8 layers 10.9 s, 28 layers 28.6-45.8 s, 36 layers 35.9 s) and ~0.34 s per layer + 1.2 s
+  when a second process found the launcher's cache volume (PyTorch's FX-graph/AOTAutograd
+  caches and TorchTPU's tier 3) warm (8 layers 3.9 s, 28 layers 9.9-11.5 s). An engine
+  compiles one program per warmup shape (`WARMUP_SHAPES`, 8: batch and prefill-length buckets
+  [verify] against SGLang-TorchTPU's warmup), so `compile_figures(layers)` scales both by
+  layers and shapes: a 32-layer model 272 s cold, 97 s warm. The earlier defaults (340 s /
+  135 s, vllm-project/tpu-inference#1707) are of the same order;
 - weights at 1.2 GB/s per host: a Hyperdisk ML volume's per-VM throughput or GCS FUSE with
   parallel downloads, order of magnitude [verify];
 - warmup 5 s, pull 0 s (image cached on the node) [verify].
@@ -61,7 +68,28 @@ class ColdStartFigures:
         }
 
 
-TPU_FIGURES: Final = ColdStartFigures()
+# Measured per step shape on a v5e chip (see the module docstring): seconds per decoder layer
+# and fixed, cold and with the cache volume warm.
+COMPILE_COLD_SECONDS_PER_LAYER: Final = 1.0
+COMPILE_COLD_SECONDS_FIXED: Final = 2.0
+COMPILE_WARM_SECONDS_PER_LAYER: Final = 0.34
+COMPILE_WARM_SECONDS_FIXED: Final = 1.2
+WARMUP_SHAPES: Final = 8
+
+
+def compile_figures(layers: int, shapes: int = WARMUP_SHAPES) -> tuple[float, float]:
+    """(cold, warm) compile seconds of an engine's warmup for a model of `layers` layers."""
+    if layers < 1 or shapes < 1:
+        raise ValueError(f"layers {layers!r}, shapes {shapes!r}: both must be >= 1")
+    cold = shapes * (COMPILE_COLD_SECONDS_FIXED + COMPILE_COLD_SECONDS_PER_LAYER * layers)
+    warm = shapes * (COMPILE_WARM_SECONDS_FIXED + COMPILE_WARM_SECONDS_PER_LAYER * layers)
+    return cold, warm
+
+
+_DEFAULT_COLD, _DEFAULT_WARM = compile_figures(32)  # Llama-3.1-8B, the default profile
+TPU_FIGURES: Final = ColdStartFigures(
+    compile_cold_seconds=_DEFAULT_COLD, compile_warm_seconds=_DEFAULT_WARM
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,33 +49,46 @@ from sglang_tpu.topology import GIB, SliceShape
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """The model's only tuning knobs: achieved fractions of peak, and a fixed cost per step.
+    """The model's tuning knobs: what the chip reaches (device) and what the engine adds (host).
 
-    `CALIBRATED` holds the values fitted to published TPU serving figures by
-    ``bench/perf_model_validation.py --fit`` (the fit and its error: ``docs/engine-sim.md``).
+    Device knobs are fitted to bare decoder steps measured on a TPU v5e chip
+    (``bench/perf_model_fit.py`` over ``bench/tpu_results/``); host knobs to published
+    end-to-end serving figures with the device knobs held (``bench/perf_model_validation.py
+    --fit``). Both fits and their errors: ``docs/engine-sim.md``.
     """
 
-    prefill_mfu: float = 0.22  # fraction of peak FLOP/s reached by a step's matmuls
-    decode_mbu: float = 0.87  # fraction of HBM bandwidth reached reading weights and KV
-    step_overhead_seconds: float = 0.010  # scheduling, sampling, launch: per step, any size
-    multi_host_step_overhead_seconds: float = 0.001  # extra per step on a multi-host slice
+    # Device: fractions of the chip's peak FLOP/s and HBM bandwidth, and fixed costs.
+    matmul_mfu: float = 0.71  # the weight matmuls (prefill is bound by these)
+    attention_mfu: float = 0.57  # a flash-attention kernel at head dim >= 128 (the MXU's width)
+    weight_mbu: float = 0.86  # streaming the weights (decode is bound by this)
+    kv_mbu: float = 0.86  # reading the KV cache
+    device_step_seconds: float = 0.00065  # per step: launch, synchronisation
+    device_layer_seconds: float = 0.0000337  # per layer and step: kernel boundaries
+    # Host: what the engine adds per step (scheduling, sampling, detokenising, transfers).
+    host_step_seconds: float = 0.0080
+    host_sequence_seconds: float = 0.000029  # per sequence in the step (sampling, output)
+    multi_host_step_seconds: float = 0.001  # extra per step on a multi-host slice [unfitted]
 
     def __post_init__(self) -> None:
-        for name in ("prefill_mfu", "decode_mbu"):
+        for name in ("matmul_mfu", "attention_mfu", "weight_mbu", "kv_mbu"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"{name}: {value!r} is not allowed; allowed: 0 < value <= 1")
-        for name in ("step_overhead_seconds", "multi_host_step_overhead_seconds"):
+        for name in (
+            "device_step_seconds",
+            "device_layer_seconds",
+            "host_step_seconds",
+            "host_sequence_seconds",
+            "multi_host_step_seconds",
+        ):
             value = getattr(self, name)
             if value < 0.0:
                 raise ValueError(f"{name}: {value!r} is not allowed; allowed: >= 0")
 
 
 CALIBRATED = Efficiency()
-PREFILL_MFU = CALIBRATED.prefill_mfu
-DECODE_MBU = CALIBRATED.decode_mbu
-STEP_OVERHEAD_SECONDS = CALIBRATED.step_overhead_seconds
-MULTI_HOST_STEP_OVERHEAD_SECONDS = CALIBRATED.multi_host_step_overhead_seconds
+# The MXU multiplies 128-wide tiles: a head dim of 64 fills half of one in attention.
+MXU_WIDTH = 128
 MEM_FRACTION_STATIC = hbm_fit.RULE.static_fraction
 
 # Block-scaled 4-bit formats: 4-bit elements plus one 8-bit scale per block. MXFP4 (OCP
@@ -133,6 +146,7 @@ class ModelProfile:
     experts: int = 0  # 0 for dense models
     experts_per_token: int = 0
     expert_parameters: float = 0.0  # parameters in all routed experts together
+    tied_embeddings: bool = False  # the LM head is the input embedding (small models)
 
     @property
     def is_moe(self) -> bool:
@@ -144,11 +158,48 @@ class ModelProfile:
     def kv_bytes_per_token(self, kv_cache_dtype: str = "auto") -> float:
         return 2.0 * self.layers * self.kv_heads * self.head_dim * _kv_bytes(kv_cache_dtype)
 
+    @property
+    def embedding_parameters(self) -> float:
+        """One vocabulary x hidden table: the input embedding, and the LM head."""
+        return float(self.vocab_size * self.hidden_size)
+
+    @property
+    def body_parameters(self) -> float:
+        """Active parameters every token multiplies through (no embedding, no LM head)."""
+        tables = 1 if self.tied_embeddings else 2
+        return self.active_parameters - tables * self.embedding_parameters
+
 
 PROFILES: Mapping[str, ModelProfile] = MappingProxyType(
     {
         p.name: p
         for p in (
+            # The shapes measured on a v5e chip (bench/tpu_steps.py; tied embeddings).
+            ModelProfile(
+                name="qwen3-0.6b", hf_ids=("Qwen/Qwen3-0.6B",),
+                layers=28, hidden_size=1024, attention_heads=16, kv_heads=8, head_dim=128,
+                parameters=0.596e9, active_parameters=0.596e9, vocab_size=151936,
+                context_length=40960, tied_embeddings=True,
+            ),
+            ModelProfile(
+                name="llama-3.2-1b",
+                hf_ids=("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-1B"),
+                layers=16, hidden_size=2048, attention_heads=32, kv_heads=8, head_dim=64,
+                parameters=1.236e9, active_parameters=1.236e9, vocab_size=128256,
+                context_length=131072, tied_embeddings=True,
+            ),
+            ModelProfile(
+                name="qwen3-1.7b", hf_ids=("Qwen/Qwen3-1.7B",),
+                layers=28, hidden_size=2048, attention_heads=16, kv_heads=8, head_dim=128,
+                parameters=1.720e9, active_parameters=1.720e9, vocab_size=151936,
+                context_length=40960, tied_embeddings=True,
+            ),
+            ModelProfile(
+                name="qwen3-4b", hf_ids=("Qwen/Qwen3-4B", "Qwen/Qwen3-4B-Instruct-2507"),
+                layers=36, hidden_size=2560, attention_heads=32, kv_heads=8, head_dim=128,
+                parameters=4.022e9, active_parameters=4.022e9, vocab_size=151936,
+                context_length=40960, tied_embeddings=True,
+            ),
             ModelProfile(
                 name="llama-3.1-8b",
                 hf_ids=("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B",
@@ -297,7 +348,11 @@ def check_fits(
 
 
 class StepTimer:
-    """Step times of one model on one slice; coefficients precomputed so a call is cheap."""
+    """Step times of one model on one slice; coefficients precomputed so a call is cheap.
+
+    A step is the device's time plus the host's (see the module docstring): `device_seconds`
+    is what a bare compiled step takes on the chips, `host_seconds` what the engine adds.
+    """
 
     def __init__(
         self,
@@ -317,27 +372,75 @@ class StepTimer:
         peak = gen.peak_bf16_flops_per_chip
         if quantization in EIGHT_BIT_COMPUTE and gen.peak_8bit_flops_per_chip:
             peak = gen.peak_8bit_flops_per_chip
-        self.flops_per_second = chips * peak * efficiency.prefill_mfu
-        self.bytes_per_second = chips * gen.hbm_bandwidth_bytes_per_second * efficiency.decode_mbu
-        self._flops_per_token = 2.0 * profile.active_parameters
+        self.flops_per_second = chips * peak * efficiency.matmul_mfu
+        # Attention runs in bf16 whatever the weights' format.
+        self.attention_flops_per_second = (
+            chips
+            * gen.peak_bf16_flops_per_chip
+            * efficiency.attention_mfu
+            * min(1.0, profile.head_dim / MXU_WIDTH)
+        )
+        hbm = chips * gen.hbm_bandwidth_bytes_per_second
+        self.bytes_per_second = hbm * efficiency.weight_mbu
+        self.kv_bytes_per_second = hbm * efficiency.kv_mbu
+        self._body_flops_per_token = 2.0 * profile.body_parameters
+        self._head_flops_per_token = 2.0 * profile.embedding_parameters
         self._attn_flops_per_ctx = 4.0 * profile.layers * profile.attention_heads * profile.head_dim
-        self.overhead_seconds = efficiency.step_overhead_seconds + (
-            efficiency.multi_host_step_overhead_seconds if shape.multi_host else 0.0
+        self.device_fixed_seconds = (
+            efficiency.device_step_seconds + profile.layers * efficiency.device_layer_seconds
+        )
+        self.overhead_seconds = efficiency.host_step_seconds + (
+            efficiency.multi_host_step_seconds if shape.multi_host else 0.0
         )
         wpb = _weight_bytes_per_param(quantization)
+        # The input embedding is gathered row by row, not streamed; a tied one is the LM head.
+        gathered = 0.0 if profile.tied_embeddings else profile.embedding_parameters * wpb
         if profile.is_moe:
-            self._shared_weight_bytes = (profile.parameters - profile.expert_parameters) * wpb
+            shared = profile.parameters - profile.expert_parameters
+            self._shared_weight_bytes = shared * wpb - gathered
             self._expert_weight_bytes = profile.expert_parameters * wpb / profile.experts
         else:
-            self._shared_weight_bytes = self.weight_bytes
+            self._shared_weight_bytes = self.weight_bytes - gathered
             self._expert_weight_bytes = 0.0
 
     def _weights_touched(self, tokens: int) -> float:
         p = self.profile
         if not p.is_moe:
-            return self.weight_bytes
+            return self._shared_weight_bytes
         experts = min(p.experts, max(1, tokens) * p.experts_per_token)
         return self._shared_weight_bytes + experts * self._expert_weight_bytes
+
+    def device_seconds(
+        self,
+        prefill_tokens: int = 0,
+        prefill_attention_context: int = 0,
+        decode_batch: int = 0,
+        decode_context: int = 0,
+    ) -> float:
+        """The chips' time for one step: fixed costs, the weight matmuls or the weight
+        stream (whichever is longer), the KV reads and the attention's FLOPs."""
+        tokens = prefill_tokens + decode_batch
+        if tokens == 0:
+            return 0.0
+        head_tokens = decode_batch + (1 if prefill_tokens else 0)  # logits: last position
+        matmuls = (
+            self._body_flops_per_token * tokens + self._head_flops_per_token * head_tokens
+        ) / self.flops_per_second
+        weights = self._weights_touched(tokens) / self.bytes_per_second
+        kv_read = decode_context + prefill_attention_context / max(1, prefill_tokens)
+        attention = (
+            self._attn_flops_per_ctx * (prefill_attention_context + decode_context)
+        ) / self.attention_flops_per_second
+        return (
+            self.device_fixed_seconds
+            + max(matmuls, weights)
+            + self.kv_bytes_per_token * kv_read / self.kv_bytes_per_second
+            + attention
+        )
+
+    def host_seconds(self, sequences: int) -> float:
+        """What the engine adds to a step of `sequences` sequences."""
+        return self.overhead_seconds + self.efficiency.host_sequence_seconds * sequences
 
     def step_seconds(
         self,
@@ -346,19 +449,11 @@ class StepTimer:
         decode_batch: int = 0,
         decode_context: int = 0,
     ) -> float:
-        """One scheduler step (see the module docstring); 0 work costs only the overhead."""
-        tokens = prefill_tokens + decode_batch
-        if tokens == 0:
-            return self.overhead_seconds
-        compute = (
-            self._flops_per_token * tokens
-            + self._attn_flops_per_ctx * (prefill_attention_context + decode_context)
-        ) / self.flops_per_second
-        kv_read = decode_context + prefill_attention_context / max(1, prefill_tokens)
-        memory = (
-            self._weights_touched(tokens) + self.kv_bytes_per_token * kv_read
-        ) / self.bytes_per_second
-        return self.overhead_seconds + max(compute, memory)
+        """One scheduler step (see the module docstring); 0 work costs only the host's step."""
+        sequences = decode_batch + (1 if prefill_tokens else 0)
+        return self.host_seconds(sequences) + self.device_seconds(
+            prefill_tokens, prefill_attention_context, decode_batch, decode_context
+        )
 
     def prefill_seconds(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """One request's prefill of `new_tokens` after a cached prefix of `cached_tokens`."""

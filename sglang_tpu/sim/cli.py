@@ -17,7 +17,7 @@ import uvloop
 from aiohttp import web
 
 from sglang_tpu import cli_types, perf_model
-from sglang_tpu.cold_start import TPU_FIGURES, ColdStartFigures
+from sglang_tpu.cold_start import TPU_FIGURES, ColdStartFigures, compile_figures
 from sglang_tpu.lora import parse_lora_paths
 from sglang_tpu.perf_model import KV_CACHE_BYTES, WEIGHT_BYTES, ModelDoesNotFit, StepTimer
 from sglang_tpu.sim.engine import EngineConfig
@@ -269,15 +269,16 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
             ),
             Option(
                 "--compile-cold-seconds",
-                "XLA compile of the warmup shapes with no cache entry (default: %(default)s).",
+                "XLA compile of the warmup shapes with no cache entry (default: measured on a "
+                "v5e, scaled by the profile's layers: sglang_tpu.cold_start.compile_figures).",
                 cli_types.non_negative_float,
-                default=TPU_FIGURES.compile_cold_seconds,
+                default=None,
             ),
             Option(
                 "--compile-warm-seconds",
-                "The same when the compile cache holds the key (default: %(default)s).",
+                "The same when the compile cache holds the key (default: as above).",
                 cli_types.non_negative_float,
-                default=TPU_FIGURES.compile_warm_seconds,
+                default=None,
             ),
             Option(
                 "--warmup-seconds",
@@ -404,6 +405,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         emit_kv_events=bool(args.kv_events_endpoint),
     )
     lora_paths = parse_lora_paths(args.lora_paths or ())
+    measured_cold, measured_warm = compile_figures(profile.layers)
     return ServerSettings(
         engine=engine,
         timer=StepTimer(shape, profile, quant, kv_dtype),
@@ -430,8 +432,16 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
             figures=ColdStartFigures(
                 pull_seconds=args.pull_seconds,
                 read_gb_per_second=args.weights_read_gb_per_second,
-                compile_cold_seconds=args.compile_cold_seconds,
-                compile_warm_seconds=args.compile_warm_seconds,
+                compile_cold_seconds=(
+                    measured_cold
+                    if args.compile_cold_seconds is None
+                    else args.compile_cold_seconds
+                ),
+                compile_warm_seconds=(
+                    measured_warm
+                    if args.compile_warm_seconds is None
+                    else args.compile_warm_seconds
+                ),
                 warmup_seconds=args.warmup_seconds,
             ),
             time_scale=args.startup_time_scale,

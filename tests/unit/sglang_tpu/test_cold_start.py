@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_tpu import compile_cache, perf_model
+from sglang_tpu import cold_start, compile_cache, perf_model
 from sglang_tpu.cold_start import (
     GB,
     PHASES,
@@ -67,11 +67,23 @@ def test_an_8b_model_reads_16_gb_and_compiles_minutes_cold_and_less_warm() -> No
     warm = TPU_FIGURES.phases(weights, cache_hit=True)
     assert list(cold) == list(PHASES)
     assert cold["weights"] == pytest.approx(weights / (1.2 * GB))
-    assert cold["compile"] == 340.0
-    assert warm["compile"] == 135.0
+    assert cold["compile"] == pytest.approx(8 * (2.0 + 1.0 * 32))  # measured per layer x shapes
+    assert warm["compile"] == pytest.approx(8 * (1.2 + 0.34 * 32))
+    assert 0.25 < warm["compile"] / cold["compile"] < 0.4  # the v5e's warm/cold (0.25-0.36)
     assert {k: v for k, v in cold.items() if k != "compile"} == {
         k: v for k, v in warm.items() if k != "compile"
     }
+
+
+def test_compile_figures_scale_with_layers_and_warmup_shapes() -> None:
+    one_layer_cold, one_layer_warm = cold_start.compile_figures(1, shapes=1)
+    cold, warm = cold_start.compile_figures(36)
+    assert one_layer_cold == pytest.approx(3.0)
+    assert cold == pytest.approx(8 * (2.0 + 36.0))
+    assert warm < cold
+    with pytest.raises(ValueError, match="layers 0"):
+        cold_start.compile_figures(0)
+    assert one_layer_warm < one_layer_cold
 
 
 def test_weights_time_follows_bytes_per_host_and_bandwidth() -> None:
