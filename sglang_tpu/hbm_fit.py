@@ -16,14 +16,14 @@ What one replica needs in HBM (per slice; the model is sharded over its chips):
 
 `MEASURED` holds every (model, step, batch, context) the project's v5e ran or refused
 (`shared/reference/tpu-v5e.md`); `tests/unit/sglang_tpu/test_hbm_fit.py` checks the rule puts
-each on its side. Add rows as the TPU lane measures more. Caveats: only v5e was measured, so
-`runtime_fraction` and the temporaries are assumed to carry over to other generations; the
-reference's "does not fit" rows coincide exactly with what the static budget predicts and may
-have been skipped by that check rather than run; prefills were measured with materialised f32
-attention scores, whose temporaries a serving engine's flash attention does not have, so the
-rule does not model them. The operator admits `engine: sglang` as `in-place` (SGLang's KV
-pool is preallocated and written by its attention backend; whether SGLang-TorchTPU's compiled
-step aliases it is unconfirmed).
+each on its side, and every decode step `bench/tpu_steps.py` ran or was refused on the chip
+(`bench/tpu_results/`: 26 ran, 8 refused with RESOURCE_EXHAUSTED, among them the reference's
+"does not fit" shapes, so those are measured refusals too). Caveats: only v5e was measured, so
+`runtime_fraction` and the temporaries are assumed to carry over to other generations;
+prefills were measured with materialised f32 attention scores, whose temporaries a serving
+engine's flash attention does not have, so the rule does not model them. The operator
+admits `engine: sglang` as `in-place` (SGLang's KV pool is preallocated and written by its
+attention backend; whether SGLang-TorchTPU's compiled step aliases it is unconfirmed).
 """
 
 from __future__ import annotations

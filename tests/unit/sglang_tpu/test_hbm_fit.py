@@ -7,6 +7,9 @@ margin is the one the measured OOM shows, and the operator's and the twin's chec
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from sglang_tpu import hbm_fit, perf_model
@@ -14,6 +17,8 @@ from sglang_tpu.hbm_fit import MEASURED, RULE, MeasuredFit
 from sglang_tpu.topology import GIB, lookup
 
 pytestmark = pytest.mark.unit
+
+RESULTS = Path(__file__).resolve().parents[3] / "bench" / "tpu_results"
 
 
 @pytest.mark.parametrize("case", MEASURED, ids=lambda c: c.label)
@@ -76,3 +81,30 @@ def test_the_operator_and_the_twin_use_the_rule() -> None:
     perf_model.check_fits(shape, "qwen3-8b", "bf16", "auto", tokens)
     with pytest.raises(perf_model.ModelDoesNotFit):
         perf_model.check_fits(shape, "qwen3-8b", "bf16", "auto", tokens, kv_update="functional")
+
+
+def _bench_decode_rows() -> list[dict[str, object]]:
+    """Decode steps bench/tpu_steps.py ran or was refused on the v5e (its committed rows)."""
+    rows = []
+    for path in sorted(RESULTS.glob("*/steps-jax.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if "header" not in record and record["step"] == "decode":
+                rows.append(record)
+    return rows
+
+
+def test_every_decode_step_the_benchmark_ran_or_was_refused_is_on_its_side() -> None:
+    """The project's own runs (JAX holds the KV cache once, as an in-place update): the rows
+    that ran fit by the rule, those refused with RESOURCE_EXHAUSTED do not."""
+    shape = lookup("v5e", "1x1")
+    rows = _bench_decode_rows()
+    refused = [r for r in rows if "RESOURCE_EXHAUSTED" in str(r.get("error", ""))]
+    assert len(rows) >= 30
+    assert len(refused) >= 6
+    for row in rows:
+        profile = perf_model.get_profile(str(row["model"]))
+        kv = profile.kv_bytes_per_token() * int(str(row["tokens"])) * int(str(row["context"]))
+        shortfall = RULE.shortfall_bytes(shape, profile.weight_bytes(), kv)
+        ran = "error" not in row
+        assert (shortfall <= 0) == ran, (row["model"], row["tokens"], row["context"], shortfall)
