@@ -1,5 +1,5 @@
 """A policy's cache misses per request with cold caches, counted by cachegrind: what a request
-costs a router at a moderate rate (docs/router.md, "An eleventh pass"), without the noise of
+costs a router at a moderate rate (CHANGELOG.md, router CPU pass 11), without the noise of
 timing it on a shared machine.
 
 The requests are `bench/router_policy_cpu.py`'s (the same bodies, 4 healthy workers, parsing

@@ -3,7 +3,7 @@ side by side in time, not only in one run.
 
 `bench/router_overhead.py` measures the routers one after another; on a shared VM the host's
 load moves between those runs, and its rounds spread by ±30 % for the same code
-(docs/router.md, "A thirteenth pass"), more than most steps of a change. Here each tpuserve
+(CHANGELOG.md, router CPU pass 13), more than most steps of a change. Here each tpuserve
 router (each ``--policies`` entry) is paired in turn with the same policy from each
 ``--baseline`` checkout and with sglang-router 0.3.2 ``cache_aware`` (unless
 ``--skip-anchor``). For a pair, both routers start in front of 4 upstreams, both on the

@@ -100,8 +100,8 @@ READ_INTERVAL_SECONDS = 0.030
 the event loop (`zmtp.SubscriberGroup`): events arrive at most this late, and under load
 cost a read per turn rather than a wake-up per batch, and a turn applies more batches while
 their code is in the caches. With four busy engines, 10 ms cost ~10 % less CPU per request
-than 5 ms (docs/router.md, "A sixth pass"), and 20 ms 7 % less than 10 ms (paired, both
-routers at once: "A thirteenth pass"), and 30 ms 5 % less than 20 ms ("A sixteenth pass":
+than 5 ms (CHANGELOG.md, router CPU pass 6), and 20 ms 7 % less than 10 ms (paired, both
+routers at once: pass 13), and 30 ms 5 % less than 20 ms (pass 16:
 a turn costs about twice the time it takes, the request path's caches refilled after it).
 With the delay modelled (`tpuserve bench --kv-event-interval`), 30 ms changed no decision of
 `precise` against 20 ms on W1, W2 and W6 (2,400 requests), nor any result on W1-W6, W9 and

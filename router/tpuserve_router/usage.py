@@ -9,8 +9,8 @@ the proxy keeps only the tail of a stream and parses it once, at the end.
 
 An answer that is one JSON object is first skimmed by the compiled `usage_counts`
 (router/native/src/usage.rs), which builds no objects: with the caches cold between requests,
-parsing a small answer in Python cost about 1,000 last-level cache misses (docs/router.md, "A
-thirteenth pass"). What it does not read (a batch's list, a key with escapes, anything not
+parsing a small answer in Python cost about 1,000 last-level cache misses (CHANGELOG.md,
+router CPU pass 13). What it does not read (a batch's list, a key with escapes, anything not
 JSON) is parsed here, with the same result.
 """
 

@@ -4,7 +4,7 @@ libzmq reads a SUB socket on an I/O thread of its own and hands each message to 
 application through a mailbox: per KV-event batch that is a wake-up of that thread, a
 signal to the event loop, a wake-up of the loop and several calls to fetch the frames. On a
 loaded router in front of engines publishing a batch per scheduler step, the thread alone
-cost 50-60 µs per routed request (docs/router.md, "Performance"). A `ZmtpSubscriber` speaks
+cost 50-60 µs per routed request (CHANGELOG.md, router CPU pass 4). A `ZmtpSubscriber` speaks
 the same wire protocol (ZMTP 3.0, NULL security, rfc.zeromq.org/spec/23) from the event
 loop's thread: the socket is watched only while it is idle; once data comes, the
 subscriber's `SubscriberGroup` reads every busy socket at most once per ``interval``, all of
@@ -158,7 +158,7 @@ class SubscriberGroup:
     decision, takes it once ``interval`` has passed since the last, so a decision sees the
     events at most ``interval`` late. A timer takes it only after ``backstop`` seconds with
     no decision (an idle router), so a loaded router's loop does not wake for turns of their
-    own (0.98-0.99x its CPU per request side by side: docs/router.md, "A fifteenth pass")."""
+    own (0.98-0.99x its CPU per request side by side: CHANGELOG.md, router CPU pass 15)."""
 
     def __init__(self, interval: float, backstop: float | None = None) -> None:
         self.interval = interval

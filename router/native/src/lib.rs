@@ -1,7 +1,7 @@
 //! `tpuserve_router._native`: the block index of the router's `precise` and `cost` policies,
 //! compiled. Per request they hash a prompt's pages, match them against every worker and
 //! record predictions; per KV event they key the stored blocks. In Python those loops cost
-//! most of the policy's CPU (docs/router.md, "Performance"). The KV-event streams' frames
+//! most of the policy's CPU (CHANGELOG.md, router CPU pass 4). The KV-event streams' frames
 //! are split here too, and their batches applied without a round trip through Python.
 
 mod affinity;

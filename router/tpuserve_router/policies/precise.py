@@ -80,7 +80,8 @@ class PrecisePolicy(BlockIndexPolicy):
         booked = self.queues.booked
         # `healthy_workers` and route's inputs in one loop: in Python 3.11 a comprehension, like
         # a call, builds a function object and a frame; with cold caches the loop costs ~110
-        # fewer misses per request than the call and three comprehensions (docs/router.md)
+        # fewer misses per request than the call and three comprehensions (CHANGELOG.md,
+        # router CPU pass 11)
         healthy: list[W] = []
         names: list[str] = []
         loads: list[int] = []
