@@ -5,7 +5,7 @@ routes (`forwarding`, with `retry`'s rule), the admin API (`admin`), worker admi
 its health checks and per-worker connection pools (`admission`), discovery (static or
 Kubernetes), KV-event subscriptions (`kv_events`, for a policy with a block index unless
 ``--no-kv-events``), peering with the other router replicas (`peers`, with ``--peer-port``;
-`peer_snapshot`: a replica started late takes a peer's block index) and the metrics.
+`peer_snapshot`, `kv_snapshot`: a replica started late takes a peer's block index) and the metrics.
 ``await app.start()`` listens and starts the background tasks; ``await app.stop()`` cancels
 and awaits every one of them.
 
@@ -23,7 +23,7 @@ SGLang-compatible server):
   ``GET /metrics``;
 - admin: ``GET /workers``, ``POST /workers`` (``{"url": ...}``), ``DELETE /workers``
   (``{"url": ...}`` or ``?url=``), ``POST /flush_cache`` (sent to every worker) (`admin`),
-  ``GET /kv_snapshot`` (the block index, for a replica started late: `kv_events`).
+  ``GET /kv_snapshot`` (the block index, for a replica started late: `kv_snapshot`).
 
 An unknown path gets 404, a known path with another method 405 naming the allowed ones,
 a method the router never serves (``CONNECT``, ``PUT``, ...) 405. With ``--metrics-port``,
@@ -38,11 +38,9 @@ import dataclasses
 import logging
 import resource
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
-import aiohttp
 import msgpack
 import orjson
 from prometheus_client import CollectorRegistry
@@ -66,6 +64,13 @@ from tpuserve_router.forwarding import Forwarder
 from tpuserve_router.health import HealthChecker
 from tpuserve_router.hold import touch_hold_series
 from tpuserve_router.kv_events import KvEventHub
+from tpuserve_router.kv_snapshot import (
+    Seeds,
+    seed_from_peers,
+    seed_from_url,
+    snapshot_of,
+    snapshot_to_give,
+)
 from tpuserve_router.metrics import (
     RouterMetrics,
     StateCollector,
@@ -74,12 +79,7 @@ from tpuserve_router.metrics import (
     touch_known_series,
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
-from tpuserve_router.peer_snapshot import (
-    SnapshotService,
-    snapshot_endpoint,
-    snapshot_port,
-    unpack_snapshot,
-)
+from tpuserve_router.peer_snapshot import SnapshotService, snapshot_port
 from tpuserve_router.peer_view import PeerView, new_router_id
 from tpuserve_router.peers import PeerNetwork
 from tpuserve_router.policies.base import Policy, make_policy
@@ -95,7 +95,7 @@ from tpuserve_router.server import (
 )
 from tpuserve_router.token_cache import ChatTokenCache
 from tpuserve_router.worker_networks import parse_networks
-from tpuserve_router.workers import WorkerRegistry, WorkerSpec, normalize_worker_url
+from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
 if TYPE_CHECKING:
     from tpuserve_router.demand import DemandLease
@@ -139,6 +139,7 @@ class RouterApp:
         )
         self.block_index: BlockIndex | None = self.policy.block_index
         self.kv: KvEventHub | None = None
+        self.seeds: Seeds | None = None
         if kv_events_enabled(config.kv_events, self.policy):
             if self.block_index is None:
                 log.warning(
@@ -147,7 +148,8 @@ class RouterApp:
                     self.policy.name,
                 )
             else:
-                self.kv = KvEventHub(self.block_index, self.metrics)
+                self.seeds = Seeds(self.block_index)
+                self.kv = KvEventHub(self.block_index, self.metrics, self.seeds.resume)
         self.peering: PeerNetwork | None = None
         self.snapshots: SnapshotService | None = None
         if config.peer_port:
@@ -162,7 +164,8 @@ class RouterApp:
                 refresh_seconds=config.peers_refresh_interval_seconds,
             )  # fmt: skip
             self.snapshots = SnapshotService(
-                self._snapshot_to_give, host=config.host, port=snapshot_port(config.peer_port),
+                lambda: snapshot_to_give(self.kv),
+                host=config.host, port=snapshot_port(config.peer_port),
                 timeout_seconds=config.kv_snapshot_timeout_seconds,
                 max_bytes=config.kv_snapshot_max_bytes,
             )  # fmt: skip
@@ -295,8 +298,8 @@ class RouterApp:
         self.admission.start()
         if self.loads is not None:
             self.loads.start()
-        if self.kv is not None:  # before any worker is subscribed
-            await self._seed_from_peer()
+        if self.seeds is not None:  # before any worker is subscribed
+            await self._seed(self.seeds)
         self.outliers.start()
         if self.keys is not None:
             self.keys.start()
@@ -572,63 +575,22 @@ class RouterApp:
 
     async def _kv_snapshot(self, request: HttpRequest) -> None:
         """``GET /kv_snapshot``: the block index and event positions, for a peer started late
-        (`kv_events.KvEventHub.snapshot`), as msgpack."""
+        (`kv_snapshot.snapshot_of`), as msgpack."""
         if self.kv is None:
             reject(request, ClientError(409, "this router follows no KV events"), self.metrics,
                    route=ADMIN_ROUTE)  # fmt: skip
             return
-        snapshot = self.kv.snapshot()  # on the loop: the index does not change meanwhile
+        snapshot = snapshot_of(self.kv)  # on the loop: the index does not change meanwhile
         body = await asyncio.to_thread(msgpack.packb, snapshot)  # the big part, off the loop
         request.respond(200, MSGPACK_HEADERS, body)
 
-    def _snapshot_to_give(self) -> dict[str, Any] | None:
-        """This router's KV snapshot for a peer over peering, None when it has none to give
-        (it follows no KV events, or has heard no batch yet)."""
-        if self.kv is None:
-            return None
-        snapshot = self.kv.snapshot()
-        return snapshot if snapshot.get("streams") else None
-
-    async def _seed_from_peer(self) -> None:
-        """Take a peer router's snapshot before any worker is subscribed: from
-        ``--kv-snapshot-from`` when given, else from the peers over peering, all at once.
-        On failure the engines' replay buffers are all the catch-up there is."""
-        config = self.config
-        if config.kv_snapshot_from is not None:
-            await self._seed_from_url(config.kv_snapshot_from)
+    async def _seed(self, seeds: Seeds) -> None:
+        """Take a peer router's KV snapshot: from ``--kv-snapshot-from`` when given, else from
+        the peers over peering, all at once (`kv_snapshot`)."""
+        if self.config.kv_snapshot_from is not None:
+            await seed_from_url(seeds, self.config.kv_snapshot_from, self.config)
         elif self.snapshots is not None and self.peering is not None:
-            peers = [snapshot_endpoint(endpoint) for endpoint in self.peering.subscriptions]
-            if peers and await self.snapshots.take_from(peers, self._seed) is None:
-                log.info("no KV snapshot from any peer: starting from the engines' replay")
-
-    async def _seed(self, body: bytes, source: str) -> None:
-        """Seed the block index from a packed snapshot (ValueError when it cannot be read)."""
-        assert self.kv is not None
-        snapshot = await asyncio.to_thread(unpack_snapshot, body)
-        taken = self.kv.seed(snapshot)
-        log.info("KV snapshot from %s: %d event streams", source, taken)
-
-    async def _seed_from_url(self, url: str) -> None:
-        """``GET URL/kv_snapshot`` with the admin key of ``--kv-snapshot-key-file``, within
-        ``--kv-snapshot-timeout`` and ``--kv-snapshot-max-bytes``."""
-        config = self.config
-        timeout = aiohttp.ClientTimeout(total=config.kv_snapshot_timeout_seconds)
-        try:
-            headers = {}
-            if config.kv_snapshot_key_file is not None:
-                key_file = Path(config.kv_snapshot_key_file)
-                key = await asyncio.to_thread(key_file.read_text, encoding="utf-8")
-                headers["Authorization"] = f"Bearer {key.strip()}"
-            snapshot_url = normalize_worker_url(url)[0] + "/kv_snapshot"
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.get(snapshot_url, headers=headers) as response,
-            ):
-                response.raise_for_status()
-                body = await read_bounded(response, config.kv_snapshot_max_bytes)
-            await self._seed(body, url)
-        except (OSError, aiohttp.ClientError, ValueError) as err:  # OSError: the key file too
-            log.warning("no KV snapshot from %s: %s", url, err or type(err).__name__)
+            await seed_from_peers(seeds, self.snapshots, self.peering.subscriptions)
 
     def _model_cards(self) -> list[dict[str, Any]]:
         """The served models, then each one's loaded LoRA adapters as ``model:adapter`` with
@@ -658,19 +620,6 @@ class RouterApp:
         return [
             WorkerState(w.name, w.models, w.healthy, w.own_in_flight) for w in self.registry.workers
         ]
-
-
-async def read_bounded(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
-    """A response's body, or ValueError once it is longer than ``max_bytes``."""
-    too_long = f"the snapshot is larger than --kv-snapshot-max-bytes {max_bytes}"
-    if (response.content_length or 0) > max_bytes:
-        raise ValueError(too_long)
-    body = bytearray()
-    async for chunk in response.content.iter_chunked(1 << 20):
-        body += chunk
-        if len(body) > max_bytes:
-            raise ValueError(too_long)
-    return bytes(body)
 
 
 def open_file_limit() -> int:
