@@ -144,8 +144,17 @@ class Forwarder:
         tokenizer: Tokens | None,
         outliers: OutlierDetector,
         aborter: Aborter,
+        holds: HoldQueues,
+        *,
         keys: KeyStore | None = None,
+        quotas: Quotas | None = None,
+        before_decision: Callable[[], None] | None = None,
+        on_arrival: Callable[[bool], None] | None = None,
     ) -> None:
+        """``holds`` are the hold queues; with ``keys`` (the router's own API keys) a
+        request is admitted by its key and ``quotas``; ``before_decision`` runs before
+        every routing decision (the KV events' due read), ``on_arrival`` on every arrival,
+        told whether it is held (the demand signal)."""
         self.config = config = core.config
         self.policy = policy = core.policy
         self.registry = registry = core.registry
@@ -165,12 +174,11 @@ class Forwarder:
         self.keys = keys
         # With the router's own keys, a client's key is the router's business: not the workers'.
         self._not_forwarded = HOP_BY_HOP if keys is None else HOP_BY_HOP | CREDENTIALS
-        self.quotas = Quotas()
-        self.holds = HoldQueues(config.hold_max_requests, config.hold_max_seconds, metrics)
+        self.quotas = quotas if quotas is not None else Quotas()
+        self.holds = holds
         self.hold_models = frozenset(config.hold_models)
-        self.on_arrival: Callable[[bool], None] | None = None  # the demand signal, if any
-        # what must run before a routing decision: the KV events' due read, if any
-        self.before_decision: Callable[[], None] | None = None
+        self.on_arrival = on_arrival
+        self.before_decision = before_decision
         self._shed_at = in_flight_limits(config.max_in_flight)
         self.budget = RetryBudget(
             config.retry_budget_percent,

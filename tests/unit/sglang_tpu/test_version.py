@@ -16,7 +16,7 @@ import tpuserve
 from sglang_tpu import version
 from sglang_tpu.version import DISTRIBUTION, source_tree_version, tpuserve_version
 from tpuserve_operator.render.context import DEFAULT_ENGINE_IMAGE, DEFAULT_IMAGE
-from tpuserve_router.app import RouterApp
+from tpuserve_router.app import create_router_app
 from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.unit
@@ -46,7 +46,7 @@ def test_the_operators_default_images_carry_the_version() -> None:
 
 def test_the_routers_info_series_carries_the_version() -> None:
     registry = CollectorRegistry()
-    app = RouterApp(RouterConfig(policy="round_robin"), registry=registry)
+    app = create_router_app(RouterConfig(policy="round_robin"), registry=registry)
     labels = {"policy": app.policy.name, "version": tpuserve_version()}
     assert registry.get_sample_value("tpuserve_router_info", labels) == 1.0
 
