@@ -62,6 +62,7 @@ from sglang_tpu.kv_events import (
     parse_replay_reply,
     replay_request,
 )
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.kv_publishers import Endpoints
 from tpuserve_router.metrics import RouterMetrics
@@ -183,11 +184,7 @@ class _Subscription:
             for t in (self.task, self.monitor_task, self.retry_task)
             if t is not None and not t.done()
         ]:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(tasks)
         if self.subscriber is not None:
             return
         with contextlib.suppress(zmq.ZMQError):

@@ -23,7 +23,6 @@ than read.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +32,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.peers import bind_or_refuse, peer_endpoint
 
 log = logging.getLogger(__name__)
@@ -129,11 +129,8 @@ class SnapshotService:
         self._task = asyncio.get_running_loop().create_task(self._serve(server))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait([self._task])
+        self._task = None
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
