@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 PRIORITIES: Final = ("critical", "high", "normal", "low")
 """Priority classes, most important first; shed in the reverse order (`quotas`)."""
 DEFAULT_PRIORITY: Final = "normal"
-ANONYMOUS: Final = "anonymous"
-"""The tenant of every request when the router has no API keys."""
 OTHER_TENANT: Final = "other"
 MAX_TENANT_LABELS: Final = 100
 MAX_KEYS_FILE_BYTES: Final = 4 * 1024 * 1024
