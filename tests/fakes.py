@@ -35,7 +35,7 @@ from tpuserve.cluster.pods.volumes import TokenRequest
 from tpuserve_operator import labels
 from tpuserve_operator.kube import replicas_patch
 from tpuserve_operator.observed import PodView
-from tpuserve_router.app import RouterApp
+from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.policies import RouteRequest
 from tpuserve_router.server import HttpRequest, serve
@@ -662,7 +662,7 @@ async def stub_router(*workers: StubWorker, **settings: Any) -> AsyncIterator[Ro
         policy="least_load",
         health_check_interval_seconds=0.05,
     ).replace(**settings)
-    app = RouterApp(config, registry=CollectorRegistry())
+    app = create_router_app(config, registry=CollectorRegistry())
     await app.start()
     try:
         await eventually_async(

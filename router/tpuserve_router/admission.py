@@ -39,8 +39,15 @@ class Admission:
     with the registry's workers."""
 
     def __init__(
-        self, core: RouterCore, networks: Sequence[Network], kv: KvEventHub | None
+        self,
+        core: RouterCore,
+        networks: Sequence[Network],
+        kv: KvEventHub | None,
+        on_routable: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_routable`` is told whenever a worker may have become routable (the hold
+        queues listen): after the policy heard of a change of workers, and once a worker's
+        models are known."""
         self.config = config = core.config
         self.policy = core.policy
         self.registry = registry = core.registry
@@ -57,7 +64,7 @@ class Admission:
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
-        self.on_routable: Callable[[], None] = lambda: None  # the hold queues listen
+        self.on_routable = on_routable
         registry.on_added.append(self._worker_added)
         registry.on_removed.append(self._worker_removed)
         registry.on_changed.append(self._workers_changed)
@@ -105,6 +112,7 @@ class Admission:
 
     def _workers_changed(self, registry: WorkerRegistry) -> None:
         self.policy.on_workers_changed(registry.names())
+        self.on_routable()
 
     # ------------------------------------------------------------------ a worker turns routable
 

@@ -1,11 +1,13 @@
 """The router application: its parts wired together, their lifetimes, and request dispatch.
 
-`RouterApp(config)` owns everything that runs: the HTTP front (`server`), the generation
-routes (`forwarding`, with `retry`'s rule), the admin API (`admin`), worker admission with
-its health checks and per-worker connection pools (`admission`), discovery (static or
-Kubernetes), KV-event subscriptions (`kv_events`, for a policy with a block index unless
-``--no-kv-events``), peering with the other router replicas (`peers`, with ``--peer-port``;
-`peer_snapshot`: a replica started late takes a peer's block index) and the metrics.
+`create_router_app(config)` makes every part once, each after the parts it needs, and hands
+each its hooks as it is made: the HTTP front (`server`), the generation routes (`forwarding`,
+with `retry`'s rule and the hold queues, `hold`), the admin API (`admin`), worker admission
+with its health checks and per-worker connection pools (`admission`), discovery (static or
+Kubernetes, with the demand Lease, `demand`), KV-event subscriptions (`kv_events`, for a
+policy with a block index unless ``--no-kv-events``), peering with the other router replicas
+(`peers`, with ``--peer-port``; `peer_snapshot`, `kv_snapshot`: a replica started late takes
+a peer's block index) and the metrics. The `RouterApp` it returns holds them:
 ``await app.start()`` listens and starts the background tasks; ``await app.stop()`` cancels
 and awaits every one of them.
 
@@ -23,7 +25,7 @@ SGLang-compatible server):
   ``GET /metrics``;
 - admin: ``GET /workers``, ``POST /workers`` (``{"url": ...}``), ``DELETE /workers``
   (``{"url": ...}`` or ``?url=``), ``POST /flush_cache`` (sent to every worker) (`admin`),
-  ``GET /kv_snapshot`` (the block index, for a replica started late: `kv_events`).
+  ``GET /kv_snapshot`` (the block index, for a replica started late: `kv_snapshot`).
 
 An unknown path gets 404, a known path with another method 405 naming the allowed ones,
 a method the router never serves (``CONNECT``, ``PUT``, ...) 405. With ``--metrics-port``,
@@ -35,14 +37,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import resource
 import time
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
-import aiohttp
 import msgpack
 import orjson
 from prometheus_client import CollectorRegistry
@@ -64,8 +67,15 @@ from tpuserve_router.discovery.static import static_workers
 from tpuserve_router.engine_loads import LoadPoller
 from tpuserve_router.forwarding import Forwarder
 from tpuserve_router.health import HealthChecker
-from tpuserve_router.hold import touch_hold_series
+from tpuserve_router.hold import HoldQueues, touch_hold_series
 from tpuserve_router.kv_events import KvEventHub
+from tpuserve_router.kv_snapshot import (
+    Seeds,
+    seed_from_peers,
+    seed_from_url,
+    snapshot_of,
+    snapshot_to_give,
+)
 from tpuserve_router.metrics import (
     RouterMetrics,
     StateCollector,
@@ -74,15 +84,11 @@ from tpuserve_router.metrics import (
     touch_known_series,
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
-from tpuserve_router.peer_snapshot import (
-    SnapshotService,
-    snapshot_endpoint,
-    snapshot_port,
-    unpack_snapshot,
-)
+from tpuserve_router.peer_snapshot import SnapshotService, snapshot_port
 from tpuserve_router.peer_view import PeerView, new_router_id
 from tpuserve_router.peers import PeerNetwork
 from tpuserve_router.policies.base import Policy, make_policy
+from tpuserve_router.quotas import Quotas
 from tpuserve_router.replies import model_not_found, reject, unauthorized
 from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
 from tpuserve_router.server import (
@@ -95,11 +101,11 @@ from tpuserve_router.server import (
 )
 from tpuserve_router.token_cache import ChatTokenCache
 from tpuserve_router.worker_networks import parse_networks
-from tpuserve_router.workers import WorkerRegistry, WorkerSpec, normalize_worker_url
+from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
 if TYPE_CHECKING:
     from tpuserve_router.demand import DemandLease
-    from tpuserve_router.discovery.kubernetes import PodWatcher, RejectedPod
+    from tpuserve_router.discovery.kubernetes import PodWatcher
 
 log = logging.getLogger(__name__)
 
@@ -115,105 +121,236 @@ FD_RESERVE: Final = 512
 upstream pools, KV-event sockets, logs), beside one upstream connection per request."""
 
 
-class RouterApp:
-    def __init__(
-        self,
-        config: RouterConfig,
-        *,
-        registry: CollectorRegistry | None = None,
-        policy: Policy | None = None,
-    ) -> None:
-        self.config = config.validate()
-        params: dict[str, Any] = dict(config.policy_params)
-        self.policy = policy or make_policy(config.policy, seed=config.seed, **params)
-        self.tokenizer: ChatTokenCache | None = (
-            ChatTokenCache(load_tokenizer(config.tokenizer)) if self.policy.needs_tokens else None
-        )
-        self.networks = parse_networks(config.worker_networks)
-        self.metrics: RouterMetrics = create_router_metrics(registry or CollectorRegistry())
-        self.metrics.info.labels(self.policy.name, tpuserve_version()).set(1)
-        touch_known_series(self.metrics, self.policy.name)
-        self.registry = WorkerRegistry()
-        self.outliers = OutlierDetector(
-            config.outlier_config(), lambda: self.registry.workers, self._ejected
-        )
-        self.block_index: BlockIndex | None = self.policy.block_index
-        self.kv: KvEventHub | None = None
-        if kv_events_enabled(config.kv_events, self.policy):
-            if self.block_index is None:
-                log.warning(
-                    "--kv-events has no effect with policy %s (it keeps no block index); "
-                    "use precise or cost",
-                    self.policy.name,
-                )
-            else:
-                self.kv = KvEventHub(self.block_index, self.metrics)
-        self.peering: PeerNetwork | None = None
-        self.snapshots: SnapshotService | None = None
-        if config.peer_port:
-            view = PeerView(
-                new_router_id(), self.policy, self.registry.get, clock=time.monotonic,
-                max_open_per_peer=config.max_in_flight,
-                open_ttl_seconds=config.request_timeout_seconds,
-            )  # fmt: skip
-            self.peering = PeerNetwork(
-                view, self.metrics, host=config.host, port=config.peer_port, peers=config.peers,
-                dns_name=config.peers_from_dns,
-                refresh_seconds=config.peers_refresh_interval_seconds,
-            )  # fmt: skip
-            self.snapshots = SnapshotService(
-                self._snapshot_to_give, host=config.host, port=snapshot_port(config.peer_port),
-                timeout_seconds=config.kv_snapshot_timeout_seconds,
-                max_bytes=config.kv_snapshot_max_bytes,
-            )  # fmt: skip
-        core = RouterCore(
-            self.config, self.policy, self.registry, self.metrics,
-            self.peering.link if self.peering is not None else None,
+def create_router_app(
+    config: RouterConfig,
+    *,
+    registry: CollectorRegistry | None = None,
+    policy: Policy | None = None,
+) -> RouterApp:
+    """The router ``config`` describes, not started. Each part is made once, after the parts
+    it needs, and handed its hooks as it is made: nothing is wired afterwards. ``registry``
+    takes the metrics (a fresh one per test); ``policy`` replaces the configured one."""
+    config = config.validate()
+    params: dict[str, Any] = dict(config.policy_params)  # strings, converted by the policy
+    policy = policy or make_policy(config.policy, seed=config.seed, **params)
+    tokenizer = ChatTokenCache(load_tokenizer(config.tokenizer)) if policy.needs_tokens else None
+    networks = parse_networks(config.worker_networks)
+    metrics = create_router_metrics(registry or CollectorRegistry())
+    metrics.info.labels(policy.name, tpuserve_version()).set(1)
+    touch_known_series(metrics, policy.name)
+    workers = WorkerRegistry()
+    clock = time.monotonic
+    outliers = OutlierDetector(
+        config.outlier_config(),
+        lambda: workers.workers,
+        functools.partial(_ejected, metrics, clock),
+        clock,
+    )
+
+    seeds: Seeds | None = None
+    kv: KvEventHub | None = None
+    if kv_events_enabled(config.kv_events, policy):
+        if policy.block_index is None:
+            log.warning(
+                "--kv-events has no effect with policy %s (it keeps no block index); "
+                "use precise or cost",
+                policy.name,
+            )
+        else:
+            seeds = Seeds(policy.block_index)
+            kv = KvEventHub(policy.block_index, metrics, resume=seeds.resume)
+
+    peering: PeerNetwork | None = None
+    snapshots: SnapshotService | None = None
+    if config.peer_port:
+        view = PeerView(
+            new_router_id(), policy, workers.get, clock=clock,
+            max_open_per_peer=config.max_in_flight,
+            open_ttl_seconds=config.request_timeout_seconds,
         )  # fmt: skip
-        self.admission = Admission(core, self.networks, self.kv)
-        self.health: HealthChecker = self.admission.health
-        self.loads: LoadPoller | None = None
-        if config.load_poll_interval_seconds > 0:
-            self.loads = LoadPoller(
-                self.registry,
-                self.policy.queued_prefill_tokens,
-                interval_seconds=config.load_poll_interval_seconds,
-                timeout_seconds=config.health_check_timeout_seconds,
+        peering = PeerNetwork(
+            view, metrics, host=config.host, port=config.peer_port, peers=config.peers,
+            dns_name=config.peers_from_dns, refresh_seconds=config.peers_refresh_interval_seconds,
+        )  # fmt: skip
+        snapshots = SnapshotService(
+            functools.partial(snapshot_to_give, kv), host=config.host,
+            port=snapshot_port(config.peer_port),
+            timeout_seconds=config.kv_snapshot_timeout_seconds,
+            max_bytes=config.kv_snapshot_max_bytes,
+        )  # fmt: skip
+
+    core = RouterCore(config, policy, workers, metrics, peering.link if peering else None)
+    holds = HoldQueues(config.hold_max_requests, config.hold_max_seconds, metrics)
+    if holds.enabled:
+        for model in config.hold_models:
+            touch_hold_series(metrics, model)
+    # The hold queues hear of every change that may make a worker routable, after the policy.
+    admission = Admission(core, networks, kv, on_routable=holds.announce)
+    loads: LoadPoller | None = None
+    if config.load_poll_interval_seconds > 0:
+        loads = LoadPoller(
+            workers,
+            policy.queued_prefill_tokens,
+            interval_seconds=config.load_poll_interval_seconds,
+            timeout_seconds=config.health_check_timeout_seconds,
+        )
+    quotas = Quotas()
+    keys: KeyStore | None = None
+    if config.api_keys_file is not None:
+        keys = KeyStore(
+            config.api_keys_file,
+            config.api_keys_reload_seconds,
+            functools.partial(_keys_reloaded, metrics, quotas),
+        )
+        metrics.api_keys.labels().set(len(keys.keys))
+    aborter = Aborter(
+        lambda: admission.health.session,
+        lambda worker, reason: metrics.upstream_aborts.labels(worker, reason).inc(),
+    )
+
+    discovery: PodWatcher | None = None
+    demand: DemandLease | None = None
+    if config.discovery == "kubernetes":
+        from tpuserve_router.discovery.kubernetes import ApiServer, PodRules, PodWatcher
+
+        rules = PodRules.from_flags(
+            config.leader_label,
+            config.worker_port,
+            config.worker_url_annotation,
+            networks,
+            config.model_label,
+        )
+        namespace = config.namespace or _current_namespace()
+        api = ApiServer.load()
+        discovery = PodWatcher(
+            api, namespace, config.selector, rules, functools.partial(apply_discovered, workers)
+        )
+        if config.demand_lease is not None:
+            from tpuserve_router.demand import DemandLease
+
+            demand = DemandLease(
+                api,
+                namespace,
+                config.demand_lease,
+                config.demand_interval_seconds,
+                metrics,
+                # `forwarder` is made below, with this Lease's `arrived` as its hook
+                lambda: forwarder.in_flight > 0 or holds.total > 0,
             )
-        self.keys: KeyStore | None = None
-        if config.api_keys_file is not None:
-            self.keys = KeyStore(
-                config.api_keys_file, config.api_keys_reload_seconds, self._keys_reloaded
-            )
-            self.metrics.api_keys.labels().set(len(self.keys.keys))
-        self.aborter = Aborter(
-            lambda: self.health.session,
-            lambda worker, reason: self.metrics.upstream_aborts.labels(worker, reason).inc(),
+
+    forwarder = Forwarder(
+        core,
+        tokenizer,
+        outliers,
+        aborter,
+        holds,
+        keys=keys,
+        quotas=quotas,
+        # decisions see the KV events at most an interval late
+        before_decision=kv.readers.read_if_due if kv is not None else None,
+        on_arrival=demand.arrived if demand is not None else None,
+    )
+    admin = AdminApi(
+        workers,
+        policy,
+        admission.health,
+        metrics,
+        networks,
+        lambda: discovery.rejected if discovery is not None else [],
+    )
+    limits = config.front_limits(connection_budget(config))
+    book = ConnectionBook(
+        limits.max_connections, limits.tick_seconds, functools.partial(_closed, metrics)
+    )
+    probe_book = ConnectionBook(
+        PROBE_CONNECTIONS, limits.tick_seconds, functools.partial(_closed, metrics)
+    )
+    metrics.registry.register(
+        StateCollector(
+            functools.partial(_worker_states, workers),
+            policy.index_sizes,
+            lambda: len(book.open),
         )
-        self.forwarder = Forwarder(
-            core,
-            self.tokenizer,
-            self.outliers,
-            self.aborter,
-            self.keys,
-        )
-        if self.kv is not None:  # decisions see the events at most an interval late
-            self.forwarder.before_decision = self.kv.readers.read_if_due
-        holds = self.forwarder.holds
-        self.registry.on_changed.append(lambda _registry: holds.announce())
-        self.admission.on_routable = holds.announce
-        if holds.enabled:
-            for model in config.hold_models:
-                touch_hold_series(self.metrics, model)
-        self._demand: DemandLease | None = None
-        self.admin = AdminApi(
-            self.registry, self.policy, self.health, self.metrics, self.networks, self._rejected
-        )
-        self.metrics.registry.register(
-            StateCollector(
-                self._worker_states, self.policy.index_sizes, lambda: len(self.book.open)
-            )
-        )
+    )
+    return RouterApp(
+        config=config, policy=policy, tokenizer=tokenizer, metrics=metrics, registry=workers,
+        outliers=outliers, kv=kv, seeds=seeds, peering=peering, snapshots=snapshots,
+        admission=admission, loads=loads, keys=keys, aborter=aborter, discovery=discovery,
+        demand=demand, forwarder=forwarder, admin=admin, limits=limits, book=book,
+        probe_book=probe_book,
+    )  # fmt: skip
+
+
+def apply_discovered(workers: WorkerRegistry, specs: list[WorkerSpec]) -> None:
+    """Make the discovered workers exactly ``specs`` (admin-added ones stay)."""
+    added, removed = workers.sync(specs)
+    if added or removed:
+        log.info("workers added: %s; removed: %s", added or "none", removed or "none")
+
+
+def _ejected(
+    metrics: RouterMetrics, clock: Callable[[], float], worker: Ejectable, reason: str
+) -> None:
+    metrics.worker_ejections.labels(worker.name, reason).inc()
+    log.warning(
+        "worker %s ejected (%s) for %.0f s: %d consecutive failures, %d of %d requests "
+        "failed this interval",
+        worker.name,
+        reason,
+        worker.ejected_until - clock(),
+        worker.consecutive_failures,
+        worker.window_failures,
+        worker.window_requests,
+    )
+
+
+def _keys_reloaded(
+    metrics: RouterMetrics, quotas: Quotas, result: str, keys: Mapping[bytes, ApiKey]
+) -> None:
+    metrics.api_key_reloads.labels(result).inc()
+    metrics.api_keys.labels().set(len(keys))
+    if result == "ok":
+        quotas.keep_only(keys)
+
+
+def _closed(metrics: RouterMetrics, reason: str) -> None:
+    metrics.connections_closed.labels(reason).inc()
+
+
+def _worker_states(workers: WorkerRegistry) -> list[WorkerState]:
+    return [WorkerState(w.name, w.models, w.healthy, w.own_in_flight) for w in workers.workers]
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class RouterApp:
+    """The router's parts, as `create_router_app` made them: ``start`` listens and starts
+    what runs in the background, ``stop`` ends it all; requests are dispatched by method and
+    path."""
+
+    config: RouterConfig
+    policy: Policy
+    tokenizer: ChatTokenCache | None
+    metrics: RouterMetrics
+    registry: WorkerRegistry
+    outliers: OutlierDetector
+    kv: KvEventHub | None
+    seeds: Seeds | None
+    peering: PeerNetwork | None
+    snapshots: SnapshotService | None
+    admission: Admission
+    loads: LoadPoller | None
+    keys: KeyStore | None
+    aborter: Aborter
+    discovery: PodWatcher | None
+    demand: DemandLease | None
+    forwarder: Forwarder
+    admin: AdminApi
+    limits: FrontLimits
+    book: ConnectionBook
+    probe_book: ConnectionBook
+    _servers: list[asyncio.Server] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
         admin = self._admin_only
         self._post: dict[str, Handler] = {
             "/workers": admin(self.admin.add_worker),
@@ -235,17 +372,16 @@ class RouterApp:
         self._delete: dict[str, Handler] = {
             "/workers": admin(self.admin.remove_worker),
         }
-        self.limits: FrontLimits = config.front_limits(connection_budget(config))
-        self.book = ConnectionBook(
-            self.limits.max_connections, self.limits.tick_seconds, self._connection_closed
-        )
-        self.probe_book = ConnectionBook(
-            PROBE_CONNECTIONS, self.limits.tick_seconds, self._connection_closed
-        )
-        self._servers: list[asyncio.Server] = []
-        self._discovery: PodWatcher | None = None
 
     # ================================================================== lifetime
+
+    @property
+    def health(self) -> HealthChecker:
+        return self.admission.health
+
+    @property
+    def block_index(self) -> BlockIndex | None:
+        return self.policy.block_index
 
     @property
     def port(self) -> int:
@@ -295,43 +431,17 @@ class RouterApp:
         self.admission.start()
         if self.loads is not None:
             self.loads.start()
-        if self.kv is not None:  # before any worker is subscribed
-            await self._seed_from_peer()
+        if self.seeds is not None:  # before any worker is subscribed
+            await self._seed(self.seeds)
         self.outliers.start()
         if self.keys is not None:
             self.keys.start()
-        if config.discovery == "kubernetes":
-            from tpuserve_router.discovery.kubernetes import ApiServer, PodRules, PodWatcher
-
-            rules = PodRules.from_flags(
-                config.leader_label,
-                config.worker_port,
-                config.worker_url_annotation,
-                self.networks,
-                config.model_label,
-            )
-            namespace = config.namespace or _current_namespace()
-            api = ApiServer.load()
-            self._discovery = PodWatcher(
-                api, namespace, config.selector, rules, self.apply_discovered
-            )
-            self._discovery.start()
-            if config.demand_lease is not None:
-                from tpuserve_router.demand import DemandLease
-
-                forwarder = self.forwarder
-                self._demand = DemandLease(
-                    api,
-                    namespace,
-                    config.demand_lease,
-                    config.demand_interval_seconds,
-                    self.metrics,
-                    lambda: forwarder.in_flight > 0 or forwarder.holds.total > 0,
-                )
-                forwarder.on_arrival = self._demand.arrived
-                self._demand.start()
+        if self.discovery is not None:
+            self.discovery.start()
+            if self.demand is not None:
+                self.demand.start()
         else:
-            self.apply_discovered(static_workers(config.workers))
+            apply_discovered(self.registry, static_workers(config.workers))
         running = len(compiled.loaded())
         path = f"compiled ({running} of {len(compiled.MODULES)} modules)"
         log.info(
@@ -347,12 +457,10 @@ class RouterApp:
         """Stop: no new connections (readiness fails), held requests refused with 503 and
         Retry-After, requests and streams in hand given up to ``drain_seconds`` to finish."""
         self.forwarder.holds.refuse_all("the router is stopping; retry")
-        if self._demand is not None:
-            await self._demand.stop()
-            self._demand = None
-        if self._discovery is not None:
-            await self._discovery.stop()
-            self._discovery = None
+        if self.demand is not None:
+            await self.demand.stop()
+        if self.discovery is not None:
+            await self.discovery.stop()
         for server in self._servers:
             server.close()
         deadline = time.monotonic() + self.config.drain_seconds
@@ -380,15 +488,6 @@ class RouterApp:
             await self.peering.stop()
         if self.kv is not None:
             await self.kv.stop()
-
-    def apply_discovered(self, specs: list[WorkerSpec]) -> None:
-        """Make the discovered workers exactly ``specs`` (admin-added ones stay)."""
-        added, removed = self.registry.sync(specs)
-        if added or removed:
-            log.info("workers added: %s; removed: %s", added or "none", removed or "none")
-
-    def _rejected(self) -> list[RejectedPod]:
-        return self._discovery.rejected if self._discovery is not None else []
 
     # ================================================================== dispatch
 
@@ -522,28 +621,6 @@ class RouterApp:
     def _presented(request: HttpRequest) -> bytes | None:
         return presented_key(request.header(b"authorization"), request.header(b"x-api-key"))
 
-    def _keys_reloaded(self, result: str, count: int) -> None:
-        self.metrics.api_key_reloads.labels(result).inc()
-        self.metrics.api_keys.labels().set(count)
-        if result == "ok" and self.keys is not None:
-            self.forwarder.quotas.keep_only(self.keys.keys)
-
-    def _ejected(self, worker: Ejectable, reason: str) -> None:
-        self.metrics.worker_ejections.labels(worker.name, reason).inc()
-        log.warning(
-            "worker %s ejected (%s) for %.0f s: %d consecutive failures, %d of %d requests "
-            "failed this interval",
-            worker.name,
-            reason,
-            worker.ejected_until - self.outliers.clock(),
-            worker.consecutive_failures,
-            worker.window_failures,
-            worker.window_requests,
-        )
-
-    def _connection_closed(self, reason: str) -> None:
-        self.metrics.connections_closed.labels(reason).inc()
-
     # ================================================================== the router's own state
 
     async def _health(self, request: HttpRequest) -> None:
@@ -572,63 +649,22 @@ class RouterApp:
 
     async def _kv_snapshot(self, request: HttpRequest) -> None:
         """``GET /kv_snapshot``: the block index and event positions, for a peer started late
-        (`kv_events.KvEventHub.snapshot`), as msgpack."""
+        (`kv_snapshot.snapshot_of`), as msgpack."""
         if self.kv is None:
             reject(request, ClientError(409, "this router follows no KV events"), self.metrics,
                    route=ADMIN_ROUTE)  # fmt: skip
             return
-        snapshot = self.kv.snapshot()  # on the loop: the index does not change meanwhile
+        snapshot = snapshot_of(self.kv)  # on the loop: the index does not change meanwhile
         body = await asyncio.to_thread(msgpack.packb, snapshot)  # the big part, off the loop
         request.respond(200, MSGPACK_HEADERS, body)
 
-    def _snapshot_to_give(self) -> dict[str, Any] | None:
-        """This router's KV snapshot for a peer over peering, None when it has none to give
-        (it follows no KV events, or has heard no batch yet)."""
-        if self.kv is None:
-            return None
-        snapshot = self.kv.snapshot()
-        return snapshot if snapshot.get("streams") else None
-
-    async def _seed_from_peer(self) -> None:
-        """Take a peer router's snapshot before any worker is subscribed: from
-        ``--kv-snapshot-from`` when given, else from the peers over peering, all at once.
-        On failure the engines' replay buffers are all the catch-up there is."""
-        config = self.config
-        if config.kv_snapshot_from is not None:
-            await self._seed_from_url(config.kv_snapshot_from)
+    async def _seed(self, seeds: Seeds) -> None:
+        """Take a peer router's KV snapshot: from ``--kv-snapshot-from`` when given, else from
+        the peers over peering, all at once (`kv_snapshot`)."""
+        if self.config.kv_snapshot_from is not None:
+            await seed_from_url(seeds, self.config.kv_snapshot_from, self.config)
         elif self.snapshots is not None and self.peering is not None:
-            peers = [snapshot_endpoint(endpoint) for endpoint in self.peering.subscriptions]
-            if peers and await self.snapshots.take_from(peers, self._seed) is None:
-                log.info("no KV snapshot from any peer: starting from the engines' replay")
-
-    async def _seed(self, body: bytes, source: str) -> None:
-        """Seed the block index from a packed snapshot (ValueError when it cannot be read)."""
-        assert self.kv is not None
-        snapshot = await asyncio.to_thread(unpack_snapshot, body)
-        taken = self.kv.seed(snapshot)
-        log.info("KV snapshot from %s: %d event streams", source, taken)
-
-    async def _seed_from_url(self, url: str) -> None:
-        """``GET URL/kv_snapshot`` with the admin key of ``--kv-snapshot-key-file``, within
-        ``--kv-snapshot-timeout`` and ``--kv-snapshot-max-bytes``."""
-        config = self.config
-        timeout = aiohttp.ClientTimeout(total=config.kv_snapshot_timeout_seconds)
-        try:
-            headers = {}
-            if config.kv_snapshot_key_file is not None:
-                key_file = Path(config.kv_snapshot_key_file)
-                key = await asyncio.to_thread(key_file.read_text, encoding="utf-8")
-                headers["Authorization"] = f"Bearer {key.strip()}"
-            snapshot_url = normalize_worker_url(url)[0] + "/kv_snapshot"
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.get(snapshot_url, headers=headers) as response,
-            ):
-                response.raise_for_status()
-                body = await read_bounded(response, config.kv_snapshot_max_bytes)
-            await self._seed(body, url)
-        except (OSError, aiohttp.ClientError, ValueError) as err:  # OSError: the key file too
-            log.warning("no KV snapshot from %s: %s", url, err or type(err).__name__)
+            await seed_from_peers(seeds, self.snapshots, self.peering.subscriptions)
 
     def _model_cards(self) -> list[dict[str, Any]]:
         """The served models, then each one's loaded LoRA adapters as ``model:adapter`` with
@@ -653,24 +689,6 @@ class RouterApp:
             reject(request, model_not_found(repr(name), served), self.metrics, route="other")
             return
         request.respond(200, JSON_HEADERS, orjson.dumps(card))
-
-    def _worker_states(self) -> list[WorkerState]:
-        return [
-            WorkerState(w.name, w.models, w.healthy, w.own_in_flight) for w in self.registry.workers
-        ]
-
-
-async def read_bounded(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
-    """A response's body, or ValueError once it is longer than ``max_bytes``."""
-    too_long = f"the snapshot is larger than --kv-snapshot-max-bytes {max_bytes}"
-    if (response.content_length or 0) > max_bytes:
-        raise ValueError(too_long)
-    body = bytearray()
-    async for chunk in response.content.iter_chunked(1 << 20):
-        body += chunk
-        if len(body) > max_bytes:
-            raise ValueError(too_long)
-    return bytes(body)
 
 
 def open_file_limit() -> int:

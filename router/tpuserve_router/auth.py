@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 PRIORITIES: Final = ("critical", "high", "normal", "low")
 """Priority classes, most important first; shed in the reverse order (`quotas`)."""
 DEFAULT_PRIORITY: Final = "normal"
-ANONYMOUS: Final = "anonymous"
-"""The tenant of every request when the router has no API keys."""
 OTHER_TENANT: Final = "other"
 MAX_TENANT_LABELS: Final = 100
 MAX_KEYS_FILE_BYTES: Final = 4 * 1024 * 1024
@@ -174,11 +172,11 @@ class KeyStore:
         self,
         path: str,
         reload_seconds: float,
-        on_reload: Callable[[str, int], None] = lambda result, keys: None,
+        on_reload: Callable[[str, Mapping[bytes, ApiKey]], None] = lambda result, keys: None,
     ) -> None:
         self.path = path
         self.reload_seconds = reload_seconds
-        self.on_reload = on_reload  # ("ok" or "failed", keys in force)
+        self.on_reload = on_reload  # ("ok" or "failed", the keys in force)
         self.keys: dict[bytes, ApiKey] = {}
         self._signature: tuple[int, int, int] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -227,10 +225,10 @@ class KeyStore:
             self.load()
         except (OSError, KeysFileError) as err:
             log.error("API keys not reloaded, the %d in force stay: %s", len(self.keys), err)
-            self.on_reload("failed", len(self.keys))
+            self.on_reload("failed", self.keys)
             return
         log.info("API keys reloaded from %s: %d keys", self.path, len(self.keys))
-        self.on_reload("ok", len(self.keys))
+        self.on_reload("ok", self.keys)
 
 
 def presented_key(authorization: bytes | None, api_key: bytes | None) -> bytes | None:

@@ -16,7 +16,6 @@ or a request with several samples is left to SGLang's own disconnect check.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -25,6 +24,8 @@ from typing import Final
 
 import aiohttp
 import orjson
+
+from sglang_tpu.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,4 @@ class Aborter:
             log.info("could not ask worker %s to abort %s: %s", worker, rid, err)
 
     async def stop(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)

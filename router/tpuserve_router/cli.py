@@ -660,10 +660,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve_until_signalled(config: RouterConfig) -> int:
-    from tpuserve_router.app import RouterApp
+    from tpuserve_router.app import create_router_app
 
     raise_open_file_limit()
-    app = RouterApp(config)
+    app = create_router_app(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -13,7 +13,7 @@ from tpuserve_router.workers import WorkerRegistry
 
 @dataclass(frozen=True, slots=True)
 class RouterCore:
-    """What `RouterApp` builds once and hands to admission and forwarding."""
+    """What `app.create_router_app` builds once and hands to admission and forwarding."""
 
     config: RouterConfig
     policy: Policy

@@ -27,7 +27,6 @@ the engine closed the connection) runs as a task, through `poll`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -37,6 +36,7 @@ from typing import Final, cast
 
 import orjson
 
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.load_view import (
     STALE_POLLS,
     clear_peer_load,
@@ -148,12 +148,7 @@ class LoadPoller:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        tasks = list(self._polling.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._polling.values())
         self._polling.clear()
         for conn in self._asking.values():
             cast(_PollConnection, conn).answered = None

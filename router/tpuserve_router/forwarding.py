@@ -8,8 +8,15 @@ first, `adapter_affinity`), ask the policy (503 with Retry-After if none is heal
 it in flight on the chosen worker, send it. A failure before the first byte reaches the
 client is retried on another worker under the one rule of `tpuserve_router.retry`; nothing
 is retried once the client has received bytes. A stream that breaks ends with an SSE error
-event and the connection closes. The in-flight count is decremented in a ``finally``, so it
-returns to zero on every path.
+event and the connection closes.
+
+A try (`Forwarder._attempt`) opens a connection to the worker and sends the request; the
+answer is relayed whole (`_relay_whole`: one of known length, read before anything is sent)
+or streamed (`_relay_stream`: chunked, passed on as it comes). Every way a try can end returns
+a `TryOutcome`, and `_ended` accounts for it in one place, on every path (the client gone
+too): tokens and quota, the abort of what the worker may still be generating, the worker's
+in-flight count and connection, the policy and the peers, the request's series. The router's
+own in-flight count is decremented in a ``finally``, so it too returns to zero on every path.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from tpuserve_router.adapter_affinity import AdapterAffinity
@@ -85,6 +93,48 @@ CLIENT_CLOSED: Final = "499"  # nginx's code for "the client went away first"
 STREAM_ERROR: Final = "stream_error"
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A generation request on its way to a worker: what each try of it sends, and what its
+    answer is counted under."""
+
+    request: HttpRequest
+    route: str
+    parsed: ParsedBody
+    forwarded: bytes
+    """All of the request after its request line and host: the client's headers but the
+    dropped ones, and the body (with the rid the router gave it, if any)."""
+    rid: str | None
+    """What names the request on the worker, to abort it (None: it cannot be named)."""
+    key: ApiKey | None
+    """The client's API key, with the router's own keys."""
+    since: float
+    """Where ``--request-timeout`` runs from: its arrival, or its leaving the hold queue (the
+    time it waited for a worker to exist is not taken from its answer's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TryOutcome:
+    """How one try ended: what `Forwarder._ended` accounts for."""
+
+    attempt: Attempt = ANSWERED
+    status: str = CLIENT_CLOSED
+    """The ``tpuserve_router_requests_total`` status of an answered try."""
+    succeeded: bool = False
+    """The worker answered below 400 (the policy hears it)."""
+    abandoned: str = ""
+    """Why the worker should stop the request, if it should (its abort's reason)."""
+    relayed: bool = False
+    """The worker's whole answer reached the client: its tokens are counted and spent."""
+    usage: TokenCounts | None = None
+
+
+UNFINISHED: Final = TryOutcome()
+"""A try an unexpected error ended: counted as the client's."""
+CLIENT_GONE: Final = TryOutcome(abandoned="client_gone")
+RETRIED: Final = TryOutcome(RETRY)
+
+
 class Forwarder:
     """Routes and proxies generation requests; one per router."""
 
@@ -94,8 +144,17 @@ class Forwarder:
         tokenizer: Tokens | None,
         outliers: OutlierDetector,
         aborter: Aborter,
+        holds: HoldQueues,
+        *,
         keys: KeyStore | None = None,
+        quotas: Quotas | None = None,
+        before_decision: Callable[[], None] | None = None,
+        on_arrival: Callable[[bool], None] | None = None,
     ) -> None:
+        """``holds`` are the hold queues; with ``keys`` (the router's own API keys) a
+        request is admitted by its key and ``quotas``; ``before_decision`` runs before
+        every routing decision (the KV events' due read), ``on_arrival`` on every arrival,
+        told whether it is held (the demand signal)."""
         self.config = config = core.config
         self.policy = policy = core.policy
         self.registry = registry = core.registry
@@ -115,12 +174,11 @@ class Forwarder:
         self.keys = keys
         # With the router's own keys, a client's key is the router's business: not the workers'.
         self._not_forwarded = HOP_BY_HOP if keys is None else HOP_BY_HOP | CREDENTIALS
-        self.quotas = Quotas()
-        self.holds = HoldQueues(config.hold_max_requests, config.hold_max_seconds, metrics)
+        self.quotas = quotas if quotas is not None else Quotas()
+        self.holds = holds
         self.hold_models = frozenset(config.hold_models)
-        self.on_arrival: Callable[[bool], None] | None = None  # the demand signal, if any
-        # what must run before a routing decision: the KV events' due read, if any
-        self.before_decision: Callable[[], None] | None = None
+        self.on_arrival = on_arrival
+        self.before_decision = before_decision
         self._shed_at = in_flight_limits(config.max_in_flight)
         self.budget = RetryBudget(
             config.retry_budget_percent,
@@ -212,7 +270,10 @@ class Forwarder:
             if parsed.single and rid is None:
                 rid = new_rid()
                 body = with_rid(body, rid)
-            forwarded = _forwarded_headers(request, body, self._not_forwarded)
+            routed = Routed(
+                request, route, parsed, _forwarded_headers(request, body, self._not_forwarded),
+                rid, key, since,
+            )  # fmt: skip
             excluded: list[Worker] = []
             policy = self.policy
             if self.before_decision is not None:
@@ -241,10 +302,7 @@ class Forwarder:
                     self.peers.routed(decision)
                 if served.adapter is not None:
                     self.affinity.routed(served.adapter, decision.worker.name)
-                attempt = await self._attempt(
-                    request, route, parsed, decision, forwarded, rid, retries, others, key, since
-                )
-                if attempt is ANSWERED:
+                if await self._attempt(routed, decision, retries, others) is ANSWERED:
                     return
                 if not retries:
                     self.budget.active += 1  # held until the request ends
@@ -299,161 +357,184 @@ class Forwarder:
         )
 
     async def _attempt(
-        self,
-        request: HttpRequest,
-        route: str,
-        parsed: ParsedBody,
-        decision: Decision[Worker],
-        headers_and_body: bytes,
-        rid: str | None,
-        retries: int,
-        candidates: list[Worker],
-        key: ApiKey | None,
-        since: float,
+        self, routed: Routed, decision: Decision[Worker], retries: int, candidates: list[Worker]
     ) -> Attempt:
-        """One try on the decided worker, after ``retries`` earlier ones; ``candidates``
-        are the workers this try could have gone to (a retry picks among the others).
-        ``headers_and_body`` follow the request line and host; ``rid`` names the request
-        on the worker (to abort it), if it can be named; ``key`` is the client's API key;
-        ``--request-timeout`` runs from ``since`` (its arrival, or its leaving the hold
-        queue: the time it waited for a worker to exist is not taken from its answer's)."""
+        """One try on the decided worker, after ``retries`` earlier ones; ``candidates`` are
+        the workers this try could have gone to (a retry picks among the others). Each way
+        it can go returns a `TryOutcome`, which `_ended` accounts for, whatever the path."""
         worker = decision.worker
-        policy = self.policy
+        pool: UpstreamPool = worker.pool
+        parsed = routed.parsed
         model = parsed.model
-        stream = parsed.stream
         if not model and worker.models:
             model = worker.models[0]
-        pool: UpstreamPool = worker.pool
-        upstream: UpstreamConnection | None = None
-        succeeded = False
-        result: Attempt = ANSWERED
-        status_label = CLIENT_CLOSED  # the requests_total status, unless retried
-        sent = False
-        abandoned = ""  # why the worker should stop this request (ABORT_REASONS), if it should
         first_byte = self.first_byte.seconds(
-            parsed.prompt_tokens, parsed.max_new_tokens, stream, worker.in_flight
+            parsed.prompt_tokens, parsed.max_new_tokens, parsed.stream, worker.in_flight
         )
         worker.in_flight += 1
+        upstream: UpstreamConnection | None = None
+        outcome = UNFINISHED
         try:
-            payload = _upstream_request(request, pool.host_header, headers_and_body)
-            try:
-                sent = True
-                upstream = await pool.open(
-                    lambda conn: self._send(conn, payload, since, first_byte)
-                )
-            except UpstreamError as err:
-                abandoned = _abandoned(err)
-                if self._failed_before_answer(err, worker, retries, candidates):
-                    result = RETRY
-                    return result
-                if err.reason in TIMEOUTS:
-                    status_label = "504"
-                    reply_error(
-                        request,
-                        ClientError(
-                            504, f"worker did not answer: {err.detail}", error_type="timeout"
-                        ),
-                    )
-                    return result
-                status_label = "502"
-                reply_error(
-                    request,
-                    ClientError(
-                        502, f"worker unavailable: {err.detail}", error_type="upstream_error"
-                    ),
-                )
-                return result
+            payload = _upstream_request(routed.request, pool.host_header, routed.forwarded)
+            upstream = await pool.open(
+                lambda conn: self._send(conn, payload, routed.since, first_byte)
+            )
             status = upstream.status
             if status in RETRYABLE_STATUSES and self._retry(True, retries, worker, candidates):
-                self.metrics.upstream_errors.labels(worker.name, "retryable_status").inc()
-                if status >= 500:
-                    self.outliers.failed(worker)
-                result = RETRY
-                return result
-            headers = _response_headers(upstream.headers)
-            usage: TokenCounts | None
-            if upstream.header(b"content-length") is not None or not _is_chunked(upstream):
-                try:
-                    body = await upstream.read_all()
-                except UpstreamError as err:
-                    abandoned = _abandoned(err)
-                    if self._failed_before_answer(err, worker, retries, candidates):
-                        result = RETRY
-                        return result
-                    code = 504 if err.reason == "request_timeout" else 502
-                    status_label = str(code)
-                    reply_error(
-                        request,
-                        ClientError(
-                            code,
-                            f"worker failed mid-response: {err.detail}",
-                            error_type="upstream_error",
-                        ),
-                    )
-                    return result
-                self._prefill_done(decision)
-                request.respond(status, headers, body)
-                usage = usage_from_body(body) if status == 200 else None
+                outcome = self._refused(worker, status)
+            elif upstream.header(b"content-length") is not None or not _is_chunked(upstream):
+                outcome = await self._relay_whole(routed, decision, upstream, retries, candidates)
             else:
-                request.start_chunked(status, headers)
-                upstream.watch_progress()
-                first = True
-                before = last = b""
-                try:
-                    while True:
-                        data = await upstream.read()
-                        if not data:
-                            break
-                        if first:
-                            first = False
-                            self._prefill_done(decision)
-                            if stream:
-                                self._ttft(model).observe(time.monotonic() - request.arrived)
-                        request.write_chunk(data)
-                        before, last = last, data
-                        if request.write_paused:
-                            await request.drain()
-                except UpstreamError as err:
-                    abandoned = _abandoned(err)
-                    self._worker_failed(worker, err.reason)
-                    what = "stalled" if err.reason == "stream_stalled" else "broke"
-                    request.write_chunk(
-                        sse_error_event(f"the worker's stream {what}: {err.detail}")
-                    )
-                    request.end_chunked(keep_alive=False)
-                    status_label = STREAM_ERROR
-                    return result
-                request.end_chunked()
-                usage = usage_from_stream_tail(before + last) if status == 200 else None
-            succeeded = status < 400
-            if status < 500:
-                self.outliers.succeeded(worker)
-            else:
-                self._worker_failed(worker, "server_error")
-            status_label = str(status)
-            if usage is not None:
-                self._account(usage, decision, model, worker.name)
-            if key is not None:
-                self._spend(key, usage, parsed)
-            return result
+                outcome = await self._relay_stream(routed, decision, upstream, model)
+        except UpstreamError as err:  # from `open`: no answer came
+            outcome = self._unanswered(routed, err, worker, retries, candidates)
         except asyncio.CancelledError:  # the client went away (or stopped reading)
-            abandoned = "client_gone"
+            outcome = CLIENT_GONE
             raise
         finally:
-            if abandoned and rid is not None and sent and (upstream is None or not upstream.done):
-                self.aborter.abort(worker.name, rid, abandoned)
-            worker.in_flight -= 1
-            if upstream is not None:
-                pool.release(upstream)
-            policy.on_request_done(decision, succeeded)
-            if self.peers is not None:
-                self.peers.ended(decision)
-            if result is ANSWERED:
-                self._requests(model, worker.name, route, status_label).inc()
-                if key is not None:
-                    self._tenant_requests(key.label, key.priority, status_label).inc()
-                if status_label != CLIENT_CLOSED:
-                    self._e2e(model, route).observe(time.monotonic() - request.arrived)
+            self._ended(routed, decision, model, upstream, outcome)
+        return outcome.attempt
+
+    def _unanswered(
+        self,
+        routed: Routed,
+        err: UpstreamError,
+        worker: Worker,
+        retries: int,
+        candidates: list[Worker],
+    ) -> TryOutcome:
+        """The worker gave no answer (refused, dropped, or timed out before its head): another
+        worker takes the request, or the client gets 504 (a timeout) or 502."""
+        abandoned = _abandoned(err)
+        if self._failed_before_answer(err, worker, retries, candidates):
+            return TryOutcome(RETRY, abandoned=abandoned)
+        if err.reason in TIMEOUTS:
+            message = f"worker did not answer: {err.detail}"
+            reply_error(routed.request, ClientError(504, message, error_type="timeout"))
+            return TryOutcome(status="504", abandoned=abandoned)
+        message = f"worker unavailable: {err.detail}"
+        reply_error(routed.request, ClientError(502, message, error_type="upstream_error"))
+        return TryOutcome(status="502", abandoned=abandoned)
+
+    def _refused(self, worker: Worker, status: int) -> TryOutcome:
+        """The worker answered 429 or 5xx (`RETRYABLE_STATUSES`), and another worker takes the
+        request; the answer is dropped."""
+        self.metrics.upstream_errors.labels(worker.name, "retryable_status").inc()
+        if status >= 500:
+            self.outliers.failed(worker)
+        return RETRIED
+
+    async def _relay_whole(
+        self,
+        routed: Routed,
+        decision: Decision[Worker],
+        upstream: UpstreamConnection,
+        retries: int,
+        candidates: list[Worker],
+    ) -> TryOutcome:
+        """An answer of known length (or read to the connection's close) is read whole, then
+        sent in one piece: until then nothing reached the client, so a failure reading it
+        may still go to another worker."""
+        worker = decision.worker
+        try:
+            body = await upstream.read_all()
+        except UpstreamError as err:
+            abandoned = _abandoned(err)
+            if self._failed_before_answer(err, worker, retries, candidates):
+                return TryOutcome(RETRY, abandoned=abandoned)
+            code = 504 if err.reason == "request_timeout" else 502
+            message = f"worker failed mid-response: {err.detail}"
+            reply_error(routed.request, ClientError(code, message, error_type="upstream_error"))
+            return TryOutcome(status=str(code), abandoned=abandoned)
+        self._prefill_done(decision)
+        status = upstream.status
+        routed.request.respond(status, _response_headers(upstream.headers), body)
+        return self._relayed(worker, status, usage_from_body(body) if status == 200 else None)
+
+    async def _relay_stream(
+        self,
+        routed: Routed,
+        decision: Decision[Worker],
+        upstream: UpstreamConnection,
+        model: str,
+    ) -> TryOutcome:
+        """A chunked answer is passed on chunk by chunk as it comes. The client has bytes from
+        the first one: a failure after it is never retried, it ends the stream with an SSE
+        error event and closes the connection."""
+        request = routed.request
+        status = upstream.status
+        request.start_chunked(status, _response_headers(upstream.headers))
+        upstream.watch_progress()
+        first = True
+        before = last = b""
+        try:
+            while True:
+                data = await upstream.read()
+                if not data:
+                    break
+                if first:
+                    first = False
+                    self._prefill_done(decision)
+                    if routed.parsed.stream:
+                        self._ttft(model).observe(time.monotonic() - request.arrived)
+                request.write_chunk(data)
+                before, last = last, data
+                if request.write_paused:
+                    await request.drain()
+        except UpstreamError as err:
+            self._worker_failed(decision.worker, err.reason)
+            what = "stalled" if err.reason == "stream_stalled" else "broke"
+            request.write_chunk(sse_error_event(f"the worker's stream {what}: {err.detail}"))
+            request.end_chunked(keep_alive=False)
+            return TryOutcome(status=STREAM_ERROR, abandoned=_abandoned(err))
+        request.end_chunked()
+        usage = usage_from_stream_tail(before + last) if status == 200 else None
+        return self._relayed(decision.worker, status, usage)
+
+    def _relayed(self, worker: Worker, status: int, usage: TokenCounts | None) -> TryOutcome:
+        """The worker's whole answer reached the client; a 5xx one counts against it."""
+        if status < 500:
+            self.outliers.succeeded(worker)
+        else:
+            self._worker_failed(worker, "server_error")
+        return TryOutcome(status=str(status), succeeded=status < 400, relayed=True, usage=usage)
+
+    def _ended(
+        self,
+        routed: Routed,
+        decision: Decision[Worker],
+        model: str,
+        upstream: UpstreamConnection | None,
+        outcome: TryOutcome,
+    ) -> None:
+        """Account for a try, however it ended: the answer's tokens (and the client's
+        quota), the worker asked to stop what it may still be generating, its in-flight
+        count and connection given back, the policy and the peers told, and an answered
+        request counted."""
+        worker = decision.worker
+        key = routed.key
+        if outcome.relayed:
+            if outcome.usage is not None:
+                self._account(outcome.usage, decision, model, worker.name)
+            if key is not None:
+                self._spend(key, outcome.usage, routed.parsed)
+        rid = routed.rid
+        if outcome.abandoned and rid is not None and (upstream is None or not upstream.done):
+            self.aborter.abort(worker.name, rid, outcome.abandoned)
+        worker.in_flight -= 1
+        if upstream is not None:
+            pool: UpstreamPool = worker.pool
+            pool.release(upstream)
+        self.policy.on_request_done(decision, outcome.succeeded)
+        if self.peers is not None:
+            self.peers.ended(decision)
+        if outcome.attempt is ANSWERED:
+            status = outcome.status
+            self._requests(model, worker.name, routed.route, status).inc()
+            if key is not None:
+                self._tenant_requests(key.label, key.priority, status).inc()
+            if status != CLIENT_CLOSED:
+                self._e2e(model, routed.route).observe(time.monotonic() - routed.request.arrived)
 
     def _prefill_done(self, decision: Decision[Worker]) -> None:
         """The first byte came back: the policy's booked prefill is released, here and at

@@ -25,7 +25,6 @@ aiohttp's session stays for the look-ups at admission (`get_json`) and for abort
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,7 @@ from typing import Final
 
 import aiohttp
 
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.workers import Worker, WorkerRegistry
 
@@ -83,12 +83,7 @@ class HealthChecker:
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([self._loop_task, *self._tasks])
         if self._session is not None:
             await self._session.close()
             self._session = None

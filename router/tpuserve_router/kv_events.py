@@ -26,15 +26,11 @@ the index can still trust:
   engine is known empty;
 - the first batch seen with a number above 0 and no catch-up yet: replay from 0.
 
-A replay buffer holds the last batches only (SGLang keeps 10,000), and a block whose parent
-the index never saw cannot be placed, so a replica started after the buffer wrapped would
-never learn the prefixes stored before it (a hot system prompt is stored once). Such a
-replica starts from a peer router's *snapshot* (``--kv-snapshot-from``; `snapshot`,
-`seed`): per stream, the engine hash -> router key entries and the next sequence number;
-the subscription then replays only from that number. If the engine no longer holds the
-batches since, the usual gap rule drops the snapshot; if it no longer holds the snapshot's
-last batch nor any later one (it restarted meanwhile, busy or idle), the snapshot's blocks
-are dropped (``engine_restart``) and the stream is replayed from 0.
+A replica started after an engine's replay buffer wrapped starts a stream from a peer
+router's snapshot instead (`tpuserve_router.kv_snapshot`: the hub asks it where each new
+stream starts) and replays only from the snapshot's batch number; a seeded stream whose engine
+no longer holds the snapshot's last batch nor any later one (it restarted meanwhile) drops the
+snapshot's blocks (``engine_restart``) and is replayed from 0.
 
 ``AllBlocksCleared`` (the engine's cache was flushed) drops everything that stream held.
 Each of these is counted in the ``tpuserve_router_kv_event_*`` series. A message or event
@@ -48,8 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import zmq
@@ -67,6 +62,7 @@ from sglang_tpu.kv_events import (
     parse_replay_reply,
     replay_request,
 )
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.kv_publishers import Endpoints
 from tpuserve_router.metrics import RouterMetrics
@@ -124,45 +120,6 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
 _SEQ_END = 1 << 64
 """Past the last batch number (8 bytes, unsigned)."""
-
-
-SNAPSHOT_FORMAT = "tpuserve-kv-snapshot-1"
-"""Names the snapshot's layout and its router keys (`block_index.block_keys`): a router
-takes only snapshots of its own format."""
-
-
-@dataclass(frozen=True)
-class _Seed:
-    """One stream of a peer's snapshot, waiting for its subscription."""
-
-    worker: str
-    rank: int
-    events: str
-    seq: int
-    blocks: list[tuple[int, int | None]]
-
-
-MAX_PAGE_SIZE = 1 << 20
-
-
-def _int_within(value: object, low: int, high: int, what: str, kind: str) -> int:
-    """A snapshot's number, refused (naming ``what`` and ``kind``) unless in ``[low, high)``."""
-    number: int = int(value)  # type: ignore[call-overload]
-    if not low <= number < high:
-        raise ValueError(f"{what} {number} is not a {kind}")
-    return number
-
-
-def _snapshot_block(block: Any) -> tuple[int, int | None]:
-    """A snapshot's (engine block hash, router key or None): a 64-bit engine hash, signed
-    (SGLang) or not, and a key as `block_index.block_keys` gives them (signed 64-bit)."""
-    engine_hash, key = block
-    return (
-        _int_within(engine_hash, -(1 << 63), 1 << 64, "engine block hash", "64-bit integer"),
-        None
-        if key is None
-        else _int_within(key, -(1 << 63), 1 << 63, "router key", "signed 64-bit integer"),
-    )
 
 
 class _Subscription:
@@ -227,11 +184,7 @@ class _Subscription:
             for t in (self.task, self.monitor_task, self.retry_task)
             if t is not None and not t.done()
         ]:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(tasks)
         if self.subscriber is not None:
             return
         with contextlib.suppress(zmq.ZMQError):
@@ -532,14 +485,19 @@ class _Subscription:
 class KvEventHub:
     """Owns every worker's subscriptions; the app calls ``watch``/``unwatch`` as workers change."""
 
-    def __init__(self, index: BlockIndex, metrics: RouterMetrics) -> None:
+    def __init__(
+        self,
+        index: BlockIndex,
+        metrics: RouterMetrics,
+        resume: Callable[[_Subscription], None] | None = None,
+    ) -> None:
         self.index = index
         self.metrics = metrics
+        self.resume = resume  # where a new stream starts: a peer's snapshot may say
         self.context = zmq.asyncio.Context()  # replay sockets, and streams other than tcp://
         self.readers = SubscriberGroup(READ_INTERVAL_SECONDS, READ_BACKSTOP_SECONDS)
         self._subscriptions: dict[str, tuple[_Subscription, ...]] = {}
         self._logged: set[tuple[str, str]] = set()
-        self._seeds: dict[tuple[str, int], _Seed] = {}
 
     def endpoints(self, worker: str) -> tuple[Endpoints, ...]:
         return tuple(sub.endpoints for sub in self._subscriptions.get(worker, ()))
@@ -547,6 +505,10 @@ class KvEventHub:
     def subscriptions(self, worker: str) -> tuple[_Subscription, ...]:
         """The worker's streams (one per DP rank), empty when it is not subscribed."""
         return self._subscriptions.get(worker, ())
+
+    def streams(self) -> list[_Subscription]:
+        """Every worker's streams."""
+        return [sub for subs in self._subscriptions.values() for sub in subs]
 
     async def watch(self, worker: str, endpoints: Sequence[Endpoints]) -> None:
         """Subscribe to the worker's streams (again, if they changed)."""
@@ -562,8 +524,9 @@ class KvEventHub:
         )
         self._subscriptions[worker] = subscriptions
         self.index.mark_event_feed(worker)
-        for subscription in subscriptions:
-            self._start_from_seed(subscription)
+        if self.resume is not None:
+            for subscription in subscriptions:
+                self.resume(subscription)
         for subscription in subscriptions:
             subscription.start()
         log.info(
@@ -580,60 +543,6 @@ class KvEventHub:
             await self.unwatch(worker)
         self.readers.close()
         self.context.term()
-
-    def snapshot(self) -> dict[str, Any]:
-        """What this router knows of every stream it follows, for a peer started late: the
-        index's entries and the next batch number (`SNAPSHOT_FORMAT`)."""
-        streams = [
-            {"worker": worker, "rank": sub.rank, "events": sub.endpoints.events,
-             "seq": sub.expected, "blocks": self.index.stream_blocks(worker, sub.rank)}
-            for worker, subs in self._subscriptions.items()
-            for sub in subs
-            if sub.expected is not None
-        ]  # fmt: skip
-        return {"format": SNAPSHOT_FORMAT, "page_size": self.index.page_size, "streams": streams}
-
-    def seed(self, snapshot: object) -> int:
-        """Keep a peer's snapshot until the streams it describes are subscribed; the number
-        of streams taken. Raises ValueError naming what is wrong with it."""
-        if not isinstance(snapshot, dict) or snapshot.get("format") != SNAPSHOT_FORMAT:
-            raise ValueError(f"KV snapshot: 'format' must be {SNAPSHOT_FORMAT!r}")
-        page_size = snapshot.get("page_size")
-        if not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE:
-            raise ValueError(
-                f"KV snapshot: page_size {page_size!r}; allowed: an integer from 1 to "
-                f"{MAX_PAGE_SIZE}"
-            )
-        streams = snapshot.get("streams")
-        if not isinstance(streams, list):
-            raise ValueError("KV snapshot: 'streams' must be a list")
-        seeds: dict[tuple[str, int], _Seed] = {}
-        for i, stream in enumerate(streams):
-            try:
-                seed = _Seed(
-                    str(stream["worker"]), int(stream["rank"]), str(stream["events"]),
-                    int(stream["seq"]),
-                    [_snapshot_block(block) for block in stream["blocks"]],
-                )  # fmt: skip
-            except (KeyError, TypeError, ValueError) as err:
-                raise ValueError(f"KV snapshot: streams[{i}] is malformed: {err!r}") from None
-            seeds[(seed.worker, seed.rank)] = seed
-        if not self.index.page_size_learned:
-            self.index.page_size = page_size
-        self._seeds.update(seeds)
-        return len(seeds)
-
-    def _start_from_seed(self, sub: _Subscription) -> None:
-        seed = self._seeds.pop((sub.worker, sub.rank), None)
-        if seed is None or seed.events != sub.endpoints.events or sub.expected is not None:
-            return
-        self.index.load_stream(sub.worker, sub.rank, seed.blocks)
-        sub.expected = seed.seq
-        sub.seeded = True
-        log.info(
-            "%s: %d blocks from a peer router's snapshot, replaying from batch %d",
-            sub.label, len(seed.blocks), seed.seq,
-        )  # fmt: skip
 
     def resync(self, worker: str, reason: str, rank: int | None = None) -> None:
         """Drop what the index knows of the worker (of one DP rank's stream, given ``rank``)."""

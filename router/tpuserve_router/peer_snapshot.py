@@ -1,7 +1,7 @@
 """KV snapshots between router replicas over peering: a replica started late asks its peers.
 
 With ``--peer-port P`` the router also binds a ZMQ ROUTER socket on port ``P + 1``
-(`snapshot_port`) and answers there with its block index (`kv_events.KvEventHub.snapshot`,
+(`snapshot_port`) and answers there with its block index (`kv_snapshot.snapshot_of`,
 built on the event loop, linear in the index's size, then packed with msgpack off it). The
 packed snapshot is kept for `CACHE_SECONDS` and given to every asker meanwhile, so however
 many ask, the index is built and packed at most once per `CACHE_SECONDS`. A starting router
@@ -13,7 +13,7 @@ to whatever reaches the pod) and a snapshot holds block hashes, no prompt text.
 
 Wire (a REQ socket asks, the ROUTER answers): the request is `REQUEST` and the most bytes
 the asker takes (decimal ASCII); the answer is `SNAPSHOT` and the msgpack snapshot (opaque
-here: `KvEventHub.seed` reads it, after `unpack_snapshot`), `NONE` when this router has
+here: `kv_snapshot.Seeds.take` reads it, after `unpack_snapshot`), `NONE` when this router has
 nothing to give (it follows no KV events, or has not heard any batch yet: a replica just
 started), `TOO_LARGE` and the snapshot's size in bytes, or `UNKNOWN` for a request it cannot
 read. The asker also sets ``MAXMSGSIZE``, so a peer ignoring the bound is cut off rather
@@ -23,7 +23,6 @@ than read.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +32,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.peers import bind_or_refuse, peer_endpoint
 
 log = logging.getLogger(__name__)
@@ -129,11 +129,8 @@ class SnapshotService:
         self._task = asyncio.get_running_loop().create_task(self._serve(server))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait([self._task])
+        self._task = None
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None

@@ -37,6 +37,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.peer_view import (
     HELLO_SECONDS,
@@ -166,9 +167,7 @@ class _Subscription:
     async def stop(self) -> None:
         self._stopped = True
         self.loop.remove_reader(self.fd)
-        self.monitor_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.monitor_task
+        await cancel_and_wait([self.monitor_task])
         with contextlib.suppress(zmq.ZMQError):
             self.socket.disable_monitor()
         self.socket.close(linger=0)
@@ -305,11 +304,7 @@ class PeerNetwork:
         )
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         for endpoint in list(self.subscriptions):
             await self._unsubscribe(endpoint)

@@ -54,7 +54,6 @@ class PrefixTree:
         self._tick = 0
         self._seq = 0  # heap tie-breaker, so entries never compare nodes
         self.node_count = 0
-        self.evicted_chars = 0
 
     # ------------------------------------------------------------------ queries
 
@@ -219,7 +218,6 @@ class PrefixTree:
             leaves.discard(node)
             del node.tenants[tenant]
             state.chars -= len(node.text)
-            self.evicted_chars += len(node.text)
             parent = node.parent
             assert parent is not None
             if parent is not root and not _has_child_with(parent, tenant):

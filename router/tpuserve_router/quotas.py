@@ -34,7 +34,6 @@ PRIORITY_SHARES: Final[Mapping[str, float]] = {
     "low": 0.7,
 }
 assert tuple(PRIORITY_SHARES) == PRIORITIES
-RATE_LIMITS: Final = ("requests", "tokens")
 
 
 def in_flight_limits(max_in_flight: int) -> dict[str, int]:
@@ -68,7 +67,7 @@ class Bucket:
 class Refusal:
     """Why a key's request was refused, and the headers that say so."""
 
-    limit: str  # one of RATE_LIMITS
+    limit: str  # "requests" or "tokens"
     per_minute: int
     retry_after_seconds: float
 

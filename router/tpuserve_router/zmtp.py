@@ -28,13 +28,13 @@ are read this way (the router's subscriptions to other transports keep libzmq).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
 
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router._native import ZmtpReader
 
 log = logging.getLogger(__name__)
@@ -264,11 +264,8 @@ class ZmtpSubscriber:
         self._task = self._loop.create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait([self._task])
+        self._task = None
         self._drop()
 
     async def _run(self) -> None:

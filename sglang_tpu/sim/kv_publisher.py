@@ -15,7 +15,6 @@ block SGLang's ``/server_info`` carries for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -36,6 +35,7 @@ from sglang_tpu.kv_events import (
     pub_frames,
     replay_reply,
 )
+from sglang_tpu.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +153,8 @@ class KVEventPublisher:
             await sock.send_multipart(replay_reply(client, topic, END_SEQ, b"", wire))
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait([self._task])
+        self._task = None
         self._pub.close(linger=0)
         if self._replay is not None:
             self._replay.close(linger=0)

@@ -31,10 +31,6 @@ CRD_GROUP = "leaderworkerset.x-k8s.io"
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_YAML_LOADER)
-
-
 def crd_paths(lws_module_dir: Path) -> list[Path]:
     """All CRD bases (LeaderWorkerSet and the DisaggregatedSet kinds its manager watches)."""
     return sorted((lws_module_dir / "config" / "crd" / "bases").glob("*.yaml"))

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from sglang_tpu import cli_types
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve.up.errors import UpError
 from tpuserve.up.fleet import (
     Child,
@@ -233,9 +234,7 @@ async def up(args: argparse.Namespace, status: StatusLines) -> int:
             await stop.wait()
         else:
             await _run_load(args, base, model, stop, status, console)
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+        await cancel_and_wait([watch])
         dead = exited(children)
         if dead:
             console.print(f"[red]stopped because {', '.join(dead)} exited[/red]")

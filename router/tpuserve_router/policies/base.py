@@ -301,7 +301,6 @@ def loads_imbalanced(loads: Sequence[int], abs_threshold: int, rel_threshold: fl
 
 # ----------------------------------------------------------------------------- registry
 
-PolicyFactory = Callable[..., Policy]
 _REGISTRY: dict[str, type[Any]] = {}
 
 P = TypeVar("P", bound=type[Any])

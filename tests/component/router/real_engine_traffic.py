@@ -20,6 +20,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from sglang_tpu.tasks import cancel_and_wait
 from sglang_tpu.tokenizer import Tokenizer, load_tokenizer
 from tests.component.router.router_fleet import start_router, wait_ready
 from tests.real_sglang import RealEngine
@@ -120,10 +121,7 @@ class EngineEventFeed:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait([self._task])
         self._context.destroy(linger=0)
 
     async def _read(self, socket: zmq.asyncio.Socket) -> None:

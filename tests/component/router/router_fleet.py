@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.waiting import eventually, eventually_async
 from tpuserve.cluster.ports import free_port
-from tpuserve_router.app import RouterApp
+from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
 
 ENTRY = "import sys; from tpuserve.cli import main; sys.exit(main())"
@@ -142,7 +142,7 @@ def start_engines(n: int, args: Sequence[str] = (), kv_events: bool = True) -> l
 
 
 async def start_router(config: RouterConfig) -> RouterApp:
-    app = RouterApp(config.replace(host="127.0.0.1", port=0), registry=CollectorRegistry())
+    app = create_router_app(config.replace(host="127.0.0.1", port=0), registry=CollectorRegistry())
     await app.start()
     return app
 

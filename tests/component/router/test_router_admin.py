@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tpuserve_router.app import RouterApp
+from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.component
 
 @pytest.fixture
 async def router() -> AsyncIterator[RouterApp]:
-    app = RouterApp(
+    app = create_router_app(
         RouterConfig(host="127.0.0.1", port=0, health_check_interval_seconds=0),
         registry=CollectorRegistry(),
     )

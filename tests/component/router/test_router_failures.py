@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 
+from sglang_tpu.tasks import cancel_and_wait
 from tests.component.engine.engine_process import running_requests
 from tests.component.router.router_fleet import (
     MODEL,
@@ -95,9 +96,7 @@ async def cancel_mid_stream(oa: openai.AsyncOpenAI, prompt: str, max_tokens: int
         task.result()  # the stream failed or ended before it could be cancelled: say why
         raise AssertionError("the stream ended before it could be cancelled mid-way")
     assert first_chunk.is_set(), "no first chunk within 10 s"
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait([task])
 
 
 def all_idle(app: RouterApp) -> bool:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.fakes import STUB_COMPLETION, STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
-from tpuserve_router.app import RouterApp
+from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.request_body import GENERATION_ROUTES
 
@@ -78,7 +78,7 @@ async def complete(session: aiohttp.ClientSession, app: RouterApp) -> int:
 async def test_a_request_the_worker_read_is_not_resent_to_it() -> None:
     worker = HalfAnsweringWorker()
     url = await worker.start()
-    app = RouterApp(
+    app = create_router_app(
         RouterConfig(host="127.0.0.1", port=0, workers=(url,), health_check_interval_seconds=0.05),
     )
     await app.start()

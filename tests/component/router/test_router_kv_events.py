@@ -41,11 +41,8 @@ from tests.waiting import eventually_async
 from tpuserve_router import kv_events
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.kv_events import (
-    DRAIN_MAX_MESSAGES,
-    RECEIVE_HIGH_WATER_MARK,
-    SNAPSHOT_FORMAT,
-)
+from tpuserve_router.kv_events import DRAIN_MAX_MESSAGES, RECEIVE_HIGH_WATER_MARK
+from tpuserve_router.kv_snapshot import SNAPSHOT_FORMAT
 from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
 
 pytestmark = pytest.mark.component
@@ -321,8 +318,8 @@ async def publishing_router(
     )
     app = await start_router(config)
     if snapshot is not None:
-        assert app.kv is not None
-        app.kv.seed(snapshot)
+        assert app.seeds is not None
+        app.seeds.take(snapshot)
     try:
         async with aiohttp.ClientSession() as session:
             body = {"url": engine.url, "kv_events_endpoint": publisher.endpoint,

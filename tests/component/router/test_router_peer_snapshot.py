@@ -2,7 +2,7 @@
 answer within the asker's size bound, one too large refused by the peer or cut off by the
 asker, an answer no router could have sent, peers asked all at once and the first snapshot
 that can be read taken (a silent peer does not hold the start, a snapshot msgpack cannot read
-is skipped); and the HTTP snapshot's size bound (`app.read_bounded`)."""
+is skipped); and the HTTP snapshot's size bound (`kv_snapshot.read_bounded`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from tpuserve.cluster.ports import free_port_pair
-from tpuserve_router.app import read_bounded
+from tpuserve_router.kv_snapshot import read_bounded
 from tpuserve_router.peer_snapshot import SnapshotError, SnapshotService, unpack_snapshot
 from tpuserve_router.peers import peer_endpoint
 

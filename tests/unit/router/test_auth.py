@@ -14,7 +14,7 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tpuserve_router.app import RouterApp
+from tpuserve_router.app import create_router_app
 from tpuserve_router.auth import (
     MAX_TENANT_LABELS,
     OTHER_TENANT,
@@ -102,7 +102,7 @@ def test_the_store_rereads_a_changed_file_and_keeps_its_keys_on_a_bad_one(
 ) -> None:
     results: list[tuple[str, int]] = []
     path = keys_file(tmp_path, {"key": KEY, "tenant": "acme"})
-    store = KeyStore(str(path), 10, lambda result, n: results.append((result, n)))
+    store = KeyStore(str(path), 10, lambda result, keys: results.append((result, len(keys))))
     assert store.authenticate(KEY.encode()) is not None
     assert store.authenticate(KEY.encode() + b"x") is None
     assert store.authenticate(None) is None
@@ -165,7 +165,7 @@ class FakeTransport:
     ("peer", "refused"), [("127.0.0.1", False), ("::1", False), ("10.0.0.5", True)]
 )
 async def test_by_default_only_this_host_may_use_the_admin_api(peer: str, refused: bool) -> None:
-    app = RouterApp(RouterConfig(), registry=CollectorRegistry())
+    app = create_router_app(RouterConfig(), registry=CollectorRegistry())
     conn = HttpConnection(app._handle, app.limits, app.book, asyncio.get_running_loop())
     conn.transport = cast(asyncio.Transport, FakeTransport((peer, 40000)))
     request = HttpRequest(conn, b"GET", b"/workers", [], b"", True, 0.0)

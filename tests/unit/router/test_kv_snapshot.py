@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from tpuserve_router.block_index import BlockIndex
-from tpuserve_router.kv_events import SNAPSHOT_FORMAT, KvEventHub
-from tpuserve_router.metrics import create_router_metrics
+from tpuserve_router.kv_snapshot import SNAPSHOT_FORMAT, Seeds
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
-def hub() -> Iterator[KvEventHub]:
-    hub = KvEventHub(BlockIndex(page_size=16), create_router_metrics(CollectorRegistry()))
-    yield hub
-    hub.context.term()
+def seeds() -> Seeds:
+    return Seeds(BlockIndex(page_size=16))
 
 
 def snapshot(**changes: Any) -> dict[str, Any]:
@@ -28,9 +23,9 @@ def snapshot(**changes: Any) -> dict[str, Any]:
     return {"format": SNAPSHOT_FORMAT, "page_size": 32, "streams": [stream], **changes}
 
 
-def test_a_snapshot_is_kept_for_its_streams_and_teaches_the_page_size(hub: KvEventHub) -> None:
-    assert hub.seed(snapshot()) == 1
-    assert hub.index.page_size == 32  # no event has told it yet: the peer's is right
+def test_a_snapshot_is_kept_for_its_streams_and_teaches_the_page_size(seeds: Seeds) -> None:
+    assert seeds.take(snapshot()) == 1
+    assert seeds.index.page_size == 32  # no event has told it yet: the peer's is right
 
 
 @pytest.mark.parametrize(
@@ -53,8 +48,8 @@ def test_a_snapshot_is_kept_for_its_streams_and_teaches_the_page_size(hub: KvEve
     ],
 )  # fmt: skip
 def test_a_snapshot_the_router_cannot_use_is_refused_naming_why(
-    hub: KvEventHub, document: object, problem: str
+    seeds: Seeds, document: object, problem: str
 ) -> None:
     with pytest.raises(ValueError, match=problem):
-        hub.seed(document)
-    assert hub.index.page_size == 16
+        seeds.take(document)
+    assert seeds.index.page_size == 16

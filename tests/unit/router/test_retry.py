@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.fakes import fake_worker
 from tests.waiting import eventually_async
-from tpuserve_router.app import RouterApp
+from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.proxy import UpstreamError
 from tpuserve_router.retry import (
@@ -161,7 +161,7 @@ async def router_in_front_of(
         policy="least_load",
         health_check_interval_seconds=0,  # admitted at once, never probed
     ).replace(**settings)
-    app = RouterApp(config, registry=CollectorRegistry())
+    app = create_router_app(config, registry=CollectorRegistry())
     await app.start()
     try:
         await eventually_async(

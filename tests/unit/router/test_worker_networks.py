@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tpuserve_router.app import RouterApp
+from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.cli import build_config, configure, env_name
 from tpuserve_router.config import ConfigError, RouterConfig
 from tpuserve_router.discovery.kubernetes import (
@@ -179,7 +179,7 @@ def test_a_static_worker_outside_the_networks_or_a_bad_network_fails_at_start() 
 @pytest.fixture
 async def router() -> AsyncIterator[RouterApp]:
     config = RouterConfig(port=0, worker_networks=("127.0.0.0/8",))
-    app = RouterApp(config, registry=CollectorRegistry())
+    app = create_router_app(config, registry=CollectorRegistry())
     await app.start()
     yield app
     await app.stop()

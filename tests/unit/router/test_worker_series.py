@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tpuserve_router.app import RouterApp
+from tpuserve_router.app import apply_discovered, create_router_app
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.metrics import (
     KV_EVENT_SKIP_REASONS,
@@ -57,25 +57,25 @@ def values(registry: CollectorRegistry, series: list[tuple[str, dict[str, str]]]
 
 async def test_error_series_appear_at_zero_on_join_and_go_on_leave() -> None:
     registry = CollectorRegistry()
-    app = RouterApp(RouterConfig(kv_events=False), registry=registry)
-    app.apply_discovered([WorkerSpec(WORKER)])
+    app = create_router_app(RouterConfig(kv_events=False), registry=registry)
+    apply_discovered(app.registry, [WorkerSpec(WORKER)])
     assert values(registry, error_series(WORKER)) == {0.0}
     assert values(registry, kv_series(WORKER)) == {None}  # no KV events subscribed
     app.metrics.upstream_errors.labels(WORKER, "connect_error").inc()
     assert registry.get_sample_value(
         "tpuserve_router_upstream_errors_total", {"worker": WORKER, "reason": "connect_error"}
     ) == 1.0  # fmt: skip
-    app.apply_discovered([])
+    apply_discovered(app.registry, [])
     assert values(registry, error_series(WORKER)) == {None}
 
 
 async def test_with_kv_events_every_kv_series_of_a_worker_starts_at_zero() -> None:
     registry = CollectorRegistry()
-    app = RouterApp(RouterConfig(policy="precise", kv_events=True), registry=registry)
+    app = create_router_app(RouterConfig(policy="precise", kv_events=True), registry=registry)
     try:
-        app.apply_discovered([WorkerSpec(WORKER), WorkerSpec("http://127.0.0.1:4001")])
+        apply_discovered(app.registry, [WorkerSpec(WORKER), WorkerSpec("http://127.0.0.1:4001")])
         assert values(registry, kv_series(WORKER) + error_series(WORKER)) == {0.0}
-        app.apply_discovered([WorkerSpec("http://127.0.0.1:4001")])
+        apply_discovered(app.registry, [WorkerSpec("http://127.0.0.1:4001")])
         assert values(registry, kv_series(WORKER)) == {None}
         assert values(registry, kv_series("http://127.0.0.1:4001")) == {0.0}
     finally:
@@ -96,13 +96,13 @@ async def test_kv_events_are_subscribed_when_the_policy_uses_them(
     config: RouterConfig, subscribed: bool
 ) -> None:
     registry = CollectorRegistry()
-    app = RouterApp(config, registry=registry)
+    app = create_router_app(config, registry=registry)
     try:
         assert (app.kv is not None) is subscribed
         # a routing decision first takes the KV streams' due read (zmtp.SubscriberGroup)
         hook = app.forwarder.before_decision
         assert hook == (app.kv.readers.read_if_due if app.kv is not None else None)
-        app.apply_discovered([WorkerSpec(WORKER)])
+        apply_discovered(app.registry, [WorkerSpec(WORKER)])
         assert values(registry, kv_series(WORKER)) == ({0.0} if subscribed else {None})
     finally:
         await app.stop()

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from sglang_tpu.tasks import cancel_and_wait
 from tpuserve.cluster.kwok import NODE_IP
 from tpuserve.cluster.pods import images, volumes
 from tpuserve.cluster.pods.container import TERMINATION_MESSAGE_PATH, Container
@@ -208,9 +209,7 @@ class PodSupervisor:
                 await asyncio.sleep(STATUS_DEBOUNCE_SECONDS * 2)
                 with contextlib.suppress(Exception):
                     await self.host.delete_pod(self.pod)
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
+            await cancel_and_wait([writer])
             if self.pod_ip:
                 self.host.release_address(self.pod_ip)
             shutil.rmtree(self.work_dir, ignore_errors=True)
