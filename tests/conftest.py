@@ -12,20 +12,10 @@ import pytest
 
 from tests import real_sglang
 from tests.real_sglang import real_engine, real_engines, real_sglang_installation
-from tpuserve_router import compiled
 
 __all__ = ["real_engine", "real_engines", "real_sglang_installation"]  # fixtures, registered here
 
 SUITE_MARKERS = ("unit", "component", "e2e")
-
-
-def pytest_report_header() -> str:
-    """Which router the run tests: its request path compiled (a fresh router/.compiled, as
-    scripts/venv.sh builds it) or interpreted, and why."""
-    reason = compiled.stale_reason() if compiled.BUILD_DIR.is_dir() else "no router/.compiled"
-    if reason is None:
-        return f"router request path: compiled ({len(compiled.MODULES)} modules, router/.compiled)"
-    return f"router request path: interpreted ({reason})"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
