@@ -3,8 +3,7 @@
 # Model servers on TPU nodes use sglang_tpu/Dockerfile (torch-tpu and SGLang) instead.
 #   docker build -t ghcr.io/tpuserve/tpuserve:0.1.0 .
 FROM python:3.11-slim-bookworm AS build
-# The router's block index is compiled Rust (router/native): cargo, and gcc to link it; gcc
-# also compiles the request path's C (mypyc).
+# The router's block index is compiled Rust (router/native): cargo, and gcc to link it.
 COPY --from=rust:1.95-slim-bookworm /usr/local/cargo /usr/local/cargo
 COPY --from=rust:1.95-slim-bookworm /usr/local/rustup /usr/local/rustup
 ENV CARGO_HOME=/usr/local/cargo RUSTUP_HOME=/usr/local/rustup PATH=/usr/local/cargo/bin:$PATH
@@ -18,19 +17,9 @@ COPY sglang_tpu ./sglang_tpu
 COPY tpuserve ./tpuserve
 COPY operator ./operator
 COPY router ./router
-# The request path is compiled with mypyc, which type-checks it against the dependencies: the
-# wheel is built without isolation in a build venv holding them (scripts/build_native.py), and
-# the runtime venv gets the wheel and its dependencies only (no compiler, no mypy).
-RUN python -m venv /opt/build \
- && /opt/build/bin/pip install --no-cache-dir --upgrade "pip>=24" \
- && python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
-      print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"]))' \
-      > /tmp/build-requirements.txt \
- && /opt/build/bin/pip install --no-cache-dir --requirement /tmp/build-requirements.txt \
- && /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels . \
- && python -m venv /opt/tpuserve \
+RUN python -m venv /opt/tpuserve \
  && /opt/tpuserve/bin/pip install --no-cache-dir --upgrade "pip>=24" \
- && /opt/tpuserve/bin/pip install --no-cache-dir /wheels/*.whl
+ && /opt/tpuserve/bin/pip install --no-cache-dir .
 
 FROM python:3.11-slim-bookworm
 COPY --from=build /opt/tpuserve /opt/tpuserve

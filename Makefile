@@ -7,7 +7,7 @@ up:            ## run a local fleet (engine twins + router) on loopback
 test:          ## lint, type-check and run every test suite (builds the control plane once)
 	scripts/test.sh
 
-test-fast:     ## unit tests only, seconds
+test-fast:     ## unit tests only (no compile unless router/native changed)
 	scripts/venv.sh dev && .venv/bin/pytest -m unit -q
 
 lint:          ## ruff and mypy

@@ -1,7 +1,5 @@
-"""Wheel build hook: compile the router's native block index and its request path
-(scripts/build_native.py) and ship them in the wheel, which is then specific to the platform
-and the Python version. An editable install gets neither here: scripts/venv.sh builds them
-in the checkout."""
+"""Wheel build hook: compile the router's native block index (scripts/build_native.py) and
+ship it in the wheel, which is then specific to the platform."""
 
 from __future__ import annotations
 
@@ -22,10 +20,3 @@ class NativeExtensionHook(BuildHookInterface):  # type: ignore[type-arg]
         build_data["infer_tag"] = True
         if version != "editable":
             build_data["force_include"][str(extension)] = "tpuserve_router/_native.abi3.so"
-            # Beside their sources, where the import system prefers them (tpuserve_router.compiled);
-            # router/.compiled is reused when its manifest says it is this build.
-            compiled = build_native["compile_request_path"]()
-            for module in compiled.rglob("*"):
-                if module.is_file():
-                    name = module.relative_to(compiled).as_posix()
-                    build_data["force_include"][str(module)] = f"tpuserve_router/{name}"

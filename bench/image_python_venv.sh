@@ -55,8 +55,7 @@ if [ ! -f "$venv/.installed" ]; then
   rm -rf "$venv"
   "$root/bin/python3.11" -m venv --without-pip "$venv"
   # pip from the project's venv (this build has no ensurepip), then the project and its pins
-  # (--all: setuptools too, which the router's mypyc build needs)
-  .venv/bin/python -m pip freeze --all --exclude-editable > "$venv.requirements.txt"
+  .venv/bin/python -m pip freeze --exclude-editable > "$venv.requirements.txt"
   .venv/bin/python -m pip --python "$venv/bin/python" install --quiet \
     -r "$venv.requirements.txt" hatchling
   .venv/bin/python -m pip --python "$venv/bin/python" install --quiet --no-deps \

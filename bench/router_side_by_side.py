@@ -31,9 +31,7 @@ moves the router's CPU (the image's is built with profile-guided and link-time o
 Per pair: both routers' medians over rounds and the paired ratio (the median of the rounds'
 ratios) with a 95 % interval for it (distribution-free, from the rounds' order statistics: 6
 rounds or more; with 16 it lies between the 4th and 13th smallest ratios). The start order
-alternates between rounds. A run stops when a checkout's router sources or its compiled build
-change between rounds (`router_build`): routers started after an edit would run interpreted, or
-another build.
+alternates between rounds.
 
 Usage (from the repository root):
 
@@ -79,9 +77,6 @@ from bench.router_overhead import (
     wait_http,
     wait_idle,
 )
-from tpuserve_router import compiled
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # --engines: what each pair of routers is in front of
 UPSTREAMS = {
@@ -233,16 +228,6 @@ def interpreter_problem(python: str) -> str | None:
     return None
 
 
-def router_build(tree: Path) -> str:
-    """What a checkout's routers run: its router's and sglang_tpu's sources, and the compiled
-    build beside them (`tpuserve_router.compiled`), as one digest. An edit between rounds
-    changes it (the routers after it would run interpreted, or another build)."""
-    sources = [tree / source.relative_to(ROOT) for source in compiled.SOURCES]
-    manifest = tree / compiled.BUILD_DIR.relative_to(ROOT) / compiled.MANIFEST
-    build = manifest.read_text() if manifest.is_file() else "not built"
-    return compiled.source_digest(sources) + build
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", default="precise", help="tpuserve policies, comma list "
@@ -294,15 +279,8 @@ def main() -> int:
         engines = start_engines(8 if args.engines == "own" else 4)
     fleets = [engines[:4], engines[4:]] if args.engines == "own" else [engines, engines]
     rows: dict[Pair, list[dict[str, float]]] = {(a.label, b.label): [] for a, b in pairs}
-    trees = [ROOT, *baselines]
-    builds = [router_build(tree) for tree in trees]
     try:
         for r in range(args.rounds):
-            if changed := [t for t, b in zip(trees, builds, strict=True) if router_build(t) != b]:
-                raise SystemExit(
-                    f"router sources or their build changed during the run in {changed[0]}: "
-                    f"the rounds from round {r + 1} on would measure other code; run again"
-                )
             for a, b in pairs:
                 # each router starts (and warms up) first in every other round
                 order = [a, b] if r % 2 == 0 else [b, a]

@@ -32,6 +32,5 @@ if [ ! -f "$stamp" ]; then
   find "$venv" -maxdepth 1 -name '.installed-*' ! -name ".installed-$hash-*" -delete
   touch "$stamp" "$venv/.installed-$hash-base"
 fi
-# The router's compiled parts: cargo rebuilds the block index only when router/native changed,
-# mypyc the request path (router/.compiled) only when a router or sglang_tpu source did.
+# The router's compiled block index: cargo rebuilds it only when router/native changed.
 "$venv/bin/python" scripts/build_native.py >/dev/null

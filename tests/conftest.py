@@ -12,7 +12,6 @@ import pytest
 
 from tests import real_sglang
 from tests.real_sglang import real_engine, real_engines, real_sglang_installation
-from tpuserve_router import compiled
 
 __all__ = ["real_engine", "real_engines", "real_sglang_installation"]  # fixtures, registered here
 
@@ -20,15 +19,6 @@ SUITE_MARKERS = ("unit", "component", "e2e")
 # tests/tpu needs a TPU chip: only scripts/tpu-lane.sh runs it (with its own pytest.ini), so
 # neither CI nor any -m selection here collects, runs or counts it.
 collect_ignore = ["tpu"]
-
-
-def pytest_report_header() -> str:
-    """Which router the run tests: its request path compiled (a fresh router/.compiled, as
-    scripts/venv.sh builds it) or interpreted, and why."""
-    reason = compiled.stale_reason() if compiled.BUILD_DIR.is_dir() else "no router/.compiled"
-    if reason is None:
-        return f"router request path: compiled ({len(compiled.MODULES)} modules, router/.compiled)"
-    return f"router request path: interpreted ({reason})"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

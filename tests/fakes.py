@@ -262,8 +262,7 @@ def pod_object(
 #
 # `FakeWorker` is a worker as routing policies see it (`policies.base.WorkerView`);
 # `fake_request` a routing request whose prompt's characters stand in for its tokens;
-# `VirtualClock` a clock a test moves by hand (policies and the block index take a clock);
-# `ChoosingThrough` a policy whose decisions pass through a test's function first.
+# `VirtualClock` a clock a test moves by hand (policies and the block index take a clock).
 
 
 @dataclasses.dataclass
@@ -289,18 +288,6 @@ def fake_request(
     if token_ids is None and prompt:
         token_ids = [ord(c) for c in prompt]
     return RouteRequest(model=model, text=prompt, token_ids=token_ids)
-
-
-class ChoosingThrough:
-    """``policy`` with its ``choose`` replaced by ``choose``, everything else its own (the
-    default policy is compiled: its instances' methods cannot be replaced in place)."""
-
-    def __init__(self, policy: Any, choose: Callable[..., Any]) -> None:
-        self.policy = policy
-        self.choose = choose
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.policy, name)
 
 
 class VirtualClock:

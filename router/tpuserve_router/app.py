@@ -53,7 +53,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sglang_tpu.tokenizer import load_tokenizer
 from sglang_tpu.version import tpuserve_version
-from tpuserve_router import compiled
 from tpuserve_router.admin import ROUTE as ADMIN_ROUTE
 from tpuserve_router.admin import AdminApi
 from tpuserve_router.admission import Admission
@@ -442,15 +441,12 @@ class RouterApp:
                 self.demand.start()
         else:
             apply_discovered(self.registry, static_workers(config.workers))
-        running = len(compiled.loaded())
-        path = f"compiled ({running} of {len(compiled.MODULES)} modules)"
         log.info(
-            "router listening on %s (policy %s, KV events %s, %d workers, request path %s)",
+            "router listening on %s (policy %s, KV events %s, %d workers)",
             self.base_url,
             self.policy.name,
             "on" if self.kv is not None else "off",
             len(self.registry.workers),
-            path if running else "interpreted",
         )
 
     async def stop(self) -> None:

@@ -249,7 +249,7 @@ class Forwarder:
                     await self.holds.hold(
                         label, request.arrived, functools.partial(self._routable, model)
                     )
-                except HoldRefused as refused:  # not `err`: compiled, one name has one type
+                except HoldRefused as refused:
                     reject(request, unavailable(str(refused)), self.metrics, route, label)
                     return
                 served = self.registry.route(model, parsed.lora_path)

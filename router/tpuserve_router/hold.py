@@ -50,7 +50,7 @@ def hold_label(model: str, known: Collection[str]) -> str:
     return model if model and model in known else OTHER_MODEL
 
 
-@dataclass(eq=False)  # (compiled: its fields are fixed without slots=True)
+@dataclass(eq=False, slots=True)
 class _Entry:
     wake: asyncio.Future[None]
     refusal: str | None = None  # set by `HoldQueues.refuse_all`

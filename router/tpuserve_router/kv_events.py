@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import zmq
@@ -177,8 +178,8 @@ class _Subscription:
         self._stopped = True  # first: nothing read from here on starts a task
         if self.subscriber is not None:
             await self.subscriber.close()
-        else:  # through Any: uvloop's answer is no bool, which compiled code would refuse
-            cast(Any, self.loop).remove_reader(self.fd)
+        else:
+            self.loop.remove_reader(self.fd)
         while tasks := [
             t
             for t in (self.task, self.monitor_task, self.retry_task)
@@ -587,9 +588,7 @@ class KvEventHub:
             found: dict[int, bytes] = {}
             received = 0
             while True:
-                # pyzmq types an asyncio socket's poll as its poller's (a list); it is an int,
-                # which the compiled router would refuse as a list.
-                if not await cast(Any, sock).poll(int(REPLAY_TIMEOUT_SECONDS * 1000)):
+                if not await sock.poll(int(REPLAY_TIMEOUT_SECONDS * 1000)):
                     if not whole and end is None and found:
                         log.warning("replay from %s ended without its end marker", endpoint)
                         return self._whole(endpoint, found, start, end, whole)

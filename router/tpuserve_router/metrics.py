@@ -14,7 +14,6 @@ Gauges that mirror state (in-flight, health, index size) are computed at scrape 
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -455,8 +454,7 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             ["kind"],
         ),
     )
-    values = (getattr(metrics, f.name) for f in dataclasses.fields(metrics))  # (compiled: no vars)
-    series: list[_Series[Any]] = [v for v in values if isinstance(v, _Series)]
+    series: list[_Series[Any]] = [v for v in vars(metrics).values() if isinstance(v, _Series)]
     registry.register(_SeriesCollector(series))
     return metrics
 

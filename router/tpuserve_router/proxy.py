@@ -58,11 +58,8 @@ DETACHED_PARSER = httptools.HttpResponseParser(_NoCallbacks())
 """What a closed connection holds instead of its parser."""
 
 
-class UpstreamConnection:
-    """One keep-alive connection to a worker; one request at a time.
-
-    An `asyncio.Protocol` by its methods, not by inheritance, as `server.HttpConnection` is.
-    """
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection to a worker; one request at a time."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, max_head_bytes: int, max_body_bytes: int
@@ -147,12 +144,6 @@ class UpstreamConnection:
 
     def eof_received(self) -> bool:
         return False  # close our side too
-
-    def pause_writing(self) -> None:
-        """Nothing to pause, as `asyncio.Protocol`'s default (the transport buffers)."""
-
-    def resume_writing(self) -> None:
-        """Nothing to resume (see `pause_writing`)."""
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -447,11 +438,8 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_seconds):
-                _, protocol = await loop.create_connection(
-                    lambda: cast(
-                        asyncio.Protocol,
-                        self.connection(loop, self.max_head_bytes, self.max_body_bytes),
-                    ),
+                _, conn = await loop.create_connection(
+                    lambda: self.connection(loop, self.max_head_bytes, self.max_body_bytes),
                     self.host,
                     self.port,
                 )
@@ -463,7 +451,6 @@ class UpstreamPool:
             raise UpstreamError(
                 "connect_error", err.strerror or str(err), errno=err.errno
             ) from None
-        conn = cast(UpstreamConnection, protocol)
         self.busy.add(conn)
         return conn
 

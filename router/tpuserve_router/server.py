@@ -239,13 +239,8 @@ class HttpRequest:
 Handler = Callable[[HttpRequest], Awaitable[None]]
 
 
-class HttpConnection:
-    """One client connection: parsing, pipelining, flow control, limits and closing.
-
-    An `asyncio.Protocol` by its methods, not by inheritance: compiled (mypyc), a subclass of
-    that Python class would take weak references that its deallocator never clears
-    (mypyc/mypyc#1102); a native class refuses them instead.
-    """
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parsing, pipelining, flow control, limits and closing."""
 
     def __init__(
         self,
@@ -305,9 +300,6 @@ class HttpConnection:
         except httptools.HttpParserError as err:
             self._malformed(err)
         self._last = None
-
-    def eof_received(self) -> None:
-        """The client finished sending: the transport closes (asyncio's default)."""
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -674,7 +666,7 @@ async def serve(
     if book is None:
         book = ConnectionBook(limits.max_connections, limits.tick_seconds)
 
-    def factory() -> asyncio.Protocol:
-        return cast(asyncio.Protocol, HttpConnection(handler, limits, book, loop))
+    def factory() -> HttpConnection:
+        return HttpConnection(handler, limits, book, loop)
 
     return await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)

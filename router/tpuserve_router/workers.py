@@ -384,11 +384,8 @@ class WorkerRegistry:
         if not requested:
             base, adapter, workers = "", lora_path, self.workers
         else:
-            if ":" in requested:
-                base, adapter = self.split_model(requested)
-                adapter = adapter or lora_path
-            else:  # `split_model`'s first case, without a call into interpreted code
-                base, adapter = requested, lora_path
+            base, adapter = self.split_model(requested)
+            adapter = adapter or lora_path
             workers = self.by_model.get(base)
             if workers is None:
                 if not self._unknown_models:

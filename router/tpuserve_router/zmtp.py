@@ -32,7 +32,7 @@ import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, cast
+from typing import Final
 
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router._native import ZmtpReader
@@ -379,8 +379,7 @@ class ZmtpSubscriber:
     def _unwatch(self) -> None:
         if self._watching and self._sock is not None:
             assert self._loop is not None
-            # Through Any: uvloop's answer is no bool, which compiled code would refuse.
-            cast(Any, self._loop).remove_reader(self._sock.fileno())
+            self._loop.remove_reader(self._sock.fileno())
         self._watching = False
 
     def _readable(self) -> None:

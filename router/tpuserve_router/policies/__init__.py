@@ -1,10 +1,6 @@
 """Routing policies, one module each; importing this package registers all of them."""
 
-from tpuserve_router import compiled as _compiled
-
-_compiled.use_build(__path__, __name__)  # the compiled ones (`compiled.MODULES`), if fresh
-
-from tpuserve_router.policies import (  # noqa: E402, F401  (imported to register)
+from tpuserve_router.policies import (  # noqa: F401  (imported to register)
     cache_aware,
     cost,
     least_load,
@@ -13,7 +9,7 @@ from tpuserve_router.policies import (  # noqa: E402, F401  (imported to registe
     random,
     round_robin,
 )
-from tpuserve_router.policies.base import (  # noqa: E402
+from tpuserve_router.policies.base import (
     OUTCOMES,
     Clock,
     Decision,

@@ -34,9 +34,8 @@ from typing import (
     Literal,
     Protocol,
     TypeVar,
+    runtime_checkable,
 )
-
-from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
     from tpuserve_router.block_index import BlockIndex
@@ -81,7 +80,7 @@ class WorkerView(Protocol):
 W = TypeVar("W", bound=WorkerView)
 
 
-@dataclass  # (no slots=True: compiled, its fields are fixed, and dataclass cannot rebuild it)
+@dataclass(slots=True)
 class RouteRequest:
     """What a policy sees of one request.
 
@@ -96,40 +95,21 @@ class RouteRequest:
     token_ids: Sequence[int] | None = None
 
 
+@dataclass(slots=True)
 class Decision(Generic[W]):
-    """The chosen worker and why; handed back to the policy's hooks afterwards.
+    """The chosen worker and why; handed back to the policy's hooks afterwards."""
 
-    A plain class, not a dataclass: compiled, a generic dataclass cannot be built (mypyc).
-    """
-
-    def __init__(
-        self,
-        worker: W,
-        outcome: Outcome,
-        predicted_match_ratio: float | None = None,
-        prompt_units: int = 0,
-        pending_units: int = 0,
-        block_keys: Sequence[int] = (),
-    ) -> None:
-        self.worker = worker
-        self.outcome = outcome
-        self.predicted_match_ratio = predicted_match_ratio
-        """Share of the prompt the policy expects the worker to have cached (None: not
-        predicted)."""
-        self.prompt_units = prompt_units
-        """Prompt length in the policy's units (characters or tokens)."""
-        self.pending_units = pending_units
-        """Work the policy booked on the worker for this request (released by its hooks)."""
-        self.block_keys = block_keys
-        """The prompt's block keys the policy predicted on the worker (a `BlockIndex`
-        policy's; what router replicas tell their peers, `peer_view`)."""
-
-    def __repr__(self) -> str:
-        return (
-            f"Decision(worker={self.worker!r}, outcome={self.outcome!r}, "
-            f"predicted_match_ratio={self.predicted_match_ratio!r}, "
-            f"prompt_units={self.prompt_units!r}, pending_units={self.pending_units!r})"
-        )
+    worker: W
+    outcome: Outcome
+    predicted_match_ratio: float | None = None
+    """Share of the prompt the policy expects the worker to have cached (None: not predicted)."""
+    prompt_units: int = 0
+    """Prompt length in the policy's units (characters or tokens)."""
+    pending_units: int = 0
+    """Work the policy booked on the worker for this request (released by its hooks)."""
+    block_keys: Sequence[int] = ()
+    """The prompt's block keys the policy predicted on the worker (a `BlockIndex` policy's;
+    what router replicas tell their peers, `peer_view`)."""
 
 
 class NoHealthyWorker(Exception):
@@ -145,6 +125,7 @@ class PolicyConfigError(ValueError):
     """A policy name or parameter is invalid; the message names it and what is allowed."""
 
 
+@runtime_checkable
 class Policy(Protocol):
     """One routing policy. ``name`` is the CLI value and the `policy` metric label."""
 
@@ -202,14 +183,10 @@ class Policy(Protocol):
         ...
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class PolicyDefaults:
-    """No-op hooks and no index, so a stateless policy only writes ``choose``.
+    """No-op hooks and no index, so a stateless policy only writes ``choose``."""
 
-    Compiled (`tpuserve_router.compiled`), and open to subclasses that are not: the other
-    policies, the benchmark's anchors and tests' own."""
-
-    name: ClassVar[str] = ""  # set by @register (a compiled policy sets its own)
+    name: ClassVar[str] = ""  # set by @register
     needs_text: ClassVar[bool] = False
     needs_tokens: ClassVar[bool] = False
     uses_kv_events: ClassVar[bool] = False
@@ -245,7 +222,6 @@ class PolicyDefaults:
         return None
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class LoadOnlyPolicy(PolicyDefaults, ABC):
     """A policy that looks only at the routable workers, never at the prompt, and takes no
     parameters: it writes ``pick``; the healthy filter, `NoHealthyWorker` and the decision
@@ -312,8 +288,7 @@ def register(name: str) -> Callable[[P], P]:
     def decorate(cls: P) -> P:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise PolicyConfigError(f"policy name {name!r} registered twice")
-        if cls.name != name:  # (a compiled class says its name itself: its type is read-only)
-            cls.name = name
+        cls.name = name
         _REGISTRY[name] = cls
         return cls
 

@@ -49,8 +49,7 @@ from tpuserve_router.policies.base import (
     healthy_workers,
     register,
 )
-from tpuserve_router.policies.params import AffinityParams
-from tpuserve_router.policies.prefix_routing import choose_by_affinity
+from tpuserve_router.policies.prefix_routing import AffinityParams, choose_by_affinity
 from tpuserve_router.prefix_tree import PrefixTree
 
 

@@ -44,8 +44,12 @@ from tpuserve_router.policies.base import (
     healthy_workers,
     register,
 )
-from tpuserve_router.policies.params import IndexParams, cache_threshold_problem
-from tpuserve_router.policies.prefix_routing import BlockIndexPolicy, affinity_outcome
+from tpuserve_router.policies.prefix_routing import (
+    BlockIndexPolicy,
+    IndexParams,
+    affinity_outcome,
+    cache_threshold_problem,
+)
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ class CostPolicy(BlockIndexPolicy):
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
         params = self.params
         healthy = healthy_workers(workers, request.model)
-        index = self.index
+        index = self.block_index
         tokens = request.token_ids or ()
         prompt = len(tokens)
         keys = index.keys(tokens)

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 from tpuserve_router.policies.base import (
     Clock,
@@ -52,29 +53,40 @@ from tpuserve_router.policies.base import (
     build_params,
     register,
 )
-from tpuserve_router.policies.params import PreciseParams
 from tpuserve_router.policies.prefix_routing import (
+    AffinityParams,
     BlockIndexPolicy,
+    IndexParams,
+    QueueParams,
     affinity_outcome,
     leave_long_queue,
 )
 
 
-class PrecisePolicy(BlockIndexPolicy):
-    name: ClassVar[str] = "precise"
+@dataclass(frozen=True)
+class PreciseParams(AffinityParams, IndexParams, QueueParams):
+    def validate(self) -> str | None:
+        return (
+            AffinityParams.validate(self)
+            or IndexParams.validate(self)
+            or QueueParams.validate(self)
+        )
 
+
+@register("precise")
+class PrecisePolicy(BlockIndexPolicy):
     def __init__(self, *, clock: Clock = time.monotonic, seed: int | None = None, **config: Any):
         self.params = build_params(self.name, PreciseParams, config)
         self.start_index(self.params, clock)
         p = self.params
-        self.index.set_route_params(
+        self.block_index.set_route_params(
             p.cache_threshold, p.balance_abs_threshold, p.balance_rel_threshold,
             p.queue_margin_tokens, p.saved_prefix_weight,
         )  # fmt: skip
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
         params = self.params
-        index = self.index
+        index = self.block_index
         tokens = request.token_ids or ()
         prompt = len(tokens)
         booked = self.queues.booked
@@ -112,6 +124,3 @@ class PrecisePolicy(BlockIndexPolicy):
         decision = Decision(target, outcome, hit / prompt if prompt else 0.0, prompt, 0, keys)
         self.queues.book(decision, prompt - hit, last_key)
         return decision
-
-
-register("precise")(PrecisePolicy)  # (not a decorator: a compiled class takes none but mypyc's)

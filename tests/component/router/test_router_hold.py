@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.fakes import STUB_MODEL, ChoosingThrough, StubWorker, stub_router
+from tests.fakes import STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.policies.base import Decision, RouteRequest
@@ -68,7 +68,7 @@ def record_choices(app: RouterApp, monkeypatch: pytest.MonkeyPatch) -> list[str]
         asked.append(request.text or "")
         return choose(request, workers)
 
-    monkeypatch.setattr(app.forwarder, "policy", ChoosingThrough(app.forwarder.policy, recording))
+    monkeypatch.setattr(app.forwarder.policy, "choose", recording)
     return asked
 
 

@@ -8,13 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.router_side_by_side import (
-    interpreter_problem,
-    median_interval,
-    paired,
-    router_build,
-    summarize,
-)
+from bench.router_side_by_side import interpreter_problem, median_interval, paired, summarize
 
 pytestmark = pytest.mark.unit
 
@@ -30,22 +24,6 @@ def test_a_ratio_is_the_median_of_the_rounds_ratios() -> None:
     assert paired(rows((90, 100), (450, 500), (180, 200))) == pytest.approx(0.9)
     # the ratio of the medians would say 1.0 here; round by round it is 1.25x, 0.5x, 2x
     assert paired(rows((125, 100), (100, 200), (400, 200))) == pytest.approx(1.25)
-
-
-def test_a_router_build_changes_with_its_sources_and_its_compiled_build(tmp_path: Path) -> None:
-    """The run stops when it changes between rounds (an edit mid-run made later rounds run
-    the router interpreted, mixed into one table with compiled ones)."""
-    package = tmp_path / "router" / "tpuserve_router"
-    package.mkdir(parents=True)
-    (package / "server.py").write_text("A = 1\n")
-    first = router_build(tmp_path)
-    assert router_build(tmp_path) == first
-    (package / "server.py").write_text("A = 2\n")
-    edited = router_build(tmp_path)
-    assert edited != first
-    (tmp_path / "router" / ".compiled").mkdir()
-    (tmp_path / "router" / ".compiled" / "manifest.json").write_text('{"sources": "x"}')
-    assert router_build(tmp_path) != edited
 
 
 def test_the_summary_has_a_row_per_pair() -> None:

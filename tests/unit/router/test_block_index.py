@@ -10,8 +10,7 @@ import pytest
 
 from tests.fakes import VirtualClock, fake_worker
 from tpuserve_router.block_index import ROOT_KEY, BlockIndex, BlockKeys, block_keys
-from tpuserve_router.policies.params import AffinityParams
-from tpuserve_router.policies.prefix_routing import choose_by_affinity
+from tpuserve_router.policies.prefix_routing import AffinityParams, choose_by_affinity
 
 pytestmark = pytest.mark.unit
 

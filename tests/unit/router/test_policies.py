@@ -21,10 +21,11 @@ from tpuserve_router.policies import (
 from tpuserve_router.policies.base import Decision
 from tpuserve_router.policies.cache_aware import CacheAwarePolicy
 from tpuserve_router.policies.cost import CostPolicy
-from tpuserve_router.policies.params import AffinityParams, QueueParams
 from tpuserve_router.policies.precise import PrecisePolicy
 from tpuserve_router.policies.prefix_routing import (
+    AffinityParams,
     PrefillQueues,
+    QueueParams,
     choose_by_affinity,
     leave_long_queue,
 )
@@ -50,12 +51,7 @@ def test_registry_lists_every_policy_module() -> None:
 def test_every_policy_has_its_registered_name_and_the_protocol(policy_name: str) -> None:
     policy = make_policy(policy_name, seed=1)
     assert policy.name == policy_name
-    # (not isinstance: compiled, `Policy` cannot be a runtime-checkable protocol, and keeps
-    # its methods but not its annotations)
-    attributes = {"name", "needs_text", "needs_tokens", "uses_kv_events"}
-    members = attributes | {n for n in vars(Policy) if not n.startswith("_")}
-    assert members > {"choose", "block_index", "apply_peer_route", "on_request_done"}
-    assert [m for m in sorted(members) if not hasattr(policy, m)] == []
+    assert isinstance(policy, Policy)
 
 
 @pytest.mark.parametrize("policy_name", registered_policy_names())
