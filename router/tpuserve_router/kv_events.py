@@ -45,8 +45,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
 
 import zmq
 import zmq.asyncio
