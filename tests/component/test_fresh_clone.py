@@ -135,7 +135,10 @@ def test_make_up_on_a_fresh_clone_serves_the_openai_client_until_ctrl_c(tmp_path
         assert chunks[-1].choices[0].finish_reason in ("length", "stop")
 
         os.killpg(make.pid, signal.SIGINT)  # Ctrl-C
-        assert make.wait(timeout=STOP_TIMEOUT_SECONDS) == -signal.SIGINT, tail()
+        # GNU make dies of the SIGINT it got too (-2) unless its child had already exited 0
+        # when make handled it (seen: 0); either is a user's Ctrl-C. Whether the fleet stopped
+        # cleanly is what `tpuserve up` itself says last (below).
+        assert make.wait(timeout=STOP_TIMEOUT_SECONDS) in (0, -signal.SIGINT), tail()
         lines = status.read_text().splitlines()
         events = [json.loads(line) for line in lines if line.startswith("{")]
         assert events[0]["event"] == "ready"
