@@ -136,8 +136,9 @@ class Admission:
                 )
 
     async def _learn_models(self, worker: Worker) -> None:
-        """Read the worker's ``/v1/models``: SGLang lists its served model, then each loaded
-        LoRA adapter with ``parent`` set to that model."""
+        """Read the worker's ``/v1/models``: SGLang lists its served model (with its context
+        length, ``max_model_len``), then each loaded LoRA adapter with ``parent`` set to that
+        model."""
         try:
             listing = await self.health.get_json(worker.name + "/v1/models")
         except Exception as err:  # an engine without /v1/models still serves any model
@@ -148,6 +149,10 @@ class Admission:
             return
         cards = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
         if self.registry.get(worker.name) is worker:
+            contexts = [m.get("max_model_len") for m in cards if m.get("parent") is None]
+            worker.context_tokens = next(
+                (c for c in contexts if type(c) is int and c > 0), None
+            )  # what a request's token reservation is capped by (`quotas`)
             self.registry.set_models(
                 worker,
                 [m["id"] for m in cards if m.get("parent") is None],

@@ -7,18 +7,17 @@ abandons a request a worker still holds (the client disconnected or stopped read
 worker timed out, stalled or answered too much), it asks that worker to abort it by its
 request id, ``POST /abort_request {"rid": ...}``, in the background.
 
-The id is the client's ``rid`` when it gave one; otherwise the router gives every request
-that is one generation (one prompt, ``n`` = 1: SGLang then keeps the id as it is) an id of
-its own, `new_rid`, inserted at the front of the JSON body it forwards (`with_rid`). A batch
-or a request with several samples is left to SGLang's own disconnect check.
+The id is the router's own for that request (`tpuserve_router.request_ids`), never the
+client's: SGLang aborts every request whose id starts with the one given, and the router's ids
+(32 random hex digits each) are never prefixes of one another. Only a request that is one
+generation (one prompt, ``n`` = 1) is aborted by the router: a batch or a request with several
+samples is left to SGLang's own disconnect check.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 from collections.abc import Callable
 from typing import Final
 
@@ -31,20 +30,6 @@ log = logging.getLogger(__name__)
 
 ABORT_REASONS: Final = ("client_gone", "gave_up")
 """Why the router aborted a request: its client left, or the router stopped waiting."""
-
-_PREFIX: Final = os.urandom(8).hex()  # this router's; the counter keeps its ids apart
-_COUNTER = itertools.count()
-
-
-def new_rid() -> str:
-    """A request id unique across routers, shaped as SGLang's own (32 hex digits)."""
-    return f"{_PREFIX}{next(_COUNTER):016x}"
-
-
-def with_rid(body: bytes, rid: str) -> bytes:
-    """``body`` (a JSON object without a ``rid``) with ``"rid": rid`` as its first member."""
-    start = body.index(b"{") + 1  # a parsed JSON object: there is one, after any whitespace
-    return b'{"rid":"' + rid.encode() + b'",' + body[start:]
 
 
 class Aborter:

@@ -30,13 +30,14 @@ from typing import Final
 
 from tpuserve_router.adapter_affinity import AdapterAffinity
 from tpuserve_router.auth import ApiKey, KeyStore, presented_key
-from tpuserve_router.cancellation import Aborter, new_rid, with_rid
+from tpuserve_router.cancellation import Aborter
 from tpuserve_router.core import RouterCore
+from tpuserve_router.generation_limits import GENERATION_LIMITS, GenerationLimit
 from tpuserve_router.hold import HoldQueues, HoldRefused, hold_label
 from tpuserve_router.outliers import OutlierDetector
 from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
-from tpuserve_router.quotas import Quotas, in_flight_limits
+from tpuserve_router.quotas import KeyQuota, Quotas, Refusal, Reservation, in_flight_limits
 from tpuserve_router.replies import (
     model_not_found,
     reject,
@@ -52,6 +53,7 @@ from tpuserve_router.request_body import (
     Tokens,
     parse_json_object,
 )
+from tpuserve_router.request_ids import Restorer, client_rid, name_request
 from tpuserve_router.retry import (
     ANSWERED,
     FREE_RETRIES,
@@ -103,14 +105,19 @@ class Routed:
     parsed: ParsedBody
     forwarded: bytes
     """All of the request after its request line and host: the client's headers but the
-    dropped ones, and the body (with the rid the router gave it, if any)."""
+    dropped ones, and the body (with the router's id as its rid: `request_ids`)."""
     rid: str | None
-    """What names the request on the worker, to abort it (None: it cannot be named)."""
+    """What names the request alone on the worker, to abort it (None: a batch, or several
+    samples)."""
     key: ApiKey | None
     """The client's API key, with the router's own keys."""
     since: float
     """Where ``--request-timeout`` runs from: its arrival, or its leaving the hold queue (the
     time it waited for a worker to exist is not taken from its answer's)."""
+    restorer: Restorer | None = None
+    """Writes the client's own rid back into the answer (None: it gave none)."""
+    spend: Spend | None = None
+    """What the request of a key costs (None without API keys)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +134,46 @@ class TryOutcome:
     relayed: bool = False
     """The worker's whole answer reached the client: its tokens are counted and spent."""
     usage: TokenCounts | None = None
+
+
+@dataclass(slots=True)
+class Spend:
+    """What one request of an API key costs: the tokens it reserved of the key's limit, and
+    how its last try ended, which settles them (`charge`; the rules are `quotas`')."""
+
+    key: ApiKey
+    quota: KeyQuota
+    prompt_tokens: int
+    """The router's count (or estimate) of its prompt tokens."""
+    completion_tokens: int
+    """The completion tokens it may generate, as reserved."""
+    reservation: Reservation
+    outcome: TryOutcome | None = None
+    """How its last try ended (None: no try did)."""
+    stream_tail: bytes = b""
+    """The end of its stream as relayed, when the client left it or it broke."""
+
+    def charge(self) -> tuple[int, int, int]:
+        """(prompt, completion) tokens the request is charged, never negative, and what it
+        takes of its key's minute: the same, but at least its reservation if it was
+        abandoned (the worker may have generated that much before the abort reached it)."""
+        outcome = self.outcome
+        if outcome is None:
+            return 0, 0, 0
+        usage = outcome.usage
+        if outcome.relayed:
+            if usage is not None:
+                return usage[0], usage[1], usage[0] + usage[1]
+            if outcome.succeeded:  # no usage: what it may have cost
+                return self.prompt_tokens, self.completion_tokens, self.reservation.tokens
+            return 0, 0, 0  # an error answer
+        if outcome.abandoned == "client_gone" or outcome.status == STREAM_ERROR:
+            if self.stream_tail:
+                usage = usage_from_stream_tail(self.stream_tail)
+            if usage is None:
+                usage = (self.prompt_tokens, self.completion_tokens, 0)
+            return usage[0], usage[1], max(usage[0] + usage[1], self.reservation.tokens)
+        return 0, 0, 0  # no worker answered it
 
 
 UNFINISHED: Final = TryOutcome()
@@ -228,15 +275,17 @@ class Forwarder:
             return
         counted = False  # a held request is not in flight: it would shed other models' ones
         retries = 0
+        spend: Spend | None = None
         try:
             try:
-                parsed = parser(
-                    parse_json_object(request.body), self.want_text, self.tokenizer,
-                    self.max_prompt_chars,
-                )  # fmt: skip
+                data = parse_json_object(request.body)
+                parsed = parser(data, self.want_text, self.tokenizer, self.max_prompt_chars)
+                bound = GENERATION_LIMITS[route](data)
+                theirs = client_rid(data)
             except ClientError as err:
                 reject(request, err, self.metrics, route)
                 return
+            del data  # the body's objects: not kept while the request waits
             model = parsed.model
             served = self.registry.route(model, parsed.lora_path)
             since = request.arrived
@@ -261,19 +310,19 @@ class Forwarder:
                 return
             parsed.model = served.model  # from here on the served name: a bounded label
             candidates = served.workers
+            if key is not None:
+                spend = self._reserve(request, route, key, parsed, bound, candidates)
+                if spend is None:
+                    return
             first = candidates
             if served.adapter is not None:
                 first = self.affinity.candidates(served.adapter, candidates)
             route_request = RouteRequest(model, parsed.text, parsed.token_ids)
-            body = request.body
-            rid = parsed.rid if parsed.single else None  # what names it on the engine
-            if parsed.single and rid is None:
-                rid = new_rid()
-                body = with_rid(body, rid)
+            ids = name_request(request.body, theirs, parsed.single)
+            forwarded = _forwarded_headers(request, ids.body, self._not_forwarded)
             routed = Routed(
-                request, route, parsed, _forwarded_headers(request, body, self._not_forwarded),
-                rid, key, since,
-            )  # fmt: skip
+                request, route, parsed, forwarded, ids.rid, key, since, ids.restorer, spend
+            )
             excluded: list[Worker] = []
             policy = self.policy
             if self.before_decision is not None:
@@ -314,6 +363,8 @@ class Forwarder:
                 self.in_flight -= 1
             if retries:
                 self.budget.active -= 1
+            if spend is not None:
+                self._settle(spend)
 
     def _not_served(self, model: str, lora_path: str | None) -> ClientError:
         name = f"{model!r}" + (f" with LoRA adapter {lora_path!r}" if lora_path else "")
@@ -448,8 +499,11 @@ class Forwarder:
             return TryOutcome(status=str(code), abandoned=abandoned)
         self._prefill_done(decision)
         status = upstream.status
+        usage = usage_from_body(body) if status == 200 else None
+        if routed.restorer is not None:
+            body = routed.restorer.whole(body)
         routed.request.respond(status, _response_headers(upstream.headers), body)
-        return self._relayed(worker, status, usage_from_body(body) if status == 200 else None)
+        return self._relayed(worker, status, usage)
 
     async def _relay_stream(
         self,
@@ -465,6 +519,7 @@ class Forwarder:
         status = upstream.status
         request.start_chunked(status, _response_headers(upstream.headers))
         upstream.watch_progress()
+        restorer = routed.restorer
         first = True
         before = last = b""
         try:
@@ -477,16 +532,26 @@ class Forwarder:
                     self._prefill_done(decision)
                     if routed.parsed.stream:
                         self._ttft(model).observe(time.monotonic() - request.arrived)
-                request.write_chunk(data)
+                request.write_chunk(data if restorer is None else restorer.chunk(data))
                 before, last = last, data
                 if request.write_paused:
                     await request.drain()
         except UpstreamError as err:
             self._worker_failed(decision.worker, err.reason)
+            if routed.spend is not None:
+                routed.spend.stream_tail = before + last
+            if restorer is not None:
+                request.write_chunk(restorer.rest())
             what = "stalled" if err.reason == "stream_stalled" else "broke"
             request.write_chunk(sse_error_event(f"the worker's stream {what}: {err.detail}"))
             request.end_chunked(keep_alive=False)
             return TryOutcome(status=STREAM_ERROR, abandoned=_abandoned(err))
+        except asyncio.CancelledError:  # the client left: what it was sent settles its cost
+            if routed.spend is not None:
+                routed.spend.stream_tail = before + last
+            raise
+        if restorer is not None:
+            request.write_chunk(restorer.rest())
         request.end_chunked()
         usage = usage_from_stream_tail(before + last) if status == 200 else None
         return self._relayed(decision.worker, status, usage)
@@ -507,17 +572,16 @@ class Forwarder:
         upstream: UpstreamConnection | None,
         outcome: TryOutcome,
     ) -> None:
-        """Account for a try, however it ended: the answer's tokens (and the client's
-        quota), the worker asked to stop what it may still be generating, its in-flight
-        count and connection given back, the policy and the peers told, and an answered
-        request counted."""
+        """Account for a try, however it ended: the answer's tokens (and how it ended, which
+        settles the request's cost to the client's key), the worker asked to stop what it may
+        still be generating, its in-flight count and connection given back, the policy and
+        the peers told, and an answered request counted."""
         worker = decision.worker
         key = routed.key
-        if outcome.relayed:
-            if outcome.usage is not None:
-                self._account(outcome.usage, decision, model, worker.name)
-            if key is not None:
-                self._spend(key, outcome.usage, routed.parsed)
+        if outcome.relayed and outcome.usage is not None:
+            self._account(outcome.usage, decision, model, worker.name)
+        if routed.spend is not None and outcome.attempt is ANSWERED:
+            routed.spend.outcome = outcome
         rid = routed.rid
         if outcome.abandoned and rid is not None and (upstream is None or not upstream.done):
             self.aborter.abort(worker.name, rid, outcome.abandoned)
@@ -584,35 +648,63 @@ class Forwarder:
             return None
         quota = self.quotas.of(key, request.arrived)
         refused = quota.admit(request.arrived)
-        if refused is None:
-            request.extra_headers = quota.headers()
-        else:
-            refusal, headers = refused
-            self.metrics.rate_limited.labels(key.label, refusal.limit).inc()
-            reject(
-                request,
-                ClientError(
-                    429,
-                    f"rate limit reached for {refusal.limit} per minute "
-                    f"({refusal.per_minute}, tenant {key.tenant}); retry in "
-                    f"{refusal.retry_after_seconds:.3g} s",
-                    error_type="rate_limit_exceeded",
-                    headers=headers,
-                ),
-                self.metrics,
-                route,
-            )
+        if refused is not None:
+            self._rate_limited(request, route, key, *refused)
             return None
+        request.extra_headers = quota.headers()
         return key
 
-    def _spend(self, key: ApiKey, usage: TokenCounts | None, parsed: ParsedBody) -> None:
-        if usage is not None:
-            prompt, completion, _ = usage
-        else:  # no usage in the answer: what it may have cost
-            prompt, completion = parsed.prompt_tokens, parsed.max_new_tokens or 0
-        self.quotas.spend_tokens(key, prompt + completion, time.monotonic())
-        self._tenant_tokens(key.label, "prompt").inc(prompt)
-        self._tenant_tokens(key.label, "completion").inc(completion)
+    def _rate_limited(
+        self,
+        request: HttpRequest,
+        route: str,
+        key: ApiKey,
+        refusal: Refusal,
+        headers: dict[str, str],
+    ) -> None:
+        """Answer 429 for a key over its limits."""
+        self.metrics.rate_limited.labels(key.label, refusal.limit).inc()
+        wait = refusal.retry_after_seconds
+        message = refusal.message or (
+            f"rate limit reached for {refusal.limit} per minute ({refusal.per_minute}, "
+            f"tenant {key.tenant}); retry in {wait or 0:.3g} s"
+        )
+        error = ClientError(
+            429, message, param=refusal.param, error_type="rate_limit_exceeded", headers=headers
+        )
+        reject(request, error, self.metrics, route)
+
+    def _reserve(
+        self,
+        request: HttpRequest,
+        route: str,
+        key: ApiKey,
+        parsed: ParsedBody,
+        bound: GenerationLimit,
+        workers: list[Worker],
+    ) -> Spend | None:
+        """Reserve what the request may cost of its key's token limit (`quotas`); None if it
+        does not fit (answered 429)."""
+        quota = self.quotas.of(key, request.arrived)
+        contexts = [w.context_tokens for w in workers if w.context_tokens is not None]
+        prompt = parsed.prompt_tokens
+        # nothing bounds it: what is left of the key's whole minute (no limit: nothing)
+        rest = max(0, quota.tokens.per_minute - prompt) if quota.tokens is not None else 0
+        completion = bound.allowance(prompt, max(contexts, default=None), rest)
+        reserved = quota.reserve(prompt + completion, time.monotonic(), bound.param)
+        if not isinstance(reserved, Reservation):
+            self._rate_limited(request, route, key, *reserved)
+            return None
+        request.extra_headers = quota.headers()
+        return Spend(key, quota, prompt, completion, reserved)
+
+    def _settle(self, spend: Spend) -> None:
+        """Charge a key's request what it cost, once, as it ends (`quotas`)."""
+        prompt, completion, taken = spend.charge()
+        spend.quota.settle(spend.reservation, taken, time.monotonic())
+        label = spend.key.label
+        self._tenant_tokens(label, "prompt").inc(prompt)
+        self._tenant_tokens(label, "completion").inc(completion)
 
     def _account(
         self, usage: TokenCounts, decision: Decision[Worker], model: str, worker: str

@@ -346,7 +346,8 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
         ),
         tenant_tokens=Counter(
             "tpuserve_router_tenant_tokens_total",
-            "Tokens of API keys' requests, by tenant and kind (prompt, completion).",
+            "Tokens API keys' requests were charged, each once as it ended (never negative), "
+            "by tenant and kind (prompt, completion).",
             ["tenant", "kind"],
         ),
         rate_limited=Counter(

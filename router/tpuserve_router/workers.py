@@ -163,6 +163,7 @@ class Worker:
         "adapters",
         "announced_in_flight",
         "consecutive_failures",
+        "context_tokens",
         "ejected",
         "ejected_until",
         "ejections",
@@ -213,6 +214,7 @@ class Worker:
         self.model = spec.model  # as registered; None: learned from the worker
         self.models: tuple[str, ...] = (spec.model,) if spec.model else ()
         self.adapters: tuple[str, ...] = ()  # LoRA adapters loaded (its /v1/models)
+        self.context_tokens: int | None = None  # its model's max_model_len (its /v1/models)
         self.pool: Any = None  # the proxy's connection pool, attached by the app
         self.stats: Any = None  # the app's cached metric children
 

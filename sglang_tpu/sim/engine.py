@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Final, Protocol
 
 from sglang_tpu.kv_events import KVEvent
 from sglang_tpu.perf_model import StepTimer
@@ -50,6 +50,14 @@ from sglang_tpu.sim.request import Request
 # before admitting more (SGLang's new_token_ratio, which it adapts between 0.1 and 0.7).
 NEW_TOKEN_RESERVE_RATIO = 0.3
 RESERVE_CLIP_TOKENS = 4096
+
+# How SGLang 0.5.23 finishes an aborted request (``/abort_request``, or its client gone): a
+# running one with the scheduler's ``FINISH_ABORT().to_json()``, a queued one with the
+# tokenizer manager's reason for it. Its OpenAI answer says ``finish_reason: "abort"``.
+ABORTED_RUNNING: Final[Mapping[str, Any]] = {
+    "type": "abort", "message": "Aborted", "status_code": None, "err_type": None,
+}  # fmt: skip
+ABORTED_WAITING: Final[Mapping[str, Any]] = {"type": "abort", "message": "Abort in waiting queue"}
 
 
 class QueueFull(Exception):
@@ -191,11 +199,16 @@ class EngineCore:
         return self._seed_counter * 0x2545F4914F6CDD1D
 
     def abort(self, req: Request, now: float) -> bool:
-        """Drop a request (client went away); returns False when it already finished."""
+        """Drop a request (its client went away, or ``/abort_request`` named it); returns
+        False when it already finished. It finishes as SGLang 0.5.23's abort leaves it: a
+        queued request with its tokenizer manager's reason, a running one with the
+        scheduler's ``FINISH_ABORT``."""
         if req.finished:
             return False
+        reason = ABORTED_RUNNING
         if req in self.waiting:
             self.waiting.remove(req)
+            reason = ABORTED_WAITING
         elif req is self.chunked:
             self.chunked = None
         elif req in self.running:
@@ -204,7 +217,7 @@ class EngineCore:
             self._step.decode = [r for r in self._step.decode if r is not req]
             self._step.prefill = [(r, n) for r, n in self._step.prefill if r is not req]
         self._release(req)
-        req.finish_reason = {"type": "abort", "message": "client disconnected"}
+        req.finish_reason = dict(reason)
         req.finish_time = now
         if self.observer is not None:
             self.observer.on_abort(req, now)

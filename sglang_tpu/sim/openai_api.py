@@ -40,9 +40,11 @@ DEFAULT_MODEL_NAME = "default"  # what SGLang's OpenAI routes echo when a reques
 
 
 def _finish_reason(reason: dict[str, Any] | None) -> str | None:
+    """As SGLang: the finish reason's type, ``"stop"``, ``"length"`` or ``"abort"``."""
     if reason is None:
         return None
-    return "stop" if reason["type"] in ("stop", "abort") else "length"
+    kind: str = reason["type"]
+    return kind
 
 
 def _check_model(svc: EngineService, model: str | None) -> None:

@@ -5,13 +5,15 @@ streamed chunks, usage and cached tokens, error bodies, the `/server_info` keys 
 the metric families of the live `/metrics`, and the KV events as SGLang's own classes decode
 them. What differs on purpose is listed once, in `tests/twin_differences.py`.
 
-The last test switches a twin back to the 0.5.6-0.5.19 event encoding and shows the KV-event
-comparison catches it.
+A test switches a twin back to the 0.5.6-0.5.19 event encoding and shows the KV-event
+comparison catches it. The last ones abort a request mid-way on the real engine and on a twin
+on the real clock (`--time-scale 1`), and compare how each ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -24,14 +26,16 @@ from tests.component.differential import kv_tap
 from tests.component.differential.compare import json_differences
 from tests.component.differential.engine_pair import (
     GREEDY,
+    Answer,
     EnginePair,
     assert_alike,
     ids,
     kv_endpoints,
     request,
+    twin_args,
     twin_like,
 )
-from tests.component.engine.engine_process import EngineProcess
+from tests.component.engine.engine_process import EngineProcess, running_engine
 from tests.real_sglang import RealEngine
 from tests.twin_differences import (
     REFUSED_BY_THE_TWIN,
@@ -378,3 +382,67 @@ def test_the_kv_comparison_fails_against_a_twin_on_the_legacy_wire(real_engine: 
     text = "\n".join(found)
     assert "SGLang's decoder refuses the batch: Expected `object`, got `array`" in text, text
     assert "replay frames differ" in text, text
+
+
+# --- aborts (last: the real engine's cache then holds what the twin of `pair` does not) ----
+
+ABORT_TOKENS = 2000  # far more than either engine generates before the abort arrives
+
+
+@pytest.fixture(scope="module")
+def slow_twin(real_engine: RealEngine) -> Iterator[EngineProcess]:
+    """A twin like the real engine on the real clock, so a request runs long enough to abort."""
+    args = [*twin_args(real_engine, enable_cache_report=True), "--time-scale", "1"]
+    with running_engine(args) as process:
+        yield process
+
+
+def aborted_mid_way(url: str, path: str, stream: bool, rid: str) -> Answer:
+    """A long request, aborted by ``/abort_request`` with its rid once the engine runs it."""
+    body: dict[str, Any] = {"rid": rid, "stream": stream}
+    if path == "/generate":
+        body |= {"text": "abort me", "sampling_params": {"max_new_tokens": ABORT_TOKENS, **GREEDY}}
+    elif path == "/v1/completions":
+        body |= {"prompt": "abort me", "max_tokens": ABORT_TOKENS, **GREEDY}
+    else:
+        body |= {"messages": [{"role": "user", "content": "abort me"}],
+                 "max_tokens": ABORT_TOKENS, **GREEDY}  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(request, url, "POST", path, body)
+
+        def running() -> bool:
+            (load,) = request(url, "GET", "/v1/loads", None).body["loads"]
+            return bool(load["num_running_reqs"])
+
+        eventually(running, what=f"{url} running the request")
+        assert request(url, "POST", "/abort_request", {"rid": rid}).status == 200
+        return answer.result()
+
+
+def how_it_ended(answer: Answer, path: str) -> Any:
+    """What says the request was aborted: the OpenAI finish reason (and matched stop), or
+    `/generate`'s ``meta_info.finish_reason``."""
+    assert answer.status == 200, answer
+    last = answer.data_chunks[-1] if answer.chunks is not None else answer.body
+    if path == "/generate":
+        assert last["meta_info"]["completion_tokens"] < ABORT_TOKENS
+        return last["meta_info"]["finish_reason"]
+    if answer.chunks is not None:
+        ends = [c["choices"][0] for c in answer.data_chunks if c["choices"]]
+        return [(e["finish_reason"], e["matched_stop"]) for e in ends if e["finish_reason"]]
+    assert last["usage"]["completion_tokens"] < ABORT_TOKENS
+    (choice,) = last["choices"]
+    return choice["finish_reason"], choice["matched_stop"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
+def test_an_aborted_request_ends_alike(
+    real_engine: RealEngine, slow_twin: EngineProcess, path: str, stream: bool
+) -> None:
+    rid = f"abort-{path.rsplit('/', 1)[1]}-{stream}"
+    real = how_it_ended(aborted_mid_way(real_engine.url, path, stream, rid), path)
+    twin = how_it_ended(aborted_mid_way(slow_twin.url, path, stream, rid), path)
+    assert real == twin
+    if path != "/generate":
+        assert "abort" in str(real)

@@ -1,6 +1,6 @@
 """Work nobody waits for is aborted on the worker (SGLang's /abort_request by rid): when the
 client leaves, streamed or not, and when the router gives up on a slow worker; the router
-names every single request so it can, and leaves the client's own rid as it is."""
+names every request itself (never by the client's rid, which only its answer carries)."""
 
 from __future__ import annotations
 
@@ -60,14 +60,15 @@ async def test_a_client_leaving_a_plain_request_has_it_aborted_by_the_rid_it_was
         assert aborts(app, "client_gone") == 1
 
 
-async def test_a_client_leaving_a_stream_has_it_aborted() -> None:
+async def test_a_client_leaving_a_stream_has_it_aborted_by_the_routers_id() -> None:
     stall = StubWorker("stall")
     async with router(stall) as app:
         body = {"model": STUB_MODEL, "prompt": "hi", "stream": True, "rid": "client-rid"}
         await leave_after_sending(app, stall, body)
         await eventually_async(lambda: stall.aborted, what="an abort sent to the worker")
-        assert stall.aborted == ["client-rid"]  # the client's own rid, untouched
-        assert orjson.loads(stall.bodies[0])["rid"] == "client-rid"
+        ours = orjson.loads(stall.bodies[0])["rid"]
+        assert len(ours) == 32  # the client's own rid never reaches the worker
+        assert stall.aborted == [ours]
 
 
 async def test_a_worker_the_router_gives_up_on_is_asked_to_abort() -> None:
@@ -82,11 +83,13 @@ async def test_a_worker_the_router_gives_up_on_is_asked_to_abort() -> None:
         assert aborts(app, "gave_up") == 1
 
 
-async def test_a_batch_is_not_renamed_and_left_to_the_engine() -> None:
+async def test_a_batch_is_renamed_and_left_to_the_engine() -> None:
     hang = StubWorker("hang")
     async with router(hang) as app:
-        body = {"model": STUB_MODEL, "prompt": ["a", "b"]}
+        body = {"model": STUB_MODEL, "prompt": ["a", "b"], "rid": "their-batch"}
         await leave_after_sending(app, hang, body)
         await eventually_async(lambda: hang.in_progress == 0, what="the upstream closed")
-        assert orjson.loads(hang.bodies[0]) == body
+        sent = orjson.loads(hang.bodies[0])
+        assert len(sent.pop("rid")) == 32  # one id of the router's (SGLang names each item)
+        assert sent == {k: v for k, v in body.items() if k != "rid"}
         assert hang.aborted == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import random
 from pathlib import Path
 from typing import cast
 
@@ -24,7 +25,7 @@ from tpuserve_router.auth import (
     presented_key,
 )
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.quotas import Quotas, in_flight_limits
+from tpuserve_router.quotas import Quotas, Reservation, TokenWindow, in_flight_limits
 from tpuserve_router.server import HttpConnection, HttpRequest
 
 pytestmark = pytest.mark.unit
@@ -122,13 +123,10 @@ def test_the_store_rereads_a_changed_file_and_keeps_its_keys_on_a_bad_one(
 
 def test_buckets_refuse_over_the_limits_and_say_when_to_return() -> None:
     keys = parse_keys(
-        orjson.dumps({"keys": [
-            {"key": KEY, "tenant": "acme", "requests_per_minute": 2},
-            {"key": KEY + "-tokens", "tenant": "acme", "tokens_per_minute": 60},
-        ]}),
+        orjson.dumps({"keys": [{"key": KEY, "tenant": "acme", "requests_per_minute": 2}]}),
         "keys.json",
-    )  # fmt: skip
-    requests_key, tokens_key = keys.values()
+    )
+    (requests_key,) = keys.values()
     quotas = Quotas()
     assert quotas.admit(requests_key, 0.0) is None
     assert quotas.admit(requests_key, 0.0) is None
@@ -140,12 +138,63 @@ def test_buckets_refuse_over_the_limits_and_say_when_to_return() -> None:
     assert headers["x-ratelimit-remaining-requests"] == "0"
     assert headers["x-ratelimit-reset-requests"] == "60s"
     assert quotas.admit(requests_key, 30.0) is None  # one request refilled
-    assert quotas.admit(tokens_key, 0.0) is None
-    quotas.spend_tokens(tokens_key, 90, 0.0)  # spent after the answer: 30 over the bucket
-    refused = quotas.admit(tokens_key, 29.0)  # -30 + 29 s at 1 token/s
-    assert refused is not None
-    assert (refused[0].limit, refused[1]["retry-after"]) == ("tokens", "2")
-    assert quotas.admit(tokens_key, 31.0) is None
+
+
+def test_tokens_are_reserved_up_front_and_settled_at_what_they_cost() -> None:
+    keys = parse_keys(
+        orjson.dumps({"keys": [{"key": KEY, "tenant": "acme", "tokens_per_minute": 60}]}),
+        "keys.json",
+    )
+    (key,) = keys.values()
+    quotas = Quotas()
+    assert quotas.admit(key, 0.0) is None
+    quota = quotas.of(key, 0.0)
+    first = quota.reserve(50, 0.5, "max_tokens")
+    assert isinstance(first, Reservation)
+    assert quotas.admit(key, 1.0) is None  # 10 tokens left: admitted, then reserved
+    refused = quota.reserve(20, 1.0, "max_tokens")  # 50 + 20 > 60: not while the 50 are held
+    assert not isinstance(refused, Reservation)
+    refusal, headers = refused
+    assert (refusal.limit, headers["retry-after"]) == ("tokens", "60")  # second 0 leaves at 61
+    assert headers["x-ratelimit-remaining-tokens"] == "10"
+    quota.settle(first, 30, 2.0)  # it cost 30: 20 go back
+    quota.settle(first, 0, 2.0)  # settled once only
+    assert isinstance(quota.reserve(20, 2.0, "max_tokens"), Reservation)  # 30 + 20
+    too_large = quota.reserve(61, 2.0, "max_tokens")
+    assert not isinstance(too_large, Reservation)
+    refusal, headers = too_large
+    assert refusal.retry_after_seconds is None
+    assert "retry-after" not in headers
+    assert refusal.param == "max_tokens"
+    assert "more than the 60 its key may take in a minute; lower max_tokens" in refusal.message
+    assert quotas.of(key, 61.0).tokens is not None
+    assert quota.tokens is not None
+    assert quota.tokens.room(61.0) == 40
+
+
+def test_no_60_seconds_ever_hold_more_than_the_limit() -> None:
+    """Random reservations, settlements above and below them, over five minutes: the
+    charges of every 60-second span (each at the time it was taken) stay within the limit
+    but for what settlements charged over their reservations."""
+    rng = random.Random(7)
+    window = TokenWindow(200, 0.0)
+    taken: list[tuple[float, int]] = []  # (when, tokens) as finally charged
+    open_: list[tuple[float, int, int, int]] = []  # (when, second, reserved, index)
+    now = 0.0
+    while now < 300.0:
+        now += rng.random() * 2
+        ask = rng.randint(0, 120)
+        if window.room(now) >= ask:
+            open_.append((now, window.take(ask, now), ask, len(taken)))
+            taken.append((now, ask))
+        if open_ and rng.random() < 0.6:
+            when, second, reserved, index = open_.pop(rng.randrange(len(open_)))
+            charged = rng.randint(0, reserved)
+            window.settle(second, reserved, charged, now)
+            taken[index] = (when, charged)
+        assert 0 <= window.used <= 200
+    for start, _ in taken:
+        assert sum(t for when, t in taken if start <= when < start + 60) <= 200
 
 
 def test_lower_classes_are_shed_first() -> None:
