@@ -7,7 +7,8 @@ sends it). ``ARGS="--port 0 --json"`` is the one addition: the router takes a fr
 ``tpuserve up`` also reports on stdout how it stopped. Make itself mostly dies of the SIGINT
 (GNU make re-raises it once its child is done and says "Interrupt"), but exits 0 when its
 child had already exited 0 as make handled the signal, so the clean exit is read from
-``tpuserve up``'s own ``stopped`` line (exit code 0, no child exited early), with no traceback, nothing the fleet started left running, and
+``tpuserve up``'s own ``stopped`` line (exit code 0, no child exited early), with no
+traceback, nothing the fleet started left running, and
 nothing from the dev extra in the copy's virtual environment.
 
 What is copied is what git would check out from a commit of the working tree: the tracked
