@@ -73,6 +73,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On a pytest-xdist worker under `--dist loadgroup`, a grouped test's node id carries its
+    group (pytest-xdist appends `@group`; its scheduler groups by that). A pytest that silently
+    undoes it (pytest-dev/pytest-xdist#1386) would start the real-SGLang pool on every worker:
+    such a test fails instead, before its fixtures start anything."""
+    mark = item.get_closest_marker("xdist_group")
+    loadgroup = getattr(item.config.option, "loadgroup", False)  # set on xdist workers only
+    if mark is not None and loadgroup and "@" not in item.nodeid:
+        pytest.fail(
+            f"its xdist_group {mark.args[0]!r} did not reach pytest-xdist's scheduler (pytest "
+            f"{pytest.__version__}; pytest-dev/pytest-xdist#1386): install the dev extra's pytest "
+            "range, or run with TPUSERVE_TEST_WORKERS=0",
+            pytrace=False,
+        )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
