@@ -2,56 +2,71 @@
 # The whole test run: environment, tools, lint, types, then every test suite.
 # Usage: scripts/test.sh [pytest args]
 #   TPUSERVE_SKIP_E2E=1 skips the control-plane suite;
-#   TPUSERVE_SKIP_REAL_SGLANG=1 skips installing real SGLang and its tests (ignored under CI=true).
+#   TPUSERVE_SKIP_REAL_SGLANG=1 skips installing real SGLang and its tests (ignored under CI=true);
+#   TPUSERVE_TEST_WORKERS=N runs the suites on N pytest-xdist workers (default: auto, one per
+#   core; 0 runs them in pytest's own process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
 
-# The control-plane build (no-op when the versioned binaries exist; 13-30 min of Go on a fresh
-# machine) runs in the background while the rest is installed and linted, and is waited for
-# before the tests, which it would otherwise slow down. Its log is printed then (and dropped if
-# an earlier step fails: the EXIT trap stops the build). A SIGKILL of this script leaves the
-# build running on its own (no trap runs then).
-control_plane_pid=""
-control_plane_log=""
-stop_control_plane() { # an early exit: stop the build (its whole process group), drop its log
-  [ -n "$control_plane_pid" ] || return 0
-  kill -- "-$control_plane_pid" 2>/dev/null || true
-  rm -f "$control_plane_log"
+# Two installs run in the background, each in a process group of its own with its output in a
+# log, while the foreground installs the virtualenv and the tools, lints and type-checks:
+# - the control-plane build (no-op when the versioned binaries exist; 13-30 min of Go on a fresh
+#   machine). Only the e2e suite needs it, so it is waited for just before that suite, and the
+#   unit and component suites run meanwhile; its compiles run at nice 10, so they take mostly
+#   the CPU the foreground leaves idle;
+# - real SGLang (no-op when installed; a few minutes of downloads into its own venv on a fresh
+#   machine), waited for before the tests.
+# A job's log is printed when it is waited for. An early exit (a failed step) stops the jobs
+# still running and drops their logs (the EXIT trap); a SIGKILL of this script leaves them
+# running on their own (no trap runs then).
+declare -A job_pid=() job_log=()
+start_job() { # NAME COMMAND...
+  local name=$1
+  shift
+  job_log[$name]=$(mktemp "${TMPDIR:-/tmp}/tpuserve-$name.XXXXXX")
+  set -m # job control: a process group of its own, so stopping it stops its children too
+  "$@" >"${job_log[$name]}" 2>&1 &
+  job_pid[$name]=$!
+  set +m
+  echo "== $name: $* in the background, log ${job_log[$name]}"
 }
-trap stop_control_plane EXIT
-wait_for_control_plane() {
-  [ -n "$control_plane_pid" ] || return 0
-  echo "== control plane (waiting for the background build, log $control_plane_log)"
-  local status=0
-  wait "$control_plane_pid" || status=$?
-  control_plane_pid=""
-  cat "$control_plane_log" >&2
-  rm -f "$control_plane_log"
+wait_job() { # NAME: wait for it, print its log; exit with its status if it failed
+  local name=$1 status=0
+  [ -n "${job_pid[$name]:-}" ] || return 0
+  echo "== $name (waiting for the background job, log ${job_log[$name]})"
+  wait "${job_pid[$name]}" || status=$?
+  unset "job_pid[$name]"
+  cat "${job_log[$name]}" >&2
+  rm -f "${job_log[$name]}"
   if [ "$status" != 0 ]; then
-    echo "scripts/build-control-plane.sh failed (exit $status); its output is above" >&2
+    echo "$name failed (exit $status); its output is above" >&2
     exit "$status"
   fi
 }
-if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
-  control_plane_log=$(mktemp "${TMPDIR:-/tmp}/tpuserve-control-plane.XXXXXX")
-  set -m  # job control: the build gets a process group of its own, so the trap stops its go too
-  scripts/build-control-plane.sh >"$control_plane_log" 2>&1 &
-  control_plane_pid=$!
-  set +m
-  echo "== control plane: scripts/build-control-plane.sh in the background, log $control_plane_log"
-fi
+stop_jobs() {
+  local name
+  for name in "${!job_pid[@]}"; do
+    kill -- "-${job_pid[$name]}" 2>/dev/null || true
+    rm -f "${job_log[$name]}"
+  done
+}
+trap stop_jobs EXIT
 
-scripts/venv.sh dev
-scripts/install-tools.sh                       # helm, kubectl, prometheus, promtool
 skip_real_sglang=${TPUSERVE_SKIP_REAL_SGLANG:-0}
 if [ "${CI:-}" = true ] && [ "$skip_real_sglang" = 1 ]; then
   echo "CI=true: ignoring TPUSERVE_SKIP_REAL_SGLANG=1, CI always runs the real-SGLang tests" >&2
   skip_real_sglang=0
 fi
-if [ "$skip_real_sglang" != 1 ]; then
-  scripts/install-real-sglang.sh >/dev/null    # no-op when the venv and the tiny model exist
+if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
+  start_job control-plane scripts/build-control-plane.sh
 fi
+if [ "$skip_real_sglang" != 1 ]; then
+  start_job real-sglang scripts/install-real-sglang.sh   # prints the paths it installed
+fi
+
+scripts/venv.sh dev
+scripts/install-tools.sh                       # helm, kubectl, prometheus, promtool
 # shellcheck disable=SC1091
 source scripts/tool-paths.sh
 
@@ -65,16 +80,27 @@ echo "== cargo (router/native)"
   cargo clippy --quiet --release --locked --all-targets -- -D warnings
   cargo test --quiet --release --locked
 )
-wait_for_control_plane
-echo "== pytest"
+wait_job real-sglang
 if [ $# -gt 0 ]; then
+  wait_job control-plane
+  echo "== pytest $*"
   exec .venv/bin/pytest "$@"
 fi
+# Every core runs tests (pytest-xdist); `--dist loadgroup` keeps together what shares a fixture
+# (tests/conftest.py, `xdist_group`). Each run ends with its slowest tests (`--durations`).
+pytest_args=(--durations=30)
+workers=${TPUSERVE_TEST_WORKERS:-auto}
+if [ "$workers" != 0 ]; then
+  pytest_args+=(-n "$workers" --dist loadgroup)
+fi
+echo "== pytest: unit and component"
 if [ "$skip_real_sglang" = 1 ]; then
-  .venv/bin/pytest -m "(unit or component) and not real_sglang"
+  .venv/bin/pytest "${pytest_args[@]}" -m "(unit or component) and not real_sglang"
 else
-  .venv/bin/pytest -m "unit or component"
+  .venv/bin/pytest "${pytest_args[@]}" -m "unit or component"
 fi
 if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
-  .venv/bin/pytest -m e2e
+  wait_job control-plane
+  echo "== pytest: e2e"
+  .venv/bin/pytest "${pytest_args[@]}" -m e2e
 fi

@@ -2,6 +2,9 @@
 
 `real_sglang` is an additional marker: a test that uses the real-SGLang fixtures
 (`tests/real_sglang.py`) must carry it, so `-m "not real_sglang"` deselects every such test.
+
+Under pytest-xdist (`-n 2 --dist loadgroup`, as scripts/test.sh runs the suites) each test gets
+an `xdist_group` (`xdist_group` below says which), so what a group shares starts once.
 """
 
 from __future__ import annotations
@@ -11,9 +14,15 @@ from collections.abc import Iterator
 import pytest
 
 from tests import real_sglang
-from tests.real_sglang import real_engine, real_engines, real_sglang_installation
+from tests.real_sglang import (
+    real_engine,
+    real_engine_pool,
+    real_engines,
+    real_sglang_installation,
+)
 
-__all__ = ["real_engine", "real_engines", "real_sglang_installation"]  # fixtures, registered here
+# fixtures, registered here
+__all__ = ["real_engine", "real_engine_pool", "real_engines", "real_sglang_installation"]
 
 SUITE_MARKERS = ("unit", "component", "e2e")
 # tests/tpu needs a TPU chip: only scripts/tpu-lane.sh runs it (with its own pytest.ini), so
@@ -21,7 +30,31 @@ SUITE_MARKERS = ("unit", "component", "e2e")
 collect_ignore = ["tpu"]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def xdist_group(item: pytest.Item, suite: str) -> str | None:
+    """The pytest-xdist group of a test (`--dist loadgroup` runs a group on one worker), or
+    None for a test any worker may run on its own.
+
+    - every real-SGLang test: one group, so the session's engine pool (tests/real_sglang.py)
+      is started once, on one worker;
+    - an e2e test: the group of the control plane it uses (`living_cluster` or `cluster`), so
+      each worker starts one control plane;
+    - any other component test: its module, so a module's fixtures (engine twins, routers,
+      Prometheus) start once;
+    - a unit test: none.
+    """
+    names = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("real_sglang"):
+        return "real_sglang"
+    if suite == "e2e":
+        return "living_cluster" if "living_cluster" in names else "cluster"
+    if suite == "component":
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if item.get_closest_marker("tpu"):
             raise pytest.UsageError(f"{item.nodeid} needs a TPU: run it with scripts/tpu-lane.sh")
@@ -35,6 +68,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             raise pytest.UsageError(
                 f"{item.nodeid} uses {sorted(uses_real)} and must carry the real_sglang marker"
             )
+        group = xdist_group(item, found[0]) if grouped else None
+        if group is not None and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On a pytest-xdist worker under `--dist loadgroup`, a grouped test's node id carries its
+    group (pytest-xdist appends `@group`; its scheduler groups by that). A pytest that silently
+    undoes it (pytest-dev/pytest-xdist#1386) would start the real-SGLang pool on every worker:
+    such a test fails instead, before its fixtures start anything."""
+    mark = item.get_closest_marker("xdist_group")
+    loadgroup = getattr(item.config.option, "loadgroup", False)  # set on xdist workers only
+    if mark is not None and loadgroup and "@" not in item.nodeid:
+        pytest.fail(
+            f"its xdist_group {mark.args[0]!r} did not reach pytest-xdist's scheduler (pytest "
+            f"{pytest.__version__}; pytest-dev/pytest-xdist#1386): install the dev extra's pytest "
+            "range, or run with TPUSERVE_TEST_WORKERS=0",
+            pytrace=False,
+        )
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -10,14 +10,21 @@ and `real_sglang`):
 
 - ``real_sglang`` (session): the `RealSGLang` installation. Missing, the test skips saying how
   to install it; under CI=true it fails instead.
-- ``real_engines`` (module): an `EngineFactory`: ``.start(...) -> RealEngine`` for one engine,
-  ``.start_many(n, ...)`` for several started side by side; every engine it started is stopped
-  (all at once) when the module's tests are done.
-- ``real_engine`` (module): one engine with the default options.
+- ``real_engine_pool`` (session): an `EnginePool`: ``.engine(EngineOptions(...))`` is the one
+  engine of those launch options that the whole session shares, started on first use and
+  stopped at the end of the session; every module gets it with an empty cache.
+- ``real_engine`` (module): the pool's engine with the default options.
+- ``real_engines`` (module): an `EngineFactory` for engines of the module's own (one it kills,
+  for example): ``.start(...) -> RealEngine`` for one engine, ``.start_many(n, ...)`` for
+  several started side by side; every engine it started is stopped (all at once) when the
+  module's tests are done.
 
-An engine costs 25-50 s to start and ~3.6 GiB of RSS, hence module scope. An engine that dies
-because another process took one of its free ports before it bound them is started again on
-new ports (`PORT_RACE_ATTEMPTS`).
+An engine costs 25-50 s to start and ~3.6 GiB of RSS, hence the pool: modules that need an
+engine of the same launch options share one instead of starting their own. A test that
+changes an engine beyond its cache (kills it, say) takes it from ``real_engines``. An engine
+that dies because another process took one of its free ports before it bound them is started
+again on new ports (`PORT_RACE_ATTEMPTS`). Under pytest-xdist every real-SGLang test runs on
+one worker (tests/conftest.py puts them in one `xdist_group`), so the pool is one per run.
 """
 
 from __future__ import annotations
@@ -53,7 +60,8 @@ DEFAULT_MAX_TOTAL_TOKENS = 20000
 PAGE_SIZE = 16
 KV_TOPIC = "kv"
 SERVED_MODEL_NAME = "tiny-llama"
-FIXTURE_NAMES = ("real_sglang", "real_engines", "real_engine")
+FIXTURE_NAMES = ("real_sglang", "real_engine_pool", "real_engines", "real_engine")
+FLUSH_TIMEOUT_SECONDS = 60.0
 PORT_TAKEN = "Address already in use"
 PORT_RACE_ATTEMPTS = 3
 
@@ -158,6 +166,28 @@ class RealEngine:
 
     def alive(self) -> bool:
         return self.process.alive()
+
+    def flush_cache(self, timeout_seconds: float = FLUSH_TIMEOUT_SECONDS) -> None:
+        """Empty the radix cache; SGLang answers 400 while requests are running, so this waits
+        for them (a request of the previous module may still be finishing)."""
+
+        def flushed() -> bool:
+            request = urllib.request.Request(f"{self.url}/flush_cache", method="POST", data=b"")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    return bool(response.status == 200)
+            except urllib.error.HTTPError as err:
+                if err.code == 400:
+                    return False
+                raise
+
+        eventually(
+            flushed,
+            what=f"real SGLang engine {self.name} to flush its cache",
+            timeout_seconds=timeout_seconds,
+            interval_seconds=0.5,
+            context=self.log_tail,
+        )
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return f"last lines of {self.process.log_path}:\n{tail(self.process.log_path, lines)}"
@@ -283,6 +313,20 @@ def spawn_engine(
     )
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """Launch options of a real engine: what makes two engines interchangeable."""
+
+    max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS
+    extra_args: tuple[str, ...] = ()
+    enable_cache_report: bool = True
+
+
+# The small-pool engine the differential and the router's eviction tests share: 1,024 tokens of
+# KV pool (a few prompts evict the oldest) and SGLang's default of no cached tokens in usage.
+SMALL_POOL = EngineOptions(max_total_tokens=1024, enable_cache_report=False)
+
+
 class EngineFactory:
     """Starts real engines into one run directory and stops all of them at `close()`."""
 
@@ -347,13 +391,14 @@ class EngineFactory:
                 except RuntimeError:
                     if attempt == PORT_RACE_ATTEMPTS or not engine.lost_a_port_race():
                         raise
-                    self._forget(engine)
+                    self.forget(engine)
                     engine = started[i] = spawn(engine.name)
             engine.start_seconds = time.monotonic() - engine.spawned_at
         return started
 
-    def _forget(self, engine: RealEngine) -> None:
-        engine.wait_stopped()
+    def forget(self, engine: RealEngine) -> None:
+        """Stop `engine` (already dead, or to be replaced) and drop it from the factory."""
+        engine.stop()
         self.engines.remove(engine)
         _running.remove(engine)
 
@@ -365,6 +410,41 @@ class EngineFactory:
             engine.wait_stopped()
             _running.remove(engine)
         self.engines.clear()
+
+
+class EnginePool:
+    """One shared engine per `EngineOptions`, started on first use by `factory`, which stops
+    them all at the end of the session.
+
+    A module gets the engine with an empty cache (`RealEngine.flush_cache`); what else it did
+    to the engine (counters, metric children created on first use) stays for the next one, so
+    tests on a pooled engine assert on what their own requests did, never on totals. An engine
+    found dead (a test that broke the rule) is started again.
+    """
+
+    def __init__(self, factory: EngineFactory) -> None:
+        self.factory = factory
+        self.engines: dict[EngineOptions, RealEngine] = {}
+        self.starts = 0
+
+    def engine(self, options: EngineOptions = EngineOptions(), *, name: str = "") -> RealEngine:
+        """The shared engine of `options`, serving, its cache empty. `name` (for its log file)
+        defaults to ``shared-<n>``."""
+        engine = self.engines.get(options)
+        if engine is None or not engine.alive():
+            if engine is not None:
+                self.factory.forget(engine)
+            engine = self.factory.start(
+                name=name or f"shared-{len(self.engines)}",
+                max_total_tokens=options.max_total_tokens,
+                extra_args=options.extra_args,
+                enable_cache_report=options.enable_cache_report,
+            )
+            self.engines[options] = engine
+            self.starts += 1
+        else:
+            engine.flush_cache()
+        return engine
 
 
 _running: list[RealEngine] = []
@@ -391,6 +471,17 @@ def real_sglang_installation() -> RealSGLang:
     return installation()
 
 
+@pytest.fixture(scope="session")
+def real_engine_pool(
+    real_sglang: RealSGLang, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EnginePool]:
+    factory = EngineFactory(real_sglang, tmp_path_factory.mktemp("real-sglang-pool"))
+    try:
+        yield EnginePool(factory)
+    finally:
+        factory.close()
+
+
 @pytest.fixture(scope="module")
 def real_engines(
     real_sglang: RealSGLang, tmp_path_factory: pytest.TempPathFactory
@@ -403,5 +494,5 @@ def real_engines(
 
 
 @pytest.fixture(scope="module")
-def real_engine(real_engines: EngineFactory) -> RealEngine:
-    return real_engines.start(name="engine")
+def real_engine(real_engine_pool: EnginePool) -> RealEngine:
+    return real_engine_pool.engine(name="shared-default")

@@ -15,6 +15,10 @@ Fixtures for e2e tests (see docs/development.md, "The e2e fixture"):
 - ``living_cluster`` (module): a second control plane whose pods really run (the pod runner,
   `Cluster(run_pods=True)`), with one CPU pool: the user's `tpuserve cluster up`. Pods get
   loopback addresses and Services answer at 127.96.A.B; nothing else is shared with ``cluster``.
+  One per session, shared by the modules that use it: after each module no TPUModelServer, no
+  engine pod and no chart release is left in it (the fixture deletes what a failed test left),
+  so every module starts from a bare cluster; what a module adds otherwise (a node pool, a
+  volume) it removes itself or names uniquely.
 - ``operator`` (module): `tpuserve operator` as a local process, run once per workload kind
   (``--workload leaderworkerset``, then ``statefulset``): every test using it runs twice. A
   module that needs one operator parametrizes it: ``pytest.mark.parametrize("operator",
@@ -45,10 +49,14 @@ from tests.e2e.tms_harness import (
 )
 from tests.waiting import eventually
 from tpuserve.cluster import Cluster, NodePool, Toolchain, ToolchainMissing, kube
+from tpuserve_operator import labels
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 NAMESPACE_DELETE_TIMEOUT_SECONDS = 120.0
-_session_clusters: list[Cluster] = []
+LIVING_RESET_TIMEOUT_SECONDS = 240.0
+CHART_RELEASE = "tpuserve"  # tests/e2e/fleet_harness.py installs the chart under this name
+CHART_NAMESPACE = "tpuserve-system"
+_session_clusters: dict[str, Cluster] = {}  # fixture name -> its running cluster
 
 
 def _unavailable(reason: str) -> None:
@@ -75,32 +83,66 @@ def toolchain() -> Toolchain:
 
 @pytest.fixture(scope="session")
 def cluster(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    yield from _running(Cluster(tmp_path_factory.mktemp("control-plane"), toolchain=toolchain))
+    yield from _running(
+        "cluster", Cluster(tmp_path_factory.mktemp("control-plane"), toolchain=toolchain)
+    )
 
 
-@pytest.fixture(scope="module")
-def living_cluster(
+@pytest.fixture(scope="session")
+def living_session_cluster(
     toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     yield from _running(
+        "living_cluster",
         Cluster(
             tmp_path_factory.mktemp("living-cluster"),
             pools=[NodePool.cpu_pool("cpu", nodes=2)],
             run_pods=True,
             toolchain=toolchain,
-        )
+        ),
     )
 
 
-def _running(cluster: Cluster) -> Iterator[Cluster]:
+@pytest.fixture(scope="module")
+def living_cluster(living_session_cluster: Cluster) -> Iterator[Cluster]:
+    """The session's living cluster, left bare for the next module (see the module doc)."""
+    yield living_session_cluster
+    _reset_living(living_session_cluster)
+
+
+def _reset_living(cluster: Cluster) -> None:
+    """Delete every TPUModelServer (while the chart's operator, if installed, still runs), wait
+    for the engine and router pods to go, then uninstall the chart."""
+    crd = f"{labels.PLURAL}.{labels.GROUP}"
+    if cluster.kubectl("get", "crd", crd, check=False).returncode == 0:  # a chart was installed
+        cluster.kubectl("delete", labels.PLURAL, "--all", "--all-namespaces", "--wait=false")
+    managed = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
+
+    def nothing_left() -> bool:
+        servers = cluster.kubectl("get", crd, "-A", "-o", "name", check=False).stdout.split()
+        pods = cluster.kubectl("get", "pods", "-A", "-l", managed, "-o", "name").stdout.split()
+        return not servers and not pods
+
+    eventually(
+        nothing_left,
+        what="the living cluster's TPUModelServers and their pods to be gone",
+        timeout_seconds=LIVING_RESET_TIMEOUT_SECONDS,
+        interval_seconds=POLL_SECONDS,
+    )
+    cluster.helm(
+        "uninstall", CHART_RELEASE, "--namespace", CHART_NAMESPACE, "--ignore-not-found", "--wait"
+    )
+
+
+def _running(role: str, cluster: Cluster) -> Iterator[Cluster]:
     """Start `cluster`, yield it, stop it and check that none of its processes is left."""
     cluster.start()
-    _session_clusters.append(cluster)
+    _session_clusters[role] = cluster
     try:
         yield cluster
     finally:
         cluster.stop()
-        _session_clusters.remove(cluster)
+        del _session_clusters[role]
         leftovers = cluster.alive_processes()
         assert not leftovers, f"processes left after teardown: {leftovers}"
 
@@ -155,7 +197,9 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    names = getattr(item, "fixturenames", ())
-    if report.failed and _session_clusters and {"cluster", "living_cluster"} & set(names):
-        report.sections.append(("control-plane logs", _session_clusters[-1].log_report()))
+    names = set(getattr(item, "fixturenames", ()))
+    if report.failed:
+        for role, used in sorted(_session_clusters.items()):
+            if role in names:
+                report.sections.append((f"control-plane logs ({role})", used.log_report()))
     return report

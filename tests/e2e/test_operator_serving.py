@@ -1,7 +1,10 @@
 """Valid TPUModelServers are served on the matching fake GKE pools and reach Ready; invalid
 ones are refused by the apiserver (CEL) or reported Valid=False with an Event and no children.
 
-Issue 6, items 2 and 3; both workload kinds (LeaderWorkerSet, StatefulSets)."""
+Issue 6, items 2 and 3. Each workload kind (LeaderWorkerSet, StatefulSets) serves a multi-host
+and a single-host slice (`CASES`); every catalog shape with both kinds is rendered and checked by
+tests/unit/operator/test_render_catalog.py. What the apiserver or the operator refuses does not
+depend on the kind: those tests run with one operator (`ONE_KIND`)."""
 
 from __future__ import annotations
 
@@ -34,14 +37,19 @@ from tpuserve_operator import labels
 
 pytestmark = pytest.mark.e2e
 
-# (name, generation, topology, replicas, extra spec): each fits the default pools at once.
-CASES: list[tuple[str, str, str, int, dict[str, Any]]] = [
-    ("v6e-4x4", "v6e", "4x4", 2, {}),
-    ("v6e-2x4", "v6e", "2x4", 2, {}),
-    ("tpu7x", "tpu7x", "2x2x2", 1, {}),
-    ("v5e-spot", "v5e", "2x4", 1, {"tpu": {"spot": True}}),
-    ("simulated", "v6e", "4x4", 1, {"engine": "simulated"}),
+# (operator's --workload, name, generation, topology, replicas, extra spec): each fits the
+# default pools at once. Per kind a multi-host slice with two groups (each group on a pool of its
+# own) and a single-host one; Ironwood's 2x2x2 slice runs with both kinds in
+# test_operator_lifecycle.py (a group restart), the twin in the living-cluster tests.
+CASES: list[tuple[str, str, str, str, int, dict[str, Any]]] = [
+    ("leaderworkerset", "v6e-4x4", "v6e", "4x4", 2, {}),  # 4 hosts
+    ("leaderworkerset", "v6e-2x4", "v6e", "2x4", 2, {}),  # 1 host
+    ("statefulset", "v6e-4x4", "v6e", "4x4", 2, {}),
+    ("statefulset", "v5e-spot", "v5e", "2x4", 1, {"tpu": {"spot": True}}),  # 1 host
+    ("statefulset", "simulated", "v6e", "4x4", 1, {"engine": "simulated"}),  # no TPU
 ]
+# The kind of the operator that the kind-independent tests run with.
+ONE_KIND = pytest.mark.parametrize("operator", ["statefulset"], indirect=True)
 
 
 def _node_labels(cluster: Cluster) -> dict[str, dict[str, str]]:
@@ -50,7 +58,10 @@ def _node_labels(cluster: Cluster) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("name", "generation", "topology", "replicas", "extra"), CASES, ids=[c[0] for c in CASES]
+    ("operator", "name", "generation", "topology", "replicas", "extra"),
+    CASES,
+    ids=[f"{c[1]}-{c[0]}" for c in CASES],
+    indirect=["operator"],
 )
 def test_valid_servers_are_scheduled_on_their_slices_and_become_ready(
     cluster: Cluster,
@@ -124,6 +135,7 @@ def test_valid_servers_are_scheduled_on_their_slices_and_become_ready(
     assert row[6] == status["endpoint"]
 
 
+@ONE_KIND
 def test_the_apiserver_refuses_what_cel_can_see(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -146,6 +158,7 @@ def test_the_apiserver_refuses_what_cel_can_see(
     assert "spec.replicas" in refused_replicas.value.stderr
 
 
+@ONE_KIND
 def test_catalog_invalid_servers_get_valid_false_an_event_and_no_children(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -172,6 +185,7 @@ def test_catalog_invalid_servers_get_valid_false_an_event_and_no_children(
     assert condition(body, "Ready")["status"] == "False"
 
 
+@ONE_KIND
 def test_a_model_that_does_not_fit_is_reported(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

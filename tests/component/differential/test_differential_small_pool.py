@@ -3,8 +3,10 @@ pool of 1,024 tokens: OpenAI usage carries no cached tokens (SGLang's default) w
 `/generate` still reports them, and a pool too small for three prompts evicts the least
 recently used one with the same `BlockRemoved` events.
 
-One real engine and one twin configured alike, as in test_differential_twin.py (a second
-module so that at most one real engine of these tests is alive at a time).
+One real engine and one twin configured alike, as in test_differential_twin.py. The real
+engine is the session's shared small-pool engine (`tests.real_sglang.SMALL_POOL`), which
+tests/component/router/test_router_real_sglang_eviction.py uses too; it comes with an empty
+cache.
 """
 
 from __future__ import annotations
@@ -21,19 +23,16 @@ from tests.component.differential.engine_pair import (
     ids,
     twin_like,
 )
-from tests.real_sglang import EngineFactory
+from tests.real_sglang import SMALL_POOL, EnginePool
 
 pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
 
-POOL_TOKENS = 1024
 PROMPT_PAGES = 25  # 400 tokens: two prompts fit the pool, a third evicts the first
 
 
 @pytest.fixture(scope="module")
-def pair(real_engines: EngineFactory) -> Iterator[EnginePair]:
-    real = real_engines.start(
-        name="small-pool", max_total_tokens=POOL_TOKENS, enable_cache_report=False
-    )
+def pair(real_engine_pool: EnginePool) -> Iterator[EnginePair]:
+    real = real_engine_pool.engine(SMALL_POOL, name="small-pool")
     with twin_like(real, enable_cache_report=False) as twin:
         yield EnginePair(real, twin)
 

@@ -12,6 +12,9 @@ engines, driven with the official openai client.
 - killing an engine (SIGKILL) under non-streaming load fails no request: the router retries
   on the other engine (the killing test runs last: it takes an engine away).
 
+The engines: the session's shared default engine (`real_engine`, its cache empty) and one of
+this module's own, the one the last test kills.
+
 Measured numbers are printed (`pytest -s` shows them); docs/router.md ("Against real SGLang")
 quotes them.
 """
@@ -61,8 +64,9 @@ def measured(what: str, value: object) -> None:
 
 
 @pytest.fixture(scope="module")
-def engines(real_engines: EngineFactory) -> list[RealEngine]:
-    return real_engines.start_many(2)
+def engines(real_engines: EngineFactory, real_engine: RealEngine) -> list[RealEngine]:
+    """[the module's own engine (killed last), the shared one]."""
+    return [real_engines.start(name="killed-last"), real_engine]
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +303,8 @@ async def test_a_router_started_late_learns_what_an_engine_cached_before_it_by_r
 ) -> None:
     for engine in engines:
         flush(engine)
-    early = engines[1]
+    # The module's own engine: its replay buffer holds this module's events only.
+    early, other = engines
     prompt = text_of_tokens(tokenizer, random.Random(4), 400)
     async with client_of(early.url) as direct:
         await direct.completions.create(model=early.model, prompt=prompt, max_tokens=4)
@@ -315,7 +320,7 @@ async def test_a_router_started_late_learns_what_an_engine_cached_before_it_by_r
             what="the late router's index to hold the prompt the engine cached before it",
             timeout_seconds=INDEX_SECONDS,
         )
-        assert prefix_pages(app, tokenizer, prompt, engines[0].url)[0] == 0
+        assert prefix_pages(app, tokenizer, prompt, other.url)[0] == 0
         async with client_of(app.base_url) as api:
             completion = await api.completions.create(
                 model=early.model, prompt=prompt + "Continue.", max_tokens=4

@@ -2,8 +2,10 @@
 `BlockRemoved` events take them out of the router's index, which keeps holding exactly the
 blocks the engine still has.
 
-Its own module: the engine differs from the two of test_router_real_sglang.py, and a module
-starts its engines once (at most two real engines run at a time).
+Its own module: the engine differs from the two of test_router_real_sglang.py. It is the
+session's shared small-pool engine (`tests.real_sglang.SMALL_POOL`), the one of
+tests/component/differential/test_differential_small_pool.py (no `--enable-cache-report`: this
+test reads KV events, not usage), with an empty cache.
 """
 
 from __future__ import annotations
@@ -22,21 +24,21 @@ from tests.component.router.real_engine_traffic import (
     text_of_tokens,
 )
 from tests.component.router.router_fleet import sample
-from tests.real_sglang import EngineFactory, RealEngine
+from tests.real_sglang import SMALL_POOL, EnginePool, RealEngine
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 
 pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
 
-POOL_TOKENS = 1024
+POOL_TOKENS = SMALL_POOL.max_total_tokens
 PROMPT_TOKENS = 200
 PROMPTS = 8  # ~1,700 tokens with their outputs: the first ones must be evicted
 INDEX_SECONDS = 30.0
 
 
 @pytest.fixture(scope="module")
-def small_engine(real_engines: EngineFactory) -> RealEngine:
-    return real_engines.start(name="small-pool", max_total_tokens=POOL_TOKENS)
+def small_engine(real_engine_pool: EnginePool) -> RealEngine:
+    return real_engine_pool.engine(SMALL_POOL, name="small-pool")
 
 
 @pytest.fixture
@@ -65,6 +67,10 @@ async def test_evicted_blocks_leave_the_index(router: RouterApp, small_engine: R
         ) as client,
     ):
         await feed.synchronise()
+        # The shared engine's earlier evictions, which the router counted from its catch-up replay.
+        removed_before = sample(
+            router, "tpuserve_router_kv_events_total", {"worker": worker, "type": "BlockRemoved"}
+        )
         for prompt in prompts:
             await client.completions.create(model=small_engine.model, prompt=prompt, max_tokens=8)
         await eventually_async(
@@ -79,8 +85,11 @@ async def test_evicted_blocks_leave_the_index(router: RouterApp, small_engine: R
             timeout_seconds=INDEX_SECONDS,
             context=lambda: f"index {len(index.engine_hashes(worker))}, engine {len(feed.held())}",
         )
-    removed_events = sample(
-        router, "tpuserve_router_kv_events_total", {"worker": worker, "type": "BlockRemoved"}
+    removed_events = (
+        sample(
+            router, "tpuserve_router_kv_events_total", {"worker": worker, "type": "BlockRemoved"}
+        )
+        - removed_before
     )
     removed_blocks = sum(
         len(e.block_hashes) for e in feed.events if type(e).__name__ == "BlockRemoved"
