@@ -107,6 +107,7 @@ from tpuserve_router.server import (
     FrontLimits,
     Handler,
     HttpRequest,
+    is_loopback,
     serve,
 )
 from tpuserve_router.token_cache import ChatTokenCache
@@ -127,7 +128,7 @@ PROBE_CONNECTIONS: Final = 64
 """The metrics port's own connection budget: probes and scrapes never wait for clients."""
 PROBE_BODY_BYTES: Final = 1 << 16
 ADMIN_HOST: Final = "127.0.0.1"
-"""Where ``--admin-port`` listens: only this host (this pod) reaches it."""
+"""Where ``--admin-port`` listens (`admin_host`): only this host (this pod) reaches it."""
 ADMIN_CONNECTIONS: Final = 64
 ADMIN_BODY_BYTES: Final = 1 << 20
 ADMIN_PATHS: Final = frozenset(
@@ -473,7 +474,7 @@ class RouterApp:
                 self.limits, max_connections=ADMIN_CONNECTIONS, max_body_bytes=ADMIN_BODY_BYTES
             )
             self._admin_server = await serve(
-                self._handle_admin, ADMIN_HOST, config.admin_port, admin_limits,
+                self._handle_admin, admin_host(config.host), config.admin_port, admin_limits,
                 self.admin_book, self._admin_head_check,
             )  # fmt: skip
             self._servers.append(self._admin_server)
@@ -805,6 +806,12 @@ class RouterApp:
             reject(request, model_not_found(repr(name), served), self.metrics, route="other")
             return
         request.respond(200, JSON_HEADERS, orjson.dumps(card))
+
+
+def admin_host(host: str) -> str:
+    """Where ``--admin-port`` listens: `ADMIN_HOST`, or ``--host`` when that is a loopback
+    address already (a local fleet's pods each have one of their own)."""
+    return host if is_loopback(host) else ADMIN_HOST
 
 
 def open_file_limit() -> int:

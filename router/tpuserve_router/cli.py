@@ -561,7 +561,8 @@ OPTIONS: tuple[Option, ...] = (
         "--admin-port",
         "admin_port",
         cli_types.port,
-        "Also serve the admin API on 127.0.0.1:PORT, to this host (pod) only, without a key: "
+        "Also serve the admin API on 127.0.0.1:PORT (on --host when that is a loopback "
+        "address), to this host (pod) only, without a key: "
         "what kubectl port-forward reaches. Needs --admin loopback. Default: none.",
     ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
