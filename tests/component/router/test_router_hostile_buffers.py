@@ -1,7 +1,7 @@
 """Hostile tenants against the router's memory: 40 unauthenticated clients sending 30 MB bodies
 and 40 requests of 30 MB held at zero take the router process at most its budget of buffered
 request bytes plus 100 MB above its size at rest, while keyed clients of a served model keep
-being answered.
+being answered; a worker's oversized look-up answers are not read whole.
 
 A real `tpuserve router` process (its RSS at rest, then its peak, VmHWM, read from /proc), an
 engine twin, and the official `openai` client, on loopback. Before the budget (issue 47) the
@@ -12,6 +12,7 @@ clients took it from 51 to 1,252 MB.
 from __future__ import annotations
 
 import asyncio
+import logging
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +21,18 @@ from typing import Any
 import openai
 import orjson
 import pytest
+from aiohttp import web
 
-from tests.component.router.router_fleet import MODEL, EngineTwin, RouterProcess, start_engines
-from tests.waiting import eventually
+from tests.component.router.router_fleet import (
+    MODEL,
+    EngineTwin,
+    RouterProcess,
+    start_engines,
+    start_router,
+)
+from tests.fakes import FakeSGLangWorker
+from tests.waiting import eventually, eventually_async
+from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
 
@@ -162,3 +172,37 @@ async def test_held_30_mb_requests_stay_within_the_budget_and_keyed_traffic_is_s
     assert served
     assert set(served) == {"ok"}, served
     assert growth <= BUDGET_BYTES + MARGIN_BYTES, f"RSS grew {growth / 2**20:.0f} MiB"
+
+
+class Boastful(FakeSGLangWorker):
+    """A worker whose ``/v1/models`` and ``/server_info`` answers are 16 MB of JSON."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.padding = "x" * 16_000_000
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [], "padding": self.padding})
+
+    async def _server_info(self, _: web.Request) -> web.Response:
+        return web.json_response({"kv_events": {}, "padding": self.padding})
+
+
+async def test_a_workers_look_ups_are_read_up_to_a_bound(caplog: pytest.LogCaptureFixture) -> None:
+    worker = Boastful()
+    url = await worker.start()
+    config = RouterConfig(workers=(url,), policy="precise", kv_events=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="tpuserve_router"):
+            app = await start_router(config)
+            try:
+                await eventually_async(
+                    lambda: caplog.text.count("larger than the router reads") == 2,
+                    what="both look-ups refused",
+                )
+            finally:
+                await app.stop()
+    finally:
+        await worker.stop()
+    assert "could not list models" in caplog.text
+    assert "not subscribing to KV events" in caplog.text or "no server info" in caplog.text
