@@ -130,6 +130,12 @@ class FakeKube:
         self._notify("MODIFIED" if old else "ADDED", new)
         return copy.deepcopy(new)
 
+    async def create(self, manifest: Mapping[str, Any]) -> bool:
+        if self._key(manifest) in self.objects:
+            return False
+        await self.apply(manifest)
+        return True
+
     async def delete(
         self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None
     ) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
+from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
 
 from tpuserve_operator import labels
 
@@ -62,6 +62,7 @@ KINDS: dict[tuple[str, str], Kind] = {
     for k in (
         Kind("v1", "Service", "services"),
         Kind("v1", "ConfigMap", "configmaps"),
+        Kind("v1", "Secret", "secrets"),
         Kind("v1", "ServiceAccount", "serviceaccounts"),
         Kind("v1", "Pod", "pods"),
         Kind("apps/v1", "StatefulSet", "statefulsets"),
@@ -120,6 +121,8 @@ class KubeApi(Protocol):
     """The calls the reconciler makes (`Kube`; unit tests use an in-memory fake)."""
 
     async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def create(self, manifest: Mapping[str, Any]) -> bool: ...
 
     async def delete(
         self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None
@@ -181,6 +184,17 @@ class Kube:
             field_manager=labels.FIELD_MANAGER,
             force_conflicts=True,
         )
+
+    async def create(self, manifest: Mapping[str, Any]) -> bool:
+        """Create ``manifest`` unless an object of its name exists (then False): what is
+        made once and never read back (a Secret whose value the operator must not hold)."""
+        kind = kind_of(manifest)
+        meta = manifest["metadata"]
+        try:
+            await self._request("post", kind.path(meta.get("namespace")), body=dict(manifest))
+        except ConflictError:
+            return False
+        return True
 
     async def create_if_missing(self, manifest: Mapping[str, Any]) -> None:
         kind = kind_of(manifest)

@@ -110,6 +110,12 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         MANAGE,
         "Prometheus Operator monitors (when that CRD is installed)",
     ),
+    Rule(
+        "",
+        ("secrets",),
+        ("create",),
+        "each server's router peering secret, created once with a random value; never read",
+    ),
     Rule("", ("events",), ("create", "patch"), "Events on condition transitions"),
     Rule("events.k8s.io", ("events",), ("create", "patch"), "Events on condition transitions"),
     Rule(

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ from tpuserve_operator.observed import (
 from tpuserve_operator.render import RenderConfig, Rendered, render, validate_server
 from tpuserve_operator.render.demand import demand_lease_name, scales_to_zero
 from tpuserve_operator.render.pod import startup_budget_seconds
+from tpuserve_operator.render.router import router_peering_secret
 from tpuserve_operator.restarts import GroupRestarts
 from tpuserve_operator.scale_to_zero import decide_zero
 from tpuserve_operator.server_state import RenderKey, ServedModel, ServerState
@@ -191,8 +193,8 @@ class Reconciler:
 
     def on_child_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         key = server_key_of(body)
-        if key is None:
-            return
+        if key is None or (body.get("apiVersion"), body.get("kind")) not in CHILD_KINDS:
+            return  # not a child it watches (its peering Secret is made once, never observed)
         view = child_view(body)
         if event_type == "DELETED":
             self.cache.drop_child(key, view.kind, view.name)
@@ -338,6 +340,7 @@ class Reconciler:
             moving=moving,
             urgent=urgent,
         )
+        await self._ensure_peering_secret(state, rendered)
         apply_error = await self._children.apply(key, state, rendered, plan, reports, children)
         if apply_error is None:
             await self._restarts.replace_stale_pods(key, rendered, plan)
@@ -409,6 +412,16 @@ class Reconciler:
         state.lost_reported = {
             n: g for n, g in state.lost_reported.items() if self.nodes.vanished_recently(n, now)
         }
+
+    async def _ensure_peering_secret(self, state: ServerState, rendered: Rendered) -> None:
+        """Create the router replicas' peering secret once (a random value the operator
+        never reads back: its RBAC may create Secrets, not read them). Checked again after an
+        operator restart; an existing one is kept."""
+        server = rendered.server
+        if state.peering_secret or not server.valid.spec.router.enabled:
+            return
+        await self.kube.create(router_peering_secret(server, secrets.token_urlsafe(32)))
+        state.peering_secret = True
 
     async def _compile_cache(
         self,

@@ -25,7 +25,8 @@ Reads every TPUModelServer document of FILE ('-' for stdin), validates it exactl
 operator does (CRD rules, topology catalog, fit check) and prints the objects the operator
 would apply. Invalid resources are reported on stderr, one line per problem, and the exit
 code is 1; a FILE that cannot be read (too large, not UTF-8, not YAML, too deep, or
-expanding through aliases beyond 100,000 values) is one line and exit code 2.
+expanding through aliases beyond 100,000 values or 16 Mi characters) is one line and exit
+code 2.
 """
 
 

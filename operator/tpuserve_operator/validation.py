@@ -102,31 +102,47 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
 
 MAX_DEPTH = 64
 MAX_VALUES = 100_000
+MAX_CHARS = 16 * 1024 * 1024
+"""Characters of every string once YAML aliases are expanded (a 4 MB string aliased a thousand
+times is 4 GB once rendered)."""
 
 
 def check_bounds(value: Any, field: str) -> list[Problem]:
     """Whether ``value`` (parsed YAML or JSON) is small enough to look at: at most
-    `MAX_DEPTH` levels deep and `MAX_VALUES` values once YAML aliases are expanded (an
-    "anchor bomb" of a few lines expands to billions). Shared objects are counted once per
-    reference but walked once, so the check itself is fast whatever the expansion."""
-    sizes: dict[int, int] = {}
+    `MAX_DEPTH` levels deep, `MAX_VALUES` values and `MAX_CHARS` characters of strings once
+    YAML aliases are expanded (an "anchor bomb" of a few lines expands to billions). Shared
+    objects are counted once per reference but walked once, so the check itself is fast
+    whatever the expansion."""
+    sizes: dict[int, tuple[int, int]] = {}
 
-    def size(node: Any, depth: int) -> int:
+    def size(node: Any, depth: int) -> tuple[int, int]:
+        """(values, characters) under ``node``, aliases expanded."""
+        if isinstance(node, str):
+            return 1, len(node)
         if not isinstance(node, dict | list):
-            return 1
+            return 1, 0
         if depth > MAX_DEPTH:
             raise _TooLarge(f"nested deeper than {MAX_DEPTH} levels")
         known = sizes.get(id(node))
         if known is not None:
             return known
         children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
-        total = 1 + sum(size(child, depth + 1) for child in children)
-        if total > MAX_VALUES:
-            raise _TooLarge(
-                f"more than {MAX_VALUES} values (with YAML aliases expanded); allowed: fewer"
-            )
-        sizes[id(node)] = total
-        return total
+        values, chars = 1, 0
+        for child in children:
+            more, longer = size(child, depth + 1)
+            values += more
+            chars += longer
+            if values > MAX_VALUES:
+                raise _TooLarge(
+                    f"more than {MAX_VALUES} values (with YAML aliases expanded); allowed: fewer"
+                )
+            if chars > MAX_CHARS:
+                raise _TooLarge(
+                    f"more than {MAX_CHARS} characters of strings (with YAML aliases "
+                    "expanded); allowed: fewer"
+                )
+        sizes[id(node)] = (values, chars)
+        return values, chars
 
     try:
         size(value, 0)

@@ -27,10 +27,20 @@ SGLang-compatible server):
   (``{"url": ...}`` or ``?url=``), ``POST /flush_cache`` (sent to every worker) (`admin`),
   ``GET /kv_snapshot`` (the block index, for a replica started late: `kv_snapshot`).
 
+Who may do what is settled at the end of a request's head, before its body is read
+(`_head_check`): a route that needs an API key refuses a request without a valid one (401),
+the admin API one without the right to it (403), and either refuses two ``Authorization``
+(or ``x-api-key``) headers (400). The admin API trusts no client for its address: with
+``--admin loopback`` (the default) it needs an admin key, unless the request came through a
+listener bound to a loopback address (``--host 127.0.0.1``, or ``--admin-port``, which serves
+only the admin API on ``127.0.0.1``): a proxy in the pod (a service-mesh sidecar) dials from a
+loopback address, but it forwards what reached the pod's address, never a loopback listener.
+
 An unknown path gets 404, a known path with another method 405 naming the allowed ones,
 a method the router never serves (``CONNECT``, ``PUT``, ...) 405. With ``--metrics-port``,
 that port serves ``/metrics``, ``/health`` and ``/readiness`` with a connection budget of
-its own (`PROBE_CONNECTIONS`), so probes and scrapes are never locked out by clients.
+its own (`PROBE_CONNECTIONS`), so probes and scrapes are never locked out by clients. Request
+bodies on every port share one budget (``--max-buffered-bytes``, `connections.BufferBudget`).
 """
 
 from __future__ import annotations
@@ -60,7 +70,7 @@ from tpuserve_router.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.cancellation import Aborter
 from tpuserve_router.config import RouterConfig, kv_events_enabled
-from tpuserve_router.connections import ConnectionBook
+from tpuserve_router.connections import BufferBudget, ConnectionBook
 from tpuserve_router.core import RouterCore
 from tpuserve_router.discovery.static import static_workers
 from tpuserve_router.engine_loads import LoadPoller
@@ -83,6 +93,7 @@ from tpuserve_router.metrics import (
     touch_known_series,
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
+from tpuserve_router.peer_auth import load_key
 from tpuserve_router.peer_snapshot import SnapshotService, snapshot_port
 from tpuserve_router.peer_view import PeerView, new_router_id
 from tpuserve_router.peers import PeerNetwork
@@ -96,6 +107,7 @@ from tpuserve_router.server import (
     FrontLimits,
     Handler,
     HttpRequest,
+    is_loopback,
     serve,
 )
 from tpuserve_router.token_cache import ChatTokenCache
@@ -115,6 +127,14 @@ MODELS_PREFIX: Final = "/v1/models/"
 PROBE_CONNECTIONS: Final = 64
 """The metrics port's own connection budget: probes and scrapes never wait for clients."""
 PROBE_BODY_BYTES: Final = 1 << 16
+ADMIN_HOST: Final = "127.0.0.1"
+"""Where ``--admin-port`` listens (`admin_host`): only this host (this pod) reaches it."""
+ADMIN_CONNECTIONS: Final = 64
+ADMIN_BODY_BYTES: Final = 1 << 20
+ADMIN_PATHS: Final = frozenset(
+    {"/workers", "/flush_cache", "/add_worker", "/remove_worker", "/kv_snapshot"}
+)
+CREDENTIAL_HEADERS: Final = (b"authorization", b"x-api-key")
 FD_RESERVE: Final = 512
 """Open files kept for what is not a client connection (listeners, health checks, idle
 upstream pools, KV-event sockets, logs), beside one upstream connection per request."""
@@ -162,6 +182,7 @@ def create_router_app(
     peering: PeerNetwork | None = None
     snapshots: SnapshotService | None = None
     if config.peer_port:
+        key = load_key(config.peer_key_file)
         view = PeerView(
             new_router_id(), policy, workers.get, clock=clock,
             max_open_per_peer=config.max_in_flight,
@@ -170,16 +191,21 @@ def create_router_app(
         peering = PeerNetwork(
             view, metrics, host=config.host, port=config.peer_port, peers=config.peers,
             dns_name=config.peers_from_dns, refresh_seconds=config.peers_refresh_interval_seconds,
+            key=key,
         )  # fmt: skip
         snapshots = SnapshotService(
             functools.partial(snapshot_to_give, kv), host=config.host,
             port=snapshot_port(config.peer_port),
             timeout_seconds=config.kv_snapshot_timeout_seconds,
-            max_bytes=config.kv_snapshot_max_bytes,
+            max_bytes=config.kv_snapshot_max_bytes, key=key,
         )  # fmt: skip
 
     core = RouterCore(config, policy, workers, metrics, peering.link if peering else None)
-    holds = HoldQueues(config.hold_max_requests, config.hold_max_seconds, metrics)
+    buffers = BufferBudget(config.max_buffered_bytes)
+    holds = HoldQueues(
+        config.hold_max_requests, config.hold_max_seconds, metrics,
+        max_bytes=config.max_buffered_bytes // 2,
+    )  # fmt: skip
     if holds.enabled:
         for model in config.hold_models:
             touch_hold_series(metrics, model)
@@ -258,17 +284,16 @@ def create_router_app(
         lambda: discovery.rejected if discovery is not None else [],
     )
     limits = config.front_limits(connection_budget(config))
-    book = ConnectionBook(
-        limits.max_connections, limits.tick_seconds, functools.partial(_closed, metrics)
-    )
-    probe_book = ConnectionBook(
-        PROBE_CONNECTIONS, limits.tick_seconds, functools.partial(_closed, metrics)
-    )
+    closed = functools.partial(_closed, metrics)
+    book = ConnectionBook(limits.max_connections, limits.tick_seconds, closed, buffers)
+    probe_book = ConnectionBook(PROBE_CONNECTIONS, limits.tick_seconds, closed)
+    admin_book = ConnectionBook(ADMIN_CONNECTIONS, limits.tick_seconds, closed, buffers)
     metrics.registry.register(
         StateCollector(
             functools.partial(_worker_states, workers),
             policy.index_sizes,
             lambda: len(book.open),
+            lambda: buffers.used,
         )
     )
     return RouterApp(
@@ -276,7 +301,7 @@ def create_router_app(
         outliers=outliers, kv=kv, seeds=seeds, peering=peering, snapshots=snapshots,
         admission=admission, loads=loads, keys=keys, aborter=aborter, discovery=discovery,
         demand=demand, forwarder=forwarder, admin=admin, limits=limits, book=book,
-        probe_book=probe_book,
+        probe_book=probe_book, admin_book=admin_book,
     )  # fmt: skip
 
 
@@ -347,7 +372,9 @@ class RouterApp:
     limits: FrontLimits
     book: ConnectionBook
     probe_book: ConnectionBook
+    admin_book: ConnectionBook
     _servers: list[asyncio.Server] = field(default_factory=list, init=False)
+    _admin_server: asyncio.Server | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         admin = self._admin_only
@@ -371,6 +398,13 @@ class RouterApp:
         self._delete: dict[str, Handler] = {
             "/workers": admin(self.admin.remove_worker),
         }
+        # What `_head_check` guards, by path: the route label of its refusals, and whether
+        # it is the admin API's (else it needs an API key when the router has keys).
+        self._guarded: dict[bytes, tuple[str, bool]] = {
+            route.encode(): (route, False) for route in GENERATION_ROUTES
+        }
+        self._guarded[b"/v1/models"] = ("other", False)
+        self._guarded.update({path.encode(): (ADMIN_ROUTE, True) for path in ADMIN_PATHS})
 
     # ================================================================== lifetime
 
@@ -394,6 +428,12 @@ class RouterApp:
         return int(self._servers[1].sockets[0].getsockname()[1])
 
     @property
+    def admin_port(self) -> int | None:
+        """The port of ``--admin-port``'s listener (on `ADMIN_HOST`), if it has one."""
+        server = self._admin_server
+        return None if server is None else int(server.sockets[0].getsockname()[1])
+
+    @property
     def base_url(self) -> str:
         return f"http://{self.config.host}:{self.port}"
 
@@ -412,7 +452,9 @@ class RouterApp:
                 open_file_limit(),
                 config.max_in_flight + FD_RESERVE,
             )
-        front = await serve(self._handle, config.host, config.port, self.limits, self.book)
+        front = await serve(
+            self._handle, config.host, config.port, self.limits, self.book, self._head_check
+        )
         self._servers.append(front)
         if config.metrics_port is not None:
             probe_limits = dataclasses.replace(
@@ -427,6 +469,15 @@ class RouterApp:
                     self.probe_book,
                 )
             )
+        if config.admin_port is not None:
+            admin_limits = dataclasses.replace(
+                self.limits, max_connections=ADMIN_CONNECTIONS, max_body_bytes=ADMIN_BODY_BYTES
+            )
+            self._admin_server = await serve(
+                self._handle_admin, admin_host(config.host), config.admin_port, admin_limits,
+                self.admin_book, self._admin_head_check,
+            )  # fmt: skip
+            self._servers.append(self._admin_server)
         self.admission.start()
         if self.loads is not None:
             self.loads.start()
@@ -464,13 +515,14 @@ class RouterApp:
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
-        for book in (self.book, self.probe_book):
+        for book in (self.book, self.probe_book, self.admin_book):
             book.stop()
             for conn in list(book.open):
                 conn.evict()
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
+        self._admin_server = None
         self.outliers.stop()
         if self.keys is not None:
             self.keys.stop()
@@ -560,13 +612,79 @@ class RouterApp:
                 b'{"error": "only /metrics, /health and /readiness are served here"}',
             )
 
+    async def _handle_admin(self, request: HttpRequest) -> None:
+        """``--admin-port``: the admin API alone, to this host's clients."""
+        if request.path in ADMIN_PATHS:
+            await self._handle(request)
+            return
+        reject(
+            request,
+            ClientError(
+                404,
+                f"no route {request.path} here: this port serves only the admin API "
+                f"({', '.join(sorted(ADMIN_PATHS))})",
+                param="path",
+                error_type="not_found_error",
+            ),
+            self.metrics,
+            route=ADMIN_ROUTE,
+        )
+
     # ================================================================== who may do what
 
+    def _head_check(
+        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], local: bool
+    ) -> ClientError | None:
+        """What a request's head settles, before its body is read (`server.HeadCheck`): on a
+        guarded route, two credential headers are refused (400: a router and a proxy in
+        front could each read another one), a keyed route needs a valid API key (401), the
+        admin API the right to it (403). Counted as the handlers count their refusals."""
+        path = url.partition(b"?")[0]
+        guarded = self._guarded.get(path)
+        if guarded is None:
+            if not path.startswith(b"/v1/models/"):
+                return None
+            guarded = ("other", False)
+        route, is_admin = guarded
+        found: dict[bytes, bytes] = {}
+        for name, value in headers:
+            if name in CREDENTIAL_HEADERS:
+                if name in found:
+                    duplicate = ClientError(
+                        400,
+                        f"the request has more than one {name.decode()} header; allowed: one",
+                        param=name.decode(),
+                    )
+                    self.metrics.requests.labels("", "none", route, "400").inc()
+                    return duplicate
+                found[name] = value
+        presented = presented_key(found.get(b"authorization"), found.get(b"x-api-key"))
+        if is_admin:
+            refusal = self._admin_refusal(presented, local)
+            if refusal is not None:
+                self.metrics.auth_failures.labels("admin_denied").inc()
+                self.metrics.requests.labels("", "none", route, str(refusal.status)).inc()
+            return refusal
+        if self.keys is None or self.keys.authenticate(presented) is not None:
+            return None
+        self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
+        self.metrics.requests.labels("", "none", route, "401").inc()
+        return unauthorized(presented)
+
+    def _admin_head_check(
+        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], local: bool
+    ) -> ClientError | None:
+        """``--admin-port``'s: `_head_check` on the admin API (anything else gets its 404)."""
+        if url.partition(b"?")[0].decode("latin-1") not in ADMIN_PATHS:
+            return None
+        return self._head_check(method, url, headers, local)
+
     def _admin_only(self, handler: Handler) -> Handler:
-        """``handler``, answering only those ``--admin`` lets use the admin API."""
+        """``handler``, answering only those ``--admin`` lets use the admin API (checked at
+        the head already, `_head_check`; again here for a listener without the check)."""
 
         async def gated(request: HttpRequest) -> None:
-            refusal = self._admin_refusal(request)
+            refusal = self._admin_refusal(self._presented(request), request.local)
             if refusal is None:
                 await handler(request)
                 return
@@ -575,7 +693,10 @@ class RouterApp:
 
         return gated
 
-    def _admin_refusal(self, request: HttpRequest) -> ClientError | None:
+    def _admin_refusal(self, presented: bytes | None, local: bool) -> ClientError | None:
+        """Why a request presenting ``presented`` (through a loopback-bound listener when
+        ``local``) may not use the admin API, or None. The client's address is never
+        trusted: only the listener it came through, or an admin key."""
         mode = self.config.admin
         if mode == "open":
             return None
@@ -583,13 +704,16 @@ class RouterApp:
             return ClientError(
                 403, "the admin API is off (--admin off)", error_type="permission_error"
             )
-        key = self._key_of(request)
+        key = self.keys.authenticate(presented) if self.keys is not None else None
         if key is not None and key.admin:
             return None
-        if mode == "loopback" and request.from_loopback:
+        if mode == "loopback" and local:
             return None
         allowed = "an admin API key" + (
-            " or a client on the router's host" if mode == "loopback" else ""
+            " (or a request through a listener bound to a loopback address: --host "
+            "127.0.0.1, or --admin-port)"
+            if mode == "loopback"
+            else ""
         )
         return ClientError(
             403,
@@ -609,9 +733,6 @@ class RouterApp:
             await handler(request)
 
         return keyed
-
-    def _key_of(self, request: HttpRequest) -> ApiKey | None:
-        return self.keys.authenticate(self._presented(request)) if self.keys is not None else None
 
     @staticmethod
     def _presented(request: HttpRequest) -> bytes | None:
@@ -685,6 +806,12 @@ class RouterApp:
             reject(request, model_not_found(repr(name), served), self.metrics, route="other")
             return
         request.respond(200, JSON_HEADERS, orjson.dumps(card))
+
+
+def admin_host(host: str) -> str:
+    """Where ``--admin-port`` listens: `ADMIN_HOST`, or ``--host`` when that is a loopback
+    address already (a local fleet's pods each have one of their own)."""
+    return host if is_loopback(host) else ADMIN_HOST
 
 
 def open_file_limit() -> int:

@@ -16,8 +16,9 @@ Two kinds of entries:
   arrive before the engine reports the blocks (sibling bursts) still find them. They expire
   after ``predicted_ttl_seconds`` when the worker publishes KV events (the events soon
   confirm or deny them) and after ``approximate_ttl_seconds`` when it does not (then they
-  are the only signal), and each worker keeps at most ``max_predicted_blocks`` of them
-  (least recently routed dropped first).
+  are the only signal). ``max_predicted_blocks`` bounds them over all workers, so the
+  router's memory does not grow with the fleet: each worker keeps at most an equal share
+  (least recently routed dropped first; the others' shares are trimmed when a worker joins).
 
 An engine with data-parallel attention has one KV cache, and one event stream, per DP rank.
 Confirmed entries are kept per *stream* (worker, rank): each stream has its own bit, its own

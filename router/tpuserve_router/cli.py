@@ -227,6 +227,14 @@ OPTIONS: tuple[Option, ...] = (
         f"Larger request bodies get 413 (default {DEFAULTS.max_request_bytes}).",
     ),
     Option(
+        "--max-buffered-bytes",
+        "max_buffered_bytes",
+        cli_types.positive_int,
+        "Request bodies the router holds at once, in all (requests being read, in flight or "
+        "held); a body that does not fit gets 503 with Retry-After, and held requests may take "
+        f"at most half (default {DEFAULTS.max_buffered_bytes}).",
+    ),
+    Option(
         "--max-prompt-chars",
         "max_prompt_chars",
         cli_types.positive_int,
@@ -253,7 +261,9 @@ OPTIONS: tuple[Option, ...] = (
         "hold_max_requests",
         cli_types.non_negative_int,
         "Requests per model held while the model has no routable worker (scale from zero), "
-        "dispatched in arrival order once one is; beyond, 503 with Retry-After. 0 turns "
+        "dispatched by priority class, tenants taking turns, once one is; beyond, the newest "
+        "request of a lower class or of a tenant over its share, or the newcomer, gets 503 "
+        "with Retry-After. 0 turns "
         f"holding off: 503 at once (default {DEFAULTS.hold_max_requests}).",
     ),
     Option(
@@ -447,6 +457,16 @@ OPTIONS: tuple[Option, ...] = (
         f"(default {DEFAULTS.peers_refresh_interval_seconds:g}).",
     ),
     Option(
+        "--peer-key-file",
+        "peer_key_file",
+        str,
+        "A file holding the router replicas' shared secret (16 to 4096 bytes): every "
+        "peering socket then needs it (ZMQ CURVE), so a client without it reads no routing "
+        "decision and asks no KV snapshot. Required with --peer-port unless --host is a "
+        "loopback address.",
+        metavar="FILE",
+    ),
+    Option(
         "--health-check-timeout",
         "health_check_timeout_seconds",
         cli_types.duration_seconds,
@@ -531,10 +551,19 @@ OPTIONS: tuple[Option, ...] = (
         "--admin",
         "admin",
         str,
-        "Who may use the admin API (/workers, /flush_cache, ...): loopback (clients on this "
-        "host or a port-forward, or an admin key), keys (an admin key only), open (anyone), "
-        f"off (default {DEFAULTS.admin}).",
+        "Who may use the admin API (/workers, /flush_cache, ...): loopback (an admin key, or "
+        "any client of a listener bound to a loopback address: --host 127.0.0.1, or "
+        "--admin-port; never trusted for its own address), keys (an admin key only), open "
+        f"(anyone), off (default {DEFAULTS.admin}).",
         choices=ADMIN_MODES,
+    ),
+    Option(
+        "--admin-port",
+        "admin_port",
+        cli_types.port,
+        "Also serve the admin API on 127.0.0.1:PORT (on --host when that is a loopback "
+        "address), to this host (pod) only, without a key: "
+        "what kubectl port-forward reaches. Needs --admin loopback. Default: none.",
     ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
 )
@@ -663,6 +692,7 @@ async def serve_until_signalled(config: RouterConfig) -> int:
     from tpuserve_router.app import create_router_app
 
     raise_open_file_limit()
+    return_large_blocks()
     app = create_router_app(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -692,6 +722,30 @@ def raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError) as err:
             logging.getLogger(__name__).warning("could not raise the open-file limit: %s", err)
+
+
+MMAP_THRESHOLD_BYTES = 128 * 1024
+"""glibc's default threshold above which malloc maps a block of its own (and unmaps it when
+freed); `return_large_blocks` pins it there."""
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
+
+
+def return_large_blocks() -> None:
+    """Keep large blocks (request bodies, answers) out of the heap, so their memory goes back
+    to the system when they are freed. glibc otherwise raises its mmap threshold each time
+    such a block is freed, up to 32 MiB, and later bodies then land in the heap between small
+    objects, where freed memory stays with the process: 40 clients sending 30 MB bodies in
+    turn left the router 90 MB above its buffer budget. Setting the threshold turns that
+    adjustment off. Nothing happens on a C library without mallopt."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        logging.getLogger(__name__).debug("mallopt unavailable: large blocks stay in the heap")
 
 
 def tune_garbage_collector() -> None:

@@ -17,15 +17,15 @@ from typing import Any, Final, Literal
 from tpuserve_router.auth import KeysFileError, KeyStore
 from tpuserve_router.deadlines import FirstByteBudget
 from tpuserve_router.outliers import OutlierConfig
+from tpuserve_router.peer_auth import key_file_problem
 from tpuserve_router.peer_snapshot import snapshot_port
-from tpuserve_router.peers import is_loopback
 from tpuserve_router.policies.base import (
     Policy,
     PolicyConfigError,
     make_policy,
     registered_policy_names,
 )
-from tpuserve_router.server import FrontLimits
+from tpuserve_router.server import FrontLimits, is_loopback
 from tpuserve_router.worker_networks import parse_networks, url_problem
 from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url, parse_worker_flag
 
@@ -56,6 +56,7 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _DNS_NAME = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))*$")
 """A DNS name: dot-separated labels of letters, digits and '-' (not first nor last)."""
 MAX_HELD_PER_MODEL = 100_000
+DEFAULT_MAX_BUFFERED_BYTES: Final = 512 * 1024 * 1024
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
 
@@ -96,6 +97,9 @@ class RouterConfig:
     max_header_bytes: int = 32 * 1024
     max_headers: int = 100
     max_request_bytes: int = 32 * 1024 * 1024
+    # Request bodies held at once, router-wide (connections.BufferBudget): a quarter of the
+    # chart's 2 GiB router memory limit (the operator renders a quarter of the pod's limit).
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     max_prompt_chars: int = 4 * 1024 * 1024  # also the most token ids a prompt may have
     max_connections: int = 10_000
     max_in_flight: int = 4096
@@ -137,6 +141,7 @@ class RouterConfig:
     peers: tuple[str, ...] = ()  # tcp://HOST:PORT of static peers
     peers_from_dns: str | None = None  # a name whose addresses are the peers (headless Service)
     peers_refresh_interval_seconds: float = 5.0
+    peer_key_file: str | None = None  # the replicas' shared secret (peer_auth.py)
     # Outlier ejection (outliers.py), with Envoy's defaults where it has them.
     outlier_consecutive_failures: int = 5
     outlier_failure_rate: float = 0.5
@@ -149,6 +154,7 @@ class RouterConfig:
     api_keys_file: str | None = None  # auth.py: keys for the data plane; none: no keys
     api_keys_reload_seconds: float = 10.0
     admin: AdminMode = "loopback"  # who may use the admin API (app.py)
+    admin_port: int | None = None  # the admin API on 127.0.0.1 only (app.py)
     seed: int | None = None
 
     def replace(self, **changes: Any) -> RouterConfig:
@@ -250,6 +256,12 @@ class RouterConfig:
         for name, least in _SIZE_FLOORS.items():
             value = getattr(self, name)
             need(value >= least, f"{name}={value}: must be >= {least}")
+        need(
+            self.max_request_bytes <= self.max_buffered_bytes,
+            f"max_request_bytes={self.max_request_bytes}: must be <= max_buffered_bytes="
+            f"{self.max_buffered_bytes} (a body larger than every body the router may hold "
+            "could never be read)",
+        )
         need(
             self.max_request_line_bytes <= self.max_header_bytes,
             f"max_request_line_bytes={self.max_request_line_bytes}: must be <= "
@@ -353,6 +365,20 @@ class RouterConfig:
             self.admin in ADMIN_MODES,
             f"admin={self.admin!r}: allowed {', '.join(ADMIN_MODES)}",
         )
+        if self.admin_port is not None:
+            need(
+                0 <= self.admin_port <= 65535,
+                f"admin_port={self.admin_port}: allowed 0..65535 (0 = any free)",
+            )
+            need(
+                self.admin_port == 0 or self.admin_port not in (self.port, self.metrics_port),
+                f"admin_port={self.admin_port}: must differ from port and metrics_port",
+            )
+            need(
+                self.admin == "loopback",
+                f"admin_port={self.admin_port}: needs admin='loopback' (the port serves the "
+                f"admin API to this host without a key; admin is {self.admin!r})",
+            )
         need(
             self.api_keys_reload_seconds > 0,
             f"api_keys_reload_seconds={self.api_keys_reload_seconds}: must be > 0",
@@ -414,6 +440,19 @@ class RouterConfig:
                 f"peers_from_dns={name!r}: not a DNS name (letters, digits, '-' and '.'), "
                 "e.g. my-model-router-peers.serving.svc"
             )
+        if self.peer_key_file is not None:
+            problem = key_file_problem(self.peer_key_file)
+            if problem:
+                problems.append(problem)
+            if not self.peer_port:
+                problems.append(f"peer_key_file={self.peer_key_file!r}: needs peer_port (1..65534)")
+        elif self.peer_port and not is_loopback(self.host):
+            problems.append(
+                f"peer_port={self.peer_port} with host={self.host!r}: peering on an address "
+                "other hosts reach needs peer_key_file (the replicas' shared secret: a peering "
+                "port without it would give anyone every routing decision and the KV "
+                "snapshot); without it, peering is allowed only on a loopback host"
+            )
         if (self.peers or name is not None) and not self.peer_port:
             problems.append(
                 "peers, peers_from_dns: need peer_port (1..65534), the port peers publish on"
@@ -439,6 +478,7 @@ _SIZE_FLOORS: dict[str, int] = {
     "max_header_bytes": 1024,
     "max_headers": 8,
     "max_request_bytes": 1024,
+    "max_buffered_bytes": 1024,
     "max_prompt_chars": 1,
     "max_connections": 1,
     "max_in_flight": 1,

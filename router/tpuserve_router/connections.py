@@ -1,5 +1,5 @@
-"""Client connections as one budget: how many may be open, which one goes under pressure, and
-the timeouts of connections that hold no request.
+"""Client connections as one budget: how many may be open, which one goes under pressure, the
+timeouts of connections that hold no request, and the bytes their requests may buffer.
 
 A listener's `ConnectionBook` counts its open connections. At ``max_connections`` a new
 connection takes the place of the connection that has waited longest without a request in
@@ -13,13 +13,20 @@ request and those whose client stopped reading, and closes the ones past their t
 connections are open, so a listener nobody stops leaves nothing running once its
 connections are gone; `stop` disarms it. Cost on the request path: a dict insert and a dict
 delete per request (the book's ordered ``waiting`` set), no timer per request.
+
+What requests buffer is one router-wide budget too (`BufferBudget`, ``--max-buffered-bytes``):
+a request body is charged as its bytes arrive (a pipelined one as well) and given back when
+its request has been answered (held requests included), so however many clients send large
+bodies at once, the router holds at most the budget of them. A request whose declared length
+does not fit in what is left, or whose body runs past it, is answered 503 with
+``Retry-After`` and its connection closed (`server.HttpConnection`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 MIN_TICK_SECONDS = 0.01
 MAX_TICK_SECONDS = 1.0
@@ -35,6 +42,34 @@ class Sweepable(Protocol):
         """Close the connection to make room for another."""
 
 
+class BufferBudget:
+    """The bytes of request bodies the router holds at once, at most ``max_bytes``."""
+
+    __slots__ = ("max_bytes", "used")
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+
+    @property
+    def free(self) -> int:
+        return self.max_bytes - self.used
+
+    def take(self, size: int) -> bool:
+        """Charge ``size`` bytes if they fit; False (nothing charged) if they do not."""
+        if self.used + size > self.max_bytes:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
+
+
+UNBOUNDED: Final = 1 << 62
+"""The budget of a book given none (a test's listener, say): in practice, no bound."""
+
+
 class ConnectionBook:
     """The open connections of one listener, their budget and their timeouts."""
 
@@ -43,8 +78,10 @@ class ConnectionBook:
         max_connections: int,
         tick_seconds: float,
         count: Callable[[str], None] | None = None,
+        buffers: BufferBudget | None = None,
     ) -> None:
         self.max_connections = max_connections
+        self.buffers = buffers if buffers is not None else BufferBudget(UNBOUNDED)
         self.tick_seconds = min(MAX_TICK_SECONDS, max(MIN_TICK_SECONDS, tick_seconds))
         self.count = count or (lambda reason: None)
         self.open: set[Sweepable] = set()

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from tpuserve_router.adapter_affinity import AdapterAffinity
-from tpuserve_router.auth import ApiKey, KeyStore, presented_key
+from tpuserve_router.auth import DEFAULT_PRIORITY, ApiKey, KeyStore, presented_key
 from tpuserve_router.cancellation import Aborter
 from tpuserve_router.core import RouterCore
 from tpuserve_router.generation_limits import GENERATION_LIMITS, GenerationLimit
@@ -296,8 +296,12 @@ class Forwarder:
                 label = hold_label(model, self._known_models())  # bounded, as a metric label
                 try:
                     await self.holds.hold(
-                        label, request.arrived, functools.partial(self._routable, model)
-                    )
+                        label, request.arrived, functools.partial(self._routable, model),
+                        tenant=key.tenant if key is not None else f"client {request.peer_host}",
+                        priority=key.priority if key is not None else DEFAULT_PRIORITY,
+                        size=request.charged,
+                        admissible=functools.partial(self._has_room, limit),
+                    )  # fmt: skip
                 except HoldRefused as refused:
                     reject(request, unavailable(str(refused)), self.metrics, route, label)
                     return
@@ -361,10 +365,17 @@ class Forwarder:
         finally:
             if counted:
                 self.in_flight -= 1
+                if self.holds.total:
+                    self.holds.announce()  # room for a held request, maybe
             if retries:
                 self.budget.active -= 1
             if spend is not None:
                 self._settle(spend)
+
+    def _has_room(self, limit: int) -> bool:
+        """Live traffic under ``limit`` in flight would be admitted now (a held request
+        leaves the queue through the same admission)."""
+        return self.in_flight < limit
 
     def _not_served(self, model: str, lora_path: str | None) -> ClientError:
         name = f"{model!r}" + (f" with LoRA adapter {lora_path!r}" if lora_path else "")

@@ -31,10 +31,28 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 import aiohttp
+import orjson
 
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.workers import Worker, WorkerRegistry
+
+LOOKUP_MAX_BYTES: Final = 4 * 1024 * 1024
+"""The most the router reads of a worker's ``/v1/models`` or ``/server_info`` (SGLang's are a
+few kB; a long list of LoRA adapters stays far below)."""
+
+
+async def read_bounded(response: aiohttp.ClientResponse, max_bytes: int, too_long: str) -> bytes:
+    """A response's body, or ValueError(``too_long``) once it is longer than ``max_bytes``."""
+    if (response.content_length or 0) > max_bytes:
+        raise ValueError(too_long)
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 20):
+        body += chunk
+        if len(body) > max_bytes:
+            raise ValueError(too_long)
+    return bytes(body)
+
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +172,15 @@ class HealthChecker:
             pool.close()
 
     async def get_json(self, url: str) -> object:
-        """GET a worker's JSON endpoint (for the app's model and server-info look-ups)."""
+        """GET a worker's JSON endpoint (for the app's model and server-info look-ups), read
+        up to `LOOKUP_MAX_BYTES` (ValueError beyond: a worker cannot make the router hold
+        what it sends)."""
         if self._session is None:
             raise RuntimeError("health checker not started")
         async with self._session.get(url) as response:
             response.raise_for_status()
-            return await response.json(content_type=None)
+            too_long = f"the answer is larger than the router reads ({LOOKUP_MAX_BYTES} bytes)"
+            return orjson.loads(await read_bounded(response, LOOKUP_MAX_BYTES, too_long))
 
     @property
     def session(self) -> aiohttp.ClientSession | None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import aiohttp
 
+from tpuserve_router import health
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.kv_publishers import Endpoints
@@ -182,16 +183,9 @@ async def seed_from_url(seeds: Seeds, url: str, config: RouterConfig) -> None:
 
 
 async def read_bounded(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
-    """A response's body, or ValueError once it is longer than ``max_bytes``."""
+    """A snapshot's body, or ValueError once it is longer than ``max_bytes``."""
     too_long = f"the snapshot is larger than --kv-snapshot-max-bytes {max_bytes}"
-    if (response.content_length or 0) > max_bytes:
-        raise ValueError(too_long)
-    body = bytearray()
-    async for chunk in response.content.iter_chunked(1 << 20):
-        body += chunk
-        if len(body) > max_bytes:
-            raise ValueError(too_long)
-    return bytes(body)
+    return await health.read_bounded(response, max_bytes, too_long)
 
 
 def _int_within(value: object, low: int, high: int, what: str, kind: str) -> int:

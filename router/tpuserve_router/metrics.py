@@ -174,7 +174,9 @@ E2E_BUCKETS_SECONDS: Final = (
 HOLD_BUCKETS_SECONDS: Final = (
     0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
 )  # fmt: skip
-HOLD_OUTCOMES: Final = ("dispatched", "queue_full", "timeout", "client_gone", "shutdown")
+HOLD_OUTCOMES: Final = (
+    "dispatched", "queue_full", "preempted", "timeout", "client_gone", "shutdown",
+)  # fmt: skip
 DEMAND_RESULTS: Final = ("ok", "failed")
 RATIO_BUCKETS: Final = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
@@ -202,6 +204,8 @@ CONNECTION_CLOSE_REASONS: Final = (
     "head_too_large",  # 431
     "too_many_headers",  # 431
     "body_too_large",  # 413
+    "unauthorized",  # 401 or 403 at the end of the head: the body is not read
+    "buffer_budget",  # 503: the body does not fit in --max-buffered-bytes
 )
 AUTH_FAILURE_REASONS: Final = ("missing", "invalid", "admin_denied")
 KV_EVENT_TYPES: Final = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
@@ -375,7 +379,8 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
         hold_outcomes=Counter(
             "tpuserve_router_hold_outcomes_total",
             "Requests that entered or were refused by the hold queue, by outcome: "
-            "dispatched, queue_full and timeout (503 with Retry-After), client_gone.",
+            "dispatched; queue_full, preempted (its place taken by a more important "
+            "request), timeout and shutdown (503 with Retry-After); client_gone.",
             ["model", "outcome"],
         ),
         demand_signals=Counter(
@@ -477,6 +482,7 @@ class StateCollector(Collector):
     - ``tpuserve_router_worker_healthy{model,worker}``
     - ``tpuserve_router_prefix_index_size{kind}``
     - ``tpuserve_router_client_connections`` (open on the client port)
+    - ``tpuserve_router_buffered_request_bytes`` (request bodies held, `--max-buffered-bytes`)
     """
 
     def __init__(
@@ -484,10 +490,12 @@ class StateCollector(Collector):
         workers: Callable[[], Iterable[WorkerState]],
         index_size: Callable[[], dict[str, int]],
         connections: Callable[[], int] = lambda: 0,
+        buffered: Callable[[], int] = lambda: 0,
     ) -> None:
         self._workers = workers
         self._index_size = index_size
         self._connections = connections
+        self._buffered = buffered
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         in_flight = GaugeMetricFamily(
@@ -518,10 +526,17 @@ class StateCollector(Collector):
             "Client connections open on the router's port.",
             value=self._connections(),
         )
+        buffered = GaugeMetricFamily(
+            "tpuserve_router_buffered_request_bytes",
+            "Bytes of request bodies the router holds (being read, in flight or held); "
+            "bounded by --max-buffered-bytes.",
+            value=self._buffered(),
+        )
         yield in_flight
         yield healthy
         yield index
         yield connections
+        yield buffered
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())

@@ -7,9 +7,10 @@ packed snapshot is kept for `CACHE_SECONDS` and given to every asker meanwhile, 
 many ask, the index is built and packed at most once per `CACHE_SECONDS`. A starting router
 with peers asks them all at once, before it subscribes to any engine, and seeds its index from
 the first snapshot it can read (`SnapshotService.take_from`), waiting at most
-``--kv-snapshot-timeout`` seconds in all. No key is asked for: the port is fenced to the
-server's own routers (the operator's NetworkPolicy; with ``--network-policy none`` it is open
-to whatever reaches the pod) and a snapshot holds block hashes, no prompt text.
+``--kv-snapshot-timeout`` seconds in all. With ``--peer-key-file`` both ends need the
+replicas' shared key (CURVE, `peer_auth`), whatever the asker's address; the port is also
+fenced to the server's own routers by the operator's NetworkPolicy. A snapshot holds block
+hashes, no prompt text.
 
 Wire (a REQ socket asks, the ROUTER answers): the request is `REQUEST` and the most bytes
 the asker takes (decimal ASCII); the answer is `SNAPSHOT` and the msgpack snapshot (opaque
@@ -33,6 +34,7 @@ import zmq
 import zmq.asyncio
 
 from sglang_tpu.tasks import cancel_and_wait
+from tpuserve_router.peer_auth import PeerGate, PeerKey
 from tpuserve_router.peers import bind_or_refuse, peer_endpoint
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,9 @@ SNAPSHOT: Final = b"snapshot"
 NONE: Final = b"none"
 TOO_LARGE: Final = b"too-large"
 UNKNOWN: Final = b"unknown"
-MAX_REQUEST_BYTES: Final = 256
+MAX_REQUEST_BYTES: Final = 1024
+"""The most a snapshot request may take (with ``--peer-key-file``, a CURVE handshake command
+too: INITIATE takes about 300 bytes)."""
 CACHE_SECONDS: Final = 5.0
 """How long a packed snapshot is given to askers before the index is built and packed anew."""
 
@@ -108,13 +112,16 @@ class SnapshotService:
         timeout_seconds: float,
         max_bytes: int,
         clock: Callable[[], float] = time.monotonic,
+        key: PeerKey | None = None,
     ) -> None:
         self.give = give
+        self.key = key
         self.host = host
         self.port = port
         self.timeout_seconds = timeout_seconds
         self.max_bytes = max_bytes
         self.context = zmq.asyncio.Context()
+        self._gate = PeerGate(self.context, key) if key is not None else None
         self._socket: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
         self._clock = clock
@@ -124,6 +131,9 @@ class SnapshotService:
         server = self.context.socket(zmq.ROUTER)
         server.setsockopt(zmq.LINGER, 0)
         server.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+        if self.key is not None and self._gate is not None:
+            self._gate.start()
+            self.key.serve(server)
         bind_or_refuse(server, self.host, self.port, self.port - 1, "answer KV snapshots")
         self._socket = server
         self._task = asyncio.get_running_loop().create_task(self._serve(server))
@@ -134,6 +144,8 @@ class SnapshotService:
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
+        if self._gate is not None:
+            self._gate.stop()
         self.context.term()
 
     async def _serve(self, server: zmq.asyncio.Socket) -> None:
@@ -179,6 +191,8 @@ class SnapshotService:
             asker.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + MAX_REQUEST_BYTES)
             if endpoint.startswith("tcp://["):
                 asker.setsockopt(zmq.IPV6, 1)
+            if self.key is not None:
+                self.key.dial(asker)
             asker.connect(endpoint)
             async with asyncio.timeout(self.timeout_seconds):
                 await asker.send_multipart(request_frames(self.max_bytes))

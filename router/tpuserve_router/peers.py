@@ -12,6 +12,9 @@ entries are dropped at once (a peer that restarts comes back as a new router id)
 resolving to this router itself is harmless: its own messages are recognised and ignored,
 and such a connection is not counted in ``tpuserve_router_peers``.
 
+With ``--peer-key-file`` every peering socket needs the replicas' shared key (CURVE,
+`peer_auth`): a client without it reads nothing.
+
 Bounds: the PUB socket's high-water mark (`high_water_mark`: every message of
 ``--max-in-flight`` requests per peer; ZMQ drops beyond it rather than block the router), the
 SUB's, and ``MAXMSGSIZE`` (`peer_view.MAX_MESSAGE_BYTES`). Both ends send ZMTP heartbeats
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,6 +41,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.metrics import RouterMetrics
+from tpuserve_router.peer_auth import PeerGate, PeerKey
 from tpuserve_router.peer_view import (
     HELLO_SECONDS,
     KINDS,
@@ -51,6 +54,7 @@ from tpuserve_router.peer_view import (
     decode,
     encode,
 )
+from tpuserve_router.server import is_loopback
 from tpuserve_router.zmq_monitor import stop_monitor
 
 log = logging.getLogger(__name__)
@@ -88,17 +92,6 @@ def keep_alive(socket: zmq.Socket[Any]) -> None:
     socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
     socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     socket.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address, bracketed or not, or a name) is this host's loopback."""
-    host = host.removeprefix("[").removesuffix("]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def same_family(addresses: list[str], host: str) -> list[str]:
@@ -151,6 +144,8 @@ class _Subscription:
         if ":" in endpoint.removeprefix("tcp://").rsplit(":", 1)[0]:
             self.socket.setsockopt(zmq.IPV6, 1)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        if network.key is not None:
+            network.key.dial(self.socket)
         # up once the ZMTP handshake succeeded: a stopped process's kernel still accepts TCP
         monitor = self.socket.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
@@ -260,8 +255,10 @@ class PeerNetwork:
         dns_name: str | None = None,
         refresh_seconds: float = 5.0,
         addresses: Callable[[str, int], Awaitable[list[str]]] = resolve_addresses,
+        key: PeerKey | None = None,
     ) -> None:
         self.view = view
+        self.key = key
         self.link = PeerLink(view.router, self.publish)
         self.metrics = metrics
         self.host = host
@@ -271,6 +268,7 @@ class PeerNetwork:
         self.refresh_seconds = refresh_seconds
         self.addresses = addresses
         self.context = zmq.asyncio.Context()
+        self._gate = PeerGate(self.context, key) if key is not None else None
         self.subscriptions: dict[str, _Subscription] = {}
         self.received = {kind: metrics.peer_messages.labels(kind) for kind in KINDS}
         self.malformed = metrics.peer_messages.labels("malformed")
@@ -286,6 +284,9 @@ class PeerNetwork:
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, high_water_mark(self.view.max_open_per_peer))
         keep_alive(pub)
+        if self.key is not None and self._gate is not None:
+            self._gate.start()  # before the first peer's handshake
+            self.key.serve(pub)
         bind_or_refuse(self._pub_socket, self.host, self.port, self.port, "publish")
         self._pub = pub
         for endpoint in self.static:
@@ -312,6 +313,8 @@ class PeerNetwork:
         if self._pub_socket is not None:
             self._pub_socket.close(linger=0)
             self._pub_socket = None
+        if self._gate is not None:
+            self._gate.stop()
         self.context.term()
 
     def publish(self, message: PeerMessage) -> None:

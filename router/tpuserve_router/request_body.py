@@ -181,17 +181,20 @@ def _size(prompt: Any) -> int:
 
 
 def _chat_size(messages: list[Any]) -> int:
-    size = 0
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            size += len(content)
-        elif isinstance(content, list):
-            for part in content:
-                text = part.get("text") if isinstance(part, dict) else None
-                if isinstance(text, str):
-                    size += len(text)
-    return size
+    """The characters of every message, whatever holds them: the role, the content as a
+    string or as parts (text, images, anything), names and tool calls; each other value
+    counts one. All of it reaches the chat template, or the routing text."""
+    return sum(_json_chars(message) for message in messages)
+
+
+def _json_chars(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + _json_chars(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_json_chars(v) for v in value)
+    return 1
 
 
 def _token_count(value: Any) -> int | None:

@@ -20,17 +20,22 @@ bounded (`FrontLimits`), and an unreadable request is answered and its connectio
   parser sees the bytes (httptools joins a header's pieces by concatenation, so a huge
   header would otherwise cost quadratic time); more than ``max_headers`` headers: 431;
 - a body over ``max_body_bytes``: 413 as soon as the declared length (or the received
-  body) shows it;
+  body) shows it; a body that does not fit in the router-wide budget of buffered request
+  bytes (`connections.BufferBudget`): 503 with ``Retry-After``, as soon as the declared
+  length (or the received body) shows it;
+- a request the listener's ``head_check`` refuses (no valid API key, say): its answer (401,
+  403) as soon as the head has arrived, before a byte of its body is read;
 - a head not complete within ``header_timeout_seconds`` of its first byte (or of the
   connection opening), a body not complete within ``body_timeout_seconds`` of its head:
   408; a keep-alive connection idle for ``keep_alive_timeout_seconds``: closed; a client
   that stops reading a response for ``send_timeout_seconds``: closed (its request is
   cancelled). The listener's `ConnectionBook` runs these timeouts and the connection budget.
 
-``Expect: 100-continue`` is answered. A HEAD request is answered with the head alone. A
-request asking to switch protocols (``Upgrade``, ``CONNECT``) is answered as a plain request
-(the upgrade is ignored, as RFC 9110 allows) and the connection is then closed. A client
-that disconnects cancels the handler's task (so the proxy aborts the upstream request).
+``Expect: 100-continue`` is answered (after the head check). A HEAD request is answered
+with the head alone. A request asking to switch protocols (``Upgrade``, ``CONNECT``) is
+answered as a plain request (the upgrade is ignored, as RFC 9110 allows) and the connection
+is then closed. A client that disconnects cancels the handler's task (so the proxy aborts
+the upstream request).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ import httptools
 
 from tpuserve_router.connections import ConnectionBook
 from tpuserve_router.proxy import set_nodelay
-from tpuserve_router.request_body import error_body
+from tpuserve_router.request_body import ClientError, error_body
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +129,7 @@ class HttpRequest:
         "_conn",
         "arrived",
         "body",
+        "charged",
         "extra_headers",
         "finished",
         "head_only",
@@ -158,6 +164,7 @@ class HttpRequest:
         self.finished = False
         self.head_only = method == b"HEAD"
         self.extra_headers = b""  # added to the response's head (e.g. rate-limit headers)
+        self.charged = 0  # bytes of the buffer budget its body holds (given back once answered)
 
     def header(self, name: bytes) -> bytes | None:
         """The first header called ``name`` (lower case), or None."""
@@ -228,15 +235,25 @@ class HttpRequest:
         return self._conn.write_paused
 
     @property
-    def from_loopback(self) -> bool:
-        """The client connected from a loopback address (this host, or a port-forward)."""
-        return self._conn.peer_is_loopback()
+    def local(self) -> bool:
+        """The request came through a listener bound to a loopback address: only processes
+        of this host (this pod) reach it. The client's own address proves nothing: a proxy
+        on this host (a service-mesh sidecar) dials from a loopback address too."""
+        return self._conn.local
+
+    @property
+    def peer_host(self) -> str:
+        """The client's address as the router sees it ("" when unknown)."""
+        return self._conn.peer_host()
 
     async def drain(self) -> None:
         await self._conn.drain()
 
 
 Handler = Callable[[HttpRequest], Awaitable[None]]
+HeadCheck = Callable[[bytes, bytes, list[tuple[bytes, bytes]], bool], ClientError | None]
+"""Run once a request's head has arrived, before its body is read: given the method, the URL,
+the headers and whether the listener is local, the refusal to answer at once, or None."""
 
 
 class HttpConnection(asyncio.Protocol):
@@ -248,11 +265,16 @@ class HttpConnection(asyncio.Protocol):
         limits: FrontLimits,
         book: ConnectionBook,
         loop: asyncio.AbstractEventLoop,
+        head_check: HeadCheck | None = None,
+        local: bool = False,
     ) -> None:
         self.handler = handler
         self.limits = limits
         self.book = book
+        self.buffers = book.buffers
         self.loop = loop
+        self.head_check = head_check
+        self.local = local
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
@@ -306,7 +328,11 @@ class HttpConnection(asyncio.Protocol):
         self.book.closed(self)
         if self.task is not None and not self.task.done():
             self.task.cancel()
+        for request in self.pending:
+            self.buffers.give(request.charged)
+            request.charged = 0
         self.pending.clear()
+        self._drop_body()
         # The parser holds this connection's bound callbacks: a cycle only the collector
         # would break, late (the router collects rarely), with the buffers kept until then.
         self.parser = DETACHED_PARSER
@@ -373,6 +399,12 @@ class HttpConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
 
+    def _drop_body(self) -> None:
+        """Forget the body being read, and give its bytes back to the budget."""
+        self.buffers.give(self._body_size)
+        self._body_size = 0
+        self._body = []
+
     def on_message_begin(self) -> None:
         self.phase = HEAD
         self.since = self.book.now
@@ -407,6 +439,12 @@ class HttpConnection(asyncio.Protocol):
                 "too_many_headers",
             )
             return
+        if self.head_check is not None:
+            refusal = self.head_check(self.parser.get_method(), self._url, headers, self.local)
+            if refusal is not None:
+                self._refuse(refusal, "unauthorized")
+                return
+        continue_ = False
         for name, value in headers:
             if name == b"content-length":
                 try:
@@ -416,16 +454,25 @@ class HttpConnection(asyncio.Protocol):
                 if declared > self.limits.max_body_bytes:
                     self._reject_too_large(declared)
                     return
-            elif name == b"expect" and value.lower() == b"100-continue" and self.transport:
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                if declared > self.buffers.free:
+                    self._over_budget(declared)
+                    return
+            elif name == b"expect" and value.lower() == b"100-continue":
+                continue_ = True
+        if continue_ and self.transport:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         if self._ignoring:
             return
-        self._body_size += len(body)
-        if self._body_size > self.limits.max_body_bytes:
-            self._reject_too_large(self._body_size)
+        size = len(body)
+        if self._body_size + size > self.limits.max_body_bytes:
+            self._reject_too_large(self._body_size + size)
             return
+        if not self.buffers.take(size):
+            self._over_budget(self._body_size + size)
+            return
+        self._body_size += size
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -442,8 +489,9 @@ class HttpConnection(asyncio.Protocol):
             self.parser.should_keep_alive(),
             time.monotonic(),
         )
+        request.charged = self._body_size
         self._last = request
-        self._start_message()  # the request owns its parts; the connection keeps none
+        self._start_message()  # the request owns its parts (and its charge); the connection none
         if self.task is None:
             self.book.waiting.pop(self, None)  # book.busy, inlined on the request path
             self._run(request)
@@ -477,6 +525,8 @@ class HttpConnection(asyncio.Protocol):
                 self.abort()
         finally:
             self.task = None
+            self.buffers.give(request.charged)
+            request.charged = 0
         if not request.finished and not self.closed:
             self.abort()  # a handler that never finished its response
             return
@@ -498,15 +548,12 @@ class HttpConnection(asyncio.Protocol):
         self.since = self.book.now  # the keep-alive (or a pipelined head's) clock starts now
         self.book.waiting[self] = None  # book.idle, inlined
 
-    def peer_is_loopback(self) -> bool:
+    def peer_host(self) -> str:
         transport = self.transport
         peer = transport.get_extra_info("peername") if transport is not None else None
         if not isinstance(peer, tuple) or not peer:
-            return False
-        try:
-            return ipaddress.ip_address(peer[0]).is_loopback
-        except ValueError:
-            return False
+            return ""
+        return str(peer[0])
 
     # ------------------------------------------------------------------ flow control, closing
 
@@ -576,6 +623,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _time_out(self, part: str, seconds: float) -> None:
         self._ignoring = True
+        self._drop_body()
         message = f"the request {part} did not arrive within {seconds:g} s"
         if self.transport is not None:
             self.transport.write(_whole(408, error_body(408, message, part, "timeout")))
@@ -608,12 +656,36 @@ class HttpConnection(asyncio.Protocol):
             "body_too_large",
         )
 
+    def _over_budget(self, size: int) -> None:
+        budget = self.buffers
+        self._refuse(
+            ClientError(
+                503,
+                f"the router holds {budget.used} bytes of requests, its limit is "
+                f"{budget.max_bytes} (--max-buffered-bytes), and this body ({size} bytes) "
+                "does not fit; retry",
+                param="body",
+                error_type="service_unavailable",
+                headers={"retry-after": RETRY_AFTER_SECONDS},
+            ),
+            "buffer_budget",
+        )
+
+    def _refuse(self, err: ClientError, reason: str) -> None:
+        """Answer ``err`` without reading the request's body, and close."""
+        headers = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in err.headers.items())
+        self._close_with(_whole(err.status, err.body(), headers), reason)
+
     def _reject(self, status: int, message: str, param: str, reason: str) -> None:
         """Answer an unreadable request and close: its remaining bytes cannot be trusted;
         ``reason`` is counted (a label of ``tpuserve_router_connections_closed_total``)."""
-        self._ignoring = True
-        self.book.count(reason)
         answer = _whole(status, error_body(status, message, param, "invalid_request_error"))
+        self._close_with(answer, reason)
+
+    def _close_with(self, answer: bytes, reason: str) -> None:
+        self._ignoring = True
+        self._drop_body()
+        self.book.count(reason)
         if self.transport is None or self.closed:
             return
         if self.task is None:
@@ -650,23 +722,39 @@ def _whole(status: int, body: bytes, headers: bytes = b"") -> bytes:
     )
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, bracketed or not, or ``localhost``) is this host's
+    loopback: a listener bound there is reachable only from this host (this pod)."""
+    host = host.removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 async def serve(
     handler: Handler,
     host: str,
     port: int,
     limits: FrontLimits,
     book: ConnectionBook | None = None,
+    head_check: HeadCheck | None = None,
 ) -> asyncio.Server:
     """Listen on ``host:port`` (port 0 = a free port); the caller closes the server.
 
     Connections are counted, timed and closed under pressure by ``book`` (one of its own
-    if none is given).
+    if none is given), their bodies charged to its buffer budget; ``head_check`` may refuse
+    a request once its head has arrived. Requests know whether ``host`` is a loopback
+    address (`HttpRequest.local`).
     """
     loop = asyncio.get_running_loop()
     if book is None:
         book = ConnectionBook(limits.max_connections, limits.tick_seconds)
+    local = is_loopback(host)
 
     def factory() -> HttpConnection:
-        return HttpConnection(handler, limits, book, loop)
+        return HttpConnection(handler, limits, book, loop, head_check, local)
 
     return await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)

@@ -6,9 +6,11 @@ on a system prompt that thousands of requests share. The rendered template is sp
 before every ``<|im_start|>``: tokenizers never merge across a special token (the built-in
 one matches it as a piece of its own; Hugging Face tokenizers split on added tokens first),
 so encoding the pieces separately and concatenating gives the same ids as encoding the
-whole. Each piece's ids are cached (bounded by the bytes of text they stand for; the clock
-algorithm, an approximation of least recently used, picks what goes), so a request pays only
-for its new turns. Pieces are keyed by a 128-bit hash of their text (a collision would only
+whole. Each piece's ids are cached, bounded by the memory they take (``max_bytes``, 64 MiB by
+default: 4 bytes per id and an estimate of each piece's table overhead; with the built-in
+tokenizer about 28 MiB of prompt text), so the bound holds whatever the tokenizer; the clock
+algorithm, an approximation of least recently used, picks what goes. A request pays only for
+its new turns. Pieces are keyed by a 128-bit hash of their text (a collision would only
 route one piece as the other; the engine still receives the request's own text).
 
 With the built-in tokenizer, plain-text prompts (and long chat pieces) are also cut into
@@ -33,16 +35,18 @@ from typing import Any
 from sglang_tpu.tokenizer import DEFAULT_SCHEME_NUMBERS, DEFAULT_TOKENIZER_NAME, Tokenizer
 from tpuserve_router._native import TokenCache, TokenIds
 
-__all__ = ["CHUNK_BYTES", "TURN_START", "ChatTokenCache", "TokenIds"]
+__all__ = ["CHUNK_BYTES", "MAX_BYTES", "TURN_START", "ChatTokenCache", "TokenIds"]
 
 TURN_START = "<|im_start|>"
 CHUNK_BYTES = 256
+MAX_BYTES = 64 * 1024 * 1024
+"""The cache's default bound, in bytes of memory (ids and table overhead)."""
 
 Sequence.register(TokenIds)  # it is one (len, indexing, slices, iteration, count, index)
 
 
 class ChatTokenCache:
-    def __init__(self, tokenizer: Tokenizer, max_bytes: int = 32 * 1024 * 1024) -> None:
+    def __init__(self, tokenizer: Tokenizer, max_bytes: int = MAX_BYTES) -> None:
         self.tokenizer = tokenizer
         self.chunked = tokenizer.name == DEFAULT_TOKENIZER_NAME
         self._cache = TokenCache(

@@ -28,6 +28,9 @@ ROUTER_PEER_SNAPSHOT_PORT = ROUTER_PEER_PORT + 1
 the router binds the port after ``--peer-port`` (docs/router.md, Several router replicas);
 the container port and Service port named `ROUTER_PEER_SNAPSHOT_PORT_NAME`."""
 ROUTER_PEER_SNAPSHOT_PORT_NAME = "peer-snapshot"
+ROUTER_ADMIN_PORT = 8002
+"""Where each router serves its admin API to its own pod only (`tpuserve router --admin-port`,
+bound to 127.0.0.1; no container port: `kubectl port-forward` reaches it)."""
 # Non-root user of the tpuserve images (the chart runs the operator as the same user).
 RUN_AS_USER = 65532
 

@@ -20,17 +20,30 @@ without rolling the running ones, which keep what they know; one replica alone m
 no peer.
 
 A replica that starts also asks its peers, in turn, for their KV-cache index, on the port
-after the peer port (`ROUTER_PEER_SNAPSHOT_PORT`; no key: the NetworkPolicy admits only the
-server's router pods there), so it routes as well as the others at once; the first replica,
-or one whose peers have none yet, starts from the engines' replay.
+after the peer port (`ROUTER_PEER_SNAPSHOT_PORT`), so it routes as well as the others at once;
+the first replica, or one whose peers have none yet, starts from the engines' replay. Both
+peering ports need the replicas' shared secret (`--peer-key-file`, ZMQ CURVE): the Secret
+`<name>-router-peering` (`router_peering_secret`), which the reconciler creates once with a
+random value and never reads back; the NetworkPolicy also admits only the server's router
+pods there.
+
+What a proxy in the router's pod can reach is credentialed too: the admin API is served
+without a key only on `ROUTER_ADMIN_PORT`, bound to 127.0.0.1 (`--admin-port`; reached with
+`kubectl port-forward`), never on the pod's address. The router's budget of buffered request
+bytes (`--max-buffered-bytes`) is a quarter of its container's memory limit, when it has one.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import base64
+from decimal import Decimal
+from typing import Any, Final
+
+from kubernetes.utils.quantity import parse_quantity
 
 from tpuserve_operator import labels, rbac
 from tpuserve_operator.render.context import (
+    ROUTER_ADMIN_PORT,
     ROUTER_METRICS_PORT,
     ROUTER_PEER_PORT,
     ROUTER_PEER_PORT_NAME,
@@ -52,6 +65,14 @@ ROUTER_CONTAINER = "router"
 LIVENESS_PATH = "/health"
 READINESS_PATH = "/readiness"
 API_KEYS_DIR = "/etc/tpuserve/api-keys"
+PEERING_DIR = "/etc/tpuserve/peering"
+PEERING_KEY = "key"
+BUFFER_SHARE_OF_MEMORY: Final = 4
+"""The router's buffered request bytes may take a quarter of its memory limit (the rest: its
+caches, bounded to 256 MiB, responses in flight, the interpreter)."""
+MAX_REQUEST_BYTES: Final = 32 * 1024 * 1024
+"""The router's --max-request-bytes default: a budget below it lowers that bound too (the
+router refuses a budget smaller than the largest body it takes)."""
 PROBE_PORT_NAME = "metrics"
 """Probes go to the router's metrics port: it has a connection budget of its own, so a
 flood of client connections cannot fail the probes (docs/router.md, Limits)."""
@@ -97,6 +118,8 @@ def router_args(server: Server) -> list[str]:
     api_keys = server.valid.spec.router.api_keys
     if api_keys is not None:
         args.append(f"--api-keys-file={API_KEYS_DIR}/{api_keys.key}")
+    args.append(f"--admin-port={ROUTER_ADMIN_PORT}")
+    args += buffer_args(_resources(server))
     args += peer_args(server)
     kv_events = server.valid.spec.router.kv_events
     if kv_events is not None:  # unset: the router subscribes when its policy uses KV events
@@ -108,7 +131,44 @@ def peer_args(server: Server) -> list[str]:
     """Peering with the other replicas (which also gives a starting replica a peer's KV
     snapshot, on the port after the peer port)."""
     peers = f"{server.router_peers_service_name}.{server.namespace}.svc"
-    return [f"--peer-port={ROUTER_PEER_PORT}", f"--peers-from-dns={peers}"]
+    return [
+        f"--peer-port={ROUTER_PEER_PORT}",
+        f"--peers-from-dns={peers}",
+        f"--peer-key-file={PEERING_DIR}/{PEERING_KEY}",
+    ]
+
+
+def buffer_args(resources: dict[str, Any]) -> list[str]:
+    """``--max-buffered-bytes``: a quarter of the container's memory limit (none without a
+    limit one can read: the router's own default applies)."""
+    limit = (resources.get("limits") or {}).get("memory")
+    try:
+        memory = parse_quantity(limit) if limit is not None else None  # type: ignore[no-untyped-call]
+    except ValueError:
+        memory = None
+    if memory is None or memory <= 0:
+        return []
+    budget = int(memory / BUFFER_SHARE_OF_MEMORY // Decimal(1))
+    args = [f"--max-buffered-bytes={max(1024, budget)}"]
+    if budget < MAX_REQUEST_BYTES:
+        args.append(f"--max-request-bytes={max(1024, budget)}")
+    return args
+
+
+def router_peering_secret_name(server: Server) -> str:
+    return f"{server.router_name}-peering"
+
+
+def router_peering_secret(server: Server, secret: str) -> Manifest:
+    """The replicas' shared peering secret (``secret``: random, made by the reconciler),
+    owned by the server; created once, never applied again nor read back."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": server.metadata(router_peering_secret_name(server), labels.COMPONENT_ROUTER),
+        "type": "Opaque",
+        "data": {PEERING_KEY: base64.b64encode(secret.encode()).decode()},
+    }
 
 
 def _resources(server: Server) -> dict[str, Any]:
@@ -148,7 +208,10 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
         "resources": _resources(server),
         # Services and load balancers drop the terminating pod before it stops listening
         "lifecycle": {"preStop": {"sleep": {"seconds": termination(server).pre_stop_seconds}}},
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "peering", "mountPath": PEERING_DIR, "readOnly": True},
+        ],
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -168,7 +231,16 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {
+                "name": "peering",
+                "secret": {
+                    "secretName": router_peering_secret_name(server),
+                    "items": [{"key": PEERING_KEY, "path": PEERING_KEY}],
+                },
+            },
+        ],
         "affinity": _spread(server),
         # as long as the engines': requests in flight through it may take maxRequestSeconds
         "terminationGracePeriodSeconds": termination(server).grace_seconds,

@@ -185,8 +185,33 @@ impl BlockIndex {
         self.allocated_bits - 1
     }
 
+    /// The predicted blocks each worker may keep: an equal share of `max_predicted_blocks`,
+    /// which bounds them over all workers (the router's memory, whatever the fleet's size).
+    fn prediction_share(&self) -> usize {
+        self.max_predicted_blocks / self.workers.len().max(1)
+    }
+
+    /// Drop `worker`'s oldest predictions beyond `share`.
+    fn trim_predictions(
+        worker: &mut Worker,
+        predicted: &mut HashMap<Key, Bits, Mix>,
+        share: usize,
+    ) {
+        while worker.predicted.len() > share {
+            let Some(key) = worker.predicted.pop_oldest() else {
+                break;
+            };
+            drop_bit(predicted, key, worker.bit);
+        }
+    }
+
     fn ensure_worker(&mut self, name: &str) {
         if !self.workers.contains_key(name) {
+            // the others' shares shrink: trim them now, so the bound holds in all at once
+            let share = self.max_predicted_blocks / (self.workers.len() + 1);
+            for worker in self.workers.values_mut() {
+                Self::trim_predictions(worker, &mut self.predicted, share);
+            }
             let bit = self.new_bit();
             let mut streams = HashMap::new();
             streams.insert(0, Stream::new(bit));
@@ -407,6 +432,7 @@ impl BlockIndex {
     /// `predict`, over keys as a slice, at time `now`.
     fn predict_keys(&mut self, now: f64, name: &str, keys: &[Key]) {
         self.ensure_worker(name);
+        let share = self.prediction_share();
         let worker = self.workers.get_mut(name).expect("just ensured");
         let ttl = if worker.has_events {
             self.predicted_ttl_seconds
@@ -441,12 +467,7 @@ impl BlockIndex {
                 }
             }
         }
-        while worker.predicted.len() > self.max_predicted_blocks {
-            let Some(key) = worker.predicted.pop_oldest() else {
-                break;
-            };
-            drop_bit(&mut self.predicted, key, worker.bit);
-        }
+        Self::trim_predictions(worker, &mut self.predicted, share);
         if expiry < self.next_expiry {
             self.next_expiry = expiry;
         }

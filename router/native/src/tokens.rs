@@ -41,15 +41,20 @@ impl PieceHasher {
     }
 }
 
+/// What a cached piece takes beyond its ids: its table entry (the 128-bit key and `Piece`,
+/// at the table's load), its place on the clock and its ids' allocation.
+const PIECE_OVERHEAD_BYTES: usize = 112;
+
 struct Piece {
     ids: Box<[u32]>,
-    /// Bytes of text it stands for (what the cache's bound counts).
+    /// Bytes of memory it takes (what the cache's bound counts): its ids and the overhead.
     bytes: usize,
     /// Read since the clock hand last passed it.
     used: bool,
 }
 
-/// The token ids of prompt pieces, bounded by the bytes of text they stand for. Eviction is
+/// The token ids of prompt pieces, bounded by the bytes of memory they take (4 per id and
+/// `PIECE_OVERHEAD_BYTES` per piece, whatever the tokenizer's ratio of text to ids). Eviction is
 /// the clock algorithm (second chance), an approximation of least recently used: a hit only
 /// marks its entry, where a linked list would rewrite its neighbours' links too.
 #[pyclass(module = "tpuserve_router._native")]
@@ -92,9 +97,9 @@ impl TokenCache {
         self.misses += 1;
         let start = out.len();
         self.encode_uncached(py, piece, out)?;
-        if piece.len() <= self.max_bytes {
+        let bytes = (out.len() - start) * std::mem::size_of::<u32>() + PIECE_OVERHEAD_BYTES;
+        if bytes <= self.max_bytes {
             let ids = out[start..].into();
-            let bytes = piece.len();
             self.pieces.insert(
                 key,
                 Piece {

@@ -5,6 +5,7 @@ status and Events, and backs off while the apiserver refuses children."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 from dataclasses import dataclass, field
@@ -149,6 +150,19 @@ async def test_a_new_server_gets_every_child_and_says_it_is_scaling_up(
     # Reconciling is said at once, before the pass; a new object's False conditions are not.
     assert operator.reasons() == ["SpecValid", "Reconciling", "ScalingUp"]
     assert operator.reconciles("ok") == 1
+
+
+async def test_the_routers_peering_secret_is_created_once_and_kept(operator: Operator) -> None:
+    key = operator.create(ONE_HOST)
+    await operator.converge(key)
+    secret = operator.kube.get_object("v1", "Secret", "ml", "qwen-router-peering")
+    value = base64.b64decode(secret["data"]["key"])
+    assert len(value) >= 32  # random, the replicas' shared peering secret
+    assert secret["metadata"]["ownerReferences"][0]["name"] == "qwen"  # collected with it
+    await operator.converge(key)
+    again = operator.kube.get_object("v1", "Secret", "ml", "qwen-router-peering")
+    assert again["data"] == secret["data"]  # never replaced
+    assert ("Secret", "qwen-router-peering") not in operator.kube.deleted  # nor pruned
 
 
 async def test_a_pass_with_nothing_changed_applies_and_writes_nothing(

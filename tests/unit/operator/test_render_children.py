@@ -3,7 +3,10 @@ and validity against the Kubernetes schemas."""
 
 from __future__ import annotations
 
+import secrets
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -145,8 +148,11 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
         "--discovery=kubernetes",
         "--request-timeout=600",
         "--drain-seconds=600",
+        "--admin-port=8002",  # the admin API on 127.0.0.1: a proxy in the pod cannot reach it
+        "--max-buffered-bytes=536870912",  # a quarter of the 2Gi limit
         "--peer-port=5570",
         "--peers-from-dns=qwen-router-peers.ml.svc",
+        "--peer-key-file=/etc/tpuserve/peering/key",
         "--kv-events",
     ]
     # stopping: a preStop pause (Services drop the pod first), then the drain, within the grace
@@ -161,6 +167,41 @@ def test_router_command_line(rendered: RenderFn, spec_with: SpecWith) -> None:
     config = one(rendered(spec).children, "ConfigMap", "qwen-router")
     assert config["data"]["TPUSERVE_ROUTER_POLICY"] == "least_load"
     assert {p["name"] for p in container["ports"]} == {"http", "metrics", "peers", "peer-snapshot"}
+
+
+@pytest.mark.parametrize(
+    ("memory", "flags"),
+    [
+        ("1Gi", ["--max-buffered-bytes=268435456"]),
+        ("4G", ["--max-buffered-bytes=1000000000"]),
+        ("64Mi", ["--max-buffered-bytes=16777216", "--max-request-bytes=16777216"]),
+        (None, []),  # no limit: the router's own default
+        ("lots", []),  # not a quantity (the apiserver refuses the pod): the router's default
+    ],
+)
+def test_the_routers_buffer_budget_is_a_quarter_of_its_memory_limit(
+    rendered: RenderFn, spec_with: SpecWith, memory: str | None, flags: list[str]
+) -> None:
+    resources = {"limits": {"memory": memory}} if memory is not None else {}
+    spec = spec_with(router={"resources": resources})
+    (container,) = one(rendered(spec).children, "Deployment", "qwen-router")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert [a for a in container["args"] if a.startswith(("--max-buffered", "--max-request"))] == (
+        flags
+    )
+
+
+def test_the_routers_peering_secret_is_mounted_not_rendered(rendered: RenderFn) -> None:
+    children = rendered().children
+    assert [c for c in children if c["kind"] == "Secret"] == []  # made once by the reconciler
+    pod = one(children, "Deployment", "qwen-router")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["peering"]["secret"]["secretName"] == "qwen-router-peering"
+    (container,) = pod["containers"]
+    assert {"name": "peering", "mountPath": "/etc/tpuserve/peering", "readOnly": True} in (
+        container["volumeMounts"]
+    )
 
 
 def test_router_defaults_come_from_the_operator(rendered: RenderFn) -> None:
@@ -552,9 +593,15 @@ def router_config_of(children: list[dict[str, Any]]) -> Any:
     ]
     parser = argparse.ArgumentParser()
     router_cli.configure(parser)
-    args = parser.parse_args(container["args"])
-    env = one(children, "ConfigMap", "qwen-router")["data"]
-    return router_cli.build_config(args, environ=dict(env))
+    with tempfile.TemporaryDirectory() as mounted:  # the peering Secret, as the pod mounts it
+        key = Path(mounted) / "key"
+        key.write_text(secrets.token_urlsafe(32))
+        mount = "--peer-key-file=/etc/tpuserve/peering/key"
+        assert mount in container["args"]
+        flags = [f"--peer-key-file={key}" if a == mount else a for a in container["args"]]
+        args = parser.parse_args(flags)
+        env = one(children, "ConfigMap", "qwen-router")["data"]
+        return router_cli.build_config(args, environ=dict(env))
 
 
 def test_unset_policy_and_kv_events_are_left_to_the_router(rendered: RenderFn) -> None:

@@ -97,6 +97,14 @@ HOSTILE = {
         VALID + "  template:\n    affinity:\n" + _bomb(9) + "\n",
         "document 1: more than 100000 values (with YAML aliases expanded)",
     ),
+    "a long string aliased": (
+        VALID
+        + "  template:\n    annotations:\n      a0: &b "
+        + "x" * 3_900_000
+        + "\n"
+        + "".join(f"      a{i}: *b\n" for i in range(1, 1000)),
+        "document 1: more than 16777216 characters of strings (with YAML aliases expanded)",
+    ),
     "deep nesting": (VALID.replace("replicas: 1", "replicas: " + "[" * 20000 + "]" * 20000),
                      "nested too deeply to parse"),
     "not UTF-8": (VALID.replace("qwen,", "q\udcffwen,"), "not UTF-8: byte "),

@@ -211,15 +211,27 @@ class FakeTransport:
 
 
 @pytest.mark.parametrize(
-    ("peer", "refused"), [("127.0.0.1", False), ("::1", False), ("10.0.0.5", True)]
+    ("peer", "local", "refused"),
+    [
+        ("127.0.0.1", True, False),  # through a listener bound to loopback: this pod's own
+        ("10.0.0.5", True, False),
+        ("127.0.0.1", False, True),  # a proxy in the pod dials from loopback: not trusted
+        ("127.0.0.6", False, True),  # Istio's sidecar's inbound address
+        ("::1", False, True),
+        ("10.0.0.5", False, True),
+    ],
 )
-async def test_by_default_only_this_host_may_use_the_admin_api(peer: str, refused: bool) -> None:
+async def test_by_default_the_admin_api_trusts_the_listener_never_the_client_address(
+    peer: str, local: bool, refused: bool
+) -> None:
     app = create_router_app(RouterConfig(), registry=CollectorRegistry())
-    conn = HttpConnection(app._handle, app.limits, app.book, asyncio.get_running_loop())
+    conn = HttpConnection(
+        app._handle, app.limits, app.book, asyncio.get_running_loop(), local=local
+    )
     conn.transport = cast(asyncio.Transport, FakeTransport((peer, 40000)))
     request = HttpRequest(conn, b"GET", b"/workers", [], b"", True, 0.0)
-    assert request.from_loopback is not refused
-    refusal = app._admin_refusal(request)
+    assert (request.local, request.peer_host) == (local, peer)
+    refusal = app._admin_refusal(None, request.local)
     assert (refusal is not None) is refused
     if refusal is not None:
         assert (refusal.status, refusal.error_type) == (403, "permission_error")

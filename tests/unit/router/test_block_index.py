@@ -326,11 +326,18 @@ def test_predictions_last_longer_for_workers_without_events() -> None:
     assert index.match(keys, ["a"]) == [0]
 
 
-def test_predictions_are_bounded_per_worker() -> None:
-    index = BlockIndex(page_size=PAGE, max_predicted_blocks=10)
+def test_predictions_are_bounded_over_all_workers_each_keeping_an_equal_share() -> None:
+    index = BlockIndex(page_size=PAGE, max_predicted_blocks=12)
     for start in range(0, 400, 16):
         index.predict("a", index.keys(list(range(start, start + 16))))
-    assert index.predicted_blocks == 10
+    assert index.predicted_blocks == 12  # alone, a worker may keep the whole bound
+    latest = index.keys(list(range(384, 400)))
+    index.predict("b", index.keys(list(range(1000, 1016))))  # a second worker: shares of 6
+    assert index.predicted_blocks == 6 + 4
+    assert index.match(latest, ["a"]) == [4]  # the oldest went first
+    for start in range(2000, 2400, 16):
+        index.predict("b", index.keys(list(range(start, start + 16))))
+    assert index.predicted_blocks == 12
 
 
 def test_a_confirmed_block_replaces_its_prediction() -> None:

@@ -134,3 +134,117 @@ def test_unknown_models_share_one_bounded_label() -> None:
     assert hold_label("served", {"served"}) == "served"
     assert hold_label("typo", {"served"}) == OTHER_MODEL
     assert hold_label("", {"served"}) == OTHER_MODEL
+
+
+class Tenants:
+    """Requests of named tenants and classes held in one queue, and the order they leave."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self.order: list[str] = []
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.room = True  # what `admissible()` answers
+
+    async def hold(self, name: str, tenant: str, priority: str = "normal", size: int = 0) -> None:
+        """Hold ``name``, and wait until it is held (or refused)."""
+        setup = self.setup
+
+        async def one() -> None:
+            await setup.queues.hold(
+                MODEL, setup.clock(), lambda: setup.routable, tenant=tenant,
+                priority=priority, size=size, admissible=lambda: self.room,
+            )  # fmt: skip
+            self.order.append(name)
+
+        self.tasks[name] = asyncio.ensure_future(one())
+        await asyncio.sleep(0)  # the task runs to its first wait: held, or refused
+
+    async def close(self) -> None:
+        """Cancel what is still held."""
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    async def outcome(self, name: str) -> str:
+        try:
+            await self.tasks[name]
+        except HoldRefused as refused:
+            return refused.outcome
+        return "dispatched"
+
+
+async def test_a_critical_request_takes_the_place_of_the_newest_low_one_in_a_full_queue() -> None:
+    setup = Setup(max_requests=3)
+    held = Tenants(setup)
+    for i in range(3):
+        await held.hold(f"low{i}", "batch", "low")
+    await held.hold("critical", "acme", "critical")
+    assert await held.outcome("low2") == "preempted"
+    assert setup.count("preempted") == 1
+    assert setup.queues.held(MODEL) == 3
+    with pytest.raises(HoldRefused) as refused:  # nor push out its own tenant's, nor critical
+        await setup.queues.hold(MODEL, setup.clock(), lambda: True, tenant="batch", priority="low")
+    assert refused.value.outcome == "queue_full"
+    setup.routable = True
+    setup.queues.announce()
+    await asyncio.gather(*(held.tasks[n] for n in ("low0", "low1", "critical")))
+    assert held.order == ["critical", "low0", "low1"]  # the most important class first
+
+
+async def test_one_tenant_keeps_no_more_than_its_share_of_a_full_queue() -> None:
+    setup = Setup(max_requests=4)
+    held = Tenants(setup)
+    for i in range(4):
+        await held.hold(f"a{i}", "flooder")
+    await held.hold("b0", "other")  # flooder 4, other 0: a3 gives way
+    await held.hold("b1", "other")  # flooder 3, other 1: a2 gives way
+    assert [await held.outcome(n) for n in ("a3", "a2")] == ["preempted", "preempted"]
+    await held.hold("b2", "other")  # flooder 2, other 2: its share; refused
+    assert await held.outcome("b2") == "queue_full"
+    assert setup.queues.held(MODEL) == 4
+    await held.close()
+
+
+async def test_tenants_take_turns_at_wake_up_and_each_leaves_in_arrival_order() -> None:
+    setup = Setup()
+    held = Tenants(setup)
+    for i in range(4):
+        await held.hold(f"a{i}", "flooder", "low")
+    for i in range(2):
+        await held.hold(f"b{i}", "small", "low")
+    await held.hold("c0", "vip", "high")
+    setup.routable = True
+    setup.queues.announce()
+    await asyncio.gather(*held.tasks.values())
+    assert held.order == ["c0", "a0", "b0", "a1", "b1", "a2", "a3"]
+
+
+async def test_a_held_request_leaves_only_while_its_class_would_be_admitted() -> None:
+    setup = Setup(routable=True)
+    held = Tenants(setup)
+    held.room = False  # the router is at its in-flight limit for this class
+    await held.hold("waits", "acme")
+    setup.queues.announce()
+    await asyncio.sleep(0)
+    assert held.order == []  # held, not refused
+    held.room = True
+    setup.queues.announce()  # a request left the router
+    await held.tasks["waits"]
+    assert held.order == ["waits"]
+
+
+async def test_held_bodies_are_bounded_in_bytes_across_queues() -> None:
+    setup = Setup()
+    setup.queues.max_bytes = 100
+    held = Tenants(setup)
+    await held.hold("big", "flooder", size=60)
+    await held.hold("too-big", "small", size=101)
+    assert await held.outcome("too-big") == "queue_full"  # larger than the bound itself
+    await held.hold("fits", "small", size=40)
+    assert setup.queues.held_bytes == 100
+    await held.hold("more", "small", size=10)  # flooder would keep 0 < small's 50: refused
+    assert await held.outcome("more") == "queue_full"
+    await held.hold("critical", "ops", "critical", size=50)  # takes the place of big
+    assert await held.outcome("big") == "preempted"
+    assert setup.queues.held_bytes == 90
+    await held.close()

@@ -12,9 +12,10 @@ import pytest
 
 from tests.waiting import eventually_async
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.connections import ConnectionBook
+from tpuserve_router.connections import BufferBudget, ConnectionBook
 from tpuserve_router.proxy import UpstreamPool
-from tpuserve_router.server import HttpRequest, serve
+from tpuserve_router.request_body import ClientError
+from tpuserve_router.server import Handler, HeadCheck, HttpRequest, serve
 
 pytestmark = pytest.mark.unit
 
@@ -156,3 +157,102 @@ async def test_a_closed_upstream_connection_is_freed_at_once(port: int) -> None:
         await eventually_async(lambda: conn() is None, what="the upstream connection freed")
     finally:
         gc.enable()
+
+
+class Gate:
+    """A handler that holds every request until released, then echoes its body's size."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.seen = 0
+
+    async def __call__(self, request: HttpRequest) -> None:
+        self.seen += 1
+        await self.release.wait()
+        request.respond(200, b"", b"%d:" % len(request.body))
+
+
+async def budgeted(
+    handler: Handler, max_bytes: int, head_check: HeadCheck | None = None
+) -> tuple[asyncio.Server, ConnectionBook, int]:
+    book = ConnectionBook(16, 1.0, buffers=BufferBudget(max_bytes))
+    server = await serve(handler, "127.0.0.1", 0, RouterConfig().front_limits(), book, head_check)
+    return server, book, server.sockets[0].getsockname()[1]
+
+
+def post(size: int, *, close: bool = False) -> bytes:
+    connection = b"connection: close\r\n" if close else b""
+    return b"POST /x HTTP/1.1\r\nhost: h\r\n%scontent-length: %d\r\n\r\n%s" % (
+        connection, size, b"a" * size
+    )  # fmt: skip
+
+
+async def test_bodies_are_charged_to_the_budget_until_answered_pipelined_ones_too() -> None:
+    gate = Gate()
+    server, book, port = await budgeted(gate, 10_000)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post(3000) + post(2000) + post(1000, close=True))  # read ahead, held
+        await eventually_async(lambda: book.buffers.used == 6000, what="three bodies charged")
+        gate.release.set()
+        data = await asyncio.wait_for(reader.read(), 5)
+        assert statuses(data) == [b"200"] * 3
+        await eventually_async(lambda: book.buffers.used == 0, what="every charge given back")
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_body_that_does_not_fit_the_budget_is_503_with_retry_after() -> None:
+    gate = Gate()
+    server, book, port = await budgeted(gate, 5000)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post(4000))
+        await eventually_async(lambda: gate.seen == 1, what="the first body read")
+        head = b"POST /x HTTP/1.1\r\nhost: h\r\ncontent-length: 2000\r\n\r\n"
+        data = await exchange(port, head)  # declared: refused before a byte of it is read
+        assert statuses(data) == [b"503"]
+        assert b"retry-after: 1\r\n" in data
+        assert b"--max-buffered-bytes" in data
+        chunked = b"POST /x HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n"
+        chunk = b"%x\r\n%s\r\n" % (600, b"x" * 600)
+        data = await exchange(port, chunked + chunk * 2)  # refused once it runs past
+        assert statuses(data) == [b"503"]
+        assert book.buffers.used == 4000  # the refused ones gave back what they took
+        gate.release.set()
+        assert statuses(await asyncio.wait_for(reader.readuntil(b"4000:"), 5)) == [b"200"]
+        await eventually_async(lambda: book.buffers.used == 0, what="the charge given back")
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_the_head_check_refuses_before_the_body_is_read() -> None:
+    checked: list[tuple[bytes, bytes, bool]] = []
+
+    def head_check(
+        method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], local: bool
+    ) -> ClientError | None:
+        checked.append((method, url, local))
+        if (b"authorization", b"Bearer good") in headers:
+            return None
+        return ClientError(401, "no key", headers={"www-authenticate": "Bearer"})
+
+    server, book, port = await budgeted(echo, 1 << 20, head_check)
+    try:
+        head = b"POST /x HTTP/1.1\r\nhost: h\r\ncontent-length: 100000\r\n"
+        data = await exchange(port, head + b"expect: 100-continue\r\n\r\n")  # no body sent
+        assert statuses(data) == [b"401"]  # and no 100 Continue before it
+        assert b"www-authenticate: Bearer\r\n" in data
+        assert book.buffers.used == 0
+        data = await exchange(
+            port, head + b"authorization: Bearer good\r\nconnection: close\r\n\r\n" + b"a" * 100000
+        )
+        assert data.endswith(b"100000:")
+        assert checked == [(b"POST", b"/x", True)] * 2  # a listener bound to loopback
+    finally:
+        server.close()
+        await server.wait_closed()

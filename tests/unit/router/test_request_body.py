@@ -114,6 +114,14 @@ def test_bad_fields_are_named(parser: Parser, data: dict[str, Any], param: str) 
         ),
         (parse_generate, {"text": "x" * 11}, "text"),
         (parse_generate, {"input_ids": [list(range(6)), list(range(6))]}, "input_ids"),
+        # the whole message counts: its role, and content that is not a string
+        (parse_chat, {"messages": [{"role": "r" * 11, "content": ""}]}, "messages"),
+        (parse_chat, {"messages": [{"role": "user", "content": {"text": "x" * 11}}]}, "messages"),
+        (
+            parse_chat,
+            {"messages": [{"role": "user", "content": [{"image_url": {"url": "u" * 11}}]}]},
+            "messages",
+        ),
     ],
 )
 def test_a_prompt_over_the_limit_is_413_before_tokenizing(

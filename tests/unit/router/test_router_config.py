@@ -231,20 +231,40 @@ def test_hold_flags_and_variables() -> None:
     assert config.hold_models == ("a", "b")
 
 
-def test_peering_flags_and_variables() -> None:
+def peer_key(tmp_path: Path, secret: str = "a-shared-secret-of-32-characters") -> str:
+    path = tmp_path / "peer-key"
+    path.write_text(secret + "\n")
+    return str(path)
+
+
+def test_peering_flags_and_variables(tmp_path: Path) -> None:
+    key = peer_key(tmp_path)
     config = build_config(
         parse(
-            *("--host", "0.0.0.0", "--peer-port", "8100"),
+            *("--host", "0.0.0.0", "--peer-port", "8100", "--peer-key-file", key),
             *("--peer", "tcp://10.0.0.7:8100", "--peer", "tcp://[::1]:8100"),
         ),
         environ={env_name("--peers-from-dns"): "m-router-peers.serving.svc"},
     )
     assert (config.peer_port, config.peers) == (8100, ("tcp://10.0.0.7:8100", "tcp://[::1]:8100"))
-    assert config.peers_from_dns == "m-router-peers.serving.svc"
+    assert (config.peers_from_dns, config.peer_key_file) == ("m-router-peers.serving.svc", key)
     env = {env_name("--peer-port"): "8100", env_name("--peers"): "tcp://a:1, tcp://b:2",
-           env_name("--host"): "::"}  # fmt: skip
+           env_name("--host"): "::", env_name("--peer-key-file"): key}  # fmt: skip
     assert build_config(parse(), environ=env).peers == ("tcp://a:1", "tcp://b:2")
     assert RouterConfig().peer_port == 0  # peering is off unless asked for
+
+
+def test_peering_other_hosts_reach_needs_a_key_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="peering on an address other hosts reach needs"):
+        RouterConfig(host="0.0.0.0", peer_port=8100).validate()
+    assert RouterConfig(host="127.0.0.1", peer_port=8100).validate()  # this host's peers only
+    short = peer_key(tmp_path, "too-short")
+    with pytest.raises(ConfigError, match="holds 9 bytes of secret; allowed: 16 to 4096"):
+        RouterConfig(host="0.0.0.0", peer_port=8100, peer_key_file=short).validate()
+    with pytest.raises(ConfigError, match="no such file"):
+        RouterConfig(peer_port=8100, peer_key_file=str(tmp_path / "missing")).validate()
+    with pytest.raises(ConfigError, match="needs peer_port"):
+        RouterConfig(peer_key_file=peer_key(tmp_path)).validate()
 
 
 @pytest.mark.parametrize(
@@ -252,8 +272,12 @@ def test_peering_flags_and_variables() -> None:
     ["tcp://10.0.0.7:8100", "tcp://[::1]:8100", "tcp://[fd00::7]:1", "tcp://localhost:5570",
      "tcp://m-router-peers.serving.svc.cluster.local.:5570", "tcp://Router-0.Peers:5570"],
 )  # fmt: skip
-def test_a_peer_is_an_ipv4_address_a_dns_name_or_a_bracketed_ipv6_address(peer: str) -> None:
-    config = RouterConfig(host="0.0.0.0", peer_port=1, peers=(peer,))  # reachable by peers
+def test_a_peer_is_an_ipv4_address_a_dns_name_or_a_bracketed_ipv6_address(
+    peer: str, tmp_path: Path
+) -> None:
+    config = RouterConfig(  # reachable by peers
+        host="0.0.0.0", peer_port=1, peers=(peer,), peer_key_file=peer_key(tmp_path)
+    )
     assert config.validate().peers == (peer,)
 
 
@@ -300,7 +324,7 @@ def test_peering_settings_are_checked(settings: dict[str, object], problem: str)
     ],
 )
 def test_peering_beyond_this_host_needs_a_host_peers_can_reach(
-    settings: dict[str, object], problem: str
+    settings: dict[str, object], problem: str, tmp_path: Path
 ) -> None:
     with pytest.raises(ConfigError) as err:
         RouterConfig(peer_port=5570, **settings).validate()  # type: ignore[arg-type]
@@ -308,8 +332,9 @@ def test_peering_beyond_this_host_needs_a_host_peers_can_reach(
         problem in p and "peers could not reach peer_port on a loopback" in p
         for p in err.value.problems
     ), err.value.problems
+    key = peer_key(tmp_path)
     for host in ("0.0.0.0", "::", "10.0.0.5"):
-        RouterConfig(peer_port=5570, **{**settings, "host": host}).validate()  # type: ignore[arg-type]
+        RouterConfig(peer_port=5570, peer_key_file=key, **{**settings, "host": host}).validate()  # type: ignore[arg-type]
     RouterConfig(peer_port=5570, peers=("tcp://127.0.0.1:2", "tcp://[::1]:2")).validate()
     # a name's addresses are known only once resolved (local pods may be loopback addresses):
     # `peers` warns then rather than refusing here

@@ -51,6 +51,7 @@ EXPECTED = {
     "tpuserve_router_worker_changes": "counter",
     "tpuserve_router_connections_closed": "counter",
     "tpuserve_router_client_connections": "gauge",
+    "tpuserve_router_buffered_request_bytes": "gauge",
     "tpuserve_router_in_flight_requests": "gauge",
     "tpuserve_router_worker_healthy": "gauge",
     "tpuserve_router_prefix_index_size": "gauge",
