@@ -65,10 +65,13 @@ if [ "$skip_real_sglang" != 1 ]; then
   start_job real-sglang scripts/install-real-sglang.sh   # prints the paths it installed
 fi
 
-scripts/venv.sh dev
-scripts/install-tools.sh                       # helm, kubectl, prometheus, promtool
 # shellcheck disable=SC1091
 source scripts/tool-paths.sh
+# Rust's build of router/native goes to one directory per machine, so a new clone (as CI is)
+# rebuilds only the crate, not its dependencies; cargo's fingerprints decide what is stale.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$TPUSERVE_CACHE/cargo-target}
+scripts/venv.sh dev
+scripts/install-tools.sh                       # helm, kubectl, prometheus, promtool
 
 echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
