@@ -195,13 +195,15 @@ def start_router(
     kubeconfig = cluster.service_account_kubeconfig(namespace, pod_spec["serviceAccountName"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     env.update(variables, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
-    # one router here, and no cluster DNS to find peers by: peering off (--peer-port=0 below)
-    alone = [a for a in args if not a.startswith("--peers-from-dns=")]
+    # one router here, and no cluster DNS to find peers by: peering off (--peer-port=0 below),
+    # so neither its peer list nor its key (a mounted Secret, absent here) is passed
+    alone = [a for a in args if not a.startswith(("--peers-from-dns=", "--peer-key-file="))]
     argv = [
         sys.executable, "-m", "tpuserve", *container["command"][1:], *alone,
-        # later flags win: listen on loopback only, and never dial anything else
-        "--host=127.0.0.1", "--port=0", "--metrics-port=0", f"--worker-networks={LOOPBACK}",
-        "--peer-port=0",
+        # later flags win: listen on loopback only (free ports: workers run side by side), and
+        # never dial anything else
+        "--host=127.0.0.1", "--port=0", "--metrics-port=0", "--admin-port=0",
+        f"--worker-networks={LOOPBACK}", "--peer-port=0",
     ]  # fmt: skip
     log = log_dir / "router.log"
     process = ManagedProcess.spawn("router", argv, log, env=env)
