@@ -4,7 +4,8 @@
 #   TPUSERVE_SKIP_E2E=1 skips the control-plane suite;
 #   TPUSERVE_SKIP_REAL_SGLANG=1 skips installing real SGLang and its tests (ignored under CI=true);
 #   TPUSERVE_TEST_WORKERS=N runs the suites on N pytest-xdist workers (default: auto, one per
-#   core; 0 runs them in pytest's own process).
+#   core, and two more when the e2e suite runs with the others; 0 runs them in pytest's own
+#   process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
@@ -12,9 +13,10 @@ export PYTHONDONTWRITEBYTECODE=1
 # Two installs run in the background, each in a process group of its own with its output in a
 # log, while the foreground installs the virtualenv and the tools, lints and type-checks:
 # - the control-plane build (no-op when the versioned binaries exist; 13-30 min of Go on a fresh
-#   machine). Only the e2e suite needs it, so it is waited for just before that suite, and the
-#   unit and component suites run meanwhile; its compiles run at nice 10, so they take mostly
-#   the CPU the foreground leaves idle;
+#   machine). When it is done by the time the tests start, every suite runs in one pytest run;
+#   when it is not (a fresh machine), the unit and component suites run meanwhile and the e2e
+#   suite after it. Its compiles run at nice 10, so they take mostly the CPU the foreground
+#   leaves idle;
 # - real SGLang (no-op when installed; a few minutes of downloads into its own venv on a fresh
 #   machine), waited for before the tests.
 # A job's log is printed when it is waited for. An early exit (a failed step) stops the jobs
@@ -89,21 +91,36 @@ if [ $# -gt 0 ]; then
   echo "== pytest $*"
   exec .venv/bin/pytest "$@"
 fi
-# Every core runs tests (pytest-xdist); `--dist loadgroup` keeps together what shares a fixture
-# (tests/conftest.py, `xdist_group`). Each run ends with its slowest tests (`--durations`).
-pytest_args=(--durations=30)
-workers=${TPUSERVE_TEST_WORKERS:-auto}
-if [ "$workers" != 0 ]; then
-  pytest_args+=(-n "$workers" --dist loadgroup)
-fi
-echo "== pytest: unit and component"
+suites="unit or component"
 if [ "$skip_real_sglang" = 1 ]; then
-  .venv/bin/pytest "${pytest_args[@]}" -m "(unit or component) and not real_sglang"
-else
-  .venv/bin/pytest "${pytest_args[@]}" -m "unit or component"
+  suites="($suites) and not real_sglang"
 fi
-if [ "${TPUSERVE_SKIP_E2E:-0}" != 1 ]; then
+# Tests run on every core (pytest-xdist): `--dist loadgroup` keeps together what shares a
+# fixture (tests/conftest.py, `xdist_group`), and the longest groups start first (their order is
+# set there, hence `--no-loadscope-reorder`). Each run ends with its slowest tests.
+workers=${TPUSERVE_TEST_WORKERS:-auto}
+run_pytest() { # EXTRA_WORKERS MARKER_EXPRESSION: `auto` is one worker per core plus EXTRA_WORKERS
+  local args=(--durations=30) n=$workers
+  if [ "$n" != 0 ]; then
+    [ "$n" = auto ] && n=$(($(nproc) + $1))
+    args+=(-n "$n" --dist loadgroup --no-loadscope-reorder)
+  fi
+  .venv/bin/pytest "${args[@]}" -m "$2"
+}
+if [ "${TPUSERVE_SKIP_E2E:-0}" = 1 ]; then
+  echo "== pytest: $suites"
+  run_pytest 0 "$suites"
+elif kill -0 "${job_pid[control-plane]}" 2>/dev/null; then
+  # The build still runs (a fresh machine): the suites that do not need it run meanwhile.
+  echo "== pytest: $suites (while the control plane builds)"
+  run_pytest 0 "$suites"
   wait_job control-plane
   echo "== pytest: e2e"
-  .venv/bin/pytest "${pytest_args[@]}" -m e2e
+  run_pytest 0 e2e
+else
+  # One run of every suite: the e2e tests' two control planes (on a worker each, mostly waiting
+  # on timers) overlap the unit and component tests, which get a worker per core.
+  wait_job control-plane
+  echo "== pytest: $suites, e2e"
+  run_pytest 2 "($suites) or e2e"
 fi

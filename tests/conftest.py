@@ -52,6 +52,20 @@ def xdist_group(item: pytest.Item, suite: str) -> str | None:
     return None
 
 
+# The groups that take longest, in the order an xdist run starts them (each on a worker of its
+# own): the living-cluster modules (mostly waiting on timers: HPA windows, idle periods, drain
+# grace), the session cluster's, the real-SGLang engines'. Everything else follows in collection
+# order and fills the workers around them (scripts/test.sh passes `--no-loadscope-reorder`, so
+# xdist keeps this order instead of sorting groups by their number of tests).
+LONGEST_FIRST = ("living_cluster", "cluster", "real_sglang")
+
+
+def start_order(item: pytest.Item) -> int:
+    mark = item.get_closest_marker("xdist_group")
+    group = mark.args[0] if mark is not None else None
+    return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     grouped = config.pluginmanager.hasplugin("xdist")
@@ -71,6 +85,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = xdist_group(item, found[0]) if grouped else None
         if group is not None and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        items.sort(key=start_order)  # stable: collection order within each rank
 
 
 @pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up
