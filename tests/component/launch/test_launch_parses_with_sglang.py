@@ -82,10 +82,26 @@ def parse_with_sglang(
     return parsed
 
 
-def test_every_golden_command_line_parses_with_sglangs_parser(real_sglang: RealSGLang) -> None:
+def lora_command() -> list[str]:
+    env = contract_env() | {
+        "TPUSERVE_WEIGHTS_CACHE_DIR": "/w",
+        "TPUSERVE_LORA_ADAPTERS": "sql=hf://org/sql-lora,law=/adapters/law",
+    }
+    command = launch.plan(LaunchContract.from_env(env)).command
+    return command[command.index(LAUNCH_MODULE[1]) + 1 :]
+
+
+@pytest.fixture(scope="module")
+def parsed(real_sglang: RealSGLang) -> dict[str, Any]:
+    """Every golden command and the LoRA one, parsed in one process (importing SGLang's server
+    arguments takes seconds)."""
+    commands = golden_commands() | {"lora": lora_command()}
+    return parse_with_sglang(real_sglang, commands, (*READ_BACK, "enable_lora", "lora_paths"))
+
+
+def test_every_golden_command_line_parses_with_sglangs_parser(parsed: dict[str, Any]) -> None:
     commands = golden_commands()
     assert len(commands) >= 20
-    parsed = parse_with_sglang(real_sglang, commands, READ_BACK)
     kv_events_config = sglang_kv_events().KVEventsConfig
     for name, argv in commands.items():
         unknown, args = parsed[name]["unknown"], parsed[name]["args"]
@@ -98,16 +114,10 @@ def test_every_golden_command_line_parses_with_sglangs_parser(real_sglang: RealS
         assert config.bind is True, f"{name}: the KV-event endpoint must bind"
 
 
-def test_lora_adapters_parse_as_sglangs_lora_paths(real_sglang: RealSGLang) -> None:
-    env = contract_env() | {
-        "TPUSERVE_WEIGHTS_CACHE_DIR": "/w",
-        "TPUSERVE_LORA_ADAPTERS": "sql=hf://org/sql-lora,law=/adapters/law",
-    }
-    command = launch.plan(LaunchContract.from_env(env)).command
-    argv = command[command.index(LAUNCH_MODULE[1]) + 1 :]
-    parsed = parse_with_sglang(real_sglang, {"lora": argv}, ("enable_lora", "lora_paths"))
-    assert parsed["lora"]["unknown"] == []
-    assert parsed["lora"]["args"] == {
+def test_lora_adapters_parse_as_sglangs_lora_paths(parsed: dict[str, Any]) -> None:
+    lora = parsed["lora"]
+    assert lora["unknown"] == []
+    assert {k: lora["args"][k] for k in ("enable_lora", "lora_paths")} == {
         "enable_lora": True,
         "lora_paths": ["sql=/w/hf/org/sql-lora/main", "law=/adapters/law"],
     }
