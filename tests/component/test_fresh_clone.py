@@ -16,8 +16,9 @@ files and the untracked ones git does not ignore, as they are on disk now. A dev
 uncommitted edits are tested too; in CI the two are the same. Nothing ignored comes along
 (``.venv``, ``router/native/target``, ``_native.abi3.so``), so ``make up`` creates the
 virtual environment, installs the runtime dependencies and compiles ``router/native`` with
-cargo in the copy, as a new user's first run does. pip's cache and cargo's downloaded crates
-are shared, as they are for anyone who used pip or cargo before; nothing is compiled ahead:
+cargo in the copy, as a new user's first run does. uv (which `scripts/venv.sh` installs once per
+machine), its cache and cargo's downloaded crates are shared, as they are for anyone who ran the
+project or cargo before; nothing is compiled ahead:
 the compile is part of what a new user waits for and of what can break (about two and a half
 minutes on two busy cores, most of it cargo's).
 """
@@ -43,7 +44,7 @@ pytestmark = [pytest.mark.component, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[2]
 BASE_URL = re.compile(r"OpenAI base URL: (http://127\.0\.0\.1:\d+/v1)")
 READY_TIMEOUT_SECONDS = 1200.0
-"""`make up` on a fresh clone: a virtual environment, the runtime dependencies (from pip's
+"""`make up` on a fresh clone: a virtual environment, the runtime dependencies (from uv's
 cache when it has them), the Rust build, then the fleet's start."""
 STOP_TIMEOUT_SECONDS = 60.0
 DEV_ONLY = ("mypy", "pytest", "ruff", "openai")
