@@ -65,11 +65,14 @@ RETRY_AFTER_SECONDS: Final = "1"
 # What a connection is reading: nothing yet (new), nothing between requests (idle), a
 # request's head, a request's body; or, answered and half-closed, input to drop (closing).
 NEW, IDLE, HEAD, BODY, CLOSING = 0, 1, 2, 3, 4
-LINGER_IDLE_SECONDS: Final = 2.0
+LINGER_IDLE_SECONDS: Final = 5.0
 LINGER_MAX_SECONDS: Final = 30.0
 """A rejected client's remaining input is read and dropped until it has sent nothing for
-`LINGER_IDLE_SECONDS`, at most `LINGER_MAX_SECONDS` (nginx's lingering close): closing with
-unread input resets the connection, which can destroy the answer before it is read."""
+`LINGER_IDLE_SECONDS`, at most `LINGER_MAX_SECONDS` (nginx's lingering close, with its
+`lingering_timeout` and `lingering_time` defaults): closing with unread input resets the
+connection, which can destroy the answer before it is read. A client that pauses its upload (an
+asyncio client encoding other requests' bodies, a busy machine) must not be reset for it: 2 s
+was too short for 40 clients of one process sending 30 MB each on two loaded cores."""
 
 
 @dataclass(frozen=True, slots=True)
