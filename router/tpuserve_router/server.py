@@ -66,13 +66,12 @@ RETRY_AFTER_SECONDS: Final = "1"
 # request's head, a request's body; or, answered and half-closed, input to drop (closing).
 NEW, IDLE, HEAD, BODY, CLOSING = 0, 1, 2, 3, 4
 LINGER_IDLE_SECONDS: Final = 5.0
-LINGER_MAX_SECONDS: Final = 30.0
 """A rejected client's remaining input is read and dropped until it has sent nothing for
-`LINGER_IDLE_SECONDS`, at most `LINGER_MAX_SECONDS` (nginx's lingering close, with its
-`lingering_timeout` and `lingering_time` defaults): closing with unread input resets the
-connection, which can destroy the answer before it is read. A client that pauses its upload (an
-asyncio client encoding other requests' bodies, a busy machine) must not be reset for it: 2 s
-was too short for 40 clients of one process sending 30 MB each on two loaded cores."""
+`LINGER_IDLE_SECONDS` (nginx's lingering close and its `lingering_timeout`), for at most the
+time an accepted body may take (`--body-timeout`, where nginx stops at 30 s): closing with
+unread input resets the connection, which destroys the answer before the client reads it, and
+an HTTP/1.1 client reads the answer only once it has sent its whole body. 40 clients of one
+process sending 30 MB each on two loaded cores took 33 s, and a 2 s pause was not rare there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,7 +589,7 @@ class HttpConnection(asyncio.Protocol):
         if self.phase == CLOSING:
             if (
                 now - self._last_input > LINGER_IDLE_SECONDS
-                or now - self.since > LINGER_MAX_SECONDS
+                or now - self.since > self.limits.body_timeout_seconds
             ):
                 self.abort()
             return None
