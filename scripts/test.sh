@@ -112,8 +112,8 @@ run_pytest() { # EXTRA_WORKERS MARKER_EXPRESSION: `auto` is one worker per core 
 }
 # Each long group holds a worker for its whole run, so each gets one on top of a worker per core
 # for everything else: the real-SGLang engine pool (busy while engines start, idle between) and,
-# when the e2e suite runs with the others, its two control planes (mostly waiting on timers: HPA
-# windows, idle periods, drain grace).
+# when the e2e suite runs with the others, its three control planes (two living clusters and the
+# session's; mostly waiting on timers: HPA windows, idle periods, drain grace).
 if [ "${TPUSERVE_SKIP_E2E:-0}" = 1 ]; then
   echo "== pytest: $suites"
   run_pytest 1 "$suites"
@@ -123,10 +123,10 @@ elif kill -0 "${job_pid[control-plane]}" 2>/dev/null; then
   run_pytest 1 "$suites"
   wait_job control-plane
   echo "== pytest: e2e"
-  run_pytest 0 e2e
+  run_pytest 1 e2e
 else
   # One run of every suite: the control planes' waits overlap the CPU-bound tests.
   wait_job control-plane
   echo "== pytest: $suites, e2e"
-  run_pytest 3 "($suites) or e2e"
+  run_pytest 4 "($suites) or e2e"
 fi

@@ -36,8 +36,8 @@ def xdist_group(item: pytest.Item, suite: str) -> str | None:
 
     - every real-SGLang test: one group, so the session's engine pool (tests/real_sglang.py)
       is started once, on one worker;
-    - an e2e test: the group of the control plane it uses (`living_cluster` or `cluster`), so
-      each worker starts one control plane;
+    - an e2e test: the group of the control plane it uses (`cluster`, or for the living cluster
+      `living_cluster` or `living_cluster_2` by module), so each worker starts one control plane;
     - any other component test: its module, so a module's fixtures (engine twins, routers,
       Prometheus) start once;
     - a unit test: none.
@@ -46,7 +46,10 @@ def xdist_group(item: pytest.Item, suite: str) -> str | None:
     if item.get_closest_marker("real_sglang"):
         return "real_sglang"
     if suite == "e2e":
-        return "living_cluster" if "living_cluster" in names else "cluster"
+        if "living_cluster" not in names:
+            return "cluster"
+        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+        return "living_cluster_2" if module in SECOND_LIVING_CLUSTER else "living_cluster"
     if suite == "component":
         return item.nodeid.split("::", 1)[0]
     return None
@@ -57,7 +60,10 @@ def xdist_group(item: pytest.Item, suite: str) -> str | None:
 # grace), the session cluster's, the real-SGLang engines'. Everything else follows in collection
 # order and fills the workers around them (scripts/test.sh passes `--no-loadscope-reorder`, so
 # xdist keeps this order instead of sorting groups by their number of tests).
-LONGEST_FIRST = ("living_cluster", "cluster", "real_sglang")
+LONGEST_FIRST = ("living_cluster", "living_cluster_2", "cluster", "real_sglang")
+SECOND_LIVING_CLUSTER = frozenset({"test_drain.py"})
+"""The living-cluster modules that run on a second living cluster (a group of their own): the
+chain of waits on one cluster (~570 s) splits in two of ~260 and ~310 s."""
 
 
 def start_order(item: pytest.Item) -> int:

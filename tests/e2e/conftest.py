@@ -14,8 +14,10 @@ Fixtures for e2e tests (see docs/development.md, "The e2e fixture"):
   generated RBAC rules; the kubeconfig that authenticates as it.
 - ``living_cluster`` (module): a second control plane whose pods really run (the pod runner,
   `Cluster(run_pods=True)`), with one CPU pool: the user's `tpuserve cluster up`. Pods get
-  loopback addresses and Services answer at 127.96.A.B; nothing else is shared with ``cluster``.
-  One per session, shared by the modules that use it: after each module no TPUModelServer, no
+  loopback addresses and Services answer at 127.X.A.B (X = 96 + its network, one per xdist
+  worker); nothing else is shared with ``cluster``. The living-cluster modules form two xdist
+  groups (tests/conftest.py), so two such clusters run side by side on two workers.
+  One per worker, shared by the modules that use it: after each module no TPUModelServer, no
   engine pod and no chart release is left in it (the fixture deletes what a failed test left),
   so every module starts from a bare cluster; what a module adds otherwise (a node pool, a
   volume) it removes itself or names uniquely.
@@ -49,6 +51,7 @@ from tests.e2e.tms_harness import (
 )
 from tests.waiting import eventually
 from tpuserve.cluster import Cluster, NodePool, Toolchain, ToolchainMissing, kube
+from tpuserve.cluster.pods.addresses import NETWORKS, Network
 from tpuserve_operator import labels
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -99,8 +102,17 @@ def living_session_cluster(
             pools=[NodePool.cpu_pool("cpu", nodes=2)],
             run_pods=True,
             toolchain=toolchain,
+            network=living_network(),
         ),
     )
+
+
+def living_network() -> Network:
+    """Each pytest-xdist worker's living cluster gets address ranges of its own (its pods bind
+    their ports on them): network 1 + the worker's number, so none is the default network (0)
+    of a `tpuserve cluster up` or a component test's pod runner."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return Network(1 + int(worker.removeprefix("gw")) % (NETWORKS - 1))
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ from tpuserve.cluster.components import POD_LOGS_DIR as PODS_DIR
 from tpuserve.cluster.components import Components, Ports
 from tpuserve.cluster.node_pools import NodePool, load_profile
 from tpuserve.cluster.pki import ADMIN_USER, PKI, create_pki, load_pki
+from tpuserve.cluster.pods.addresses import DEFAULT_NETWORK, Network
 from tpuserve.cluster.process import ManagedProcess, tail, wait_for
 from tpuserve.cluster.toolchain import Toolchain, ToolchainMissing
 from tpuserve.cluster.tools import Tools
@@ -66,6 +67,8 @@ class Cluster:
         detach: leave processes running after this Python process exits (`cluster up`).
         startup_timeout_seconds: deadline for each component's readiness.
         ports, pki: those of a cluster already running (`attach`); default: new ones.
+        network: the address ranges of its Services and pods (`pods.addresses.Network`): clusters
+            whose pods run at the same time on one machine need different ones.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Cluster:
         startup_timeout_seconds: float = DEFAULT_STARTUP_TIMEOUT_SECONDS,
         ports: Ports | None = None,
         pki: PKI | None = None,
+        network: Network = DEFAULT_NETWORK,
     ) -> None:
         self.run_dir = run_dir.resolve()
         self.toolchain = toolchain or Toolchain.discover()
@@ -100,6 +104,7 @@ class Cluster:
             ports or Ports.allocate(),
             detach,
             startup_timeout_seconds,
+            network,
         )
         self.tools = Tools(self.toolchain, self.kubeconfig, self.run_dir / "helm")
         self._pki = pki
@@ -120,6 +125,10 @@ class Cluster:
     @property
     def ports(self) -> Ports:
         return self.components.ports
+
+    @property
+    def network(self) -> Network:
+        return self.components.network
 
     @property
     def processes(self) -> dict[str, ManagedProcess]:
@@ -280,6 +289,7 @@ class Cluster:
             ),
             ports=Ports(**state["ports"]),
             pki=load_pki(run_dir.resolve() / "pki"),
+            network=Network(int(state.get("network", 0))),
         )
         cluster.processes.update(
             (p["name"], ManagedProcess.from_state(p)) for p in state["processes"]
@@ -295,6 +305,7 @@ class Cluster:
             "ports": asdict(self.ports),
             "lws": self.lws_enabled,
             "run_pods": self.run_pods,
+            "network": self.network.index,
             "prometheus": self.prometheus,
             "metrics_adapter": self.metrics_adapter,
             "started_seconds": self.started_seconds,

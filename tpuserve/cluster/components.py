@@ -23,11 +23,11 @@ import yaml
 
 from tpuserve.cluster import kube, kwok, lws, metrics_adapter
 from tpuserve.cluster.pki import FRONT_PROXY_CLIENT, PKI, issue_serving_cert
+from tpuserve.cluster.pods.addresses import DEFAULT_NETWORK, Network
 from tpuserve.cluster.ports import LOOPBACK, free_ports
 from tpuserve.cluster.process import ManagedProcess, tail, wait_for
 from tpuserve.cluster.toolchain import METRICS_ADAPTER_BINARY, Toolchain
 
-SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Used only when the host has no default route, where kube-apiserver cannot pick an advertise
 # address itself and rejects loopback ones. It is written into the `kubernetes` Endpoints object
@@ -93,7 +93,9 @@ def etcd_argv(binary: Path, data_dir: Path, ports: Ports) -> list[str]:
     ]
 
 
-def apiserver_argv(binary: Path, ports: Ports, pki: PKI, *, default_route: bool) -> list[str]:
+def apiserver_argv(
+    binary: Path, ports: Ports, pki: PKI, *, default_route: bool, network: Network = DEFAULT_NETWORK
+) -> list[str]:
     argv = [
         str(binary),
         f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
@@ -108,7 +110,7 @@ def apiserver_argv(binary: Path, ports: Ports, pki: PKI, *, default_route: bool)
         f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
         f"--service-account-key-file={pki.service_account_key}",
         f"--service-account-signing-key-file={pki.service_account_key}",
-        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        f"--service-cluster-ip-range={network.service_cluster_ip_range}",
         "--allow-privileged=true",
         "--disable-admission-plugins=ServiceAccount",
         # Aggregated APIs (a metrics adapter) learn the caller from these headers, trusting
@@ -184,7 +186,9 @@ def lws_argv(binary: Path, kubeconfig: Path, config: Path) -> list[str]:
     return [str(binary), f"--config={config}", f"--kubeconfig={kubeconfig}"]
 
 
-def pod_runner_argv(run_dir: Path, kubeconfig: Path, server: str, pki: PKI) -> list[str]:
+def pod_runner_argv(
+    run_dir: Path, kubeconfig: Path, server: str, pki: PKI, network: Network = DEFAULT_NETWORK
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -193,6 +197,7 @@ def pod_runner_argv(run_dir: Path, kubeconfig: Path, server: str, pki: PKI) -> l
         f"--run-dir={run_dir}",
         f"--server={server}",
         f"--ca-cert={pki.ca_cert}",
+        f"--network={network.index}",
     ]
 
 
@@ -259,6 +264,7 @@ class Components:
     ports: Ports
     detach: bool
     startup_timeout_seconds: float
+    network: Network = DEFAULT_NETWORK
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
 
     @property
@@ -302,7 +308,9 @@ class Components:
     def start_apiserver(self, pki: PKI, argv: list[str] | None = None) -> None:
         if argv is None:
             binary = self.toolchain.binary("kube-apiserver")
-            argv = apiserver_argv(binary, self.ports, pki, default_route=has_default_route())
+            argv = apiserver_argv(
+                binary, self.ports, pki, default_route=has_default_route(), network=self.network
+            )
         process = self.spawn("kube-apiserver", argv)
         readyz = f"{self.server}/readyz"
         self.wait(
@@ -386,7 +394,9 @@ class Components:
         ready_file.unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if k in POD_RUNNER_ENV}
         process = self.spawn(
-            "pod-runner", pod_runner_argv(self.run_dir, kubeconfig, self.server, pki), env
+            "pod-runner",
+            pod_runner_argv(self.run_dir, kubeconfig, self.server, pki, self.network),
+            env,
         )
         self.wait("pod-runner ready", ready_file.exists, process)
 

@@ -13,6 +13,7 @@ from tpuserve.cluster import components, kubeconfig
 from tpuserve.cluster.cluster import STATE_FILE, Cluster
 from tpuserve.cluster.components import Ports
 from tpuserve.cluster.pki import PKI, create_pki
+from tpuserve.cluster.pods.addresses import Network
 from tpuserve.cluster.process import ManagedProcess, process_start_time
 from tpuserve.cluster.toolchain import Toolchain
 
@@ -135,3 +136,13 @@ def test_a_detached_cluster_is_attached_again_from_its_state_file(tmp_path: Path
 def test_attach_without_a_state_file_says_how_to_start_one(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="tpuserve cluster up"):
         Cluster.attach(tmp_path, toolchain(tmp_path))
+
+
+def test_a_cluster_on_another_network_takes_its_service_range_and_pod_addresses(pki: PKI) -> None:
+    network = Network(2)
+    argv = components.apiserver_argv(
+        Path("apiserver"), PORTS, pki, default_route=True, network=network
+    )
+    assert flags(argv)["service-cluster-ip-range"] == "10.98.0.0/16"
+    runner = components.pod_runner_argv(Path("run"), Path("kubeconfig"), "https://x", pki, network)
+    assert "--network=2" in runner

@@ -12,7 +12,7 @@ import pytest
 from tests.fakes import pod_manifest
 from tpuserve.cluster.cli_services import local_url, rows
 from tpuserve.cluster.pods import images
-from tpuserve.cluster.pods.addresses import PodAddresses, local_service_address
+from tpuserve.cluster.pods.addresses import Network, PodAddresses, local_service_address
 from tpuserve.cluster.pods.container import backoff_seconds
 from tpuserve.cluster.pods.container_spec import (
     ContainerConfigError,
@@ -158,7 +158,17 @@ def test_pod_addresses_are_loopback_unique_and_reused_last() -> None:
     assert pool.allocate() not in (first, second)
     assert local_service_address("10.96.63.36") == "127.96.63.36"
     assert local_service_address("None") is None
-    assert local_service_address("10.97.0.1") is None
+    assert local_service_address("10.104.0.1") is None  # no network's Service range
+
+
+def test_clusters_on_other_networks_share_no_address() -> None:
+    second = Network(1)
+    assert second.service_cluster_ip_range == "10.97.0.0/16"
+    assert PodAddresses(second.pods).allocate().startswith("127.245.")
+    assert not second.pods.overlaps(Network().pods)
+    assert local_service_address("10.97.0.1") == "127.97.0.1"
+    with pytest.raises(ValueError, match="cluster network: 8 is not allowed; allowed: 0 to 7"):
+        Network(8)
 
 
 def test_back_off_doubles_to_five_minutes() -> None:

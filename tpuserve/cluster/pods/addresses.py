@@ -5,18 +5,49 @@ kube-apiserver gives Services ClusterIPs from 10.96.0.0/16 and kwok would give p
 its own in 127.244.0.0/16 instead (a process binds it as a pod binds its network namespace's
 address) and serves each Service's ClusterIP 10.96.A.B at 127.96.A.B, so the mapping is the
 first octet alone. Both ranges are loopback: Linux answers on all of 127.0.0.0/8 with no setup.
+
+Clusters whose pods run side by side on one machine take different networks (`Network`):
+network N gives Services 10.(96+N).0.0/16 and pods 127.(244+N).0.0/16, so two clusters' pods
+never bind the same address and port. Network 0 is the default.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from tpuserve.cluster.components import SERVICE_CLUSTER_IP_RANGE
+NETWORKS = 8
+"""Networks 0 to 7: Service ranges 10.96/16 to 10.103/16, pod ranges 127.244/16 to 127.251/16."""
+_CLUSTER_IPS = ipaddress.IPv4Network("10.96.0.0/13")  # every network's Service range
+_LOOPBACK_SERVICES = ipaddress.IPv4Network("127.96.0.0/13")
 
-POD_NETWORK = ipaddress.IPv4Network("127.244.0.0/16")
-SERVICE_NETWORK = ipaddress.IPv4Network("127.96.0.0/16")
-_CLUSTER_IP_NETWORK = ipaddress.IPv4Network(SERVICE_CLUSTER_IP_RANGE)
+
+@dataclass(frozen=True)
+class Network:
+    """The address ranges of one local cluster: ``index`` from 0 to `NETWORKS` - 1."""
+
+    index: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < NETWORKS:
+            raise ValueError(
+                f"cluster network: {self.index} is not allowed; allowed: 0 to {NETWORKS - 1}"
+            )
+
+    @property
+    def service_cluster_ip_range(self) -> str:
+        """kube-apiserver's ``--service-cluster-ip-range``."""
+        return f"10.{96 + self.index}.0.0/16"
+
+    @property
+    def pods(self) -> ipaddress.IPv4Network:
+        """Where the pod runner gives pods their addresses."""
+        return ipaddress.IPv4Network(f"127.{244 + self.index}.0.0/16")
+
+
+DEFAULT_NETWORK = Network()
+POD_NETWORK = DEFAULT_NETWORK.pods
 
 
 class AddressesExhausted(RuntimeError):
@@ -24,15 +55,16 @@ class AddressesExhausted(RuntimeError):
 
 
 def local_service_address(cluster_ip: str) -> str | None:
-    """127.96.A.B for ClusterIP 10.96.A.B; None for headless or foreign addresses."""
+    """127.X.A.B for ClusterIP 10.X.A.B of any network (X from 96 to 103); None for headless
+    or foreign addresses."""
     try:
         address = ipaddress.IPv4Address(cluster_ip)
     except ValueError:
         return None
-    if address not in _CLUSTER_IP_NETWORK:
+    if address not in _CLUSTER_IPS:
         return None
-    offset = int(address) - int(_CLUSTER_IP_NETWORK.network_address)
-    return str(SERVICE_NETWORK.network_address + offset)
+    offset = int(address) - int(_CLUSTER_IPS.network_address)
+    return str(_LOOPBACK_SERVICES.network_address + offset)
 
 
 class PodAddresses:

@@ -30,7 +30,7 @@ from typing import Any
 from tpuserve.cluster import kube, kubeconfig
 from tpuserve.cluster.components import POD_LOGS_DIR as PODS_DIR
 from tpuserve.cluster.components import POD_RUNNER_READY_FILE as READY_FILE
-from tpuserve.cluster.pods.addresses import PodAddresses
+from tpuserve.cluster.pods.addresses import DEFAULT_NETWORK, Network, PodAddresses
 from tpuserve.cluster.pods.pod import PodSupervisor
 from tpuserve.cluster.pods.services import LOCAL_ADDRESS_ANNOTATION, ServiceProxy
 from tpuserve.cluster.pods.status import now
@@ -98,6 +98,7 @@ class PodRunner:
         *,
         backoff_base_seconds: float = DEFAULT_BACKOFF_SECONDS,
         stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
+        network: Network = DEFAULT_NETWORK,
     ) -> None:
         self.api = kubeconfig.api_client(kubeconfig_path)
         self.core = kube.client().CoreV1Api(self.api)
@@ -108,7 +109,7 @@ class PodRunner:
         self.base_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         self.backoff_base_seconds = backoff_base_seconds
         self.stop_grace_seconds = stop_grace_seconds
-        self.addresses = PodAddresses()
+        self.addresses = PodAddresses(network.pods)
         self.supervisors: dict[str, PodSupervisor] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.proxy = ServiceProxy(lambda: list(self.supervisors.values()))
@@ -358,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca-cert", type=Path, required=True)
     parser.add_argument("--backoff-seconds", type=float, default=DEFAULT_BACKOFF_SECONDS)
     parser.add_argument("--stop-grace-seconds", type=float, default=DEFAULT_STOP_GRACE_SECONDS)
+    parser.add_argument("--network", type=int, default=0, help="the cluster's network index")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -369,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         args.ca_cert,
         backoff_base_seconds=args.backoff_seconds,
         stop_grace_seconds=args.stop_grace_seconds,
+        network=Network(args.network),
     )
     asyncio.run(runner.run())
     return 0
