@@ -93,7 +93,7 @@ def local_base_url(cluster: Cluster, name: str) -> str:
     )
     rows = done.stdout.splitlines()
     line = next(row for row in rows if f"tpumodelserver {NAMESPACE}/{name}" in row)
-    found = re.search(r"http://127\.96\.\d+\.\d+:\d+", line)
+    found = re.search(r"http://127\.\d+\.\d+\.\d+:\d+", line)  # 127.(96 + network).A.B
     assert found, line
     return found.group(0)
 
