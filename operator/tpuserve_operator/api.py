@@ -401,9 +401,13 @@ class EngineSpec(Schema):
         default_factory=dict,
         json_schema_extra=free_form("object"),
         description=(
-            "resources of the engine container (a core/v1 ResourceRequirements), for cpu and "
-            "memory. google.com/tpu is set by the operator to the chips of one host and must "
-            "not appear here."
+            "resources of the engine container (a core/v1 ResourceRequirements). On TPU "
+            "(type sglang) cpu and memory default to 90% of what GKE leaves to pods on the "
+            "host's machine type (requests = limits); any of requests/limits cpu/memory set "
+            "here replaces its default (a limit alone lowers the request with it) and may not "
+            "exceed one host's allocatable. The simulated engine gets exactly what is set here. "
+            "google.com/tpu is set by the operator to the chips of one host and must not "
+            "appear here."
         ),
     )
     env: list[dict[str, Any]] = Field(
