@@ -114,6 +114,7 @@ def rbac_table() -> list[str]:
     lines = ["| scope | API group | resources | verbs | why |", "|---|---|---|---|---|"]
     lines += rows(rbac.OPERATOR_RULES, "namespaced")
     lines += rows(rbac.OPERATOR_CLUSTER_RULES, "cluster")
+    lines += rows(rbac.OPERATOR_CLUSTER_WIDE_RULES, "cluster (cluster-wide mode)")
     lines += rows(rbac.ROUTER_RULES, "router Role")
     return lines
 
