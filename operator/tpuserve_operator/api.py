@@ -549,7 +549,9 @@ class RouterSpec(Schema):
             "apiKeys makes clients authenticate: the router reads its API keys (tenants, "
             "priority classes, rate limits, admin role; docs/router.md, Authentication) from "
             "this Secret, mounted into its pods, and reloads them when the Secret changes. "
-            "Default: unset, no keys (anyone who reaches the router is served)."
+            "Rate limits are counted by each router replica on its own: behind router.replicas "
+            "N a key may take up to N times its limits (set them to limit / N for a hard "
+            "bound). Default: unset, no keys (anyone who reaches the router is served)."
         ),
     )
 
