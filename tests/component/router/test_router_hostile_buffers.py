@@ -35,6 +35,7 @@ from tests.waiting import eventually, eventually_async
 from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
+log = logging.getLogger(__name__)
 
 BUDGET_BYTES = 128 * 1024 * 1024
 MARGIN_BYTES = 100 * 1024 * 1024
@@ -69,7 +70,14 @@ async def growth_under_flood(
     assert router.proc is not None
     at_rest = memory_bytes(router.proc.pid, "VmRSS")
     flooded, served = await flood(router, key, model)
-    return flooded, served, memory_bytes(router.proc.pid, "VmHWM") - at_rest
+    peak = memory_bytes(router.proc.pid, "VmHWM")
+    log.info(
+        "router RSS %.0f MiB at rest, peak %.0f MiB (+%.0f MiB; budget %d MiB + %d MiB); "
+        "flood %s; keyed requests served %d",
+        at_rest / 2**20, peak / 2**20, (peak - at_rest) / 2**20, BUDGET_BYTES >> 20,
+        MARGIN_BYTES >> 20, {o: flooded.count(o) for o in sorted(set(flooded))}, len(served),
+    )  # fmt: skip
+    return flooded, served, peak - at_rest
 
 
 def router_with_keys(tmp_path: Path, twin: EngineTwin, *args: str) -> RouterProcess:
