@@ -32,6 +32,7 @@ TPU_TAINT_VALUE = "present"
 TPU_TAINT_EFFECT = "NoSchedule"
 
 GIB = 1024**3
+MIB = 1024**2
 TERA = 1e12
 
 
@@ -77,6 +78,61 @@ class TPUGeneration:
     @property
     def hbm_bytes_per_device(self) -> int:
         return self.hbm_bytes_per_chip // self.devices_per_chip
+
+
+@dataclass(frozen=True, slots=True)
+class MachineType:
+    """One TPU VM's host: what its vCPUs and memory are, and what GKE leaves to pods of them."""
+
+    name: str
+    vcpus: int
+    memory_bytes: int
+
+    @property
+    def allocatable_millicpu(self) -> int:
+        """CPU GKE leaves to pods (node allocatable): the vCPUs less what GKE reserves for the
+        kubelet and the system, 6% of the first core, 1% of the next, 0.5% of the next two and
+        0.25% of every core above four (GKE "Standard cluster architecture", node allocatable).
+        """
+        tiers = ((1, 60), (1, 10), (2, 5), (self.vcpus, 2.5))  # (cores, millicores reserved each)
+        left, reserved = self.vcpus, 0.0
+        for cores, each in tiers:
+            taken = min(left, cores)
+            reserved += taken * each
+            left -= taken
+        return self.vcpus * 1000 - math.ceil(reserved)
+
+    @property
+    def allocatable_bytes(self) -> int:
+        """Memory GKE leaves to pods: less 25% of the first 4 GiB, 20% of the next 4, 10% of the
+        next 8, 6% of the next 112 and 2% above 128 GiB, and the 100 MiB eviction threshold."""
+        tiers = ((4 * GIB, 0.25), (4 * GIB, 0.20), (8 * GIB, 0.10), (112 * GIB, 0.06))
+        left, reserved = self.memory_bytes, 0.0
+        for size, share in tiers:
+            taken = min(left, size)
+            reserved += taken * share
+            left -= taken
+        reserved += left * 0.02
+        return self.memory_bytes - math.ceil(reserved) - 100 * MIB
+
+
+# vCPUs and memory of each TPU machine type (Compute Engine's machine-type listing; GCE's "GB"
+# of memory are GiB). v5e checked against the GCE machine-type list; the others [unconfirmed].
+MACHINE_TYPES: Mapping[str, MachineType] = MappingProxyType(
+    {
+        m.name: m
+        for m in (
+            MachineType("ct5lp-hightpu-1t", 24, 48 * GIB),
+            MachineType("ct5lp-hightpu-4t", 112, 192 * GIB),
+            MachineType("ct5lp-hightpu-8t", 224, 384 * GIB),
+            MachineType("ct5p-hightpu-4t", 208, 448 * GIB),
+            MachineType("ct6e-standard-1t", 44, 176 * GIB),
+            MachineType("ct6e-standard-4t", 180, 720 * GIB),
+            MachineType("ct6e-standard-8t", 180, 1440 * GIB),
+            MachineType("tpu7x-standard-4t", 224, 960 * GIB),
+        )
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +185,11 @@ class SliceShape:
     @property
     def hbm_bytes(self) -> int:
         return self.chips * self.generation.hbm_bytes_per_chip
+
+    @property
+    def machine(self) -> MachineType:
+        """The host each of the slice's pods runs on (one pod per host)."""
+        return MACHINE_TYPES[self.machine_type]
 
     def node_selector(self) -> dict[str, str]:
         return {ACCELERATOR_LABEL: self.generation.accelerator, TOPOLOGY_LABEL: self.topology}

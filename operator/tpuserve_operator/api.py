@@ -401,9 +401,13 @@ class EngineSpec(Schema):
         default_factory=dict,
         json_schema_extra=free_form("object"),
         description=(
-            "resources of the engine container (a core/v1 ResourceRequirements), for cpu and "
-            "memory. google.com/tpu is set by the operator to the chips of one host and must "
-            "not appear here."
+            "resources of the engine container (a core/v1 ResourceRequirements). On TPU "
+            "(type sglang) cpu and memory default to 90% of what GKE leaves to pods on the "
+            "host's machine type (requests = limits); any of requests/limits cpu/memory set "
+            "here replaces its default (a limit alone lowers the request with it) and may not "
+            "exceed one host's allocatable. The simulated engine gets exactly what is set here. "
+            "google.com/tpu is set by the operator to the chips of one host and must not "
+            "appear here."
         ),
     )
     env: list[dict[str, Any]] = Field(
@@ -545,7 +549,9 @@ class RouterSpec(Schema):
             "apiKeys makes clients authenticate: the router reads its API keys (tenants, "
             "priority classes, rate limits, admin role; docs/router.md, Authentication) from "
             "this Secret, mounted into its pods, and reloads them when the Secret changes. "
-            "Default: unset, no keys (anyone who reaches the router is served)."
+            "Rate limits are counted by each router replica on its own: behind router.replicas "
+            "N a key may take up to N times its limits (set them to limit / N for a hard "
+            "bound). Default: unset, no keys (anyone who reaches the router is served)."
         ),
     )
 

@@ -126,7 +126,8 @@ OPERATOR_RULES: tuple[Rule, ...] = (
     ),
 )
 
-# Cluster-scoped resources: always a ClusterRole.
+# Cluster-scoped resources: always a ClusterRole. Read-only, so a namespace-scoped install
+# writes nothing outside its watched namespaces (a test keeps it so).
 OPERATOR_CLUSTER_RULES: tuple[Rule, ...] = (
     Rule(
         "apiextensions.k8s.io",
@@ -141,6 +142,10 @@ OPERATOR_CLUSTER_RULES: tuple[Rule, ...] = (
         READ,
         "move replica groups off nodes GKE announces maintenance or preemption on (labels, taints)",
     ),
+)
+
+# Cluster-scoped resources only a cluster-wide install needs: in its ClusterRole alone.
+OPERATOR_CLUSTER_WIDE_RULES: tuple[Rule, ...] = (
     Rule(
         "kopf.dev",
         ("clusterkopfpeerings",),
@@ -156,8 +161,10 @@ ROUTER_RULES: tuple[Rule, ...] = (
 
 
 def rules_file() -> dict[str, Any]:
-    """The shape the chart reads: `rules` (namespaced) and `clusterRules` (cluster-scoped)."""
+    """The shape the chart reads: `rules` (namespaced), `clusterRules` (cluster-scoped, every
+    install) and `clusterWideRules` (cluster-scoped, cluster-wide installs only)."""
     return {
         "rules": [r.as_policy_rule() for r in OPERATOR_RULES],
         "clusterRules": [r.as_policy_rule() for r in OPERATOR_CLUSTER_RULES],
+        "clusterWideRules": [r.as_policy_rule() for r in OPERATOR_CLUSTER_WIDE_RULES],
     }

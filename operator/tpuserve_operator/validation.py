@@ -7,8 +7,9 @@ value and what is allowed:
 2. the CRD's CEL rules, evaluated offline (`build/cel.py`), as the apiserver would;
 3. what CEL cannot know: the (generation, topology) pair is in the topology catalog, the
    model fits the slice's HBM (the engine twin's performance model, when the model is
-   known), and no override touches what the operator owns (launch-contract variables,
-   SGLang flags, labels, google.com/tpu).
+   known), no override touches what the operator owns (launch-contract variables,
+   SGLang flags, labels, google.com/tpu), and the engine's cpu and memory can be scheduled
+   (`engine_resources`).
 
 `render.validate_server` runs these and then the last layer, which needs the server's name,
 namespace and workload kind: the launch contract its replica groups get (host names, ports,
@@ -29,7 +30,7 @@ import pydantic
 
 from sglang_tpu import lora, model_source, perf_model
 from sglang_tpu.topology import TPU_RESOURCE, CatalogError, SliceShape, lookup
-from tpuserve_operator import labels, launch_contract
+from tpuserve_operator import engine_resources, labels, launch_contract
 from tpuserve_operator.api import MAX_NAME_LENGTH, SERVER_NAME, TPUModelServerSpec
 from tpuserve_operator.build import cel
 from tpuserve_operator.build.crd import openapi_schema
@@ -95,6 +96,8 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
     problems += _scale_to_zero(model)
     if shape is not None:
         problems += _fit(model, shape)
+    machine = shape.machine if shape is not None and model.engine.type == "sglang" else None
+    problems += engine_resources.problems(model.engine.resources, machine)
     if problems or shape is None:
         raise InvalidSpec(problems)
     return ValidSpec(spec=model, shape=shape, served_name=served_name(model))

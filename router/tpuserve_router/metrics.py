@@ -204,7 +204,7 @@ CONNECTION_CLOSE_REASONS: Final = (
     "head_too_large",  # 431
     "too_many_headers",  # 431
     "body_too_large",  # 413
-    "unauthorized",  # 401 or 403 at the end of the head: the body is not read
+    "unauthorized",  # refused at the end of the head (401, 403; 400 for two credentials)
     "buffer_budget",  # 503: the body does not fit in --max-buffered-bytes
 )
 AUTH_FAILURE_REASONS: Final = ("missing", "invalid", "admin_denied")

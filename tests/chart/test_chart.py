@@ -148,6 +148,14 @@ def test_namespace_scoped_mode_grants_roles_per_namespace_only(render: Render) -
     namespaced_resources = {res for rule in roles[0]["rules"] for res in rule["resources"]}
     cluster_resources = {res for rule in cluster_role["rules"] for res in rule["resources"]}
     assert not namespaced_resources & cluster_resources  # no cluster-wide access to workloads
+    cluster_verbs = {verb for rule in cluster_role["rules"] for verb in rule["verbs"]}
+    assert cluster_verbs <= {"get", "list", "watch"}  # no cluster-wide write at all
+    (everywhere,) = [
+        r for r in by_kind(render(), "ClusterRole") if r["metadata"]["name"].endswith("-operator")
+    ]
+    assert "clusterkopfpeerings" in {
+        res for rule in everywhere["rules"] for res in rule["resources"]
+    }
     assert "statefulsets" in namespaced_resources
     args = operator_args(objects)
     assert "--namespace=team-a" in args

@@ -109,6 +109,7 @@ def test_valid_servers_are_scheduled_on_their_slices_and_become_ready(
             assert ACCELERATOR_LABEL not in node
         else:
             assert requests[TPU_RESOURCE] == str(shape.chips_per_host)
+            assert {"cpu", "memory"} <= set(requests)  # from the catalog, and they fit the node
             assert node[ACCELERATOR_LABEL] == shape.generation.accelerator
             assert node[TOPOLOGY_LABEL] == topology
             group = pod["metadata"]["labels"][labels.SLICE_GROUP]

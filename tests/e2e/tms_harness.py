@@ -169,7 +169,8 @@ def install_operator_rbac(cluster: Cluster) -> Path:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
     for crd in ("tpumodelservers.serving.tpuserve.dev", "clusterkopfpeerings.kopf.dev"):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
-    rules = [r.as_policy_rule() for r in (*rbac.OPERATOR_RULES, *rbac.OPERATOR_CLUSTER_RULES)]
+    every = (*rbac.OPERATOR_RULES, *rbac.OPERATOR_CLUSTER_RULES, *rbac.OPERATOR_CLUSTER_WIDE_RULES)
+    rules = [r.as_policy_rule() for r in every]
     name = "tpuserve-e2e-operator"
     objects = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},

@@ -6,8 +6,10 @@ per host, all sharing the pool's `cloud.google.com/gke-nodepool` label, as on GK
 multi-host slice pool is atomic. A single-host TPU pool may have any number of nodes, each a
 whole slice. CPU pools carry no TPU labels, taint or resource.
 
-The cpu/memory/pods allocatable of fake nodes are generous test values, not GKE's numbers for
-the machine type; they only need to fit the test pods.
+A TPU node's cpu/memory allocatable is GKE's for its machine type (the catalog's
+`MachineType`: vCPUs and memory less GKE's reservations), so engine pods, which request most of
+their host (`tpuserve_operator.engine_resources`), fit one per node as on GKE. CPU nodes get
+generous test values; a profile may set either.
 """
 
 from __future__ import annotations
@@ -61,11 +63,15 @@ class NodePool:
         nodes: int | None = None,
         zone: str = DEFAULT_ZONE,
         spot: bool = False,
-        cpu: str = "96",
-        memory: str = "384Gi",
+        cpu: str | None = None,
+        memory: str | None = None,
     ) -> NodePool:
-        """A TPU pool. Multi-host: one slice, hosts-many nodes. Single-host: `nodes` slices."""
+        """A TPU pool. Multi-host: one slice, hosts-many nodes. Single-host: `nodes` slices.
+        `cpu`/`memory`: each node's allocatable (default: GKE's for the machine type)."""
         shape = topology.lookup(generation, topology_name, field_path=f"{name}.tpu.topology")
+        machine = shape.machine
+        cpu = cpu or f"{machine.allocatable_millicpu}m"
+        memory = memory or f"{machine.allocatable_bytes // topology.MIB}Mi"
         if shape.multi_host:
             if nodes not in (None, shape.hosts):
                 raise ProfileError(

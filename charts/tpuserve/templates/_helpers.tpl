@@ -65,7 +65,8 @@ app.kubernetes.io/component: operator
 The operator's RBAC rules, generated from tpuserve_operator/rbac.py into
 files/operator-rbac-rules.yaml. Shape: `rules:` (namespaced resources: a ClusterRole in
 cluster-wide mode, a Role per watched namespace in namespace-scoped mode) and optionally
-`clusterRules:` (cluster-scoped resources, always a ClusterRole).
+`clusterRules:` (cluster-scoped resources, read-only, always a ClusterRole) and
+`clusterWideRules:` (cluster-scoped, in the ClusterRole of cluster-wide mode only).
 */}}
 {{- define "tpuserve.rbacRules" -}}
 {{- $raw := .Files.Get "files/operator-rbac-rules.yaml" }}

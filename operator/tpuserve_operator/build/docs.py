@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 
 from sglang_tpu.topology import GIB, SLICE_SHAPES
-from tpuserve_operator import conditions, labels, rbac
+from tpuserve_operator import conditions, engine_resources, labels, rbac
 from tpuserve_operator.build.crd import PRINTER_COLUMNS, openapi_schema
 from tpuserve_operator.build.openapi import JSON
 
@@ -83,13 +83,15 @@ def reference() -> list[str]:
 def catalog() -> list[str]:
     lines = [
         "| generation | topology | machine type | hosts (pods) | google.com/tpu per pod | chips "
-        "| HBM per replica |",
-        "|---|---|---|---|---|---|---|",
+        "| HBM per replica | cpu / memory per pod |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in SLICE_SHAPES:
+        engine = engine_resources.defaults(s.machine)
         lines.append(
             f"| {s.generation.name} | `{s.topology}` | {s.machine_type} | {s.hosts} "
-            f"| {s.chips_per_host} | {s.chips} | {s.hbm_bytes / GIB:.0f} GiB |"
+            f"| {s.chips_per_host} | {s.chips} | {s.hbm_bytes / GIB:.0f} GiB "
+            f"| {engine['cpu']:.1f} / {engine['memory'] / GIB:.0f} GiB |"
         )
     return lines
 
@@ -112,6 +114,7 @@ def rbac_table() -> list[str]:
     lines = ["| scope | API group | resources | verbs | why |", "|---|---|---|---|---|"]
     lines += rows(rbac.OPERATOR_RULES, "namespaced")
     lines += rows(rbac.OPERATOR_CLUSTER_RULES, "cluster")
+    lines += rows(rbac.OPERATOR_CLUSTER_WIDE_RULES, "cluster (cluster-wide mode)")
     lines += rows(rbac.ROUTER_RULES, "router Role")
     return lines
 

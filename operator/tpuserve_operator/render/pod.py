@@ -24,6 +24,7 @@ from sglang_tpu.topology import (
 )
 from tpuserve_operator import labels, launch_contract, node_signals
 from tpuserve_operator.api import CompileCacheSpec
+from tpuserve_operator.engine_resources import engine_requirements
 from tpuserve_operator.errors import InvalidSpec, Problem
 from tpuserve_operator.render.context import RUN_AS_USER, Manifest, Server
 
@@ -191,9 +192,10 @@ def _affinity(server: Server, replica: int) -> dict[str, Any]:
 
 
 def _resources(server: Server) -> dict[str, Any]:
+    """google.com/tpu = the chips of one host; cpu and memory from `engine_resources`."""
     spec = server.valid.spec
-    requests = dict(spec.engine.resources.get("requests") or {})
-    limits = dict(spec.engine.resources.get("limits") or {})
+    machine = server.valid.shape.machine if spec.engine.type == "sglang" else None
+    requests, limits = engine_requirements(spec.engine.resources, machine)
     if spec.engine.type == "sglang":
         chips = str(server.valid.shape.chips_per_host)
         requests[TPU_RESOURCE] = chips

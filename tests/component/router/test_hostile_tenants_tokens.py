@@ -14,6 +14,7 @@ took (one, unless the machine is very slow), which holds however long it takes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -39,6 +40,7 @@ from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
+log = logging.getLogger(__name__)
 
 LIMIT = 200  # tokens a minute
 KEY = "sk-hostile-0123456789abcdef"
@@ -133,6 +135,12 @@ class Ledger:
         await self.settled()
         minutes = math.ceil((time.monotonic() - self.started) / 60)
         taken_on_engine = await engine_tokens(self.engine) - self.engine_before
+        log.info(
+            "tokens taken by a %d/min key in %d minute(s): %.0f on the engine, %.0f counted "
+            "by the router; its counter read %d times, never lower: %s",
+            LIMIT, minutes, taken_on_engine, self.readings[-1], len(self.readings),
+            self.readings == sorted(self.readings),
+        )  # fmt: skip
         assert 0 < taken_on_engine <= LIMIT * minutes
         assert 0 < self.readings[-1] <= LIMIT * minutes
         assert self.readings == sorted(self.readings), self.readings  # never went down

@@ -22,6 +22,7 @@ import openai
 import orjson
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.component.router.router_fleet import (
     MODEL,
@@ -35,6 +36,7 @@ from tests.waiting import eventually, eventually_async
 from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
+log = logging.getLogger(__name__)
 
 BUDGET_BYTES = 128 * 1024 * 1024
 MARGIN_BYTES = 100 * 1024 * 1024
@@ -69,7 +71,27 @@ async def growth_under_flood(
     assert router.proc is not None
     at_rest = memory_bytes(router.proc.pid, "VmRSS")
     flooded, served = await flood(router, key, model)
-    return flooded, served, memory_bytes(router.proc.pid, "VmHWM") - at_rest
+    peak = memory_bytes(router.proc.pid, "VmHWM")
+    log.info(
+        "router RSS %.0f MiB at rest, peak %.0f MiB (+%.0f MiB; budget %d MiB + %d MiB); "
+        "flood %s; keyed requests served %d",
+        at_rest / 2**20, peak / 2**20, (peak - at_rest) / 2**20, BUDGET_BYTES >> 20,
+        MARGIN_BYTES >> 20, {o: flooded.count(o) for o in sorted(set(flooded))}, len(served),
+    )  # fmt: skip
+    return flooded, served, peak - at_rest
+
+
+def closed(router: RouterProcess, reason: str) -> float:
+    """``tpuserve_router_connections_closed_total{reason}`` of the router's ``/metrics``."""
+    with urllib.request.urlopen(router.url + "/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tpuserve_router_connections_closed_total"
+        and sample.labels.get("reason") == reason
+    )
 
 
 def router_with_keys(tmp_path: Path, twin: EngineTwin, *args: str) -> RouterProcess:
@@ -149,9 +171,15 @@ async def test_unauthenticated_30_mb_bodies_are_refused_at_the_head_within_the_b
     router = router_with_keys(tmp_path, twin)
     try:
         flooded, served, growth = await growth_under_flood(router, "sk-not-0123456789", MODEL)
+        refused_at_the_head = closed(router, "unauthorized")
     finally:
         router.stop()
-    assert flooded == ["401"] * FLOOD
+    assert refused_at_the_head == FLOOD  # each answered 401 at its head, its body dropped
+    # A client that stops sending for the router's lingering close (2 s without input, as on
+    # a loaded machine its own event loop may) finds the connection reset before it reads
+    # its 401: the client's view is 401, or the connection.
+    assert set(flooded) <= {"401", "connection"}, flooded
+    assert "401" in flooded
     assert served
     assert set(served) == {"ok"}, served
     assert growth <= BUDGET_BYTES + MARGIN_BYTES, f"RSS grew {growth / 2**20:.0f} MiB"

@@ -24,12 +24,18 @@ def test_generated_files_say_so_in_their_first_line() -> None:
 
 def test_rbac_file_has_the_shape_the_chart_reads() -> None:
     data = yaml.safe_load(generate.generated_files()[generate.RBAC_PATH])
-    assert set(data) == {"rules", "clusterRules"}
+    assert set(data) == {"rules", "clusterRules", "clusterWideRules"}
     assert len(data["rules"]) == len(rbac.OPERATOR_RULES)
-    for rule in data["rules"] + data["clusterRules"]:
+    for rule in data["rules"] + data["clusterRules"] + data["clusterWideRules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}
         assert "*" not in rule["verbs"]
         assert "*" not in rule["resources"]
+
+
+def test_cluster_scoped_rules_of_every_install_only_read() -> None:
+    """A namespace-scoped install gets `clusterRules` alone cluster-wide: no write there."""
+    for rule in rbac.OPERATOR_CLUSTER_RULES:
+        assert set(rule.verbs) <= {"get", "list", "watch"}, rule
 
 
 def test_router_rules_are_a_subset_of_the_operators() -> None:

@@ -1,10 +1,11 @@
 """For every catalog slice and both workload kinds, render gives the right pods: host count,
-google.com/tpu per pod, node selectors, the taint toleration, and a launch contract that the
-launcher itself accepts for every host."""
+google.com/tpu per pod, cpu and memory from the host's machine type, node selectors, the taint
+toleration, and a launch contract that the launcher itself accepts for every host."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from sglang_tpu.topology import (
     SliceShape,
 )
 from tpuserve_operator import labels
+from tpuserve_operator.engine_resources import DAEMONSET_SHARE, quantity
 from tpuserve_operator.render import Rendered
 
 pytestmark = pytest.mark.unit
@@ -112,6 +114,28 @@ def test_every_slice_renders_hosts_chips_and_selectors(
 
 
 @EVERY_SLICE_BOTH_KINDS
+def test_every_host_pod_takes_its_hosts_cpu_and_memory_less_the_daemonsets_share(
+    shape: SliceShape, lws: bool, rendered: RenderFn
+) -> None:
+    """Requests = limits (Guaranteed): 90% of what GKE leaves to pods on the machine type, so
+    the engine fits beside the node's DaemonSets and cannot take what they were promised."""
+    result = rendered(_spec(shape), leaderworkerset=lws)
+    machine = shape.machine
+    for template, _, _ in _pods(result.children, 0):
+        resources = template["spec"]["containers"][0]["resources"]
+        assert resources["requests"] == resources["limits"]
+        cpu = quantity(resources["limits"]["cpu"])
+        memory = quantity(resources["limits"]["memory"])
+        assert cpu is not None
+        assert memory is not None
+        keep = 1 - DAEMONSET_SHARE
+        allocatable_cpu = Decimal(machine.allocatable_millicpu) / 1000
+        assert allocatable_cpu * keep - Decimal("0.001") <= cpu <= allocatable_cpu * keep
+        allocatable_memory = Decimal(machine.allocatable_bytes)
+        assert allocatable_memory * keep - 2**20 <= memory <= allocatable_memory * keep
+
+
+@EVERY_SLICE_BOTH_KINDS
 def test_every_host_gets_a_contract_the_launcher_accepts(
     shape: SliceShape, lws: bool, rendered: RenderFn
 ) -> None:
@@ -169,7 +193,7 @@ def test_simulated_engine_keeps_topology_but_needs_no_tpu(
     assert sum(count for _, count, _ in pods) == shape.hosts
     for template, _, _ in pods:
         spec = template["spec"]
-        assert TPU_RESOURCE not in str(spec["containers"][0].get("resources", {}))
+        assert spec["containers"][0].get("resources", {}) == {}  # CPU nodes of unknown size
         assert "nodeSelector" not in spec
         assert "tolerations" not in spec
         env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}

@@ -476,6 +476,36 @@ def test_reservation_and_template_overrides(rendered: RenderFn, spec_with: SpecW
     assert template["metadata"]["annotations"]["a"] == "b"
 
 
+def test_engine_cpu_and_memory_overrides_keep_the_rest_of_the_catalogs(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    """v6e 4x4 hosts are ct6e-standard-4t: 180 vCPUs, 720 GiB. A limit alone lowers the request
+    with it; a request alone raises the limit; other keys pass through."""
+    spec = spec_with(
+        engine={
+            "resources": {
+                "limits": {"memory": "64Gi"},
+                "requests": {"cpu": "170", "ephemeral-storage": "50Gi"},
+            }
+        }
+    )
+    pod = one(rendered(spec).children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    resources = pod["containers"][0]["resources"]
+    assert resources["limits"] == {"memory": "64Gi", "cpu": "170", "google.com/tpu": "4"}
+    assert resources["requests"] == {
+        "cpu": "170",
+        "ephemeral-storage": "50Gi",
+        "memory": "64Gi",
+        "google.com/tpu": "4",
+    }
+    default = one(rendered().children, "StatefulSet", "qwen-r0")["spec"]["template"]["spec"]
+    assert default["containers"][0]["resources"]["limits"] == {
+        "cpu": "161532m",  # 90% of 179.48 allocatable cores
+        "memory": "643960Mi",  # 90% of 698.7 GiB allocatable
+        "google.com/tpu": "4",
+    }
+
+
 def test_extra_sglang_flags_reach_the_contract(rendered: RenderFn, spec_with: SpecWith) -> None:
     spec = spec_with(
         engine={"args": {"mem-fraction-static": 0.8, "enable-mixed-chunk": True, "x": False}}

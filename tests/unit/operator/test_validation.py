@@ -187,6 +187,39 @@ def test_tpu_resource_is_owned_by_the_operator(spec_with: SpecWith) -> None:
     assert "spec.engine.resources.limits.google.com/tpu" in problems_of(spec)
 
 
+def test_engine_cpu_and_memory_that_cannot_be_scheduled_are_refused(spec_with: SpecWith) -> None:
+    spec = spec_with(
+        engine={
+            "resources": {
+                "requests": {"cpu": "2", "memory": "800Gi"},
+                "limits": {"cpu": "1", "memory": "lots"},
+            }
+        }
+    )
+    found = problems_of(spec)
+    message, _ = found["spec.engine.resources.requests.memory"]
+    assert "more than one ct6e-standard-4t host leaves to pods" in message
+    assert "allowed: at most 715512Mi" in message
+    assert (
+        "not allowed; allowed: a positive Kubernetes quantity"
+        in (found["spec.engine.resources.limits.memory"][0])
+    )
+    assert (
+        "is above spec.engine.resources.limits.cpu ('1')"
+        in (found["spec.engine.resources.requests.cpu"][0])
+    )
+    zero = spec_with(engine={"resources": {"limits": {"cpu": 0}}})
+    assert "spec.engine.resources.limits.cpu" in problems_of(zero)
+
+
+def test_a_simulated_engine_has_no_host_bound_on_its_resources(spec_with: SpecWith) -> None:
+    big = {"requests": {"cpu": "500", "memory": "4Ti"}}
+    validate("qwen", spec_with(engine={"type": "simulated", "resources": big}))
+    bad = {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}
+    found = problems_of(spec_with(engine={"type": "simulated", "resources": bad}))
+    assert "spec.engine.resources.requests.cpu" in found
+
+
 def test_a_model_too_large_for_the_slice_is_refused_by_the_fit_check(spec_with: SpecWith) -> None:
     spec = spec_with(
         model={"source": "hf://Qwen/Qwen3-235B-A22B"}, tpu={"generation": "v5e", "topology": "2x4"}

@@ -235,3 +235,21 @@ async def test_by_default_the_admin_api_trusts_the_listener_never_the_client_add
     assert (refusal is not None) is refused
     if refusal is not None:
         assert (refusal.status, refusal.error_type) == (403, "permission_error")
+
+
+@pytest.mark.parametrize("name", [b"authorization", b"x-api-key"])
+@pytest.mark.parametrize("path", [b"/v1/completions", b"/workers"])
+async def test_two_credential_headers_are_refused_wherever_a_key_is_read(
+    tmp_path: Path, name: bytes, path: bytes
+) -> None:
+    """Generation and admin read one credential; two of a kind (which a proxy in front and
+    the router could each read differently) are a 400 naming the header, at the head."""
+    keys = keys_file(tmp_path, {"key": "sk-good-0123456789", "tenant": "t", "admin": True})
+    app = create_router_app(RouterConfig(api_keys_file=str(keys)), registry=CollectorRegistry())
+    good = b"Bearer sk-good-0123456789" if name == b"authorization" else b"sk-good-0123456789"
+    assert app._head_check(b"POST", path, [(name, good)], False) is None
+    for second in (good, b"Bearer sk-other-0123456789"):
+        refusal = app._head_check(b"POST", path, [(name, good), (name, second)], False)
+        assert refusal is not None
+        assert (refusal.status, refusal.param) == (400, name.decode())
+        assert f"more than one {name.decode()} header" in refusal.message

@@ -67,3 +67,29 @@ def test_accelerator_type_counts_tensorcores_as_cloud_tpu_names_slices(
     generation: str, topo: str, accelerator_type: str
 ) -> None:
     assert lookup(generation, topo).accelerator_type == accelerator_type
+
+
+def test_every_slice_runs_on_a_machine_type_of_the_catalog() -> None:
+    for shape in SLICE_SHAPES:
+        machine = shape.machine
+        assert machine.name == shape.machine_type
+        assert 0 < machine.allocatable_millicpu < machine.vcpus * 1000
+        assert 0 < machine.allocatable_bytes < machine.memory_bytes
+
+
+def test_allocatable_follows_gkes_reservation_tiers() -> None:
+    """GKE's own worked figures: 80 millicores of 4 vCPUs; 2.6 GiB of 16 GiB, 100 MiB eviction
+    threshold on top."""
+    small = topology.MachineType("four-vcpus", 4, 16 * topology.GIB)
+    assert small.allocatable_millicpu == 4000 - 80
+    reserved = small.memory_bytes - small.allocatable_bytes
+    assert reserved == math.ceil(2.6 * topology.GIB) + 100 * topology.MIB
+    host = topology.MACHINE_TYPES["ct5lp-hightpu-4t"]  # 112 vCPUs, 192 GiB
+    assert host.allocatable_millicpu == 112_000 - (60 + 10 + 2 * 5) - 108 * 2.5
+    above_128 = (192 - 128) * topology.GIB * 0.02
+    assert (
+        host.allocatable_bytes
+        == host.memory_bytes
+        - math.ceil((1 + 0.8 + 0.8) * topology.GIB + 112 * topology.GIB * 0.06 + above_128)
+        - 100 * topology.MIB
+    )

@@ -15,6 +15,7 @@ from tpuserve.cluster.node_pools import (
     load_profile,
     parse_profile,
 )
+from tpuserve_operator.engine_resources import defaults, quantity
 
 pytestmark = pytest.mark.unit
 
@@ -48,6 +49,18 @@ def test_tpu_node_is_labelled_tainted_and_sized_as_gke_does() -> None:
     for field in ("allocatable", "capacity"):
         assert node["status"][field][topology.TPU_RESOURCE] == str(shape.chips_per_host)
     assert node["metadata"]["annotations"][KWOK_NODE_ANNOTATION] == "fake"
+
+
+def test_every_fake_tpu_node_fits_one_engine_pod_as_rendered() -> None:
+    """A TPU node's allocatable is GKE's for its machine type; the engine the operator renders
+    for that host (its default cpu/memory) fits on it, two do not."""
+    for shape in topology.SLICE_SHAPES:
+        node = NodePool.tpu("p", shape.generation.name, shape.topology).node_manifests()[0]
+        engine = defaults(shape.machine)
+        for resource in ("cpu", "memory"):
+            allocatable = quantity(node["status"]["allocatable"][resource])
+            assert allocatable is not None
+            assert engine[resource] <= allocatable < 2 * engine[resource], (shape.key, resource)
 
 
 def test_single_host_pool_has_one_whole_slice_per_node() -> None:
