@@ -175,11 +175,9 @@ async def test_unauthenticated_30_mb_bodies_are_refused_at_the_head_within_the_b
     finally:
         router.stop()
     assert refused_at_the_head == FLOOD  # each answered 401 at its head, its body dropped
-    # A client that stops sending for the router's lingering close (2 s without input, as on
-    # a loaded machine its own event loop may) finds the connection reset before it reads
-    # its 401: the client's view is 401, or the connection.
-    assert set(flooded) <= {"401", "connection"}, flooded
-    assert "401" in flooded
+    # and each client read its 401: the lingering close drops what a client still sends while
+    # it keeps sending (pauses up to 5 s, within the body timeout) rather than resetting it
+    assert flooded == ["401"] * FLOOD
     assert served
     assert set(served) == {"ok"}, served
     assert growth <= BUDGET_BYTES + MARGIN_BYTES, f"RSS grew {growth / 2**20:.0f} MiB"
