@@ -565,6 +565,23 @@ OPTIONS: tuple[Option, ...] = (
         "address), to this host (pod) only, without a key: "
         "what kubectl port-forward reaches. Needs --admin loopback. Default: none.",
     ),
+    Option(
+        "--picker-port",
+        "picker_port",
+        cli_types.port,
+        "Also serve the Endpoint Picker protocol of the Gateway API Inference Extension "
+        "(Envoy ext_proc gRPC, with gRPC health) on this port, for a gateway's "
+        "InferencePool (docs/gateway.md); 0 = a free port. Default: off.",
+    ),
+    Option(
+        "--picker-test-headers",
+        "picker_test_headers",
+        _auto_bool,
+        "With --picker-port: honour the conformance suite's test-epp-endpoint-selection "
+        "header and answer x-conformance-test-served-endpoint (for conformance runs only; "
+        "any client may set that header). Default: off.",
+        switch=True,
+    ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
 )
 
