@@ -280,7 +280,9 @@ def create_router_app(
     if config.picker_port is not None:  # grpc is imported only when the picker is on
         from tpuserve_router.picker import EndpointPicker
 
-        picker = EndpointPicker(forwarder, test_headers=config.picker_test_headers)
+        picker = EndpointPicker(
+            forwarder, test_headers=config.picker_test_headers, tls=config.picker_tls
+        )
     admin = AdminApi(
         workers,
         policy,

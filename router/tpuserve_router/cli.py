@@ -574,6 +574,15 @@ OPTIONS: tuple[Option, ...] = (
         "InferencePool (docs/gateway.md); 0 = a free port. Default: off.",
     ),
     Option(
+        "--picker-tls",
+        "picker_tls",
+        _auto_bool,
+        "With --picker-port: serve TLS there with a self-signed certificate made at start, "
+        "as the Inference Extension's pickers do by default (gateways do not verify it). "
+        "Default: off (plaintext gRPC).",
+        switch=True,
+    ),
+    Option(
         "--picker-test-headers",
         "picker_test_headers",
         _auto_bool,

@@ -159,6 +159,7 @@ class RouterConfig:
     # InferencePool; None: off.
     picker_port: int | None = None
     picker_test_headers: bool = False  # the conformance suite's steering headers
+    picker_tls: bool = False  # serve TLS with a self-signed certificate (picker.py)
     seed: int | None = None
 
     def replace(self, **changes: Any) -> RouterConfig:
@@ -500,9 +501,11 @@ def _picker_problems(config: RouterConfig) -> list[str]:
     """What is wrong with the endpoint-picker settings (`picker`)."""
     port = config.picker_port
     if port is None:
-        if config.picker_test_headers:
-            return ["picker_test_headers=True: needs picker_port (the picker's gRPC port)"]
-        return []
+        return [
+            f"{name}=True: needs picker_port (the picker's gRPC port)"
+            for name in ("picker_test_headers", "picker_tls")
+            if getattr(config, name)
+        ]
     if not 0 <= port <= 65535:
         return [f"picker_port={port}: allowed 0..65535 (0 = any free)"]
     taken = {config.port, config.metrics_port, config.admin_port}

@@ -41,6 +41,10 @@ healthy worker without the policy. The same port serves the gRPC health service 
 ``inference-extension`` and the server as a whole (``""``): SERVING while at least one worker is
 routable.
 
+With ``--picker-tls`` the port serves TLS with a self-signed certificate made at start, as
+the Inference Extension's own pickers do by default (``--secure-serving``): gateways dial
+their picker over TLS without verifying it (Istio, GKE, NGINX Gateway Fabric by default).
+
 ``--picker-test-headers`` adds what the Inference Extension's conformance suite asks of its
 reference picker: the request header ``test-epp-endpoint-selection: ip[:port][,...]`` narrows
 the choice like a subset, and the response gets ``x-conformance-test-served-endpoint`` with
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -137,8 +142,15 @@ class Pick:
 class EndpointPicker:
     """The ext_proc service and its gRPC health service, on one port; one per router."""
 
-    def __init__(self, forwarder: Forwarder, *, test_headers: bool = False) -> None:
+    def __init__(
+        self, forwarder: Forwarder, *, test_headers: bool = False, tls: bool = False
+    ) -> None:
         self.forwarder = forwarder
+        self.certificate: bytes | None = None
+        """The PEM certificate the port serves (``tls``), made at start; None: plaintext."""
+        self._key: bytes | None = None
+        if tls:
+            self._key, self.certificate = self_signed_certificate()
         self.config = forwarder.config
         self.registry = forwarder.registry
         self.metrics = forwarder.metrics
@@ -171,7 +183,11 @@ class EndpointPicker:
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        bound = server.add_insecure_port(address)
+        if self.certificate is not None and self._key is not None:
+            credentials = grpc.ssl_server_credentials([(self._key, self.certificate)])
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
         if not bound:
             raise OSError(f"picker_port={port}: could not listen on {address}")
         self._port = bound
@@ -180,7 +196,12 @@ class EndpointPicker:
         await self.health.set("liveness", SERVING)
         await self._refresh_health()
         self._refresh = asyncio.create_task(self._refresh_loop(), name="picker-health")
-        log.info("endpoint picker (ext_proc) listening on %s:%d", host, bound)
+        log.info(
+            "endpoint picker (ext_proc%s) listening on %s:%d",
+            ", TLS" if self.certificate is not None else "",
+            host,
+            bound,
+        )
 
     async def stop(self, grace_seconds: float) -> None:
         """Refuse new streams, give those in hand ``grace_seconds``, then cancel them."""
@@ -329,6 +350,42 @@ class EndpointPicker:
             if endpoint_of(worker) == endpoint:
                 return worker
         return None
+
+
+CERTIFICATE_NAME: Final = "tpuserve-picker"
+"""The self-signed certificate's common name and DNS name (a client that checks it
+overrides the target name with this)."""
+CERTIFICATE_DAYS: Final = 3650
+
+
+def self_signed_certificate() -> tuple[bytes, bytes]:
+    """A new P-256 key and a self-signed certificate for it, both PEM (what the reference
+    picker makes at start for ``--secure-serving``: gateways skip verifying it)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CERTIFICATE_NAME)])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERTIFICATE_DAYS))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(CERTIFICATE_NAME)]), False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
 
 
 def _allows(allowed: frozenset[str], worker: Worker) -> bool:

@@ -5,8 +5,9 @@ The pool (``inference.networking.k8s.io/v1``, named after the server) selects th
 serving leaders (`labels.leader_selector`: host 0 of each replica group, the pods that
 serve HTTP; a multi-host slice's other hosts never do) on the engine's HTTP port, and names
 the router as its endpoint picker: the Service ``<name>-picker`` on `PICKER_PORT`, in front of
-the router pods, which run ``tpuserve router --picker-port`` (the Endpoint Picker protocol,
-Envoy ext_proc over gRPC). ``failureMode`` comes from the spec.
+the router pods, which run ``tpuserve router --picker-port --picker-tls`` (the Endpoint
+Picker protocol, Envoy ext_proc over gRPC, TLS with a self-signed certificate as the
+reference picker serves it). ``failureMode`` comes from the spec.
 
 The gateway dials the endpoints the picker names, so the engines' NetworkPolicy admits the
 gateway (``gatewayFrom``, or any source) on the HTTP port, and the router's admits it on the
@@ -35,8 +36,9 @@ PLURAL: Final = "inferencepools"
 PICKER_PORT: Final = 9002
 """The router's picker port (`tpuserve router --picker-port`), the reference picker's."""
 PICKER_PORT_NAME: Final = "picker"
-H2C: Final = "kubernetes.io/h2c"
-"""The picker Service port's appProtocol: gRPC without TLS."""
+APP_PROTOCOL: Final = "http2"
+"""The picker Service port's appProtocol, as the Inference Extension's own picker Services
+have it (gRPC over TLS: the router runs with --picker-tls)."""
 FIELD: Final = "spec.inferencePool"
 NEEDS_ROUTER: Final = (
     "needs the router (its endpoint picker); router.enabled is false; allowed: router.enabled "
@@ -136,7 +138,7 @@ def picker_service(server: Server) -> Manifest:
                     "port": PICKER_PORT,
                     "targetPort": PICKER_PORT_NAME,
                     "protocol": "TCP",
-                    "appProtocol": H2C,
+                    "appProtocol": APP_PROTOCOL,
                 }
             ],
         },
@@ -151,8 +153,9 @@ def pool_children(server: Server) -> list[Manifest]:
 
 
 def picker_args(server: Server) -> list[str]:
-    """The router's flag turning its picker on."""
-    return [f"--picker-port={PICKER_PORT}"] if wants_pool(server) else []
+    """The router's flags turning its picker on, with TLS (a self-signed certificate, which
+    gateways dial without verifying, as they dial the Inference Extension's own pickers)."""
+    return [f"--picker-port={PICKER_PORT}", "--picker-tls"] if wants_pool(server) else []
 
 
 def picker_container_ports(server: Server) -> list[Manifest]:

@@ -56,12 +56,35 @@ def test_the_pool_selects_serving_leaders_on_the_engine_port_and_names_the_picke
     (port,) = service["spec"]["ports"]
     assert port["port"] == pools.PICKER_PORT
     assert port["targetPort"] == pools.PICKER_PORT_NAME
-    assert port["appProtocol"] == "kubernetes.io/h2c"
+    assert port["appProtocol"] == "http2"  # as the reference picker's Service
     router = child(out, "Deployment", "qwen-router")["spec"]["template"]["spec"]["containers"][0]
     assert f"--picker-port={pools.PICKER_PORT}" in router["args"]
+    assert "--picker-tls" in router["args"]
     assert {"name": "picker", "containerPort": pools.PICKER_PORT, "protocol": "TCP"} in router[
         "ports"
     ]
+
+
+def test_the_pool_passes_the_released_crds_schema(rendered: RenderFn, spec_with: SpecWith) -> None:
+    """Against the InferencePool CRD of GIE v1.6.0 (tests/e2e/crds; its CEL rules aside)."""
+    from pathlib import Path
+
+    import jsonschema
+    import yaml
+
+    path = (
+        Path(__file__).resolve().parents[2]
+        / "e2e/crds/inference.networking.k8s.io_inferencepools.yaml"
+    )
+    crd = yaml.safe_load(path.read_text())
+    (version,) = crd["spec"]["versions"]
+    schema = version["schema"]["openAPIV3Schema"]
+    out = rendered(spec_with(inferencePool={"failureMode": "FailOpen"}), inference_pool=True)
+    pool = child(out, "InferencePool", "qwen")
+    jsonschema.validate(pool, schema)
+    assert crd["spec"]["group"] == pools.GROUP
+    assert version["name"] == pools.VERSION
+    assert crd["spec"]["names"]["plural"] == pools.PLURAL
 
 
 def test_failure_mode_defaults_to_fail_close_and_no_pool_means_no_picker(

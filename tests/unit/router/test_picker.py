@@ -352,6 +352,7 @@ def test_ipv6_endpoints_are_bracketed() -> None:
         ({"picker_port": 8101, "peer_port": 8100}, "picker_port=8101: must differ"),
         ({"picker_port": 70000}, "picker_port=70000: allowed 0..65535"),
         ({"picker_test_headers": True}, "picker_test_headers=True: needs picker_port"),
+        ({"picker_tls": True}, "picker_tls=True: needs picker_port"),
     ],
 )
 def test_picker_settings_are_checked(settings: dict[str, object], words: str) -> None:
