@@ -58,7 +58,7 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -104,6 +104,9 @@ SERVING."""
 HEALTH_REFRESH_SECONDS: Final = 1.0
 MAX_GRPC_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 """The largest ext_proc message taken (Envoy's body chunks are far smaller)."""
+SHED_STREAMS: Final = 1024
+"""Streams a gateway connection may open beyond ``--max-in-flight``: requests the picker
+refuses at once (429) rather than leave waiting for a stream."""
 SERVING: Final = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: Final = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -139,6 +142,19 @@ class Pick:
     stream: bool
 
 
+class _LiveHealth(health.aio.HealthServicer):  # type: ignore[misc]
+    """The standard health service, brought up to date before each ``Check`` (``Watch``
+    follows the picker's refresh every `HEALTH_REFRESH_SECONDS`)."""
+
+    def __init__(self, refresh: Callable[[], Awaitable[None]]) -> None:
+        super().__init__()
+        self._refresh_now = refresh
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        await self._refresh_now()
+        return await super().Check(request, context)
+
+
 class EndpointPicker:
     """The ext_proc service and its gRPC health service, on one port; one per router."""
 
@@ -160,7 +176,7 @@ class EndpointPicker:
         self.buffered = 0
         """Request-body bytes held across all streams."""
         self.streams = 0
-        self.health = health.aio.HealthServicer()
+        self.health = _LiveHealth(self._refresh_health)
         self._server: grpc.aio.Server | None = None
         self._port = 0
         self._refresh: asyncio.Task[None] | None = None
@@ -176,7 +192,8 @@ class EndpointPicker:
             options=[
                 ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-                ("grpc.max_concurrent_streams", max(1, self.config.max_in_flight)),
+                # room beyond --max-in-flight, so the requests over it get their 429 at once
+                ("grpc.max_concurrent_streams", self.config.max_in_flight + SHED_STREAMS),
                 ("grpc.so_reuseport", 0),
             ]
         )
@@ -261,7 +278,6 @@ class EndpointPicker:
             return self._pick_other(allowed)
         route_label = route
         if forwarder.in_flight >= forwarder.max_in_flight:
-            self.metrics.shed.labels("none").inc()
             raise Refused(
                 ClientError(
                     429,
