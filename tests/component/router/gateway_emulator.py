@@ -73,8 +73,15 @@ def _metadata(namespace: str, key: str, value: Any) -> base_pb2.Metadata:
 class PickerClient:
     """An ext_proc client of one picker, with its health stub."""
 
-    def __init__(self, target: str, certificate: bytes | None = None) -> None:
-        """``certificate``: the picker's (``--picker-tls``), trusted for this channel."""
+    def __init__(
+        self,
+        target: str,
+        certificate: bytes | None = None,
+        chunk_bytes: int = REQUEST_CHUNK_BYTES,
+    ) -> None:
+        """``certificate``: the picker's (``--picker-tls``), trusted for this channel;
+        ``chunk_bytes``: the request body's chunks (Envoy's are as large as its reads)."""
+        self.chunk_bytes = chunk_bytes
         if certificate is None:
             self.channel = grpc.aio.insecure_channel(target)
         else:
@@ -126,20 +133,20 @@ class PickerClient:
                 _metadata(epp.SUBSET_NAMESPACE, epp.SUBSET_KEY, value)
             )
         await call.write(message)
-        writer = asyncio.create_task(self._send_body(call, body))
+        writer = asyncio.create_task(self._send_body(call, body, self.chunk_bytes))
         try:
             return await self._decision(call, body)
         finally:
             await writer
 
     @staticmethod
-    async def _send_body(call: Any, body: bytes) -> None:
+    async def _send_body(call: Any, body: bytes, chunk_bytes: int) -> None:
         """The body in chunks, as a data plane streams it while reading the picker's answers:
         a picker that answers at once (an immediate response) ends the stream, and the rest
         is not sent."""
-        for start in range(0, len(body), REQUEST_CHUNK_BYTES):
-            piece = body[start : start + REQUEST_CHUNK_BYTES]
-            last = start + REQUEST_CHUNK_BYTES >= len(body)
+        for start in range(0, len(body), chunk_bytes):
+            piece = body[start : start + chunk_bytes]
+            last = start + chunk_bytes >= len(body)
             try:
                 await call.write(
                     ext_proc.ProcessingRequest(
