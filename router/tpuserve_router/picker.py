@@ -248,15 +248,19 @@ class EndpointPicker:
         self,
         request_iterator: AsyncIterator[ext_proc.ProcessingRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[ext_proc.ProcessingResponse]:
+    ) -> None:
+        """One stream: read a message, answer it, until the exchange ends. Through the
+        context's read and write (not the request iterator and a generator): grpcio's asyncio
+        stack costs a quarter less per message that way."""
         exchange = Exchange(self)
         self.streams += 1
         try:
-            async for message in request_iterator:
-                for reply in exchange.handle(message):
-                    yield reply
-                if exchange.closed:
+            while not exchange.closed:
+                message = await context.read()
+                if message is grpc.aio.EOF:
                     return
+                for reply in exchange.handle(message):
+                    await context.write(reply)
         finally:
             self.streams -= 1
             exchange.close()
