@@ -176,6 +176,12 @@ class FakeKube:
             and wanted.items() <= (body["metadata"].get("labels") or {}).items()
         ]
 
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        body = self.objects.get((api_version, kind, str(namespace), name))
+        return copy.deepcopy(body) if body is not None else None
+
     async def has_group_version(self, group_version: str, ttl_seconds: float = 30.0) -> bool:
         return group_version in self.group_versions
 

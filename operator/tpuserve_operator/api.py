@@ -737,6 +737,28 @@ class PodTemplateOverrides(Schema):
     )
 
 
+class InferencePoolSpec(Schema):
+    failure_mode: Literal["FailClose", "FailOpen"] = Field(
+        default="FailClose",
+        description=(
+            "failureMode is what the gateway does when the endpoint picker (the router) does "
+            "not answer: FailClose refuses the request, FailOpen sends it to any endpoint of "
+            "the pool (the InferencePool's endpointPickerRef.failureMode). Default: FailClose."
+        ),
+    )
+    gateway_from: list[dict[str, Any]] | None = Field(
+        default=None,
+        max_length=16,
+        json_schema_extra={"items": free_form("object")},
+        description=(
+            "gatewayFrom are the NetworkPolicy peers (networking/v1 NetworkPolicyPeer) of the "
+            "gateway's data plane, admitted to the leaders' HTTP port (the gateway sends "
+            "requests to the endpoints the router picks) and to the router's picker port. "
+            "Default: unset, any source (the gateway's pods are not known to the operator)."
+        ),
+    )
+
+
 class TPUModelServerSpec(Schema):
     model: ModelSpec = Field(description="model is what to serve.")
     tpu: TPUSpec = Field(description="tpu is the TPU slice serving one replica.")
@@ -776,6 +798,19 @@ class TPUModelServerSpec(Schema):
         PodTemplateOverrides,
         "template holds pod overrides: annotations, labels, nodeSelector, tolerations, "
         "affinity, priorityClassName, serviceAccountName, imagePullSecrets.",
+    )
+    inference_pool: InferencePoolSpec | None = Field(
+        default=None,
+        description=(
+            "inferencePool puts the server behind a gateway of the Gateway API Inference "
+            "Extension: the operator creates an InferencePool (inference.networking.k8s.io/v1) "
+            "named after the server, selecting its serving leaders on the engine port, whose "
+            "endpoint picker is the server's router (`tpuserve router --picker-port`, the "
+            "Service <name>-picker, port 9002). Route to it with an HTTPRoute backendRef of "
+            "kind InferencePool (docs/gateway.md). Needs the router and the InferencePool CRD. "
+            "An InferencePool of that name the operator did not create is left alone. "
+            "Default: unset, no pool."
+        ),
     )
 
 
@@ -869,6 +904,31 @@ class CompileCacheStatus(Schema):
     )
 
 
+class GatewayParentStatus(Schema):
+    gateway: str = Field(description="gateway is the parent Gateway, namespace/name.")
+    accepted: bool = Field(description="accepted: the gateway's Accepted condition is True.")
+    reason: str = Field(default="", description="reason of the gateway's Accepted condition.")
+    message: str = Field(default="", description="message of the gateway's Accepted condition.")
+
+
+class InferencePoolStatus(Schema):
+    name: str = Field(description="name of the InferencePool.")
+    managed: bool = Field(
+        description=(
+            "managed: the operator created the pool and keeps it; false when a pool of that "
+            "name existed that the operator did not create (it is left alone)."
+        )
+    )
+    accepted: bool = Field(
+        default=False, description="accepted: at least one gateway accepted the pool."
+    )
+    parents: list[GatewayParentStatus] = Field(
+        default_factory=list,
+        max_length=32,
+        description="parents: the gateways that report on the pool (its status.parents).",
+    )
+
+
 class TPUModelServerStatus(Schema):
     observed_generation: int | None = Field(
         default=None, description="observedGeneration is the generation last reconciled."
@@ -902,6 +962,13 @@ class TPUModelServerStatus(Schema):
         description=(
             "compileCache is the compile cache key and, as the leaders report them once "
             "Ready, its hits and misses and the last cold start by phase."
+        ),
+    )
+    inference_pool: InferencePoolStatus | None = Field(
+        default=None,
+        description=(
+            "inferencePool is the server's InferencePool and whether a gateway accepted it "
+            "(spec.inferencePool)."
         ),
     )
     conditions: list[Condition] = Field(

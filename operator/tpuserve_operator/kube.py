@@ -76,6 +76,7 @@ KINDS: dict[tuple[str, str], Kind] = {
         Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"),
         Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
         Kind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
+        Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
         Kind(labels.API_VERSION, labels.KIND, labels.PLURAL),
         Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False),
         Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings"),
@@ -135,6 +136,10 @@ class KubeApi(Protocol):
     async def list(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[dict[str, Any]] | None: ...
+
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None: ...
 
     async def has_group_version(self, group_version: str, ttl_seconds: float = 30.0) -> bool: ...
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from sglang_tpu import preflight
 from tpuserve_operator import labels
+from tpuserve_operator.render.inference_pool import ParentView, parents_of
 
 ServerKey = tuple[str, str]  # (namespace, name)
 
@@ -56,6 +57,7 @@ class ChildView:
     ready_replicas: int  # Deployments/StatefulSets: status.readyReplicas; others 0
     created: str = ""  # metadata.creationTimestamp
     renewed: str | None = None  # Leases: spec.renewTime (the routers' demand signal)
+    parents: tuple[ParentView, ...] = ()  # InferencePools: what the gateways report (gateway.py)
 
     @property
     def ref(self) -> tuple[str, str]:
@@ -157,6 +159,7 @@ def child_view(body: Mapping[str, Any]) -> ChildView:
         ready_replicas=int(status.get("readyReplicas") or 0) if isinstance(status, dict) else 0,
         created=str(meta.get("creationTimestamp") or ""),
         renewed=(body.get("spec") or {}).get("renewTime") if body.get("kind") == "Lease" else None,
+        parents=parents_of(body) if body.get("kind") == "InferencePool" else (),
     )
 
 

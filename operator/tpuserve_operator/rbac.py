@@ -111,6 +111,12 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         "Prometheus Operator monitors (when that CRD is installed)",
     ),
     Rule(
+        "inference.networking.k8s.io",
+        ("inferencepools",),
+        MANAGE,
+        "the InferencePool of a server that sets spec.inferencePool (when that CRD is installed)",
+    ),
+    Rule(
         "",
         ("secrets",),
         ("create",),

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuserve_operator import conditions, labels, launch_contract, rollout
+from tpuserve_operator import conditions, gateway, labels, launch_contract, rollout
 from tpuserve_operator.api import CompileCacheStatus, TPUModelServerStatus
 from tpuserve_operator.children import Children
 from tpuserve_operator.cold_starts import (
@@ -65,6 +65,8 @@ from tpuserve_operator.observed import (
 )
 from tpuserve_operator.render import RenderConfig, Rendered, render, validate_server
 from tpuserve_operator.render.demand import demand_lease_name, scales_to_zero
+from tpuserve_operator.render.inference_pool import GROUP_VERSION as INFERENCE_GROUP_VERSION
+from tpuserve_operator.render.inference_pool import KIND as INFERENCE_POOL
 from tpuserve_operator.render.pod import startup_budget_seconds
 from tpuserve_operator.render.router import router_peering_secret
 from tpuserve_operator.restarts import GroupRestarts
@@ -100,6 +102,7 @@ CHILD_KINDS = (
     (LWS_GROUP_VERSION, "LeaderWorkerSet"),
     (MONITORING_GROUP_VERSION, "PodMonitor"),
     (MONITORING_GROUP_VERSION, "ServiceMonitor"),
+    (INFERENCE_GROUP_VERSION, INFERENCE_POOL),
 )
 
 
@@ -341,12 +344,20 @@ class Reconciler:
             urgent=urgent,
         )
         await self._ensure_peering_secret(state, rendered)
-        apply_error = await self._children.apply(key, state, rendered, plan, reports, children)
+        # an InferencePool of the server's name that someone else made is left alone
+        pool_ref = (INFERENCE_POOL, server.name)
+        foreign = await gateway.foreign_pool(
+            self.kube, rendered, children, pool_ref in state.applied
+        )
+        ours = rendered
+        if foreign is not None:
+            ours = dataclasses.replace(rendered, shared=gateway.without_pool(rendered))
+        apply_error = await self._children.apply(key, state, ours, plan, reports, children)
         if apply_error is None:
             await self._restarts.replace_stale_pods(key, rendered, plan)
             await self._restarts.move_groups(key, body, plan, displaced)
             await self._restarts.restart_broken_groups(key, state, body, rendered, plan, groups)
-            await self._children.prune(key, state, rendered, plan, children)
+            await self._children.prune(key, state, ours, plan, children)
         zero_recheck = await self._scale_to_zero(
             key, state, body, rendered, children, now, any(r.ready for r in reports.values())
         )
@@ -372,6 +383,9 @@ class Reconciler:
             reports=reports,
             compile_cache=await self._compile_cache(key, state, rendered, previous),
         )
+        pool = gateway.pool_status(rendered, self.cache.children(key), foreign)
+        if pool is not None or previous.inference_pool is not None:
+            status = status.model_copy(update={"inference_pool": pool})
         await self._status.write(key, state, body, status, decided)
         self._report_lost_nodes(state, body)
         state.served = ServedModel(
@@ -585,6 +599,7 @@ class Reconciler:
             (meta.get("annotations") or {}).get(labels.RESTARTED_AT),
             config.leaderworkerset,
             config.prometheus_operator,
+            config.inference_pool,
         )
         if state.rendering is not None and state.rendering[0] == marker:
             if isinstance(state.rendering[1], InvalidSpec):
@@ -609,8 +624,12 @@ class Reconciler:
         else:
             lws = await self.kube.has_group_version(LWS_GROUP_VERSION)
         monitoring = await self.kube.has_group_version(MONITORING_GROUP_VERSION)
+        pools = await self.kube.has_group_version(INFERENCE_GROUP_VERSION)
         return dataclasses.replace(
-            self.settings.render, leaderworkerset=lws, prometheus_operator=monitoring
+            self.settings.render,
+            leaderworkerset=lws,
+            prometheus_operator=monitoring,
+            inference_pool=pools,
         )
 
     @staticmethod

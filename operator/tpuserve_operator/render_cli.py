@@ -44,6 +44,13 @@ OPTIONS: tuple[Flag, ...] = (
         "Render PodMonitors/ServiceMonitors, as when their CRDs are installed.",
         switch=True,
     ),
+    Flag(
+        "--inference-pool",
+        "inference_pool",
+        "Render InferencePools (spec.inferencePool), as when the Gateway API Inference "
+        "Extension's CRDs are installed (default: a server asking for one is invalid).",
+        switch=True,
+    ),
     *RENDER_FLAGS,
 )
 

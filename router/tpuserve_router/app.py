@@ -117,6 +117,7 @@ from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 if TYPE_CHECKING:
     from tpuserve_router.demand import DemandLease
     from tpuserve_router.discovery.kubernetes import PodWatcher
+    from tpuserve_router.picker import EndpointPicker
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +276,13 @@ def create_router_app(
         before_decision=kv.readers.read_if_due if kv is not None else None,
         on_arrival=demand.arrived if demand is not None else None,
     )
+    picker: EndpointPicker | None = None
+    if config.picker_port is not None:  # grpc is imported only when the picker is on
+        from tpuserve_router.picker import EndpointPicker
+
+        picker = EndpointPicker(
+            forwarder, test_headers=config.picker_test_headers, tls=config.picker_tls
+        )
     admin = AdminApi(
         workers,
         policy,
@@ -301,7 +309,7 @@ def create_router_app(
         outliers=outliers, kv=kv, seeds=seeds, peering=peering, snapshots=snapshots,
         admission=admission, loads=loads, keys=keys, aborter=aborter, discovery=discovery,
         demand=demand, forwarder=forwarder, admin=admin, limits=limits, book=book,
-        probe_book=probe_book, admin_book=admin_book,
+        probe_book=probe_book, admin_book=admin_book, picker=picker,
     )  # fmt: skip
 
 
@@ -373,6 +381,8 @@ class RouterApp:
     book: ConnectionBook
     probe_book: ConnectionBook
     admin_book: ConnectionBook
+    picker: EndpointPicker | None = None
+    """The Endpoint Picker protocol's gRPC server (``--picker-port``), if on."""
     _servers: list[asyncio.Server] = field(default_factory=list, init=False)
     _admin_server: asyncio.Server | None = field(default=None, init=False)
 
@@ -478,6 +488,8 @@ class RouterApp:
                 self.admin_book, self._admin_head_check,
             )  # fmt: skip
             self._servers.append(self._admin_server)
+        if self.picker is not None and config.picker_port is not None:
+            await self.picker.start(config.host, config.picker_port)
         self.admission.start()
         if self.loads is not None:
             self.loads.start()
@@ -511,6 +523,8 @@ class RouterApp:
         for server in self._servers:
             server.close()
         deadline = time.monotonic() + self.config.drain_seconds
+        if self.picker is not None:  # its streams in hand share the drain time
+            await self.picker.stop(self.config.drain_seconds)
         while len(self.book.open) > len(self.book.waiting):  # requests still in hand
             if time.monotonic() > deadline:
                 break

@@ -565,6 +565,32 @@ OPTIONS: tuple[Option, ...] = (
         "address), to this host (pod) only, without a key: "
         "what kubectl port-forward reaches. Needs --admin loopback. Default: none.",
     ),
+    Option(
+        "--picker-port",
+        "picker_port",
+        cli_types.port,
+        "Also serve the Endpoint Picker protocol of the Gateway API Inference Extension "
+        "(Envoy ext_proc gRPC, with gRPC health) on this port, for a gateway's "
+        "InferencePool (docs/gateway.md); 0 = a free port. Default: off.",
+    ),
+    Option(
+        "--picker-tls",
+        "picker_tls",
+        _auto_bool,
+        "With --picker-port: serve TLS there with a self-signed certificate made at start, "
+        "as the Inference Extension's pickers do by default (gateways do not verify it). "
+        "Default: off (plaintext gRPC).",
+        switch=True,
+    ),
+    Option(
+        "--picker-test-headers",
+        "picker_test_headers",
+        _auto_bool,
+        "With --picker-port: honour the conformance suite's test-epp-endpoint-selection "
+        "header and answer x-conformance-test-served-endpoint (for conformance runs only; "
+        "any client may set that header). Default: off.",
+        switch=True,
+    ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
 )
 

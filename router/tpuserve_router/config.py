@@ -155,6 +155,11 @@ class RouterConfig:
     api_keys_reload_seconds: float = 10.0
     admin: AdminMode = "loopback"  # who may use the admin API (app.py)
     admin_port: int | None = None  # the admin API on 127.0.0.1 only (app.py)
+    # picker.py: the Endpoint Picker protocol (Envoy ext_proc gRPC) for a gateway's
+    # InferencePool; None: off.
+    picker_port: int | None = None
+    picker_test_headers: bool = False  # the conformance suite's steering headers
+    picker_tls: bool = False  # serve TLS with a self-signed certificate (picker.py)
     seed: int | None = None
 
     def replace(self, **changes: Any) -> RouterConfig:
@@ -379,6 +384,7 @@ class RouterConfig:
                 f"admin_port={self.admin_port}: needs admin='loopback' (the port serves the "
                 f"admin API to this host without a key; admin is {self.admin!r})",
             )
+        problems += _picker_problems(self)
         need(
             self.api_keys_reload_seconds > 0,
             f"api_keys_reload_seconds={self.api_keys_reload_seconds}: must be > 0",
@@ -489,6 +495,28 @@ _SIZE_FLOORS: dict[str, int] = {
 
 KV_SNAPSHOT_MAX_BYTES_CAP: Final = 4 << 30
 """The most ``--kv-snapshot-max-bytes`` may be (ZMQ's MAXMSGSIZE takes a signed 64-bit size)."""
+
+
+def _picker_problems(config: RouterConfig) -> list[str]:
+    """What is wrong with the endpoint-picker settings (`picker`)."""
+    port = config.picker_port
+    if port is None:
+        return [
+            f"{name}=True: needs picker_port (the picker's gRPC port)"
+            for name in ("picker_test_headers", "picker_tls")
+            if getattr(config, name)
+        ]
+    if not 0 <= port <= 65535:
+        return [f"picker_port={port}: allowed 0..65535 (0 = any free)"]
+    taken = {config.port, config.metrics_port, config.admin_port}
+    if config.peer_port:
+        taken |= {config.peer_port, snapshot_port(config.peer_port)}
+    if port and port in taken:
+        return [
+            f"picker_port={port}: must differ from port, metrics_port, admin_port, peer_port "
+            "and the port after peer_port"
+        ]
+    return []
 
 
 def peer_endpoint_problem(endpoint: str) -> str | None:

@@ -14,10 +14,18 @@ import yaml
 
 from sglang_tpu.metric_names import restore_sglang_colon_relabeling
 from sglang_tpu.topology import generation_names
-from tests.chart.chart_helpers import CHART, MONITORING_APIS, VALUES_DIR, Render, run_helm
+from tests.chart.chart_helpers import (
+    ADMISSION_POLICY_API,
+    CHART,
+    MONITORING_APIS,
+    VALUES_DIR,
+    Render,
+    run_helm,
+)
 from tests.chart.monitoring_schemas import SCHEMAS
 from tpuserve_operator import labels
 from tpuserve_operator.build import admission
+from tpuserve_operator.render import inference_pool as pools
 
 pytestmark = pytest.mark.component
 
@@ -242,7 +250,8 @@ def test_admission_policy_ships_the_generated_policy_bound_to_its_parameters(
         o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-admission")
     ]
     assert policy["spec"] == admission.policy_spec()
-    assert parameters["data"] == admission.parameters()
+    # and what the chart saw of the cluster: no InferencePool API (render/inference_pool.py)
+    assert parameters["data"] == {**admission.parameters(), pools.CLUSTER_PARAM: "false"}
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert binding["spec"]["paramRef"] == {
@@ -250,6 +259,17 @@ def test_admission_policy_ships_the_generated_policy_bound_to_its_parameters(
         "namespace": "ml-system",
         "parameterNotFoundAction": "Allow",
     }
+
+
+def test_admission_parameters_say_when_the_cluster_serves_inference_pools(
+    render: Render,
+) -> None:
+    pool_api = f"{pools.GROUP_VERSION}/{pools.KIND}"
+    objects = render(api_versions=(*MONITORING_APIS, ADMISSION_POLICY_API, pool_api))
+    (parameters,) = [
+        o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-admission")
+    ]
+    assert parameters["data"][pools.CLUSTER_PARAM] == "true"
 
 
 @pytest.mark.parametrize(

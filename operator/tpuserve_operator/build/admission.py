@@ -37,6 +37,7 @@ from sglang_tpu import perf_model
 from sglang_tpu.topology import GIB, SLICE_SHAPES, TPU_RESOURCE, generation_names, topologies_for
 from tpuserve_operator import labels, launch_contract, validation
 from tpuserve_operator.api import EngineSpec, ModelSpec
+from tpuserve_operator.render import inference_pool
 
 JSON = dict[str, Any]
 LIST_SEPARATOR = ", "
@@ -117,6 +118,11 @@ def _has(path: str) -> str:
 
 def _or_default(path: str, default: str) -> str:
     return f"{_has(path)} ? {path} : {default}"
+
+
+def _cel_string(text: str) -> str:
+    """``text`` as a CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _fixed1(expression: str) -> str:
@@ -268,11 +274,24 @@ VARIABLES: tuple[tuple[str, str], ...] = (
         + _fixed1(f"variables.missingBytes / {GIB_CEL}")
         + " + ' GiB; use a larger topology, quantization fp8 or a shorter context'] : []",
     ),
+    # --- render.inference_pool.pool_problems, checked after the others ---
+    (
+        "poolProblems",
+        "has(object.spec.inferencePool) ? ("
+        "(has(object.spec.router) && has(object.spec.router.enabled) && "
+        "!object.spec.router.enabled ? ["
+        + _cel_string(f"{inference_pool.FIELD}: {inference_pool.NEEDS_ROUTER}")
+        + "] : []) + "
+        f"('{inference_pool.CLUSTER_PARAM}' in params.data && "
+        f"params.data['{inference_pool.CLUSTER_PARAM}'] == 'false' ? ["
+        + _cel_string(f"{inference_pool.FIELD}: {inference_pool.NO_CRD}")
+        + "] : [])) : []",
+    ),
     (
         "problems",
         "variables.catalogProblems + variables.modelProblems + variables.envProblems + "
         "variables.argProblems + variables.labelProblems + variables.resourceProblems + "
-        "variables.fitProblems",
+        "variables.fitProblems + variables.poolProblems",
     ),
 )
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from tpuserve_operator import labels
 from tpuserve_operator.api import PlanStatus
+from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render.autoscaler import autoscaler
 from tpuserve_operator.render.context import (
     Manifest,
@@ -22,6 +23,7 @@ from tpuserve_operator.render.context import (
     ValidServer,
     stable_hash,
 )
+from tpuserve_operator.render.inference_pool import pool_children, pool_problems
 from tpuserve_operator.render.monitors import monitors
 from tpuserve_operator.render.network_policy import engine_network_policy
 from tpuserve_operator.render.pdb import disruption_budget
@@ -94,6 +96,9 @@ def validate_server(
     """
     name = str(meta.get("name") or "")
     valid = validate(name, spec, cel_rules=cel_rules)
+    problems = pool_problems(valid.spec.inference_pool, valid.spec.router.enabled, config)
+    if problems:
+        raise InvalidSpec(problems)
     annotations = meta.get("annotations") or {}
     server = Server(
         name=name,
@@ -125,6 +130,7 @@ def render(server: ValidServer) -> Rendered:
         *autoscaler(server),
         *router_children(server),
         *monitors(server),
+        *pool_children(server),
     ]
     shape = server.valid.shape
     plan = PlanStatus(

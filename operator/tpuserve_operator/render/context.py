@@ -78,6 +78,7 @@ class RenderConfig:
     # Cluster capabilities, discovered by the operator (flags of `tpuserve render`).
     leaderworkerset: bool = False
     prometheus_operator: bool = False
+    inference_pool: bool = False  # the InferencePool CRD (render/inference_pool.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from tpuserve_operator.render.context import (
     Manifest,
     Server,
 )
+from tpuserve_operator.render.inference_pool import engine_ingress, router_ingress
 
 
 def operator_peer(namespace: str) -> Manifest:
@@ -98,6 +99,7 @@ def engine_network_policy(server: Server) -> list[Manifest]:
                         ],
                         "ports": _ports(launch_contract.HTTP_PORT),
                     },
+                    *engine_ingress(server),
                 ],
             },
         }
@@ -123,6 +125,7 @@ def router_network_policy(server: Server) -> list[Manifest]:
                         "from": [{"podSelector": {"matchLabels": routers}}],
                         "ports": _ports(ROUTER_PEER_PORT, ROUTER_PEER_SNAPSHOT_PORT),
                     },
+                    *router_ingress(server),
                 ],
             },
         }

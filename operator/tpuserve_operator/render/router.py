@@ -56,6 +56,7 @@ from tpuserve_operator.render.context import (
     stable_hash,
 )
 from tpuserve_operator.render.demand import demand_lease, hold_args, lease_rule
+from tpuserve_operator.render.inference_pool import picker_args, picker_container_ports
 from tpuserve_operator.render.network_policy import router_network_policy
 from tpuserve_operator.render.pdb import router_disruption_budget
 from tpuserve_operator.render.pod import termination
@@ -124,7 +125,7 @@ def router_args(server: Server) -> list[str]:
     kv_events = server.valid.spec.router.kv_events
     if kv_events is not None:  # unset: the router subscribes when its policy uses KV events
         args.append("--kv-events" if kv_events else "--no-kv-events")
-    return args + hold_args(server)
+    return args + hold_args(server) + picker_args(server)
 
 
 def peer_args(server: Server) -> list[str]:
@@ -193,6 +194,7 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
                 "containerPort": ROUTER_PEER_SNAPSHOT_PORT,
                 "protocol": "TCP",
             },
+            *picker_container_ports(server),
         ],
         "readinessProbe": {
             "httpGet": {"path": READINESS_PATH, "port": PROBE_PORT_NAME},

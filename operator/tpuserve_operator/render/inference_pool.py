@@ -1,0 +1,194 @@
+"""A server behind a Gateway API Inference Extension gateway: its InferencePool and the
+Service of its endpoint picker (``spec.inferencePool``; docs/gateway.md).
+
+The pool (``inference.networking.k8s.io/v1``, named after the server) selects the server's
+serving leaders (`labels.leader_selector`: host 0 of each replica group, the pods that
+serve HTTP; a multi-host slice's other hosts never do) on the engine's HTTP port, and names
+the router as its endpoint picker: the Service ``<name>-picker`` on `PICKER_PORT`, in front of
+the router pods, which run ``tpuserve router --picker-port --picker-tls`` (the Endpoint
+Picker protocol, Envoy ext_proc over gRPC, TLS with a self-signed certificate as the
+reference picker serves it). ``failureMode`` comes from the spec.
+
+The gateway dials the endpoints the picker names, so the engines' NetworkPolicy admits the
+gateway (``gatewayFrom``, or any source) on the HTTP port, and the router's admits it on the
+picker port.
+
+A pool of that name which the operator did not create is never applied nor deleted
+(`tpuserve_operator.gateway`): shared ownership, as the Inference Extension asks of
+controllers.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any, Final
+
+from tpuserve_operator import labels, launch_contract
+from tpuserve_operator.errors import Problem
+from tpuserve_operator.render.context import Manifest, RenderConfig, Server
+
+GROUP: Final = "inference.networking.k8s.io"
+VERSION: Final = "v1"
+GROUP_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "InferencePool"
+PLURAL: Final = "inferencepools"
+PICKER_PORT: Final = 9002
+"""The router's picker port (`tpuserve router --picker-port`), the reference picker's."""
+PICKER_PORT_NAME: Final = "picker"
+APP_PROTOCOL: Final = "http2"
+"""The picker Service port's appProtocol, as the Inference Extension's own picker Services
+have it (gRPC over TLS: the router runs with --picker-tls)."""
+FIELD: Final = "spec.inferencePool"
+NEEDS_ROUTER: Final = (
+    "needs the router (its endpoint picker); router.enabled is false; allowed: router.enabled "
+    "true, or no inferencePool"
+)
+NO_CRD: Final = (
+    f"the cluster does not serve {GROUP_VERSION} {KIND} (the Gateway API Inference Extension's "
+    "CRDs are not installed); allowed: unset, or install those CRDs"
+)
+CLUSTER_PARAM: Final = "cluster.inferencePool"
+"""The admission policy's parameter saying whether the cluster serves InferencePools ("true"
+or "false", written by the chart from the API versions it sees; absent: not checked)."""
+
+
+ParentView = tuple[str, bool, str, str]
+"""(namespace/name of the Gateway, Accepted is True, its reason, its message)."""
+
+
+def parents_of(body: Mapping[str, Any]) -> tuple[ParentView, ...]:
+    """What the gateways report in an InferencePool's ``status.parents``."""
+    status = body.get("status") or {}
+    found: list[ParentView] = []
+    for parent in (status.get("parents") or [])[:32] if isinstance(status, dict) else []:
+        if not isinstance(parent, dict):
+            continue
+        ref = parent.get("parentRef") or {}
+        name = str(ref.get("name") or "")
+        namespace = ref.get("namespace") or (body.get("metadata") or {}).get("namespace") or ""
+        accepted = next(
+            (c for c in parent.get("conditions") or [] if c.get("type") == "Accepted"), None
+        )
+        found.append(
+            (
+                f"{namespace}/{name}",
+                bool(accepted and accepted.get("status") == "True"),
+                str((accepted or {}).get("reason") or ""),
+                str((accepted or {}).get("message") or "")[:1024],
+            )
+        )
+    return tuple(found)
+
+
+def wants_pool(server: Server) -> bool:
+    return server.valid.spec.inference_pool is not None
+
+
+def picker_service_name(server: Server) -> str:
+    return f"{server.name}-picker"
+
+
+def pool_problems(spec_pool: object, router_enabled: bool, config: RenderConfig) -> list[Problem]:
+    """What makes ``spec.inferencePool`` impossible: no router to pick, or a cluster that does
+    not serve the InferencePool API (the CRD is not installed)."""
+    if spec_pool is None:
+        return []
+    problems = []
+    if not router_enabled:
+        problems.append(Problem(FIELD, NEEDS_ROUTER))
+    if not config.inference_pool:
+        problems.append(Problem(FIELD, NO_CRD))
+    return problems
+
+
+def inference_pool(server: Server) -> Manifest:
+    pool = server.valid.spec.inference_pool
+    assert pool is not None
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": KIND,
+        "metadata": server.metadata(server.name, labels.COMPONENT_ROUTER),
+        "spec": {
+            "selector": {"matchLabels": labels.leader_selector(server.name)},
+            "targetPorts": [{"number": launch_contract.HTTP_PORT}],
+            "endpointPickerRef": {
+                "group": "",
+                "kind": "Service",
+                "name": picker_service_name(server),
+                "port": {"number": PICKER_PORT},
+                "failureMode": pool.failure_mode,
+            },
+        },
+    }
+
+
+def picker_service(server: Server) -> Manifest:
+    """``<name>-picker``: the router pods' picker port, what the pool's endpointPickerRef
+    names."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": server.metadata(picker_service_name(server), labels.COMPONENT_ROUTER),
+        "spec": {
+            "selector": labels.router_selector(server.name),
+            "ports": [
+                {
+                    "name": PICKER_PORT_NAME,
+                    "port": PICKER_PORT,
+                    "targetPort": PICKER_PORT_NAME,
+                    "protocol": "TCP",
+                    "appProtocol": APP_PROTOCOL,
+                }
+            ],
+        },
+    }
+
+
+def pool_children(server: Server) -> list[Manifest]:
+    """The pool and its picker's Service, when the spec asks for them."""
+    if not wants_pool(server):
+        return []
+    return [inference_pool(server), picker_service(server)]
+
+
+def picker_args(server: Server) -> list[str]:
+    """The router's flags turning its picker on, with TLS (a self-signed certificate, which
+    gateways dial without verifying, as they dial the Inference Extension's own pickers)."""
+    return [f"--picker-port={PICKER_PORT}", "--picker-tls"] if wants_pool(server) else []
+
+
+def picker_container_ports(server: Server) -> list[Manifest]:
+    if not wants_pool(server):
+        return []
+    return [{"name": PICKER_PORT_NAME, "containerPort": PICKER_PORT, "protocol": "TCP"}]
+
+
+def _gateway_peers(server: Server) -> list[Manifest] | None:
+    """The spec's gatewayFrom peers, or None for any source."""
+    pool = server.valid.spec.inference_pool
+    if pool is None or not pool.gateway_from:
+        return None
+    return [copy.deepcopy(dict(peer)) for peer in pool.gateway_from]
+
+
+def engine_ingress(server: Server) -> list[Manifest]:
+    """The engines' NetworkPolicy rule admitting the gateway to the leaders' HTTP port."""
+    if not wants_pool(server):
+        return []
+    rule: Manifest = {"ports": [{"protocol": "TCP", "port": launch_contract.HTTP_PORT}]}
+    peers = _gateway_peers(server)
+    if peers is not None:
+        rule["from"] = peers
+    return [rule]
+
+
+def router_ingress(server: Server) -> list[Manifest]:
+    """The router's NetworkPolicy rule admitting the gateway to the picker port."""
+    if not wants_pool(server):
+        return []
+    rule: Manifest = {"ports": [{"protocol": "TCP", "port": PICKER_PORT}]}
+    peers = _gateway_peers(server)
+    if peers is not None:
+        rule["from"] = peers
+    return [rule]

@@ -1,0 +1,755 @@
+"""The router as an endpoint picker (EPP) of the Gateway API Inference Extension.
+
+With ``--picker-port`` the router also serves Envoy's external-processing gRPC service
+(``envoy.service.ext_proc.v3.ExternalProcessor``) as the Endpoint Picker protocol describes it
+(gateway-api-inference-extension, ``docs/proposals/004-endpoint-picker-protocol``): a gateway
+that fronts an ``InferencePool`` sends each request's headers and body here, the router
+chooses the worker with the same policy, load view, prefix index and adapter affinity as its
+HTTP mode, and the gateway moves the bytes to it.
+
+One ``Process`` stream is one HTTP request, in ``FULL_DUPLEX_STREAMED`` body mode (the only
+mode the protocol's implementations support):
+
+- request headers: kept; with ``end_of_stream`` (no body) the pick is made at once;
+- request body: buffered up to ``--max-request-bytes`` (413 past it; the bodies of all
+  streams share ``--max-buffered-bytes``, 503 past it) until its end, then parsed as the
+  HTTP mode parses it (400 naming the field, 404 for a model no worker serves), the worker
+  chosen, and the headers reply sent with ``clear_route_cache`` and the header
+  ``x-gateway-destination-endpoint: ip:port[,ip:port...]`` (the chosen worker first, then up
+  to ``--max-retries`` fallbacks, least loaded first), the same list under
+  ``dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]``, then the body itself
+  as ``streamed_response`` chunks of at most `CHUNK_BYTES`;
+- the subset hint, ``metadata_context.filter_metadata["envoy.lb.subset_hint"]
+  ["x-gateway-destination-endpoint-subset"]`` (a list of ``ip:port``, or one comma-separated
+  string), limits the choice to those endpoints; when none of them can take the request the
+  answer is 503;
+- refusals are an ``ImmediateResponse``: 503 (no healthy worker, or none in the subset), 429
+  (the router is at ``--max-in-flight``: shed), or the HTTP mode's 400/404/413, each with
+  its OpenAI-style JSON error body;
+- response headers and body pass through unchanged (every body chunk is echoed back as a
+  ``streamed_response``); the endpoint that served the answer is read back from
+  ``metadata_context.filter_metadata["envoy.lb"]["x-gateway-destination-endpoint-served"]``,
+  and when it is a fallback, the request's in-flight count moves to it. The first body chunk
+  ends the prefill for the policy (as the first byte does in HTTP mode); the last one ends the
+  request: its status, tokens (``usage``, cached tokens included) and latency are counted on
+  the worker that served it, and the policy, the peers and outlier detection hear of it.
+  A stream that closes before its answer ended is counted as ``499``.
+
+Requests to other paths (``/v1/models`` through the gateway, say) go to the least loaded
+healthy worker without the policy. The same port serves the gRPC health service for
+``liveness`` (always SERVING), ``readiness``, ``envoy.service.ext_proc.v3.ExternalProcessor``,
+``inference-extension`` and the server as a whole (``""``): SERVING while at least one worker is
+routable.
+
+With ``--picker-tls`` the port serves TLS with a self-signed certificate made at start, as
+the Inference Extension's own pickers do by default (``--secure-serving``): gateways dial
+their picker over TLS without verifying it (Istio, GKE, NGINX Gateway Fabric by default).
+
+``--picker-test-headers`` adds what the Inference Extension's conformance suite asks of its
+reference picker: the request header ``test-epp-endpoint-selection: ip[:port][,...]`` narrows
+the choice like a subset, and the response gets ``x-conformance-test-served-endpoint`` with
+the served endpoint. It is for conformance runs only: any client may set that header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tpuserve_router.forwarding import CLIENT_CLOSED, Forwarder
+from tpuserve_router.policies.base import (
+    Decision,
+    NoHealthyWorker,
+    RouteRequest,
+    healthy_workers,
+    least_loaded,
+)
+from tpuserve_router.replies import unavailable
+from tpuserve_router.request_body import GENERATION_ROUTES, ClientError, parse_json_object
+from tpuserve_router.usage import usage_from_body, usage_from_stream_tail
+
+if TYPE_CHECKING:
+    from tpuserve_router.workers import Worker
+
+log = logging.getLogger(__name__)
+
+SUBSET_NAMESPACE: Final = "envoy.lb.subset_hint"
+SUBSET_KEY: Final = "x-gateway-destination-endpoint-subset"
+DESTINATION_NAMESPACE: Final = "envoy.lb"
+DESTINATION_KEY: Final = "x-gateway-destination-endpoint"
+SERVED_KEY: Final = "x-gateway-destination-endpoint-served"
+TEST_SELECTION_HEADER: Final = "test-epp-endpoint-selection"
+TEST_SERVED_HEADER: Final = "x-conformance-test-served-endpoint"
+CHUNK_BYTES: Final = 62_000
+"""The most body bytes in one ``streamed_response`` (Envoy takes 64 KiB; the Inference
+Extension's pickers keep this margin)."""
+EXT_PROC_SERVICE: Final = "envoy.service.ext_proc.v3.ExternalProcessor"
+HEALTH_SERVICES: Final = ("", "readiness", EXT_PROC_SERVICE, "inference-extension")
+"""Health services that follow readiness (a routable worker); ``liveness`` is always
+SERVING."""
+HEALTH_REFRESH_SECONDS: Final = 1.0
+MAX_GRPC_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+"""The largest ext_proc message taken (Envoy's body chunks are far smaller)."""
+SHED_STREAMS: Final = 1024
+"""Streams a gateway connection may open beyond ``--max-in-flight``: requests the picker
+refuses at once (429) rather than leave waiting for a stream."""
+SERVING: Final = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING: Final = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def endpoint_of(worker: Worker) -> str:
+    """The ``ip:port`` a gateway dials for ``worker`` (``[v6]:port`` for IPv6)."""
+    host = worker.host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{worker.port}"
+
+
+class Refused(Exception):
+    """A request the picker answers itself (an ``ImmediateResponse``)."""
+
+    def __init__(self, error: ClientError, route: str, model: str = "") -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.route = route
+        self.model = model
+
+
+@dataclass(slots=True)
+class Pick:
+    """Where a request goes: the decision (None off the generation routes, which bypass the
+    policy) and the endpoints in order, the chosen one first."""
+
+    worker: Worker
+    decision: Decision[Worker] | None
+    endpoints: list[str]
+    model: str
+    route: str
+    stream: bool
+
+
+class _LiveHealth(health.aio.HealthServicer):  # type: ignore[misc]
+    """The standard health service, brought up to date before each ``Check`` (``Watch``
+    follows the picker's refresh every `HEALTH_REFRESH_SECONDS`)."""
+
+    def __init__(self, refresh: Callable[[], Awaitable[None]]) -> None:
+        super().__init__()
+        self._refresh_now = refresh
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        await self._refresh_now()
+        return await super().Check(request, context)
+
+
+class EndpointPicker:
+    """The ext_proc service and its gRPC health service, on one port; one per router."""
+
+    def __init__(
+        self, forwarder: Forwarder, *, test_headers: bool = False, tls: bool = False
+    ) -> None:
+        self.forwarder = forwarder
+        self.certificate: bytes | None = None
+        """The PEM certificate the port serves (``tls``), made at start; None: plaintext."""
+        self._key: bytes | None = None
+        if tls:
+            self._key, self.certificate = self_signed_certificate()
+        self.config = forwarder.config
+        self.registry = forwarder.registry
+        self.metrics = forwarder.metrics
+        self.test_headers = test_headers
+        self.max_body_bytes = self.config.max_request_bytes
+        self.max_buffered_bytes = self.config.max_buffered_bytes
+        self.buffered = 0
+        """Request-body bytes held across all streams."""
+        self.streams = 0
+        self.health = _LiveHealth(self._refresh_health)
+        self._server: grpc.aio.Server | None = None
+        self._port = 0
+        self._refresh: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifetime
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def start(self, host: str, port: int) -> None:
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+                # room beyond --max-in-flight, so the requests over it get their 429 at once
+                ("grpc.max_concurrent_streams", self.config.max_in_flight + SHED_STREAMS),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(self, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if self.certificate is not None and self._key is not None:
+            credentials = grpc.ssl_server_credentials([(self._key, self.certificate)])
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
+        if not bound:
+            raise OSError(f"picker_port={port}: could not listen on {address}")
+        self._port = bound
+        await server.start()
+        self._server = server
+        await self.health.set("liveness", SERVING)
+        await self._refresh_health()
+        self._refresh = asyncio.create_task(self._refresh_loop(), name="picker-health")
+        log.info(
+            "endpoint picker (ext_proc%s) listening on %s:%d",
+            ", TLS" if self.certificate is not None else "",
+            host,
+            bound,
+        )
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Refuse new streams, give those in hand ``grace_seconds``, then cancel them."""
+        if self._refresh is not None:
+            self._refresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresh
+            self._refresh = None
+        if self._server is not None:
+            await self.health.enter_graceful_shutdown()
+            await self._server.stop(grace_seconds)
+            self._server = None
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_REFRESH_SECONDS)
+            await self._refresh_health()
+
+    async def _refresh_health(self) -> None:
+        status = SERVING if self.registry.healthy_count() > 0 else NOT_SERVING
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, status)
+
+    # ------------------------------------------------------------------ the stream
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[ext_proc.ProcessingRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        """One stream: read a message, answer it, until the exchange ends. Through the
+        context's read and write (not the request iterator and a generator): grpcio's asyncio
+        stack costs a quarter less per message that way."""
+        exchange = Exchange(self)
+        self.streams += 1
+        try:
+            while not exchange.closed:
+                message = await context.read()
+                if message is grpc.aio.EOF:
+                    return
+                for reply in exchange.handle(message):
+                    await context.write(reply)
+        finally:
+            self.streams -= 1
+            exchange.close()
+
+    # ------------------------------------------------------------------ choosing
+
+    def pick(
+        self,
+        path: str,
+        body: bytes,
+        allowed: frozenset[str] | None,
+    ) -> Pick:
+        """Choose the worker for a request to ``path`` with ``body``; ``allowed`` is the set of
+        endpoints the gateway (or the test header) allows, None for any. Raises `Refused`."""
+        forwarder = self.forwarder
+        route = path.partition("?")[0]
+        parser = GENERATION_ROUTES.get(route)
+        if parser is None:
+            return self._pick_other(allowed)
+        route_label = route
+        if forwarder.in_flight >= forwarder.max_in_flight:
+            raise Refused(
+                ClientError(
+                    429,
+                    f"the router has {forwarder.in_flight} requests in flight, its limit "
+                    "(--max-in-flight); retry",
+                    error_type="rate_limit_exceeded",
+                ),
+                route_label,
+            )
+        try:
+            data = parse_json_object(body)
+            parsed = parser(
+                data, forwarder.want_text, forwarder.tokenizer, forwarder.max_prompt_chars
+            )
+        except ClientError as err:
+            raise Refused(err, route_label) from None
+        model = parsed.model
+        served = self.registry.route(model, parsed.lora_path)
+        if served is None:
+            refusal = forwarder._not_served(model, parsed.lora_path)
+            raise Refused(refusal, route_label)
+        candidates = served.workers
+        if allowed is not None:
+            candidates = [w for w in candidates if _allows(allowed, w)]
+            if not candidates:
+                raise Refused(
+                    unavailable(
+                        "none of the endpoints the gateway allows "
+                        f"({', '.join(sorted(allowed)) or 'none'}) serves model {model!r}"
+                    ),
+                    route_label,
+                    served.model,
+                )
+        first = candidates
+        if served.adapter is not None:
+            first = forwarder.affinity.candidates(served.adapter, candidates)
+        if forwarder.before_decision is not None:
+            forwarder.before_decision()
+        try:
+            decision = forwarder.policy.choose(
+                RouteRequest(model, parsed.text, parsed.token_ids), first
+            )
+        except NoHealthyWorker:
+            detail = f" for model {model!r}" if model else ""
+            raise Refused(
+                unavailable(f"no healthy worker{detail}"), route_label, served.model
+            ) from None
+        worker = decision.worker
+        forwarder._decisions[decision.outcome].inc()
+        if forwarder.peers is not None:
+            forwarder.peers.routed(decision)
+        if served.adapter is not None:
+            forwarder.affinity.routed(served.adapter, worker.name)
+        return Pick(
+            worker,
+            decision,
+            [endpoint_of(worker), *self._fallbacks(worker, candidates)],
+            served.model or (worker.models[0] if worker.models else ""),
+            route_label,
+            parsed.stream,
+        )
+
+    def _pick_other(self, allowed: frozenset[str] | None) -> Pick:
+        """A request off the generation routes: the least loaded routable worker."""
+        workers = self.registry.workers
+        if allowed is not None:
+            workers = [w for w in workers if _allows(allowed, w)]
+        try:
+            worker = least_loaded(healthy_workers(workers))
+        except NoHealthyWorker:
+            raise Refused(unavailable("no healthy worker"), "other") from None
+        return Pick(
+            worker, None, [endpoint_of(worker), *self._fallbacks(worker, workers)], "", "other",
+            False,
+        )  # fmt: skip
+
+    def _fallbacks(self, chosen: Worker, candidates: Sequence[Worker]) -> list[str]:
+        """Up to ``--max-retries`` other routable candidates, least loaded first: where the
+        gateway goes if the chosen one fails before answering."""
+        others = [w for w in candidates if w is not chosen and w.healthy]
+        others.sort(key=lambda w: w.in_flight)
+        return [endpoint_of(w) for w in others[: self.config.max_retries]]
+
+    def worker_at(self, endpoint: str) -> Worker | None:
+        for worker in self.registry.workers:
+            if endpoint_of(worker) == endpoint:
+                return worker
+        return None
+
+
+CERTIFICATE_NAME: Final = "tpuserve-picker"
+"""The self-signed certificate's common name and DNS name (a client that checks it
+overrides the target name with this)."""
+CERTIFICATE_DAYS: Final = 3650
+
+
+def self_signed_certificate() -> tuple[bytes, bytes]:
+    """A new P-256 key and a self-signed certificate for it, both PEM (what the reference
+    picker makes at start for ``--secure-serving``: gateways skip verifying it)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CERTIFICATE_NAME)])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERTIFICATE_DAYS))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(CERTIFICATE_NAME)]), False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
+
+
+def _allows(allowed: frozenset[str], worker: Worker) -> bool:
+    """``worker`` is in ``allowed``: by ``ip:port``, or by its address alone (an entry
+    without a port allows every port of that address, as the reference picker reads it)."""
+    return endpoint_of(worker) in allowed or worker.host.strip("[]") in allowed
+
+
+class Exchange:
+    """One ext_proc stream: one HTTP request and its answer."""
+
+    __slots__ = (
+        "arrived",
+        "body",
+        "closed",
+        "first_chunk",
+        "headers",
+        "path",
+        "pick",
+        "picker",
+        "served",
+        "size",
+        "status",
+        "subset",
+        "tail",
+    )
+
+    def __init__(self, picker: EndpointPicker) -> None:
+        self.picker = picker
+        self.arrived = time.monotonic()
+        self.headers: dict[str, str] = {}
+        self.path = "/"
+        self.subset: frozenset[str] | None = None
+        self.body: list[bytes] = []
+        self.size = 0  # bytes in body
+        self.pick: Pick | None = None
+        self.served: Worker | None = None
+        self.status = CLIENT_CLOSED
+        self.first_chunk = True
+        self.tail = (b"", b"")
+        self.closed = False
+
+    def handle(self, message: ext_proc.ProcessingRequest) -> list[ext_proc.ProcessingResponse]:
+        kind = message.WhichOneof("request")
+        if kind == "request_headers":
+            return self._request_headers(message)
+        if kind == "request_body":
+            return self._request_body(message.request_body)
+        if kind == "request_trailers":  # the body ended without its end_of_stream
+            replies = self._decide(body_ends=False) if self.pick is None and not self.closed else []
+            trailers = ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
+            return [*replies, trailers]
+        if kind == "response_headers":
+            return self._response_headers(message)
+        if kind == "response_body":
+            return self._response_body(message)
+        if kind == "response_trailers":
+            self._finish()
+            return [ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())]
+        return []
+
+    # ------------------------------------------------------------------ request path
+
+    def _request_headers(
+        self, message: ext_proc.ProcessingRequest
+    ) -> list[ext_proc.ProcessingResponse]:
+        headers = message.request_headers
+        for header in headers.headers.headers:
+            value = header.raw_value.decode("latin-1") if header.raw_value else header.value
+            self.headers[header.key.lower()] = value
+        self.path = self.headers.get(":path", "/")
+        self.subset = _subset(message.metadata_context)
+        if self.picker.test_headers:
+            selection = self.headers.get(TEST_SELECTION_HEADER, "")
+            chosen = frozenset(e.strip() for e in selection.split(",") if e.strip())
+            if chosen:
+                self.subset = chosen
+        if headers.end_of_stream:
+            return self._decide(body_ends=None)
+        return []
+
+    def _request_body(self, chunk: ext_proc.HttpBody) -> list[ext_proc.ProcessingResponse]:
+        picker = self.picker
+        if self.pick is not None or self.closed:  # after a decision: pass it on
+            return [_request_chunk(chunk.body, chunk.end_of_stream)]
+        size = len(chunk.body)
+        if self.size + size > picker.max_body_bytes:
+            return self._refuse(
+                Refused(
+                    ClientError(
+                        413,
+                        f"the request body is over {picker.max_body_bytes} bytes "
+                        "(--max-request-bytes)",
+                        error_type="invalid_request_error",
+                    ),
+                    self._route_label(),
+                )
+            )
+        if picker.buffered + size > picker.max_buffered_bytes:
+            return self._refuse(
+                Refused(
+                    unavailable(
+                        "the router holds --max-buffered-bytes of request bodies already; retry"
+                    ),
+                    self._route_label(),
+                )
+            )
+        if size:
+            self.body.append(chunk.body)
+            self.size += size
+            picker.buffered += size
+        if chunk.end_of_stream:
+            return self._decide(body_ends=True)
+        return []
+
+    def _route_label(self) -> str:
+        route = self.path.partition("?")[0]
+        return route if route in GENERATION_ROUTES else "other"
+
+    def _decide(self, body_ends: bool | None) -> list[ext_proc.ProcessingResponse]:
+        """Choose the worker and reply: the headers, then the body buffered so far, its last
+        piece marked ``body_ends`` (None: the request had no body, so none is sent)."""
+        body = b"".join(self.body)
+        self._release_body()
+        try:
+            pick = self.picker.pick(self.path, body, self.subset)
+        except Refused as refused:
+            return self._refuse(refused)
+        self.pick = pick
+        worker = pick.worker
+        worker.in_flight += 1
+        self.picker.forwarder.in_flight += 1
+        self.served = worker
+        destination = ",".join(pick.endpoints)
+        mutation = ext_proc.HeaderMutation(
+            set_headers=[
+                base_pb2.HeaderValueOption(
+                    header=base_pb2.HeaderValue(key=DESTINATION_KEY, raw_value=destination.encode())
+                )
+            ]
+        )
+        metadata = struct_pb2.Struct()
+        metadata.update({DESTINATION_NAMESPACE: {DESTINATION_KEY: destination}})
+        replies = [
+            ext_proc.ProcessingResponse(
+                request_headers=ext_proc.HeadersResponse(
+                    response=ext_proc.CommonResponse(
+                        clear_route_cache=True, header_mutation=mutation
+                    )
+                ),
+                dynamic_metadata=metadata,
+            )
+        ]
+        if body_ends is not None:
+            replies += [_request_chunk(part, last and body_ends) for part, last in _chunks(body)]
+        return replies
+
+    def _refuse(self, refused: Refused) -> list[ext_proc.ProcessingResponse]:
+        self._release_body()
+        self.closed = True
+        error = refused.error
+        self.status = str(error.status)
+        self.picker.metrics.requests.labels(refused.model, "none", refused.route, self.status).inc()
+        headers = [
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json")
+            )
+        ]
+        headers += [
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode("latin-1"))
+            )
+            for k, v in error.headers.items()
+        ]
+        return [
+            ext_proc.ProcessingResponse(
+                immediate_response=ext_proc.ImmediateResponse(
+                    status=http_status_pb2.HttpStatus(code=error.status),
+                    headers=ext_proc.HeaderMutation(set_headers=headers),
+                    body=error.body(),
+                    details=f"tpuserve picker: {error.message}"[:200],
+                )
+            )
+        ]
+
+    def _release_body(self) -> None:
+        self.picker.buffered -= self.size
+        self.size = 0
+        self.body = []
+
+    # ------------------------------------------------------------------ response path
+
+    def _response_headers(
+        self, message: ext_proc.ProcessingRequest
+    ) -> list[ext_proc.ProcessingResponse]:
+        headers = message.response_headers
+        for header in headers.headers.headers:
+            if header.key == ":status":
+                self.status = (
+                    header.raw_value.decode("latin-1") if header.raw_value else header.value
+                )
+        served = self._served_endpoint(message.metadata_context)
+        mutation = ext_proc.HeaderMutation()
+        if self.picker.test_headers:
+            shown = served or (endpoint_of(self.served) if self.served is not None else "")
+            mutation.set_headers.append(
+                base_pb2.HeaderValueOption(
+                    header=base_pb2.HeaderValue(key=TEST_SERVED_HEADER, raw_value=shown.encode())
+                )
+            )
+        reply = ext_proc.ProcessingResponse(
+            response_headers=ext_proc.HeadersResponse(
+                response=ext_proc.CommonResponse(header_mutation=mutation)
+            )
+        )
+        if headers.end_of_stream:
+            self._finish()
+        return [reply]
+
+    def _served_endpoint(self, context: base_pb2.Metadata) -> str:
+        """The endpoint the gateway says served the request (metadata), or ""; the request's
+        in-flight count moves to it when it is a fallback."""
+        namespace = context.filter_metadata.get(DESTINATION_NAMESPACE)
+        if namespace is None or SERVED_KEY not in namespace.fields:
+            return ""
+        value = namespace.fields[SERVED_KEY]
+        served = str(value.string_value).strip()
+        pick = self.pick
+        current = self.served
+        if pick is None or current is None or not served or served == endpoint_of(current):
+            return served
+        worker = self.picker.worker_at(served)
+        if worker is not None:
+            current.in_flight -= 1
+            worker.in_flight += 1
+            self.served = worker
+        return served
+
+    def _response_body(
+        self, message: ext_proc.ProcessingRequest
+    ) -> list[ext_proc.ProcessingResponse]:
+        chunk = message.response_body
+        if self.served is not None and self.pick is not None and self.first_chunk:
+            self.first_chunk = False
+            self._served_endpoint(message.metadata_context)
+            pick = self.pick
+            if pick.decision is not None:
+                self.picker.forwarder._prefill_done(pick.decision)
+                if pick.stream:
+                    self.picker.forwarder._ttft(pick.model).observe(time.monotonic() - self.arrived)
+        if chunk.body:
+            self.tail = (self.tail[1], chunk.body)
+        reply = ext_proc.ProcessingResponse(
+            response_body=ext_proc.BodyResponse(
+                response=ext_proc.CommonResponse(
+                    body_mutation=ext_proc.BodyMutation(
+                        streamed_response=ext_proc.StreamedBodyResponse(
+                            body=chunk.body, end_of_stream=chunk.end_of_stream
+                        )
+                    )
+                )
+            )
+        )
+        if chunk.end_of_stream:
+            self._finish()
+        return [reply]
+
+    # ------------------------------------------------------------------ the end
+
+    def _finish(self) -> None:
+        """The answer ended: account for it once (`Forwarder._ended`'s counterpart)."""
+        pick, worker = self.pick, self.served
+        self.closed = True
+        if pick is None or worker is None:
+            return
+        self.pick = None
+        forwarder = self.picker.forwarder
+        forwarder.in_flight -= 1
+        worker.in_flight -= 1
+        status = self.status
+        code = int(status) if status.isdigit() else 0
+        succeeded = 0 < code < 400
+        if status != CLIENT_CLOSED and code:
+            if code < 500:
+                forwarder.outliers.succeeded(worker)
+            else:
+                forwarder._worker_failed(worker, "server_error")
+        decision = pick.decision
+        if decision is not None:
+            if code == 200:
+                tail = self.tail[0] + self.tail[1]
+                usage = usage_from_stream_tail(tail) if pick.stream else usage_from_body(tail)
+                if usage is not None:
+                    forwarder._account(usage, decision, pick.model, worker.name)
+            forwarder.policy.on_request_done(decision, succeeded)
+            if forwarder.peers is not None:
+                forwarder.peers.ended(decision)
+        forwarder._requests(pick.model, worker.name, pick.route, status).inc()
+        if status != CLIENT_CLOSED:
+            forwarder._e2e(pick.model, pick.route).observe(time.monotonic() - self.arrived)
+
+    def close(self) -> None:
+        """The stream ended: whatever was not accounted for is (a gateway gone: ``499``)."""
+        self._release_body()
+        if self.pick is not None:
+            self.status = CLIENT_CLOSED
+            self._finish()
+
+
+def _subset(context: base_pb2.Metadata) -> frozenset[str] | None:
+    """The endpoints of the gateway's subset hint, or None when it gave none."""
+    namespace = context.filter_metadata.get(SUBSET_NAMESPACE)
+    if namespace is None or SUBSET_KEY not in namespace.fields:
+        return None
+    value = namespace.fields[SUBSET_KEY]
+    items: Iterable[str]
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        items = [v.string_value for v in value.list_value.values if v.HasField("string_value")]
+    elif kind == "string_value":
+        items = [value.string_value]
+    else:
+        items = []
+    return frozenset(e.strip() for item in items for e in item.split(",") if e.strip())
+
+
+def _chunks(body: bytes) -> list[tuple[bytes, bool]]:
+    """``body`` in pieces of at most `CHUNK_BYTES`, the last one marked (one empty piece for
+    an empty body)."""
+    if not body:
+        return [(b"", True)]
+    parts = [body[i : i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)]
+    return [(part, i == len(parts) - 1) for i, part in enumerate(parts)]
+
+
+def _request_chunk(body: bytes, end_of_stream: bool) -> ext_proc.ProcessingResponse:
+    return ext_proc.ProcessingResponse(
+        request_body=ext_proc.BodyResponse(
+            response=ext_proc.CommonResponse(
+                body_mutation=ext_proc.BodyMutation(
+                    streamed_response=ext_proc.StreamedBodyResponse(
+                        body=body, end_of_stream=end_of_stream
+                    )
+                )
+            )
+        )
+    )

@@ -1,0 +1,319 @@
+"""spec.inferencePool: the InferencePool and its picker Service as rendered, the router's picker
+flag and port, the network policies; refused without the router or the CRD (operator and
+admission policy, naming the field); and, against an in-memory apiserver, a pool someone else
+made is left alone while the status reports what the gateways say of the operator's own."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.fakes import FakeKube
+from tests.unit.operator.conftest import RenderFn, SpecWith
+from tpuserve_operator import labels, launch_contract
+from tpuserve_operator.build import admission
+from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.metrics import create_operator_metrics
+from tpuserve_operator.reconciler import Reconciler, ReconcilerSettings
+from tpuserve_operator.render import RenderConfig, Rendered
+from tpuserve_operator.render import inference_pool as pools
+
+pytestmark = pytest.mark.unit
+
+NAMESPACE = "ml"
+NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def child(rendered: Rendered, kind: str, name: str) -> dict[str, Any]:
+    return next(m for m in rendered.children if m["kind"] == kind and m["metadata"]["name"] == name)
+
+
+def test_the_pool_selects_serving_leaders_on_the_engine_port_and_names_the_picker(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    out = rendered(spec_with(inferencePool={"failureMode": "FailOpen"}), inference_pool=True)
+    pool = child(out, "InferencePool", "qwen")
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert pool["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert pool["spec"] == {
+        "selector": {"matchLabels": labels.leader_selector("qwen")},
+        "targetPorts": [{"number": launch_contract.HTTP_PORT}],
+        "endpointPickerRef": {
+            "group": "",
+            "kind": "Service",
+            "name": "qwen-picker",
+            "port": {"number": pools.PICKER_PORT},
+            "failureMode": "FailOpen",
+        },
+    }
+    assert pool["spec"]["selector"]["matchLabels"][labels.ROLE] == labels.ROLE_LEADER
+    service = child(out, "Service", "qwen-picker")
+    assert service["spec"]["selector"] == labels.router_selector("qwen")
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == pools.PICKER_PORT
+    assert port["targetPort"] == pools.PICKER_PORT_NAME
+    assert port["appProtocol"] == "http2"  # as the reference picker's Service
+    router = child(out, "Deployment", "qwen-router")["spec"]["template"]["spec"]["containers"][0]
+    assert f"--picker-port={pools.PICKER_PORT}" in router["args"]
+    assert "--picker-tls" in router["args"]
+    assert {"name": "picker", "containerPort": pools.PICKER_PORT, "protocol": "TCP"} in router[
+        "ports"
+    ]
+
+
+def test_the_pool_passes_the_released_crds_schema(rendered: RenderFn, spec_with: SpecWith) -> None:
+    """Against the InferencePool CRD of GIE v1.6.0 (tests/e2e/crds; its CEL rules aside)."""
+    from pathlib import Path
+
+    import jsonschema
+    import yaml
+
+    path = (
+        Path(__file__).resolve().parents[2]
+        / "e2e/crds/inference.networking.k8s.io_inferencepools.yaml"
+    )
+    crd = yaml.safe_load(path.read_text())
+    (version,) = crd["spec"]["versions"]
+    schema = version["schema"]["openAPIV3Schema"]
+    out = rendered(spec_with(inferencePool={"failureMode": "FailOpen"}), inference_pool=True)
+    pool = child(out, "InferencePool", "qwen")
+    jsonschema.validate(pool, schema)
+    assert crd["spec"]["group"] == pools.GROUP
+    assert version["name"] == pools.VERSION
+    assert crd["spec"]["names"]["plural"] == pools.PLURAL
+
+
+def test_failure_mode_defaults_to_fail_close_and_no_pool_means_no_picker(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    out = rendered(spec_with(inferencePool={}), inference_pool=True)
+    pool = child(out, "InferencePool", "qwen")
+    assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
+    plain = rendered(spec_with(), inference_pool=True)
+    assert not [m for m in plain.children if m["kind"] == "InferencePool"]
+    assert not [m for m in plain.children if m["metadata"]["name"] == "qwen-picker"]
+    router = child(plain, "Deployment", "qwen-router")["spec"]["template"]["spec"]["containers"][0]
+    assert not [a for a in router["args"] if a.startswith("--picker-port")]
+
+
+@pytest.mark.parametrize("gateway_from", [None, [{"namespaceSelector": {}}]])
+def test_the_gateway_reaches_the_leaders_and_the_picker(
+    rendered: RenderFn, spec_with: SpecWith, gateway_from: list[dict[str, Any]] | None
+) -> None:
+    section: dict[str, Any] = {} if gateway_from is None else {"gatewayFrom": gateway_from}
+    out = rendered(spec_with(inferencePool=section), inference_pool=True)
+    engines = child(out, "NetworkPolicy", "qwen-engines")["spec"]["ingress"]
+    router = child(out, "NetworkPolicy", "qwen-router")["spec"]["ingress"]
+    engine_rule = {"ports": [{"protocol": "TCP", "port": launch_contract.HTTP_PORT}]}
+    picker_rule = {"ports": [{"protocol": "TCP", "port": pools.PICKER_PORT}]}
+    if gateway_from is not None:
+        engine_rule["from"] = picker_rule["from"] = gateway_from
+    assert engines[-1] == engine_rule
+    assert router[-1] == picker_rule
+
+
+def test_a_pool_without_the_crd_or_the_router_is_invalid_naming_the_field(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        rendered(spec_with(inferencePool={}))
+    assert str(caught.value) == f"spec.inferencePool: {pools.NO_CRD}"
+    assert "inference.networking.k8s.io/v1 InferencePool" in str(caught.value)
+    with pytest.raises(InvalidSpec) as caught:
+        rendered(spec_with(inferencePool={}, router={"enabled": False}), inference_pool=True)
+    assert str(caught.value) == f"spec.inferencePool: {pools.NEEDS_ROUTER}"
+
+
+def _admission_problems(spec: dict[str, Any], params: dict[str, str]) -> list[str]:
+    """The admission policy's poolProblems variable, evaluated with cel-python."""
+    import celpy
+    from celpy.adapter import json_to_cel
+
+    expression = dict(admission.VARIABLES)["poolProblems"]
+    env = celpy.Environment()
+    program = env.program(env.compile(expression))
+    activation = {
+        "object": json_to_cel({"spec": spec}),
+        "params": json_to_cel({"data": params}),
+    }
+    result = program.evaluate(activation)
+    assert isinstance(result, list), result
+    return [str(p) for p in result]
+
+
+@pytest.mark.parametrize(
+    ("spec", "served", "expected"),
+    [
+        ({"inferencePool": {}}, "false", [f"spec.inferencePool: {pools.NO_CRD}"]),
+        ({"inferencePool": {}}, "true", []),
+        ({"inferencePool": {}}, None, []),  # no parameter (a render without the chart): allowed
+        ({}, "false", []),
+        (
+            {"inferencePool": {}, "router": {"enabled": False}},
+            "true",
+            [f"spec.inferencePool: {pools.NEEDS_ROUTER}"],
+        ),
+    ],
+)
+def test_admission_refuses_what_the_operator_would(
+    spec: dict[str, Any], served: str | None, expected: list[str]
+) -> None:
+    params = {} if served is None else {pools.CLUSTER_PARAM: served}
+    assert _admission_problems(spec, params) == expected
+
+
+def test_the_whole_policy_denies_a_pool_on_a_cluster_without_the_crd() -> None:
+    from celpy.adapter import json_to_cel
+
+    from tests.fakes import tms_object
+    from tests.unit.operator.test_admission_policy import Policy
+
+    policy = Policy()
+    policy.params = json_to_cel({"data": {**admission.parameters(), pools.CLUSTER_PARAM: "false"}})
+    obj = tms_object()
+    assert policy.denies(obj) is None
+    obj["spec"]["inferencePool"] = {"failureMode": "FailOpen"}
+    assert policy.denies(obj) == f"spec.inferencePool: {pools.NO_CRD}"
+
+
+def test_the_chart_tells_the_policy_whether_the_cluster_serves_pools() -> None:
+    from pathlib import Path
+
+    template = (
+        Path(__file__).resolve().parents[3] / "charts/tpuserve/templates/admission-policy.yaml"
+    ).read_text()
+    assert pools.CLUSTER_PARAM in template
+    assert f'"{pools.GROUP_VERSION}/{pools.KIND}"' in template
+
+
+# ---- against an in-memory apiserver -------------------------------------------------------
+
+
+SPEC = {
+    "model": {"source": "hf://Qwen/Qwen3-8B"},
+    "tpu": {"generation": "v6e", "topology": "2x4"},
+    "replicas": 1,
+    "engine": {"type": "simulated"},
+    "inferencePool": {},
+}
+
+
+def reconciler_for(kube: FakeKube) -> Reconciler:
+    reconciler = Reconciler(
+        kube,
+        ReconcilerSettings(render=RenderConfig(), resync_seconds=60.0),
+        create_operator_metrics(CollectorRegistry()),
+        lambda body, kind, reason, message: None,
+        clock=lambda: NOW,
+        read_cold_start=None,
+    )
+
+    def deliver(event_type: str, body: Any) -> None:
+        if body["kind"] == labels.KIND:
+            reconciler.on_server_event(event_type, body)
+        elif body["kind"] == "Pod":
+            reconciler.on_pod_event(event_type, body)
+        else:
+            reconciler.on_child_event(event_type, body)
+
+    kube.watch(deliver)
+    return reconciler
+
+
+def put_server(kube: FakeKube) -> tuple[str, str]:
+    kube.put(
+        {
+            "apiVersion": labels.API_VERSION,
+            "kind": labels.KIND,
+            "metadata": {
+                "name": "qwen",
+                "namespace": NAMESPACE,
+                "uid": "qwen-uid",
+                "generation": 1,
+            },
+            "spec": copy.deepcopy(SPEC),
+        }
+    )
+    return (NAMESPACE, "qwen")
+
+
+async def converge(kube: FakeKube, reconciler: Reconciler, key: tuple[str, str]) -> dict[str, Any]:
+    body = kube.get_object(labels.API_VERSION, labels.KIND, *key)
+    await reconciler.converge(key, body)
+    status: dict[str, Any] = kube.get_object(labels.API_VERSION, labels.KIND, *key)["status"]
+    return status
+
+
+def accepted_by(gateway: str, status: str, reason: str) -> dict[str, Any]:
+    return {
+        "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway},
+        "controllerName": "example.net/gateway",
+        "conditions": [{"type": "Accepted", "status": status, "reason": reason, "message": ""}],
+    }
+
+
+async def test_the_pool_is_applied_and_its_gateway_acceptance_reported() -> None:
+    kube = FakeKube(group_versions=[pools.GROUP_VERSION])
+    reconciler = reconciler_for(kube)
+    key = put_server(kube)
+    status = await converge(kube, reconciler, key)
+    assert ("InferencePool", "qwen") in kube.applied
+    assert ("Service", "qwen-picker") in kube.applied
+    assert status["inferencePool"] == {
+        "name": "qwen",
+        "managed": True,
+        "accepted": False,
+        "parents": [],
+    }
+    pool = kube.get_object(pools.GROUP_VERSION, pools.KIND, NAMESPACE, "qwen")
+    pool["status"] = {
+        "parents": [
+            accepted_by("gw", "True", "Accepted"),
+            accepted_by("other", "False", "NotSupportedByParent"),
+        ]
+    }
+    kube.put(pool)  # the gateway's status write, as its controller makes it
+    status = await converge(kube, reconciler, key)
+    assert status["inferencePool"]["accepted"] is True
+    assert status["inferencePool"]["parents"] == [
+        {"gateway": "ml/gw", "accepted": True, "reason": "Accepted", "message": ""},
+        {"gateway": "ml/other", "accepted": False, "reason": "NotSupportedByParent", "message": ""},
+    ]
+
+
+async def test_a_pool_someone_else_made_is_left_alone() -> None:
+    kube = FakeKube(group_versions=[pools.GROUP_VERSION])
+    theirs = {
+        "apiVersion": pools.GROUP_VERSION,
+        "kind": pools.KIND,
+        "metadata": {"name": "qwen", "namespace": NAMESPACE},
+        "spec": {"selector": {"matchLabels": {"app": "theirs"}}, "targetPorts": [{"number": 1}]},
+        "status": {"parents": [accepted_by("gw", "True", "Accepted")]},
+    }
+    kube.put(theirs)
+    reconciler = reconciler_for(kube)
+    key = put_server(kube)
+    status = await converge(kube, reconciler, key)
+    assert ("InferencePool", "qwen") not in kube.applied
+    assert ("Service", "qwen-picker") in kube.applied  # the rest is still made
+    pool = kube.get_object(pools.GROUP_VERSION, pools.KIND, NAMESPACE, "qwen")
+    assert pool["spec"] == theirs["spec"]
+    assert status["inferencePool"]["managed"] is False
+    assert status["inferencePool"]["accepted"] is True
+    await converge(kube, reconciler, key)
+    assert ("InferencePool", "qwen") not in kube.deleted
+
+
+async def test_without_the_crd_the_server_is_invalid_and_nothing_is_applied() -> None:
+    kube = FakeKube()
+    reconciler = reconciler_for(kube)
+    key = put_server(kube)
+    status = await converge(kube, reconciler, key)
+    valid = next(c for c in status["conditions"] if c["type"] == "Valid")
+    assert valid["status"] == "False"
+    assert valid["message"].startswith("spec.inferencePool: the cluster does not serve")
+    assert kube.applied == []

@@ -1,0 +1,361 @@
+"""The endpoint picker's stream handling (`picker.Exchange`), message by message, on a router
+that is built but not started (workers added by hand), and its settings' checks."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from google.protobuf import struct_pb2
+from prometheus_client import CollectorRegistry
+
+from tpuserve_router import picker as epp
+from tpuserve_router.app import RouterApp, create_router_app
+from tpuserve_router.config import ConfigError, RouterConfig
+from tpuserve_router.workers import WorkerSpec
+
+pytestmark = pytest.mark.unit
+
+MODEL = "m"
+URLS = ("http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.2:8001")
+ENDPOINTS = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.2:8001")
+
+
+def make_app(**settings: object) -> RouterApp:
+    values: dict[str, object] = {
+        "policy": "round_robin",
+        "picker_port": 0,
+        "max_request_bytes": 4096,
+        **settings,
+    }
+    config = RouterConfig(**values)  # type: ignore[arg-type]
+    app = create_router_app(config, registry=CollectorRegistry())
+    for url in URLS:
+        app.registry.add(WorkerSpec(url, model=MODEL)).health_check_passed(1)
+    return app
+
+
+@pytest.fixture
+def app() -> RouterApp:
+    return make_app()
+
+
+def exchange(app: RouterApp) -> epp.Exchange:
+    assert app.picker is not None
+    return epp.Exchange(app.picker)
+
+
+def headers_message(
+    path: str = "/v1/completions",
+    *,
+    end: bool = False,
+    extra: dict[str, str] | None = None,
+    subset: object = None,
+) -> ext_proc.ProcessingRequest:
+    pairs = {":method": "POST", ":path": path, **(extra or {})}
+    message = ext_proc.ProcessingRequest(
+        request_headers=ext_proc.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()
+                ]
+            ),
+            end_of_stream=end,
+        )
+    )
+    if subset is not None:
+        inner = struct_pb2.Struct()
+        inner.update({epp.SUBSET_KEY: subset})
+        message.metadata_context.filter_metadata[epp.SUBSET_NAMESPACE].CopyFrom(inner)
+    return message
+
+
+def body_message(body: bytes, end: bool = True) -> ext_proc.ProcessingRequest:
+    return ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(body=body, end_of_stream=end))
+
+
+def served(endpoint: str) -> base_pb2.Metadata:
+    inner = struct_pb2.Struct()
+    inner.update({epp.SERVED_KEY: endpoint})
+    metadata = base_pb2.Metadata()
+    metadata.filter_metadata[epp.DESTINATION_NAMESPACE].CopyFrom(inner)
+    return metadata
+
+
+def response_headers(status: int, endpoint: str) -> ext_proc.ProcessingRequest:
+    return ext_proc.ProcessingRequest(
+        response_headers=ext_proc.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[base_pb2.HeaderValue(key=":status", raw_value=str(status).encode())]
+            )
+        ),
+        metadata_context=served(endpoint),
+    )
+
+
+def response_body(body: bytes, end: bool) -> ext_proc.ProcessingRequest:
+    return ext_proc.ProcessingRequest(response_body=ext_proc.HttpBody(body=body, end_of_stream=end))
+
+
+BODY = orjson.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 2})
+ANSWER = orjson.dumps(
+    {
+        "choices": [{"text": "hi"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
+)
+
+
+def destination(replies: list[ext_proc.ProcessingResponse]) -> tuple[str, str]:
+    """The header and the metadata destination of a headers reply."""
+    reply = replies[0]
+    assert reply.WhichOneof("response") == "request_headers"
+    common = reply.request_headers.response
+    assert common.clear_route_cache
+    (option,) = common.header_mutation.set_headers
+    assert option.header.key == epp.DESTINATION_KEY
+    lb = reply.dynamic_metadata.fields[epp.DESTINATION_NAMESPACE].struct_value
+    return option.header.raw_value.decode(), lb.fields[epp.DESTINATION_KEY].string_value
+
+
+def requests_total(
+    app: RouterApp, worker: str, status: str, route: str = "/v1/completions"
+) -> float:
+    labels = {"model": MODEL, "worker": worker, "route": route, "status": status}
+    return app.metrics.registry.get_sample_value("tpuserve_router_requests_total", labels) or 0.0
+
+
+def test_a_request_is_picked_at_its_body_end_and_its_body_passed_on(app: RouterApp) -> None:
+    ex = exchange(app)
+    assert ex.handle(headers_message()) == []
+    assert ex.handle(body_message(BODY[:10], end=False)) == []  # buffered until its end
+    replies = ex.handle(body_message(BODY[10:]))
+    header, metadata = destination(replies)
+    assert header == metadata
+    endpoints = header.split(",")
+    assert len(endpoints) == 3
+    assert set(endpoints) == set(ENDPOINTS)
+    (body_reply,) = replies[1:]
+    streamed = body_reply.request_body.response.body_mutation.streamed_response
+    assert (streamed.body, streamed.end_of_stream) == (BODY, True)
+    chosen = app.registry.get(f"http://{endpoints[0]}")
+    assert chosen is not None
+    assert chosen.in_flight == 1
+    assert app.forwarder.in_flight == 1
+    # the answer: headers, then the body, echoed back chunk by chunk
+    (reply,) = ex.handle(response_headers(200, endpoints[0]))
+    assert reply.WhichOneof("response") == "response_headers"
+    for piece, last in ((ANSWER[:7], False), (ANSWER[7:], True)):
+        (reply,) = ex.handle(response_body(piece, last))
+        echoed = reply.response_body.response.body_mutation.streamed_response
+        assert (echoed.body, echoed.end_of_stream) == (piece, last)
+    assert ex.closed
+    assert chosen.in_flight == 0
+    assert app.forwarder.in_flight == 0
+    assert requests_total(app, chosen.name, "200") == 1
+    tokens = {"model": MODEL, "worker": chosen.name}
+    assert (
+        app.metrics.registry.get_sample_value("tpuserve_router_completion_tokens_total", tokens)
+        == 2
+    )
+    ex.close()  # after the end: nothing counted twice
+    assert requests_total(app, chosen.name, "200") == 1
+
+
+def test_large_bodies_are_re_emitted_in_chunks_the_gateway_takes() -> None:
+    app = make_app(max_request_bytes=1 << 20)
+    ex = exchange(app)
+    ex.handle(headers_message())
+    big = orjson.dumps({"model": MODEL, "prompt": "x" * 150_000})
+    replies = ex.handle(body_message(big))
+    pieces = [r.request_body.response.body_mutation.streamed_response for r in replies[1:]]
+    assert [len(p.body) for p in pieces] == [epp.CHUNK_BYTES, epp.CHUNK_BYTES, len(big) - 124_000]
+    assert [p.end_of_stream for p in pieces] == [False, False, True]
+    assert b"".join(p.body for p in pieces) == big
+
+
+@pytest.mark.parametrize(
+    ("subset", "allowed"),
+    [
+        ([ENDPOINTS[1]], {ENDPOINTS[1]}),
+        (f"{ENDPOINTS[0]}, {ENDPOINTS[2]}", {ENDPOINTS[0], ENDPOINTS[2]}),
+        (["10.0.0.2"], {ENDPOINTS[1], ENDPOINTS[2]}),  # an address alone: all its ports
+    ],
+)
+def test_the_subset_hint_limits_primary_and_fallbacks(
+    app: RouterApp, subset: object, allowed: set[str]
+) -> None:
+    for _ in range(3):
+        ex = exchange(app)
+        ex.handle(headers_message(subset=subset))
+        header, _ = destination(ex.handle(body_message(BODY)))
+        assert set(header.split(",")) == allowed
+        ex.close()
+
+
+@pytest.mark.parametrize("subset", [["10.9.9.9:1"], []], ids=["unknown", "empty"])
+def test_nothing_eligible_in_the_subset_is_503(app: RouterApp, subset: object) -> None:
+    ex = exchange(app)
+    ex.handle(headers_message(subset=subset))
+    (reply,) = ex.handle(body_message(BODY))
+    immediate = reply.immediate_response
+    assert immediate.status.code == 503
+    assert b"none of the endpoints" in immediate.body
+    assert {h.header.key for h in immediate.headers.set_headers} >= {"retry-after"}
+    assert ex.closed
+    assert app.forwarder.in_flight == 0
+
+
+def test_no_healthy_worker_is_503(app: RouterApp) -> None:
+    for worker in app.registry.workers:
+        worker.health_check_failed(1)
+    ex = exchange(app)
+    ex.handle(headers_message())
+    (reply,) = ex.handle(body_message(BODY))
+    assert reply.immediate_response.status.code == 503
+    assert b"no healthy worker" in reply.immediate_response.body
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"{nope", 400, b"JSON"),
+        (orjson.dumps({"model": "other", "prompt": "x"}), 404, b"available: m"),
+        (orjson.dumps({"model": MODEL, "prompt": 5}), 400, b"prompt"),
+    ],
+)
+def test_bad_requests_get_the_http_modes_answer(
+    app: RouterApp, body: bytes, status: int, words: bytes
+) -> None:
+    ex = exchange(app)
+    ex.handle(headers_message())
+    (reply,) = ex.handle(body_message(body))
+    assert reply.immediate_response.status.code == status
+    assert words in reply.immediate_response.body
+    labels = {"model": "", "worker": "none", "route": "/v1/completions", "status": str(status)}
+    assert app.metrics.registry.get_sample_value("tpuserve_router_requests_total", labels) == 1
+
+
+def test_a_body_over_the_limit_is_413_and_its_buffer_released(app: RouterApp) -> None:
+    assert app.picker is not None
+    ex = exchange(app)
+    ex.handle(headers_message())
+    assert ex.handle(body_message(b"x" * 3000, end=False)) == []
+    assert app.picker.buffered == 3000
+    (reply,) = ex.handle(body_message(b"x" * 3000, end=False))
+    assert reply.immediate_response.status.code == 413
+    assert b"--max-request-bytes" in reply.immediate_response.body
+    assert app.picker.buffered == 0
+    assert ex.closed
+
+
+def test_at_max_in_flight_the_request_is_shed_with_429() -> None:
+    app = make_app(max_in_flight=1)
+    first = exchange(app)
+    first.handle(headers_message())
+    destination(first.handle(body_message(BODY)))
+    second = exchange(app)
+    second.handle(headers_message())
+    (reply,) = second.handle(body_message(BODY))
+    assert reply.immediate_response.status.code == 429
+    first.close()  # the gateway's stream ended before the answer: 499, nothing left booked
+    assert app.forwarder.in_flight == 0
+    assert sum(requests_total(app, u, "499") for u in URLS) == 1
+    assert all(w.in_flight == 0 for w in app.registry.workers)
+
+
+def test_a_fallback_that_served_moves_the_in_flight_count_and_the_accounting(
+    app: RouterApp,
+) -> None:
+    ex = exchange(app)
+    ex.handle(headers_message())
+    header, _ = destination(ex.handle(body_message(BODY)))
+    primary, fallback = header.split(",")[:2]
+    ex.handle(response_headers(200, fallback))
+    assert app.registry.get(f"http://{primary}").in_flight == 0  # type: ignore[union-attr]
+    assert app.registry.get(f"http://{fallback}").in_flight == 1  # type: ignore[union-attr]
+    ex.handle(response_body(ANSWER, True))
+    assert requests_total(app, f"http://{fallback}", "200") == 1
+    assert requests_total(app, f"http://{primary}", "200") == 0
+    assert all(w.in_flight == 0 for w in app.registry.workers)
+
+
+def test_a_5xx_answer_counts_against_the_worker(app: RouterApp) -> None:
+    ex = exchange(app)
+    ex.handle(headers_message())
+    header, _ = destination(ex.handle(body_message(BODY)))
+    chosen = header.split(",")[0]
+    ex.handle(response_headers(500, chosen))
+    ex.handle(response_body(b'{"error": "boom"}', True))
+    worker = app.registry.get(f"http://{chosen}")
+    assert worker is not None
+    assert worker.consecutive_failures == 1
+    assert requests_total(app, worker.name, "500") == 1
+
+
+def test_bodiless_requests_are_picked_on_their_headers_without_the_policy(app: RouterApp) -> None:
+    ex = exchange(app)
+    replies = ex.handle(headers_message("/v1/models", end=True))
+    assert len(replies) == 1  # the headers reply alone: no body to pass on
+    header, metadata = destination(replies)
+    assert header == metadata
+    assert header.split(",")[0] in ENDPOINTS
+    ex.handle(response_headers(200, header.split(",")[0]))
+    ex.handle(response_body(b"{}", True))
+    assert app.forwarder.in_flight == 0
+    assert all(w.in_flight == 0 for w in app.registry.workers)
+
+
+def test_request_trailers_end_the_body() -> None:
+    app = make_app()
+    ex = exchange(app)
+    ex.handle(headers_message())
+    ex.handle(body_message(BODY, end=False))
+    replies = ex.handle(ext_proc.ProcessingRequest(request_trailers=ext_proc.HttpTrailers()))
+    kinds = [r.WhichOneof("response") for r in replies]
+    assert kinds == ["request_headers", "request_body", "request_trailers"]
+    ex.close()
+
+
+def test_the_test_headers_steer_and_echo_only_when_asked() -> None:
+    steering = {epp.TEST_SELECTION_HEADER: ENDPOINTS[2]}
+    for enabled in (True, False):
+        app = make_app(picker_test_headers=enabled)
+        chosen = set()
+        for _ in range(3):
+            ex = exchange(app)
+            ex.handle(headers_message(extra=steering))
+            header, _ = destination(ex.handle(body_message(BODY)))
+            chosen.add(header.split(",")[0])
+            (reply,) = ex.handle(response_headers(200, header.split(",")[0]))
+            echoed = {
+                h.header.key: h.header.raw_value.decode()
+                for h in reply.response_headers.response.header_mutation.set_headers
+            }
+            assert echoed.get(epp.TEST_SERVED_HEADER) == (header.split(",")[0] if enabled else None)
+            ex.close()
+        assert (chosen == {ENDPOINTS[2]}) is enabled
+
+
+def test_ipv6_endpoints_are_bracketed() -> None:
+    app = create_router_app(RouterConfig(picker_port=0), registry=CollectorRegistry())
+    worker = app.registry.add(WorkerSpec("http://[fd00::1]:8000", model=MODEL))
+    assert epp.endpoint_of(worker) == "[fd00::1]:8000"
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"picker_port": 8000}, "picker_port=8000: must differ"),
+        ({"picker_port": 9100, "metrics_port": 9100}, "picker_port=9100: must differ"),
+        ({"picker_port": 8101, "peer_port": 8100}, "picker_port=8101: must differ"),
+        ({"picker_port": 70000}, "picker_port=70000: allowed 0..65535"),
+        ({"picker_test_headers": True}, "picker_test_headers=True: needs picker_port"),
+        ({"picker_tls": True}, "picker_tls=True: needs picker_port"),
+    ],
+)
+def test_picker_settings_are_checked(settings: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        RouterConfig(**settings).validate()  # type: ignore[arg-type]
+    assert any(words in problem for problem in caught.value.problems), caught.value.problems
