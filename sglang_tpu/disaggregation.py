@@ -34,7 +34,10 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from sglang_tpu.perf_model import StepTimer
 
 MODES: Final = ("null", "prefill", "decode")
 TRANSFER_BACKENDS: Final = ("mooncake", "mori", "nixl", "ascend", "fake")
@@ -148,3 +151,44 @@ def kv_transfer_seconds(
 ) -> float:
     """Seconds to move a prompt's KV from a prefill slice to a decode slice over ``link``."""
     return KV_LINKS[link].transfer_seconds(prompt_tokens * kv_bytes_per_token, hosts)
+
+
+DEFAULT_ITL_BUDGET_SECONDS: Final = 0.05
+MAX_THRESHOLD_TOKENS: Final = 1 << 20
+
+
+def threshold_tokens(
+    timer: StepTimer, itl_budget_seconds: float, limit: int = MAX_THRESHOLD_TOKENS
+) -> int:
+    """The shortest uncached prompt worth disaggregating: the fewest new tokens whose prefill
+    step, by the performance model, takes ``itl_budget_seconds`` or more. On a colocated
+    engine such a prefill stalls every running decode that long (one inter-token gap), which
+    a prefill replica avoids at the cost of a KV transfer. ``limit`` when none does."""
+    if timer.prefill_seconds(limit) < itl_budget_seconds:
+        return limit
+    low, high = 1, limit
+    while low < high:
+        middle = (low + high) // 2
+        if timer.prefill_seconds(middle) >= itl_budget_seconds:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def timer_for(spec: str, field_path: str = "--pd-perf-model") -> StepTimer:
+    """A step timer from ``GENERATION:TOPOLOGY:PROFILE`` (e.g. ``v6e:2x4:llama-3.1-8b``);
+    ValueError naming ``field_path`` and the form."""
+    from sglang_tpu.perf_model import StepTimer, get_profile
+    from sglang_tpu.topology import CatalogError, lookup
+
+    parts = spec.split(":")
+    if len(parts) != 3:
+        raise ValueError(
+            f"{field_path}: {spec!r} is not allowed; allowed: GENERATION:TOPOLOGY:PROFILE, "
+            "e.g. v6e:2x4:llama-3.1-8b"
+        )
+    try:
+        return StepTimer(lookup(parts[0], parts[1], field_path=field_path), get_profile(parts[2]))
+    except (CatalogError, ValueError) as err:
+        raise ValueError(f"{field_path}: {err}") from None
