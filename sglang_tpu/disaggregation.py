@@ -44,6 +44,10 @@ TRANSFER_BACKENDS: Final = ("mooncake", "mori", "nixl", "ascend", "fake")
 DEFAULT_TRANSFER_BACKEND: Final = "mooncake"
 DEFAULT_BOOTSTRAP_PORT: Final = 8998
 BOOTSTRAP_PORT_ANNOTATION: Final = "sglang.ai/bootstrap-port"  # read by sglang-router's discovery
+PD_ROLE_LABEL: Final = "serving.tpuserve.dev/pd-role"
+"""The pod label the operator puts on a disaggregated server's engine pods (``prefill`` or
+``decode``) and the router's discovery reads."""
+PD_ROLES: Final = ("prefill", "decode")
 FAKE_BOOTSTRAP_HOST: Final = "2.2.2.2"  # SGLang's warmup sentinel: "no transfer"
 BOOTSTRAP_FIELDS: Final = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 MAX_ROOM: Final = 2**63 - 1

@@ -569,6 +569,15 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
     Option(
+        "--pd-disaggregation",
+        "pd_disaggregation",
+        _auto_bool,
+        "PD mode with workers found by discovery: a pod labelled "
+        "serving.tpuserve.dev/pd-role=prefill|decode is a pair's worker (a prefill's bootstrap "
+        "port from its sglang.ai/bootstrap-port annotation). --prefill/--decode imply it.",
+        switch=True,
+    ),
+    Option(
         "--pd-policy",
         "pd_policy",
         str,

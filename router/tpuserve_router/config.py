@@ -169,6 +169,7 @@ class RouterConfig:
     admin_port: int | None = None  # the admin API on 127.0.0.1 only (app.py)
     seed: int | None = None
     # PD mode (pd.py): prefill and decode workers, routed as pairs
+    pd_disaggregation: bool | None = False  # PD mode with discovered roles (a pod's pd-role label)
     prefill: tuple[str, ...] = ()  # "URL" or "URL BOOTSTRAP_PORT", as --prefill
     decode: tuple[str, ...] = ()
     pd_policy: str = "conditional"
@@ -216,7 +217,7 @@ class RouterConfig:
 
     def pd_settings(self) -> PdSettings | None:
         """PD mode's settings, or None without prefill and decode workers."""
-        if not self.prefill and not self.decode:
+        if not self.prefill and not self.decode and not self.pd_disaggregation:
             return None
         threshold = self.pd_threshold_tokens
         if threshold is None:
