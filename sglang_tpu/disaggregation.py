@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from sglang_tpu.perf_model import StepTimer
 
+SGLANG_VERSION: Final = "0.5.23"  # the release these facts were read in
 MODES: Final = ("null", "prefill", "decode")
 TRANSFER_BACKENDS: Final = ("mooncake", "mori", "nixl", "ascend", "fake")
 DEFAULT_TRANSFER_BACKEND: Final = "mooncake"
