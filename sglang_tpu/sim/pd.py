@@ -57,6 +57,7 @@ MAX_FAULTS: Final = 1024
 MAX_ROOMS: Final = 65536  # rooms the prefill keeps at once (each is one request in flight)
 BOOTSTRAP_RETRY_SECONDS: Final = 0.05
 TRANSFER_PATH: Final = "/twin/kv_transfer"
+UNSPECIFIED_HOSTS: Final = ("", "0.0.0.0", "::")
 
 
 class PdFailure(Exception):
@@ -340,7 +341,10 @@ class PdRole:
             rank_info = await self._bootstrap(base, boot.room)
         finally:
             self._move(self.prealloc_queue, -1)
-        url = f"http://{_bracketed(rank_info['rank_ip'])}:{rank_info['rank_port']}{TRANSFER_PATH}"
+        rank_ip = str(rank_info.get("rank_ip") or "")
+        if rank_ip in UNSPECIFIED_HOSTS:  # a prefill bound to every address: the one dialled
+            rank_ip = boot.host
+        url = f"http://{_bracketed(rank_ip)}:{rank_info['rank_port']}{TRANSFER_PATH}"
         self._move(self.transfer_queue, 1)
         try:
             async with asyncio.timeout(self.waiting_timeout):
