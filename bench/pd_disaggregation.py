@@ -160,6 +160,7 @@ class Run:
         self.all = [*self.prefill, *self.decode, *self.colocated]
         self.busy: dict[int, int] = {id(e): 0 for e in self.all}
         self.events: list[tuple[float, int, str, Any]] = []
+        self.prealloc: list[tuple[int, Record]] = []
         self.seq = itertools.count()
 
     def push(self, t: float, kind: str, payload: Any) -> None:
@@ -194,6 +195,8 @@ class Run:
                 _, _, kind, payload = heapq.heappop(self.events)
                 if kind == "arrive":
                     self.arrive(payload, t)
+                elif kind == "prealloc":
+                    self.retry_prealloc(t)
                 else:
                     self.handoff(payload[0], payload[1], t)
             for e in self.all:  # start what arrived
@@ -229,12 +232,29 @@ class Run:
         self.busy[id(prefill)] += 1
         prefill.submit(first, now)
 
+    def room(self, engine: VirtualEngine, i: int) -> bool:
+        """The decode engine can preallocate request ``i``'s KV (prompt and answer), as
+        SGLang's decode does before it bootstraps (else the request waits in its prealloc
+        queue)."""
+        core = engine.core
+        free = core.config.cache_tokens - core.num_used_tokens
+        return free >= len(self.ids[i]) + self.trace[i].max_tokens
+
     def handoff(self, i: int, record: Record, now: float) -> None:
-        decode = min(self.decode, key=lambda e: self.busy[id(e)])
+        fitting = [e for e in self.decode if self.room(e, i)]
+        if not fitting:
+            self.prealloc.append((i, record))  # waits for a decode engine with room
+            return
+        decode = min(fitting, key=lambda e: self.busy[id(e)])
         req = Request(f"r{i}", self.ids[i], self.trace[i].max_tokens)
         self.watch(decode, req, record)
         self.busy[id(decode)] += 1
         decode.core.add_transferred(req, record.arrival, now)
+
+    def retry_prealloc(self, now: float) -> None:
+        waiting, self.prealloc = self.prealloc, []
+        for i, record in waiting:
+            self.handoff(i, record, now)
 
     def submit(self, engine: VirtualEngine, req: Request, record: Record, now: float) -> None:
         self.watch(engine, req, record)
@@ -248,6 +268,8 @@ class Run:
             if r.finished:
                 record.finish = r.finish_time
                 self.busy[id(engine)] -= 1
+                if self.prealloc and r.finish_time is not None:
+                    self.push(r.finish_time, "prealloc", None)
 
         req.on_update = update
 
