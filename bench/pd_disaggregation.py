@@ -233,12 +233,13 @@ class Run:
         prefill.submit(first, now)
 
     def room(self, engine: VirtualEngine, i: int) -> bool:
-        """The decode engine can preallocate request ``i``'s KV (prompt and answer), as
-        SGLang's decode does before it bootstraps (else the request waits in its prealloc
-        queue)."""
+        """The decode engine can preallocate request ``i``'s KV as SGLang's decode does
+        before it bootstraps (its prompt and `pd.RESERVED_DECODE_TOKENS`, keeping as many for
+        each running request); else the request waits in its prealloc queue."""
         core = engine.core
         free = core.config.cache_tokens - core.num_used_tokens
-        return free >= len(self.ids[i]) + self.trace[i].max_tokens
+        reserved = pd.RESERVED_DECODE_TOKENS * (core.num_running + 1)
+        return free - reserved >= len(self.ids[i])
 
     def handoff(self, i: int, record: Record, now: float) -> None:
         fitting = [e for e in self.decode if self.room(e, i)]

@@ -56,6 +56,9 @@ BOOTSTRAP_TIMEOUT_ENV: Final = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
 WAITING_TIMEOUT_ENV: Final = "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"
 DEFAULT_BOOTSTRAP_TIMEOUT_SECONDS: Final = 300.0
 DEFAULT_WAITING_TIMEOUT_SECONDS: Final = 300.0
+RESERVED_DECODE_TOKENS: Final = 512
+"""KV a decode engine keeps for each running request's next tokens when it preallocates a
+transferred one (``--num-reserved-decode-tokens``, 512)."""
 NO_ROOM_MESSAGE: Final = (
     "Invalid request: Disaggregated request received without bootstrap room id. req.rid={rid!r}"
 )

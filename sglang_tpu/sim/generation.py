@@ -154,10 +154,14 @@ async def run_request(
     boot = req.bootstrap
     arrived = svc.now()
     if pd_role is not None and pd_role.settings.mode == "decode":
+
+        async def prealloc_then_receive() -> None:
+            await _preallocated(svc, req)
+            if boot is not None:
+                await pd_role.receive(boot)
+
         try:
-            received = await _pd_step(
-                svc, req, lambda: pd_role.receive(boot) if boot else _nothing(), client_gone
-            )
+            received = await _pd_step(svc, req, prealloc_then_receive, client_gone)
         except PdFailure as err:
             raise RequestRejected(pd_error(err)) from None
         if not received:
@@ -200,8 +204,31 @@ async def run_request(
             svc.core.abort(req, svc.now())
 
 
-async def _nothing() -> None:
-    return None
+async def _preallocated(svc: EngineService, req: Request) -> None:
+    """SGLang's decode prealloc queue: wait until the pool has room for the prompt's KV plus
+    `RESERVED_DECODE_TOKENS` for it and each running request (PdFailure after the bootstrap
+    timeout)."""
+    pd_role = svc.pd
+    assert pd_role is not None
+    core = svc.core
+    need = len(req.input_ids)
+
+    def room() -> bool:
+        reserved = disaggregation.RESERVED_DECODE_TOKENS * (core.num_running + 1)
+        return core.config.cache_tokens - core.num_used_tokens - reserved >= need
+
+    if room():
+        return
+    pd_role.queued_for_room(1)
+    try:
+        async with asyncio.timeout(pd_role.bootstrap_timeout), svc.stepped:
+            await svc.stepped.wait_for(room)
+    except TimeoutError:
+        raise PdFailure(
+            "bootstrap", f"no KV room for {need} tokens within {pd_role.bootstrap_timeout:g} s"
+        ) from None
+    finally:
+        pd_role.queued_for_room(-1)
 
 
 async def run_to_end(svc: EngineService, req: Request, request: web.Request | None = None) -> None:

@@ -153,6 +153,10 @@ class PdRole:
         depth = self._depths[id(gauge)] = self._depths.get(id(gauge), 0) + by
         gauge.set(depth)
 
+    def queued_for_room(self, by: int) -> None:
+        """A decode request waits for KV room (or stops waiting): SGLang's prealloc queue."""
+        self._move(self.prealloc_queue, by)
+
     @property
     def fake(self) -> bool:
         return self.settings.transfer_backend == "fake"

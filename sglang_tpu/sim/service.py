@@ -111,6 +111,7 @@ class EngineService:
         self.idle_event = asyncio.Event()
         self.idle_event.set()
         self._wake = asyncio.Event()
+        self.stepped = asyncio.Condition()  # notified after every step (KV freed, maybe)
         self._task: asyncio.Task[None] | None = None
         self.started_at = time.time()
         self._t0 = time.monotonic()
@@ -169,6 +170,9 @@ class EngineService:
             except Exception:
                 log.exception("engine step failed")
                 raise
+            if self.pd is not None:
+                async with self.stepped:
+                    self.stepped.notify_all()
 
     @property
     def unavailable(self) -> str | None:
