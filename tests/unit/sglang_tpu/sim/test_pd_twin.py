@@ -147,7 +147,7 @@ async def test_a_failed_transfer_fails_both_legs(pair: Pair) -> None:
 
 def _sample(registry: Any, name: str, labels: dict[str, str]) -> float:
     return sum(
-        s.value
+        float(s.value)
         for family in registry.collect()
         for s in family.samples
         if s.name == name and labels.items() <= s.labels.items()
