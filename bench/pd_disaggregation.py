@@ -38,7 +38,7 @@ import math
 import random
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sglang_tpu import disaggregation as pd
@@ -318,6 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-profile", default="llama-3.1-8b")
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--rate-10k1k", type=float, default=2.0, help="requests/s of 10k1k")
+    parser.add_argument(
+        "--rate-scale", type=float, default=1.0, help="arrivals this many times as fast"
+    )
     parser.add_argument("--itl-budget", type=float, default=pd.DEFAULT_ITL_BUDGET_SECONDS)
     parser.add_argument("--decode-batch", type=int, default=32)
     parser.add_argument("--balance", type=int, default=8)
@@ -335,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"# {args.chips} x {args.tpu} {args.topology} {profile.name}, {cache_tokens} KV tokens "
         f"each; threshold {threshold} uncached tokens (ITL budget {args.itl_budget:g} s); "
-        f"KV over {args.link}",
+        f"KV over {args.link}; arrivals x{args.rate_scale:g}",
         flush=True,
     )
     print("| workload | mode | P:D:C | pairs | p99 TTFT s | p99 ITL s | goodput req/s | good |")
@@ -345,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trace = trace_10k1k(args.seed, args.requests, args.rate_10k1k)
         else:
             trace = generate(name, seed=args.seed, requests=args.requests)
+        if args.rate_scale != 1.0:
+            trace = [replace(r, t=r.t / args.rate_scale) for r in trace]
         ids = [token_ids_of(r, tokenizer) for r in trace]
         context = min(profile.context_length, cache_tokens) - 1
         keep = [i for i, t in enumerate(ids) if len(t) + trace[i].max_tokens < context]
@@ -369,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "chips": args.chips, "tpu": args.tpu, "topology": args.topology,
             "model_profile": profile.name, "cache_tokens": cache_tokens, "threshold": threshold,
             "itl_budget_s": args.itl_budget, "link": args.link, "requests": args.requests,
-            "seed": args.seed, "slos": SLOS,
+            "seed": args.seed, "slos": SLOS, "rate_scale": args.rate_scale,
         }  # fmt: skip
         with open(args.json, "w") as f:
             json.dump({"config": meta, "results": results}, f, indent=1)
