@@ -772,10 +772,8 @@ class PdRoleSpec(Schema):
 
 
 class DisaggregationSpec(Schema):
-    transfer_backend: str = Field(
+    transfer_backend: Literal["mooncake", "mori", "nixl", "ascend", "fake"] = Field(
         default="mooncake",
-        max_length=16,
-        json_schema_extra={"enum": list[Any](disaggregation.TRANSFER_BACKENDS)},
         description=(
             "transferBackend is SGLang's --disaggregation-transfer-backend: mooncake, mori, "
             "nixl, ascend or fake. SGLang 0.5.23 has none that moves KV between TPU slices "

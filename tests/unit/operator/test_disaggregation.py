@@ -171,3 +171,14 @@ def test_tp_sizes_pair_when_the_larger_is_a_multiple_of_the_smaller() -> None:
     assert tp_pairs(16, 8)
     assert tp_pairs(4, 4)
     assert not tp_pairs(6, 8)  # none of the catalog's slices: all are powers of two
+
+
+def test_the_transfer_backend_is_one_of_sglangs(spec_with: SpecWith) -> None:
+    from sglang_tpu.disaggregation import TRANSFER_BACKENDS
+    from tpuserve_operator.api import DisaggregationSpec
+
+    field = DisaggregationSpec.model_fields["transfer_backend"]
+    assert tuple(field.annotation.__args__) == TRANSFER_BACKENDS  # type: ignore[union-attr]
+    spec = pd_spec(spec_with, transferBackend="tpu")
+    message, _ = problems(spec)["spec.disaggregation.transferBackend"]
+    assert "'mooncake', 'mori', 'nixl', 'ascend' or 'fake'" in message
