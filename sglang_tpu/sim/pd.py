@@ -266,18 +266,31 @@ class PdRole:
             return _json({"error": "bootstrap lost"}, 500)
         room.decode_ready.set()
         assert room.done is not None
-        try:
-            seconds = await asyncio.shield(room.done)
+        try:  # bounded: a decode that left (or a prefill request that never came) ends it
+            async with asyncio.timeout(self.waiting_timeout):
+                seconds = await asyncio.shield(room.done)
         except PdFailure as err:
             return _json({"error": str(err)}, 500)
+        except TimeoutError:
+            if not room.kv_ready.is_set():  # no prefill request holds the room: forget it
+                self._conclude(room_id, room, PdFailure("transfer", "no prefill request"))
+            return _json({"error": f"room {room_id}: no KV within {self.waiting_timeout:g} s"}, 500)
         return _json({"seconds": seconds})
 
     # --- prefill: send the KV once the decode has bootstrapped -----------------------------
 
     async def send(self, boot: Bootstrap, prompt_tokens: int, waited: float) -> None:
         """After the prefill: wait for the decode of ``boot.room`` (the bootstrap timeout
-        less ``waited``), then move the KV. PdFailure if either does not happen."""
+        less ``waited``), then move the KV. PdFailure if either does not happen; an abort
+        (cancellation) fails the room, so a decode waiting on it is told at once."""
         room = self._room(boot.room)
+        try:
+            await self._send(boot, room, prompt_tokens, waited)
+        except asyncio.CancelledError:
+            self._conclude(boot.room, room, PdFailure("transfer", "the request was aborted"))
+            raise
+
+    async def _send(self, boot: Bootstrap, room: _Room, prompt_tokens: int, waited: float) -> None:
         room.prompt_tokens = prompt_tokens
         room.kv_ready.set()
         assert room.done is not None
