@@ -82,6 +82,8 @@ PD_ROUTES: Final = ("disaggregated", "colocated", "no_prefill")
 """How a PD-mode request was served: as a pair; on a colocated worker by choice; on a
 colocated worker because no prefill/decode pair was healthy."""
 DP_SIZE_TIMEOUT_SECONDS: Final = 2.0
+DP_SIZE_RETRY_SECONDS: Final = 30.0
+MAX_DP_SIZE_ENTRIES: Final = 4096  # prefill workers remembered (bounded: workers come and go)
 ROUTE_INFO_QUERY: Final = {
     "prefill_dp_rank": "-1", "prefill_cp_rank": "-1", "target_tp_rank": "-1",
     "target_pp_rank": "-1",
@@ -171,7 +173,8 @@ class PdRouter:
         self.session = session
         self.metrics = forwarder.metrics
         self.random = random.Random(seed)
-        self.dp_sizes: dict[str, int] = {}  # prefill worker -> its DP size (bounded by workers)
+        self.dp_sizes: dict[str, int] = {}  # prefill worker -> its DP size
+        self.dp_size_retry: dict[str, float] = {}  # prefill worker -> when to ask again
         m = self.metrics
         for how in PD_ROUTES:
             m.pd_requests.labels(how)
@@ -209,12 +212,16 @@ class PdRouter:
         return self.random.choice([w for w in healthy if w.in_flight == least])
 
     async def dp_size(self, worker: Worker) -> int:
-        """The prefill engine's DP size, asked once of its bootstrap server (1 if it cannot
-        say)."""
+        """The prefill engine's DP size, asked once of its bootstrap server; 1 while it
+        cannot say (asked again after `DP_SIZE_RETRY_SECONDS`, so an unreachable bootstrap
+        port costs one request the wait, not every one)."""
         known = self.dp_sizes.get(worker.name)
         if known is not None:
             return known
-        size = 1
+        now = time.monotonic()
+        if self.dp_size_retry.get(worker.name, 0.0) > now:
+            return 1
+        size: int | None = None
         session = self.session()
         port = worker.bootstrap_port or disaggregation.DEFAULT_BOOTSTRAP_PORT
         host = f"[{worker.host}]" if ":" in worker.host else worker.host
@@ -225,11 +232,15 @@ class PdRouter:
                     async with session.get(url, params=ROUTE_INFO_QUERY) as resp:
                         if resp.status == 200:
                             size = max(1, int(orjson.loads(await resp.read()).get("dp_size", 1)))
-                        else:
-                            return 1  # not registered yet: asked again next time
             except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError) as err:
                 log.info("bootstrap server of %s did not tell its DP size: %s", worker.name, err)
-                return 1
+        if size is None:  # not registered yet, or unreachable: DP rank 0 meanwhile
+            if len(self.dp_size_retry) >= MAX_DP_SIZE_ENTRIES:
+                self.dp_size_retry.clear()
+            self.dp_size_retry[worker.name] = now + DP_SIZE_RETRY_SECONDS
+            return 1
+        if len(self.dp_sizes) >= MAX_DP_SIZE_ENTRIES:
+            self.dp_sizes.clear()
         self.dp_sizes[worker.name] = size
         return size
 
