@@ -346,10 +346,19 @@ class Forwarder:
                 if not pd.pair_possible(served.workers):
                     pd = None
                     self.metrics.pd_requests.labels("no_prefill").inc()
-                elif pd.settings.policy == "always" or not any(w.healthy for w in candidates):
-                    pd = None
-                    if await self.pd_forward(routed, route_request, served.workers):
-                        return
+                else:
+                    uncached = pd.uncached_tokens(route_request, candidates, parsed.prompt_tokens)
+                    if (
+                        pd.settings.policy == "always"
+                        or not any(w.healthy for w in candidates)
+                        or (uncached is not None and uncached >= pd.settings.threshold_tokens)
+                    ):
+                        pd = None
+                        if await self.pd_forward(routed, route_request, served.workers):
+                            return
+                    elif uncached is not None:  # colocated, decided without a choice
+                        self.metrics.pd_requests.labels("colocated").inc()
+                        pd = None
             while True:
                 # a retry goes to any other candidate, warm or not
                 others = [w for w in candidates if w not in excluded] if excluded else candidates

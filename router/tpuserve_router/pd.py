@@ -204,6 +204,30 @@ class PdRouter:
         uncached = prompt_tokens * (1.0 - ratio)
         return uncached >= self.settings.threshold_tokens
 
+    def uncached_tokens(
+        self, route_request: RouteRequest, colocated: Sequence[Worker], prompt_tokens: int
+    ) -> float | None:
+        """The prompt tokens the best healthy colocated worker is not expected to hold, read
+        from the policy's own index without touching it (a choice would record the request
+        there, and a prefix the colocated worker never got would then look cached); None
+        when the policy keeps no index this can read (the decision's prediction is used)."""
+        healthy = [w for w in colocated if w.healthy]
+        if not healthy:
+            return None
+        policy = self.fwd.policy
+        index = policy.block_index
+        tokens = route_request.token_ids
+        if index is not None and tokens:
+            depths = index.match(index.keys(tokens), [w.name for w in healthy])
+            return max(0.0, len(tokens) - max(depths, default=0) * index.page_size)
+        tree_of = getattr(policy, "tree", None)  # cache_aware's approximate tree
+        text = route_request.text
+        if callable(tree_of) and text:
+            matched = tree_of(route_request.model).match(text)
+            held = max((matched.get(w.name, 0) for w in healthy), default=0)
+            return prompt_tokens * (1.0 - held / len(text))
+        return None
+
     def _choose_decode(self, decode: Sequence[Worker], model: str) -> Worker:
         healthy = [w for w in decode if w.healthy]
         if not healthy:
