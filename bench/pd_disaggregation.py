@@ -13,10 +13,12 @@ decode engine admits it as the twin's decode role does (`EngineCore.add_transfer
   pair, the others to colocated engines; P + D + C = N. SGLang's decode engines cannot
   prefill a request themselves, so the short requests need colocated engines.
 
-The split of the N chips comes from the performance model, not a sweep: each request's work
-is its prefill (`StepTimer.prefill_seconds` of its prompt) and its decode (its output tokens
-times the per-token cost of a decode step at `--decode-batch`); each pool gets chips in
-proportion to the work it takes (at least one each), so the P:D ratio is the model's.
+The split of the N chips comes from the performance model, not a sweep (`split`): each pool
+needs its compute (prefill seconds of its prompts, decode seconds of its outputs at
+`--decode-batch`) and, with ``--split kv`` (the default), at least the KV its requests hold
+(Little's law over one chip's pool: a decode engine in SGLang is bound by KV room, its
+prealloc queue); chips go where the need per chip is highest, so the P:D ratio is the
+model's. ``--split compute`` counts compute alone.
 
 Routing, the same for every mode: a prefill or colocated engine is picked by prefix affinity
 (the engine holding the longest prefix of the prompt, when it holds at least half of it and
@@ -114,23 +116,37 @@ class Pools:
 
 def split(
     mode: str, trace: Sequence[TraceRequest], ids: list[list[int]], timer: StepTimer,
-    chips: int, threshold: int, decode_batch: int,
+    chips: int, threshold: int, decode_batch: int, cache_tokens: int, rule: str = "kv",
 ) -> Pools:  # fmt: skip
-    """Chips per pool in proportion to the work each takes, by the performance model."""
-    per_token = timer.decode_step_seconds(decode_batch, decode_batch * 2000) / decode_batch
-    work = {"prefill": 0.0, "decode": 0.0, "colocated": 0.0}
+    """Chips per pool by the performance model: each pool needs, in chips, its compute (its
+    requests' prefill and decode seconds per second of the trace) and, with ``rule`` "kv",
+    at least its KV (Little's law: the tokens its requests hold times how long they hold
+    them, per second, over one chip's KV pool); chips go to the pool with the most need per
+    chip, one at a time, at least one each."""
+    step = timer.decode_step_seconds(decode_batch, decode_batch * 2000)
+    span = max(1e-9, max(r.t for r in trace) - min(r.t for r in trace))
+    compute = {"prefill": 0.0, "decode": 0.0, "colocated": 0.0}
+    kv = dict.fromkeys(compute, 0.0)
     for req, prompt in zip(trace, ids, strict=True):
-        prefill, decode = timer.prefill_seconds(len(prompt)), req.max_tokens * per_token
+        prefill = timer.prefill_seconds(len(prompt))
+        decoding = req.max_tokens * step  # how long the request holds its KV, decoding
+        held = (len(prompt) + req.max_tokens) * decoding
         if mode == "colocated" or (mode == "conditional" and len(prompt) < threshold):
-            work["colocated"] += prefill + decode
+            compute["colocated"] += prefill + decoding / decode_batch
+            kv["colocated"] += held
         else:
-            work["prefill"] += prefill
-            work["decode"] += decode
+            compute["prefill"] += prefill
+            compute["decode"] += decoding / decode_batch
+            kv["decode"] += held
     if mode == "colocated":
         return Pools(0, 0, chips)
-    used = {k: v for k, v in work.items() if v > 0}
-    counts = {k: 1 for k in used}
-    for _ in range(chips - len(used)):  # the next chip to the pool with most work per chip
+    need = {
+        k: max(compute[k] / span, kv[k] / span / cache_tokens if rule == "kv" else 0.0)
+        for k in compute
+    }
+    used = {k: v for k, v in need.items() if v > 0}
+    counts = dict.fromkeys(used, 1)
+    for _ in range(chips - len(used)):  # the next chip to the pool with most need per chip
         k = max(used, key=lambda k: used[k] / counts[k])
         counts[k] += 1
     return Pools(counts.get("prefill", 0), counts.get("decode", 0), counts.get("colocated", 0))
@@ -303,6 +319,7 @@ def summarize(records: list[Record], slo: tuple[float, float]) -> dict[str, Any]
         "p99_ttft_s": percentile(ttfts, 0.99),
         "p50_itl_s": percentile(gaps, 0.5),
         "p99_itl_s": percentile(gaps, 0.99),
+        "p999_itl_s": percentile(gaps, 0.999),
         "goodput_rps": sum(good(r) for r in finished) / span if span > 0 else 0.0,
         "good_share": sum(good(r) for r in finished) / len(records),
         "span_s": span,
@@ -324,6 +341,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--itl-budget", type=float, default=pd.DEFAULT_ITL_BUDGET_SECONDS)
     parser.add_argument("--decode-batch", type=int, default=32)
     parser.add_argument("--balance", type=int, default=8)
+    parser.add_argument(
+        "--split", default="kv", choices=("kv", "compute"),
+        help="chips per pool by compute and KV need (kv) or compute alone",
+    )  # fmt: skip
     parser.add_argument("--link", default=pd.DEFAULT_KV_LINK, choices=tuple(pd.KV_LINKS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results here")
@@ -338,11 +359,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"# {args.chips} x {args.tpu} {args.topology} {profile.name}, {cache_tokens} KV tokens "
         f"each; threshold {threshold} uncached tokens (ITL budget {args.itl_budget:g} s); "
-        f"KV over {args.link}; arrivals x{args.rate_scale:g}",
+        f"KV over {args.link}; arrivals x{args.rate_scale:g}; split by {args.split}",
         flush=True,
     )
-    print("| workload | mode | P:D:C | pairs | p99 TTFT s | p99 ITL s | goodput req/s | good |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| workload | mode | P:D:C | pairs | p99 TTFT s | p99 ITL s | p99.9 ITL s "
+        "| goodput req/s | good |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in args.workloads.split(","):
         if name == "10k1k":
             trace = trace_10k1k(args.seed, args.requests, args.rate_10k1k)
@@ -355,7 +379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep = [i for i, t in enumerate(ids) if len(t) + trace[i].max_tokens < context]
         trace, ids = [trace[i] for i in keep], [ids[i] for i in keep]
         for mode in MODES:
-            pools = split(mode, trace, ids, timer, args.chips, threshold, args.decode_batch)
+            pools = split(
+                mode, trace, ids, timer, args.chips, threshold, args.decode_batch,
+                cache_tokens, args.split,
+            )  # fmt: skip
             run = Run(
                 mode, trace, ids, pools, timer, cache_tokens, threshold, args.balance, args.link
             )
@@ -365,7 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"| {name} | {mode} | {pools.prefill}:{pools.decode}:{pools.colocated} | "
                 f"{summary['disaggregated']} | {summary['p99_ttft_s']:.3f} | "
-                f"{summary['p99_itl_s']:.4f} | {summary['goodput_rps']:.3f} | "
+                f"{summary['p99_itl_s']:.4f} | {summary['p999_itl_s']:.4f} | "
+                f"{summary['goodput_rps']:.3f} | "
                 f"{summary['good_share']:.2f} |",
                 flush=True,
             )
@@ -374,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "chips": args.chips, "tpu": args.tpu, "topology": args.topology,
             "model_profile": profile.name, "cache_tokens": cache_tokens, "threshold": threshold,
             "itl_budget_s": args.itl_budget, "link": args.link, "requests": args.requests,
-            "seed": args.seed, "slos": SLOS, "rate_scale": args.rate_scale,
+            "seed": args.seed, "slos": SLOS, "rate_scale": args.rate_scale, "split": args.split,
         }  # fmt: skip
         with open(args.json, "w") as f:
             json.dump({"config": meta, "results": results}, f, indent=1)
