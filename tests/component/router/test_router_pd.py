@@ -189,7 +189,10 @@ async def test_a_failed_transfer_or_bootstrap_is_retried_on_a_new_pair(
         )
         == 2
     )
-    failed = f"sglang:num_{kind}_failed_reqs_total"
+    failed = {
+        "transfer": "sglang:num_transfer_failed_reqs_total",
+        "bootstrap": "sglang:num_bootstrap_failed_reqs_total",
+    }[kind]
     assert sum([await gauge(e.url, failed) for e in [*fleet.prefill, *fleet.decode]]) >= 2
     for d in fleet.decode:  # nothing waits for a partner that is gone
         await eventually_async(
