@@ -225,6 +225,67 @@ ALL_METRICS: tuple[MetricSpec, ...] = (
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in ALL_METRICS}
 
+# PD disaggregation (scheduler collector), exported by an engine in prefill or decode mode only.
+KV_TRANSFER_SPEED_BUCKETS: tuple[float, ...] = (0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400)
+KV_TRANSFER_LATENCY_BUCKETS_MS: tuple[float, ...] = (
+    1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
+)  # fmt: skip
+KV_TRANSFER_MB_BUCKETS: tuple[float, ...] = (1, 5, 10, 50, 100, 500, 1000, 5000, 10000)
+NUM_PREFILL_BOOTSTRAP_QUEUE_REQS = _g(
+    "sglang:num_prefill_bootstrap_queue_reqs",
+    "The number of requests in the prefill bootstrap queue.",
+)
+NUM_PREFILL_INFLIGHT_QUEUE_REQS = _g(
+    "sglang:num_prefill_inflight_queue_reqs",
+    "The number of requests in the prefill inflight queue.",
+)
+NUM_DECODE_PREALLOC_QUEUE_REQS = _g(
+    "sglang:num_decode_prealloc_queue_reqs",
+    "The number of requests in the decode prealloc queue.",
+)
+NUM_DECODE_TRANSFER_QUEUE_REQS = _g(
+    "sglang:num_decode_transfer_queue_reqs",
+    "The number of requests in the decode transfer queue.",
+)
+KV_TRANSFER_SPEED_GB_S = _h(
+    "sglang:kv_transfer_speed_gb_s",
+    "Histogram of KV cache transfer speed in GB/s.",
+    "scheduler",
+    KV_TRANSFER_SPEED_BUCKETS,
+)
+KV_TRANSFER_LATENCY_MS = _h(
+    "sglang:kv_transfer_latency_ms",
+    "Histogram of KV cache transfer latency in ms.",
+    "scheduler",
+    KV_TRANSFER_LATENCY_BUCKETS_MS,
+)
+KV_TRANSFER_TOTAL_MB = _h(
+    "sglang:kv_transfer_total_mb",
+    "Histogram of KV cache transfer size in MB.",
+    "scheduler",
+    KV_TRANSFER_MB_BUCKETS,
+)
+NUM_BOOTSTRAP_FAILED_REQS = _c(
+    "sglang:num_bootstrap_failed_reqs_total",
+    "The number of bootstrap failed requests.",
+    "scheduler",
+)
+NUM_TRANSFER_FAILED_REQS = _c(
+    "sglang:num_transfer_failed_reqs_total", "The number of transfer failed requests.", "scheduler"
+)
+PD_METRICS: tuple[MetricSpec, ...] = (
+    NUM_PREFILL_BOOTSTRAP_QUEUE_REQS,
+    NUM_PREFILL_INFLIGHT_QUEUE_REQS,
+    NUM_DECODE_PREALLOC_QUEUE_REQS,
+    NUM_DECODE_TRANSFER_QUEUE_REQS,
+    KV_TRANSFER_SPEED_GB_S,
+    KV_TRANSFER_LATENCY_MS,
+    KV_TRANSFER_TOTAL_MB,
+    NUM_BOOTSTRAP_FAILED_REQS,
+    NUM_TRANSFER_FAILED_REQS,
+)
+BY_NAME.update({m.name: m for m in PD_METRICS})
+
 
 # tpuserve's own engine series, beside SGLang's on the engine's /metrics (the twin exports
 # them; `sglang_tpu.cold_start` defines the phases and results, bounded label values).
@@ -241,7 +302,7 @@ TPUSERVE_ENGINE_SERIES: Final = frozenset({COLD_START_SECONDS, COMPILE_CACHE_TOT
 
 def series_names() -> frozenset[str]:
     """Every ``sglang:*`` series name a dashboard or rule may select."""
-    return frozenset(s for m in ALL_METRICS for s in m.series)
+    return frozenset(s for m in (*ALL_METRICS, *PD_METRICS) for s in m.series)
 
 
 # SGLang serves /metrics with prometheus_client's content negotiation. Asked for OpenMetrics

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from sglang_tpu import lora
+from sglang_tpu import disaggregation, lora
 from sglang_tpu.topology import SLICE_SHAPES, generation_names
 
 # Bounds that also keep the apiserver's CEL cost estimate small (every string a rule reads
@@ -759,6 +759,85 @@ class InferencePoolSpec(Schema):
     )
 
 
+class PdRoleSpec(Schema):
+    tpu: TPUSpec | None = Field(
+        default=None,
+        description=(
+            "tpu is the slice of one replica of this role, looked up in the topology catalog "
+            "as spec.tpu is. Default: spec.tpu. The larger role's tensor parallelism (chips) "
+            "must be a multiple of the smaller's: SGLang maps KV ranks by integer division."
+        ),
+    )
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1024,
+        description=(
+            "replicas is the number of replica groups (whole slices) of this role. Default: 1."
+        ),
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        description=(
+            "image of this role's engine container. Default: spec.engine.image. Both roles "
+            "must run the same image: KV layouts of different engine versions cannot pair."
+        ),
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "type": "object",
+            "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True},
+            "maxProperties": 64,
+        },
+        description=(
+            "args are extra SGLang flags for this role's engines, over spec.engine.args (same "
+            "form). The disaggregation flags are the operator's; page-size and kv-cache-dtype "
+            "must match between roles."
+        ),
+    )
+
+
+class DisaggregationSpec(Schema):
+    transfer_backend: Literal["mooncake", "mori", "nixl", "ascend", "fake"] = Field(
+        default="mooncake",
+        description=(
+            "transferBackend is SGLang's --disaggregation-transfer-backend: mooncake, mori, "
+            "nixl, ascend or fake. SGLang 0.5.23 has none that moves KV between TPU slices "
+            "(they are RDMA GPU/NPU backends; fake moves nothing), so with engine.type sglang "
+            "every value sets Valid=False, reason UnsupportedTransferBackend; the simulated "
+            "engine times the transfer over the data-centre network whatever the value. "
+            "Default: mooncake."
+        ),
+    )
+    bootstrap_port: int = Field(
+        default=disaggregation.DEFAULT_BOOTSTRAP_PORT,
+        ge=1024,
+        le=65535,
+        description=(
+            "bootstrapPort is the prefill engines' bootstrap server port "
+            "(--disaggregation-bootstrap-port), advertised on their pods as the "
+            "sglang.ai/bootstrap-port annotation. Default: 8998."
+        ),
+    )
+    policy: Literal["conditional", "always"] = Field(
+        default="conditional",
+        description=(
+            "policy is the router's --pd-policy: conditional disaggregates prompts whose "
+            "uncached tokens reach the performance model's threshold when colocated replicas "
+            "exist (none here: every request is disaggregated), always every request. "
+            "Default: conditional."
+        ),
+    )
+    prefill: PdRoleSpec = section(
+        PdRoleSpec, "prefill is the role that computes prompts and sends their KV."
+    )
+    decode: PdRoleSpec = section(
+        PdRoleSpec, "decode is the role that receives the KV and generates the answers."
+    )
+
+
 class TPUModelServerSpec(Schema):
     model: ModelSpec = Field(description="model is what to serve.")
     tpu: TPUSpec = Field(description="tpu is the TPU slice serving one replica.")
@@ -812,6 +891,15 @@ class TPUModelServerSpec(Schema):
             "Default: unset, no pool."
         ),
     )
+    disaggregation: DisaggregationSpec | None = Field(
+        default=None,
+        description=(
+            "disaggregation splits the server into a prefill and a decode role, each its own "
+            "replica groups (slices) with its own TPU shape, replicas and engine flags, routed "
+            "as pairs (docs/pd.md). It then owns the replica count: spec.replicas is ignored "
+            "and autoscaling is not allowed. Unset: every replica serves whole requests."
+        ),
+    )
 
 
 # ---- status ---------------------------------------------------------------------------------
@@ -860,6 +948,17 @@ class GroupStatus(Schema):
     message: str = Field(default="", description="message explaining the state.")
     since: str = Field(
         json_schema_extra={"format": "date-time"}, description="since is when state last changed."
+    )
+
+
+class RoleStatus(Schema):
+    role: Literal["prefill", "decode"] = Field(description="role of these replica groups.")
+    replicas: int = Field(default=0, ge=0, description="replicas: the role's groups that exist.")
+    ready_replicas: int = Field(
+        default=0, ge=0, description="readyReplicas: the role's groups ready to serve."
+    )
+    groups: list[int] = Field(
+        default_factory=list, description="groups: indices of the role's replica groups."
     )
 
 
@@ -969,6 +1068,13 @@ class TPUModelServerStatus(Schema):
         description=(
             "inferencePool is the server's InferencePool and whether a gateway accepted it "
             "(spec.inferencePool)."
+        ),
+    )
+    roles: list[RoleStatus] = Field(
+        default_factory=list,
+        description=(
+            "roles: with spec.disaggregation, each role's replica groups and how many are "
+            "ready (prefill first, then decode); empty otherwise."
         ),
     )
     conditions: list[Condition] = Field(

@@ -37,6 +37,8 @@ class Reason(StrEnum):
     MODEL_DOES_NOT_FIT = "ModelDoesNotFit"
     UNKNOWN_MODEL = "UnknownModel"
     RESERVED_FIELD = "ReservedField"
+    UNSUPPORTED_TRANSFER_BACKEND = "UnsupportedTransferBackend"
+    UNPAIRABLE_ROLES = "UnpairableRoles"
     # Progressing
     RECONCILING = "Reconciling"
     ROLLING_UPDATE = "RollingUpdate"
@@ -112,6 +114,18 @@ REASONS: tuple[ReasonDoc, ...] = (
     ),
     ReasonDoc(
         VALID, "False", Reason.RESERVED_FIELD, "an override sets something the operator owns"
+    ),
+    ReasonDoc(
+        VALID,
+        "False",
+        Reason.UNSUPPORTED_TRANSFER_BACKEND,
+        "disaggregation.transferBackend cannot move KV between this engine's slices",
+    ),
+    ReasonDoc(
+        VALID,
+        "False",
+        Reason.UNPAIRABLE_ROLES,
+        "the prefill and decode roles cannot pair: engine versions, TP, page size or KV dtype",
     ),
     ReasonDoc(PROGRESSING, "True", Reason.RECONCILING, "children are being created or updated"),
     ReasonDoc(

@@ -324,7 +324,7 @@ class Reconciler:
         reports = {
             k: report_group(
                 obs,
-                hosts=server.valid.shape.hosts,
+                hosts=rendered.group_hosts(k),
                 revision=rendered.revision,
                 previous=previous_groups.get(k),
                 now=now,

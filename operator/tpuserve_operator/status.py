@@ -100,10 +100,10 @@ def observe_groups(
     for pod in pods:
         if pod.replica is not None:
             by_group.setdefault(pod.replica, []).append(pod)
-    # a StatefulSet group of several hosts is two workloads: leader and workers
-    expected = 1 if kind == "LeaderWorkerSet" or server.valid.shape.hosts == 1 else 2
     out: dict[int, GroupObservation] = {}
     for k in sorted(set(workloads) | set(range(rendered.replicas))):
+        # a StatefulSet group of several hosts is two workloads: leader and workers
+        expected = 1 if kind == "LeaderWorkerSet" or rendered.group_hosts(k) == 1 else 2
         found = workloads.get(k, [])
         revisions = {w.revision for w in found}
         out[k] = GroupObservation(

@@ -14,8 +14,8 @@ from typing import Any
 
 import pydantic
 
-from tpuserve_operator import conditions
-from tpuserve_operator.api import CompileCacheStatus, TPUModelServerStatus
+from tpuserve_operator import conditions, disaggregation
+from tpuserve_operator.api import CompileCacheStatus, RoleStatus, TPUModelServerStatus
 from tpuserve_operator.conditions import Condition
 from tpuserve_operator.kube import EventSink, KubeApi, NotFoundError
 from tpuserve_operator.observed import ServerKey
@@ -70,10 +70,30 @@ def build_status(
             "updated_replicas": sum(1 for r in main if r.updated),
             "revision": rendered.revision,
             "groups": [reports[k].as_status() for k in sorted(reports)],
+            "roles": role_statuses(rendered, reports),
         }
     if compile_cache is not None:
         update["compile_cache"] = compile_cache
     return previous.model_copy(update=update)
+
+
+def role_statuses(rendered: Rendered, reports: Mapping[int, GroupReport]) -> list[RoleStatus]:
+    """Each role's groups and counts, for a disaggregated server (else none)."""
+    spec = rendered.server.valid.spec
+    if spec.disaggregation is None:
+        return []
+    out = []
+    for role in disaggregation.ROLES:
+        mine = [r for k, r in sorted(reports.items()) if disaggregation.group_role(spec, k) == role]
+        out.append(
+            RoleStatus(
+                role=role,
+                replicas=sum(1 for r in mine if r.exists),
+                ready_replicas=sum(1 for r in mine if r.ready),
+                groups=[r.index for r in mine],
+            )
+        )
+    return out
 
 
 class ServerGone(Exception):

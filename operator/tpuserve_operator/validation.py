@@ -19,6 +19,7 @@ operator reports the result as the `Valid` condition; `tpuserve render` prints i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -30,7 +31,7 @@ import pydantic
 
 from sglang_tpu import lora, model_source, perf_model
 from sglang_tpu.topology import TPU_RESOURCE, CatalogError, SliceShape, lookup
-from tpuserve_operator import engine_resources, labels, launch_contract
+from tpuserve_operator import disaggregation, engine_resources, labels, launch_contract
 from tpuserve_operator.api import MAX_NAME_LENGTH, SERVER_NAME, TPUModelServerSpec
 from tpuserve_operator.build import cel
 from tpuserve_operator.build.crd import openapi_schema
@@ -92,12 +93,23 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
             Problem(err.field, _catalog_message(err), reason=Reason.UNSUPPORTED_TOPOLOGY)
         )
     problems += _sources(model)
+    problems += disaggregation.problems(model, shape)
     problems += _owned_overrides(model)
     problems += _scale_to_zero(model)
     if shape is not None:
         problems += _fit(model, shape)
     machine = shape.machine if shape is not None and model.engine.type == "sglang" else None
     problems += engine_resources.problems(model.engine.resources, machine)
+    if model.disaggregation is not None:
+        for role in disaggregation.ROLES:
+            role_tpu = disaggregation.role_of(model, role).tpu
+            if role_tpu is not None:
+                with contextlib.suppress(CatalogError):  # reported by disaggregation.problems
+                    role_shape = lookup(role_tpu.generation, role_tpu.topology)
+                    problems += [
+                        Problem(f"spec.disaggregation.{role}.tpu.topology", p.message, p.reason)
+                        for p in _fit(model, role_shape)
+                    ]
     if problems or shape is None:
         raise InvalidSpec(problems)
     return ValidSpec(spec=model, shape=shape, served_name=served_name(model))

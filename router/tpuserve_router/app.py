@@ -93,6 +93,7 @@ from tpuserve_router.metrics import (
     touch_known_series,
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
+from tpuserve_router.pd import pd_workers
 from tpuserve_router.peer_auth import load_key
 from tpuserve_router.peer_snapshot import SnapshotService, snapshot_port
 from tpuserve_router.peer_view import PeerView, new_router_id
@@ -275,6 +276,7 @@ def create_router_app(
         # decisions see the KV events at most an interval late
         before_decision=kv.readers.read_if_due if kv is not None else None,
         on_arrival=demand.arrived if demand is not None else None,
+        pd_session=lambda: admission.health.session,
     )
     picker: EndpointPicker | None = None
     if config.picker_port is not None:  # grpc is imported only when the picker is on
@@ -503,7 +505,10 @@ class RouterApp:
             if self.demand is not None:
                 self.demand.start()
         else:
-            apply_discovered(self.registry, static_workers(config.workers))
+            apply_discovered(
+                self.registry,
+                static_workers(config.workers) + pd_workers(config.prefill, config.decode),
+            )
         log.info(
             "router listening on %s (policy %s, KV events %s, %d workers)",
             self.base_url,

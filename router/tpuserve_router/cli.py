@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_tpu import cli_types
+from sglang_tpu.disaggregation import DEFAULT_BOOTSTRAP_PORT
 from tpuserve_router.config import (
     ADMIN_MODES,
     DEFAULT_LEADER_LABEL,
@@ -34,6 +35,7 @@ from tpuserve_router.config import (
     RouterConfig,
     parse_key_values,
 )
+from tpuserve_router.pd import PD_POLICIES
 from tpuserve_router.policies.base import registered_policy_names
 
 DESCRIPTION = """Run the prefix-aware router: OpenAI and SGLang APIs in front of the workers.
@@ -592,6 +594,55 @@ OPTIONS: tuple[Option, ...] = (
         switch=True,
     ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
+    Option(
+        "--pd-disaggregation",
+        "pd_disaggregation",
+        _auto_bool,
+        "PD mode with workers found by discovery: a pod labelled "
+        "serving.tpuserve.dev/pd-role=prefill|decode is a pair's worker (a prefill's bootstrap "
+        "port from its sglang.ai/bootstrap-port annotation). --prefill/--decode imply it.",
+        switch=True,
+    ),
+    Option(
+        "--pd-policy",
+        "pd_policy",
+        str,
+        "PD mode: conditional (a prompt goes to a prefill/decode pair when its uncached "
+        "tokens reach --pd-threshold-tokens, else to a colocated --worker) or always "
+        f"(default {DEFAULTS.pd_policy}).",
+        choices=PD_POLICIES,
+    ),
+    Option(
+        "--pd-threshold-tokens",
+        "pd_threshold_tokens",
+        cli_types.non_negative_int,
+        "Uncached prompt tokens from which a request is disaggregated (default: derived from "
+        "--pd-perf-model and --pd-itl-budget-seconds).",
+    ),
+    Option(
+        "--pd-perf-model",
+        "pd_perf_model",
+        str,
+        "The colocated workers' slice and model, GENERATION:TOPOLOGY:PROFILE, whose "
+        f"performance model sets the threshold (default {DEFAULTS.pd_perf_model}).",
+        metavar="GEN:TOPOLOGY:PROFILE",
+    ),
+    Option(
+        "--pd-itl-budget-seconds",
+        "pd_itl_budget_seconds",
+        cli_types.positive_float,
+        "The longest prefill stall a colocated worker's decodes may take: the threshold is "
+        "the shortest prompt whose prefill takes this long "
+        f"(default {DEFAULTS.pd_itl_budget_seconds:g}).",
+    ),
+    Option(
+        "--pd-handoff-timeout-seconds",
+        "pd_handoff_timeout_seconds",
+        cli_types.duration_seconds,
+        "Most seconds a pair's legs are waited for before both are aborted; keep it at most "
+        "the engines' SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and ..._WAITING_TIMEOUT "
+        f"(default {DEFAULTS.pd_handoff_timeout_seconds:g}, SGLang's).",
+    ),
 )
 
 
@@ -604,6 +655,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="A worker's base URL, http://HOST:PORT, optionally with the served model it "
         "belongs to (MODEL=URL; else read from its /v1/models); repeat for more "
         "(env: comma-separated).",
+    )
+    parser.add_argument(
+        "--prefill",
+        dest="prefill",
+        action="append",
+        nargs="+",
+        metavar="URL [BOOTSTRAP_PORT]",
+        help="PD mode: a prefill worker's base URL and its bootstrap port (SGLang's "
+        f"--disaggregation-bootstrap-port; default {DEFAULT_BOOTSTRAP_PORT}, 'none' alike); "
+        "repeat for more (env: comma-separated 'URL PORT').",
+    )
+    parser.add_argument(
+        "--decode",
+        dest="decode",
+        action="append",
+        metavar="URL",
+        help="PD mode: a decode worker's base URL; repeat for more (env: comma-separated).",
     )
     parser.add_argument(
         "--peer",
@@ -680,6 +748,16 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
         workers = [w for w in env[env_name("--workers")].replace(" ", ",").split(",") if w]
     if workers:
         values["workers"] = tuple(workers)
+    prefill = [" ".join(values) for values in args.prefill] if args.prefill else None
+    if prefill is None and env.get(env_name("--prefill")):
+        prefill = list(_comma_list(env[env_name("--prefill")]))
+    if prefill:
+        values["prefill"] = tuple(prefill)
+    decode = args.decode
+    if decode is None and env.get(env_name("--decode")):
+        decode = list(_comma_list(env[env_name("--decode")]))
+    if decode:
+        values["decode"] = tuple(decode)
     peers = args.peers
     if peers is None and env.get(env_name("--peers")):
         peers = _comma_list(env[env_name("--peers")])

@@ -14,9 +14,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from sglang_tpu.disaggregation import (
+    DEFAULT_BOOTSTRAP_TIMEOUT_SECONDS,
+    DEFAULT_ITL_BUDGET_SECONDS,
+    threshold_tokens,
+    timer_for,
+)
+from sglang_tpu.perf_model import DEFAULT_PROFILE
 from tpuserve_router.auth import KeysFileError, KeyStore
 from tpuserve_router.deadlines import FirstByteBudget
 from tpuserve_router.outliers import OutlierConfig
+from tpuserve_router.pd import PD_POLICIES, PdSettings, pd_workers
 from tpuserve_router.peer_auth import key_file_problem
 from tpuserve_router.peer_snapshot import snapshot_port
 from tpuserve_router.policies.base import (
@@ -35,6 +43,10 @@ docs/benchmarks.md): best or tied p99 on W1-W6 and W8 with KV events, p99 TTFT a
 level on the long-context W9 and W10 (issue 14), about even with cache_aware without them.
 The operator and the chart leave the policy unset by default, so this is the one place the
 default is spelled."""
+
+DEFAULT_PD_PERF_MODEL: Final = f"v6e:1x1:{DEFAULT_PROFILE}"
+"""The slice and model `--pd-threshold-tokens` is derived for when neither is given (the
+engine twin's defaults); the operator passes the role's own."""
 
 DEFAULT_LEADER_LABEL = "serving.tpuserve.dev/role=leader"
 DEFAULT_WORKER_URL_ANNOTATION = "serving.tpuserve.dev/worker-url"
@@ -161,6 +173,15 @@ class RouterConfig:
     picker_test_headers: bool = False  # the conformance suite's steering headers
     picker_tls: bool = False  # serve TLS with a self-signed certificate (picker.py)
     seed: int | None = None
+    # PD mode (pd.py): prefill and decode workers, routed as pairs
+    pd_disaggregation: bool | None = False  # PD mode with discovered roles (a pod's pd-role label)
+    prefill: tuple[str, ...] = ()  # "URL" or "URL BOOTSTRAP_PORT", as --prefill
+    decode: tuple[str, ...] = ()
+    pd_policy: str = "conditional"
+    pd_threshold_tokens: int | None = None  # None: from the performance model
+    pd_perf_model: str = DEFAULT_PD_PERF_MODEL
+    pd_itl_budget_seconds: float = DEFAULT_ITL_BUDGET_SECONDS
+    pd_handoff_timeout_seconds: float = DEFAULT_BOOTSTRAP_TIMEOUT_SECONDS
 
     def replace(self, **changes: Any) -> RouterConfig:
         return dataclasses.replace(self, **changes)
@@ -199,9 +220,47 @@ class RouterConfig:
             send_timeout_seconds=self.send_timeout_seconds,
         )
 
+    def pd_settings(self) -> PdSettings | None:
+        """PD mode's settings, or None without prefill and decode workers."""
+        if not self.prefill and not self.decode and not self.pd_disaggregation:
+            return None
+        threshold = self.pd_threshold_tokens
+        if threshold is None:
+            timer = timer_for(self.pd_perf_model, "pd_perf_model")
+            threshold = threshold_tokens(timer, self.pd_itl_budget_seconds)
+        return PdSettings(self.pd_policy, threshold, self.pd_handoff_timeout_seconds)
+
+    def _pd_problems(self) -> list[str]:
+        problems: list[str] = []
+        if bool(self.prefill) != bool(self.decode):
+            problems.append(
+                f"prefill={list(self.prefill)}, decode={list(self.decode)}: PD mode needs both "
+                "prefill and decode workers"
+            )
+        try:
+            pd_workers(self.prefill, self.decode)
+        except (InvalidWorkerURL, ValueError) as err:
+            problems.append(str(err))
+        if self.pd_policy not in PD_POLICIES:
+            problems.append(f"pd_policy={self.pd_policy!r}: allowed {', '.join(PD_POLICIES)}")
+        if self.pd_threshold_tokens is not None and self.pd_threshold_tokens < 0:
+            problems.append(f"pd_threshold_tokens={self.pd_threshold_tokens}: allowed >= 0")
+        try:
+            timer_for(self.pd_perf_model, "pd_perf_model")
+        except ValueError as err:
+            problems.append(str(err))
+        if not self.pd_itl_budget_seconds > 0:
+            problems.append(f"pd_itl_budget_seconds={self.pd_itl_budget_seconds}: allowed > 0")
+        if not self.pd_handoff_timeout_seconds > 0:
+            problems.append(
+                f"pd_handoff_timeout_seconds={self.pd_handoff_timeout_seconds}: allowed > 0 "
+                "(at most the engines' SGLANG_DISAGGREGATION_*_TIMEOUT)"
+            )
+        return problems
+
     def validate(self) -> RouterConfig:
         """Return self if every setting is valid, else raise `ConfigError` listing all."""
-        problems: list[str] = []
+        problems: list[str] = self._pd_problems()
 
         def need(ok: bool, message: str) -> None:
             if not ok:

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+import aiohttp
+
 from tpuserve_router.adapter_affinity import AdapterAffinity
 from tpuserve_router.auth import DEFAULT_PRIORITY, ApiKey, KeyStore, presented_key
 from tpuserve_router.cancellation import Aborter
@@ -35,6 +37,7 @@ from tpuserve_router.core import RouterCore
 from tpuserve_router.generation_limits import GENERATION_LIMITS, GenerationLimit
 from tpuserve_router.hold import HoldQueues, HoldRefused, hold_label
 from tpuserve_router.outliers import OutlierDetector
+from tpuserve_router.pd import PdRouter
 from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.quotas import KeyQuota, Quotas, Refusal, Reservation, in_flight_limits
@@ -197,6 +200,7 @@ class Forwarder:
         quotas: Quotas | None = None,
         before_decision: Callable[[], None] | None = None,
         on_arrival: Callable[[bool], None] | None = None,
+        pd_session: Callable[[], aiohttp.ClientSession | None] | None = None,
     ) -> None:
         """``holds`` are the hold queues; with ``keys`` (the router's own API keys) a
         request is admitted by its key and ``quotas``; ``before_decision`` runs before
@@ -246,6 +250,10 @@ class Forwarder:
         self._predicted_tokens = metrics.predicted_cached_tokens.child
         self._tenant_requests = metrics.tenant_requests.labels
         self._tenant_tokens = metrics.tenant_tokens.labels
+        pd_settings = config.pd_settings()
+        self.pd: PdRouter | None = None  # PD mode (`tpuserve_router.pd`)
+        if pd_settings is not None:
+            self.pd = PdRouter(self, pd_settings, pd_session or (lambda: None), config.seed)
 
     def handler(self, route: str, parser: Parser) -> Handler:
         """The handler of one generation route (``parser`` reads its body)."""
@@ -331,6 +339,26 @@ class Forwarder:
             policy = self.policy
             if self.before_decision is not None:
                 self.before_decision()
+            pd = self.pd if served.adapter is None else None
+            if pd is not None:  # prefill/decode workers are routed as pairs, never alone
+                candidates = [w for w in candidates if w.role is None]
+                first = [w for w in first if w.role is None]
+                if not pd.pair_possible(served.workers):
+                    pd = None
+                    self.metrics.pd_requests.labels("no_prefill").inc()
+                else:
+                    uncached = pd.uncached_tokens(route_request, candidates, parsed.prompt_tokens)
+                    if (
+                        pd.settings.policy == "always"
+                        or not any(w.healthy for w in candidates)
+                        or (uncached is not None and uncached >= pd.settings.threshold_tokens)
+                    ):
+                        pd = None
+                        if await self.pd_forward(routed, route_request, served.workers):
+                            return
+                    elif uncached is not None:  # colocated, decided without a choice
+                        self.metrics.pd_requests.labels("colocated").inc()
+                        pd = None
             while True:
                 # a retry goes to any other candidate, warm or not
                 others = [w for w in candidates if w not in excluded] if excluded else candidates
@@ -350,6 +378,15 @@ class Forwarder:
                         served.model,
                     )
                     return
+                if pd is not None:  # conditional PD: the first choice decides
+                    if pd.disaggregates(decision, parsed.prompt_tokens):
+                        policy.on_request_done(decision, True)  # not acted on
+                        if await self.pd_forward(routed, route_request, served.workers):
+                            return
+                        pd = None
+                        continue
+                    self.metrics.pd_requests.labels("colocated").inc()
+                    pd = None
                 self._decisions[decision.outcome].inc()
                 if self.peers is not None:
                     self.peers.routed(decision)
@@ -371,6 +408,14 @@ class Forwarder:
                 self.budget.active -= 1
             if spend is not None:
                 self._settle(spend)
+
+    async def pd_forward(
+        self, routed: Routed, route_request: RouteRequest, workers: list[Worker]
+    ) -> bool:
+        """Serve ``routed`` on prefill/decode pairs (`tpuserve_router.pd`); False when no pair
+        could take it (nothing was sent)."""
+        assert self.pd is not None
+        return await self.pd.forward(routed, route_request, workers, "disaggregated")
 
     def _has_room(self, limit: int) -> bool:
         """Live traffic under ``limit`` in flight would be admitted now (a held request

@@ -258,6 +258,11 @@ class RouterMetrics:
     workers_changed: Counter
     peers: Gauge
     peer_messages: Counter
+    pd_requests: Counter
+    pd_failures: Counter
+    pd_ttft: Histogram
+    pd_prefill: Histogram
+    pd_kv_transfer: Histogram
 
 
 def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
@@ -458,6 +463,41 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "Messages received from peer router replicas, by kind: route, first_byte, end, "
             "hello, malformed (unreadable: skipped).",
             ["kind"],
+        ),
+        pd_requests=Counter(
+            "tpuserve_router_pd_requests_total",
+            "Requests in PD mode by how they were served: disaggregated (a prefill/decode "
+            "pair), colocated (the uncached prompt was under the threshold), no_prefill (no "
+            "healthy pair: a colocated worker took it).",
+            ["how"],
+        ),
+        pd_failures=Counter(
+            "tpuserve_router_pd_failures_total",
+            "Failed legs of prefill/decode pairs, by the leg blamed (a decode that never got "
+            "its KV blames the prefill) and kind: bootstrap, transfer, transport, status, "
+            "timeout.",
+            ["leg", "kind"],
+        ),
+        pd_ttft=Histogram(
+            "tpuserve_router_pd_ttft_seconds",
+            "Seconds from dispatching a pair to the decode's first body chunk (a stream) or its "
+            "whole answer: queue, prefill, KV transfer and the first decode step.",
+            ["model"],
+            TTFT_BUCKETS_SECONDS,
+        ),
+        pd_prefill=Histogram(
+            "tpuserve_router_pd_prefill_seconds",
+            "Seconds from dispatching a pair to the prefill's answer, which SGLang sends once "
+            "the KV is sent: queue, prefill, bootstrap wait and transfer.",
+            [],
+            TTFT_BUCKETS_SECONDS,
+        ),
+        pd_kv_transfer=Histogram(
+            "tpuserve_router_pd_kv_transfer_seconds",
+            "Seconds between a prefill engine's first token and its answer (bootstrap wait and "
+            "KV send), from its /generate answer's meta_info; other routes do not report it.",
+            [],
+            TTFT_BUCKETS_SECONDS,
         ),
     )
     series: list[_Series[Any]] = [v for v in vars(metrics).values() if isinstance(v, _Series)]

@@ -49,6 +49,10 @@ class WorkerSpec:
     kv_events_endpoint: str | None = None
     kv_replay_endpoint: str | None = None
     model: str | None = None
+    role: str | None = None
+    """PD role: ``prefill`` or ``decode`` (`tpuserve_router.pd`); None: a colocated engine."""
+    bootstrap_port: int | None = None
+    """A prefill engine's bootstrap port (SGLang's ``--disaggregation-bootstrap-port``)."""
 
 
 def parse_worker_flag(text: str) -> WorkerSpec:
@@ -162,6 +166,7 @@ class Worker:
     __slots__ = (
         "adapters",
         "announced_in_flight",
+        "bootstrap_port",
         "consecutive_failures",
         "context_tokens",
         "ejected",
@@ -185,6 +190,7 @@ class Worker:
         "port",
         "probe_failed_while_ejected",
         "returned_at",
+        "role",
         "stats",
         "window_failures",
         "window_requests",
@@ -217,6 +223,8 @@ class Worker:
         self.context_tokens: int | None = None  # its model's max_model_len (its /v1/models)
         self.pool: Any = None  # the proxy's connection pool, attached by the app
         self.stats: Any = None  # the app's cached metric children
+        self.role = spec.role
+        self.bootstrap_port = spec.bootstrap_port
 
     @property
     def own_in_flight(self) -> int:
@@ -323,11 +331,13 @@ class WorkerRegistry:
         worker = Worker(spec, manual=manual)
         existing = self.get(worker.name)
         if existing is not None:
-            if (existing.kv_events_endpoint, existing.kv_replay_endpoint, existing.model) != (
-                spec.kv_events_endpoint,
-                spec.kv_replay_endpoint,
-                spec.model,
-            ):
+            if (
+                existing.kv_events_endpoint, existing.kv_replay_endpoint, existing.model,
+                existing.role, existing.bootstrap_port,
+            ) != (
+                spec.kv_events_endpoint, spec.kv_replay_endpoint, spec.model, spec.role,
+                spec.bootstrap_port,
+            ):  # fmt: skip
                 self._remove(existing)
             else:
                 existing.manual = existing.manual and manual

@@ -16,12 +16,13 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
-from sglang_tpu import cli_types, perf_model
+from sglang_tpu import cli_types, disaggregation, perf_model
 from sglang_tpu.cold_start import TPU_FIGURES, ColdStartFigures, compile_figures
 from sglang_tpu.lora import parse_lora_paths
 from sglang_tpu.perf_model import KV_CACHE_BYTES, WEIGHT_BYTES, ModelDoesNotFit, StepTimer
 from sglang_tpu.sim.engine import EngineConfig
 from sglang_tpu.sim.kv_publisher import wire_from_env
+from sglang_tpu.sim.pd import PdSettings
 from sglang_tpu.sim.server import create_app
 from sglang_tpu.sim.service import SERVICE, ServerSettings
 from sglang_tpu.sim.startup import STARTUP_DEFAULTS, StartupSettings
@@ -299,6 +300,45 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
         ),
     ),
     (
+        "PD disaggregation (SGLang's flags; sglang_tpu.sim.pd)",
+        (
+            Option(
+                "--disaggregation-mode",
+                "null (colocated), prefill (serves the bootstrap server, makes the first token "
+                "and sends the KV) or decode (receives the KV, decodes) (default: %(default)s).",
+                default="null",
+                choices=disaggregation.MODES,
+            ),
+            Option(
+                "--disaggregation-bootstrap-port",
+                "The prefill's bootstrap server port (default: %(default)s).",
+                cli_types.port,
+                default=disaggregation.DEFAULT_BOOTSTRAP_PORT,
+            ),
+            Option(
+                "--disaggregation-transfer-backend",
+                "SGLang's transfer backend; the twin times every one as --kv-link, and fake "
+                "moves nothing, as SGLang's (default: %(default)s).",
+                default=disaggregation.DEFAULT_TRANSFER_BACKEND,
+                choices=disaggregation.TRANSFER_BACKENDS,
+            ),
+            Option(
+                "--dp-size",
+                "Data-parallel ranks the prefill registers (room %% dp-size picks one) "
+                "(default: %(default)s).",
+                cli_types.positive_int,
+                default=1,
+            ),
+            Option(
+                "--kv-link",
+                "The network the KV crosses from prefill to decode: dcn (between slices) or "
+                "ici (inside one slice) (default: %(default)s).",
+                default=disaggregation.DEFAULT_KV_LINK,
+                choices=tuple(disaggregation.KV_LINKS),
+            ),
+        ),
+    ),
+    (
         "KV events (SGLang's ZMQ publisher contract)",
         (
             Option(
@@ -389,6 +429,14 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         wire_from_env()  # read again by the publisher; checked here to fail with a message
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    for env, default in (
+        (disaggregation.BOOTSTRAP_TIMEOUT_ENV, disaggregation.DEFAULT_BOOTSTRAP_TIMEOUT_SECONDS),
+        (disaggregation.WAITING_TIMEOUT_ENV, disaggregation.DEFAULT_WAITING_TIMEOUT_SECONDS),
+    ):
+        try:
+            disaggregation.timeout_seconds(env, default)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     try:
         tokenizer = load_tokenizer(args.tokenizer)
     except TokenizerError as err:
@@ -428,6 +476,13 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         body_timeout_seconds=args.body_timeout_seconds,
         enable_cache_report=args.enable_cache_report,
         enable_debug_endpoints=args.enable_debug_endpoints,
+        pd=PdSettings(
+            mode=args.disaggregation_mode,
+            bootstrap_port=args.disaggregation_bootstrap_port,
+            transfer_backend=args.disaggregation_transfer_backend,
+            kv_link=args.kv_link,
+            dp_size=args.dp_size,
+        ),
         startup=StartupSettings(
             figures=ColdStartFigures(
                 pull_seconds=args.pull_seconds,

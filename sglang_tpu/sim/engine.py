@@ -193,6 +193,30 @@ class EngineCore:
         seed_output(req, self.config.seed)
         self.waiting.append(req)
 
+    def add_transferred(self, req: Request, arrived: float, now: float) -> None:
+        """A decode engine's request whose prompt KV came from a prefill engine: it joins the
+        running batch prefilled, with its first token (the prefill's: the same pseudo-text)
+        at ``now``, as SGLang's decode scheduler admits a transferred request."""
+        req.arrival_time = arrived
+        seed_output(req, self.config.seed)
+        fill = req.fill_ids()
+        self._ensure_free(len(fill))  # SGLang preallocated it; a full pool retracts later
+        req.private_tokens += len(fill)
+        self.private_tokens += len(fill)
+        req.prefilled = req.prefill_len = len(fill)
+        req.schedule_time = now
+        if self.observer is not None:
+            self.observer.on_scheduled(req, now)
+        self._append_token(req, now)
+        if req.finished:
+            self._cache_finished(req)
+            if self.observer is not None:
+                self.observer.on_finish(req, now)
+            if req.on_update is not None:
+                req.on_update(req)
+            return
+        self.running.append(req)
+
     def next_sampling_seed(self) -> int:
         """A fresh seed for requests sampled with temperature > 0 and no seed of their own."""
         self._seed_counter += 1

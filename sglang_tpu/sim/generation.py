@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from aiohttp import web
 
+from sglang_tpu import disaggregation
 from sglang_tpu.lora import adapter_problem, split_model
-from sglang_tpu.sim.engine import QueueFull
+from sglang_tpu.sim.engine import ABORTED_WAITING, QueueFull
+from sglang_tpu.sim.pd import PdFailure
 from sglang_tpu.sim.protocol import AdapterRejected, GenerationRequest, InvalidRequest
 from sglang_tpu.sim.request import Request
-from sglang_tpu.sim.responses import unavailable
+from sglang_tpu.sim.responses import json_response, unavailable
 from sglang_tpu.sim.service import EngineService
 
 DISCONNECT_POLL_SECONDS = 4.0
@@ -80,10 +82,16 @@ def prepare(
             "number of tokens in the input messages or the completion to fit within the limit.",
         )
     max_new = min(gen.max_new_tokens, ctx - len(prompt_ids))
+    pd_role = svc.pd
+    if pd_role is not None:
+        if gen.bootstrap is None and not pd_role.fake:
+            raise InvalidRequest(None, disaggregation.NO_ROOM_MESSAGE.format(rid=gen.rid))
+        if pd_role.settings.mode == "prefill":
+            max_new = 1  # a prefill engine makes the first token; the decode engine the rest
     seed = gen.seed
     if seed is None and gen.temperature > 0:
         seed = svc.core.next_sampling_seed()
-    return Request(
+    req = Request(
         gen.rid or svc.new_rid(),
         prompt_ids,
         max_new,
@@ -92,6 +100,42 @@ def prepare(
         sampling_seed=seed,
         stream=gen.stream,
     )
+    req.bootstrap = gen.bootstrap
+    return req
+
+
+def pd_error(err: PdFailure) -> web.Response:
+    """How a failed PD request is answered (SGLang aborts it with status 500)."""
+    return json_response({"error": {"message": str(err)}}, status=err.status)
+
+
+async def _pd_step(
+    svc: EngineService,
+    req: Request,
+    work: Callable[[], Awaitable[None]],
+    client_gone: Callable[[], bool] | None,
+) -> bool:
+    """Run one PD wait (`work`) so that ``/abort_request`` or the client leaving ends it;
+    False when it was aborted (the request is finished as aborted)."""
+    task = asyncio.ensure_future(work())
+    svc.pd_waits[req.rid] = task
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+            if done:
+                break
+            if client_gone is not None and client_gone():
+                task.cancel()
+        if task.cancelled():
+            req.finish_reason = dict(ABORTED_WAITING)
+            req.finish_time = svc.now()
+            return False
+        task.result()  # PdFailure propagates
+        return True
+    finally:
+        svc.pd_waits.pop(req.rid, None)
+        if not task.done():
+            task.cancel()
 
 
 async def run_request(
@@ -106,10 +150,29 @@ async def run_request(
     req.on_update = lambda _r: wake.set()
     if svc.draining:
         raise RequestRejected(unavailable("the server is draining"))
-    try:
-        svc.submit(req)
-    except QueueFull as err:
-        raise RequestRejected(unavailable(str(err))) from None
+    pd_role = svc.pd
+    boot = req.bootstrap
+    arrived = svc.now()
+    if pd_role is not None and pd_role.settings.mode == "decode":
+
+        async def prealloc_then_receive() -> None:
+            await _preallocated(svc, req)
+            if boot is not None:
+                await pd_role.receive(boot)
+
+        try:
+            received = await _pd_step(svc, req, prealloc_then_receive, client_gone)
+        except PdFailure as err:
+            raise RequestRejected(pd_error(err)) from None
+        if not received:
+            yield 0
+            return
+        svc.submit_transferred(req, arrived)
+    else:
+        try:
+            svc.submit(req)
+        except QueueFull as err:
+            raise RequestRejected(unavailable(str(err))) from None
     try:
         sent = 0
         while not req.finished:
@@ -124,10 +187,48 @@ async def run_request(
             if stream and not req.finished and len(req.output_ids) > sent:
                 sent = len(req.output_ids)  # not a chunked-prefill step: it adds no token
                 yield sent
+        if (
+            pd_role is not None and pd_role.settings.mode == "prefill" and boot is not None
+            and req.finish_reason is not None and req.finish_reason.get("type") != "abort"
+        ):  # fmt: skip
+            waited = svc.now() - req.arrival_time
+            try:
+                await _pd_step(
+                    svc, req, lambda: pd_role.send(boot, len(req.input_ids), waited), client_gone
+                )
+            except PdFailure as err:
+                raise RequestRejected(pd_error(err)) from None
         yield len(req.output_ids)  # the finished state, once
     finally:
         if not req.finished:
             svc.core.abort(req, svc.now())
+
+
+async def _preallocated(svc: EngineService, req: Request) -> None:
+    """SGLang's decode prealloc queue: wait until the pool has room for the prompt's KV plus
+    `RESERVED_DECODE_TOKENS` for it and each running request (PdFailure after the bootstrap
+    timeout)."""
+    pd_role = svc.pd
+    assert pd_role is not None
+    core = svc.core
+    need = len(req.input_ids)
+
+    def room() -> bool:
+        reserved = disaggregation.RESERVED_DECODE_TOKENS * (core.num_running + 1)
+        return core.config.cache_tokens - core.num_used_tokens - reserved >= need
+
+    if room():
+        return
+    pd_role.queued_for_room(1)
+    try:
+        async with asyncio.timeout(pd_role.bootstrap_timeout), svc.stepped:
+            await svc.stepped.wait_for(room)
+    except TimeoutError:
+        raise PdFailure(
+            "bootstrap", f"no KV room for {need} tokens within {pd_role.bootstrap_timeout:g} s"
+        ) from None
+    finally:
+        pd_role.queued_for_room(-1)
 
 
 async def run_to_end(svc: EngineService, req: Request, request: web.Request | None = None) -> None:

@@ -71,6 +71,7 @@ class EngineMetrics:
         self._made = {spec.name: _make(spec, registry) for spec in names.ALL_METRICS}
         self._tokenizer = {"model_name": model_name, "engine_type": engine_type}
         self._scheduler = {**self._tokenizer, "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+        self.scheduler_labels: Mapping[str, str] = self._scheduler
         self._pid = str(os.getpid())
         # cumulative, for /v1/loads' total_prefill_uncached_tokens and total_prefill_busy_us
         self.prefill_uncached_tokens = 0

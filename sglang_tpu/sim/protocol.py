@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import orjson
 
+from sglang_tpu.sim.pd import Bootstrap, parse_bootstrap
+
 DEFAULT_GENERATE_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
 DEFAULT_COMPLETIONS_MAX_TOKENS = 16  # OpenAI's /v1/completions default
 DEFAULT_CHAT_MAX_TOKENS = 128  # the twin never samples EOS, so chat needs a finite default
@@ -63,6 +65,7 @@ class GenerationRequest:
     rid: str | None = None
     max_new_tokens_asked: bool = True  # False: the API's default (chat without max_tokens)
     lora_path: str | None = None  # the LoRA adapter the request names in lora_path
+    bootstrap: Bootstrap | None = None  # PD: the prefill to pair with (`sglang_tpu.sim.pd`)
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -220,6 +223,14 @@ def _stream_options(data: Mapping[str, Any]) -> bool:
     return _bool(options, "include_usage", "stream_options.include_usage")
 
 
+def _bootstrap(data: Mapping[str, Any]) -> Bootstrap | None:
+    try:
+        return parse_bootstrap(data)
+    except ValueError as err:
+        param = str(err).split(":", 1)[0]
+        raise InvalidRequest(param, str(err), kind="schema") from None
+
+
 def parse_generate(data: Mapping[str, Any]) -> GenerationRequest:
     """SGLang's native ``/generate`` (``GenerateReqInput``) with one prompt."""
     text = data.get("text")
@@ -262,6 +273,7 @@ def parse_generate(data: Mapping[str, Any]) -> GenerationRequest:
         model=None,
         rid=_rid(data, "schema"),
         lora_path=_lora_path(data),
+        bootstrap=_bootstrap(data),
     )
 
 
@@ -278,6 +290,7 @@ def _openai_sampling(data: Mapping[str, Any]) -> dict[str, Any]:
         "model": _model(data),
         "rid": _rid(data),
         "lora_path": _lora_path(data),
+        "bootstrap": _bootstrap(data),
     }
 
 

@@ -14,6 +14,7 @@ class Request:
 
     __slots__ = (
         "arrival_time",
+        "bootstrap",
         "cached_tokens",
         "finish_reason",
         "finish_time",
@@ -82,6 +83,7 @@ class Request:
         self.retractions = 0
         self.last_node: TreeNode | None = None
         self.rng_state = 0  # the output generator's state (sglang_tpu.sim.output_text)
+        self.bootstrap: Any = None  # PD: its `sglang_tpu.sim.pd.Bootstrap`, if it has one
 
     @property
     def prompt_tokens(self) -> int:

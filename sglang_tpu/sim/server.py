@@ -28,6 +28,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.typedefs import Handler, Middleware
 
 from sglang_tpu.sim import info_api, native_api, openai_api
+from sglang_tpu.sim.pd import FAULTS, MAX_FAULTS
 from sglang_tpu.sim.responses import json_response
 from sglang_tpu.sim.service import SERVICE, EngineService, ServerSettings
 from sglang_tpu.sim.startup import AFTER_LISTENING, BEFORE_LISTENING, ColdStart
@@ -80,6 +81,25 @@ async def _warm_up(svc: EngineService, cold: ColdStart) -> None:
     svc.mark_up(cold.report())
 
 
+async def handle_pd_fault(request: web.Request) -> web.Response:
+    """``POST /debug/pd_fault {"kind": K, "count": N}``: the next N transfers of this prefill
+    twin fail as K (`sglang_tpu.sim.pd.FAULTS`)."""
+    pd_role = request.app[SERVICE].pd
+    data = await request.json()
+    kind, count = data.get("kind"), data.get("count", 1)
+    if pd_role is None or pd_role.settings.mode != "prefill":
+        return json_response({"error": {"message": "faults are for a prefill twin"}}, 400)
+    if kind not in FAULTS or not isinstance(count, int) or not 0 < count <= MAX_FAULTS:
+        message = (
+            f"kind: {kind!r}, count: {count!r} is not allowed; allowed: kind one of "
+            f"{', '.join(FAULTS)}, count 1..{MAX_FAULTS}"
+        )
+        return json_response({"error": {"message": message}}, 400)
+    pd_role.faults.extend([kind] * count)
+    del pd_role.faults[:-MAX_FAULTS]
+    return json_response({"faults": pd_role.faults})
+
+
 def create_app(settings: ServerSettings) -> web.Application:
     app = web.Application(
         client_max_size=MAX_REQUEST_BYTES, middlewares=[body_in_time(settings.body_timeout_seconds)]
@@ -108,4 +128,6 @@ def create_app(settings: ServerSettings) -> web.Application:
     native_api.add_routes(app.router)
     openai_api.add_routes(app.router)
     info_api.add_routes(app.router)
+    if settings.pd.enabled and settings.enable_debug_endpoints:
+        app.router.add_post("/debug/pd_fault", handle_pd_fault)
     return app

@@ -20,12 +20,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from sglang_tpu.cold_start import ColdStartReport
+from sglang_tpu.disaggregation import ENGINE_TYPES
 from sglang_tpu.kv_events import AllBlocksCleared, KVEvent
 from sglang_tpu.perf_model import StepTimer
 from sglang_tpu.sim.engine import EngineConfig, EngineCore
 from sglang_tpu.sim.kv_publisher import KVEventPublisher
 from sglang_tpu.sim.metrics import EngineMetrics
 from sglang_tpu.sim.output_text import OutputPalette
+from sglang_tpu.sim.pd import PD_COLOCATED, PdRole, PdSettings
 from sglang_tpu.sim.request import Request
 from sglang_tpu.sim.startup import STARTUP_DEFAULTS, StartupSettings
 from sglang_tpu.tasks import cancel_and_wait
@@ -61,6 +63,7 @@ class ServerSettings:
     lora_paths: tuple[tuple[str, str], ...] = ()  # (name, path) of each loaded adapter
     launch_command: str | None = None  # the command line, reported by /server_info
     startup: StartupSettings = STARTUP_DEFAULTS  # the cold-start model (`sim/startup.py`)
+    pd: PdSettings = PD_COLOCATED  # SGLang's --disaggregation-* flags (`sim/pd.py`)
 
 
 class EngineService:
@@ -88,14 +91,27 @@ class EngineService:
             engine_config, settings.timer, OutputPalette(self.tokenizer), kv_event_sink=sink
         )
         self._core_seconds = time.perf_counter() - self._began
-        self.metrics = EngineMetrics(self.registry, settings.served_model_name, self.core)
+        self.metrics = EngineMetrics(
+            self.registry, settings.served_model_name, self.core,
+            engine_type=ENGINE_TYPES[settings.pd.mode],
+        )  # fmt: skip
         self.core.observer = self.metrics
+        self.pd: PdRole | None = None
+        self.pd_waits: dict[str, asyncio.Future[None]] = {}  # rid -> its bootstrap or transfer
+        if settings.pd.enabled:
+            timer = settings.timer
+            self.pd = PdRole(
+                settings.pd, host=settings.host, kv_bytes_per_token=timer.kv_bytes_per_token,
+                hosts=timer.shape.hosts, time_scale=settings.time_scale, registry=self.registry,
+                scheduler_labels=self.metrics.scheduler_labels,
+            )  # fmt: skip
         self.draining = False
         self.cold_start: ColdStartReport | None = None  # set once warmup is done
         self.up = asyncio.Event()  # set with it
         self.idle_event = asyncio.Event()
         self.idle_event.set()
         self._wake = asyncio.Event()
+        self.stepped = asyncio.Condition()  # notified after every step (KV freed, maybe)
         self._task: asyncio.Task[None] | None = None
         self.started_at = time.time()
         self._t0 = time.monotonic()
@@ -122,10 +138,14 @@ class EngineService:
             "tokenizer_e2e": time.perf_counter() - self._began,
         }  # fmt: skip
         self.metrics.emit_startup_time(self.startup_time)
+        if self.pd is not None:
+            await self.pd.start()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
         await cancel_and_wait([self._task])
+        if self.pd is not None:
+            await self.pd.stop()
         if self.publisher is not None:
             await self.publisher.close()
 
@@ -150,6 +170,9 @@ class EngineService:
             except Exception:
                 log.exception("engine step failed")
                 raise
+            if self.pd is not None:
+                async with self.stepped:
+                    self.stepped.notify_all()
 
     @property
     def unavailable(self) -> str | None:
@@ -170,22 +193,31 @@ class EngineService:
         self.idle_event.clear()
         self._wake.set()
 
+    def submit_transferred(self, req: Request, arrived: float) -> None:
+        """A decode engine's request whose KV has arrived: it decodes from now on."""
+        self.core.add_transferred(req, arrived, self.now())
+        self.idle_event.clear()
+        self._wake.set()
+
     def abort(self, rid: str, abort_all: bool = False) -> int:
         """SGLang's ``/abort_request``: every live request if ``abort_all``; else, if a live
         request has exactly ``rid`` (SGLang's tokenizer manager ignores an unknown one), every
         live request whose rid starts with it (its scheduler's match). Their waiters wake."""
         core = self.core
         live = [*core.waiting, *core.running, *([core.chunked] if core.chunked else [])]
+        waits = [t for r, t in self.pd_waits.items() if abort_all or (rid and r.startswith(rid))]
+        for task in waits:  # a PD bootstrap or transfer in progress
+            task.cancel()
         if not abort_all:
             if not rid or all(r.rid != rid for r in live):
-                return 0
+                return len(waits)
             live = [r for r in live if r.rid.startswith(rid)]
         now = self.now()
         for req in live:
             if core.abort(req, now) and req.on_update is not None:
                 req.on_update(req)
         self._wake.set()
-        return len(live)
+        return len(live) + len(waits)
 
     def new_rid(self) -> str:
         """A request id as SGLang makes one (32 hex digits)."""

@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpuserve_operator import labels
+from tpuserve_operator import disaggregation, labels
 from tpuserve_operator.api import PlanStatus
 from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.render import roles
 from tpuserve_operator.render.autoscaler import autoscaler
 from tpuserve_operator.render.context import (
     Manifest,
@@ -61,12 +62,24 @@ class Rendered:
     def group(self, replica: int) -> list[Manifest]:
         """Replica group `replica` at the current revision (also for surge groups)."""
         if replica not in self._groups:
-            self._groups[replica] = group_children(self.server, replica, self.revision)
+            if self.server.valid.spec.disaggregation is not None:
+                self._groups[replica] = roles.group(self.server, replica, self.revision)
+            else:
+                self._groups[replica] = group_children(self.server, replica, self.revision)
         return self._groups[replica]
 
     @property
     def replicas(self) -> int:
-        return self.server.valid.spec.replicas
+        """Replica groups: spec.replicas, or both roles' when disaggregated."""
+        return disaggregation.replicas(self.server.valid.spec)
+
+    def group_hosts(self, replica: int) -> int:
+        """Hosts (pods) of replica group `replica`: its role's slice when disaggregated."""
+        spec = self.server.valid.spec
+        role = disaggregation.group_role(spec, replica)
+        if role is None or disaggregation.role_of(spec, role).tpu is None:
+            return self.server.valid.shape.hosts
+        return roles.role_server(self.server, role).valid.shape.hosts
 
     @property
     def children(self) -> list[Manifest]:
@@ -108,6 +121,9 @@ def validate_server(
         uid=meta.get("uid"),
         restarted_at=annotations.get(labels.RESTARTED_AT),
     )
+    if valid.spec.disaggregation is not None:
+        for role in disaggregation.ROLES:  # each role's contract is checked as well
+            roles.role_server(server, role)
     return ValidServer(
         name=server.name,
         namespace=server.namespace,
@@ -121,7 +137,10 @@ def validate_server(
 
 def render(server: ValidServer) -> Rendered:
     """Every child of a validated server (replica groups built on demand); cannot fail."""
-    revision = stable_hash([server.workload_kind, *engine_templates(server, 0)])
+    if server.valid.spec.disaggregation is not None:
+        revision = stable_hash([server.workload_kind, *roles.templates(server)])
+    else:
+        revision = stable_hash([server.workload_kind, *engine_templates(server, 0)])
     shared = [
         endpoint_service(server),
         leaders_service(server),

@@ -64,6 +64,12 @@ def _ports(*numbers: int) -> list[dict[str, Any]]:
     return [{"protocol": "TCP", "port": n} for n in numbers]
 
 
+def _bootstrap_port(server: Server) -> list[int]:
+    """A disaggregated server's prefill bootstrap port: the router asks it the DP size."""
+    dis = server.valid.spec.disaggregation
+    return [] if dis is None else [dis.bootstrap_port]
+
+
 def engine_network_policy(server: Server) -> list[Manifest]:
     """The policy (none with ``--network-policy none``)."""
     config = server.config
@@ -90,6 +96,7 @@ def engine_network_policy(server: Server) -> list[Manifest]:
                             launch_contract.HTTP_PORT,
                             launch_contract.KV_EVENTS_PORT,
                             launch_contract.KV_REPLAY_PORT,
+                            *_bootstrap_port(server),
                         ),
                     },
                     {

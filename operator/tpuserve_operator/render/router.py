@@ -125,6 +125,9 @@ def router_args(server: Server) -> list[str]:
     kv_events = server.valid.spec.router.kv_events
     if kv_events is not None:  # unset: the router subscribes when its policy uses KV events
         args.append("--kv-events" if kv_events else "--no-kv-events")
+    dis = server.valid.spec.disaggregation
+    if dis is not None:  # pairs of the pods labelled with their role (docs/pd.md)
+        args += ["--pd-disaggregation", f"--pd-policy={dis.policy}"]
     return args + hold_args(server) + picker_args(server)
 
 

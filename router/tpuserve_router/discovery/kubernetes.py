@@ -26,6 +26,7 @@ the full set of workers, which the app reconciles (workers join and leave live).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import ssl
@@ -37,6 +38,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from sglang_tpu.disaggregation import BOOTSTRAP_PORT_ANNOTATION, PD_ROLE_LABEL, PD_ROLES
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.config import (
     DEFAULT_KV_EVENTS_ANNOTATION,
@@ -142,11 +144,17 @@ def worker_from_pod(pod: Mapping[str, Any], rules: PodRules) -> WorkerSpec | Non
             return None
         host = f"[{ip}]" if ":" in ip else ip
         url = f"http://{host}:{_pod_port(pod, rules)}"
+    role = labels.get(PD_ROLE_LABEL)
+    bootstrap: int | None = None
+    with contextlib.suppress(TypeError, ValueError):
+        bootstrap = int(annotations.get(BOOTSTRAP_PORT_ANNOTATION, ""))
     return WorkerSpec(
         url,
         kv_events_endpoint=annotations.get(rules.kv_events_annotation) or None,
         kv_replay_endpoint=annotations.get(rules.kv_replay_annotation) or None,
         model=(labels.get(rules.model_label) or None) if rules.model_label else None,
+        role=role if role in PD_ROLES else None,  # a PD pair's worker (tpuserve_router.pd)
+        bootstrap_port=bootstrap if role == "prefill" else None,
     )
 
 

@@ -1,0 +1,202 @@
+"""A disaggregated TPUModelServer (``spec.disaggregation``): its two roles, what each role's
+engines get, and the checks that refuse roles that cannot pair.
+
+A disaggregated server is one set of replica groups: groups ``0 .. P-1`` are the prefill
+role's, ``P .. P+D-1`` the decode role's (P, D: the roles' replicas), so every group keeps
+the operator's one rollout and status machinery, one slice per group. A role's groups are
+rendered from the role's own spec (`role_spec`): the server's spec with the role's TPU
+slice, replicas, image and SGLang flags, plus the disaggregation flags the operator owns
+(``--disaggregation-mode``, ``--disaggregation-transfer-backend``, and for prefill
+``--disaggregation-bootstrap-port``). Their pods carry the role label the router's discovery
+reads (`sglang_tpu.disaggregation.PD_ROLE_LABEL`), prefill pods the bootstrap port as the
+annotation sglang-router reads (``sglang.ai/bootstrap-port``), and both roles prefer one zone
+(a KV transfer between slices crosses the data-centre network; across zones it would cross
+more of it).
+
+Checks (`problems`), each naming the field, in the operator's ``Valid`` condition:
+
+- the transfer backend must move KV between the engine's slices: SGLang 0.5.23 has no TPU
+  backend, so with ``engine.type: sglang`` every value is refused
+  (``UnsupportedTransferBackend``); the simulated engine takes any SGLang value;
+- both roles run one engine image (``UnpairableRoles``), one page size and KV dtype (SGLang's
+  decode refuses a prefill whose differ), and TP sizes where the larger is a multiple of the
+  smaller (SGLang maps ranks by integer division); DP sizes pair freely (``room % dp_size``);
+- the disaggregation flags are the operator's, in ``engine.args`` and the roles' ``args``;
+- ``autoscaling`` is not supported with roles yet (the scale subresource is one count).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from sglang_tpu import disaggregation as pd
+from sglang_tpu.topology import CatalogError, SliceShape, lookup
+from tpuserve_operator.api import PdRoleSpec, TPUModelServerSpec
+from tpuserve_operator.conditions import Reason
+from tpuserve_operator.errors import Problem
+
+PREFILL: Final = "prefill"
+DECODE: Final = "decode"
+ROLES: Final = (PREFILL, DECODE)
+OWNED_FLAGS: Final = (
+    "disaggregation-mode",
+    "disaggregation-transfer-backend",
+    "disaggregation-bootstrap-port",
+)
+PAIRED_FLAGS: Final = ("page-size", "kv-cache-dtype")
+
+
+def role_of(spec: TPUModelServerSpec, role: str) -> PdRoleSpec:
+    assert spec.disaggregation is not None
+    return spec.disaggregation.prefill if role == PREFILL else spec.disaggregation.decode
+
+
+def replicas(spec: TPUModelServerSpec) -> int:
+    """Replica groups of the server: both roles' when disaggregated."""
+    if spec.disaggregation is None:
+        return spec.replicas
+    return spec.disaggregation.prefill.replicas + spec.disaggregation.decode.replicas
+
+
+def group_role(spec: TPUModelServerSpec, replica: int) -> str | None:
+    """The role of replica group ``replica`` (None: not disaggregated)."""
+    if spec.disaggregation is None:
+        return None
+    return PREFILL if replica < spec.disaggregation.prefill.replicas else DECODE
+
+
+def engine_flags(spec: TPUModelServerSpec, role: str) -> dict[str, Any]:
+    """The SGLang flags the operator sets for ``role`` (as ``engine.args`` entries)."""
+    assert spec.disaggregation is not None
+    flags: dict[str, Any] = {
+        "disaggregation-mode": role,
+        "disaggregation-transfer-backend": spec.disaggregation.transfer_backend,
+    }
+    if role == PREFILL:
+        flags["disaggregation-bootstrap-port"] = spec.disaggregation.bootstrap_port
+    return flags
+
+
+def role_spec(spec: TPUModelServerSpec, role: str) -> TPUModelServerSpec:
+    """The spec a role's replica groups are rendered from."""
+    part = role_of(spec, role)
+    engine = spec.engine.model_copy(
+        update={
+            "image": part.image or spec.engine.image,
+            "args": {**spec.engine.args, **part.args, **engine_flags(spec, role)},
+        }
+    )
+    return spec.model_copy(
+        update={
+            "tpu": part.tpu or spec.tpu,
+            "replicas": part.replicas,
+            "engine": engine,
+            "disaggregation": None,
+        }
+    )
+
+
+def tp_pairs(prefill_tp: int, decode_tp: int) -> bool:
+    """Whether SGLang can map KV ranks between these TP sizes (integer division)."""
+    small, large = sorted((prefill_tp, decode_tp))
+    return small > 0 and large % small == 0
+
+
+def _shape(spec: TPUModelServerSpec, role: str, problems: list[Problem]) -> SliceShape | None:
+    tpu = role_of(spec, role).tpu
+    if tpu is None:
+        return None  # spec.tpu, checked with the server
+    path = f"spec.disaggregation.{role}.tpu.topology"
+    try:
+        return lookup(tpu.generation, tpu.topology, field_path=path)
+    except CatalogError as err:
+        problems.append(Problem(err.field, str(err), reason=Reason.UNSUPPORTED_TOPOLOGY))
+        return None
+
+
+def problems(spec: TPUModelServerSpec, server_shape: SliceShape | None) -> list[Problem]:
+    """Every reason the roles cannot work (empty without ``spec.disaggregation``)."""
+    found: list[Problem] = []
+    for flag in spec.engine.args:
+        if flag.lstrip("-") in OWNED_FLAGS:
+            found.append(
+                Problem(
+                    f"spec.engine.args.{flag}",
+                    f"--{flag.lstrip('-')} is set by the operator from spec.disaggregation; "
+                    "allowed: spec.disaggregation",
+                    reason=Reason.RESERVED_FIELD,
+                )
+            )
+    dis = spec.disaggregation
+    if dis is None:
+        return found
+    if spec.engine.type == "sglang":
+        found.append(
+            Problem(
+                "spec.disaggregation.transferBackend",
+                f"{dis.transfer_backend!r} is not allowed with spec.engine.type sglang: SGLang "
+                f"{pd.SGLANG_VERSION} has no transfer backend that moves KV between TPU slices "
+                "(mooncake, mori, nixl and ascend are RDMA GPU/NPU backends, fake moves none); "
+                "allowed: none yet, or spec.engine.type simulated",
+                reason=Reason.UNSUPPORTED_TRANSFER_BACKEND,
+            )
+        )
+    if spec.autoscaling is not None:
+        found.append(
+            Problem(
+                "spec.autoscaling",
+                "is not allowed with spec.disaggregation yet (the scale subresource is one "
+                "count); allowed: spec.disaggregation.prefill.replicas and .decode.replicas",
+            )
+        )
+    images = {role: role_of(spec, role).image or spec.engine.image for role in ROLES}
+    if images[PREFILL] != images[DECODE]:
+        found.append(
+            Problem(
+                "spec.disaggregation.decode.image",
+                f"{images[DECODE]!r} differs from the prefill role's {images[PREFILL]!r}; "
+                "allowed: one engine image for both roles (KV layouts of different engine "
+                "versions cannot pair)",
+                reason=Reason.UNPAIRABLE_ROLES,
+            )
+        )
+    for role in ROLES:
+        for flag in role_of(spec, role).args:
+            if flag.lstrip("-") in OWNED_FLAGS:
+                found.append(
+                    Problem(
+                        f"spec.disaggregation.{role}.args.{flag}",
+                        f"--{flag.lstrip('-')} is set by the operator from "
+                        "spec.disaggregation; allowed: SGLang flags the operator does not set",
+                        reason=Reason.RESERVED_FIELD,
+                    )
+                )
+    for flag in PAIRED_FLAGS:
+        values = {
+            role: {**spec.engine.args, **role_of(spec, role).args}.get(flag) for role in ROLES
+        }
+        if values[PREFILL] != values[DECODE]:
+            found.append(
+                Problem(
+                    f"spec.disaggregation.decode.args.{flag}",
+                    f"{values[DECODE]!r} differs from the prefill role's {values[PREFILL]!r}; "
+                    f"allowed: the same --{flag} for both roles (SGLang's decode refuses a "
+                    "prefill whose differs)",
+                    reason=Reason.UNPAIRABLE_ROLES,
+                )
+            )
+    shapes = {role: _shape(spec, role, found) or server_shape for role in ROLES}
+    prefill, decode = shapes[PREFILL], shapes[DECODE]
+    if prefill is not None and decode is not None and not tp_pairs(prefill.devices, decode.devices):
+        found.append(
+            Problem(
+                "spec.disaggregation.decode.tpu.topology",
+                f"TP {decode.devices} ({decode.generation.name} {decode.topology}) does not "
+                f"pair with the prefill role's TP {prefill.devices} "
+                f"({prefill.generation.name} {prefill.topology}); allowed: TP sizes where "
+                "the larger is a multiple of the smaller (SGLang maps KV ranks by integer "
+                "division)",
+                reason=Reason.UNPAIRABLE_ROLES,
+            )
+        )
+    return found

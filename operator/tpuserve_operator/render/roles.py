@@ -1,0 +1,99 @@
+"""A disaggregated server's replica groups (`tpuserve_operator.disaggregation`): each
+group rendered from its role's spec, its pods labelled with the role, the prefill's
+bootstrap port advertised, both roles preferring one zone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sglang_tpu import disaggregation as pd
+from sglang_tpu.topology import lookup
+from tpuserve_operator import disaggregation, labels
+from tpuserve_operator.render.context import Manifest, Server, ValidServer
+from tpuserve_operator.render.workload import check_group_contract, engine_templates, group_children
+from tpuserve_operator.validation import ValidSpec
+
+ZONE_KEY = "topology.kubernetes.io/zone"
+BOOTSTRAP_PORT_NAME = "pd-bootstrap"
+
+
+def role_server(server: Server, role: str) -> ValidServer:
+    """The server as one role's replica groups see it: the role's spec and slice, and the
+    launch contract that gives (InvalidSpec when the contract refuses it)."""
+    spec = disaggregation.role_spec(server.valid.spec, role)
+    shape = lookup(spec.tpu.generation, spec.tpu.topology)
+    valid = ValidSpec(spec=spec, shape=shape, served_name=server.valid.served_name)
+    base = Server(
+        name=server.name, namespace=server.namespace, valid=valid, config=server.config,
+        uid=server.uid, restarted_at=server.restarted_at,
+    )  # fmt: skip
+    return ValidServer(
+        name=base.name, namespace=base.namespace, valid=valid, config=base.config,
+        uid=base.uid, restarted_at=base.restarted_at, contract=check_group_contract(base),
+    )  # fmt: skip
+
+
+def templates(server: ValidServer) -> list[Manifest]:
+    """Both roles' pod templates (what the revision hashes)."""
+    spec = server.valid.spec
+    out: list[Manifest] = []
+    for role in disaggregation.ROLES:
+        first = 0 if role == disaggregation.PREFILL else disaggregation.replicas(spec) - 1
+        role_templates = engine_templates(role_server(server, role), first)
+        out += [_marked(t, role, spec, server.name) for t in role_templates]
+    return out
+
+
+def group(server: ValidServer, replica: int, revision: str) -> list[Manifest]:
+    """Replica group ``replica`` of a disaggregated server, as its role renders it."""
+    role = disaggregation.group_role(server.valid.spec, replica)
+    assert role is not None
+    manifests = group_children(role_server(server, role), replica, revision)
+    for manifest in manifests:
+        manifest["metadata"].setdefault("labels", {})[pd.PD_ROLE_LABEL] = role
+        for template in _pod_templates(manifest):
+            _marked(template, role, server.valid.spec, server.name)
+    return manifests
+
+
+def _pod_templates(manifest: Manifest) -> Iterator[Manifest]:
+    spec = manifest.get("spec") or {}
+    if manifest.get("kind") == "LeaderWorkerSet":
+        lws = spec["leaderWorkerTemplate"]
+        yield lws["leaderTemplate"]
+        if lws["workerTemplate"] is not lws["leaderTemplate"]:
+            yield lws["workerTemplate"]
+    elif manifest.get("kind") == "StatefulSet":
+        yield spec["template"]
+
+
+def _marked(template: Manifest, role: str, spec: Any, name: str) -> Manifest:
+    """``template`` with its role label, the prefill's bootstrap port (annotation, container
+    port) and a preference for the zone of the server's other engine pods."""
+    meta = template.setdefault("metadata", {})
+    meta.setdefault("labels", {})[pd.PD_ROLE_LABEL] = role
+    leader = meta["labels"].get(labels.ROLE) == labels.ROLE_LEADER
+    if role == disaggregation.PREFILL:
+        port = spec.disaggregation.bootstrap_port
+        if leader:
+            meta.setdefault("annotations", {})[pd.BOOTSTRAP_PORT_ANNOTATION] = str(port)
+        for container in template["spec"]["containers"]:
+            if leader and container.get("ports"):
+                container["ports"].append(
+                    {"name": BOOTSTRAP_PORT_NAME, "containerPort": port, "protocol": "TCP"}
+                )
+    affinity = template["spec"].setdefault("affinity", {})
+    preferred = affinity.setdefault("podAffinity", {}).setdefault(
+        "preferredDuringSchedulingIgnoredDuringExecution", []
+    )
+    preferred.append(
+        {
+            "weight": 100,
+            "podAffinityTerm": {
+                "topologyKey": ZONE_KEY,
+                "labelSelector": {"matchLabels": labels.engine_selector(name)},
+            },
+        }
+    )
+    return template

@@ -1,0 +1,747 @@
+"""PD mode: a request goes to a prefill worker and a decode worker at once, as SGLang's PD
+contract asks, or to a colocated worker when disaggregating it does not pay.
+
+SGLang 0.5.23's contract (`sglang_tpu.disaggregation`): the same request goes to a prefill
+engine and a decode engine concurrently, with ``bootstrap_host`` (the prefill's host),
+``bootstrap_port`` (its bootstrap server) and ``bootstrap_room`` (a random 63-bit integer;
+lists, rooms ``room + i``, for a batched ``/generate``). The decode engine bootstraps with the
+prefill, receives the prompt's KV and streams the answer, which is what the client gets; the
+prefill's answer is drained, and its ``input_token_logprobs`` are merged into a non-streamed
+``/generate`` answer only when the request asked for ``return_logprob``.
+
+Decisions, per request:
+
+- **whether to disaggregate** (``--pd-policy conditional``, the default): the configured
+  policy picks a colocated worker as usual; when the prompt's tokens it does not expect that
+  worker to hold (the policy's predicted match) are at least the threshold, the request is
+  disaggregated instead. The threshold (``--pd-threshold-tokens``, else derived) is the
+  shortest uncached prompt whose prefill, by the performance model of ``--pd-perf-model``,
+  stalls the colocated worker's running decodes longer than ``--pd-itl-budget-seconds``
+  (`sglang_tpu.disaggregation.threshold_tokens`). A decode engine in SGLang cannot prefill a
+  request itself (it refuses one without a room), so "not disaggregated" needs colocated
+  workers (``--worker``); with none, every request is disaggregated, and so it is with
+  ``--pd-policy always``;
+- **the prefill worker**: the configured policy (``precise``: prefix affinity from the
+  prefill engines' KV events, and the prefill work queued on each) over the healthy prefill
+  workers; **its DP rank**: SGLang serves a room on rank ``room % dp_size``, so the router
+  draws the room for a rank of its choosing: the rank the prompt's first page hashes to, so
+  every turn of a conversation (same first page) lands on the rank whose radix tree holds its
+  prefix, instead of a random one. ``dp_size`` is read once from the prefill's bootstrap
+  server (``GET /route`` with -1 ranks);
+- **the decode worker**: the healthy one with the fewest requests in flight (the load the
+  router sees, polled engine loads included), ties at random: decode capacity is KV room and
+  batch slots, which in-flight requests use up.
+
+Failures: a transport error or a non-2xx answer on either leg ends the other (its connection
+closed, the engine asked to abort the request's rid); nothing has reached the client yet, so
+the request is retried on a new pair with a new room while ``--max-retries`` and the retry
+budget allow. Each leg counts against its own worker's outlier ejection; a decode that fails
+because the KV never came (a bootstrap or transfer failure) counts against the prefill. No
+healthy prefill (or decode) worker: the request goes to a colocated worker if there is one,
+else 503. The router never waits for a leg longer than ``--pd-handoff-timeout-seconds``, at
+most the engines' own ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` and ``..._WAITING_TIMEOUT``
+(300 s each by default), so it gives up (and aborts both legs) no later than they would.
+A stream is committed to the client at the decode's first body chunk; a failure after it ends
+the stream with an SSE error event, as in colocated mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import aiohttp
+import orjson
+
+from sglang_tpu import disaggregation
+from tpuserve_router.policies.base import Decision, NoHealthyWorker, RouteRequest
+from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
+from tpuserve_router.replies import reply_error, sse_error_event
+from tpuserve_router.request_body import ClientError
+from tpuserve_router.request_ids import Restorer, client_rid, new_rid
+from tpuserve_router.retry import RETRYABLE_STATUSES
+from tpuserve_router.usage import usage_from_body, usage_from_stream_tail
+from tpuserve_router.workers import Worker, WorkerSpec, normalize_worker_url
+
+if TYPE_CHECKING:
+    from tpuserve_router.forwarding import Forwarder, Routed
+
+log = logging.getLogger(__name__)
+
+PD_POLICIES: Final = ("conditional", "always")
+PREFILL: Final = "prefill"
+DECODE: Final = "decode"
+FAILURE_KINDS: Final = ("bootstrap", "transfer", "transport", "status", "timeout")
+PD_ROUTES: Final = ("disaggregated", "colocated", "no_prefill")
+"""How a PD-mode request was served: as a pair; on a colocated worker by choice; on a
+colocated worker because no prefill/decode pair was healthy."""
+DP_SIZE_TIMEOUT_SECONDS: Final = 2.0
+DP_SIZE_RETRY_SECONDS: Final = 30.0
+MAX_DP_SIZE_ENTRIES: Final = 4096  # prefill workers remembered (bounded: workers come and go)
+ROUTE_INFO_QUERY: Final = {
+    "prefill_dp_rank": "-1", "prefill_cp_rank": "-1", "target_tp_rank": "-1",
+    "target_pp_rank": "-1",
+}  # fmt: skip
+
+
+def parse_prefill_flag(text: str) -> WorkerSpec:
+    """A ``--prefill`` value: ``URL`` or ``URL BOOTSTRAP_PORT`` (SGLang router's form)."""
+    url, _, port = text.strip().partition(" ")
+    normalize_worker_url(url)
+    bootstrap: int | None = None
+    if port.strip() and port.strip() != "none":
+        try:
+            bootstrap = int(port)
+        except ValueError:
+            bootstrap = -1
+        if not 0 < bootstrap < 65536:
+            raise ValueError(
+                f"prefill {text!r}: bootstrap port {port.strip()!r} is not allowed; "
+                "allowed: 1..65535 or none"
+            )
+    return WorkerSpec(url, role=PREFILL, bootstrap_port=bootstrap)
+
+
+def pd_workers(prefill: Sequence[str], decode: Sequence[str]) -> list[WorkerSpec]:
+    """The `WorkerSpec`s of ``--prefill`` and ``--decode`` values."""
+    specs = [parse_prefill_flag(p) for p in prefill]
+    for url in decode:
+        normalize_worker_url(url)
+        specs.append(WorkerSpec(url, role=DECODE))
+    return specs
+
+
+@dataclass(frozen=True, slots=True)
+class PdSettings:
+    policy: str
+    threshold_tokens: int
+    handoff_timeout_seconds: float
+
+
+class LegFailed(Exception):
+    """One leg of a pair failed before the client got anything."""
+
+    def __init__(self, leg: str, kind: str, detail: str, status: int | None = None) -> None:
+        super().__init__(f"{leg} leg: {detail}")
+        self.leg = leg
+        self.kind = kind
+        self.detail = detail
+        self.status = status
+        self.body: bytes = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.answered = False  # no retry was left: the client has its answer
+
+
+@dataclass(frozen=True, slots=True)
+class _Named:
+    """How one try names the request on its workers: its rid (to abort it; None: not
+    abortable) and what writes the client's own id back into the answer."""
+
+    rid: str | None
+    restorer: Restorer | None
+
+
+def _failure_kind(body: bytes) -> str:
+    """Whether an engine's error answer is a bootstrap or a transfer failure (SGLang's
+    messages: "... KVPoll.Bootstrapping", "bootstrap ...", "... transfer ... failed")."""
+    text = body[:2000].lower()
+    if b"bootstrap" in text:
+        return "bootstrap"
+    if b"transfer" in text or b"kvpoll" in text:
+        return "transfer"
+    return "status"
+
+
+class PdRouter:
+    """Routes requests to prefill/decode pairs; one per router, beside the `Forwarder`."""
+
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        settings: PdSettings,
+        session: Callable[[], aiohttp.ClientSession | None],
+        seed: int | None = None,
+    ) -> None:
+        self.fwd = forwarder
+        self.settings = settings
+        self.session = session
+        self.metrics = forwarder.metrics
+        self.random = random.Random(seed)
+        self.dp_sizes: dict[str, int] = {}  # prefill worker -> its DP size
+        self.dp_size_retry: dict[str, float] = {}  # prefill worker -> when to ask again
+        m = self.metrics
+        for how in PD_ROUTES:
+            m.pd_requests.labels(how)
+        for leg in (PREFILL, DECODE):
+            for kind in FAILURE_KINDS:
+                m.pd_failures.labels(leg, kind)
+
+    # ------------------------------------------------------------------ decisions
+
+    def split(self, workers: Sequence[Worker]) -> tuple[list[Worker], list[Worker]]:
+        """(prefill, decode) workers of a request's candidates."""
+        return (
+            [w for w in workers if w.role == PREFILL],
+            [w for w in workers if w.role == DECODE],
+        )
+
+    def pair_possible(self, workers: Sequence[Worker]) -> bool:
+        prefill, decode = self.split(workers)
+        return any(w.healthy for w in prefill) and any(w.healthy for w in decode)
+
+    def disaggregates(self, decision: Decision[Worker], prompt_tokens: int) -> bool:
+        """Whether a request the policy sent to a colocated worker goes to a pair instead:
+        its prompt tokens that worker is not expected to hold reach the threshold."""
+        if self.settings.policy == "always":
+            return True
+        ratio = decision.predicted_match_ratio or 0.0
+        uncached = prompt_tokens * (1.0 - ratio)
+        return uncached >= self.settings.threshold_tokens
+
+    def uncached_tokens(
+        self, route_request: RouteRequest, colocated: Sequence[Worker], prompt_tokens: int
+    ) -> float | None:
+        """The prompt tokens the best healthy colocated worker is not expected to hold, read
+        from the policy's own index without touching it (a choice would record the request
+        there, and a prefix the colocated worker never got would then look cached); None
+        when the policy keeps no index this can read (the decision's prediction is used)."""
+        healthy = [w for w in colocated if w.healthy]
+        if not healthy:
+            return None
+        policy = self.fwd.policy
+        index = policy.block_index
+        tokens = route_request.token_ids
+        if index is not None and tokens:
+            depths = index.match(index.keys(tokens), [w.name for w in healthy])
+            return max(0.0, len(tokens) - max(depths, default=0) * index.page_size)
+        tree_of = getattr(policy, "tree", None)  # cache_aware's approximate tree
+        text = route_request.text
+        if callable(tree_of) and text:
+            matched = tree_of(route_request.model).match(text)
+            held = max((matched.get(w.name, 0) for w in healthy), default=0)
+            return prompt_tokens * (1.0 - held / len(text))
+        return None
+
+    def _choose_decode(self, decode: Sequence[Worker], model: str) -> Worker:
+        healthy = [w for w in decode if w.healthy]
+        if not healthy:
+            raise NoHealthyWorker(model)
+        least = min(w.in_flight for w in healthy)
+        return self.random.choice([w for w in healthy if w.in_flight == least])
+
+    async def dp_size(self, worker: Worker) -> int:
+        """The prefill engine's DP size, asked once of its bootstrap server; 1 while it
+        cannot say (asked again after `DP_SIZE_RETRY_SECONDS`, so an unreachable bootstrap
+        port costs one request the wait, not every one)."""
+        known = self.dp_sizes.get(worker.name)
+        if known is not None:
+            return known
+        now = time.monotonic()
+        if self.dp_size_retry.get(worker.name, 0.0) > now:
+            return 1
+        size: int | None = None
+        session = self.session()
+        port = worker.bootstrap_port or disaggregation.DEFAULT_BOOTSTRAP_PORT
+        host = f"[{worker.host}]" if ":" in worker.host else worker.host
+        if session is not None:
+            try:
+                async with asyncio.timeout(DP_SIZE_TIMEOUT_SECONDS):
+                    url = f"http://{host}:{port}/route"
+                    async with session.get(url, params=ROUTE_INFO_QUERY) as resp:
+                        if resp.status == 200:
+                            size = max(1, int(orjson.loads(await resp.read()).get("dp_size", 1)))
+            except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError) as err:
+                log.info("bootstrap server of %s did not tell its DP size: %s", worker.name, err)
+        if size is None:  # not registered yet, or unreachable: DP rank 0 meanwhile
+            if len(self.dp_size_retry) >= MAX_DP_SIZE_ENTRIES:
+                self.dp_size_retry.clear()
+            self.dp_size_retry[worker.name] = now + DP_SIZE_RETRY_SECONDS
+            return 1
+        if len(self.dp_sizes) >= MAX_DP_SIZE_ENTRIES:
+            self.dp_sizes.clear()
+        self.dp_sizes[worker.name] = size
+        return size
+
+    @staticmethod
+    def rank_for(route_request: RouteRequest, dp_size: int) -> int:
+        """The DP rank a prompt goes to: its first page's hash, so a conversation's turns
+        (same beginning) land on the rank that holds their prefix."""
+        if dp_size <= 1:
+            return 0
+        tokens = route_request.token_ids
+        if tokens:
+            head = orjson.dumps(list(tokens[:64]))
+        else:
+            head = route_request.text[:256].encode("utf-8", "surrogatepass")
+        return zlib.crc32(head) % dp_size
+
+    # ------------------------------------------------------------------ one request
+
+    async def forward(
+        self, routed: Routed, route_request: RouteRequest, workers: Sequence[Worker], how: str
+    ) -> bool:
+        """Serve ``routed`` on prefill/decode pairs, retrying on new pairs; False (nothing
+        sent) when no pair is healthy, so the caller tries the colocated workers."""
+        fwd = self.fwd
+        prefill, decode = self.split(workers)
+        model = routed.parsed.model
+        retries = 0
+        tried: set[str] = set()
+        try:
+            while True:
+                p_pool = [w for w in prefill if w.name not in tried] or prefill
+                d_pool = [w for w in decode if w.name not in tried] or decode
+                try:
+                    p_decision = fwd.policy.choose(route_request, p_pool)
+                except NoHealthyWorker:
+                    if retries:
+                        self._unavailable(routed, "no healthy prefill worker is left to retry on")
+                        return True
+                    return False
+                try:
+                    d_worker = self._choose_decode(d_pool, model)
+                except NoHealthyWorker:
+                    fwd.policy.on_request_done(p_decision, False)
+                    if retries:
+                        self._unavailable(routed, "no healthy decode worker is left to retry on")
+                        return True
+                    return False
+                if not retries:
+                    self.metrics.pd_requests.labels(how).inc()
+                failed = await self._pair(routed, route_request, p_decision, d_worker, retries)
+                if failed is None:
+                    return True
+                tried.add((p_decision.worker if failed.leg == PREFILL else d_worker).name)
+                if failed.answered:
+                    return True
+                if not retries:
+                    fwd.budget.active += 1
+                retries += 1
+                self.metrics.retries.labels(routed.route).inc()
+        finally:
+            if retries:
+                fwd.budget.active -= 1
+
+    def _may_retry(self, retries: int, failed: LegFailed) -> bool:
+        fwd = self.fwd
+        if retries >= fwd.max_retries:
+            return False
+        if failed.status is not None and failed.status not in RETRYABLE_STATUSES:
+            return False  # the request itself is refused (400, 404, ...): answered as it is
+        if failed.kind == "transport":
+            return True  # a worker is gone: the retry costs it nothing twice
+        return fwd.budget.allows(fwd.in_flight, False)
+
+    async def _pair(
+        self,
+        routed: Routed,
+        route_request: RouteRequest,
+        p_decision: Decision[Worker],
+        d_worker: Worker,
+        attempt: int,
+    ) -> LegFailed | None:
+        """One try on a pair; None when the client was answered (whatever the answer). A
+        retry is named by a fresh rid: an abort of the try before it (on a worker this one
+        may use again) must not stop it."""
+        fwd = self.fwd
+        p_worker = p_decision.worker
+        parsed = routed.parsed
+        model = parsed.model or (d_worker.models[0] if d_worker.models else "")
+        head, _, body = routed.forwarded.partition(b"\r\n\r\n")
+        data = orjson.loads(body)
+        named = _Named(routed.rid, routed.restorer)
+        if attempt and named.rid is not None:
+            fresh = new_rid()
+            data["rid"] = fresh
+            named = _Named(fresh, None)
+            if routed.restorer is not None:
+                theirs = client_rid(orjson.loads(routed.request.body)).value
+                if isinstance(theirs, str):
+                    named = _Named(fresh, Restorer([(fresh, theirs)]))
+        rank = self.rank_for(route_request, await self.dp_size(p_worker))
+        room = disaggregation.room_for_rank(rank, self.dp_sizes.get(p_worker.name, 1))
+        data.update(
+            disaggregation.bootstrap_fields(
+                p_worker.host, p_worker.bootstrap_port, room, _batch(routed.route, data)
+            )
+        )
+        prefill_data = dict(data, stream=False)
+        prefill_data.pop("stream_options", None)
+        from tpuserve_router.forwarding import _forwarded_headers, _upstream_request
+
+        def payload(worker: Worker, obj: dict[str, Any]) -> bytes:
+            framed = _forwarded_headers(routed.request, orjson.dumps(obj), fwd._not_forwarded)
+            return _upstream_request(routed.request, worker.pool.host_header, framed)
+
+        del head
+        handoff = self.settings.handoff_timeout_seconds
+        first_byte = min(
+            handoff,
+            fwd.first_byte.seconds(
+                parsed.prompt_tokens, parsed.max_new_tokens, parsed.stream, d_worker.in_flight
+            ),
+        )
+        started = time.monotonic()
+        p_worker.in_flight += 1
+        d_worker.in_flight += 1
+        p_task = asyncio.ensure_future(
+            self._prefill_leg(p_worker, payload(p_worker, prefill_data), routed.since, first_byte)
+        )
+        d_conn: UpstreamConnection | None = None
+        answered = False
+        succeeded = False
+        failed: LegFailed | None = None
+        try:
+            d_task = asyncio.ensure_future(
+                self._open(d_worker, payload(d_worker, data), routed.since, first_byte)
+            )
+            try:
+                d_conn, first = await self._decode_head(d_task, p_task, parsed.stream)
+            except LegFailed as err:
+                failed = err
+                return err
+            ttft = time.monotonic() - started
+            self.metrics.pd_ttft.labels(model).observe(ttft)
+            fwd.policy.on_prefill_done(p_decision)
+            if parsed.stream:
+                self.fwd._ttft(model).observe(time.monotonic() - routed.request.arrived)
+                answered = True
+                succeeded = await self._relay_stream(routed, named, d_worker, d_conn, first, model)
+            else:
+                whole = first + await d_conn.read_all()
+                if data.get("return_logprob") and routed.route == "/generate":
+                    whole = await self._merge_logprobs(whole, p_task)
+                answered = True
+                succeeded = self._relay_whole(routed, named, d_worker, d_conn, whole, model)
+            return None
+        except UpstreamError as err:  # reading the decode's whole answer failed
+            failed = LegFailed(DECODE, "transport", err.detail)
+            return failed
+        finally:
+            self._end_pair(named, p_decision, d_worker, p_task, d_conn, failed, succeeded, answered)
+            if failed is not None and not self._may_retry(attempt, failed):
+                self._answer_failure(routed, named, failed, p_worker, d_worker, model)
+                failed.answered = True
+
+    async def _open(
+        self, worker: Worker, payload: bytes, since: float, first_byte: float
+    ) -> UpstreamConnection:
+        pool: UpstreamPool = worker.pool
+        return await pool.open(lambda conn: self.fwd._send(conn, payload, since, first_byte))
+
+    async def _prefill_leg(
+        self, worker: Worker, payload: bytes, since: float, first_byte: float
+    ) -> bytes:
+        """The prefill's whole answer; LegFailed when it fails or is not 2xx."""
+        started = time.monotonic()
+        try:
+            conn = await self._open(worker, payload, since, first_byte)
+        except UpstreamError as err:
+            kind = (
+                "timeout"
+                if err.reason in ("first_byte_timeout", "request_timeout")
+                else ("transport")
+            )
+            raise LegFailed(PREFILL, kind, err.detail) from None
+        try:
+            body = await conn.read_all()
+        except UpstreamError as err:
+            raise LegFailed(PREFILL, "transport", err.detail) from None
+        finally:
+            worker.pool.release(conn)
+        if conn.status >= 300:
+            failure = LegFailed(
+                PREFILL, _failure_kind(body), f"answered {conn.status}", status=conn.status
+            )
+            failure.body, failure.headers = body, conn.headers
+            raise failure
+        self.metrics.pd_prefill.labels().observe(time.monotonic() - started)
+        transfer = _transfer_seconds(body)
+        if transfer is not None:
+            self.metrics.pd_kv_transfer.labels().observe(transfer)
+        return body
+
+    async def _decode_head(
+        self,
+        d_task: asyncio.Future[UpstreamConnection],
+        p_task: asyncio.Future[bytes],
+        stream: bool,
+    ) -> tuple[UpstreamConnection, bytes]:
+        """The decode's connection once its answer is committed: its head and, for a stream,
+        its first body chunk (returned). A prefill failure before then fails the pair."""
+        try:
+            legs: set[asyncio.Future[Any]] = {d_task, p_task}
+            await asyncio.wait(legs, return_when=asyncio.FIRST_COMPLETED)
+            if p_task.done() and p_task.exception() is not None and not d_task.done():
+                raise _exception(p_task)
+            try:
+                conn = await d_task
+            except UpstreamError as err:
+                kind = (
+                    "timeout"
+                    if err.reason in ("first_byte_timeout", "request_timeout")
+                    else ("transport")
+                )
+                raise LegFailed(DECODE, kind, err.detail) from None
+        except BaseException:
+            if not d_task.done():
+                d_task.cancel()
+            elif not d_task.cancelled() and d_task.exception() is None:
+                d_task.result().close()
+            raise
+        if conn.status >= 300:
+            try:
+                body = await conn.read_all()
+            except UpstreamError:
+                body = b""
+            conn.close()
+            # the KV never came: the prefill's failure, as its own leg's answer says
+            kind = _failure_kind(body)
+            leg = PREFILL if kind in ("bootstrap", "transfer") else DECODE
+            failure = LegFailed(leg, kind, f"decode answered {conn.status}", status=conn.status)
+            failure.body, failure.headers = body, conn.headers
+            raise failure
+        if not stream:
+            return conn, b""
+        read = asyncio.ensure_future(conn.read())
+        try:
+            first: set[asyncio.Future[Any]] = {read, p_task}
+            await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done() and p_task.exception() is not None:  # p_task is done
+                raise _exception(p_task)
+            try:
+                return conn, await read
+            except UpstreamError as err:
+                raise LegFailed(DECODE, "transport", err.detail) from None
+        except BaseException:
+            if not read.done():
+                read.cancel()
+            conn.close()
+            raise
+
+    async def _merge_logprobs(self, body: bytes, p_task: asyncio.Future[bytes]) -> bytes:
+        """The decode's answer with the prefill's ``input_token_logprobs`` (what SGLang's
+        router merges when ``return_logprob`` is set)."""
+        try:
+            prefill = orjson.loads(await p_task)
+            answer = orjson.loads(body)
+            ours, theirs = answer.get("meta_info"), prefill.get("meta_info")
+            if isinstance(ours, dict) and isinstance(theirs, dict):
+                for key in ("input_token_logprobs", "input_top_logprobs"):
+                    if key in theirs:
+                        ours[key] = theirs[key]
+            return orjson.dumps(answer)
+        except (LegFailed, orjson.JSONDecodeError, AttributeError):
+            return body
+
+    def _relay_whole(
+        self,
+        routed: Routed,
+        named: _Named,
+        worker: Worker,
+        conn: UpstreamConnection,
+        body: bytes,
+        model: str,
+    ) -> bool:
+        from tpuserve_router.forwarding import _response_headers
+
+        status = conn.status
+        usage = usage_from_body(body) if status == 200 else None
+        if named.restorer is not None:
+            body = named.restorer.whole(body)
+        routed.request.respond(status, _response_headers(conn.headers), body)
+        self._count(routed, worker, model, str(status), status < 400, usage)
+        return status < 400
+
+    async def _relay_stream(
+        self,
+        routed: Routed,
+        named: _Named,
+        worker: Worker,
+        conn: UpstreamConnection,
+        first: bytes,
+        model: str,
+    ) -> bool:
+        from tpuserve_router.forwarding import STREAM_ERROR, _response_headers
+
+        request = routed.request
+        restorer = named.restorer
+        request.start_chunked(conn.status, _response_headers(conn.headers))
+        conn.watch_progress()
+        before, last = b"", first
+        request.write_chunk(first if restorer is None else restorer.chunk(first))
+        try:
+            while True:
+                data = await conn.read()
+                if not data:
+                    break
+                request.write_chunk(data if restorer is None else restorer.chunk(data))
+                before, last = last, data
+                if request.write_paused:
+                    await request.drain()
+        except UpstreamError as err:
+            self.fwd._worker_failed(worker, err.reason)
+            self.metrics.pd_failures.labels(DECODE, "transport").inc()
+            if restorer is not None:
+                request.write_chunk(restorer.rest())
+            request.write_chunk(sse_error_event(f"the worker's stream broke: {err.detail}"))
+            request.end_chunked(keep_alive=False)
+            self._count(routed, worker, model, STREAM_ERROR, False, None, before + last)
+            return False
+        if restorer is not None:
+            request.write_chunk(restorer.rest())
+        request.end_chunked()
+        usage = usage_from_stream_tail(before + last) if conn.status == 200 else None
+        self._count(routed, worker, model, str(conn.status), conn.status < 400, usage)
+        return conn.status < 400
+
+    def _count(
+        self,
+        routed: Routed,
+        worker: Worker,
+        model: str,
+        status: str,
+        succeeded: bool,
+        usage: Any,
+        tail: bytes = b"",
+    ) -> None:
+        from tpuserve_router.forwarding import TryOutcome
+
+        fwd = self.fwd
+        fwd._requests(model, worker.name, routed.route, status).inc()
+        fwd._e2e(model, routed.route).observe(time.monotonic() - routed.request.arrived)
+        if usage is not None:
+            prompt, completion, cached = usage
+            key = (model, worker.name)
+            fwd._prompt_tokens(key).inc(prompt)
+            fwd._completion_tokens(key).inc(completion)
+            fwd._cached_tokens(key).inc(cached)
+        if routed.key is not None:
+            fwd._tenant_requests(routed.key.label, routed.key.priority, status).inc()
+        if routed.spend is not None:
+            routed.spend.outcome = TryOutcome(
+                status=status, succeeded=succeeded, relayed=status != "stream_error",
+                usage=usage,
+            )  # fmt: skip
+            routed.spend.stream_tail = tail
+
+    def _end_pair(
+        self,
+        named: _Named,
+        p_decision: Decision[Worker],
+        d_worker: Worker,
+        p_task: asyncio.Future[bytes],
+        d_conn: UpstreamConnection | None,
+        failed: LegFailed | None,
+        succeeded: bool,
+        answered: bool,
+    ) -> None:
+        """Account for a pair, however it ended: the leg that failed counts against its
+        worker only; a leg still running is ended (its connection closed, its engine asked
+        to abort the rid), so no engine is left waiting for a partner that is gone."""
+        fwd = self.fwd
+        p_worker = p_decision.worker
+        rid = named.rid
+        prefill_ok = p_task.done() and not p_task.cancelled() and p_task.exception() is None
+        if not p_task.done():
+            p_task.cancel()
+            if rid is not None:
+                fwd.aborter.abort(p_worker.name, rid, "gave_up")
+        elif not p_task.cancelled():
+            p_task.exception()  # retrieved: its failure is accounted below
+        if d_conn is not None:
+            if not d_conn.done and rid is not None:
+                fwd.aborter.abort(d_worker.name, rid, "gave_up")
+            d_worker.pool.release(d_conn)
+        elif not answered and rid is not None:
+            fwd.aborter.abort(d_worker.name, rid, "gave_up")
+        if failed is not None:
+            self.metrics.pd_failures.labels(failed.leg, failed.kind).inc()
+            culprit = p_worker if failed.leg == PREFILL else d_worker
+            if failed.kind in ("transport", "timeout") or (failed.status or 0) >= 500:
+                fwd._worker_failed(culprit, _reason(failed))
+            if failed.leg == DECODE and prefill_ok:
+                fwd.outliers.succeeded(p_worker)
+        elif answered:
+            if prefill_ok:
+                fwd.outliers.succeeded(p_worker)
+            fwd.outliers.succeeded(d_worker)
+        p_worker.in_flight -= 1
+        d_worker.in_flight -= 1
+        fwd.policy.on_request_done(p_decision, prefill_ok or succeeded)
+
+    def _answer_failure(
+        self,
+        routed: Routed,
+        named: _Named,
+        failed: LegFailed,
+        p_worker: Worker,
+        d_worker: Worker,
+        model: str,
+    ) -> None:
+        """No retry is left: the client gets the failing leg's answer, or 502/504."""
+        from tpuserve_router.forwarding import _response_headers
+
+        worker = p_worker if failed.leg == PREFILL else d_worker
+        if failed.status is not None:
+            body = failed.body
+            if named.restorer is not None:
+                body = named.restorer.whole(body)
+            routed.request.respond(failed.status, _response_headers(failed.headers), body)
+            status = str(failed.status)
+        else:
+            code = 504 if failed.kind == "timeout" else 502
+            message = f"{failed.leg} worker failed: {failed.detail}"
+            reply_error(routed.request, ClientError(code, message, error_type="upstream_error"))
+            status = str(code)
+        self._count(routed, worker, model, status, False, None)
+
+    def _unavailable(self, routed: Routed, message: str) -> None:
+        from tpuserve_router.replies import unavailable
+
+        reply_error(routed.request, unavailable(message))
+        self.fwd._requests(routed.parsed.model, "none", routed.route, "503").inc()
+
+
+def _exception(task: asyncio.Future[Any]) -> BaseException:
+    err = task.exception()
+    assert err is not None
+    return err
+
+
+def _reason(failed: LegFailed) -> str:
+    """The ``tpuserve_router_upstream_errors_total`` reason of a leg's failure."""
+    if failed.kind == "timeout":
+        return "first_byte_timeout"
+    if failed.kind == "transport":
+        return "reset_before_response"
+    return "retryable_status"
+
+
+def _batch(route: str, data: dict[str, Any]) -> int | None:
+    """How many prompts a batched ``/generate`` carries (None: one prompt)."""
+    if route != "/generate":
+        return None
+    text, ids = data.get("text"), data.get("input_ids")
+    if isinstance(text, list):
+        return len(text)
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        return len(ids)
+    return None
+
+
+def _transfer_seconds(body: bytes) -> float | None:
+    """Seconds between a prefill engine's first token and its answer (bootstrap wait and KV
+    send), from its ``/generate`` answer's meta_info; None when it does not say."""
+    try:
+        meta = orjson.loads(body).get("meta_info")
+        sent, done = meta["response_sent_to_client_ts"], meta["prefill_finished_time"]
+        return max(0.0, float(sent) - float(done))
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,184 @@
+"""A disaggregated TPUModelServer: each role rendered as its own replica groups (its slice,
+its SGLang flags, its pod label; the prefill's bootstrap port advertised), the router in PD
+mode, both roles preferring one zone, status per role; and every refusal names its field."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sglang_tpu import disaggregation as pd
+from tests.unit.operator.conftest import RenderFn, SpecWith
+from tpuserve_operator.conditions import Reason
+from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.render import Manifest, RenderConfig, validate_server
+from tpuserve_operator.render.roles import ZONE_KEY
+from tpuserve_operator.status import GroupReport
+from tpuserve_operator.status_writer import role_statuses
+
+pytestmark = pytest.mark.unit
+
+SIMULATED = {"type": "simulated"}
+
+
+def pd_spec(spec_with: SpecWith, **disaggregation: Any) -> dict[str, Any]:
+    return spec_with(
+        engine=SIMULATED,
+        tpu={"generation": "v6e", "topology": "2x4"},
+        disaggregation={
+            "prefill": {"replicas": 1, "tpu": {"generation": "v6e", "topology": "4x4"}},
+            "decode": {"replicas": 2},
+            **disaggregation,
+        },
+    )
+
+
+def templates(children: list[Manifest]) -> Iterator[tuple[str, Manifest]]:
+    for c in children:
+        if c["kind"] == "StatefulSet":
+            yield c["metadata"]["name"], c["spec"]["template"]
+
+
+def engine_args(template: Manifest) -> str:
+    env = template["spec"]["containers"][0]["env"]
+    return " ".join(str(e.get("value", "")) for e in env)
+
+
+def test_each_role_is_its_own_replica_groups_with_its_slice_and_flags(
+    spec_with: SpecWith, rendered: RenderFn
+) -> None:
+    result = rendered(pd_spec(spec_with))
+    assert result.replicas == 3
+    by_name = dict(templates(result.children))
+    assert sorted(by_name) == ["qwen-r0", "qwen-r0-w", "qwen-r1", "qwen-r2"]  # 4x4: 4 hosts
+    prefill, decode = by_name["qwen-r0"], by_name["qwen-r1"]
+    assert prefill["metadata"]["labels"][pd.PD_ROLE_LABEL] == "prefill"
+    assert by_name["qwen-r0-w"]["metadata"]["labels"][pd.PD_ROLE_LABEL] == "prefill"
+    assert decode["metadata"]["labels"][pd.PD_ROLE_LABEL] == "decode"
+    assert prefill["metadata"]["annotations"][pd.BOOTSTRAP_PORT_ANNOTATION] == "8998"
+    assert pd.BOOTSTRAP_PORT_ANNOTATION not in decode["metadata"].get("annotations", {})
+    ports = {p["name"]: p["containerPort"] for p in prefill["spec"]["containers"][0]["ports"]}
+    assert ports["pd-bootstrap"] == 8998
+    assert "--disaggregation-mode prefill" in engine_args(prefill)
+    assert "--disaggregation-bootstrap-port 8998" in engine_args(prefill)
+    assert "--disaggregation-transfer-backend mooncake" in engine_args(prefill)
+    assert "--disaggregation-mode decode" in engine_args(decode)
+    assert "bootstrap-port" not in engine_args(decode)
+    assert result.group_hosts(0) == 4
+    assert result.group_hosts(1) == 1
+    for template in by_name.values():  # one placement domain: the server's pods, one zone
+        terms = template["spec"]["affinity"]["podAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert any(t["podAffinityTerm"]["topologyKey"] == ZONE_KEY for t in terms)
+
+
+def test_the_router_routes_pairs_of_discovered_roles(
+    spec_with: SpecWith, rendered: RenderFn
+) -> None:
+    children = rendered(pd_spec(spec_with, policy="always")).children
+    (router,) = [c for c in children if c["kind"] == "Deployment"]
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--pd-disaggregation" in args
+    assert "--pd-policy=always" in args
+    (engines,) = [c for c in children if c["metadata"]["name"] == "qwen-engines"]
+    router_ports = {p["port"] for p in engines["spec"]["ingress"][1]["ports"]}
+    assert 8998 in router_ports  # the router asks the bootstrap server the DP size
+
+
+def test_a_role_change_rolls_the_server(spec_with: SpecWith, rendered: RenderFn) -> None:
+    before = rendered(pd_spec(spec_with)).revision
+    changed = pd_spec(spec_with, decode={"replicas": 2, "args": {"max-running-requests": 64}})
+    assert rendered(changed).revision != before
+
+
+def test_status_reports_each_role(spec_with: SpecWith, rendered: RenderFn) -> None:
+    result = rendered(pd_spec(spec_with))
+
+    def report(k: int, ready: bool) -> GroupReport:
+        return GroupReport(
+            index=k, name=f"qwen-r{k}", state="Ready" if ready else "Starting",
+            reason=Reason.SERVING, message="", since="", hosts=1, ready_hosts=1,
+            updated=True, ready=ready, exists=True,
+        )  # fmt: skip
+
+    roles = role_statuses(result, {0: report(0, True), 1: report(1, True), 2: report(2, False)})
+    assert [(r.role, r.replicas, r.ready_replicas, r.groups) for r in roles] == [
+        ("prefill", 1, 1, [0]), ("decode", 2, 1, [1, 2]),
+    ]  # fmt: skip
+    assert role_statuses(rendered(spec_with(engine=SIMULATED)), {}) == []
+
+
+def problems(spec: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    with pytest.raises(InvalidSpec) as caught:
+        validate_server({"name": "qwen", "namespace": "ml"}, spec, RenderConfig())
+    return {p.field: (p.message, str(p.reason)) for p in caught.value.problems}
+
+
+def test_no_transfer_backend_moves_kv_between_tpu_slices_in_sglang(spec_with: SpecWith) -> None:
+    spec = pd_spec(spec_with)
+    spec["engine"] = {"type": "sglang"}
+    message, reason = problems(spec)["spec.disaggregation.transferBackend"]
+    assert reason == "UnsupportedTransferBackend"
+    assert "'mooncake' is not allowed" in message
+    assert "allowed: none yet, or spec.engine.type simulated" in message
+
+
+def test_roles_of_different_engine_versions_are_refused(spec_with: SpecWith) -> None:
+    spec = pd_spec(spec_with)
+    spec["disaggregation"]["decode"]["image"] = "example.com/other:1"
+    message, reason = problems(spec)["spec.disaggregation.decode.image"]
+    assert reason == "UnpairableRoles"
+    assert "allowed: one engine image for both roles" in message
+
+
+def test_roles_with_different_kv_pages_are_refused(spec_with: SpecWith) -> None:
+    spec = pd_spec(spec_with)
+    spec["disaggregation"]["decode"]["args"] = {"page-size": 32}
+    message, reason = problems(spec)["spec.disaggregation.decode.args.page-size"]
+    assert reason == "UnpairableRoles"
+    assert "32 differs from the prefill role's None" in message
+
+
+def test_the_disaggregation_flags_are_the_operators(spec_with: SpecWith) -> None:
+    spec = pd_spec(spec_with)
+    spec["engine"]["args"] = {"disaggregation-mode": "decode"}
+    spec["disaggregation"]["prefill"]["args"] = {"disaggregation-bootstrap-port": 1}
+    found = problems(spec)
+    assert found["spec.engine.args.disaggregation-mode"][1] == "ReservedField"
+    assert "spec.disaggregation.prefill.args.disaggregation-bootstrap-port" in found
+    plain = spec_with(engine={**SIMULATED, "args": {"disaggregation-mode": "prefill"}})
+    assert (
+        "allowed: spec.disaggregation" in problems(plain)["spec.engine.args.disaggregation-mode"][0]
+    )
+
+
+def test_autoscaling_and_unknown_role_slices_are_refused(spec_with: SpecWith) -> None:
+    spec = pd_spec(spec_with)
+    spec["autoscaling"] = {"maxReplicas": 4}
+    spec["disaggregation"]["decode"]["tpu"] = {"generation": "v6e", "topology": "3x3"}
+    found = problems(spec)
+    assert "spec.autoscaling" in found
+    assert found["spec.disaggregation.decode.tpu.topology"][1] == "UnsupportedTopology"
+
+
+def test_tp_sizes_pair_when_the_larger_is_a_multiple_of_the_smaller() -> None:
+    from tpuserve_operator.disaggregation import tp_pairs
+
+    assert tp_pairs(8, 16)
+    assert tp_pairs(16, 8)
+    assert tp_pairs(4, 4)
+    assert not tp_pairs(6, 8)  # none of the catalog's slices: all are powers of two
+
+
+def test_the_transfer_backend_is_one_of_sglangs(spec_with: SpecWith) -> None:
+    from sglang_tpu.disaggregation import TRANSFER_BACKENDS
+    from tpuserve_operator.api import DisaggregationSpec
+
+    field = DisaggregationSpec.model_fields["transfer_backend"]
+    assert tuple(field.annotation.__args__) == TRANSFER_BACKENDS  # type: ignore[union-attr]
+    spec = pd_spec(spec_with, transferBackend="tpu")
+    message, _ = problems(spec)["spec.disaggregation.transferBackend"]
+    assert "'mooncake', 'mori', 'nixl', 'ascend' or 'fake'" in message

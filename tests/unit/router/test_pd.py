@@ -1,0 +1,176 @@
+"""PD mode's pieces without a network: the --prefill/--decode flags and their checks, the
+threshold from the performance model, the disaggregation decision, the DP rank a prompt's
+room is drawn for, and the logprob merge."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import orjson
+import pytest
+
+from sglang_tpu import disaggregation
+from tpuserve_router.cli import build_config, configure, env_name
+from tpuserve_router.config import ConfigError, RouterConfig
+from tpuserve_router.pd import (
+    PdSettings,
+    _batch,
+    _failure_kind,
+    _transfer_seconds,
+    parse_prefill_flag,
+    pd_workers,
+)
+from tpuserve_router.policies.base import Decision, RouteRequest
+
+pytestmark = pytest.mark.unit
+
+P = "http://127.0.0.1:30001"
+D = "http://127.0.0.1:30002"
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    return parser.parse_args(argv)
+
+
+def test_prefill_and_decode_flags_as_sglang_router_spells_them() -> None:
+    config = build_config(parse("--prefill", P, "8998", "--prefill", P[:-1] + "3", "--decode", D))
+    assert config.prefill == (f"{P} 8998", P[:-1] + "3")
+    assert config.decode == (D,)
+    specs = pd_workers(config.prefill, config.decode)
+    assert [(s.role, s.bootstrap_port) for s in specs] == [
+        ("prefill", 8998), ("prefill", None), ("decode", None),
+    ]  # fmt: skip
+
+
+def test_environment_lists_pd_workers() -> None:
+    env = {env_name("--prefill"): f"{P} 9000", env_name("--decode"): D}
+    config = build_config(parse(), environ=env)
+    assert (config.prefill, config.decode) == ((f"{P} 9000",), (D,))
+
+
+def test_a_bad_bootstrap_port_is_named() -> None:
+    with pytest.raises(ValueError, match=r"bootstrap port 'x' is not allowed; allowed: 1\.\.65535"):
+        parse_prefill_flag(f"{P} x")
+    assert parse_prefill_flag(f"{P} none").bootstrap_port is None
+
+
+def test_prefill_without_decode_is_refused() -> None:
+    with pytest.raises(ConfigError, match="PD mode needs both prefill and decode workers"):
+        RouterConfig(prefill=(P,)).validate()
+
+
+def test_pd_settings_are_named_when_wrong() -> None:
+    with pytest.raises(ConfigError) as err:
+        RouterConfig(
+            prefill=(P,), decode=(D,), pd_policy="sometimes", pd_perf_model="v6e:9x9:nope",
+            pd_itl_budget_seconds=0,
+        ).validate()  # fmt: skip
+    text = str(err.value)
+    assert "pd_policy='sometimes': allowed conditional, always" in text
+    assert "pd_perf_model" in text
+    assert "pd_itl_budget_seconds=0: allowed > 0" in text
+
+
+def test_the_threshold_comes_from_the_performance_model() -> None:
+    config = RouterConfig(prefill=(P,), decode=(D,), pd_perf_model="v6e:1x1:llama-3.1-8b")
+    settings = config.pd_settings()
+    assert settings is not None
+    timer = disaggregation.timer_for("v6e:1x1:llama-3.1-8b")
+    n = settings.threshold_tokens
+    assert timer.prefill_seconds(n) >= config.pd_itl_budget_seconds
+    assert timer.prefill_seconds(n - 1) < config.pd_itl_budget_seconds
+    # a bigger slice prefills faster: a longer prompt before it pays to disaggregate
+    bigger = config.replace(pd_perf_model="v6e:2x4:llama-3.1-8b").pd_settings()
+    assert bigger is not None
+    assert bigger.threshold_tokens > n
+    fixed = config.replace(pd_threshold_tokens=123).pd_settings()
+    assert fixed is not None
+    assert fixed.threshold_tokens == 123
+    assert RouterConfig().pd_settings() is None
+
+
+class FakeWorker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.healthy = True
+        self.in_flight = 0
+        self.peer_prefill_tokens = 0
+
+
+def router_with(policy: str, threshold: int) -> object:
+    from tpuserve_router.pd import PdRouter
+
+    router = object.__new__(PdRouter)
+    router.settings = PdSettings(policy, threshold, 300.0)
+    return router
+
+
+@pytest.mark.parametrize(
+    ("ratio", "prompt", "expected"),
+    [(None, 1000, True), (0.0, 999, False), (0.9, 5000, False), (0.5, 4000, True)],
+)
+def test_a_request_is_disaggregated_when_its_uncached_tokens_reach_the_threshold(
+    ratio: float | None, prompt: int, expected: bool
+) -> None:
+    router = router_with("conditional", 1000)
+    decision = Decision(FakeWorker("c"), "miss", ratio)
+    assert router.disaggregates(decision, prompt) is expected  # type: ignore[attr-defined]
+    always = router_with("always", 1000)
+    assert always.disaggregates(decision, 1) is True  # type: ignore[attr-defined]
+
+
+def test_a_conversation_keeps_its_dp_rank_and_the_room_lands_there() -> None:
+    from tpuserve_router.pd import PdRouter
+
+    first = RouteRequest("m", "system prompt and turn one", list(range(500)))
+    later = RouteRequest("m", "system prompt and turn one, two", [*range(500), 7, 8, 9])
+    for dp in (2, 4, 8):
+        rank = PdRouter.rank_for(first, dp)
+        assert PdRouter.rank_for(later, dp) == rank
+        room = disaggregation.room_for_rank(rank, dp)
+        assert disaggregation.dp_rank_of(room, dp) == rank
+    ranks = {PdRouter.rank_for(RouteRequest("m", f"user {i} " * 40), 4) for i in range(40)}
+    assert len(ranks) > 1  # different conversations spread over the ranks
+    assert PdRouter.rank_for(first, 1) == 0
+
+
+def test_batches_carry_lists_and_single_prompts_scalars() -> None:
+    assert _batch("/generate", {"text": ["a", "b", "c"]}) == 3
+    assert _batch("/generate", {"input_ids": [[1], [2]]}) == 2
+    assert _batch("/generate", {"input_ids": [1, 2]}) is None
+    assert _batch("/v1/completions", {"prompt": ["a", "b"]}) is None
+
+
+def test_engine_failures_are_told_apart_by_sglangs_messages() -> None:
+    assert _failure_kind(b'{"error": "timed out in KVPoll.Bootstrapping"}') == "bootstrap"
+    assert _failure_kind(b'{"error": "KV transfer of room 5 failed"}') == "transfer"
+    assert _failure_kind(b'{"error": "bad input"}') == "status"
+
+
+def test_the_transfer_time_is_read_from_the_prefills_meta_info() -> None:
+    body = orjson.dumps(
+        {"meta_info": {"prefill_finished_time": 10.0, "response_sent_to_client_ts": 10.25}}
+    )
+    assert _transfer_seconds(body) == pytest.approx(0.25)
+    assert _transfer_seconds(b'{"choices": []}') is None
+
+
+def test_prefill_logprobs_are_merged_into_the_decode_answer() -> None:
+    from tpuserve_router.pd import PdRouter
+
+    router = object.__new__(PdRouter)
+
+    async def merged() -> dict[str, object]:
+        prefill: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        prefill.set_result(orjson.dumps({"meta_info": {"input_token_logprobs": [[-0.5, 1, None]]}}))
+        decode = orjson.dumps({"text": "x", "meta_info": {"output_token_logprobs": []}})
+        result: dict[str, object] = orjson.loads(await router._merge_logprobs(decode, prefill))
+        return result
+
+    answer = asyncio.run(merged())
+    assert answer["meta_info"] == {
+        "output_token_logprobs": [], "input_token_logprobs": [[-0.5, 1, None]],
+    }  # fmt: skip
