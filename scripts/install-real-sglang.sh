@@ -11,8 +11,11 @@
 #   and scripts/real-sglang-requirements.txt: changing a pin installs a new venv (older ones are
 #   then removed; each is ~6.3 GB). A stamp file written last marks a complete install; a venv
 #   without it (an interrupted run) is rebuilt.
-# - PyPI only, wheels only, through pip's own cache: sglang with --no-deps (its metadata requires
-#   CUDA-only packages), then the pinned CPU serving stack. Afterwards the serving modules are
+# - PyPI only, wheels only, through uv (scripts/find-uv.sh) and its cache: sglang with --no-deps
+#   (its metadata requires CUDA-only packages), then the pinned CPU serving stack, byte-compiled
+#   as pip would (the tests run with PYTHONDONTWRITEBYTECODE=1). uv downloads the ~6 GB in
+#   parallel and compiles on every core: a fresh install took 10-12 min through pip on a busy
+#   machine. Afterwards the serving modules are
 #   imported once as SGLang's CPU engine imports them, so a missing package fails here, not in
 #   a test.
 # - The tiny model (sglang_tpu/tiny_model.py) is built into $TPUSERVE_CACHE/sglang/models.
@@ -20,6 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
 source scripts/tool-paths.sh
+# shellcheck disable=SC1091
+source scripts/find-uv.sh
 
 REQUIREMENTS=scripts/real-sglang-requirements.txt
 SHIM_DIR=sglang_tpu/cpu_shim
@@ -89,21 +94,21 @@ if [ "$mode" = check ]; then
   exit 0
 fi
 
-pip_install() { # pip's output goes to the install log: it lists, as an ERROR that does not fail
-  # the install, every requirement of sglang's metadata left out on purpose (GPU kernels, ...)
-  nice -n 10 "$venv/bin/python" -m pip install --only-binary=:all: "$@" >>"$install_log" 2>&1 ||
-    { tail -n 30 "$install_log" >&2; log "ERROR: pip install $* failed (log: $install_log)"; exit 1; }
+uv_install() { # into the venv; uv's output goes to the install log
+  nice -n 10 "$uv" pip install --python "$venv/bin/python" --only-binary :all: --compile-bytecode \
+    "$@" >>"$install_log" 2>&1 ||
+    { tail -n 30 "$install_log" >&2; log "ERROR: uv pip install $* failed (log: $install_log)"; exit 1; }
 }
 
 install_venv() {
   local started=$SECONDS
   log "installing sglang==$version and its CPU serving stack into $venv (~6.3 GB, ~2.5-5 min fresh)"
   rm -rf "$venv"
-  "$base_python" -m venv "$venv"
+  uv=$(find_uv "$base_python")
+  "$uv" venv --quiet --python "$base_python" "$venv"
   install_log=$venv/install.log
-  pip_install --upgrade "pip>=24"
-  pip_install --no-deps "sglang==$version"
-  pip_install -r "$REQUIREMENTS"
+  uv_install --no-deps "sglang==$version"
+  uv_install -r "$REQUIREMENTS"
   log "importing the serving modules as SGLang's CPU engine does"
   SGLANG_USE_CPU_ENGINE=1 CUDA_VISIBLE_DEVICES="" PYTHONPATH="$SHIM_DIR" \
     "$venv/bin/python" -W ignore - "${SERVING_MODULES[@]}" <<'EOF_PY' ||

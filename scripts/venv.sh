@@ -9,9 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
 source scripts/tool-paths.sh
+# shellcheck disable=SC1091
+source scripts/find-uv.sh
 extras=${1:-}
 venv=${TPUSERVE_VENV:-.venv}
-UV_SPEC="uv>=0.13,<0.14"
 
 find_python() {
   for candidate in python3.13 python3.12 python3.11 python3; do
@@ -25,19 +26,6 @@ find_python() {
   return 1
 }
 
-find_uv() { # prints the path of uv, installing it into the machine's cache the first time
-  local dir=$TPUSERVE_CACHE/tools/uv-0.13 staging
-  if [ ! -x "$dir/bin/uv" ]; then
-    staging=$(mktemp -d "$TPUSERVE_CACHE/tools/.uv.XXXXXX")
-    "$1" -m pip install --quiet --disable-pip-version-check --target "$staging" "$UV_SPEC" >&2 ||
-      { rm -rf "$staging"; echo "installing $UV_SPEC from PyPI with pip failed" >&2; return 1; }
-    rm -rf "$dir"
-    mv "$staging" "$dir" 2>/dev/null || rm -rf "$staging" # another clone may have won the race
-  fi
-  echo "$dir/bin/uv"
-}
-
-mkdir -p "$TPUSERVE_CACHE/tools"
 python=$(find_python)
 uv=$(find_uv "$python")
 if [ ! -x "$venv/bin/python" ]; then
