@@ -78,12 +78,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sglang_tpu.perf_model import StepTimer, get_profile, kv_pool_tokens
+from sglang_tpu.perf_model import ModelProfile, StepTimer, get_profile, kv_pool_tokens
 from sglang_tpu.topology import CatalogError, SliceShape, lookup
 from tpuserve.bench import mooncake
 
 BLOCK_TOKENS = mooncake.MOONCAKE_BLOCK_TOKENS
 FLEET_POLICIES = ("round_robin", "precise", "llmd", "oracle")
+WORKLOADS = ("mooncake", "lengths")
 """The policies the fleet model routes with (module docstring)."""
 LLMD_PREFIX_WEIGHT = 2.0
 LLMD_QUEUE_WEIGHT = 1.0
@@ -107,7 +108,17 @@ SCALE_DOWN_STEP_SECONDS = 60.0
 # Engine states.
 OFF, STARTING, READY, DRAINING, NOTICED = 0, 1, 2, 3, 4
 # Event kinds (heap entries are (time, seq, kind, a, b)).
-_STEP, _ARRIVAL, _SESSION, _POLL, _HPA, _UP, _NOTICE, _KILL = range(8)
+_STEP, _ARRIVAL, _SESSION, _POLL, _HPA, _UP, _NOTICE, _KILL, _SAMPLE = range(9)
+SAMPLE_SECONDS = 5.0
+"""How often the KV tokens in flight are sampled (`FleetResult.tokens_in_flight_per_chip`)."""
+
+
+_SINGLE = mooncake.TraceShape(
+    mooncake.PublishedStats("lengths", 0, 0, None, 0, 0.0),
+    continue_probability=0.0,
+    max_input_tokens=10**9,
+)
+"""The ``lengths`` workload's requests: one turn each (outputs from the config)."""
 
 
 def daily_multiplier(hour: float, trough: float) -> float:
@@ -137,8 +148,25 @@ class FleetConfig:
     duration_seconds: float = 3600.0
     warmup_seconds: float = 0.0
     """Requests arriving before this are served but not counted."""
+    workload: str = "mooncake"
+    """``mooncake``: sessions of the Mooncake shapes (``conversation_share``); ``lengths``:
+    single requests whose prompt is one of ``prefix_groups`` shared prefixes (Zipf
+    ``prefix_zipf``) of ``reuse_share`` x ``input_median`` tokens plus a private part
+    (log-normal, median ``(1 - reuse_share) x input_median``, shape ``input_sigma``), output
+    uniform over ``output_min``-``output_max``."""
     conversation_share: float = 0.5
     """Share of sessions drawn from the conversation shape; the rest are tool&agent."""
+    input_median: float = 1000.0
+    input_sigma: float = 0.5
+    output_min: int = 100
+    output_max: int = 500
+    reuse_share: float = 0.0
+    prefix_groups: int = 16
+    prefix_zipf: float = 0.8
+    block_tokens: int = BLOCK_TOKENS
+    """Prefix-cache granularity (Mooncake's traces: 512-token blocks)."""
+    profile: ModelProfile | None = None
+    """A model profile not in the catalog (from a config.json); None: ``model``'s."""
     bursts_per_hour: float = 2.0
     burst_factor: float = 2.0
     burst_seconds: float = 60.0
@@ -169,7 +197,22 @@ class FleetConfig:
             lookup(self.generation, self.topology)
         except CatalogError as err:
             raise ValueError(str(err)) from None
-        get_profile(self.model, "model")
+        if self.profile is None:
+            get_profile(self.model, "model")
+        if self.workload not in WORKLOADS:
+            raise bad("workload", self.workload, ", ".join(WORKLOADS))
+        if not 1 <= self.output_min <= self.output_max:
+            raise bad("output_min", self.output_min, f"1..output_max ({self.output_max})")
+        if not 0 <= self.reuse_share < 1:
+            raise bad("reuse_share", self.reuse_share, "0 <= share < 1")
+        if not 16 <= self.block_tokens <= 4096:
+            raise bad("block_tokens", self.block_tokens, "16..4096")
+        if self.prefix_groups < 1:
+            raise bad("prefix_groups", self.prefix_groups, ">= 1")
+        if not 1 <= self.input_median < math.inf:
+            raise bad("input_median", self.input_median, ">= 1 token")
+        if not 0 <= self.input_sigma <= 3:
+            raise bad("input_sigma", self.input_sigma, "0..3")
         if self.policy not in FLEET_POLICIES:
             raise bad("policy", self.policy, ", ".join(FLEET_POLICIES))
         for name in ("replicas", "router_replicas", "max_running_requests",
@@ -321,6 +364,9 @@ class FleetResult:
     scale_ups: int = 0
     scale_downs: int = 0
     events: int = 0
+    tokens_in_flight_samples: list[float] = field(default_factory=list)
+    """KV tokens reserved per serving chip, every `SAMPLE_SECONDS` of the window (the
+    autoscaler's ``tokensInFlight`` metric)."""
 
     @property
     def window_seconds(self) -> float:
@@ -369,6 +415,11 @@ class FleetResult:
             "preemptions": self.preemptions,
             "scale_ups": self.scale_ups,
             "scale_downs": self.scale_downs,
+            "tokens_in_flight_per_chip": (
+                sum(self.tokens_in_flight_samples) / len(self.tokens_in_flight_samples)
+                if self.tokens_in_flight_samples
+                else 0.0
+            ),
         }
 
 
@@ -376,13 +427,14 @@ class FleetSim:
     def __init__(self, config: FleetConfig) -> None:
         config.validate()
         self.config = config
+        self.block = config.block_tokens
         c = config
         shape = c.shape
-        profile = get_profile(c.model, "model")
+        profile = c.profile or get_profile(c.model, "model")
         self.chips = shape.chips
         self.timer = StepTimer(shape, profile, c.quantization)
         self.pool = kv_pool_tokens(shape, profile, c.quantization)
-        if self.pool < BLOCK_TOKENS:
+        if self.pool < self.block:
             raise ValueError(
                 f"model: {c.model} leaves no KV pool on {c.generation} {c.topology}; allowed: "
                 "a model and topology that fit (see `tpuserve plan`)"
@@ -415,9 +467,12 @@ class FleetSim:
         self.next_block = 1 + max(1, mooncake.CONVERSATION.shared_blocks)
         self.templates = self._templates()
         self.shapes = (mooncake.CONVERSATION, mooncake.TOOL_AGENT)
+        self.groups = self._groups()
         mean_turns = c.conversation_share / (1 - mooncake.CONVERSATION.continue_probability) + (
             1 - c.conversation_share
         ) / (1 - mooncake.TOOL_AGENT.continue_probability)
+        if c.workload == "lengths":
+            mean_turns = 1.0
         self.session_peak = c.peak_rate / mean_turns
         self.bursts = self._bursts()
         self.session_count = 0
@@ -437,10 +492,22 @@ class FleetSim:
         rng = random.Random(f"fleet-templates:{self.config.seed}")
         out = []
         for _ in range(shape.templates):
-            tokens = rng.randint(shape.template_min, shape.template_max) // BLOCK_TOKENS
+            tokens = rng.randint(shape.template_min, shape.template_max) // self.block
             ids = list(range(self.next_block, self.next_block + tokens))
             self.next_block += tokens
-            out.append((ids, tokens * BLOCK_TOKENS))
+            out.append((ids, tokens * self.block))
+        return out
+
+    def _groups(self) -> list[list[int]]:
+        """The ``lengths`` workload's shared prefixes (block ids)."""
+        c = self.config
+        if c.workload != "lengths" or c.reuse_share <= 0:
+            return []
+        blocks = int(c.reuse_share * c.input_median) // self.block
+        out = []
+        for _ in range(c.prefix_groups):
+            out.append(list(range(self.next_block, self.next_block + blocks)))
+            self.next_block += blocks
         return out
 
     def _bursts(self) -> list[float]:
@@ -480,10 +547,22 @@ class FleetSim:
 
     def _start_session(self) -> None:
         rng = self.rng
+        c = self.config
+        if c.workload == "lengths":
+            blocks: list[int] = []
+            if self.groups:
+                blocks = self.groups[mooncake._zipf(rng, len(self.groups), c.prefix_zipf)]
+            private_median = max(1.0, (1.0 - c.reuse_share) * c.input_median)
+            room = self.context_length - 1 - c.output_max - len(blocks) * self.block
+            add = min(mooncake._lognormal(rng, private_median, c.input_sigma), max(1, room))
+            one = _Session(_SINGLE, list(blocks), len(blocks) * self.block)
+            self.session_count += 1
+            self._turn(one, add)
+            return
         conversation = rng.random() < self.config.conversation_share
         shape = self.shapes[0 if conversation else 1]
         blocks = list(range(shape.shared_blocks))
-        length = len(blocks) * BLOCK_TOKENS
+        length = len(blocks) * self.block
         if not conversation and self.templates:
             ids, tokens = self.templates[mooncake._zipf(rng, len(self.templates),
                                                         shape.template_zipf)]  # fmt: skip
@@ -497,14 +576,17 @@ class FleetSim:
         shape = session.shape
         if session.length + add > min(shape.max_input_tokens, self.context_length - 1):
             return
-        kept = session.length // BLOCK_TOKENS
+        kept = session.length // self.block
         session.length += add
-        fresh = math.ceil(session.length / BLOCK_TOKENS) - kept
+        fresh = math.ceil(session.length / self.block) - kept
         nb = self.next_block
         session.blocks = session.blocks[:kept] + list(range(nb, nb + fresh))
         self.next_block = nb + fresh
         rng = self.rng
-        output = min(rng.randint(shape.output_min, shape.output_max),
+        lo, hi = shape.output_min, shape.output_max
+        if shape is _SINGLE:
+            lo, hi = self.config.output_min, self.config.output_max
+        output = min(rng.randint(lo, hi),
                      self.context_length - session.length)  # fmt: skip
         req = _Request(self.now, tuple(session.blocks), session.length, output, 0)
         self._arrive(req)
@@ -535,6 +617,7 @@ class FleetSim:
                 self._push(r * c.load_poll_seconds / c.router_replicas, _POLL, r, 0)
         if c.autoscale:
             self._push(c.hpa_interval_seconds, _HPA, None, 0)
+        self._push(c.warmup_seconds + SAMPLE_SECONDS, _SAMPLE, None, 0)
         end = c.duration_seconds + c.drain_seconds
         events = self.events
         pop = heapq.heappop
@@ -566,6 +649,15 @@ class FleetSim:
                 self._autoscale()
                 if t <= c.duration_seconds:
                     self._push(t + c.hpa_interval_seconds, _HPA, None, 0)
+            elif kind == _SAMPLE:
+                serving = [e for e in self.engines if e.state == READY]
+                if serving:
+                    reserved = sum(e.reserved for e in serving)
+                    self.result.tokens_in_flight_samples.append(
+                        reserved / (len(serving) * self.chips)
+                    )
+                if t + SAMPLE_SECONDS <= c.duration_seconds:
+                    self._push(t + SAMPLE_SECONDS, _SAMPLE, None, 0)
             elif kind == _UP:
                 e = self.engines[a]
                 if e.incarnation == b and e.state == STARTING:
@@ -816,7 +908,7 @@ class FleetSim:
         if pdepth > depth:
             e = pred[blocks[pdepth - 1]][0]
             if e in self.ready_pos:
-                hit = pdepth * BLOCK_TOKENS
+                hit = pdepth * self.block
                 self._predict(router, blocks, depth, e)
                 return e, min(hit, req.prompt)
         held, cands = self._candidates(holders.get(blocks[depth - 1]) if depth else None)
@@ -825,14 +917,14 @@ class FleetSim:
         load = self._view_load
         hi, lo = max(loads), min(loads)
         prompt = req.prompt
-        cached_share = depth * BLOCK_TOKENS / prompt
+        cached_share = depth * self.block / prompt
         if hi - lo > PRECISE_BALANCE_ABS and hi > PRECISE_BALANCE_REL * lo:
             chosen = cands[loads.index(lo)]
         elif held and cached_share > PRECISE_CACHE_THRESHOLD:
             chosen = min(held, key=lambda e: load(router, e))
         else:
             chosen = cands[loads.index(lo)]
-        hit = depth * BLOCK_TOKENS if chosen in held else 0
+        hit = depth * self.block if chosen in held else 0
         # leave_long_queue: move when the queue avoided outweighs the prefix given up.
         queued = self._view_queue(router, chosen)
         if queued > PRECISE_QUEUE_MARGIN_TOKENS:
@@ -840,7 +932,7 @@ class FleetSim:
             best_work = queued + prompt - hit
             best_cached = hit
             for e in cands:
-                cached = (depth * BLOCK_TOKENS) if e in held else 0
+                cached = (depth * self.block) if e in held else 0
                 work = self._view_queue(router, e) + prompt - cached
                 if work < best_work:
                     best, best_work, best_cached = e, work, cached
@@ -890,7 +982,7 @@ class FleetSim:
             if score > best:
                 best, chosen, chosen_depth = score, e, d
         lru = router.llmd_lru[chosen]
-        cap = self.pool // BLOCK_TOKENS
+        cap = self.pool // self.block
         for b in reversed(blocks):  # PreRequest: the chosen pod's blocks, parents freshest
             if b in lru:
                 lru.move_to_end(b)
@@ -904,7 +996,7 @@ class FleetSim:
                 h.discard(chosen)
                 if not h:
                     del index[old]
-        return chosen, min(chosen_depth * BLOCK_TOKENS, req.prompt)
+        return chosen, min(chosen_depth * self.block, req.prompt)
 
     def _oracle(self, req: _Request) -> tuple[int, int]:
         blocks = req.blocks
@@ -926,7 +1018,7 @@ class FleetSim:
                 d = self._depth(blocks[:depth], _holds(holders, e))
             else:
                 d = 0
-            cached = min(d * BLOCK_TOKENS, prompt - 1)
+            cached = min(d * self.block, prompt - 1)
             new = prompt - cached
             queued = self.wtok[e]
             ttft = (queued + new) * per_tok + per_att * new * (cached + new / 2)
@@ -1045,7 +1137,7 @@ class FleetSim:
             d = self._depth(blocks, cache.__contains__) if cache else 0
             for b in reversed(blocks[:d]):
                 cache.move_to_end(b)
-            cached = min(d * BLOCK_TOKENS, req.prompt - 1)
+            cached = min(d * self.block, req.prompt - 1)
             req.cached = cached
             e.wtok -= cached
             req.uncached = req.prompt - cached
@@ -1101,7 +1193,7 @@ class FleetSim:
                     holders[b] = {i}
                 else:
                     h.add(i)
-        cap = max(0, self.pool - e.reserved) // BLOCK_TOKENS
+        cap = max(0, self.pool - e.reserved) // self.block
         while len(cache) > cap:
             old, _ = cache.popitem(last=False)
             h = holders.get(old)
