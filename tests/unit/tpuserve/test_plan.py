@@ -66,7 +66,8 @@ def test_search_finds_capacity_ranks_by_cost_and_skips_what_does_not_fit(small_p
         assert c.replicas * c.capacity_rps >= 60.0
         assert (c.replicas - 1) * c.capacity_rps < 60.0
         assert small_plan.inputs.slo.met(c.at_capacity)
-    costs = [c.usd_per_million_output(4.0) for c in small_plan.ranked()]
+    costs = [c.usd_per_million_output(4.0) or 0.0 for c in small_plan.ranked()]
+    assert all(costs)
     assert costs == sorted(costs)
     assert small_plan.best is small_plan.ranked()[0]
     assert small_plan.pareto()[0] is small_plan.best
