@@ -203,3 +203,11 @@ def test_tokens_per_day_becomes_a_peak_rate() -> None:
 def test_default_shapes_are_single_host() -> None:
     shapes = allowed_shapes(["v6e"], None, multi_host=False)
     assert [s.topology for s in shapes] == ["1x1", "2x2", "2x4"]
+
+
+def test_a_trace_becomes_length_distributions_and_reuse() -> None:
+    trace = str(ROOT / "bench" / "traces" / "w1-small.jsonl")
+    inputs, _ = build_inputs(parse(["--rate", "10", "--trace", trace]))
+    assert inputs.fleet.workload == "lengths"
+    assert inputs.fleet.reuse_share > 0.5  # W1: shared system prompts
+    assert inputs.fleet.prefix_groups >= 1
