@@ -5,7 +5,7 @@ replicas, the daily peak hour of a conversation + tool&agent mix with bursts, th
 (``tokensInFlight``) with 4-8 minute cold starts and Spot preemptions in the loop
 (`tpuserve.bench.fleet`). Prints the run's summary as one JSON object, with the wall time.
 
-    .venv/bin/python bench/fleet_hour.py --json-out bench/results/fleet_hour.json
+    .venv/bin/python bench/fleet_hour.py --json-out bench/fleet_results/2026-12-06/fleet_hour.json
 """
 
 from __future__ import annotations

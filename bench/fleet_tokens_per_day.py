@@ -21,9 +21,9 @@ mean inter-token latency <= ``--itl`` (per request). Policies: round_robin, prec
 router replicas 1, 4 and 8 (`tpuserve.bench.fleet` documents each).
 
     .venv/bin/python bench/fleet_tokens_per_day.py --jobs 2 \\
-        --out bench/results/fleet_tokens_per_day.json
+        --out bench/fleet_results/2026-12-06/fleet_tokens_per_day.json
     .venv/bin/python bench/fleet_tokens_per_day.py \\
-        --report bench/results/fleet_tokens_per_day.json
+        --report bench/fleet_results/2026-12-06/fleet_tokens_per_day.json
 """
 
 from __future__ import annotations

@@ -426,7 +426,8 @@ def render(result: Plan) -> str:
         v = result.verified
         lines.append(
             f"verified at full size: predicted {v['predicted_rps']:.1f} req/s, measured "
-            f"{v['measured_rps']:.1f} req/s (ratio {_f(v['ratio'])}, {v['simulations']} runs)"
+            f"{v['measured_rps']:.1f} req/s (the limit lies in [{v['measured_within'][0]:.1f}, "
+            f"{v['measured_within'][1]:.1f}); ratio {_f(v['ratio'])}, {v['simulations']} runs)"
         )
     lines.append("colocated prefill and decode only: disaggregation is not modelled yet")
     return "\n".join(lines)

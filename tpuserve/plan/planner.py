@@ -483,6 +483,7 @@ def verify(result: Plan) -> dict[str, Any]:
         "replicas": best.replicas,
         "predicted_rps": predicted,
         "measured_rps": measured,
+        "measured_within": (measured, measured * (1 + 2.0**-BISECTIONS)),
         "ratio": measured / predicted if predicted else None,
         "simulations": runs,
         "at_measured": summary,
