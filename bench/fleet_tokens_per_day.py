@@ -63,23 +63,27 @@ def base_config(args: argparse.Namespace) -> FleetConfig:
     )  # fmt: skip
 
 
-def run_one(job: tuple[FleetConfig, float, float]) -> dict[str, Any]:
-    config, hour, weight = job
+def run_one(job: tuple[FleetConfig, float, float, Path | None]) -> dict[str, Any]:
+    config, hour, weight, rows_file = job
     result = run_fleet(config)
     s = result.summary()
     s["start_hour"] = hour
     s["weight_hours"] = weight
+    if rows_file is not None:  # each window as it ends: a cut-short run keeps what it did
+        with rows_file.open("a") as f:
+            f.write(json.dumps(s) + "\n")
     return s
 
 
-def jobs(args: argparse.Namespace) -> list[tuple[FleetConfig, float, float]]:
+def jobs(args: argparse.Namespace) -> list[tuple[FleetConfig, float, float, Path | None]]:
+    """Every (policy, routers, window); the peak window of every configuration first."""
     base = base_config(args)
     out = []
-    for policy in args.policies:
-        for routers in args.routers:
-            for hour, weight in WINDOWS:
+    for hour, weight in sorted(WINDOWS, key=lambda w: -w[0]):
+        for policy in args.policies:
+            for routers in args.routers:
                 config = replace(base, policy=policy, router_replicas=routers, start_hour=hour)
-                out.append((config, hour, weight))
+                out.append((config, hour, weight, args.rows))
     return out
 
 
@@ -93,6 +97,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "windows": {},
         })  # fmt: skip
         seconds = r["weight_hours"] * 3600.0
+        t["hours_covered"] = t.get("hours_covered", 0.0) + r["weight_hours"]
         t["tokens_per_day"] += r["tokens_per_second"] * seconds
         t["goodput_tokens_per_day"] += r["goodput_tokens_per_second"] * seconds
         t["windows"][f"{r['start_hour']:02.0f}:00"] = {
@@ -123,7 +128,8 @@ def report(data: dict[str, Any]) -> str:
             return f"{t['goodput_tokens_per_day'] / other['goodput_tokens_per_day']:.3f}"
 
         lines.append(
-            f"| {t['policy']} | {n} | {t['tokens_per_day'] / 1e9:.1f} "
+            f"| {t['policy']} | {n} | {t['tokens_per_day'] / 1e9:.1f}"
+            f"{'' if t.get('hours_covered') == 24 else ' (' + str(t.get('hours_covered')) + ' h)'} "
             f"| {t['goodput_tokens_per_day'] / 1e9:.1f} | {vs('round_robin')} | {vs('llmd')} "
             f"| {vs('oracle')} | {peak.get('cache_hit_rate', 0):.3f} "
             f"| {peak.get('ttft_p99', 0):.2f} | {peak.get('goodput_share', 0):.3f} |"
@@ -162,11 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", type=Path, nargs="*", default=[],
                         help="Earlier --out files whose rows join this run's.")  # fmt: skip
     parser.add_argument("--report", type=Path, help="Print the table of an --out file.")
+    parser.add_argument("--rows", type=Path, help="Append each window's summary here (JSONL).")
+    parser.add_argument("--from-rows", type=Path, help="Build --out from a --rows file.")
     args = parser.parse_args(argv)
     if args.report:
         print(report(json.loads(args.report.read_text())))
         return 0
     start = time.perf_counter()
+    if args.from_rows:
+        rows = [json.loads(line) for line in args.from_rows.read_text().splitlines() if line]
+        return _write(args, argv, rows, start)
     work = jobs(args)
     if args.jobs > 1:
         with multiprocessing.Pool(args.jobs) as pool:
@@ -175,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = [run_one(j) for j in work]
     for path in args.merge:
         rows += json.loads(path.read_text())["rows"]
+    return _write(args, argv, rows, start)
+
+
+def _write(
+    args: argparse.Namespace, argv: list[str] | None, rows: list[dict[str, Any]], start: float
+) -> int:
     data = {
         "command": "bench/fleet_tokens_per_day.py " + " ".join(argv or sys.argv[1:]),
         "python": platform.python_version(),
