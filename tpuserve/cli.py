@@ -44,6 +44,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(("render",), "tpuserve_operator.render_cli", "Print a TPUModelServer's children."),
     Command(("up",), "tpuserve.up.command", "Run a local fleet: engine twins and the router."),
     Command(("bench",), "tpuserve.bench.cli", "Benchmark routing policies on a workload."),
+    Command(("plan",), "tpuserve.plan.cli", "Plan TPU slices, replicas and cost for a workload."),
     Command(("cluster", "up"), "tpuserve.cluster.cli_up", "Start a local control plane."),
     Command(("cluster", "down"), "tpuserve.cluster.cli_down", "Stop the local control plane."),
     Command(

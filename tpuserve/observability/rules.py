@@ -207,6 +207,13 @@ def chip_and_cost_rules() -> Group:
         f"on (namespace, pod) group_left (model_name) max by (namespace, pod, model_name) ({info})"
     )
     generated_1h = _rate(sg.GENERATION_TOKENS.name, "1h")
+    prompt_1h = _rate(sg.PROMPT_TOKENS.name, "1h")
+    # Tokens of the models that own chips now (a model whose replicas are gone has no cost).
+    owned = "and on (model_name) model:tpuserve_replica_tpu_chips:sum"
+    served_tokens = (
+        f"(\n  sum(sum by (model_name) ({generated_1h}) {owned})\n"
+        f"  + sum(sum by (model_name) ({prompt_1h}) {owned})\n)"
+    )
     price = "tpuserve:tpu_chip_hour_price_usd"
     rules: tuple[Recording | Alert, ...] = (
         Recording(
@@ -269,7 +276,7 @@ def chip_and_cost_rules() -> Group:
             "model:tpuserve_tpu_cost_usd:per_hour / 3600\n"
             "  / on (model_name) (\n"
             f"    sum by (model_name) ({generated_1h})\n"
-            f"    + sum by (model_name) ({_rate(sg.PROMPT_TOKENS.name, '1h')}) > 0\n"
+            f"    + sum by (model_name) ({prompt_1h}) > 0\n"
             "  )\n  * 1e6",
             "US dollars per million tokens (input plus output) per model, over the last hour.",
         ),
@@ -277,6 +284,26 @@ def chip_and_cost_rules() -> Group:
             "fleet:tpuserve_cost_usd_per_1m_output_tokens:rate1h",
             f"fleet:tpuserve_tpu_cost_usd:per_hour / 3600\n  / (sum({generated_1h}) > 0)\n  * 1e6",
             "US dollars per million output tokens over the whole fleet, over the last hour.",
+        ),
+        Recording(
+            "fleet:tpuserve_cost_usd_per_1m_tokens:rate1h",
+            f"fleet:tpuserve_tpu_cost_usd:per_hour / 3600\n  / ({served_tokens} > 0)\n  * 1e6",
+            "US dollars per million tokens (input plus output) over the whole fleet, over the "
+            "last hour.",
+        ),
+        Recording(
+            "model:tpuserve_tokens_per_day_per_chip:rate1h",
+            f"(\n  sum by (model_name) ({generated_1h})\n"
+            f"  + sum by (model_name) ({prompt_1h})\n)\n  * 86400\n"
+            "  / on (model_name) (model:tpuserve_replica_tpu_chips:sum > 0)",
+            "Tokens (input plus output) per day per TPU chip per model, at the last hour's rate "
+            "(the fleet figure capacity plans and `tpuserve plan` quote).",
+        ),
+        Recording(
+            "fleet:tpuserve_tokens_per_day_per_chip:rate1h",
+            f"{served_tokens} * 86400 / (sum({chips}) > 0)",
+            "Tokens (input plus output) per day per TPU chip over the whole fleet, at the last "
+            "hour's rate (tokens of the models that own chips now).",
         ),
     )
     return Group("tpuserve.chips", rules)

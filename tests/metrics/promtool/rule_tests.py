@@ -402,6 +402,49 @@ def chip_tests(prices: dict[str, float]) -> list[dict[str, Any]]:
                 )
             ],
         ),
+        _expect(
+            "fleet:tpuserve_cost_usd_per_1m_tokens:rate1h",
+            [
+                _sample(
+                    "fleet:tpuserve_cost_usd_per_1m_tokens:rate1h",
+                    {},
+                    fleet_cost
+                    / 3600
+                    / (
+                        (gen_1h["idle-0"] + gen_1h["llama-0"] + gen_1h["qwen-0"])
+                        + (prompt_1h["idle-0"] + prompt_1h["llama-0"] + prompt_1h["qwen-0"])
+                    )
+                    * 1e6,
+                )
+            ],
+        ),
+        # The idle model's chips count; its tokens/day per chip is 0, not absent.
+        _expect(
+            "model:tpuserve_tokens_per_day_per_chip:rate1h",
+            (
+                _sample(
+                    "model:tpuserve_tokens_per_day_per_chip:rate1h",
+                    {"model_name": model[p]},
+                    (gen_1h[p] + prompt_1h[p]) * 86400 / CHIPS[p],
+                )
+                for p in PODS
+            ),
+        ),
+        _expect(
+            "fleet:tpuserve_tokens_per_day_per_chip:rate1h",
+            [
+                _sample(
+                    "fleet:tpuserve_tokens_per_day_per_chip:rate1h",
+                    {},
+                    (
+                        (gen_1h["idle-0"] + gen_1h["llama-0"] + gen_1h["qwen-0"])
+                        + (prompt_1h["idle-0"] + prompt_1h["llama-0"] + prompt_1h["qwen-0"])
+                    )
+                    * 86400
+                    / float(sum(CHIPS.values())),
+                )
+            ],
+        ),
     ]
     return cases
 

@@ -191,6 +191,38 @@ def build() -> Dashboard:
                 target(f"model:tpuserve_cost_usd_per_1m_output_tokens:rate1h{m}", "{{model_name}}"),
             )
         )
+        .with_panel(
+            stat_panel(
+                ids,
+                "Cost per million tokens",
+                "US dollars of TPU time per million tokens (input plus output) over the whole "
+                "fleet, over the last hour, at the chart's chip-hour prices.",
+                "currencyUSD",
+                target("fleet:tpuserve_cost_usd_per_1m_tokens:rate1h"),
+                span=6,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                ids,
+                "Tokens per day per chip",
+                "Tokens (input plus output) a day per TPU chip the replicas own, at the last "
+                "hour's rate: the fleet number capacity plans are stated in.",
+                "short",
+                target("fleet:tpuserve_tokens_per_day_per_chip:rate1h"),
+                span=6,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Tokens per day per chip by model",
+                "Tokens (input plus output) a day per TPU chip per served model, at the last "
+                "hour's rate.",
+                "short",
+                target(f"model:tpuserve_tokens_per_day_per_chip:rate1h{m}", "{{model_name}}"),
+            )
+        )
         .with_row(Row("Cold starts"))
         .with_panel(
             timeseries_panel(

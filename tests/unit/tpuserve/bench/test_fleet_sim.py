@@ -1,0 +1,75 @@
+"""The fleet model (`tpuserve.bench.fleet`): deterministic, bounded, and its inputs checked."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tpuserve.bench.fleet import FLEET_POLICIES, FleetConfig, daily_multiplier, run_fleet
+
+pytestmark = pytest.mark.unit
+
+SMALL = FleetConfig(replicas=6, peak_rate=12.0, duration_seconds=120.0, router_replicas=2,
+                    bursts_per_hour=30.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", FLEET_POLICIES)
+def test_same_seed_same_result_and_every_request_accounted(policy: str) -> None:
+    a = run_fleet(replace(SMALL, policy=policy)).summary()
+    b = run_fleet(replace(SMALL, policy=policy)).summary()
+    a.pop("wall_seconds")
+    b.pop("wall_seconds")
+    assert a == b
+    assert a["requests"] > 100
+    assert a["completed"] + a["failed"] + a["unfinished"] == a["requests"]
+    assert 0.0 <= a["cache_hit_rate"] < 1.0
+    assert 0.0 <= a["goodput_share"] <= 1.0
+    assert a["mean_chips"] == pytest.approx(6 * 4)
+
+
+def test_preemptions_fail_requests_and_slices_come_back() -> None:
+    config = replace(SMALL, preemptions_per_replica_hour=60.0, cold_start_seconds=(5.0, 10.0))
+    s = run_fleet(config).summary()
+    assert s["preemptions"] > 0
+    assert s["completed"] + s["failed"] + s["unfinished"] == s["requests"]
+    assert s["replicas_min"] < 6
+
+
+def test_autoscaler_scales_up_from_one_replica_within_bounds() -> None:
+    config = replace(
+        SMALL, autoscale=True, initial_replicas=1, min_replicas=1, peak_rate=20.0,
+        target_tokens_per_chip=5_000.0, cold_start_seconds=(10.0, 20.0),
+    )  # fmt: skip
+    s = run_fleet(config).summary()
+    assert s["scale_ups"] > 0
+    assert 1 <= s["replicas_max"] <= 6
+
+
+def test_prefix_policies_hit_the_cache_more_than_round_robin() -> None:
+    rr = run_fleet(replace(SMALL, policy="round_robin")).summary()
+    precise = run_fleet(replace(SMALL, policy="precise")).summary()
+    assert precise["cache_hit_rate"] > rr["cache_hit_rate"]
+
+
+def test_daily_shape() -> None:
+    assert daily_multiplier(3.0, 0.35) == pytest.approx(0.35)
+    assert daily_multiplier(15.0, 0.35) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"policy": "random"}, "policy: 'random' is not allowed; allowed: round_robin"),
+        ({"replicas": 0}, "replicas: 0 is not allowed; allowed: >= 1"),
+        ({"topology": "3x3"}, "3x3"),
+        ({"model": "gpt-9"}, "model: 'gpt-9' is not allowed"),
+        ({"peak_rate": 0.0}, "peak_rate: 0.0 is not allowed; allowed: > 0 and finite"),
+        ({"trough": 1.5}, "trough: 1.5 is not allowed; allowed: 0..1"),
+        ({"cold_start_seconds": (10.0, 5.0)}, "cold_start_seconds"),
+        ({"warmup_seconds": 200.0}, "warmup_seconds: 200.0 is not allowed"),
+    ],
+)
+def test_bad_config_names_field_value_and_allowed(change: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        replace(SMALL, **change).validate()  # type: ignore[arg-type]

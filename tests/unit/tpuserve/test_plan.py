@@ -1,0 +1,213 @@
+"""`tpuserve plan`: the search, the emitted TPUModelServer (checked by the operator's own
+admission validation), the price table and every input's error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sglang_tpu.topology import lookup
+from tpuserve import cli
+from tpuserve.bench.fleet import FleetConfig
+from tpuserve.plan import emit
+from tpuserve.plan.cli import build_inputs
+from tpuserve.plan.planner import (
+    PERF_MODEL_ERROR,
+    Plan,
+    PlanError,
+    PlanInputs,
+    Slo,
+    allowed_shapes,
+    load_prices,
+    max_rate_within_slo,
+    override_prices,
+    plan,
+    profile_from_hf_config,
+)
+from tpuserve_operator.validation import validate
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[3]
+CHAT = FleetConfig(workload="lengths", input_median=600.0, input_sigma=0.3, output_min=150,
+                   output_max=250, reuse_share=0.5, prefix_groups=4, block_tokens=64)  # fmt: skip
+
+
+def small_inputs(**changes: Any) -> PlanInputs:
+    inputs = PlanInputs(
+        fleet=CHAT, peak_rate=60.0, slo=Slo(ttft_p99=1.0, itl_p99=0.05),
+        shapes=(lookup("v6e", "1x1"), lookup("v6e", "2x2"), lookup("v5e", "1x1")),
+        prices=load_prices(), context_length=4096, sim_replicas=1, window_seconds=20.0,
+        warmup_seconds=4.0,
+    )  # fmt: skip
+    return replace(inputs, **changes)
+
+
+@pytest.fixture(scope="module")
+def small_plan() -> Plan:
+    return plan(small_inputs())
+
+
+def test_search_finds_capacity_ranks_by_cost_and_skips_what_does_not_fit(small_plan: Plan) -> None:
+    by_key = {c.key: c for c in small_plan.candidates}
+    assert not by_key["v5e 1x1"].fits  # 8B bf16 weights exceed one v5e chip
+    assert "does not fit" in by_key["v5e 1x1"].why_not
+    one, four = by_key["v6e 1x1"], by_key["v6e 2x2"]
+    assert one.capacity_rps > 0
+    assert four.capacity_rps > one.capacity_rps  # four chips serve more than one
+    for c in (one, four):
+        assert c.replicas * c.capacity_rps >= 60.0
+        assert (c.replicas - 1) * c.capacity_rps < 60.0
+        assert small_plan.inputs.slo.met(c.at_capacity)
+    costs = [c.usd_per_million_output(4.0) or 0.0 for c in small_plan.ranked()]
+    assert all(costs)
+    assert costs == sorted(costs)
+    assert small_plan.best is small_plan.ranked()[0]
+    assert small_plan.pareto()[0] is small_plan.best
+
+
+def test_capacity_search_brackets_the_limit() -> None:
+    def run(rate: float) -> dict[str, Any]:  # a fake fleet: TTFT grows past 7.3 req/s
+        ttft = 0.5 if rate <= 7.3 else 5.0
+        return {"failed": 0, "unfinished": 0, "completed": 10, "ttft_p99": ttft, "itl_p99": 0.01,
+                "ttft_p50": 0.1, "itl_p50": 0.01}  # fmt: skip
+
+    rate, summary, runs = max_rate_within_slo(run, Slo(ttft_p99=1.0, itl_p99=0.05), 0.5)
+    assert 7.3 * 0.9 <= rate <= 7.3
+    assert summary["ttft_p99"] == 0.5
+    assert runs <= 14 + 6
+
+
+def test_emitted_server_passes_the_operators_admission_validation(small_plan: Plan) -> None:
+    best = small_plan.best
+    assert best is not None
+    spec = emit.server_spec(small_plan, best, "hf://meta-llama/Llama-3.1-8B-Instruct",
+                            "sglang", spot=False)  # fmt: skip
+    text = emit.manifest("chat-plan", spec, ["a comment"])
+    doc = yaml.safe_load(text)
+    assert doc["apiVersion"] == "serving.tpuserve.dev/v1alpha1"
+    assert doc["kind"] == "TPUModelServer"
+    valid = validate(doc["metadata"]["name"], doc["spec"])
+    assert valid.shape.key == best.shape.key
+    scaling = doc["spec"]["autoscaling"]
+    assert scaling["maxReplicas"] == best.replicas
+    assert 1 <= scaling["minReplicas"] <= scaling["maxReplicas"]
+    assert "replicas" not in doc["spec"]  # the autoscaler owns it
+
+
+def test_emit_refuses_what_admission_would_refuse(small_plan: Plan) -> None:
+    best = small_plan.best
+    assert best is not None
+    spec = emit.server_spec(small_plan, best, "ftp://nowhere", "sglang", spot=False)
+    with pytest.raises(PlanError, match=r"spec\.model\.source"):
+        emit.manifest("chat-plan", spec, [])
+    good = emit.server_spec(small_plan, best, "hf://Qwen/Qwen3-8B", "sglang", spot=False)
+    with pytest.raises(PlanError, match=r"metadata\.name"):
+        emit.manifest("Not_A_Name", good, [])
+
+
+def test_price_table_is_dated_sourced_and_overridable(tmp_path: Path) -> None:
+    table = load_prices()
+    assert table.date
+    assert table.source.startswith("https://")
+    assert table.chip_hour("v6e", "on-demand") == 2.70
+    assert override_prices(table, ["v6e:spot=1.25"]).chip_hour("v6e", "spot") == 1.25
+    for bad, message in [
+        ("v6e=1", "GENERATION:on-demand=USD"),
+        ("v9:spot=1", "--price: 'v9' is not allowed"),
+        ("v6e:reserved=1", "--price: 'reserved' is not allowed"),
+        ("v6e:spot=-1", "--price: '-1' is not allowed"),
+    ]:
+        with pytest.raises(PlanError, match=message):
+            override_prices(table, [bad])
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"date": "x", "source": "y", "prices": {"v6e": {"spot": 0}}}))
+    with pytest.raises(PlanError, match=r"prices.v6e.spot: 0 is not allowed; allowed: > 0"):
+        load_prices(path)
+
+
+def test_the_error_band_is_the_perf_models_validation() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import perf_model_validation as pmv  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    summary = pmv.summary(pmv.evaluate(pmv.FIGURES))
+    assert summary["rows"] == PERF_MODEL_ERROR["rows"]
+    assert round(summary["median_abs_error"], 2) == PERF_MODEL_ERROR["median"]
+    assert round(summary["max_abs_error"], 2) == PERF_MODEL_ERROR["worst"]
+
+
+def test_hf_config_gives_a_profile(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({
+        "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+    }))  # fmt: skip
+    profile = profile_from_hf_config(path)
+    assert 7.9e9 < profile.parameters < 8.1e9  # Llama-3.1-8B's shape
+    assert profile.kv_heads == 8
+    assert profile.head_dim == 128
+    path.write_text(json.dumps({"hidden_size": 4096}))
+    with pytest.raises(PlanError, match="num_hidden_layers is missing"):
+        profile_from_hf_config(path)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    _, parser = cli.build_parser(cli.find_command(["plan"])[0])
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rate", "10", "--model", "gpt-9"], "--model: 'gpt-9' is not allowed"),
+        (["--rate", "10", "--generations", "v9"], "--generations: 'v9' is not allowed"),
+        (["--rate", "10", "--topologies", "3x3"], "--topologies: '3x3' is not allowed"),
+        (["--rate", "10", "--trough", "2"], "--trough: 2.0 is not allowed; allowed: 0..1"),
+        (["--rate", "10", "--output-min", "50", "--output-max", "10"], "--output-min: 50"),
+        (["--rate", "10", "--ttft-p50", "3", "--ttft-p99", "1"], "--ttft-p50: 3.0 is not"),
+        (["--rate", "10", "--context-length", "999999"], "--context-length: 999999"),
+        (["--rate", "10", "--hf-config", "/nonexistent.json"], "--hf-config: cannot read"),
+        (["--rate", "10", "--trace", "/nonexistent.jsonl"], "--trace: cannot read"),
+    ],
+)
+def test_bad_inputs_name_the_flag_value_and_allowed(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        build_inputs(parse(argv))
+
+
+def test_bad_flag_values_exit_2_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", "--rate", "10", "--generations", "v9"]) == 2
+    assert "--generations: 'v9' is not allowed; allowed: v5e" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--rate", "-1"])
+    assert "--rate" in capsys.readouterr().err
+
+
+def test_tokens_per_day_becomes_a_peak_rate() -> None:
+    inputs, source = build_inputs(parse(["--tokens-per-day", "1e9", "--preset", "chat"]))
+    assert source == "hf://meta-llama/Llama-3.1-8B-Instruct"
+    # ~1.5k tokens a request: 1e9 / 86400 / 1.5k ~ 7.7 req/s mean, / 0.675 ~ 11 at the peak
+    assert 5 < inputs.peak_rate < 25
+
+
+def test_default_shapes_are_single_host() -> None:
+    shapes = allowed_shapes(["v6e"], None, multi_host=False)
+    assert [s.topology for s in shapes] == ["1x1", "2x2", "2x4"]
+
+
+def test_a_trace_becomes_length_distributions_and_reuse() -> None:
+    trace = str(ROOT / "bench" / "traces" / "w1-small.jsonl")
+    inputs, _ = build_inputs(parse(["--rate", "10", "--trace", trace]))
+    assert inputs.fleet.workload == "lengths"
+    assert inputs.fleet.reuse_share > 0.5  # W1: shared system prompts
+    assert inputs.fleet.prefix_groups >= 1
