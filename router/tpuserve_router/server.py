@@ -65,13 +65,16 @@ RETRY_AFTER_SECONDS: Final = "1"
 # What a connection is reading: nothing yet (new), nothing between requests (idle), a
 # request's head, a request's body; or, answered and half-closed, input to drop (closing).
 NEW, IDLE, HEAD, BODY, CLOSING = 0, 1, 2, 3, 4
-LINGER_IDLE_SECONDS: Final = 5.0
-"""A rejected client's remaining input is read and dropped until it has sent nothing for
-`LINGER_IDLE_SECONDS` (nginx's lingering close and its `lingering_timeout`), for at most the
-time an accepted body may take (`--body-timeout`, where nginx stops at 30 s): closing with
-unread input resets the connection, which destroys the answer before the client reads it, and
-an HTTP/1.1 client reads the answer only once it has sent its whole body. 40 clients of one
-process sending 30 MB each on two loaded cores took 33 s, and a 2 s pause was not rare there."""
+LINGER_IDLE_SECONDS: Final = 30.0
+"""A rejected client's remaining input is read and dropped (nginx's lingering close) until the
+client closes, until it has sent nothing for `LINGER_IDLE_SECONDS`, or for at most the time an
+accepted body may take (`--body-timeout`): closing with unread input resets the connection,
+which destroys the answer before the client reads it, and an HTTP/1.1 client reads the answer
+only once it has sent its whole body. nginx's 5 s pause (`lingering_timeout`) is too short for
+a client that encodes other requests' bodies between its writes: 40 uploads of 30 MB from one
+asyncio process, on two cores kept busy by other work, were reset after 5 s pauses (18 of 40
+never read their 401). A lingering connection holds no buffer and is the first evicted when
+the connection limit needs room, so a longer wait costs a socket at most."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,18 @@ def _csv(text: str) -> list[str]:
     return items
 
 
+def _trough(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not allowed; allowed: 0 to 1 (the daily low as a share of the peak)"
+        )
+    return value
+
+
 def _share(text: str) -> float:
     try:
         value = float(text)
@@ -100,55 +112,70 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--model-source", help="spec.model.source to emit (default: hf://ID of the profile; "
         "required with --hf-config and --emit)."
     )  # fmt: skip
-    model.add_argument("--quantization", choices=("bf16", "fp8"), default="bf16")
+    model.add_argument("--quantization", choices=("bf16", "fp8"), default="bf16",
+                       help="Weight format (default: bf16).")  # fmt: skip
     model.add_argument("--engine", choices=("sglang", "simulated"), default="sglang",
                        help="spec.engine.type to emit (default: sglang).")  # fmt: skip
     model.add_argument("--context-length", type=cli_types.positive_int,
                        help="Longest prompt + output (default: what the workload needs, at "
                        "most the model's).")  # fmt: skip
     work = parser.add_argument_group("workload")
-    work.add_argument("--preset", choices=sorted(PRESETS), default="chat")
+    work.add_argument("--preset", choices=sorted(PRESETS), default="chat",
+                      help="Lengths and prefix reuse to start from (default: chat).")  # fmt: skip
     work.add_argument("--trace", metavar="FILE",
                       help="A trace (`tpuserve bench` formats): its prompt/output lengths and "
                       "prefix reuse replace the preset's (summarised, not replayed).")  # fmt: skip
-    work.add_argument("--input-median", type=cli_types.positive_float)
-    work.add_argument("--input-sigma", type=float)
-    work.add_argument("--output-min", type=cli_types.positive_int)
-    work.add_argument("--output-max", type=cli_types.positive_int)
+    work.add_argument("--input-median", type=cli_types.positive_float,
+                      help="Median prompt length, tokens (log-normal).")  # fmt: skip
+    work.add_argument("--input-sigma", type=cli_types.non_negative_float,
+                      help="Log-normal sigma of prompt lengths.")  # fmt: skip
+    work.add_argument("--output-min", type=cli_types.positive_int,
+                      help="Shortest output, tokens (uniform up to --output-max).")  # fmt: skip
+    work.add_argument("--output-max", type=cli_types.positive_int, help="Longest output, tokens.")
     work.add_argument("--reuse-share", type=_share,
                       help="Share of the median prompt that is a shared prefix.")  # fmt: skip
-    work.add_argument("--prefix-groups", type=cli_types.positive_int)
+    work.add_argument("--prefix-groups", type=cli_types.positive_int,
+                      help="How many distinct shared prefixes the prompts draw from.")  # fmt: skip
     demand = parser.add_argument_group("demand")
     how = demand.add_mutually_exclusive_group(required=True)
     how.add_argument("--rate", type=cli_types.positive_float,
                      help="Requests per second at the daily peak.")  # fmt: skip
     how.add_argument("--tokens-per-day", type=cli_types.positive_float,
                      help="Prompt + output tokens a day, spread by the daily shape.")  # fmt: skip
-    demand.add_argument("--trough", type=float, default=0.35,
+    demand.add_argument("--trough", type=_trough, default=0.35,
                         help="The daily low as a share of the peak (default: 0.35).")  # fmt: skip
     slo = parser.add_argument_group("SLOs (seconds)")
-    slo.add_argument("--ttft-p99", type=cli_types.positive_float, default=2.0)
-    slo.add_argument("--itl-p99", type=cli_types.positive_float, default=0.1)
-    slo.add_argument("--ttft-p50", type=cli_types.positive_float)
-    slo.add_argument("--itl-p50", type=cli_types.positive_float)
+    slo.add_argument("--ttft-p99", type=cli_types.positive_float, default=2.0,
+                     help="p99 time to first token (default: 2).")  # fmt: skip
+    slo.add_argument("--itl-p99", type=cli_types.positive_float, default=0.1,
+                     help="p99 inter-token latency (default: 0.1).")  # fmt: skip
+    slo.add_argument("--ttft-p50", type=cli_types.positive_float,
+                     help="p50 time to first token (default: none).")  # fmt: skip
+    slo.add_argument("--itl-p50", type=cli_types.positive_float,
+                     help="p50 inter-token latency (default: none).")  # fmt: skip
     search = parser.add_argument_group("search")
     gens = ", ".join(generation_names())
     search.add_argument("--generations", type=_csv, help=f"Allowed: {gens} (default: all).")
     search.add_argument("--topologies", type=_csv, help="Allowed topologies (default: every "
                         "single-host one of the generations).")  # fmt: skip
     search.add_argument("--multi-host", action="store_true", help="Also plan multi-host slices.")
-    search.add_argument("--sim-replicas", type=cli_types.positive_int, default=4)
+    search.add_argument("--sim-replicas", type=cli_types.positive_int, default=4,
+                        help="Replicas simulated per load tried (default: 4).")  # fmt: skip
     search.add_argument("--window", type=cli_types.positive_float, default=180.0,
                         help="Simulated seconds per load tried (default: 180).")  # fmt: skip
     search.add_argument("--verify", action="store_true",
                         help="Measure the top choice's capacity at full size too.")  # fmt: skip
-    search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--seed", type=cli_types.non_negative_int, default=0,
+                        help="Seed of the simulated traffic (default: 0).")  # fmt: skip
     cost = parser.add_argument_group("cost")
-    cost.add_argument("--pricing", choices=PRICING_MODELS, default="on-demand")
+    cost.add_argument("--pricing", choices=PRICING_MODELS, default="on-demand",
+                      help="The chip-hour price that ranks (default: on-demand).")  # fmt: skip
     cost.add_argument("--prices", metavar="FILE", help="A price table (the shipped one's format).")
     cost.add_argument("--price", action="append", default=[], metavar="GEN:MODEL=USD",
                       help="Override one chip-hour price, e.g. v6e:spot=1.10.")  # fmt: skip
-    cost.add_argument("--output-input-cost-ratio", type=cli_types.positive_float, default=4.0)
+    cost.add_argument("--output-input-cost-ratio", type=cli_types.positive_float, default=4.0,
+                      help="r in GKE Inference Quickstart's $/1M output tokens: chip $/s over "
+                      "(input tok/s / r + output tok/s) (default: 4).")  # fmt: skip
     out = parser.add_argument_group("output")
     out.add_argument("--emit", metavar="FILE", help="Write the chosen TPUModelServer (YAML).")
     out.add_argument("--name", default="planned", help="metadata.name to emit.")
@@ -233,8 +260,6 @@ def build_inputs(args: argparse.Namespace) -> tuple[PlanInputs, str | None]:
             f"--output-min: {params['output_min']} is not allowed; allowed: <= --output-max "
             f"({params['output_max']})"
         )
-    if not 0 <= args.trough <= 1:
-        raise PlanError(f"--trough: {args.trough} is not allowed; allowed: 0..1")
     context = args.context_length or _context_needed(params, profile.context_length)
     if context > profile.context_length:
         raise PlanError(

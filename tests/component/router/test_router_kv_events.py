@@ -137,7 +137,7 @@ async def warm(app: RouterApp, prompt: str) -> str:
     """Route ``prompt`` once and wait until the engine's events say who holds it."""
     assert await complete(app, prompt) == 0
     await wait_until_predictions_expire(app)
-    await eventually_async(lambda: held(app, prompt), what="BlockStored events", timeout_seconds=5)
+    await eventually_async(lambda: held(app, prompt), what="BlockStored events", timeout_seconds=30)
     return holder(app, prompt)
 
 
@@ -221,7 +221,7 @@ async def test_after_an_engine_restart_nothing_routes_on_the_old_blocks(
     await eventually_async(
         lambda: all(w.healthy for w in precise.registry.workers),
         what="re-admission",
-        timeout_seconds=5,
+        timeout_seconds=30,
     )
     assert held(precise, prompt) == {}
     misses = decisions(precise, "miss")

@@ -172,7 +172,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
         (["--rate", "10", "--model", "gpt-9"], "--model: 'gpt-9' is not allowed"),
         (["--rate", "10", "--generations", "v9"], "--generations: 'v9' is not allowed"),
         (["--rate", "10", "--topologies", "3x3"], "--topologies: '3x3' is not allowed"),
-        (["--rate", "10", "--trough", "2"], "--trough: 2.0 is not allowed; allowed: 0..1"),
         (["--rate", "10", "--output-min", "50", "--output-max", "10"], "--output-min: 50"),
         (["--rate", "10", "--ttft-p50", "3", "--ttft-p99", "1"], "--ttft-p50: 3.0 is not"),
         (["--rate", "10", "--context-length", "999999"], "--context-length: 999999"),
@@ -188,6 +187,9 @@ def test_bad_inputs_name_the_flag_value_and_allowed(argv: list[str], message: st
 def test_bad_flag_values_exit_2_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["plan", "--rate", "10", "--generations", "v9"]) == 2
     assert "--generations: 'v9' is not allowed; allowed: v5e" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--rate", "10", "--trough", "2"])
+    assert "--trough: '2' is not allowed; allowed: 0 to 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["plan", "--rate", "-1"])
     assert "--rate" in capsys.readouterr().err
