@@ -317,7 +317,10 @@ class PdRouter:
                 failed = await self._pair(routed, route_request, p_decision, d_worker, retries)
                 if failed is None:
                     return True
-                tried.add((p_decision.worker if failed.leg == PREFILL else d_worker).name)
+                # a new pair: which leg reports a failure first can be a race of the two
+                # engines' timers (a bootstrap timeout), so neither worker is asked again
+                # while others are left; the blame (outlier ejection) stays with the leg
+                tried.update((p_decision.worker.name, d_worker.name))
                 if failed.answered:
                     return True
                 if not retries:

@@ -180,17 +180,18 @@ async def test_a_failed_transfer_or_bootstrap_is_retried_on_a_new_pair(
     status, answer = await post(router.base_url, "/generate", body)
     assert status == 200, answer  # the third pair has no fault left
     kind = "transfer" if fault == "transfer_failure" else "bootstrap"
-    # Two pairs failed before the third served. Which leg reports a bootstrap timeout first is
-    # a race between the two engines' timers (on a loaded machine the decode's wait can end
-    # first), so the failures are counted over both legs.
+    # Two pairs failed before the third served. Which leg reports a bootstrap timeout first, and
+    # so how it is classified, is a race between the two engines' timers (on a loaded machine
+    # the decode's wait can end first), so the failures are counted over both legs and kinds.
     assert (
         sum(
             sample(router, "tpuserve_router_pd_failures_total", {"leg": leg, "kind": k})
             for leg in ("prefill", "decode")
-            for k in (kind, "timeout")
+            for k in ("bootstrap", "transfer", "transport", "status", "timeout")
         )
         == 2
     )
+    assert sample(router, "tpuserve_router_pd_failures_total", {"leg": "prefill", "kind": kind})
     failed = {
         "transfer": "sglang:num_transfer_failed_reqs_total",
         "bootstrap": "sglang:num_bootstrap_failed_reqs_total",
