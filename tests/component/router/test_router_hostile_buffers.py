@@ -65,12 +65,12 @@ def memory_bytes(pid: int, field: str) -> int:
 
 
 async def growth_under_flood(
-    router: RouterProcess, key: str, model: str
+    router: RouterProcess, key: str, model: str, wait_seconds: float = 60
 ) -> tuple[list[str], list[str], int]:
     """`flood`'s outcomes and the router's peak RSS above its RSS before it."""
     assert router.proc is not None
     at_rest = memory_bytes(router.proc.pid, "VmRSS")
-    flooded, served = await flood(router, key, model)
+    flooded, served = await flood(router, key, model, wait_seconds)
     peak = memory_bytes(router.proc.pid, "VmHWM")
     log.info(
         "router RSS %.0f MiB at rest, peak %.0f MiB (+%.0f MiB; budget %d MiB + %d MiB); "
@@ -149,7 +149,9 @@ async def big(oa: openai.AsyncOpenAI, model: str, padding: str) -> str:
     return "200"
 
 
-async def flood(router: RouterProcess, key: str, model: str) -> tuple[list[str], list[str]]:
+async def flood(
+    router: RouterProcess, key: str, model: str, wait_seconds: float
+) -> tuple[list[str], list[str]]:
     """`FLOOD` 30 MB requests at once, while a keyed tenant's traffic runs: the flood's
     outcomes (those still held are cancelled after the others ended), and the tenant's."""
     padding = "x" * BODY_CHARS
@@ -157,7 +159,7 @@ async def flood(router: RouterProcess, key: str, model: str) -> tuple[list[str],
     tenant = asyncio.ensure_future(keyed_traffic(router, stop))
     async with client(router, key) as oa:
         sent = [asyncio.ensure_future(big(oa, model, padding)) for _ in range(FLOOD)]
-        done, held = await asyncio.wait(sent, timeout=60)
+        done, held = await asyncio.wait(sent, timeout=wait_seconds)
         for task in held:
             task.cancel()
         await asyncio.gather(*held, return_exceptions=True)
@@ -170,7 +172,11 @@ async def test_unauthenticated_30_mb_bodies_are_refused_at_the_head_within_the_b
 ) -> None:
     router = router_with_keys(tmp_path, twin)
     try:
-        flooded, served, growth = await growth_under_flood(router, "sk-not-0123456789", MODEL)
+        # every flooder is answered: wait for all (~25 s when quiet; an upper bound for a
+        # loaded machine, where 40 uploads of 30 MB from one process took over 60 s)
+        flooded, served, growth = await growth_under_flood(
+            router, "sk-not-0123456789", MODEL, wait_seconds=180
+        )
         refused_at_the_head = closed(router, "unauthorized")
     finally:
         router.stop()
