@@ -84,6 +84,14 @@ def free_form(kind: Literal["object", "array"], **extra: Any) -> dict[str, Any]:
     return {"type": kind, "x-kubernetes-preserve-unknown-fields": True, **extra}
 
 
+ENGINE_ARGS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True},
+    "maxProperties": 64,
+}
+"""The schema of SGLang flags as a map (spec.engine.args and each PD role's args)."""
+
+
 class Schema(BaseModel):
     """Base of every API model: camelCase JSON names, unknown fields rejected, and values of
     the declared JSON type only (strict: ``replicas: true`` or ``"3"`` is refused, as the
@@ -383,11 +391,7 @@ class EngineSpec(Schema):
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
-        json_schema_extra={
-            "type": "object",
-            "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True},
-            "maxProperties": 64,
-        },
+        json_schema_extra=ENGINE_ARGS_SCHEMA,
         description=(
             "args are extra SGLang server flags (the twin's own flags with type simulated, "
             "e.g. startup-time-scale), name without dashes to a scalar value: "
@@ -786,11 +790,7 @@ class PdRoleSpec(Schema):
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
-        json_schema_extra={
-            "type": "object",
-            "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True},
-            "maxProperties": 64,
-        },
+        json_schema_extra=ENGINE_ARGS_SCHEMA,
         description=(
             "args are extra SGLang flags for this role's engines, over spec.engine.args (same "
             "form). The disaggregation flags are the operator's; page-size and kv-cache-dtype "
