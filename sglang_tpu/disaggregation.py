@@ -184,6 +184,21 @@ def threshold_tokens(
     return low
 
 
+def prefill_stalls(
+    timer: StepTimer | None, uncached: int, cached: int, threshold: int,
+    itl_budget_seconds: float,
+) -> bool:  # fmt: skip
+    """Whether a colocated engine's prefill of ``uncached`` new tokens after ``cached`` ones
+    stalls its running decodes for ``itl_budget_seconds`` or longer: the ``threshold``
+    (`threshold_tokens`) or more new tokens, or, by ``timer``'s performance model, fewer whose
+    attention over a long cached prefix takes that long. Without a timer, the threshold."""
+    if uncached >= threshold:
+        return True
+    if timer is None or uncached <= 0:
+        return False
+    return timer.prefill_seconds(uncached, cached) >= itl_budget_seconds
+
+
 def timer_for(spec: str, field_path: str = "--pd-perf-model") -> StepTimer:
     """A step timer from ``GENERATION:TOPOLOGY:PROFILE`` (e.g. ``v6e:2x4:llama-3.1-8b``);
     ValueError naming ``field_path`` and the form."""

@@ -607,8 +607,9 @@ OPTIONS: tuple[Option, ...] = (
         "--pd-policy",
         "pd_policy",
         str,
-        "PD mode: conditional (a prompt goes to a prefill/decode pair when its uncached "
-        "tokens reach --pd-threshold-tokens, else to a colocated --worker) or always "
+        "PD mode: conditional (a prompt goes to a prefill/decode pair when its prefill on "
+        "the colocated --worker would stall that worker's decodes for "
+        "--pd-itl-budget-seconds, else to that worker) or always "
         f"(default {DEFAULTS.pd_policy}).",
         choices=PD_POLICIES,
     ),
@@ -617,7 +618,8 @@ OPTIONS: tuple[Option, ...] = (
         "pd_threshold_tokens",
         cli_types.non_negative_int,
         "Uncached prompt tokens from which a request is disaggregated (default: derived from "
-        "--pd-perf-model and --pd-itl-budget-seconds).",
+        "--pd-perf-model and --pd-itl-budget-seconds, and a shorter suffix after a long cached "
+        "prefix is timed by that model too).",
     ),
     Option(
         "--pd-perf-model",
@@ -631,8 +633,8 @@ OPTIONS: tuple[Option, ...] = (
         "--pd-itl-budget-seconds",
         "pd_itl_budget_seconds",
         cli_types.positive_float,
-        "The longest prefill stall a colocated worker's decodes may take: the threshold is "
-        "the shortest prompt whose prefill takes this long "
+        "The longest prefill stall a colocated worker's decodes may take: a request whose "
+        "prefill there takes this long goes to a pair "
         f"(default {DEFAULTS.pd_itl_budget_seconds:g}).",
     ),
     Option(

@@ -225,10 +225,14 @@ class RouterConfig:
         if not self.prefill and not self.decode and not self.pd_disaggregation:
             return None
         threshold = self.pd_threshold_tokens
+        timer = None
         if threshold is None:
             timer = timer_for(self.pd_perf_model, "pd_perf_model")
             threshold = threshold_tokens(timer, self.pd_itl_budget_seconds)
-        return PdSettings(self.pd_policy, threshold, self.pd_handoff_timeout_seconds)
+        return PdSettings(
+            self.pd_policy, threshold, self.pd_handoff_timeout_seconds, timer,
+            self.pd_itl_budget_seconds,
+        )  # fmt: skip
 
     def _pd_problems(self) -> list[str]:
         problems: list[str] = []

@@ -347,18 +347,18 @@ class Forwarder:
                     pd = None
                     self.metrics.pd_requests.labels("no_prefill").inc()
                 else:
-                    uncached = pd.uncached_tokens(route_request, candidates, parsed.prompt_tokens)
+                    prompt_tokens = parsed.prompt_tokens
+                    uncached = pd.uncached_tokens(route_request, candidates, prompt_tokens)
                     if (
                         pd.settings.policy == "always"
                         or not any(w.healthy for w in candidates)
-                        or (uncached is not None and uncached >= pd.settings.threshold_tokens)
-                    ):
+                        or (uncached is not None and pd.stalls(uncached, prompt_tokens))
+                    ):  # no colocated worker holds enough of it: a pair, before any choice
                         pd = None
                         if await self.pd_forward(routed, route_request, served.workers):
                             return
-                    elif uncached is not None:  # colocated, decided without a choice
-                        self.metrics.pd_requests.labels("colocated").inc()
-                        pd = None
+                    # else the worker the policy chooses decides (it may not be the one
+                    # holding the prefix: a policy balancing load makes the prefill whole)
             while True:
                 # a retry goes to any other candidate, warm or not
                 others = [w for w in candidates if w not in excluded] if excluded else candidates

@@ -12,12 +12,16 @@ prefill's answer is drained, and its ``input_token_logprobs`` are merged into a 
 Decisions, per request:
 
 - **whether to disaggregate** (``--pd-policy conditional``, the default): the configured
-  policy picks a colocated worker as usual; when the prompt's tokens it does not expect that
-  worker to hold (the policy's predicted match) are at least the threshold, the request is
-  disaggregated instead. The threshold (``--pd-threshold-tokens``, else derived) is the
-  shortest uncached prompt whose prefill, by the performance model of ``--pd-perf-model``,
-  stalls the colocated worker's running decodes longer than ``--pd-itl-budget-seconds``
-  (`sglang_tpu.disaggregation.threshold_tokens`). A decode engine in SGLang cannot prefill a
+  policy picks a colocated worker as usual; when the prefill of the prompt's tokens it does
+  not expect that worker to hold (the policy's predicted match) would stall that worker's
+  running decodes for ``--pd-itl-budget-seconds`` or longer, the request is disaggregated
+  instead (a prompt no colocated worker holds enough of is disaggregated before any choice).
+  The stall is timed by the performance model of ``--pd-perf-model``: the uncached tokens
+  reach the threshold, the shortest uncached prompt that stalls that long
+  (`sglang_tpu.disaggregation.threshold_tokens`), or fewer take that long after a long cached
+  prefix; ``--pd-threshold-tokens`` replaces the model by a fixed threshold. It is the chosen
+  worker's cache that counts, not the best one's: a policy that balances load away from the
+  worker holding the prefix makes that prefill whole. A decode engine in SGLang cannot prefill a
   request itself (it refuses one without a room), so "not disaggregated" needs colocated
   workers (``--worker``); with none, every request is disaggregated, and so it is with
   ``--pd-policy always``;
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 import zlib
@@ -70,6 +75,7 @@ from tpuserve_router.usage import usage_from_body, usage_from_stream_tail
 from tpuserve_router.workers import Worker, WorkerSpec, normalize_worker_url
 
 if TYPE_CHECKING:
+    from sglang_tpu.perf_model import StepTimer
     from tpuserve_router.forwarding import Forwarder, Routed
 
 log = logging.getLogger(__name__)
@@ -122,6 +128,10 @@ class PdSettings:
     policy: str
     threshold_tokens: int
     handoff_timeout_seconds: float
+    timer: StepTimer | None = None
+    """The performance model the threshold came from (None: ``--pd-threshold-tokens`` was
+    given): it also times a short uncached suffix after a long cached prefix."""
+    itl_budget_seconds: float = disaggregation.DEFAULT_ITL_BUDGET_SECONDS
 
 
 class LegFailed(Exception):
@@ -197,12 +207,26 @@ class PdRouter:
 
     def disaggregates(self, decision: Decision[Worker], prompt_tokens: int) -> bool:
         """Whether a request the policy sent to a colocated worker goes to a pair instead:
-        its prompt tokens that worker is not expected to hold reach the threshold."""
+        its prefill there, of the prompt tokens that worker is not expected to hold, would
+        stall that worker's decodes for the ITL budget or longer (`stalls`)."""
         if self.settings.policy == "always":
             return True
         ratio = decision.predicted_match_ratio or 0.0
-        uncached = prompt_tokens * (1.0 - ratio)
-        return uncached >= self.settings.threshold_tokens
+        return self.stalls(prompt_tokens * (1.0 - ratio), prompt_tokens)
+
+    def stalls(self, uncached: float, prompt_tokens: int) -> bool:
+        """Whether prefilling ``uncached`` tokens of a ``prompt_tokens``-token prompt on a
+        colocated worker stalls its running decodes for ``--pd-itl-budget-seconds`` or longer:
+        the threshold's tokens or more, or, by the performance model, a shorter suffix whose
+        attention over the cached rest takes that long (1,000 new tokens after 60,000 cached
+        ones take twice the 50 ms budget on a v6e 1x1 with Llama-3.1-8B). With a threshold
+        given as a number (no model), the threshold alone."""
+        settings = self.settings
+        new = math.ceil(uncached)
+        return disaggregation.prefill_stalls(
+            settings.timer, new, max(0, prompt_tokens - new), settings.threshold_tokens,
+            settings.itl_budget_seconds,
+        )  # fmt: skip
 
     def uncached_tokens(
         self, route_request: RouteRequest, colocated: Sequence[Worker], prompt_tokens: int
@@ -210,7 +234,10 @@ class PdRouter:
         """The prompt tokens the best healthy colocated worker is not expected to hold, read
         from the policy's own index without touching it (a choice would record the request
         there, and a prefix the colocated worker never got would then look cached); None
-        when the policy keeps no index this can read (the decision's prediction is used)."""
+        when the policy keeps no index this can read. When even the best worker's prefill
+        would stall (`stalls`), the request goes to a pair without a choice; else the worker
+        the policy chooses decides (`disaggregates`: a choice set aside leaves its prediction
+        in the index until the index's prediction TTL, 2 s by default)."""
         healthy = [w for w in colocated if w.healthy]
         if not healthy:
             return None

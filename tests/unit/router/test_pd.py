@@ -122,6 +122,34 @@ def test_a_request_is_disaggregated_when_its_uncached_tokens_reach_the_threshold
     assert always.disaggregates(decision, 1) is True  # type: ignore[attr-defined]
 
 
+def test_a_short_suffix_after_a_long_cached_prefix_stalls_by_the_performance_model() -> None:
+    config = RouterConfig(prefill=(P,), decode=(D,), pd_perf_model="v6e:1x1:llama-3.1-8b")
+    settings = config.pd_settings()
+    assert settings is not None
+    assert settings.timer is not None
+    from tpuserve_router.pd import PdRouter
+
+    router = object.__new__(PdRouter)
+    router.settings = settings
+    n = settings.threshold_tokens
+    assert router.stalls(n, n)
+    assert not router.stalls(n - 1, n - 1)
+    # 1,000 new tokens: under the threshold, but after 60,000 cached ones the attention
+    # over them takes the prefill past the ITL budget
+    assert not router.stalls(1000, 1000)
+    assert router.stalls(1000, 61_000)
+    assert settings.timer.prefill_seconds(1000, 60_000) >= settings.itl_budget_seconds
+    chosen = Decision(FakeWorker("c"), "prefix_hit", 60_000 / 61_000)
+    assert router.disaggregates(chosen, 61_000)  # type: ignore[arg-type]
+    # a threshold given as a number is the rule alone
+    fixed = config.replace(pd_threshold_tokens=n).pd_settings()
+    assert fixed is not None
+    assert fixed.timer is None
+    router.settings = fixed
+    assert not router.stalls(1000, 61_000)
+    assert router.stalls(n, n)
+
+
 def test_a_conversation_keeps_its_dp_rank_and_the_room_lands_there() -> None:
     from tpuserve_router.pd import PdRouter
 
