@@ -283,7 +283,7 @@ class _Request:
 class _Session:
     __slots__ = ("blocks", "length", "shape", "turn")
 
-    def __init__(self, shape: mooncake.TraceShape, blocks: list[int], length: int) -> None:
+    def __init__(self, shape: mooncake.TraceShape, blocks: tuple[int, ...], length: int) -> None:
         self.shape = shape
         self.blocks = blocks
         self.length = length
@@ -377,16 +377,13 @@ class FleetResult:
         return self.config.duration_seconds - self.config.warmup_seconds
 
     def percentile(self, values: array[float], q: float) -> float | None:
-        if not values:
-            return None
-        ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return _percentile(sorted(values), q)
 
     def summary(self) -> dict[str, Any]:
         window = self.window_seconds
         day = 86_400.0 / window
         chips = self.config.shape.chips
-        p = self.percentile
+        ttft, itl = sorted(self.ttft), sorted(self.itl)
         tokens = self.input_tokens + self.output_tokens
         good = self.good_input_tokens + self.good_output_tokens
         return {
@@ -409,10 +406,10 @@ class FleetResult:
             "goodput_tokens_per_day": good * day,
             "goodput_share": self.good_requests / self.requests if self.requests else 0.0,
             "cache_hit_rate": self.cached_tokens / self.input_tokens if self.input_tokens else 0.0,
-            "ttft_p50": p(self.ttft, 0.5),
-            "ttft_p99": p(self.ttft, 0.99),
-            "itl_p50": p(self.itl, 0.5),
-            "itl_p99": p(self.itl, 0.99),
+            "ttft_p50": _percentile(ttft, 0.5),
+            "ttft_p99": _percentile(ttft, 0.99),
+            "itl_p50": _percentile(itl, 0.5),
+            "itl_p99": _percentile(itl, 0.99),
             "mean_chips": self.chip_seconds / window,
             "replicas_min": self.replicas_min,
             "replicas_max": self.replicas_max,
@@ -563,7 +560,7 @@ class FleetSim:
             private_median = max(1.0, (1.0 - c.reuse_share) * c.input_median)
             room = self.context_length - 1 - c.output_max - len(blocks) * self.block
             add = min(mooncake._lognormal(rng, private_median, c.input_sigma), max(1, room))
-            one = _Session(_SINGLE, list(blocks), len(blocks) * self.block)
+            one = _Session(_SINGLE, tuple(blocks), len(blocks) * self.block)
             self.session_count += 1
             self._turn(one, add)
             return
@@ -576,7 +573,7 @@ class FleetSim:
                                                         shape.template_zipf)]  # fmt: skip
             blocks = blocks + ids
             length += tokens
-        session = _Session(shape, blocks, length)
+        session = _Session(shape, tuple(blocks), length)
         self.session_count += 1
         self._turn(session, mooncake._lognormal(rng, shape.first_median, shape.first_sigma))
 
@@ -588,7 +585,7 @@ class FleetSim:
         session.length += add
         fresh = math.ceil(session.length / self.block) - kept
         nb = self.next_block
-        session.blocks = session.blocks[:kept] + list(range(nb, nb + fresh))
+        session.blocks = session.blocks[:kept] + tuple(range(nb, nb + fresh))
         self.next_block = nb + fresh
         rng = self.rng
         lo, hi = shape.output_min, shape.output_max
@@ -596,7 +593,7 @@ class FleetSim:
             lo, hi = self.config.output_min, self.config.output_max
         output = min(rng.randint(lo, hi),
                      self.context_length - session.length)  # fmt: skip
-        req = _Request(self.now, tuple(session.blocks), session.length, output, 0)
+        req = _Request(self.now, session.blocks, session.length, output, 0)
         self._arrive(req)
         if rng.random() < shape.continue_probability:
             t = self.now + rng.expovariate(1.0 / shape.think_seconds)
@@ -1280,6 +1277,12 @@ class FleetSim:
     def _record_failure(self, req: _Request) -> None:
         if req.arrival >= self.config.warmup_seconds:
             self.result.failed += 1
+
+
+def _percentile(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _holds(index: Holders | dict[int, set[int]], e: int) -> Callable[[int], bool]:
