@@ -261,8 +261,8 @@ class FleetConfig:
 
 
 class _Request:
-    __slots__ = ("arrival", "blocks", "booked", "cached", "engine", "first", "output", "prompt",
-                 "router", "session", "uncached")  # fmt: skip
+    __slots__ = ("arrival", "blocks", "booked", "cached", "depth", "engine", "first", "output",
+                 "prompt", "router", "session", "uncached")  # fmt: skip
 
     def __init__(
         self, arrival: float, blocks: tuple[int, ...], prompt: int, output: int, session: int
@@ -276,6 +276,7 @@ class _Request:
         self.engine = -1
         self.booked = 0
         self.cached = 0
+        self.depth = 0  # leading blocks the engine held at admission
         self.uncached = 0
         self.first = -1.0
 
@@ -914,8 +915,14 @@ class FleetSim:
             for b in old:
                 if pred.get(b) == (e, expiry):
                     del pred[b]
-        depth = self._depth(blocks, holders.__contains__)
-        pdepth = depth
+        lo, hi = 0, len(blocks)  # `_depth` over the index, inline (once per request)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if blocks[mid - 1] in holders:
+                lo = mid
+            else:
+                hi = mid - 1
+        depth = pdepth = lo
         while pdepth < len(blocks) and pdepth - depth < PREDICTED_BLOCKS and blocks[pdepth] in pred:
             pdepth += 1
         if pdepth > depth:
@@ -1123,13 +1130,17 @@ class FleetSim:
             ctx = e.ctx_p + b * e.steps - e.ctx_s
             dt = self.timer.step_seconds(tokens, attention, b, ctx)
             e.prefill_step = batch
-            self._push(e.t + dt, _STEP, e.i, e.version)
+            self.seq += 1  # `_push`, inline
+            heapq.heappush(self.events, (e.t + dt, self.seq, _STEP, e.i, e.version))
         elif e.run:
             b = len(e.run)
             k = e.run[0][0] - e.steps
             c0 = e.ctx_p + b * e.steps - e.ctx_s
             e.phase_k, e.phase_t0, e.phase_b, e.phase_c0 = k, e.t, b, c0
-            self._push(e.t + self._decode_time(k, b, c0), _STEP, e.i, e.version)
+            self.seq += 1
+            heapq.heappush(
+                self.events, (e.t + self._decode_time(k, b, c0), self.seq, _STEP, e.i, e.version)
+            )
         elif e.state == DRAINING and not e.waiting:
             self._kill(e)
 
@@ -1140,7 +1151,6 @@ class FleetSim:
         run = e.run
         prefill = e.prefill
         cache = e.cache
-        depth = self._depth
         block = self.block
         i = e.i
         while waiting:
@@ -1154,7 +1164,14 @@ class FleetSim:
             blocks = req.blocks
             # Children are evicted before parents (`_insert`), so a held block's parents
             # are held: the hit is a binary search.
-            d = depth(blocks, cache.__contains__) if cache else 0
+            lo, hi = 0, len(blocks) if cache else 0  # `_depth` over the cache, inline
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if blocks[mid - 1] in cache:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            d = req.depth = lo
             if d:
                 move = cache.move_to_end
                 for b in blocks[d - 1 :: -1]:
@@ -1192,7 +1209,7 @@ class FleetSim:
     def _first_token(self, e: _Engine, req: _Request) -> None:
         req.first = self.now
         self._release_router(req, first=True)
-        self._insert(e, req.blocks)
+        self._insert(e, req.blocks, req.depth)
         if req.output <= 1:
             self._complete(e, req)
             return
@@ -1201,19 +1218,23 @@ class FleetSim:
         e.ctx_p += req.prompt + 1
         e.ctx_s += e.steps
 
-    def _insert(self, e: _Engine, blocks: tuple[int, ...]) -> None:
+    def _insert(self, e: _Engine, blocks: tuple[int, ...], hint: int) -> None:
         """Cache ``blocks`` on ``e``, children first (parents are the freshest), then evict
         the least recently used blocks beyond what the pool leaves free.
 
         The blocks ``e`` already holds are a prefix of ``blocks`` (a holder of a block holds
         its parents), so the new ones are added from the last, then the held ones are moved
         to the end from the last: the same order as touching every block from the last to
-        the first, without asking the cache about each."""
+        the first, without asking the cache about each. ``hint``: the held prefix at
+        admission, still right unless blocks came or went since (two lookups tell)."""
         cache = e.cache
         holders = self.holders
         get = holders.get
         i = e.i
-        d = self._depth(blocks, cache.__contains__) if cache else 0
+        n = len(blocks)
+        d = hint
+        if (d and blocks[d - 1] not in cache) or (d < n and blocks[d] in cache):
+            d = self._depth(blocks, cache.__contains__)
         for b in blocks[: d - 1 : -1] if d else blocks[::-1]:
             cache[b] = None
             h = get(b)
