@@ -146,6 +146,16 @@ def report(data: dict[str, Any]) -> str:
                 f"{p8['ttft_p99'] / max(1e-9, p1['ttft_p99']):.3f}, goodput/day "
                 f"{eight['goodput_tokens_per_day'] / max(1e-9, one['goodput_tokens_per_day']):.3f}"
             )
+    for n in sorted({t["router_replicas"] for t in table}):
+        llmd = by.get(("llmd", n))
+        if llmd and llmd["goodput_tokens_per_day"] and llmd.get("hours_covered") == 24:
+            # what every policy serves is the demand (the same tokens/day for all): a router
+            # that kept every request within the SLO would have goodput = tokens per day
+            lines.append(
+                f"- {n} router(s): the most any policy could get over llmd's goodput this day "
+                f"(every request within the SLO): "
+                f"{llmd['tokens_per_day'] / llmd['goodput_tokens_per_day']:.3f}x"
+            )
     lines.append(f"- the seed's ratio (1.47 -> 5.97 B tokens/day): {SEED_RATIO:.2f}x")
     return "\n".join(lines)
 

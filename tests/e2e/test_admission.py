@@ -4,7 +4,8 @@ the operator's own message: the chart's ValidatingAdmissionPolicy, installed by 
 One flow: a TPUModelServer that is invalid but created before the chart stays manageable
 (metadata-only updates pass, spec changes are checked); every `# refused:` example in the docs
 is refused; a sample over the catalog gets the operator's verdict from the apiserver; the
-chart's examples are admitted; `helm uninstall` removes the policy.
+chart's examples and the TPUModelServers `tpuserve plan --emit` wrote for
+docs/capacity-planning.md are admitted; `helm uninstall` removes the policy.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ DOCS = [
     *sorted((REPO / "docs").glob("*.md")),
 ]
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+PLANNED = sorted(REPO.glob("bench/fleet_results/*/plan-*.yaml"))
 REFUSED = re.compile(r"```yaml\n(# refused: (\S+).*?\n.*?)```", re.DOTALL)
 
 
@@ -102,7 +104,8 @@ def test_kubectl_apply_refuses_what_the_operator_would_refuse(
 
         _apiserver_agrees_with_the_operator(cluster, namespace)
 
-        for path in EXAMPLES:
+        assert len(PLANNED) >= 3, PLANNED
+        for path in (*EXAMPLES, *PLANNED):
             manifest = yaml.safe_load(path.read_text())
             assert apply(cluster, manifest, namespace, "--dry-run=server") == "", path
     finally:

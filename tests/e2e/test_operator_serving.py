@@ -4,13 +4,18 @@ ones are refused by the apiserver (CEL) or reported Valid=False with an Event an
 Issue 6, items 2 and 3. Each workload kind (LeaderWorkerSet, StatefulSets) serves a multi-host
 and a single-host slice (`CASES`); every catalog shape with both kinds is rendered and checked by
 tests/unit/operator/test_render_catalog.py. What the apiserver or the operator refuses does not
-depend on the kind: those tests run with one operator (`ONE_KIND`)."""
+depend on the kind: those tests run with one operator (`ONE_KIND`). Issue 48: what `tpuserve
+plan --emit` writes is applied unchanged and accepted."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sglang_tpu.topology import (
     ACCELERATOR_LABEL,
@@ -20,6 +25,7 @@ from sglang_tpu.topology import (
     lookup,
 )
 from tests.e2e.tms_harness import (
+    REPO,
     OperatorProcess,
     apply,
     children,
@@ -34,6 +40,7 @@ from tests.e2e.tms_harness import (
 )
 from tpuserve.cluster import Cluster, CommandError
 from tpuserve_operator import labels
+from tpuserve_operator.render.autoscaler import TOKENS_IN_FLIGHT_METRIC
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +55,9 @@ CASES: list[tuple[str, str, str, str, int, dict[str, Any]]] = [
     ("statefulset", "v5e-spot", "v5e", "2x4", 1, {"tpu": {"spot": True}}),  # 1 host
     ("statefulset", "simulated", "v6e", "4x4", 1, {"engine": "simulated"}),  # no TPU
 ]
+PLANNED = sorted(REPO.glob("bench/fleet_results/*/plan-*.yaml"))
+"""The TPUModelServers `tpuserve plan --emit` wrote for docs/capacity-planning.md's cases."""
+PLAN_TIMEOUT_SECONDS = 120.0
 # The kind of the operator that the kind-independent tests run with.
 ONE_KIND = pytest.mark.parametrize("operator", ["statefulset"], indirect=True)
 
@@ -198,3 +208,49 @@ def test_a_model_that_does_not_fit_is_reported(
     )
     assert "does not fit v5e/2x4" in condition(body, "Valid")["message"]
     assert children(cluster, namespace, "big") == {}
+
+
+@ONE_KIND
+def test_planned_servers_are_applied_unchanged_and_accepted(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """`tpuserve plan --emit` on a small case (one slice, one simulated replica, a 20-s
+    window: about a second of CPU), plus the three cases' committed manifests: each file is
+    applied as written, the operator finds it valid and renders the server, with the
+    autoscaler the plan asked for (the fake TPU nodes need not run its pods)."""
+    emitted = tmp_path / "planned.yaml"
+    plan = [sys.executable, "-m", "tpuserve", "plan", "--model", "llama-3.1-8b",
+            "--preset", "chat", "--rate", "20", "--generations", "v6e", "--topologies", "2x4",
+            "--sim-replicas", "1", "--window", "20", "--emit", str(emitted),
+            "--name", "e2e-plan"]  # fmt: skip
+    done = subprocess.run(plan, capture_output=True, text=True, timeout=PLAN_TIMEOUT_SECONDS)
+    assert done.returncode == 0, done.stderr
+    assert len(PLANNED) >= 3, PLANNED
+    for path in (emitted, *PLANNED):
+        cluster.kubectl("apply", "-n", namespace, "-f", str(path))
+    for path in (emitted, *PLANNED):
+        manifest = yaml.safe_load(path.read_text())
+        name = manifest["metadata"]["name"]
+        body = wait_condition(cluster, namespace, name, "Valid", "True", operator)
+        assert condition(body, "Valid")["reason"] == "SpecValid", path
+        wanted = manifest["spec"]["autoscaling"]
+        group = f"{name}-r0"
+
+        def rendered(name: str = name, group: str = group) -> bool:
+            found = children(cluster, namespace, name)
+            return (
+                found.get("HorizontalPodAutoscaler") == [name]
+                and bool(found.get("Service"))
+                and group in found.get(workload_kind(operator), [])
+            )
+
+        wait_until(f"{name}: its HorizontalPodAutoscaler, Service and {group}", rendered, operator)
+        hpa = get(cluster, namespace, "horizontalpodautoscalers", name)["spec"]
+        assert (hpa["minReplicas"], hpa["maxReplicas"]) == (
+            wanted["minReplicas"],
+            wanted["maxReplicas"],
+        ), path
+        (metric,) = hpa["metrics"]
+        assert metric["pods"]["metric"]["name"] == TOKENS_IN_FLIGHT_METRIC
+        shape = lookup(manifest["spec"]["tpu"]["generation"], manifest["spec"]["tpu"]["topology"])
+        assert int(metric["pods"]["target"]["averageValue"]) == wanted["target"] * shape.chips

@@ -67,6 +67,7 @@ request), percentiles, cache hits, chip-seconds and the wall time.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import random
@@ -109,6 +110,9 @@ SCALE_DOWN_STEP_SECONDS = 60.0
 OFF, STARTING, READY, DRAINING, NOTICED = 0, 1, 2, 3, 4
 # Event kinds (heap entries are (time, seq, kind, a, b)).
 _STEP, _ARRIVAL, _SESSION, _POLL, _HPA, _UP, _NOTICE, _KILL, _SAMPLE = range(9)
+Holders = dict[int, int | set[int]]
+"""Block -> the engine that holds it, or the set of them once a second one did (most blocks
+have one holder: a set each cost time and memory). A set stays a set."""
 SAMPLE_SECONDS = 5.0
 """How often the KV tokens in flight are sampled (`FleetResult.tokens_in_flight_per_chip`)."""
 
@@ -257,8 +261,8 @@ class FleetConfig:
 
 
 class _Request:
-    __slots__ = ("arrival", "blocks", "booked", "cached", "engine", "first", "output", "prompt",
-                 "router", "session", "uncached")  # fmt: skip
+    __slots__ = ("arrival", "blocks", "booked", "cached", "depth", "engine", "first", "output",
+                 "prompt", "router", "session", "uncached")  # fmt: skip
 
     def __init__(
         self, arrival: float, blocks: tuple[int, ...], prompt: int, output: int, session: int
@@ -272,6 +276,7 @@ class _Request:
         self.engine = -1
         self.booked = 0
         self.cached = 0
+        self.depth = 0  # leading blocks the engine held at admission
         self.uncached = 0
         self.first = -1.0
 
@@ -279,7 +284,7 @@ class _Request:
 class _Session:
     __slots__ = ("blocks", "length", "shape", "turn")
 
-    def __init__(self, shape: mooncake.TraceShape, blocks: list[int], length: int) -> None:
+    def __init__(self, shape: mooncake.TraceShape, blocks: tuple[int, ...], length: int) -> None:
         self.shape = shape
         self.blocks = blocks
         self.length = length
@@ -373,16 +378,13 @@ class FleetResult:
         return self.config.duration_seconds - self.config.warmup_seconds
 
     def percentile(self, values: array[float], q: float) -> float | None:
-        if not values:
-            return None
-        ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return _percentile(sorted(values), q)
 
     def summary(self) -> dict[str, Any]:
         window = self.window_seconds
         day = 86_400.0 / window
         chips = self.config.shape.chips
-        p = self.percentile
+        ttft, itl = sorted(self.ttft), sorted(self.itl)
         tokens = self.input_tokens + self.output_tokens
         good = self.good_input_tokens + self.good_output_tokens
         return {
@@ -405,10 +407,10 @@ class FleetResult:
             "goodput_tokens_per_day": good * day,
             "goodput_share": self.good_requests / self.requests if self.requests else 0.0,
             "cache_hit_rate": self.cached_tokens / self.input_tokens if self.input_tokens else 0.0,
-            "ttft_p50": p(self.ttft, 0.5),
-            "ttft_p99": p(self.ttft, 0.99),
-            "itl_p50": p(self.itl, 0.5),
-            "itl_p99": p(self.itl, 0.99),
+            "ttft_p50": _percentile(ttft, 0.5),
+            "ttft_p99": _percentile(ttft, 0.99),
+            "itl_p50": _percentile(itl, 0.5),
+            "itl_p99": _percentile(itl, 0.99),
             "mean_chips": self.chip_seconds / window,
             "replicas_min": self.replicas_min,
             "replicas_max": self.replicas_max,
@@ -451,10 +453,14 @@ class FleetSim:
         # Linear prefill cost for the oracle's estimate: tokens and attention context.
         self.prefill_per_token = t._body_flops_per_token / t.flops_per_second
         self.prefill_per_attention = t._attn_flops_per_ctx / t.attention_flops_per_second
+        self.prefill_budget = c.chunked_prefill_size
+        self.max_running = c.max_running_requests
+        self.k_held = c.holder_candidates
+        self.k_random = c.random_candidates * (2 if c.policy == "oracle" else 1)
         n = c.replicas
         self.engines = [_Engine(i) for i in range(n)]
         self.routers = [_Router(n) for _ in range(c.router_replicas)]
-        self.holders: dict[int, set[int]] = {}
+        self.holders: Holders = {}
         self.ready: list[int] = []
         self.ready_pos: dict[int, int] = {}
         # What the engines report to a load poll, kept current as they change.
@@ -555,7 +561,7 @@ class FleetSim:
             private_median = max(1.0, (1.0 - c.reuse_share) * c.input_median)
             room = self.context_length - 1 - c.output_max - len(blocks) * self.block
             add = min(mooncake._lognormal(rng, private_median, c.input_sigma), max(1, room))
-            one = _Session(_SINGLE, list(blocks), len(blocks) * self.block)
+            one = _Session(_SINGLE, tuple(blocks), len(blocks) * self.block)
             self.session_count += 1
             self._turn(one, add)
             return
@@ -568,7 +574,7 @@ class FleetSim:
                                                         shape.template_zipf)]  # fmt: skip
             blocks = blocks + ids
             length += tokens
-        session = _Session(shape, blocks, length)
+        session = _Session(shape, tuple(blocks), length)
         self.session_count += 1
         self._turn(session, mooncake._lognormal(rng, shape.first_median, shape.first_sigma))
 
@@ -580,7 +586,7 @@ class FleetSim:
         session.length += add
         fresh = math.ceil(session.length / self.block) - kept
         nb = self.next_block
-        session.blocks = session.blocks[:kept] + list(range(nb, nb + fresh))
+        session.blocks = session.blocks[:kept] + tuple(range(nb, nb + fresh))
         self.next_block = nb + fresh
         rng = self.rng
         lo, hi = shape.output_min, shape.output_max
@@ -588,7 +594,7 @@ class FleetSim:
             lo, hi = self.config.output_min, self.config.output_max
         output = min(rng.randint(lo, hi),
                      self.context_length - session.length)  # fmt: skip
-        req = _Request(self.now, tuple(session.blocks), session.length, output, 0)
+        req = _Request(self.now, session.blocks, session.length, output, 0)
         self._arrive(req)
         if rng.random() < shape.continue_probability:
             t = self.now + rng.expovariate(1.0 / shape.think_seconds)
@@ -603,6 +609,18 @@ class FleetSim:
         heapq.heappush(self.events, (t, self.seq, kind, a, b))
 
     def run(self) -> FleetResult:
+        """Run the window and the drain. The cyclic garbage collector is paused meanwhile:
+        the model makes no reference cycles (reference counting frees everything; a unit test
+        checks it), and with ~10^6 live objects its collections took ~12 % of the time."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run(self) -> FleetResult:
         c = self.config
         start = time.perf_counter()
         initial = c.initial_replicas if c.initial_replicas is not None else c.replicas
@@ -618,8 +636,10 @@ class FleetSim:
         if c.autoscale:
             self._push(c.hpa_interval_seconds, _HPA, None, 0)
         self._push(c.warmup_seconds + SAMPLE_SECONDS, _SAMPLE, None, 0)
-        end = c.duration_seconds + c.drain_seconds
+        duration = c.duration_seconds
+        end = duration + c.drain_seconds
         events = self.events
+        engines = self.engines
         pop = heapq.heappop
         step = self._engine_event
         count = 0
@@ -627,12 +647,12 @@ class FleetSim:
             t, _, kind, a, b = pop(events)
             if t > end:
                 break
-            if t > c.duration_seconds and kind in (_POLL, _HPA) and not self._busy():
+            if t > duration and kind in (_POLL, _HPA) and not self._busy():
                 break
             count += 1
             self.now = t
             if kind == _STEP:
-                e = self.engines[a]
+                e = engines[a]
                 if b == e.version:
                     step(e)
             elif kind == _SESSION:
@@ -740,11 +760,7 @@ class FleetSim:
             self._release_router(r, first=False)
             self._record_failure(r)
         for block in e.cache:
-            h = self.holders.get(block)
-            if h is not None:
-                h.discard(e.i)
-                if not h:
-                    del self.holders[block]
+            _unhold(self.holders, block, e.i)
         for router in self.routers:
             lru = router.llmd_lru[e.i]
             for block in lru:
@@ -821,34 +837,32 @@ class FleetSim:
                 hi = mid - 1
         return lo
 
-    def _candidates(self, holders: set[int] | None) -> tuple[list[int], list[int]]:
+    def _candidates(self, holders: int | set[int] | None) -> tuple[list[int], list[int]]:
         """(holder candidates, all candidates) among the routable replicas."""
-        c = self.config
         ready = self.ready
-        pos = self.ready_pos
-        rng = self.route_rng
+        rand = self.route_rng.random
         held: list[int] = []
-        k_held = c.holder_candidates
+        k_held = self.k_held
         n = len(ready)
-        rand = rng.random
-        if holders:
+        if isinstance(holders, int):
+            if holders in self.ready_pos:
+                held = [holders]
+        elif holders:
             if len(holders) <= 2 * k_held:
+                pos = self.ready_pos
                 held = [h for h in holders if h in pos]
                 if len(held) > k_held:
-                    held = rng.sample(held, k_held)
+                    held = self.route_rng.sample(held, k_held)
             else:  # many holders: draw replicas at random until k of them hold it
-                found: set[int] = set()
                 for _ in range(4 * k_held):
                     x = ready[int(rand() * n)]
-                    if x in holders and x not in found:
-                        found.add(x)
+                    if x in holders and x not in held:
                         held.append(x)
                         if len(held) == k_held:
                             break
-        cands = list(held)
+        cands = held[:]
         seen = set(held)
-        k = c.random_candidates * (2 if c.policy == "oracle" else 1)
-        for _ in range(min(k, n)):
+        for _ in range(min(self.k_random, n)):
             x = ready[int(rand() * n)]
             if x not in seen:
                 seen.add(x)
@@ -901,8 +915,14 @@ class FleetSim:
             for b in old:
                 if pred.get(b) == (e, expiry):
                     del pred[b]
-        depth = self._depth(blocks, holders.__contains__)
-        pdepth = depth
+        lo, hi = 0, len(blocks)  # `_depth` over the index, inline (once per request)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if blocks[mid - 1] in holders:
+                lo = mid
+            else:
+                hi = mid - 1
+        depth = pdepth = lo
         while pdepth < len(blocks) and pdepth - depth < PREDICTED_BLOCKS and blocks[pdepth] in pred:
             pdepth += 1
         if pdepth > depth:
@@ -913,15 +933,17 @@ class FleetSim:
                 return e, min(hit, req.prompt)
         held, cands = self._candidates(holders.get(blocks[depth - 1]) if depth else None)
         own, snap_load, snap_own = router.own, router.snap_load, router.snap_own
-        loads = [own[e] + max(0, snap_load[e] - snap_own[e]) for e in cands]
-        load = self._view_load
+        # `_view_load` of each candidate
+        loads = [own[e] + (x if (x := snap_load[e] - snap_own[e]) > 0 else 0) for e in cands]
         hi, lo = max(loads), min(loads)
         prompt = req.prompt
         cached_share = depth * self.block / prompt
         if hi - lo > PRECISE_BALANCE_ABS and hi > PRECISE_BALANCE_REL * lo:
             chosen = cands[loads.index(lo)]
         elif held and cached_share > PRECISE_CACHE_THRESHOLD:
-            chosen = min(held, key=lambda e: load(router, e))
+            # the held candidates lead ``cands``: the least loaded holder, first on ties
+            held_loads = loads[: len(held)]
+            chosen = held[held_loads.index(min(held_loads))]
         else:
             chosen = cands[loads.index(lo)]
         hit = depth * self.block if chosen in held else 0
@@ -1087,15 +1109,16 @@ class FleetSim:
         """Plan the engine's next event from its state at ``e.t``."""
         e.version += 1
         e.phase_k = 0
-        self._admit(e)
-        if e.prefill:
-            budget = self.config.chunked_prefill_size
+        if e.waiting:
+            self._admit(e)
+        prefill = e.prefill
+        if prefill:
+            budget = self.prefill_budget
             batch: list[tuple[_Request, int]] = []
             tokens = 0
             attention = 0
-            for entry in e.prefill:
-                req, left = entry
-                take = min(left, budget)
+            for req, left in prefill:
+                take = left if left < budget else budget
                 done = req.prompt - left
                 batch.append((req, take))
                 tokens += take
@@ -1107,42 +1130,58 @@ class FleetSim:
             ctx = e.ctx_p + b * e.steps - e.ctx_s
             dt = self.timer.step_seconds(tokens, attention, b, ctx)
             e.prefill_step = batch
-            self._push(e.t + dt, _STEP, e.i, e.version)
+            self.seq += 1  # `_push`, inline
+            heapq.heappush(self.events, (e.t + dt, self.seq, _STEP, e.i, e.version))
         elif e.run:
             b = len(e.run)
             k = e.run[0][0] - e.steps
             c0 = e.ctx_p + b * e.steps - e.ctx_s
             e.phase_k, e.phase_t0, e.phase_b, e.phase_c0 = k, e.t, b, c0
-            self._push(e.t + self._decode_time(k, b, c0), _STEP, e.i, e.version)
-        else:
-            self._maybe_off(e)
+            self.seq += 1
+            heapq.heappush(
+                self.events, (e.t + self._decode_time(k, b, c0), self.seq, _STEP, e.i, e.version)
+            )
+        elif e.state == DRAINING and not e.waiting:
+            self._kill(e)
 
     def _admit(self, e: _Engine) -> None:
-        c = self.config
         pool = self.pool
-        while e.waiting:
-            req = e.waiting[0]
+        limit = self.max_running
+        waiting = e.waiting
+        run = e.run
+        prefill = e.prefill
+        cache = e.cache
+        block = self.block
+        i = e.i
+        while waiting:
+            req = waiting[0]
             need = req.prompt + req.output
-            if len(e.run) + len(e.prefill) >= c.max_running_requests or (
-                e.reserved + need > pool and (e.run or e.prefill)
-            ):
+            if len(run) + len(prefill) >= limit or (e.reserved + need > pool and (run or prefill)):
                 return
-            e.waiting.popleft()
-            self.wait[e.i] -= 1
+            waiting.popleft()
+            self.wait[i] -= 1
             e.reserved += need
-            cache = e.cache
             blocks = req.blocks
             # Children are evicted before parents (`_insert`), so a held block's parents
             # are held: the hit is a binary search.
-            d = self._depth(blocks, cache.__contains__) if cache else 0
-            for b in reversed(blocks[:d]):
-                cache.move_to_end(b)
-            cached = min(d * self.block, req.prompt - 1)
+            lo, hi = 0, len(blocks) if cache else 0  # `_depth` over the cache, inline
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if blocks[mid - 1] in cache:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            d = req.depth = lo
+            if d:
+                move = cache.move_to_end
+                for b in blocks[d - 1 :: -1]:
+                    move(b)
+            cached = min(d * block, req.prompt - 1)
             req.cached = cached
             e.wtok -= cached
             req.uncached = req.prompt - cached
-            self.wtok[e.i] = e.wtok
-            e.prefill.append([req, req.prompt - cached])
+            self.wtok[i] = e.wtok
+            prefill.append([req, req.prompt - cached])
 
     def _engine_event(self, e: _Engine) -> None:
         e.t = self.now
@@ -1170,7 +1209,7 @@ class FleetSim:
     def _first_token(self, e: _Engine, req: _Request) -> None:
         req.first = self.now
         self._release_router(req, first=True)
-        self._insert(e, req.blocks)
+        self._insert(e, req.blocks, req.depth)
         if req.output <= 1:
             self._complete(e, req)
             return
@@ -1179,28 +1218,50 @@ class FleetSim:
         e.ctx_p += req.prompt + 1
         e.ctx_s += e.steps
 
-    def _insert(self, e: _Engine, blocks: tuple[int, ...]) -> None:
+    def _insert(self, e: _Engine, blocks: tuple[int, ...], hint: int) -> None:
+        """Cache ``blocks`` on ``e``, children first (parents are the freshest), then evict
+        the least recently used blocks beyond what the pool leaves free.
+
+        The blocks ``e`` already holds are a prefix of ``blocks`` (a holder of a block holds
+        its parents), so the new ones are added from the last, then the held ones are moved
+        to the end from the last: the same order as touching every block from the last to
+        the first, without asking the cache about each. ``hint``: the held prefix at
+        admission, still right unless blocks came or went since (two lookups tell)."""
         cache = e.cache
         holders = self.holders
+        get = holders.get
         i = e.i
-        for b in reversed(blocks):  # children first: parents are the freshest
-            if b in cache:
-                cache.move_to_end(b)
+        n = len(blocks)
+        d = hint
+        if (d and blocks[d - 1] not in cache) or (d < n and blocks[d] in cache):
+            d = self._depth(blocks, cache.__contains__)
+        for b in blocks[: d - 1 : -1] if d else blocks[::-1]:
+            cache[b] = None
+            h = get(b)
+            if h is None:
+                holders[b] = i
+            elif isinstance(h, int):
+                second = {h}
+                second.add(i)
+                holders[b] = second
             else:
-                cache[b] = None
-                h = holders.get(b)
-                if h is None:
-                    holders[b] = {i}
-                else:
-                    h.add(i)
-        cap = max(0, self.pool - e.reserved) // self.block
-        while len(cache) > cap:
-            old, _ = cache.popitem(last=False)
-            h = holders.get(old)
-            if h is not None:
-                h.discard(i)
-                if not h:
+                h.add(i)
+        if d:
+            move = cache.move_to_end
+            for b in blocks[d - 1 :: -1]:
+                move(b)
+        excess = len(cache) - max(0, self.pool - e.reserved) // self.block
+        if excess > 0:
+            pop = cache.popitem
+            for _ in range(excess):
+                old = pop(last=False)[0]
+                h = get(old)
+                if isinstance(h, int):
                     del holders[old]
+                elif h is not None:
+                    h.discard(i)
+                    if not h:
+                        del holders[old]
 
     def _finish_done(self, e: _Engine) -> None:
         run = e.run
@@ -1239,12 +1300,32 @@ class FleetSim:
             self.result.failed += 1
 
 
-def _holds(index: dict[int, set[int]], e: int) -> Callable[[int], bool]:
+def _percentile(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _holds(index: Holders | dict[int, set[int]], e: int) -> Callable[[int], bool]:
     def has(block: int) -> bool:
         h = index.get(block)
+        if isinstance(h, int):
+            return h == e
         return h is not None and e in h
 
     return has
+
+
+def _unhold(holders: Holders, block: int, e: int) -> None:
+    """``e`` no longer holds ``block``."""
+    h = holders.get(block)
+    if isinstance(h, int):
+        if h == e:
+            del holders[block]
+    elif h is not None:
+        h.discard(e)
+        if not h:
+            del holders[block]
 
 
 def run_fleet(config: FleetConfig) -> FleetResult:

@@ -24,6 +24,8 @@ The workloads W9 and W10 (`tpuserve.bench.workloads`) are these traces turned in
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
 import random
 import statistics
@@ -145,8 +147,14 @@ def _lognormal(rng: random.Random, median: float, sigma: float) -> int:
 
 
 def _zipf(rng: random.Random, n: int, alpha: float) -> int:
-    weights = [1.0 / (k + 1) ** alpha for k in range(n)]
-    return rng.choices(range(n), weights)[0]
+    return rng.choices(range(n), cum_weights=_zipf_cum_weights(n, alpha))[0]
+
+
+@functools.cache
+def _zipf_cum_weights(n: int, alpha: float) -> tuple[float, ...]:
+    """What `random.choices` accumulates from the weights ``1 / (k + 1) ** alpha`` (the same
+    draw, computed once)."""
+    return tuple(itertools.accumulate(1.0 / (k + 1) ** alpha for k in range(n)))
 
 
 def generate_lines(shape: TraceShape, seed: int, requests: int) -> list[MooncakeLine]:

@@ -113,6 +113,30 @@ def test_emit_refuses_what_admission_would_refuse(small_plan: Plan) -> None:
         emit.manifest("Not_A_Name", good, [])
 
 
+PLANNED = sorted(ROOT.glob("bench/fleet_results/*/plan-*.yaml"))
+"""What `tpuserve plan --emit` wrote for docs/capacity-planning.md's three cases (applied on a
+real apiserver by tests/e2e/test_operator_serving.py and test_admission.py)."""
+
+
+@pytest.mark.parametrize("path", PLANNED, ids=[p.name for p in PLANNED])
+def test_committed_plans_are_what_emit_writes_and_stay_valid(path: Path) -> None:
+    text = path.read_text()
+    doc = yaml.safe_load(text)
+    header = [line.removeprefix("# ") for line in text.splitlines() if line.startswith("# ")]
+    assert len(header) == 3
+    assert header[0].startswith("tpuserve plan: ")
+    # byte for byte what `emit.manifest` writes for its spec (not edited by hand), and the
+    # operator's validation, as it is today, still admits it
+    assert emit.manifest(doc["metadata"]["name"], doc["spec"], header) == text
+    assert "replicas" not in doc["spec"]
+    scaling = doc["spec"]["autoscaling"]
+    assert 1 <= scaling["minReplicas"] <= scaling["maxReplicas"]
+
+
+def test_three_cases_are_committed() -> None:
+    assert len(PLANNED) >= 3
+
+
 def test_price_table_is_dated_sourced_and_overridable(tmp_path: Path) -> None:
     table = load_prices()
     assert table.date
