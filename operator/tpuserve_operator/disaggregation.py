@@ -21,7 +21,9 @@ Checks (`problems`), each naming the field, in the operator's ``Valid`` conditio
 - both roles run one engine image (``UnpairableRoles``), one page size and KV dtype (SGLang's
   decode refuses a prefill whose differ), and TP sizes where the larger is a multiple of the
   smaller (SGLang maps ranks by integer division); DP sizes pair freely (``room % dp_size``);
-- the disaggregation flags are the operator's, in ``engine.args`` and the roles' ``args``;
+- the disaggregation flags are the operator's, in ``engine.args`` and the roles' ``args``
+  (the other flags the operator owns are refused in the roles' ``args`` as in
+  ``engine.args``, by `validation`);
 - ``autoscaling`` is not supported with roles yet (the scale subresource is one count).
 """
 
@@ -44,6 +46,40 @@ OWNED_FLAGS: Final = (
     "disaggregation-bootstrap-port",
 )
 PAIRED_FLAGS: Final = ("page-size", "kv-cache-dtype")
+
+# The refusals' messages, as templates: `validation` fills them in Python and
+# `build.admission` in CEL (the admission policy says the operator's words, word for word).
+# Values are Python reprs ('text', 32, None), as the operator prints them.
+ENGINE_ARG_MESSAGE: Final = (
+    "--{flag} is set by the operator from spec.disaggregation; allowed: spec.disaggregation"
+)
+ROLE_ARG_MESSAGE: Final = (
+    "--{flag} is set by the operator from spec.disaggregation; allowed: SGLang flags the "
+    "operator does not set"
+)
+TRANSFER_BACKEND_MESSAGE: Final = (
+    "{value} is not allowed with spec.engine.type sglang: SGLang "
+    f"{pd.SGLANG_VERSION} has no transfer backend that moves KV between TPU slices "
+    "(mooncake, mori, nixl and ascend are RDMA GPU/NPU backends, fake moves none); "
+    "allowed: none yet, or spec.engine.type simulated"
+)
+AUTOSCALING_MESSAGE: Final = (
+    "is not allowed with spec.disaggregation yet (the scale subresource is one count); "
+    "allowed: spec.disaggregation.prefill.replicas and .decode.replicas"
+)
+IMAGE_MESSAGE: Final = (
+    "{decode} differs from the prefill role's {prefill}; allowed: one engine image for both "
+    "roles (KV layouts of different engine versions cannot pair)"
+)
+PAIRED_MESSAGE: Final = (
+    "{decode} differs from the prefill role's {prefill}; allowed: the same --{flag} for both "
+    "roles (SGLang's decode refuses a prefill whose differs)"
+)
+TP_MESSAGE: Final = (
+    "TP {decode_tp} ({decode_slice}) does not pair with the prefill role's TP {prefill_tp} "
+    "({prefill_slice}); allowed: TP sizes where the larger is a multiple of the smaller "
+    "(SGLang maps KV ranks by integer division)"
+)
 
 
 def role_of(spec: TPUModelServerSpec, role: str) -> PdRoleSpec:
@@ -110,7 +146,8 @@ def _shape(spec: TPUModelServerSpec, role: str, problems: list[Problem]) -> Slic
     try:
         return lookup(tpu.generation, tpu.topology, field_path=path)
     except CatalogError as err:
-        problems.append(Problem(err.field, str(err), reason=Reason.UNSUPPORTED_TOPOLOGY))
+        message = str(err).removeprefix(f"{err.field}: ")  # Problem prints the field
+        problems.append(Problem(err.field, message, reason=Reason.UNSUPPORTED_TOPOLOGY))
         return None
 
 
@@ -122,8 +159,7 @@ def problems(spec: TPUModelServerSpec, server_shape: SliceShape | None) -> list[
             found.append(
                 Problem(
                     f"spec.engine.args.{flag}",
-                    f"--{flag.lstrip('-')} is set by the operator from spec.disaggregation; "
-                    "allowed: spec.disaggregation",
+                    ENGINE_ARG_MESSAGE.format(flag=flag.lstrip("-")),
                     reason=Reason.RESERVED_FIELD,
                 )
             )
@@ -134,29 +170,18 @@ def problems(spec: TPUModelServerSpec, server_shape: SliceShape | None) -> list[
         found.append(
             Problem(
                 "spec.disaggregation.transferBackend",
-                f"{dis.transfer_backend!r} is not allowed with spec.engine.type sglang: SGLang "
-                f"{pd.SGLANG_VERSION} has no transfer backend that moves KV between TPU slices "
-                "(mooncake, mori, nixl and ascend are RDMA GPU/NPU backends, fake moves none); "
-                "allowed: none yet, or spec.engine.type simulated",
+                TRANSFER_BACKEND_MESSAGE.format(value=repr(dis.transfer_backend)),
                 reason=Reason.UNSUPPORTED_TRANSFER_BACKEND,
             )
         )
     if spec.autoscaling is not None:
-        found.append(
-            Problem(
-                "spec.autoscaling",
-                "is not allowed with spec.disaggregation yet (the scale subresource is one "
-                "count); allowed: spec.disaggregation.prefill.replicas and .decode.replicas",
-            )
-        )
+        found.append(Problem("spec.autoscaling", AUTOSCALING_MESSAGE))
     images = {role: role_of(spec, role).image or spec.engine.image for role in ROLES}
     if images[PREFILL] != images[DECODE]:
         found.append(
             Problem(
                 "spec.disaggregation.decode.image",
-                f"{images[DECODE]!r} differs from the prefill role's {images[PREFILL]!r}; "
-                "allowed: one engine image for both roles (KV layouts of different engine "
-                "versions cannot pair)",
+                IMAGE_MESSAGE.format(decode=repr(images[DECODE]), prefill=repr(images[PREFILL])),
                 reason=Reason.UNPAIRABLE_ROLES,
             )
         )
@@ -166,22 +191,21 @@ def problems(spec: TPUModelServerSpec, server_shape: SliceShape | None) -> list[
                 found.append(
                     Problem(
                         f"spec.disaggregation.{role}.args.{flag}",
-                        f"--{flag.lstrip('-')} is set by the operator from "
-                        "spec.disaggregation; allowed: SGLang flags the operator does not set",
+                        ROLE_ARG_MESSAGE.format(flag=flag.lstrip("-")),
                         reason=Reason.RESERVED_FIELD,
                     )
                 )
     for flag in PAIRED_FLAGS:
         values = {
-            role: {**spec.engine.args, **role_of(spec, role).args}.get(flag) for role in ROLES
+            role: repr({**spec.engine.args, **role_of(spec, role).args}.get(flag)) for role in ROLES
         }
-        if values[PREFILL] != values[DECODE]:
+        if values[PREFILL] != values[DECODE]:  # as written: 32 and 32.0 are two command lines
             found.append(
                 Problem(
                     f"spec.disaggregation.decode.args.{flag}",
-                    f"{values[DECODE]!r} differs from the prefill role's {values[PREFILL]!r}; "
-                    f"allowed: the same --{flag} for both roles (SGLang's decode refuses a "
-                    "prefill whose differs)",
+                    PAIRED_MESSAGE.format(
+                        decode=values[DECODE], prefill=values[PREFILL], flag=flag
+                    ),
                     reason=Reason.UNPAIRABLE_ROLES,
                 )
             )
@@ -191,11 +215,12 @@ def problems(spec: TPUModelServerSpec, server_shape: SliceShape | None) -> list[
         found.append(
             Problem(
                 "spec.disaggregation.decode.tpu.topology",
-                f"TP {decode.devices} ({decode.generation.name} {decode.topology}) does not "
-                f"pair with the prefill role's TP {prefill.devices} "
-                f"({prefill.generation.name} {prefill.topology}); allowed: TP sizes where "
-                "the larger is a multiple of the smaller (SGLang maps KV ranks by integer "
-                "division)",
+                TP_MESSAGE.format(
+                    decode_tp=decode.devices,
+                    decode_slice=f"{decode.generation.name} {decode.topology}",
+                    prefill_tp=prefill.devices,
+                    prefill_slice=f"{prefill.generation.name} {prefill.topology}",
+                ),
                 reason=Reason.UNPAIRABLE_ROLES,
             )
         )

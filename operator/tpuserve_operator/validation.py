@@ -259,8 +259,41 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
                     reason=Reason.RESERVED_FIELD,
                 )
             )
-    for flag, value in spec.engine.args.items():
-        path = f"spec.engine.args.{flag}"
+    problems += _owned_args(spec, "spec.engine.args", spec.engine.args)
+    if spec.disaggregation is not None:
+        for role in disaggregation.ROLES:
+            role_args = disaggregation.role_of(spec, role).args
+            problems += _owned_args(spec, f"spec.disaggregation.{role}.args", role_args)
+    for key in spec.template.labels:
+        if key in OWNED_LABEL_KEYS or key.startswith(OWNED_LABEL_PREFIXES):
+            problems.append(
+                Problem(
+                    f"spec.template.labels.{key}",
+                    "is set by the operator; allowed: keys other than "
+                    f"{', '.join(OWNED_LABEL_KEYS)} and {', '.join(OWNED_LABEL_PREFIXES)}*",
+                    reason=Reason.RESERVED_FIELD,
+                )
+            )
+    for section in ("requests", "limits"):
+        amounts = spec.engine.resources.get(section)
+        if isinstance(amounts, Mapping) and TPU_RESOURCE in amounts:
+            problems.append(
+                Problem(
+                    f"spec.engine.resources.{section}.{TPU_RESOURCE}",
+                    "is set by the operator to the chips of one host (topology catalog); "
+                    "allowed: cpu, memory and other resources",
+                    reason=Reason.RESERVED_FIELD,
+                )
+            )
+    return problems
+
+
+def _owned_args(spec: TPUModelServerSpec, field: str, args: Mapping[str, Any]) -> list[Problem]:
+    """Flags in ``args`` (spec.engine.args or a PD role's args) that the operator sets, and
+    values that are not scalars."""
+    problems: list[Problem] = []
+    for flag, value in args.items():
+        path = f"{field}.{flag}"
         if spec.model.lora_adapters and "--" + flag.lstrip("-") in lora.LORA_FLAGS:
             problems.append(
                 Problem(
@@ -283,27 +316,6 @@ def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:
         elif not isinstance(value, str | int | float | bool):
             problems.append(
                 Problem(path, f"{value!r} is not allowed; allowed: a string, number or boolean")
-            )
-    for key in spec.template.labels:
-        if key in OWNED_LABEL_KEYS or key.startswith(OWNED_LABEL_PREFIXES):
-            problems.append(
-                Problem(
-                    f"spec.template.labels.{key}",
-                    "is set by the operator; allowed: keys other than "
-                    f"{', '.join(OWNED_LABEL_KEYS)} and {', '.join(OWNED_LABEL_PREFIXES)}*",
-                    reason=Reason.RESERVED_FIELD,
-                )
-            )
-    for section in ("requests", "limits"):
-        amounts = spec.engine.resources.get(section)
-        if isinstance(amounts, Mapping) and TPU_RESOURCE in amounts:
-            problems.append(
-                Problem(
-                    f"spec.engine.resources.{section}.{TPU_RESOURCE}",
-                    "is set by the operator to the chips of one host (topology catalog); "
-                    "allowed: cpu, memory and other resources",
-                    reason=Reason.RESERVED_FIELD,
-                )
             )
     return problems
 

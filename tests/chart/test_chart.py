@@ -216,7 +216,7 @@ def test_dashboards_ship_as_labelled_configmaps(render: Render) -> None:
     maps = [o for o in by_kind(objects, "ConfigMap") if "-dashboard-" in o["metadata"]["name"]]
     files = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
     assert sorted(k for m in maps for k in m["data"]) == files
-    assert len(files) == 5
+    assert len(files) == 6
     for cm in maps:
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert cm["metadata"]["namespace"] == "grafana"

@@ -3,9 +3,10 @@ the operator's own message: the chart's ValidatingAdmissionPolicy, installed by 
 
 One flow: a TPUModelServer that is invalid but created before the chart stays manageable
 (metadata-only updates pass, spec changes are checked); every `# refused:` example in the docs
-is refused; a sample over the catalog gets the operator's verdict from the apiserver; the
-chart's examples and the TPUModelServers `tpuserve plan --emit` wrote for
-docs/capacity-planning.md are admitted; `helm uninstall` removes the policy.
+is refused (docs/pd.md has one per rule of a disaggregated server); a sample over the catalog
+gets the operator's verdict from the apiserver; the chart's examples and the TPUModelServers
+`tpuserve plan --emit` wrote for docs/capacity-planning.md are admitted; `helm uninstall`
+removes the policy.
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ DOCS = [
 ]
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 PLANNED = sorted(REPO.glob("bench/fleet_results/*/plan-*.yaml"))
+# One refused example per rule of a disaggregated server (docs/pd.md), by the field it names.
+PD_RULE_FIELDS = frozenset(
+    {
+        "spec.disaggregation.transferBackend",  # engine.type sglang: no TPU transfer backend
+        "spec.disaggregation.decode.image",  # roles of different images
+        "spec.disaggregation.decode.args.page-size",  # page sizes differ
+        "spec.disaggregation.decode.args.kv-cache-dtype",  # KV dtypes differ
+        "spec.engine.args.disaggregation-mode",  # a disaggregation flag in engine.args
+        "spec.disaggregation.prefill.args.disaggregation-bootstrap-port",  # ... in a role's args
+        "spec.disaggregation.decode.args.tp-size",  # a flag the operator owns in a role's args
+        "spec.autoscaling",  # autoscaling with roles
+        "spec.disaggregation.decode.tpu.topology",  # a role's slice not in the catalog
+    }
+)
 REFUSED = re.compile(r"```yaml\n(# refused: (\S+).*?\n.*?)```", re.DOTALL)
 
 
@@ -93,6 +108,8 @@ def test_kubectl_apply_refuses_what_the_operator_would_refuse(
 
         examples = refused_examples()
         assert len(examples) >= 5
+        missing = PD_RULE_FIELDS - {field for _, field, _ in examples}
+        assert not missing, f"no `# refused:` example in docs/pd.md for {sorted(missing)}"
         for where, field, manifest in examples:
             refused = apply(cluster, manifest, namespace)
             assert field in refused, (

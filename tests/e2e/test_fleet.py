@@ -13,6 +13,13 @@ their KV events; an engine killed with SIGKILL is restarted (LeaderWorkerSet rec
 group, or the StatefulSet's pod restarts) and the server is Ready again; deleting the server
 stops every engine with SIGTERM (the launcher drains) and removes its pods.
 
+Prefill/decode disaggregation: the chart's disaggregated example with one prefill and one decode
+replica gets both roles Ready in `status.roles`; the official client's answers, plain and
+streamed, and a native `/generate` come through the router from prefill/decode pairs (its
+`tpuserve_router_pd_requests_total{how="disaggregated"}` counts them); every query of the
+Prefill-decode dashboard returns data from the cluster's Prometheus, and the TTFT/ITL rules split
+by role see both engines; deleting the server removes its pods.
+
 Autoscaling: a server with `spec.autoscaling` (KV tokens in use per chip) under load from the
 official client: the engines' series go from Prometheus through Prometheus Adapter to the HPA,
 which raises `spec.replicas` through the scale subresource; the operator adds a slice, the
@@ -25,10 +32,12 @@ timeline is printed (`-s`) and recorded in docs/operator.md.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -39,6 +48,7 @@ from tests.e2e.fleet_harness import (
     EXAMPLE,
     NAMESPACE,
     OPERATOR_NAMESPACE,
+    TIMEOUT_SECONDS,
     Load,
     ask,
     get,
@@ -51,6 +61,8 @@ from tests.e2e.fleet_harness import (
     wait,
 )
 from tests.e2e.tms_harness import condition
+from tests.panel_queries import panel_queries
+from tests.waiting import eventually
 from tpuserve.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
@@ -153,6 +165,101 @@ def test_readme_flow_answers_from_the_printed_endpoint(living_cluster: Cluster) 
     wait(
         "the operator pod gone", lambda: not get(cluster, "pods", "-n", OPERATOR_NAMESPACE)["items"]
     )
+
+
+# ---- prefill/decode disaggregation ------------------------------------------------------------
+
+PD_EXAMPLE = EXAMPLE.parent / "disaggregated-simulated.yaml"
+
+
+def test_disaggregated_server_answers_through_the_router_as_pairs(living_cluster: Cluster) -> None:
+    """The PD example with one prefill and one decode replica: both roles Ready in
+    status.roles, and the official client's answers (plain and streamed) come from pairs."""
+    cluster = living_cluster
+    install_chart(cluster, verb="upgrade")
+    manifest = yaml.safe_load(PD_EXAMPLE.read_text())
+    name = manifest["metadata"]["name"]
+    manifest["spec"]["disaggregation"]["decode"]["replicas"] = 1
+    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(manifest))
+    wait(f"{name} Ready", lambda: ready(cluster, name))
+    status = get(cluster, "tpumodelserver", name, "-n", NAMESPACE)["status"]
+    roles = {r["role"]: (r["replicas"], r["readyReplicas"]) for r in status["roles"]}
+    assert roles == {"prefill": (1, 1), "decode": (1, 1)}, status["roles"]
+    leaders = pods(cluster, f"app.kubernetes.io/instance={name},serving.tpuserve.dev/role=leader")
+    by_role = {p["metadata"]["labels"].get("serving.tpuserve.dev/pd-role") for p in leaders}
+    assert by_role == {"prefill", "decode"}
+
+    base_url = local_base_url(cluster, name)
+    metrics_url = base_url.rsplit(":", 1)[0] + ":9000/metrics"
+
+    def disaggregated() -> float:
+        found = re.search(
+            r'^tpuserve_router_pd_requests_total\{how="disaggregated"\} (\S+)$',
+            read(metrics_url),
+            re.M,
+        )
+        return float(found.group(1)) if found else 0.0
+
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    model = status["servedName"]
+    # The router finds the pairs through its own watch: the first answer may wait for it.
+    answer = wait("an answer through the router", lambda: ask(client, model, "What is a TPU?"))
+    assert answer.choices[0].message.content
+    before = disaggregated()
+    assert before >= 1
+    plain = ask(client, model, "What is a slice? " * 200)  # a long prompt: over any threshold
+    assert plain.choices[0].message.content
+    chunks = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is ICI? " * 200}],
+        max_tokens=8,
+        stream=True,
+    )
+    text, finish = "", None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    assert text
+    assert finish is not None
+    # SGLang's native API: the prefill's meta_info times its KV hand-off (the router's
+    # tpuserve_router_pd_kv_transfer_seconds; the OpenAI routes do not report it).
+    native = urllib.request.Request(
+        f"{base_url}/generate",
+        data=json.dumps(
+            {"text": "What is HBM? " * 200, "sampling_params": {"max_new_tokens": 8}}
+        ).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(native, timeout=60) as response:
+        assert json.loads(response.read())["text"]
+    assert disaggregated() == before + 3
+
+    # The cluster's Prometheus: every query of the Prefill-decode dashboard returns data, and
+    # the TTFT and ITL rules split by role see the prefill and the decode engine.
+    assert cluster.prometheus_url is not None
+    prometheus = cluster.prometheus_url
+    empty = panel_queries(["tpuserve-pd"])
+    for rule, role in (("ttft", "prefill"), ("ttft", "decode"), ("itl", "decode")):
+        record = f"model_role:sglang_{rule}_seconds:p99_5m"
+        empty[f"{record} {role}"] = f'{record}{{engine_type="{role}", model_name="{model}"}}'
+
+    def every_query_has_data() -> bool:
+        for key, expr in list(empty.items()):
+            if query(prometheus, expr):
+                del empty[key]
+        return not empty
+
+    eventually(
+        every_query_has_data,
+        what="data from every Prefill-decode panel query and the role rules",
+        timeout_seconds=TIMEOUT_SECONDS,
+        interval_seconds=1.0,
+        context=lambda: f"still empty: {sorted(empty)}",
+    )
+
+    cluster.kubectl("delete", "tpumodelserver", name, "-n", NAMESPACE, "--wait=false")
+    wait(f"{name}'s pods gone", lambda: not pods(cluster, f"app.kubernetes.io/instance={name}"))
 
 
 # ---- autoscaling on live metrics ------------------------------------------------------------

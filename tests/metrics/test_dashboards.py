@@ -21,11 +21,12 @@ def panels(path: Any) -> list[dict[str, Any]]:
     return [p for p in board["panels"] if p["type"] != "row"]
 
 
-def test_the_five_dashboards_exist() -> None:
+def test_the_six_dashboards_exist() -> None:
     assert [p.stem for p in DASHBOARD_FILES] == [
         "tpuserve-fleet-overview",
         "tpuserve-model-detail",
         "tpuserve-operator",
+        "tpuserve-pd",
         "tpuserve-router",
         "tpuserve-tpu-utilisation",
     ]

@@ -24,7 +24,7 @@ def test_every_recording_rule_and_alert_has_a_promtool_test() -> None:
 def test_rule_names_follow_level_metric_operation() -> None:
     for rule in rules.recording_rules():
         level, metric, operation = rule.record.split(":")
-        assert level in {"pod", "model", "tpu_generation", "fleet"}, rule.record
+        assert level in {"pod", "model", "model_role", "tpu_generation", "fleet"}, rule.record
         assert metric.startswith(("sglang_", "tpuserve_")), rule.record
         assert operation, rule.record
 

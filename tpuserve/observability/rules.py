@@ -9,7 +9,8 @@ tests for every rule live in `tests/metrics/promtool/rule_tests.py`.
 
 Conventions (docs/observability.md explains each):
 - names follow `level:metric:operation` (https://prometheus.io/docs/practices/rules/); the levels
-  are `pod` (one model-server leader), `model` (`model_name`), `tpu_generation`, `fleet`.
+  are `pod` (one model-server leader), `model` (`model_name`), `model_role` (`model_name`,
+  `engine_type`: prefill, decode or unified), `tpu_generation`, `fleet`.
   Constant series that the chart renders from values use the `tpuserve:` prefix.
 - token counters come from SGLang's tokenizer collector (one series per server); scheduler
   series are filtered to `tp_rank="0", pp_rank="0"` so tensor/pipeline-parallel ranks are never
@@ -98,10 +99,9 @@ def _good_ratio(histogram: sg.MetricSpec, threshold: float, window: str) -> str:
     return f"sum by (model_name) ({good})\n  / (sum by (model_name) ({_rate(count, window)}) > 0)"
 
 
-def _quantile(q: float, histogram: sg.MetricSpec, window: str) -> str:
+def _quantile(q: float, histogram: sg.MetricSpec, window: str, by: str = "model_name") -> str:
     return (
-        f"histogram_quantile({q}, sum by (le, model_name) "
-        f"({_rate(histogram.name + '_bucket', window)}))"
+        f"histogram_quantile({q}, sum by (le, {by}) ({_rate(histogram.name + '_bucket', window)}))"
     )
 
 
@@ -325,6 +325,19 @@ def latency_rules() -> Group:
                     _quantile(q, hist, "5m"),
                     f"{round(q * 100)}th percentile of {hist.documentation.lower().rstrip('.')}"
                     " per model, over 5 minutes.",
+                )
+            )
+    # By role: prefill, decode (disaggregated engines) or unified (colocated), SGLang's
+    # engine_type label. A decode engine's TTFT includes its wait for the prefill and the KV.
+    for short, hist in (("ttft", ttft), ("itl", itl)):
+        for q in (0.5, 0.99):
+            rules.append(
+                Recording(
+                    f"model_role:sglang_{short}_seconds:p{round(q * 100)}_5m",
+                    _quantile(q, hist, "5m", by="model_name, engine_type"),
+                    f"{round(q * 100)}th percentile of {hist.documentation.lower().rstrip('.')}"
+                    " per model and engine role (engine_type: prefill, decode, unified), over 5 "
+                    "minutes.",
                 )
             )
     for window in ("5m", "30m", "1h", "6h"):

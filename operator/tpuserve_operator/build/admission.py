@@ -11,10 +11,15 @@ turns into `Valid=False` later. The policy runs, inside kube-apiserver, the chec
 - no override touches what the operator owns: launch-contract variables in `engine.env`
   (and every entry has a name), flags in `engine.args`, label keys in `template.labels`,
   `google.com/tpu` in `engine.resources` (ReservedField);
-- the model fits the slice's HBM when the performance model knows it (ModelDoesNotFit).
+- the model fits the slice's HBM when the performance model knows it (ModelDoesNotFit);
+- prefill/decode roles (`disaggregation.problems`, messages from its templates): no SGLang
+  engine, no autoscaling, one image, page size and KV dtype, role slices in the catalog, TP
+  sizes that pair, no disaggregation flag in `engine.args` or a role's `args`, and no flag
+  the operator owns in a role's `args`.
 
 Left to the operator: the fine print of model sources (gs:// bucket and pvc:// claim names,
-paths) and non-scalar `engine.args` values; the CRD's own rules already cover the rest.
+paths), non-scalar `engine.args` (and role `args`) values, and whether a role's own slice fits
+the model; the CRD's own rules already cover the rest.
 
 The facts come as the policy's parameters, a ConfigMap whose data this module generates from
 `sglang_tpu.topology`, `sglang_tpu.perf_model` and the launch contract (numbers as Python
@@ -30,12 +35,13 @@ Why a ValidatingAdmissionPolicy and not a webhook served by the operator: docs/o
 
 from __future__ import annotations
 
+import string
 import typing
 from typing import Any
 
 from sglang_tpu import perf_model
 from sglang_tpu.topology import GIB, SLICE_SHAPES, TPU_RESOURCE, generation_names, topologies_for
-from tpuserve_operator import labels, launch_contract, validation
+from tpuserve_operator import disaggregation, labels, launch_contract, validation
 from tpuserve_operator.api import EngineSpec, ModelSpec
 from tpuserve_operator.render import inference_pool
 
@@ -71,6 +77,7 @@ def parameters() -> dict[str, str]:
         usable = perf_model.usable_hbm_bytes(shape)
         key = f"slice.{shape.generation.name}.{shape.topology}"
         data[f"{key}.usableBytes"] = repr(usable)
+        data[f"{key}.devices"] = str(shape.devices)
         data[f"{key}.describe"] = (
             f"{shape.key} ({shape.chips} chips, {_gib(usable, 1)} GiB usable of "
             f"{_gib(shape.hbm_bytes, 0)} GiB HBM)"
@@ -130,10 +137,187 @@ def _fixed1(expression: str) -> str:
     return f"'%.1f'.format([{expression}]).replace(',', '')"
 
 
+def _template(template: str, **values: str) -> str:
+    """CEL that fills ``template`` (a `str.format` template) with CEL string expressions."""
+    parts = []
+    for literal, field, _, _ in string.Formatter().parse(template):
+        if literal:
+            parts.append(_cel_string(literal))
+        if field is not None:
+            parts.append(f"({values[field]})")
+    return " + ".join(parts)
+
+
+def _repr(expression: str) -> str:
+    """CEL: Python's repr of a scalar JSON value (what the operator's messages print); other
+    values (lists, maps) the operator refuses on their own, so their text does not matter."""
+    return (
+        f"(type({expression}) == string ? '\\'' + {expression} + '\\'' : "
+        f"(type({expression}) == bool ? ({expression} ? 'True' : 'False') : "
+        f"(type({expression}) == int || type({expression}) == double ? "
+        f"string({expression}) : '...')))"
+    )
+
+
+def _strip_dashes(key: str) -> str:
+    """CEL: ``key.lstrip('-')``."""
+    return f"{key}.substring(size({key}.find('^-*')))"
+
+
 GIB_CEL = f"{float(GIB)!r}"
 # `lookup_hf_model`'s fallback (`perf_model._normalise`): last path segment, lower-cased,
 # without a leading `meta-` and a trailing `-instruct`, `-MMDD` date and quantization suffix.
 SUFFIX_PATTERN = "(-instruct)?(-[0-9]{4})?(-fp8|-awq|-int4|-int8)?$"
+
+
+def _role_variables(role: str) -> tuple[tuple[str, str], ...]:
+    """The variables of one PD role: its args, image, paired flags and slice."""
+    part = f"object.spec.disaggregation.{role}"
+    args = f"variables.{role}Args"
+    image = (
+        f"{_has(part + '.image')} ? '\\'' + {part}.image + '\\'' : "
+        f"({_has('object.spec.engine.image')} ? '\\'' + object.spec.engine.image + '\\'' : "
+        "'None')"
+    )
+    paired = tuple(
+        (
+            f"{role}{flag.title().replace('-', '')}",
+            f"{_cel_string(flag)} in {args} ? {_repr(f'{args}[{_cel_string(flag)}]')} : "
+            f"({_cel_string(flag)} in variables.args ? "
+            f"{_repr(f'variables.args[{_cel_string(flag)}]')} : 'None')",
+        )
+        for flag in disaggregation.PAIRED_FLAGS
+    )
+    tpu = f"{part}.tpu"
+    own_slice = f"'slice.' + {tpu}.generation + '.' + {tpu}.topology"
+    field = f"spec.disaggregation.{role}.tpu.topology"
+    return (
+        (f"{role}Args", _or_default(f"{part}.args", "{}")),
+        (f"{role}Image", image),
+        *paired,
+        (f"{role}OwnSlice", f"{_has(tpu)} ? {own_slice} : ''"),
+        (
+            f"{role}CatalogProblems",
+            f"variables.{role}OwnSlice != '' && "
+            f"!((variables.{role}OwnSlice + '.usableBytes') in params.data) ? ["
+            + _cel_string(f"{field}: '")
+            + f" + {tpu}.topology + '\\' is not allowed; not a ' + {tpu}.generation + "
+            f"' topology; allowed: ' + {_param(repr('topologies.') + f' + {tpu}.generation')}"
+            "] : []",
+        ),
+        # the role's slice when in the catalog, else the server's when in it, else none
+        (
+            f"{role}Slice",
+            f"variables.{role}OwnSlice != '' && "
+            f"(variables.{role}OwnSlice + '.usableBytes') in params.data ? "
+            f"variables.{role}OwnSlice : (variables.inCatalog ? variables.slice : '')",
+        ),
+        (
+            f"{role}ArgProblems",
+            f"{args}.filter(k, {_strip_dashes('k')} in variables.pdFlags).map(k, "
+            + _cel_string(f"spec.disaggregation.{role}.args.")
+            + " + k + ': ' + "
+            + _template(disaggregation.ROLE_ARG_MESSAGE, flag=_strip_dashes("k"))
+            + ")",
+        ),
+        (
+            f"{role}OwnedArgProblems",
+            f"{args}.filter(k, ('--' + {_strip_dashes('k')}).split('=')[0] "
+            f"in {_param_list('owned.flags')}).map(k, "
+            + _cel_string(f"spec.disaggregation.{role}.args.")
+            + " + k + ': --' + "
+            + _strip_dashes("k")
+            + " + ' is set by the operator from the spec; allowed: SGLang flags the operator "
+            "does not set')",
+        ),
+    )
+
+
+def _devices(slice_key: str) -> str:
+    return f"int(params.data[{slice_key} + '.devices'])"
+
+
+def _slice_words(slice_key: str) -> str:
+    """CEL: 'v6e 2x4' of a 'slice.v6e.2x4' key."""
+    return f"{slice_key}.split('.')[1] + ' ' + {slice_key}.split('.')[2]"
+
+
+PD_FIELD = "spec.disaggregation"
+PD_VARIABLES: tuple[tuple[str, str], ...] = (
+    ("dis", "has(object.spec.disaggregation)"),
+    ("pdFlags", "[" + ", ".join(_cel_string(f) for f in disaggregation.OWNED_FLAGS) + "]"),
+    (
+        "pdEngineArgProblems",
+        f"variables.args.filter(k, {_strip_dashes('k')} in variables.pdFlags)"
+        ".map(k, 'spec.engine.args.' + k + ': ' + "
+        + _template(disaggregation.ENGINE_ARG_MESSAGE, flag=_strip_dashes("k"))
+        + ")",
+    ),
+    *(v for role in disaggregation.ROLES for v in _role_variables(role)),
+    (
+        "pdProblems",
+        "variables.pdEngineArgProblems + (!variables.dis ? [] : "
+        # transfer backend (engine sglang), autoscaling, images
+        "(variables.engineType == 'sglang' ? ["
+        + _cel_string(f"{PD_FIELD}.transferBackend: ")
+        + " + "
+        + _template(
+            disaggregation.TRANSFER_BACKEND_MESSAGE,
+            value="'\\'' + object.spec.disaggregation.transferBackend + '\\''",
+        )
+        + "] : []) + "
+        "(has(object.spec.autoscaling) ? ["
+        + _cel_string(f"spec.autoscaling: {disaggregation.AUTOSCALING_MESSAGE}")
+        + "] : []) + "
+        "(variables.prefillImage != variables.decodeImage ? ["
+        + _cel_string(f"{PD_FIELD}.decode.image: ")
+        + " + "
+        + _template(
+            disaggregation.IMAGE_MESSAGE,
+            decode="variables.decodeImage",
+            prefill="variables.prefillImage",
+        )
+        + "] : []) + "
+        + " + ".join(f"variables.{role}ArgProblems" for role in disaggregation.ROLES)
+        + " + "
+        + " + ".join(
+            f"(variables.prefill{v} != variables.decode{v} ? ["
+            + _cel_string(f"{PD_FIELD}.decode.args.{flag}: ")
+            + " + "
+            + _template(
+                disaggregation.PAIRED_MESSAGE,
+                decode=f"variables.decode{v}",
+                prefill=f"variables.prefill{v}",
+                flag=_cel_string(flag),
+            )
+            + "] : [])"
+            for flag in disaggregation.PAIRED_FLAGS
+            for v in (flag.title().replace("-", ""),)
+        )
+        + " + "
+        + " + ".join(f"variables.{role}CatalogProblems" for role in disaggregation.ROLES)
+        + " + (variables.prefillSlice != '' && variables.decodeSlice != '' && "
+        # tp_pairs: the larger a multiple of the smaller
+        f"({_devices('variables.prefillSlice')} > {_devices('variables.decodeSlice')} ? "
+        f"{_devices('variables.prefillSlice')} % {_devices('variables.decodeSlice')} : "
+        f"{_devices('variables.decodeSlice')} % {_devices('variables.prefillSlice')}) != 0 ? ["
+        + _cel_string(f"{PD_FIELD}.decode.tpu.topology: ")
+        + " + "
+        + _template(
+            disaggregation.TP_MESSAGE,
+            decode_tp=f"string({_devices('variables.decodeSlice')})",
+            decode_slice=_slice_words("variables.decodeSlice"),
+            prefill_tp=f"string({_devices('variables.prefillSlice')})",
+            prefill_slice=_slice_words("variables.prefillSlice"),
+        )
+        + "] : []))",
+    ),
+    (
+        "roleArgProblems",
+        "!variables.dis ? [] : "
+        + " + ".join(f"variables.{role}OwnedArgProblems" for role in disaggregation.ROLES),
+    ),
+)
 
 _ENV_NAME_MISSING = (
     "(!has(variables.env[i].name) || type(variables.env[i].name) != string || "
@@ -287,11 +471,13 @@ VARIABLES: tuple[tuple[str, str], ...] = (
         + _cel_string(f"{inference_pool.FIELD}: {inference_pool.NO_CRD}")
         + "] : [])) : []",
     ),
+    *PD_VARIABLES,
     (
         "problems",
-        "variables.catalogProblems + variables.modelProblems + variables.envProblems + "
-        "variables.argProblems + variables.labelProblems + variables.resourceProblems + "
-        "variables.fitProblems + variables.poolProblems",
+        "variables.catalogProblems + variables.modelProblems + variables.pdProblems + "
+        "variables.envProblems + variables.argProblems + variables.roleArgProblems + "
+        "variables.labelProblems + variables.resourceProblems + variables.fitProblems + "
+        "variables.poolProblems",
     ),
 )
 

@@ -479,6 +479,49 @@ def latency_tests() -> list[dict[str, Any]]:
     return cases
 
 
+# A disaggregated model's engines: SGLang labels them engine_type prefill and decode; a prefill
+# engine makes one token per request, so it has no inter-token latency.
+ROLE_TTFT_BUCKETS = {
+    "prefill": {"0.5": 15, "1.0": 30, "+Inf": 30},
+    "decode": {"1.0": 6, "2.0": 21, "4.0": 30, "+Inf": 30},
+}
+ROLE_ITL_BUCKETS = {"decode": {"0.05": 240, "0.1": 297, "0.2": 300, "+Inf": 300}}
+
+
+def role_test() -> dict[str, Any]:
+    """model_role rules: TTFT and ITL percentiles split by engine_type (one test of its own,
+    so the fleet fixture's model-level expectations stay as they are)."""
+    series: list[dict[str, str]] = []
+    for spec, by_role in (
+        (sg.TIME_TO_FIRST_TOKEN, ROLE_TTFT_BUCKETS),
+        (sg.INTER_TOKEN_LATENCY, ROLE_ITL_BUCKETS),
+    ):
+        for role, buckets in by_role.items():
+            target = {"namespace": NS, "pod": f"pd-{role}-0", "model_name": "pd"}
+            for le, per_step in buckets.items():
+                bucket = {**_engine(spec, target, engine_type=role), "le": le}
+                series.append(_series(f"{spec.name}_bucket", bucket, f"0+{per_step}x{STEPS}"))
+    cases = []
+    for short, by_role in (("ttft", ROLE_TTFT_BUCKETS), ("itl", ROLE_ITL_BUCKETS)):
+        for q in (0.5, 0.99):
+            name = f"model_role:sglang_{short}_seconds:p{round(q * 100)}_5m"
+            samples = [
+                _sample(
+                    name,
+                    {"model_name": "pd", "engine_type": role},
+                    histogram_quantile(q, buckets, 300),
+                )
+                for role, buckets in sorted(by_role.items())  # decode < prefill
+            ]
+            cases.append(_expect(name, samples))
+    return {
+        "name": "roles: TTFT and ITL percentiles by engine_type (prefill, decode)",
+        "interval": f"{STEP_SECONDS}s",
+        "input_series": series,
+        "promql_expr_test": cases,
+    }
+
+
 def _alert(name: str, labels: dict[str, str]) -> dict[str, Any]:
     alert = next(a for a in rules.alerts() if a.alert == name)
     annotations = {"summary": alert.summary, "description": alert.description}
@@ -774,6 +817,7 @@ def promtool_test_file(values_path: Path = VALUES) -> dict[str, Any]:
                 "input_series": fleet_series(),
                 "promql_expr_test": token_tests() + chip_tests(prices) + latency_tests(),
             },
+            role_test(),
             *alert_tests(),
         ],
     }

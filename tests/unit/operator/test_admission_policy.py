@@ -267,3 +267,131 @@ def test_valid_examples_are_admitted(policy: Policy) -> None:
     assert policy.denies(tms_object()) is None
     simulated = tms_object("hf://Qwen/Qwen3-8B", "v6e", "4x4", engine_type="simulated")
     assert policy.denies(simulated) is None
+
+
+# --- prefill/decode roles (spec.disaggregation) -------------------------------------------
+
+
+def pd_object(engine_type: str = "simulated", **spec: Any) -> dict[str, Any]:
+    """A disaggregated server as the apiserver passes it (the CRD's defaults filled in)."""
+    obj = tms_object(engine_type=engine_type)
+    obj["spec"]["disaggregation"] = {
+        "transferBackend": "mooncake",
+        "bootstrapPort": 8998,
+        "policy": "conditional",
+        "prefill": {"replicas": 1},
+        "decode": {"replicas": 1},
+    }
+    for key, value in spec.items():
+        if key in ("prefill", "decode"):
+            obj["spec"]["disaggregation"][key].update(value)
+        else:
+            obj["spec"][key] = value
+    return obj
+
+
+PD_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
+    "valid": (pd_object(), None),
+    "valid with role slices": (
+        pd_object(prefill={"tpu": {"generation": "v6e", "topology": "4x4"}}),
+        None,
+    ),
+    "sglang engine": (pd_object("sglang"), "spec.disaggregation.transferBackend"),
+    "autoscaling": (pd_object(autoscaling={"maxReplicas": 4}), "spec.autoscaling"),
+    "images": (pd_object(decode={"image": "example.com/other:1"}), "decode.image"),
+    "images, one from the engine": (
+        pd_object(engine={"type": "simulated", "image": "a:1"}, prefill={"image": "a:1"}),
+        None,
+    ),
+    "images, both set": (
+        pd_object(prefill={"image": "a:1"}, decode={"image": "a:2"}),
+        "decode.image: 'a:2' differs from the prefill role's 'a:1'",
+    ),
+    "page size": (
+        pd_object(decode={"args": {"page-size": 32}}),
+        "decode.args.page-size: 32 differs from the prefill role's None",
+    ),
+    "page size from the engine": (
+        pd_object(
+            engine={"type": "simulated", "args": {"page-size": 16}},
+            decode={"args": {"page-size": 32}},
+        ),
+        "decode.args.page-size: 32 differs from the prefill role's 16",
+    ),
+    "page size, the same": (
+        pd_object(prefill={"args": {"page-size": 32}}, decode={"args": {"page-size": 32}}),
+        None,
+    ),
+    "kv dtype": (
+        pd_object(prefill={"args": {"kv-cache-dtype": "fp8_e5m2"}}),
+        "decode.args.kv-cache-dtype: None differs from the prefill role's 'fp8_e5m2'",
+    ),
+    "flag types": (
+        pd_object(prefill={"args": {"page-size": True}}, decode={"args": {"page-size": 0.5}}),
+        "0.5 differs from the prefill role's True",
+    ),
+    "engine pd flag": (
+        pd_object(engine={"type": "simulated", "args": {"--disaggregation-mode": "decode"}}),
+        "spec.engine.args.--disaggregation-mode: --disaggregation-mode is set by the operator",
+    ),
+    "engine pd flag without roles": (
+        tms_object(engine={"args": {"disaggregation-bootstrap-port": 1}}),
+        "spec.engine.args.disaggregation-bootstrap-port",
+    ),
+    "role pd flag": (
+        pd_object(prefill={"args": {"disaggregation-bootstrap-port": 1}}),
+        "spec.disaggregation.prefill.args.disaggregation-bootstrap-port",
+    ),
+    "role owned flag": (
+        pd_object(decode={"args": {"tp-size": 4, "api-key": "k"}}),
+        "spec.disaggregation.decode.args.tp-size: --tp-size is set by the operator",
+    ),
+    "role slice": (
+        pd_object(decode={"tpu": {"generation": "v6e", "topology": "3x3"}}),
+        "spec.disaggregation.decode.tpu.topology: '3x3' is not allowed; not a v6e topology",
+    ),
+    "role slice, server slice unknown": (
+        pd_object(
+            tpu={"generation": "v6e", "topology": "3x3"},
+            prefill={"tpu": {"generation": "v5e", "topology": "2x4"}},
+            decode={"tpu": {"generation": "v6e", "topology": "2x4"}},
+        ),
+        "spec.tpu.topology",
+    ),
+    "everything at once": (
+        pd_object(
+            "sglang",
+            autoscaling={"maxReplicas": 2},
+            engine={"type": "sglang", "args": {"disaggregation-mode": "x", "port": 1}},
+            prefill={"image": "a:1", "args": {"disaggregation-mode": "y", "page-size": 8}},
+            decode={"tpu": {"generation": "v6e", "topology": "9x9"}, "args": {"port": 2}},
+        ),
+        "spec.disaggregation.decode.args.port",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PD_CASES)
+def test_disaggregated_servers_are_judged_as_the_operator_does(policy: Policy, case: str) -> None:
+    obj, expected = PD_CASES[case]
+    message = assert_same_verdict(policy, obj)
+    if expected is None:
+        assert message is None
+    else:
+        assert message is not None
+        assert expected in message
+
+
+def test_tp_sizes_that_cannot_pair_are_refused(policy: Policy) -> None:
+    """No two catalog slices fail to pair (all are powers of two): a catalog where a slice
+    has 6 devices shows the policy's branch, with the operator's template."""
+    from tpuserve_operator import disaggregation
+
+    odd = Policy()
+    odd.params = json_to_cel({"data": {**admission.parameters(), "slice.v6e.4x4.devices": "6"}})
+    obj = pd_object(decode={"tpu": {"generation": "v6e", "topology": "4x4"}})
+    assert policy.denies(obj) is None
+    expected = disaggregation.TP_MESSAGE.format(
+        decode_tp=6, decode_slice="v6e 4x4", prefill_tp=8, prefill_slice="v6e 2x4"
+    )
+    assert odd.denies(obj) == f"spec.disaggregation.decode.tpu.topology: {expected}"

@@ -161,7 +161,22 @@ def test_autoscaling_and_unknown_role_slices_are_refused(spec_with: SpecWith) ->
     spec["disaggregation"]["decode"]["tpu"] = {"generation": "v6e", "topology": "3x3"}
     found = problems(spec)
     assert "spec.autoscaling" in found
-    assert found["spec.disaggregation.decode.tpu.topology"][1] == "UnsupportedTopology"
+    message, reason = found["spec.disaggregation.decode.tpu.topology"]
+    assert reason == "UnsupportedTopology"
+    assert message.startswith("'3x3' is not allowed; not a v6e topology")  # the field once
+
+
+def test_a_roles_args_cannot_set_what_the_operator_owns(spec_with: SpecWith) -> None:
+    spec = pd_spec(spec_with)
+    spec["disaggregation"]["decode"]["args"] = {"port": 1, "--tp-size": 4, "api-key": "k"}
+    spec["disaggregation"]["prefill"]["args"] = {"mem-fraction-static": 0.8, "x": [1]}
+    found = problems(spec)
+    for flag in ("port", "--tp-size", "api-key"):
+        message, reason = found[f"spec.disaggregation.decode.args.{flag}"]
+        assert reason == "ReservedField"
+        assert "is set by the operator from the spec" in message
+    assert "spec.disaggregation.prefill.args.mem-fraction-static" not in found
+    assert "allowed: a string, number or boolean" in found["spec.disaggregation.prefill.args.x"][0]
 
 
 def test_tp_sizes_pair_when_the_larger_is_a_multiple_of_the_smaller() -> None:

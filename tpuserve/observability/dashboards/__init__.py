@@ -14,6 +14,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from tpuserve.observability.dashboards import fleet as fleet
 from tpuserve.observability.dashboards import model as model
 from tpuserve.observability.dashboards import operator as operator
+from tpuserve.observability.dashboards import pd as pd
 from tpuserve.observability.dashboards import router as router
 from tpuserve.observability.dashboards import tpu as tpu
 
@@ -24,5 +25,6 @@ DASHBOARDS: Mapping[str, Callable[[], Dashboard]] = MappingProxyType(
         "tpuserve-router": router.build,
         "tpuserve-tpu-utilisation": tpu.build,
         "tpuserve-operator": operator.build,
+        "tpuserve-pd": pd.build,
     }
 )

@@ -91,6 +91,41 @@ def build() -> Dashboard:
                 span=8,
             )
         )
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Time to first token by role",
+                "p50 and p99 of each engine role's time to first token over 5 minutes: prefill "
+                "and decode engines of a disaggregated server (a decode engine's includes its "
+                "wait for the prefill and the KV transfer), unified for colocated ones. The "
+                "client's TTFT of a pair is on the Prefill/decode dashboard.",
+                "s",
+                target(
+                    f"model_role:sglang_ttft_seconds:p50_5m{m}",
+                    "{{model_name}} {{engine_type}} p50",
+                ),
+                target(
+                    f"model_role:sglang_ttft_seconds:p99_5m{m}",
+                    "{{model_name}} {{engine_type}} p99",
+                ),
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Inter-token latency by role",
+                "p50 and p99 of the time between streamed tokens by engine role over 5 minutes: "
+                "decode engines of a disaggregated server run no prefills beside their decodes "
+                "(prefill engines make one token: no gaps), unified ones do.",
+                "s",
+                target(
+                    f"model_role:sglang_itl_seconds:p50_5m{m}", "{{model_name}} {{engine_type}} p50"
+                ),
+                target(
+                    f"model_role:sglang_itl_seconds:p99_5m{m}", "{{model_name}} {{engine_type}} p99"
+                ),
+            )
+        )
         .with_row(Row("SLOs"))
         .with_panel(
             timeseries_panel(
