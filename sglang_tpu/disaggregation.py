@@ -49,6 +49,11 @@ PD_ROLE_LABEL: Final = "serving.tpuserve.dev/pd-role"
 """The pod label the operator puts on a disaggregated server's engine pods (``prefill`` or
 ``decode``) and the router's discovery reads."""
 PD_ROLES: Final = ("prefill", "decode")
+PD_CONTRACT_LABEL: Final = "serving.tpuserve.dev/pd-contract"
+"""The pod label naming what a prefill and a decode engine must share to pair (the operator
+hashes the engine image, the model, the transfer backend, the page size and KV dtype into
+it): the router pairs only engines whose labels are equal, so during a rollout that changes
+any of them an old prefill never hands KV to a new decode."""
 FAKE_BOOTSTRAP_HOST: Final = "2.2.2.2"  # SGLang's warmup sentinel: "no transfer"
 BOOTSTRAP_FIELDS: Final = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 MAX_ROOM: Final = 2**63 - 1

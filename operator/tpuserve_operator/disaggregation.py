@@ -29,6 +29,8 @@ Checks (`problems`), each naming the field, in the operator's ``Valid`` conditio
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Final
 
 from sglang_tpu import disaggregation as pd
@@ -130,6 +132,23 @@ def role_spec(spec: TPUModelServerSpec, role: str) -> TPUModelServerSpec:
             "disaggregation": None,
         }
     )
+
+
+def pairing_contract(spec: TPUModelServerSpec, image: str) -> str:
+    """What a prefill and a decode engine of ``spec`` must share to pair, hashed for the
+    pods' `pd.PD_CONTRACT_LABEL` (``image``: the engine image the groups run, the roles'
+    one, admission-checked equal): the model, the transfer backend and the paired flags.
+    TP is left out: every TP size in the catalog is a power of two, so any two pair."""
+    assert spec.disaggregation is not None
+    args = {**spec.engine.args, **spec.disaggregation.prefill.args}
+    contract = {
+        "image": image,
+        "model": spec.model.source,
+        "transferBackend": spec.disaggregation.transfer_backend,
+        **{flag: args.get(flag) for flag in PAIRED_FLAGS},
+    }
+    digest = hashlib.sha256(json.dumps(contract, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
 
 
 def tp_pairs(prefill_tp: int, decode_tp: int) -> bool:

@@ -203,7 +203,7 @@ class PdRouter:
 
     def pair_possible(self, workers: Sequence[Worker]) -> bool:
         prefill, decode = self.split(workers)
-        return any(w.healthy for w in prefill) and any(w.healthy for w in decode)
+        return bool(pairable(prefill, decode))
 
     def disaggregates(self, decision: Decision[Worker], prompt_tokens: int) -> bool:
         """Whether a request the policy sent to a colocated worker goes to a pair instead:
@@ -324,15 +324,17 @@ class PdRouter:
             while True:
                 p_pool = [w for w in prefill if w.name not in tried] or prefill
                 d_pool = [w for w in decode if w.name not in tried] or decode
-                try:
-                    p_decision = fwd.policy.choose(route_request, p_pool)
+                try:  # a prefill with a decode it can pair with (`pairs`)
+                    p_decision = fwd.policy.choose(route_request, pairable(p_pool, d_pool))
                 except NoHealthyWorker:
                     if retries:
                         self._unavailable(routed, "no healthy prefill worker is left to retry on")
                         return True
                     return False
                 try:
-                    d_worker = self._choose_decode(d_pool, model)
+                    d_worker = self._choose_decode(
+                        [w for w in d_pool if pairs(p_decision.worker, w)], model
+                    )
                 except NoHealthyWorker:
                     fwd.policy.on_request_done(p_decision, False)
                     if retries:
@@ -737,6 +739,20 @@ class PdRouter:
 
         reply_error(routed.request, unavailable(message))
         self.fwd._requests(routed.parsed.model, "none", routed.route, "503").inc()
+
+
+def pairs(prefill: Worker, decode: Worker) -> bool:
+    """Whether the two engines can pair: their pairing contracts (the operator's
+    ``serving.tpuserve.dev/pd-contract`` label: image, model, transfer backend, page size, KV
+    dtype) are equal, or one is unknown (``--prefill``/``--decode`` flags). During a rollout
+    that changes the contract, old prefills pair with old decodes and new with new."""
+    return prefill.pd_contract is None or decode.pd_contract in (None, prefill.pd_contract)
+
+
+def pairable(prefill: Sequence[Worker], decode: Sequence[Worker]) -> list[Worker]:
+    """The healthy prefill workers with at least one healthy decode worker to pair with."""
+    healthy = [d for d in decode if d.healthy]
+    return [p for p in prefill if p.healthy and any(pairs(p, d) for d in healthy)]
 
 
 def _exception(task: asyncio.Future[Any]) -> BaseException:

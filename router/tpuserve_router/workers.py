@@ -53,6 +53,9 @@ class WorkerSpec:
     """PD role: ``prefill`` or ``decode`` (`tpuserve_router.pd`); None: a colocated engine."""
     bootstrap_port: int | None = None
     """A prefill engine's bootstrap port (SGLang's ``--disaggregation-bootstrap-port``)."""
+    pd_contract: str | None = None
+    """What a PD worker must share with the other leg to pair (the operator's
+    ``serving.tpuserve.dev/pd-contract`` label); None: pairs with any."""
 
 
 def parse_worker_flag(text: str) -> WorkerSpec:
@@ -184,6 +187,7 @@ class Worker:
         "model",
         "models",
         "name",
+        "pd_contract",
         "peer_in_flight",
         "peer_prefill_tokens",
         "pool",
@@ -225,6 +229,7 @@ class Worker:
         self.stats: Any = None  # the app's cached metric children
         self.role = spec.role
         self.bootstrap_port = spec.bootstrap_port
+        self.pd_contract = spec.pd_contract
 
     @property
     def own_in_flight(self) -> int:
@@ -333,10 +338,10 @@ class WorkerRegistry:
         if existing is not None:
             if (
                 existing.kv_events_endpoint, existing.kv_replay_endpoint, existing.model,
-                existing.role, existing.bootstrap_port,
+                existing.role, existing.bootstrap_port, existing.pd_contract,
             ) != (
                 spec.kv_events_endpoint, spec.kv_replay_endpoint, spec.model, spec.role,
-                spec.bootstrap_port,
+                spec.bootstrap_port, spec.pd_contract,
             ):  # fmt: skip
                 self._remove(existing)
             else:

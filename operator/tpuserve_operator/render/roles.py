@@ -11,6 +11,7 @@ from sglang_tpu import disaggregation as pd
 from sglang_tpu.topology import lookup
 from tpuserve_operator import disaggregation, labels
 from tpuserve_operator.render.context import Manifest, Server, ValidServer
+from tpuserve_operator.render.pod import ENGINE_CONTAINER
 from tpuserve_operator.render.workload import check_group_contract, engine_templates, group_children
 from tpuserve_operator.validation import ValidSpec
 
@@ -69,10 +70,15 @@ def _pod_templates(manifest: Manifest) -> Iterator[Manifest]:
 
 
 def _marked(template: Manifest, role: str, spec: Any, name: str) -> Manifest:
-    """``template`` with its role label, the prefill's bootstrap port (annotation, container
-    port) and a preference for the zone of the server's other engine pods."""
+    """``template`` with its role and pairing-contract labels, the prefill's bootstrap port
+    (annotation, container port) and a preference for the zone of the server's other engine
+    pods."""
     meta = template.setdefault("metadata", {})
     meta.setdefault("labels", {})[pd.PD_ROLE_LABEL] = role
+    image = next(
+        c["image"] for c in template["spec"]["containers"] if c["name"] == ENGINE_CONTAINER
+    )
+    meta["labels"][pd.PD_CONTRACT_LABEL] = disaggregation.pairing_contract(spec, image)
     leader = meta["labels"].get(labels.ROLE) == labels.ROLE_LEADER
     if role == disaggregation.PREFILL:
         port = spec.disaggregation.bootstrap_port

@@ -38,7 +38,12 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from sglang_tpu.disaggregation import BOOTSTRAP_PORT_ANNOTATION, PD_ROLE_LABEL, PD_ROLES
+from sglang_tpu.disaggregation import (
+    BOOTSTRAP_PORT_ANNOTATION,
+    PD_CONTRACT_LABEL,
+    PD_ROLE_LABEL,
+    PD_ROLES,
+)
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.config import (
     DEFAULT_KV_EVENTS_ANNOTATION,
@@ -155,6 +160,7 @@ def worker_from_pod(pod: Mapping[str, Any], rules: PodRules) -> WorkerSpec | Non
         model=(labels.get(rules.model_label) or None) if rules.model_label else None,
         role=role if role in PD_ROLES else None,  # a PD pair's worker (tpuserve_router.pd)
         bootstrap_port=bootstrap if role == "prefill" else None,
+        pd_contract=(labels.get(PD_CONTRACT_LABEL) or None) if role in PD_ROLES else None,
     )
 
 

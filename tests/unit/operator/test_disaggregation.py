@@ -144,7 +144,7 @@ def test_roles_with_different_kv_pages_are_refused(spec_with: SpecWith) -> None:
 
 def test_the_disaggregation_flags_are_the_operators(spec_with: SpecWith) -> None:
     spec = pd_spec(spec_with)
-    spec["engine"]["args"] = {"disaggregation-mode": "decode"}
+    spec["engine"] = {**spec["engine"], "args": {"disaggregation-mode": "decode"}}
     spec["disaggregation"]["prefill"]["args"] = {"disaggregation-bootstrap-port": 1}
     found = problems(spec)
     assert found["spec.engine.args.disaggregation-mode"][1] == "ReservedField"
@@ -197,3 +197,24 @@ def test_the_transfer_backend_is_one_of_sglangs(spec_with: SpecWith) -> None:
     spec = pd_spec(spec_with, transferBackend="tpu")
     message, _ = problems(spec)["spec.disaggregation.transferBackend"]
     assert "'mooncake', 'mori', 'nixl', 'ascend' or 'fake'" in message
+
+
+def test_both_roles_carry_one_pairing_contract_that_an_image_change_changes(
+    spec_with: SpecWith, rendered: RenderFn
+) -> None:
+    """The router pairs only equal contracts, so mid-rollout old engines pair with old."""
+
+    def contracts(spec: dict[str, Any]) -> set[str]:
+        return {
+            t["metadata"]["labels"][pd.PD_CONTRACT_LABEL]
+            for _, t in templates(rendered(spec).children)
+        }
+
+    before = contracts(pd_spec(spec_with))
+    assert len(before) == 1  # prefill and decode, leaders and workers: one contract
+    image = {"type": "simulated", "image": "example.com/engine:2"}
+    changed = spec_with(**{**pd_spec(spec_with), "engine": image})
+    assert len(contracts(changed)) == 1
+    assert contracts(changed) != before
+    replicas = pd_spec(spec_with, decode={"replicas": 3})
+    assert contracts(replicas) == before  # what does not change the pairing keeps it

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from sglang_tpu.disaggregation import BOOTSTRAP_PORT_ANNOTATION, PD_CONTRACT_LABEL, PD_ROLE_LABEL
 from tpuserve_router.discovery.kubernetes import (
     PodRules,
     PodSet,
@@ -147,3 +148,16 @@ def test_the_default_model_label_is_the_operator_s() -> None:
     from tpuserve_router.config import DEFAULT_MODEL_LABEL
 
     assert DEFAULT_MODEL_LABEL == labels.MODEL
+
+
+def test_a_pd_pods_role_bootstrap_port_and_pairing_contract_are_read() -> None:
+    prefill = pod(annotations={BOOTSTRAP_PORT_ANNOTATION: "8998"})
+    prefill["metadata"]["labels"] |= {PD_ROLE_LABEL: "prefill", PD_CONTRACT_LABEL: "abc"}
+    spec = worker_from_pod(prefill, RULES)
+    assert spec is not None
+    assert (spec.role, spec.bootstrap_port, spec.pd_contract) == ("prefill", 8998, "abc")
+    colocated = pod()
+    colocated["metadata"]["labels"][PD_CONTRACT_LABEL] = "abc"  # no role: not a PD worker
+    spec = worker_from_pod(colocated, RULES)
+    assert spec is not None
+    assert (spec.role, spec.pd_contract) == (None, None)

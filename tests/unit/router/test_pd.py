@@ -18,10 +18,13 @@ from tpuserve_router.pd import (
     _batch,
     _failure_kind,
     _transfer_seconds,
+    pairable,
+    pairs,
     parse_prefill_flag,
     pd_workers,
 )
 from tpuserve_router.policies.base import Decision, RouteRequest
+from tpuserve_router.workers import Worker, WorkerSpec
 
 pytestmark = pytest.mark.unit
 
@@ -202,3 +205,38 @@ def test_prefill_logprobs_are_merged_into_the_decode_answer() -> None:
     assert answer["meta_info"] == {
         "output_token_logprobs": [], "input_token_logprobs": [[-0.5, 1, None]],
     }  # fmt: skip
+
+
+def pd_worker(url: str, role: str, contract: str | None, *, healthy: bool = True) -> Worker:
+    worker = Worker(WorkerSpec(url, role=role, pd_contract=contract))
+    worker.healthy = healthy
+    return worker
+
+
+def test_a_prefill_pairs_only_with_a_decode_of_its_contract() -> None:
+    """Mid-rollout, old engines pair with old and new with new; a worker registered by a
+    flag (no contract) pairs with any."""
+    old_p, new_p = (
+        pd_worker(P, "prefill", "old"),
+        pd_worker("http://127.0.0.1:30011", "prefill", "new"),
+    )
+    old_d, new_d = (
+        pd_worker(D, "decode", "old"),
+        pd_worker("http://127.0.0.1:30012", "decode", "new"),
+    )
+    assert pairs(old_p, old_d)
+    assert pairs(new_p, new_d)
+    assert not pairs(old_p, new_d)
+    assert not pairs(new_p, old_d)
+    flagged = pd_worker("http://127.0.0.1:30022", "decode", None)
+    assert pairs(old_p, flagged)
+    assert pairs(pd_worker("http://127.0.0.1:30021", "prefill", None), new_d)
+    # the only decode of the new contract: only the new prefill can take a request
+    assert pairable([old_p, new_p], [new_d]) == [new_p]
+    assert pairable([old_p], [new_d]) == []
+    assert (
+        pairable(
+            [old_p, new_p], [pd_worker("http://127.0.0.1:30032", "decode", "new", healthy=False)]
+        )
+        == []
+    )
