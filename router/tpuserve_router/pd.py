@@ -296,9 +296,14 @@ class PdRouter:
         return size
 
     @staticmethod
-    def rank_for(route_request: RouteRequest, dp_size: int) -> int:
-        """The DP rank a prompt goes to: its first page's hash, so a conversation's turns
-        (same beginning) land on the rank that holds their prefix."""
+    def rank_for(
+        route_request: RouteRequest, dp_size: int, rank_depths: Sequence[tuple[int, int]] = ()
+    ) -> int:
+        """The DP rank a prompt goes to: the rank whose KV events show it holding the longest
+        prefix of the prompt (``rank_depths``: (rank, leading blocks held), the index's
+        per-rank streams), else the prompt's first-page hash, so a conversation's turns (same
+        beginning) land on one rank even before its events arrive. Among ranks holding
+        equally much, the hash's rank if it is one of them."""
         if dp_size <= 1:
             return 0
         tokens = route_request.token_ids
@@ -306,7 +311,21 @@ class PdRouter:
             head = orjson.dumps(list(tokens[:64]))
         else:
             head = route_request.text[:256].encode("utf-8", "surrogatepass")
-        return zlib.crc32(head) % dp_size
+        hashed = zlib.crc32(head) % dp_size
+        held = [(depth, rank) for rank, depth in rank_depths if 0 <= rank < dp_size and depth]
+        if not held:
+            return hashed
+        deepest = max(depth for depth, _ in held)
+        ranks = [rank for depth, rank in held if depth == deepest]
+        return hashed if hashed in ranks else min(ranks)
+
+    def rank_depths(self, decision: Decision[Worker]) -> list[tuple[int, int]]:
+        """How much of the prompt each DP rank of the decision's prefill worker holds, from
+        the policy's index (empty when the policy keeps none or gave no keys)."""
+        index = self.fwd.policy.block_index
+        if index is None or not decision.block_keys:
+            return []
+        return index.rank_depths(decision.worker.name, decision.block_keys)
 
     # ------------------------------------------------------------------ one request
 
@@ -396,7 +415,8 @@ class PdRouter:
                 theirs = client_rid(orjson.loads(routed.request.body)).value
                 if isinstance(theirs, str):
                     named = _Named(fresh, Restorer([(fresh, theirs)]))
-        rank = self.rank_for(route_request, await self.dp_size(p_worker))
+        dp_size = await self.dp_size(p_worker)
+        rank = self.rank_for(route_request, dp_size, self.rank_depths(p_decision))
         room = disaggregation.room_for_rank(rank, self.dp_sizes.get(p_worker.name, 1))
         data.update(
             disaggregation.bootstrap_fields(

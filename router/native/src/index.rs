@@ -589,6 +589,34 @@ impl BlockIndex {
         with_keys(keys, |keys| self.depths(keys, &masks))
     }
 
+    /// For each DP rank `name` reported KV events from, how many leading blocks of `keys` that
+    /// rank's stream holds (confirmed entries only: predictions are the worker's, not a
+    /// rank's); empty for a worker the index does not know. A prefill engine's DP rank is
+    /// chosen by it (`tpuserve_router.pd`).
+    fn rank_depths(&self, name: &str, keys: &Bound<'_, PyAny>) -> PyResult<Vec<(i64, usize)>> {
+        let Some(worker) = self.workers.get(name) else {
+            return Ok(Vec::new());
+        };
+        with_keys(keys, |keys| {
+            let mut depths: Vec<(i64, usize)> = worker
+                .streams
+                .iter()
+                .map(|(rank, stream)| {
+                    let bit = Bits::single(stream.bit);
+                    let depth = keys
+                        .iter()
+                        .take_while(|key| {
+                            self.confirmed.get(*key).is_some_and(|m| m.intersects(&bit))
+                        })
+                        .count();
+                    (*rank, depth)
+                })
+                .collect();
+            depths.sort_unstable();
+            depths
+        })
+    }
+
     /// The parameters `route` applies (the policy's, set once): `prefix_routing.AffinityParams`'
     /// ``cache_threshold``, ``balance_abs_threshold``, ``balance_rel_threshold`` and
     /// `QueueParams`' ``queue_margin_tokens``, ``saved_prefix_weight``.

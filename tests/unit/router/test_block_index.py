@@ -448,3 +448,16 @@ def test_a_streams_entries_loaded_elsewhere_match_as_their_events_would() -> Non
     assert late.engine_hashes("w", 1) >= peer.engine_hashes("w", 1)
     assert late.stream_blocks("w", 0) == []
     assert late.stream_blocks("x") == []
+
+
+def test_rank_depths_count_each_dp_ranks_own_leading_blocks() -> None:
+    index = BlockIndex(page_size=PAGE)
+    prompt = list(range(16))
+    store(index, "p", prompt[:8], rank=0)
+    store(index, "p", prompt, rank=2)
+    store(index, "p", list(range(100, 116)), rank=1)  # another prompt entirely
+    keys = index.keys(prompt)
+    assert index.rank_depths("p", keys) == [(0, 2), (1, 0), (2, 4)]
+    index.predict("p", keys)  # a prediction is the worker's, not a rank's
+    assert index.rank_depths("p", keys) == [(0, 2), (1, 0), (2, 4)]
+    assert index.rank_depths("unknown", keys) == []

@@ -240,3 +240,16 @@ def test_a_prefill_pairs_only_with_a_decode_of_its_contract() -> None:
         )
         == []
     )
+
+
+def test_the_rank_holding_the_longest_prefix_takes_the_turn_else_the_hash() -> None:
+    from tpuserve_router.pd import PdRouter
+
+    turn = RouteRequest("m", "turn", list(range(300)))
+    hashed = PdRouter.rank_for(turn, 4)
+    other = (hashed + 1) % 4
+    assert PdRouter.rank_for(turn, 4, [(other, 3), (hashed, 1)]) == other
+    assert PdRouter.rank_for(turn, 4, [(other, 3), (hashed, 3)]) == hashed  # a tie: the hash
+    assert PdRouter.rank_for(turn, 4, [(other, 0)]) == hashed  # nothing held: the hash
+    assert PdRouter.rank_for(turn, 4, [(9, 5)]) == hashed  # a rank the engine no longer has
+    assert PdRouter.rank_for(turn, 1, [(0, 5)]) == 0
