@@ -380,7 +380,7 @@ class Forwarder:
                     return
                 if pd is not None:  # conditional PD: the first choice decides
                     if pd.disaggregates(decision, parsed.prompt_tokens):
-                        policy.on_request_done(decision, True)  # not acted on
+                        policy.on_set_aside(decision)  # not acted on: its prediction undone
                         if await self.pd_forward(routed, route_request, served.workers):
                             return
                         pd = None

@@ -236,8 +236,8 @@ class PdRouter:
         there, and a prefix the colocated worker never got would then look cached); None
         when the policy keeps no index this can read. When even the best worker's prefill
         would stall (`stalls`), the request goes to a pair without a choice; else the worker
-        the policy chooses decides (`disaggregates`: a choice set aside leaves its prediction
-        in the index until the index's prediction TTL, 2 s by default)."""
+        the policy chooses decides (`disaggregates`; a choice set aside for a pair is undone
+        by the policy's ``on_set_aside``: no prediction of the prompt stays on that worker)."""
         healthy = [w for w in colocated if w.healthy]
         if not healthy:
             return None

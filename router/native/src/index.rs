@@ -756,6 +756,23 @@ impl BlockIndex {
         with_keys(keys, |keys| self.predict_keys(now, name, keys))
     }
 
+    /// Drop `name`'s predictions of `keys`: a routing choice set aside before it was acted on
+    /// (its prompt went elsewhere). A key an earlier choice predicted goes too; the engine's
+    /// events confirm it if it is held.
+    fn unpredict(&mut self, name: &str, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        let Some(worker) = self.workers.get_mut(name) else {
+            return Ok(());
+        };
+        let predicted = &mut self.predicted;
+        with_keys(keys, |keys| {
+            for key in keys {
+                if worker.predicted.remove(key) {
+                    drop_bit(predicted, *key, worker.bit);
+                }
+            }
+        })
+    }
+
     // ------------------------------------------------------------------ engine events
 
     /// Apply a `BlockStored` event of `name`'s DP rank `rank`: it now holds these blocks.

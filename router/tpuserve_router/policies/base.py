@@ -148,6 +148,11 @@ class Policy(Protocol):
         """The request ended, whatever the reason; called exactly once per decision."""
         ...
 
+    def on_set_aside(self, decision: Decision[Any]) -> None:
+        """The decision was not acted on (conditional PD sent the request to a pair): undo
+        what choosing recorded; called instead of `on_request_done`."""
+        ...
+
     def on_workers_changed(self, names: Collection[str]) -> None:
         """The set of known workers is now ``names`` (forget state about the others)."""
         ...
@@ -214,6 +219,9 @@ class PolicyDefaults:
 
     def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
         return None
+
+    def on_set_aside(self, decision: Decision[Any]) -> None:
+        self.on_request_done(decision, True)
 
     def on_workers_changed(self, names: Collection[str]) -> None:
         return None

@@ -299,6 +299,12 @@ class BlockIndexPolicy(PolicyDefaults):
         if decision.pending_units:
             self.queues.release(decision)
 
+    def on_set_aside(self, decision: Decision[Any]) -> None:
+        if decision.pending_units:
+            self.queues.release(decision)
+        if decision.block_keys:  # the worker will not get the prompt: nor predict it there
+            self.block_index.unpredict(decision.worker.name, decision.block_keys)
+
     def queued_prefill_tokens(self, name: str) -> int:
         return self.queues.tokens(name)
 

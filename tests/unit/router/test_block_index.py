@@ -461,3 +461,15 @@ def test_rank_depths_count_each_dp_ranks_own_leading_blocks() -> None:
     index.predict("p", keys)  # a prediction is the worker's, not a rank's
     assert index.rank_depths("p", keys) == [(0, 2), (1, 0), (2, 4)]
     assert index.rank_depths("unknown", keys) == []
+
+
+def test_unpredict_drops_a_set_aside_choices_predictions_not_confirmed_blocks() -> None:
+    index = BlockIndex(page_size=PAGE, clock=VirtualClock())
+    prompt = list(range(16))
+    store(index, "a", prompt[:4])
+    keys = index.keys(prompt)
+    index.predict("a", keys)
+    assert index.match(keys, ["a"]) == [4]
+    index.unpredict("a", keys)
+    assert index.match(keys, ["a"]) == [1]  # the page its events stored stays
+    index.unpredict("unknown", keys)  # a worker the index does not know: nothing to drop

@@ -569,3 +569,20 @@ def test_prefix_policies_forget_a_reset_worker(policy_name: str) -> None:
     assert policy.choose(fake_request(prompt=LONG), workers).outcome == "prefix_hit"
     policy.on_worker_reset(first.worker.name)
     assert policy.choose(fake_request(prompt=LONG), workers).outcome == "miss"
+
+
+@pytest.mark.parametrize("policy_name", ["precise", "cost"])
+def test_a_choice_set_aside_leaves_no_prediction_and_no_queued_prefill(policy_name: str) -> None:
+    """Conditional PD may set a colocated choice aside for a pair: that worker will not get
+    the prompt, so the next request of the prefix must not see it as cached there."""
+    policy = make_policy(policy_name, page_size=4)
+    workers = [fake_worker("a"), fake_worker("b")]
+    request = fake_request(token_ids=page_tokens(10))
+    decision = policy.choose(request, workers)
+    index = policy.block_index
+    assert index is not None
+    keys = index.keys(page_tokens(10))
+    assert index.match(keys, [decision.worker.name]) == [10]  # predicted on choosing
+    policy.on_set_aside(decision)
+    assert index.match(keys, [decision.worker.name]) == [0]
+    assert policy.queued_prefill_tokens(decision.worker.name) == 0
