@@ -9,11 +9,11 @@ it has room for it (SGLang's prealloc queue):
 - **colocated**: N engines serve whole requests;
 - **always**: every request to a prefill engine, then a decode engine; P + D = N;
 - **conditional**: a request whose prefill on the colocated engine it would go to (of the
-  tokens that engine does not hold) would stall that engine's decodes for `--itl-budget`
-  seconds or more by the performance model (`sglang_tpu.disaggregation.prefill_stalls`, the
-  router's rule) goes to a pair, the others to colocated engines; P + D + C = N. SGLang's
-  decode engines cannot prefill a request themselves, so the short requests need colocated
-  engines.
+  tokens that engine does not hold, after the prefills already waiting there) would stall
+  that engine's decodes for `--itl-budget` seconds or more by the performance model
+  (`sglang_tpu.disaggregation.prefill_stalls`, the router's rule) goes to a pair, the others
+  to colocated engines; P + D + C = N. SGLang's decode engines cannot prefill a request
+  themselves, so the short requests need colocated engines.
 
 **SLO** (`SLOS`, per workload): a request is good when its TTFT and the 99th percentile of
 its own inter-token gaps (its ITL) are within the workload's budgets.
@@ -377,8 +377,12 @@ class Run:
             pair = (
                 self.mode == "conditional"
                 and bool(self.prefill)
-                and pd.prefill_stalls(
-                    self.timer, len(tokens) - held, held, self.threshold, self.budget
+                and pd.prefill_stalls(  # after the prefills waiting there, as the router
+                    self.timer,
+                    len(tokens) - held + target.core.waiting_uncached_tokens,
+                    held,
+                    self.threshold,
+                    self.budget,
                 )
             )
         if not pair:

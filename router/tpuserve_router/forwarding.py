@@ -379,7 +379,13 @@ class Forwarder:
                     )
                     return
                 if pd is not None:  # conditional PD: the first choice decides
-                    if pd.disaggregates(decision, parsed.prompt_tokens):
+                    chosen = decision.worker  # prefill queued there before this one
+                    queued = (
+                        policy.queued_prefill_tokens(chosen.name)
+                        - decision.pending_units
+                        + chosen.peer_prefill_tokens
+                    )
+                    if pd.disaggregates(decision, parsed.prompt_tokens, queued):
                         policy.on_set_aside(decision)  # not acted on: its prediction undone
                         if await self.pd_forward(routed, route_request, served.workers):
                             return

@@ -205,27 +205,32 @@ class PdRouter:
         prefill, decode = self.split(workers)
         return bool(pairable(prefill, decode))
 
-    def disaggregates(self, decision: Decision[Worker], prompt_tokens: int) -> bool:
+    def disaggregates(
+        self, decision: Decision[Worker], prompt_tokens: int, queued_tokens: int = 0
+    ) -> bool:
         """Whether a request the policy sent to a colocated worker goes to a pair instead:
-        its prefill there, of the prompt tokens that worker is not expected to hold, would
-        stall that worker's decodes for the ITL budget or longer (`stalls`)."""
+        its prefill there, of the prompt tokens that worker is not expected to hold, after
+        the ``queued_tokens`` of other prefills already waiting there (SGLang runs waiting
+        prefills back to back before the next decode step), would stall that worker's
+        decodes for the ITL budget or longer (`stalls`)."""
         if self.settings.policy == "always":
             return True
         ratio = decision.predicted_match_ratio or 0.0
-        return self.stalls(prompt_tokens * (1.0 - ratio), prompt_tokens)
+        return self.stalls(prompt_tokens * (1.0 - ratio), prompt_tokens, queued_tokens)
 
-    def stalls(self, uncached: float, prompt_tokens: int) -> bool:
+    def stalls(self, uncached: float, prompt_tokens: int, queued_tokens: int = 0) -> bool:
         """Whether prefilling ``uncached`` tokens of a ``prompt_tokens``-token prompt on a
-        colocated worker stalls its running decodes for ``--pd-itl-budget-seconds`` or longer:
-        the threshold's tokens or more, or, by the performance model, a shorter suffix whose
-        attention over the cached rest takes that long (1,000 new tokens after 60,000 cached
-        ones take twice the 50 ms budget on a v6e 1x1 with Llama-3.1-8B). With a threshold
-        given as a number (no model), the threshold alone."""
+        colocated worker, after ``queued_tokens`` of other prefills, stalls its running
+        decodes for ``--pd-itl-budget-seconds`` or longer: the threshold's tokens or more, or,
+        by the performance model, a shorter suffix whose attention over the cached rest takes
+        that long (1,000 new tokens after 60,000 cached ones take twice the 50 ms budget on a
+        v6e 1x1 with Llama-3.1-8B). With a threshold given as a number (no model), the
+        threshold alone."""
         settings = self.settings
         new = math.ceil(uncached)
         return disaggregation.prefill_stalls(
-            settings.timer, new, max(0, prompt_tokens - new), settings.threshold_tokens,
-            settings.itl_budget_seconds,
+            settings.timer, new + max(0, queued_tokens), max(0, prompt_tokens - new),
+            settings.threshold_tokens, settings.itl_budget_seconds,
         )  # fmt: skip
 
     def uncached_tokens(

@@ -253,3 +253,10 @@ def test_the_rank_holding_the_longest_prefix_takes_the_turn_else_the_hash() -> N
     assert PdRouter.rank_for(turn, 4, [(other, 0)]) == hashed  # nothing held: the hash
     assert PdRouter.rank_for(turn, 4, [(9, 5)]) == hashed  # a rank the engine no longer has
     assert PdRouter.rank_for(turn, 1, [(0, 5)]) == 0
+
+
+def test_prefills_already_waiting_on_the_colocated_worker_count_toward_the_stall() -> None:
+    router = router_with("conditional", 1000)
+    decision = Decision(FakeWorker("c"), "miss", 0.0)
+    assert router.disaggregates(decision, 400) is False  # type: ignore[attr-defined]
+    assert router.disaggregates(decision, 400, 600) is True  # type: ignore[attr-defined]
