@@ -482,6 +482,7 @@ class FleetSim:
             c.peer_delay_seconds is not None and c.router_replicas > 1 and c.policy == "precise"
         )
         self.peer_delay = c.peer_delay_seconds or 0.0
+        self.peers_of = [[p for p in self.routers if p is not r] for r in self.routers]
         self.peer_messages: deque[tuple[float, int, int, int, int, tuple[int, ...]]] = deque()
         """(delivery time, sending router, engine, in flight +-1, booked tokens +-, predicted
         blocks): the peering messages on their way, in the order sent (one delay: in time)."""
@@ -864,21 +865,23 @@ class FleetSim:
         """Every router applies its peers' messages due by now (`peer_view.PeerView.apply`)."""
         queue = self.peer_messages
         now = self.now
-        routers = self.routers
+        peers_of = self.peers_of
         while queue and queue[0][0] <= now:
             at, r, e, in_flight, booked, predicted = queue.popleft()
-            expiry = at + PRECISE_PREDICTED_TTL_SECONDS
-            entry = (e, expiry)
-            for i, router in enumerate(routers):
-                if i == r:
-                    continue
-                router.own[e] += in_flight
-                router.booked[e] += booked
-                if predicted:
+            if predicted:
+                expiry = at + PRECISE_PREDICTED_TTL_SECONDS
+                entry = (e, expiry)
+                for router in peers_of[r]:
+                    router.own[e] += in_flight
+                    router.booked[e] += booked
                     pred = router.pred
                     for b in predicted:
                         pred[b] = entry
                     router.pred_queue.append((expiry, predicted, e))
+            else:
+                for router in peers_of[r]:
+                    router.own[e] += in_flight
+                    router.booked[e] += booked
 
     def _depth(self, blocks: tuple[int, ...], has: Callable[[int], bool]) -> int:
         """Leading blocks for which ``has`` holds (binary search: a holder of a block holds
