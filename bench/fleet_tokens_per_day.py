@@ -18,7 +18,9 @@ quarter points). tokens/day = sum of weight x tokens/s of the window.
 Goodput counts the prompt + output tokens of requests within the SLO: TTFT <= ``--ttft`` and
 mean inter-token latency <= ``--itl`` (per request). Policies: round_robin, precise
 (tpuserve's default), llmd (llm-d's prefix-cache 2 : queue 1 scorers, an anchor), oracle;
-router replicas 1, 4 and 8 (`tpuserve.bench.fleet` documents each).
+router replicas 1, 4 and 8 (`tpuserve.bench.fleet` documents each). Several ``precise``
+routers peer as the operator deploys them, each hearing the others' decisions ``--peer-delay``
+seconds later (default 1 ms); ``--no-peering`` leaves them the load poll alone.
 
     .venv/bin/python bench/fleet_tokens_per_day.py --jobs 2 \\
         --out bench/fleet_results/2026-12-06/fleet_tokens_per_day.json
@@ -60,6 +62,7 @@ def base_config(args: argparse.Namespace) -> FleetConfig:
         burst_factor=2.0, burst_seconds=60.0, duration_seconds=args.window,
         warmup_seconds=args.warmup, slo_ttft_seconds=args.ttft, slo_itl_seconds=args.itl,
         drain_seconds=120.0, seed=args.seed,
+        peer_delay_seconds=None if args.no_peering else args.peer_delay,
     )  # fmt: skip
 
 
@@ -137,6 +140,20 @@ def report(data: dict[str, Any]) -> str:
     lines.append("")
     for policy in POLICIES:
         one = by.get((policy, 1))
+        for n in (4, 8):
+            many = by.get((policy, n))
+            if not (one and many):
+                continue
+            ratios = []
+            for hour, w1 in sorted(one["windows"].items()):
+                wn = many["windows"].get(hour)
+                if wn:
+                    hit = wn["cache_hit_rate"] / max(1e-9, w1["cache_hit_rate"])
+                    p99 = wn["ttft_p99"] / max(1e-9, w1["ttft_p99"])
+                    ratios.append(f"{hour} hit rate {hit:.3f}, p99 TTFT {p99:.3f}")
+            lines.append(f"- {policy}: {n} routers / 1: " + "; ".join(ratios))
+    for policy in POLICIES:
+        one = by.get((policy, 1))
         eight = by.get((policy, 8))
         if one and eight:
             p1, p8 = one["windows"]["15:00"], eight["windows"]["15:00"]
@@ -173,6 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft", type=float, default=5.0)
     parser.add_argument("--itl", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--peer-delay",
+        type=float,
+        default=0.001,
+        help="Seconds a router replica hears its peers' decisions after them.",
+    )
+    parser.add_argument("--no-peering", action="store_true",
+                        help="Router replicas do not peer: the load poll alone.")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--merge", type=Path, nargs="*", default=[],

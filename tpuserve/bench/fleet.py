@@ -23,7 +23,16 @@ model under-uses memory slightly.
 **Routers.** ``router_replicas`` routers; each request goes to one at random. A router knows
 exactly what it sent (its own in-flight counts and booked prefill tokens) and what the other
 routers put on each engine as of its last load poll (every ``load_poll_seconds``, phase
-``r / N``), as ``tpuserve router`` does with ``/v1/loads``. Prefix holders come from one
+``r / N``), as ``tpuserve router`` does with ``/v1/loads``. With ``peer_delay_seconds`` (the
+default, 1 ms) the ``precise`` routers also peer as ``tpuserve router --peer-port`` replicas
+do (`tpuserve_router.peer_view`, on by default from the operator): each decision, first token
+and end reaches every other router ``peer_delay_seconds`` later, and it applies it as if it
+had routed the request itself: +1 in flight on the engine (-1 at the end), the booked prefill
+tokens (released at the first token) and the decision's predicted blocks (for
+`PRECISE_PREDICTED_TTL_SECONDS` from then). The poll then adds only what the engine holds
+beyond what the router knows of (`tpuserve_router.load_view`'s rule). None: no peering, the
+poll alone. The other policies do not peer (round-robin keeps its own cycle; the llm-d and
+oracle anchors are not tpuserve's router). Prefix holders come from one
 index of what the engines hold (their KV events, applied at once); the llm-d anchor keeps
 its own per-router approximate index instead (filled at routing time, as llm-d's EPP does).
 A decision never looks at every replica: its candidates are at most ``holder_candidates``
@@ -144,6 +153,11 @@ class FleetConfig:
     initial_replicas: int | None = None
     """Replicas serving at the start (None: ``replicas``)."""
     router_replicas: int = 1
+    peer_delay_seconds: float | None = 0.001
+    """Router replicas peer (``precise``): each hears the others' decisions, first tokens and
+    ends this many seconds later (`tpuserve_router.peer_view`; the routing benchmark's
+    ``--peer-delay``, ``bench/peer_latency.py`` measures ~0.2 ms median on loopback). None: no
+    peering, each router sees the others only through its load poll."""
     peak_rate: float = 100.0
     """Requests per second at the daily peak, before bursts."""
     trough: float = 0.35
@@ -240,6 +254,9 @@ class FleetConfig:
             value = getattr(self, name)
             if not 0 <= value < math.inf:
                 raise bad(name, value, ">= 0 and finite")
+        peer_delay = self.peer_delay_seconds
+        if peer_delay is not None and not 0 <= peer_delay < math.inf:
+            raise bad("peer_delay_seconds", peer_delay, ">= 0 and finite, or None (no peering)")
         if not 0 <= self.trough <= 1:
             raise bad("trough", self.trough, "0..1")
         if not 0 <= self.conversation_share <= 1:
@@ -390,6 +407,7 @@ class FleetResult:
         return {
             "policy": self.config.policy,
             "router_replicas": self.config.router_replicas,
+            "peer_delay_seconds": self.config.peer_delay_seconds,
             "replica_slots": self.config.replicas,
             "chips_max": self.config.replicas * chips,
             "window_seconds": window,
@@ -460,6 +478,15 @@ class FleetSim:
         n = c.replicas
         self.engines = [_Engine(i) for i in range(n)]
         self.routers = [_Router(n) for _ in range(c.router_replicas)]
+        self.peering = (
+            c.peer_delay_seconds is not None and c.router_replicas > 1 and c.policy == "precise"
+        )
+        self.peer_delay = c.peer_delay_seconds or 0.0
+        self.peers_of = [[p for p in self.routers if p is not r] for r in self.routers]
+        self.peer_messages: deque[tuple[float, int, int, int, int, tuple[int, ...]]] = deque()
+        """(delivery time, sending router, engine, in flight +-1, booked tokens +-, predicted
+        blocks): the peering messages on their way, in the order sent (one delay: in time)."""
+        self.predicted: tuple[int, ...] = ()  # the decision's predicted blocks (`_predict`)
         self.holders: Holders = {}
         self.ready: list[int] = []
         self.ready_pos: dict[int, int] = {}
@@ -819,11 +846,42 @@ class FleetSim:
     # --- routing --------------------------------------------------------------------------
 
     def _poll(self, router: _Router) -> None:
+        if self.peering:
+            self._deliver_peer_messages()
         router.snap_load = self.load[:]
         router.snap_wait = self.wait[:]
         router.snap_wtok = self.wtok[:]
         router.snap_own = router.own[:]
         router.snap_booked = router.booked[:]
+
+    def _send_peers(
+        self, r: int, e: int, in_flight: int, booked: int, predicted: tuple[int, ...]
+    ) -> None:
+        """Router ``r`` publishes a decision (``in_flight`` +1, its booked tokens and predicted
+        blocks), a first token (the booking released) or an end (-1)."""
+        self.peer_messages.append((self.now + self.peer_delay, r, e, in_flight, booked, predicted))
+
+    def _deliver_peer_messages(self) -> None:
+        """Every router applies its peers' messages due by now (`peer_view.PeerView.apply`)."""
+        queue = self.peer_messages
+        now = self.now
+        peers_of = self.peers_of
+        while queue and queue[0][0] <= now:
+            at, r, e, in_flight, booked, predicted = queue.popleft()
+            if predicted:
+                expiry = at + PRECISE_PREDICTED_TTL_SECONDS
+                entry = (e, expiry)
+                for router in peers_of[r]:
+                    router.own[e] += in_flight
+                    router.booked[e] += booked
+                    pred = router.pred
+                    for b in predicted:
+                        pred[b] = entry
+                    router.pred_queue.append((expiry, predicted, e))
+            else:
+                for router in peers_of[r]:
+                    router.own[e] += in_flight
+                    router.booked[e] += booked
 
     def _depth(self, blocks: tuple[int, ...], has: Callable[[int], bool]) -> int:
         """Leading blocks for which ``has`` holds (binary search: a holder of a block holds
@@ -882,6 +940,10 @@ class FleetSim:
         router = self.routers[r]
         req.router = r
         policy = c.policy
+        peering = self.peering
+        if peering:
+            self._deliver_peer_messages()
+            self.predicted = ()
         if policy == "round_robin":
             router.rr += 1
             target = self.ready[router.rr % len(self.ready)]
@@ -896,6 +958,8 @@ class FleetSim:
         req.booked = max(0, req.prompt - hit)
         router.own[target] += 1
         router.booked[target] += req.booked
+        if peering:
+            self._send_peers(r, target, 1, req.booked, self.predicted)
         self._submit(self.engines[target], req)
 
     def _view_load(self, router: _Router, e: int) -> int:
@@ -978,6 +1042,7 @@ class FleetSim:
         for b in predicted:
             pred[b] = entry
         router.pred_queue.append((expiry, predicted, e))
+        self.predicted = predicted
 
     def _llmd(self, router: _Router, req: _Request) -> tuple[int, int]:
         blocks = req.blocks
@@ -1055,14 +1120,19 @@ class FleetSim:
     def _release_router(self, req: _Request, first: bool) -> None:
         """The router hears the first token (``first``) or the end of ``req``."""
         router = self.routers[req.router]
-        if first and req.booked:
-            router.booked[req.engine] -= req.booked
+        booked = req.booked
+        if first and booked:
+            router.booked[req.engine] -= booked
             req.booked = 0
+            if self.peering:
+                self._send_peers(req.router, req.engine, 0, -booked, ())
         if not first:
-            if req.booked:
-                router.booked[req.engine] -= req.booked
+            if booked:
+                router.booked[req.engine] -= booked
                 req.booked = 0
             router.own[req.engine] -= 1
+            if self.peering:
+                self._send_peers(req.router, req.engine, -1, -booked, ())
 
     # --- engines --------------------------------------------------------------------------
 

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import gc
+import math
 from dataclasses import replace
 
 import pytest
 
-from tpuserve.bench.fleet import FLEET_POLICIES, FleetConfig, daily_multiplier, run_fleet
+from tpuserve.bench.fleet import (
+    FLEET_POLICIES,
+    FleetConfig,
+    FleetSim,
+    _Request,
+    _Router,
+    daily_multiplier,
+    run_fleet,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -73,6 +82,52 @@ def test_the_model_makes_no_reference_cycles(policy: str) -> None:
         gc.enable()
 
 
+class _Watched(FleetSim):
+    """Notes, at each decision, whether the deciding router's in-flight counts are the
+    engines' (running + waiting) and its predicted blocks those of every router."""
+
+    def __init__(self, config: FleetConfig) -> None:
+        super().__init__(config)
+        self.decisions = 0
+        self.exact = 0
+
+    def _precise(self, router: _Router, req: _Request) -> tuple[int, int]:
+        self.decisions += 1
+        if router.own == self.load:
+            self.exact += 1
+        return super()._precise(router, req)
+
+
+def test_peering_routers_share_in_flight_counts_and_it_is_the_default() -> None:
+    """Peering at no delay: every router counts every router's requests on each engine, as one
+    router would; at 1 ms (the default) nearly so; without peering, only its own."""
+    config = replace(SMALL, policy="precise", router_replicas=4, peak_rate=30.0)
+    assert config.peer_delay_seconds == pytest.approx(0.001)
+    shares = {}
+    for delay in (0.0, 0.001, None):
+        sim = _Watched(replace(config, peer_delay_seconds=delay))
+        s = sim.run().summary()
+        assert s["peer_delay_seconds"] == delay
+        assert s["completed"] + s["failed"] + s["unfinished"] == s["requests"]
+        assert sim.decisions > 100
+        shares[delay] = sim.exact / sim.decisions
+        assert s["unfinished"] == 0
+        sim.now = math.inf  # the last ends heard: every count and booking back to zero
+        sim._deliver_peer_messages()
+        assert all(r.own == [0] * 6 and r.booked == [0] * 6 for r in sim.routers)
+    assert shares[0.0] == 1.0
+    assert 0.5 < shares[0.001] < 1.0
+    assert shares[None] < 0.5
+    # One router has no peer: the same run whether peering is on or off.
+    one = replace(config, router_replicas=1)
+    a = run_fleet(one).summary()
+    b = run_fleet(replace(one, peer_delay_seconds=None)).summary()
+    for s in (a, b):
+        s.pop("wall_seconds")
+        s.pop("peer_delay_seconds")
+    assert a == b
+
+
 def test_daily_shape() -> None:
     assert daily_multiplier(3.0, 0.35) == pytest.approx(0.35)
     assert daily_multiplier(15.0, 0.35) == pytest.approx(1.0)
@@ -89,6 +144,10 @@ def test_daily_shape() -> None:
         ({"trough": 1.5}, "trough: 1.5 is not allowed; allowed: 0..1"),
         ({"cold_start_seconds": (10.0, 5.0)}, "cold_start_seconds"),
         ({"warmup_seconds": 200.0}, "warmup_seconds: 200.0 is not allowed"),
+        (
+            {"peer_delay_seconds": -0.001},
+            "peer_delay_seconds: -0.001 is not allowed; allowed: >= 0",
+        ),
     ],
 )
 def test_bad_config_names_field_value_and_allowed(change: dict[str, object], message: str) -> None:
