@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -98,7 +99,9 @@ def test_emitted_server_passes_the_operators_admission_validation(small_plan: Pl
     assert valid.shape.key == best.shape.key
     scaling = doc["spec"]["autoscaling"]
     assert scaling["maxReplicas"] == best.replicas
-    assert 1 <= scaling["minReplicas"] <= scaling["maxReplicas"]
+    # the trough's share of the peak's replicas, at least one
+    trough = small_plan.inputs.trough
+    assert scaling["minReplicas"] == max(1, math.ceil(best.replicas * trough))
     assert "replicas" not in doc["spec"]  # the autoscaler owns it
 
 

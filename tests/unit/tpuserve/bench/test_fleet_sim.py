@@ -53,7 +53,7 @@ def test_autoscaler_scales_up_from_one_replica_within_bounds() -> None:
     )  # fmt: skip
     s = run_fleet(config).summary()
     assert s["scale_ups"] > 0
-    assert 1 <= s["replicas_max"] <= 6
+    assert 1 < s["replicas_max"] <= config.replicas  # it grew from one, never past the bound
 
 
 def test_prefix_policies_hit_the_cache_more_than_round_robin() -> None:
