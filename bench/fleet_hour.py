@@ -16,7 +16,7 @@ import platform
 import sys
 from pathlib import Path
 
-from tpuserve.bench.fleet import FleetConfig, run_fleet
+from tpuserve.bench.fleet import FleetConfig, add_peering_arguments, peer_delay_from, run_fleet
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,14 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preemptions", type=float, default=0.05, help="per replica-hour")
     parser.add_argument("--target-tokens-per-chip", type=float, default=50_000.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--peer-delay",
-        type=float,
-        default=0.001,
-        help="Seconds a router replica hears its peers' decisions after them.",
-    )
-    parser.add_argument("--no-peering", action="store_true",
-                        help="Router replicas do not peer: the load poll alone.")  # fmt: skip
+    add_peering_arguments(parser)
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     config = FleetConfig(
@@ -46,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         start_hour=14.0, duration_seconds=args.seconds, autoscale=True,
         target_tokens_per_chip=args.target_tokens_per_chip,
         preemptions_per_replica_hour=args.preemptions, seed=args.seed,
-        peer_delay_seconds=None if args.no_peering else args.peer_delay,
+        peer_delay_seconds=peer_delay_from(args),
     )  # fmt: skip
     result = run_fleet(config)
     out = {

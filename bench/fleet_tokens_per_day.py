@@ -40,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tpuserve.bench.fleet import FleetConfig, run_fleet
+from tpuserve.bench.fleet import FleetConfig, add_peering_arguments, peer_delay_from, run_fleet
 
 POLICIES = ("round_robin", "precise", "llmd", "oracle")
 ROUTERS = (1, 4, 8)
@@ -62,7 +62,7 @@ def base_config(args: argparse.Namespace) -> FleetConfig:
         burst_factor=2.0, burst_seconds=60.0, duration_seconds=args.window,
         warmup_seconds=args.warmup, slo_ttft_seconds=args.ttft, slo_itl_seconds=args.itl,
         drain_seconds=120.0, seed=args.seed,
-        peer_delay_seconds=None if args.no_peering else args.peer_delay,
+        peer_delay_seconds=peer_delay_from(args),
     )  # fmt: skip
 
 
@@ -190,14 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft", type=float, default=5.0)
     parser.add_argument("--itl", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--peer-delay",
-        type=float,
-        default=0.001,
-        help="Seconds a router replica hears its peers' decisions after them.",
-    )
-    parser.add_argument("--no-peering", action="store_true",
-                        help="Router replicas do not peer: the load poll alone.")  # fmt: skip
+    add_peering_arguments(parser)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--merge", type=Path, nargs="*", default=[],

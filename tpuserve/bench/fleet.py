@@ -76,6 +76,7 @@ request), percentiles, cache hits, chip-seconds and the wall time.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import heapq
 import math
@@ -132,6 +133,22 @@ _SINGLE = mooncake.TraceShape(
     max_input_tokens=10**9,
 )
 """The ``lengths`` workload's requests: one turn each (outputs from the config)."""
+
+
+def add_peering_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fleet benchmarks' ``--peer-delay`` / ``--no-peering`` (`peer_delay_from`)."""
+    default = FleetConfig.peer_delay_seconds
+    parser.add_argument(
+        "--peer-delay", type=float, default=default,
+        help=f"Seconds a router replica hears its peers' decisions after them ({default}).",
+    )  # fmt: skip
+    parser.add_argument("--no-peering", action="store_true",
+                        help="Router replicas do not peer: the load poll alone.")  # fmt: skip
+
+
+def peer_delay_from(args: argparse.Namespace) -> float | None:
+    """``FleetConfig.peer_delay_seconds`` from `add_peering_arguments`' flags."""
+    return None if args.no_peering else float(args.peer_delay)
 
 
 def daily_multiplier(hour: float, trough: float) -> float:
