@@ -22,7 +22,7 @@ import zmq.asyncio
 
 from sglang_tpu.tasks import cancel_and_wait
 from sglang_tpu.tokenizer import Tokenizer, load_tokenizer
-from tests.component.router.router_fleet import start_router, wait_ready
+from tests.component.router.router_fleet import start_router, wait_caught_up, wait_ready
 from tests.real_sglang import RealEngine
 from tests.sglang_kv_events import sglang_kv_events
 from tests.waiting import eventually_async
@@ -67,23 +67,7 @@ async def router_in_front_of(engines: Sequence[RealEngine]) -> RouterApp:
     )
     try:
         await wait_ready(app, len(engines), timeout_seconds=ROUTER_READY_SECONDS)
-        hub = app.kv
-        assert hub is not None, "the default policy subscribes to KV events"
-
-        def caught_up() -> bool:  # subscribed and the catch-up replay answered
-            return all(
-                hub.subscriptions(e.url)
-                and (app.metrics.registry.get_sample_value(
-                    "tpuserve_router_kv_event_replays_total", {"worker": e.url, "result": "ok"}
-                ) or 0) >= 1
-                for e in engines
-            )  # fmt: skip
-
-        await eventually_async(
-            caught_up,
-            what="KV-event subscriptions and their catch-up replays",
-            timeout_seconds=ROUTER_READY_SECONDS,
-        )
+        await wait_caught_up(app, [e.url for e in engines], timeout_seconds=ROUTER_READY_SECONDS)
     except BaseException:
         await app.stop()
         raise

@@ -156,6 +156,31 @@ async def wait_ready(app: RouterApp, workers: int, timeout_seconds: float = 15.0
     )
 
 
+async def wait_caught_up(
+    app: RouterApp, workers: Sequence[str], timeout_seconds: float = 30.0
+) -> None:
+    """Until the router is subscribed to each worker's KV events and the catch-up replay it
+    asks for on connecting has answered: an event published before the connection is in that
+    replay, one after it on the stream (a request sent before the handshake was done, under
+    load, could otherwise lose its events)."""
+
+    def caught_up() -> bool:
+        hub = app.kv
+        assert hub is not None, "the policy subscribes to KV events"
+        return all(
+            hub.subscriptions(url)
+            and sample(app, "tpuserve_router_kv_event_replays_total",
+                       {"worker": url, "result": "ok"}) >= 1
+            for url in workers
+        )  # fmt: skip
+
+    await eventually_async(
+        caught_up,
+        what="KV-event subscriptions and their catch-up replays",
+        timeout_seconds=timeout_seconds,
+    )
+
+
 def sample(app: RouterApp, name: str, labels: dict[str, str] | None = None) -> float:
     """The value of one series on the router's registry (0 if absent)."""
     value = app.metrics.registry.get_sample_value(name, labels or {})

@@ -35,6 +35,7 @@ from tests.component.router.router_fleet import (
     sample,
     start_engines,
     start_router,
+    wait_caught_up,
     wait_ready,
 )
 from tests.waiting import eventually_async
@@ -74,13 +75,7 @@ async def precise(kv_engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
         )
     )
     await wait_ready(app, len(kv_engines))
-    hub = app.kv
-    assert hub is not None
-    await eventually_async(
-        lambda: all(hub.subscriptions(e.url) for e in kv_engines),
-        what="subscriptions",
-        timeout_seconds=10,
-    )
+    await wait_caught_up(app, [e.url for e in kv_engines])
     yield app
     await app.stop()
 
