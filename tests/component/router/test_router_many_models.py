@@ -56,8 +56,13 @@ async def router(engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
     config = RouterConfig(workers=workers, policy="least_load", health_check_interval_seconds=0.2)
     app = await start_router(config)
     await wait_ready(app, len(engines))
-    await_adapters = [w for w in app.registry.workers if w.adapters]
-    assert len(await_adapters) == 2  # read from the twins' /v1/models when admitted
+    # read from the twins' /v1/models when admitted; a `MODEL=URL` worker is routable by its
+    # given model before that answer comes, so wait_ready alone does not cover it
+    await eventually_async(
+        lambda: len([w for w in app.registry.workers if w.adapters]) == 2,
+        what="the adapters of the two llama engines",
+        timeout_seconds=15,
+    )
     yield app
     await app.stop()
 
