@@ -23,7 +23,8 @@ the index can still trust:
   monitor): drop everything at once (the engine is gone, or restarting with an empty cache);
   on every (re)connect, rebuild from the engine's replay buffer from 0, so a router that
   subscribes late still learns the resident prefixes (sglang#39750) and a restarted idle
-  engine is known empty;
+  engine is known empty, and a second later look again for a batch published before the
+  publisher took the subscription into account;
 - the first batch seen with a number above 0 and no catch-up yet: replay from 0.
 
 A replica started after an engine's replay buffer wrapped starts a stream from a peer
@@ -79,6 +80,11 @@ CATCH_UP_RETRY_SECONDS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
 what its send queue, 1,000 messages, cannot pass on, when the engine's loop sends faster than
 its I/O thread writes), while the stream still knows nothing: an idle engine sends no batch
 that would trigger one. The last try takes the run after what was lost."""
+CONFIRM_AFTER_CONNECT_SECONDS = 1.0
+"""A second catch-up this long after each (re)connect's first: a publisher takes a new
+subscription into account a moment after the handshake, and a batch it published in between
+reached neither that first replay (it came before) nor this stream (it was not subscribed yet);
+an idle engine would send no later batch whose sequence number showed the gap."""
 REPLAY_QUEUE_BATCHES = 100_000
 """Batches a replay socket queues unread: past SGLang's buffer (10,000 batches by default).
 An engine's replay ROUTER socket drops what the reader's queue cannot take (ZMQ's default
@@ -138,6 +144,7 @@ class _Subscription:
         self.task: asyncio.Task[None] | None = None
         self.monitor_task: asyncio.Task[None] | None = None
         self.retry_task: asyncio.Task[None] | None = None  # a failed catch-up, asked again
+        self.confirm_task: asyncio.Task[None] | None = None  # the second catch-up on connect
         self.retries = 0  # failed catch-ups in a row
         self.subscriber: ZmtpSubscriber | None = None  # a tcp:// stream, read without libzmq
         self._stopped = False
@@ -180,7 +187,7 @@ class _Subscription:
             self.loop.remove_reader(self.fd)
         while tasks := [
             t
-            for t in (self.task, self.monitor_task, self.retry_task)
+            for t in (self.task, self.monitor_task, self.retry_task, self.confirm_task)
             if t is not None and not t.done()
         ]:
             await cancel_and_wait(tasks)
@@ -205,15 +212,50 @@ class _Subscription:
 
     async def _connected(self) -> None:
         """On every (re)connect the index is rebuilt from the engine's replay buffer, so even
-        an idle engine that restarted is known to be empty without waiting for its next
-        event."""
+        event. `CONFIRM_AFTER_CONNECT_SECONDS` later, what was published meanwhile is asked
+        for once more (`_confirm_later`)."""
         async with self.lock:
-            await self._catch_up_from_start()
+            answered = await self._catch_up_from_start()
+        if self.confirm_task is not None:
+            self.confirm_task.cancel()
+        # Only after a catch-up that answered: a retry comes late enough to see it all itself.
+        if not self._stopped and answered:
+            self.confirm_task = self.loop.create_task(
+                self._confirm_later(CONFIRM_AFTER_CONNECT_SECONDS)
+            )
+
+    async def _confirm_later(self, delay: float) -> None:
+        """The batches after the last one applied, from the replay socket: those published
+        before the publisher took the subscription into account (see
+        `CONFIRM_AFTER_CONNECT_SECONDS`). One that came live meanwhile is skipped."""
+        await asyncio.sleep(delay)
+        replay = self.endpoints.replay
+        async with self.lock:
+            expected = self.expected  # None: the buffer was empty
+            if self._stopped or replay is None:
+                return
+            # Not counted as a replay (it is routine); a batch it finds is counted as a gap.
+            replayed = await self.hub.replay(replay, expected or 0)  # live ones wait (the lock)
+            fresh = [(s, payload) for s, payload in replayed or () if s >= (expected or 0)]
+            if not fresh or (expected is not None and fresh[0][0] != expected):
+                return  # nothing new (a hole would show at the next batch, as any gap)
+            self.hub.metrics.kv_event_gaps.labels(self.worker).inc()
+            log.warning(
+                "%s: KV events %d..%d were published before the subscription took; replayed",
+                self.label, fresh[0][0], fresh[-1][0],
+            )  # fmt: skip
+            for _, payload in fresh:
+                self.apply(payload)
+            self.expected = fresh[-1][0] + 1
+            self.replayed_through = fresh[-1][0]
+        self._read()  # what came while the lock was held
 
     async def _disconnected(self) -> None:
         """A lost publisher's blocks are dropped at once."""
         if self.retry_task is not None:
             self.retry_task.cancel()  # the reconnect catches up anew, with every retry
+        if self.confirm_task is not None:
+            self.confirm_task.cancel()
         self.retries = 0
         async with self.lock:
             self.hub.resync(self.worker, "publisher_disconnected", self.rank)
@@ -315,14 +357,15 @@ class _Subscription:
             self.task = None
         self._read()
 
-    async def _catch_up_from_start(self) -> None:
+    async def _catch_up_from_start(self) -> bool:
         """Apply everything the engine's replay buffer holds (what it cached before we came),
         or, starting from a peer's snapshot, what came after it. A seeded stream is replayed
         from the snapshot's last batch: an engine that no longer has it (nor anything later)
-        restarted since, and the snapshot's blocks are dropped for a replay from 0."""
+        restarted since, and the snapshot's blocks are dropped for a replay from 0. False when
+        the replay socket did not answer (or there is none)."""
         replay = self.endpoints.replay
         if replay is None:
-            return
+            return False
         seeded, self.seeded = self.seeded, False
         last = self.expected - 1 if seeded and self.expected else None
         start = (self.expected or 0) if last is None else last
@@ -336,12 +379,12 @@ class _Subscription:
             replayed = await self._replay(replay, 0)
         if replayed is None:
             self._retry_catch_up()
-            return
+            return False
         self.retries = 0
         if not replayed:
-            return
+            return True
         if self.expected is not None and replayed[-1][0] < self.expected - 1:
-            return  # older than what we already applied: nothing new
+            return True  # older than what we already applied: nothing new
         if self.expected is not None and replayed[0][0] > self.expected:
             self.hub.resync(self.worker, "gap_unrecoverable", self.rank)  # the buffer wrapped
         for seq, payload in replayed:
@@ -349,6 +392,7 @@ class _Subscription:
                 self.apply(payload)
         self.expected = replayed[-1][0] + 1
         self.replayed_through = replayed[-1][0]
+        return True
 
     def _retry_catch_up(self) -> None:
         """After a failed catch-up, ask again later (`CATCH_UP_RETRY_SECONDS`), unless a batch

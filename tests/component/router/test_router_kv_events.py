@@ -587,6 +587,40 @@ async def test_a_router_that_knows_nothing_takes_the_run_after_what_a_replay_los
         assert sample(app, replays, {"worker": worker, "result": "failed"}) == 1
 
 
+class LateSubscribingPublisher(Publisher):
+    """A publisher that publishes batch 0 right after answering the first replay and before
+    it takes the router's subscription into account: the batch reaches its replay buffer
+    only, as an engine's does when it publishes in that moment after the handshake."""
+
+    async def _serve_replay(self) -> None:
+        assert self.router is not None
+        identity, _, _start = await self.router.recv_multipart()
+        self.asked += 1
+        await self.router.send_multipart([identity, b"", END_SEQ_BYTES, b""])  # empty so far
+        await self.publish(0, distinct_pages(0, 2), lost=True)
+        await super()._serve_replay()
+
+
+async def test_a_batch_published_before_the_subscription_took_is_replayed_on_an_idle_engine(
+    plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine stays idle after it: no later batch's sequence number shows the gap, so
+    # only the router's second look at the replay buffer after connecting finds it.
+    monkeypatch.setattr(kv_events, "CONFIRM_AFTER_CONNECT_SECONDS", 0.2)
+    publisher = LateSubscribingPublisher(replay=True)
+    async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
+        app,
+        _publisher,
+        worker,
+    ):
+        await wait_blocks(app, worker, 2, "batch 0, from the second look")
+        assert publisher.asked == 2
+        assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 1
+        await publisher.publish(1, distinct_pages(2, 1))  # the stream goes on in sequence
+        await wait_blocks(app, worker, 3, "batch 1, live")
+        assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 1
+
+
 async def test_events_that_come_during_a_catch_up_do_not_spin_the_reader(
     plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
