@@ -166,6 +166,37 @@ def test_autoscaling_and_unknown_role_slices_are_refused(spec_with: SpecWith) ->
     assert message.startswith("'3x3' is not allowed; not a v6e topology")  # the field once
 
 
+def test_top_level_autoscaling_points_to_the_roles_own(spec_with: SpecWith) -> None:
+    spec = pd_spec(spec_with)
+    spec["autoscaling"] = {"maxReplicas": 4}
+    message, _ = problems(spec)["spec.autoscaling"]
+    assert message.endswith(
+        "allowed: spec.disaggregation.prefill.autoscaling and "
+        "spec.disaggregation.decode.autoscaling"
+    )
+
+
+def test_each_role_autoscales_by_a_metric_of_its_own_load_and_never_to_zero(
+    spec_with: SpecWith,
+) -> None:
+    spec = pd_spec(spec_with)
+    spec["disaggregation"]["prefill"]["autoscaling"] = {"maxReplicas": 4, "metric": "ttft"}
+    spec["disaggregation"]["decode"]["autoscaling"] = {"maxReplicas": 4, "metric": "queue"}
+    validate_server({"name": "qwen", "namespace": "ml"}, spec, RenderConfig())
+    spec["disaggregation"]["prefill"]["autoscaling"]["metric"] = "tokensInFlight"
+    spec["disaggregation"]["decode"]["autoscaling"] |= {"metric": "ttft", "minReplicas": 0}
+    found = problems(spec)
+    message, _ = found["spec.disaggregation.prefill.autoscaling.metric"]
+    assert message.startswith("'tokensInFlight' is not allowed for the prefill role (")
+    assert message.endswith("allowed: queue, ttft")
+    message, _ = found["spec.disaggregation.decode.autoscaling.metric"]
+    assert message.startswith("'ttft' is not allowed for the decode role (")
+    assert message.endswith("allowed: queue, tokensInFlight")
+    message, _ = found["spec.disaggregation.decode.autoscaling.minReplicas"]
+    assert message.startswith("0 is not allowed with spec.disaggregation")
+    assert message.endswith("allowed: 1 to maxReplicas")
+
+
 def test_a_roles_args_cannot_set_what_the_operator_owns(spec_with: SpecWith) -> None:
     spec = pd_spec(spec_with)
     spec["disaggregation"]["decode"]["args"] = {"port": 1, "--tp-size": 4, "api-key": "k"}
