@@ -94,6 +94,14 @@ def test_a_role_change_rolls_the_server(spec_with: SpecWith, rendered: RenderFn)
     assert rendered(changed).revision != before
 
 
+def test_a_decode_count_that_changes_keeps_the_revision(
+    spec_with: SpecWith, rendered: RenderFn
+) -> None:
+    """Its HPA scales a role: the prefill groups must not roll when decode grows."""
+    before = rendered(pd_spec(spec_with)).revision
+    assert rendered(pd_spec(spec_with, decode={"replicas": 5})).revision == before
+
+
 def test_status_reports_each_role(spec_with: SpecWith, rendered: RenderFn) -> None:
     result = rendered(pd_spec(spec_with))
 
@@ -105,8 +113,8 @@ def test_status_reports_each_role(spec_with: SpecWith, rendered: RenderFn) -> No
         )  # fmt: skip
 
     roles = role_statuses(result, {0: report(0, True), 1: report(1, True), 2: report(2, False)})
-    assert [(r.role, r.replicas, r.ready_replicas, r.groups) for r in roles] == [
-        ("prefill", 1, 1, [0]), ("decode", 2, 1, [1, 2]),
+    assert [(r.role, r.desired, r.replicas, r.ready_replicas, r.groups) for r in roles] == [
+        ("prefill", 1, 1, 1, [0]), ("decode", 2, 2, 1, [1, 2]),
     ]  # fmt: skip
     assert role_statuses(rendered(spec_with(engine=SIMULATED)), {}) == []
 
