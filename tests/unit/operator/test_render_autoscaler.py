@@ -230,3 +230,6 @@ def test_a_role_without_autoscaling_has_no_scale_object(
     assert (labels.ROLE_KIND, "qwen-prefill") not in kinds
     assert (labels.ROLE_KIND, "qwen-decode") in kinds
 
+
+def test_the_prefill_ttft_metric_is_a_recording_rule_of_the_chart() -> None:
+    assert ROLE_TTFT_METRIC in {r.record for r in rules.recording_rules()}
