@@ -120,6 +120,9 @@ class FakeKube:
             meta["generation"] = 1
         else:
             meta["uid"] = old["metadata"]["uid"]
+            if kind == labels.ROLE_KIND and "replicas" in (old.get("spec") or {}):
+                # another manager's field (an HPA's): server-side apply leaves it
+                new["spec"].setdefault("replicas", old["spec"]["replicas"])
             changed = old.get("spec") != new.get("spec")
             meta["generation"] = old["metadata"]["generation"] + (1 if changed else 0)
             if "status" in old:
@@ -163,6 +166,29 @@ class FakeKube:
         body["metadata"]["generation"] = body["metadata"].get("generation", 1) + 1
         body["metadata"]["resourceVersion"] = str(next(self._versions))
         self.replica_patches.append(replicas)
+        self._notify("MODIFIED", body)
+
+    async def patch_role(
+        self, namespace: str, name: str, patch: Mapping[str, Any], *, status: bool = False
+    ) -> None:
+        key = (labels.API_VERSION, labels.ROLE_KIND, namespace, name)
+        body = self.objects.get(key)
+        if body is None:
+            raise not_found(f"{labels.ROLE_KIND} {namespace}/{name}")
+        if status:
+            body["status"] = _merge_patch(body.get("status") or {}, patch.get("status") or {})
+        else:
+            self.objects[key] = body = _merge_patch(body, patch)
+            body["metadata"]["generation"] = body["metadata"].get("generation", 1) + 1
+        body["metadata"]["resourceVersion"] = str(next(self._versions))
+        self._notify("MODIFIED", body)
+
+    def scale(self, api_version: str, kind: str, namespace: str, name: str, replicas: int) -> None:
+        """Set spec.replicas through the scale subresource, as an HPA or `kubectl scale`."""
+        body = self.objects[(api_version, kind, namespace, name)]
+        body["spec"]["replicas"] = replicas
+        body["metadata"]["generation"] = body["metadata"].get("generation", 1) + 1
+        body["metadata"]["resourceVersion"] = str(next(self._versions))
         self._notify("MODIFIED", body)
 
     async def list(

@@ -777,7 +777,8 @@ class PdRoleSpec(Schema):
         ge=0,
         le=1024,
         description=(
-            "replicas is the number of replica groups (whole slices) of this role. Default: 1."
+            "replicas is the number of replica groups (whole slices) of this role; with "
+            "autoscaling, the count it starts from. Default: 1."
         ),
     )
     image: str | None = Field(
@@ -795,6 +796,19 @@ class PdRoleSpec(Schema):
             "args are extra SGLang flags for this role's engines, over spec.engine.args (same "
             "form). The disaggregation flags are the operator's; page-size and kv-cache-dtype "
             "must match between roles."
+        ),
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description=(
+            "autoscaling scales this role on its own: the operator creates a "
+            "TPUModelServerRole <name>-<role> and a HorizontalPodAutoscaler <name>-<role> that "
+            "scales it through its scale subresource (kubectl scale works on it too); the "
+            "role's replica groups follow its spec.replicas, and replicas here only seeds it "
+            "(within minReplicas..maxReplicas). metric: queue or ttft for prefill (ttft: the "
+            "prefill engines' own p90 time to first token), queue or tokensInFlight for decode; "
+            "minReplicas at least 1 (no scale to zero with roles). Removing it deletes the "
+            "TPUModelServerRole: replicas is the count again. Unset: replicas is the count."
         ),
     )
 
@@ -897,7 +911,8 @@ class TPUModelServerSpec(Schema):
             "disaggregation splits the server into a prefill and a decode role, each its own "
             "replica groups (slices) with its own TPU shape, replicas and engine flags, routed "
             "as pairs (docs/pd.md). It then owns the replica count: spec.replicas is ignored "
-            "and autoscaling is not allowed. Unset: every replica serves whole requests."
+            "and spec.autoscaling is not allowed (each role has its own autoscaling). Unset: "
+            "every replica serves whole requests."
         ),
     )
 
@@ -953,6 +968,14 @@ class GroupStatus(Schema):
 
 class RoleStatus(Schema):
     role: Literal["prefill", "decode"] = Field(description="role of these replica groups.")
+    desired: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "desired: the replica groups the role should have: its replicas, or its "
+            "TPUModelServerRole's spec.replicas when it autoscales."
+        ),
+    )
     replicas: int = Field(default=0, ge=0, description="replicas: the role's groups that exist.")
     ready_replicas: int = Field(
         default=0, ge=0, description="readyReplicas: the role's groups ready to serve."
@@ -1084,4 +1107,37 @@ class TPUModelServerStatus(Schema):
             "x-kubernetes-list-map-keys": ["type"],
         },
         description="conditions: Valid, Progressing, Ready, Degraded.",
+    )
+
+
+# ---- TPUModelServerRole: an autoscaled role's count, for its HorizontalPodAutoscaler ----------
+
+
+class TPUModelServerRoleSpec(Schema):
+    role: Literal["prefill", "decode"] = Field(
+        description="role is the disaggregated server's role whose replica groups this counts."
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description=(
+            "replicas is the role's replica groups (whole slices), set through the scale "
+            "subresource by the role's HorizontalPodAutoscaler (or kubectl scale); the operator "
+            "renders that many groups of the role. The operator sets it once, when it creates "
+            "this object, to the role's replicas within autoscaling.minReplicas..maxReplicas."
+        ),
+    )
+
+
+class TPUModelServerRoleStatus(Schema):
+    replicas: int = Field(
+        default=0, ge=0, description="replicas: the role's replica groups that exist."
+    )
+    selector: str = Field(
+        default="",
+        description=(
+            "selector of the role's leader pods, for the scale subresource (the HPA's Pods "
+            "metrics average over them)."
+        ),
     )

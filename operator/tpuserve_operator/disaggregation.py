@@ -24,18 +24,23 @@ Checks (`problems`), each naming the field, in the operator's ``Valid`` conditio
 - the disaggregation flags are the operator's, in ``engine.args`` and the roles' ``args``
   (the other flags the operator owns are refused in the roles' ``args`` as in
   ``engine.args``, by `validation`);
-- ``autoscaling`` is not supported with roles yet (the scale subresource is one count).
+- ``spec.autoscaling`` is refused with roles (one scale subresource cannot count two roles);
+  each role scales on its own (``spec.disaggregation.<role>.autoscaling``, through its
+  TPUModelServerRole, `render.roles.role_scale`), by a metric that measures that role's load
+  (`ROLE_METRICS`: prefill by queue or ttft, decode by queue or tokensInFlight) and never to
+  zero (scale to zero holds requests for one replica count, `scale_to_zero`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any, Final
 
 from sglang_tpu import disaggregation as pd
 from sglang_tpu.topology import CatalogError, SliceShape, lookup
-from tpuserve_operator.api import PdRoleSpec, TPUModelServerSpec
+from tpuserve_operator.api import AutoscalingSpec, PdRoleSpec, TPUModelServerSpec
 from tpuserve_operator.conditions import Reason
 from tpuserve_operator.errors import Problem
 
@@ -66,8 +71,21 @@ TRANSFER_BACKEND_MESSAGE: Final = (
     "allowed: none yet, or spec.engine.type simulated"
 )
 AUTOSCALING_MESSAGE: Final = (
-    "is not allowed with spec.disaggregation yet (the scale subresource is one count); "
-    "allowed: spec.disaggregation.prefill.replicas and .decode.replicas"
+    "is not allowed with spec.disaggregation (one scale subresource cannot count two roles); "
+    "allowed: spec.disaggregation.prefill.autoscaling and spec.disaggregation.decode.autoscaling"
+)
+ROLE_METRICS: Final = {PREFILL: ("queue", "ttft"), DECODE: ("queue", "tokensInFlight")}
+"""The autoscaling metrics that measure each role's load (`autoscaling.metric` values)."""
+ROLE_METRIC_WHY: Final = {
+    PREFILL: "a prefill engine frees a prompt's KV once it is sent, so KV in use is not its load",
+    DECODE: "a decode engine's time to first token is the prefill's and the KV transfer's",
+}
+ROLE_METRIC_MESSAGE: Final = (
+    "{value} is not allowed for the {role} role ({why}); allowed: {allowed}"
+)
+ROLE_MIN_REPLICAS_MESSAGE: Final = (
+    "0 is not allowed with spec.disaggregation (scale to zero holds requests for one replica "
+    "count, not for a pair of roles); allowed: 1 to maxReplicas"
 )
 IMAGE_MESSAGE: Final = (
     "{decode} differs from the prefill role's {prefill}; allowed: one engine image for both "
@@ -157,6 +175,51 @@ def tp_pairs(prefill_tp: int, decode_tp: int) -> bool:
     return small > 0 and large % small == 0
 
 
+def role_metric_message(role: str, value: str) -> str:
+    """`ROLE_METRIC_MESSAGE` for ``role`` and a metric ``value`` (as the operator prints it)."""
+    allowed = ", ".join(ROLE_METRICS[role])
+    return ROLE_METRIC_MESSAGE.format(
+        value=value, role=role, why=ROLE_METRIC_WHY[role], allowed=allowed
+    )
+
+
+def _role_autoscaling(role: str, autoscaling: AutoscalingSpec | None) -> list[Problem]:
+    if autoscaling is None:
+        return []
+    field = f"spec.disaggregation.{role}.autoscaling"
+    found = []
+    if autoscaling.metric not in ROLE_METRICS[role]:
+        message = role_metric_message(role, repr(autoscaling.metric))
+        found.append(Problem(f"{field}.metric", message))
+    if autoscaling.min_replicas == 0:
+        found.append(Problem(f"{field}.minReplicas", ROLE_MIN_REPLICAS_MESSAGE))
+    return found
+
+
+def autoscaled_roles(spec: TPUModelServerSpec) -> tuple[str, ...]:
+    """The roles that scale on their own (``spec.disaggregation.<role>.autoscaling``)."""
+    if spec.disaggregation is None:
+        return ()
+    return tuple(role for role in ROLES if role_of(spec, role).autoscaling is not None)
+
+
+def seed_replicas(part: PdRoleSpec) -> int:
+    """The count an autoscaled role starts from: its ``replicas`` within min..max."""
+    assert part.autoscaling is not None
+    return min(max(part.replicas, part.autoscaling.min_replicas), part.autoscaling.max_replicas)
+
+
+def with_role_replicas(spec: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:
+    """``spec`` (a TPUModelServer's, as JSON) with ``counts`` as its roles' replicas: how an
+    autoscaled role's count (its TPUModelServerRole's) enters rendering, which stays pure."""
+    if not counts:
+        return dict(spec)
+    dis = dict(spec.get("disaggregation") or {})
+    for role, count in counts.items():
+        dis[role] = {**(dis.get(role) or {}), "replicas": count}
+    return {**spec, "disaggregation": dis}
+
+
 def _shape(spec: TPUModelServerSpec, role: str, problems: list[Problem]) -> SliceShape | None:
     tpu = role_of(spec, role).tpu
     if tpu is None:
@@ -195,6 +258,8 @@ def problems(spec: TPUModelServerSpec, server_shape: SliceShape | None) -> list[
         )
     if spec.autoscaling is not None:
         found.append(Problem("spec.autoscaling", AUTOSCALING_MESSAGE))
+    for role in ROLES:
+        found += _role_autoscaling(role, role_of(spec, role).autoscaling)
     images = {role: role_of(spec, role).image or spec.engine.image for role in ROLES}
     if images[PREFILL] != images[DECODE]:
         found.append(

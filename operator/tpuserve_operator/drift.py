@@ -60,9 +60,10 @@ def _older(observed: str, recorded: str) -> bool:
     return False
 
 
-WRITTEN_BY_OTHERS = frozenset({"Lease"})
-"""Kinds others write to by design (routers renew the demand Lease): their moving
-resourceVersion is not a hand edit, so only a changed manifest re-applies them."""
+WRITTEN_BY_OTHERS = frozenset({"Lease", labels.ROLE_KIND})
+"""Kinds others write to by design (routers renew the demand Lease, an HPA scales a
+TPUModelServerRole): their moving generation or resourceVersion is not a hand edit, so only a
+changed manifest re-applies them."""
 
 
 def needs_apply(

@@ -78,6 +78,7 @@ KINDS: dict[tuple[str, str], Kind] = {
         Kind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
         Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
         Kind(labels.API_VERSION, labels.KIND, labels.PLURAL),
+        Kind(labels.API_VERSION, labels.ROLE_KIND, labels.ROLE_PLURAL),
         Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False),
         Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings"),
     )
@@ -132,6 +133,10 @@ class KubeApi(Protocol):
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
 
     async def patch_replicas(self, namespace: str, name: str, replicas: int) -> None: ...
+
+    async def patch_role(
+        self, namespace: str, name: str, patch: Mapping[str, Any], *, status: bool = False
+    ) -> None: ...
 
     async def list(
         self, api_version: str, kind: str, namespace: str, selector: str
@@ -241,6 +246,19 @@ class Kube:
             "patch",
             kind.path(namespace, name),
             body=replicas_patch(replicas),
+            content_type=MERGE_PATCH,
+        )
+
+    async def patch_role(
+        self, namespace: str, name: str, patch: Mapping[str, Any], *, status: bool = False
+    ) -> None:
+        """Merge-patch a TPUModelServerRole (its spec.replicas when it has none), or with
+        ``status`` its status subresource (the role's groups and leaders' selector)."""
+        kind = KINDS[(labels.API_VERSION, labels.ROLE_KIND)]
+        await self._request(
+            "patch",
+            kind.path(namespace, name) + ("/status" if status else ""),
+            body=dict(patch),
             content_type=MERGE_PATCH,
         )
 

@@ -16,6 +16,11 @@ KIND = "TPUModelServer"
 PLURAL = "tpumodelservers"
 SINGULAR = "tpumodelserver"
 SHORT_NAMES = ("tms",)
+# An autoscaled role of a disaggregated TPUModelServer: the object its HPA scales.
+ROLE_KIND = "TPUModelServerRole"
+ROLE_PLURAL = "tpumodelserverroles"
+ROLE_SINGULAR = "tpumodelserverrole"
+ROLE_SHORT_NAMES = ("tmsrole",)
 
 FIELD_MANAGER = "tpuserve-operator"
 

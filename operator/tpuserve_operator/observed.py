@@ -58,6 +58,9 @@ class ChildView:
     created: str = ""  # metadata.creationTimestamp
     renewed: str | None = None  # Leases: spec.renewTime (the routers' demand signal)
     parents: tuple[ParentView, ...] = ()  # InferencePools: what the gateways report (gateway.py)
+    # TPUModelServerRoles: spec.replicas (what its HPA set), status (replicas, selector)
+    desired: int | None = None
+    scale_status: tuple[int | None, str] | None = None
 
     @property
     def ref(self) -> tuple[str, str]:
@@ -160,7 +163,18 @@ def child_view(body: Mapping[str, Any]) -> ChildView:
         created=str(meta.get("creationTimestamp") or ""),
         renewed=(body.get("spec") or {}).get("renewTime") if body.get("kind") == "Lease" else None,
         parents=parents_of(body) if body.get("kind") == "InferencePool" else (),
+        **_role_scale(body),
     )
+
+
+def _role_scale(body: Mapping[str, Any]) -> dict[str, Any]:
+    if body.get("kind") != labels.ROLE_KIND:
+        return {}
+    status = body.get("status") or {}
+    return {
+        "desired": _int_or_none((body.get("spec") or {}).get("replicas")),
+        "scale_status": (_int_or_none(status.get("replicas")), str(status.get("selector") or "")),
+    }
 
 
 def server_key_of(body: Mapping[str, Any]) -> ServerKey | None:

@@ -48,6 +48,19 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         "write status (conditions, replicas, endpoint)",
     ),
     Rule(
+        labels.GROUP,
+        (labels.ROLE_PLURAL,),
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "one TPUModelServerRole per autoscaled role of a disaggregated server (its HPA scales "
+        "it; the operator reads its replicas)",
+    ),
+    Rule(
+        labels.GROUP,
+        (f"{labels.ROLE_PLURAL}/status",),
+        ("patch",),
+        "write a TPUModelServerRole's status (the role's groups, its leaders' selector)",
+    ),
+    Rule(
         "leaderworkerset.x-k8s.io",
         ("leaderworkersets",),
         MANAGE,

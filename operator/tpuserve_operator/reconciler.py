@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuserve_operator import conditions, gateway, labels, launch_contract, rollout
-from tpuserve_operator.api import CompileCacheStatus, TPUModelServerStatus
+from tpuserve_operator import conditions, disaggregation, gateway, labels, launch_contract, rollout
+from tpuserve_operator.api import CompileCacheStatus, RoleStatus, TPUModelServerStatus
 from tpuserve_operator.children import Children
 from tpuserve_operator.cold_starts import (
     LeaderStart,
@@ -44,7 +44,7 @@ from tpuserve_operator.cold_starts import (
     compile_cache_status,
 )
 from tpuserve_operator.errors import InvalidSpec
-from tpuserve_operator.kube import EventSink, KubeApi, error_summary
+from tpuserve_operator.kube import EventSink, KubeApi, NotFoundError, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow
 from tpuserve_operator.node_signals import (
     NodeSignal,
@@ -63,11 +63,18 @@ from tpuserve_operator.observed import (
     pod_view,
     server_key_of,
 )
-from tpuserve_operator.render import RenderConfig, Rendered, render, validate_server
+from tpuserve_operator.render import (
+    RenderConfig,
+    Rendered,
+    ValidServer,
+    render,
+    validate_server,
+)
 from tpuserve_operator.render.demand import demand_lease_name, scales_to_zero
 from tpuserve_operator.render.inference_pool import GROUP_VERSION as INFERENCE_GROUP_VERSION
 from tpuserve_operator.render.inference_pool import KIND as INFERENCE_POOL
 from tpuserve_operator.render.pod import startup_budget_seconds
+from tpuserve_operator.render.roles import role_scale_name, role_selector, with_replicas
 from tpuserve_operator.render.router import router_peering_secret
 from tpuserve_operator.restarts import GroupRestarts
 from tpuserve_operator.scale_to_zero import decide_zero
@@ -103,6 +110,7 @@ CHILD_KINDS = (
     (MONITORING_GROUP_VERSION, "PodMonitor"),
     (MONITORING_GROUP_VERSION, "ServiceMonitor"),
     (INFERENCE_GROUP_VERSION, INFERENCE_POOL),
+    (labels.API_VERSION, labels.ROLE_KIND),
 )
 
 
@@ -352,6 +360,7 @@ class Reconciler:
         ours = rendered
         if foreign is not None:
             ours = dataclasses.replace(rendered, shared=gateway.without_pool(rendered))
+        await self._seed_role_scales(key, rendered, children)
         apply_error = await self._children.apply(key, state, ours, plan, reports, children)
         if apply_error is None:
             await self._restarts.replace_stale_pods(key, rendered, plan)
@@ -383,6 +392,7 @@ class Reconciler:
             reports=reports,
             compile_cache=await self._compile_cache(key, state, rendered, previous),
         )
+        await self._write_role_scales(key, status.roles)
         pool = gateway.pool_status(rendered, self.cache.children(key), foreign)
         if pool is not None or previous.inference_pool is not None:
             status = status.model_copy(update={"inference_pool": pool})
@@ -592,7 +602,10 @@ class Reconciler:
         body: Mapping[str, Any],
         config: RenderConfig,
     ) -> Rendered:
-        """Render, or reuse the last rendering of this generation (spec changes bump it)."""
+        """Render, or reuse the last rendering of this generation (spec changes bump it) and
+        of its autoscaled roles' counts."""
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        scaled = self._observed_role_replicas(key)
         marker: RenderKey = (
             meta.get("uid"),
             meta.get("generation"),
@@ -600,20 +613,82 @@ class Reconciler:
             config.leaderworkerset,
             config.prometheus_operator,
             config.inference_pool,
+            scaled,
         )
         if state.rendering is not None and state.rendering[0] == marker:
             if isinstance(state.rendering[1], InvalidSpec):
                 raise state.rendering[1]
             return state.rendering[1]
         try:
-            rendered = render(
-                validate_server(meta, dict(body.get("spec") or {}), config, cel_rules=False)
-            )
+            rendered = render(self._validate(meta, dict(body.get("spec") or {}), config, scaled))
         except InvalidSpec as err:
             state.rendering = (marker, err)
             raise
         state.rendering = (marker, rendered)
         return rendered
+
+    def _observed_role_replicas(self, key: ServerKey) -> tuple[tuple[str, int | None], ...]:
+        """Each role's count as its TPUModelServerRole says (None: none seen, or unset)."""
+        children = self.cache.children(key)
+        out = []
+        for role in disaggregation.ROLES:
+            child = children.get((labels.ROLE_KIND, role_scale_name(key[1], role)))
+            out.append((role, None if child is None or child.deleting else child.desired))
+        return tuple(out)
+
+    @staticmethod
+    def _validate(
+        meta: Mapping[str, Any],
+        spec: dict[str, Any],
+        config: RenderConfig,
+        scaled: tuple[tuple[str, int | None], ...],
+    ) -> ValidServer:
+        """`validate_server` of ``spec`` with each autoscaled role's replicas replaced by its
+        TPUModelServerRole's (before it has one: the role's replicas within min..max), so
+        rendering stays pure and renders the count the role's HPA set."""
+        server = validate_server(meta, spec, config, cel_rules=False)
+        valid = server.valid.spec
+        observed = dict(scaled)
+        counts = {}
+        for role in disaggregation.autoscaled_roles(valid):
+            part = disaggregation.role_of(valid, role)
+            count = observed.get(role)
+            counts[role] = disaggregation.seed_replicas(part) if count is None else count
+        if all(disaggregation.role_of(valid, r).replicas == n for r, n in counts.items()):
+            return server
+        spec = disaggregation.with_role_replicas(spec, counts)
+        return validate_server(meta, spec, config, cel_rules=False)
+
+    async def _seed_role_scales(
+        self, key: ServerKey, rendered: Rendered, children: Mapping[tuple[str, str], ChildView]
+    ) -> None:
+        """Create each autoscaled role's TPUModelServerRole with the count it was rendered at
+        (the apply that follows leaves spec.replicas to its HPA); give one that lost its
+        spec.replicas that count back."""
+        spec = rendered.server.valid.spec
+        for manifest in rendered.shared:
+            if manifest["kind"] != labels.ROLE_KIND:
+                continue
+            count = disaggregation.role_of(spec, manifest["spec"]["role"]).replicas
+            child = children.get((labels.ROLE_KIND, manifest["metadata"]["name"]))
+            if child is None:
+                await self.kube.create(with_replicas(manifest, count))
+            elif child.desired is None and not child.deleting:
+                await self.kube.patch_role(key[0], child.name, {"spec": {"replicas": count}})
+
+    async def _write_role_scales(self, key: ServerKey, roles: list[RoleStatus]) -> None:
+        """Each TPUModelServerRole's status: the role's groups and its leaders' selector."""
+        children = self.cache.children(key)
+        for role in roles:
+            child = children.get((labels.ROLE_KIND, role_scale_name(key[1], role.role)))
+            if child is None or child.deleting:
+                continue
+            selector = labels.selector_string(role_selector(key[1], role.role))
+            if child.scale_status == (role.replicas, selector):
+                continue
+            status = {"replicas": role.replicas, "selector": selector}
+            with contextlib.suppress(NotFoundError):  # pruned meanwhile
+                await self.kube.patch_role(key[0], child.name, {"status": status}, status=True)
 
     async def _config(self, previous: TPUModelServerStatus) -> RenderConfig:
         """Cluster capabilities; the workload kind sticks once a server has one."""

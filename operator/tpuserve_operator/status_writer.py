@@ -88,6 +88,7 @@ def role_statuses(rendered: Rendered, reports: Mapping[int, GroupReport]) -> lis
         out.append(
             RoleStatus(
                 role=role,
+                desired=disaggregation.role_of(spec, role).replicas,
                 replicas=sum(1 for r in mine if r.exists),
                 ready_replicas=sum(1 for r in mine if r.ready),
                 groups=[r.index for r in mine],

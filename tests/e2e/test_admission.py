@@ -49,6 +49,8 @@ PD_RULE_FIELDS = frozenset(
         "spec.disaggregation.prefill.args.disaggregation-bootstrap-port",  # ... in a role's args
         "spec.disaggregation.decode.args.tp-size",  # a flag the operator owns in a role's args
         "spec.autoscaling",  # autoscaling with roles
+        "spec.disaggregation.prefill.autoscaling.metric",  # a metric of the other role's load
+        "spec.disaggregation.decode.autoscaling.minReplicas",  # a role scaled to zero
         "spec.disaggregation.decode.tpu.topology",  # a role's slice not in the catalog
     }
 )

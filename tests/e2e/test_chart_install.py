@@ -20,6 +20,7 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "tpuserve"
 RELEASE = "tpuserve"
 CRDS = {
     "tpumodelservers.serving.tpuserve.dev",
+    "tpumodelserverroles.serving.tpuserve.dev",
     "clusterkopfpeerings.kopf.dev",
     "kopfpeerings.kopf.dev",
 }

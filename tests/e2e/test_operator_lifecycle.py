@@ -161,6 +161,60 @@ def test_autoscaling_creates_an_hpa_that_scales_through_the_scale_subresource(
     assert tms(cluster, namespace, "auto")["spec"]["replicas"] == 2
 
 
+@pytest.mark.parametrize("operator", ["statefulset"], indirect=True)  # one kind: the count
+def test_a_roles_autoscaler_scales_that_role_alone(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    decode = {"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}
+    pd = server(
+        "pd", "v6e", "2x4", engine="simulated",
+        disaggregation={"prefill": {"replicas": 1}, "decode": decode},
+    )  # fmt: skip
+    apply(cluster, namespace, pd)
+    wait_ready_replicas(cluster, namespace, "pd", 2, operator)
+    hpa = hpa_of(cluster, namespace, "pd-decode")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.ROLE_KIND,
+        "name": "pd-decode",
+    }
+    # the role's own, no server-wide one
+    assert children(cluster, namespace, "pd")["HorizontalPodAutoscaler"] == ["pd-decode"]
+    prefill = get(cluster, namespace, "statefulset", "pd-r0")
+    prefill_pod = get(cluster, namespace, "pod", "pd-r0-0")
+
+    cluster.kubectl("scale", f"{labels.ROLE_PLURAL}/pd-decode", "-n", namespace, "--replicas=3")
+    wait_ready_replicas(cluster, namespace, "pd", 4, operator)
+    roles = {r["role"]: r for r in status(cluster, namespace, "pd")["roles"]}
+    assert (roles["decode"]["desired"], roles["decode"]["groups"]) == (3, [1, 2, 3])
+    assert (roles["prefill"]["desired"], roles["prefill"]["groups"]) == (1, [0])
+    # the prefill group and its pod are the ones from before (not rolled, not recreated)
+    after = get(cluster, namespace, "statefulset", "pd-r0")
+    assert after["metadata"]["uid"] == prefill["metadata"]["uid"]
+    assert after["metadata"]["generation"] == prefill["metadata"]["generation"]
+    assert (
+        get(cluster, namespace, "pod", "pd-r0-0")["metadata"]["uid"]
+        == (prefill_pod["metadata"]["uid"])
+    )
+
+    def scale_reports_three() -> bool:
+        scale = json.loads(
+            cluster.kubectl(
+                "get", labels.ROLE_PLURAL, "pd-decode", "-n", namespace,
+                "--subresource=scale", "-o", "json",
+            ).stdout
+        )  # fmt: skip
+        return bool(
+            scale["spec"]["replicas"] == 3
+            and scale["status"].get("replicas") == 3
+            and "serving.tpuserve.dev/pd-role=decode" in scale["status"].get("selector", "")
+        )
+
+    wait_until(
+        "pd-decode's scale subresource to report 3 decode groups", scale_reports_three, operator
+    )
+
+
 def _ready_groups(pods: dict[str, dict[str, Any]], hosts: int) -> dict[str, set[str]]:
     """Group -> revisions of its pods, for groups whose every host is ready."""
     by_group: dict[str, list[dict[str, Any]]] = {}

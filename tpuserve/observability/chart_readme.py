@@ -33,9 +33,12 @@ helm install tpuserve charts/tpuserve --namespace tpuserve-system --create-names
 ```
 
 `helm uninstall tpuserve -n tpuserve-system` removes everything the chart created except the
-CRDs in `crds/` (`tpumodelservers.serving.tpuserve.dev` and kopf's `clusterkopfpeerings` /
-`kopfpeerings.kopf.dev`): Helm never deletes CRDs. `kubectl delete crd
-tpumodelservers.serving.tpuserve.dev` removes the CRD and every TPUModelServer with it.
+CRDs in `crds/` (`tpumodelservers.serving.tpuserve.dev`, `tpumodelserverroles.serving.tpuserve.dev`
+(the autoscaled roles of disaggregated servers, docs/pd.md) and kopf's `clusterkopfpeerings` /
+`kopfpeerings.kopf.dev`): Helm never deletes CRDs, and installs them only on `helm install`
+(after a `helm upgrade` that brings a new one, `kubectl apply --server-side -f crds/`).
+`kubectl delete crd tpumodelservers.serving.tpuserve.dev` removes the CRD and every
+TPUModelServer with it.
 
 Examples (`examples/`, each checked by `tpuserve render -f` in the tests):
 `simulated.yaml` runs the engine twin on any CPU node (no TPU), `v6e-4x4-qwen3-8b.yaml` serves

@@ -329,8 +329,9 @@ def latency_rules() -> Group:
             )
     # By role: prefill, decode (disaggregated engines) or unified (colocated), SGLang's
     # engine_type label. A decode engine's TTFT includes its wait for the prefill and the KV.
-    for short, hist in (("ttft", ttft), ("itl", itl)):
-        for q in (0.5, 0.99):
+    # The prefill role's p90 TTFT drives its autoscaler (render/autoscaler.py, metric ttft).
+    for short, hist, quantiles in (("ttft", ttft, (0.5, 0.9, 0.99)), ("itl", itl, (0.5, 0.99))):
+        for q in quantiles:
             rules.append(
                 Recording(
                     f"model_role:sglang_{short}_seconds:p{round(q * 100)}_5m",

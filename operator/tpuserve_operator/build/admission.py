@@ -13,7 +13,8 @@ turns into `Valid=False` later. The policy runs, inside kube-apiserver, the chec
   `google.com/tpu` in `engine.resources` (ReservedField);
 - the model fits the slice's HBM when the performance model knows it (ModelDoesNotFit);
 - prefill/decode roles (`disaggregation.problems`, messages from its templates): no SGLang
-  engine, no autoscaling, one image, page size and KV dtype, role slices in the catalog, TP
+  engine, no `spec.autoscaling`, each role's autoscaling by a metric of that role and never to
+  zero, one image, page size and KV dtype, role slices in the catalog, TP
   sizes that pair, no disaggregation flag in `engine.args` or a role's `args`, and no flag
   the operator owns in a role's `args`.
 
@@ -188,6 +189,9 @@ def _role_variables(role: str) -> tuple[tuple[str, str], ...]:
         )
         for flag in disaggregation.PAIRED_FLAGS
     )
+    scaling = f"{part}.autoscaling"
+    field_scaling = f"spec.disaggregation.{role}.autoscaling"
+    allowed = "[" + ", ".join(_cel_string(m) for m in disaggregation.ROLE_METRICS[role]) + "]"
     tpu = f"{part}.tpu"
     own_slice = f"'slice.' + {tpu}.generation + '.' + {tpu}.topology"
     field = f"spec.disaggregation.{role}.tpu.topology"
@@ -219,6 +223,26 @@ def _role_variables(role: str) -> tuple[tuple[str, str], ...]:
             + " + k + ': ' + "
             + _template(disaggregation.ROLE_ARG_MESSAGE, flag=_strip_dashes("k"))
             + ")",
+        ),
+        (
+            f"{role}AutoscalingProblems",
+            f"!({_has(scaling)}) ? [] : "
+            f"(has({scaling}.metric) && !({scaling}.metric in {allowed}) ? ["
+            + _cel_string(f"{field_scaling}.metric: ")
+            + " + "
+            + _template(
+                disaggregation.ROLE_METRIC_MESSAGE,
+                value=f"'\\'' + {scaling}.metric + '\\''",
+                role=_cel_string(role),
+                why=_cel_string(disaggregation.ROLE_METRIC_WHY[role]),
+                allowed=_cel_string(", ".join(disaggregation.ROLE_METRICS[role])),
+            )
+            + "] : []) + "
+            f"(has({scaling}.minReplicas) && {scaling}.minReplicas == 0 ? ["
+            + _cel_string(
+                f"{field_scaling}.minReplicas: {disaggregation.ROLE_MIN_REPLICAS_MESSAGE}"
+            )
+            + "] : [])",
         ),
         (
             f"{role}OwnedArgProblems",
@@ -269,6 +293,8 @@ PD_VARIABLES: tuple[tuple[str, str], ...] = (
         "(has(object.spec.autoscaling) ? ["
         + _cel_string(f"spec.autoscaling: {disaggregation.AUTOSCALING_MESSAGE}")
         + "] : []) + "
+        + " + ".join(f"variables.{role}AutoscalingProblems" for role in disaggregation.ROLES)
+        + " + "
         "(variables.prefillImage != variables.decodeImage ? ["
         + _cel_string(f"{PD_FIELD}.decode.image: ")
         + " + "

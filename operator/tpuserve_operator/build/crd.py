@@ -8,6 +8,8 @@ from tpuserve_operator import labels
 from tpuserve_operator.api import (
     MAX_NAME_LENGTH,
     NAME_RULE,
+    TPUModelServerRoleSpec,
+    TPUModelServerRoleStatus,
     TPUModelServerSpec,
     TPUModelServerStatus,
 )
@@ -79,23 +81,27 @@ def _without_defaults(node: JSON) -> JSON:
     return out
 
 
-def custom_resource_definition() -> dict[str, Any]:
+def _definition(
+    kind: str, plural: str, singular: str, short_names: tuple[str, ...], schema: JSON,
+    columns: list[JSON],
+) -> dict[str, Any]:  # fmt: skip
+    """A namespaced CRD of the group, with status and scale subresources."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{labels.PLURAL}.{labels.GROUP}",
+            "name": f"{plural}.{labels.GROUP}",
             "labels": {labels.NAME: labels.PART_OF_VALUE},
         },
         "spec": {
             "group": labels.GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": labels.KIND,
-                "listKind": f"{labels.KIND}List",
-                "plural": labels.PLURAL,
-                "singular": labels.SINGULAR,
-                "shortNames": list(labels.SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": ["tpuserve"],
             },
             "versions": [
@@ -103,7 +109,7 @@ def custom_resource_definition() -> dict[str, Any]:
                     "name": labels.VERSION,
                     "served": True,
                     "storage": True,
-                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "schema": {"openAPIV3Schema": schema},
                     "subresources": {
                         "status": {},
                         "scale": {
@@ -112,8 +118,61 @@ def custom_resource_definition() -> dict[str, Any]:
                             "labelSelectorPath": ".status.selector",
                         },
                     },
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "additionalPrinterColumns": columns,
                 }
             ],
         },
     }
+
+
+def custom_resource_definition() -> dict[str, Any]:
+    return _definition(
+        labels.KIND, labels.PLURAL, labels.SINGULAR, labels.SHORT_NAMES, openapi_schema(),
+        PRINTER_COLUMNS,
+    )  # fmt: skip
+
+
+ROLE_DESCRIPTION = (
+    "TPUModelServerRole is one autoscaled role (prefill or decode) of a disaggregated "
+    "TPUModelServer, made and owned by the operator, named <server>-<role>: its scale "
+    "subresource is the role's replica count, which the role's HorizontalPodAutoscaler (or "
+    "kubectl scale) sets and the operator renders as that many replica groups of the role."
+)
+
+ROLE_PRINTER_COLUMNS: list[JSON] = [
+    {"name": "Role", "type": "string", "jsonPath": ".spec.role"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
+    {"name": "Current", "type": "integer", "jsonPath": ".status.replicas"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def role_openapi_schema() -> JSON:
+    return {
+        "description": ROLE_DESCRIPTION,
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {
+                "description": f"apiVersion is {labels.API_VERSION}.",
+                "type": "string",
+            },
+            "kind": {"description": f"kind is {labels.ROLE_KIND}.", "type": "string"},
+            "metadata": {"type": "object"},
+            "spec": {
+                **structural_schema(TPUModelServerRoleSpec),
+                "description": "spec is the role and its replica count.",
+            },
+            "status": {
+                **_without_defaults(structural_schema(TPUModelServerRoleStatus)),
+                "description": "status is written by the operator.",
+            },
+        },
+    }
+
+
+def role_custom_resource_definition() -> dict[str, Any]:
+    return _definition(
+        labels.ROLE_KIND, labels.ROLE_PLURAL, labels.ROLE_SINGULAR, labels.ROLE_SHORT_NAMES,
+        role_openapi_schema(), ROLE_PRINTER_COLUMNS,
+    )  # fmt: skip

@@ -6,6 +6,7 @@
 Generated here:
 
 - charts/tpuserve/crds/tpumodelservers.serving.tpuserve.dev.yaml  (api.py via crd.py)
+- charts/tpuserve/crds/tpumodelserverroles.serving.tpuserve.dev.yaml  (api.py via crd.py)
 - charts/tpuserve/crds/kopf-peerings.yaml                         (peering.py)
 - charts/tpuserve/files/operator-rbac-rules.yaml                  (rbac.py)
 - charts/tpuserve/files/admission-policy.yaml                     (build/admission.py)
@@ -24,10 +25,14 @@ import yaml
 from sglang_tpu import generated_files as generated
 from tpuserve_operator import peering, rbac
 from tpuserve_operator.build import admission, docs, metrics_adapter
-from tpuserve_operator.build.crd import custom_resource_definition
+from tpuserve_operator.build.crd import (
+    custom_resource_definition,
+    role_custom_resource_definition,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CRD_PATH = Path("charts/tpuserve/crds/tpumodelservers.serving.tpuserve.dev.yaml")
+ROLE_CRD_PATH = Path("charts/tpuserve/crds/tpumodelserverroles.serving.tpuserve.dev.yaml")
 PEERING_CRD_PATH = Path("charts/tpuserve/crds/kopf-peerings.yaml")
 RBAC_PATH = Path("charts/tpuserve/files/operator-rbac-rules.yaml")
 ADMISSION_PATH = Path("charts/tpuserve/files/admission-policy.yaml")
@@ -48,6 +53,9 @@ def generated_files(root: Path = REPO_ROOT) -> dict[Path, str]:
     """Relative path -> the content it must have."""
     return {
         CRD_PATH: _yaml(custom_resource_definition(), source="operator/tpuserve_operator/api.py"),
+        ROLE_CRD_PATH: _yaml(
+            role_custom_resource_definition(), source="operator/tpuserve_operator/api.py"
+        ),
         PEERING_CRD_PATH: _yaml(
             *peering.custom_resource_definitions(),
             source="operator/tpuserve_operator/peering.py",

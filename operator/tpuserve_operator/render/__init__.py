@@ -147,6 +147,7 @@ def render(server: ValidServer) -> Rendered:
         disruption_budget(server),
         *engine_network_policy(server),
         *autoscaler(server),
+        *roles.role_scales(server),
         *router_children(server),
         *monitors(server),
         *pool_children(server),

@@ -1,6 +1,7 @@
 """A disaggregated server's replica groups (`tpuserve_operator.disaggregation`): each
 group rendered from its role's spec, its pods labelled with the role, the prefill's
-bootstrap port advertised, both roles preferring one zone."""
+bootstrap port advertised, both roles preferring one zone; and the TPUModelServerRole of each
+autoscaled role (`role_scale`), the object its HorizontalPodAutoscaler scales."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def templates(server: ValidServer) -> list[Manifest]:
     spec = server.valid.spec
     out: list[Manifest] = []
     for role in disaggregation.ROLES:
-        first = 0 if role == disaggregation.PREFILL else disaggregation.replicas(spec) - 1
+        # each role's first group, so a decode count that changes (its HPA) keeps the revision
+        prefill = disaggregation.role_of(spec, disaggregation.PREFILL)
+        first = 0 if role == disaggregation.PREFILL else prefill.replicas
         role_templates = engine_templates(role_server(server, role), first)
         out += [_marked(t, role, spec, server.name) for t in role_templates]
     return out
@@ -103,3 +106,38 @@ def _marked(template: Manifest, role: str, spec: Any, name: str) -> Manifest:
         }
     )
     return template
+
+
+def role_scale_name(server_name: str, role: str) -> str:
+    """The TPUModelServerRole (and HorizontalPodAutoscaler) of an autoscaled role."""
+    return f"{server_name}-{role}"
+
+
+def role_selector(server_name: str, role: str) -> dict[str, str]:
+    """The role's leader pods: the scale subresource's selector, so the HPA's Pods metrics
+    average over that role's leaders only."""
+    return {**labels.leader_selector(server_name), pd.PD_ROLE_LABEL: role}
+
+
+def role_scales(server: Server) -> list[Manifest]:
+    """A TPUModelServerRole per autoscaled role. Without spec.replicas: the operator sets it
+    once, when it creates the object (`with_replicas`), then only its HPA (or kubectl scale)
+    does, so applying this never takes the count back."""
+    return [
+        {
+            "apiVersion": labels.API_VERSION,
+            "kind": labels.ROLE_KIND,
+            "metadata": server.metadata(
+                role_scale_name(server.name, role),
+                labels.COMPONENT_MODEL_SERVER,
+                {pd.PD_ROLE_LABEL: role},
+            ),
+            "spec": {"role": role},
+        }
+        for role in disaggregation.autoscaled_roles(server.valid.spec)
+    ]
+
+
+def with_replicas(manifest: Manifest, replicas: int) -> Manifest:
+    """A TPUModelServerRole manifest as the operator creates it: with its first count."""
+    return {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}

@@ -514,6 +514,12 @@ def role_test() -> dict[str, Any]:
                 for role, buckets in sorted(by_role.items())  # decode < prefill
             ]
             cases.append(_expect(name, samples))
+    # p90 TTFT is what a prefill role's autoscaler reads (its engine_type only: the decode
+    # role's value here differs from Prometheus's in the last bit)
+    name = "model_role:sglang_ttft_seconds:p90_5m"
+    labels = {"model_name": "pd", "engine_type": "prefill"}
+    p90 = histogram_quantile(0.9, ROLE_TTFT_BUCKETS["prefill"], 300)
+    cases.append(_expect(f'{name}{{engine_type="prefill"}}', [_sample(name, labels, p90)]))
     return {
         "name": "roles: TTFT and ITL percentiles by engine_type (prefill, decode)",
         "interval": f"{STEP_SECONDS}s",

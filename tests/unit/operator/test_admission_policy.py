@@ -298,6 +298,26 @@ PD_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     ),
     "sglang engine": (pd_object("sglang"), "spec.disaggregation.transferBackend"),
     "autoscaling": (pd_object(autoscaling={"maxReplicas": 4}), "spec.autoscaling"),
+    "role autoscaling": (
+        pd_object(
+            prefill={"autoscaling": {"minReplicas": 1, "maxReplicas": 4, "metric": "ttft"}},
+            decode={"autoscaling": {"minReplicas": 2, "maxReplicas": 4, "metric": "queue"}},
+        ),
+        None,
+    ),
+    "role autoscaling by another role's metric": (
+        pd_object(
+            prefill={
+                "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "metric": "tokensInFlight"}
+            },
+            decode={"autoscaling": {"minReplicas": 1, "maxReplicas": 4, "metric": "ttft"}},
+        ),
+        "spec.disaggregation.decode.autoscaling.metric: 'ttft' is not allowed for the decode role",
+    ),
+    "role autoscaling to zero": (
+        pd_object(decode={"autoscaling": {"minReplicas": 0, "maxReplicas": 4, "metric": "queue"}}),
+        "spec.disaggregation.decode.autoscaling.minReplicas: 0 is not allowed",
+    ),
     "images": (pd_object(decode={"image": "example.com/other:1"}), "decode.image"),
     "images, one from the engine": (
         pd_object(engine={"type": "simulated", "image": "a:1"}, prefill={"image": "a:1"}),
@@ -363,7 +383,11 @@ PD_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
             "sglang",
             autoscaling={"maxReplicas": 2},
             engine={"type": "sglang", "args": {"disaggregation-mode": "x", "port": 1}},
-            prefill={"image": "a:1", "args": {"disaggregation-mode": "y", "page-size": 8}},
+            prefill={
+                "image": "a:1",
+                "args": {"disaggregation-mode": "y", "page-size": 8},
+                "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "metric": "tokensInFlight"},
+            },
             decode={"tpu": {"generation": "v6e", "topology": "9x9"}, "args": {"port": 2}},
         ),
         "spec.disaggregation.decode.args.port",

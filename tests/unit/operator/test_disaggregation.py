@@ -94,6 +94,14 @@ def test_a_role_change_rolls_the_server(spec_with: SpecWith, rendered: RenderFn)
     assert rendered(changed).revision != before
 
 
+def test_a_decode_count_that_changes_keeps_the_revision(
+    spec_with: SpecWith, rendered: RenderFn
+) -> None:
+    """Its HPA scales a role: the prefill groups must not roll when decode grows."""
+    before = rendered(pd_spec(spec_with)).revision
+    assert rendered(pd_spec(spec_with, decode={"replicas": 5})).revision == before
+
+
 def test_status_reports_each_role(spec_with: SpecWith, rendered: RenderFn) -> None:
     result = rendered(pd_spec(spec_with))
 
@@ -105,8 +113,8 @@ def test_status_reports_each_role(spec_with: SpecWith, rendered: RenderFn) -> No
         )  # fmt: skip
 
     roles = role_statuses(result, {0: report(0, True), 1: report(1, True), 2: report(2, False)})
-    assert [(r.role, r.replicas, r.ready_replicas, r.groups) for r in roles] == [
-        ("prefill", 1, 1, [0]), ("decode", 2, 1, [1, 2]),
+    assert [(r.role, r.desired, r.replicas, r.ready_replicas, r.groups) for r in roles] == [
+        ("prefill", 1, 1, 1, [0]), ("decode", 2, 2, 1, [1, 2]),
     ]  # fmt: skip
     assert role_statuses(rendered(spec_with(engine=SIMULATED)), {}) == []
 
@@ -164,6 +172,37 @@ def test_autoscaling_and_unknown_role_slices_are_refused(spec_with: SpecWith) ->
     message, reason = found["spec.disaggregation.decode.tpu.topology"]
     assert reason == "UnsupportedTopology"
     assert message.startswith("'3x3' is not allowed; not a v6e topology")  # the field once
+
+
+def test_top_level_autoscaling_points_to_the_roles_own(spec_with: SpecWith) -> None:
+    spec = pd_spec(spec_with)
+    spec["autoscaling"] = {"maxReplicas": 4}
+    message, _ = problems(spec)["spec.autoscaling"]
+    assert message.endswith(
+        "allowed: spec.disaggregation.prefill.autoscaling and "
+        "spec.disaggregation.decode.autoscaling"
+    )
+
+
+def test_each_role_autoscales_by_a_metric_of_its_own_load_and_never_to_zero(
+    spec_with: SpecWith,
+) -> None:
+    spec = pd_spec(spec_with)
+    spec["disaggregation"]["prefill"]["autoscaling"] = {"maxReplicas": 4, "metric": "ttft"}
+    spec["disaggregation"]["decode"]["autoscaling"] = {"maxReplicas": 4, "metric": "queue"}
+    validate_server({"name": "qwen", "namespace": "ml"}, spec, RenderConfig())
+    spec["disaggregation"]["prefill"]["autoscaling"]["metric"] = "tokensInFlight"
+    spec["disaggregation"]["decode"]["autoscaling"] |= {"metric": "ttft", "minReplicas": 0}
+    found = problems(spec)
+    message, _ = found["spec.disaggregation.prefill.autoscaling.metric"]
+    assert message.startswith("'tokensInFlight' is not allowed for the prefill role (")
+    assert message.endswith("allowed: queue, ttft")
+    message, _ = found["spec.disaggregation.decode.autoscaling.metric"]
+    assert message.startswith("'ttft' is not allowed for the decode role (")
+    assert message.endswith("allowed: queue, tokensInFlight")
+    message, _ = found["spec.disaggregation.decode.autoscaling.minReplicas"]
+    assert message.startswith("0 is not allowed with spec.disaggregation")
+    assert message.endswith("allowed: 1 to maxReplicas")
 
 
 def test_a_roles_args_cannot_set_what_the_operator_owns(spec_with: SpecWith) -> None:

@@ -531,3 +531,62 @@ async def test_a_role_binding_is_applied_after_its_role_and_workloads_after_both
     kinds = [kind for kind, _ in kube.applied]
     assert kinds.index("Role") < kinds.index("RoleBinding") < kinds.index("Deployment")
     assert kinds.index("ServiceAccount") < kinds.index("RoleBinding")
+
+
+PD_DECODE_AUTOSCALED = {
+    **ONE_HOST,
+    "disaggregation": {
+        "prefill": {"replicas": 1},
+        "decode": {"replicas": 5, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}},
+    },
+}
+
+
+async def test_a_role_scale_object_is_seeded_then_its_count_is_the_roles(
+    operator: Operator,
+) -> None:
+    key = operator.create(PD_DECODE_AUTOSCALED)
+    await operator.converge(key)
+    scale = operator.kube.get_object(labels.API_VERSION, labels.ROLE_KIND, NAMESPACE, "qwen-decode")
+    # seeded with the role's replicas within min..max (5 -> 4), owned by the server
+    assert scale["spec"] == {"role": "decode", "replicas": 4}
+    assert scale["metadata"]["ownerReferences"][0]["uid"] == "qwen-uid"
+    assert operator.kube.names("StatefulSet") == [f"qwen-r{k}" for k in range(5)]
+    assert operator.kube.names(labels.ROLE_KIND) == ["qwen-decode"]  # prefill: no autoscaling
+    (hpa,) = [
+        operator.kube.get_object(*k)
+        for k in operator.kube.objects
+        if k[1] == "HorizontalPodAutoscaler"
+    ]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "qwen-decode"
+    prefill_group = operator.kube.get_object("apps/v1", "StatefulSet", NAMESPACE, "qwen-r0")
+    revision = operator.status(key)["revision"]
+
+    # the HPA (or kubectl scale) sets 2 through the scale subresource: decode shrinks to 2
+    operator.kube.scale(labels.API_VERSION, labels.ROLE_KIND, NAMESPACE, "qwen-decode", 2)
+    await operator.converge(key)
+    await operator.converge(key)  # the second pass prunes what the first stopped wanting
+    assert operator.kube.names("StatefulSet") == ["qwen-r0", "qwen-r1", "qwen-r2"]
+    assert operator.status(key)["revision"] == revision
+    after = operator.kube.get_object("apps/v1", "StatefulSet", NAMESPACE, "qwen-r0")
+    assert after["metadata"]["generation"] == prefill_group["metadata"]["generation"]
+    roles = {r["role"]: r for r in operator.status(key)["roles"]}
+    assert (roles["decode"]["desired"], roles["prefill"]["desired"]) == (2, 1)
+    scale = operator.kube.get_object(labels.API_VERSION, labels.ROLE_KIND, NAMESPACE, "qwen-decode")
+    assert scale["spec"]["replicas"] == 2  # applying the object did not take the count back
+    assert scale["status"] == {
+        "replicas": roles["decode"]["replicas"],
+        "selector": "app.kubernetes.io/instance=qwen,app.kubernetes.io/component=model-server,"
+        "serving.tpuserve.dev/role=leader,serving.tpuserve.dev/pd-role=decode",
+    }
+
+    # autoscaling removed: the scale object and the HPA go, the role's replicas count again
+    body = operator.body(key)
+    body["spec"]["disaggregation"]["decode"].pop("autoscaling")
+    body["metadata"]["generation"] += 1
+    operator.kube.put(body)
+    await operator.converge(key)
+    await operator.converge(key)
+    assert operator.kube.names(labels.ROLE_KIND) == []
+    assert operator.kube.names("HorizontalPodAutoscaler") == []
+    assert len(operator.kube.names("StatefulSet")) == 6

@@ -12,7 +12,7 @@ from tpuserve.observability import rules
 from tpuserve_operator import labels
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render import Rendered
-from tpuserve_operator.render.autoscaler import TTFT_METRIC, quantity
+from tpuserve_operator.render.autoscaler import ROLE_TTFT_METRIC, TTFT_METRIC, quantity
 
 pytestmark = pytest.mark.unit
 
@@ -163,3 +163,73 @@ def test_an_idle_period_out_of_bounds_is_refused(
     )
     with pytest.raises(InvalidSpec, match=r"spec\.autoscaling\.scaleToZero\.idleSeconds"):
         rendered(spec)
+
+
+def _pd(spec_with: SpecWith, prefill: dict[str, Any], decode: dict[str, Any]) -> dict[str, Any]:
+    return spec_with(
+        engine={"type": "simulated"},
+        tpu={"generation": "v6e", "topology": "2x4"},
+        disaggregation={"prefill": prefill, "decode": decode},
+    )
+
+
+def test_each_autoscaled_role_gets_an_hpa_on_its_own_scale_object(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    decode: dict[str, Any] = {
+        "replicas": 2,
+        "autoscaling": {
+            "minReplicas": 1,
+            "maxReplicas": 5,
+            "metric": "tokensInFlight",
+            "target": 100,
+        },
+    }
+    prefill: dict[str, Any] = {
+        "replicas": 1,
+        "tpu": {"generation": "v6e", "topology": "4x4"},
+        "autoscaling": {"maxReplicas": 3, "metric": "ttft", "target": 0.5},
+    }
+    out = rendered(_pd(spec_with, prefill, decode))
+    hpas = {
+        c["metadata"]["name"]: c for c in out.children if c["kind"] == "HorizontalPodAutoscaler"
+    }
+    assert sorted(hpas) == ["qwen-decode", "qwen-prefill"]  # and no server-wide one
+    for role, hpa in (("prefill", hpas["qwen-prefill"]), ("decode", hpas["qwen-decode"])):
+        assert hpa["spec"]["scaleTargetRef"] == {
+            "apiVersion": labels.API_VERSION,
+            "kind": labels.ROLE_KIND,
+            "name": f"qwen-{role}",
+        }
+        kubernetes_validate.validate(hpa, "1.33.0", strict=True)
+    assert (
+        hpas["qwen-decode"]["spec"]["minReplicas"],
+        hpas["qwen-decode"]["spec"]["maxReplicas"],
+    ) == (1, 5)
+    # tokens per chip of the decode role's own slice (v6e 2x4: 8 chips)
+    assert hpas["qwen-decode"]["spec"]["metrics"] == [_pods_metric("sglang:num_used_tokens", "800")]
+    (ttft,) = hpas["qwen-prefill"]["spec"]["metrics"]
+    assert ttft["external"]["metric"] == {
+        "name": ROLE_TTFT_METRIC,
+        "selector": {"matchLabels": {"model_name": "qwen3-8b", "engine_type": "prefill"}},
+    }
+    scales = {c["metadata"]["name"]: c for c in out.children if c["kind"] == labels.ROLE_KIND}
+    assert sorted(scales) == ["qwen-decode", "qwen-prefill"]
+    # no spec.replicas: applying it never takes back what the HPA set
+    assert scales["qwen-decode"]["spec"] == {"role": "decode"}
+    assert scales["qwen-decode"]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_a_role_without_autoscaling_has_no_scale_object(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    decode = {"replicas": 1, "autoscaling": {"maxReplicas": 3}}
+    out = rendered(_pd(spec_with, {"replicas": 1}, decode))
+    kinds = [(c["kind"], c["metadata"]["name"]) for c in out.children]
+    assert ("HorizontalPodAutoscaler", "qwen-prefill") not in kinds
+    assert (labels.ROLE_KIND, "qwen-prefill") not in kinds
+    assert (labels.ROLE_KIND, "qwen-decode") in kinds
+
+
+def test_the_prefill_ttft_metric_is_a_recording_rule_of_the_chart() -> None:
+    assert ROLE_TTFT_METRIC in {r.record for r in rules.recording_rules()}
