@@ -932,7 +932,11 @@ class Condition(Schema):
 
 
 class GroupStatus(Schema):
-    index: int = Field(ge=0, description="index of the replica group.")
+    role: Literal["prefill", "decode"] | None = Field(
+        default=None,
+        description="role of the group on a disaggregated server (its index is the role's).",
+    )
+    index: int = Field(ge=0, description="index of the replica group (within its role).")
     name: str = Field(description="name of the group's workload (LeaderWorkerSet/StatefulSet).")
     state: Literal["Pending", "Starting", "Ready", "Degraded", "Terminating"] = Field(
         description=(

@@ -24,7 +24,7 @@ plan follows Deployment-style `maxUnavailable` / `maxSurge`, counted in groups:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -106,4 +106,47 @@ def plan(
         rolling=rolling,
         scaling_up=bool(missing),
         scaling_down=bool(delete),
+    )
+
+
+def plan_roles(
+    replicas: Mapping[str, int],
+    groups: Mapping[str, Mapping[int, GroupState]],
+    *,
+    max_unavailable: int,
+    max_surge: int,
+    moving: Mapping[str, frozenset[int]] | None = None,
+    urgent: Mapping[str, frozenset[int]] | None = None,
+) -> dict[str, Plan]:
+    """One plan per role of a disaggregated server (`replicas`: each role's; `groups`: each
+    role's groups by their index within the role); `max_unavailable` and `max_surge` apply
+    per role."""
+    return {
+        role: plan(
+            count,
+            groups.get(role, {}),
+            max_unavailable=max_unavailable,
+            max_surge=max_surge,
+            moving=(moving or {}).get(role, frozenset()),
+            urgent=(urgent or {}).get(role, frozenset()),
+        )
+        for role, count in replicas.items()
+    }
+
+
+def merged(parts: Mapping[int, Plan], delete: Iterable[int] = ()) -> Plan:
+    """One plan from plans over disjoint index spaces: `parts` maps where each space starts
+    (added to its indices) to its plan; `delete`: further indices to delete."""
+    extra = set(delete)
+
+    def shifted(field: str) -> tuple[int, ...]:
+        return tuple(sorted(base + k for base, p in parts.items() for k in getattr(p, field)))
+
+    return Plan(
+        apply=shifted("apply"),
+        restart=shifted("restart"),
+        delete=tuple(sorted({*shifted("delete"), *extra})),
+        rolling=any(p.rolling for p in parts.values()),
+        scaling_up=any(p.scaling_up for p in parts.values()),
+        scaling_down=bool(extra) or any(p.scaling_down for p in parts.values()),
     )

@@ -12,6 +12,7 @@ import pytest
 from sglang_tpu import disaggregation as pd
 from tests.unit.operator.conftest import RenderFn, SpecWith
 from tpuserve_operator.conditions import Reason
+from tpuserve_operator.disaggregation import group_key
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render import Manifest, RenderConfig, validate_server
 from tpuserve_operator.render.roles import ZONE_KEY
@@ -52,10 +53,10 @@ def test_each_role_is_its_own_replica_groups_with_its_slice_and_flags(
     result = rendered(pd_spec(spec_with))
     assert result.replicas == 3
     by_name = dict(templates(result.children))
-    assert sorted(by_name) == ["qwen-r0", "qwen-r0-w", "qwen-r1", "qwen-r2"]  # 4x4: 4 hosts
-    prefill, decode = by_name["qwen-r0"], by_name["qwen-r1"]
+    assert sorted(by_name) == ["qwen-d0", "qwen-d1", "qwen-p0", "qwen-p0-w"]  # 4x4: 4 hosts
+    prefill, decode = by_name["qwen-p0"], by_name["qwen-d0"]
     assert prefill["metadata"]["labels"][pd.PD_ROLE_LABEL] == "prefill"
-    assert by_name["qwen-r0-w"]["metadata"]["labels"][pd.PD_ROLE_LABEL] == "prefill"
+    assert by_name["qwen-p0-w"]["metadata"]["labels"][pd.PD_ROLE_LABEL] == "prefill"
     assert decode["metadata"]["labels"][pd.PD_ROLE_LABEL] == "decode"
     assert prefill["metadata"]["annotations"][pd.BOOTSTRAP_PORT_ANNOTATION] == "8998"
     assert pd.BOOTSTRAP_PORT_ANNOTATION not in decode["metadata"].get("annotations", {})
@@ -66,8 +67,8 @@ def test_each_role_is_its_own_replica_groups_with_its_slice_and_flags(
     assert "--disaggregation-transfer-backend mooncake" in engine_args(prefill)
     assert "--disaggregation-mode decode" in engine_args(decode)
     assert "bootstrap-port" not in engine_args(decode)
-    assert result.group_hosts(0) == 4
-    assert result.group_hosts(1) == 1
+    assert result.group_hosts(group_key("prefill", 0)) == 4
+    assert result.group_hosts(group_key("decode", 0)) == 1
     for template in by_name.values():  # one placement domain: the server's pods, one zone
         terms = template["spec"]["affinity"]["podAffinity"][
             "preferredDuringSchedulingIgnoredDuringExecution"
@@ -97,16 +98,20 @@ def test_a_role_change_rolls_the_server(spec_with: SpecWith, rendered: RenderFn)
 def test_status_reports_each_role(spec_with: SpecWith, rendered: RenderFn) -> None:
     result = rendered(pd_spec(spec_with))
 
-    def report(k: int, ready: bool) -> GroupReport:
+    def report(role: str, k: int, ready: bool) -> GroupReport:
         return GroupReport(
-            index=k, name=f"qwen-r{k}", state="Ready" if ready else "Starting",
-            reason=Reason.SERVING, message="", since="", hosts=1, ready_hosts=1,
-            updated=True, ready=ready, exists=True,
+            index=group_key(role, k), name=f"qwen-{role[0]}{k}",
+            state="Ready" if ready else "Starting", reason=Reason.SERVING, message="", since="",
+            hosts=1, ready_hosts=1, updated=True, ready=ready, exists=True,
         )  # fmt: skip
 
-    roles = role_statuses(result, {0: report(0, True), 1: report(1, True), 2: report(2, False)})
+    reports = [report("prefill", 0, True), report("decode", 0, True), report("decode", 1, False)]
+    roles = role_statuses(result, {r.index: r for r in reports})
     assert [(r.role, r.replicas, r.ready_replicas, r.groups) for r in roles] == [
-        ("prefill", 1, 1, [0]), ("decode", 2, 1, [1, 2]),
+        ("prefill", 1, 1, [0]), ("decode", 2, 1, [0, 1]),
+    ]  # fmt: skip
+    assert [(g.role, g.index) for g in (r.as_status() for r in reports)] == [
+        ("prefill", 0), ("decode", 0), ("decode", 1),
     ]  # fmt: skip
     assert role_statuses(rendered(spec_with(engine=SIMULATED)), {}) == []
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sglang_tpu import disaggregation as pd
 from sglang_tpu.cold_start import ColdStartReport
 from tests.fakes import FakeKube, not_found, pod_object, refused
 from tpuserve_operator import labels
@@ -531,3 +532,50 @@ async def test_a_role_binding_is_applied_after_its_role_and_workloads_after_both
     kinds = [kind for kind, _ in kube.applied]
     assert kinds.index("Role") < kinds.index("RoleBinding") < kinds.index("Deployment")
     assert kinds.index("ServiceAccount") < kinds.index("RoleBinding")
+
+
+PD = {
+    "model": {"source": "hf://Qwen/Qwen3-8B"},
+    "tpu": {"generation": "v6e", "topology": "2x4"},
+    "engine": {"type": "simulated"},
+    "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 2}},
+}
+
+
+def serving(operator: Operator, group: str, role: str, index: int) -> None:
+    """A ready leader pod of a disaggregated server's group, as its workload makes it."""
+    workload = operator.kube.get_object("apps/v1", "StatefulSet", NAMESPACE, group)
+    template = workload["spec"]["template"]["metadata"]["labels"]
+    extra = {k: template[k] for k in (pd.PD_ROLE_LABEL, pd.PD_CONTRACT_LABEL)}
+    revision = template[labels.REVISION]
+    operator.kube.put(
+        pod_object("qwen", f"{group}-0", replica=index, revision=revision, extra_labels=extra)
+    )
+
+
+async def test_resizing_one_role_leaves_the_other_roles_groups_alone(operator: Operator) -> None:
+    key = operator.create(PD)
+    await operator.converge(key)
+    assert operator.kube.names("StatefulSet") == ["qwen-d0", "qwen-d1", "qwen-p0"]
+    for group, role, index in (("qwen-p0", "prefill", 0), ("qwen-d0", "decode", 0),
+                               ("qwen-d1", "decode", 1)):  # fmt: skip
+        serving(operator, group, role, index)
+    await operator.converge(key)
+    status = operator.status(key)
+    assert [(g["role"], g["index"], g["state"]) for g in status["groups"]] == [
+        ("prefill", 0, "Ready"), ("decode", 0, "Ready"), ("decode", 1, "Ready"),
+    ]  # fmt: skip
+    assert [(r["role"], r["readyReplicas"], r["groups"]) for r in status["roles"]] == [
+        ("prefill", 1, [0]), ("decode", 2, [0, 1]),
+    ]  # fmt: skip
+    assert operator.conditions(key)["Progressing"] == ("False", "Complete")
+
+    applied, deleted = len(operator.kube.applied), len(operator.kube.deleted)
+    operator.edit(key, disaggregation={"prefill": {"replicas": 2}, "decode": {"replicas": 1}})
+    await operator.converge(key)
+    assert operator.kube.applied[applied:] == [("Service", "qwen-p1"), ("StatefulSet", "qwen-p1")]
+    assert sorted(operator.kube.deleted[deleted:]) == [
+        ("Service", "qwen-d1"), ("StatefulSet", "qwen-d1"),
+    ]  # fmt: skip
+    assert operator.kube.names("StatefulSet") == ["qwen-d0", "qwen-p0", "qwen-p1"]
+    assert not any(kind == "Pod" for kind, _ in operator.kube.deleted)  # nothing restarted
