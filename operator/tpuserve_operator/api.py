@@ -961,6 +961,18 @@ class RoleStatus(Schema):
     ready_replicas: int = Field(
         default=0, ge=0, description="readyReplicas: the role's groups ready to serve."
     )
+    updated_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="updatedReplicas: the role's wanted groups on the role's revision.",
+    )
+    revision: str = Field(
+        default="",
+        description=(
+            "revision: the hash of the role's own pod templates; a change to one role's "
+            "templates rolls that role's groups only."
+        ),
+    )
     groups: list[int] = Field(
         default_factory=list, description="groups: indices of the role's replica groups."
     )

@@ -325,7 +325,7 @@ class Reconciler:
             k: report_group(
                 obs,
                 hosts=rendered.group_hosts(k),
-                revision=rendered.revision,
+                revision=rendered.group_revision(k),
                 previous=previous_groups.get(k),
                 now=now,
                 partial_group_seconds=self.settings.partial_group_seconds,

@@ -44,7 +44,9 @@ class GroupRestarts:
         stale = [
             p
             for p in self.cache.pods(key)
-            if p.replica in plan.restart and p.revision != rendered.revision and not p.deleting
+            if p.replica in plan.restart
+            and p.revision != rendered.group_revision(p.replica)
+            and not p.deleting
         ]
         found = await asyncio.gather(
             *(self.kube.delete("v1", "Pod", key[0], p.name) for p in stale)

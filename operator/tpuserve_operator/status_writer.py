@@ -84,6 +84,7 @@ def role_statuses(rendered: Rendered, reports: Mapping[int, GroupReport]) -> lis
     if spec.disaggregation is None:
         return []
     out = []
+    wanted = set(rendered.group_keys)
     for role in disaggregation.ROLES:
         mine = [r for k, r in sorted(reports.items()) if disaggregation.key_role(k) == role]
         out.append(
@@ -91,6 +92,8 @@ def role_statuses(rendered: Rendered, reports: Mapping[int, GroupReport]) -> lis
                 role=role,
                 replicas=sum(1 for r in mine if r.exists),
                 ready_replicas=sum(1 for r in mine if r.ready),
+                updated_replicas=sum(1 for r in mine if r.updated and r.index in wanted),
+                revision=rendered.role_revisions[role],
                 groups=[disaggregation.key_index(r.index) for r in mine],
             )
         )

@@ -55,12 +55,17 @@ class Rendered:
     """Everything a server should have, with replica groups kept apart for rolling.
 
     Groups are named by their group key (`disaggregation.group_key`): a plain server's group
-    k is k; a disaggregated server's are each role's indices, offset per role."""
+    k is k; a disaggregated server's are each role's indices, offset per role.
+
+    `revision` hashes every group's pod templates (status.revision); a disaggregated server's
+    groups each carry their role's own (`role_revisions`: the role's templates alone), so a
+    change to one role's templates rolls that role's groups only."""
 
     server: ValidServer
     revision: str
     shared: list[Manifest]
     plan: PlanStatus
+    role_revisions: Mapping[str, str] = field(default_factory=dict)
     _groups: dict[int, list[Manifest]] = field(default_factory=dict, compare=False, repr=False)
     _roles: dict[str, ValidServer] = field(default_factory=dict, compare=False, repr=False)
 
@@ -77,10 +82,16 @@ class Rendered:
             if role is not None and self.server.valid.spec.disaggregation is not None:
                 view = self.role_server(role)
                 index = disaggregation.key_index(key)
-                self._groups[key] = roles.group(self.server, view, index, self.revision)
+                revision = self.role_revisions[role]
+                self._groups[key] = roles.group(self.server, view, index, revision)
             else:
                 self._groups[key] = group_children(self.server, key, self.revision)
         return self._groups[key]
+
+    def group_revision(self, key: int) -> str:
+        """The revision group `key`'s pods should run: its role's, else the server's."""
+        role = disaggregation.key_role(key)
+        return self.role_revisions.get(role, self.revision) if role else self.revision
 
     @property
     def replicas(self) -> int:
@@ -165,9 +176,16 @@ def validate_server(
 
 def render(server: ValidServer) -> Rendered:
     """Every child of a validated server (replica groups built on demand); cannot fail."""
+    role_revisions: dict[str, str] = {}
     if server.valid.spec.disaggregation is not None:
-        templates = [t for role in disaggregation.ROLES for t in roles.templates(server, role)]
-        revision = stable_hash([server.workload_kind, *templates])
+        templates = {role: roles.templates(server, role) for role in disaggregation.ROLES}
+        role_revisions = {
+            role: stable_hash([server.workload_kind, *role_templates])
+            for role, role_templates in templates.items()
+        }
+        revision = stable_hash(
+            [server.workload_kind, *(t for ts in templates.values() for t in ts)]
+        )
     else:
         revision = stable_hash([server.workload_kind, *engine_templates(server, 0)])
     shared = [
@@ -188,7 +206,9 @@ def render(server: ValidServer) -> Rendered:
         chips_per_host=shape.chips_per_host,
         chips=shape.chips,
     )
-    return Rendered(server=server, revision=revision, shared=shared, plan=plan)
+    return Rendered(
+        server=server, revision=revision, shared=shared, plan=plan, role_revisions=role_revisions
+    )
 
 
 def build_children(

@@ -89,10 +89,44 @@ def test_the_router_routes_pairs_of_discovered_roles(
     assert 8998 in router_ports  # the router asks the bootstrap server the DP size
 
 
-def test_a_role_change_rolls_the_server(spec_with: SpecWith, rendered: RenderFn) -> None:
-    before = rendered(pd_spec(spec_with)).revision
-    changed = pd_spec(spec_with, decode={"replicas": 2, "args": {"max-running-requests": 64}})
-    assert rendered(changed).revision != before
+def groups_by_name(result: Any) -> dict[str, list[Manifest]]:
+    return {result.group_name(k): result.group(k) for k in result.group_keys}
+
+
+def test_a_role_change_rolls_that_role_alone(spec_with: SpecWith, rendered: RenderFn) -> None:
+    before = rendered(pd_spec(spec_with))
+    changed = rendered(
+        pd_spec(spec_with, decode={"replicas": 2, "args": {"max-running-requests": 64}})
+    )
+    assert changed.revision != before.revision  # status.revision: every role's templates
+    assert changed.role_revisions["prefill"] == before.role_revisions["prefill"]
+    assert changed.role_revisions["decode"] != before.role_revisions["decode"]
+    old, new = groups_by_name(before), groups_by_name(changed)
+    assert new["qwen-p0"] == old["qwen-p0"]  # byte for byte: the prefill group is not touched
+    assert new["qwen-d1"] != old["qwen-d1"]
+    (workload,) = [m for m in new["qwen-d1"] if m["kind"] == "StatefulSet"]
+    revision = workload["spec"]["template"]["metadata"]["labels"]["serving.tpuserve.dev/revision"]
+    assert revision == changed.role_revisions["decode"]
+
+
+def test_resizing_a_role_leaves_the_others_groups_as_they_were(
+    spec_with: SpecWith, rendered: RenderFn
+) -> None:
+    before = groups_by_name(rendered(pd_spec(spec_with)))
+    after = groups_by_name(rendered(pd_spec(spec_with, prefill={"replicas": 3})))
+    assert sorted(after) == ["qwen-d0", "qwen-d1", "qwen-p0", "qwen-p1", "qwen-p2"]
+    assert after["qwen-d0"] == before["qwen-d0"]
+    assert after["qwen-d1"] == before["qwen-d1"]
+    (service, *_) = after["qwen-d1"]
+    assert service["spec"]["selector"][pd.PD_ROLE_LABEL] == "decode"  # index 1 of decode only
+    assert service["metadata"]["labels"]["serving.tpuserve.dev/replica"] == "1"
+
+
+def test_a_pairing_change_rolls_both_roles(spec_with: SpecWith, rendered: RenderFn) -> None:
+    before = rendered(pd_spec(spec_with)).role_revisions
+    image = {"type": "simulated", "image": "example.com/engine:2"}
+    after = rendered(spec_with(**{**pd_spec(spec_with), "engine": image})).role_revisions
+    assert all(after[role] != before[role] for role in ("prefill", "decode"))
 
 
 def test_status_reports_each_role(spec_with: SpecWith, rendered: RenderFn) -> None:

@@ -534,7 +534,7 @@ async def test_a_role_binding_is_applied_after_its_role_and_workloads_after_both
     assert kinds.index("ServiceAccount") < kinds.index("RoleBinding")
 
 
-PD = {
+PD: dict[str, Any] = {
     "model": {"source": "hf://Qwen/Qwen3-8B"},
     "tpu": {"generation": "v6e", "topology": "2x4"},
     "engine": {"type": "simulated"},
@@ -579,3 +579,24 @@ async def test_resizing_one_role_leaves_the_other_roles_groups_alone(operator: O
     ]  # fmt: skip
     assert operator.kube.names("StatefulSet") == ["qwen-d0", "qwen-p0", "qwen-p1"]
     assert not any(kind == "Pod" for kind, _ in operator.kube.deleted)  # nothing restarted
+
+
+async def test_a_decode_only_change_rolls_decode_groups_alone(operator: Operator) -> None:
+    key = operator.create(PD)
+    await operator.converge(key)
+    for group, role, index in (("qwen-p0", "prefill", 0), ("qwen-d0", "decode", 0),
+                               ("qwen-d1", "decode", 1)):  # fmt: skip
+        serving(operator, group, role, index)
+    await operator.converge(key)
+    prefill_revision = operator.status(key)["roles"][0]["revision"]
+
+    applied, deleted = len(operator.kube.applied), len(operator.kube.deleted)
+    decode = {"replicas": 2, "args": {"max-running-requests": 64}}
+    operator.edit(key, disaggregation={**PD["disaggregation"], "decode": decode})
+    await operator.converge(key)
+    assert operator.kube.applied[applied:] == [("StatefulSet", "qwen-d0")]  # one at a time
+    assert operator.kube.deleted[deleted:] == [("Pod", "qwen-d0-0")]
+    roles = operator.status(key)["roles"]
+    assert roles[0]["revision"] == prefill_revision
+    assert [(r["role"], r["updatedReplicas"]) for r in roles] == [("prefill", 1), ("decode", 0)]
+    assert operator.conditions(key)["Progressing"] == ("True", "RollingUpdate")
