@@ -664,7 +664,9 @@ class RolloutSpec(Schema):
         description=(
             "maxSurge is how many extra replica groups (whole slices) may run above replicas "
             "during a rollout. Default: 0, since no spare slice is assumed; set it only when "
-            "the node pools have room for an extra slice."
+            "the node pools have room for an extra slice. With spec.disaggregation it counts "
+            "per role, and a role of one group surges one anyway, so a prefill and a decode "
+            "that pair keep serving (docs/pd.md)."
         ),
     )
 

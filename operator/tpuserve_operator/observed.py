@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_tpu import disaggregation as pd
 from sglang_tpu import preflight
 from tpuserve_operator import disaggregation, labels
 from tpuserve_operator.render.inference_pool import ParentView, parents_of
@@ -39,6 +40,7 @@ class PodView:
     # (reason, "container: message") when a container's launcher refused to start: it exited
     # with the pre-flight's status and its termination message names a pre-flight reason
     preflight_failure: tuple[str, str] | None = None
+    pd_contract: str = ""  # a disaggregated server's pairing contract label (`disaggregation`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         node=str((body.get("spec") or {}).get("nodeName") or ""),
         ip=str(status.get("podIP") or ""),
         preflight_failure=preflight_failure,
+        pd_contract=str(pod_labels.get(pd.PD_CONTRACT_LABEL, "")),
     )
 
 

@@ -68,6 +68,7 @@ class GroupReport:
     exists: bool
     # When the group's current state should be looked at again (seconds), if ever.
     recheck_seconds: float | None = None
+    contract: str = ""  # its leader's pairing contract (a disaggregated server's), if any
 
     def as_status(self) -> GroupStatus:
         role = disaggregation.key_role(self.index)
@@ -86,7 +87,9 @@ class GroupReport:
         return status if role is None else status.model_copy(update={"role": role})
 
     def rollout_state(self) -> GroupState:
-        return GroupState(exists=self.exists, updated=self.updated, ready=self.ready)
+        return GroupState(
+            exists=self.exists, updated=self.updated, ready=self.ready, contract=self.contract
+        )
 
 
 def observe_groups(
@@ -144,6 +147,7 @@ def report_group(
     running = [p for p in live if p.running]
     ready_pods = [p for p in running if p.ready]
     leader_ready = any(p.role == "leader" and p.ready for p in ready_pods)
+    leader = next((p for p in live if p.role == "leader"), None)
     # Updated: the workload and every pod that exists run this revision (pods still being
     # created are starting, not stale).
     updated = (
@@ -220,6 +224,7 @@ def report_group(
         ready=ready,
         exists=obs.exists and not obs.deleting,
         recheck_seconds=recheck,
+        contract=leader.pd_contract if leader is not None else "",
     )
 
 

@@ -600,3 +600,29 @@ async def test_a_decode_only_change_rolls_decode_groups_alone(operator: Operator
     assert roles[0]["revision"] == prefill_revision
     assert [(r["role"], r["updatedReplicas"]) for r in roles] == [("prefill", 1), ("decode", 0)]
     assert operator.conditions(key)["Progressing"] == ("True", "RollingUpdate")
+
+
+async def test_a_contract_change_with_one_group_per_role_surges_before_any_goes(
+    operator: Operator,
+) -> None:
+    spec = {**PD, "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}}
+    key = operator.create(spec)
+    await operator.converge(key)
+    serving(operator, "qwen-p0", "prefill", 0)
+    serving(operator, "qwen-d0", "decode", 0)
+    await operator.converge(key)
+    applied = len(operator.kube.applied)
+    operator.edit(key, engine={"type": "simulated", "image": "example.com/engine:2"})
+    await operator.converge(key)
+    new = sorted(name for kind, name in operator.kube.applied[applied:] if kind == "StatefulSet")
+    assert new == ["qwen-d1", "qwen-p1"]  # a surge group per role on the new contract
+    assert not any(kind == "Pod" for kind, _ in operator.kube.deleted)  # the old pair serves
+
+    serving(operator, "qwen-p1", "prefill", 1)  # the new prefill serves; no new decode yet
+    await operator.converge(key)
+    assert not any(kind == "Pod" for kind, _ in operator.kube.deleted)
+    serving(operator, "qwen-d1", "decode", 1)  # a new pair: the old groups may go
+    await operator.converge(key)
+    assert sorted(n for kind, n in operator.kube.deleted if kind == "Pod") == [
+        "qwen-d0-0", "qwen-p0-0",
+    ]  # fmt: skip
