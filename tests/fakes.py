@@ -258,15 +258,17 @@ def pod_object(
     unschedulable: str | None = None,
     restarts: int = 0,
     ip: str | None = None,
+    extra_labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """An engine pod of `server`'s replica group `replica` as the apiserver shows it:
     running (and ready, at `ip` when given), or Pending with the scheduler's `unschedulable`
-    message."""
+    message. `extra_labels`: e.g. a disaggregated server's role and pairing contract."""
     pod_labels = {
         **labels.common(server, labels.COMPONENT_MODEL_SERVER),
         labels.REPLICA: str(replica),
         labels.ROLE: role,
         labels.REVISION: revision,
+        **(extra_labels or {}),
     }
     if unschedulable is not None:
         status: dict[str, Any] = {

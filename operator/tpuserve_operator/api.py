@@ -664,7 +664,9 @@ class RolloutSpec(Schema):
         description=(
             "maxSurge is how many extra replica groups (whole slices) may run above replicas "
             "during a rollout. Default: 0, since no spare slice is assumed; set it only when "
-            "the node pools have room for an extra slice."
+            "the node pools have room for an extra slice. With spec.disaggregation it counts "
+            "per role, and a role of one group surges one anyway, so a prefill and a decode "
+            "that pair keep serving (docs/pd.md)."
         ),
     )
 
@@ -947,7 +949,11 @@ class Condition(Schema):
 
 
 class GroupStatus(Schema):
-    index: int = Field(ge=0, description="index of the replica group.")
+    role: Literal["prefill", "decode"] | None = Field(
+        default=None,
+        description="role of the group on a disaggregated server (its index is the role's).",
+    )
+    index: int = Field(ge=0, description="index of the replica group (within its role).")
     name: str = Field(description="name of the group's workload (LeaderWorkerSet/StatefulSet).")
     state: Literal["Pending", "Starting", "Ready", "Degraded", "Terminating"] = Field(
         description=(
@@ -979,6 +985,18 @@ class RoleStatus(Schema):
     replicas: int = Field(default=0, ge=0, description="replicas: the role's groups that exist.")
     ready_replicas: int = Field(
         default=0, ge=0, description="readyReplicas: the role's groups ready to serve."
+    )
+    updated_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="updatedReplicas: the role's wanted groups on the role's revision.",
+    )
+    revision: str = Field(
+        default="",
+        description=(
+            "revision: the hash of the role's own pod templates; a change to one role's "
+            "templates rolls that role's groups only."
+        ),
     )
     groups: list[int] = Field(
         default_factory=list, description="groups: indices of the role's replica groups."

@@ -121,7 +121,7 @@ class Children:
     ) -> None:
         """Delete this server's children it no longer wants (by uid: only that incarnation)."""
         existing_groups = {c.replica for c in observed.values() if c.replica is not None}
-        keep = (set(range(rendered.replicas)) | existing_groups) - set(plan.delete)
+        keep = (set(rendered.group_keys) | existing_groups) - set(plan.delete)
         wanted = wanted_refs(rendered, keep)
         doomed = [
             c

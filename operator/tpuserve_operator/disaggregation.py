@@ -1,9 +1,13 @@
 """A disaggregated TPUModelServer (``spec.disaggregation``): its two roles, what each role's
 engines get, and the checks that refuse roles that cannot pair.
 
-A disaggregated server is one set of replica groups: groups ``0 .. P-1`` are the prefill
-role's, ``P .. P+D-1`` the decode role's (P, D: the roles' replicas), so every group keeps
-the operator's one rollout and status machinery, one slice per group. A role's groups are
+Each role's replica groups have their own index space and names: ``<name>-p0 .. p(P-1)``
+for prefill, ``<name>-d0 .. d(D-1)`` for decode (P, D: the roles' replicas), so resizing or
+changing one role never touches the other's groups. Inside the operator a group is one int,
+its **group key** (`group_key`): a plain server's group k is k, a role's group k is
+``ROLE_KEY_BASE[role] + k``; observed views, reports, plans and restarts all key on it, and
+its pods' labels give it back (`key_of_labels`: the replica label is the index within the
+role, the role label says which). One slice per group. A role's groups are
 rendered from the role's own spec (`role_spec`): the server's spec with the role's TPU
 slice, replicas, image and SGLang flags, plus the disaggregation flags the operator owns
 (``--disaggregation-mode``, ``--disaggregation-transfer-backend``, and for prefill
@@ -107,6 +111,13 @@ def role_of(spec: TPUModelServerSpec, role: str) -> PdRoleSpec:
     return spec.disaggregation.prefill if role == PREFILL else spec.disaggregation.decode
 
 
+GROUP_PREFIX: Final = {PREFILL: "p", DECODE: "d"}
+"""A role's groups are named ``<name>-<prefix><k>`` (a plain server's ``<name>-r<k>``)."""
+ROLE_KEY_BASE: Final = {PREFILL: 1 << 20, DECODE: 2 << 20}
+"""Where each role's group keys start. Replicas and surge are at most 1024 each, so a plain
+server's keys (``0 .. replicas+maxSurge-1``) and each role's never meet."""
+
+
 def replicas(spec: TPUModelServerSpec) -> int:
     """Replica groups of the server: both roles' when disaggregated."""
     if spec.disaggregation is None:
@@ -114,11 +125,47 @@ def replicas(spec: TPUModelServerSpec) -> int:
     return spec.disaggregation.prefill.replicas + spec.disaggregation.decode.replicas
 
 
-def group_role(spec: TPUModelServerSpec, replica: int) -> str | None:
-    """The role of replica group ``replica`` (None: not disaggregated)."""
-    if spec.disaggregation is None:
+def group_key(role: str | None, index: int) -> int:
+    """The group key of group ``index`` of ``role`` (None: a plain server's group)."""
+    return index if role is None else ROLE_KEY_BASE[role] + index
+
+
+def key_role(key: int) -> str | None:
+    """The role of the group with key ``key`` (None: a plain server's group)."""
+    for role in reversed(ROLES):
+        if key >= ROLE_KEY_BASE[role]:
+            return role
+    return None
+
+
+def key_index(key: int) -> int:
+    """The index of the group with key ``key`` within its role (its replica label)."""
+    role = key_role(key)
+    return key if role is None else key - ROLE_KEY_BASE[role]
+
+
+def key_of_labels(labels: Mapping[str, str], replica: int | None) -> int | None:
+    """The group key of a pod or child with these labels and replica label ``replica``; None
+    when it is not a group's (or names a role the operator does not know)."""
+    if replica is None or replica < 0:
         return None
-    return PREFILL if replica < spec.disaggregation.prefill.replicas else DECODE
+    role = labels.get(pd.PD_ROLE_LABEL)
+    if role is None:
+        return replica
+    return group_key(role, replica) if role in ROLES else None
+
+
+def group_keys(spec: TPUModelServerSpec) -> tuple[int, ...]:
+    """The keys of the server's wanted groups (without surge), in order."""
+    if spec.disaggregation is None:
+        return tuple(range(spec.replicas))
+    return tuple(group_key(role, k) for role in ROLES for k in range(role_of(spec, role).replicas))
+
+
+def describe(key: int) -> str:
+    """How messages name a group: its index, with its role when it has one."""
+    role = key_role(key)
+    return str(key) if role is None else f"{role} {key_index(key)}"
 
 
 def engine_flags(spec: TPUModelServerSpec, role: str) -> dict[str, Any]:

@@ -40,7 +40,7 @@ TPU_GENERATION = "tpu-generation"
 TPU_TOPOLOGY = "tpu-topology"
 
 REPLICA = f"{GROUP}/replica"
-SLICE_GROUP = f"{GROUP}/group"  # <name>-r<k>: unique per replica group, for slice placement
+SLICE_GROUP = f"{GROUP}/group"  # the group's name: unique per replica group, slice placement
 ROLE = f"{GROUP}/role"
 ROLE_LEADER = "leader"
 ROLE_WORKER = "worker"
@@ -60,8 +60,10 @@ LABEL_DOCS: Mapping[str, str] = {
     MODEL: "the served model name (engine pods); copied to series as `model`",
     TPU_GENERATION: "TPU generation, e.g. `v6e` (engine pods); copied to series",
     TPU_TOPOLOGY: "slice topology, e.g. `4x4` (engine pods); copied to series",
-    REPLICA: "replica (slice) index of an engine pod's group, `0`..`replicas-1`",
-    SLICE_GROUP: "`<name>-r<k>`, unique per replica group: multi-host groups require all their "
+    REPLICA: "replica (slice) index of an engine pod's group, `0`..`replicas-1` (on a "
+    "disaggregated server, within the pod's role: `serving.tpuserve.dev/pd-role`)",
+    SLICE_GROUP: "`<name>-r<k>` (a disaggregated server's `<name>-p<k>` prefill and `<name>-d<k>` "
+    "decode groups), unique per replica group: multi-host groups require all their "
     "pods in one node pool (one slice) and no other group's pods there",
     ROLE: f"`{ROLE_LEADER}` (host 0, serves HTTP, routable) or `{ROLE_WORKER}`",
     REVISION: "hash of the engine pod template; a group is updated when all its pods carry "

@@ -12,8 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_tpu import disaggregation as pd
 from sglang_tpu import preflight
-from tpuserve_operator import labels
+from tpuserve_operator import disaggregation, labels
 from tpuserve_operator.render.inference_pool import ParentView, parents_of
 
 ServerKey = tuple[str, str]  # (namespace, name)
@@ -22,7 +23,7 @@ ServerKey = tuple[str, str]  # (namespace, name)
 @dataclass(frozen=True, slots=True)
 class PodView:
     name: str
-    replica: int | None
+    replica: int | None  # its group's key (`disaggregation.group_key`), None: not a group's
     role: str
     revision: str
     phase: str
@@ -39,6 +40,7 @@ class PodView:
     # (reason, "container: message") when a container's launcher refused to start: it exited
     # with the pre-flight's status and its termination message names a pre-flight reason
     preflight_failure: tuple[str, str] | None = None
+    pd_contract: str = ""  # a disaggregated server's pairing contract label (`disaggregation`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +54,7 @@ class ChildView:
     resource_version: str
     spec_hash: str | None
     revision: str | None
-    replica: int | None
+    replica: int | None  # its group's key, as PodView's
     deleting: bool
     ready_replicas: int  # Deployments/StatefulSets: status.readyReplicas; others 0
     created: str = ""  # metadata.creationTimestamp
@@ -104,7 +106,9 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
             preflight_failure = _preflight_failure(cs)
     return PodView(
         name=str(meta.get("name")),
-        replica=_int_or_none(pod_labels.get(labels.REPLICA)),
+        replica=disaggregation.key_of_labels(
+            pod_labels, _int_or_none(pod_labels.get(labels.REPLICA))
+        ),
         role=str(pod_labels.get(labels.ROLE, "")),
         revision=str(pod_labels.get(labels.REVISION, "")),
         phase=str(status.get("phase") or "Pending"),
@@ -119,6 +123,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         node=str((body.get("spec") or {}).get("nodeName") or ""),
         ip=str(status.get("podIP") or ""),
         preflight_failure=preflight_failure,
+        pd_contract=str(pod_labels.get(pd.PD_CONTRACT_LABEL, "")),
     )
 
 
@@ -157,7 +162,9 @@ def child_view(body: Mapping[str, Any]) -> ChildView:
         resource_version=str(meta.get("resourceVersion") or ""),
         spec_hash=annotations.get(labels.SPEC_HASH),
         revision=annotations.get(labels.REVISION),
-        replica=_int_or_none(child_labels.get(labels.REPLICA)),
+        replica=disaggregation.key_of_labels(
+            child_labels, _int_or_none(child_labels.get(labels.REPLICA))
+        ),
         deleting=meta.get("deletionTimestamp") is not None,
         ready_replicas=int(status.get("readyReplicas") or 0) if isinstance(status, dict) else 0,
         created=str(meta.get("creationTimestamp") or ""),

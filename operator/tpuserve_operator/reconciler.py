@@ -30,7 +30,7 @@ import datetime
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -328,12 +328,12 @@ class Reconciler:
         server = rendered.server
         children = self.cache.children(key)
         groups = observe_groups(rendered, children, self.cache.pods(key))
-        previous_groups = {g.index: g for g in previous.groups}
+        previous_groups = {disaggregation.group_key(g.role, g.index): g for g in previous.groups}
         reports = {
             k: report_group(
                 obs,
                 hosts=rendered.group_hosts(k),
-                revision=rendered.revision,
+                revision=rendered.group_revision(k),
                 previous=previous_groups.get(k),
                 now=now,
                 partial_group_seconds=self.settings.partial_group_seconds,
@@ -343,8 +343,8 @@ class Reconciler:
         rollout_spec = server.valid.spec.rollout
         displaced = self.displaced_groups(key)
         moving, urgent = by_urgency(displaced)
-        plan = rollout.plan(
-            rendered.replicas,
+        plan = plan_groups(
+            rendered,
             {k: r.rollout_state() for k, r in reports.items()},
             max_unavailable=rollout_spec.max_unavailable,
             max_surge=rollout_spec.max_surge,
@@ -381,6 +381,7 @@ class Reconciler:
             displaced=displaced,
             activating=state.activating and rendered.replicas > 0,
             scales_to_zero=scales_to_zero(server),
+            main_keys=rendered.group_keys,
         )
         status = build_status(
             previous,
@@ -424,7 +425,7 @@ class Reconciler:
             if not fresh:
                 continue
             reported |= fresh
-            listed = ", ".join(str(k) for k in sorted(fresh))
+            listed = ", ".join(disaggregation.describe(k) for k in sorted(fresh))
             self._emit_event(
                 body,
                 "Warning",
@@ -775,6 +776,52 @@ class Reconciler:
             )
             for key, served in self._served()
         ]
+
+
+def plan_groups(
+    rendered: Rendered,
+    groups: Mapping[int, rollout.GroupState],
+    *,
+    max_unavailable: int,
+    max_surge: int,
+    moving: frozenset[int] = frozenset(),
+    urgent: frozenset[int] = frozenset(),
+) -> rollout.Plan:
+    """The rollout plan over group keys: `rollout.plan` for a plain server; for a
+    disaggregated one `rollout.plan_roles` over each role's indices (groups of no current
+    role, left from before the server was disaggregated, are deleted)."""
+    spec = rendered.server.valid.spec
+    if spec.disaggregation is None:
+        return rollout.plan(
+            spec.replicas,
+            groups,
+            max_unavailable=max_unavailable,
+            max_surge=max_surge,
+            moving=moving,
+            urgent=urgent,
+        )
+
+    def by_role(keys: Iterable[int]) -> dict[str, dict[int, int]]:
+        """role -> {index within the role: group key}"""
+        out: dict[str, dict[int, int]] = {role: {} for role in disaggregation.ROLES}
+        for k in keys:
+            role = disaggregation.key_role(k)
+            if role is not None:
+                out[role][disaggregation.key_index(k)] = k
+        return out
+
+    plans = rollout.plan_roles(
+        {role: disaggregation.role_of(spec, role).replicas for role in disaggregation.ROLES},
+        {role: {i: groups[k] for i, k in ks.items()} for role, ks in by_role(groups).items()},
+        max_unavailable=max_unavailable,
+        max_surge=max_surge,
+        moving={role: frozenset(ks) for role, ks in by_role(moving).items()},
+        urgent={role: frozenset(ks) for role, ks in by_role(urgent).items()},
+    )
+    stray = [k for k, g in groups.items() if g.exists and disaggregation.key_role(k) is None]
+    return rollout.merged(
+        {disaggregation.ROLE_KEY_BASE[role]: p for role, p in plans.items()}, stray
+    )
 
 
 def _children_selector(key: ServerKey) -> str:

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from tpuserve_operator import group_restart, rollout
+from tpuserve_operator import disaggregation, group_restart, rollout
 from tpuserve_operator.conditions import Reason
 from tpuserve_operator.kube import EventSink, KubeApi
 from tpuserve_operator.node_signals import NodeSignal
@@ -44,7 +44,9 @@ class GroupRestarts:
         stale = [
             p
             for p in self.cache.pods(key)
-            if p.replica in plan.restart and p.revision != rendered.revision and not p.deleting
+            if p.replica in plan.restart
+            and p.revision != rendered.group_revision(p.replica)
+            and not p.deleting
         ]
         found = await asyncio.gather(
             *(self.kube.delete("v1", "Pod", key[0], p.name) for p in stale)
@@ -76,7 +78,8 @@ class GroupRestarts:
                 body,
                 "Normal",
                 str(Reason.GROUP_DRAINING),
-                f"replica group {k} drains and moves: {signal.message} ({signal.reason})",
+                f"replica group {disaggregation.describe(k)} drains and moves: {signal.message} "
+                f"({signal.reason})",
             )
 
     async def restart_broken_groups(
@@ -89,11 +92,12 @@ class GroupRestarts:
         groups: Mapping[int, GroupObservation],
     ) -> None:
         """When one pod of a running multi-host group restarted, restart the rest."""
-        server = rendered.server
-        hosts = server.valid.shape.hosts
-        if server.config.leaderworkerset or hosts == 1:
+        if rendered.server.config.leaderworkerset:
             return
         for k, group in groups.items():
+            hosts = rendered.group_hosts(k)  # a role's slice when disaggregated
+            if hosts == 1:
+                continue
             if not group.exists or group.deleting or k in plan.restart or k in plan.delete:
                 state.epochs.pop(k, None)  # being rolled, removed or made: not a restart
                 continue

@@ -24,7 +24,8 @@ plan follows Deployment-style `maxUnavailable` / `maxSurge`, counted in groups:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -35,6 +36,7 @@ class GroupState:
     exists: bool  # its workload exists and is not being deleted
     updated: bool  # workload and every pod on the current revision
     ready: bool  # every host up and the leader serving
+    contract: str = ""  # a disaggregated server's pairing contract ("": pairs with any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,4 +108,94 @@ def plan(
         rolling=rolling,
         scaling_up=bool(missing),
         scaling_down=bool(delete),
+    )
+
+
+def plan_roles(
+    replicas: Mapping[str, int],
+    groups: Mapping[str, Mapping[int, GroupState]],
+    *,
+    max_unavailable: int,
+    max_surge: int,
+    moving: Mapping[str, frozenset[int]] | None = None,
+    urgent: Mapping[str, frozenset[int]] | None = None,
+) -> dict[str, Plan]:
+    """One plan per role of a disaggregated server (`replicas`: the two roles', prefill then
+    decode; `groups`: each role's groups by their index within the role): `plan` per role,
+    with the pair surge, then the pair rule (see the module's docstring)."""
+    pair = len(replicas) == 2 and all(count > 0 for count in replicas.values())
+    plans = {
+        role: plan(
+            count,
+            groups.get(role, {}),
+            max_unavailable=max_unavailable,
+            max_surge=1 if pair and count == 1 and max_surge == 0 else max_surge,
+            moving=(moving or {}).get(role, frozenset()),
+            urgent=(urgent or {}).get(role, frozenset()),
+        )
+        for role, count in replicas.items()
+    }
+    if not pair:
+        return plans
+    return _keeping_a_pair(plans, groups, urgent or {})
+
+
+def _paired(ready: Mapping[str, Mapping[int, str]]) -> bool:
+    """Whether a ready group of each role share a contract ("" pairs with any)."""
+    first, second = (set(contracts.values()) for contracts in ready.values())
+    if not first or not second:
+        return False
+    return bool(first & second) or "" in first or "" in second
+
+
+def _keeping_a_pair(
+    plans: Mapping[str, Plan],
+    groups: Mapping[str, Mapping[int, GroupState]],
+    urgent: Mapping[str, frozenset[int]],
+) -> dict[str, Plan]:
+    """`plans` less the ready groups whose going down would leave no ready pair."""
+    ready = {
+        role: {k: g.contract for k, g in groups.get(role, {}).items() if g.exists and g.ready}
+        for role in plans
+    }
+    if not _paired(ready):
+        return dict(plans)  # no pair to keep
+    for role in plans:
+        for k in urgent.get(role, frozenset()) & set(plans[role].restart):
+            ready[role].pop(k, None)  # going anyway
+    held: dict[str, set[int]] = {role: set() for role in plans}
+    for role, p in plans.items():
+        for k in sorted({*p.restart, *p.delete}):
+            if k not in ready[role]:
+                continue
+            contract = ready[role].pop(k)
+            if not _paired(ready):
+                ready[role][k] = contract
+                held[role].add(k)
+    return {
+        role: dataclasses.replace(
+            p,
+            apply=tuple(k for k in p.apply if k not in held[role]),
+            restart=tuple(k for k in p.restart if k not in held[role]),
+            delete=tuple(k for k in p.delete if k not in held[role]),
+        )
+        for role, p in plans.items()
+    }
+
+
+def merged(parts: Mapping[int, Plan], delete: Iterable[int] = ()) -> Plan:
+    """One plan from plans over disjoint index spaces: `parts` maps where each space starts
+    (added to its indices) to its plan; `delete`: further indices to delete."""
+    extra = set(delete)
+
+    def shifted(field: str) -> tuple[int, ...]:
+        return tuple(sorted(base + k for base, p in parts.items() for k in getattr(p, field)))
+
+    return Plan(
+        apply=shifted("apply"),
+        restart=shifted("restart"),
+        delete=tuple(sorted({*shifted("delete"), *extra})),
+        rolling=any(p.rolling for p in parts.values()),
+        scaling_up=any(p.scaling_up for p in parts.values()),
+        scaling_down=bool(extra) or any(p.scaling_down for p in parts.values()),
     )

@@ -21,11 +21,11 @@ Group states (status.groups[].state):
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tpuserve_operator import conditions
+from tpuserve_operator import conditions, disaggregation
 from tpuserve_operator.api import GroupStatus
 from tpuserve_operator.conditions import Condition, Reason
 from tpuserve_operator.node_signals import NodeSignal
@@ -45,7 +45,7 @@ GroupStateName = Literal["Pending", "Starting", "Ready", "Degraded", "Terminatin
 class GroupObservation:
     """One replica group: its workload(s) and its pods."""
 
-    index: int
+    index: int  # the group key (`disaggregation.group_key`), as in GroupReport
     name: str
     exists: bool
     deleting: bool
@@ -55,7 +55,7 @@ class GroupObservation:
 
 @dataclass(frozen=True, slots=True)
 class GroupReport:
-    index: int
+    index: int  # the group key: a plain server's index, or a role's (`disaggregation`)
     name: str
     state: GroupStateName
     reason: Reason
@@ -68,10 +68,12 @@ class GroupReport:
     exists: bool
     # When the group's current state should be looked at again (seconds), if ever.
     recheck_seconds: float | None = None
+    contract: str = ""  # its leader's pairing contract (a disaggregated server's), if any
 
     def as_status(self) -> GroupStatus:
-        return GroupStatus(
-            index=self.index,
+        role = disaggregation.key_role(self.index)
+        status = GroupStatus(
+            index=disaggregation.key_index(self.index),
             name=self.name,
             state=self.state,
             hosts=self.hosts,
@@ -81,9 +83,13 @@ class GroupReport:
             message=self.message,
             since=self.since,
         )
+        # a plain server's groups carry no role field (the status is written as it is set)
+        return status if role is None else status.model_copy(update={"role": role})
 
     def rollout_state(self) -> GroupState:
-        return GroupState(exists=self.exists, updated=self.updated, ready=self.ready)
+        return GroupState(
+            exists=self.exists, updated=self.updated, ready=self.ready, contract=self.contract
+        )
 
 
 def observe_groups(
@@ -101,14 +107,14 @@ def observe_groups(
         if pod.replica is not None:
             by_group.setdefault(pod.replica, []).append(pod)
     out: dict[int, GroupObservation] = {}
-    for k in sorted(set(workloads) | set(range(rendered.replicas))):
+    for k in sorted(set(workloads) | set(rendered.group_keys)):
         # a StatefulSet group of several hosts is two workloads: leader and workers
         expected = 1 if kind == "LeaderWorkerSet" or rendered.group_hosts(k) == 1 else 2
         found = workloads.get(k, [])
         revisions = {w.revision for w in found}
         out[k] = GroupObservation(
             index=k,
-            name=server.group_name(k),
+            name=rendered.group_name(k),
             exists=len(found) == expected and not any(w.deleting for w in found),
             deleting=bool(found) and all(w.deleting for w in found),
             workload_revision=revisions.pop() if len(revisions) == 1 else None,
@@ -141,6 +147,7 @@ def report_group(
     running = [p for p in live if p.running]
     ready_pods = [p for p in running if p.ready]
     leader_ready = any(p.role == "leader" and p.ready for p in ready_pods)
+    leader = next((p for p in live if p.role == "leader"), None)
     # Updated: the workload and every pod that exists run this revision (pods still being
     # created are starting, not stale).
     updated = (
@@ -217,6 +224,7 @@ def report_group(
         ready=ready,
         exists=obs.exists and not obs.deleting,
         recheck_seconds=recheck,
+        contract=leader.pd_contract if leader is not None else "",
     )
 
 
@@ -233,13 +241,16 @@ def decide(
     displaced: Mapping[int, NodeSignal] | None = None,
     activating: bool = False,
     scales_to_zero: bool = False,
+    main_keys: Collection[int] | None = None,
 ) -> list[Condition]:
     """The four conditions, in order Valid, Progressing, Ready, Degraded. ``activating``:
     the operator scaled the server from zero on demand and no group is ready yet;
-    ``scales_to_zero``: autoscaling.minReplicas is 0."""
+    ``scales_to_zero``: autoscaling.minReplicas is 0; ``main_keys``: the keys of the groups
+    the spec wants (default: ``0 .. replicas-1``, a plain server's)."""
     of = Condition.of
     ready_groups = sum(1 for r in reports if r.ready)
-    main = [r for r in reports if r.index < replicas]
+    wanted = set(range(replicas) if main_keys is None else main_keys)
+    main = [r for r in reports if r.index in wanted]
     updated = sum(1 for r in main if r.updated)
     out: list[Condition] = []
 
@@ -284,7 +295,7 @@ def decide(
                     conditions.PROGRESSING,
                     True,
                     signal.reason,
-                    f"replica group {k} moves: {signal.message}"
+                    f"replica group {disaggregation.describe(k)} moves: {signal.message}"
                     + (f" (and {len(displaced) - 1} more group(s))" if len(displaced) > 1 else ""),
                 )
             )
@@ -395,7 +406,7 @@ def decide(
                 conditions.DEGRADED,
                 True,
                 degraded.reason,
-                f"replica group {degraded.index}: {degraded.message}",
+                f"replica group {disaggregation.describe(degraded.index)}: {degraded.message}",
             )
         )
     elif invalid is not None:

@@ -63,7 +63,8 @@ def build_status(
             "plan": rendered.plan,
         }
     if rendered is not None and reports is not None:
-        main = [r for r in reports.values() if r.index < rendered.replicas]
+        wanted = set(rendered.group_keys)
+        main = [r for r in reports.values() if r.index in wanted]
         update |= {
             "replicas": sum(1 for r in reports.values() if r.exists),
             "ready_replicas": sum(1 for r in reports.values() if r.ready),
@@ -83,15 +84,18 @@ def role_statuses(rendered: Rendered, reports: Mapping[int, GroupReport]) -> lis
     if spec.disaggregation is None:
         return []
     out = []
+    wanted = set(rendered.group_keys)
     for role in disaggregation.ROLES:
-        mine = [r for k, r in sorted(reports.items()) if disaggregation.group_role(spec, k) == role]
+        mine = [r for k, r in sorted(reports.items()) if disaggregation.key_role(k) == role]
         out.append(
             RoleStatus(
                 role=role,
                 desired=disaggregation.role_of(spec, role).replicas,
                 replicas=sum(1 for r in mine if r.exists),
                 ready_replicas=sum(1 for r in mine if r.ready),
-                groups=[r.index for r in mine],
+                updated_replicas=sum(1 for r in mine if r.updated and r.index in wanted),
+                revision=rendered.role_revisions[role],
+                groups=[disaggregation.key_index(r.index) for r in mine],
             )
         )
     return out

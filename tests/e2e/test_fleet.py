@@ -18,7 +18,9 @@ replica gets both roles Ready in `status.roles`; the official client's answers, 
 streamed, and a native `/generate` come through the router from prefill/decode pairs (its
 `tpuserve_router_pd_requests_total{how="disaggregated"}` counts them); every query of the
 Prefill-decode dashboard returns data from the cluster's Prometheus, and the TTFT/ITL rules split
-by role see both engines; deleting the server removes its pods.
+by role see both engines; a decode-only args change rolls the decode role alone (a surge decode
+group first) while the prefill pod keeps its uid and every request under load is answered;
+deleting the server removes its pods.
 
 Autoscaling: a server with `spec.autoscaling` (KV tokens in use per chip) under load from the
 official client: the engines' series go from Prometheus through Prometheus Adapter to the HPA,
@@ -257,6 +259,43 @@ def test_disaggregated_server_answers_through_the_router_as_pairs(living_cluster
         interval_seconds=1.0,
         context=lambda: f"still empty: {sorted(empty)}",
     )
+
+    # A decode-only change rolls the decode role alone: its one group surges a new one first
+    # (the pair surge, docs/pd.md "Rollouts"), the prefill pod is never restarted, and pairs
+    # answer every request meanwhile.
+    selector = f"app.kubernetes.io/instance={name},serving.tpuserve.dev/pd-role="
+    prefill_uids = {p["metadata"]["uid"] for p in pods(cluster, selector + "prefill")}
+    old_decodes = {p["metadata"]["uid"] for p in pods(cluster, selector + "decode")}
+    decode_pods: set[str] = set()
+    load = Load(base_url, model)
+    load.run(streams=2, prompt_words=200, max_tokens=8)
+    try:
+        change = {"spec": {"disaggregation": {"decode": {"args": {"max-running-requests": 64}}}}}
+        cluster.kubectl(
+            "patch", "tpumodelserver", name, "-n", NAMESPACE, "--type=merge",
+            "-p", json.dumps(change),
+        )  # fmt: skip
+
+        def decode_rolled() -> bool:
+            server = get(cluster, "tpumodelserver", name, "-n", NAMESPACE)
+            decodes = pods(cluster, selector + "decode")
+            decode_pods.update(p["metadata"]["name"] for p in decodes)
+            decode = next(r for r in server["status"]["roles"] if r["role"] == "decode")
+            staying = [p for p in decodes if not p["metadata"].get("deletionTimestamp")]
+            return (
+                server["status"].get("observedGeneration") == server["metadata"]["generation"]
+                and (decode["updatedReplicas"], decode["readyReplicas"]) == (1, 1)
+                and [p["metadata"]["name"] for p in staying] == [f"{name}-d0-0"]
+                and not old_decodes & {p["metadata"]["uid"] for p in staying}
+            )
+
+        wait("the decode role rolled (its surge group going)", decode_rolled)
+    finally:
+        load.halt()
+    assert load.failed == [], load.failed
+    assert load.ok > 0
+    assert f"{name}-d1-0" in decode_pods  # the surge group
+    assert {p["metadata"]["uid"] for p in pods(cluster, selector + "prefill")} == prefill_uids
 
     cluster.kubectl("delete", "tpumodelserver", name, "-n", NAMESPACE, "--wait=false")
     wait(f"{name}'s pods gone", lambda: not pods(cluster, f"app.kubernetes.io/instance={name}"))

@@ -180,20 +180,20 @@ def test_a_roles_autoscaler_scales_that_role_alone(
     }
     # the role's own, no server-wide one
     assert children(cluster, namespace, "pd")["HorizontalPodAutoscaler"] == ["pd-decode"]
-    prefill = get(cluster, namespace, "statefulset", "pd-r0")
-    prefill_pod = get(cluster, namespace, "pod", "pd-r0-0")
+    prefill = get(cluster, namespace, "statefulset", "pd-p0")
+    prefill_pod = get(cluster, namespace, "pod", "pd-p0-0")
 
     cluster.kubectl("scale", f"{labels.ROLE_PLURAL}/pd-decode", "-n", namespace, "--replicas=3")
     wait_ready_replicas(cluster, namespace, "pd", 4, operator)
     roles = {r["role"]: r for r in status(cluster, namespace, "pd")["roles"]}
-    assert (roles["decode"]["desired"], roles["decode"]["groups"]) == (3, [1, 2, 3])
+    assert (roles["decode"]["desired"], roles["decode"]["groups"]) == (3, [0, 1, 2])
     assert (roles["prefill"]["desired"], roles["prefill"]["groups"]) == (1, [0])
     # the prefill group and its pod are the ones from before (not rolled, not recreated)
-    after = get(cluster, namespace, "statefulset", "pd-r0")
+    after = get(cluster, namespace, "statefulset", "pd-p0")
     assert after["metadata"]["uid"] == prefill["metadata"]["uid"]
     assert after["metadata"]["generation"] == prefill["metadata"]["generation"]
     assert (
-        get(cluster, namespace, "pod", "pd-r0-0")["metadata"]["uid"]
+        get(cluster, namespace, "pod", "pd-p0-0")["metadata"]["uid"]
         == (prefill_pod["metadata"]["uid"])
     )
 

@@ -22,6 +22,7 @@ from tpuserve_operator.render.context import (
     RenderConfig,
     Server,
     ValidServer,
+    group_name,
     stable_hash,
 )
 from tpuserve_operator.render.inference_pool import pool_children, pool_problems
@@ -51,39 +52,77 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
-    """Everything a server should have, with replica groups kept apart for rolling."""
+    """Everything a server should have, with replica groups kept apart for rolling.
+
+    Groups are named by their group key (`disaggregation.group_key`): a plain server's group
+    k is k; a disaggregated server's are each role's indices, offset per role.
+
+    `revision` hashes every group's pod templates (status.revision); a disaggregated server's
+    groups each carry their role's own (`role_revisions`: the role's templates alone), so a
+    change to one role's templates rolls that role's groups only."""
 
     server: ValidServer
     revision: str
     shared: list[Manifest]
     plan: PlanStatus
+    role_revisions: Mapping[str, str] = field(default_factory=dict)
     _groups: dict[int, list[Manifest]] = field(default_factory=dict, compare=False, repr=False)
+    _roles: dict[str, ValidServer] = field(default_factory=dict, compare=False, repr=False)
 
-    def group(self, replica: int) -> list[Manifest]:
-        """Replica group `replica` at the current revision (also for surge groups)."""
-        if replica not in self._groups:
-            if self.server.valid.spec.disaggregation is not None:
-                self._groups[replica] = roles.group(self.server, replica, self.revision)
+    def role_server(self, role: str) -> ValidServer:
+        """The server as one role's groups see it (`roles.role_server`), made once."""
+        if role not in self._roles:
+            self._roles[role] = roles.role_server(self.server, role)
+        return self._roles[role]
+
+    def group(self, key: int) -> list[Manifest]:
+        """Replica group `key` at the current revision (also for surge groups)."""
+        if key not in self._groups:
+            role = disaggregation.key_role(key)
+            if role is not None and self.server.valid.spec.disaggregation is not None:
+                view = self.role_server(role)
+                index = disaggregation.key_index(key)
+                revision = self.role_revisions[role]
+                self._groups[key] = roles.group(self.server, view, index, revision)
             else:
-                self._groups[replica] = group_children(self.server, replica, self.revision)
-        return self._groups[replica]
+                self._groups[key] = group_children(self.server, key, self.revision)
+        return self._groups[key]
+
+    def group_revision(self, key: int) -> str:
+        """The revision group `key`'s pods should run: its role's, else the server's."""
+        role = disaggregation.key_role(key)
+        return self.role_revisions.get(role, self.revision) if role else self.revision
 
     @property
     def replicas(self) -> int:
         """Replica groups: spec.replicas, or both roles' when disaggregated."""
         return disaggregation.replicas(self.server.valid.spec)
 
-    def group_hosts(self, replica: int) -> int:
-        """Hosts (pods) of replica group `replica`: its role's slice when disaggregated."""
+    @property
+    def group_keys(self) -> tuple[int, ...]:
+        """The keys of the groups the spec wants (surge groups aside)."""
+        return disaggregation.group_keys(self.server.valid.spec)
+
+    def group_name(self, key: int) -> str:
+        """The workload name of group `key`."""
+        role = disaggregation.key_role(key)
+        return group_name(self.server.name, role, disaggregation.key_index(key))
+
+    def group_hosts(self, key: int) -> int:
+        """Hosts (pods) of group `key`: its role's slice when disaggregated."""
         spec = self.server.valid.spec
-        role = disaggregation.group_role(spec, replica)
-        if role is None or disaggregation.role_of(spec, role).tpu is None:
+        role = disaggregation.key_role(key)
+        if (
+            role is None
+            or spec.disaggregation is None
+            or disaggregation.role_of(spec, role).tpu is None
+        ):
             return self.server.valid.shape.hosts
-        return roles.role_server(self.server, role).valid.shape.hosts
+        return self.role_server(role).valid.shape.hosts
 
     @property
     def children(self) -> list[Manifest]:
-        groups = [m for k in range(self.replicas) for m in self.group(k)]
+        groups = [m for k in self.group_keys for m in self.group(k)]
         return [*self.shared, *groups]
 
     @property
@@ -137,8 +176,16 @@ def validate_server(
 
 def render(server: ValidServer) -> Rendered:
     """Every child of a validated server (replica groups built on demand); cannot fail."""
+    role_revisions: dict[str, str] = {}
     if server.valid.spec.disaggregation is not None:
-        revision = stable_hash([server.workload_kind, *roles.templates(server)])
+        templates = {role: roles.templates(server, role) for role in disaggregation.ROLES}
+        role_revisions = {
+            role: stable_hash([server.workload_kind, *role_templates])
+            for role, role_templates in templates.items()
+        }
+        revision = stable_hash(
+            [server.workload_kind, *(t for ts in templates.values() for t in ts)]
+        )
     else:
         revision = stable_hash([server.workload_kind, *engine_templates(server, 0)])
     shared = [
@@ -160,7 +207,9 @@ def render(server: ValidServer) -> Rendered:
         chips_per_host=shape.chips_per_host,
         chips=shape.chips,
     )
-    return Rendered(server=server, revision=revision, shared=shared, plan=plan)
+    return Rendered(
+        server=server, revision=revision, shared=shared, plan=plan, role_revisions=role_revisions
+    )
 
 
 def build_children(

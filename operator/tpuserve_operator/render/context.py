@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from sglang_tpu.contract.group_contract import GroupContract
 from sglang_tpu.version import tpuserve_version
-from tpuserve_operator import labels
+from tpuserve_operator import disaggregation, labels
 from tpuserve_operator.validation import ValidSpec
 
 DEFAULT_IMAGE = f"ghcr.io/tpuserve/tpuserve:{tpuserve_version()}"
@@ -91,6 +91,8 @@ class Server:
     config: RenderConfig
     uid: str | None = None  # None under `tpuserve render` (no cluster, no owner reference)
     restarted_at: str | None = None  # the restart annotation's value
+    # The role whose groups this is the view of (render/roles.py), None: a plain server's.
+    pd_role: str | None = None
 
     @property
     def workload_kind(self) -> WorkloadKind:
@@ -133,7 +135,7 @@ class Server:
 
     def group_name(self, replica: int) -> str:
         """The replica group's workload (and, for StatefulSets, its headless Service)."""
-        return f"{self.name}-r{replica}"
+        return group_name(self.name, self.pd_role, replica)
 
     def worker_statefulset_name(self, replica: int) -> str:
         return f"{self.group_name(replica)}-w"
@@ -165,6 +167,13 @@ class ValidServer(Server):
     and cannot fail on (`validate_server` makes it)."""
 
     contract: GroupContract  # replica group 0's; `launch_contract.for_replica` gives the others
+
+
+def group_name(server: str, pd_role: str | None, index: int) -> str:
+    """Group ``index`` of a plain server (``<server>-r<k>``) or of one of its roles
+    (``<server>-p<k>``, ``<server>-d<k>``)."""
+    prefix = "r" if pd_role is None else disaggregation.GROUP_PREFIX[pd_role]
+    return f"{server}-{prefix}{index}"
 
 
 def stable_hash(value: Any, length: int = 10) -> str:

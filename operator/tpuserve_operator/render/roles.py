@@ -28,32 +28,27 @@ def role_server(server: Server, role: str) -> ValidServer:
     valid = ValidSpec(spec=spec, shape=shape, served_name=server.valid.served_name)
     base = Server(
         name=server.name, namespace=server.namespace, valid=valid, config=server.config,
-        uid=server.uid, restarted_at=server.restarted_at,
+        uid=server.uid, restarted_at=server.restarted_at, pd_role=role,
     )  # fmt: skip
     return ValidServer(
         name=base.name, namespace=base.namespace, valid=valid, config=base.config,
-        uid=base.uid, restarted_at=base.restarted_at, contract=check_group_contract(base),
+        uid=base.uid, restarted_at=base.restarted_at, pd_role=role,
+        contract=check_group_contract(base),
     )  # fmt: skip
 
 
-def templates(server: ValidServer) -> list[Manifest]:
-    """Both roles' pod templates (what the revision hashes)."""
-    spec = server.valid.spec
-    out: list[Manifest] = []
-    for role in disaggregation.ROLES:
-        # each role's first group, so a decode count that changes (its HPA) keeps the revision
-        prefill = disaggregation.role_of(spec, disaggregation.PREFILL)
-        first = 0 if role == disaggregation.PREFILL else prefill.replicas
-        role_templates = engine_templates(role_server(server, role), first)
-        out += [_marked(t, role, spec, server.name) for t in role_templates]
-    return out
+def templates(server: ValidServer, role: str) -> list[Manifest]:
+    """One role's pod templates, as its group 0 has them (what the role's revision hashes)."""
+    role_templates = engine_templates(role_server(server, role), 0)
+    return [_marked(t, role, server.valid.spec, server.name) for t in role_templates]
 
 
-def group(server: ValidServer, replica: int, revision: str) -> list[Manifest]:
-    """Replica group ``replica`` of a disaggregated server, as its role renders it."""
-    role = disaggregation.group_role(server.valid.spec, replica)
+def group(server: ValidServer, view: ValidServer, index: int, revision: str) -> list[Manifest]:
+    """Group ``index`` of a role of a disaggregated server, as the role renders it
+    (``view``: `role_server`'s view of the role)."""
+    role = view.pd_role
     assert role is not None
-    manifests = group_children(role_server(server, role), replica, revision)
+    manifests = group_children(view, index, revision)
     for manifest in manifests:
         manifest["metadata"].setdefault("labels", {})[pd.PD_ROLE_LABEL] = role
         for template in _pod_templates(manifest):

@@ -1,6 +1,7 @@
 """One replica group's workload: a LeaderWorkerSet, or StatefulSets plus a headless Service.
 
-Each replica is its own workload object (`<name>-r<k>`), so the operator rolls groups one at
+Each replica is its own workload object (`<name>-r<k>`; a disaggregated server's roles'
+`<name>-p<k>` and `<name>-d<k>`, render/roles.py), so the operator rolls groups one at
 a time and every pod's launch contract carries literal values for its group.
 
 - LeaderWorkerSet (when its CRD is installed): one group of `hosts` pods; LWS names the
@@ -14,6 +15,7 @@ a time and every pod's launch contract carries literal values for its group.
 
 from __future__ import annotations
 
+from sglang_tpu import disaggregation as pd
 from sglang_tpu.contract.group_contract import GroupContract
 from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.render.context import Manifest, Server, ValidServer
@@ -67,7 +69,18 @@ def _template(server: ValidServer, replica: int, role: str, revision: str) -> Ma
 
 
 def group_labels(server: Server, replica: int) -> dict[str, str]:
-    return {labels.REPLICA: str(replica)}
+    """The group's labels: its index, and its role on a disaggregated server."""
+    if server.pd_role is None:
+        return {labels.REPLICA: str(replica)}
+    return {labels.REPLICA: str(replica), pd.PD_ROLE_LABEL: server.pd_role}
+
+
+def group_selector(server: Server, replica: int) -> dict[str, str]:
+    """All pods of one replica group (a role's group index alone is not unique)."""
+    selector = labels.group_selector(server.name, replica)
+    if server.pd_role is not None:
+        selector[pd.PD_ROLE_LABEL] = server.pd_role
+    return selector
 
 
 def leaderworkerset(server: ValidServer, replica: int, revision: str) -> Manifest:
@@ -111,7 +124,7 @@ def headless_service(server: Server, replica: int) -> Manifest:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": labels.group_selector(server.name, replica),
+            "selector": group_selector(server, replica),
             "ports": [{"name": "http", "port": launch_contract.HTTP_PORT, "targetPort": "http"}],
         },
     }
@@ -120,7 +133,7 @@ def headless_service(server: Server, replica: int) -> Manifest:
 def _statefulset(
     server: ValidServer, replica: int, role: str, revision: str, name: str, pods: int, first: int
 ) -> Manifest:
-    selector = {**labels.group_selector(server.name, replica), labels.ROLE: role}
+    selector = {**group_selector(server, replica), labels.ROLE: role}
     spec: Manifest = {
         "replicas": pods,
         "serviceName": server.group_name(replica),

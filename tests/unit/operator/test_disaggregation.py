@@ -12,6 +12,7 @@ import pytest
 from sglang_tpu import disaggregation as pd
 from tests.unit.operator.conftest import RenderFn, SpecWith
 from tpuserve_operator.conditions import Reason
+from tpuserve_operator.disaggregation import group_key
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render import Manifest, RenderConfig, validate_server
 from tpuserve_operator.render.roles import ZONE_KEY
@@ -52,10 +53,10 @@ def test_each_role_is_its_own_replica_groups_with_its_slice_and_flags(
     result = rendered(pd_spec(spec_with))
     assert result.replicas == 3
     by_name = dict(templates(result.children))
-    assert sorted(by_name) == ["qwen-r0", "qwen-r0-w", "qwen-r1", "qwen-r2"]  # 4x4: 4 hosts
-    prefill, decode = by_name["qwen-r0"], by_name["qwen-r1"]
+    assert sorted(by_name) == ["qwen-d0", "qwen-d1", "qwen-p0", "qwen-p0-w"]  # 4x4: 4 hosts
+    prefill, decode = by_name["qwen-p0"], by_name["qwen-d0"]
     assert prefill["metadata"]["labels"][pd.PD_ROLE_LABEL] == "prefill"
-    assert by_name["qwen-r0-w"]["metadata"]["labels"][pd.PD_ROLE_LABEL] == "prefill"
+    assert by_name["qwen-p0-w"]["metadata"]["labels"][pd.PD_ROLE_LABEL] == "prefill"
     assert decode["metadata"]["labels"][pd.PD_ROLE_LABEL] == "decode"
     assert prefill["metadata"]["annotations"][pd.BOOTSTRAP_PORT_ANNOTATION] == "8998"
     assert pd.BOOTSTRAP_PORT_ANNOTATION not in decode["metadata"].get("annotations", {})
@@ -66,8 +67,8 @@ def test_each_role_is_its_own_replica_groups_with_its_slice_and_flags(
     assert "--disaggregation-transfer-backend mooncake" in engine_args(prefill)
     assert "--disaggregation-mode decode" in engine_args(decode)
     assert "bootstrap-port" not in engine_args(decode)
-    assert result.group_hosts(0) == 4
-    assert result.group_hosts(1) == 1
+    assert result.group_hosts(group_key("prefill", 0)) == 4
+    assert result.group_hosts(group_key("decode", 0)) == 1
     for template in by_name.values():  # one placement domain: the server's pods, one zone
         terms = template["spec"]["affinity"]["podAffinity"][
             "preferredDuringSchedulingIgnoredDuringExecution"
@@ -88,10 +89,44 @@ def test_the_router_routes_pairs_of_discovered_roles(
     assert 8998 in router_ports  # the router asks the bootstrap server the DP size
 
 
-def test_a_role_change_rolls_the_server(spec_with: SpecWith, rendered: RenderFn) -> None:
-    before = rendered(pd_spec(spec_with)).revision
-    changed = pd_spec(spec_with, decode={"replicas": 2, "args": {"max-running-requests": 64}})
-    assert rendered(changed).revision != before
+def groups_by_name(result: Any) -> dict[str, list[Manifest]]:
+    return {result.group_name(k): result.group(k) for k in result.group_keys}
+
+
+def test_a_role_change_rolls_that_role_alone(spec_with: SpecWith, rendered: RenderFn) -> None:
+    before = rendered(pd_spec(spec_with))
+    changed = rendered(
+        pd_spec(spec_with, decode={"replicas": 2, "args": {"max-running-requests": 64}})
+    )
+    assert changed.revision != before.revision  # status.revision: every role's templates
+    assert changed.role_revisions["prefill"] == before.role_revisions["prefill"]
+    assert changed.role_revisions["decode"] != before.role_revisions["decode"]
+    old, new = groups_by_name(before), groups_by_name(changed)
+    assert new["qwen-p0"] == old["qwen-p0"]  # byte for byte: the prefill group is not touched
+    assert new["qwen-d1"] != old["qwen-d1"]
+    (workload,) = [m for m in new["qwen-d1"] if m["kind"] == "StatefulSet"]
+    revision = workload["spec"]["template"]["metadata"]["labels"]["serving.tpuserve.dev/revision"]
+    assert revision == changed.role_revisions["decode"]
+
+
+def test_resizing_a_role_leaves_the_others_groups_as_they_were(
+    spec_with: SpecWith, rendered: RenderFn
+) -> None:
+    before = groups_by_name(rendered(pd_spec(spec_with)))
+    after = groups_by_name(rendered(pd_spec(spec_with, prefill={"replicas": 3})))
+    assert sorted(after) == ["qwen-d0", "qwen-d1", "qwen-p0", "qwen-p1", "qwen-p2"]
+    assert after["qwen-d0"] == before["qwen-d0"]
+    assert after["qwen-d1"] == before["qwen-d1"]
+    (service, *_) = after["qwen-d1"]
+    assert service["spec"]["selector"][pd.PD_ROLE_LABEL] == "decode"  # index 1 of decode only
+    assert service["metadata"]["labels"]["serving.tpuserve.dev/replica"] == "1"
+
+
+def test_a_pairing_change_rolls_both_roles(spec_with: SpecWith, rendered: RenderFn) -> None:
+    before = rendered(pd_spec(spec_with)).role_revisions
+    image = {"type": "simulated", "image": "example.com/engine:2"}
+    after = rendered(spec_with(**{**pd_spec(spec_with), "engine": image})).role_revisions
+    assert all(after[role] != before[role] for role in ("prefill", "decode"))
 
 
 def test_a_decode_count_that_changes_keeps_the_revision(
@@ -105,16 +140,20 @@ def test_a_decode_count_that_changes_keeps_the_revision(
 def test_status_reports_each_role(spec_with: SpecWith, rendered: RenderFn) -> None:
     result = rendered(pd_spec(spec_with))
 
-    def report(k: int, ready: bool) -> GroupReport:
+    def report(role: str, k: int, ready: bool) -> GroupReport:
         return GroupReport(
-            index=k, name=f"qwen-r{k}", state="Ready" if ready else "Starting",
-            reason=Reason.SERVING, message="", since="", hosts=1, ready_hosts=1,
-            updated=True, ready=ready, exists=True,
+            index=group_key(role, k), name=f"qwen-{role[0]}{k}",
+            state="Ready" if ready else "Starting", reason=Reason.SERVING, message="", since="",
+            hosts=1, ready_hosts=1, updated=True, ready=ready, exists=True,
         )  # fmt: skip
 
-    roles = role_statuses(result, {0: report(0, True), 1: report(1, True), 2: report(2, False)})
+    reports = [report("prefill", 0, True), report("decode", 0, True), report("decode", 1, False)]
+    roles = role_statuses(result, {r.index: r for r in reports})
     assert [(r.role, r.desired, r.replicas, r.ready_replicas, r.groups) for r in roles] == [
-        ("prefill", 1, 1, 1, [0]), ("decode", 2, 2, 1, [1, 2]),
+        ("prefill", 1, 1, 1, [0]), ("decode", 2, 2, 1, [0, 1]),
+    ]  # fmt: skip
+    assert [(g.role, g.index) for g in (r.as_status() for r in reports)] == [
+        ("prefill", 0), ("decode", 0), ("decode", 1),
     ]  # fmt: skip
     assert role_statuses(rendered(spec_with(engine=SIMULATED)), {}) == []
 
