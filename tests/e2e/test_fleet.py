@@ -33,6 +33,7 @@ timeline is printed (`-s`) and recorded in docs/operator.md.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
@@ -182,6 +183,12 @@ def test_disaggregated_server_answers_through_the_router_as_pairs(living_cluster
     manifest = yaml.safe_load(PD_EXAMPLE.read_text())
     name = manifest["metadata"]["name"]
     manifest["spec"]["disaggregation"]["decode"]["replicas"] = 1
+    # Each role scales on its own metric; targets far above this test's load: read, never met.
+    roles_scaled = {"prefill": ("ttft", "external"), "decode": ("queue", "pods")}
+    for role, (metric, _) in roles_scaled.items():
+        manifest["spec"]["disaggregation"][role]["autoscaling"] = {
+            "minReplicas": 1, "maxReplicas": 2, "metric": metric, "target": 1000,
+        }  # fmt: skip
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(manifest))
     wait(f"{name} Ready", lambda: ready(cluster, name))
     status = get(cluster, "tpumodelserver", name, "-n", NAMESPACE)["status"]
@@ -259,6 +266,24 @@ def test_disaggregated_server_answers_through_the_router_as_pairs(living_cluster
         interval_seconds=1.0,
         context=lambda: f"still empty: {sorted(empty)}",
     )
+
+    # Each role's HPA reads its own metric through the cluster's Prometheus Adapter: the
+    # prefill engines' p90 TTFT (an External metric of the chart's rule) and the decode
+    # leaders' queue (a Pods metric over the role's scale selector).
+    if cluster.metrics_adapter:
+
+        def current(role: str) -> object:
+            hpa = get(cluster, "hpa", f"{name}-{role}", "-n", NAMESPACE)
+            kind = roles_scaled[role][1]
+            found = [m[kind]["current"] for m in hpa["status"].get("currentMetrics") or []]
+            active = any(
+                c["type"] == "ScalingActive" and c["status"] == "True"
+                for c in hpa["status"].get("conditions") or []
+            )
+            return found[0] if found and active else None
+
+        for role in roles_scaled:
+            wait(f"the {role} role's HPA reading its metric", functools.partial(current, role))
 
     # A decode-only change rolls the decode role alone: its one group surges a new one first
     # (the pair surge, docs/pd.md "Rollouts"), the prefill pod is never restarted, and pairs
