@@ -23,7 +23,8 @@ requests within the SLO, found by bisection on colocated alone (`capacity`; or g
 ``--capacity W9=1.7,...``, as the scale of the trace's own rate); every mode then runs at
 that rate times each of ``--multipliers`` (1 and 2).
 
-**Split** of the N chips (`split`), by the performance model over the workload's own trace
+**Split** of the N chips (`split`, i.e. `tpuserve.bench.pd_split`, which `tpuserve plan
+--disaggregate` uses too), by the performance model over the workload's own trace
 at the rate run, never by a sweep of runs: each pool needs, in chips, its prefill compute
 (each prompt's uncached tokens, the cache being the prefixes of the pool's earlier prompts),
 its decode compute, and the KV its running requests hold (Little's law over one chip's pool,
@@ -73,10 +74,12 @@ from sglang_tpu.sim.request import Request
 from sglang_tpu.sim.virtual_clock import VirtualEngine
 from sglang_tpu.tokenizer import Tokenizer, load_tokenizer
 from sglang_tpu.topology import lookup
+from tpuserve.bench import pd_split
+from tpuserve.bench.pd_split import KV_USABLE, PdRequest, Pools
 from tpuserve.bench.traces import TraceRequest, token_ids_of
 from tpuserve.bench.workloads import generate
 
-MODES = ("colocated", "always", "conditional")
+MODES = pd_split.MODES
 LONG = ("W9", "W10", "10k1k")
 
 
@@ -99,7 +102,6 @@ SLOS: dict[str, Slo] = {
     "W9": Slo(5.0, 0.1), "W10": Slo(5.0, 0.1), "10k1k": Slo(5.0, 0.1),
     "W1": Slo(1.0, 0.1), "W2": Slo(1.0, 0.1),
 }  # fmt: skip
-KV_USABLE = 0.9  # of a chip's KV pool requests can hold (the scheduler keeps a reserve)
 QUEUE_PREFIX_WEIGHT = 2.0  # the router's QueueParams: saved_prefix_weight
 QUEUE_MARGIN_TOKENS = 8192  # ... and queue_margin_tokens
 CACHE_PAGE = 64  # tokens per page of the split's prefix-cache estimate
@@ -156,118 +158,27 @@ class Gaps:
     def on_abort(self, req: Request, now: float) -> None: ...
 
 
-@dataclass
-class Pools:
-    prefill: int
-    decode: int
-    colocated: int
-    load: float = math.inf  # the rate, as a multiple of the trace's, the model says it holds
-
-
-class Cache:
-    """Prefixes seen, by page: how much of a prompt an (unbounded) radix cache would hold."""
-
-    def __init__(self) -> None:
-        self.pages: set[int] = set()
-
-    @staticmethod
-    def _keys(tokens: Sequence[int]) -> list[int]:
-        keys, key = [], 0
-        for start in range(0, len(tokens) - CACHE_PAGE + 1, CACHE_PAGE):
-            key = hash((key, tuple(tokens[start : start + CACHE_PAGE])))
-            keys.append(key)
-        return keys
-
-    def held(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for key in self._keys(tokens):
-            if key not in self.pages:
-                break
-            n += 1
-        return n * CACHE_PAGE
-
-    def add(self, tokens: Sequence[int]) -> None:
-        self.pages.update(self._keys(tokens))
-
-
-@dataclass
-class Need:
-    """One pool's work over the trace: chip-seconds of prefill and decode, KV token-seconds."""
-
-    prefill: float = 0.0
-    decode_tokens: float = 0.0  # output tokens
-    context_tokens: float = 0.0  # sum over output tokens of the context they decode at
-    prompts: int = 0
-
-    def chips(self, timer: StepTimer, span: float, cache_tokens: int, kv: bool) -> float:
-        """Chips this pool needs to keep up with the trace over ``span`` seconds."""
-        if self.prompts == 0:
-            return 0.0
-        decode = 0.0
-        if self.decode_tokens:
-            context = self.context_tokens / self.decode_tokens  # mean, per token decoded
-            batch = max(1.0, min(256.0, KV_USABLE * cache_tokens / context))
-            step = timer.decode_step_seconds(int(batch), int(batch * context))
-            decode = self.decode_tokens * step / batch  # chip-seconds at the KV's batch
-            if not kv:  # compute alone: the batch is not bound by KV room
-                step = timer.decode_step_seconds(32, int(32 * context))
-                decode = self.decode_tokens * step / 32
-        return (self.prefill + decode) / span
+def cache_keys(tokens: Sequence[int]) -> tuple[int, ...]:
+    """The prompt's prefix-cache keys for the split, one per whole `CACHE_PAGE` page."""
+    keys, key = [], 0
+    for start in range(0, len(tokens) - CACHE_PAGE + 1, CACHE_PAGE):
+        key = hash((key, tuple(tokens[start : start + CACHE_PAGE])))
+        keys.append(key)
+    return tuple(keys)
 
 
 def split(
     mode: str, trace: Sequence[TraceRequest], ids: list[list[int]], timer: StepTimer,
     chips: int, budget: float, cache_tokens: int, rule: str = "kv",
 ) -> Pools:  # fmt: skip
-    """Chips per pool by the performance model (see the module docstring); ``budget``: the
-    ITL budget a colocated prefill may stall decodes for (conditional)."""
-    if mode == "colocated":
-        return Pools(0, 0, chips)
-    span = max(1e-9, max(r.t for r in trace) - min(r.t for r in trace))
-    kv = rule == "kv"
-    threshold = pd.threshold_tokens(timer, budget)
-
-    def needs(colocate: bool) -> dict[str, Need]:
-        out = {"prefill": Need(), "decode": Need(), "colocated": Need()}
-        caches = {"prefill": Cache(), "colocated": Cache()}
-        for req, prompt in zip(trace, ids, strict=True):
-            held = caches["colocated"].held(prompt) if colocate else 0
-            short = colocate and not pd.prefill_stalls(
-                timer, len(prompt) - held, held, threshold, budget
-            )
-            where = "colocated" if short else "prefill"
-            if not short:
-                held = caches["prefill"].held(prompt)
-            caches[where].add(prompt)
-            out[where].prefill += timer.prefill_seconds(len(prompt) - held, held)
-            out[where].prompts += 1
-            decode = out["colocated" if short else "decode"]
-            decode.prompts += 1
-            decode.decode_tokens += req.max_tokens
-            decode.context_tokens += req.max_tokens * (len(prompt) + req.max_tokens / 2)
-        return out
-
-    def allocate(need: dict[str, Need]) -> Pools:
-        chips_needed = {k: n.chips(timer, span, cache_tokens, kv) for k, n in need.items()}
-        used = {k: v for k, v in chips_needed.items() if v > 0}
-        if len(used) > chips:
-            return Pools(0, 0, 0, 0.0)
-        counts = dict.fromkeys(used, 1)
-        for _ in range(chips - len(used)):  # the next chip to the pool with most need per chip
-            k = max(used, key=lambda k: used[k] / counts[k])
-            counts[k] += 1
-        load = min(counts[k] / used[k] for k in used)
-        return Pools(
-            counts.get("prefill", 0), counts.get("decode", 0), counts.get("colocated", 0), load
-        )
-
-    pairs_only = allocate(needs(False))
-    if mode == "always":
-        return pairs_only
-    with_colocated = allocate(needs(True))
-    if with_colocated.colocated and with_colocated.load >= pairs_only.load:
-        return with_colocated
-    return pairs_only if pairs_only.load > 0 else with_colocated
+    """Chips per pool by the performance model (`tpuserve.bench.pd_split.split`, one
+    single-chip engine a chip); ``budget``: the ITL budget a colocated prefill may stall
+    decodes for (conditional)."""
+    requests = [
+        PdRequest(r.t, cache_keys(prompt), len(prompt), r.max_tokens)
+        for r, prompt in zip(trace, ids, strict=True)
+    ]
+    return pd_split.split(mode, requests, timer, chips, budget, cache_tokens, CACHE_PAGE, rule)
 
 
 def deployments(

@@ -25,6 +25,7 @@ from tpuserve.plan.planner import (
     PlanInputs,
     Slo,
     allowed_shapes,
+    disaggregate,
     load_prices,
     override_prices,
     peak_rate_for_tokens_per_day,
@@ -41,8 +42,10 @@ performance model's step times, continuous batching, a prefix cache, tpuserve's 
 routing) at rising rates; replicas for the peak follow, then cost per million output tokens
 by GKE Inference Quickstart's formula. Prints a table, the cost/latency Pareto front and the
 performance model's error band; --emit writes the chosen TPUModelServer (autoscaling bounds
-from the daily shape), checked by the operator's admission validation. Colocated serving only
-(prefill/decode disaggregation is not modelled yet).
+from the daily shape), checked by the operator's admission validation. The fleet model
+serves prefill and decode colocated; --disaggregate also splits the chosen replicas between a
+prefill and a decode role by the performance model's need per role (not simulated against
+the SLOs; docs/pd.md).
 
 examples:
   tpuserve plan --model llama-3.1-8b --preset chat --rate 100 --ttft-p99 1 --itl-p99 0.05
@@ -177,6 +180,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="r in GKE Inference Quickstart's $/1M output tokens: chip $/s over "
                       "(input tok/s / r + output tok/s) (default: 4).")  # fmt: skip
     out = parser.add_argument_group("output")
+    out.add_argument("--disaggregate", action="store_true",
+                     help="Also split the choice's replicas between a prefill and a decode role "
+                     "by the performance model (docs/pd.md); --emit then writes them as "
+                     "spec.disaggregation (--engine simulated only: SGLang has no TPU "
+                     "transfer backend).")  # fmt: skip
     out.add_argument("--emit", metavar="FILE", help="Write the chosen TPUModelServer (YAML).")
     out.add_argument("--name", default="planned", help="metadata.name to emit.")
     out.add_argument("--json", action="store_true", help="Print one JSON object.")
@@ -309,10 +317,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.emit and not source:
         raise PlanError("--model-source: required with --hf-config and --emit; allowed: "
                         "hf://ORG/NAME, gs://BUCKET/PATH or pvc://CLAIM/PATH")  # fmt: skip
+    if args.disaggregate and args.emit and args.engine == "sglang":
+        raise PlanError(emit.SGLANG_DISAGGREGATED)  # before the search, not after it
     progress = None if args.json else (lambda key: print(f"planning {key} ...", file=sys.stderr))
     result = plan(inputs, progress)
     if args.verify and result.best is not None:
         result.verified = verify(result)
+    if args.disaggregate and result.best is not None:
+        result.disaggregated = disaggregate(result, result.best)
     manifest_text = None
     if args.emit:
         best = result.best
@@ -333,6 +345,12 @@ def _run(args: argparse.Namespace) -> int:
 
 def header_lines(result: Plan, best: Candidate) -> list[str]:
     inputs = result.inputs
+    split = result.disaggregated
+    roles = [] if split is None else [
+        f"disaggregated: {split.prefill} prefill + {split.decode} decode replicas at the peak, "
+        f"keeping up as well as {split.colocated_replicas} colocated ones by the performance "
+        "model's need per role (not simulated against the SLOs)"
+    ]  # fmt: skip
     return [
         f"tpuserve plan: {best.replicas} x {best.key} ({best.replicas * best.chips} chips) for "
         f"{inputs.peak_rate:.1f} req/s at the peak",
@@ -340,6 +358,7 @@ def header_lines(result: Plan, best: Candidate) -> list[str]:
         f"{inputs.slo.ttft_p99} s, p99 ITL {inputs.slo.itl_p99} s (fleet model, error band "
         f"+-{PERF_MODEL_ERROR['median']:.0%} median, {PERF_MODEL_ERROR['worst']:.0%} worst)",
         f"autoscaling bounds: the daily trough ({inputs.trough:.2f} of the peak) to the peak",
+        *roles,
     ]
 
 
@@ -390,6 +409,7 @@ def to_json(result: Plan) -> dict[str, Any]:
         "utilisation_at_peak": (
             inputs.peak_rate / (best.capacity_rps * best.replicas) if best else None
         ),
+        "disaggregated": vars(result.disaggregated) if result.disaggregated else None,
     }
 
 
@@ -454,7 +474,17 @@ def render(result: Plan) -> str:
             f"{v['measured_rps']:.1f} req/s (the limit lies in [{v['measured_within'][0]:.1f}, "
             f"{v['measured_within'][1]:.1f}); ratio {_f(v['ratio'])}, {v['simulations']} runs)"
         )
-    lines.append("colocated prefill and decode only: disaggregation is not modelled yet")
+    split = result.disaggregated
+    if split is None or best is None:
+        lines.append("prefill and decode colocated (--disaggregate: split between roles)")
+    else:
+        lines.append(
+            f"disaggregated: {split.prefill} prefill + {split.decode} decode x {best.key}: "
+            f"the fewest replicas that keep up with the peak as well as the {best.replicas} "
+            f"colocated ones ({split.load:.2f}x vs {split.colocated_load:.2f}x the peak) by "
+            f"the performance model's need per role over {split.requests} requests; not "
+            "simulated against the SLOs (docs/pd.md)"
+        )
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from sglang_tpu import disaggregation as pd
 from tpuserve.plan.planner import Candidate, Plan, PlanError
 from tpuserve_operator import labels
 from tpuserve_operator.errors import InvalidSpec
@@ -15,6 +16,11 @@ from tpuserve_operator.validation import validate
 CRD_QUANTIZATION = {"bf16": "none", "none": "none", "fp8": "fp8"}
 """The planner's weight formats as `spec.model.quantization` spells them."""
 FALLBACK_QUEUE_TARGET = 8.0
+SGLANG_DISAGGREGATED = (
+    f"--engine: 'sglang' cannot be emitted with --disaggregate: SGLang {pd.SGLANG_VERSION} has "
+    "no transfer backend that moves KV between TPU slices (docs/pd.md); allowed: --engine "
+    "simulated, or --disaggregate without --emit"
+)
 
 
 def server_spec(
@@ -22,7 +28,9 @@ def server_spec(
 ) -> dict[str, Any]:
     """The spec: model, slice, engine and autoscaling bounds for the daily shape
     (``maxReplicas`` the peak's replicas, ``minReplicas`` the trough's, the ``tokensInFlight``
-    target the KV tokens per chip one replica held at its planned capacity)."""
+    target the KV tokens per chip one replica held at its planned capacity). With
+    ``result.disaggregated``: a prefill and a decode role instead, each autoscaled from the
+    trough's share of its peak count to it (prefill by its queue, decode as above)."""
     inputs = result.inputs
     quantization = inputs.fleet.quantization
     if quantization not in CRD_QUANTIZATION:
@@ -30,15 +38,8 @@ def server_spec(
             f"--quantization: {quantization!r} cannot be emitted; allowed: "
             f"{', '.join(CRD_QUANTIZATION)}"
         )
-    peak = choice.replicas
-    low = max(1, math.ceil(peak * inputs.trough))
     target = float(choice.at_capacity.get("tokens_in_flight_per_chip") or 0.0)
-    autoscaling: dict[str, Any] = {"minReplicas": low, "maxReplicas": peak}
-    if target >= 1:
-        autoscaling.update(metric="tokensInFlight", target=round(target))
-    else:
-        autoscaling.update(metric="queue", target=FALLBACK_QUEUE_TARGET)
-    return {
+    spec: dict[str, Any] = {
         "model": {
             "source": model_source,
             "quantization": CRD_QUANTIZATION[quantization],
@@ -50,8 +51,29 @@ def server_spec(
             "spot": spot,
         },
         "engine": {"type": engine},
-        "autoscaling": autoscaling,
     }
+    split = result.disaggregated
+    if split is None:
+        spec["autoscaling"] = _bounds(choice.replicas, inputs.trough, target)
+        return spec
+    if engine == "sglang":
+        raise PlanError(SGLANG_DISAGGREGATED)
+    spec["disaggregation"] = {
+        "prefill": {"autoscaling": _bounds(split.prefill, inputs.trough, 0.0)},
+        "decode": {"autoscaling": _bounds(split.decode, inputs.trough, target)},
+    }
+    return spec
+
+
+def _bounds(peak: int, trough: float, tokens_per_chip: float) -> dict[str, Any]:
+    """Autoscaling from the trough's share of ``peak`` (at least one) to ``peak``, on
+    ``tokensInFlight`` when a target per chip is known, else on the queue."""
+    bounds: dict[str, Any] = {"minReplicas": max(1, math.ceil(peak * trough)), "maxReplicas": peak}
+    if tokens_per_chip >= 1:
+        bounds.update(metric="tokensInFlight", target=round(tokens_per_chip))
+    else:
+        bounds.update(metric="queue", target=FALLBACK_QUEUE_TARGET)
+    return bounds
 
 
 def manifest(name: str, spec: dict[str, Any], header: list[str]) -> str:

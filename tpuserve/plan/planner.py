@@ -7,8 +7,10 @@ replica serves within the SLOs **by running the fleet model** (`tpuserve.bench.f
 window, the rate per replica found by doubling then bisection (Vidur-Search's approach,
 reference capacity-planning.md §3.1). Tensor parallelism is the slice's: one engine per slice,
 TP over all its devices (the project's launch contract), so searching topologies searches TP.
-Only colocated serving is planned: prefill/decode disaggregation is not modelled by the fleet
-model yet, so no P:D split is searched.
+The fleet model serves prefill and decode colocated. With ``--disaggregate`` the chosen
+replicas are also split between a prefill and a decode role (`disaggregate`): the
+performance model's need per role over a sample of the workload's requests at the peak
+(`tpuserve.bench.pd_split`, the PD benchmark's split), not a simulation against the SLOs.
 
 The replica count for the peak is ``ceil(peak_rate / capacity)``; cost per million output
 tokens is GKE Inference Quickstart's formula (gkerecommender v1 ``Cost``):
@@ -35,14 +37,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sglang_tpu import disaggregation as pd
 from sglang_tpu.perf_model import (
     ModelDoesNotFit,
     ModelProfile,
+    StepTimer,
     check_fits,
     get_profile,
+    kv_pool_tokens,
     profile_names,
 )
 from sglang_tpu.topology import SLICE_SHAPES, CatalogError, SliceShape, generation_names, lookup
+from tpuserve.bench import pd_split
 from tpuserve.bench.fleet import BLOCK_TOKENS, FleetConfig, FleetResult, run_fleet
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
@@ -54,6 +60,8 @@ PERF_MODEL_ERROR = {"median": 0.11, "worst": 0.59, "rows": 33}
 (``bench/perf_model_validation.py``; a unit test recomputes it)."""
 DOUBLINGS = 14
 BISECTIONS = 6
+PD_SAMPLE_REQUESTS = 20_000
+"""Requests of the peak the P:D split is computed over, at most (fewer: the window's)."""
 
 
 class PlanError(ValueError):
@@ -320,11 +328,27 @@ class Candidate:
         return self.usd_per_chip_hour * self.chips * self.replicas
 
 
+@dataclass(frozen=True)
+class PdSplit:
+    """A disaggregated server's replicas per role at the peak (`disaggregate`)."""
+
+    prefill: int
+    decode: int
+    load: float
+    """The peak's rate multiple the split keeps up with, by the need model."""
+    colocated_replicas: int
+    colocated_load: float
+    """The same for the choice's colocated replicas, by the same model."""
+    requests: int
+    """Requests of the sample it was computed over."""
+
+
 @dataclass
 class Plan:
     inputs: PlanInputs
     candidates: list[Candidate]
     verified: dict[str, Any] | None = None
+    disaggregated: PdSplit | None = None
 
     def ranked(self) -> list[Candidate]:
         ratio = self.inputs.output_input_cost_ratio
@@ -488,6 +512,65 @@ def verify(result: Plan) -> dict[str, Any]:
         "simulations": runs,
         "at_measured": summary,
     }
+
+
+def sample_requests(fleet: FleetConfig, rate: float, seconds: float) -> list[pd_split.PdRequest]:
+    """The workload's requests over ``seconds`` at a constant ``rate``, in arrival order, not
+    served: a turn's arrival does not depend on how the one before was served."""
+    import heapq
+
+    from tpuserve.bench.fleet import _ARRIVAL, _SESSION, FleetSim
+
+    sim = FleetSim(
+        replace(fleet, replicas=1, peak_rate=rate, trough=1.0, duration_seconds=seconds,
+                bursts_per_hour=0.0, autoscale=False)
+    )  # fmt: skip
+    out: list[pd_split.PdRequest] = []
+
+    def sink(req: Any) -> None:
+        out.append(pd_split.PdRequest(req.arrival, req.blocks, req.prompt, req.output))
+
+    sim._arrive = sink  # type: ignore[method-assign]
+    sim._next_session(0.0)
+    while sim.events and len(out) < PD_SAMPLE_REQUESTS:
+        t, _, kind, a, b = heapq.heappop(sim.events)
+        sim.now = t
+        if kind == _SESSION:
+            sim._start_session()
+            sim._next_session(t)
+        elif kind == _ARRIVAL:
+            sim._turn(a, b)
+    return out
+
+
+def disaggregate(result: Plan, choice: Candidate) -> PdSplit:
+    """Prefill and decode replicas of ``choice``'s slice for the peak, by the performance
+    model's need per role over a sample of the workload at the peak rate (prefill compute
+    for the prompts' uncached tokens; decode compute and KV room; `pd_split`): the fewest
+    replicas, split max-min between the roles, that keep up with the peak as well as the
+    choice's colocated replicas do by the same model. The fleet model found those colocated
+    replicas within the SLOs; this model has no SLO, so the comparison is what carries over."""
+    inputs = result.inputs
+    fleet = inputs.fleet
+    profile = fleet.profile or get_profile(fleet.model, "--model")
+    timer = StepTimer(choice.shape, profile, fleet.quantization)
+    cache_tokens = kv_pool_tokens(choice.shape, profile, fleet.quantization)
+    requests = sample_requests(fleet, inputs.peak_rate, inputs.window_seconds)
+    if len(requests) < 2:
+        raise PlanError(
+            f"--window: {inputs.window_seconds} s at {inputs.peak_rate:g} req/s brings "
+            f"{len(requests)} request(s); allowed: a window with at least two to split by"
+        )
+    block = fleet.block_tokens
+    colocated = pd_split.colocated_load(requests, timer, choice.replicas, cache_tokens, block)
+    budget = pd.DEFAULT_ITL_BUDGET_SECONDS  # unused by "always": every request is paired
+    for engines in range(2, max(2, 4 * choice.replicas) + 1):
+        pools = pd_split.split("always", requests, timer, engines, budget, cache_tokens, block)
+        if pools.load >= colocated:
+            break
+    return PdSplit(
+        pools.prefill, pools.decode, pools.load, choice.replicas, colocated, len(requests)
+    )
 
 
 # ------------------------------------------------------------------------------------ shapes

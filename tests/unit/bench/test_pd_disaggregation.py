@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from bench.pd_disaggregation import (
-    Cache,
     Pools,
+    cache_keys,
     Record,
     Slo,
     capacity,
@@ -52,13 +52,11 @@ def test_a_request_is_good_by_its_ttft_and_its_own_p99_gap() -> None:
     assert summarize([one_stall], slo)["good_share"] == 1.0  # 1 % of its gaps may stall
 
 
-def test_the_cache_estimate_holds_shared_prefixes_by_page() -> None:
-    cache = Cache()
-    first = list(range(1000))
-    assert cache.held(first) == 0
-    cache.add(first)
-    assert cache.held([*first[:700], 5, 6, 7]) == 640  # whole pages of 64
-    assert cache.held(list(range(1, 1000))) == 0
+def test_the_split_keys_a_prompt_by_whole_pages_of_64_tokens() -> None:
+    first = cache_keys(list(range(1000)))
+    assert len(first) == 1000 // 64
+    assert cache_keys([*range(700), 5, 6, 7]) == first[: 703 // 64]  # the shared pages' keys
+    assert not set(cache_keys(list(range(1, 1000)))) & set(first)  # a key names its prefix
 
 
 def test_kv_bound_decode_gets_more_chips_than_compute_alone_gives_it() -> None:

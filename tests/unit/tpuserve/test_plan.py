@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
+from sglang_tpu.perf_model import StepTimer, get_profile, kv_pool_tokens
 from sglang_tpu.topology import lookup
 from tpuserve import cli
+from tpuserve.bench import pd_split
 from tpuserve.bench.fleet import FleetConfig
 from tpuserve.plan import emit
 from tpuserve.plan.cli import build_inputs
@@ -26,11 +28,13 @@ from tpuserve.plan.planner import (
     PlanInputs,
     Slo,
     allowed_shapes,
+    disaggregate,
     load_prices,
     max_rate_within_slo,
     override_prices,
     plan,
     profile_from_hf_config,
+    sample_requests,
 )
 from tpuserve_operator.validation import validate
 
@@ -114,6 +118,70 @@ def test_emit_refuses_what_admission_would_refuse(small_plan: Plan) -> None:
     good = emit.server_spec(small_plan, best, "hf://Qwen/Qwen3-8B", "sglang", spot=False)
     with pytest.raises(PlanError, match=r"metadata\.name"):
         emit.manifest("Not_A_Name", good, [])
+
+
+def test_disaggregate_splits_the_choices_replicas_by_each_roles_need(small_plan: Plan) -> None:
+    best = small_plan.best
+    assert best is not None
+    split = disaggregate(small_plan, best)
+    assert split.prefill >= 1
+    assert split.decode >= 1
+    assert split.colocated_replicas == best.replicas
+    # the fewest replicas that keep up as well as the colocated ones, by the same model
+    assert split.load >= split.colocated_load > 0
+    assert split.requests > 100
+    if split.prefill + split.decode > 2:
+        requests = sample_requests(CHAT, small_plan.inputs.peak_rate, 20.0)
+        fewer = pd_split.split(
+            "always", requests, StepTimer(best.shape, get_profile("llama-3.1-8b")),
+            split.prefill + split.decode - 1, 0.05,
+            kv_pool_tokens(best.shape, get_profile("llama-3.1-8b")), CHAT.block_tokens,
+        )  # fmt: skip
+        assert fewer.load < split.colocated_load
+    # the same demand with long prompts and short answers wants more prefill, and fewer
+    # decode replicas, than with short prompts and long answers
+    prefill_heavy = replace(CHAT, input_median=3000.0, output_min=16, output_max=32)
+    decode_heavy = replace(CHAT, input_median=200.0, output_min=800, output_max=1000)
+    many = replace(best, replicas=8)
+    heavy = disaggregate(Plan(small_inputs(fleet=prefill_heavy), []), many)
+    light = disaggregate(Plan(small_inputs(fleet=decode_heavy), []), many)
+    assert heavy.prefill > light.prefill
+    assert heavy.decode < light.decode
+
+
+def test_a_disaggregated_plan_emits_two_autoscaled_roles_admission_accepts(
+    small_plan: Plan,
+) -> None:
+    best = small_plan.best
+    assert best is not None
+    split = disaggregate(small_plan, best)
+    result = replace(small_plan, disaggregated=split)
+    spec = emit.server_spec(result, best, "hf://Qwen/Qwen3-8B", "simulated", spot=False)
+    doc = yaml.safe_load(emit.manifest("pd-plan", spec, ["a comment"]))
+    validate(doc["metadata"]["name"], doc["spec"])
+    assert "autoscaling" not in doc["spec"]  # each role has its own
+    roles = doc["spec"]["disaggregation"]
+    trough = small_plan.inputs.trough
+    for role, peak in (("prefill", split.prefill), ("decode", split.decode)):
+        bounds = roles[role]["autoscaling"]
+        assert bounds["maxReplicas"] == peak
+        assert bounds["minReplicas"] == max(1, math.ceil(peak * trough))
+    assert roles["prefill"]["autoscaling"]["metric"] == "queue"
+    # SGLang has no TPU transfer backend: the operator would refuse it, so plan does first
+    with pytest.raises(PlanError, match="--engine: 'sglang' cannot be emitted with"):
+        emit.server_spec(result, best, "hf://Qwen/Qwen3-8B", "sglang", spot=False)
+
+
+def test_disaggregate_with_emit_for_sglang_is_refused_before_the_search(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "plan.yaml"
+    argv = ["plan", "--rate", "10", "--disaggregate", "--emit", str(out), "--engine", "sglang"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "allowed: --engine simulated, or --disaggregate without --emit" in err
+    assert "planning" not in err  # refused before any candidate was simulated
+    assert not out.exists()
 
 
 PLANNED = sorted(ROOT.glob("bench/fleet_results/*/plan-*.yaml"))
