@@ -225,9 +225,39 @@ def test_planned_servers_are_applied_unchanged_and_accepted(
             "--name", "e2e-plan"]  # fmt: skip
     done = subprocess.run(plan, capture_output=True, text=True, timeout=PLAN_TIMEOUT_SECONDS)
     assert done.returncode == 0, done.stderr
+    # the same case planned as prefill and decode roles (simulated engines: SGLang has no TPU
+    # transfer backend)
+    disaggregated = tmp_path / "planned-pd.yaml"
+    plan_pd = [*plan[: plan.index("--emit")], "--disaggregate", "--engine", "simulated",
+               "--emit", str(disaggregated), "--name", "e2e-pd-plan"]  # fmt: skip
+    done = subprocess.run(plan_pd, capture_output=True, text=True, timeout=PLAN_TIMEOUT_SECONDS)
+    assert done.returncode == 0, done.stderr
     assert len(PLANNED) >= 3, PLANNED
-    for path in (emitted, *PLANNED):
+    for path in (emitted, disaggregated, *PLANNED):
         cluster.kubectl("apply", "-n", namespace, "-f", str(path))
+    pd_manifest = yaml.safe_load(disaggregated.read_text())
+    body = wait_condition(cluster, namespace, "e2e-pd-plan", "Valid", "True", operator)
+    assert condition(body, "Valid")["reason"] == "SpecValid"
+    wanted_roles = pd_manifest["spec"]["disaggregation"]
+    role_hpas = sorted(f"e2e-pd-plan-{role}" for role in wanted_roles)
+
+    def roles_rendered() -> bool:
+        found = children(cluster, namespace, "e2e-pd-plan")
+        workloads = found.get(workload_kind(operator), [])
+        return (
+            found.get("HorizontalPodAutoscaler") == role_hpas
+            and found.get(labels.ROLE_KIND) == role_hpas
+            and {"e2e-pd-plan-p0", "e2e-pd-plan-d0"} <= set(workloads)
+        )
+
+    wait_until("e2e-pd-plan: an HPA and a TPUModelServerRole per role", roles_rendered, operator)
+    for role, spec in wanted_roles.items():
+        hpa = get(cluster, namespace, "horizontalpodautoscalers", f"e2e-pd-plan-{role}")["spec"]
+        bounds = spec["autoscaling"]
+        assert (hpa["minReplicas"], hpa["maxReplicas"]) == (
+            bounds["minReplicas"], bounds["maxReplicas"],
+        ), role  # fmt: skip
+        assert hpa["scaleTargetRef"]["kind"] == labels.ROLE_KIND
     for path in (emitted, *PLANNED):
         manifest = yaml.safe_load(path.read_text())
         name = manifest["metadata"]["name"]

@@ -341,6 +341,7 @@ def children(cluster: Cluster, namespace: str, name: str) -> dict[str, list[str]
             "networkpolicies",
             "horizontalpodautoscalers",
             "leaderworkersets",
+            labels.ROLE_PLURAL,
         )
     )
     listing = get(cluster, namespace, kinds, selector=selector)

@@ -35,10 +35,12 @@ PRINTER_COLUMNS: list[JSON] = [
 ]
 
 
-def openapi_schema() -> JSON:
-    """The whole object's schema: apiVersion, kind, metadata, spec, status."""
+def _object_schema(
+    description: str, kind: str, spec: type[Any], spec_description: str, status: type[Any]
+) -> JSON:
+    """A resource's whole schema: apiVersion, kind, metadata, spec, status."""
     return {
-        "description": RESOURCE_DESCRIPTION,
+        "description": description,
         "type": "object",
         "required": ["spec"],
         "properties": {
@@ -46,29 +48,35 @@ def openapi_schema() -> JSON:
                 "description": f"apiVersion is {labels.API_VERSION}.",
                 "type": "string",
             },
-            "kind": {"description": f"kind is {labels.KIND}.", "type": "string"},
+            "kind": {"description": f"kind is {kind}.", "type": "string"},
             "metadata": {"type": "object"},
-            "spec": {
-                **structural_schema(TPUModelServerSpec),
-                "description": "spec is the desired state: what to serve, on which TPU slices.",
-            },
+            "spec": {**structural_schema(spec), "description": spec_description},
             "status": {
-                **_without_defaults(structural_schema(TPUModelServerStatus)),
+                **_without_defaults(structural_schema(status)),
                 "description": "status is written by the operator.",
             },
         },
-        "x-kubernetes-validations": [
-            {
-                "rule": NAME_RULE,
-                "message": (
-                    f"metadata.name must be at most {MAX_NAME_LENGTH} characters of lower-case "
-                    "letters, digits and '-', starting with a letter and ending with a letter or "
-                    "digit (children include Services; child objects and pod host names append "
-                    "suffixes)"
-                ),
-            }
-        ],
     }
+
+
+def openapi_schema() -> JSON:
+    """The TPUModelServer's schema, with the rule on its name."""
+    schema = _object_schema(
+        RESOURCE_DESCRIPTION, labels.KIND, TPUModelServerSpec,
+        "spec is the desired state: what to serve, on which TPU slices.", TPUModelServerStatus,
+    )  # fmt: skip
+    schema["x-kubernetes-validations"] = [
+        {
+            "rule": NAME_RULE,
+            "message": (
+                f"metadata.name must be at most {MAX_NAME_LENGTH} characters of lower-case "
+                "letters, digits and '-', starting with a letter and ending with a letter or "
+                "digit (children include Services; child objects and pod host names append "
+                "suffixes)"
+            ),
+        }
+    ]
+    return schema
 
 
 def _without_defaults(node: JSON) -> JSON:
@@ -148,27 +156,10 @@ ROLE_PRINTER_COLUMNS: list[JSON] = [
 
 
 def role_openapi_schema() -> JSON:
-    return {
-        "description": ROLE_DESCRIPTION,
-        "type": "object",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {
-                "description": f"apiVersion is {labels.API_VERSION}.",
-                "type": "string",
-            },
-            "kind": {"description": f"kind is {labels.ROLE_KIND}.", "type": "string"},
-            "metadata": {"type": "object"},
-            "spec": {
-                **structural_schema(TPUModelServerRoleSpec),
-                "description": "spec is the role and its replica count.",
-            },
-            "status": {
-                **_without_defaults(structural_schema(TPUModelServerRoleStatus)),
-                "description": "status is written by the operator.",
-            },
-        },
-    }
+    return _object_schema(
+        ROLE_DESCRIPTION, labels.ROLE_KIND, TPUModelServerRoleSpec,
+        "spec is the role and its replica count.", TPUModelServerRoleStatus,
+    )  # fmt: skip
 
 
 def role_custom_resource_definition() -> dict[str, Any]:
