@@ -73,6 +73,11 @@ class FakeKube:
     def __init__(self, group_versions: Iterable[str] = ()) -> None:
         self.objects: dict[ObjectKey, dict[str, Any]] = {}
         self.group_versions = set(group_versions)
+        # the chart's CRDs (TPUModelServerRole too); a test removes one to see it missing
+        self.resources = {
+            (labels.API_VERSION, labels.PLURAL),
+            (labels.API_VERSION, labels.ROLE_PLURAL),
+        }
         self.applied: list[tuple[str, str]] = []  # (kind, name) of every accepted apply
         self.deleted: list[tuple[str, str]] = []  # (kind, name) of every delete that found one
         self.status_patches: list[dict[str, Any]] = []
@@ -210,6 +215,11 @@ class FakeKube:
 
     async def has_group_version(self, group_version: str, ttl_seconds: float = 30.0) -> bool:
         return group_version in self.group_versions
+
+    async def has_resource(
+        self, group_version: str, plural: str, ttl_seconds: float = 30.0
+    ) -> bool:
+        return (group_version, plural) in self.resources
 
     # -- internals -----------------------------------------------------------------------------
 

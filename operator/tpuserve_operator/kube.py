@@ -148,6 +148,10 @@ class KubeApi(Protocol):
 
     async def has_group_version(self, group_version: str, ttl_seconds: float = 30.0) -> bool: ...
 
+    async def has_resource(
+        self, group_version: str, plural: str, ttl_seconds: float = 30.0
+    ) -> bool: ...
+
 
 def replicas_patch(replicas: int) -> dict[str, Any]:
     """The merge patch that sets a TPUModelServer's spec.replicas and, in the same write,
@@ -167,6 +171,7 @@ class Kube:
         self._dynamic = DynamicClient(self._api_client)  # type: ignore[no-untyped-call]
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kube")
         self._group_versions: dict[str, tuple[float, bool]] = {}
+        self._resources: dict[str, tuple[float, frozenset[str]]] = {}
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -300,6 +305,22 @@ class Kube:
             served = False
         self._group_versions[group_version] = (now, served)
         return served
+
+    async def has_resource(
+        self, group_version: str, plural: str, ttl_seconds: float = 30.0
+    ) -> bool:
+        """Whether the apiserver serves ``plural`` in `group/version` (its CRD is installed,
+        not only another of the group's); cached."""
+        cached = self._resources.get(group_version)
+        now = time.monotonic()
+        if cached is None or now - cached[0] >= ttl_seconds:
+            try:
+                listing = await self._request("get", f"/apis/{group_version}")
+                names = frozenset(str(r.get("name")) for r in listing.get("resources") or [])
+            except NotFoundError:
+                names = frozenset()
+            cached = self._resources[group_version] = (now, names)
+        return plural in cached[1]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

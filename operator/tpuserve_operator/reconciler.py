@@ -701,11 +701,13 @@ class Reconciler:
             lws = await self.kube.has_group_version(LWS_GROUP_VERSION)
         monitoring = await self.kube.has_group_version(MONITORING_GROUP_VERSION)
         pools = await self.kube.has_group_version(INFERENCE_GROUP_VERSION)
+        role_scales = await self.kube.has_resource(labels.API_VERSION, labels.ROLE_PLURAL)
         return dataclasses.replace(
             self.settings.render,
             leaderworkerset=lws,
             prometheus_operator=monitoring,
             inference_pool=pools,
+            role_scales=role_scales,
         )
 
     @staticmethod

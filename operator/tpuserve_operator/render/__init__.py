@@ -149,6 +149,7 @@ def validate_server(
     name = str(meta.get("name") or "")
     valid = validate(name, spec, cel_rules=cel_rules)
     problems = pool_problems(valid.spec.inference_pool, valid.spec.router.enabled, config)
+    problems += roles.role_scale_problems(valid.spec, config)
     if problems:
         raise InvalidSpec(problems)
     annotations = meta.get("annotations") or {}

@@ -79,6 +79,7 @@ class RenderConfig:
     leaderworkerset: bool = False
     prometheus_operator: bool = False
     inference_pool: bool = False  # the InferencePool CRD (render/inference_pool.py)
+    role_scales: bool = True  # the TPUModelServerRole CRD (per-role autoscaling, render/roles.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ from typing import Any
 from sglang_tpu import disaggregation as pd
 from sglang_tpu.topology import lookup
 from tpuserve_operator import disaggregation, labels
-from tpuserve_operator.render.context import Manifest, Server, ValidServer
+from tpuserve_operator.errors import Problem
+from tpuserve_operator.render.context import Manifest, RenderConfig, Server, ValidServer
 from tpuserve_operator.render.pod import ENGINE_CONTAINER
 from tpuserve_operator.render.workload import check_group_contract, engine_templates, group_children
 from tpuserve_operator.validation import ValidSpec
@@ -101,6 +102,25 @@ def _marked(template: Manifest, role: str, spec: Any, name: str) -> Manifest:
         }
     )
     return template
+
+
+NO_ROLE_CRD = (
+    f"needs the {labels.ROLE_KIND} API ({labels.ROLE_PLURAL}.{labels.GROUP}), which this "
+    "cluster does not serve: `helm upgrade` does not install a chart's new CRDs; allowed: "
+    "that CRD installed (`kubectl apply --server-side -f` the chart's crds/), or the role "
+    "without autoscaling"
+)
+
+
+def role_scale_problems(spec: Any, config: RenderConfig) -> list[Problem]:
+    """An autoscaled role on a cluster without the TPUModelServerRole CRD: its HPA would
+    have no object to scale."""
+    if config.role_scales:
+        return []
+    return [
+        Problem(f"spec.disaggregation.{role}.autoscaling", NO_ROLE_CRD)
+        for role in disaggregation.autoscaled_roles(spec)
+    ]
 
 
 def role_scale_name(server_name: str, role: str) -> str:

@@ -543,6 +543,21 @@ PD_DECODE_AUTOSCALED = {
 }
 
 
+async def test_an_autoscaled_role_without_the_role_crd_is_invalid_naming_the_field(
+    operator: Operator,
+) -> None:
+    # `helm upgrade` does not install a chart's new CRDs: say so, rather than fail every pass
+    operator.kube.resources.discard((labels.API_VERSION, labels.ROLE_PLURAL))
+    key = operator.create(PD_DECODE_AUTOSCALED)
+    await operator.converge(key)
+    assert operator.conditions(key)["Valid"][0] == "False"
+    _, _, message = operator.events[-1]
+    assert "spec.disaggregation.decode.autoscaling: needs the TPUModelServerRole API" in message
+    assert "kubectl apply --server-side" in message
+    assert operator.kube.names(labels.ROLE_KIND) == []
+    assert operator.reconciles("invalid") == 1
+
+
 async def test_a_role_scale_object_is_seeded_then_its_count_is_the_roles(
     operator: Operator,
 ) -> None:
