@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 
 from bench.pd_disaggregation import (
-    Pools,
-    cache_keys,
     Record,
     Slo,
+    cache_keys,
     capacity,
     deployments,
     split,
@@ -19,6 +18,7 @@ from bench.pd_disaggregation import (
 )
 from sglang_tpu.perf_model import StepTimer, get_profile, kv_pool_tokens
 from sglang_tpu.topology import lookup
+from tpuserve.bench.pd_split import Pools
 from tpuserve.bench.traces import TraceRequest
 
 pytestmark = pytest.mark.unit
