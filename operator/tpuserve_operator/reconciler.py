@@ -614,6 +614,7 @@ class Reconciler:
             config.leaderworkerset,
             config.prometheus_operator,
             config.inference_pool,
+            config.role_scales,
             scaled,
         )
         if state.rendering is not None and state.rendering[0] == marker:

@@ -556,6 +556,11 @@ async def test_an_autoscaled_role_without_the_role_crd_is_invalid_naming_the_fie
     assert "kubectl apply --server-side" in message
     assert operator.kube.names(labels.ROLE_KIND) == []
     assert operator.reconciles("invalid") == 1
+    # the CRD applied: the next pass sees it, with no change to the server
+    operator.kube.resources.add((labels.API_VERSION, labels.ROLE_PLURAL))
+    await operator.converge(key)
+    assert operator.conditions(key)["Valid"] == ("True", "SpecValid")
+    assert operator.kube.names(labels.ROLE_KIND) == ["qwen-decode"]
 
 
 async def test_a_role_scale_object_is_seeded_then_its_count_is_the_roles(
