@@ -158,9 +158,20 @@ def go_module_dir(module: str, version: str) -> Path:
 
     Data files that ship inside kwok and LWS (stage YAMLs, CRDs, webhook manifests) are read
     from here at run time rather than copied into the repository.
+
+    Go (1.16+) extracts a module in place: the directory exists before it is whole, and the
+    download cache holds ``<version>.partial`` until it is (and ``<version>.ziphash`` once the
+    zip was checked), as Go's own ``modfetch.DownloadDir`` reads them. A directory not yet
+    whole is being extracted by another process (clusters started side by side on a fresh
+    machine) and is not read: ``go mod download`` waits for that process's lock and answers
+    once the module is whole.
     """
-    cached = go_mod_cache() / f"{_escape_module_path(module)}@{version}"
-    if cached.is_dir():
+    cache = go_mod_cache()
+    escaped, at = _escape_module_path(module), _escape_module_path(version)
+    cached = cache / f"{escaped}@{at}"
+    marks = cache / "cache" / "download" / escaped / "@v"
+    whole = not (marks / f"{at}.partial").exists() and (marks / f"{at}.ziphash").exists()
+    if cached.is_dir() and whole:
         return cached
     go = shutil.which("go")
     if go is None:

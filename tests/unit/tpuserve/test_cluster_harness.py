@@ -17,7 +17,12 @@ from tpuserve.cluster import cli_down, kwok, lws
 from tpuserve.cluster.pki import ADMIN_GROUP, create_pki, issue_serving_cert, load_pki
 from tpuserve.cluster.ports import free_ports
 from tpuserve.cluster.process import process_start_time
-from tpuserve.cluster.toolchain import Toolchain, ToolchainMissing, _escape_module_path
+from tpuserve.cluster.toolchain import (
+    Toolchain,
+    ToolchainMissing,
+    _escape_module_path,
+    go_module_dir,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -165,3 +170,38 @@ def test_cluster_down_with_nothing_running_is_a_no_op(
     args = argparse.Namespace(run_dir=tmp_path, keep=False)
     assert cli_down.run(args) == 0
     assert "no cluster running" in capsys.readouterr().out
+
+
+def test_a_module_go_is_still_extracting_is_not_read_until_go_says_it_is_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Go 1.16+ extracts a module in place, with `<version>.partial` in its download cache
+    # meanwhile; a cluster started beside another on a fresh machine once read a CRD file of
+    # prometheus-operator's module that was not there yet. Such a module goes through
+    # `go mod download`, which waits for the other process and answers once it is whole.
+    cache = tmp_path / "mod"
+    module = cache / "example.com" / "!some@v1.0.0"
+    module.mkdir(parents=True)
+    marks = cache / "cache" / "download" / "example.com" / "!some" / "@v"
+    marks.mkdir(parents=True)
+    (marks / "v1.0.0.ziphash").touch()
+    partial = marks / "v1.0.0.partial"
+    partial.touch()
+    calls = tmp_path / "calls"
+    fake_go = tmp_path / "bin" / "go"
+    fake_go.parent.mkdir()
+    fake_go.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        f'[ "$2" = download ] && rm -f {partial} && echo \'{{"Dir": "{module}"}}\'\n'
+        "exit 0\n"
+    )
+    fake_go.chmod(0o755)
+    monkeypatch.setenv("GOMODCACHE", str(cache))
+    monkeypatch.setenv("PATH", f"{fake_go.parent}{os.pathsep}{os.environ['PATH']}")
+    assert go_module_dir("example.com/Some", "v1.0.0") == module
+    assert "mod download -json example.com/Some@v1.0.0" in calls.read_text()
+    assert not partial.exists()
+    calls.unlink()
+    assert go_module_dir("example.com/Some", "v1.0.0") == module  # whole: read as it is
+    assert not calls.exists()
