@@ -39,6 +39,14 @@ def engine_tokenizer(engine: RealEngine) -> Tokenizer:
     return load_tokenizer(str(engine.model_path / "tokenizer.json"))
 
 
+REAL_ENGINE_HEALTH_TIMEOUT_SECONDS = 5.0
+"""SGLang 0.5.23's ``/health`` queues a one-token generation and answers after the next
+output it sees, checking once a second, so it takes 1 s at best and 2 s or more while a step
+of the running batch takes over a second, which a CPU engine on CI's two shared cores does.
+With the router's 2-s default, a busy survivor was ejected in one whole CI run of the kill
+test (23 requests answered 502/503 after the survivor's ejection)."""
+
+
 def text_of_tokens(tokenizer: Tokenizer, rng: random.Random, tokens: int) -> str:
     """Random words ending in a newline, at least ``tokens`` tokens long (at most ~10 more)."""
     words: list[str] = []
@@ -63,6 +71,7 @@ async def router_in_front_of(engines: Sequence[RealEngine]) -> RouterApp:
         RouterConfig(
             workers=tuple(e.url for e in engines),
             tokenizer=str(engines[0].model_path / "tokenizer.json"),
+            health_check_timeout_seconds=REAL_ENGINE_HEALTH_TIMEOUT_SECONDS,
         )
     )
     try:
