@@ -15,8 +15,10 @@ the index can still trust:
 
 - the next number: apply;
 - a jump forward (batches lost, ZMQ drops past its high-water mark): ask the engine's
-  replay socket for the missing ones; if it cannot give all of them, *resync*: drop
-  everything known about that worker and carry on from the current batch;
+  replay socket for the missing ones, in rounds that each apply the run up to their first
+  hole and ask again from the first batch still missing (`tpuserve_router.kv_replay`); if it
+  cannot give all of them, *resync*: drop everything known about that worker and carry on
+  from the current batch;
 - a jump back (the engine restarted and numbers from 0 again): drop everything, then
   replay the new engine's batches before this one;
 - the connection to the publisher dropped (seen by the ZMTP reader, or on a libzmq socket's
@@ -46,25 +48,24 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from sglang_tpu.kv_events import (
-    END_SEQ,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVEventDecodeError,
     decode_batch,
     parse_pub_frames,
-    parse_replay_reply,
-    replay_request,
 )
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.kv_publishers import Endpoints
+from tpuserve_router.kv_replay import REPLAY_MAX_ROUNDS, leading_run, read_round
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.zmq_monitor import stop_monitor
 from tpuserve_router.zmtp import SubscriberGroup, ZmtpSubscriber, tcp_address
@@ -73,26 +74,15 @@ __all__ = ["Endpoints", "KvEventHub"]
 
 log = logging.getLogger(__name__)
 
-REPLAY_TIMEOUT_SECONDS = 2.0
-"""Longest wait for the next message of a replay."""
 CATCH_UP_RETRY_SECONDS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-"""Waits before asking again after a failed catch-up (the engine's replay ROUTER socket drops
-what its send queue, 1,000 messages, cannot pass on, when the engine's loop sends faster than
-its I/O thread writes), while the stream still knows nothing: an idle engine sends no batch
-that would trigger one. The last try takes the run after what was lost."""
+"""Waits before asking again after a catch-up that did not reach the end of the engine's
+buffer (its replay socket did not answer, or stopped answering before the rounds were done):
+an idle engine sends no batch whose number would show what the index lacks."""
 CONFIRM_AFTER_CONNECT_SECONDS = 1.0
 """A second catch-up this long after each (re)connect's first: a publisher takes a new
 subscription into account a moment after the handshake, and a batch it published in between
 reached neither that first replay (it came before) nor this stream (it was not subscribed yet);
 an idle engine would send no later batch whose sequence number showed the gap."""
-REPLAY_QUEUE_BATCHES = 100_000
-"""Batches a replay socket queues unread: past SGLang's buffer (10,000 batches by default).
-An engine's replay ROUTER socket drops what the reader's queue cannot take (ZMQ's default
-mark is 1,000 messages), the end marker too; with this mark libzmq's I/O thread takes the
-replay off its hands as fast as the engine's own send queue (also 1,000 messages) empties,
-while a busy event loop reads it."""
-REPLAY_MAX_BATCHES = 1_000_000
-"""Batches one replay may bring at most (a publisher that never ends its replay fails it)."""
 DRAIN_MAX_MESSAGES = 64
 """Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
 are read on the loop's next turn)."""
@@ -127,6 +117,15 @@ _SEQ_END = 1 << 64
 """Past the last batch number (8 bytes, unsigned)."""
 
 
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """How a catch-up from the replay socket went."""
+
+    answered: bool  # the socket answered at least once
+    seen: bool  # it held a batch at or after the start
+    complete: bool  # every batch up to the end asked for (or of its buffer) is applied
+
+
 class _Subscription:
     """One event stream: a worker's, or one DP rank's of it."""
 
@@ -146,6 +145,8 @@ class _Subscription:
         self.retry_task: asyncio.Task[None] | None = None  # a failed catch-up, asked again
         self.confirm_task: asyncio.Task[None] | None = None  # the second catch-up on connect
         self.retries = 0  # failed catch-ups in a row
+        self.behind = False  # the last catch-up did not reach the end of the engine's buffer
+        self.lag = 0  # batches the engine published that this stream knows it has not applied
         self.subscriber: ZmtpSubscriber | None = None  # a tcp:// stream, read without libzmq
         self._stopped = False
         # The per-batch counters, looked up once (``labels`` costs a lock and a dict lookup
@@ -227,27 +228,21 @@ class _Subscription:
     async def _confirm_later(self, delay: float) -> None:
         """The batches after the last one applied, from the replay socket: those published
         before the publisher took the subscription into account (see
-        `CONFIRM_AFTER_CONNECT_SECONDS`). One that came live meanwhile is skipped."""
+        `CONFIRM_AFTER_CONNECT_SECONDS`). One that came live meanwhile is skipped. Not counted
+        as a replay (it is routine); a batch it finds is counted as a gap."""
         await asyncio.sleep(delay)
         replay = self.endpoints.replay
         async with self.lock:
-            expected = self.expected  # None: the buffer was empty
             if self._stopped or replay is None:
                 return
-            # Not counted as a replay (it is routine); a batch it finds is counted as a gap.
-            replayed = await self.hub.replay(replay, expected or 0)  # live ones wait (the lock)
-            fresh = [(s, payload) for s, payload in replayed or () if s >= (expected or 0)]
-            if not fresh or (expected is not None and fresh[0][0] != expected):
-                return  # nothing new (a hole would show at the next batch, as any gap)
-            self.hub.metrics.kv_event_gaps.labels(self.worker).inc()
-            log.warning(
-                "%s: KV events %d..%d were published before the subscription took; replayed",
-                self.label, fresh[0][0], fresh[-1][0],
-            )  # fmt: skip
-            for _, payload in fresh:
-                self.apply(payload)
-            self.expected = fresh[-1][0] + 1
-            self.replayed_through = fresh[-1][0]
+            before = self.expected  # None: the buffer was empty
+            await self._replay_runs(replay, before or 0, counted=False)  # live ones wait
+            if self.expected is not None and self.expected != before:
+                self.hub.metrics.kv_event_gaps.labels(self.worker).inc()
+                log.warning(
+                    "%s: KV events %d..%d were published before the subscription took; replayed",
+                    self.label, before or 0, self.expected - 1,
+                )  # fmt: skip
         self._read()  # what came while the lock was held
 
     async def _disconnected(self) -> None:
@@ -261,6 +256,8 @@ class _Subscription:
             self.hub.resync(self.worker, "publisher_disconnected", self.rank)
             self.expected = None
             self.replayed_through = None
+            self.behind = False
+            self._set_lag(0)
 
     def _read(self) -> None:
         """Apply what is queued on the socket, in order, without awaiting (the event loop calls
@@ -362,41 +359,29 @@ class _Subscription:
         or, starting from a peer's snapshot, what came after it. A seeded stream is replayed
         from the snapshot's last batch: an engine that no longer has it (nor anything later)
         restarted since, and the snapshot's blocks are dropped for a replay from 0. False when
-        the replay socket did not answer (or there is none)."""
+        the replay socket did not answer (or there is none); a catch-up that did not reach
+        the end of the buffer is asked again later (`_retry_catch_up`)."""
         replay = self.endpoints.replay
         if replay is None:
             return False
         seeded, self.seeded = self.seeded, False
         last = self.expected - 1 if seeded and self.expected else None
         start = (self.expected or 0) if last is None else last
-        # A stream that knows nothing asks for the whole buffer; its last retry takes the run
-        # the replay brings after what it lost (`KvEventHub.replay`, not ``whole``).
-        whole = self.expected is not None or self.retries < len(CATCH_UP_RETRY_SECONDS)
-        replayed = await self._replay(replay, start, whole=whole)
-        if last is not None and (not replayed or replayed[-1][0] < last):
+        caught = await self._replay_runs(replay, start)
+        if last is not None and not caught.seen:
             self.hub.resync(self.worker, "engine_restart", self.rank)
             self.expected = None
-            replayed = await self._replay(replay, 0)
-        if replayed is None:
+            caught = await self._replay_runs(replay, 0)
+        if not caught.complete:
             self._retry_catch_up()
-            return False
-        self.retries = 0
-        if not replayed:
-            return True
-        if self.expected is not None and replayed[-1][0] < self.expected - 1:
-            return True  # older than what we already applied: nothing new
-        if self.expected is not None and replayed[0][0] > self.expected:
-            self.hub.resync(self.worker, "gap_unrecoverable", self.rank)  # the buffer wrapped
-        for seq, payload in replayed:
-            if self.expected is None or seq >= self.expected:
-                self.apply(payload)
-        self.expected = replayed[-1][0] + 1
-        self.replayed_through = replayed[-1][0]
-        return True
+        else:
+            self.retries = 0
+        return caught.answered
 
     def _retry_catch_up(self) -> None:
-        """After a failed catch-up, ask again later (`CATCH_UP_RETRY_SECONDS`), unless a batch
-        comes first (it catches up itself) or the publisher is lost (its reconnect does)."""
+        """After a catch-up that fell short, ask again later (`CATCH_UP_RETRY_SECONDS`),
+        unless a batch comes first (its gap catches up itself) or the publisher is lost (its
+        reconnect does)."""
         if self._stopped or self.retries >= len(CATCH_UP_RETRY_SECONDS):
             return
         running = self.retry_task
@@ -409,66 +394,108 @@ class _Subscription:
     async def _catch_up_later(self, delay: float) -> None:
         await asyncio.sleep(delay)
         async with self.lock:
-            if self.expected is None and not self._stopped:
+            if self.behind and not self._stopped:
                 log.info("%s: asking the replay socket again", self.label)
                 await self._catch_up_from_start()
         self._read()  # what came while the lock was held
 
     async def receive(self, seq: int, payload: bytes) -> None:
+        """A batch out of the usual order: the first after a catch-up, a gap, a restart."""
         hub = self.hub
-        expected = self.expected
         if self.replayed_through is not None:
             if seq <= self.replayed_through:
                 return  # a live copy of a batch the catch-up replay already applied
             self.replayed_through = None
+        replay = self.endpoints.replay
+        expected = self.expected
         if expected is not None and seq < expected:
             hub.resync(self.worker, "engine_restart", self.rank)
-            await self._catch_up_before(seq)
+            self.expected = None
+            if replay is not None:
+                await self._replay_runs(replay, 0, seq)  # the new engine's batches before it
         elif expected is None:
-            if seq > 0:
-                await self._catch_up_before(seq)
+            if seq > 0 and replay is not None:
+                await self._replay_runs(replay, 0, seq)  # the buffer may start after 0
         elif seq > expected:
             hub.metrics.kv_event_gaps.labels(self.worker).inc()
             log.warning("%s: KV events %d..%d lost; replaying", self.label, expected, seq - 1)
-            if not await self._catch_up(expected, seq):
+            self._set_lag(seq - expected)
+            if replay is None or not (await self._replay_runs(replay, expected, seq)).complete:
                 hub.resync(self.worker, "gap_unrecoverable", self.rank)
         self.apply(payload)
         self.expected = seq + 1
+        self.replayed_through = None
+        self.behind = False
+        self._set_lag(0)
 
-    async def _catch_up_before(self, end: int) -> None:
-        """A stream that knows nothing of its engine's batches (its catch-up failed, or the
-        engine restarted) hears batch ``end``: apply the run of batches the replay buffer
-        holds up to ``end-1``. The buffer may no longer start at batch 0 (it wrapped), so
-        not all of ``0 .. end-1`` is required: that would fail every time."""
-        replay = self.endpoints.replay
-        if replay is None:
+    async def _replay_runs(
+        self, endpoint: str, start: int, end: int | None = None, *, counted: bool = True
+    ) -> CatchUp:
+        """Apply the engine's buffered batches from ``start`` (up to ``end``-1, or to the end
+        of its buffer) in rounds (`tpuserve_router.kv_replay`): each round's run without a
+        hole is applied at once (`_take_run`), and the next round asks from the first batch
+        still missing, so what was applied is kept and a replay that loses batches on the way
+        (a busy router, a busy engine) still ends whole. Counted as one replay, ``ok`` when
+        it got to the end; the batches known and not yet applied are the stream's lag."""
+        context = self.hub.context
+        ask = start
+        answered = seen = complete = False
+        for _ in range(REPLAY_MAX_ROUNDS):
+            answer = await read_round(context, endpoint, ask, end)
+            if answer is None:
+                break
+            answered = True
+            if not answer.batches:  # the end marker, nothing after what was applied
+                complete = True
+                break
+            seen = True
+            run = leading_run(answer.batches)
+            self._take_run(run)
+            ask = run[-1][0] + 1
+            if (end is not None and ask >= end) or (
+                answer.ended and len(run) == len(answer.batches)
+            ):
+                complete = True
+                break
+            self._set_lag(max(answer.batches[-1][0] + 1, end or 0) - ask)
+            log.info(
+                "%s: the replay from %s lost batches after %d; asking again from there",
+                self.label, endpoint, ask - 1,
+            )  # fmt: skip
+        self.behind = not complete
+        if complete:
+            self._set_lag(0)
+        if counted:
+            self.hub.metrics.kv_event_replays.labels(
+                self.worker, "ok" if complete else "failed"
+            ).inc()
+        return CatchUp(answered=answered, seen=seen, complete=complete)
+
+    def _take_run(self, run: list[tuple[int, bytes]]) -> None:
+        """Apply a run of batches without a hole, those not applied yet. A run that starts
+        after the next batch the stream expects means the engine no longer holds that batch
+        (its buffer wrapped): what the index knew of the stream is dropped first."""
+        expected = self.expected
+        if expected is not None:
+            if run[-1][0] < expected:
+                return  # older than what is applied: nothing new
+            if run[0][0] > expected:
+                self.hub.resync(self.worker, "gap_unrecoverable", self.rank)
+                expected = None
+        for seq, payload in run:
+            if expected is None or seq >= expected:
+                self.apply(payload)
+        self.expected = run[-1][0] + 1
+        self.replayed_through = run[-1][0]
+
+    def _set_lag(self, batches: int) -> None:
+        """This stream's lag; the worker's gauge is the sum over its streams (DP ranks)."""
+        if batches == self.lag:
             return
-        for _, payload in await self._replay(replay, 0, end, whole=False) or ():
-            self.apply(payload)
-
-    async def _catch_up(self, start: int, end: int) -> bool:
-        """Apply batches ``start .. end-1`` from the replay socket; False if not all came."""
-        if start >= end:
-            return True
-        replay = self.endpoints.replay
-        if replay is None:
-            return False
-        replayed = await self._replay(replay, start, end)
-        if replayed is None:
-            return False
-        for _, payload in replayed:
-            self.apply(payload)
-        return True
-
-    async def _replay(
-        self, endpoint: str, start: int, end: int | None = None, *, whole: bool = True
-    ) -> list[tuple[int, bytes]] | None:
-        """`KvEventHub.replay`, counted."""
-        replayed = await self.hub.replay(endpoint, start, end, whole=whole)
-        self.hub.metrics.kv_event_replays.labels(
-            self.worker, "ok" if replayed is not None else "failed"
-        ).inc()
-        return replayed
+        self.lag = batches
+        if not self._stopped:
+            lag = sum(sub.lag for sub in self.hub.subscriptions(self.worker))
+            self.hub.metrics.kv_event_lag.labels(self.worker).set(lag)
 
     def apply(self, payload: bytes) -> None:
         hub = self.hub
@@ -604,83 +631,3 @@ class KvEventHub:
             "(tpuserve_router_kv_events_skipped_total)",
             label, err.reason, err,
         )  # fmt: skip
-
-    async def replay(
-        self, endpoint: str, start: int, end: int | None = None, *, whole: bool = True
-    ) -> list[tuple[int, bytes]] | None:
-        """Batches ``start .. end-1`` (or all buffered from ``start`` when ``end`` is None)
-        from a replay socket, in order and without a hole; None if the socket did not answer,
-        if batches were lost on the way, or if it no longer holds every batch of a bounded
-        range.
-
-        With ``whole`` False, for a stream that knows nothing of its engine's batches: the
-        last run without a hole, however late it starts (the buffer wrapped, or the engine's
-        socket dropped part of the replay), ending at ``end-1`` when ``end`` is given, and,
-        when ``end`` is None, also what came before the replay went silent without its end
-        marker (also dropped). Starting from nothing, such a run leaves out blocks (stored
-        before it, or whose parent was) but never keeps one the engine removed; a tail it
-        misses shows as a gap at the engine's next batch, and is replayed then."""
-        sock = self.context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, REPLAY_QUEUE_BATCHES)
-        drain: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)  # no futures per message
-        try:
-            sock.connect(endpoint)
-            await sock.send_multipart(replay_request(start))
-            found: dict[int, bytes] = {}
-            received = 0
-            while True:
-                if not await sock.poll(int(REPLAY_TIMEOUT_SECONDS * 1000)):
-                    if not whole and end is None and found:
-                        log.warning("replay from %s ended without its end marker", endpoint)
-                        return self._whole(endpoint, found, start, end, whole)
-                    log.warning("replay from %s timed out", endpoint)
-                    return None
-                for _ in range(DRAIN_MAX_MESSAGES):
-                    try:
-                        frames = drain.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    seq, payload = parse_replay_reply(frames)
-                    if seq == END_SEQ:
-                        return self._whole(endpoint, found, start, end, whole)
-                    received += 1
-                    if received > REPLAY_MAX_BATCHES:
-                        log.warning(
-                            "replay from %s: more than %d batches", endpoint, REPLAY_MAX_BATCHES
-                        )
-                        return None
-                    if seq >= start and (end is None or seq < end):
-                        found[seq] = payload
-                await asyncio.sleep(0)  # requests go on between chunks of a long replay
-        except (zmq.ZMQError, KVEventDecodeError) as err:
-            log.warning("replay from %s failed: %s", endpoint, err)
-            return None
-        finally:
-            sock.close(linger=0)
-
-    @staticmethod
-    def _whole(
-        endpoint: str, found: dict[int, bytes], start: int, end: int | None, whole: bool = True
-    ) -> list[tuple[int, bytes]] | None:
-        """A replay's batches in order, or None when they have a hole or, given ``end``, do
-        not reach from ``start`` to it; not ``whole``: the last run without a hole (reaching
-        ``end-1`` if given)."""
-        batches = sorted(found.items())
-        if end is not None and whole and len(found) != end - start:
-            return None  # the engine's buffer no longer holds them all
-        if end is not None and not whole and (not batches or batches[-1][0] != end - 1):
-            return None
-        if batches and batches[-1][0] - batches[0][0] + 1 != len(batches):
-            if whole:
-                log.warning("replay from %s lost batches on the way; not applied", endpoint)
-                return None
-            first = len(batches) - 1
-            while first > 0 and batches[first - 1][0] == batches[first][0] - 1:
-                first -= 1
-            log.warning(
-                "replay from %s lost batches on the way; applying the run %d..%d after them",
-                endpoint, batches[first][0], batches[-1][0],
-            )  # fmt: skip
-            return batches[first:]
-        return batches

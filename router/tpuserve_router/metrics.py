@@ -254,6 +254,7 @@ class RouterMetrics:
     kv_event_gaps: Counter
     kv_event_resyncs: Counter
     kv_event_replays: Counter
+    kv_event_lag: Gauge
     kv_events_skipped: Counter
     workers_changed: Counter
     peers: Gauge
@@ -441,6 +442,12 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "Replays requested after a gap, by result (ok or failed).",
             ["worker", "result"],
         ),
+        kv_event_lag=Gauge(
+            "tpuserve_router_kv_event_lag_batches",
+            "KV-event batches a worker published that its block index knows it has not "
+            "applied yet (a gap or a replay still being asked for); 0 when caught up.",
+            ["worker"],
+        ),
         kv_events_skipped=Counter(
             "tpuserve_router_kv_events_skipped_total",
             "KV-event messages or events from a worker the router could not use and skipped, "
@@ -597,6 +604,7 @@ def remove_worker_series(metrics: RouterMetrics, worker: str) -> None:
         metrics.kv_event_gaps,
         metrics.kv_event_resyncs,
         metrics.kv_event_replays,
+        metrics.kv_event_lag,
         metrics.kv_events_skipped,
     )
     for metric in per_worker:
@@ -627,6 +635,7 @@ def touch_worker_series(metrics: RouterMetrics, worker: str, *, kv_events: bool)
         metrics.kv_event_resyncs.labels(worker, reason)
     for result in REPLAY_RESULTS:
         metrics.kv_event_replays.labels(worker, result)
+    metrics.kv_event_lag.labels(worker)
     for reason in KV_EVENT_SKIP_REASONS:
         metrics.kv_events_skipped.labels(worker, reason)
 

@@ -39,7 +39,7 @@ from tests.component.router.router_fleet import (
     wait_ready,
 )
 from tests.waiting import eventually_async
-from tpuserve_router import kv_events
+from tpuserve_router import kv_events, kv_replay
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.kv_events import DRAIN_MAX_MESSAGES, RECEIVE_HIGH_WATER_MARK
@@ -487,7 +487,7 @@ async def test_a_stream_whose_catch_up_failed_learns_the_buffer_at_its_next_batc
     # The catch-up at connect failed (the engine did not answer in time); the next batch
     # must bring what the engine's buffer holds before it, also when the buffer no longer
     # starts at batch 0 (it wrapped): asking for batches 0.. would fail again, every time.
-    monkeypatch.setattr(kv_events, "REPLAY_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(kv_replay, "REPLAY_TIMEOUT_SECONDS", 0.3)
     monkeypatch.setattr(kv_events, "CATCH_UP_RETRY_SECONDS", ())  # only the batch asks again
     publisher = Publisher(replay=True)
     publisher.unanswered = 1
@@ -513,7 +513,7 @@ async def test_a_failed_catch_up_is_asked_again_while_the_engine_is_idle(
 ) -> None:
     # An idle engine sends no batch that would make the router catch up after a failed
     # replay; the router asks again by itself, a bounded number of times.
-    monkeypatch.setattr(kv_events, "REPLAY_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(kv_replay, "REPLAY_TIMEOUT_SECONDS", 0.3)
     monkeypatch.setattr(kv_events, "CATCH_UP_RETRY_SECONDS", (0.05, 0.05, 0.05))
     publisher = Publisher(replay=True)
     publisher.unanswered = 1
@@ -544,9 +544,69 @@ async def test_a_failed_catch_up_is_asked_again_while_the_engine_is_idle(
         assert blocks_of(app, worker) == 0
 
 
+class OverflowingPublisher(Publisher):
+    """A publisher whose replay socket overflows as an engine's ROUTER socket does when its
+    loop sends faster than its I/O thread writes: of each answer the first ``queue`` batches
+    get through, the next ``lost`` are dropped, the rest get through, and the end marker is
+    dropped too whenever anything was. Its replay requests are counted (``asked``)."""
+
+    queue = 10
+    lost = 5
+
+    async def _serve_replay(self) -> None:
+        assert self.router is not None
+        while True:
+            identity, _, start = await self.router.recv_multipart()
+            self.asked += 1
+            first = int.from_bytes(start, "big")
+            sent = 0
+            dropped = False
+            for seq in sorted(s for s in self.replay if s >= first):
+                sent += 1
+                if self.queue < sent <= self.queue + self.lost:
+                    dropped = True
+                    continue
+                await self.router.send_multipart(
+                    [identity, b"", seq.to_bytes(8, "big"), self.replay[seq]]
+                )
+            if not dropped:
+                await self.router.send_multipart([identity, b"", END_SEQ_BYTES, b""])
+
+
+async def test_a_replay_that_loses_batches_on_the_way_is_asked_again_from_the_first_missing(
+    plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every answer loses batches in the middle and its end marker: the router applies the
+    # run before the first hole and asks again from there, keeping what it applied, until
+    # the whole buffer is in, the removal in a batch lost from the first answer included.
+    monkeypatch.setattr(kv_replay, "REPLAY_TIMEOUT_SECONDS", 0.3)
+    publisher = OverflowingPublisher(replay=True)
+    for seq in range(50):
+        publisher.replay[seq] = distinct_pages(seq, 1)
+    publisher.replay[12] = removed(list(range(2 * PAGE, 3 * PAGE)), slice(None))
+    async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
+        app,
+        _publisher,
+        worker,
+    ):
+        await wait_blocks(app, worker, 48, "batches 0..49, page 2 removed in 12")
+        replays = "tpuserve_router_kv_event_replays_total"
+        await eventually_async(
+            lambda: sample(app, replays, {"worker": worker, "result": "ok"}) == 1,
+            what="one catch-up, whole", timeout_seconds=5,
+        )  # fmt: skip
+        assert sample(app, replays, {"worker": worker, "result": "failed"}) == 0
+        assert sample(app, "tpuserve_router_kv_event_resyncs_total",
+                      {"worker": worker, "reason": "gap_unrecoverable"}) == 0  # fmt: skip
+        assert publisher.asked >= 5  # 0.., 10.., 20.., 30.., 40..: one round per hole
+        assert sample(app, "tpuserve_router_kv_event_lag_batches", {"worker": worker}) == 0
+        await publisher.publish(50, distinct_pages(50, 1))
+        await wait_blocks(app, worker, 49, "the next batch, in sequence")
+        assert sample(app, "tpuserve_router_kv_event_gaps_total", {"worker": worker}) == 0
+
+
 class DroppingPublisher(Publisher):
-    """A publisher whose replay socket loses batches ``lost`` and the end marker, as an
-    engine's ROUTER socket does when its send queue overflows."""
+    """A publisher whose replay socket always loses batches ``lost`` and the end marker."""
 
     lost = range(10, 20)
 
@@ -554,6 +614,7 @@ class DroppingPublisher(Publisher):
         assert self.router is not None
         while True:
             identity, _, start = await self.router.recv_multipart()
+            self.asked += 1
             first = int.from_bytes(start, "big")
             for seq in sorted(s for s in self.replay if s >= first and s not in self.lost):
                 await self.router.send_multipart(
@@ -561,30 +622,35 @@ class DroppingPublisher(Publisher):
                 )
 
 
-async def test_a_router_that_knows_nothing_takes_the_run_after_what_a_replay_lost(
+async def test_batches_an_engine_never_replays_are_dropped_and_what_follows_is_applied(
     plain_engine: EngineTwin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Starting from nothing, the run after the lost batches is safe to apply (it misses
-    # blocks, never keeps a removed one): the last try takes it, when the replay without its
-    # end marker goes silent (what it missed at its end would show as a gap at the next
-    # batch). The tries before asked for the whole buffer.
-    monkeypatch.setattr(kv_events, "REPLAY_TIMEOUT_SECONDS", 0.3)
+    # Asked again from batch 10, the engine answers from 20: it no longer holds 10..19, so
+    # the stream drops what it knew (0..9, applied first) and takes 20..49; what it lacks at
+    # the end (nothing answers past 49) shows as lag and is asked again, a bounded number of
+    # times, and the next live batch carries on in sequence.
+    monkeypatch.setattr(kv_replay, "REPLAY_TIMEOUT_SECONDS", 0.3)
     monkeypatch.setattr(kv_events, "CATCH_UP_RETRY_SECONDS", (0.05,))
     publisher = DroppingPublisher(replay=True)
     for seq in range(50):
         publisher.replay[seq] = distinct_pages(seq, 1)
-    publisher.replay[12] = removed(list(range(2 * PAGE, 3 * PAGE)), slice(None))  # lost
     async with publishing_router(plain_engine, replay=True, publisher=publisher) as (
         app,
         _publisher,
         worker,
     ):
-        await wait_blocks(app, worker, 30, "batches 20..49")  # not page 2, removed in 12
+        await wait_blocks(app, worker, 30, "batches 20..49")
+        await eventually_async(
+            lambda: resyncs(app, worker, "gap_unrecoverable") == 1,
+            what="the unreplayable batches", timeout_seconds=5,
+        )  # fmt: skip
+        replays = "tpuserve_router_kv_event_replays_total"
+        await eventually_async(
+            lambda: sample(app, replays, {"worker": worker, "result": "failed"}) == 2,
+            what="the catch-up and its one retry, short of an end marker", timeout_seconds=5,
+        )  # fmt: skip
         await publisher.publish(50, distinct_pages(50, 1))
         await wait_blocks(app, worker, 31, "the next batch, in sequence")
-        replays = "tpuserve_router_kv_event_replays_total"
-        assert sample(app, replays, {"worker": worker, "result": "ok"}) == 1
-        assert sample(app, replays, {"worker": worker, "result": "failed"}) == 1
 
 
 class LateSubscribingPublisher(Publisher):

@@ -1,57 +1,69 @@
-"""What a KV-event replay must be to be applied (`KvEventHub._whole`): in order, without a
-hole, and for a bounded range every batch of it (or, not ``whole``, for a stream that knows
-nothing: its last run without a hole, reaching the range's end)."""
+"""A KV-event replay read in rounds (`tpuserve_router.kv_replay`): each round's run up to its
+first hole, and what one round over a real ZMQ ROUTER socket brings."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
-from tpuserve_router.kv_events import KvEventHub
+import pytest
+import zmq
+import zmq.asyncio
+
+from sglang_tpu.kv_events import END_SEQ_BYTES
+from tpuserve_router import kv_replay
+from tpuserve_router.kv_replay import leading_run, read_round
 
 pytestmark = pytest.mark.unit
 
-ENDPOINT = "tcp://127.0.0.1:5558"
+
+def batches(*seqs: int) -> list[tuple[int, bytes]]:
+    return [(seq, b"batch %d" % seq) for seq in seqs]
 
 
-def found(*seqs: int) -> dict[int, bytes]:
-    return {seq: b"batch %d" % seq for seq in seqs}
+def test_the_run_ends_at_the_first_hole() -> None:
+    assert leading_run(batches(0, 1, 2, 5, 6)) == batches(0, 1, 2)
+    assert leading_run(batches(7, 8, 9)) == batches(7, 8, 9)
+    assert leading_run(batches(4)) == batches(4)
+    assert leading_run([]) == []
 
 
-def seqs(replayed: list[tuple[int, bytes]] | None) -> list[int] | None:
-    return None if replayed is None else [seq for seq, _ in replayed]
+async def serve_one(router: zmq.asyncio.Socket, held: range, *, end_marker: bool) -> int:
+    """Answer one replay request from ``held`` as an engine does; the start it asked for."""
+    identity, _, start = await router.recv_multipart()
+    first = int.from_bytes(start, "big")
+    for seq in held:
+        if seq >= first:
+            await router.send_multipart([identity, b"", seq.to_bytes(8, "big"), b"p%d" % seq])
+    if end_marker:
+        await router.send_multipart([identity, b"", END_SEQ_BYTES, b""])
+    return first
 
 
-def test_an_unbounded_replay_in_order_is_taken_also_when_the_buffer_wrapped() -> None:
-    assert seqs(KvEventHub._whole(ENDPOINT, found(7, 5, 6), 0, None)) == [5, 6, 7]
-    assert seqs(KvEventHub._whole(ENDPOINT, {}, 0, None)) == []
-
-
-def test_a_replay_with_a_hole_is_refused(caplog: pytest.LogCaptureFixture) -> None:
-    # The engine's ROUTER socket dropped batches 3 and 4 on the way: applying 5 after 2 would
-    # leave the index without what 3 and 4 stored or removed.
-    assert KvEventHub._whole(ENDPOINT, found(0, 1, 2, 5, 6), 0, None) is None
-    assert "lost batches" in caplog.text
-    assert KvEventHub._whole(ENDPOINT, found(10, 11, 13), 10, 14) is None
-
-
-def test_a_bounded_range_must_come_whole() -> None:
-    assert seqs(KvEventHub._whole(ENDPOINT, found(3, 4, 5), 3, 6)) == [3, 4, 5]
-    assert KvEventHub._whole(ENDPOINT, found(4, 5), 3, 6) is None  # 3 is gone
-
-
-def test_a_run_up_to_the_end_may_start_late_when_not_whole() -> None:
-    assert seqs(KvEventHub._whole(ENDPOINT, found(4, 5), 0, 6, whole=False)) == [4, 5]
-    assert KvEventHub._whole(ENDPOINT, found(3, 4), 0, 6, whole=False) is None  # not up to 5
-    assert seqs(KvEventHub._whole(ENDPOINT, found(2, 3, 5), 0, 6, whole=False)) == [5]
-    assert KvEventHub._whole(ENDPOINT, {}, 0, 6, whole=False) is None
-
-
-def test_a_stream_that_knows_nothing_takes_the_last_run_after_a_hole(
-    caplog: pytest.LogCaptureFixture,
+async def test_a_round_brings_the_batches_from_its_start_and_whether_it_ended(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The engine's ROUTER socket dropped batches 3 and 4 of a replay from 0: starting from
-    # nothing, 5 and 6 alone leave blocks out but keep none the engine removed.
-    replayed = KvEventHub._whole(ENDPOINT, found(0, 1, 2, 5, 6), 0, None, whole=False)
-    assert seqs(replayed) == [5, 6]
-    assert "applying the run 5..6" in caplog.text
-    assert seqs(KvEventHub._whole(ENDPOINT, found(9, 1, 2, 4, 5, 7), 0, None, whole=False)) == [9]
+    monkeypatch.setattr(kv_replay, "REPLAY_TIMEOUT_SECONDS", 0.2)
+    context = zmq.asyncio.Context()
+    router = context.socket(zmq.ROUTER)
+    router.bind("tcp://127.0.0.1:*")
+    endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+    try:
+        served = asyncio.ensure_future(serve_one(router, range(10), end_marker=True))
+        answer = await read_round(context, endpoint, 4, 8)
+        assert await served == 4
+        assert answer is not None
+        assert answer.ended
+        assert [seq for seq, _ in answer.batches] == [4, 5, 6, 7]  # not past its end
+
+        served = asyncio.ensure_future(serve_one(router, range(10), end_marker=False))
+        answer = await read_round(context, endpoint, 6)  # went silent: not ended
+        assert await served == 6
+        assert answer is not None
+        assert not answer.ended
+        assert [seq for seq, _ in answer.batches] == [6, 7, 8, 9]
+
+        served = asyncio.ensure_future(serve_one(router, range(0), end_marker=False))
+        assert await read_round(context, endpoint, 0) is None  # no answer at all
+        await served
+    finally:
+        context.destroy(linger=0)

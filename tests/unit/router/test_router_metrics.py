@@ -47,6 +47,7 @@ EXPECTED = {
     "tpuserve_router_kv_event_gaps": "counter",
     "tpuserve_router_kv_event_resyncs": "counter",
     "tpuserve_router_kv_event_replays": "counter",
+    "tpuserve_router_kv_event_lag_batches": "gauge",
     "tpuserve_router_kv_events_skipped": "counter",
     "tpuserve_router_worker_changes": "counter",
     "tpuserve_router_connections_closed": "counter",

@@ -37,6 +37,7 @@ def kv_series(worker: str) -> list[tuple[str, dict[str, str]]]:
             ("tpuserve_router_kv_event_replays_total", {"worker": worker, "result": r})
             for r in REPLAY_RESULTS
         ],
+        ("tpuserve_router_kv_event_lag_batches", {"worker": worker}),
         *[
             ("tpuserve_router_kv_events_skipped_total", {"worker": worker, "reason": r})
             for r in KV_EVENT_SKIP_REASONS
