@@ -206,6 +206,7 @@ CONNECTION_CLOSE_REASONS: Final = (
     "body_too_large",  # 413
     "unauthorized",  # refused at the end of the head (401, 403; 400 for two credentials)
     "buffer_budget",  # 503: the body does not fit in --max-buffered-bytes
+    "linger_cut",  # a refused client still sending, slower than the lingering close's rate
 )
 AUTH_FAILURE_REASONS: Final = ("missing", "invalid", "admin_denied")
 KV_EVENT_TYPES: Final = ("BlockStored", "BlockRemoved", "AllBlocksCleared")

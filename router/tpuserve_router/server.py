@@ -75,6 +75,13 @@ a client that encodes other requests' bodies between its writes: 40 uploads of 3
 asyncio process, on two cores kept busy by other work, were reset after 5 s pauses (18 of 40
 never read their 401). A lingering connection holds no buffer and is the first evicted when
 the connection limit needs room, so a longer wait costs a socket at most."""
+LINGER_MIN_BYTES_PER_SECOND: Final = 64 * 1024
+"""Past `--body-timeout`, a lingering close goes on while the client has sent at least this much
+a second on average since its answer (Apache's ``mod_reqtimeout`` MinRate, for input the router
+drops): a client uploading steadily reads its answer however slow a busy machine makes it (40
+uploads of 30 MB from one process beside two CPU burners outlasted the 60 s default; their
+401s were destroyed by the reset), while a drip is cut (``linger_cut``). It ends at the latest
+when a body of `--max-request-bytes` would have arrived at this rate."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +300,7 @@ class HttpConnection(asyncio.Protocol):
         self._write_paused = False
         self._paused_at = 0.0
         self._last_input = 0.0
+        self._dropped = 0  # bytes a lingering close dropped
         self._read_paused = False
         self._ignoring = False  # the rest of the input cannot be trusted
         self._rejection: bytes | None = None
@@ -313,6 +321,7 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes | memoryview) -> None:
         if self._ignoring:
             self._last_input = self.book.now  # a lingering close waits for the input to end
+            self._dropped += len(data)
             return
         if self.phase != BODY:  # these bytes may belong to a head: count them first
             seen = self._head_bytes + len(data)
@@ -590,11 +599,18 @@ class HttpConnection(asyncio.Protocol):
     def expired(self, now: float) -> str | None:
         """Close the connection if a timeout passed (`ConnectionBook.sweep` asks)."""
         if self.phase == CLOSING:
-            if (
-                now - self._last_input > LINGER_IDLE_SECONDS
-                or now - self.since > self.limits.body_timeout_seconds
+            if now - self._last_input > LINGER_IDLE_SECONDS:
+                self.abort()  # the client went quiet: its answer had time to arrive
+                return None
+            lingered = now - self.since
+            if lingered > self.limits.body_timeout_seconds and (
+                self._dropped < LINGER_MIN_BYTES_PER_SECOND * lingered
+                or lingered
+                > self.limits.body_timeout_seconds
+                + self.limits.max_body_bytes / LINGER_MIN_BYTES_PER_SECOND
             ):
                 self.abort()
+                return "linger_cut"
             return None
         if self.closed:
             return None
@@ -648,6 +664,7 @@ class HttpConnection(asyncio.Protocol):
         self.closed = True  # nothing more is written
         self.phase = CLOSING
         self.since = self._last_input = self.book.now
+        self._dropped = 0
         self.book.idle(self)
 
     # ------------------------------------------------------------------ rejections
