@@ -39,7 +39,9 @@ Decisions, per request:
 Failures: a transport error or a non-2xx answer on either leg ends the other (its connection
 closed, the engine asked to abort the request's rid); nothing has reached the client yet, so
 the request is retried on a new pair with a new room while ``--max-retries`` and the retry
-budget allow. Each leg counts against its own worker's outlier ejection; a decode that fails
+budget allow (a worker that is gone, or a prefill that broke a handoff other than by a
+timeout, is retried without asking the budget: a dead prefill fails all its pairs at once).
+Each leg counts against its own worker's outlier ejection; a decode that fails
 because the KV never came (a bootstrap or transfer failure) counts against the prefill. No
 healthy prefill (or decode) worker: the request goes to a colocated worker if there is one,
 else 503. The router never waits for a leg longer than ``--pd-handoff-timeout-seconds``, at
@@ -390,7 +392,7 @@ class PdRouter:
             return False
         if failed.status is not None and failed.status not in RETRYABLE_STATUSES:
             return False  # the request itself is refused (400, 404, ...): answered as it is
-        if failed.kind == "transport":
+        if failed.kind == "transport" or _prefill_broke(failed):
             return True  # a worker is gone: the retry costs it nothing twice
         return fwd.budget.allows(fwd.in_flight, False)
 
@@ -784,6 +786,19 @@ def _exception(task: asyncio.Future[Any]) -> BaseException:
     err = task.exception()
     assert err is not None
     return err
+
+
+def _prefill_broke(failed: LegFailed) -> bool:
+    """Whether the KV never came because the prefill broke, not because it was slow: a
+    bootstrap or transfer failure that is no timeout (SGLang's and the twin's timeouts say
+    "timed out"), such as a prefill that died mid-transfer or is no longer reachable ("the
+    prefill is gone", "Cannot connect to host"). Which leg reports a dead prefill first is a
+    race (its own connection reset, or the decode's failed transfer); either way the retry is
+    not the retry budget's to refuse: a dead worker's requests all fail at once, and the
+    budget, meant to keep retries from piling onto an overloaded fleet, would fail most."""
+    if failed.leg != PREFILL or failed.kind not in ("bootstrap", "transfer"):
+        return False
+    return b"timed out" not in failed.body[:2000].lower()
 
 
 def _reason(failed: LegFailed) -> str:

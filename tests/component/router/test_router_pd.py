@@ -214,15 +214,39 @@ async def _idle(twin: EngineTwin) -> bool:
     return all([await gauge(twin.url, q) == 0 for q in queues])
 
 
+@pytest.fixture
+async def default_retries(fleet: Fleet) -> AsyncIterator[RouterApp]:
+    """The fleet's router with the router's own retry settings (`--max-retries`, the retry
+    budget), as a user runs it."""
+    for engine in fleet.engines:  # a test may have had one die
+        if engine.proc is None or engine.proc.poll() is not None:
+            engine.start()
+    defaults = RouterConfig()
+    app = await start_router(
+        fleet.config(
+            max_retries=defaults.max_retries,
+            retry_budget_min=defaults.retry_budget_min,
+            retry_budget_percent=defaults.retry_budget_percent,
+        )
+    )
+    await wait_ready(app, len(fleet.engines))
+    yield app
+    await app.stop()
+
+
 async def test_a_prefill_dying_mid_transfer_under_load_fails_no_plain_request(
-    fleet: Fleet, router: RouterApp
+    fleet: Fleet, default_retries: RouterApp
 ) -> None:
+    # Every pair on the victim fails at once, on either leg first (its connection reset, or
+    # the decode's failed transfer; later ones: the decode cannot connect to its bootstrap
+    # server): none is the retry budget's to refuse, or most of 40 would get a 500.
+    router = default_retries
     victim = fleet.prefill[0]
     await inject(victim, "die_mid_transfer")
     base = router.base_url
     plain = [
         post(base, "/generate", {"text": f"{i} {LONG}", "sampling_params": {"max_new_tokens": 16}})
-        for i in range(12)
+        for i in range(40)
     ]
     streams = [
         stream_events(base, {"prompt": f"stream {i} {LONG}", "max_tokens": 16}) for i in range(6)
