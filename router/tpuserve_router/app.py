@@ -69,7 +69,7 @@ from tpuserve_router.admission import Admission
 from tpuserve_router.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.cancellation import Aborter
-from tpuserve_router.config import RouterConfig, kv_events_enabled
+from tpuserve_router.config import RouterConfig, kv_events_enabled, read_token
 from tpuserve_router.connections import BufferBudget, ConnectionBook
 from tpuserve_router.core import RouterCore
 from tpuserve_router.discovery.static import static_workers
@@ -282,9 +282,11 @@ def create_router_app(
     if config.picker_port is not None:  # grpc is imported only when the picker is on
         from tpuserve_router.picker import EndpointPicker
 
+        token = None if config.picker_token_file is None else read_token(config.picker_token_file)
         picker = EndpointPicker(
-            forwarder, test_headers=config.picker_test_headers, tls=config.picker_tls
-        )
+            forwarder, test_headers=config.picker_test_headers, tls=config.picker_tls,
+            buffers=buffers, token=token,
+        )  # fmt: skip
     admin = AdminApi(
         workers,
         policy,
@@ -844,6 +846,8 @@ def connection_budget(config: RouterConfig) -> int:
     request in flight and `FD_RESERVE` fit in the open-file limit: a router out of file
     descriptors can neither answer clients nor probe its workers."""
     room = open_file_limit() - config.max_in_flight - FD_RESERVE
+    if config.picker_port is not None:  # the picker's gateway connections have their own cap
+        room -= config.picker_max_connections
     return max(1, min(config.max_connections, room))
 
 

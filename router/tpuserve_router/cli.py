@@ -593,6 +593,25 @@ OPTIONS: tuple[Option, ...] = (
         "any client may set that header). Default: off.",
         switch=True,
     ),
+    Option(
+        "--picker-token-file",
+        "picker_token_file",
+        str,
+        "With --picker-port: a file holding the gateway's token (16 to 4096 printable "
+        "characters, a mounted Secret); a stream without gRPC metadata 'authorization: Bearer "
+        "TOKEN' is refused with UNAUTHENTICATED (Envoy sends it with the ext_proc "
+        "grpc_service's initial_metadata). Default: none (keep the port off the client "
+        "network: NetworkPolicy).",
+        metavar="FILE",
+    ),
+    Option(
+        "--picker-max-connections",
+        "picker_max_connections",
+        cli_types.positive_int,
+        "With --picker-port: gateway connections open at once on that port; a connection "
+        "beyond it is closed at once, one holding no stream for --keep-alive-timeout is closed "
+        f"(default {DEFAULTS.picker_max_connections}).",
+    ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
     Option(
         "--pd-disaggregation",

@@ -172,6 +172,8 @@ class RouterConfig:
     picker_port: int | None = None
     picker_test_headers: bool = False  # the conformance suite's steering headers
     picker_tls: bool = False  # serve TLS with a self-signed certificate (picker.py)
+    picker_token_file: str | None = None  # the gateway's token (gRPC metadata); None: none
+    picker_max_connections: int = 256  # gateway connections open at once on the picker port
     seed: int | None = None
     # PD mode (pd.py): prefill and decode workers, routed as pairs
     pd_disaggregation: bool | None = False  # PD mode with discovered roles (a pod's pd-role label)
@@ -564,13 +566,29 @@ def _picker_problems(config: RouterConfig) -> list[str]:
     """What is wrong with the endpoint-picker settings (`picker`)."""
     port = config.picker_port
     if port is None:
-        return [
+        problems = [
             f"{name}=True: needs picker_port (the picker's gRPC port)"
             for name in ("picker_test_headers", "picker_tls")
             if getattr(config, name)
         ]
+        if config.picker_token_file is not None:
+            problems.append(
+                f"picker_token_file={config.picker_token_file!r}: needs picker_port (the "
+                "picker's gRPC port)"
+            )
+        return problems
     if not 0 <= port <= 65535:
         return [f"picker_port={port}: allowed 0..65535 (0 = any free)"]
+    if not 1 <= config.picker_max_connections <= MAX_PICKER_CONNECTIONS:
+        return [
+            f"picker_max_connections={config.picker_max_connections}: allowed "
+            f"1..{MAX_PICKER_CONNECTIONS} (a gateway holds a few connections per proxy)"
+        ]
+    if config.picker_token_file is not None:
+        try:
+            read_token(config.picker_token_file)
+        except ValueError as err:
+            return [f"picker_token_file: {err}"]
     taken = {config.port, config.metrics_port, config.admin_port}
     if config.peer_port:
         taken |= {config.peer_port, snapshot_port(config.peer_port)}
@@ -580,6 +598,31 @@ def _picker_problems(config: RouterConfig) -> list[str]:
             "and the port after peer_port"
         ]
     return []
+
+
+MAX_PICKER_CONNECTIONS: Final = 65_536
+MIN_TOKEN_BYTES: Final = 16
+MAX_TOKEN_BYTES: Final = 4096
+
+
+def read_token(path: str) -> bytes:
+    """The picker's token: ``path``'s content, surrounding white space dropped; ValueError
+    naming the file and what is allowed."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_TOKEN_BYTES + 1)
+    except OSError as err:
+        raise ValueError(f"{path!r}: cannot be read: {err.strerror or err}") from None
+    token = data.strip()
+    if not MIN_TOKEN_BYTES <= len(token) <= MAX_TOKEN_BYTES or not all(
+        0x21 <= b <= 0x7E for b in token
+    ):
+        raise ValueError(
+            f"{path!r}: holds {len(token)} bytes of token; allowed: {MIN_TOKEN_BYTES} to "
+            f"{MAX_TOKEN_BYTES} printable ASCII characters without spaces (it travels as gRPC "
+            "metadata; e.g. head -c 32 /dev/urandom | base64)"
+        )
+    return token
 
 
 def peer_endpoint_problem(endpoint: str) -> str | None:

@@ -10,9 +10,11 @@ HTTP mode, and the gateway moves the bytes to it.
 One ``Process`` stream is one HTTP request, in ``FULL_DUPLEX_STREAMED`` body mode (the only
 mode the protocol's implementations support):
 
-- request headers: kept; with ``end_of_stream`` (no body) the pick is made at once;
+- request headers: kept (at most `MAX_HEADER_BYTES`); with ``end_of_stream`` (no body) the
+  pick is made at once;
 - request body: buffered up to ``--max-request-bytes`` (413 past it; the bodies of all
-  streams share ``--max-buffered-bytes``, 503 past it) until its end, then parsed as the
+  streams and of the HTTP port share ``--max-buffered-bytes``, one `BufferBudget`, 503 past
+  it) until its end, then parsed as the
   HTTP mode parses it (400 naming the field, 404 for a model no worker serves), the worker
   chosen, and the headers reply sent with ``clear_route_cache`` and the header
   ``x-gateway-destination-endpoint: ip:port[,ip:port...]`` (the chosen worker first, then up
@@ -35,6 +37,16 @@ mode the protocol's implementations support):
   the worker that served it, and the policy, the peers and outlier detection hear of it.
   A stream that closes before its answer ended is counted as ``499``.
 
+A stream carries one request and makes one pick: a message out of turn (request headers
+again, a body after the pick, an answer before it) ends it with ``INVALID_ARGUMENT``, never
+with a second pick. What a stream may send and how long it may wait are bounded as the HTTP
+port's clients are (`StreamRefused`, `WAITS`): over `MAX_HEADER_BYTES` of headers,
+``RESOURCE_EXHAUSTED``; headers, body, answer or its next part later than their timeout,
+``DEADLINE_EXCEEDED``, with the body released and the pick given back. Connections are capped
+(``--picker-max-connections``; idle ones closed), so are streams (``--max-in-flight`` +
+`SHED_STREAMS`). With ``--picker-token-file`` a stream without ``authorization: Bearer
+<token>`` metadata ends with ``UNAUTHENTICATED`` before a message is read.
+
 Requests to other paths (``/v1/models`` through the gateway, say) go to the least loaded
 healthy worker without the policy. The same port serves the gRPC health service for
 ``liveness`` (always SERVING), ``readiness``, ``envoy.service.ext_proc.v3.ExternalProcessor``,
@@ -56,6 +68,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -70,7 +83,9 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tpuserve_router.connections import BufferBudget
 from tpuserve_router.forwarding import CLIENT_CLOSED, Forwarder
+from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
 from tpuserve_router.policies.base import (
     Decision,
     NoHealthyWorker,
@@ -107,6 +122,14 @@ MAX_GRPC_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 SHED_STREAMS: Final = 1024
 """Streams a gateway connection may open beyond ``--max-in-flight``: requests the picker
 refuses at once (429) rather than leave waiting for a stream."""
+MAX_HEADER_BYTES: Final = 60 * 1024
+"""The most bytes of request (or response) headers one stream may send, names and values:
+Envoy's own limit (``max_request_headers_kb``, 60 KiB by default), so a gateway never sends
+more; a stream that does is ended (``RESOURCE_EXHAUSTED``) and nothing of it kept."""
+MAX_METADATA_BYTES: Final = 64 * 1024
+"""The most bytes of a headers message beside its headers (the subset hint, attributes)."""
+TOKEN_METADATA: Final = "authorization"
+"""The gRPC metadata carrying ``Bearer <token>`` (``--picker-token-file``)."""
 SERVING: Final = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: Final = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -117,6 +140,18 @@ def endpoint_of(worker: Worker) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{worker.port}"
+
+
+class StreamRefused(Exception):
+    """A stream the picker ends with a gRPC status instead of answering it as a request: it
+    broke the protocol, sent more than a gateway may, took too long, or has no credentials.
+    ``reason`` is counted (``tpuserve_router_picker_streams_refused_total``)."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
 
 
 class Refused(Exception):
@@ -159,8 +194,17 @@ class EndpointPicker:
     """The ext_proc service and its gRPC health service, on one port; one per router."""
 
     def __init__(
-        self, forwarder: Forwarder, *, test_headers: bool = False, tls: bool = False
+        self,
+        forwarder: Forwarder,
+        *,
+        test_headers: bool = False,
+        tls: bool = False,
+        buffers: BufferBudget | None = None,
+        token: bytes | None = None,
     ) -> None:
+        """``buffers``: the router-wide budget of buffered request bodies the HTTP front
+        charges too (one of its own, ``--max-buffered-bytes``, when None); ``token``: what a
+        stream's ``authorization: Bearer`` metadata must hold (None: no credentials)."""
         self.forwarder = forwarder
         self.certificate: bytes | None = None
         """The PEM certificate the port serves (``tls``), made at start; None: plaintext."""
@@ -172,10 +216,18 @@ class EndpointPicker:
         self.metrics = forwarder.metrics
         self.test_headers = test_headers
         self.max_body_bytes = self.config.max_request_bytes
-        self.max_buffered_bytes = self.config.max_buffered_bytes
+        self.buffers = (
+            buffers if buffers is not None else BufferBudget(self.config.max_buffered_bytes)
+        )
         self.buffered = 0
-        """Request-body bytes held across all streams."""
+        """Request-body bytes the picker's streams hold (charged to `buffers` too)."""
+        self._token = None if token is None else b"Bearer " + token
         self.streams = 0
+        self._live: dict[Exchange, asyncio.Task[Any]] = {}
+        """The streams in hand and their tasks, which the sweep cancels past a deadline."""
+        self._sweep: asyncio.TimerHandle | None = None
+        for reason in PICKER_STREAM_REFUSAL_REASONS:
+            self.metrics.picker_streams_refused.labels(reason)
         self.health = _LiveHealth(self._refresh_health)
         self._server: grpc.aio.Server | None = None
         self._port = 0
@@ -188,14 +240,21 @@ class EndpointPicker:
         return self._port
 
     async def start(self, host: str, port: int) -> None:
+        config = self.config
+        streams = config.max_in_flight + SHED_STREAMS
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
                 # room beyond --max-in-flight, so the requests over it get their 429 at once
-                ("grpc.max_concurrent_streams", self.config.max_in_flight + SHED_STREAMS),
+                ("grpc.max_concurrent_streams", streams),
+                ("grpc.max_allowed_incoming_connections", config.picker_max_connections),
+                # a connection that completes no handshake, or holds no stream, goes
+                ("grpc.server_handshake_timeout_ms", int(config.header_timeout_seconds * 1000)),
+                ("grpc.max_connection_idle_ms", int(config.keep_alive_timeout_seconds * 1000)),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
+            maximum_concurrent_rpcs=streams,  # over it: RESOURCE_EXHAUSTED, on every connection
         )
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -210,6 +269,7 @@ class EndpointPicker:
         self._port = bound
         await server.start()
         self._server = server
+        self._sweep = asyncio.get_running_loop().call_later(self._tick_seconds(), self._tick)
         await self.health.set("liveness", SERVING)
         await self._refresh_health()
         self._refresh = asyncio.create_task(self._refresh_loop(), name="picker-health")
@@ -222,6 +282,9 @@ class EndpointPicker:
 
     async def stop(self, grace_seconds: float) -> None:
         """Refuse new streams, give those in hand ``grace_seconds``, then cancel them."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         if self._refresh is not None:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -251,19 +314,76 @@ class EndpointPicker:
     ) -> None:
         """One stream: read a message, answer it, until the exchange ends. Through the
         context's read and write (not the request iterator and a generator): grpcio's asyncio
-        stack costs a quarter less per message that way."""
+        stack costs a quarter less per message that way. A stream without the token, one
+        that breaks the protocol or sends more than a gateway may, and one past a deadline
+        (`Exchange.expired`, found by the sweep) is ended with a gRPC status naming why, its
+        body released and its pick accounted for."""
         exchange = Exchange(self)
         self.streams += 1
+        task = asyncio.current_task()
         try:
-            while not exchange.closed:
-                message = await context.read()
-                if message is grpc.aio.EOF:
-                    return
-                for reply in exchange.handle(message):
-                    await context.write(reply)
+            try:
+                if self._token is not None:
+                    self._authenticate(context)
+                if task is not None:
+                    self._live[exchange] = task
+                while not exchange.closed:
+                    message = await context.read()
+                    if message is grpc.aio.EOF:
+                        return
+                    for reply in exchange.handle(message):
+                        await context.write(reply)
+            except asyncio.CancelledError:
+                if exchange.timed_out is None:  # the gateway went, or the router stops
+                    raise
+                if task is not None:
+                    task.uncancel()
+                raise exchange.timed_out from None
+        except StreamRefused as refused:
+            exchange.close()
+            self.metrics.picker_streams_refused.labels(refused.reason).inc()
+            await context.abort(refused.code, f"tpuserve picker: {refused.message}")
         finally:
+            self._live.pop(exchange, None)
             self.streams -= 1
             exchange.close()
+
+    def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Raise `StreamRefused` (UNAUTHENTICATED) unless the stream's metadata carries
+        ``authorization: Bearer <the token>``."""
+        presented = b""
+        for key, value in context.invocation_metadata() or ():
+            if key == TOKEN_METADATA:
+                presented = value.encode("latin-1") if isinstance(value, str) else value
+                break
+        assert self._token is not None
+        if not hmac.compare_digest(presented, self._token):
+            raise StreamRefused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "unauthenticated",
+                "this picker needs the gateway's token: gRPC metadata "
+                f"'{TOKEN_METADATA}: Bearer <token>' (--picker-token-file)"
+                + ("; the one presented does not match" if presented else ""),
+            )
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _tick_seconds(self) -> float:
+        """How often streams' deadlines are checked: a quarter of the shortest, 10 ms..1 s."""
+        config = self.config
+        shortest = min(
+            config.header_timeout_seconds,
+            config.body_timeout_seconds,
+            config.stream_idle_timeout_seconds,
+        )
+        return min(1.0, max(0.01, shortest / 4))
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for exchange, task in list(self._live.items()):
+            if exchange.timed_out is None and exchange.expired(now):
+                task.cancel()  # Process turns it into DEADLINE_EXCEEDED
+        self._sweep = asyncio.get_running_loop().call_later(self._tick_seconds(), self._tick)
 
     # ------------------------------------------------------------------ choosing
 
@@ -421,16 +541,20 @@ class Exchange:
         "arrived",
         "body",
         "closed",
+        "deadline",
         "first_chunk",
         "headers",
         "path",
         "pick",
         "picker",
+        "requested",
         "served",
         "size",
         "status",
         "subset",
         "tail",
+        "timed_out",
+        "waiting",
     )
 
     def __init__(self, picker: EndpointPicker) -> None:
@@ -447,17 +571,48 @@ class Exchange:
         self.first_chunk = True
         self.tail = (b"", b"")
         self.closed = False
+        self.requested = False  # its request headers arrived
+        self.waiting = "headers"  # what the stream waits for: a key of `WAITS`
+        self.deadline = self.arrived + picker.config.header_timeout_seconds
+        self.timed_out: StreamRefused | None = None  # set by `expired`
+
+    def _wait(self, what: str, now: float) -> None:
+        self.waiting = what
+        self.deadline = now + getattr(self.picker.config, WAITS[what][0])
+
+    def expired(self, now: float) -> bool:
+        """Whether the stream waited past its deadline for what it waits for; if so,
+        ``timed_out`` says how it ends (the sweep, `EndpointPicker._tick`, cancels it)."""
+        if now <= self.deadline:
+            return False
+        setting, flag, reason = WAITS[self.waiting]
+        seconds = getattr(self.picker.config, setting)
+        what = self.waiting.replace("_", " ")
+        self.timed_out = StreamRefused(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            reason,
+            f"the stream's {what} did not arrive within {seconds:g} s ({flag})",
+        )
+        return True
 
     def handle(self, message: ext_proc.ProcessingRequest) -> list[ext_proc.ProcessingResponse]:
+        """The replies to one message; raises `StreamRefused` for a message out of turn: one
+        stream carries one request, its headers once, its body until decided, and the
+        answer only once decided."""
         kind = message.WhichOneof("request")
         if kind == "request_headers":
             return self._request_headers(message)
+        if not self.requested:
+            raise _out_of_turn(kind, "before the request headers")
         if kind == "request_body":
             return self._request_body(message.request_body)
         if kind == "request_trailers":  # the body ended without its end_of_stream
             replies = self._decide(body_ends=False) if self.pick is None and not self.closed else []
             trailers = ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
             return [*replies, trailers]
+        if self.pick is None:
+            raise _out_of_turn(kind, "before the picker chose an endpoint")
+        self._wait("answer_body", time.monotonic())
         if kind == "response_headers":
             return self._response_headers(message)
         if kind == "response_body":
@@ -472,7 +627,11 @@ class Exchange:
     def _request_headers(
         self, message: ext_proc.ProcessingRequest
     ) -> list[ext_proc.ProcessingResponse]:
+        if self.requested:
+            raise _out_of_turn("request_headers", "again")
+        self.requested = True
         headers = message.request_headers
+        _check_header_size(message, headers)
         for header in headers.headers.headers:
             value = header.raw_value.decode("latin-1") if header.raw_value else header.value
             self.headers[header.key.lower()] = value
@@ -485,12 +644,13 @@ class Exchange:
                 self.subset = chosen
         if headers.end_of_stream:
             return self._decide(body_ends=None)
+        self._wait("body", time.monotonic())
         return []
 
     def _request_body(self, chunk: ext_proc.HttpBody) -> list[ext_proc.ProcessingResponse]:
         picker = self.picker
-        if self.pick is not None or self.closed:  # after a decision: pass it on
-            return [_request_chunk(chunk.body, chunk.end_of_stream)]
+        if self.pick is not None:
+            raise _out_of_turn("request_body", "after the request's body ended")
         size = len(chunk.body)
         if self.size + size > picker.max_body_bytes:
             return self._refuse(
@@ -504,11 +664,14 @@ class Exchange:
                     self._route_label(),
                 )
             )
-        if picker.buffered + size > picker.max_buffered_bytes:
+        if size and not picker.buffers.take(size):
+            budget = picker.buffers
             return self._refuse(
                 Refused(
                     unavailable(
-                        "the router holds --max-buffered-bytes of request bodies already; retry"
+                        f"the router holds {budget.used} bytes of requests, its limit is "
+                        f"{budget.max_bytes} (--max-buffered-bytes, shared with the HTTP "
+                        "port); retry"
                     ),
                     self._route_label(),
                 )
@@ -534,11 +697,7 @@ class Exchange:
             pick = self.picker.pick(self.path, body, self.subset)
         except Refused as refused:
             return self._refuse(refused)
-        self.pick = pick
-        worker = pick.worker
-        worker.in_flight += 1
-        self.picker.forwarder.in_flight += 1
-        self.served = worker
+        self._book(pick)
         destination = ",".join(pick.endpoints)
         mutation = ext_proc.HeaderMutation(
             set_headers=[
@@ -562,6 +721,17 @@ class Exchange:
         if body_ends is not None:
             replies += [_request_chunk(part, last and body_ends) for part, last in _chunks(body)]
         return replies
+
+    def _book(self, pick: Pick) -> None:
+        """The one place a pick is counted in flight (`_finish` the one it is taken back);
+        an exchange makes one pick at most."""
+        assert self.pick is None, "one pick per exchange"
+        assert self.served is None, "one pick per exchange"
+        self.pick = pick
+        self.served = pick.worker
+        pick.worker.in_flight += 1
+        self.picker.forwarder.in_flight += 1
+        self._wait("answer", time.monotonic())
 
     def _refuse(self, refused: Refused) -> list[ext_proc.ProcessingResponse]:
         self._release_body()
@@ -593,6 +763,7 @@ class Exchange:
 
     def _release_body(self) -> None:
         self.picker.buffered -= self.size
+        self.picker.buffers.give(self.size)
         self.size = 0
         self.body = []
 
@@ -602,6 +773,7 @@ class Exchange:
         self, message: ext_proc.ProcessingRequest
     ) -> list[ext_proc.ProcessingResponse]:
         headers = message.response_headers
+        _check_header_size(message, headers)
         for header in headers.headers.headers:
             if header.key == ":status":
                 self.status = (
@@ -713,6 +885,48 @@ class Exchange:
         if self.pick is not None:
             self.status = CLIENT_CLOSED
             self._finish()
+
+
+WAITS: Final = {
+    "headers": ("header_timeout_seconds", "--header-timeout", "header_timeout"),
+    "body": ("body_timeout_seconds", "--body-timeout", "body_timeout"),
+    "answer": ("first_byte_timeout_seconds", "--first-byte-timeout", "first_byte_timeout"),
+    "answer_body": ("stream_idle_timeout_seconds", "--stream-idle-timeout", "idle_timeout"),
+}
+"""What a stream may wait for, with the setting (and its flag) bounding each wait and the
+reason counted when it runs out: the request headers from the stream's start, the whole request body from
+its headers, the answer from the pick, each next part of the answer from the one before."""
+
+
+def _out_of_turn(kind: str | None, when: str) -> StreamRefused:
+    return StreamRefused(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "protocol",
+        f"{kind or 'an empty message'} {when}: one request per stream, its headers once, its "
+        "body until it ends, its answer once an endpoint is chosen (the Endpoint Picker "
+        "protocol)",
+    )
+
+
+def _check_header_size(message: ext_proc.ProcessingRequest, headers: ext_proc.HttpHeaders) -> None:
+    """Raise `StreamRefused` if ``headers`` hold more than `MAX_HEADER_BYTES` (names and
+    values), or the message more than `MAX_METADATA_BYTES` beside them."""
+    size = sum(len(h.key) + len(h.raw_value or h.value) for h in headers.headers.headers)
+    if size > MAX_HEADER_BYTES:
+        raise StreamRefused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "headers_too_large",
+            f"the headers hold {size} bytes; the picker's limit is {MAX_HEADER_BYTES} "
+            "(Envoy's max_request_headers_kb default)",
+        )
+    whole = message.ByteSize()
+    if whole > size + MAX_METADATA_BYTES + len(headers.headers.headers) * 8:
+        raise StreamRefused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "headers_too_large",
+            f"the headers message holds {whole - size} bytes beside its headers (metadata, "
+            f"attributes); the picker's limit is {MAX_METADATA_BYTES}",
+        )
 
 
 def _subset(context: base_pb2.Metadata) -> frozenset[str] | None:

@@ -3,6 +3,8 @@ that is built but not started (workers added by hand), and its settings' checks.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pytest
 from envoy.config.core.v3 import base_pb2
@@ -13,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from tpuserve_router import picker as epp
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import ConfigError, RouterConfig
+from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
 from tpuserve_router.workers import WorkerSpec
 
 pytestmark = pytest.mark.unit
@@ -243,11 +246,73 @@ def test_a_body_over_the_limit_is_413_and_its_buffer_released(app: RouterApp) ->
     ex.handle(headers_message())
     assert ex.handle(body_message(b"x" * 3000, end=False)) == []
     assert app.picker.buffered == 3000
+    assert app.book.buffers.used == 3000  # one budget with the HTTP front's
     (reply,) = ex.handle(body_message(b"x" * 3000, end=False))
     assert reply.immediate_response.status.code == 413
     assert b"--max-request-bytes" in reply.immediate_response.body
     assert app.picker.buffered == 0
+    assert app.book.buffers.used == 0
     assert ex.closed
+
+
+def test_a_short_token_file_is_refused_naming_what_is_allowed(tmp_path: Path) -> None:
+    short = tmp_path / "token"
+    short.write_text("too short\n")
+    with pytest.raises(ConfigError) as caught:
+        RouterConfig(picker_port=0, picker_token_file=str(short)).validate()
+    assert any("allowed: 16 to 4096 printable" in p for p in caught.value.problems)
+
+
+def test_the_picker_and_the_http_front_share_one_buffer_budget() -> None:
+    app = make_app(max_request_bytes=4096, max_buffered_bytes=5000)
+    assert app.picker is not None
+    app.book.buffers.take(3000)  # an HTTP body being read
+    ex = exchange(app)
+    ex.handle(headers_message())
+    (reply,) = ex.handle(body_message(b"x" * 2500, end=False))
+    assert reply.immediate_response.status.code == 503
+    assert b"--max-buffered-bytes" in reply.immediate_response.body
+    assert app.book.buffers.used == 3000
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        headers_message("/v1/models", end=True),
+        body_message(BODY),
+        ext_proc.ProcessingRequest(request_trailers=ext_proc.HttpTrailers()),
+    ],
+    ids=["headers", "body", "trailers"],
+)
+def test_a_message_after_the_pick_is_a_protocol_error_not_a_second_pick(
+    app: RouterApp, second: ext_proc.ProcessingRequest
+) -> None:
+    ex = exchange(app)
+    ex.handle(headers_message())
+    destination(ex.handle(body_message(BODY)))
+    assert app.forwarder.in_flight == 1
+    if second.WhichOneof("request") == "request_trailers":
+        (reply,) = ex.handle(second)  # trailers are answered; no second decision
+        assert reply.WhichOneof("response") == "request_trailers"
+    else:
+        with pytest.raises(epp.StreamRefused) as caught:
+            ex.handle(second)
+        assert caught.value.reason == "protocol"
+    assert app.forwarder.in_flight == 1
+    assert sum(w.in_flight for w in app.registry.workers) == 1
+    ex.close()
+    assert app.forwarder.in_flight == 0
+    assert all(w.in_flight == 0 for w in app.registry.workers)
+
+
+def test_answer_messages_before_the_pick_are_protocol_errors(app: RouterApp) -> None:
+    ex = exchange(app)
+    with pytest.raises(epp.StreamRefused):
+        ex.handle(body_message(BODY))  # before the headers
+    ex = exchange(app)
+    ex.handle(headers_message())
+    with pytest.raises(epp.StreamRefused):
+        ex.handle(response_headers(200, ENDPOINTS[0]))
 
 
 def test_at_max_in_flight_the_request_is_shed_with_429() -> None:
@@ -353,9 +418,18 @@ def test_ipv6_endpoints_are_bracketed() -> None:
         ({"picker_port": 70000}, "picker_port=70000: allowed 0..65535"),
         ({"picker_test_headers": True}, "picker_test_headers=True: needs picker_port"),
         ({"picker_tls": True}, "picker_tls=True: needs picker_port"),
+        ({"picker_token_file": "/etc/hosts"}, "picker_token_file='/etc/hosts': needs picker_port"),
+        ({"picker_port": 0, "picker_token_file": "/nonexistent"}, "'/nonexistent': cannot be read"),
+        ({"picker_port": 0, "picker_max_connections": 0}, "picker_max_connections=0: allowed 1.."),
     ],
 )
 def test_picker_settings_are_checked(settings: dict[str, object], words: str) -> None:
     with pytest.raises(ConfigError) as caught:
         RouterConfig(**settings).validate()  # type: ignore[arg-type]
     assert any(words in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_every_way_a_stream_ends_early_has_its_metric_label() -> None:
+    reasons = {reason for _, _, reason in epp.WAITS.values()}
+    reasons |= {"unauthenticated", "protocol", "headers_too_large"}
+    assert reasons == set(PICKER_STREAM_REFUSAL_REASONS)
