@@ -237,6 +237,15 @@ OPTIONS: tuple[Option, ...] = (
         f"at most half (default {DEFAULTS.max_buffered_bytes}).",
     ),
     Option(
+        "--max-buffered-bytes-per-client",
+        "max_buffered_bytes_per_client",
+        cli_types.positive_int,
+        "Of --max-buffered-bytes, what one client may hold at once: an API key's tenant, or "
+        "without keys a client address (every client behind one proxy address shares it); "
+        "more gets 503 with Retry-After. From --max-request-bytes to --max-buffered-bytes "
+        "(default: a quarter of --max-buffered-bytes, at least --max-request-bytes).",
+    ),
+    Option(
         "--max-prompt-chars",
         "max_prompt_chars",
         cli_types.positive_int,

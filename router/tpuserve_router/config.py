@@ -112,6 +112,8 @@ class RouterConfig:
     # Request bodies held at once, router-wide (connections.BufferBudget): a quarter of the
     # chart's 2 GiB router memory limit (the operator renders a quarter of the pod's limit).
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    # Of them, what one client (a key's tenant, else an address) may hold; None: a quarter.
+    max_buffered_bytes_per_client: int | None = None
     max_prompt_chars: int = 4 * 1024 * 1024  # also the most token ids a prompt may have
     max_connections: int = 10_000
     max_in_flight: int = 4096
@@ -206,6 +208,14 @@ class RouterConfig:
             max_ejection_seconds=self.outlier_max_ejection_seconds,
             max_ejected_percent=self.outlier_max_ejected_percent,
         )
+
+    def client_buffer_bytes(self) -> int:
+        """What one client may hold of the buffer budget: ``max_buffered_bytes_per_client``,
+        or a quarter of the budget, at least one body of ``max_request_bytes``."""
+        if self.max_buffered_bytes_per_client is not None:
+            return self.max_buffered_bytes_per_client
+        share = max(self.max_buffered_bytes // 4, self.max_request_bytes)
+        return min(share, self.max_buffered_bytes)
 
     def front_limits(self, max_connections: int | None = None) -> FrontLimits:
         """The front's limits; ``max_connections`` overrides the setting (the app lowers it
@@ -331,6 +341,13 @@ class RouterConfig:
             f"max_request_bytes={self.max_request_bytes}: must be <= max_buffered_bytes="
             f"{self.max_buffered_bytes} (a body larger than every body the router may hold "
             "could never be read)",
+        )
+        share = self.max_buffered_bytes_per_client
+        need(
+            share is None or self.max_request_bytes <= share <= self.max_buffered_bytes,
+            f"max_buffered_bytes_per_client={share}: allowed max_request_bytes="
+            f"{self.max_request_bytes} to max_buffered_bytes={self.max_buffered_bytes} (one "
+            "client's share must fit the largest body, and fit in the budget)",
         )
         need(
             self.max_request_line_bytes <= self.max_header_bytes,

@@ -215,6 +215,7 @@ CONNECTION_CLOSE_REASONS: Final = (
     "too_many_headers",  # 431
     "body_too_large",  # 413
     "unauthorized",  # refused at the end of the head (401, 403; 400 for two credentials)
+    "unexpected_body",  # a body on a route that takes none: 404, 405, 400 at the head
     "buffer_budget",  # 503: the body does not fit in --max-buffered-bytes
 )
 AUTH_FAILURE_REASONS: Final = ("missing", "invalid", "admin_denied")

@@ -894,8 +894,9 @@ WAITS: Final = {
     "answer_body": ("stream_idle_timeout_seconds", "--stream-idle-timeout", "idle_timeout"),
 }
 """What a stream may wait for, with the setting (and its flag) bounding each wait and the
-reason counted when it runs out: the request headers from the stream's start, the whole request body from
-its headers, the answer from the pick, each next part of the answer from the one before."""
+reason counted when it runs out: the request headers from the stream's start, the whole
+request body from its headers, the answer from the pick, each next part of the answer from
+the one before."""
 
 
 def _out_of_turn(kind: str | None, when: str) -> StreamRefused:
