@@ -19,8 +19,10 @@ mode the protocol's implementations support):
   chosen, and the headers reply sent with ``clear_route_cache`` and the header
   ``x-gateway-destination-endpoint: ip:port[,ip:port...]`` (the chosen worker first, then up
   to ``--max-retries`` fallbacks, least loaded first), the same list under
-  ``dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]``, then the body itself
-  as ``streamed_response`` chunks of at most `CHUNK_BYTES`;
+  ``dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]``, then the body with the
+  router's own ``rid`` in place of the client's, as the HTTP mode sends it (`request_ids`:
+  SGLang aborts by prefix on a disconnect), as ``streamed_response`` chunks of at most
+  `CHUNK_BYTES` (and ``content-length`` set to its new length when the request had one);
 - the subset hint, ``metadata_context.filter_metadata["envoy.lb.subset_hint"]
   ["x-gateway-destination-endpoint-subset"]`` (a list of ``ip:port``, or one comma-separated
   string), limits the choice to those endpoints; when none of them can take the request the
@@ -28,14 +30,20 @@ mode the protocol's implementations support):
 - refusals are an ``ImmediateResponse``: 503 (no healthy worker, or none in the subset), 429
   (the router is at ``--max-in-flight``: shed), or the HTTP mode's 400/404/413, each with
   its OpenAI-style JSON error body;
-- response headers and body pass through unchanged (every body chunk is echoed back as a
-  ``streamed_response``); the endpoint that served the answer is read back from
+- response headers and body pass through, the client's own ``rid`` written back where the
+  engine echoes the router's (every body chunk is echoed back as a ``streamed_response``;
+  ``content-length`` removed when a rid is written back); the endpoint that served the
+  answer is read back from
   ``metadata_context.filter_metadata["envoy.lb"]["x-gateway-destination-endpoint-served"]``,
   and when it is a fallback, the request's in-flight count moves to it. The first body chunk
   ends the prefill for the policy (as the first byte does in HTTP mode); the last one ends the
   request: its status, tokens (``usage``, cached tokens included) and latency are counted on
-  the worker that served it, and the policy, the peers and outlier detection hear of it.
-  A stream that closes before its answer ended is counted as ``499``.
+  the worker that served it, and the policy and the peers hear of it. What the answer side
+  says is the gateway's word, not an observation of the router's: a ``:status`` outside
+  `KNOWN_STATUSES` is counted as ``other``, ``usage`` is capped by what the request could
+  cost (its prompt, its max-tokens fields, the workers' context), and no status ejects a
+  worker (outlier detection hears only of the router's own requests; health checks still
+  eject). A stream that closes before its answer ended is counted as ``499``.
 
 A stream carries one request and makes one pick: a message out of turn (request headers
 again, a body after the pick, an answer before it) ends it with ``INVALID_ARGUMENT``, never
@@ -73,6 +81,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
@@ -85,6 +94,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tpuserve_router.connections import BufferBudget
 from tpuserve_router.forwarding import CLIENT_CLOSED, Forwarder
+from tpuserve_router.generation_limits import GENERATION_LIMITS, MAX_TOKENS_ALLOWED
 from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
 from tpuserve_router.policies.base import (
     Decision,
@@ -94,8 +104,14 @@ from tpuserve_router.policies.base import (
     least_loaded,
 )
 from tpuserve_router.replies import unavailable
-from tpuserve_router.request_body import GENERATION_ROUTES, ClientError, parse_json_object
-from tpuserve_router.usage import usage_from_body, usage_from_stream_tail
+from tpuserve_router.request_body import (
+    CHARS_PER_TOKEN,
+    GENERATION_ROUTES,
+    ClientError,
+    parse_json_object,
+)
+from tpuserve_router.request_ids import Restorer, client_rid, name_request
+from tpuserve_router.usage import TokenCounts, usage_from_body, usage_from_stream_tail
 
 if TYPE_CHECKING:
     from tpuserve_router.workers import Worker
@@ -175,6 +191,24 @@ class Pick:
     model: str
     route: str
     stream: bool
+    body: bytes | None = None
+    """The body to pass on, with the router's own ``rid`` (None: the one received)."""
+    restorer: Restorer | None = None
+    """Writes the client's own ``rid`` back into the answer (None: it gave none)."""
+    max_prompt_tokens: int = 0
+    """The most prompt tokens the request can have cost (the answer's ``usage`` is capped)."""
+    max_completion_tokens: int = 0
+    """The most completion tokens it may generate, as its max-tokens fields and the workers'
+    context allow."""
+
+
+KNOWN_STATUSES: Final = frozenset(str(status.value) for status in HTTPStatus)
+OTHER_STATUS: Final = "other"
+"""The status label of an answer whose ``:status`` is none of `KNOWN_STATUSES`: what the
+stream says is the gateway's word, so it never makes a new series."""
+TEMPLATE_TOKENS: Final = 4096
+"""Tokens a chat template (or an engine's own framing) may add to a prompt, per generation,
+beyond one token per character: part of the cap on an answer's ``usage``."""
 
 
 class _LiveHealth(health.aio.HealthServicer):  # type: ignore[misc]
@@ -416,8 +450,11 @@ class EndpointPicker:
             parsed = parser(
                 data, forwarder.want_text, forwarder.tokenizer, forwarder.max_prompt_chars
             )
+            bound = GENERATION_LIMITS[route](data)
+            theirs = client_rid(data)
         except ClientError as err:
             raise Refused(err, route_label) from None
+        del data
         model = parsed.model
         served = self.registry.route(model, parsed.lora_path)
         if served is None:
@@ -455,6 +492,14 @@ class EndpointPicker:
             forwarder.peers.routed(decision)
         if served.adapter is not None:
             forwarder.affinity.routed(served.adapter, worker.name)
+        # The engine knows the request by the router's own id, never the client's (SGLang
+        # aborts by prefix on a disconnect: request_ids), as in HTTP mode.
+        ids = name_request(body, theirs, parsed.single)
+        contexts = [w.context_tokens for w in candidates if w.context_tokens is not None]
+        context = max(contexts, default=None)
+        prompt_cap = (parsed.prompt_tokens * CHARS_PER_TOKEN + TEMPLATE_TOKENS) * bound.generations
+        if context is not None:
+            prompt_cap = min(prompt_cap, context * bound.generations)
         return Pick(
             worker,
             decision,
@@ -462,6 +507,10 @@ class EndpointPicker:
             served.model or (worker.models[0] if worker.models else ""),
             route_label,
             parsed.stream,
+            ids.body,
+            ids.restorer,
+            prompt_cap,
+            bound.allowance(parsed.prompt_tokens, context, MAX_TOKENS_ALLOWED * bound.generations),
         )
 
     def _pick_other(self, allowed: frozenset[str] | None) -> Pick:
@@ -706,6 +755,16 @@ class Exchange:
                 )
             ]
         )
+        if pick.body is not None and pick.body != body:
+            body = pick.body
+            if "content-length" in self.headers:  # the gateway would send the old length
+                mutation.set_headers.append(
+                    base_pb2.HeaderValueOption(
+                        header=base_pb2.HeaderValue(
+                            key="content-length", raw_value=str(len(body)).encode()
+                        )
+                    )
+                )
         metadata = struct_pb2.Struct()
         metadata.update({DESTINATION_NAMESPACE: {DESTINATION_KEY: destination}})
         replies = [
@@ -776,11 +835,12 @@ class Exchange:
         _check_header_size(message, headers)
         for header in headers.headers.headers:
             if header.key == ":status":
-                self.status = (
-                    header.raw_value.decode("latin-1") if header.raw_value else header.value
-                )
+                status = header.raw_value.decode("latin-1") if header.raw_value else header.value
+                self.status = status if status in KNOWN_STATUSES else OTHER_STATUS
         served = self._served_endpoint(message.metadata_context)
         mutation = ext_proc.HeaderMutation()
+        if self.pick is not None and self.pick.restorer is not None:
+            mutation.remove_headers.append("content-length")  # the client's ids change it
         if self.picker.test_headers:
             shown = served or (endpoint_of(self.served) if self.served is not None else "")
             mutation.set_headers.append(
@@ -830,12 +890,18 @@ class Exchange:
                     self.picker.forwarder._ttft(pick.model).observe(time.monotonic() - self.arrived)
         if chunk.body:
             self.tail = (self.tail[1], chunk.body)
+        passed = chunk.body
+        restorer = self.pick.restorer if self.pick is not None else None
+        if restorer is not None:
+            passed = restorer.chunk(passed)
+            if chunk.end_of_stream:
+                passed += restorer.rest()
         reply = ext_proc.ProcessingResponse(
             response_body=ext_proc.BodyResponse(
                 response=ext_proc.CommonResponse(
                     body_mutation=ext_proc.BodyMutation(
                         streamed_response=ext_proc.StreamedBodyResponse(
-                            body=chunk.body, end_of_stream=chunk.end_of_stream
+                            body=passed, end_of_stream=chunk.end_of_stream
                         )
                     )
                 )
@@ -860,17 +926,16 @@ class Exchange:
         status = self.status
         code = int(status) if status.isdigit() else 0
         succeeded = 0 < code < 400
-        if status != CLIENT_CLOSED and code:
-            if code < 500:
-                forwarder.outliers.succeeded(worker)
-            else:
-                forwarder._worker_failed(worker, "server_error")
+        # No outlier detection here: the status is the stream's word, not an observation of
+        # the router's (a forged stream would eject the worker of its choice); the health
+        # checks still eject a failing worker.
         decision = pick.decision
         if decision is not None:
             if code == 200:
                 tail = self.tail[0] + self.tail[1]
                 usage = usage_from_stream_tail(tail) if pick.stream else usage_from_body(tail)
                 if usage is not None:
+                    usage = _bounded(usage, pick)
                     forwarder._account(usage, decision, pick.model, worker.name)
             forwarder.policy.on_request_done(decision, succeeded)
             if forwarder.peers is not None:
@@ -928,6 +993,14 @@ def _check_header_size(message: ext_proc.ProcessingRequest, headers: ext_proc.Ht
             f"the headers message holds {whole - size} bytes beside its headers (metadata, "
             f"attributes); the picker's limit is {MAX_METADATA_BYTES}",
         )
+
+
+def _bounded(usage: TokenCounts, pick: Pick) -> TokenCounts:
+    """``usage`` as the stream reported it, capped by what the request could cost: the answer
+    side is the gateway's word, and one forged ``usage`` must not move the counters by 10¹⁸."""
+    prompt, completion, cached = usage
+    prompt = min(prompt, pick.max_prompt_tokens)
+    return prompt, min(completion, pick.max_completion_tokens), min(cached, prompt)
 
 
 def _subset(context: base_pb2.Metadata) -> frozenset[str] | None:

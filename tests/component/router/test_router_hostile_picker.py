@@ -165,7 +165,8 @@ async def test_streams_without_the_gateways_token_are_refused(guarded: RouterApp
         client = PickerClient(target, token=token)
         try:
             call = client.stub.Process(metadata=client.metadata)
-            await call.write(headers("/v1/models", end=True))
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.write(headers("/v1/models", end=True))  # refused before or after
             code, details = await ended_with(call)
             assert code == grpc.StatusCode.UNAUTHENTICATED
             assert "--picker-token-file" in details
@@ -278,3 +279,38 @@ async def test_connections_past_the_cap_are_refused_and_http_still_served(
     finally:
         for client in (*held, extra):
             await client.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_the_engine_sees_the_routers_rid_and_the_client_its_own(
+    router: RouterApp, stream: bool
+) -> None:
+    """A client's ``rid`` never reaches the engine through the gateway (SGLang aborts by
+    prefix on a disconnect: a short rid would stop other clients' requests); its answer still
+    names the request by the client's rid."""
+    assert router.picker is not None
+    client = PickerClient(f"127.0.0.1:{router.picker.port}")
+    body = orjson.dumps(
+        {"text": "hello there", "rid": "c", "stream": stream,
+         "sampling_params": {"max_new_tokens": 3}}
+    )  # fmt: skip
+    try:
+        result = await client.exchange("/generate", body)
+    finally:
+        await client.close()
+    assert result.status == 200
+    ours = orjson.loads(result.request_body)["rid"]
+    assert ours != "c"
+    assert len(ours) == 32
+    if stream:
+        events = [
+            orjson.loads(line[5:])
+            for line in result.body.split(b"\n\n")
+            if line.startswith(b"data:") and line.strip() != b"data: [DONE]"
+        ]
+        ids = {event["meta_info"]["id"] for event in events}
+    else:
+        ids = {orjson.loads(result.body)["meta_info"]["id"]}
+    assert ids == {"c"}
+    assert ours.encode() not in result.body
+    await eventually_async(lambda: settled(router), what="the request accounted for")

@@ -141,7 +141,10 @@ def test_a_request_is_picked_at_its_body_end_and_its_body_passed_on(app: RouterA
     assert set(endpoints) == set(ENDPOINTS)
     (body_reply,) = replies[1:]
     streamed = body_reply.request_body.response.body_mutation.streamed_response
-    assert (streamed.body, streamed.end_of_stream) == (BODY, True)
+    assert streamed.end_of_stream
+    forwarded = orjson.loads(streamed.body)  # the router's own rid added, the rest as sent
+    assert len(forwarded.pop("rid")) == 32
+    assert forwarded == orjson.loads(BODY)
     chosen = app.registry.get(f"http://{endpoints[0]}")
     assert chosen is not None
     assert chosen.in_flight == 1
@@ -173,9 +176,16 @@ def test_large_bodies_are_re_emitted_in_chunks_the_gateway_takes() -> None:
     big = orjson.dumps({"model": MODEL, "prompt": "x" * 150_000})
     replies = ex.handle(body_message(big))
     pieces = [r.request_body.response.body_mutation.streamed_response for r in replies[1:]]
-    assert [len(p.body) for p in pieces] == [epp.CHUNK_BYTES, epp.CHUNK_BYTES, len(big) - 124_000]
+    joined = b"".join(p.body for p in pieces)
+    assert [len(p.body) for p in pieces] == [
+        epp.CHUNK_BYTES,
+        epp.CHUNK_BYTES,
+        len(joined) - 124_000,
+    ]
     assert [p.end_of_stream for p in pieces] == [False, False, True]
-    assert b"".join(p.body for p in pieces) == big
+    forwarded = orjson.loads(joined)
+    del forwarded["rid"]
+    assert forwarded == orjson.loads(big)
 
 
 @pytest.mark.parametrize(
@@ -346,19 +356,6 @@ def test_a_fallback_that_served_moves_the_in_flight_count_and_the_accounting(
     assert all(w.in_flight == 0 for w in app.registry.workers)
 
 
-def test_a_5xx_answer_counts_against_the_worker(app: RouterApp) -> None:
-    ex = exchange(app)
-    ex.handle(headers_message())
-    header, _ = destination(ex.handle(body_message(BODY)))
-    chosen = header.split(",")[0]
-    ex.handle(response_headers(500, chosen))
-    ex.handle(response_body(b'{"error": "boom"}', True))
-    worker = app.registry.get(f"http://{chosen}")
-    assert worker is not None
-    assert worker.consecutive_failures == 1
-    assert requests_total(app, worker.name, "500") == 1
-
-
 def test_bodiless_requests_are_picked_on_their_headers_without_the_policy(app: RouterApp) -> None:
     ex = exchange(app)
     replies = ex.handle(headers_message("/v1/models", end=True))
@@ -433,3 +430,97 @@ def test_every_way_a_stream_ends_early_has_its_metric_label() -> None:
     reasons = {reason for _, _, reason in epp.WAITS.values()}
     reasons |= {"unauthenticated", "protocol", "headers_too_large"}
     assert reasons == set(PICKER_STREAM_REFUSAL_REASONS)
+
+
+def answered(app: RouterApp, status: object, answer: bytes) -> epp.Exchange:
+    """One request picked and answered through the stream with ``status`` and ``answer``."""
+    ex = exchange(app)
+    ex.handle(headers_message())
+    header, _ = destination(ex.handle(body_message(BODY)))
+    message = response_headers(200, header.split(",")[0])
+    message.response_headers.headers.headers[0].raw_value = str(status).encode()
+    ex.handle(message)
+    ex.handle(response_body(answer, True))
+    return ex
+
+
+def status_labels(app: RouterApp) -> set[str]:
+    return {
+        sample.labels["status"]
+        for family in app.metrics.registry.collect()
+        if family.name == "tpuserve_router_requests"
+        for sample in family.samples
+    }
+
+
+def test_forged_statuses_make_no_new_series(app: RouterApp) -> None:
+    for i in range(50):
+        answered(app, f"9{i:02d}", ANSWER)
+        answered(app, f"forged-{i}", ANSWER)
+    labels = status_labels(app)
+    assert len(labels) <= 2, labels  # every forged one under one label
+
+
+def test_5xx_read_from_the_stream_ejects_no_worker(app: RouterApp) -> None:
+    """Only the router's own observations (health checks) eject: the answer side of a stream
+    is the gateway's word, which a forged stream could use to eject a chosen worker."""
+    for _ in range(3 * app.config.outlier_consecutive_failures):
+        answered(app, 503, b'{"error": "forged"}')
+    assert all(w.consecutive_failures == 0 for w in app.registry.workers)
+    assert all(w.ejected_until == 0.0 for w in app.registry.workers)
+    assert sum(requests_total(app, w.name, "503") for w in app.registry.workers) == 15
+
+
+def test_usage_from_the_stream_is_bounded_by_the_request(app: RouterApp) -> None:
+    forged = orjson.dumps(
+        {"usage": {"prompt_tokens": 10**18, "completion_tokens": 10**18,
+                   "prompt_tokens_details": {"cached_tokens": 10**18}}}
+    )  # fmt: skip
+    answered(app, 200, forged)
+    totals = {
+        name: sum(
+            app.metrics.registry.get_sample_value(name, {"model": MODEL, "worker": w.name}) or 0
+            for w in app.registry.workers
+        )
+        for name in (
+            "tpuserve_router_prompt_tokens_total",
+            "tpuserve_router_completion_tokens_total",
+            "tpuserve_router_cached_tokens_total",
+        )
+    }
+    assert totals["tpuserve_router_completion_tokens_total"] <= 2  # max_tokens
+    assert 0 < totals["tpuserve_router_prompt_tokens_total"] < 10_000  # a 5-character prompt
+    assert (
+        totals["tpuserve_router_cached_tokens_total"]
+        <= totals["tpuserve_router_prompt_tokens_total"]
+    )
+
+
+def test_the_clients_rid_is_replaced_in_the_body_and_restored_in_the_answer(
+    app: RouterApp,
+) -> None:
+    body = orjson.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 2, "rid": "mine"})
+    ex = exchange(app)
+    ex.handle(headers_message(extra={"content-length": str(len(body))}))
+    replies = ex.handle(body_message(body))
+    forwarded = b"".join(
+        r.request_body.response.body_mutation.streamed_response.body for r in replies[1:]
+    )
+    ours = orjson.loads(forwarded)["rid"]
+    assert ours != "mine"
+    assert len(ours) == 32
+    set_headers = {
+        o.header.key: o.header.raw_value
+        for o in replies[0].request_headers.response.header_mutation.set_headers
+    }
+    assert set_headers["content-length"] == str(len(forwarded)).encode()
+    chosen = set_headers[epp.DESTINATION_KEY].decode().split(",")[0]
+    (reply,) = ex.handle(response_headers(200, chosen))
+    assert "content-length" in reply.response_headers.response.header_mutation.remove_headers
+    echoed = orjson.dumps({"id": ours, "choices": [{"text": "hi"}]})
+    first, second = echoed[:12], echoed[12:]  # the id split across two chunks
+    out = [ex.handle(response_body(first, False)), ex.handle(response_body(second, True))]
+    answer = b"".join(
+        r.response_body.response.body_mutation.streamed_response.body for rs in out for r in rs
+    )
+    assert orjson.loads(answer)["id"] == "mine"
