@@ -621,6 +621,16 @@ OPTIONS: tuple[Option, ...] = (
         "beyond it is closed at once, one holding no stream for --keep-alive-timeout is closed "
         f"(default {DEFAULTS.picker_max_connections}).",
     ),
+    Option(
+        "--picker-max-message-bytes",
+        "picker_max_message_bytes",
+        cli_types.positive_int,
+        "With --picker-port: the largest ext_proc message taken (a larger one ends its stream "
+        "with RESOURCE_EXHAUSTED before it is buffered): at least the gateway's largest body "
+        "chunk (Envoy: its per_connection_buffer_limit_bytes, 1 MiB by default). The picker "
+        "may hold about one message per open stream, so memory grows with it "
+        f"(default {DEFAULTS.picker_max_message_bytes}).",
+    ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
     Option(
         "--pd-disaggregation",

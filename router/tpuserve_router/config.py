@@ -176,6 +176,9 @@ class RouterConfig:
     picker_tls: bool = False  # serve TLS with a self-signed certificate (picker.py)
     picker_token_file: str | None = None  # the gateway's token (gRPC metadata); None: none
     picker_max_connections: int = 256  # gateway connections open at once on the picker port
+    # The largest ext_proc message the picker takes: one body chunk of Envoy's (at most about
+    # its per_connection_buffer_limit_bytes, 1 MiB by default), with room to spare.
+    picker_max_message_bytes: int = 2 * 1024 * 1024
     seed: int | None = None
     # PD mode (pd.py): prefill and decode workers, routed as pairs
     pd_disaggregation: bool | None = False  # PD mode with discovered roles (a pod's pd-role label)
@@ -601,6 +604,13 @@ def _picker_problems(config: RouterConfig) -> list[str]:
             f"picker_max_connections={config.picker_max_connections}: allowed "
             f"1..{MAX_PICKER_CONNECTIONS} (a gateway holds a few connections per proxy)"
         ]
+    if not MIN_PICKER_MESSAGE_BYTES <= config.picker_max_message_bytes <= MAX_PICKER_MESSAGE_BYTES:
+        return [
+            f"picker_max_message_bytes={config.picker_max_message_bytes}: allowed "
+            f"{MIN_PICKER_MESSAGE_BYTES}..{MAX_PICKER_MESSAGE_BYTES} (at least a headers "
+            "message: 60 KiB of headers and 64 KiB of metadata; at least the gateway's largest "
+            "body chunk, its per_connection_buffer_limit_bytes)"
+        ]
     if config.picker_token_file is not None:
         try:
             read_token(config.picker_token_file)
@@ -618,6 +628,8 @@ def _picker_problems(config: RouterConfig) -> list[str]:
 
 
 MAX_PICKER_CONNECTIONS: Final = 65_536
+MIN_PICKER_MESSAGE_BYTES: Final = 128 * 1024
+MAX_PICKER_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 MIN_TOKEN_BYTES: Final = 16
 MAX_TOKEN_BYTES: Final = 4096
 

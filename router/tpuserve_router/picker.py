@@ -134,7 +134,8 @@ HEALTH_SERVICES: Final = ("", "readiness", EXT_PROC_SERVICE, "inference-extensio
 SERVING."""
 HEALTH_REFRESH_SECONDS: Final = 1.0
 MAX_GRPC_MESSAGE_BYTES: Final = 4 * 1024 * 1024
-"""The largest ext_proc message taken (Envoy's body chunks are far smaller)."""
+"""The largest ext_proc message sent (the picker's own are at most `CHUNK_BYTES` of body);
+what it takes is ``--picker-max-message-bytes``."""
 SHED_STREAMS: Final = 1024
 """Streams a gateway connection may open beyond ``--max-in-flight``: requests the picker
 refuses at once (429) rather than leave waiting for a stream."""
@@ -278,7 +279,8 @@ class EndpointPicker:
         streams = config.max_in_flight + SHED_STREAMS
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+                # refused by gRPC from the message's length prefix, before it is buffered
+                ("grpc.max_receive_message_length", config.picker_max_message_bytes),
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
                 # room beyond --max-in-flight, so the requests over it get their 429 at once
                 ("grpc.max_concurrent_streams", streams),

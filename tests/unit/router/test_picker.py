@@ -418,6 +418,10 @@ def test_ipv6_endpoints_are_bracketed() -> None:
         ({"picker_token_file": "/etc/hosts"}, "picker_token_file='/etc/hosts': needs picker_port"),
         ({"picker_port": 0, "picker_token_file": "/nonexistent"}, "'/nonexistent': cannot be read"),
         ({"picker_port": 0, "picker_max_connections": 0}, "picker_max_connections=0: allowed 1.."),
+        (
+            {"picker_port": 0, "picker_max_message_bytes": 1000},
+            "picker_max_message_bytes=1000: allowed 131072..",
+        ),
     ],
 )
 def test_picker_settings_are_checked(settings: dict[str, object], words: str) -> None:
