@@ -417,7 +417,7 @@ class EndpointPicker:
     def _tick(self) -> None:
         now = time.monotonic()
         for exchange, task in list(self._live.items()):
-            if exchange.timed_out is None and exchange.expired(now):
+            if not exchange.closed and exchange.timed_out is None and exchange.expired(now):
                 task.cancel()  # Process turns it into DEADLINE_EXCEEDED
         self._sweep = asyncio.get_running_loop().call_later(self._tick_seconds(), self._tick)
 
