@@ -37,10 +37,16 @@ only the admin API on ``127.0.0.1``): a proxy in the pod (a service-mesh sidecar
 loopback address, but it forwards what reached the pod's address, never a loopback listener.
 
 An unknown path gets 404, a known path with another method 405 naming the allowed ones,
-a method the router never serves (``CONNECT``, ``PUT``, ...) 405. With ``--metrics-port``,
-that port serves ``/metrics``, ``/health`` and ``/readiness`` with a connection budget of
-its own (`PROBE_CONNECTIONS`), so probes and scrapes are never locked out by clients. Request
-bodies on every port share one budget (``--max-buffered-bytes``, `connections.BufferBudget`).
+a method the router never serves (``CONNECT``, ``PUT``, ...) 405; when such a request has a
+body, at the end of its head (`_body_refusal`), the body unread and the connection closed, as
+for a ``GET`` or ``HEAD`` with a body (400): every body the router reads is on a route that
+takes one, and needs a key when the router has keys. Each client's bodies are charged to its
+share of the buffer budget (`_client_of`: its key's tenant, else its address).
+
+With ``--metrics-port``, that port serves ``/metrics``, ``/health`` and ``/readiness`` with
+a connection budget of its own (`PROBE_CONNECTIONS`), so probes and scrapes are never locked
+out by clients. Request bodies on every port share one budget (``--max-buffered-bytes``,
+`connections.BufferBudget`).
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ from tpuserve_router.admission import Admission
 from tpuserve_router.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.cancellation import Aborter
-from tpuserve_router.config import RouterConfig, kv_events_enabled
+from tpuserve_router.config import RouterConfig, kv_events_enabled, read_token
 from tpuserve_router.connections import BufferBudget, ConnectionBook
 from tpuserve_router.core import RouterCore
 from tpuserve_router.discovery.static import static_workers
@@ -105,6 +111,7 @@ from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
 from tpuserve_router.server import (
     JSON_HEADERS,
     RETRY_AFTER,
+    BodyNotTaken,
     FrontLimits,
     Handler,
     HttpRequest,
@@ -203,7 +210,7 @@ def create_router_app(
         )  # fmt: skip
 
     core = RouterCore(config, policy, workers, metrics, peering.link if peering else None)
-    buffers = BufferBudget(config.max_buffered_bytes)
+    buffers = BufferBudget(config.max_buffered_bytes, config.client_buffer_bytes())
     holds = HoldQueues(
         config.hold_max_requests, config.hold_max_seconds, metrics,
         max_bytes=config.max_buffered_bytes // 2,
@@ -282,9 +289,11 @@ def create_router_app(
     if config.picker_port is not None:  # grpc is imported only when the picker is on
         from tpuserve_router.picker import EndpointPicker
 
+        token = None if config.picker_token_file is None else read_token(config.picker_token_file)
         picker = EndpointPicker(
-            forwarder, test_headers=config.picker_test_headers, tls=config.picker_tls
-        )
+            forwarder, test_headers=config.picker_test_headers, tls=config.picker_tls,
+            buffers=buffers, token=token,
+        )  # fmt: skip
     admin = AdminApi(
         workers,
         policy,
@@ -417,6 +426,11 @@ class RouterApp:
         }
         self._guarded[b"/v1/models"] = ("other", False)
         self._guarded.update({path.encode(): (ADMIN_ROUTE, True) for path in ADMIN_PATHS})
+        # What takes a request body (every one of them guarded above), by method and path.
+        self._body_routes = frozenset(
+            {(b"POST", path.encode()) for path in self._post}
+            | {(b"DELETE", path.encode()) for path in self._delete}
+        )
 
     # ================================================================== lifetime
 
@@ -465,8 +479,9 @@ class RouterApp:
                 config.max_in_flight + FD_RESERVE,
             )
         front = await serve(
-            self._handle, config.host, config.port, self.limits, self.book, self._head_check
-        )
+            self._handle, config.host, config.port, self.limits, self.book, self._head_check,
+            self._client_of,
+        )  # fmt: skip
         self._servers.append(front)
         if config.metrics_port is not None:
             probe_limits = dataclasses.replace(
@@ -487,7 +502,7 @@ class RouterApp:
             )
             self._admin_server = await serve(
                 self._handle_admin, admin_host(config.host), config.admin_port, admin_limits,
-                self.admin_book, self._admin_head_check,
+                self.admin_book, self._admin_head_check, self._client_of,
             )  # fmt: skip
             self._servers.append(self._admin_server)
         if self.picker is not None and config.picker_port is not None:
@@ -657,8 +672,12 @@ class RouterApp:
         """What a request's head settles, before its body is read (`server.HeadCheck`): on a
         guarded route, two credential headers are refused (400: a router and a proxy in
         front could each read another one), a keyed route needs a valid API key (401), the
-        admin API the right to it (403). Counted as the handlers count their refusals."""
+        admin API the right to it (403). A body on a route that takes none is refused
+        (`_body_refusal`), so every body the router reads is on a guarded route. Counted as
+        the handlers count their refusals."""
         path = url.partition(b"?")[0]
+        if (method, path) not in self._body_routes and _declares_body(headers):
+            return self._body_refusal(method, path)
         guarded = self._guarded.get(path)
         if guarded is None:
             if not path.startswith(b"/v1/models/"):
@@ -693,10 +712,62 @@ class RouterApp:
     def _admin_head_check(
         self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], local: bool
     ) -> ClientError | None:
-        """``--admin-port``'s: `_head_check` on the admin API (anything else gets its 404)."""
-        if url.partition(b"?")[0].decode("latin-1") not in ADMIN_PATHS:
+        """``--admin-port``'s: `_head_check` on the admin API (anything else gets its 404,
+        at once when it has a body)."""
+        path = url.partition(b"?")[0]
+        if path.decode("latin-1") in ADMIN_PATHS:
+            return self._head_check(method, url, headers, local)
+        if not _declares_body(headers):
             return None
-        return self._head_check(method, url, headers, local)
+        self.metrics.requests.labels("", "none", ADMIN_ROUTE, "404").inc()
+        return BodyNotTaken(
+            404,
+            f"no route {path.decode('latin-1')} here: this port serves only the admin API "
+            f"({', '.join(sorted(ADMIN_PATHS))})",
+            param="path",
+            error_type="not_found_error",
+        )
+
+    def _body_refusal(self, method: bytes, path: bytes) -> BodyNotTaken:
+        """The answer to a request with a body on a route that takes none, given before the
+        body is read (which the connection then drops): 404 for an unknown path, 405 for a
+        method the path does not serve, 400 for a method that takes no body."""
+        name = path.decode("latin-1")
+        verb = method.decode("latin-1")
+        allowed = [
+            m for m, t in (("GET", self._get), ("POST", self._post), ("DELETE", self._delete))
+            if name in t or (m == "GET" and name.startswith(MODELS_PREFIX))
+        ]  # fmt: skip
+        refusal: BodyNotTaken
+        if not allowed:
+            refusal = BodyNotTaken(
+                404, f"no route {name}", param="path", error_type="not_found_error"
+            )
+        elif verb not in allowed and not (verb == "HEAD" and "GET" in allowed):
+            refusal = BodyNotTaken(
+                405,
+                f"method {verb} is not allowed on {name}; allowed: {', '.join(allowed)}",
+                param="method",
+                headers={"allow": ", ".join(allowed)},
+            )
+        else:
+            refusal = BodyNotTaken(
+                400, f"{verb} {name} takes no request body; send none", param="body"
+            )
+        self.metrics.requests.labels("", "none", "other", str(refusal.status)).inc()
+        return refusal
+
+    def _client_of(self, headers: list[tuple[bytes, bytes]], address: str) -> str:
+        """Whose share of the buffer budget a request's body is charged to: its API key's
+        tenant when the router has keys (every body route needs one), else its address."""
+        if self.keys is not None:
+            presented = presented_key(
+                _first(headers, b"authorization"), _first(headers, b"x-api-key")
+            )
+            key = self.keys.authenticate(presented)
+            if key is not None:
+                return f"tenant {key.tenant}"
+        return f"address {address}"
 
     def _admin_only(self, handler: Handler) -> Handler:
         """``handler``, answering only those ``--admin`` lets use the admin API (checked at
@@ -827,6 +898,22 @@ class RouterApp:
         request.respond(200, JSON_HEADERS, orjson.dumps(card))
 
 
+def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The request has a body: a ``content-length`` above 0 (or unreadable), or a
+    ``transfer-encoding``."""
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            value = value.strip()
+            return not (value.isdigit() and int(value) == 0)
+    return False
+
+
+def _first(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    return next((value for key, value in headers if key == name), None)
+
+
 def admin_host(host: str) -> str:
     """Where ``--admin-port`` listens: `ADMIN_HOST`, or ``--host`` when that is a loopback
     address already (a local fleet's pods each have one of their own)."""
@@ -844,6 +931,8 @@ def connection_budget(config: RouterConfig) -> int:
     request in flight and `FD_RESERVE` fit in the open-file limit: a router out of file
     descriptors can neither answer clients nor probe its workers."""
     room = open_file_limit() - config.max_in_flight - FD_RESERVE
+    if config.picker_port is not None:  # the picker's gateway connections have their own cap
+        room -= config.picker_max_connections
     return max(1, min(config.max_connections, room))
 
 

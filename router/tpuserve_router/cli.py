@@ -237,6 +237,15 @@ OPTIONS: tuple[Option, ...] = (
         f"at most half (default {DEFAULTS.max_buffered_bytes}).",
     ),
     Option(
+        "--max-buffered-bytes-per-client",
+        "max_buffered_bytes_per_client",
+        cli_types.positive_int,
+        "Of --max-buffered-bytes, what one client may hold at once: an API key's tenant, or "
+        "without keys a client address (every client behind one proxy address shares it); "
+        "more gets 503 with Retry-After. From --max-request-bytes to --max-buffered-bytes "
+        "(default: a quarter of --max-buffered-bytes, at least --max-request-bytes).",
+    ),
+    Option(
         "--max-prompt-chars",
         "max_prompt_chars",
         cli_types.positive_int,
@@ -592,6 +601,35 @@ OPTIONS: tuple[Option, ...] = (
         "header and answer x-conformance-test-served-endpoint (for conformance runs only; "
         "any client may set that header). Default: off.",
         switch=True,
+    ),
+    Option(
+        "--picker-token-file",
+        "picker_token_file",
+        str,
+        "With --picker-port: a file holding the gateway's token (16 to 4096 printable "
+        "characters, a mounted Secret); a stream without gRPC metadata 'authorization: Bearer "
+        "TOKEN' is refused with UNAUTHENTICATED (Envoy sends it with the ext_proc "
+        "grpc_service's initial_metadata). Default: none (keep the port off the client "
+        "network: NetworkPolicy).",
+        metavar="FILE",
+    ),
+    Option(
+        "--picker-max-connections",
+        "picker_max_connections",
+        cli_types.positive_int,
+        "With --picker-port: gateway connections open at once on that port; a connection "
+        "beyond it is closed at once, one holding no stream for --keep-alive-timeout is closed "
+        f"(default {DEFAULTS.picker_max_connections}).",
+    ),
+    Option(
+        "--picker-max-message-bytes",
+        "picker_max_message_bytes",
+        cli_types.positive_int,
+        "With --picker-port: the largest ext_proc message taken (a larger one ends its stream "
+        "with RESOURCE_EXHAUSTED before it is buffered): at least the gateway's largest body "
+        "chunk (Envoy: its per_connection_buffer_limit_bytes, 1 MiB by default). The picker "
+        "may hold about one message per open stream, so memory grows with it "
+        f"(default {DEFAULTS.picker_max_message_bytes}).",
     ),
     Option("--seed", "seed", cli_types.non_negative_int, "Seed for randomised policies."),
     Option(

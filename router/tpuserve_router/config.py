@@ -112,6 +112,8 @@ class RouterConfig:
     # Request bodies held at once, router-wide (connections.BufferBudget): a quarter of the
     # chart's 2 GiB router memory limit (the operator renders a quarter of the pod's limit).
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    # Of them, what one client (a key's tenant, else an address) may hold; None: a quarter.
+    max_buffered_bytes_per_client: int | None = None
     max_prompt_chars: int = 4 * 1024 * 1024  # also the most token ids a prompt may have
     max_connections: int = 10_000
     max_in_flight: int = 4096
@@ -172,6 +174,11 @@ class RouterConfig:
     picker_port: int | None = None
     picker_test_headers: bool = False  # the conformance suite's steering headers
     picker_tls: bool = False  # serve TLS with a self-signed certificate (picker.py)
+    picker_token_file: str | None = None  # the gateway's token (gRPC metadata); None: none
+    picker_max_connections: int = 256  # gateway connections open at once on the picker port
+    # The largest ext_proc message the picker takes: one body chunk of Envoy's (at most about
+    # its per_connection_buffer_limit_bytes, 1 MiB by default), with room to spare.
+    picker_max_message_bytes: int = 2 * 1024 * 1024
     seed: int | None = None
     # PD mode (pd.py): prefill and decode workers, routed as pairs
     pd_disaggregation: bool | None = False  # PD mode with discovered roles (a pod's pd-role label)
@@ -204,6 +211,14 @@ class RouterConfig:
             max_ejection_seconds=self.outlier_max_ejection_seconds,
             max_ejected_percent=self.outlier_max_ejected_percent,
         )
+
+    def client_buffer_bytes(self) -> int:
+        """What one client may hold of the buffer budget: ``max_buffered_bytes_per_client``,
+        or a quarter of the budget, at least one body of ``max_request_bytes``."""
+        if self.max_buffered_bytes_per_client is not None:
+            return self.max_buffered_bytes_per_client
+        share = max(self.max_buffered_bytes // 4, self.max_request_bytes)
+        return min(share, self.max_buffered_bytes)
 
     def front_limits(self, max_connections: int | None = None) -> FrontLimits:
         """The front's limits; ``max_connections`` overrides the setting (the app lowers it
@@ -329,6 +344,13 @@ class RouterConfig:
             f"max_request_bytes={self.max_request_bytes}: must be <= max_buffered_bytes="
             f"{self.max_buffered_bytes} (a body larger than every body the router may hold "
             "could never be read)",
+        )
+        share = self.max_buffered_bytes_per_client
+        need(
+            share is None or self.max_request_bytes <= share <= self.max_buffered_bytes,
+            f"max_buffered_bytes_per_client={share}: allowed max_request_bytes="
+            f"{self.max_request_bytes} to max_buffered_bytes={self.max_buffered_bytes} (one "
+            "client's share must fit the largest body, and fit in the budget)",
         )
         need(
             self.max_request_line_bytes <= self.max_header_bytes,
@@ -564,13 +586,36 @@ def _picker_problems(config: RouterConfig) -> list[str]:
     """What is wrong with the endpoint-picker settings (`picker`)."""
     port = config.picker_port
     if port is None:
-        return [
+        problems = [
             f"{name}=True: needs picker_port (the picker's gRPC port)"
             for name in ("picker_test_headers", "picker_tls")
             if getattr(config, name)
         ]
+        if config.picker_token_file is not None:
+            problems.append(
+                f"picker_token_file={config.picker_token_file!r}: needs picker_port (the "
+                "picker's gRPC port)"
+            )
+        return problems
     if not 0 <= port <= 65535:
         return [f"picker_port={port}: allowed 0..65535 (0 = any free)"]
+    if not 1 <= config.picker_max_connections <= MAX_PICKER_CONNECTIONS:
+        return [
+            f"picker_max_connections={config.picker_max_connections}: allowed "
+            f"1..{MAX_PICKER_CONNECTIONS} (a gateway holds a few connections per proxy)"
+        ]
+    if not MIN_PICKER_MESSAGE_BYTES <= config.picker_max_message_bytes <= MAX_PICKER_MESSAGE_BYTES:
+        return [
+            f"picker_max_message_bytes={config.picker_max_message_bytes}: allowed "
+            f"{MIN_PICKER_MESSAGE_BYTES}..{MAX_PICKER_MESSAGE_BYTES} (at least a headers "
+            "message: 60 KiB of headers and 64 KiB of metadata; at least the gateway's largest "
+            "body chunk, its per_connection_buffer_limit_bytes)"
+        ]
+    if config.picker_token_file is not None:
+        try:
+            read_token(config.picker_token_file)
+        except ValueError as err:
+            return [f"picker_token_file: {err}"]
     taken = {config.port, config.metrics_port, config.admin_port}
     if config.peer_port:
         taken |= {config.peer_port, snapshot_port(config.peer_port)}
@@ -580,6 +625,33 @@ def _picker_problems(config: RouterConfig) -> list[str]:
             "and the port after peer_port"
         ]
     return []
+
+
+MAX_PICKER_CONNECTIONS: Final = 65_536
+MIN_PICKER_MESSAGE_BYTES: Final = 128 * 1024
+MAX_PICKER_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+MIN_TOKEN_BYTES: Final = 16
+MAX_TOKEN_BYTES: Final = 4096
+
+
+def read_token(path: str) -> bytes:
+    """The picker's token: ``path``'s content, surrounding white space dropped; ValueError
+    naming the file and what is allowed."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_TOKEN_BYTES + 1)
+    except OSError as err:
+        raise ValueError(f"{path!r}: cannot be read: {err.strerror or err}") from None
+    token = data.strip()
+    if not MIN_TOKEN_BYTES <= len(token) <= MAX_TOKEN_BYTES or not all(
+        0x21 <= b <= 0x7E for b in token
+    ):
+        raise ValueError(
+            f"{path!r}: holds {len(token)} bytes of token; allowed: {MIN_TOKEN_BYTES} to "
+            f"{MAX_TOKEN_BYTES} printable ASCII characters without spaces (it travels as gRPC "
+            "metadata; e.g. head -c 32 /dev/urandom | base64)"
+        )
+    return token
 
 
 def peer_endpoint_problem(endpoint: str) -> str | None:

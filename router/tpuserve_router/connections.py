@@ -19,7 +19,10 @@ a request body is charged as its bytes arrive (a pipelined one as well) and give
 its request has been answered (held requests included), so however many clients send large
 bodies at once, the router holds at most the budget of them. A request whose declared length
 does not fit in what is left, or whose body runs past it, is answered 503 with
-``Retry-After`` and its connection closed (`server.HttpConnection`).
+``Retry-After`` and its connection closed (`server.HttpConnection`). Each client (an API key's
+tenant, or without keys an address) may hold at most a share of it
+(``--max-buffered-bytes-per-client``), so no one client can lock the others out; the endpoint
+picker's bodies are charged to the same budget, as no client's (its one client is the gateway).
 """
 
 from __future__ import annotations
@@ -43,27 +46,50 @@ class Sweepable(Protocol):
 
 
 class BufferBudget:
-    """The bytes of request bodies the router holds at once, at most ``max_bytes``."""
+    """The bytes of request bodies the router holds at once, at most ``max_bytes``, and of
+    them at most ``max_client_bytes`` for any one client (a key naming it; None: charged to
+    no client, bounded by the whole budget alone)."""
 
-    __slots__ = ("max_bytes", "used")
+    __slots__ = ("by_client", "max_bytes", "max_client_bytes", "used")
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_client_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
+        self.max_client_bytes = max_bytes if max_client_bytes is None else max_client_bytes
         self.used = 0
+        self.by_client: dict[str, int] = {}
+        """What each client holding bytes holds (clients at 0 are dropped)."""
 
     @property
     def free(self) -> int:
         return self.max_bytes - self.used
 
-    def take(self, size: int) -> bool:
-        """Charge ``size`` bytes if they fit; False (nothing charged) if they do not."""
+    def free_for(self, client: str | None) -> int:
+        """What ``client`` may still take: the budget's rest, or less, its share's rest."""
+        free = self.max_bytes - self.used
+        if client is None:
+            return free
+        return min(free, self.max_client_bytes - self.by_client.get(client, 0))
+
+    def take(self, size: int, client: str | None = None) -> bool:
+        """Charge ``size`` bytes (to ``client``) if they fit; False (nothing charged) if not."""
         if self.used + size > self.max_bytes:
             return False
+        if client is not None:
+            held = self.by_client.get(client, 0) + size
+            if held > self.max_client_bytes:
+                return False
+            self.by_client[client] = held
         self.used += size
         return True
 
-    def give(self, size: int) -> None:
+    def give(self, size: int, client: str | None = None) -> None:
         self.used -= size
+        if client is not None and size:
+            held = self.by_client.get(client, 0) - size
+            if held > 0:
+                self.by_client[client] = held
+            else:
+                self.by_client.pop(client, None)
 
 
 UNBOUNDED: Final = 1 << 62

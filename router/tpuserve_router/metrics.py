@@ -192,6 +192,16 @@ UPSTREAM_ERROR_REASONS: Final = (
     "response_too_large",  # over --max-response-bytes (or a head over --max-header-bytes)
     "worker_down",  # in flight when the worker failed its health checks
 )
+PICKER_STREAM_REFUSAL_REASONS: Final = (
+    "unauthenticated",  # no (or the wrong) token, with --picker-token-file
+    "protocol",  # a message out of turn: headers twice, a body after the pick, ...
+    "headers_too_large",  # over Envoy's 60 KiB of headers
+    "header_timeout",  # the request headers did not arrive in time
+    "body_timeout",  # the request body did not end in time
+    "first_byte_timeout",  # no answer within --first-byte-timeout after the pick
+    "idle_timeout",  # no next part of the answer within --stream-idle-timeout
+)
+"""Why the endpoint picker ended a stream with a gRPC status (picker.py)."""
 CONNECTION_CLOSE_REASONS: Final = (
     "header_timeout",  # a head (or a new connection's first request) did not arrive in time
     "body_timeout",
@@ -205,6 +215,7 @@ CONNECTION_CLOSE_REASONS: Final = (
     "too_many_headers",  # 431
     "body_too_large",  # 413
     "unauthorized",  # refused at the end of the head (401, 403; 400 for two credentials)
+    "unexpected_body",  # a body on a route that takes none: 404, 405, 400 at the head
     "buffer_budget",  # 503: the body does not fit in --max-buffered-bytes
     "linger_cut",  # a refused client still sending, slower than the lingering close's rate
 )
@@ -251,6 +262,7 @@ class RouterMetrics:
     api_key_reloads: Counter
     api_keys: Gauge
     connections_closed: Counter
+    picker_streams_refused: Counter
     kv_events: Counter
     kv_event_gaps: Counter
     kv_event_resyncs: Counter
@@ -421,6 +433,12 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "tpuserve_router_connections_closed_total",
             "Client connections the router closed itself, by reason (timeouts, limits, "
             "malformed requests, eviction at the connection limit).",
+            ["reason"],
+        ),
+        picker_streams_refused=Counter(
+            "tpuserve_router_picker_streams_refused_total",
+            "Endpoint-picker streams the router ended with a gRPC status instead of an answer, "
+            "by reason (unauthenticated, protocol, headers_too_large, and the timeouts).",
             ["reason"],
         ),
         kv_events=Counter(

@@ -10,15 +10,19 @@ HTTP mode, and the gateway moves the bytes to it.
 One ``Process`` stream is one HTTP request, in ``FULL_DUPLEX_STREAMED`` body mode (the only
 mode the protocol's implementations support):
 
-- request headers: kept; with ``end_of_stream`` (no body) the pick is made at once;
+- request headers: kept (at most `MAX_HEADER_BYTES`); with ``end_of_stream`` (no body) the
+  pick is made at once;
 - request body: buffered up to ``--max-request-bytes`` (413 past it; the bodies of all
-  streams share ``--max-buffered-bytes``, 503 past it) until its end, then parsed as the
+  streams and of the HTTP port share ``--max-buffered-bytes``, one `BufferBudget`, 503 past
+  it) until its end, then parsed as the
   HTTP mode parses it (400 naming the field, 404 for a model no worker serves), the worker
   chosen, and the headers reply sent with ``clear_route_cache`` and the header
   ``x-gateway-destination-endpoint: ip:port[,ip:port...]`` (the chosen worker first, then up
   to ``--max-retries`` fallbacks, least loaded first), the same list under
-  ``dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]``, then the body itself
-  as ``streamed_response`` chunks of at most `CHUNK_BYTES`;
+  ``dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]``, then the body with the
+  router's own ``rid`` in place of the client's, as the HTTP mode sends it (`request_ids`:
+  SGLang aborts by prefix on a disconnect), as ``streamed_response`` chunks of at most
+  `CHUNK_BYTES` (and ``content-length`` set to its new length when the request had one);
 - the subset hint, ``metadata_context.filter_metadata["envoy.lb.subset_hint"]
   ["x-gateway-destination-endpoint-subset"]`` (a list of ``ip:port``, or one comma-separated
   string), limits the choice to those endpoints; when none of them can take the request the
@@ -26,14 +30,30 @@ mode the protocol's implementations support):
 - refusals are an ``ImmediateResponse``: 503 (no healthy worker, or none in the subset), 429
   (the router is at ``--max-in-flight``: shed), or the HTTP mode's 400/404/413, each with
   its OpenAI-style JSON error body;
-- response headers and body pass through unchanged (every body chunk is echoed back as a
-  ``streamed_response``); the endpoint that served the answer is read back from
+- response headers and body pass through, the client's own ``rid`` written back where the
+  engine echoes the router's (every body chunk is echoed back as a ``streamed_response``;
+  ``content-length`` removed when a rid is written back); the endpoint that served the
+  answer is read back from
   ``metadata_context.filter_metadata["envoy.lb"]["x-gateway-destination-endpoint-served"]``,
   and when it is a fallback, the request's in-flight count moves to it. The first body chunk
   ends the prefill for the policy (as the first byte does in HTTP mode); the last one ends the
   request: its status, tokens (``usage``, cached tokens included) and latency are counted on
-  the worker that served it, and the policy, the peers and outlier detection hear of it.
-  A stream that closes before its answer ended is counted as ``499``.
+  the worker that served it, and the policy and the peers hear of it. What the answer side
+  says is the gateway's word, not an observation of the router's: a ``:status`` outside
+  `KNOWN_STATUSES` is counted as ``other``, ``usage`` is capped by what the request could
+  cost (its prompt, its max-tokens fields, the workers' context), and no status ejects a
+  worker (outlier detection hears only of the router's own requests; health checks still
+  eject). A stream that closes before its answer ended is counted as ``499``.
+
+A stream carries one request and makes one pick: a message out of turn (request headers
+again, a body after the pick, an answer before it) ends it with ``INVALID_ARGUMENT``, never
+with a second pick. What a stream may send and how long it may wait are bounded as the HTTP
+port's clients are (`StreamRefused`, `WAITS`): over `MAX_HEADER_BYTES` of headers,
+``RESOURCE_EXHAUSTED``; headers, body, answer or its next part later than their timeout,
+``DEADLINE_EXCEEDED``, with the body released and the pick given back. Connections are capped
+(``--picker-max-connections``; idle ones closed), so are streams (``--max-in-flight`` +
+`SHED_STREAMS`). With ``--picker-token-file`` a stream without ``authorization: Bearer
+<token>`` metadata ends with ``UNAUTHENTICATED`` before a message is read.
 
 Requests to other paths (``/v1/models`` through the gateway, say) go to the least loaded
 healthy worker without the policy. The same port serves the gRPC health service for
@@ -56,10 +76,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
@@ -70,7 +92,10 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tpuserve_router.connections import BufferBudget
 from tpuserve_router.forwarding import CLIENT_CLOSED, Forwarder
+from tpuserve_router.generation_limits import GENERATION_LIMITS, MAX_TOKENS_ALLOWED
+from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
 from tpuserve_router.policies.base import (
     Decision,
     NoHealthyWorker,
@@ -79,8 +104,14 @@ from tpuserve_router.policies.base import (
     least_loaded,
 )
 from tpuserve_router.replies import unavailable
-from tpuserve_router.request_body import GENERATION_ROUTES, ClientError, parse_json_object
-from tpuserve_router.usage import usage_from_body, usage_from_stream_tail
+from tpuserve_router.request_body import (
+    CHARS_PER_TOKEN,
+    GENERATION_ROUTES,
+    ClientError,
+    parse_json_object,
+)
+from tpuserve_router.request_ids import Restorer, client_rid, name_request
+from tpuserve_router.usage import TokenCounts, usage_from_body, usage_from_stream_tail
 
 if TYPE_CHECKING:
     from tpuserve_router.workers import Worker
@@ -103,10 +134,19 @@ HEALTH_SERVICES: Final = ("", "readiness", EXT_PROC_SERVICE, "inference-extensio
 SERVING."""
 HEALTH_REFRESH_SECONDS: Final = 1.0
 MAX_GRPC_MESSAGE_BYTES: Final = 4 * 1024 * 1024
-"""The largest ext_proc message taken (Envoy's body chunks are far smaller)."""
+"""The largest ext_proc message sent (the picker's own are at most `CHUNK_BYTES` of body);
+what it takes is ``--picker-max-message-bytes``."""
 SHED_STREAMS: Final = 1024
 """Streams a gateway connection may open beyond ``--max-in-flight``: requests the picker
 refuses at once (429) rather than leave waiting for a stream."""
+MAX_HEADER_BYTES: Final = 60 * 1024
+"""The most bytes of request (or response) headers one stream may send, names and values:
+Envoy's own limit (``max_request_headers_kb``, 60 KiB by default), so a gateway never sends
+more; a stream that does is ended (``RESOURCE_EXHAUSTED``) and nothing of it kept."""
+MAX_METADATA_BYTES: Final = 64 * 1024
+"""The most bytes of a headers message beside its headers (the subset hint, attributes)."""
+TOKEN_METADATA: Final = "authorization"
+"""The gRPC metadata carrying ``Bearer <token>`` (``--picker-token-file``)."""
 SERVING: Final = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: Final = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -117,6 +157,18 @@ def endpoint_of(worker: Worker) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{worker.port}"
+
+
+class StreamRefused(Exception):
+    """A stream the picker ends with a gRPC status instead of answering it as a request: it
+    broke the protocol, sent more than a gateway may, took too long, or has no credentials.
+    ``reason`` is counted (``tpuserve_router_picker_streams_refused_total``)."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
 
 
 class Refused(Exception):
@@ -140,6 +192,24 @@ class Pick:
     model: str
     route: str
     stream: bool
+    body: bytes | None = None
+    """The body to pass on, with the router's own ``rid`` (None: the one received)."""
+    restorer: Restorer | None = None
+    """Writes the client's own ``rid`` back into the answer (None: it gave none)."""
+    max_prompt_tokens: int = 0
+    """The most prompt tokens the request can have cost (the answer's ``usage`` is capped)."""
+    max_completion_tokens: int = 0
+    """The most completion tokens it may generate, as its max-tokens fields and the workers'
+    context allow."""
+
+
+KNOWN_STATUSES: Final = frozenset(str(status.value) for status in HTTPStatus)
+OTHER_STATUS: Final = "other"
+"""The status label of an answer whose ``:status`` is none of `KNOWN_STATUSES`: what the
+stream says is the gateway's word, so it never makes a new series."""
+TEMPLATE_TOKENS: Final = 4096
+"""Tokens a chat template (or an engine's own framing) may add to a prompt, per generation,
+beyond one token per character: part of the cap on an answer's ``usage``."""
 
 
 class _LiveHealth(health.aio.HealthServicer):  # type: ignore[misc]
@@ -159,8 +229,17 @@ class EndpointPicker:
     """The ext_proc service and its gRPC health service, on one port; one per router."""
 
     def __init__(
-        self, forwarder: Forwarder, *, test_headers: bool = False, tls: bool = False
+        self,
+        forwarder: Forwarder,
+        *,
+        test_headers: bool = False,
+        tls: bool = False,
+        buffers: BufferBudget | None = None,
+        token: bytes | None = None,
     ) -> None:
+        """``buffers``: the router-wide budget of buffered request bodies the HTTP front
+        charges too (one of its own, ``--max-buffered-bytes``, when None); ``token``: what a
+        stream's ``authorization: Bearer`` metadata must hold (None: no credentials)."""
         self.forwarder = forwarder
         self.certificate: bytes | None = None
         """The PEM certificate the port serves (``tls``), made at start; None: plaintext."""
@@ -172,10 +251,18 @@ class EndpointPicker:
         self.metrics = forwarder.metrics
         self.test_headers = test_headers
         self.max_body_bytes = self.config.max_request_bytes
-        self.max_buffered_bytes = self.config.max_buffered_bytes
+        self.buffers = (
+            buffers if buffers is not None else BufferBudget(self.config.max_buffered_bytes)
+        )
         self.buffered = 0
-        """Request-body bytes held across all streams."""
+        """Request-body bytes the picker's streams hold (charged to `buffers` too)."""
+        self._token = None if token is None else b"Bearer " + token
         self.streams = 0
+        self._live: dict[Exchange, asyncio.Task[Any]] = {}
+        """The streams in hand and their tasks, which the sweep cancels past a deadline."""
+        self._sweep: asyncio.TimerHandle | None = None
+        for reason in PICKER_STREAM_REFUSAL_REASONS:
+            self.metrics.picker_streams_refused.labels(reason)
         self.health = _LiveHealth(self._refresh_health)
         self._server: grpc.aio.Server | None = None
         self._port = 0
@@ -188,14 +275,22 @@ class EndpointPicker:
         return self._port
 
     async def start(self, host: str, port: int) -> None:
+        config = self.config
+        streams = config.max_in_flight + SHED_STREAMS
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+                # refused by gRPC from the message's length prefix, before it is buffered
+                ("grpc.max_receive_message_length", config.picker_max_message_bytes),
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
                 # room beyond --max-in-flight, so the requests over it get their 429 at once
-                ("grpc.max_concurrent_streams", self.config.max_in_flight + SHED_STREAMS),
+                ("grpc.max_concurrent_streams", streams),
+                ("grpc.max_allowed_incoming_connections", config.picker_max_connections),
+                # a connection that completes no handshake, or holds no stream, goes
+                ("grpc.server_handshake_timeout_ms", int(config.header_timeout_seconds * 1000)),
+                ("grpc.max_connection_idle_ms", int(config.keep_alive_timeout_seconds * 1000)),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
+            maximum_concurrent_rpcs=streams,  # over it: RESOURCE_EXHAUSTED, on every connection
         )
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -210,6 +305,7 @@ class EndpointPicker:
         self._port = bound
         await server.start()
         self._server = server
+        self._sweep = asyncio.get_running_loop().call_later(self._tick_seconds(), self._tick)
         await self.health.set("liveness", SERVING)
         await self._refresh_health()
         self._refresh = asyncio.create_task(self._refresh_loop(), name="picker-health")
@@ -222,6 +318,9 @@ class EndpointPicker:
 
     async def stop(self, grace_seconds: float) -> None:
         """Refuse new streams, give those in hand ``grace_seconds``, then cancel them."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         if self._refresh is not None:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -251,19 +350,76 @@ class EndpointPicker:
     ) -> None:
         """One stream: read a message, answer it, until the exchange ends. Through the
         context's read and write (not the request iterator and a generator): grpcio's asyncio
-        stack costs a quarter less per message that way."""
+        stack costs a quarter less per message that way. A stream without the token, one
+        that breaks the protocol or sends more than a gateway may, and one past a deadline
+        (`Exchange.expired`, found by the sweep) is ended with a gRPC status naming why, its
+        body released and its pick accounted for."""
         exchange = Exchange(self)
         self.streams += 1
+        task = asyncio.current_task()
         try:
-            while not exchange.closed:
-                message = await context.read()
-                if message is grpc.aio.EOF:
-                    return
-                for reply in exchange.handle(message):
-                    await context.write(reply)
+            try:
+                if self._token is not None:
+                    self._authenticate(context)
+                if task is not None:
+                    self._live[exchange] = task
+                while not exchange.closed:
+                    message = await context.read()
+                    if message is grpc.aio.EOF:
+                        return
+                    for reply in exchange.handle(message):
+                        await context.write(reply)
+            except asyncio.CancelledError:
+                if exchange.timed_out is None:  # the gateway went, or the router stops
+                    raise
+                if task is not None:
+                    task.uncancel()
+                raise exchange.timed_out from None
+        except StreamRefused as refused:
+            exchange.close()
+            self.metrics.picker_streams_refused.labels(refused.reason).inc()
+            await context.abort(refused.code, f"tpuserve picker: {refused.message}")
         finally:
+            self._live.pop(exchange, None)
             self.streams -= 1
             exchange.close()
+
+    def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Raise `StreamRefused` (UNAUTHENTICATED) unless the stream's metadata carries
+        ``authorization: Bearer <the token>``."""
+        presented = b""
+        for key, value in context.invocation_metadata() or ():
+            if key == TOKEN_METADATA:
+                presented = value.encode("latin-1") if isinstance(value, str) else value
+                break
+        assert self._token is not None
+        if not hmac.compare_digest(presented, self._token):
+            raise StreamRefused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "unauthenticated",
+                "this picker needs the gateway's token: gRPC metadata "
+                f"'{TOKEN_METADATA}: Bearer <token>' (--picker-token-file)"
+                + ("; the one presented does not match" if presented else ""),
+            )
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _tick_seconds(self) -> float:
+        """How often streams' deadlines are checked: a quarter of the shortest, 10 ms..1 s."""
+        config = self.config
+        shortest = min(
+            config.header_timeout_seconds,
+            config.body_timeout_seconds,
+            config.stream_idle_timeout_seconds,
+        )
+        return min(1.0, max(0.01, shortest / 4))
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for exchange, task in list(self._live.items()):
+            if not exchange.closed and exchange.timed_out is None and exchange.expired(now):
+                task.cancel()  # Process turns it into DEADLINE_EXCEEDED
+        self._sweep = asyncio.get_running_loop().call_later(self._tick_seconds(), self._tick)
 
     # ------------------------------------------------------------------ choosing
 
@@ -296,8 +452,11 @@ class EndpointPicker:
             parsed = parser(
                 data, forwarder.want_text, forwarder.tokenizer, forwarder.max_prompt_chars
             )
+            bound = GENERATION_LIMITS[route](data)
+            theirs = client_rid(data)
         except ClientError as err:
             raise Refused(err, route_label) from None
+        del data
         model = parsed.model
         served = self.registry.route(model, parsed.lora_path)
         if served is None:
@@ -335,6 +494,14 @@ class EndpointPicker:
             forwarder.peers.routed(decision)
         if served.adapter is not None:
             forwarder.affinity.routed(served.adapter, worker.name)
+        # The engine knows the request by the router's own id, never the client's (SGLang
+        # aborts by prefix on a disconnect: request_ids), as in HTTP mode.
+        ids = name_request(body, theirs, parsed.single)
+        contexts = [w.context_tokens for w in candidates if w.context_tokens is not None]
+        context = max(contexts, default=None)
+        prompt_cap = (parsed.prompt_tokens * CHARS_PER_TOKEN + TEMPLATE_TOKENS) * bound.generations
+        if context is not None:
+            prompt_cap = min(prompt_cap, context * bound.generations)
         return Pick(
             worker,
             decision,
@@ -342,6 +509,10 @@ class EndpointPicker:
             served.model or (worker.models[0] if worker.models else ""),
             route_label,
             parsed.stream,
+            ids.body,
+            ids.restorer,
+            prompt_cap,
+            bound.allowance(parsed.prompt_tokens, context, MAX_TOKENS_ALLOWED * bound.generations),
         )
 
     def _pick_other(self, allowed: frozenset[str] | None) -> Pick:
@@ -421,16 +592,20 @@ class Exchange:
         "arrived",
         "body",
         "closed",
+        "deadline",
         "first_chunk",
         "headers",
         "path",
         "pick",
         "picker",
+        "requested",
         "served",
         "size",
         "status",
         "subset",
         "tail",
+        "timed_out",
+        "waiting",
     )
 
     def __init__(self, picker: EndpointPicker) -> None:
@@ -447,17 +622,48 @@ class Exchange:
         self.first_chunk = True
         self.tail = (b"", b"")
         self.closed = False
+        self.requested = False  # its request headers arrived
+        self.waiting = "headers"  # what the stream waits for: a key of `WAITS`
+        self.deadline = self.arrived + picker.config.header_timeout_seconds
+        self.timed_out: StreamRefused | None = None  # set by `expired`
+
+    def _wait(self, what: str, now: float) -> None:
+        self.waiting = what
+        self.deadline = now + getattr(self.picker.config, WAITS[what][0])
+
+    def expired(self, now: float) -> bool:
+        """Whether the stream waited past its deadline for what it waits for; if so,
+        ``timed_out`` says how it ends (the sweep, `EndpointPicker._tick`, cancels it)."""
+        if now <= self.deadline:
+            return False
+        setting, flag, reason = WAITS[self.waiting]
+        seconds = getattr(self.picker.config, setting)
+        what = self.waiting.replace("_", " ")
+        self.timed_out = StreamRefused(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            reason,
+            f"the stream's {what} did not arrive within {seconds:g} s ({flag})",
+        )
+        return True
 
     def handle(self, message: ext_proc.ProcessingRequest) -> list[ext_proc.ProcessingResponse]:
+        """The replies to one message; raises `StreamRefused` for a message out of turn: one
+        stream carries one request, its headers once, its body until decided, and the
+        answer only once decided."""
         kind = message.WhichOneof("request")
         if kind == "request_headers":
             return self._request_headers(message)
+        if not self.requested:
+            raise _out_of_turn(kind, "before the request headers")
         if kind == "request_body":
             return self._request_body(message.request_body)
         if kind == "request_trailers":  # the body ended without its end_of_stream
             replies = self._decide(body_ends=False) if self.pick is None and not self.closed else []
             trailers = ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
             return [*replies, trailers]
+        if self.pick is None:
+            raise _out_of_turn(kind, "before the picker chose an endpoint")
+        self._wait("answer_body", time.monotonic())
         if kind == "response_headers":
             return self._response_headers(message)
         if kind == "response_body":
@@ -472,7 +678,11 @@ class Exchange:
     def _request_headers(
         self, message: ext_proc.ProcessingRequest
     ) -> list[ext_proc.ProcessingResponse]:
+        if self.requested:
+            raise _out_of_turn("request_headers", "again")
+        self.requested = True
         headers = message.request_headers
+        _check_header_size(message, headers)
         for header in headers.headers.headers:
             value = header.raw_value.decode("latin-1") if header.raw_value else header.value
             self.headers[header.key.lower()] = value
@@ -485,12 +695,13 @@ class Exchange:
                 self.subset = chosen
         if headers.end_of_stream:
             return self._decide(body_ends=None)
+        self._wait("body", time.monotonic())
         return []
 
     def _request_body(self, chunk: ext_proc.HttpBody) -> list[ext_proc.ProcessingResponse]:
         picker = self.picker
-        if self.pick is not None or self.closed:  # after a decision: pass it on
-            return [_request_chunk(chunk.body, chunk.end_of_stream)]
+        if self.pick is not None:
+            raise _out_of_turn("request_body", "after the request's body ended")
         size = len(chunk.body)
         if self.size + size > picker.max_body_bytes:
             return self._refuse(
@@ -504,11 +715,14 @@ class Exchange:
                     self._route_label(),
                 )
             )
-        if picker.buffered + size > picker.max_buffered_bytes:
+        if size and not picker.buffers.take(size):
+            budget = picker.buffers
             return self._refuse(
                 Refused(
                     unavailable(
-                        "the router holds --max-buffered-bytes of request bodies already; retry"
+                        f"the router holds {budget.used} bytes of requests, its limit is "
+                        f"{budget.max_bytes} (--max-buffered-bytes, shared with the HTTP "
+                        "port); retry"
                     ),
                     self._route_label(),
                 )
@@ -534,11 +748,7 @@ class Exchange:
             pick = self.picker.pick(self.path, body, self.subset)
         except Refused as refused:
             return self._refuse(refused)
-        self.pick = pick
-        worker = pick.worker
-        worker.in_flight += 1
-        self.picker.forwarder.in_flight += 1
-        self.served = worker
+        self._book(pick)
         destination = ",".join(pick.endpoints)
         mutation = ext_proc.HeaderMutation(
             set_headers=[
@@ -547,6 +757,16 @@ class Exchange:
                 )
             ]
         )
+        if pick.body is not None and pick.body != body:
+            body = pick.body
+            if "content-length" in self.headers:  # the gateway would send the old length
+                mutation.set_headers.append(
+                    base_pb2.HeaderValueOption(
+                        header=base_pb2.HeaderValue(
+                            key="content-length", raw_value=str(len(body)).encode()
+                        )
+                    )
+                )
         metadata = struct_pb2.Struct()
         metadata.update({DESTINATION_NAMESPACE: {DESTINATION_KEY: destination}})
         replies = [
@@ -562,6 +782,17 @@ class Exchange:
         if body_ends is not None:
             replies += [_request_chunk(part, last and body_ends) for part, last in _chunks(body)]
         return replies
+
+    def _book(self, pick: Pick) -> None:
+        """The one place a pick is counted in flight (`_finish` the one it is taken back);
+        an exchange makes one pick at most."""
+        assert self.pick is None, "one pick per exchange"
+        assert self.served is None, "one pick per exchange"
+        self.pick = pick
+        self.served = pick.worker
+        pick.worker.in_flight += 1
+        self.picker.forwarder.in_flight += 1
+        self._wait("answer", time.monotonic())
 
     def _refuse(self, refused: Refused) -> list[ext_proc.ProcessingResponse]:
         self._release_body()
@@ -593,6 +824,7 @@ class Exchange:
 
     def _release_body(self) -> None:
         self.picker.buffered -= self.size
+        self.picker.buffers.give(self.size)
         self.size = 0
         self.body = []
 
@@ -602,13 +834,15 @@ class Exchange:
         self, message: ext_proc.ProcessingRequest
     ) -> list[ext_proc.ProcessingResponse]:
         headers = message.response_headers
+        _check_header_size(message, headers)
         for header in headers.headers.headers:
             if header.key == ":status":
-                self.status = (
-                    header.raw_value.decode("latin-1") if header.raw_value else header.value
-                )
+                status = header.raw_value.decode("latin-1") if header.raw_value else header.value
+                self.status = status if status in KNOWN_STATUSES else OTHER_STATUS
         served = self._served_endpoint(message.metadata_context)
         mutation = ext_proc.HeaderMutation()
+        if self.pick is not None and self.pick.restorer is not None:
+            mutation.remove_headers.append("content-length")  # the client's ids change it
         if self.picker.test_headers:
             shown = served or (endpoint_of(self.served) if self.served is not None else "")
             mutation.set_headers.append(
@@ -658,12 +892,18 @@ class Exchange:
                     self.picker.forwarder._ttft(pick.model).observe(time.monotonic() - self.arrived)
         if chunk.body:
             self.tail = (self.tail[1], chunk.body)
+        passed = chunk.body
+        restorer = self.pick.restorer if self.pick is not None else None
+        if restorer is not None:
+            passed = restorer.chunk(passed)
+            if chunk.end_of_stream:
+                passed += restorer.rest()
         reply = ext_proc.ProcessingResponse(
             response_body=ext_proc.BodyResponse(
                 response=ext_proc.CommonResponse(
                     body_mutation=ext_proc.BodyMutation(
                         streamed_response=ext_proc.StreamedBodyResponse(
-                            body=chunk.body, end_of_stream=chunk.end_of_stream
+                            body=passed, end_of_stream=chunk.end_of_stream
                         )
                     )
                 )
@@ -688,17 +928,16 @@ class Exchange:
         status = self.status
         code = int(status) if status.isdigit() else 0
         succeeded = 0 < code < 400
-        if status != CLIENT_CLOSED and code:
-            if code < 500:
-                forwarder.outliers.succeeded(worker)
-            else:
-                forwarder._worker_failed(worker, "server_error")
+        # No outlier detection here: the status is the stream's word, not an observation of
+        # the router's (a forged stream would eject the worker of its choice); the health
+        # checks still eject a failing worker.
         decision = pick.decision
         if decision is not None:
             if code == 200:
                 tail = self.tail[0] + self.tail[1]
                 usage = usage_from_stream_tail(tail) if pick.stream else usage_from_body(tail)
                 if usage is not None:
+                    usage = _bounded(usage, pick)
                     forwarder._account(usage, decision, pick.model, worker.name)
             forwarder.policy.on_request_done(decision, succeeded)
             if forwarder.peers is not None:
@@ -713,6 +952,57 @@ class Exchange:
         if self.pick is not None:
             self.status = CLIENT_CLOSED
             self._finish()
+
+
+WAITS: Final = {
+    "headers": ("header_timeout_seconds", "--header-timeout", "header_timeout"),
+    "body": ("body_timeout_seconds", "--body-timeout", "body_timeout"),
+    "answer": ("first_byte_timeout_seconds", "--first-byte-timeout", "first_byte_timeout"),
+    "answer_body": ("stream_idle_timeout_seconds", "--stream-idle-timeout", "idle_timeout"),
+}
+"""What a stream may wait for, with the setting (and its flag) bounding each wait and the
+reason counted when it runs out: the request headers from the stream's start, the whole
+request body from its headers, the answer from the pick, each next part of the answer from
+the one before."""
+
+
+def _out_of_turn(kind: str | None, when: str) -> StreamRefused:
+    return StreamRefused(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "protocol",
+        f"{kind or 'an empty message'} {when}: one request per stream, its headers once, its "
+        "body until it ends, its answer once an endpoint is chosen (the Endpoint Picker "
+        "protocol)",
+    )
+
+
+def _check_header_size(message: ext_proc.ProcessingRequest, headers: ext_proc.HttpHeaders) -> None:
+    """Raise `StreamRefused` if ``headers`` hold more than `MAX_HEADER_BYTES` (names and
+    values), or the message more than `MAX_METADATA_BYTES` beside them."""
+    size = sum(len(h.key) + len(h.raw_value or h.value) for h in headers.headers.headers)
+    if size > MAX_HEADER_BYTES:
+        raise StreamRefused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "headers_too_large",
+            f"the headers hold {size} bytes; the picker's limit is {MAX_HEADER_BYTES} "
+            "(Envoy's max_request_headers_kb default)",
+        )
+    whole = message.ByteSize()
+    if whole > size + MAX_METADATA_BYTES + len(headers.headers.headers) * 8:
+        raise StreamRefused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "headers_too_large",
+            f"the headers message holds {whole - size} bytes beside its headers (metadata, "
+            f"attributes); the picker's limit is {MAX_METADATA_BYTES}",
+        )
+
+
+def _bounded(usage: TokenCounts, pick: Pick) -> TokenCounts:
+    """``usage`` as the stream reported it, capped by what the request could cost: the answer
+    side is the gateway's word, and one forged ``usage`` must not move the counters by 10¹⁸."""
+    prompt, completion, cached = usage
+    prompt = min(prompt, pick.max_prompt_tokens)
+    return prompt, min(completion, pick.max_completion_tokens), min(cached, prompt)
 
 
 def _subset(context: base_pb2.Metadata) -> frozenset[str] | None:

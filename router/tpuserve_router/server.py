@@ -21,10 +21,12 @@ bounded (`FrontLimits`), and an unreadable request is answered and its connectio
   header would otherwise cost quadratic time); more than ``max_headers`` headers: 431;
 - a body over ``max_body_bytes``: 413 as soon as the declared length (or the received
   body) shows it; a body that does not fit in the router-wide budget of buffered request
-  bytes (`connections.BufferBudget`): 503 with ``Retry-After``, as soon as the declared
-  length (or the received body) shows it;
-- a request the listener's ``head_check`` refuses (no valid API key, say): its answer (401,
-  403) as soon as the head has arrived, before a byte of its body is read;
+  bytes (`connections.BufferBudget`), or in the client's share of it (the listener's
+  ``client_of`` names the client): 503 with ``Retry-After``, as soon as the declared length
+  (or the received body) shows it;
+- a request the listener's ``head_check`` refuses (no valid API key, a body on a route that
+  takes none, say): its answer (401, 403, 404, 405) as soon as the head has arrived, before a
+  byte of its body is read;
 - a head not complete within ``header_timeout_seconds`` of its first byte (or of the
   connection opening), a body not complete within ``body_timeout_seconds`` of its head:
   408; a keep-alive connection idle for ``keep_alive_timeout_seconds``: closed; a client
@@ -142,6 +144,7 @@ class HttpRequest:
         "arrived",
         "body",
         "charged",
+        "client",
         "extra_headers",
         "finished",
         "head_only",
@@ -177,6 +180,7 @@ class HttpRequest:
         self.head_only = method == b"HEAD"
         self.extra_headers = b""  # added to the response's head (e.g. rate-limit headers)
         self.charged = 0  # bytes of the buffer budget its body holds (given back once answered)
+        self.client: str | None = None  # whose share of the budget they are charged to
 
     def header(self, name: bytes) -> bytes | None:
         """The first header called ``name`` (lower case), or None."""
@@ -266,6 +270,14 @@ Handler = Callable[[HttpRequest], Awaitable[None]]
 HeadCheck = Callable[[bytes, bytes, list[tuple[bytes, bytes]], bool], ClientError | None]
 """Run once a request's head has arrived, before its body is read: given the method, the URL,
 the headers and whether the listener is local, the refusal to answer at once, or None."""
+ClientOf = Callable[[list[tuple[bytes, bytes]], str], str]
+"""Who a request that passed the head check is, for its share of the buffer budget: given
+its headers and the client's address, a name (its key's tenant, its address)."""
+
+
+class BodyNotTaken(ClientError):
+    """A head check's answer to a request with a body on a route that takes none (404, 405,
+    400): answered before the body is read, the connection closed (``unexpected_body``)."""
 
 
 class HttpConnection(asyncio.Protocol):
@@ -279,6 +291,7 @@ class HttpConnection(asyncio.Protocol):
         loop: asyncio.AbstractEventLoop,
         head_check: HeadCheck | None = None,
         local: bool = False,
+        client_of: ClientOf | None = None,
     ) -> None:
         self.handler = handler
         self.limits = limits
@@ -287,6 +300,8 @@ class HttpConnection(asyncio.Protocol):
         self.loop = loop
         self.head_check = head_check
         self.local = local
+        self.client_of = client_of
+        self._client: str | None = None  # whose share the body being read is charged to
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
@@ -343,7 +358,7 @@ class HttpConnection(asyncio.Protocol):
         if self.task is not None and not self.task.done():
             self.task.cancel()
         for request in self.pending:
-            self.buffers.give(request.charged)
+            self.buffers.give(request.charged, request.client)
             request.charged = 0
         self.pending.clear()
         self._drop_body()
@@ -415,7 +430,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _drop_body(self) -> None:
         """Forget the body being read, and give its bytes back to the budget."""
-        self.buffers.give(self._body_size)
+        self.buffers.give(self._body_size, self._client)
         self._body_size = 0
         self._body = []
 
@@ -456,8 +471,12 @@ class HttpConnection(asyncio.Protocol):
         if self.head_check is not None:
             refusal = self.head_check(self.parser.get_method(), self._url, headers, self.local)
             if refusal is not None:
-                self._refuse(refusal, "unauthorized")
+                reason = "unexpected_body" if isinstance(refusal, BodyNotTaken) else "unauthorized"
+                self._refuse(refusal, reason)
                 return
+        client = self._client = (
+            None if self.client_of is None else self.client_of(headers, self.peer_host())
+        )
         continue_ = False
         for name, value in headers:
             if name == b"content-length":
@@ -468,7 +487,7 @@ class HttpConnection(asyncio.Protocol):
                 if declared > self.limits.max_body_bytes:
                     self._reject_too_large(declared)
                     return
-                if declared > self.buffers.free:
+                if declared > self.buffers.free_for(client):
                     self._over_budget(declared)
                     return
             elif name == b"expect" and value.lower() == b"100-continue":
@@ -483,7 +502,7 @@ class HttpConnection(asyncio.Protocol):
         if self._body_size + size > self.limits.max_body_bytes:
             self._reject_too_large(self._body_size + size)
             return
-        if not self.buffers.take(size):
+        if not self.buffers.take(size, self._client):
             self._over_budget(self._body_size + size)
             return
         self._body_size += size
@@ -504,6 +523,7 @@ class HttpConnection(asyncio.Protocol):
             time.monotonic(),
         )
         request.charged = self._body_size
+        request.client = self._client
         self._last = request
         self._start_message()  # the request owns its parts (and its charge); the connection none
         if self.task is None:
@@ -539,7 +559,7 @@ class HttpConnection(asyncio.Protocol):
                 self.abort()
         finally:
             self.task = None
-            self.buffers.give(request.charged)
+            self.buffers.give(request.charged, request.client)
             request.charged = 0
         if not request.finished and not self.closed:
             self.abort()  # a handler that never finished its response
@@ -680,12 +700,24 @@ class HttpConnection(asyncio.Protocol):
 
     def _over_budget(self, size: int) -> None:
         budget = self.buffers
+        client = self._client
+        held = budget.by_client.get(client, 0) if client is not None else 0
+        if client is not None and budget.free_for(client) < budget.free:
+            message = (
+                f"this client ({client}) holds {held} bytes of requests, its share is "
+                f"{budget.max_client_bytes} (--max-buffered-bytes-per-client), and this body "
+                f"({size} bytes) does not fit; retry"
+            )
+        else:
+            message = (
+                f"the router holds {budget.used} bytes of requests, its limit is "
+                f"{budget.max_bytes} (--max-buffered-bytes), and this body ({size} bytes) "
+                "does not fit; retry"
+            )
         self._refuse(
             ClientError(
                 503,
-                f"the router holds {budget.used} bytes of requests, its limit is "
-                f"{budget.max_bytes} (--max-buffered-bytes), and this body ({size} bytes) "
-                "does not fit; retry",
+                message,
                 param="body",
                 error_type="service_unavailable",
                 headers={"retry-after": RETRY_AFTER_SECONDS},
@@ -763,12 +795,14 @@ async def serve(
     limits: FrontLimits,
     book: ConnectionBook | None = None,
     head_check: HeadCheck | None = None,
+    client_of: ClientOf | None = None,
 ) -> asyncio.Server:
     """Listen on ``host:port`` (port 0 = a free port); the caller closes the server.
 
     Connections are counted, timed and closed under pressure by ``book`` (one of its own
     if none is given), their bodies charged to its buffer budget; ``head_check`` may refuse
-    a request once its head has arrived. Requests know whether ``host`` is a loopback
+    a request once its head has arrived, ``client_of`` names whose share of the budget a body
+    is charged to (None: no client's). Requests know whether ``host`` is a loopback
     address (`HttpRequest.local`).
     """
     loop = asyncio.get_running_loop()
@@ -777,6 +811,6 @@ async def serve(
     local = is_loopback(host)
 
     def factory() -> HttpConnection:
-        return HttpConnection(handler, limits, book, loop, head_check, local)
+        return HttpConnection(handler, limits, book, loop, head_check, local, client_of)
 
     return await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)

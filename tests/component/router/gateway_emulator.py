@@ -78,17 +78,24 @@ class PickerClient:
         target: str,
         certificate: bytes | None = None,
         chunk_bytes: int = REQUEST_CHUNK_BYTES,
+        token: str | None = None,
+        own_connection: bool = False,
     ) -> None:
         """``certificate``: the picker's (``--picker-tls``), trusted for this channel;
-        ``chunk_bytes``: the request body's chunks (Envoy's are as large as its reads)."""
+        ``chunk_bytes``: the request body's chunks (Envoy's are as large as its reads);
+        ``token``: sent as ``authorization: Bearer`` metadata on each stream, as Envoy's
+        ``grpc_service.initial_metadata`` would (``--picker-token-file``); ``own_connection``:
+        this client's channel shares no connection with other clients' (grpc pools them)."""
         self.chunk_bytes = chunk_bytes
+        self.metadata = None if token is None else (("authorization", f"Bearer {token}"),)
+        options = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
         if certificate is None:
-            self.channel = grpc.aio.insecure_channel(target)
+            self.channel = grpc.aio.insecure_channel(target, options=options)
         else:
             self.channel = grpc.aio.secure_channel(
                 target,
                 grpc.ssl_channel_credentials(root_certificates=certificate),
-                options=[("grpc.ssl_target_name_override", epp.CERTIFICATE_NAME)],
+                options=[("grpc.ssl_target_name_override", epp.CERTIFICATE_NAME), *options],
             )
         self.stub = ext_proc_grpc.ExternalProcessorStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
@@ -114,7 +121,7 @@ class PickerClient:
     ) -> tuple[Any, Exchange]:
         """Start a stream and send the request; returns it with the picker's decision read
         (the stream is left open for the response)."""
-        call = self.stub.Process()
+        call = self.stub.Process(metadata=self.metadata)
         sent = [
             _header(":method", method),
             _header(":path", path),

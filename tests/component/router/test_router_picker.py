@@ -78,7 +78,9 @@ async def test_the_destination_is_the_policys_choice_in_header_and_metadata(
     assert len(endpoints) == 1 + picker.config.max_retries  # the chosen one, then fallbacks
     assert len(set(endpoints)) == len(endpoints)
     assert set(endpoints) <= {endpoint(e) for e in engines}
-    assert first.request_body == body  # passed on whole, unchanged
+    forwarded = orjson.loads(first.request_body)  # passed on whole, with the router's own rid
+    assert len(forwarded.pop("rid")) == 32
+    assert forwarded == orjson.loads(body)
     again = await gateway.exchange("/v1/completions", body)
     assert again.endpoints[0] == endpoints[0]  # the prefix stays where it is cached
     usage = orjson.loads(again.body)["usage"]

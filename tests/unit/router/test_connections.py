@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuserve_router.connections import ConnectionBook
+from tpuserve_router.connections import BufferBudget, ConnectionBook
 
 pytestmark = pytest.mark.unit
 
@@ -65,3 +65,18 @@ async def test_the_sweep_closes_only_connections_past_their_timeout() -> None:
     assert counted == ["keep_alive_timeout", "keep_alive_timeout"]
     assert book.now == 10.0
     book.stop()
+
+
+def test_a_client_holds_at_most_its_share_and_gives_it_back() -> None:
+    budget = BufferBudget(100, max_client_bytes=40)
+    assert budget.take(30, "a")
+    assert not budget.take(20, "a")  # over a's share: nothing charged
+    assert budget.free_for("a") == 10
+    assert budget.take(40, "b")
+    assert budget.take(25)  # no client's (the picker's): the whole budget's rest alone
+    assert not budget.take(10, "c")  # the budget itself is short: 95 used
+    assert (budget.used, budget.by_client) == (95, {"a": 30, "b": 40})
+    budget.give(30, "a")
+    budget.give(40, "b")
+    budget.give(25)
+    assert (budget.used, budget.by_client) == (0, {})

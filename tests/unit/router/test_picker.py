@@ -3,6 +3,8 @@ that is built but not started (workers added by hand), and its settings' checks.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pytest
 from envoy.config.core.v3 import base_pb2
@@ -13,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from tpuserve_router import picker as epp
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import ConfigError, RouterConfig
+from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
 from tpuserve_router.workers import WorkerSpec
 
 pytestmark = pytest.mark.unit
@@ -138,7 +141,10 @@ def test_a_request_is_picked_at_its_body_end_and_its_body_passed_on(app: RouterA
     assert set(endpoints) == set(ENDPOINTS)
     (body_reply,) = replies[1:]
     streamed = body_reply.request_body.response.body_mutation.streamed_response
-    assert (streamed.body, streamed.end_of_stream) == (BODY, True)
+    assert streamed.end_of_stream
+    forwarded = orjson.loads(streamed.body)  # the router's own rid added, the rest as sent
+    assert len(forwarded.pop("rid")) == 32
+    assert forwarded == orjson.loads(BODY)
     chosen = app.registry.get(f"http://{endpoints[0]}")
     assert chosen is not None
     assert chosen.in_flight == 1
@@ -170,9 +176,16 @@ def test_large_bodies_are_re_emitted_in_chunks_the_gateway_takes() -> None:
     big = orjson.dumps({"model": MODEL, "prompt": "x" * 150_000})
     replies = ex.handle(body_message(big))
     pieces = [r.request_body.response.body_mutation.streamed_response for r in replies[1:]]
-    assert [len(p.body) for p in pieces] == [epp.CHUNK_BYTES, epp.CHUNK_BYTES, len(big) - 124_000]
+    joined = b"".join(p.body for p in pieces)
+    assert [len(p.body) for p in pieces] == [
+        epp.CHUNK_BYTES,
+        epp.CHUNK_BYTES,
+        len(joined) - 124_000,
+    ]
     assert [p.end_of_stream for p in pieces] == [False, False, True]
-    assert b"".join(p.body for p in pieces) == big
+    forwarded = orjson.loads(joined)
+    del forwarded["rid"]
+    assert forwarded == orjson.loads(big)
 
 
 @pytest.mark.parametrize(
@@ -243,11 +256,73 @@ def test_a_body_over_the_limit_is_413_and_its_buffer_released(app: RouterApp) ->
     ex.handle(headers_message())
     assert ex.handle(body_message(b"x" * 3000, end=False)) == []
     assert app.picker.buffered == 3000
+    assert app.book.buffers.used == 3000  # one budget with the HTTP front's
     (reply,) = ex.handle(body_message(b"x" * 3000, end=False))
     assert reply.immediate_response.status.code == 413
     assert b"--max-request-bytes" in reply.immediate_response.body
     assert app.picker.buffered == 0
+    assert app.book.buffers.used == 0
     assert ex.closed
+
+
+def test_a_short_token_file_is_refused_naming_what_is_allowed(tmp_path: Path) -> None:
+    short = tmp_path / "token"
+    short.write_text("too short\n")
+    with pytest.raises(ConfigError) as caught:
+        RouterConfig(picker_port=0, picker_token_file=str(short)).validate()
+    assert any("allowed: 16 to 4096 printable" in p for p in caught.value.problems)
+
+
+def test_the_picker_and_the_http_front_share_one_buffer_budget() -> None:
+    app = make_app(max_request_bytes=4096, max_buffered_bytes=5000)
+    assert app.picker is not None
+    app.book.buffers.take(3000)  # an HTTP body being read
+    ex = exchange(app)
+    ex.handle(headers_message())
+    (reply,) = ex.handle(body_message(b"x" * 2500, end=False))
+    assert reply.immediate_response.status.code == 503
+    assert b"--max-buffered-bytes" in reply.immediate_response.body
+    assert app.book.buffers.used == 3000
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        headers_message("/v1/models", end=True),
+        body_message(BODY),
+        ext_proc.ProcessingRequest(request_trailers=ext_proc.HttpTrailers()),
+    ],
+    ids=["headers", "body", "trailers"],
+)
+def test_a_message_after_the_pick_is_a_protocol_error_not_a_second_pick(
+    app: RouterApp, second: ext_proc.ProcessingRequest
+) -> None:
+    ex = exchange(app)
+    ex.handle(headers_message())
+    destination(ex.handle(body_message(BODY)))
+    assert app.forwarder.in_flight == 1
+    if second.WhichOneof("request") == "request_trailers":
+        (reply,) = ex.handle(second)  # trailers are answered; no second decision
+        assert reply.WhichOneof("response") == "request_trailers"
+    else:
+        with pytest.raises(epp.StreamRefused) as caught:
+            ex.handle(second)
+        assert caught.value.reason == "protocol"
+    assert app.forwarder.in_flight == 1
+    assert sum(w.in_flight for w in app.registry.workers) == 1
+    ex.close()
+    assert app.forwarder.in_flight == 0
+    assert all(w.in_flight == 0 for w in app.registry.workers)
+
+
+def test_answer_messages_before_the_pick_are_protocol_errors(app: RouterApp) -> None:
+    ex = exchange(app)
+    with pytest.raises(epp.StreamRefused):
+        ex.handle(body_message(BODY))  # before the headers
+    ex = exchange(app)
+    ex.handle(headers_message())
+    with pytest.raises(epp.StreamRefused):
+        ex.handle(response_headers(200, ENDPOINTS[0]))
 
 
 def test_at_max_in_flight_the_request_is_shed_with_429() -> None:
@@ -279,19 +354,6 @@ def test_a_fallback_that_served_moves_the_in_flight_count_and_the_accounting(
     assert requests_total(app, f"http://{fallback}", "200") == 1
     assert requests_total(app, f"http://{primary}", "200") == 0
     assert all(w.in_flight == 0 for w in app.registry.workers)
-
-
-def test_a_5xx_answer_counts_against_the_worker(app: RouterApp) -> None:
-    ex = exchange(app)
-    ex.handle(headers_message())
-    header, _ = destination(ex.handle(body_message(BODY)))
-    chosen = header.split(",")[0]
-    ex.handle(response_headers(500, chosen))
-    ex.handle(response_body(b'{"error": "boom"}', True))
-    worker = app.registry.get(f"http://{chosen}")
-    assert worker is not None
-    assert worker.consecutive_failures == 1
-    assert requests_total(app, worker.name, "500") == 1
 
 
 def test_bodiless_requests_are_picked_on_their_headers_without_the_policy(app: RouterApp) -> None:
@@ -353,9 +415,116 @@ def test_ipv6_endpoints_are_bracketed() -> None:
         ({"picker_port": 70000}, "picker_port=70000: allowed 0..65535"),
         ({"picker_test_headers": True}, "picker_test_headers=True: needs picker_port"),
         ({"picker_tls": True}, "picker_tls=True: needs picker_port"),
+        ({"picker_token_file": "/etc/hosts"}, "picker_token_file='/etc/hosts': needs picker_port"),
+        ({"picker_port": 0, "picker_token_file": "/nonexistent"}, "'/nonexistent': cannot be read"),
+        ({"picker_port": 0, "picker_max_connections": 0}, "picker_max_connections=0: allowed 1.."),
+        (
+            {"picker_port": 0, "picker_max_message_bytes": 1000},
+            "picker_max_message_bytes=1000: allowed 131072..",
+        ),
     ],
 )
 def test_picker_settings_are_checked(settings: dict[str, object], words: str) -> None:
     with pytest.raises(ConfigError) as caught:
         RouterConfig(**settings).validate()  # type: ignore[arg-type]
     assert any(words in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_every_way_a_stream_ends_early_has_its_metric_label() -> None:
+    reasons = {reason for _, _, reason in epp.WAITS.values()}
+    reasons |= {"unauthenticated", "protocol", "headers_too_large"}
+    assert reasons == set(PICKER_STREAM_REFUSAL_REASONS)
+
+
+def answered(app: RouterApp, status: object, answer: bytes) -> epp.Exchange:
+    """One request picked and answered through the stream with ``status`` and ``answer``."""
+    ex = exchange(app)
+    ex.handle(headers_message())
+    header, _ = destination(ex.handle(body_message(BODY)))
+    message = response_headers(200, header.split(",")[0])
+    message.response_headers.headers.headers[0].raw_value = str(status).encode()
+    ex.handle(message)
+    ex.handle(response_body(answer, True))
+    return ex
+
+
+def status_labels(app: RouterApp) -> set[str]:
+    return {
+        sample.labels["status"]
+        for family in app.metrics.registry.collect()
+        if family.name == "tpuserve_router_requests"
+        for sample in family.samples
+    }
+
+
+def test_forged_statuses_make_no_new_series(app: RouterApp) -> None:
+    for i in range(50):
+        answered(app, f"9{i:02d}", ANSWER)
+        answered(app, f"forged-{i}", ANSWER)
+    labels = status_labels(app)
+    assert len(labels) <= 2, labels  # every forged one under one label
+
+
+def test_5xx_read_from_the_stream_ejects_no_worker(app: RouterApp) -> None:
+    """Only the router's own observations (health checks) eject: the answer side of a stream
+    is the gateway's word, which a forged stream could use to eject a chosen worker."""
+    for _ in range(3 * app.config.outlier_consecutive_failures):
+        answered(app, 503, b'{"error": "forged"}')
+    assert all(w.consecutive_failures == 0 for w in app.registry.workers)
+    assert all(w.ejected_until == 0.0 for w in app.registry.workers)
+    assert sum(requests_total(app, w.name, "503") for w in app.registry.workers) == 15
+
+
+def test_usage_from_the_stream_is_bounded_by_the_request(app: RouterApp) -> None:
+    forged = orjson.dumps(
+        {"usage": {"prompt_tokens": 10**18, "completion_tokens": 10**18,
+                   "prompt_tokens_details": {"cached_tokens": 10**18}}}
+    )  # fmt: skip
+    answered(app, 200, forged)
+    totals = {
+        name: sum(
+            app.metrics.registry.get_sample_value(name, {"model": MODEL, "worker": w.name}) or 0
+            for w in app.registry.workers
+        )
+        for name in (
+            "tpuserve_router_prompt_tokens_total",
+            "tpuserve_router_completion_tokens_total",
+            "tpuserve_router_cached_tokens_total",
+        )
+    }
+    assert totals["tpuserve_router_completion_tokens_total"] <= 2  # max_tokens
+    assert 0 < totals["tpuserve_router_prompt_tokens_total"] < 10_000  # a 5-character prompt
+    assert (
+        totals["tpuserve_router_cached_tokens_total"]
+        <= totals["tpuserve_router_prompt_tokens_total"]
+    )
+
+
+def test_the_clients_rid_is_replaced_in_the_body_and_restored_in_the_answer(
+    app: RouterApp,
+) -> None:
+    body = orjson.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 2, "rid": "mine"})
+    ex = exchange(app)
+    ex.handle(headers_message(extra={"content-length": str(len(body))}))
+    replies = ex.handle(body_message(body))
+    forwarded = b"".join(
+        r.request_body.response.body_mutation.streamed_response.body for r in replies[1:]
+    )
+    ours = orjson.loads(forwarded)["rid"]
+    assert ours != "mine"
+    assert len(ours) == 32
+    set_headers = {
+        o.header.key: o.header.raw_value
+        for o in replies[0].request_headers.response.header_mutation.set_headers
+    }
+    assert set_headers["content-length"] == str(len(forwarded)).encode()
+    chosen = set_headers[epp.DESTINATION_KEY].decode().split(",")[0]
+    (reply,) = ex.handle(response_headers(200, chosen))
+    assert "content-length" in reply.response_headers.response.header_mutation.remove_headers
+    echoed = orjson.dumps({"id": ours, "choices": [{"text": "hi"}]})
+    first, second = echoed[:12], echoed[12:]  # the id split across two chunks
+    out = [ex.handle(response_body(first, False)), ex.handle(response_body(second, True))]
+    answer = b"".join(
+        r.response_body.response.body_mutation.streamed_response.body for rs in out for r in rs
+    )
+    assert orjson.loads(answer)["id"] == "mine"

@@ -339,3 +339,18 @@ def test_peering_beyond_this_host_needs_a_host_peers_can_reach(
     # a name's addresses are known only once resolved (local pods may be loopback addresses):
     # `peers` warns then rather than refusing here
     RouterConfig(peer_port=5570, peers_from_dns="m-router-peers.serving.svc").validate()
+
+
+def test_a_clients_share_of_the_buffer_budget_fits_a_body_and_the_budget() -> None:
+    mib = 1024 * 1024
+    assert RouterConfig().client_buffer_bytes() == 128 * mib  # a quarter of 512 MiB
+    small = RouterConfig(max_buffered_bytes=64 * mib, max_request_bytes=32 * mib)
+    assert small.client_buffer_bytes() == 32 * mib  # at least one body
+    for share in (16 * mib, 80 * mib):
+        with pytest.raises(ConfigError) as err:
+            small.replace(max_buffered_bytes_per_client=share).validate()
+        assert f"max_buffered_bytes_per_client={share}: allowed max_request_bytes=" in str(
+            err.value
+        )
+    flagged = build_config(parse("--max-buffered-bytes-per-client", str(64 * mib)), environ={})
+    assert flagged.max_buffered_bytes_per_client == 64 * mib
