@@ -302,6 +302,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from sglang_tpu.sglang_torchtpu import (
             SGLangQwen3Runner,
             install_missing_module_stubs,
+            route_integer_cumsum_through_host,
             tolerate_missing_processor_backends,
         )
 
@@ -309,6 +310,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         hf_model = build_hf(args.shape, dtype)[1]  # before the stand-ins: transformers probes
         rec["stubbed_modules"] = install_missing_module_stubs(STUBBABLE)
         rec["skipped_registrations"] = tolerate_missing_processor_backends()
+        if args.host_cumsum:
+            route_integer_cumsum_through_host()
+            rec["host_cumsum"] = True
         runner = SGLangQwen3Runner(
             SHAPES[args.shape],
             hf_model,
@@ -619,6 +623,12 @@ def main() -> int:
         default="device",
         choices=["device", "device-int32", "host"],
         help="greedy argmax on the device (int64 ids, or cast to int32) or on the host",
+    )
+    r.add_argument(
+        "--host-cumsum",
+        action="store_true",
+        help="sglang: integer cumsums of LogitsProcessor on the host (the chip's compiler "
+        "aborts on them; sglang_tpu.sglang_torchtpu.route_integer_cumsum_through_host)",
     )
     r.add_argument(
         "--precision",

@@ -208,6 +208,38 @@ def tolerate_missing_processor_backends() -> list[str]:
     return skipped
 
 
+class _HostIntegerCumsum:
+    """`torch` as SGLang's LogitsProcessor sees it, except that integer cumsums of device
+    tensors run on the host (one small round trip per prefill)."""
+
+    def __init__(self, torch_module: Any) -> None:
+        self._torch = torch_module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+    def cumsum(self, x: Any, dim: int, **kwargs: Any) -> Any:
+        if x.device.type == "cpu" or x.is_floating_point() or x.is_complex():
+            return self._torch.cumsum(x, dim, **kwargs)
+        return self._torch.cumsum(x.cpu(), dim, **kwargs).to(x.device)
+
+
+def route_integer_cumsum_through_host() -> None:
+    """Work around the TPU compiler abort on `torch.cumsum` of a 1-D integer tensor.
+
+    On the project's v5e (libtpu 0.0.42.1 behind the 0.0.50 shim, TorchTPU 0.2.0) that op
+    aborts the process (`lowering_util.cc:3710 ... Unsupported conversion from vmreg/vreg to
+    U64`, `windowing_util.cc:317 ... window_bounds.size() == rank`); SGLang's LogitsProcessor
+    uses it for each prefill's last-token index. This makes that module's `torch.cumsum` run
+    integer device inputs on the host. Not yet run on a chip (docs/tpu-lane.md).
+    """
+    import sglang.srt.layers.logits_processor as logits_processor
+    import torch
+
+    if not isinstance(logits_processor.torch, _HostIntegerCumsum):
+        logits_processor.torch = _HostIntegerCumsum(torch)
+
+
 def publish_runtime_context() -> None:
     """Publish SGLang's runtime context for one process at width 1, without torch.distributed."""
     global _PUBLISHED

@@ -12,7 +12,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -127,3 +127,40 @@ def test_the_committed_results_record_the_blocker_and_the_runs() -> None:
     equal = [r for r in results["tpu_runs"] if r["tokens_equal_cpu"]]
     assert equal
     assert all(r["float32_matmul_precision"] == "highest" for r in equal)
+
+
+def test_integer_cumsums_of_device_tensors_go_through_the_host() -> None:
+    """The workaround for the chip's cumsum abort: only integer device inputs move."""
+    calls: list[str] = []
+
+    class Tensor:
+        def __init__(self, device: str, floating: bool) -> None:
+            self.device = SimpleNamespace(type=device)
+            self.floating = floating
+
+        def is_floating_point(self) -> bool:
+            return self.floating
+
+        def is_complex(self) -> bool:
+            return False
+
+        def cpu(self) -> Tensor:
+            calls.append("cpu")
+            return Tensor("cpu", self.floating)
+
+        def to(self, device: object) -> Tensor:
+            calls.append(f"to {device.type}")  # type: ignore[attr-defined]
+            return Tensor(device.type, self.floating)  # type: ignore[attr-defined]
+
+    def cumsum(x: Tensor, dim: int) -> Tensor:
+        calls.append(f"cumsum on {x.device.type}")
+        return x
+
+    proxy = adapter._HostIntegerCumsum(SimpleNamespace(cumsum=cumsum, int64="int64"))
+    assert proxy.int64 == "int64"  # everything else is torch's
+    proxy.cumsum(Tensor("tpu", floating=False), 0)
+    assert calls == ["cpu", "cumsum on cpu", "to tpu"]
+    calls.clear()
+    proxy.cumsum(Tensor("tpu", floating=True), 0)
+    proxy.cumsum(Tensor("cpu", floating=False), 0)
+    assert calls == ["cumsum on tpu", "cumsum on cpu"]
