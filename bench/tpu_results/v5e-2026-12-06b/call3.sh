@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Device call 3 (issue 58): single-op probes, SGLang tiny with int32 / host greedy ids. Was: call 2: SGLang tiny (discovery, modes), HF tiny highest + compile, both at the 0.6B-4-layer shape.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+C=$PWD/.tpu-carry; W=$PWD/.whl-tpu; S=/tmp/tpu-lane
+T0=$(date +%s)
+{ date -u; python3 -c 'import platform; print(platform.libc_ver())'; python3 -m pip list 2>/dev/null | grep -iE 'jax|libtpu|numpy|pydantic|transformers|torch'; } > $OUT/machine.txt 2>&1
+path=$(scripts/tpu-lane-install.sh $S $W 2>>$OUT/install.log) || { echo install failed; tail $OUT/install.log; exit 1; }
+if [ ! -f /tmp/tx/.ok ]; then
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install -q --isolated --only-binary=:all: --no-cache-dir --index-url file:///opt/pypi/simple --target /tmp/tx transformers==5.17.0 >> $OUT/install.log 2>&1 && touch /tmp/tx/.ok
+fi
+ls /tmp/tx >> $OUT/install.log
+if [ ! -d /tmp/sg/sglang ]; then mkdir -p /tmp/sg && tar -xJf $C/sglang-0.5.23-py.tar.xz -C /tmp/sg; fi
+mkdir -p /tmp/sg/sglang/kernels/jit/include /tmp/sg/sglang/kernels/jit/csrc
+export PYTHONPATH=$C/repo:$path:/tmp/sg:/tmp/tx
+export TPU_ACCELERATOR_TYPE=v5litepod-1 TPU_TOPOLOGY=1x1 TPU_CHIPS_PER_HOST_BOUNDS=1,1,1 TPU_HOST_BOUNDS=1,1,1
+echo "install done in $(( $(date +%s) - T0 )) s"
+python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)' 2>&1 | tail -1
+
+R="python3 $C/repo/bench/tpu_real_model.py drive --out-dir $OUT"
+left() { echo $(( 320 - ( $(date +%s) - T0 ) )); }
+timeout 90 python3 $C/repo/bench/tpu_op_probe.py --out $OUT/op-probes.jsonl --modes DEFER_NEVER --names argmax_int64_to_host argmax_after_index_to_host argmax_int32_to_host cumsum_int64
+timeout 60 python3 $C/repo/bench/tpu_op_probe.py --out $OUT/op-probes.jsonl --modes DEFER_AND_FUSE --names cumsum_int64 cumsum_int32 argmax_after_index_to_host
+$R --impls sglang --shapes tiny --modes eager fuse --no-cpu --no-discovery --extra="--sample device-int32" --budget-s $(( ( $(left) ) / 2 ))
+$R --impls sglang --shapes tiny --modes eager compile --no-cpu --no-discovery --extra="--sample host" --budget-s $(left)
+echo "drive rc=$? total $(( $(date +%s) - T0 )) s"
+cat $OUT/summary.json | python3 -c 'import json,sys; [print(r) for r in json.load(sys.stdin)["rows"]]' | cut -c1-400
