@@ -3,13 +3,21 @@ twins on loopback through the official ``openai`` client.
 
 First the breaks a review found where two features meet, each a test that failed before its
 fix: a client hanging up on a disaggregated stream is charged as on a colocated one (one
-ledger), and a LoRA request in PD mode goes to workers of the right roles.
+ledger), and a LoRA request in PD mode goes to workers of the right roles. Then the matrix:
+modes (HTTP colocated, HTTP PD, the endpoint picker behind an emulated gateway, the picker in
+PD mode) × features (API keys, request and token limits, priority, multi-model, LoRA affinity);
+each cell works, shown through the client with the feature's effect asserted, or is refused
+at router start naming the flags (or, for the picker and keys, left to the gateway). The
+table in docs/router.md is generated from `CELLS` (`matrix_table`), and a test fails when it
+is stale.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import aiohttp
 import openai
@@ -17,16 +25,18 @@ import orjson
 import pytest
 
 from tests.component.engine.engine_process import running_requests
+from tests.component.router.gateway_emulator import GatewayFront, PickerClient
 from tests.component.router.router_fleet import MODEL, EngineTwin, start_router, wait_ready
 from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
 from tpuserve_router.app import RouterApp
-from tpuserve_router.config import RouterConfig
+from tpuserve_router.config import ConfigError, RouterConfig
 
 pytestmark = pytest.mark.component
 
 KEY = "sk-matrix-0123456789abcdef"
 ADAPTER = "sql"
+QWEN = "qwen"
 PROMPT = "Tell me everything about tensor processing units, their memory and their links. " * 3
 MODES = ("colocated", "pd")
 """HTTP colocated (``--worker``) and HTTP PD (``--prefill``/``--decode``, every request a
@@ -34,37 +44,60 @@ pair: ``--pd-policy always``)."""
 
 
 class Fleet:
-    """One prefill, one decode and one colocated twin, each serving LoRA adapter `ADAPTER`, at
-    half their modelled speed (a stream still runs when its client leaves)."""
+    """For each of two models (`MODEL` with LoRA adapter `ADAPTER`, and `QWEN`), a prefill, a
+    decode and a colocated twin, at half their modelled speed (a stream still runs when its
+    client leaves)."""
 
     def __init__(self) -> None:
-        base = ["--time-scale", "0.5", "--lora-paths", f"{ADAPTER}=/lora/{ADAPTER}"]
-        self.bootstrap = free_port()
-        self.prefill = EngineTwin(
-            [*base, "--disaggregation-mode", "prefill",
-             "--disaggregation-bootstrap-port", str(self.bootstrap)],
-            kv_events=False,
-        )  # fmt: skip
-        self.decode = EngineTwin([*base, "--disaggregation-mode", "decode"], kv_events=False)
-        self.colocated = EngineTwin(base, kv_events=False)
+        slow = ["--time-scale", "0.5"]
+        self.bootstrap: dict[str, int] = {}
+        self.by_model: dict[str, dict[str, EngineTwin]] = {}
+        for model, extra in (
+            (MODEL, ["--lora-paths", f"{ADAPTER}=/lora/{ADAPTER}"]),
+            (QWEN, ["--served-model-name", QWEN]),
+        ):
+            base = [*slow, *extra]
+            port = free_port()
+            prefill = EngineTwin(
+                [*base, "--disaggregation-mode", "prefill",
+                 "--disaggregation-bootstrap-port", str(port)],
+                kv_events=False,
+            )  # fmt: skip
+            self.bootstrap[prefill.url] = port
+            self.by_model[model] = {
+                "prefill": prefill,
+                "decode": EngineTwin([*base, "--disaggregation-mode", "decode"], kv_events=False),
+                "colocated": EngineTwin(base, kv_events=False),
+            }
 
     @property
     def engines(self) -> list[EngineTwin]:
-        return [self.prefill, self.decode, self.colocated]
+        return [twin for roles in self.by_model.values() for twin in roles.values()]
+
+    def of(self, role: str) -> list[EngineTwin]:
+        return [roles[role] for roles in self.by_model.values()]
+
+    @property
+    def prefill(self) -> EngineTwin:
+        return self.by_model[MODEL]["prefill"]
 
     def config(self, mode: str, **changes: object) -> RouterConfig:
-        if mode == "colocated":
-            config = RouterConfig(workers=(self.colocated.url,))
+        if not mode.endswith("pd"):
+            config = RouterConfig(workers=tuple(t.url for t in self.of("colocated")))
         else:
             config = RouterConfig(
-                prefill=(f"{self.prefill.url} {self.bootstrap}",),
-                decode=(self.decode.url,),
+                prefill=tuple(f"{t.url} {self.bootstrap[t.url]}" for t in self.of("prefill")),
+                decode=tuple(t.url for t in self.of("decode")),
                 pd_policy="always",
             )
+        if mode.startswith("picker"):
+            config = config.replace(picker_port=0)
         return config.replace(policy="cache_aware", health_check_interval_seconds=0.3, **changes)
 
     def serving(self, mode: str) -> list[EngineTwin]:
-        return [self.colocated] if mode == "colocated" else [self.prefill, self.decode]
+        if mode.endswith("pd"):
+            return [*self.of("prefill"), *self.of("decode")]
+        return self.of("colocated")
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +134,18 @@ def keys_file(tmp_path: Path, **limits: object) -> str:
     return str(path)
 
 
-def client(app: RouterApp, key: str = KEY) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=app.base_url + "/v1", api_key=key, max_retries=0)
+def client(app: RouterApp | Target, key: str = KEY) -> openai.AsyncOpenAI:
+    url = app.url if isinstance(app, Target) else app.base_url
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A router in one mode, and where its clients send (a gateway's front, for the picker)."""
+
+    app: RouterApp
+    url: str
+    mode: str
 
 
 async def settled(app: RouterApp, fleet: Fleet, mode: str) -> None:
@@ -189,5 +232,245 @@ async def test_a_lora_request_in_pd_mode_goes_to_a_pair(
             )
             assert answer.choices[0].text
     assert series(app, "tpuserve_router_pd_requests_total", how="disaggregated") == 4
-    prefill = next(w for w in app.registry.workers if w.role == "prefill")
-    assert series(app, "tpuserve_router_requests_total", worker=prefill.name) == 0
+    for worker in app.registry.workers:
+        if worker.role == "prefill":
+            assert series(app, "tpuserve_router_requests_total", worker=worker.name) == 0
+
+
+# ---------------------------------------------------------------- the matrix
+
+SERVED: Final = "works"
+REFUSED: Final = "refused at start"
+FEATURES: Final = {
+    "API keys": "a request without a valid key is 401; with one, served and counted for its tenant",
+    "request limits": "a key's `requests_per_minute` answers 429 past it",
+    "token limits": "a key's `tokens_per_minute`: a request that may take more is 429 naming "
+    "`max_tokens`; one that fits is served and charged",
+    "priority": "at `--max-in-flight` 3, a `low` key's request is shed (503) where a "
+    "`critical` one is served",
+    "multi-model": "each served model answers under its name; an unknown one is 404 listing them",
+    "LoRA affinity": "`MODEL:ADAPTER` is served, and the adapter is warm on the worker(s) "
+    "that served it",
+}
+NOT_ENFORCED: Final = "left to the gateway"
+MATRIX_MODES: Final = {
+    "colocated": "HTTP, colocated workers (`--worker`)",
+    "pd": "HTTP, prefill/decode pairs (`--prefill`/`--decode`, `--pd-policy always`)",
+    "picker": "endpoint picker (`--picker-port`) over colocated workers, a gateway relaying",
+    "picker+pd": "endpoint picker (`--picker-port`) in PD mode",
+}
+
+
+def verdict(mode: str, feature: str) -> str:
+    """What a cell does: works (the feature's effect shown), refused at router start, or, for
+    the picker and API keys, left to the gateway (docs/gateway.md: the gateway
+    authenticates; the picker reads no key, so a request is served whatever key it carries)."""
+    if mode == "picker+pd":
+        return REFUSED
+    if mode == "picker" and feature in KEYED:
+        return NOT_ENFORCED
+    return SERVED
+
+
+CELLS: Final = [(mode, feature) for mode in MATRIX_MODES for feature in FEATURES]
+
+WRONG_KEY = "sk-wrong-0123456789abcdef"
+LIMITED = "sk-limited-0123456789abcdef"  # 2 requests, 300 tokens a minute
+LOW = "sk-low-0123456789abcdef"
+CRITICAL = "sk-critical-0123456789abcdef"
+
+
+def feature_keys(tmp_path: Path) -> str:
+    path = tmp_path / "keys.json"
+    keys = [
+        {"key": KEY, "tenant": "matrix"},
+        {"key": LIMITED, "tenant": "limited", "requests_per_minute": 2, "tokens_per_minute": 300},
+        {"key": LOW, "tenant": "low", "priority": "low"},
+        {"key": CRITICAL, "tenant": "critical", "priority": "critical"},
+    ]
+    path.write_bytes(orjson.dumps({"keys": keys}))
+    return str(path)
+
+
+async def complete(oa: openai.AsyncOpenAI, model: str = MODEL, max_tokens: int = 4) -> str:
+    answer = await oa.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens)
+    assert answer.choices[0].text
+    return answer.model
+
+
+async def check_api_keys(t: Target) -> None:
+    async with client(t, WRONG_KEY) as oa:
+        with pytest.raises(openai.AuthenticationError):
+            await complete(oa)
+    async with client(t) as oa:
+        await complete(oa)
+    tenant = series(t.app, "tpuserve_router_tenant_requests_total", tenant="matrix", status="200")
+    assert tenant == 1
+
+
+async def check_request_limits(t: Target) -> None:
+    async with client(t, LIMITED) as oa:
+        await complete(oa)
+        await complete(oa)
+        with pytest.raises(openai.RateLimitError, match="requests per minute"):
+            await complete(oa)
+
+
+async def check_token_limits(t: Target) -> None:
+    async with client(t, LIMITED) as oa:
+        with pytest.raises(openai.RateLimitError, match="lower max_tokens"):
+            await complete(oa, max_tokens=400)
+        await complete(oa, max_tokens=4)
+    charged = series(t.app, "tpuserve_router_tenant_tokens_total", tenant="limited")
+    assert 4 < charged <= 300
+
+
+async def check_priority(t: Target) -> None:
+    """Two critical streams held open fill a low key's share of 3 (70 %: 2)."""
+    async with client(t, CRITICAL) as critical, client(t, LOW) as low:
+        streams = []
+        for _ in range(2):
+            stream = await critical.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=2000, stream=True
+            )
+            await stream.__anext__()  # in flight until closed
+            streams.append(stream)
+        with pytest.raises(openai.InternalServerError, match="for low requests"):
+            await complete(low)
+        await complete(critical)
+        for stream in streams:
+            await stream.close()
+    assert series(t.app, "tpuserve_router_shed_total", priority="low") == 1
+
+
+async def check_multi_model(t: Target) -> None:
+    async with client(t) as oa:
+        assert await complete(oa, MODEL) == MODEL
+        assert await complete(oa, QWEN) == QWEN
+        with pytest.raises(openai.NotFoundError, match=QWEN):
+            await complete(oa, "no-such-model")
+
+
+async def check_lora_affinity(t: Target) -> None:
+    async with client(t) as oa:
+        await complete(oa, f"{MODEL}:{ADAPTER}")
+    affinity = t.app.forwarder.affinity
+    workers = t.app.registry.workers
+    other = next(w for w in workers if QWEN in w.models)  # never sent the adapter
+    warm = [w for w in workers if affinity.candidates(ADAPTER, [w, other]) == [w]]
+    roles = {"prefill", "decode"} if t.mode.endswith("pd") else {None}
+    assert {w.role for w in warm} == roles
+    assert all(MODEL in w.models for w in warm)
+
+
+async def check_not_enforced(t: Target) -> None:
+    """Through the picker no key is read (the gateway authenticates): a wrong one is served."""
+    async with client(t, WRONG_KEY) as oa:
+        await complete(oa)
+
+
+CHECKS: Final = {
+    "API keys": check_api_keys,
+    "request limits": check_request_limits,
+    "token limits": check_token_limits,
+    "priority": check_priority,
+    "multi-model": check_multi_model,
+    "LoRA affinity": check_lora_affinity,
+}
+KEYED: Final = ("API keys", "request limits", "token limits", "priority")
+"""The features of API keys, which the picker does not read."""
+
+
+def feature_config(feature: str, tmp_path: Path) -> dict[str, object]:
+    """The router settings a feature needs."""
+    if feature == "priority":
+        return {"api_keys_file": feature_keys(tmp_path), "max_in_flight": 3}
+    if feature in KEYED:
+        return {"api_keys_file": feature_keys(tmp_path)}
+    return {}
+
+
+@pytest.fixture
+async def fronts() -> AsyncIterator[list[tuple[PickerClient, GatewayFront]]]:
+    """The gateways a test starts in front of a picker, stopped after it."""
+    started: list[tuple[PickerClient, GatewayFront]] = []
+    yield started
+    for picker, front in started:
+        await front.stop()
+        await picker.close()
+
+
+@pytest.mark.parametrize(("mode", "feature"), CELLS)
+async def test_a_feature_in_a_mode_works_or_is_refused_at_start(
+    fleet: Fleet,
+    routers: list[RouterApp],
+    fronts: list[tuple[PickerClient, GatewayFront]],
+    tmp_path: Path,
+    mode: str,
+    feature: str,
+) -> None:
+    changes = feature_config(feature, tmp_path)
+    expected = verdict(mode, feature)
+    if expected == REFUSED:
+        with pytest.raises(ConfigError) as refused:
+            await start_router(fleet.config(mode, **changes))
+        assert "picker_port=0 (--picker-port)" in str(refused.value)
+        assert "--prefill/--decode" in str(refused.value)
+        return
+    app = await serve(fleet, routers, mode, **changes)
+    url = app.base_url
+    if mode == "picker":  # the openai client talks to a gateway that asks the picker
+        assert app.picker is not None
+        picker = PickerClient(f"127.0.0.1:{app.picker.port}")
+        front = GatewayFront(picker)
+        fronts.append((picker, front))
+        url = await front.start()
+    target = Target(app, url, mode)
+    await (check_not_enforced if expected == NOT_ENFORCED else CHECKS[feature])(target)
+    await settled(app, fleet, mode)
+    if mode == "pd":  # every request was a pair
+        assert series(app, "tpuserve_router_pd_requests_total", how="colocated") == 0
+
+
+MARK: Final = (
+    "<!-- feature matrix: generated from tests/component/router/test_router_feature_matrix.py -->"
+)
+
+
+def matrix_table() -> str:
+    """The docs' table of the matrix (docs/router.md, "Features by mode")."""
+    modes = list(MATRIX_MODES)
+    lines = [
+        MARK,
+        "| feature | " + " | ".join(f"`{m}`" for m in modes) + " | shown by |",
+        "|---" * (len(modes) + 2) + "|",
+    ]
+    for feature, effect in FEATURES.items():
+        cells = " | ".join(verdict(m, feature) for m in modes)
+        lines.append(f"| {feature} | {cells} | {effect} |")
+    lines.append("")
+    lines += [f"- `{m}`: {what}" for m, what in MATRIX_MODES.items()]
+    lines.append(
+        f"- {NOT_ENFORCED}: shown by a request with a wrong key served through the picker "
+        "(the gateway authenticates, [gateway.md](gateway.md))"
+    )
+    return "\n".join([*lines, MARK])
+
+
+DOCS: Final = Path(__file__).resolve().parents[3] / "docs/router.md"
+
+
+def test_the_docs_table_is_the_matrix() -> None:
+    """docs/router.md holds `matrix_table()` (rewrite it: ``python -m
+    tests.component.router.test_router_feature_matrix``)."""
+    text = DOCS.read_text()
+    start, end = text.find(MARK), text.rfind(MARK)
+    assert 0 <= start < end, f"{DOCS} has no feature-matrix table between {MARK!r} lines"
+    assert text[start : end + len(MARK)] == matrix_table(), "stale: regenerate it"
+
+
+if __name__ == "__main__":
+    text = DOCS.read_text()
+    start, end = text.find(MARK), text.rfind(MARK)
+    assert 0 <= start < end, "place two marker lines in docs/router.md first"
+    DOCS.write_text(text[:start] + matrix_table() + text[end + len(MARK) :])
