@@ -14,10 +14,12 @@ is stale.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import aiohttp
 import openai
@@ -190,26 +192,47 @@ def ledger(app: RouterApp) -> dict[str, float]:
 # ---------------------------------------------------------------- the breaks
 
 
+async def hang_up(app: RouterApp, fleet: Fleet, mode: str, stream: bool) -> None:
+    """A chat request the client leaves: after one chunk of its stream, or while it waits
+    for a whole answer the engines are generating."""
+    async with client(app) as oa:
+        messages: Any = [{"role": "user", "content": PROMPT}]
+        if stream:
+            answer = await oa.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=100, stream=True
+            )
+            async for _ in answer:
+                break
+            await answer.close()
+            return
+
+        async def generating() -> bool:
+            async with aiohttp.ClientSession() as session:
+                engine = fleet.by_model[MODEL]["colocated" if mode == "colocated" else "decode"]
+                return await running_requests(session, engine.url) > 0
+
+        whole = asyncio.ensure_future(
+            oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=100)
+        )
+        await eventually_async(generating, what="the engine generating the request")
+        whole.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await whole
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 async def test_a_client_hanging_up_on_a_pair_is_charged_as_on_a_colocated_worker(
-    fleet: Fleet, routers: list[RouterApp], tmp_path: Path
+    fleet: Fleet, routers: list[RouterApp], tmp_path: Path, stream: bool
 ) -> None:
-    """The same hang-up in both modes: the client reads one chunk of a stream and leaves. The
-    key is charged by the same rule (`Spend.charge`: the prompt and the completion it
-    reserved, what its minute holds at least its reservation) and the request is counted 499,
-    colocated or disaggregated."""
+    """The same hang-up in both modes. The key is charged by the same rule (`Spend.charge`:
+    the prompt and the completion it reserved, what its minute holds at least its
+    reservation) and the request is counted 499, colocated or disaggregated."""
     found = {}
     for mode in MODES:
         app = await serve(
             fleet, routers, mode, api_keys_file=keys_file(tmp_path, tokens_per_minute=5000)
         )
-        async with client(app) as oa:
-            stream = await oa.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": PROMPT}],
-                max_tokens=100, stream=True,
-            )  # fmt: skip
-            async for _ in stream:
-                break
-            await stream.close()
+        await hang_up(app, fleet, mode, stream)
         await settled(app, fleet, mode)
         found[mode] = ledger(app)
     assert found["colocated"]["prompt"] > 0
