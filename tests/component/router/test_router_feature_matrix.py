@@ -26,13 +26,21 @@ import openai
 import orjson
 import pytest
 
+from sglang_tpu.tokenizer import load_tokenizer
 from tests.component.engine.engine_process import running_requests
 from tests.component.router.gateway_emulator import GatewayFront, PickerClient
-from tests.component.router.router_fleet import MODEL, EngineTwin, start_router, wait_ready
+from tests.component.router.router_fleet import (
+    MODEL,
+    EngineTwin,
+    start_router,
+    wait_caught_up,
+    wait_ready,
+)
 from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import ConfigError, RouterConfig
+from tpuserve_router.workers import Worker
 
 pytestmark = pytest.mark.component
 
@@ -63,13 +71,12 @@ class Fleet:
             prefill = EngineTwin(
                 [*base, "--disaggregation-mode", "prefill",
                  "--disaggregation-bootstrap-port", str(port)],
-                kv_events=False,
             )  # fmt: skip
             self.bootstrap[prefill.url] = port
             self.by_model[model] = {
                 "prefill": prefill,
-                "decode": EngineTwin([*base, "--disaggregation-mode", "decode"], kv_events=False),
-                "colocated": EngineTwin(base, kv_events=False),
+                "decode": EngineTwin([*base, "--disaggregation-mode", "decode"]),
+                "colocated": EngineTwin(base),
             }
 
     @property
@@ -94,7 +101,11 @@ class Fleet:
             )
         if mode.startswith("picker"):
             config = config.replace(picker_port=0)
-        return config.replace(policy="cache_aware", health_check_interval_seconds=0.3, **changes)
+        settings: dict[str, object] = {
+            "policy": "cache_aware",
+            "health_check_interval_seconds": 0.3,
+        }
+        return config.replace(**{**settings, **changes})
 
     def serving(self, mode: str) -> list[EngineTwin]:
         if mode.endswith("pd"):
@@ -274,6 +285,9 @@ FEATURES: Final = {
     "multi-model": "each served model answers under its name; an unknown one is 404 listing them",
     "LoRA affinity": "`MODEL:ADAPTER` is served, and the adapter is warm on the worker(s) "
     "that served it",
+    "precise routing": "`--policy precise`: the engines' KV events put a prompt in the "
+    "router's index on the engine that prefilled it (a pair's prefill; its decode holds it "
+    "too); colocated, the next request with that prefix is a prefix hit",
 }
 NOT_ENFORCED: Final = "left to the gateway"
 MATRIX_MODES: Final = {
@@ -315,8 +329,10 @@ def feature_keys(tmp_path: Path) -> str:
     return str(path)
 
 
-async def complete(oa: openai.AsyncOpenAI, model: str = MODEL, max_tokens: int = 4) -> str:
-    answer = await oa.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens)
+async def complete(
+    oa: openai.AsyncOpenAI, model: str = MODEL, max_tokens: int = 4, prompt: str = PROMPT
+) -> str:
+    answer = await oa.completions.create(model=model, prompt=prompt, max_tokens=max_tokens)
     assert answer.choices[0].text
     return answer.model
 
@@ -392,6 +408,32 @@ async def check_not_enforced(t: Target) -> None:
         await complete(oa)
 
 
+async def check_precise_routing(t: Target) -> None:
+    app, index = t.app, t.app.block_index
+    assert index is not None
+    await wait_caught_up(app, [w.name for w in app.registry.workers])
+    prompt = f"precise routing in mode {t.mode}: {PROMPT}"
+    tokens = load_tokenizer().encode(prompt)
+    async with client(t) as oa:
+        await complete(oa, prompt=prompt)
+        workers = app.registry.workers
+
+        def holders() -> set[Worker]:
+            depths = index.match(index.keys(tokens), [w.name for w in workers])
+            return {w for w, depth in zip(workers, depths, strict=True) if depth}
+
+        await eventually_async(holders, what="BlockStored events of the prompt")
+        role = "prefill" if t.mode.endswith("pd") else None
+        held = {(w.role, MODEL in w.models) for w in holders()}  # a pair's decode holds it too
+        assert (role, True) in held, held
+        assert all(has_model for _, has_model in held), held
+        if role is None:
+            hits = series(app, "tpuserve_router_routing_decisions_total", outcome="prefix_hit")
+            await complete(oa, prompt=prompt + " and more")
+            after = series(app, "tpuserve_router_routing_decisions_total", outcome="prefix_hit")
+            assert after == hits + 1
+
+
 CHECKS: Final = {
     "API keys": check_api_keys,
     "request limits": check_request_limits,
@@ -399,6 +441,7 @@ CHECKS: Final = {
     "priority": check_priority,
     "multi-model": check_multi_model,
     "LoRA affinity": check_lora_affinity,
+    "precise routing": check_precise_routing,
 }
 KEYED: Final = ("API keys", "request limits", "token limits", "priority")
 """The features of API keys, which the picker does not read."""
@@ -410,6 +453,8 @@ def feature_config(feature: str, tmp_path: Path) -> dict[str, object]:
         return {"api_keys_file": feature_keys(tmp_path), "max_in_flight": 3}
     if feature in KEYED:
         return {"api_keys_file": feature_keys(tmp_path)}
+    if feature == "precise routing":
+        return {"policy": "precise"}
     return {}
 
 
