@@ -746,7 +746,7 @@ class PdRouter:
                 fwd._worker_failed(culprit, _reason(failed))
             if failed.leg == DECODE and prefill_ok:
                 fwd.outliers.succeeded(p_worker)
-        elif answered:
+        elif answered and abandoned != "client_gone":  # a client leaving says nothing of them
             if prefill_ok:
                 fwd.outliers.succeeded(p_worker)
             fwd.outliers.succeeded(d_worker)
