@@ -454,7 +454,11 @@ class Forwarder:
         served = self.registry.route(base)
         if served is None:
             return model not in self.hold_models and self.registry.healthy_count() > 0
-        return any(w.healthy for w in served.workers)
+        workers = served.workers
+        if self.pd is not None:  # a prefill or a decode engine alone takes nothing: a pair
+            colocated = (w for w in workers if w.role is None)
+            return any(w.healthy for w in colocated) or self.pd.pair_possible(workers)
+        return any(w.healthy for w in workers)
 
     def _known_models(self) -> frozenset[str]:
         return self.hold_models.union(self.registry.by_model)

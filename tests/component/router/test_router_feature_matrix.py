@@ -47,6 +47,7 @@ pytestmark = pytest.mark.component
 KEY = "sk-matrix-0123456789abcdef"
 ADAPTER = "sql"
 QWEN = "qwen"
+LATE = "late"  # a model whose engines come up while a request waits for them
 PROMPT = "Tell me everything about tensor processing units, their memory and their links. " * 3
 MODES = ("colocated", "pd")
 """HTTP colocated (``--worker``) and HTTP PD (``--prefill``/``--decode``, every request a
@@ -159,6 +160,8 @@ class Target:
     app: RouterApp
     url: str
     mode: str
+    late: tuple[EngineTwin, ...] = ()
+    """Engines of model `LATE` the router knows but that are not up yet (the holds cell)."""
 
 
 async def settled(app: RouterApp, fleet: Fleet, mode: str) -> None:
@@ -285,11 +288,14 @@ FEATURES: Final = {
     "multi-model": "each served model answers under its name; an unknown one is 404 listing them",
     "LoRA affinity": "`MODEL:ADAPTER` is served, and the adapter is warm on the worker(s) "
     "that served it",
+    "holds": "a request for a model no engine serves yet waits in the hold queue "
+    "(`--hold-models`) and is served when its engines come up",
     "precise routing": "`--policy precise`: the engines' KV events put a prompt in the "
     "router's index on the engine that prefilled it (a pair's prefill; its decode holds it "
     "too); colocated, the next request with that prefix is a prefix hit",
 }
 NOT_ENFORCED: Final = "left to the gateway"
+NOT_HELD: Final = "answered at once"
 MATRIX_MODES: Final = {
     "colocated": "HTTP, colocated workers (`--worker`)",
     "pd": "HTTP, prefill/decode pairs (`--prefill`/`--decode`, `--pd-policy always`)",
@@ -301,11 +307,14 @@ MATRIX_MODES: Final = {
 def verdict(mode: str, feature: str) -> str:
     """What a cell does: works (the feature's effect shown), refused at router start, or, for
     the picker and API keys, left to the gateway (docs/gateway.md: the gateway
-    authenticates; the picker reads no key, so a request is served whatever key it carries)."""
+    authenticates; the picker reads no key, so a request is served whatever key it carries),
+    and for the picker and holds, answered at once (docs/gateway.md: the gateway retries)."""
     if mode == "picker+pd":
         return REFUSED
     if mode == "picker" and feature in KEYED:
         return NOT_ENFORCED
+    if mode == "picker" and feature == "holds":
+        return NOT_HELD
     return SERVED
 
 
@@ -434,6 +443,26 @@ async def check_precise_routing(t: Target) -> None:
             assert after == hits + 1
 
 
+async def check_holds(t: Target) -> None:
+    holds = t.app.forwarder.holds
+    async with client(t) as oa:
+        answer = asyncio.ensure_future(complete(oa, LATE))
+        await eventually_async(lambda: holds.total == 1 or answer.done(), what="a held request")
+        assert not answer.done()
+        for twin in t.late:  # started off the event loop: the router keeps serving meanwhile
+            await asyncio.to_thread(twin.start)
+        assert await answer == LATE
+    assert series(t.app, "tpuserve_router_hold_outcomes_total", outcome="dispatched") == 1
+
+
+async def check_not_held(t: Target) -> None:
+    """The picker holds nothing: a model with no engine up is answered 503 at once."""
+    async with client(t) as oa:
+        with pytest.raises(openai.InternalServerError, match="no healthy worker"):
+            await complete(oa, LATE)
+    assert t.app.forwarder.holds.total == 0
+
+
 CHECKS: Final = {
     "API keys": check_api_keys,
     "request limits": check_request_limits,
@@ -441,8 +470,10 @@ CHECKS: Final = {
     "priority": check_priority,
     "multi-model": check_multi_model,
     "LoRA affinity": check_lora_affinity,
+    "holds": check_holds,
     "precise routing": check_precise_routing,
 }
+OTHER_CHECKS: Final = {NOT_ENFORCED: check_not_enforced, NOT_HELD: check_not_held}
 KEYED: Final = ("API keys", "request limits", "token limits", "priority")
 """The features of API keys, which the picker does not read."""
 
@@ -455,7 +486,23 @@ def feature_config(feature: str, tmp_path: Path) -> dict[str, object]:
         return {"api_keys_file": feature_keys(tmp_path)}
     if feature == "precise routing":
         return {"policy": "precise"}
+    if feature == "holds":
+        return {"hold_max_requests": 2, "hold_models": (LATE,)}
     return {}
+
+
+def late_engines(mode: str) -> tuple[list[EngineTwin], dict[str, tuple[str, ...]]]:
+    """Engines of model `LATE`, not started, and the router settings that name them."""
+    args = ["--time-scale", "0.5", "--served-model-name", LATE]
+    if not mode.endswith("pd"):
+        twin = EngineTwin(args)
+        return [twin], {"workers": (twin.url,)}
+    port = free_port()
+    prefill = EngineTwin(
+        [*args, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port)]
+    )
+    decode = EngineTwin([*args, "--disaggregation-mode", "decode"])
+    return [prefill, decode], {"prefill": (f"{prefill.url} {port}",), "decode": (decode.url,)}
 
 
 @pytest.fixture
@@ -479,6 +526,12 @@ async def test_a_feature_in_a_mode_works_or_is_refused_at_start(
 ) -> None:
     changes = feature_config(feature, tmp_path)
     expected = verdict(mode, feature)
+    late: list[EngineTwin] = []
+    if feature == "holds":
+        late, named = late_engines(mode)
+        base = fleet.config(mode)
+        for name, urls in named.items():
+            changes[name] = (*getattr(base, name), *urls)
     if expected == REFUSED:
         with pytest.raises(ConfigError) as refused:
             await start_router(fleet.config(mode, **changes))
@@ -493,9 +546,13 @@ async def test_a_feature_in_a_mode_works_or_is_refused_at_start(
         front = GatewayFront(picker)
         fronts.append((picker, front))
         url = await front.start()
-    target = Target(app, url, mode)
-    await (check_not_enforced if expected == NOT_ENFORCED else CHECKS[feature])(target)
-    await settled(app, fleet, mode)
+    target = Target(app, url, mode, tuple(late))
+    try:
+        await (OTHER_CHECKS[expected] if expected in OTHER_CHECKS else CHECKS[feature])(target)
+        await settled(app, fleet, mode)
+    finally:
+        for twin in late:
+            twin.stop()
     if mode == "pd":  # every request was a pair
         assert series(app, "tpuserve_router_pd_requests_total", how="colocated") == 0
 
@@ -521,6 +578,10 @@ def matrix_table() -> str:
     lines.append(
         f"- {NOT_ENFORCED}: shown by a request with a wrong key served through the picker "
         "(the gateway authenticates, [gateway.md](gateway.md))"
+    )
+    lines.append(
+        f"- {NOT_HELD}: shown by a request for a model with no engine up answered 503 at once "
+        "through the picker (the gateway retries, [gateway.md](gateway.md))"
     )
     return "\n".join([*lines, MARK])
 
