@@ -36,6 +36,7 @@ from tests.component.router.router_fleet import (
     wait_caught_up,
     wait_ready,
 )
+from tests.fakes import StubWorker
 from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
 from tpuserve_router.app import RouterApp
@@ -70,7 +71,7 @@ class Fleet:
             base = [*slow, *extra]
             port = free_port()
             prefill = EngineTwin(
-                [*base, "--disaggregation-mode", "prefill",
+                [*base, "--disaggregation-mode", "prefill", "--enable-debug-endpoints",
                  "--disaggregation-bootstrap-port", str(port)],
             )  # fmt: skip
             self.bootstrap[prefill.url] = port
@@ -162,6 +163,9 @@ class Target:
     mode: str
     late: tuple[EngineTwin, ...] = ()
     """Engines of model `LATE` the router knows but that are not up yet (the holds cell)."""
+    failing: StubWorker | None = None
+    """A worker of `MODEL` answering 500 to every request, listed first (the retries cell)."""
+    fleet: Fleet | None = None
 
 
 async def settled(app: RouterApp, fleet: Fleet, mode: str) -> None:
@@ -290,12 +294,16 @@ FEATURES: Final = {
     "that served it",
     "holds": "a request for a model no engine serves yet waits in the hold queue "
     "(`--hold-models`) and is served when its engines come up",
+    "retries and ejection": "colocated, a worker answering 500 costs no request: it is "
+    "retried on another and ejected (`--outlier-consecutive-failures 1`); a pair whose KV "
+    "transfer fails is retried on a new pair (a new room)",
     "precise routing": "`--policy precise`: the engines' KV events put a prompt in the "
     "router's index on the engine that prefilled it (a pair's prefill; its decode holds it "
     "too); colocated, the next request with that prefix is a prefix hit",
 }
 NOT_ENFORCED: Final = "left to the gateway"
 NOT_HELD: Final = "answered at once"
+EJECTS_ONLY: Final = "ejects; the gateway retries"
 MATRIX_MODES: Final = {
     "colocated": "HTTP, colocated workers (`--worker`)",
     "pd": "HTTP, prefill/decode pairs (`--prefill`/`--decode`, `--pd-policy always`)",
@@ -315,6 +323,8 @@ def verdict(mode: str, feature: str) -> str:
         return NOT_ENFORCED
     if mode == "picker" and feature == "holds":
         return NOT_HELD
+    if mode == "picker" and feature == "retries and ejection":
+        return EJECTS_ONLY
     return SERVED
 
 
@@ -463,6 +473,41 @@ async def check_not_held(t: Target) -> None:
     assert t.app.forwarder.holds.total == 0
 
 
+async def check_retries(t: Target) -> None:
+    app = t.app
+    async with client(t) as oa:
+        if t.mode == "pd":
+            assert t.fleet is not None
+            prefill = t.fleet.by_model[MODEL]["prefill"].url
+            async with aiohttp.ClientSession() as session:
+                fault = {"kind": "transfer_failure", "count": 1}
+                async with session.post(prefill + "/debug/pd_fault", json=fault) as r:
+                    assert r.status == 200
+            await complete(oa)
+            assert series(app, "tpuserve_router_pd_failures_total", kind="transfer") == 1
+        else:
+            assert t.failing is not None
+            await complete(oa)  # least loaded and listed first: the failing worker's first
+            assert t.failing.generation_requests == 1
+            await complete(oa)
+            assert t.failing.generation_requests == 1  # ejected: not asked again
+            assert series(app, "tpuserve_router_worker_ejections_total") == 1
+    assert series(app, "tpuserve_router_retries_total") == 1
+
+
+async def check_ejects_only(t: Target) -> None:
+    """Through the picker the failing worker's 500 reaches the client (an emulated gateway
+    does not retry down the picker's fallbacks, as a real one does), the worker is ejected,
+    and the next request is served elsewhere."""
+    assert t.failing is not None
+    async with client(t) as oa:
+        with pytest.raises(openai.InternalServerError):
+            await complete(oa)
+        await complete(oa)
+    assert t.failing.generation_requests == 1
+    assert series(t.app, "tpuserve_router_worker_ejections_total") == 1
+
+
 CHECKS: Final = {
     "API keys": check_api_keys,
     "request limits": check_request_limits,
@@ -471,14 +516,19 @@ CHECKS: Final = {
     "multi-model": check_multi_model,
     "LoRA affinity": check_lora_affinity,
     "holds": check_holds,
+    "retries and ejection": check_retries,
     "precise routing": check_precise_routing,
 }
-OTHER_CHECKS: Final = {NOT_ENFORCED: check_not_enforced, NOT_HELD: check_not_held}
+OTHER_CHECKS: Final = {
+    NOT_ENFORCED: check_not_enforced,
+    NOT_HELD: check_not_held,
+    EJECTS_ONLY: check_ejects_only,
+}
 KEYED: Final = ("API keys", "request limits", "token limits", "priority")
 """The features of API keys, which the picker does not read."""
 
 
-def feature_config(feature: str, tmp_path: Path) -> dict[str, object]:
+def feature_config(feature: str, mode: str, tmp_path: Path) -> dict[str, object]:
     """The router settings a feature needs."""
     if feature == "priority":
         return {"api_keys_file": feature_keys(tmp_path), "max_in_flight": 3}
@@ -488,6 +538,9 @@ def feature_config(feature: str, tmp_path: Path) -> dict[str, object]:
         return {"policy": "precise"}
     if feature == "holds":
         return {"hold_max_requests": 2, "hold_models": (LATE,)}
+    if feature == "retries and ejection":  # a pair: the one prefill of MODEL is not ejected
+        ejection = {} if mode.endswith("pd") else {"outlier_consecutive_failures": 1}
+        return {"policy": "least_load", **ejection}
     return {}
 
 
@@ -524,9 +577,13 @@ async def test_a_feature_in_a_mode_works_or_is_refused_at_start(
     mode: str,
     feature: str,
 ) -> None:
-    changes = feature_config(feature, tmp_path)
+    changes = feature_config(feature, mode, tmp_path)
     expected = verdict(mode, feature)
     late: list[EngineTwin] = []
+    failing: StubWorker | None = None
+    if feature == "retries and ejection" and not mode.endswith("pd"):
+        failing = await StubWorker("error_500").start()
+        changes["workers"] = (f"{MODEL}={failing.url}", *fleet.config(mode).workers)
     if feature == "holds":
         late, named = late_engines(mode)
         base = fleet.config(mode)
@@ -546,13 +603,15 @@ async def test_a_feature_in_a_mode_works_or_is_refused_at_start(
         front = GatewayFront(picker)
         fronts.append((picker, front))
         url = await front.start()
-    target = Target(app, url, mode, tuple(late))
+    target = Target(app, url, mode, tuple(late), failing, fleet)
     try:
         await (OTHER_CHECKS[expected] if expected in OTHER_CHECKS else CHECKS[feature])(target)
         await settled(app, fleet, mode)
     finally:
         for twin in late:
             twin.stop()
+        if failing is not None:
+            await failing.stop()
     if mode == "pd":  # every request was a pair
         assert series(app, "tpuserve_router_pd_requests_total", how="colocated") == 0
 
@@ -578,6 +637,12 @@ def matrix_table() -> str:
     lines.append(
         f"- {NOT_ENFORCED}: shown by a request with a wrong key served through the picker "
         "(the gateway authenticates, [gateway.md](gateway.md))"
+    )
+    lines.append(
+        f"- {EJECTS_ONLY}: shown by a worker answering 500 through the picker: the client gets "
+        "the 500 from a gateway that does not retry, the worker is ejected, the next request is "
+        "served elsewhere (a gateway retries down the picker's fallbacks, "
+        "[gateway.md](gateway.md))"
     )
     lines.append(
         f"- {NOT_HELD}: shown by a request for a model with no engine up answered 503 at once "
