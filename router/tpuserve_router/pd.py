@@ -382,6 +382,8 @@ class PdRouter:
                 if adapter is not None:
                     affinity.routed(adapter, p_decision.worker.name)
                     affinity.routed(adapter, d_worker.name)
+                if fwd.peers is not None:  # the peers count it on the prefill, as a choice
+                    fwd.peers.routed(p_decision)
                 failed = await self._pair(routed, route_request, p_decision, d_worker, retries)
                 if failed is None:
                     return True
@@ -481,7 +483,7 @@ class PdRouter:
                 return err
             ttft = time.monotonic() - started
             self.metrics.pd_ttft.labels(model).observe(ttft)
-            fwd.policy.on_prefill_done(p_decision)
+            fwd._prefill_done(p_decision)
             if parsed.stream:
                 self.fwd._ttft(model).observe(time.monotonic() - routed.request.arrived)
                 answered = True
@@ -753,6 +755,8 @@ class PdRouter:
         p_worker.in_flight -= 1
         d_worker.in_flight -= 1
         fwd.policy.on_request_done(p_decision, prefill_ok or succeeded)
+        if fwd.peers is not None:
+            fwd.peers.ended(p_decision)
 
     def _answer_failure(
         self,

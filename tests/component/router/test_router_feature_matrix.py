@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +167,8 @@ class Target:
     failing: StubWorker | None = None
     """A worker of `MODEL` answering 500 to every request, listed first (the retries cell)."""
     fleet: Fleet | None = None
+    peer: RouterApp | None = None
+    """A second replica peering with ``app`` (the peering cell)."""
 
 
 async def settled(app: RouterApp, fleet: Fleet, mode: str) -> None:
@@ -297,6 +300,8 @@ FEATURES: Final = {
     "retries and ejection": "colocated, a worker answering 500 costs no request: it is "
     "retried on another and ejected (`--outlier-consecutive-failures 1`); a pair whose KV "
     "transfer fails is retried on a new pair (a new room)",
+    "peering": "a second replica (`--peer-port`, `--peer`) counts a request the first holds "
+    "open on the engine it chose (a pair's prefill), until it ends",
     "precise routing": "`--policy precise`: the engines' KV events put a prompt in the "
     "router's index on the engine that prefilled it (a pair's prefill; its decode holds it "
     "too); colocated, the next request with that prefix is a prefix hit",
@@ -508,6 +513,36 @@ async def check_ejects_only(t: Target) -> None:
     assert series(t.app, "tpuserve_router_worker_ejections_total") == 1
 
 
+async def check_peering(t: Target) -> None:
+    peer = t.peer
+    assert peer is not None
+    await eventually_async(
+        lambda: (
+            series(peer, "tpuserve_router_peers") >= 1
+            and series(t.app, "tpuserve_router_peers") >= 1
+        ),
+        what="the replicas connected",
+    )
+    role = "prefill" if t.mode.endswith("pd") else None
+    chosen = {w.name for w in t.app.registry.workers if w.role == role and MODEL in w.models}
+
+    def announced() -> dict[str, int]:
+        return {
+            w.name: w.announced_in_flight for w in peer.registry.workers if w.announced_in_flight
+        }
+
+    async with client(t) as oa:
+        stream = await oa.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=200, stream=True
+        )
+        await stream.__anext__()  # in flight until its last event
+        await eventually_async(lambda: announced().keys() == chosen, what="the peer counting it")
+        assert sum(announced().values()) == 1
+        async for _ in stream:  # read to its end (the emulated gateway ends the picker's
+            pass  # exchange then, not when its client leaves)
+    await eventually_async(lambda: not announced(), what="the peer forgetting it")
+
+
 CHECKS: Final = {
     "API keys": check_api_keys,
     "request limits": check_request_limits,
@@ -516,6 +551,7 @@ CHECKS: Final = {
     "multi-model": check_multi_model,
     "LoRA affinity": check_lora_affinity,
     "holds": check_holds,
+    "peering": check_peering,
     "retries and ejection": check_retries,
     "precise routing": check_precise_routing,
 }
@@ -542,6 +578,15 @@ def feature_config(feature: str, mode: str, tmp_path: Path) -> dict[str, object]
         ejection = {} if mode.endswith("pd") else {"outlier_consecutive_failures": 1}
         return {"policy": "least_load", **ejection}
     return {}
+
+
+def peer_port() -> int:
+    """A free port whose next one is free too (a replica's peer and snapshot ports)."""
+    while True:
+        port = free_port()
+        with contextlib.suppress(OSError), socket.socket() as probe:
+            probe.bind(("127.0.0.1", port + 1))
+            return port
 
 
 def late_engines(mode: str) -> tuple[list[EngineTwin], dict[str, tuple[str, ...]]]:
@@ -595,6 +640,13 @@ async def test_a_feature_in_a_mode_works_or_is_refused_at_start(
         assert "picker_port=0 (--picker-port)" in str(refused.value)
         assert "--prefill/--decode" in str(refused.value)
         return
+    peer: RouterApp | None = None
+    if feature == "peering":
+        first, second = peer_port(), peer_port()
+        peer = await serve(
+            fleet, routers, mode, peer_port=second, peers=(f"tcp://127.0.0.1:{first}",)
+        )
+        changes.update(peer_port=first, peers=(f"tcp://127.0.0.1:{second}",))
     app = await serve(fleet, routers, mode, **changes)
     url = app.base_url
     if mode == "picker":  # the openai client talks to a gateway that asks the picker
@@ -603,7 +655,7 @@ async def test_a_feature_in_a_mode_works_or_is_refused_at_start(
         front = GatewayFront(picker)
         fronts.append((picker, front))
         url = await front.start()
-    target = Target(app, url, mode, tuple(late), failing, fleet)
+    target = Target(app, url, mode, tuple(late), failing, fleet, peer)
     try:
         await (OTHER_CHECKS[expected] if expected in OTHER_CHECKS else CHECKS[feature])(target)
         await settled(app, fleet, mode)
