@@ -343,7 +343,9 @@ class Forwarder:
             pd = self.pd
             if pd is not None:  # prefill/decode workers are routed as pairs, never alone
                 candidates = [w for w in candidates if w.role is None]
-                first = [w for w in first if w.role is None]
+                first = candidates  # an adapter's warm pairs do not narrow the colocated ones
+                if served.adapter is not None:
+                    first = self.affinity.candidates(served.adapter, candidates)
                 if not pd.pair_possible(served.workers):
                     pd = None
                     self.metrics.pd_requests.labels("no_prefill").inc()

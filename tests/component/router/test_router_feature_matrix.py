@@ -281,6 +281,25 @@ async def test_a_lora_request_in_pd_mode_goes_to_a_pair(
             assert series(app, "tpuserve_router_requests_total", worker=worker.name) == 0
 
 
+async def test_a_lora_request_after_a_pair_stays_colocated_when_short(
+    fleet: Fleet, routers: list[RouterApp]
+) -> None:
+    """Conditional PD with a colocated worker: a long prompt of an adapter goes to a pair (the
+    adapter is warm there now), and a short one then goes to the colocated worker, which the
+    adapter's warm pair must not hide."""
+    colocated = fleet.by_model[MODEL]["colocated"].url
+    app = await serve(
+        fleet, routers, "pd", workers=(colocated,), pd_policy="conditional",
+        pd_threshold_tokens=200,
+    )  # fmt: skip
+    async with client(app) as oa:
+        await complete(oa, f"{MODEL}:{ADAPTER}", prompt=PROMPT * 10)
+        await complete(oa, f"{MODEL}:{ADAPTER}", prompt="short")
+    assert series(app, "tpuserve_router_pd_requests_total", how="disaggregated") == 1
+    assert series(app, "tpuserve_router_pd_requests_total", how="colocated") == 1
+    assert series(app, "tpuserve_router_requests_total", worker=colocated, status="200") == 1
+
+
 # ---------------------------------------------------------------- the matrix
 
 SERVED: Final = "works"
