@@ -207,6 +207,8 @@ def ledger(app: RouterApp) -> dict[str, float]:
         "requests 499": series(app, "tpuserve_router_requests_total", status="499"),
         "tenant requests 499": series(app, "tpuserve_router_tenant_requests_total", status="499"),
         "minute": float(window.used),
+        # what outlier ejection heard (the window outlasts the test): nothing of a client leaving
+        "outlier window": float(sum(w.window_requests for w in app.registry.workers)),
     }
 
 
@@ -250,15 +252,15 @@ async def test_a_client_hanging_up_on_a_pair_is_charged_as_on_a_colocated_worker
     reservation) and the request is counted 499, colocated or disaggregated."""
     found = {}
     for mode in MODES:
-        app = await serve(
-            fleet, routers, mode, api_keys_file=keys_file(tmp_path, tokens_per_minute=5000)
-        )
+        keys = keys_file(tmp_path, tokens_per_minute=5000)
+        app = await serve(fleet, routers, mode, api_keys_file=keys, outlier_interval_seconds=3600.0)
         await hang_up(app, fleet, mode, stream)
         await settled(app, fleet, mode)
         found[mode] = ledger(app)
     assert found["colocated"]["prompt"] > 0
     assert found["colocated"]["completion"] == 100  # what it reserved: no usage came
     assert found["colocated"]["tenant requests 499"] == 1
+    assert found["colocated"]["outlier window"] == 0
     assert found["pd"] == found["colocated"]
 
 
