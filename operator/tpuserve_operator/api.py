@@ -902,9 +902,9 @@ class TPUModelServerSpec(Schema):
             "named after the server, selecting its serving leaders on the engine port, whose "
             "endpoint picker is the server's router (`tpuserve router --picker-port`, the "
             "Service <name>-picker, port 9002). Route to it with an HTTPRoute backendRef of "
-            "kind InferencePool (docs/gateway.md). Needs the router and the InferencePool CRD. "
-            "An InferencePool of that name the operator did not create is left alone. "
-            "Default: unset, no pool."
+            "kind InferencePool (docs/gateway.md). Needs the router and the InferencePool CRD; "
+            "not with spec.disaggregation (docs/pd.md). An InferencePool of that name the "
+            "operator did not create is left alone. Default: unset, no pool."
         ),
     )
     disaggregation: DisaggregationSpec | None = Field(

@@ -599,6 +599,13 @@ def _picker_problems(config: RouterConfig) -> list[str]:
         return problems
     if not 0 <= port <= 65535:
         return [f"picker_port={port}: allowed 0..65535 (0 = any free)"]
+    if config.prefill or config.decode or config.pd_disaggregation:
+        return [
+            f"picker_port={port} (--picker-port): not allowed in PD mode "
+            "(--prefill/--decode or --pd-disaggregation): a gateway sends each request to the "
+            "one endpoint the picker names, and neither a prefill nor a decode engine serves a "
+            "request alone (docs/pd.md); allowed: one of them, PD mode on the router's HTTP port"
+        ]
     if not 1 <= config.picker_max_connections <= MAX_PICKER_CONNECTIONS:
         return [
             f"picker_max_connections={config.picker_max_connections}: allowed "

@@ -14,9 +14,10 @@ A try (`Forwarder._attempt`) opens a connection to the worker and sends the requ
 answer is relayed whole (`_relay_whole`: one of known length, read before anything is sent)
 or streamed (`_relay_stream`: chunked, passed on as it comes). Every way a try can end returns
 a `TryOutcome`, and `_ended` accounts for it in one place, on every path (the client gone
-too): tokens and quota, the abort of what the worker may still be generating, the worker's
-in-flight count and connection, the policy and the peers, the request's series. The router's
-own in-flight count is decremented in a ``finally``, so it too returns to zero on every path.
+too): tokens and quota (`ledger`, which a prefill/decode pair's answer goes in too), the
+abort of what the worker may still be generating, the worker's in-flight count and
+connection, the policy and the peers, the request's series. The router's own in-flight count
+is decremented in a ``finally``, so it too returns to zero on every path.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from tpuserve_router.retry import (
 )
 from tpuserve_router.server import Handler, HttpRequest
 from tpuserve_router.usage import TokenCounts, usage_from_body, usage_from_stream_tail
-from tpuserve_router.workers import Worker
+from tpuserve_router.workers import ModelRoute, Worker
 
 HOP_BY_HOP: Final = frozenset(
     {
@@ -339,10 +340,12 @@ class Forwarder:
             policy = self.policy
             if self.before_decision is not None:
                 self.before_decision()
-            pd = self.pd if served.adapter is None else None
+            pd = self.pd
             if pd is not None:  # prefill/decode workers are routed as pairs, never alone
                 candidates = [w for w in candidates if w.role is None]
-                first = [w for w in first if w.role is None]
+                first = candidates  # an adapter's warm pairs do not narrow the colocated ones
+                if served.adapter is not None:
+                    first = self.affinity.candidates(served.adapter, candidates)
                 if not pd.pair_possible(served.workers):
                     pd = None
                     self.metrics.pd_requests.labels("no_prefill").inc()
@@ -355,7 +358,7 @@ class Forwarder:
                         or (uncached is not None and pd.stalls(uncached, prompt_tokens))
                     ):  # no colocated worker holds enough of it: a pair, before any choice
                         pd = None
-                        if await self.pd_forward(routed, route_request, served.workers):
+                        if await self.pd_forward(routed, route_request, served):
                             return
                     # else the worker the policy chooses decides (it may not be the one
                     # holding the prefix: a policy balancing load makes the prefill whole)
@@ -387,7 +390,7 @@ class Forwarder:
                     )
                     if pd.disaggregates(decision, parsed.prompt_tokens, queued):
                         policy.on_set_aside(decision)  # not acted on: its prediction undone
-                        if await self.pd_forward(routed, route_request, served.workers):
+                        if await self.pd_forward(routed, route_request, served):
                             return
                         pd = None
                         continue
@@ -416,12 +419,15 @@ class Forwarder:
                 self._settle(spend)
 
     async def pd_forward(
-        self, routed: Routed, route_request: RouteRequest, workers: list[Worker]
+        self, routed: Routed, route_request: RouteRequest, served: ModelRoute
     ) -> bool:
-        """Serve ``routed`` on prefill/decode pairs (`tpuserve_router.pd`); False when no pair
-        could take it (nothing was sent)."""
+        """Serve ``routed`` on prefill/decode pairs of ``served``'s workers
+        (`tpuserve_router.pd`; an adapter's warm ones first); False when no pair could take
+        it (nothing was sent)."""
         assert self.pd is not None
-        return await self.pd.forward(routed, route_request, workers, "disaggregated")
+        return await self.pd.forward(
+            routed, route_request, served.workers, "disaggregated", served.adapter
+        )
 
     def _has_room(self, limit: int) -> bool:
         """Live traffic under ``limit`` in flight would be admitted now (a held request
@@ -450,7 +456,11 @@ class Forwarder:
         served = self.registry.route(base)
         if served is None:
             return model not in self.hold_models and self.registry.healthy_count() > 0
-        return any(w.healthy for w in served.workers)
+        workers = served.workers
+        if self.pd is not None:  # a prefill or a decode engine alone takes nothing: a pair
+            colocated = (w for w in workers if w.role is None)
+            return any(w.healthy for w in colocated) or self.pd.pair_possible(workers)
+        return any(w.healthy for w in workers)
 
     def _known_models(self) -> frozenset[str]:
         return self.hold_models.union(self.registry.by_model)
@@ -639,11 +649,7 @@ class Forwarder:
         still be generating, its in-flight count and connection given back, the policy and
         the peers told, and an answered request counted."""
         worker = decision.worker
-        key = routed.key
-        if outcome.relayed and outcome.usage is not None:
-            self._account(outcome.usage, decision, model, worker.name)
-        if routed.spend is not None and outcome.attempt is ANSWERED:
-            routed.spend.outcome = outcome
+        self.ledger(routed, worker.name, model, outcome, decision)
         rid = routed.rid
         if outcome.abandoned and rid is not None and (upstream is None or not upstream.done):
             self.aborter.abort(worker.name, rid, outcome.abandoned)
@@ -654,13 +660,33 @@ class Forwarder:
         self.policy.on_request_done(decision, outcome.succeeded)
         if self.peers is not None:
             self.peers.ended(decision)
-        if outcome.attempt is ANSWERED:
-            status = outcome.status
-            self._requests(model, worker.name, routed.route, status).inc()
-            if key is not None:
-                self._tenant_requests(key.label, key.priority, status).inc()
-            if status != CLIENT_CLOSED:
-                self._e2e(model, routed.route).observe(time.monotonic() - routed.request.arrived)
+
+    def ledger(
+        self,
+        routed: Routed,
+        worker: str,
+        model: str,
+        outcome: TryOutcome,
+        decision: Decision[Worker] | None = None,
+    ) -> None:
+        """The one ledger of a try, on a colocated worker (`_ended`) or a prefill/decode
+        pair (`pd`, ``worker`` its decode): the answer's tokens, how it ended (which settles
+        the request's cost to the client's key, `Spend.charge`), and an answered request
+        counted (499: the client left first). ``decision`` predicted how much of the prompt
+        the worker holds (None: no prediction is counted)."""
+        if outcome.relayed and outcome.usage is not None:
+            self._account(outcome.usage, decision, model, worker)
+        if outcome.attempt is not ANSWERED:
+            return
+        if routed.spend is not None:
+            routed.spend.outcome = outcome
+        status = outcome.status
+        self._requests(model, worker, routed.route, status).inc()
+        key = routed.key
+        if key is not None:
+            self._tenant_requests(key.label, key.priority, status).inc()
+        if status != CLIENT_CLOSED:
+            self._e2e(model, routed.route).observe(time.monotonic() - routed.request.arrived)
 
     def _prefill_done(self, decision: Decision[Worker]) -> None:
         """The first byte came back: the policy's booked prefill is released, here and at
@@ -769,7 +795,7 @@ class Forwarder:
         self._tenant_tokens(label, "completion").inc(completion)
 
     def _account(
-        self, usage: TokenCounts, decision: Decision[Worker], model: str, worker: str
+        self, usage: TokenCounts, decision: Decision[Worker] | None, model: str, worker: str
     ) -> None:
         key = (model, worker)
         prompt, completion, cached = usage
@@ -777,7 +803,7 @@ class Forwarder:
         self._completion_tokens(key).inc(completion)
         self._cached_tokens(key).inc(cached)
         predicted = self._predicted_tokens(key)  # the series exists at zero too
-        ratio = decision.predicted_match_ratio
+        ratio = decision.predicted_match_ratio if decision is not None else None
         if ratio is not None and prompt > 0:
             predicted.inc(round(ratio * prompt))
             self._ratio_predicted.observe(ratio)

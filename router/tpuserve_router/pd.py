@@ -337,11 +337,19 @@ class PdRouter:
     # ------------------------------------------------------------------ one request
 
     async def forward(
-        self, routed: Routed, route_request: RouteRequest, workers: Sequence[Worker], how: str
+        self,
+        routed: Routed,
+        route_request: RouteRequest,
+        workers: Sequence[Worker],
+        how: str,
+        adapter: str | None = None,
     ) -> bool:
         """Serve ``routed`` on prefill/decode pairs, retrying on new pairs; False (nothing
-        sent) when no pair is healthy, so the caller tries the colocated workers."""
+        sent) when no pair is healthy, so the caller tries the colocated workers. A LoRA
+        ``adapter``'s first pair is chosen among the prefill and decode workers it is warm on
+        (`AdapterAffinity`, as on colocated workers), a retry's among all."""
         fwd = self.fwd
+        affinity = fwd.affinity
         prefill, decode = self.split(workers)
         model = routed.parsed.model
         retries = 0
@@ -350,17 +358,21 @@ class PdRouter:
             while True:
                 p_pool = [w for w in prefill if w.name not in tried] or prefill
                 d_pool = [w for w in decode if w.name not in tried] or decode
+                p_first = pairable(p_pool, d_pool)
+                if adapter is not None and not retries:
+                    p_first = affinity.candidates(adapter, p_first)
                 try:  # a prefill with a decode it can pair with (`pairs`)
-                    p_decision = fwd.policy.choose(route_request, pairable(p_pool, d_pool))
+                    p_decision = fwd.policy.choose(route_request, p_first)
                 except NoHealthyWorker:
                     if retries:
                         self._unavailable(routed, "no healthy prefill worker is left to retry on")
                         return True
                     return False
+                d_first = [w for w in d_pool if pairs(p_decision.worker, w)]
+                if adapter is not None and not retries:
+                    d_first = affinity.candidates(adapter, d_first)
                 try:
-                    d_worker = self._choose_decode(
-                        [w for w in d_pool if pairs(p_decision.worker, w)], model
-                    )
+                    d_worker = self._choose_decode(d_first, model)
                 except NoHealthyWorker:
                     fwd.policy.on_request_done(p_decision, False)
                     if retries:
@@ -369,6 +381,11 @@ class PdRouter:
                     return False
                 if not retries:
                     self.metrics.pd_requests.labels(how).inc()
+                if adapter is not None:
+                    affinity.routed(adapter, p_decision.worker.name)
+                    affinity.routed(adapter, d_worker.name)
+                if fwd.peers is not None:  # the peers count it on the prefill, as a choice
+                    fwd.peers.routed(p_decision)
                 failed = await self._pair(routed, route_request, p_decision, d_worker, retries)
                 if failed is None:
                     return True
@@ -456,6 +473,7 @@ class PdRouter:
         answered = False
         succeeded = False
         failed: LegFailed | None = None
+        abandoned = "gave_up"
         try:
             d_task = asyncio.ensure_future(
                 self._open(d_worker, payload(d_worker, data), routed.since, first_byte)
@@ -467,7 +485,7 @@ class PdRouter:
                 return err
             ttft = time.monotonic() - started
             self.metrics.pd_ttft.labels(model).observe(ttft)
-            fwd.policy.on_prefill_done(p_decision)
+            fwd._prefill_done(p_decision)
             if parsed.stream:
                 self.fwd._ttft(model).observe(time.monotonic() - routed.request.arrived)
                 answered = True
@@ -482,8 +500,17 @@ class PdRouter:
         except UpstreamError as err:  # reading the decode's whole answer failed
             failed = LegFailed(DECODE, "transport", err.detail)
             return failed
+        except asyncio.CancelledError:  # the client left (nothing was counted yet): its
+            from tpuserve_router.forwarding import CLIENT_GONE  # cost as on a colocated worker
+
+            abandoned = CLIENT_GONE.abandoned
+            fwd.ledger(routed, d_worker.name, model, CLIENT_GONE)
+            raise
         finally:
-            self._end_pair(named, p_decision, d_worker, p_task, d_conn, failed, succeeded, answered)
+            self._end_pair(
+                named, p_decision, d_worker, p_task, d_conn, failed, succeeded, answered,
+                abandoned,
+            )  # fmt: skip
             if failed is not None and not self._may_retry(attempt, failed):
                 self._answer_failure(routed, named, failed, p_worker, d_worker, model)
                 failed.answered = True
@@ -653,6 +680,10 @@ class PdRouter:
             request.end_chunked(keep_alive=False)
             self._count(routed, worker, model, STREAM_ERROR, False, None, before + last)
             return False
+        except asyncio.CancelledError:  # the client left: what it was sent settles its cost
+            if routed.spend is not None:
+                routed.spend.stream_tail = before + last
+            raise
         if restorer is not None:
             request.write_chunk(restorer.rest())
         request.end_chunked()
@@ -670,25 +701,15 @@ class PdRouter:
         usage: Any,
         tail: bytes = b"",
     ) -> None:
-        from tpuserve_router.forwarding import TryOutcome
+        """An answered pair, in the ledger every mode shares (`Forwarder.ledger`), on its
+        decode worker; ``tail`` is the end of a stream that broke."""
+        from tpuserve_router.forwarding import STREAM_ERROR, TryOutcome
 
-        fwd = self.fwd
-        fwd._requests(model, worker.name, routed.route, status).inc()
-        fwd._e2e(model, routed.route).observe(time.monotonic() - routed.request.arrived)
-        if usage is not None:
-            prompt, completion, cached = usage
-            key = (model, worker.name)
-            fwd._prompt_tokens(key).inc(prompt)
-            fwd._completion_tokens(key).inc(completion)
-            fwd._cached_tokens(key).inc(cached)
-        if routed.key is not None:
-            fwd._tenant_requests(routed.key.label, routed.key.priority, status).inc()
-        if routed.spend is not None:
-            routed.spend.outcome = TryOutcome(
-                status=status, succeeded=succeeded, relayed=status != "stream_error",
-                usage=usage,
-            )  # fmt: skip
+        if tail and routed.spend is not None:
             routed.spend.stream_tail = tail
+        relayed = status != STREAM_ERROR
+        outcome = TryOutcome(status=status, succeeded=succeeded, relayed=relayed, usage=usage)
+        self.fwd.ledger(routed, worker.name, model, outcome)
 
     def _end_pair(
         self,
@@ -700,10 +721,12 @@ class PdRouter:
         failed: LegFailed | None,
         succeeded: bool,
         answered: bool,
+        abandoned: str,
     ) -> None:
         """Account for a pair, however it ended: the leg that failed counts against its
         worker only; a leg still running is ended (its connection closed, its engine asked
-        to abort the rid), so no engine is left waiting for a partner that is gone."""
+        to abort the rid, for the reason ``abandoned``), so no engine is left waiting for a
+        partner that is gone."""
         fwd = self.fwd
         p_worker = p_decision.worker
         rid = named.rid
@@ -711,15 +734,15 @@ class PdRouter:
         if not p_task.done():
             p_task.cancel()
             if rid is not None:
-                fwd.aborter.abort(p_worker.name, rid, "gave_up")
+                fwd.aborter.abort(p_worker.name, rid, abandoned)
         elif not p_task.cancelled():
             p_task.exception()  # retrieved: its failure is accounted below
         if d_conn is not None:
             if not d_conn.done and rid is not None:
-                fwd.aborter.abort(d_worker.name, rid, "gave_up")
+                fwd.aborter.abort(d_worker.name, rid, abandoned)
             d_worker.pool.release(d_conn)
         elif not answered and rid is not None:
-            fwd.aborter.abort(d_worker.name, rid, "gave_up")
+            fwd.aborter.abort(d_worker.name, rid, abandoned)
         if failed is not None:
             self.metrics.pd_failures.labels(failed.leg, failed.kind).inc()
             culprit = p_worker if failed.leg == PREFILL else d_worker
@@ -727,13 +750,15 @@ class PdRouter:
                 fwd._worker_failed(culprit, _reason(failed))
             if failed.leg == DECODE and prefill_ok:
                 fwd.outliers.succeeded(p_worker)
-        elif answered:
+        elif answered and abandoned != "client_gone":  # a client leaving says nothing of them
             if prefill_ok:
                 fwd.outliers.succeeded(p_worker)
             fwd.outliers.succeeded(d_worker)
         p_worker.in_flight -= 1
         d_worker.in_flight -= 1
         fwd.policy.on_request_done(p_decision, prefill_ok or succeeded)
+        if fwd.peers is not None:
+            fwd.peers.ended(p_decision)
 
     def _answer_failure(
         self,

@@ -495,6 +495,9 @@ VARIABLES: tuple[tuple[str, str], ...] = (
         f"('{inference_pool.CLUSTER_PARAM}' in params.data && "
         f"params.data['{inference_pool.CLUSTER_PARAM}'] == 'false' ? ["
         + _cel_string(f"{inference_pool.FIELD}: {inference_pool.NO_CRD}")
+        + "] : []) + "
+        "(has(object.spec.disaggregation) ? ["
+        + _cel_string(f"{inference_pool.FIELD}: {inference_pool.WITH_DISAGGREGATION}")
         + "] : [])) : []",
     ),
     *PD_VARIABLES,

@@ -148,7 +148,10 @@ def validate_server(
     """
     name = str(meta.get("name") or "")
     valid = validate(name, spec, cel_rules=cel_rules)
-    problems = pool_problems(valid.spec.inference_pool, valid.spec.router.enabled, config)
+    checked = valid.spec
+    problems = pool_problems(
+        checked.inference_pool, checked.router.enabled, config, checked.disaggregation is not None
+    )
     problems += roles.role_scale_problems(valid.spec, config)
     if problems:
         raise InvalidSpec(problems)

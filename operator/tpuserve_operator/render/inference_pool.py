@@ -48,6 +48,12 @@ NO_CRD: Final = (
     f"the cluster does not serve {GROUP_VERSION} {KIND} (the Gateway API Inference Extension's "
     "CRDs are not installed); allowed: unset, or install those CRDs"
 )
+WITH_DISAGGREGATION: Final = (
+    "is not allowed with spec.disaggregation: a gateway sends each request to the one endpoint "
+    "the picker names, and neither a prefill nor a decode engine serves a request alone (the "
+    "router's own HTTP port sends both legs of a pair; docs/pd.md); allowed: spec.inferencePool "
+    "or spec.disaggregation, not both"
+)
 CLUSTER_PARAM: Final = "cluster.inferencePool"
 """The admission policy's parameter saying whether the cluster serves InferencePools ("true"
 or "false", written by the chart from the API versions it sees; absent: not checked)."""
@@ -89,9 +95,12 @@ def picker_service_name(server: Server) -> str:
     return f"{server.name}-picker"
 
 
-def pool_problems(spec_pool: object, router_enabled: bool, config: RenderConfig) -> list[Problem]:
-    """What makes ``spec.inferencePool`` impossible: no router to pick, or a cluster that does
-    not serve the InferencePool API (the CRD is not installed)."""
+def pool_problems(
+    spec_pool: object, router_enabled: bool, config: RenderConfig, disaggregated: bool = False
+) -> list[Problem]:
+    """What makes ``spec.inferencePool`` impossible: no router to pick, a cluster that does
+    not serve the InferencePool API (the CRD is not installed), or prefill/decode roles
+    (``disaggregated``: spec.disaggregation), whose engines a gateway cannot send to alone."""
     if spec_pool is None:
         return []
     problems = []
@@ -99,6 +108,8 @@ def pool_problems(spec_pool: object, router_enabled: bool, config: RenderConfig)
         problems.append(Problem(FIELD, NEEDS_ROUTER))
     if not config.inference_pool:
         problems.append(Problem(FIELD, NO_CRD))
+    if disaggregated:
+        problems.append(Problem(FIELD, WITH_DISAGGREGATION))
     return problems
 
 

@@ -128,6 +128,23 @@ def test_a_pool_without_the_crd_or_the_router_is_invalid_naming_the_field(
     assert str(caught.value) == f"spec.inferencePool: {pools.NEEDS_ROUTER}"
 
 
+PD = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+
+
+def test_a_pool_of_a_disaggregated_server_is_invalid_naming_both_fields(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    """A pool would select prefill and decode engines, and the gateway would send a request
+    to one of them alone: refused, naming spec.inferencePool and spec.disaggregation."""
+    spec = spec_with(inferencePool={}, engine={"type": "simulated"}, disaggregation=PD)
+    with pytest.raises(InvalidSpec) as caught:
+        rendered(spec, inference_pool=True)
+    assert str(caught.value) == f"spec.inferencePool: {pools.WITH_DISAGGREGATION}"
+    assert "spec.disaggregation" in str(caught.value)
+    without_pool = {k: v for k, v in spec.items() if k != "inferencePool"}
+    assert rendered(without_pool, inference_pool=True).children  # each alone is valid
+
+
 def _admission_problems(spec: dict[str, Any], params: dict[str, str]) -> list[str]:
     """The admission policy's poolProblems variable, evaluated with cel-python."""
     import celpy
@@ -157,6 +174,12 @@ def _admission_problems(spec: dict[str, Any], params: dict[str, str]) -> list[st
             "true",
             [f"spec.inferencePool: {pools.NEEDS_ROUTER}"],
         ),
+        (
+            {"inferencePool": {}, "disaggregation": PD},
+            "true",
+            [f"spec.inferencePool: {pools.WITH_DISAGGREGATION}"],
+        ),
+        ({"disaggregation": PD}, "true", []),
     ],
 )
 def test_admission_refuses_what_the_operator_would(
@@ -178,6 +201,27 @@ def test_the_whole_policy_denies_a_pool_on_a_cluster_without_the_crd() -> None:
     assert policy.denies(obj) is None
     obj["spec"]["inferencePool"] = {"failureMode": "FailOpen"}
     assert policy.denies(obj) == f"spec.inferencePool: {pools.NO_CRD}"
+
+
+def test_the_docs_example_of_a_disaggregated_pool_is_denied_by_the_whole_policy() -> None:
+    """docs/pd.md's `# refused: spec.inferencePool` example (which the e2e suite applies)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+    from celpy.adapter import json_to_cel
+
+    from tests.unit.operator.test_admission_policy import Policy
+
+    docs = (Path(__file__).resolve().parents[3] / "docs/pd.md").read_text()
+    found = re.search(r"```yaml\n(# refused: spec\.inferencePool .*?)```", docs, re.DOTALL)
+    assert found is not None
+    obj = yaml.safe_load(found.group(1))
+    policy = Policy()
+    policy.params = json_to_cel({"data": {**admission.parameters(), pools.CLUSTER_PARAM: "true"}})
+    assert policy.denies(obj) == f"spec.inferencePool: {pools.WITH_DISAGGREGATION}"
+    del obj["spec"]["inferencePool"]
+    assert policy.denies(obj) is None
 
 
 def test_the_chart_tells_the_policy_whether_the_cluster_serves_pools() -> None:

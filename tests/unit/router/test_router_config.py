@@ -206,6 +206,24 @@ def test_a_bad_keys_file_or_an_admin_mode_nobody_can_use_stops_the_start(tmp_pat
     assert (config.api_keys_file, config.admin) == (str(keys), "open")
 
 
+@pytest.mark.parametrize(
+    "pd_flags",
+    [
+        ("--prefill", "http://127.0.0.1:1 8998", "--decode", "http://127.0.0.1:2"),
+        ("--discovery", "kubernetes", "--selector", "app=m", "--pd-disaggregation"),
+    ],
+)
+def test_the_picker_with_pd_mode_stops_the_start_naming_both(pd_flags: tuple[str, ...]) -> None:
+    """A gateway sends a request to the one endpoint the picker names, which in PD mode would
+    be a prefill or a decode engine alone (docs/pd.md)."""
+    with pytest.raises(ConfigError) as err:
+        build_config(parse("--picker-port", "9002", *pd_flags), environ={})
+    text = str(err.value)
+    assert "picker_port=9002 (--picker-port)" in text
+    assert "--prefill/--decode or --pd-disaggregation" in text
+    assert build_config(parse(*pd_flags), environ={}).picker_port is None  # alone: valid
+
+
 def test_hold_and_demand_settings_are_checked() -> None:
     with pytest.raises(ConfigError) as err:
         RouterConfig(
