@@ -41,9 +41,10 @@ mode the protocol's implementations support):
   the worker that served it, and the policy and the peers hear of it. What the answer side
   says is the gateway's word, not an observation of the router's: a ``:status`` outside
   `KNOWN_STATUSES` is counted as ``other``, ``usage`` is capped by what the request could
-  cost (its prompt, its max-tokens fields, the workers' context), and no status ejects a
-  worker (outlier detection hears only of the router's own requests; health checks still
-  eject). A stream that closes before its answer ended is counted as ``499``.
+  cost (its prompt, its max-tokens fields, the workers' context), and a status ejects a
+  worker only when the gateway is authenticated (``--picker-token-file``: its statuses are its
+  observations of the engine; without it only the health checks eject). A stream that
+  closes before its answer ended is counted as ``499``.
 
 A stream carries one request and makes one pick: a message out of turn (request headers
 again, a body after the pick, an answer before it) ends it with ``INVALID_ARGUMENT``, never
@@ -257,6 +258,9 @@ class EndpointPicker:
         self.buffered = 0
         """Request-body bytes the picker's streams hold (charged to `buffers` too)."""
         self._token = None if token is None else b"Bearer " + token
+        self.authenticated = token is not None
+        """Every stream comes from the gateway that holds the token: its answers' statuses
+        are the gateway's observations of the engine, and count for outlier ejection."""
         self.streams = 0
         self._live: dict[Exchange, asyncio.Task[Any]] = {}
         """The streams in hand and their tasks, which the sweep cancels past a deadline."""
@@ -928,9 +932,14 @@ class Exchange:
         status = self.status
         code = int(status) if status.isdigit() else 0
         succeeded = 0 < code < 400
-        # No outlier detection here: the status is the stream's word, not an observation of
-        # the router's (a forged stream would eject the worker of its choice); the health
-        # checks still eject a failing worker.
+        # Outlier detection hears the status only from a gateway that presented its token
+        # (`--picker-token-file`): from anyone else it is a claim, not an observation (a
+        # forged stream would eject the worker of its choice), and only the health checks eject.
+        if self.picker.authenticated and status != CLIENT_CLOSED and code:
+            if code < 500:
+                forwarder.outliers.succeeded(worker)
+            else:
+                forwarder._worker_failed(worker, "server_error")
         decision = pick.decision
         if decision is not None:
             if code == 200:

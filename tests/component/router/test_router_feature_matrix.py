@@ -329,7 +329,10 @@ FEATURES: Final = {
 }
 NOT_ENFORCED: Final = "left to the gateway"
 NOT_HELD: Final = "answered at once"
-EJECTS_ONLY: Final = "ejects; the gateway retries"
+EJECTS_ONLY: Final = (
+    "ejects (the statuses of a gateway with `--picker-token-file`); the gateway retries"
+)
+GATEWAY_TOKEN: Final = "gateway-token-0123456789abcdef"
 MATRIX_MODES: Final = {
     "colocated": "HTTP, colocated workers (`--worker`)",
     "pd": "HTTP, prefill/decode pairs (`--prefill`/`--decode`, `--pd-policy always`)",
@@ -523,8 +526,9 @@ async def check_retries(t: Target) -> None:
 
 async def check_ejects_only(t: Target) -> None:
     """Through the picker the failing worker's 500 reaches the client (an emulated gateway
-    does not retry down the picker's fallbacks, as a real one does), the worker is ejected,
-    and the next request is served elsewhere."""
+    does not retry down the picker's fallbacks, as a real one does), the worker is ejected
+    (the status came from the gateway that holds the picker's token: its observation), and
+    the next request is served elsewhere."""
     assert t.failing is not None
     async with client(t) as oa:
         with pytest.raises(openai.InternalServerError):
@@ -647,6 +651,10 @@ async def test_a_feature_in_a_mode_works_or_is_refused_at_start(
     expected = verdict(mode, feature)
     late: list[EngineTwin] = []
     failing: StubWorker | None = None
+    if mode.startswith("picker"):  # as deployed: the gateway holds the picker's token
+        token = tmp_path / "picker-token"
+        token.write_text(GATEWAY_TOKEN)
+        changes["picker_token_file"] = str(token)
     if feature == "retries and ejection" and not mode.endswith("pd"):
         failing = await StubWorker("error_500").start()
         changes["workers"] = (f"{MODEL}={failing.url}", *fleet.config(mode).workers)
@@ -672,7 +680,7 @@ async def test_a_feature_in_a_mode_works_or_is_refused_at_start(
     url = app.base_url
     if mode == "picker":  # the openai client talks to a gateway that asks the picker
         assert app.picker is not None
-        picker = PickerClient(f"127.0.0.1:{app.picker.port}")
+        picker = PickerClient(f"127.0.0.1:{app.picker.port}", token=GATEWAY_TOKEN)
         front = GatewayFront(picker)
         fronts.append((picker, front))
         url = await front.start()

@@ -475,6 +475,17 @@ def test_5xx_read_from_the_stream_ejects_no_worker(app: RouterApp) -> None:
     assert sum(requests_total(app, w.name, "503") for w in app.registry.workers) == 15
 
 
+def test_5xx_from_an_authenticated_gateway_ejects_the_worker(tmp_path: Path) -> None:
+    """With ``--picker-token-file`` every stream is the gateway's: its statuses are what it saw
+    of the engine, and a worker that keeps answering 5xx is ejected as on the HTTP port."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-0123456789abcdef\n")
+    app = make_app(picker_token_file=str(token))
+    for _ in range(3 * app.config.outlier_consecutive_failures):
+        answered(app, 503, b'{"error": "engine failure"}')
+    assert any(w.ejected_until > 0.0 for w in app.registry.workers)
+
+
 def test_usage_from_the_stream_is_bounded_by_the_request(app: RouterApp) -> None:
     forged = orjson.dumps(
         {"usage": {"prompt_tokens": 10**18, "completion_tokens": 10**18,
