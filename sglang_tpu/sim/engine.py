@@ -74,6 +74,9 @@ class EngineConfig:
     context_length: int = 131072
     seed: int = 0
     emit_kv_events: bool = False
+    # The host-memory tier (SGLang's HiCache): its size in tokens (0: none) and write policy.
+    host_cache_tokens: int = 0
+    write_policy: str = "write_through"
 
 
 @dataclass(slots=True)
