@@ -466,6 +466,15 @@ class StepTimer:
         over its own host link at the catalog's host-to-device bandwidth (docs/host-kv-tier.md)."""
         return tokens * self.kv_bytes_per_token / self.host_to_device_bytes_per_second
 
+    def host_hit_value(self, tokens: int = 2048) -> float:
+        """What a prompt token found in the host tier is worth against one found in HBM (0..1):
+        the share of its prefill (a `tokens`-token prompt's, past the engine's fixed step cost)
+        that loading it back instead saves. 0 when loading back is no faster than computing."""
+        prefill = self.prefill_seconds(tokens) - self.prefill_seconds(0)
+        if prefill <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.load_back_seconds(tokens) / prefill)
+
     def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
         """One decode step for `batch` sequences holding `context_tokens` tokens in total."""
         return self.step_seconds(decode_batch=batch, decode_context=context_tokens)
