@@ -82,6 +82,31 @@ def device_pool_bytes(
     return tokens * profile.kv_bytes_per_token(spec.engine.kv_cache_dtype)
 
 
+INDEX_POLICIES: Final = (None, "precise", "cost")
+"""Router policies that take `host_hit_weight` (a block-index policy's parameter); None: the
+router's default, `precise`."""
+
+
+def host_hit_weight(spec: TPUModelServerSpec, shape: SliceShape) -> float | None:
+    """What the router's policy should weigh a host-tier block at for this server (its slice's
+    and model's `StepTimer.host_hit_value`), None when it has no host tier or the performance
+    model does not know the model (the router's default weight applies)."""
+    from tpuserve_operator.validation import model_id  # validation imports this module
+
+    if spec.kv_cache is None or spec.kv_cache.host is None:
+        return None
+    profile = perf_model.lookup_hf_model(model_id(spec.model.source))
+    if profile is None:
+        return None
+    try:
+        timer = perf_model.StepTimer(
+            shape, profile, spec.model.quantization, spec.engine.kv_cache_dtype
+        )
+    except ValueError:  # a quantization the performance model does not cover
+        return None
+    return round(timer.host_hit_value(), 3)
+
+
 def problems(
     spec: TPUModelServerSpec, shape: SliceShape, profile: perf_model.ModelProfile | None
 ) -> list[Problem]:

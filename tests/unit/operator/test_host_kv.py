@@ -146,3 +146,40 @@ def _policy(kind: Any) -> Any:
     if not _POLICY:
         _POLICY.append(kind())
     return _POLICY[0]
+
+
+def router_container(rendered: Any) -> dict[str, Any]:
+    (deployment,) = [c for c in rendered.children if c["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def test_the_router_weighs_host_blocks_for_the_servers_slice_and_model(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    import argparse
+
+    from sglang_tpu.perf_model import StepTimer, get_profile
+    from tpuserve_router import cli as router_cli
+    from tpuserve_router.policies.base import make_policy
+
+    spec = spec_with(tpu=V5E_8, kvCache={"host": {"sizeGB": 30}})
+    args = router_container(rendered(spec))["args"]
+    timer = StepTimer(lookup("v5e", "2x4"), get_profile("qwen3-8b"))
+    weight = round(timer.host_hit_value(), 3)
+    assert f"--policy-param=host_hit_weight={weight}" in args
+    assert 0 < weight < 1
+    # what the router makes of it: its own parser, its default policy
+    parser = argparse.ArgumentParser()
+    router_cli.configure(parser)
+    params = [a for a in args if a.startswith("--policy-param")]
+    config = router_cli.build_config(
+        parser.parse_args(["--worker", "http://127.0.0.1:30000", *params]), environ={}
+    )
+    policy = make_policy(config.policy, **config.policy_params)
+    assert policy.params.host_hit_weight == pytest.approx(weight)  # type: ignore[attr-defined]
+    # no tier, or a policy without a block index: no parameter
+    plain = router_container(rendered(spec_with(tpu=V5E_8)))["args"]
+    assert not [a for a in plain if "host_hit_weight" in a]
+    rr = spec_with(tpu=V5E_8, kvCache={"host": {"sizeGB": 30}}, router={"policy": "round_robin"})
+    assert not [a for a in router_container(rendered(rr))["args"] if "host_hit_weight" in a]
