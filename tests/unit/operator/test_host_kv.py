@@ -176,7 +176,8 @@ def test_the_router_weighs_host_blocks_for_the_servers_slice_and_model(
     config = router_cli.build_config(
         parser.parse_args(["--worker", "http://127.0.0.1:30000", *params]), environ={}
     )
-    policy = make_policy(config.policy, **config.policy_params)
+    extra: dict[str, Any] = dict(config.policy_params)
+    policy = make_policy(config.policy, **extra)
     assert policy.params.host_hit_weight == pytest.approx(weight)  # type: ignore[attr-defined]
     # no tier, or a policy without a block index: no parameter
     plain = router_container(rendered(spec_with(tpu=V5E_8)))["args"]
