@@ -58,6 +58,8 @@ import msgpack
 END_SEQ: Final = -1
 END_SEQ_BYTES: Final = END_SEQ.to_bytes(8, "big", signed=True)
 MEDIUM_GPU: Final = "GPU"
+# SGLang's StorageMedium.CPU: the host-memory tier of HiCache (docs/host-kv-tier.md).
+MEDIUM_HOST: Final = "CPU_PINNED"
 
 
 class Wire(enum.Enum):

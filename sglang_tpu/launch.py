@@ -221,6 +221,7 @@ def simulated_command(contract: LaunchContract) -> list[str]:
     if contract.context_length is not None:
         command += ["--context-length", str(contract.context_length)]
     command += ["--enable-cache-report"]  # as the SGLang command
+    command += sglang_flags.host_kv_flags(contract)  # the twin has the tier too
     # the twin loads no weights: it serves and lists each adapter under its source
     command += lora.lora_args([(name, str(src)) for name, src in contract.adapter_sources])
     command += ["--kv-events-endpoint", _zmq_endpoint(contract, contract.kv_events_port)]

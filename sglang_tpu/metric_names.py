@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, TypedDict
 
 MetricKind = Literal["counter", "gauge", "histogram"]
-Collector = Literal["tokenizer", "scheduler"]
+Collector = Literal["tokenizer", "scheduler", "radix_cache"]
 
 TOKENIZER_LABELS: tuple[str, ...] = ("model_name", "engine_type")
 SCHEDULER_LABELS: tuple[str, ...] = (
@@ -28,6 +28,10 @@ SCHEDULER_LABELS: tuple[str, ...] = (
     "pp_rank",
     "moe_ep_rank",
 )
+# The radix cache's own collector (`radix_cache_metric_labels`): HiCache's L2 transfer counters.
+RADIX_CACHE_LABELS: tuple[str, ...] = ("cache_type", "tp_rank", "pp_rank", "dp_rank")
+RADIX_CACHE_TYPE = "UnifiedRadixCache"
+"""`cache_type`: the cache's class name; 0.5.23's HiCache is `UnifiedRadixCache`."""
 # Request counters and histograms split streaming from non-streaming requests: "true" | "false".
 IS_STREAMING = "is_streaming"
 
@@ -50,7 +54,7 @@ QUEUE_TIME_BUCKETS_SECONDS: tuple[float, ...] = (
 )  # fmt: skip
 
 REALTIME_TOKEN_MODES: tuple[str, ...] = ("prefill_compute", "prefill_cache", "decode")
-CACHE_SOURCES: tuple[str, ...] = ("device",)
+CACHE_SOURCES: tuple[str, ...] = ("device", "host")  # host: with the host tier (HiCache)
 # The phases SGLang reports once the server is up (`emit_startup_time`).
 STARTUP_PHASES: tuple[str, ...] = (
     "load_weight", "kv_cache_allocation", "scheduler_e2e", "tokenizer_e2e",
@@ -68,7 +72,11 @@ class MetricSpec:
 
     @property
     def labels(self) -> tuple[str, ...]:
-        base = TOKENIZER_LABELS if self.collector == "tokenizer" else SCHEDULER_LABELS
+        base = {
+            "tokenizer": TOKENIZER_LABELS,
+            "scheduler": SCHEDULER_LABELS,
+            "radix_cache": RADIX_CACHE_LABELS,
+        }[self.collector]
         return base + self.extra_labels
 
     @property
@@ -287,6 +295,41 @@ PD_METRICS: tuple[MetricSpec, ...] = (
 BY_NAME.update({m.name: m for m in PD_METRICS})
 
 
+# The host-memory KV tier (HiCache; docs/host-kv-tier.md): exported only by an engine with
+# --enable-hierarchical-cache; the host pool's gauges by the scheduler collector, the transfer
+# counters by the radix cache's. `pool` is the host pool (the twin has only kv).
+HICACHE_HOST_USED_TOKENS = _g(
+    "sglang:hicache_host_used_tokens", "Number of tokens currently used in the host KV cache."
+)
+HICACHE_HOST_TOTAL_TOKENS = _g(
+    "sglang:hicache_host_total_tokens", "Total capacity of the host KV cache in tokens."
+)
+LOAD_BACK_TOKENS = _c(
+    "sglang:load_back_tokens_total",
+    "The number of tokens loaded back from local host DRAM (L2) to GPU, by host pool (kv, "
+    "swa, mamba, ...). Every TP rank reports the same logical count under its own rank "
+    "labels; read one rank rather than summing ranks.",
+    "radix_cache",
+    "pool",
+)
+HICACHE_BACKUP_TOKENS = _c(
+    "sglang:hicache_backup_tokens_total",
+    "The number of tokens backed up from GPU to local host DRAM (L2), by host pool (kv, swa, "
+    "mamba, ...). Covers all D->H backups regardless of --hicache-write-policy. Distinct from "
+    "the host-to-storage (L3) sglang:backuped_tokens_total. Every TP rank reports the same "
+    "logical count under its own rank labels; read one rank rather than summing ranks.",
+    "radix_cache",
+    "pool",
+)
+HICACHE_METRICS: tuple[MetricSpec, ...] = (
+    HICACHE_HOST_USED_TOKENS,
+    HICACHE_HOST_TOTAL_TOKENS,
+    LOAD_BACK_TOKENS,
+    HICACHE_BACKUP_TOKENS,
+)
+HOST_POOL = "kv"
+BY_NAME.update({m.name: m for m in HICACHE_METRICS})
+
 # tpuserve's own engine series, beside SGLang's on the engine's /metrics (the twin exports
 # them; `sglang_tpu.cold_start` defines the phases and results, bounded label values).
 COLD_START_SECONDS: Final = "tpuserve_engine_cold_start_seconds"
@@ -302,7 +345,7 @@ TPUSERVE_ENGINE_SERIES: Final = frozenset({COLD_START_SECONDS, COMPILE_CACHE_TOT
 
 def series_names() -> frozenset[str]:
     """Every ``sglang:*`` series name a dashboard or rule may select."""
-    return frozenset(s for m in (*ALL_METRICS, *PD_METRICS) for s in m.series)
+    return frozenset(s for m in (*ALL_METRICS, *PD_METRICS, *HICACHE_METRICS) for s in m.series)
 
 
 # SGLang serves /metrics with prometheus_client's content negotiation. Asked for OpenMetrics

@@ -381,6 +381,7 @@ class StepTimer:
             * min(1.0, profile.head_dim / MXU_WIDTH)
         )
         hbm = chips * gen.hbm_bandwidth_bytes_per_second
+        self.host_to_device_bytes_per_second = chips * gen.host_to_device_bytes_per_second
         self.bytes_per_second = hbm * efficiency.weight_mbu
         self.kv_bytes_per_second = hbm * efficiency.kv_mbu
         self._body_flops_per_token = 2.0 * profile.body_parameters
@@ -459,6 +460,20 @@ class StepTimer:
         """One request's prefill of `new_tokens` after a cached prefix of `cached_tokens`."""
         attention = new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
         return self.step_seconds(prefill_tokens=new_tokens, prefill_attention_context=attention)
+
+    def load_back_seconds(self, tokens: int) -> float:
+        """Copying `tokens` of KV from the host tier back to HBM: every chip loads its shard
+        over its own host link at the catalog's host-to-device bandwidth (docs/host-kv-tier.md)."""
+        return tokens * self.kv_bytes_per_token / self.host_to_device_bytes_per_second
+
+    def host_hit_value(self, tokens: int = 2048) -> float:
+        """What a prompt token found in the host tier is worth against one found in HBM (0..1):
+        the share of its prefill (a `tokens`-token prompt's, past the engine's fixed step cost)
+        that loading it back instead saves. 0 when loading back is no faster than computing."""
+        prefill = self.prefill_seconds(tokens) - self.prefill_seconds(0)
+        if prefill <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.load_back_seconds(tokens) / prefill)
 
     def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
         """One decode step for `batch` sequences holding `context_tokens` tokens in total."""

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sglang_tpu import lora
+from sglang_tpu import hicache, lora
 
 if TYPE_CHECKING:
     from sglang_tpu.contract.launch_contract import LaunchContract
@@ -126,6 +126,24 @@ FLAGS: tuple[Flag, ...] = (
         SGLANG_0_5_23,
         "that the TorchTPU build compiles through torch.compile with this flag is unconfirmed",
     ),
+    Flag(
+        "--enable-hierarchical-cache",
+        "TPUSERVE_HOST_KV_CACHE set",
+        SGLANG_0_5_23,
+        "the host-memory KV tier (docs/host-kv-tier.md); whether the TorchTPU build has it is "
+        "unconfirmed",
+        aliases=("--enable-hicache",),
+    ),
+    Flag("--hicache-write-policy", "TPUSERVE_HOST_KV_CACHE (its write policy)", SGLANG_0_5_23),
+    Flag(
+        "--hicache-io-backend",
+        "direct, with the host tier",
+        SGLANG_0_5_23,
+        "SGLang's default, kernel, is CUDA/ROCm kernels; direct copies with torch (that the "
+        "TorchTPU build accepts it is unconfirmed)",
+    ),
+    Flag("--hicache-size", "TPUSERVE_HOST_KV_SIZE_GB", SGLANG_0_5_23),
+    Flag("--hicache-ratio", "TPUSERVE_HOST_KV_RATIO", SGLANG_0_5_23),
     Flag("--revision", "never set: the fetch step pins the revision", SGLANG_0_5_23),
 )
 
@@ -186,6 +204,13 @@ def kv_events_config(contract: LaunchContract) -> str:
     return json.dumps(config, separators=(",", ":"), sort_keys=True)
 
 
+def host_kv_flags(contract: LaunchContract) -> list[str]:
+    """The host-memory KV tier's flags (none when TPUSERVE_HOST_KV_CACHE is unset)."""
+    if contract.host_kv_cache is None:
+        return []
+    return hicache.flags(contract.host_kv_size_gb, contract.host_kv_ratio, contract.host_kv_cache)
+
+
 def cpu_flags() -> list[str]:
     """`CPU_FLAGS` as arguments (a flag with an empty value is a switch)."""
     return [arg for flag in CPU_FLAGS for arg in (flag.name, flag.set_from) if arg]
@@ -241,6 +266,7 @@ def sglang_command(
             command += ["--speculative-draft-model-path", draft_path]
         if contract.speculative_num_steps is not None:
             command += ["--speculative-num-steps", str(contract.speculative_num_steps)]
+    command += host_kv_flags(contract)
     command += lora.lora_args(adapter_paths)
     if cpu:
         command += cpu_flags()

@@ -74,6 +74,9 @@ class TPUGeneration:
     chips_per_multi_host_vm: int = 4
     # What torch (TorchTPU's get_device_name) and JAX (device_kind) call one of its devices.
     device_names: tuple[str, ...] = ()
+    # Host-to-device copy bandwidth of one chip (host DRAM to HBM over its PCIe link): what a
+    # host-memory KV tier's load back runs at; sources in `HOST_TO_DEVICE_SOURCES`.
+    host_to_device_bytes_per_second: float = 7.0e9
 
     @property
     def hbm_bytes_per_device(self) -> int:
@@ -225,6 +228,7 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             accelerator_type_prefix="v5litepod",
             # both seen on a v5e (TorchTPU 0.2.0, JAX 0.10.2): shared/reference/tpu-v5e.md
             device_names=("TPU v5e", "TPU v5 lite"),
+            host_to_device_bytes_per_second=7.0e9,  # measured, HOST_TO_DEVICE_SOURCES
         ),
         "v5p": TPUGeneration(
             name="v5p",
@@ -239,6 +243,7 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             accelerator_type_prefix="v5p",
             tensorcores_per_chip=2,  # megacore: one torch device per chip, two TensorCores
             device_names=("TPU v5p", "TPU v5"),  # [unconfirmed]
+            host_to_device_bytes_per_second=7.0e9,  # [unconfirmed] v5e's measured figure
         ),
         "v6e": TPUGeneration(
             name="v6e",
@@ -252,6 +257,7 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             host_topology_by_devices=_SINGLE_CORE_2D,
             accelerator_type_prefix="v6e",
             device_names=("TPU v6e", "TPU v6 lite"),  # [unconfirmed]
+            host_to_device_bytes_per_second=7.0e9,  # [unconfirmed] v5e's measured figure
         ),
         "tpu7x": TPUGeneration(
             name="tpu7x",
@@ -266,7 +272,22 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             accelerator_type_prefix="tpu7x",
             tensorcores_per_chip=2,
             device_names=("TPU7x", "TPU v7x", "TPU v7"),  # [unconfirmed]
+            host_to_device_bytes_per_second=25e9,  # [unconfirmed] HOST_TO_DEVICE_SOURCES
         ),
+    }
+)
+
+
+HOST_TO_DEVICE_SOURCES: Mapping[str, str] = MappingProxyType(
+    {
+        "v5e": "measured on the project's v5e (ct5lp-hightpu-1t, JAX 0.10.2, 2026-12-06): "
+        "jax.device_put of a 1 GiB pageable numpy buffer, best of 5, 7.02 GB/s (64 MiB: 6.51, "
+        "256 MiB: 6.77); SGLang copies from pinned buffers, which may be faster",
+        "v5p": "[unconfirmed] no measurement; v5e's figure",
+        "v6e": "[unconfirmed] no measurement; v5e's figure",
+        "tpu7x": "[unconfirmed] vLLM-TPU issue #2019 reports device-to-host copies of about "
+        "100 GB/s on tpu7x (1 GB in ~10 ms); taken here as one 4-chip host's figure, 25 GB/s "
+        "per chip",
     }
 )
 

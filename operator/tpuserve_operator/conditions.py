@@ -39,6 +39,7 @@ class Reason(StrEnum):
     RESERVED_FIELD = "ReservedField"
     UNSUPPORTED_TRANSFER_BACKEND = "UnsupportedTransferBackend"
     UNPAIRABLE_ROLES = "UnpairableRoles"
+    HOST_KV_DOES_NOT_FIT = "HostKvCacheDoesNotFit"
     # Progressing
     RECONCILING = "Reconciling"
     ROLLING_UPDATE = "RollingUpdate"
@@ -126,6 +127,12 @@ REASONS: tuple[ReasonDoc, ...] = (
         "False",
         Reason.UNPAIRABLE_ROLES,
         "the prefill and decode roles cannot pair: engine versions, TP, page size or KV dtype",
+    ),
+    ReasonDoc(
+        VALID,
+        "False",
+        Reason.HOST_KV_DOES_NOT_FIT,
+        "kvCache.host is larger than the engine's host memory leaves to it",
     ),
     ReasonDoc(PROGRESSING, "True", Reason.RECONCILING, "children are being created or updated"),
     ReasonDoc(

@@ -42,6 +42,9 @@ _SPEC_FIELD: Mapping[str, str] = {
     Var.SPECULATIVE_DRAFT_MODEL: "spec.engine.speculative.draftModel",
     Var.SPECULATIVE_NUM_STEPS: "spec.engine.speculative.numSteps",
     Var.LORA_ADAPTERS: "spec.model.loraAdapters",
+    Var.HOST_KV_CACHE: "spec.kvCache.host.writePolicy",
+    Var.HOST_KV_SIZE_GB: "spec.kvCache.host.sizeGB",
+    Var.HOST_KV_RATIO: "spec.kvCache.host.ratio",
     Var.SGLANG_EXTRA_ARGS: "spec.engine.args",
     Var.TPU_GENERATION: "spec.tpu.generation",
     Var.TPU_TOPOLOGY: "spec.tpu.topology",
@@ -134,6 +137,13 @@ def group_contract(
     values |= {"hosts": shape.hosts, "chips_per_host": shape.chips_per_host}
     if shape.multi_host:
         values["worker_hostnames"] = hostnames
+    host_kv = spec.kv_cache.host if spec.kv_cache is not None else None
+    if host_kv is not None:
+        values |= {
+            "host_kv_cache": host_kv.write_policy,
+            "host_kv_size_gb": host_kv.size_gb,
+            "host_kv_ratio": host_kv.ratio,
+        }
     if spec.engine.speculative is not None:
         values |= {
             "speculative_algorithm": spec.engine.speculative.algorithm,

@@ -31,7 +31,13 @@ import pydantic
 
 from sglang_tpu import lora, model_source, perf_model
 from sglang_tpu.topology import TPU_RESOURCE, CatalogError, SliceShape, lookup
-from tpuserve_operator import disaggregation, engine_resources, labels, launch_contract
+from tpuserve_operator import (
+    disaggregation,
+    engine_resources,
+    host_kv,
+    labels,
+    launch_contract,
+)
 from tpuserve_operator.api import MAX_NAME_LENGTH, SERVER_NAME, TPUModelServerSpec
 from tpuserve_operator.build import cel
 from tpuserve_operator.build.crd import openapi_schema
@@ -98,6 +104,8 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
     problems += _scale_to_zero(model)
     if shape is not None:
         problems += _fit(model, shape)
+        profile = perf_model.lookup_hf_model(model_id(model.model.source))
+        problems += host_kv.problems(model, shape, profile)
     machine = shape.machine if shape is not None and model.engine.type == "sglang" else None
     problems += engine_resources.problems(model.engine.resources, machine)
     if model.disaggregation is not None:

@@ -37,6 +37,7 @@ from tpuserve_router.cancellation import Aborter
 from tpuserve_router.core import RouterCore
 from tpuserve_router.generation_limits import GENERATION_LIMITS, GenerationLimit
 from tpuserve_router.hold import HoldQueues, HoldRefused, hold_label
+from tpuserve_router.metrics import KV_TIERS
 from tpuserve_router.outliers import OutlierDetector
 from tpuserve_router.pd import PdRouter
 from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, RouteRequest
@@ -242,6 +243,9 @@ class Forwarder:
         self._decisions = {o: metrics.decisions.labels(policy.name, o) for o in OUTCOMES}
         self._ratio_predicted = metrics.prefix_match_ratio.labels(policy.name, "predicted")
         self._ratio_actual = metrics.prefix_match_ratio.labels(policy.name, "actual")
+        self._tier_hbm, self._tier_host = (
+            metrics.predicted_cached_tokens_by_tier.labels(policy.name, tier) for tier in KV_TIERS
+        )
         self._requests = metrics.requests.labels
         self._e2e = metrics.e2e.labels
         self._ttft = metrics.ttft.labels
@@ -805,7 +809,11 @@ class Forwarder:
         predicted = self._predicted_tokens(key)  # the series exists at zero too
         ratio = decision.predicted_match_ratio if decision is not None else None
         if ratio is not None and prompt > 0:
-            predicted.inc(round(ratio * prompt))
+            tokens = round(ratio * prompt)
+            predicted.inc(tokens)
+            host = round(decision.predicted_host_ratio * prompt)
+            self._tier_hbm.inc(tokens - host)
+            self._tier_host.inc(host)
             self._ratio_predicted.observe(ratio)
             self._ratio_actual.observe(min(1.0, cached / prompt))
 

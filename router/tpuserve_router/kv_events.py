@@ -538,10 +538,11 @@ class _Subscription:
                         event.token_ids,
                         event.block_size,
                         rank,
+                        event.medium,
                     )
                     stored += 1
                 elif isinstance(event, BlockRemoved):
-                    index.remove(worker, event.block_hashes, rank)
+                    index.remove(worker, event.block_hashes, rank, event.medium)
                     removed += 1
                 elif isinstance(event, AllBlocksCleared):
                     hub.metrics.kv_events.labels(worker, "AllBlocksCleared").inc()

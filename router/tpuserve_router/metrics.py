@@ -230,6 +230,7 @@ RESYNC_REASONS: Final = (
 REPLAY_RESULTS: Final = ("ok", "failed")
 KV_EVENT_SKIP_REASONS: Final = DECODE_ERROR_REASONS  # bad_frames, ..., unknown_event
 INDEX_KINDS: Final = ("tree_chars", "confirmed_blocks", "predicted_blocks")
+KV_TIERS: Final = ("hbm", "host")
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,7 @@ class RouterMetrics:
     completion_tokens: Counter
     cached_tokens: Counter
     predicted_cached_tokens: Counter
+    predicted_cached_tokens_by_tier: Counter
     decisions: Counter
     prefix_match_ratio: Histogram
     retries: Counter
@@ -326,6 +328,13 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "Prompt tokens the routing policy predicted the worker had cached; compare with "
             "tpuserve_router_cached_tokens_total (the gap is routing regret).",
             ["model", "worker"],
+        ),
+        predicted_cached_tokens_by_tier=Counter(
+            "tpuserve_router_predicted_cached_tokens_by_tier_total",
+            "Prompt tokens the routing policy predicted the chosen worker had cached, by the "
+            "tier holding them: hbm, or host (an engine's host-memory KV tier, loaded back "
+            "before prefill).",
+            ["policy", "tier"],
         ),
         decisions=Counter(
             "tpuserve_router_routing_decisions_total",
@@ -674,6 +683,8 @@ def touch_known_series(metrics: RouterMetrics, policy: str) -> None:
     """Create series that should exist at zero from the start (client_python's advice)."""
     for outcome in OUTCOMES:
         metrics.decisions.labels(policy, outcome)
+    for tier in KV_TIERS:
+        metrics.predicted_cached_tokens_by_tier.labels(policy, tier)
     for reason in CONNECTION_CLOSE_REASONS:
         metrics.connections_closed.labels(reason)
     metrics.retries_over_budget.labels()

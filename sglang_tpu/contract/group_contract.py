@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from sglang_tpu import lora, model_source, perf_model, sglang_flags
+from sglang_tpu import hicache, lora, model_source, perf_model, sglang_flags
 from sglang_tpu.contract.env_names import REPLICA_PLACEHOLDER, Var
 from sglang_tpu.contract.fields import (
     ABSOLUTE_PATH,
@@ -241,6 +241,28 @@ class GroupContract(BaseModel):
         ge=1,
         le=64,
     )
+    host_kv_cache: hicache.WritePolicy | None = var(
+        Var.HOST_KV_CACHE,
+        ", ".join(hicache.WRITE_POLICIES),
+        "A host-memory KV tier (SGLang's --enable-hierarchical-cache) with this write policy "
+        "(--hicache-write-policy); unset: HBM only (docs/host-kv-tier.md).",
+        default=None,
+    )
+    host_kv_size_gb: int | None = var(
+        Var.HOST_KV_SIZE_GB,
+        "an integer >= 1; only with TPUSERVE_HOST_KV_CACHE; not with TPUSERVE_HOST_KV_RATIO",
+        "Host pool per rank in GB (--hicache-size); unset with the ratio unset: SGLang sizes "
+        "it (ratio 2.0, lowered to fit the memory it finds free).",
+        default=None,
+        ge=1,
+    )
+    host_kv_ratio: float | None = var(
+        Var.HOST_KV_RATIO,
+        "a number > 0; only with TPUSERVE_HOST_KV_CACHE; not with TPUSERVE_HOST_KV_SIZE_GB",
+        "Host pool as a multiple of the device pool (--hicache-ratio).",
+        default=None,
+        gt=0,
+    )
     lora_adapters: CommaList = var(
         Var.LORA_ADAPTERS,
         f"comma-separated NAME=SOURCE, at most {lora.MAX_ADAPTERS}; NAME: "
@@ -345,6 +367,17 @@ class GroupContract(BaseModel):
     def _not_blank(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("blank")
+        return value
+
+    @field_validator("host_kv_size_gb", "host_kv_ratio")
+    @classmethod
+    def _host_kv_size(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is None:
+            return value
+        if info.data.get("host_kv_cache") is None:
+            raise ValueError(f"set only with {Var.HOST_KV_CACHE}")
+        if info.field_name == "host_kv_ratio" and info.data.get("host_kv_size_gb") is not None:
+            raise ValueError(f"exclusive with {Var.HOST_KV_SIZE_GB}")
         return value
 
     @field_validator("generation")

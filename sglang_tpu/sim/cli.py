@@ -16,7 +16,7 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
-from sglang_tpu import cli_types, disaggregation, perf_model
+from sglang_tpu import cli_types, disaggregation, hicache, perf_model
 from sglang_tpu.cold_start import TPU_FIGURES, ColdStartFigures, compile_figures
 from sglang_tpu.lora import parse_lora_paths
 from sglang_tpu.perf_model import KV_CACHE_BYTES, WEIGHT_BYTES, ModelDoesNotFit, StepTimer
@@ -212,6 +212,40 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
                 "--context-length",
                 "Longest prompt + output (default: the model's, capped at --cache-tokens).",
                 cli_types.positive_int,
+            ),
+            Option(
+                "--enable-hierarchical-cache",
+                "A host-memory KV tier below the HBM pool, as SGLang's HiCache: HBM eviction "
+                "demotes to host, a host hit loads back at the generation's host-to-device "
+                "bandwidth before prefill (docs/host-kv-tier.md); off by default.",
+                switch=True,
+                default=False,
+            ),
+            Option(
+                "--hicache-ratio",
+                f"Host pool as a multiple of --cache-tokens (default: {hicache.DEFAULT_RATIO}, "
+                "SGLang's; the twin does not lower it to the host's memory).",
+                cli_types.positive_float,
+            ),
+            Option(
+                "--hicache-size",
+                "Host pool in GB per rank (SGLang's unit; one rank per TPU device); overrides "
+                "--hicache-ratio (default: %(default)s, unset).",
+                cli_types.non_negative_int,
+                default=0,
+            ),
+            Option(
+                "--hicache-write-policy",
+                "When a page gets its host copy (default: %(default)s).",
+                choices=hicache.WRITE_POLICIES,
+                default=hicache.DEFAULT_WRITE_POLICY,
+            ),
+            Option(
+                "--hicache-io-backend",
+                "Accepted as SGLang's; the twin times every copy from the catalog's bandwidth "
+                "(default: %(default)s).",
+                choices=("direct", "kernel", "kernel_ascend"),
+                default="kernel",
             ),
             Option(
                 "--max-running-requests",
@@ -441,6 +475,14 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         tokenizer = load_tokenizer(args.tokenizer)
     except TokenizerError as err:
         raise ConfigError(str(err)) from None
+    host_tokens = 0
+    if args.enable_hierarchical_cache:
+        kv_per_rank_token = profile.kv_bytes_per_token(kv_dtype) / shape.devices
+        host_tokens = (
+            int(args.hicache_size * hicache.GB // kv_per_rank_token)
+            if args.hicache_size > 0
+            else int(cache_tokens * (args.hicache_ratio or hicache.DEFAULT_RATIO))
+        )
     model_path = args.model_path or profile.hf_ids[0]
     engine = EngineConfig(
         cache_tokens=cache_tokens,
@@ -451,6 +493,8 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         context_length=context,
         seed=args.seed,
         emit_kv_events=bool(args.kv_events_endpoint),
+        host_cache_tokens=host_tokens,
+        write_policy=args.hicache_write_policy,
     )
     lora_paths = parse_lora_paths(args.lora_paths or ())
     measured_cold, measured_warm = compile_figures(profile.layers)

@@ -74,6 +74,9 @@ class EngineConfig:
     context_length: int = 131072
     seed: int = 0
     emit_kv_events: bool = False
+    # The host-memory tier (SGLang's HiCache): its size in tokens (0: none) and write policy.
+    host_cache_tokens: int = 0
+    write_policy: str = "write_through"
 
 
 @dataclass(slots=True)
@@ -87,6 +90,8 @@ class Step:
     decode: list[Request] = field(default_factory=list)
     prefill_compute_tokens: int = 0
     prefill_cached_tokens: int = 0
+    prefill_host_tokens: int = 0  # of the cached ones, loaded back from the host tier
+    load_back_seconds: float = 0.0
 
 
 class EngineObserver(Protocol):
@@ -120,7 +125,12 @@ class EngineCore:
         self.palette = palette
         self.observer = observer
         self.kv_event_sink = kv_event_sink
-        self.cache = RadixCache(config.page_size, emit_events=config.emit_kv_events)
+        self.cache = RadixCache(
+            config.page_size,
+            emit_events=config.emit_kv_events,
+            host_tokens=config.host_cache_tokens,
+            write_policy=config.write_policy,
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.chunked: Request | None = None
@@ -302,6 +312,7 @@ class EngineCore:
         items: list[tuple[Request, int]] = []
         attention = 0
         cached_in_step = 0
+        loaded = 0  # host-tier tokens loaded back before this step's prefill
         if self.chunked is not None:
             req = self.chunked
             remaining = req.prefill_len - req.prefilled
@@ -312,29 +323,35 @@ class EngineCore:
             attention += take * req.prefilled + take * (take + 1) // 2
             budget -= take
             if take < remaining:
-                return self._prefill_step(now, items, attention, cached_in_step)
+                return self._prefill_step(now, items, attention, cached_in_step, loaded)
             self.chunked = None
             self.running.append(req)  # rejoins the decode set after this step
         headroom = self._free_tokens() + self.cache.evictable_size - self._reserved_for_running()
         while self.waiting and budget > 0 and self.num_running < cfg.max_running_requests:
             req = self.waiting[0]
             fill = req.fill_ids()
-            prefix, node = self.cache.match_prefix(fill[: len(fill) - 1])
-            extend = len(fill) - prefix
+            if self.cache.tiered:
+                prefix, host, node = self.cache.match_prefix_tiers(fill[: len(fill) - 1])
+            else:
+                (prefix, node), host = self.cache.match_prefix(fill[: len(fill) - 1]), 0
+            extend = len(fill) - prefix - host
             reserve = NEW_TOKEN_RESERVE_RATIO * min(
                 req.max_new_tokens - len(req.output_ids), RESERVE_CLIP_TOKENS
             )
             take = extend if extend <= budget else int(budget) // page * page
             if take <= 0:
                 break
-            if headroom < take + reserve and (self.running or items):
+            if headroom < take + host + reserve and (self.running or items):
                 break
             self.cache.inc_lock_ref(node)  # before evicting, so the match survives
-            if not self._ensure_free(take):
+            if not self._ensure_free(take + host):
                 self.cache.dec_lock_ref(node)
                 break
             self.waiting.popleft()
-            headroom -= take + reserve
+            headroom -= take + host + reserve
+            if host:  # SGLang loads the host part back to HBM before the prefill
+                loaded += self.cache.load_back(node)
+                prefix += host
             req.last_node = node
             req.tree_len = prefix
             req.prefilled = prefix
@@ -342,6 +359,7 @@ class EngineCore:
             if req.schedule_time is None:
                 req.schedule_time = now
                 req.cached_tokens = prefix
+                req.cached_host_tokens = host
                 if self.observer is not None:
                     self.observer.on_scheduled(req, now)
             cached_in_step += prefix
@@ -355,22 +373,29 @@ class EngineCore:
         if not items:
             return None
         # Running requests admitted this step decode only from the next step on.
-        return self._prefill_step(now, items, attention, cached_in_step)
+        return self._prefill_step(now, items, attention, cached_in_step, loaded)
 
     def _prefill_step(
-        self, now: float, items: list[tuple[Request, int]], attention: int, cached: int
+        self,
+        now: float,
+        items: list[tuple[Request, int]],
+        attention: int,
+        cached: int,
+        loaded: int = 0,
     ) -> Step:
         tokens = 0
         for req, take in items:
             req.private_tokens += take
             tokens += take
         self.private_tokens += tokens
-        duration = self.timer.step_seconds(
+        load_back = self.timer.load_back_seconds(loaded)
+        duration = load_back + self.timer.step_seconds(
             prefill_tokens=tokens, prefill_attention_context=attention
         )
         return Step(
             "prefill", now, duration, prefill=items, prefill_compute_tokens=tokens,
-            prefill_cached_tokens=cached,
+            prefill_cached_tokens=cached, prefill_host_tokens=loaded,
+            load_back_seconds=load_back,
         )  # fmt: skip
 
     def _form_decode(self, now: float) -> Step | None:

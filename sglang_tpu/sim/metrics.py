@@ -56,6 +56,11 @@ class _WithoutCreated(Collector):
             yield family
 
 
+RADIX_CACHE_LABELS: Mapping[str, str] = {
+    "cache_type": names.RADIX_CACHE_TYPE, "tp_rank": "0", "pp_rank": "0", "dp_rank": "0",
+}  # fmt: skip
+
+
 class EngineMetrics:
     def __init__(
         self,
@@ -68,7 +73,9 @@ class EngineMetrics:
         self.exposed = CollectorRegistry(auto_describe=False)
         self.exposed.register(_WithoutCreated(registry))
         self.core = core
-        self._made = {spec.name: _make(spec, registry) for spec in names.ALL_METRICS}
+        tier = core.cache.tiered
+        specs = (*names.ALL_METRICS, *(names.HICACHE_METRICS if tier else ()))
+        self._made = {spec.name: _make(spec, registry) for spec in specs}
         self._tokenizer = {"model_name": model_name, "engine_type": engine_type}
         self._scheduler = {**self._tokenizer, "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
         self.scheduler_labels: Mapping[str, str] = self._scheduler
@@ -76,6 +83,8 @@ class EngineMetrics:
         # cumulative, for /v1/loads' total_prefill_uncached_tokens and total_prefill_busy_us
         self.prefill_uncached_tokens = 0
         self.prefill_busy_seconds = 0.0
+        # counters that follow a running total of the core's: [child, read, synced], each step
+        self._totals: list[tuple[Counter, Callable[[], float], list[float]]] = []
 
         self.prompt_tokens = self._by_streaming(names.PROMPT_TOKENS, Counter)
         self.generation_tokens = self._by_streaming(names.GENERATION_TOKENS, Counter)
@@ -83,6 +92,9 @@ class EngineMetrics:
         self.ttft = self._by_streaming(names.TIME_TO_FIRST_TOKEN, Histogram)
         self.e2e = self._by_streaming(names.E2E_REQUEST_LATENCY, Histogram)
         self.cached_tokens = self._child(names.CACHED_TOKENS, Counter, cache_source="device")
+        self.cached_host_tokens = (
+            self._child(names.CACHED_TOKENS, Counter, cache_source="host") if tier else None
+        )
         self._child(names.NUM_SO_REQUESTS, Counter)  # the twin has no structured output: 0
         self.num_aborted = self._child(names.NUM_ABORTED_REQUESTS, Counter)
         self.itl = self._child(names.INTER_TOKEN_LATENCY, Histogram)
@@ -100,6 +112,18 @@ class EngineMetrics:
             (names.TOKEN_USAGE, lambda: core.token_usage),
             (names.NUM_RETRACTED_REQS, lambda: core.retracted_total),
         ]
+        if tier:
+            cache = core.cache
+            live += [
+                (names.HICACHE_HOST_USED_TOKENS, lambda: cache.host_size),
+                (names.HICACHE_HOST_TOTAL_TOKENS, lambda: cache.host_capacity),
+            ]
+            pool = {"pool": names.HOST_POOL}
+            for spec, total in (
+                (names.LOAD_BACK_TOKENS, lambda: cache.loaded_back_tokens_total),
+                (names.HICACHE_BACKUP_TOKENS, lambda: cache.backed_up_tokens_total),
+            ):
+                self._totals.append((self._child(spec, Counter, **pool), total, [0.0]))
         for spec, read in live:
             self._child(spec, Gauge).set_function(read)
         cfg = core.config
@@ -121,7 +145,11 @@ class EngineMetrics:
     def _child(self, spec: MetricSpec, kind: type[M], **extra: str) -> M:
         metric = self._made[spec.name]
         assert isinstance(metric, kind), spec.name
-        base = self._tokenizer if spec.collector == "tokenizer" else self._scheduler
+        base = {
+            "tokenizer": self._tokenizer,
+            "scheduler": self._scheduler,
+            "radix_cache": RADIX_CACHE_LABELS,
+        }[spec.collector]
         if "pid" in spec.extra_labels:
             extra = {**extra, "pid": self._pid}
         return metric.labels(**base, **extra)
@@ -157,6 +185,10 @@ class EngineMetrics:
         self.queue_time.observe(now - req.arrival_time)
 
     def on_step(self, step: Step, now: float) -> None:
+        for counter, read, synced in self._totals:
+            now_total = read()
+            counter.inc(now_total - synced[0])
+            synced[0] = now_total
         if step.kind == "prefill":
             self.prefill_uncached_tokens += step.prefill_compute_tokens
             self.prefill_busy_seconds += step.duration  # modelled, as the step was timed
@@ -182,7 +214,9 @@ class EngineMetrics:
     def on_finish(self, req: Request, now: float) -> None:
         self.prompt_tokens[req.stream].inc(len(req.input_ids))
         self.generation_tokens[req.stream].inc(len(req.output_ids))
-        self.cached_tokens.inc(req.cached_tokens)
+        self.cached_tokens.inc(req.cached_tokens - req.cached_host_tokens)
+        if self.cached_host_tokens is not None:
+            self.cached_host_tokens.inc(req.cached_host_tokens)
         self.num_requests[req.stream].inc()
         self.e2e[req.stream].observe(now - req.arrival_time)
 

@@ -15,6 +15,7 @@ class Request:
     __slots__ = (
         "arrival_time",
         "bootstrap",
+        "cached_host_tokens",
         "cached_tokens",
         "finish_reason",
         "finish_time",
@@ -75,6 +76,7 @@ class Request:
         self.finish_time: float | None = None
         self.finish_reason: dict[str, Any] | None = None
         self.cached_tokens = 0
+        self.cached_host_tokens = 0  # of cached_tokens, loaded back from the host tier
         self.prefilled = 0
         self.prefill_len = 0  # tokens to prefill: len(fill_ids()) when admitted
         self.tree_len = 0

@@ -66,8 +66,10 @@ def scrape_after_traffic(url: str) -> str:
     return asyncio.run(go())
 
 
-def test_the_twin_exposes_only_what_sglang_declares_as_sglang_declares_it() -> None:
-    with running_engine(["--time-scale", "0"]) as engine:
+@pytest.mark.parametrize("host_tier", [False, True], ids=["hbm", "host-tier"])
+def test_the_twin_exposes_only_what_sglang_declares_as_sglang_declares_it(host_tier: bool) -> None:
+    tier = ["--enable-hierarchical-cache"] if host_tier else []
+    with running_engine(["--time-scale", "0", *tier]) as engine:
         exposition = scrape_after_traffic(engine.url)
     found = differences(exposition)
     unlisted = {k: v for k, v in found.items() if k not in TWIN_DIFFERENCES}
@@ -76,6 +78,8 @@ def test_the_twin_exposes_only_what_sglang_declares_as_sglang_declares_it() -> N
     assert not gone, f"listed in TWIN_DIFFERENCES but no longer different: {sorted(gone)}"
     exposed = {f.name for f in text_string_to_metric_families(exposition)}
     assert {m.family for m in metric_names.ALL_METRICS} <= exposed
+    hicache = {m.family for m in metric_names.HICACHE_METRICS}
+    assert hicache <= exposed if host_tier else not hicache & exposed
 
 
 def test_the_comparison_catches_a_renamed_metric_and_a_missing_label() -> None:

@@ -131,6 +131,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="Each router replica reads the engines' KV events every this many seconds, as "
         "tpuserve router reads busy streams (sim; default: 0, at once).",
     )  # fmt: skip
+    fleet.add_argument(
+        "--host-cache-tokens", type=cli_types.non_negative_int, default=0,
+        help="Each engine's host-memory KV tier in tokens (SGLang's HiCache, write-through; "
+        "sim; default: 0, HBM only).",
+    )  # fmt: skip
+    fleet.add_argument(
+        "--tier-blind", action="store_true",
+        help="The router ignores the KV events' medium, as routers before tiers did: a block "
+        "demoted to host memory is forgotten (sim).",
+    )  # fmt: skip
     fleet.add_argument("--page-size", type=cli_types.positive_int, default=16, help="(default: 16)")
     fleet.add_argument("--tpu", default="v6e", choices=generation_names(), help="(default: v6e)")
     fleet.add_argument("--topology", default="1x1", help="TPU slice shape (default: 1x1).")
@@ -215,6 +225,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--router-replicas: more than one replica runs in --mode sim only")
     if args.peer_delay is not None and args.mode == "live":
         raise ValueError("--peer-delay: peering replicas run in --mode sim only")
+    if (args.host_cache_tokens or args.tier_blind) and args.mode == "live":
+        raise ValueError("--host-cache-tokens, --tier-blind: the host tier runs in --mode sim only")
     if args.kv_event_interval and args.mode == "live":
         raise ValueError("--kv-event-interval: the live router reads as it does; sim only")
     trace, source = load_trace(args)
@@ -227,6 +239,7 @@ def _run(args: argparse.Namespace) -> int:
         restart_down_seconds=args.restart_down_seconds, kv_events=not args.no_kv_events,
         router_replicas=args.router_replicas, peer_delay_seconds=args.peer_delay,
         kv_event_interval_seconds=args.kv_event_interval,
+        host_cache_tokens=args.host_cache_tokens, kv_tiers=not args.tier_blind,
     )  # fmt: skip
     config.validate()
     mu_rr = args.mu_rr
@@ -253,6 +266,7 @@ def _run(args: argparse.Namespace) -> int:
         "tpu": f"{args.tpu}-{args.topology}", "model_profile": args.model_profile,
         "kv_events": not args.no_kv_events, "router_replicas": args.router_replicas,
         "peer_delay_seconds": args.peer_delay, "kv_event_interval_seconds": args.kv_event_interval,
+        "host_cache_tokens": args.host_cache_tokens, "tier_blind": args.tier_blind,
     }  # fmt: skip
     fault_log: list[dict[str, Any]] = []
     if args.mode == "sim":

@@ -141,6 +141,12 @@ class SimConfig:
     peer_delay_seconds: float | None = None
     """A tpuserve policy's replicas peer (``tpuserve router --peer-port``), each hearing the
     others' announcements this long after the event; None: no peering."""
+    host_cache_tokens: int = 0
+    """Each engine's host-memory KV tier in tokens (SGLang's HiCache, write-through; 0: HBM
+    only; docs/host-kv-tier.md)."""
+    kv_tiers: bool = True
+    """The router reads the KV events' medium (`tpuserve_router.block_index`'s tiers); False
+    models a tier-blind router, to which any ``BlockRemoved`` removes the block."""
     kv_event_interval_seconds: float = 0.0
     """How often a replica reads a busy engine's KV events, as the router does every
     `tpuserve_router.kv_events.READ_INTERVAL_SECONDS`: an event reaches a replica's index at
@@ -358,6 +364,7 @@ class SimRun:
             chunked_prefill_size=cfg.chunked_prefill_size,
             max_queued_requests=cfg.max_queued_requests, seed=cfg.seed * 1000 + index,
             context_length=cfg.context_length, emit_kv_events=False,
+            host_cache_tokens=cfg.host_cache_tokens,
         )  # fmt: skip
         return VirtualEngine(EngineCore(engine_config, self.timer, self.palette))
 
@@ -407,7 +414,7 @@ class SimRun:
                 if self.config.kv_event_drop and self.rng.random() < self.config.kv_event_drop:
                     continue
                 if interval <= 0:
-                    apply_events(index, name, events)
+                    apply_events(index, name, events, self.config.kv_tiers)
                     continue
                 phase = r * interval / len(self.indexes)
                 emitted = self.workers[i].engine.now
@@ -472,7 +479,7 @@ class SimRun:
                 self._deliver()
             elif at == next_events:
                 _, _, index, name, events = heapq.heappop(self._kv_arrivals)
-                apply_events(index, name, events)
+                apply_events(index, name, events, self.config.kv_tiers)
             else:
                 r = self._next_poll.index(next_poll)
                 news = self._poll_loads(self.replicas[r])
@@ -657,16 +664,19 @@ class _CurrentCore:
         return self._core.match_prefix_length(token_ids)
 
 
-def apply_events(index: BlockIndex, name: str, events: Sequence[KVEvent]) -> None:
-    """One batch of worker ``name``'s KV events, applied as the router applies them."""
+def apply_events(
+    index: BlockIndex, name: str, events: Sequence[KVEvent], tiers: bool = True
+) -> None:
+    """One batch of worker ``name``'s KV events, applied as the router applies them (`tiers`
+    False: as a router that ignores the medium)."""
     for event in events:
         if isinstance(event, BlockStored):
             index.store(
                 name, event.block_hashes, event.parent_block_hash, event.token_ids,
-                event.block_size,
+                event.block_size, 0, event.medium if tiers else None,
             )  # fmt: skip
         elif isinstance(event, BlockRemoved):
-            index.remove(name, event.block_hashes)
+            index.remove(name, event.block_hashes, 0, event.medium if tiers else None)
         elif isinstance(event, AllBlocksCleared):
             index.clear(name)
 

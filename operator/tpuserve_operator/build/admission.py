@@ -12,15 +12,18 @@ turns into `Valid=False` later. The policy runs, inside kube-apiserver, the chec
   (and every entry has a name), flags in `engine.args`, label keys in `template.labels`,
   `google.com/tpu` in `engine.resources` (ReservedField);
 - the model fits the slice's HBM when the performance model knows it (ModelDoesNotFit);
+- `kvCache.host.sizeGB` fits the host's engine memory when `engine.resources` leaves memory at
+  its default (`host_kv.problems`, HostKvCacheDoesNotFit, its message template);
 - prefill/decode roles (`disaggregation.problems`, messages from its templates): no SGLang
   engine, no `spec.autoscaling`, each role's autoscaling by a metric of that role and never to
   zero, one image, page size and KV dtype, role slices in the catalog, TP
   sizes that pair, no disaggregation flag in `engine.args` or a role's `args`, and no flag
   the operator owns in a role's `args`.
 
-Left to the operator: the fine print of model sources (gs:// bucket and pvc:// claim names,
-paths), non-scalar `engine.args` (and role `args`) values, and whether a role's own slice fits
-the model; the CRD's own rules already cover the rest.
+Left to the operator: `kvCache.host.sizeGB` with a memory override in `engine.resources`,
+`kvCache.host.ratio` (it needs the device pool), the fine print of model sources (gs:// bucket
+and pvc:// claim names, paths), non-scalar `engine.args` (and role `args`) values, and
+whether a role's own slice fits the model; the CRD's own rules already cover the rest.
 
 The facts come as the policy's parameters, a ConfigMap whose data this module generates from
 `sglang_tpu.topology`, `sglang_tpu.perf_model` and the launch contract (numbers as Python
@@ -40,9 +43,9 @@ import string
 import typing
 from typing import Any
 
-from sglang_tpu import perf_model
+from sglang_tpu import hicache, perf_model
 from sglang_tpu.topology import GIB, SLICE_SHAPES, TPU_RESOURCE, generation_names, topologies_for
-from tpuserve_operator import disaggregation, labels, launch_contract, validation
+from tpuserve_operator import disaggregation, host_kv, labels, launch_contract, validation
 from tpuserve_operator.api import EngineSpec, ModelSpec
 from tpuserve_operator.render import inference_pool
 
@@ -79,6 +82,9 @@ def parameters() -> dict[str, str]:
         key = f"slice.{shape.generation.name}.{shape.topology}"
         data[f"{key}.usableBytes"] = repr(usable)
         data[f"{key}.devices"] = str(shape.devices)
+        limit = host_kv.default_memory_limit(shape)
+        data[f"{key}.hostKvMaxSizeGB"] = str(hicache.max_size_gb(shape, limit))
+        data[f"{key}.hostKvDescribe"] = host_kv.describe(shape, limit)
         data[f"{key}.describe"] = (
             f"{shape.key} ({shape.chips} chips, {_gib(usable, 1)} GiB usable of "
             f"{_gib(shape.hbm_bytes, 0)} GiB HBM)"
@@ -484,6 +490,33 @@ VARIABLES: tuple[tuple[str, str], ...] = (
         + _fixed1(f"variables.missingBytes / {GIB_CEL}")
         + " + ' GiB; use a larger topology, quantization fp8 or a shorter context'] : []",
     ),
+    # --- host_kv.problems: sizeGB against the default engine memory ---
+    (
+        "hostKvSize",
+        _or_default("object.spec.kvCache.host.sizeGB", "0"),
+    ),
+    (
+        "memoryOverridden",
+        "['requests', 'limits'].exists(s, s in variables.resources && "
+        "type(variables.resources[s]) == map && 'memory' in variables.resources[s])",
+    ),
+    (
+        "hostKvProblems",
+        "variables.inCatalog && variables.hostKvSize > 0 && "
+        "(variables.engineType != 'sglang' || !variables.memoryOverridden) && "
+        "variables.hostKvSize > int("
+        + _param("variables.slice + '.hostKvMaxSizeGB'")
+        + ") ? ["
+        + _cel_string(f"{host_kv.SIZE_FIELD}: ")
+        + " + "
+        + _template(
+            host_kv.SIZE_MESSAGE,
+            value="string(variables.hostKvSize)",
+            host=_param("variables.slice + '.hostKvDescribe'"),
+            largest=_param("variables.slice + '.hostKvMaxSizeGB'"),
+        )
+        + "] : []",
+    ),
     # --- render.inference_pool.pool_problems, checked after the others ---
     (
         "poolProblems",
@@ -506,7 +539,7 @@ VARIABLES: tuple[tuple[str, str], ...] = (
         "variables.catalogProblems + variables.modelProblems + variables.pdProblems + "
         "variables.envProblems + variables.argProblems + variables.roleArgProblems + "
         "variables.labelProblems + variables.resourceProblems + variables.fitProblems + "
-        "variables.poolProblems",
+        "variables.hostKvProblems + variables.poolProblems",
     ),
 )
 

@@ -41,7 +41,7 @@ from typing import Any, Final
 
 from kubernetes.utils.quantity import parse_quantity
 
-from tpuserve_operator import labels, rbac
+from tpuserve_operator import host_kv, labels, rbac
 from tpuserve_operator.render.context import (
     ROUTER_ADMIN_PORT,
     ROUTER_METRICS_PORT,
@@ -125,6 +125,10 @@ def router_args(server: Server) -> list[str]:
     kv_events = server.valid.spec.router.kv_events
     if kv_events is not None:  # unset: the router subscribes when its policy uses KV events
         args.append("--kv-events" if kv_events else "--no-kv-events")
+    weight = host_kv.host_hit_weight(server.valid.spec, server.valid.shape)
+    if weight is not None and router_policy(server) in host_kv.INDEX_POLICIES:
+        # host-tier blocks weighed for this slice and model (docs/host-kv-tier.md)
+        args.append(f"--policy-param=host_hit_weight={weight}")
     dis = server.valid.spec.disaggregation
     if dis is not None:  # pairs of the pods labelled with their role (docs/pd.md)
         args += ["--pd-disaggregation", f"--pd-policy={dis.policy}"]

@@ -31,6 +31,19 @@ pub fn choose(
 ) -> (usize, Outcome) {
     let best = held.iter().copied().max().unwrap_or(0);
     let is_hit = prompt_units > 0 && (best as f64) / (prompt_units as f64) > cache_threshold;
+    choose_hit(held, is_hit, loads, abs_threshold, rel_threshold)
+}
+
+/// `choose` with whether the prompt is a hit decided by the caller (the tiered choice: a hit
+/// when any tier of any worker holds more than the threshold, whatever each tier is worth).
+pub fn choose_hit(
+    held: &[usize],
+    is_hit: bool,
+    loads: &[i64],
+    abs_threshold: i64,
+    rel_threshold: f64,
+) -> (usize, Outcome) {
+    let best = held.iter().copied().max().unwrap_or(0);
     let least = first_least(loads);
     if loads.len() > 1 && imbalanced(loads, abs_threshold, rel_threshold) {
         if !is_hit {

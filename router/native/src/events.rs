@@ -12,10 +12,31 @@ pub enum Event {
         parent: Option<i128>,
         tokens: Vec<i64>,
         block_size: i64,
+        medium: Medium,
     },
     Removed {
         hashes: Vec<i128>,
+        medium: Medium,
     },
+}
+
+/// The tier an event's `medium` names (SGLang's `StorageMedium`, docs/host-kv-tier.md):
+/// `GPU` (the device's memory) or absent (engines without tiers, and SGLang's default) is
+/// the device; any other value (`CPU_PINNED`, an L3's `DISK` or `EXTERNAL`) a lower tier,
+/// which the router scores as host memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Medium {
+    Device,
+    Host,
+}
+
+impl Medium {
+    pub fn of(name: Option<&str>) -> Medium {
+        match name {
+            None | Some("GPU") => Medium::Device,
+            Some(_) => Medium::Host,
+        }
+    }
 }
 
 const MAX_DEPTH: usize = 32;
@@ -145,6 +166,15 @@ impl<'a> Reader<'a> {
         Some(())
     }
 
+    /// A `medium`: a string or nil.
+    fn medium(&mut self) -> Option<Medium> {
+        match self.head()? {
+            Head::Nil => Some(Medium::Device),
+            Head::Str(len) => Some(Medium::of(Some(self.str(len)?))),
+            _ => None,
+        }
+    }
+
     fn int(&mut self) -> Option<i128> {
         match self.head()? {
             Head::Int(v) => Some(v),
@@ -214,6 +244,7 @@ impl<'a> Reader<'a> {
     fn map_event(&mut self, n: usize) -> Option<Event> {
         let (mut kind, mut hashes, mut parent, mut tokens, mut size) =
             (None, None, None, None, None);
+        let mut medium = Medium::Device;
         for _ in 0..n {
             // SGLang's event keys are strings; leave any other to the Python decoder.
             let Head::Str(len) = self.head()? else {
@@ -231,12 +262,16 @@ impl<'a> Reader<'a> {
                 "parent_block_hash" => parent = Some(self.int_or_nil()?),
                 "token_ids" => tokens = Some(self.tokens()?),
                 "block_size" => size = Some(self.int()?),
+                "medium" => medium = self.medium()?,
                 _ => self.skip(1)?,
             }
         }
         match kind? {
-            "BlockStored" => stored(hashes?, parent?, tokens?, size?),
-            "BlockRemoved" => Some(Event::Removed { hashes: hashes? }),
+            "BlockStored" => stored(hashes?, parent?, tokens?, size?, medium),
+            "BlockRemoved" => Some(Event::Removed {
+                hashes: hashes?,
+                medium,
+            }),
             _ => None,
         }
     }
@@ -251,30 +286,48 @@ impl<'a> Reader<'a> {
                 let parent = self.int_or_nil()?;
                 let tokens = self.tokens()?;
                 let size = self.int()?;
-                for _ in 5..n {
-                    self.skip(1)?;
+                let mut medium = Medium::Device;
+                for i in 5..n {
+                    // [.., lora_id, medium, {..}]: the medium is the seventh element
+                    if i == 6 {
+                        medium = self.medium()?;
+                    } else {
+                        self.skip(1)?;
+                    }
                 }
-                stored(hashes, parent, tokens, size)
+                stored(hashes, parent, tokens, size, medium)
             }
             "BlockRemoved" if n >= 2 => {
                 let hashes = self.ints()?;
-                for _ in 2..n {
+                let medium = if n >= 3 {
+                    self.medium()?
+                } else {
+                    Medium::Device
+                };
+                for _ in 3..n {
                     self.skip(1)?;
                 }
-                Some(Event::Removed { hashes })
+                Some(Event::Removed { hashes, medium })
             }
             _ => None,
         }
     }
 }
 
-fn stored(hashes: Vec<i128>, parent: Option<i128>, tokens: Vec<i64>, size: i128) -> Option<Event> {
+fn stored(
+    hashes: Vec<i128>,
+    parent: Option<i128>,
+    tokens: Vec<i64>,
+    size: i128,
+    medium: Medium,
+) -> Option<Event> {
     let block_size = i64::try_from(size).ok().filter(|&s| s >= 1)?;
     Some(Event::Stored {
         hashes,
         parent,
         tokens,
         block_size,
+        medium,
     })
 }
 

@@ -10,7 +10,7 @@ use pyo3::types::{PyList, PyString};
 
 use crate::affinity;
 use crate::bits::Bits;
-use crate::events::{decode_common_batch, Event};
+use crate::events::{decode_common_batch, Event, Medium};
 use crate::keys::{block_keys, page_key, ROOT_KEY};
 use crate::predictions::Predictions;
 use crate::sequence::int_sequence;
@@ -58,14 +58,37 @@ type Routed<'py> = (
     Option<Key>,
 );
 
+/// A block in HBM is worth this many units in `route`'s tiered choice (a host block
+/// `host_hit_weight` of them).
+const TIER_UNITS: usize = 1000;
+
 /// Keys whose confirmed entries `depths` looks up together (at most this many are looked up
 /// past the end of a match).
 const LOOKAHEAD: usize = 8;
 
+/// The tiers an engine block is in (`Medium`), as bits.
+const DEVICE: u8 = 1;
+const HOST: u8 = 2;
+
+fn tier_bit(medium: Medium) -> u8 {
+    match medium {
+        Medium::Device => DEVICE,
+        Medium::Host => HOST,
+    }
+}
+
+/// One engine block of a stream: its router key (None: an orphan whose parent the index never
+/// saw) and the tiers that hold it.
+#[derive(Clone, Copy)]
+struct Entry {
+    key: Option<Key>,
+    tiers: u8,
+}
+
 struct Stream {
     bit: usize,
-    /// Engine block hash -> router key (None: an orphan whose parent the index never saw).
-    engine_keys: HashMap<EngineHash, Option<Key>, Mix>,
+    /// Engine block hash -> its entry.
+    engine_keys: HashMap<EngineHash, Entry, Mix>,
 }
 
 impl Stream {
@@ -109,7 +132,13 @@ pub struct BlockIndex {
     clock: Py<PyAny>,
     workers: LinkedHashMap<String, Worker>,
     free_bits: Vec<usize>,
+    /// Streams holding each key in any tier (device or host).
     confirmed: HashMap<Key, Bits, Mix>,
+    /// Streams holding each key in device memory (HBM); a subset of `confirmed`.
+    device: HashMap<Key, Bits, Mix>,
+    /// Entries held in a lower tier only (0: no engine reported one, `route` skips tiers).
+    #[pyo3(get)]
+    host_only_blocks: i64,
     predicted: HashMap<Key, Bits, Mix>,
     next_expiry: f64,
     /// `route`'s parameters (`set_route_params`), fixed per policy: not passed per request.
@@ -125,6 +154,9 @@ struct RouteParams {
     balance_rel_threshold: f64,
     queue_margin_tokens: f64,
     saved_prefix_weight: f64,
+    /// What a block held in host memory is worth against one in HBM (0..1): the share of its
+    /// prefill that loading it back saves (`IndexParams.host_hit_weight`).
+    host_hit_weight: f64,
 }
 
 /// Each item of `items` as a `T`: a list read directly (what the policy passes; pyo3's
@@ -240,17 +272,26 @@ impl BlockIndex {
     fn clear_stream(
         stream: &mut Stream,
         confirmed: &mut HashMap<Key, Bits, Mix>,
-        orphans: &mut i64,
+        device: &mut HashMap<Key, Bits, Mix>,
+        counts: (&mut i64, &mut i64),
     ) {
-        for key in stream.engine_keys.values() {
-            match key {
+        let (orphans, host_only) = counts;
+        for entry in stream.engine_keys.values() {
+            if entry.tiers == HOST {
+                *host_only -= 1;
+            }
+            match entry.key {
                 None => *orphans -= 1,
-                Some(key) => drop_bit(confirmed, *key, stream.bit),
+                Some(key) => {
+                    drop_bit(confirmed, key, stream.bit);
+                    drop_bit(device, key, stream.bit);
+                }
             }
         }
         stream.engine_keys = HashMap::default();
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn store_blocks(
         &mut self,
         name: &str,
@@ -259,8 +300,10 @@ impl BlockIndex {
         token_ids: &[i64],
         block_size: i64,
         rank: i64,
+        medium: Medium,
     ) {
         self.ensure_stream(name, rank);
+        let tier = tier_bit(medium);
         if block_size >= 1 && !self.page_size_learned {
             self.page_size = block_size as usize;
             self.page_size_learned = true;
@@ -270,7 +313,7 @@ impl BlockIndex {
         let stream = worker.streams.get_mut(&rank).expect("just ensured");
         let mut parent = match parent_block_hash {
             None => Some(ROOT_KEY),
-            Some(hash) => stream.engine_keys.get(&hash).copied().flatten(),
+            Some(hash) => stream.engine_keys.get(&hash).and_then(|e| e.key),
         };
         let size = block_size.max(0) as usize;
         let bit = stream.bit;
@@ -293,18 +336,35 @@ impl BlockIndex {
                 }
             }
             for (&engine_hash, &key) in hashes.iter().zip(keys) {
-                if let Some(old) = stream.engine_keys.insert(engine_hash, key) {
-                    // stored again: replace the old entry
-                    match old {
-                        None => self.orphan_blocks -= 1,
-                        Some(old) if Some(old) != key => drop_bit(&mut self.confirmed, old, bit),
-                        Some(_) => {}
+                let mut tiers = tier;
+                let new = Entry { key, tiers };
+                if let Some(old) = stream.engine_keys.insert(engine_hash, new) {
+                    // stored again: in another tier too, or (another key) replacing it
+                    if old.tiers == HOST {
+                        self.host_only_blocks -= 1;
                     }
+                    match old.key {
+                        None => self.orphan_blocks -= 1,
+                        Some(old_key) if Some(old_key) != key => {
+                            drop_bit(&mut self.confirmed, old_key, bit);
+                            drop_bit(&mut self.device, old_key, bit);
+                        }
+                        Some(_) => tiers |= old.tiers,
+                    }
+                    if let Some(entry) = stream.engine_keys.get_mut(&engine_hash) {
+                        entry.tiers = tiers;
+                    }
+                }
+                if tiers == HOST {
+                    self.host_only_blocks += 1;
                 }
                 match key {
                     None => self.orphan_blocks += 1,
                     Some(key) => {
                         add_bit(&mut self.confirmed, key, bit);
+                        if tiers & DEVICE != 0 {
+                            add_bit(&mut self.device, key, bit);
+                        }
                         if worker.predicted.remove(&key) {
                             drop_bit(&mut self.predicted, key, worker.bit);
                         }
@@ -314,7 +374,14 @@ impl BlockIndex {
         }
     }
 
-    fn remove_blocks(&mut self, name: &str, block_hashes: &[EngineHash], rank: i64) {
+    fn remove_blocks(
+        &mut self,
+        name: &str,
+        block_hashes: &[EngineHash],
+        rank: i64,
+        medium: Medium,
+    ) {
+        let tier = tier_bit(medium);
         let Some(worker) = self.workers.get_mut(name) else {
             return;
         };
@@ -325,21 +392,43 @@ impl BlockIndex {
         for hashes in block_hashes.chunks(LOOKAHEAD) {
             // As in `store_blocks`: first the reads, their misses overlapping.
             for hash in hashes {
-                if let Some(&Some(key)) = stream.engine_keys.get(hash) {
-                    touch(self.confirmed.get(&key));
-                    touch(worker.predicted.get(&key));
+                if let Some(Entry { key: Some(key), .. }) = stream.engine_keys.get(hash) {
+                    touch(self.confirmed.get(key));
+                    touch(worker.predicted.get(key));
                 }
             }
             for engine_hash in hashes {
-                match stream.engine_keys.remove(engine_hash) {
-                    None => {}
-                    Some(None) => self.orphan_blocks -= 1,
-                    Some(Some(key)) => {
-                        drop_bit(&mut self.confirmed, key, stream.bit);
-                        if worker.predicted.remove(&key) {
-                            drop_bit(&mut self.predicted, key, worker.bit);
-                        }
+                // Only the named tier's copy goes: a demoted block stays in host memory.
+                let Some(entry) = stream.engine_keys.get_mut(engine_hash) else {
+                    continue;
+                };
+                let was_host_only = entry.tiers == HOST;
+                entry.tiers &= !tier;
+                let (key, tiers) = (entry.key, entry.tiers);
+                if tiers == 0 {
+                    stream.engine_keys.remove(engine_hash);
+                }
+                if was_host_only {
+                    self.host_only_blocks -= 1;
+                }
+                if tiers == HOST {
+                    self.host_only_blocks += 1;
+                }
+                let Some(key) = key else {
+                    if tiers == 0 {
+                        self.orphan_blocks -= 1;
                     }
+                    continue;
+                };
+                if tiers & DEVICE == 0 {
+                    drop_bit(&mut self.device, key, stream.bit);
+                    // a prediction stands for a device copy: the engine denies it
+                    if worker.predicted.remove(&key) {
+                        drop_bit(&mut self.predicted, key, worker.bit);
+                    }
+                }
+                if tiers == 0 {
+                    drop_bit(&mut self.confirmed, key, stream.bit);
                 }
             }
         }
@@ -383,8 +472,19 @@ impl BlockIndex {
         Ok(masks)
     }
 
-    /// For each worker mask, how many leading blocks of `keys` it holds (see `match`).
+    /// For each worker mask, how many leading blocks of `keys` it holds in any tier (see
+    /// `match`).
     fn depths(&self, keys: &[Key], masks: &[&Bits]) -> Vec<usize> {
+        self.depths_in(&self.confirmed, keys, masks)
+    }
+
+    /// `depths` over the streams `table` names per key (with the predictions).
+    fn depths_in(
+        &self,
+        table: &HashMap<Key, Bits, Mix>,
+        keys: &[Key],
+        masks: &[&Bits],
+    ) -> Vec<usize> {
         let mut depths = vec![0usize; masks.len()];
         let mut alive = Bits::default();
         for mask in masks {
@@ -396,7 +496,7 @@ impl BlockIndex {
             // not depend on each other, so their cache misses overlap (in the router the
             // table is cold between requests: a miss or two per key).
             let confirmed: [Option<&Bits>; LOOKAHEAD] =
-                std::array::from_fn(|i| window.get(i).and_then(|key| self.confirmed.get(key)));
+                std::array::from_fn(|i| window.get(i).and_then(|key| table.get(key)));
             for (key, confirmed) in window.iter().zip(confirmed) {
                 if alive.is_empty() {
                     break 'window;
@@ -508,6 +608,8 @@ impl BlockIndex {
             workers: LinkedHashMap::new(),
             free_bits: Vec::new(),
             confirmed: HashMap::default(),
+            device: HashMap::default(),
+            host_only_blocks: 0,
             predicted: HashMap::default(),
             next_expiry: f64::INFINITY,
             route_params: None,
@@ -619,7 +721,10 @@ impl BlockIndex {
 
     /// The parameters `route` applies (the policy's, set once): `prefix_routing.AffinityParams`'
     /// ``cache_threshold``, ``balance_abs_threshold``, ``balance_rel_threshold`` and
-    /// `QueueParams`' ``queue_margin_tokens``, ``saved_prefix_weight``.
+    /// `QueueParams`' ``queue_margin_tokens``, ``saved_prefix_weight``, and `IndexParams`'
+    /// ``host_hit_weight`` (1: a host-memory block counts as one in HBM).
+    #[pyo3(signature = (cache_threshold, balance_abs_threshold, balance_rel_threshold,
+                        queue_margin_tokens, saved_prefix_weight, host_hit_weight=1.0))]
     fn set_route_params(
         &mut self,
         cache_threshold: f64,
@@ -627,6 +732,7 @@ impl BlockIndex {
         balance_rel_threshold: f64,
         queue_margin_tokens: f64,
         saved_prefix_weight: f64,
+        host_hit_weight: f64,
     ) {
         self.route_params = Some(RouteParams {
             cache_threshold,
@@ -634,7 +740,23 @@ impl BlockIndex {
             balance_rel_threshold,
             queue_margin_tokens,
             saved_prefix_weight,
+            host_hit_weight: host_hit_weight.clamp(0.0, 1.0),
         });
+    }
+
+    /// For each of `names`, how many leading blocks of `keys` it holds in device memory (HBM,
+    /// and its predictions); `match` counts every tier.
+    fn device_match(
+        &mut self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        names: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<usize>> {
+        self.expire(py)?;
+        let names: Vec<Bound<'_, PyString>> = extract_items(names)?;
+        let empty = Bits::default();
+        let masks = self.masks(&names, &empty)?;
+        with_keys(keys, |keys| self.depths_in(&self.device, keys, &masks))
     }
 
     /// A request's routing in one call (the `precise` policy's): the prompt's block keys
@@ -678,14 +800,42 @@ impl BlockIndex {
         let empty = Bits::default();
         let masks = self.masks(&names, &empty)?;
         let depths = self.depths(&keys.keys, &masks);
-        let (target, outcome) = affinity::choose(
-            &depths,
-            keys.keys.len(),
-            &loads,
-            params.cache_threshold,
-            params.balance_abs_threshold,
-            params.balance_rel_threshold,
-        );
+        let (target, outcome) = if self.host_only_blocks > 0 {
+            // Tiers: a block in HBM saves its prefill, one in host memory that less its load
+            // back (`host_hit_weight` of it): HBM hit > host hit > miss, in thousandths.
+            let device = self.depths_in(&self.device, &keys.keys, &masks);
+            let host_units = (params.host_hit_weight * TIER_UNITS as f64).round() as usize;
+            let held: Vec<usize> = depths
+                .iter()
+                .zip(&device)
+                .map(|(&all, &dev)| {
+                    let dev = dev.min(all);
+                    dev * TIER_UNITS + (all - dev) * host_units
+                })
+                .collect();
+            // A hit by what any tier holds: no prefix is a miss while a tier holds it (unless
+            // a host block is worth nothing: loading back no faster than computing).
+            let counted = if host_units > 0 { &depths } else { &device };
+            let best = counted.iter().copied().max().unwrap_or(0);
+            let prompt = keys.keys.len();
+            let is_hit = prompt > 0 && (best as f64) / (prompt as f64) > params.cache_threshold;
+            affinity::choose_hit(
+                &held,
+                is_hit,
+                &loads,
+                params.balance_abs_threshold,
+                params.balance_rel_threshold,
+            )
+        } else {
+            affinity::choose(
+                &depths,
+                keys.keys.len(),
+                &loads,
+                params.cache_threshold,
+                params.balance_abs_threshold,
+                params.balance_rel_threshold,
+            )
+        };
         let best = depths.iter().copied().max().unwrap_or(0);
         let given_up = (best - depths[target]) as f64 * self.page_size as f64;
         let stays =
@@ -719,7 +869,7 @@ impl BlockIndex {
             .get(name)
             .and_then(|w| w.streams.get(&rank))
             .map_or_else(Vec::new, |s| {
-                s.engine_keys.iter().map(|(h, k)| (*h, *k)).collect()
+                s.engine_keys.iter().map(|(h, e)| (*h, e.key)).collect()
             })
     }
 
@@ -734,11 +884,14 @@ impl BlockIndex {
             if stream.engine_keys.contains_key(&engine_hash) {
                 continue;
             }
-            stream.engine_keys.insert(engine_hash, key);
+            // a peer's snapshot carries no tiers: taken as device blocks
+            let tiers = DEVICE;
+            stream.engine_keys.insert(engine_hash, Entry { key, tiers });
             match key {
                 None => self.orphan_blocks += 1,
                 Some(key) => {
                     add_bit(&mut self.confirmed, key, stream.bit);
+                    add_bit(&mut self.device, key, stream.bit);
                     if worker.predicted.remove(&key) {
                         drop_bit(&mut self.predicted, key, worker.bit);
                     }
@@ -776,7 +929,10 @@ impl BlockIndex {
     // ------------------------------------------------------------------ engine events
 
     /// Apply a `BlockStored` event of `name`'s DP rank `rank`: it now holds these blocks.
-    #[pyo3(signature = (name, block_hashes, parent_block_hash, token_ids, block_size, rank=0))]
+    /// `medium`: the event's (None or ``GPU``: device memory; any other: a lower tier).
+    #[pyo3(signature = (name, block_hashes, parent_block_hash, token_ids, block_size, rank=0,
+                        medium=None))]
+    #[allow(clippy::too_many_arguments)]
     fn store(
         &mut self,
         name: &str,
@@ -785,6 +941,7 @@ impl BlockIndex {
         token_ids: Vec<i64>,
         block_size: i64,
         rank: i64,
+        medium: Option<&str>,
     ) {
         self.store_blocks(
             name,
@@ -793,17 +950,25 @@ impl BlockIndex {
             &token_ids,
             block_size,
             rank,
+            Medium::of(medium),
         );
     }
 
     /// Apply a `BlockRemoved` event of `name`'s DP rank `rank`.
-    #[pyo3(signature = (name, block_hashes, rank=0))]
-    fn remove(&mut self, name: &str, block_hashes: &Bound<'_, PyAny>, rank: i64) -> PyResult<()> {
+    /// Only the tier `medium` names loses the blocks (as in `store`).
+    #[pyo3(signature = (name, block_hashes, rank=0, medium=None))]
+    fn remove(
+        &mut self,
+        name: &str,
+        block_hashes: &Bound<'_, PyAny>,
+        rank: i64,
+        medium: Option<&str>,
+    ) -> PyResult<()> {
         let hashes = block_hashes
             .try_iter()?
             .map(|h| h?.extract::<EngineHash>())
             .collect::<PyResult<Vec<EngineHash>>>()?;
-        self.remove_blocks(name, &hashes, rank);
+        self.remove_blocks(name, &hashes, rank, Medium::of(medium));
         Ok(())
     }
 
@@ -827,12 +992,13 @@ impl BlockIndex {
                     parent,
                     tokens,
                     block_size,
+                    medium,
                 } => {
-                    self.store_blocks(name, &hashes, parent, &tokens, block_size, rank);
+                    self.store_blocks(name, &hashes, parent, &tokens, block_size, rank, medium);
                     stored += 1;
                 }
-                Event::Removed { hashes } => {
-                    self.remove_blocks(name, &hashes, rank);
+                Event::Removed { hashes, medium } => {
+                    self.remove_blocks(name, &hashes, rank, medium);
                     removed += 1;
                 }
             }
@@ -848,12 +1014,22 @@ impl BlockIndex {
         };
         if let Some(rank) = rank {
             if let Some(stream) = worker.streams.get_mut(&rank) {
-                Self::clear_stream(stream, &mut self.confirmed, &mut self.orphan_blocks);
+                Self::clear_stream(
+                    stream,
+                    &mut self.confirmed,
+                    &mut self.device,
+                    (&mut self.orphan_blocks, &mut self.host_only_blocks),
+                );
             }
             return;
         }
         for stream in worker.streams.values_mut() {
-            Self::clear_stream(stream, &mut self.confirmed, &mut self.orphan_blocks);
+            Self::clear_stream(
+                stream,
+                &mut self.confirmed,
+                &mut self.device,
+                (&mut self.orphan_blocks, &mut self.host_only_blocks),
+            );
         }
         for key in worker.predicted.keys() {
             drop_bit(&mut self.predicted, *key, worker.bit);

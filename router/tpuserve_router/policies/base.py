@@ -110,6 +110,9 @@ class Decision(Generic[W]):
     block_keys: Sequence[int] = ()
     """The prompt's block keys the policy predicted on the worker (a `BlockIndex` policy's;
     what router replicas tell their peers, `peer_view`)."""
+    predicted_host_ratio: float = 0.0
+    """Of `predicted_match_ratio`, the share the worker holds only in host memory (its KV
+    events' medium; loaded back before prefill)."""
 
 
 class NoHealthyWorker(Exception):

@@ -81,7 +81,7 @@ class PrecisePolicy(BlockIndexPolicy):
         p = self.params
         self.block_index.set_route_params(
             p.cache_threshold, p.balance_abs_threshold, p.balance_rel_threshold,
-            p.queue_margin_tokens, p.saved_prefix_weight,
+            p.queue_margin_tokens, p.saved_prefix_weight, p.host_hit_weight,
         )  # fmt: skip
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
@@ -122,5 +122,8 @@ class PrecisePolicy(BlockIndexPolicy):
         # positional: a call with keywords builds a dict for them (Decision's field order:
         # worker, outcome, predicted_match_ratio, prompt_units, pending_units, block_keys)
         decision = Decision(target, outcome, hit / prompt if prompt else 0.0, prompt, 0, keys)
+        if index.host_only_blocks and hit:  # some engine has a host tier: what of it is there
+            (device,) = index.device_match(keys, (target.name,))
+            decision.predicted_host_ratio = max(0, depths[i] - device) * page / prompt
         self.queues.book(decision, prompt - hit, last_key)
         return decision

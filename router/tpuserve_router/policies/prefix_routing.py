@@ -28,6 +28,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_tpu.perf_model import DEFAULT_PROFILE, StepTimer, get_profile
+from sglang_tpu.topology import lookup
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.policies.base import (
     Clock,
@@ -243,14 +245,29 @@ def leave_long_queue(
     return chosen
 
 
+HOST_HIT_WEIGHT = round(
+    StepTimer(lookup("v6e", "1x1"), get_profile(DEFAULT_PROFILE)).host_hit_value(), 3
+)
+"""`IndexParams.host_hit_weight`'s default: what a token in an engine's host-memory tier saves
+against one in HBM (its prefill less its load back, `StepTimer.host_hit_value`) for the engine
+twin's default slice and model (v6e 1x1, Llama-3.1-8B: about 0.2; a v5e's slower prefill makes
+it about 0.8). Set it for the fleet's slice with the policy parameter."""
+
+
 @dataclass(frozen=True)
 class IndexParams:
-    """Parameters of a policy's `BlockIndex` (see `tpuserve_router.block_index`)."""
+    """Parameters of a policy's `BlockIndex` (see `tpuserve_router.block_index`).
+
+    ``host_hit_weight``: what a block an engine holds only in host memory (KV events with a
+    medium other than ``GPU``, SGLang's HiCache) is worth against one in its HBM when the
+    policy compares workers, 0..1: an HBM hit beats a host hit beats a miss, and a prefix any
+    tier holds is never routed as a miss."""
 
     page_size: int = 16
     predicted_ttl_seconds: float = 2.0
     approximate_ttl_seconds: float = 120.0
     max_predicted_blocks: int = 2**18
+    host_hit_weight: float = HOST_HIT_WEIGHT
 
     def validate(self) -> str | None:
         if self.page_size < 1:
@@ -261,6 +278,8 @@ class IndexParams:
             return f"approximate_ttl_seconds={self.approximate_ttl_seconds} must be >= 0"
         if self.max_predicted_blocks < 0:
             return f"max_predicted_blocks={self.max_predicted_blocks} must be >= 0"
+        if not 0.0 <= self.host_hit_weight <= 1.0:
+            return f"host_hit_weight={self.host_hit_weight} must be within [0, 1]"
         return None
 
 

@@ -49,10 +49,10 @@ def apply_in_python(index: BlockIndex, payload: bytes, rank: int = 0) -> tuple[i
     for event in decode_batch(payload).events:
         if isinstance(event, BlockStored):
             index.store(WORKER, event.block_hashes, event.parent_block_hash, event.token_ids,
-                        event.block_size, rank)  # fmt: skip
+                        event.block_size, rank, event.medium)  # fmt: skip
             stored += 1
         elif isinstance(event, BlockRemoved):
-            index.remove(WORKER, event.block_hashes, rank)
+            index.remove(WORKER, event.block_hashes, rank, event.medium)
             removed += 1
     return stored, removed
 

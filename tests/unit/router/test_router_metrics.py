@@ -64,6 +64,7 @@ EXPECTED = {
     "tpuserve_router_pd_ttft_seconds": "histogram",
     "tpuserve_router_pd_prefill_seconds": "histogram",
     "tpuserve_router_pd_kv_transfer_seconds": "histogram",
+    "tpuserve_router_predicted_cached_tokens_by_tier": "counter",
 }
 
 

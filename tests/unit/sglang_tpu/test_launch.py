@@ -59,6 +59,9 @@ MALFORMED: dict[Var, str] = {
     Var.SPECULATIVE_ALGORITHM: "EAGLE2",
     Var.SPECULATIVE_DRAFT_MODEL: "/models/draft",
     Var.SPECULATIVE_NUM_STEPS: "2",
+    Var.HOST_KV_CACHE: "write_sometimes",
+    Var.HOST_KV_SIZE_GB: "12",  # only with TPUSERVE_HOST_KV_CACHE
+    Var.HOST_KV_RATIO: "0",
     Var.LORA_ADAPTERS: "sql:v2=hf://o/sql-lora",
     Var.SGLANG_EXTRA_ARGS: "--tp-size 4",
     Var.SGLANG_PYTHON: "venv/bin/python",
@@ -236,6 +239,47 @@ def test_engine_options_reach_the_command(capsys: pytest.CaptureFixture[str]) ->
         "replay_endpoint": "tcp://127.0.0.1:5558",
     }
     assert out["env"]["TORCH_TPU_DEFER_AND_FUSE"] == "1"
+
+
+def test_host_kv_tier_reaches_sglang_and_the_twin(capsys: pytest.CaptureFixture[str]) -> None:
+    env = {
+        **env_for("v5e", "2x4", 1, 8, 0),
+        "TPUSERVE_HOST_KV_CACHE": "write_back",
+        "TPUSERVE_HOST_KV_SIZE_GB": "30",
+    }
+    command = dry_run(env, capsys)["command"]
+    assert "--enable-hierarchical-cache" in command
+    assert flag(command, "--hicache-write-policy") == "write_back"
+    assert flag(command, "--hicache-size") == "30"
+    assert flag(command, "--hicache-io-backend") == "direct"
+    assert "--hicache-ratio" not in command
+    twin = dry_run({**env, "TPUSERVE_ENGINE": "simulated"}, capsys)["command"]
+    args = sim_args(twin)
+    assert args.enable_hierarchical_cache
+    assert (args.hicache_size, args.hicache_write_policy) == (30, "write_back")
+    by_ratio = {k: v for k, v in env.items() if k != "TPUSERVE_HOST_KV_SIZE_GB"}
+    ratio = dry_run({**by_ratio, "TPUSERVE_HOST_KV_RATIO": "2.5"}, capsys)
+    assert flag(ratio["command"], "--hicache-ratio") == "2.5"
+    assert "--hicache-size" not in ratio["command"]
+    off = dry_run(env_for("v5e", "2x4", 1, 8, 0), capsys)["command"]
+    assert not [a for a in off if "hicache" in a or "hierarchical" in a]
+
+
+def test_host_kv_size_and_ratio_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
+    env = {
+        **env_for("v5e", "2x4", 1, 8, 0),
+        "TPUSERVE_HOST_KV_CACHE": "write_through",
+        "TPUSERVE_HOST_KV_SIZE_GB": "30",
+        "TPUSERVE_HOST_KV_RATIO": "2",
+    }
+    assert launch.launch(env, dry_run=True) == 2
+    assert "TPUSERVE_HOST_KV_RATIO=" in capsys.readouterr().err
+
+
+def test_the_host_kv_flags_are_the_operators(capsys: pytest.CaptureFixture[str]) -> None:
+    env = {**env_for("v5e", "2x4", 1, 8, 0), "TPUSERVE_SGLANG_EXTRA_ARGS": "--hicache-size 9"}
+    assert launch.launch(env, dry_run=True) == 2
+    assert "--hicache-size" in capsys.readouterr().err
 
 
 def test_mtp_uses_sglangs_nextn_without_a_draft_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -60,6 +60,9 @@ def policy_names() -> list[str]:
 
 def make_bench_policy(name: str, ctx: AnchorContext) -> Policy:
     """Build `name` (a tpuserve policy or an anchor); ValueError naming the allowed names."""
+    if name == "precise":  # host-tier blocks weighed for the fleet's slice and model
+        weight = round(ctx.timer.host_hit_value(), 3)
+        return make_policy(name, clock=ctx.clock, seed=ctx.seed, host_hit_weight=weight)
     if name in registered_policy_names():
         return make_policy(name, clock=ctx.clock, seed=ctx.seed)
     anchor = ANCHORS.get(name)

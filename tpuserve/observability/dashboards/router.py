@@ -127,13 +127,20 @@ def build() -> Dashboard:
                 ids,
                 "Predicted vs actual cached tokens",
                 "Prompt tokens the router expected the chosen worker to have cached, and the "
-                "tokens the worker reported cached; the gap is routing regret.",
+                "tokens the worker reported cached; the gap is routing regret. The predicted "
+                "tokens by tier: in HBM, or in an engine's host-memory KV tier (loaded back "
+                "before prefill; docs/host-kv-tier.md).",
                 "tokens/s",
                 target(
                     f"sum(rate(tpuserve_router_predicted_cached_tokens_total[{RI}]))",
                     "predicted",
                 ),
                 target(f"sum(rate(tpuserve_router_cached_tokens_total[{RI}]))", "actual"),
+                target(
+                    "sum by (tier) "
+                    f"(rate(tpuserve_router_predicted_cached_tokens_by_tier_total[{RI}]))",
+                    "predicted in {{tier}}",
+                ),
                 span=8,
             )
         )

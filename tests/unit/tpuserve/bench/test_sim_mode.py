@@ -386,9 +386,9 @@ def test_kv_events_reach_each_replica_at_its_next_read_turn(
     applied: dict[int, list[int]] = {id(index): [] for index in run.indexes}
     apply_events = sim_runner.apply_events
 
-    def apply(index: Any, name: str, events: Any) -> None:
+    def apply(index: Any, name: str, events: Any, *tiers: bool) -> None:
         applied[id(index)].append(id(events))
-        apply_events(index, name, events)
+        apply_events(index, name, events, *tiers)
 
     monkeypatch.setattr(sim_runner, "apply_events", apply)
     late: list[int] = []
@@ -457,3 +457,19 @@ def test_peering_replicas_deliver_every_message_and_announce_each_first_byte(
     assert all(r.peers is not None and r.peers.open_requests() == 0 for r in run.replicas)
     views = [v for replica in run.replicas for v in replica.views]
     assert all(v.in_flight == v.announced_in_flight == 0 for v in views)
+
+
+def test_a_tier_blind_router_forgets_a_demoted_prefix_and_a_tiered_one_keeps_it() -> None:
+    """`--tier-blind` models routers that ignore the events' medium (docs/host-kv-tier.md)."""
+    from sglang_tpu.sim.radix_cache import RadixCache
+    from tpuserve_router.block_index import BlockIndex
+
+    cache = RadixCache(16, emit_events=True, host_tokens=1024)
+    tokens = list(range(500, 564))
+    cache.insert(tokens)
+    cache.evict(64)  # demoted: BlockRemoved GPU, its CPU_PINNED copy kept
+    events = cache.take_events()
+    for tiers, held in ((True, 4), (False, 0)):
+        index = BlockIndex(page_size=16)
+        sim_runner.apply_events(index, "w", events, tiers)
+        assert index.match(index.keys(tokens), ["w"]) == [held]

@@ -1,0 +1,112 @@
+"""The block index keeps each block's tier per engine (the KV events' `medium`): a demoted block
+stays routable, an HBM hit beats a host hit beats a miss, and the compiled and Python decoders
+read the medium alike."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from sglang_tpu.kv_events import (
+    MEDIUM_GPU,
+    MEDIUM_HOST,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    block_hashes,
+    decode_batch,
+    encode_batch,
+)
+from tests.unit.sglang_tpu.test_kv_events_sglang import sglang_batch
+from tpuserve_router.block_index import BlockIndex
+
+pytestmark = pytest.mark.unit
+
+PAGE = 4
+A, B = "http://a", "http://b"
+TOKENS = list(range(100, 100 + 4 * PAGE))
+
+
+def stored(tokens: list[int], medium: str | None) -> BlockStored:
+    hashes = block_hashes(tokens, PAGE)
+    return BlockStored(hashes, None, tokens, PAGE, None, medium)
+
+
+def store(index: BlockIndex, worker: str, medium: str | None, tokens: list[int] = TOKENS) -> None:
+    index.store(worker, block_hashes(tokens, PAGE), None, tokens, PAGE, 0, medium)
+
+
+def test_a_demoted_block_stays_held_in_host_memory_until_the_host_evicts_it() -> None:
+    index = BlockIndex(page_size=PAGE)
+    keys = index.keys(TOKENS)
+    store(index, A, MEDIUM_GPU)
+    store(index, A, MEDIUM_HOST)  # write-through
+    assert (index.match(keys, [A]), index.device_match(keys, [A])) == ([4], [4])
+    index.remove(A, block_hashes(TOKENS, PAGE), 0, MEDIUM_GPU)  # demoted
+    assert (index.match(keys, [A]), index.device_match(keys, [A])) == ([4], [0])
+    assert index.host_only_blocks == 4
+    store(index, A, MEDIUM_GPU)  # loaded back
+    assert index.device_match(keys, [A]) == [4]
+    assert index.host_only_blocks == 0
+    index.remove(A, block_hashes(TOKENS, PAGE), 0, MEDIUM_GPU)
+    index.remove(A, block_hashes(TOKENS, PAGE), 0, MEDIUM_HOST)  # host LRU
+    assert index.match(keys, [A]) == [0]
+    assert (index.confirmed_blocks, index.host_only_blocks, index.worker_blocks(A)) == (0, 0, 0)
+
+
+def test_events_without_a_medium_are_device_events() -> None:
+    index = BlockIndex(page_size=PAGE)
+    keys = index.keys(TOKENS)
+    store(index, A, None)
+    assert index.device_match(keys, [A]) == [4]
+    index.remove(A, block_hashes(TOKENS, PAGE), 0, None)
+    assert index.match(keys, [A]) == [0]
+
+
+def route(index: BlockIndex, names: list[str]) -> tuple[str, str, list[int]]:
+    _, depths, i, outcome, *_ = index.route(TOKENS, names, [0] * len(names), [0] * len(names))
+    return names[i], outcome, depths
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.2, 1.0])
+def test_a_prefix_held_only_in_host_memory_is_routed_to_its_engine(weight: float) -> None:
+    index = BlockIndex(page_size=PAGE)
+    index.set_route_params(0.3, 64, 1.5, 8192.0, 2.0, weight)
+    store(index, B, MEDIUM_HOST)  # B, listed second, holds it in host memory only
+    name, outcome, depths = route(index, [A, B])
+    assert depths == [0, 4]  # counted as held
+    if weight > 0:
+        assert (name, outcome) == (B, "prefix_hit")  # never a miss while a tier holds it
+    else:  # the host copy is worth nothing (loading back no faster than computing): a miss
+        assert (name, outcome) == (A, "miss")
+
+
+def test_an_hbm_hit_beats_a_host_hit_beats_a_miss() -> None:
+    index = BlockIndex(page_size=PAGE)
+    index.set_route_params(0.3, 64, 1.5, 8192.0, 2.0, 0.5)
+    store(index, B, MEDIUM_HOST)
+    store(index, A, MEDIUM_GPU)
+    assert route(index, ["http://c", B, A])[:2] == (A, "prefix_hit")
+    index.remove(A, block_hashes(TOKENS, PAGE), 0, MEDIUM_GPU)
+    assert route(index, ["http://c", A, B])[:2] == (B, "prefix_hit")
+
+
+def test_the_compiled_reader_reads_the_medium_as_python_does() -> None:
+    events = [stored(TOKENS, MEDIUM_GPU), stored(TOKENS, MEDIUM_HOST)]
+    removed = BlockRemoved(block_hashes(TOKENS, PAGE), MEDIUM_GPU)
+    for payload in (
+        msgspec.msgpack.encode(sglang_batch(EventBatch(1.0, [*events, removed], 0))),
+        encode_batch(EventBatch(1.0, [*events, removed])),
+    ):
+        native, python = BlockIndex(page_size=PAGE), BlockIndex(page_size=PAGE)
+        assert native.apply_batch(A, payload) == (2, 1)
+        for event in decode_batch(payload).events:
+            if isinstance(event, BlockStored):
+                python.store(A, event.block_hashes, event.parent_block_hash, event.token_ids,
+                             event.block_size, 0, event.medium)  # fmt: skip
+            elif isinstance(event, BlockRemoved):
+                python.remove(A, event.block_hashes, 0, event.medium)
+        keys = native.keys(TOKENS)
+        for index in (native, python):
+            assert (index.match(keys, [A]), index.device_match(keys, [A])) == ([4], [0])
+            assert index.host_only_blocks == 4
