@@ -10,9 +10,18 @@ from sglang_tpu.topology import lookup
 pytestmark = pytest.mark.unit
 
 
-def _tps(generation: str, topology: str, model: str = "llama-3.1-8b", **kw: int) -> float:
+def _tps(
+    generation: str,
+    topology: str,
+    model: str = "llama-3.1-8b",
+    chunk_tokens: int = perf_model.BACKLOG_CHUNK_TOKENS,
+    prompt_tokens: int = perf_model.BACKLOG_PROMPT_TOKENS,
+) -> float:
     return perf_model.peak_prefill_tokens_per_second(
-        lookup(generation, topology), perf_model.get_profile(model), **kw
+        lookup(generation, topology),
+        perf_model.get_profile(model),
+        chunk_tokens=chunk_tokens,
+        prompt_tokens=prompt_tokens,
     )
 
 
