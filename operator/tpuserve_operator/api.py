@@ -595,7 +595,47 @@ KEDA_ZERO_MESSAGE = (
 )
 
 
+class PredictiveFloorSpec(Schema):
+    requests_per_replica: float = Field(
+        gt=0,
+        le=1e6,
+        description=(
+            "requestsPerReplica is the request rate (requests/s) one replica serves within "
+            "the SLO, e.g. `tpuserve plan`'s capacity for the model, slice and workload."
+        ),
+    )
+    horizon_seconds: int = Field(
+        default=300,
+        ge=30,
+        le=3600,
+        description=(
+            "horizonSeconds is how far ahead the floor looks: one cold start of a replica "
+            "(node, image, weights, compile). Default: 300."
+        ),
+    )
+    window_seconds: int = Field(
+        default=600,
+        ge=120,
+        le=3600,
+        description=(
+            "windowSeconds is the recent window the request-rate trend is fitted over. "
+            "Default: 600."
+        ),
+    )
+
+
 class KedaSpec(Schema):
+    predictive_floor: PredictiveFloorSpec | None = Field(
+        default=None,
+        description=(
+            "predictiveFloor adds a second trigger that keeps the replicas the request rate "
+            "one horizon ahead needs: the larger of the least-squares trend over windowSeconds "
+            "(at most 4x the window's mean) and the rate now carried along yesterday's shape "
+            "(yesterday's rate one horizon later / yesterday's rate now); KEDA scales to the "
+            "larger of the two triggers, so the floor only ever adds replicas "
+            "(tpuserve_operator.predictive_floor is the same rule). Unset: no floor."
+        ),
+    )
     polling_interval_seconds: int = Field(
         default=15,
         ge=5,

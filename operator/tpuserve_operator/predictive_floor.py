@@ -21,6 +21,11 @@ handles everything else. The floor is ``ceil(forecast x (1 + headroom) / per_rep
 bounded by ``min_replicas`` and ``max_replicas`` (the spec's). With no samples it is
 ``min_replicas``. Rates are in any one unit (requests/s, prompt tokens/s) as long as
 ``per_replica_rate`` is in the same one.
+
+The operator renders the same rule in PromQL as a KEDA trigger
+(`render.autoscaler.floor_trigger`, `autoscaling.keda.predictiveFloor`), with yesterday's
+measured request rate as the daily shape; the fleet model (`tpuserve.bench.autoscaling`) runs
+this function with the planner's shape.
 """
 
 from __future__ import annotations

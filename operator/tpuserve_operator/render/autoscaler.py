@@ -56,7 +56,7 @@ from sglang_tpu import disaggregation as pd
 from sglang_tpu import metric_names, perf_model
 from sglang_tpu.topology import SliceShape, lookup
 from tpuserve_operator import disaggregation, labels
-from tpuserve_operator.api import AutoscalingSpec, TPUModelServerSpec
+from tpuserve_operator.api import AutoscalingSpec, PredictiveFloorSpec, TPUModelServerSpec
 from tpuserve_operator.errors import Problem
 from tpuserve_operator.render.context import Manifest, RenderConfig, Server
 from tpuserve_operator.render.roles import role_scale_name
@@ -280,6 +280,32 @@ def keda_trigger(
     return KedaTrigger("ttft-slo", query, 1.0, "Value")
 
 
+FLOOR_MAX_GROWTH = 4
+"""The trend's forecast is at most this many times the window's mean rate (AIBrix's clamp;
+`tpuserve_operator.predictive_floor.FloorParams.max_growth`)."""
+DAY_SECONDS = 86_400
+
+
+def floor_trigger(server: Server, floor: PredictiveFloorSpec, role: str | None) -> KedaTrigger:
+    """`autoscaling.keda.predictiveFloor` as a Prometheus trigger: the request rate one horizon
+    ahead (`tpuserve_operator.predictive_floor`'s rule in PromQL, yesterday's measured rate as
+    the daily shape) against requestsPerReplica."""
+    sel = _selector(server, role)
+    h, w = floor.horizon_seconds, floor.window_seconds
+    requests = metric_names.NUM_REQUESTS.name
+    window = f"(sum(rate({requests}{{{sel}}}[1m])))[{w}s:30s]"
+    ahead = f"predict_linear({window}, {h})"
+    cap = f"({FLOOR_MAX_GROWTH} * avg_over_time({window}))"
+    # the lesser of two one-element vectors: PromQL's clamp_max takes a scalar bound only
+    trend = f"clamp_min((({ahead} <= {cap}) or {cap}), 0)"
+    level = f"clamp_min(predict_linear({window}, 0), 0)"
+    later = f"sum(rate({requests}{{{sel}}}[5m] offset {DAY_SECONDS - h}s))"
+    same = f"sum(rate({requests}{{{sel}}}[5m] offset {DAY_SECONDS}s))"
+    shaped = f"({level} * {later} / ({same} > 0))"
+    query = f"(({trend} >= {shaped}) or {shaped}) or {trend}"
+    return KedaTrigger("predictive-floor", query, floor.requests_per_replica, "AverageValue")
+
+
 def _scaled_object(
     server: Server, name: str, target: tuple[str, str], spec: AutoscalingSpec,
     shape: SliceShape, role: str | None,
@@ -294,6 +320,9 @@ def _scaled_object(
         }
     keda = spec.keda
     polling = keda.polling_interval_seconds if keda is not None else 15
+    triggers = [trigger]
+    if keda is not None and keda.predictive_floor is not None:
+        triggers.append(floor_trigger(server, keda.predictive_floor, role))
     body: dict[str, Any] = {
         "scaleTargetRef": {"apiVersion": labels.API_VERSION, "kind": target[0], "name": target[1]},
         "pollingInterval": polling,
@@ -303,14 +332,15 @@ def _scaled_object(
         "triggers": [
             {
                 "type": "prometheus",
-                "name": trigger.name,
-                "metricType": trigger.metric_type,
+                "name": t.name,
+                "metricType": t.metric_type,
                 "metadata": {
                     "serverAddress": server.config.keda_prometheus_url,
-                    "query": trigger.query,
-                    "threshold": quantity(trigger.threshold),
+                    "query": t.query,
+                    "threshold": quantity(t.threshold),
                 },
             }
+            for t in triggers
         ],
     }
     return {

@@ -200,3 +200,23 @@ def test_a_role_may_not_scale_on_the_other_roles_signal(
     with pytest.raises(InvalidSpec, match=r"spec\.disaggregation\.decode\.autoscaling\.metric: "
                        r"'backlogSeconds' is not allowed for the decode role"):  # fmt: skip
         rendered(spec, keda=True)
+
+
+def test_a_predictive_floor_is_a_second_trigger_against_requests_per_replica(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    floor = {"requestsPerReplica": 5.25, "horizonSeconds": 480, "windowSeconds": 900}
+    spec = spec_with(autoscaling=keda(metric="backlogSeconds", target=1,
+                                      keda={"predictiveFloor": floor}))  # fmt: skip
+    scaled = kinds(rendered(spec, keda=True), "ScaledObject")["qwen"]
+    backlog, predicted = scaled["spec"]["triggers"]
+    assert backlog["name"] == "backlog-seconds"  # KEDA scales to the larger of the two
+    assert predicted["name"] == "predictive-floor"
+    assert (predicted["metricType"], predicted["metadata"]["threshold"]) == ("AverageValue", "5.25")
+    query = predicted["metadata"]["query"]
+    assert 'predict_linear((sum(rate(sglang:num_requests_total{namespace="ml"' in query
+    assert "[900s:30s], 480)" in query  # the trend over the window, one horizon ahead
+    assert "offset 85920s" in query  # yesterday, one horizon after this time of day
+    assert "offset 86400s" in query
+    without = kinds(rendered(spec_with(autoscaling=keda()), keda=True), "ScaledObject")["qwen"]
+    assert len(without["spec"]["triggers"]) == 1
