@@ -235,6 +235,27 @@ def build() -> Dashboard:
         .with_panel(
             timeseries_panel(
                 ids,
+                "Request rate, its trend 5 minutes ahead, and yesterday",
+                "Finished requests/s now; the least-squares trend of the last 10 minutes "
+                "evaluated 5 minutes ahead (what a KEDA predictive floor with horizonSeconds "
+                "300 and windowSeconds 600 extrapolates); and the rate 23 h 55 min ago, "
+                "yesterday's shape one horizon ahead.",
+                "reqps",
+                target(f"model:sglang_requests:rate1m{m}", "{{model_name}} now"),
+                target(
+                    f"predict_linear(model:sglang_requests:rate1m{m}[10m], 300)",
+                    "{{model_name}} trend +5 min",
+                ),
+                target(
+                    f"model:sglang_requests:rate1m{m} offset 23h55m",
+                    "{{model_name}} yesterday +5 min",
+                ),
+                span=8,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                ids,
                 "KV-pool occupancy (kvCacheUsage)",
                 "Share of each replica's KV pool in use and the model's mean: KEDA's "
                 "kvCacheUsage trigger sums the replicas' shares against its target per replica.",
