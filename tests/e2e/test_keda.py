@@ -1,5 +1,7 @@
 """KEDA as the autoscaler, on the real apiserver (issue 60).
 
+A spec asking for both autoscalers (KEDA's settings with `engine: hpa`) is refused at
+`kubectl apply`, naming the field (a CEL rule of the CRD).
 `spec.autoscaling.engine: keda` on a cluster that does not serve KEDA's API: the server is
 Valid=False naming `spec.autoscaling.engine`, and no ScaledObject is made. With KEDA's
 ScaledObject CRD applied (read from KEDA's Go module, `Toolchain.keda_crds`; KEDA itself does
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from sglang_tpu import perf_model
 from sglang_tpu.topology import lookup
@@ -69,6 +72,16 @@ def test_a_keda_server_is_refused_without_keda_and_gets_its_scaled_object_once_i
         "target": 1,
         "keda": {"pollingIntervalSeconds": 10},
     }
+    # asking for both autoscalers (KEDA's settings with the HPA) is refused at `kubectl apply`
+    # by the CRD's CEL rule, naming the field
+    both = server(NAME, "v6e", "2x4", engine="simulated",
+                  autoscaling={**autoscaling, "engine": "hpa", "metric": "queue"})  # fmt: skip
+    refused = cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(both), check=False
+    )
+    assert refused.returncode != 0
+    assert "autoscaling.keda is set with autoscaling.engine hpa" in refused.stderr
+
     manifest = server(NAME, "v6e", "2x4", engine="simulated", autoscaling=autoscaling)
     del manifest["spec"]["replicas"]  # the autoscaler owns it
     apply(cluster, namespace, manifest)
