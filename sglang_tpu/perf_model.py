@@ -478,3 +478,31 @@ class StepTimer:
     def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
         """One decode step for `batch` sequences holding `context_tokens` tokens in total."""
         return self.step_seconds(decode_batch=batch, decode_context=context_tokens)
+
+
+BACKLOG_CHUNK_TOKENS = 8192
+"""SGLang's default ``--chunked-prefill-size``: the prompt tokens one prefill step takes."""
+BACKLOG_PROMPT_TOKENS = 2048
+"""The prompt length the backlog throughput assumes (attention grows with it)."""
+
+
+def peak_prefill_tokens_per_second(
+    shape: SliceShape,
+    profile: ModelProfile,
+    quantization: str = "bf16",
+    kv_cache_dtype: str = "auto",
+    chunk_tokens: int = BACKLOG_CHUNK_TOKENS,
+    prompt_tokens: int = BACKLOG_PROMPT_TOKENS,
+) -> float:
+    """Uncached prompt tokens per second one replica prefills when its queue is full: steps of
+    ``chunk_tokens`` new tokens, packed from prompts of ``prompt_tokens`` (no cached prefix),
+    nothing decoding. What llm-d's autoscaling guide calls the peak prefill throughput and
+    measures with a calibration run per model and accelerator; here the calibrated step time
+    gives it. Queued prefill tokens / this = seconds of backlog for one replica."""
+    if chunk_tokens < 1 or prompt_tokens < 1:
+        raise ValueError("chunk_tokens and prompt_tokens must be at least 1")
+    timer = StepTimer(shape, profile, quantization, kv_cache_dtype)
+    prompts, rest = divmod(chunk_tokens, prompt_tokens)
+    attention = prompts * prompt_tokens * (prompt_tokens + 1) // 2 + rest * (rest + 1) // 2
+    step = timer.step_seconds(prefill_tokens=chunk_tokens, prefill_attention_context=attention)
+    return chunk_tokens / step

@@ -631,14 +631,126 @@ class ScaleToZeroSpec(Schema):
     )
 
 
+AUTOSCALERS = ("hpa", "keda")
+"""`autoscaling.engine` values: who scales the server."""
+KEDA_METRICS = ("backlogSeconds", "kvCacheUsage")
+"""`autoscaling.metric` values only KEDA's Prometheus triggers read (the HPA path's metrics
+adapter does not serve them)."""
+KEDA_ONLY_MESSAGE = (
+    "autoscaling.metric backlogSeconds and kvCacheUsage need autoscaling.engine keda (the "
+    "HPA path's metrics adapter does not serve them); allowed with engine hpa: queue, "
+    "tokensInFlight, ttft"
+)
+KEDA_SETTINGS_MESSAGE = (
+    "autoscaling.keda is set with autoscaling.engine hpa: one autoscaler per scale "
+    "subresource (KEDA runs an HPA of its own on it, and two would fight); allowed: "
+    "autoscaling.engine keda, or no autoscaling.keda"
+)
+KEDA_ZERO_MESSAGE = (
+    "autoscaling.minReplicas 0 needs autoscaling.engine hpa (the operator's scale to zero "
+    "and KEDA's activation would both own 0 <-> 1); allowed with engine keda: 1 or more"
+)
+
+
+class PredictiveFloorSpec(Schema):
+    requests_per_replica: float = Field(
+        gt=0,
+        le=1e6,
+        description=(
+            "requestsPerReplica is the request rate (requests/s) one replica serves within "
+            "the SLO, e.g. `tpuserve plan`'s capacity for the model, slice and workload."
+        ),
+    )
+    horizon_seconds: int = Field(
+        default=300,
+        ge=30,
+        le=3600,
+        description=(
+            "horizonSeconds is how far ahead the floor looks: one cold start of a replica "
+            "(node, image, weights, compile). Default: 300."
+        ),
+    )
+    window_seconds: int = Field(
+        default=600,
+        ge=120,
+        le=3600,
+        description=(
+            "windowSeconds is the recent window the request-rate trend is fitted over. "
+            "Default: 600."
+        ),
+    )
+
+
+class KedaSpec(Schema):
+    predictive_floor: PredictiveFloorSpec | None = Field(
+        default=None,
+        description=(
+            "predictiveFloor adds a second trigger that keeps the replicas the request rate "
+            "one horizon ahead needs: the larger of the least-squares trend over windowSeconds "
+            "(at most 4x the window's mean) and the rate now carried along yesterday's shape "
+            "(yesterday's rate one horizon later / yesterday's rate now); KEDA scales to the "
+            "larger of the two triggers, so the floor only ever adds replicas "
+            "(tpuserve_operator.predictive_floor is the same rule). Unset: no floor."
+        ),
+    )
+    polling_interval_seconds: int = Field(
+        default=15,
+        ge=5,
+        le=600,
+        description=(
+            "pollingIntervalSeconds is how often KEDA runs the trigger's Prometheus query "
+            "(the ScaledObject's pollingInterval). Default: 15."
+        ),
+    )
+
+
 class AutoscalingSpec(Schema):
     model_config = ConfigDict(
         json_schema_extra=rules(
             (
                 "self.minReplicas <= self.maxReplicas",
                 "autoscaling.minReplicas must be less than or equal to autoscaling.maxReplicas",
-            )
+            ),
+            ("!has(self.keda) || self.engine == 'keda'", KEDA_SETTINGS_MESSAGE),
+            (
+                "self.engine == 'keda' || !(self.metric in "
+                + "["
+                + ", ".join(f"'{m}'" for m in KEDA_METRICS)
+                + "])",
+                KEDA_ONLY_MESSAGE,
+            ),
+            ("self.engine != 'keda' || self.minReplicas >= 1", KEDA_ZERO_MESSAGE),
+            (
+                "self.metric != 'kvCacheUsage' || self.target <= 1.0",
+                "autoscaling.target of metric kvCacheUsage is a share of the KV pool; "
+                "allowed: more than 0 and at most 1",
+            ),
         )
+    )
+
+    engine: Literal["hpa", "keda"] = Field(
+        default="hpa",
+        description=(
+            "engine is the autoscaler: hpa (a HorizontalPodAutoscaler fed by the cluster's "
+            "metrics adapter, Prometheus Adapter) or keda (a KEDA ScaledObject whose "
+            "Prometheus trigger carries the query; needs KEDA's CRDs, keda.sh/v1alpha1). "
+            "Both scale the same scale subresource, so one at a time. Default: hpa."
+        ),
+    )
+    keda: KedaSpec | None = Field(
+        default=None,
+        description="keda holds KEDA's own settings (engine keda only). Unset: the defaults.",
+    )
+    prefill_tokens_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description=(
+            "prefillTokensPerSecond is one replica's peak prefill throughput (uncached prompt "
+            "tokens/s) that metric backlogSeconds divides the queued prefill tokens by. "
+            "Unset: the performance model's figure for the model and slice (the model must "
+            "be one it knows). Set it from a calibration run to override."
+        ),
     )
 
     min_replicas: int = Field(
@@ -659,14 +771,17 @@ class AutoscalingSpec(Schema):
         le=1024,
         description="maxReplicas is the most replicas (slices) the autoscaler may run.",
     )
-    metric: Literal["queue", "ttft", "tokensInFlight"] = Field(
+    metric: Literal["queue", "ttft", "tokensInFlight", "backlogSeconds", "kvCacheUsage"] = Field(
         default="queue",
         description=(
-            "metric drives scaling, read through the cluster's metrics adapter: queue "
-            "(requests waiting per replica: the engines' sglang:num_queue_reqs), "
-            "tokensInFlight (KV-cache tokens in use per chip: sglang:num_used_tokens) or ttft "
-            "(p90 time to first token over 5 minutes, seconds: the external metric "
-            "model:sglang_ttft_seconds:p90_5m of the served model). Default: queue."
+            "metric drives scaling: queue (requests waiting per replica: the engines' "
+            "sglang:num_queue_reqs), tokensInFlight (KV-cache tokens in use per chip: "
+            "sglang:num_used_tokens), ttft (p90 time to first token over 5 minutes: "
+            "model:sglang_ttft_seconds:p90_5m of the served model; with engine keda the "
+            "trigger scales on p90 / target, the SLO mode), and, engine keda only, "
+            "backlogSeconds (queued prefill tokens / the replica's peak prefill throughput, "
+            "prefillTokensPerSecond: seconds of prefill waiting per replica) or kvCacheUsage "
+            "(share of the KV pool in use per replica: sglang:token_usage). Default: queue."
         ),
     )
     target: float = Field(
@@ -674,7 +789,9 @@ class AutoscalingSpec(Schema):
         gt=0,
         description=(
             "target value of metric: waiting requests per replica (queue), tokens per chip "
-            "(tokensInFlight) or seconds (ttft). Default: 8."
+            "(tokensInFlight), seconds (ttft: the p90 TTFT SLO; backlogSeconds: seconds of "
+            "prefill backlog per replica, e.g. half the TTFT SLO) or a share 0-1 "
+            "(kvCacheUsage). Default: 8."
         ),
     )
     scale_to_zero: ScaleToZeroSpec = section(
@@ -940,9 +1057,10 @@ class TPUModelServerSpec(Schema):
     autoscaling: AutoscalingSpec | None = Field(
         default=None,
         description=(
-            "autoscaling makes the operator create a HorizontalPodAutoscaler that scales this "
-            "server's replicas (whole slices) through its scale subresource. It then owns "
-            "spec.replicas: leave replicas out of applied manifests. Unset: no autoscaler."
+            "autoscaling makes the operator create a HorizontalPodAutoscaler (engine hpa) or a "
+            "KEDA ScaledObject (engine keda) that scales this server's replicas (whole slices) "
+            "through its scale subresource. It then owns spec.replicas: leave replicas out of "
+            "applied manifests. Unset: no autoscaler."
         ),
     )
     rollout: RolloutSpec = section(

@@ -78,11 +78,17 @@ AUTOSCALING_MESSAGE: Final = (
     "is not allowed with spec.disaggregation (one scale subresource cannot count two roles); "
     "allowed: spec.disaggregation.prefill.autoscaling and spec.disaggregation.decode.autoscaling"
 )
-ROLE_METRICS: Final = {PREFILL: ("queue", "ttft"), DECODE: ("queue", "tokensInFlight")}
+ROLE_METRICS: Final = {
+    PREFILL: ("queue", "ttft", "backlogSeconds"),
+    DECODE: ("queue", "tokensInFlight", "kvCacheUsage"),
+}
 """The autoscaling metrics that measure each role's load (`autoscaling.metric` values)."""
 ROLE_METRIC_WHY: Final = {
     PREFILL: "a prefill engine frees a prompt's KV once it is sent, so KV in use is not its load",
-    DECODE: "a decode engine's time to first token is the prefill's and the KV transfer's",
+    DECODE: (
+        "a decode engine's time to first token and prefill backlog are the prefill role's and "
+        "the KV transfer's"
+    ),
 }
 ROLE_METRIC_MESSAGE: Final = (
     "{value} is not allowed for the {role} role ({why}); allowed: {allowed}"

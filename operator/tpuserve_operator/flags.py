@@ -117,4 +117,10 @@ RENDER_FLAGS: tuple[Flag, ...] = (
         "reach its routers' peer port; none: render none (default: %(default)s).",
         choices=("engines", "none"),
     ),
+    Flag(
+        "--keda-prometheus-url",
+        "keda_prometheus_url",
+        "Prometheus that KEDA ScaledObjects' triggers query (autoscaling.engine keda; "
+        "default: %(default)s).",
+    ),
 )

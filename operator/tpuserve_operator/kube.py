@@ -70,6 +70,7 @@ KINDS: dict[tuple[str, str], Kind] = {
         Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
         Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
         Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+        Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
         Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
         Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
         Kind("coordination.k8s.io/v1", "Lease", "leases"),

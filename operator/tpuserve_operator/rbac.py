@@ -106,6 +106,13 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         "one HorizontalPodAutoscaler per server that sets spec.autoscaling",
     ),
     Rule(
+        "keda.sh",
+        ("scaledobjects",),
+        MANAGE,
+        "one KEDA ScaledObject per server (or role) whose autoscaling.engine is keda (when "
+        "KEDA's CRDs are installed)",
+    ),
+    Rule(
         "rbac.authorization.k8s.io",
         ("roles", "rolebindings"),
         MANAGE,

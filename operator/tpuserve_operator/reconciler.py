@@ -70,6 +70,7 @@ from tpuserve_operator.render import (
     render,
     validate_server,
 )
+from tpuserve_operator.render.autoscaler import KEDA_API_VERSION, KEDA_KIND, KEDA_PLURAL
 from tpuserve_operator.render.demand import demand_lease_name, scales_to_zero
 from tpuserve_operator.render.inference_pool import GROUP_VERSION as INFERENCE_GROUP_VERSION
 from tpuserve_operator.render.inference_pool import KIND as INFERENCE_POOL
@@ -103,6 +104,7 @@ CHILD_KINDS = (
     ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    (KEDA_API_VERSION, KEDA_KIND),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("coordination.k8s.io/v1", "Lease"),
@@ -615,6 +617,7 @@ class Reconciler:
             config.prometheus_operator,
             config.inference_pool,
             config.role_scales,
+            config.keda,
             scaled,
         )
         if state.rendering is not None and state.rendering[0] == marker:
@@ -703,12 +706,14 @@ class Reconciler:
         monitoring = await self.kube.has_group_version(MONITORING_GROUP_VERSION)
         pools = await self.kube.has_group_version(INFERENCE_GROUP_VERSION)
         role_scales = await self.kube.has_resource(labels.API_VERSION, labels.ROLE_PLURAL)
+        keda = await self.kube.has_resource(KEDA_API_VERSION, KEDA_PLURAL)
         return dataclasses.replace(
             self.settings.render,
             leaderworkerset=lws,
             prometheus_operator=monitoring,
             inference_pool=pools,
             role_scales=role_scales,
+            keda=keda,
         )
 
     @staticmethod

@@ -51,6 +51,13 @@ OPTIONS: tuple[Flag, ...] = (
         "Extension's CRDs are installed (default: a server asking for one is invalid).",
         switch=True,
     ),
+    Flag(
+        "--keda",
+        "keda",
+        "Render KEDA ScaledObjects (autoscaling.engine keda), as when KEDA's CRDs are "
+        "installed (default: a server asking for one is invalid).",
+        switch=True,
+    ),
     *RENDER_FLAGS,
 )
 

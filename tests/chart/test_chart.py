@@ -320,3 +320,19 @@ def test_schema_knows_exactly_the_catalog_generations() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     enum = schema["properties"]["pricing"]["items"]["properties"]["generation"]["enum"]
     assert enum == generation_names()
+
+
+def test_keda_prometheus_url_reaches_the_operator_and_it_may_manage_scaled_objects(
+    render: Render, tmp_path: Path
+) -> None:
+    values = tmp_path / "keda.yaml"
+    values.write_text(yaml.safe_dump({"keda": {"prometheusUrl": "http://prom.obs:9090"}}))
+    objects = render([values])
+    assert "--keda-prometheus-url=http://prom.obs:9090" in operator_args(objects)
+    (role,) = [
+        r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"].endswith("-operator")
+    ]
+    (keda,) = [rule for rule in role["rules"] if rule["apiGroups"] == ["keda.sh"]]
+    assert keda["resources"] == ["scaledobjects"]  # not ScaledJobs nor TriggerAuthentications
+    default = operator_args(render())
+    assert "--keda-prometheus-url=http://prometheus-operated.monitoring.svc:9090" in default

@@ -817,17 +817,26 @@ class FleetSim:
         self.load[e.i] = self.wait[e.i] = self.wtok[e.i] = 0
         self._set_state(e, OFF)
 
+    def desired_replicas(self, current: int) -> int:
+        """The autoscaler's desired replica count before the min/max bounds: the HPA's rule on
+        ``tokensInFlight``. `tpuserve.bench.autoscaling` overrides it with other rules."""
+        serving = [e for e in self.engines if e.state == READY]
+        if not serving:
+            return current
+        metric = sum(e.reserved for e in serving) / (len(serving) * self.chips)
+        ratio = metric / self.config.target_tokens_per_chip
+        return current if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(current * ratio)
+
+    def record_outcome(self, arrival: float, good: bool) -> None:
+        """Called once per counted request as it ends (``good``: within the SLO; a failed
+        request is not good). A hook for `tpuserve.bench.autoscaling`; nothing here."""
+
     def _autoscale(self) -> None:
         c = self.config
         live = [e for e in self.engines if e.state in (STARTING, READY, NOTICED)]
         serving = [e for e in live if e.state == READY]
         current = len(live)
-        if serving:
-            metric = sum(e.reserved for e in serving) / (len(serving) * self.chips)
-            ratio = metric / c.target_tokens_per_chip
-            desired = current if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(current * ratio)
-        else:
-            desired = current
+        desired = self.desired_replicas(current)
         desired = max(max(1, c.min_replicas), min(c.replicas, desired))
         now = self.now
         self.desired_history.append((now, desired))
@@ -1377,14 +1386,17 @@ class FleetSim:
         res.cached_tokens += req.cached
         res.ttft.append(ttft)
         res.itl.append(itl)
-        if ttft <= c.slo_ttft_seconds and itl <= c.slo_itl_seconds:
+        good = ttft <= c.slo_ttft_seconds and itl <= c.slo_itl_seconds
+        if good:
             res.good_requests += 1
             res.good_input_tokens += req.prompt
             res.good_output_tokens += req.output
+        self.record_outcome(req.arrival, good)
 
     def _record_failure(self, req: _Request) -> None:
         if req.arrival >= self.config.warmup_seconds:
             self.result.failed += 1
+            self.record_outcome(req.arrival, False)
 
 
 def _percentile(ordered: list[float], q: float) -> float | None:

@@ -45,6 +45,12 @@ _ENV_KEYS = (
 )
 
 
+KEDA_VERSION = "v2.20.2"
+"""KEDA's module, read for its CRDs only (`Toolchain.keda_crds`); TPUSERVE_KEDA_VERSION overrides
+it. v2.21 needs go >= 1.27.4, newer than the toolchain's, and `go mod download` refuses it."""
+KEDA_MODULE = "github.com/kedacore/keda/v2"
+
+
 class ToolchainMissing(RuntimeError):
     """A binary or data file the local control plane needs is not there."""
 
@@ -115,6 +121,13 @@ class Toolchain:
         crd_dir = module / "example" / "prometheus-operator-crd"
         kinds = ("podmonitors", "servicemonitors", "prometheusrules")
         return [crd_dir / f"monitoring.coreos.com_{kind}.yaml" for kind in kinds]
+
+    @staticmethod
+    def keda_crds() -> list[Path]:
+        """KEDA's ScaledObject CRD (the one the operator renders), from KEDA's module."""
+        version = os.environ.get("TPUSERVE_KEDA_VERSION") or KEDA_VERSION
+        module = go_module_dir(KEDA_MODULE, version)
+        return [module / "config" / "crd" / "bases" / "keda.sh_scaledobjects.yaml"]
 
 
 def _tool_paths_env(environ: Mapping[str, str]) -> dict[str, str]:

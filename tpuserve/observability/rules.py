@@ -362,6 +362,49 @@ def latency_rules() -> Group:
     return Group("tpuserve.latency", tuple(rules))
 
 
+def autoscaling_rules() -> Group:
+    """The series KEDA's triggers read (`tpuserve_operator.render.autoscaler`): queued prefill
+    tokens for backlogSeconds (SGLang counts waiting requests, not their tokens, so each
+    waiting request is taken at the server's mean uncached prompt over 5 minutes; the trigger
+    divides by the replica's peak prefill throughput, a per-server figure) and KV-pool
+    occupancy for kvCacheUsage. `engine_type` is kept so a prefill role's trigger reads its own
+    engines."""
+    by = f"{POD}, engine_type"
+    prompt, cached, requests = sg.PROMPT_TOKENS.name, sg.CACHED_TOKENS.name, sg.NUM_REQUESTS.name
+    rules: list[Recording | Alert] = [
+        Recording(
+            "pod:sglang_uncached_prompt_tokens_per_request:ratio_rate5m",
+            f"(sum by ({by}) ({_rate(prompt, '5m')}) - sum by ({by}) ({_rate(cached, '5m')}))\n"
+            f"  / (sum by ({by}) ({_rate(requests, '5m')}) > 0)",
+            "Mean prompt tokens per finished request that the prefix cache did not serve "
+            "(prefill work per request), over 5 minutes.",
+        ),
+        Recording(
+            "pod:sglang_queued_prefill_tokens:estimate",
+            f"sum by ({by}) ({sg.NUM_QUEUE_REQS.name}{{{RANK0}}})\n"
+            "  * pod:sglang_uncached_prompt_tokens_per_request:ratio_rate5m",
+            "Prefill tokens waiting on a model server: waiting requests x mean uncached prompt "
+            "tokens per request (KEDA's backlogSeconds divides it by the replica's throughput).",
+        ),
+        Recording(
+            "model:sglang_queued_prefill_tokens:sum",
+            "sum by (model_name) (pod:sglang_queued_prefill_tokens:estimate)",
+            "Prefill tokens waiting per model.",
+        ),
+        Recording(
+            "pod:sglang_kv_usage:ratio",
+            f"max by ({by}) ({sg.TOKEN_USAGE.name}{{{RANK0}}})",
+            "Share of a model server's KV pool in use (KEDA's kvCacheUsage).",
+        ),
+        Recording(
+            "model:sglang_kv_usage:avg",
+            "avg by (model_name) (pod:sglang_kv_usage:ratio)",
+            "Mean share of the KV pool in use over a model's servers.",
+        ),
+    ]
+    return Group("tpuserve.autoscaling", tuple(rules))
+
+
 def _burn(window: str, rate: float) -> str:
     return (
         f"(1 - model:sglang_ttft_good:ratio_rate{window}) > {rate} * {round(1 - SLO_OBJECTIVE, 6)}"
@@ -539,6 +582,7 @@ def groups() -> tuple[Group, ...]:
         token_rules(),
         chip_and_cost_rules(),
         latency_rules(),
+        autoscaling_rules(),
         sglang_alerts(),
         router_alerts(),
         operator_alerts(),

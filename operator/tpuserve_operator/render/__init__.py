@@ -16,7 +16,7 @@ from tpuserve_operator import disaggregation, labels
 from tpuserve_operator.api import PlanStatus
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render import roles
-from tpuserve_operator.render.autoscaler import autoscaler
+from tpuserve_operator.render.autoscaler import autoscaler, autoscaler_problems
 from tpuserve_operator.render.context import (
     Manifest,
     RenderConfig,
@@ -153,6 +153,7 @@ def validate_server(
         checked.inference_pool, checked.router.enabled, config, checked.disaggregation is not None
     )
     problems += roles.role_scale_problems(valid.spec, config)
+    problems += autoscaler_problems(valid.spec, config)
     if problems:
         raise InvalidSpec(problems)
     annotations = meta.get("annotations") or {}

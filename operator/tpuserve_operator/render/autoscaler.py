@@ -24,17 +24,43 @@ role's TPUModelServerRole (`render.roles.role_scales`), whose scale selector is 
 leaders, so `queue` and `tokensInFlight` average over that role's leaders (tokensInFlight per
 chip of the role's slice); `ttft` (prefill only) reads `model_role:sglang_ttft_seconds:p90_5m`
 of the served model's `engine_type="prefill"` engines.
+
+With `autoscaling.engine: keda` the same target gets a KEDA `ScaledObject` (keda.sh/v1alpha1)
+instead: KEDA's operator turns it into an HPA of its own (`keda-hpa-<name>`) fed by KEDA's
+metrics server, so no metrics adapter is involved, and the trigger is a Prometheus query
+rendered here (`keda_query`, against the chart's recording rules, `RenderConfig.
+keda_prometheus_url`). Two more metrics are KEDA's only:
+
+- `backlogSeconds`: queued prefill tokens (`pod:sglang_queued_prefill_tokens:estimate`:
+  waiting requests x uncached prompt tokens per request over 5 minutes) divided by one
+  replica's peak prefill throughput, `autoscaling.prefillTokensPerSecond` or, unset, the
+  performance model's figure for the model and slice
+  (`sglang_tpu.perf_model.peak_prefill_tokens_per_second`, computed here at render time and
+  written on the ScaledObject's annotations with where it came from), against `target`
+  seconds per replica (KEDA's AverageValue: replicas = ceil(backlog seconds / target));
+- `kvCacheUsage`: the share of each replica's KV pool in use (`sglang:token_usage`), summed
+  over the replicas against `target` per replica.
+
+`ttft` under KEDA is the SLO mode: p90 TTFT / target (the SLO), threshold 1, metricType
+Value (replicas = ceil(current x ratio)). Scale-up and scale-down behaviour is the HPA's
+above (`advanced.horizontalPodAutoscalerConfig.behavior`); KEDA keeps at least one replica
+(`minReplicas` 0 is refused with KEDA: the operator owns 0 <-> 1).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from sglang_tpu import disaggregation as pd
-from sglang_tpu import metric_names
-from sglang_tpu.topology import lookup
+from sglang_tpu import metric_names, perf_model
+from sglang_tpu.topology import SliceShape, lookup
 from tpuserve_operator import disaggregation, labels
-from tpuserve_operator.api import AutoscalingSpec
-from tpuserve_operator.render.context import Manifest, Server
+from tpuserve_operator.api import AutoscalingSpec, PredictiveFloorSpec, TPUModelServerSpec
+from tpuserve_operator.errors import Problem
+from tpuserve_operator.render.context import Manifest, RenderConfig, Server
 from tpuserve_operator.render.roles import role_scale_name
+from tpuserve_operator.validation import model_id
 
 QUEUE_METRIC = metric_names.NUM_QUEUE_REQS.name
 TOKENS_IN_FLIGHT_METRIC = metric_names.NUM_USED_TOKENS.name
@@ -43,6 +69,91 @@ TTFT_METRIC = "model:sglang_ttft_seconds:p90_5m"
 ROLE_TTFT_METRIC = "model_role:sglang_ttft_seconds:p90_5m"
 """The same per engine role (SGLang's engine_type label), for a prefill role's HPA."""
 ENGINE_TYPE = "engine_type"
+QUEUED_PREFILL_TOKENS = "pod:sglang_queued_prefill_tokens:estimate"
+KV_USAGE = "pod:sglang_kv_usage:ratio"
+"""Recording rules of the chart (tpuserve.observability.rules `autoscaling_rules`)."""
+KEDA_API_VERSION = "keda.sh/v1alpha1"
+KEDA_KIND = "ScaledObject"
+KEDA_PLURAL = "scaledobjects"
+PREFILL_THROUGHPUT_ANNOTATION = f"{labels.GROUP}/prefill-tokens-per-second"
+PREFILL_SOURCE_ANNOTATION = f"{labels.GROUP}/prefill-tokens-per-second-source"
+NO_KEDA_CRD = (
+    f"keda needs KEDA's {KEDA_KIND} API ({KEDA_PLURAL}.keda.sh), which this cluster does not "
+    "serve; allowed: KEDA installed (docs/operator.md, Autoscaling with KEDA), or engine hpa"
+)
+NO_THROUGHPUT = (
+    "backlogSeconds needs one replica's peak prefill throughput, and the performance model "
+    "does not know {model!r}; allowed: autoscaling.prefillTokensPerSecond set (from a "
+    "calibration run), or a model the performance model knows"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """One replica's peak prefill throughput and where the figure came from."""
+
+    tokens_per_second: float
+    source: str
+
+
+def prefill_throughput(
+    spec: TPUModelServerSpec, autoscaling: AutoscalingSpec, shape: SliceShape
+) -> Throughput | None:
+    """`autoscaling.prefillTokensPerSecond`, else the performance model's figure for the
+    served model on ``shape``; None when neither is known."""
+    if autoscaling.prefill_tokens_per_second is not None:
+        given = autoscaling.prefill_tokens_per_second
+        return Throughput(given, "autoscaling.prefillTokensPerSecond")
+    profile = perf_model.lookup_hf_model(model_id(spec.model.source))
+    if profile is None:
+        return None
+    quantization, kv_dtype = spec.model.quantization, spec.engine.kv_cache_dtype
+    try:
+        value = perf_model.peak_prefill_tokens_per_second(shape, profile, quantization, kv_dtype)
+    except ValueError:  # a quantization or KV dtype the performance model does not cover
+        return None
+    return Throughput(
+        round(value),
+        f"sglang_tpu.perf_model.peak_prefill_tokens_per_second: {profile.name} {quantization} "
+        f"on {shape.generation.name} {shape.topology} ({shape.chips} chips), "
+        f"{perf_model.BACKLOG_CHUNK_TOKENS}-token prefill steps of "
+        f"{perf_model.BACKLOG_PROMPT_TOKENS}-token prompts",
+    )
+
+
+Scaled = tuple[str, AutoscalingSpec, SliceShape, str | None]
+
+
+def _scaled(spec: TPUModelServerSpec) -> list[Scaled]:
+    """(field, autoscaling, slice, role) of every autoscaler the spec asks for."""
+    if spec.disaggregation is None:
+        if spec.autoscaling is None:
+            return []
+        shape = lookup(spec.tpu.generation, spec.tpu.topology)
+        return [("spec.autoscaling", spec.autoscaling, shape, None)]
+    out: list[Scaled] = []
+    for role in disaggregation.autoscaled_roles(spec):
+        part = disaggregation.role_of(spec, role)
+        assert part.autoscaling is not None
+        tpu = part.tpu or spec.tpu
+        shape = lookup(tpu.generation, tpu.topology)
+        out.append((f"spec.disaggregation.{role}.autoscaling", part.autoscaling, shape, role))
+    return out
+
+
+def autoscaler_problems(spec: TPUModelServerSpec, config: RenderConfig) -> list[Problem]:
+    """KEDA chosen on a cluster without its CRDs (the ScaledObject would have no API), and
+    backlogSeconds with no throughput to divide by."""
+    problems = []
+    for field, autoscaling, shape, _ in _scaled(spec):
+        if autoscaling.engine == "keda" and not config.keda:
+            problems.append(Problem(f"{field}.engine", NO_KEDA_CRD))
+        if autoscaling.metric == "backlogSeconds" and (
+            prefill_throughput(spec, autoscaling, shape) is None
+        ):
+            model = model_id(spec.model.source)
+            problems.append(Problem(f"{field}.metric", NO_THROUGHPUT.format(model=model)))
+    return problems
 
 
 def quantity(value: float) -> str:
@@ -86,23 +197,158 @@ def _metric(server: Server, spec: AutoscalingSpec, chips: int, role: str | None)
 
 
 def autoscaler(server: Server) -> list[Manifest]:
-    """The server's HPA (or, disaggregated, each autoscaled role's); none when unset."""
-    spec = server.valid.spec
-    if spec.disaggregation is not None:
-        out = []
-        for role in disaggregation.autoscaled_roles(spec):
-            part = disaggregation.role_of(spec, role)
-            assert part.autoscaling is not None
-            tpu = part.tpu or spec.tpu
-            chips = lookup(tpu.generation, tpu.topology).chips
+    """The server's HPA or ScaledObject (or, disaggregated, each autoscaled role's); none
+    when unset."""
+    out = []
+    for _, autoscaling, shape, role in _scaled(server.valid.spec):
+        if role is None:
+            name, target = server.name, (labels.KIND, server.name)
+        else:
             name = role_scale_name(server.name, role)
             target = (labels.ROLE_KIND, name)
-            out.append(_hpa(server, name, target, part.autoscaling, chips, role))
-        return out
-    if spec.autoscaling is None:
-        return []
-    target = (labels.KIND, server.name)
-    return [_hpa(server, server.name, target, spec.autoscaling, server.valid.shape.chips, None)]
+        if autoscaling.engine == "keda":
+            out.append(_scaled_object(server, name, target, autoscaling, shape, role))
+        else:
+            out.append(_hpa(server, name, target, autoscaling, shape.chips, role))
+    return out
+
+
+def _behavior(spec: AutoscalingSpec) -> Manifest:
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "selectPolicy": "Max",
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": spec.scale_down_stabilization_seconds,
+            "selectPolicy": "Max",
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
+        },
+    }
+
+
+def _selector(server: Server, role: str | None) -> str:
+    """The PromQL label matchers of the server's (or role's) engines."""
+    pairs = [("namespace", server.namespace), ("model_name", server.valid.served_name)]
+    if role is not None:
+        pairs.append((ENGINE_TYPE, role))
+    return ", ".join(f'{k}="{_promql_escape(v)}"' for k, v in pairs)
+
+
+def _promql_escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+@dataclass(frozen=True, slots=True)
+class KedaTrigger:
+    """One Prometheus trigger: its name, query, threshold and KEDA metric type."""
+
+    name: str
+    query: str
+    threshold: float
+    metric_type: str  # AverageValue: replicas = ceil(value / threshold); Value: x current
+    throughput: Throughput | None = None
+
+
+def keda_trigger(
+    server: Server, spec: AutoscalingSpec, shape: SliceShape, role: str | None
+) -> KedaTrigger:
+    """The trigger for ``spec.metric``; every query sums over the server's (role's) engines."""
+    sel = _selector(server, role)
+    rank0 = 'tp_rank="0", pp_rank="0"'
+    if spec.metric == "queue":
+        query = f"sum({QUEUE_METRIC}{{{sel}, {rank0}}})"
+        return KedaTrigger("queue", query, spec.target, "AverageValue")
+    if spec.metric == "tokensInFlight":
+        query = f"sum({TOKENS_IN_FLIGHT_METRIC}{{{sel}, {rank0}}})"
+        return KedaTrigger("tokens-in-flight", query, spec.target * shape.chips, "AverageValue")
+    if spec.metric == "kvCacheUsage":
+        return KedaTrigger("kv-cache-usage", f"sum({KV_USAGE}{{{sel}}})", spec.target,
+                           "AverageValue")  # fmt: skip
+    if spec.metric == "backlogSeconds":
+        throughput = prefill_throughput(server.valid.spec, spec, shape)
+        assert throughput is not None  # autoscaler_problems refused the spec otherwise
+        tps = quantity(throughput.tokens_per_second)
+        query = f"sum({QUEUED_PREFILL_TOKENS}{{{sel}}}) / {tps}"
+        return KedaTrigger("backlog-seconds", query, spec.target, "AverageValue", throughput)
+    ttft = TTFT_METRIC if role is None else ROLE_TTFT_METRIC
+    ttft_sel = f'model_name="{_promql_escape(server.valid.served_name)}"'
+    if role is not None:
+        ttft_sel += f', {ENGINE_TYPE}="{role}"'
+    query = f"max({ttft}{{{ttft_sel}}}) / {quantity(spec.target)}"
+    return KedaTrigger("ttft-slo", query, 1.0, "Value")
+
+
+FLOOR_MAX_GROWTH = 4
+"""The trend's forecast is at most this many times the window's mean rate (AIBrix's clamp;
+`tpuserve_operator.predictive_floor.FloorParams.max_growth`)."""
+DAY_SECONDS = 86_400
+
+
+def floor_trigger(server: Server, floor: PredictiveFloorSpec, role: str | None) -> KedaTrigger:
+    """`autoscaling.keda.predictiveFloor` as a Prometheus trigger: the request rate one horizon
+    ahead (`tpuserve_operator.predictive_floor`'s rule in PromQL, yesterday's measured rate as
+    the daily shape) against requestsPerReplica."""
+    sel = _selector(server, role)
+    h, w = floor.horizon_seconds, floor.window_seconds
+    requests = metric_names.NUM_REQUESTS.name
+    window = f"(sum(rate({requests}{{{sel}}}[1m])))[{w}s:30s]"
+    ahead = f"predict_linear({window}, {h})"
+    cap = f"({FLOOR_MAX_GROWTH} * avg_over_time({window}))"
+    # the lesser of two one-element vectors: PromQL's clamp_max takes a scalar bound only
+    trend = f"clamp_min((({ahead} <= {cap}) or {cap}), 0)"
+    level = f"clamp_min(predict_linear({window}, 0), 0)"
+    later = f"sum(rate({requests}{{{sel}}}[5m] offset {DAY_SECONDS - h}s))"
+    same = f"sum(rate({requests}{{{sel}}}[5m] offset {DAY_SECONDS}s))"
+    shaped = f"({level} * {later} / ({same} > 0))"
+    query = f"(({trend} >= {shaped}) or {shaped}) or {trend}"
+    return KedaTrigger("predictive-floor", query, floor.requests_per_replica, "AverageValue")
+
+
+def _scaled_object(
+    server: Server, name: str, target: tuple[str, str], spec: AutoscalingSpec,
+    shape: SliceShape, role: str | None,
+) -> Manifest:  # fmt: skip
+    extra = {} if role is None else {pd.PD_ROLE_LABEL: role}
+    trigger = keda_trigger(server, spec, shape, role)
+    annotations = {}
+    if trigger.throughput is not None:
+        annotations = {
+            PREFILL_THROUGHPUT_ANNOTATION: quantity(trigger.throughput.tokens_per_second),
+            PREFILL_SOURCE_ANNOTATION: trigger.throughput.source,
+        }
+    keda = spec.keda
+    polling = keda.polling_interval_seconds if keda is not None else 15
+    triggers = [trigger]
+    if keda is not None and keda.predictive_floor is not None:
+        triggers.append(floor_trigger(server, keda.predictive_floor, role))
+    body: dict[str, Any] = {
+        "scaleTargetRef": {"apiVersion": labels.API_VERSION, "kind": target[0], "name": target[1]},
+        "pollingInterval": polling,
+        "minReplicaCount": spec.min_replicas,
+        "maxReplicaCount": spec.max_replicas,
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(spec)}},
+        "triggers": [
+            {
+                "type": "prometheus",
+                "name": t.name,
+                "metricType": t.metric_type,
+                "metadata": {
+                    "serverAddress": server.config.keda_prometheus_url,
+                    "query": t.query,
+                    "threshold": quantity(t.threshold),
+                },
+            }
+            for t in triggers
+        ],
+    }
+    return {
+        "apiVersion": KEDA_API_VERSION,
+        "kind": KEDA_KIND,
+        "metadata": server.metadata(name, labels.COMPONENT_MODEL_SERVER, extra, annotations),
+        "spec": body,
+    }
 
 
 def _hpa(
@@ -125,17 +371,6 @@ def _hpa(
             "minReplicas": max(1, spec.min_replicas),
             "maxReplicas": spec.max_replicas,
             "metrics": [_metric(server, spec, chips, role)],
-            "behavior": {
-                "scaleUp": {
-                    "stabilizationWindowSeconds": 0,
-                    "selectPolicy": "Max",
-                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
-                },
-                "scaleDown": {
-                    "stabilizationWindowSeconds": spec.scale_down_stabilization_seconds,
-                    "selectPolicy": "Max",
-                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
-                },
-            },
+            "behavior": _behavior(spec),
         },
     }

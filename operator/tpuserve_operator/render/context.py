@@ -16,6 +16,8 @@ from tpuserve_operator.validation import ValidSpec
 
 DEFAULT_IMAGE = f"ghcr.io/tpuserve/tpuserve:{tpuserve_version()}"
 DEFAULT_ENGINE_IMAGE = f"ghcr.io/tpuserve/tpuserve-tpu:{tpuserve_version()}"
+# prometheus-operator names the Service of every Prometheus it runs `prometheus-operated`.
+DEFAULT_KEDA_PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"
 
 ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 9000
@@ -80,6 +82,10 @@ class RenderConfig:
     prometheus_operator: bool = False
     inference_pool: bool = False  # the InferencePool CRD (render/inference_pool.py)
     role_scales: bool = True  # the TPUModelServerRole CRD (per-role autoscaling, render/roles.py)
+    keda: bool = False  # KEDA's ScaledObject CRD (autoscaling.engine keda, render/autoscaler.py)
+    # The Prometheus KEDA's triggers query (the one that scrapes the engines and runs the
+    # chart's recording rules).
+    keda_prometheus_url: str = DEFAULT_KEDA_PROMETHEUS_URL
 
 
 @dataclass(frozen=True, slots=True)

@@ -528,6 +528,71 @@ def role_test() -> dict[str, Any]:
     }
 
 
+# Autoscaling fixture: `busy-0` finishes 15 requests a step with 4500 prompt tokens, 1500 of
+# them cached (200 uncached per request), and has 4 waiting (a TP rank-1 copy of the gauge must
+# not count); `new-0` has 2 waiting but has finished nothing in 5 minutes (no estimate, not 0).
+AUTOSCALING_PODS = {
+    "busy-0": {"model_name": "chat", "tpu_generation": "v6e", "tpu_topology": "2x2"},
+    "new-0": {"model_name": "chat", "tpu_generation": "v6e", "tpu_topology": "2x2"},
+}
+AUTOSCALING_STEPS = {"busy-0": (4500, 1500, 15, 4, 0.25), "new-0": (0, 0, 0, 2, 0.5)}
+
+
+def autoscaling_test() -> dict[str, Any]:
+    """The series KEDA's backlogSeconds and kvCacheUsage triggers read."""
+    series: list[dict[str, str]] = []
+    for pod, (prompt, cached, requests, waiting, usage) in AUTOSCALING_STEPS.items():
+        target = {"namespace": NS, "pod": pod, **AUTOSCALING_PODS[pod]}
+        for spec, per_step in (
+            (sg.PROMPT_TOKENS, prompt), (sg.CACHED_TOKENS, cached), (sg.NUM_REQUESTS, requests)
+        ):  # fmt: skip
+            series.append(_series(spec.name, _engine(spec, target), f"0+{per_step}x{STEPS}"))
+        for rank, scale in (("0", 1), ("1", 3)):
+            for spec, value in ((sg.NUM_QUEUE_REQS, waiting), (sg.TOKEN_USAGE, usage)):
+                labels = _engine(spec, target, tp_rank=rank)
+                series.append(_series(spec.name, labels, f"{value * scale}+0x{STEPS}"))
+    busy = {"namespace": NS, "pod": "busy-0", **AUTOSCALING_PODS["busy-0"],
+            "engine_type": "unified"}  # fmt: skip
+    per_request = (_rate(4500, 300) - _rate(1500, 300)) / _rate(15, 300)
+    queued = 4 * per_request
+    kv = [{**busy, "pod": pod} for pod in AUTOSCALING_STEPS]
+    cases = [
+        _expect(
+            "pod:sglang_uncached_prompt_tokens_per_request:ratio_rate5m",
+            [
+                _sample(
+                    "pod:sglang_uncached_prompt_tokens_per_request:ratio_rate5m", busy, per_request
+                )
+            ],
+        ),
+        _expect(
+            "pod:sglang_queued_prefill_tokens:estimate",
+            [_sample("pod:sglang_queued_prefill_tokens:estimate", busy, queued)],
+        ),
+        _expect(
+            "model:sglang_queued_prefill_tokens:sum",
+            [_sample("model:sglang_queued_prefill_tokens:sum", {"model_name": "chat"}, queued)],
+        ),
+        _expect(
+            "pod:sglang_kv_usage:ratio",
+            [
+                _sample("pod:sglang_kv_usage:ratio", kv[0], 0.25),
+                _sample("pod:sglang_kv_usage:ratio", kv[1], 0.5),
+            ],
+        ),
+        _expect(
+            "model:sglang_kv_usage:avg",
+            [_sample("model:sglang_kv_usage:avg", {"model_name": "chat"}, 0.375)],
+        ),
+    ]
+    return {
+        "name": "autoscaling: queued prefill tokens and KV occupancy (KEDA's triggers)",
+        "interval": f"{STEP_SECONDS}s",
+        "input_series": series,
+        "promql_expr_test": cases,
+    }
+
+
 def _alert(name: str, labels: dict[str, str]) -> dict[str, Any]:
     alert = next(a for a in rules.alerts() if a.alert == name)
     annotations = {"summary": alert.summary, "description": alert.description}
@@ -824,6 +889,7 @@ def promtool_test_file(values_path: Path = VALUES) -> dict[str, Any]:
                 "promql_expr_test": token_tests() + chip_tests(prices) + latency_tests(),
             },
             role_test(),
+            autoscaling_test(),
             *alert_tests(),
         ],
     }

@@ -235,10 +235,10 @@ def test_each_role_autoscales_by_a_metric_of_its_own_load_and_never_to_zero(
     found = problems(spec)
     message, _ = found["spec.disaggregation.prefill.autoscaling.metric"]
     assert message.startswith("'tokensInFlight' is not allowed for the prefill role (")
-    assert message.endswith("allowed: queue, ttft")
+    assert message.endswith("allowed: queue, ttft, backlogSeconds")
     message, _ = found["spec.disaggregation.decode.autoscaling.metric"]
     assert message.startswith("'ttft' is not allowed for the decode role (")
-    assert message.endswith("allowed: queue, tokensInFlight")
+    assert message.endswith("allowed: queue, tokensInFlight, kvCacheUsage")
     message, _ = found["spec.disaggregation.decode.autoscaling.minReplicas"]
     assert message.startswith("0 is not allowed with spec.disaggregation")
     assert message.endswith("allowed: 1 to maxReplicas")

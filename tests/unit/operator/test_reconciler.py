@@ -563,6 +563,30 @@ async def test_an_autoscaled_role_without_the_role_crd_is_invalid_naming_the_fie
     assert operator.kube.names(labels.ROLE_KIND) == ["qwen-decode"]
 
 
+KEDA_SCALED = {
+    **ONE_HOST,
+    "autoscaling": {"engine": "keda", "maxReplicas": 4, "metric": "backlogSeconds", "target": 1},
+}
+
+
+async def test_keda_without_its_crds_is_invalid_naming_the_field_until_they_are_applied(
+    operator: Operator,
+) -> None:
+    operator.kube.resources.discard(("keda.sh/v1alpha1", "scaledobjects"))
+    key = operator.create(KEDA_SCALED)
+    await operator.converge(key)
+    assert operator.conditions(key)["Valid"][0] == "False"
+    _, _, message = operator.events[-1]
+    assert "spec.autoscaling.engine: keda needs KEDA's ScaledObject API" in message
+    assert operator.kube.names("ScaledObject") == []
+    # KEDA installed: the next pass sees it, with no change to the server
+    operator.kube.resources.add(("keda.sh/v1alpha1", "scaledobjects"))
+    await operator.converge(key)
+    assert operator.conditions(key)["Valid"] == ("True", "SpecValid")
+    assert operator.kube.names("ScaledObject") == ["qwen"]
+    assert operator.kube.names("HorizontalPodAutoscaler") == []
+
+
 async def test_a_role_scale_object_is_seeded_then_its_count_is_the_roles(
     operator: Operator,
 ) -> None:

@@ -207,4 +207,63 @@ def build() -> Dashboard:
                 max_value=1,
             )
         )
+        .with_row(Row("Autoscaling signals"))
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Queued prefill tokens per replica",
+                "Waiting requests x mean uncached prompt tokens per request over 5 minutes: "
+                "what KEDA's backlogSeconds trigger divides by the replica's peak prefill "
+                "throughput (the ScaledObject's tpuserve.dev/prefill-tokens-per-second).",
+                "short",
+                target(f"pod:sglang_queued_prefill_tokens:estimate{m}", "{{pod}}"),
+                target(f"model:sglang_queued_prefill_tokens:sum{m}", "{{model_name}} total"),
+                span=8,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Uncached prompt tokens per request",
+                "Prompt tokens per finished request that the prefix cache did not serve, over "
+                "5 minutes: the prefill work one waiting request stands for.",
+                "short",
+                target(f"pod:sglang_uncached_prompt_tokens_per_request:ratio_rate5m{m}", "{{pod}}"),
+                span=8,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Request rate, its trend 5 minutes ahead, and yesterday",
+                "Finished requests/s now; the least-squares trend of the last 10 minutes "
+                "evaluated 5 minutes ahead (what a KEDA predictive floor with horizonSeconds "
+                "300 and windowSeconds 600 extrapolates); and the rate 23 h 55 min ago, "
+                "yesterday's shape one horizon ahead.",
+                "reqps",
+                target(f"model:sglang_requests:rate1m{m}", "{{model_name}} now"),
+                target(
+                    f"predict_linear(model:sglang_requests:rate1m{m}[10m], 300)",
+                    "{{model_name}} trend +5 min",
+                ),
+                target(
+                    f"model:sglang_requests:rate1m{m} offset 23h55m",
+                    "{{model_name}} yesterday +5 min",
+                ),
+                span=8,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "KV-pool occupancy (kvCacheUsage)",
+                "Share of each replica's KV pool in use and the model's mean: KEDA's "
+                "kvCacheUsage trigger sums the replicas' shares against its target per replica.",
+                "percentunit",
+                target(f"pod:sglang_kv_usage:ratio{m}", "{{pod}}"),
+                target(f"model:sglang_kv_usage:avg{m}", "{{model_name}} mean"),
+                span=8,
+                max_value=1,
+            )
+        )
     )

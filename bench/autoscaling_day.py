@@ -1,0 +1,213 @@
+"""SLO-violation minutes and chip-hours per day for three autoscalers on the fleet model (issue 60).
+
+The fleet: at most ``--replicas`` replicas of ``llama-3.1-8b`` (bf16) on v6e ``2x2`` slices
+(250 = 1,000 chips), autoscaled by one of `tpuserve.bench.autoscaling.SCALERS`: today's HPA on
+``queue`` (target 8 waiting requests per replica), KEDA on backlog seconds (target ``--ttft`` /
+2 seconds of prefill per replica; the replica's throughput from the performance model), and
+backlog seconds with the predictive floor. A new slice serves after a cold start drawn
+uniformly from 240-480 s (`FleetConfig.cold_start_seconds`). Traffic: the Mooncake
+conversation and tool&agent shapes, half each, peaking at ``--peak-load`` x the fleet's
+planned capacity (`tpuserve plan`'s 5.25 requests/s per replica for this workload within p99
+TTFT 5 s and ITL 0.1 s) x ``--replicas``, on two days:
+
+- ``planner``: `tpuserve plan`'s daily shape, a cosine from 0.35 of the peak at 03:00 to the
+  peak at 15:00, with 2 bursts an hour of 60 s at 2x;
+- ``bursty``: the same shape with 4 bursts an hour of 300 s at 2x (longer than a cold start's
+  lower bound, so an autoscaler can act on them).
+
+A whole simulated day per configuration is too slow on this project's machines, so each day is
+four windows at the cosine's quarter points, 03:00, 09:00, 15:00 and 21:00, each standing for
+6 hours (exact for anything linear in the demand; the ramps at 09:00 and 21:00 are the
+steepest of the day), each ``--window`` seconds with the first ``--warmup`` not counted. Every
+window starts with the replicas the planned capacity needs for its demand, the same for every
+scaler. Per day: chip-hours (slices held: starting, serving, draining) and SLO-violation
+minutes (a minute in which fewer than 99 % of the requests that arrived finished within TTFT
+``--ttft`` and mean ITL ``--itl``; a failed request misses), each scaled from the windows by
+their weights.
+
+    .venv/bin/python bench/autoscaling_day.py --replicas 25 --jobs 2 \\
+        --out bench/fleet_results/2026-12-06/autoscaling_day.json
+    .venv/bin/python bench/autoscaling_day.py \\
+        --report bench/fleet_results/2026-12-06/autoscaling_day.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tpuserve.bench.autoscaling import SCALERS, ScalerConfig, run_autoscaled
+from tpuserve.bench.fleet import FleetConfig, daily_multiplier
+
+WINDOWS = ((3.0, 6.0), (9.0, 6.0), (15.0, 6.0), (21.0, 6.0))
+"""(start hour, hours of the day it stands for)."""
+DAYS: dict[str, tuple[float, float, float]] = {
+    "planner": (2.0, 2.0, 60.0),
+    "bursty": (4.0, 2.0, 300.0),
+}
+"""Bursts per hour, their factor and their seconds."""
+PLANNED_CAPACITY_PER_REPLICA = 5.25
+"""`bench/fleet_tokens_per_day.py`'s figure: requests/s of one v6e 2x2 replica on this workload
+within p99 TTFT 5 s and ITL 0.1 s (`tpuserve plan`, measured 2026-12-06)."""
+
+Job = tuple[str, str, float, float, FleetConfig, ScalerConfig, Path | None]
+
+
+def jobs(args: argparse.Namespace) -> list[Job]:
+    out: list[Job] = []
+    trough = 0.35
+    for day in args.days:
+        for hour, weight in WINDOWS:
+            peak = args.peak_load * args.capacity * args.replicas
+            rate = peak * daily_multiplier(hour, trough)
+            initial = min(args.replicas, max(1, math.ceil(rate / args.capacity)))
+            bursts, factor, seconds = DAYS[day]
+            config = FleetConfig(
+                generation="v6e", topology="2x2", model="llama-3.1-8b", replicas=args.replicas,
+                min_replicas=1, initial_replicas=initial, workload="mooncake",
+                conversation_share=0.5, trough=trough, peak_rate=peak,
+                start_hour=hour, duration_seconds=args.window, warmup_seconds=args.warmup,
+                autoscale=True, slo_ttft_seconds=args.ttft, slo_itl_seconds=args.itl,
+                drain_seconds=120.0, seed=args.seed, bursts_per_hour=bursts,
+                burst_factor=factor, burst_seconds=seconds,
+            )  # fmt: skip
+            for scaler in args.scalers:
+                sc = ScalerConfig(
+                    scaler=scaler,
+                    backlog_target_seconds=args.ttft / 2,
+                    per_replica_rate=args.capacity,
+                )
+                out.append((day, scaler, hour, weight, replace(config), sc, args.rows))
+    return out
+
+
+def run_one(job: Job) -> dict[str, Any]:
+    day, scaler, hour, weight, config, sc, rows = job
+    result, figures = run_autoscaled(config, sc)
+    s = result.summary()
+    row = {
+        "day": day, "scaler": scaler, "start_hour": hour, "weight_hours": weight,
+        **figures,
+        **{k: s[k] for k in ("requests", "failed", "goodput_share", "ttft_p99", "mean_chips",
+                             "replicas_min", "replicas_max", "scale_ups", "scale_downs",
+                             "wall_seconds")},
+    }  # fmt: skip
+    if rows is not None:
+        with rows.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+    return row
+
+
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        t = table.setdefault(
+            (r["day"], r["scaler"]),
+            {"day": r["day"], "scaler": r["scaler"], "chip_hours_per_day": 0.0,
+             "slo_violation_minutes_per_day": 0.0, "hours_covered": 0.0, "windows": {}},
+        )  # fmt: skip
+        share = r["weight_hours"] / r["window_hours"]
+        t["chip_hours_per_day"] += r["chip_hours"] * share
+        t["slo_violation_minutes_per_day"] += r["slo_violation_minutes"] * share
+        t["hours_covered"] += r["weight_hours"]
+        t["windows"][f"{r['start_hour']:02.0f}:00"] = {
+            k: r[k] for k in ("slo_violation_minutes", "chip_hours", "goodput_share",
+                              "ttft_p99", "replicas_min", "replicas_max", "failed")
+        }  # fmt: skip
+    for t in table.values():
+        t["slo_violation_minutes_per_chip_hour"] = (
+            t["slo_violation_minutes_per_day"] / t["chip_hours_per_day"]
+        )
+    order = {s: i for i, s in enumerate(SCALERS)}
+    return sorted(table.values(), key=lambda t: (t["day"] != "planner", order[t["scaler"]]))
+
+
+def report(data: dict[str, Any]) -> str:
+    table = data["table"]
+    base = {t["day"]: t for t in table if t["scaler"] == "hpa_queue"}
+    lines = [
+        "| day | autoscaler | SLO-violation minutes/day | vs HPA on queue | chip-hours/day "
+        "| vs HPA on queue | violation minutes per chip-hour | violation minutes by window "
+        "(03/09/15/21 h) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    names = {
+        "hpa_queue": "HPA on `queue` (today)",
+        "keda_backlog": "KEDA on backlog seconds",
+        "keda_backlog_floor": "KEDA on backlog seconds + predictive floor",
+    }
+    for t in table:
+        b = base.get(t["day"])
+
+        def rel(key: str, t: dict[str, Any] = t, b: dict[str, Any] | None = b) -> str:
+            if b is None or not b[key]:
+                return "–"
+            return f"{100.0 * (t[key] / b[key] - 1.0):+.0f} %"
+
+        by_window = " / ".join(
+            str(t["windows"][w]["slo_violation_minutes"]) for w in sorted(t["windows"])
+        )
+        lines.append(
+            f"| {t['day']} | {names[t['scaler']]} | {t['slo_violation_minutes_per_day']:.0f} "
+            f"| {rel('slo_violation_minutes_per_day')} | {t['chip_hours_per_day']:.0f} "
+            f"| {rel('chip_hours_per_day')} | {t['slo_violation_minutes_per_chip_hour']:.3f} "
+            f"| {by_window} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=250, help="Most replicas (4 chips each).")
+    parser.add_argument("--days", type=lambda s: s.split(","), default=list(DAYS))
+    parser.add_argument("--scalers", type=lambda s: s.split(","), default=list(SCALERS))
+    parser.add_argument("--window", type=float, default=3600.0)
+    parser.add_argument("--warmup", type=float, default=900.0)
+    parser.add_argument("--peak-load", type=float, default=0.8)
+    parser.add_argument("--capacity", type=float, default=PLANNED_CAPACITY_PER_REPLICA)
+    parser.add_argument("--ttft", type=float, default=5.0)
+    parser.add_argument("--itl", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--rows", type=Path, help="Append each window's row here (JSONL).")
+    parser.add_argument("--from-rows", type=Path, help="Build --out from a --rows file.")
+    parser.add_argument("--report", type=Path, help="Print the table of an --out file.")
+    args = parser.parse_args(argv)
+    if args.report is not None:
+        print(report(json.loads(args.report.read_text())))
+        return 0
+    started = time.time()
+    if args.from_rows is not None:
+        rows = [json.loads(line) for line in args.from_rows.read_text().splitlines() if line]
+    else:
+        todo = jobs(args)
+        if args.jobs > 1:
+            with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+                rows = pool.map(run_one, todo, chunksize=1)
+        else:
+            rows = [run_one(j) for j in todo]
+    data = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "wall_seconds": round(time.time() - started, 1),
+        "rows": rows,
+        "table": aggregate(rows),
+    }
+    if args.out is not None:
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(report(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""A predictive floor: the fewest replicas to have running one cold start from now. Pure.
+
+A TPU replica takes minutes to serve (tpuserve's cold-start model: ~97 s with a warm compile
+cache, ~272 s cold, plus weights), so a reactive autoscaler misses the SLO for that long at
+every ramp. The floor looks one cold start ahead (``horizon_seconds``) and asks for the
+replicas the demand then will need; the reactive autoscaler (HPA or KEDA) still scales above
+it, and never below it.
+
+The forecast of the demand rate at ``now + horizon`` is the larger of two:
+
+- **trend**: a least-squares line through the recent rate samples (AIBrix's predictive
+  autoscaler does the same), evaluated at ``now + horizon``, kept within 0 and ``max_growth``
+  times the window's mean (a short noisy window must not extrapolate to infinity);
+- **daily shape**: the demand's known shape over the day (``daily_shape``: relative demand
+  for each hour, 0:00 to 23:00, as `tpuserve plan` models it), scaled to the level observed
+  now: ``level x shape(now + horizon) / shape(now)``.
+
+The larger is taken because the floor exists for ramps: a wrong guess upwards costs idle chips
+for one horizon, a wrong guess downwards costs SLO minutes, and the reactive scaler already
+handles everything else. The floor is ``ceil(forecast x (1 + headroom) / per_replica_rate)``,
+bounded by ``min_replicas`` and ``max_replicas`` (the spec's). With no samples it is
+``min_replicas``. Rates are in any one unit (requests/s, prompt tokens/s) as long as
+``per_replica_rate`` is in the same one.
+
+The operator renders the same rule in PromQL as a KEDA trigger
+(`render.autoscaler.floor_trigger`, `autoscaling.keda.predictiveFloor`), with yesterday's
+measured request rate as the daily shape; the fleet model (`tpuserve.bench.autoscaling`) runs
+this function with the planner's shape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+HOURS = 24
+SECONDS_PER_HOUR = 3600.0
+SECONDS_PER_DAY = HOURS * SECONDS_PER_HOUR
+
+
+@dataclass(frozen=True, slots=True)
+class FloorParams:
+    """How the floor reads the signal; defaults follow the text above."""
+
+    horizon_seconds: float = 300.0
+    """How far ahead to look: one cold start (node, image, weights, compile)."""
+    per_replica_rate: float = 1.0
+    """Demand one replica serves within the SLO, in the samples' unit."""
+    max_growth: float = 4.0
+    """The trend's forecast is at most this many times the window's mean (AIBrix: 4)."""
+    headroom: float = 0.0
+    """Extra share of the forecast to provision for (0.1: 10 % more)."""
+    daily_shape: tuple[float, ...] | None = None
+    """Relative demand of each hour of the day (24 values, 0:00 first); None: no shape."""
+
+    def __post_init__(self) -> None:
+        if not self.horizon_seconds >= 0:
+            raise ValueError(f"horizon_seconds: {self.horizon_seconds!r}; allowed: >= 0")
+        if not self.per_replica_rate > 0:
+            raise ValueError(f"per_replica_rate: {self.per_replica_rate!r}; allowed: > 0")
+        if not self.max_growth >= 1:
+            raise ValueError(f"max_growth: {self.max_growth!r}; allowed: >= 1")
+        if not self.headroom >= 0:
+            raise ValueError(f"headroom: {self.headroom!r}; allowed: >= 0")
+        shape = self.daily_shape
+        if shape is not None and (len(shape) != HOURS or min(shape) <= 0):
+            raise ValueError("daily_shape: allowed: 24 hourly values, each > 0")
+
+
+def trend_forecast(samples: Sequence[tuple[float, float]], at: float, max_growth: float) -> float:
+    """The least-squares line through ``samples`` ((seconds, rate)) at time ``at``, within 0
+    and ``max_growth`` x the samples' mean rate."""
+    n = len(samples)
+    mean_rate = sum(r for _, r in samples) / n
+    if n == 1:
+        return max(0.0, mean_rate)
+    mean_t = sum(t for t, _ in samples) / n
+    var = sum((t - mean_t) ** 2 for t, _ in samples)
+    slope = 0.0 if var == 0 else sum((t - mean_t) * (r - mean_rate) for t, r in samples) / var
+    value = mean_rate + slope * (at - mean_t)
+    return min(max(0.0, value), max_growth * max(0.0, mean_rate))
+
+
+def shape_at(shape: Sequence[float], seconds_of_day: float) -> float:
+    """The hourly shape at a time of day, linear between hour marks, wrapping at midnight."""
+    hour = (seconds_of_day % SECONDS_PER_DAY) / SECONDS_PER_HOUR
+    i = int(hour) % HOURS
+    frac = hour - int(hour)
+    return shape[i] * (1.0 - frac) + shape[(i + 1) % HOURS] * frac
+
+
+def shape_forecast(
+    shape: Sequence[float], level: float, seconds_of_day: float, horizon_seconds: float
+) -> float:
+    """``level`` (the rate now) carried along the daily shape to ``horizon_seconds`` later."""
+    now = shape_at(shape, seconds_of_day)
+    return level * shape_at(shape, seconds_of_day + horizon_seconds) / now
+
+
+def forecast_rate(
+    samples: Sequence[tuple[float, float]], now: float, seconds_of_day: float, params: FloorParams
+) -> float:
+    """The demand rate expected at ``now + horizon``: max(trend, daily shape); 0 without
+    samples. ``now`` is on the samples' clock, ``seconds_of_day`` the wall clock's time of day."""
+    if not samples:
+        return 0.0
+    at = now + params.horizon_seconds
+    out = trend_forecast(samples, at, params.max_growth)
+    if params.daily_shape is not None:
+        level = trend_forecast(samples, now, params.max_growth)
+        shaped = shape_forecast(params.daily_shape, level, seconds_of_day, params.horizon_seconds)
+        out = max(out, shaped)
+    return out
+
+
+def predictive_floor(
+    samples: Sequence[tuple[float, float]],
+    now: float,
+    seconds_of_day: float,
+    params: FloorParams,
+    min_replicas: int,
+    max_replicas: int,
+) -> int:
+    """The replicas to keep at least, from ``samples`` ((seconds, demand rate), oldest first,
+    the recent window) at ``now``, bounded by ``min_replicas..max_replicas``."""
+    if min_replicas > max_replicas:
+        raise ValueError(f"min_replicas {min_replicas} > max_replicas {max_replicas}")
+    forecast = forecast_rate(samples, now, seconds_of_day, params)
+    needed = math.ceil(forecast * (1.0 + params.headroom) / params.per_replica_rate - 1e-9)
+    return max(min_replicas, min(max_replicas, needed))

@@ -1,0 +1,81 @@
+"""The PromQL the operator renders into KEDA's triggers, evaluated by the real Prometheus
+engine (`promtool test rules`): the predictive floor's query is the rule of
+`tpuserve_operator.predictive_floor` (the larger of the trend and the rate now carried along
+yesterday's shape), and the backlog query reads the chart's recording rule."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sglang_tpu import metric_names as sg
+from tests.chart.chart_helpers import find_tool
+from tpuserve_operator.render import RenderConfig, build_children
+
+pytestmark = pytest.mark.component
+
+STEP = 15
+# a counter at 10 requests/s for 25 hours, except 20/s over (3600 s, 3900 s]: "yesterday",
+# one 300-s horizon after the evaluation time's time of day (25 h - 24 h = 3600 s)
+COUNTER = "0+150x240 36300+300x19 42150+150x5739"
+LABELS = (
+    'namespace="ml", model_name="qwen3-8b", engine_type="unified", is_streaming="false", '
+    'instance="a", job="engines"'
+)
+
+
+def triggers(requests_per_replica: float) -> dict[str, str]:
+    spec = {
+        "model": {"source": "hf://Qwen/Qwen3-8B"},
+        "tpu": {"generation": "v6e", "topology": "2x4"},
+        "autoscaling": {
+            "engine": "keda", "maxReplicas": 8, "metric": "backlogSeconds", "target": 1,
+            "keda": {"predictiveFloor": {"requestsPerReplica": requests_per_replica}},
+        },
+    }  # fmt: skip
+    children = build_children({"name": "qwen", "namespace": "ml"}, spec, RenderConfig(keda=True))
+    (scaled,) = [c for c in children if c["kind"] == "ScaledObject"]
+    return {t["name"]: t["metadata"]["query"] for t in scaled["spec"]["triggers"]}
+
+
+def run(promtool: Path, folder: Path, alerts: dict[str, str], firing: list[str]) -> str:
+    rules = {"groups": [{"name": "keda", "rules": [
+        {"alert": name, "expr": expr} for name, expr in alerts.items()
+    ]}]}  # fmt: skip
+    (folder / "rules.yaml").write_text(yaml.safe_dump(rules))
+    test: dict[str, Any] = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": f"{STEP}s",
+        "tests": [{
+            "interval": f"{STEP}s",
+            "input_series": [
+                {"series": f"{sg.NUM_REQUESTS.name}{{{LABELS}}}", "values": COUNTER}
+            ],
+            "alert_rule_test": [
+                {"eval_time": "25h", "alertname": name,
+                 "exp_alerts": [{"exp_labels": {}}] if name in firing else []}
+                for name in alerts
+            ],
+        }],
+    }  # fmt: skip
+    (folder / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    done = subprocess.run(
+        [str(promtool), "test", "rules", "test.yaml"],
+        cwd=folder, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    return f"exit {done.returncode}\n{done.stdout}{done.stderr}"
+
+
+def test_the_floor_query_follows_yesterdays_shape_above_a_flat_trend(tmp_path: Path) -> None:
+    floor = triggers(5)["predictive-floor"]
+    alerts = {
+        # 10 req/s now, flat; yesterday the rate doubled one horizon later: forecast 20
+        "ForecastIsTwenty": f"({floor}) > 19.9 < 20.1",
+        "ForecastIsTheFlatTrend": f"({floor}) > 9.9 < 10.1",
+    }
+    output = run(find_tool("promtool"), tmp_path, alerts, firing=["ForecastIsTwenty"])
+    assert output.startswith("exit 0\n"), output

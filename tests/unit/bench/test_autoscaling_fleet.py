@@ -1,0 +1,79 @@
+"""The fleet model's autoscalers (tpuserve.bench.autoscaling): each rule's desired count, the
+floor's bound, and the per-minute SLO accounting."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_tpu.perf_model import get_profile, peak_prefill_tokens_per_second
+from tpuserve.bench.autoscaling import (
+    SCALERS,
+    AutoscaledFleet,
+    MinuteStats,
+    ScalerConfig,
+    run_autoscaled,
+)
+from tpuserve.bench.fleet import READY, FleetConfig
+
+pytestmark = pytest.mark.unit
+
+SMALL = FleetConfig(
+    replicas=6, initial_replicas=2, peak_rate=6.0, workload="lengths", input_median=500,
+    output_min=20, output_max=40, duration_seconds=240.0, warmup_seconds=0.0,
+    autoscale=True, cold_start_seconds=(30.0, 30.0), drain_seconds=60.0, bursts_per_hour=0,
+)  # fmt: skip
+
+
+def test_a_minute_violates_when_fewer_than_the_objective_are_good() -> None:
+    stats = MinuteStats()
+    for _ in range(99):
+        stats.add(0, True)
+    stats.add(0, False)  # 99 % good: not a violation
+    stats.add(2, True)
+    stats.add(2, False)  # 50 %: a violation; minute 1 had no request: none
+    assert stats.violation_minutes(0.99) == 1
+    assert stats.requests == [100, 0, 2]
+
+
+def test_hpa_on_queue_scales_on_mean_waiting_requests_per_replica() -> None:
+    sim = AutoscaledFleet(SMALL, ScalerConfig(scaler="hpa_queue", queue_target=8))
+    sim._set_state(sim.engines[0], READY)
+    sim._set_state(sim.engines[1], READY)
+    sim.wait[0], sim.wait[1] = 20, 12  # mean 16 = 2 x target
+    assert sim.desired_replicas(2) == 4
+    sim.wait[0], sim.wait[1] = 8, 9  # mean 8.5: within the HPA's 10 % tolerance
+    assert sim.desired_replicas(2) == 2
+
+
+def test_keda_on_backlog_divides_waiting_tokens_by_the_performance_models_throughput() -> None:
+    sim = AutoscaledFleet(SMALL, ScalerConfig(scaler="keda_backlog", backlog_target_seconds=1.0))
+    tps = peak_prefill_tokens_per_second(SMALL.shape, get_profile(SMALL.model))
+    assert sim.prefill_tps == pytest.approx(tps)
+    sim._set_state(sim.engines[0], READY)
+    sim.wtok[0] = int(2.5 * tps)  # 2.5 s of backlog, 1 s per replica
+    assert sim.desired_replicas(1) == 3
+    sim.wtok[0] = 0
+    assert sim.desired_replicas(1) == 0  # the fleet's bounds then keep min_replicas
+
+
+def test_the_floor_keeps_replicas_for_the_forecast_rate() -> None:
+    scaler = ScalerConfig(scaler="keda_backlog_floor", per_replica_rate=1.0)
+    sim = AutoscaledFleet(SMALL, scaler)
+    sim._set_state(sim.engines[0], READY)
+    sim.now, sim.arrived = 15.0, 45  # 3 requests/s over the first 15 s
+    assert sim.desired_replicas(1) >= 3
+    assert sim.floor_history[-1][1] >= 3
+
+
+@pytest.mark.parametrize("scaler", SCALERS)
+def test_every_scaler_runs_a_window_and_accounts_chips_and_minutes(scaler: str) -> None:
+    result, figures = run_autoscaled(SMALL, ScalerConfig(scaler=scaler, per_replica_rate=3.0))
+    assert result.requests > 0
+    assert figures["minutes_with_requests"] == 4
+    assert 0 < figures["chip_hours"] <= SMALL.replicas * SMALL.shape.chips * 240 / 3600
+    assert 0 <= figures["slo_violation_minutes"] <= 4
+
+
+def test_an_unknown_scaler_is_refused() -> None:
+    with pytest.raises(ValueError, match="allowed"):
+        AutoscaledFleet(SMALL, ScalerConfig(scaler="vpa"))

@@ -1,0 +1,97 @@
+"""The predictive floor: replicas for one cold start ahead from the trend and the daily shape,
+bounded by the spec's min and max."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpuserve_operator.predictive_floor import (
+    FloorParams,
+    forecast_rate,
+    predictive_floor,
+    shape_at,
+    trend_forecast,
+)
+
+pytestmark = pytest.mark.unit
+
+RAMP = [(float(t), 10.0 + 0.1 * t) for t in range(0, 301, 30)]  # +0.1 req/s every second
+FLAT = [(float(t), 20.0) for t in range(0, 301, 30)]
+
+
+def test_a_rising_trend_is_extrapolated_one_horizon_ahead() -> None:
+    # at t=300 the rate is 40; 300 s later the line says 70
+    assert trend_forecast(RAMP, 600.0, max_growth=4.0) == pytest.approx(70.0)
+    params = FloorParams(horizon_seconds=300, per_replica_rate=10)
+    assert predictive_floor(RAMP, 300.0, 0.0, params, 1, 100) == 7
+
+
+def test_a_flat_rate_asks_for_what_it_needs_now() -> None:
+    params = FloorParams(horizon_seconds=300, per_replica_rate=10)
+    assert predictive_floor(FLAT, 300.0, 0.0, params, 1, 100) == 2
+
+
+def test_a_falling_trend_never_goes_below_zero_nor_the_minimum() -> None:
+    falling = [(t, max(0.0, 30.0 - r)) for t, r in RAMP]
+    assert trend_forecast(falling, 10_000.0, max_growth=4.0) == 0.0
+    params = FloorParams(horizon_seconds=300, per_replica_rate=10)
+    assert predictive_floor(falling, 300.0, 0.0, params, 3, 100) == 3
+
+
+def test_the_trend_is_clamped_to_a_multiple_of_the_windows_mean() -> None:
+    steep = [(0.0, 1.0), (10.0, 100.0)]
+    mean = 50.5
+    assert trend_forecast(steep, 1000.0, max_growth=4.0) == pytest.approx(4 * mean)
+
+
+def test_the_maximum_bounds_the_floor() -> None:
+    params = FloorParams(horizon_seconds=300, per_replica_rate=1)
+    assert predictive_floor(RAMP, 300.0, 0.0, params, 1, 16) == 16
+
+
+def test_no_samples_keeps_the_minimum() -> None:
+    params = FloorParams(per_replica_rate=5, daily_shape=(1.0,) * 24)
+    assert predictive_floor([], 0.0, 0.0, params, 2, 10) == 2
+
+
+def test_the_daily_shape_anticipates_the_morning_ramp_a_flat_window_cannot_see() -> None:
+    # demand doubles between 08:00 and 09:00; at 08:00 the window is flat at 20 req/s
+    shape = tuple(1.0 if h < 9 else 2.0 for h in range(24))
+    at_eight = 8 * 3600.0
+    assert shape_at(shape, at_eight + 1800) == pytest.approx(1.5)  # linear between hour marks
+    params = FloorParams(horizon_seconds=3600, per_replica_rate=10, daily_shape=shape)
+    assert forecast_rate(FLAT, 300.0, at_eight, params) == pytest.approx(40.0)
+    assert predictive_floor(FLAT, 300.0, at_eight, params, 1, 100) == 4
+    no_shape = FloorParams(horizon_seconds=3600, per_replica_rate=10)
+    assert predictive_floor(FLAT, 300.0, at_eight, no_shape, 1, 100) == 2
+
+
+def test_the_shape_never_lowers_a_rising_trend() -> None:
+    falling_shape = tuple(2.0 if h < 9 else 1.0 for h in range(24))
+    params = FloorParams(horizon_seconds=300, per_replica_rate=10, daily_shape=falling_shape)
+    assert predictive_floor(RAMP, 300.0, 8.99 * 3600, params, 1, 100) == 7
+
+
+def test_headroom_adds_to_the_forecast() -> None:
+    params = FloorParams(horizon_seconds=0, per_replica_rate=10, headroom=0.5)
+    assert predictive_floor(FLAT, 300.0, 0.0, params, 1, 100) == 3
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"per_replica_rate": 0},
+        {"horizon_seconds": -1},
+        {"max_growth": 0.5},
+        {"daily_shape": (1.0,) * 23},
+        {"daily_shape": (0.0,) * 24},
+    ],
+)
+def test_bad_parameters_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="allowed"):
+        FloorParams(**bad)  # type: ignore[arg-type]
+
+
+def test_min_above_max_is_refused() -> None:
+    with pytest.raises(ValueError, match="min_replicas"):
+        predictive_floor(FLAT, 0.0, 0.0, FloorParams(), 5, 4)

@@ -1,0 +1,169 @@
+"""Autoscalers on the fleet model: today's HPA on `queue`, KEDA on backlog seconds, and backlog
+seconds with the predictive floor (issue 60).
+
+`tpuserve.bench.fleet.FleetSim` runs the fleet (engines, routers, traffic, cold starts, the
+HPA's mechanics: a decision every ``hpa_interval_seconds``, scale-up at once, scale-down to the
+highest desire of the last ``scale_down_window_seconds``, one slice a minute, drained first).
+`AutoscaledFleet` only replaces the rule that turns signals into a desired count
+(`FleetSim.desired_replicas`) and counts each request's outcome by the minute it arrived in
+(`FleetSim.record_outcome`):
+
+- ``hpa_queue``: the operator's HPA with ``metric: queue``: the Pods metric
+  ``sglang:num_queue_reqs`` averaged over the serving replicas against ``queue_target``
+  (the CRD's default target, 8) with the HPA's 10 % tolerance:
+  ``desired = ceil(current x mean / target)``;
+- ``keda_backlog``: KEDA's ScaledObject with ``metric: backlogSeconds``: the uncached prompt
+  tokens waiting or prefilling on every serving replica (the model knows them exactly; the
+  chart's rule estimates them from waiting requests), divided by one replica's peak prefill
+  throughput (`sglang_tpu.perf_model.peak_prefill_tokens_per_second`, the figure the operator
+  renders into the trigger), as KEDA's AverageValue target: ``desired = ceil(backlog seconds /
+  target)``;
+- ``keda_backlog_floor``: the same, never below `tpuserve_operator.predictive_floor`'s floor:
+  arrival rate samples every decision over the last ``floor_window_seconds``, the daily shape
+  the traffic follows (the planner's cosine, `fleet.daily_multiplier`), one cold start ahead
+  (``cold_start_seconds``' upper bound + one decision interval), against ``per_replica_rate``
+  (requests/s one replica serves within the SLO: `tpuserve plan`'s capacity).
+
+A minute violates the SLO when fewer than ``slo_objective`` (99 %) of the requests that
+arrived in it finished within the TTFT and ITL thresholds (failed requests count as missed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_tpu.perf_model import get_profile, peak_prefill_tokens_per_second
+from tpuserve.bench.fleet import READY, FleetConfig, FleetResult, FleetSim, daily_multiplier
+from tpuserve_operator.predictive_floor import HOURS, FloorParams, predictive_floor
+
+SCALERS = ("hpa_queue", "keda_backlog", "keda_backlog_floor")
+HPA_TOLERANCE = 0.1
+
+
+@dataclass(frozen=True)
+class ScalerConfig:
+    scaler: str = "hpa_queue"
+    queue_target: float = 8.0
+    """Waiting requests per replica (`AutoscalingSpec.target`'s default)."""
+    backlog_target_seconds: float = 1.0
+    """Seconds of prefill backlog per replica: half the 2-s TTFT SLO."""
+    prefill_tokens_per_second: float | None = None
+    """None: the performance model's figure for the fleet's model and slice."""
+    per_replica_rate: float = 5.25
+    """Requests/s one replica serves within the SLO (`tpuserve plan`, v6e 2x2, this workload)."""
+    floor_window_seconds: float = 300.0
+    floor_headroom: float = 0.0
+    slo_objective: float = 0.99
+
+    def validate(self) -> None:
+        if self.scaler not in SCALERS:
+            raise ValueError(f"scaler: {self.scaler!r} is not allowed; allowed: {SCALERS}")
+
+
+@dataclass
+class MinuteStats:
+    requests: list[int] = field(default_factory=list)
+    missed: list[int] = field(default_factory=list)
+
+    def add(self, minute: int, good: bool) -> None:
+        if minute >= len(self.requests):
+            grow = minute + 1 - len(self.requests)
+            self.requests.extend([0] * grow)
+            self.missed.extend([0] * grow)
+        self.requests[minute] += 1
+        if not good:
+            self.missed[minute] += 1
+
+    def violation_minutes(self, objective: float) -> int:
+        return sum(
+            1
+            for n, m in zip(self.requests, self.missed, strict=True)
+            if n and (n - m) < objective * n
+        )
+
+
+class AutoscaledFleet(FleetSim):
+    def __init__(self, config: FleetConfig, scaler: ScalerConfig) -> None:
+        scaler.validate()
+        super().__init__(config)
+        self.scaler = scaler
+        profile = config.profile or get_profile(config.model, "model")
+        self.prefill_tps = scaler.prefill_tokens_per_second or peak_prefill_tokens_per_second(
+            config.shape, profile, config.quantization
+        )
+        shape = tuple(daily_multiplier(float(h), config.trough) for h in range(HOURS))
+        horizon = config.cold_start_seconds[1] + config.hpa_interval_seconds
+        self.floor_params = FloorParams(
+            horizon_seconds=horizon,
+            per_replica_rate=scaler.per_replica_rate,
+            headroom=scaler.floor_headroom,
+            daily_shape=shape,
+        )
+        self.minutes = MinuteStats()
+        self.rate_samples: deque[tuple[float, float]] = deque()
+        self.last_arrived = 0
+        self.last_sample_at = 0.0
+        self.floor_history: list[tuple[float, int]] = []
+
+    def record_outcome(self, arrival: float, good: bool) -> None:
+        self.minutes.add(int((arrival - self.config.warmup_seconds) // 60), good)
+
+    def desired_replicas(self, current: int) -> int:
+        s = self.scaler
+        serving = [e for e in self.engines if e.state == READY]
+        if s.scaler == "hpa_queue":
+            if not serving:
+                return current
+            mean = sum(self.wait[e.i] for e in serving) / len(serving)
+            ratio = mean / s.queue_target
+            return current if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(current * ratio)
+        backlog_seconds = sum(self.wtok[e.i] for e in serving) / self.prefill_tps
+        desired = math.ceil(backlog_seconds / s.backlog_target_seconds - 1e-9)
+        if s.scaler == "keda_backlog_floor":
+            desired = max(desired, self._floor())
+        return desired
+
+    def _floor(self) -> int:
+        now = self.now
+        arrived = self.arrived - self.last_arrived
+        elapsed = now - self.last_sample_at
+        self.last_arrived, self.last_sample_at = self.arrived, now
+        if elapsed > 0:
+            self.rate_samples.append((now, arrived / elapsed))
+        while (
+            self.rate_samples and self.rate_samples[0][0] < now - self.scaler.floor_window_seconds
+        ):
+            self.rate_samples.popleft()
+        c = self.config
+        seconds_of_day = (c.start_hour * 3600.0 + now) % 86_400.0
+        floor = predictive_floor(
+            list(self.rate_samples), now, seconds_of_day, self.floor_params,
+            max(1, c.min_replicas), c.replicas,
+        )  # fmt: skip
+        self.floor_history.append((now, floor))
+        return floor
+
+
+def run_autoscaled(config: FleetConfig, scaler: ScalerConfig) -> tuple[FleetResult, dict[str, Any]]:
+    """Run one day (or window); the fleet's summary plus the autoscaling figures."""
+    sim = AutoscaledFleet(config, scaler)
+    result = sim.run()
+    window = result.window_seconds
+    chip_hours = result.chip_seconds / 3600.0
+    violations = sim.minutes.violation_minutes(scaler.slo_objective)
+    figures = {
+        "scaler": scaler.scaler,
+        "window_hours": window / 3600.0,
+        "chip_hours": chip_hours,
+        "chip_hours_per_day": chip_hours * 86_400.0 / window,
+        "slo_violation_minutes": violations,
+        "slo_violation_minutes_per_day": violations * 86_400.0 / window,
+        "slo_violation_minutes_per_chip_hour": violations / chip_hours if chip_hours else None,
+        "minutes_with_requests": sum(1 for n in sim.minutes.requests if n),
+        "prefill_tokens_per_second": sim.prefill_tps,
+        "floor_max": max((f for _, f in sim.floor_history), default=None),
+    }
+    return result, figures
