@@ -807,7 +807,9 @@ class Forwarder:
         self._completion_tokens(key).inc(completion)
         self._cached_tokens(key).inc(cached)
         predicted = self._predicted_tokens(key)  # the series exists at zero too
-        ratio = decision.predicted_match_ratio if decision is not None else None
+        if decision is None:
+            return
+        ratio = decision.predicted_match_ratio
         if ratio is not None and prompt > 0:
             tokens = round(ratio * prompt)
             predicted.inc(tokens)
