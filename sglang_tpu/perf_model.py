@@ -1,39 +1,45 @@
 """TPU performance model: model profiles, per-slice step times and the HBM fit check.
 
 The engine twin's scheduler asks it how long each step takes; the operator asks it whether a
-model fits a slice; `tpuserve plan` (later) will ask it what a replica can serve. Hardware
+model fits a slice; `tpuserve plan` asks it what a replica can serve. Hardware
 facts (HBM, bandwidth, FLOP/s per chip) come from `sglang_tpu.topology`; nothing here
 re-spells them.
 
-The model (a roofline with two efficiency factors and a fixed overhead):
+The model: a step is the device's time plus the host's (`StepTimer.device_seconds` +
+`host_seconds`):
 
 - **weights** = parameters x bytes per parameter of the quantization (`WEIGHT_BYTES`: the
   block-scaled 4-bit formats count their scales, MXFP4 4.25 and NVFP4 4.5 bits);
 - **KV bytes per token** = 2 (K and V) x layers x KV heads x head dim x KV-cache dtype bytes;
-- **one scheduler step** that prefills ``p`` new tokens (attending to ``a`` context tokens in
-  total) and decodes one token for ``b`` running sequences holding ``c`` context tokens takes
-  ``step_overhead + max(compute, memory)`` where
-  ``compute = (2 x active_params x (p + b) + 4 x layers x heads x head_dim x (a + c))
-  / (chips x peak FLOP/s x prefill_mfu)`` (the 8-bit peak for fp8/int8 weights) and
-  ``memory = (weights touched + KV bytes x (c + a / p)) / (chips x HBM bandwidth x decode_mbu)``;
-- for MoE models a decode batch touches the shared weights plus, per layer, the experts its
-  tokens route to (at most all of them), so small batches read far less than all weights;
+- **device**, for a step that prefills ``p`` new tokens (attending to ``a`` context tokens in
+  total) and decodes one token for ``b`` running sequences holding ``c`` context tokens: a
+  fixed cost (``device_step_seconds`` + layers x ``device_layer_seconds``), plus the larger of
+  the weight matmuls (``2 x body params x (p + b)`` FLOPs and the LM head for the positions
+  that need logits, at ``matmul_mfu`` of the chips' peak, the 8-bit peak for fp8/int8/w8a8
+  weights) and the weight stream (weights touched at ``weight_mbu`` of HBM bandwidth), plus
+  the KV reads (``KV bytes x (c + a / p)`` at ``kv_mbu``), plus the attention's
+  ``4 x layers x heads x head_dim x (a + c)`` FLOPs at ``attention_mfu`` of the bf16 peak
+  scaled by head dim / 128 (the MXU's width);
+- **host**: ``host_step_seconds`` per step plus ``host_sequence_seconds`` per sequence in it,
+  and ``multi_host_step_seconds`` more on a multi-host slice;
+- for MoE models a step touches the shared weights plus, per layer, the experts its tokens
+  route to (at most all of them), so small decode batches read far less than all weights;
 - **fit** (`sglang_tpu.hbm_fit`, checked against every step measured on a v5e): weights + KV
   for one full ``context_length`` sequence must fit in ``MEM_FRACTION_STATIC`` of the slice's
   HBM, and a compiled step's weights, KV copies and compiler temporaries in what the runtime
   gives programs; the rest of the budget is the KV pool.
 
-**Calibration.** `Efficiency` holds the only tuning knobs; `CALIBRATED` (prefill MFU 0.22,
-decode MBU 0.87, 10 ms per step, +1 ms per step on multi-host slices) is a least-squares fit
-(in log space) of the first three to 33 published values from eight benchmark reports (vLLM
-TPU and SGLang-JAX on v6e with 1, 4 and 8 chips and on tpu7x with 4 chips; dense 8B-70B and
-MoE models; bf16 and fp8), made by ``bench/perf_model_validation.py --fit``. One set serves
-every generation; the data did not justify more (a separate KV-read efficiency fitted equal
-to the weight one, a per-layer overhead drove weight bandwidth to 100% of peak, and the tpu7x
-rows disagree with each other by engine, not by generation). The low MFU and the large
-overhead are what those engines achieve end to end, not the chips' kernel peaks. Median error
-12%, worst 46%; no v5e, v5p or multi-host figure was found, so those rest on the same
-constants unvalidated. Table, sources and what the model leaves out: ``docs/engine-sim.md``.
+**Calibration.** `Efficiency` holds every knob; `CALIBRATED` is the fitted set. The six device
+knobs (matmuls at 71% of peak FLOP/s, attention at 57%, weights and KV at 86% of HBM
+bandwidth, 0.65 ms per step and 34 us per layer) are fitted to bare decoder steps of four
+model shapes timed on one TPU v5e chip (``bench/perf_model_fit.py --fit`` over
+``bench/tpu_results/``; median error 6.8% on prefill, 3.0% on decode). The host knobs (8.0 ms
+per step, 29 us per sequence) are fitted, with the device knobs held, to 33 published
+end-to-end values from vLLM TPU and SGLang-JAX reports on v6e and tpu7x
+(``bench/perf_model_validation.py --fit``; median error 11%, worst 59%); the +1 ms per step on
+multi-host slices is not fitted (no published multi-host figure). Other generations use the
+v5e's fractions of their own published peaks, unvalidated on their silicon. Tables, sources
+and what the model leaves out: ``docs/engine-sim.md``.
 """
 
 from __future__ import annotations

@@ -80,6 +80,23 @@ def usage(req: Request, *, enable_cache_report: bool) -> dict[str, Any]:
     }
 
 
+def running_usage(req: Request, *, chat: bool, enable_cache_report: bool) -> dict[str, Any]:
+    """SGLang's usage on every streamed chunk (``stream_options.continuous_usage_stats``): the
+    prompt and the tokens generated so far. Chat attaches ``prompt_tokens_details`` when the
+    cache is reported; completions never do."""
+    details = None
+    if chat and enable_cache_report:
+        details = {"cached_tokens": req.cached_tokens}
+    return {
+        "prompt_tokens": len(req.input_ids),
+        "total_tokens": len(req.input_ids) + len(req.output_ids),
+        "completion_tokens": len(req.output_ids),
+        "prompt_tokens_details": details,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
+    }
+
+
 def _without_nulls(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if v is not None}
 
@@ -163,7 +180,10 @@ async def _respond(
             }
             body = {"id": rid, "object": chunk_obj, "created": created, "model": model,
                     "choices": [c]}  # fmt: skip
-            if not chat:
+            running = gen.continuous_usage and (delta or not chat) and not first
+            if running:  # SGLang: on content chunks (chat), on every chunk (completions)
+                body["usage"] = running_usage(req, chat=chat, enable_cache_report=report)
+            elif not chat:
                 body["usage"] = None
             return body
 

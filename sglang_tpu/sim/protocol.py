@@ -63,6 +63,7 @@ class GenerationRequest:
     include_usage: bool
     model: str | None
     rid: str | None = None
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
     max_new_tokens_asked: bool = True  # False: the API's default (chat without max_tokens)
     lora_path: str | None = None  # the LoRA adapter the request names in lora_path
     bootstrap: Bootstrap | None = None  # PD: the prefill to pair with (`sglang_tpu.sim.pd`)
@@ -210,17 +211,22 @@ def _n_is_one(data: Mapping[str, Any]) -> None:
         raise InvalidRequest("n", f"n: {n!r} is not allowed; allowed: 1")
 
 
-def _stream_options(data: Mapping[str, Any]) -> bool:
+def _stream_options(data: Mapping[str, Any]) -> tuple[bool, bool]:
+    """``stream_options``' ``include_usage`` and ``continuous_usage_stats`` (SGLang's
+    ``should_include_usage``: each false when absent)."""
     options = data.get("stream_options")
     if options is None:
-        return False
+        return False, False
     if not isinstance(options, dict):
         raise InvalidRequest(
             "stream_options",
             f"stream_options: {options!r:.80} is not allowed; allowed: an object",
             kind="schema",
         )
-    return _bool(options, "include_usage", "stream_options.include_usage")
+    return (
+        _bool(options, "include_usage", "stream_options.include_usage"),
+        _bool(options, "continuous_usage_stats", "stream_options.continuous_usage_stats"),
+    )
 
 
 def _bootstrap(data: Mapping[str, Any]) -> Bootstrap | None:
@@ -280,13 +286,15 @@ def parse_generate(data: Mapping[str, Any]) -> GenerationRequest:
 def _openai_sampling(data: Mapping[str, Any]) -> dict[str, Any]:
     """The sampling, streaming and naming fields completions and chat read alike."""
     stop_ids = data.get("stop_token_ids")
+    include_usage, continuous_usage = _stream_options(data)
     return {
         "stop": _stop(data, "stop", "stop"),
         "stop_token_ids": _token_ids(stop_ids, "stop_token_ids") if stop_ids else [],
         "temperature": _float(data, "temperature", "temperature") or 0.0,
         "seed": _int(data, "seed", "seed"),
         "stream": _bool(data, "stream", "stream"),
-        "include_usage": _stream_options(data),
+        "include_usage": include_usage,
+        "continuous_usage": continuous_usage,
         "model": _model(data),
         "rid": _rid(data),
         "lora_path": _lora_path(data),

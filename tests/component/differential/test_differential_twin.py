@@ -102,6 +102,18 @@ def test_openai_chat_answers_alike(pair: EnginePair, stream: bool) -> None:
     assert_alike(*pair.post("/v1/chat/completions", body))
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_stats_stream_alike(pair: EnginePair, path: str) -> None:
+    """``stream_options.continuous_usage_stats``: running usage on the chunks SGLang puts it."""
+    body: dict[str, Any] = {"model": pair.real.model, "max_tokens": 4, "stream": True, **GREEDY,
+                            "stream_options": {"continuous_usage_stats": True}}  # fmt: skip
+    if path.endswith("chat/completions"):
+        body["messages"] = [{"role": "user", "content": "Compare the running usage."}]
+    else:
+        body["prompt"] = "Compare the running usage."
+    assert_alike(*pair.post(path, body))
+
+
 def test_cached_tokens_are_whole_pages_alike(pair: EnginePair) -> None:
     """A prompt sent twice: the second is cached up to its last full page before the last
     token (48 tokens: 32), reported in meta_info and in OpenAI usage."""

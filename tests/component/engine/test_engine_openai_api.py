@@ -68,6 +68,54 @@ def test_streamed_chat_arrives_token_by_token_with_usage(client: openai.OpenAI) 
     assert usage.completion_tokens == 5
 
 
+def test_continuous_usage_stats_put_running_usage_on_every_content_chunk(
+    engine: EngineProcess,
+) -> None:
+    """As SGLang 0.5.23 (``should_include_usage``, ``_generate_stream_content``): chat's content
+    chunks and every completions chunk carry the prompt and the tokens generated so far; chat's
+    role and finish chunks carry none; the final usage chunk comes only with include_usage."""
+
+    async def events(path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        async with aiohttp.ClientSession() as s, s.post(engine.url + path, json=body) as r:
+            text = await r.text()
+        return [json.loads(line[6:]) for line in text.splitlines()
+                if line.startswith("data: {")]  # fmt: skip
+
+    options = {"continuous_usage_stats": True}
+    chat = asyncio.run(events("/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "Count."}], "max_tokens": 4,
+        "stream": True, "stream_options": options,
+    }))  # fmt: skip
+    content = [e for e in chat if e["choices"] and e["choices"][0]["delta"].get("content")]
+    assert content
+    running = [e["usage"]["completion_tokens"] for e in content]
+    assert running == sorted(running)
+    assert running[-1] == 4
+    prompt = content[0]["usage"]["prompt_tokens"]
+    assert prompt > 0
+    totals = [e["usage"]["total_tokens"] - e["usage"]["completion_tokens"] for e in content]
+    assert set(totals) == {prompt}
+    assert content[0]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0  # cache reported
+    others = [e for e in chat if e not in content]
+    assert others
+    assert all("usage" not in e for e in others)  # role and finish chunks; no final usage chunk
+
+    plain = asyncio.run(events("/v1/completions", {
+        "model": MODEL, "prompt": "Once upon a time", "max_tokens": 3, "stream": True,
+        "stream_options": {"continuous_usage_stats": True, "include_usage": True},
+    }))  # fmt: skip
+    per_chunk = [e for e in plain if e["choices"]]
+    assert [e["usage"]["completion_tokens"] for e in per_chunk][-1] == 3
+    assert all(e["usage"]["prompt_tokens_details"] is None for e in per_chunk)
+    assert plain[-1]["choices"] == []
+    assert plain[-1]["usage"]["completion_tokens"] == 3  # include_usage's final chunk too
+
+    without = asyncio.run(events("/v1/completions", {
+        "model": MODEL, "prompt": "Once upon a time", "max_tokens": 2, "stream": True,
+    }))  # fmt: skip
+    assert all(e["usage"] is None for e in without)
+
+
 def test_same_prompt_twice_reports_cached_tokens_in_whole_pages(client: openai.OpenAI) -> None:
     content = LONG_PROMPT + " who measured the speed of light?"
     first = client.chat.completions.create(

@@ -1,0 +1,362 @@
+"""Seeded figures pinned to the code: golden files, and the docs tables made from results files.
+
+Two kinds of pin, both checked by ``tests/unit/bench/test_goldens.py``:
+
+- **Reduced seeded runs** (``FIGURES``): each published seeded simulation (the fleet hour, the
+  tokens-per-day table, `tpuserve plan`, the PD benchmark) is rerun here on a configuration
+  small enough for a test (seconds), through the same code, and its figures are compared with
+  ``tests/goldens/<name>.json``. A change that moves the simulation moves these, and the test
+  fails until the goldens are rewritten on purpose.
+- **Docs tables** (``TABLES``): the published tables in docs/capacity-planning.md and
+  docs/pd.md sit between ``<!-- golden:NAME:begin -->`` and ``<!-- golden:NAME:end -->`` and
+  are rendered from the committed results files of the full runs (``bench/fleet_results/``,
+  ``bench/pd_results/``), so a page cannot say other than its results file.
+
+One command rewrites both (the goldens from the reduced runs, the tables from the results
+files)::
+
+    .venv/bin/python bench/goldens.py --write
+
+With ``--full`` it first reruns the published full configurations into the results files
+(the fleet hour twice, ~3 min each; the tokens-per-day day, ~1 h with 2 jobs; the PD
+benchmark, ~1 min a workload), then does the same. ``--check`` (the default) compares
+without writing and exits 1 on a difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDENS = ROOT / "tests" / "goldens"
+FLEET_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-06"
+PD_RESULTS = ROOT / "bench" / "pd_results"
+PD_DATE = "2026-12-06"
+PD_WORKLOADS = ("W9", "W10", "10k1k", "W1", "W2")
+REL_TOL = 1e-9
+"""The runs are seeded and single-threaded: the same code gives the same floats."""
+
+
+def _bench_module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_goldens_{name}", ROOT / "bench" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _without_wall(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if k != "wall_seconds"}
+
+
+# ---- reduced seeded runs ------------------------------------------------------------------
+
+
+def fleet_hour_small() -> dict[str, Any]:
+    """bench/fleet_hour.py's path (autoscaler, cold starts, Spot, peering routers), 12 slots."""
+    from tpuserve.bench.fleet import FleetConfig, run_fleet
+
+    config = FleetConfig(
+        policy="precise", replicas=12, initial_replicas=8, min_replicas=2, router_replicas=2,
+        peak_rate=25.0, start_hour=14.0, duration_seconds=240.0, autoscale=True,
+        target_tokens_per_chip=50_000.0, preemptions_per_replica_hour=6.0,
+        cold_start_seconds=(30.0, 60.0), seed=0,
+    )  # fmt: skip
+    return {"config": config.as_dict(), "summary": _without_wall(run_fleet(config).summary())}
+
+
+def tokens_per_day_small() -> dict[str, Any]:
+    """bench/fleet_tokens_per_day.py's day (three weighted windows, four policies, 1 and 4
+    routers) on 8 replica slots and 60-s windows, demand scaled to the fleet."""
+    tpd = _bench_module("fleet_tokens_per_day")
+    args = argparse.Namespace(
+        overload=1.2, capacity=tpd.PLANNED_CAPACITY_PER_REPLICA, bursts_per_hour=6.0,
+        window=60.0, warmup=15.0, ttft=5.0, itl=0.1, seed=0, peer_delay=0.001, no_peering=False,
+        policies=list(tpd.POLICIES), routers=[1, 4], rows=None,
+    )  # fmt: skip
+    replicas = 8
+    work = [
+        (replace(c, replicas=replicas, peak_rate=c.peak_rate * replicas / 250), h, w, None)
+        for c, h, w, _ in tpd.jobs(args)
+    ]
+    rows = [tpd.run_one(j) for j in work]
+    table = tpd.aggregate(rows)
+    for t in table:
+        for window in t["windows"].values():
+            window.pop("wall_seconds", None)
+    return {"replicas": replicas, "window": args.window, "warmup": args.warmup, "table": table}
+
+
+def plan_small() -> dict[str, Any]:
+    """`tpuserve plan`'s search and its --verify at full size, on a chat case with two slices."""
+    from tpuserve.plan import cli
+    from tpuserve.plan.planner import plan, verify
+
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    args = parser.parse_args([
+        "--model", "llama-3.1-8b", "--preset", "chat", "--rate", "20", "--ttft-p99", "2",
+        "--itl-p99", "0.1", "--generations", "v6e", "--topologies", "1x1,2x2",
+        "--sim-replicas", "2", "--window", "60", "--verify",
+    ])  # fmt: skip
+    inputs, _ = cli.build_inputs(args)
+    result = plan(inputs, None)
+    if result.best is not None:
+        result.verified = verify(result)
+    out: dict[str, Any] = json.loads(json.dumps(cli.to_json(result), default=str))
+    return out
+
+
+def pd_small() -> dict[str, Any]:
+    """bench/pd_disaggregation.py (capacity search, split, three modes, two loads) on W1 and
+    W10 with 80 requests each."""
+    pdd = _bench_module("pd_disaggregation")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "pd.json"
+        argv = ["--workloads", "W1,W10", "--requests", "80", "--json", str(out)]
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            pdd.main(argv)
+        data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
+    "fleet_hour": fleet_hour_small,
+    "tokens_per_day": tokens_per_day_small,
+    "plan": plan_small,
+    "pd_disaggregation": pd_small,
+}
+
+
+def golden_path(name: str) -> Path:
+    return GOLDENS / f"{name}.json"
+
+
+VOLATILE = frozenset({"wall_seconds"})
+"""Keys that measure the machine, not the model: left out of every golden."""
+
+
+def _normalise(value: Any) -> Any:
+    """JSON's view of a value (tuples as lists, NaN kept as NaN), without ``VOLATILE`` keys."""
+
+    def strip(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if k not in VOLATILE}
+        if isinstance(v, list):
+            return [strip(x) for x in v]
+        return v
+
+    return strip(json.loads(json.dumps(value, default=str)))
+
+
+def differences(expected: Any, actual: Any, path: str = "") -> list[str]:
+    """Where two JSON values differ (floats within ``REL_TOL``; NaN equals NaN)."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        out = []
+        for key in sorted(set(expected) | set(actual), key=str):
+            if key not in expected or key not in actual:
+                out.append(f"{path}/{key}: only in {'golden' if key in expected else 'run'}")
+            else:
+                out += differences(expected[key], actual[key], f"{path}/{key}")
+        return out
+    if isinstance(expected, list) and isinstance(actual, list):
+        if len(expected) != len(actual):
+            return [f"{path}: {len(expected)} items in the golden, {len(actual)} in the run"]
+        pairs = enumerate(zip(expected, actual, strict=True))
+        return [d for i, (e, a) in pairs for d in differences(e, a, f"{path}[{i}]")]
+    if isinstance(expected, float) or isinstance(actual, float):
+        if isinstance(expected, bool) or isinstance(actual, bool):
+            return [] if expected == actual else [f"{path}: {expected!r} -> {actual!r}"]
+        if isinstance(expected, int | float) and isinstance(actual, int | float):
+            e, a = float(expected), float(actual)
+            if (math.isnan(e) and math.isnan(a)) or math.isclose(e, a, rel_tol=REL_TOL):
+                return []
+    elif expected == actual:
+        return []
+    return [f"{path}: {expected!r} -> {actual!r}"]
+
+
+# ---- docs tables from the results files --------------------------------------------------
+
+
+def _fleet_hour_row(label: str, s: dict[str, Any]) -> str:
+    finished = " (all finished)" if s["completed"] == s["requests"] else ""
+    return (
+        f"| {label} | {s['requests']:,}{finished} | {s['events'] / 1e6:.2f} M "
+        f"| {s['tokens_per_second'] / 1e6:.2f} M "
+        f"({s['output_tokens_per_second'] / 1e3:.0f} k output) "
+        f"| {s['cache_hit_rate']:.2f} | {s['ttft_p50']:.3f} / {s['ttft_p99']:.2f} s "
+        f"| {s['itl_p50'] * 1e3:.0f} / {s['itl_p99'] * 1e3:.0f} ms "
+        f"| {s['replicas_min']}-{s['replicas_max']} ({s['mean_chips']:.0f} chips on average) "
+        f"| {s['preemptions']} | {s['scale_ups']} / {s['scale_downs']} |"
+    )
+
+
+def fleet_hour_table() -> str:
+    peering = json.loads((FLEET_RESULTS / "fleet_hour.json").read_text())["summary"]
+    alone = json.loads((FLEET_RESULTS / "fleet_hour.no-peering.json").read_text())["summary"]
+    return "\n".join([
+        "| simulated | requests | events | tokens/s | hit rate | TTFT p50 / p99 | ITL p50 / p99 "
+        "| replicas | preemptions | scale ups / downs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        _fleet_hour_row(f"{peering['window_seconds']:,.0f} s", peering),
+        _fleet_hour_row("the same, `--no-peering`", alone),
+    ])  # fmt: skip
+
+
+POLICY_LABELS = {"precise": "precise (default)", "llmd": "llmd (anchor)"}
+
+
+def tokens_per_day_table() -> str:
+    """The table of bench/fleet_tokens_per_day.py's report, in the page's words."""
+    tpd = _bench_module("fleet_tokens_per_day")
+    data = json.loads((FLEET_RESULTS / "fleet_tokens_per_day.json").read_text())
+    lines = tpd.report(data).split("\n\n", 1)[0].splitlines()
+    lines[0] = (
+        lines[0]
+        .replace("tokens/day (B)", "tokens/day (10^9)")
+        .replace("goodput tokens/day (B)", "goodput tokens/day (10^9)")
+    )
+    lines[0] = lines[0].replace("| vs llmd |", "| vs llm-d |")
+    out = lines[:2]
+    for line in lines[2:]:
+        cells = line.split(" | ")
+        policy = cells[0].removeprefix("| ")
+        out.append("| " + POLICY_LABELS.get(policy, policy) + " | " + " | ".join(cells[1:]))
+    return "\n".join(out)
+
+
+def _rate(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def pd_table() -> str:
+    lines = [
+        "| workload | load | mode | P:D:C | pairs | p99 TTFT s | p99 ITL ms | p99.9 ITL ms "
+        "| goodput req/s | good |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for workload in PD_WORKLOADS:
+        data = json.loads((PD_RESULTS / f"{PD_DATE}-{workload}.json").read_text())
+        for r in data["results"]:
+            p = r["pools"]
+            load = f"×{r['load']:g}"
+            if r["mode"] == "colocated":
+                load += f", {_rate(r['rate_rps'])} req/s"
+            lines.append(
+                f"| {r['workload']} | {load} | {r['mode']} "
+                f"| {p['prefill']}:{p['decode']}:{p['colocated']} | {r['disaggregated']} "
+                f"| {r['p99_ttft_s']:.2f} | {r['p99_itl_s'] * 1e3:.1f} "
+                f"| {r['p999_itl_s'] * 1e3:.0f} | {r['goodput_rps']:.3f} | {r['good_share']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Table:
+    page: Path
+    render: Callable[[], str]
+
+
+TABLES: dict[str, Table] = {
+    "fleet-hour": Table(ROOT / "docs" / "capacity-planning.md", fleet_hour_table),
+    "tokens-per-day": Table(ROOT / "docs" / "capacity-planning.md", tokens_per_day_table),
+    "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
+}
+
+
+def block(text: str, name: str) -> str:
+    """The generated block `name` of a page (between its markers, without them)."""
+    begin, end = f"<!-- golden:{name}:begin -->\n", f"\n<!-- golden:{name}:end -->"
+    _, found, rest = text.partition(begin)
+    if not found or end not in rest:
+        raise ValueError(f"no {begin.strip()} ... {end.strip()} block")
+    return rest.split(end, 1)[0]
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    begin, end = f"<!-- golden:{name}:begin -->\n", f"\n<!-- golden:{name}:end -->"
+    old = block(text, name)
+    return text.replace(begin + old + end, begin + body + end, 1)
+
+
+# ---- the full published runs (--full) -----------------------------------------------------
+
+FULL_RUNS: tuple[tuple[str, ...], ...] = (
+    ("bench/fleet_hour.py", "--json-out", f"{FLEET_RESULTS.relative_to(ROOT)}/fleet_hour.json"),
+    ("bench/fleet_hour.py", "--no-peering",
+     "--json-out", f"{FLEET_RESULTS.relative_to(ROOT)}/fleet_hour.no-peering.json"),
+    ("bench/fleet_tokens_per_day.py", "--jobs", "2", "--window", "120", "--warmup", "30",
+     "--out", f"{FLEET_RESULTS.relative_to(ROOT)}/fleet_tokens_per_day.json"),
+    *(("bench/pd_disaggregation.py", "--workloads", w,
+       "--json", f"{PD_RESULTS.relative_to(ROOT)}/{PD_DATE}-{w}.json") for w in PD_WORKLOADS),
+)  # fmt: skip
+
+
+def check(names: list[str]) -> list[str]:
+    problems = []
+    for name in names:
+        path = golden_path(name)
+        if not path.exists():
+            problems.append(f"{path.relative_to(ROOT)}: missing (run bench/goldens.py --write)")
+            continue
+        diff = differences(json.loads(path.read_text()), _normalise(FIGURES[name]()))
+        problems += [f"{name}{d}" for d in diff[:20]]
+    for name, table in TABLES.items():
+        if block(table.page.read_text(), name) != table.render():
+            page = table.page.relative_to(ROOT)
+            problems.append(f"{page}: the {name} table differs from its results file")
+    return problems
+
+
+def write(names: list[str]) -> None:
+    GOLDENS.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        text = json.dumps(_normalise(FIGURES[name]()), indent=1, sort_keys=True)
+        golden_path(name).write_text(text + "\n")
+        print(f"wrote {golden_path(name).relative_to(ROOT)}")
+    for name, table in TABLES.items():
+        table.page.write_text(replace_block(table.page.read_text(), name, table.render()))
+        print(f"rewrote the {name} table in {table.page.relative_to(ROOT)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite goldens and docs tables")
+    parser.add_argument(
+        "--full", action="store_true", help="first rerun the full runs into their results files"
+    )
+    parser.add_argument("--only", help=f"comma-separated figures: {', '.join(FIGURES)}")
+    args = parser.parse_args(argv)
+    names = args.only.split(",") if args.only else list(FIGURES)
+    if args.full:
+        for run in FULL_RUNS:
+            print("running", " ".join(run), flush=True)
+            subprocess.run([sys.executable, *run], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    if args.write or args.full:
+        write(names)
+        return 0
+    problems = check(names)
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

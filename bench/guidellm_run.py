@@ -1,0 +1,423 @@
+"""GuideLLM (the vLLM project's benchmark client) against tpuserve: router policies and one engine.
+
+Runs GuideLLM, unchanged, from its own virtual environment (``bench/guidellm_venv.sh``) against
+an endpoint, and writes each run three ways: GuideLLM's own JSON, a report in llm-d's
+benchmark report format (version 0.1: ``scenario`` and ``metrics``, llm-d-benchmark
+``workload/report/README.md``), and one summary line the way TPU serving recipes report:
+output tokens per second per chip, with the TTFT and ITL it was served at and whether the
+TTFT target was met.
+
+Setups (``--setups``, each started here on loopback and stopped after its run, or
+``--target URL`` for an endpoint already running):
+
+- ``router:POLICY``: ``tpuserve up --workers N --policy POLICY`` (engine twins + router);
+- ``single``: one engine twin (``tpuserve engine sim``), the same slice.
+
+Every engine and the router get the same tokenizer GuideLLM uses (``--tokenizer``, default the
+tiny model's, ``python -m sglang_tpu.tiny_model --root ... --check``), so GuideLLM's prompt
+token counts are the engines' and the precise policy's. The engine twins run on the modelled
+TPU clock (``--time-scale 1``), so the figures are the twin's performance model, not a TPU's.
+
+Workloads (``--workload``):
+
+- ``shared-prefix``: ``--prefixes`` shared prefixes of ``--prefix-tokens`` tokens, then
+  ``--prompt-tokens`` of each request's own, ``--output-tokens`` out;
+- ``1k1k``: 1,024 tokens in, 1,024 out, nothing shared (TPU recipes' fixed profile).
+
+    bench/guidellm_venv.sh                                   # once
+    .venv/bin/python bench/guidellm_run.py --workload shared-prefix --rate 20 --max-seconds 60 \\
+        --setups router:precise,router:round_robin,single --out bench/guidellm_results/run1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TPUSERVE = [sys.executable, "-m", "tpuserve"]
+READY_TIMEOUT_SECONDS = 60.0
+LLMD_REPORT_VERSION = "0.1"
+
+
+def guidellm_python() -> str:
+    """The GuideLLM environment's python (installs it the first time)."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "bench" / "guidellm_venv.sh")], check=True, capture_output=True,
+        text=True, cwd=ROOT,
+    )  # fmt: skip
+    return out.stdout.strip().splitlines()[-1]
+
+
+def tiny_tokenizer_dir() -> Path:
+    """The tiny model's directory (its tokenizer.json and tokenizer_config.json), built
+    offline by scripts/install-real-sglang.sh; raises if it is not built."""
+    cache = Path(os.environ.get("TPUSERVE_CACHE", Path.home() / ".cache" / "tpuserve"))
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang_tpu.tiny_model", "--root", str(cache / "sglang" / "models"),
+         "--check"], capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(
+            "--tokenizer: the tiny model is not built (scripts/install-real-sglang.sh builds it); "
+            "give a directory with tokenizer.json"
+        )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url}: not ready within {READY_TIMEOUT_SECONDS} s")
+
+
+def engine_args(args: argparse.Namespace, tokenizer: Path) -> list[str]:
+    """Every engine twin's flags but its port and time scale."""
+    return [
+        "--tokenizer", str(tokenizer / "tokenizer.json"), "--tpu", args.tpu,
+        "--topology", args.topology, "--model-profile", args.model_profile,
+        "--served-model-name", args.model, "--enable-cache-report",
+    ]  # fmt: skip
+
+
+def _joined(flags: list[str]) -> list[str]:
+    """``--flag value`` pairs as ``--flag=value`` (one ``--engine-arg`` each)."""
+    out: list[str] = []
+    for item in flags:
+        if out and not item.startswith("--") and "=" not in out[-1]:
+            out[-1] += "=" + item
+        else:
+            out.append(item)
+    return out
+
+
+@contextlib.contextmanager
+def started(setup: str, args: argparse.Namespace, tokenizer: Path) -> Iterator[tuple[str, int]]:
+    """The setup running on loopback: its base URL and how many engines serve behind it."""
+    port = free_port()
+    if setup == "single":
+        cmd = [*TPUSERVE, "engine", "sim", "--port", str(port), *engine_args(args, tokenizer),
+               "--time-scale", str(args.time_scale)]  # fmt: skip
+        engines = 1
+    elif setup.startswith("router:"):
+        cmd = [
+            *TPUSERVE, "up", "--workers", str(args.workers), "--port", str(port),
+            "--policy", setup.split(":", 1)[1], "--time-scale", str(args.time_scale),
+            *(f"--engine-arg={a}" for a in _joined(engine_args(args, tokenizer))),
+            f"--router-arg=--tokenizer={tokenizer / 'tokenizer.json'}",
+        ]  # fmt: skip
+        engines = args.workers
+    else:
+        raise SystemExit(f"--setups: {setup!r} is not allowed; allowed: router:POLICY, single")
+    log = (args.out / f"{setup.replace(':', '-')}.server.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        yield url, engines
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def data_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """GuideLLM's ``synthetic_text`` data (its 0.7+ ``prefix_buckets`` for shared prefixes)."""
+    if args.workload == "1k1k":
+        return {"kind": "synthetic_text", "prompt_tokens": 1024, "output_tokens": 1024}
+    return {
+        "kind": "synthetic_text",
+        "prompt_tokens": args.prompt_tokens,
+        "output_tokens": args.output_tokens,
+        "prefix_buckets": [
+            {"bucket_weight": 100, "prefix_count": args.prefixes,
+             "prefix_tokens": args.prefix_tokens},
+        ],
+    }  # fmt: skip
+
+
+def scenario(url: str, args: argparse.Namespace, tokenizer: Path, out: Path) -> dict[str, Any]:
+    """A GuideLLM 0.8 scenario file (``guidellm run -c FILE``): one constant-rate benchmark."""
+    constraints: list[dict[str, Any]] = [{"kind": "max_duration", "seconds": args.max_seconds}]
+    if args.max_requests:
+        constraints.append({"kind": "max_requests", "count": args.max_requests})
+    return {
+        "backend": {"kind": "openai_http", "target": url, "model": args.model,
+                    "request_format": "/v1/chat/completions"},
+        "profile": {"kind": "constant", "rate": [args.rate]},
+        "constraints": constraints,
+        "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
+        "data": [data_spec(args)],
+        "seed": {"kind": "static", "value": args.seed},
+        "outputs": [{"kind": "json", "path": str(out)}],
+    }  # fmt: skip
+
+
+def run_guidellm(
+    python: str, url: str, args: argparse.Namespace, tokenizer: Path, name: str
+) -> dict[str, Any]:
+    out_dir = args.out / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = out_dir / "guidellm.json"
+    spec = out_dir / "scenario.json"
+    spec.write_text(json.dumps({"spec": scenario(url, args, tokenizer, report)}, indent=1) + "\n")
+    guidellm = str(Path(python).parent / "guidellm")
+    cmd = [guidellm, "run", "-c", str(spec), "--disable-console-interactive", *args.guidellm_arg]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with (out_dir / "guidellm.log").open("w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+    data: dict[str, Any] = json.loads(report.read_text())
+    return data
+
+
+def _dist(metric: dict[str, Any], units: str, scale: float = 1.0) -> dict[str, Any]:
+    """A GuideLLM distribution summary in llm-d's statistics block (mean, p10/p50/p90...)."""
+    pct = metric.get("percentiles", {})
+    out: dict[str, Any] = {"units": units}
+    for key, src in (("mean", metric.get("mean")), ("stddev", metric.get("std_dev")),
+                     ("min", metric.get("min")), ("max", metric.get("max")),
+                     ("p10", pct.get("p10")), ("p50", pct.get("p50") or metric.get("median")),
+                     ("p90", pct.get("p90")), ("p95", pct.get("p95")),
+                     ("p99", pct.get("p99"))):  # fmt: skip
+        if isinstance(src, int | float):
+            out[key] = src * scale
+    return out
+
+
+def successful(benchmark: dict[str, Any], name: str) -> dict[str, Any]:
+    metric = benchmark.get("metrics", {}).get(name, {})
+    value: dict[str, Any] = metric.get("successful", metric) if isinstance(metric, dict) else {}
+    return value
+
+
+def hit_rate(benchmark: dict[str, Any]) -> float | None:
+    """Cached prompt tokens / prompt tokens over the successful requests. GuideLLM keeps each
+    request's ``cached_tokens`` (from the engines' usage) but aggregates none."""
+    requests = benchmark.get("requests", {})
+    done = requests.get("successful", []) if isinstance(requests, dict) else []
+    prompt = sum(r.get("prompt_tokens") or 0 for r in done)
+    cached = sum(r.get("cached_tokens") or 0 for r in done)
+    return cached / prompt if prompt else None
+
+
+def llmd_report(
+    benchmark: dict[str, Any], setup: str, args: argparse.Namespace, engines: int
+) -> dict[str, Any]:
+    """One GuideLLM benchmark as llm-d's benchmark report (version 0.1)."""
+    totals = benchmark.get("metrics", {}).get("request_totals", {})
+    return {
+        "version": LLMD_REPORT_VERSION,
+        "scenario": {
+            "description": f"tpuserve {setup}: {args.workload} at {args.rate} req/s",
+            "host": {
+                "type": ["replica"] * engines,
+                "accelerator": [
+                    {
+                        "model": f"TPU {args.tpu} {args.topology} (engine twin)",
+                        "count": args.chips_per_engine,
+                        "parallelism": {"tp": args.chips_per_engine},
+                    }
+                ]
+                * engines,
+            },
+            "platform": {
+                "engine": [
+                    {
+                        "name": "tpuserve-engine-twin",
+                        "args": {
+                            "--model-profile": args.model_profile,
+                            "--time-scale": args.time_scale,
+                        },
+                    }
+                ]
+                * engines,
+            },
+            "model": {"name": args.model},
+            "load": {
+                "name": "guidellm",
+                "type": args.workload,
+                "args": {
+                    "data": data_spec(args),
+                    "profile": "constant",
+                    "rate": args.rate,
+                    "max_seconds": args.max_seconds,
+                },
+            },
+        },
+        "metrics": {
+            "time": {"duration": benchmark.get("duration")},
+            "requests": {
+                "total": totals.get("total"),
+                "failures": totals.get("errored"),
+                "input_length": _dist(successful(benchmark, "prompt_token_count"), "count"),
+                "output_length": _dist(successful(benchmark, "output_token_count"), "count"),
+            },
+            "latency": {
+                "request_latency": _dist(successful(benchmark, "request_latency"), "s"),
+                "time_to_first_token": _dist(successful(benchmark, "time_to_first_token_ms"), "ms"),
+                "time_per_output_token": _dist(
+                    successful(benchmark, "time_per_output_token_ms"), "ms/token"
+                ),
+                "inter_token_latency": _dist(
+                    successful(benchmark, "inter_token_latency_ms"), "ms/token"
+                ),
+            },
+            "metadata": {
+                "prefix_cache_hit_rate": hit_rate(benchmark),
+                "successful": totals.get("successful"),
+                "incomplete": totals.get("incomplete"),
+            },
+            "throughput": {
+                "output_tokens_per_sec": successful(benchmark, "output_tokens_per_second").get(
+                    "mean"
+                ),
+                "total_tokens_per_sec": successful(benchmark, "tokens_per_second").get("mean"),
+                "requests_per_sec": successful(benchmark, "requests_per_second").get("mean"),
+            },
+        },
+    }
+
+
+def summary(
+    report: dict[str, Any], setup: str, chips: int, ttft_target_ms: float
+) -> dict[str, Any]:
+    """The TPU recipes' figure: output tokens/s per chip, at the TTFT and ITL served."""
+    m = report["metrics"]
+    out_tps = m["throughput"]["output_tokens_per_sec"] or 0.0
+    ttft = m["latency"]["time_to_first_token"]
+    itl = m["latency"]["inter_token_latency"]
+    return {
+        "setup": setup,
+        "chips": chips,
+        "requests": m["requests"]["total"],
+        "completed": m["metadata"]["successful"],
+        "failures": m["requests"]["failures"],
+        "output_tokens_per_second": out_tps,
+        "output_tokens_per_second_per_chip": out_tps / chips,
+        "ttft_p50_ms": ttft.get("p50"),
+        "ttft_p99_ms": ttft.get("p99"),
+        "itl_p50_ms": itl.get("p50"),
+        "hit_rate": m["metadata"]["prefix_cache_hit_rate"],
+        "ttft_target_ms": ttft_target_ms,
+        "ttft_target_met": ttft.get("p99") is not None and ttft["p99"] <= ttft_target_ms,
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| setup | chips | requests (completed) | failed | output tok/s | per chip "
+        "| TTFT p50 / p99 ms | ITL p50 ms | hit rate | p99 TTFT <= target |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['setup']} | {r['chips']} | {r['requests']} ({r['completed']}) | {r['failures']} "
+            f"| {r['output_tokens_per_second']:.0f} | {r['output_tokens_per_second_per_chip']:.0f} "
+            f"| {r['ttft_p50_ms'] or 0:.0f} / {r['ttft_p99_ms'] or 0:.0f} "
+            f"| {r['itl_p50_ms'] or 0:.1f} "
+            f"| {'–' if r['hit_rate'] is None else format(r['hit_rate'], '.3f')} "
+            f"| {'yes' if r['ttft_target_met'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def write_reports(args: argparse.Namespace, runs: list[tuple[str, dict[str, Any], int]]) -> None:
+    rows = []
+    for setup, data, engines in runs:
+        report = llmd_report(data["benchmarks"][-1], setup, args, engines)
+        name = setup.replace(":", "-")
+        (args.out / f"{name}.llmd-report.json").write_text(json.dumps(report, indent=1) + "\n")
+        rows.append(summary(report, setup, engines * args.chips_per_engine, args.ttft_target_ms))
+    (args.out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(markdown(rows))
+
+
+def report_only(args: argparse.Namespace) -> int:
+    runs = []
+    for setup in ["target"] if args.target else args.setups.split(","):
+        data = json.loads((args.out / setup.replace(":", "-") / "guidellm.json").read_text())
+        runs.append((setup, data, 1 if setup == "single" else args.workers))
+    write_reports(args, runs)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setups", default="router:precise,router:round_robin,single")
+    parser.add_argument("--target", help="an endpoint already running (instead of --setups)")
+    parser.add_argument("--workload", choices=("shared-prefix", "1k1k"), default="shared-prefix")
+    parser.add_argument("--rate", type=float, default=10.0, help="requests/s (constant)")
+    parser.add_argument("--max-seconds", type=float, default=60.0)
+    parser.add_argument("--max-requests", type=int, default=0, help="0: no limit")
+    parser.add_argument("--prefixes", type=int, default=32)
+    parser.add_argument("--prefix-tokens", type=int, default=4096)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--output-tokens", type=int, default=256)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--tpu", default="v6e")
+    parser.add_argument("--topology", default="1x1")
+    parser.add_argument("--chips-per-engine", type=int, default=1)
+    parser.add_argument("--model-profile", default="llama-3.1-8b")
+    parser.add_argument("--model", default="tpuserve/sim-8b", help="the served model's name")
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--tokenizer", type=Path, help="a directory with tokenizer.json")
+    parser.add_argument("--ttft-target-ms", type=float, default=1000.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--guidellm-arg", action="append", default=[])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "guidellm_results" / "latest")
+    parser.add_argument(
+        "--report", action="store_true",
+        help="rebuild the reports and summary from --out's GuideLLM JSON files, running nothing",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.report:
+        return report_only(args)
+    tokenizer = args.tokenizer or tiny_tokenizer_dir()
+    python = guidellm_python()
+    runs = []
+    setups = ["target"] if args.target else args.setups.split(",")
+    for setup in setups:
+        name = setup.replace(":", "-")
+        if args.target:
+            data = run_guidellm(python, args.target.rstrip("/"), args, tokenizer, name)
+            runs.append((setup, data, args.workers))
+        else:
+            with started(setup, args, tokenizer) as (url, engines):
+                runs.append((setup, run_guidellm(python, url, args, tokenizer, name), engines))
+    write_reports(args, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

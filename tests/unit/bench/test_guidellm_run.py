@@ -1,0 +1,107 @@
+"""bench/guidellm_run.py's conversions: GuideLLM's JSON to llm-d's report and the per-chip line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+BENCH = Path(__file__).resolve().parents[3] / "bench"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_guidellm_run", BENCH / "guidellm_run.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+run = _load()
+
+
+def _stat(mean: float, p50: float, p99: float) -> dict[str, Any]:
+    """GuideLLM 0.8's distribution summary, as its JSON output writes it."""
+    pct = {"p10": p50 / 2, "p50": p50, "p90": p99, "p99": p99}
+    return {
+        "successful": {"mean": mean, "median": p50, "std_dev": 1.0, "min": 0.5, "max": p99,
+                       "percentiles": pct}
+    }  # fmt: skip
+
+
+BENCHMARK = {
+    "duration": 30.0,
+    "requests": {
+        "successful": [{"prompt_tokens": 4368, "cached_tokens": 4096}] * 3
+        + [{"prompt_tokens": 4368, "cached_tokens": 0}],
+    },
+    "metrics": {
+        "request_totals": {"successful": 58, "errored": 2, "incomplete": 0, "total": 60},
+        "prompt_token_count": _stat(4368, 4368, 4368),
+        "output_token_count": _stat(128, 128, 128),
+        "request_latency": _stat(1.9, 1.8, 3.0),
+        "time_to_first_token_ms": _stat(70.0, 57.0, 900.0),
+        "time_per_output_token_ms": _stat(14.0, 13.0, 20.0),
+        "inter_token_latency_ms": _stat(14.0, 13.0, 20.0),
+        "output_tokens_per_second": _stat(800.0, 790.0, 900.0),
+        "tokens_per_second": _stat(28000.0, 27000.0, 30000.0),
+        "requests_per_second": _stat(6.0, 6.0, 7.0),
+    },
+}
+
+
+def _args(**over: Any) -> argparse.Namespace:
+    base = {"workload": "shared-prefix", "rate": 6.0, "max_seconds": 30.0, "max_requests": 0,
+            "prefixes": 32, "prefix_tokens": 4096, "prompt_tokens": 256, "output_tokens": 128,
+            "tpu": "v6e", "topology": "1x1", "chips_per_engine": 1, "model": "m",
+            "model_profile": "llama-3.1-8b", "time_scale": 1.0, "seed": 0}  # fmt: skip
+    return argparse.Namespace(**(base | over))
+
+
+def test_a_guidellm_benchmark_becomes_an_llmd_report() -> None:
+    report = run.llmd_report(BENCHMARK, "router:precise", _args(), engines=4)
+    assert report["version"] == "0.1"
+    assert set(report) == {"version", "scenario", "metrics"}
+    assert report["scenario"]["host"]["type"] == ["replica"] * 4
+    assert report["scenario"]["load"]["args"]["data"]["prefix_buckets"][0]["prefix_tokens"] == 4096
+    m = report["metrics"]
+    assert (m["requests"]["total"], m["requests"]["failures"]) == (60, 2)
+    ttft = m["latency"]["time_to_first_token"]
+    assert (ttft["units"], ttft["mean"], ttft["p50"], ttft["p99"]) == ("ms", 70.0, 57.0, 900.0)
+    assert m["throughput"]["output_tokens_per_sec"] == 800.0
+    assert m["metadata"]["prefix_cache_hit_rate"] == pytest.approx(3 * 4096 / (4 * 4368))
+
+
+@pytest.mark.parametrize(("target", "met"), [(1000.0, True), (500.0, False)])
+def test_the_summary_is_output_tokens_per_chip_at_the_ttft_target(target: float, met: bool) -> None:
+    report = run.llmd_report(BENCHMARK, "router:precise", _args(), engines=4)
+    row = run.summary(report, "router:precise", chips=4, ttft_target_ms=target)
+    assert row["output_tokens_per_second_per_chip"] == 200.0
+    assert row["ttft_target_met"] is met
+    line = "| router:precise | 4 | 60 (58) | 2 | 800 | 200 | 57 / 900 | 13.0 | 0.703 |"
+    assert line in run.markdown([row])
+
+
+def test_the_1k1k_profile_is_fixed_and_shares_nothing() -> None:
+    spec = run.data_spec(_args(workload="1k1k"))
+    assert spec == {"kind": "synthetic_text", "prompt_tokens": 1024, "output_tokens": 1024}
+    scenario = run.scenario("http://127.0.0.1:1", _args(), Path("/tok"), Path("/o.json"))
+    assert scenario["tokenizer"] == {"kind": "huggingface_auto", "model": "/tok"}
+    assert scenario["profile"] == {"kind": "constant", "rate": [6.0]}
+
+
+def test_engine_flags_join_for_tpuserve_up() -> None:
+    assert run._joined(["--tpu", "v6e", "--enable-cache-report", "--topology", "1x1"]) == [
+        "--tpu=v6e",
+        "--enable-cache-report",
+        "--topology=1x1",
+    ]
