@@ -37,7 +37,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sglang_tpu import compile_cache, lora, model_source, perf_model, preflight, sglang_flags
+from sglang_tpu import (
+    compile_cache,
+    lora,
+    model_source,
+    perf_model,
+    preflight,
+    sglang_command,
+    sglang_flags,
+)
 from sglang_tpu.contract.launch_contract import LaunchContract
 from sglang_tpu.contract.problems import ContractError
 from sglang_tpu.contract.torch_tpu import torch_tpu_env
@@ -139,7 +147,7 @@ def plan(contract: LaunchContract) -> LaunchPlan:
     if draft is not None:
         fetches.append(Fetch(draft, _local(contract, draft)))
     adapters = [(name, Fetch(src, _local(contract, src))) for name, src in contract.adapter_sources]
-    command = sglang_flags.sglang_command(
+    command = sglang_command.sglang_command(
         contract,
         fetches[0].local_path,
         fetches[1].local_path if draft else None,
@@ -221,7 +229,7 @@ def simulated_command(contract: LaunchContract) -> list[str]:
     if contract.context_length is not None:
         command += ["--context-length", str(contract.context_length)]
     command += ["--enable-cache-report"]  # as the SGLang command
-    command += sglang_flags.host_kv_flags(contract)  # the twin has the tier too
+    command += sglang_command.host_kv_flags(contract)  # the twin has the tier too
     # the twin loads no weights: it serves and lists each adapter under its source
     command += lora.lora_args([(name, str(src)) for name, src in contract.adapter_sources])
     command += ["--kv-events-endpoint", _zmq_endpoint(contract, contract.kv_events_port)]

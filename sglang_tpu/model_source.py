@@ -87,6 +87,12 @@ def _join(*parts: str) -> str:
     return str(PurePosixPath(*[p for p in parts if p]))
 
 
+def model_id(source: str) -> str:
+    """The model's id inside a source (`hf://Qwen/Qwen3-8B@main` -> `Qwen/Qwen3-8B`): what
+    the performance model and the HBM fit know a model by."""
+    return source.split("://", 1)[-1].split("@", 1)[0]
+
+
 def pvc_mount_path(claim: str) -> str:
     """Where the operator mounts a `pvc://claim/...` model's PersistentVolumeClaim."""
     return f"{PVC_MOUNT_ROOT}/{claim}"

@@ -1,9 +1,9 @@
 """The SGLang launch flags `tpuserve engine launch` sets, with the source of each: one table.
 
 `FLAGS` is the only place that names an SGLang command-line flag the launcher owns. The
-launcher builds the command from it (`sglang_command`), the contract refuses extra arguments
-that would override one of these flags (`OWNED_FLAGS`), and `docs/engine-launch.md` prints
-it. `CPU_FLAGS` are the flags of the `cpu` development device (TPUSERVE_DEVICE=cpu): real
+launcher builds the command from it (`sglang_tpu.sglang_command`), the contract refuses extra
+arguments that would override one of these flags (`OWNED_FLAGS`), and `docs/engine-launch.md`
+prints it. `CPU_FLAGS` are the flags of the `cpu` development device (TPUSERVE_DEVICE=cpu): real
 SGLang on this machine's CPU; they are defaults there, which extra arguments may override.
 
 Sources:
@@ -20,15 +20,7 @@ Sources:
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from sglang_tpu import hicache, lora
-
-if TYPE_CHECKING:
-    from sglang_tpu.contract.launch_contract import LaunchContract
 
 SGLANG_0_5_23 = "sglang-0.5.23"
 SGLANG_DOCS = "sglang-docs"
@@ -191,85 +183,6 @@ def owned_flag(arg: str) -> str | None:
     return name if name in OWNED_FLAGS else None
 
 
-def kv_events_config(contract: LaunchContract) -> str:
-    """SGLang's `--kv-events-config` JSON: a bound ZMQ PUB (and optional replay ROUTER)."""
-    host = "*" if contract.bind_host in ("0.0.0.0", "::") else contract.bind_host
-    config: dict[str, object] = {
-        "publisher": "zmq",
-        "endpoint": f"tcp://{host}:{contract.kv_events_port}",
-        "bind": True,
-    }
-    if contract.kv_replay_port is not None:
-        config["replay_endpoint"] = f"tcp://{host}:{contract.kv_replay_port}"
-    return json.dumps(config, separators=(",", ":"), sort_keys=True)
-
-
-def host_kv_flags(contract: LaunchContract) -> list[str]:
-    """The host-memory KV tier's flags (none when TPUSERVE_HOST_KV_CACHE is unset)."""
-    if contract.host_kv_cache is None:
-        return []
-    return hicache.flags(contract.host_kv_size_gb, contract.host_kv_ratio, contract.host_kv_cache)
-
-
 def cpu_flags() -> list[str]:
     """`CPU_FLAGS` as arguments (a flag with an empty value is a switch)."""
     return [arg for flag in CPU_FLAGS for arg in (flag.name, flag.set_from) if arg]
-
-
-def sglang_command(
-    contract: LaunchContract,
-    model_path: str,
-    draft_path: str | None,
-    python: str = DEFAULT_PYTHON,
-    adapter_paths: Sequence[tuple[str, str]] = (),
-) -> list[str]:
-    """The SGLang server command for one host of the slice; paths (of the model, the draft
-    model and each LoRA adapter by name) are already local."""
-    shape = contract.shape
-    cpu = contract.device == "cpu"
-    command = [
-        python,
-        *SGLANG_MODULE,
-        "--model-path",
-        model_path,
-        "--served-model-name",
-        contract.served_name,
-        "--device",
-        contract.device,
-        "--tp-size",
-        "1" if cpu else str(shape.devices),
-    ]
-    if shape.multi_host:
-        command += [
-            "--nnodes",
-            str(shape.hosts),
-            "--node-rank",
-            str(contract.host_index),
-            "--dist-init-addr",
-            f"{contract.leader_address}:{contract.dist_init_port}",
-        ]
-    command += ["--host", contract.bind_host, "--port", str(contract.http_port)]
-    command += ["--enable-metrics", "--enable-cache-report"]
-    command += ["--kv-events-config", kv_events_config(contract)]
-    if contract.quantization != "none":
-        command += ["--quantization", QUANTIZATION_METHODS[contract.quantization]]
-    if contract.kv_cache_dtype != "auto":
-        command += ["--kv-cache-dtype", KV_CACHE_DTYPES[contract.kv_cache_dtype]]
-    if contract.context_length is not None:
-        command += ["--context-length", str(contract.context_length)]
-    if contract.speculative_algorithm != "none":
-        command += [
-            "--speculative-algorithm",
-            SPECULATIVE_ALGORITHMS[contract.speculative_algorithm],
-        ]
-        if draft_path is not None:
-            command += ["--speculative-draft-model-path", draft_path]
-        if contract.speculative_num_steps is not None:
-            command += ["--speculative-num-steps", str(contract.speculative_num_steps)]
-    command += host_kv_flags(contract)
-    command += lora.lora_args(adapter_paths)
-    if cpu:
-        command += cpu_flags()
-    elif contract.execution_mode == "compiled":
-        command.append("--enable-torch-compile")
-    return command + list(contract.sglang_extra_args)

@@ -25,6 +25,7 @@ from decimal import Decimal
 from typing import Final
 
 from sglang_tpu import hicache, perf_model
+from sglang_tpu.model_source import model_id
 from sglang_tpu.topology import GIB, SliceShape
 from tpuserve_operator import engine_resources
 from tpuserve_operator.api import TPUModelServerSpec
@@ -91,8 +92,6 @@ def host_hit_weight(spec: TPUModelServerSpec, shape: SliceShape) -> float | None
     """What the router's policy should weigh a host-tier block at for this server (its slice's
     and model's `StepTimer.host_hit_value`), None when it has no host tier or the performance
     model does not know the model (the router's default weight applies)."""
-    from tpuserve_operator.validation import model_id  # validation imports this module
-
     if spec.kv_cache is None or spec.kv_cache.host is None:
         return None
     profile = perf_model.lookup_hf_model(model_id(spec.model.source))

@@ -30,6 +30,7 @@ from typing import Any
 import pydantic
 
 from sglang_tpu import lora, model_source, perf_model
+from sglang_tpu.model_source import model_id
 from sglang_tpu.topology import TPU_RESOURCE, CatalogError, SliceShape, lookup
 from tpuserve_operator import (
     disaggregation,
@@ -245,11 +246,6 @@ def known_model_ids() -> list[str]:
     return sorted(
         {hf for name in perf_model.profile_names() for hf in perf_model.get_profile(name).hf_ids}
     )
-
-
-def model_id(source: str) -> str:
-    """The model's id inside a source (`hf://Qwen/Qwen3-8B@main` -> `Qwen/Qwen3-8B`)."""
-    return source.split("://", 1)[-1].split("@", 1)[0]
 
 
 def _owned_overrides(spec: TPUModelServerSpec) -> list[Problem]:

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
+import aiohttp
 import msgpack
 import orjson
 from prometheus_client import CollectorRegistry
@@ -99,7 +100,8 @@ from tpuserve_router.metrics import (
     touch_known_series,
 )
 from tpuserve_router.outliers import Ejectable, OutlierDetector
-from tpuserve_router.pd import pd_workers
+from tpuserve_router.pd import PdRouter
+from tpuserve_router.pd_settings import pd_workers
 from tpuserve_router.peer_auth import load_key
 from tpuserve_router.peer_snapshot import SnapshotService, snapshot_port
 from tpuserve_router.peer_view import PeerView, new_router_id
@@ -283,7 +285,7 @@ def create_router_app(
         # decisions see the KV events at most an interval late
         before_decision=kv.readers.read_if_due if kv is not None else None,
         on_arrival=demand.arrived if demand is not None else None,
-        pd_session=lambda: admission.health.session,
+        pair_router=pair_router(config, lambda: admission.health.session),
     )
     picker: EndpointPicker | None = None
     if config.picker_port is not None:  # grpc is imported only when the picker is on
@@ -943,3 +945,13 @@ def _current_namespace() -> str:
             return handle.read().strip()
     except OSError:
         return "default"
+
+
+def pair_router(
+    config: RouterConfig, session: Callable[[], aiohttp.ClientSession | None]
+) -> Callable[[Forwarder], PdRouter] | None:
+    """PD mode for the forwarder, when the router has prefill and decode workers."""
+    settings = config.pd_settings()
+    if settings is None:
+        return None
+    return lambda forwarder: PdRouter(forwarder, settings, session, config.seed)

@@ -24,7 +24,7 @@ from sglang_tpu.perf_model import DEFAULT_PROFILE
 from tpuserve_router.auth import KeysFileError, KeyStore
 from tpuserve_router.deadlines import FirstByteBudget
 from tpuserve_router.outliers import OutlierConfig
-from tpuserve_router.pd import PD_POLICIES, PdSettings, pd_workers
+from tpuserve_router.pd_settings import PD_POLICIES, PdSettings, pd_workers
 from tpuserve_router.peer_auth import key_file_problem
 from tpuserve_router.peer_snapshot import snapshot_port
 from tpuserve_router.policies.base import (

@@ -25,11 +25,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
-
-import aiohttp
+from typing import Final, Protocol
 
 from tpuserve_router.adapter_affinity import AdapterAffinity
 from tpuserve_router.auth import DEFAULT_PRIORITY, ApiKey, KeyStore, presented_key
@@ -39,7 +37,7 @@ from tpuserve_router.generation_limits import GENERATION_LIMITS, GenerationLimit
 from tpuserve_router.hold import HoldQueues, HoldRefused, hold_label
 from tpuserve_router.metrics import KV_TIERS
 from tpuserve_router.outliers import OutlierDetector
-from tpuserve_router.pd import PdRouter
+from tpuserve_router.pd_settings import PdSettings
 from tpuserve_router.policies.base import OUTCOMES, Decision, NoHealthyWorker, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.quotas import KeyQuota, Quotas, Refusal, Reservation, in_flight_limits
@@ -187,6 +185,34 @@ CLIENT_GONE: Final = TryOutcome(abandoned="client_gone")
 RETRIED: Final = TryOutcome(RETRY)
 
 
+class PairRouter(Protocol):
+    """What the forwarder asks of PD mode (`tpuserve_router.pd.PdRouter`, made by the app):
+    whether a request goes to a pair, and serving it on one."""
+
+    settings: PdSettings
+
+    def pair_possible(self, workers: Sequence[Worker]) -> bool: ...
+
+    def uncached_tokens(
+        self, route_request: RouteRequest, colocated: Sequence[Worker], prompt_tokens: int
+    ) -> float | None: ...
+
+    def stalls(self, uncached: float, prompt_tokens: int, queued_tokens: int = 0) -> bool: ...
+
+    def disaggregates(
+        self, decision: Decision[Worker], prompt_tokens: int, queued_tokens: int = 0
+    ) -> bool: ...
+
+    async def forward(
+        self,
+        routed: Routed,
+        route_request: RouteRequest,
+        workers: Sequence[Worker],
+        how: str,
+        adapter: str | None = None,
+    ) -> bool: ...
+
+
 class Forwarder:
     """Routes and proxies generation requests; one per router."""
 
@@ -202,7 +228,7 @@ class Forwarder:
         quotas: Quotas | None = None,
         before_decision: Callable[[], None] | None = None,
         on_arrival: Callable[[bool], None] | None = None,
-        pd_session: Callable[[], aiohttp.ClientSession | None] | None = None,
+        pair_router: Callable[[Forwarder], PairRouter] | None = None,
     ) -> None:
         """``holds`` are the hold queues; with ``keys`` (the router's own API keys) a
         request is admitted by its key and ``quotas``; ``before_decision`` runs before
@@ -255,10 +281,8 @@ class Forwarder:
         self._predicted_tokens = metrics.predicted_cached_tokens.child
         self._tenant_requests = metrics.tenant_requests.labels
         self._tenant_tokens = metrics.tenant_tokens.labels
-        pd_settings = config.pd_settings()
-        self.pd: PdRouter | None = None  # PD mode (`tpuserve_router.pd`)
-        if pd_settings is not None:
-            self.pd = PdRouter(self, pd_settings, pd_session or (lambda: None), config.seed)
+        # PD mode (`tpuserve_router.pd.PdRouter`, which the app makes for this forwarder)
+        self.pd: PairRouter | None = None if pair_router is None else pair_router(self)
 
     def handler(self, route: str, parser: Parser) -> Handler:
         """The handler of one generation route (``parser`` reads its body)."""

@@ -61,12 +61,23 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import aiohttp
 import orjson
 
 from sglang_tpu import disaggregation
+from tpuserve_router.forwarding import (
+    CLIENT_GONE,
+    STREAM_ERROR,
+    Forwarder,
+    Routed,
+    TryOutcome,
+    _forwarded_headers,
+    _response_headers,
+    _upstream_request,
+)
+from tpuserve_router.pd_settings import DECODE, PREFILL, PdSettings
 from tpuserve_router.policies.base import Decision, NoHealthyWorker, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.replies import reply_error, sse_error_event
@@ -74,17 +85,10 @@ from tpuserve_router.request_body import ClientError
 from tpuserve_router.request_ids import Restorer, client_rid, new_rid
 from tpuserve_router.retry import RETRYABLE_STATUSES
 from tpuserve_router.usage import usage_from_body, usage_from_stream_tail
-from tpuserve_router.workers import Worker, WorkerSpec, normalize_worker_url
-
-if TYPE_CHECKING:
-    from sglang_tpu.perf_model import StepTimer
-    from tpuserve_router.forwarding import Forwarder, Routed
+from tpuserve_router.workers import Worker
 
 log = logging.getLogger(__name__)
 
-PD_POLICIES: Final = ("conditional", "always")
-PREFILL: Final = "prefill"
-DECODE: Final = "decode"
 FAILURE_KINDS: Final = ("bootstrap", "transfer", "transport", "status", "timeout")
 PD_ROUTES: Final = ("disaggregated", "colocated", "no_prefill")
 """How a PD-mode request was served: as a pair; on a colocated worker by choice; on a
@@ -96,44 +100,6 @@ ROUTE_INFO_QUERY: Final = {
     "prefill_dp_rank": "-1", "prefill_cp_rank": "-1", "target_tp_rank": "-1",
     "target_pp_rank": "-1",
 }  # fmt: skip
-
-
-def parse_prefill_flag(text: str) -> WorkerSpec:
-    """A ``--prefill`` value: ``URL`` or ``URL BOOTSTRAP_PORT`` (SGLang router's form)."""
-    url, _, port = text.strip().partition(" ")
-    normalize_worker_url(url)
-    bootstrap: int | None = None
-    if port.strip() and port.strip() != "none":
-        try:
-            bootstrap = int(port)
-        except ValueError:
-            bootstrap = -1
-        if not 0 < bootstrap < 65536:
-            raise ValueError(
-                f"prefill {text!r}: bootstrap port {port.strip()!r} is not allowed; "
-                "allowed: 1..65535 or none"
-            )
-    return WorkerSpec(url, role=PREFILL, bootstrap_port=bootstrap)
-
-
-def pd_workers(prefill: Sequence[str], decode: Sequence[str]) -> list[WorkerSpec]:
-    """The `WorkerSpec`s of ``--prefill`` and ``--decode`` values."""
-    specs = [parse_prefill_flag(p) for p in prefill]
-    for url in decode:
-        normalize_worker_url(url)
-        specs.append(WorkerSpec(url, role=DECODE))
-    return specs
-
-
-@dataclass(frozen=True, slots=True)
-class PdSettings:
-    policy: str
-    threshold_tokens: int
-    handoff_timeout_seconds: float
-    timer: StepTimer | None = None
-    """The performance model the threshold came from (None: ``--pd-threshold-tokens`` was
-    given): it also times a short uncached suffix after a long cached prefix."""
-    itl_budget_seconds: float = disaggregation.DEFAULT_ITL_BUDGET_SECONDS
 
 
 class LegFailed(Exception):
@@ -449,7 +415,6 @@ class PdRouter:
         )
         prefill_data = dict(data, stream=False)
         prefill_data.pop("stream_options", None)
-        from tpuserve_router.forwarding import _forwarded_headers, _upstream_request
 
         def payload(worker: Worker, obj: dict[str, Any]) -> bytes:
             framed = _forwarded_headers(routed.request, orjson.dumps(obj), fwd._not_forwarded)
@@ -501,8 +466,6 @@ class PdRouter:
             failed = LegFailed(DECODE, "transport", err.detail)
             return failed
         except asyncio.CancelledError:  # the client left (nothing was counted yet): its
-            from tpuserve_router.forwarding import CLIENT_GONE  # cost as on a colocated worker
-
             abandoned = CLIENT_GONE.abandoned
             fwd.ledger(routed, d_worker.name, model, CLIENT_GONE)
             raise
@@ -635,7 +598,6 @@ class PdRouter:
         body: bytes,
         model: str,
     ) -> bool:
-        from tpuserve_router.forwarding import _response_headers
 
         status = conn.status
         usage = usage_from_body(body) if status == 200 else None
@@ -654,7 +616,6 @@ class PdRouter:
         first: bytes,
         model: str,
     ) -> bool:
-        from tpuserve_router.forwarding import STREAM_ERROR, _response_headers
 
         request = routed.request
         restorer = named.restorer
@@ -703,7 +664,6 @@ class PdRouter:
     ) -> None:
         """An answered pair, in the ledger every mode shares (`Forwarder.ledger`), on its
         decode worker; ``tail`` is the end of a stream that broke."""
-        from tpuserve_router.forwarding import STREAM_ERROR, TryOutcome
 
         if tail and routed.spend is not None:
             routed.spend.stream_tail = tail
@@ -770,7 +730,6 @@ class PdRouter:
         model: str,
     ) -> None:
         """No retry is left: the client gets the failing leg's answer, or 502/504."""
-        from tpuserve_router.forwarding import _response_headers
 
         worker = p_worker if failed.leg == PREFILL else d_worker
         if failed.status is not None:

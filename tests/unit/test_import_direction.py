@@ -1,5 +1,6 @@
-"""The import direction ARCHITECTURE.md fixes: sglang_tpu depends on no other part, the router
-and the operator never import each other nor the `tpuserve` command."""
+"""The import direction docs/architecture.md fixes: sglang_tpu depends on no other part, the
+router and the operator never import each other nor the `tpuserve` command; and no module of
+the four packages imports itself back through others (an import circle)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,111 @@ def test_imports_follow_the_fixed_direction(package: str) -> None:
         for path in sorted(root.rglob("*.py"))
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+# ---------------------------------------------------------------- no import circle
+
+ALL_PACKAGES = {**PACKAGES, "tpuserve": ROOT / "tpuserve"}
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the four packages by its dotted name (a package by its own name)."""
+    found: dict[str, Path] = {}
+    for package, root in ALL_PACKAGES.items():
+        for path in root.rglob("*.py"):
+            parts = [package, *path.relative_to(root).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Which of the project's modules each module imports: every import, at module level, in
+    a function or under ``TYPE_CHECKING`` alike (each ties the two modules' designs together;
+    a deferred import only hides the circle from the interpreter). ``from package import
+    name`` counts as the submodule when there is one; a module's own packages do not count
+    (a package that imports its submodules is no circle)."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = module if path.name == "__init__.py" else module.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        anchor = anchor.rpartition(".")[0]
+                    base = f"{anchor}.{base}" if base else anchor
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            for name in names:
+                target = resolve(name)
+                if target is not None and target != module and not module.startswith(target + "."):
+                    targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(start: str) -> None:
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_the_circle_finder_finds_a_circle_through_a_deferred_import() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    assert circles(import_graph(module_files())) == []

@@ -54,13 +54,13 @@ from typing import Any
 
 from sglang_tpu import disaggregation as pd
 from sglang_tpu import metric_names, perf_model
+from sglang_tpu.model_source import model_id
 from sglang_tpu.topology import SliceShape, lookup
 from tpuserve_operator import disaggregation, labels
 from tpuserve_operator.api import AutoscalingSpec, PredictiveFloorSpec, TPUModelServerSpec
 from tpuserve_operator.errors import Problem
 from tpuserve_operator.render.context import Manifest, RenderConfig, Server
 from tpuserve_operator.render.roles import role_scale_name
-from tpuserve_operator.validation import model_id
 
 QUEUE_METRIC = metric_names.NUM_QUEUE_REQS.name
 TOKENS_IN_FLIGHT_METRIC = metric_names.NUM_USED_TOKENS.name

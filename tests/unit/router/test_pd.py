@@ -13,16 +13,8 @@ import pytest
 from sglang_tpu import disaggregation
 from tpuserve_router.cli import build_config, configure, env_name
 from tpuserve_router.config import ConfigError, RouterConfig
-from tpuserve_router.pd import (
-    PdSettings,
-    _batch,
-    _failure_kind,
-    _transfer_seconds,
-    pairable,
-    pairs,
-    parse_prefill_flag,
-    pd_workers,
-)
+from tpuserve_router.pd import _batch, _failure_kind, _transfer_seconds, pairable, pairs
+from tpuserve_router.pd_settings import PdSettings, parse_prefill_flag, pd_workers
 from tpuserve_router.policies.base import Decision, RouteRequest
 from tpuserve_router.workers import Worker, WorkerSpec
 
