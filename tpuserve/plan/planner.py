@@ -2,7 +2,7 @@
 
 For every allowed (generation, topology) of the catalog where the model fits
 (`perf_model.check_fits` at the plan's context length), the planner finds the largest load one
-replica serves within the SLOs **by running the fleet model** (`tpuserve.bench.fleet`):
+replica serves within the SLOs **by running the fleet model** (`tpuserve.fleet`):
 ``sim_replicas`` replicas behind tpuserve's default policy at a constant rate for a short
 window, the rate per replica found by doubling then bisection (Vidur-Search's approach,
 reference capacity-planning.md §3.1). Tensor parallelism is the slice's: one engine per slice,
@@ -49,7 +49,7 @@ from sglang_tpu.perf_model import (
 )
 from sglang_tpu.topology import SLICE_SHAPES, CatalogError, SliceShape, generation_names, lookup
 from tpuserve.bench import pd_split
-from tpuserve.bench.fleet import BLOCK_TOKENS, FleetConfig, FleetResult, FleetSim, run_fleet
+from tpuserve.fleet import BLOCK_TOKENS, FleetConfig, FleetResult, FleetSim, run_fleet
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 PRICING_MODELS = ("on-demand", "spot")

@@ -114,7 +114,7 @@ def decide(
 ) -> tuple[int, Outcome, int]:
     """The policy's decision on plain numbers (steps 1-4), as `PrecisePolicy.choose` makes
     it from its index and queues: `choose_worker`, then `queue_move` with ``queued[i]`` the
-    prefill tokens queued on worker ``i``. The fleet model (`tpuserve.bench.fleet`) routes
+    prefill tokens queued on worker ``i``. The fleet model (`tpuserve.fleet`) routes
     with it."""
     i, outcome, cursor = choose_worker(
         held, prompt_tokens // page_tokens, loads, blocks, cursor, params

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import VirtualClock, fake_request, fake_worker
-from tpuserve.bench.fleet import FleetConfig, FleetSim
+from tpuserve.fleet import FleetConfig, FleetSim
 from tpuserve_router.policies.precise import PrecisePolicy
 
 pytestmark = pytest.mark.unit
