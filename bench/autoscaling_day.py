@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuserve.bench.autoscaling import SCALERS, ScalerConfig, run_autoscaled
-from tpuserve.bench.fleet import FleetConfig, daily_multiplier
+from tpuserve.fleet import FleetConfig, daily_multiplier
 
 WINDOWS = ((3.0, 6.0), (9.0, 6.0), (15.0, 6.0), (21.0, 6.0))
 """(start hour, hours of the day it stands for)."""

@@ -3,7 +3,7 @@
 250 replicas of `llama-3.1-8b` on v6e `2x2` slices (1,000 chips) behind several router
 replicas, the daily peak hour of a conversation + tool&agent mix with bursts, the autoscaler
 (``tokensInFlight``) with 4-8 minute cold starts and Spot preemptions in the loop
-(`tpuserve.bench.fleet`). Prints the run's summary as one JSON object, with the wall time.
+(`tpuserve.fleet`). Prints the run's summary as one JSON object, with the wall time.
 
     .venv/bin/python bench/fleet_hour.py --json-out bench/fleet_results/2026-12-06/fleet_hour.json
 """
@@ -16,7 +16,7 @@ import platform
 import sys
 from pathlib import Path
 
-from tpuserve.bench.fleet import FleetConfig, add_peering_arguments, peer_delay_from, run_fleet
+from tpuserve.fleet import FleetConfig, add_peering_arguments, peer_delay_from, run_fleet
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ quarter points). tokens/day = sum of weight x tokens/s of the window.
 Goodput counts the prompt + output tokens of requests within the SLO: TTFT <= ``--ttft`` and
 mean inter-token latency <= ``--itl`` (per request). Policies: round_robin, precise
 (tpuserve's default), llmd (llm-d's prefix-cache 2 : queue 1 scorers, an anchor), oracle;
-router replicas 1, 4 and 8 (`tpuserve.bench.fleet` documents each). Several ``precise``
+router replicas 1, 4 and 8 (`tpuserve.fleet` documents each). Several ``precise``
 routers peer as the operator deploys them, each hearing the others' decisions ``--peer-delay``
 seconds later (default 1 ms); ``--no-peering`` leaves them the load poll alone.
 
@@ -40,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tpuserve.bench.fleet import FleetConfig, add_peering_arguments, peer_delay_from, run_fleet
+from tpuserve.fleet import FleetConfig, add_peering_arguments, peer_delay_from, run_fleet
 
 POLICIES = ("round_robin", "precise", "llmd", "oracle")
 ROUTERS = (1, 4, 8)

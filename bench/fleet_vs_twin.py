@@ -3,7 +3,7 @@
 Both run round-robin over 4 replicas of ``llama-3.1-8b`` on v6e ``2x2`` with the same KV pool
 (`perf_model.kv_pool_tokens`) and the same step-time model; the twin (`tpuserve bench` mode
 sim: SGLang's scheduler token by token) on workload W0 (unique prompts of ``--prompt`` tokens,
-``--output`` output tokens, Poisson arrivals), the fleet model (`tpuserve.bench.fleet`, closed-
+``--output`` output tokens, Poisson arrivals), the fleet model (`tpuserve.fleet`, closed-
 form decode phases) on its ``lengths`` workload with the same fixed lengths and no reuse.
 Prints one JSON line per rate with both sides' TTFT p50/p99, mean ITL and output tokens/s.
 
@@ -19,9 +19,9 @@ import statistics
 from sglang_tpu.perf_model import get_profile, kv_pool_tokens
 from sglang_tpu.topology import lookup
 from tpuserve.bench import traces, workloads
-from tpuserve.bench.fleet import FleetConfig, run_fleet
 from tpuserve.bench.report import summarize
 from tpuserve.bench.sim_runner import SimConfig, run_sim
+from tpuserve.fleet import FleetConfig, run_fleet
 
 
 def main(argv: list[str] | None = None) -> int:

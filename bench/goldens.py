@@ -67,7 +67,7 @@ def _without_wall(summary: dict[str, Any]) -> dict[str, Any]:
 
 def fleet_hour_small() -> dict[str, Any]:
     """bench/fleet_hour.py's path (autoscaler, cold starts, Spot, peering routers), 12 slots."""
-    from tpuserve.bench.fleet import FleetConfig, run_fleet
+    from tpuserve.fleet import FleetConfig, run_fleet
 
     config = FleetConfig(
         policy="precise", replicas=12, initial_replicas=8, min_replicas=2, router_replicas=2,

@@ -1,7 +1,7 @@
 """Autoscalers on the fleet model: today's HPA on `queue`, KEDA on backlog seconds, and backlog
 seconds with the predictive floor (issue 60).
 
-`tpuserve.bench.fleet.FleetSim` runs the fleet (engines, routers, traffic, cold starts, the
+`tpuserve.fleet.FleetSim` runs the fleet (engines, routers, traffic, cold starts, the
 HPA's mechanics: a decision every ``hpa_interval_seconds``, scale-up at once, scale-down to the
 highest desire of the last ``scale_down_window_seconds``, one slice a minute, drained first).
 `AutoscaledFleet` only replaces the rule that turns signals into a desired count
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_tpu.perf_model import get_profile, peak_prefill_tokens_per_second
-from tpuserve.bench.fleet import READY, FleetConfig, FleetResult, FleetSim, daily_multiplier
+from tpuserve.fleet import READY, FleetConfig, FleetResult, FleetSim, daily_multiplier
 from tpuserve_operator.predictive_floor import HOURS, FloorParams, predictive_floor
 
 SCALERS = ("hpa_queue", "keda_backlog", "keda_backlog_floor")

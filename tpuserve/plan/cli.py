@@ -14,7 +14,7 @@ from typing import Any
 from sglang_tpu import cli_types
 from sglang_tpu.perf_model import DEFAULT_PROFILE, get_profile, profile_names
 from sglang_tpu.topology import generation_names
-from tpuserve.bench.fleet import FleetConfig
+from tpuserve.fleet import FleetConfig
 from tpuserve.plan import emit
 from tpuserve.plan.planner import (
     PERF_MODEL_ERROR,
@@ -37,7 +37,7 @@ from tpuserve.plan.planner import (
 DESCRIPTION = """Plan TPU capacity and cost for a model, a workload, a demand and SLOs.
 
 For each allowed TPU slice where the model fits, the largest load one replica serves within
-the SLOs is found by running the fleet model (tpuserve.bench.fleet: the calibrated
+the SLOs is found by running the fleet model (tpuserve.fleet: the calibrated
 performance model's step times, continuous batching, a prefix cache, tpuserve's default
 routing) at rising rates; replicas for the peak follow, then cost per million output tokens
 by GKE Inference Quickstart's formula. Prints a table, the cost/latency Pareto front and the

@@ -2,7 +2,7 @@
 
 For every allowed (generation, topology) of the catalog where the model fits
 (`perf_model.check_fits` at the plan's context length), the planner finds the largest load one
-replica serves within the SLOs **by running the fleet model** (`tpuserve.bench.fleet`):
+replica serves within the SLOs **by running the fleet model** (`tpuserve.fleet`):
 ``sim_replicas`` replicas behind tpuserve's default policy at a constant rate for a short
 window, the rate per replica found by doubling then bisection (Vidur-Search's approach,
 reference capacity-planning.md §3.1). Tensor parallelism is the slice's: one engine per slice,
@@ -49,7 +49,7 @@ from sglang_tpu.perf_model import (
 )
 from sglang_tpu.topology import SLICE_SHAPES, CatalogError, SliceShape, generation_names, lookup
 from tpuserve.bench import pd_split
-from tpuserve.bench.fleet import BLOCK_TOKENS, FleetConfig, FleetResult, run_fleet
+from tpuserve.fleet import BLOCK_TOKENS, FleetConfig, FleetResult, FleetSim, run_fleet
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 PRICING_MODELS = ("on-demand", "spot")
@@ -517,30 +517,14 @@ def verify(result: Plan) -> dict[str, Any]:
 def sample_requests(fleet: FleetConfig, rate: float, seconds: float) -> list[pd_split.PdRequest]:
     """The workload's requests over ``seconds`` at a constant ``rate``, in arrival order, not
     served: a turn's arrival does not depend on how the one before was served."""
-    import heapq
-
-    from tpuserve.bench.fleet import _ARRIVAL, _SESSION, FleetSim
-
     sim = FleetSim(
         replace(fleet, replicas=1, peak_rate=rate, trough=1.0, duration_seconds=seconds,
                 bursts_per_hour=0.0, autoscale=False)
     )  # fmt: skip
-    out: list[pd_split.PdRequest] = []
-
-    def sink(req: Any) -> None:
-        out.append(pd_split.PdRequest(req.arrival, req.blocks, req.prompt, req.output))
-
-    sim._arrive = sink  # type: ignore[method-assign]
-    sim._next_session(0.0)
-    while sim.events and len(out) < PD_SAMPLE_REQUESTS:
-        t, _, kind, a, b = heapq.heappop(sim.events)
-        sim.now = t
-        if kind == _SESSION:
-            sim._start_session()
-            sim._next_session(t)
-        elif kind == _ARRIVAL:
-            sim._turn(a, b)
-    return out
+    return [
+        pd_split.PdRequest(r.arrival, r.blocks, r.prompt, r.output)
+        for r in sim.requests(PD_SAMPLE_REQUESTS)
+    ]
 
 
 def disaggregate(result: Plan, choice: Candidate) -> PdSplit:
@@ -607,30 +591,12 @@ def allowed_shapes(
 
 def mean_tokens_per_request(fleet: FleetConfig, samples: int = 4000) -> tuple[float, float]:
     """(mean prompt tokens, mean output tokens) of the workload, by drawing ``samples``."""
-    import heapq
-
-    from tpuserve.bench.fleet import _ARRIVAL, FleetSim
-
     sim = FleetSim(
         replace(fleet, replicas=1, peak_rate=1.0, duration_seconds=1e9, bursts_per_hour=0.0,
                 autoscale=False)
     )  # fmt: skip
-    prompts: list[int] = []
-    outputs: list[int] = []
-
-    def sink(req: Any) -> None:
-        prompts.append(req.prompt)
-        outputs.append(req.output)
-
-    sim._arrive = sink  # type: ignore[method-assign]
-    while len(prompts) < samples:
-        sim._start_session()
-        while sim.events:  # the session's later turns
-            t, _, kind, a, b = heapq.heappop(sim.events)
-            if kind == _ARRIVAL:
-                sim.now = t
-                sim._turn(a, b)
-    return statistics.fmean(prompts), statistics.fmean(outputs)
+    drawn = sim.session_requests(samples)
+    return statistics.fmean(r.prompt for r in drawn), statistics.fmean(r.output for r in drawn)
 
 
 def peak_rate_for_tokens_per_day(tokens_per_day: float, fleet: FleetConfig, trough: float) -> float:

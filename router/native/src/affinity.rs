@@ -1,5 +1,7 @@
-//! The affinity rule of the prefix policies (`prefix_routing.choose_by_affinity`, which states
-//! it): which worker a prompt goes to given how much of it each worker holds and their loads.
+//! The affinity rule of the `precise` policy (`tpuserve_router.policies.precise.choose_worker`
+//! states it): which worker a prompt goes to given how much of it each worker holds, their
+//! loads and how many blocks each caches. `BlockIndex.route` runs it per request, and the
+//! fleet model (`tpuserve.bench.fleet`) calls it through `choose_worker`: one rule for both.
 
 /// Why a worker was chosen (`policies.base.Outcome`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,21 +19,44 @@ pub fn imbalanced(loads: &[i64], abs_threshold: i64, rel_threshold: f64) -> bool
     high - low > abs_threshold && (high as f64) > rel_threshold * (low as f64)
 }
 
-/// The index of the worker to use and why, with `held[i]` the units of the prompt
-/// (`prompt_units` long) worker `i` holds and `loads[i]` its in-flight count; a miss goes to
-/// the least loaded. Among equals the first listed wins. `held` and `loads` are as long, and
-/// not empty.
+/// What `choose` decided: the worker's index, why, and the rotation cursor to pass next time
+/// (moved past the target when equals were rotated, else as given).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Choice {
+    pub target: usize,
+    pub outcome: Outcome,
+    pub cursor: usize,
+}
+
+/// The worker to use and why, with `held[i]` the units of the prompt (`prompt_units` long)
+/// worker `i` holds, `loads[i]` its in-flight count and `blocks(i)` how many blocks it caches
+/// (asked only to break ties). A hit goes to the least loaded of the workers holding the
+/// longest prefix (the first listed among them on equal loads); imbalance and a miss go to
+/// the least loaded worker, ties broken by the fewest cached blocks (the most free cache),
+/// then by `cursor`: the first of the equals at or after it, in list order, cyclically, so
+/// equals take turns. `held` and `loads` are as long, and not empty.
+#[allow(clippy::too_many_arguments)]
 pub fn choose(
     held: &[usize],
     prompt_units: usize,
     loads: &[i64],
+    blocks: impl Fn(usize) -> usize,
+    cursor: usize,
     cache_threshold: f64,
     abs_threshold: i64,
     rel_threshold: f64,
-) -> (usize, Outcome) {
+) -> Choice {
     let best = held.iter().copied().max().unwrap_or(0);
     let is_hit = prompt_units > 0 && (best as f64) / (prompt_units as f64) > cache_threshold;
-    choose_hit(held, is_hit, loads, abs_threshold, rel_threshold)
+    choose_hit(
+        held,
+        is_hit,
+        loads,
+        blocks,
+        cursor,
+        abs_threshold,
+        rel_threshold,
+    )
 }
 
 /// `choose` with whether the prompt is a hit decided by the caller (the tiered choice: a hit
@@ -40,21 +65,26 @@ pub fn choose_hit(
     held: &[usize],
     is_hit: bool,
     loads: &[i64],
+    blocks: impl Fn(usize) -> usize,
+    cursor: usize,
     abs_threshold: i64,
     rel_threshold: f64,
-) -> (usize, Outcome) {
+) -> Choice {
     let best = held.iter().copied().max().unwrap_or(0);
-    let least = first_least(loads);
     if loads.len() > 1 && imbalanced(loads, abs_threshold, rel_threshold) {
-        if !is_hit {
-            return (least, Outcome::Miss);
-        }
-        let outcome = if held[least] == best {
+        let (target, cursor) = least_loaded(loads, blocks, cursor);
+        let outcome = if !is_hit {
+            Outcome::Miss
+        } else if held[target] == best {
             Outcome::PrefixHit
         } else {
             Outcome::BalancedAway
         };
-        return (least, outcome);
+        return Choice {
+            target,
+            outcome,
+            cursor,
+        };
     }
     if is_hit {
         let mut target = held.iter().position(|&h| h == best).unwrap_or(0);
@@ -63,18 +93,96 @@ pub fn choose_hit(
                 target = i;
             }
         }
-        return (target, Outcome::PrefixHit);
+        return Choice {
+            target,
+            outcome: Outcome::PrefixHit,
+            cursor,
+        };
     }
-    (least, Outcome::Miss)
+    let (target, cursor) = least_loaded(loads, blocks, cursor);
+    Choice {
+        target,
+        outcome: Outcome::Miss,
+        cursor,
+    }
 }
 
-/// The first index of the smallest load.
-fn first_least(loads: &[i64]) -> usize {
+/// The least loaded worker, ties broken by the fewest `blocks`, then by `cursor` (see
+/// `choose`); and the next cursor. Blocks are counted only when loads tie.
+fn least_loaded(loads: &[i64], blocks: impl Fn(usize) -> usize, cursor: usize) -> (usize, usize) {
+    let n = loads.len();
     let mut least = 0;
-    for (i, &load) in loads.iter().enumerate() {
+    let mut ties = 1;
+    for (i, &load) in loads.iter().enumerate().skip(1) {
         if load < loads[least] {
             least = i;
+            ties = 1;
+        } else if load == loads[least] {
+            ties += 1;
         }
     }
-    least
+    if ties == 1 {
+        return (least, cursor);
+    }
+    let low = loads[least];
+    let start = cursor % n;
+    // (fewest blocks, then the fewest steps from the cursor): the first in cyclic order wins
+    let mut chosen = (usize::MAX, usize::MAX, least);
+    let mut equals = 0;
+    for step in 0..n {
+        let i = (start + step) % n;
+        if loads[i] != low {
+            continue;
+        }
+        let count = blocks(i);
+        if count < chosen.0 {
+            chosen = (count, step, i);
+            equals = 1;
+        } else if count == chosen.0 {
+            equals += 1;
+        }
+    }
+    let target = chosen.2;
+    (target, if equals > 1 { target + 1 } else { cursor })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pick(held: &[usize], loads: &[i64], blocks: &[usize], cursor: usize) -> Choice {
+        choose(held, 10, loads, |i| blocks[i], cursor, 0.3, 64, 1.5)
+    }
+
+    #[test]
+    fn a_miss_goes_to_the_least_loaded() {
+        assert_eq!(pick(&[0, 0, 0], &[3, 1, 2], &[0, 9, 0], 0).target, 1);
+    }
+
+    #[test]
+    fn equal_loads_go_to_the_fewest_cached_blocks() {
+        let choice = pick(&[0, 0, 0], &[1, 1, 1], &[5, 2, 7], 0);
+        assert_eq!((choice.target, choice.cursor), (1, 0)); // no equals rotated: cursor stays
+    }
+
+    #[test]
+    fn equals_take_turns_from_the_cursor() {
+        let mut cursor = 0;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            let choice = pick(&[0, 0, 0], &[0, 0, 0], &[0, 0, 0], cursor);
+            seen.push(choice.target);
+            cursor = choice.cursor;
+        }
+        assert_eq!(seen, [0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn a_hit_ignores_the_cursor_and_the_blocks() {
+        let choice = pick(&[4, 8, 8], &[0, 2, 1], &[0, 0, 9], 1);
+        assert_eq!(
+            (choice.target, choice.outcome, choice.cursor),
+            (2, Outcome::PrefixHit, 1)
+        );
+    }
 }

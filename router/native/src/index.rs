@@ -143,6 +143,9 @@ pub struct BlockIndex {
     next_expiry: f64,
     /// `route`'s parameters (`set_route_params`), fixed per policy: not passed per request.
     route_params: Option<RouteParams>,
+    /// Where `route` starts looking among equally loaded, equally full workers
+    /// (`affinity::choose`'s cursor).
+    cursor: usize,
 }
 
 /// The affinity rule's and the queue test's parameters (`prefix_routing.AffinityParams`,
@@ -613,6 +616,7 @@ impl BlockIndex {
             predicted: HashMap::default(),
             next_expiry: f64::INFINITY,
             route_params: None,
+            cursor: 0,
         })
     }
 
@@ -647,6 +651,14 @@ impl BlockIndex {
             Some(rank) => worker.streams.get(&rank).map_or(0, |s| s.engine_keys.len()),
             None => worker.streams.values().map(|s| s.engine_keys.len()).sum(),
         }
+    }
+
+    /// Blocks `name` caches as `route` counts them to break ties among equally loaded workers:
+    /// reported (every rank) and predicted (`cached_blocks`).
+    #[pyo3(name = "cached_blocks")]
+    fn py_cached_blocks(&mut self, py: Python<'_>, name: &str) -> PyResult<usize> {
+        self.expire(py)?;
+        Ok(cached_blocks(self.workers.get(name)))
     }
 
     /// The engine's own block hashes `name` reported holding and not yet removed, in all its DP
@@ -800,7 +812,13 @@ impl BlockIndex {
         let empty = Bits::default();
         let masks = self.masks(&names, &empty)?;
         let depths = self.depths(&keys.keys, &masks);
-        let (target, outcome) = if self.host_only_blocks > 0 {
+        let workers = &self.workers;
+        let blocks = |i: usize| {
+            names[i]
+                .to_str()
+                .map_or(0, |name| cached_blocks(workers.get(name)))
+        };
+        let choice = if self.host_only_blocks > 0 {
             // Tiers: a block in HBM saves its prefill, one in host memory that less its load
             // back (`host_hit_weight` of it): HBM hit > host hit > miss, in thousandths.
             let device = self.depths_in(&self.device, &keys.keys, &masks);
@@ -823,6 +841,8 @@ impl BlockIndex {
                 &held,
                 is_hit,
                 &loads,
+                blocks,
+                self.cursor,
                 params.balance_abs_threshold,
                 params.balance_rel_threshold,
             )
@@ -831,11 +851,15 @@ impl BlockIndex {
                 &depths,
                 keys.keys.len(),
                 &loads,
+                blocks,
+                self.cursor,
                 params.cache_threshold,
                 params.balance_abs_threshold,
                 params.balance_rel_threshold,
             )
         };
+        let (target, outcome) = (choice.target, choice.outcome);
+        self.cursor = choice.cursor;
         let best = depths.iter().copied().max().unwrap_or(0);
         let given_up = (best - depths[target]) as f64 * self.page_size as f64;
         let stays =
@@ -1061,4 +1085,16 @@ impl BlockIndex {
         self.free_bits
             .extend(worker.streams.values().map(|s| s.bit));
     }
+}
+
+/// Blocks `worker` caches as the index knows it: reported (every rank, orphans included) and
+/// predicted (`affinity::choose` breaks ties on it). 0 for a worker the index has not seen.
+fn cached_blocks(worker: Option<&Worker>) -> usize {
+    worker.map_or(0, |w| {
+        w.predicted.len()
+            + w.streams
+                .values()
+                .map(|s| s.engine_keys.len())
+                .sum::<usize>()
+    })
 }

@@ -42,12 +42,55 @@ fn usage_counts(body: &[u8]) -> PyResult<Option<(u64, u64, u64)>> {
     }
 }
 
+/// `affinity::choose` (the `precise` policy's rule, as `BlockIndex.route` runs it) on plain
+/// lists, for `tpuserve_router.policies.precise.choose_worker`: (target, outcome, next cursor).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn choose_worker(
+    py: Python<'_>,
+    held: Vec<usize>,
+    prompt_units: usize,
+    loads: Vec<i64>,
+    blocks: Vec<usize>,
+    cursor: usize,
+    cache_threshold: f64,
+    balance_abs_threshold: i64,
+    balance_rel_threshold: f64,
+) -> PyResult<(usize, Py<pyo3::types::PyString>, usize)> {
+    if held.is_empty() || held.len() != loads.len() || held.len() != blocks.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "choose_worker needs one load and one block count per worker (at least one), got \
+             {} held, {} loads and {} block counts",
+            held.len(),
+            loads.len(),
+            blocks.len()
+        )));
+    }
+    let choice = affinity::choose(
+        &held,
+        prompt_units,
+        &loads,
+        |i| blocks[i],
+        cursor,
+        cache_threshold,
+        balance_abs_threshold,
+        balance_rel_threshold,
+    );
+    let outcome = match choice.outcome {
+        affinity::Outcome::PrefixHit => pyo3::intern!(py, "prefix_hit"),
+        affinity::Outcome::BalancedAway => pyo3::intern!(py, "balanced_away"),
+        affinity::Outcome::Miss => pyo3::intern!(py, "miss"),
+    };
+    Ok((choice.target, outcome.clone().unbind(), choice.cursor))
+}
+
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ROOT_KEY", keys::ROOT_KEY)?;
     m.add_function(wrap_pyfunction!(py_block_keys, m)?)?;
     m.add_function(wrap_pyfunction!(usage_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(choose_worker, m)?)?;
     m.add_class::<index::BlockIndex>()?;
     m.add_class::<index::BlockKeys>()?;
     m.add_class::<tokens::TokenIds>()?;

@@ -8,7 +8,8 @@ does the sequencing). A request's token ids (chat template applied, as the engin
 tokenizes them) are cut into pages of the engine's page size, learned from the events.
 
 Per request, as sglang-router's KV-event-fed ``cache_aware_zmq`` (the rule `cache_aware`
-also follows, `prefix_routing.choose_by_affinity`, here measured in blocks):
+also follows, `prefix_routing.choose_by_affinity`, here measured in blocks; `choose_worker`,
+compiled, is this rule, and `decide` the whole decision on plain numbers):
 
 1. Imbalanced load (same test and defaults as `cache_aware`: in-flight
    ``max - min > balance_abs_threshold`` and ``max > balance_rel_threshold * min``)
@@ -17,6 +18,13 @@ also follows, `prefix_routing.choose_by_affinity`, here measured in blocks):
    prompt's blocks: if ``match > cache_threshold`` -> the least loaded worker among those
    holding that longest run (``prefix_hit``);
 3. else -> the least loaded worker (``miss``).
+
+In 1 and 3, equally loaded workers are told apart by the blocks each caches (reported by its
+KV events, or predicted): the fewest wins, the most free cache, as sglang-router's first
+``cache_aware`` sent misses to its smallest tree. Workers equal in that too take turns (a
+cursor that moves past each one chosen so, not list order). So at low load new
+conversations spread over the engines instead of all landing on the first listed (twelve
+sequential new prompts over four engines: three each; before, twelve on the first).
 4. Then the price of waiting (`prefix_routing.leave_long_queue`, the `cost` policy's idea):
    each worker's prefill work for the request is the prefill already queued there (uncached
    prompt tokens of requests whose prefill is not over: no first byte yet, and the engine's
@@ -44,10 +52,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tpuserve_router import _native
 from tpuserve_router.policies.base import (
     Clock,
     Decision,
     NoHealthyWorker,
+    Outcome,
     RouteRequest,
     W,
     build_params,
@@ -60,6 +70,7 @@ from tpuserve_router.policies.prefix_routing import (
     QueueParams,
     affinity_outcome,
     leave_long_queue,
+    queue_move,
 )
 
 
@@ -71,6 +82,48 @@ class PreciseParams(AffinityParams, IndexParams, QueueParams):
             or IndexParams.validate(self)
             or QueueParams.validate(self)
         )
+
+
+def choose_worker(
+    held: Sequence[int],
+    prompt_units: int,
+    loads: Sequence[int],
+    blocks: Sequence[int],
+    cursor: int,
+    params: AffinityParams,
+) -> tuple[int, Outcome, int]:
+    """Steps 1-3 (the module's docstring), pure: the index of the worker to use, why, and
+    the cursor to pass next time. ``held[i]``: leading blocks of the prompt (``prompt_units``
+    whole blocks) worker ``i`` holds; ``loads[i]``: its in-flight requests; ``blocks[i]``: the
+    blocks it caches. The compiled rule `BlockIndex.route` runs per request."""
+    return _native.choose_worker(
+        held, prompt_units, loads, blocks, cursor,
+        params.cache_threshold, params.balance_abs_threshold, params.balance_rel_threshold,
+    )  # fmt: skip
+
+
+def decide(
+    held: Sequence[int],
+    page_tokens: int,
+    prompt_tokens: int,
+    loads: Sequence[int],
+    blocks: Sequence[int],
+    queued: Sequence[int],
+    cursor: int,
+    params: PreciseParams,
+) -> tuple[int, Outcome, int]:
+    """The policy's decision on plain numbers (steps 1-4), as `PrecisePolicy.choose` makes
+    it from its index and queues: `choose_worker`, then `queue_move` with ``queued[i]`` the
+    prefill tokens queued on worker ``i``. The fleet model (`tpuserve.fleet`) routes
+    with it."""
+    i, outcome, cursor = choose_worker(
+        held, prompt_tokens // page_tokens, loads, blocks, cursor, params
+    )
+    moved = queue_move(held, page_tokens, prompt_tokens, i, queued, loads, params)
+    if moved != i:
+        cached = [h * page_tokens for h in held]
+        return moved, affinity_outcome(cached, moved, prompt_tokens, params.cache_threshold), cursor
+    return i, outcome, cursor
 
 
 @register("precise")

@@ -14,7 +14,10 @@ is that decision, sglang-router's ``cache_aware`` rule:
 `PrefillQueues` keeps the prefill work routed to each worker and not started yet (the uncached
 prompt tokens of requests whose first byte has not come back); `cost` prices every worker with
 it, and `precise` uses it to overrule the affinity rule where that rule would queue a request
-far behind other prefills (`leave_long_queue`).
+far behind other prefills (`leave_long_queue`, on the pure `queue_move`).
+
+`precise` runs its own form of the affinity rule, compiled (`precise.choose_worker`): a miss
+is not broken by ``miss_key`` and list order but by the fewest cached blocks, then in turns.
 
 `precise` and `cost` own a `BlockIndex` fed by the workers' KV events: `IndexParams` are its
 parameters, `make_index` builds it, and `BlockIndexPolicy` forgets a worker's blocks when the
@@ -212,20 +215,9 @@ def leave_long_queue(
     queues: PrefillQueues,
     params: QueueParams,
 ) -> int:
-    """``chosen``, or the worker that would start this prompt's first token much sooner.
-
-    A worker's prefill work for the request is the prefill queued there (booked by this
-    router, plus what other router replicas queued as of the last load poll) plus the prompt's
-    tokens it does not hold (``prompt_tokens - cached[i]``, `cost`'s price), where ``cached[i]``
-    is ``held[i] * unit_tokens`` (``held`` in blocks of ``unit_tokens``). The candidate
-    is the worker with the least work (ties: the longer prefix, then the least loaded). The
-    request moves there when the queue it avoids outweighs the prefix it gives up: when
-    ``queued[chosen] - queued[candidate]`` exceeds ``saved_prefix_weight`` x
-    ``(cached[chosen] - cached[candidate])`` plus ``queue_margin_tokens``. So a long prefill
-    queued on a prefix's holder no longer holds up the requests that follow it there, while
-    short queues keep affinity (a move costs a prefill, which the requests queued behind it
-    at the other worker pay for too, and room in that worker's cache).
-    """
+    """`queue_move` on the workers' queues: ``chosen``, or the worker that would start this
+    prompt's first token much sooner. A worker's queue is the prefill queued there, booked by
+    this router, plus what other router replicas queued as of the last load poll."""
     target = healthy[chosen]
     if queues.tokens(target.name) + target.peer_prefill_tokens <= (
         params.queue_margin_tokens
@@ -234,10 +226,42 @@ def leave_long_queue(
         return chosen  # no move could avoid more than the chosen worker's whole queue
     # (the usual case, decided on the chosen worker's queue alone: the others' are read only
     # when a move is possible, and reading one only releases prefills that are over)
-    cached = [h * unit_tokens for h in held]
     queued = [queues.tokens(w.name) + w.peer_prefill_tokens for w in healthy]
+    loads = [w.in_flight for w in healthy]
+    return queue_move(held, unit_tokens, prompt_tokens, chosen, queued, loads, params)
+
+
+def queue_move(
+    held: Sequence[int],
+    unit_tokens: int,
+    prompt_tokens: int,
+    chosen: int,
+    queued: Sequence[int],
+    loads: Sequence[int],
+    params: QueueParams,
+) -> int:
+    """``chosen``, or the worker that would start this prompt's first token much sooner (pure:
+    `leave_long_queue` and the fleet model call it).
+
+    ``held[i]`` is the leading blocks of ``unit_tokens`` worker ``i`` holds, ``queued[i]``
+    the prefill tokens queued there, ``loads[i]`` its in-flight requests. A worker's prefill
+    work for the request is its queue plus the prompt's tokens it does not hold
+    (``prompt_tokens - cached[i]``, `cost`'s price, ``cached[i] = held[i] * unit_tokens``).
+    The candidate is the worker with the least work (ties: the longer prefix, then the least
+    loaded). The request moves there when the queue it avoids outweighs the prefix it gives
+    up: when ``queued[chosen] - queued[candidate]`` exceeds ``saved_prefix_weight`` x
+    ``(cached[chosen] - cached[candidate])`` plus ``queue_margin_tokens``. So a long prefill
+    queued on a prefix's holder no longer holds up the requests that follow it there, while
+    short queues keep affinity (a move costs a prefill, which the requests queued behind it
+    at the other worker pay for too, and room in that worker's cache).
+    """
+    if queued[chosen] <= params.queue_margin_tokens + params.saved_prefix_weight * unit_tokens * (
+        held[chosen] - max(held)
+    ):
+        return chosen  # no move could avoid more than the chosen worker's whole queue
+    cached = [h * unit_tokens for h in held]
     work = [q + prompt_tokens - c for q, c in zip(queued, cached, strict=True)]
-    least = min(range(len(healthy)), key=lambda i: (work[i], -cached[i], healthy[i].in_flight))
+    least = min(range(len(held)), key=lambda i: (work[i], -cached[i], loads[i]))
     avoided = queued[chosen] - queued[least]
     given_up = cached[chosen] - cached[least]
     if avoided > params.saved_prefix_weight * given_up + params.queue_margin_tokens:

@@ -13,7 +13,7 @@ from tpuserve.bench.autoscaling import (
     ScalerConfig,
     run_autoscaled,
 )
-from tpuserve.bench.fleet import READY, FleetConfig
+from tpuserve.fleet import READY, FleetConfig
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import VirtualClock, fake_worker
+from tests.fakes import VirtualClock
 from tpuserve_router.block_index import ROOT_KEY, BlockIndex, BlockKeys, block_keys
-from tpuserve_router.policies.prefix_routing import AffinityParams, choose_by_affinity
+from tpuserve_router.policies.precise import choose_worker
+from tpuserve_router.policies.prefix_routing import AffinityParams
 
 pytestmark = pytest.mark.unit
 
@@ -115,16 +116,18 @@ def test_unsigned_engine_hashes_are_taken() -> None:
 
 def test_route_is_keys_match_the_affinity_rule_and_the_queue_test_in_one_call() -> None:
     """`route` (the `precise` policy's one call per request) answers as `keys`, `match`,
-    `choose_by_affinity` and `leave_long_queue`'s first test do, and predicts the keys on the
-    chosen worker exactly when that test keeps it there: on two indexes given the same events,
-    one routed with `route`, the other step by step, every answer and every later match agree."""
+    `choose_worker` (over `cached_blocks`, its cursor carried from call to call) and
+    `queue_move`'s first test do, and predicts the keys on the chosen worker exactly when that
+    test keeps it there: on two indexes given the same events, one routed with `route`, the
+    other step by step, every answer and every later match agree."""
     rng = random.Random(5)
     names = ["a", "b", "c", "d"]
     stems = [[rng.randrange(1000) for _ in range(rng.randrange(0, 12) * PAGE)] for _ in range(4)]
     prompts = [stem + [rng.randrange(1000) for _ in range(rng.randrange(0, 40))] for stem in stems]
     clock = VirtualClock()
     fused, stepwise = (BlockIndex(page_size=PAGE, clock=clock) for _ in range(2))
-    predicted_at_least_once = kept_off_at_least_once = False
+    predicted_at_least_once = kept_off_at_least_once = rotated_at_least_once = False
+    cursor = 0
     for _ in range(600):
         tokens = rng.choice(prompts)
         if rng.random() < 0.3:
@@ -152,8 +155,13 @@ def test_route_is_keys_match_the_affinity_rule_and_the_queue_test_in_one_call() 
         assert (page, last_key) == (PAGE, keys[-1] if keys else None)
         expected_keys = stepwise.keys(tokens)
         expected_depths = stepwise.match(expected_keys, healthy)
-        views = [fake_worker(n, in_flight=load) for n, load in zip(healthy, loads, strict=True)]
-        choice = choose_by_affinity(views, expected_depths, len(expected_keys), params)
+        blocks = [stepwise.cached_blocks(n) for n in healthy]
+        target_, outcome_, next_cursor = choose_worker(
+            expected_depths, len(expected_keys), loads, blocks, cursor, params
+        )
+        rotated_at_least_once |= next_cursor != cursor
+        cursor = next_cursor
+        choice = (target_, outcome_)
         stays = queued[choice[0]] <= margin + weight * PAGE * (
             expected_depths[choice[0]] - max(expected_depths)
         )
@@ -171,6 +179,7 @@ def test_route_is_keys_match_the_affinity_rule_and_the_queue_test_in_one_call() 
             )
     assert predicted_at_least_once
     assert kept_off_at_least_once
+    assert rotated_at_least_once
     with pytest.raises(ValueError, match="one load and one queue per name"):
         fused.route([1] * PAGE, ["a", "b"], [0], [0.0, 0.0])
     not_names: list[Any] = ["a", 7]

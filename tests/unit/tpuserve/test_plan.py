@@ -18,7 +18,7 @@ from sglang_tpu.perf_model import StepTimer, get_profile, kv_pool_tokens
 from sglang_tpu.topology import lookup
 from tpuserve import cli
 from tpuserve.bench import pd_split
-from tpuserve.bench.fleet import FleetConfig
+from tpuserve.fleet import FleetConfig
 from tpuserve.plan import emit
 from tpuserve.plan.cli import build_inputs
 from tpuserve.plan.planner import (

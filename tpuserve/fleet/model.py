@@ -29,7 +29,7 @@ do (`tpuserve_router.peer_view`, on by default from the operator): each decision
 and end reaches every other router ``peer_delay_seconds`` later, and it applies it as if it
 had routed the request itself: +1 in flight on the engine (-1 at the end), the booked prefill
 tokens (released at the first token) and the decision's predicted blocks (for
-`PRECISE_PREDICTED_TTL_SECONDS` from then). The poll then adds only what the engine holds
+``PRECISE.predicted_ttl_seconds`` from then). The poll then adds only what the engine holds
 beyond what the router knows of (`tpuserve_router.load_view`'s rule). None: no peering, the
 poll alone. The other policies do not peer (round-robin keeps its own cycle; the llm-d and
 oracle anchors are not tpuserve's router). Prefix holders come from one
@@ -38,13 +38,15 @@ its own per-router approximate index instead (filled at routing time, as llm-d's
 A decision never looks at every replica: its candidates are at most ``holder_candidates``
 engines among those holding the prompt's longest cached prefix (found by binary search over
 the prompt's blocks: a few dict lookups) plus ``random_candidates`` engines drawn at random
-(power of d choices); only they are scored. Policies (`FLEET_POLICIES`):
+(power of d choices); only they are scored. A fleet of no more routable replicas than that
+is scored whole, in order, as the router scores its workers. Policies (`FLEET_POLICIES`):
 
 - ``round_robin``: each router cycles over the routable replicas on its own;
-- ``precise``: tpuserve's default policy's rule (`tpuserve_router.policies.precise`) over the
-  candidates: imbalance -> least loaded; prefix match over ``cache_threshold`` -> least
-  loaded holder; else least loaded; then leave a long prefill queue
-  (`prefix_routing.leave_long_queue`'s test); predicted blocks for 2 s after a decision;
+- ``precise``: tpuserve's default policy's own decision (`tpuserve_router.policies.precise`'s
+  `decide`, with `PreciseParams`' defaults) over the candidates: imbalance -> least loaded;
+  prefix match over ``cache_threshold`` -> least loaded holder; else least loaded (ties: the
+  fewest cached blocks, then in turns); then leave a long prefill queue (`queue_move`);
+  predicted blocks for `predicted_ttl_seconds` (2 s) after a decision;
 - ``llmd``: llm-d's scorer configuration for SGLang, ``prefix-cache-scorer`` weight 2 and
   ``queue-scorer`` weight 1 with the max-score picker (reference pd-disaggregation.md §1.5,
   router.md §4.1): approximate prefix score (leading blocks the router sent to the pod / the
@@ -92,6 +94,7 @@ from typing import Any
 from sglang_tpu.perf_model import ModelProfile, StepTimer, get_profile, kv_pool_tokens
 from sglang_tpu.topology import CatalogError, SliceShape, lookup
 from tpuserve.bench import mooncake
+from tpuserve_router.policies.precise import PreciseParams, decide
 
 BLOCK_TOKENS = mooncake.MOONCAKE_BLOCK_TOKENS
 FLEET_POLICIES = ("round_robin", "precise", "llmd", "oracle")
@@ -100,16 +103,11 @@ WORKLOADS = ("mooncake", "lengths")
 LLMD_PREFIX_WEIGHT = 2.0
 LLMD_QUEUE_WEIGHT = 1.0
 """llm-d's scorer weights for SGLang (prefix-cache-scorer 2 : queue-scorer 1)."""
-PRECISE_CACHE_THRESHOLD = 0.3
-PRECISE_BALANCE_ABS = 64
-PRECISE_BALANCE_REL = 1.5
-PRECISE_SAVED_PREFIX_WEIGHT = 2.0
-PRECISE_QUEUE_MARGIN_TOKENS = 8192
-PRECISE_PREDICTED_TTL_SECONDS = 2.0
+PRECISE = PreciseParams()
+"""The ``precise`` routers' parameters: the router's defaults."""
 PREDICTED_BLOCKS = 4
 """The precise model predicts at most this many blocks past the index's match (the router
 predicts the whole prompt; siblings of a burst share the first new block)."""
-"""`tpuserve_router.policies.precise`'s defaults (`PreciseParams`)."""
 ORACLE_FULL_POOL = 0.9
 ORACLE_MEMORY_PENALTY_STEPS = 16
 """`tpuserve.bench.anchors.oracle`'s constants."""
@@ -294,6 +292,17 @@ class FleetConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+@dataclass(frozen=True)
+class WorkloadRequest:
+    """One request of the workload, as drawn: arrival (s), its prompt's block ids (a block id
+    names its whole prefix), prompt and output tokens."""
+
+    arrival: float
+    blocks: tuple[int, ...]
+    prompt: int
+    output: int
+
+
 class _Request:
     __slots__ = ("arrival", "blocks", "booked", "cached", "depth", "engine", "first", "output",
                  "prompt", "router", "session", "uncached")  # fmt: skip
@@ -359,7 +368,7 @@ class _Engine:
 
 
 class _Router:
-    __slots__ = ("booked", "llmd_index", "llmd_lru", "own", "pred", "pred_queue", "rr",
+    __slots__ = ("booked", "cursor", "llmd_index", "llmd_lru", "own", "pred", "pred_queue", "rr",
                  "snap_booked", "snap_load", "snap_own", "snap_wait", "snap_wtok")  # fmt: skip
 
     def __init__(self, slots: int) -> None:
@@ -371,6 +380,7 @@ class _Router:
         self.snap_wtok = [0] * slots
         self.snap_booked = [0] * slots
         self.rr = 0
+        self.cursor = 0  # `decide`'s, among equally loaded, equally full candidates
         self.pred: dict[int, tuple[int, float]] = {}
         self.pred_queue: deque[tuple[float, tuple[int, ...], int]] = deque()
         self.llmd_index: dict[int, set[int]] = {}
@@ -533,6 +543,10 @@ class FleetSim:
         self.chips_since = 0.0
         self.result = FleetResult(c, 0.0, 0.0)
         self.arrived = 0
+        self.opened = False
+        self.drawn: list[WorkloadRequest] | None = None
+        """Where `requests` and `session_requests` collect the workload's requests, which are
+        then drawn and not served."""
 
     # --- traffic --------------------------------------------------------------------------
 
@@ -639,7 +653,10 @@ class FleetSim:
         output = min(rng.randint(lo, hi),
                      self.context_length - session.length)  # fmt: skip
         req = _Request(self.now, session.blocks, session.length, output, 0)
-        self._arrive(req)
+        if self.drawn is None:
+            self._arrive(req)
+        else:
+            self.drawn.append(WorkloadRequest(req.arrival, req.blocks, req.prompt, req.output))
         if rng.random() < shape.continue_probability:
             t = self.now + rng.expovariate(1.0 / shape.think_seconds)
             if t < self.config.duration_seconds:
@@ -664,15 +681,72 @@ class FleetSim:
             if collecting:
                 gc.enable()
 
-    def _run(self) -> FleetResult:
+    def requests(self, limit: int) -> list[WorkloadRequest]:
+        """The workload's first ``limit`` requests in arrival order (fewer if the window ends
+        first), drawn and not served: a turn's arrival does not depend on how the one before
+        was served. Call it on a fresh model, instead of `run`."""
+        drawn = self.drawn = []
+        try:
+            self._next_session(0.0)
+            events = self.events
+            while events and len(drawn) < limit:
+                t, _, kind, a, b = heapq.heappop(events)
+                self.now = t
+                if kind == _SESSION:
+                    self._start_session()
+                    self._next_session(t)
+                elif kind == _ARRIVAL:
+                    self._turn(a, b)
+        finally:
+            self.drawn = None
+        return drawn
+
+    def session_requests(self, limit: int) -> list[WorkloadRequest]:
+        """Whole sessions' requests, the sessions drawn one after the other (not on the
+        arrival process), until at least ``limit`` requests: the workload's mix of prompts and
+        outputs. Call it on a fresh model, instead of `run`."""
+        drawn = self.drawn = []
+        try:
+            while len(drawn) < limit:
+                self._start_session()
+                while self.events:  # the session's later turns
+                    t, _, kind, a, b = heapq.heappop(self.events)
+                    if kind == _ARRIVAL:
+                        self.now = t
+                        self._turn(a, b)
+        finally:
+            self.drawn = None
+        return drawn
+
+    def choose(self, blocks: tuple[int, ...], prompt_tokens: int, router: int = 0) -> int:
+        """The engine router ``router`` would send a request for ``blocks`` arriving now to,
+        by the configured policy, as `run` decides (what it books and predicts included); the
+        request is not served. Brings the initial replicas up first."""
+        self._open()
+        req = _Request(self.now, blocks, prompt_tokens, 1, 0)
+        return self._route(self.routers[router], req)[0]
+
+    def cache(self, engine: int, blocks: tuple[int, ...]) -> None:
+        """Engine ``engine`` caches ``blocks`` now, as when a prefill of them ends there."""
+        self._insert(self.engines[engine], blocks, 0)
+
+    def _open(self) -> None:
+        """Bring the initial replicas up (once)."""
+        if self.opened:
+            return
+        self.opened = True
         c = self.config
-        start = time.perf_counter()
         initial = c.initial_replicas if c.initial_replicas is not None else c.replicas
         for i in range(initial):
             self._set_state(self.engines[i], READY)
             self._schedule_preemption(self.engines[i])
         self.spec_replicas = initial
         self.result.replicas_min = self.result.replicas_max = initial
+
+    def _run(self) -> FleetResult:
+        c = self.config
+        start = time.perf_counter()
+        self._open()
         self._next_session(0.0)
         if c.router_replicas and c.load_poll_seconds > 0 and c.policy != "round_robin":
             for r in range(c.router_replicas):
@@ -895,7 +969,7 @@ class FleetSim:
         while queue and queue[0][0] <= now:
             at, r, e, in_flight, booked, predicted = queue.popleft()
             if predicted:
-                expiry = at + PRECISE_PREDICTED_TTL_SECONDS
+                expiry = at + PRECISE.predicted_ttl_seconds
                 entry = (e, expiry)
                 for router in peers_of[r]:
                     router.own[e] += in_flight
@@ -922,12 +996,19 @@ class FleetSim:
         return lo
 
     def _candidates(self, holders: int | set[int] | None) -> tuple[list[int], list[int]]:
-        """(holder candidates, all candidates) among the routable replicas."""
+        """(holder candidates, all candidates) among the routable replicas. When there are
+        no more of them than candidates, all, in order (the holders among them too)."""
         ready = self.ready
         rand = self.route_rng.random
         held: list[int] = []
         k_held = self.k_held
         n = len(ready)
+        if n <= k_held + self.k_random:
+            if isinstance(holders, int):
+                held = [holders] if holders in self.ready_pos else []
+            elif holders:
+                held = [e for e in ready if e in holders]
+            return held, ready[:]
         if isinstance(holders, int):
             if holders in self.ready_pos:
                 held = [holders]
@@ -965,21 +1046,11 @@ class FleetSim:
         r = int(self.route_rng.random() * len(self.routers)) if len(self.routers) > 1 else 0
         router = self.routers[r]
         req.router = r
-        policy = c.policy
         peering = self.peering
         if peering:
             self._deliver_peer_messages()
             self.predicted = ()
-        if policy == "round_robin":
-            router.rr += 1
-            target = self.ready[router.rr % len(self.ready)]
-            hit = 0
-        elif policy == "precise":
-            target, hit = self._precise(router, req)
-        elif policy == "llmd":
-            target, hit = self._llmd(router, req)
-        else:
-            target, hit = self._oracle(req)
+        target, hit = self._route(router, req)
         req.engine = target
         req.booked = max(0, req.prompt - hit)
         router.own[target] += 1
@@ -987,6 +1058,19 @@ class FleetSim:
         if peering:
             self._send_peers(r, target, 1, req.booked, self.predicted)
         self._submit(self.engines[target], req)
+
+    def _route(self, router: _Router, req: _Request) -> tuple[int, int]:
+        """The engine ``router`` sends ``req`` to by the configured policy, and the prompt
+        tokens it expects cached there."""
+        policy = self.config.policy
+        if policy == "round_robin":
+            router.rr += 1
+            return self.ready[router.rr % len(self.ready)], 0
+        if policy == "precise":
+            return self._precise(router, req)
+        if policy == "llmd":
+            return self._llmd(router, req)
+        return self._oracle(req)
 
     def _view_load(self, router: _Router, e: int) -> int:
         return router.own[e] + max(0, router.snap_load[e] - router.snap_own[e])
@@ -1023,46 +1107,28 @@ class FleetSim:
                 return e, min(hit, req.prompt)
         held, cands = self._candidates(holders.get(blocks[depth - 1]) if depth else None)
         own, snap_load, snap_own = router.own, router.snap_load, router.snap_own
-        # `_view_load` of each candidate
+        # `_view_load` and `_view_queue` of each candidate
         loads = [own[e] + (x if (x := snap_load[e] - snap_own[e]) > 0 else 0) for e in cands]
-        hi, lo = max(loads), min(loads)
-        prompt = req.prompt
-        cached_share = depth * self.block / prompt
-        if hi - lo > PRECISE_BALANCE_ABS and hi > PRECISE_BALANCE_REL * lo:
-            chosen = cands[loads.index(lo)]
-        elif held and cached_share > PRECISE_CACHE_THRESHOLD:
-            # the held candidates lead ``cands``: the least loaded holder, first on ties
-            held_loads = loads[: len(held)]
-            chosen = held[held_loads.index(min(held_loads))]
-        else:
-            chosen = cands[loads.index(lo)]
-        hit = depth * self.block if chosen in held else 0
-        # leave_long_queue: move when the queue avoided outweighs the prefix given up.
-        queued = self._view_queue(router, chosen)
-        if queued > PRECISE_QUEUE_MARGIN_TOKENS:
-            best = chosen
-            best_work = queued + prompt - hit
-            best_cached = hit
-            for e in cands:
-                cached = (depth * self.block) if e in held else 0
-                work = self._view_queue(router, e) + prompt - cached
-                if work < best_work:
-                    best, best_work, best_cached = e, work, cached
-            avoided = queued - self._view_queue(router, best)
-            if avoided > PRECISE_SAVED_PREFIX_WEIGHT * (hit - best_cached) + (
-                PRECISE_QUEUE_MARGIN_TOKENS
-            ):
-                chosen, hit = best, best_cached
+        booked, snap_wtok, snap_booked = router.booked, router.snap_wtok, router.snap_booked
+        queued = [booked[e] + (x if (x := snap_wtok[e] - snap_booked[e]) > 0 else 0) for e in cands]
+        engines = self.engines
+        cached = [len(engines[e].cache) for e in cands]  # what their KV events reported
+        heldset = set(held)
+        depths = [depth if e in heldset else 0 for e in cands]
+        i, _, router.cursor = decide(
+            depths, self.block, req.prompt, loads, cached, queued, router.cursor, PRECISE
+        )
+        chosen = cands[i]
         self._predict(router, blocks, depth, chosen)
-        return chosen, min(hit, prompt)
+        return chosen, min(depths[i] * self.block, req.prompt)
 
     def _predict(self, router: _Router, blocks: tuple[int, ...], depth: int, e: int) -> None:
         """Predict the first `PREDICTED_BLOCKS` blocks beyond what the index holds on ``e``
-        (what a burst of siblings shares) for `PRECISE_PREDICTED_TTL_SECONDS`."""
+        (what a burst of siblings shares) for ``PRECISE.predicted_ttl_seconds``."""
         predicted = blocks[depth : depth + PREDICTED_BLOCKS]
         if not predicted:
             return
-        expiry = self.now + PRECISE_PREDICTED_TTL_SECONDS
+        expiry = self.now + PRECISE.predicted_ttl_seconds
         entry = (e, expiry)
         pred = router.pred
         for b in predicted:

@@ -1,4 +1,4 @@
-"""The fleet model (`tpuserve.bench.fleet`): deterministic, bounded, and its inputs checked."""
+"""The fleet model (`tpuserve.fleet`): deterministic, bounded, and its inputs checked."""
 
 from __future__ import annotations
 
@@ -8,15 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from tpuserve.bench.fleet import (
-    FLEET_POLICIES,
-    FleetConfig,
-    FleetSim,
-    _Request,
-    _Router,
-    daily_multiplier,
-    run_fleet,
-)
+from tpuserve.fleet import FLEET_POLICIES, FleetConfig, FleetSim, daily_multiplier, run_fleet
+from tpuserve.fleet.model import _Request, _Router
 
 pytestmark = pytest.mark.unit
 
