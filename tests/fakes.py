@@ -583,6 +583,7 @@ def pod_manifest(
 # as a test asks (`mode`): 500 to every generation request while /health passes, never
 # answering, an answer larger than the router's cap, a stream that never ends, a stream that
 # stalls after its first event, or ("stream") answers every request with a short whole stream.
+# Set `frozen`, it reads every request and answers none (a stopped engine: probes too).
 # It counts what it saw and records `/abort_request` calls, so tests assert on counts and
 # state, never on time. It runs in the test's event loop.
 
@@ -612,6 +613,7 @@ class StubWorker:
         self.bodies: list[bytes] = []
         self.headers: list[list[tuple[bytes, bytes]]] = []  # of each generation request
         self.release = asyncio.Event()  # lets "hang" requests answer
+        self.frozen = False  # answers nothing at all (a stopped engine), whatever the mode
         self._server: asyncio.Server | None = None
 
     @property
@@ -630,6 +632,9 @@ class StubWorker:
             self._server = None
 
     async def handle(self, request: HttpRequest) -> None:
+        if self.frozen:  # read, never answered: probes, look-ups and generation alike
+            await self.release.wait()
+            return
         json = b"content-type: application/json\r\n"
         path = request.path
         if path == "/health":

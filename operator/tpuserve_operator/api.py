@@ -917,7 +917,26 @@ class PodTemplateOverrides(Schema):
     )
 
 
+PEER_FIELDS = ("ipBlock", "namespaceSelector", "podSelector")
+"""A NetworkPolicyPeer's fields: declared, so CEL can see them (an object that only keeps
+unknown fields hides them from CEL: `size()` of it does not compile on the apiserver)."""
+GATEWAY_FROM_RULE = (
+    "!has(self.gatewayFrom) || (size(self.gatewayFrom) > 0 && self.gatewayFrom.all(p, "
+    + " || ".join(f"has(p.{field})" for field in PEER_FIELDS)
+    + "))",
+    "inferencePool.gatewayFrom: an empty list or an empty peer admits any source to the "
+    "engines' HTTP port and the picker; allowed: NetworkPolicy peers of the gateway's data "
+    "plane, or unset (then gatewayNamespace)",
+)
+GATEWAY_ONE_WAY_RULE = (
+    "!has(self.gatewayFrom) || !has(self.gatewayNamespace)",
+    "inferencePool: gatewayFrom and gatewayNamespace are both set; allowed: one of them",
+)
+
+
 class InferencePoolSpec(Schema):
+    model_config = ConfigDict(json_schema_extra=rules(GATEWAY_FROM_RULE, GATEWAY_ONE_WAY_RULE))
+
     failure_mode: Literal["FailClose", "FailOpen"] = Field(
         default="FailClose",
         description=(
@@ -929,12 +948,36 @@ class InferencePoolSpec(Schema):
     gateway_from: list[dict[str, Any]] | None = Field(
         default=None,
         max_length=16,
-        json_schema_extra={"items": free_form("object")},
+        json_schema_extra={
+            "items": free_form(
+                "object",
+                properties={
+                    field: free_form(
+                        "object",
+                        description=f"{field} of a networking/v1 NetworkPolicyPeer, as written.",
+                    )
+                    for field in PEER_FIELDS
+                },
+            )
+        },
         description=(
             "gatewayFrom are the NetworkPolicy peers (networking/v1 NetworkPolicyPeer) of the "
             "gateway's data plane, admitted to the leaders' HTTP port (the gateway sends "
             "requests to the endpoints the router picks) and to the router's picker port. "
-            "Default: unset, any source (the gateway's pods are not known to the operator)."
+            "Neither empty nor holding an empty peer (that admits any source). Default: "
+            "unset, then every pod of gatewayNamespace."
+        ),
+    )
+    gateway_namespace: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=DNS_LABEL,
+        description=(
+            "gatewayNamespace is the namespace of the gateway's data plane, whose pods are "
+            "admitted to the leaders' HTTP port and the router's picker port when gatewayFrom "
+            "is unset. Default: the server's own namespace. A gateway whose data plane runs "
+            "outside the cluster (GKE's managed gateways: the proxy-only subnet) needs "
+            "gatewayFrom with an ipBlock."
         ),
     )
 

@@ -138,7 +138,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get(METRICS_FROM_ENV, ""),
         help="Who scrapes engines, as a JSON list of NetworkPolicy peers the engines' "
         f"NetworkPolicy admits to their HTTP port (default: ${METRICS_FROM_ENV}, else "
-        "Prometheus pods in any namespace and GKE Managed Prometheus's gmp-system).",
+        "Prometheus pods in the monitoring namespace and GKE Managed Prometheus's gmp-system).",
     )
     parser.add_argument(
         "--router-resources",

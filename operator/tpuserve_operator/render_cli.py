@@ -77,9 +77,37 @@ class UnreadableInput(ValueError):
     """FILE is not YAML the render can take; the message is one line."""
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A mapping gives one key twice (YAML 1.2 forbids it; PyYAML keeps the last)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives a key twice: the last one used to
+    win silently (issue 57, item 9), so a reviewer reading the first saw another spec."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # unhashable: PyYAML's own error says so
+                continue
+            if duplicate:
+                raise DuplicateKey(
+                    f"line {key_node.start_mark.line + 1}: key {key!r:.80} given twice in one "
+                    "mapping; allowed: each key once"
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
 def _documents(filename: str) -> list[Any]:
     """The YAML documents of FILE, refused with one line when FILE is too large, not UTF-8,
-    not YAML, nested too deep, or expands (through aliases) beyond what is looked at."""
+    not YAML, gives a key twice in one mapping, nested too deep, or expands (through
+    aliases) beyond what is looked at."""
     if filename == "-":
         raw = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
     else:
@@ -89,7 +117,7 @@ def _documents(filename: str) -> list[Any]:
         raise UnreadableInput(f"larger than {MAX_INPUT_BYTES} bytes; allowed: at most that")
     try:
         text = raw.decode("utf-8")
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        documents = [d for d in yaml.load_all(text, Loader=_UniqueKeyLoader) if d is not None]
     except UnicodeDecodeError as err:
         raise UnreadableInput(f"not UTF-8: byte {err.start} ({raw[err.start]:#04x})") from None
     except yaml.YAMLError as err:

@@ -21,7 +21,7 @@ from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.core import RouterCore
 from tpuserve_router.health import HealthChecker
 from tpuserve_router.kv_events import KvEventHub
-from tpuserve_router.kv_publishers import Endpoints, NoPublisher, discover_publisher
+from tpuserve_router.kv_publishers import Endpoints, NoPublisher, discover_publisher, pool_pages
 from tpuserve_router.metrics import (
     remove_worker_series,
     touch_token_series,
@@ -178,13 +178,27 @@ class Admission:
         return None
 
     async def _kv_endpoints(self, worker: Worker) -> list[Endpoints] | None:
+        """Where the worker publishes; from its ``/server_info`` also how many blocks each
+        of its streams can hold (its pool's pages: `kv_publishers.pool_pages`), the bound
+        its streams are believed to (without it, ``BlockIndex.max_stream_blocks``)."""
         if worker.kv_events_endpoint:
             return [Endpoints(worker.kv_events_endpoint, worker.kv_replay_endpoint)]
+        answers: list[object] = []
+
+        async def get_json(url: str) -> object:
+            answer = await self.health.get_json(url)
+            answers.append(answer)
+            return answer
+
         try:
-            return await discover_publisher(self.health.get_json, worker.name, worker.host)
+            return await discover_publisher(get_json, worker.name, worker.host)
         except NoPublisher as err:
             log.info("worker %s: %s", worker.name, err)
             return None
+        finally:
+            pages = pool_pages(answers[-1]) if answers else None
+            if pages is not None and self.kv is not None:
+                self.kv.index.set_worker_limit(worker.name, pages)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)

@@ -20,6 +20,12 @@ Two kinds of entries:
   router's memory does not grow with the fleet: each worker keeps at most an equal share
   (least recently routed dropped first; the others' shares are trimmed when a worker joins).
 
+A stream is believed only so far: it holds at most its worker's pool in confirmed blocks
+(``set_worker_limit``, from ``/server_info`` at admission; else ``max_stream_blocks``), keeps
+the page size of its first ``BlockStored`` (a block of another size is dropped), and the
+index keys prompts by the page size most streams have; what is dropped is counted in
+``dropped_blocks``.
+
 An engine with data-parallel attention has one KV cache, and one event stream, per DP rank.
 Confirmed entries are kept per *stream* (worker, rank): each stream has its own bit, its own
 engine hash -> key map, and is cleared on its own (its ``AllBlocksCleared``, restart or

@@ -849,9 +849,24 @@ def _abandoned(err: UpstreamError) -> str:
     return "gave_up" if err.reason in ABANDONED else ""
 
 
+def _connection_named(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The headers a ``Connection`` header names: hop-by-hop as well (RFC 9110 7.6.1), not
+    passed on (names lower case)."""
+    named = [
+        token.strip().lower()
+        for name, value in headers
+        if name == b"connection"
+        for token in value.split(b",")
+    ]
+    return frozenset(token for token in named if token)
+
+
 def _forwarded_headers(request: HttpRequest, body: bytes, dropped: frozenset[bytes]) -> bytes:
-    """The client's headers but ``dropped``, and ``body``, framed: all of a request after its
-    host."""
+    """The client's headers but ``dropped`` and those its ``Connection`` names, and ``body``,
+    framed: all of a request after its host."""
+    named = _connection_named(request.headers)
+    if named:
+        dropped = dropped | named
     return b"".join(
         [name + b": " + value + b"\r\n" for name, value in request.headers if name not in dropped]
         + [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body]
@@ -868,9 +883,12 @@ def _upstream_request(request: HttpRequest, host: bytes, headers_and_body: bytes
 
 
 def _response_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """Upstream response headers to pass on (names arrive lower-cased from the proxy)."""
+    """Upstream response headers to pass on (names arrive lower-cased from the proxy): not
+    the hop-by-hop ones, nor those its ``Connection`` names."""
+    named = _connection_named(headers)
+    dropped = HOP_BY_HOP | named if named else HOP_BY_HOP
     return b"".join(
-        [name + b": " + value + b"\r\n" for name, value in headers if name not in HOP_BY_HOP]
+        [name + b": " + value + b"\r\n" for name, value in headers if name not in dropped]
     )
 
 

@@ -62,6 +62,22 @@ def publisher_endpoints(info: Mapping[str, Any], worker_host: str) -> list[Endpo
     return _from_config(config, _int(info, "dp_size", 1, "dp_size"), worker_host)
 
 
+def pool_pages(info: object) -> int | None:
+    """The pages of one DP rank's KV pool that ``/server_info`` describes
+    (``max_total_num_tokens`` / ``page_size``, SGLang's), or None when it does not say: the
+    most blocks one of the worker's event streams can hold (`BlockIndex.set_worker_limit`)."""
+    if not isinstance(info, Mapping):
+        return None
+    tokens, page = info.get("max_total_num_tokens"), info.get("page_size")
+    if type(tokens) is not int or tokens < 1:
+        return None
+    if page is None:
+        page = 1  # SGLang's default page size
+    if type(page) is not int or page < 1:
+        return None
+    return -(-tokens // page)
+
+
 async def discover_publisher(
     get_json: Callable[[str], Awaitable[object]], worker_url: str, worker_host: str
 ) -> list[Endpoints]:

@@ -322,17 +322,21 @@ class UpstreamConnection(asyncio.Protocol):
         if self.done or self.closed or self._check_at == math.inf:
             return  # no request, or it has its answer
         now = self.loop.time()
-        if now + TIMER_SLACK_SECONDS < self._check_at:  # set for an earlier request
+        due = now + TIMER_SLACK_SECONDS  # what may count as come (the timer fires early)
+        if due < self._check_at:  # set for an earlier request
             self._arm(self._check_at)
             return
-        if not self.head_ready and now >= self._first_byte_at:
+        # Every deadline is compared with the same slack as the timer: ``now + seconds`` is
+        # often a hair past the millisecond its timer fires at (uvloop's steps), and a check
+        # that took that for "not yet" looked again only an idle period later (issue 57, 8).
+        if not self.head_ready and due >= self._first_byte_at:
             reason, detail = "first_byte_timeout", f"no answer within {self._given:.3g} s"
-        elif now >= self._end_at:
+        elif due >= self._end_at:
             reason, detail = "request_timeout", "the request's time is up"
         elif (
             self.head_ready
             and self.body_chunks == self._seen
-            and (self.body_chunks or now >= self._first_byte_at)  # the first chunk has its time
+            and (self.body_chunks or due >= self._first_byte_at)  # the first chunk has its time
             and not self._paused  # paused by us: the client reads slowly, not the worker
         ):
             reason, detail = "stream_stalled", f"nothing for {self._idle_seconds:g} s"
@@ -344,9 +348,12 @@ class UpstreamConnection(asyncio.Protocol):
         self.close()
 
     def _check_again(self, now: float) -> None:
-        next_check = now + self._idle_seconds
-        if not self.body_chunks:
-            next_check = max(next_check, self._first_byte_at)
+        if not self.head_ready:  # no answer yet: its own deadline, not an idle period on
+            next_check = self._first_byte_at
+        else:
+            next_check = now + self._idle_seconds
+            if not self.body_chunks:
+                next_check = max(next_check, self._first_byte_at)
         self._arm(min(self._end_at, next_check))
 
     def _arm(self, at: float) -> None:

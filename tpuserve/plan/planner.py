@@ -148,41 +148,86 @@ def override_prices(table: PriceTable, overrides: Sequence[str]) -> PriceTable:
 # ----------------------------------------------------------------------------------- model
 
 
-def profile_from_hf_config(path: str | Path) -> ModelProfile:
-    """A `ModelProfile` from a Hugging Face ``config.json`` (dense or MoE decoder)."""
+HF_CONFIG_MAX_BYTES = 1 << 20
+"""The most of a ``config.json`` read (a model's is a few kB)."""
+HF_CONFIG_MAX_COUNT = 1 << 31
+"""The largest count (layers, sizes, heads, experts) a config may give."""
+
+
+def _read_hf_config(path: str | Path) -> dict[str, Any]:
+    """The JSON object of ``path``, read up to `HF_CONFIG_MAX_BYTES` (PlanError beyond)."""
     try:
-        data = json.loads(Path(path).read_text())
+        with open(path, "rb") as source:
+            raw = source.read(HF_CONFIG_MAX_BYTES + 1)
     except OSError as err:
         raise PlanError(f"--hf-config: cannot read {str(path)!r}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
+    if len(raw) > HF_CONFIG_MAX_BYTES:
+        raise PlanError(
+            f"--hf-config: {path} is larger than the {HF_CONFIG_MAX_BYTES} bytes allowed "
+            "(a model's config.json is a few kB)"
+        )
+    try:
+        data = json.loads(raw)
+    except ValueError as err:  # JSONDecodeError, undecodable bytes, an int past its digits
         raise PlanError(f"--hf-config: {path} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise PlanError(f"--hf-config: {path} must hold a JSON object")
-    cfg: dict[str, Any] = data.get("text_config", data) if isinstance(data, dict) else {}
+    text = data.get("text_config", data)
+    if not isinstance(text, dict):
+        raise PlanError(f"--hf-config: {path}: text_config must be a JSON object")
+    return text
+
+
+def profile_from_hf_config(path: str | Path) -> ModelProfile:
+    """A `ModelProfile` from a Hugging Face ``config.json`` (dense or MoE decoder). Every
+    value is checked before any arithmetic (a string where a count goes would multiply)."""
+    cfg = _read_hf_config(path)
+    allowed = f"an integer from 1 to {HF_CONFIG_MAX_COUNT}"
+
+    def count(key: str, value: object) -> int:
+        if type(value) is int and 0 < value <= HF_CONFIG_MAX_COUNT:  # bool is no count
+            return value
+        raise PlanError(
+            f"--hf-config: {path}: {key}: {value!r:.40} is not allowed; allowed: {allowed}"
+        )
 
     def need(key: str, *alts: str) -> int:
         for k in (key, *alts):
-            value = cfg.get(k)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
+            if cfg.get(k) is not None:
+                return count(k, cfg[k])
         raise PlanError(
             f"--hf-config: {path}: {key} is missing or not a positive integer; allowed: a "
             "decoder's config.json (num_hidden_layers, hidden_size, num_attention_heads, "
             "intermediate_size, vocab_size)"
         )
 
+    def optional(default: int, key: str, *alts: str) -> int:
+        """The first of ``key``, ``alts`` given (null or 0 count as not given), else ``default``."""
+        for k in (key, *alts):
+            if cfg.get(k) not in (None, 0):
+                return count(k, cfg[k])
+        return default
+
     layers = need("num_hidden_layers", "n_layer", "num_layers")
     hidden = need("hidden_size", "n_embd", "d_model")
     heads = need("num_attention_heads", "n_head")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
+    kv_heads = optional(heads, "num_key_value_heads")
+    head_dim = optional(max(1, hidden // heads), "head_dim")
     vocab = need("vocab_size")
-    context = int(cfg.get("max_position_embeddings") or 8192)
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    experts = int(
-        cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
-    )
-    per_token = int(cfg.get("num_experts_per_tok") or 0)
+    context = optional(8192, "max_position_embeddings")
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise PlanError(
+            f"--hf-config: {path}: tie_word_embeddings: {tied!r:.40} is not allowed; allowed: "
+            "true or false"
+        )
+    experts = optional(0, "num_experts", "num_local_experts", "n_routed_experts")
+    per_token = optional(0, "num_experts_per_tok")
+    if experts and per_token > experts:
+        raise PlanError(
+            f"--hf-config: {path}: num_experts_per_tok: {per_token} is not allowed; allowed: "
+            f"at most the experts ({experts})"
+        )
     attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
     embedding = vocab * hidden * (1 if tied else 2)
     if experts:

@@ -48,15 +48,18 @@ DEFAULT_ROUTER_RESOURCES: Mapping[str, Any] = {
 says otherwise (the chart's router.resources default is the same; a test keeps it so)."""
 
 
+METRICS_NAMESPACE = "monitoring"
+"""Where the default Prometheus peer runs (kube-prometheus-stack's usual namespace): a pod
+labelled prometheus elsewhere is anyone's to make, so none is admitted from any namespace."""
 DEFAULT_METRICS_FROM: tuple[Mapping[str, Any], ...] = (
     {
-        "namespaceSelector": {},
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": METRICS_NAMESPACE}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
     },
     {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gmp-system"}}},
 )
 """Who scrapes engines (NetworkPolicy peers) unless the operator's --metrics-from says
-otherwise: Prometheus pods in any namespace, and GKE Managed Prometheus's collectors."""
+otherwise: Prometheus pods in `METRICS_NAMESPACE`, and GKE Managed Prometheus's collectors."""
 
 
 @dataclass(frozen=True, slots=True)

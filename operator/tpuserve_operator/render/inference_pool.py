@@ -10,8 +10,8 @@ Picker protocol, Envoy ext_proc over gRPC, TLS with a self-signed certificate as
 reference picker serves it). ``failureMode`` comes from the spec.
 
 The gateway dials the endpoints the picker names, so the engines' NetworkPolicy admits the
-gateway (``gatewayFrom``, or any source) on the HTTP port, and the router's admits it on the
-picker port.
+gateway (``gatewayFrom``, else every pod of ``gatewayNamespace``, by default the server's own
+namespace; never any source) on the HTTP port, and the router's admits it on the picker port.
 
 A pool of that name which the operator did not create is never applied nor deleted
 (`tpuserve_operator.gateway`): shared ownership, as the Inference Extension asks of
@@ -175,31 +175,30 @@ def picker_container_ports(server: Server) -> list[Manifest]:
     return [{"name": PICKER_PORT_NAME, "containerPort": PICKER_PORT, "protocol": "TCP"}]
 
 
-def _gateway_peers(server: Server) -> list[Manifest] | None:
-    """The spec's gatewayFrom peers, or None for any source."""
+def _gateway_peers(server: Server) -> list[Manifest]:
+    """The spec's gatewayFrom peers, else every pod of gatewayNamespace (default: the
+    server's own): never any source (issue 57, item 6)."""
     pool = server.valid.spec.inference_pool
-    if pool is None or not pool.gateway_from:
-        return None
-    return [copy.deepcopy(dict(peer)) for peer in pool.gateway_from]
+    if pool is not None and pool.gateway_from:
+        return [copy.deepcopy(dict(peer)) for peer in pool.gateway_from]
+    namespace = (pool.gateway_namespace if pool is not None else None) or server.namespace
+    return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}]
 
 
 def engine_ingress(server: Server) -> list[Manifest]:
     """The engines' NetworkPolicy rule admitting the gateway to the leaders' HTTP port."""
     if not wants_pool(server):
         return []
-    rule: Manifest = {"ports": [{"protocol": "TCP", "port": launch_contract.HTTP_PORT}]}
-    peers = _gateway_peers(server)
-    if peers is not None:
-        rule["from"] = peers
-    return [rule]
+    return [
+        {
+            "from": _gateway_peers(server),
+            "ports": [{"protocol": "TCP", "port": launch_contract.HTTP_PORT}],
+        }
+    ]
 
 
 def router_ingress(server: Server) -> list[Manifest]:
     """The router's NetworkPolicy rule admitting the gateway to the picker port."""
     if not wants_pool(server):
         return []
-    rule: Manifest = {"ports": [{"protocol": "TCP", "port": PICKER_PORT}]}
-    peers = _gateway_peers(server)
-    if peers is not None:
-        rule["from"] = peers
-    return [rule]
+    return [{"from": _gateway_peers(server), "ports": [{"protocol": "TCP", "port": PICKER_PORT}]}]

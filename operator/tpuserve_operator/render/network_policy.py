@@ -11,7 +11,8 @@ cached prompts. So, for pods of the server's engines:
   one router in front of several servers, docs/router.md "Many models"), reach the HTTP,
   KV-event and replay ports;
 - Prometheus (``--metrics-from``: NetworkPolicy peers; by default `DEFAULT_METRICS_FROM`:
-  pods labelled ``app.kubernetes.io/name: prometheus`` in any namespace, and anything in
+  pods labelled ``app.kubernetes.io/name: prometheus`` in the ``monitoring`` namespace (a
+  label anyone can put on a pod of their own namespace is no credential), and anything in
   ``gmp-system``, GKE Managed Prometheus's collectors) reaches the HTTP port, where SGLang
   serves ``/metrics``, and so do the operator's pods (the chart's labels
   ``app.kubernetes.io/name: tpuserve`` and ``app.kubernetes.io/component: operator``, in

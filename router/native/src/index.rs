@@ -89,6 +89,9 @@ struct Stream {
     bit: usize,
     /// Engine block hash -> its entry.
     engine_keys: HashMap<EngineHash, Entry, Mix>,
+    /// The page size its first `BlockStored` gave (0: none yet); a block of another size on
+    /// this stream is dropped.
+    page_size: usize,
 }
 
 impl Stream {
@@ -96,6 +99,7 @@ impl Stream {
         Stream {
             bit,
             engine_keys: HashMap::default(),
+            page_size: 0,
         }
     }
 }
@@ -109,6 +113,9 @@ struct Worker {
     /// Router key -> expiry time, oldest first.
     predicted: Predictions,
     has_events: bool,
+    /// The most blocks each of its streams may hold (its KV pool's pages, else the index's
+    /// `max_stream_blocks`): a stream claiming more is not believed past it.
+    max_blocks: usize,
 }
 
 #[pyclass(module = "tpuserve_router._native")]
@@ -123,6 +130,14 @@ pub struct BlockIndex {
     approximate_ttl_seconds: f64,
     #[pyo3(get, set)]
     max_predicted_blocks: usize,
+    /// The most blocks one stream may hold unless its worker's pool says (`set_worker_limit`).
+    #[pyo3(get, set)]
+    max_stream_blocks: usize,
+    /// Blocks dropped: over their stream's bound, or of another page size than its first.
+    #[pyo3(get)]
+    dropped_blocks: i64,
+    /// Streams per page size they reported: the index's `page_size` is the most common one.
+    page_size_streams: HashMap<usize, usize>,
     /// Blocks stored under a parent the index never saw (they cannot be keyed).
     #[pyo3(get)]
     orphan_blocks: i64,
@@ -256,6 +271,7 @@ impl BlockIndex {
                 streams,
                 predicted: Predictions::default(),
                 has_events: false,
+                max_blocks: self.max_stream_blocks,
             };
             self.workers.insert(name.to_owned(), worker);
         }
@@ -307,13 +323,33 @@ impl BlockIndex {
     ) {
         self.ensure_stream(name, rank);
         let tier = tier_bit(medium);
-        if block_size >= 1 && !self.page_size_learned {
-            self.page_size = block_size as usize;
-            self.page_size_learned = true;
-        }
         let worker = self.workers.get_mut(name).expect("just ensured");
         worker.has_events = true;
+        let limit = worker.max_blocks;
         let stream = worker.streams.get_mut(&rank).expect("just ensured");
+        if block_size >= 1 {
+            let size = block_size as usize;
+            if stream.page_size == 0 {
+                // learned per stream; the index keys prompts by the page size most streams
+                // have (one stream cannot set it for the fleet), the first one on a tie
+                stream.page_size = size;
+                let count = self.page_size_streams.entry(size).or_insert(0);
+                *count += 1;
+                let count = *count;
+                let current = self
+                    .page_size_streams
+                    .get(&self.page_size)
+                    .copied()
+                    .unwrap_or(0);
+                if !self.page_size_learned || (size != self.page_size && count > current) {
+                    self.page_size = size;
+                    self.page_size_learned = true;
+                }
+            } else if stream.page_size != size {
+                self.dropped_blocks += block_hashes.len() as i64;
+                return;
+            }
+        }
         let mut parent = match parent_block_hash {
             None => Some(ROOT_KEY),
             Some(hash) => stream.engine_keys.get(&hash).and_then(|e| e.key),
@@ -339,6 +375,12 @@ impl BlockIndex {
                 }
             }
             for (&engine_hash, &key) in hashes.iter().zip(keys) {
+                if stream.engine_keys.len() >= limit
+                    && !stream.engine_keys.contains_key(&engine_hash)
+                {
+                    self.dropped_blocks += 1; // more than its pool holds: not believed
+                    continue;
+                }
                 let mut tiers = tier;
                 let new = Entry { key, tiers };
                 if let Some(old) = stream.engine_keys.insert(engine_hash, new) {
@@ -581,13 +623,14 @@ impl BlockIndex {
 impl BlockIndex {
     #[new]
     #[pyo3(signature = (*, page_size=16, predicted_ttl_seconds=2.0, approximate_ttl_seconds=120.0,
-                        max_predicted_blocks=262_144, clock=None))]
+                        max_predicted_blocks=262_144, max_stream_blocks=1_048_576, clock=None))]
     fn new(
         py: Python<'_>,
         page_size: i64,
         predicted_ttl_seconds: f64,
         approximate_ttl_seconds: f64,
         max_predicted_blocks: usize,
+        max_stream_blocks: usize,
         clock: Option<Py<PyAny>>,
     ) -> PyResult<BlockIndex> {
         if page_size < 1 {
@@ -605,6 +648,9 @@ impl BlockIndex {
             predicted_ttl_seconds,
             approximate_ttl_seconds,
             max_predicted_blocks,
+            max_stream_blocks,
+            dropped_blocks: 0,
+            page_size_streams: HashMap::new(),
             orphan_blocks: 0,
             allocated_bits: 0,
             clock,
@@ -1076,12 +1122,33 @@ impl BlockIndex {
     }
 
     /// The worker left: drop its entries and free its bits.
+    /// The most blocks each of `name`'s streams may hold (its KV pool's pages), at most
+    /// `max_stream_blocks`; a stream already holding more keeps them until it is cleared.
+    fn set_worker_limit(&mut self, name: &str, max_blocks: usize) {
+        self.ensure_worker(name);
+        let limit = max_blocks.min(self.max_stream_blocks);
+        self.workers.get_mut(name).expect("just ensured").max_blocks = limit;
+    }
+
+    /// The most blocks each of `name`'s streams may hold (None: an unknown worker).
+    fn worker_limit(&self, name: &str) -> Option<usize> {
+        self.workers.get(name).map(|worker| worker.max_blocks)
+    }
+
     fn forget(&mut self, name: &str) {
         if !self.workers.contains_key(name) {
             return;
         }
         self.clear(name, None);
         let worker = self.workers.remove(name).expect("checked");
+        for stream in worker.streams.values() {
+            if let Some(count) = self.page_size_streams.get_mut(&stream.page_size) {
+                *count -= 1;
+                if *count == 0 {
+                    self.page_size_streams.remove(&stream.page_size);
+                }
+            }
+        }
         self.free_bits
             .extend(worker.streams.values().map(|s| s.bit));
     }

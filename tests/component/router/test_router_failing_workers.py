@@ -14,6 +14,7 @@ import pytest
 from tests.fakes import STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
+from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
 
@@ -159,3 +160,60 @@ async def test_a_worker_failing_its_probes_hands_its_requests_to_another() -> No
             == 1
         )
         assert ok.generation_requests == 1
+
+
+def test_a_worker_that_hangs_whole_is_left_at_the_first_byte_floor_then_ejected() -> None:
+    """Issue 57 item 8: a worker that passed its probes, then answers nothing at all (no
+    generation, no /health, no /v1/loads), behind a router with the default policy and
+    health checks, on the router's own event loop (uvloop, as `tpuserve-router` runs).
+    Every request it takes fails at its first-byte deadline (here a 1 s floor, before the
+    probes eject it) and is retried on the healthy worker, none waits for the ejection
+    (``worker_down``) or for its client; then the worker is ejected. The deadline check's
+    own fault (a deadline a hair past its timer's millisecond, checked again only a
+    stream-idle period later) is shown for certain in test_proxy.py; here the whole path."""
+    import openai
+    import uvloop
+
+    defaults = RouterConfig()
+
+    async def main() -> None:
+        hung, ok = StubWorker(), StubWorker()
+        async with stub_router(
+            hung, ok, policy=defaults.policy,
+            health_check_interval_seconds=defaults.health_check_interval_seconds,
+            first_byte_timeout_floor_seconds=1.0,
+        ) as app:  # fmt: skip
+            hung.frozen = True
+            name = app.registry.workers[0].name
+            client = openai.AsyncOpenAI(base_url=app.base_url + "/v1", api_key="-", max_retries=0)
+            answers = await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model=STUB_MODEL,
+                        messages=[{"role": "user", "content": f"hello {i}"}],
+                        max_tokens=4,  # a deadline from the floor (without: the cap, 600 s)
+                    )
+                    for i in range(8)
+                )
+            )
+            assert [a.usage.completion_tokens for a in answers if a.usage] == [1] * 8
+            timeouts = sample(
+                app, "tpuserve_router_upstream_errors_total", worker=name,
+                reason="first_byte_timeout",
+            )  # fmt: skip
+            assert timeouts >= 1  # it took some: each came back at its floor
+            assert (
+                sample(
+                    app, "tpuserve_router_upstream_errors_total", worker=name, reason="worker_down"
+                )
+                == 0
+            )
+            assert ok.generation_requests == 8
+            await eventually_async(
+                lambda: not app.registry.workers[0].healthy,
+                what="the hung worker ejected",
+                timeout_seconds=30,
+            )
+            await client.close()
+
+    uvloop.run(main())

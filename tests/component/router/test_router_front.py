@@ -286,3 +286,16 @@ async def test_an_endless_stream_is_cut_with_an_error_event() -> None:
         assert b'"type":"upstream_error"' in data
         assert b"over the router's limit of 8192 bytes" in data
         await eventually_async(lambda: flood.in_progress == 0, what="the upstream cancelled")
+
+
+async def test_headers_the_connection_header_names_are_not_forwarded() -> None:
+    """Issue 57 item 9: ``Connection: x-hop`` makes ``x-hop`` hop-by-hop (RFC 9110 7.6.1):
+    the router, a proxy, must not pass it to the worker; other headers go on."""
+    worker = StubWorker()
+    async with router(worker) as app:
+        extra = b"connection: close, X-Hop\r\nx-hop: secret\r\nx-kept: yes\r\n"
+        assert statuses(await exchange(app.port, completion(extra=extra))) == [200]
+        names = [name for name, _ in worker.headers[-1]]
+        assert b"x-kept" in names
+        assert b"x-hop" not in names
+        assert b"connection" not in names

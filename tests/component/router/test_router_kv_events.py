@@ -777,3 +777,20 @@ async def test_malformed_and_unknown_events_are_counted_logged_once_and_skipped(
         for reason in KV_EVENT_SKIP_REASONS:  # once per worker and reason
             assert sum(f"({reason})" in m for m in warned) == 1, (reason, warned)
         assert resyncs(app, worker, "gap_unrecoverable") == 0
+
+
+async def test_each_workers_streams_are_bounded_by_its_pool(
+    precise: RouterApp, kv_engines: list[EngineTwin]
+) -> None:
+    """Issue 57 item 7: at admission the router reads each worker's pool from /server_info
+    (max_total_num_tokens / page_size): no stream of it is believed past that many blocks."""
+    index = precise.block_index
+    assert index is not None
+    async with aiohttp.ClientSession() as session:
+        for engine in kv_engines:
+            async with session.get(engine.url + "/server_info") as answer:
+                info = await answer.json()
+            pages = -(-info["max_total_num_tokens"] // info["page_size"])
+            assert info["page_size"] == PAGE
+            assert 0 < pages < index.max_stream_blocks  # the pool's, not the cap
+            assert index.worker_limit(engine.url) == pages

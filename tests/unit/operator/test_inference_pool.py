@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from tests.fakes import FakeKube
 from tests.unit.operator.conftest import RenderFn, SpecWith
 from tpuserve_operator import labels, launch_contract
+from tpuserve_operator.api import GATEWAY_FROM_RULE, GATEWAY_ONE_WAY_RULE
 from tpuserve_operator.build import admission
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.metrics import create_operator_metrics
@@ -100,20 +101,57 @@ def test_failure_mode_defaults_to_fail_close_and_no_pool_means_no_picker(
     assert not [a for a in router["args"] if a.startswith("--picker-port")]
 
 
-@pytest.mark.parametrize("gateway_from", [None, [{"namespaceSelector": {}}]])
-def test_the_gateway_reaches_the_leaders_and_the_picker(
-    rendered: RenderFn, spec_with: SpecWith, gateway_from: list[dict[str, Any]] | None
+def namespace_peer(namespace: str) -> dict[str, Any]:
+    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+
+
+GATEWAY_PEER = {"ipBlock": {"cidr": "10.129.0.0/23"}}  # e.g. GKE's proxy-only subnet
+
+
+@pytest.mark.parametrize(
+    ("section", "peers"),
+    [
+        # issue 57 item 6: unset used to render no "from" at all, any source
+        ({}, [namespace_peer(NAMESPACE)]),
+        ({"gatewayNamespace": "gateway"}, [namespace_peer("gateway")]),
+        ({"gatewayFrom": [GATEWAY_PEER]}, [GATEWAY_PEER]),
+    ],
+)
+def test_the_gateway_and_only_it_reaches_the_leaders_and_the_picker(
+    rendered: RenderFn,
+    spec_with: SpecWith,
+    section: dict[str, Any],
+    peers: list[dict[str, Any]],
 ) -> None:
-    section: dict[str, Any] = {} if gateway_from is None else {"gatewayFrom": gateway_from}
+    """The rendered NetworkPolicies of a server with an InferencePool: the engines' admits
+    the gateway to the HTTP port, the router's to the picker port, from ``peers`` only."""
     out = rendered(spec_with(inferencePool=section), inference_pool=True)
     engines = child(out, "NetworkPolicy", "qwen-engines")["spec"]["ingress"]
     router = child(out, "NetworkPolicy", "qwen-router")["spec"]["ingress"]
-    engine_rule = {"ports": [{"protocol": "TCP", "port": launch_contract.HTTP_PORT}]}
-    picker_rule = {"ports": [{"protocol": "TCP", "port": pools.PICKER_PORT}]}
-    if gateway_from is not None:
-        engine_rule["from"] = picker_rule["from"] = gateway_from
-    assert engines[-1] == engine_rule
-    assert router[-1] == picker_rule
+    assert engines[-1] == {
+        "from": peers,
+        "ports": [{"protocol": "TCP", "port": launch_contract.HTTP_PORT}],
+    }
+    assert router[-1] == {"from": peers, "ports": [{"protocol": "TCP", "port": pools.PICKER_PORT}]}
+    for rule in (*engines, *router[1:]):  # the router's first rule: its HTTP and metrics ports
+        assert rule.get("from"), rule  # no engine or picker port open to any source
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"gatewayFrom": []}, GATEWAY_FROM_RULE[1]),
+        ({"gatewayFrom": [GATEWAY_PEER, {}]}, GATEWAY_FROM_RULE[1]),
+        ({"gatewayFrom": [GATEWAY_PEER], "gatewayNamespace": "gateway"}, GATEWAY_ONE_WAY_RULE[1]),
+    ],
+)
+def test_a_gateway_peer_that_admits_any_source_is_refused_naming_the_field(
+    rendered: RenderFn, spec_with: SpecWith, section: dict[str, Any], message: str
+) -> None:
+    """The CRD's rule (the apiserver's CEL, evaluated offline by the operator: one message)."""
+    with pytest.raises(InvalidSpec) as caught:
+        rendered(spec_with(inferencePool=section), inference_pool=True)
+    assert str(caught.value) == f"spec.inferencePool: {message}"
 
 
 def test_a_pool_without_the_crd_or_the_router_is_invalid_naming_the_field(

@@ -730,6 +730,16 @@ def test_engines_are_fenced_to_their_routers_peers_prometheus_and_the_operator(
     assert not by_kind(rendered(network_policy="none").children, "NetworkPolicy")
 
 
+def test_no_engine_port_is_open_to_a_pod_label_in_any_namespace(rendered: RenderFn) -> None:
+    """Issue 57 item 6: the default Prometheus peer is scoped to a namespace: a pod labelled
+    prometheus is anyone's to make in their own namespace, and the engines' HTTP port has
+    no keys (abort, flush_cache)."""
+    ingress = one(rendered().children, "NetworkPolicy", "qwen-engines")["spec"]["ingress"]
+    for rule in ingress:
+        for peer in rule["from"]:
+            assert peer.get("namespaceSelector") != {}, peer
+
+
 def test_engines_admit_only_the_operator_pods_of_the_operator_namespace(
     rendered: RenderFn,
 ) -> None:

@@ -109,6 +109,11 @@ HOSTILE = {
                      "nested too deeply to parse"),
     "not UTF-8": (VALID.replace("qwen,", "q\udcffwen,"), "not UTF-8: byte "),
     "not YAML": ("a: [b\n", "while parsing a flow sequence"),
+    # issue 57 item 9: the last of two equal keys used to win, silently
+    "a duplicate key": (VALID + "  replicas: 4\n",
+                        "line 9: key 'replicas' given twice in one mapping; allowed: each key"),
+    "a duplicate key in flow": (VALID.replace("{name: qwen,", "{name: qwen, name: other,"),
+                                "key 'name' given twice in one mapping"),
 }  # fmt: skip
 
 

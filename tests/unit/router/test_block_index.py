@@ -482,3 +482,38 @@ def test_unpredict_drops_a_set_aside_choices_predictions_not_confirmed_blocks() 
     index.unpredict("a", keys)
     assert index.match(keys, ["a"]) == [1]  # the page its events stored stays
     index.unpredict("unknown", keys)  # a worker the index does not know: nothing to drop
+
+
+def test_a_stream_holds_no_more_blocks_than_its_workers_pool() -> None:
+    """Issue 57 item 7: a stream's confirmed blocks are bounded by its worker's KV pool
+    (`set_worker_limit`, from /server_info), else by ``max_stream_blocks``: 6 M fake blocks
+    from one stream grew the router by 530 MB. Blocks past the bound are dropped, counted."""
+    index = BlockIndex(page_size=PAGE, max_stream_blocks=8)
+    index.set_worker_limit("pooled", 3)
+    tokens = list(range(PAGE * 12))
+    store(index, "pooled", tokens)
+    store(index, "unknown", tokens)
+    assert index.worker_blocks("pooled") == 3
+    assert index.worker_blocks("unknown") == 8  # no pool known: the index's cap
+    assert index.dropped_blocks == (12 - 3) + (12 - 8)
+    assert index.match(index.keys(tokens), ["pooled", "unknown"]) == [3, 8]
+    index.set_worker_limit("big", 1 << 40)  # a pool larger than the cap: the cap
+    store(index, "big", tokens)
+    assert index.worker_blocks("big") == 8
+
+
+def test_one_stream_does_not_set_the_page_size_for_the_fleet() -> None:
+    """Issue 57 item 7: the page size is learned per stream; prompts are keyed by the one
+    most streams have, so a first stream claiming pages of one token does not unkey every
+    other worker's blocks. A block of another size on a stream that has one is dropped."""
+    index = BlockIndex(page_size=64)
+    index.store("liar", [1], None, [7], 1)  # first, and alone in its page size
+    assert index.page_size == 1
+    tokens = list(range(PAGE * 2))
+    store(index, "a", tokens)
+    store(index, "b", tokens)
+    assert index.page_size == PAGE
+    assert index.match(index.keys(tokens), ["a", "b", "liar"]) == [2, 2, 0]
+    index.store("a", [99], None, list(range(8)), 8)  # not a's page size
+    assert index.dropped_blocks == 1
+    assert index.worker_blocks("a") == 2

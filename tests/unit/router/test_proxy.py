@@ -97,3 +97,59 @@ async def test_closing_a_connection_cancels_its_timer(pool: UpstreamPool) -> Non
     conn.close()
     assert timer.cancelled()
     assert conn._deadline is None
+
+
+def test_a_first_byte_deadline_off_the_timer_grid_still_fires_on_time() -> None:
+    """Issue 57 item 8: uvloop's clock and timers step in whole milliseconds, and a deadline
+    of ``now + seconds`` is a float a hair past its millisecond about one time in eight.
+    The timer then fires at that millisecond, a hair before the deadline: the check used to
+    take that for "not yet" and look again one idle period later (``stream_idle_timeout``,
+    30 s by default), so a hung worker held those requests until the client left. Forty
+    requests on the router's own loop, to a worker that answers only after 2 s: every one
+    must fail at its first-byte deadline."""
+    import uvloop
+
+    async def main() -> None:
+        server = await serve(worker, "127.0.0.1", 0, RouterConfig().front_limits())
+        pool = UpstreamPool(
+            "127.0.0.1", server.sockets[0].getsockname()[1], connect_timeout_seconds=5,
+            max_idle=64, max_head_bytes=1 << 16, max_body_bytes=1 << 20,
+        )  # fmt: skip
+        conns: list[UpstreamConnection] = []
+        loop = asyncio.get_running_loop()
+
+        async def off_grid_seconds(index: int) -> float:
+            """About 50 ms plus ``index`` ms, such that now + it lies past its millisecond
+            (not every ``now`` has one near: then a millisecond later)."""
+            while True:
+                now = loop.time()
+                for i in range(100):
+                    seconds = 0.05 + (index + i) / 1000
+                    if round((now + seconds) * 1000) / 1000 < now + seconds:
+                        return seconds
+                await asyncio.sleep(0.001)
+
+        async def one(index: int) -> str:
+            conn = await pool.connect()
+            conns.append(conn)
+            try:
+                conn.send(b"GET /late HTTP/1.1\r\nhost: h\r\n\r\n")
+                conn.set_deadlines(await off_grid_seconds(index), LONG, LONG)
+                await conn.wait_head()
+                return "answered"
+            except UpstreamError as err:
+                return err.reason
+            finally:
+                pool.release(conn)
+
+        try:
+            reasons = await asyncio.gather(*(one(i) for i in range(40)))
+        finally:
+            server.close()
+            await server.wait_closed()
+        # the case this is about happened (else the test proves nothing): a deadline past
+        # the millisecond its timer fires at
+        assert any(round(c._first_byte_at * 1000) / 1000 < c._first_byte_at for c in conns)
+        assert reasons == ["first_byte_timeout"] * 40
+
+    uvloop.run(main())

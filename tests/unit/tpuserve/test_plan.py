@@ -256,6 +256,49 @@ def test_hf_config_gives_a_profile(tmp_path: Path) -> None:
         profile_from_hf_config(path)
 
 
+LLAMA_8B = {
+    "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        # a string where a count goes: str * int would build a string of ~10^15 characters
+        ({"head_dim": "x", "num_key_value_heads": 10**15}, "num_key_value_heads: 1000000000000000"),
+        ({"head_dim": "xx"}, "head_dim: 'xx' is not allowed; allowed: an integer from 1"),
+        ({"num_experts": -8}, "num_experts: -8 is not allowed; allowed: an integer from 1"),
+        ({"num_experts": 8, "num_experts_per_tok": -2}, "num_experts_per_tok: -2 is not allowed"),
+        ({"num_experts": 8, "num_experts_per_tok": 9}, "num_experts_per_tok: 9 is not allowed"),
+        ({"max_position_embeddings": "1e9"}, "max_position_embeddings: '1e9' is not allowed"),
+        ({"tie_word_embeddings": "no"}, "tie_word_embeddings: 'no' is not allowed; allowed: true"),
+    ],
+)
+def test_a_hostile_hf_config_is_refused_naming_the_field(
+    tmp_path: Path, changes: dict[str, Any], message: str
+) -> None:
+    """Issue 57 item 9: a config.json's values are checked before any arithmetic; each
+    refusal names the field, the value and what is allowed (no traceback, no bomb)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA_8B, **changes}))
+    with pytest.raises(PlanError, match=message.replace("(", r"\(")):
+        profile_from_hf_config(path)
+
+
+def test_a_huge_hf_config_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    """Issue 57 item 9: a config.json is a few kB; a larger file is refused after reading
+    at most the limit (a 1 GiB file read whole, then parsed, held the planner's memory)."""
+    path = tmp_path / "config.json"
+    with path.open("wb") as out:  # sparse: 1 GiB on the disk's books, nothing written
+        out.truncate(1 << 30)
+    with pytest.raises(PlanError, match="larger than the 1048576 bytes allowed"):
+        profile_from_hf_config(path)
+    path.write_text('{"num_hidden_layers": ' + "9" * 5000 + "}")  # past int's digit limit
+    with pytest.raises(PlanError, match="is not valid JSON"):
+        profile_from_hf_config(path)
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     _, parser = cli.build_parser(cli.find_command(["plan"])[0])
     return parser.parse_args(argv)
