@@ -75,14 +75,30 @@ def promql_names() -> Iterator[Found]:
         yield from in_promql("tests/metrics/promtool/rule_tests.py", [*series, *exprs])
 
 
+KEDA_ONLY = ("backlogSeconds", "kvCacheUsage")
+"""Metrics only KEDA serves (the HPA path's metrics adapter has no rule for them)."""
+
+
 def autoscaler_names() -> Iterator[Found]:
+    """The series each autoscaling metric reads: the HPA's metric (through the metrics
+    adapter's rules) where the HPA takes it, and every series of the KEDA ScaledObject's
+    Prometheus queries."""
     example = yaml.safe_load(EXAMPLE.read_text())
     for metric in typing.get_args(AutoscalingSpec.model_fields["metric"].annotation):
-        spec = {**example["spec"], "autoscaling": {"maxReplicas": 4, "metric": metric}}
-        children = build_children(example["metadata"], spec, RenderConfig())
-        (hpa,) = [c for c in children if c["kind"] == "HorizontalPodAutoscaler"]
-        for source in hpa["spec"]["metrics"]:
-            yield f"autoscaler ({metric})", source[source["type"].lower()]["metric"]["name"]
+        autoscaling: dict[str, Any] = {"maxReplicas": 4, "metric": metric}
+        if metric == "kvCacheUsage":
+            autoscaling["target"] = 0.8  # a share of the pool (the default target is a count)
+        if metric not in KEDA_ONLY:
+            spec = {**example["spec"], "autoscaling": autoscaling}
+            children = build_children(example["metadata"], spec, RenderConfig())
+            (hpa,) = [c for c in children if c["kind"] == "HorizontalPodAutoscaler"]
+            for source in hpa["spec"]["metrics"]:
+                yield f"autoscaler ({metric})", source[source["type"].lower()]["metric"]["name"]
+        spec = {**example["spec"], "autoscaling": {**autoscaling, "engine": "keda"}}
+        children = build_children(example["metadata"], spec, RenderConfig(keda=True))
+        (scaled,) = [c for c in children if c["kind"] == "ScaledObject"]
+        queries = [t["metadata"]["query"] for t in scaled["spec"]["triggers"]]
+        yield from in_promql(f"KEDA ScaledObject ({metric})", queries)
 
 
 def text_names(root: Path = REPO) -> Iterator[Found]:
@@ -121,7 +137,10 @@ def test_rules_dashboards_and_promtool_fixtures_select_only_declared_sglang_seri
 
 def test_the_autoscaler_reads_declared_sglang_series_or_tpuserve_rules() -> None:
     found = list(autoscaler_names())
-    assert len(found) == 3
+    hpa = [where for where, _ in found if where.startswith("autoscaler")]
+    keda = {where for where, _ in found if where.startswith("KEDA")}
+    assert len(hpa) == 3  # queue, tokensInFlight, ttft
+    assert len(keda) == 5  # and KEDA's backlogSeconds and kvCacheUsage
     recorded = {r.record for r in rules.recording_rules()}
     assert not undeclared_queries(found), f"not declared by SGLang {pinned_version()}"
     assert all(name.startswith(sm.PREFIX) or name in recorded for _, name in found), found
