@@ -8,31 +8,22 @@ loopback and offline (``HF_HUB_OFFLINE``): GuideLLM reads the tokenizer from tha
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.bench_scripts import load_bench_script
+
 pytestmark = pytest.mark.component
 
-ROOT = Path(__file__).resolve().parents[3]
 VERSION = "0.8.1"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_guidellm_run", ROOT / "bench" / "guidellm_run.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("guidellm_run", "bench_guidellm_run")
 
 
 def _guidellm_venv() -> Path:

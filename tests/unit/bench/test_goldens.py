@@ -8,29 +8,22 @@ with ``.venv/bin/python bench/goldens.py --write`` (``--full`` also reruns the f
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.bench_scripts import load_bench_script
+
 pytestmark = pytest.mark.unit
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
 HOW = "if the change is meant, run: .venv/bin/python bench/goldens.py --write"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_goldens", BENCH / "goldens.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("goldens", "bench_goldens")
 
 
 goldens = _load()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.bench_scripts import load_bench_script
 
 pytestmark = pytest.mark.unit
 
@@ -17,13 +17,7 @@ BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_guidellm_run", BENCH / "guidellm_run.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("guidellm_run", "bench_guidellm_run")
 
 
 run = _load()

@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from sglang_tpu import perf_model as pm
+from tests.bench_scripts import load_bench_script
 
 pytestmark = pytest.mark.unit
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script(name)
 
 
 def test_the_benchmarks_shapes_are_the_catalogs_profiles() -> None:

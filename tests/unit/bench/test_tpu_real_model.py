@@ -8,15 +8,14 @@ and the token comparison of the summary.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
 
 from sglang_tpu import sglang_torchtpu as adapter
+from tests.bench_scripts import load_bench_script
 
 pytestmark = pytest.mark.unit
 
@@ -24,13 +23,7 @@ BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tpu_real_model", BENCH / "tpu_real_model.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("tpu_real_model", "tpu_real_model")
 
 
 def test_a_missing_package_becomes_a_stand_in_and_a_present_one_does_not() -> None:
