@@ -13,7 +13,7 @@
 # The shim: the machine's libtpu reports 0.0.42.1, which torch-tpu 0.2.0's import refuses
 # and which the pre-flight refuses by name. A dist-info reporting LIBTPU_SHIM_VERSION, first on
 # PYTHONPATH, stands for an image that pins a libtpu torch-tpu accepts; the real libtpu.so is
-# unchanged (shared/reference/tpu-v5e.md). Tests that need the machine's own libtpu metadata
+# unchanged (docs/tpu-lane.md, "The libtpu shim"). Tests that need the machine's own libtpu metadata
 # drop SITE/shim from PYTHONPATH.
 set -euo pipefail
 site=${1:?usage: scripts/tpu-lane-install.sh SITE WHEELS}

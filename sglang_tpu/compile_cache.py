@@ -17,7 +17,7 @@ What is cached (torch_tpu 0.2.0):
 - ``inductor/``: torch.compile's FX-graph and AOTAutograd caches (`TORCHINDUCTOR_CACHE_DIR`),
   keyed by PyTorch by graph hash, PyTorch version and device.
 
-Seen on a TPU v5e (torch_tpu 0.2.0, `shared/reference/tpu-v5e.md`): with the tier-3 root set
+Seen on a TPU v5e (torch_tpu 0.2.0, the TPU lane: docs/tpu-lane.md): with the tier-3 root set
 TorchTPU writes its entries under `<root>/<TorchTPU binary fingerprint>/` and also enables
 tier 2; a second process then compiled the same decoder steps in a fifth of the cold time.
 But a third process with TorchTPU's tiers off was as fast: PyTorch's own caches (FX graph and

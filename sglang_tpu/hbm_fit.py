@@ -15,7 +15,7 @@ What one replica needs in HBM (per slice; the model is sharded over its chips):
   64 x 1,024 (1.11 + 2 x 7 + 0.05 = 15.16 GiB).
 
 `MEASURED` holds every (model, step, batch, context) the project's v5e ran or refused
-(`shared/reference/tpu-v5e.md`); `tests/unit/sglang_tpu/test_hbm_fit.py` checks the rule puts
+(the TPU lane, docs/tpu-lane.md); `tests/unit/sglang_tpu/test_hbm_fit.py` checks the rule puts
 each on its side, and every decode step `bench/tpu_steps.py` ran or was refused on the chip
 (`bench/tpu_results/`: 26 ran, 8 refused with RESOURCE_EXHAUSTED, among them the reference's
 "does not fit" shapes, so those are measured refusals too). Caveats: only v5e was measured, so

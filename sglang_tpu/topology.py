@@ -6,8 +6,9 @@ FLOP/s, bandwidth) and the test cluster's fake node pools all read this module.
 
 Everything is keyed on (generation, topology), never on a chip count alone: v6e `2x4` is one
 8-chip VM (`ct6e-standard-8t`) while tpu7x `2x2x2` is two 4-chip VMs. Facts and their
-sources: `shared/reference/tpu-and-gke.md` §2.1–2.3 (GKE) and §2.2 (torch_tpu 0.2.0
-`hardware.py`).
+sources: GKE's TPU pages (cloud.google.com/kubernetes-engine/docs/concepts/tpus and
+`plan-tpus`), the TPU version pages (cloud.google.com/tpu/docs/v5e, `v6e`), XPK's
+`system_characteristics.py`, and torch_tpu 0.2.0's `_internal/utils/hardware.py`.
 """
 
 from __future__ import annotations
@@ -226,7 +227,7 @@ GENERATIONS: Mapping[str, TPUGeneration] = MappingProxyType(
             devices_per_chip=1,
             host_topology_by_devices=_SINGLE_CORE_2D,
             accelerator_type_prefix="v5litepod",
-            # both seen on a v5e (TorchTPU 0.2.0, JAX 0.10.2): shared/reference/tpu-v5e.md
+            # both seen on a v5e (TorchTPU 0.2.0, JAX 0.10.2): docs/tpu-lane.md
             device_names=("TPU v5e", "TPU v5 lite"),
             host_to_device_bytes_per_second=7.0e9,  # measured, HOST_TO_DEVICE_SOURCES
         ),

@@ -7,7 +7,7 @@ import itself is what fails on an incompatible libtpu, with a traceback instead 
 
 Sources: the torch_tpu 0.2.0 wheel (its `Requires-Dist`: `torch>=2.11.0,<=2.15.0`, glue
 libraries for torch 2.11 to 2.15, `libtpu>=0.0.50`) and what was seen on a TPU v5e
-(`shared/reference/tpu-v5e.md`): libtpu `0.0.42.1` makes `import torch_tpu` raise
+(the TPU lane, docs/tpu-lane.md): libtpu `0.0.42.1` makes `import torch_tpu` raise
 `RuntimeError: set_libtpu_version(): expected version string to be of the format
 <major>[.<minor>[.<patch>]][.dev<build>][<suffix>], got '0.0.42.1'`.
 
@@ -62,7 +62,7 @@ STACK_RULES: tuple[StackRule, ...] = (
         torch_at_least=(2, 11),
         torch_below=(2, 16),
         libtpu_at_least=(0, 0, 50),
-        source="torch_tpu 0.2.0 wheel (Requires-Dist, glue libraries); shared/reference/tpu-v5e.md",
+        source="torch_tpu 0.2.0 wheel (Requires-Dist, glue libraries); docs/tpu-lane.md",
     ),
 )
 

@@ -2,7 +2,8 @@
 
 docs/README.md names every page of docs/; docs/development.md's table of modules over 500 lines
 names every such module (and none under 400: one that shrank leaves the list); the CPU figure
-under each `<!-- CPU-RATIO -->` marker reads the same on every page that carries it.
+under each `<!-- CPU-RATIO -->` marker reads the same on every page that carries it; and no
+tracked file sends a reader to the team's notes outside the repository.
 """
 
 from __future__ import annotations
@@ -77,3 +78,29 @@ def test_the_cpu_figure_reads_the_same_on_every_page() -> None:
                 assert figures[page.name], f"{page.name}: no figure on the line after {CPU_MARKER}"
     assert {"router.md", "benchmarks.md"} <= figures.keys()
     assert len(set(figures.values())) == 1, figures
+
+
+OUTSIDE = re.compile(r"\.\./shared|shared" + r"/(reference|design)")  # split: not a match itself
+"""A path into the folder beside the checkout where the team keeps its reference notes: no
+clone has it, so nothing in the repository may send a reader there."""
+HISTORY = {"CHANGELOG.md"}  # what earlier releases said, kept as they said it
+
+
+def test_nothing_in_the_repository_refers_to_files_outside_it() -> None:
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True, timeout=60
+    ).stdout.splitlines()
+    found = []
+    for relative in listed:
+        path = REPO / relative
+        if relative in HISTORY or relative.startswith("bench/tpu_results/") or not path.is_file():
+            continue  # bench/tpu_results: measurement records, each with its own header
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [f"{relative}:{n}" for n, line in enumerate(text.splitlines(), 1)
+                  if OUTSIDE.search(line)]  # fmt: skip
+    assert found == []

@@ -4,7 +4,8 @@ GKE runs the exporter in `kube-system` (pods labelled `k8s-app=tpu-device-plugin
 port 2112). Series carry `make="cloud-tpu"`, `model` (the TPU type, not the LLM),
 `tpu_topology` and `accelerator_id`; values are per accelerator. They do not name the inference
 pod, so the TPU dashboard shows them per node and slice type, never joined to replicas.
-Source: shared/reference/observability.md §7.
+Sources: llm-d's GKE TPU metrics guide (github.com/llm-d/llm-d,
+`docs/operations/observability/tpu-metrics-gke.md`) and its TPU overview dashboard.
 """
 
 from __future__ import annotations
