@@ -7,18 +7,4 @@ cd "$(dirname "$0")/.."
 source scripts/tool-paths.sh
 version=${SGLANG_ROUTER_VERSION:-0.3.2}
 venv=${TPUSERVE_ANCHOR_VENV:-$TPUSERVE_CACHE/bench/sglang-router-$version}
-if [ ! -f "$venv/.installed" ]; then
-  python=
-  for candidate in python3.12 python3.11 python3; do
-    if "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else 1)' 2>/dev/null; then
-      python=$candidate
-      break
-    fi
-  done
-  [ -n "$python" ] || { echo "no python3 on PATH" >&2; exit 1; }
-  "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --upgrade "pip>=24"
-  "$venv/bin/python" -m pip install --quiet "sglang-router==$version"
-  touch "$venv/.installed"
-fi
-echo "$venv/bin/python"
+exec bench/tool_venv.sh "$venv" "sglang-router==$version" 3.9

@@ -65,7 +65,12 @@ from sglang_tpu.kv_events import (
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.kv_publishers import Endpoints
-from tpuserve_router.kv_replay import REPLAY_MAX_ROUNDS, leading_run, read_round
+from tpuserve_router.kv_replay import (
+    DRAIN_MAX_MESSAGES,
+    REPLAY_MAX_ROUNDS,
+    leading_run,
+    read_round,
+)
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.zmq_monitor import stop_monitor
 from tpuserve_router.zmtp import SubscriberGroup, ZmtpSubscriber, tcp_address
@@ -83,9 +88,6 @@ CONFIRM_AFTER_CONNECT_SECONDS = 1.0
 subscription into account a moment after the handshake, and a batch it published in between
 reached neither that first replay (it came before) nor this stream (it was not subscribed yet);
 an idle engine would send no later batch whose sequence number showed the gap."""
-DRAIN_MAX_MESSAGES = 64
-"""Messages read per wake-up of the event loop, bounded so requests keep flowing (the rest
-are read on the loop's next turn)."""
 READ_INTERVAL_SECONDS = 0.030
 """A busy ``tcp://`` stream is read at most this often, every such stream in one wake-up of
 the event loop (`zmtp.SubscriberGroup`): events arrive at most this late, and under load

@@ -42,7 +42,9 @@ engine's whole send queue (1,000): a full SGLang buffer takes about ten when eve
 its tail, and a publisher that keeps answering with less is given up on (and asked again at
 its next batch)."""
 DRAIN_MAX_MESSAGES = 64
-"""Messages read per wake-up of the event loop while a round arrives (requests go on between)."""
+"""Messages read per wake-up of the event loop, from a replay round or a live stream
+(`tpuserve_router.kv_events` reads by it too), bounded so requests keep flowing (the rest
+are read on the loop's next turn)."""
 
 
 @dataclass(frozen=True, slots=True)
