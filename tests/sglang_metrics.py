@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,22 @@ from prometheus_client import Histogram
 from prometheus_client import metrics_core as prometheus_metrics
 
 from tests.sglang_wheel import unpacked_wheel
+
+
+def parse(source: str, filename: str = "<unknown>") -> ast.Module:
+    """`ast.parse` with the garbage collector held off. CPython before 3.11.8 and 3.12.2
+    (gh-106905) keeps one AST recursion counter per interpreter: a finalizer that parses
+    while a tree is being built (an asyncio task a failed test left behind, logging its
+    traceback) breaks the count, and the outer parse raises ``SystemError: AST constructor
+    recursion depth mismatch``. CI's Python is 3.11.7."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source, filename)
+    finally:
+        if enabled:
+            gc.enable()
+
 
 PREFIX = "sglang:"
 # The constructor a declaration calls -> the type Prometheus exposes.
@@ -279,7 +296,7 @@ def declarations_in(
 ) -> list[DeclaredMetric]:
     """The declarations in one module's source; `bases` gives each collector's base labels."""
     visitor = _Declarations(path, bases, prefix)
-    visitor.visit(ast.parse(source, path))
+    visitor.visit(parse(source, path))
     return visitor.found
 
 
@@ -297,7 +314,7 @@ def declared_metrics(version: str | None = None) -> Mapping[str, DeclaredMetric]
 
     def tree(relative: str) -> ast.Module:
         if relative not in trees:
-            trees[relative] = ast.parse((package / relative).read_text(encoding="utf-8"))
+            trees[relative] = parse((package / relative).read_text(encoding="utf-8"))
         return trees[relative]
 
     bases = {cls: base_labels(tree(file), fn) for cls, (file, fn) in LABEL_SOURCES.items()}
@@ -327,7 +344,7 @@ def loop_values(
 ) -> tuple[str, ...]:
     """The string literals `function` loops over as `for <target> in (...)`: label values SGLang
     sets, e.g. the `phase`s of `TokenizerMetricsCollector.emit_startup_time`."""
-    tree = ast.parse((unpacked_wheel(version) / relative).read_text(encoding="utf-8"))
+    tree = parse((unpacked_wheel(version) / relative).read_text(encoding="utf-8"))
     for node in ast.walk(_find_function(tree, function)):
         if (
             isinstance(node, ast.For)

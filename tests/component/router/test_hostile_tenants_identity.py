@@ -113,21 +113,42 @@ async def hang_up_on_a_stream(oa: openai.AsyncOpenAI, rid: str | None) -> None:
     await stream.close()
 
 
+def dispatched(app: RouterApp) -> float:
+    """Requests the router has sent to the engine so far: those in flight plus those
+    answered. Unlike the in-flight count alone, a victim finishing does not lower it (on a
+    busy machine the victims can end while the hostile client is still at work)."""
+    worker = app.registry.workers[0]
+    answered = sum(
+        s.value
+        for family in app.metrics.registry.collect()
+        if family.name == "tpuserve_router_requests"
+        for s in family.samples
+        if s.name.endswith("_total") and s.labels["worker"] == worker.name
+    )
+    return worker.in_flight + answered
+
+
 async def hang_up_on_a_plain_request(app: RouterApp, rid: str) -> None:
     """A non-streamed ``/generate`` with ``rid``, left once the router has sent it on."""
-    worker = app.registry.workers[0]
-    sent = worker.in_flight
+    sent = dispatched(app)
     body = orjson.dumps(
         {"text": "the hostile tenant's plain request", "rid": rid,
          "sampling_params": {"max_new_tokens": VICTIM_TOKENS}}
     )  # fmt: skip
-    _, writer = await asyncio.open_connection("127.0.0.1", app.port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.port)
     writer.write(
         b"POST /generate HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n"
         b"content-length: %d\r\n\r\n%b" % (len(body), body)
     )
-    await eventually_async(lambda: worker.in_flight > sent, what="the hostile request sent on")
-    writer.close()
+    answer = asyncio.ensure_future(reader.read(512))
+    try:  # an answer before the request went on (the router refused it) fails here, shown
+        await eventually_async(
+            lambda: dispatched(app) > sent or answer.done(), what="the hostile request sent on"
+        )
+        assert not answer.done(), f"the router answered instead: {answer.result()!r}"
+    finally:
+        answer.cancel()
+        writer.close()
 
 
 def client_gone(app: RouterApp) -> float:
@@ -152,23 +173,28 @@ async def test_victims_finish_in_full_while_another_client_aborts_with_every_kin
         learned = (await oa.completions.create(model=MODEL, prompt="probe", max_tokens=1)).id
         aborted_before = await aborted_on_engine(engine)
         victims = [asyncio.ensure_future(victim(oa, i)) for i in range(VICTIMS)]
+        try:
 
-        async def all_running() -> bool:
-            return await engine_running(engine) >= VICTIMS
+            async def all_running() -> bool:
+                return await engine_running(engine) >= VICTIMS
 
-        await eventually_async(all_running, what="the victims running on the engine")
-        streamed = [
-            learned, learned[:16], learned[:8], learned[:1], "", None,
-            "victim", "victim-1", "victim-0", "v", "0", "a", "f",
-        ]  # fmt: skip
-        plain = [learned[:4], "victim-", "victim-2", ""]
-        for n, rid in enumerate(streamed):
-            await hang_up_on_a_stream(oa, rid)
-            await aborted_by_the_router(router, n + 1)
-        for n, rid in enumerate(plain, start=len(streamed)):
-            await hang_up_on_a_plain_request(router, rid)
-            await aborted_by_the_router(router, n + 1)
-        answers = await asyncio.gather(*victims)
+            await eventually_async(all_running, what="the victims running on the engine")
+            streamed = [
+                learned, learned[:16], learned[:8], learned[:1], "", None,
+                "victim", "victim-1", "victim-0", "v", "0", "a", "f",
+            ]  # fmt: skip
+            plain = [learned[:4], "victim-", "victim-2", ""]
+            for n, rid in enumerate(streamed):
+                await hang_up_on_a_stream(oa, rid)
+                await aborted_by_the_router(router, n + 1)
+            for n, rid in enumerate(plain, start=len(streamed)):
+                await hang_up_on_a_plain_request(router, rid)
+                await aborted_by_the_router(router, n + 1)
+            answers = await asyncio.gather(*victims)
+        finally:  # a failure above leaves no victim behind to end in a later test
+            for task in victims:
+                task.cancel()
+            await asyncio.gather(*victims, return_exceptions=True)
 
     for i, answer in enumerate(answers):
         (choice,) = answer.choices
