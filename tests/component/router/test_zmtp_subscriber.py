@@ -60,12 +60,14 @@ async def subscribed(port: int, prefix: bytes = b"") -> AsyncIterator[Record]:
         group.close()
 
 
-def publisher(ctx: zmq.asyncio.Context, port: int, heartbeat_ms: int = 0) -> zmq.asyncio.Socket:
+def publisher(
+    ctx: zmq.asyncio.Context, port: int, heartbeat_ms: int = 0, heartbeat_timeout_ms: int = 0
+) -> zmq.asyncio.Socket:
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     if heartbeat_ms:
         pub.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
-        pub.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * heartbeat_ms)
+        pub.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms or 3 * heartbeat_ms)
     pub.bind(f"tcp://127.0.0.1:{port}")
     return pub
 
@@ -134,10 +136,15 @@ async def test_heartbeats_are_answered_so_the_publisher_keeps_us() -> None:
     ctx = zmq.asyncio.Context()
     port = free_port()
     try:
-        pub = publisher(ctx, port, heartbeat_ms=50)
+        # A PING every 50 ms, each to be answered within 1 s. SGLang's publisher sets no
+        # heartbeats; a publisher that does drops a subscriber that leaves one unanswered. The
+        # second of grace is for the event loop of a test process on a busy machine (a 150 ms
+        # grace failed there); the subscriber that stalls longer is dropped and reconnects
+        # (test_a_restarted_publisher_is_reconnected), catching up by replay.
+        pub = publisher(ctx, port, heartbeat_ms=50, heartbeat_timeout_ms=1000)
         async with subscribed(port) as record:
             await publish_until(pub, [b"", b"before"], lambda: bool(record.messages))
-            await asyncio.sleep(1.0)  # 20 heartbeats; unanswered, the PUB drops us at 150 ms
+            await asyncio.sleep(3.0)  # 60 PINGs; unanswered, the PUB drops us after 1 s
             record.messages.clear()
             await publish_until(pub, [b"", b"after"], lambda: bool(record.messages))
             assert (record.connected, record.disconnected) == (1, 0)
