@@ -221,7 +221,9 @@ def simulated_command(contract: LaunchContract) -> list[str]:
         contract.topology,
     ]
     profile = sim_model_profile(contract)
-    if profile is not None:
+    if contract.model_architecture is not None:  # the model's config.json facts
+        command += ["--model-architecture", contract.model_architecture]
+    elif profile is not None:
         command += ["--model-profile", profile]
     command += ["--served-model-name", contract.served_name]
     command += ["--quantization", SIM_QUANTIZATION[contract.quantization]]

@@ -327,15 +327,16 @@ def kv_pool_tokens(
 
 def check_fits(
     shape: SliceShape,
-    profile_name: str,
+    model: str | ModelProfile,
     quantization: str,
     kv_cache_dtype: str,
     context_length: int,
     kv_update: str = "in-place",
 ) -> None:
     """Raise ModelDoesNotFit when weights + one `context_length` sequence do not fit the
-    rule (`hbm_fit.RULE`: the static budget, and a compiled step's copies and temporaries)."""
-    profile = get_profile(profile_name, "model")
+    rule (`hbm_fit.RULE`: the static budget, and a compiled step's copies and temporaries).
+    ``model``: a profile's name, or a profile (one made from a config.json)."""
+    profile = model if isinstance(model, ModelProfile) else get_profile(model, "model")
     if context_length <= 0:
         raise ValueError(f"contextLength: {context_length!r} is not allowed; allowed: >= 1")
     weights = profile.weight_bytes(quantization)

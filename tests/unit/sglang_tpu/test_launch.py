@@ -67,6 +67,7 @@ MALFORMED: dict[Var, str] = {
     Var.SGLANG_PYTHON: "venv/bin/python",
     Var.CPU_KERNEL_SHIM_DIR: "/opt/shim",  # only with TPUSERVE_DEVICE=cpu
     Var.SIM_MODEL_PROFILE: "no-such-model",
+    Var.MODEL_ARCHITECTURE: '{"num_hidden_layers": "32"}',
     Var.COMPILE_CACHE_DIR: "relative/dir",
     Var.ENGINE_VERSION: "two words",
     Var.GCS_FUSE_ROOT: "gcs",
