@@ -226,6 +226,8 @@ def simulated_command(contract: LaunchContract) -> list[str]:
     elif profile is not None:
         command += ["--model-profile", profile]
     command += ["--served-model-name", contract.served_name]
+    if contract.execution_mode != "compiled":  # the twin's steps as TorchTPU's eager ones
+        command += ["--execution-mode", contract.execution_mode]
     command += ["--quantization", SIM_QUANTIZATION[contract.quantization]]
     command += ["--kv-cache-dtype", contract.kv_cache_dtype]
     if contract.context_length is not None:

@@ -155,6 +155,13 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
                 default=perf_model.DEFAULT_PROFILE,
             ),
             Option(
+                "--execution-mode",
+                "How TorchTPU runs the modelled engine; the eager modes add the performance "
+                "model's per-layer host time (default: %(default)s).",
+                default="compiled",
+                choices=perf_model.EXECUTION_MODES,
+            ),
+            Option(
                 "--model-architecture",
                 "The model's config.json facts as a JSON object (num_hidden_layers, "
                 "hidden_size, ...: sglang_tpu.model_config.KEYS), for a model without a "
@@ -512,7 +519,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
     measured_cold, measured_warm = compile_figures(profile.layers)
     return ServerSettings(
         engine=engine,
-        timer=StepTimer(shape, profile, quant, kv_dtype),
+        timer=StepTimer(shape, profile, quant, kv_dtype, execution_mode=args.execution_mode),
         tokenizer=tokenizer,
         model_path=model_path,
         served_model_name=args.served_model_name or model_path,
