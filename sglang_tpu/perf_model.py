@@ -39,7 +39,9 @@ model shapes timed on one TPU v5e chip (``bench/perf_model_fit.py --fit`` over
 per step, 29 us per sequence) are fitted, with the device knobs held, to 33 published
 end-to-end values from vLLM TPU and SGLang-JAX reports on v6e and tpu7x
 (``bench/perf_model_validation.py --fit``; median error 11%, worst 59%); the +1 ms per step on
-multi-host slices is not fitted (no published multi-host figure). Other generations use the
+multi-host slices is not fitted (no published multi-host figure). The eager modes' 8.6 ms
+per layer and step is measured on real model code (Transformers' Qwen3 on a v5e, eager and
+DeferAndFuse over ``torch.compile``: ``bench/real_model_gap.py``). Other generations use the
 v5e's fractions of their own published peaks, unvalidated on their silicon. Tables, sources
 and what the model leaves out: ``docs/engine-sim.md``.
 """

@@ -526,7 +526,9 @@ class EngineSpec(Schema):
         default="compiled",
         description=(
             "executionMode is how TorchTPU runs the model: compiled (XLA graphs, fastest, "
-            "long first compile), eager, eager-defer-and-fuse or eager-debug. Default: compiled."
+            "long first compile), eager, eager-defer-and-fuse or eager-debug. The eager modes "
+            "dispatch every op from Python: measured on a v5e, about 8.6 ms per layer and step "
+            "more than compiled (the simulated engine adds the same). Default: compiled."
         ),
     )
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
