@@ -229,7 +229,7 @@ def _sources(spec: TPUModelServerSpec) -> list[Problem]:
     architecture_problem = model_profile.problem(spec)
     if architecture_problem is not None:
         field, _, message = architecture_problem.partition(": ")
-        problems.append(Problem(field, message, reason=Reason.UNKNOWN_MODEL))
+        problems.append(Problem(field, message))
     elif spec.engine.type == "simulated" and model_profile.profile_of(spec) is None:
         problems.append(
             Problem(

@@ -24,6 +24,7 @@ from tpuserve.cli import main
 from tpuserve.plan.planner import PlanError, profile_from_hf_config
 from tpuserve_operator import model_profile
 from tpuserve_operator.api import TPUModelServerSpec
+from tpuserve_operator.conditions import Reason
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.validation import validate
 
@@ -216,6 +217,9 @@ def test_an_architecture_the_schema_refuses_names_the_field() -> None:
         "spec.model.architecture.numKeyValueHeads: 64 is not allowed; allowed: at most "
         "num_attention_heads (32)"
     )
+    with pytest.raises(InvalidSpec) as err:
+        validate("m", obj["spec"], cel_rules=False)
+    assert [p.reason for p in err.value.problems] == [Reason.INVALID_SPEC]
     zero = {**architecture_of(MISTRAL_STYLE), "numHiddenLayers": 0}
     with pytest.raises(InvalidSpec) as err:
         validate("m", with_architecture(tms_object(MISTRAL_SOURCE), zero)["spec"])
