@@ -221,9 +221,13 @@ def simulated_command(contract: LaunchContract) -> list[str]:
         contract.topology,
     ]
     profile = sim_model_profile(contract)
-    if profile is not None:
+    if contract.model_architecture is not None:  # the model's config.json facts
+        command += ["--model-architecture", contract.model_architecture]
+    elif profile is not None:
         command += ["--model-profile", profile]
     command += ["--served-model-name", contract.served_name]
+    if contract.execution_mode != "compiled":  # the twin's steps as TorchTPU's eager ones
+        command += ["--execution-mode", contract.execution_mode]
     command += ["--quantization", SIM_QUANTIZATION[contract.quantization]]
     command += ["--kv-cache-dtype", contract.kv_cache_dtype]
     if contract.context_length is not None:

@@ -21,7 +21,9 @@ The model: a step is the device's time plus the host's (`StepTimer.device_second
   ``4 x layers x heads x head_dim x (a + c)`` FLOPs at ``attention_mfu`` of the bf16 peak
   scaled by head dim / 128 (the MXU's width);
 - **host**: ``host_step_seconds`` per step plus ``host_sequence_seconds`` per sequence in it,
-  and ``multi_host_step_seconds`` more on a multi-host slice;
+  ``multi_host_step_seconds`` more on a multi-host slice, and in TorchTPU's eager modes
+  ``eager_layer_seconds`` per layer (ops dispatched one by one from Python; measured on real
+  model code, Transformers' Qwen3 on a v5e: ``bench/real_model_gap.py``);
 - for MoE models a step touches the shared weights plus, per layer, the experts its tokens
   route to (at most all of them), so small decode batches read far less than all weights;
 - **fit** (`sglang_tpu.hbm_fit`, checked against every step measured on a v5e): weights + KV
@@ -37,7 +39,9 @@ model shapes timed on one TPU v5e chip (``bench/perf_model_fit.py --fit`` over
 per step, 29 us per sequence) are fitted, with the device knobs held, to 33 published
 end-to-end values from vLLM TPU and SGLang-JAX reports on v6e and tpu7x
 (``bench/perf_model_validation.py --fit``; median error 11%, worst 59%); the +1 ms per step on
-multi-host slices is not fitted (no published multi-host figure). Other generations use the
+multi-host slices is not fitted (no published multi-host figure). The eager modes' 8.6 ms
+per layer and step is measured on real model code (Transformers' Qwen3 on a v5e, eager and
+DeferAndFuse over ``torch.compile``: ``bench/real_model_gap.py``). Other generations use the
 v5e's fractions of their own published peaks, unvalidated on their silicon. Tables, sources
 and what the model leaves out: ``docs/engine-sim.md``.
 """
@@ -74,6 +78,10 @@ class Efficiency:
     host_step_seconds: float = 0.0080
     host_sequence_seconds: float = 0.000029  # per sequence in the step (sampling, output)
     multi_host_step_seconds: float = 0.001  # extra per step on a multi-host slice [unfitted]
+    # Host: per layer and step in TorchTPU's eager modes (every op dispatched from Python):
+    # Transformers' Qwen3 on a v5e, eager and DeferAndFuse over torch.compile, two shapes
+    # (bench/real_model_gap.py over bench/tpu_results/v5e-2026-12-06b; median of 6, 7.6-10.0).
+    eager_layer_seconds: float = 0.0086
 
     def __post_init__(self) -> None:
         for name in ("matmul_mfu", "attention_mfu", "weight_mbu", "kv_mbu"):
@@ -86,6 +94,7 @@ class Efficiency:
             "host_step_seconds",
             "host_sequence_seconds",
             "multi_host_step_seconds",
+            "eager_layer_seconds",
         ):
             value = getattr(self, name)
             if value < 0.0:
@@ -93,6 +102,11 @@ class Efficiency:
 
 
 CALIBRATED = Efficiency()
+EXECUTION_MODES = ("compiled", "eager", "eager-defer-and-fuse", "eager-debug")
+"""How TorchTPU runs the model (the launch contract's TPUSERVE_EXECUTION_MODE): the device
+half is the compiled step's in every mode; the eager modes add `eager_layer_seconds` per layer
+to the host half (measured eager and DeferAndFuse alike; eager-debug blocks on every launch
+and is slower still, unmeasured: the same figure is its lower bound)."""
 # The MXU multiplies 128-wide tiles: a head dim of 64 fills half of one in attention.
 MXU_WIDTH = 128
 MEM_FRACTION_STATIC = hbm_fit.RULE.static_fraction
@@ -327,15 +341,16 @@ def kv_pool_tokens(
 
 def check_fits(
     shape: SliceShape,
-    profile_name: str,
+    model: str | ModelProfile,
     quantization: str,
     kv_cache_dtype: str,
     context_length: int,
     kv_update: str = "in-place",
 ) -> None:
     """Raise ModelDoesNotFit when weights + one `context_length` sequence do not fit the
-    rule (`hbm_fit.RULE`: the static budget, and a compiled step's copies and temporaries)."""
-    profile = get_profile(profile_name, "model")
+    rule (`hbm_fit.RULE`: the static budget, and a compiled step's copies and temporaries).
+    ``model``: a profile's name, or a profile (one made from a config.json)."""
+    profile = model if isinstance(model, ModelProfile) else get_profile(model, "model")
     if context_length <= 0:
         raise ValueError(f"contextLength: {context_length!r} is not allowed; allowed: >= 1")
     weights = profile.weight_bytes(quantization)
@@ -367,8 +382,15 @@ class StepTimer:
         quantization: str = "bf16",
         kv_cache_dtype: str = "auto",
         efficiency: Efficiency = CALIBRATED,
+        execution_mode: str = "compiled",
     ) -> None:
+        if execution_mode not in EXECUTION_MODES:
+            raise ValueError(
+                f"execution_mode: {execution_mode!r} is not allowed; allowed: "
+                f"{', '.join(EXECUTION_MODES)}"
+            )
         self.shape = shape
+        self.execution_mode = execution_mode
         self.profile = profile
         self.efficiency = efficiency
         gen = shape.generation
@@ -399,6 +421,8 @@ class StepTimer:
         self.overhead_seconds = efficiency.host_step_seconds + (
             efficiency.multi_host_step_seconds if shape.multi_host else 0.0
         )
+        if execution_mode != "compiled":  # each op dispatched from Python, layer by layer
+            self.overhead_seconds += profile.layers * efficiency.eager_layer_seconds
         wpb = _weight_bytes_per_param(quantization)
         # The input embedding is gathered row by row, not streamed; a tied one is the LM head.
         gathered = 0.0 if profile.tied_embeddings else profile.embedding_parameters * wpb

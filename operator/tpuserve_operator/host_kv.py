@@ -25,9 +25,8 @@ from decimal import Decimal
 from typing import Final
 
 from sglang_tpu import hicache, perf_model
-from sglang_tpu.model_source import model_id
 from sglang_tpu.topology import GIB, SliceShape
-from tpuserve_operator import engine_resources
+from tpuserve_operator import engine_resources, model_profile
 from tpuserve_operator.api import TPUModelServerSpec
 from tpuserve_operator.conditions import Reason
 from tpuserve_operator.errors import Problem
@@ -94,7 +93,7 @@ def host_hit_weight(spec: TPUModelServerSpec, shape: SliceShape) -> float | None
     model does not know the model (the router's default weight applies)."""
     if spec.kv_cache is None or spec.kv_cache.host is None:
         return None
-    profile = perf_model.lookup_hf_model(model_id(spec.model.source))
+    profile = model_profile.profile_of(spec)
     if profile is None:
         return None
     try:

@@ -8,6 +8,7 @@ a spec the launcher would refuse is refused by validation.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ _SPEC_FIELD: Mapping[str, str] = {
     Var.SERVED_MODEL_NAME: "spec.model.servedName",
     Var.QUANTIZATION: "spec.model.quantization",
     Var.CONTEXT_LENGTH: "spec.model.contextLength",
+    Var.MODEL_ARCHITECTURE: "spec.model.architecture",
     Var.KV_CACHE_DTYPE: "spec.engine.kvCacheDtype",
     Var.EXECUTION_MODE: "spec.engine.executionMode",
     Var.SPECULATIVE_ALGORITHM: "spec.engine.speculative.algorithm",
@@ -123,6 +125,11 @@ def group_contract(
         "quantization": spec.model.quantization,
         "kv_cache_dtype": spec.engine.kv_cache_dtype,
         "context_length": spec.model.context_length,
+        "model_architecture": (
+            None
+            if spec.model.architecture is None
+            else json.dumps(spec.model.architecture.hf_config(), separators=(",", ":"))
+        ),
         "lora_adapters": tuple(lora.lora_path(a.name, a.source) for a in spec.model.lora_adapters),
         "sglang_extra_args": extra_args(spec.engine.args),
         "weights_cache_dir": paths.weights_cache_dir,

@@ -30,7 +30,6 @@ from typing import Any
 import pydantic
 
 from sglang_tpu import lora, model_source, perf_model
-from sglang_tpu.model_source import model_id
 from sglang_tpu.topology import TPU_RESOURCE, CatalogError, SliceShape, lookup
 from tpuserve_operator import (
     disaggregation,
@@ -38,6 +37,7 @@ from tpuserve_operator import (
     host_kv,
     labels,
     launch_contract,
+    model_profile,
 )
 from tpuserve_operator.api import MAX_NAME_LENGTH, SERVER_NAME, TPUModelServerSpec
 from tpuserve_operator.build import cel
@@ -105,7 +105,7 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
     problems += _scale_to_zero(model)
     if shape is not None:
         problems += _fit(model, shape)
-        profile = perf_model.lookup_hf_model(model_id(model.model.source))
+        profile = model_profile.profile_of(model)
         problems += host_kv.problems(model, shape, profile)
     machine = shape.machine if shape is not None and model.engine.type == "sglang" else None
     problems += engine_resources.problems(model.engine.resources, machine)
@@ -226,15 +226,17 @@ def _sources(spec: TPUModelServerSpec) -> list[Problem]:
             model_source.parse_model_source(text)
         except model_source.ModelSourceError as err:
             problems.append(Problem(path, f"{err}; allowed: {model_source.ALLOWED_FORMS}"))
-    if (
-        spec.engine.type == "simulated"
-        and perf_model.lookup_hf_model(model_id(spec.model.source)) is None
-    ):
+    architecture_problem = model_profile.problem(spec)
+    if architecture_problem is not None:
+        field, _, message = architecture_problem.partition(": ")
+        problems.append(Problem(field, message))
+    elif spec.engine.type == "simulated" and model_profile.profile_of(spec) is None:
         problems.append(
             Problem(
                 "spec.model.source",
                 f"the simulated engine has no performance profile for {spec.model.source!r}; "
-                f"allowed: hf:// ids of known models ({', '.join(known_model_ids())})",
+                f"allowed: hf:// ids of known models ({', '.join(known_model_ids())}), or "
+                "any decoder with spec.model.architecture (its config.json's facts)",
                 reason=Reason.UNKNOWN_MODEL,
             )
         )
@@ -339,14 +341,14 @@ def _scale_to_zero(spec: TPUModelServerSpec) -> list[Problem]:
 
 def _fit(spec: TPUModelServerSpec, shape: SliceShape) -> list[Problem]:
     """The fit check, when the performance model knows the model; otherwise no opinion."""
-    profile = perf_model.lookup_hf_model(model_id(spec.model.source))
+    profile = model_profile.profile_of(spec)
     if profile is None:
         return []
     context_length = spec.model.context_length or profile.context_length
     try:
         perf_model.check_fits(
             shape,
-            profile.name,
+            profile,
             spec.model.quantization,
             spec.engine.kv_cache_dtype,
             context_length,

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from sglang_tpu import hicache, lora, model_source, perf_model, sglang_flags
+from sglang_tpu import hicache, lora, model_config, model_source, perf_model, sglang_flags
 from sglang_tpu.contract.env_names import REPLICA_PLACEHOLDER, Var
 from sglang_tpu.contract.fields import (
     ABSOLUTE_PATH,
@@ -298,6 +298,14 @@ class GroupContract(BaseModel):
         "Model profile of the simulated engine; default: looked up from the HF model id.",
         default=None,
     )
+    model_architecture: str | None = var(
+        Var.MODEL_ARCHITECTURE,
+        "a JSON object of config.json keys (sglang_tpu.model_config.KEYS) of a decoder",
+        "The model's config.json facts (spec.model.architecture) for the performance model: "
+        "the simulated engine's profile when set; default: a built-in profile.",
+        default=None,
+        max_length=4096,
+    )
     compile_cache_dir: str | None = var(
         Var.COMPILE_CACHE_DIR,
         ABSOLUTE_PATH,
@@ -543,6 +551,13 @@ class GroupContract(BaseModel):
         check_absolute(value)
         if value is not None and info.data.get("device") != "cpu":
             raise ValueError(f"set while {Var.DEVICE} is not cpu")
+        return value
+
+    @field_validator("model_architecture")
+    @classmethod
+    def _model_architecture(cls, value: str | None) -> str | None:
+        if value is not None:
+            model_config.architecture_from_json(value, Var.MODEL_ARCHITECTURE.value)
         return value
 
     @field_validator("sim_model_profile")

@@ -16,7 +16,7 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
-from sglang_tpu import cli_types, disaggregation, hicache, perf_model
+from sglang_tpu import cli_types, disaggregation, hicache, model_config, perf_model
 from sglang_tpu.cold_start import TPU_FIGURES, ColdStartFigures, compile_figures
 from sglang_tpu.lora import parse_lora_paths
 from sglang_tpu.perf_model import KV_CACHE_BYTES, WEIGHT_BYTES, ModelDoesNotFit, StepTimer
@@ -153,6 +153,19 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
                 f"{', '.join(perf_model.profile_names())} or one of their Hugging Face ids "
                 "(default: %(default)s).",
                 default=perf_model.DEFAULT_PROFILE,
+            ),
+            Option(
+                "--execution-mode",
+                "How TorchTPU runs the modelled engine; the eager modes add the performance "
+                "model's per-layer host time (default: %(default)s).",
+                default="compiled",
+                choices=perf_model.EXECUTION_MODES,
+            ),
+            Option(
+                "--model-architecture",
+                "The model's config.json facts as a JSON object (num_hidden_layers, "
+                "hidden_size, ...: sglang_tpu.model_config.KEYS), for a model without a "
+                "built-in profile; replaces --model-profile (default: none).",
             ),
             Option(
                 "--model-path",
@@ -433,7 +446,13 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
     """Validate the flags together; ConfigError names the flag and what is allowed."""
     try:
         shape = lookup(args.tpu, args.topology, field_path="--topology")
-        profile = perf_model.get_profile(args.model_profile)
+        if args.model_architecture is not None:
+            name = args.served_model_name or args.model_path or "custom"
+            profile = model_config.architecture_from_json(
+                args.model_architecture, "--model-architecture", name
+            )
+        else:
+            profile = perf_model.get_profile(args.model_profile)
     except (CatalogError, ValueError) as err:
         raise ConfigError(str(err)) from None
     quant = args.quantization
@@ -443,7 +462,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         cache_tokens = perf_model.kv_pool_tokens(shape, profile, quant, kv_dtype)
         if cache_tokens <= 0:
             try:
-                perf_model.check_fits(shape, profile.name, quant, kv_dtype, 1)
+                perf_model.check_fits(shape, profile, quant, kv_dtype, 1)
             except ModelDoesNotFit as err:
                 raise ConfigError(f"--model-profile: {err}") from None
     context = args.context_length or min(profile.context_length, cache_tokens)
@@ -454,7 +473,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         )
     if args.cache_tokens is None:
         try:
-            perf_model.check_fits(shape, profile.name, quant, kv_dtype, context)
+            perf_model.check_fits(shape, profile, quant, kv_dtype, context)
         except ModelDoesNotFit as err:
             raise ConfigError(str(err)) from None
     if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
@@ -483,7 +502,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
             if args.hicache_size > 0
             else int(cache_tokens * (args.hicache_ratio or hicache.DEFAULT_RATIO))
         )
-    model_path = args.model_path or profile.hf_ids[0]
+    model_path = args.model_path or (profile.hf_ids[0] if profile.hf_ids else profile.name)
     engine = EngineConfig(
         cache_tokens=cache_tokens,
         page_size=args.page_size,
@@ -500,7 +519,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
     measured_cold, measured_warm = compile_figures(profile.layers)
     return ServerSettings(
         engine=engine,
-        timer=StepTimer(shape, profile, quant, kv_dtype),
+        timer=StepTimer(shape, profile, quant, kv_dtype, execution_mode=args.execution_mode),
         tokenizer=tokenizer,
         model_path=model_path,
         served_model_name=args.served_model_name or model_path,

@@ -122,6 +122,7 @@ def test_kubectl_apply_refuses_what_the_operator_would_refuse(
                 assert verdict in refused, where
 
         _apiserver_agrees_with_the_operator(cluster, namespace)
+        _a_model_outside_the_profiles_is_admitted_by_its_architecture(cluster, namespace)
 
         assert len(PLANNED) >= 3, PLANNED
         for path in (*EXAMPLES, *PLANNED):
@@ -150,6 +151,33 @@ def _defaulted(spec: dict[str, Any]) -> dict[str, Any]:
         by_alias=True, exclude_none=True
     )
     return dumped
+
+
+MISTRAL_SOURCE = "hf://mistralai/Mistral-7B-Instruct-v0.3"
+MISTRAL_ARCHITECTURE = {
+    "numHiddenLayers": 32, "hiddenSize": 4096, "numAttentionHeads": 32, "numKeyValueHeads": 8,
+    "headDim": 128, "intermediateSize": 14336, "vocabSize": 32768,
+    "maxPositionEmbeddings": 32768,
+}  # fmt: skip
+
+
+def _a_model_outside_the_profiles_is_admitted_by_its_architecture(
+    cluster: Cluster, namespace: str
+) -> None:
+    """Issue 58: a model none of the built-in profiles knows, given by spec.model.architecture,
+    passes the CRD's schema, its CEL rules and the policy for both engines; without it the
+    simulated engine is refused naming the field to add; an architecture with more KV heads
+    than heads is refused by the CRD's rule."""
+    for engine_type in ("sglang", "simulated"):
+        server = tms_object(MISTRAL_SOURCE, "v6e", "1x1", engine_type=engine_type, name="mistral")
+        assert operator_verdict(server) is not None or engine_type == "sglang"
+        refused = apply(cluster, server, namespace, "--dry-run=server")
+        assert ("spec.model.architecture" in refused) is (engine_type == "simulated"), refused
+        server["spec"]["model"]["architecture"] = dict(MISTRAL_ARCHITECTURE)
+        assert apply(cluster, server, namespace, "--dry-run=server") == ""
+        server["spec"]["model"]["architecture"]["numKeyValueHeads"] = 64
+        refused = apply(cluster, server, namespace, "--dry-run=server")
+        assert "model.architecture.numKeyValueHeads must be at most numAttentionHeads" in refused
 
 
 def _apiserver_agrees_with_the_operator(cluster: Cluster, namespace: str) -> None:

@@ -26,6 +26,7 @@ from tpuserve.plan.planner import (
     Slo,
     allowed_shapes,
     disaggregate,
+    hf_config_keys,
     load_prices,
     override_prices,
     peak_rate_for_tokens_per_day,
@@ -331,7 +332,8 @@ def _run(args: argparse.Namespace) -> int:
         if best is None:
             raise PlanError("no candidate serves the workload within the SLOs: nothing to emit")
         assert source is not None
-        spec = emit.server_spec(result, best, source, args.engine, args.pricing == "spot")
+        keys = hf_config_keys(args.hf_config) if args.hf_config else None
+        spec = emit.server_spec(result, best, source, args.engine, args.pricing == "spot", keys)
         manifest_text = emit.manifest(args.name, spec, header_lines(result, best))
         Path(args.emit).write_text(manifest_text)
     if args.json:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -10,6 +11,7 @@ import yaml
 from sglang_tpu import disaggregation as pd
 from tpuserve.plan.planner import Candidate, Plan, PlanError
 from tpuserve_operator import labels
+from tpuserve_operator.api import ModelArchitecture
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.validation import validate
 
@@ -24,13 +26,20 @@ SGLANG_DISAGGREGATED = (
 
 
 def server_spec(
-    result: Plan, choice: Candidate, model_source: str, engine: str, spot: bool
+    result: Plan,
+    choice: Candidate,
+    model_source: str,
+    engine: str,
+    spot: bool,
+    hf_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The spec: model, slice, engine and autoscaling bounds for the daily shape
     (``maxReplicas`` the peak's replicas, ``minReplicas`` the trough's, the ``tokensInFlight``
     target the KV tokens per chip one replica held at its planned capacity). With
     ``result.disaggregated``: a prefill and a decode role instead, each autoscaled from the
-    trough's share of its peak count to it (prefill by its queue, decode as above)."""
+    trough's share of its peak count to it (prefill by its queue, decode as above). With
+    ``hf_config`` (the keys `--hf-config` gave, `planner.hf_config_keys`): the model's
+    ``architecture``, so the operator uses the profile the plan used."""
     inputs = result.inputs
     quantization = inputs.fleet.quantization
     if quantization not in CRD_QUANTIZATION:
@@ -52,6 +61,9 @@ def server_spec(
         },
         "engine": {"type": engine},
     }
+    if hf_config is not None:
+        architecture = ModelArchitecture.model_validate(hf_config)
+        spec["model"]["architecture"] = architecture.model_dump(by_alias=True, exclude_none=True)
     split = result.disaggregated
     if split is None:
         spec["autoscaling"] = _bounds(choice.replicas, inputs.trough, target)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_tpu import disaggregation as pd
+from sglang_tpu import model_config
 from sglang_tpu.perf_model import (
     ModelDoesNotFit,
     ModelProfile,
@@ -45,7 +46,6 @@ from sglang_tpu.perf_model import (
     check_fits,
     get_profile,
     kv_pool_tokens,
-    profile_names,
 )
 from sglang_tpu.topology import SLICE_SHAPES, CatalogError, SliceShape, generation_names, lookup
 from tpuserve.bench import pd_split
@@ -150,11 +150,11 @@ def override_prices(table: PriceTable, overrides: Sequence[str]) -> PriceTable:
 
 HF_CONFIG_MAX_BYTES = 1 << 20
 """The most of a ``config.json`` read (a model's is a few kB)."""
-HF_CONFIG_MAX_COUNT = 1 << 31
+HF_CONFIG_MAX_COUNT = model_config.MAX_COUNT
 """The largest count (layers, sizes, heads, experts) a config may give."""
 
 
-def _read_hf_config(path: str | Path) -> dict[str, Any]:
+def read_hf_config(path: str | Path) -> dict[str, Any]:
     """The JSON object of ``path``, read up to `HF_CONFIG_MAX_BYTES` (PlanError beyond)."""
     try:
         with open(path, "rb") as source:
@@ -172,82 +172,30 @@ def _read_hf_config(path: str | Path) -> dict[str, Any]:
         raise PlanError(f"--hf-config: {path} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise PlanError(f"--hf-config: {path} must hold a JSON object")
-    text = data.get("text_config", data)
-    if not isinstance(text, dict):
-        raise PlanError(f"--hf-config: {path}: text_config must be a JSON object")
-    return text
+    return data
+
+
+def hf_config_keys(path: str | Path) -> dict[str, int | bool]:
+    """The keys of ``path`` the performance model reads, checked (`model_config.canonical`):
+    what `--emit` writes as spec.model.architecture."""
+    try:
+        return model_config.canonical(read_hf_config(path), f"--hf-config: {path}")
+    except model_config.ModelConfigError as err:
+        raise PlanError(str(err)) from None
 
 
 def profile_from_hf_config(path: str | Path) -> ModelProfile:
-    """A `ModelProfile` from a Hugging Face ``config.json`` (dense or MoE decoder). Every
-    value is checked before any arithmetic (a string where a count goes would multiply)."""
-    cfg = _read_hf_config(path)
-    allowed = f"an integer from 1 to {HF_CONFIG_MAX_COUNT}"
-
-    def count(key: str, value: object) -> int:
-        if type(value) is int and 0 < value <= HF_CONFIG_MAX_COUNT:  # bool is no count
-            return value
-        raise PlanError(
-            f"--hf-config: {path}: {key}: {value!r:.40} is not allowed; allowed: {allowed}"
-        )
-
-    def need(key: str, *alts: str) -> int:
-        for k in (key, *alts):
-            if cfg.get(k) is not None:
-                return count(k, cfg[k])
-        raise PlanError(
-            f"--hf-config: {path}: {key} is missing or not a positive integer; allowed: a "
-            "decoder's config.json (num_hidden_layers, hidden_size, num_attention_heads, "
-            "intermediate_size, vocab_size)"
-        )
-
-    def optional(default: int, key: str, *alts: str) -> int:
-        """The first of ``key``, ``alts`` given (null or 0 count as not given), else ``default``."""
-        for k in (key, *alts):
-            if cfg.get(k) not in (None, 0):
-                return count(k, cfg[k])
-        return default
-
-    layers = need("num_hidden_layers", "n_layer", "num_layers")
-    hidden = need("hidden_size", "n_embd", "d_model")
-    heads = need("num_attention_heads", "n_head")
-    kv_heads = optional(heads, "num_key_value_heads")
-    head_dim = optional(max(1, hidden // heads), "head_dim")
-    vocab = need("vocab_size")
-    context = optional(8192, "max_position_embeddings")
-    tied = cfg.get("tie_word_embeddings", False)
-    if not isinstance(tied, bool):
-        raise PlanError(
-            f"--hf-config: {path}: tie_word_embeddings: {tied!r:.40} is not allowed; allowed: "
-            "true or false"
-        )
-    experts = optional(0, "num_experts", "num_local_experts", "n_routed_experts")
-    per_token = optional(0, "num_experts_per_tok")
-    if experts and per_token > experts:
-        raise PlanError(
-            f"--hf-config: {path}: num_experts_per_tok: {per_token} is not allowed; allowed: "
-            f"at most the experts ({experts})"
-        )
-    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    embedding = vocab * hidden * (1 if tied else 2)
-    if experts:
-        moe = need("moe_intermediate_size", "intermediate_size")
-        expert_params = layers * experts * 3 * hidden * moe
-        shared = layers * attention + embedding
-        total = shared + expert_params
-        active = shared + layers * max(1, per_token) * 3 * hidden * moe
-    else:
-        mlp = 3 * hidden * need("intermediate_size")
-        total = active = layers * (attention + mlp) + embedding
-        expert_params = 0
-    name = str(cfg.get("_name_or_path") or Path(path).parent.name or "custom").lower()
-    return ModelProfile(
-        name=name or "custom", hf_ids=(), layers=layers, hidden_size=hidden,
-        attention_heads=heads, kv_heads=int(kv_heads), head_dim=int(head_dim),
-        parameters=float(total), active_parameters=float(active), vocab_size=vocab,
-        context_length=context, experts=experts, experts_per_token=per_token,
-        expert_parameters=float(expert_params), tied_embeddings=tied,
-    )  # fmt: skip
+    """A `ModelProfile` from a Hugging Face ``config.json`` (dense or MoE decoder), as the
+    operator makes one from spec.model.architecture (`sglang_tpu.model_config`)."""
+    cfg = read_hf_config(path)
+    where = f"--hf-config: {path}"
+    try:
+        text = model_config.text_config(cfg, where)
+        name = str(text.get("_name_or_path") or cfg.get("_name_or_path") or "")
+        name = (name or Path(path).parent.name or "custom").lower()
+        return model_config.profile_from_config(cfg, where, name)
+    except model_config.ModelConfigError as err:
+        raise PlanError(str(err)) from None
 
 
 # ------------------------------------------------------------------------------------ SLOs
@@ -509,19 +457,7 @@ def _summary(result: FleetResult) -> dict[str, Any]:
 
 
 def _check_fits(shape: SliceShape, profile: ModelProfile, inputs: PlanInputs) -> None:
-    if profile.name in profile_names():
-        check_fits(shape, profile.name, inputs.fleet.quantization, "auto", inputs.context_length)
-        return
-    from sglang_tpu import hbm_fit  # a profile from config.json: the same rule, by hand
-
-    weights = profile.weight_bytes(inputs.fleet.quantization)
-    kv = profile.kv_bytes_per_token() * inputs.context_length
-    missing = hbm_fit.RULE.shortfall_bytes(shape, weights, kv, "in-place")
-    if missing > 0:
-        raise ModelDoesNotFit(
-            f"{profile.name} does not fit {shape.key}: short by {missing / 2**30:.1f} GiB",
-            missing,
-        )
+    check_fits(shape, profile, inputs.fleet.quantization, "auto", inputs.context_length)
 
 
 def plan(inputs: PlanInputs, progress: Callable[[str], None] | None = None) -> Plan:

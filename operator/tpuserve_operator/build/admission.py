@@ -7,7 +7,8 @@ turns into `Valid=False` later. The policy runs, inside kube-apiserver, the chec
 (field first, then value and what is allowed), joined with "; " as `InvalidSpec` joins them:
 
 - the (generation, topology) pair is in the catalog (reason UnsupportedTopology);
-- a simulated engine has a performance profile for the model (UnknownModel);
+- a simulated engine has a performance profile for the model, built in or given by
+  `spec.model.architecture` (UnknownModel);
 - no override touches what the operator owns: launch-contract variables in `engine.env`
   (and every entry has a name), flags in `engine.args`, label keys in `template.labels`,
   `google.com/tpu` in `engine.resources` (ReservedField);
@@ -21,9 +22,11 @@ turns into `Valid=False` later. The policy runs, inside kube-apiserver, the chec
   the operator owns in a role's `args`.
 
 Left to the operator: `kvCache.host.sizeGB` with a memory override in `engine.resources`,
-`kvCache.host.ratio` (it needs the device pool), the fine print of model sources (gs:// bucket
-and pvc:// claim names, paths), non-scalar `engine.args` (and role `args`) values, and
-whether a role's own slice fits the model; the CRD's own rules already cover the rest.
+`kvCache.host.ratio` (it needs the device pool), the fit of a model given by
+`spec.model.architecture` (its parameter count is the operator's arithmetic), the fine print
+of model sources (gs:// bucket and pvc:// claim names, paths), non-scalar `engine.args` (and
+role `args`) values, and whether a role's own slice fits the model; the CRD's own rules
+already cover the rest.
 
 The facts come as the policy's parameters, a ConfigMap whose data this module generates from
 `sglang_tpu.topology`, `sglang_tpu.perf_model` and the launch contract (numbers as Python
@@ -398,7 +401,12 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     ("labels", _or_default("object.spec.template.labels", "{}")),
     ("resources", _or_default("object.spec.engine.resources", "{}")),
     # --- the fit check: weights + one contextLength sequence of KV against usable HBM ---
-    ("fits", "!variables.inCatalog || variables.profile == ''"),
+    # A model given by spec.model.architecture: its fit is left to the operator.
+    (
+        "fits",
+        "!variables.inCatalog || variables.profile == '' || "
+        f"({_has('object.spec.model.architecture')})",
+    ),
     ("quantization", _or_default("object.spec.model.quantization", "'none'")),
     ("kvCacheDtype", _or_default("object.spec.engine.kvCacheDtype", "'auto'")),
     ("profileKey", "'profile.' + variables.profile"),
@@ -439,10 +447,12 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     ),
     (
         "modelProblems",
-        "variables.engineType == 'simulated' && variables.profile == '' ? "
+        "variables.engineType == 'simulated' && variables.profile == '' && "
+        f"!({_has('object.spec.model.architecture')}) ? "
         "['spec.model.source: the simulated engine has no performance profile for \\'' + "
         "variables.source + '\\'; allowed: hf:// ids of known models (' + "
-        "params.data['models.known'] + ')'] : []",
+        "params.data['models.known'] + '), or any decoder with spec.model.architecture (its "
+        "config.json\\'s facts)'] : []",
     ),
     (
         "envProblems",

@@ -56,7 +56,7 @@ from sglang_tpu import disaggregation as pd
 from sglang_tpu import metric_names, perf_model
 from sglang_tpu.model_source import model_id
 from sglang_tpu.topology import SliceShape, lookup
-from tpuserve_operator import disaggregation, labels
+from tpuserve_operator import disaggregation, labels, model_profile
 from tpuserve_operator.api import AutoscalingSpec, PredictiveFloorSpec, TPUModelServerSpec
 from tpuserve_operator.errors import Problem
 from tpuserve_operator.render.context import Manifest, RenderConfig, Server
@@ -104,7 +104,7 @@ def prefill_throughput(
     if autoscaling.prefill_tokens_per_second is not None:
         given = autoscaling.prefill_tokens_per_second
         return Throughput(given, "autoscaling.prefillTokensPerSecond")
-    profile = perf_model.lookup_hf_model(model_id(spec.model.source))
+    profile = model_profile.profile_of(spec)
     if profile is None:
         return None
     quantization, kv_dtype = spec.model.quantization, spec.engine.kv_cache_dtype

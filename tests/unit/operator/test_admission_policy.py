@@ -229,6 +229,31 @@ def test_model_ids_resolve_to_the_operators_profile(
     assert_same_verdict(policy, tms_object(source, "v6e", "4x4", engine_type=engine_type))
 
 
+MISTRAL_ARCHITECTURE = {
+    "numHiddenLayers": 32, "hiddenSize": 4096, "numAttentionHeads": 32, "numKeyValueHeads": 8,
+    "headDim": 128, "intermediateSize": 14336, "vocabSize": 32768,
+    "maxPositionEmbeddings": 32768,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("engine_type", ["sglang", "simulated"])
+@pytest.mark.parametrize(
+    "source", ["hf://mistralai/Mistral-7B-Instruct-v0.3", "hf://Qwen/Qwen3-8B"]
+)
+def test_a_model_given_by_its_architecture_is_admitted_as_the_operator_admits_it(
+    policy: Policy, source: str, engine_type: str
+) -> None:
+    """spec.model.architecture: a simulated engine needs no built-in profile, and the fit
+    check is the operator's (on v6e 1x1 Mistral 7B fits; a built-in name in the source does not
+    decide the fit)."""
+    obj = tms_object(source, "v6e", "1x1", engine_type=engine_type)
+    obj["spec"]["model"]["architecture"] = MISTRAL_ARCHITECTURE
+    assert assert_same_verdict(policy, obj) is None
+    del obj["spec"]["model"]["architecture"]
+    unknown = engine_type == "simulated" and "Mistral" in source
+    assert (assert_same_verdict(policy, obj) is not None) is unknown
+
+
 def test_overrides_of_what_the_operator_owns_are_refused_each_named(policy: Policy) -> None:
     obj = tms_object(
         engine={

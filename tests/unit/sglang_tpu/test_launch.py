@@ -8,7 +8,7 @@ from typing import TypedDict
 
 import pytest
 
-from sglang_tpu import launch
+from sglang_tpu import launch, perf_model
 from sglang_tpu.contract.env_names import Var
 from sglang_tpu.contract.launch_contract import LaunchContract
 from sglang_tpu.sim import cli as sim_cli
@@ -67,6 +67,7 @@ MALFORMED: dict[Var, str] = {
     Var.SGLANG_PYTHON: "venv/bin/python",
     Var.CPU_KERNEL_SHIM_DIR: "/opt/shim",  # only with TPUSERVE_DEVICE=cpu
     Var.SIM_MODEL_PROFILE: "no-such-model",
+    Var.MODEL_ARCHITECTURE: '{"num_hidden_layers": "32"}',
     Var.COMPILE_CACHE_DIR: "relative/dir",
     Var.ENGINE_VERSION: "two words",
     Var.GCS_FUSE_ROOT: "gcs",
@@ -343,6 +344,23 @@ def test_simulated_leader_runs_the_engine_twin_with_the_same_slice_and_ports(
     assert args.kv_events_replay_endpoint == "tcp://*:5558"
     assert args.drain_grace_seconds == 20
     assert out["env"]["NNODES"] == "2"
+
+
+@pytest.mark.parametrize("mode", ["compiled", "eager", "eager-defer-and-fuse"])
+def test_the_twin_runs_its_steps_in_the_contracts_execution_mode(mode: str) -> None:
+    """An eager engine's twin adds the performance model's per-layer host time to each step
+    (issue 58: TorchTPU's eager steps measured on real model code)."""
+    env = {**env_for("v6e", "2x4", 1, 8, 0), "TPUSERVE_ENGINE": "simulated"}
+    env["TPUSERVE_EXECUTION_MODE"] = mode
+    command = launch.plan(LaunchContract.from_env(env)).command
+    assert ("--execution-mode" in command) is (mode != "compiled")
+    settings = sim_cli.build_settings(sim_args(command))
+    assert settings.timer.execution_mode == mode
+    compiled = perf_model.StepTimer(settings.timer.shape, settings.timer.profile)
+    extra = settings.timer.decode_step_seconds(8, 8192) - compiled.decode_step_seconds(8, 8192)
+    layers = settings.timer.profile.layers
+    per_layer = perf_model.CALIBRATED.eager_layer_seconds
+    assert extra == pytest.approx(0.0 if mode == "compiled" else layers * per_layer)
 
 
 def test_simulated_follower_only_holds_its_place(capsys: pytest.CaptureFixture[str]) -> None:
