@@ -108,7 +108,8 @@ from tpuserve_router.peer_view import PeerView, new_router_id
 from tpuserve_router.peers import PeerNetwork
 from tpuserve_router.policies.base import Policy, make_policy
 from tpuserve_router.quotas import Quotas
-from tpuserve_router.replies import model_not_found, reject, unauthorized
+from tpuserve_router.refusals import model_not_found, unauthorized
+from tpuserve_router.replies import reject
 from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
 from tpuserve_router.server import (
     JSON_HEADERS,
@@ -117,11 +118,10 @@ from tpuserve_router.server import (
     FrontLimits,
     Handler,
     HttpRequest,
-    is_loopback,
     serve,
 )
 from tpuserve_router.token_cache import ChatTokenCache
-from tpuserve_router.worker_networks import parse_networks
+from tpuserve_router.worker_networks import is_loopback, parse_networks
 from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
 if TYPE_CHECKING:

@@ -33,8 +33,8 @@ from tpuserve_router.policies.base import (
     make_policy,
     registered_policy_names,
 )
-from tpuserve_router.server import FrontLimits, is_loopback
-from tpuserve_router.worker_networks import parse_networks, url_problem
+from tpuserve_router.server import FrontLimits
+from tpuserve_router.worker_networks import is_loopback, parse_networks, url_problem
 from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url, parse_worker_flag
 
 DEFAULT_POLICY = "precise"

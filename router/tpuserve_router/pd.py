@@ -67,19 +67,14 @@ import aiohttp
 import orjson
 
 from sglang_tpu import disaggregation
-from tpuserve_router.forwarding import (
-    CLIENT_GONE,
-    STREAM_ERROR,
-    Forwarder,
-    Routed,
-    TryOutcome,
-    _forwarded_headers,
-    _response_headers,
-    _upstream_request,
-)
+from tpuserve_router.forwarding import Forwarder, Routed
+from tpuserve_router.framing import forwarded_headers, response_headers, upstream_request
+from tpuserve_router.ledger import CLIENT_GONE, STREAM_ERROR, TryOutcome
 from tpuserve_router.pd_settings import DECODE, PREFILL, PdSettings
+from tpuserve_router.pipeline import Admitted
 from tpuserve_router.policies.base import Decision, NoHealthyWorker, RouteRequest
 from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
+from tpuserve_router.refusals import unavailable
 from tpuserve_router.replies import reply_error, sse_error_event
 from tpuserve_router.request_body import ClientError
 from tpuserve_router.request_ids import Restorer, client_rid, new_rid
@@ -302,57 +297,28 @@ class PdRouter:
 
     # ------------------------------------------------------------------ one request
 
-    async def forward(
-        self,
-        routed: Routed,
-        route_request: RouteRequest,
-        workers: Sequence[Worker],
-        how: str,
-        adapter: str | None = None,
-    ) -> bool:
-        """Serve ``routed`` on prefill/decode pairs, retrying on new pairs; False (nothing
-        sent) when no pair is healthy, so the caller tries the colocated workers. A LoRA
-        ``adapter``'s first pair is chosen among the prefill and decode workers it is warm on
-        (`AdapterAffinity`, as on colocated workers), a retry's among all."""
+    async def forward(self, routed: Routed, admitted: Admitted, how: str) -> bool:
+        """Serve ``routed`` on prefill/decode pairs of the workers serving its model: the
+        pipeline's selection and relay for a pair (`select`, `relay`), again on a new pair
+        for a retry; False (nothing sent) when no pair is healthy, so the caller tries the
+        colocated workers."""
         fwd = self.fwd
-        affinity = fwd.affinity
-        prefill, decode = self.split(workers)
-        model = routed.parsed.model
+        route_request = admitted.route_request
+        prefill, decode = self.split(admitted.served.workers)
         retries = 0
         tried: set[str] = set()
         try:
             while True:
-                p_pool = [w for w in prefill if w.name not in tried] or prefill
-                d_pool = [w for w in decode if w.name not in tried] or decode
-                p_first = pairable(p_pool, d_pool)
-                if adapter is not None and not retries:
-                    p_first = affinity.candidates(adapter, p_first)
-                try:  # a prefill with a decode it can pair with (`pairs`)
-                    p_decision = fwd.policy.choose(route_request, p_first)
-                except NoHealthyWorker:
-                    if retries:
-                        self._unavailable(routed, "no healthy prefill worker is left to retry on")
-                        return True
-                    return False
-                d_first = [w for w in d_pool if pairs(p_decision.worker, w)]
-                if adapter is not None and not retries:
-                    d_first = affinity.candidates(adapter, d_first)
                 try:
-                    d_worker = self._choose_decode(d_first, model)
-                except NoHealthyWorker:
-                    fwd.policy.on_request_done(p_decision, False)
+                    p_decision, d_worker = self.select(admitted, prefill, decode, tried)
+                except NoHealthyWorker as none:
                     if retries:
-                        self._unavailable(routed, "no healthy decode worker is left to retry on")
+                        self._unavailable(routed, f"{none} is left to retry on")
                         return True
                     return False
                 if not retries:
                     self.metrics.pd_requests.labels(how).inc()
-                if adapter is not None:
-                    affinity.routed(adapter, p_decision.worker.name)
-                    affinity.routed(adapter, d_worker.name)
-                if fwd.peers is not None:  # the peers count it on the prefill, as a choice
-                    fwd.peers.routed(p_decision)
-                failed = await self._pair(routed, route_request, p_decision, d_worker, retries)
+                failed = await self.relay(routed, route_request, p_decision, d_worker, retries)
                 if failed is None:
                     return True
                 # a new pair: which leg reports a failure first can be a race of the two
@@ -369,6 +335,44 @@ class PdRouter:
             if retries:
                 fwd.budget.active -= 1
 
+    def select(
+        self,
+        admitted: Admitted,
+        prefill: Sequence[Worker],
+        decode: Sequence[Worker],
+        tried: set[str],
+    ) -> tuple[Decision[Worker], Worker]:
+        """The pipeline's selection for a pair: the prefill by the policy (`Pipeline.select`)
+        among those with a decode they can pair with (`pairs`), then the decode; workers of
+        a failed pair are not asked again while others are left. A first try looks among an
+        adapter's warm replicas first (`AdapterAffinity`), a retry among all. Raises
+        `NoHealthyWorker` naming the leg no worker is left for."""
+        pipeline = self.fwd.pipeline
+        p_pool = [w for w in prefill if w.name not in tried] or prefill
+        d_pool = [w for w in decode if w.name not in tried] or decode
+        p_first = pairable(p_pool, d_pool)
+        if not tried:
+            p_first = pipeline.first_choices(admitted, p_first)
+        try:
+            p_decision = pipeline.select(admitted, p_first)
+        except NoHealthyWorker:
+            raise NoHealthyWorker("no healthy prefill worker") from None
+        d_first = [w for w in d_pool if pairs(p_decision.worker, w)]
+        if not tried:
+            d_first = pipeline.first_choices(admitted, d_first)
+        try:
+            d_worker = self._choose_decode(d_first, admitted.parsed.model)
+        except NoHealthyWorker:
+            self.fwd.policy.on_request_done(p_decision, False)
+            raise NoHealthyWorker("no healthy decode worker") from None
+        adapter = admitted.served.adapter
+        if adapter is not None:
+            pipeline.affinity.routed(adapter, p_decision.worker.name)
+            pipeline.affinity.routed(adapter, d_worker.name)
+        if self.fwd.peers is not None:  # the peers count it on the prefill, as a choice
+            self.fwd.peers.routed(p_decision)
+        return p_decision, d_worker
+
     def _may_retry(self, retries: int, failed: LegFailed) -> bool:
         fwd = self.fwd
         if retries >= fwd.max_retries:
@@ -379,7 +383,7 @@ class PdRouter:
             return True  # a worker is gone: the retry costs it nothing twice
         return fwd.budget.allows(fwd.in_flight, False)
 
-    async def _pair(
+    async def relay(
         self,
         routed: Routed,
         route_request: RouteRequest,
@@ -417,8 +421,8 @@ class PdRouter:
         prefill_data.pop("stream_options", None)
 
         def payload(worker: Worker, obj: dict[str, Any]) -> bytes:
-            framed = _forwarded_headers(routed.request, orjson.dumps(obj), fwd._not_forwarded)
-            return _upstream_request(routed.request, worker.pool.host_header, framed)
+            framed = forwarded_headers(routed.request, orjson.dumps(obj), fwd._not_forwarded)
+            return upstream_request(routed.request, worker.pool.host_header, framed)
 
         del head
         handoff = self.settings.handoff_timeout_seconds
@@ -450,9 +454,10 @@ class PdRouter:
                 return err
             ttft = time.monotonic() - started
             self.metrics.pd_ttft.labels(model).observe(ttft)
-            fwd._prefill_done(p_decision)
+            fwd.ledger.first_byte(
+                p_decision, model, routed.request.arrived if parsed.stream else None
+            )
             if parsed.stream:
-                self.fwd._ttft(model).observe(time.monotonic() - routed.request.arrived)
                 answered = True
                 succeeded = await self._relay_stream(routed, named, d_worker, d_conn, first, model)
             else:
@@ -467,7 +472,7 @@ class PdRouter:
             return failed
         except asyncio.CancelledError:  # the client left (nothing was counted yet): its
             abandoned = CLIENT_GONE.abandoned
-            fwd.ledger(routed, d_worker.name, model, CLIENT_GONE)
+            fwd.ledger.account(routed, d_worker.name, model, CLIENT_GONE)
             raise
         finally:
             self._end_pair(
@@ -603,7 +608,7 @@ class PdRouter:
         usage = usage_from_body(body) if status == 200 else None
         if named.restorer is not None:
             body = named.restorer.whole(body)
-        routed.request.respond(status, _response_headers(conn.headers), body)
+        routed.request.respond(status, response_headers(conn.headers), body)
         self._count(routed, worker, model, str(status), status < 400, usage)
         return status < 400
 
@@ -619,7 +624,7 @@ class PdRouter:
 
         request = routed.request
         restorer = named.restorer
-        request.start_chunked(conn.status, _response_headers(conn.headers))
+        request.start_chunked(conn.status, response_headers(conn.headers))
         conn.watch_progress()
         before, last = b"", first
         request.write_chunk(first if restorer is None else restorer.chunk(first))
@@ -633,7 +638,7 @@ class PdRouter:
                 if request.write_paused:
                     await request.drain()
         except UpstreamError as err:
-            self.fwd._worker_failed(worker, err.reason)
+            self.fwd.ledger.worker_failed(worker, err.reason)
             self.metrics.pd_failures.labels(DECODE, "transport").inc()
             if restorer is not None:
                 request.write_chunk(restorer.rest())
@@ -662,14 +667,14 @@ class PdRouter:
         usage: Any,
         tail: bytes = b"",
     ) -> None:
-        """An answered pair, in the ledger every mode shares (`Forwarder.ledger`), on its
+        """An answered pair, in the ledger every mode shares (`Ledger.account`), on its
         decode worker; ``tail`` is the end of a stream that broke."""
 
         if tail and routed.spend is not None:
             routed.spend.stream_tail = tail
         relayed = status != STREAM_ERROR
         outcome = TryOutcome(status=status, succeeded=succeeded, relayed=relayed, usage=usage)
-        self.fwd.ledger(routed, worker.name, model, outcome)
+        self.fwd.ledger.account(routed, worker.name, model, outcome)
 
     def _end_pair(
         self,
@@ -707,7 +712,7 @@ class PdRouter:
             self.metrics.pd_failures.labels(failed.leg, failed.kind).inc()
             culprit = p_worker if failed.leg == PREFILL else d_worker
             if failed.kind in ("transport", "timeout") or (failed.status or 0) >= 500:
-                fwd._worker_failed(culprit, _reason(failed))
+                fwd.ledger.worker_failed(culprit, _reason(failed))
             if failed.leg == DECODE and prefill_ok:
                 fwd.outliers.succeeded(p_worker)
         elif answered and abandoned != "client_gone":  # a client leaving says nothing of them
@@ -716,9 +721,7 @@ class PdRouter:
             fwd.outliers.succeeded(d_worker)
         p_worker.in_flight -= 1
         d_worker.in_flight -= 1
-        fwd.policy.on_request_done(p_decision, prefill_ok or succeeded)
-        if fwd.peers is not None:
-            fwd.peers.ended(p_decision)
+        fwd.ledger.ended(p_decision, prefill_ok or succeeded)
 
     def _answer_failure(
         self,
@@ -736,7 +739,7 @@ class PdRouter:
             body = failed.body
             if named.restorer is not None:
                 body = named.restorer.whole(body)
-            routed.request.respond(failed.status, _response_headers(failed.headers), body)
+            routed.request.respond(failed.status, response_headers(failed.headers), body)
             status = str(failed.status)
         else:
             code = 504 if failed.kind == "timeout" else 502
@@ -746,10 +749,8 @@ class PdRouter:
         self._count(routed, worker, model, status, False, None)
 
     def _unavailable(self, routed: Routed, message: str) -> None:
-        from tpuserve_router.replies import unavailable
-
         reply_error(routed.request, unavailable(message))
-        self.fwd._requests(routed.parsed.model, "none", routed.route, "503").inc()
+        self.fwd.ledger.refused(routed.route, routed.parsed.model, 503)
 
 
 def pairs(prefill: Worker, decode: Worker) -> bool:

@@ -54,7 +54,7 @@ from tpuserve_router.peer_view import (
     decode,
     encode,
 )
-from tpuserve_router.server import is_loopback
+from tpuserve_router.worker_networks import is_loopback
 from tpuserve_router.zmq_monitor import stop_monitor
 
 log = logging.getLogger(__name__)

@@ -93,25 +93,23 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tpuserve_router.auth import ApiKey
 from tpuserve_router.connections import BufferBudget
-from tpuserve_router.forwarding import CLIENT_CLOSED, Forwarder
-from tpuserve_router.generation_limits import GENERATION_LIMITS, MAX_TOKENS_ALLOWED
+from tpuserve_router.forwarding import Forwarder
+from tpuserve_router.generation_limits import MAX_TOKENS_ALLOWED
+from tpuserve_router.ledger import CLIENT_CLOSED, Spend, TryOutcome
 from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
+from tpuserve_router.pipeline import Admitted, Arrival
+from tpuserve_router.pipeline import Refused as PipelineRefused
 from tpuserve_router.policies.base import (
     Decision,
     NoHealthyWorker,
-    RouteRequest,
     healthy_workers,
     least_loaded,
 )
-from tpuserve_router.replies import unavailable
-from tpuserve_router.request_body import (
-    CHARS_PER_TOKEN,
-    GENERATION_ROUTES,
-    ClientError,
-    parse_json_object,
-)
-from tpuserve_router.request_ids import Restorer, client_rid, name_request
+from tpuserve_router.refusals import unavailable
+from tpuserve_router.request_body import CHARS_PER_TOKEN, GENERATION_ROUTES, ClientError
+from tpuserve_router.request_ids import Restorer, name_request
 from tpuserve_router.usage import TokenCounts, usage_from_body, usage_from_stream_tail
 
 if TYPE_CHECKING:
@@ -193,6 +191,8 @@ class Pick:
     model: str
     route: str
     stream: bool
+    arrived: float
+    """When its stream started (its end-to-end latency runs from it)."""
     body: bytes | None = None
     """The body to pass on, with the router's own ``rid`` (None: the one received)."""
     restorer: Restorer | None = None
@@ -202,6 +202,12 @@ class Pick:
     max_completion_tokens: int = 0
     """The most completion tokens it may generate, as its max-tokens fields and the workers'
     context allow."""
+    admitted: Admitted | None = None
+    """What the pipeline's admission let in (None off the generation routes)."""
+    key: ApiKey | None = None
+    """The API key it is charged to: none, the gateway authenticates its clients (a
+    `ledger.Bill`, as the HTTP port's requests are)."""
+    spend: Spend | None = None
 
 
 KNOWN_STATUSES: Final = frozenset(str(status.value) for status in HTTPStatus)
@@ -242,6 +248,8 @@ class EndpointPicker:
         charges too (one of its own, ``--max-buffered-bytes``, when None); ``token``: what a
         stream's ``authorization: Bearer`` metadata must hold (None: no credentials)."""
         self.forwarder = forwarder
+        self.pipeline = forwarder.pipeline
+        self.ledger = forwarder.ledger
         self.certificate: bytes | None = None
         """The PEM certificate the port serves (``tls``), made at start; None: plaintext."""
         self._key: bytes | None = None
@@ -432,75 +440,56 @@ class EndpointPicker:
         path: str,
         body: bytes,
         allowed: frozenset[str] | None,
+        arrived: float | None = None,
     ) -> Pick:
-        """Choose the worker for a request to ``path`` with ``body``; ``allowed`` is the set of
+        """Choose the worker for a request to ``path`` with ``body``, which arrived at
+        ``arrived`` (now when None): the pipeline's admission and selection, as the HTTP port
+        runs them (`tpuserve_router.pipeline`); the gateway relays. ``allowed`` is the set of
         endpoints the gateway (or the test header) allows, None for any. Raises `Refused`."""
-        forwarder = self.forwarder
         route = path.partition("?")[0]
         parser = GENERATION_ROUTES.get(route)
         if parser is None:
-            return self._pick_other(allowed)
-        route_label = route
-        if forwarder.in_flight >= forwarder.max_in_flight:
-            raise Refused(
-                ClientError(
-                    429,
-                    f"the router has {forwarder.in_flight} requests in flight, its limit "
-                    "(--max-in-flight); retry",
-                    error_type="rate_limit_exceeded",
-                ),
-                route_label,
-            )
+            return self._pick_other(allowed, arrived)
+        pipeline = self.pipeline
+        arrival = Arrival(
+            route, parser, body, time.monotonic() if arrived is None else arrived,
+            may_wait=False, authenticates=False, shed_status=429,
+        )  # fmt: skip
         try:
-            data = parse_json_object(body)
-            parsed = parser(
-                data, forwarder.want_text, forwarder.tokenizer, forwarder.max_prompt_chars
-            )
-            bound = GENERATION_LIMITS[route](data)
-            theirs = client_rid(data)
-        except ClientError as err:
-            raise Refused(err, route_label) from None
-        del data
-        model = parsed.model
-        served = self.registry.route(model, parsed.lora_path)
-        if served is None:
-            refusal = forwarder._not_served(model, parsed.lora_path)
-            raise Refused(refusal, route_label)
+            admitted = pipeline.admit_now(arrival)
+        except PipelineRefused as refused:
+            raise Refused(refused.error, route, refused.model) from None
+        try:
+            return self._select(admitted, allowed, body)
+        except PipelineRefused as refused:
+            pipeline.leave(admitted)
+            raise Refused(refused.error, route, refused.model) from None
+
+    def _select(self, admitted: Admitted, allowed: frozenset[str] | None, body: bytes) -> Pick:
+        """The pipeline's selection among the endpoints ``allowed``, acted on."""
+        pipeline = self.pipeline
+        parsed, served, bound = admitted.parsed, admitted.served, admitted.bound
         candidates = served.workers
         if allowed is not None:
             candidates = [w for w in candidates if _allows(allowed, w)]
             if not candidates:
-                raise Refused(
+                raise PipelineRefused(
                     unavailable(
                         "none of the endpoints the gateway allows "
-                        f"({', '.join(sorted(allowed)) or 'none'}) serves model {model!r}"
+                        f"({', '.join(sorted(allowed)) or 'none'}) serves model "
+                        f"{admitted.asked!r}"
                     ),
-                    route_label,
                     served.model,
                 )
-        first = candidates
-        if served.adapter is not None:
-            first = forwarder.affinity.candidates(served.adapter, candidates)
-        if forwarder.before_decision is not None:
-            forwarder.before_decision()
         try:
-            decision = forwarder.policy.choose(
-                RouteRequest(model, parsed.text, parsed.token_ids), first
-            )
+            decision = pipeline.select(admitted, pipeline.first_choices(admitted, candidates))
         except NoHealthyWorker:
-            detail = f" for model {model!r}" if model else ""
-            raise Refused(
-                unavailable(f"no healthy worker{detail}"), route_label, served.model
-            ) from None
+            raise pipeline.no_worker(admitted) from None
+        pipeline.chosen(admitted, decision)
         worker = decision.worker
-        forwarder._decisions[decision.outcome].inc()
-        if forwarder.peers is not None:
-            forwarder.peers.routed(decision)
-        if served.adapter is not None:
-            forwarder.affinity.routed(served.adapter, worker.name)
         # The engine knows the request by the router's own id, never the client's (SGLang
         # aborts by prefix on a disconnect: request_ids), as in HTTP mode.
-        ids = name_request(body, theirs, parsed.single)
+        ids = name_request(body, admitted.theirs, parsed.single)
         contexts = [w.context_tokens for w in candidates if w.context_tokens is not None]
         context = max(contexts, default=None)
         prompt_cap = (parsed.prompt_tokens * CHARS_PER_TOKEN + TEMPLATE_TOKENS) * bound.generations
@@ -511,15 +500,17 @@ class EndpointPicker:
             decision,
             [endpoint_of(worker), *self._fallbacks(worker, candidates)],
             served.model or (worker.models[0] if worker.models else ""),
-            route_label,
+            admitted.route,
             parsed.stream,
+            admitted.arrival.arrived,
             ids.body,
             ids.restorer,
             prompt_cap,
             bound.allowance(parsed.prompt_tokens, context, MAX_TOKENS_ALLOWED * bound.generations),
+            admitted,
         )
 
-    def _pick_other(self, allowed: frozenset[str] | None) -> Pick:
+    def _pick_other(self, allowed: frozenset[str] | None, arrived: float | None) -> Pick:
         """A request off the generation routes: the least loaded routable worker."""
         workers = self.registry.workers
         if allowed is not None:
@@ -530,7 +521,7 @@ class EndpointPicker:
             raise Refused(unavailable("no healthy worker"), "other") from None
         return Pick(
             worker, None, [endpoint_of(worker), *self._fallbacks(worker, workers)], "", "other",
-            False,
+            False, time.monotonic() if arrived is None else arrived,
         )  # fmt: skip
 
     def _fallbacks(self, chosen: Worker, candidates: Sequence[Worker]) -> list[str]:
@@ -749,7 +740,7 @@ class Exchange:
         body = b"".join(self.body)
         self._release_body()
         try:
-            pick = self.picker.pick(self.path, body, self.subset)
+            pick = self.picker.pick(self.path, body, self.subset, self.arrived)
         except Refused as refused:
             return self._refuse(refused)
         self._book(pick)
@@ -795,7 +786,7 @@ class Exchange:
         self.pick = pick
         self.served = pick.worker
         pick.worker.in_flight += 1
-        self.picker.forwarder.in_flight += 1
+        self.picker.pipeline.enter(pick.admitted)
         self._wait("answer", time.monotonic())
 
     def _refuse(self, refused: Refused) -> list[ext_proc.ProcessingResponse]:
@@ -803,7 +794,7 @@ class Exchange:
         self.closed = True
         error = refused.error
         self.status = str(error.status)
-        self.picker.metrics.requests.labels(refused.model, "none", refused.route, self.status).inc()
+        self.picker.ledger.refused(refused.route, refused.model, error.status)
         headers = [
             base_pb2.HeaderValueOption(
                 header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json")
@@ -891,9 +882,8 @@ class Exchange:
             self._served_endpoint(message.metadata_context)
             pick = self.pick
             if pick.decision is not None:
-                self.picker.forwarder._prefill_done(pick.decision)
-                if pick.stream:
-                    self.picker.forwarder._ttft(pick.model).observe(time.monotonic() - self.arrived)
+                arrived = pick.arrived if pick.stream else None
+                self.picker.ledger.first_byte(pick.decision, pick.model, arrived)
         if chunk.body:
             self.tail = (self.tail[1], chunk.body)
         passed = chunk.body
@@ -920,40 +910,36 @@ class Exchange:
     # ------------------------------------------------------------------ the end
 
     def _finish(self) -> None:
-        """The answer ended: account for it once (`Forwarder._ended`'s counterpart)."""
+        """The answer ended: account for it once, in the ledger every mode shares
+        (`Ledger.account`, as `Forwarder._ended` does for the HTTP port's tries)."""
         pick, worker = self.pick, self.served
         self.closed = True
         if pick is None or worker is None:
             return
         self.pick = None
-        forwarder = self.picker.forwarder
-        forwarder.in_flight -= 1
+        picker = self.picker
+        ledger = picker.ledger
+        picker.pipeline.leave(pick.admitted)
         worker.in_flight -= 1
         status = self.status
         code = int(status) if status.isdigit() else 0
-        succeeded = 0 < code < 400
         # Outlier detection hears the status only from a gateway that presented its token
         # (`--picker-token-file`): from anyone else it is a claim, not an observation (a
         # forged stream would eject the worker of its choice), and only the health checks eject.
-        if self.picker.authenticated and status != CLIENT_CLOSED and code:
-            if code < 500:
-                forwarder.outliers.succeeded(worker)
-            else:
-                forwarder._worker_failed(worker, "server_error")
+        if picker.authenticated and status != CLIENT_CLOSED and code:
+            ledger.worker_answered(worker, code)
         decision = pick.decision
+        usage = None
+        if decision is not None and code == 200:
+            tail = self.tail[0] + self.tail[1]
+            usage = usage_from_stream_tail(tail) if pick.stream else usage_from_body(tail)
+            usage = None if usage is None else _bounded(usage, pick)
+        outcome = TryOutcome(
+            status=status, succeeded=0 < code < 400, relayed=status != CLIENT_CLOSED, usage=usage
+        )
+        ledger.account(pick, worker.name, pick.model, outcome, decision)
         if decision is not None:
-            if code == 200:
-                tail = self.tail[0] + self.tail[1]
-                usage = usage_from_stream_tail(tail) if pick.stream else usage_from_body(tail)
-                if usage is not None:
-                    usage = _bounded(usage, pick)
-                    forwarder._account(usage, decision, pick.model, worker.name)
-            forwarder.policy.on_request_done(decision, succeeded)
-            if forwarder.peers is not None:
-                forwarder.peers.ended(decision)
-        forwarder._requests(pick.model, worker.name, pick.route, status).inc()
-        if status != CLIENT_CLOSED:
-            forwarder._e2e(pick.model, pick.route).observe(time.monotonic() - self.arrived)
+            ledger.ended(decision, outcome.succeeded)
 
     def close(self) -> None:
         """The stream ended: whatever was not accounted for is (a gateway gone: ``499``)."""

@@ -43,7 +43,6 @@ the upstream request).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 from collections import deque
@@ -56,12 +55,13 @@ import httptools
 
 from tpuserve_router.connections import ConnectionBook
 from tpuserve_router.proxy import set_nodelay
+from tpuserve_router.refusals import RETRY_AFTER_SECONDS
 from tpuserve_router.request_body import ClientError, error_body
+from tpuserve_router.worker_networks import is_loopback
 
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 16
-RETRY_AFTER_SECONDS: Final = "1"
 """Retry-After on a 503 (no healthy worker, router not ready, over a budget)."""
 
 # What a connection is reading: nothing yet (new), nothing between requests (idle), a
@@ -774,18 +774,6 @@ def _whole(status: int, body: bytes, headers: bytes = b"") -> bytes:
             body,
         )
     )
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address, bracketed or not, or ``localhost``) is this host's
-    loopback: a listener bound there is reachable only from this host (this pod)."""
-    host = host.removeprefix("[").removesuffix("]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def serve(

@@ -70,3 +70,15 @@ def endpoint_problem(endpoint: str, networks: Sequence[Network]) -> str | None:
         return f"KV-event endpoint {endpoint!r}: expected tcp://HOST:PORT"
     problem = host_problem(host, networks)
     return f"KV-event endpoint {endpoint}: {problem}" if problem else None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, bracketed or not, or ``localhost``) is this host's
+    loopback: a listener bound there is reachable only from this host (this pod)."""
+    host = host.removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
