@@ -522,13 +522,17 @@ class Forwarder:
         first_byte = self.first_byte.seconds(
             parsed.prompt_tokens, parsed.max_new_tokens, parsed.stream, worker.in_flight
         )
+        alive = None
+        if self.config.health_check_interval_seconds > 0:  # probes say whether it is alive
+            seconds = self.first_byte.alive_seconds(parsed.prompt_tokens, worker.in_flight)
+            alive = (seconds, _liveness(worker))
         worker.in_flight += 1
         upstream: UpstreamConnection | None = None
         outcome = UNFINISHED
         try:
             payload = _upstream_request(routed.request, pool.host_header, routed.forwarded)
             upstream = await pool.open(
-                lambda conn: self._send(conn, payload, routed.since, first_byte)
+                lambda conn: self._send(conn, payload, routed.since, first_byte, alive)
             )
             status = upstream.status
             if status in RETRYABLE_STATUSES and self._retry(True, retries, worker, candidates):
@@ -724,13 +728,18 @@ class Forwarder:
             self.peers.prefill_done(decision)
 
     async def _send(
-        self, upstream: UpstreamConnection, payload: bytes, arrived: float, first_byte: float
+        self,
+        upstream: UpstreamConnection,
+        payload: bytes,
+        arrived: float,
+        first_byte: float,
+        alive: tuple[float, Callable[[], bool | None]] | None = None,
     ) -> None:
         """Write the request and wait for the response head (`UpstreamPool.open`'s send)."""
         upstream.send(payload)
         left = self.config.request_timeout_seconds - (time.monotonic() - arrived)
         upstream.set_deadlines(
-            first_byte, max(0.001, left), self.config.stream_idle_timeout_seconds
+            first_byte, max(0.001, left), self.config.stream_idle_timeout_seconds, alive
         )
         await upstream.wait_head()
 
@@ -895,3 +904,21 @@ def _response_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
 def _is_chunked(upstream: UpstreamConnection) -> bool:
     value = upstream.header(b"transfer-encoding")
     return value is not None and b"chunked" in value.lower()
+
+
+def _liveness(worker: Worker) -> Callable[[], bool | None]:
+    """Whether ``worker`` has shown it is alive since the request was sent, then since the
+    last time it was asked: a health probe passed (True), only failed (False), or none ended
+    (None). A request without its answer's head waits past the floor only on True (a hung
+    worker's requests fail at the floor and go elsewhere, issue 57 item 8; a slow one that
+    answers its probes keeps them up to the whole first-byte timeout)."""
+    since = time.monotonic()
+
+    def verdict() -> bool | None:
+        nonlocal since
+        if worker.probe_passed_at > since:
+            since = time.monotonic()
+            return True
+        return False if worker.probe_failed_at > since else None
+
+    return verdict
