@@ -541,6 +541,8 @@ class Forwarder:
                 outcome = await self._relay_whole(routed, decision, upstream, retries, candidates)
             else:
                 outcome = await self._relay_stream(routed, decision, upstream, model)
+            if upstream.done and upstream.error is not None:  # bytes past the answer's end
+                self._worker_failed(worker, upstream.error.reason)
         except UpstreamError as err:  # from `open`: no answer came
             outcome = self._unanswered(routed, err, worker, retries, candidates)
         except asyncio.CancelledError:  # the client went away (or stopped reading)

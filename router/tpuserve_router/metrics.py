@@ -186,7 +186,7 @@ UPSTREAM_ERROR_REASONS: Final = (
     "retryable_status",  # 429 or 5xx before anything reached the client: retried
     "server_error",  # a 5xx answer passed on to the client
     "first_byte_timeout",  # no answer within the time derived for the request
-    "stream_broken",  # the connection broke after the response started
+    "stream_broken",  # the connection broke after the response started, or sent past its end
     "stream_stalled",  # a started answer sent nothing for --stream-idle-timeout
     "request_timeout",
     "response_too_large",  # over --max-response-bytes (or a head over --max-header-bytes)

@@ -61,6 +61,10 @@ DETACHED_PARSER = httptools.HttpResponseParser(_NoCallbacks())
 """What a closed connection holds instead of its parser."""
 
 
+class ExtraAnswer(Exception):
+    """Raised in the parser when a second answer begins after the one a request asked for."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection to a worker; one request at a time."""
 
@@ -138,10 +142,16 @@ class UpstreamConnection(asyncio.Protocol):
             self._parse_failed(err)
 
     def _parse_failed(self, err: httptools.HttpParserError) -> None:
+        """The worker sent what is not the answer: invalid HTTP, or bytes past the answer's
+        end (`ExtraAnswer`: the answer is kept, its end the last byte relayed, and the
+        connection closed, never used again; `Forwarder` counts it against the worker)."""
+        detail = f"invalid HTTP from worker: {err}"
+        if isinstance(err.__context__, ExtraAnswer):
+            detail = "the worker sent bytes past the end of its answer"
         self._fail(
             UpstreamError(
                 "reset_before_response" if not self.head_ready else "stream_broken",
-                f"invalid HTTP from worker: {err}",
+                detail,
                 response_started=self.head_ready,
             )
         )
@@ -168,6 +178,10 @@ class UpstreamConnection(asyncio.Protocol):
                 self._fail(UpstreamError("reset_before_response", detail, errno=errno))
 
     # ------------------------------------------------------------------ httptools callbacks
+
+    def on_message_begin(self) -> None:
+        if self.done:  # an answer after the one asked for, even in the same write
+            raise ExtraAnswer  # the parse stops here: `_parse_failed`, a broken upstream
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from tests.component.router.router_fleet import MODEL, EngineTwin, start_router, wait_ready
-from tests.fakes import STUB_MODEL, StubWorker, stub_router
+from tests.fakes import STUB_COMPLETION, STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
@@ -339,3 +339,25 @@ async def test_a_hung_tcp_worker_beside_twins_has_every_request_retried_at_the_f
     finally:
         await app.stop()
         await front.stop()
+
+
+async def test_two_answers_in_one_write_are_relayed_as_the_first_and_count_as_broken() -> None:
+    """Issue 57 item 9: a worker that writes two whole answers to one request in one write.
+    The client gets the first answer, byte for byte, never the two run together; the bytes
+    past its end are a broken upstream (``stream_broken``, counted against the worker) and
+    the connection is not used again."""
+    twice, ok = StubWorker("twice"), StubWorker()
+    async with router(twice, ok) as app:
+        bodies = []
+        async with aiohttp.ClientSession() as session:
+            for _ in range(6):
+                body = {"model": STUB_MODEL, "prompt": "hello", "max_tokens": 1}
+                async with session.post(app.base_url + "/v1/completions", json=body) as answer:
+                    assert answer.status == 200
+                    bodies.append(await answer.read())
+        assert twice.generation_requests >= 1
+        assert bodies == [STUB_COMPLETION] * 6
+        name = app.registry.workers[0].name
+        broken = sample(app, "tpuserve_router_upstream_errors_total", worker=name,
+                        reason="stream_broken")  # fmt: skip
+        assert broken == twice.generation_requests
