@@ -372,20 +372,21 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
         ),
         tenant_requests=Counter(
             "tpuserve_router_tenant_requests_total",
-            "Requests of API keys answered by a worker, by tenant (the keys file's; at most "
-            "100 named, the rest 'other'), priority class and HTTP status.",
-            ["tenant", "priority", "status"],
+            "Requests of API keys answered by a worker, by key (its key id: the first 12 hex "
+            "digits of its SHA-256, never the tenant; at most 100, the rest 'other'), priority "
+            "class and HTTP status.",
+            ["key", "priority", "status"],
         ),
         tenant_tokens=Counter(
             "tpuserve_router_tenant_tokens_total",
             "Tokens API keys' requests were charged, each once as it ended (never negative), "
-            "by tenant and kind (prompt, completion).",
-            ["tenant", "kind"],
+            "by key (its key id) and kind (prompt, completion).",
+            ["key", "kind"],
         ),
         rate_limited=Counter(
             "tpuserve_router_rate_limited_total",
-            "Requests refused with 429, by tenant and limit (requests, tokens).",
-            ["tenant", "limit"],
+            "Requests refused with 429, by key (its key id) and limit (requests, tokens).",
+            ["key", "limit"],
         ),
         shed=Counter(
             "tpuserve_router_shed_total",
