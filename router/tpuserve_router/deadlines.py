@@ -17,7 +17,7 @@ bounds every gap.
 Past the time a stream would have (`FirstByteBudget.alive_seconds`: floor and prefill), a
 request without its answer's head waits on only while its worker shows it is alive, with
 health checks on: a probe passed since (asked again every such period); a probe that failed
-with none passed ends the wait there (`forwarding._liveness`; issue 57 item 8: a hung
+with none passed ends the wait there (`forwarding.liveness`; issue 57 item 8: a hung
 worker held every non-streamed request without ``max_tokens`` for the cap, 600 s, until the
 probes ejected it).
 """

@@ -525,7 +525,7 @@ class Forwarder:
         alive = None
         if self.config.health_check_interval_seconds > 0:  # probes say whether it is alive
             seconds = self.first_byte.alive_seconds(parsed.prompt_tokens, worker.in_flight)
-            alive = (seconds, _liveness(worker))
+            alive = (seconds, liveness(worker))
         worker.in_flight += 1
         upstream: UpstreamConnection | None = None
         outcome = UNFINISHED
@@ -908,7 +908,7 @@ def _is_chunked(upstream: UpstreamConnection) -> bool:
     return value is not None and b"chunked" in value.lower()
 
 
-def _liveness(worker: Worker) -> Callable[[], bool | None]:
+def liveness(worker: Worker) -> Callable[[], bool | None]:
     """Whether ``worker`` has shown it is alive since the request was sent, then since the
     last time it was asked: a health probe passed (True), only failed (False), or none ended
     (None). A request without its answer's head waits past the floor only on True (a hung
