@@ -22,6 +22,7 @@ from tpuserve_operator.metrics import create_operator_metrics
 from tpuserve_operator.reconciler import Reconciler, ReconcilerSettings
 from tpuserve_operator.render import RenderConfig, Rendered
 from tpuserve_operator.render import inference_pool as pools
+from tpuserve_operator.render.context import ROUTER_PORT
 
 pytestmark = pytest.mark.unit
 
@@ -135,6 +136,76 @@ def test_the_gateway_and_only_it_reaches_the_leaders_and_the_picker(
     assert router[-1] == {"from": peers, "ports": [{"protocol": "TCP", "port": pools.PICKER_PORT}]}
     for rule in (*engines, *router[1:]):  # the router's first rule: its HTTP and metrics ports
         assert rule.get("from"), rule  # no engine or picker port open to any source
+
+
+def admits(policy: dict[str, Any], namespace: str, pod: dict[str, str], port: int) -> bool:
+    """Whether a NetworkPolicy's ingress rules admit a pod (its namespace and labels) to
+    ``port``, as Kubernetes reads them: any rule whose peers (none: any source) and ports
+    (none: every port) match; a peer's selectors match by labels, the namespace by its
+    ``kubernetes.io/metadata.name`` label; an ``ipBlock`` matches no pod here."""
+
+    def matches(selector: dict[str, Any] | None, labels_: dict[str, str]) -> bool:
+        wanted = (selector or {}).get("matchLabels", {})
+        return all(labels_.get(k) == v for k, v in wanted.items())
+
+    def peer_matches(peer: dict[str, Any]) -> bool:
+        if "ipBlock" in peer:
+            return False
+        if "namespaceSelector" in peer:
+            if not matches(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace}):
+                return False
+        elif namespace != NAMESPACE:  # a podSelector alone: the policy's own namespace
+            return False
+        return matches(peer.get("podSelector"), pod)
+
+    for rule in policy["spec"]["ingress"]:
+        peers, ports = rule.get("from"), rule.get("ports")
+        if peers is not None and not any(peer_matches(p) for p in peers):
+            continue
+        if ports is None or any(p["port"] == port for p in ports):
+            return True
+    return False
+
+
+ROUTER_POD = labels.router_selector("qwen")
+SOURCES = {
+    "the gateway": ("gateway", {"app": "gateway-proxy"}),
+    "a client pod in the gateway's namespace": ("gateway", {"app": "client"}),
+    "a client pod in the server's namespace": (NAMESPACE, {"app": "client"}),
+    "a client pod elsewhere": ("apps", {"app": "client"}),
+    "the server's router": (NAMESPACE, ROUTER_POD),
+}
+
+
+def test_what_the_policies_of_a_pool_admit_and_refuse(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    """Issue 57 item 4, with the gateway in its own namespace: the engines' HTTP port (no
+    keys; abort_all, flush_cache) and the picker port are reached from the gateway's
+    namespace only; every other source is refused there, the server's own router aside
+    (it dials the engines and their KV events, never the picker), and the engines' KV-event
+    ports are the router's alone. The router's HTTP port stays open to clients."""
+    out = rendered(spec_with(inferencePool={"gatewayNamespace": "gateway"}), inference_pool=True)
+    engines = child(out, "NetworkPolicy", "qwen-engines")
+    router = child(out, "NetworkPolicy", "qwen-router")
+    http, kv = launch_contract.HTTP_PORT, launch_contract.KV_EVENTS_PORT
+    admitted = {
+        source: (
+            admits(engines, *where, http),
+            admits(engines, *where, kv),
+            admits(router, *where, pools.PICKER_PORT),
+            admits(router, *where, ROUTER_PORT),
+        )
+        for source, where in SOURCES.items()
+    }
+    assert admitted == {
+        # engines' HTTP, KV events, the picker, the router's HTTP port
+        "the gateway": (True, False, True, True),
+        "a client pod in the gateway's namespace": (True, False, True, True),
+        "a client pod in the server's namespace": (False, False, False, True),
+        "a client pod elsewhere": (False, False, False, True),
+        "the server's router": (True, True, False, True),
+    }
 
 
 @pytest.mark.parametrize(
