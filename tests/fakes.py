@@ -616,6 +616,7 @@ class StubWorker:
         self.headers: list[list[tuple[bytes, bytes]]] = []  # of each generation request
         self.release = asyncio.Event()  # lets "hang" requests answer
         self.frozen = False  # answers nothing at all (a stopped engine), whatever the mode
+        self.server_info: dict[str, Any] | None = None  # its /server_info, when set
         self._server: asyncio.Server | None = None
 
     @property
@@ -645,6 +646,8 @@ class StubWorker:
             cards = [{"id": STUB_MODEL, "object": "model", "parent": None}]
             cards += [{"id": a, "object": "model", "parent": STUB_MODEL} for a in self.adapters]
             request.respond(200, json, orjson.dumps({"object": "list", "data": cards}))
+        elif path == "/server_info" and self.server_info is not None:
+            request.respond(200, json, orjson.dumps(self.server_info))
         elif path == "/abort_request":
             self.aborted.append(str(orjson.loads(request.body or b"{}").get("rid")))
             request.respond(200, json, b"{}")
