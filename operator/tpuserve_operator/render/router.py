@@ -56,7 +56,11 @@ from tpuserve_operator.render.context import (
     stable_hash,
 )
 from tpuserve_operator.render.demand import demand_lease, hold_args, lease_rule
-from tpuserve_operator.render.inference_pool import picker_args, picker_container_ports
+from tpuserve_operator.render.inference_pool import (
+    picker_args,
+    picker_container_ports,
+    picker_token_volume,
+)
 from tpuserve_operator.render.network_policy import router_network_policy
 from tpuserve_operator.render.pdb import router_disruption_budget
 from tpuserve_operator.render.pod import termination
@@ -254,6 +258,9 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
         # as long as the engines': requests in flight through it may take maxRequestSeconds
         "terminationGracePeriodSeconds": termination(server).grace_seconds,
     }
+    token_mounts, token_volumes = picker_token_volume(server)
+    container["volumeMounts"].extend(token_mounts)
+    pod_spec["volumes"].extend(token_volumes)
     api_keys = spec.router.api_keys
     if api_keys is not None:  # a whole-Secret mount (no subPath), so updates reach the pod
         container["volumeMounts"].append(

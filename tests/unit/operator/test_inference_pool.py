@@ -102,6 +102,52 @@ def test_failure_mode_defaults_to_fail_close_and_no_pool_means_no_picker(
     assert not [a for a in router["args"] if a.startswith("--picker-port")]
 
 
+def test_the_gateways_token_is_a_secret_mounted_read_only_for_the_picker(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    """Issue 57 item 2: with tokenSecretRef the router's pods mount that Secret key alone,
+    read-only, and run the picker with --picker-token-file naming it; without, no token."""
+    ref = {"name": "gateway-token", "key": "bearer"}
+    out = rendered(spec_with(inferencePool={"tokenSecretRef": ref}), inference_pool=True)
+    pod = child(out, "Deployment", "qwen-router")["spec"]["template"]["spec"]
+    (router,) = pod["containers"]
+    assert f"--picker-token-file={pools.PICKER_TOKEN_DIR}/bearer" in router["args"]
+    assert {"name": "picker-token", "mountPath": pools.PICKER_TOKEN_DIR, "readOnly": True} in (
+        router["volumeMounts"]
+    )
+    assert {
+        "name": "picker-token",
+        "secret": {"secretName": "gateway-token", "items": [{"key": "bearer", "path": "bearer"}]},
+    } in pod["volumes"]
+    plain = rendered(spec_with(inferencePool={}), inference_pool=True)
+    pod = child(plain, "Deployment", "qwen-router")["spec"]["template"]["spec"]
+    assert not [a for a in pod["containers"][0]["args"] if a.startswith("--picker-token-file")]
+    assert not [v for v in pod["volumes"] if v["name"] == "picker-token"]
+
+
+def test_the_rendered_token_flag_is_one_the_router_takes(
+    rendered: RenderFn, spec_with: SpecWith, tmp_path: Any
+) -> None:
+    """The router's own parser reads the rendered picker flags, the token file at the path
+    the Secret is mounted at (here a file of the same name)."""
+    from tpuserve_router.cli import build_config, configure
+
+    ref = {"name": "gateway-token"}
+    out = rendered(spec_with(inferencePool={"tokenSecretRef": ref}), inference_pool=True)
+    router = child(out, "Deployment", "qwen-router")["spec"]["template"]["spec"]["containers"][0]
+    token = tmp_path / "token"
+    token.write_text("a-gateway-token-0123456789\n")
+    args = [a for a in router["args"] if a.startswith("--picker")]
+    args = [a.replace(f"{pools.PICKER_TOKEN_DIR}/token", str(token)) for a in args]
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    config = build_config(parser.parse_args(args), environ={}).validate()
+    assert config.picker_token_file == str(token)
+    assert config.picker_port == pools.PICKER_PORT
+
+
 def namespace_peer(namespace: str) -> dict[str, Any]:
     return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
 
