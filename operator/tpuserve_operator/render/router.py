@@ -124,6 +124,9 @@ def router_args(server: Server) -> list[str]:
     if api_keys is not None:
         args.append(f"--api-keys-file={API_KEYS_DIR}/{api_keys.key}")
     args.append(f"--admin-port={ROUTER_ADMIN_PORT}")
+    networks = server.config.router_worker_networks
+    if networks:  # the pod network: nothing a pod or an engine names outside it is dialled
+        args.append(f"--worker-networks={','.join(networks)}")
     args += buffer_args(_resources(server))
     args += peer_args(server)
     kv_events = server.valid.spec.router.kv_events
