@@ -529,11 +529,13 @@ class Forwarder:
         worker.in_flight += 1
         upstream: UpstreamConnection | None = None
         outcome = UNFINISHED
+        sent = time.monotonic()
         try:
             payload = _upstream_request(routed.request, pool.host_header, routed.forwarded)
             upstream = await pool.open(
                 lambda conn: self._send(conn, payload, routed.since, first_byte, alive)
             )
+            worker.answered_at = time.monotonic()
             status = upstream.status
             if status in RETRYABLE_STATUSES and self._retry(True, retries, worker, candidates):
                 outcome = self._refused(worker, status)
@@ -547,6 +549,8 @@ class Forwarder:
             outcome = self._unanswered(routed, err, worker, retries, candidates)
         except asyncio.CancelledError:  # the client went away (or stopped reading)
             outcome = CLIENT_GONE
+            if upstream is None and alive is not None and _stuck(worker, sent, alive[0]):
+                self.outliers.failed(worker)
             raise
         finally:
             self._ended(routed, decision, model, upstream, outcome)
@@ -924,3 +928,12 @@ def liveness(worker: Worker) -> Callable[[], bool | None]:
         return False if worker.probe_failed_at > since else None
 
     return verdict
+
+
+def _stuck(worker: Worker, sent: float, alive_seconds: float) -> bool:
+    """Whether a request whose client left before its answer's head says ``worker`` is
+    stuck: it waited past what a stream would get (``alive_seconds``) and the worker sent no
+    answer's head to anyone since it was sent. Counted as a failure for outlier ejection
+    (issue 57 item 8: an engine whose probes pass but which answers nothing was never ejected,
+    as a client leaving counted for nothing); a slow engine still answering others is not."""
+    return time.monotonic() - sent >= alive_seconds and worker.answered_at < sent

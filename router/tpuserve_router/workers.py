@@ -170,6 +170,7 @@ class Worker:
     __slots__ = (
         "adapters",
         "announced_in_flight",
+        "answered_at",
         "bootstrap_port",
         "consecutive_failures",
         "context_tokens",
@@ -217,6 +218,7 @@ class Worker:
         self.health_successes = 0
         self.probe_passed_at = 0.0  # time.monotonic() of its last passing health check
         self.probe_failed_at = 0.0  # and of its last failing one
+        self.answered_at = 0.0  # time.monotonic() of the last answer's head it sent (forwarding)
         self.ejected = False  # as an outlier (see tpuserve_router.outliers)
         self.probe_failed_while_ejected = False
         self.ejected_until = 0.0

@@ -232,6 +232,7 @@ class HangingFront:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.hung = False
+        self.generations_only = False  # hung for generation requests alone: probes pass
         self.swallowed = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -245,7 +246,8 @@ class HangingFront:
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
 
-    def hang(self) -> None:
+    def hang(self, generations_only: bool = False) -> None:
+        self.generations_only = generations_only
         self.hung = True
 
     async def stop(self) -> None:
@@ -259,7 +261,7 @@ class HangingFront:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
-        if self.hung:
+        if self.hung and not self.generations_only:
             await self._swallow(reader)
             return
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
@@ -273,7 +275,8 @@ class HangingFront:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: bool = False
     ) -> None:
         while data := await reader.read(65536):
-            if self.hung:  # what it holds now is never passed on, nor anything after
+            stop = self.hung and (not self.generations_only or (requests and GENERATION in data))
+            if stop:  # what it holds now is never passed on, nor anything after
                 if requests:
                     self.swallowed += data.count(GENERATION)
                     await self._swallow(reader)
@@ -361,3 +364,67 @@ async def test_two_answers_in_one_write_are_relayed_as_the_first_and_count_as_br
         broken = sample(app, "tpuserve_router_upstream_errors_total", worker=name,
                         reason="stream_broken")  # fmt: skip
         assert broken == twice.generation_requests
+
+
+async def test_a_worker_whose_probes_pass_but_answers_no_request_is_ejected(
+    engines: list[EngineTwin],
+) -> None:
+    """Issue 57 item 8, the other hung worker: its /health (and look-ups) still answer, its
+    engine answers no generation request. Its probes pass, so it is alive to the first-byte
+    deadline and only the cap (600 s, no max_tokens) ends a wait; the clients leave first.
+    A client leaving past what a stream would get, from a worker that answered nobody since,
+    counts as its failure: after --outlier-consecutive-failures (5) it is ejected, and the
+    twins serve what follows. Before, a client leaving counted for nothing, and the worker
+    kept its share of the traffic."""
+    import openai
+
+    front = HangingFront(engines[0].port)
+    await front.start()
+    config = RouterConfig(
+        workers=(front.url, engines[1].url, engines[2].url),
+        first_byte_timeout_floor_seconds=1.0,
+    )
+    app = await start_router(config)
+    name = front.url
+    try:
+        await wait_ready(app, 3)
+        front.hang(generations_only=True)
+
+        def ejected() -> float:
+            return sample(
+                app, "tpuserve_router_worker_ejections_total", worker=name,
+                reason="consecutive_failures",
+            )  # fmt: skip
+
+        async with openai.AsyncOpenAI(
+            base_url=app.base_url + "/v1", api_key="-", max_retries=0, timeout=4
+        ) as client:
+            for batch in range(12):  # a bound: the worker is ejected long before
+                if ejected():
+                    break
+                await asyncio.gather(
+                    *(
+                        client.chat.completions.create(
+                            model=MODEL, messages=[{"role": "user", "content": f"q {batch} {i}"}]
+                        )
+                        for i in range(4)
+                    ),
+                    return_exceptions=True,
+                )
+            assert ejected() == 1
+            assert front.swallowed >= CONSECUTIVE
+            hung = app.registry.get(name)
+            assert hung is not None
+            assert hung.health_ok  # its probes passed throughout
+            answers = await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": f"after {i}"}]
+                    )
+                    for i in range(6)
+                )
+            )
+        assert all(a.choices[0].message.content is not None for a in answers)
+    finally:
+        await app.stop()
+        await front.stop()
