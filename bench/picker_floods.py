@@ -1,10 +1,11 @@
 """The endpoint picker's memory and file descriptors under floods (issue 57, item 2).
 
-One `tpuserve router --picker-port` process (no worker, ``--max-buffered-bytes`` 128 MiB,
-optionally ``--picker-token-file``) takes, from this process on loopback:
+One `tpuserve router --picker-port` process (no worker, ``--max-buffered-bytes``
+``--budget-mib``, 128 by default, optionally ``--picker-token-file``) takes, from this process
+on loopback:
 
 - ``--streams`` ext_proc streams over 10 connections, each sending one request-headers
-  message of ``--headers`` headers of 1,000 bytes (4,000: about 4 MB) and staying open;
+  message of ``--headers`` headers of 1,000 bytes (4,000: about 4 MB), until each has ended;
 - then ``--connections`` raw TCP connections to the picker port that send nothing.
 
 It prints how the streams ended, the router's RSS at rest and its peak (VmHWM), its open
@@ -14,7 +15,9 @@ each flood. A benchmark, not a test: the figures depend on the machine.
 Usage (from the repository root; raise ``ulimit -n`` for many connections):
 
     python bench/picker_floods.py [--streams 150] [--headers 4000] [--connections 3000]
-        [--token-file FILE]
+        [--budget-mib 128] [--token-file FILE]
+
+The component test ``test_router_hostile_picker.py`` runs its stream flood.
 """
 
 from __future__ import annotations
@@ -59,9 +62,12 @@ def answers(port: int) -> str:
         return f"no ({err})"
 
 
-def start_router(port: int, picker: int, token_file: str | None) -> subprocess.Popen[bytes]:
+def start_router(
+    port: int, picker: int, token_file: str | None, budget_mib: int = 128
+) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "tpuserve", "router", "--port", str(port),
-               "--picker-port", str(picker), "--max-buffered-bytes", str(128 << 20)]  # fmt: skip
+               "--picker-port", str(picker),
+               "--max-buffered-bytes", str(budget_mib << 20)]  # fmt: skip
     if token_file:
         command += ["--picker-token-file", token_file]
     router = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -75,13 +81,13 @@ def start_router(port: int, picker: int, token_file: str | None) -> subprocess.P
     return router
 
 
-async def flood(
-    args: argparse.Namespace, router: subprocess.Popen[bytes], port: int, picker: int
-) -> None:
-    at_rest = memory_bytes(router.pid, "VmRSS")
+async def stream_flood(picker: int, streams: int, header_count: int) -> dict[str, int]:
+    """Open ``streams`` ext_proc streams to the picker on ``picker`` over `CHANNELS`
+    connections, each sending one request-headers message of ``header_count`` headers of
+    1,000 bytes; wait for every one to end. How they ended, by gRPC status."""
     headers = [base_pb2.HeaderValue(key=":path", raw_value=b"/v1/completions")]
     headers += [
-        base_pb2.HeaderValue(key=f"x-flood-{i}", raw_value=b"f" * 1000) for i in range(args.headers)
+        base_pb2.HeaderValue(key=f"x-flood-{i}", raw_value=b"f" * 1000) for i in range(header_count)
     ]
     message = ext_proc.ProcessingRequest(
         request_headers=ext_proc.HttpHeaders(headers=base_pb2.HeaderMap(headers=headers))
@@ -90,21 +96,30 @@ async def flood(
     channels = [
         grpc.aio.insecure_channel(f"127.0.0.1:{picker}", options=options) for _ in range(CHANNELS)
     ]
-    calls = []
-    for i in range(args.streams):
-        call = ext_proc_grpc.ExternalProcessorStub(channels[i % CHANNELS]).Process()
-        calls.append(call)
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            await call.write(message)
-    await asyncio.sleep(3)
-    ended: dict[str, int] = {}
-    for call in calls:
-        outcome = str((await call.code()).name) if call.done() else "still open"
-        ended[outcome] = ended.get(outcome, 0) + 1
+    try:
+        calls = []
+        for i in range(streams):
+            call = ext_proc_grpc.ExternalProcessorStub(channels[i % CHANNELS]).Process()
+            calls.append(call)
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.write(message)
+        ended: dict[str, int] = {}
+        for call in calls:
+            outcome = str((await call.code()).name)
+            ended[outcome] = ended.get(outcome, 0) + 1
+        return ended
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+async def flood(
+    args: argparse.Namespace, router: subprocess.Popen[bytes], port: int, picker: int
+) -> None:
+    at_rest = memory_bytes(router.pid, "VmRSS")
+    ended = await stream_flood(picker, args.streams, args.headers)
     during_streams = answers(port)
     peak = memory_bytes(router.pid, "VmHWM")
-    for call in calls:
-        call.cancel()
     sockets = []
     for _ in range(args.connections):
         s = socket.socket()
@@ -117,8 +132,6 @@ async def flood(
     during_connections = answers(port)
     for s in sockets:
         s.close()
-    for channel in channels:
-        await channel.close()
     size = args.headers * 1000 / 1e6
     print(f"{args.streams} streams x {size:.1f} MB of headers: {ended}")
     growth = (peak - at_rest) / 2**20
@@ -133,10 +146,11 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=150)
     parser.add_argument("--headers", type=int, default=4000, help="headers of 1,000 bytes")
     parser.add_argument("--connections", type=int, default=3000)
+    parser.add_argument("--budget-mib", type=int, default=128, help="--max-buffered-bytes")
     parser.add_argument("--token-file", help="start the router with --picker-token-file")
     args = parser.parse_args()
     port, picker = free_port(), free_port()
-    router = start_router(port, picker, args.token_file)
+    router = start_router(port, picker, args.token_file, args.budget_mib)
     try:
         asyncio.run(flood(args, router, port, picker))
     finally:

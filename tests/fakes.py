@@ -38,7 +38,7 @@ from tpuserve_operator.observed import PodView
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.policies import RouteRequest
-from tpuserve_router.server import HttpRequest, serve
+from tpuserve_router.server import HttpRequest, serve, status_line
 
 Watcher = Callable[[str, Mapping[str, Any]], None]  # event type (ADDED, MODIFIED, DELETED), body
 ObjectKey = tuple[str, str, str, str]  # apiVersion, kind, namespace, name
@@ -582,7 +582,8 @@ def pod_manifest(
 # `StubWorker` is an SGLang-compatible worker on loopback that answers at once, or misbehaves
 # as a test asks (`mode`): 500 to every generation request while /health passes, never
 # answering, an answer larger than the router's cap, a stream that never ends, a stream that
-# stalls after its first event, or ("stream") answers every request with a short whole stream.
+# stalls after its first event, or ("stream") answers every request with a short whole stream,
+# or ("twice") writes two whole answers to each request in one write.
 # Set `frozen`, it reads every request and answers none (a stopped engine: probes too).
 # It counts what it saw and records `/abort_request` calls, so tests assert on counts and
 # state, never on time. It runs in the test's event loop.
@@ -594,7 +595,8 @@ STUB_COMPLETION = (
     b'"completion_tokens":1,"total_tokens":4}}'
 )
 STUB_EVENT = b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":" a"}]}\n\n'
-STUB_MODES = ("ok", "error_500", "hang", "big", "flood", "stall", "stream")
+STUB_SECOND = b'{"second":"an answer no request asked for"}'
+STUB_MODES = ("ok", "error_500", "hang", "big", "flood", "stall", "stream", "twice")
 
 
 class StubWorker:
@@ -614,6 +616,7 @@ class StubWorker:
         self.headers: list[list[tuple[bytes, bytes]]] = []  # of each generation request
         self.release = asyncio.Event()  # lets "hang" requests answer
         self.frozen = False  # answers nothing at all (a stopped engine), whatever the mode
+        self.server_info: dict[str, Any] | None = None  # its /server_info, when set
         self._server: asyncio.Server | None = None
 
     @property
@@ -643,6 +646,8 @@ class StubWorker:
             cards = [{"id": STUB_MODEL, "object": "model", "parent": None}]
             cards += [{"id": a, "object": "model", "parent": STUB_MODEL} for a in self.adapters]
             request.respond(200, json, orjson.dumps({"object": "list", "data": cards}))
+        elif path == "/server_info" and self.server_info is not None:
+            request.respond(200, json, orjson.dumps(self.server_info))
         elif path == "/abort_request":
             self.aborted.append(str(orjson.loads(request.body or b"{}").get("rid")))
             request.respond(200, json, b"{}")
@@ -680,6 +685,11 @@ class StubWorker:
             request.write_chunk(STUB_EVENT)
             request.write_chunk(b"data: [DONE]\n\n")
             request.end_chunked()
+        elif mode == "twice":  # two whole answers in one write: the second to no request
+            transport = request._conn.transport
+            assert transport is not None
+            request.head_sent = request.finished = True
+            transport.write(_whole_answer(json, STUB_COMPLETION) + _whole_answer(json, STUB_SECOND))
         elif mode == "stall":
             request.start_chunked(200, b"content-type: text/event-stream\r\n")
             request.write_chunk(STUB_EVENT)
@@ -687,6 +697,10 @@ class StubWorker:
             request.end_chunked()
         else:
             raise ValueError(f"mode {mode!r}: allowed {', '.join(STUB_MODES)}")
+
+
+def _whole_answer(headers: bytes, body: bytes) -> bytes:
+    return status_line(200) + headers + b"content-length: %d\r\n\r\n" % len(body) + body
 
 
 @contextlib.asynccontextmanager

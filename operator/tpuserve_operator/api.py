@@ -1085,6 +1085,20 @@ class InferencePoolSpec(Schema):
             "gatewayFrom with an ipBlock."
         ),
     )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description=(
+            "tokenSecretRef names the Secret key holding the gateway's token (16 to 4096 "
+            "printable characters): mounted read-only into the router's pods "
+            "(--picker-token-file), the picker then refuses every stream without the gRPC "
+            "metadata 'authorization: Bearer <token>' (UNAUTHENTICATED), and counts the "
+            "gateway's answer statuses for outlier ejection. The gateway must send it with its "
+            "ext_proc streams (Envoy: the ext_proc filter's grpc_service.initial_metadata; "
+            "docs/gateway.md). A router restart reads a new token. Default: unset, no token "
+            "(gateways that build their ext_proc configuration from the InferencePool offer "
+            "no way to add metadata; the NetworkPolicy keeps the port to the gateway)."
+        ),
+    )
 
 
 class PdRoleSpec(Schema):

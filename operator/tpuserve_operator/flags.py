@@ -83,6 +83,22 @@ def _none_if_empty(text: str) -> str | None:
     return text or None
 
 
+def _networks(text: str) -> tuple[str, ...]:
+    """Comma-separated CIDRs, each checked (the routers' --worker-networks)."""
+    import ipaddress
+
+    networks = tuple(part.strip() for part in text.split(",") if part.strip())
+    for network in networks:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--router-worker-networks: {network!r} is not an IP network; allowed: CIDRs "
+                "such as 10.0.0.0/8 or fd00::/8, comma-separated, or empty (any address)"
+            ) from None
+    return networks
+
+
 # Operator settings that shape the children (RenderConfig), set by both commands.
 RENDER_FLAGS: tuple[Flag, ...] = (
     Flag(
@@ -108,6 +124,15 @@ RENDER_FLAGS: tuple[Flag, ...] = (
         "router_replicas",
         "Router replicas of servers that set none (default: %(default)s).",
         kind=cli_types.positive_int,
+    ),
+    Flag(
+        "--router-worker-networks",
+        "router_worker_networks",
+        "The networks (CIDRs, comma-separated) the routers may dial: their --worker-networks, "
+        "so a discovered pod or a KV-event endpoint outside the cluster's pod network is "
+        "never dialled (default: none, the router's own default).",
+        kind=_networks,
+        metavar="CIDR[,CIDR]",
     ),
     Flag(
         "--network-policy",

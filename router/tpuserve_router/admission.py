@@ -28,7 +28,7 @@ from tpuserve_router.metrics import (
     touch_worker_series,
 )
 from tpuserve_router.proxy import UpstreamPool
-from tpuserve_router.worker_networks import Network, endpoint_problem
+from tpuserve_router.worker_networks import Network, advertised_endpoint_problem, endpoint_problem
 from tpuserve_router.workers import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class Admission:
             self.on_routable()  # held requests go now that its models are known
         if self.kv is not None and self.registry.get(worker.name) is worker:
             endpoints = await self._kv_endpoints(worker)
-            problem = self._kv_endpoints_problem(endpoints) if endpoints else None
+            problem = self._kv_endpoints_problem(worker, endpoints) if endpoints else None
             if problem:
                 log.warning("worker %s: not subscribing to KV events: %s", worker.name, problem)
             elif endpoints is not None:
@@ -169,10 +169,19 @@ class Admission:
             except Exception:  # a bug must not end the refreshes silently
                 log.exception("refreshing the workers' models failed")
 
-    def _kv_endpoints_problem(self, streams: list[Endpoints]) -> str | None:
+    def _kv_endpoints_problem(self, worker: Worker, streams: list[Endpoints]) -> str | None:
+        """Why the worker's KV-event endpoints may not be dialled: one given with the worker
+        must be inside ``--worker-networks``; one its ``/server_info`` named, at its own host
+        or inside them (without the flag: `DEFAULT_NETWORKS`)."""
+        given = bool(worker.kv_events_endpoint)
         for endpoints in streams:
             for endpoint in (endpoints.events, endpoints.replay):
-                problem = endpoint_problem(endpoint, self.networks) if endpoint else None
+                if not endpoint:
+                    continue
+                if given:
+                    problem = endpoint_problem(endpoint, self.networks)
+                else:
+                    problem = advertised_endpoint_problem(endpoint, worker.host, self.networks)
                 if problem:
                     return problem
         return None

@@ -13,8 +13,10 @@ a key of FILE, else 401. FILE is JSON::
 A key is given in clear (``key``) or as the hex SHA-256 of it (``key_sha256``, so the
 Secret need not hold the key itself). Only SHA-256 digests are kept in memory; a presented
 key is hashed and its digest looked up, then compared with `hmac.compare_digest` (constant
-time). ``tenant`` names who the key belongs to in metrics (at most `MAX_TENANT_LABELS`
-tenants get a label of their own; the rest are ``other``); ``priority`` is its class
+time). ``tenant`` names who the key belongs to (logs, the hold queues' fairness); metrics
+never name it: they name a key by `key_id`, the first 12 hex digits of its SHA-256 (at most
+`MAX_KEY_LABELS` keys get a label of their own, the rest ``other``), which says nothing of
+the tenant and gives nothing of the key away; ``priority`` is its class
 (`PRIORITIES`, default ``normal``) for overload shedding; the per-minute limits (absent:
 unlimited) are enforced by `quotas`; ``admin: true`` lets the key use the admin API.
 
@@ -43,8 +45,9 @@ log = logging.getLogger(__name__)
 PRIORITIES: Final = ("critical", "high", "normal", "low")
 """Priority classes, most important first; shed in the reverse order (`quotas`)."""
 DEFAULT_PRIORITY: Final = "normal"
-OTHER_TENANT: Final = "other"
-MAX_TENANT_LABELS: Final = 100
+OTHER_KEY: Final = "other"
+MAX_KEY_LABELS: Final = 100
+KEY_ID_HEX: Final = 12
 MAX_KEYS_FILE_BYTES: Final = 4 * 1024 * 1024
 _TENANT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _HEX_SHA256: Final = re.compile(r"[0-9a-f]{64}")
@@ -60,7 +63,7 @@ class ApiKey:
 
     digest: bytes
     tenant: str
-    label: str  # the tenant as metrics name it (the tenant, or `OTHER_TENANT`)
+    label: str  # the key as metrics name it (`key_id`, or `OTHER_KEY`): never the tenant
     priority: str
     requests_per_minute: int | None
     tokens_per_minute: int | None
@@ -72,6 +75,12 @@ _sha256 = hashlib.sha256
 
 def digest_of(key: bytes) -> bytes:
     return _sha256(key).digest()
+
+
+def key_id(digest: bytes) -> str:
+    """A key as metrics name it: how its hex SHA-256 (a keys file's ``key_sha256``) begins,
+    `KEY_ID_HEX` digits."""
+    return digest.hex()[:KEY_ID_HEX]
 
 
 def parse_keys(data: bytes, source: str) -> dict[bytes, ApiKey]:
@@ -122,8 +131,7 @@ def parse_keys(data: bytes, source: str) -> dict[bytes, ApiKey]:
             parsed.append((digest, entry))
     if problems:
         raise KeysFileError("; ".join(problems))
-    tenants = sorted({entry["tenant"] for _, entry in parsed})
-    labelled = set(tenants[:MAX_TENANT_LABELS])
+    labelled = set(sorted(digest for digest, _ in parsed)[:MAX_KEY_LABELS])
     keys: dict[bytes, ApiKey] = {}
     for digest, entry in parsed:
         if digest in keys:
@@ -134,7 +142,7 @@ def parse_keys(data: bytes, source: str) -> dict[bytes, ApiKey]:
         keys[digest] = ApiKey(
             digest=digest,
             tenant=tenant,
-            label=tenant if tenant in labelled else OTHER_TENANT,
+            label=key_id(digest) if digest in labelled else OTHER_KEY,
             priority=entry.get("priority", DEFAULT_PRIORITY),
             requests_per_minute=entry.get("requests_per_minute"),
             tokens_per_minute=entry.get("tokens_per_minute"),

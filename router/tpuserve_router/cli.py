@@ -146,7 +146,8 @@ OPTIONS: tuple[Option, ...] = (
         _comma_list,
         "Only dial workers (and KV-event endpoints) at IPs in these networks; discovered pods "
         "outside them are not routed and are listed under `rejected` by GET /workers "
-        "(default: any address).",
+        "(default: any address; a KV-event endpoint a worker's /server_info names only at its "
+        "own host or in loopback and private ranges).",
         metavar="CIDR[,CIDR]",
     ),
     Option(

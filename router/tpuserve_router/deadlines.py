@@ -13,6 +13,15 @@ than ``--min-prefill-rate`` tokens/s of prefill (or ``--min-decode-rate`` tokens
 decoding) counts as stuck. For a stream the same time bounds its first body chunk, since
 SGLang sends a stream's head before the first token; after that, ``--stream-idle-timeout``
 bounds every gap.
+
+Past the time a stream would have (`FirstByteBudget.alive_seconds`: floor and prefill), a
+request without its answer's head waits on only while its worker shows it is alive, with
+health checks on: a probe passed since (asked again every such period); a probe that failed
+with none passed ends the wait there (`forwarding.liveness`; issue 57 item 8: a hung
+worker held every non-streamed request without ``max_tokens`` for the cap, 600 s, until the
+probes ejected it). A worker whose probes pass keeps such a request to the cap; when its
+client leaves past that time and the worker answered nobody meanwhile, the worker is counted
+a failure (`forwarding._stuck`), so outlier detection ejects an engine that answers nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +35,11 @@ class FirstByteBudget:
     cap_seconds: float
     prefill_tokens_per_second: float
     decode_tokens_per_second: float
+
+    def alive_seconds(self, prompt_tokens: int, ahead: int) -> float:
+        """Seconds after which only a worker that shows it is alive is waited for: what a
+        stream of this prompt is given (its first token)."""
+        return self.seconds(prompt_tokens, None, True, ahead)
 
     def seconds(
         self, prompt_tokens: int, max_new_tokens: int | None, stream: bool, ahead: int

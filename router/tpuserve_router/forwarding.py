@@ -328,14 +328,20 @@ class Forwarder:
         first_byte = self.first_byte.seconds(
             parsed.prompt_tokens, parsed.max_new_tokens, parsed.stream, worker.in_flight
         )
+        alive = None
+        if self.config.health_check_interval_seconds > 0:  # probes say whether it is alive
+            seconds = self.first_byte.alive_seconds(parsed.prompt_tokens, worker.in_flight)
+            alive = (seconds, liveness(worker))
         worker.in_flight += 1
         upstream: UpstreamConnection | None = None
         outcome = UNFINISHED
+        sent = time.monotonic()
         try:
             payload = upstream_request(routed.request, pool.host_header, routed.forwarded)
             upstream = await pool.open(
-                lambda conn: self._send(conn, payload, routed.since, first_byte)
+                lambda conn: self._send(conn, payload, routed.since, first_byte, alive)
             )
+            worker.answered_at = time.monotonic()
             status = upstream.status
             if status in RETRYABLE_STATUSES and self._retry(True, retries, worker, candidates):
                 outcome = self._refused(worker, status)
@@ -343,10 +349,14 @@ class Forwarder:
                 outcome = await self._relay_whole(routed, decision, upstream, retries, candidates)
             else:
                 outcome = await self._relay_stream(routed, decision, upstream, model)
+            if upstream.done and upstream.error is not None:  # bytes past the answer's end
+                self.ledger.worker_failed(worker, upstream.error.reason)
         except UpstreamError as err:  # from `open`: no answer came
             outcome = self._unanswered(routed, err, worker, retries, candidates)
         except asyncio.CancelledError:  # the client went away (or stopped reading)
             outcome = CLIENT_GONE
+            if upstream is None and alive is not None and _stuck(worker, sent, alive[0]):
+                self.outliers.failed(worker)
             raise
         finally:
             self._ended(routed, decision, model, upstream, outcome)
@@ -490,13 +500,18 @@ class Forwarder:
         self.ledger.ended(decision, outcome.succeeded)
 
     async def _send(
-        self, upstream: UpstreamConnection, payload: bytes, arrived: float, first_byte: float
+        self,
+        upstream: UpstreamConnection,
+        payload: bytes,
+        arrived: float,
+        first_byte: float,
+        alive: tuple[float, Callable[[], bool | None]] | None = None,
     ) -> None:
         """Write the request and wait for the response head (`UpstreamPool.open`'s send)."""
         upstream.send(payload)
         left = self.config.request_timeout_seconds - (time.monotonic() - arrived)
         upstream.set_deadlines(
-            first_byte, max(0.001, left), self.config.stream_idle_timeout_seconds
+            first_byte, max(0.001, left), self.config.stream_idle_timeout_seconds, alive
         )
         await upstream.wait_head()
 
@@ -512,3 +527,30 @@ class Forwarder:
 def _abandoned(err: UpstreamError) -> str:
     """Why the worker should stop a request that failed with ``err`` ("": it has stopped)."""
     return "gave_up" if err.reason in ABANDONED else ""
+
+
+def liveness(worker: Worker) -> Callable[[], bool | None]:
+    """Whether ``worker`` has shown it is alive since the request was sent, then since the
+    last time it was asked: a health probe passed (True), only failed (False), or none ended
+    (None). A request without its answer's head waits past the floor only on True (a hung
+    worker's requests fail at the floor and go elsewhere, issue 57 item 8; a slow one that
+    answers its probes keeps them up to the whole first-byte timeout)."""
+    since = time.monotonic()
+
+    def verdict() -> bool | None:
+        nonlocal since
+        if worker.probe_passed_at > since:
+            since = time.monotonic()
+            return True
+        return False if worker.probe_failed_at > since else None
+
+    return verdict
+
+
+def _stuck(worker: Worker, sent: float, alive_seconds: float) -> bool:
+    """Whether a request whose client left before its answer's head says ``worker`` is
+    stuck: it waited past what a stream would get (``alive_seconds``) and the worker sent no
+    answer's head to anyone since it was sent. Counted as a failure for outlier ejection
+    (issue 57 item 8: an engine whose probes pass but which answers nothing was never ejected,
+    as a client leaving counted for nothing); a slow engine still answering others is not."""
+    return time.monotonic() - sent >= alive_seconds and worker.answered_at < sent

@@ -186,7 +186,7 @@ UPSTREAM_ERROR_REASONS: Final = (
     "retryable_status",  # 429 or 5xx before anything reached the client: retried
     "server_error",  # a 5xx answer passed on to the client
     "first_byte_timeout",  # no answer within the time derived for the request
-    "stream_broken",  # the connection broke after the response started
+    "stream_broken",  # the connection broke after the response started, or sent past its end
     "stream_stalled",  # a started answer sent nothing for --stream-idle-timeout
     "request_timeout",
     "response_too_large",  # over --max-response-bytes (or a head over --max-header-bytes)
@@ -372,20 +372,21 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
         ),
         tenant_requests=Counter(
             "tpuserve_router_tenant_requests_total",
-            "Requests of API keys answered by a worker, by tenant (the keys file's; at most "
-            "100 named, the rest 'other'), priority class and HTTP status.",
-            ["tenant", "priority", "status"],
+            "Requests of API keys answered by a worker, by key (its key id: the first 12 hex "
+            "digits of its SHA-256, never the tenant; at most 100, the rest 'other'), priority "
+            "class and HTTP status.",
+            ["key", "priority", "status"],
         ),
         tenant_tokens=Counter(
             "tpuserve_router_tenant_tokens_total",
             "Tokens API keys' requests were charged, each once as it ended (never negative), "
-            "by tenant and kind (prompt, completion).",
-            ["tenant", "kind"],
+            "by key (its key id) and kind (prompt, completion).",
+            ["key", "kind"],
         ),
         rate_limited=Counter(
             "tpuserve_router_rate_limited_total",
-            "Requests refused with 429, by tenant and limit (requests, tokens).",
-            ["tenant", "limit"],
+            "Requests refused with 429, by key (its key id) and limit (requests, tokens).",
+            ["key", "limit"],
         ),
         shed=Counter(
             "tpuserve_router_shed_total",

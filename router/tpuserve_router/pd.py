@@ -42,7 +42,9 @@ the request is retried on a new pair with a new room while ``--max-retries`` and
 budget allow (a worker that is gone, or a prefill that broke a handoff other than by a
 timeout, is retried without asking the budget: a dead prefill fails all its pairs at once).
 Each leg counts against its own worker's outlier ejection; a decode that fails
-because the KV never came (a bootstrap or transfer failure) counts against the prefill. No
+because the KV never came (a bootstrap or transfer failure, or the router's timeout on it
+while the prefill had not answered and the decode's probes did not fail) counts against the
+prefill. No
 healthy prefill (or decode) worker: the request goes to a colocated worker if there is one,
 else 503. The router never waits for a leg longer than ``--pd-handoff-timeout-seconds``, at
 most the engines' own ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` and ``..._WAITING_TIMEOUT``
@@ -67,7 +69,7 @@ import aiohttp
 import orjson
 
 from sglang_tpu import disaggregation
-from tpuserve_router.forwarding import Forwarder, Routed
+from tpuserve_router.forwarding import Forwarder, Routed, liveness
 from tpuserve_router.framing import forwarded_headers, response_headers, upstream_request
 from tpuserve_router.ledger import CLIENT_GONE, STREAM_ERROR, TryOutcome
 from tpuserve_router.pd_settings import DECODE, PREFILL, PdSettings
@@ -433,6 +435,7 @@ class PdRouter:
             ),
         )
         started = time.monotonic()
+        decode_alive = liveness(d_worker) if fwd.config.health_check_interval_seconds > 0 else None
         p_worker.in_flight += 1
         d_worker.in_flight += 1
         p_task = asyncio.ensure_future(
@@ -448,7 +451,7 @@ class PdRouter:
                 self._open(d_worker, payload(d_worker, data), routed.since, first_byte)
             )
             try:
-                d_conn, first = await self._decode_head(d_task, p_task, parsed.stream)
+                d_conn, first = await self._decode_head(d_task, p_task, parsed.stream, decode_alive)
             except LegFailed as err:
                 failed = err
                 return err
@@ -526,9 +529,12 @@ class PdRouter:
         d_task: asyncio.Future[UpstreamConnection],
         p_task: asyncio.Future[bytes],
         stream: bool,
+        decode_alive: Callable[[], bool | None] | None = None,
     ) -> tuple[UpstreamConnection, bytes]:
         """The decode's connection once its answer is committed: its head and, for a stream,
-        its first body chunk (returned). A prefill failure before then fails the pair."""
+        its first body chunk (returned). A prefill failure before then fails the pair; so
+        does a decode that timed out waiting for KV the prefill never sent (`_kv_never_came`:
+        the prefill had not answered, and the decode's health probes did not fail)."""
         try:
             legs: set[asyncio.Future[Any]] = {d_task, p_task}
             await asyncio.wait(legs, return_when=asyncio.FIRST_COMPLETED)
@@ -542,6 +548,8 @@ class PdRouter:
                     if err.reason in ("first_byte_timeout", "request_timeout")
                     else ("transport")
                 )
+                if _kv_never_came(err, p_task, decode_alive):
+                    raise _no_kv(err) from None
                 raise LegFailed(DECODE, kind, err.detail) from None
         except BaseException:
             if not d_task.done():
@@ -572,6 +580,8 @@ class PdRouter:
             try:
                 return conn, await read
             except UpstreamError as err:
+                if _kv_never_came(err, p_task, decode_alive):
+                    raise _no_kv(err) from None
                 raise LegFailed(DECODE, "transport", err.detail) from None
         except BaseException:
             if not read.done():
@@ -771,6 +781,27 @@ def _exception(task: asyncio.Future[Any]) -> BaseException:
     err = task.exception()
     assert err is not None
     return err
+
+
+def _kv_never_came(
+    err: UpstreamError,
+    p_task: asyncio.Future[bytes],
+    decode_alive: Callable[[], bool | None] | None,
+) -> bool:
+    """Whether a decode that timed out before its first token waited for KV that never came:
+    its prefill had not answered (SGLang's prefill answers once its KV is sent) and the
+    decode itself showed no sign of hanging (its health probes did not fail since the pair
+    began; with health checks off, nothing says so). Which leg's timer fires first is a race
+    between equal deadlines; this does not depend on it (issue 57, item 9)."""
+    if err.reason not in ("first_byte_timeout", "request_timeout"):
+        return False
+    if p_task.done() and not p_task.cancelled() and p_task.exception() is None:
+        return False  # the prefill sent its KV: the decode's own failure
+    return decode_alive is None or decode_alive() is not False
+
+
+def _no_kv(err: UpstreamError) -> LegFailed:
+    return LegFailed(PREFILL, "timeout", f"the decode got no KV from the prefill ({err.detail})")
 
 
 def _prefill_broke(failed: LegFailed) -> bool:

@@ -301,6 +301,7 @@ class EndpointPicker:
                 ("grpc.server_handshake_timeout_ms", int(config.header_timeout_seconds * 1000)),
                 ("grpc.max_connection_idle_ms", int(config.keep_alive_timeout_seconds * 1000)),
                 ("grpc.so_reuseport", 0),
+                ("grpc.http2.bdp_probe", 0),
             ],
             maximum_concurrent_rpcs=streams,  # over it: RESOURCE_EXHAUSTED, on every connection
         )
@@ -379,7 +380,11 @@ class EndpointPicker:
                     message = await context.read()
                     if message is grpc.aio.EOF:
                         return
-                    for reply in exchange.handle(message):
+                    try:
+                        replies = exchange.handle(message)
+                    finally:
+                        del message  # a message of megabytes is held no longer than its turn
+                    for reply in replies:
                         await context.write(reply)
             except asyncio.CancelledError:
                 if exchange.timed_out is None:  # the gateway went, or the router stops
@@ -390,7 +395,13 @@ class EndpointPicker:
         except StreamRefused as refused:
             exchange.close()
             self.metrics.picker_streams_refused.labels(refused.reason).inc()
-            await context.abort(refused.code, f"tpuserve picker: {refused.message}")
+            # Its traceback holds the frames that read the refused message (megabytes of
+            # headers, say) and the abort's error makes a cycle with it: only the collector
+            # would free them, so a flood of refused streams held every message it sent.
+            refused.__traceback__ = None
+            code, details = refused.code, f"tpuserve picker: {refused.message}"
+            del refused
+            await context.abort(code, details)
         finally:
             self._live.pop(exchange, None)
             self.streams -= 1

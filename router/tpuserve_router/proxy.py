@@ -27,6 +27,9 @@ import httptools
 
 READ_PAUSE_BYTES = 1 << 20  # stop reading from the worker while this much waits for the client
 TIMER_SLACK_SECONDS = 0.002
+ALIVE_RECHECK_SECONDS = 0.5
+"""How soon a request without a head asks again whether its worker is alive, when no health
+probe has ended since it last asked."""
 """How early a check may run and still count as due: the event loop's timers have a
 resolution of 1 ms (uvloop's), so one may fire a little before the time it was set for."""
 
@@ -58,6 +61,10 @@ DETACHED_PARSER = httptools.HttpResponseParser(_NoCallbacks())
 """What a closed connection holds instead of its parser."""
 
 
+class ExtraAnswer(Exception):
+    """Raised in the parser when a second answer begins after the one a request asked for."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection to a worker; one request at a time."""
 
@@ -78,6 +85,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._end_at = 0.0
         self._idle_seconds = 0.0
         self._given = 0.0  # first-byte seconds given to the current request
+        self._alive_at = math.inf  # when the worker must next show it is alive (no head yet)
+        self._alive_every = 0.0
+        self._alive: Callable[[], bool | None] | None = None
         self._seen = -1  # body chunks at the last deadline check
         self._paused = False
         self._reset()
@@ -95,6 +105,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.keep_alive = False
         self.error: UpstreamError | None = None
         self._check_at = math.inf  # when the current request's deadlines are next checked
+        self._alive = None  # its worker's liveness verdict (`set_deadlines`)
+        self._alive_at = math.inf
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -130,10 +142,16 @@ class UpstreamConnection(asyncio.Protocol):
             self._parse_failed(err)
 
     def _parse_failed(self, err: httptools.HttpParserError) -> None:
+        """The worker sent what is not the answer: invalid HTTP, or bytes past the answer's
+        end (`ExtraAnswer`: the answer is kept, its end the last byte relayed, and the
+        connection closed, never used again; `Forwarder` counts it against the worker)."""
+        detail = f"invalid HTTP from worker: {err}"
+        if isinstance(err.__context__, ExtraAnswer):
+            detail = "the worker sent bytes past the end of its answer"
         self._fail(
             UpstreamError(
                 "reset_before_response" if not self.head_ready else "stream_broken",
-                f"invalid HTTP from worker: {err}",
+                detail,
                 response_started=self.head_ready,
             )
         )
@@ -160,6 +178,10 @@ class UpstreamConnection(asyncio.Protocol):
                 self._fail(UpstreamError("reset_before_response", detail, errno=errno))
 
     # ------------------------------------------------------------------ httptools callbacks
+
+    def on_message_begin(self) -> None:
+        if self.done:  # an answer after the one asked for, even in the same write
+            raise ExtraAnswer  # the parse stops here: `_parse_failed`, a broken upstream
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
@@ -198,7 +220,11 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport.write(data)
 
     def set_deadlines(
-        self, first_byte_seconds: float, total_seconds: float, idle_seconds: float
+        self,
+        first_byte_seconds: float,
+        total_seconds: float,
+        idle_seconds: float,
+        alive: tuple[float, Callable[[], bool | None]] | None = None,
     ) -> None:
         """Fail the pending wait (and close) when the response has not started within
         ``first_byte_seconds`` (reason ``first_byte_timeout``), its body has sent nothing
@@ -207,14 +233,24 @@ class UpstreamConnection(asyncio.Protocol):
         ended within ``total_seconds`` (``request_timeout``). One timer serves all three, and
         the connection's next requests: it is not cancelled when a response ends, so a request
         on a kept-alive connection usually finds it set for an earlier time and leaves it
-        (`_arm`) rather than paying for a timer of its own."""
+        (`_arm`) rather than paying for a timer of its own.
+
+        ``alive``: (seconds, verdict): from ``seconds`` on, while no head has come, the wait
+        goes on only while ``verdict()`` says the worker is alive (True: asked again
+        ``seconds`` later; None, nothing known yet: asked again in `ALIVE_RECHECK_SECONDS`;
+        False: ``first_byte_timeout`` now)."""
         now = self.loop.time()
+        if alive is not None and alive[0] < first_byte_seconds:
+            self._alive_every, self._alive = alive
+            self._alive_at = now + alive[0]
+        else:
+            self._alive, self._alive_at = None, math.inf
         self._first_byte_at = now + first_byte_seconds
         self._end_at = now + total_seconds
         self._idle_seconds = idle_seconds
         self._given = first_byte_seconds
         self._seen = -1
-        self._arm(min(self._first_byte_at, self._end_at))
+        self._arm(min(self._first_byte_at, self._alive_at, self._end_at))
 
     def watch_progress(self) -> None:
         """The body is about to be relayed as it comes (a stream): check its progress from
@@ -331,6 +367,9 @@ class UpstreamConnection(asyncio.Protocol):
         # that took that for "not yet" looked again only an idle period later (issue 57, 8).
         if not self.head_ready and due >= self._first_byte_at:
             reason, detail = "first_byte_timeout", f"no answer within {self._given:.3g} s"
+        elif not self.head_ready and due >= self._alive_at and not self._still_alive(now):
+            reason = "first_byte_timeout"
+            detail = f"no answer within {self._alive_every:.3g} s, and no health probe passed"
         elif due >= self._end_at:
             reason, detail = "request_timeout", "the request's time is up"
         elif (
@@ -347,9 +386,17 @@ class UpstreamConnection(asyncio.Protocol):
         self._fail(UpstreamError(reason, detail, response_started=self.head_ready))
         self.close()
 
+    def _still_alive(self, now: float) -> bool:
+        """Ask the worker's liveness verdict (`set_deadlines`' ``alive``); when to ask next."""
+        verdict = self._alive() if self._alive is not None else True
+        if verdict is False:
+            return False
+        self._alive_at = now + (self._alive_every if verdict else ALIVE_RECHECK_SECONDS)
+        return True
+
     def _check_again(self, now: float) -> None:
         if not self.head_ready:  # no answer yet: its own deadline, not an idle period on
-            next_check = self._first_byte_at
+            next_check = min(self._first_byte_at, self._alive_at)
         else:
             next_check = now + self._idle_seconds
             if not self.body_chunks:

@@ -7,12 +7,19 @@ router logs it once), a ``--worker`` outside them is a start-up error, and ``POS
 answers 400. Host names are refused when networks are set, since the address they resolve to
 is not known in advance. A cluster can pin its pod network this way; the end-to-end tests pin
 ``127.0.0.0/8`` so that nothing ever dials the fake pod IPs of a kwok cluster.
+
+What a worker names rather than what the router was given is bounded even without the flag: a
+KV-event endpoint a worker's ``/server_info`` names (``kv_events_config.endpoint`` may name
+any host) is dialled only at the worker's own host or inside `DEFAULT_NETWORKS` (loopback and
+the private ranges pods have), never at a public or link-local address (169.254.169.254, the
+metadata server) a hostile or misconfigured engine chose (issue 57, item 7).
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url
 
@@ -31,6 +38,14 @@ def parse_networks(values: Iterable[str]) -> tuple[Network, ...]:
                 "127.0.0.0/8, 10.0.0.0/8 or fd00::/8"
             ) from None
     return tuple(networks)
+
+
+DEFAULT_NETWORKS_TEXT: Final = (
+    "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+    "::1/128", "fc00::/7",
+)  # fmt: skip
+"""Loopback, RFC 1918, RFC 6598 (GKE may give pods these) and IPv6 unique local addresses:
+where a worker's KV-event endpoints may be without ``--worker-networks``."""
 
 
 def host_problem(host: str, networks: Sequence[Network]) -> str | None:
@@ -82,3 +97,19 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+DEFAULT_NETWORKS: Final = parse_networks(DEFAULT_NETWORKS_TEXT)
+
+
+def advertised_endpoint_problem(
+    endpoint: str, worker_host: str, networks: Sequence[Network]
+) -> str | None:
+    """Why a KV-event endpoint a worker advertised (``/server_info``) may not be dialled:
+    at the worker's own host it may; elsewhere it must be inside ``networks``, or
+    `DEFAULT_NETWORKS` when none were given."""
+    scheme, sep, rest = endpoint.partition("://")
+    host = rest.rpartition(":")[0] if sep and scheme == "tcp" else ""
+    if host and host.strip("[]") == worker_host.strip("[]"):
+        return None
+    return endpoint_problem(endpoint, networks or DEFAULT_NETWORKS)

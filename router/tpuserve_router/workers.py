@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,6 +170,7 @@ class Worker:
     __slots__ = (
         "adapters",
         "announced_in_flight",
+        "answered_at",
         "bootstrap_port",
         "consecutive_failures",
         "context_tokens",
@@ -192,7 +194,9 @@ class Worker:
         "peer_prefill_tokens",
         "pool",
         "port",
+        "probe_failed_at",
         "probe_failed_while_ejected",
+        "probe_passed_at",
         "returned_at",
         "role",
         "stats",
@@ -212,6 +216,9 @@ class Worker:
         self.health_ok = False  # routable once the first health check passes
         self.health_failures = 0
         self.health_successes = 0
+        self.probe_passed_at = 0.0  # time.monotonic() of its last passing health check
+        self.probe_failed_at = 0.0  # and of its last failing one
+        self.answered_at = 0.0  # time.monotonic() of the last answer's head it sent (forwarding)
         self.ejected = False  # as an outlier (see tpuserve_router.outliers)
         self.probe_failed_while_ejected = False
         self.ejected_until = 0.0
@@ -243,6 +250,7 @@ class Worker:
 
     def health_check_passed(self, success_threshold: int) -> bool:
         """Record a passing check; True if this re-admitted the worker."""
+        self.probe_passed_at = time.monotonic()
         self.health_failures = 0
         self.health_successes += 1
         was = self.healthy
@@ -256,6 +264,7 @@ class Worker:
 
     def health_check_failed(self, failure_threshold: int) -> bool:
         """Record a failed check; True if this ejected the worker."""
+        self.probe_failed_at = time.monotonic()
         self.health_successes = 0
         self.health_failures += 1
         if self.ejected:

@@ -295,6 +295,7 @@ BAD_VALUES = [
     ("operator.watchNamespaces[0]=Team_A", "/operator/watchNamespaces/0"),
     ("pricing[0].generation=v9", "/pricing/0/generation"),
     ("tests.routerUrls[0]=router:8000", "/tests/routerUrls/0"),
+    ("router.workerNetworks[0]=pods", "/router/workerNetworks/0"),
     ("operator.replica=2", "additional properties 'replica' not allowed"),
 ]
 
@@ -336,3 +337,14 @@ def test_keda_prometheus_url_reaches_the_operator_and_it_may_manage_scaled_objec
     assert keda["resources"] == ["scaledobjects"]  # not ScaledJobs nor TriggerAuthentications
     default = operator_args(render())
     assert "--keda-prometheus-url=http://prometheus-operated.monitoring.svc:9090" in default
+
+
+def test_the_pod_network_reaches_the_operator_for_its_routers(
+    render: Render, tmp_path: Path
+) -> None:
+    """router.workerNetworks becomes the operator's --router-worker-networks (its routers'
+    --worker-networks, issue 57 item 3); unset, no flag: the router's own default."""
+    values = tmp_path / "networks.yaml"
+    values.write_text(yaml.safe_dump({"router": {"workerNetworks": ["10.4.0.0/14", "fd00::/8"]}}))
+    assert "--router-worker-networks=10.4.0.0/14,fd00::/8" in operator_args(render([values]))
+    assert not [a for a in operator_args(render()) if a.startswith("--router-worker-networks")]

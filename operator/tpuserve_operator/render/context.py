@@ -75,6 +75,8 @@ class RenderConfig:
     router_resources: Mapping[str, Any] = field(
         default_factory=lambda: copy.deepcopy(DEFAULT_ROUTER_RESOURCES)
     )
+    # The routers' --worker-networks (the cluster's pod network); empty: the router's default.
+    router_worker_networks: tuple[str, ...] = ()
     network_policy: Literal["engines", "none"] = "engines"  # render/network_policy.py
     metrics_from: tuple[Mapping[str, Any], ...] = DEFAULT_METRICS_FROM  # NetworkPolicy peers
     # The namespace of the operator's pods, admitted to engines' HTTP port to read cold

@@ -12,6 +12,8 @@ reference picker serves it). ``failureMode`` comes from the spec.
 The gateway dials the endpoints the picker names, so the engines' NetworkPolicy admits the
 gateway (``gatewayFrom``, else every pod of ``gatewayNamespace``, by default the server's own
 namespace; never any source) on the HTTP port, and the router's admits it on the picker port.
+With ``tokenSecretRef`` the router's pods mount that Secret key read-only and run with
+``--picker-token-file``: a stream without the gateway's token is refused.
 
 A pool of that name which the operator did not create is never applied nor deleted
 (`tpuserve_operator.gateway`): shared ownership, as the Inference Extension asks of
@@ -25,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from tpuserve_operator import labels, launch_contract
+from tpuserve_operator.api import SecretKeyRef
 from tpuserve_operator.errors import Problem
 from tpuserve_operator.render.context import Manifest, RenderConfig, Server
 
@@ -36,6 +39,8 @@ PLURAL: Final = "inferencepools"
 PICKER_PORT: Final = 9002
 """The router's picker port (`tpuserve router --picker-port`), the reference picker's."""
 PICKER_PORT_NAME: Final = "picker"
+PICKER_TOKEN_DIR: Final = "/etc/tpuserve/picker"
+PICKER_TOKEN_VOLUME: Final = "picker-token"
 APP_PROTOCOL: Final = "http2"
 """The picker Service port's appProtocol, as the Inference Extension's own picker Services
 have it (gRPC over TLS: the router runs with --picker-tls)."""
@@ -165,8 +170,37 @@ def pool_children(server: Server) -> list[Manifest]:
 
 def picker_args(server: Server) -> list[str]:
     """The router's flags turning its picker on, with TLS (a self-signed certificate, which
-    gateways dial without verifying, as they dial the Inference Extension's own pickers)."""
-    return [f"--picker-port={PICKER_PORT}", "--picker-tls"] if wants_pool(server) else []
+    gateways dial without verifying, as they dial the Inference Extension's own pickers),
+    and the gateway's token file when ``tokenSecretRef`` names one."""
+    if not wants_pool(server):
+        return []
+    args = [f"--picker-port={PICKER_PORT}", "--picker-tls"]
+    token = _token_ref(server)
+    if token is not None:
+        args.append(f"--picker-token-file={PICKER_TOKEN_DIR}/{token.key}")
+    return args
+
+
+def picker_token_volume(server: Server) -> tuple[list[Manifest], list[Manifest]]:
+    """The router container's mount and the pod's volume of the gateway's token (the key of
+    ``tokenSecretRef`` alone, read-only), or none."""
+    token = _token_ref(server)
+    if not wants_pool(server) or token is None:
+        return [], []
+    mount = {"name": PICKER_TOKEN_VOLUME, "mountPath": PICKER_TOKEN_DIR, "readOnly": True}
+    volume = {
+        "name": PICKER_TOKEN_VOLUME,
+        "secret": {
+            "secretName": token.name,
+            "items": [{"key": token.key, "path": token.key}],
+        },
+    }
+    return [mount], [volume]
+
+
+def _token_ref(server: Server) -> SecretKeyRef | None:
+    pool = server.valid.spec.inference_pool
+    return pool.token_secret_ref if pool is not None else None
 
 
 def picker_container_ports(server: Server) -> list[Manifest]:

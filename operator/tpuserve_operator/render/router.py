@@ -56,7 +56,11 @@ from tpuserve_operator.render.context import (
     stable_hash,
 )
 from tpuserve_operator.render.demand import demand_lease, hold_args, lease_rule
-from tpuserve_operator.render.inference_pool import picker_args, picker_container_ports
+from tpuserve_operator.render.inference_pool import (
+    picker_args,
+    picker_container_ports,
+    picker_token_volume,
+)
 from tpuserve_operator.render.network_policy import router_network_policy
 from tpuserve_operator.render.pdb import router_disruption_budget
 from tpuserve_operator.render.pod import termination
@@ -120,6 +124,9 @@ def router_args(server: Server) -> list[str]:
     if api_keys is not None:
         args.append(f"--api-keys-file={API_KEYS_DIR}/{api_keys.key}")
     args.append(f"--admin-port={ROUTER_ADMIN_PORT}")
+    networks = server.config.router_worker_networks
+    if networks:  # the pod network: nothing a pod or an engine names outside it is dialled
+        args.append(f"--worker-networks={','.join(networks)}")
     args += buffer_args(_resources(server))
     args += peer_args(server)
     kv_events = server.valid.spec.router.kv_events
@@ -254,6 +261,9 @@ def router_deployment(server: Server, config: Manifest) -> Manifest:
         # as long as the engines': requests in flight through it may take maxRequestSeconds
         "terminationGracePeriodSeconds": termination(server).grace_seconds,
     }
+    token_mounts, token_volumes = picker_token_volume(server)
+    container["volumeMounts"].extend(token_mounts)
+    pod_spec["volumes"].extend(token_volumes)
     api_keys = spec.router.api_keys
     if api_keys is not None:  # a whole-Secret mount (no subPath), so updates reach the pod
         container["volumeMounts"].append(

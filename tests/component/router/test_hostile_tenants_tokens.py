@@ -37,6 +37,7 @@ from tests.component.router.router_fleet import (
 )
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
+from tpuserve_router.auth import digest_of, key_id
 from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
@@ -93,7 +94,8 @@ def tenant_tokens(app: RouterApp) -> float:
     registry = app.metrics.registry
     return sum(
         registry.get_sample_value(
-            "tpuserve_router_tenant_tokens_total", {"tenant": "hostile", "kind": kind}
+            "tpuserve_router_tenant_tokens_total",
+            {"key": key_id(digest_of(KEY.encode())), "kind": kind},
         )
         or 0.0
         for kind in ("prompt", "completion")

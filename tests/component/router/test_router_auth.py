@@ -17,6 +17,7 @@ import pytest
 from tests.fakes import STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
+from tpuserve_router.auth import digest_of, key_id
 
 pytestmark = pytest.mark.component
 
@@ -36,6 +37,11 @@ ENTRIES = [
     {"key": KEYS["thrifty"], "tenant": "trial", "tokens_per_minute": 5},
     {"key": KEYS["admin"], "tenant": "ops", "admin": True},
 ]
+
+
+def key_label(name: str) -> str:
+    """How metrics name the key `KEYS[name]`: its key id, never its tenant."""
+    return key_id(digest_of(KEYS[name].encode()))
 
 
 def router(
@@ -77,11 +83,16 @@ async def test_only_a_known_key_is_served(tmp_path: Path) -> None:
             assert answer.status == 200  # probes need no key
         assert sample(app, "tpuserve_router_auth_failures_total", reason="missing") == 2
         assert sample(app, "tpuserve_router_auth_failures_total", reason="invalid") == 1
+        normal = key_label("normal")
         assert sample(
             app, "tpuserve_router_tenant_requests_total",
-            tenant="acme", priority="normal", status="200",
+            key=normal, priority="normal", status="200",
         ) == 2  # fmt: skip
-        assert sample(app, "tpuserve_router_tenant_tokens_total", tenant="acme", kind="prompt") == 6
+        assert sample(app, "tpuserve_router_tenant_tokens_total", key=normal, kind="prompt") == 6
+        async with session.get(app.base_url + "/metrics") as answer:
+            exposed = await answer.text()
+        assert f'key="{normal}"' in exposed
+        assert not [t for t in ("acme", "batch", "trial", "ops") if f'"{t}"' in exposed]
         credentials = {b"authorization", b"x-api-key"}
         assert all(not credentials & {name for name, _ in h} for h in worker.headers)
 
@@ -101,10 +112,19 @@ async def test_a_key_over_its_limits_gets_429_saying_when_to_return(tmp_path: Pa
         status, headers, _ = await complete(session, app, KEYS["thrifty"])
         assert (status, headers["x-ratelimit-limit-tokens"]) == (429, "5")
         assert (
-            sample(app, "tpuserve_router_rate_limited_total", tenant="trial", limit="requests") == 1
+            sample(
+                app,
+                "tpuserve_router_rate_limited_total",
+                key=key_label("limited"),
+                limit="requests",
+            )
+            == 1
         )
         assert (
-            sample(app, "tpuserve_router_rate_limited_total", tenant="trial", limit="tokens") == 1
+            sample(
+                app, "tpuserve_router_rate_limited_total", key=key_label("thrifty"), limit="tokens"
+            )
+            == 1
         )
         assert (await complete(session, app, KEYS["normal"]))[0] == 200  # others unaffected
 

@@ -11,7 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.fakes import STUB_MODEL, StubWorker, stub_router
+from tests.component.router.router_fleet import MODEL, EngineTwin, start_router, wait_ready
+from tests.fakes import STUB_COMPLETION, STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
@@ -217,3 +218,213 @@ def test_a_worker_that_hangs_whole_is_left_at_the_first_byte_floor_then_ejected(
             await client.close()
 
     uvloop.run(main())
+
+
+GENERATION = b"POST /v1/chat/completions "
+
+
+class HangingFront:
+    """A real TCP server on loopback in front of an engine twin: it relays both ways until
+    `hang`, then accepts every connection and reads it, and answers nothing, on new
+    connections and kept-alive ones alike (a stopped engine: probes, look-ups and generation
+    requests). It counts the chat completions it swallowed (not the router's aborts)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.hung = False
+        self.generations_only = False  # hung for generation requests alone: probes pass
+        self.swallowed = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+
+    def hang(self, generations_only: bool = False) -> None:
+        self.generations_only = generations_only
+        self.hung = True
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        if self.hung and not self.generations_only:
+            await self._swallow(reader)
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers.append(up_writer)
+        back = asyncio.ensure_future(self._pipe(up_reader, writer))
+        self._tasks.add(back)
+        back.add_done_callback(self._tasks.discard)
+        await self._pipe(reader, up_writer, requests=True)
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: bool = False
+    ) -> None:
+        while data := await reader.read(65536):
+            stop = self.hung and (not self.generations_only or (requests and GENERATION in data))
+            if stop:  # what it holds now is never passed on, nor anything after
+                if requests:
+                    self.swallowed += data.count(GENERATION)
+                    await self._swallow(reader)
+                return
+            writer.write(data)
+        writer.close()
+
+    async def _swallow(self, reader: asyncio.StreamReader) -> None:
+        while data := await reader.read(65536):
+            self.swallowed += data.count(GENERATION)
+
+
+async def test_a_hung_tcp_worker_beside_twins_has_every_request_retried_at_the_floor(
+    engines: list[EngineTwin],
+) -> None:
+    """Issue 57 item 8, as the red team saw it: a worker that passed its probes and
+    admission look-ups, then accepts connections and answers nothing (a real TCP server on
+    loopback, in front of a twin), beside two twins, behind the default policy and health
+    checks; chat completions as the official client sends them, without ``max_tokens``
+    (non-streamed: the answer starts after the last token, so the time a working engine
+    would need is the cap, 600 s). Every request the hung worker took fails at its
+    first-byte floor (the worker answers no health probe meanwhile) and is answered by a
+    twin, none is left for the ejection (``worker_down``) or its client; then the worker is
+    ejected."""
+    import openai
+
+    front = HangingFront(engines[0].port)
+    await front.start()
+    config = RouterConfig(
+        workers=(front.url, engines[1].url, engines[2].url),
+        first_byte_timeout_floor_seconds=1.0,
+    )
+    app = await start_router(config)
+    try:
+        await wait_ready(app, 3)
+        front.hang()
+        name = front.url
+        async with openai.AsyncOpenAI(
+            base_url=app.base_url + "/v1", api_key="-", max_retries=0, timeout=300
+        ) as client:
+            answers = await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": f"hello {i} " * 8}]
+                    )
+                    for i in range(12)
+                )
+            )
+        assert all(a.choices[0].message.content is not None for a in answers)
+        assert front.swallowed >= 1  # it took some
+        timeouts = sample(
+            app, "tpuserve_router_upstream_errors_total", worker=name, reason="first_byte_timeout"
+        )
+        down = sample(
+            app, "tpuserve_router_upstream_errors_total", worker=name, reason="worker_down"
+        )
+        assert (timeouts, down) == (front.swallowed, 0)
+        await eventually_async(
+            lambda: not app.registry.workers[0].healthy,
+            what="the hung worker ejected",
+            timeout_seconds=30,
+        )
+    finally:
+        await app.stop()
+        await front.stop()
+
+
+async def test_two_answers_in_one_write_are_relayed_as_the_first_and_count_as_broken() -> None:
+    """Issue 57 item 9: a worker that writes two whole answers to one request in one write.
+    The client gets the first answer, byte for byte, never the two run together; the bytes
+    past its end are a broken upstream (``stream_broken``, counted against the worker) and
+    the connection is not used again."""
+    twice, ok = StubWorker("twice"), StubWorker()
+    async with router(twice, ok) as app:
+        bodies = []
+        async with aiohttp.ClientSession() as session:
+            for _ in range(6):
+                body = {"model": STUB_MODEL, "prompt": "hello", "max_tokens": 1}
+                async with session.post(app.base_url + "/v1/completions", json=body) as answer:
+                    assert answer.status == 200
+                    bodies.append(await answer.read())
+        assert twice.generation_requests >= 1
+        assert bodies == [STUB_COMPLETION] * 6
+        name = app.registry.workers[0].name
+        broken = sample(app, "tpuserve_router_upstream_errors_total", worker=name,
+                        reason="stream_broken")  # fmt: skip
+        assert broken == twice.generation_requests
+
+
+async def test_a_worker_whose_probes_pass_but_answers_no_request_is_ejected(
+    engines: list[EngineTwin],
+) -> None:
+    """Issue 57 item 8, the other hung worker: its /health (and look-ups) still answer, its
+    engine answers no generation request. Its probes pass, so it is alive to the first-byte
+    deadline and only the cap (600 s, no max_tokens) ends a wait; the clients leave first.
+    A client leaving past what a stream would get, from a worker that answered nobody since,
+    counts as its failure: after --outlier-consecutive-failures (5) it is ejected, and the
+    twins serve what follows. Before, a client leaving counted for nothing, and the worker
+    kept its share of the traffic."""
+    import openai
+
+    front = HangingFront(engines[0].port)
+    await front.start()
+    config = RouterConfig(
+        workers=(front.url, engines[1].url, engines[2].url),
+        first_byte_timeout_floor_seconds=1.0,
+    )
+    app = await start_router(config)
+    name = front.url
+    try:
+        await wait_ready(app, 3)
+        front.hang(generations_only=True)
+
+        def ejected() -> float:
+            return sample(
+                app, "tpuserve_router_worker_ejections_total", worker=name,
+                reason="consecutive_failures",
+            )  # fmt: skip
+
+        async with openai.AsyncOpenAI(
+            base_url=app.base_url + "/v1", api_key="-", max_retries=0, timeout=4
+        ) as client:
+            for batch in range(12):  # a bound: the worker is ejected long before
+                if ejected():
+                    break
+                await asyncio.gather(
+                    *(
+                        client.chat.completions.create(
+                            model=MODEL, messages=[{"role": "user", "content": f"q {batch} {i}"}]
+                        )
+                        for i in range(4)
+                    ),
+                    return_exceptions=True,
+                )
+            assert ejected() == 1
+            assert front.swallowed >= CONSECUTIVE
+            hung = app.registry.get(name)
+            assert hung is not None
+            assert hung.health_ok  # its probes passed throughout
+            answers = await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": f"after {i}"}]
+                    )
+                    for i in range(6)
+                )
+            )
+        assert all(a.choices[0].message.content is not None for a in answers)
+    finally:
+        await app.stop()
+        await front.stop()

@@ -41,6 +41,7 @@ from tests.fakes import StubWorker
 from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
 from tpuserve_router.app import RouterApp
+from tpuserve_router.auth import digest_of, key_id
 from tpuserve_router.config import ConfigError, RouterConfig
 from tpuserve_router.workers import Worker
 
@@ -391,7 +392,12 @@ async def check_api_keys(t: Target) -> None:
             await complete(oa)
     async with client(t) as oa:
         await complete(oa)
-    tenant = series(t.app, "tpuserve_router_tenant_requests_total", tenant="matrix", status="200")
+    tenant = series(
+        t.app,
+        "tpuserve_router_tenant_requests_total",
+        key=key_id(digest_of(KEY.encode())),
+        status="200",
+    )
     assert tenant == 1
 
 
@@ -408,7 +414,9 @@ async def check_token_limits(t: Target) -> None:
         with pytest.raises(openai.RateLimitError, match="lower max_tokens"):
             await complete(oa, max_tokens=400)
         await complete(oa, max_tokens=4)
-    charged = series(t.app, "tpuserve_router_tenant_tokens_total", tenant="limited")
+    charged = series(
+        t.app, "tpuserve_router_tenant_tokens_total", key=key_id(digest_of(LIMITED.encode()))
+    )
     assert 4 < charged <= 300
 
 

@@ -21,6 +21,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from grpc_health.v1 import health_pb2
 
+from tests.bench_scripts import load_bench_script
 from tests.component.router.gateway_emulator import PickerClient
 from tests.component.router.router_fleet import (
     MODEL,
@@ -314,3 +315,31 @@ async def test_the_engine_sees_the_routers_rid_and_the_client_its_own(
     assert ids == {"c"}
     assert ours.encode() not in result.body
     await eventually_async(lambda: settled(router), what="the request accounted for")
+
+
+FLOOD_BUDGET_MIB = 32
+MEMORY_ROOM = 100 * 1000 * 1000
+"""What a flood may add to the router's RSS beyond its buffer budget (issue 57)."""
+
+
+async def test_a_flood_of_large_header_messages_stays_within_the_buffer_budget() -> None:
+    """100 streams each sending one 1.9 MB headers message (under --picker-max-message-bytes,
+    over the 60 KiB header cap) to a router process with a 32 MiB buffer budget: every one
+    is refused, the HTTP port answers meanwhile, and the router's peak RSS grows by at most
+    the budget + 100 MB (it held every refused message, 200+ MiB, before)."""
+    floods = load_bench_script("picker_floods")
+    port, picker = floods.free_port(), floods.free_port()
+    router = floods.start_router(port, picker, None, FLOOD_BUDGET_MIB)
+    try:
+        at_rest = floods.memory_bytes(router.pid, "VmRSS")
+        ended, answered = await asyncio.gather(
+            floods.stream_flood(picker, 100, 1900), asyncio.to_thread(floods.answers, port)
+        )
+        peak = floods.memory_bytes(router.pid, "VmHWM")
+    finally:
+        router.terminate()
+        router.wait(30)
+    assert ended == {"RESOURCE_EXHAUSTED": 100}
+    assert answered == "yes"
+    growth = peak - at_rest
+    assert growth <= (FLOOD_BUDGET_MIB << 20) + MEMORY_ROOM, f"router RSS +{growth >> 20} MiB"

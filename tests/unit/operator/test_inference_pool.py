@@ -22,6 +22,7 @@ from tpuserve_operator.metrics import create_operator_metrics
 from tpuserve_operator.reconciler import Reconciler, ReconcilerSettings
 from tpuserve_operator.render import RenderConfig, Rendered
 from tpuserve_operator.render import inference_pool as pools
+from tpuserve_operator.render.context import ROUTER_PORT
 
 pytestmark = pytest.mark.unit
 
@@ -101,6 +102,52 @@ def test_failure_mode_defaults_to_fail_close_and_no_pool_means_no_picker(
     assert not [a for a in router["args"] if a.startswith("--picker-port")]
 
 
+def test_the_gateways_token_is_a_secret_mounted_read_only_for_the_picker(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    """Issue 57 item 2: with tokenSecretRef the router's pods mount that Secret key alone,
+    read-only, and run the picker with --picker-token-file naming it; without, no token."""
+    ref = {"name": "gateway-token", "key": "bearer"}
+    out = rendered(spec_with(inferencePool={"tokenSecretRef": ref}), inference_pool=True)
+    pod = child(out, "Deployment", "qwen-router")["spec"]["template"]["spec"]
+    (router,) = pod["containers"]
+    assert f"--picker-token-file={pools.PICKER_TOKEN_DIR}/bearer" in router["args"]
+    assert {"name": "picker-token", "mountPath": pools.PICKER_TOKEN_DIR, "readOnly": True} in (
+        router["volumeMounts"]
+    )
+    assert {
+        "name": "picker-token",
+        "secret": {"secretName": "gateway-token", "items": [{"key": "bearer", "path": "bearer"}]},
+    } in pod["volumes"]
+    plain = rendered(spec_with(inferencePool={}), inference_pool=True)
+    pod = child(plain, "Deployment", "qwen-router")["spec"]["template"]["spec"]
+    assert not [a for a in pod["containers"][0]["args"] if a.startswith("--picker-token-file")]
+    assert not [v for v in pod["volumes"] if v["name"] == "picker-token"]
+
+
+def test_the_rendered_token_flag_is_one_the_router_takes(
+    rendered: RenderFn, spec_with: SpecWith, tmp_path: Any
+) -> None:
+    """The router's own parser reads the rendered picker flags, the token file at the path
+    the Secret is mounted at (here a file of the same name)."""
+    from tpuserve_router.cli import build_config, configure
+
+    ref = {"name": "gateway-token"}
+    out = rendered(spec_with(inferencePool={"tokenSecretRef": ref}), inference_pool=True)
+    router = child(out, "Deployment", "qwen-router")["spec"]["template"]["spec"]["containers"][0]
+    token = tmp_path / "token"
+    token.write_text("a-gateway-token-0123456789\n")
+    args = [a for a in router["args"] if a.startswith("--picker")]
+    args = [a.replace(f"{pools.PICKER_TOKEN_DIR}/token", str(token)) for a in args]
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    config = build_config(parser.parse_args(args), environ={}).validate()
+    assert config.picker_token_file == str(token)
+    assert config.picker_port == pools.PICKER_PORT
+
+
 def namespace_peer(namespace: str) -> dict[str, Any]:
     return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
 
@@ -135,6 +182,76 @@ def test_the_gateway_and_only_it_reaches_the_leaders_and_the_picker(
     assert router[-1] == {"from": peers, "ports": [{"protocol": "TCP", "port": pools.PICKER_PORT}]}
     for rule in (*engines, *router[1:]):  # the router's first rule: its HTTP and metrics ports
         assert rule.get("from"), rule  # no engine or picker port open to any source
+
+
+def admits(policy: dict[str, Any], namespace: str, pod: dict[str, str], port: int) -> bool:
+    """Whether a NetworkPolicy's ingress rules admit a pod (its namespace and labels) to
+    ``port``, as Kubernetes reads them: any rule whose peers (none: any source) and ports
+    (none: every port) match; a peer's selectors match by labels, the namespace by its
+    ``kubernetes.io/metadata.name`` label; an ``ipBlock`` matches no pod here."""
+
+    def matches(selector: dict[str, Any] | None, labels_: dict[str, str]) -> bool:
+        wanted = (selector or {}).get("matchLabels", {})
+        return all(labels_.get(k) == v for k, v in wanted.items())
+
+    def peer_matches(peer: dict[str, Any]) -> bool:
+        if "ipBlock" in peer:
+            return False
+        if "namespaceSelector" in peer:
+            if not matches(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace}):
+                return False
+        elif namespace != NAMESPACE:  # a podSelector alone: the policy's own namespace
+            return False
+        return matches(peer.get("podSelector"), pod)
+
+    for rule in policy["spec"]["ingress"]:
+        peers, ports = rule.get("from"), rule.get("ports")
+        if peers is not None and not any(peer_matches(p) for p in peers):
+            continue
+        if ports is None or any(p["port"] == port for p in ports):
+            return True
+    return False
+
+
+ROUTER_POD = labels.router_selector("qwen")
+SOURCES = {
+    "the gateway": ("gateway", {"app": "gateway-proxy"}),
+    "a client pod in the gateway's namespace": ("gateway", {"app": "client"}),
+    "a client pod in the server's namespace": (NAMESPACE, {"app": "client"}),
+    "a client pod elsewhere": ("apps", {"app": "client"}),
+    "the server's router": (NAMESPACE, ROUTER_POD),
+}
+
+
+def test_what_the_policies_of_a_pool_admit_and_refuse(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    """Issue 57 item 4, with the gateway in its own namespace: the engines' HTTP port (no
+    keys; abort_all, flush_cache) and the picker port are reached from the gateway's
+    namespace only; every other source is refused there, the server's own router aside
+    (it dials the engines and their KV events, never the picker), and the engines' KV-event
+    ports are the router's alone. The router's HTTP port stays open to clients."""
+    out = rendered(spec_with(inferencePool={"gatewayNamespace": "gateway"}), inference_pool=True)
+    engines = child(out, "NetworkPolicy", "qwen-engines")
+    router = child(out, "NetworkPolicy", "qwen-router")
+    http, kv = launch_contract.HTTP_PORT, launch_contract.KV_EVENTS_PORT
+    admitted = {
+        source: (
+            admits(engines, *where, http),
+            admits(engines, *where, kv),
+            admits(router, *where, pools.PICKER_PORT),
+            admits(router, *where, ROUTER_PORT),
+        )
+        for source, where in SOURCES.items()
+    }
+    assert admitted == {
+        # engines' HTTP, KV events, the picker, the router's HTTP port
+        "the gateway": (True, False, True, True),
+        "a client pod in the gateway's namespace": (True, False, True, True),
+        "a client pod in the server's namespace": (False, False, False, True),
+        "a client pod elsewhere": (False, False, False, True),
+        "the server's router": (True, True, False, True),
+    }
 
 
 @pytest.mark.parametrize(

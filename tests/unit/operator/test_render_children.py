@@ -816,6 +816,33 @@ def test_router_replicas_find_and_hear_each_other_on_the_peer_port(rendered: Ren
     ]  # fmt: skip
 
 
+def test_routers_dial_only_the_pod_network_the_operator_is_given(rendered: RenderFn) -> None:
+    """Issue 57 item 3: the operator's --router-worker-networks (chart value
+    router.workerNetworks) reaches every router as --worker-networks, which the router's own
+    parser takes; a bad network is refused at the operator's start, naming it."""
+    import argparse
+
+    from tpuserve_operator.flags import RENDER_FLAGS, add_flags
+    from tpuserve_router.cli import build_config, configure
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser, RENDER_FLAGS, RenderConfig())
+    given = parser.parse_args(["--router-worker-networks", "10.4.0.0/14, fd00::/8"])
+    assert given.router_worker_networks == ("10.4.0.0/14", "fd00::/8")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--router-worker-networks", "10.4.0.0/14,pods"])
+    container = router_container(
+        rendered(router_worker_networks=given.router_worker_networks).children
+    )
+    assert flag_values(container, "--worker-networks") == ["10.4.0.0/14,fd00::/8"]
+    router = argparse.ArgumentParser()
+    configure(router)
+    flags = [a for a in container["args"] if a.startswith("--worker-networks")]
+    config = build_config(router.parse_args(flags), environ={}).validate()
+    assert config.worker_networks == ("10.4.0.0/14", "fd00::/8")
+    assert not flag_values(router_container(rendered().children), "--worker-networks")
+
+
 def test_router_replica_count_leaves_the_pod_template_alone(
     rendered: RenderFn, spec_with: SpecWith
 ) -> None:

@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from tpuserve_router.app import create_router_app
 from tpuserve_router.auth import (
-    MAX_TENANT_LABELS,
-    OTHER_TENANT,
+    MAX_KEY_LABELS,
+    OTHER_KEY,
     KeysFileError,
     KeyStore,
     parse_keys,
@@ -83,12 +83,16 @@ def test_every_problem_of_the_file_is_named() -> None:
         parse_keys(b"{", "keys.json")
 
 
-def test_tenant_labels_are_bounded() -> None:
+def test_key_labels_are_bounded_and_name_no_tenant() -> None:
     entries = [{"key": f"{KEY}-{i:04d}", "tenant": f"t{i:04d}"} for i in range(150)]
     keys = parse_keys(orjson.dumps({"keys": entries}), "keys.json")
     labels = {k.label for k in keys.values()}
-    assert len(labels) == MAX_TENANT_LABELS + 1
-    assert OTHER_TENANT in labels
+    assert len(labels) == MAX_KEY_LABELS + 1
+    assert OTHER_KEY in labels
+    assert {k.label for k in keys.values() if k.label != OTHER_KEY} == {
+        digest.hex()[:12] for digest in sorted(keys)[:MAX_KEY_LABELS]
+    }
+    assert not {k.tenant for k in keys.values()} & labels
 
 
 def test_the_bearer_key_or_x_api_key_is_presented() -> None:

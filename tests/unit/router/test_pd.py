@@ -13,9 +13,18 @@ import pytest
 from sglang_tpu import disaggregation
 from tpuserve_router.cli import build_config, configure, env_name
 from tpuserve_router.config import ConfigError, RouterConfig
-from tpuserve_router.pd import _batch, _failure_kind, _transfer_seconds, pairable, pairs
+from tpuserve_router.pd import (
+    LegFailed,
+    PdRouter,
+    _batch,
+    _failure_kind,
+    _transfer_seconds,
+    pairable,
+    pairs,
+)
 from tpuserve_router.pd_settings import PdSettings, parse_prefill_flag, pd_workers
 from tpuserve_router.policies.base import Decision, RouteRequest
+from tpuserve_router.proxy import UpstreamConnection, UpstreamError
 from tpuserve_router.workers import Worker, WorkerSpec
 
 pytestmark = pytest.mark.unit
@@ -252,3 +261,49 @@ def test_prefills_already_waiting_on_the_colocated_worker_count_toward_the_stall
     decision = Decision(FakeWorker("c"), "miss", 0.0)
     assert router.disaggregates(decision, 400) is False  # type: ignore[attr-defined]
     assert router.disaggregates(decision, 400, 600) is True  # type: ignore[attr-defined]
+
+
+async def decode_head_failure(
+    decode_alive: bool | None, prefill: str, stream: bool = False
+) -> LegFailed:
+    """How `PdRouter._decode_head` fails when the decode's leg timed out before its first
+    token (its head, or a stream's first chunk), with the prefill ``pending``, ``answered``
+    or ``failed``, and the decode's health verdict ``decode_alive``."""
+    loop = asyncio.get_running_loop()
+    timeout = UpstreamError("first_byte_timeout", "no answer within 15 s")
+    p_task: asyncio.Future[bytes] = loop.create_future()
+    if prefill == "answered":
+        p_task.set_result(b"{}")
+    d_task: asyncio.Future[UpstreamConnection] = loop.create_future()
+    if stream:  # the head came, its first chunk did not
+        conn = UpstreamConnection(loop, 1 << 16, 1 << 20)
+        conn.status, conn.head_ready = 200, True
+        conn.error = timeout
+        d_task.set_result(conn)
+    else:
+        d_task.set_exception(timeout)
+    with pytest.raises(LegFailed) as caught:
+        await PdRouter._decode_head(
+            None,  # type: ignore[arg-type]
+            d_task, p_task, stream, lambda: decode_alive,
+        )  # fmt: skip
+    if not p_task.done():
+        p_task.cancel()
+    return caught.value
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_decode_whose_kv_never_came_counts_against_the_prefill(stream: bool) -> None:
+    """Issue 57 item 9: the decode's leg timed out while its prefill had not answered (the
+    prefill answers once its KV is sent) and the decode's probes passed or said nothing: the
+    KV never came, the prefill's failure, whichever leg's equal deadline fired first."""
+    for alive in (True, None):
+        failed = await decode_head_failure(alive, "pending", stream)
+        assert (failed.leg, failed.kind) == ("prefill", "timeout")
+        assert "no KV" in str(failed)
+    # a decode whose probes failed meanwhile is the hung one; after the prefill answered
+    # (its KV sent), a decode that times out is at fault itself
+    failed = await decode_head_failure(False, "pending", stream)
+    assert failed.leg == "decode"
+    failed = await decode_head_failure(True, "answered", stream)
+    assert failed.leg == "decode"

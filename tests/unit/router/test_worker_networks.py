@@ -10,9 +10,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.fakes import StubWorker, stub_router
+from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.cli import build_config, configure, env_name
 from tpuserve_router.config import ConfigError, RouterConfig
@@ -202,3 +205,40 @@ async def test_admin_added_workers_outside_the_networks_get_400(router: RouterAp
             assert (await response.json())["error"]["param"] == "kv_events_endpoint"
         async with session.get(router.base_url + "/workers") as response:
             assert await response.json() == {"workers": [], "rejected": []}
+
+
+async def test_kv_event_endpoints_a_worker_names_elsewhere_are_not_dialled_by_default(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 57 item 7: without --worker-networks, a KV-event endpoint a worker's
+    /server_info names at another host is dialled only inside the private ranges: the
+    metadata server's link-local address and a public one are refused (logged, never
+    subscribed), the worker's own host (SGLang's ``tcp://*:PORT``) and a pod's private address
+    are taken."""
+    names = {
+        "own": "tcp://*:25557",
+        "private": "tcp://10.244.0.9:5557",
+        "metadata": "tcp://169.254.169.254:5557",
+        "public": "tcp://8.8.8.8:5557",
+    }
+    stubs = {name: StubWorker() for name in names}
+    for name, endpoint in names.items():
+        stubs[name].server_info = {
+            "kv_events_config": orjson.dumps({"publisher": "zmq", "endpoint": endpoint}).decode()
+        }
+    with caplog.at_level(logging.WARNING, logger="tpuserve_router.admission"):
+        async with stub_router(*stubs.values(), policy="precise") as app:
+            kv = app.kv
+            assert kv is not None
+            workers = {n: app.registry.get(stubs[n].url) for n in names}
+            await eventually_async(
+                lambda: all(kv.subscriptions(stubs[n].url) for n in ("own", "private")),
+                what="the own host's and the private address's streams",
+            )
+            assert not kv.subscriptions(stubs["metadata"].url)
+            assert not kv.subscriptions(stubs["public"].url)
+            assert all(workers.values())
+    refused = [r.getMessage() for r in caplog.records if "not subscribing" in r.getMessage()]
+    assert len(refused) == 2
+    assert any("169.254.169.254 is outside worker_networks (127.0.0.0/8" in m for m in refused)
+    assert any("8.8.8.8 is outside worker_networks" in m for m in refused)
