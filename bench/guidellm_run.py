@@ -233,6 +233,33 @@ def _dist(metric: dict[str, Any], units: str, scale: float = 1.0) -> dict[str, A
     return out
 
 
+ROUTER_TOKENS = ("tpuserve_router_prompt_tokens_total", "tpuserve_router_cached_tokens_total")
+"""The router's own token counters (from each response's usage), summed over workers."""
+
+
+def router_token_counts(metrics_text: str) -> dict[str, float]:
+    """Sum each of ``ROUTER_TOKENS`` over its label sets in a Prometheus text exposition."""
+    sums = dict.fromkeys(ROUTER_TOKENS, 0.0)
+    for line in metrics_text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in sums:
+            sums[name] += float(line.rsplit(" ", 1)[-1])
+    return sums
+
+
+def router_hit_rate(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """Cached / prompt tokens the router counted between two reads of its /metrics: the hit
+    rate a user reads off the router, no per-request script needed."""
+    prompt = after[ROUTER_TOKENS[0]] - before[ROUTER_TOKENS[0]]
+    cached = after[ROUTER_TOKENS[1]] - before[ROUTER_TOKENS[1]]
+    return cached / prompt if prompt > 0 else None
+
+
+def router_counts(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        return router_token_counts(r.read().decode())
+
+
 def _scaled(value: Any, factor: float) -> Any:
     return value * factor if isinstance(value, int | float) else value
 
@@ -364,6 +391,7 @@ def summary(
         "itl_p50_ms": itl.get("p50"),
         "itl_p99_ms": itl.get("p99"),
         "hit_rate": m["metadata"]["prefix_cache_hit_rate"],
+        "router_hit_rate": m["metadata"].get("router_prefix_cache_hit_rate"),
         "ttft_target_ms": ttft_target_ms,
         "ttft_target_met": ttft.get("p99") is not None and ttft["p99"] <= ttft_target_ms,
         "itl_target_ms": itl_target_ms,
@@ -395,6 +423,9 @@ def write_reports(args: argparse.Namespace, runs: list[tuple[str, dict[str, Any]
     for setup, data, engines in runs:
         report = llmd_report(data["benchmarks"][-1], setup, args, engines)
         name = setup.replace(":", "-")
+        router = args.out / name / "router.json"
+        if router.exists():  # the router's own count, beside GuideLLM's per-request one
+            report["metrics"]["metadata"].update(json.loads(router.read_text()))
         (args.out / f"{name}.llmd-report.json").write_text(json.dumps(report, indent=1) + "\n")
         rows.append(
             summary(report, setup, engines * args.chips_per_engine, args.ttft_target_ms,
@@ -469,7 +500,13 @@ def main(argv: list[str] | None = None) -> int:
             runs.append((setup, data, args.workers))
         else:
             with started(setup, args, tokenizer) as (url, engines):
+                before = router_counts(url) if setup.startswith("router:") else None
                 runs.append((setup, run_guidellm(python, url, args, tokenizer, name), engines))
+                if before is not None:
+                    rate = router_hit_rate(before, router_counts(url))
+                    (args.out / name / "router.json").write_text(
+                        json.dumps({"router_prefix_cache_hit_rate": rate}) + "\n"
+                    )
     write_reports(args, runs)
     return 0
 

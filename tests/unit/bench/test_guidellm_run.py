@@ -133,3 +133,24 @@ def test_engine_flags_join_for_tpuserve_up() -> None:
         "--enable-cache-report",
         "--topology=1x1",
     ]
+
+
+def test_the_router_hit_rate_is_read_off_its_own_counters() -> None:
+    """What the router counted from each response's usage, summed over workers, between two
+    reads of /metrics (HELP and TYPE lines and other series ignored)."""
+    text = """# HELP tpuserve_router_prompt_tokens_total Prompt tokens of finished requests.
+# TYPE tpuserve_router_prompt_tokens_total counter
+tpuserve_router_prompt_tokens_total{model="m",worker="http://a"} 3000.0
+tpuserve_router_prompt_tokens_total{model="m",worker="http://b"} 1000.0
+tpuserve_router_prompt_tokens_created{model="m",worker="http://a"} 1.7e9
+tpuserve_router_cached_tokens_total{model="m",worker="http://a"} 2048.0
+tpuserve_router_cached_tokens_total 952
+tpuserve_router_predicted_cached_tokens_total{model="m",worker="http://a"} 9999.0
+"""
+    after = run.router_token_counts(text)
+    assert after == {"tpuserve_router_prompt_tokens_total": 4000.0,
+                     "tpuserve_router_cached_tokens_total": 3000.0}  # fmt: skip
+    before = {"tpuserve_router_prompt_tokens_total": 2000.0,
+              "tpuserve_router_cached_tokens_total": 1000.0}  # fmt: skip
+    assert run.router_hit_rate(before, after) == 1.0
+    assert run.router_hit_rate(after, after) is None
