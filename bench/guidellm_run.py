@@ -85,6 +85,16 @@ def tiny_tokenizer_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def _rates(value: str) -> list[float]:
+    try:
+        rates = [float(x) for x in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not RATE[,RATE...]") from None
+    if any(r <= 0 for r in rates) or rates != sorted(set(rates)):
+        raise argparse.ArgumentTypeError(f"{value!r}: rates must be > 0 and increasing")
+    return rates
+
+
 def clock(args: argparse.Namespace) -> float:
     """Real seconds per modelled second; 1 at ``--time-scale 0`` (steps back to back: no
     modelled clock to convert to, the reports stay in real seconds)."""
@@ -193,7 +203,7 @@ def scenario(url: str, args: argparse.Namespace, tokenizer: Path, out: Path) -> 
     return {
         "backend": {"kind": "openai_http", "target": url, "model": args.model,
                     "request_format": "/v1/chat/completions"},
-        "profile": {"kind": "constant", "rate": [args.rate / clock(args)]},
+        "profile": {"kind": "constant", "rate": [r / clock(args) for r in args.rate]},
         "constraints": constraints,
         "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
         "data": [data_spec(args)],
@@ -281,16 +291,21 @@ def hit_rate(benchmark: dict[str, Any]) -> float | None:
 
 
 def llmd_report(
-    benchmark: dict[str, Any], setup: str, args: argparse.Namespace, engines: int
+    benchmark: dict[str, Any],
+    setup: str,
+    args: argparse.Namespace,
+    engines: int,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     """One GuideLLM benchmark as llm-d's benchmark report (version 0.1), in modelled time."""
     totals = benchmark.get("metrics", {}).get("request_totals", {})
     slow = 1.0 / clock(args)  # real seconds -> modelled seconds
+    rate = args.rate[-1] if rate is None else rate
     return {
         "version": LLMD_REPORT_VERSION,
         "scenario": {
             "description": (
-                f"tpuserve {setup}: {args.workload} at {args.rate} req/s; times and rates in "
+                f"tpuserve {setup}: {args.workload} at {rate:g} req/s; times and rates in "
                 f"the engine twins' modelled seconds (GuideLLM's real ones / {clock(args):g})"
             ),
             "host": {
@@ -324,7 +339,7 @@ def llmd_report(
                 "args": {
                     "data": data_spec(args),
                     "profile": "constant",
-                    "rate": args.rate,
+                    "rate": rate,
                     "max_seconds": args.max_seconds,
                 },
             },
@@ -407,7 +422,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['setup']} | {r['chips']} | {r['requests']} ({r['completed']}) | {r['failures']} "
+            f"| {r.get('label', r['setup'])} | {r['chips']} "
+            f"| {r['requests']} ({r['completed']}) | {r['failures']} "
             f"| {r['output_tokens_per_second']:.0f} | {r['output_tokens_per_second_per_chip']:.0f} "
             f"| {r['ttft_p50_ms'] or 0:.0f} / {r['ttft_p99_ms'] or 0:.0f} "
             f"| {r['itl_p50_ms'] or 0:.1f} / {r['itl_p99_ms'] or 0:.1f} "
@@ -418,21 +434,65 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def at_target(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per setup, the TPU recipes' figure: the rate with the most output tokens/s per chip
+    whose p99 TTFT and p99 ITL met their targets (none if no rate did)."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        key = r["setup"]
+        met = r["ttft_target_met"] and r["itl_target_met"]
+        top = best.get(key)
+        if met and (top is None or r["output_tokens_per_second_per_chip"]
+                    > top["output_tokens_per_second_per_chip"]):  # fmt: skip
+            best[key] = r
+        best.setdefault(key, {})
+    return [{"setup": k, **({"rate": v["rate"],
+             "output_tokens_per_second_per_chip": v["output_tokens_per_second_per_chip"],
+             "ttft_p99_ms": v["ttft_p99_ms"], "itl_p99_ms": v["itl_p99_ms"]} if v else {})}
+            for k, v in best.items()]  # fmt: skip
+
+
+def markdown_at_target(best: list[dict[str, Any]], ttft_ms: float, itl_ms: float) -> str:
+    lines = [
+        f"| setup | rate met at most tok/s per chip (p99 TTFT <= {ttft_ms:g} ms, "
+        f"p99 ITL <= {itl_ms:g} ms) | output tok/s per chip | p99 TTFT / ITL ms |",
+        "|---|---|---|---|",
+    ]
+    for b in best:
+        if "rate" not in b:
+            lines.append(f"| {b['setup']} | none met both | – | – |")
+            continue
+        lines.append(
+            f"| {b['setup']} | {b['rate']:g} req/s | {b['output_tokens_per_second_per_chip']:.0f} "
+            f"| {b['ttft_p99_ms']:.0f} / {b['itl_p99_ms']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def write_reports(args: argparse.Namespace, runs: list[tuple[str, dict[str, Any], int]]) -> None:
     rows = []
     for setup, data, engines in runs:
-        report = llmd_report(data["benchmarks"][-1], setup, args, engines)
         name = setup.replace(":", "-")
         router = args.out / name / "router.json"
-        if router.exists():  # the router's own count, beside GuideLLM's per-request one
-            report["metrics"]["metadata"].update(json.loads(router.read_text()))
-        (args.out / f"{name}.llmd-report.json").write_text(json.dumps(report, indent=1) + "\n")
-        rows.append(
-            summary(report, setup, engines * args.chips_per_engine, args.ttft_target_ms,
-                    args.itl_target_ms)
-        )  # fmt: skip
+        benchmarks = data["benchmarks"][-len(args.rate) :]
+        for rate, benchmark in zip(args.rate, benchmarks, strict=True):
+            report = llmd_report(benchmark, setup, args, engines, rate)
+            if router.exists() and len(args.rate) == 1:  # the router's own count
+                report["metrics"]["metadata"].update(json.loads(router.read_text()))
+            suffix = "" if len(args.rate) == 1 else f"-{rate:g}"
+            path = args.out / f"{name}{suffix}.llmd-report.json"
+            path.write_text(json.dumps(report, indent=1) + "\n")
+            row = summary(report, setup, engines * args.chips_per_engine, args.ttft_target_ms,
+                          args.itl_target_ms)  # fmt: skip
+            label = {"label": f"{setup} @ {rate:g}"} if len(args.rate) > 1 else {}
+            rows.append({**row, "rate": rate, **label})
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
     print(markdown(rows))
+    if len(args.rate) > 1:
+        best = at_target(rows)
+        (args.out / "at_target.json").write_text(json.dumps(best, indent=1) + "\n")
+        print()
+        print(markdown_at_target(best, args.ttft_target_ms, args.itl_target_ms))
 
 
 def report_only(args: argparse.Namespace) -> int:
@@ -450,8 +510,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", help="an endpoint already running (instead of --setups)")
     parser.add_argument("--workload", choices=("shared-prefix", *FIXED), default="shared-prefix")
     parser.add_argument(
-        "--rate", type=float, default=10.0, help="requests/s (constant), modelled seconds"
-    )
+        "--rate", type=_rates, default=[10.0],
+        help="requests/s (constant), modelled seconds; several (1,2,4) run one benchmark "
+        "each in one GuideLLM run and the summary adds the recipes' figure at the targets",
+    )  # fmt: skip
     parser.add_argument("--max-seconds", type=float, default=60.0)
     parser.add_argument("--max-requests", type=int, default=0, help="0: no limit")
     parser.add_argument("--prefixes", type=int, default=32)

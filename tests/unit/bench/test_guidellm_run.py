@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,7 +33,7 @@ def _stat(mean: float, p50: float, p99: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
-BENCHMARK = {
+BENCHMARK: dict[str, Any] = {
     "duration": 30.0,
     "requests": {
         "successful": [{"prompt_tokens": 4368, "cached_tokens": 4096}] * 3
@@ -54,7 +55,7 @@ BENCHMARK = {
 
 
 def _args(**over: Any) -> argparse.Namespace:
-    base = {"workload": "shared-prefix", "rate": 6.0, "max_seconds": 30.0, "max_requests": 0,
+    base = {"workload": "shared-prefix", "rate": [6.0], "max_seconds": 30.0, "max_requests": 0,
             "prefixes": 32, "prefix_tokens": 4096, "prompt_tokens": 256, "output_tokens": 128,
             "tpu": "v6e", "topology": "1x1", "chips_per_engine": 1, "model": "m",
             "model_profile": "llama-3.1-8b", "time_scale": 1.0, "seed": 0,
@@ -154,3 +155,35 @@ tpuserve_router_predicted_cached_tokens_total{model="m",worker="http://a"} 9999.
               "tpuserve_router_cached_tokens_total": 1000.0}  # fmt: skip
     assert run.router_hit_rate(before, after) == 1.0
     assert run.router_hit_rate(after, after) is None
+
+
+def test_several_rates_run_in_one_scenario_and_the_figure_is_the_best_that_met_the_targets(
+    tmp_path: Path,
+) -> None:
+    args = _args(rate=[2.0, 4.0, 8.0], time_scale=0.5, out=tmp_path, ttft_target_ms=1000.0,
+                 itl_target_ms=50.0)  # fmt: skip
+    scenario = run.scenario("http://127.0.0.1:1", args, Path("/tok"), Path("/o.json"))
+    assert scenario["profile"] == {"kind": "constant", "rate": [4.0, 8.0, 16.0]}
+
+    def bench(tokens_per_s: float, ttft_p99_ms: float) -> dict[str, Any]:
+        metrics = dict(BENCHMARK["metrics"])
+        metrics["output_tokens_per_second"] = _stat(tokens_per_s, tokens_per_s, tokens_per_s)
+        metrics["time_to_first_token_ms"] = _stat(ttft_p99_ms / 2, ttft_p99_ms / 2, ttft_p99_ms)
+        return {**BENCHMARK, "metrics": metrics}
+
+    # real seconds at --time-scale 0.5: TTFT p99 200, 400 and 800 ms are 400, 800, 1600 modelled
+    data = {"benchmarks": [bench(400.0, 200.0), bench(800.0, 400.0), bench(1600.0, 800.0)]}
+    run.write_reports(args, [("single", data, 1), ("router:precise", data, 4)])
+    best = json.loads((tmp_path / "at_target.json").read_text())
+    assert best == [
+        {"setup": "single", "rate": 4.0, "output_tokens_per_second_per_chip": 400.0,
+         "ttft_p99_ms": 800.0, "itl_p99_ms": 40.0},
+        {"setup": "router:precise", "rate": 4.0, "output_tokens_per_second_per_chip": 100.0,
+         "ttft_p99_ms": 800.0, "itl_p99_ms": 40.0},
+    ]  # fmt: skip
+    assert (tmp_path / "single-8.llmd-report.json").exists()
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["label"] for r in rows[:3]] == ["single @ 2", "single @ 4", "single @ 8"]
+    none_met = run.at_target([{**rows[2], "setup": "x"}])
+    assert none_met == [{"setup": "x"}]
+    assert "none met both" in run.markdown_at_target(none_met, 1000.0, 50.0)
