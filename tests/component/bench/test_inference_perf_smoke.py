@@ -2,7 +2,7 @@
 (bench/inference_perf_run.py).
 
 Runs only where inference-perf is installed (``bench/inference_perf_venv.sh``: its releases
-need Python >= 3.12, which CI's image does not carry) and the tiny model's tokenizer is built
+need Python >= 3.12; CI does not install it) and the tiny model's tokenizer is built
 (scripts/install-real-sglang.sh). Everything stays on loopback and offline.
 """
 
