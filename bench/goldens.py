@@ -7,10 +7,12 @@ Two kinds of pin, both checked by ``tests/unit/bench/test_goldens.py``:
   small enough for a test (seconds), through the same code, and its figures are compared with
   ``tests/goldens/<name>.json``. A change that moves the simulation moves these, and the test
   fails until the goldens are rewritten on purpose.
-- **Docs tables** (``TABLES``): the published tables in docs/capacity-planning.md and
-  docs/pd.md sit between ``<!-- golden:NAME:begin -->`` and ``<!-- golden:NAME:end -->`` and
-  are rendered from the committed results files of the full runs (``bench/fleet_results/``,
-  ``bench/pd_results/``), so a page cannot say other than its results file.
+- **Docs tables** (``TABLES``): the published tables in docs/capacity-planning.md (the fleet
+  hour, tokens per day, the three `tpuserve plan` cases, the fleet model against the twin,
+  the autoscalers' day) and docs/pd.md sit between
+  ``<!-- golden:NAME:begin -->`` and ``<!-- golden:NAME:end -->`` and are rendered from the
+  committed results files of the full runs (``bench/fleet_results/``, ``bench/pd_results/``),
+  so a page cannot say other than its results file.
 
 One command rewrites both (the goldens from the reduced runs, the tables from the results
 files)::
@@ -19,7 +21,8 @@ files)::
 
 With ``--full`` it first reruns the published full configurations into the results files
 (the fleet hour twice, ~3 min each; the tokens-per-day day, ~1 h with 2 jobs; the PD
-benchmark, ~1 min a workload), then does the same. ``--check`` (the default) compares
+benchmark, ~1 min a workload; the three `tpuserve plan` cases with ``--verify``, a few CPU
+minutes each), then does the same. ``--check`` (the default) compares
 without writing and exits 1 on a difference.
 """
 
@@ -41,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 GOLDENS = ROOT / "tests" / "goldens"
 FLEET_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-06"
+PLAN_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07"
 PD_RESULTS = ROOT / "bench" / "pd_results"
 PD_DATE = "2026-12-06"
 PD_WORKLOADS = ("W9", "W10", "10k1k", "W1", "W2")
@@ -242,6 +246,88 @@ def tokens_per_day_table() -> str:
     return "\n".join(out)
 
 
+PLAN_CASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("chat", "chat, 100 req/s at the peak",
+     ("--model", "llama-3.1-8b", "--preset", "chat", "--rate", "100", "--ttft-p99", "1",
+      "--itl-p99", "0.05", "--generations", "v6e,v5e", "--name", "chat-plan")),
+    ("long-document",
+     "long documents (Qwen3-8B, 7k-token documents, 90 % shared), 20 req/s",
+     ("--model", "qwen3-8b", "--preset", "long-document", "--rate", "20", "--ttft-p99", "2",
+      "--itl-p99", "0.05", "--generations", "v6e,v5e", "--name", "docs-plan")),
+    ("tokens-per-day",
+     "agentic (Mooncake tool&agent shape), 6 x 10^9 tokens/day = {peak:.1f} req/s at the peak",
+     ("--model", "llama-3.1-8b", "--preset", "agentic", "--tokens-per-day", "6e9",
+      "--ttft-p99", "5", "--itl-p99", "0.1", "--generations", "v6e", "--name", "agent-plan")),
+)  # fmt: skip
+"""The three `tpuserve plan` cases of docs/capacity-planning.md: results name, label, flags
+(each also run with ``--verify --json --emit plan-NAME.yaml``)."""
+
+
+def _slice(name: str) -> str:
+    generation, topology = name.split(" ", 1)
+    return f"{generation} `{topology}`"
+
+
+def plan_table() -> str:
+    """docs/capacity-planning.md's three-case table from the plans' JSON (`--json`)."""
+    lines = [
+        "| case | choice | capacity per replica | p99 TTFT / ITL at capacity "
+        "| $/1M output (on-demand) | runner-up | predicted vs measured at full size |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, label, _ in PLAN_CASES:
+        data = json.loads((PLAN_RESULTS / f"plan-{name}.json").read_text())
+        by_slice = {c["slice"]: c for c in data["candidates"]}
+        best = by_slice[data["choice"]]
+        low = max(1, math.ceil(best["replicas"] * data["trough"]))
+        scaling = f", autoscaling {low}-{best['replicas']}" if low < best["replicas"] else ""
+        runner = by_slice[data["ranked"][1]] if len(data["ranked"]) > 1 else None
+        runner_up = (
+            f"{_slice(runner['slice'])} x {runner['replicas']}, "
+            f"${runner['usd_per_million_output_tokens']:.3f}"
+            if runner else "–"
+        )  # fmt: skip
+        v = data["verified"]
+        lo, hi = v["measured_within"]
+        lines.append(
+            f"| {label.format(peak=data['peak_rate'])} "
+            f"| {best['replicas']} x {_slice(best['slice'])} ({best['chips']} chips){scaling} "
+            f"| {best['capacity_rps_per_replica']:.2f} req/s "
+            f"| {best['ttft_p99']:.2f} s / {best['itl_p99'] * 1e3:.0f} ms "
+            f"| ${best['usd_per_million_output_tokens']:.3f} | {runner_up} "
+            f"| {v['predicted_rps']:.1f} vs {v['measured_rps']:.1f} req/s, the limit in "
+            f"[{lo:.1f}, {hi:.1f}) ({v['ratio']:.2f}) |"
+        )
+    return "\n".join(lines)
+
+
+def autoscaling_day_table() -> str:
+    """bench/autoscaling_day.py's report table of its committed day."""
+    day = _bench_module("autoscaling_day")
+    data = json.loads((FLEET_RESULTS / "autoscaling_day.json").read_text())
+    table: str = day.report(data).split("\n\n", 1)[0].strip()
+    return table
+
+
+def fleet_vs_twin_table() -> str:
+    """bench/fleet_vs_twin.py's rows (fleet model against the token-level twin)."""
+    lines = [
+        "| req/s | TTFT p50 twin / fleet (ms) | TTFT p99 twin / fleet (ms) "
+        "| mean ITL twin / fleet (ms) | output tok/s twin / fleet |",
+        "|---|---|---|---|---|",
+    ]
+    for line in (FLEET_RESULTS / "fleet_vs_twin.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        t, f = r["twin"], r["fleet"]
+        lines.append(
+            f"| {r['rate']:.0f} | {t['ttft_p50'] * 1e3:.1f} / {f['ttft_p50'] * 1e3:.1f} "
+            f"| {t['ttft_p99'] * 1e3:.1f} / {f['ttft_p99'] * 1e3:.1f} "
+            f"| {t['tpot_mean'] * 1e3:.1f} / {f['tpot_mean'] * 1e3:.1f} "
+            f"| {t['output_tokens_per_s']:,.0f} / {f['output_tokens_per_s']:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def _rate(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
@@ -277,6 +363,9 @@ class Table:
 TABLES: dict[str, Table] = {
     "fleet-hour": Table(ROOT / "docs" / "capacity-planning.md", fleet_hour_table),
     "tokens-per-day": Table(ROOT / "docs" / "capacity-planning.md", tokens_per_day_table),
+    "plan-cases": Table(ROOT / "docs" / "capacity-planning.md", plan_table),
+    "fleet-vs-twin": Table(ROOT / "docs" / "capacity-planning.md", fleet_vs_twin_table),
+    "autoscaling-day": Table(ROOT / "docs" / "capacity-planning.md", autoscaling_day_table),
     "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
 }
 
@@ -306,7 +395,12 @@ FULL_RUNS: tuple[tuple[str, ...], ...] = (
      "--out", f"{FLEET_RESULTS.relative_to(ROOT)}/fleet_tokens_per_day.json"),
     *(("bench/pd_disaggregation.py", "--workloads", w,
        "--json", f"{PD_RESULTS.relative_to(ROOT)}/{PD_DATE}-{w}.json") for w in PD_WORKLOADS),
+    *(("-m", "tpuserve", "plan", *flags, "--verify", "--json",
+       "--emit", f"{PLAN_RESULTS.relative_to(ROOT)}/plan-{name}.yaml")
+      for name, _, flags in PLAN_CASES),
 )  # fmt: skip
+"""Each run's command; a plan's JSON goes to stdout, which ``--full`` writes beside its
+emitted manifest (``plan-NAME.json``)."""
 
 
 def check(names: list[str]) -> list[str]:
@@ -348,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.full:
         for run in FULL_RUNS:
             print("running", " ".join(run), flush=True)
+            if run[:3] == ("-m", "tpuserve", "plan"):  # its --json goes to stdout
+                emitted = Path(run[run.index("--emit") + 1])
+                with (ROOT / emitted.with_suffix(".json")).open("w") as out:
+                    subprocess.run([sys.executable, *run], cwd=ROOT, check=True, stdout=out)
+                continue
             subprocess.run([sys.executable, *run], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     if args.write or args.full:
         write(names)

@@ -9,13 +9,14 @@ requirement=${2:?usage: bench/tool_venv.sh VENV_DIR REQUIREMENT MIN_PYTHON}
 minimum=${3:?usage: bench/tool_venv.sh VENV_DIR REQUIREMENT MIN_PYTHON}
 if [ ! -f "$venv/.installed" ]; then
   python=
-  for candidate in python3.12 python3.11 python3; do
+  # TOOL_PYTHON first (e.g. a pyenv interpreter not active in this shell), then PATH's
+  for candidate in ${TOOL_PYTHON:-} python3.13 python3.12 python3.11 python3; do
     if "$candidate" -c "import sys; sys.exit(0 if sys.version_info >= tuple(map(int, '$minimum'.split('.'))) else 1)" 2>/dev/null; then
       python=$candidate
       break
     fi
   done
-  [ -n "$python" ] || { echo "no python3 >= $minimum on PATH" >&2; exit 1; }
+  [ -n "$python" ] || { echo "no python3 >= $minimum on PATH (set TOOL_PYTHON to one)" >&2; exit 1; }
   "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --upgrade "pip>=24"
   "$venv/bin/python" -m pip install --quiet "$requirement"

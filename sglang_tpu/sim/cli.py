@@ -287,6 +287,13 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
                 ServerSettings,
             ),
             Option(
+                "--stream-interval",
+                "Tokens per streamed chunk after the first, as SGLang's flag "
+                "(default: %(default)s).",
+                cli_types.positive_int,
+                ServerSettings,
+            ),
+            Option(
                 "--seed",
                 "Seed of the pseudo-text output (default: %(default)s).",
                 cli_types.non_negative_int,
@@ -527,6 +534,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         lora_paths=lora_paths,
         tokenizer_path=args.tokenizer,
         time_scale=args.time_scale,
+        stream_interval=args.stream_interval,
         host=args.host,
         port=args.port,
         kv_events_endpoint=args.kv_events_endpoint,

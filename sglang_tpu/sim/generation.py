@@ -175,6 +175,7 @@ async def run_request(
             raise RequestRejected(unavailable(str(err))) from None
     try:
         sent = 0
+        interval = svc.settings.stream_interval
         while not req.finished:
             if client_gone is None:
                 await wake.wait()
@@ -184,8 +185,9 @@ async def run_request(
                 if client_gone():
                     return  # the finally aborts it
             wake.clear()
-            if stream and not req.finished and len(req.output_ids) > sent:
-                sent = len(req.output_ids)  # not a chunked-prefill step: it adds no token
+            grown = len(req.output_ids) - sent  # 0 after a chunked-prefill step
+            if stream and not req.finished and grown > 0 and (sent == 0 or grown >= interval):
+                sent = len(req.output_ids)  # the first token at once, then every `interval`
                 yield sent
         if (
             pd_role is not None and pd_role.settings.mode == "prefill" and boot is not None

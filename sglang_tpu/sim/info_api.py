@@ -115,6 +115,7 @@ def _server_args(svc: EngineService) -> dict[str, Any]:
         "max_running_requests": cfg.max_running_requests,
         "max_queued_requests": cfg.max_queued_requests,
         "chunked_prefill_size": cfg.chunked_prefill_size,
+        "stream_interval": s.stream_interval,
         "max_total_tokens": cfg.cache_tokens,
         "quantization": s.quantization,
         "kv_cache_dtype": s.kv_cache_dtype,

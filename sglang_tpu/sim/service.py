@@ -47,6 +47,9 @@ class ServerSettings:
     served_model_name: str
     tokenizer_path: str | None = None
     time_scale: float = 1.0
+    # SGLang's --stream-interval: a streamed request gets its first token at once, then a chunk
+    # every this many tokens (and the last), fewer chunks for a client or router to parse
+    stream_interval: int = 1
     host: str = "127.0.0.1"
     port: int = 30000
     kv_events_endpoint: str | None = None

@@ -1,4 +1,4 @@
-"""Benchmark workloads W0-W10 as seeded generators of traces (`tpuserve.bench.traces`).
+"""Benchmark workloads W0-W10 and 1k1k/1k8k/8k1k as seeded generators of traces (`.traces`).
 
 Prompts are built from the traces' one-token words, so the generators know every prompt's
 token ids without tokenizing. Chat prompts (W3, W4) are sent as ``messages`` and rendered by
@@ -19,6 +19,9 @@ W8 adversarial: one prefix takes 80 % of the traffic (W8b: sibling bursts of 16 
 W9 long-context conversation: Mooncake's conversation trace's shape (prompts 1-92k tokens)
 W10 long-context agentic tool use: Mooncake's tool&agent trace's shape (16 shared templates)
 == ================================================================================================
+
+Then TPU serving recipes' fixed shapes, nothing shared: ``1k1k``, ``1k8k`` and ``8k1k`` (unique
+prompts of 1,024 or 8,192 tokens, exactly 1,024 or 8,192 out).
 
 Arrivals are Poisson (sessions start as a Poisson process; turns within a session follow after
 a think time). The nominal rate only fixes the order: runners rescale times to the rate asked
@@ -47,6 +50,9 @@ from tpuserve.bench.traces import (
 
 NOMINAL_RATE = 10.0
 """Arrivals per second a generator uses before a runner rescales the trace."""
+
+FIXED = ("1k1k", "1k8k", "8k1k")
+"""The fixed shapes TPU serving recipes report (input k tokens, output k tokens)."""
 
 
 class _Builder:
@@ -121,6 +127,19 @@ def _w0(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
     for t in _poisson_times(b.rng, n):
         b.add_prompt(t, b.words(int(p["prompt"])), int(p["output"]), None)
     return b.done(n)
+
+
+def _fixed(name: str) -> Generator:
+    """TPU serving recipes' fixed shapes: unique prompts of exactly ``prompt`` tokens, exactly
+    ``output`` out (the engines stop at max_tokens), nothing shared."""
+
+    def generate(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
+        b = _Builder(seed, name)
+        for t in _poisson_times(b.rng, n):
+            b.add_prompt(t, b.words(int(p["prompt"])), int(p["output"]), None)
+        return b.done(n)
+
+    return generate
 
 
 def _w1(seed: int, n: int, p: Mapping[str, float]) -> list[TraceRequest]:
@@ -340,6 +359,9 @@ WORKLOADS: Mapping[str, Workload] = {
         Workload("W10", "long-context agentic tool use (Mooncake tool&agent trace's shape)",
                  2400, _long_context_params(mooncake.TOOL_AGENT),
                  _long_context(mooncake.TOOL_AGENT, "W10")),
+        *(Workload(name, f"fixed {name[:2]} in, {name[2:]} out (TPU recipes' shape)", 2400,
+                   {"prompt": 1024 * int(name[0]), "output": 1024 * int(name[2])}, _fixed(name))
+          for name in FIXED),
     )
 }  # fmt: skip
 

@@ -52,6 +52,10 @@ def test_one_guidellm_pass_through_the_router(tmp_path: Path) -> None:
     assert row["failures"] == 0
     assert row["chips"] == 2
     assert row["output_tokens_per_second_per_chip"] > 0
+    # The router's own counters (its /metrics) give the hit rate GuideLLM's per-request
+    # cached tokens give, without a script: the same responses' usage.
+    assert row["hit_rate"] > 0
+    assert row["router_hit_rate"] == pytest.approx(row["hit_rate"], abs=0.1)
     report = json.loads((out / "router-precise.llmd-report.json").read_text())
     assert report["version"] == "0.1"
     assert report["scenario"]["load"]["name"] == "guidellm"

@@ -157,6 +157,27 @@ def test_without_cache_report_usage_has_no_cached_tokens() -> None:
     assert usage["completion_tokens"] == 2
 
 
+def test_stream_interval_sends_the_first_token_then_a_chunk_every_n_tokens() -> None:
+    """As SGLang's --stream-interval: a streamed chat gets its first token in a chunk of its
+    own, then the tokens in chunks of N (the last may be shorter), all of them in the end."""
+
+    async def go(url: str) -> list[dict[str, Any]]:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Count."}],
+                "max_tokens": 10, "stream": True,
+                "stream_options": {"continuous_usage_stats": True}}  # fmt: skip
+        chat = url + "/v1/chat/completions"
+        async with aiohttp.ClientSession() as s, s.post(chat, json=body) as r:
+            events = [line async for line in r.content if line.startswith(b"data: {")]
+        return [json.loads(e.removeprefix(b"data: ")) for e in events]
+
+    with running_engine(["--time-scale", "0", "--served-model-name", MODEL,
+                         "--stream-interval", "4"]) as proc:  # fmt: skip
+        chunks = asyncio.run(go(proc.url))
+    running = [c["usage"]["completion_tokens"] for c in chunks
+               if c["choices"] and c["choices"][0]["delta"].get("content")]  # fmt: skip
+    assert running == [1, 5, 9, 10]
+
+
 def post_generate(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON body of a /generate answer, or every streamed chunk of it."""
 

@@ -273,3 +273,16 @@ def test_long_context_workloads_share_a_system_block_and_extend_their_sessions(
         assert later is not None
         whole = len(earlier) // 512 * 512  # whole Mooncake blocks are shared
         assert later[:whole] == earlier[:whole]
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt", "output"), [("1k1k", 1024, 1024), ("1k8k", 1024, 8192), ("8k1k", 8192, 1024)]
+)
+def test_fixed_shapes_send_unique_prompts_of_exact_lengths(
+    name: str, prompt: int, output: int
+) -> None:
+    trace = generate(name, seed=0, requests=30)
+    assert {len(r.token_ids or []) for r in trace} == {prompt}
+    assert {r.max_tokens for r in trace} == {output}
+    firsts = {tuple((r.token_ids or [])[:16]) for r in trace}
+    assert len(firsts) == len(trace)  # nothing shared, not even the first page
