@@ -52,6 +52,8 @@ def server_spec(
         },
         "engine": {"type": engine},
     }
+    if inputs.host_kv_size_gb is not None:
+        spec["kvCache"] = {"host": {"sizeGB": inputs.host_kv_size_gb}}
     split = result.disaggregated
     if split is None:
         spec["autoscaling"] = _bounds(choice.replicas, inputs.trough, target)
