@@ -21,7 +21,9 @@ Two kinds of entries:
   (least recently routed dropped first; the others' shares are trimmed when a worker joins).
 
 A stream is believed only so far: it holds at most its worker's pool in confirmed blocks
-(``set_worker_limit``, from ``/server_info`` at admission; else ``max_stream_blocks``), keeps
+(``set_worker_limit``, from ``/server_info`` at admission; else ``max_stream_blocks``; a
+stream that publishes a host tier holds its HBM pool and its host pool, and only
+``max_stream_blocks`` bounds it), keeps
 the page size of its first ``BlockStored`` (a block of another size is dropped), and the
 index keys prompts by the page size most streams have; what is dropped is counted in
 ``dropped_blocks``.

@@ -122,6 +122,7 @@ class Request:
             completion_tokens=len(self.output_ids),
             finish_reason=self.finish_reason,
             retractions=self.retractions,
+            cached_host_tokens=self.cached_host_tokens,
         )
 
 
@@ -139,6 +140,8 @@ class Completion:
     completion_tokens: int
     finish_reason: dict[str, Any]
     retractions: int
+    cached_host_tokens: int = 0
+    """Of ``cached_tokens``, those loaded back from the host tier."""
 
     @property
     def ttft(self) -> float:

@@ -6,6 +6,8 @@ Definitions (reference router.md §7.7):
   TPOT = ``(E2E - TTFT) / (output tokens - 1)``;
 - the first ``warmup_fraction`` of requests (by arrival) are not measured;
 - ``hit_rate`` = sum of ``cached_tokens`` / sum of prompt tokens, as the engines report them;
+  ``host_hit_rate`` the share of prompt tokens of those loaded back from a host tier (so
+  ``hit_rate - host_hit_rate`` was found in HBM);
 - throughput and goodput divide by the measured span: first measured arrival to last finish;
 - a request is *good* when it succeeded, its TTFT is within ``slo_factor`` x its unloaded,
   uncached TTFT on one engine (prefill of the whole prompt alone) and its TPOT within
@@ -46,6 +48,8 @@ class RequestRecord:
     """More about the failure (the engine's or router's message), when there is more."""
     ttft_slo: float = math.inf
     tpot_slo: float = math.inf
+    cached_host_tokens: int = 0
+    """Of ``cached_tokens``, those the engine loaded back from its host tier."""
 
     @property
     def tpot(self) -> float | None:
@@ -140,6 +144,7 @@ def summarize(
     e2e = [r.e2e / time_unit for r in done if r.e2e is not None]
     prompt = sum(r.prompt_tokens for r in done)
     cached = sum(r.cached_tokens for r in done)
+    cached_host = sum(r.cached_host_tokens for r in done)
     start = rows[0].arrival if rows else 0.0
     end = max((r.arrival + (r.e2e or 0.0) for r in done), default=start)
     span = (end - start) / time_unit
@@ -168,6 +173,7 @@ def summarize(
         "failed": len(rows) - len(done),
         "failed_by_reason": dict(sorted(failed_by_reason.items())),
         "hit_rate": cached / prompt if prompt else 0.0,
+        "host_hit_rate": cached_host / prompt if prompt else 0.0,
         "ttft_mean": mean(ttft),
         "ttft_p50": percentile(ttft, 50),
         "ttft_p90": percentile(ttft, 90),

@@ -143,7 +143,12 @@ class SimConfig:
     others' announcements this long after the event; None: no peering."""
     host_cache_tokens: int = 0
     """Each engine's host-memory KV tier in tokens (SGLang's HiCache, write-through; 0: HBM
-    only; docs/host-kv-tier.md)."""
+    only; docs/host-kv-tier.md). With a tier the router's index is told each engine's HBM pool
+    (``cache_tokens``), as the router reads it from ``/server_info`` (`BlockIndex.
+    set_worker_limit`: `precise` checks HBM room against it). Without one it is not: the
+    twin's event stream of a full pool briefly claims more blocks than the pool holds (W4
+    with 16,384-token pools: 1,386 blocks), which that limit would drop, and the published
+    HBM-only figures were measured without it."""
     kv_tiers: bool = True
     """The router reads the KV events' medium (`tpuserve_router.block_index`'s tiers); False
     models a tier-blind router, to which any ``BlockRemoved`` removes the block."""
@@ -343,6 +348,8 @@ class SimRun:
             for i, w in enumerate(self.workers):
                 for index in self.indexes:
                     index.mark_event_feed(w.name)
+                    if config.host_cache_tokens:  # the HBM pool, for `precise`'s HBM room
+                        index.set_worker_limit(w.name, -(-config.cache_tokens // config.page_size))
                 self._enable_events(i)
         for replica in self.replicas:
             replica.policy.on_workers_changed([w.name for w in self.workers])
@@ -515,6 +522,7 @@ class SimRun:
                 rec.ttft = completion.ttft
                 rec.e2e = completion.e2e
                 rec.cached_tokens = completion.cached_tokens
+                rec.cached_host_tokens = completion.cached_host_tokens
                 rec.completion_tokens = completion.completion_tokens
                 if not p.prefill_reported:  # its first token was not reported: now, as the
                     p.prefill_reported = True  # router does at the end of a response

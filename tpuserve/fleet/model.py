@@ -18,7 +18,13 @@ tokens of the KV pool (`perf_model.kv_pool_tokens`) and at most ``max_running_re
 the rest of the pool is the prefix cache: an LRU of Mooncake-style 512-token blocks (a block
 id names its whole prefix), filled with a prompt's blocks when its prefill ends, children
 evicted before parents. Running requests' own blocks count twice (reserved and cached): the
-model under-uses memory slightly.
+model under-uses memory slightly. With ``host_cache_tokens`` each engine also has a host-memory
+tier (SGLang's HiCache, docs/host-kv-tier.md): a block evicted from HBM is demoted to it (an
+LRU of ``host_cache_tokens`` tokens), a prompt's blocks found there after its HBM hit count as
+cached and are loaded back before its prefill, at the catalog's host-to-device bandwidth
+(`StepTimer.load_back_seconds`, added to the step that prefills it). The routers' index holds
+what the engines hold in HBM only: routing is tier-blind, so a tier's gain is the engines'
+alone, a lower bound for tier-aware `precise`.
 
 **Routers.** ``router_replicas`` routers; each request goes to one at random. A router knows
 exactly what it sent (its own in-flight counts and booked prefill tokens) and what the other
@@ -219,6 +225,8 @@ class FleetConfig:
     random_candidates: int = 8
     drain_seconds: float = 600.0
     """After the window, in-flight requests get this long to finish."""
+    host_cache_tokens: int = 0
+    """Each replica's host-memory KV tier in tokens (SGLang's HiCache; 0: HBM only)."""
     max_requests: int = 50_000_000
     seed: int = 0
 
@@ -281,6 +289,8 @@ class FleetConfig:
         lo, hi = self.cold_start_seconds
         if not 0 <= lo <= hi < math.inf:
             raise bad("cold_start_seconds", self.cold_start_seconds, "0 <= min <= max")
+        if self.host_cache_tokens < 0:
+            raise bad("host_cache_tokens", self.host_cache_tokens, ">= 0 tokens (0: no tier)")
         if self.warmup_seconds >= self.duration_seconds:
             raise bad("warmup_seconds", self.warmup_seconds, "< duration_seconds")
 
@@ -304,8 +314,8 @@ class WorkloadRequest:
 
 
 class _Request:
-    __slots__ = ("arrival", "blocks", "booked", "cached", "depth", "engine", "first", "output",
-                 "prompt", "router", "session", "uncached")  # fmt: skip
+    __slots__ = ("arrival", "blocks", "booked", "cached", "depth", "engine", "first",
+                 "host_cached", "output", "prompt", "router", "session", "uncached")  # fmt: skip
 
     def __init__(
         self, arrival: float, blocks: tuple[int, ...], prompt: int, output: int, session: int
@@ -319,6 +329,7 @@ class _Request:
         self.engine = -1
         self.booked = 0
         self.cached = 0
+        self.host_cached = 0  # of them, loaded back from the host tier
         self.depth = 0  # leading blocks the engine held at admission
         self.uncached = 0
         self.first = -1.0
@@ -336,9 +347,9 @@ class _Session:
 
 class _Engine:
     __slots__ = (
-        "cache", "ctx_p", "ctx_s", "i", "incarnation", "phase_b", "phase_c0", "phase_k",
-        "phase_t0", "prefill", "prefill_step", "reserved", "run", "seq", "state", "steps",
-        "t", "version", "waiting", "wtok",
+        "cache", "ctx_p", "ctx_s", "host", "i", "incarnation", "load_back", "phase_b",
+        "phase_c0", "phase_k", "phase_t0", "prefill", "prefill_step", "reserved", "run", "seq",
+        "state", "steps", "t", "version", "waiting", "wtok",
     )  # fmt: skip
 
     def __init__(self, i: int) -> None:
@@ -359,6 +370,8 @@ class _Engine:
         self.prefill_step: list[tuple[_Request, int]] | None = None  # the step in progress
         self.reserved = 0
         self.cache: OrderedDict[int, None] = OrderedDict()
+        self.host: OrderedDict[int, None] = OrderedDict()  # the host tier's blocks, LRU first
+        self.load_back = 0.0  # seconds of load back the next prefill step does first
         self.version = 0
         self.phase_k = 0  # decode steps in the phase in progress (0: none)
         self.phase_t0 = 0.0
@@ -400,6 +413,8 @@ class FleetResult:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    host_cached_tokens: int = 0
+    """Of ``cached_tokens``, those loaded back from the engines' host tier."""
     good_requests: int = 0
     good_input_tokens: int = 0
     good_output_tokens: int = 0
@@ -452,6 +467,10 @@ class FleetResult:
             "goodput_tokens_per_day": good * day,
             "goodput_share": self.good_requests / self.requests if self.requests else 0.0,
             "cache_hit_rate": self.cached_tokens / self.input_tokens if self.input_tokens else 0.0,
+            "host_cache_hit_rate": (
+                self.host_cached_tokens / self.input_tokens if self.input_tokens else 0.0
+            ),
+            "host_cache_tokens": self.config.host_cache_tokens,
             "ttft_p50": _percentile(ttft, 0.5),
             "ttft_p99": _percentile(ttft, 0.99),
             "itl_p50": _percentile(itl, 0.5),
@@ -481,6 +500,7 @@ class FleetSim:
         self.chips = shape.chips
         self.timer = StepTimer(shape, profile, c.quantization)
         self.pool = kv_pool_tokens(shape, profile, c.quantization)
+        self.host_blocks = c.host_cache_tokens // self.block
         if self.pool < self.block:
             raise ValueError(
                 f"model: {c.model} leaves no KV pool on {c.generation} {c.topology}; allowed: "
@@ -1290,7 +1310,8 @@ class FleetSim:
                     break
             b = len(e.run)
             ctx = e.ctx_p + b * e.steps - e.ctx_s
-            dt = self.timer.step_seconds(tokens, attention, b, ctx)
+            dt = self.timer.step_seconds(tokens, attention, b, ctx) + e.load_back
+            e.load_back = 0.0
             e.prefill_step = batch
             self.seq += 1  # `_push`, inline
             heapq.heappush(self.events, (e.t + dt, self.seq, _STEP, e.i, e.version))
@@ -1338,7 +1359,15 @@ class FleetSim:
                 move = cache.move_to_end
                 for b in blocks[d - 1 :: -1]:
                     move(b)
-            cached = min(d * block, req.prompt - 1)
+            host = e.host
+            h = d
+            while h < len(blocks) and blocks[h] in host:  # the rest of the hit, from host
+                host.move_to_end(blocks[h])
+                h += 1
+            cached = min(h * block, req.prompt - 1)
+            req.host_cached = loaded = max(0, cached - d * block)
+            if loaded:
+                e.load_back += self.timer.load_back_seconds(loaded)
             req.cached = cached
             e.wtok -= cached
             req.uncached = req.prompt - cached
@@ -1415,8 +1444,14 @@ class FleetSim:
         excess = len(cache) - max(0, self.pool - e.reserved) // self.block
         if excess > 0:
             pop = cache.popitem
+            host = e.host if self.host_blocks else None
             for _ in range(excess):
                 old = pop(last=False)[0]
+                if host is not None:  # demoted to the host tier (its LRU end)
+                    host[old] = None
+                    host.move_to_end(old)
+                    if len(host) > self.host_blocks:
+                        host.popitem(last=False)
                 h = get(old)
                 if isinstance(h, int):
                     del holders[old]
@@ -1450,6 +1485,7 @@ class FleetSim:
         res.input_tokens += req.prompt
         res.output_tokens += req.output
         res.cached_tokens += req.cached
+        res.host_cached_tokens += req.host_cached
         res.ttft.append(ttft)
         res.itl.append(itl)
         good = ttft <= c.slo_ttft_seconds and itl <= c.slo_itl_seconds

@@ -120,6 +120,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="Weight format (default: bf16).")  # fmt: skip
     model.add_argument("--engine", choices=("sglang", "simulated"), default="sglang",
                        help="spec.engine.type to emit (default: sglang).")  # fmt: skip
+    model.add_argument("--host-kv-size-gb", type=cli_types.positive_int, metavar="GB",
+                       help="A host-memory KV tier of GB per rank on every replica "
+                       "(spec.kvCache.host.sizeGB, docs/host-kv-tier.md), modelled and "
+                       "emitted; a slice whose host cannot hold it is not planned "
+                       "(default: no tier).")  # fmt: skip
     model.add_argument("--context-length", type=cli_types.positive_int,
                        help="Longest prompt + output (default: what the workload needs, at "
                        "most the model's).")  # fmt: skip
@@ -294,7 +299,7 @@ def build_inputs(args: argparse.Namespace) -> tuple[PlanInputs, str | None]:
         pricing=args.pricing, trough=args.trough, context_length=context,
         output_input_cost_ratio=args.output_input_cost_ratio,
         sim_replicas=args.sim_replicas, window_seconds=args.window,
-        warmup_seconds=min(30.0, args.window / 4),
+        warmup_seconds=min(30.0, args.window / 4), host_kv_size_gb=args.host_kv_size_gb,
     )  # fmt: skip
     inputs.validate()
     return inputs, source

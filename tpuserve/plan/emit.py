@@ -64,6 +64,8 @@ def server_spec(
     if hf_config is not None:
         architecture = ModelArchitecture.model_validate(hf_config)
         spec["model"]["architecture"] = architecture.model_dump(by_alias=True, exclude_none=True)
+    if inputs.host_kv_size_gb is not None:
+        spec["kvCache"] = {"host": {"sizeGB": inputs.host_kv_size_gb}}
     split = result.disaggregated
     if split is None:
         spec["autoscaling"] = _bounds(choice.replicas, inputs.trough, target)

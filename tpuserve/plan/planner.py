@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_tpu import disaggregation as pd
-from sglang_tpu import model_config
+from sglang_tpu import hicache, model_config
 from sglang_tpu.perf_model import (
     ModelDoesNotFit,
     ModelProfile,
@@ -251,6 +251,9 @@ class PlanInputs:
     window_seconds: float = 180.0
     warmup_seconds: float = 30.0
     max_replicas: int = 1024
+    host_kv_size_gb: int | None = None
+    """Each replica's host-memory KV tier, GB per rank (`spec.kvCache.host.sizeGB`); None:
+    none. A slice whose host cannot hold it (`host_kv_tokens`) is not planned."""
 
     def validate(self) -> None:
         if not 0 < self.peak_rate < math.inf:
@@ -269,6 +272,8 @@ class PlanInputs:
             raise _bad("--sim-replicas", self.sim_replicas, ">= 1")
         if not self.window_seconds > self.warmup_seconds >= 0:
             raise _bad("--window", self.window_seconds, f"> the warm-up ({self.warmup_seconds} s)")
+        if self.host_kv_size_gb is not None and self.host_kv_size_gb < 1:
+            raise _bad("--host-kv-size-gb", self.host_kv_size_gb, ">= 1 GB per rank")
         if self.context_length < BLOCK_TOKENS:
             raise _bad("--context-length", self.context_length, f">= {BLOCK_TOKENS}")
         self.fleet.validate()
@@ -372,7 +377,33 @@ class Plan:
         return ranked[0] if ranked else None
 
 
-def _sim_config(inputs: PlanInputs, shape: SliceShape, replicas: int, rate: float) -> FleetConfig:
+def host_kv_tokens(inputs: PlanInputs, shape: SliceShape, profile: ModelProfile) -> int:
+    """Tokens of one replica's host tier: ``host_kv_size_gb`` per rank on each of its ranks
+    (one per device), each rank holding its share of a token's KV; 0 without a tier.
+    HostKvDoesNotFit when the machine type's host cannot hold it (the operator's rule: the
+    engine's default memory limit less its own needs and SGLang's reserve)."""
+    size = inputs.host_kv_size_gb
+    if size is None:
+        return 0
+    from tpuserve_operator.host_kv import default_memory_limit
+
+    largest = hicache.max_size_gb(shape, default_memory_limit(shape))
+    if size > largest:
+        raise HostKvDoesNotFit(
+            f"--host-kv-size-gb {size} does not fit a {shape.machine_type} host "
+            f"({hicache.ranks_per_host(shape)} ranks); allowed there: at most {largest}"
+        )
+    ranks = hicache.ranks_per_host(shape) * shape.hosts
+    return int(size * hicache.GB * ranks // profile.kv_bytes_per_token())
+
+
+class HostKvDoesNotFit(ValueError):
+    """The host tier asked for does not fit the slice's hosts."""
+
+
+def _sim_config(
+    inputs: PlanInputs, shape: SliceShape, replicas: int, rate: float, host_tokens: int = 0
+) -> FleetConfig:
     return replace(
         inputs.fleet, generation=shape.generation.name, topology=shape.topology,
         replicas=replicas, initial_replicas=None, min_replicas=0, policy="precise",
@@ -380,6 +411,7 @@ def _sim_config(inputs: PlanInputs, shape: SliceShape, replicas: int, rate: floa
         duration_seconds=inputs.window_seconds, warmup_seconds=inputs.warmup_seconds,
         preemptions_per_replica_hour=0.0, slo_ttft_seconds=inputs.slo.ttft_p99,
         slo_itl_seconds=inputs.slo.itl_p99, drain_seconds=inputs.window_seconds,
+        host_cache_tokens=host_tokens,
     )  # fmt: skip
 
 
@@ -430,12 +462,18 @@ def evaluate(inputs: PlanInputs, shape: SliceShape) -> Candidate:
     profile = inputs.fleet.profile or get_profile(inputs.fleet.model, "--model")
     try:
         _check_fits(shape, profile, inputs)
+        host_tokens = host_kv_tokens(inputs, shape, profile)
     except ModelDoesNotFit as err:
         c.fits, c.why_not = False, str(err).split(";")[0]
         return c
+    except HostKvDoesNotFit as err:
+        c.fits, c.why_not = False, str(err)
+        return c
 
     def run(per_replica: float) -> dict[str, Any]:
-        config = _sim_config(inputs, shape, inputs.sim_replicas, per_replica * inputs.sim_replicas)
+        config = _sim_config(
+            inputs, shape, inputs.sim_replicas, per_replica * inputs.sim_replicas, host_tokens
+        )
         return _summary(run_fleet(config))
 
     rate, summary, runs = max_rate_within_slo(run, inputs.slo, 0.5)

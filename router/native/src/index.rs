@@ -92,6 +92,9 @@ struct Stream {
     /// The page size its first `BlockStored` gave (0: none yet); a block of another size on
     /// this stream is dropped.
     page_size: usize,
+    /// It has published a lower tier (a host-memory `BlockStored`): its worker's KV pool
+    /// (the HBM's, from `/server_info`) no longer bounds it, `max_stream_blocks` does.
+    tiered: bool,
 }
 
 impl Stream {
@@ -100,6 +103,7 @@ impl Stream {
             bit,
             engine_keys: HashMap::default(),
             page_size: 0,
+            tiered: false,
         }
     }
 }
@@ -114,7 +118,8 @@ struct Worker {
     predicted: Predictions,
     has_events: bool,
     /// The most blocks each of its streams may hold (its KV pool's pages, else the index's
-    /// `max_stream_blocks`): a stream claiming more is not believed past it.
+    /// `max_stream_blocks`): a stream claiming more is not believed past it (a tiered stream
+    /// is bounded by `max_stream_blocks` only).
     max_blocks: usize,
 }
 
@@ -353,6 +358,16 @@ impl BlockIndex {
         let mut parent = match parent_block_hash {
             None => Some(ROOT_KEY),
             Some(hash) => stream.engine_keys.get(&hash).and_then(|e| e.key),
+        };
+        if tier == HOST {
+            stream.tiered = true;
+        }
+        // A tiered stream holds its HBM pool and its host pool, which `/server_info` does not
+        // size: only `max_stream_blocks` bounds it.
+        let limit = if stream.tiered {
+            self.max_stream_blocks
+        } else {
+            limit
         };
         let size = block_size.max(0) as usize;
         let bit = stream.bit;
@@ -1123,7 +1138,9 @@ impl BlockIndex {
 
     /// The worker left: drop its entries and free its bits.
     /// The most blocks each of `name`'s streams may hold (its KV pool's pages), at most
-    /// `max_stream_blocks`; a stream already holding more keeps them until it is cleared.
+    /// `max_stream_blocks`; a stream already holding more keeps them until it is cleared. A
+    /// stream that publishes a host tier is bounded by `max_stream_blocks` only (its pool
+    /// is the HBM's; the `precise` policy still reads it as the HBM room, `worker_limit`).
     fn set_worker_limit(&mut self, name: &str, max_blocks: usize) {
         self.ensure_worker(name);
         let limit = max_blocks.min(self.max_stream_blocks);

@@ -113,6 +113,9 @@ class Decision(Generic[W]):
     predicted_host_ratio: float = 0.0
     """Of `predicted_match_ratio`, the share the worker holds only in host memory (its KV
     events' medium; loaded back before prefill)."""
+    hbm_tokens: int = 0
+    """KV tokens the policy counted as held in the worker's HBM while the request runs
+    (`precise`'s `HbmRoom`; released by its hooks)."""
 
 
 class NoHealthyWorker(Exception):

@@ -38,6 +38,21 @@ sequential new prompts over four engines: three each; before, twelve on the firs
    1.5-1.8x the oracle's to about its level), while short queues keep affinity (W0-W6,
    W8 unchanged at 0.85 x mu_RR; docs/benchmarks.md).
 
+5. When the chosen worker holds part of the prompt only in host memory (a host tier, SGLang's
+   HiCache), HBM room (`room_move`): that part is loaded back into free HBM before the
+   prefill, so, as a miss, the request needs room there for all of the prompt the worker
+   does not hold in HBM; while it runs it holds its whole prompt's KV. This router counts
+   the prompt tokens of the requests it has in flight on each worker (`HbmRoom`, plus those
+   its peers announce) against the worker's KV pool (``max_total_num_tokens`` from
+   ``/server_info``, `BlockIndex.worker_limit`). When the chosen worker has no room for the
+   request and another has, the request goes to the worker with room whose cache saves the
+   most (HBM blocks whole, host blocks ``host_hit_weight``: the performance model's prefill
+   less load back), then the least loaded. Without it a conversation's holder keeps every
+   turn while it has no HBM to run them, and its queue waits on decodes to free room (W4
+   with four 16,384-token pools and a host tier: goodput 0.82x the tier-blind router's; with
+   it 1.37x, docs/host-kv-tier.md). Prompts held in HBM, and fleets without a host tier,
+   route as before.
+
 The chosen worker's blocks are also *predicted* in the index for
 ``predicted_ttl_seconds`` (2 s), so a burst of siblings that arrives before the engine's
 first ``BlockStored`` still lands together (Dynamo's predict-on-route). A worker that
@@ -47,8 +62,9 @@ policy degrades to approximate routing rather than to random.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +118,70 @@ def choose_worker(
     )  # fmt: skip
 
 
+def room_move(
+    depths: Sequence[int],
+    device: Sequence[int],
+    page_tokens: int,
+    prompt_tokens: int,
+    chosen: int,
+    room: Sequence[float],
+    loads: Sequence[int],
+    host_hit_weight: float,
+) -> int:
+    """Step 5 (the module's docstring), pure: ``chosen``, or the worker the request goes to
+    because ``chosen`` has no HBM room for it. ``depths[i]``: leading blocks of the prompt
+    worker ``i`` holds in any tier, ``device[i]`` of them in HBM; ``room[i]``: its free HBM
+    in tokens (pool less the prompts in flight there); ``loads[i]``: its in-flight requests.
+    A worker needs room for the prompt less what it holds in HBM. With no worker having
+    room, ``chosen`` (the request waits wherever it goes)."""
+    need = [prompt_tokens - min(d, a) * page_tokens for a, d in zip(depths, device, strict=True)]
+    if need[chosen] <= room[chosen]:
+        return chosen
+    best = -1
+    best_key = (0.0, 0)
+    for i, (n, r) in enumerate(zip(need, room, strict=True)):
+        if n > r:
+            continue
+        held = min(device[i], depths[i])
+        key = (held + (depths[i] - held) * host_hit_weight, -loads[i])
+        if best < 0 or key > best_key:
+            best, best_key = i, key
+    return chosen if best < 0 else best
+
+
+class HbmRoom:
+    """Prompt tokens of the requests routed to each worker that have not ended: the KV they
+    hold in its HBM while they run (step 5). A request's tokens come off at its end, or when
+    it is set aside before reaching the worker."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, int] = {}
+
+    def tokens(self, name: str) -> int:
+        return self._tokens.get(name, 0)
+
+    def book(self, decision: Decision[Any], tokens: int) -> None:
+        if tokens > 0:
+            name = decision.worker.name
+            self._tokens[name] = self._tokens.get(name, 0) + tokens
+            decision.hbm_tokens = tokens
+
+    def release(self, decision: Decision[Any]) -> None:
+        if decision.hbm_tokens:
+            name = decision.worker.name
+            left = self._tokens.get(name, 0) - decision.hbm_tokens
+            if left > 0:
+                self._tokens[name] = left
+            else:
+                self._tokens.pop(name, None)
+            decision.hbm_tokens = 0
+
+    def keep_only(self, names: Collection[str]) -> None:
+        """Forget the workers not in ``names`` (they left)."""
+        for name in [n for n in self._tokens if n not in names]:
+            del self._tokens[name]
+
+
 def decide(
     held: Sequence[int],
     page_tokens: int,
@@ -132,6 +212,7 @@ class PrecisePolicy(BlockIndexPolicy):
         self.params = build_params(self.name, PreciseParams, config)
         self.start_index(self.params, clock)
         p = self.params
+        self.room = HbmRoom()
         self.block_index.set_route_params(
             p.cache_threshold, p.balance_abs_threshold, p.balance_rel_threshold,
             p.queue_margin_tokens, p.saved_prefix_weight, p.host_hit_weight,
@@ -163,20 +244,79 @@ class PrecisePolicy(BlockIndexPolicy):
         keys, depths, i, outcome, predicted, page, last_key = index.route(
             tokens, names, loads, queued
         )  # keys are whole pages of the prompt: depth x page <= prompt
+        chosen = i
         if not predicted:
-            moved = leave_long_queue(healthy, depths, page, prompt, i, self.queues, params)
-            if moved != i:
-                i = moved
-                cached = [d * page for d in depths]
-                outcome = affinity_outcome(cached, i, prompt, params.cache_threshold)
-            index.predict(healthy[i].name, keys)
+            i = leave_long_queue(healthy, depths, page, prompt, i, self.queues, params)
+        device: list[int] | None = None
+        if index.host_only_blocks:  # some engine has a host tier: what of it is where
+            device = index.device_match(keys, names)
+            if device[i] < depths[i]:  # it would load back: HBM room decides (step 5)
+                i = self._room_move(depths, device, page, prompt, i, names, loads)
+        if i != chosen:
+            cached = [d * page for d in depths]
+            outcome = affinity_outcome(cached, i, prompt, params.cache_threshold)
+            if predicted:  # route predicted the keys on the worker it chose
+                index.unpredict(names[chosen], keys)
+                predicted = False
+        if not predicted:
+            index.predict(names[i], keys)
         target = healthy[i]
         hit = depths[i] * page
         # positional: a call with keywords builds a dict for them (Decision's field order:
         # worker, outcome, predicted_match_ratio, prompt_units, pending_units, block_keys)
         decision = Decision(target, outcome, hit / prompt if prompt else 0.0, prompt, 0, keys)
-        if index.host_only_blocks and hit:  # some engine has a host tier: what of it is there
-            (device,) = index.device_match(keys, (target.name,))
-            decision.predicted_host_ratio = max(0, depths[i] - device) * page / prompt
+        if device is not None and hit:  # what of the hit is in host memory there
+            decision.predicted_host_ratio = max(0, depths[i] - device[i]) * page / prompt
         self.queues.book(decision, prompt - hit, last_key)
+        self.room.book(decision, prompt)
         return decision
+
+    def _room_move(
+        self,
+        depths: Sequence[int],
+        device: Sequence[int],
+        page: int,
+        prompt: int,
+        chosen: int,
+        names: Sequence[str],
+        loads: Sequence[int],
+    ) -> int:
+        """`room_move` on this router's count of each worker's HBM in use (its pool: the
+        index's `worker_limit`, unknown pools never full)."""
+        index = self.block_index
+        room = self.room
+
+        def free(name: str) -> float:
+            limit = index.worker_limit(name)
+            if limit is None:
+                return math.inf
+            return limit * page - room.tokens(name)
+
+        need = prompt - min(device[chosen], depths[chosen]) * page
+        if need <= free(names[chosen]):
+            return chosen  # the usual case: the others' room is read only when it is not
+        rooms = [free(name) for name in names]
+        return room_move(
+            depths, device, page, prompt, chosen, rooms, loads, self.params.host_hit_weight
+        )
+
+    def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
+        if decision.pending_units:
+            self.queues.release(decision)
+        if decision.hbm_tokens:
+            self.room.release(decision)
+
+    def on_set_aside(self, decision: Decision[Any]) -> None:
+        super().on_set_aside(decision)
+        if decision.hbm_tokens:
+            self.room.release(decision)
+
+    def apply_peer_route(
+        self, decision: Decision[Any], last_key: int | None, keys: Sequence[int]
+    ) -> None:
+        super().apply_peer_route(decision, last_key, keys)
+        self.room.book(decision, len(keys) * self.block_index.page_size)
+
+    def on_workers_changed(self, names: Collection[str]) -> None:
+        super().on_workers_changed(names)
+        self.room.keep_only(set(names))

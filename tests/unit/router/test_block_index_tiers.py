@@ -110,3 +110,18 @@ def test_the_compiled_reader_reads_the_medium_as_python_does() -> None:
         for index in (native, python):
             assert (index.match(keys, [A]), index.device_match(keys, [A])) == ([4], [0])
             assert index.host_only_blocks == 4
+
+
+def test_a_tiered_stream_holds_more_blocks_than_its_hbm_pool() -> None:
+    """`/server_info`'s pool is the HBM's: a stream that publishes a host tier is bounded by
+    ``max_stream_blocks`` only, so its host blocks past the HBM pool stay routable (the
+    limit still bounds a stream without tiers, and stays readable for `precise`'s HBM room)."""
+    index = BlockIndex(page_size=PAGE, max_stream_blocks=64)
+    index.set_worker_limit(A, 2)
+    index.set_worker_limit(B, 2)
+    keys = index.keys(TOKENS)
+    store(index, A, MEDIUM_HOST)  # 4 blocks in host memory, twice the HBM pool
+    store(index, B, MEDIUM_GPU)
+    assert index.match(keys, [A, B]) == [4, 2]
+    assert index.dropped_blocks == 2
+    assert index.worker_limit(A) == 2

@@ -29,6 +29,7 @@ from tpuserve.plan.planner import (
     Slo,
     allowed_shapes,
     disaggregate,
+    host_kv_tokens,
     load_prices,
     max_rate_within_slo,
     override_prices,
@@ -351,3 +352,30 @@ def test_a_trace_becomes_length_distributions_and_reuse() -> None:
     assert inputs.fleet.workload == "lengths"
     assert inputs.fleet.reuse_share > 0.5  # W1: shared system prompts
     assert inputs.fleet.prefix_groups >= 1
+
+
+def test_a_host_tier_is_planned_where_the_host_holds_it_and_emitted() -> None:
+    """``--host-kv-size-gb``: each candidate's replicas get the tier (its tokens from the size
+    per rank, the ranks and the model's KV per token); a slice whose host cannot hold it is
+    not planned, naming the largest size there; the emitted server carries the field."""
+    result = plan(small_inputs(host_kv_size_gb=140))
+    by_key = {c.key: c for c in result.candidates}
+    one, four = by_key["v6e 1x1"], by_key["v6e 2x2"]
+    assert not one.fits
+    assert one.why_not == (
+        "--host-kv-size-gb 140 does not fit a ct6e-standard-1t host (1 ranks); "
+        "allowed there: at most 132"
+    )
+    assert four.capacity_rps > 0
+    assert four.at_capacity["host_cache_tokens"] == host_kv_tokens(
+        result.inputs, four.shape, get_profile("llama-3.1-8b")
+    )
+    assert four.at_capacity["host_cache_tokens"] == 140 * 10**9 * 4 // 131072
+    spec = emit.server_spec(result, four, "hf://meta-llama/Llama-3.1-8B-Instruct", "sglang",
+                            spot=False)  # fmt: skip
+    assert spec["kvCache"] == {"host": {"sizeGB": 140}}
+    assert validate("host-tier-plan", spec).shape == four.shape  # the operator admits it
+    without = small_inputs()
+    assert host_kv_tokens(without, four.shape, get_profile("llama-3.1-8b")) == 0
+    with pytest.raises(PlanError, match=r"--host-kv-size-gb: 0 is not allowed; allowed: >= 1"):
+        small_inputs(host_kv_size_gb=0).validate()

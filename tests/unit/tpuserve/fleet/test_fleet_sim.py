@@ -146,3 +146,21 @@ def test_daily_shape() -> None:
 def test_bad_config_names_field_value_and_allowed(change: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         replace(SMALL, **change).validate()  # type: ignore[arg-type]
+
+
+def test_a_host_tier_raises_the_hit_rate_where_hbm_cannot_hold_the_sessions() -> None:
+    """Mooncake sessions on four v6e 1x1 replicas (~108k tokens of HBM KV each): blocks
+    evicted from HBM are demoted to the host tier and later turns load them back, so the
+    same traffic finds more of its prompts cached, part of them in host memory."""
+    base = FleetConfig(generation="v6e", topology="1x1", replicas=4, peak_rate=2.0,
+                       trough=1.0, bursts_per_hour=0.0, duration_seconds=120.0,
+                       warmup_seconds=30.0)  # fmt: skip
+    without = run_fleet(base).summary()
+    with_tier = run_fleet(replace(base, host_cache_tokens=2_000_000)).summary()
+    assert without["requests"] == with_tier["requests"]
+    assert without["host_cache_hit_rate"] == 0.0
+    assert with_tier["host_cache_hit_rate"] > 0.02
+    assert with_tier["cache_hit_rate"] > without["cache_hit_rate"] + 0.02
+    assert with_tier["ttft_p99"] < without["ttft_p99"]
+    with pytest.raises(ValueError, match=r"host_cache_tokens: -1 is not allowed; allowed: >= 0"):
+        replace(base, host_cache_tokens=-1).validate()
