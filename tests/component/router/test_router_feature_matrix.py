@@ -42,7 +42,7 @@ from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import ConfigError, RouterConfig
-from tpuserve_router.workers import Worker
+from tpuserve_router.engines.workers import Worker
 
 pytestmark = pytest.mark.component
 
