@@ -25,12 +25,12 @@ from multiprocessing.connection import Connection
 from prometheus_client import CollectorRegistry
 
 from tpuserve.cluster.ports import free_port
+from tpuserve_router.engines.workers import WorkerRegistry, WorkerSpec
 from tpuserve_router.metrics import create_router_metrics
-from tpuserve_router.peer_view import PeerMessage, PeerView
-from tpuserve_router.peers import PeerNetwork, peer_endpoint
+from tpuserve_router.peering.peer_view import PeerMessage, PeerView
+from tpuserve_router.peering.peers import PeerNetwork, peer_endpoint
 from tpuserve_router.policies import make_policy
 from tpuserve_router.policies.base import Decision
-from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
 WORKER = "http://127.0.0.1:30000"
 

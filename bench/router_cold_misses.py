@@ -40,9 +40,9 @@ def setup(policy_name: str) -> tuple[Any, Any, list[Any]]:
     """The policy, its token cache (None if it needs no tokens) and 4 healthy workers, as
     `bench/router_policy_cpu.py` also routes them."""
     from sglang_tpu.tokenizer import load_tokenizer
+    from tpuserve_router.engines.workers import WorkerRegistry, WorkerSpec
+    from tpuserve_router.pipeline.token_cache import ChatTokenCache
     from tpuserve_router.policies.base import make_policy
-    from tpuserve_router.token_cache import ChatTokenCache
-    from tpuserve_router.workers import WorkerRegistry, WorkerSpec
 
     policy = make_policy(policy_name)
     tokens = ChatTokenCache(load_tokenizer(None)) if policy.needs_tokens else None
@@ -59,9 +59,9 @@ def workload(policy_name: str, requests: int, warm_up: int, evict_mb: int, route
     only evict, without ``route``)."""
     sys.path[:0] = [str(ROOT), str(ROOT / "router")]
     from bench.router_overhead import completion_requests
+    from tpuserve_router.pipeline.request_body import parse_completions, parse_json_object
+    from tpuserve_router.pipeline.usage import usage_from_body
     from tpuserve_router.policies.base import RouteRequest
-    from tpuserve_router.request_body import parse_completions, parse_json_object
-    from tpuserve_router.usage import usage_from_body
 
     policy, tokens, workers = setup(policy_name)
     bodies = [r.split(b"\r\n\r\n", 1)[1] for r in completion_requests(10, warm_up + requests)]

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 from bench.router_cold_misses import setup
 from bench.router_overhead import completion_requests
+from tpuserve_router.pipeline.request_body import parse_completions, parse_json_object
 from tpuserve_router.policies.base import RouteRequest
-from tpuserve_router.request_body import parse_completions, parse_json_object
 
 
 def measure(policy_name: str, requests: int, warm_up: int, cold_mb: int = 0) -> dict[str, float]:

@@ -16,7 +16,7 @@ import sys
 import uvloop
 
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.server import Handler, HttpRequest, serve
+from tpuserve_router.front.server import Handler, HttpRequest, serve
 
 JSON = b"content-type: application/json\r\n"
 SSE = b"content-type: text/event-stream\r\n"

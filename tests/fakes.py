@@ -37,8 +37,8 @@ from tpuserve_operator.kube import replicas_patch
 from tpuserve_operator.observed import PodView
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.front.server import HttpRequest, serve, status_line
 from tpuserve_router.policies import RouteRequest
-from tpuserve_router.server import HttpRequest, serve, status_line
 
 Watcher = Callable[[str, Mapping[str, Any]], None]  # event type (ADDED, MODIFIED, DELETED), body
 ObjectKey = tuple[str, str, str, str]  # apiVersion, kind, namespace, name

@@ -1,4 +1,4 @@
-"""Types of the compiled block index (router/native, Rust); see `tpuserve_router.block_index`."""
+"""Types of the compiled block index (router/native, Rust); see `tpuserve_router.kv.block_index`."""
 
 from collections.abc import Callable, Iterable, Sequence
 from typing import overload
@@ -143,7 +143,7 @@ class TokenCache:
     def encode_pieces(self, text: str, turn_start: str) -> TokenIds: ...
 
 class ZmtpReader:
-    """The frames of one ZMTP 3.0 SUB connection (`tpuserve_router.zmtp`)."""
+    """The frames of one ZMTP 3.0 SUB connection (`tpuserve_router.kv.zmtp`)."""
 
     def __init__(self, prefix: bytes, max_frame_bytes: int) -> None: ...
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]: ...

@@ -70,22 +70,33 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sglang_tpu.tokenizer import load_tokenizer
 from sglang_tpu.version import tpuserve_version
-from tpuserve_router.admin import ROUTE as ADMIN_ROUTE
-from tpuserve_router.admin import AdminApi
-from tpuserve_router.admission import Admission
-from tpuserve_router.auth import ApiKey, KeyStore, presented_key
-from tpuserve_router.block_index import BlockIndex
-from tpuserve_router.cancellation import Aborter
 from tpuserve_router.config import RouterConfig, kv_events_enabled, read_token
-from tpuserve_router.connections import BufferBudget, ConnectionBook
 from tpuserve_router.core import RouterCore
-from tpuserve_router.discovery.static import static_workers
-from tpuserve_router.engine_loads import LoadPoller
-from tpuserve_router.forwarding import Forwarder
-from tpuserve_router.health import HealthChecker
-from tpuserve_router.hold import HoldQueues, touch_hold_series
-from tpuserve_router.kv_events import KvEventHub
-from tpuserve_router.kv_snapshot import (
+from tpuserve_router.engines.admission import Admission
+from tpuserve_router.engines.discovery.static import static_workers
+from tpuserve_router.engines.engine_loads import LoadPoller
+from tpuserve_router.engines.health import HealthChecker
+from tpuserve_router.engines.outliers import Ejectable, OutlierDetector
+from tpuserve_router.engines.worker_networks import is_loopback, parse_networks
+from tpuserve_router.engines.workers import WorkerRegistry, WorkerSpec
+from tpuserve_router.front.admin import ROUTE as ADMIN_ROUTE
+from tpuserve_router.front.admin import AdminApi
+from tpuserve_router.front.connections import BufferBudget, ConnectionBook
+from tpuserve_router.front.forwarding import Forwarder
+from tpuserve_router.front.pd import PdRouter
+from tpuserve_router.front.replies import reject
+from tpuserve_router.front.server import (
+    JSON_HEADERS,
+    RETRY_AFTER,
+    BodyNotTaken,
+    FrontLimits,
+    Handler,
+    HttpRequest,
+    serve,
+)
+from tpuserve_router.kv.block_index import BlockIndex
+from tpuserve_router.kv.kv_events import KvEventHub
+from tpuserve_router.kv.kv_snapshot import (
     Seeds,
     seed_from_peers,
     seed_from_url,
@@ -99,35 +110,24 @@ from tpuserve_router.metrics import (
     create_router_metrics,
     touch_known_series,
 )
-from tpuserve_router.outliers import Ejectable, OutlierDetector
-from tpuserve_router.pd import PdRouter
-from tpuserve_router.pd_settings import pd_workers
-from tpuserve_router.peer_auth import load_key
-from tpuserve_router.peer_snapshot import SnapshotService, snapshot_port
-from tpuserve_router.peer_view import PeerView, new_router_id
-from tpuserve_router.peers import PeerNetwork
+from tpuserve_router.peering.peer_auth import load_key
+from tpuserve_router.peering.peer_snapshot import SnapshotService, snapshot_port
+from tpuserve_router.peering.peer_view import PeerView, new_router_id
+from tpuserve_router.peering.peers import PeerNetwork
+from tpuserve_router.pipeline.cancellation import Aborter
+from tpuserve_router.pipeline.pd_settings import pd_workers
+from tpuserve_router.pipeline.refusals import model_not_found, unauthorized
+from tpuserve_router.pipeline.request_body import GENERATION_ROUTES, ClientError
+from tpuserve_router.pipeline.token_cache import ChatTokenCache
 from tpuserve_router.policies.base import Policy, make_policy
-from tpuserve_router.quotas import Quotas
-from tpuserve_router.refusals import model_not_found, unauthorized
-from tpuserve_router.replies import reject
-from tpuserve_router.request_body import GENERATION_ROUTES, ClientError
-from tpuserve_router.server import (
-    JSON_HEADERS,
-    RETRY_AFTER,
-    BodyNotTaken,
-    FrontLimits,
-    Handler,
-    HttpRequest,
-    serve,
-)
-from tpuserve_router.token_cache import ChatTokenCache
-from tpuserve_router.worker_networks import is_loopback, parse_networks
-from tpuserve_router.workers import WorkerRegistry, WorkerSpec
+from tpuserve_router.tenancy.auth import ApiKey, KeyStore, presented_key
+from tpuserve_router.tenancy.hold import HoldQueues, touch_hold_series
+from tpuserve_router.tenancy.quotas import Quotas
 
 if TYPE_CHECKING:
-    from tpuserve_router.demand import DemandLease
-    from tpuserve_router.discovery.kubernetes import PodWatcher
-    from tpuserve_router.picker import EndpointPicker
+    from tpuserve_router.engines.discovery.kubernetes import PodWatcher
+    from tpuserve_router.front.picker import EndpointPicker
+    from tpuserve_router.tenancy.demand import DemandLease
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ def create_router_app(
     discovery: PodWatcher | None = None
     demand: DemandLease | None = None
     if config.discovery == "kubernetes":
-        from tpuserve_router.discovery.kubernetes import ApiServer, PodRules, PodWatcher
+        from tpuserve_router.engines.discovery.kubernetes import ApiServer, PodRules, PodWatcher
 
         rules = PodRules.from_flags(
             config.leader_label,
@@ -262,7 +262,7 @@ def create_router_app(
             api, namespace, config.selector, rules, functools.partial(apply_discovered, workers)
         )
         if config.demand_lease is not None:
-            from tpuserve_router.demand import DemandLease
+            from tpuserve_router.tenancy.demand import DemandLease
 
             demand = DemandLease(
                 api,
@@ -289,7 +289,7 @@ def create_router_app(
     )
     picker: EndpointPicker | None = None
     if config.picker_port is not None:  # grpc is imported only when the picker is on
-        from tpuserve_router.picker import EndpointPicker
+        from tpuserve_router.front.picker import EndpointPicker
 
         token = None if config.picker_token_file is None else read_token(config.picker_token_file)
         picker = EndpointPicker(

@@ -35,7 +35,7 @@ from tpuserve_router.config import (
     RouterConfig,
     parse_key_values,
 )
-from tpuserve_router.pd_settings import PD_POLICIES
+from tpuserve_router.pipeline.pd_settings import PD_POLICIES
 from tpuserve_router.policies.base import registered_policy_names
 
 DESCRIPTION = """Run the prefix-aware router: OpenAI and SGLang APIs in front of the workers.

@@ -21,21 +21,25 @@ from sglang_tpu.disaggregation import (
     timer_for,
 )
 from sglang_tpu.perf_model import DEFAULT_PROFILE
-from tpuserve_router.auth import KeysFileError, KeyStore
-from tpuserve_router.deadlines import FirstByteBudget
-from tpuserve_router.outliers import OutlierConfig
-from tpuserve_router.pd_settings import PD_POLICIES, PdSettings, pd_workers
-from tpuserve_router.peer_auth import key_file_problem
-from tpuserve_router.peer_snapshot import snapshot_port
+from tpuserve_router.engines.outliers import OutlierConfig
+from tpuserve_router.engines.worker_networks import is_loopback, parse_networks, url_problem
+from tpuserve_router.engines.workers import (
+    InvalidWorkerURL,
+    normalize_worker_url,
+    parse_worker_flag,
+)
+from tpuserve_router.front.server import FrontLimits
+from tpuserve_router.peering.peer_auth import key_file_problem
+from tpuserve_router.peering.peer_snapshot import snapshot_port
+from tpuserve_router.pipeline.deadlines import FirstByteBudget
+from tpuserve_router.pipeline.pd_settings import PD_POLICIES, PdSettings, pd_workers
 from tpuserve_router.policies.base import (
     Policy,
     PolicyConfigError,
     make_policy,
     registered_policy_names,
 )
-from tpuserve_router.server import FrontLimits
-from tpuserve_router.worker_networks import is_loopback, parse_networks, url_problem
-from tpuserve_router.workers import InvalidWorkerURL, normalize_worker_url, parse_worker_flag
+from tpuserve_router.tenancy.auth import KeysFileError, KeyStore
 
 DEFAULT_POLICY = "precise"
 """The routing policy when none is given: the winner of the routing benchmark (issue 8,

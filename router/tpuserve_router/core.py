@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.engines.workers import WorkerRegistry
 from tpuserve_router.metrics import RouterMetrics
-from tpuserve_router.peer_view import PeerLink
+from tpuserve_router.peering.peer_view import PeerLink
 from tpuserve_router.policies.base import Policy
-from tpuserve_router.workers import WorkerRegistry
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sglang_tpu.kv_events import DECODE_ERROR_REASONS
-from tpuserve_router.cancellation import ABORT_REASONS
-from tpuserve_router.outliers import EJECTION_REASONS
-from tpuserve_router.peer_view import MESSAGE_KINDS as PEER_MESSAGE_KINDS
+from tpuserve_router.engines.outliers import EJECTION_REASONS
+from tpuserve_router.peering.peer_view import MESSAGE_KINDS as PEER_MESSAGE_KINDS
+from tpuserve_router.pipeline.cancellation import ABORT_REASONS
 from tpuserve_router.policies.base import OUTCOMES
 
 C = TypeVar("C")

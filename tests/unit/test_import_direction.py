@@ -154,3 +154,63 @@ def test_the_circle_finder_finds_a_circle_through_a_deferred_import() -> None:
 
 def test_no_module_imports_itself_back_through_others() -> None:
     assert circles(import_graph(module_files())) == []
+
+
+# ---------------------------------------------------------------- the router's package direction
+
+ROUTER_NEVER_IMPORTS = {
+    "pipeline": ("front",),
+    "tenancy": ("front", "pipeline"),
+    "peering": ("front", "pipeline", "tenancy"),
+    "engines": ("front", "pipeline", "tenancy", "peering"),
+    "kv": ("front", "pipeline", "tenancy", "policies"),
+    "policies": ("front", "pipeline", "tenancy", "peering", "engines"),
+}
+"""docs/router.md, "Code": the router's sub-packages, each never importing those its reader
+need not know (a front runs the pipeline, the pipeline never reaches back into a front; the
+policies and the KV view know nothing of requests, tenants or fronts). No sub-package
+imports the wiring (``app``, ``cli``)."""
+WIRING = ("tpuserve_router.app", "tpuserve_router.cli")
+
+
+def router_package(module: str) -> str | None:
+    """The router sub-package of a module (None: a top-level module, or not the router's)."""
+    parts = module.split(".")
+    if parts[0] != "tpuserve_router" or len(parts) < 3:
+        return None
+    return parts[1]
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of ``graph`` against the router's package direction."""
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if (package := router_package(module)) is not None
+        for target in targets
+        if router_package(target) in ROUTER_NEVER_IMPORTS.get(package, ()) or target in WIRING
+    )
+
+
+def test_the_direction_check_finds_an_import_the_wrong_way() -> None:
+    graph = {
+        "tpuserve_router.kv.events": {"tpuserve_router.front.server", "tpuserve_router.metrics"},
+        "tpuserve_router.front.server": {"tpuserve_router.pipeline.ledger"},
+        "tpuserve_router.pipeline.ledger": {"tpuserve_router.app"},
+        "tpuserve_router.app": {"tpuserve_router.front.server"},
+    }
+    assert wrong_way(graph) == [
+        "tpuserve_router.kv.events imports tpuserve_router.front.server",
+        "tpuserve_router.pipeline.ledger imports tpuserve_router.app",
+    ]
+
+
+def test_every_router_package_has_its_direction() -> None:
+    packages = {
+        p.name for p in PACKAGES["tpuserve_router"].iterdir() if (p / "__init__.py").exists()
+    }
+    assert packages == set(ROUTER_NEVER_IMPORTS) | {"front"}
+
+
+def test_the_router_packages_import_in_one_direction() -> None:
+    assert wrong_way(import_graph(module_files())) == []

@@ -26,9 +26,9 @@ subscribes to every engine's KV events. A tpuserve policy (not an anchor: sglang
 others keep their own counts only) also polls every engine's load every ``load_poll_seconds``
 as ``tpuserve router --load-poll-interval`` does, replica ``r`` at phase ``r / N`` of the
 interval (and, as the router, waiting longer while its polls find nothing beyond its own
-counts: `tpuserve_router.load_view.next_poll_gap`), and sees its own in-flight requests and
-prefill plus what the others put there as
-of its last poll (`tpuserve_router.load_view.set_peer_load`, the router's own rule; the engine
+counts: `tpuserve_router.engines.load_view.next_poll_gap`), and sees its own in-flight
+requests and prefill plus what the others put there as of its last poll
+(`tpuserve_router.engines.load_view.set_peer_load`, the router's own rule; the engine
 answers with its running and waiting requests and its uncached waiting prompt tokens, as
 ``/v1/loads`` does). With ``peer_delay_seconds`` set, a tpuserve policy's replicas also peer as
 ``tpuserve router --peer-port`` does: each announces its decisions, first tokens and ends
@@ -36,7 +36,7 @@ through the router's own `PeerLink`, and every other replica applies them throug
 own `PeerView` that many seconds after the event (None: no peering, the poll alone). With
 ``kv_event_interval_seconds`` set, a replica's index gets an engine's KV events at its next
 read of them, as the router reads busy streams every
-`tpuserve_router.kv_events.READ_INTERVAL_SECONDS` (0: at once).
+`tpuserve_router.kv.kv_events.READ_INTERVAL_SECONDS` (0: at once).
 
 Every request of the trace runs as its own request, whatever its id (the engines see the
 request's position in the trace), and one that fails carries its reason in
@@ -70,10 +70,11 @@ from sglang_tpu.topology import lookup
 from tpuserve.bench.anchors import AnchorContext, make_bench_policy
 from tpuserve.bench.report import SLO_FACTOR, LoadSamples, RequestRecord
 from tpuserve.bench.traces import TraceRequest, token_ids_of
-from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.load_view import next_poll_gap, set_peer_load
-from tpuserve_router.peer_view import PeerLink, PeerMessage, PeerView
+from tpuserve_router.engines.load_view import next_poll_gap, set_peer_load
+from tpuserve_router.kv.block_index import BlockIndex
+from tpuserve_router.peering.peer_view import PeerLink, PeerMessage, PeerView
+from tpuserve_router.pipeline.request_body import parse_chat, parse_completions
 from tpuserve_router.policies.base import (
     Decision,
     NoHealthyWorker,
@@ -81,7 +82,6 @@ from tpuserve_router.policies.base import (
     RouteRequest,
     registered_policy_names,
 )
-from tpuserve_router.request_body import parse_chat, parse_completions
 
 log = logging.getLogger(__name__)
 
@@ -150,11 +150,11 @@ class SimConfig:
     with 16,384-token pools: 1,386 blocks), which that limit would drop, and the published
     HBM-only figures were measured without it."""
     kv_tiers: bool = True
-    """The router reads the KV events' medium (`tpuserve_router.block_index`'s tiers); False
+    """The router reads the KV events' medium (`tpuserve_router.kv.block_index`'s tiers); False
     models a tier-blind router, to which any ``BlockRemoved`` removes the block."""
     kv_event_interval_seconds: float = 0.0
     """How often a replica reads a busy engine's KV events, as the router does every
-    `tpuserve_router.kv_events.READ_INTERVAL_SECONDS`: an event reaches a replica's index at
+    `tpuserve_router.kv.kv_events.READ_INTERVAL_SECONDS`: an event reaches a replica's index at
     that replica's next read (replica r reads at phase r / N of the interval); 0: at once."""
 
     @property

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from sglang_tpu.tokenizer import Tokenizer, load_tokenizer
 from tpuserve.bench.traces import TraceRequest, token_ids_of
-from tpuserve_router.block_index import block_keys
+from tpuserve_router.kv.block_index import block_keys
 
 DEMAND_SHARE_OF_FLEET = 0.7
 MIN_WORKERS_OF_DEMAND = 3.0

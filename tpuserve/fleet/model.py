@@ -31,17 +31,17 @@ exactly what it sent (its own in-flight counts and booked prefill tokens) and wh
 routers put on each engine as of its last load poll (every ``load_poll_seconds``, phase
 ``r / N``), as ``tpuserve router`` does with ``/v1/loads``. With ``peer_delay_seconds`` (the
 default, 1 ms) the ``precise`` routers also peer as ``tpuserve router --peer-port`` replicas
-do (`tpuserve_router.peer_view`, on by default from the operator): each decision, first token
-and end reaches every other router ``peer_delay_seconds`` later, and it applies it as if it
-had routed the request itself: +1 in flight on the engine (-1 at the end), the booked prefill
-tokens (released at the first token) and the decision's predicted blocks (for
+do (`tpuserve_router.peering.peer_view`, on by default from the operator): each decision,
+first token and end reaches every other router ``peer_delay_seconds`` later, and it applies
+it as if it had routed the request itself: +1 in flight on the engine (-1 at the end), the
+booked prefill tokens (released at the first token) and the decision's predicted blocks (for
 ``PRECISE.predicted_ttl_seconds`` from then). The poll then adds only what the engine holds
-beyond what the router knows of (`tpuserve_router.load_view`'s rule). None: no peering, the
-poll alone. The other policies do not peer (round-robin keeps its own cycle; the llm-d and
-oracle anchors are not tpuserve's router). Prefix holders come from one
-index of what the engines hold (their KV events, applied at once); the llm-d anchor keeps
-its own per-router approximate index instead (filled at routing time, as llm-d's EPP does).
-A decision never looks at every replica: its candidates are at most ``holder_candidates``
+beyond what the router knows of (`tpuserve_router.engines.load_view`'s rule). None: no
+peering, the poll alone. The other policies do not peer (round-robin keeps its own cycle;
+the llm-d and oracle anchors are not tpuserve's router). Prefix holders come from one index
+of what the engines hold (their KV events, applied at once); the llm-d anchor keeps its own
+per-router approximate index instead (filled at routing time, as llm-d's EPP does). A
+decision never looks at every replica: its candidates are at most ``holder_candidates``
 engines among those holding the prompt's longest cached prefix (found by binary search over
 the prompt's blocks: a few dict lookups) plus ``random_candidates`` engines drawn at random
 (power of d choices); only they are scored. A fleet of no more routable replicas than that
@@ -176,7 +176,7 @@ class FleetConfig:
     router_replicas: int = 1
     peer_delay_seconds: float | None = 0.001
     """Router replicas peer (``precise``): each hears the others' decisions, first tokens and
-    ends this many seconds later (`tpuserve_router.peer_view`; the routing benchmark's
+    ends this many seconds later (`tpuserve_router.peering.peer_view`; the routing benchmark's
     ``--peer-delay``, ``bench/peer_latency.py`` measures ~0.2 ms median on loopback). None: no
     peering, each router sees the others only through its load poll."""
     peak_rate: float = 100.0

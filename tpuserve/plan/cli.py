@@ -211,7 +211,7 @@ def workload_from_trace(path: str) -> dict[str, Any]:
     """A trace's lengths and prefix reuse as `lengths` workload parameters."""
     from sglang_tpu.tokenizer import load_tokenizer
     from tpuserve.bench.traces import TraceError, read_trace, token_ids_of
-    from tpuserve_router.block_index import block_keys
+    from tpuserve_router.kv.block_index import block_keys
 
     try:
         trace = read_trace(path)

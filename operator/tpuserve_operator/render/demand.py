@@ -2,7 +2,7 @@
 
 A server with ``autoscaling.minReplicas: 0`` gets a Lease (``<name>-demand``). Its routers
 hold requests while no replica is routable and renew the Lease's ``spec.renewTime`` while
-requests arrive, run or wait (`tpuserve_router.demand`); the operator reads it from its
+requests arrive, run or wait (`tpuserve_router.tenancy.demand`); the operator reads it from its
 watch (`scale_to_zero`). The Lease is the operator's child; a router's Role may only ``get``
 and ``patch`` that one object (``resourceNames``), the least a router needs to say "there
 is demand" in one API call. docs/operator.md ("Scale to zero") says why this and not the

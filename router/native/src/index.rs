@@ -1,5 +1,5 @@
 //! `BlockIndex`: which worker holds which KV-cache block. The semantics are documented in
-//! `tpuserve_router/block_index.py`, which exports this class.
+//! `tpuserve_router/kv/block_index.py`, which exports this class.
 
 use std::collections::{HashMap, HashSet};
 
@@ -767,7 +767,7 @@ impl BlockIndex {
     /// For each DP rank `name` reported KV events from, how many leading blocks of `keys` that
     /// rank's stream holds (confirmed entries only: predictions are the worker's, not a
     /// rank's); empty for a worker the index does not know. A prefill engine's DP rank is
-    /// chosen by it (`tpuserve_router.pd`).
+    /// chosen by it (`tpuserve_router.front.pd`).
     fn rank_depths(&self, name: &str, keys: &Bound<'_, PyAny>) -> PyResult<Vec<(i64, usize)>> {
         let Some(worker) = self.workers.get(name) else {
             return Ok(Vec::new());

@@ -31,7 +31,7 @@ fn py_block_keys(token_ids: &Bound<'_, PyAny>, page_size: i64) -> PyResult<Vec<i
 }
 
 /// (prompt, completion, cached) tokens of a worker's JSON answer, as
-/// `tpuserve_router.usage.usage_from_object` counts them, or None if it has no usage; a
+/// `tpuserve_router.pipeline.usage.usage_from_object` counts them, or None if it has no usage; a
 /// `ValueError` when the answer is not one this reads (`usage.rs`: Python reads it then).
 #[pyfunction]
 fn usage_counts(body: &[u8]) -> PyResult<Option<(u64, u64, u64)>> {

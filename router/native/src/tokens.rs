@@ -1,5 +1,5 @@
 //! A prompt's token ids without a Python int per token (`TokenIds`), and the cache of the
-//! token ids of prompt pieces (`TokenCache`, behind `tpuserve_router.token_cache`): a request
+//! token ids of prompt pieces (`TokenCache`, behind `tpuserve_router.pipeline.token_cache`): a request
 //! pays only for the text it does not share with earlier ones, and its ids go from the cache
 //! to the block index's keys without becoming Python objects.
 

@@ -1,4 +1,4 @@
-//! A worker's token counts read straight from its JSON answer (`tpuserve_router/usage.py`).
+//! A worker's token counts read straight from its JSON answer (`tpuserve_router/pipeline/usage.py`).
 //!
 //! Python reads them by parsing the whole answer (`orjson.loads`) into objects and looking up
 //! ``usage`` or ``meta_info`` in them. Between two requests a router's caches go cold, and then
@@ -312,7 +312,7 @@ impl<'a> Skimmer<'a> {
     }
 }
 
-/// The token counts of a whole JSON answer, as `tpuserve_router.usage.usage_from_object`
+/// The token counts of a whole JSON answer, as `tpuserve_router.pipeline.usage.usage_from_object`
 /// gives them for ``orjson.loads(body)``, or `Skim::NotRead` (module doc).
 pub fn skim(body: &[u8]) -> Skim {
     skim_json(body).unwrap_or(Skim::NotRead)

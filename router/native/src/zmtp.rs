@@ -1,4 +1,4 @@
-//! `ZmtpReader`: the frames of one ZMTP 3.0 SUB connection (`tpuserve_router/zmtp.py` owns the
+//! `ZmtpReader`: the frames of one ZMTP 3.0 SUB connection (`tpuserve_router/kv/zmtp.py` owns the
 //! connection, its handshake and its timing), read and split here, and a KV-event stream's
 //! batches applied to the block index straight from them. Per batch that saves the Python of
 //! splitting three frames, filtering, queueing, checking the sequence number and calling the

@@ -38,7 +38,7 @@ from typing import (
 )
 
 if TYPE_CHECKING:
-    from tpuserve_router.block_index import BlockIndex
+    from tpuserve_router.kv.block_index import BlockIndex
 
 Clock = Callable[[], float]
 """Seconds on a monotonic clock (``time.monotonic`` live, a virtual clock in benchmarks)."""
@@ -67,7 +67,7 @@ class WorkerView(Protocol):
     def in_flight(self) -> int:
         """Requests in flight at this worker as this router sees them: those it sent that
         have not finished, plus those other router replicas sent as of the last load poll
-        (`tpuserve_router.load_view`)."""
+        (`tpuserve_router.engines.load_view`)."""
         ...
 
     @property

@@ -50,7 +50,7 @@ from tpuserve_router.policies.base import (
     register,
 )
 from tpuserve_router.policies.prefix_routing import AffinityParams, choose_by_affinity
-from tpuserve_router.prefix_tree import PrefixTree
+from tpuserve_router.policies.prefix_tree import PrefixTree
 
 
 @dataclass(frozen=True)

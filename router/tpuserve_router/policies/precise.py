@@ -3,7 +3,7 @@
 The index (`BlockIndex`) is rebuilt from every worker's KV events: ``BlockStored`` adds
 blocks under keys recomputed from the events' token ids, ``BlockRemoved`` drops them,
 ``AllBlocksCleared``, an engine restart (its event sequence number goes back) and a
-resync after lost events drop everything that worker held (`tpuserve_router.kv_events`
+resync after lost events drop everything that worker held (`tpuserve_router.kv.kv_events`
 does the sequencing). A request's token ids (chat template applied, as the engine
 tokenizes them) are cut into pages of the engine's page size, learned from the events.
 

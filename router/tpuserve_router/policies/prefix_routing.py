@@ -33,7 +33,7 @@ from typing import Any
 
 from sglang_tpu.perf_model import DEFAULT_PROFILE, StepTimer, get_profile
 from sglang_tpu.topology import lookup
-from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.kv.block_index import BlockIndex
 from tpuserve_router.policies.base import (
     Clock,
     Decision,
@@ -280,7 +280,7 @@ it about 0.8). Set it for the fleet's slice with the policy parameter."""
 
 @dataclass(frozen=True)
 class IndexParams:
-    """Parameters of a policy's `BlockIndex` (see `tpuserve_router.block_index`).
+    """Parameters of a policy's `BlockIndex` (see `tpuserve_router.kv.block_index`).
 
     ``host_hit_weight``: what a block an engine holds only in host memory (KV events with a
     medium other than ``GPU``, SGLang's HiCache) is worth against one in its HBM when the

@@ -28,7 +28,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tpuserve_router import picker as epp
+from tpuserve_router.front import picker as epp
 
 REQUEST_CHUNK_BYTES = 1000  # small, so a test body arrives in several chunks
 HOP_BY_HOP = frozenset({"connection", "transfer-encoding", "content-length", "keep-alive"})

@@ -37,8 +37,8 @@ from tests.component.router.router_fleet import (
 )
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
-from tpuserve_router.auth import digest_of, key_id
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.tenancy.auth import digest_of, key_id
 
 pytestmark = pytest.mark.component
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 
 from tests.fakes import LoopbackApp
 from tests.waiting import eventually_async
-from tpuserve_router.demand import MERGE_PATCH, DemandLease
-from tpuserve_router.discovery.kubernetes import ApiServer
+from tpuserve_router.engines.discovery.kubernetes import ApiServer
 from tpuserve_router.metrics import RouterMetrics, create_router_metrics
+from tpuserve_router.tenancy.demand import MERGE_PATCH, DemandLease
 
 pytestmark = pytest.mark.component
 

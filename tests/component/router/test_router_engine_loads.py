@@ -16,15 +16,15 @@ from aiohttp import web
 
 from tests.fakes import LoopbackApp
 from tests.waiting import eventually_async
-from tpuserve_router.engine_loads import (
+from tpuserve_router.engines.engine_loads import (
     LOAD_KEYS,
     LOADS_PATH,
     MAX_BODY_BYTES,
     UNSUPPORTED_AFTER_404S,
     LoadPoller,
 )
-from tpuserve_router.load_view import QUIET_POLL_FACTOR
-from tpuserve_router.workers import Worker, WorkerRegistry, WorkerSpec
+from tpuserve_router.engines.load_view import QUIET_POLL_FACTOR
+from tpuserve_router.engines.workers import Worker, WorkerRegistry, WorkerSpec
 
 pytestmark = pytest.mark.component
 

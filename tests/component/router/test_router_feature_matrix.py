@@ -41,9 +41,9 @@ from tests.fakes import StubWorker
 from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
 from tpuserve_router.app import RouterApp
-from tpuserve_router.auth import digest_of, key_id
 from tpuserve_router.config import ConfigError, RouterConfig
-from tpuserve_router.workers import Worker
+from tpuserve_router.engines.workers import Worker
+from tpuserve_router.tenancy.auth import digest_of, key_id
 
 pytestmark = pytest.mark.component
 

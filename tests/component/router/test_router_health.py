@@ -12,8 +12,8 @@ from aiohttp import web
 
 from tests.fakes import LoopbackApp
 from tests.waiting import eventually_async
-from tpuserve_router.health import HealthChecker
-from tpuserve_router.workers import Worker, WorkerRegistry, WorkerSpec
+from tpuserve_router.engines.health import HealthChecker
+from tpuserve_router.engines.workers import Worker, WorkerRegistry, WorkerSpec
 
 pytestmark = pytest.mark.component
 

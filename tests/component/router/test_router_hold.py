@@ -15,8 +15,8 @@ import pytest
 from tests.fakes import STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
+from tpuserve_router.engines.workers import Worker, WorkerSpec
 from tpuserve_router.policies.base import Decision, RouteRequest
-from tpuserve_router.workers import Worker, WorkerSpec
 
 pytestmark = pytest.mark.component
 

@@ -28,8 +28,8 @@ from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port_pair
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.peer_auth import PeerKey
-from tpuserve_router.peer_snapshot import request_frames
+from tpuserve_router.peering.peer_auth import PeerKey
+from tpuserve_router.peering.peer_snapshot import request_frames
 
 pytestmark = pytest.mark.component
 

@@ -22,9 +22,9 @@ from tests.component.router.router_fleet import MODEL, EngineTwin, start_engines
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.engines.workers import Worker, WorkerSpec
 from tpuserve_router.policies.base import Decision, RouteRequest
-from tpuserve_router.quotas import in_flight_limits
-from tpuserve_router.workers import Worker, WorkerSpec
+from tpuserve_router.tenancy.quotas import in_flight_limits
 
 pytestmark = pytest.mark.component
 

@@ -12,7 +12,7 @@ from tests.fakes import STUB_COMPLETION, STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.request_body import GENERATION_ROUTES
+from tpuserve_router.pipeline.request_body import GENERATION_ROUTES
 
 pytestmark = pytest.mark.component
 

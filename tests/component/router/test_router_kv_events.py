@@ -39,12 +39,12 @@ from tests.component.router.router_fleet import (
     wait_ready,
 )
 from tests.waiting import eventually_async
-from tpuserve_router import kv_events, kv_replay
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.kv_events import RECEIVE_HIGH_WATER_MARK
-from tpuserve_router.kv_replay import DRAIN_MAX_MESSAGES
-from tpuserve_router.kv_snapshot import SNAPSHOT_FORMAT
+from tpuserve_router.kv import kv_events, kv_replay
+from tpuserve_router.kv.kv_events import RECEIVE_HIGH_WATER_MARK
+from tpuserve_router.kv.kv_replay import DRAIN_MAX_MESSAGES
+from tpuserve_router.kv.kv_snapshot import SNAPSHOT_FORMAT
 from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
 
 pytestmark = pytest.mark.component

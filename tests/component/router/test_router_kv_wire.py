@@ -31,10 +31,10 @@ from tests.fakes import FakeSGLangWorker
 from tests.sglang_kv_events import sglang_kv_events
 from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
-from tpuserve_router import kv_replay
 from tpuserve_router.app import RouterApp
-from tpuserve_router.block_index import BlockIndex
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.kv import kv_replay
+from tpuserve_router.kv.block_index import BlockIndex
 from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
 
 pytestmark = pytest.mark.component

@@ -13,7 +13,7 @@ import pytest
 from tests.fakes import StubWorker, stub_router
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
-from tpuserve_router.server import LINGER_MIN_BYTES_PER_SECOND
+from tpuserve_router.front.server import LINGER_MIN_BYTES_PER_SECOND
 
 pytestmark = pytest.mark.component
 

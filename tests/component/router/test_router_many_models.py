@@ -19,10 +19,10 @@ from tests.component.router.router_fleet import (
 )
 from tests.fakes import STUB_MODEL, StubWorker, stub_router
 from tests.waiting import eventually_async
-from tpuserve_router.admission import Admission
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.workers import Worker
+from tpuserve_router.engines.admission import Admission
+from tpuserve_router.engines.workers import Worker
 
 pytestmark = pytest.mark.component
 

@@ -19,9 +19,9 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from tpuserve.cluster.ports import free_port_pair
-from tpuserve_router.kv_snapshot import read_bounded
-from tpuserve_router.peer_snapshot import SnapshotError, SnapshotService, unpack_snapshot
-from tpuserve_router.peers import peer_endpoint
+from tpuserve_router.kv.kv_snapshot import read_bounded
+from tpuserve_router.peering.peer_snapshot import SnapshotError, SnapshotService, unpack_snapshot
+from tpuserve_router.peering.peers import peer_endpoint
 
 pytestmark = pytest.mark.component
 

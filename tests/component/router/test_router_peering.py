@@ -32,8 +32,8 @@ from tests.fakes import FakeWorker
 from tests.waiting import eventually, eventually_async
 from tpuserve.cluster.ports import free_port, free_port_pair
 from tpuserve_router.metrics import RouterMetrics, create_router_metrics
-from tpuserve_router.peer_view import PeerView
-from tpuserve_router.peers import PeerNetwork, resolve_addresses
+from tpuserve_router.peering.peer_view import PeerView
+from tpuserve_router.peering.peers import PeerNetwork, resolve_addresses
 from tpuserve_router.policies import make_policy
 from tpuserve_router.policies.base import Decision
 

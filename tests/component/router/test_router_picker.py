@@ -21,9 +21,9 @@ import pytest
 from tests.component.router.gateway_emulator import GatewayFront, PickerClient
 from tests.component.router.router_fleet import MODEL, EngineTwin, sample, start_router, wait_ready
 from tests.waiting import eventually_async
-from tpuserve_router import picker as epp
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.front import picker as epp
 
 pytestmark = pytest.mark.component
 

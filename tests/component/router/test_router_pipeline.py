@@ -1,4 +1,4 @@
-"""Every mode runs the one request pipeline (`tpuserve_router.pipeline`): a request's walk,
+"""Every mode runs the one request pipeline (`tpuserve_router.pipeline.stages`): a request's walk,
 recorded by the profiler (`walk`), runs admission, selection, the relay and the one ledger
 in that order on the HTTP port (whole and streamed), on a prefill/decode pair, and through
 the endpoint picker (no relay: its gateway relays); none of them skips the ledger."""
@@ -24,7 +24,7 @@ from tests.component.router.test_router_pd import fleet as fleet  # the PD twins
 from tests.component.router.walk import Walk, walked
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.pipeline import STAGES
+from tpuserve_router.pipeline.stages import STAGES
 
 pytestmark = pytest.mark.component
 
@@ -96,7 +96,7 @@ async def test_the_picker_walks_the_same_stages_but_the_relay(colocated: RouterA
         await client.close()
     assert exchange.status == 200
     assert walk.stages == ["admit", "select", "account"], walk.top()
-    assert "forwarding.py" not in walk.entries  # the HTTP port's front and relay: not its
+    assert "front/forwarding.py" not in walk.entries  # the HTTP port's front and relay
     assert answered(colocated) == before + 1
     assert colocated.forwarder.in_flight == 0
 

@@ -47,7 +47,7 @@ from tests.waiting import eventually_async
 from tpuserve_router._native import usage_counts
 from tpuserve_router.app import RouterApp
 from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
-from tpuserve_router.usage import usage_from_object
+from tpuserve_router.pipeline.usage import usage_from_object
 
 pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
 

@@ -18,7 +18,7 @@ import zmq.asyncio
 
 from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
-from tpuserve_router.zmtp import SubscriberGroup, ZmtpSubscriber
+from tpuserve_router.kv.zmtp import SubscriberGroup, ZmtpSubscriber
 
 pytestmark = pytest.mark.component
 

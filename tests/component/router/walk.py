@@ -35,7 +35,7 @@ class Walk:
     """Per router module, how often the walk came into it, by a call or a return: the
     turns of the request's walk between modules."""
     stages: list[str] = field(default_factory=list)
-    """The pipeline stages the walk ran (`tpuserve_router.pipeline.STAGES`), in order,
+    """The pipeline stages the walk ran (`tpuserve_router.pipeline.stages.STAGES`), in order,
     a stage called again right after itself recorded once."""
 
     def top(self, n: int = 6) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tpuserve_router.adapter_affinity import WARM_ADAPTERS, AdapterAffinity
-from tpuserve_router.workers import Worker, WorkerSpec
+from tpuserve_router.engines.workers import Worker, WorkerSpec
+from tpuserve_router.pipeline.adapter_affinity import WARM_ADAPTERS, AdapterAffinity
 
 pytestmark = pytest.mark.unit
 

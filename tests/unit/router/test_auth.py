@@ -16,7 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tpuserve_router.app import create_router_app
-from tpuserve_router.auth import (
+from tpuserve_router.config import RouterConfig
+from tpuserve_router.front.server import HttpConnection, HttpRequest
+from tpuserve_router.tenancy.auth import (
     MAX_KEY_LABELS,
     OTHER_KEY,
     KeysFileError,
@@ -24,9 +26,7 @@ from tpuserve_router.auth import (
     parse_keys,
     presented_key,
 )
-from tpuserve_router.config import RouterConfig
-from tpuserve_router.quotas import Quotas, Reservation, TokenWindow, in_flight_limits
-from tpuserve_router.server import HttpConnection, HttpRequest
+from tpuserve_router.tenancy.quotas import Quotas, Reservation, TokenWindow, in_flight_limits
 
 pytestmark = pytest.mark.unit
 

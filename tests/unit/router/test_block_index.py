@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import VirtualClock
-from tpuserve_router.block_index import ROOT_KEY, BlockIndex, BlockKeys, block_keys
+from tpuserve_router.kv.block_index import ROOT_KEY, BlockIndex, BlockKeys, block_keys
 from tpuserve_router.policies.precise import choose_worker
 from tpuserve_router.policies.prefix_routing import AffinityParams
 

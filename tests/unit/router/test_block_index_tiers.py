@@ -18,7 +18,7 @@ from sglang_tpu.kv_events import (
     encode_batch,
 )
 from tests.unit.sglang_tpu.test_kv_events_sglang import sglang_batch
-from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.kv.block_index import BlockIndex
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuserve_router.connections import BufferBudget, ConnectionBook
+from tpuserve_router.front.connections import BufferBudget, ConnectionBook
 
 pytestmark = pytest.mark.unit
 

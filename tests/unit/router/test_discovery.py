@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 
 from sglang_tpu.disaggregation import BOOTSTRAP_PORT_ANNOTATION, PD_CONTRACT_LABEL, PD_ROLE_LABEL
-from tpuserve_router.discovery.kubernetes import (
+from tpuserve_router.engines.discovery.kubernetes import (
     PodRules,
     PodSet,
     worker_from_pod,
     workers_from_pods,
 )
-from tpuserve_router.discovery.static import static_workers
+from tpuserve_router.engines.discovery.static import static_workers
 
 pytestmark = pytest.mark.unit
 

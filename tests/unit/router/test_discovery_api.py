@@ -12,8 +12,8 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tpuserve_router.discovery.kubernetes import ApiServer, PodRules, PodWatcher
-from tpuserve_router.workers import WorkerSpec
+from tpuserve_router.engines.discovery.kubernetes import ApiServer, PodRules, PodWatcher
+from tpuserve_router.engines.workers import WorkerSpec
 
 pytestmark = pytest.mark.unit
 

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from tpuserve_router.generation_limits import (
+from tpuserve_router.pipeline.generation_limits import (
     MAX_TOKENS_ALLOWED,
     GenerationLimit,
     chat_limit,
     completions_limit,
     generate_limit,
 )
-from tpuserve_router.request_body import ClientError
+from tpuserve_router.pipeline.request_body import ClientError
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from tests.fakes import VirtualClock
 from tests.waiting import eventually_async
-from tpuserve_router.hold import OTHER_MODEL, HoldQueues, HoldRefused, hold_label
 from tpuserve_router.metrics import RouterMetrics, create_router_metrics
+from tpuserve_router.tenancy.hold import OTHER_MODEL, HoldQueues, HoldRefused, hold_label
 
 pytestmark = pytest.mark.unit
 

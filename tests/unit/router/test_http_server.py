@@ -12,10 +12,10 @@ import pytest
 
 from tests.waiting import eventually_async
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.connections import BufferBudget, ConnectionBook
-from tpuserve_router.proxy import UpstreamPool
-from tpuserve_router.request_body import ClientError
-from tpuserve_router.server import Handler, HeadCheck, HttpRequest, serve
+from tpuserve_router.engines.proxy import UpstreamPool
+from tpuserve_router.front.connections import BufferBudget, ConnectionBook
+from tpuserve_router.front.server import Handler, HeadCheck, HttpRequest, serve
+from tpuserve_router.pipeline.request_body import ClientError
 
 pytestmark = pytest.mark.unit
 

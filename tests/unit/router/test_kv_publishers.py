@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sglang_tpu.sim.kv_publisher import KVEventPublisher
-from tpuserve_router.kv_publishers import (
+from tpuserve_router.kv.kv_publishers import (
     Endpoints,
     NoPublisher,
     discover_publisher,

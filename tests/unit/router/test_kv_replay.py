@@ -1,4 +1,4 @@
-"""A KV-event replay read in rounds (`tpuserve_router.kv_replay`): each round's run up to its
+"""A KV-event replay read in rounds (`tpuserve_router.kv.kv_replay`): each round's run up to its
 first hole, and what one round over a real ZMQ ROUTER socket brings."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import zmq
 import zmq.asyncio
 
 from sglang_tpu.kv_events import END_SEQ_BYTES
-from tpuserve_router import kv_replay
-from tpuserve_router.kv_replay import leading_run, read_round
+from tpuserve_router.kv import kv_replay
+from tpuserve_router.kv.kv_replay import leading_run, read_round
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from tests.fakes import FakeWorker, VirtualClock, fake_worker
-from tpuserve_router.engine_loads import LoadAnswerError, LoadPoller, parse_engine_load
-from tpuserve_router.load_view import (
+from tpuserve_router.engines.engine_loads import LoadAnswerError, LoadPoller, parse_engine_load
+from tpuserve_router.engines.load_view import (
     QUIET_POLL_FACTOR,
     STALE_POLLS,
     announce_peer_request,
@@ -16,7 +16,7 @@ from tpuserve_router.load_view import (
     next_poll_gap,
     set_peer_load,
 )
-from tpuserve_router.workers import WorkerRegistry, WorkerSpec
+from tpuserve_router.engines.workers import WorkerRegistry, WorkerSpec
 
 pytestmark = pytest.mark.unit
 

@@ -30,8 +30,8 @@ from sglang_tpu.kv_events import (
 from tests.sglang_kv_events import as_fields
 from tests.unit.sglang_tpu.test_kv_events_sglang import legacy_classes, sglang_batch, twin_events
 from tpuserve_router._native import ZmtpReader
-from tpuserve_router.block_index import BlockIndex
-from tpuserve_router.zmtp import MAX_FRAME_BYTES, MORE, message_frame
+from tpuserve_router.kv.block_index import BlockIndex
+from tpuserve_router.kv.zmtp import MAX_FRAME_BYTES, MORE, message_frame
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import pytest
 
 from tests.fakes import VirtualClock
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.outliers import OutlierDetector
-from tpuserve_router.workers import Worker, WorkerSpec
+from tpuserve_router.engines.outliers import OutlierDetector
+from tpuserve_router.engines.workers import Worker, WorkerSpec
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,9 @@ import pytest
 from sglang_tpu import disaggregation
 from tpuserve_router.cli import build_config, configure, env_name
 from tpuserve_router.config import ConfigError, RouterConfig
-from tpuserve_router.pd import (
+from tpuserve_router.engines.proxy import UpstreamConnection, UpstreamError
+from tpuserve_router.engines.workers import Worker, WorkerSpec
+from tpuserve_router.front.pd import (
     LegFailed,
     PdRouter,
     _batch,
@@ -22,10 +24,8 @@ from tpuserve_router.pd import (
     pairable,
     pairs,
 )
-from tpuserve_router.pd_settings import PdSettings, parse_prefill_flag, pd_workers
+from tpuserve_router.pipeline.pd_settings import PdSettings, parse_prefill_flag, pd_workers
 from tpuserve_router.policies.base import Decision, RouteRequest
-from tpuserve_router.proxy import UpstreamConnection, UpstreamError
-from tpuserve_router.workers import Worker, WorkerSpec
 
 pytestmark = pytest.mark.unit
 
@@ -105,7 +105,7 @@ class FakeWorker:
 
 
 def router_with(policy: str, threshold: int) -> object:
-    from tpuserve_router.pd import PdRouter
+    from tpuserve_router.front.pd import PdRouter
 
     router = object.__new__(PdRouter)
     router.settings = PdSettings(policy, threshold, 300.0)
@@ -131,7 +131,7 @@ def test_a_short_suffix_after_a_long_cached_prefix_stalls_by_the_performance_mod
     settings = config.pd_settings()
     assert settings is not None
     assert settings.timer is not None
-    from tpuserve_router.pd import PdRouter
+    from tpuserve_router.front.pd import PdRouter
 
     router = object.__new__(PdRouter)
     router.settings = settings
@@ -155,7 +155,7 @@ def test_a_short_suffix_after_a_long_cached_prefix_stalls_by_the_performance_mod
 
 
 def test_a_conversation_keeps_its_dp_rank_and_the_room_lands_there() -> None:
-    from tpuserve_router.pd import PdRouter
+    from tpuserve_router.front.pd import PdRouter
 
     first = RouteRequest("m", "system prompt and turn one", list(range(500)))
     later = RouteRequest("m", "system prompt and turn one, two", [*range(500), 7, 8, 9])
@@ -191,7 +191,7 @@ def test_the_transfer_time_is_read_from_the_prefills_meta_info() -> None:
 
 
 def test_prefill_logprobs_are_merged_into_the_decode_answer() -> None:
-    from tpuserve_router.pd import PdRouter
+    from tpuserve_router.front.pd import PdRouter
 
     router = object.__new__(PdRouter)
 
@@ -244,7 +244,7 @@ def test_a_prefill_pairs_only_with_a_decode_of_its_contract() -> None:
 
 
 def test_the_rank_holding_the_longest_prefix_takes_the_turn_else_the_hash() -> None:
-    from tpuserve_router.pd import PdRouter
+    from tpuserve_router.front.pd import PdRouter
 
     turn = RouteRequest("m", "turn", list(range(300)))
     hashed = PdRouter.rank_for(turn, 4)

@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from tests.fakes import VirtualClock
-from tpuserve_router.peer_snapshot import CACHE_SECONDS, SnapshotService, unpack_snapshot
+from tpuserve_router.peering.peer_snapshot import CACHE_SECONDS, SnapshotService, unpack_snapshot
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuserve_router.peer_snapshot import (
+from tpuserve_router.peering.peer_snapshot import (
     NONE,
     REQUEST,
     SNAPSHOT,

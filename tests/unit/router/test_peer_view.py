@@ -7,9 +7,16 @@ import msgpack
 import pytest
 
 from tests.fakes import FakeWorker, VirtualClock, fake_request
-from tpuserve_router import peer_view
-from tpuserve_router.load_view import clear_peer_load, set_peer_load
-from tpuserve_router.peer_view import FORMAT, PeerLink, PeerMessage, PeerView, decode, encode
+from tpuserve_router.engines.load_view import clear_peer_load, set_peer_load
+from tpuserve_router.peering import peer_view
+from tpuserve_router.peering.peer_view import (
+    FORMAT,
+    PeerLink,
+    PeerMessage,
+    PeerView,
+    decode,
+    encode,
+)
 from tpuserve_router.policies import make_policy
 from tpuserve_router.policies.base import Decision, Policy
 from tpuserve_router.policies.prefix_routing import BlockIndexPolicy

@@ -12,11 +12,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from google.protobuf import struct_pb2
 from prometheus_client import CollectorRegistry
 
-from tpuserve_router import picker as epp
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import ConfigError, RouterConfig
+from tpuserve_router.engines.workers import WorkerSpec
+from tpuserve_router.front import picker as epp
 from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
-from tpuserve_router.workers import WorkerSpec
 
 pytestmark = pytest.mark.unit
 

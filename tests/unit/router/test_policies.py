@@ -8,8 +8,8 @@ import random
 import pytest
 
 from tests.fakes import FakeWorker, VirtualClock, fake_request, fake_worker
-from tpuserve_router.block_index import BlockIndex
-from tpuserve_router.load_view import set_peer_load
+from tpuserve_router.engines.load_view import set_peer_load
+from tpuserve_router.kv.block_index import BlockIndex
 from tpuserve_router.policies import (
     OUTCOMES,
     NoHealthyWorker,

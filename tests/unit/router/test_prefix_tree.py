@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tpuserve_router.prefix_tree import PrefixTree, _Node
+from tpuserve_router.policies.prefix_tree import PrefixTree, _Node
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.proxy import UpstreamConnection, UpstreamError, UpstreamPool
-from tpuserve_router.server import HttpRequest, serve
+from tpuserve_router.engines.proxy import UpstreamConnection, UpstreamError, UpstreamPool
+from tpuserve_router.front.server import HttpRequest, serve
 
 pytestmark = pytest.mark.unit
 

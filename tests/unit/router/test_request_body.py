@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sglang_tpu.tokenizer import load_tokenizer
-from tpuserve_router.request_body import (
+from tpuserve_router.pipeline.request_body import (
     ClientError,
     Parser,
     parse_chat,
@@ -16,7 +16,7 @@ from tpuserve_router.request_body import (
     parse_generate,
     parse_json_object,
 )
-from tpuserve_router.token_cache import ChatTokenCache
+from tpuserve_router.pipeline.token_cache import ChatTokenCache
 
 pytestmark = pytest.mark.unit
 RAW = load_tokenizer()

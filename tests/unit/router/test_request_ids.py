@@ -10,8 +10,13 @@ from typing import Any
 import orjson
 import pytest
 
-from tpuserve_router.request_body import ClientError, parse_chat, parse_completions, parse_generate
-from tpuserve_router.request_ids import (
+from tpuserve_router.pipeline.request_body import (
+    ClientError,
+    parse_chat,
+    parse_completions,
+    parse_generate,
+)
+from tpuserve_router.pipeline.request_ids import (
     NO_RID,
     Restorer,
     client_rid,

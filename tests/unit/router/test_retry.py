@@ -17,15 +17,15 @@ from tests.fakes import fake_worker
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.proxy import UpstreamError
-from tpuserve_router.retry import (
+from tpuserve_router.engines.proxy import UpstreamError
+from tpuserve_router.front.server import JSON_HEADERS, HttpRequest, serve
+from tpuserve_router.pipeline.retry import (
     RETRYABLE_STATUSES,
     Attempt,
     RetryBudget,
     retryable_error,
     should_retry,
 )
-from tpuserve_router.server import JSON_HEADERS, HttpRequest, serve
 
 pytestmark = pytest.mark.unit
 

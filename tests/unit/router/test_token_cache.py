@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sglang_tpu.tokenizer import load_tokenizer
-from tpuserve_router.token_cache import ChatTokenCache
+from tpuserve_router.pipeline.token_cache import ChatTokenCache
 
 pytestmark = pytest.mark.unit
 

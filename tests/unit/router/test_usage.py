@@ -9,7 +9,12 @@ import orjson
 import pytest
 
 from tpuserve_router._native import usage_counts
-from tpuserve_router.usage import Usage, usage_from_body, usage_from_object, usage_from_stream_tail
+from tpuserve_router.pipeline.usage import (
+    Usage,
+    usage_from_body,
+    usage_from_object,
+    usage_from_stream_tail,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -19,19 +19,19 @@ from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.cli import build_config, configure, env_name
 from tpuserve_router.config import ConfigError, RouterConfig
-from tpuserve_router.discovery.kubernetes import (
+from tpuserve_router.engines.discovery.kubernetes import (
     ApiServer,
     PodRules,
     PodWatcher,
     classify_pods,
     workers_from_pods,
 )
-from tpuserve_router.worker_networks import (
+from tpuserve_router.engines.worker_networks import (
     endpoint_problem,
     parse_networks,
     url_problem,
 )
-from tpuserve_router.workers import WorkerSpec
+from tpuserve_router.engines.workers import WorkerSpec
 
 pytestmark = pytest.mark.unit
 
@@ -134,7 +134,7 @@ def test_the_watcher_keeps_rejections_and_logs_each_once(
     watcher = PodWatcher(ApiServer("https://127.0.0.1:1", {}, False), "ns", {"a": "b"}, RULES,
                          published.append)  # fmt: skip
     watcher.pods.reset([leader("x"), leader("y", **{URL_ANNOTATION: "http://127.0.0.1:4000"})])
-    with caplog.at_level(logging.WARNING, logger="tpuserve_router.discovery.kubernetes"):
+    with caplog.at_level(logging.WARNING, logger="tpuserve_router.engines.discovery.kubernetes"):
         watcher._report()
         watcher._report()
     assert [s.url for s in published[-1]] == ["http://127.0.0.1:4000"]
@@ -226,7 +226,7 @@ async def test_kv_event_endpoints_a_worker_names_elsewhere_are_not_dialled_by_de
         stubs[name].server_info = {
             "kv_events_config": orjson.dumps({"publisher": "zmq", "endpoint": endpoint}).decode()
         }
-    with caplog.at_level(logging.WARNING, logger="tpuserve_router.admission"):
+    with caplog.at_level(logging.WARNING, logger="tpuserve_router.engines.admission"):
         async with stub_router(*stubs.values(), policy="precise") as app:
             kv = app.kv
             assert kv is not None

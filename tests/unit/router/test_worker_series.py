@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from tpuserve_router.app import apply_discovered, create_router_app
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.engines.workers import WorkerSpec
 from tpuserve_router.metrics import (
     KV_EVENT_SKIP_REASONS,
     KV_EVENT_TYPES,
@@ -15,7 +16,6 @@ from tpuserve_router.metrics import (
     RESYNC_REASONS,
     UPSTREAM_ERROR_REASONS,
 )
-from tpuserve_router.workers import WorkerSpec
 
 pytestmark = pytest.mark.unit
 

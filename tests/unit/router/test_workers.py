@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuserve_router.workers import (
+from tpuserve_router.engines.workers import (
     InvalidWorkerURL,
     Worker,
     WorkerRegistry,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import zmq
 
-from tpuserve_router.zmq_monitor import stop_monitor
+from tpuserve_router.kv.zmq_monitor import stop_monitor
 
 pytestmark = pytest.mark.unit
 

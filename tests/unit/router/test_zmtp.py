@@ -1,4 +1,4 @@
-"""The ZMTP 3.0 pieces the router's KV-event reader sends and parses (`tpuserve_router.zmtp`,
+"""The ZMTP 3.0 pieces the router's KV-event reader sends and parses (`tpuserve_router.kv.zmtp`,
 and the compiled `ZmtpReader` that splits the frames).
 
 The component test (`tests/component/router/test_zmtp_subscriber.py`) checks them against
@@ -12,9 +12,9 @@ from collections import deque
 
 import pytest
 
-from tpuserve_router import zmtp
 from tpuserve_router._native import ZmtpReader
-from tpuserve_router.zmtp import (
+from tpuserve_router.kv import zmtp
+from tpuserve_router.kv.zmtp import (
     COMMAND,
     GREETING,
     GREETING_BYTES,

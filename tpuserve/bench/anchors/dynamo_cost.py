@@ -21,7 +21,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
 from tpuserve.bench.anchors.base import AnchorContext, AnchorFactory
-from tpuserve_router.block_index import BlockIndex
+from tpuserve_router.kv.block_index import BlockIndex
 from tpuserve_router.policies.base import (
     Decision,
     NoHealthyWorker,

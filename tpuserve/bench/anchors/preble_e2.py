@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from sglang_tpu.perf_model import StepTimer
 from tpuserve.bench.anchors.base import AnchorContext
-from tpuserve_router.block_index import block_keys
+from tpuserve_router.kv.block_index import block_keys
 from tpuserve_router.policies.base import (
     Clock,
     Decision,

@@ -15,7 +15,7 @@ from tpuserve.bench import sim_runner, sizing, traces, workloads
 from tpuserve.bench.report import summarize
 from tpuserve.bench.sim_runner import Fault, SimConfig, SimRun, measure_rr_saturation, run_sim
 from tpuserve.cli import main
-from tpuserve_router.load_view import set_peer_load
+from tpuserve_router.engines.load_view import set_peer_load
 
 pytestmark = pytest.mark.unit
 
@@ -463,7 +463,7 @@ def test_peering_replicas_deliver_every_message_and_announce_each_first_byte(
 def test_a_tier_blind_router_forgets_a_demoted_prefix_and_a_tiered_one_keeps_it() -> None:
     """`--tier-blind` models routers that ignore the events' medium (docs/host-kv-tier.md)."""
     from sglang_tpu.sim.radix_cache import RadixCache
-    from tpuserve_router.block_index import BlockIndex
+    from tpuserve_router.kv.block_index import BlockIndex
 
     cache = RadixCache(16, emit_events=True, host_tokens=1024)
     tokens = list(range(500, 564))

@@ -1,0 +1,1051 @@
+"""The router as an endpoint picker (EPP) of the Gateway API Inference Extension.
+
+With ``--picker-port`` the router also serves Envoy's external-processing gRPC service
+(``envoy.service.ext_proc.v3.ExternalProcessor``) as the Endpoint Picker protocol describes it
+(gateway-api-inference-extension, ``docs/proposals/004-endpoint-picker-protocol``): a gateway
+that fronts an ``InferencePool`` sends each request's headers and body here, the router
+chooses the worker with the same policy, load view, prefix index and adapter affinity as its
+HTTP mode, and the gateway moves the bytes to it.
+
+One ``Process`` stream is one HTTP request, in ``FULL_DUPLEX_STREAMED`` body mode (the only
+mode the protocol's implementations support):
+
+- request headers: kept (at most `MAX_HEADER_BYTES`); with ``end_of_stream`` (no body) the
+  pick is made at once;
+- request body: buffered up to ``--max-request-bytes`` (413 past it; the bodies of all
+  streams and of the HTTP port share ``--max-buffered-bytes``, one `BufferBudget`, 503 past
+  it) until its end, then parsed as the
+  HTTP mode parses it (400 naming the field, 404 for a model no worker serves), the worker
+  chosen, and the headers reply sent with ``clear_route_cache`` and the header
+  ``x-gateway-destination-endpoint: ip:port[,ip:port...]`` (the chosen worker first, then up
+  to ``--max-retries`` fallbacks, least loaded first), the same list under
+  ``dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]``, then the body with the
+  router's own ``rid`` in place of the client's, as the HTTP mode sends it (`request_ids`:
+  SGLang aborts by prefix on a disconnect), as ``streamed_response`` chunks of at most
+  `CHUNK_BYTES` (and ``content-length`` set to its new length when the request had one);
+- the subset hint, ``metadata_context.filter_metadata["envoy.lb.subset_hint"]
+  ["x-gateway-destination-endpoint-subset"]`` (a list of ``ip:port``, or one comma-separated
+  string), limits the choice to those endpoints; when none of them can take the request the
+  answer is 503;
+- refusals are an ``ImmediateResponse``: 503 (no healthy worker, or none in the subset), 429
+  (the router is at ``--max-in-flight``: shed), or the HTTP mode's 400/404/413, each with
+  its OpenAI-style JSON error body;
+- response headers and body pass through, the client's own ``rid`` written back where the
+  engine echoes the router's (every body chunk is echoed back as a ``streamed_response``;
+  ``content-length`` removed when a rid is written back); the endpoint that served the
+  answer is read back from
+  ``metadata_context.filter_metadata["envoy.lb"]["x-gateway-destination-endpoint-served"]``,
+  and when it is a fallback, the request's in-flight count moves to it. The first body chunk
+  ends the prefill for the policy (as the first byte does in HTTP mode); the last one ends the
+  request: its status, tokens (``usage``, cached tokens included) and latency are counted on
+  the worker that served it, and the policy and the peers hear of it. What the answer side
+  says is the gateway's word, not an observation of the router's: a ``:status`` outside
+  `KNOWN_STATUSES` is counted as ``other``, ``usage`` is capped by what the request could
+  cost (its prompt, its max-tokens fields, the workers' context), and a status ejects a
+  worker only when the gateway is authenticated (``--picker-token-file``: its statuses are its
+  observations of the engine; without it only the health checks eject). A stream that
+  closes before its answer ended is counted as ``499``.
+
+A stream carries one request and makes one pick: a message out of turn (request headers
+again, a body after the pick, an answer before it) ends it with ``INVALID_ARGUMENT``, never
+with a second pick. What a stream may send and how long it may wait are bounded as the HTTP
+port's clients are (`StreamRefused`, `WAITS`): over `MAX_HEADER_BYTES` of headers,
+``RESOURCE_EXHAUSTED``; headers, body, answer or its next part later than their timeout,
+``DEADLINE_EXCEEDED``, with the body released and the pick given back. Connections are capped
+(``--picker-max-connections``; idle ones closed), so are streams (``--max-in-flight`` +
+`SHED_STREAMS`). With ``--picker-token-file`` a stream without ``authorization: Bearer
+<token>`` metadata ends with ``UNAUTHENTICATED`` before a message is read.
+
+Requests to other paths (``/v1/models`` through the gateway, say) go to the least loaded
+healthy worker without the policy. The same port serves the gRPC health service for
+``liveness`` (always SERVING), ``readiness``, ``envoy.service.ext_proc.v3.ExternalProcessor``,
+``inference-extension`` and the server as a whole (``""``): SERVING while at least one worker is
+routable.
+
+With ``--picker-tls`` the port serves TLS with a self-signed certificate made at start, as
+the Inference Extension's own pickers do by default (``--secure-serving``): gateways dial
+their picker over TLS without verifying it (Istio, GKE, NGINX Gateway Fabric by default).
+
+``--picker-test-headers`` adds what the Inference Extension's conformance suite asks of its
+reference picker: the request header ``test-epp-endpoint-selection: ip[:port][,...]`` narrows
+the choice like a subset, and the response gets ``x-conformance-test-served-endpoint`` with
+the served endpoint. It is for conformance runs only: any client may set that header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Final
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tpuserve_router.front.connections import BufferBudget
+from tpuserve_router.front.forwarding import Forwarder
+from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
+from tpuserve_router.pipeline.generation_limits import MAX_TOKENS_ALLOWED
+from tpuserve_router.pipeline.ledger import CLIENT_CLOSED, Spend, TryOutcome
+from tpuserve_router.pipeline.refusals import unavailable
+from tpuserve_router.pipeline.request_body import CHARS_PER_TOKEN, GENERATION_ROUTES, ClientError
+from tpuserve_router.pipeline.request_ids import Restorer, name_request
+from tpuserve_router.pipeline.stages import Admitted, Arrival
+from tpuserve_router.pipeline.stages import Refused as PipelineRefused
+from tpuserve_router.pipeline.usage import TokenCounts, usage_from_body, usage_from_stream_tail
+from tpuserve_router.policies.base import (
+    Decision,
+    NoHealthyWorker,
+    healthy_workers,
+    least_loaded,
+)
+from tpuserve_router.tenancy.auth import ApiKey
+
+if TYPE_CHECKING:
+    from tpuserve_router.engines.workers import Worker
+
+log = logging.getLogger(__name__)
+
+SUBSET_NAMESPACE: Final = "envoy.lb.subset_hint"
+SUBSET_KEY: Final = "x-gateway-destination-endpoint-subset"
+DESTINATION_NAMESPACE: Final = "envoy.lb"
+DESTINATION_KEY: Final = "x-gateway-destination-endpoint"
+SERVED_KEY: Final = "x-gateway-destination-endpoint-served"
+TEST_SELECTION_HEADER: Final = "test-epp-endpoint-selection"
+TEST_SERVED_HEADER: Final = "x-conformance-test-served-endpoint"
+CHUNK_BYTES: Final = 62_000
+"""The most body bytes in one ``streamed_response`` (Envoy takes 64 KiB; the Inference
+Extension's pickers keep this margin)."""
+EXT_PROC_SERVICE: Final = "envoy.service.ext_proc.v3.ExternalProcessor"
+HEALTH_SERVICES: Final = ("", "readiness", EXT_PROC_SERVICE, "inference-extension")
+"""Health services that follow readiness (a routable worker); ``liveness`` is always
+SERVING."""
+HEALTH_REFRESH_SECONDS: Final = 1.0
+MAX_GRPC_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+"""The largest ext_proc message sent (the picker's own are at most `CHUNK_BYTES` of body);
+what it takes is ``--picker-max-message-bytes``."""
+SHED_STREAMS: Final = 1024
+"""Streams a gateway connection may open beyond ``--max-in-flight``: requests the picker
+refuses at once (429) rather than leave waiting for a stream."""
+MAX_HEADER_BYTES: Final = 60 * 1024
+"""The most bytes of request (or response) headers one stream may send, names and values:
+Envoy's own limit (``max_request_headers_kb``, 60 KiB by default), so a gateway never sends
+more; a stream that does is ended (``RESOURCE_EXHAUSTED``) and nothing of it kept."""
+MAX_METADATA_BYTES: Final = 64 * 1024
+"""The most bytes of a headers message beside its headers (the subset hint, attributes)."""
+TOKEN_METADATA: Final = "authorization"
+"""The gRPC metadata carrying ``Bearer <token>`` (``--picker-token-file``)."""
+SERVING: Final = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING: Final = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def endpoint_of(worker: Worker) -> str:
+    """The ``ip:port`` a gateway dials for ``worker`` (``[v6]:port`` for IPv6)."""
+    host = worker.host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{worker.port}"
+
+
+class StreamRefused(Exception):
+    """A stream the picker ends with a gRPC status instead of answering it as a request: it
+    broke the protocol, sent more than a gateway may, took too long, or has no credentials.
+    ``reason`` is counted (``tpuserve_router_picker_streams_refused_total``)."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+
+class Refused(Exception):
+    """A request the picker answers itself (an ``ImmediateResponse``)."""
+
+    def __init__(self, error: ClientError, route: str, model: str = "") -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.route = route
+        self.model = model
+
+
+@dataclass(slots=True)
+class Pick:
+    """Where a request goes: the decision (None off the generation routes, which bypass the
+    policy) and the endpoints in order, the chosen one first."""
+
+    worker: Worker
+    decision: Decision[Worker] | None
+    endpoints: list[str]
+    model: str
+    route: str
+    stream: bool
+    arrived: float
+    """When its stream started (its end-to-end latency runs from it)."""
+    body: bytes | None = None
+    """The body to pass on, with the router's own ``rid`` (None: the one received)."""
+    restorer: Restorer | None = None
+    """Writes the client's own ``rid`` back into the answer (None: it gave none)."""
+    max_prompt_tokens: int = 0
+    """The most prompt tokens the request can have cost (the answer's ``usage`` is capped)."""
+    max_completion_tokens: int = 0
+    """The most completion tokens it may generate, as its max-tokens fields and the workers'
+    context allow."""
+    admitted: Admitted | None = None
+    """What the pipeline's admission let in (None off the generation routes)."""
+    key: ApiKey | None = None
+    """The API key it is charged to: none, the gateway authenticates its clients (a
+    `ledger.Bill`, as the HTTP port's requests are)."""
+    spend: Spend | None = None
+
+
+KNOWN_STATUSES: Final = frozenset(str(status.value) for status in HTTPStatus)
+OTHER_STATUS: Final = "other"
+"""The status label of an answer whose ``:status`` is none of `KNOWN_STATUSES`: what the
+stream says is the gateway's word, so it never makes a new series."""
+TEMPLATE_TOKENS: Final = 4096
+"""Tokens a chat template (or an engine's own framing) may add to a prompt, per generation,
+beyond one token per character: part of the cap on an answer's ``usage``."""
+
+
+class _LiveHealth(health.aio.HealthServicer):  # type: ignore[misc]
+    """The standard health service, brought up to date before each ``Check`` (``Watch``
+    follows the picker's refresh every `HEALTH_REFRESH_SECONDS`)."""
+
+    def __init__(self, refresh: Callable[[], Awaitable[None]]) -> None:
+        super().__init__()
+        self._refresh_now = refresh
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        await self._refresh_now()
+        return await super().Check(request, context)
+
+
+class EndpointPicker:
+    """The ext_proc service and its gRPC health service, on one port; one per router."""
+
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        *,
+        test_headers: bool = False,
+        tls: bool = False,
+        buffers: BufferBudget | None = None,
+        token: bytes | None = None,
+    ) -> None:
+        """``buffers``: the router-wide budget of buffered request bodies the HTTP front
+        charges too (one of its own, ``--max-buffered-bytes``, when None); ``token``: what a
+        stream's ``authorization: Bearer`` metadata must hold (None: no credentials)."""
+        self.forwarder = forwarder
+        self.pipeline = forwarder.pipeline
+        self.ledger = forwarder.ledger
+        self.certificate: bytes | None = None
+        """The PEM certificate the port serves (``tls``), made at start; None: plaintext."""
+        self._key: bytes | None = None
+        if tls:
+            self._key, self.certificate = self_signed_certificate()
+        self.config = forwarder.config
+        self.registry = forwarder.registry
+        self.metrics = forwarder.metrics
+        self.test_headers = test_headers
+        self.max_body_bytes = self.config.max_request_bytes
+        self.buffers = (
+            buffers if buffers is not None else BufferBudget(self.config.max_buffered_bytes)
+        )
+        self.buffered = 0
+        """Request-body bytes the picker's streams hold (charged to `buffers` too)."""
+        self._token = None if token is None else b"Bearer " + token
+        self.authenticated = token is not None
+        """Every stream comes from the gateway that holds the token: its answers' statuses
+        are the gateway's observations of the engine, and count for outlier ejection."""
+        self.streams = 0
+        self._live: dict[Exchange, asyncio.Task[Any]] = {}
+        """The streams in hand and their tasks, which the sweep cancels past a deadline."""
+        self._sweep: asyncio.TimerHandle | None = None
+        for reason in PICKER_STREAM_REFUSAL_REASONS:
+            self.metrics.picker_streams_refused.labels(reason)
+        self.health = _LiveHealth(self._refresh_health)
+        self._server: grpc.aio.Server | None = None
+        self._port = 0
+        self._refresh: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifetime
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def start(self, host: str, port: int) -> None:
+        config = self.config
+        streams = config.max_in_flight + SHED_STREAMS
+        server = grpc.aio.server(
+            options=[
+                # refused by gRPC from the message's length prefix, before it is buffered
+                ("grpc.max_receive_message_length", config.picker_max_message_bytes),
+                ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+                # room beyond --max-in-flight, so the requests over it get their 429 at once
+                ("grpc.max_concurrent_streams", streams),
+                ("grpc.max_allowed_incoming_connections", config.picker_max_connections),
+                # a connection that completes no handshake, or holds no stream, goes
+                ("grpc.server_handshake_timeout_ms", int(config.header_timeout_seconds * 1000)),
+                ("grpc.max_connection_idle_ms", int(config.keep_alive_timeout_seconds * 1000)),
+                ("grpc.so_reuseport", 0),
+                ("grpc.http2.bdp_probe", 0),
+            ],
+            maximum_concurrent_rpcs=streams,  # over it: RESOURCE_EXHAUSTED, on every connection
+        )
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(self, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if self.certificate is not None and self._key is not None:
+            credentials = grpc.ssl_server_credentials([(self._key, self.certificate)])
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
+        if not bound:
+            raise OSError(f"picker_port={port}: could not listen on {address}")
+        self._port = bound
+        await server.start()
+        self._server = server
+        self._sweep = asyncio.get_running_loop().call_later(self._tick_seconds(), self._tick)
+        await self.health.set("liveness", SERVING)
+        await self._refresh_health()
+        self._refresh = asyncio.create_task(self._refresh_loop(), name="picker-health")
+        log.info(
+            "endpoint picker (ext_proc%s) listening on %s:%d",
+            ", TLS" if self.certificate is not None else "",
+            host,
+            bound,
+        )
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Refuse new streams, give those in hand ``grace_seconds``, then cancel them."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        if self._refresh is not None:
+            self._refresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresh
+            self._refresh = None
+        if self._server is not None:
+            await self.health.enter_graceful_shutdown()
+            await self._server.stop(grace_seconds)
+            self._server = None
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_REFRESH_SECONDS)
+            await self._refresh_health()
+
+    async def _refresh_health(self) -> None:
+        status = SERVING if self.registry.healthy_count() > 0 else NOT_SERVING
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, status)
+
+    # ------------------------------------------------------------------ the stream
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[ext_proc.ProcessingRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        """One stream: read a message, answer it, until the exchange ends. Through the
+        context's read and write (not the request iterator and a generator): grpcio's asyncio
+        stack costs a quarter less per message that way. A stream without the token, one
+        that breaks the protocol or sends more than a gateway may, and one past a deadline
+        (`Exchange.expired`, found by the sweep) is ended with a gRPC status naming why, its
+        body released and its pick accounted for."""
+        exchange = Exchange(self)
+        self.streams += 1
+        task = asyncio.current_task()
+        try:
+            try:
+                if self._token is not None:
+                    self._authenticate(context)
+                if task is not None:
+                    self._live[exchange] = task
+                while not exchange.closed:
+                    message = await context.read()
+                    if message is grpc.aio.EOF:
+                        return
+                    try:
+                        replies = exchange.handle(message)
+                    finally:
+                        del message  # a message of megabytes is held no longer than its turn
+                    for reply in replies:
+                        await context.write(reply)
+            except asyncio.CancelledError:
+                if exchange.timed_out is None:  # the gateway went, or the router stops
+                    raise
+                if task is not None:
+                    task.uncancel()
+                raise exchange.timed_out from None
+        except StreamRefused as refused:
+            exchange.close()
+            self.metrics.picker_streams_refused.labels(refused.reason).inc()
+            # Its traceback holds the frames that read the refused message (megabytes of
+            # headers, say) and the abort's error makes a cycle with it: only the collector
+            # would free them, so a flood of refused streams held every message it sent.
+            refused.__traceback__ = None
+            code, details = refused.code, f"tpuserve picker: {refused.message}"
+            del refused
+            await context.abort(code, details)
+        finally:
+            self._live.pop(exchange, None)
+            self.streams -= 1
+            exchange.close()
+
+    def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Raise `StreamRefused` (UNAUTHENTICATED) unless the stream's metadata carries
+        ``authorization: Bearer <the token>``."""
+        presented = b""
+        for key, value in context.invocation_metadata() or ():
+            if key == TOKEN_METADATA:
+                presented = value.encode("latin-1") if isinstance(value, str) else value
+                break
+        assert self._token is not None
+        if not hmac.compare_digest(presented, self._token):
+            raise StreamRefused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "unauthenticated",
+                "this picker needs the gateway's token: gRPC metadata "
+                f"'{TOKEN_METADATA}: Bearer <token>' (--picker-token-file)"
+                + ("; the one presented does not match" if presented else ""),
+            )
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _tick_seconds(self) -> float:
+        """How often streams' deadlines are checked: a quarter of the shortest, 10 ms..1 s."""
+        config = self.config
+        shortest = min(
+            config.header_timeout_seconds,
+            config.body_timeout_seconds,
+            config.stream_idle_timeout_seconds,
+        )
+        return min(1.0, max(0.01, shortest / 4))
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for exchange, task in list(self._live.items()):
+            if not exchange.closed and exchange.timed_out is None and exchange.expired(now):
+                task.cancel()  # Process turns it into DEADLINE_EXCEEDED
+        self._sweep = asyncio.get_running_loop().call_later(self._tick_seconds(), self._tick)
+
+    # ------------------------------------------------------------------ choosing
+
+    def pick(
+        self,
+        path: str,
+        body: bytes,
+        allowed: frozenset[str] | None,
+        arrived: float | None = None,
+    ) -> Pick:
+        """Choose the worker for a request to ``path`` with ``body``, which arrived at
+        ``arrived`` (now when None): the pipeline's admission and selection, as the HTTP port
+        runs them (`tpuserve_router.pipeline.stages`); the gateway relays. ``allowed`` is the set of
+        endpoints the gateway (or the test header) allows, None for any. Raises `Refused`."""
+        route = path.partition("?")[0]
+        parser = GENERATION_ROUTES.get(route)
+        if parser is None:
+            return self._pick_other(allowed, arrived)
+        pipeline = self.pipeline
+        arrival = Arrival(
+            route, parser, body, time.monotonic() if arrived is None else arrived,
+            may_wait=False, authenticates=False, shed_status=429,
+        )  # fmt: skip
+        try:
+            admitted = pipeline.admit_now(arrival)
+        except PipelineRefused as refused:
+            raise Refused(refused.error, route, refused.model) from None
+        try:
+            return self._select(admitted, allowed, body)
+        except PipelineRefused as refused:
+            pipeline.leave(admitted)
+            raise Refused(refused.error, route, refused.model) from None
+
+    def _select(self, admitted: Admitted, allowed: frozenset[str] | None, body: bytes) -> Pick:
+        """The pipeline's selection among the endpoints ``allowed``, acted on."""
+        pipeline = self.pipeline
+        parsed, served, bound = admitted.parsed, admitted.served, admitted.bound
+        candidates = served.workers
+        if allowed is not None:
+            candidates = [w for w in candidates if _allows(allowed, w)]
+            if not candidates:
+                raise PipelineRefused(
+                    unavailable(
+                        "none of the endpoints the gateway allows "
+                        f"({', '.join(sorted(allowed)) or 'none'}) serves model "
+                        f"{admitted.asked!r}"
+                    ),
+                    served.model,
+                )
+        try:
+            decision = pipeline.select(admitted, pipeline.first_choices(admitted, candidates))
+        except NoHealthyWorker:
+            raise pipeline.no_worker(admitted) from None
+        pipeline.chosen(admitted, decision)
+        worker = decision.worker
+        # The engine knows the request by the router's own id, never the client's (SGLang
+        # aborts by prefix on a disconnect: request_ids), as in HTTP mode.
+        ids = name_request(body, admitted.theirs, parsed.single)
+        contexts = [w.context_tokens for w in candidates if w.context_tokens is not None]
+        context = max(contexts, default=None)
+        prompt_cap = (parsed.prompt_tokens * CHARS_PER_TOKEN + TEMPLATE_TOKENS) * bound.generations
+        if context is not None:
+            prompt_cap = min(prompt_cap, context * bound.generations)
+        return Pick(
+            worker,
+            decision,
+            [endpoint_of(worker), *self._fallbacks(worker, candidates)],
+            served.model or (worker.models[0] if worker.models else ""),
+            admitted.route,
+            parsed.stream,
+            admitted.arrival.arrived,
+            ids.body,
+            ids.restorer,
+            prompt_cap,
+            bound.allowance(parsed.prompt_tokens, context, MAX_TOKENS_ALLOWED * bound.generations),
+            admitted,
+        )
+
+    def _pick_other(self, allowed: frozenset[str] | None, arrived: float | None) -> Pick:
+        """A request off the generation routes: the least loaded routable worker."""
+        workers = self.registry.workers
+        if allowed is not None:
+            workers = [w for w in workers if _allows(allowed, w)]
+        try:
+            worker = least_loaded(healthy_workers(workers))
+        except NoHealthyWorker:
+            raise Refused(unavailable("no healthy worker"), "other") from None
+        return Pick(
+            worker, None, [endpoint_of(worker), *self._fallbacks(worker, workers)], "", "other",
+            False, time.monotonic() if arrived is None else arrived,
+        )  # fmt: skip
+
+    def _fallbacks(self, chosen: Worker, candidates: Sequence[Worker]) -> list[str]:
+        """Up to ``--max-retries`` other routable candidates, least loaded first: where the
+        gateway goes if the chosen one fails before answering."""
+        others = [w for w in candidates if w is not chosen and w.healthy]
+        others.sort(key=lambda w: w.in_flight)
+        return [endpoint_of(w) for w in others[: self.config.max_retries]]
+
+    def worker_at(self, endpoint: str) -> Worker | None:
+        for worker in self.registry.workers:
+            if endpoint_of(worker) == endpoint:
+                return worker
+        return None
+
+
+CERTIFICATE_NAME: Final = "tpuserve-picker"
+"""The self-signed certificate's common name and DNS name (a client that checks it
+overrides the target name with this)."""
+CERTIFICATE_DAYS: Final = 3650
+
+
+def self_signed_certificate() -> tuple[bytes, bytes]:
+    """A new P-256 key and a self-signed certificate for it, both PEM (what the reference
+    picker makes at start for ``--secure-serving``: gateways skip verifying it)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CERTIFICATE_NAME)])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERTIFICATE_DAYS))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(CERTIFICATE_NAME)]), False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
+
+
+def _allows(allowed: frozenset[str], worker: Worker) -> bool:
+    """``worker`` is in ``allowed``: by ``ip:port``, or by its address alone (an entry
+    without a port allows every port of that address, as the reference picker reads it)."""
+    return endpoint_of(worker) in allowed or worker.host.strip("[]") in allowed
+
+
+class Exchange:
+    """One ext_proc stream: one HTTP request and its answer."""
+
+    __slots__ = (
+        "arrived",
+        "body",
+        "closed",
+        "deadline",
+        "first_chunk",
+        "headers",
+        "path",
+        "pick",
+        "picker",
+        "requested",
+        "served",
+        "size",
+        "status",
+        "subset",
+        "tail",
+        "timed_out",
+        "waiting",
+    )
+
+    def __init__(self, picker: EndpointPicker) -> None:
+        self.picker = picker
+        self.arrived = time.monotonic()
+        self.headers: dict[str, str] = {}
+        self.path = "/"
+        self.subset: frozenset[str] | None = None
+        self.body: list[bytes] = []
+        self.size = 0  # bytes in body
+        self.pick: Pick | None = None
+        self.served: Worker | None = None
+        self.status = CLIENT_CLOSED
+        self.first_chunk = True
+        self.tail = (b"", b"")
+        self.closed = False
+        self.requested = False  # its request headers arrived
+        self.waiting = "headers"  # what the stream waits for: a key of `WAITS`
+        self.deadline = self.arrived + picker.config.header_timeout_seconds
+        self.timed_out: StreamRefused | None = None  # set by `expired`
+
+    def _wait(self, what: str, now: float) -> None:
+        self.waiting = what
+        self.deadline = now + getattr(self.picker.config, WAITS[what][0])
+
+    def expired(self, now: float) -> bool:
+        """Whether the stream waited past its deadline for what it waits for; if so,
+        ``timed_out`` says how it ends (the sweep, `EndpointPicker._tick`, cancels it)."""
+        if now <= self.deadline:
+            return False
+        setting, flag, reason = WAITS[self.waiting]
+        seconds = getattr(self.picker.config, setting)
+        what = self.waiting.replace("_", " ")
+        self.timed_out = StreamRefused(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            reason,
+            f"the stream's {what} did not arrive within {seconds:g} s ({flag})",
+        )
+        return True
+
+    def handle(self, message: ext_proc.ProcessingRequest) -> list[ext_proc.ProcessingResponse]:
+        """The replies to one message; raises `StreamRefused` for a message out of turn: one
+        stream carries one request, its headers once, its body until decided, and the
+        answer only once decided."""
+        kind = message.WhichOneof("request")
+        if kind == "request_headers":
+            return self._request_headers(message)
+        if not self.requested:
+            raise _out_of_turn(kind, "before the request headers")
+        if kind == "request_body":
+            return self._request_body(message.request_body)
+        if kind == "request_trailers":  # the body ended without its end_of_stream
+            replies = self._decide(body_ends=False) if self.pick is None and not self.closed else []
+            trailers = ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
+            return [*replies, trailers]
+        if self.pick is None:
+            raise _out_of_turn(kind, "before the picker chose an endpoint")
+        self._wait("answer_body", time.monotonic())
+        if kind == "response_headers":
+            return self._response_headers(message)
+        if kind == "response_body":
+            return self._response_body(message)
+        if kind == "response_trailers":
+            self._finish()
+            return [ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())]
+        return []
+
+    # ------------------------------------------------------------------ request path
+
+    def _request_headers(
+        self, message: ext_proc.ProcessingRequest
+    ) -> list[ext_proc.ProcessingResponse]:
+        if self.requested:
+            raise _out_of_turn("request_headers", "again")
+        self.requested = True
+        headers = message.request_headers
+        _check_header_size(message, headers)
+        for header in headers.headers.headers:
+            value = header.raw_value.decode("latin-1") if header.raw_value else header.value
+            self.headers[header.key.lower()] = value
+        self.path = self.headers.get(":path", "/")
+        self.subset = _subset(message.metadata_context)
+        if self.picker.test_headers:
+            selection = self.headers.get(TEST_SELECTION_HEADER, "")
+            chosen = frozenset(e.strip() for e in selection.split(",") if e.strip())
+            if chosen:
+                self.subset = chosen
+        if headers.end_of_stream:
+            return self._decide(body_ends=None)
+        self._wait("body", time.monotonic())
+        return []
+
+    def _request_body(self, chunk: ext_proc.HttpBody) -> list[ext_proc.ProcessingResponse]:
+        picker = self.picker
+        if self.pick is not None:
+            raise _out_of_turn("request_body", "after the request's body ended")
+        size = len(chunk.body)
+        if self.size + size > picker.max_body_bytes:
+            return self._refuse(
+                Refused(
+                    ClientError(
+                        413,
+                        f"the request body is over {picker.max_body_bytes} bytes "
+                        "(--max-request-bytes)",
+                        error_type="invalid_request_error",
+                    ),
+                    self._route_label(),
+                )
+            )
+        if size and not picker.buffers.take(size):
+            budget = picker.buffers
+            return self._refuse(
+                Refused(
+                    unavailable(
+                        f"the router holds {budget.used} bytes of requests, its limit is "
+                        f"{budget.max_bytes} (--max-buffered-bytes, shared with the HTTP "
+                        "port); retry"
+                    ),
+                    self._route_label(),
+                )
+            )
+        if size:
+            self.body.append(chunk.body)
+            self.size += size
+            picker.buffered += size
+        if chunk.end_of_stream:
+            return self._decide(body_ends=True)
+        return []
+
+    def _route_label(self) -> str:
+        route = self.path.partition("?")[0]
+        return route if route in GENERATION_ROUTES else "other"
+
+    def _decide(self, body_ends: bool | None) -> list[ext_proc.ProcessingResponse]:
+        """Choose the worker and reply: the headers, then the body buffered so far, its last
+        piece marked ``body_ends`` (None: the request had no body, so none is sent)."""
+        body = b"".join(self.body)
+        self._release_body()
+        try:
+            pick = self.picker.pick(self.path, body, self.subset, self.arrived)
+        except Refused as refused:
+            return self._refuse(refused)
+        self._book(pick)
+        destination = ",".join(pick.endpoints)
+        mutation = ext_proc.HeaderMutation(
+            set_headers=[
+                base_pb2.HeaderValueOption(
+                    header=base_pb2.HeaderValue(key=DESTINATION_KEY, raw_value=destination.encode())
+                )
+            ]
+        )
+        if pick.body is not None and pick.body != body:
+            body = pick.body
+            if "content-length" in self.headers:  # the gateway would send the old length
+                mutation.set_headers.append(
+                    base_pb2.HeaderValueOption(
+                        header=base_pb2.HeaderValue(
+                            key="content-length", raw_value=str(len(body)).encode()
+                        )
+                    )
+                )
+        metadata = struct_pb2.Struct()
+        metadata.update({DESTINATION_NAMESPACE: {DESTINATION_KEY: destination}})
+        replies = [
+            ext_proc.ProcessingResponse(
+                request_headers=ext_proc.HeadersResponse(
+                    response=ext_proc.CommonResponse(
+                        clear_route_cache=True, header_mutation=mutation
+                    )
+                ),
+                dynamic_metadata=metadata,
+            )
+        ]
+        if body_ends is not None:
+            replies += [_request_chunk(part, last and body_ends) for part, last in _chunks(body)]
+        return replies
+
+    def _book(self, pick: Pick) -> None:
+        """The one place a pick is counted in flight (`_finish` the one it is taken back);
+        an exchange makes one pick at most."""
+        assert self.pick is None, "one pick per exchange"
+        assert self.served is None, "one pick per exchange"
+        self.pick = pick
+        self.served = pick.worker
+        pick.worker.in_flight += 1
+        self.picker.pipeline.enter(pick.admitted)
+        self._wait("answer", time.monotonic())
+
+    def _refuse(self, refused: Refused) -> list[ext_proc.ProcessingResponse]:
+        self._release_body()
+        self.closed = True
+        error = refused.error
+        self.status = str(error.status)
+        self.picker.ledger.refused(refused.route, refused.model, error.status)
+        headers = [
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json")
+            )
+        ]
+        headers += [
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode("latin-1"))
+            )
+            for k, v in error.headers.items()
+        ]
+        return [
+            ext_proc.ProcessingResponse(
+                immediate_response=ext_proc.ImmediateResponse(
+                    status=http_status_pb2.HttpStatus(code=error.status),
+                    headers=ext_proc.HeaderMutation(set_headers=headers),
+                    body=error.body(),
+                    details=f"tpuserve picker: {error.message}"[:200],
+                )
+            )
+        ]
+
+    def _release_body(self) -> None:
+        self.picker.buffered -= self.size
+        self.picker.buffers.give(self.size)
+        self.size = 0
+        self.body = []
+
+    # ------------------------------------------------------------------ response path
+
+    def _response_headers(
+        self, message: ext_proc.ProcessingRequest
+    ) -> list[ext_proc.ProcessingResponse]:
+        headers = message.response_headers
+        _check_header_size(message, headers)
+        for header in headers.headers.headers:
+            if header.key == ":status":
+                status = header.raw_value.decode("latin-1") if header.raw_value else header.value
+                self.status = status if status in KNOWN_STATUSES else OTHER_STATUS
+        served = self._served_endpoint(message.metadata_context)
+        mutation = ext_proc.HeaderMutation()
+        if self.pick is not None and self.pick.restorer is not None:
+            mutation.remove_headers.append("content-length")  # the client's ids change it
+        if self.picker.test_headers:
+            shown = served or (endpoint_of(self.served) if self.served is not None else "")
+            mutation.set_headers.append(
+                base_pb2.HeaderValueOption(
+                    header=base_pb2.HeaderValue(key=TEST_SERVED_HEADER, raw_value=shown.encode())
+                )
+            )
+        reply = ext_proc.ProcessingResponse(
+            response_headers=ext_proc.HeadersResponse(
+                response=ext_proc.CommonResponse(header_mutation=mutation)
+            )
+        )
+        if headers.end_of_stream:
+            self._finish()
+        return [reply]
+
+    def _served_endpoint(self, context: base_pb2.Metadata) -> str:
+        """The endpoint the gateway says served the request (metadata), or ""; the request's
+        in-flight count moves to it when it is a fallback."""
+        namespace = context.filter_metadata.get(DESTINATION_NAMESPACE)
+        if namespace is None or SERVED_KEY not in namespace.fields:
+            return ""
+        value = namespace.fields[SERVED_KEY]
+        served = str(value.string_value).strip()
+        pick = self.pick
+        current = self.served
+        if pick is None or current is None or not served or served == endpoint_of(current):
+            return served
+        worker = self.picker.worker_at(served)
+        if worker is not None:
+            current.in_flight -= 1
+            worker.in_flight += 1
+            self.served = worker
+        return served
+
+    def _response_body(
+        self, message: ext_proc.ProcessingRequest
+    ) -> list[ext_proc.ProcessingResponse]:
+        chunk = message.response_body
+        if self.served is not None and self.pick is not None and self.first_chunk:
+            self.first_chunk = False
+            self._served_endpoint(message.metadata_context)
+            pick = self.pick
+            if pick.decision is not None:
+                arrived = pick.arrived if pick.stream else None
+                self.picker.ledger.first_byte(pick.decision, pick.model, arrived)
+        if chunk.body:
+            self.tail = (self.tail[1], chunk.body)
+        passed = chunk.body
+        restorer = self.pick.restorer if self.pick is not None else None
+        if restorer is not None:
+            passed = restorer.chunk(passed)
+            if chunk.end_of_stream:
+                passed += restorer.rest()
+        reply = ext_proc.ProcessingResponse(
+            response_body=ext_proc.BodyResponse(
+                response=ext_proc.CommonResponse(
+                    body_mutation=ext_proc.BodyMutation(
+                        streamed_response=ext_proc.StreamedBodyResponse(
+                            body=passed, end_of_stream=chunk.end_of_stream
+                        )
+                    )
+                )
+            )
+        )
+        if chunk.end_of_stream:
+            self._finish()
+        return [reply]
+
+    # ------------------------------------------------------------------ the end
+
+    def _finish(self) -> None:
+        """The answer ended: account for it once, in the ledger every mode shares
+        (`Ledger.account`, as `Forwarder._ended` does for the HTTP port's tries)."""
+        pick, worker = self.pick, self.served
+        self.closed = True
+        if pick is None or worker is None:
+            return
+        self.pick = None
+        picker = self.picker
+        ledger = picker.ledger
+        picker.pipeline.leave(pick.admitted)
+        worker.in_flight -= 1
+        status = self.status
+        code = int(status) if status.isdigit() else 0
+        # Outlier detection hears the status only from a gateway that presented its token
+        # (`--picker-token-file`): from anyone else it is a claim, not an observation (a
+        # forged stream would eject the worker of its choice), and only the health checks eject.
+        if picker.authenticated and status != CLIENT_CLOSED and code:
+            ledger.worker_answered(worker, code)
+        decision = pick.decision
+        usage = None
+        if decision is not None and code == 200:
+            tail = self.tail[0] + self.tail[1]
+            usage = usage_from_stream_tail(tail) if pick.stream else usage_from_body(tail)
+            usage = None if usage is None else _bounded(usage, pick)
+        outcome = TryOutcome(
+            status=status, succeeded=0 < code < 400, relayed=status != CLIENT_CLOSED, usage=usage
+        )
+        ledger.account(pick, worker.name, pick.model, outcome, decision)
+        if decision is not None:
+            ledger.ended(decision, outcome.succeeded)
+
+    def close(self) -> None:
+        """The stream ended: whatever was not accounted for is (a gateway gone: ``499``)."""
+        self._release_body()
+        if self.pick is not None:
+            self.status = CLIENT_CLOSED
+            self._finish()
+
+
+WAITS: Final = {
+    "headers": ("header_timeout_seconds", "--header-timeout", "header_timeout"),
+    "body": ("body_timeout_seconds", "--body-timeout", "body_timeout"),
+    "answer": ("first_byte_timeout_seconds", "--first-byte-timeout", "first_byte_timeout"),
+    "answer_body": ("stream_idle_timeout_seconds", "--stream-idle-timeout", "idle_timeout"),
+}
+"""What a stream may wait for, with the setting (and its flag) bounding each wait and the
+reason counted when it runs out: the request headers from the stream's start, the whole
+request body from its headers, the answer from the pick, each next part of the answer from
+the one before."""
+
+
+def _out_of_turn(kind: str | None, when: str) -> StreamRefused:
+    return StreamRefused(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "protocol",
+        f"{kind or 'an empty message'} {when}: one request per stream, its headers once, its "
+        "body until it ends, its answer once an endpoint is chosen (the Endpoint Picker "
+        "protocol)",
+    )
+
+
+def _check_header_size(message: ext_proc.ProcessingRequest, headers: ext_proc.HttpHeaders) -> None:
+    """Raise `StreamRefused` if ``headers`` hold more than `MAX_HEADER_BYTES` (names and
+    values), or the message more than `MAX_METADATA_BYTES` beside them."""
+    size = sum(len(h.key) + len(h.raw_value or h.value) for h in headers.headers.headers)
+    if size > MAX_HEADER_BYTES:
+        raise StreamRefused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "headers_too_large",
+            f"the headers hold {size} bytes; the picker's limit is {MAX_HEADER_BYTES} "
+            "(Envoy's max_request_headers_kb default)",
+        )
+    whole = message.ByteSize()
+    if whole > size + MAX_METADATA_BYTES + len(headers.headers.headers) * 8:
+        raise StreamRefused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "headers_too_large",
+            f"the headers message holds {whole - size} bytes beside its headers (metadata, "
+            f"attributes); the picker's limit is {MAX_METADATA_BYTES}",
+        )
+
+
+def _bounded(usage: TokenCounts, pick: Pick) -> TokenCounts:
+    """``usage`` as the stream reported it, capped by what the request could cost: the answer
+    side is the gateway's word, and one forged ``usage`` must not move the counters by 10¹⁸."""
+    prompt, completion, cached = usage
+    prompt = min(prompt, pick.max_prompt_tokens)
+    return prompt, min(completion, pick.max_completion_tokens), min(cached, prompt)
+
+
+def _subset(context: base_pb2.Metadata) -> frozenset[str] | None:
+    """The endpoints of the gateway's subset hint, or None when it gave none."""
+    namespace = context.filter_metadata.get(SUBSET_NAMESPACE)
+    if namespace is None or SUBSET_KEY not in namespace.fields:
+        return None
+    value = namespace.fields[SUBSET_KEY]
+    items: Iterable[str]
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        items = [v.string_value for v in value.list_value.values if v.HasField("string_value")]
+    elif kind == "string_value":
+        items = [value.string_value]
+    else:
+        items = []
+    return frozenset(e.strip() for item in items for e in item.split(",") if e.strip())
+
+
+def _chunks(body: bytes) -> list[tuple[bytes, bool]]:
+    """``body`` in pieces of at most `CHUNK_BYTES`, the last one marked (one empty piece for
+    an empty body)."""
+    if not body:
+        return [(b"", True)]
+    parts = [body[i : i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)]
+    return [(part, i == len(parts) - 1) for i, part in enumerate(parts)]
+
+
+def _request_chunk(body: bytes, end_of_stream: bool) -> ext_proc.ProcessingResponse:
+    return ext_proc.ProcessingResponse(
+        request_body=ext_proc.BodyResponse(
+            response=ext_proc.CommonResponse(
+                body_mutation=ext_proc.BodyMutation(
+                    streamed_response=ext_proc.StreamedBodyResponse(
+                        body=body, end_of_stream=end_of_stream
+                    )
+                )
+            )
+        )
+    )

@@ -1,0 +1,228 @@
+"""The pipeline's last stage, the one ledger every mode accounts in
+(`tpuserve_router.pipeline.stages`).
+
+A try however it ended (a `TryOutcome`: answered, retried, the client gone) on a colocated
+worker, a prefill/decode pair or an endpoint the picker chose is accounted here and nowhere
+else: its tokens, the request's series (status, end-to-end latency, the tenant's), how it
+settles the key's quota (`Spend.charge`), the policy and the peers told it ended, and the
+worker's outlier record (`OutlierDetector`). So is a refused request (its status, on worker
+``none``) and the first byte of an answer (the policy's booked prefill released, TTFT).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from tpuserve_router.core import RouterCore
+from tpuserve_router.engines.outliers import OutlierDetector
+from tpuserve_router.engines.workers import Worker
+from tpuserve_router.metrics import KV_TIERS
+from tpuserve_router.pipeline.retry import ANSWERED, RETRY, Attempt
+from tpuserve_router.pipeline.usage import TokenCounts, usage_from_stream_tail
+from tpuserve_router.policies.base import OUTCOMES, Decision
+from tpuserve_router.tenancy.auth import ApiKey
+from tpuserve_router.tenancy.quotas import KeyQuota, Reservation
+
+CLIENT_CLOSED: Final = "499"  # nginx's code for "the client went away first"
+STREAM_ERROR: Final = "stream_error"
+
+
+@dataclass(frozen=True, slots=True)
+class TryOutcome:
+    """How one try ended: what the ledger accounts for."""
+
+    attempt: Attempt = ANSWERED
+    status: str = CLIENT_CLOSED
+    """The ``tpuserve_router_requests_total`` status of an answered try."""
+    succeeded: bool = False
+    """The worker answered below 400 (the policy hears it)."""
+    abandoned: str = ""
+    """Why the worker should stop the request, if it should (its abort's reason)."""
+    relayed: bool = False
+    """The worker's whole answer reached the client: its tokens are counted and spent."""
+    usage: TokenCounts | None = None
+
+
+UNFINISHED: Final = TryOutcome()
+"""A try an unexpected error ended: counted as the client's."""
+CLIENT_GONE: Final = TryOutcome(abandoned="client_gone")
+RETRIED: Final = TryOutcome(RETRY)
+
+
+@dataclass(slots=True)
+class Spend:
+    """What one request of an API key costs: the tokens it reserved of the key's limit, and
+    how its last try ended, which settles them (`charge`; the rules are `quotas`')."""
+
+    key: ApiKey
+    quota: KeyQuota
+    prompt_tokens: int
+    """The router's count (or estimate) of its prompt tokens."""
+    completion_tokens: int
+    """The completion tokens it may generate, as reserved."""
+    reservation: Reservation
+    outcome: TryOutcome | None = None
+    """How its last try ended (None: no try did)."""
+    stream_tail: bytes = b""
+    """The end of its stream as relayed, when the client left it or it broke."""
+
+    def charge(self) -> tuple[int, int, int]:
+        """(prompt, completion) tokens the request is charged, never negative, and what it
+        takes of its key's minute: the same, but at least its reservation if it was
+        abandoned (the worker may have generated that much before the abort reached it)."""
+        outcome = self.outcome
+        if outcome is None:
+            return 0, 0, 0
+        usage = outcome.usage
+        if outcome.relayed:
+            if usage is not None:
+                return usage[0], usage[1], usage[0] + usage[1]
+            if outcome.succeeded:  # no usage: what it may have cost
+                return self.prompt_tokens, self.completion_tokens, self.reservation.tokens
+            return 0, 0, 0  # an error answer
+        if outcome.abandoned == "client_gone" or outcome.status == STREAM_ERROR:
+            if self.stream_tail:
+                usage = usage_from_stream_tail(self.stream_tail)
+            if usage is None:
+                usage = (self.prompt_tokens, self.completion_tokens, 0)
+            return usage[0], usage[1], max(usage[0] + usage[1], self.reservation.tokens)
+        return 0, 0, 0  # no worker answered it
+
+
+class Bill(Protocol):
+    """Whose tries the ledger accounts: the route the request came by, when it arrived,
+    and the API key (and its spend) it is charged to, if any."""
+
+    @property
+    def route(self) -> str: ...
+
+    @property
+    def arrived(self) -> float: ...
+
+    @property
+    def key(self) -> ApiKey | None: ...
+
+    @property
+    def spend(self) -> Spend | None: ...
+
+
+class Ledger:
+    """The one place a request is accounted in, whatever mode served it; one per router."""
+
+    def __init__(self, core: RouterCore, outliers: OutlierDetector) -> None:
+        metrics = core.metrics
+        policy = self.policy = core.policy
+        self.peers = core.peers
+        self.metrics = metrics
+        self.outliers = outliers
+        # Children whose labels never change, bound once; the others are looked up in their
+        # family (the one cache of children) through lookups bound here.
+        self.decisions = {o: metrics.decisions.labels(policy.name, o) for o in OUTCOMES}
+        self._ratio_predicted = metrics.prefix_match_ratio.labels(policy.name, "predicted")
+        self._ratio_actual = metrics.prefix_match_ratio.labels(policy.name, "actual")
+        self._tier_hbm, self._tier_host = (
+            metrics.predicted_cached_tokens_by_tier.labels(policy.name, tier) for tier in KV_TIERS
+        )
+        self._requests = metrics.requests.labels
+        self._e2e = metrics.e2e.labels
+        self._ttft = metrics.ttft.labels
+        self._prompt_tokens = metrics.prompt_tokens.child
+        self._completion_tokens = metrics.completion_tokens.child
+        self._cached_tokens = metrics.cached_tokens.child
+        self._predicted_tokens = metrics.predicted_cached_tokens.child
+        self._tenant_requests = metrics.tenant_requests.labels
+        self._tenant_tokens = metrics.tenant_tokens.labels
+
+    def account(
+        self,
+        bill: Bill,
+        worker: str,
+        model: str,
+        outcome: TryOutcome,
+        decision: Decision[Worker] | None = None,
+    ) -> None:
+        """The one ledger of a try, on a colocated worker, a prefill/decode pair (``worker``
+        its decode) or a picked endpoint: the answer's tokens, how it ended (which settles
+        the request's cost to the client's key, `Spend.charge`), and an answered request
+        counted (499: the client left first). ``decision`` predicted how much of the prompt
+        the worker holds (None: no prediction is counted)."""
+        if outcome.relayed and outcome.usage is not None:
+            self._tokens(outcome.usage, decision, model, worker)
+        if outcome.attempt is not ANSWERED:
+            return
+        if bill.spend is not None:
+            bill.spend.outcome = outcome
+        status = outcome.status
+        self._requests(model, worker, bill.route, status).inc()
+        key = bill.key
+        if key is not None:
+            self._tenant_requests(key.label, key.priority, status).inc()
+        if status != CLIENT_CLOSED:
+            self._e2e(model, bill.route).observe(time.monotonic() - bill.arrived)
+
+    def refused(self, route: str, model: str, status: int | str) -> None:
+        """A request the router answered itself, before any worker had it."""
+        self._requests(model, "none", route, str(status)).inc()
+
+    def chosen(self, decision: Decision[Worker]) -> None:
+        """The policy's choice is acted on: counted, and announced to the peers."""
+        self.decisions[decision.outcome].inc()
+        if self.peers is not None:
+            self.peers.routed(decision)
+
+    def first_byte(self, decision: Decision[Worker], model: str, arrived: float | None) -> None:
+        """The first byte of the answer came back: the policy's booked prefill is released,
+        here and at the peers; ``arrived`` (None: not a stream) times the first token."""
+        self.policy.on_prefill_done(decision)
+        if self.peers is not None:
+            self.peers.prefill_done(decision)
+        if arrived is not None:
+            self._ttft(model).observe(time.monotonic() - arrived)
+
+    def ended(self, decision: Decision[Worker], succeeded: bool) -> None:
+        """The policy and the peers hear that a decision's request ended."""
+        self.policy.on_request_done(decision, succeeded)
+        if self.peers is not None:
+            self.peers.ended(decision)
+
+    def worker_failed(self, worker: Worker, reason: str) -> None:
+        self.metrics.upstream_errors.labels(worker.name, reason).inc()
+        self.outliers.failed(worker)
+
+    def worker_answered(self, worker: Worker, status: int) -> None:
+        """A worker's whole answer: a 5xx one counts against it."""
+        if status < 500:
+            self.outliers.succeeded(worker)
+        else:
+            self.worker_failed(worker, "server_error")
+
+    def settle(self, spend: Spend) -> None:
+        """Charge a key's request what it cost, once, as it ends (`quotas`)."""
+        prompt, completion, taken = spend.charge()
+        spend.quota.settle(spend.reservation, taken, time.monotonic())
+        label = spend.key.label
+        self._tenant_tokens(label, "prompt").inc(prompt)
+        self._tenant_tokens(label, "completion").inc(completion)
+
+    def _tokens(
+        self, usage: TokenCounts, decision: Decision[Worker] | None, model: str, worker: str
+    ) -> None:
+        key = (model, worker)
+        prompt, completion, cached = usage
+        self._prompt_tokens(key).inc(prompt)
+        self._completion_tokens(key).inc(completion)
+        self._cached_tokens(key).inc(cached)
+        predicted = self._predicted_tokens(key)  # the series exists at zero too
+        if decision is None:
+            return
+        ratio = decision.predicted_match_ratio
+        if ratio is not None and prompt > 0:
+            tokens = round(ratio * prompt)
+            predicted.inc(tokens)
+            host = round(decision.predicted_host_ratio * prompt)
+            self._tier_hbm.inc(tokens - host)
+            self._tier_host.inc(host)
+            self._ratio_predicted.observe(ratio)
+            self._ratio_actual.observe(min(1.0, cached / prompt))

@@ -1,0 +1,383 @@
+"""The one request pipeline every mode runs, its stages in order:
+
+1. **admit** (`Pipeline.admit`, `Pipeline.admit_now`): the client's API key and its rate
+   limits, the router's in-flight limit (shed), the body parsed and validated, the hold
+   queue while no worker can take it, the workers serving its model (404 otherwise), its
+   tokens reserved of its key's limit;
+2. **select** (`Pipeline.select`): the policy's choice of one worker among the candidates
+   (a prefill/decode pair's prefill too: `tpuserve_router.front.pd`), acted on with
+   `Pipeline.chosen`;
+3. **relay**: the HTTP port's colocated try (`Forwarder.relay`, whole or streamed) or a
+   pair's two legs (`PdRouter.relay`); nothing for the endpoint picker, whose gateway
+   relays;
+4. **account**: the one ledger (`tpuserve_router.pipeline.ledger.Ledger.account`): tokens, metrics,
+   the key's quota settled, policy and peer feedback, outlier ejection.
+
+A front (the HTTP port's `Forwarder`, the picker's `Exchange`) turns a request into an
+`Arrival`, walks it through the stages, and answers a `Refused` its own way (an HTTP error,
+an ``ImmediateResponse``). A feature that lives in a stage applies to every mode.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from tpuserve_router.core import RouterCore
+from tpuserve_router.engines.workers import ModelRoute, Worker
+from tpuserve_router.pipeline.adapter_affinity import AdapterAffinity
+from tpuserve_router.pipeline.generation_limits import GENERATION_LIMITS, GenerationLimit
+from tpuserve_router.pipeline.ledger import Ledger, Spend
+from tpuserve_router.pipeline.refusals import model_not_found, unauthorized, unavailable
+from tpuserve_router.pipeline.request_body import (
+    ClientError,
+    ParsedBody,
+    Parser,
+    Tokens,
+    parse_json_object,
+)
+from tpuserve_router.pipeline.request_ids import ClientRid, client_rid
+from tpuserve_router.policies.base import Decision, RouteRequest
+from tpuserve_router.tenancy.auth import DEFAULT_PRIORITY, ApiKey, KeyStore, presented_key
+from tpuserve_router.tenancy.hold import HoldQueues, HoldRefused, hold_label
+from tpuserve_router.tenancy.quotas import Quotas, Refusal, Reservation, in_flight_limits
+
+STAGES: Final = ("admit", "select", "relay", "account")
+
+
+class Refused(Exception):
+    """A request a stage answers itself: ``error``, counted on ``model`` (a bounded
+    label: the served name, a hold queue's, or "")."""
+
+    def __init__(self, error: ClientError, model: str = "") -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.model = model
+
+
+@dataclass(slots=True)
+class Arrival:
+    """A generation request as a front hands it to admission."""
+
+    route: str
+    parser: Parser
+    body: bytes
+    arrived: float
+    headers: Sequence[tuple[bytes, bytes]] = ()
+    client: str = ""
+    """Who sent it when it has no key (the hold queue's tenant)."""
+    size: int = 0
+    """The bytes of the buffer budget its body holds (the hold queue weighs them)."""
+    may_wait: bool = True
+    """It may wait in the hold queue (the HTTP port); the picker answers its gateway at
+    once."""
+    authenticates: bool = True
+    """Its client presents the router's API keys (the HTTP port; a gateway authenticates
+    the picker's own clients)."""
+    shed_status: int = 503
+    """The status of a request over the in-flight limit (the picker's gateway retries a
+    429 elsewhere)."""
+    reply_headers: bytes = b""
+    """What every answer to it carries (its key's rate-limit headers), once admission knows."""
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A request admission let in: what selection and the relay read."""
+
+    arrival: Arrival
+    key: ApiKey | None
+    parsed: ParsedBody
+    bound: GenerationLimit
+    theirs: ClientRid
+    """The client's own ``rid`` (`request_ids`)."""
+    served: ModelRoute
+    asked: str
+    """The model as the client named it (``parsed.model`` is the served name: a bounded
+    label); what the policy routes by."""
+    since: float
+    """Where ``--request-timeout`` runs from: its arrival, or its leaving the hold queue."""
+    spend: Spend | None = None
+    counted: bool = field(default=False)
+    """It is counted in the router's in flight (`Pipeline.enter`)."""
+
+    @property
+    def route(self) -> str:
+        return self.arrival.route
+
+    @property
+    def route_request(self) -> RouteRequest:
+        parsed = self.parsed
+        return RouteRequest(self.asked, parsed.text, parsed.token_ids)
+
+
+class Pipeline:
+    """The shared stages (admission, selection) and the ledger; one per router."""
+
+    def __init__(
+        self,
+        core: RouterCore,
+        tokenizer: Tokens | None,
+        ledger: Ledger,
+        holds: HoldQueues,
+        *,
+        keys: KeyStore | None = None,
+        quotas: Quotas | None = None,
+        before_decision: Callable[[], None] | None = None,
+        on_arrival: Callable[[bool], None] | None = None,
+    ) -> None:
+        config = core.config
+        self.policy = core.policy
+        self.registry = registry = core.registry
+        self.metrics = core.metrics
+        self.ledger = ledger
+        self.tokenizer = tokenizer
+        self.want_text = core.policy.needs_text
+        self.max_prompt_chars = config.max_prompt_chars
+        self.max_in_flight = config.max_in_flight
+        self.in_flight = 0  # generation requests between admission (or the hold) and answer
+        self.keys = keys
+        self.quotas = quotas if quotas is not None else Quotas()
+        self.holds = holds
+        self.hold_models = frozenset(config.hold_models)
+        self.before_decision = before_decision
+        self.on_arrival = on_arrival
+        self.affinity = AdapterAffinity()
+        registry.on_removed.append(lambda worker: self.affinity.forget(worker.name))
+        self._shed_at = in_flight_limits(config.max_in_flight)
+        self.pair_possible: Callable[[Sequence[Worker]], bool] | None = None
+        """Whether a prefill/decode pair could take a request (PD mode: `pd.PdRouter`)."""
+
+    # ------------------------------------------------------------------ 1. admit
+
+    async def admit(self, arrival: Arrival) -> Admitted:
+        """Admit a request that may wait for a worker (the hold queue); raises `Refused`."""
+        key, limit = self._gate(arrival)
+        parsed, bound, theirs = self._parse(arrival)
+        since = arrival.arrived
+        held = arrival.may_wait and self.holds.enabled and self._must_hold(parsed.model)
+        if self.on_arrival is not None:
+            self.on_arrival(held)
+        if held:
+            label = hold_label(parsed.model, self._known_models())  # bounded, as a label
+            try:
+                await self.holds.hold(
+                    label, arrival.arrived, functools.partial(self.routable, parsed.model),
+                    tenant=key.tenant if key is not None else f"client {arrival.client}",
+                    priority=key.priority if key is not None else DEFAULT_PRIORITY,
+                    size=arrival.size,
+                    admissible=functools.partial(self._has_room, limit),
+                )  # fmt: skip
+            except HoldRefused as refused:
+                raise Refused(unavailable(str(refused)), label) from None
+            since = time.monotonic()
+        return self._let_in(arrival, key, parsed, bound, theirs, since)
+
+    def admit_now(self, arrival: Arrival) -> Admitted:
+        """Admit a request that is answered at once (the picker's); raises `Refused`."""
+        key, _limit = self._gate(arrival)
+        parsed, bound, theirs = self._parse(arrival)
+        if self.on_arrival is not None:
+            self.on_arrival(False)
+        return self._let_in(arrival, key, parsed, bound, theirs, arrival.arrived)
+
+    def enter(self, admitted: Admitted | None) -> None:
+        """Count a request in flight until `leave`: an admitted one, or (None) one the
+        picker sends to a worker off the generation routes, which it counts too."""
+        if admitted is not None:
+            assert not admitted.counted, "counted in flight once"
+            admitted.counted = True
+        self.in_flight += 1
+
+    def leave(self, admitted: Admitted | None) -> None:
+        """A request `enter` counted ended (or an admitted one never entered): out of
+        flight (room for a held one, maybe), and what it cost settled on its key (the
+        ledger)."""
+        if admitted is None or admitted.counted:
+            if admitted is not None:
+                admitted.counted = False
+            self.in_flight -= 1
+            if self.holds.total:
+                self.holds.announce()
+        if admitted is None:
+            return
+        spend, admitted.spend = admitted.spend, None
+        if spend is not None:
+            self.ledger.settle(spend)
+
+    def _gate(self, arrival: Arrival) -> tuple[ApiKey | None, int]:
+        """The request's key (with API keys) and the in-flight limit it is shed at."""
+        key: ApiKey | None = None
+        limit = self.max_in_flight
+        if self.keys is not None and arrival.authenticates:
+            key = self._authenticate(arrival)
+            limit = self._shed_at[key.priority]
+        if self.in_flight >= limit:
+            if key is not None:
+                self.metrics.shed.labels(key.priority).inc()
+            message = (
+                f"the router has {self.in_flight} requests in flight, its limit "
+                + ("(--max-in-flight)" if key is None else f"for {key.priority} requests")
+                + "; retry"
+            )
+            if arrival.shed_status == 503:
+                raise Refused(unavailable(message))
+            raise Refused(
+                ClientError(arrival.shed_status, message, error_type="rate_limit_exceeded")
+            )
+        return key, limit
+
+    def _authenticate(self, arrival: Arrival) -> ApiKey:
+        """The request's API key if it is valid and within its rate limits; else `Refused`
+        (401, 429)."""
+        assert self.keys is not None
+        authorization = api_key = None
+        for name, value in arrival.headers:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"x-api-key":
+                api_key = value
+        presented = presented_key(authorization, api_key)
+        key = self.keys.authenticate(presented)
+        if key is None:
+            self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
+            raise Refused(unauthorized(presented))
+        quota = self.quotas.of(key, arrival.arrived)
+        refused = quota.admit(arrival.arrived)
+        if refused is not None:
+            raise self._rate_limited(key, *refused)
+        arrival.reply_headers = quota.headers()
+        return key
+
+    def _parse(self, arrival: Arrival) -> tuple[ParsedBody, GenerationLimit, ClientRid]:
+        try:
+            data = parse_json_object(arrival.body)
+            parsed = arrival.parser(data, self.want_text, self.tokenizer, self.max_prompt_chars)
+            return parsed, GENERATION_LIMITS[arrival.route](data), client_rid(data)
+        except ClientError as err:
+            raise Refused(err) from None
+
+    def _let_in(
+        self,
+        arrival: Arrival,
+        key: ApiKey | None,
+        parsed: ParsedBody,
+        bound: GenerationLimit,
+        theirs: ClientRid,
+        since: float,
+    ) -> Admitted:
+        """The workers serving the request's model (404 if none), and its tokens reserved of
+        its key's limit (429 if they do not fit)."""
+        served = self.registry.route(parsed.model, parsed.lora_path)
+        if served is None:
+            raise Refused(self.not_served(parsed.model, parsed.lora_path))
+        asked = parsed.model
+        parsed.model = served.model  # from here on the served name: a bounded label
+        admitted = Admitted(arrival, key, parsed, bound, theirs, served, asked, since)
+        if key is not None:
+            admitted.spend = self._reserve(arrival, key, parsed, bound, served.workers)
+        return admitted
+
+    def _reserve(
+        self,
+        arrival: Arrival,
+        key: ApiKey,
+        parsed: ParsedBody,
+        bound: GenerationLimit,
+        workers: Sequence[Worker],
+    ) -> Spend:
+        """Reserve what the request may cost of its key's token limit (`quotas`); `Refused`
+        (429) if it does not fit."""
+        quota = self.quotas.of(key, arrival.arrived)
+        contexts = [w.context_tokens for w in workers if w.context_tokens is not None]
+        prompt = parsed.prompt_tokens
+        # nothing bounds it: what is left of the key's whole minute (no limit: nothing)
+        rest = max(0, quota.tokens.per_minute - prompt) if quota.tokens is not None else 0
+        completion = bound.allowance(prompt, max(contexts, default=None), rest)
+        reserved = quota.reserve(prompt + completion, time.monotonic(), bound.param)
+        if not isinstance(reserved, Reservation):
+            raise self._rate_limited(key, *reserved)
+        arrival.reply_headers = quota.headers()
+        return Spend(key, quota, prompt, completion, reserved)
+
+    def _rate_limited(self, key: ApiKey, refusal: Refusal, headers: dict[str, str]) -> Refused:
+        """The 429 of a key over its limits."""
+        self.metrics.rate_limited.labels(key.label, refusal.limit).inc()
+        wait = refusal.retry_after_seconds
+        message = refusal.message or (
+            f"rate limit reached for {refusal.limit} per minute ({refusal.per_minute}, "
+            f"tenant {key.tenant}); retry in {wait or 0:.3g} s"
+        )
+        return Refused(
+            ClientError(
+                429, message, param=refusal.param, error_type="rate_limit_exceeded",
+                headers=headers,
+            )
+        )  # fmt: skip
+
+    def not_served(self, model: str, lora_path: str | None) -> ClientError:
+        name = f"{model!r}" + (f" with LoRA adapter {lora_path!r}" if lora_path else "")
+        return model_not_found(name, [n for n, _ in self.registry.served()])
+
+    def _has_room(self, limit: int) -> bool:
+        """Live traffic under ``limit`` in flight would be admitted now (a held request
+        leaves the queue through the same admission)."""
+        return self.in_flight < limit
+
+    def _must_hold(self, model: str) -> bool:
+        """Whether a request for ``model`` waits in the hold queue: others of its queue
+        wait already, or no worker of its base model is routable (an unknown model is held
+        only while no worker at all is routable, or if it is one of --hold-models). A
+        request whose adapter no routable worker has while its model has some is answered
+        at once (404 or 503): held, it would block its model's queue for nothing."""
+        if self.holds.total and self.holds.held(hold_label(model, self._known_models())):
+            return True
+        return not self.routable(model)
+
+    def routable(self, model: str) -> bool:
+        """A worker of ``model``'s base model, whatever adapter was asked, could take a
+        request now (or, for a model no worker serves, the answer would be a 404 rather
+        than a wait)."""
+        base, _adapter = self.registry.split_model(model)
+        served = self.registry.route(base)
+        if served is None:
+            return model not in self.hold_models and self.registry.healthy_count() > 0
+        workers = served.workers
+        if self.pair_possible is not None:  # a prefill or a decode engine alone: a pair
+            colocated = (w for w in workers if w.role is None)
+            return any(w.healthy for w in colocated) or self.pair_possible(workers)
+        return any(w.healthy for w in workers)
+
+    def _known_models(self) -> frozenset[str]:
+        return self.hold_models.union(self.registry.by_model)
+
+    # ------------------------------------------------------------------ 2. select
+
+    def select(self, admitted: Admitted, pool: Sequence[Worker]) -> Decision[Worker]:
+        """The policy's choice among ``pool`` (the KV events due read first); raises
+        `NoHealthyWorker`. Not acted on until `chosen` (PD mode may set it aside)."""
+        if self.before_decision is not None:
+            self.before_decision()
+        return self.policy.choose(admitted.route_request, pool)
+
+    def chosen(self, admitted: Admitted, decision: Decision[Worker]) -> None:
+        """Act on ``decision``: counted, announced to the peers, and the adapter's replica
+        remembered warm."""
+        self.ledger.chosen(decision)
+        adapter = admitted.served.adapter
+        if adapter is not None:
+            self.affinity.routed(adapter, decision.worker.name)
+
+    def first_choices(self, admitted: Admitted, candidates: list[Worker]) -> list[Worker]:
+        """Where a first try looks: an adapter's warm replicas first (`adapter_affinity`)."""
+        adapter = admitted.served.adapter
+        return candidates if adapter is None else self.affinity.candidates(adapter, candidates)
+
+    def no_worker(self, admitted: Admitted) -> Refused:
+        """The 503 of a request no candidate can take."""
+        model = admitted.asked
+        detail = f" for model {model!r}" if model else ""
+        return Refused(unavailable(f"no healthy worker{detail}"), admitted.served.model)

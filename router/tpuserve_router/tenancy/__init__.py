@@ -1,0 +1,1 @@
+"""Who may send what: API keys, per-key quotas, the hold queues, the demand Lease."""
