@@ -141,9 +141,24 @@ async def hang_up_on_a_plain_request(app: RouterApp, rid: str) -> None:
         b"content-length: %d\r\n\r\n%b" % (len(body), body)
     )
     answer = asyncio.ensure_future(reader.read(512))
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+
+    def where() -> str:  # what the router had done with it, should it never go on
+        worker = app.registry.workers[0]
+        phases = sorted(str(getattr(conn, "phase", "?")) for conn in app.book.open)
+        return (
+            f"rid {rid!r} after {loop.time() - began:.1f} s of loop time: sent on "
+            f"{dispatched(app) - sent:g} (from {sent:g}); worker {worker!r}; router in flight "
+            f"{app.forwarder.in_flight}; connections open {len(app.book.open)} (phases "
+            f"{phases}), idle {len(app.book.waiting)}, buffered {app.book.buffers.used} bytes"
+        )
+
     try:  # an answer before the request went on (the router refused it) fails here, shown
         await eventually_async(
-            lambda: dispatched(app) > sent or answer.done(), what="the hostile request sent on"
+            lambda: dispatched(app) > sent or answer.done(),
+            what="the hostile request sent on",
+            context=where,
         )
         assert not answer.done(), f"the router answered instead: {answer.result()!r}"
     finally:
