@@ -504,18 +504,9 @@ def report_only(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--setups", default="router:precise,router:round_robin,single")
-    parser.add_argument("--target", help="an endpoint already running (instead of --setups)")
-    parser.add_argument("--workload", choices=("shared-prefix", *FIXED), default="shared-prefix")
-    parser.add_argument(
-        "--rate", type=_rates, default=[10.0],
-        help="requests/s (constant), modelled seconds; several (1,2,4) run one benchmark "
-        "each in one GuideLLM run and the summary adds the recipes' figure at the targets",
-    )  # fmt: skip
-    parser.add_argument("--max-seconds", type=float, default=60.0)
-    parser.add_argument("--max-requests", type=int, default=0, help="0: no limit")
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload's shared-prefix shape and the engine twins' flags, which this runner and
+    bench/inference_perf_run.py both take."""
     parser.add_argument("--prefixes", type=int, default=32)
     parser.add_argument("--prefix-tokens", type=int, default=4096)
     parser.add_argument("--prompt-tokens", type=int, default=256)
@@ -536,6 +527,21 @@ def main(argv: list[str] | None = None) -> int:
         help="the engines' --stream-interval (SGLang's): tokens per streamed chunk after the first",
     )  # fmt: skip
     parser.add_argument("--tokenizer", type=Path, help="a directory with tokenizer.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setups", default="router:precise,router:round_robin,single")
+    parser.add_argument("--target", help="an endpoint already running (instead of --setups)")
+    parser.add_argument("--workload", choices=("shared-prefix", *FIXED), default="shared-prefix")
+    parser.add_argument(
+        "--rate", type=_rates, default=[10.0],
+        help="requests/s (constant), modelled seconds; several (1,2,4) run one benchmark "
+        "each in one GuideLLM run and the summary adds the recipes' figure at the targets",
+    )  # fmt: skip
+    parser.add_argument("--max-seconds", type=float, default=60.0)
+    parser.add_argument("--max-requests", type=int, default=0, help="0: no limit")
+    add_fleet_arguments(parser)
     parser.add_argument("--ttft-target-ms", type=float, default=1000.0, help="p99, modelled")
     parser.add_argument("--itl-target-ms", type=float, default=50.0, help="p99, modelled")
     parser.add_argument("--seed", type=int, default=0)
