@@ -1294,6 +1294,56 @@ class InferencePoolStatus(Schema):
     )
 
 
+FloorReason = Literal[
+    "FloorDecides", "ReactiveDecides", "AtMinReplicas", "AtMaxReplicas", "NotMeasured"
+]
+
+
+class PredictiveFloorStatus(Schema):
+    scaled_object: str = Field(
+        description="scaledObject is the KEDA ScaledObject whose predictive-floor trigger this is."
+    )
+    role: str = Field(
+        default="", description="role: prefill or decode for a disaggregated server's role."
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "replicas is the floor now: ceil(forecast / requestsPerReplica), within the "
+            "ScaledObject's minReplicaCount..maxReplicaCount; unset until KEDA's "
+            "HorizontalPodAutoscaler reports the trigger."
+        ),
+    )
+    forecast_requests_per_second: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "forecastRequestsPerSecond is the request rate the floor expects horizonSeconds "
+            "ahead (the larger of the trend and yesterday's shape), as KEDA last read it."
+        ),
+    )
+    requests_per_replica: float = Field(
+        gt=0, description="requestsPerReplica: the trigger's threshold (the spec's)."
+    )
+    horizon_seconds: int = Field(ge=0, description="horizonSeconds: how far ahead it looks.")
+    reactive_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="reactiveReplicas: what the reactive trigger alone asks for now.",
+    )
+    current_replicas: int | None = Field(
+        default=None, ge=0, description="currentReplicas: KEDA's HPA's count now."
+    )
+    reason: FloorReason = Field(
+        description=(
+            "reason: which decides the count: the floor (above the reactive trigger), the "
+            "reactive trigger, the bounds, or NotMeasured (KEDA has not reported the trigger)."
+        )
+    )
+    message: str = Field(default="", description="message says why, with the figures.")
+
+
 class TPUModelServerStatus(Schema):
     observed_generation: int | None = Field(
         default=None, description="observedGeneration is the generation last reconciled."
@@ -1341,6 +1391,15 @@ class TPUModelServerStatus(Schema):
         description=(
             "roles: with spec.disaggregation, each role's replica groups and how many are "
             "ready (prefill first, then decode); empty otherwise."
+        ),
+    )
+    predictive_floor: list[PredictiveFloorStatus] = Field(
+        default_factory=list,
+        max_length=2,
+        description=(
+            "predictiveFloor: with autoscaling.keda.predictiveFloor, the floor now and why, per "
+            "ScaledObject (the server's, or each role's), read from KEDA's "
+            "HorizontalPodAutoscaler; empty otherwise."
         ),
     )
     conditions: list[Condition] = Field(

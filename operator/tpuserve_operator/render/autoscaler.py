@@ -213,6 +213,31 @@ def autoscaler(server: Server) -> list[Manifest]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class FlooredScaledObject:
+    """A ScaledObject with a predictive floor: its reactive trigger is the first (KEDA names
+    its metric ``s0-prometheus``), the floor the second (``s1-prometheus``)."""
+
+    name: str
+    role: str | None
+    spec: AutoscalingSpec
+    floor: PredictiveFloorSpec
+    reactive: KedaTrigger
+
+
+def floored_scaled_objects(server: Server) -> list[FlooredScaledObject]:
+    """Each ScaledObject `autoscaler` renders with a predictive floor."""
+    out = []
+    for _, autoscaling, shape, role in _scaled(server.valid.spec):
+        keda = autoscaling.keda
+        if autoscaling.engine != "keda" or keda is None or keda.predictive_floor is None:
+            continue
+        name = server.name if role is None else role_scale_name(server.name, role)
+        reactive = keda_trigger(server, autoscaling, shape, role)
+        out.append(FlooredScaledObject(name, role, autoscaling, keda.predictive_floor, reactive))
+    return out
+
+
 def _behavior(spec: AutoscalingSpec) -> Manifest:
     return {
         "scaleUp": {
