@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuserve.bench.autoscaling import SCALERS, ScalerConfig, run_autoscaled
-from tpuserve.fleet import FleetConfig, daily_multiplier
+from tpuserve.fleet import FleetConfig, FleetSim, daily_multiplier
 
 WINDOWS = ((3.0, 6.0), (9.0, 6.0), (15.0, 6.0), (21.0, 6.0))
 """(start hour, hours of the day it stands for)."""
@@ -130,6 +130,32 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(table.values(), key=lambda t: (t["day"] != "planner", order[t["scaler"]]))
 
 
+def ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Where the demand asks for more than the whole fleet (``--replicas`` x ``--capacity``):
+    for each day and window, the counted seconds and minutes in which the arrival rate (daily
+    shape x bursts, the fleet model's `FleetSim.rate_multiplier`) exceeds the most replicas'
+    planned capacity. No autoscaler can serve those; the figure is the same at any
+    ``--replicas`` (the demand scales with it). Nothing is simulated: the burst times come from
+    the seed as in the runs."""
+    out = []
+    for day, scaler, hour, _weight, config, _sc, _rows in jobs(args):
+        if scaler != args.scalers[0]:
+            continue
+        sim = FleetSim(config)
+        counted = range(int(config.warmup_seconds), int(config.duration_seconds))
+        share = [sim.rate_multiplier(t) * args.peak_load for t in counted]
+        over = [t for t, x in zip(counted, share, strict=True) if x > 1.0]
+        minutes = {int((t - config.warmup_seconds) // 60) for t in over}
+        out.append({
+            "day": day, "window": f"{hour:02.0f}:00",
+            "peak_demand_over_fleet": round(max(share), 3),
+            "seconds_over_fleet": len(over), "counted_seconds": len(counted),
+            "minutes_over_fleet": len(minutes),
+            "counted_minutes": math.ceil(len(counted) / 60),
+        })  # fmt: skip
+    return out
+
+
 def report(data: dict[str, Any]) -> str:
     table = data["table"]
     base = {t["day"]: t for t in table if t["scaler"] == "hpa_queue"}
@@ -181,7 +207,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=Path, help="Append each window's row here (JSONL).")
     parser.add_argument("--from-rows", type=Path, help="Build --out from a --rows file.")
     parser.add_argument("--report", type=Path, help="Print the table of an --out file.")
+    parser.add_argument(
+        "--ceiling", action="store_true",
+        help="Print where the demand exceeds the whole fleet's planned capacity (no run).",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.ceiling:
+        print("| day | window | peak demand / whole fleet | seconds over the fleet | "
+              "minutes touching it |\n|---|---|---|---|---|")  # fmt: skip
+        for r in ceiling(args):
+            print(f"| {r['day']} | {r['window']} | {r['peak_demand_over_fleet']:.2f} | "
+                  f"{r['seconds_over_fleet']} / {r['counted_seconds']} | "
+                  f"{r['minutes_over_fleet']} / {r['counted_minutes']} |")  # fmt: skip
+        return 0
     if args.report is not None:
         print(report(json.loads(args.report.read_text())))
         return 0

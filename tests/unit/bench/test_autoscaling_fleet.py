@@ -77,3 +77,31 @@ def test_every_scaler_runs_a_window_and_accounts_chips_and_minutes(scaler: str) 
 def test_an_unknown_scaler_is_refused() -> None:
     with pytest.raises(ValueError, match="allowed"):
         AutoscaledFleet(SMALL, ScalerConfig(scaler="vpa"))
+
+
+def test_the_ceiling_report_finds_the_bursty_days_demand_over_the_whole_fleet() -> None:
+    """`bench/autoscaling_day.py --ceiling`: the seconds in which the demand (shape x bursts)
+    asks for more than the most replicas' planned capacity; the same at 100 and 1,000 chips."""
+    from tests.bench_scripts import load_bench_script
+
+    day = load_bench_script("autoscaling_day")
+
+    def rows(replicas: int) -> dict[tuple[str, str], dict[str, object]]:
+        args = day.argparse.Namespace(
+            days=list(day.DAYS), scalers=["hpa_queue"], replicas=replicas, window=3600.0,
+            warmup=900.0, peak_load=0.8, capacity=5.25, ttft=5.0, itl=0.1, seed=0, rows=None,
+        )  # fmt: skip
+        return {(r["day"], r["window"]): r for r in day.ceiling(args)}
+
+    small = rows(25)
+    assert len(small) == 8
+    # 03:00: 0.35 of the peak, 2x bursts reach 0.56 of the fleet: never over it
+    assert small[("bursty", "03:00")]["seconds_over_fleet"] == 0
+    assert small[("bursty", "03:00")]["peak_demand_over_fleet"] == pytest.approx(0.56, abs=0.02)
+    # 15:00: 0.8 x 2 = 1.6x the fleet in every burst second
+    peak = small[("bursty", "15:00")]
+    assert peak["peak_demand_over_fleet"] == pytest.approx(1.6, abs=0.01)
+    over_peak = peak["seconds_over_fleet"]
+    assert isinstance(over_peak, int)
+    assert over_peak > small[("planner", "15:00")]["seconds_over_fleet"]  # type: ignore[operator]
+    assert rows(250) == small  # the demand scales with the fleet
