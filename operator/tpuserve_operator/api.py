@@ -679,6 +679,17 @@ class PredictiveFloorSpec(Schema):
             "Default: 600."
         ),
     )
+    peak_window_seconds: int | None = Field(
+        default=None,
+        ge=300,
+        le=86400,
+        description=(
+            "peakWindowSeconds makes the floor hold the recent peak too: the highest one-minute "
+            "request rate of the last peakWindowSeconds, carried along yesterday's shape like "
+            "the rate now. For bursts shorter than a cold start, which no replica started at "
+            "the burst serves; costs idle replicas between bursts. Unset: no peak hold."
+        ),
+    )
 
 
 class KedaSpec(Schema):

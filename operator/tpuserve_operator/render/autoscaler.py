@@ -328,6 +328,13 @@ def floor_trigger(server: Server, floor: PredictiveFloorSpec, role: str | None) 
     same = f"sum(rate({requests}{{{sel}}}[5m] offset {DAY_SECONDS}s))"
     shaped = f"({level} * {later} / ({same} > 0))"
     query = f"(({trend} >= {shaped}) or {shaped}) or {trend}"
+    if floor.peak_window_seconds is not None:
+        # the highest one-minute rate of the peak window, along yesterday's shape when known
+        peak = (
+            f"max_over_time((sum(rate({requests}{{{sel}}}[1m])))[{floor.peak_window_seconds}s:30s])"
+        )
+        held = f"(({peak} * {later} / ({same} > 0)) or {peak})"
+        query = f"((({query}) >= {held}) or {held}) or ({query})"
     return KedaTrigger("predictive-floor", query, floor.requests_per_replica, "AverageValue")
 
 

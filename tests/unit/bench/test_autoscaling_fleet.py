@@ -105,3 +105,24 @@ def test_the_ceiling_report_finds_the_bursty_days_demand_over_the_whole_fleet() 
     assert isinstance(over_peak, int)
     assert over_peak > small[("planner", "15:00")]["seconds_over_fleet"]  # type: ignore[operator]
     assert rows(250) == small  # the demand scales with the fleet
+
+
+def test_the_peak_holding_floor_keeps_the_highest_minute_of_its_window() -> None:
+    sim = AutoscaledFleet(
+        SMALL, ScalerConfig(scaler="keda_backlog_floor_peak", floor_peak_window_seconds=120)
+    )
+    assert sim.floor_params.peak_window_seconds == 120
+    # 10 arrivals every 15 s, and 360 at once just before t=75
+    arrivals = {t: 10 * (t // 15) + (360 if t >= 75 else 0) for t in range(0, 256, 15)}
+    peaks = {}
+    for t, n in arrivals.items():
+        sim.arrived = n
+        peaks[t] = sim._recent_peak(float(t))
+    assert peaks[45] == 0.0  # not a whole minute yet
+    assert peaks[60] == pytest.approx(40 / 60)
+    assert peaks[75] == pytest.approx(400 / 60)  # 360 arrivals in 15 s: the minute's rate
+    assert peaks[240] == pytest.approx(400 / 60)  # held: the minute to 120 s has the jump
+    assert peaks[255] == pytest.approx(40 / 60)  # 120 s after that, out of the window
+    plain = AutoscaledFleet(SMALL, ScalerConfig(scaler="keda_backlog_floor"))
+    assert plain.floor_params.peak_window_seconds == 0
+    assert plain._recent_peak(60.0) == 0.0
