@@ -646,10 +646,6 @@ KEDA_SETTINGS_MESSAGE = (
     "subresource (KEDA runs an HPA of its own on it, and two would fight); allowed: "
     "autoscaling.engine keda, or no autoscaling.keda"
 )
-KEDA_ZERO_MESSAGE = (
-    "autoscaling.minReplicas 0 needs autoscaling.engine hpa (the operator's scale to zero "
-    "and KEDA's activation would both own 0 <-> 1); allowed with engine keda: 1 or more"
-)
 
 
 class PredictiveFloorSpec(Schema):
@@ -730,7 +726,6 @@ class AutoscalingSpec(Schema):
                 + "])",
                 KEDA_ONLY_MESSAGE,
             ),
-            ("self.engine != 'keda' || self.minReplicas >= 1", KEDA_ZERO_MESSAGE),
             (
                 "self.metric != 'kvCacheUsage' || self.target <= 1.0",
                 "autoscaling.target of metric kvCacheUsage is a share of the KV pool; "
@@ -773,8 +768,9 @@ class AutoscalingSpec(Schema):
             "after scaleToZero.idleSeconds without requests the operator sets replicas to "
             "0, the router holds the requests that arrive (router.hold) and the first one "
             "makes the operator set replicas to 1; the HorizontalPodAutoscaler (whose own "
-            "minimum is then 1) scales from 1 to maxReplicas. Needs router.enabled. "
-            "Default: 1."
+            "minimum is then 1) scales from 1 to maxReplicas. With engine keda, KEDA owns "
+            "0 <-> 1 instead: its activation on the router's held and answered requests, "
+            "its cooldown scaleToZero.idleSeconds. Needs router.enabled. Default: 1."
         ),
     )
     max_replicas: int = Field(

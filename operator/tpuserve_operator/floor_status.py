@@ -74,10 +74,10 @@ def floor_status(so: FlooredScaledObject, hpa: ChildView | None) -> PredictiveFl
     reason: FloorReason
     if asked > hi or (floor >= asked and raw > hi):
         reason = "AtMaxReplicas"
+    elif max(raw, asked) <= lo:
+        reason = "AtMinReplicas"  # neither asks for more than the minimum
     elif floor > asked:
-        reason = "AtMinReplicas" if raw < lo else "FloorDecides"
-    elif asked < lo:
-        reason = "AtMinReplicas"
+        reason = "FloorDecides"
     else:
         reason = "ReactiveDecides"
     why = (

@@ -494,6 +494,12 @@ class Reconciler:
             state.activating = False
             state.active_since = now  # the idle clock starts at the first Ready group
         replicas = server.valid.spec.replicas
+        if autoscaling is not None and autoscaling.engine == "keda":
+            # KEDA owns 0 <-> 1 through its activation (the ScaledObject's router-demand
+            # trigger, `render.autoscaler`): the operator does not scale it
+            state.active_since = state.zeroed_at = state.replicas_set = None
+            state.activating = False
+            return None
         if autoscaling is None or not scales_to_zero(server):
             state.active_since = state.zeroed_at = state.replicas_set = None
             state.activating = False
