@@ -67,6 +67,8 @@ def jobs(args: argparse.Namespace) -> list[Job]:
     trough = 0.35
     for day in args.days:
         for hour, weight in WINDOWS:
+            if args.hours is not None and hour not in args.hours:
+                continue
             peak = args.peak_load * args.capacity * args.replicas
             rate = peak * daily_multiplier(hour, trough)
             initial = min(args.replicas, max(1, math.ceil(rate / args.capacity)))
@@ -198,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=250, help="Most replicas (4 chips each).")
     parser.add_argument("--days", type=lambda s: s.split(","), default=list(DAYS))
     parser.add_argument("--scalers", type=lambda s: s.split(","), default=list(SCALERS[:3]))
+    parser.add_argument(
+        "--hours", type=lambda s: [float(h) for h in s.split(",")], default=None,
+        help="Only these windows (start hours, e.g. 21); a day's table needs all four.",
+    )  # fmt: skip
     parser.add_argument("--window", type=float, default=3600.0)
     parser.add_argument("--warmup", type=float, default=900.0)
     parser.add_argument("--peak-load", type=float, default=0.8)

@@ -90,6 +90,7 @@ def test_the_ceiling_report_finds_the_bursty_days_demand_over_the_whole_fleet() 
         args = day.argparse.Namespace(
             days=list(day.DAYS), scalers=["hpa_queue"], replicas=replicas, window=3600.0,
             warmup=900.0, peak_load=0.8, capacity=5.25, ttft=5.0, itl=0.1, seed=0, rows=None,
+            hours=None,
         )  # fmt: skip
         return {(r["day"], r["window"]): r for r in day.ceiling(args)}
 
