@@ -4,7 +4,8 @@ The fleet: at most ``--replicas`` replicas of ``llama-3.1-8b`` (bf16) on v6e ``2
 (250 = 1,000 chips), autoscaled by one of `tpuserve.bench.autoscaling.SCALERS`: today's HPA on
 ``queue`` (target 8 waiting requests per replica), KEDA on backlog seconds (target ``--ttft`` /
 2 seconds of prefill per replica; the replica's throughput from the performance model), and
-backlog seconds with the predictive floor. A new slice serves after a cold start drawn
+backlog seconds with the predictive floor (and, with ``--scalers keda_backlog_floor_peak``, the
+floor holding the last hour's peak too). A new slice serves after a cold start drawn
 uniformly from 240-480 s (`FleetConfig.cold_start_seconds`). Traffic: the Mooncake
 conversation and tool&agent shapes, half each, peaking at ``--peak-load`` x the fleet's
 planned capacity (`tpuserve plan`'s 5.25 requests/s per replica for this workload within p99
@@ -45,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuserve.bench.autoscaling import SCALERS, ScalerConfig, run_autoscaled
-from tpuserve.fleet import FleetConfig, daily_multiplier
+from tpuserve.fleet import FleetConfig, FleetSim, daily_multiplier
 
 WINDOWS = ((3.0, 6.0), (9.0, 6.0), (15.0, 6.0), (21.0, 6.0))
 """(start hour, hours of the day it stands for)."""
@@ -66,6 +67,8 @@ def jobs(args: argparse.Namespace) -> list[Job]:
     trough = 0.35
     for day in args.days:
         for hour, weight in WINDOWS:
+            if args.hours is not None and hour not in args.hours:
+                continue
             peak = args.peak_load * args.capacity * args.replicas
             rate = peak * daily_multiplier(hour, trough)
             initial = min(args.replicas, max(1, math.ceil(rate / args.capacity)))
@@ -130,6 +133,32 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(table.values(), key=lambda t: (t["day"] != "planner", order[t["scaler"]]))
 
 
+def ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Where the demand asks for more than the whole fleet (``--replicas`` x ``--capacity``):
+    for each day and window, the counted seconds and minutes in which the arrival rate (daily
+    shape x bursts, the fleet model's `FleetSim.rate_multiplier`) exceeds the most replicas'
+    planned capacity. No autoscaler can serve those; the figure is the same at any
+    ``--replicas`` (the demand scales with it). Nothing is simulated: the burst times come from
+    the seed as in the runs."""
+    out = []
+    for day, scaler, hour, _weight, config, _sc, _rows in jobs(args):
+        if scaler != args.scalers[0]:
+            continue
+        sim = FleetSim(config)
+        counted = range(int(config.warmup_seconds), int(config.duration_seconds))
+        share = [sim.rate_multiplier(t) * args.peak_load for t in counted]
+        over = [t for t, x in zip(counted, share, strict=True) if x > 1.0]
+        minutes = {int((t - config.warmup_seconds) // 60) for t in over}
+        out.append({
+            "day": day, "window": f"{hour:02.0f}:00",
+            "peak_demand_over_fleet": round(max(share), 3),
+            "seconds_over_fleet": len(over), "counted_seconds": len(counted),
+            "minutes_over_fleet": len(minutes),
+            "counted_minutes": math.ceil(len(counted) / 60),
+        })  # fmt: skip
+    return out
+
+
 def report(data: dict[str, Any]) -> str:
     table = data["table"]
     base = {t["day"]: t for t in table if t["scaler"] == "hpa_queue"}
@@ -143,6 +172,8 @@ def report(data: dict[str, Any]) -> str:
         "hpa_queue": "HPA on `queue` (today)",
         "keda_backlog": "KEDA on backlog seconds",
         "keda_backlog_floor": "KEDA on backlog seconds + predictive floor",
+        "keda_backlog_floor_peak": "KEDA on backlog seconds + predictive floor holding the "
+        "last hour's peak",
     }
     for t in table:
         b = base.get(t["day"])
@@ -168,7 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=250, help="Most replicas (4 chips each).")
     parser.add_argument("--days", type=lambda s: s.split(","), default=list(DAYS))
-    parser.add_argument("--scalers", type=lambda s: s.split(","), default=list(SCALERS))
+    parser.add_argument("--scalers", type=lambda s: s.split(","), default=list(SCALERS[:3]))
+    parser.add_argument(
+        "--hours", type=lambda s: [float(h) for h in s.split(",")], default=None,
+        help="Only these windows (start hours, e.g. 21); a day's table needs all four.",
+    )  # fmt: skip
     parser.add_argument("--window", type=float, default=3600.0)
     parser.add_argument("--warmup", type=float, default=900.0)
     parser.add_argument("--peak-load", type=float, default=0.8)
@@ -181,7 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=Path, help="Append each window's row here (JSONL).")
     parser.add_argument("--from-rows", type=Path, help="Build --out from a --rows file.")
     parser.add_argument("--report", type=Path, help="Print the table of an --out file.")
+    parser.add_argument(
+        "--ceiling", action="store_true",
+        help="Print where the demand exceeds the whole fleet's planned capacity (no run).",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.ceiling:
+        print("| day | window | peak demand / whole fleet | seconds over the fleet | "
+              "minutes touching it |\n|---|---|---|---|---|")  # fmt: skip
+        for r in ceiling(args):
+            print(f"| {r['day']} | {r['window']} | {r['peak_demand_over_fleet']:.2f} | "
+                  f"{r['seconds_over_fleet']} / {r['counted_seconds']} | "
+                  f"{r['minutes_over_fleet']} / {r['counted_minutes']} |")  # fmt: skip
+        return 0
     if args.report is not None:
         print(report(json.loads(args.report.read_text())))
         return 0

@@ -302,9 +302,10 @@ def plan_table() -> str:
 
 
 def autoscaling_day_table() -> str:
-    """bench/autoscaling_day.py's report table of its committed day."""
+    """bench/autoscaling_day.py's report table of its latest committed day (2026-12-07: the
+    2026-12-06 rows and the predictive floor holding the last hour's peak)."""
     day = _bench_module("autoscaling_day")
-    data = json.loads((FLEET_RESULTS / "autoscaling_day.json").read_text())
+    data = json.loads((PLAN_RESULTS / "autoscaling_day.json").read_text())
     table: str = day.report(data).split("\n\n", 1)[0].strip()
     return table
 

@@ -751,10 +751,6 @@ KEDA_SETTINGS_MESSAGE = (
     "subresource (KEDA runs an HPA of its own on it, and two would fight); allowed: "
     "autoscaling.engine keda, or no autoscaling.keda"
 )
-KEDA_ZERO_MESSAGE = (
-    "autoscaling.minReplicas 0 needs autoscaling.engine hpa (the operator's scale to zero "
-    "and KEDA's activation would both own 0 <-> 1); allowed with engine keda: 1 or more"
-)
 
 
 class PredictiveFloorSpec(Schema):
@@ -782,6 +778,17 @@ class PredictiveFloorSpec(Schema):
         description=(
             "windowSeconds is the recent window the request-rate trend is fitted over. "
             "Default: 600."
+        ),
+    )
+    peak_window_seconds: int | None = Field(
+        default=None,
+        ge=300,
+        le=86400,
+        description=(
+            "peakWindowSeconds makes the floor hold the recent peak too: the highest one-minute "
+            "request rate of the last peakWindowSeconds, carried along yesterday's shape like "
+            "the rate now. For bursts shorter than a cold start, which no replica started at "
+            "the burst serves; costs idle replicas between bursts. Unset: no peak hold."
         ),
     )
 
@@ -824,7 +831,6 @@ class AutoscalingSpec(Schema):
                 + "])",
                 KEDA_ONLY_MESSAGE,
             ),
-            ("self.engine != 'keda' || self.minReplicas >= 1", KEDA_ZERO_MESSAGE),
             (
                 "self.metric != 'kvCacheUsage' || self.target <= 1.0",
                 "autoscaling.target of metric kvCacheUsage is a share of the KV pool; "
@@ -867,8 +873,9 @@ class AutoscalingSpec(Schema):
             "after scaleToZero.idleSeconds without requests the operator sets replicas to "
             "0, the router holds the requests that arrive (router.hold) and the first one "
             "makes the operator set replicas to 1; the HorizontalPodAutoscaler (whose own "
-            "minimum is then 1) scales from 1 to maxReplicas. Needs router.enabled. "
-            "Default: 1."
+            "minimum is then 1) scales from 1 to maxReplicas. With engine keda, KEDA owns "
+            "0 <-> 1 instead: its activation on the router's held and answered requests, "
+            "its cooldown scaleToZero.idleSeconds. Needs router.enabled. Default: 1."
         ),
     )
     max_replicas: int = Field(
@@ -1413,6 +1420,56 @@ class InferencePoolStatus(Schema):
     )
 
 
+FloorReason = Literal[
+    "FloorDecides", "ReactiveDecides", "AtMinReplicas", "AtMaxReplicas", "NotMeasured"
+]
+
+
+class PredictiveFloorStatus(Schema):
+    scaled_object: str = Field(
+        description="scaledObject is the KEDA ScaledObject whose predictive-floor trigger this is."
+    )
+    role: str = Field(
+        default="", description="role: prefill or decode for a disaggregated server's role."
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "replicas is the floor now: ceil(forecast / requestsPerReplica), within the "
+            "ScaledObject's minReplicaCount..maxReplicaCount; unset until KEDA's "
+            "HorizontalPodAutoscaler reports the trigger."
+        ),
+    )
+    forecast_requests_per_second: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "forecastRequestsPerSecond is the request rate the floor expects horizonSeconds "
+            "ahead (the larger of the trend and yesterday's shape), as KEDA last read it."
+        ),
+    )
+    requests_per_replica: float = Field(
+        gt=0, description="requestsPerReplica: the trigger's threshold (the spec's)."
+    )
+    horizon_seconds: int = Field(ge=0, description="horizonSeconds: how far ahead it looks.")
+    reactive_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="reactiveReplicas: what the reactive trigger alone asks for now.",
+    )
+    current_replicas: int | None = Field(
+        default=None, ge=0, description="currentReplicas: KEDA's HPA's count now."
+    )
+    reason: FloorReason = Field(
+        description=(
+            "reason: which decides the count: the floor (above the reactive trigger), the "
+            "reactive trigger, the bounds, or NotMeasured (KEDA has not reported the trigger)."
+        )
+    )
+    message: str = Field(default="", description="message says why, with the figures.")
+
+
 class TPUModelServerStatus(Schema):
     observed_generation: int | None = Field(
         default=None, description="observedGeneration is the generation last reconciled."
@@ -1460,6 +1517,15 @@ class TPUModelServerStatus(Schema):
         description=(
             "roles: with spec.disaggregation, each role's replica groups and how many are "
             "ready (prefill first, then decode); empty otherwise."
+        ),
+    )
+    predictive_floor: list[PredictiveFloorStatus] = Field(
+        default_factory=list,
+        max_length=2,
+        description=(
+            "predictiveFloor: with autoscaling.keda.predictiveFloor, the floor now and why, per "
+            "ScaledObject (the server's, or each role's), read from KEDA's "
+            "HorizontalPodAutoscaler; empty otherwise."
         ),
     )
     conditions: list[Condition] = Field(

@@ -15,6 +15,7 @@ from typing import Any
 from sglang_tpu import disaggregation as pd
 from sglang_tpu import preflight
 from tpuserve_operator import disaggregation, labels
+from tpuserve_operator.engine_resources import quantity
 from tpuserve_operator.render.inference_pool import ParentView, parents_of
 
 ServerKey = tuple[str, str]  # (namespace, name)
@@ -63,6 +64,10 @@ class ChildView:
     # TPUModelServerRoles: spec.replicas (what its HPA set), status (replicas, selector)
     desired: int | None = None
     scale_status: tuple[int | None, str] | None = None
+    # HorizontalPodAutoscalers (KEDA's, for the predictive floor's status): status.currentMetrics'
+    # External metrics as (name, current averageValue or value), and status.currentReplicas
+    external_metrics: tuple[tuple[str, float], ...] = ()
+    current_replicas: int | None = None
 
     @property
     def ref(self) -> tuple[str, str]:
@@ -171,7 +176,30 @@ def child_view(body: Mapping[str, Any]) -> ChildView:
         renewed=(body.get("spec") or {}).get("renewTime") if body.get("kind") == "Lease" else None,
         parents=parents_of(body) if body.get("kind") == "InferencePool" else (),
         **_role_scale(body),
+        **_hpa_metrics(body),
     )
+
+
+def _hpa_metrics(body: Mapping[str, Any]) -> dict[str, Any]:
+    if body.get("kind") != "HorizontalPodAutoscaler":
+        return {}
+    status = body.get("status") or {}
+    if not isinstance(status, Mapping):
+        return {}
+    out = []
+    for metric in status.get("currentMetrics") or ():
+        external = metric.get("external") if isinstance(metric, Mapping) else None
+        if not isinstance(external, Mapping):
+            continue
+        name = (external.get("metric") or {}).get("name")
+        current = external.get("current") or {}
+        amount = quantity(current.get("averageValue", current.get("value")))
+        if name and amount is not None:
+            out.append((str(name), float(amount)))
+    return {
+        "external_metrics": tuple(out),
+        "current_replicas": _int_or_none(status.get("currentReplicas")),
+    }
 
 
 def _role_scale(body: Mapping[str, Any]) -> dict[str, Any]:

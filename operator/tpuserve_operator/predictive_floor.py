@@ -15,6 +15,14 @@ The forecast of the demand rate at ``now + horizon`` is the larger of two:
   for each hour, 0:00 to 23:00, as `tpuserve plan` models it), scaled to the level observed
   now: ``level x shape(now + horizon) / shape(now)``.
 
+- **recent peak** (optional, ``peak`` from the caller): the highest one-minute rate of the last
+  ``peak_window_seconds``, carried along the daily shape like the level. A burst shorter than
+  a cold start is over before any replica asked for at its start can serve, and a trend
+  fitted to it points the wrong way once it ends; the only capacity that serves recurring
+  bursts is capacity held for them. Holding the recent peak does that (Knative's autoscaler
+  likewise never scales below what its panic window saw), at the cost of idle chips between
+  bursts: off unless asked for.
+
 The larger is taken because the floor exists for ramps: a wrong guess upwards costs idle chips
 for one horizon, a wrong guess downwards costs SLO minutes, and the reactive scaler already
 handles everything else. The floor is ``ceil(forecast x (1 + headroom) / per_replica_rate)``,
@@ -53,6 +61,8 @@ class FloorParams:
     """Extra share of the forecast to provision for (0.1: 10 % more)."""
     daily_shape: tuple[float, ...] | None = None
     """Relative demand of each hour of the day (24 values, 0:00 first); None: no shape."""
+    peak_window_seconds: float = 0.0
+    """How far back the recent peak reaches (the caller measures it); 0: no peak hold."""
 
     def __post_init__(self) -> None:
         if not self.horizon_seconds >= 0:
@@ -61,6 +71,8 @@ class FloorParams:
             raise ValueError(f"per_replica_rate: {self.per_replica_rate!r}; allowed: > 0")
         if not self.max_growth >= 1:
             raise ValueError(f"max_growth: {self.max_growth!r}; allowed: >= 1")
+        if not self.peak_window_seconds >= 0:
+            raise ValueError(f"peak_window_seconds: {self.peak_window_seconds!r}; allowed: >= 0")
         if not self.headroom >= 0:
             raise ValueError(f"headroom: {self.headroom!r}; allowed: >= 0")
         shape = self.daily_shape
@@ -99,19 +111,27 @@ def shape_forecast(
 
 
 def forecast_rate(
-    samples: Sequence[tuple[float, float]], now: float, seconds_of_day: float, params: FloorParams
+    samples: Sequence[tuple[float, float]],
+    now: float,
+    seconds_of_day: float,
+    params: FloorParams,
+    peak: float = 0.0,
 ) -> float:
-    """The demand rate expected at ``now + horizon``: max(trend, daily shape); 0 without
-    samples. ``now`` is on the samples' clock, ``seconds_of_day`` the wall clock's time of day."""
+    """The demand rate expected at ``now + horizon``: max(trend, daily shape, recent peak); 0
+    without samples. ``now`` is on the samples' clock, ``seconds_of_day`` the wall clock's time
+    of day; ``peak`` the highest one-minute rate of the last ``peak_window_seconds`` (ignored
+    when that is 0)."""
     if not samples:
         return 0.0
     at = now + params.horizon_seconds
     out = trend_forecast(samples, at, params.max_growth)
+    held = peak if params.peak_window_seconds > 0 else 0.0
     if params.daily_shape is not None:
         level = trend_forecast(samples, now, params.max_growth)
         shaped = shape_forecast(params.daily_shape, level, seconds_of_day, params.horizon_seconds)
         out = max(out, shaped)
-    return out
+        held = shape_forecast(params.daily_shape, held, seconds_of_day, params.horizon_seconds)
+    return max(out, held)
 
 
 def predictive_floor(
@@ -121,11 +141,13 @@ def predictive_floor(
     params: FloorParams,
     min_replicas: int,
     max_replicas: int,
+    peak: float = 0.0,
 ) -> int:
     """The replicas to keep at least, from ``samples`` ((seconds, demand rate), oldest first,
-    the recent window) at ``now``, bounded by ``min_replicas..max_replicas``."""
+    the recent window) and the recent ``peak`` at ``now``, bounded by
+    ``min_replicas..max_replicas``."""
     if min_replicas > max_replicas:
         raise ValueError(f"min_replicas {min_replicas} > max_replicas {max_replicas}")
-    forecast = forecast_rate(samples, now, seconds_of_day, params)
+    forecast = forecast_rate(samples, now, seconds_of_day, params, peak)
     needed = math.ceil(forecast * (1.0 + params.headroom) / params.per_replica_rate - 1e-9)
     return max(min_replicas, min(max_replicas, needed))

@@ -44,6 +44,7 @@ from tpuserve_operator.cold_starts import (
     compile_cache_status,
 )
 from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.floor_status import floor_statuses
 from tpuserve_operator.kube import EventSink, KubeApi, NotFoundError, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow
 from tpuserve_operator.node_signals import (
@@ -399,6 +400,9 @@ class Reconciler:
         pool = gateway.pool_status(rendered, self.cache.children(key), foreign)
         if pool is not None or previous.inference_pool is not None:
             status = status.model_copy(update={"inference_pool": pool})
+        floors = floor_statuses(rendered, self.cache.children(key))
+        if floors or previous.predictive_floor:
+            status = status.model_copy(update={"predictive_floor": floors})
         await self._status.write(key, state, body, status, decided)
         self._report_lost_nodes(state, body)
         state.served = ServedModel(
@@ -490,6 +494,12 @@ class Reconciler:
             state.activating = False
             state.active_since = now  # the idle clock starts at the first Ready group
         replicas = server.valid.spec.replicas
+        if autoscaling is not None and autoscaling.engine == "keda":
+            # KEDA owns 0 <-> 1 through its activation (the ScaledObject's router-demand
+            # trigger, `render.autoscaler`): the operator does not scale it
+            state.active_since = state.zeroed_at = state.replicas_set = None
+            state.activating = False
+            return None
         if autoscaling is None or not scales_to_zero(server):
             state.active_since = state.zeroed_at = state.replicas_set = None
             state.activating = False

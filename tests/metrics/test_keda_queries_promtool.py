@@ -28,13 +28,13 @@ LABELS = (
 )
 
 
-def triggers(requests_per_replica: float) -> dict[str, str]:
+def triggers(requests_per_replica: float, **floor: Any) -> dict[str, str]:
     spec = {
         "model": {"source": "hf://Qwen/Qwen3-8B"},
         "tpu": {"generation": "v6e", "topology": "2x4"},
         "autoscaling": {
             "engine": "keda", "maxReplicas": 8, "metric": "backlogSeconds", "target": 1,
-            "keda": {"predictiveFloor": {"requestsPerReplica": requests_per_replica}},
+            "keda": {"predictiveFloor": {"requestsPerReplica": requests_per_replica, **floor}},
         },
     }  # fmt: skip
     children = build_children({"name": "qwen", "namespace": "ml"}, spec, RenderConfig(keda=True))
@@ -42,7 +42,9 @@ def triggers(requests_per_replica: float) -> dict[str, str]:
     return {t["name"]: t["metadata"]["query"] for t in scaled["spec"]["triggers"]}
 
 
-def run(promtool: Path, folder: Path, alerts: dict[str, str], firing: list[str]) -> str:
+def run(
+    promtool: Path, folder: Path, alerts: dict[str, str], firing: list[str], counter: str = COUNTER
+) -> str:
     rules = {"groups": [{"name": "keda", "rules": [
         {"alert": name, "expr": expr} for name, expr in alerts.items()
     ]}]}  # fmt: skip
@@ -53,7 +55,7 @@ def run(promtool: Path, folder: Path, alerts: dict[str, str], firing: list[str])
         "tests": [{
             "interval": f"{STEP}s",
             "input_series": [
-                {"series": f"{sg.NUM_REQUESTS.name}{{{LABELS}}}", "values": COUNTER}
+                {"series": f"{sg.NUM_REQUESTS.name}{{{LABELS}}}", "values": counter}
             ],
             "alert_rule_test": [
                 {"eval_time": "25h", "alertname": name,
@@ -78,4 +80,27 @@ def test_the_floor_query_follows_yesterdays_shape_above_a_flat_trend(tmp_path: P
         "ForecastIsTheFlatTrend": f"({floor}) > 9.9 < 10.1",
     }
     output = run(find_tool("promtool"), tmp_path, alerts, firing=["ForecastIsTwenty"])
+    assert output.startswith("exit 0\n"), output
+
+
+# 10 requests/s for 25 hours except 40/s over the 5 minutes from 24:30 (steps 5881-5900): a
+# burst half an hour before the evaluation; yesterday flat, so the shape's ratio is 1
+BURST_HALF_AN_HOUR_AGO = "0+150x5880 882600+600x19 894150+150x99"
+
+
+def test_the_floor_holds_the_last_hours_peak_only_when_asked_for(tmp_path: Path) -> None:
+    held = triggers(5, peakWindowSeconds=3600)["predictive-floor"]
+    plain = triggers(5)["predictive-floor"]
+    short = triggers(5, peakWindowSeconds=900)["predictive-floor"]
+    alerts = {
+        "HeldIsTheBurst": f"({held}) > 39.9 < 40.1",
+        "PlainIsTheFlatRate": f"({plain}) > 9.9 < 10.1",
+        "ShortWindowMissesIt": f"({short}) > 9.9 < 10.1",  # 15 minutes back: before the burst
+        "HeldIsFlat": f"({held}) > 9.9 < 10.1",
+    }
+    output = run(
+        find_tool("promtool"), tmp_path, alerts,
+        firing=["HeldIsTheBurst", "PlainIsTheFlatRate", "ShortWindowMissesIt"],
+        counter=BURST_HALF_AN_HOUR_AGO,
+    )  # fmt: skip
     assert output.startswith("exit 0\n"), output

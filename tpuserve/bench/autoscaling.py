@@ -24,6 +24,10 @@ highest desire of the last ``scale_down_window_seconds``, one slice a minute, dr
   (``cold_start_seconds``' upper bound + one decision interval), against ``per_replica_rate``
   (requests/s one replica serves within the SLO: `tpuserve plan`'s capacity).
 
+- ``keda_backlog_floor_peak``: the same floor holding the recent peak too: the highest
+  one-minute arrival rate of the last ``floor_peak_window_seconds`` (an hour), carried along
+  the daily shape (`FloorParams.peak_window_seconds`).
+
 A minute violates the SLO when fewer than ``slo_objective`` (99 %) of the requests that
 arrived in it finished within the TTFT and ITL thresholds (failed requests count as missed).
 """
@@ -39,7 +43,9 @@ from sglang_tpu.perf_model import get_profile, peak_prefill_tokens_per_second
 from tpuserve.fleet import READY, FleetConfig, FleetResult, FleetSim, daily_multiplier
 from tpuserve_operator.predictive_floor import HOURS, FloorParams, predictive_floor
 
-SCALERS = ("hpa_queue", "keda_backlog", "keda_backlog_floor")
+SCALERS = ("hpa_queue", "keda_backlog", "keda_backlog_floor", "keda_backlog_floor_peak")
+FLOORED = ("keda_backlog_floor", "keda_backlog_floor_peak")
+RATE_MINUTE = 60.0
 HPA_TOLERANCE = 0.1
 
 
@@ -56,6 +62,8 @@ class ScalerConfig:
     """Requests/s one replica serves within the SLO (`tpuserve plan`, v6e 2x2, this workload)."""
     floor_window_seconds: float = 300.0
     floor_headroom: float = 0.0
+    floor_peak_window_seconds: float = 3600.0
+    """``keda_backlog_floor_peak``'s look back for the recent peak."""
     slo_objective: float = 0.99
 
     def validate(self) -> None:
@@ -101,12 +109,18 @@ class AutoscaledFleet(FleetSim):
             per_replica_rate=scaler.per_replica_rate,
             headroom=scaler.floor_headroom,
             daily_shape=shape,
-        )
+            peak_window_seconds=(
+                scaler.floor_peak_window_seconds if scaler.scaler == "keda_backlog_floor_peak"
+                else 0.0
+            ),
+        )  # fmt: skip
         self.minutes = MinuteStats()
         self.rate_samples: deque[tuple[float, float]] = deque()
         self.last_arrived = 0
         self.last_sample_at = 0.0
         self.floor_history: list[tuple[float, int]] = []
+        self.arrival_log: deque[tuple[float, int]] = deque()  # (time, arrivals so far)
+        self.minute_rates: deque[tuple[float, float]] = deque()  # (time, last minute's rate)
 
     def record_outcome(self, arrival: float, good: bool) -> None:
         self.minutes.add(int((arrival - self.config.warmup_seconds) // 60), good)
@@ -122,7 +136,7 @@ class AutoscaledFleet(FleetSim):
             return current if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(current * ratio)
         backlog_seconds = sum(self.wtok[e.i] for e in serving) / self.prefill_tps
         desired = math.ceil(backlog_seconds / s.backlog_target_seconds - 1e-9)
-        if s.scaler == "keda_backlog_floor":
+        if s.scaler in FLOORED:
             desired = max(desired, self._floor())
         return desired
 
@@ -141,10 +155,27 @@ class AutoscaledFleet(FleetSim):
         seconds_of_day = (c.start_hour * 3600.0 + now) % 86_400.0
         floor = predictive_floor(
             list(self.rate_samples), now, seconds_of_day, self.floor_params,
-            max(1, c.min_replicas), c.replicas,
+            max(1, c.min_replicas), c.replicas, self._recent_peak(now),
         )  # fmt: skip
         self.floor_history.append((now, floor))
         return floor
+
+    def _recent_peak(self, now: float) -> float:
+        """The highest one-minute arrival rate of the last ``floor_peak_window_seconds`` (0 for
+        the other scalers): each decision adds the rate over the minute before it."""
+        if self.floor_params.peak_window_seconds <= 0:
+            return 0.0
+        log = self.arrival_log
+        log.append((now, self.arrived))
+        while len(log) > 1 and log[1][0] <= now - RATE_MINUTE:
+            log.popleft()
+        then, count = log[0]
+        if now - then >= RATE_MINUTE:
+            self.minute_rates.append((now, (self.arrived - count) / (now - then)))
+        rates = self.minute_rates
+        while rates and rates[0][0] < now - self.floor_params.peak_window_seconds:
+            rates.popleft()
+        return max((r for _, r in rates), default=0.0)
 
 
 def run_autoscaled(config: FleetConfig, scaler: ScalerConfig) -> tuple[FleetResult, dict[str, Any]]:

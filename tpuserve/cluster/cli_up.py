@@ -63,6 +63,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "cluster's PodMonitors and ServiceMonitors select).",
     )
     parser.add_argument(
+        "--keda",
+        action="store_true",
+        help="Also run KEDA's operator and metrics apiserver (built by scripts/build-keda.sh, "
+        "opt-in), which then serve the external metrics API; needs Prometheus.",
+    )
+    parser.add_argument(
         "--timeout",
         type=cli_types.duration_seconds,
         default=120.0,
@@ -92,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             lws=args.lws,
             run_pods=args.run_pods,
             prometheus=args.prometheus,
+            keda=args.keda,
             detach=True,
             startup_timeout_seconds=args.timeout,
         )

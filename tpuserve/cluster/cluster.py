@@ -64,6 +64,9 @@ class Cluster:
         metrics_adapter: run Prometheus Adapter as the custom and external metrics APIs, so
             HorizontalPodAutoscalers act on the engines' series; None means "with Prometheus,
             when its binary was built".
+        keda: run KEDA's operator and metrics apiserver (`tpuserve.cluster.keda`; opt-in, built
+            by `scripts/build-keda.sh`), which take over the external metrics API (Prometheus
+            Adapter keeps the custom one); needs Prometheus. Default off.
         detach: leave processes running after this Python process exits (`cluster up`).
         startup_timeout_seconds: deadline for each component's readiness.
         ports, pki: those of a cluster already running (`attach`); default: new ones.
@@ -80,6 +83,7 @@ class Cluster:
         run_pods: bool = False,
         prometheus: bool | None = None,
         metrics_adapter: bool | None = None,
+        keda: bool = False,
         detach: bool = False,
         toolchain: Toolchain | None = None,
         startup_timeout_seconds: float = DEFAULT_STARTUP_TIMEOUT_SECONDS,
@@ -98,6 +102,7 @@ class Cluster:
             if metrics_adapter is None
             else metrics_adapter
         )
+        self.keda = keda
         self.components = Components(
             self.run_dir,
             self.toolchain,
@@ -233,6 +238,13 @@ class Cluster:
                     ),
                 )
             )
+        if self.keda:
+            steps.append(
+                (
+                    "keda",
+                    lambda: components.start_keda(self.pki, self.kubeconfig, self.api_client),
+                )
+            )
         steps.append(("default namespace", self._wait_default_namespace))
         try:
             for step, run in steps:
@@ -282,6 +294,7 @@ class Cluster:
             run_pods=bool(state.get("run_pods", False)),
             prometheus=bool(state.get("prometheus", False)),
             metrics_adapter=bool(state.get("metrics_adapter", False)),
+            keda=bool(state.get("keda", False)),
             detach=True,
             toolchain=toolchain,
             startup_timeout_seconds=float(
@@ -308,6 +321,7 @@ class Cluster:
             "network": self.network.index,
             "prometheus": self.prometheus,
             "metrics_adapter": self.metrics_adapter,
+            "keda": self.keda,
             "started_seconds": self.started_seconds,
             "start_seconds": self.start_seconds,
             "startup_timeout_seconds": self.startup_timeout_seconds,

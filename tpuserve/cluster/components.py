@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tpuserve.cluster import kube, kwok, lws, metrics_adapter
+from tpuserve.cluster import keda, kube, kwok, lws, metrics_adapter
 from tpuserve.cluster.pki import FRONT_PROXY_CLIENT, PKI, issue_serving_cert
 from tpuserve.cluster.pods.addresses import DEFAULT_NETWORK, Network
 from tpuserve.cluster.ports import LOOPBACK, free_ports
@@ -43,6 +43,8 @@ START_ORDER = (
     "pod-runner",
     "monitoring",
     "metrics-adapter",
+    "keda-operator",
+    "keda-adapter",
 )
 # What a component inherits from our environment; everything else it needs is in its argv.
 INHERITED_ENV = ("PATH", "HOME", "TMPDIR", "TZ")
@@ -66,10 +68,17 @@ class Ports:
     lws_health: int
     prometheus: int = 0  # 0 in state files written before the cluster ran Prometheus
     metrics_adapter: int = 0
+    # KEDA (opt-in): the operator's gRPC metrics service, metrics and health; the metrics
+    # apiserver's secure port and its own metrics
+    keda_grpc: int = 0
+    keda_metrics: int = 0
+    keda_health: int = 0
+    keda_adapter: int = 0
+    keda_adapter_metrics: int = 0
 
     @classmethod
     def allocate(cls) -> Ports:
-        return cls(*free_ports(10))
+        return cls(*free_ports(15))
 
 
 # ---- command lines --------------------------------------------------------------------------
@@ -442,6 +451,10 @@ class Components:
                 lambda: metrics_adapter.available(api),
                 process,
             )
+
+    def start_keda(self, pki: PKI, kubeconfig: Path, new_api: Callable[[], Any]) -> None:
+        """KEDA's CRDs, operator and metrics apiserver (`tpuserve.cluster.keda.start`)."""
+        keda.start(self, pki, kubeconfig, new_api)
 
     def stop(self) -> None:
         """Stop every component, in reverse start order; RuntimeError names any survivor."""

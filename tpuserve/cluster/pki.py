@@ -144,9 +144,14 @@ def issue_serving_cert(
     sans: tuple[str, ...] = LOOPBACK_SANS,
     *,
     client: bool = False,
+    server_and_client: bool = False,
 ) -> None:
     """A TLS server certificate for `sans` (or, `client`, a client certificate for
-    `common_name`), signed by the local CA."""
+    `common_name`; `server_and_client`, one for both ends of a mutual-TLS link, as KEDA's
+    operator and metrics apiserver share), signed by the local CA."""
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
+    if server_and_client:
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     ca = x509.load_pem_x509_certificate(ca_cert.read_bytes())
     signer = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
     assert isinstance(signer, rsa.RSAPrivateKey)
@@ -162,9 +167,7 @@ def issue_serving_cert(
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
-            ),
+            x509.ExtendedKeyUsage(usages),
             critical=False,
         )
         .add_extension(

@@ -33,6 +33,7 @@ CONTROL_PLANE_BINARIES = (
 )
 LWS_BINARY = "lws-controller"
 METRICS_ADAPTER_BINARY = "prometheus-adapter"
+KEDA_BINARIES = ("keda-operator", "keda-adapter")
 _ENV_KEYS = (
     "TPUSERVE_CACHE",
     "TPUSERVE_TOOLS_BIN",
@@ -95,6 +96,11 @@ class Toolchain:
         return os.access(self.k8s_bin / LWS_BINARY, os.X_OK)
 
     @property
+    def has_keda(self) -> bool:
+        """KEDA's operator and metrics apiserver were built (`scripts/build-keda.sh`)."""
+        return all(os.access(self.k8s_bin / b, os.X_OK) for b in KEDA_BINARIES)
+
+    @property
     def has_metrics_adapter(self) -> bool:
         return os.access(self.k8s_bin / METRICS_ADAPTER_BINARY, os.X_OK)
 
@@ -128,6 +134,13 @@ class Toolchain:
         version = os.environ.get("TPUSERVE_KEDA_VERSION") or KEDA_VERSION
         module = go_module_dir(KEDA_MODULE, version)
         return [module / "config" / "crd" / "bases" / "keda.sh_scaledobjects.yaml"]
+
+    @staticmethod
+    def keda_all_crds() -> list[Path]:
+        """Every CRD KEDA's operator watches (config/crd/bases of KEDA's module)."""
+        version = os.environ.get("TPUSERVE_KEDA_VERSION") or KEDA_VERSION
+        module = go_module_dir(KEDA_MODULE, version)
+        return sorted((module / "config" / "crd" / "bases").glob("*.yaml"))
 
 
 def _tool_paths_env(environ: Mapping[str, str]) -> dict[str, str]:

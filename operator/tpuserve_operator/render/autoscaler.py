@@ -213,6 +213,31 @@ def autoscaler(server: Server) -> list[Manifest]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class FlooredScaledObject:
+    """A ScaledObject with a predictive floor: its reactive trigger is the first (KEDA names
+    its metric ``s0-prometheus``), the floor the second (``s1-prometheus``)."""
+
+    name: str
+    role: str | None
+    spec: AutoscalingSpec
+    floor: PredictiveFloorSpec
+    reactive: KedaTrigger
+
+
+def floored_scaled_objects(server: Server) -> list[FlooredScaledObject]:
+    """Each ScaledObject `autoscaler` renders with a predictive floor."""
+    out = []
+    for _, autoscaling, shape, role in _scaled(server.valid.spec):
+        keda = autoscaling.keda
+        if autoscaling.engine != "keda" or keda is None or keda.predictive_floor is None:
+            continue
+        name = server.name if role is None else role_scale_name(server.name, role)
+        reactive = keda_trigger(server, autoscaling, shape, role)
+        out.append(FlooredScaledObject(name, role, autoscaling, keda.predictive_floor, reactive))
+    return out
+
+
 def _behavior(spec: AutoscalingSpec) -> Manifest:
     return {
         "scaleUp": {
@@ -303,7 +328,33 @@ def floor_trigger(server: Server, floor: PredictiveFloorSpec, role: str | None) 
     same = f"sum(rate({requests}{{{sel}}}[5m] offset {DAY_SECONDS}s))"
     shaped = f"({level} * {later} / ({same} > 0))"
     query = f"(({trend} >= {shaped}) or {shaped}) or {trend}"
+    if floor.peak_window_seconds is not None:
+        # the highest one-minute rate of the peak window, along yesterday's shape when known
+        peak = (
+            f"max_over_time((sum(rate({requests}{{{sel}}}[1m])))[{floor.peak_window_seconds}s:30s])"
+        )
+        held = f"(({peak} * {later} / ({same} > 0)) or {peak})"
+        query = f"((({query}) >= {held}) or {held}) or ({query})"
     return KedaTrigger("predictive-floor", query, floor.requests_per_replica, "AverageValue")
+
+
+ROUTER_HELD = "tpuserve_router_held_requests"
+ROUTER_REQUESTS = "tpuserve_router_requests_total"
+DEMAND_THRESHOLD = 1_000_000
+"""The router-demand trigger's AverageValue target: far above any request rate, so it asks for
+one replica at most and only activates (KEDA scales 0 -> 1 when any trigger is above 0)."""
+
+
+def demand_trigger(server: Server) -> KedaTrigger:
+    """With minReplicas 0, KEDA owns 0 <-> 1: a trigger active while the server's routers hold
+    requests (the hold queue at zero) or answered any in the last minute; at zero no engine
+    reports, so the other triggers read 0 and this one activates. Idle (every trigger at 0) for
+    the ScaledObject's cooldownPeriod (scaleToZero.idleSeconds), KEDA scales to 0."""
+    sel = f'namespace="{_promql_escape(server.namespace)}", '
+    sel += f'model="{_promql_escape(server.valid.served_name)}"'
+    held = f"(sum({ROUTER_HELD}{{{sel}}}) or vector(0))"
+    answered = f"(sum(rate({ROUTER_REQUESTS}{{{sel}}}[1m])) or vector(0))"
+    return KedaTrigger("router-demand", f"{held} + {answered}", DEMAND_THRESHOLD, "AverageValue")
 
 
 def _scaled_object(
@@ -323,10 +374,13 @@ def _scaled_object(
     triggers = [trigger]
     if keda is not None and keda.predictive_floor is not None:
         triggers.append(floor_trigger(server, keda.predictive_floor, role))
+    if spec.min_replicas == 0:
+        triggers.append(demand_trigger(server))
     body: dict[str, Any] = {
         "scaleTargetRef": {"apiVersion": labels.API_VERSION, "kind": target[0], "name": target[1]},
         "pollingInterval": polling,
         "minReplicaCount": spec.min_replicas,
+        **({"cooldownPeriod": spec.scale_to_zero.idle_seconds} if spec.min_replicas == 0 else {}),
         "maxReplicaCount": spec.max_replicas,
         "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(spec)}},
         "triggers": [

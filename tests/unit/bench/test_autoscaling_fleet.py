@@ -77,3 +77,53 @@ def test_every_scaler_runs_a_window_and_accounts_chips_and_minutes(scaler: str) 
 def test_an_unknown_scaler_is_refused() -> None:
     with pytest.raises(ValueError, match="allowed"):
         AutoscaledFleet(SMALL, ScalerConfig(scaler="vpa"))
+
+
+def test_the_ceiling_report_finds_the_bursty_days_demand_over_the_whole_fleet() -> None:
+    """`bench/autoscaling_day.py --ceiling`: the seconds in which the demand (shape x bursts)
+    asks for more than the most replicas' planned capacity; the same at 100 and 1,000 chips."""
+    from tests.bench_scripts import load_bench_script
+
+    day = load_bench_script("autoscaling_day")
+
+    def rows(replicas: int) -> dict[tuple[str, str], dict[str, object]]:
+        args = day.argparse.Namespace(
+            days=list(day.DAYS), scalers=["hpa_queue"], replicas=replicas, window=3600.0,
+            warmup=900.0, peak_load=0.8, capacity=5.25, ttft=5.0, itl=0.1, seed=0, rows=None,
+            hours=None,
+        )  # fmt: skip
+        return {(r["day"], r["window"]): r for r in day.ceiling(args)}
+
+    small = rows(25)
+    assert len(small) == 8
+    # 03:00: 0.35 of the peak, 2x bursts reach 0.56 of the fleet: never over it
+    assert small[("bursty", "03:00")]["seconds_over_fleet"] == 0
+    assert small[("bursty", "03:00")]["peak_demand_over_fleet"] == pytest.approx(0.56, abs=0.02)
+    # 15:00: 0.8 x 2 = 1.6x the fleet in every burst second
+    peak = small[("bursty", "15:00")]
+    assert peak["peak_demand_over_fleet"] == pytest.approx(1.6, abs=0.01)
+    over_peak = peak["seconds_over_fleet"]
+    assert isinstance(over_peak, int)
+    assert over_peak > small[("planner", "15:00")]["seconds_over_fleet"]  # type: ignore[operator]
+    assert rows(250) == small  # the demand scales with the fleet
+
+
+def test_the_peak_holding_floor_keeps_the_highest_minute_of_its_window() -> None:
+    sim = AutoscaledFleet(
+        SMALL, ScalerConfig(scaler="keda_backlog_floor_peak", floor_peak_window_seconds=120)
+    )
+    assert sim.floor_params.peak_window_seconds == 120
+    # 10 arrivals every 15 s, and 360 at once just before t=75
+    arrivals = {t: 10 * (t // 15) + (360 if t >= 75 else 0) for t in range(0, 256, 15)}
+    peaks = {}
+    for t, n in arrivals.items():
+        sim.arrived = n
+        peaks[t] = sim._recent_peak(float(t))
+    assert peaks[45] == 0.0  # not a whole minute yet
+    assert peaks[60] == pytest.approx(40 / 60)
+    assert peaks[75] == pytest.approx(400 / 60)  # 360 arrivals in 15 s: the minute's rate
+    assert peaks[240] == pytest.approx(400 / 60)  # held: the minute to 120 s has the jump
+    assert peaks[255] == pytest.approx(40 / 60)  # 120 s after that, out of the window
+    plain = AutoscaledFleet(SMALL, ScalerConfig(scaler="keda_backlog_floor"))
+    assert plain.floor_params.peak_window_seconds == 0
+    assert plain._recent_peak(60.0) == 0.0

@@ -95,3 +95,23 @@ def test_bad_parameters_are_refused(bad: dict[str, object]) -> None:
 def test_min_above_max_is_refused() -> None:
     with pytest.raises(ValueError, match="min_replicas"):
         predictive_floor(FLAT, 0.0, 0.0, FloorParams(), 5, 4)
+
+
+def test_the_recent_peak_is_held_only_when_asked_for_and_follows_the_shape() -> None:
+    # a flat 20 req/s now, 50 req/s in a burst earlier in the hour
+    off = FloorParams(horizon_seconds=300, per_replica_rate=10)
+    assert predictive_floor(FLAT, 300.0, 0.0, off, 1, 100, peak=50.0) == 2  # not asked: ignored
+    held = FloorParams(horizon_seconds=300, per_replica_rate=10, peak_window_seconds=3600)
+    assert predictive_floor(FLAT, 300.0, 0.0, held, 1, 100, peak=50.0) == 5
+    assert predictive_floor(FLAT, 300.0, 0.0, held, 1, 4, peak=50.0) == 4  # within the max
+    assert predictive_floor(FLAT, 300.0, 0.0, held, 1, 100, peak=10.0) == 2  # below the trend
+    # along the daily shape: 2 at 12:00, falling linearly to 1 at 13:00, so 2 - 1/12 at 12:05
+    shape = tuple([1.0] * 12 + [2.0, 1.0] + [1.0] * 10)
+    shaped = FloorParams(horizon_seconds=300, per_replica_rate=10, peak_window_seconds=3600,
+                         daily_shape=shape)  # fmt: skip
+    noon = 12 * 3600.0
+    assert forecast_rate(FLAT, 300.0, noon, shaped, peak=80.0) == pytest.approx(
+        80.0 * (2 - 1 / 12) / 2
+    )
+    with pytest.raises(ValueError, match="peak_window_seconds: -1; allowed: >= 0"):
+        FloorParams(peak_window_seconds=-1)

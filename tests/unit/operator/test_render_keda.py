@@ -149,10 +149,9 @@ def test_keda_on_a_cluster_without_its_crds_is_refused_naming_the_field(
          r"backlogSeconds and kvCacheUsage need autoscaling\.engine keda"),
         ({"maxReplicas": 4, "metric": "kvCacheUsage", "target": 0.5},
          r"backlogSeconds and kvCacheUsage need autoscaling\.engine keda"),
-        (keda(minReplicas=0), r"minReplicas 0 needs autoscaling\.engine hpa"),
         (keda(metric="kvCacheUsage", target=1.5), r"share of the KV pool"),
     ],
-    ids=["keda-settings-with-hpa", "backlog-with-hpa", "kv-with-hpa", "keda-to-zero", "kv>1"],
+    ids=["keda-settings-with-hpa", "backlog-with-hpa", "kv-with-hpa", "kv>1"],
 )  # fmt: skip
 def test_autoscaler_combinations_that_cannot_work_are_refused(
     rendered: RenderFn, spec_with: SpecWith, autoscaling: dict[str, Any], message: str
@@ -220,3 +219,27 @@ def test_a_predictive_floor_is_a_second_trigger_against_requests_per_replica(
     assert "offset 86400s" in query
     without = kinds(rendered(spec_with(autoscaling=keda()), keda=True), "ScaledObject")["qwen"]
     assert len(without["spec"]["triggers"]) == 1
+
+
+def test_keda_to_zero_activates_on_the_routers_demand_and_cools_down_for_the_idle_period(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    floor = {"requestsPerReplica": 5}
+    spec = spec_with(autoscaling=keda(minReplicas=0, metric="queue", target=4,
+                                      scaleToZero={"idleSeconds": 90},
+                                      keda={"predictiveFloor": floor}))  # fmt: skip
+    body = kinds(rendered(spec, keda=True), "ScaledObject")["qwen"]["spec"]
+    assert (body["minReplicaCount"], body["cooldownPeriod"]) == (0, 90)
+    names = [t["name"] for t in body["triggers"]]
+    assert names == ["queue", "predictive-floor", "router-demand"]  # the floor stays KEDA's s1
+    demand = body["triggers"][2]
+    assert demand["metricType"] == "AverageValue"
+    assert demand["metadata"]["threshold"] == "1000000"  # activation only: at most 1 replica
+    query = demand["metadata"]["query"]
+    assert (
+        'sum(tpuserve_router_held_requests{namespace="ml", model="qwen3-8b"}) or vector(0)' in query
+    )
+    assert 'rate(tpuserve_router_requests_total{namespace="ml", model="qwen3-8b"}[1m])' in query
+    one = kinds(rendered(spec_with(autoscaling=keda()), keda=True), "ScaledObject")["qwen"]
+    assert "cooldownPeriod" not in one["spec"]
+    assert [t["name"] for t in one["spec"]["triggers"]] == ["queue"]
