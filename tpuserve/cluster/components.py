@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import ssl
+import shutil
 import sys
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ from tpuserve.cluster import keda, kube, kwok, lws, metrics_adapter
 from tpuserve.cluster.pki import FRONT_PROXY_CLIENT, PKI, issue_serving_cert
 from tpuserve.cluster.pods.addresses import DEFAULT_NETWORK, Network
 from tpuserve.cluster.ports import LOOPBACK, free_ports
+from tpuserve.cluster.probes import http_ok, https_ok, port_open
 from tpuserve.cluster.process import ManagedProcess, tail, wait_for
 from tpuserve.cluster.toolchain import METRICS_ADAPTER_BINARY, Toolchain
 
@@ -232,31 +231,6 @@ def has_default_route(route_table: Path = Path("/proc/net/route")) -> bool:
 # ---- readiness probes -----------------------------------------------------------------------
 
 
-def http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return bool(response.status == 200)
-
-
-def https_ok(url: str, *, ca_cert: Path | None, token: str | None = None) -> bool:
-    """GET url over TLS; `ca_cert` None skips verification (self-signed health ports)."""
-    if ca_cert is not None:
-        context = ssl.create_default_context(cafile=str(ca_cert))
-    else:  # component health ports use self-signed certs; loopback only
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    request = urllib.request.Request(url)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, context=context, timeout=5) as response:
-        return bool(response.status == 200)
-
-
-def port_open(port: int) -> bool:
-    with socket.create_connection((LOOPBACK, port), timeout=2):
-        return True
-
-
 # ---- the running processes ------------------------------------------------------------------
 
 
@@ -453,8 +427,55 @@ class Components:
             )
 
     def start_keda(self, pki: PKI, kubeconfig: Path, new_api: Callable[[], Any]) -> None:
-        """KEDA's CRDs, operator and metrics apiserver (`tpuserve.cluster.keda.start`)."""
-        keda.start(self, pki, kubeconfig, new_api)
+        """KEDA's CRDs and namespace, the shared mutual-TLS certificate, the operator (once its
+        /healthz answers and its gRPC port is open) and the metrics apiserver, registered as the
+        external metrics API and Available."""
+        with contextlib.closing(new_api()) as api:
+            kube.install_crds(api, self.toolchain.keda_all_crds(), self.startup_timeout_seconds)
+            keda.ensure_namespace(api)
+        cert_dir = self.run_dir / "keda"
+        cert_dir.mkdir(exist_ok=True)
+        issue_serving_cert(
+            pki.ca_cert, pki.ca_key, cert_dir / "tls.crt", cert_dir / "tls.key",
+            keda.OPERATOR_SERVICE, keda.SERVING_NAMES, server_and_client=True,
+        )  # fmt: skip
+        shutil.copyfile(pki.ca_cert, cert_dir / "ca.crt")
+        p = self.ports
+        operator = self.spawn(
+            "keda-operator",
+            keda.operator_argv(
+                self.toolchain.binary(keda.OPERATOR_BINARY),
+                cert_dir=cert_dir,
+                grpc_port=p.keda_grpc,
+                metrics_port=p.keda_metrics,
+                health_port=p.keda_health,
+            ),
+            keda.operator_env(kubeconfig),
+        )
+        healthz = f"http://{LOOPBACK}:{p.keda_health}/healthz"
+        self.wait("keda-operator /healthz", lambda: http_ok(healthz), operator)
+        self.wait("keda-operator's gRPC port", lambda: port_open(p.keda_grpc), operator)
+        adapter = self.spawn(
+            "keda-adapter",
+            keda.adapter_argv(
+                self.toolchain.binary(keda.ADAPTER_BINARY),
+                cert_dir=cert_dir,
+                kubeconfig=kubeconfig,
+                secure_port=p.keda_adapter,
+                metrics_port=p.keda_adapter_metrics,
+                grpc_port=p.keda_grpc,
+            ),
+            keda.operator_env(kubeconfig),
+        )
+        adapter_healthz = f"https://{LOOPBACK}:{p.keda_adapter}/healthz"
+        self.wait("keda-adapter /healthz", lambda: https_ok(adapter_healthz, ca_cert=None), adapter)
+        with contextlib.closing(new_api()) as api:
+            keda.register(api, p.keda_adapter, pki.ca_cert)
+            self.wait(
+                "the external metrics APIService on KEDA Available",
+                lambda: keda.available(api),
+                adapter,
+            )
 
     def stop(self) -> None:
         """Stop every component, in reverse start order; RuntimeError names any survivor."""

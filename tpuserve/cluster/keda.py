@@ -21,19 +21,11 @@ come from KEDA's Go module, the version the binaries were built from.
 from __future__ import annotations
 
 import base64
-import contextlib
-import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpuserve.cluster import kube
 from tpuserve.cluster.metrics_adapter import API_VERSION
-from tpuserve.cluster.pki import PKI, issue_serving_cert
-from tpuserve.cluster.ports import LOOPBACK
-
-if TYPE_CHECKING:
-    from tpuserve.cluster.components import Components
 
 NAMESPACE = "keda"
 SERVICE = "keda-metrics-apiserver"
@@ -167,53 +159,3 @@ def available(api: Any) -> bool:
         return False
     conditions = {c.type: c.status for c in (found.status.conditions or [])}
     return conditions.get("Available") == "True"
-
-
-def start(c: Components, pki: PKI, kubeconfig: Path, new_api: Callable[[], Any]) -> None:
-    """KEDA's CRDs and namespace, the shared mutual-TLS certificate, the operator (once its
-    /healthz answers and its gRPC port is open) and the metrics apiserver, registered as the
-    external metrics API and Available."""
-    from tpuserve.cluster.components import http_ok, https_ok, port_open
-
-    with contextlib.closing(new_api()) as api:
-        kube.install_crds(api, c.toolchain.keda_all_crds(), c.startup_timeout_seconds)
-        ensure_namespace(api)
-    cert_dir = c.run_dir / "keda"
-    cert_dir.mkdir(exist_ok=True)
-    issue_serving_cert(
-        pki.ca_cert, pki.ca_key, cert_dir / "tls.crt", cert_dir / "tls.key",
-        OPERATOR_SERVICE, SERVING_NAMES, server_and_client=True,
-    )  # fmt: skip
-    shutil.copyfile(pki.ca_cert, cert_dir / "ca.crt")
-    p = c.ports
-    operator = c.spawn(
-        "keda-operator",
-        operator_argv(
-            c.toolchain.binary(OPERATOR_BINARY),
-            cert_dir=cert_dir,
-            grpc_port=p.keda_grpc,
-            metrics_port=p.keda_metrics,
-            health_port=p.keda_health,
-        ),
-        operator_env(kubeconfig),
-    )
-    healthz = f"http://{LOOPBACK}:{p.keda_health}/healthz"
-    c.wait("keda-operator /healthz", lambda: http_ok(healthz), operator)
-    c.wait("keda-operator's gRPC port", lambda: port_open(p.keda_grpc), operator)
-    adapter = c.spawn(
-        "keda-adapter",
-        adapter_argv(
-            c.toolchain.binary(ADAPTER_BINARY),
-            cert_dir=cert_dir,
-            kubeconfig=kubeconfig,
-            secure_port=p.keda_adapter,
-            metrics_port=p.keda_adapter_metrics,
-            grpc_port=p.keda_grpc,
-        ),
-        operator_env(kubeconfig),
-    )
-    adapter_healthz = f"https://{LOOPBACK}:{p.keda_adapter}/healthz"
-    c.wait("keda-adapter /healthz", lambda: https_ok(adapter_healthz, ca_cert=None), adapter)
-    with contextlib.closing(new_api()) as api:
-        register(api, p.keda_adapter, pki.ca_cert)
-        c.wait("the external metrics APIService on KEDA Available", lambda: available(api), adapter)
