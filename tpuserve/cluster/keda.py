@@ -133,22 +133,7 @@ def ensure_namespace(api: Any) -> None:
 
 def register(api: Any, port: int, ca_cert: Path) -> None:
     """Create (or replace) the Service and point the external metrics APIService at KEDA."""
-    core = kube.client().CoreV1Api(api)
-    body = service(port)
-    try:
-        core.create_namespaced_service(NAMESPACE, body)
-    except kube.api_exception() as err:
-        if getattr(err, "status", None) != 409:
-            raise
-        core.replace_namespaced_service(SERVICE, NAMESPACE, body)
-    registration = kube.client().ApiregistrationV1Api(api)
-    manifest = api_service(port, ca_cert.read_bytes())
-    try:
-        registration.create_api_service(manifest)
-    except kube.api_exception() as err:
-        if getattr(err, "status", None) != 409:
-            raise
-        registration.patch_api_service(manifest["metadata"]["name"], manifest)
+    kube.register_api_services(api, service(port), [api_service(port, ca_cert.read_bytes())])
 
 
 def available(api: Any) -> bool:

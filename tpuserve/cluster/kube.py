@@ -93,3 +93,26 @@ def install_crds(api: Any, paths: list[Path], timeout_seconds: float) -> None:
         lambda: all(crd_established(extensions, n) for n in names),
         timeout_seconds,
     )
+
+
+def register_api_services(
+    api: Any, service: dict[str, Any], api_services: list[dict[str, Any]]
+) -> None:
+    """Create (or replace) the Service an aggregated API server answers behind, then create
+    (or patch) the APIServices that point at it: the metrics adapter's and KEDA's."""
+    core = client().CoreV1Api(api)
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    try:
+        core.create_namespaced_service(namespace, service)
+    except api_exception() as err:
+        if getattr(err, "status", None) != 409:
+            raise
+        core.replace_namespaced_service(name, namespace, service)
+    registration = client().ApiregistrationV1Api(api)
+    for manifest in api_services:
+        try:
+            registration.create_api_service(manifest)
+        except api_exception() as err:
+            if getattr(err, "status", None) != 409:
+                raise
+            registration.patch_api_service(manifest["metadata"]["name"], manifest)

@@ -90,22 +90,7 @@ def api_services(port: int, ca_pem: bytes) -> list[dict[str, Any]]:
 
 def register(api: Any, port: int, ca_cert: Path) -> None:
     """Create (or replace) the Service and the APIServices."""
-    core = kube.client().CoreV1Api(api)
-    body = service(port)
-    try:
-        core.create_namespaced_service(NAMESPACE, body)
-    except kube.api_exception() as err:
-        if getattr(err, "status", None) != 409:
-            raise
-        core.replace_namespaced_service(SERVICE, NAMESPACE, body)
-    registration = kube.client().ApiregistrationV1Api(api)
-    for api_service in api_services(port, ca_cert.read_bytes()):
-        try:
-            registration.create_api_service(api_service)
-        except kube.api_exception() as err:
-            if getattr(err, "status", None) != 409:
-                raise
-            registration.patch_api_service(api_service["metadata"]["name"], api_service)
+    kube.register_api_services(api, service(port), api_services(port, ca_cert.read_bytes()))
 
 
 def available(api: Any) -> bool:
