@@ -686,9 +686,12 @@ class RouterApp:
                 return None
             guarded = ("other", False)
         route, is_admin = guarded
-        found: dict[bytes, bytes] = {}
+        found: dict[bytes, bytes] | None = None  # most requests carry one or none
         for name, value in headers:
             if name in CREDENTIAL_HEADERS:
+                if found is None:
+                    found = {name: value}
+                    continue
                 if name in found:
                     duplicate = ClientError(
                         400,
@@ -698,7 +701,13 @@ class RouterApp:
                     self.metrics.requests.labels("", "none", route, "400").inc()
                     return duplicate
                 found[name] = value
-        presented = presented_key(found.get(b"authorization"), found.get(b"x-api-key"))
+        if not is_admin and self.keys is None:
+            return None
+        presented = (
+            None
+            if found is None
+            else presented_key(found.get(b"authorization"), found.get(b"x-api-key"))
+        )
         if is_admin:
             refusal = self._admin_refusal(presented, local)
             if refusal is not None:

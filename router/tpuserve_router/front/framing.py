@@ -30,16 +30,18 @@ HOP_BY_HOP: Final = frozenset(
 CREDENTIALS: Final = frozenset({b"authorization", b"x-api-key"})
 
 
+NONE_NAMED: Final = frozenset[bytes]()
+
+
 def connection_named(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
     """The headers a ``Connection`` header names: hop-by-hop as well (RFC 9110 7.6.1), not
     passed on (names lower case)."""
-    named = [
-        token.strip().lower()
-        for name, value in headers
-        if name == b"connection"
-        for token in value.split(b",")
-    ]
-    return frozenset(token for token in named if token)
+    named = NONE_NAMED
+    for name, value in headers:  # most requests and answers have none: no list built
+        if name == b"connection":
+            tokens = (token.strip().lower() for token in value.split(b","))
+            named = named.union(token for token in tokens if token)
+    return named
 
 
 def forwarded_headers(request: HttpRequest, body: bytes, dropped: frozenset[bytes]) -> bytes:

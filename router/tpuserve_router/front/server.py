@@ -302,6 +302,7 @@ class HttpConnection(asyncio.Protocol):
         self.local = local
         self.client_of = client_of
         self._client: str | None = None  # whose share the body being read is charged to
+        self._peer: str | None = None  # the client's address, read once (`peer_host`)
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
@@ -583,11 +584,16 @@ class HttpConnection(asyncio.Protocol):
         self.book.waiting[self] = None  # book.idle, inlined
 
     def peer_host(self) -> str:
-        transport = self.transport
-        peer = transport.get_extra_info("peername") if transport is not None else None
-        if not isinstance(peer, tuple) or not peer:
-            return ""
-        return str(peer[0])
+        """The client's address ("" when unknown), read once per connection: each request
+        asks for it (its buffer share, its hold queue's tenant, the peers' view)."""
+        host = self._peer
+        if host is None:
+            transport = self.transport
+            peer = transport.get_extra_info("peername") if transport is not None else None
+            host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+            if transport is not None:
+                self._peer = host
+        return host
 
     # ------------------------------------------------------------------ flow control, closing
 

@@ -5,6 +5,7 @@ whole answers and in streams cut anywhere; only single generations are aborted b
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 import orjson
@@ -35,6 +36,21 @@ def test_ids_are_32_random_hex_digits_and_none_is_a_prefix_of_another() -> None:
     assert len({i[:8] for i in ids}) > 1900  # no shared prefix, no counter
     ordered = sorted(ids)
     assert not any(b.startswith(a) for a, b in itertools.pairwise(ordered))
+
+
+def test_a_forked_child_never_draws_its_parents_next_ids() -> None:
+    new_rid()  # the pool holds bytes the parent has not used yet
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(write, new_rid().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read, "rb") as pipe:
+        childs = pipe.read().decode()
+    assert len(childs) == 32
+    assert childs not in {new_rid() for _ in range(300)}  # the parent's next pool's worth
 
 
 @pytest.mark.parametrize("body", [b'{"prompt":"hi"}', b'  {\n "prompt": "hi", "n": 1}'])
