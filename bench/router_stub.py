@@ -16,7 +16,7 @@ import sys
 import uvloop
 
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.front.server import Handler, HttpRequest, serve
+from tpuserve_router.front.server import Handler, HttpRequest, front_limits, serve
 
 JSON = b"content-type: application/json\r\n"
 SSE = b"content-type: text/event-stream\r\n"
@@ -60,7 +60,7 @@ def make_handler(model: str) -> Handler:
 
 
 async def main(port: int, model: str) -> None:
-    await serve(make_handler(model), "127.0.0.1", port, RouterConfig().front_limits())
+    await serve(make_handler(model), "127.0.0.1", port, front_limits(RouterConfig()))
     await asyncio.Event().wait()
 
 

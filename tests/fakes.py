@@ -37,7 +37,7 @@ from tpuserve_operator.kube import replicas_patch
 from tpuserve_operator.observed import PodView
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.front.server import HttpRequest, serve, status_line
+from tpuserve_router.front.server import HttpRequest, front_limits, serve, status_line
 from tpuserve_router.policies import RouteRequest
 
 Watcher = Callable[[str, Mapping[str, Any]], None]  # event type (ADDED, MODIFIED, DELETED), body
@@ -625,7 +625,7 @@ class StubWorker:
         return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     async def start(self) -> StubWorker:
-        self._server = await serve(self.handle, "127.0.0.1", 0, RouterConfig().front_limits())
+        self._server = await serve(self.handle, "127.0.0.1", 0, front_limits(RouterConfig()))
         return self
 
     async def stop(self) -> None:

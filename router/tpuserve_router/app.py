@@ -70,13 +70,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sglang_tpu.tokenizer import load_tokenizer
 from sglang_tpu.version import tpuserve_version
-from tpuserve_router.config import RouterConfig, kv_events_enabled, read_token
+from tpuserve_router.config import RouterConfig, kv_events_enabled, read_token, snapshot_port
 from tpuserve_router.core import RouterCore
 from tpuserve_router.engines.admission import Admission
 from tpuserve_router.engines.discovery.static import static_workers
 from tpuserve_router.engines.engine_loads import LoadPoller
 from tpuserve_router.engines.health import HealthChecker
-from tpuserve_router.engines.outliers import Ejectable, OutlierDetector
+from tpuserve_router.engines.outliers import Ejectable, OutlierDetector, outlier_config
 from tpuserve_router.engines.worker_networks import is_loopback, parse_networks
 from tpuserve_router.engines.workers import WorkerRegistry, WorkerSpec
 from tpuserve_router.front.admin import ROUTE as ADMIN_ROUTE
@@ -92,6 +92,7 @@ from tpuserve_router.front.server import (
     FrontLimits,
     Handler,
     HttpRequest,
+    front_limits,
     serve,
 )
 from tpuserve_router.kv.block_index import BlockIndex
@@ -111,11 +112,11 @@ from tpuserve_router.metrics import (
     touch_known_series,
 )
 from tpuserve_router.peering.peer_auth import load_key
-from tpuserve_router.peering.peer_snapshot import SnapshotService, snapshot_port
+from tpuserve_router.peering.peer_snapshot import SnapshotService
 from tpuserve_router.peering.peer_view import PeerView, new_router_id
 from tpuserve_router.peering.peers import PeerNetwork
 from tpuserve_router.pipeline.cancellation import Aborter
-from tpuserve_router.pipeline.pd_settings import pd_workers
+from tpuserve_router.pipeline.pd_settings import pd_settings, pd_workers
 from tpuserve_router.pipeline.refusals import model_not_found, unauthorized
 from tpuserve_router.pipeline.request_body import GENERATION_ROUTES, ClientError
 from tpuserve_router.pipeline.token_cache import ChatTokenCache
@@ -123,6 +124,7 @@ from tpuserve_router.policies.base import Policy, make_policy
 from tpuserve_router.tenancy.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.tenancy.hold import HoldQueues, touch_hold_series
 from tpuserve_router.tenancy.quotas import Quotas
+from tpuserve_router.validation import validate
 
 if TYPE_CHECKING:
     from tpuserve_router.engines.discovery.kubernetes import PodWatcher
@@ -160,7 +162,7 @@ def create_router_app(
     """The router ``config`` describes, not started. Each part is made once, after the parts
     it needs, and handed its hooks as it is made: nothing is wired afterwards. ``registry``
     takes the metrics (a fresh one per test); ``policy`` replaces the configured one."""
-    config = config.validate()
+    config = validate(config)
     params: dict[str, Any] = dict(config.policy_params)  # strings, converted by the policy
     policy = policy or make_policy(config.policy, seed=config.seed, **params)
     tokenizer = ChatTokenCache(load_tokenizer(config.tokenizer)) if policy.needs_tokens else None
@@ -171,7 +173,7 @@ def create_router_app(
     workers = WorkerRegistry()
     clock = time.monotonic
     outliers = OutlierDetector(
-        config.outlier_config(),
+        outlier_config(config),
         lambda: workers.workers,
         functools.partial(_ejected, metrics, clock),
         clock,
@@ -304,7 +306,7 @@ def create_router_app(
         networks,
         lambda: discovery.rejected if discovery is not None else [],
     )
-    limits = config.front_limits(connection_budget(config))
+    limits = front_limits(config, connection_budget(config))
     closed = functools.partial(_closed, metrics)
     book = ConnectionBook(limits.max_connections, limits.tick_seconds, closed, buffers)
     probe_book = ConnectionBook(PROBE_CONNECTIONS, limits.tick_seconds, closed)
@@ -960,7 +962,7 @@ def pair_router(
     config: RouterConfig, session: Callable[[], aiohttp.ClientSession | None]
 ) -> Callable[[Forwarder], PdRouter] | None:
     """PD mode for the forwarder, when the router has prefill and decode workers."""
-    settings = config.pd_settings()
+    settings = pd_settings(config)
     if settings is None:
         return None
     return lambda forwarder: PdRouter(forwarder, settings, session, config.seed)

@@ -31,12 +31,13 @@ from tpuserve_router.config import (
     DEFAULT_POLICY,
     DEFAULT_WORKER_URL_ANNOTATION,
     DISCOVERY_MODES,
+    PD_POLICIES,
     ConfigError,
     RouterConfig,
     parse_key_values,
 )
-from tpuserve_router.pipeline.pd_settings import PD_POLICIES
 from tpuserve_router.policies.base import registered_policy_names
+from tpuserve_router.validation import validate
 
 DESCRIPTION = """Run the prefix-aware router: OpenAI and SGLang APIs in front of the workers.
 
@@ -814,7 +815,7 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
             problems.append(str(err))
     config = RouterConfig(**values)
     try:
-        config.validate()
+        validate(config)
     except ConfigError as err:
         problems += err.problems
     if problems:

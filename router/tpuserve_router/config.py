@@ -1,8 +1,13 @@
-"""The router's settings, with their defaults, and the checks run once at start-up.
+"""The router's settings, with their defaults, and the checks of their values.
 
 `tpuserve_router.cli` fills a `RouterConfig` from flags and `TPUSERVE_ROUTER_*`
-environment variables; tests and `tpuserve up` build one directly. ``validate()``
-reports every problem at once, each naming the setting, its value and what is allowed.
+environment variables; tests and `tpuserve up` build one directly. This module is the bottom
+of the router: it imports no other `tpuserve_router` module (only three of sglang_tpu's
+defaults), and each package makes its own settings objects from a `RouterConfig`.
+``RouterConfig.problems()`` checks what the values alone decide; what needs a package's own
+logic (a key file, a worker URL, a policy's parameters, a performance model) that package
+checks, and `tpuserve_router.validation.validate` runs them all at start-up, reporting every
+problem at once, each naming the setting, its value and what is allowed.
 """
 
 from __future__ import annotations
@@ -12,34 +17,13 @@ import dataclasses
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from sglang_tpu.disaggregation import (
     DEFAULT_BOOTSTRAP_TIMEOUT_SECONDS,
     DEFAULT_ITL_BUDGET_SECONDS,
-    threshold_tokens,
-    timer_for,
 )
 from sglang_tpu.perf_model import DEFAULT_PROFILE
-from tpuserve_router.engines.outliers import OutlierConfig
-from tpuserve_router.engines.worker_networks import is_loopback, parse_networks, url_problem
-from tpuserve_router.engines.workers import (
-    InvalidWorkerURL,
-    normalize_worker_url,
-    parse_worker_flag,
-)
-from tpuserve_router.front.server import FrontLimits
-from tpuserve_router.peering.peer_auth import key_file_problem
-from tpuserve_router.peering.peer_snapshot import snapshot_port
-from tpuserve_router.pipeline.deadlines import FirstByteBudget
-from tpuserve_router.pipeline.pd_settings import PD_POLICIES, PdSettings, pd_workers
-from tpuserve_router.policies.base import (
-    Policy,
-    PolicyConfigError,
-    make_policy,
-    registered_policy_names,
-)
-from tpuserve_router.tenancy.auth import KeysFileError, KeyStore
 
 DEFAULT_POLICY = "precise"
 """The routing policy when none is given: the winner of the routing benchmark (issue 8,
@@ -64,6 +48,7 @@ Discovery = Literal["static", "kubernetes"]
 AdminMode = Literal["loopback", "keys", "open", "off"]
 ADMIN_MODES: tuple[AdminMode, ...] = ("loopback", "keys", "open", "off")
 DISCOVERY_MODES: tuple[Discovery, ...] = ("static", "kubernetes")
+PD_POLICIES: Final = ("conditional", "always")
 
 _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -197,25 +182,6 @@ class RouterConfig:
     def replace(self, **changes: Any) -> RouterConfig:
         return dataclasses.replace(self, **changes)
 
-    def first_byte_budget(self) -> FirstByteBudget:
-        return FirstByteBudget(
-            floor_seconds=self.first_byte_timeout_floor_seconds,
-            cap_seconds=self.first_byte_timeout_seconds,
-            prefill_tokens_per_second=self.min_prefill_tokens_per_second,
-            decode_tokens_per_second=self.min_decode_tokens_per_second,
-        )
-
-    def outlier_config(self) -> OutlierConfig:
-        return OutlierConfig(
-            consecutive_failures=self.outlier_consecutive_failures,
-            failure_rate=self.outlier_failure_rate,
-            min_requests=self.outlier_min_requests,
-            interval_seconds=self.outlier_interval_seconds,
-            base_ejection_seconds=self.outlier_base_ejection_seconds,
-            max_ejection_seconds=self.outlier_max_ejection_seconds,
-            max_ejected_percent=self.outlier_max_ejected_percent,
-        )
-
     def client_buffer_bytes(self) -> int:
         """What one client may hold of the buffer budget: ``max_buffered_bytes_per_client``,
         or a quarter of the budget, at least one body of ``max_request_bytes``."""
@@ -224,35 +190,6 @@ class RouterConfig:
         share = max(self.max_buffered_bytes // 4, self.max_request_bytes)
         return min(share, self.max_buffered_bytes)
 
-    def front_limits(self, max_connections: int | None = None) -> FrontLimits:
-        """The front's limits; ``max_connections`` overrides the setting (the app lowers it
-        to what the process's file-descriptor limit allows)."""
-        return FrontLimits(
-            max_request_line_bytes=self.max_request_line_bytes,
-            max_header_bytes=self.max_header_bytes,
-            max_headers=self.max_headers,
-            max_body_bytes=self.max_request_bytes,
-            max_connections=self.max_connections if max_connections is None else max_connections,
-            header_timeout_seconds=self.header_timeout_seconds,
-            body_timeout_seconds=self.body_timeout_seconds,
-            keep_alive_timeout_seconds=self.keep_alive_timeout_seconds,
-            send_timeout_seconds=self.send_timeout_seconds,
-        )
-
-    def pd_settings(self) -> PdSettings | None:
-        """PD mode's settings, or None without prefill and decode workers."""
-        if not self.prefill and not self.decode and not self.pd_disaggregation:
-            return None
-        threshold = self.pd_threshold_tokens
-        timer = None
-        if threshold is None:
-            timer = timer_for(self.pd_perf_model, "pd_perf_model")
-            threshold = threshold_tokens(timer, self.pd_itl_budget_seconds)
-        return PdSettings(
-            self.pd_policy, threshold, self.pd_handoff_timeout_seconds, timer,
-            self.pd_itl_budget_seconds,
-        )  # fmt: skip
-
     def _pd_problems(self) -> list[str]:
         problems: list[str] = []
         if bool(self.prefill) != bool(self.decode):
@@ -260,18 +197,10 @@ class RouterConfig:
                 f"prefill={list(self.prefill)}, decode={list(self.decode)}: PD mode needs both "
                 "prefill and decode workers"
             )
-        try:
-            pd_workers(self.prefill, self.decode)
-        except (InvalidWorkerURL, ValueError) as err:
-            problems.append(str(err))
         if self.pd_policy not in PD_POLICIES:
             problems.append(f"pd_policy={self.pd_policy!r}: allowed {', '.join(PD_POLICIES)}")
         if self.pd_threshold_tokens is not None and self.pd_threshold_tokens < 0:
             problems.append(f"pd_threshold_tokens={self.pd_threshold_tokens}: allowed >= 0")
-        try:
-            timer_for(self.pd_perf_model, "pd_perf_model")
-        except ValueError as err:
-            problems.append(str(err))
         if not self.pd_itl_budget_seconds > 0:
             problems.append(f"pd_itl_budget_seconds={self.pd_itl_budget_seconds}: allowed > 0")
         if not self.pd_handoff_timeout_seconds > 0:
@@ -281,8 +210,9 @@ class RouterConfig:
             )
         return problems
 
-    def validate(self) -> RouterConfig:
-        """Return self if every setting is valid, else raise `ConfigError` listing all."""
+    def problems(self) -> list[str]:
+        """What is wrong with the values themselves, one sentence each naming the setting;
+        `tpuserve_router.validation.validate` adds what the packages check and raises."""
         problems: list[str] = self._pd_problems()
 
         def need(ok: bool, message: str) -> None:
@@ -304,20 +234,6 @@ class RouterConfig:
             self.discovery in DISCOVERY_MODES,
             f"discovery={self.discovery!r}: allowed {', '.join(DISCOVERY_MODES)}",
         )
-        try:
-            networks = parse_networks(self.worker_networks)
-        except ValueError as err:
-            problems.append(str(err))
-            networks = ()
-        for flag in self.workers:
-            try:
-                url = parse_worker_flag(flag).url
-            except InvalidWorkerURL as err:
-                problems.append(str(err))
-                continue
-            problem = url_problem(url, networks)
-            if problem:
-                problems.append(problem)
         if self.discovery == "kubernetes":
             need(
                 bool(self.selector),
@@ -404,11 +320,6 @@ class RouterConfig:
             f"health_check_interval_seconds={self.health_check_interval_seconds}: must be >= 0 "
             "(0 turns active health checks off)",
         )
-        if self.kv_snapshot_from is not None:
-            try:
-                normalize_worker_url(self.kv_snapshot_from)
-            except InvalidWorkerURL as err:
-                problems.append(f"kv_snapshot_from: {err}")
         need(
             self.kv_snapshot_key_file is None or self.kv_snapshot_from is not None,
             f"kv_snapshot_key_file={self.kv_snapshot_key_file!r}: needs kv_snapshot_from "
@@ -478,35 +389,11 @@ class RouterConfig:
             self.api_keys_reload_seconds > 0,
             f"api_keys_reload_seconds={self.api_keys_reload_seconds}: must be > 0",
         )
-        if self.api_keys_file is not None:
-            try:
-                keys = KeyStore(self.api_keys_file, self.api_keys_reload_seconds).keys
-            except (OSError, KeysFileError) as err:
-                problems.append(f"api_keys_file={self.api_keys_file!r}: {err}")
-            else:
-                need(
-                    self.admin != "keys" or any(k.admin for k in keys.values()),
-                    f"admin='keys': api_keys_file {self.api_keys_file!r} has no key with "
-                    '"admin": true, so nobody could use the admin API',
-                )
-        else:
-            need(
-                self.admin != "keys",
-                "admin='keys': needs api_keys_file with a key whose \"admin\" is true",
-            )
-        if self.policy not in registered_policy_names():
-            problems.append(
-                f"policy={self.policy!r}: allowed {', '.join(registered_policy_names())}"
-            )
-        else:
-            try:
-                params: dict[str, Any] = dict(self.policy_params)
-                make_policy(self.policy, **params)
-            except PolicyConfigError as err:
-                problems.append(str(err))
-        if problems:
-            raise ConfigError(problems)
-        return self
+        need(
+            self.admin != "keys" or self.api_keys_file is not None,
+            "admin='keys': needs api_keys_file with a key whose \"admin\" is true",
+        )  # the file's keys: tenancy.auth.api_keys_problems
+        return problems
 
     def _peering_problems(self) -> list[str]:
         problems: list[str] = []
@@ -535,19 +422,8 @@ class RouterConfig:
                 f"peers_from_dns={name!r}: not a DNS name (letters, digits, '-' and '.'), "
                 "e.g. my-model-router-peers.serving.svc"
             )
-        if self.peer_key_file is not None:
-            problem = key_file_problem(self.peer_key_file)
-            if problem:
-                problems.append(problem)
-            if not self.peer_port:
-                problems.append(f"peer_key_file={self.peer_key_file!r}: needs peer_port (1..65534)")
-        elif self.peer_port and not is_loopback(self.host):
-            problems.append(
-                f"peer_port={self.peer_port} with host={self.host!r}: peering on an address "
-                "other hosts reach needs peer_key_file (the replicas' shared secret: a peering "
-                "port without it would give anyone every routing decision and the KV "
-                "snapshot); without it, peering is allowed only on a loopback host"
-            )
+        if self.peer_key_file is not None and not self.peer_port:
+            problems.append(f"peer_key_file={self.peer_key_file!r}: needs peer_port (1..65534)")
         if (self.peers or name is not None) and not self.peer_port:
             problems.append(
                 "peers, peers_from_dns: need peer_port (1..65534), the port peers publish on"
@@ -556,16 +432,7 @@ class RouterConfig:
             problems.append(
                 f"peers_refresh_interval_seconds={self.peers_refresh_interval_seconds}: must be > 0"
             )
-        remote = [
-            e for e in self.peers if not is_loopback(e.removeprefix("tcp://").rpartition(":")[0])
-        ]
-        if self.peer_port and is_loopback(self.host) and remote:
-            problems.append(
-                f"host={self.host!r} with a peer on another host ({', '.join(remote)}): "
-                "peers could not reach peer_port on a loopback address; allowed: host "
-                "0.0.0.0, :: or an address of this host"
-            )  # peers_from_dns's addresses are known only once resolved: `peers` warns then
-        return problems
+        return problems  # the key file and the hosts: peering.peer_settings.peering_problems
 
 
 _SIZE_FLOORS: dict[str, int] = {
@@ -693,7 +560,19 @@ def _is_peer_host(host: str) -> bool:
     return bool(_DNS_NAME.match(host.lower().rstrip("."))) and len(host) <= 253
 
 
-def kv_events_enabled(setting: bool | None, policy: Policy) -> bool:
+def snapshot_port(peer_port: int) -> int:
+    """The port KV snapshots are asked on (`peering.peer_snapshot`): the peer port's next one."""
+    return peer_port + 1
+
+
+class UsesKvEvents(Protocol):
+    """What `kv_events_enabled` reads of a policy (`policies.base.Policy`)."""
+
+    @property
+    def uses_kv_events(self) -> bool: ...
+
+
+def kv_events_enabled(setting: bool | None, policy: UsesKvEvents) -> bool:
     """Whether the router subscribes to the workers' KV events: ``--kv-events`` or
     ``--no-kv-events`` when given, else whatever the policy's ``uses_kv_events`` says."""
     return policy.uses_kv_events if setting is None else setting

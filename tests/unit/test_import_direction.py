@@ -169,8 +169,8 @@ ROUTER_NEVER_IMPORTS = {
 """docs/router.md, "Code": the router's sub-packages, each never importing those its reader
 need not know (a front runs the pipeline, the pipeline never reaches back into a front; the
 policies and the KV view know nothing of requests, tenants or fronts). No sub-package
-imports the wiring (``app``, ``cli``)."""
-WIRING = ("tpuserve_router.app", "tpuserve_router.cli")
+imports the wiring (``app``, ``cli``, ``validation``)."""
+WIRING = ("tpuserve_router.app", "tpuserve_router.cli", "tpuserve_router.validation")
 
 
 def router_package(module: str) -> str | None:
@@ -214,3 +214,51 @@ def test_every_router_package_has_its_direction() -> None:
 
 def test_the_router_packages_import_in_one_direction() -> None:
     assert wrong_way(import_graph(module_files())) == []
+
+
+# ---------------------------------------------------------------- config, the router's leaf
+
+ROUTER_LEAF = PACKAGES["tpuserve_router"] / "config.py"
+"""docs/router.md, "Code": the router's settings are the bottom of its graph. Every part may
+read `tpuserve_router.config`; it reads none of them (each package makes its own settings
+objects from a `RouterConfig` and checks its own part: `tpuserve_router.validation`)."""
+
+
+def router_imports(source: str) -> list[str]:
+    """The ``tpuserve_router`` modules a module directly in ``tpuserve_router`` imports: at
+    module level, in a function or under ``TYPE_CHECKING`` alike; a relative import names
+    one too."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                names = [f"tpuserve_router.{node.module or alias.name}" for alias in node.names]
+            else:
+                names = [node.module or ""]
+        found.update(n for n in names if n == "tpuserve_router" or n.startswith("tpuserve_router."))
+    return sorted(found)
+
+
+def test_the_leaf_check_finds_an_import_of_the_router() -> None:
+    source = """
+from typing import TYPE_CHECKING
+from sglang_tpu.disaggregation import DEFAULT_ITL_BUDGET_SECONDS
+from tpuserve_router.engines.outliers import OutlierConfig
+if TYPE_CHECKING:
+    from .policies import base
+def later():
+    import tpuserve_router.front.server
+"""
+    assert router_imports(source) == [
+        "tpuserve_router.engines.outliers",
+        "tpuserve_router.front.server",
+        "tpuserve_router.policies",
+    ]
+    assert router_imports("import dataclasses\nfrom sglang_tpu import perf_model\n") == []
+
+
+def test_config_imports_nothing_of_the_router() -> None:
+    assert router_imports(ROUTER_LEAF.read_text(encoding="utf-8")) == []

@@ -30,12 +30,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from tpuserve_router.config import RouterConfig
+
 EJECTION_REASONS: Final = ("consecutive_failures", "failure_rate")
 
 
 @dataclass(frozen=True)
 class OutlierConfig:
-    """The ejection rules' parameters (`RouterConfig.outlier_config`: the router's settings)."""
+    """The ejection rules' parameters (`outlier_config`: the router's settings)."""
 
     consecutive_failures: int
     failure_rate: float
@@ -44,6 +46,19 @@ class OutlierConfig:
     base_ejection_seconds: float
     max_ejection_seconds: float
     max_ejected_percent: float
+
+
+def outlier_config(config: RouterConfig) -> OutlierConfig:
+    """The ejection rules' parameters the router's settings give."""
+    return OutlierConfig(
+        consecutive_failures=config.outlier_consecutive_failures,
+        failure_rate=config.outlier_failure_rate,
+        min_requests=config.outlier_min_requests,
+        interval_seconds=config.outlier_interval_seconds,
+        base_ejection_seconds=config.outlier_base_ejection_seconds,
+        max_ejection_seconds=config.outlier_max_ejection_seconds,
+        max_ejected_percent=config.outlier_max_ejected_percent,
+    )
 
 
 class Ejectable(Protocol):

@@ -21,7 +21,12 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from tpuserve_router.engines.workers import InvalidWorkerURL, normalize_worker_url
+from tpuserve_router.config import RouterConfig
+from tpuserve_router.engines.workers import (
+    InvalidWorkerURL,
+    normalize_worker_url,
+    parse_worker_flag,
+)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -113,3 +118,24 @@ def advertised_endpoint_problem(
     if host and host.strip("[]") == worker_host.strip("[]"):
         return None
     return endpoint_problem(endpoint, networks or DEFAULT_NETWORKS)
+
+
+def worker_problems(config: RouterConfig) -> list[str]:
+    """What is wrong with ``worker_networks`` and the ``--worker`` values: a network that is
+    not one, a URL that is not a worker's, or an address outside the networks."""
+    problems: list[str] = []
+    try:
+        networks = parse_networks(config.worker_networks)
+    except ValueError as err:
+        problems.append(str(err))
+        networks = ()
+    for flag in config.workers:
+        try:
+            url = parse_worker_flag(flag).url
+        except InvalidWorkerURL as err:
+            problems.append(str(err))
+            continue
+        problem = url_problem(url, networks)
+        if problem:
+            problems.append(problem)
+    return problems

@@ -48,6 +48,7 @@ from tpuserve_router.front.framing import (
 from tpuserve_router.front.replies import reply_error, sse_error_event
 from tpuserve_router.front.server import Handler, HttpRequest
 from tpuserve_router.pipeline.cancellation import Aborter
+from tpuserve_router.pipeline.deadlines import first_byte_budget
 from tpuserve_router.pipeline.ledger import (
     CLIENT_GONE,
     RETRIED,
@@ -178,7 +179,7 @@ class Forwarder:
         self.max_prompt_chars = pipeline.max_prompt_chars
         self.max_in_flight = pipeline.max_in_flight
         self.max_retries = config.max_retries
-        self.first_byte = config.first_byte_budget()
+        self.first_byte = first_byte_budget(config)
         # With the router's own keys, a client's key is the router's business: not the workers'.
         self._not_forwarded = HOP_BY_HOP if keys is None else HOP_BY_HOP | CREDENTIALS
         self.budget = RetryBudget(

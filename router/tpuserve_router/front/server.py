@@ -53,6 +53,7 @@ from typing import Final, cast
 
 import httptools
 
+from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.proxy import set_nodelay
 from tpuserve_router.engines.worker_networks import is_loopback
 from tpuserve_router.front.connections import ConnectionBook
@@ -88,8 +89,8 @@ when a body of `--max-request-bytes` would have arrived at this rate."""
 
 @dataclass(frozen=True, slots=True)
 class FrontLimits:
-    """What one client may send and hold open; `RouterConfig.front_limits` gives the
-    router's (its settings and their defaults are the one source)."""
+    """What one client may send and hold open; `front_limits` gives the router's (its
+    settings and their defaults are the one source)."""
 
     max_request_line_bytes: int
     max_header_bytes: int
@@ -113,6 +114,22 @@ class FrontLimits:
             )
             / 4
         )
+
+
+def front_limits(config: RouterConfig, max_connections: int | None = None) -> FrontLimits:
+    """The front's limits from the router's settings; ``max_connections`` overrides the
+    setting (the app lowers it to what the process's file-descriptor limit allows)."""
+    return FrontLimits(
+        max_request_line_bytes=config.max_request_line_bytes,
+        max_header_bytes=config.max_header_bytes,
+        max_headers=config.max_headers,
+        max_body_bytes=config.max_request_bytes,
+        max_connections=config.max_connections if max_connections is None else max_connections,
+        header_timeout_seconds=config.header_timeout_seconds,
+        body_timeout_seconds=config.body_timeout_seconds,
+        keep_alive_timeout_seconds=config.keep_alive_timeout_seconds,
+        send_timeout_seconds=config.send_timeout_seconds,
+    )
 
 
 _STATUS_LINES: dict[int, bytes] = {}

@@ -29,7 +29,7 @@ import aiohttp
 
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines import health
-from tpuserve_router.engines.workers import normalize_worker_url
+from tpuserve_router.engines.workers import InvalidWorkerURL, normalize_worker_url
 from tpuserve_router.kv.block_index import BlockIndex
 from tpuserve_router.kv.kv_publishers import Endpoints
 from tpuserve_router.peering.peer_snapshot import (
@@ -210,3 +210,14 @@ def _snapshot_block(block: Any) -> tuple[int, int | None]:
         if key is None
         else _int_within(key, -(1 << 63), 1 << 63, "router key", "signed 64-bit integer"),
     )
+
+
+def snapshot_source_problems(config: RouterConfig) -> list[str]:
+    """What is wrong with ``kv_snapshot_from``: a URL that is not a router's."""
+    if config.kv_snapshot_from is None:
+        return []
+    try:
+        normalize_worker_url(config.kv_snapshot_from)
+    except InvalidWorkerURL as err:
+        return [f"kv_snapshot_from: {err}"]
+    return []

@@ -12,8 +12,8 @@ nothing. The traffic is encrypted as well. The operator creates the secret once 
 (a Secret ``<server>-router-peering``, `tpuserve_operator.render.router`) and mounts it.
 
 Without FILE, peering has no credentials and is allowed only when ``--host`` is a loopback
-address (every peer on this host: a local fleet, the tests); `config.RouterConfig.validate`
-refuses it otherwise.
+address (every peer on this host: a local fleet, the tests); `peer_settings.peering_problems`
+refuses it otherwise at start-up.
 """
 
 from __future__ import annotations

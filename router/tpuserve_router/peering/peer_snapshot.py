@@ -1,7 +1,7 @@
 """KV snapshots between router replicas over peering: a replica started late asks its peers.
 
 With ``--peer-port P`` the router also binds a ZMQ ROUTER socket on port ``P + 1``
-(`snapshot_port`) and answers there with its block index (`kv_snapshot.snapshot_of`,
+(`config.snapshot_port`) and answers there with its block index (`kv_snapshot.snapshot_of`,
 built on the event loop, linear in the index's size, then packed with msgpack off it). The
 packed snapshot is kept for `CACHE_SECONDS` and given to every asker meanwhile, so however
 many ask, the index is built and packed at most once per `CACHE_SECONDS`. A starting router
@@ -34,6 +34,7 @@ import zmq
 import zmq.asyncio
 
 from sglang_tpu.tasks import cancel_and_wait
+from tpuserve_router.config import snapshot_port
 from tpuserve_router.peering.peer_auth import PeerGate, PeerKey
 from tpuserve_router.peering.peers import bind_or_refuse, peer_endpoint
 
@@ -53,11 +54,6 @@ CACHE_SECONDS: Final = 5.0
 
 class SnapshotError(Exception):
     """A peer's answer that gives no snapshot, said as one sentence."""
-
-
-def snapshot_port(peer_port: int) -> int:
-    """The port snapshots are asked on: the peer port's next one."""
-    return peer_port + 1
 
 
 def snapshot_endpoint(endpoint: str) -> str:

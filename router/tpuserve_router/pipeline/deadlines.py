@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpuserve_router.config import RouterConfig
+
 
 @dataclass(frozen=True, slots=True)
 class FirstByteBudget:
@@ -51,3 +53,13 @@ class FirstByteBudget:
                 return self.cap_seconds
             wait += max_new_tokens / self.decode_tokens_per_second
         return wait if wait < self.cap_seconds else self.cap_seconds
+
+
+def first_byte_budget(config: RouterConfig) -> FirstByteBudget:
+    """The first-byte budget the router's settings give."""
+    return FirstByteBudget(
+        floor_seconds=config.first_byte_timeout_floor_seconds,
+        cap_seconds=config.first_byte_timeout_seconds,
+        prefill_tokens_per_second=config.min_prefill_tokens_per_second,
+        decode_tokens_per_second=config.min_decode_tokens_per_second,
+    )

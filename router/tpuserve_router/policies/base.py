@@ -23,7 +23,7 @@ import dataclasses
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
@@ -398,3 +398,16 @@ def _load_builtin_policies() -> None:
 @dataclass(frozen=True)
 class NoParams:
     """Parameters of a policy that has none (any given is rejected by `build_params`)."""
+
+
+def policy_problems(policy: str, params: Mapping[str, str]) -> list[str]:
+    """What is wrong with ``--policy`` and its ``--policy-param`` values: an unknown name, or
+    a parameter the policy refuses."""
+    if policy not in registered_policy_names():
+        return [f"policy={policy!r}: allowed {', '.join(registered_policy_names())}"]
+    try:
+        values: dict[str, Any] = dict(params)  # strings, converted by the policy
+        make_policy(policy, **values)
+    except PolicyConfigError as err:
+        return [str(err)]
+    return []

@@ -40,6 +40,8 @@ from typing import Any, Final
 
 import orjson
 
+from tpuserve_router.config import RouterConfig
+
 log = logging.getLogger(__name__)
 
 PRIORITIES: Final = ("critical", "high", "normal", "low")
@@ -248,3 +250,20 @@ def presented_key(authorization: bytes | None, api_key: bytes | None) -> bytes |
         if scheme.lower() == b"bearer":
             return value.strip()
     return api_key.strip() if api_key is not None else None
+
+
+def api_keys_problems(config: RouterConfig) -> list[str]:
+    """What is wrong with ``api_keys_file``: unreadable, not a keys file, or (with
+    ``admin='keys'``) without a key that may use the admin API."""
+    if config.api_keys_file is None:
+        return []
+    try:
+        keys = KeyStore(config.api_keys_file, config.api_keys_reload_seconds).keys
+    except (OSError, KeysFileError) as err:
+        return [f"api_keys_file={config.api_keys_file!r}: {err}"]
+    if config.admin == "keys" and not any(k.admin for k in keys.values()):
+        return [
+            f"admin='keys': api_keys_file {config.api_keys_file!r} has no key with "
+            '"admin": true, so nobody could use the admin API'
+        ]
+    return []

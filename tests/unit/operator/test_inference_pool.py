@@ -131,6 +131,7 @@ def test_the_rendered_token_flag_is_one_the_router_takes(
     """The router's own parser reads the rendered picker flags, the token file at the path
     the Secret is mounted at (here a file of the same name)."""
     from tpuserve_router.cli import build_config, configure
+    from tpuserve_router.validation import validate
 
     ref = {"name": "gateway-token"}
     out = rendered(spec_with(inferencePool={"tokenSecretRef": ref}), inference_pool=True)
@@ -143,7 +144,7 @@ def test_the_rendered_token_flag_is_one_the_router_takes(
 
     parser = argparse.ArgumentParser()
     configure(parser)
-    config = build_config(parser.parse_args(args), environ={}).validate()
+    config = validate(build_config(parser.parse_args(args), environ={}))
     assert config.picker_token_file == str(token)
     assert config.picker_port == pools.PICKER_PORT
 

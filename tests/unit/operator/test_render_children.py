@@ -824,6 +824,7 @@ def test_routers_dial_only_the_pod_network_the_operator_is_given(rendered: Rende
 
     from tpuserve_operator.flags import RENDER_FLAGS, add_flags
     from tpuserve_router.cli import build_config, configure
+    from tpuserve_router.validation import validate
 
     parser = argparse.ArgumentParser()
     add_flags(parser, RENDER_FLAGS, RenderConfig())
@@ -838,7 +839,7 @@ def test_routers_dial_only_the_pod_network_the_operator_is_given(rendered: Rende
     router = argparse.ArgumentParser()
     configure(router)
     flags = [a for a in container["args"] if a.startswith("--worker-networks")]
-    config = build_config(router.parse_args(flags), environ={}).validate()
+    config = validate(build_config(router.parse_args(flags), environ={}))
     assert config.worker_networks == ("10.4.0.0/14", "fd00::/8")
     assert not flag_values(router_container(rendered().children), "--worker-networks")
 

@@ -14,7 +14,7 @@ from tests.waiting import eventually_async
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.proxy import UpstreamPool
 from tpuserve_router.front.connections import BufferBudget, ConnectionBook
-from tpuserve_router.front.server import Handler, HeadCheck, HttpRequest, serve
+from tpuserve_router.front.server import Handler, HeadCheck, HttpRequest, front_limits, serve
 from tpuserve_router.pipeline.request_body import ClientError
 
 pytestmark = pytest.mark.unit
@@ -36,7 +36,7 @@ async def echo(request: HttpRequest) -> None:
 
 @pytest.fixture
 async def port() -> AsyncIterator[int]:
-    server = await serve(echo, "127.0.0.1", 0, RouterConfig(max_request_bytes=LIMIT).front_limits())
+    server = await serve(echo, "127.0.0.1", 0, front_limits(RouterConfig(max_request_bytes=LIMIT)))
     yield server.sockets[0].getsockname()[1]
     server.close()
     await server.wait_closed()
@@ -122,7 +122,7 @@ async def test_a_closed_connection_is_freed_at_once_with_its_buffers() -> None:
     """No reference cycle keeps a connection (and the body it read) for the collector: the
     router collects rarely, and a cycle per connection made its memory creep."""
     book = ConnectionBook(16, 1.0)
-    server = await serve(echo, "127.0.0.1", 0, RouterConfig().front_limits(), book)
+    server = await serve(echo, "127.0.0.1", 0, front_limits(RouterConfig()), book)
     port = server.sockets[0].getsockname()[1]
     gc.disable()
     try:
@@ -176,7 +176,7 @@ async def budgeted(
     handler: Handler, max_bytes: int, head_check: HeadCheck | None = None
 ) -> tuple[asyncio.Server, ConnectionBook, int]:
     book = ConnectionBook(16, 1.0, buffers=BufferBudget(max_bytes))
-    server = await serve(handler, "127.0.0.1", 0, RouterConfig().front_limits(), book, head_check)
+    server = await serve(handler, "127.0.0.1", 0, front_limits(RouterConfig()), book, head_check)
     return server, book, server.sockets[0].getsockname()[1]
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.fakes import VirtualClock
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.engines.outliers import OutlierDetector
+from tpuserve_router.engines.outliers import OutlierDetector, outlier_config
 from tpuserve_router.engines.workers import Worker, WorkerSpec
 
 pytestmark = pytest.mark.unit
@@ -28,10 +28,10 @@ def routable(worker: Worker) -> bool:
 def detector(
     workers: list[Worker], clock: VirtualClock, ejected: list[tuple[str, str]], **settings: float
 ) -> OutlierDetector:
-    config = (
-        RouterConfig(outlier_base_ejection_seconds=30, outlier_max_ejection_seconds=300)
-        .replace(**settings)
-        .outlier_config()
+    config = outlier_config(
+        RouterConfig(outlier_base_ejection_seconds=30, outlier_max_ejection_seconds=300).replace(
+            **settings
+        )
     )
     return OutlierDetector(config, lambda: workers, lambda w, r: ejected.append((w.name, r)), clock)
 

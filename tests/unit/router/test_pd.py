@@ -24,8 +24,14 @@ from tpuserve_router.front.pd import (
     pairable,
     pairs,
 )
-from tpuserve_router.pipeline.pd_settings import PdSettings, parse_prefill_flag, pd_workers
+from tpuserve_router.pipeline.pd_settings import (
+    PdSettings,
+    parse_prefill_flag,
+    pd_settings,
+    pd_workers,
+)
 from tpuserve_router.policies.base import Decision, RouteRequest
+from tpuserve_router.validation import validate
 
 pytestmark = pytest.mark.unit
 
@@ -63,15 +69,15 @@ def test_a_bad_bootstrap_port_is_named() -> None:
 
 def test_prefill_without_decode_is_refused() -> None:
     with pytest.raises(ConfigError, match="PD mode needs both prefill and decode workers"):
-        RouterConfig(prefill=(P,)).validate()
+        validate(RouterConfig(prefill=(P,)))
 
 
 def test_pd_settings_are_named_when_wrong() -> None:
     with pytest.raises(ConfigError) as err:
-        RouterConfig(
+        validate(RouterConfig(
             prefill=(P,), decode=(D,), pd_policy="sometimes", pd_perf_model="v6e:9x9:nope",
             pd_itl_budget_seconds=0,
-        ).validate()  # fmt: skip
+        ))  # fmt: skip
     text = str(err.value)
     assert "pd_policy='sometimes': allowed conditional, always" in text
     assert "pd_perf_model" in text
@@ -80,20 +86,20 @@ def test_pd_settings_are_named_when_wrong() -> None:
 
 def test_the_threshold_comes_from_the_performance_model() -> None:
     config = RouterConfig(prefill=(P,), decode=(D,), pd_perf_model="v6e:1x1:llama-3.1-8b")
-    settings = config.pd_settings()
+    settings = pd_settings(config)
     assert settings is not None
     timer = disaggregation.timer_for("v6e:1x1:llama-3.1-8b")
     n = settings.threshold_tokens
     assert timer.prefill_seconds(n) >= config.pd_itl_budget_seconds
     assert timer.prefill_seconds(n - 1) < config.pd_itl_budget_seconds
     # a bigger slice prefills faster: a longer prompt before it pays to disaggregate
-    bigger = config.replace(pd_perf_model="v6e:2x4:llama-3.1-8b").pd_settings()
+    bigger = pd_settings(config.replace(pd_perf_model="v6e:2x4:llama-3.1-8b"))
     assert bigger is not None
     assert bigger.threshold_tokens > n
-    fixed = config.replace(pd_threshold_tokens=123).pd_settings()
+    fixed = pd_settings(config.replace(pd_threshold_tokens=123))
     assert fixed is not None
     assert fixed.threshold_tokens == 123
-    assert RouterConfig().pd_settings() is None
+    assert pd_settings(RouterConfig()) is None
 
 
 class FakeWorker:
@@ -128,7 +134,7 @@ def test_a_request_is_disaggregated_when_its_uncached_tokens_reach_the_threshold
 
 def test_a_short_suffix_after_a_long_cached_prefix_stalls_by_the_performance_model() -> None:
     config = RouterConfig(prefill=(P,), decode=(D,), pd_perf_model="v6e:1x1:llama-3.1-8b")
-    settings = config.pd_settings()
+    settings = pd_settings(config)
     assert settings is not None
     assert settings.timer is not None
     from tpuserve_router.front.pd import PdRouter
@@ -146,7 +152,7 @@ def test_a_short_suffix_after_a_long_cached_prefix_stalls_by_the_performance_mod
     chosen = Decision(FakeWorker("c"), "prefix_hit", 60_000 / 61_000)
     assert router.disaggregates(chosen, 61_000)  # type: ignore[arg-type]
     # a threshold given as a number is the rule alone
-    fixed = config.replace(pd_threshold_tokens=n).pd_settings()
+    fixed = pd_settings(config.replace(pd_threshold_tokens=n))
     assert fixed is not None
     assert fixed.timer is None
     router.settings = fixed

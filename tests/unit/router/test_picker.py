@@ -17,6 +17,7 @@ from tpuserve_router.config import ConfigError, RouterConfig
 from tpuserve_router.engines.workers import WorkerSpec
 from tpuserve_router.front import picker as epp
 from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
+from tpuserve_router.validation import validate
 
 pytestmark = pytest.mark.unit
 
@@ -269,7 +270,7 @@ def test_a_short_token_file_is_refused_naming_what_is_allowed(tmp_path: Path) ->
     short = tmp_path / "token"
     short.write_text("too short\n")
     with pytest.raises(ConfigError) as caught:
-        RouterConfig(picker_port=0, picker_token_file=str(short)).validate()
+        validate(RouterConfig(picker_port=0, picker_token_file=str(short)))
     assert any("allowed: 16 to 4096 printable" in p for p in caught.value.problems)
 
 
@@ -426,7 +427,7 @@ def test_ipv6_endpoints_are_bracketed() -> None:
 )
 def test_picker_settings_are_checked(settings: dict[str, object], words: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        RouterConfig(**settings).validate()  # type: ignore[arg-type]
+        validate(RouterConfig(**settings))  # type: ignore[arg-type]
     assert any(words in problem for problem in caught.value.problems), caught.value.problems
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.proxy import UpstreamConnection, UpstreamError, UpstreamPool
-from tpuserve_router.front.server import HttpRequest, serve
+from tpuserve_router.front.server import HttpRequest, front_limits, serve
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +27,7 @@ async def worker(request: HttpRequest) -> None:
 
 @pytest.fixture
 async def pool() -> AsyncIterator[UpstreamPool]:
-    server = await serve(worker, "127.0.0.1", 0, RouterConfig().front_limits())
+    server = await serve(worker, "127.0.0.1", 0, front_limits(RouterConfig()))
     yield UpstreamPool(
         "127.0.0.1", server.sockets[0].getsockname()[1], connect_timeout_seconds=5,
         max_idle=4, max_head_bytes=1 << 16, max_body_bytes=1 << 20,
@@ -110,7 +110,7 @@ def test_a_first_byte_deadline_off_the_timer_grid_still_fires_on_time() -> None:
     import uvloop
 
     async def main() -> None:
-        server = await serve(worker, "127.0.0.1", 0, RouterConfig().front_limits())
+        server = await serve(worker, "127.0.0.1", 0, front_limits(RouterConfig()))
         pool = UpstreamPool(
             "127.0.0.1", server.sockets[0].getsockname()[1], connect_timeout_seconds=5,
             max_idle=64, max_head_bytes=1 << 16, max_body_bytes=1 << 20,

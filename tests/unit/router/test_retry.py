@@ -18,7 +18,7 @@ from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.proxy import UpstreamError
-from tpuserve_router.front.server import JSON_HEADERS, HttpRequest, serve
+from tpuserve_router.front.server import JSON_HEADERS, HttpRequest, front_limits, serve
 from tpuserve_router.pipeline.retry import (
     RETRYABLE_STATUSES,
     Attempt,
@@ -151,7 +151,7 @@ async def router_in_front_of(
         if isinstance(worker, str):
             urls.append(worker)
             continue
-        server = await serve(worker, "127.0.0.1", 0, RouterConfig().front_limits())
+        server = await serve(worker, "127.0.0.1", 0, front_limits(RouterConfig()))
         servers.append(server)
         urls.append(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
     config = RouterConfig(

@@ -16,7 +16,9 @@ from tpuserve_router.config import (
     kv_events_enabled,
     parse_key_values,
 )
+from tpuserve_router.front.server import front_limits
 from tpuserve_router.policies import make_policy
+from tpuserve_router.validation import validate
 
 pytestmark = pytest.mark.unit
 
@@ -129,15 +131,17 @@ def test_an_empty_variable_for_a_number_is_unset() -> None:
 
 def test_validation_names_fields_and_allowed_values() -> None:
     with pytest.raises(ConfigError) as err:
-        RouterConfig(
-            port=70000,
-            max_retries=11,
-            connect_timeout_seconds=0,
-            discovery="kubernetes",
-            workers=("http://h:1/path",),
-            policy="cache_aware",
-            policy_params={"cache_threshold": "2"},
-        ).validate()
+        validate(
+            RouterConfig(
+                port=70000,
+                max_retries=11,
+                connect_timeout_seconds=0,
+                discovery="kubernetes",
+                workers=("http://h:1/path",),
+                policy="cache_aware",
+                policy_params={"cache_threshold": "2"},
+            )
+        )
     text = str(err.value)
     assert "port=70000: allowed 0..65535" in text
     assert "max_retries=11: allowed 0..10" in text
@@ -149,10 +153,10 @@ def test_validation_names_fields_and_allowed_values() -> None:
 
 def test_selector_keys_and_values_are_checked() -> None:
     with pytest.raises(ConfigError, match="selector value 'a b'"):
-        RouterConfig(discovery="kubernetes", selector={"app": "a b"}).validate()
-    RouterConfig(
-        discovery="kubernetes", selector={"app.kubernetes.io/instance": "llama-3"}
-    ).validate()
+        validate(RouterConfig(discovery="kubernetes", selector={"app": "a b"}))
+    validate(
+        RouterConfig(discovery="kubernetes", selector={"app.kubernetes.io/instance": "llama-3"})
+    )
 
 
 def test_key_values_parse_and_reject_items_without_equals() -> None:
@@ -164,21 +168,23 @@ def test_key_values_parse_and_reject_items_without_equals() -> None:
 def test_front_limits_are_flags_and_variables_checked_together() -> None:
     env = {env_name("--max-connections"): "500", env_name("--header-timeout"): "2.5"}
     config = build_config(parse("--max-headers", "40"), environ=env)
-    limits = config.front_limits()
+    limits = front_limits(config)
     assert (limits.max_connections, limits.header_timeout_seconds, limits.max_headers) == (
         500,
         2.5,
         40,
     )
     assert limits.max_body_bytes == config.max_request_bytes
-    assert config.front_limits(max_connections=7).max_connections == 7
+    assert front_limits(config, max_connections=7).max_connections == 7
     with pytest.raises(ConfigError) as err:
-        RouterConfig(
-            max_header_bytes=512,
-            max_request_line_bytes=4096,
-            max_headers=2,
-            keep_alive_timeout_seconds=0,
-        ).validate()
+        validate(
+            RouterConfig(
+                max_header_bytes=512,
+                max_request_line_bytes=4096,
+                max_headers=2,
+                keep_alive_timeout_seconds=0,
+            )
+        )
     text = str(err.value)
     assert "max_header_bytes=512: must be >= 1024" in text
     assert "max_headers=2: must be >= 8" in text
@@ -190,17 +196,17 @@ def test_a_bad_keys_file_or_an_admin_mode_nobody_can_use_stops_the_start(tmp_pat
     keys = tmp_path / "keys.json"
     keys.write_text('{"keys": [{"key": "short", "tenant": "a"}]}')
     with pytest.raises(ConfigError) as err:
-        RouterConfig(api_keys_file=str(keys), admin="sometimes").validate()  # type: ignore[arg-type]
+        validate(RouterConfig(api_keys_file=str(keys), admin="sometimes"))  # type: ignore[arg-type]
     text = str(err.value)
     assert "keys[0].key: allowed: a string of at least 16 characters" in text
     assert "admin='sometimes': allowed loopback, keys, open, off" in text
     with pytest.raises(ConfigError, match="needs api_keys_file"):
-        RouterConfig(admin="keys").validate()
+        validate(RouterConfig(admin="keys"))
     keys.write_text('{"keys": [{"key": "sk-0123456789abcdef", "tenant": "a"}]}')
     with pytest.raises(ConfigError, match='has no key with "admin": true'):
-        RouterConfig(api_keys_file=str(keys), admin="keys").validate()
+        validate(RouterConfig(api_keys_file=str(keys), admin="keys"))
     with pytest.raises(ConfigError, match="No such file"):
-        RouterConfig(api_keys_file=str(tmp_path / "missing.json")).validate()
+        validate(RouterConfig(api_keys_file=str(tmp_path / "missing.json")))
     env = {env_name("--api-keys-file"): str(keys), env_name("--admin"): "open"}
     config = build_config(parse(), environ=env)
     assert (config.api_keys_file, config.admin) == (str(keys), "open")
@@ -226,12 +232,14 @@ def test_the_picker_with_pd_mode_stops_the_start_naming_both(pd_flags: tuple[str
 
 def test_hold_and_demand_settings_are_checked() -> None:
     with pytest.raises(ConfigError) as err:
-        RouterConfig(
-            hold_max_requests=-1,
-            hold_max_seconds=0,
-            demand_lease="Not_A_Name",
-            demand_interval_seconds=0,
-        ).validate()
+        validate(
+            RouterConfig(
+                hold_max_requests=-1,
+                hold_max_seconds=0,
+                demand_lease="Not_A_Name",
+                demand_interval_seconds=0,
+            )
+        )
     text = str(err.value)
     assert "hold_max_requests=-1: allowed 0..100000 (0 turns holding off)" in text
     assert "hold_max_seconds=0: must be > 0" in text
@@ -274,15 +282,15 @@ def test_peering_flags_and_variables(tmp_path: Path) -> None:
 
 def test_peering_other_hosts_reach_needs_a_key_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="peering on an address other hosts reach needs"):
-        RouterConfig(host="0.0.0.0", peer_port=8100).validate()
-    assert RouterConfig(host="127.0.0.1", peer_port=8100).validate()  # this host's peers only
+        validate(RouterConfig(host="0.0.0.0", peer_port=8100))
+    assert validate(RouterConfig(host="127.0.0.1", peer_port=8100))  # this host's peers only
     short = peer_key(tmp_path, "too-short")
     with pytest.raises(ConfigError, match="holds 9 bytes of secret; allowed: 16 to 4096"):
-        RouterConfig(host="0.0.0.0", peer_port=8100, peer_key_file=short).validate()
+        validate(RouterConfig(host="0.0.0.0", peer_port=8100, peer_key_file=short))
     with pytest.raises(ConfigError, match="no such file"):
-        RouterConfig(peer_port=8100, peer_key_file=str(tmp_path / "missing")).validate()
+        validate(RouterConfig(peer_port=8100, peer_key_file=str(tmp_path / "missing")))
     with pytest.raises(ConfigError, match="needs peer_port"):
-        RouterConfig(peer_key_file=peer_key(tmp_path)).validate()
+        validate(RouterConfig(peer_key_file=peer_key(tmp_path)))
 
 
 @pytest.mark.parametrize(
@@ -296,11 +304,11 @@ def test_a_peer_is_an_ipv4_address_a_dns_name_or_a_bracketed_ipv6_address(
     config = RouterConfig(  # reachable by peers
         host="0.0.0.0", peer_port=1, peers=(peer,), peer_key_file=peer_key(tmp_path)
     )
-    assert config.validate().peers == (peer,)
+    assert validate(config).peers == (peer,)
 
 
 def test_the_kv_snapshot_bound_may_be_4_gib() -> None:
-    assert RouterConfig(kv_snapshot_max_bytes=4 << 30).validate().kv_snapshot_max_bytes == 4 << 30
+    assert validate(RouterConfig(kv_snapshot_max_bytes=4 << 30)).kv_snapshot_max_bytes == 4 << 30
 
 
 @pytest.mark.parametrize(
@@ -330,7 +338,7 @@ def test_the_kv_snapshot_bound_may_be_4_gib() -> None:
 )  # fmt: skip
 def test_peering_settings_are_checked(settings: dict[str, object], problem: str) -> None:
     with pytest.raises(ConfigError) as err:
-        RouterConfig(**settings).validate()  # type: ignore[arg-type]
+        validate(RouterConfig(**settings))  # type: ignore[arg-type]
     assert any(problem in p for p in err.value.problems), err.value.problems
 
 
@@ -345,18 +353,18 @@ def test_peering_beyond_this_host_needs_a_host_peers_can_reach(
     settings: dict[str, object], problem: str, tmp_path: Path
 ) -> None:
     with pytest.raises(ConfigError) as err:
-        RouterConfig(peer_port=5570, **settings).validate()  # type: ignore[arg-type]
+        validate(RouterConfig(peer_port=5570, **settings))  # type: ignore[arg-type]
     assert any(
         problem in p and "peers could not reach peer_port on a loopback" in p
         for p in err.value.problems
     ), err.value.problems
     key = peer_key(tmp_path)
     for host in ("0.0.0.0", "::", "10.0.0.5"):
-        RouterConfig(peer_port=5570, peer_key_file=key, **{**settings, "host": host}).validate()  # type: ignore[arg-type]
-    RouterConfig(peer_port=5570, peers=("tcp://127.0.0.1:2", "tcp://[::1]:2")).validate()
+        validate(RouterConfig(peer_port=5570, peer_key_file=key, **{**settings, "host": host}))  # type: ignore[arg-type]
+    validate(RouterConfig(peer_port=5570, peers=("tcp://127.0.0.1:2", "tcp://[::1]:2")))
     # a name's addresses are known only once resolved (local pods may be loopback addresses):
     # `peers` warns then rather than refusing here
-    RouterConfig(peer_port=5570, peers_from_dns="m-router-peers.serving.svc").validate()
+    validate(RouterConfig(peer_port=5570, peers_from_dns="m-router-peers.serving.svc"))
 
 
 def test_a_clients_share_of_the_buffer_budget_fits_a_body_and_the_budget() -> None:
@@ -366,7 +374,7 @@ def test_a_clients_share_of_the_buffer_budget_fits_a_body_and_the_budget() -> No
     assert small.client_buffer_bytes() == 32 * mib  # at least one body
     for share in (16 * mib, 80 * mib):
         with pytest.raises(ConfigError) as err:
-            small.replace(max_buffered_bytes_per_client=share).validate()
+            validate(small.replace(max_buffered_bytes_per_client=share))
         assert f"max_buffered_bytes_per_client={share}: allowed max_request_bytes=" in str(
             err.value
         )

@@ -32,6 +32,7 @@ from tpuserve_router.engines.worker_networks import (
     url_problem,
 )
 from tpuserve_router.engines.workers import WorkerSpec
+from tpuserve_router.validation import validate
 
 pytestmark = pytest.mark.unit
 
@@ -167,16 +168,18 @@ def test_the_flag_and_its_variable_give_a_tuple_of_networks() -> None:
 
 def test_a_static_worker_outside_the_networks_or_a_bad_network_fails_at_start() -> None:
     with pytest.raises(ConfigError) as err:
-        RouterConfig(
-            workers=("http://127.0.0.1:1", "http://192.168.0.9:2"),
-            worker_networks=("127.0.0.0/8",),
-        ).validate()
+        validate(
+            RouterConfig(
+                workers=("http://127.0.0.1:1", "http://192.168.0.9:2"),
+                worker_networks=("127.0.0.0/8",),
+            )
+        )
     assert err.value.problems == [
         "worker url http://192.168.0.9:2: address 192.168.0.9 is outside worker_networks "
         "(127.0.0.0/8)"
     ]
     with pytest.raises(ConfigError, match="'loopback' is not an IP network"):
-        RouterConfig(worker_networks=("loopback",)).validate()
+        validate(RouterConfig(worker_networks=("loopback",)))
 
 
 @pytest.fixture
