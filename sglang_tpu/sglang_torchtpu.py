@@ -210,10 +210,18 @@ def tolerate_missing_processor_backends() -> list[str]:
 
 class _HostIntegerCumsum:
     """`torch` as SGLang's LogitsProcessor sees it, except that integer cumsums of device
-    tensors run on the host (one small round trip per prefill)."""
+    tensors run on the host (one small round trip per prefill). The round trip is kept out
+    of `torch.compile`'s graphs (`torch.compiler.disable`: a graph break there), as a compiled
+    step cannot copy a traced tensor to the host (TorchTPU: "cannot Materialize() a
+    placeholder tensor", v5e call 4, docs/tpu-lane.md)."""
 
     def __init__(self, torch_module: Any) -> None:
         self._torch = torch_module
+
+        def host_cumsum(x: Any, dim: int, **kwargs: Any) -> Any:
+            return torch_module.cumsum(x.cpu(), dim, **kwargs).to(x.device)
+
+        self._host_cumsum = torch_module.compiler.disable(host_cumsum)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._torch, name)
@@ -221,7 +229,7 @@ class _HostIntegerCumsum:
     def cumsum(self, x: Any, dim: int, **kwargs: Any) -> Any:
         if x.device.type == "cpu" or x.is_floating_point() or x.is_complex():
             return self._torch.cumsum(x, dim, **kwargs)
-        return self._torch.cumsum(x.cpu(), dim, **kwargs).to(x.device)
+        return self._host_cumsum(x, dim, **kwargs)
 
 
 def route_integer_cumsum_through_host() -> None:
@@ -231,7 +239,7 @@ def route_integer_cumsum_through_host() -> None:
     aborts the process (`lowering_util.cc:3710 ... Unsupported conversion from vmreg/vreg to
     U64`, `windowing_util.cc:317 ... window_bounds.size() == rank`); SGLang's LogitsProcessor
     uses it for each prefill's last-token index. This makes that module's `torch.cumsum` run
-    integer device inputs on the host. Not yet run on a chip (docs/tpu-lane.md).
+    integer device inputs on the host (run on a v5e chip in call 4: docs/tpu-lane.md).
     """
     import sglang.srt.layers.logits_processor as logits_processor
     import torch

@@ -11,6 +11,7 @@ import importlib
 import json
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -149,10 +150,20 @@ def test_integer_cumsums_of_device_tensors_go_through_the_host() -> None:
         calls.append(f"cumsum on {x.device.type}")
         return x
 
-    proxy = adapter._HostIntegerCumsum(SimpleNamespace(cumsum=cumsum, int64="int64"))
+    def disable(fn: Any) -> Any:  # torch.compiler.disable: the round trip breaks the graph
+        def disabled(*args: Any, **kwargs: Any) -> Any:
+            calls.append("graph break")
+            return fn(*args, **kwargs)
+
+        return disabled
+
+    fake_torch = SimpleNamespace(
+        cumsum=cumsum, int64="int64", compiler=SimpleNamespace(disable=disable)
+    )
+    proxy = adapter._HostIntegerCumsum(fake_torch)
     assert proxy.int64 == "int64"  # everything else is torch's
     proxy.cumsum(Tensor("tpu", floating=False), 0)
-    assert calls == ["cpu", "cumsum on cpu", "to tpu"]
+    assert calls == ["graph break", "cpu", "cumsum on cpu", "to tpu"]
     calls.clear()
     proxy.cumsum(Tensor("tpu", floating=True), 0)
     proxy.cumsum(Tensor("cpu", floating=False), 0)
