@@ -218,6 +218,7 @@ CONNECTION_CLOSE_REASONS: Final = (
     "unexpected_body",  # a body on a route that takes none: 404, 405, 400 at the head
     "buffer_budget",  # 503: the body does not fit in --max-buffered-bytes
     "linger_cut",  # a refused client still sending, slower than the lingering close's rate
+    "linger_quiet",  # a refused client that sent nothing for 30 s: its answer had its time
 )
 AUTH_FAILURE_REASONS: Final = ("missing", "invalid", "admin_denied")
 KV_EVENT_TYPES: Final = ("BlockStored", "BlockRemoved", "AllBlocksCleared")

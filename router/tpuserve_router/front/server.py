@@ -644,7 +644,7 @@ class HttpConnection(asyncio.Protocol):
         if self.phase == CLOSING:
             if now - self._last_input > LINGER_IDLE_SECONDS:
                 self.abort()  # the client went quiet: its answer had time to arrive
-                return None
+                return "linger_quiet"
             lingered = now - self.since
             if lingered > self.limits.body_timeout_seconds and (
                 self._dropped < LINGER_MIN_BYTES_PER_SECOND * lingered
