@@ -195,7 +195,7 @@ def decide(
     """The policy's decision on plain numbers (steps 1-4), as `PrecisePolicy.choose` makes
     it from its index and queues: `choose_worker`, then `queue_move` with ``queued[i]`` the
     prefill tokens queued on worker ``i``. The fleet model (`tpuserve.fleet`) routes
-    with it."""
+    with it, and with `decide_tiered` once its engines hold host-tier blocks."""
     i, outcome, cursor = choose_worker(
         held, prompt_tokens // page_tokens, loads, blocks, cursor, params
     )
