@@ -16,6 +16,7 @@ from tpuserve.bench import sizing, traces, workloads
 from tpuserve.bench.anchors import policy_names
 from tpuserve.bench.report import SLO_FACTOR, RequestRecord, recovery_seconds, summarize
 from tpuserve.bench.sim_runner import Fault, SimConfig, measure_rr_saturation, run_sim
+from tpuserve.bench.slo_search import DEFAULT_ATTAINMENT, search_max_rate
 from tpuserve_router.config import DEFAULT_POLICY
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--slo-factor", type=cli_types.positive_float, default=SLO_FACTOR,
         help="Goodput SLO: TTFT and TPOT within this many x unloaded (default: %(default)s).",
     )  # fmt: skip
+    out.add_argument(
+        "--max-rate-at-slo", action="store_true",
+        help="Goodput as a rate (sim): replay the trace at rising rates from --rate (default "
+        "0.5 x mu_RR), x1.25 until fewer than --attainment of the measured requests meet the "
+        "SLO, then bisect to 1 %%; report the run at the highest rate that met it, and every "
+        "rate tried (slo_search). Same seed, same arrivals up to scale, for every setup.",
+    )  # fmt: skip
+    out.add_argument(
+        "--attainment", type=cli_types.fraction, default=DEFAULT_ATTAINMENT,
+        help="With --max-rate-at-slo: share of requests that must meet the SLO "
+        "(default: %(default)s, DistServe's).",
+    )  # fmt: skip
     out.add_argument("--records", metavar="FILE", help="Write per-request records (JSONL).")
     out.add_argument("--json", action="store_true", help="Print one JSON object.")
     live = parser.add_argument_group("live mode")
@@ -229,6 +242,10 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--host-cache-tokens, --tier-blind: the host tier runs in --mode sim only")
     if args.kv_event_interval and args.mode == "live":
         raise ValueError("--kv-event-interval: the live router reads as it does; sim only")
+    if args.max_rate_at_slo and (args.mode == "live" or args.fault):
+        raise ValueError("--max-rate-at-slo: runs in --mode sim, without --fault")
+    if args.max_rate_at_slo and args.rate_fraction is not None:
+        raise ValueError("--max-rate-at-slo: give the first rate as --rate, not --rate-fraction")
     trace, source = load_trace(args)
     demand = sizing.measure_demand(trace, args.page_size)
     cache_tokens = args.cache_tokens or sizing.cache_tokens_for(demand, args.workers)
@@ -243,6 +260,8 @@ def _run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     config.validate()
     mu_rr = args.mu_rr
+    if args.max_rate_at_slo:
+        return _max_rate_at_slo(args, trace, source, config, demand.shared_tokens, mu_rr)
     if args.rate is not None:
         rate = args.rate
         fraction = None
@@ -308,6 +327,62 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(_finite(summary)))
     else:
         print(render_text(summary))
+    return 0
+
+
+def _base_extra(
+    args: argparse.Namespace, source: str, cache_tokens: int, shared_tokens: int
+) -> dict[str, Any]:
+    return {
+        "mode": args.mode, "workload": source, "seed": args.seed, "workers": args.workers,
+        "cache_tokens": cache_tokens, "shared_prefix_tokens": shared_tokens,
+        "tpu": f"{args.tpu}-{args.topology}", "model_profile": args.model_profile,
+        "kv_events": not args.no_kv_events, "router_replicas": args.router_replicas,
+        "peer_delay_seconds": args.peer_delay, "kv_event_interval_seconds": args.kv_event_interval,
+        "host_cache_tokens": args.host_cache_tokens, "tier_blind": args.tier_blind,
+    }  # fmt: skip
+
+
+def _max_rate_at_slo(
+    args: argparse.Namespace,
+    trace: list[traces.TraceRequest],
+    source: str,
+    config: SimConfig,
+    shared_tokens: int,
+    mu_rr: float | None,
+) -> int:
+    """`--max-rate-at-slo` (`slo_search`): the summary at the highest rate that met the SLO
+    for ``--attainment`` of the requests, with every rate tried."""
+    if args.rate is not None:
+        start = args.rate
+    else:
+        if mu_rr is None:
+            mu_rr = measure_rr_saturation(trace, config)
+        start = 0.5 * mu_rr
+    base = _base_extra(args, source, config.cache_tokens, shared_tokens)
+
+    def run_at(rate: float) -> dict[str, Any]:
+        result = run_sim(traces.rescale_to_rate(trace, rate), args.policy, config)
+        extra = dict(base, rate=rate, rate_fraction=None, mu_rr=mu_rr)
+        extra["virtual_seconds"] = result.virtual_seconds
+        return summarize(
+            args.policy, result.records, result.samples, warmup_fraction=args.warmup_fraction,
+            slo_factor=args.slo_factor, extra=extra,
+        )  # fmt: skip
+
+    found = search_max_rate(run_at, start, attainment=args.attainment)
+    summary = dict(found.best) if found.best is not None else dict(base, mu_rr=mu_rr)
+    summary["slo_search"] = {
+        "attainment": found.attainment, "slo_factor": args.slo_factor,
+        "max_rate": found.max_rate,
+        "goodput_rps": found.best["goodput_rps"] if found.best is not None else 0.0,
+        "start_rate": start, "tried": found.tried,
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(_finite(summary)))
+    else:
+        print(render_text(summary))
+        print(f"  {'max_rate_at_slo':<24} {found.max_rate:.4g} (attainment {found.attainment})")
     return 0
 
 

@@ -90,3 +90,50 @@ def fits_all(demand: CacheDemand) -> int:
 
 def _round_up(tokens: float, step: int = 1024) -> int:
     return int(math.ceil(tokens / step) * step)
+
+
+@dataclass(frozen=True)
+class LiveDemand:
+    mean_tokens: float
+    """Time-average of the live shared tokens over the trace's span."""
+    peak_tokens: int
+    """Their largest value."""
+
+
+def live_shared_tokens(
+    trace: Sequence[TraceRequest], page_size: int = 16, tokenizer: Tokenizer | None = None
+) -> LiveDemand:
+    """The working set a cache must hold at once to serve every reuse: at time t, the shared
+    pages (`measure_demand`'s) whose first use is at or before t and whose last use is after
+    it, in tokens. A trace's shared tokens (``shared_tokens``) add up pages used minutes
+    apart; a multi-turn workload whose conversations start and end over the trace needs only
+    those of the conversations alive at once. Independent of the rate the trace is replayed
+    at (`traces.rescale_to_rate` scales every time alike)."""
+    tok = tokenizer or load_tokenizer()
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    count: Counter[int] = Counter()
+    for req in trace:
+        for k in set(block_keys(token_ids_of(req, tok), page_size)):
+            first.setdefault(k, req.t)
+            last[k] = req.t
+            count[k] += 1
+    changes: list[tuple[float, int]] = []
+    for k, c in count.items():
+        if c >= 2 and last[k] > first[k]:
+            changes.append((first[k], page_size))
+            changes.append((last[k], -page_size))
+    changes.sort()
+    if not changes or not trace:
+        return LiveDemand(0.0, 0)
+    start, end = trace[0].t, trace[-1].t
+    live = peak = 0
+    area = 0.0
+    t_prev = start
+    for t, delta in changes:
+        area += live * (t - t_prev)
+        t_prev = t
+        live += delta
+        peak = max(peak, live)
+    span = end - start
+    return LiveDemand(area / span if span > 0 else float(peak), peak)

@@ -22,9 +22,14 @@ model under-uses memory slightly. With ``host_cache_tokens`` each engine also ha
 tier (SGLang's HiCache, docs/host-kv-tier.md): a block evicted from HBM is demoted to it (an
 LRU of ``host_cache_tokens`` tokens), a prompt's blocks found there after its HBM hit count as
 cached and are loaded back before its prefill, at the catalog's host-to-device bandwidth
-(`StepTimer.load_back_seconds`, added to the step that prefills it). The routers' index holds
-what the engines hold in HBM only: routing is tier-blind, so a tier's gain is the engines'
-alone, a lower bound for tier-aware `precise`.
+(`StepTimer.load_back_seconds`, added to the step that prefills it). The ``precise`` routers
+route by tier as the router does (`tpuserve_router.policies.precise.decide_tiered`): each
+candidate's prefix is its HBM blocks then the host blocks that continue them, a host block
+weighs ``host_hit_weight`` (`StepTimer.host_hit_value` of the slice and model, what the
+operator passes the router), and HBM room decides last (each router counts the prompt
+tokens of the requests it and its peers have in flight on an engine against the KV pool).
+With ``tier_blind_routing`` the routers see the HBM only, as routers before tiers did (a
+demoted prefix is forgotten).
 
 **Routers.** ``router_replicas`` routers; each request goes to one at random. A router knows
 exactly what it sent (its own in-flight counts and booked prefill tokens) and what the other
@@ -94,13 +99,13 @@ from array import array
 from bisect import bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from sglang_tpu.perf_model import ModelProfile, StepTimer, get_profile, kv_pool_tokens
 from sglang_tpu.topology import CatalogError, SliceShape, lookup
 from tpuserve.bench import mooncake
-from tpuserve_router.policies.precise import PreciseParams, decide
+from tpuserve_router.policies.precise import PreciseParams, decide, decide_tiered
 
 BLOCK_TOKENS = mooncake.MOONCAKE_BLOCK_TOKENS
 FLEET_POLICIES = ("round_robin", "precise", "llmd", "oracle")
@@ -227,6 +232,8 @@ class FleetConfig:
     """After the window, in-flight requests get this long to finish."""
     host_cache_tokens: int = 0
     """Each replica's host-memory KV tier in tokens (SGLang's HiCache; 0: HBM only)."""
+    tier_blind_routing: bool = False
+    """``precise`` ignores the host tier (routes on what the engines hold in HBM only)."""
     max_requests: int = 50_000_000
     seed: int = 0
 
@@ -347,7 +354,7 @@ class _Session:
 
 class _Engine:
     __slots__ = (
-        "cache", "ctx_p", "ctx_s", "host", "i", "incarnation", "load_back", "phase_b",
+        "both", "cache", "ctx_p", "ctx_s", "host", "i", "incarnation", "load_back", "phase_b",
         "phase_c0", "phase_k", "phase_t0", "prefill", "prefill_step", "reserved", "run", "seq",
         "state", "steps", "t", "version", "waiting", "wtok",
     )  # fmt: skip
@@ -371,6 +378,7 @@ class _Engine:
         self.reserved = 0
         self.cache: OrderedDict[int, None] = OrderedDict()
         self.host: OrderedDict[int, None] = OrderedDict()  # the host tier's blocks, LRU first
+        self.both = 0  # blocks in both (counted for tiered routing only)
         self.load_back = 0.0  # seconds of load back the next prefill step does first
         self.version = 0
         self.phase_k = 0  # decode steps in the phase in progress (0: none)
@@ -381,11 +389,13 @@ class _Engine:
 
 
 class _Router:
-    __slots__ = ("booked", "cursor", "llmd_index", "llmd_lru", "own", "pred", "pred_queue", "rr",
-                 "snap_booked", "snap_load", "snap_own", "snap_wait", "snap_wtok")  # fmt: skip
+    __slots__ = ("booked", "cursor", "llmd_index", "llmd_lru", "own", "pred", "pred_queue",
+                 "room", "rr", "snap_booked", "snap_load", "snap_own", "snap_wait",
+                 "snap_wtok")  # fmt: skip
 
     def __init__(self, slots: int) -> None:
         self.own = [0] * slots
+        self.room = [0] * slots  # prompt tokens in flight per engine (`precise.HbmRoom`)
         self.booked = [0] * slots
         self.snap_load = [0] * slots
         self.snap_own = [0] * slots
@@ -501,6 +511,9 @@ class FleetSim:
         self.timer = StepTimer(shape, profile, c.quantization)
         self.pool = kv_pool_tokens(shape, profile, c.quantization)
         self.host_blocks = c.host_cache_tokens // self.block
+        self.tiered = self.host_blocks > 0 and not c.tier_blind_routing and c.policy == "precise"
+        """``precise`` routes by tier (`decide_tiered`) once some engine holds host blocks."""
+        self.tier_params = replace(PRECISE, host_hit_weight=round(self.timer.host_hit_value(), 3))
         if self.pool < self.block:
             raise ValueError(
                 f"model: {c.model} leaves no KV pool on {c.generation} {c.topology}; allowed: "
@@ -530,11 +543,13 @@ class FleetSim:
         )
         self.peer_delay = c.peer_delay_seconds or 0.0
         self.peers_of = [[p for p in self.routers if p is not r] for r in self.routers]
-        self.peer_messages: deque[tuple[float, int, int, int, int, tuple[int, ...]]] = deque()
-        """(delivery time, sending router, engine, in flight +-1, booked tokens +-, predicted
-        blocks): the peering messages on their way, in the order sent (one delay: in time)."""
+        self.peer_messages: deque[tuple[float, int, int, int, int, int, tuple[int, ...]]] = deque()
+        """(delivery time, sending router, engine, in flight +-1, booked tokens +-, prompt tokens
+        in flight +- (HBM room), predicted blocks): the peering messages on their way, in the
+        order sent (one delay: in time)."""
         self.predicted: tuple[int, ...] = ()  # the decision's predicted blocks (`_predict`)
         self.holders: Holders = {}
+        self.host_holders: Holders = {}  # the engines' host-tier blocks (tiered routing only)
         self.ready: list[int] = []
         self.ready_pos: dict[int, int] = {}
         # What the engines report to a load poll, kept current as they change.
@@ -899,6 +914,9 @@ class FleetSim:
             self._record_failure(r)
         for block in e.cache:
             _unhold(self.holders, block, e.i)
+        if self.tiered:
+            for block in e.host:
+                _unhold(self.host_holders, block, e.i)
         for router in self.routers:
             lru = router.llmd_lru[e.i]
             for block in lru:
@@ -975,11 +993,13 @@ class FleetSim:
         router.snap_booked = router.booked[:]
 
     def _send_peers(
-        self, r: int, e: int, in_flight: int, booked: int, predicted: tuple[int, ...]
+        self, r: int, e: int, in_flight: int, booked: int, predicted: tuple[int, ...], room: int
     ) -> None:
-        """Router ``r`` publishes a decision (``in_flight`` +1, its booked tokens and predicted
-        blocks), a first token (the booking released) or an end (-1)."""
-        self.peer_messages.append((self.now + self.peer_delay, r, e, in_flight, booked, predicted))
+        """Router ``r`` publishes a decision (``in_flight`` +1, its booked tokens, predicted
+        blocks and prompt tokens), a first token (the booking released) or an end (-1)."""
+        self.peer_messages.append(
+            (self.now + self.peer_delay, r, e, in_flight, booked, room, predicted)
+        )
 
     def _deliver_peer_messages(self) -> None:
         """Every router applies its peers' messages due by now (`peer_view.PeerView.apply`)."""
@@ -987,13 +1007,14 @@ class FleetSim:
         now = self.now
         peers_of = self.peers_of
         while queue and queue[0][0] <= now:
-            at, r, e, in_flight, booked, predicted = queue.popleft()
+            at, r, e, in_flight, booked, room, predicted = queue.popleft()
             if predicted:
                 expiry = at + PRECISE.predicted_ttl_seconds
                 entry = (e, expiry)
                 for router in peers_of[r]:
                     router.own[e] += in_flight
                     router.booked[e] += booked
+                    router.room[e] += room
                     pred = router.pred
                     for b in predicted:
                         pred[b] = entry
@@ -1002,6 +1023,7 @@ class FleetSim:
                 for router in peers_of[r]:
                     router.own[e] += in_flight
                     router.booked[e] += booked
+                    router.room[e] += room
 
     def _depth(self, blocks: tuple[int, ...], has: Callable[[int], bool]) -> int:
         """Leading blocks for which ``has`` holds (binary search: a holder of a block holds
@@ -1075,8 +1097,9 @@ class FleetSim:
         req.booked = max(0, req.prompt - hit)
         router.own[target] += 1
         router.booked[target] += req.booked
+        router.room[target] += req.prompt
         if peering:
-            self._send_peers(r, target, 1, req.booked, self.predicted)
+            self._send_peers(r, target, 1, req.booked, self.predicted, req.prompt)
         self._submit(self.engines[target], req)
 
     def _route(self, router: _Router, req: _Request) -> tuple[int, int]:
@@ -1117,6 +1140,8 @@ class FleetSim:
             else:
                 hi = mid - 1
         depth = pdepth = lo
+        if self.tiered and self.host_holders:
+            return self._precise_tiered(router, req, depth)
         while pdepth < len(blocks) and pdepth - depth < PREDICTED_BLOCKS and blocks[pdepth] in pred:
             pdepth += 1
         if pdepth > depth:
@@ -1141,6 +1166,72 @@ class FleetSim:
         chosen = cands[i]
         self._predict(router, blocks, depth, chosen)
         return chosen, min(depths[i] * self.block, req.prompt)
+
+    def _precise_tiered(self, router: _Router, req: _Request, depth: int) -> tuple[int, int]:
+        """`_precise` once some engine holds host-tier blocks: `decide_tiered` over each
+        candidate's prefix as the router's index holds it (`BlockIndex.route`): its HBM blocks
+        and the blocks predicted on it (``device``), then also its host blocks (``depths``),
+        with ``depth`` the longest HBM prefix any engine holds. Predictions count as the
+        router counts them (in the depths, not as a shortcut), so HBM room decides a predicted
+        holder too."""
+        blocks = req.blocks
+        n = len(blocks)
+        host_holders = self.host_holders
+        pred = router.pred
+        reach = depth  # the longest prefix any tier holds, for the holder candidates
+        while reach < n and blocks[reach] in host_holders:
+            reach += 1
+        if reach > depth:
+            source = host_holders.get(blocks[reach - 1])
+        else:
+            source = self.holders.get(blocks[depth - 1]) if depth else None
+        _, cands = self._candidates(source)
+        p = pred.get(blocks[depth]) if depth < n else None
+        if p is not None and p[0] not in cands and p[0] in self.ready_pos:
+            cands[-1] = p[0]  # the engine a burst's sibling went to
+        engines = self.engines
+        device: list[int] = []
+        depths: list[int] = []
+        for e in cands:
+            eng = engines[e]
+            cache = eng.cache
+            lo, hi = 0, n if cache else 0  # HBM is prefix-closed: a binary search
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if blocks[mid - 1] in cache:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            host = eng.host
+            while (  # a prediction stands for a block the engine holds in no tier
+                lo < n
+                and (p := pred.get(blocks[lo])) is not None
+                and p[0] == e
+                and blocks[lo] not in host
+            ):
+                lo += 1
+            device.append(lo)
+            while lo < n and (
+                blocks[lo] in host or ((p := pred.get(blocks[lo])) is not None and p[0] == e)
+            ):
+                lo += 1
+            depths.append(lo)
+        own, snap_load, snap_own = router.own, router.snap_load, router.snap_own
+        loads = [own[e] + (x if (x := snap_load[e] - snap_own[e]) > 0 else 0) for e in cands]
+        booked, snap_wtok, snap_booked = router.booked, router.snap_wtok, router.snap_booked
+        queued = [booked[e] + (x if (x := snap_wtok[e] - snap_booked[e]) > 0 else 0) for e in cands]
+        # what their KV events reported, in any tier (`BlockIndex`'s count per worker)
+        cached = [len(engines[e].cache) + len(engines[e].host) - engines[e].both for e in cands]
+        pool = self.pool
+        room = [pool - router.room[e] for e in cands]
+        block = self.block
+        i, _, router.cursor = decide_tiered(
+            depths, device, block, req.prompt, loads, cached, queued, room, router.cursor,
+            self.tier_params,
+        )  # fmt: skip
+        chosen = cands[i]
+        self._predict(router, blocks, depth, chosen)
+        return chosen, min(depths[i] * block, req.prompt)
 
     def _predict(self, router: _Router, blocks: tuple[int, ...], depth: int, e: int) -> None:
         """Predict the first `PREDICTED_BLOCKS` blocks beyond what the index holds on ``e``
@@ -1237,14 +1328,15 @@ class FleetSim:
             router.booked[req.engine] -= booked
             req.booked = 0
             if self.peering:
-                self._send_peers(req.router, req.engine, 0, -booked, ())
+                self._send_peers(req.router, req.engine, 0, -booked, (), 0)
         if not first:
             if booked:
                 router.booked[req.engine] -= booked
                 req.booked = 0
             router.own[req.engine] -= 1
+            router.room[req.engine] -= req.prompt
             if self.peering:
-                self._send_peers(req.router, req.engine, -1, -booked, ())
+                self._send_peers(req.router, req.engine, -1, -booked, (), -req.prompt)
 
     # --- engines --------------------------------------------------------------------------
 
@@ -1362,8 +1454,11 @@ class FleetSim:
             host = e.host
             h = d
             while h < len(blocks) and blocks[h] in host:  # the rest of the hit, from host
-                host.move_to_end(blocks[h])
                 h += 1
+            if h > d:  # touched children first: parents stay the freshest, as in HBM (SGLang
+                touch = host.move_to_end  # evicts host-only leaves, never a parent first)
+                for b in blocks[h - 1 : d - 1 : -1] if d else blocks[h - 1 :: -1]:
+                    touch(b)
             cached = min(h * block, req.prompt - 1)
             req.host_cached = loaded = max(0, cached - d * block)
             if loaded:
@@ -1426,8 +1521,12 @@ class FleetSim:
         d = hint
         if (d and blocks[d - 1] not in cache) or (d < n and blocks[d] in cache):
             d = self._depth(blocks, cache.__contains__)
+        tiered = self.tiered
+        host_now = e.host
         for b in blocks[: d - 1 : -1] if d else blocks[::-1]:
             cache[b] = None
+            if tiered and b in host_now:
+                e.both += 1
             h = get(b)
             if h is None:
                 holders[b] = i
@@ -1448,10 +1547,19 @@ class FleetSim:
             for _ in range(excess):
                 old = pop(last=False)[0]
                 if host is not None:  # demoted to the host tier (its LRU end)
+                    if tiered:
+                        if old in host:
+                            e.both -= 1
+                        else:
+                            _hold(self.host_holders, old, i)
                     host[old] = None
                     host.move_to_end(old)
                     if len(host) > self.host_blocks:
-                        host.popitem(last=False)
+                        gone = host.popitem(last=False)[0]
+                        if tiered:
+                            _unhold(self.host_holders, gone, i)
+                            if gone in cache:
+                                e.both -= 1
                 h = get(old)
                 if isinstance(h, int):
                     del holders[old]
@@ -1515,6 +1623,18 @@ def _holds(index: Holders | dict[int, set[int]], e: int) -> Callable[[int], bool
         return h is not None and e in h
 
     return has
+
+
+def _hold(holders: Holders, block: int, e: int) -> None:
+    """``e`` holds ``block``."""
+    h = holders.get(block)
+    if h is None:
+        holders[block] = e
+    elif isinstance(h, int):
+        if h != e:
+            holders[block] = {h, e}
+    else:
+        h.add(e)
 
 
 def _unhold(holders: Holders, block: int, e: int) -> None:

@@ -195,7 +195,7 @@ def decide(
     """The policy's decision on plain numbers (steps 1-4), as `PrecisePolicy.choose` makes
     it from its index and queues: `choose_worker`, then `queue_move` with ``queued[i]`` the
     prefill tokens queued on worker ``i``. The fleet model (`tpuserve.fleet`) routes
-    with it."""
+    with it, and with `decide_tiered` once its engines hold host-tier blocks."""
     i, outcome, cursor = choose_worker(
         held, prompt_tokens // page_tokens, loads, blocks, cursor, params
     )
@@ -203,6 +203,54 @@ def decide(
     if moved != i:
         cached = [h * page_tokens for h in held]
         return moved, affinity_outcome(cached, moved, prompt_tokens, params.cache_threshold), cursor
+    return i, outcome, cursor
+
+
+TIER_UNITS = 1000
+"""A block in HBM is worth this many units in the tiered choice, a host block
+``round(host_hit_weight x TIER_UNITS)`` (``TIER_UNITS`` in `router/native/src/index.rs`)."""
+
+
+def decide_tiered(
+    depths: Sequence[int],
+    device: Sequence[int],
+    page_tokens: int,
+    prompt_tokens: int,
+    loads: Sequence[int],
+    blocks: Sequence[int],
+    queued: Sequence[int],
+    room: Sequence[float],
+    cursor: int,
+    params: PreciseParams,
+) -> tuple[int, Outcome, int]:
+    """The policy's decision on plain numbers when some worker holds blocks only in host
+    memory (steps 1-5), as `PrecisePolicy.choose` makes it then: `BlockIndex.route`'s tiered
+    affinity choice (``depths[i]``: leading blocks worker ``i`` holds in any tier,
+    ``device[i]`` of them in HBM; a block in HBM is worth `TIER_UNITS`, one only in host
+    memory ``host_hit_weight`` of that; a hit when any tier of any worker holds more than
+    ``cache_threshold`` of the prompt, or only HBM counts when a host block is worth
+    nothing), then `queue_move` on the any-tier depths, then `room_move` (``room[i]``: the
+    worker's free HBM in tokens) when the chosen worker would load part of the prompt back.
+    The fleet model (`tpuserve.fleet`) routes with it when its engines have a host tier."""
+    units = prompt_tokens // page_tokens
+    host_units = round(params.host_hit_weight * TIER_UNITS)
+    held = []
+    for a, d in zip(depths, device, strict=True):
+        dev = min(a, d)
+        held.append(dev * TIER_UNITS + (a - dev) * host_units)
+    counted = depths if host_units > 0 else device
+    is_hit = units > 0 and max(counted) / units > params.cache_threshold
+    # `choose_worker` reads the hit from max(held) / prompt units: with 1 unit any held > 0
+    # is a hit (a hit implies cache_threshold < 1 and some held >= 1), with 0 none is
+    i, outcome, cursor = choose_worker(held, 1 if is_hit else 0, loads, blocks, cursor, params)
+    chosen = i
+    i = queue_move(depths, page_tokens, prompt_tokens, i, queued, loads, params)
+    if device[i] < depths[i]:  # it would load back: HBM room decides (step 5)
+        i = room_move(depths, device, page_tokens, prompt_tokens, i, room, loads,
+                      params.host_hit_weight)  # fmt: skip
+    if i != chosen:
+        cached = [d * page_tokens for d in depths]
+        outcome = affinity_outcome(cached, i, prompt_tokens, params.cache_threshold)
     return i, outcome, cursor
 
 

@@ -54,3 +54,87 @@ def test_the_fleet_model_and_the_router_choose_alike_on_a_recorded_trace() -> No
     assert "prefix_hit" in outcomes
     assert "miss" in outcomes
     assert len(set(routed)) == ENGINES
+
+
+def test_the_fleet_model_and_the_router_choose_alike_with_a_host_tier() -> None:
+    """The same replay with small HBM pools (40 blocks) and a host tier on each engine: the
+    engines demote what leaves HBM to host memory, the router hears it as SGLang's events
+    (``BlockStored``/``BlockRemoved`` with medium ``CPU_PINNED`` or ``GPU``), and requests
+    stay in flight for three more arrivals so HBM room (step 5) counts. Both route by tier
+    (`decide_tiered`): same engine for every request, host hits included. Arrivals are
+    spaced past the predictions' lifetime: the router counts its predictions per worker (in
+    its depths and its cached-block tie-break) where the fleet model keeps one engine per
+    predicted block, so with live predictions the two may break a tie differently."""
+    sim = FleetSim(FleetConfig(replicas=ENGINES, router_replicas=1, policy="precise",
+                               host_cache_tokens=400 * 512))  # fmt: skip
+    sim.pool = 40 * sim.block  # small HBM, so prompts are demoted and come back from host
+    weight = sim.tier_params.host_hit_weight
+    clock = VirtualClock()
+    page = sim.block  # the router's pages as long as the model's blocks: tokens compare alike
+    policy = PrecisePolicy(clock=clock, page_size=page, host_hit_weight=weight)
+    index = policy.block_index
+    workers = [fake_worker(f"http://engine-{i}") for i in range(ENGINES)]
+    for w in workers:
+        index.set_worker_limit(w.name, sim.pool // sim.block)
+    prompts = recorded_prompts(150)
+    parent: dict[int, int | None] = {}
+    position: dict[int, int] = {}
+    for blocks in prompts:
+        for i, b in enumerate(blocks):
+            parent[b] = blocks[i - 1] if i else None
+            position[b] = i
+    known: list[dict[str, set[int]]] = [{"GPU": set(), "CPU_PINNED": set()} for _ in workers]
+
+    def publish() -> None:
+        """Each engine's changes since the last call, as KV events in an engine's order:
+        demotions (host copies stored, then the HBM copies removed), host evictions, then the
+        new HBM blocks (parents before children)."""
+        for e, engine in enumerate(sim.engines[:ENGINES]):
+            name = workers[e].name
+            now = {"GPU": set(engine.cache), "CPU_PINNED": set(engine.host)}
+            was = known[e]
+            stored = {m: sorted(now[m] - was[m], key=position.__getitem__) for m in now}
+            removed = {m: sorted(was[m] - now[m]) for m in now}
+            for b in stored["CPU_PINNED"]:
+                index.store(name, [b], parent[b], [b] * page, page, 0, "CPU_PINNED")
+            for medium in ("GPU", "CPU_PINNED"):
+                if removed[medium]:
+                    index.remove(name, removed[medium], 0, medium)
+            for b in stored["GPU"]:
+                index.store(name, [b], parent[b], [b] * page, page, 0, "GPU")
+            known[e] = now
+
+    in_flight: list[tuple[object, int, int]] = []  # (decision, engine, fleet prompt tokens)
+    router = sim.routers[0]
+    routed: list[int] = []
+    modelled: list[int] = []
+    host_hits = 0
+    for blocks in prompts:
+        # past the last decision's predictions (they stand in for blocks not yet reported;
+        # here every prefill's blocks are reported before the next arrival)
+        clock.advance(2 * sim.tier_params.predicted_ttl_seconds)
+        sim.now += 2 * sim.tier_params.predicted_ttl_seconds
+        if len(in_flight) > 3:
+            decision, e, held = in_flight.pop(0)
+            policy.on_request_done(decision, True)  # type: ignore[arg-type]
+            workers[e].in_flight -= 1
+            router.own[e] -= 1
+            router.room[e] -= held
+        tokens = [b for b in blocks for _ in range(page)]
+        decision = policy.choose(fake_request(token_ids=tokens), workers)
+        policy.on_prefill_done(decision)
+        chosen = workers.index(decision.worker)
+        host_hits += decision.predicted_host_ratio > 0
+        prompt = len(blocks) * sim.block
+        engine = sim.choose(blocks, prompt)
+        routed.append(chosen)
+        modelled.append(engine)
+        workers[chosen].in_flight += 1
+        router.own[engine] += 1
+        router.room[engine] += prompt
+        in_flight.append((decision, chosen, prompt))
+        sim.cache(engine, blocks)
+        publish()
+    assert routed == modelled
+    assert host_hits > 0  # the replay routes prefixes held only in host memory
+    assert index.host_only_blocks > 0

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Issue 59's four setups at goodput-as-a-rate (`tpuserve bench --max-rate-at-slo`).
+
+W4 (multi-turn chat, 641,680 distinct prompt tokens) on 4 engines, v5e 2x2, Llama-3.1-8B, with
+each engine's HBM KV pool sized so the fleet holds 1/2, 1/3 and 1/4 of the distinct tokens
+(working set 2x, 3x, 4x the fleet's HBM: group w4), or 1/1, 1/2, 1/3 of its *live* shared
+working set (`sizing.live_shared_tokens`, 67,644 tokens on average: group w4live); W7
+(Mooncake-style sessions, live shared set 158,221 tokens on average) at 1/2 and 1/3 of it
+(group w7live; 1/4 leaves less than its largest request);
+262,144 host tokens per engine; the bundled
+150-request Mooncake conversation sample; and the other workloads (HBM only against host
+tier + tier-aware `precise`). Each setup's search starts at the same rate, same seed.
+
+  bench/host_tier_goodput.py [--only w4|w4live|w7live|mooncake|others|fleet] [--out DIR]
+  bench/host_tier_goodput.py --table   # the results as Markdown
+
+``fleet``: the fleet model (`tpuserve.fleet`, what `tpuserve plan` runs) on Mooncake sessions,
+four v6e 1x1 replicas, 2 sessions/s for 600 s: HBM only, a 2,000,000-token host tier with
+tier-blind routing, and with tier-aware `precise` (fleet-model-tiers.json).
+
+Writes one JSON per run (the `tpuserve bench --json` summary with its ``slo_search``) and
+prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+W4_DISTINCT = 641_680
+WORKERS = 4
+PAGE = 16
+HOST = 262_144
+W4_START_RATE = 8.0
+
+SETUPS = (  # name, policy, host tier, tier-blind
+    ("hbm-only", "precise", False, False),
+    ("tier-blind", "precise", True, True),
+    ("tier-aware", "precise", True, False),
+    ("sglang-cache-aware", "sglang_cache_aware_v1", True, False),
+)
+
+# the benchmark's own HBM sizing (docs/host-kv-tier.md), host tier 4x it; first rate ~ half
+# the goodput measured at 0.85 x mu_RR there
+OTHERS = {  # workload: (cache tokens per engine, first rate)
+    "W1": (12_288, 12.0),
+    "W3": (182_272, 40.0),
+    "W5": (57_344, 4.5),
+    "W6": (29_696, 5.0),
+    "W7": (658_432, 16.0),
+    "W9": (2_226_176, 1.4),
+}
+
+
+def per_engine(share: int) -> int:
+    """HBM tokens per engine so the fleet holds 1/share of W4's distinct tokens (whole pages)."""
+    return W4_DISTINCT // (WORKERS * share) // PAGE * PAGE
+
+
+def live_w4_tokens() -> float:
+    return live_tokens("W4")
+
+
+def live_tokens(workload: str) -> float:
+    """A workload's live shared working set (`sizing.live_shared_tokens`), time-averaged."""
+    from tpuserve.bench import sizing, workloads
+
+    return sizing.live_shared_tokens(workloads.generate(workload, 0, None)).mean_tokens
+
+
+def bench(args: list[str]) -> dict[str, object]:
+    cmd = [sys.executable, "-m", "tpuserve", "bench", "--max-rate-at-slo", "--json", *args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    result: dict[str, object] = json.loads(out)
+    result["command"] = "tpuserve bench --max-rate-at-slo --json " + " ".join(args)
+    return result
+
+
+def setup_args(policy: str, host: int, tier: bool, blind: bool) -> list[str]:
+    out = ["--policy", policy]
+    if tier:
+        out += ["--host-cache-tokens", str(host)]
+    if blind:
+        out.append("--tier-blind")
+    return out
+
+
+def row(name: str, label: str, r: dict[str, object]) -> str:
+    s = r["slo_search"]
+    assert isinstance(s, dict)
+    return (
+        f"{name:<14} {label:<20} max_rate {s['max_rate']:7.3f}  goodput {s['goodput_rps']:7.3f}"
+        f"  ttft p50 {r.get('ttft_p50') or 0:.3f} p99 {r.get('ttft_p99') or 0:.3f}"
+        f"  hit {r.get('hit_rate', 0):.3f} (host {r.get('host_hit_rate', 0):.3f})"
+    )
+
+
+def fleet_model(out: Path) -> int:
+    from dataclasses import replace
+
+    from tpuserve.fleet import FleetConfig, run_fleet
+
+    base = FleetConfig(generation="v6e", topology="1x1", replicas=4, peak_rate=2.0,
+                       trough=1.0, bursts_per_hour=0.0, duration_seconds=600.0,
+                       warmup_seconds=60.0)  # fmt: skip
+    tier = replace(base, host_cache_tokens=2_000_000)
+    keys = ("requests", "completed", "goodput_share", "goodput_tokens_per_second",
+            "cache_hit_rate", "host_cache_hit_rate", "ttft_p50", "ttft_p99")  # fmt: skip
+    result = {}
+    for name, config in (("hbm-only", base),
+                         ("tier-blind", replace(tier, tier_blind_routing=True)),
+                         ("tier-aware", tier)):  # fmt: skip
+        summary = run_fleet(config).summary()
+        result[name] = {k: summary[k] for k in keys}
+        print(name, result[name], flush=True)
+    (out / "fleet-model-tiers.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def table(out: Path) -> int:
+    """Markdown rows from the results files: group, setup, HBM tokens per engine, max rate at
+    the SLO, goodput there, its ratios to HBM only and to tier-blind, TTFT p50/p99, hit rates."""
+    names = [s[0] for s in SETUPS]
+    groups: dict[str, dict[str, dict[str, object]]] = {}
+    for f in sorted(out.glob("*.json")):
+        group, _, name = f.stem.partition(".")
+        if name in names:
+            groups.setdefault(group, {})[name] = json.loads(f.read_text())
+    print(
+        "| run | setup | HBM KV / engine | max rate at SLO | goodput req/s | / HBM only "
+        "| / tier-blind | TTFT p50 s | TTFT p99 s | hit rate (host part) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for group, rows in groups.items():
+        base = rows.get("hbm-only")
+        blind = rows.get("tier-blind")
+        for name in names:
+            r = rows.get(name)
+            if r is None:
+                continue
+            s = r["slo_search"]
+            assert isinstance(s, dict)
+            rate = s["max_rate"]
+
+            def ratio(other: dict[str, object] | None, rate: float = rate) -> str:
+                if other is None:
+                    return "-"
+                o = other["slo_search"]
+                assert isinstance(o, dict)
+                return f"{rate / o['max_rate']:.2f}x" if o["max_rate"] else "-"
+
+            print(f"| {group} | {name} | {r['cache_tokens']:,} | {rate:.2f} | "
+                  f"{s['goodput_rps']:.2f} | {ratio(base)} | {ratio(blind)} | "
+                  f"{r.get('ttft_p50') or 0:.3f} | {r.get('ttft_p99') or 0:.3f} | "
+                  f"{r.get('hit_rate', 0):.3f} ({r.get('host_hit_rate', 0):.3f}) |")  # fmt: skip
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("w4", "w4live", "w7live", "mooncake", "others", "fleet"))
+    parser.add_argument("--out", default="bench/host_tier_results/2026-12-07")
+    parser.add_argument("--table", action="store_true", help="Print the results as Markdown.")
+    a = parser.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs: list[tuple[str, str, list[str]]] = []
+    fleet = ["--tpu", "v5e", "--topology", "2x2"]
+    if a.only in (None, "w4"):
+        for share in (2, 3, 4):
+            cache = per_engine(share)
+            base = ["--workload", "W4", *fleet, "--cache-tokens", str(cache)]
+            base += ["--rate", str(W4_START_RATE)]
+            for name, policy, tier, blind in SETUPS:
+                runs.append((f"w4-{share}x", name, base + setup_args(policy, HOST, tier, blind)))
+    if a.only in (None, "w4live"):
+        live = live_w4_tokens()
+        for share in (1, 2, 3):
+            cache = int(live) // (WORKERS * share) // PAGE * PAGE
+            base = ["--workload", "W4", *fleet, "--cache-tokens", str(cache)]
+            base += ["--rate", str(W4_START_RATE)]
+            for name, policy, tier, blind in SETUPS:
+                runs.append(
+                    (f"w4-live-{share}x", name, base + setup_args(policy, HOST, tier, blind))
+                )
+    if a.only in (None, "w7live"):
+        live = live_tokens("W7")
+        for share in (2, 3):
+            cache = int(live) // (WORKERS * share) // PAGE * PAGE
+            base = ["--workload", "W7", *fleet, "--cache-tokens", str(cache), "--rate", "4.0"]
+            for name, policy, tier, blind in SETUPS:
+                runs.append(
+                    (f"w7-live-{share}x", name, base + setup_args(policy, HOST, tier, blind))
+                )
+    if a.only in (None, "mooncake"):
+        trace = "bench/traces/mooncake-conversation-small.jsonl"
+        base = ["--trace", trace, *fleet, "--rate", "1.0"]
+        for name, policy, tier, blind in SETUPS:
+            runs.append(("mooncake-150", name, base + setup_args(policy, HOST, tier, blind)))
+    if a.only in (None, "others"):
+        for workload, (cache, start) in OTHERS.items():
+            base = ["--workload", workload, *fleet, "--cache-tokens", str(cache)]
+            base += ["--rate", str(start)]
+            for name, policy, tier, blind in SETUPS[:3]:
+                runs.append((workload, name, base + setup_args(policy, 4 * cache, tier, blind)))
+    if a.table:
+        return table(out)
+    if a.only == "fleet":
+        return fleet_model(out)
+    for group, name, args in runs:
+        result = bench(args)
+        (out / f"{group}.{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(row(group, name, result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
