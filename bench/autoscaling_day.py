@@ -70,7 +70,7 @@ NAMES = {
     "keda_backlog_floor": "KEDA on backlog seconds + predictive floor",
     "keda_backlog_floor_peak": "KEDA on backlog seconds + predictive floor holding the "
     "last hour's peak",
-    "max_replicas": "every replica all the time (no autoscaler; a bound)",
+    "max_replicas": "every replica all the time (no autoscaler; a reference)",
 }
 
 Job = tuple[str, str, float, float, FleetConfig, ScalerConfig, Path | None]
@@ -202,9 +202,15 @@ def split(data: dict[str, Any]) -> list[dict[str, Any]]:
             "day": t["day"], "scaler": t["scaler"],
             "slo_violation_minutes_per_day": t["slo_violation_minutes_per_day"],
             "at_the_ceiling_at_most": at_most, "beyond_the_ceiling_at_least": beyond,
-            "chip_hours_per_day": t["chip_hours_per_day"],
+            "chip_hours_per_day": t["chip_hours_per_day"], "covered": _covered(t),
         })  # fmt: skip
     return out
+
+
+def _covered(t: dict[str, Any]) -> str:
+    """`` (12 of 24 h)`` after a day whose windows were not all run; empty when they were."""
+    hours = sum(w for _, w in WINDOWS)
+    return "" if t["hours_covered"] >= hours else f" ({t['hours_covered']:g} of {hours:g} h)"
 
 
 def split_report(data: dict[str, Any]) -> str:
@@ -224,7 +230,8 @@ def split_report(data: dict[str, Any]) -> str:
             return f"{100.0 * (r[key] / b[key] - 1.0):+.0f} %"
 
         lines.append(
-            f"| {r['day']} | {NAMES[r['scaler']]} | {r['slo_violation_minutes_per_day']:.0f} "
+            f"| {r['day']}{r['covered']} | {NAMES[r['scaler']]} "
+            f"| {r['slo_violation_minutes_per_day']:.0f} "
             f"| {r['at_the_ceiling_at_most']:.0f} | {r['beyond_the_ceiling_at_least']:.0f} "
             f"| {rel('beyond_the_ceiling_at_least')} | {rel('chip_hours_per_day')} |"
         )
@@ -248,11 +255,15 @@ def report(data: dict[str, Any]) -> str:
                 return "–"
             return f"{100.0 * (t[key] / b[key] - 1.0):+.0f} %"
 
+        windows = t["windows"]
         by_window = " / ".join(
-            str(t["windows"][w]["slo_violation_minutes"]) for w in sorted(t["windows"])
+            str(windows[w]["slo_violation_minutes"]) if w in windows else "not run"
+            for w in (f"{h:02.0f}:00" for h, _ in WINDOWS)
         )
+        covered = _covered(t)
         lines.append(
-            f"| {t['day']} | {NAMES[t['scaler']]} | {t['slo_violation_minutes_per_day']:.0f} "
+            f"| {t['day']}{covered} | {NAMES[t['scaler']]} "
+            f"| {t['slo_violation_minutes_per_day']:.0f} "
             f"| {rel('slo_violation_minutes_per_day')} | {t['chip_hours_per_day']:.0f} "
             f"| {rel('chip_hours_per_day')} | {t['slo_violation_minutes_per_chip_hour']:.3f} "
             f"| {by_window} |"

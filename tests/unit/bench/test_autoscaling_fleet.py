@@ -174,3 +174,6 @@ def test_the_split_counts_violations_beyond_the_minutes_over_the_ceiling() -> No
     assert floor["at_the_ceiling_at_most"] == 5 * 8  # fewer violations than minutes over it
     assert floor["beyond_the_ceiling_at_least"] == 0
     assert "| -100 % |" in day.split_report(data)
+    # two of the four windows: the day says so, and the windows not run are named
+    assert "| bursty (12 of 24 h) |" in day.split_report(data)
+    assert "| 10 / not run / 30 / not run |" in day.report(data)
