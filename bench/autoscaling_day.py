@@ -5,7 +5,8 @@ The fleet: at most ``--replicas`` replicas of ``llama-3.1-8b`` (bf16) on v6e ``2
 ``queue`` (target 8 waiting requests per replica), KEDA on backlog seconds (target ``--ttft`` /
 2 seconds of prefill per replica; the replica's throughput from the performance model), and
 backlog seconds with the predictive floor (and, with ``--scalers keda_backlog_floor_peak``, the
-floor holding the last hour's peak too). A new slice serves after a cold start drawn
+floor holding the last hour's peak too; ``--scalers max_replicas``: every replica all the
+time, a reference for what no autoscaler avoids). A new slice serves after a cold start drawn
 uniformly from 240-480 s (`FleetConfig.cold_start_seconds`). Traffic: the Mooncake
 conversation and tool&agent shapes, half each, peaking at ``--peak-load`` x the fleet's
 planned capacity (`tpuserve plan`'s 5.25 requests/s per replica for this workload within p99
@@ -30,6 +31,10 @@ their weights.
         --out bench/fleet_results/2026-12-06/autoscaling_day.json
     .venv/bin/python bench/autoscaling_day.py \\
         --report bench/fleet_results/2026-12-06/autoscaling_day.json
+
+``--split FILE`` splits a run's violation minutes by the fleet's ceiling (``--ceiling``): the
+ones in minutes whose demand no replica count the spec allows can serve (at most), and the rest
+(at least), which an autoscaler could avoid.
 """
 
 from __future__ import annotations
@@ -58,6 +63,15 @@ DAYS: dict[str, tuple[float, float, float]] = {
 PLANNED_CAPACITY_PER_REPLICA = 5.25
 """`bench/fleet_tokens_per_day.py`'s figure: requests/s of one v6e 2x2 replica on this workload
 within p99 TTFT 5 s and ITL 0.1 s (`tpuserve plan`, measured 2026-12-06)."""
+
+NAMES = {
+    "hpa_queue": "HPA on `queue` (today)",
+    "keda_backlog": "KEDA on backlog seconds",
+    "keda_backlog_floor": "KEDA on backlog seconds + predictive floor",
+    "keda_backlog_floor_peak": "KEDA on backlog seconds + predictive floor holding the "
+    "last hour's peak",
+    "max_replicas": "every replica all the time (no autoscaler; a reference)",
+}
 
 Job = tuple[str, str, float, float, FleetConfig, ScalerConfig, Path | None]
 
@@ -159,6 +173,71 @@ def ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+def split(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each day's and scaler's violation minutes split by the fleet's ceiling (`ceiling`, from
+    the run's own arguments): per window, at most ``min(v, c)`` of its ``v`` violation minutes
+    fall in the ``c`` minutes whose demand exceeds every replica's planned capacity, so at
+    least ``v - c`` fell in minutes that demand the fleet could serve: the part an autoscaler
+    could avoid (a lower bound: a backlog built over the ceiling also spills past it). Scaled
+    to the day by each window's weight like `aggregate`."""
+    a = data["args"]
+    args = argparse.Namespace(
+        days=sorted({r["day"] for r in data["rows"]}), scalers=["hpa_queue"],
+        replicas=a["replicas"], window=a["window"], warmup=a["warmup"],
+        peak_load=a["peak_load"], capacity=a["capacity"], ttft=a["ttft"], itl=a["itl"],
+        seed=a["seed"], rows=None, hours=None,
+    )  # fmt: skip
+    over = {(c["day"], c["window"]): c["minutes_over_fleet"] for c in ceiling(args)}
+    out = []
+    for t in data["table"]:
+        rows = [r for r in data["rows"] if r["day"] == t["day"] and r["scaler"] == t["scaler"]]
+        at_most = beyond = 0.0
+        for r in rows:
+            share = r["weight_hours"] / r["window_hours"]
+            v = r["slo_violation_minutes"]
+            c = over[(r["day"], f"{r['start_hour']:02.0f}:00")]
+            at_most += min(v, c) * share
+            beyond += max(0, v - c) * share
+        out.append({
+            "day": t["day"], "scaler": t["scaler"],
+            "slo_violation_minutes_per_day": t["slo_violation_minutes_per_day"],
+            "at_the_ceiling_at_most": at_most, "beyond_the_ceiling_at_least": beyond,
+            "chip_hours_per_day": t["chip_hours_per_day"], "covered": _covered(t),
+        })  # fmt: skip
+    return out
+
+
+def _covered(t: dict[str, Any]) -> str:
+    """`` (12 of 24 h)`` after a day whose windows were not all run; empty when they were."""
+    hours = sum(w for _, w in WINDOWS)
+    return "" if t["hours_covered"] >= hours else f" ({t['hours_covered']:g} of {hours:g} h)"
+
+
+def split_report(data: dict[str, Any]) -> str:
+    rows = split(data)
+    base = {r["day"]: r for r in rows if r["scaler"] == "hpa_queue"}
+    lines = [
+        "| day | autoscaler | violation minutes/day | in minutes over the ceiling (at most) "
+        "| beyond them (at least) | beyond them vs HPA on queue | chip-hours/day vs HPA |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b = base.get(r["day"])
+
+        def rel(key: str, r: dict[str, Any] = r, b: dict[str, Any] | None = b) -> str:
+            if b is None or not b[key]:
+                return "–"
+            return f"{100.0 * (r[key] / b[key] - 1.0):+.0f} %"
+
+        lines.append(
+            f"| {r['day']}{r['covered']} | {NAMES[r['scaler']]} "
+            f"| {r['slo_violation_minutes_per_day']:.0f} "
+            f"| {r['at_the_ceiling_at_most']:.0f} | {r['beyond_the_ceiling_at_least']:.0f} "
+            f"| {rel('beyond_the_ceiling_at_least')} | {rel('chip_hours_per_day')} |"
+        )
+    return "\n".join(lines)
+
+
 def report(data: dict[str, Any]) -> str:
     table = data["table"]
     base = {t["day"]: t for t in table if t["scaler"] == "hpa_queue"}
@@ -168,13 +247,6 @@ def report(data: dict[str, Any]) -> str:
         "(03/09/15/21 h) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    names = {
-        "hpa_queue": "HPA on `queue` (today)",
-        "keda_backlog": "KEDA on backlog seconds",
-        "keda_backlog_floor": "KEDA on backlog seconds + predictive floor",
-        "keda_backlog_floor_peak": "KEDA on backlog seconds + predictive floor holding the "
-        "last hour's peak",
-    }
     for t in table:
         b = base.get(t["day"])
 
@@ -183,11 +255,15 @@ def report(data: dict[str, Any]) -> str:
                 return "–"
             return f"{100.0 * (t[key] / b[key] - 1.0):+.0f} %"
 
+        windows = t["windows"]
         by_window = " / ".join(
-            str(t["windows"][w]["slo_violation_minutes"]) for w in sorted(t["windows"])
+            str(windows[w]["slo_violation_minutes"]) if w in windows else "not run"
+            for w in (f"{h:02.0f}:00" for h, _ in WINDOWS)
         )
+        covered = _covered(t)
         lines.append(
-            f"| {t['day']} | {names[t['scaler']]} | {t['slo_violation_minutes_per_day']:.0f} "
+            f"| {t['day']}{covered} | {NAMES[t['scaler']]} "
+            f"| {t['slo_violation_minutes_per_day']:.0f} "
             f"| {rel('slo_violation_minutes_per_day')} | {t['chip_hours_per_day']:.0f} "
             f"| {rel('chip_hours_per_day')} | {t['slo_violation_minutes_per_chip_hour']:.3f} "
             f"| {by_window} |"
@@ -217,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-rows", type=Path, help="Build --out from a --rows file.")
     parser.add_argument("--report", type=Path, help="Print the table of an --out file.")
     parser.add_argument(
+        "--split", type=Path,
+        help="Print an --out file's violation minutes split by the fleet's ceiling (no run).",
+    )  # fmt: skip
+    parser.add_argument(
         "--ceiling", action="store_true",
         help="Print where the demand exceeds the whole fleet's planned capacity (no run).",
     )  # fmt: skip
@@ -228,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['day']} | {r['window']} | {r['peak_demand_over_fleet']:.2f} | "
                   f"{r['seconds_over_fleet']} / {r['counted_seconds']} | "
                   f"{r['minutes_over_fleet']} / {r['counted_minutes']} |")  # fmt: skip
+        return 0
+    if args.split is not None:
+        print(split_report(json.loads(args.split.read_text())))
         return 0
     if args.report is not None:
         print(report(json.loads(args.report.read_text())))

@@ -310,6 +310,20 @@ def autoscaling_day_table() -> str:
     return table
 
 
+def autoscaling_day_split_table() -> str:
+    """bench/autoscaling_day.py --split of the same file: violation minutes by the ceiling."""
+    day = _bench_module("autoscaling_day")
+    data = json.loads((PLAN_RESULTS / "autoscaling_day.json").read_text())
+    return str(day.split_report(data))
+
+
+def autoscaling_day_1000_table() -> str:
+    """bench/autoscaling_day.py's report and --split tables of the 1,000-chip run."""
+    day = _bench_module("autoscaling_day")
+    data = json.loads((PLAN_RESULTS / "autoscaling_day.1000chips.json").read_text())
+    return f"{day.report(data)}\n\n{day.split_report(data)}"
+
+
 def fleet_vs_twin_table() -> str:
     """bench/fleet_vs_twin.py's rows (fleet model against the token-level twin)."""
     lines = [
@@ -367,6 +381,12 @@ TABLES: dict[str, Table] = {
     "plan-cases": Table(ROOT / "docs" / "capacity-planning.md", plan_table),
     "fleet-vs-twin": Table(ROOT / "docs" / "capacity-planning.md", fleet_vs_twin_table),
     "autoscaling-day": Table(ROOT / "docs" / "capacity-planning.md", autoscaling_day_table),
+    "autoscaling-day-split": Table(
+        ROOT / "docs" / "capacity-planning.md", autoscaling_day_split_table
+    ),
+    "autoscaling-day-1000": Table(
+        ROOT / "docs" / "capacity-planning.md", autoscaling_day_1000_table
+    ),
     "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
 }
 

@@ -28,6 +28,10 @@ highest desire of the last ``scale_down_window_seconds``, one slice a minute, dr
   one-minute arrival rate of the last ``floor_peak_window_seconds`` (an hour), carried along
   the daily shape (`FloorParams.peak_window_seconds`).
 
+- ``max_replicas``: no autoscaler, every replica the spec allows all the time: the most
+  capacity any scaler can hold, so a reference for the violation minutes no autoscaler avoids
+  on this trace (a reference, not a candidate: it pays for the peak all day).
+
 A minute violates the SLO when fewer than ``slo_objective`` (99 %) of the requests that
 arrived in it finished within the TTFT and ITL thresholds (failed requests count as missed).
 """
@@ -43,7 +47,9 @@ from sglang_tpu.perf_model import get_profile, peak_prefill_tokens_per_second
 from tpuserve.fleet import READY, FleetConfig, FleetResult, FleetSim, daily_multiplier
 from tpuserve_operator.predictive_floor import HOURS, FloorParams, predictive_floor
 
-SCALERS = ("hpa_queue", "keda_backlog", "keda_backlog_floor", "keda_backlog_floor_peak")
+SCALERS = (
+    "hpa_queue", "keda_backlog", "keda_backlog_floor", "keda_backlog_floor_peak", "max_replicas",
+)  # fmt: skip
 FLOORED = ("keda_backlog_floor", "keda_backlog_floor_peak")
 RATE_MINUTE = 60.0
 HPA_TOLERANCE = 0.1
@@ -127,6 +133,8 @@ class AutoscaledFleet(FleetSim):
 
     def desired_replicas(self, current: int) -> int:
         s = self.scaler
+        if s.scaler == "max_replicas":
+            return self.config.replicas
         serving = [e for e in self.engines if e.state == READY]
         if s.scaler == "hpa_queue":
             if not serving:

@@ -74,6 +74,14 @@ def test_every_scaler_runs_a_window_and_accounts_chips_and_minutes(scaler: str) 
     assert 0 <= figures["slo_violation_minutes"] <= 4
 
 
+def test_the_max_replicas_reference_holds_every_replica_whatever_the_signals() -> None:
+    sim = AutoscaledFleet(SMALL, ScalerConfig(scaler="max_replicas"))
+    assert sim.desired_replicas(1) == SMALL.replicas  # nothing waits, nothing arrives
+    result, _ = run_autoscaled(SMALL, ScalerConfig(scaler="max_replicas"))
+    assert result.summary()["replicas_max"] == SMALL.replicas
+    assert result.summary()["scale_downs"] == 0
+
+
 def test_an_unknown_scaler_is_refused() -> None:
     with pytest.raises(ValueError, match="allowed"):
         AutoscaledFleet(SMALL, ScalerConfig(scaler="vpa"))
@@ -127,3 +135,45 @@ def test_the_peak_holding_floor_keeps_the_highest_minute_of_its_window() -> None
     plain = AutoscaledFleet(SMALL, ScalerConfig(scaler="keda_backlog_floor"))
     assert plain.floor_params.peak_window_seconds == 0
     assert plain._recent_peak(60.0) == 0.0
+
+
+def test_the_split_counts_violations_beyond_the_minutes_over_the_ceiling() -> None:
+    """`bench/autoscaling_day.py --split`: per window at most min(v, c) of the v violation
+    minutes are in the c minutes over the fleet's ceiling, at least v - c beyond them; each
+    window scaled to the day by its weight."""
+    from tests.bench_scripts import load_bench_script
+
+    day = load_bench_script("autoscaling_day")
+    args = {
+        "replicas": 25, "window": 3600.0, "warmup": 900.0, "peak_load": 0.8,
+        "capacity": 5.25, "ttft": 5.0, "itl": 0.1, "seed": 0,
+    }  # fmt: skip
+
+    def row(scaler: str, hour: float, violations: int) -> dict[str, object]:
+        return {"day": "bursty", "scaler": scaler, "start_hour": hour, "weight_hours": 6.0,
+                "window_hours": 0.75, "slo_violation_minutes": violations,
+                "chip_hours": 10.0, "goodput_share": 1.0, "ttft_p99": 1.0,
+                "replicas_min": 1, "replicas_max": 25, "failed": 0}  # fmt: skip
+
+    rows = [row("hpa_queue", 3.0, 10), row("hpa_queue", 15.0, 30),
+            row("keda_backlog_floor", 3.0, 0), row("keda_backlog_floor", 15.0, 5)]  # fmt: skip
+    data = {"args": args, "rows": rows, "table": day.aggregate(rows)}
+    over = {
+        c["window"]: c["minutes_over_fleet"]
+        for c in day.ceiling(day.argparse.Namespace(
+            days=["bursty"], scalers=["hpa_queue"], rows=None, hours=None, **args))
+        if c["day"] == "bursty"
+    }  # fmt: skip
+    assert over["03:00"] == 0
+    assert over["15:00"] > 5
+    split = {r["scaler"]: r for r in day.split(data)}
+    hpa, floor = split["hpa_queue"], split["keda_backlog_floor"]
+    assert hpa["slo_violation_minutes_per_day"] == 40 * 8
+    assert hpa["at_the_ceiling_at_most"] == over["15:00"] * 8
+    assert hpa["beyond_the_ceiling_at_least"] == (10 + 30 - over["15:00"]) * 8
+    assert floor["at_the_ceiling_at_most"] == 5 * 8  # fewer violations than minutes over it
+    assert floor["beyond_the_ceiling_at_least"] == 0
+    assert "| -100 % |" in day.split_report(data)
+    # two of the four windows: the day says so, and the windows not run are named
+    assert "| bursty (12 of 24 h) |" in day.split_report(data)
+    assert "| 10 / not run / 30 / not run |" in day.report(data)
