@@ -11,8 +11,20 @@ find_uv() { # PYTHON
     staging=$(mktemp -d "$TPUSERVE_CACHE/tools/.uv.XXXXXX")
     "$1" -m pip install --quiet --disable-pip-version-check --target "$staging" "$UV_SPEC" >&2 ||
       { rm -rf "$staging"; echo "installing $UV_SPEC from PyPI with pip failed" >&2; return 1; }
-    rm -rf "$dir"
-    mv "$staging" "$dir" 2>/dev/null || rm -rf "$staging" # another clone may have won the race
+    # Another process (CI's venv and its real-SGLang install start side by side on a fresh
+    # machine) may have put its uv in place meanwhile and be running it: never remove a working
+    # one. A broken leftover is renamed aside first; `mv -T` renames onto a missing name only,
+    # so of two racing installs one wins whole and the other drops its own copy.
+    if [ -x "$dir/bin/uv" ]; then
+      rm -rf "$staging"
+    else
+      if [ -e "$dir" ]; then
+        local broken
+        broken=$(mktemp -u "$dir.broken.XXXXXX")
+        mv -T "$dir" "$broken" 2>/dev/null && rm -rf "$broken"
+      fi
+      mv -T "$staging" "$dir" 2>/dev/null || rm -rf "$staging"
+    fi
   fi
   echo "$dir/bin/uv"
 }
