@@ -40,6 +40,7 @@ ones in minutes whose demand no replica count the spec allows can serve (at most
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import multiprocessing
@@ -213,6 +214,13 @@ def _covered(t: dict[str, Any]) -> str:
     return "" if t["hours_covered"] >= hours else f" ({t['hours_covered']:g} of {hours:g} h)"
 
 
+def _relative(row: dict[str, Any], base: dict[str, Any] | None, key: str) -> str:
+    """``row[key]`` against the HPA-on-queue row of its day, as a signed percentage."""
+    if base is None or not base[key]:
+        return "–"
+    return f"{100.0 * (row[key] / base[key] - 1.0):+.0f} %"
+
+
 def split_report(data: dict[str, Any]) -> str:
     rows = split(data)
     base = {r["day"]: r for r in rows if r["scaler"] == "hpa_queue"}
@@ -223,17 +231,12 @@ def split_report(data: dict[str, Any]) -> str:
     ]
     for r in rows:
         b = base.get(r["day"])
-
-        def rel(key: str, r: dict[str, Any] = r, b: dict[str, Any] | None = b) -> str:
-            if b is None or not b[key]:
-                return "–"
-            return f"{100.0 * (r[key] / b[key] - 1.0):+.0f} %"
-
         lines.append(
             f"| {r['day']}{r['covered']} | {NAMES[r['scaler']]} "
             f"| {r['slo_violation_minutes_per_day']:.0f} "
             f"| {r['at_the_ceiling_at_most']:.0f} | {r['beyond_the_ceiling_at_least']:.0f} "
-            f"| {rel('beyond_the_ceiling_at_least')} | {rel('chip_hours_per_day')} |"
+            f"| {_relative(r, b, 'beyond_the_ceiling_at_least')} "
+            f"| {_relative(r, b, 'chip_hours_per_day')} |"
         )
     return "\n".join(lines)
 
@@ -249,11 +252,7 @@ def report(data: dict[str, Any]) -> str:
     ]
     for t in table:
         b = base.get(t["day"])
-
-        def rel(key: str, t: dict[str, Any] = t, b: dict[str, Any] | None = b) -> str:
-            if b is None or not b[key]:
-                return "–"
-            return f"{100.0 * (t[key] / b[key] - 1.0):+.0f} %"
+        rel = functools.partial(_relative, t, b)
 
         windows = t["windows"]
         by_window = " / ".join(
