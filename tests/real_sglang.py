@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -58,6 +59,7 @@ LOG_TAIL_LINES = 60
 REQUEST_TIMEOUT_SECONDS = 120.0
 DEFAULT_MAX_TOTAL_TOKENS = 20000
 PAGE_SIZE = 16
+POLL_ACCESS = re.compile(r'"GET /(v1/loads|health|metrics|server_info)[ ?]')
 KV_TOPIC = "kv"
 SERVED_MODEL_NAME = "tiny-llama"
 FIXTURE_NAMES = ("real_sglang", "real_engine_pool", "real_engines", "real_engine")
@@ -190,7 +192,18 @@ class RealEngine:
         )
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return f"last lines of {self.process.log_path}:\n{tail(self.process.log_path, lines)}"
+        """The log's last lines, less the access lines of the polls tests make (a wait on
+        ``/v1/loads`` writes one every 50 ms and would fill the tail with nothing else)."""
+        path = self.process.log_path
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return tail(path, lines)  # says there is no log
+        kept = [line for line in text.splitlines() if not POLL_ACCESS.search(line)]
+        polls = text.count("\n") - len(kept)
+        return f"last lines of {path} ({polls} poll access lines left out):\n" + "\n".join(
+            kept[-lines:]
+        )
 
     def terminate(self) -> None:
         """Send SIGTERM: SGLang drains, stops its scheduler and detokenizer, then exits."""

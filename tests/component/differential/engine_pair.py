@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,8 +57,10 @@ def request(
     path: str,
     body: bytes | Mapping[str, Any] | None,
     headers: Mapping[str, str] | None = None,
+    streaming: threading.Event | None = None,
 ) -> Answer:
-    """Send one request (a dict body as JSON, bytes as they are) and read the whole answer."""
+    """Send one request (a dict body as JSON, bytes as they are) and read the whole answer;
+    ``streaming`` is set once the first event of a streamed answer has come."""
     parts = urlsplit(url)
     assert parts.hostname is not None
     connection = http.client.HTTPConnection(
@@ -69,19 +72,20 @@ def request(
             method, path, data, {"Content-Type": "application/json", **(headers or {})}
         )
         response = connection.getresponse()
-        raw = response.read().decode()
         content_type = response.getheader("Content-Type", "")
         if content_type.startswith("text/event-stream"):
-            chunks = [
-                line.removeprefix("data: ")
-                for line in raw.splitlines()
-                if line.startswith("data: ")
-            ]
+            chunks = []
+            for line in iter(response.readline, b""):
+                if line.startswith(b"data: "):
+                    chunks.append(line.decode().removeprefix("data: ").rstrip("\r\n"))
+                    if streaming is not None:
+                        streaming.set()
             return Answer(
                 response.status,
                 chunks=tuple(c if c == SSE_DONE else json.loads(c) for c in chunks),
                 content_type=content_type,
             )
+        raw = response.read().decode()
         try:
             return Answer(response.status, json.loads(raw), content_type=content_type)
         except json.JSONDecodeError:

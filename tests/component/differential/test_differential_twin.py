@@ -12,6 +12,7 @@ on the real clock (`--time-scale 1`), and compare how each ends.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -419,14 +420,25 @@ def aborted_mid_way(url: str, path: str, stream: bool, rid: str) -> Answer:
     else:
         body |= {"messages": [{"role": "user", "content": "abort me"}],
                  "max_tokens": ABORT_TOKENS, **GREEDY}  # fmt: skip
+    streaming = threading.Event()
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(request, url, "POST", path, body)
+        answer = pool.submit(request, url, "POST", path, body, streaming=streaming)
 
         def running() -> bool:
+            if stream:  # its first event says so at once
+                return streaming.is_set()
+            # SGLang's /v1/loads is a snapshot its scheduler writes at a prefill and then
+            # every 15th decode step (--load-snapshot-publish-interval): on a starved CPU
+            # that can lag by seconds, which a streamed request's first event does not.
             (load,) = request(url, "GET", "/v1/loads", None).body["loads"]
             return bool(load["num_running_reqs"])
 
-        eventually(running, what=f"{url} running the request")
+        def ended_early() -> str:  # the request answered before it was seen running
+            if not answer.done():
+                return "the request has not been answered yet"
+            return f"the request was answered already: {answer.result()!r:.500}"
+
+        eventually(running, what=f"{url} running the request", context=ended_early)
         assert request(url, "POST", "/abort_request", {"rid": rid}).status == 200
         return answer.result()
 

@@ -116,7 +116,14 @@ async def hang_up_on_a_stream(oa: openai.AsyncOpenAI, rid: str | None) -> None:
 def dispatched(app: RouterApp) -> float:
     """Requests the router has sent to the engine so far: those in flight plus those
     answered. Unlike the in-flight count alone, a victim finishing does not lower it (on a
-    busy machine the victims can end while the hostile client is still at work)."""
+    busy machine the victims can end while the hostile client is still at work).
+
+    In flight means the router's own: ``Worker.in_flight`` also holds what the load polls
+    saw on the engine beyond them (``peer_in_flight``), and an aborted stream the engine
+    has not yet let go counts there (a poll sees 17 running for the router's 16). Counted
+    in, it made ``sent`` one too high, and the next request's dispatch looked like none
+    when the engine let the aborted one go (a run on a loaded machine: 'sent on 0 (from
+    31)' with the request in flight)."""
     worker = app.registry.workers[0]
     answered = sum(
         s.value
@@ -125,7 +132,7 @@ def dispatched(app: RouterApp) -> float:
         for s in family.samples
         if s.name.endswith("_total") and s.labels["worker"] == worker.name
     )
-    return worker.in_flight + answered
+    return worker.in_flight - worker.peer_in_flight + answered
 
 
 async def hang_up_on_a_plain_request(app: RouterApp, rid: str) -> None:
@@ -149,7 +156,8 @@ async def hang_up_on_a_plain_request(app: RouterApp, rid: str) -> None:
         phases = sorted(str(getattr(conn, "phase", "?")) for conn in app.book.open)
         return (
             f"rid {rid!r} after {loop.time() - began:.1f} s of loop time: sent on "
-            f"{dispatched(app) - sent:g} (from {sent:g}); worker {worker!r}; router in flight "
+            f"{dispatched(app) - sent:g} (from {sent:g}); worker {worker!r} (polled beyond the "
+            f"router's own {worker.peer_in_flight}); router in flight "
             f"{app.forwarder.in_flight}; connections open {len(app.book.open)} (phases "
             f"{phases}), idle {len(app.book.waiting)}, buffered {app.book.buffers.used} bytes"
         )

@@ -165,9 +165,12 @@ async def test_streams_without_the_gateways_token_are_refused(guarded: RouterApp
     for token in (None, "not-the-gateway-token-0123"):
         client = PickerClient(target, token=token)
         try:
+            # The picker refuses the stream on its metadata, before it reads a message, so
+            # the client writes none: grpcio's asyncio client reports a write that fails
+            # because the server has already ended the call as INTERNAL, overwriting the
+            # status the server sent (grpc/grpc#36066, PR #43486, open). Envoy keeps the
+            # server's status; a loaded machine made the write lose the race (INTERNAL).
             call = client.stub.Process(metadata=client.metadata)
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                await call.write(headers("/v1/models", end=True))  # refused before or after
             code, details = await ended_with(call)
             assert code == grpc.StatusCode.UNAUTHENTICATED
             assert "--picker-token-file" in details
