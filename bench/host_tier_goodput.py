@@ -12,6 +12,7 @@ working set (`sizing.live_shared_tokens`, 67,644 tokens on average: group w4live
 tier + tier-aware `precise`). Each setup's search starts at the same rate, same seed.
 
   bench/host_tier_goodput.py [--only w4|w4live|w7live|mooncake|others|fleet] [--out DIR]
+                             [--groups W1,w4-live-2x,...] [--setups hbm-only,tier-aware,...]
   bench/host_tier_goodput.py --table   # the results as Markdown
 
 ``fleet``: the fleet model (`tpuserve.fleet`, what `tpuserve plan` runs) on Mooncake sessions,
@@ -164,6 +165,8 @@ def main() -> int:
     parser.add_argument("--only", choices=("w4", "w4live", "w7live", "mooncake", "others", "fleet"))
     parser.add_argument("--out", default="bench/host_tier_results/2026-12-07")
     parser.add_argument("--table", action="store_true", help="Print the results as Markdown.")
+    parser.add_argument("--groups", help="Only these runs (comma-separated: W1,w4-live-2x,...).")
+    parser.add_argument("--setups", help="Only these setups (comma-separated: tier-aware,...).")
     a = parser.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -210,7 +213,11 @@ def main() -> int:
         return table(out)
     if a.only == "fleet":
         return fleet_model(out)
+    groups = set(a.groups.split(",")) if a.groups else None
+    setups = set(a.setups.split(",")) if a.setups else None
     for group, name, args in runs:
+        if (groups and group not in groups) or (setups and name not in setups):
+            continue
         result = bench(args)
         (out / f"{group}.{name}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(row(group, name, result), flush=True)

@@ -63,6 +63,7 @@ class BlockIndex:
         queue_margin_tokens: float,
         saved_prefix_weight: float,
         host_hit_weight: float = 1.0,
+        host_load_factor: float = 1.25,
     ) -> None: ...
     def device_match(self, keys: Sequence[int], names: Sequence[str]) -> list[int]: ...
     @property

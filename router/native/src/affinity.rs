@@ -107,6 +107,50 @@ pub fn choose_hit(
     }
 }
 
+/// Whether worker `i`'s load is within the bound of consistent hashing with bounded loads
+/// (the `cost` policy's rule): with this request it would carry at most `load_factor` times
+/// the fleet's mean, `loads[i] + 1 <= ceil(load_factor * (sum(loads) + 1) / n)`. The least
+/// loaded worker is always within it (for `load_factor` >= 1).
+pub fn bounded(loads: &[i64], load_factor: f64) -> Vec<bool> {
+    let n = loads.len().max(1) as f64;
+    let total: i64 = loads.iter().sum();
+    let cap = (load_factor * (total + 1) as f64 / n).ceil();
+    loads.iter().map(|&load| (load + 1) as f64 <= cap).collect()
+}
+
+/// The tiered choice's view of what each worker holds (`BlockIndex.route`): `held[i]`, the
+/// value of its cached prefix in units (a block in HBM `tier_units`, one only in host memory
+/// `host_units`), and `counted[i]`, the blocks that make the prompt a hit (every tier's, or
+/// only HBM's when a host block is worth nothing). `depths[i]`: leading blocks worker `i` holds
+/// in any tier, `device[i]` of them in HBM. A host block spares only prefill compute (it is
+/// loaded into free HBM, as a miss would be computed there), so it may not buy a worker its
+/// load bound excludes (`bounded`): there only its HBM blocks count, as the HBM-only rule
+/// counts them, and a prefix held only in the host memory of a busy worker is a miss that goes
+/// to the least loaded, as it would without the tier.
+pub fn tier_value(
+    depths: &[usize],
+    device: &[usize],
+    loads: &[i64],
+    host_units: usize,
+    tier_units: usize,
+    load_factor: f64,
+) -> (Vec<usize>, Vec<usize>) {
+    let within = bounded(loads, load_factor);
+    let mut held = Vec::with_capacity(depths.len());
+    let mut counted = Vec::with_capacity(depths.len());
+    for (i, (&all, &dev)) in depths.iter().zip(device).enumerate() {
+        let dev = dev.min(all);
+        let host = if host_units > 0 && within[i] {
+            all - dev
+        } else {
+            0
+        };
+        held.push(dev * tier_units + host * host_units);
+        counted.push(dev + host);
+    }
+    (held, counted)
+}
+
 /// The least loaded worker, ties broken by the fewest `blocks`, then by `cursor` (see
 /// `choose`); and the next cursor. Blocks are counted only when loads tie.
 fn least_loaded(loads: &[i64], blocks: impl Fn(usize) -> usize, cursor: usize) -> (usize, usize) {
@@ -175,6 +219,51 @@ mod tests {
             cursor = choice.cursor;
         }
         assert_eq!(seen, [0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn the_bound_is_the_mean_times_the_factor() {
+        // 4 workers, 120 in flight: with this request at most ceil(1.25 * 121 / 4) = 38
+        assert_eq!(bounded(&[40, 32, 26, 22], 1.25), [false, true, true, true]);
+        assert_eq!(bounded(&[36, 32, 26, 22], 1.25), [true, true, true, true]); // cap 37
+        assert_eq!(bounded(&[0, 0], 1.0), [true, true]);
+    }
+
+    #[test]
+    fn host_blocks_do_not_buy_a_busy_worker() {
+        // worker 0 holds the prompt (68 blocks) only in host memory and is over the bound:
+        // the prompt is a miss and goes to the least loaded, as without the tier
+        let (held, counted) = tier_value(
+            &[68, 0, 0, 0],
+            &[0, 0, 0, 0],
+            &[40, 32, 26, 22],
+            830,
+            1000,
+            1.25,
+        );
+        assert_eq!((held, counted), (vec![0, 0, 0, 0], vec![0, 0, 0, 0]));
+        let choice = choose_hit(&[0, 0, 0, 0], false, &[40, 32, 26, 22], |_| 0, 0, 64, 1.5);
+        assert_eq!((choice.target, choice.outcome), (3, Outcome::Miss));
+        // within the bound its host blocks count
+        let (held, counted) = tier_value(
+            &[68, 0, 0, 0],
+            &[0, 0, 0, 0],
+            &[30, 32, 26, 22],
+            830,
+            1000,
+            1.25,
+        );
+        assert_eq!((held[0], counted[0]), (68 * 830, 68));
+        // its HBM blocks count whatever its load
+        let (held, _) = tier_value(
+            &[68, 0, 0, 0],
+            &[40, 0, 0, 0],
+            &[40, 32, 26, 22],
+            830,
+            1000,
+            1.25,
+        );
+        assert_eq!(held[0], 40 * 1000);
     }
 
     #[test]

@@ -180,6 +180,9 @@ struct RouteParams {
     /// What a block held in host memory is worth against one in HBM (0..1): the share of its
     /// prefill that loading it back saves (`IndexParams.host_hit_weight`).
     host_hit_weight: f64,
+    /// How far above the fleet's mean load a worker may be and still have its host-memory
+    /// blocks count (`PreciseParams.host_load_factor`, `affinity::bounded`).
+    host_load_factor: f64,
 }
 
 /// Each item of `items` as a `T`: a list read directly (what the policy passes; pyo3's
@@ -795,9 +798,12 @@ impl BlockIndex {
     /// The parameters `route` applies (the policy's, set once): `prefix_routing.AffinityParams`'
     /// ``cache_threshold``, ``balance_abs_threshold``, ``balance_rel_threshold`` and
     /// `QueueParams`' ``queue_margin_tokens``, ``saved_prefix_weight``, and `IndexParams`'
-    /// ``host_hit_weight`` (1: a host-memory block counts as one in HBM).
+    /// ``host_hit_weight`` (1: a host-memory block counts as one in HBM), and `PreciseParams`'
+    /// ``host_load_factor`` (the load bound of the tiered choice, `affinity::bounded`).
     #[pyo3(signature = (cache_threshold, balance_abs_threshold, balance_rel_threshold,
-                        queue_margin_tokens, saved_prefix_weight, host_hit_weight=1.0))]
+                        queue_margin_tokens, saved_prefix_weight, host_hit_weight=1.0,
+                        host_load_factor=1.25))]
+    #[allow(clippy::too_many_arguments)]
     fn set_route_params(
         &mut self,
         cache_threshold: f64,
@@ -806,6 +812,7 @@ impl BlockIndex {
         queue_margin_tokens: f64,
         saved_prefix_weight: f64,
         host_hit_weight: f64,
+        host_load_factor: f64,
     ) {
         self.route_params = Some(RouteParams {
             cache_threshold,
@@ -814,6 +821,7 @@ impl BlockIndex {
             queue_margin_tokens,
             saved_prefix_weight,
             host_hit_weight: host_hit_weight.clamp(0.0, 1.0),
+            host_load_factor: host_load_factor.max(1.0),
         });
     }
 
@@ -881,20 +889,21 @@ impl BlockIndex {
         };
         let choice = if self.host_only_blocks > 0 {
             // Tiers: a block in HBM saves its prefill, one in host memory that less its load
-            // back (`host_hit_weight` of it): HBM hit > host hit > miss, in thousandths.
+            // back (`host_hit_weight` of it): HBM hit > host hit > miss, in thousandths. A
+            // worker over the load bound (`affinity::bounded`) is seen as the HBM-only rule
+            // sees it: its host blocks count for nothing there.
             let device = self.depths_in(&self.device, &keys.keys, &masks);
             let host_units = (params.host_hit_weight * TIER_UNITS as f64).round() as usize;
-            let held: Vec<usize> = depths
-                .iter()
-                .zip(&device)
-                .map(|(&all, &dev)| {
-                    let dev = dev.min(all);
-                    dev * TIER_UNITS + (all - dev) * host_units
-                })
-                .collect();
-            // A hit by what any tier holds: no prefix is a miss while a tier holds it (unless
-            // a host block is worth nothing: loading back no faster than computing).
-            let counted = if host_units > 0 { &depths } else { &device };
+            let (held, counted) = affinity::tier_value(
+                &depths,
+                &device,
+                &loads,
+                host_units,
+                TIER_UNITS,
+                params.host_load_factor,
+            );
+            // A hit by what any tier holds where it counts: no prefix is a miss while a tier
+            // of a worker within the bound holds it.
             let best = counted.iter().copied().max().unwrap_or(0);
             let prompt = keys.keys.len();
             let is_hit = prompt > 0 && (best as f64) / (prompt as f64) > params.cache_threshold;

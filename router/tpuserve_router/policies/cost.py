@@ -45,6 +45,7 @@ from tpuserve_router.policies.base import (
     register,
 )
 from tpuserve_router.policies.prefix_routing import (
+    LOAD_FACTOR,
     BlockIndexPolicy,
     IndexParams,
     affinity_outcome,
@@ -55,7 +56,7 @@ from tpuserve_router.policies.prefix_routing import (
 @dataclass(frozen=True)
 class CostParams(IndexParams):
     decode_weight: float = 8.0
-    load_factor: float = 1.25
+    load_factor: float = LOAD_FACTOR
     cache_threshold: float = 0.3
     """Only labels decisions (prefix_hit / balanced_away / miss); never steers them."""
 

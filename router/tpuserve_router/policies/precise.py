@@ -53,6 +53,18 @@ sequential new prompts over four engines: three each; before, twelve on the firs
    it 1.37x, docs/host-kv-tier.md). Prompts held in HBM, and fleets without a host tier,
    route as before.
 
+With a host tier, steps 1-3 weigh what each worker holds by tier (`decide_tiered`, the
+compiled `BlockIndex.route`): a block in HBM whole, one only in host memory
+``host_hit_weight`` of it. A host block saves only prefill compute: it is loaded into free
+HBM as a miss's prompt would be computed there. So it may not buy a busy worker: on a worker
+over the load bound of consistent hashing with bounded loads (`prefix_routing.bounded`: with
+this request more than ``host_load_factor`` x the fleet's mean in-flight load, `cost`'s rule
+and default 1.25) only its HBM blocks count, in the hit test too, and a prompt held only in
+the host memory of busy workers is the miss it would be without the tier (the least loaded
+worker). Step 5 applies the same bound. Without it a shared prefix never left its holder
+once the tier kept it (no miss ever rebalanced the groups of W1: max/mean load 1.09 ->
+1.26, goodput at the SLO 0.95x HBM-only; docs/host-kv-tier.md).
+
 The chosen worker's blocks are also *predicted* in the index for
 ``predicted_ttl_seconds`` (2 s), so a burst of siblings that arrives before the engine's
 first ``BlockStored`` still lands together (Dynamo's predict-on-route). A worker that
@@ -80,11 +92,13 @@ from tpuserve_router.policies.base import (
     register,
 )
 from tpuserve_router.policies.prefix_routing import (
+    LOAD_FACTOR,
     AffinityParams,
     BlockIndexPolicy,
     IndexParams,
     QueueParams,
     affinity_outcome,
+    bounded,
     leave_long_queue,
     queue_move,
 )
@@ -92,11 +106,22 @@ from tpuserve_router.policies.prefix_routing import (
 
 @dataclass(frozen=True)
 class PreciseParams(AffinityParams, IndexParams, QueueParams):
+    host_load_factor: float = LOAD_FACTOR
+    """The tiered choice's load bound (`prefix_routing.bounded`, `cost`'s rule and default):
+    a worker that would carry more than this times the fleet's mean load is not bought by
+    blocks it holds only in host memory; there only its HBM blocks count (the module's
+    docstring, the tiered choice)."""
+
     def validate(self) -> str | None:
         return (
             AffinityParams.validate(self)
             or IndexParams.validate(self)
             or QueueParams.validate(self)
+            or (
+                None
+                if self.host_load_factor >= 1.0
+                else f"host_load_factor={self.host_load_factor} must be >= 1"
+            )
         )
 
 
@@ -127,23 +152,27 @@ def room_move(
     room: Sequence[float],
     loads: Sequence[int],
     host_hit_weight: float,
+    host_load_factor: float = LOAD_FACTOR,
 ) -> int:
     """Step 5 (the module's docstring), pure: ``chosen``, or the worker the request goes to
     because ``chosen`` has no HBM room for it. ``depths[i]``: leading blocks of the prompt
     worker ``i`` holds in any tier, ``device[i]`` of them in HBM; ``room[i]``: its free HBM
     in tokens (pool less the prompts in flight there); ``loads[i]``: its in-flight requests.
     A worker needs room for the prompt less what it holds in HBM. With no worker having
-    room, ``chosen`` (the request waits wherever it goes)."""
+    room, ``chosen`` (the request waits wherever it goes). As in the tiered choice, host
+    blocks count only on a worker within the load bound (`bounded`, ``host_load_factor``)."""
     need = [prompt_tokens - min(d, a) * page_tokens for a, d in zip(depths, device, strict=True)]
     if need[chosen] <= room[chosen]:
         return chosen
+    within = bounded(loads, host_load_factor)
     best = -1
     best_key = (0.0, 0)
     for i, (n, r) in enumerate(zip(need, room, strict=True)):
         if n > r:
             continue
         held = min(device[i], depths[i])
-        key = (held + (depths[i] - held) * host_hit_weight, -loads[i])
+        host = (depths[i] - held) * host_hit_weight if within[i] else 0.0
+        key = (held + host, -loads[i])
         if best < 0 or key > best_key:
             best, best_key = i, key
     return chosen if best < 0 else best
@@ -231,14 +260,19 @@ def decide_tiered(
     ``cache_threshold`` of the prompt, or only HBM counts when a host block is worth
     nothing), then `queue_move` on the any-tier depths, then `room_move` (``room[i]``: the
     worker's free HBM in tokens) when the chosen worker would load part of the prompt back.
+    A worker over the load bound (`bounded` with ``host_load_factor``) counts only its HBM
+    blocks, there as in the hit test: what a host block saves may not buy an overloaded worker.
     The fleet model (`tpuserve.fleet`) routes with it when its engines have a host tier."""
     units = prompt_tokens // page_tokens
     host_units = round(params.host_hit_weight * TIER_UNITS)
+    within = bounded(loads, params.host_load_factor)
     held = []
-    for a, d in zip(depths, device, strict=True):
+    counted = []
+    for a, d, ok in zip(depths, device, within, strict=True):
         dev = min(a, d)
-        held.append(dev * TIER_UNITS + (a - dev) * host_units)
-    counted = depths if host_units > 0 else device
+        host = a - dev if host_units > 0 and ok else 0
+        held.append(dev * TIER_UNITS + host * host_units)
+        counted.append(dev + host)
     is_hit = units > 0 and max(counted) / units > params.cache_threshold
     # `choose_worker` reads the hit from max(held) / prompt units: with 1 unit any held > 0
     # is a hit (a hit implies cache_threshold < 1 and some held >= 1), with 0 none is
@@ -247,7 +281,7 @@ def decide_tiered(
     i = queue_move(depths, page_tokens, prompt_tokens, i, queued, loads, params)
     if device[i] < depths[i]:  # it would load back: HBM room decides (step 5)
         i = room_move(depths, device, page_tokens, prompt_tokens, i, room, loads,
-                      params.host_hit_weight)  # fmt: skip
+                      params.host_hit_weight, params.host_load_factor)  # fmt: skip
     if i != chosen:
         cached = [d * page_tokens for d in depths]
         outcome = affinity_outcome(cached, i, prompt_tokens, params.cache_threshold)
@@ -264,6 +298,7 @@ class PrecisePolicy(BlockIndexPolicy):
         self.block_index.set_route_params(
             p.cache_threshold, p.balance_abs_threshold, p.balance_rel_threshold,
             p.queue_margin_tokens, p.saved_prefix_weight, p.host_hit_weight,
+            p.host_load_factor,
         )  # fmt: skip
 
     def choose(self, request: RouteRequest, workers: Sequence[W]) -> Decision[W]:
@@ -344,9 +379,11 @@ class PrecisePolicy(BlockIndexPolicy):
         if need <= free(names[chosen]):
             return chosen  # the usual case: the others' room is read only when it is not
         rooms = [free(name) for name in names]
+        p = self.params
         return room_move(
-            depths, device, page, prompt, chosen, rooms, loads, self.params.host_hit_weight
-        )
+            depths, device, page, prompt, chosen, rooms, loads, p.host_hit_weight,
+            p.host_load_factor,
+        )  # fmt: skip
 
     def on_request_done(self, decision: Decision[Any], succeeded: bool) -> None:
         if decision.pending_units:

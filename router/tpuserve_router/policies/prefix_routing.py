@@ -26,6 +26,7 @@ worker is reset or leaves, and asks the router for KV events and token ids.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -183,6 +184,22 @@ class PrefillQueues:
         for name in list(self._waiting):
             if name not in keep:
                 del self._waiting[name]
+
+
+LOAD_FACTOR = 1.25
+"""The load bound of consistent hashing with bounded loads (`bounded`): how far above the
+fleet's mean load a worker may be and still be bought by what it caches. `cost`'s
+``load_factor`` and `precise`'s ``host_load_factor`` default to it: one meaning of an
+overloaded worker for both policies."""
+
+
+def bounded(loads: Sequence[int], load_factor: float) -> list[bool]:
+    """Whether each worker is within the load bound of consistent hashing with bounded loads:
+    with this request it would carry at most ``load_factor`` times the mean,
+    ``loads[i] + 1 <= ceil(load_factor * (sum(loads) + 1) / n)`` (`cost`'s candidates; the
+    least loaded worker always is). `affinity::bounded` in router/native is the same rule."""
+    cap = math.ceil(load_factor * (sum(loads) + 1) / max(1, len(loads)))
+    return [load + 1 <= cap for load in loads]
 
 
 @dataclass(frozen=True)

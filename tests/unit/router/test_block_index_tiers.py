@@ -4,6 +4,8 @@ read the medium alike."""
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 import pytest
 
@@ -19,6 +21,7 @@ from sglang_tpu.kv_events import (
 )
 from tests.unit.sglang_tpu.test_kv_events_sglang import sglang_batch
 from tpuserve_router.kv.block_index import BlockIndex
+from tpuserve_router.policies.precise import PreciseParams, decide_tiered
 
 pytestmark = pytest.mark.unit
 
@@ -125,3 +128,27 @@ def test_a_tiered_stream_holds_more_blocks_than_its_hbm_pool() -> None:
     assert index.match(keys, [A, B]) == [4, 2]
     assert index.dropped_blocks == 2
     assert index.worker_limit(A) == 2
+
+
+def test_a_host_hit_does_not_buy_a_worker_over_the_load_bound() -> None:
+    """W1's regression (docs/host-kv-tier.md): a prefix held only in host memory of a busy
+    worker went there whatever its load. Over the bound (`prefix_routing.bounded`: with this
+    request more than ``host_load_factor`` x the mean load) its host blocks count for nothing,
+    so the prompt is the miss it would be without the tier and goes to the least loaded; at
+    or under the bound its holder keeps it. The fleet model's `decide_tiered` decides alike."""
+    names = [A, B, "http://c"]
+    params = PreciseParams(page_size=PAGE, host_hit_weight=0.8, host_load_factor=1.25)
+    for loads, expected in (
+        ([10, 20, 12], (0, "miss")),  # B with it: 21 > ceil(1.25 * 43 / 3) = 18
+        ([10, 17, 12], (0, "miss")),  # 18 > ceil(1.25 * 40 / 3) = 17
+        ([10, 16, 12], (1, "prefix_hit")),  # 17 <= ceil(1.25 * 39 / 3) = 17
+        ([14, 15, 12], (1, "prefix_hit")),  # busier than the least loaded, within the bound
+    ):
+        index = BlockIndex(page_size=PAGE)  # new each time: route predicts on its choice
+        index.set_route_params(0.3, 64, 1.5, 8192.0, 2.0, 0.8, 1.25)
+        store(index, B, MEDIUM_HOST)
+        _, depths, i, outcome, *_ = index.route(TOKENS, names, loads, [0, 0, 0])
+        device = index.device_match(index.keys(TOKENS), names)
+        tiered = decide_tiered(depths, device, PAGE, len(TOKENS), loads, [0, 4, 0], [0, 0, 0],
+                               [math.inf] * 3, 0, params)  # fmt: skip
+        assert (i, outcome) == tiered[:2] == expected, loads

@@ -142,3 +142,14 @@ def test_room_move_follows_the_documented_rule() -> None:
     assert move(0, [0, 33, 33]) == 1  # the HBM holder is full: the host holder saves more
     assert move(0, [0, 33, 33], weight=0.0) == 2  # host blocks worth nothing: least loaded
     assert move(0, [0, 32, 32]) == 0  # room nowhere: the request waits where it was sent
+
+
+def test_room_move_does_not_give_a_busy_worker_its_host_blocks_worth() -> None:
+    """As in the tiered choice, host blocks count only on a worker within the load bound
+    (`prefix_routing.bounded`): the host holder with 9 of 12 in flight is over it (with the
+    request 10 > ceil(1.25 x 13 / 3) = 6), so the full HBM holder's request goes to the least
+    loaded worker with room."""
+    depths, device = [8, 8, 0], [8, 0, 0]
+    assert room_move(depths, device, PAGE, 33, 0, [0, 33, 33], [2, 9, 1], 0.5) == 2
+    assert room_move(depths, device, PAGE, 33, 0, [0, 33, 33], [2, 2, 1], 0.5) == 1
+    assert room_move(depths, device, PAGE, 33, 0, [0, 33, 33], [2, 9, 1], 0.5, 1e9) == 1

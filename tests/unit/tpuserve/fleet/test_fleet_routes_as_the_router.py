@@ -6,13 +6,14 @@ end) send every request to the same engine."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.fakes import VirtualClock, fake_request, fake_worker
 from tpuserve.fleet import FleetConfig, FleetSim
-from tpuserve_router.policies.precise import PrecisePolicy
+from tpuserve_router.policies.precise import PreciseParams, PrecisePolicy
 
 pytestmark = pytest.mark.unit
 
@@ -56,22 +57,43 @@ def test_the_fleet_model_and_the_router_choose_alike_on_a_recorded_trace() -> No
     assert len(set(routed)) == ENGINES
 
 
-def test_the_fleet_model_and_the_router_choose_alike_with_a_host_tier() -> None:
+@pytest.mark.parametrize("host_load_factor", [PreciseParams.host_load_factor, 1e9])
+def test_the_fleet_model_and_the_router_choose_alike_with_a_host_tier(
+    host_load_factor: float,
+) -> None:
     """The same replay with small HBM pools (40 blocks) and a host tier on each engine: the
     engines demote what leaves HBM to host memory, the router hears it as SGLang's events
     (``BlockStored``/``BlockRemoved`` with medium ``CPU_PINNED`` or ``GPU``), and requests
     stay in flight for three more arrivals so HBM room (step 5) counts. Both route by tier
-    (`decide_tiered`): same engine for every request, host hits included. Arrivals are
+    (`decide_tiered`): same engine for every request, host hits included, with the tiered
+    choice's load bound (``host_load_factor``) and without it. Arrivals are
     spaced past the predictions' lifetime: the router counts its predictions per worker (in
     its depths and its cached-block tie-break) where the fleet model keeps one engine per
     predicted block, so with live predictions the two may break a tie differently."""
+    _, host_hits = replay_with_a_host_tier(host_load_factor)
+    assert host_hits > 0  # the replay routes prefixes held only in host memory
+
+
+def test_the_load_bound_changes_the_replay() -> None:
+    """The replay above exercises the bound: without it some request goes elsewhere."""
+    assert (
+        replay_with_a_host_tier(PreciseParams.host_load_factor)[0]
+        != (replay_with_a_host_tier(1e9)[0])
+    )
+
+
+def replay_with_a_host_tier(host_load_factor: float) -> tuple[list[int], int]:
+    """The host-tier replay (the test above): the engines the router chose (asserted equal
+    to the fleet model's), and how many requests it routed to a host hit."""
     sim = FleetSim(FleetConfig(replicas=ENGINES, router_replicas=1, policy="precise",
                                host_cache_tokens=400 * 512))  # fmt: skip
     sim.pool = 40 * sim.block  # small HBM, so prompts are demoted and come back from host
+    sim.tier_params = replace(sim.tier_params, host_load_factor=host_load_factor)
     weight = sim.tier_params.host_hit_weight
     clock = VirtualClock()
     page = sim.block  # the router's pages as long as the model's blocks: tokens compare alike
-    policy = PrecisePolicy(clock=clock, page_size=page, host_hit_weight=weight)
+    policy = PrecisePolicy(clock=clock, page_size=page, host_hit_weight=weight,
+                           host_load_factor=host_load_factor)  # fmt: skip
     index = policy.block_index
     workers = [fake_worker(f"http://engine-{i}") for i in range(ENGINES)]
     for w in workers:
@@ -136,5 +158,5 @@ def test_the_fleet_model_and_the_router_choose_alike_with_a_host_tier() -> None:
         sim.cache(engine, blocks)
         publish()
     assert routed == modelled
-    assert host_hits > 0  # the replay routes prefixes held only in host memory
     assert index.host_only_blocks > 0
+    return routed, host_hits
