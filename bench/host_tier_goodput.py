@@ -6,12 +6,16 @@ each engine's HBM KV pool sized so the fleet holds 1/2, 1/3 and 1/4 of the disti
 (working set 2x, 3x, 4x the fleet's HBM: group w4), or 1/1, 1/2, 1/3 of its *live* shared
 working set (`sizing.live_shared_tokens`, 67,644 tokens on average: group w4live); W7
 (Mooncake-style sessions, live shared set 158,221 tokens on average) at 1/2 and 1/3 of it
-(group w7live; 1/4 leaves less than its largest request);
+(group w7live; 1/4 leaves less than its largest request); W3 (agent chains, live shared set
+48,363 tokens on average) at 1/2 of it (group w3live; 1/3, 4,016 tokens per engine, is less
+than its largest request, 5,842 tokens with its output: 293 of 2,113 requests fail; W10,
+live set 98,258 tokens, has no such group: its largest request is 60,080 tokens and at 1/2,
+12,272 tokens per engine, 363 of its 2,400 requests exceed an engine's pool);
 262,144 host tokens per engine; the bundled
 150-request Mooncake conversation sample; and the other workloads (HBM only against host
 tier + tier-aware `precise`). Each setup's search starts at the same rate, same seed.
 
-  bench/host_tier_goodput.py [--only w4|w4live|w7live|mooncake|others|fleet] [--out DIR]
+  bench/host_tier_goodput.py [--only w4|w4live|w7live|w3live|mooncake|others|fleet] [--out DIR]
                              [--groups W1,w4-live-2x,...] [--setups hbm-only,tier-aware,...]
   bench/host_tier_goodput.py --table   # the results as Markdown
 
@@ -162,7 +166,8 @@ def table(out: Path) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("w4", "w4live", "w7live", "mooncake", "others", "fleet"))
+    only = ("w4", "w4live", "w7live", "w3live", "mooncake", "others", "fleet")
+    parser.add_argument("--only", choices=only)
     parser.add_argument("--out", default="bench/host_tier_results/2026-12-07")
     parser.add_argument("--table", action="store_true", help="Print the results as Markdown.")
     parser.add_argument("--groups", help="Only these runs (comma-separated: W1,w4-live-2x,...).")
@@ -197,6 +202,15 @@ def main() -> int:
             for name, policy, tier, blind in SETUPS:
                 runs.append(
                     (f"w7-live-{share}x", name, base + setup_args(policy, HOST, tier, blind))
+                )
+    if a.only in (None, "w3live"):
+        live = live_tokens("W3")
+        for share in (2,):
+            cache = int(live) // (WORKERS * share) // PAGE * PAGE
+            base = ["--workload", "W3", *fleet, "--cache-tokens", str(cache), "--rate", "4.0"]
+            for name, policy, tier, blind in SETUPS:
+                runs.append(
+                    (f"w3-live-{share}x", name, base + setup_args(policy, HOST, tier, blind))
                 )
     if a.only in (None, "mooncake"):
         trace = "bench/traces/mooncake-conversation-small.jsonl"
