@@ -265,9 +265,18 @@ def _covered(t: dict[str, Any]) -> str:
     return "" if t["hours_covered"] >= hours else f" ({t['hours_covered']:g} of {hours:g} h)"
 
 
+def _hours(row: dict[str, Any]) -> Any:
+    """The hours of the day a table row (``hours_covered``) or a split row (``covered``)
+    stands for."""
+    return row.get("hours_covered", row.get("covered"))
+
+
 def _relative(row: dict[str, Any], base: dict[str, Any] | None, key: str) -> str:
-    """``row[key]`` against the HPA-on-queue row of its day, as a signed percentage."""
+    """``row[key]`` against the HPA-on-queue row of its day, as a signed percentage; "–"
+    when the two cover different hours of the day (a per-day figure from other windows)."""
     if base is None or not base[key]:
+        return "–"
+    if _hours(row) != _hours(base):
         return "–"
     return f"{100.0 * (row[key] / base[key] - 1.0):+.0f} %"
 

@@ -209,5 +209,12 @@ def test_rows_of_each_behaviour_are_their_own_and_compare_with_todays_hpa() -> N
     report = day.report({"rows": rows, "table": table}).splitlines()
     assert "1 slice/min up and down (the operator's behaviour until 2026-12-07)" in report[2]
     assert "| -50 % | 64 | -20 % |" in report[4]  # the floor against today's HPA
+    # a row from other windows than the baseline's is no per-day comparison: no "vs"
+    nine = {**row("hpa_queue", "one-per-minute", 1, 1.0), "start_hour": 9.0}
+    partial = day.aggregate([*rows, nine])
+    lines = day.report({"rows": [], "table": partial}).splitlines()
+    assert "| planner (12 of 24 h) |" in lines[2]
+    assert "| – |" not in lines[2]  # the baseline itself
+    assert "| 40 | – | 64 | – |" in lines[4]
     old = day.aggregate([row("hpa_queue", None, 10, 10.0)])
     assert "| HPA on `queue` (today) |" in day.report({"rows": [], "table": old})
