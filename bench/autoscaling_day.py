@@ -7,7 +7,12 @@ The fleet: at most ``--replicas`` replicas of ``llama-3.1-8b`` (bf16) on v6e ``2
 backlog seconds with the predictive floor (and, with ``--scalers keda_backlog_floor_peak``, the
 floor holding the last hour's peak too; ``--scalers max_replicas``: every replica all the
 time, a reference for what no autoscaler avoids). A new slice serves after a cold start drawn
-uniformly from 240-480 s (`FleetConfig.cold_start_seconds`). Traffic: the Mooncake
+uniformly from 240-480 s (`FleetConfig.cold_start_seconds`). How fast the replicas may change
+is ``--behavior`` (`tpuserve_operator.scaling_behavior.NAMED`): ``default``, the operator's
+default (up the most of 4 slices and 100 % per 15 s; down, after 300 s of lower demand, the
+most of 1 slice and 10 % a minute); ``one-per-minute``, what the operator rendered until
+2026-12-07; ``up-at-once-down-one-per-minute``, the fleet model's mechanics until then (the
+earlier tables' rows, which name no behaviour). Traffic: the Mooncake
 conversation and tool&agent shapes, half each, peaking at ``--peak-load`` x the fleet's
 planned capacity (`tpuserve plan`'s 5.25 requests/s per replica for this workload within p99
 TTFT 5 s and ITL 0.1 s) x ``--replicas``, on two days:
@@ -53,6 +58,7 @@ from typing import Any
 
 from tpuserve.bench.autoscaling import SCALERS, ScalerConfig, run_autoscaled
 from tpuserve.fleet import FleetConfig, FleetSim, daily_multiplier
+from tpuserve_operator import scaling_behavior
 
 WINDOWS = ((3.0, 6.0), (9.0, 6.0), (15.0, 6.0), (21.0, 6.0))
 """(start hour, hours of the day it stands for)."""
@@ -73,8 +79,44 @@ NAMES = {
     "last hour's peak",
     "max_replicas": "every replica all the time (no autoscaler; a reference)",
 }
+BEHAVIORS = ("one-per-minute", "up-at-once-down-one-per-minute", "default")
+"""`--behavior` values (`tpuserve_operator.scaling_behavior.NAMED`), in the report's order; the
+first `hpa_queue` row of a day in this order is what the "vs" columns compare against."""
+BEHAVIOR_NAMES = {
+    "one-per-minute": "1 slice/min up and down (the operator's behaviour until 2026-12-07)",
+    "up-at-once-down-one-per-minute": "up at once, down 1 slice/min (the fleet model's "
+    "mechanics until 2026-12-07)",
+    "default": "the new default behaviour (up max(4, 100 %)/15 s, down max(1, 10 %)/min)",
+}
 
-Job = tuple[str, str, float, float, FleetConfig, ScalerConfig, Path | None]
+
+def label(row: dict[str, Any]) -> str:
+    """The autoscaler column: the scaler, and the behaviour where the row names one (rows
+    of runs before `--behavior` existed name none: those ran the fleet model's mechanics
+    until 2026-12-07, up at once and down one slice a minute)."""
+    name = NAMES[row["scaler"]]
+    behavior = row.get("behavior")
+    if behavior is None:
+        return name
+    name = name.replace(" (today)", "")
+    return f"{name}, {BEHAVIOR_NAMES[behavior]}"
+
+
+def _order(row: dict[str, Any]) -> tuple[int, int]:
+    behavior = row.get("behavior")
+    return (SCALERS.index(row["scaler"]), -1 if behavior is None else BEHAVIORS.index(behavior))
+
+
+def _bases(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each day's row the "vs" columns compare against: its first `hpa_queue` row."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["scaler"] == "hpa_queue":
+            out.setdefault(r["day"], r)
+    return out
+
+
+Job = tuple[str, str, float, float, FleetConfig, ScalerConfig, Path | None, str]
 
 
 def jobs(args: argparse.Namespace) -> list[Job]:
@@ -96,6 +138,7 @@ def jobs(args: argparse.Namespace) -> list[Job]:
                 autoscale=True, slo_ttft_seconds=args.ttft, slo_itl_seconds=args.itl,
                 drain_seconds=120.0, seed=args.seed, bursts_per_hour=bursts,
                 burst_factor=factor, burst_seconds=seconds,
+                behavior=scaling_behavior.NAMED[args.behavior],
             )  # fmt: skip
             for scaler in args.scalers:
                 sc = ScalerConfig(
@@ -103,16 +146,18 @@ def jobs(args: argparse.Namespace) -> list[Job]:
                     backlog_target_seconds=args.ttft / 2,
                     per_replica_rate=args.capacity,
                 )
-                out.append((day, scaler, hour, weight, replace(config), sc, args.rows))
+                out.append((day, scaler, hour, weight, replace(config), sc, args.rows,
+                            args.behavior))  # fmt: skip
     return out
 
 
 def run_one(job: Job) -> dict[str, Any]:
-    day, scaler, hour, weight, config, sc, rows = job
+    day, scaler, hour, weight, config, sc, rows, behavior = job
     result, figures = run_autoscaled(config, sc)
     s = result.summary()
     row = {
-        "day": day, "scaler": scaler, "start_hour": hour, "weight_hours": weight,
+        "day": day, "scaler": scaler, "behavior": behavior, "start_hour": hour,
+        "weight_hours": weight,
         **figures,
         **{k: s[k] for k in ("requests", "failed", "goodput_share", "ttft_p99", "mean_chips",
                              "replicas_min", "replicas_max", "scale_ups", "scale_downs",
@@ -125,12 +170,14 @@ def run_one(job: Job) -> dict[str, Any]:
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    table: dict[tuple[str, str], dict[str, Any]] = {}
+    table: dict[tuple[str, str, str | None], dict[str, Any]] = {}
     for r in rows:
+        behavior = r.get("behavior")
         t = table.setdefault(
-            (r["day"], r["scaler"]),
+            (r["day"], r["scaler"], behavior),
             {"day": r["day"], "scaler": r["scaler"], "chip_hours_per_day": 0.0,
-             "slo_violation_minutes_per_day": 0.0, "hours_covered": 0.0, "windows": {}},
+             "slo_violation_minutes_per_day": 0.0, "hours_covered": 0.0, "windows": {},
+             **({} if behavior is None else {"behavior": behavior})},
         )  # fmt: skip
         share = r["weight_hours"] / r["window_hours"]
         t["chip_hours_per_day"] += r["chip_hours"] * share
@@ -144,8 +191,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         t["slo_violation_minutes_per_chip_hour"] = (
             t["slo_violation_minutes_per_day"] / t["chip_hours_per_day"]
         )
-    order = {s: i for i, s in enumerate(SCALERS)}
-    return sorted(table.values(), key=lambda t: (t["day"] != "planner", order[t["scaler"]]))
+    return sorted(table.values(), key=lambda t: (t["day"] != "planner", _order(t)))
 
 
 def ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -156,7 +202,7 @@ def ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
     ``--replicas`` (the demand scales with it). Nothing is simulated: the burst times come from
     the seed as in the runs."""
     out = []
-    for day, scaler, hour, _weight, config, _sc, _rows in jobs(args):
+    for day, scaler, hour, _weight, config, _sc, _rows, _behavior in jobs(args):
         if scaler != args.scalers[0]:
             continue
         sim = FleetSim(config)
@@ -186,12 +232,16 @@ def split(data: dict[str, Any]) -> list[dict[str, Any]]:
         days=sorted({r["day"] for r in data["rows"]}), scalers=["hpa_queue"],
         replicas=a["replicas"], window=a["window"], warmup=a["warmup"],
         peak_load=a["peak_load"], capacity=a["capacity"], ttft=a["ttft"], itl=a["itl"],
-        seed=a["seed"], rows=None, hours=None,
+        seed=a["seed"], rows=None, hours=None, behavior="default",
     )  # fmt: skip
     over = {(c["day"], c["window"]): c["minutes_over_fleet"] for c in ceiling(args)}
     out = []
     for t in data["table"]:
-        rows = [r for r in data["rows"] if r["day"] == t["day"] and r["scaler"] == t["scaler"]]
+        rows = [
+            r for r in data["rows"]
+            if (r["day"], r["scaler"], r.get("behavior"))
+            == (t["day"], t["scaler"], t.get("behavior"))
+        ]  # fmt: skip
         at_most = beyond = 0.0
         for r in rows:
             share = r["weight_hours"] / r["window_hours"]
@@ -201,6 +251,7 @@ def split(data: dict[str, Any]) -> list[dict[str, Any]]:
             beyond += max(0, v - c) * share
         out.append({
             "day": t["day"], "scaler": t["scaler"],
+            **({"behavior": t["behavior"]} if "behavior" in t else {}),
             "slo_violation_minutes_per_day": t["slo_violation_minutes_per_day"],
             "at_the_ceiling_at_most": at_most, "beyond_the_ceiling_at_least": beyond,
             "chip_hours_per_day": t["chip_hours_per_day"], "covered": _covered(t),
@@ -214,16 +265,25 @@ def _covered(t: dict[str, Any]) -> str:
     return "" if t["hours_covered"] >= hours else f" ({t['hours_covered']:g} of {hours:g} h)"
 
 
+def _hours(row: dict[str, Any]) -> Any:
+    """The hours of the day a table row (``hours_covered``) or a split row (``covered``)
+    stands for."""
+    return row.get("hours_covered", row.get("covered"))
+
+
 def _relative(row: dict[str, Any], base: dict[str, Any] | None, key: str) -> str:
-    """``row[key]`` against the HPA-on-queue row of its day, as a signed percentage."""
+    """``row[key]`` against the HPA-on-queue row of its day, as a signed percentage; "–"
+    when the two cover different hours of the day (a per-day figure from other windows)."""
     if base is None or not base[key]:
+        return "–"
+    if _hours(row) != _hours(base):
         return "–"
     return f"{100.0 * (row[key] / base[key] - 1.0):+.0f} %"
 
 
 def split_report(data: dict[str, Any]) -> str:
     rows = split(data)
-    base = {r["day"]: r for r in rows if r["scaler"] == "hpa_queue"}
+    base = _bases(rows)
     lines = [
         "| day | autoscaler | violation minutes/day | in minutes over the ceiling (at most) "
         "| beyond them (at least) | beyond them vs HPA on queue | chip-hours/day vs HPA |",
@@ -232,7 +292,7 @@ def split_report(data: dict[str, Any]) -> str:
     for r in rows:
         b = base.get(r["day"])
         lines.append(
-            f"| {r['day']}{r['covered']} | {NAMES[r['scaler']]} "
+            f"| {r['day']}{r['covered']} | {label(r)} "
             f"| {r['slo_violation_minutes_per_day']:.0f} "
             f"| {r['at_the_ceiling_at_most']:.0f} | {r['beyond_the_ceiling_at_least']:.0f} "
             f"| {_relative(r, b, 'beyond_the_ceiling_at_least')} "
@@ -243,7 +303,7 @@ def split_report(data: dict[str, Any]) -> str:
 
 def report(data: dict[str, Any]) -> str:
     table = data["table"]
-    base = {t["day"]: t for t in table if t["scaler"] == "hpa_queue"}
+    base = _bases(table)
     lines = [
         "| day | autoscaler | SLO-violation minutes/day | vs HPA on queue | chip-hours/day "
         "| vs HPA on queue | violation minutes per chip-hour | violation minutes by window "
@@ -261,7 +321,7 @@ def report(data: dict[str, Any]) -> str:
         )
         covered = _covered(t)
         lines.append(
-            f"| {t['day']}{covered} | {NAMES[t['scaler']]} "
+            f"| {t['day']}{covered} | {label(t)} "
             f"| {t['slo_violation_minutes_per_day']:.0f} "
             f"| {rel('slo_violation_minutes_per_day')} | {t['chip_hours_per_day']:.0f} "
             f"| {rel('chip_hours_per_day')} | {t['slo_violation_minutes_per_chip_hour']:.3f} "
@@ -286,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft", type=float, default=5.0)
     parser.add_argument("--itl", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--behavior", choices=BEHAVIORS, default="default",
+        help="How fast the autoscaler may change the replicas "
+        "(tpuserve_operator.scaling_behavior.NAMED); default: the operator's default.",
+    )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rows", type=Path, help="Append each window's row here (JSONL).")

@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDENS = ROOT / "tests" / "goldens"
 FLEET_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-06"
 PLAN_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07"
+BEHAVIOR_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07b"
 PD_RESULTS = ROOT / "bench" / "pd_results"
 PD_DATE = "2026-12-06"
 PD_WORKLOADS = ("W9", "W10", "10k1k", "W1", "W2")
@@ -324,6 +325,18 @@ def autoscaling_day_1000_table() -> str:
     return f"{day.report(data)}\n\n{day.split_report(data)}"
 
 
+def autoscaling_behavior_table(name: str) -> Callable[[], str]:
+    """bench/autoscaling_day.py's report and --split tables of a run comparing scaling
+    behaviours (2026-12-07b, `tpuserve_operator.scaling_behavior`)."""
+
+    def render() -> str:
+        day = _bench_module("autoscaling_day")
+        data = json.loads((BEHAVIOR_RESULTS / name).read_text())
+        return f"{day.report(data)}\n\n{day.split_report(data)}"
+
+    return render
+
+
 def fleet_vs_twin_table() -> str:
     """bench/fleet_vs_twin.py's rows (fleet model against the token-level twin)."""
     lines = [
@@ -386,6 +399,14 @@ TABLES: dict[str, Table] = {
     ),
     "autoscaling-day-1000": Table(
         ROOT / "docs" / "capacity-planning.md", autoscaling_day_1000_table
+    ),
+    "autoscaling-behavior-100": Table(
+        ROOT / "docs" / "capacity-planning.md",
+        autoscaling_behavior_table("autoscaling_day.100chips.json"),
+    ),
+    "autoscaling-behavior-1000": Table(
+        ROOT / "docs" / "capacity-planning.md",
+        autoscaling_behavior_table("autoscaling_day.1000chips.json"),
     ),
     "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
 }

@@ -26,6 +26,7 @@ from pydantic.alias_generators import to_camel
 from sglang_tpu import disaggregation, hicache, lora
 from sglang_tpu import model_config as config_json
 from sglang_tpu.topology import SLICE_SHAPES, generation_names
+from tpuserve_operator import scaling_behavior as sb
 
 # Bounds that also keep the apiserver's CEL cost estimate small (every string a rule reads
 # has a maxLength, every list a maxItems).
@@ -752,6 +753,15 @@ KEDA_SETTINGS_MESSAGE = (
     "autoscaling.engine keda, or no autoscaling.keda"
 )
 
+SCALE_UP_MESSAGE = (
+    "autoscaling.scaleUpPods and autoscaling.scaleUpPercent are both 0, which would never "
+    "scale up; allowed: at least one of them above 0"
+)
+SCALE_DOWN_MESSAGE = (
+    "autoscaling.scaleDownPods and autoscaling.scaleDownPercent are both 0, which would never "
+    "scale down; allowed: at least one of them above 0"
+)
+
 
 class PredictiveFloorSpec(Schema):
     requests_per_replica: float = Field(
@@ -830,6 +840,14 @@ class AutoscalingSpec(Schema):
                 + ", ".join(f"'{m}'" for m in KEDA_METRICS)
                 + "])",
                 KEDA_ONLY_MESSAGE,
+            ),
+            (
+                "self.scaleUpPods > 0 || self.scaleUpPercent > 0",
+                SCALE_UP_MESSAGE,
+            ),
+            (
+                "self.scaleDownPods > 0 || self.scaleDownPercent > 0",
+                SCALE_DOWN_MESSAGE,
             ),
             (
                 "self.metric != 'kvCacheUsage' || self.target <= 1.0",
@@ -911,14 +929,61 @@ class AutoscalingSpec(Schema):
         "scaleToZero says when an idle server goes to zero replicas (minReplicas 0 only).",
     )
     scale_down_stabilization_seconds: int = Field(
-        default=300,
+        default=sb.DEFAULT_STABILIZATION_SECONDS,
         ge=0,
-        le=3600,
+        le=sb.MAX_STABILIZATION_SECONDS,
         description=(
             "scaleDownStabilizationSeconds is how long demand must stay lower before the "
-            "autoscaler removes a slice (the HorizontalPodAutoscaler's scale-down "
-            "stabilization window); slices then go one per minute. Scale-up never waits. "
-            "Default: 300."
+            "autoscaler removes slices (the HorizontalPodAutoscaler's scale-down "
+            "stabilization window: it scales down to the highest count the window asked "
+            "for); slices then go at scaleDownPods / scaleDownPercent. Scale-up never waits. "
+            f"Default: {sb.DEFAULT_STABILIZATION_SECONDS}."
+        ),
+    )
+    scale_up_pods: int = Field(
+        default=sb.DEFAULT_SCALE_UP_PODS,
+        ge=0,
+        le=1024,
+        description=(
+            "scaleUpPods is how many slices scale-up may add per "
+            f"{sb.SCALE_UP_PERIOD_SECONDS} s whatever the fleet's size (a Pods policy of the "
+            "HPA's behavior); scale-up takes the larger of it and scaleUpPercent. 0 leaves "
+            f"the policy out. Default: {sb.DEFAULT_SCALE_UP_PODS} (Kubernetes' default)."
+        ),
+    )
+    scale_up_percent: int = Field(
+        default=sb.DEFAULT_SCALE_UP_PERCENT,
+        ge=0,
+        le=1000,
+        description=(
+            "scaleUpPercent is how much scale-up may grow the fleet per "
+            f"{sb.SCALE_UP_PERIOD_SECONDS} s, in percent of its replicas (a Percent policy; "
+            "100 doubles it). 0 leaves the policy out. Default: "
+            f"{sb.DEFAULT_SCALE_UP_PERCENT} (Kubernetes' default)."
+        ),
+    )
+    scale_down_pods: int = Field(
+        default=sb.DEFAULT_SCALE_DOWN_PODS,
+        ge=0,
+        le=1024,
+        description=(
+            "scaleDownPods is how many slices scale-down may remove per "
+            f"{sb.SCALE_DOWN_PERIOD_SECONDS} s whatever the fleet's size, after "
+            "scaleDownStabilizationSeconds; scale-down takes the larger of it and "
+            "scaleDownPercent. 0 leaves the policy out. Default: "
+            f"{sb.DEFAULT_SCALE_DOWN_PODS}."
+        ),
+    )
+    scale_down_percent: int = Field(
+        default=sb.DEFAULT_SCALE_DOWN_PERCENT,
+        ge=0,
+        le=100,
+        description=(
+            "scaleDownPercent is how much scale-down may shrink the fleet per "
+            f"{sb.SCALE_DOWN_PERIOD_SECONDS} s, in percent of its replicas: a fleet of any "
+            "size sheds a burst's excess in minutes (10 halves it in about 7, about one "
+            "cold start of a TPU slice), while one low reading costs at most that share. "
+            f"0 leaves the policy out. Default: {sb.DEFAULT_SCALE_DOWN_PERCENT}."
         ),
     )
 

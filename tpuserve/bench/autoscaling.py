@@ -2,8 +2,9 @@
 seconds with the predictive floor (issue 60).
 
 `tpuserve.fleet.FleetSim` runs the fleet (engines, routers, traffic, cold starts, the
-HPA's mechanics: a decision every ``hpa_interval_seconds``, scale-up at once, scale-down to the
-highest desire of the last ``scale_down_window_seconds``, one slice a minute, drained first).
+HPA's mechanics: a decision every ``hpa_interval_seconds``, then ``FleetConfig.behavior``'s
+stabilization windows and rate policies, `tpuserve_operator.scaling_behavior`, slices removed
+drained first).
 `AutoscaledFleet` only replaces the rule that turns signals into a desired count
 (`FleetSim.desired_replicas`) and counts each request's outcome by the minute it arrived in
 (`FleetSim.record_outcome`):

@@ -76,8 +76,10 @@ turn arrives a think time after the previous one.
 **Autoscaler, cold starts, Spot.** With ``autoscale`` the HorizontalPodAutoscaler's rule
 runs every ``hpa_interval_seconds`` on the ``tokensInFlight`` metric (KV tokens reserved per
 chip, `AutoscalingSpec.metric`): ``desired = ceil(replicas x metric / target)`` outside a
-10 % tolerance, scale-up at once, scale-down to the highest desire of the last
-``scale_down_window_seconds`` and one slice a minute (drained first). A new slice serves after
+10 % tolerance, then the HorizontalPodAutoscaler's ``behavior`` (``behavior``: the operator's
+`tpuserve_operator.scaling_behavior.Behavior`, the object it renders; default the CRD's
+default): stabilization windows and rate policies, slices removed drained first. A new slice
+serves after
 a cold start drawn uniformly from ``cold_start_seconds`` (node, image, weights, compile).
 Spot preemptions hit each live slice as a Poisson process of ``preemptions_per_replica_hour``;
 after ``preemption_notice_seconds`` (GKE's 30 s) the slice dies, its unfinished requests fail
@@ -105,6 +107,8 @@ from typing import Any
 from sglang_tpu.perf_model import ModelProfile, StepTimer, get_profile, kv_pool_tokens
 from sglang_tpu.topology import CatalogError, SliceShape, lookup
 from tpuserve.bench import mooncake
+from tpuserve_operator import scaling_behavior
+from tpuserve_operator.scaling_behavior import Behavior, Stepper
 from tpuserve_router.policies.precise import PreciseParams, decide, decide_tiered
 
 BLOCK_TOKENS = mooncake.MOONCAKE_BLOCK_TOKENS
@@ -123,7 +127,6 @@ ORACLE_FULL_POOL = 0.9
 ORACLE_MEMORY_PENALTY_STEPS = 16
 """`tpuserve.bench.anchors.oracle`'s constants."""
 HPA_TOLERANCE = 0.1
-SCALE_DOWN_STEP_SECONDS = 60.0
 
 # Engine states.
 OFF, STARTING, READY, DRAINING, NOTICED = 0, 1, 2, 3, 4
@@ -217,7 +220,9 @@ class FleetConfig:
     autoscale: bool = False
     target_tokens_per_chip: float = 60_000.0
     hpa_interval_seconds: float = 15.0
-    scale_down_window_seconds: float = 300.0
+    behavior: Behavior = scaling_behavior.DEFAULT
+    """How fast the autoscaler may change the replicas (the HPA's ``behavior``; the scale-down
+    stabilization window is its ``scale_down.stabilization_seconds``)."""
     cold_start_seconds: tuple[float, float] = (240.0, 480.0)
     preemptions_per_replica_hour: float = 0.0
     preemption_notice_seconds: float = 30.0
@@ -279,7 +284,7 @@ class FleetConfig:
             if not 0 < value < math.inf:
                 raise bad(name, value, "> 0 and finite")
         for name in ("warmup_seconds", "bursts_per_hour", "burst_seconds", "load_poll_seconds",
-                     "scale_down_window_seconds", "preemptions_per_replica_hour",
+                     "preemptions_per_replica_hour",
                      "preemption_notice_seconds", "drain_seconds"):  # fmt: skip
             value = getattr(self, name)
             if not 0 <= value < math.inf:
@@ -306,7 +311,9 @@ class FleetConfig:
         return lookup(self.generation, self.topology)
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["behavior"] = self.behavior.manifest()
+        return out
 
 
 @dataclass(frozen=True)
@@ -572,8 +579,7 @@ class FleetSim:
         self.bursts = self._bursts()
         self.session_count = 0
         self.spec_replicas = 0
-        self.desired_history: deque[tuple[float, int]] = deque()
-        self.last_scale_down = -math.inf
+        self.stepper = Stepper(c.behavior)
         self.chips_held = 0
         self.chips_since = 0.0
         self.result = FleetResult(c, 0.0, 0.0)
@@ -944,38 +950,40 @@ class FleetSim:
         request is not good). A hook for `tpuserve.bench.autoscaling`; nothing here."""
 
     def _autoscale(self) -> None:
+        """One HPA decision: the rule's desire within the bounds, then the behaviour's
+        stabilization and rate (`Stepper`); new slices start cold, removed ones drain (a
+        starting one first, else the least loaded)."""
         c = self.config
         live = [e for e in self.engines if e.state in (STARTING, READY, NOTICED)]
-        serving = [e for e in live if e.state == READY]
         current = len(live)
-        desired = self.desired_replicas(current)
-        desired = max(max(1, c.min_replicas), min(c.replicas, desired))
-        now = self.now
-        self.desired_history.append((now, desired))
-        while self.desired_history[0][0] < now - c.scale_down_window_seconds:
-            self.desired_history.popleft()
-        if desired > current:
+        lo, hi = max(1, c.min_replicas), c.replicas
+        desired = max(lo, min(hi, self.desired_replicas(current)))
+        target = self.stepper.step(self.now, current, desired, lo, hi)
+        if target > current:
             for e in self.engines:
-                if current >= desired:
+                if current >= target:
                     break
                 if e.state == OFF:
                     self._start(e)
                     self.result.scale_ups += 1
                     current += 1
             return
-        floor = max(d for _, d in self.desired_history)
-        if floor < current and now - self.last_scale_down >= SCALE_DOWN_STEP_SECONDS:
-            victims = [e for e in live if e.state == STARTING] or serving
-            if victims:
-                e = min(victims, key=lambda x: self.load[x.i])
-                self.last_scale_down = now
-                self.result.scale_downs += 1
-                if e.state == STARTING:
-                    e.incarnation += 1
-                    self._set_state(e, OFF)
-                else:
-                    self._set_state(e, DRAINING)
-                    self._maybe_off(e)
+        while current > target:
+            victims = [e for e in live if e.state == STARTING] or [
+                e for e in live if e.state == READY
+            ]
+            if not victims:
+                return
+            e = min(victims, key=lambda x: self.load[x.i])
+            live.remove(e)
+            current -= 1
+            self.result.scale_downs += 1
+            if e.state == STARTING:
+                e.incarnation += 1
+                self._set_state(e, OFF)
+            else:
+                self._set_state(e, DRAINING)
+                self._maybe_off(e)
 
     def _maybe_off(self, e: _Engine) -> None:
         if e.state == DRAINING and not (e.run or e.waiting or e.prefill):

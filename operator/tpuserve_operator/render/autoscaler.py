@@ -14,9 +14,13 @@ Custom Metrics Stackdriver Adapter over Managed Prometheus), which must serve:
   p90 time to first token over 5 minutes) for `model_name` = the served name, against
   `target` seconds.
 
-Scale-up adds one slice at a time per minute (a slice is costly and slow to start; the next
-decision sees the new one); scale-down waits `scaleDownStabilizationSeconds` (default 5
-minutes) of lower demand, then removes one slice at a time.
+How fast replicas change is the HPA's `behavior`, `tpuserve_operator.scaling_behavior` (the
+object the fleet model applies too): scale-up the most of `scaleUpPods` (4) and
+`scaleUpPercent` (100 %) per 15 s, Kubernetes' default, since a slice serves minutes after it
+is asked for; scale-down, after `scaleDownStabilizationSeconds` (5 minutes) of lower demand,
+the most of `scaleDownPods` (1) and `scaleDownPercent` (10 %) per minute, so a fleet of any
+size sheds a burst's excess in minutes. (Until 2026-12-07 it was one slice a minute both
+ways, whatever the fleet's size.)
 
 A disaggregated server has no server-wide autoscaler: each role with
 `spec.disaggregation.<role>.autoscaling` gets its own HPA, `<name>-<role>`, targeting the
@@ -56,7 +60,7 @@ from sglang_tpu import disaggregation as pd
 from sglang_tpu import metric_names, perf_model
 from sglang_tpu.model_source import model_id
 from sglang_tpu.topology import SliceShape, lookup
-from tpuserve_operator import disaggregation, labels, model_profile
+from tpuserve_operator import disaggregation, labels, model_profile, scaling_behavior
 from tpuserve_operator.api import AutoscalingSpec, PredictiveFloorSpec, TPUModelServerSpec
 from tpuserve_operator.errors import Problem
 from tpuserve_operator.render.context import Manifest, RenderConfig, Server
@@ -238,19 +242,19 @@ def floored_scaled_objects(server: Server) -> list[FlooredScaledObject]:
     return out
 
 
+def behavior_of(spec: AutoscalingSpec) -> scaling_behavior.Behavior:
+    """The `scaling_behavior.Behavior` ``spec`` asks for (the object the fleet model applies)."""
+    return scaling_behavior.behavior(
+        scale_up_pods=spec.scale_up_pods,
+        scale_up_percent=spec.scale_up_percent,
+        scale_down_pods=spec.scale_down_pods,
+        scale_down_percent=spec.scale_down_percent,
+        stabilization_seconds=spec.scale_down_stabilization_seconds,
+    )
+
+
 def _behavior(spec: AutoscalingSpec) -> Manifest:
-    return {
-        "scaleUp": {
-            "stabilizationWindowSeconds": 0,
-            "selectPolicy": "Max",
-            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
-        },
-        "scaleDown": {
-            "stabilizationWindowSeconds": spec.scale_down_stabilization_seconds,
-            "selectPolicy": "Max",
-            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
-        },
-    }
+    return behavior_of(spec).manifest()
 
 
 def _selector(server: Server, role: str | None) -> str:

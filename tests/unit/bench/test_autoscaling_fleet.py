@@ -98,7 +98,7 @@ def test_the_ceiling_report_finds_the_bursty_days_demand_over_the_whole_fleet() 
         args = day.argparse.Namespace(
             days=list(day.DAYS), scalers=["hpa_queue"], replicas=replicas, window=3600.0,
             warmup=900.0, peak_load=0.8, capacity=5.25, ttft=5.0, itl=0.1, seed=0, rows=None,
-            hours=None,
+            hours=None, behavior="default",
         )  # fmt: skip
         return {(r["day"], r["window"]): r for r in day.ceiling(args)}
 
@@ -161,7 +161,8 @@ def test_the_split_counts_violations_beyond_the_minutes_over_the_ceiling() -> No
     over = {
         c["window"]: c["minutes_over_fleet"]
         for c in day.ceiling(day.argparse.Namespace(
-            days=["bursty"], scalers=["hpa_queue"], rows=None, hours=None, **args))
+            days=["bursty"], scalers=["hpa_queue"], rows=None, hours=None, behavior="default",
+            **args))
         if c["day"] == "bursty"
     }  # fmt: skip
     assert over["03:00"] == 0
@@ -177,3 +178,43 @@ def test_the_split_counts_violations_beyond_the_minutes_over_the_ceiling() -> No
     # two of the four windows: the day says so, and the windows not run are named
     assert "| bursty (12 of 24 h) |" in day.split_report(data)
     assert "| 10 / not run / 30 / not run |" in day.report(data)
+
+
+def test_rows_of_each_behaviour_are_their_own_and_compare_with_todays_hpa() -> None:
+    """`--behavior`: a scaler's rows under two behaviours are two table rows, named by their
+    behaviour; the "vs" columns compare with the first HPA row (the operator's old one slice a
+    minute); rows that name no behaviour (runs before it existed) keep their old name."""
+    from tests.bench_scripts import load_bench_script
+
+    day = load_bench_script("autoscaling_day")
+
+    def row(scaler: str, behavior: str | None, violations: int, chips: float) -> dict[str, object]:
+        out: dict[str, object] = {
+            "day": "planner", "scaler": scaler, "start_hour": 3.0, "weight_hours": 6.0,
+            "window_hours": 0.75, "slo_violation_minutes": violations, "chip_hours": chips,
+            "goodput_share": 1.0, "ttft_p99": 1.0, "replicas_min": 1, "replicas_max": 25,
+            "failed": 0,
+        }  # fmt: skip
+        if behavior is not None:
+            out["behavior"] = behavior
+        return out
+
+    rows = [row("keda_backlog_floor", "default", 5, 8.0), row("hpa_queue", "default", 20, 9.0),
+            row("hpa_queue", "one-per-minute", 10, 10.0)]  # fmt: skip
+    table = day.aggregate(rows)
+    assert [(t["scaler"], t["behavior"]) for t in table] == [
+        ("hpa_queue", "one-per-minute"), ("hpa_queue", "default"),
+        ("keda_backlog_floor", "default"),
+    ]  # fmt: skip
+    report = day.report({"rows": rows, "table": table}).splitlines()
+    assert "1 slice/min up and down (the operator's behaviour until 2026-12-07)" in report[2]
+    assert "| -50 % | 64 | -20 % |" in report[4]  # the floor against today's HPA
+    # a row from other windows than the baseline's is no per-day comparison: no "vs"
+    nine = {**row("hpa_queue", "one-per-minute", 1, 1.0), "start_hour": 9.0}
+    partial = day.aggregate([*rows, nine])
+    lines = day.report({"rows": [], "table": partial}).splitlines()
+    assert "| planner (12 of 24 h) |" in lines[2]
+    assert "| – |" not in lines[2]  # the baseline itself
+    assert "| 40 | – | 64 | – |" in lines[4]
+    old = day.aggregate([row("hpa_queue", None, 10, 10.0)])
+    assert "| HPA on `queue` (today) |" in day.report({"rows": [], "table": old})

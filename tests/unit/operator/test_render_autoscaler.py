@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from tpuserve.observability import rules
-from tpuserve_operator import labels
+from tpuserve_operator import labels, scaling_behavior
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render import Rendered
 from tpuserve_operator.render.autoscaler import ROLE_TTFT_METRIC, TTFT_METRIC, quantity
@@ -43,11 +43,73 @@ def test_the_autoscaler_targets_the_servers_scale_subresource(
         "name": "qwen",
     }
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
-    # one slice at a time both ways; scale-down only after 5 minutes of lower demand
-    behavior = hpa["spec"]["behavior"]
-    assert behavior["scaleUp"]["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
-    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 300
+    # the behaviour scales with the fleet: up max(4 slices, 100 %) per 15 s, down after 5
+    # minutes of lower demand max(1 slice, 10 %) per minute
+    assert hpa["spec"]["behavior"] == {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "selectPolicy": "Max",
+            "policies": [
+                {"type": "Pods", "value": 4, "periodSeconds": 15},
+                {"type": "Percent", "value": 100, "periodSeconds": 15},
+            ],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": 300,
+            "selectPolicy": "Max",
+            "policies": [
+                {"type": "Pods", "value": 1, "periodSeconds": 60},
+                {"type": "Percent", "value": 10, "periodSeconds": 60},
+            ],
+        },
+    }
+    assert hpa["spec"]["behavior"] == scaling_behavior.DEFAULT.manifest()
     kubernetes_validate.validate(hpa, "1.33.0", strict=True)
+
+
+def test_the_behaviour_renders_the_specs_policies_and_leaves_a_zero_one_out(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    spec = spec_with(autoscaling={
+        "maxReplicas": 64, "scaleUpPods": 0, "scaleUpPercent": 50, "scaleDownPods": 2,
+        "scaleDownPercent": 0, "scaleDownStabilizationSeconds": 600,
+    })  # fmt: skip
+    hpa = hpa_of(rendered(spec))
+    behavior = hpa["spec"]["behavior"]
+    assert behavior["scaleUp"]["policies"] == [
+        {"type": "Percent", "value": 50, "periodSeconds": 15}
+    ]
+    assert behavior["scaleDown"]["policies"] == [{"type": "Pods", "value": 2, "periodSeconds": 60}]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 600
+    kubernetes_validate.validate(hpa, "1.33.0", strict=True)
+
+
+@pytest.mark.parametrize("direction", ["Up", "Down"])
+def test_a_direction_with_no_policy_is_refused(
+    rendered: RenderFn, spec_with: SpecWith, direction: str
+) -> None:
+    spec = spec_with(
+        autoscaling={"maxReplicas": 4, f"scale{direction}Pods": 0, f"scale{direction}Percent": 0}
+    )
+    with pytest.raises(InvalidSpec) as err:
+        rendered(spec)
+    message = str(err.value)
+    assert f"autoscaling.scale{direction}Pods and autoscaling.scale{direction}Percent are " in (
+        message
+    )
+    assert "both 0" in message
+    assert "allowed: at least one of them above 0" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("scaleDownPercent", 101), ("scaleUpPercent", -1), ("scaleUpPods", 1025)]
+)
+def test_a_policy_out_of_bounds_is_refused_naming_the_field(
+    rendered: RenderFn, spec_with: SpecWith, field: str, value: int
+) -> None:
+    spec = spec_with(autoscaling={"maxReplicas": 4, field: value})
+    with pytest.raises(InvalidSpec, match=rf"spec\.autoscaling\.{field}"):
+        rendered(spec)
 
 
 def _pods_metric(name: str, average_value: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 from sglang_tpu import perf_model
 from sglang_tpu.topology import lookup
 from tpuserve.observability import rules
-from tpuserve_operator import labels
+from tpuserve_operator import labels, scaling_behavior
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render import Rendered
 from tpuserve_operator.render.autoscaler import (
@@ -51,9 +51,13 @@ def test_keda_renders_a_scaled_object_on_the_servers_scale_subresource_and_no_hp
         "apiVersion": labels.API_VERSION, "kind": labels.KIND, "name": "qwen"
     }  # fmt: skip
     assert (body["minReplicaCount"], body["maxReplicaCount"], body["pollingInterval"]) == (2, 8, 30)
+    # the HPA's behaviour, the same object (KEDA copies it into its own HPA)
     behavior = body["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior == scaling_behavior.DEFAULT.manifest()
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 300
-    assert behavior["scaleUp"]["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
+    assert behavior["scaleDown"]["policies"][1] == {
+        "type": "Percent", "value": 10, "periodSeconds": 60
+    }  # fmt: skip
     (trigger,) = body["triggers"]
     assert trigger["type"] == "prometheus"
     assert trigger["metricType"] == "AverageValue"

@@ -10,6 +10,7 @@ import pytest
 
 from tpuserve.fleet import FLEET_POLICIES, FleetConfig, FleetSim, daily_multiplier, run_fleet
 from tpuserve.fleet.model import _Request, _Router
+from tpuserve_operator import scaling_behavior
 
 pytestmark = pytest.mark.unit
 
@@ -164,3 +165,45 @@ def test_a_host_tier_raises_the_hit_rate_where_hbm_cannot_hold_the_sessions() ->
     assert with_tier["ttft_p99"] < without["ttft_p99"]
     with pytest.raises(ValueError, match=r"host_cache_tokens: -1 is not allowed; allowed: >= 0"):
         replace(base, host_cache_tokens=-1).validate()
+
+
+class _WantsOne(FleetSim):
+    """Desires every replica at the first decision (t = 15 s), then one (nothing else
+    changes)."""
+
+    def desired_replicas(self, current: int) -> int:
+        return self.config.replicas if self.now < 20 else 1
+
+
+def test_scale_down_follows_the_behaviour_and_scales_with_the_fleet() -> None:
+    """40 replicas wanting 1: once the 300-s window no longer holds the first desire (40, at
+    15 s) the default sheds 10 % a minute, not one slice a minute (the model's old fixed
+    step)."""
+    config = replace(
+        SMALL, replicas=40, initial_replicas=40, autoscale=True, peak_rate=1.0,
+        duration_seconds=480.0, bursts_per_hour=0.0,
+    )  # fmt: skip
+    res = _WantsOne(config).run()
+    # decisions at 15, 30, ..., 480; the window holds 40 until 315 s; 330 s: 40 -> 36, 390 s:
+    # 36 -> 32 (10 % of the count, rounded down as the HPA does), 450 s: 32 -> 28
+    assert res.scale_downs == 12
+    one_a_minute = _WantsOne(replace(config, behavior=scaling_behavior.ONE_PER_MINUTE)).run()
+    assert one_a_minute.scale_downs == 3
+
+
+def test_scale_up_follows_the_behaviour() -> None:
+    """One replica wanting all: one per minute under the operator's old behaviour, doublings
+    per 15 s under the default (the model used to start them all at once)."""
+
+    class _WantsAll(FleetSim):
+        def desired_replicas(self, current: int) -> int:
+            return self.config.replicas
+
+    config = replace(
+        SMALL, replicas=40, initial_replicas=1, autoscale=True, peak_rate=1.0,
+        duration_seconds=90.0, bursts_per_hour=0.0, cold_start_seconds=(600.0, 600.0),
+    )  # fmt: skip
+    slow = _WantsAll(replace(config, behavior=scaling_behavior.ONE_PER_MINUTE)).run()
+    assert slow.scale_ups == 2  # at 15 s and 75 s
+    fast = _WantsAll(config).run()
+    assert fast.scale_ups == 39  # 1 -> 5 -> 10 -> 20 -> 40 at 15, 30, 45 and 60 s
