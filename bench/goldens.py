@@ -318,20 +318,14 @@ def autoscaling_day_split_table() -> str:
     return str(day.split_report(data))
 
 
-def autoscaling_day_1000_table() -> str:
-    """bench/autoscaling_day.py's report and --split tables of the 1,000-chip run."""
-    day = _bench_module("autoscaling_day")
-    data = json.loads((PLAN_RESULTS / "autoscaling_day.1000chips.json").read_text())
-    return f"{day.report(data)}\n\n{day.split_report(data)}"
-
-
-def autoscaling_behavior_table(name: str) -> Callable[[], str]:
-    """bench/autoscaling_day.py's report and --split tables of a run comparing scaling
-    behaviours (2026-12-07b, `tpuserve_operator.scaling_behavior`)."""
+def autoscaling_report_and_split(path: Path) -> Callable[[], str]:
+    """bench/autoscaling_day.py's report and --split tables of one committed run: the
+    1,000-chip run, and those comparing scaling behaviours (2026-12-07b,
+    `tpuserve_operator.scaling_behavior`)."""
 
     def render() -> str:
         day = _bench_module("autoscaling_day")
-        data = json.loads((BEHAVIOR_RESULTS / name).read_text())
+        data = json.loads(path.read_text())
         return f"{day.report(data)}\n\n{day.split_report(data)}"
 
     return render
@@ -398,15 +392,16 @@ TABLES: dict[str, Table] = {
         ROOT / "docs" / "capacity-planning.md", autoscaling_day_split_table
     ),
     "autoscaling-day-1000": Table(
-        ROOT / "docs" / "capacity-planning.md", autoscaling_day_1000_table
+        ROOT / "docs" / "capacity-planning.md",
+        autoscaling_report_and_split(PLAN_RESULTS / "autoscaling_day.1000chips.json"),
     ),
     "autoscaling-behavior-100": Table(
         ROOT / "docs" / "capacity-planning.md",
-        autoscaling_behavior_table("autoscaling_day.100chips.json"),
+        autoscaling_report_and_split(BEHAVIOR_RESULTS / "autoscaling_day.100chips.json"),
     ),
     "autoscaling-behavior-1000": Table(
         ROOT / "docs" / "capacity-planning.md",
-        autoscaling_behavior_table("autoscaling_day.1000chips.json"),
+        autoscaling_report_and_split(BEHAVIOR_RESULTS / "autoscaling_day.1000chips.json"),
     ),
     "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
 }
