@@ -164,9 +164,29 @@ def table(out: Path) -> int:
     return 0
 
 
+LIVE_GROUPS = {"w7live": ("W7", (2, 3)), "w3live": ("W3", (2,))}
+"""`--only` groups at 1/share of a workload's live shared working set, 4.0 req/s first."""
+
+
+def _selection(
+    parser: argparse.ArgumentParser, flag: str, value: str | None, known: set[str]
+) -> set[str] | None:
+    """``value``'s comma-separated names (None: all); an argparse error naming the flag, the
+    unknown names and the allowed ones (those of the runs ``--only`` selects)."""
+    if not value:
+        return None
+    names = set(value.split(","))
+    unknown = sorted(names - known)
+    if unknown:
+        parser.error(
+            f"{flag}: {', '.join(unknown)} not allowed; allowed: {', '.join(sorted(known))}"
+        )
+    return names
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    only = ("w4", "w4live", "w7live", "w3live", "mooncake", "others", "fleet")
+    only = ("w4", "w4live", *LIVE_GROUPS, "mooncake", "others", "fleet")
     parser.add_argument("--only", choices=only)
     parser.add_argument("--out", default="bench/host_tier_results/2026-12-07")
     parser.add_argument("--table", action="store_true", help="Print the results as Markdown.")
@@ -194,24 +214,16 @@ def main() -> int:
                 runs.append(
                     (f"w4-live-{share}x", name, base + setup_args(policy, HOST, tier, blind))
                 )
-    if a.only in (None, "w7live"):
-        live = live_tokens("W7")
-        for share in (2, 3):
+    for key, (workload, shares) in LIVE_GROUPS.items():
+        if a.only not in (None, key):
+            continue
+        live = live_tokens(workload)
+        for share in shares:
             cache = int(live) // (WORKERS * share) // PAGE * PAGE
-            base = ["--workload", "W7", *fleet, "--cache-tokens", str(cache), "--rate", "4.0"]
+            base = ["--workload", workload, *fleet, "--cache-tokens", str(cache), "--rate", "4.0"]
+            group = f"{workload.lower()}-live-{share}x"
             for name, policy, tier, blind in SETUPS:
-                runs.append(
-                    (f"w7-live-{share}x", name, base + setup_args(policy, HOST, tier, blind))
-                )
-    if a.only in (None, "w3live"):
-        live = live_tokens("W3")
-        for share in (2,):
-            cache = int(live) // (WORKERS * share) // PAGE * PAGE
-            base = ["--workload", "W3", *fleet, "--cache-tokens", str(cache), "--rate", "4.0"]
-            for name, policy, tier, blind in SETUPS:
-                runs.append(
-                    (f"w3-live-{share}x", name, base + setup_args(policy, HOST, tier, blind))
-                )
+                runs.append((group, name, base + setup_args(policy, HOST, tier, blind)))
     if a.only in (None, "mooncake"):
         trace = "bench/traces/mooncake-conversation-small.jsonl"
         base = ["--trace", trace, *fleet, "--rate", "1.0"]
@@ -227,8 +239,8 @@ def main() -> int:
         return table(out)
     if a.only == "fleet":
         return fleet_model(out)
-    groups = set(a.groups.split(",")) if a.groups else None
-    setups = set(a.setups.split(",")) if a.setups else None
+    groups = _selection(parser, "--groups", a.groups, {group for group, _, _ in runs})
+    setups = _selection(parser, "--setups", a.setups, {name for _, name, _ in runs})
     for group, name, args in runs:
         if (groups and group not in groups) or (setups and name not in setups):
             continue
