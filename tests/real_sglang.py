@@ -38,7 +38,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,36 @@ class RealSGLang:
         return env
 
 
+def flush_cache_when_idle(
+    url: str,
+    *,
+    what: str,
+    timeout_seconds: float = FLUSH_TIMEOUT_SECONDS,
+    context: Callable[[], str] | None = None,
+) -> None:
+    """POST `/flush_cache` until the engine takes it. SGLang (and the twin, as it) answers 400
+    while a request runs, and its scheduler may still count one for a moment after the answer
+    went out, or after the client hung up on it (seen on a loaded machine)."""
+
+    def flushed() -> bool:
+        request = urllib.request.Request(f"{url}/flush_cache", method="POST", data=b"")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return bool(response.status == 200)
+        except urllib.error.HTTPError as err:
+            if err.code == 400:
+                return False
+            raise
+
+    eventually(
+        flushed,
+        what=f"{what} to flush its cache",
+        timeout_seconds=timeout_seconds,
+        interval_seconds=0.5,
+        context=context,
+    )
+
+
 @dataclass
 class RealEngine:
     """One running `sglang.launch_server` on 127.0.0.1.
@@ -170,24 +200,11 @@ class RealEngine:
         return self.process.alive()
 
     def flush_cache(self, timeout_seconds: float = FLUSH_TIMEOUT_SECONDS) -> None:
-        """Empty the radix cache; SGLang answers 400 while requests are running, so this waits
-        for them (a request of the previous module may still be finishing)."""
-
-        def flushed() -> bool:
-            request = urllib.request.Request(f"{self.url}/flush_cache", method="POST", data=b"")
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    return bool(response.status == 200)
-            except urllib.error.HTTPError as err:
-                if err.code == 400:
-                    return False
-                raise
-
-        eventually(
-            flushed,
-            what=f"real SGLang engine {self.name} to flush its cache",
+        """Empty the radix cache once no request runs (a previous module's may be finishing)."""
+        flush_cache_when_idle(
+            self.url,
+            what=f"real SGLang engine {self.name}",
             timeout_seconds=timeout_seconds,
-            interval_seconds=0.5,
             context=self.log_tail,
         )
 

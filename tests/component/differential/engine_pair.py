@@ -120,10 +120,6 @@ class EnginePair:
             self.twin.url, "GET", path, None, headers
         )
 
-    def flush_cache(self) -> None:
-        for answer in self.post("/flush_cache", b""):
-            assert answer.status == 200, answer
-
 
 def twin_args(real: RealEngine, *, enable_cache_report: bool) -> list[str]:
     """`tpuserve engine sim` flags that make the twin serve like `real`."""

@@ -32,6 +32,7 @@ from sglang_tpu.kv_events import (
     decode_batch,
 )
 from tests.component.differential.engine_pair import GREEDY, Answer, kv_endpoints, request
+from tests.real_sglang import flush_cache_when_idle
 from tests.sglang_kv_events import as_fields, batch_decoder
 from tests.waiting import eventually
 
@@ -106,7 +107,7 @@ def record(url: str, topic: str, prompts: Sequence[Prompt]) -> Recording:
             sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
 
             def flushed_and_seen() -> bool:
-                assert request(url, "POST", "/flush_cache", b"").status == 200
+                flush_cache_when_idle(url, what=url)
                 while sub.poll(QUIET_MS):
                     if _cleared(decode(sub.recv_multipart())):
                         return True
@@ -123,7 +124,7 @@ def record(url: str, topic: str, prompts: Sequence[Prompt]) -> Recording:
                 assert answer.status == 200, answer
                 out.answers.append(answer)
                 out.sequences.append(prompt + list(answer.body["output_ids"]))
-            assert request(url, "POST", "/flush_cache", b"").status == 200
+            flush_cache_when_idle(url, what=url)
             while not (out.messages and _cleared(out.messages[-1])) and sub.poll(30_000):
                 out.messages.append(decode(sub.recv_multipart()))
             while sub.poll(QUIET_MS):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import urllib.request
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -55,13 +54,6 @@ def text_of_tokens(tokenizer: Tokenizer, rng: random.Random, tokens: int) -> str
         words.extend("".join(rng.choices(LETTERS, k=rng.randint(2, 9))) for _ in range(4))
         text = " ".join(words) + "\n"
     return text
-
-
-def flush(engine: RealEngine) -> None:
-    """Empty the engine's radix cache (SGLang refuses, 400, while requests are running)."""
-    request = urllib.request.Request(f"{engine.url}/flush_cache", method="POST", data=b"")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status == 200, response.read()
 
 
 async def router_in_front_of(engines: Sequence[RealEngine]) -> RouterApp:
@@ -138,7 +130,7 @@ class EngineEventFeed:
 
         async def flushed_and_seen() -> bool:
             self._cleared.clear()
-            await asyncio.to_thread(flush, self.engine)
+            await asyncio.to_thread(self.engine.flush_cache)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._cleared.wait(), timeout=1.0)
             return self._cleared.is_set()

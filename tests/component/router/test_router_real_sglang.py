@@ -37,7 +37,6 @@ from sglang_tpu.tokenizer import Tokenizer, render_chatml
 from tests.component.router.real_engine_traffic import (
     EngineEventFeed,
     engine_tokenizer,
-    flush,
     router_in_front_of,
     text_of_tokens,
 )
@@ -79,7 +78,7 @@ def tokenizer(engines: list[RealEngine]) -> Tokenizer:
 async def router(engines: list[RealEngine]) -> AsyncIterator[RouterApp]:
     """A router in front of both engines, whose caches start empty."""
     for engine in engines:
-        flush(engine)
+        engine.flush_cache()
     app = await router_in_front_of(engines)
     yield app
     await app.stop()
@@ -303,7 +302,7 @@ async def test_a_router_started_late_learns_what_an_engine_cached_before_it_by_r
     engines: list[RealEngine], tokenizer: Tokenizer
 ) -> None:
     for engine in engines:
-        flush(engine)
+        engine.flush_cache()
     # The module's own engine: its replay buffer holds this module's events only.
     early, other = engines
     prompt = text_of_tokens(tokenizer, random.Random(4), 400)
