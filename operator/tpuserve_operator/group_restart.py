@@ -1,11 +1,13 @@
-"""Restart a multi-host replica group as one when any of its pods restarts (StatefulSet path).
+"""Restart a multi-host replica group as one when any of its pods restarts.
 
 A multi-host slice runs one distributed program: when one host's pod restarts (its container
 restarted, or the pod was deleted or evicted and recreated), the other hosts are left in a
-broken collective and never recover on their own. LeaderWorkerSet handles this itself
-(`RecreateGroupOnPodRestart`); without it the operator does the same: it remembers each
-group's pods (identity and restart count) once every host runs, and when one of them changes
-it deletes the group's other pods, so the StatefulSets recreate the whole group together.
+broken collective and never recover on their own. LeaderWorkerSet does this itself
+(`RecreateGroupOnPodRestart`) but misses a worker that is gone before its reconcile sees it
+terminating (`restarts`); the operator does it on both paths: it remembers each group's pods
+(identity and restart count) once every host runs, and when one of them changes it deletes
+the group's other pods, so the StatefulSets (or the LeaderWorkerSet) recreate the whole group
+together.
 
 Pure: `check` takes what the operator remembers and what it sees, and says what to delete.
 """

@@ -224,7 +224,8 @@ class Kube:
         self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None
     ) -> bool:
         """Delete in the background (dependents are collected by the garbage collector).
-        With `uid`, only that incarnation is deleted. False when it was already gone."""
+        With `uid`, only that incarnation is deleted (the apiserver answers 409 when the name
+        now holds another one). False when it was already gone."""
         target = KINDS[(api_version, kind)]
         body: dict[str, Any] = {"propagationPolicy": "Background"}
         if uid:
@@ -233,6 +234,10 @@ class Kube:
             await self._request("delete", target.path(namespace, name), body=body)
         except NotFoundError:
             return False
+        except ConflictError:
+            if uid:
+                return False  # that incarnation is gone; a new one has its name
+            raise
         return True
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:

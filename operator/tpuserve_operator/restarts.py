@@ -1,4 +1,4 @@
-"""Deleting pods so replica groups restart as one (the StatefulSet path; LWS does it itself).
+"""Deleting pods so replica groups restart as one.
 
 - On a rollout: the plan's groups to restart lose every stale pod at once (their StatefulSets
   use `OnDelete`, so the whole slice comes back on the new revision together).
@@ -9,6 +9,11 @@
 - When one host of a running multi-host group restarts: the group's other pods are deleted
   too (LeaderWorkerSet's `RecreateGroupOnPodRestart`, done by hand; `group_restart.check`
   decides, with what the server's state remembers) and a `GroupRestarted` Warning is posted.
+  On both workload paths: LeaderWorkerSet (v0.9.0, `handleRestartPolicy`) restarts a group
+  only when its reconcile still sees the deleted worker with a `deletionTimestamp`, so a
+  worker that is gone at once (force-deleted, or lost with its node) can come back without
+  the rest of its group. Where LWS acts first the operator's deletes find nothing: each names
+  the incarnation it means (a uid precondition), never a pod recreated under the same name.
 """
 
 from __future__ import annotations
@@ -92,8 +97,6 @@ class GroupRestarts:
         groups: Mapping[int, GroupObservation],
     ) -> None:
         """When one pod of a running multi-host group restarted, restart the rest."""
-        if rendered.server.config.leaderworkerset:
-            return
         for k, group in groups.items():
             hosts = rendered.group_hosts(k)  # a role's slice when disaggregated
             if hosts == 1:
@@ -111,11 +114,13 @@ class GroupRestarts:
                 state.condemned.pop(k, None)
             if not verdict.delete:
                 continue
-            uids = {p.uid for p in group.pods if p.name in verdict.delete}
-            state.condemned[k] = state.condemned.get(k, set()) | uids
-            await asyncio.gather(
-                *(self.kube.delete("v1", "Pod", key[0], name) for name in verdict.delete)
+            doomed = [p for p in group.pods if p.name in verdict.delete]
+            state.condemned[k] = state.condemned.get(k, set()) | {p.uid for p in doomed}
+            found = await asyncio.gather(
+                *(self.kube.delete("v1", "Pod", key[0], p.name, uid=p.uid) for p in doomed)
             )
+            if not any(found):
+                continue  # all gone already: their workload restarted the group itself
             self.emit_event(
                 body,
                 "Warning",

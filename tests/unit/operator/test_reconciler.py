@@ -351,6 +351,62 @@ async def test_a_restarted_host_restarts_its_whole_group(operator: Operator) -> 
     assert "qwen-r0-w-2" in message
 
 
+async def lws_group_running_as_one(operator: Operator) -> tuple[tuple[str, str], str]:
+    """A four-host server on the LeaderWorkerSet path whose group runs as one."""
+    operator.kube.group_versions.add("leaderworkerset.x-k8s.io/v1")
+    key = operator.create(FOUR_HOSTS)
+    await operator.converge(key)
+    assert operator.status(key)["plan"]["workload"] == "LeaderWorkerSet"
+    revision = str(operator.status(key)["revision"])
+    for i, name in enumerate(LWS_HOSTS):
+        role = labels.ROLE_LEADER if i == 0 else labels.ROLE_WORKER
+        operator.kube.put(pod_object("qwen", name, role=role, revision=revision))
+    await operator.converge(key)
+    assert operator.kube.deleted == []
+    return key, revision
+
+
+LWS_HOSTS = ("qwen-r0-0", "qwen-r0-0-1", "qwen-r0-0-2", "qwen-r0-0-3")
+
+
+async def test_a_worker_lws_recreated_alone_restarts_its_whole_group(operator: Operator) -> None:
+    """LWS v0.9.0 restarts a group only if it sees the deleted worker terminating; a worker
+    force-deleted (or lost with its node) comes back alone, and the operator restarts the rest."""
+    key, revision = await lws_group_running_as_one(operator)
+    operator.kube.objects.pop(("v1", "Pod", NAMESPACE, "qwen-r0-0-2"))  # gone at once
+    operator.kube.put(pod_object("qwen", "qwen-r0-0-2", role=labels.ROLE_WORKER, revision=revision))
+    await operator.converge(key)
+    assert sorted(name for kind, name in operator.kube.deleted if kind == "Pod") == [
+        "qwen-r0-0",
+        "qwen-r0-0-1",
+        "qwen-r0-0-3",
+    ]
+    kind, reason, message = operator.events[-1]
+    assert (kind, reason) == ("Warning", "GroupRestarted")
+    assert "qwen-r0-0-2" in message
+
+
+async def test_a_group_lws_restarted_itself_is_not_restarted_again(operator: Operator) -> None:
+    """Where LWS restarted the group first, the operator deletes no pod of the new one, even
+    under the old names (its deletes name the old incarnations' uids)."""
+    key, revision = await lws_group_running_as_one(operator)
+    before = {
+        name: operator.kube.get_object("v1", "Pod", NAMESPACE, name)["metadata"]["uid"]
+        for name in LWS_HOSTS
+    }
+    for i, name in enumerate(LWS_HOSTS):  # the whole group recreated
+        operator.kube.objects.pop(("v1", "Pod", NAMESPACE, name))
+        role = labels.ROLE_LEADER if i == 0 else labels.ROLE_WORKER
+        operator.kube.put(pod_object("qwen", name, role=role, revision=revision))
+    await operator.converge(key)
+    assert operator.kube.deleted == []
+    assert all(
+        operator.kube.get_object("v1", "Pod", NAMESPACE, name)["metadata"]["uid"] != uid
+        for name, uid in before.items()
+    )
+    assert not [e for e in operator.events if e[1] == "GroupRestarted"]
+
+
 async def test_a_new_generation_is_acknowledged_before_its_pass(operator: Operator) -> None:
     key = operator.create(ONE_HOST)
     await operator.converge(key)
