@@ -126,35 +126,21 @@ pub fn bounded(loads: &[i64], load_factor: f64) -> Vec<bool> {
 /// loaded into free HBM, as a miss would be computed there), so it may not buy a worker its
 /// load bound excludes (`bounded`): there only its HBM blocks count, as the HBM-only rule
 /// counts them, and a prefix held only in the host memory of a busy worker is a miss that goes
-/// to the least loaded, as it would without the tier. Nor may it buy a longer prefill queue
-/// than it saves (`host_hit_pays`, with `queued[i]` the prefill tokens queued on worker `i` and
-/// `page_tokens` a block's tokens): there too only HBM blocks count.
-#[allow(clippy::too_many_arguments)]
+/// to the least loaded, as it would without the tier.
 pub fn tier_value(
     depths: &[usize],
     device: &[usize],
     loads: &[i64],
-    queued: &[f64],
-    page_tokens: usize,
     host_units: usize,
     tier_units: usize,
     load_factor: f64,
 ) -> (Vec<usize>, Vec<usize>) {
     let within = bounded(loads, load_factor);
-    let pays = host_hit_pays(
-        depths,
-        device,
-        page_tokens,
-        loads,
-        queued,
-        host_units,
-        tier_units,
-    );
     let mut held = Vec::with_capacity(depths.len());
     let mut counted = Vec::with_capacity(depths.len());
     for (i, (&all, &dev)) in depths.iter().zip(device).enumerate() {
         let dev = dev.min(all);
-        let host = if host_units > 0 && within[i] && pays[i] {
+        let host = if host_units > 0 && within[i] {
             all - dev
         } else {
             0
@@ -163,39 +149,6 @@ pub fn tier_value(
         counted.push(dev + host);
     }
     (held, counted)
-}
-
-/// The price of a host hit (`precise.host_hit_pays` states it): whether what worker `i` holds
-/// only in host memory saves this request more prefill than the extra prefill queued ahead of
-/// it there, against the least loaded worker (among equally loaded, the shortest queue; the
-/// first listed of equals). Both in prefill tokens, so the per-token prefill time drops out:
-/// the hit saves `host_units / tier_units` (`host_hit_weight`) of each host-only token,
-/// `(depths[i] - device[i]) * page_tokens`; the wait is `queued[i] - queued[least]`.
-pub fn host_hit_pays(
-    depths: &[usize],
-    device: &[usize],
-    page_tokens: usize,
-    loads: &[i64],
-    queued: &[f64],
-    host_units: usize,
-    tier_units: usize,
-) -> Vec<bool> {
-    let mut least = 0;
-    for j in 1..loads.len() {
-        if (loads[j], queued[j]) < (loads[least], queued[least]) {
-            least = j;
-        }
-    }
-    let base = queued.get(least).copied().unwrap_or(0.0);
-    depths
-        .iter()
-        .zip(device)
-        .zip(queued)
-        .map(|((&all, &dev), &q)| {
-            let host = (all - dev.min(all)) as f64;
-            (q - base) * (tier_units as f64) < host * (page_tokens as f64) * (host_units as f64)
-        })
-        .collect()
 }
 
 /// The least loaded worker, ties broken by the fewest `blocks`, then by `cursor` (see
@@ -284,8 +237,6 @@ mod tests {
             &[68, 0, 0, 0],
             &[0, 0, 0, 0],
             &[40, 32, 26, 22],
-            &[0.0; 4],
-            16,
             830,
             1000,
             1.25,
@@ -298,8 +249,6 @@ mod tests {
             &[68, 0, 0, 0],
             &[0, 0, 0, 0],
             &[30, 32, 26, 22],
-            &[0.0; 4],
-            16,
             830,
             1000,
             1.25,
@@ -310,71 +259,11 @@ mod tests {
             &[68, 0, 0, 0],
             &[40, 0, 0, 0],
             &[40, 32, 26, 22],
-            &[0.0; 4],
-            16,
             830,
             1000,
             1.25,
         );
         assert_eq!(held[0], 40 * 1000);
-    }
-
-    #[test]
-    fn a_host_hit_does_not_buy_a_longer_queue_than_it_saves() {
-        // worker 1 holds 4 blocks of 16 tokens only in host memory, worth 0.83 x 64 = 53.12
-        // tokens of prefill; worker 0, the least loaded, has 10 tokens queued
-        let pays = |queued: f64| {
-            tier_value(
-                &[0, 4, 0],
-                &[0, 0, 0],
-                &[2, 3, 3],
-                &[10.0, queued, 0.0],
-                16,
-                830,
-                1000,
-                1.25,
-            )
-        };
-        assert_eq!(pays(63.0), (vec![0, 4 * 830, 0], vec![0, 4, 0])); // 53 more: it pays
-        assert_eq!(pays(64.0), (vec![0; 3], vec![0; 3])); // 54 more: no longer
-        assert_eq!(pays(200.0), (vec![0; 3], vec![0; 3]));
-        // its HBM blocks are not priced so
-        let (held, _) = tier_value(
-            &[4, 4, 0],
-            &[4, 0, 0],
-            &[2, 3, 3],
-            &[10.0, 0.0, 900.0],
-            16,
-            830,
-            1000,
-            1.25,
-        );
-        assert_eq!(held[0], 4 * 1000);
-        // the least loaded is the shortest queue among equally loaded workers
-        assert_eq!(
-            host_hit_pays(
-                &[0, 4, 0],
-                &[0, 0, 0],
-                16,
-                &[2, 3, 2],
-                &[90.0, 100.0, 50.0],
-                830,
-                1000
-            ),
-            [false, true, false] // (no host blocks: nothing to pay for)
-        );
-        assert_eq!(
-            host_hit_pays(
-                &[0, 4, 0],
-                &[0, 0, 0],
-                16,
-                &[2, 3, 2],
-                &[90.0, 110.0, 50.0],
-                830,
-                1000
-            ),
-            [false, false, false]
-        );
     }
 
     #[test]

@@ -890,17 +890,14 @@ impl BlockIndex {
         let choice = if self.host_only_blocks > 0 {
             // Tiers: a block in HBM saves its prefill, one in host memory that less its load
             // back (`host_hit_weight` of it): HBM hit > host hit > miss, in thousandths. A
-            // worker over the load bound (`affinity::bounded`), or whose extra prefill queue
-            // is at least what its host blocks save (`affinity::host_hit_pays`), is seen as
-            // the HBM-only rule sees it: its host blocks count for nothing there.
+            // worker over the load bound (`affinity::bounded`) is seen as the HBM-only rule
+            // sees it: its host blocks count for nothing there.
             let device = self.depths_in(&self.device, &keys.keys, &masks);
             let host_units = (params.host_hit_weight * TIER_UNITS as f64).round() as usize;
             let (held, counted) = affinity::tier_value(
                 &depths,
                 &device,
                 &loads,
-                &queued,
-                self.page_size,
                 host_units,
                 TIER_UNITS,
                 params.host_load_factor,

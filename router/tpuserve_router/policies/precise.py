@@ -63,12 +63,7 @@ and default 1.25) only its HBM blocks count, in the hit test too, and a prompt h
 the host memory of busy workers is the miss it would be without the tier (the least loaded
 worker). Step 5 applies the same bound. Without it a shared prefix never left its holder
 once the tier kept it (no miss ever rebalanced the groups of W1: max/mean load 1.09 ->
-1.26, goodput at the SLO 0.95x HBM-only; docs/host-kv-tier.md). Within the bound a host hit
-has a price too (`host_hit_pays`): its host blocks count only while the prefill they save
-(``host_hit_weight`` of each host-only token) is more than the extra prefill queued ahead of
-the request there against the least loaded worker (both in prefill tokens: the per-token
-prefill time drops out); else only its HBM blocks count, as over the bound. HBM hits are not
-priced so (step 4 moves them for a long queue). Step 5 does not apply this price.
+1.26, goodput at the SLO 0.95x HBM-only; docs/host-kv-tier.md).
 
 The chosen worker's blocks are also *predicted* in the index for
 ``predicted_ttl_seconds`` (2 s), so a burst of siblings that arrives before the engine's
@@ -245,32 +240,6 @@ TIER_UNITS = 1000
 ``round(host_hit_weight x TIER_UNITS)`` (``TIER_UNITS`` in `router/native/src/index.rs`)."""
 
 
-def host_hit_pays(
-    depths: Sequence[int],
-    device: Sequence[int],
-    page_tokens: int,
-    loads: Sequence[int],
-    queued: Sequence[int | float],
-    host_units: int,
-) -> list[bool]:
-    """The price of a host hit in the tiered choice, per worker: whether what worker ``i``
-    holds only in host memory saves this request more prefill than the extra prefill queued
-    ahead of it there, against the least loaded worker (where a miss goes; among equally
-    loaded, the shortest queue). Both sides are prefill tokens, so the per-token prefill time
-    drops out: the hit saves ``host_units / TIER_UNITS`` (``host_hit_weight``, the performance
-    model's prefill less load back) of each host-only token, ``(depths[i] - device[i]) x
-    page_tokens``; the wait is ``queued[i] - queued[least]`` (the router's `PrefillQueues`,
-    plus its peers'). A worker whose extra queue is at least what its host hit saves is seen
-    as the HBM-only rule sees it: its host blocks count for nothing. `affinity::host_hit_pays`
-    in router/native is the same rule (in integers of thousandths, as here)."""
-    least = min(range(len(loads)), key=lambda j: (loads[j], queued[j]))
-    base = queued[least]
-    return [
-        (q - base) * TIER_UNITS < (a - min(a, d)) * page_tokens * host_units
-        for a, d, q in zip(depths, device, queued, strict=True)
-    ]
-
-
 def decide_tiered(
     depths: Sequence[int],
     device: Sequence[int],
@@ -293,18 +262,15 @@ def decide_tiered(
     worker's free HBM in tokens) when the chosen worker would load part of the prompt back.
     A worker over the load bound (`bounded` with ``host_load_factor``) counts only its HBM
     blocks, there as in the hit test: what a host block saves may not buy an overloaded worker.
-    Nor may it buy a longer prefill queue than it saves (`host_hit_pays`): there too only
-    HBM blocks count.
     The fleet model (`tpuserve.fleet`) routes with it when its engines have a host tier."""
     units = prompt_tokens // page_tokens
     host_units = round(params.host_hit_weight * TIER_UNITS)
     within = bounded(loads, params.host_load_factor)
-    pays = host_hit_pays(depths, device, page_tokens, loads, queued, host_units)
     held = []
     counted = []
-    for a, d, ok, paid in zip(depths, device, within, pays, strict=True):
+    for a, d, ok in zip(depths, device, within, strict=True):
         dev = min(a, d)
-        host = a - dev if host_units > 0 and ok and paid else 0
+        host = a - dev if host_units > 0 and ok else 0
         held.append(dev * TIER_UNITS + host * host_units)
         counted.append(dev + host)
     is_hit = units > 0 and max(counted) / units > params.cache_threshold

@@ -22,7 +22,7 @@ from sglang_tpu.kv_events import (
 )
 from tests.unit.sglang_tpu.test_kv_events_sglang import sglang_batch
 from tpuserve_router.kv.block_index import BlockIndex
-from tpuserve_router.policies.precise import PreciseParams, decide_tiered, host_hit_pays
+from tpuserve_router.policies.precise import PreciseParams, decide_tiered
 
 pytestmark = pytest.mark.unit
 
@@ -155,55 +155,12 @@ def test_a_host_hit_does_not_buy_a_worker_over_the_load_bound() -> None:
         assert (i, outcome) == tiered[:2] == expected, loads
 
 
-def test_a_host_hit_does_not_buy_a_longer_prefill_queue_than_it_saves() -> None:
-    """W1's rest (docs/host-kv-tier.md): within the load bound a holder kept a prefix it held
-    only in host memory however much more prefill was queued ahead of the request there. A
-    host hit is priced in prefill tokens (`host_hit_pays`): B's 4 host blocks of 4 tokens at
-    ``host_hit_weight`` 0.8 save 12.8 tokens of prefill; with 12 more tokens queued on B than
-    on the least loaded worker (A) B keeps it, with 13 more its host blocks count for nothing
-    and the prompt is the miss it would be without the tier (the least loaded). The compiled
-    rule and the fleet model's `decide_tiered` decide alike."""
-    names = [A, B, "http://c"]
-    params = PreciseParams(page_size=PAGE, host_hit_weight=0.8, host_load_factor=1.25)
-    for queued, expected in (
-        ([0, 12, 0], (1, "prefix_hit")),
-        ([0, 13, 0], (0, "miss")),
-        ([5, 17, 40], (1, "prefix_hit")),  # 12 more than A's, the least loaded's
-        ([5, 18, 0], (0, "miss")),  # C's queue is shorter, but C is busier than A
-        ([9, 0, 0], (1, "prefix_hit")),  # B's queue is the shortest
-    ):
-        loads = [10, 11, 12]  # all within the bound: it is not what decides here
-        index = BlockIndex(page_size=PAGE)
-        index.set_route_params(0.3, 64, 1.5, 8192.0, 2.0, 0.8, 1.25)
-        store(index, B, MEDIUM_HOST)
-        _, depths, i, outcome, *_ = index.route(TOKENS, names, loads, queued)
-        device = index.device_match(index.keys(TOKENS), names)
-        tiered = decide_tiered(depths, device, PAGE, len(TOKENS), loads, [0, 4, 0], queued,
-                               [math.inf] * 3, 0, params)  # fmt: skip
-        assert (i, outcome) == tiered[:2] == expected, queued
-    # an HBM hit is not priced so: its holder keeps it behind the same queue
-    index = BlockIndex(page_size=PAGE)
-    index.set_route_params(0.3, 64, 1.5, 8192.0, 2.0, 0.8, 1.25)
-    store(index, B, MEDIUM_GPU)
-    _, _, i, outcome, *_ = index.route(TOKENS, names, [10, 11, 12], [0, 13, 0])
-    assert (i, outcome) == (1, "prefix_hit")
-
-
-def test_host_hit_pays_is_the_documented_rule() -> None:
-    # 3 host-only blocks of 16 tokens at 0.5 (500 thousandths) save 24 tokens; least loaded: 0
-    pays = host_hit_pays([0, 3, 3], [0, 0, 1], 16, [1, 2, 2], [4, 27, 19], 500)
-    assert pays == [False, True, True]  # 23 more < 24; worker 2: 15 more < 2 blocks' 16
-    # (worker 0 holds nothing in host memory: nothing to pay for)
-    # 24 more queued on 1, 16 more on 2: as much as each saves
-    assert host_hit_pays([0, 3, 3], [0, 0, 1], 16, [1, 2, 2], [4, 28, 20], 500) == [False] * 3
-
-
 def test_the_compiled_tiered_choice_agrees_with_decide_tiered() -> None:
     """`BlockIndex.route` (the router's fast path) and `decide_tiered` (its statement on plain
     numbers, what the fleet model runs) choose the same worker for the same reason, over
     seeded random fleets: blocks in HBM, in host memory or both, loads near and past the
-    bound, prefill queues around what a host hit saves (below ``queue_margin_tokens``, so
-    neither moves for its queue)."""
+    bound and past sglang-router's imbalance rule, short prefill queues (below
+    ``queue_margin_tokens``, so neither moves for its queue)."""
     rng = random.Random(59)
     params = PreciseParams(page_size=PAGE, host_hit_weight=0.8, host_load_factor=1.25)
     names = [A, B, "http://c", "http://d"]
