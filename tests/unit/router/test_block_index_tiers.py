@@ -5,6 +5,7 @@ read the medium alike."""
 from __future__ import annotations
 
 import math
+import random
 
 import msgspec
 import pytest
@@ -152,3 +153,39 @@ def test_a_host_hit_does_not_buy_a_worker_over_the_load_bound() -> None:
         tiered = decide_tiered(depths, device, PAGE, len(TOKENS), loads, [0, 4, 0], [0, 0, 0],
                                [math.inf] * 3, 0, params)  # fmt: skip
         assert (i, outcome) == tiered[:2] == expected, loads
+
+
+def test_the_compiled_tiered_choice_agrees_with_decide_tiered() -> None:
+    """`BlockIndex.route` (the router's fast path) and `decide_tiered` (its statement on plain
+    numbers, what the fleet model runs) choose the same worker for the same reason, over
+    seeded random fleets: blocks in HBM, in host memory or both, loads near and past the
+    bound and past sglang-router's imbalance rule, short prefill queues (below
+    ``queue_margin_tokens``, so neither moves for its queue)."""
+    rng = random.Random(59)
+    params = PreciseParams(page_size=PAGE, host_hit_weight=0.8, host_load_factor=1.25)
+    names = [A, B, "http://c", "http://d"]
+    agreed = {"prefix_hit": 0, "miss": 0, "balanced_away": 0}
+    for _ in range(400):
+        index = BlockIndex(page_size=PAGE)
+        index.set_route_params(0.3, 64, 1.5, 8192.0, 2.0, 0.8, 1.25)
+        for name in names:
+            blocks = rng.randint(0, 4)
+            if blocks:
+                medium = rng.choice([MEDIUM_GPU, MEDIUM_HOST, "both"])
+                part = TOKENS[: blocks * PAGE]
+                if medium in (MEDIUM_HOST, "both"):
+                    store(index, name, MEDIUM_HOST, part)
+                if medium in (MEDIUM_GPU, "both"):
+                    store(index, name, MEDIUM_GPU, part[: rng.randint(1, blocks) * PAGE])
+        top = rng.choice([12, 12, 12, 150])  # sometimes imbalanced past sglang-router's rule
+        loads = [rng.randint(0, top) for _ in names]
+        queued = [rng.choice([0, 4, 8, 12, 13, 20, 40]) for _ in names]
+        blocks_held = [index.cached_blocks(name) for name in names]
+        keys = index.keys(TOKENS)
+        device = index.device_match(keys, names)
+        _, depths, i, outcome, *_ = index.route(TOKENS, names, loads, queued)
+        tiered = decide_tiered(depths, device, PAGE, len(TOKENS), loads, blocks_held, queued,
+                               [math.inf] * 4, 0, params)  # fmt: skip
+        assert (i, outcome) == tiered[:2], (depths, device, loads, queued)
+        agreed[outcome] += 1
+    assert min(agreed.values()) > 0, agreed  # every kind of decision was compared
