@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
 LAUNCHER = [sys.executable, "-c", "import sys; from tpuserve.cli import main; sys.exit(main())"]
 SERVED_NAME = "tiny-llama"
 START_TIMEOUT_SECONDS = 180.0
+PROBE_TIMEOUT_SECONDS = 10.0  # one readiness probe: a port that accepts and never answers
 STOP_TIMEOUT_SECONDS = 60.0
 DRAIN_TIMEOUT_SECONDS = 30
 
@@ -117,9 +118,14 @@ def launched(
                     f"the launcher exited with {launcher.returncode}; {server.log_tail()}"
                 )
             try:
-                with openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0) as api:
+                with openai.OpenAI(
+                    base_url=f"{server.url}/v1",
+                    api_key="-",
+                    max_retries=0,
+                    timeout=PROBE_TIMEOUT_SECONDS,
+                ) as api:
                     return bool(api.models.list().data)
-            except openai.APIConnectionError:
+            except openai.APIConnectionError:  # refused, or timed out (its subclass)
                 return False
 
         eventually(
