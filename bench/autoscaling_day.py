@@ -89,12 +89,24 @@ BEHAVIOR_NAMES = {
     "default": "the new default behaviour (up max(4, 100 %)/15 s, down max(1, 10 %)/min)",
 }
 
+RULE_NAMES = {
+    "kubernetes": "Kubernetes' replica rule",
+    "median-trend": "the floor's median trend",
+}
+"""The rule a row ran, where it names one (`tpuserve.bench.autoscaling.run_autoscaled`'s
+``rule``): rows from before 2026-12-07c name none and ran the old rules (the HPA's
+``ceil(current x mean / target)``, the floor's least-squares trend)."""
+
 
 def label(row: dict[str, Any]) -> str:
-    """The autoscaler column: the scaler, and the behaviour where the row names one (rows
-    of runs before `--behavior` existed name none: those ran the fleet model's mechanics
-    until 2026-12-07, up at once and down one slice a minute)."""
+    """The autoscaler column: the scaler, the rule where the row names one, and the
+    behaviour where the row names one (rows of runs before `--behavior` existed name none:
+    those ran the fleet model's mechanics until 2026-12-07, up at once and down one slice a
+    minute)."""
     name = NAMES[row["scaler"]]
+    rule = row.get("rule")
+    if rule is not None:
+        name = name.replace(" (today)", "") + f" ({RULE_NAMES[rule]})"
     behavior = row.get("behavior")
     if behavior is None:
         return name
@@ -177,7 +189,8 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             (r["day"], r["scaler"], behavior),
             {"day": r["day"], "scaler": r["scaler"], "chip_hours_per_day": 0.0,
              "slo_violation_minutes_per_day": 0.0, "hours_covered": 0.0, "windows": {},
-             **({} if behavior is None else {"behavior": behavior})},
+             **({} if behavior is None else {"behavior": behavior}),
+             **({"rule": r["rule"]} if "rule" in r else {})},
         )  # fmt: skip
         share = r["weight_hours"] / r["window_hours"]
         t["chip_hours_per_day"] += r["chip_hours"] * share
@@ -252,6 +265,7 @@ def split(data: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({
             "day": t["day"], "scaler": t["scaler"],
             **({"behavior": t["behavior"]} if "behavior" in t else {}),
+            **({"rule": t["rule"]} if "rule" in t else {}),
             "slo_violation_minutes_per_day": t["slo_violation_minutes_per_day"],
             "at_the_ceiling_at_most": at_most, "beyond_the_ceiling_at_least": beyond,
             "chip_hours_per_day": t["chip_hours_per_day"], "covered": _covered(t),
