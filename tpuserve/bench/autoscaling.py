@@ -204,7 +204,10 @@ class AutoscaledFleet(FleetSim):
         self.floor_binding: Counter[str] = Counter()
         """Decisions by the forecast's part that set the floor (trend, shaped, held)."""
         self.floor_parts_max: dict[str, float] = {"trend": 0.0, "shaped": 0.0, "held": 0.0}
-        """Each part's highest forecast over the run, in replicas (before the bounds)."""
+        """Each part's highest forecast after the warmup, in replicas (before the bounds)."""
+        self.floor_counted_max = 0
+        """The highest floor after the warmup (``floor_max`` counts the warmup too, when the
+        arrivals of a session-based workload still ramp up from none)."""
         self.arrival_log: deque[tuple[float, int]] = deque()  # (time, arrivals so far)
         self.minute_rates: deque[tuple[float, float]] = deque()  # (time, last minute's rate)
 
@@ -247,8 +250,10 @@ class AutoscaledFleet(FleetSim):
         )
         floor = replicas_for(parts.forecast, params, max(1, c.min_replicas), c.replicas)
         self.floor_history.append((now, floor))
-        if self.rate_samples:
-            self.floor_binding[parts.binding] += 1
+        if now < c.warmup_seconds or not self.rate_samples:
+            return floor  # the parts are counted like the minutes: after the warmup
+        self.floor_binding[parts.binding] += 1
+        self.floor_counted_max = max(self.floor_counted_max, floor)
         for name in self.floor_parts_max:
             replicas = getattr(parts, name) * (1.0 + params.headroom) / params.per_replica_rate
             self.floor_parts_max[name] = max(self.floor_parts_max[name], replicas)
@@ -296,8 +301,9 @@ def run_autoscaled(config: FleetConfig, scaler: ScalerConfig) -> tuple[FleetResu
     if scaler.scaler in FLOORED:
         figures["rule"] = "median-trend"
         decisions = sum(sim.floor_binding.values())
+        figures["floor_max_counted"] = sim.floor_counted_max
         figures["floor_binding_share"] = {
-            k: round(v / decisions, 4) for k, v in sorted(sim.floor_binding.items())
+            k: round(v / max(1, decisions), 4) for k, v in sorted(sim.floor_binding.items())
         }
         figures["floor_parts_max_replicas"] = {
             k: round(v, 2) for k, v in sim.floor_parts_max.items()

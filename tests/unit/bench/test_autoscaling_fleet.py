@@ -119,6 +119,15 @@ def test_every_scaler_runs_a_window_and_accounts_chips_and_minutes(scaler: str) 
     assert figures["minutes_with_requests"] == 4
     assert 0 < figures["chip_hours"] <= SMALL.replicas * SMALL.shape.chips * 240 / 3600
     assert 0 <= figures["slo_violation_minutes"] <= 4
+    if scaler in ("keda_backlog_floor", "keda_backlog_floor_peak"):
+        # the floor's parts: which one set it how often, and each one's highest ask
+        assert figures["rule"] == "median-trend"
+        assert set(figures["floor_binding_share"]) <= {"trend", "shaped", "held"}
+        assert sum(figures["floor_binding_share"].values()) == pytest.approx(1.0, abs=1e-3)
+        assert set(figures["floor_parts_max_replicas"]) == {"trend", "shaped", "held"}
+        assert 1 <= figures["floor_max_counted"] <= figures["floor_max"]
+    if scaler == "hpa_queue":
+        assert figures["rule"] == "kubernetes"
 
 
 def test_the_max_replicas_reference_holds_every_replica_whatever_the_signals() -> None:
