@@ -92,10 +92,14 @@ BEHAVIOR_NAMES = {
 RULE_NAMES = {
     "kubernetes": "Kubernetes' replica rule",
     "median-trend": "the floor's median trend",
+    "current-x-mean": "the model's old rule, ceil(current x mean / target)",
+    "least-squares": "the floor's old least-squares trend",
 }
 """The rule a row ran, where it names one (`tpuserve.bench.autoscaling.run_autoscaled`'s
 ``rule``): rows from before 2026-12-07c name none and ran the old rules (the HPA's
-``ceil(current x mean / target)``, the floor's least-squares trend)."""
+``ceil(current x mean / target)``, the floor's least-squares trend); a table that puts them
+beside new rows marks them ``current-x-mean`` and ``least-squares``."""
+RULES = tuple(RULE_NAMES)
 
 
 def label(row: dict[str, Any]) -> str:
@@ -114,9 +118,19 @@ def label(row: dict[str, Any]) -> str:
     return f"{name}, {BEHAVIOR_NAMES[behavior]}"
 
 
-def _order(row: dict[str, Any]) -> tuple[int, int]:
+def _order(row: dict[str, Any]) -> tuple[int, int, int]:
     behavior = row.get("behavior")
-    return (SCALERS.index(row["scaler"]), -1 if behavior is None else BEHAVIORS.index(behavior))
+    rule = row.get("rule")
+    return (
+        SCALERS.index(row["scaler"]),
+        -1 if behavior is None else BEHAVIORS.index(behavior),
+        -1 if rule is None else RULES.index(rule),
+    )
+
+
+def _key(row: dict[str, Any]) -> tuple[str, str, str | None, str | None]:
+    """The rows of one table line: a day, a scaler, a behaviour and a rule."""
+    return (row["day"], row["scaler"], row.get("behavior"), row.get("rule"))
 
 
 def _bases(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -182,11 +196,11 @@ def run_one(job: Job) -> dict[str, Any]:
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    table: dict[tuple[str, str, str | None], dict[str, Any]] = {}
+    table: dict[tuple[str, str, str | None, str | None], dict[str, Any]] = {}
     for r in rows:
         behavior = r.get("behavior")
         t = table.setdefault(
-            (r["day"], r["scaler"], behavior),
+            _key(r),
             {"day": r["day"], "scaler": r["scaler"], "chip_hours_per_day": 0.0,
              "slo_violation_minutes_per_day": 0.0, "hours_covered": 0.0, "windows": {},
              **({} if behavior is None else {"behavior": behavior}),
@@ -250,11 +264,7 @@ def split(data: dict[str, Any]) -> list[dict[str, Any]]:
     over = {(c["day"], c["window"]): c["minutes_over_fleet"] for c in ceiling(args)}
     out = []
     for t in data["table"]:
-        rows = [
-            r for r in data["rows"]
-            if (r["day"], r["scaler"], r.get("behavior"))
-            == (t["day"], t["scaler"], t.get("behavior"))
-        ]  # fmt: skip
+        rows = [r for r in data["rows"] if _key(r) == _key(t)]
         at_most = beyond = 0.0
         for r in rows:
             share = r["weight_hours"] / r["window_hours"]
