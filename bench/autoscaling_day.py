@@ -100,6 +100,8 @@ RULE_NAMES = {
 ``ceil(current x mean / target)``, the floor's least-squares trend); a table that puts them
 beside new rows marks them ``current-x-mean`` and ``least-squares``."""
 RULES = tuple(RULE_NAMES)
+FLOOR_WINDOW = 300.0
+"""The floor's trend window the model ran unless ``--floor-window`` says otherwise."""
 
 
 def label(row: dict[str, Any]) -> str:
@@ -110,7 +112,9 @@ def label(row: dict[str, Any]) -> str:
     name = NAMES[row["scaler"]]
     rule = row.get("rule")
     if rule is not None:
-        name = name.replace(" (today)", "") + f" ({RULE_NAMES[rule]})"
+        window = row.get("floor_window_seconds", FLOOR_WINDOW)
+        at = "" if window == FLOOR_WINDOW else f" over {window:g} s"
+        name = name.replace(" (today)", "") + f" ({RULE_NAMES[rule]}{at})"
     behavior = row.get("behavior")
     if behavior is None:
         return name
@@ -128,9 +132,11 @@ def _order(row: dict[str, Any]) -> tuple[int, int, int]:
     )
 
 
-def _key(row: dict[str, Any]) -> tuple[str, str, str | None, str | None]:
-    """The rows of one table line: a day, a scaler, a behaviour and a rule."""
-    return (row["day"], row["scaler"], row.get("behavior"), row.get("rule"))
+def _key(row: dict[str, Any]) -> tuple[str, str, str | None, str | None, float]:
+    """The rows of one table line: a day, a scaler, a behaviour, a rule and the floor's
+    window."""
+    window = row.get("floor_window_seconds", FLOOR_WINDOW)
+    return (row["day"], row["scaler"], row.get("behavior"), row.get("rule"), window)
 
 
 def _bases(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -171,6 +177,7 @@ def jobs(args: argparse.Namespace) -> list[Job]:
                     scaler=scaler,
                     backlog_target_seconds=args.ttft / 2,
                     per_replica_rate=args.capacity,
+                    floor_window_seconds=getattr(args, "floor_window", FLOOR_WINDOW),
                 )
                 out.append((day, scaler, hour, weight, replace(config), sc, args.rows,
                             args.behavior))  # fmt: skip
@@ -196,7 +203,7 @@ def run_one(job: Job) -> dict[str, Any]:
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    table: dict[tuple[str, str, str | None, str | None], dict[str, Any]] = {}
+    table: dict[tuple[str, str, str | None, str | None, float], dict[str, Any]] = {}
     for r in rows:
         behavior = r.get("behavior")
         t = table.setdefault(
@@ -204,7 +211,9 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {"day": r["day"], "scaler": r["scaler"], "chip_hours_per_day": 0.0,
              "slo_violation_minutes_per_day": 0.0, "hours_covered": 0.0, "windows": {},
              **({} if behavior is None else {"behavior": behavior}),
-             **({"rule": r["rule"]} if "rule" in r else {})},
+             **({"rule": r["rule"]} if "rule" in r else {}),
+             **({"floor_window_seconds": r["floor_window_seconds"]}
+                if "floor_window_seconds" in r else {})},
         )  # fmt: skip
         share = r["weight_hours"] / r["window_hours"]
         t["chip_hours_per_day"] += r["chip_hours"] * share
@@ -276,6 +285,8 @@ def split(data: dict[str, Any]) -> list[dict[str, Any]]:
             "day": t["day"], "scaler": t["scaler"],
             **({"behavior": t["behavior"]} if "behavior" in t else {}),
             **({"rule": t["rule"]} if "rule" in t else {}),
+            **({"floor_window_seconds": t["floor_window_seconds"]}
+               if "floor_window_seconds" in t else {}),
             "slo_violation_minutes_per_day": t["slo_violation_minutes_per_day"],
             "at_the_ceiling_at_most": at_most, "beyond_the_ceiling_at_least": beyond,
             "chip_hours_per_day": t["chip_hours_per_day"], "covered": _covered(t),
@@ -374,6 +385,11 @@ def main(argv: list[str] | None = None) -> int:
         "--behavior", choices=BEHAVIORS, default="default",
         help="How fast the autoscaler may change the replicas "
         "(tpuserve_operator.scaling_behavior.NAMED); default: the operator's default.",
+    )  # fmt: skip
+    parser.add_argument(
+        "--floor-window", type=float, default=300.0,
+        help="The floor's trend window, seconds (the model's 300 s unless given; the CRD's "
+        "windowSeconds defaults to 600).",
     )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path)

@@ -300,6 +300,7 @@ def run_autoscaled(config: FleetConfig, scaler: ScalerConfig) -> tuple[FleetResu
         figures["rule"] = "kubernetes"
     if scaler.scaler in FLOORED:
         figures["rule"] = "median-trend"
+        figures["floor_window_seconds"] = scaler.floor_window_seconds
         decisions = sum(sim.floor_binding.values())
         figures["floor_max_counted"] = sim.floor_counted_max
         figures["floor_binding_share"] = {

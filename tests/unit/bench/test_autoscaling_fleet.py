@@ -122,6 +122,7 @@ def test_every_scaler_runs_a_window_and_accounts_chips_and_minutes(scaler: str) 
     if scaler in ("keda_backlog_floor", "keda_backlog_floor_peak"):
         # the floor's parts: which one set it how often, and each one's highest ask
         assert figures["rule"] == "median-trend"
+        assert figures["floor_window_seconds"] == 300.0
         assert set(figures["floor_binding_share"]) <= {"trend", "shaped", "held"}
         assert sum(figures["floor_binding_share"].values()) == pytest.approx(1.0, abs=1e-3)
         assert set(figures["floor_parts_max_replicas"]) == {"trend", "shaped", "held"}
