@@ -409,6 +409,10 @@ TABLES: dict[str, Table] = {
         ROOT / "docs" / "capacity-planning.md",
         autoscaling_report_and_split(RULES_RESULTS / "autoscaling_day.100chips.json"),
     ),
+    "autoscaling-rules-1000": Table(
+        ROOT / "docs" / "capacity-planning.md",
+        autoscaling_report_and_split(RULES_RESULTS / "autoscaling_day.1000chips.json"),
+    ),
     "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
 }
 
