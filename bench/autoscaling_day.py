@@ -89,12 +89,32 @@ BEHAVIOR_NAMES = {
     "default": "the new default behaviour (up max(4, 100 %)/15 s, down max(1, 10 %)/min)",
 }
 
+RULE_NAMES = {
+    "kubernetes": "Kubernetes' replica rule",
+    "median-trend": "the floor's median trend",
+    "current-x-mean": "the model's old rule, ceil(current x mean / target)",
+    "least-squares": "the floor's old least-squares trend",
+}
+"""The rule a row ran, where it names one (`tpuserve.bench.autoscaling.run_autoscaled`'s
+``rule``): rows from before 2026-12-07c name none and ran the old rules (the HPA's
+``ceil(current x mean / target)``, the floor's least-squares trend); a table that puts them
+beside new rows marks them ``current-x-mean`` and ``least-squares``."""
+RULES = tuple(RULE_NAMES)
+FLOOR_WINDOW = 300.0
+"""The floor's trend window the model ran unless ``--floor-window`` says otherwise."""
+
 
 def label(row: dict[str, Any]) -> str:
-    """The autoscaler column: the scaler, and the behaviour where the row names one (rows
-    of runs before `--behavior` existed name none: those ran the fleet model's mechanics
-    until 2026-12-07, up at once and down one slice a minute)."""
+    """The autoscaler column: the scaler, the rule where the row names one, and the
+    behaviour where the row names one (rows of runs before `--behavior` existed name none:
+    those ran the fleet model's mechanics until 2026-12-07, up at once and down one slice a
+    minute)."""
     name = NAMES[row["scaler"]]
+    rule = row.get("rule")
+    if rule is not None:
+        window = row.get("floor_window_seconds", FLOOR_WINDOW)
+        at = "" if window == FLOOR_WINDOW else f" over {window:g} s"
+        name = name.replace(" (today)", "") + f" ({RULE_NAMES[rule]}{at})"
     behavior = row.get("behavior")
     if behavior is None:
         return name
@@ -102,9 +122,21 @@ def label(row: dict[str, Any]) -> str:
     return f"{name}, {BEHAVIOR_NAMES[behavior]}"
 
 
-def _order(row: dict[str, Any]) -> tuple[int, int]:
+def _order(row: dict[str, Any]) -> tuple[int, int, int]:
     behavior = row.get("behavior")
-    return (SCALERS.index(row["scaler"]), -1 if behavior is None else BEHAVIORS.index(behavior))
+    rule = row.get("rule")
+    return (
+        SCALERS.index(row["scaler"]),
+        -1 if behavior is None else BEHAVIORS.index(behavior),
+        -1 if rule is None else RULES.index(rule),
+    )
+
+
+def _key(row: dict[str, Any]) -> tuple[str, str, str | None, str | None, float]:
+    """The rows of one table line: a day, a scaler, a behaviour, a rule and the floor's
+    window."""
+    window = row.get("floor_window_seconds", FLOOR_WINDOW)
+    return (row["day"], row["scaler"], row.get("behavior"), row.get("rule"), window)
 
 
 def _bases(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -145,6 +177,7 @@ def jobs(args: argparse.Namespace) -> list[Job]:
                     scaler=scaler,
                     backlog_target_seconds=args.ttft / 2,
                     per_replica_rate=args.capacity,
+                    floor_window_seconds=getattr(args, "floor_window", FLOOR_WINDOW),
                 )
                 out.append((day, scaler, hour, weight, replace(config), sc, args.rows,
                             args.behavior))  # fmt: skip
@@ -170,14 +203,17 @@ def run_one(job: Job) -> dict[str, Any]:
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    table: dict[tuple[str, str, str | None], dict[str, Any]] = {}
+    table: dict[tuple[str, str, str | None, str | None, float], dict[str, Any]] = {}
     for r in rows:
         behavior = r.get("behavior")
         t = table.setdefault(
-            (r["day"], r["scaler"], behavior),
+            _key(r),
             {"day": r["day"], "scaler": r["scaler"], "chip_hours_per_day": 0.0,
              "slo_violation_minutes_per_day": 0.0, "hours_covered": 0.0, "windows": {},
-             **({} if behavior is None else {"behavior": behavior})},
+             **({} if behavior is None else {"behavior": behavior}),
+             **({"rule": r["rule"]} if "rule" in r else {}),
+             **({"floor_window_seconds": r["floor_window_seconds"]}
+                if "floor_window_seconds" in r else {})},
         )  # fmt: skip
         share = r["weight_hours"] / r["window_hours"]
         t["chip_hours_per_day"] += r["chip_hours"] * share
@@ -237,11 +273,7 @@ def split(data: dict[str, Any]) -> list[dict[str, Any]]:
     over = {(c["day"], c["window"]): c["minutes_over_fleet"] for c in ceiling(args)}
     out = []
     for t in data["table"]:
-        rows = [
-            r for r in data["rows"]
-            if (r["day"], r["scaler"], r.get("behavior"))
-            == (t["day"], t["scaler"], t.get("behavior"))
-        ]  # fmt: skip
+        rows = [r for r in data["rows"] if _key(r) == _key(t)]
         at_most = beyond = 0.0
         for r in rows:
             share = r["weight_hours"] / r["window_hours"]
@@ -252,6 +284,9 @@ def split(data: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({
             "day": t["day"], "scaler": t["scaler"],
             **({"behavior": t["behavior"]} if "behavior" in t else {}),
+            **({"rule": t["rule"]} if "rule" in t else {}),
+            **({"floor_window_seconds": t["floor_window_seconds"]}
+               if "floor_window_seconds" in t else {}),
             "slo_violation_minutes_per_day": t["slo_violation_minutes_per_day"],
             "at_the_ceiling_at_most": at_most, "beyond_the_ceiling_at_least": beyond,
             "chip_hours_per_day": t["chip_hours_per_day"], "covered": _covered(t),
@@ -350,6 +385,11 @@ def main(argv: list[str] | None = None) -> int:
         "--behavior", choices=BEHAVIORS, default="default",
         help="How fast the autoscaler may change the replicas "
         "(tpuserve_operator.scaling_behavior.NAMED); default: the operator's default.",
+    )  # fmt: skip
+    parser.add_argument(
+        "--floor-window", type=float, default=300.0,
+        help="The floor's trend window, seconds (the model's 300 s unless given; the CRD's "
+        "windowSeconds defaults to 600).",
     )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path)

@@ -46,6 +46,7 @@ GOLDENS = ROOT / "tests" / "goldens"
 FLEET_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-06"
 PLAN_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07"
 BEHAVIOR_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07b"
+RULES_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07c"
 PD_RESULTS = ROOT / "bench" / "pd_results"
 PD_DATE = "2026-12-06"
 PD_WORKLOADS = ("W9", "W10", "10k1k", "W1", "W2")
@@ -320,8 +321,9 @@ def autoscaling_day_split_table() -> str:
 
 def autoscaling_report_and_split(path: Path) -> Callable[[], str]:
     """bench/autoscaling_day.py's report and --split tables of one committed run: the
-    1,000-chip run, and those comparing scaling behaviours (2026-12-07b,
-    `tpuserve_operator.scaling_behavior`)."""
+    1,000-chip run, those comparing scaling behaviours (2026-12-07b,
+    `tpuserve_operator.scaling_behavior`) and those with Kubernetes' HPA rule and the floor's
+    median trend (2026-12-07c)."""
 
     def render() -> str:
         day = _bench_module("autoscaling_day")
@@ -402,6 +404,14 @@ TABLES: dict[str, Table] = {
     "autoscaling-behavior-1000": Table(
         ROOT / "docs" / "capacity-planning.md",
         autoscaling_report_and_split(BEHAVIOR_RESULTS / "autoscaling_day.1000chips.json"),
+    ),
+    "autoscaling-rules-100": Table(
+        ROOT / "docs" / "capacity-planning.md",
+        autoscaling_report_and_split(RULES_RESULTS / "autoscaling_day.100chips.json"),
+    ),
+    "autoscaling-rules-1000": Table(
+        ROOT / "docs" / "capacity-planning.md",
+        autoscaling_report_and_split(RULES_RESULTS / "autoscaling_day.1000chips.json"),
     ),
     "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
 }

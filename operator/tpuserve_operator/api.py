@@ -808,8 +808,10 @@ class KedaSpec(Schema):
         default=None,
         description=(
             "predictiveFloor adds a second trigger that keeps the replicas the request rate "
-            "one horizon ahead needs: the larger of the least-squares trend over windowSeconds "
-            "(at most 4x the window's mean) and the rate now carried along yesterday's shape "
+            "one horizon ahead needs: the larger of the trend over windowSeconds (the line "
+            "through the median rates of the window's two halves, so a burst shorter than a "
+            "quarter of the window is not read as a ramp; at most 4x the window's mean) and "
+            "the rate now carried along yesterday's shape "
             "(yesterday's rate one horizon later / yesterday's rate now); KEDA scales to the "
             "larger of the two triggers, so the floor only ever adds replicas "
             "(tpuserve_operator.predictive_floor is the same rule). Unset: no floor."

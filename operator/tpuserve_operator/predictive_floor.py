@@ -8,12 +8,29 @@ it, and never below it.
 
 The forecast of the demand rate at ``now + horizon`` is the larger of two:
 
-- **trend**: a least-squares line through the recent rate samples (AIBrix's predictive
-  autoscaler does the same), evaluated at ``now + horizon``, kept within 0 and ``max_growth``
-  times the window's mean (a short noisy window must not extrapolate to infinity);
+- **trend**: a line through the recent rate samples (the last ``window_seconds``), evaluated at
+  ``now + horizon``, kept within 0 and ``max_growth`` times the window's mean (a short noisy
+  window must not extrapolate to infinity). The line is fitted to the *medians* of the
+  window's two halves, not by least squares: each half stands for the point (its samples'
+  median time, their median rate), and the line passes through the two. On a linear ramp
+  (the daily shape over minutes) both fits give the same line, since the median of a
+  monotone linear series is its midpoint's value. They differ on a burst: least squares has
+  a breakdown point of zero (one high sample moves the line), and a 60-s burst at 2x in the
+  last minute of a 5-minute window, lever-armed one cold start ahead, read as a ramp asking
+  for up to 4x the demand (233-250 replicas at 1,000 chips where the demand needed 70-200;
+  docs/capacity-planning.md). A median ignores what covers less than half of its
+  half-window (at the fleet model's 300-s window, bursts shorter than ~75 s; at the CRD's
+  default 600 s, ~150 s), and a burst that short is over long before a replica asked for at
+  its start can serve (a cold start is minutes): the floor is for changes that last, and the
+  reactive trigger handles the queue a burst leaves. A change that covers more than half of
+  the recent half is taken as the new level, and one lasting more than half the window as a
+  ramp. This is expressible in PromQL (``quantile_over_time(0.5, ...)`` over the two
+  halves), so the operator's trigger is the same rule (`render.autoscaler.floor_trigger`).
+  Until 2026-12-07 the trend was the least-squares line (AIBrix's predictive autoscaler's;
+  `least_squares_forecast`, kept to compare with);
 - **daily shape**: the demand's known shape over the day (``daily_shape``: relative demand
   for each hour, 0:00 to 23:00, as `tpuserve plan` models it), scaled to the level observed
-  now: ``level x shape(now + horizon) / shape(now)``.
+  now (the trend's line at ``now``): ``level x shape(now + horizon) / shape(now)``.
 
 - **recent peak** (optional, ``peak`` from the caller): the highest one-minute rate of the last
   ``peak_window_seconds``, carried along the daily shape like the level. A burst shorter than
@@ -33,12 +50,17 @@ bounded by ``min_replicas`` and ``max_replicas`` (the spec's). With no samples i
 The operator renders the same rule in PromQL as a KEDA trigger
 (`render.autoscaler.floor_trigger`, `autoscaling.keda.predictiveFloor`), with yesterday's
 measured request rate as the daily shape; the fleet model (`tpuserve.bench.autoscaling`) runs
-this function with the planner's shape.
+this function with the planner's shape. Where they differ: the trigger's samples are Prometheus'
+one-minute rate every 30 s, the model's the arrivals between its 15-s decisions (the median's
+quantile is the same interpolation, Prometheus' ``quantile_over_time(0.5)`` and the mean of the
+middle two here). `forecast_parts` gives the forecast's parts (trend, daily shape, recent peak)
+so a run can show which one set the floor.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,6 +75,8 @@ class FloorParams:
 
     horizon_seconds: float = 300.0
     """How far ahead to look: one cold start (node, image, weights, compile)."""
+    window_seconds: float = 300.0
+    """The recent window the samples cover (the trend's two halves are its halves)."""
     per_replica_rate: float = 1.0
     """Demand one replica serves within the SLO, in the samples' unit."""
     max_growth: float = 4.0
@@ -67,6 +91,8 @@ class FloorParams:
     def __post_init__(self) -> None:
         if not self.horizon_seconds >= 0:
             raise ValueError(f"horizon_seconds: {self.horizon_seconds!r}; allowed: >= 0")
+        if not self.window_seconds > 0:
+            raise ValueError(f"window_seconds: {self.window_seconds!r}; allowed: > 0")
         if not self.per_replica_rate > 0:
             raise ValueError(f"per_replica_rate: {self.per_replica_rate!r}; allowed: > 0")
         if not self.max_growth >= 1:
@@ -80,9 +106,12 @@ class FloorParams:
             raise ValueError("daily_shape: allowed: 24 hourly values, each > 0")
 
 
-def trend_forecast(samples: Sequence[tuple[float, float]], at: float, max_growth: float) -> float:
+def least_squares_forecast(
+    samples: Sequence[tuple[float, float]], at: float, max_growth: float
+) -> float:
     """The least-squares line through ``samples`` ((seconds, rate)) at time ``at``, within 0
-    and ``max_growth`` x the samples' mean rate."""
+    and ``max_growth`` x the samples' mean rate: the trend until 2026-12-07 (PromQL's
+    ``predict_linear``), kept to compare with."""
     n = len(samples)
     mean_rate = sum(r for _, r in samples) / n
     if n == 1:
@@ -91,6 +120,37 @@ def trend_forecast(samples: Sequence[tuple[float, float]], at: float, max_growth
     var = sum((t - mean_t) ** 2 for t, _ in samples)
     slope = 0.0 if var == 0 else sum((t - mean_t) * (r - mean_rate) for t, r in samples) / var
     value = mean_rate + slope * (at - mean_t)
+    return min(max(0.0, value), max_growth * max(0.0, mean_rate))
+
+
+def trend_forecast(
+    samples: Sequence[tuple[float, float]],
+    now: float,
+    at: float,
+    window_seconds: float,
+    max_growth: float,
+) -> float:
+    """The line through the medians of the window's two halves at time ``at``, within 0 and
+    ``max_growth`` x the samples' mean rate (the module's docstring says why medians).
+
+    ``samples`` ((seconds, rate), oldest first) cover ``(now - window_seconds, now]``; the
+    recent half is those after ``now - window_seconds / 2``. Each half stands for the point
+    (median time, median rate); the line passes through both (flat through the recent one
+    while the older half has no samples yet)."""
+    cut = now - window_seconds / 2.0
+    recent = [(t, r) for t, r in samples if t > cut]
+    older = [(t, r) for t, r in samples if t <= cut]
+    if not recent:  # nothing in the recent half: the older half, flat
+        recent, older = older, []
+    t1 = statistics.median(t for t, _ in recent)
+    level = statistics.median(r for _, r in recent)
+    slope = 0.0
+    if older:
+        t0 = statistics.median(t for t, _ in older)
+        if t1 > t0:
+            slope = (level - statistics.median(r for _, r in older)) / (t1 - t0)
+    value = level + slope * (at - t1)
+    mean_rate = sum(r for _, r in samples) / len(samples)
     return min(max(0.0, value), max_growth * max(0.0, mean_rate))
 
 
@@ -110,6 +170,48 @@ def shape_forecast(
     return level * shape_at(shape, seconds_of_day + horizon_seconds) / now
 
 
+@dataclass(frozen=True, slots=True)
+class ForecastParts:
+    """The forecast's parts (rates at ``now + horizon``, in the samples' unit): ``trend``, the
+    rate ``shaped`` along the daily shape (0 without one) and the ``held`` recent peak (0 when
+    not asked for); ``forecast`` is the largest. A run logs them to show which set the floor."""
+
+    trend: float
+    shaped: float
+    held: float
+
+    @property
+    def forecast(self) -> float:
+        return max(self.trend, self.shaped, self.held)
+
+    @property
+    def binding(self) -> str:
+        """The part that set the forecast (the first of trend, shaped, held on a tie)."""
+        f = self.forecast
+        return "trend" if self.trend == f else "shaped" if self.shaped == f else "held"
+
+
+def forecast_parts(
+    samples: Sequence[tuple[float, float]],
+    now: float,
+    seconds_of_day: float,
+    params: FloorParams,
+    peak: float = 0.0,
+) -> ForecastParts:
+    """`forecast_rate`'s parts; all 0 without samples."""
+    if not samples:
+        return ForecastParts(0.0, 0.0, 0.0)
+    w, g = params.window_seconds, params.max_growth
+    trend = trend_forecast(samples, now, now + params.horizon_seconds, w, g)
+    held = peak if params.peak_window_seconds > 0 else 0.0
+    shaped = 0.0
+    if params.daily_shape is not None:
+        level = trend_forecast(samples, now, now, w, g)
+        shaped = shape_forecast(params.daily_shape, level, seconds_of_day, params.horizon_seconds)
+        held = shape_forecast(params.daily_shape, held, seconds_of_day, params.horizon_seconds)
+    return ForecastParts(trend, shaped, held)
+
+
 def forecast_rate(
     samples: Sequence[tuple[float, float]],
     now: float,
@@ -121,17 +223,15 @@ def forecast_rate(
     without samples. ``now`` is on the samples' clock, ``seconds_of_day`` the wall clock's time
     of day; ``peak`` the highest one-minute rate of the last ``peak_window_seconds`` (ignored
     when that is 0)."""
-    if not samples:
-        return 0.0
-    at = now + params.horizon_seconds
-    out = trend_forecast(samples, at, params.max_growth)
-    held = peak if params.peak_window_seconds > 0 else 0.0
-    if params.daily_shape is not None:
-        level = trend_forecast(samples, now, params.max_growth)
-        shaped = shape_forecast(params.daily_shape, level, seconds_of_day, params.horizon_seconds)
-        out = max(out, shaped)
-        held = shape_forecast(params.daily_shape, held, seconds_of_day, params.horizon_seconds)
-    return max(out, held)
+    return forecast_parts(samples, now, seconds_of_day, params, peak).forecast
+
+
+def replicas_for(forecast: float, params: FloorParams, min_replicas: int, max_replicas: int) -> int:
+    """``ceil(forecast x (1 + headroom) / per_replica_rate)`` within the bounds."""
+    if min_replicas > max_replicas:
+        raise ValueError(f"min_replicas {min_replicas} > max_replicas {max_replicas}")
+    needed = math.ceil(forecast * (1.0 + params.headroom) / params.per_replica_rate - 1e-9)
+    return max(min_replicas, min(max_replicas, needed))
 
 
 def predictive_floor(
@@ -149,5 +249,4 @@ def predictive_floor(
     if min_replicas > max_replicas:
         raise ValueError(f"min_replicas {min_replicas} > max_replicas {max_replicas}")
     forecast = forecast_rate(samples, now, seconds_of_day, params, peak)
-    needed = math.ceil(forecast * (1.0 + params.headroom) / params.per_replica_rate - 1e-9)
-    return max(min_replicas, min(max_replicas, needed))
+    return replicas_for(forecast, params, min_replicas, max_replicas)

@@ -108,3 +108,35 @@ def test_the_floor_holds_the_last_hours_peak_only_when_asked_for(tmp_path: Path)
         counter=BURST_HALF_AN_HOUR_AGO,
     )  # fmt: skip
     assert output.startswith("exit 0\n"), output
+
+
+# 10 requests/s for 25 hours except 20/s over the last 60 s before the evaluation (steps
+# 5997-6000): a one-minute burst at 2x, the planner's day's; yesterday flat
+BURST_IN_THE_LAST_MINUTE = "0+150x5996 899550+300x3"
+# a ramp: 10 requests/s for 24 h 50 min, then +1 request/s every 15 s (steps 5961-6000)
+RAMP_IN_THE_LAST_TEN_MINUTES = "0+150x5960 " + " ".join(
+    str(894000 + sum(150 + 15 * k for k in range(1, j + 1))) for j in range(1, 41)
+)
+
+
+def test_the_floor_reads_a_one_minute_burst_as_no_ramp_but_follows_a_ramp(
+    tmp_path: Path,
+) -> None:
+    """The trend is the line through the medians of the window's halves
+    (`predictive_floor.trend_forecast`): a 60-s burst at the end of the window moves neither
+    median (least squares, `predict_linear`, read it as a ramp), a sustained ramp moves both."""
+    floor = triggers(5, horizonSeconds=300, windowSeconds=600)["predictive-floor"]
+    alerts = {"FlatAtTen": f"({floor}) > 9.9 < 10.1"}
+    output = run(
+        find_tool("promtool"), tmp_path, alerts, firing=["FlatAtTen"],
+        counter=BURST_IN_THE_LAST_MINUTE,
+    )  # fmt: skip
+    assert output.startswith("exit 0\n"), output
+    # the ramp: +1/15 req/s per second from 24:50, so 10 + 40 = 50 at 25:00 (the one-minute
+    # rate lags 30 s: ~48); 300 s later the line says about 68-70
+    alerts = {"RampAhead": f"({floor}) > 60 < 75", "FlatAtTen": f"({floor}) > 9.9 < 10.1"}
+    output = run(
+        find_tool("promtool"), tmp_path, alerts, firing=["RampAhead"],
+        counter=RAMP_IN_THE_LAST_TEN_MINUTES,
+    )  # fmt: skip
+    assert output.startswith("exit 0\n"), output

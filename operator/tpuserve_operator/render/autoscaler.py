@@ -313,21 +313,36 @@ FLOOR_MAX_GROWTH = 4
 """The trend's forecast is at most this many times the window's mean rate (AIBrix's clamp;
 `tpuserve_operator.predictive_floor.FloorParams.max_growth`)."""
 DAY_SECONDS = 86_400
+FLOOR_STEP_SECONDS = 30
+"""The floor's subqueries sample the one-minute request rate this often."""
 
 
 def floor_trigger(server: Server, floor: PredictiveFloorSpec, role: str | None) -> KedaTrigger:
     """`autoscaling.keda.predictiveFloor` as a Prometheus trigger: the request rate one horizon
     ahead (`tpuserve_operator.predictive_floor`'s rule in PromQL, yesterday's measured rate as
-    the daily shape) against requestsPerReplica."""
+    the daily shape) against requestsPerReplica.
+
+    The trend is `predictive_floor.trend_forecast`'s: the line through the medians of the
+    window's two halves (``quantile_over_time(0.5, ...)`` of the one-minute rate every 30 s
+    over each half), not ``predict_linear``'s least squares, which read a one-minute burst as a
+    ramp. A half's median stands for its median sample time, ``(half - 30 s) / 2`` before the
+    half's end (the subquery's steps are regular), so the halves' points are ``half`` apart;
+    while the older half has no data yet (a new server) the line is flat, as in the model."""
     sel = _selector(server, role)
     h, w = floor.horizon_seconds, floor.window_seconds
+    half = w // 2
+    lag = max(0, half - FLOOR_STEP_SECONDS) / 2
     requests = metric_names.NUM_REQUESTS.name
-    window = f"(sum(rate({requests}{{{sel}}}[1m])))[{w}s:30s]"
-    ahead = f"predict_linear({window}, {h})"
+    rate = f"(sum(rate({requests}{{{sel}}}[1m])))"
+    window = f"{rate}[{w}s:{FLOOR_STEP_SECONDS}s]"
+    recent = f"quantile_over_time(0.5, {rate}[{half}s:{FLOOR_STEP_SECONDS}s])"
+    older = f"quantile_over_time(0.5, {rate}[{half}s:{FLOOR_STEP_SECONDS}s] offset {half}s)"
+    diff = f"({recent} - ({older} or {recent}))"
+    ahead = f"({recent} + {diff} * {h + lag:g} / {half})"
     cap = f"({FLOOR_MAX_GROWTH} * avg_over_time({window}))"
     # the lesser of two one-element vectors: PromQL's clamp_max takes a scalar bound only
     trend = f"clamp_min((({ahead} <= {cap}) or {cap}), 0)"
-    level = f"clamp_min(predict_linear({window}, 0), 0)"
+    level = f"clamp_min(({recent} + {diff} * {lag:g} / {half}), 0)"
     later = f"sum(rate({requests}{{{sel}}}[5m] offset {DAY_SECONDS - h}s))"
     same = f"sum(rate({requests}{{{sel}}}[5m] offset {DAY_SECONDS}s))"
     shaped = f"({level} * {later} / ({same} > 0))"

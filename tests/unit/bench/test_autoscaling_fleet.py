@@ -11,9 +11,11 @@ from tpuserve.bench.autoscaling import (
     AutoscaledFleet,
     MinuteStats,
     ScalerConfig,
+    hpa_pods_metric_replicas,
     run_autoscaled,
 )
 from tpuserve.fleet import READY, FleetConfig
+from tpuserve.fleet.model import STARTING
 
 pytestmark = pytest.mark.unit
 
@@ -45,6 +47,51 @@ def test_hpa_on_queue_scales_on_mean_waiting_requests_per_replica() -> None:
     assert sim.desired_replicas(2) == 2
 
 
+# Hand-computed from kubernetes/kubernetes pkg/controller/podautoscaler/replica_calculator.go,
+# ReplicaCalculator.calcPlainMetricReplicas and groupPods (a Pods metric, AverageValue target):
+# (current, ready pods' values, target, missing pods, unready (Pending) pods) -> desired.
+K8S_CASES = [
+    # no missing or unready pods: ceil(mean / target x ready pods); replica_calculator_test.go's
+    # TestReplicaCalcScaleUpCM (3 pods at 20, 10, 30 against 15 -> 4)
+    (3, [20.0, 10.0, 30.0], 15.0, 0, 0, 4),
+    (2, [8.0, 9.0], 8.0, 0, 0, 2),  # mean 8.5 / 8 = 1.0625: within the 10 % tolerance
+    (4, [2.0, 2.0, 2.0, 2.0], 8.0, 0, 0, 1),  # scale down: ceil(0.25 x 4)
+    # scale up with 4 starting (missing) pods at 0: 64 / 6 pods / 8 = 1.333 -> ceil(8.0) = 8;
+    # the model's old rule said ceil(6 x 32 / 8) = 24
+    (6, [32.0, 32.0], 8.0, 4, 0, 8),
+    # scale down with 2 missing pods at the target: (2 + 2 + 8 + 8) / 4 / 8 = 0.625 -> 3
+    (4, [2.0, 2.0], 8.0, 2, 0, 3),
+    # the missing pods at 0 turn a scale-up (9 / 8) into a scale-down (9 / 3 / 8): keep current
+    (3, [9.0], 8.0, 2, 0, 3),
+    # Pending pods: 0 on a scale-up (32 / 4 / 8 = 1.0: within the tolerance, keep 4) ...
+    (4, [16.0, 16.0], 8.0, 0, 2, 4),
+    # ... left out on a scale-down: ceil(0.25 x 2 ready pods)
+    (4, [2.0, 2.0], 8.0, 0, 2, 1),
+    # new ratio 24 / 2 / 8 = 1.5 asks for 3, below current 10 although scaling up: keep current
+    (10, [24.0], 8.0, 1, 0, 10),
+    (5, [], 8.0, 5, 0, 5),  # no pod has the metric yet: the HPA cannot compute; no change
+]
+
+
+@pytest.mark.parametrize(("current", "ready", "target", "missing", "unready", "want"), K8S_CASES)
+def test_the_hpa_rule_is_kubernetes_replica_calculator(
+    current: int, ready: list[float], target: float, missing: int, unready: int, want: int
+) -> None:
+    assert hpa_pods_metric_replicas(current, ready, target, missing, unready) == want
+
+
+def test_hpa_on_queue_counts_starting_slices_as_missing_pods_not_as_serving_ones() -> None:
+    sim = AutoscaledFleet(SMALL, ScalerConfig(scaler="hpa_queue", queue_target=8))
+    for i in range(2):
+        sim._set_state(sim.engines[i], READY)
+    for i in range(2, 6):
+        sim._set_state(sim.engines[i], STARTING)
+    sim.wait[0], sim.wait[1] = 32, 32
+    assert sim.desired_replicas(6) == 8  # (32 + 32) / 8, not 6 x 32 / 8 = 24
+    sim.wait[0], sim.wait[1] = 2, 2  # scale-down: the starting slices count at the target
+    assert sim.desired_replicas(6) == 5  # (2 + 2 + 4 x 8) / 6 / 8 = 0.75 -> ceil(4.5)
+
+
 def test_keda_on_backlog_divides_waiting_tokens_by_the_performance_models_throughput() -> None:
     sim = AutoscaledFleet(SMALL, ScalerConfig(scaler="keda_backlog", backlog_target_seconds=1.0))
     tps = peak_prefill_tokens_per_second(SMALL.shape, get_profile(SMALL.model))
@@ -72,6 +119,16 @@ def test_every_scaler_runs_a_window_and_accounts_chips_and_minutes(scaler: str) 
     assert figures["minutes_with_requests"] == 4
     assert 0 < figures["chip_hours"] <= SMALL.replicas * SMALL.shape.chips * 240 / 3600
     assert 0 <= figures["slo_violation_minutes"] <= 4
+    if scaler in ("keda_backlog_floor", "keda_backlog_floor_peak"):
+        # the floor's parts: which one set it how often, and each one's highest ask
+        assert figures["rule"] == "median-trend"
+        assert figures["floor_window_seconds"] == 300.0
+        assert set(figures["floor_binding_share"]) <= {"trend", "shaped", "held"}
+        assert sum(figures["floor_binding_share"].values()) == pytest.approx(1.0, abs=1e-3)
+        assert set(figures["floor_parts_max_replicas"]) == {"trend", "shaped", "held"}
+        assert 1 <= figures["floor_max_counted"] <= figures["floor_max"]
+    if scaler == "hpa_queue":
+        assert figures["rule"] == "kubernetes"
 
 
 def test_the_max_replicas_reference_holds_every_replica_whatever_the_signals() -> None:

@@ -7,7 +7,9 @@ import pytest
 
 from tpuserve_operator.predictive_floor import (
     FloorParams,
+    forecast_parts,
     forecast_rate,
+    least_squares_forecast,
     predictive_floor,
     shape_at,
     trend_forecast,
@@ -20,8 +22,10 @@ FLAT = [(float(t), 20.0) for t in range(0, 301, 30)]
 
 
 def test_a_rising_trend_is_extrapolated_one_horizon_ahead() -> None:
-    # at t=300 the rate is 40; 300 s later the line says 70
-    assert trend_forecast(RAMP, 600.0, max_growth=4.0) == pytest.approx(70.0)
+    # at t=300 the rate is 40; 300 s later the line says 70 (medians of the halves and least
+    # squares agree on a linear ramp)
+    assert trend_forecast(RAMP, 300.0, 600.0, 300.0, max_growth=4.0) == pytest.approx(70.0)
+    assert least_squares_forecast(RAMP, 600.0, max_growth=4.0) == pytest.approx(70.0)
     params = FloorParams(horizon_seconds=300, per_replica_rate=10)
     assert predictive_floor(RAMP, 300.0, 0.0, params, 1, 100) == 7
 
@@ -33,7 +37,7 @@ def test_a_flat_rate_asks_for_what_it_needs_now() -> None:
 
 def test_a_falling_trend_never_goes_below_zero_nor_the_minimum() -> None:
     falling = [(t, max(0.0, 30.0 - r)) for t, r in RAMP]
-    assert trend_forecast(falling, 10_000.0, max_growth=4.0) == 0.0
+    assert trend_forecast(falling, 300.0, 10_000.0, 300.0, max_growth=4.0) == 0.0
     params = FloorParams(horizon_seconds=300, per_replica_rate=10)
     assert predictive_floor(falling, 300.0, 0.0, params, 3, 100) == 3
 
@@ -41,7 +45,7 @@ def test_a_falling_trend_never_goes_below_zero_nor_the_minimum() -> None:
 def test_the_trend_is_clamped_to_a_multiple_of_the_windows_mean() -> None:
     steep = [(0.0, 1.0), (10.0, 100.0)]
     mean = 50.5
-    assert trend_forecast(steep, 1000.0, max_growth=4.0) == pytest.approx(4 * mean)
+    assert trend_forecast(steep, 10.0, 1000.0, 20.0, max_growth=4.0) == pytest.approx(4 * mean)
 
 
 def test_the_maximum_bounds_the_floor() -> None:
@@ -115,3 +119,42 @@ def test_the_recent_peak_is_held_only_when_asked_for_and_follows_the_shape() -> 
     )
     with pytest.raises(ValueError, match="peak_window_seconds: -1; allowed: >= 0"):
         FloorParams(peak_window_seconds=-1)
+
+
+# 15-s rate samples of a 300-s window ending at t=300: 10 req/s, then 20 req/s for the last
+# 60 s (a 60-s burst at 2x, the planner's day's bursts)
+BURST_AT_THE_END = [(float(t), 20.0 if t > 240 else 10.0) for t in range(15, 301, 15)]
+
+
+def test_a_one_minute_burst_is_not_read_as_a_ramp() -> None:
+    # least squares lever-arms the burst 495 s ahead to 3.2x the rate; the halves' medians
+    # (4 of the recent half's 10 samples are in the burst) see the flat 10 req/s
+    assert least_squares_forecast(BURST_AT_THE_END, 795.0, 4.0) == pytest.approx(32.451, abs=1e-3)
+    assert trend_forecast(BURST_AT_THE_END, 300.0, 795.0, 300.0, 4.0) == pytest.approx(10.0)
+    params = FloorParams(horizon_seconds=495, window_seconds=300, per_replica_rate=5)
+    assert predictive_floor(BURST_AT_THE_END, 300.0, 0.0, params, 1, 100) == 2
+
+
+def test_a_change_over_most_of_the_recent_half_is_the_new_level() -> None:
+    # the last 105 s (7 of the recent half's 10 samples, t = 165..300) at 20 req/s: the recent
+    # median is 20 at median time 232.5 s, the older one 10 at 82.5 s; 150 s after 232.5 s
+    # the line says 30
+    step = [(float(t), 20.0 if t > 195 else 10.0) for t in range(15, 301, 15)]
+    assert trend_forecast(step, 300.0, 382.5, 300.0, 4.0) == pytest.approx(30.0)
+
+
+def test_without_the_older_half_the_trend_is_flat_at_the_recent_median() -> None:
+    young = [(240.0, 10.0), (255.0, 12.0), (270.0, 30.0), (285.0, 11.0), (300.0, 13.0)]
+    assert trend_forecast(young, 300.0, 900.0, 300.0, 4.0) == pytest.approx(12.0)
+
+
+def test_the_parts_show_which_one_set_the_forecast() -> None:
+    shape = tuple(1.0 if h < 9 else 2.0 for h in range(24))
+    params = FloorParams(horizon_seconds=3600, per_replica_rate=10, daily_shape=shape,
+                         peak_window_seconds=3600)  # fmt: skip
+    parts = forecast_parts(FLAT, 300.0, 8 * 3600.0, params, peak=30.0)
+    assert (parts.trend, parts.shaped, parts.held) == pytest.approx((20.0, 40.0, 60.0))
+    assert parts.forecast == pytest.approx(60.0)
+    assert parts.binding == "held"
+    assert forecast_parts(FLAT, 300.0, 0.0, FloorParams()).binding == "trend"
+    assert forecast_parts([], 0.0, 0.0, params).forecast == 0.0

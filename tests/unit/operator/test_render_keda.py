@@ -217,8 +217,15 @@ def test_a_predictive_floor_is_a_second_trigger_against_requests_per_replica(
     assert predicted["name"] == "predictive-floor"
     assert (predicted["metricType"], predicted["metadata"]["threshold"]) == ("AverageValue", "5.25")
     query = predicted["metadata"]["query"]
-    assert 'predict_linear((sum(rate(sglang:num_requests_total{namespace="ml"' in query
-    assert "[900s:30s], 480)" in query  # the trend over the window, one horizon ahead
+    # the trend: the line through the medians of the window's two halves (450 s each), one
+    # horizon ahead of the recent half's median time ((450 - 30) / 2 = 210 s ago)
+    assert "predict_linear" not in query
+    assert 'quantile_over_time(0.5, (sum(rate(sglang:num_requests_total{namespace="ml"' in query
+    assert "[450s:30s])" in query
+    assert "[450s:30s] offset 450s)" in query
+    assert " * 690 / 450)" in query  # 480 + 210 s ahead of the recent median, halves 450 s apart
+    assert " * 210 / 450)" in query  # the level now, for the daily shape
+    assert "avg_over_time((sum(rate(sglang:num_requests_total" in query  # the 4x cap
     assert "offset 85920s" in query  # yesterday, one horizon after this time of day
     assert "offset 86400s" in query
     without = kinds(rendered(spec_with(autoscaling=keda()), keda=True), "ScaledObject")["qwen"]
