@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tests.component.router.router_fleet import EngineTwin, start_engines, start_router, wait_ready
+from tests.component.router.router_fleet import EngineTwin, start_engines, start_router
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 
@@ -28,7 +28,6 @@ async def router(engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
         policy="cache_aware",
         health_check_interval_seconds=0.5,
     )
-    app = await start_router(config)
-    await wait_ready(app, len(engines))
+    app = await start_router(config, ready_workers=len(engines))
     yield app
     await app.stop()

@@ -141,9 +141,18 @@ def start_engines(n: int, args: Sequence[str] = (), kv_events: bool = True) -> l
     return engines
 
 
-async def start_router(config: RouterConfig) -> RouterApp:
+async def start_router(config: RouterConfig, ready_workers: int = 0) -> RouterApp:
+    """A started router on a free loopback port; with `ready_workers`, once that many workers
+    are routable (stopped again if they are not: a leaked router's servers are collected in a
+    later test, which then fails on their unraisable warnings)."""
     app = create_router_app(config.replace(host="127.0.0.1", port=0), registry=CollectorRegistry())
     await app.start()
+    if ready_workers:
+        try:
+            await wait_ready(app, ready_workers)
+        except BaseException:
+            await app.stop()
+            raise
     return app
 
 

@@ -31,7 +31,6 @@ from tests.component.router.router_fleet import (
     sample,
     start_engines,
     start_router,
-    wait_ready,
 )
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
@@ -57,8 +56,7 @@ async def router(engine: EngineTwin) -> AsyncIterator[RouterApp]:
     config = RouterConfig(
         workers=(engine.url,), policy="round_robin", health_check_interval_seconds=0.5
     )
-    app = await start_router(config)
-    await wait_ready(app, 1)
+    app = await start_router(config, ready_workers=1)
     yield app
     await app.stop()
 

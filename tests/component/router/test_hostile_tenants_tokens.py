@@ -33,7 +33,6 @@ from tests.component.router.router_fleet import (
     EngineTwin,
     start_engines,
     start_router,
-    wait_ready,
 )
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
@@ -67,8 +66,7 @@ async def router(engine: EngineTwin, tmp_path: Path) -> AsyncIterator[RouterApp]
         workers=(engine.url,), policy="precise", health_check_interval_seconds=0.5,
         api_keys_file=str(keys),
     )  # fmt: skip
-    app = await start_router(config)
-    await wait_ready(app, 1)
+    app = await start_router(config, ready_workers=1)
     yield app
     await app.stop()
 

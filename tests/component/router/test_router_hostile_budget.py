@@ -21,7 +21,6 @@ from tests.component.router.router_fleet import (
     sample,
     start_engines,
     start_router,
-    wait_ready,
 )
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
@@ -60,8 +59,7 @@ async def router_for(twin: EngineTwin, tmp_path: Path, *, keys: bool) -> RouterA
         max_request_bytes=DECLARED_BYTES,
         **settings,  # type: ignore[arg-type]
     )
-    app = await start_router(config)
-    await wait_ready(app, 1)
+    app = await start_router(config, ready_workers=1)
     return app
 
 

@@ -28,7 +28,6 @@ from tests.component.router.router_fleet import (
     EngineTwin,
     sample,
     start_router,
-    wait_ready,
 )
 from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
@@ -73,8 +72,7 @@ async def router(engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
         health_check_interval_seconds=0.5,
         picker_port=0,
     )
-    app = await start_router(config)
-    await wait_ready(app, len(engines))
+    app = await start_router(config, ready_workers=len(engines))
     yield app
     await app.stop()
 
@@ -133,8 +131,7 @@ async def guarded(engines: list[EngineTwin], tmp_path: Path) -> AsyncIterator[Ro
         body_timeout_seconds=1.5,
         max_request_bytes=64 * 1024,
     )
-    app = await start_router(config)
-    await wait_ready(app, len(engines))
+    app = await start_router(config, ready_workers=len(engines))
     yield app
     await app.stop()
 

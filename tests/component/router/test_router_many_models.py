@@ -54,8 +54,7 @@ async def router(engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
     """The old `--worker URL` form for the first, `MODEL=URL` for the others."""
     workers = (engines[0].url, f"{LLAMA}={engines[1].url}", f"{QWEN}={engines[2].url}")
     config = RouterConfig(workers=workers, policy="least_load", health_check_interval_seconds=0.2)
-    app = await start_router(config)
-    await wait_ready(app, len(engines))
+    app = await start_router(config, ready_workers=len(engines))
     # read from the twins' /v1/models when admitted; a `MODEL=URL` worker is routable by its
     # given model before that answer comes, so wait_ready alone does not cover it
     await eventually_async(

@@ -48,8 +48,7 @@ async def picker(engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
         picker_test_headers=True,
         max_request_bytes=64 * 1024,
     )
-    app = await start_router(config)
-    await wait_ready(app, len(engines))
+    app = await start_router(config, ready_workers=len(engines))
     yield app
     await app.stop()
 

@@ -52,8 +52,7 @@ async def colocated(engines: list[EngineTwin]) -> AsyncIterator[RouterApp]:
         health_check_interval_seconds=0.5,
         picker_port=0,
     )
-    app = await start_router(config)
-    await wait_ready(app, len(engines))
+    app = await start_router(config, ready_workers=len(engines))
     yield app
     await app.stop()
 
