@@ -43,5 +43,5 @@ def test_free_ports_never_hand_out_a_port_sglang_may_pick_for_its_rendezvous(
     assert found["picks_below_ephemeral"], found
     sglang = range(found["low"], found["high"] + 1)
     assert sglang == ports.SGLANG_RENDEZVOUS_PORTS, found
-    chosen = ports.free_ports(64) + [ports.free_port_pair()]
+    chosen = [*ports.free_ports(64), ports.free_port_pair()]
     assert not [p for p in chosen if p in sglang]
