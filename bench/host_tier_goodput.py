@@ -15,8 +15,15 @@ live set 98,258 tokens, has no such group: its largest request is 60,080 tokens 
 150-request Mooncake conversation sample; and the other workloads (HBM only against host
 tier + tier-aware `precise`). Each setup's search starts at the same rate, same seed.
 
+``mooncake-full`` (only with ``--trace PATH``, the public Mooncake conversation trace, which
+is not in the repository: `MOONCAKE_TRACE`): its first 10 minutes (1,750 of its 12,031
+requests), each engine's HBM KV pool 1/2 of that window's live shared working set over 4
+engines, host tier 4x that (the fleet's 262,144-token tiers would hold less than the live
+set), first rate 1.0 req/s (the ``mooncake`` group's).
+
   bench/host_tier_goodput.py [--only w4|w4live|w7live|w3live|mooncake|others|fleet] [--out DIR]
                              [--groups W1,w4-live-2x,...] [--setups hbm-only,tier-aware,...]
+  bench/host_tier_goodput.py --only mooncake-full --trace conversation_trace.jsonl [--out DIR]
   bench/host_tier_goodput.py --table   # the results as Markdown
 
 ``fleet``: the fleet model (`tpuserve.fleet`, what `tpuserve plan` runs) on Mooncake sessions,
@@ -30,6 +37,7 @@ prints a table.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -65,6 +73,22 @@ def per_engine(share: int) -> int:
     return W4_DISTINCT // (WORKERS * share) // PAGE * PAGE
 
 
+MOONCAKE_TRACE = (
+    "https://github.com/kvcache-ai/Mooncake (Apache-2.0), "
+    "FAST25-release/traces/conversation_trace.jsonl"
+)
+"""Where the full public trace is (last changed in Mooncake's commit 3cca71d)."""
+MOONCAKE_SHA256 = "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df"
+MOONCAKE_WINDOW_S = 600.0
+"""The full trace's first 10 minutes (arrivals before 600,000 ms: 1,750 of its 12,031
+requests, 59 minutes), chosen before any run: a goodput search of the whole trace is too slow
+to repeat on the development machine (a 918-request run took 20 s to simulate)."""
+MOONCAKE_SHARES = (2,)
+"""1/2 of the window's live shared set; at 1/3 (112,128 tokens per engine) 12 of its 1,750
+requests are larger than an engine's pool, at 1/4 (84,096) 31, so there are no such groups."""
+MOONCAKE_START_RATE = 1.0
+
+
 def live_w4_tokens() -> float:
     return live_tokens("W4")
 
@@ -74,6 +98,38 @@ def live_tokens(workload: str) -> float:
     from tpuserve.bench import sizing, workloads
 
     return sizing.live_shared_tokens(workloads.generate(workload, 0, None)).mean_tokens
+
+
+def mooncake_window(path: Path) -> tuple[int, float, int, list[int]]:
+    """The full trace's window (`MOONCAKE_WINDOW_S`): its requests, its live shared working
+    set (time-averaged, `sizing.live_shared_tokens`), its peak, and each request's tokens
+    (prompt + output)."""
+    from tpuserve.bench import sizing, traces
+
+    window = [r for r in traces.read_trace(path) if r.t < MOONCAKE_WINDOW_S]
+    live = sizing.live_shared_tokens(window)
+    sizes = [len(r.token_ids or ()) + r.max_tokens for r in window]
+    return len(window), live.mean_tokens, live.peak_tokens, sizes
+
+
+def full_trace(parser: argparse.ArgumentParser, only: str | None, trace: str | None) -> Path | None:
+    """``--trace``'s path for group mooncake-full (None: not run); an argparse error naming the
+    flag and where the trace is when it is needed and missing, or given for another group."""
+    where = f"the full Mooncake conversation trace is at {MOONCAKE_TRACE}"
+    if trace is None:
+        if only == "mooncake-full":
+            parser.error(f"--trace: --only mooncake-full needs PATH; {where}")
+        return None
+    if only not in (None, "mooncake-full"):
+        parser.error(f"--trace: only with --only mooncake-full, not --only {only}")
+    path = Path(trace)
+    if not path.is_file():
+        parser.error(f"--trace: {trace} is not a file; {where}")
+    return path
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def bench(args: list[str]) -> dict[str, object]:
@@ -186,13 +242,17 @@ def _selection(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    only = ("w4", "w4live", *LIVE_GROUPS, "mooncake", "others", "fleet")
+    only = ("w4", "w4live", *LIVE_GROUPS, "mooncake", "mooncake-full", "others", "fleet")
     parser.add_argument("--only", choices=only)
     parser.add_argument("--out", default="bench/host_tier_results/2026-12-07")
     parser.add_argument("--table", action="store_true", help="Print the results as Markdown.")
     parser.add_argument("--groups", help="Only these runs (comma-separated: W1,w4-live-2x,...).")
     parser.add_argument("--setups", help="Only these setups (comma-separated: tier-aware,...).")
+    parser.add_argument(
+        "--trace", help="The full Mooncake conversation trace (group mooncake-full only)."
+    )
     a = parser.parse_args()
+    full = full_trace(parser, a.only, a.trace)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     runs: list[tuple[str, str, list[str]]] = []
@@ -237,6 +297,25 @@ def main() -> int:
                 runs.append((workload, name, base + setup_args(policy, 4 * cache, tier, blind)))
     if a.table:
         return table(out)
+    digest = sha256(full) if full is not None else None
+    if full is not None:
+        if digest != MOONCAKE_SHA256:
+            print(f"note: {full} has sha256 {digest}, not the public trace's", file=sys.stderr)
+        requests, live, peak, sizes = mooncake_window(full)
+        for share in MOONCAKE_SHARES:
+            cache = int(live) // (WORKERS * share) // PAGE * PAGE
+            over = sum(1 for n in sizes if n > cache)
+            print(
+                f"mooncake-full: first {MOONCAKE_WINDOW_S:.0f} s, {requests} requests, live "
+                f"shared tokens {live:,.0f} (peak {peak:,}), largest request {max(sizes):,}; "
+                f"1/{share}: {cache:,} per engine, {over} requests larger",
+                flush=True,
+            )
+            base = ["--trace", str(full), "--requests", str(requests), *fleet]
+            base += ["--cache-tokens", str(cache), "--rate", str(MOONCAKE_START_RATE)]
+            for name, policy, tier, blind in SETUPS:
+                runs.append((f"mooncake-10min-live-{share}x", name,
+                             base + setup_args(policy, 4 * cache, tier, blind)))  # fmt: skip
     if a.only == "fleet":
         return fleet_model(out)
     groups = _selection(parser, "--groups", a.groups, {group for group, _, _ in runs})
@@ -245,6 +324,8 @@ def main() -> int:
         if (groups and group not in groups) or (setups and name not in setups):
             continue
         result = bench(args)
+        if digest is not None and str(full) in args:
+            result["trace_sha256"] = digest
         (out / f"{group}.{name}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(row(group, name, result), flush=True)
     return 0
