@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.host_tier_goodput import MOONCAKE_WINDOW_S, full_trace, mooncake_window
+from bench.host_tier_goodput import MOONCAKE_WINDOW_S, full_trace, mooncake_window, write_window
 
 pytestmark = pytest.mark.unit
 
@@ -71,3 +71,20 @@ def test_the_window_keeps_the_first_minutes_and_sizes_each_request(tmp_path: Pat
     assert requests == 3
     assert sizes == [1034, 1120, 605]  # prompt + output tokens
     assert 0 < live <= peak  # blocks 0 and 1 are shared until 1 s, block 0 until 2 s
+
+
+def test_the_window_file_holds_the_first_lines_and_refuses_an_unsorted_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    limit = int(MOONCAKE_WINDOW_S * 1000)
+    lines = [json.dumps({"timestamp": t, "input_length": 512}) + "\n" for t in (0, 5, limit)]
+    path = tmp_path / "conversation_trace.jsonl"
+    path.write_text("".join(lines))
+    window = write_window(path)
+    assert window.parent == tmp_path / "tmp"
+    assert window.read_text() == "".join(lines[:2])
+    path.write_text("".join([lines[0], lines[2], lines[1]]))
+    with pytest.raises(ValueError, match="not in timestamp order"):
+        write_window(path)
