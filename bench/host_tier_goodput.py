@@ -15,8 +15,18 @@ live set 98,258 tokens, has no such group: its largest request is 60,080 tokens 
 150-request Mooncake conversation sample; and the other workloads (HBM only against host
 tier + tier-aware `precise`). Each setup's search starts at the same rate, same seed.
 
+``mooncake-full`` (only with ``--trace PATH``, the public Mooncake conversation trace, which
+is not in the repository: `MOONCAKE_TRACE`): its first 5 minutes (918 of its 12,031
+requests), each engine's HBM KV pool 1/2 of that window's live shared working set over 4
+engines, host tier 4x that (the ``others`` group's rule, chosen for a 10-minute window whose
+live set the fleet's 262,144-token tiers would not hold), first rate 1.0 req/s (the
+``mooncake`` group's). No rate meets the SLO for 90 % of its requests (its arrivals come in
+bursts that rescaling keeps; docs/host-kv-tier.md), so its searches shrink the rate without
+end in useful time: HBM-only's was stopped after 33 rates.
+
   bench/host_tier_goodput.py [--only w4|w4live|w7live|w3live|mooncake|others|fleet] [--out DIR]
                              [--groups W1,w4-live-2x,...] [--setups hbm-only,tier-aware,...]
+  bench/host_tier_goodput.py --only mooncake-full --trace conversation_trace.jsonl [--out DIR]
   bench/host_tier_goodput.py --table   # the results as Markdown
 
 ``fleet``: the fleet model (`tpuserve.fleet`, what `tpuserve plan` runs) on Mooncake sessions,
@@ -30,6 +40,7 @@ prints a table.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -65,6 +76,24 @@ def per_engine(share: int) -> int:
     return W4_DISTINCT // (WORKERS * share) // PAGE * PAGE
 
 
+MOONCAKE_TRACE = (
+    "https://github.com/kvcache-ai/Mooncake (Apache-2.0), "
+    "FAST25-release/traces/conversation_trace.jsonl"
+)
+"""Where the full public trace is (last changed in Mooncake's commit 3cca71d)."""
+MOONCAKE_SHA256 = "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df"
+MOONCAKE_WINDOW_S = 300.0
+"""The full trace's first 5 minutes (arrivals before 300,000 ms: 918 of its 12,031 requests,
+59 minutes), chosen before any result: a goodput search of the whole trace is too slow to
+repeat on the development machine, and one of its first 10 minutes (1,750 requests) was
+stopped after 25 minutes unfinished, its process at 12.5 GB (docs/host-kv-tier.md)."""
+MOONCAKE_SHARES = (2,)
+"""1/2 of the window's live shared set (76,192 tokens per engine: 16 of its 918 requests are
+larger than an engine's pool and fail in every setup); at 1/3 (50,784) 37 are, at 1/4
+(38,096) 70, so there are no such groups."""
+MOONCAKE_START_RATE = 1.0
+
+
 def live_w4_tokens() -> float:
     return live_tokens("W4")
 
@@ -74,6 +103,84 @@ def live_tokens(workload: str) -> float:
     from tpuserve.bench import sizing, workloads
 
     return sizing.live_shared_tokens(workloads.generate(workload, 0, None)).mean_tokens
+
+
+def mooncake_window(path: Path) -> tuple[int, float, int, list[int]]:
+    """The full trace's window (`MOONCAKE_WINDOW_S`): its requests, its live shared working
+    set (time-averaged, `sizing.live_shared_tokens`), its peak, and each request's tokens
+    (prompt + output)."""
+    from tpuserve.bench import sizing, traces
+
+    window = [r for r in traces.read_trace(path) if r.t < MOONCAKE_WINDOW_S]
+    live = sizing.live_shared_tokens(window)
+    sizes = [len(r.token_ids or ()) + r.max_tokens for r in window]
+    return len(window), live.mean_tokens, live.peak_tokens, sizes
+
+
+def full_trace(parser: argparse.ArgumentParser, only: str | None, trace: str | None) -> Path | None:
+    """``--trace``'s path for group mooncake-full (None: not run); an argparse error naming the
+    flag and where the trace is when it is needed and missing, or given for another group."""
+    where = f"the full Mooncake conversation trace is at {MOONCAKE_TRACE}"
+    if trace is None:
+        if only == "mooncake-full":
+            parser.error(f"--trace: --only mooncake-full needs PATH; {where}")
+        return None
+    if only not in (None, "mooncake-full"):
+        parser.error(f"--trace: only with --only mooncake-full, not --only {only}")
+    path = Path(trace)
+    if not path.is_file():
+        parser.error(f"--trace: {trace} is not a file; {where}")
+    return path
+
+
+def write_window(path: Path) -> Path:
+    """The trace's lines that arrive before `MOONCAKE_WINDOW_S`, in a file of their own in the
+    temporary directory (a fixed name: a Mooncake prompt's private tail is seeded by its path
+    and line, so every setup replays the same words)."""
+    import tempfile
+
+    limit = MOONCAKE_WINDOW_S * 1000
+    lines = [raw for raw in path.read_bytes().splitlines(keepends=True) if raw.strip()]
+    kept = [raw for raw in lines if json.loads(raw)["timestamp"] < limit]
+    if kept != lines[: len(kept)]:
+        raise ValueError(f"--trace: {path}'s lines are not in timestamp order")
+    window = Path(tempfile.gettempdir()) / f"mooncake-conversation-first-{limit:.0f}ms.jsonl"
+    window.write_bytes(b"".join(kept))
+    return window
+
+
+def bench_in_processes(args: list[str], start: float) -> dict[str, object]:
+    """`tpuserve bench --max-rate-at-slo` (the same `slo_search.search_max_rate` from `start`)
+    with each rate replayed by its own `tpuserve bench --rate R --json` process, so that no
+    run's memory outlives it: in one process a search of the 5-minute window grew past 9 GB
+    (of the 10-minute one to 12.5 GB) where one run at 1-4 req/s peaks at 0.65 GB. On that
+    window no rate meets the SLO (docs/host-kv-tier.md) and the search keeps dividing the
+    rate by 1.25; each run's load samples (every 0.1 s of virtual time) then grow with the
+    trace's virtual span, likely the growth (not measured)."""
+    from tpuserve.bench.report import SLO_FACTOR
+    from tpuserve.bench.slo_search import search_max_rate
+
+    def run_at(rate: float) -> dict[str, object]:
+        cmd = [sys.executable, "-m", "tpuserve", "bench", "--json", *args, "--rate", str(rate)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        result: dict[str, object] = json.loads(out)
+        return result
+
+    found = search_max_rate(run_at, start)
+    result = dict(found.best) if found.best is not None else {}
+    result["slo_search"] = {
+        "attainment": found.attainment, "slo_factor": SLO_FACTOR, "max_rate": found.max_rate,
+        "goodput_rps": found.best["goodput_rps"] if found.best is not None else 0.0,
+        "start_rate": start, "tried": found.tried,
+    }  # fmt: skip
+    result["command"] = (
+        f"search_max_rate from {start} over: tpuserve bench --json {' '.join(args)} --rate R"
+    )
+    return result
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def bench(args: list[str]) -> dict[str, object]:
@@ -186,13 +293,17 @@ def _selection(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    only = ("w4", "w4live", *LIVE_GROUPS, "mooncake", "others", "fleet")
+    only = ("w4", "w4live", *LIVE_GROUPS, "mooncake", "mooncake-full", "others", "fleet")
     parser.add_argument("--only", choices=only)
     parser.add_argument("--out", default="bench/host_tier_results/2026-12-07")
     parser.add_argument("--table", action="store_true", help="Print the results as Markdown.")
     parser.add_argument("--groups", help="Only these runs (comma-separated: W1,w4-live-2x,...).")
     parser.add_argument("--setups", help="Only these setups (comma-separated: tier-aware,...).")
+    parser.add_argument(
+        "--trace", help="The full Mooncake conversation trace (group mooncake-full only)."
+    )
     a = parser.parse_args()
+    full = full_trace(parser, a.only, a.trace)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     runs: list[tuple[str, str, list[str]]] = []
@@ -237,6 +348,25 @@ def main() -> int:
                 runs.append((workload, name, base + setup_args(policy, 4 * cache, tier, blind)))
     if a.table:
         return table(out)
+    digest = sha256(full) if full is not None else None
+    if full is not None:
+        if digest != MOONCAKE_SHA256:
+            print(f"note: {full} has sha256 {digest}, not the public trace's", file=sys.stderr)
+        window = write_window(full)
+        requests, live, peak, sizes = mooncake_window(window)
+        for share in MOONCAKE_SHARES:
+            cache = int(live) // (WORKERS * share) // PAGE * PAGE
+            over = sum(1 for n in sizes if n > cache)
+            print(
+                f"mooncake-full: first {MOONCAKE_WINDOW_S:.0f} s, {requests} requests, live "
+                f"shared tokens {live:,.0f} (peak {peak:,}), largest request {max(sizes):,}; "
+                f"1/{share}: {cache:,} per engine, {over} requests larger",
+                flush=True,
+            )
+            base = ["--trace", str(window), *fleet, "--cache-tokens", str(cache)]
+            for name, policy, tier, blind in SETUPS:
+                runs.append((f"mooncake-5min-live-{share}x", name,
+                             base + setup_args(policy, 4 * cache, tier, blind)))  # fmt: skip
     if a.only == "fleet":
         return fleet_model(out)
     groups = _selection(parser, "--groups", a.groups, {group for group, _, _ in runs})
@@ -244,7 +374,11 @@ def main() -> int:
     for group, name, args in runs:
         if (groups and group not in groups) or (setups and name not in setups):
             continue
-        result = bench(args)
+        if digest is not None and group.startswith("mooncake-5min"):
+            result = bench_in_processes(args, MOONCAKE_START_RATE)
+            result["trace_sha256"] = digest
+        else:
+            result = bench(args)
         (out / f"{group}.{name}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(row(group, name, result), flush=True)
     return 0
