@@ -54,11 +54,11 @@ def run(args: argparse.Namespace) -> int:
         start = int(time.time()) + args.in_seconds
         disruption.schedule_maintenance(core, names, start)
         say(f"maintenance scheduled in {args.in_seconds} s on {', '.join(names)}")
-        time.sleep(args.in_seconds)
+        disruption.pause(core, args.in_seconds)
         for pod in disruption.start_maintenance(core, names):
             say(f"maintenance: pod {pod} terminating")
         say(f"maintenance started on {', '.join(names)}")
-        time.sleep(args.duration)
+        disruption.pause(core, args.duration)
         disruption.end_maintenance(core, names)
         say(f"maintenance over on {', '.join(names)}")
     return 0

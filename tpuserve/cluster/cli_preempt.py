@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 from sglang_tpu import cli_types
 from tpuserve.cluster import disruption, nodes
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         disruption.preempt(core, name, None if args.no_notice else args.notice, say)
         if args.return_after is None:
             return 0
-        time.sleep(args.return_after)
+        disruption.pause(core, args.return_after)
         disruption.restore(core, saved)
         nodes.wait_ready(cluster.api_client, [name], NODE_READY_TIMEOUT_SECONDS)
         say(f"node {name}: back and Ready")

@@ -164,6 +164,20 @@ def remove_node(core: Any, name: str) -> list[str]:
     return delete_pods(core, name, 0)
 
 
+APISERVER_IDLE_SECONDS = 90
+"""kube-apiserver closes a connection idle this long (k8s.io/apiserver v0.35
+`pkg/server/secure_serving.go`: `IdleTimeout: 90 * time.Second`)."""
+
+
+def pause(core: Any, seconds: float) -> None:
+    """Sleep, then drop the client's pooled connections: one idle about as long as the
+    apiserver's idle timeout may be closed by the server just as it is reused, and a write
+    on it fails with `RemoteDisconnected` (a `maintenance --in 90` did, under load)."""
+    time.sleep(seconds)
+    if seconds >= APISERVER_IDLE_SECONDS / 2:
+        core.api_client.rest_client.pool_manager.clear()
+
+
 def preempt(core: Any, name: str, notice_seconds: int | None, say: Say) -> None:
     """Preempt a node: with notice, taint and drain within it first; then it is gone."""
     if notice_seconds:
@@ -172,7 +186,7 @@ def preempt(core: Any, name: str, notice_seconds: int | None, say: Say) -> None:
         say(f"node {name}: preemption notice ({notice_seconds} s), taint {TERMINATION_TAINT}")
         for pod in delete_pods(core, name, grace):
             say(f"node {name}: pod {pod} terminating (grace {grace} s)")
-        time.sleep(notice_seconds)
+        pause(core, notice_seconds)
     for pod in remove_node(core, name):
         say(f"node {name}: pod {pod} gone with its node")
     say(f"node {name}: deleted")

@@ -7,6 +7,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import urllib3
+from kubernetes import client
 
 from tpuserve.cluster import disruption
 from tpuserve_operator.node_signals import MAINTENANCE_TIME_LABEL, TERMINATION_TAINT
@@ -80,3 +82,18 @@ def test_a_saved_node_comes_back_with_its_tpu_taint_but_no_signals() -> None:
     }
     assert [t["key"] for t in saved["spec"]["taints"]] == ["google.com/tpu"]
     assert saved["status"]["capacity"] == {"google.com/tpu": "8"}
+
+
+def test_a_pause_as_long_as_the_apiservers_idle_timeout_drops_the_pooled_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kube-apiserver closes a connection idle 90 s; reusing it as it closes fails a write."""
+    monkeypatch.setattr("tpuserve.cluster.disruption.time.sleep", lambda seconds: None)
+    core = client.CoreV1Api(client.ApiClient())
+    pools = core.api_client.rest_client.pool_manager
+    assert isinstance(pools, urllib3.PoolManager)
+    pools.connection_from_url("http://127.0.0.1:1")  # a pooled connection, as after a request
+    disruption.pause(core, 5)
+    assert len(pools.pools) == 1  # a short pause keeps it
+    disruption.pause(core, disruption.APISERVER_IDLE_SECONDS)
+    assert len(pools.pools) == 0
