@@ -71,12 +71,7 @@ PROMPT = "Shared context for the gateway test, long enough for several KV pages.
 @pytest.fixture
 def pool_crd(cluster: Cluster) -> Iterator[None]:
     cluster.kubectl("apply", "-f", str(CRD))
-    cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        f"crd/{pools.PLURAL}.{pools.GROUP}",
-    )
+    cluster.wait_crds_established([f"{pools.PLURAL}.{pools.GROUP}"])
     yield
     cluster.kubectl("delete", "-f", str(CRD), "--wait=false")
 

@@ -90,7 +90,7 @@ def test_a_keda_server_is_refused_without_keda_and_gets_its_scaled_object_once_i
     assert "spec.autoscaling.engine: keda needs KEDA's ScaledObject API" in message
 
     cluster.kubectl("apply", "--server-side", "-f", no_keda)
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    cluster.wait_crds_established([CRD_NAME])
     wait_condition(
         cluster, namespace, NAME, "Valid", "True", operator, timeout_seconds=DISCOVERY_SECONDS
     )

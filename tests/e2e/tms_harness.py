@@ -167,12 +167,13 @@ def _http_ok(url: str) -> bool:
 def install_operator_rbac(cluster: Cluster) -> Path:
     """CRDs, plus a ServiceAccount with exactly the generated rules; its kubeconfig."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
-    for crd in (
-        "tpumodelservers.serving.tpuserve.dev",
-        "tpumodelserverroles.serving.tpuserve.dev",
-        "clusterkopfpeerings.kopf.dev",
-    ):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    cluster.wait_crds_established(
+        [
+            "tpumodelservers.serving.tpuserve.dev",
+            "tpumodelserverroles.serving.tpuserve.dev",
+            "clusterkopfpeerings.kopf.dev",
+        ]
+    )
     every = (*rbac.OPERATOR_RULES, *rbac.OPERATOR_CLUSTER_RULES, *rbac.OPERATOR_CLUSTER_WIDE_RULES)
     rules = [r.as_policy_rule() for r in every]
     name = "tpuserve-e2e-operator"

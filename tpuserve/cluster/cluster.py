@@ -362,6 +362,19 @@ class Cluster:
         """A new `kubernetes.client.ApiClient` for the admin user; close it when done."""
         return kubeconfig.api_client(self.kubeconfig)
 
+    def wait_crds_established(self, names: Sequence[str], timeout_seconds: float = 60.0) -> None:
+        """Until the apiserver serves every CRD in `names`. (`kubectl wait
+        --for=condition=Established` fails at once instead of waiting while a CRD just applied
+        has no `status.conditions` yet: `.status.conditions accessor error: <nil>`, kubectl
+        1.35, seen on a loaded machine.)"""
+        with contextlib.closing(self.api_client()) as api:
+            extensions = kube.client().ApiextensionsV1Api(api)
+            wait_for(
+                f"CRDs {', '.join(names)} Established",
+                lambda: all(kube.crd_established(extensions, n) for n in names),
+                timeout_seconds,
+            )
+
     def service_account_kubeconfig(
         self, namespace: str, name: str, *, expiration_seconds: int = 3600
     ) -> Path:
