@@ -245,8 +245,6 @@ def predictive_floor(
 ) -> int:
     """The replicas to keep at least, from ``samples`` ((seconds, demand rate), oldest first,
     the recent window) and the recent ``peak`` at ``now``, bounded by
-    ``min_replicas..max_replicas``."""
-    if min_replicas > max_replicas:
-        raise ValueError(f"min_replicas {min_replicas} > max_replicas {max_replicas}")
+    ``min_replicas..max_replicas`` (`replicas_for` refuses min > max)."""
     forecast = forecast_rate(samples, now, seconds_of_day, params, peak)
     return replicas_for(forecast, params, min_replicas, max_replicas)

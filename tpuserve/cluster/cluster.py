@@ -369,11 +369,7 @@ class Cluster:
         1.35, seen on a loaded machine.)"""
         with contextlib.closing(self.api_client()) as api:
             extensions = kube.client().ApiextensionsV1Api(api)
-            wait_for(
-                f"CRDs {', '.join(names)} Established",
-                lambda: all(kube.crd_established(extensions, n) for n in names),
-                timeout_seconds,
-            )
+            kube.wait_established(extensions, names, timeout_seconds)
 
     def service_account_kubeconfig(
         self, namespace: str, name: str, *, expiration_seconds: int = 3600

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +80,19 @@ def install_crds(api: Any, paths: list[Path], timeout_seconds: float) -> None:
     """Create (or replace) CRDs from YAML files and wait until the apiserver serves them."""
     import yaml
 
-    from tpuserve.cluster.process import wait_for
-
     # Large CRDs (LWS's is 1.3 MB): libyaml parses in ~0.3 s, pure-Python PyYAML in ~3 s.
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     extensions = client().ApiextensionsV1Api(api)
     crds = [yaml.load(path.read_text(), Loader=loader) for path in paths]
     for crd in crds:
         create_or_replace_crd(extensions, crd)
-    names = [crd["metadata"]["name"] for crd in crds]
+    wait_established(extensions, [crd["metadata"]["name"] for crd in crds], timeout_seconds)
+
+
+def wait_established(extensions: Any, names: Sequence[str], timeout_seconds: float) -> None:
+    """Until the apiserver serves every CRD in `names` (their Established condition)."""
+    from tpuserve.cluster.process import wait_for
+
     wait_for(
         f"CRDs {', '.join(names)} Established",
         lambda: all(crd_established(extensions, n) for n in names),
