@@ -35,16 +35,25 @@ resolution of 1 ms (uvloop's), so one may fire a little before the time it was s
 
 
 class UpstreamError(Exception):
-    """Talking to a worker failed; ``reason`` is the metric label."""
+    """Talking to a worker failed; ``reason`` is the metric label. ``silent``: the worker
+    answered neither the request by its floor nor a health probe since it was sent (presumed
+    gone, as a refused connection says for certain)."""
 
     def __init__(
-        self, reason: str, detail: str, *, response_started: bool = False, errno: int | None = None
+        self,
+        reason: str,
+        detail: str,
+        *,
+        response_started: bool = False,
+        errno: int | None = None,
+        silent: bool = False,
     ) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
         self.response_started = response_started
         self.errno = errno  # the OS's error number, when the connection failed with one
+        self.silent = silent
 
 
 def set_nodelay(transport: asyncio.BaseTransport) -> None:
@@ -365,10 +374,11 @@ class UpstreamConnection(asyncio.Protocol):
         # Every deadline is compared with the same slack as the timer: ``now + seconds`` is
         # often a hair past the millisecond its timer fires at (uvloop's steps), and a check
         # that took that for "not yet" looked again only an idle period later (issue 57, 8).
+        silent = False
         if not self.head_ready and due >= self._first_byte_at:
             reason, detail = "first_byte_timeout", f"no answer within {self._given:.3g} s"
         elif not self.head_ready and due >= self._alive_at and not self._still_alive(now):
-            reason = "first_byte_timeout"
+            reason, silent = "first_byte_timeout", True
             detail = f"no answer within {self._alive_every:.3g} s, and no health probe passed"
         elif due >= self._end_at:
             reason, detail = "request_timeout", "the request's time is up"
@@ -383,7 +393,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._seen = self.body_chunks if self.head_ready else -1
             self._check_again(now)
             return
-        self._fail(UpstreamError(reason, detail, response_started=self.head_ready))
+        self._fail(UpstreamError(reason, detail, response_started=self.head_ready, silent=silent))
         self.close()
 
     def _still_alive(self, now: float) -> bool:

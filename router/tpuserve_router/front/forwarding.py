@@ -63,11 +63,11 @@ from tpuserve_router.pipeline.request_body import ClientError, ParsedBody, Parse
 from tpuserve_router.pipeline.request_ids import Restorer, name_request
 from tpuserve_router.pipeline.retry import (
     ANSWERED,
-    FREE_RETRIES,
     RETRY,
     RETRYABLE_STATUSES,
     Attempt,
     RetryBudget,
+    free_retry,
     retryable_error,
     should_retry,
 )
@@ -306,10 +306,10 @@ class Forwarder:
         retries: int,
         worker: Worker,
         candidates: list[Worker],
-        reason: str = "",
+        free: bool = False,
     ) -> bool:
-        """`should_retry` with this router's budget (unless ``reason`` spends none)."""
-        budget = None if reason in FREE_RETRIES else self.budget
+        """`should_retry` with this router's budget (unless the retry is ``free``)."""
+        budget = None if free else self.budget
         return should_retry(
             retryable, retries, self.max_retries, worker, candidates, budget, self.in_flight
         )
@@ -523,7 +523,7 @@ class Forwarder:
         """Count ``err`` against ``worker`` (nothing reached the client yet); whether the
         request goes to another worker."""
         self.ledger.worker_failed(worker, err.reason)
-        return self._retry(retryable_error(err), retries, worker, candidates, err.reason)
+        return self._retry(retryable_error(err), retries, worker, candidates, free_retry(err))
 
 
 def _abandoned(err: UpstreamError) -> str:

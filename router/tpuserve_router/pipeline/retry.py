@@ -10,7 +10,8 @@ answer, a timeout), the retry budget allows: as Envoy's, requests being retried 
 most ``--retry-budget-percent`` of the requests in flight, and ``--retry-budget-min``
 always (`RetryBudget`), so a failing fleet is not hit with a multiple of its load. A
 connection that failed (refused, reset, broken: the worker is gone) spends no budget: a
-killed worker's requests all move to the others. Two
+killed worker's requests all move to the others; so does a try whose worker answered neither
+it by its floor nor a health probe since (`free_retry`), a hung worker's. Two
 failures are never retried: a request timeout once the answer has started (the request's
 time is up), answered 504, and an answer over ``--max-response-bytes``, answered 502.
 Nothing is retried once the client has received bytes.
@@ -70,6 +71,14 @@ class Attempt(enum.Enum):
 # EnumType's __getattr__ hook (about 0.1 µs), which the request hot path avoids.
 ANSWERED: Final = Attempt.ANSWERED
 RETRY: Final = Attempt.RETRY
+
+
+def free_retry(err: UpstreamError) -> bool:
+    """Whether the retry of a try that failed with ``err`` spends no budget: the worker is
+    gone (`FREE_RETRIES`), or it answered neither the request by its floor nor a health
+    probe since (``silent``: a hung engine's requests all fail at once, and a budget meant
+    to keep retries off an overloaded fleet would answer most of them 504, issue 56)."""
+    return err.reason in FREE_RETRIES or err.silent
 
 
 def retryable_error(err: UpstreamError) -> bool:

@@ -428,3 +428,41 @@ async def test_a_worker_whose_probes_pass_but_answers_no_request_is_ejected(
     finally:
         await app.stop()
         await front.stop()
+
+
+async def test_every_request_of_a_worker_gone_silent_moves_whatever_the_retry_budget() -> None:
+    """The cause of an under-load CI failure of the test above: a worker that answers
+    neither its requests nor its health probes takes half of a burst of 16, and the working
+    worker is slow (here it holds every answer until all 16 are with it). At the floor all
+    eight fail together; each is a dead worker's request, like a refused connection, so its
+    retry is not Envoy's budget's to refuse (at most 20 % of 16 in flight, 3 at least:
+    five of the eight used to be answered 504 while a working worker was there)."""
+    frozen, slow = StubWorker(), StubWorker("hang")
+    async with router(
+        frozen, slow, first_byte_timeout_floor_seconds=1.0, health_check_timeout_seconds=0.5
+    ) as app:
+        frozen.frozen = True  # from now on: no answer, no probe
+        statuses: list[int] = []
+        body = {"model": STUB_MODEL, "prompt": "hello"}  # no max_tokens: the cap, 600 s
+        async with aiohttp.ClientSession() as session:
+
+            async def one() -> None:
+                async with session.post(app.base_url + "/v1/completions", json=body) as answer:
+                    await answer.read()
+                    statuses.append(answer.status)
+
+            calls = asyncio.gather(*(one() for _ in range(16)))
+            await eventually_async(
+                lambda: slow.in_progress + len(statuses) == 16,
+                what="every request with the working worker or answered",
+                timeout_seconds=60,
+            )
+            slow.release.set()
+            await asyncio.wait_for(calls, 30)
+        timeouts = sample(
+            app, "tpuserve_router_upstream_errors_total", worker=app.registry.workers[0].name,
+            reason="first_byte_timeout",
+        )  # fmt: skip
+        assert timeouts >= 4  # more than the budget's minimum went to it
+        assert statuses == [200] * 16
+        assert slow.generation_requests == 16

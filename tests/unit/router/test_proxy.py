@@ -80,6 +80,28 @@ async def test_an_earlier_requests_short_deadline_does_not_cut_the_next_one(
     assert not second.closed
 
 
+@pytest.mark.parametrize(("verdict", "silent"), [(False, True), (None, False), (True, False)])
+async def test_only_a_worker_that_failed_its_probes_is_silent_at_the_floor(
+    pool: UpstreamPool, verdict: bool | None, silent: bool
+) -> None:
+    """Past the floor (0.05 s) a worker whose probe failed (False) is failed at once and
+    called ``silent`` (its request's retry spends no budget); one with nothing known (None)
+    or a passed probe (True) is waited for up to its first-byte time (0.3 s), and a failure
+    then says nothing about it."""
+    conn = await pool.connect()
+    try:
+        conn.send(b"GET /late HTTP/1.1\r\nhost: h\r\n\r\n")
+        conn.set_deadlines(0.3, LONG, LONG, alive=(0.05, lambda: verdict))
+        with pytest.raises(UpstreamError) as failed:
+            async with asyncio.timeout(5):
+                await conn.wait_head()
+    finally:
+        pool.release(conn)
+    assert failed.value.reason == "first_byte_timeout"
+    assert failed.value.silent is silent
+    assert ("no health probe passed" in failed.value.detail) is silent
+
+
 async def test_requests_on_a_kept_alive_connection_share_its_timer(pool: UpstreamPool) -> None:
     first = await ask(pool, "/x", first_byte=LONG)
     timer = first._deadline

@@ -23,6 +23,7 @@ from tpuserve_router.pipeline.retry import (
     RETRYABLE_STATUSES,
     Attempt,
     RetryBudget,
+    free_retry,
     retryable_error,
     should_retry,
 )
@@ -96,6 +97,25 @@ def test_the_budget_bounds_requests_being_retried_to_a_share_of_those_in_flight(
     assert len(denied) == 1
     budget.active = 2
     assert should_retry(True, 0, 2, sick, [sick, other], budget, 1)
+
+
+@pytest.mark.parametrize(
+    ("error", "free"),
+    [
+        (UpstreamError("connect_error", "refused"), True),
+        (UpstreamError("reset_before_response", "reset"), True),
+        (UpstreamError("worker_down", "ejected"), True),
+        (UpstreamError("first_byte_timeout", "no answer within 1 s"), False),  # maybe slow
+        (UpstreamError("first_byte_timeout", "no answer, no probe passed", silent=True), True),
+        (UpstreamError("stream_stalled", "nothing for 30 s", response_started=True), False),
+    ],
+)
+def test_only_a_gone_or_silent_workers_failures_retry_outside_the_budget(
+    error: UpstreamError, free: bool
+) -> None:
+    """A worker that is gone, or answered neither the request by its floor nor a health
+    probe, did no work another must not repeat: its retries spend no budget."""
+    assert free_retry(error) is free
 
 
 def test_an_attempt_either_answered_or_goes_elsewhere() -> None:
