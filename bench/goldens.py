@@ -47,6 +47,7 @@ FLEET_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-06"
 PLAN_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07"
 BEHAVIOR_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07b"
 RULES_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07c"
+BURSTY_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07d"
 PD_RESULTS = ROOT / "bench" / "pd_results"
 PD_DATE = "2026-12-06"
 PD_WORKLOADS = ("W9", "W10", "10k1k", "W1", "W2")
@@ -323,7 +324,7 @@ def autoscaling_report_and_split(path: Path) -> Callable[[], str]:
     """bench/autoscaling_day.py's report and --split tables of one committed run: the
     1,000-chip run, those comparing scaling behaviours (2026-12-07b,
     `tpuserve_operator.scaling_behavior`) and those with Kubernetes' HPA rule and the floor's
-    median trend (2026-12-07c)."""
+    median trend (2026-12-07c), and the 1,000-chip bursty day (2026-12-07d)."""
 
     def render() -> str:
         day = _bench_module("autoscaling_day")
@@ -412,6 +413,10 @@ TABLES: dict[str, Table] = {
     "autoscaling-rules-1000": Table(
         ROOT / "docs" / "capacity-planning.md",
         autoscaling_report_and_split(RULES_RESULTS / "autoscaling_day.1000chips.json"),
+    ),
+    "autoscaling-bursty-1000": Table(
+        ROOT / "docs" / "capacity-planning.md",
+        autoscaling_report_and_split(BURSTY_RESULTS / "autoscaling_day.1000chips.bursty.json"),
     ),
     "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
 }
