@@ -431,12 +431,14 @@ async def test_a_worker_whose_probes_pass_but_answers_no_request_is_ejected(
 
 
 async def test_every_request_of_a_worker_gone_silent_moves_whatever_the_retry_budget() -> None:
-    """The cause of an under-load CI failure of the test above: a worker that answers
-    neither its requests nor its health probes takes half of a burst of 16, and the working
-    worker is slow (here it holds every answer until all 16 are with it). At the floor all
-    eight fail together; each is a dead worker's request, like a refused connection, so its
-    retry is not Envoy's budget's to refuse (at most 20 % of 16 in flight, 3 at least:
-    five of the eight used to be answered 504 while a working worker was there)."""
+    """The cause of an under-load CI failure of
+    `test_a_hung_tcp_worker_beside_twins_has_every_request_retried_at_the_floor`: a worker
+    that answers neither its requests nor its health probes takes half of a burst of 16, and
+    the working worker is slow (here it holds every answer until all 16 are with it). At the
+    floor all eight fail together; each is a dead worker's request, like a refused
+    connection, so its retry is not Envoy's budget's to refuse (at most 20 % of 16 in
+    flight, 3 at least: five of the eight used to be answered 504 while a working worker
+    was there)."""
     frozen, slow = StubWorker(), StubWorker("hang")
     async with router(
         frozen, slow, first_byte_timeout_floor_seconds=1.0, health_check_timeout_seconds=0.5

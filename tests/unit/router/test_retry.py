@@ -114,7 +114,8 @@ def test_only_a_gone_or_silent_workers_failures_retry_outside_the_budget(
     error: UpstreamError, free: bool
 ) -> None:
     """A worker that is gone, or answered neither the request by its floor nor a health
-    probe, did no work another must not repeat: its retries spend no budget."""
+    probe (presumed gone), has its requests retried without spending the budget; one that
+    may only be slow, or a stream already started, spends it (or is not retried)."""
     assert free_retry(error) is free
 
 
