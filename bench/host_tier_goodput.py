@@ -168,11 +168,7 @@ def bench_in_processes(args: list[str], start: float) -> dict[str, object]:
 
     found = search_max_rate(run_at, start)
     result = dict(found.best) if found.best is not None else {}
-    result["slo_search"] = {
-        "attainment": found.attainment, "slo_factor": SLO_FACTOR, "max_rate": found.max_rate,
-        "goodput_rps": found.best["goodput_rps"] if found.best is not None else 0.0,
-        "start_rate": start, "tried": found.tried,
-    }  # fmt: skip
+    result["slo_search"] = found.record(SLO_FACTOR, start)
     result["command"] = (
         f"search_max_rate from {start} over: tpuserve bench --json {' '.join(args)} --rate R"
     )

@@ -372,12 +372,7 @@ def _max_rate_at_slo(
 
     found = search_max_rate(run_at, start, attainment=args.attainment)
     summary = dict(found.best) if found.best is not None else dict(base, mu_rr=mu_rr)
-    summary["slo_search"] = {
-        "attainment": found.attainment, "slo_factor": args.slo_factor,
-        "max_rate": found.max_rate,
-        "goodput_rps": found.best["goodput_rps"] if found.best is not None else 0.0,
-        "start_rate": start, "tried": found.tried,
-    }  # fmt: skip
+    summary["slo_search"] = found.record(args.slo_factor, start)
     if args.json:
         print(json.dumps(_finite(summary)))
     else:

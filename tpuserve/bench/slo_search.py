@@ -32,6 +32,15 @@ class SloSearch:
     tried: list[dict[str, Any]] = field(default_factory=list)
     """Every rate tried, in order: rate, good_fraction, goodput_rps, ttft_p50, ttft_p99."""
 
+    def record(self, slo_factor: float, start: float) -> dict[str, Any]:
+        """The search as a result's ``slo_search`` field (`tpuserve bench --max-rate-at-slo
+        --json`)."""
+        return {
+            "attainment": self.attainment, "slo_factor": slo_factor, "max_rate": self.max_rate,
+            "goodput_rps": self.best["goodput_rps"] if self.best is not None else 0.0,
+            "start_rate": start, "tried": self.tried,
+        }  # fmt: skip
+
 
 def search_max_rate(
     run_at: Callable[[float], dict[str, Any]],

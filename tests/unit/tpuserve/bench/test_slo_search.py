@@ -45,6 +45,8 @@ def test_a_fleet_that_meets_it_nowhere_has_no_rate() -> None:
     assert found.max_rate == 0.0
     assert found.best is None
     assert len(found.tried) == 6
+    record = found.record(5.0, 1.0)
+    assert (record["max_rate"], record["goodput_rps"], record["start_rate"]) == (0.0, 0.0, 1.0)
 
 
 @pytest.mark.parametrize(
