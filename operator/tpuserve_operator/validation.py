@@ -361,6 +361,7 @@ def _fit(spec: TPUModelServerSpec, shape: SliceShape) -> list[Problem]:
             spec.model.quantization,
             spec.engine.kv_cache_dtype,
             context_length,
+            engine=spec.engine.type,
         )
     except perf_model.ModelDoesNotFit as err:
         return [Problem("spec.tpu.topology", str(err), reason=Reason.MODEL_DOES_NOT_FIT)]
