@@ -118,11 +118,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     model.add_argument("--quantization", choices=("bf16", "fp8"), default="bf16",
                        help="Weight format (default: bf16).")  # fmt: skip
-    model.add_argument("--engine", choices=("sglang", "sglang-jax", "simulated"),
-                       default="sglang",
-                       help="spec.engine.type to emit; sglang-jax also plans with SGLang-JAX's "
-                       "step times (its host terms and batch padding, measured on a v5e; "
-                       "docs/sglang-jax.md) (default: sglang).")  # fmt: skip
+    model.add_argument("--engine", choices=("sglang", "sglang-jax", "simulated"), default="sglang",
+                       help="spec.engine.type to emit and time (default: sglang).")  # fmt: skip
     model.add_argument("--host-kv-size-gb", type=cli_types.positive_int, metavar="GB",
                        help="A host-memory KV tier of GB per rank on every replica "
                        "(spec.kvCache.host.sizeGB, docs/host-kv-tier.md), modelled and "
@@ -286,8 +283,7 @@ def build_inputs(args: argparse.Namespace) -> tuple[PlanInputs, str | None]:
     fleet = FleetConfig(
         model=model_name if not args.hf_config else DEFAULT_PROFILE,
         profile=profile if args.hf_config else None, quantization=args.quantization,
-        seed=args.seed, engine="sglang-jax" if args.engine == "sglang-jax" else "sglang",
-        **params,
+        seed=args.seed, engine="sglang-jax" if args.engine == "sglang-jax" else "sglang", **params,
     )  # fmt: skip
     fleet.validate()
     prices = override_prices(load_prices(args.prices), args.price)
