@@ -36,7 +36,9 @@ from tpuserve_router.config import RouterConfig
 pytestmark = pytest.mark.component
 
 NOT_SEEN_BY_THE_ROUTER = frozenset(
-    {f"{sg.INTER_TOKEN_LATENCY.name}_bucket", f"{sg.QUEUE_TIME.name}_bucket"}
+    f"{spec.name}{suffix}"
+    for spec in (sg.INTER_TOKEN_LATENCY, sg.QUEUE_TIME)
+    for suffix in ("_bucket", "_count", "_sum")
 )
 """SGLang histograms with no router counterpart: the router sees a stream's chunks, not the
 engine's tokens and steps, and never the engine's queue (docs/observability.md)."""
