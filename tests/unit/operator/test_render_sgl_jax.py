@@ -30,12 +30,16 @@ WORKER_INDEX = "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']"
 
 
 @pytest.fixture(scope="module")
-def lws() -> dict[str, Any]:
+def rendered() -> list[dict[str, Any]]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["render", "-f", str(EXAMPLE), "--leaderworkerset"]) == 0
-    docs: list[dict[str, Any]] = [d for d in yaml.safe_load_all(out.getvalue()) if d]
-    (found,) = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
+    return [d for d in yaml.safe_load_all(out.getvalue()) if d]
+
+
+@pytest.fixture(scope="module")
+def lws(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+    (found,) = [d for d in rendered if d["kind"] == "LeaderWorkerSet"]
     return found
 
 
@@ -112,3 +116,23 @@ def test_a_worker_joins_the_leader_with_its_own_rank(lws: dict[str, Any]) -> Non
     assert value(command, "--dist-init-addr") == value(leader.command, "--dist-init-addr")
     assert plan.env["TPU_WORKER_HOSTNAMES"] == leader.env["TPU_WORKER_HOSTNAMES"]
     assert "ports" not in engine(template)  # only the leader serves
+
+
+def test_the_router_is_told_its_workers_run_sgl_jax(rendered: list[dict[str, Any]]) -> None:
+    (router,) = [
+        d for d in rendered if d["kind"] == "Deployment" and "router" in d["metadata"]["name"]
+    ]
+    (container,) = router["spec"]["template"]["spec"]["containers"]
+    import argparse  # the router's own parser reads what the operator renders
+
+    from tpuserve_router.cli import build_config, configure
+    from tpuserve_router.validation import validate
+
+    args = [
+        a for a in container["args"] if a.startswith(("--engine-type", "--kv-events", "--no-kv"))
+    ]
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    config = validate(build_config(parser.parse_args(args), environ={}))
+    assert config.engine_type == "sglang-jax"
+    assert "--no-kv-events" in args  # the example's router.kvEvents: false
