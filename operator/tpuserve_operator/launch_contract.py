@@ -27,7 +27,10 @@ from tpuserve_operator.errors import InvalidSpec, Problem
 # Variables the launcher derives from the contract (TorchTPU / libtpu / torch.distributed);
 # a user value would silently win over the contract, so they are refused like TPUSERVE_*.
 OWNED_ENV_PREFIXES = (ENV_PREFIX, "TPU_", "TORCH_TPU_", "LWS_")
-OWNED_ENV_NAMES = frozenset({"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HF_TOKEN"})
+OWNED_ENV_NAMES = frozenset(
+    {"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HF_TOKEN"}
+    | {"JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR"}  # what SGLang-JAX's launch sets
+)
 # Flags a user may not pass in spec.engine.args: the launcher sets them, or they carry secrets.
 OWNED_FLAG_NAMES = sglang_flags.OWNED_FLAGS | sglang_flags.SECRET_FLAGS
 # The same for engine.type sglang-jax (SGLang-JAX's own flag names).

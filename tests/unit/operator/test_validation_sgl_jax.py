@@ -75,3 +75,8 @@ def test_disaggregation_is_refused_for_sgl_jax() -> None:
     }
     found = problems(value)
     assert "is not allowed with spec.engine.type sglang-jax yet" in found["spec.disaggregation"]
+
+
+def test_jaxs_platform_and_cache_variables_are_the_operators() -> None:
+    found = problems(spec(env=[{"name": "JAX_COMPILATION_CACHE_DIR", "value": "/elsewhere"}]))
+    assert "is set by the operator (launch contract)" in found["spec.engine.env[0].name"]
