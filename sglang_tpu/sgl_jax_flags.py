@@ -174,6 +174,12 @@ ALLOWED_TEXT = (
 )
 
 
+def takes_list(name: str) -> bool:
+    """Whether the flag `name` (`--flag`) takes several values (nargs + or *)."""
+    flag = SERVER_FLAG_BY_NAME.get(name)
+    return flag is not None and flag.kind == "list"
+
+
 def flag_names(args: Sequence[str]) -> list[str]:
     """The flags of an argument list (`--a 1 --b --c=2` -> `--a`, `--b`, `--c`)."""
     return [flag_name(a) for a in args if a.startswith("--")]

@@ -564,7 +564,8 @@ class EngineSpec(Schema):
         json_schema_extra=ENGINE_ARGS_SCHEMA,
         description=(
             "args are extra SGLang server flags (SGLang-JAX's with type sglang-jax, each "
-            "checked against its server's flags: an unknown one is rejected; the twin's own "
+            "checked against its server's flags: an unknown one is rejected, and a flag taking "
+            "several values gets them from one string, split on spaces and commas; the twin's own "
             "flags with type simulated, e.g. startup-time-scale), name without dashes to a "
             "scalar value: "
             "{mem-fraction-static: 0.85, enable-mixed-chunk: true} gives "

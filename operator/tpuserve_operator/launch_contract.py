@@ -110,15 +110,20 @@ def unknown_flag(flag: str, engine: str) -> str | None:
     return f"{found} is not a flag of SGLang-JAX's server; allowed: {sgl_jax_flags.ALLOWED_TEXT}"
 
 
-def extra_args(args: Mapping[str, Any]) -> tuple[str, ...]:
-    """spec.engine.args as SGLang arguments: `{a: 1, b: true, c: false}` -> `--a 1 --b`."""
+def extra_args(args: Mapping[str, Any], engine: str = "sglang") -> tuple[str, ...]:
+    """spec.engine.args as SGLang arguments: `{a: 1, b: true, c: false}` -> `--a 1 --b`.
+    With sglang-jax, a value of a flag that takes a list (`--precompile-bs-paddings`) is
+    split on spaces and commas: `"8 16, 32"` -> `--precompile-bs-paddings 8 16 32`."""
     out: list[str] = []
     for name, value in args.items():
         flag = "--" + name.lstrip("-")
         if value is True:
             out.append(flag)
         elif value is not False and value is not None:
-            out += [flag, str(value)]
+            if engine == "sglang-jax" and sgl_jax_flags.takes_list(flag):
+                out += [flag, *str(value).replace(",", " ").split()]
+            else:
+                out += [flag, str(value)]
     return tuple(out)
 
 
@@ -153,7 +158,7 @@ def group_contract(
             else json.dumps(spec.model.architecture.hf_config(), separators=(",", ":"))
         ),
         "lora_adapters": tuple(lora.lora_path(a.name, a.source) for a in spec.model.lora_adapters),
-        "sglang_extra_args": extra_args(spec.engine.args),
+        "sglang_extra_args": extra_args(spec.engine.args, spec.engine.type),
         "weights_cache_dir": paths.weights_cache_dir,
         "compile_cache_dir": paths.compile_cache_dir,
         "engine_version": engine_version,

@@ -30,7 +30,7 @@ READ_BACK = ("model_path", "served_model_name", "device", "tp_size", "nnodes", "
              "dist_init_addr", "host", "port", "enable_metrics", "enable_cache_report",
              "page_size", "quantization", "kv_cache_dtype", "context_length", "hicache_storage",
              "hicache_write_policy", "hicache_ratio", "mem_fraction_static", "attention_backend",
-             "enable_lora")  # fmt: skip
+             "enable_lora", "precompile_bs_paddings")  # fmt: skip
 PARSE = """
 import argparse, json, os, sys
 cases = json.load(sys.stdin)
@@ -76,7 +76,8 @@ CONTRACTS: dict[str, dict[str, str]] = {
         TPUSERVE_HOST_KV_CACHE="write_back",
         TPUSERVE_HOST_KV_RATIO="2.5",
         TPUSERVE_LORA_ADAPTERS="sql=/adapters/sql",
-        TPUSERVE_SGLANG_EXTRA_ARGS="--mem-fraction-static 0.8 --page-size 256",
+        TPUSERVE_SGLANG_EXTRA_ARGS="--mem-fraction-static 0.8 --page-size 256 "
+        "--precompile-bs-paddings 8 32",
     ),
     "cpu-rank-1": contract_env(
         "v5p", "2x2x2", 2, 4, 1, model="/models/tiny", worker_hostnames=("127.0.0.1", "127.0.0.2")
@@ -145,6 +146,7 @@ def test_contract_settings_arrive_as_sgl_jax_reads_them(parsed: dict[str, Any]) 
     assert values["enable_lora"] is True
     assert values["mem_fraction_static"] == 0.8
     assert values["page_size"] == 256  # spec.engine.args' page size replaces the default
+    assert values["precompile_bs_paddings"] == [8, 32]
 
 
 def test_the_cpu_device_gets_native_attention_and_one_device_per_host(

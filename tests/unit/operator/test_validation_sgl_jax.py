@@ -80,3 +80,11 @@ def test_disaggregation_is_refused_for_sgl_jax() -> None:
 def test_jaxs_platform_and_cache_variables_are_the_operators() -> None:
     found = problems(spec(env=[{"name": "JAX_COMPILATION_CACHE_DIR", "value": "/elsewhere"}]))
     assert "is set by the operator (launch contract)" in found["spec.engine.env[0].name"]
+
+
+def test_a_list_flags_value_becomes_its_values_on_the_command_line() -> None:
+    valid = validated(spec(args={"precompile-bs-paddings": "8 16, 32", "page-size": 64}))
+    group = valid.contract  # the contract every pod of replica group 0 gets
+    assert group.sglang_extra_args == (
+        "--precompile-bs-paddings", "8", "16", "32", "--page-size", "64",
+    )  # fmt: skip
