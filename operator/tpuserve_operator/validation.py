@@ -108,6 +108,7 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
     problems += disaggregation.problems(model, shape)
     problems += _owned_overrides(model)
     problems += _scale_to_zero(model)
+    problems += _sgl_jax_router(model)
     if shape is not None:
         problems += _fit(model, shape)
         profile = model_profile.profile_of(model)
@@ -344,6 +345,19 @@ def _scale_to_zero(spec: TPUModelServerSpec) -> list[Problem]:
             "spec.autoscaling.minReplicas",
             "0 needs spec.router.enabled true (the router holds the requests that arrive at "
             "zero replicas and signals the demand); allowed with the router off: 1 or more",
+        )
+    ]
+
+
+def _sgl_jax_router(spec: TPUModelServerSpec) -> list[Problem]:
+    """SGLang-JAX publishes no KV events: a router told to subscribe would wait for none."""
+    if spec.engine.type != "sglang-jax" or spec.router.kv_events is not True:
+        return []
+    return [
+        Problem(
+            "spec.router.kvEvents",
+            "true is not allowed with spec.engine.type sglang-jax: SGLang-JAX publishes no KV "
+            "events (its router learns prefixes from what it routes); allowed: false or unset",
         )
     ]
 

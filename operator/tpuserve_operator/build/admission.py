@@ -28,8 +28,8 @@ Left to the operator: `kvCache.host.sizeGB` with a memory override in `engine.re
 of model sources (gs:// bucket and pvc:// claim names, paths), non-scalar `engine.args` (and
 role `args`) values, `engine.args` that are no flag of SGLang-JAX's server and the
 engine settings SGLang-JAX lacks (engine type sglang-jax: the launch contract refuses them),
-`spec.disaggregation` with engine type sglang-jax, and whether a role's own slice fits the
-model; the CRD's own rules already cover the rest.
+`spec.disaggregation` and `router.kvEvents: true` with engine type sglang-jax, and whether
+a role's own slice fits the model; the CRD's own rules already cover the rest.
 
 The facts come as the policy's parameters, a ConfigMap whose data this module generates from
 `sglang_tpu.topology`, `sglang_tpu.perf_model` and the launch contract (numbers as Python

@@ -88,3 +88,12 @@ def test_a_list_flags_value_becomes_its_values_on_the_command_line() -> None:
     assert group.sglang_extra_args == (
         "--precompile-bs-paddings", "8", "16", "32", "--page-size", "64",
     )  # fmt: skip
+
+
+def test_a_router_subscribing_to_kv_events_is_refused_for_sgl_jax() -> None:
+    value = spec()
+    value["router"] = {"kvEvents": True}
+    found = problems(value)
+    assert found["spec.router.kvEvents"].startswith("true is not allowed with spec.engine.type")
+    value["router"] = {"kvEvents": False}
+    assert validated(value).valid.spec.router.kv_events is False
