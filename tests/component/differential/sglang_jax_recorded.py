@@ -16,7 +16,8 @@ The file (format 1), one JSON object:
   ``jax``, ``python``, ``device`` ("cpu"), ``args`` (its launch flags after
   ``-m sgl_jax.launch_server``, the model directory written as ``<model>`` and the port as
   ``<port>``), ``served_model_name``, ``page_size``, ``max_total_tokens``,
-  ``max_running_requests``, ``context_length``, ``enable_cache_report``.
+  ``max_running_requests``, ``context_length``, ``enable_cache_report``. The model directory
+  is written ``<model>`` wherever an answer names it (`scrub`).
 - ``model``: ``builder`` ("sglang_tpu.tiny_qwen3") and its ``spec`` (the tokenizer is
   `sglang_tpu.tiny_model`'s BPE: the twin is given the same one).
 - ``exchanges``: in the order they were sent to one freshly started engine (order matters:
@@ -188,6 +189,17 @@ def load() -> dict[str, Any]:
     return data
 
 
+def scrub(value: Any, model: str) -> Any:
+    """`value` with the model directory (a path on the recording machine) written `<model>`."""
+    if isinstance(value, str):
+        return value.replace(model, "<model>")
+    if isinstance(value, list):
+        return [scrub(v, model) for v in value]
+    if isinstance(value, dict):
+        return {k: scrub(v, model) for k, v in value.items()}
+    return value
+
+
 def _portable_args(argv: Sequence[str], model: Path, port: int) -> list[str]:
     args = list(argv[argv.index("sgl_jax.launch_server") + 1 :])
     return ["<model>" if a == str(model) else "<port>" if a == str(port) else a for a in args]
@@ -224,7 +236,7 @@ def record() -> dict[str, Any]:
             "enable_cache_report": info["enable_cache_report"],
         },
         "model": {"builder": "sglang_tpu.tiny_qwen3", "spec": dataclasses.asdict(TinyQwen3Spec())},
-        "exchanges": records,
+        "exchanges": scrub(records, str(installed.model)),
     }
 
 
