@@ -43,8 +43,13 @@ ENGINE_ARGS = (
     "--mem-fraction-static", "0.1", "--skip-server-warmup", "--disable-precompile",
     "--enable-cache-report", "--enable-metrics", "--sleep-on-idle",
 )  # fmt: skip
-# No KV events from SGLang-JAX: the router's approximate prefix policy, no subscriptions.
-ROUTER_ARGS = ("--policy", "cache_aware", "--no-kv-events")
+# No KV events from SGLang-JAX: the router's approximate prefix policy, no subscriptions. A
+# batch shape the engine has not run yet compiles before it answers (5-50 s on a CPU): the
+# router waits that long for a first byte and between streamed chunks.
+ROUTER_ARGS = (
+    "--policy", "cache_aware", "--no-kv-events",
+    "--first-byte-timeout-floor", "300", "--stream-idle-timeout", "300",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,9 @@ def router(real_jax_engine: RealJaxEngine) -> Iterator[RouterProcess]:
             "--no-kv-events",
             # its /health takes a step; the CPU engine's steps are slow on a busy machine
             *("--health-check-timeout", "10"),
-            *("--first-byte-timeout", str(REQUEST_TIMEOUT_SECONDS)),
+            # a batch shape the engine has not run yet compiles first (5-50 s on a busy CPU)
+            *("--first-byte-timeout-floor", str(REQUEST_TIMEOUT_SECONDS)),
+            *("--stream-idle-timeout", str(REQUEST_TIMEOUT_SECONDS)),
             *("--request-timeout", str(REQUEST_TIMEOUT_SECONDS)),
         ]
     ).start()
@@ -136,11 +138,11 @@ def test_a_repeated_prefix_comes_back_as_cached_tokens(
         usage = completion.usage
         assert usage is not None
         assert usage.prompt_tokens == len(SHARED_PREFIX) + len(tail)
+        # SGLang-JAX (unlike SGLang) leaves the details out (null) when nothing was cached
         details = usage.prompt_tokens_details
-        assert details is not None, "the engine runs with --enable-cache-report"
-        assert details.cached_tokens is not None
-        cached.append(details.cached_tokens)
+        cached.append(details.cached_tokens if details is not None else None)
     print(f"\nMEASURED cached tokens of a 72-token prompt sent after one sharing 64: {cached}")
-    assert cached[0] == 0
+    assert cached[0] is None
+    assert cached[1] is not None, "the engine runs with --enable-cache-report"
     assert cached[1] % real_jax_engine.page_size == 0, cached
     assert len(SHARED_PREFIX) - real_jax_engine.page_size <= cached[1] <= len(SHARED_PREFIX)
