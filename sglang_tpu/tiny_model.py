@@ -148,6 +148,8 @@ def build_tokenizer(
     )
     bpe.train_from_iterator(_corpus(seed, corpus_lines), trainer=trainer)
     eos_id = bpe.token_to_id(EOS_TOKEN)
+    if eos_id is None:  # a special token of the trainer: always in the vocabulary
+        raise RuntimeError(f"the trained tokenizer has no {EOS_TOKEN!r}")
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token=EOS_TOKEN,

@@ -118,11 +118,16 @@ EXCHANGES: tuple[Exchange, ...] = (
         "generate_text_stream",
         "POST",
         "/generate",
-        {"text": "The differential twin streams.", "stream": True,
-         "sampling_params": {"max_new_tokens": 4, **GREEDY}},  # fmt: skip
+        {
+            "text": "The differential twin streams.",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 4, **GREEDY},
+        },
     ),
     Exchange("completion", "POST", "/v1/completions", _completion("Compare it.", stream=False)),
-    Exchange("completion_stream", "POST", "/v1/completions", _completion("Stream it.", stream=True)),
+    Exchange(
+        "completion_stream", "POST", "/v1/completions", _completion("Stream it.", stream=True)
+    ),
     Exchange("chat", "POST", "/v1/chat/completions", _chat("Compare the chats.", stream=False)),
     Exchange("chat_stream", "POST", "/v1/chat/completions", _chat("Stream a chat.", stream=True)),
     Exchange(
@@ -149,7 +154,9 @@ EXCHANGES: tuple[Exchange, ...] = (
 )
 
 
-def answer_record(exchange: Exchange, status: int, content_type: str, answer: Any) -> dict[str, Any]:
+def answer_record(
+    exchange: Exchange, status: int, content_type: str, answer: Any
+) -> dict[str, Any]:
     """One exchange as the file holds it (`answer`: an engine_pair.Answer)."""
     record: dict[str, Any] = {
         "name": exchange.name,

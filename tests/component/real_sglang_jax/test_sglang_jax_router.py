@@ -2,6 +2,10 @@
 client: non-streamed and streamed completions and chat with usage, and a repeated prefix coming
 back as cached tokens, as the engine itself counts them (`--enable-cache-report`).
 
+The router reads the engine's load: it detects it as SGLang-JAX (`--engine-type auto`, the
+default) and polls `/get_server_info`'s internal state, which shows a request another client
+sent to the engine directly.
+
 The router is the `tpuserve router` command (a process of its own) with one static worker;
 SGLang-JAX publishes no KV events, so it runs without them (`--no-kv-events`, the approximate
 `cache_aware` policy). Needs the opt-in build (`scripts/build-sglang-jax.sh SRC`); skips
@@ -10,9 +14,12 @@ without it, saying so.
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
 
 import openai
 import pytest
@@ -37,6 +44,7 @@ def router(real_jax_engine: RealJaxEngine) -> Iterator[RouterProcess]:
             *("--tokenizer", str(real_jax_engine.model_path / "tokenizer.json")),
             *("--policy", "cache_aware"),
             "--no-kv-events",
+            *("--load-poll-interval", "0.2"),
             # its /health takes a step; the CPU engine's steps are slow on a busy machine
             *("--health-check-timeout", "10"),
             # a batch shape the engine has not run yet compiles first (5-50 s on a busy CPU)
@@ -123,7 +131,8 @@ def test_streamed_chat_ends_with_usage(
     usage = [c.usage for c in chunks if c.usage is not None]
     assert usage, "no usage chunk"
     assert usage[-1].completion_tokens == 4
-    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].choices == []
 
 
 def test_a_repeated_prefix_comes_back_as_cached_tokens(
@@ -146,3 +155,73 @@ def test_a_repeated_prefix_comes_back_as_cached_tokens(
     assert cached[1] is not None, "the engine runs with --enable-cache-report"
     assert cached[1] % real_jax_engine.page_size == 0, cached
     assert len(SHARED_PREFIX) - real_jax_engine.page_size <= cached[1] <= len(SHARED_PREFIX)
+
+
+def workers(router: RouterProcess) -> dict[str, dict[str, Any]]:
+    with urllib.request.urlopen(f"{router.url}/workers", timeout=10) as response:
+        return {w["url"]: w for w in json.load(response)["workers"]}
+
+
+def router_metrics(router: RouterProcess) -> str:
+    with urllib.request.urlopen(f"{router.url}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def test_the_router_reads_the_engines_load_from_its_server_info(
+    router: RouterProcess, real_jax_engine: RealJaxEngine
+) -> None:
+    """Detected as SGLang-JAX; a streamed request another client sends to the engine itself
+    shows in the router's view of it as running (the router did not send it)."""
+    url = real_jax_engine.url
+
+    def detected_idle() -> dict[str, Any] | None:
+        worker = workers(router)[url]
+        load = worker["engine_load"]
+        idle = load is not None and (load["running"], load["waiting"]) == (0, 0)
+        return worker if worker["engine_type"] == "sglang-jax" and idle else None
+
+    worker = eventually(detected_idle, what="the worker detected as SGLang-JAX, polled idle",
+                        timeout_seconds=60, context=router.log)  # fmt: skip
+    print(f"\nMEASURED the router's view of an idle SGLang-JAX engine: {worker}")
+    assert "approximate" in worker["prefix_routing"]
+    assert f'tpuserve_router_worker_engine_info{{engine_type="sglang-jax",worker="{url}"}} 1.0' in (
+        router_metrics(router)
+    )
+    parts = urlsplit(url)
+    assert parts.hostname is not None
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+    try:
+        body = {"input_ids": list(range(400, 440)), "stream": True,
+                "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}  # fmt: skip
+        connection.request("POST", "/generate", json.dumps(body),
+                           {"Content-Type": "application/json"})  # fmt: skip
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.readline().startswith(b"data: ")  # it is running
+
+        def running() -> dict[str, Any] | None:
+            load = workers(router)[url]["engine_load"]
+            return load if load and load["running"] == 1 else None
+
+        load = eventually(running, what="the engine's own request in the router's view",
+                          timeout_seconds=60, context=router.log)  # fmt: skip
+        print(f"MEASURED the router's view with one request running on it: {load}")
+        assert load["kv_usage"] > 0
+        text = router_metrics(router)
+        assert f'tpuserve_router_worker_engine_requests{{state="running",worker="{url}"}} 1.0' in (
+            text
+        )
+        abort = urllib.request.Request(
+            f"{url}/abort_request", data=b'{"abort_all": true}',
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(abort, timeout=30) as aborted:
+            assert aborted.status == 200
+    finally:
+        connection.close()
+
+    def idle_again() -> bool:
+        load = workers(router)[url]["engine_load"]
+        return bool(load and load["running"] == 0)
+
+    eventually(idle_again, what="the aborted request gone from the view", timeout_seconds=60)
