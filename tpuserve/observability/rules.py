@@ -556,9 +556,9 @@ def sglang_alerts() -> Group:
         ),
         Alert(
             "TPUServeQueueBacklog",
-            f"max by (namespace, pod, model_name) ({sg.NUM_QUEUE_REQS.name}{{{RANK0}}}) > 0\n"
+            "max by (namespace, pod, model_name) (pod:sglang_queued_requests:max) > 0\n"
             "and on (namespace, pod, model_name)\n"
-            f"max by (namespace, pod, model_name) ({sg.TOKEN_USAGE.name}{{{RANK0}}}) > 0.9",
+            "max by (namespace, pod, model_name) (pod:sglang_kv_usage:ratio) > 0.9",
             "10m",
             "warning",
             "{{ $labels.pod }} has a queue while its KV cache is over 90 % full",

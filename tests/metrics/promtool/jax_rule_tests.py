@@ -20,6 +20,7 @@ from sglang_tpu import metric_names as sg
 from tests.metrics.promtool.rule_tests import (
     NS,
     STEP_SECONDS,
+    _alert,
     _engine,
     _rate,
     _sample,
@@ -186,4 +187,32 @@ def sglang_jax_test() -> dict[str, Any]:
         "interval": f"{STEP_SECONDS}s",
         "input_series": series,
         "promql_expr_test": cases,
+    }
+
+
+def sglang_jax_alert_test() -> dict[str, Any]:
+    """TPUServeQueueBacklog for an SGLang-JAX replica: its queue and KV pool as the router's
+    load poll read them (`jax-0` full with a queue; `sg-0`, also polled full, has its own
+    gauges, which say it has room: no alert for it)."""
+    worker = {"namespace": NS, "pod": "router-0"}
+    series = [_up(JAX_POD), _up(SG_POD)]
+    for pod in (JAX_POD, SG_POD):
+        at = {**worker, "worker": f"http://{ADDRESSES[pod['pod']]}"}
+        series.append(_series(rules.ROUTER_ENGINE_REQUESTS, {**at, "state": "waiting"}, "5+0x30"))
+        series.append(_series(rules.ROUTER_KV_USAGE, at, "0.95+0x30"))
+    for spec, value in ((sg.NUM_QUEUE_REQS, "5+0x30"), (sg.TOKEN_USAGE, "0.5+0x30")):
+        series.append(_series(spec.name, _engine(spec, SG_POD), value))
+    full = {"namespace": NS, "pod": "jax-0", "model_name": "jx"}
+    return {
+        "name": "SGLang-JAX: the queue-backlog alert from the router's polls of the engine",
+        "interval": "1m",
+        "input_series": series,
+        "alert_rule_test": [
+            {"eval_time": "5m", "alertname": "TPUServeQueueBacklog", "exp_alerts": []},
+            {
+                "eval_time": "15m",
+                "alertname": "TPUServeQueueBacklog",
+                "exp_alerts": [_alert("TPUServeQueueBacklog", full)],
+            },
+        ],
     }
