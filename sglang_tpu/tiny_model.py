@@ -26,9 +26,10 @@ import random
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sglang_tpu.tokenizer import EOS_TOKEN, SPECIAL_TOKENS
 
@@ -76,9 +77,16 @@ def is_complete(target: Path) -> bool:
 
 def ensure_model(root: Path, spec: TinyModelSpec) -> Path:
     """The built model directory under `root`, building it first if it is not complete."""
-    target = model_dir(root, spec)
+    return ensure_built(model_dir(root, spec), lambda out: _build(out, spec), spec)
+
+
+def ensure_built(target: Path, build: Callable[[Path], None], spec: Any) -> Path:
+    """`target`, built first by `build(staging directory)` if it is not complete: once per
+    machine (a lock beside it), into a staging directory renamed into place with the marker
+    (the dataclass `spec` as JSON) written last."""
     if is_complete(target):
         return target
+    root = target.parent
     root.mkdir(parents=True, exist_ok=True)
     with (root / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers build it once
@@ -86,7 +94,7 @@ def ensure_model(root: Path, spec: TinyModelSpec) -> Path:
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
             staging.chmod(0o755)
             try:
-                _build(staging, spec)
+                build(staging)
                 (staging / COMPLETE_MARKER).write_text(json.dumps(dataclasses.asdict(spec)))
                 shutil.rmtree(target, ignore_errors=True)
                 staging.rename(target)
@@ -95,14 +103,14 @@ def ensure_model(root: Path, spec: TinyModelSpec) -> Path:
     return target
 
 
-def _corpus(spec: TinyModelSpec) -> Iterator[str]:
+def _corpus(seed: int, lines: int) -> Iterator[str]:
     """Deterministic text with words, numbers, punctuation and chat markup to train BPE on."""
-    rng = random.Random(spec.seed)
+    rng = random.Random(seed)
     letters = "etaoinshrdlcumwfgypbvkjxqz"
     weights = [26 - i for i in range(len(letters))]
     words = ["".join(rng.choices(letters, weights, k=rng.randint(1, 9))) for _ in range(3000)]
     punctuation = [".", ",", "?", "!", ":", ";", " -", "\n"]
-    for _ in range(spec.corpus_lines):
+    for _ in range(lines):
         parts: list[str] = []
         for _ in range(rng.randint(4, 24)):
             roll = rng.random()
@@ -118,34 +126,55 @@ def _corpus(spec: TinyModelSpec) -> Iterator[str]:
         yield line
 
 
-def _build(out: Path, spec: TinyModelSpec) -> None:
-    import torch
+def build_tokenizer(
+    out: Path, *, vocab_size: int, seed: int, corpus_lines: int, model_max_length: int
+) -> tuple[int, int]:
+    """Train the byte-level BPE tokenizer and save it into `out`: (vocabulary size, EOS id).
+
+    Needs `tokenizers` and `transformers` (not torch): the SGLang-JAX test model
+    (`sglang_tpu.tiny_qwen3`) is built with the same tokenizer in an environment without torch.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size,
+        vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_corpus(spec), trainer=trainer)
+    bpe.train_from_iterator(_corpus(seed, corpus_lines), trainer=trainer)
     eos_id = bpe.token_to_id(EOS_TOKEN)
+    if eos_id is None:  # a special token of the trainer: always in the vocabulary
+        raise RuntimeError(f"the trained tokenizer has no {EOS_TOKEN!r}")
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token=EOS_TOKEN,
         bos_token=EOS_TOKEN,
         pad_token=EOS_TOKEN,
         chat_template=CHATML_TEMPLATE,
-        model_max_length=spec.max_position_embeddings,
+        model_max_length=model_max_length,
     )
     tokenizer.save_pretrained(out)
+    return bpe.get_vocab_size(), eos_id
 
+
+def _build(out: Path, spec: TinyModelSpec) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab_size, eos_id = build_tokenizer(
+        out,
+        vocab_size=spec.vocab_size,
+        seed=spec.seed,
+        corpus_lines=spec.corpus_lines,
+        model_max_length=spec.max_position_embeddings,
+    )
     config = LlamaConfig(
-        vocab_size=bpe.get_vocab_size(),
+        vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,

@@ -13,16 +13,24 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import real_sglang
+from tests import real_sglang, real_sglang_jax
 from tests.real_sglang import (
     real_engine,
     real_engine_pool,
     real_engines,
     real_sglang_installation,
 )
+from tests.real_sglang_jax import real_jax_engine, real_sglang_jax_installation
 
 # fixtures, registered here
-__all__ = ["real_engine", "real_engine_pool", "real_engines", "real_sglang_installation"]
+__all__ = [
+    "real_engine",
+    "real_engine_pool",
+    "real_engines",
+    "real_jax_engine",
+    "real_sglang_installation",
+    "real_sglang_jax_installation",
+]
 
 SUITE_MARKERS = ("unit", "component", "e2e")
 # tests/tpu needs a TPU chip: only scripts/tpu-lane.sh runs it (with its own pytest.ini), so
@@ -35,7 +43,7 @@ def xdist_group(item: pytest.Item, suite: str) -> str | None:
     None for a test any worker may run on its own.
 
     - every real-SGLang test: one group, so the session's engine pool (tests/real_sglang.py)
-      is started once, on one worker;
+      is started once, on one worker; every real-SGLang-JAX test (opt-in build): another;
     - an e2e test: the group of the control plane it uses (`cluster`, or for the living cluster
       `living_cluster` or `living_cluster_2` by module), so each worker starts one control plane;
     - any other component test: its module, so a module's fixtures (engine twins, routers,
@@ -45,6 +53,8 @@ def xdist_group(item: pytest.Item, suite: str) -> str | None:
     names = set(getattr(item, "fixturenames", ()))
     if item.get_closest_marker("real_sglang"):
         return "real_sglang"
+    if item.get_closest_marker("real_sglang_jax"):
+        return "real_sglang_jax"
     if suite == "e2e":
         if "living_cluster" not in names:
             return "cluster"
@@ -83,11 +93,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(
                 f"{item.nodeid} must carry exactly one of the markers {SUITE_MARKERS}, has {found}"
             )
-        uses_real = set(real_sglang.FIXTURE_NAMES) & set(getattr(item, "fixturenames", ()))
-        if uses_real and not item.get_closest_marker("real_sglang"):
-            raise pytest.UsageError(
-                f"{item.nodeid} uses {sorted(uses_real)} and must carry the real_sglang marker"
-            )
+        for module, marker in ((real_sglang, "real_sglang"), (real_sglang_jax, "real_sglang_jax")):
+            uses_real = set(module.FIXTURE_NAMES) & set(getattr(item, "fixturenames", ()))
+            if uses_real and not item.get_closest_marker(marker):
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses {sorted(uses_real)} and must carry the {marker} marker"
+                )
         group = xdist_group(item, found[0]) if grouped else None
         if group is not None and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))

@@ -77,8 +77,10 @@ def test_cached_tokens_on_a_repeated_prefix_in_its_shapes(
     body = {"input_ids": [*prefix, 8, 9], "sampling_params": {"max_new_tokens": 2}}
     first = request(twin.url, "POST", "/generate", body).body["meta_info"]
     again = request(twin.url, "POST", "/generate", body).body["meta_info"]
-    assert set(again) == {"id", "finish_reason", "prompt_tokens", "completion_tokens",
-                          "cached_tokens", "e2e_latency"}  # fmt: skip
+    assert set(again) == {
+        "id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
+        "routed_experts", "cache_miss_count", "e2e_latency",
+    }  # fmt: skip
     assert (first["cached_tokens"], again["cached_tokens"]) == (0, 64)
     model = request(twin.url, "GET", "/v1/models", None).body["data"][0]["id"]
     chat = {"model": model, "messages": [{"role": "user", "content": "hello " * 40}],
