@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ipaddress
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
@@ -24,6 +26,7 @@ from sglang_tpu.disaggregation import (
     DEFAULT_ITL_BUDGET_SECONDS,
 )
 from sglang_tpu.perf_model import DEFAULT_PROFILE
+from tpuserve_router.engines.workers import MAX_UNIX_PATH_BYTES
 
 DEFAULT_POLICY = "precise"
 """The routing policy when none is given: the winner of the routing benchmark (issue 8,
@@ -73,6 +76,7 @@ class ConfigError(ValueError):
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
+    uds: str | None = None  # listen on this unix socket instead of host:port
     workers: tuple[str, ...] = ()
     discovery: Discovery = "static"
     namespace: str | None = None
@@ -220,6 +224,8 @@ class RouterConfig:
                 problems.append(message)
 
         need(0 <= self.port <= 65535, f"port={self.port}: allowed 0..65535 (0 = any free)")
+        if self.uds is not None:
+            problems += uds_problems(self.uds)
         if self.metrics_port is not None:
             need(
                 0 <= self.metrics_port <= 65535,
@@ -589,3 +595,18 @@ def parse_key_values(text: str, what: str) -> dict[str, str]:
             raise ValueError(f"{what}: {item!r} is not KEY=VALUE")
         result[key.strip()] = value.strip()
     return result
+
+
+def uds_problems(path: str) -> list[str]:
+    """What is wrong with ``uds`` (the front's unix socket): an absolute path of at most
+    `MAX_UNIX_PATH_BYTES` bytes, in a directory that exists, not a file that is no socket."""
+    if not path.startswith("/") or not path.isprintable() or path.endswith("/"):
+        return [f"uds={path[:80]!r}: must be an absolute path to a socket file (/run/x.sock)"]
+    if len(path.encode()) > MAX_UNIX_PATH_BYTES:
+        return [f"uds={path[:80]!r}...: allowed at most {MAX_UNIX_PATH_BYTES} bytes (the kernel's)"]
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        return [f"uds={path!r}: the directory {folder!r} does not exist"]
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        return [f"uds={path!r}: the path exists and is not a socket (it is not replaced)"]
+    return []
