@@ -15,7 +15,7 @@ from typing import Any
 
 import pydantic
 
-from sglang_tpu import lora, sglang_flags
+from sglang_tpu import lora, sgl_jax_flags, sglang_flags
 from sglang_tpu.contract import pod_env
 from sglang_tpu.contract.env_names import ENV_PREFIX, Var
 from sglang_tpu.contract.group_contract import GroupContract
@@ -30,6 +30,8 @@ OWNED_ENV_PREFIXES = (ENV_PREFIX, "TPU_", "TORCH_TPU_", "LWS_")
 OWNED_ENV_NAMES = frozenset({"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HF_TOKEN"})
 # Flags a user may not pass in spec.engine.args: the launcher sets them, or they carry secrets.
 OWNED_FLAG_NAMES = sglang_flags.OWNED_FLAGS | sglang_flags.SECRET_FLAGS
+# The same for engine.type sglang-jax (SGLang-JAX's own flag names).
+SGL_JAX_OWNED_FLAG_NAMES = sgl_jax_flags.OWNED_FLAGS | sgl_jax_flags.SECRET_FLAGS
 
 # Where a contract variable comes from in the spec, for error messages.
 _SPEC_FIELD: Mapping[str, str] = {
@@ -81,11 +83,28 @@ def is_owned_env(name: str) -> bool:
     return name in OWNED_ENV_NAMES or name.startswith(OWNED_ENV_PREFIXES)
 
 
-def is_owned_flag(flag: str) -> bool:
-    """`flag` as written in spec.engine.args, with or without leading dashes."""
+def is_owned_flag(flag: str, engine: str = "sglang") -> bool:
+    """`flag` as written in spec.engine.args, with or without leading dashes, for the engine
+    type `engine` (SGLang's flags, or SGLang-JAX's for sglang-jax)."""
     arg = "--" + flag.lstrip("-")
     name = arg.split("=", 1)[0]
+    if engine == "sglang-jax":
+        return sgl_jax_flags.canonical(name) in SGL_JAX_OWNED_FLAG_NAMES or (
+            name in SGL_JAX_OWNED_FLAG_NAMES
+        )
     return name in OWNED_FLAG_NAMES
+
+
+def unknown_flag(flag: str, engine: str) -> str | None:
+    """Why `flag` of spec.engine.args is no flag of the engine's server (None when it is, or
+    when the engine's flags are not known: SGLang-TorchTPU is not public)."""
+    if engine != "sglang-jax":
+        return None
+    name = "--" + flag.lstrip("-").split("=", 1)[0]
+    found = sgl_jax_flags.unknown_flag(name)
+    if found is None:
+        return None
+    return f"{found} is not a flag of SGLang-JAX's server; allowed: {sgl_jax_flags.ALLOWED_TEXT}"
 
 
 def extra_args(args: Mapping[str, Any]) -> tuple[str, ...]:

@@ -39,7 +39,12 @@ from tpuserve_operator import (
     launch_contract,
     model_profile,
 )
-from tpuserve_operator.api import MAX_NAME_LENGTH, SERVER_NAME, TPUModelServerSpec
+from tpuserve_operator.api import (
+    MAX_NAME_LENGTH,
+    SERVER_NAME,
+    TPU_ENGINE_TYPES,
+    TPUModelServerSpec,
+)
 from tpuserve_operator.build import cel
 from tpuserve_operator.build.crd import openapi_schema
 from tpuserve_operator.conditions import Reason
@@ -107,7 +112,8 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
         problems += _fit(model, shape)
         profile = model_profile.profile_of(model)
         problems += host_kv.problems(model, shape, profile)
-    machine = shape.machine if shape is not None and model.engine.type == "sglang" else None
+    on_tpu = model.engine.type in TPU_ENGINE_TYPES
+    machine = shape.machine if shape is not None and on_tpu else None
     problems += engine_resources.problems(model.engine.resources, machine)
     if model.disaggregation is not None:
         for role in disaggregation.ROLES:
@@ -310,12 +316,15 @@ def _owned_args(spec: TPUModelServerSpec, field: str, args: Mapping[str, Any]) -
                     reason=Reason.RESERVED_FIELD,
                 )
             )
-        elif launch_contract.is_owned_flag(flag):
+        elif (unknown := launch_contract.unknown_flag(flag, spec.engine.type)) is not None:
+            problems.append(Problem(path, unknown))
+        elif launch_contract.is_owned_flag(flag, spec.engine.type):
             problems.append(
                 Problem(
                     path,
                     f"--{flag.lstrip('-')} is set by the operator from the spec; allowed: "
-                    "SGLang flags the operator does not set",
+                    f"{'SGLang-JAX' if spec.engine.type == 'sglang-jax' else 'SGLang'} flags "
+                    "the operator does not set",
                     reason=Reason.RESERVED_FIELD,
                 )
             )
@@ -352,6 +361,7 @@ def _fit(spec: TPUModelServerSpec, shape: SliceShape) -> list[Problem]:
             spec.model.quantization,
             spec.engine.kv_cache_dtype,
             context_length,
+            engine=spec.engine.type,
         )
     except perf_model.ModelDoesNotFit as err:
         return [Problem("spec.tpu.topology", str(err), reason=Reason.MODEL_DOES_NOT_FIT)]
