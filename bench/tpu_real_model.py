@@ -323,7 +323,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     rec["build_s"] = round(time.perf_counter() - t0, 3)
     if args.mode == "compile":
-        runner.compile()
+        if args.impl == "sglang":
+            runner.compile(kv_writes_in_graph=args.kv_writes_in_graph)
+            rec["kv_writes_in_graph"] = args.kv_writes_in_graph
+        else:
+            runner.compile()
     gen = torch.Generator().manual_seed(1)
     vocab = SHAPES[args.shape]["vocab_size"]
     prompt = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=gen)
@@ -634,6 +638,11 @@ def main() -> int:
         "--precision",
         choices=["highest", "high", "medium"],
         help="torch.set_float32_matmul_precision before the run",
+    )
+    r.add_argument(
+        "--kv-writes-in-graph",
+        action="store_true",
+        help="sglang, compile: the KV pool's writes inside the graph (wrong tokens on the v5e)",
     )
     r.add_argument("--oplog")
     r.add_argument("--cpu-ops", default="")

@@ -248,6 +248,25 @@ def route_integer_cumsum_through_host() -> None:
         logits_processor.torch = _HostIntegerCumsum(torch)
 
 
+def keep_kv_pool_writes_eager() -> None:
+    """Run SGLang's KV pool writes (`MHATokenToKVPool.set_kv_buffer`) outside a compiled graph.
+
+    With the write inside ``torch.compile(backend="tpu")``'s graphs (TorchTPU 0.2.0, torch
+    2.13 on the v5e), the first layer's keys and values land in the pool but the last layer's
+    read back as NaN and the step's logits are not finite, so every greedy token is 0; with the
+    write behind ``torch.compiler.disable`` (a graph break at each layer's write) the compiled
+    prefill's and decode step's logits are the eager ones to 1e-5 (device call 7,
+    docs/tpu-lane.md). Idempotent."""
+    import torch
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    write = MHATokenToKVPool.set_kv_buffer
+    if not getattr(write, "_tpuserve_eager", False):
+        eager = torch.compiler.disable(write)
+        eager._tpuserve_eager = True
+        MHATokenToKVPool.set_kv_buffer = eager
+
+
 def publish_runtime_context() -> None:
     """Publish SGLang's runtime context for one process at width 1, without torch.distributed."""
     global _PUBLISHED
@@ -344,9 +363,13 @@ class SGLangQwen3Runner:
         self.seq_len = 0
         self._forward = self._plain_forward
 
-    def compile(self) -> None:
+    def compile(self, *, kv_writes_in_graph: bool = False) -> None:
+        """Compile the forward with TorchTPU's backend, the KV pool's writes kept eager
+        (`keep_kv_pool_writes_eager`) unless ``kv_writes_in_graph`` (wrong tokens on the v5e)."""
         import torch
 
+        if not kv_writes_in_graph:
+            keep_kv_pool_writes_eager()
         self._forward = torch.compile(self._plain_forward, backend="tpu")
 
     def _plain_forward(self, input_ids: Any, positions: Any, fb: Any) -> Any:

@@ -62,7 +62,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
-import aiohttp
 import msgpack
 import orjson
 from prometheus_client import CollectorRegistry
@@ -78,6 +77,7 @@ from tpuserve_router.engines.engine_loads import LoadPoller
 from tpuserve_router.engines.health import HealthChecker
 from tpuserve_router.engines.outliers import Ejectable, OutlierDetector, outlier_config
 from tpuserve_router.engines.worker_networks import is_loopback, parse_networks
+from tpuserve_router.engines.worker_session import WorkerSession
 from tpuserve_router.engines.workers import WorkerRegistry, WorkerSpec
 from tpuserve_router.front.admin import ROUTE as ADMIN_ROUTE
 from tpuserve_router.front.admin import AdminApi
@@ -95,6 +95,7 @@ from tpuserve_router.front.server import (
     front_limits,
     serve,
 )
+from tpuserve_router.front.unix_listener import remove_socket
 from tpuserve_router.kv.block_index import BlockIndex
 from tpuserve_router.kv.kv_events import KvEventHub
 from tpuserve_router.kv.kv_snapshot import (
@@ -452,7 +453,9 @@ class RouterApp:
 
     @property
     def port(self) -> int:
-        """The port the front listens on (useful with port 0)."""
+        """The port the front listens on (useful with port 0); 0 on a unix socket (``uds``)."""
+        if self.config.uds is not None:
+            return 0
         return int(self._servers[0].sockets[0].getsockname()[1])
 
     @property
@@ -469,6 +472,9 @@ class RouterApp:
 
     @property
     def base_url(self) -> str:
+        """``http://HOST:PORT``, or ``unix:PATH`` when the front listens on a unix socket."""
+        if self.config.uds is not None:
+            return f"unix:{self.config.uds}"
         return f"http://{self.config.host}:{self.port}"
 
     async def start(self) -> None:
@@ -488,7 +494,7 @@ class RouterApp:
             )
         front = await serve(
             self._handle, config.host, config.port, self.limits, self.book, self._head_check,
-            self._client_of,
+            self._client_of, uds=config.uds,
         )  # fmt: skip
         self._servers.append(front)
         if config.metrics_port is not None:
@@ -564,6 +570,8 @@ class RouterApp:
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
+        if self.config.uds is not None:
+            remove_socket(self.config.uds)
         self._admin_server = None
         self.outliers.stop()
         if self.keys is not None:
@@ -963,7 +971,7 @@ def _current_namespace() -> str:
 
 
 def pair_router(
-    config: RouterConfig, session: Callable[[], aiohttp.ClientSession | None]
+    config: RouterConfig, session: Callable[[], WorkerSession | None]
 ) -> Callable[[Forwarder], PdRouter] | None:
     """PD mode for the forwarder, when the router has prefill and decode workers."""
     settings = pd_settings(config)

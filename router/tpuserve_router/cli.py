@@ -94,6 +94,14 @@ OPTIONS: tuple[Option, ...] = (
         f"Port to listen on; 0 = a free port (default {DEFAULTS.port}).",
     ),
     Option(
+        "--uds",
+        "uds",
+        str,
+        "Listen on this unix socket instead of --host/--port (a sidecar's clients, a machine "
+        "without TCP); the file is made with mode 0660 and replaces a stale socket there.",
+        metavar="PATH",
+    ),
+    Option(
         "--metrics-port",
         "metrics_port",
         cli_types.port,

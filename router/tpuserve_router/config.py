@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ipaddress
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
@@ -26,13 +28,17 @@ from sglang_tpu.disaggregation import (
 from sglang_tpu.perf_model import DEFAULT_PROFILE
 
 DEFAULT_POLICY = "precise"
-ENGINE_TYPES: Final = ("auto", "sglang", "sglang-jax")
-"""``--engine-type``: which engine the workers run (`engines.engine_types`); auto: detected."""
 """The routing policy when none is given: the winner of the routing benchmark (issue 8,
 docs/benchmarks.md): best or tied p99 on W1-W6 and W8 with KV events, p99 TTFT at the oracle's
 level on the long-context W9 and W10 (issue 14), about even with cache_aware without them.
 The operator and the chart leave the policy unset by default, so this is the one place the
 default is spelled."""
+
+ENGINE_TYPES: Final = ("auto", "sglang", "sglang-jax")
+"""``--engine-type``: which engine the workers run (`engines.engine_types`); auto: detected."""
+
+MAX_UNIX_PATH_BYTES: Final = 107
+"""The longest unix socket path the kernel takes (sun_path is 108 bytes with its NUL)."""
 
 DEFAULT_PD_PERF_MODEL: Final = f"v6e:1x1:{DEFAULT_PROFILE}"
 """The slice and model `--pd-threshold-tokens` is derived for when neither is given (the
@@ -75,6 +81,7 @@ class ConfigError(ValueError):
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
+    uds: str | None = None  # listen on this unix socket instead of host:port
     workers: tuple[str, ...] = ()
     discovery: Discovery = "static"
     namespace: str | None = None
@@ -227,6 +234,8 @@ class RouterConfig:
             self.engine_type in ENGINE_TYPES,
             f"engine_type={self.engine_type!r}: allowed {', '.join(ENGINE_TYPES)}",
         )
+        if self.uds is not None:
+            problems += uds_problems(self.uds)
         if self.metrics_port is not None:
             need(
                 0 <= self.metrics_port <= 65535,
@@ -596,3 +605,18 @@ def parse_key_values(text: str, what: str) -> dict[str, str]:
             raise ValueError(f"{what}: {item!r} is not KEY=VALUE")
         result[key.strip()] = value.strip()
     return result
+
+
+def uds_problems(path: str) -> list[str]:
+    """What is wrong with ``uds`` (the front's unix socket): an absolute path of at most
+    `MAX_UNIX_PATH_BYTES` bytes, in a directory that exists, not a file that is no socket."""
+    if not path.startswith("/") or not path.isprintable() or path.endswith("/"):
+        return [f"uds={path[:80]!r}: must be an absolute path to a socket file (/run/x.sock)"]
+    if len(path.encode()) > MAX_UNIX_PATH_BYTES:
+        return [f"uds={path[:80]!r}...: allowed at most {MAX_UNIX_PATH_BYTES} bytes (the kernel's)"]
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        return [f"uds={path!r}: the directory {folder!r} does not exist"]
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        return [f"uds={path!r}: the path exists and is not a socket (it is not replaced)"]
+    return []

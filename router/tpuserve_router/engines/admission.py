@@ -27,7 +27,7 @@ from tpuserve_router.engines.worker_networks import (
     advertised_endpoint_problem,
     endpoint_problem,
 )
-from tpuserve_router.engines.workers import Worker, WorkerRegistry
+from tpuserve_router.engines.workers import Worker, WorkerRegistry, network_host
 from tpuserve_router.kv.kv_events import KvEventHub
 from tpuserve_router.kv.kv_publishers import Endpoints, NoPublisher, discover_publisher, pool_pages
 from tpuserve_router.metrics import (
@@ -193,7 +193,9 @@ class Admission:
                 if given:
                     problem = endpoint_problem(endpoint, self.networks)
                 else:
-                    problem = advertised_endpoint_problem(endpoint, worker.host, self.networks)
+                    problem = advertised_endpoint_problem(
+                        endpoint, network_host(worker.host), self.networks
+                    )
                 if problem:
                     return problem
         return None
@@ -212,7 +214,7 @@ class Admission:
             return answer
 
         try:
-            return await discover_publisher(get_json, worker.name, worker.host)
+            return await discover_publisher(get_json, worker.name, network_host(worker.host))
         except NoPublisher as err:
             log.info("worker %s: %s", worker.name, err)
             return None

@@ -19,7 +19,8 @@ with aiohttp before, a probe must end within ``timeout_seconds`` (connecting inc
 it, a redirect is not followed (it fails the probe: only 200 passes), and an answer must say
 its length or be chunked (SGLang's does; one delimited by the connection's end fails). A
 local error number (`LOCAL_ERRNOS`) from connecting or from the connection gives no verdict.
-aiohttp's session stays for the look-ups at admission (`get_json`) and for aborts.
+aiohttp's session stays for the look-ups at admission (`get_json`) and for aborts
+(`worker_session.WorkerSession`, which also reaches `unix:` workers).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import orjson
 
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.engines.proxy import UpstreamConnection, UpstreamError, UpstreamPool
+from tpuserve_router.engines.worker_session import WorkerSession
 from tpuserve_router.engines.workers import Worker, WorkerRegistry
 
 LOOKUP_MAX_BYTES: Final = 4 * 1024 * 1024
@@ -82,7 +84,7 @@ class HealthChecker:
         self.success_threshold = success_threshold
         self.path = path
         self.on_admitted = on_admitted
-        self._session: aiohttp.ClientSession | None = None
+        self._session: WorkerSession | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._pools: dict[str, UpstreamPool] = {}
@@ -93,9 +95,8 @@ class HealthChecker:
         return self.interval_seconds > 0
 
     def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.timeout_seconds),
-            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+        self._session = WorkerSession(
+            self.timeout_seconds, lambda: (w.name for w in self.registry.workers)
         )
         if self.enabled:
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
@@ -183,7 +184,7 @@ class HealthChecker:
             return orjson.loads(await read_bounded(response, LOOKUP_MAX_BYTES, too_long))
 
     @property
-    def session(self) -> aiohttp.ClientSession | None:
+    def session(self) -> WorkerSession | None:
         return self._session
 
     async def _admitted(self, worker: Worker) -> None:

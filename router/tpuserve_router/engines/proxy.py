@@ -433,7 +433,9 @@ class UpstreamConnection(asyncio.Protocol):
 
 
 class UpstreamPool:
-    """Idle keep-alive connections to one worker (most recently used first)."""
+    """Idle keep-alive connections to one worker (most recently used first). A ``host``
+    that is a path (``/...``: a ``unix:`` worker, `workers.normalize_worker_url`) is dialled
+    as that unix socket, with ``host: localhost`` in its requests."""
 
     def __init__(
         self,
@@ -449,8 +451,9 @@ class UpstreamPool:
         self.host = host
         self.port = port
         self.connection = connection
+        self.unix_path = host if host.startswith("/") else None  # a `unix:` worker's socket
         shown = f"[{host}]" if ":" in host else host
-        self.host_header = f"{shown}:{port}".encode()
+        self.host_header = b"localhost" if self.unix_path else f"{shown}:{port}".encode()
         self.connect_timeout_seconds = connect_timeout_seconds
         self.max_idle = max_idle
         self.max_head_bytes = max_head_bytes
@@ -500,13 +503,16 @@ class UpstreamPool:
 
     async def connect(self) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
+
+        def factory() -> UpstreamConnection:
+            return self.connection(loop, self.max_head_bytes, self.max_body_bytes)
+
         try:
             async with asyncio.timeout(self.connect_timeout_seconds):
-                _, conn = await loop.create_connection(
-                    lambda: self.connection(loop, self.max_head_bytes, self.max_body_bytes),
-                    self.host,
-                    self.port,
-                )
+                if self.unix_path is not None:
+                    _, conn = await loop.create_unix_connection(factory, self.unix_path)
+                else:
+                    _, conn = await loop.create_connection(factory, self.host, self.port)
         except TimeoutError:
             raise UpstreamError(
                 "connect_error", f"connect timed out after {self.connect_timeout_seconds:g} s"

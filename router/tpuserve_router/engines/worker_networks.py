@@ -24,6 +24,7 @@ from typing import Final
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.workers import (
     InvalidWorkerURL,
+    is_unix_host,
     normalize_worker_url,
     parse_worker_flag,
 )
@@ -70,12 +71,24 @@ def host_problem(host: str, networks: Sequence[Network]) -> str | None:
     return f"address {address} is outside worker_networks ({allowed})"
 
 
-def url_problem(url: str, networks: Sequence[Network]) -> str | None:
-    """Why the worker URL may not be dialled (bad URL, or outside ``networks``), or None."""
+def url_problem(url: str, networks: Sequence[Network], *, allow_unix: bool = False) -> str | None:
+    """Why the worker URL may not be dialled (bad URL, or outside ``networks``), or None.
+
+    A ``unix:`` socket is allowed only where ``allow_unix`` says so: the router's own
+    ``--worker`` flag (whoever starts the router chose the file). Discovery and the admin API
+    refuse it, so that a pod annotation or an admin call cannot make the router dial any
+    socket of its host. ``networks`` bound IP addresses; a socket on this host is none."""
     try:
-        name, host, _ = normalize_worker_url(url)
+        name, host, _ = normalize_worker_url(url, allow_unix=True)
     except InvalidWorkerURL as err:
         return str(err)
+    if is_unix_host(host):
+        if allow_unix:
+            return None
+        return (
+            f"worker url {name}: a unix socket worker is allowed only on the router's command "
+            "line (--worker unix:/PATH); expected http://HOST:PORT"
+        )
     problem = host_problem(host, networks)
     return f"worker url {name}: {problem}" if problem else None
 
@@ -135,7 +148,7 @@ def worker_problems(config: RouterConfig) -> list[str]:
         except InvalidWorkerURL as err:
             problems.append(str(err))
             continue
-        problem = url_problem(url, networks)
+        problem = url_problem(url, networks, allow_unix=True)
         if problem:
             problems.append(problem)
     return problems

@@ -22,15 +22,17 @@ sent there (their announcements, ``announced_in_flight``, plus the polled rest:
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from sglang_tpu.lora import split_model
+from tpuserve_router.config import MAX_UNIX_PATH_BYTES
 from tpuserve_router.engines.engine_types import ADAPTERS
 
 
@@ -64,7 +66,7 @@ def parse_worker_flag(text: str) -> WorkerSpec:
     """A ``--worker`` value: ``URL`` or ``MODEL=URL`` (a URL holds no ``=``: no query is
     allowed). Raises `InvalidWorkerURL` naming the value and the forms allowed."""
     model, sep, url = text.rpartition("=")
-    normalize_worker_url(url)
+    normalize_worker_url(url, allow_unix=True)
     if not sep:
         return WorkerSpec(url)
     problem = model_name_problem(model)
@@ -90,15 +92,26 @@ def model_name_problem(name: object) -> str | None:
     return None
 
 
-def normalize_worker_url(url: str) -> tuple[str, str, int]:
+def normalize_worker_url(url: str, *, allow_unix: bool = False) -> tuple[str, str, int]:
     """``(name, host, port)`` of a worker URL; the name is ``http://host:port``.
 
-    Only plain ``http://host[:port]`` is accepted (the router speaks HTTP/1.1 to its workers
+    Plain ``http://host[:port]`` is accepted (the router speaks HTTP/1.1 to its workers
     over pooled raw connections); the port defaults to 80. The host is made canonical
-    (`canonical_host`), so the aliases of one address name one worker.
+    (`canonical_host`), so the aliases of one address name one worker. A ``unix:PATH``
+    address (`unix_socket_path`), where ``allow_unix`` says so, is a worker on a unix socket
+    of this host: its name is ``unix:PATH``, its host the socket's path (a host name never
+    begins with ``/``), its port 0. Elsewhere (PD legs, a snapshot peer) it is refused.
     """
     text = url.strip()
-    expected = "expected http://HOST:PORT"
+    if text.startswith(UNIX_PREFIX):
+        if not allow_unix:
+            raise InvalidWorkerURL(
+                f"worker url {url[:80]!r}: a unix socket is not allowed here (only as the "
+                "router's --worker); expected http://HOST:PORT"
+            )
+        path = unix_socket_path(text, "worker url")
+        return UNIX_PREFIX + path, path, 0
+    expected = "expected http://HOST:PORT" + (" or unix:/PATH" if allow_unix else "")
     if len(text) > MAX_URL_CHARS:
         raise InvalidWorkerURL(
             f"worker url {url[:60]!r}...: longer than {MAX_URL_CHARS} characters; {expected}"
@@ -127,6 +140,44 @@ def normalize_worker_url(url: str) -> tuple[str, str, int]:
 
 
 MAX_URL_CHARS = 2048
+UNIX_PREFIX: Final = "unix:"
+
+
+def unix_socket_path(text: str, what: str) -> str:
+    """The socket path of a ``unix:PATH`` address (``unix:///PATH`` too), made canonical
+    (`os.path.normpath`): absolute, at most `MAX_UNIX_PATH_BYTES` bytes, no NUL, no query.
+    Raises `InvalidWorkerURL` naming ``what``, the value and the form allowed."""
+    expected = "expected unix:/ABSOLUTE/PATH (a unix socket on this host)"
+    path = text.strip().removeprefix(UNIX_PREFIX)
+    if not path.startswith("/"):
+        raise InvalidWorkerURL(f"{what} {text[:80]!r}: the path is not absolute; {expected}")
+    if "\x00" in path or "?" in path or "#" in path or not path.isprintable():
+        raise InvalidWorkerURL(
+            f"{what} {text[:80]!r}: NUL, '?', '#' and unprintable characters are not allowed; "
+            f"{expected}"
+        )
+    path = os.path.normpath(path)
+    if path.startswith("//"):  # POSIX keeps two leading slashes; one is the same file
+        path = path[1:]
+    if path == "/" or len(path.encode()) > MAX_UNIX_PATH_BYTES:
+        raise InvalidWorkerURL(
+            f"{what} {text[:80]!r}: a socket path of 1 to {MAX_UNIX_PATH_BYTES} bytes is "
+            f"needed (the kernel's limit); {expected}"
+        )
+    return path
+
+
+def is_unix_host(host: str) -> bool:
+    """Whether a worker's ``host`` is a unix socket's path (`normalize_worker_url`)."""
+    return host.startswith("/")
+
+
+def network_host(host: str) -> str:
+    """The address of a worker's host on the network: a ``unix:`` worker is on this host, so
+    what it binds on every interface (a KV-event endpoint ``tcp://*:5557``) is at loopback."""
+    return "127.0.0.1" if is_unix_host(host) else host
+
+
 _NUMERIC = re.compile(r"[0-9][0-9a-fx.]*")  # what inet_aton may read as an IPv4 address
 _LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 
@@ -208,7 +259,7 @@ class Worker:
     )
 
     def __init__(self, spec: WorkerSpec, *, manual: bool = False) -> None:
-        self.name, self.host, self.port = normalize_worker_url(spec.url)
+        self.name, self.host, self.port = normalize_worker_url(spec.url, allow_unix=True)
         self.kv_events_endpoint = spec.kv_events_endpoint
         self.kv_replay_endpoint = spec.kv_replay_endpoint
         self.manual = manual
@@ -393,7 +444,7 @@ class WorkerRegistry:
 
         Returns the names added and removed.
         """
-        wanted = {normalize_worker_url(s.url)[0]: s for s in specs}
+        wanted = {normalize_worker_url(s.url, allow_unix=True)[0]: s for s in specs}
         removed = [w.name for w in list(self.workers) if not w.manual and w.name not in wanted]
         for name in removed:
             self.remove(name)

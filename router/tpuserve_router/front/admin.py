@@ -166,6 +166,6 @@ def _worker_url(args: dict[str, Any]) -> str:
     if not isinstance(url, str) or not url:
         raise ClientError(400, "url is required: the worker's http://HOST:PORT", param="url")
     try:
-        return normalize_worker_url(url)[0]
+        return normalize_worker_url(url, allow_unix=True)[0]
     except InvalidWorkerURL as err:
         raise ClientError(400, str(err), param="url") from None

@@ -70,6 +70,7 @@ import orjson
 
 from sglang_tpu import disaggregation
 from tpuserve_router.engines.proxy import UpstreamConnection, UpstreamError, UpstreamPool
+from tpuserve_router.engines.worker_session import WorkerSession
 from tpuserve_router.engines.workers import Worker
 from tpuserve_router.front.forwarding import Forwarder, Routed, liveness
 from tpuserve_router.front.framing import forwarded_headers, response_headers, upstream_request
@@ -140,7 +141,7 @@ class PdRouter:
         self,
         forwarder: Forwarder,
         settings: PdSettings,
-        session: Callable[[], aiohttp.ClientSession | None],
+        session: Callable[[], WorkerSession | None],
         seed: int | None = None,
     ) -> None:
         self.fwd = forwarder

@@ -57,6 +57,7 @@ from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.proxy import set_nodelay
 from tpuserve_router.engines.worker_networks import is_loopback
 from tpuserve_router.front.connections import ConnectionBook
+from tpuserve_router.front.unix_listener import serve_unix
 from tpuserve_router.pipeline.refusals import RETRY_AFTER_SECONDS
 from tpuserve_router.pipeline.request_body import ClientError, error_body
 
@@ -807,8 +808,11 @@ async def serve(
     book: ConnectionBook | None = None,
     head_check: HeadCheck | None = None,
     client_of: ClientOf | None = None,
+    uds: str | None = None,
 ) -> asyncio.Server:
-    """Listen on ``host:port`` (port 0 = a free port); the caller closes the server.
+    """Listen on ``host:port`` (port 0 = a free port), or on the unix socket ``uds`` when
+    given (`serve_unix`; its requests are not `HttpRequest.local`: a socket file's reach is
+    its mode, not this host's loopback); the caller closes the server.
 
     Connections are counted, timed and closed under pressure by ``book`` (one of its own
     if none is given), their bodies charged to its buffer budget; ``head_check`` may refuse
@@ -819,9 +823,11 @@ async def serve(
     loop = asyncio.get_running_loop()
     if book is None:
         book = ConnectionBook(limits.max_connections, limits.tick_seconds)
-    local = is_loopback(host)
+    local = is_loopback(host) and uds is None
 
     def factory() -> HttpConnection:
         return HttpConnection(handler, limits, book, loop, head_check, local, client_of)
 
+    if uds is not None:
+        return await serve_unix(factory, uds)
     return await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)

@@ -25,6 +25,7 @@ import aiohttp
 import orjson
 
 from sglang_tpu.tasks import cancel_and_wait
+from tpuserve_router.engines.worker_session import WorkerSession
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class Aborter:
 
     def __init__(
         self,
-        session: Callable[[], aiohttp.ClientSession | None],
+        session: Callable[[], WorkerSession | None],
         count: Callable[[str, str], None] = lambda worker, reason: None,
     ) -> None:
         self.session = session
