@@ -321,6 +321,7 @@ class FleetSim:
         res.host_cached_tokens += req.host_cached
         res.ttft.append(ttft)
         res.itl.append(itl)
+        res.request_seconds += self.clock.now - req.arrival
         good = ttft <= c.slo_ttft_seconds and itl <= c.slo_itl_seconds
         if good:
             res.good_requests += 1

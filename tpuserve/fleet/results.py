@@ -40,6 +40,9 @@ class FleetResult:
     tokens_in_flight_samples: list[float] = field(default_factory=list)
     """KV tokens reserved per serving chip, every `SAMPLE_SECONDS` of the window (the
     autoscaler's ``tokensInFlight`` metric)."""
+    request_seconds: float = 0.0
+    """Arrival to last token, summed over the counted finished requests: over the window,
+    the mean requests in the fleet (Little's law; `tpuserve plan`'s concurrency)."""
 
     @property
     def window_seconds(self) -> float:
