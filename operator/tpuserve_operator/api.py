@@ -1347,8 +1347,9 @@ class TPUModelServerSpec(Schema):
     )
 
     model: ModelSpec = Field(description="model is what to serve.")
-    # Unset only with slo and demand: `slo_plan.resolve` fills it before anything reads it.
-    tpu: TPUSpec = Field(
+    # Unset only with slo and demand: `slo_plan.resolve` fills it in before anything reads it
+    # (`validation.validate`), so every validated spec has one and the type says so.
+    tpu: TPUSpec = Field(  # type: ignore[assignment]
         default=None,
         description=(
             "tpu is the TPU slice serving one replica. Required unless slo and demand are set: "

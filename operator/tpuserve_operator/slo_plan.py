@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from sglang_tpu import slo_sizing
 from sglang_tpu.perf_model import ModelProfile
@@ -125,12 +126,13 @@ def resolve(
 ) -> tuple[TPUModelServerSpec, SloPlan | None, list[Problem]]:
     """The spec with the plan written in (or unchanged without spec.slo), the plan, and the
     problems that stop it (each naming the field, the value and what is allowed)."""
+    given = cast("TPUSpec | None", spec.tpu)  # unset before resolving, with slo and demand
     if spec.slo is None or spec.demand is None:
         if spec.slo is not None:
             return spec, None, [Problem("spec.demand", "required with spec.slo")]
         if spec.demand is not None:
             return spec, None, [Problem("spec.slo", "required with spec.demand")]
-        if spec.tpu is None:
+        if given is None:
             why = "required unless spec.slo and spec.demand are set (the operator then plans it)"
             return spec, None, [Problem("spec.tpu", why)]
         return spec, None, []
@@ -145,9 +147,9 @@ def resolve(
             "a built-in profile, or spec.model.architecture (its config.json facts)",
             reason=Reason.UNKNOWN_MODEL,
         )]  # fmt: skip
-    if spec.tpu is not None:
+    if given is not None:
         try:
-            shapes: tuple[SliceShape, ...] = (lookup(spec.tpu.generation, spec.tpu.topology),)
+            shapes: tuple[SliceShape, ...] = (lookup(given.generation, given.topology),)
         except CatalogError:
             return spec, None, []  # validation reports the slice
         source = "Spec"
@@ -179,7 +181,7 @@ def resolve(
     point = best.point
     assert point is not None
     update: dict[str, object] = {}
-    if spec.tpu is None:
+    if given is None:
         update["tpu"] = TPUSpec(generation=best.shape.generation.name, topology=best.shape.topology)
     low, high = best.min_replicas, best.replicas
     capped = ""

@@ -111,11 +111,13 @@ def test_a_server_given_only_an_slo_and_a_demand_gets_status_plan_and_pods(
     patch = {"spec": {"demand": {"requestsPerSecond": 40}}}
     cluster.kubectl("patch", "tms", "sized", "-n", namespace, "--type", "merge",
                     "-p", json.dumps(patch))  # fmt: skip
-    again = wait_until(
-        "sized planned again",
-        lambda: (p := planned())["maxReplicas"] > replicas and p,
-        operator,
-    )
+
+    def planned_again() -> dict[str, Any]:
+        plan = planned()
+        assert plan["maxReplicas"] > replicas
+        return plan
+
+    again = wait_until("sized planned again", planned_again, operator)
     assert again["observedGeneration"] > plan["observedGeneration"]
     wait_until(
         f"{again['maxReplicas']} ready engine pods of sized",
@@ -128,11 +130,13 @@ def test_a_users_slice_wins_over_the_plan(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     apply(cluster, namespace, slo_server("mine", 20, tpu={"generation": "v5e", "topology": "2x4"}))
-    plan = wait_until(
-        "status.plan of mine",
-        lambda: (p := plan_of(cluster, namespace, "mine")).get("operatingPoint") and p,
-        operator,
-    )
+
+    def planned() -> dict[str, Any]:
+        plan = plan_of(cluster, namespace, "mine")
+        assert plan.get("operatingPoint")
+        return plan
+
+    plan = wait_until("status.plan of mine", planned, operator)
     assert plan["source"] == "Spec"
     assert (plan["generation"], plan["topology"]) == ("v5e", "2x4")
     assert plan["maxReplicas"] >= 1

@@ -50,6 +50,7 @@ def test_a_server_given_only_an_slo_and_a_demand_gets_a_slice_and_replicas() -> 
         context_length=profile.context_length,
     )  # fmt: skip
     best = slo_sizing.rank(sizes)[0]
+    assert best.point is not None
     assert (spec.tpu.generation, spec.tpu.topology) == (
         best.shape.generation.name, best.shape.topology,
     )  # fmt: skip
