@@ -18,12 +18,16 @@ mean prompt ``P`` (a share ``reuse`` of it cached), mean output ``O``:
   ``ITL = d(B) / (1 - rho)``;
 - Little's law over the decoding requests, ``B = lambda (O - 1) ITL``, gives the rate in
   closed form: ``lambda = B / ((O - 1) d(B) + B t_p)``;
-- prompts queue for prefill as in an M/M/1 queue of service ``t_p`` at load ``rho``: the
-  wait exceeds ``t`` with probability ``rho exp(-(1 - rho) t / t_p)``, so a quantile ``q`` of
-  TTFT is ``t_p / (1 - rho) ln(rho / (1 - q))`` (0 below ``rho = 1 - q``) ``+ t_p + d(B)``.
+- a request first waits for one of the ``c`` running slots (``max_running_requests``, or
+  fewer when the KV pool holds fewer ``P + O``-token requests), each held for its decode,
+  ``(O - 1) ITL``: an M/M/c queue at offered load ``B``, whose wait exceeds ``t`` with
+  probability ``C(c, B) exp(-(c - B) t / hold)`` (Erlang's C); then for prefill, as in an
+  M/M/1 queue of service ``t_p`` at load ``rho`` (wait beyond ``t``:
+  ``rho exp(-(1 - rho) t / t_p)``); a TTFT quantile is the sum of the two waits' quantiles
+  ``+ t_p + d(B)`` (the sum over-states it a little).
 
-The operating point is the ``B`` with the highest rate whose TTFT and ITL quantiles meet the
-SLO, within ``max_running_requests`` and the KV pool (``B (P + O)`` tokens); its concurrency
+The operating point is the ``B < c`` with the highest rate whose TTFT and ITL quantiles meet
+the SLO; its concurrency
 is every request in the replica (waiting, prefilling, decoding): ``lambda x`` the mean
 latency. Replicas for the peak: ``ceil(rate / lambda)``; the trough's: that x ``trough``.
 Slices are ranked by tokens per second per chip at the operating point, then the fewest
@@ -143,6 +147,25 @@ def _quantile_wait(rho: float, service: float, q: float) -> float:
     return service / (1.0 - rho) * math.log(rho / tail)
 
 
+def _erlang_c(servers: int, load: float) -> float:
+    """The probability an arrival waits in an M/M/c queue of ``servers`` at offered ``load``
+    (< servers): Erlang's C, from the Erlang B recursion (stable for hundreds of servers)."""
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = load * b / (k + load * b)
+    return servers * b / (servers - load * (1.0 - b))
+
+
+def _slot_wait(servers: int, load: float, waits: float, hold: float, q: float) -> float:
+    """The ``q`` quantile of the wait for a free slot among ``servers`` held ``hold`` seconds
+    each at offered ``load`` (M/M/c), ``waits`` being Erlang's C:
+    ``P(wait > t) = C exp(-(c - load) t / hold)``."""
+    tail = 1.0 - q
+    if waits <= tail:
+        return 0.0
+    return hold / (servers - load) * math.log(waits / tail)
+
+
 def operating_point(
     timer: StepTimer, pool_tokens: int, demand: Demand, slo: Slo, chips: int
 ) -> tuple[OperatingPoint | None, str]:
@@ -158,15 +181,19 @@ def operating_point(
     best: OperatingPoint | None = None
     why = ""
     context = prompt + output / 2.0
-    for b in range(1, most + 1):
+    for b in range(1, most if most > 1 else 2):
         d = timer.decode_step_seconds(b, int(b * context))
         rate = b / ((output - 1) * d + b * t_p)
         rho = rate * t_p
         if rho >= 1.0:
             break
         itl = d / (1.0 - rho)
-        ttft_p99 = _quantile_wait(rho, t_p, 0.99) + t_p + d
-        ttft_p50 = _quantile_wait(rho, t_p, 0.5) + t_p + d
+        hold = max((output - 1) * itl, t_p)  # a slot's time: its decode (b = rate x hold)
+        slots = max(most, b + 1)
+        waits = _erlang_c(slots, b)
+        p99 = _quantile_wait(rho, t_p, 0.99) + _slot_wait(slots, b, waits, hold, 0.99)
+        p50 = _quantile_wait(rho, t_p, 0.5) + _slot_wait(slots, b, waits, hold, 0.5)
+        ttft_p99, ttft_p50 = p99 + t_p + d, p50 + t_p + d
         checks = (("TTFT p99", ttft_p99, slo.ttft_p99), ("ITL p99", itl, slo.itl_p99),
                   ("TTFT p50", ttft_p50, slo.ttft_p50), ("ITL p50", itl, slo.itl_p50))  # fmt: skip
         missed = [(n, v, t) for n, v, t in checks if t is not None and v > t]
@@ -177,7 +204,7 @@ def operating_point(
             continue
         if best is not None and rate <= best.requests_per_second:
             continue
-        mean_wait = rho / (1.0 - rho) * t_p
+        mean_wait = rho / (1.0 - rho) * t_p + waits * hold / (slots - b)
         latency = mean_wait + t_p + d + (output - 1) * itl
         best = OperatingPoint(
             requests_per_second=rate,

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from sglang_tpu import slo_sizing
-from sglang_tpu.perf_model import StepTimer, get_profile, kv_pool_tokens
+from sglang_tpu.perf_model import get_profile
 from sglang_tpu.slo_sizing import Demand, SizingError, Slo
 from sglang_tpu.topology import lookup
 
@@ -37,18 +37,27 @@ def test_the_operating_point_meets_every_target_it_was_given() -> None:
 
 
 def test_the_point_is_the_highest_rate_that_meets_the_slo() -> None:
-    """One more request decoding at once would break the ITL target (or the pool's limit)."""
-    slo = Slo(ttft_p99=2.0, itl_p99=0.03)
+    """Targets just under the point's own TTFT and ITL leave only slower points: no faster
+    one met the SLO (it would meet the tighter targets too)."""
+    slo = Slo(ttft_p99=1.0, itl_p99=0.05)
     p = slo_sizing.size_slice(V6E_2X2, LLAMA, CHAT, slo).point
     assert p is not None
-    timer = StepTimer(V6E_2X2, LLAMA)
-    pool = kv_pool_tokens(V6E_2X2, LLAMA)
-    b = p.decode_batch + 1
-    d = timer.decode_step_seconds(b, int(b * (1200 + 150)))
-    t_p = timer.prefill_seconds(840, 360)
-    rate = b / (299 * d + b * t_p)
-    rho = rate * t_p
-    assert rho >= 1 or d / (1 - rho) > 0.03 or b > min(256, pool // 1500)
+    tighter = Slo(ttft_p99=min(1.0, p.ttft_p99 * 0.999), itl_p99=min(0.05, p.itl * 0.999))
+    q = slo_sizing.size_slice(V6E_2X2, LLAMA, CHAT, tighter).point
+    assert q is not None
+    assert q.requests_per_second < p.requests_per_second
+    assert p.decode_batch < 256  # below the running slots: a slot wait stays finite
+
+
+def test_waiting_for_a_running_slot_counts_in_the_ttft() -> None:
+    """Near SGLang's 256 running requests an arrival waits for a slot: a TTFT target the
+    prefill alone would meet stops the point below the slot limit."""
+    loose = slo_sizing.size_slice(V6E_2X2, LLAMA, CHAT, Slo(ttft_p99=60.0, itl_p99=1.0)).point
+    tight = slo_sizing.size_slice(V6E_2X2, LLAMA, CHAT, Slo(ttft_p99=0.5, itl_p99=1.0)).point
+    assert loose is not None
+    assert tight is not None
+    assert tight.decode_batch < loose.decode_batch <= 255
+    assert tight.ttft_p99 <= 0.5 < loose.ttft_p99
 
 
 def test_a_tighter_itl_lowers_the_concurrency_and_the_rate() -> None:
