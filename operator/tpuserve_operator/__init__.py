@@ -10,11 +10,40 @@ The public surface (pinned by tests/unit/operator/test_exported_members.py):
 - `TPUModelServerSpec`: the spec's pydantic model (the one schema source).
 """
 
-from tpuserve_operator.api import TPUModelServerSpec
-from tpuserve_operator.build.crd import custom_resource_definition
-from tpuserve_operator.errors import InvalidSpec, Problem
-from tpuserve_operator.render import RenderConfig, build_children
-from tpuserve_operator.validation import validate
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpuserve_operator.api import TPUModelServerSpec
+    from tpuserve_operator.build.crd import custom_resource_definition
+    from tpuserve_operator.errors import InvalidSpec, Problem
+    from tpuserve_operator.render import RenderConfig, build_children
+    from tpuserve_operator.validation import validate
+
+_SURFACE = {
+    "InvalidSpec": "tpuserve_operator.errors",
+    "Problem": "tpuserve_operator.errors",
+    "RenderConfig": "tpuserve_operator.render",
+    "TPUModelServerSpec": "tpuserve_operator.api",
+    "build_children": "tpuserve_operator.render",
+    "custom_resource_definition": "tpuserve_operator.build.crd",
+    "validate": "tpuserve_operator.validation",
+}
+"""Loaded on first use (PEP 562): importing one light submodule (`scaling_behavior`, which the
+fleet model and `tpuserve plan --fit` use) does not load the API models, the CEL evaluator and
+the Kubernetes client (~1.5 s of CPU)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _SURFACE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tpuserve_operator' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "InvalidSpec",

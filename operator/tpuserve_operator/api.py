@@ -1274,9 +1274,99 @@ class DisaggregationSpec(Schema):
     )
 
 
+class SloSpec(Schema):
+    ttft_p99_seconds: float = Field(
+        gt=0,
+        le=3600,
+        description=(
+            "ttftP99Seconds is the 99th percentile of time to first token the server must meet "
+            "at spec.demand, in seconds. Example: 2."
+        ),
+    )
+    itl_p99_seconds: float = Field(
+        gt=0,
+        le=60,
+        description=(
+            "itlP99Seconds is the 99th percentile of inter-token latency (each request's mean "
+            "time between output tokens), in seconds. Example: 0.1."
+        ),
+    )
+    ttft_p50_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600,
+        description="ttftP50Seconds is a median time to first token to meet too. Default: none.",
+    )
+    itl_p50_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=60,
+        description="itlP50Seconds is a median inter-token latency to meet too. Default: none.",
+    )
+
+
+class DemandSpec(Schema):
+    requests_per_second: float = Field(
+        gt=0,
+        le=1_000_000,
+        description=(
+            "requestsPerSecond is the request rate at the daily peak the server must serve "
+            "within spec.slo. Example: 20."
+        ),
+    )
+    prompt_tokens: int = Field(
+        ge=1, le=10_000_000, description="promptTokens is the mean prompt length, in tokens."
+    )
+    output_tokens: int = Field(
+        ge=1, le=10_000_000, description="outputTokens is the mean output length, in tokens."
+    )
+    prefix_reuse: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description=(
+            "prefixReuse is the share of each prompt found in the prefix cache (a shared "
+            "system prompt, earlier turns of a conversation). Default: 0."
+        ),
+    )
+    trough: float = Field(
+        default=0.35,
+        ge=0,
+        le=1,
+        description=(
+            "trough is the daily low as a share of the peak: with spec.autoscaling the plan's "
+            "minReplicas is the peak's replicas times it (at least 1). Default: 0.35."
+        ),
+    )
+
+
 class TPUModelServerSpec(Schema):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            (
+                "has(self.tpu) || (has(self.slo) && has(self.demand))",
+                "tpu is required unless slo and demand are set (the operator then sizes the "
+                "server)",
+            ),
+            ("has(self.slo) == has(self.demand)", "slo and demand are set together"),
+            (
+                "!has(self.slo) || !has(self.disaggregation)",
+                "slo sizes a colocated server; not with disaggregation",
+            ),
+        )
+    )
+
     model: ModelSpec = Field(description="model is what to serve.")
-    tpu: TPUSpec = Field(description="tpu is the TPU slice serving one replica.")
+    # Unset only with slo and demand: `slo_plan.resolve` fills it in before anything reads it
+    # (`validation.validate`), so every validated spec has one and the type says so.
+    tpu: TPUSpec = Field(  # type: ignore[assignment]
+        default=None,
+        description=(
+            "tpu is the TPU slice serving one replica. Required unless slo and demand are set: "
+            "then the operator chooses the slice (status.plan); set with them, the slice is "
+            "yours and the operator sizes only the replicas."
+        ),
+    )
     replicas: int = Field(
         default=1,
         ge=0,
@@ -1344,6 +1434,24 @@ class TPUModelServerSpec(Schema):
             "and spec.autoscaling is not allowed (each role has its own autoscaling). Unset: "
             "every replica serves whole requests."
         ),
+    )
+    slo: SloSpec | None = Field(
+        default=None,
+        description=(
+            "slo sizes the server, with demand: the operator's planner (the performance model, "
+            'analytic: docs/capacity-planning.md, "The fit check") chooses the slice among '
+            "the operator's --plan-slices (unless tpu is set) and the replicas for the peak, and "
+            "writes its choice and operating point to status.plan; it plans again when the spec "
+            "changes. Without autoscaling, replicas is the peak's count; with it, "
+            "minReplicas and maxReplicas are the plan's bounds (maxReplicas as written stays a "
+            "cap; minReplicas 0 stays 0). Needs a model the performance "
+            "model knows (a built-in profile's source, or model.architecture). Unset: tpu and "
+            "replicas are the size."
+        ),
+    )
+    demand: DemandSpec | None = Field(
+        default=None,
+        description="demand is the load slo must hold at: the peak rate and the mean lengths.",
     )
 
 
@@ -1431,6 +1539,28 @@ class RoleStatus(Schema):
     )
 
 
+class OperatingPointStatus(Schema):
+    requests_per_second: float = Field(
+        ge=0, description="requestsPerSecond one replica serves within the SLO."
+    )
+    concurrency: float = Field(
+        ge=0, description="concurrency: requests in one replica there (waiting and running)."
+    )
+    decode_batch: int = Field(ge=0, description="decodeBatch: requests generating at once.")
+    ttft_p50_seconds: float = Field(ge=0, description="ttftP50Seconds there.")
+    ttft_p99_seconds: float = Field(ge=0, description="ttftP99Seconds there.")
+    itl_seconds: float = Field(ge=0, description="itlSeconds: mean inter-token latency there.")
+    tokens_per_second_per_chip: float = Field(
+        ge=0, description="tokensPerSecondPerChip: prompt + output tokens per chip there."
+    )
+
+
+class ErrorBandStatus(Schema):
+    median: float = Field(ge=0, description="median |error| of the performance model.")
+    worst: float = Field(ge=0, description="worst |error| of the performance model.")
+    figures: int = Field(ge=0, description="figures: published TPU serving figures compared.")
+
+
 class PlanStatus(Schema):
     workload: Literal["LeaderWorkerSet", "StatefulSet"] = Field(
         description="workload kind used for each replica group."
@@ -1439,6 +1569,34 @@ class PlanStatus(Schema):
     hosts: int = Field(ge=1, description="hosts (pods) per replica.")
     chips_per_host: int = Field(ge=1, description="chipsPerHost: google.com/tpu per pod.")
     chips: int = Field(ge=1, description="chips per replica.")
+    source: Literal["Spec", "Planned"] = Field(
+        default="Spec",
+        description=(
+            "source: Spec when spec.tpu gave the slice, Planned when the operator chose it "
+            "from spec.slo and spec.demand."
+        ),
+    )
+    generation: str = Field(default="", description="generation of the slice.")
+    topology: str = Field(default="", description="topology of the slice.")
+    min_replicas: int | None = Field(
+        default=None, ge=0, description="minReplicas: the plan's bound for the trough (slo)."
+    )
+    max_replicas: int | None = Field(
+        default=None, ge=0, description="maxReplicas: the plan's replicas for the peak (slo)."
+    )
+    operating_point: OperatingPointStatus | None = Field(
+        default=None, description="operatingPoint: one replica at the plan's SLO load (slo)."
+    )
+    error_band: ErrorBandStatus | None = Field(
+        default=None,
+        description="errorBand: the performance model's error the plan carries (slo).",
+    )
+    message: str = Field(default="", description="message: the plan in a sentence (slo).")
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="observedGeneration: the metadata.generation the plan was made for (slo).",
+    )
 
 
 class ColdStartStatus(Schema):

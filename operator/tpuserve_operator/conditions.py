@@ -40,6 +40,7 @@ class Reason(StrEnum):
     UNSUPPORTED_TRANSFER_BACKEND = "UnsupportedTransferBackend"
     UNPAIRABLE_ROLES = "UnpairableRoles"
     HOST_KV_DOES_NOT_FIT = "HostKvCacheDoesNotFit"
+    SLO_NOT_MET = "SloNotMet"
     # Progressing
     RECONCILING = "Reconciling"
     ROLLING_UPDATE = "RollingUpdate"
@@ -112,6 +113,12 @@ REASONS: tuple[ReasonDoc, ...] = (
     ),
     ReasonDoc(
         VALID, "False", Reason.UNKNOWN_MODEL, "the simulated engine has no profile for the model"
+    ),
+    ReasonDoc(
+        VALID,
+        "False",
+        Reason.SLO_NOT_MET,
+        "no slice the operator may plan on serves spec.demand within spec.slo",
     ),
     ReasonDoc(
         VALID, "False", Reason.RESERVED_FIELD, "an override sets something the operator owns"

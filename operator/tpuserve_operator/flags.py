@@ -99,6 +99,19 @@ def _networks(text: str) -> tuple[str, ...]:
     return networks
 
 
+def _plan_slices(text: str) -> tuple[Any, ...]:
+    """``GEN:TOPOLOGY,...``, each a catalog slice (`slo_plan.parse_slices`); empty: the
+    default (every single-host slice)."""
+    from tpuserve_operator import slo_plan
+
+    if not text.strip():
+        return ()
+    try:
+        return slo_plan.parse_slices(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 # Operator settings that shape the children (RenderConfig), set by both commands.
 RENDER_FLAGS: tuple[Flag, ...] = (
     Flag(
@@ -147,6 +160,15 @@ RENDER_FLAGS: tuple[Flag, ...] = (
         "Prometheus (--metrics-from) reach its engines, and one only its own router pods "
         "reach its routers' peer port; none: render none (default: %(default)s).",
         choices=("engines", "none"),
+    ),
+    Flag(
+        "--plan-slices",
+        "plan_slices",
+        "The slices (the cluster's TPU node pools) a server sized from spec.slo may be planned "
+        "on, comma-separated GEN:TOPOLOGY, e.g. v6e:2x4,v5e:2x4 (default: every single-host "
+        "slice of the catalog).",
+        kind=_plan_slices,
+        metavar="GEN:TOPOLOGY[,...]",
     ),
     Flag(
         "--keda-prometheus-url",

@@ -60,7 +60,11 @@ def build_status(
             "endpoint": rendered.endpoint,
             "served_name": rendered.server.valid.served_name,
             "selector": rendered.selector,
-            "plan": rendered.plan,
+            "plan": (  # a plan made from spec.slo says which generation it was made for
+                rendered.plan.model_copy(update={"observed_generation": generation})
+                if rendered.plan.operating_point is not None
+                else rendered.plan
+            ),
         }
     if rendered is not None and reports is not None:
         wanted = set(rendered.group_keys)

@@ -23,7 +23,7 @@ import contextlib
 import functools
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from tpuserve_operator import (
     labels,
     launch_contract,
     model_profile,
+    slo_plan,
 )
 from tpuserve_operator.api import (
     MAX_NAME_LENGTH,
@@ -64,13 +65,24 @@ class ValidSpec:
     spec: TPUModelServerSpec
     shape: SliceShape
     served_name: str
+    plan: slo_plan.SloPlan | None = None
+    """The planner's choice when the spec states spec.slo (`slo_plan`); its slice and replicas
+    are already in ``spec``."""
 
 
-def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> ValidSpec:
+def validate(
+    name: str,
+    spec: Mapping[str, Any],
+    *,
+    cel_rules: bool = True,
+    plan_slices: Sequence[SliceShape] = slo_plan.DEFAULT_SLICES,
+) -> ValidSpec:
     """The typed spec, or InvalidSpec listing every problem (fields as `spec.a.b`).
 
     `cel_rules=False` skips the CRD's CEL rules: the operator reads objects the apiserver
     already checked them on (evaluating them in Python costs milliseconds per server).
+    A spec sized from spec.slo is planned first (`slo_plan.resolve`, among `plan_slices`),
+    and checked as if it named the plan's slice and replicas.
     """
     problems = check_bounds(spec, "spec")
     if problems:  # a structure this large or deep is not looked at further
@@ -94,6 +106,9 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
         model = TPUModelServerSpec.model_validate(dict(spec))
     except pydantic.ValidationError as err:
         raise InvalidSpec(problems + [_problem_from_pydantic(e) for e in err.errors()]) from None
+    model, plan, unplanned = slo_plan.resolve(model, plan_slices)
+    if unplanned:
+        raise InvalidSpec(problems + unplanned)
     if cel_rules:
         defaulted = model.model_dump(by_alias=True, exclude_none=True)
         problems += cel.check(_spec_schema(), defaulted, "spec")
@@ -128,7 +143,7 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
                     ]
     if problems or shape is None:
         raise InvalidSpec(problems)
-    return ValidSpec(spec=model, shape=shape, served_name=served_name(model))
+    return ValidSpec(spec=model, shape=shape, served_name=served_name(model), plan=plan)
 
 
 MAX_DEPTH = 64

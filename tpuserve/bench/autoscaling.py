@@ -54,8 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_tpu.perf_model import get_profile, peak_prefill_tokens_per_second
-from tpuserve.fleet import READY, FleetConfig, FleetResult, FleetSim, daily_multiplier
-from tpuserve.fleet.model import STARTING
+from tpuserve.fleet import READY, STARTING, FleetConfig, FleetResult, FleetSim, daily_multiplier
 from tpuserve_operator.predictive_floor import (
     HOURS,
     FloorParams,

@@ -142,11 +142,13 @@ class _Blocks:
         return out
 
 
-def _lognormal(rng: random.Random, median: float, sigma: float) -> int:
+def lognormal_tokens(rng: random.Random, median: float, sigma: float) -> int:
+    """A log-normal length in tokens (median ``median``, shape ``sigma``), at least 1."""
     return max(1, int(median * math.exp(sigma * rng.gauss(0.0, 1.0))))
 
 
-def _zipf(rng: random.Random, n: int, alpha: float) -> int:
+def zipf_index(rng: random.Random, n: int, alpha: float) -> int:
+    """One of ``0..n-1``, index ``k`` with weight ``1 / (k + 1) ** alpha``."""
     return rng.choices(range(n), cum_weights=_zipf_cum_weights(n, alpha))[0]
 
 
@@ -177,10 +179,10 @@ def generate_lines(shape: TraceShape, seed: int, requests: int) -> list[Mooncake
         hash_ids = list(shared)
         length = len(shared) * block
         if templates:
-            ids, tokens = templates[_zipf(rng, len(templates), shape.template_zipf)]
+            ids, tokens = templates[zipf_index(rng, len(templates), shape.template_zipf)]
             hash_ids += ids
             length += tokens
-        add = _lognormal(rng, shape.first_median, shape.first_sigma)
+        add = lognormal_tokens(rng, shape.first_median, shape.first_sigma)
         t = start
         while len(lines) < requests:
             if length + add > shape.max_input_tokens:
@@ -198,7 +200,7 @@ def generate_lines(shape: TraceShape, seed: int, requests: int) -> list[Mooncake
             lines.append((t, MooncakeLine(ms, length, output, tuple(hash_ids), f"s{s}")))
             if rng.random() >= shape.continue_probability:
                 break
-            add = output + _lognormal(rng, shape.turn_median, shape.turn_sigma)
+            add = output + lognormal_tokens(rng, shape.turn_median, shape.turn_sigma)
             t += rng.expovariate(1.0 / shape.think_seconds)
         s += 1
     lines.sort(key=lambda x: x[0])

@@ -15,7 +15,6 @@ from sglang_tpu import cli_types
 from sglang_tpu.perf_model import DEFAULT_PROFILE, get_profile, profile_names
 from sglang_tpu.topology import generation_names
 from tpuserve.fleet import FleetConfig
-from tpuserve.plan import emit
 from tpuserve.plan.planner import (
     PERF_MODEL_ERROR,
     PRICING_MODELS,
@@ -191,6 +190,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      "by the performance model (docs/pd.md); --emit then writes them as "
                      "spec.disaggregation (--engine simulated only: SGLang has no TPU "
                      "transfer backend).")  # fmt: skip
+    out.add_argument("--fit", action="store_true",
+                     help="Answer analytically, no simulation (sglang_tpu.slo_sizing, what the "
+                     "operator runs for spec.slo): per slice, fits or not, the operating point "
+                     "and its concurrency, replicas for the peak. Not with --verify, "
+                     "--disaggregate or --emit.")  # fmt: skip
     out.add_argument("--emit", metavar="FILE", help="Write the chosen TPUModelServer (YAML).")
     out.add_argument("--name", default="planned", help="metadata.name to emit.")
     out.add_argument("--json", action="store_true", help="Print one JSON object.")
@@ -319,11 +323,27 @@ def _context_needed(params: dict[str, Any], model_max: int) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.fit:
+        for flag in ("verify", "disaggregate", "emit"):
+            if getattr(args, flag):
+                raise PlanError(
+                    f"--{flag}: not allowed with --fit (the analytic check); allowed: --fit "
+                    "alone, or the simulated plan without --fit"
+                )
     inputs, source = build_inputs(args)
+    if args.fit:
+        from tpuserve.plan import fit
+
+        checked = fit.fit(inputs)
+        print(json.dumps(fit.to_json(checked), indent=1, default=str) if args.json
+              else fit.render(checked))  # fmt: skip
+        return 0
     if args.emit and not source:
         raise PlanError("--model-source: required with --hf-config and --emit; allowed: "
                         "hf://ORG/NAME, gs://BUCKET/PATH or pvc://CLAIM/PATH")  # fmt: skip
     if args.disaggregate and args.emit and args.engine != "simulated":
+        from tpuserve.plan import emit  # the operator's validation: loaded when emitting
+
         raise PlanError(emit.disaggregated_refusal(args.engine))  # before the search
     progress = None if args.json else (lambda key: print(f"planning {key} ...", file=sys.stderr))
     result = plan(inputs, progress)
@@ -338,6 +358,8 @@ def _run(args: argparse.Namespace) -> int:
             raise PlanError("no candidate serves the workload within the SLOs: nothing to emit")
         assert source is not None
         keys = hf_config_keys(args.hf_config) if args.hf_config else None
+        from tpuserve.plan import emit
+
         spec = emit.server_spec(result, best, source, args.engine, args.pricing == "spot", keys)
         manifest_text = emit.manifest(args.name, spec, header_lines(result, best))
         Path(args.emit).write_text(manifest_text)
@@ -364,9 +386,24 @@ def header_lines(result: Plan, best: Candidate) -> list[str]:
         f"capacity {best.capacity_rps:.2f} req/s per replica within p99 TTFT "
         f"{inputs.slo.ttft_p99} s, p99 ITL {inputs.slo.itl_p99} s (fleet model, error band "
         f"+-{PERF_MODEL_ERROR['median']:.0%} median, {PERF_MODEL_ERROR['worst']:.0%} worst)",
+        operating_point(best),
         f"autoscaling bounds: the daily trough ({inputs.trough:.2f} of the peak) to the peak",
         *roles,
     ]
+
+
+def operating_point(c: Candidate) -> str:
+    """The SLO operating point: one replica at its capacity, and the requests in it."""
+    cap = c.at_capacity
+    itl50 = cap.get("itl_p50")
+    itl99 = cap.get("itl_p99")
+    return (
+        f"operating point: {c.capacity_rps:.2f} req/s per replica at concurrency "
+        f"{c.per_replica('concurrency'):.1f} (requests in a replica, Little's law over the "
+        f"simulation); TTFT p50/p99 {_f(cap.get('ttft_p50'))}/{_f(cap.get('ttft_p99'))} s, "
+        f"ITL p50/p99 {_f(None if itl50 is None else itl50 * 1e3, '.0f')}/"
+        f"{_f(None if itl99 is None else itl99 * 1e3, '.0f')} ms"
+    )
 
 
 def _row(c: Candidate, ratio: float) -> dict[str, Any]:
@@ -389,6 +426,7 @@ def _row(c: Candidate, ratio: float) -> dict[str, Any]:
         "itl_p50": cap.get("itl_p50"),
         "itl_p99": cap.get("itl_p99"),
         "cache_hit_rate": cap.get("cache_hit_rate"),
+        "concurrency_per_replica": c.per_replica("concurrency"),
         "usd_per_chip_hour": c.usd_per_chip_hour,
         "usd_per_hour": c.usd_per_hour(),
         "usd_per_million_output_tokens": c.usd_per_million_output(ratio),
@@ -409,6 +447,7 @@ def to_json(result: Plan) -> dict[str, Any]:
         "prices": {"date": inputs.prices.date, "source": inputs.prices.source},
         "candidates": [_row(c, ratio) for c in result.candidates],
         "ranked": [c.key for c in result.ranked()],
+        "ranked_by": result.ranked_by,
         "pareto": [c.key for c in result.pareto()],
         "choice": best.key if best else None,
         "error_band": PERF_MODEL_ERROR,
@@ -435,29 +474,39 @@ def render(result: Plan) -> str:
         f"prices: {inputs.pricing}, {inputs.prices.source} ({inputs.prices.date}); "
         f"$/1M output tokens by GIQ's formula, r = {ratio:g}",
         "",
-        "| slice | TP | req/s per replica | replicas | chips | out tok/s/chip | TTFT p50/p99 s "
-        "| ITL p50/p99 ms | hit rate | util at peak | $/h | $/1M out |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| slice | TP | req/s per replica | concurrency | replicas | chips | out tok/s/chip "
+        "| TTFT p50/p99 s | ITL p50/p99 ms | hit rate | util at peak | $/h | $/1M out |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     order = result.ranked() + [c for c in result.candidates if c not in result.ranked()]
     for c in order:
         r = _row(c, ratio)
         if not c.fits or c.capacity_rps <= 0:
             lines.append(f"| {c.key} | {c.tensor_parallel} | – | – | – | – | – | – | – | – | – "
-                         f"| {c.why_not} |")  # fmt: skip
+                         f"| – | {c.why_not} |")  # fmt: skip
             continue
         util = inputs.peak_rate / (c.capacity_rps * c.replicas)
         itl50 = None if r["itl_p50"] is None else r["itl_p50"] * 1000
         itl99 = None if r["itl_p99"] is None else r["itl_p99"] * 1000
         lines.append(
-            f"| {c.key} | {c.tensor_parallel} | {c.capacity_rps:.2f} | {c.replicas} "
+            f"| {c.key} | {c.tensor_parallel} | {c.capacity_rps:.2f} "
+            f"| {r['concurrency_per_replica']:.1f} | {c.replicas} "
             f"| {c.replicas * c.chips} | {r['output_tokens_per_second_per_chip']:.0f} "
             f"| {_f(r['ttft_p50'])}/{_f(r['ttft_p99'])} | {_f(itl50, '.0f')}/{_f(itl99, '.0f')} "
             f"| {_f(r['cache_hit_rate'])} | {util:.0%} | {_f(r['usd_per_hour'])} "
             f"| {_f(r['usd_per_million_output_tokens'], '.3f')} |"
         )
     front = result.pareto()
-    lines += ["", "Pareto front ($/1M output tokens vs p99 TTFT at capacity): "
+    lines += [
+        "",
+        f"ranked by {result.ranked_by}"
+        + (
+            ""
+            if result.ranked_by == "price"
+            else " (a candidate has no price: --price GEN:MODEL=USD)"
+        ),
+    ]
+    lines += ["Pareto front ($/1M output tokens vs p99 TTFT at capacity): "
               + (", ".join(c.key for c in front) or "none (no prices)")]  # fmt: skip
     err = PERF_MODEL_ERROR
     lines.append(
@@ -474,6 +523,7 @@ def render(result: Plan) -> str:
             f"{best.capacity_rps:.2f} req/s per replica ({lo:.2f}-{hi:.2f} within the median "
             "error)"
         )
+        lines.append(operating_point(best))
     if result.verified:
         v = result.verified
         lines.append(

@@ -47,6 +47,7 @@ from sglang_tpu.perf_model import (
     get_profile,
     kv_pool_tokens,
 )
+from sglang_tpu.slo_sizing import PERF_MODEL_ERROR as PERF_MODEL_ERROR  # re-exported
 from sglang_tpu.topology import SLICE_SHAPES, CatalogError, SliceShape, generation_names, lookup
 from tpuserve.bench import pd_split
 from tpuserve.fleet import BLOCK_TOKENS, FleetConfig, FleetResult, FleetSim, run_fleet
@@ -55,9 +56,6 @@ PRICES_FILE = Path(__file__).with_name("prices.json")
 PRICING_MODELS = ("on-demand", "spot")
 DEFAULT_OUTPUT_INPUT_COST_RATIO = 4.0
 """GIQ's ``output_input_cost_ratio`` default."""
-PERF_MODEL_ERROR = {"median": 0.11, "worst": 0.59, "rows": 33}
-"""The performance model's |error| over the published TPU serving figures it is validated on
-(``bench/perf_model_validation.py``; a unit test recomputes it)."""
 DOUBLINGS = 14
 BISECTIONS = 6
 PD_SAMPLE_REQUESTS = 20_000
@@ -348,11 +346,26 @@ class Plan:
     verified: dict[str, Any] | None = None
     disaggregated: PdSplit | None = None
 
-    def ranked(self) -> list[Candidate]:
+    @property
+    def ranked_by(self) -> str:
+        """``price`` when every candidate that serves the demand has a price, else ``tokens
+        per chip`` (a slice without a price, tpu7x's today, is ranked, not left last)."""
         ratio = self.inputs.output_input_cost_ratio
         usable = [c for c in self.candidates if c.fits and c.capacity_rps > 0]
+        priced = all(c.usd_per_million_output(ratio) is not None for c in usable)
+        return "price" if priced else "tokens per chip"
+
+    def ranked(self) -> list[Candidate]:
+        """By $/1M output tokens, or, when a candidate has no price, by tokens per second per
+        chip at capacity (highest first); ties: the fewest chips for the peak."""
+        ratio = self.inputs.output_input_cost_ratio
+        usable = [c for c in self.candidates if c.fits and c.capacity_rps > 0]
+        by_price = self.ranked_by == "price"
 
         def key(c: Candidate) -> tuple[float, float]:
+            if not by_price:
+                tokens = c.per_replica("tokens_per_second") / c.chips
+                return (-tokens, c.chips * c.replicas)
             cost = c.usd_per_million_output(ratio)
             return (math.inf if cost is None else cost, c.chips * c.replicas)
 
@@ -361,7 +374,13 @@ class Plan:
     def pareto(self) -> list[Candidate]:
         """Candidates no other beats on both $/1M output tokens and p99 TTFT at capacity."""
         ratio = self.inputs.output_input_cost_ratio
-        ranked = [c for c in self.ranked() if c.usd_per_million_output(ratio) is not None]
+
+        def cost(c: Candidate) -> float:
+            usd = c.usd_per_million_output(ratio)
+            return math.inf if usd is None else usd
+
+        priced = [c for c in self.ranked() if c.usd_per_million_output(ratio) is not None]
+        ranked = sorted(priced, key=lambda c: (cost(c), c.chips * c.replicas))
         front: list[Candidate] = []
         best_ttft = math.inf
         for c in ranked:  # by cost, cheapest first
@@ -491,6 +510,7 @@ def _summary(result: FleetResult) -> dict[str, Any]:
     s = result.summary()
     window = result.window_seconds
     s["input_tokens_per_second"] = result.input_tokens / window
+    s["concurrency"] = result.request_seconds / window
     return s
 
 

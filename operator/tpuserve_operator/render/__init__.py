@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpuserve_operator import disaggregation, labels
+from tpuserve_operator import disaggregation, labels, slo_plan
 from tpuserve_operator.api import PlanStatus
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.render import roles
@@ -147,7 +147,9 @@ def validate_server(
     The operator passes `cel_rules=False`: the apiserver enforced the CRD's CEL rules.
     """
     name = str(meta.get("name") or "")
-    valid = validate(name, spec, cel_rules=cel_rules)
+    valid = validate(
+        name, spec, cel_rules=cel_rules, plan_slices=config.plan_slices or slo_plan.DEFAULT_SLICES
+    )
     checked = valid.spec
     problems = pool_problems(
         checked.inference_pool, checked.router.enabled, config, checked.disaggregation is not None
@@ -211,7 +213,21 @@ def render(server: ValidServer) -> Rendered:
         hosts=shape.hosts,
         chips_per_host=shape.chips_per_host,
         chips=shape.chips,
+        generation=shape.generation.name,
+        topology=shape.topology,
     )
+    sized = server.valid.plan
+    if sized is not None:
+        plan = plan.model_copy(
+            update={
+                "source": sized.source,
+                "min_replicas": sized.min_replicas,
+                "max_replicas": sized.max_replicas,
+                "operating_point": sized.operating_point(),
+                "error_band": sized.error_band(),
+                "message": sized.message,
+            }
+        )
     return Rendered(
         server=server, revision=revision, shared=shared, plan=plan, role_revisions=role_revisions
     )

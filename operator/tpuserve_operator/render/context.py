@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sglang_tpu.contract.group_contract import GroupContract
+from sglang_tpu.topology import SliceShape
 from sglang_tpu.version import tpuserve_version
 from tpuserve_operator import disaggregation, labels
 from tpuserve_operator.validation import ValidSpec
@@ -94,6 +95,9 @@ class RenderConfig:
     # The Prometheus KEDA's triggers query (the one that scrapes the engines and runs the
     # chart's recording rules).
     keda_prometheus_url: str = DEFAULT_KEDA_PROMETHEUS_URL
+    # The slices a server sized from spec.slo may be planned on (the cluster's node pools,
+    # `--plan-slices`); empty: every single-host slice of the catalog (`slo_plan`).
+    plan_slices: tuple[SliceShape, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

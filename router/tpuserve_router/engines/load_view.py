@@ -39,7 +39,9 @@ polls, and an idle router spends 8x less on them.
 
 `set_peer_load`, `clear_peer_load` and `announce_peer_request` are the rule; the router
 (`engine_loads.LoadPoller`, `peer_view.PeerView`) and the routing benchmark's
-``--router-replicas`` model both call them, so the simulator measures what runs.
+``--router-replicas`` model both call them, and the fleet model (`tpuserve.fleet.routers`)
+calls `seen_load`, the same rule over the poll's numbers, so the simulators measure what
+runs.
 """
 
 from __future__ import annotations
@@ -78,12 +80,26 @@ def set_peer_load(
     replica's policy has booked on the worker and not seen finish (its own and its peers')."""
     own = worker.in_flight - worker.peer_in_flight
     announced = worker.announced_in_flight
-    rest = max(0, engine_requests - own - announced)
+    rest = beyond_known(engine_requests, own + announced)
     peer = announced + rest
     worker.in_flight = own + peer
     worker.peer_in_flight = peer
-    worker.peer_prefill_tokens = max(0, engine_prefill_tokens - booked_prefill_tokens)
+    worker.peer_prefill_tokens = beyond_known(engine_prefill_tokens, booked_prefill_tokens)
     return rest > 0 or worker.peer_prefill_tokens > 0
+
+
+def beyond_known(polled: int, known: int) -> int:
+    """The rule's one step: what a poll shows beyond what the replica knew of when it polled,
+    never below 0 (the rest of a worker's requests; its prefill tokens nobody booked)."""
+    return polled - known if polled > known else 0
+
+
+def seen_load(known_now: int, polled: int, known_at_poll: int) -> int:
+    """What a policy sees between polls, as `set_peer_load` keeps it on a `Worker`: what the
+    replica knows of now (its own and its peers' announced requests, or their booked
+    prefill) plus what the last poll showed beyond what it knew then. For a model that keeps
+    the poll's numbers rather than a `PeerLoad` per worker (the fleet model)."""
+    return known_now + beyond_known(polled, known_at_poll)
 
 
 def next_poll_gap(gap: float, interval: float, news: bool) -> float:

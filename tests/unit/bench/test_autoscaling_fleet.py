@@ -14,8 +14,7 @@ from tpuserve.bench.autoscaling import (
     hpa_pods_metric_replicas,
     run_autoscaled,
 )
-from tpuserve.fleet import READY, FleetConfig
-from tpuserve.fleet.model import STARTING
+from tpuserve.fleet import READY, STARTING, FleetConfig
 
 pytestmark = pytest.mark.unit
 
@@ -39,8 +38,8 @@ def test_a_minute_violates_when_fewer_than_the_objective_are_good() -> None:
 
 def test_hpa_on_queue_scales_on_mean_waiting_requests_per_replica() -> None:
     sim = AutoscaledFleet(SMALL, ScalerConfig(scaler="hpa_queue", queue_target=8))
-    sim._set_state(sim.engines[0], READY)
-    sim._set_state(sim.engines[1], READY)
+    sim.slots.set_state(sim.engines[0], READY)
+    sim.slots.set_state(sim.engines[1], READY)
     sim.wait[0], sim.wait[1] = 20, 12  # mean 16 = 2 x target
     assert sim.desired_replicas(2) == 4
     sim.wait[0], sim.wait[1] = 8, 9  # mean 8.5: within the HPA's 10 % tolerance
@@ -83,9 +82,9 @@ def test_the_hpa_rule_is_kubernetes_replica_calculator(
 def test_hpa_on_queue_counts_starting_slices_as_missing_pods_not_as_serving_ones() -> None:
     sim = AutoscaledFleet(SMALL, ScalerConfig(scaler="hpa_queue", queue_target=8))
     for i in range(2):
-        sim._set_state(sim.engines[i], READY)
+        sim.slots.set_state(sim.engines[i], READY)
     for i in range(2, 6):
-        sim._set_state(sim.engines[i], STARTING)
+        sim.slots.set_state(sim.engines[i], STARTING)
     sim.wait[0], sim.wait[1] = 32, 32
     assert sim.desired_replicas(6) == 8  # (32 + 32) / 8, not 6 x 32 / 8 = 24
     sim.wait[0], sim.wait[1] = 2, 2  # scale-down: the starting slices count at the target
@@ -96,7 +95,7 @@ def test_keda_on_backlog_divides_waiting_tokens_by_the_performance_models_throug
     sim = AutoscaledFleet(SMALL, ScalerConfig(scaler="keda_backlog", backlog_target_seconds=1.0))
     tps = peak_prefill_tokens_per_second(SMALL.shape, get_profile(SMALL.model))
     assert sim.prefill_tps == pytest.approx(tps)
-    sim._set_state(sim.engines[0], READY)
+    sim.slots.set_state(sim.engines[0], READY)
     sim.wtok[0] = int(2.5 * tps)  # 2.5 s of backlog, 1 s per replica
     assert sim.desired_replicas(1) == 3
     sim.wtok[0] = 0
@@ -106,7 +105,7 @@ def test_keda_on_backlog_divides_waiting_tokens_by_the_performance_models_throug
 def test_the_floor_keeps_replicas_for_the_forecast_rate() -> None:
     scaler = ScalerConfig(scaler="keda_backlog_floor", per_replica_rate=1.0)
     sim = AutoscaledFleet(SMALL, scaler)
-    sim._set_state(sim.engines[0], READY)
+    sim.slots.set_state(sim.engines[0], READY)
     sim.now, sim.arrived = 15.0, 45  # 3 requests/s over the first 15 s
     assert sim.desired_replicas(1) >= 3
     assert sim.floor_history[-1][1] >= 3

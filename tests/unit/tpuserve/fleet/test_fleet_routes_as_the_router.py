@@ -87,9 +87,9 @@ def replay_with_a_host_tier(host_load_factor: float) -> tuple[list[int], int]:
     to the fleet model's), and how many requests it routed to a host hit."""
     sim = FleetSim(FleetConfig(replicas=ENGINES, router_replicas=1, policy="precise",
                                host_cache_tokens=400 * 512))  # fmt: skip
-    sim.pool = 40 * sim.block  # small HBM, so prompts are demoted and come back from host
-    sim.tier_params = replace(sim.tier_params, host_load_factor=host_load_factor)
-    weight = sim.tier_params.host_hit_weight
+    sim.slots.pool = 40 * sim.block  # small HBM, so prompts are demoted and come back from host
+    sim.routing.tier_params = replace(sim.routing.tier_params, host_load_factor=host_load_factor)
+    weight = sim.routing.tier_params.host_hit_weight
     clock = VirtualClock()
     page = sim.block  # the router's pages as long as the model's blocks: tokens compare alike
     policy = PrecisePolicy(clock=clock, page_size=page, host_hit_weight=weight,
@@ -97,7 +97,7 @@ def replay_with_a_host_tier(host_load_factor: float) -> tuple[list[int], int]:
     index = policy.block_index
     workers = [fake_worker(f"http://engine-{i}") for i in range(ENGINES)]
     for w in workers:
-        index.set_worker_limit(w.name, sim.pool // sim.block)
+        index.set_worker_limit(w.name, sim.slots.pool // sim.block)
     prompts = recorded_prompts(150)
     parent: dict[int, int | None] = {}
     position: dict[int, int] = {}
@@ -134,8 +134,8 @@ def replay_with_a_host_tier(host_load_factor: float) -> tuple[list[int], int]:
     for blocks in prompts:
         # past the last decision's predictions (they stand in for blocks not yet reported;
         # here every prefill's blocks are reported before the next arrival)
-        clock.advance(2 * sim.tier_params.predicted_ttl_seconds)
-        sim.now += 2 * sim.tier_params.predicted_ttl_seconds
+        clock.advance(2 * sim.routing.tier_params.predicted_ttl_seconds)
+        sim.now += 2 * sim.routing.tier_params.predicted_ttl_seconds
         if len(in_flight) > 3:
             decision, e, held = in_flight.pop(0)
             policy.on_request_done(decision, True)  # type: ignore[arg-type]

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from tpuserve.fleet import FLEET_POLICIES, FleetConfig, FleetSim, daily_multiplier, run_fleet
-from tpuserve.fleet.model import _Request, _Router
+from tpuserve.fleet.request import Request
+from tpuserve.fleet.routers import RouterReplica
 from tpuserve_operator import scaling_behavior
 
 pytestmark = pytest.mark.unit
@@ -76,38 +77,41 @@ def test_the_model_makes_no_reference_cycles(policy: str) -> None:
         gc.enable()
 
 
-class _Watched(FleetSim):
+def _watched(sim: FleetSim, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Notes, at each decision, whether the deciding router's in-flight counts are the
-    engines' (running + waiting) and its predicted blocks those of every router."""
+    engines' (running + waiting): [decisions, exact ones]."""
+    counts = [0, 0]
+    route = sim.routing.route
 
-    def __init__(self, config: FleetConfig) -> None:
-        super().__init__(config)
-        self.decisions = 0
-        self.exact = 0
+    def watched(router: RouterReplica, req: Request) -> tuple[int, int]:
+        counts[0] += 1
+        if router.own == sim.slots.load:
+            counts[1] += 1
+        return route(router, req)
 
-    def _precise(self, router: _Router, req: _Request) -> tuple[int, int]:
-        self.decisions += 1
-        if router.own == self.load:
-            self.exact += 1
-        return super()._precise(router, req)
+    monkeypatch.setattr(sim.routing, "route", watched)
+    return counts
 
 
-def test_peering_routers_share_in_flight_counts_and_it_is_the_default() -> None:
+def test_peering_routers_share_in_flight_counts_and_it_is_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Peering at no delay: every router counts every router's requests on each engine, as one
     router would; at 1 ms (the default) nearly so; without peering, only its own."""
     config = replace(SMALL, policy="precise", router_replicas=4, peak_rate=30.0)
     assert config.peer_delay_seconds == pytest.approx(0.001)
     shares = {}
     for delay in (0.0, 0.001, None):
-        sim = _Watched(replace(config, peer_delay_seconds=delay))
+        sim = FleetSim(replace(config, peer_delay_seconds=delay))
+        decisions = _watched(sim, monkeypatch)
         s = sim.run().summary()
         assert s["peer_delay_seconds"] == delay
         assert s["completed"] + s["failed"] + s["unfinished"] == s["requests"]
-        assert sim.decisions > 100
-        shares[delay] = sim.exact / sim.decisions
+        assert decisions[0] > 100
+        shares[delay] = decisions[1] / decisions[0]
         assert s["unfinished"] == 0
         sim.now = math.inf  # the last ends heard: every count and booking back to zero
-        sim._deliver_peer_messages()
+        sim.routing.deliver_peer_messages()
         assert all(r.own == [0] * 6 and r.booked == [0] * 6 for r in sim.routers)
     assert shares[0.0] == 1.0
     assert 0.5 < shares[0.001] < 1.0
