@@ -39,9 +39,9 @@ NOT_FOUND: Final = {"detail": "Not Found"}
 METRICS_TEXT: Final = (
     "# HELP pd_bootstrap_registry_size Number of P registrations in the bootstrap registry\n"
     "# TYPE pd_bootstrap_registry_size gauge\n"
-    "pd_bootstrap_registry_size 0.0\n"
 )
-"""All its ``/metrics`` shows with ``--enable-metrics`` (no request or scheduler series)."""
+"""All its ``/metrics`` shows with ``--enable-metrics``: one family, without a sample (a
+multiprocess gauge never set), and no request or scheduler series (as recorded)."""
 ABSENT_ROUTES: Final = ("/server_info", "/model_info", "/v1/loads")
 """SGLang 0.5.23 routes SGLang-JAX does not have (404)."""
 
@@ -54,6 +54,8 @@ def meta_info(req: Request) -> dict[str, Any]:
         "prompt_tokens": len(req.input_ids),
         "completion_tokens": len(req.output_ids),
         "cached_tokens": req.cached_tokens,
+        "routed_experts": None,
+        "cache_miss_count": 0,
     }
     if req.finished and req.finish_time is not None:
         info["e2e_latency"] = req.finish_time - req.arrival_time
@@ -70,6 +72,32 @@ def usage(req: Request, *, enable_cache_report: bool) -> dict[str, Any]:
         "completion_tokens": len(req.output_ids),
         "prompt_tokens_details": {"cached_tokens": cached} if cached > 0 else None,
     }
+
+
+def choice(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
+    """A non-streamed OpenAI choice as SGLang-JAX's models serialise it (null extras kept)."""
+    body["hidden_states"] = None
+    if chat:
+        body["message"]["tool_calls"] = None
+    else:
+        body["routed_experts"] = None
+    return body
+
+
+def chunk(body: dict[str, Any], *, chat: bool, first: bool) -> dict[str, Any]:
+    """A streamed chunk as SGLang-JAX writes it: every delta field present (null when unset),
+    ``hidden_states`` null, ``usage`` null on every content chunk."""
+    (c,) = body["choices"]
+    if chat:
+        delta = c["delta"]
+        c["delta"] = {
+            "role": "assistant" if first else None, "content": delta.get("content"),
+            "reasoning_content": None, "tool_calls": None, "hidden_states": None,
+        }  # fmt: skip
+    else:
+        c["hidden_states"] = None
+    body["usage"] = None
+    return body
 
 
 def _server_args(svc: EngineService) -> dict[str, Any]:

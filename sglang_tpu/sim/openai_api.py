@@ -164,6 +164,8 @@ async def _respond(
                 }
             else:
                 choice["text"] = text
+            if flavor == SGLANG_JAX:
+                jax_api.choice(choice, chat=chat)
             body = {"id": rid, "object": obj, "created": created, "model": model,
                     "choices": [choice],
                     "usage": usage(req, enable_cache_report=report, flavor=flavor),
@@ -200,7 +202,7 @@ async def _respond(
                 body["usage"] = running_usage(req, chat=chat, enable_cache_report=report)
             elif not chat:
                 body["usage"] = None
-            return body
+            return jax_api.chunk(body, chat=chat, first=first) if flavor == SGLANG_JAX else body
 
         async with contextlib.aclosing(run_request(svc, req, stream=True)) as run:
             async for _ in run:
@@ -243,6 +245,8 @@ async def handle_models(request: web.Request) -> web.Response:
          "root": path, "parent": s.served_model_name, "max_model_len": None}
         for name, path in s.lora_paths
     ]  # fmt: skip
+    if s.flavor == SGLANG_JAX:  # its model card has no parent
+        del base["parent"]
     return json_response({"object": "list", "data": [base, *adapters]})
 
 

@@ -36,7 +36,9 @@ from tpuserve_router.config import RouterConfig
 pytestmark = pytest.mark.component
 
 NOT_SEEN_BY_THE_ROUTER = frozenset(
-    {f"{sg.INTER_TOKEN_LATENCY.name}_bucket", f"{sg.QUEUE_TIME.name}_bucket"}
+    f"{spec.name}{suffix}"
+    for spec in (sg.INTER_TOKEN_LATENCY, sg.QUEUE_TIME)
+    for suffix in ("_bucket", "_count", "_sum")
 )
 """SGLang histograms with no router counterpart: the router sees a stream's chunks, not the
 engine's tokens and steps, and never the engine's queue (docs/observability.md)."""
@@ -145,7 +147,8 @@ async def test_sglang_jax_replicas_fill_every_panel_an_sglang_replica_fills(
         # No SGLang series was scraped: the data came from the router's fallback.
         scraped = set(get_json(prometheus.url + "/api/v1/label/__name__/values")["data"])
         assert not {n for n in scraped if n.startswith(("sglang:", "sglang_"))}
-        assert "pd_bootstrap_registry_size" in scraped  # the engines were scraped
+        engines_up = query(prometheus.url, f'up{{job="{local_prometheus.MODEL_SERVER_JOB}"}}')
+        assert sorted(float(s["value"][1]) for s in engines_up) == [1.0, 1.0]  # scraped
         # The pod-level series carry the engine pods' labels, as an SGLang replica's do.
         (decode,) = [
             s["metric"] for s in query(prometheus.url, "pod:sglang_decode_tokens:rate1m")

@@ -155,6 +155,7 @@ def _good_ratio(histogram: sg.MetricSpec, threshold: float, window: str) -> str:
         return own
     good = _model_router(f"sum by (model) ({_rate(router + '_bucket', window, le)})")
     total = _model_router(f"sum by (model) ({_rate(router + '_count', window)})")
+    good, total = f"sum by (model_name) ({good})", f"sum by (model_name) ({total})"
     return f"{own}\nor\n{good}\n  / ({total} > 0)"
 
 
@@ -206,7 +207,7 @@ def token_rules() -> Group:
         Recording(
             "pod:sglang_decode_tokens:rate1m",
             f"sum by ({POD}) ({_rate(realtime, '1m', decode_rank0)})\n"
-            f"or\n{_pod_rate(generated, ROUTER_COMPLETION_TOKENS, '1m')}",
+            "or\npod:sglang_generation_tokens:rate1m",
             "Output tokens/s as decoded (SGLang's real-time counter, TP rank 0 only); falls back "
             "to the finish-time counter on servers without it, then to the router's count.",
         ),
@@ -245,8 +246,9 @@ def token_rules() -> Group:
         ),
         Recording(
             "model:sglang_requests:rate1m",
-            f"sum by (model_name) ({_rate(sg.NUM_REQUESTS.name, '1m')})\nor\n"
-            + _model_router(f"sum by (model) ({_rate(ROUTER_REQUESTS, '1m', ANSWERED)})"),
+            f"sum by (model_name) ({_rate(sg.NUM_REQUESTS.name, '1m')})\nor\nsum by (model_name) ("
+            + _model_router(f"sum by (model) ({_rate(ROUTER_REQUESTS, '1m', ANSWERED)})")
+            + ")",
             "Finished requests/s per model (an engine without SGLang's series: the requests "
             "the routers had answered by it).",
         ),
@@ -256,8 +258,23 @@ def token_rules() -> Group:
             "Finished requests/s of the whole fleet.",
         ),
     ]
-    pod_cached = _pod_rate(cached, ROUTER_CACHED_TOKENS, "5m")
-    pod_prompt = _pod_rate(prompt, ROUTER_PROMPT_TOKENS, "5m")
+    # Pod rates over the hit ratio's and the cost rules' windows, recorded once: each joins
+    # the router's series to the engine pods for engines without SGLang's (`_pod_rate`).
+    for what, sglang, router, window, doc in (
+        ("prompt", prompt, ROUTER_PROMPT_TOKENS, "5m", "Prompt tokens/s"),
+        ("cached", cached, ROUTER_CACHED_TOKENS, "5m", "Cached prompt tokens/s"),
+        ("prompt", prompt, ROUTER_PROMPT_TOKENS, "1h", "Prompt tokens/s"),
+        ("generation", generated, ROUTER_COMPLETION_TOKENS, "1h", "Output tokens/s"),
+    ):
+        rules.append(
+            Recording(
+                f"pod:sglang_{what}_tokens:rate{window}",
+                _pod_rate(sglang, router, window),
+                f"{doc} of each model server over {window} (what the hit ratio and the cost "
+                "rules read).",
+            )
+        )
+    pod_cached, pod_prompt = "pod:sglang_cached_tokens:rate5m", "pod:sglang_prompt_tokens:rate5m"
     for level, by in (
         ("pod", f"sum by ({POD})"),
         ("model", "sum by (model_name)"),
@@ -266,7 +283,7 @@ def token_rules() -> Group:
         rules.append(
             Recording(
                 f"{level}:sglang_prefix_cache_hit:ratio_rate5m",
-                f"{by} (\n{pod_cached}\n)\n  / ({by} (\n{pod_prompt}\n) > 0)",
+                f"{by} ({pod_cached})\n  / ({by} ({pod_prompt}) > 0)",
                 f"Share of prompt tokens served from the prefix cache ({level}), from counters.",
             )
         )
@@ -284,8 +301,8 @@ def chip_and_cost_rules() -> Group:
     model_of = (
         f"on (namespace, pod) group_left (model_name) max by (namespace, pod, model_name) ({info})"
     )
-    generated_1h = f"(\n{_pod_rate(sg.GENERATION_TOKENS.name, ROUTER_COMPLETION_TOKENS, '1h')}\n)"
-    prompt_1h = f"(\n{_pod_rate(sg.PROMPT_TOKENS.name, ROUTER_PROMPT_TOKENS, '1h')}\n)"
+    generated_1h = "pod:sglang_generation_tokens:rate1h"
+    prompt_1h = "pod:sglang_prompt_tokens:rate1h"
     # Tokens of the models that own chips now (a model whose replicas are gone has no cost).
     owned = "and on (model_name) model:tpuserve_replica_tpu_chips:sum"
     served_tokens = (
@@ -539,9 +556,9 @@ def sglang_alerts() -> Group:
         ),
         Alert(
             "TPUServeQueueBacklog",
-            f"max by (namespace, pod, model_name) ({sg.NUM_QUEUE_REQS.name}{{{RANK0}}}) > 0\n"
+            "max by (namespace, pod, model_name) (pod:sglang_queued_requests:max) > 0\n"
             "and on (namespace, pod, model_name)\n"
-            f"max by (namespace, pod, model_name) ({sg.TOKEN_USAGE.name}{{{RANK0}}}) > 0.9",
+            "max by (namespace, pod, model_name) (pod:sglang_kv_usage:ratio) > 0.9",
             "10m",
             "warning",
             "{{ $labels.pod }} has a queue while its KV cache is over 90 % full",

@@ -9,12 +9,16 @@ back (`load_view.next_poll_gap`; one wait for all workers, so one failing worker
 all polled at the interval). A worker whose
 engine does not answer keeps its last estimate for `load_view.STALE_POLLS` intervals, then
 falls back to this router's own counts.
-An engine without ``/v1/loads`` (HTTP 404: SGLang before it, or another server) is not polled
-again until it is re-added. A poll every 100 ms per worker adds up (40 a second in front of
-four engines), so it goes over the proxy's own raw HTTP/1.1 connections (`proxy.UpstreamPool`,
-one kept-alive connection per worker, its own pool: a health ejection's
-``fail_unanswered`` leaves polls alone); aiohttp's client cost about eight times as much CPU
-per poll, some 40 µs per routed request at 500 requests/s (bench/router_overhead.py).
+Each worker is asked through its engine's adapter (`engine_types`): SGLang's ``/v1/loads``,
+SGLang-JAX's ``/get_server_info``. An engine that answers ``/v1/loads`` 404 in a row
+(`UNSUPPORTED_AFTER_404S`) is asked ``/get_server_info`` once under ``--engine-type auto``: its
+internal states in SGLang-JAX's shape make it SGLang-JAX (polled there from then on); otherwise
+(SGLang before 0.5.22, another server) it is not polled again until it is re-added. A poll every
+100 ms per worker adds up (40 a second in front of four engines), so it goes over the proxy's
+own raw HTTP/1.1 connections (`proxy.UpstreamPool`, one kept-alive connection per worker, its
+own pool: a health ejection's ``fail_unanswered`` leaves polls alone); aiohttp's client cost
+about eight times as much CPU per poll, some 40 µs per routed request at 500 requests/s
+(bench/router_overhead.py).
 
 A pass is one timer callback, not a task per poll: on a kept-alive connection the request is
 written at once and the answer taken in the connection's own callback (`_PollConnection`),

@@ -65,10 +65,33 @@ def recording() -> dict[str, Any]:
     return data
 
 
-def twin_args(engine: Mapping[str, Any]) -> list[str]:
+def tokenizer_json(spec: Mapping[str, Any], out: Path) -> Path:
+    """The recorded engine's tokenizer (`sglang_tpu.tiny_model`'s byte-level BPE, trained
+    again from the model spec's seed with `tokenizers` alone: the twin reads only
+    ``tokenizer.json``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from sglang_tpu.tiny_model import _corpus
+    from sglang_tpu.tokenizer import SPECIAL_TOKENS
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec["vocab_size"], special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )  # fmt: skip
+    bpe.train_from_iterator(_corpus(spec["seed"], spec["corpus_lines"]), trainer=trainer)
+    path = out / "tokenizer.json"
+    bpe.save(str(path))
+    return path
+
+
+def twin_args(engine: Mapping[str, Any], tokenizer: Path) -> list[str]:
     """`tpuserve engine sim` flags that make the twin serve as the recorded engine did."""
     return [
         "--flavor", "sglang-jax",
+        "--tokenizer", str(tokenizer),
         "--served-model-name", str(engine["served_model_name"]),
         "--page-size", str(engine["page_size"]),
         "--cache-tokens", str(engine["max_total_tokens"]),
@@ -85,8 +108,11 @@ def recorded() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def twin(recorded: dict[str, Any]) -> Iterator[EngineProcess]:
-    with running_engine(twin_args(recorded["engine"])) as engine:
+def twin(
+    recorded: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcess]:
+    tokenizer = tokenizer_json(recorded["model"]["spec"], tmp_path_factory.mktemp("tokenizer"))
+    with running_engine(twin_args(recorded["engine"], tokenizer)) as engine:
         yield engine
 
 

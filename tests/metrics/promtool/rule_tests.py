@@ -891,6 +891,7 @@ def promtool_test_file(values_path: Path = VALUES) -> dict[str, Any]:
             role_test(),
             autoscaling_test(),
             sglang_jax_test(),
+            sglang_jax_alert_test(),
             *alert_tests(),
         ],
     }
@@ -905,7 +906,10 @@ def tested_names(test: dict[str, Any]) -> set[str]:
     return names
 
 
-from tests.metrics.promtool.jax_rule_tests import sglang_jax_test  # noqa: E402 (a cycle)
+from tests.metrics.promtool.jax_rule_tests import (  # noqa: E402 (a cycle)
+    sglang_jax_alert_test,
+    sglang_jax_test,
+)
 
 if __name__ == "__main__":
     print(yaml.safe_dump(promtool_test_file(), sort_keys=False, width=100), end="")
