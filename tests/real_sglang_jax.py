@@ -221,21 +221,23 @@ class RealJaxEngine:
         self.process.stop(grace_seconds)
 
 
-def start_engine(
+def spawn_engine(
     installed: SGLangJax,
     run_dir: Path,
     *,
     name: str = "engine",
+    port: int | None = None,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> RealJaxEngine:
-    """One engine, serving when this returns (stopped again if it never does)."""
-    port = free_port()
+    """Start one engine (not yet serving: `RealJaxEngine.wait_healthy`); its log is
+    `run_dir/NAME.log`."""
+    port = port or free_port()
     argv = engine_argv(installed, port, extra_args)
     process = ManagedProcess.spawn(
         f"sglang-jax-{name}", argv, run_dir / f"{name}.log", env=installed.environment(env)
     )
-    engine = RealJaxEngine(
+    return RealJaxEngine(
         name=name,
         url=f"http://{LOOPBACK}:{port}",
         port=port,
@@ -245,6 +247,18 @@ def start_engine(
         process=process,
         argv=argv,
     )
+
+
+def start_engine(
+    installed: SGLangJax,
+    run_dir: Path,
+    *,
+    name: str = "engine",
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> RealJaxEngine:
+    """One engine, serving when this returns (stopped again if it never does)."""
+    engine = spawn_engine(installed, run_dir, name=name, extra_args=extra_args, env=env)
     try:
         engine.wait_healthy()
     except BaseException:

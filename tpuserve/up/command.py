@@ -24,6 +24,9 @@ from tpuserve.up.load_driver import LoadStats, drive
 from tpuserve.up.loads import load_names, make_load
 from tpuserve.up.status import LOAD_INTERVAL_SECONDS, StatusLines, render
 
+ENGINES = ("sim", "sglang-jax")
+DEFAULT_WORKERS = {"sim": 4, "sglang-jax": 1}
+
 DESCRIPTION = """Run a local fleet on loopback: engine twins and the router (and optional load).
 
 Starts --workers engine twins (`tpuserve engine sim`) and a router (`tpuserve router`) in
@@ -38,12 +41,24 @@ examples:
   tpuserve up --load W1 --rate 10 --duration 60  # a benchmark workload, when installed
   tpuserve up --load shared-prefix --prometheus  # + Prometheus with the chart's rules on :9090
   tpuserve up --load shared-prefix --requests 100 --json | jq -c 'select(.event == "load")'
+  tpuserve up --engine sglang-jax                # a real SGLang-JAX engine on CPU (opt-in build)
 """
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--workers", type=cli_types.positive_int, default=4, help="Engine twins (default 4)."
+        "--engine",
+        choices=ENGINES,
+        default="sim",
+        help="The engines: `sim`, engine twins (default); `sglang-jax`, real SGLang-JAX "
+        "engines on CPU with a tiny model, from the opt-in build (scripts/build-sglang-jax.sh; "
+        "docs/sglang-jax.md). The twins' time flags do not apply to them.",
+    )
+    parser.add_argument(
+        "--workers",
+        type=cli_types.positive_int,
+        default=None,
+        help="Engines (default 4 twins, or 1 SGLang-JAX engine: ~1.3 GB of memory each).",
     )
     parser.add_argument(
         "--port",
@@ -71,7 +86,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="Extra argument for every engine twin, e.g. --engine-arg=--cache-tokens=65536.",
+        help="Extra argument for every engine, e.g. --engine-arg=--cache-tokens=65536.",
     )
     parser.add_argument(
         "--router-arg",
@@ -145,6 +160,12 @@ def check_args(args: argparse.Namespace) -> None:
             problems.append(str(err))
     if problems:
         raise UpError("\n  ".join(problems))
+    if args.workers is None:
+        args.workers = DEFAULT_WORKERS[args.engine]
+    if args.engine == "sglang-jax":
+        from tpuserve.up.sglang_jax import find_build
+
+        find_build()  # UpError saying how to build it
 
 
 def run(args: argparse.Namespace) -> int:
@@ -178,28 +199,19 @@ async def up(args: argparse.Namespace, status: StatusLines) -> int:
     result: int | None = None  # set once the fleet stopped on its own terms
     dead: list[str] = []
     try:
-        with console.status(f"starting {args.workers} engine twins"):
-            engines = await asyncio.gather(*(
-                spawn(f"engine {i}", [
-                    "engine", "sim", "--host", "127.0.0.1", "--port", "0",
-                    "--time-scale", str(args.time_scale),
-                    "--startup-time-scale", str(args.startup_time_scale),
-                    "--enable-cache-report",  # cached tokens in usage, as launched engines
-                    # ZMQ picks free ports (the twin reports them in /get_server_info,
-                    # where the router reads them): no window for another socket to take
-                    # a port chosen here first
-                    "--kv-events-endpoint", "tcp://127.0.0.1:*",
-                    "--kv-events-replay-endpoint", "tcp://127.0.0.1:*",
-                    *args.engine_arg,
-                ], "READY")
-                for i in range(args.workers)
-            ))  # fmt: skip
+        if args.engine == "sglang-jax":
+            engines = await _start_sglang_jax(args, children, console)
+        else:
+            with console.status(f"starting {args.workers} engine twins"):
+                engines = await _start_twins(args)
             children.extend(engines)
         router_args = ["router", "--host", "127.0.0.1", "--port", str(args.port)]
         for engine in engines:
             router_args += ["--worker", engine.url]
         # No --kv-events: the router subscribes when its policy uses them (every twin publishes).
-        if args.policy:
+        if args.engine == "sglang-jax":
+            router_args += _sglang_jax_router_args(args)
+        elif args.policy:
             router_args += ["--policy", args.policy]
         router_args += args.router_arg
         with console.status("starting the router"):
@@ -247,6 +259,56 @@ async def up(args: argparse.Namespace, status: StatusLines) -> int:
             await stop_children(list(reversed(children)))
         if result is not None:
             status.stopped(result, dead)
+
+
+async def _start_twins(args: argparse.Namespace) -> list[Child]:
+    return list(await asyncio.gather(*(
+        spawn(f"engine {i}", [
+            "engine", "sim", "--host", "127.0.0.1", "--port", "0",
+            "--time-scale", str(args.time_scale),
+            "--startup-time-scale", str(args.startup_time_scale),
+            "--enable-cache-report",  # cached tokens in usage, as launched engines
+            # ZMQ picks free ports (the twin reports them in /get_server_info,
+            # where the router reads them): no window for another socket to take
+            # a port chosen here first
+            "--kv-events-endpoint", "tcp://127.0.0.1:*",
+            "--kv-events-replay-endpoint", "tcp://127.0.0.1:*",
+            *args.engine_arg,
+        ], "READY")
+        for i in range(args.workers)
+    )))  # fmt: skip
+
+
+async def _start_sglang_jax(
+    args: argparse.Namespace, children: list[Child], console: Any
+) -> list[Child]:
+    """Real SGLang-JAX engines from the opt-in build, one after another (each loads JAX and
+    compiles on a CPU: 1-3 min); each joins `children` as soon as it runs."""
+    from tpuserve.cluster.ports import free_ports
+    from tpuserve.up import sglang_jax
+
+    build = sglang_jax.find_build()
+    console.print(f"SGLang-JAX: {build.python} with the model {build.model}")
+    engines = []
+    for i, port in enumerate(free_ports(args.workers)):
+        with console.status(f"starting SGLang-JAX engine {i} (loading JAX, 1-3 min on a CPU)"):
+            engine = await sglang_jax.spawn_engine(f"engine {i}", build, port, args.engine_arg)
+        children.append(engine)
+        engines.append(engine)
+    return engines
+
+
+def _sglang_jax_router_args(args: argparse.Namespace) -> list[str]:
+    """The router in front of SGLang-JAX: its type said, the model's tokenizer, no KV events."""
+    from tpuserve.up import sglang_jax
+
+    build = sglang_jax.find_build()
+    extra = ["--engine-type", "sglang-jax", "--tokenizer", str(build.model / "tokenizer.json")]
+    policy = ["--policy", args.policy] if args.policy else []
+    defaults = list(sglang_jax.ROUTER_ARGS)
+    if policy:
+        defaults[defaults.index("--policy") : defaults.index("--policy") + 2] = policy
+    return [*extra, *defaults]
 
 
 async def _run_load(

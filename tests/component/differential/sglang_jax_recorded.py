@@ -6,8 +6,9 @@ SGLang-JAX flavour is held against answers a real engine gave once, committed as
 
     .venv/bin/python -m tests.component.differential.sglang_jax_recorded --write
 
-(`--check` records again and fails if the shapes differ from the committed file: what a real
-engine answers now, against what the twin is held to.)
+(`--check` records again and fails where a status, the kind of answer or a token count differs
+from the committed file: what a real engine answers now, against what the twin is held to;
+`tests/component/real_sglang_jax/test_recording_is_current.py` runs it with the build.)
 
 The file (format 1), one JSON object:
 
@@ -258,10 +259,48 @@ def _versions(installed: Any) -> dict[str, str]:
     return {"jax": out[0], "python": out[1], "recorded_on": platform.machine()}
 
 
-def shape_of(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, int, str]]:
-    """What must not change between two recordings: each exchange's name, status and kind."""
-    return [(r["name"], r["status"], next(k for k in ("json", "sse", "text") if k in r))
-            for r in records]  # fmt: skip
+COUNT_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens")
+
+
+def _counts(value: Any, path: str = "") -> dict[str, Any]:
+    """Every token count in an answer by its path (`meta_info.cached_tokens`, ...)."""
+    found: dict[str, Any] = {}
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else key
+            if key in COUNT_KEYS:
+                found[where] = item
+            found |= _counts(item, where)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found |= _counts(item, f"{path}[{i}]")
+    return found
+
+
+def summary(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What must not change between two recordings of an exchange: its status, the kind of
+    body, and its token counts (the last chunk's for a stream): greedy on the same model and
+    requests, they are the engine's, not the run's."""
+    kind = next(k for k in ("json", "sse", "text") if k in record)
+    body = record.get("json")
+    if kind == "sse":
+        chunks = [c for c in record["sse"] if isinstance(c, dict)]
+        body = chunks[-1] if chunks else None
+    return record["status"], kind, _counts(body)
+
+
+def differences(
+    committed: Sequence[Mapping[str, Any]], fresh: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """How a fresh recording differs from the committed one, one line per exchange."""
+    if [r["name"] for r in committed] != [r["name"] for r in fresh]:
+        return [f"exchanges: committed {[r['name'] for r in committed]}, "
+                f"now {[r['name'] for r in fresh]}"]  # fmt: skip
+    return [
+        f"{old['name']}: committed {summary(old)}, now {summary(new)}"
+        for old, new in zip(committed, fresh, strict=True)
+        if summary(old) != summary(new)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,18 +309,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help=f"record into {RECORDING}")
-    mode.add_argument("--check", action="store_true", help="record and compare shapes only")
+    mode.add_argument(
+        "--check", action="store_true", help="record and compare statuses and token counts"
+    )
     args = parser.parse_args(argv)
     recorded = record()
     if args.write:
         RECORDING.write_text(json.dumps(recorded, indent=1, sort_keys=False) + "\n")
         print(f"wrote {RECORDING} ({len(recorded['exchanges'])} exchanges)")
         return 0
-    committed, fresh = shape_of(load()["exchanges"]), shape_of(recorded["exchanges"])
-    if committed != fresh:
-        print(f"{RECORDING} is stale: committed {committed}, now {fresh}; re-record: {RERECORD}")
+    found = differences(load()["exchanges"], recorded["exchanges"])
+    if found:
+        print(f"{RECORDING} is stale; re-record: {RERECORD}\n" + "\n".join(found))
         return 1
-    print(f"{RECORDING}: the engine answers with the recorded shapes")
+    print(f"{RECORDING}: the engine answers with the recorded statuses and token counts")
     return 0
 
 
