@@ -121,7 +121,7 @@ class RouterConfig:
     send_timeout_seconds: float = 60.0
     max_response_bytes: int = 64 * 1024 * 1024
     connect_timeout_seconds: float = 3.0
-    # A worker's first byte is awaited for a time derived from the request (forwarding.py,
+    # A worker's first byte is awaited for a time derived from the request (pipeline/relay.py,
     # first_byte_deadline): at least the floor, at most first_byte_timeout_seconds.
     first_byte_timeout_seconds: float = 600.0
     first_byte_timeout_floor_seconds: float = 15.0
