@@ -94,19 +94,19 @@ from tpuserve_router.front.server import (
 )
 from tpuserve_router.kv.block_index import BlockIndex
 from tpuserve_router.kv.kv_events import KvEventHub
-from tpuserve_router.kv.kv_snapshot import (
-    Seeds,
-    seed_from_peers,
-    seed_from_url,
-    snapshot_of,
-    snapshot_to_give,
-)
 from tpuserve_router.metrics import (
     RouterMetrics,
     StateCollector,
     WorkerState,
     create_router_metrics,
     touch_known_series,
+)
+from tpuserve_router.peering.kv_snapshot import (
+    Seeds,
+    seed_from_peers,
+    seed_from_url,
+    snapshot_of,
+    snapshot_to_give,
 )
 from tpuserve_router.peering.peer_auth import load_key
 from tpuserve_router.peering.peer_snapshot import SnapshotService

@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import aiohttp
+import orjson
 
 from tpuserve_router.core import RouterCore
 from tpuserve_router.engines.outliers import OutlierDetector
 from tpuserve_router.engines.workers import Worker
 from tpuserve_router.pipeline.cancellation import Aborter
-from tpuserve_router.pipeline.client import Client
+from tpuserve_router.pipeline.client import Client, sse_error_event
 from tpuserve_router.pipeline.deadlines import first_byte_budget
 from tpuserve_router.pipeline.framing import CREDENTIALS, HOP_BY_HOP, forwarded_headers
 from tpuserve_router.pipeline.ledger import Bill, Ledger, TryOutcome
+from tpuserve_router.pipeline.migration import Encoder, why_not
 from tpuserve_router.pipeline.pair_relay import PairRelay
 from tpuserve_router.pipeline.pd_settings import pd_settings
 from tpuserve_router.pipeline.relay import Routed, SingleRelay, Tried
@@ -61,8 +64,10 @@ class Driver:
         budget: RetryBudget,
         max_retries: int,
         dropped: frozenset[bytes],
+        migration_limit: int = 0,
     ) -> None:
-        """``dropped``: the client's headers never passed on to a worker."""
+        """``dropped``: the client's headers never passed on to a worker; ``migration_limit``:
+        the times a stream may move to another engine (`migration`)."""
         self.pipeline = pipeline
         self.ledger: Ledger = pipeline.ledger
         self.selector = selector
@@ -71,6 +76,7 @@ class Driver:
         self.budget = budget
         self.max_retries = max_retries
         self.dropped = dropped
+        self.migration_limit = migration_limit
 
     # ------------------------------------------------------------------ relayed here
 
@@ -93,32 +99,78 @@ class Driver:
         raises `Refused` (503) when no worker can take it."""
         parsed = admitted.parsed
         ids = name_request(client.body, admitted.theirs, parsed.single)
+        theirs = admitted.theirs.value
         routed = Routed(
             client, admitted.route, parsed, forwarded_headers(client, ids.body, self.dropped),
             ids.rid, admitted.key, admitted.since, ids.restorer, admitted.spend, self.dropped,
+            self._unmigratable(admitted), theirs if isinstance(theirs, str) else ids.rid,
         )  # fmt: skip
         route = Route()
         pipeline = self.pipeline
+        last: Worker | None = None  # the worker of the try before
         try:
             while True:
-                selection = self.selector.select(admitted, route)
+                try:
+                    selection = self.selector.select(admitted, route)
+                except Refused as refused:
+                    if routed.continuation is None:
+                        raise
+                    self._unmoved(routed, last, refused.error.message)  # the stream began
+                    return
                 pipeline.chosen(admitted, selection)
                 outcome = await self._try(routed, selection, route)
                 if outcome.attempt is ANSWERED:
                     return
+                route.tried.extend(selection.workers)
+                last = selection.answering
+                moved = outcome.continuation
+                if moved is not None:  # the stream goes on from another engine
+                    route.migrations += 1
+                    forwarded = forwarded_headers(client, moved.body, self.dropped)
+                    restorer = moved.restorer if moved.rid is not None else routed.restorer
+                    routed = replace(
+                        routed, forwarded=forwarded, rid=moved.rid, restorer=restorer,
+                        continuation=moved,
+                    )  # fmt: skip
+                    continue
                 if not route.retries:
                     self.budget.active += 1  # held until the request ends
-                route.tried.extend(selection.workers)
                 route.retries += 1
         finally:
             if route.retries:
                 self.budget.active -= 1
 
+    def _unmoved(self, routed: Routed, worker: Worker | None, why: str) -> None:
+        """A stream whose engine died found no engine to move to: it ends with an error event
+        saying so, counted on the engine it broke on."""
+        client = routed.request
+        if routed.restorer is not None:
+            client.write_chunk(routed.restorer.rest())
+        cause = routed.continuation.cause if routed.continuation else "the worker's stream broke"
+        message = f"{cause}; the stream cannot move to another engine: {why}"
+        client.write_chunk(sse_error_event(message))
+        client.end_chunked(keep_alive=False)
+        name = worker.name if worker is not None else "none"
+        self.ledger.unmoved(routed, name, routed.parsed.model)
+
+    def _unmigratable(self, admitted: Admitted) -> str:
+        """Why the request's stream cannot move to another engine ("": it can)."""
+        if self.migration_limit <= 0:
+            return "--migration-limit is 0"
+        parsed = admitted.parsed
+        if not parsed.stream:
+            return "not a stream"
+        try:
+            data = orjson.loads(admitted.arrival.body)
+        except orjson.JSONDecodeError:
+            return "its body is not JSON"
+        return why_not(admitted.route, parsed.stream, parsed.single, data)
+
     async def _try(self, routed: Routed, selection: Selection, route: Route) -> TryOutcome:
         """One try: relayed, then accounted in the ledger however it ended (the client's
         leaving too)."""
         ledger = self.ledger
-        tried = Tried()
+        tried = Tried(migrations_left=self.migration_limit - route.migrations)
         answering = selection.answering
         model = routed.parsed.model or (answering.models[0] if answering.models else "")
         retry = functools.partial(self.may_retry, selection, route.retries)
@@ -219,12 +271,30 @@ def make_driver(
         before_decision=before_decision, on_arrival=on_arrival,
     )  # fmt: skip
     disaggregation = None if pd is None else Disaggregation(pd, core.policy, config.seed)
-    single = SingleRelay(config, first_byte_budget(config), ledger, aborter)
+    single = SingleRelay(
+        config,
+        first_byte_budget(config),
+        ledger,
+        aborter,
+        functools.partial(_tokens, tokenizer, config.tokenizer),
+    )
     pair = None if pd is None else PairRelay(single, pd, core.policy, session)
     budget = RetryBudget(config.retry_budget_percent, config.retry_budget_min, ledger.retry_denied)
     # With the router's own keys, a client's key is the router's business: not the workers'.
     dropped = HOP_BY_HOP if keys is None else HOP_BY_HOP | CREDENTIALS
     return Driver(
         pipeline, Selector(pipeline, disaggregation), single, pair, budget, config.max_retries,
-        dropped,
+        dropped, config.migration_limit,
     )  # fmt: skip
+
+
+@functools.cache
+def _loaded(path: str | None) -> Encoder:
+    from sglang_tpu.tokenizer import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def _tokens(tokenizer: Tokens | None, path: str | None) -> Encoder:
+    """The router's tokenizer, else ``--tokenizer``'s, loaded on a first migration."""
+    return tokenizer if tokenizer is not None else _loaded(path)

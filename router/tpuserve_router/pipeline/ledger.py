@@ -21,10 +21,11 @@ from typing import Final, Protocol
 from tpuserve_router.core import RouterCore
 from tpuserve_router.engines.outliers import OutlierDetector
 from tpuserve_router.engines.workers import Worker
-from tpuserve_router.metrics import KV_TIERS
+from tpuserve_router.labels import KV_TIERS, OUTCOMES, PD_FAILURE_KINDS, PD_LEGS, PD_ROUTES
+from tpuserve_router.pipeline.migration import Continuation
 from tpuserve_router.pipeline.retry import ANSWERED, RETRY, Attempt
 from tpuserve_router.pipeline.usage import TokenCounts, usage_from_stream_tail
-from tpuserve_router.policies.base import OUTCOMES, Decision
+from tpuserve_router.policies.base import Decision
 from tpuserve_router.tenancy.auth import ApiKey
 from tpuserve_router.tenancy.quotas import KeyQuota, Reservation
 
@@ -63,6 +64,10 @@ class TryOutcome:
     policy_ok: bool | None = None
     """What the policy hears of its decision (None: ``succeeded``; a pair whose prefill
     answered succeeded as a prefill)."""
+    continuation: Continuation | None = None
+    """Its stream goes on from another engine (`migration`): the request's next try."""
+    not_migrated: bool = False
+    """Its stream broke where it could have moved, and did not (the error event says why)."""
 
 
 UNFINISHED: Final = TryOutcome()
@@ -144,13 +149,6 @@ class Selected(Protocol):
     def how(self) -> str: ...
 
 
-PD_ROUTES: Final = ("disaggregated", "colocated", "no_prefill")
-"""How a PD-mode request was served: as a pair; on a colocated worker by choice; on a
-colocated worker because no prefill/decode pair was healthy."""
-PD_LEGS: Final = ("prefill", "decode")
-PD_FAILURE_KINDS: Final = ("bootstrap", "transfer", "transport", "status", "timeout")
-
-
 class Ledger:
     """The one place a request is accounted in, whatever mode served it; one per router."""
 
@@ -179,6 +177,7 @@ class Ledger:
         self._tenant_requests = metrics.tenant_requests.labels
         self._tenant_tokens = metrics.tenant_tokens.labels
         self._retries = metrics.retries.labels
+        self._migrations = metrics.migrations.labels
         self._over_budget = metrics.retries_over_budget.labels()
         self._upstream_errors = metrics.upstream_errors.labels
         self._pd_requests = metrics.pd_requests.labels
@@ -230,8 +229,12 @@ class Ledger:
             worker.in_flight -= 1
         ok = outcome.policy_ok
         self.ended(decision, outcome.succeeded if ok is None else ok)
-        if outcome.attempt is RETRY:
+        if outcome.continuation is not None:
+            self._migrations(bill.route, "migrated").inc()
+        elif outcome.attempt is RETRY:
             self._retries(bill.route).inc()
+        elif outcome.not_migrated:
+            self._migrations(bill.route, "not_migrated").inc()
 
     def account(
         self,
@@ -265,6 +268,11 @@ class Ledger:
         moves (``delta`` -1 on the one it leaves, +1 on the one it joins)."""
         for worker in workers:
             worker.in_flight += delta
+
+    def unmoved(self, bill: Bill, worker: str, model: str) -> None:
+        """A broken stream that found no engine to move to ended with an error event."""
+        self.account(bill, worker, model, TryOutcome(status=STREAM_ERROR, not_migrated=True))
+        self._migrations(bill.route, "not_migrated").inc()
 
     def retry_denied(self) -> None:
         """The retry budget refused a retry."""

@@ -57,6 +57,7 @@ from tpuserve_router.pipeline.ledger import (
     TryOutcome,
     Verdict,
 )
+from tpuserve_router.pipeline.migration import Continuation, corrected_usage
 from tpuserve_router.pipeline.pd_settings import DECODE, PREFILL, PdSettings
 from tpuserve_router.pipeline.relay import Retry, Routed, SingleRelay, Tried, liveness
 from tpuserve_router.pipeline.request_body import ClientError
@@ -210,9 +211,9 @@ class PairRelay:
         p_worker, d_worker = p_decision.worker, pair.decode
         parsed = routed.parsed
         model = parsed.model or (d_worker.models[0] if d_worker.models else "")
-        data = orjson.loads(routed.forwarded.partition(b"\r\n\r\n")[2])
+        data = orjson.loads(routed.body)
         named = _Named(routed.rid, routed.restorer)
-        if attempt and named.rid is not None:
+        if attempt and named.rid is not None and routed.continuation is None:
             fresh = new_rid()
             data["rid"] = fresh
             named = _Named(fresh, None)
@@ -274,11 +275,11 @@ class PairRelay:
                 return
             self.ledger.pair_first_byte(
                 p_decision, model, time.monotonic() - started,
-                routed.request.arrived if parsed.stream else None,
+                routed.request.arrived if parsed.stream and not routed.continuation else None,
             )  # fmt: skip
             answered = True
             if parsed.stream:
-                outcome = await self._relay_stream(routed, named, d_worker, d_conn, first)
+                outcome = await self._relay_stream(routed, named, d_worker, d_conn, first, tried)
             else:
                 whole = first + await d_conn.read_all()
                 if data.get("return_logprob") and routed.route == "/generate":
@@ -457,33 +458,48 @@ class PairRelay:
         worker: Worker,
         conn: UpstreamConnection,
         first: bytes,
+        tried: Tried,
     ) -> TryOutcome:
         request = routed.request
         restorer = named.restorer
-        request.start_chunked(conn.status, response_headers(conn.headers))
+        continued = routed.continuation
+        if continued is None:
+            request.start_chunked(conn.status, response_headers(conn.headers))
         conn.watch_progress()
+        kept: list[bytes] | None = [] if not routed.unmigratable else None
         before, last = b"", first
-        request.write_chunk(first if restorer is None else restorer.chunk(first))
+        data = first
         try:
-            while True:
-                data = await conn.read()
-                if not data:
-                    break
+            while data:
+                if kept is not None:
+                    kept.append(data)
+                if continued is not None:
+                    data = corrected_usage(data, continued.sent_tokens)
                 request.write_chunk(data if restorer is None else restorer.chunk(data))
                 before, last = last, data
                 if request.write_paused:
                     await request.drain()
+                data = await conn.read()
         except UpstreamError as err:
             if routed.spend is not None:
                 routed.spend.stream_tail = before + last
+            verdicts = (Verdict(worker, err.reason),)
+            moved = self.single.migrate(routed, err, kept, tried)
+            if isinstance(moved, Continuation):
+                return TryOutcome(
+                    RETRY, verdicts=verdicts, leg_failure=(DECODE, "transport"),
+                    continuation=moved,
+                )  # fmt: skip
             if restorer is not None:
                 request.write_chunk(restorer.rest())
-            request.write_chunk(sse_error_event(f"the worker's stream broke: {err.detail}"))
+            why = f"; the stream cannot move to another engine: {moved}" if moved else ""
+            request.write_chunk(sse_error_event(f"the worker's stream broke: {err.detail}{why}"))
             request.end_chunked(keep_alive=False)
             return TryOutcome(
                 status=STREAM_ERROR,
-                verdicts=(Verdict(worker, err.reason),),
+                verdicts=verdicts,
                 leg_failure=(DECODE, "transport"),
+                not_migrated=bool(moved),
             )
         except asyncio.CancelledError:  # the client left: what it was sent settles its cost
             if routed.spend is not None:
@@ -537,7 +553,8 @@ class PairRelay:
         elif answered and abandoned != CLIENT_GONE.abandoned:  # a client leaving says nothing
             if prefill_ok:
                 verdicts.append(Verdict(p_worker, "", False))
-            if outcome.status != STREAM_ERROR:  # a broken stream's verdict is the relay's
+            if outcome.status != STREAM_ERROR and outcome.continuation is None:
+                # (a broken stream's verdict is the relay's)
                 verdicts.append(Verdict(d_worker, "", False))
         return tuple(verdicts), prefill_ok
 

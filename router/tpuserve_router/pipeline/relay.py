@@ -35,6 +35,13 @@ from tpuserve_router.pipeline.ledger import (
     TryOutcome,
     Verdict,
 )
+from tpuserve_router.pipeline.migration import (
+    MIGRATES,
+    Continuation,
+    Encoder,
+    continue_stream,
+    corrected_usage,
+)
 from tpuserve_router.pipeline.request_body import ClientError, ParsedBody
 from tpuserve_router.pipeline.request_ids import Restorer
 from tpuserve_router.pipeline.retry import (
@@ -84,6 +91,18 @@ class Routed:
     dropped: frozenset[bytes] = frozenset()
     """The client's headers not passed on (hop-by-hop; with the router's own keys, its
     credentials)."""
+    unmigratable: str = "not a stream"
+    """Why its stream cannot move to another engine if its own dies ("": it can,
+    `migration`)."""
+    shown_id: str | None = None
+    """The id its answer shows the client (its own ``rid``, else the router's first)."""
+    continuation: Continuation | None = None
+    """The stream it continues, when this try is a migration's."""
+
+    @property
+    def body(self) -> bytes:
+        """The body each try sends."""
+        return self.forwarded.partition(b"\r\n\r\n")[2]
 
     @property
     def arrived(self) -> float:
@@ -95,6 +114,8 @@ class Tried:
     """How a try ended, as its relay leaves it (also when the client's leaving cancels it)."""
 
     outcome: TryOutcome = UNFINISHED
+    migrations_left: int = 0
+    """Migrations the request may still make (`migration`)."""
 
 
 class SingleRelay:
@@ -106,11 +127,14 @@ class SingleRelay:
         first_byte: FirstByteBudget,
         ledger: Ledger,
         aborter: Aborter,
+        tokens: Callable[[], Encoder],
     ) -> None:
+        """``tokens``: the tokenizer a migration counts the tokens sent with."""
         self.config = config
         self.first_byte = first_byte
         self.ledger = ledger
         self.aborter = aborter
+        self.tokens = tokens
         self.probes = config.health_check_interval_seconds > 0
 
     async def relay(self, routed: Routed, single: Single, retry: Retry, tried: Tried) -> None:
@@ -150,7 +174,7 @@ class SingleRelay:
             elif upstream.header(b"content-length") is not None or not is_chunked(upstream):
                 outcome = await self._relay_whole(routed, single, upstream, retry)
             else:
-                outcome = await self._relay_stream(routed, single, upstream, model)
+                outcome = await self._relay_stream(routed, single, upstream, model, tried)
             if upstream.done and upstream.error is not None:  # bytes past the answer's end
                 verdict = Verdict(worker, upstream.error.reason)
                 outcome = replace(outcome, verdicts=(*outcome.verdicts, verdict))
@@ -214,17 +238,26 @@ class SingleRelay:
         return relayed(worker, status, usage)
 
     async def _relay_stream(
-        self, routed: Routed, single: Single, upstream: UpstreamConnection, model: str
+        self,
+        routed: Routed,
+        single: Single,
+        upstream: UpstreamConnection,
+        model: str,
+        tried: Tried,
     ) -> TryOutcome:
         """A chunked answer is passed on chunk by chunk as it comes. The client has bytes from
-        the first one: a failure after it is never retried, it ends the stream with an SSE
-        error event and closes the connection."""
+        the first one: a failure after it is never retried; its engine gone, the stream moves
+        to another (`migration`), else it ends with an SSE error event and the connection
+        closes."""
         decision = single.decision
         request = routed.request
         status = upstream.status
-        request.start_chunked(status, response_headers(upstream.headers))
+        continued = routed.continuation
+        if continued is None:
+            request.start_chunked(status, response_headers(upstream.headers))
         upstream.watch_progress()
         restorer = routed.restorer
+        kept: list[bytes] | None = [] if not routed.unmigratable else None
         first = True
         before = last = b""
         try:
@@ -234,8 +267,12 @@ class SingleRelay:
                     break
                 if first:
                     first = False
-                    arrived = request.arrived if routed.parsed.stream else None
+                    arrived = request.arrived if routed.parsed.stream and not continued else None
                     self.ledger.first_byte(decision, model, arrived)
+                if kept is not None:
+                    kept.append(data)
+                if continued is not None:
+                    data = corrected_usage(data, continued.sent_tokens)
                 request.write_chunk(data if restorer is None else restorer.chunk(data))
                 before, last = last, data
                 if request.write_paused:
@@ -243,15 +280,23 @@ class SingleRelay:
         except UpstreamError as err:
             if routed.spend is not None:
                 routed.spend.stream_tail = before + last
+            verdicts = (Verdict(decision.worker, err.reason),)
+            moved = self.migrate(routed, err, kept, tried)
+            if isinstance(moved, Continuation):
+                return TryOutcome(
+                    RETRY, abandoned=_abandoned(err), verdicts=verdicts, continuation=moved
+                )
             if restorer is not None:
                 request.write_chunk(restorer.rest())
             what = "stalled" if err.reason == "stream_stalled" else "broke"
-            request.write_chunk(sse_error_event(f"the worker's stream {what}: {err.detail}"))
+            why = f"; the stream cannot move to another engine: {moved}" if moved else ""
+            request.write_chunk(sse_error_event(f"the worker's stream {what}: {err.detail}{why}"))
             request.end_chunked(keep_alive=False)
             return TryOutcome(
                 status=STREAM_ERROR,
                 abandoned=_abandoned(err),
-                verdicts=(Verdict(decision.worker, err.reason),),
+                verdicts=verdicts,
+                not_migrated=bool(moved),
             )
         except asyncio.CancelledError:  # the client left: what it was sent settles its cost
             if routed.spend is not None:
@@ -262,6 +307,25 @@ class SingleRelay:
         request.end_chunked()
         usage = usage_from_stream_tail(before + last) if status == 200 else None
         return relayed(decision.worker, status, usage)
+
+    def migrate(
+        self, routed: Routed, err: UpstreamError, kept: list[bytes] | None, tried: Tried
+    ) -> Continuation | str:
+        """Where a broken stream goes on (`migration`), or why it does not ("": its failure
+        is not one a migration answers)."""
+        if err.reason not in MIGRATES:
+            return ""
+        if kept is None:
+            return routed.unmigratable
+        if tried.migrations_left <= 0:
+            return f"it moved {self.config.migration_limit} times (--migration-limit)"
+        moved = continue_stream(
+            routed.body, b"".join(kept), routed.continuation, self.tokens(), routed.shown_id
+        )
+        if isinstance(moved, str):
+            return moved
+        what = "stalled" if err.reason == "stream_stalled" else "broke"
+        return replace(moved, cause=f"the worker's stream {what}: {err.detail}")
 
     async def send(
         self,

@@ -100,6 +100,8 @@ class Route:
     tried: list[Worker] = field(default_factory=list)
     """The workers of its tries that failed."""
     retries: int = 0
+    migrations: int = 0
+    """Times its stream moved to another engine (`migration`)."""
 
 
 def split(workers: Sequence[Worker]) -> tuple[list[Worker], list[Worker]]:

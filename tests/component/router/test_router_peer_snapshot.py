@@ -19,7 +19,7 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from tpuserve.cluster.ports import free_port_pair
-from tpuserve_router.kv.kv_snapshot import read_bounded
+from tpuserve_router.peering.kv_snapshot import read_bounded
 from tpuserve_router.peering.peer_snapshot import SnapshotError, SnapshotService, unpack_snapshot
 from tpuserve_router.peering.peers import peer_endpoint
 
