@@ -159,7 +159,10 @@ class Driver:
             return "--migration-limit is 0"
         parsed = admitted.parsed
         if not parsed.stream:
-            return "not a stream"
+            return "not a stream"  # the cheap answers first: no body read again
+        why = why_not(admitted.route, parsed.stream, parsed.single, None)
+        if why:
+            return why
         try:
             data = orjson.loads(admitted.arrival.body)
         except orjson.JSONDecodeError:

@@ -63,13 +63,18 @@ class Continuation:
     """How the stream broke (what an error event says if it cannot move on)."""
 
 
-def why_not(route: str, stream: bool, single: bool, body: dict[str, Any]) -> str:
-    """Why a request's stream cannot be migrated ("": it can)."""
+def why_not(route: str, stream: bool, single: bool, body: dict[str, Any] | None) -> str:
+    """Why a request's stream cannot be migrated ("": it can; ``body`` None: what its route
+    and parsed fields alone say)."""
     if not stream:
         return "not a stream"
     if route not in ROUTES:
         return f"{route}'s answer is not continued from its prompt"
-    if not single or not isinstance(body.get("prompt"), str):
+    if not single:
+        return "only one text prompt with one sample is continued"
+    if body is None:
+        return ""
+    if not isinstance(body.get("prompt"), str):
         return "only one text prompt with one sample is continued"
     if body.get("echo"):
         return "an echoed prompt is not continued"
