@@ -177,6 +177,9 @@ class Ledger:
         self._tenant_requests = metrics.tenant_requests.labels
         self._tenant_tokens = metrics.tenant_tokens.labels
         self._retries = metrics.retries.labels
+        self._shed = metrics.shed.labels
+        self._auth_failures = metrics.auth_failures.labels
+        self._rate_limited = metrics.rate_limited.labels
         self._migrations = metrics.migrations.labels
         self._over_budget = metrics.retries_over_budget.labels()
         self._upstream_errors = metrics.upstream_errors.labels
@@ -273,6 +276,18 @@ class Ledger:
         """A broken stream that found no engine to move to ended with an error event."""
         self.account(bill, worker, model, TryOutcome(status=STREAM_ERROR, not_migrated=True))
         self._migrations(bill.route, "not_migrated").inc()
+
+    def shed(self, priority: str) -> None:
+        """A key's request over its class's share of the in-flight limit (refused)."""
+        self._shed(priority).inc()
+
+    def unauthenticated(self, why: str) -> None:
+        """A request without a valid API key (refused 401): ``missing`` or ``invalid``."""
+        self._auth_failures(why).inc()
+
+    def rate_limited(self, key: str, limit: str) -> None:
+        """A key's request over one of its rate limits (refused 429)."""
+        self._rate_limited(key, limit).inc()
 
     def retry_denied(self) -> None:
         """The retry budget refused a retry."""

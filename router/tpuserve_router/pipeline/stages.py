@@ -219,7 +219,7 @@ class Pipeline:
             limit = self._shed_at[key.priority]
         if self.in_flight >= limit:
             if key is not None:
-                self.metrics.shed.labels(key.priority).inc()
+                self.ledger.shed(key.priority)
             message = (
                 f"the router has {self.in_flight} requests in flight, its limit "
                 + ("(--max-in-flight)" if key is None else f"for {key.priority} requests")
@@ -245,7 +245,7 @@ class Pipeline:
         presented = presented_key(authorization, api_key)
         key = self.keys.authenticate(presented)
         if key is None:
-            self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
+            self.ledger.unauthenticated("missing" if not presented else "invalid")
             raise Refused(unauthorized(presented))
         quota = self.quotas.of(key, arrival.arrived)
         refused = quota.admit(arrival.arrived)
@@ -307,7 +307,7 @@ class Pipeline:
 
     def _rate_limited(self, key: ApiKey, refusal: Refusal, headers: dict[str, str]) -> Refused:
         """The 429 of a key over its limits."""
-        self.metrics.rate_limited.labels(key.label, refusal.limit).inc()
+        self.ledger.rate_limited(key.label, refusal.limit)
         wait = refusal.retry_after_seconds
         message = refusal.message or (
             f"rate limit reached for {refusal.limit} per minute ({refusal.per_minute}, "
