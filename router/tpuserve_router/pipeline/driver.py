@@ -108,6 +108,7 @@ class Driver:
         route = Route()
         pipeline = self.pipeline
         last: Worker | None = None  # the worker of the try before
+        moving = False  # the stream moves on: counted once an engine takes it
         try:
             while True:
                 try:
@@ -117,6 +118,9 @@ class Driver:
                         raise
                     self._unmoved(routed, last, refused.error.message)  # the stream began
                     return
+                if moving:
+                    self.ledger.migrated(routed.route)
+                    moving = False
                 pipeline.chosen(admitted, selection)
                 outcome = await self._try(routed, selection, route)
                 if outcome.attempt is ANSWERED:
@@ -126,6 +130,7 @@ class Driver:
                 moved = outcome.continuation
                 if moved is not None:  # the stream goes on from another engine
                     route.migrations += 1
+                    moving = True
                     forwarded = forwarded_headers(client, moved.body, self.dropped)
                     restorer = moved.restorer if moved.rid is not None else routed.restorer
                     routed = replace(

@@ -233,7 +233,7 @@ class Ledger:
         ok = outcome.policy_ok
         self.ended(decision, outcome.succeeded if ok is None else ok)
         if outcome.continuation is not None:
-            self._migrations(bill.route, "migrated").inc()
+            pass  # counted once it found an engine (`migrated`)
         elif outcome.attempt is RETRY:
             self._retries(bill.route).inc()
         elif outcome.not_migrated:
@@ -271,6 +271,10 @@ class Ledger:
         moves (``delta`` -1 on the one it leaves, +1 on the one it joins)."""
         for worker in workers:
             worker.in_flight += delta
+
+    def migrated(self, route: str) -> None:
+        """A broken stream found an engine to go on from."""
+        self._migrations(route, "migrated").inc()
 
     def unmoved(self, bill: Bill, worker: str, model: str) -> None:
         """A broken stream that found no engine to move to ended with an error event."""

@@ -273,10 +273,11 @@ class PairRelay:
             except LegFailed as err:
                 failed = err
                 return
-            self.ledger.pair_first_byte(
-                p_decision, model, time.monotonic() - started,
-                routed.request.arrived if parsed.stream and not routed.continuation else None,
-            )  # fmt: skip
+            if routed.continuation is None:
+                arrived = routed.request.arrived if parsed.stream else None
+                self.ledger.pair_first_byte(p_decision, model, time.monotonic() - started, arrived)
+            else:  # a moved stream's: its first byte was the first engine's
+                self.ledger.first_byte(p_decision, model, None)
             answered = True
             if parsed.stream:
                 outcome = await self._relay_stream(routed, named, d_worker, d_conn, first, tried)
