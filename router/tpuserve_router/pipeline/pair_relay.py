@@ -47,7 +47,7 @@ from sglang_tpu import disaggregation
 from tpuserve_router.engines.proxy import UpstreamConnection, UpstreamError, UpstreamPool
 from tpuserve_router.engines.workers import Worker
 from tpuserve_router.pipeline.cancellation import Aborter
-from tpuserve_router.pipeline.client import reply_error, sse_error_event
+from tpuserve_router.pipeline.client import sse_error_event
 from tpuserve_router.pipeline.framing import forwarded_headers, response_headers, upstream_request
 from tpuserve_router.pipeline.ledger import (
     CLIENT_GONE,
@@ -59,7 +59,14 @@ from tpuserve_router.pipeline.ledger import (
 )
 from tpuserve_router.pipeline.migration import Continuation, corrected_usage
 from tpuserve_router.pipeline.pd_settings import DECODE, PREFILL, PdSettings
-from tpuserve_router.pipeline.relay import Retry, Routed, SingleRelay, Tried, liveness
+from tpuserve_router.pipeline.relay import (
+    Retry,
+    Routed,
+    SingleRelay,
+    Tried,
+    answer_error,
+    liveness,
+)
 from tpuserve_router.pipeline.request_body import ClientError
 from tpuserve_router.pipeline.request_ids import Restorer, client_rid, new_rid
 from tpuserve_router.pipeline.retry import RETRY, RETRYABLE_STATUSES
@@ -561,16 +568,16 @@ class PairRelay:
 
     def _answer_failure(self, routed: Routed, named: _Named, failed: LegFailed) -> TryOutcome:
         """No retry is left: the client gets the failing leg's answer, or 502/504."""
-        if failed.status is not None:
+        if failed.status is not None and routed.continuation is None:
             body = failed.body
             if named.restorer is not None:
                 body = named.restorer.whole(body)
             routed.request.respond(failed.status, response_headers(failed.headers), body)
             status = str(failed.status)
         else:
-            code = 504 if failed.kind == "timeout" else 502
+            code = failed.status or (504 if failed.kind == "timeout" else 502)
             message = f"{failed.leg} worker failed: {failed.detail}"
-            reply_error(routed.request, ClientError(code, message, error_type="upstream_error"))
+            answer_error(routed, ClientError(code, message, error_type="upstream_error"))
             status = str(code)
         return TryOutcome(status=status, relayed=True)
 

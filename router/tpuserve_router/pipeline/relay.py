@@ -204,10 +204,10 @@ class SingleRelay:
             return TryOutcome(RETRY, abandoned=abandoned, verdicts=verdicts)
         if err.reason in TIMEOUTS:
             message = f"worker did not answer: {err.detail}"
-            reply_error(routed.request, ClientError(504, message, error_type="timeout"))
+            answer_error(routed, ClientError(504, message, error_type="timeout"))
             return TryOutcome(status="504", abandoned=abandoned, verdicts=verdicts)
         message = f"worker unavailable: {err.detail}"
-        reply_error(routed.request, ClientError(502, message, error_type="upstream_error"))
+        answer_error(routed, ClientError(502, message, error_type="upstream_error"))
         return TryOutcome(status="502", abandoned=abandoned, verdicts=verdicts)
 
     async def _relay_whole(
@@ -227,10 +227,14 @@ class SingleRelay:
                 return TryOutcome(RETRY, abandoned=abandoned, verdicts=verdicts)
             code = 504 if err.reason == "request_timeout" else 502
             message = f"worker failed mid-response: {err.detail}"
-            reply_error(routed.request, ClientError(code, message, error_type="upstream_error"))
+            answer_error(routed, ClientError(code, message, error_type="upstream_error"))
             return TryOutcome(status=str(code), abandoned=abandoned, verdicts=verdicts)
         self.ledger.first_byte(decision, "", None)
         status = upstream.status
+        if routed.continuation is not None:  # a moved stream's engine answered no stream
+            message = f"the engine it moved to answered {status} without a stream"
+            answer_error(routed, ClientError(502, message, error_type="upstream_error"))
+            return relayed(worker, status, None)
         usage = usage_from_body(body) if status == 200 else None
         if routed.restorer is not None:
             body = routed.restorer.whole(body)
@@ -342,6 +346,21 @@ class SingleRelay:
             first_byte, max(0.001, left), self.config.stream_idle_timeout_seconds, alive
         )
         await upstream.wait_head()
+
+
+def answer_error(routed: Routed, err: ClientError) -> None:
+    """Answer a try's failure: an error response, or, for a stream already begun (moved to
+    another engine, `migration`), an SSE error event that ends it."""
+    moved = routed.continuation
+    if moved is None:
+        reply_error(routed.request, err)
+        return
+    client = routed.request
+    if routed.restorer is not None:
+        client.write_chunk(routed.restorer.rest())
+    message = f"{moved.cause}; it moved to another engine, which failed: {err.message}"
+    client.write_chunk(sse_error_event(message, err.status))
+    client.end_chunked(keep_alive=False)
 
 
 def relayed(worker: Worker, status: int, usage: TokenCounts | None) -> TryOutcome:
