@@ -24,6 +24,13 @@ prefills were measured with materialised f32 attention scores, whose temporaries
 engine's flash attention does not have, so the rule does not model them. The operator
 admits `engine: sglang` as `in-place` (SGLang's KV pool is preallocated and written by its
 attention backend; whether SGLang-TorchTPU's compiled step aliases it is unconfirmed).
+
+SGLang-JAX (`engine: sglang-jax`) is admitted by the same rule: its `mem_fraction_static`
+defaults to the same 0.88 on TPU (`ServerArgs.__post_init__` at the pinned commit), its
+compiled step donates the KV pool (JAX, `in-place`), and its KV pool pads the head dim up to
+`SGL_JAX_KV_HEAD_DIM` (128; a head dim of 64 takes twice the KV bytes: seen on CPU, where a
+head dim below 128 failed with "dot_general requires contracting dimensions to have the same
+shape, got (512,) and (128,)"; docs/sglang-jax.md). `kv_head_dim` is that padding.
 """
 
 from __future__ import annotations
@@ -37,6 +44,12 @@ from sglang_tpu.topology import GIB, SliceShape
 
 KVUpdate = Literal["in-place", "functional"]
 KIB = 1024
+SGL_JAX_KV_HEAD_DIM = 128
+
+
+def kv_head_dim(head_dim: int, engine: str = "sglang") -> int:
+    """The head dim the engine's KV pool stores: SGLang-JAX pads it up to 128."""
+    return max(head_dim, SGL_JAX_KV_HEAD_DIM) if engine == "sglang-jax" else head_dim
 
 
 @dataclass(frozen=True, slots=True)

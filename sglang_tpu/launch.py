@@ -14,6 +14,10 @@ ports and model name, and the other hosts only hold their place in the group (`s
 infinity`), as SGLang's non-leader ranks serve no HTTP API. Leaders (host index 0) are the
 only routable pods in both modes.
 
+With `TPUSERVE_ENGINE=sglang-jax` the server is SGLang-JAX (`sglang_tpu.sgl_jax_command`):
+libtpu's and JAX's environment instead of TorchTPU's, JAX's compilation cache on the
+managed compile cache, and a pre-flight through JAX instead of torch.
+
 With `TPUSERVE_DEVICE=cpu` (a development target, one host) the launcher starts real SGLang
 on this machine's CPU instead of TorchTPU: no TorchTPU environment, SGLang's CPU engine and
 offline variables (`sglang_flags.CPU_ENV`), the CPU flags (`sglang_flags.CPU_FLAGS`), and a
@@ -43,6 +47,7 @@ from sglang_tpu import (
     model_source,
     perf_model,
     preflight,
+    sgl_jax_command,
     sglang_command,
     sglang_flags,
 )
@@ -75,6 +80,10 @@ example (one host of a two-host tpu7x 2x2x2 slice):
 
 TPUSERVE_DEVICE=cpu starts real SGLang on this machine's CPU instead (a development target;
 TPUSERVE_SGLANG_PYTHON names the interpreter with SGLang installed).
+
+TPUSERVE_ENGINE=sglang-jax runs SGLang-JAX (`python -m sgl_jax.launch_server`) instead, with
+JAX's TPU environment and compilation cache (docs/sglang-jax.md); TPUSERVE_SGLANG_PYTHON then
+names the interpreter with sgl_jax installed.
 """
 
 EXIT_INVALID_CONTRACT = 2
@@ -124,7 +133,10 @@ class LaunchPlan:
 
 def plan(contract: LaunchContract) -> LaunchPlan:
     """The environment and command of this host's server (no I/O)."""
-    if contract.device == "cpu" and contract.engine == "sglang":
+    if contract.engine == "sglang-jax":
+        env = sgl_jax_command.sgl_jax_env(contract)
+        directories = [env[name] for name in compile_cache.jax_cache_env(contract)]
+    elif contract.device == "cpu" and contract.engine == "sglang":
         env = dict(sglang_flags.CPU_ENV)
         shim = cpu_kernel_shim_dir(contract)
         if shim is not None:
@@ -147,7 +159,12 @@ def plan(contract: LaunchContract) -> LaunchPlan:
     if draft is not None:
         fetches.append(Fetch(draft, _local(contract, draft)))
     adapters = [(name, Fetch(src, _local(contract, src))) for name, src in contract.adapter_sources]
-    command = sglang_command.sglang_command(
+    build = (
+        sgl_jax_command.sgl_jax_command
+        if contract.engine == "sglang-jax"
+        else sglang_command.sglang_command
+    )
+    command = build(
         contract,
         fetches[0].local_path,
         fetches[1].local_path if draft else None,
@@ -270,10 +287,13 @@ def server_env(
 
 
 def log_compile_cache(contract: LaunchContract) -> None:
-    """Say whether TorchTPU will find compiled programs under this key (hit) or not (miss)."""
-    env = compile_cache.compile_cache_env(contract)
-    tier3 = env.get(compile_cache.TIER3_ROOT_ENV)
-    hit = tier3 is not None and os.path.isdir(tier3) and any(os.scandir(tier3))
+    """Say whether the engine will find compiled programs under this key (hit) or not (miss):
+    TorchTPU's tier-3 directory, or JAX's cache directory for SGLang-JAX."""
+    if contract.engine == "sglang-jax":
+        found = compile_cache.jax_cache_env(contract).get(compile_cache.JAX_CACHE_ENV)
+    else:
+        found = compile_cache.compile_cache_env(contract).get(compile_cache.TIER3_ROOT_ENV)
+    hit = found is not None and os.path.isdir(found) and any(os.scandir(found))
     log.info(
         "compile cache %s for key %s", "hit" if hit else "miss", compile_cache.cache_key(contract)
     )
@@ -439,7 +459,7 @@ def launch(
                 file=sys.stderr,
             )
             return outcome.exit_status
-    if contract.engine == "sglang":
+    if contract.engine in ("sglang", "sglang-jax"):
         log_compile_cache(contract)
     began = time.monotonic()
     try:

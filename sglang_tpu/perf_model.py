@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from sglang_tpu import hbm_fit
+from sglang_tpu import hbm_fit, sgl_jax_steps
 from sglang_tpu.topology import GIB, SliceShape
 
 
@@ -107,6 +107,10 @@ EXECUTION_MODES = ("compiled", "eager", "eager-defer-and-fuse", "eager-debug")
 half is the compiled step's in every mode; the eager modes add `eager_layer_seconds` per layer
 to the host half (measured eager and DeferAndFuse alike; eager-debug blocks on every launch
 and is slower still, unmeasured: the same figure is its lower bound)."""
+ENGINES = ("sglang", "sglang-jax")
+"""Whose host terms and padding a step gets: SGLang's (`Efficiency`'s host knobs, fitted to
+published serving figures) or SGLang-JAX's (`sgl_jax_steps`, measured on a v5e); the device
+step is the same bare compiled step for both."""
 # The MXU multiplies 128-wide tiles: a head dim of 64 fills half of one in attention.
 MXU_WIDTH = 128
 MEM_FRACTION_STATIC = hbm_fit.RULE.static_fraction
@@ -175,8 +179,9 @@ class ModelProfile:
     def weight_bytes(self, quantization: str = "bf16") -> float:
         return self.parameters * _weight_bytes_per_param(quantization)
 
-    def kv_bytes_per_token(self, kv_cache_dtype: str = "auto") -> float:
-        return 2.0 * self.layers * self.kv_heads * self.head_dim * _kv_bytes(kv_cache_dtype)
+    def kv_bytes_per_token(self, kv_cache_dtype: str = "auto", engine: str = "sglang") -> float:
+        head_dim = hbm_fit.kv_head_dim(self.head_dim, engine)  # SGLang-JAX pads it to 128
+        return 2.0 * self.layers * self.kv_heads * head_dim * _kv_bytes(kv_cache_dtype)
 
     @property
     def embedding_parameters(self) -> float:
@@ -333,10 +338,11 @@ def kv_pool_tokens(
     quantization: str = "bf16",
     kv_cache_dtype: str = "auto",
     kv_update: str = "in-place",
+    engine: str = "sglang",
 ) -> int:
     """Tokens of KV the slice holds after weights (SGLang's ``max_total_num_tokens``); >= 0."""
     free = hbm_fit.RULE.pool_bytes(shape, profile.weight_bytes(quantization), kv_update)
-    return max(0, int(free // profile.kv_bytes_per_token(kv_cache_dtype)))
+    return max(0, int(free // profile.kv_bytes_per_token(kv_cache_dtype, engine)))
 
 
 def check_fits(
@@ -346,15 +352,17 @@ def check_fits(
     kv_cache_dtype: str,
     context_length: int,
     kv_update: str = "in-place",
+    engine: str = "sglang",
 ) -> None:
     """Raise ModelDoesNotFit when weights + one `context_length` sequence do not fit the
     rule (`hbm_fit.RULE`: the static budget, and a compiled step's copies and temporaries).
-    ``model``: a profile's name, or a profile (one made from a config.json)."""
+    ``model``: a profile's name, or a profile (one made from a config.json); ``engine``
+    sglang-jax stores KV with its head dim padded to 128 (`hbm_fit.kv_head_dim`)."""
     profile = model if isinstance(model, ModelProfile) else get_profile(model, "model")
     if context_length <= 0:
         raise ValueError(f"contextLength: {context_length!r} is not allowed; allowed: >= 1")
     weights = profile.weight_bytes(quantization)
-    kv = profile.kv_bytes_per_token(kv_cache_dtype) * context_length
+    kv = profile.kv_bytes_per_token(kv_cache_dtype, engine) * context_length
     usable = usable_hbm_bytes(shape)
     missing = hbm_fit.RULE.shortfall_bytes(shape, weights, kv, kv_update)
     if missing > 0:
@@ -383,12 +391,23 @@ class StepTimer:
         kv_cache_dtype: str = "auto",
         efficiency: Efficiency = CALIBRATED,
         execution_mode: str = "compiled",
+        engine: str = "sglang",
+        sgl_jax: sgl_jax_steps.SglJaxSteps = sgl_jax_steps.STEPS,
     ) -> None:
         if execution_mode not in EXECUTION_MODES:
             raise ValueError(
                 f"execution_mode: {execution_mode!r} is not allowed; allowed: "
                 f"{', '.join(EXECUTION_MODES)}"
             )
+        if engine not in ENGINES:
+            raise ValueError(f"engine: {engine!r} is not allowed; allowed: {', '.join(ENGINES)}")
+        if engine == "sglang-jax" and execution_mode != "compiled":
+            raise ValueError(
+                f"execution_mode: {execution_mode!r} is not allowed with engine sglang-jax; "
+                "allowed: compiled (the eager modes are TorchTPU's)"
+            )
+        self.engine = engine
+        self.sgl_jax = sgl_jax if engine == "sglang-jax" else None
         self.shape = shape
         self.execution_mode = execution_mode
         self.profile = profile
@@ -396,7 +415,7 @@ class StepTimer:
         gen = shape.generation
         chips = shape.chips
         self.weight_bytes = profile.weight_bytes(quantization)
-        self.kv_bytes_per_token = profile.kv_bytes_per_token(kv_cache_dtype)
+        self.kv_bytes_per_token = profile.kv_bytes_per_token(kv_cache_dtype, engine)
         peak = gen.peak_bf16_flops_per_chip
         if quantization in EIGHT_BIT_COMPUTE and gen.peak_8bit_flops_per_chip:
             peak = gen.peak_8bit_flops_per_chip
@@ -423,6 +442,14 @@ class StepTimer:
         )
         if execution_mode != "compiled":  # each op dispatched from Python, layer by layer
             self.overhead_seconds += profile.layers * efficiency.eager_layer_seconds
+        self.sequence_seconds = efficiency.host_sequence_seconds
+        self.prefill_request_seconds = 0.0
+        if self.sgl_jax is not None:  # SGLang-JAX's own host terms (sgl_jax_steps)
+            self.overhead_seconds = self.sgl_jax.host_step_seconds + (
+                efficiency.multi_host_step_seconds if shape.multi_host else 0.0
+            )
+            self.sequence_seconds = self.sgl_jax.host_sequence_seconds
+            self.prefill_request_seconds = self.sgl_jax.prefill_request_seconds
         wpb = _weight_bytes_per_param(quantization)
         # The input embedding is gathered row by row, not streamed; a tied one is the LM head.
         gathered = 0.0 if profile.tied_embeddings else profile.embedding_parameters * wpb
@@ -449,7 +476,11 @@ class StepTimer:
         decode_context: int = 0,
     ) -> float:
         """The chips' time for one step: fixed costs, the weight matmuls or the weight
-        stream (whichever is longer), the KV reads and the attention's FLOPs."""
+        stream (whichever is longer), the KV reads and the attention's FLOPs. SGLang-JAX's
+        padded rows (its batch and token buckets) cost matmuls, not KV reads."""
+        if self.sgl_jax is not None:
+            prefill_tokens = sgl_jax_steps.pad(prefill_tokens, self.sgl_jax.token_buckets)
+            decode_batch = sgl_jax_steps.pad(decode_batch, self.sgl_jax.bs_buckets)
         tokens = prefill_tokens + decode_batch
         if tokens == 0:
             return 0.0
@@ -471,7 +502,7 @@ class StepTimer:
 
     def host_seconds(self, sequences: int) -> float:
         """What the engine adds to a step of `sequences` sequences."""
-        return self.overhead_seconds + self.efficiency.host_sequence_seconds * sequences
+        return self.overhead_seconds + self.sequence_seconds * sequences
 
     def step_seconds(
         self,
@@ -487,9 +518,11 @@ class StepTimer:
         )
 
     def prefill_seconds(self, new_tokens: int, cached_tokens: int = 0) -> float:
-        """One request's prefill of `new_tokens` after a cached prefix of `cached_tokens`."""
+        """One request's prefill of `new_tokens` after a cached prefix of `cached_tokens`
+        (with SGLang-JAX, its per-request cost to the first token too)."""
         attention = new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
-        return self.step_seconds(prefill_tokens=new_tokens, prefill_attention_context=attention)
+        step = self.step_seconds(prefill_tokens=new_tokens, prefill_attention_context=attention)
+        return step + self.prefill_request_seconds
 
     def load_back_seconds(self, tokens: int) -> float:
         """Copying `tokens` of KV from the host tier back to HBM: every chip loads its shard

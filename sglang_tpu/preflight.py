@@ -16,11 +16,14 @@
    compile backend, or the eager mode);
 6. **compile cache**: every compile-cache directory can be created and written.
 
-Checks 1-5 run for real SGLang on a TPU (`TPUSERVE_ENGINE=sglang`, `TPUSERVE_DEVICE=tpu`);
-the engine twin and the cpu development device get check 6 only. The TPU is looked at
-through a `Probe`: `SubprocessProbe` runs `preflight_probe.py` with the interpreter and
-environment SGLang will get, in a process of its own that exits before SGLang starts (one
-process at a time can hold a TPU); tests pass fakes (`tests/fakes.py`).
+Checks 1-5 run for real SGLang on a TPU (`TPUSERVE_ENGINE=sglang`, `TPUSERVE_DEVICE=tpu`).
+SGLang-JAX on a TPU (`sglang-jax`) gets them through JAX instead of torch: the stack is jax
+and libtpu installed, the chips are `jax.local_devices()` (platform, kind, count, the HBM
+of `memory_stats()`), and the execution mode is not checked (JAX compiles every step). The
+twin and the cpu device get check 6 only. The TPU is looked at through a `Probe`:
+`SubprocessProbe` runs `preflight_probe.py` (mode `device`, or `jax-device`) with the
+interpreter and environment the engine will get, in a process of its own that exits before
+the engine starts (one process at a time can hold a TPU); tests pass fakes (`tests/fakes.py`).
 
 A failed pre-flight exits `EXIT_PREFLIGHT_FAILED` and writes its reason where Kubernetes
 shows it: the container's termination message (`TPUSERVE_TERMINATION_MESSAGE_PATH`, the
@@ -35,13 +38,11 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -49,6 +50,13 @@ from sglang_tpu import compile_cache, tpu_stack
 from sglang_tpu.contract.env_names import Var
 from sglang_tpu.contract.launch_contract import LaunchContract
 from sglang_tpu.preflight_probe import PROBE_MARKER
+from sglang_tpu.preflight_reasons import REASON_MEANINGS as REASON_MEANINGS
+from sglang_tpu.preflight_reasons import TERMINATION_MESSAGE_BYTES as TERMINATION_MESSAGE_BYTES
+from sglang_tpu.preflight_reasons import Failure as Failure
+from sglang_tpu.preflight_reasons import Reason as Reason
+from sglang_tpu.preflight_reasons import parse_termination_message as parse_termination_message
+from sglang_tpu.preflight_reasons import termination_message as termination_message
+from sglang_tpu.preflight_reasons import write_termination_message as write_termination_message
 from sglang_tpu.topology import (
     GIB,
     generation_of_accelerator_type,
@@ -65,8 +73,6 @@ PROBE_SCRIPT = Path(__file__).with_name("preflight_probe.py")
 VERSIONS_TIMEOUT_SECONDS = 60.0
 DEVICE_TIMEOUT_SECONDS = 300.0  # importing TorchTPU and opening the chips: ~15 s on a v5e
 HBM_TOLERANCE = 0.05  # of the catalog's HBM per device
-# What Kubernetes keeps of a termination message (the kubelet truncates at 4096 bytes).
-TERMINATION_MESSAGE_BYTES = 4096
 PROBE_OUTPUT_BYTES = 64 * 1024
 PROBE_STDERR_BYTES = 2048
 ACCELERATOR_TYPE_ENV = "TPU_ACCELERATOR_TYPE"
@@ -81,34 +87,6 @@ EAGER_MODE_MEMBER: Mapping[str, str] = {
 }
 
 
-class Reason(StrEnum):
-    """Why a pre-flight failed: stable, CamelCase, the reason of the TPUModelServer's
-    Degraded condition and Event (`tpuserve_operator.conditions.Reason` has the same)."""
-
-    TPU_STACK_MISSING = "TPUStackMissing"
-    TPU_STACK_INCOMPATIBLE = "TPUStackIncompatible"
-    TPU_PROBE_FAILED = "TPUProbeFailed"
-    ACCELERATOR_MISMATCH = "AcceleratorMismatch"
-    CHIP_COUNT_MISMATCH = "ChipCountMismatch"
-    HBM_MISMATCH = "HBMMismatch"
-    EXECUTION_MODE_UNSUPPORTED = "ExecutionModeUnsupported"
-    COMPILE_CACHE_UNWRITABLE = "CompileCacheUnwritable"
-
-
-REASON_MEANINGS: Mapping[Reason, str] = {
-    Reason.TPU_STACK_MISSING: "the engine image lacks torch, torch-tpu or libtpu",
-    Reason.TPU_STACK_INCOMPATIBLE: (
-        "the engine image's torch, torch-tpu and libtpu do not work together (or torch_tpu's "
-        "import raised)"
-    ),
-    Reason.TPU_PROBE_FAILED: "TorchTPU could not be asked about the chips (see message)",
-    Reason.ACCELERATOR_MISMATCH: "the pod's chips are not of the spec's TPU generation",
-    Reason.CHIP_COUNT_MISMATCH: "TorchTPU sees another number of devices than the slice has",
-    Reason.HBM_MISMATCH: "a device's HBM differs from the catalog's for the generation",
-    Reason.EXECUTION_MODE_UNSUPPORTED: "TorchTPU lacks the spec's engine execution mode",
-    Reason.COMPILE_CACHE_UNWRITABLE: "the compile-cache volume cannot be written",
-}
-
 CheckName = Literal["stack", "accelerator", "chips", "hbm", "execution mode", "compile cache"]
 CHECK_ORDER: tuple[CheckName, ...] = (
     "stack",
@@ -118,21 +96,6 @@ CHECK_ORDER: tuple[CheckName, ...] = (
     "execution mode",
     "compile cache",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """One problem: the reason, what was looked at, what was found and what is allowed."""
-
-    reason: Reason
-    field: str
-    value: str
-    allowed: str
-    detail: str
-
-    @property
-    def message(self) -> str:
-        return f"{self.field}: {self.value} is not allowed; allowed: {self.allowed}; {self.detail}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,24 +161,33 @@ class Expectation:
     devices_per_host: int
     hbm_bytes_per_device: int
     execution_mode: str
-    tpu: bool  # real SGLang on TorchTPU: check the stack and the chips
+    tpu: bool  # a real engine on TPU: check the stack and the chips
+    jax: bool = False  # SGLang-JAX: through JAX, not torch
     cache_dirs: tuple[str, ...] = ()
     accelerator_type_hint: str | None = None  # TPU_ACCELERATOR_TYPE as the node set it
+
+    @property
+    def runtime(self) -> str:
+        return "JAX" if self.jax else "TorchTPU"
 
     @classmethod
     def from_contract(cls, contract: LaunchContract, environ: Mapping[str, str]) -> Expectation:
         shape = contract.shape
         keyed = compile_cache.cache_dir(contract)
         dirs = [] if keyed is None else [keyed]
-        if contract.engine == "sglang" and contract.device == "tpu":
-            dirs += compile_cache.compile_cache_dirs(contract).values()
+        on_tpu = contract.engine in ("sglang", "sglang-jax") and contract.device == "tpu"
+        jax = contract.engine == "sglang-jax"
+        if on_tpu:
+            caches = compile_cache.jax_cache_env if jax else compile_cache.compile_cache_dirs
+            dirs += caches(contract).values()
         return cls(
             generation=contract.generation,
             topology=contract.topology,
             devices_per_host=shape.devices_per_host,
             hbm_bytes_per_device=shape.generation.hbm_bytes_per_device,
             execution_mode=contract.execution_mode,
-            tpu=contract.engine == "sglang" and contract.device == "tpu",
+            tpu=on_tpu,
+            jax=jax,
             cache_dirs=tuple(dict.fromkeys(dirs)),
             accelerator_type_hint=environ.get(ACCELERATOR_TYPE_ENV) or None,
         )
@@ -274,51 +246,6 @@ class Report:
         }
 
 
-# -- the termination message ------------------------------------------------------------------
-
-
-def termination_message(failures: Sequence[Failure]) -> str:
-    """One line per failure, `<Reason>: <message>`, within what Kubernetes keeps."""
-    lines = [f"{f.reason}: {' '.join(f.message.split())}" for f in failures]
-    text = "\n".join(lines)
-    data = text.encode()
-    if len(data) > TERMINATION_MESSAGE_BYTES:
-        text = data[: TERMINATION_MESSAGE_BYTES - 3].decode(errors="ignore") + "..."
-    return text
-
-
-_LINE = re.compile(r"^([A-Z][A-Za-z0-9]*): (.+)$")
-
-
-def parse_termination_message(text: str) -> tuple[Reason, str] | None:
-    """(reason, message) of a pre-flight's termination message, else None. Later lines are
-    summed up in the message ("and 1 more: CompileCacheUnwritable")."""
-    parsed = []
-    for line in text.strip().splitlines():
-        match = _LINE.match(line.strip())
-        if match is None or match.group(1) not in Reason.__members__.values():
-            continue
-        parsed.append((Reason(match.group(1)), match.group(2)))
-    if not parsed:
-        return None
-    (reason, message), rest = parsed[0], parsed[1:]
-    if rest:
-        others = ", ".join(str(r) for r, _ in rest)
-        message += f" (and {len(rest)} more: {others})"
-    return reason, message
-
-
-def write_termination_message(path: str | None, text: str) -> None:
-    """Write `text` where the kubelet reads the container's termination message; a failure
-    to write is logged, never raised (the exit status still tells)."""
-    if path is None:
-        return
-    try:
-        Path(path).write_text(text + "\n")
-    except OSError as err:
-        log.warning("cannot write the termination message to %s: %s", path, err)
-
-
 # -- the real probe ---------------------------------------------------------------------------
 
 
@@ -328,6 +255,7 @@ class SubprocessProbe:
 
     python: str
     env: Mapping[str, str]
+    device_mode: Literal["device", "jax-device"] = "device"
     versions_timeout_seconds: float = VERSIONS_TIMEOUT_SECONDS
     device_timeout_seconds: float = DEVICE_TIMEOUT_SECONDS
 
@@ -342,7 +270,7 @@ class SubprocessProbe:
         )
 
     def device(self) -> DeviceFacts:
-        return DeviceFacts.from_probe(self._run("device", self.device_timeout_seconds))
+        return DeviceFacts.from_probe(self._run(self.device_mode, self.device_timeout_seconds))
 
     def _run(self, mode: str, timeout_seconds: float) -> dict[str, Any]:
         argv = [self.python, str(PROBE_SCRIPT), mode]
@@ -440,6 +368,21 @@ def check_compile_cache(
     return Check("compile cache", "passed", f"{len(expect.cache_dirs)} directories writable")
 
 
+def check_jax_stack(versions: StackVersions) -> Check:
+    """SGLang-JAX's stack: jax and libtpu installed (their pairing is jax[tpu]'s to pin)."""
+    missing = [name for name in ("jax", "libtpu") if getattr(versions, name) is None]
+    if not missing:
+        return Check("stack", "passed", f"jax {versions.jax}, libtpu {versions.libtpu}")
+    failure = Failure(
+        Reason.TPU_STACK_MISSING,
+        f"TPU stack of {versions.python}",
+        ", ".join(f"{name} not installed" for name in missing),
+        "jax and libtpu installed for the interpreter that runs SGLang-JAX",
+        f"install {tpu_stack.JAX_IMAGE_PIN} (sglang_tpu/Dockerfile.sglang-jax)",
+    )
+    return Check("stack", "failed", failures=(failure,))
+
+
 def check_stack(versions: StackVersions) -> Check:
     problems = tpu_stack.check_stack(versions)
     if not problems:
@@ -515,9 +458,9 @@ def check_device(expect: Expectation, facts: DeviceFacts) -> list[Check]:
         )
         failure = Failure(
             reason,
-            "TorchTPU" if facts.stage == "import" else f"TorchTPU ({facts.stage})",
+            expect.runtime if facts.stage == "import" else f"{expect.runtime} ({facts.stage})",
             facts.error,
-            "import torch_tpu and open the chips without an error",
+            f"import {'jax' if expect.jax else 'torch_tpu'} and open the chips without an error",
             "the versions passed the compatibility table, so this combination is new to it"
             if facts.stage == "import"
             else "another process may hold the chips, or the TPU environment is wrong",
@@ -537,10 +480,14 @@ def _check_accelerator(expect: Expectation, facts: DeviceFacts) -> Check:
     if facts.accelerator != "tpu":
         failure = Failure(
             Reason.ACCELERATOR_MISMATCH,
-            "torch.accelerator.current_accelerator()",
+            "jax.local_devices() platform"
+            if expect.jax
+            else "torch.accelerator.current_accelerator()",
             repr(facts.accelerator),
             "tpu",
-            "torch-tpu did not register the TPU as torch's accelerator",
+            "JAX found no TPU (is JAX_PLATFORMS tpu and libtpu installed?)"
+            if expect.jax
+            else "torch-tpu did not register the TPU as torch's accelerator",
         )
         return Check("accelerator", "failed", failures=(failure,))
     mismatch = _accelerator_mismatch(expect, facts)
@@ -558,7 +505,7 @@ def _check_chips(expect: Expectation, facts: DeviceFacts) -> Check:
     generation = get_generation(expect.generation)
     failure = Failure(
         Reason.CHIP_COUNT_MISMATCH,
-        "TorchTPU devices on this host",
+        f"{expect.runtime} devices on this host",
         str(facts.device_count),
         str(expect.devices_per_host),
         f"{expect.generation} {expect.topology} has {expect.devices_per_host} devices per "
@@ -589,6 +536,8 @@ def _check_hbm(expect: Expectation, facts: DeviceFacts) -> Check:
 
 
 def _check_mode(expect: Expectation, facts: DeviceFacts) -> Check:
+    if expect.jax:
+        return Check("execution mode", "skipped", "SGLang-JAX: JAX compiles every step")
     mode = expect.execution_mode
     if mode == "compiled":
         have, what = facts.compile_backend_tpu, "the torch.compile backend 'tpu'"
@@ -638,13 +587,17 @@ def run_preflight(
             )
             checks.append(Check("stack", "failed", failures=(failure,)))
         else:
-            checks.append(check_stack(versions))
+            checks.append(check_jax_stack(versions) if expect.jax else check_stack(versions))
         if checks[-1].status == "failed":
             checks.append(Check("accelerator", "skipped", "the TPU stack cannot be imported"))
         elif cache.status == "failed":
             checks.append(cache)
             checks.append(
-                Check("accelerator", "skipped", "TorchTPU cannot start without its compile cache")
+                Check(
+                    "accelerator",
+                    "skipped",
+                    f"{expect.runtime} cannot start without its compile cache",
+                )
             )
         else:
             try:
@@ -688,7 +641,9 @@ def preflight(
 ) -> Outcome:
     """Run the pre-flight for `contract`; on failure, write the termination message."""
     expect = Expectation.from_contract(contract, environ)
-    report = run_preflight(expect, probe or SubprocessProbe(python, server_env), cache_problem)
+    mode: Literal["device", "jax-device"] = "jax-device" if expect.jax else "device"
+    probe = probe or SubprocessProbe(python, server_env, mode)
+    report = run_preflight(expect, probe, cache_problem)
     log_report(report)
     if not report.ok:
         write_termination_message(contract.termination_message_path, report.termination_message())

@@ -6,7 +6,9 @@ torch_tpu is what raises on an incompatible libtpu). `python3 preflight_probe.py
 imports torch and torch_tpu and prints what TorchTPU sees: the accelerator, the device count,
 each device's name and memory, the eager modes, whether the `tpu` compile backend is
 registered, and the Google PCI devices on the bus (read before torch is imported, so they are
-there even when the import fails). Either prints one line `PROBE_MARKER <json>` last.
+there even when the import fails). `python3 preflight_probe.py jax-device` is the same for
+SGLang-JAX through JAX instead of torch: `jax.local_devices()`' platform, count, device kind
+and `memory_stats()["bytes_limit"]`. Each prints one line `PROBE_MARKER <json>` last.
 
 It runs in a process of its own, by path, for three reasons: the interpreter may be another
 one than the launcher's (SGLang's, with torch installed); a failing libtpu may abort the
@@ -125,8 +127,34 @@ def device() -> dict[str, Any]:
     return out
 
 
+def jax_device() -> dict[str, Any]:
+    out: dict[str, Any] = {"pci": pci_devices(), "stage": None, "error": None, "errors": []}
+    errors: list[str] = out["errors"]
+    try:
+        import jax  # here, never at the top: this may raise or abort
+
+        local = jax.local_devices()
+    except BaseException as err:  # ImportError, RuntimeError from the TPU backend, ...
+        out["stage"], out["error"] = "import", _error(err)
+        return out
+    out["accelerator"] = local[0].platform if local else None
+    out["device_count"] = len(local)
+    devices = []
+    for dev in local:
+        stats = _attempt(errors, "memory stats", functools.partial(lambda d: d.memory_stats(), dev))
+        limit = stats.get("bytes_limit") if isinstance(stats, dict) else None
+        devices.append({"name": getattr(dev, "device_kind", None),
+                        "total_memory": None if limit is None else int(limit)})  # fmt: skip
+    out["devices"] = devices
+    return out
+
+
 def main(argv: list[str]) -> int:
-    modes: dict[str, Callable[[], dict[str, Any]]] = {"versions": versions, "device": device}
+    modes: dict[str, Callable[[], dict[str, Any]]] = {
+        "versions": versions,
+        "device": device,
+        "jax-device": jax_device,
+    }
     if len(argv) != 1 or argv[0] not in modes:
         print(f"usage: preflight_probe.py {{{','.join(modes)}}}", file=sys.stderr)
         return 2

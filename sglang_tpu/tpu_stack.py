@@ -30,6 +30,10 @@ LIBTPU_FORMAT_TEXT = "<major>[.<minor>[.<patch>]][.dev<build>][<suffix>] (at mos
 LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
 # The engine image's pin (pyproject's `tpu` extra, sglang_tpu/Dockerfile): what the fix names.
 IMAGE_PIN = "torch-tpu==0.2.0 with torch==2.14.1 from the PyTorch CPU index (it brings libtpu)"
+# SGLang-JAX's image pin (sglang_tpu/Dockerfile.sglang-jax; sgl_jax's own pyproject at the
+# pinned commit asks for the same JAX).
+JAX_VERSION = "0.10.2"
+JAX_IMAGE_PIN = f"jax[tpu]=={JAX_VERSION} (it brings libtpu)"
 
 
 @dataclass(frozen=True, slots=True)

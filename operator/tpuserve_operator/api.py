@@ -501,14 +501,19 @@ class KvCacheSpec(Schema):
     )
 
 
+TPU_ENGINE_TYPES = ("sglang", "sglang-jax")
+"""Engine types that run on TPU nodes (node selectors, tolerations, google.com/tpu)."""
+
+
 class EngineSpec(Schema):
-    type: Literal["sglang", "simulated"] = Field(
+    type: Literal["sglang", "sglang-jax", "simulated"] = Field(
         default="sglang",
         description=(
-            "type is sglang (SGLang on TorchTPU, needs TPU nodes) or simulated (the tpuserve "
-            "engine twin: same API, metrics and topology, no TPU, for CPU-only clusters; pods "
-            "get no TPU node selectors, tolerations or google.com/tpu requests). Default: "
-            "sglang."
+            "type is sglang (SGLang on TorchTPU, needs TPU nodes), sglang-jax (SGLang-JAX, "
+            "SGLang's JAX engine for TPUs, `python -m sgl_jax.launch_server`, needs TPU "
+            "nodes; docs/sglang-jax.md) or simulated (the tpuserve engine twin: same API, "
+            "metrics and topology, no TPU, for CPU-only clusters; pods get no TPU node "
+            "selectors, tolerations or google.com/tpu requests). Default: sglang."
         ),
     )
     image: str | None = Field(
@@ -516,7 +521,8 @@ class EngineSpec(Schema):
         max_length=512,
         description=(
             "image is the engine container image. Default: the operator's --engine-image for "
-            "sglang, its --router-image (the plain tpuserve image) for simulated."
+            "sglang, its --sglang-jax-engine-image for sglang-jax, its --router-image (the "
+            "plain tpuserve image) for simulated."
         ),
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
@@ -529,7 +535,8 @@ class EngineSpec(Schema):
             "executionMode is how TorchTPU runs the model: compiled (XLA graphs, fastest, "
             "long first compile), eager, eager-defer-and-fuse or eager-debug. The eager modes "
             "dispatch every op from Python: measured on a v5e, about 8.6 ms per layer and step "
-            "more than compiled (the simulated engine adds the same). Default: compiled."
+            "more than compiled (the simulated engine adds the same). sglang-jax takes compiled "
+            "only (JAX compiles every step). Default: compiled."
         ),
     )
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
@@ -556,8 +563,11 @@ class EngineSpec(Schema):
         default_factory=dict,
         json_schema_extra=ENGINE_ARGS_SCHEMA,
         description=(
-            "args are extra SGLang server flags (the twin's own flags with type simulated, "
-            "e.g. startup-time-scale), name without dashes to a scalar value: "
+            "args are extra SGLang server flags (SGLang-JAX's with type sglang-jax, each "
+            "checked against its server's flags: an unknown one is rejected, and a flag taking "
+            "several values gets them from one string, split on spaces and commas; the twin's own "
+            "flags with type simulated, e.g. startup-time-scale), name without dashes to a "
+            "scalar value: "
             "{mem-fraction-static: 0.85, enable-mixed-chunk: true} gives "
             "--mem-fraction-static 0.85 --enable-mixed-chunk (false omits a flag). Flags the "
             "operator sets itself (model path, ports, parallelism, multi-node rendezvous) are "

@@ -74,6 +74,12 @@ TRANSFER_BACKEND_MESSAGE: Final = (
     "(mooncake, mori, nixl and ascend are RDMA GPU/NPU backends, fake moves none); "
     "allowed: none yet, or spec.engine.type simulated"
 )
+SGL_JAX_MESSAGE: Final = (
+    "is not allowed with spec.engine.type sglang-jax yet: SGLang-JAX pairs its own prefill "
+    "and decode engines (--disaggregation-mode, a bootstrap server, KV over "
+    "jax.experimental.transfer) that the operator does not launch; allowed: no "
+    "spec.disaggregation, or spec.engine.type simulated"
+)
 AUTOSCALING_MESSAGE: Final = (
     "is not allowed with spec.disaggregation (one scale subresource cannot count two roles); "
     "allowed: spec.disaggregation.prefill.autoscaling and spec.disaggregation.decode.autoscaling"
@@ -301,6 +307,8 @@ def problems(spec: TPUModelServerSpec, server_shape: SliceShape | None) -> list[
     dis = spec.disaggregation
     if dis is None:
         return found
+    if spec.engine.type == "sglang-jax":
+        found.append(Problem("spec.disaggregation", SGL_JAX_MESSAGE))
     if spec.engine.type == "sglang":
         found.append(
             Problem(

@@ -107,6 +107,12 @@ RENDER_FLAGS: tuple[Flag, ...] = (
         "SGLang-on-TPU image of servers that set none (default: %(default)s).",
     ),
     Flag(
+        "--sglang-jax-engine-image",
+        "sglang_jax_engine_image",
+        "SGLang-JAX image of servers with engine.type sglang-jax that set none (default: "
+        "%(default)s).",
+    ),
+    Flag(
         "--router-image",
         "router_image",
         "Router (and simulated engine) image of servers that set none (default: %(default)s).",

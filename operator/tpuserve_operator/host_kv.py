@@ -60,7 +60,7 @@ def default_memory_limit(shape: SliceShape) -> float:
 
 def memory_limit(spec: TPUModelServerSpec, shape: SliceShape) -> float:
     """The engine container's memory limit on one host of `shape` (see the module doc)."""
-    if spec.engine.type != "sglang":
+    if spec.engine.type not in ("sglang", "sglang-jax"):  # the twin: the default
         return default_memory_limit(shape)
     _, limits = engine_resources.engine_requirements(spec.engine.resources, shape.machine)
     amount = engine_resources.quantity(limits.get("memory"))

@@ -15,7 +15,7 @@ from typing import Any
 
 import pydantic
 
-from sglang_tpu import lora, sglang_flags
+from sglang_tpu import lora, sgl_jax_flags, sglang_flags
 from sglang_tpu.contract import pod_env
 from sglang_tpu.contract.env_names import ENV_PREFIX, Var
 from sglang_tpu.contract.group_contract import GroupContract
@@ -27,9 +27,14 @@ from tpuserve_operator.errors import InvalidSpec, Problem
 # Variables the launcher derives from the contract (TorchTPU / libtpu / torch.distributed);
 # a user value would silently win over the contract, so they are refused like TPUSERVE_*.
 OWNED_ENV_PREFIXES = (ENV_PREFIX, "TPU_", "TORCH_TPU_", "LWS_")
-OWNED_ENV_NAMES = frozenset({"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HF_TOKEN"})
+OWNED_ENV_NAMES = frozenset(
+    {"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HF_TOKEN"}
+    | {"JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR"}  # what SGLang-JAX's launch sets
+)
 # Flags a user may not pass in spec.engine.args: the launcher sets them, or they carry secrets.
 OWNED_FLAG_NAMES = sglang_flags.OWNED_FLAGS | sglang_flags.SECRET_FLAGS
+# The same for engine.type sglang-jax (SGLang-JAX's own flag names).
+SGL_JAX_OWNED_FLAG_NAMES = sgl_jax_flags.OWNED_FLAGS | sgl_jax_flags.SECRET_FLAGS
 
 # Where a contract variable comes from in the spec, for error messages.
 _SPEC_FIELD: Mapping[str, str] = {
@@ -81,22 +86,44 @@ def is_owned_env(name: str) -> bool:
     return name in OWNED_ENV_NAMES or name.startswith(OWNED_ENV_PREFIXES)
 
 
-def is_owned_flag(flag: str) -> bool:
-    """`flag` as written in spec.engine.args, with or without leading dashes."""
+def is_owned_flag(flag: str, engine: str = "sglang") -> bool:
+    """`flag` as written in spec.engine.args, with or without leading dashes, for the engine
+    type `engine` (SGLang's flags, or SGLang-JAX's for sglang-jax)."""
     arg = "--" + flag.lstrip("-")
     name = arg.split("=", 1)[0]
+    if engine == "sglang-jax":
+        return sgl_jax_flags.canonical(name) in SGL_JAX_OWNED_FLAG_NAMES or (
+            name in SGL_JAX_OWNED_FLAG_NAMES
+        )
     return name in OWNED_FLAG_NAMES
 
 
-def extra_args(args: Mapping[str, Any]) -> tuple[str, ...]:
-    """spec.engine.args as SGLang arguments: `{a: 1, b: true, c: false}` -> `--a 1 --b`."""
+def unknown_flag(flag: str, engine: str) -> str | None:
+    """Why `flag` of spec.engine.args is no flag of the engine's server (None when it is, or
+    when the engine's flags are not known: SGLang-TorchTPU is not public)."""
+    if engine != "sglang-jax":
+        return None
+    name = "--" + flag.lstrip("-").split("=", 1)[0]
+    found = sgl_jax_flags.unknown_flag(name)
+    if found is None:
+        return None
+    return f"{found} is not a flag of SGLang-JAX's server; allowed: {sgl_jax_flags.ALLOWED_TEXT}"
+
+
+def extra_args(args: Mapping[str, Any], engine: str = "sglang") -> tuple[str, ...]:
+    """spec.engine.args as SGLang arguments: `{a: 1, b: true, c: false}` -> `--a 1 --b`.
+    With sglang-jax, a value of a flag that takes a list (`--precompile-bs-paddings`) is
+    split on spaces and commas: `"8 16, 32"` -> `--precompile-bs-paddings 8 16 32`."""
     out: list[str] = []
     for name, value in args.items():
         flag = "--" + name.lstrip("-")
         if value is True:
             out.append(flag)
         elif value is not False and value is not None:
-            out += [flag, str(value)]
+            if engine == "sglang-jax" and sgl_jax_flags.takes_list(flag):
+                out += [flag, *str(value).replace(",", " ").split()]
+            else:
+                out += [flag, str(value)]
     return tuple(out)
 
 
@@ -131,7 +158,7 @@ def group_contract(
             else json.dumps(spec.model.architecture.hf_config(), separators=(",", ":"))
         ),
         "lora_adapters": tuple(lora.lora_path(a.name, a.source) for a in spec.model.lora_adapters),
-        "sglang_extra_args": extra_args(spec.engine.args),
+        "sglang_extra_args": extra_args(spec.engine.args, spec.engine.type),
         "weights_cache_dir": paths.weights_cache_dir,
         "compile_cache_dir": paths.compile_cache_dir,
         "engine_version": engine_version,

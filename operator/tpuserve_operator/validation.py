@@ -39,7 +39,12 @@ from tpuserve_operator import (
     launch_contract,
     model_profile,
 )
-from tpuserve_operator.api import MAX_NAME_LENGTH, SERVER_NAME, TPUModelServerSpec
+from tpuserve_operator.api import (
+    MAX_NAME_LENGTH,
+    SERVER_NAME,
+    TPU_ENGINE_TYPES,
+    TPUModelServerSpec,
+)
 from tpuserve_operator.build import cel
 from tpuserve_operator.build.crd import openapi_schema
 from tpuserve_operator.conditions import Reason
@@ -103,11 +108,13 @@ def validate(name: str, spec: Mapping[str, Any], *, cel_rules: bool = True) -> V
     problems += disaggregation.problems(model, shape)
     problems += _owned_overrides(model)
     problems += _scale_to_zero(model)
+    problems += _sgl_jax_router(model)
     if shape is not None:
         problems += _fit(model, shape)
         profile = model_profile.profile_of(model)
         problems += host_kv.problems(model, shape, profile)
-    machine = shape.machine if shape is not None and model.engine.type == "sglang" else None
+    on_tpu = model.engine.type in TPU_ENGINE_TYPES
+    machine = shape.machine if shape is not None and on_tpu else None
     problems += engine_resources.problems(model.engine.resources, machine)
     if model.disaggregation is not None:
         for role in disaggregation.ROLES:
@@ -310,12 +317,15 @@ def _owned_args(spec: TPUModelServerSpec, field: str, args: Mapping[str, Any]) -
                     reason=Reason.RESERVED_FIELD,
                 )
             )
-        elif launch_contract.is_owned_flag(flag):
+        elif (unknown := launch_contract.unknown_flag(flag, spec.engine.type)) is not None:
+            problems.append(Problem(path, unknown))
+        elif launch_contract.is_owned_flag(flag, spec.engine.type):
             problems.append(
                 Problem(
                     path,
                     f"--{flag.lstrip('-')} is set by the operator from the spec; allowed: "
-                    "SGLang flags the operator does not set",
+                    f"{'SGLang-JAX' if spec.engine.type == 'sglang-jax' else 'SGLang'} flags "
+                    "the operator does not set",
                     reason=Reason.RESERVED_FIELD,
                 )
             )
@@ -339,6 +349,19 @@ def _scale_to_zero(spec: TPUModelServerSpec) -> list[Problem]:
     ]
 
 
+def _sgl_jax_router(spec: TPUModelServerSpec) -> list[Problem]:
+    """SGLang-JAX publishes no KV events: a router told to subscribe would wait for none."""
+    if spec.engine.type != "sglang-jax" or spec.router.kv_events is not True:
+        return []
+    return [
+        Problem(
+            "spec.router.kvEvents",
+            "true is not allowed with spec.engine.type sglang-jax: SGLang-JAX publishes no KV "
+            "events (its router learns prefixes from what it routes); allowed: false or unset",
+        )
+    ]
+
+
 def _fit(spec: TPUModelServerSpec, shape: SliceShape) -> list[Problem]:
     """The fit check, when the performance model knows the model; otherwise no opinion."""
     profile = model_profile.profile_of(spec)
@@ -352,6 +375,7 @@ def _fit(spec: TPUModelServerSpec, shape: SliceShape) -> list[Problem]:
             spec.model.quantization,
             spec.engine.kv_cache_dtype,
             context_length,
+            engine=spec.engine.type,
         )
     except perf_model.ModelDoesNotFit as err:
         return [Problem("spec.tpu.topology", str(err), reason=Reason.MODEL_DOES_NOT_FIT)]

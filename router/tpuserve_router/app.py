@@ -231,6 +231,7 @@ def create_router_app(
             policy.queued_prefill_tokens,
             interval_seconds=config.load_poll_interval_seconds,
             timeout_seconds=config.health_check_timeout_seconds,
+            engine_type=config.engine_type,
         )
     quotas = Quotas()
     keys: KeyStore | None = None
@@ -367,7 +368,10 @@ def _closed(metrics: RouterMetrics, reason: str) -> None:
 
 
 def _worker_states(workers: WorkerRegistry) -> list[WorkerState]:
-    return [WorkerState(w.name, w.models, w.healthy, w.own_in_flight) for w in workers.workers]
+    return [
+        WorkerState(w.name, w.models, w.healthy, w.own_in_flight, w.engine_type, w.engine_load)
+        for w in workers.workers
+    ]
 
 
 @dataclass(eq=False, repr=False, kw_only=True)

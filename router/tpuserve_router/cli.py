@@ -31,6 +31,7 @@ from tpuserve_router.config import (
     DEFAULT_POLICY,
     DEFAULT_WORKER_URL_ANNOTATION,
     DISCOVERY_MODES,
+    ENGINE_TYPES,
     PD_POLICIES,
     ConfigError,
     RouterConfig,
@@ -166,6 +167,16 @@ OPTIONS: tuple[Option, ...] = (
         "/server_info unless a pod annotation gives them), or not (--no-kv-events). "
         "Default: when the policy uses them (precise, cost).",
         switch=True,
+    ),
+    Option(
+        "--engine-type",
+        "engine_type",
+        str,
+        "The engine the workers run: sglang (load from /v1/loads, KV events), sglang-jax "
+        "(SGLang-JAX: load from /get_server_info's internal states, no KV events, approximate "
+        "prefix routing) or auto (default: each worker's detected, SGLang-JAX when it has no "
+        "/v1/loads and its /get_server_info shows SGLang-JAX's internal states).",
+        choices=ENGINE_TYPES,
     ),
     Option(
         "--kv-snapshot-from",

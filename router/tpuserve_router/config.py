@@ -26,6 +26,8 @@ from sglang_tpu.disaggregation import (
 from sglang_tpu.perf_model import DEFAULT_PROFILE
 
 DEFAULT_POLICY = "precise"
+ENGINE_TYPES: Final = ("auto", "sglang", "sglang-jax")
+"""``--engine-type``: which engine the workers run (`engines.engine_types`); auto: detected."""
 """The routing policy when none is given: the winner of the routing benchmark (issue 8,
 docs/benchmarks.md): best or tied p99 on W1-W6 and W8 with KV events, p99 TTFT at the oracle's
 level on the long-context W9 and W10 (issue 14), about even with cache_aware without them.
@@ -85,6 +87,7 @@ class RouterConfig:
     policy: str = DEFAULT_POLICY
     policy_params: dict[str, str] = field(default_factory=dict)
     kv_events: bool | None = None  # None (auto): subscribe when the policy uses KV events
+    engine_type: str = "auto"  # ENGINE_TYPES: the workers' engine, or detected per worker
     kv_snapshot_from: str | None = None  # a peer router's URL (kv_events.py: snapshots)
     kv_snapshot_key_file: str | None = None  # holds an admin key the peer accepts
     # A snapshot from a peer (over HTTP, or over peering: peer_snapshot.py): how long a start
@@ -222,6 +225,10 @@ class RouterConfig:
                 problems.append(message)
 
         need(0 <= self.port <= 65535, f"port={self.port}: allowed 0..65535 (0 = any free)")
+        need(
+            self.engine_type in ENGINE_TYPES,
+            f"engine_type={self.engine_type!r}: allowed {', '.join(ENGINE_TYPES)}",
+        )
         if self.metrics_port is not None:
             need(
                 0 <= self.metrics_port <= 65535,

@@ -168,8 +168,10 @@ class _SeriesCollector(Collector):
 
 # Seconds; TTFT on TPU ranges from tens of ms (cached prefix) to tens of seconds (queues).
 TTFT_BUCKETS_SECONDS: Final = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+"""2.0 is the TTFT SLO's bound (`tpuserve.observability.rules.TTFT_SLO_SECONDS`): the SLO's
+good ratio of an engine without SGLang's histogram reads this one."""
 E2E_BUCKETS_SECONDS: Final = (
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )  # fmt: skip
@@ -559,6 +561,8 @@ class WorkerState:
     models: tuple[str, ...]
     healthy: bool
     in_flight: int
+    engine_type: str = "auto"
+    engine_load: Any = None  # `engines.engine_types.EngineLoad` of its last load poll
 
 
 class StateCollector(Collector):
@@ -566,6 +570,11 @@ class StateCollector(Collector):
 
     - ``tpuserve_router_in_flight_requests{worker}``
     - ``tpuserve_router_worker_healthy{model,worker}``
+    - ``tpuserve_router_worker_engine_requests{worker,state}`` and
+      ``tpuserve_router_worker_kv_usage{worker}``: the engine's own counts as its last load
+      poll read them (SGLang's ``/v1/loads``, SGLang-JAX's ``/get_server_info``), so an engine
+      without ``sglang:*`` series still shows its queue and KV pool
+    - ``tpuserve_router_worker_engine_info{worker,engine_type}`` (1)
     - ``tpuserve_router_prefix_index_size{kind}``
     - ``tpuserve_router_client_connections`` (open on the client port)
     - ``tpuserve_router_buffered_request_bytes`` (request bodies held, `--max-buffered-bytes`)
@@ -594,10 +603,35 @@ class StateCollector(Collector):
             "1 if the worker is routable (health checks pass, not ejected as an outlier), else 0.",
             labels=["model", "worker"],
         )
+        requests = GaugeMetricFamily(
+            "tpuserve_router_worker_engine_requests",
+            "Requests the worker's engine holds, running or waiting, as its last load poll "
+            "read them (all router replicas' and other clients' requests).",
+            labels=["worker", "state"],
+        )
+        kv_usage = GaugeMetricFamily(
+            "tpuserve_router_worker_kv_usage",
+            "Share of the worker's KV pool in use (its most loaded DP rank), as its last load "
+            "poll read it.",
+            labels=["worker"],
+        )
+        engine_info = GaugeMetricFamily(
+            "tpuserve_router_worker_engine_info",
+            "Always 1; engine_type is the engine the router takes the worker for (sglang, "
+            "sglang-jax, or auto while not known).",
+            labels=["worker", "engine_type"],
+        )
         for worker in self._workers():
             in_flight.add_metric([worker.name], worker.in_flight)
             for model in worker.models or ("",):
                 healthy.add_metric([model, worker.name], 1.0 if worker.healthy else 0.0)
+            engine_info.add_metric([worker.name, worker.engine_type], 1.0)
+            load = worker.engine_load
+            if load is not None:
+                requests.add_metric([worker.name, "running"], load.running)
+                requests.add_metric([worker.name, "waiting"], load.waiting)
+                if load.kv_usage is not None:
+                    kv_usage.add_metric([worker.name], load.kv_usage)
         index = GaugeMetricFamily(
             "tpuserve_router_prefix_index_size",
             "Size of the routing policy's prefix index: tree_chars (cache_aware), "
@@ -620,6 +654,9 @@ class StateCollector(Collector):
         )
         yield in_flight
         yield healthy
+        yield requests
+        yield kv_usage
+        yield engine_info
         yield index
         yield connections
         yield buffered

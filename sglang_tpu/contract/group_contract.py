@@ -13,7 +13,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from sglang_tpu import hicache, lora, model_config, model_source, perf_model, sglang_flags
+from sglang_tpu import (
+    hicache,
+    lora,
+    model_config,
+    model_source,
+    perf_model,
+    sgl_jax_flags,
+    sglang_flags,
+)
 from sglang_tpu.contract.env_names import REPLICA_PLACEHOLDER, Var
 from sglang_tpu.contract.fields import (
     ABSOLUTE_PATH,
@@ -71,6 +79,16 @@ def _shape_from(info: ValidationInfo) -> SliceShape | None:
     return lookup(generation, topology)
 
 
+# What SGLang-JAX accepts of the contract's engine settings (field -> values, allowed text).
+_SGL_JAX_ALLOWED: dict[str, tuple[tuple[object, ...], str]] = {
+    "execution_mode": (("compiled",), "compiled (JAX compiles every step; the eager modes "
+                       "are TorchTPU's)"),
+    "quantization": (("none", "fp8"), "none or fp8"),
+    "host_kv_size_gb": ((), f"unset, with {Var.HOST_KV_RATIO} instead (SGLang-JAX sizes its "
+                        "host pool as a ratio of the device pool)"),
+}  # fmt: skip
+
+
 def _span(ports: range) -> str:
     return str(ports.start) if len(ports) == 1 else f"{ports.start}-{ports.stop - 1}"
 
@@ -96,18 +114,20 @@ class GroupContract(BaseModel):
         "The `model` clients send (`/v1/models`).",
         default=None,
     )
-    engine: Literal["sglang", "simulated"] = var(
+    engine: Literal["sglang", "sglang-jax", "simulated"] = var(
         Var.ENGINE,
-        "sglang, simulated",
-        "sglang runs SGLang on TorchTPU; simulated runs `tpuserve engine sim` with the "
+        "sglang, sglang-jax, simulated",
+        "sglang runs SGLang on TorchTPU; sglang-jax runs SGLang-JAX (`sgl_jax`, SGLang's "
+        "JAX engine; docs/sglang-jax.md); simulated runs `tpuserve engine sim` with the "
         "same topology and ports (CPU-only clusters).",
         default="sglang",
     )
     device: Literal["tpu", "cpu"] = var(
         Var.DEVICE,
         "tpu, cpu",
-        "Where SGLang runs: tpu (TorchTPU) or cpu, a development target that starts real "
-        "SGLang on this machine's CPU (one host; no TorchTPU environment).",
+        "Where SGLang runs: tpu (TorchTPU; JAX's TPU platform for sglang-jax) or cpu, a "
+        "development target that starts the real engine on this machine's CPU (one host; "
+        "with sglang-jax, one CPU device per host and as many hosts as the slice has).",
         default="tpu",
     )
     generation: str = var(
@@ -281,8 +301,9 @@ class GroupContract(BaseModel):
     sglang_python: str | None = var(
         Var.SGLANG_PYTHON,
         "an absolute path or a command name on PATH",
-        "The Python interpreter that runs SGLang; default: python3 on tpu (the image's), the "
-        "launcher's own interpreter on cpu.",
+        "The Python interpreter that runs the engine (SGLang, or SGLang-JAX with "
+        "sglang-jax); default: python3 on tpu (the image's), the launcher's own interpreter "
+        "on cpu.",
         default=None,
     )
     cpu_kernel_shim_dir: str | None = var(
@@ -414,7 +435,8 @@ class GroupContract(BaseModel):
         shape = _shape_from(info)
         if shape is not None and value != shape.hosts:
             raise ValueError(f"{shape.key} has {shape.hosts} hosts, not {value}")
-        if info.data.get("device") == "cpu" and value > 1:
+        multi_host_cpu = info.data.get("engine") == "sglang-jax"  # JAX's distributed runtime
+        if info.data.get("device") == "cpu" and value > 1 and not multi_host_cpu:
             raise ValueError(f"{Var.DEVICE}=cpu runs on one host; choose a one-host topology")
         return value
 
@@ -514,9 +536,26 @@ class GroupContract(BaseModel):
             raise ValueError(problem)
         return value
 
+    @field_validator("execution_mode", "quantization", "host_kv_size_gb")
+    @classmethod
+    def _sgl_jax_refuses(cls, value: object, info: ValidationInfo) -> object:
+        """What SGLang-JAX does not have: TorchTPU's eager modes, the 4-bit formats, a host
+        pool sized in GB (it takes a ratio)."""
+        if info.data.get("engine") != "sglang-jax" or value is None:
+            return value
+        values, allowed = _SGL_JAX_ALLOWED[str(info.field_name)]
+        if value not in values:
+            raise ValueError(f"with {Var.ENGINE}=sglang-jax it must be {allowed}")
+        return value
+
     @field_validator("sglang_extra_args")
     @classmethod
     def _extra_args(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        if info.data.get("engine") == "sglang-jax":
+            problems = sgl_jax_flags.extra_args_problems(value)
+            if problems:
+                raise ValueError("; ".join(problems))
+            return value
         owned = sorted({f for f in map(sglang_flags.owned_flag, value) if f is not None})
         secret = sorted({a.split("=", 1)[0] for a in value} & sglang_flags.SECRET_FLAGS)
         lora_flags = sorted({a.split("=", 1)[0] for a in value} & set(lora.LORA_FLAGS))

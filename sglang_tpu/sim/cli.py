@@ -24,7 +24,7 @@ from sglang_tpu.sim.engine import EngineConfig
 from sglang_tpu.sim.kv_publisher import wire_from_env
 from sglang_tpu.sim.pd import PdSettings
 from sglang_tpu.sim.server import create_app
-from sglang_tpu.sim.service import SERVICE, ServerSettings
+from sglang_tpu.sim.service import FLAVORS, SERVICE, SGLANG_JAX, ServerSettings
 from sglang_tpu.sim.startup import STARTUP_DEFAULTS, StartupSettings
 from sglang_tpu.tasks import cancel_and_wait
 from sglang_tpu.tokenizer import TokenizerError, load_tokenizer
@@ -95,6 +95,14 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
     (
         "serving",
         (
+            Option(
+                "--flavor",
+                "Whose API and metrics to present: sglang (SGLang 0.5.23's) or sglang-jax "
+                "(SGLang-JAX's: /get_server_info with its internal states, /get_load 500, no "
+                "/server_info, no sglang:* metrics, no KV events) (default: %(default)s).",
+                source=ServerSettings,
+                choices=FLAVORS,
+            ),
             Option("--host", "Address to bind (default: %(default)s).", source=ServerSettings),
             Option(
                 "--port",
@@ -483,6 +491,11 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
             perf_model.check_fits(shape, profile, quant, kv_dtype, context)
         except ModelDoesNotFit as err:
             raise ConfigError(str(err)) from None
+    if args.flavor == SGLANG_JAX and args.disaggregation_mode != "null":
+        raise ConfigError(
+            f"--disaggregation-mode {args.disaggregation_mode} is not allowed with --flavor "
+            f"{SGLANG_JAX}; allowed: null (the twin's PD roles speak SGLang's bootstrap)"
+        )
     if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
         raise ConfigError("--kv-events-replay-endpoint needs --kv-events-endpoint")
     try:
@@ -518,7 +531,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         max_queued_requests=args.max_queued_requests,
         context_length=context,
         seed=args.seed,
-        emit_kv_events=bool(args.kv_events_endpoint),
+        emit_kv_events=bool(args.kv_events_endpoint) and args.flavor != SGLANG_JAX,
         host_cache_tokens=host_tokens,
         write_policy=args.hicache_write_policy,
     )
@@ -537,6 +550,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         stream_interval=args.stream_interval,
         host=args.host,
         port=args.port,
+        flavor=args.flavor,
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
         kv_events_topic=args.kv_events_topic,

@@ -294,16 +294,21 @@ async def handle_debug_radix_cache(request: web.Request) -> web.Response:
     return json_response(body)
 
 
-def add_routes(router: web.UrlDispatcher) -> None:
+def add_common_routes(router: web.UrlDispatcher) -> None:
+    """The routes every flavour answers alike: health, cache flush, the twin's debug view."""
     router.add_get("/health", handle_health)
     router.add_get("/health_generate", handle_health_generate)
+    router.add_get("/flush_cache", handle_flush_cache)
+    router.add_post("/flush_cache", handle_flush_cache)
+    router.add_get("/debug/radix_cache", handle_debug_radix_cache)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    """SGLang 0.5.23's information routes (the default flavour)."""
     router.add_get("/model_info", handle_model_info)
     router.add_get("/get_model_info", deprecated(handle_model_info, "/model_info"))
     router.add_get("/server_info", handle_server_info)
     router.add_get("/get_server_info", deprecated(handle_server_info, "/server_info"))
     router.add_get("/get_load", handle_get_load)
     router.add_get("/v1/loads", handle_loads)
-    router.add_get("/flush_cache", handle_flush_cache)
-    router.add_post("/flush_cache", handle_flush_cache)
     router.add_get("/metrics", handle_metrics)
-    router.add_get("/debug/radix_cache", handle_debug_radix_cache)

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from sglang_tpu.sim import jax_api
 from sglang_tpu.sim.generation import RequestRejected, prepare, run_request, run_to_end
 from sglang_tpu.sim.output_text import output_text
 from sglang_tpu.sim.protocol import (
@@ -32,7 +33,13 @@ from sglang_tpu.sim.responses import (
     sse_event,
     sse_start,
 )
-from sglang_tpu.sim.service import WEIGHT_VERSION, EngineService, service_of, weight_versions
+from sglang_tpu.sim.service import (
+    SGLANG_JAX,
+    WEIGHT_VERSION,
+    EngineService,
+    service_of,
+    weight_versions,
+)
 
 TIMING_KEYS = frozenset(
     {
@@ -100,11 +107,13 @@ def meta_info(svc: EngineService, req: Request, sent_at: float | None) -> dict[s
 
 
 def _body(svc: EngineService, req: Request, sent_at: float | None) -> dict[str, Any]:
-    return {
-        "text": output_text(req, svc.core.palette),
-        "output_ids": list(req.output_ids),
-        "meta_info": meta_info(svc, req, sent_at),
-    }
+    info = (
+        jax_api.meta_info(req)
+        if svc.settings.flavor == SGLANG_JAX
+        else meta_info(svc, req, sent_at)
+    )
+    return {"text": output_text(req, svc.core.palette), "output_ids": list(req.output_ids),
+            "meta_info": info}  # fmt: skip
 
 
 async def _stream_error(request: web.Request, err: InvalidRequest) -> web.StreamResponse:

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from sglang_tpu.lora import split_model
+from sglang_tpu.sim import jax_api
 from sglang_tpu.sim.generation import RequestRejected, prepare, run_request, run_to_end
 from sglang_tpu.sim.output_text import output_text
 from sglang_tpu.sim.protocol import (
@@ -34,7 +35,14 @@ from sglang_tpu.sim.responses import (
     sse_event,
     sse_start,
 )
-from sglang_tpu.sim.service import WEIGHT_VERSION, EngineService, service_of, weight_versions
+from sglang_tpu.sim.service import (
+    SGLANG,
+    SGLANG_JAX,
+    WEIGHT_VERSION,
+    EngineService,
+    service_of,
+    weight_versions,
+)
 
 DEFAULT_MODEL_NAME = "default"  # what SGLang's OpenAI routes echo when a request names no model
 
@@ -67,8 +75,11 @@ def _error(err: InvalidRequest) -> web.Response:
     return openai_error(str(err), err.status, err.param, error_type=error_type)
 
 
-def usage(req: Request, *, enable_cache_report: bool) -> dict[str, Any]:
-    """SGLang's `UsageInfo` of a finished request (null fields included)."""
+def usage(req: Request, *, enable_cache_report: bool, flavor: str = SGLANG) -> dict[str, Any]:
+    """SGLang's `UsageInfo` of a finished request (null fields included); SGLang-JAX's with
+    ``flavor`` sglang-jax (`jax_api.usage`)."""
+    if flavor == SGLANG_JAX:
+        return jax_api.usage(req, enable_cache_report=enable_cache_report)
     details = {"cached_tokens": req.cached_tokens} if enable_cache_report else None
     return {
         "prompt_tokens": len(req.input_ids),
@@ -131,6 +142,7 @@ async def _respond(
     palette = svc.core.palette
     model = gen.model or DEFAULT_MODEL_NAME
     report = svc.settings.enable_cache_report
+    flavor = svc.settings.flavor
     created = int(time.time())
     rid = req.rid
     obj = "chat.completion" if chat else "text_completion"
@@ -152,12 +164,14 @@ async def _respond(
                 }
             else:
                 choice["text"] = text
-            return json_response(
-                {"id": rid, "object": obj, "created": created, "model": model,
-                 "choices": [choice], "usage": usage(req, enable_cache_report=report),
-                 "metadata": {"weight_version": WEIGHT_VERSION,
-                              "weight_versions": weight_versions(req)}}
-            )  # fmt: skip
+            body = {"id": rid, "object": obj, "created": created, "model": model,
+                    "choices": [choice],
+                    "usage": usage(req, enable_cache_report=report, flavor=flavor),
+                    "metadata": {"weight_version": WEIGHT_VERSION,
+                                 "weight_versions": weight_versions(req)}}  # fmt: skip
+            if flavor == SGLANG_JAX:  # its responses have no weight-version metadata
+                del body["metadata"]
+            return json_response(body)
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
         resp: web.StreamResponse | None = None
         sent_text = 0
@@ -181,6 +195,7 @@ async def _respond(
             body = {"id": rid, "object": chunk_obj, "created": created, "model": model,
                     "choices": [c]}  # fmt: skip
             running = gen.continuous_usage and (delta or not chat) and not first
+            running = running and svc.settings.flavor != SGLANG_JAX  # its StreamOptions lack it
             if running:  # SGLang: on content chunks (chat), on every chunk (completions)
                 body["usage"] = running_usage(req, chat=chat, enable_cache_report=report)
             elif not chat:
@@ -204,7 +219,7 @@ async def _respond(
         if chat:
             await sse_event(resp, chunk(None, _finish_reason(req.finish_reason)))
         if gen.include_usage:
-            final = usage(req, enable_cache_report=report)
+            final = usage(req, enable_cache_report=report, flavor=flavor)
             await sse_event(
                 resp,
                 {"id": rid, "object": chunk_obj, "created": created, "model": model,

@@ -8,6 +8,9 @@ route family:
 
 - `native_api`: ``/generate``;
 - `openai_api`: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``;
+- `jax_api`: what the SGLang-JAX flavour (``--flavor sglang-jax``) answers instead of
+  `info_api`'s SGLang routes (``/get_server_info``, ``/get_model_info``, ``/get_load``,
+  ``/metrics``, and 404 for SGLang's routes it lacks);
 - `info_api`: ``/health``, ``/health_generate``, ``/get_model_info`` (and ``/model_info``),
   ``/get_server_info`` (and ``/server_info``), ``/flush_cache``, ``/metrics``, ``/get_load``,
   ``/v1/loads``, plus the tpuserve-specific ``/debug/radix_cache``.
@@ -27,10 +30,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.typedefs import Handler, Middleware
 
-from sglang_tpu.sim import info_api, native_api, openai_api
+from sglang_tpu.sim import info_api, jax_api, native_api, openai_api
 from sglang_tpu.sim.pd import FAULTS, MAX_FAULTS
 from sglang_tpu.sim.responses import json_response
-from sglang_tpu.sim.service import SERVICE, EngineService, ServerSettings
+from sglang_tpu.sim.service import SERVICE, SGLANG_JAX, EngineService, ServerSettings
 from sglang_tpu.sim.startup import AFTER_LISTENING, BEFORE_LISTENING, ColdStart
 from sglang_tpu.tasks import cancel_and_wait
 
@@ -127,7 +130,11 @@ def create_app(settings: ServerSettings) -> web.Application:
     app.cleanup_ctx.append(lifetime)
     native_api.add_routes(app.router)
     openai_api.add_routes(app.router)
-    info_api.add_routes(app.router)
+    info_api.add_common_routes(app.router)
+    if settings.flavor == SGLANG_JAX:
+        jax_api.add_routes(app.router)
+    else:
+        info_api.add_routes(app.router)
     if settings.pd.enabled and settings.enable_debug_endpoints:
         app.router.add_post("/debug/pd_fault", handle_pd_fault)
     return app

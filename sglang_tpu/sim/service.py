@@ -35,6 +35,10 @@ from sglang_tpu.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+SGLANG = "sglang"
+SGLANG_JAX = "sglang-jax"
+FLAVORS = (SGLANG, SGLANG_JAX)
+"""Whose API the twin presents (`--flavor`): SGLang 0.5.23's, or SGLang-JAX's (`jax_api`)."""
 WEIGHT_VERSION = "default"  # SGLang's --weight-version default; the twin's weights never change
 
 
@@ -67,6 +71,7 @@ class ServerSettings:
     launch_command: str | None = None  # the command line, reported by /server_info
     startup: StartupSettings = STARTUP_DEFAULTS  # the cold-start model (`sim/startup.py`)
     pd: PdSettings = PD_COLOCATED  # SGLang's --disaggregation-* flags (`sim/pd.py`)
+    flavor: str = SGLANG  # whose API and metrics it presents (`FLAVORS`)
 
 
 class EngineService:
@@ -80,7 +85,13 @@ class EngineService:
         self.publisher: KVEventPublisher | None = None
         sink: Callable[[list[KVEvent]], None] | None = None
         engine_config = settings.engine
-        if settings.kv_events_endpoint:
+        if settings.kv_events_endpoint and settings.flavor == SGLANG_JAX:
+            log.warning(
+                "--flavor %s publishes no KV events (SGLang-JAX parses --kv-events-config and "
+                "nothing reads it): --kv-events-endpoint is reported, not bound",
+                SGLANG_JAX,
+            )
+        elif settings.kv_events_endpoint:
             self.publisher = KVEventPublisher(
                 settings.kv_events_endpoint,
                 settings.kv_events_replay_endpoint,

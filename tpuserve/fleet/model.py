@@ -104,7 +104,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from sglang_tpu.perf_model import ModelProfile, StepTimer, get_profile, kv_pool_tokens
+from sglang_tpu.perf_model import ENGINES, ModelProfile, StepTimer, get_profile, kv_pool_tokens
 from sglang_tpu.topology import CatalogError, SliceShape, lookup
 from tpuserve.bench import mooncake
 from tpuserve_operator import scaling_behavior
@@ -213,6 +213,9 @@ class FleetConfig:
     block_tokens: int = BLOCK_TOKENS
     """Prefix-cache granularity (Mooncake's traces: 512-token blocks)."""
     profile: ModelProfile | None = None
+    engine: str = "sglang"
+    """Whose step times (`perf_model.ENGINES`): SGLang's (the twin's), or SGLang-JAX's
+    (`sglang_tpu.sgl_jax_steps`: its host terms and padding)."""
     """A model profile not in the catalog (from a config.json); None: ``model``'s."""
     bursts_per_hour: float = 2.0
     burst_factor: float = 2.0
@@ -246,6 +249,8 @@ class FleetConfig:
         def bad(name: str, value: Any, allowed: str) -> ValueError:
             return ValueError(f"{name}: {value!r} is not allowed; allowed: {allowed}")
 
+        if self.engine not in ENGINES:
+            raise bad("engine", self.engine, ", ".join(ENGINES))
         try:
             lookup(self.generation, self.topology)
         except CatalogError as err:
@@ -515,8 +520,8 @@ class FleetSim:
         shape = c.shape
         profile = c.profile or get_profile(c.model, "model")
         self.chips = shape.chips
-        self.timer = StepTimer(shape, profile, c.quantization)
-        self.pool = kv_pool_tokens(shape, profile, c.quantization)
+        self.timer = StepTimer(shape, profile, c.quantization, engine=c.engine)
+        self.pool = kv_pool_tokens(shape, profile, c.quantization, engine=c.engine)
         self.host_blocks = c.host_cache_tokens // self.block
         self.tiered = self.host_blocks > 0 and not c.tier_blind_routing and c.policy == "precise"
         """``precise`` routes by tier (`decide_tiered`) once some engine holds host blocks."""

@@ -20,6 +20,11 @@ Conventions (docs/observability.md explains each):
   `sglang:cache_hit_rate` gauge (it is reset to 0 on every decode log).
 - SLO thresholds sit on bucket boundaries of SGLang's default histograms, written as the float
   `le` labels prometheus_client emits.
+- an engine without `sglang:` series (SGLang-JAX) is shown from the router's own per-worker
+  series: each pod-level rule is `<from sglang:> or <from the router>`, the router's `worker`
+  (`http://IP:PORT`) joined to the engine pod whose scrape target is that address (the
+  PodMonitor scrapes the port the router dials), taking its pod labels from the engine's
+  `up` series (`_at_engine_pods`). `or` keeps an engine's own series wherever it has them.
 """
 
 from __future__ import annotations
@@ -45,6 +50,51 @@ if ITL_SLO_SECONDS not in sg.ITL_BUCKETS_SECONDS:
 # Labels a pod-level series keeps: where it runs, what it serves, on which slice.
 POD = "namespace, pod, model_name, tpu_generation, tpu_topology"
 RANK0 = 'tp_rank="0", pp_rank="0"'
+# Router series the fallbacks read (declared in router/tpuserve_router/metrics.py).
+ROUTER_PROMPT_TOKENS = "tpuserve_router_prompt_tokens_total"
+ROUTER_CACHED_TOKENS = "tpuserve_router_cached_tokens_total"
+ROUTER_COMPLETION_TOKENS = "tpuserve_router_completion_tokens_total"
+ROUTER_TTFT = "tpuserve_router_ttft_seconds"
+ROUTER_E2E = "tpuserve_router_e2e_latency_seconds"
+ROUTER_ENGINE_REQUESTS = "tpuserve_router_worker_engine_requests"
+ROUTER_KV_USAGE = "tpuserve_router_worker_kv_usage"
+ANSWERED = 'worker!="none", status=~"2.."'
+# Every scraped model-server pod with its labels, by the address Prometheus scraped (1 each).
+ENGINE_PODS = (
+    "group by (instance, namespace, pod, model, tpu_generation, tpu_topology) "
+    '(up{job=~".*model-server"})'
+)
+
+
+def _at_engine_pods(by_worker: str, agg: str = "sum", by: str = POD, role: bool = False) -> str:
+    """``by_worker`` (a router vector by ``worker``, every router replica summed or maxed) on
+    the engine pods' labels: ``worker`` ``http://IP:PORT`` is the ``instance`` of the engine
+    pod's scrape target, whose ``up`` gives namespace, pod, model (as ``model_name``) and
+    slice. ``role`` adds ``engine_type="unified"`` (SGLang's label of a colocated engine)."""
+    inner = f'label_replace({by_worker}, "instance", "$1", "worker", "https?://(.+)")'
+    if role:
+        inner = f'label_replace({inner}, "engine_type", "unified", "worker", ".*")'
+    return (
+        f"{agg} by ({by}) (\n  label_replace(\n    {inner}\n"
+        "    * on (instance) group_left (namespace, pod, model, tpu_generation, tpu_topology)\n"
+        f'    {ENGINE_PODS},\n    "model_name", "$1", "model", "(.+)"\n  )\n)'
+    )
+
+
+def _pod_rate(
+    sglang: str, router: str, window: str, selector: str = "", by: str = POD, role: bool = False
+) -> str:
+    """An engine's counter rate per pod: its ``sglang:`` series, else the router's."""
+    own = f"sum by ({by}) ({_rate(sglang, window, selector)})"
+    answered = ANSWERED if router == ROUTER_REQUESTS else ""
+    fallback = _at_engine_pods(f"sum by (worker) ({_rate(router, window, answered)})", by=by,
+                               role=role)  # fmt: skip
+    return f"{own}\nor\n{fallback}"
+
+
+def _model_router(expr_by_model: str) -> str:
+    """A router vector by ``model`` relabelled ``model_name``."""
+    return f'label_replace({expr_by_model}, "model_name", "$1", "model", "(.+)")'
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +145,37 @@ def _rate(metric: str, window: str, selector: str = "") -> str:
 
 def _good_ratio(histogram: sg.MetricSpec, threshold: float, window: str) -> str:
     bucket, count = f"{histogram.name}_bucket", f"{histogram.name}_count"
-    good = _rate(bucket, window, f'le="{threshold!r}"')
-    return f"sum by (model_name) ({good})\n  / (sum by (model_name) ({_rate(count, window)}) > 0)"
+    le = f'le="{threshold!r}"'
+    own = (
+        f"sum by (model_name) ({_rate(bucket, window, le)})\n"
+        f"  / (sum by (model_name) ({_rate(count, window)}) > 0)"
+    )
+    router = ROUTER_HISTOGRAMS.get(histogram.name)
+    if router is None:
+        return own
+    good = _model_router(f"sum by (model) ({_rate(router + '_bucket', window, le)})")
+    total = _model_router(f"sum by (model) ({_rate(router + '_count', window)})")
+    return f"{own}\nor\n{good}\n  / ({total} > 0)"
 
 
 def _quantile(q: float, histogram: sg.MetricSpec, window: str, by: str = "model_name") -> str:
-    return (
-        f"histogram_quantile({q}, sum by (le, {by}) ({_rate(histogram.name + '_bucket', window)}))"
-    )
+    rate = _rate(histogram.name + "_bucket", window)
+    own = f"histogram_quantile({q}, sum by (le, {by}) ({rate}))"
+    router = ROUTER_HISTOGRAMS.get(histogram.name)
+    if router is None:
+        return own
+    buckets = _model_router(_rate(router + "_bucket", window))
+    if "engine_type" in by:
+        buckets = f'label_replace({buckets}, "engine_type", "unified", "model", ".*")'
+    return f"{own}\nor\nhistogram_quantile({q}, sum by (le, {by}) ({buckets}))"
+
+
+ROUTER_HISTOGRAMS = {
+    sg.TIME_TO_FIRST_TOKEN.name: ROUTER_TTFT,
+    sg.E2E_REQUEST_LATENCY.name: ROUTER_E2E,
+}
+"""SGLang's histograms the router has its own of (TTFT of streamed requests, end to end), for
+an engine without SGLang's series. Inter-token latency and queue time it does not see."""
 
 
 def token_rules() -> Group:
@@ -116,25 +189,26 @@ def token_rules() -> Group:
     rules: list[Recording | Alert] = [
         Recording(
             "pod:sglang_prompt_tokens:rate1m",
-            f"sum by ({POD}) ({_rate(prompt, '1m')})",
-            "Prompt (input) tokens/s of each model server, cached ones included.",
+            _pod_rate(prompt, ROUTER_PROMPT_TOKENS, "1m"),
+            "Prompt (input) tokens/s of each model server, cached ones included (an engine "
+            "without SGLang's series: the router's count of its answers' usage).",
         ),
         Recording(
             "pod:sglang_cached_tokens:rate1m",
-            f"sum by ({POD}) ({_rate(cached, '1m')})",
+            _pod_rate(cached, ROUTER_CACHED_TOKENS, "1m"),
             "Prompt tokens/s served from the prefix cache, summed over cache tiers.",
         ),
         Recording(
             "pod:sglang_generation_tokens:rate1m",
-            f"sum by ({POD}) ({_rate(generated, '1m')})",
+            _pod_rate(generated, ROUTER_COMPLETION_TOKENS, "1m"),
             "Output tokens/s counted when requests finish (lags by the request duration).",
         ),
         Recording(
             "pod:sglang_decode_tokens:rate1m",
             f"sum by ({POD}) ({_rate(realtime, '1m', decode_rank0)})\n"
-            f"or\nsum by ({POD}) ({_rate(generated, '1m')})",
+            f"or\n{_pod_rate(generated, ROUTER_COMPLETION_TOKENS, '1m')}",
             "Output tokens/s as decoded (SGLang's real-time counter, TP rank 0 only); falls back "
-            "to the finish-time counter on servers without it.",
+            "to the finish-time counter on servers without it, then to the router's count.",
         ),
     ]
     for what, doc in (
@@ -171,8 +245,10 @@ def token_rules() -> Group:
         ),
         Recording(
             "model:sglang_requests:rate1m",
-            f"sum by (model_name) ({_rate(sg.NUM_REQUESTS.name, '1m')})",
-            "Finished requests/s per model.",
+            f"sum by (model_name) ({_rate(sg.NUM_REQUESTS.name, '1m')})\nor\n"
+            + _model_router(f"sum by (model) ({_rate(ROUTER_REQUESTS, '1m', ANSWERED)})"),
+            "Finished requests/s per model (an engine without SGLang's series: the requests "
+            "the routers had answered by it).",
         ),
         Recording(
             "fleet:sglang_requests:rate1m",
@@ -180,6 +256,8 @@ def token_rules() -> Group:
             "Finished requests/s of the whole fleet.",
         ),
     ]
+    pod_cached = _pod_rate(cached, ROUTER_CACHED_TOKENS, "5m")
+    pod_prompt = _pod_rate(prompt, ROUTER_PROMPT_TOKENS, "5m")
     for level, by in (
         ("pod", f"sum by ({POD})"),
         ("model", "sum by (model_name)"),
@@ -188,7 +266,7 @@ def token_rules() -> Group:
         rules.append(
             Recording(
                 f"{level}:sglang_prefix_cache_hit:ratio_rate5m",
-                f"{by} ({_rate(cached, '5m')})\n  / ({by} ({_rate(prompt, '5m')}) > 0)",
+                f"{by} (\n{pod_cached}\n)\n  / ({by} (\n{pod_prompt}\n) > 0)",
                 f"Share of prompt tokens served from the prefix cache ({level}), from counters.",
             )
         )
@@ -206,8 +284,8 @@ def chip_and_cost_rules() -> Group:
     model_of = (
         f"on (namespace, pod) group_left (model_name) max by (namespace, pod, model_name) ({info})"
     )
-    generated_1h = _rate(sg.GENERATION_TOKENS.name, "1h")
-    prompt_1h = _rate(sg.PROMPT_TOKENS.name, "1h")
+    generated_1h = f"(\n{_pod_rate(sg.GENERATION_TOKENS.name, ROUTER_COMPLETION_TOKENS, '1h')}\n)"
+    prompt_1h = f"(\n{_pod_rate(sg.PROMPT_TOKENS.name, ROUTER_PROMPT_TOKENS, '1h')}\n)"
     # Tokens of the models that own chips now (a model whose replicas are gone has no cost).
     owned = "and on (model_name) model:tpuserve_replica_tpu_chips:sum"
     served_tokens = (
@@ -371,17 +449,41 @@ def autoscaling_rules() -> Group:
     engines."""
     by = f"{POD}, engine_type"
     prompt, cached, requests = sg.PROMPT_TOKENS.name, sg.CACHED_TOKENS.name, sg.NUM_REQUESTS.name
+    router_prompt, router_cached, router_requests = (
+        _at_engine_pods(f"sum by (worker) ({_rate(name, '5m', sel)})", by=by, role=True)
+        for name, sel in (
+            (ROUTER_PROMPT_TOKENS, ""), (ROUTER_CACHED_TOKENS, ""), (ROUTER_REQUESTS, ANSWERED)
+        )
+    )  # fmt: skip
+
+    def engine_gauge(spec: sg.MetricSpec, router: str) -> str:
+        own = f"max by ({by}) ({spec.name}{{{RANK0}}})"
+        fallback = _at_engine_pods(f"max by (worker) ({router})", agg="max", by=by, role=True)
+        return f"{own}\nor\n{fallback}"
+
     rules: list[Recording | Alert] = [
         Recording(
             "pod:sglang_uncached_prompt_tokens_per_request:ratio_rate5m",
             f"(sum by ({by}) ({_rate(prompt, '5m')}) - sum by ({by}) ({_rate(cached, '5m')}))\n"
-            f"  / (sum by ({by}) ({_rate(requests, '5m')}) > 0)",
+            f"  / (sum by ({by}) ({_rate(requests, '5m')}) > 0)\nor\n"
+            f"(\n{router_prompt}\n-\n{router_cached}\n)\n  / (\n{router_requests}\n > 0)",
             "Mean prompt tokens per finished request that the prefix cache did not serve "
             "(prefill work per request), over 5 minutes.",
         ),
         Recording(
+            "pod:sglang_running_requests:max",
+            engine_gauge(sg.NUM_RUNNING_REQS, ROUTER_ENGINE_REQUESTS + '{state="running"}'),
+            "Requests a model server is decoding or prefilling (an engine without SGLang's "
+            "series: its own count as the router's load poll read it).",
+        ),
+        Recording(
+            "pod:sglang_queued_requests:max",
+            engine_gauge(sg.NUM_QUEUE_REQS, ROUTER_ENGINE_REQUESTS + '{state="waiting"}'),
+            "Requests waiting in a model server's scheduler queue (likewise).",
+        ),
+        Recording(
             "pod:sglang_queued_prefill_tokens:estimate",
-            f"sum by ({by}) ({sg.NUM_QUEUE_REQS.name}{{{RANK0}}})\n"
+            "pod:sglang_queued_requests:max\n"
             "  * pod:sglang_uncached_prompt_tokens_per_request:ratio_rate5m",
             "Prefill tokens waiting on a model server: waiting requests x mean uncached prompt "
             "tokens per request (KEDA's backlogSeconds divides it by the replica's throughput).",
@@ -393,7 +495,7 @@ def autoscaling_rules() -> Group:
         ),
         Recording(
             "pod:sglang_kv_usage:ratio",
-            f"max by ({by}) ({sg.TOKEN_USAGE.name}{{{RANK0}}})",
+            engine_gauge(sg.TOKEN_USAGE, ROUTER_KV_USAGE),
             "Share of a model server's KV pool in use (KEDA's kvCacheUsage).",
         ),
         Recording(

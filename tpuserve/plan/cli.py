@@ -118,8 +118,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     model.add_argument("--quantization", choices=("bf16", "fp8"), default="bf16",
                        help="Weight format (default: bf16).")  # fmt: skip
-    model.add_argument("--engine", choices=("sglang", "simulated"), default="sglang",
-                       help="spec.engine.type to emit (default: sglang).")  # fmt: skip
+    model.add_argument("--engine", choices=("sglang", "sglang-jax", "simulated"), default="sglang",
+                       help="spec.engine.type to emit and time (default: sglang).")  # fmt: skip
     model.add_argument("--host-kv-size-gb", type=cli_types.positive_int, metavar="GB",
                        help="A host-memory KV tier of GB per rank on every replica "
                        "(spec.kvCache.host.sizeGB, docs/host-kv-tier.md), modelled and "
@@ -283,7 +283,7 @@ def build_inputs(args: argparse.Namespace) -> tuple[PlanInputs, str | None]:
     fleet = FleetConfig(
         model=model_name if not args.hf_config else DEFAULT_PROFILE,
         profile=profile if args.hf_config else None, quantization=args.quantization,
-        seed=args.seed, **params,
+        seed=args.seed, engine="sglang-jax" if args.engine == "sglang-jax" else "sglang", **params,
     )  # fmt: skip
     fleet.validate()
     prices = override_prices(load_prices(args.prices), args.price)
@@ -323,8 +323,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.emit and not source:
         raise PlanError("--model-source: required with --hf-config and --emit; allowed: "
                         "hf://ORG/NAME, gs://BUCKET/PATH or pvc://CLAIM/PATH")  # fmt: skip
-    if args.disaggregate and args.emit and args.engine == "sglang":
-        raise PlanError(emit.SGLANG_DISAGGREGATED)  # before the search, not after it
+    if args.disaggregate and args.emit and args.engine != "simulated":
+        raise PlanError(emit.disaggregated_refusal(args.engine))  # before the search
     progress = None if args.json else (lambda key: print(f"planning {key} ...", file=sys.stderr))
     result = plan(inputs, progress)
     if args.verify and result.best is not None:

@@ -23,6 +23,16 @@ SGLANG_DISAGGREGATED = (
     "no transfer backend that moves KV between TPU slices (docs/pd.md); allowed: --engine "
     "simulated, or --disaggregate without --emit"
 )
+SGL_JAX_DISAGGREGATED = (
+    "--engine: 'sglang-jax' cannot be emitted with --disaggregate: the operator does not "
+    "launch SGLang-JAX's own prefill/decode pairs (docs/sglang-jax.md); allowed: --engine "
+    "simulated, or --disaggregate without --emit"
+)
+
+
+def disaggregated_refusal(engine: str) -> str:
+    """Why `engine` cannot be emitted with --disaggregate."""
+    return SGL_JAX_DISAGGREGATED if engine == "sglang-jax" else SGLANG_DISAGGREGATED
 
 
 def server_spec(
@@ -70,8 +80,8 @@ def server_spec(
     if split is None:
         spec["autoscaling"] = _bounds(choice.replicas, inputs.trough, target)
         return spec
-    if engine == "sglang":
-        raise PlanError(SGLANG_DISAGGREGATED)
+    if engine in ("sglang", "sglang-jax"):
+        raise PlanError(disaggregated_refusal(engine))
     spec["disaggregation"] = {
         "prefill": {"autoscaling": _bounds(split.prefill, inputs.trough, 0.0)},
         "decode": {"autoscaling": _bounds(split.decode, inputs.trough, target)},

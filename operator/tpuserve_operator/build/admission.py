@@ -10,7 +10,8 @@ turns into `Valid=False` later. The policy runs, inside kube-apiserver, the chec
 - a simulated engine has a performance profile for the model, built in or given by
   `spec.model.architecture` (UnknownModel);
 - no override touches what the operator owns: launch-contract variables in `engine.env`
-  (and every entry has a name), flags in `engine.args`, label keys in `template.labels`,
+  (and every entry has a name), flags in `engine.args` (SGLang's, or SGLang-JAX's with
+  engine type sglang-jax), label keys in `template.labels`,
   `google.com/tpu` in `engine.resources` (ReservedField);
 - the model fits the slice's HBM when the performance model knows it (ModelDoesNotFit);
 - `kvCache.host.sizeGB` fits the host's engine memory when `engine.resources` leaves memory at
@@ -25,8 +26,10 @@ Left to the operator: `kvCache.host.sizeGB` with a memory override in `engine.re
 `kvCache.host.ratio` (it needs the device pool), the fit of a model given by
 `spec.model.architecture` (its parameter count is the operator's arithmetic), the fine print
 of model sources (gs:// bucket and pvc:// claim names, paths), non-scalar `engine.args` (and
-role `args`) values, and whether a role's own slice fits the model; the CRD's own rules
-already cover the rest.
+role `args`) values, `engine.args` that are no flag of SGLang-JAX's server and the
+engine settings SGLang-JAX lacks (engine type sglang-jax: the launch contract refuses them),
+`spec.disaggregation` and `router.kvEvents: true` with engine type sglang-jax, and whether
+a role's own slice fits the model; the CRD's own rules already cover the rest.
 
 The facts come as the policy's parameters, a ConfigMap whose data this module generates from
 `sglang_tpu.topology`, `sglang_tpu.perf_model` and the launch contract (numbers as Python
@@ -113,6 +116,7 @@ def parameters() -> dict[str, str]:
     data["owned.envNames"] = _join(sorted(launch_contract.OWNED_ENV_NAMES))
     data["owned.envPrefixes"] = _join(launch_contract.OWNED_ENV_PREFIXES)
     data["owned.flags"] = _join(sorted(launch_contract.OWNED_FLAG_NAMES))
+    data["owned.sglJaxFlags"] = _join(sorted(launch_contract.SGL_JAX_OWNED_FLAG_NAMES))
     data["owned.labelKeys"] = _join(validation.OWNED_LABEL_KEYS)
     data["owned.labelPrefixes"] = _join(validation.OWNED_LABEL_PREFIXES)
     return dict(sorted(data.items()))
@@ -464,12 +468,17 @@ VARIABLES: tuple[tuple[str, str], ...] = (
         "'\\' is set by the operator (launch contract); allowed: any other name'))",
     ),
     (
+        "sglJax",
+        "variables.engineType == 'sglang-jax'",
+    ),
+    (
         "argProblems",
         "variables.args.filter(k, ('--' + k.substring(size(k.find('^-*')))).split('=')[0] "
-        f"in {_param_list('owned.flags')})"
+        f"in (variables.sglJax ? {_param_list('owned.sglJaxFlags')} : "
+        f"{_param_list('owned.flags')}))"
         ".map(k, 'spec.engine.args.' + k + ': --' + k.substring(size(k.find('^-*'))) + "
-        "' is set by the operator from the spec; allowed: SGLang flags the operator does not "
-        "set')",
+        "' is set by the operator from the spec; allowed: ' + "
+        "(variables.sglJax ? 'SGLang-JAX' : 'SGLang') + ' flags the operator does not set')",
     ),
     (
         "labelProblems",

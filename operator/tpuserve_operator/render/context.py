@@ -16,6 +16,8 @@ from tpuserve_operator.validation import ValidSpec
 
 DEFAULT_IMAGE = f"ghcr.io/tpuserve/tpuserve:{tpuserve_version()}"
 DEFAULT_ENGINE_IMAGE = f"ghcr.io/tpuserve/tpuserve-tpu:{tpuserve_version()}"
+DEFAULT_SGLANG_JAX_IMAGE = f"ghcr.io/tpuserve/tpuserve-sglang-jax:{tpuserve_version()}"
+"""The image of sglang_tpu/Dockerfile.sglang-jax (SGLang-JAX from its pinned source commit)."""
 # prometheus-operator names the Service of every Prometheus it runs `prometheus-operated`.
 DEFAULT_KEDA_PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"
 
@@ -67,6 +69,7 @@ class RenderConfig:
     """Operator settings and cluster capabilities that shape the children."""
 
     engine_image: str = DEFAULT_ENGINE_IMAGE
+    sglang_jax_engine_image: str = DEFAULT_SGLANG_JAX_IMAGE
     router_image: str = DEFAULT_IMAGE
     router_policy: str | None = None  # None: the router's own default policy
     # Several replicas: a node's loss or a rollout never takes the endpoint away; they share

@@ -23,7 +23,7 @@ from sglang_tpu.topology import (
     TPU_TAINT_KEY,
 )
 from tpuserve_operator import labels, launch_contract, node_signals
-from tpuserve_operator.api import CompileCacheSpec
+from tpuserve_operator.api import TPU_ENGINE_TYPES, CompileCacheSpec
 from tpuserve_operator.engine_resources import engine_requirements
 from tpuserve_operator.errors import InvalidSpec, Problem
 from tpuserve_operator.render.context import RUN_AS_USER, Manifest, Server
@@ -89,9 +89,10 @@ def engine_image(server: Server) -> str:
     spec = server.valid.spec
     if spec.engine.image:
         return spec.engine.image
-    return (
-        server.config.engine_image if spec.engine.type == "sglang" else server.config.router_image
-    )
+    return {
+        "sglang": server.config.engine_image,
+        "sglang-jax": server.config.sglang_jax_engine_image,
+    }.get(spec.engine.type, server.config.router_image)
 
 
 def pod_labels(server: Server, replica: int, role: str, revision: str) -> dict[str, str]:
@@ -123,7 +124,7 @@ def _node_placement(server: Server) -> tuple[dict[str, str], list[dict[str, Any]
     spec = server.valid.spec
     selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = []
-    if spec.engine.type == "sglang":
+    if spec.engine.type in TPU_ENGINE_TYPES:
         selector |= server.valid.shape.node_selector()
         # Exists, not Equal: GKE's taint value is not part of any contract we rely on.
         tolerations.append({"key": TPU_TAINT_KEY, "operator": "Exists", "effect": TPU_TAINT_EFFECT})
@@ -164,7 +165,7 @@ def _affinity(server: Server, replica: int) -> dict[str, Any]:
     terms are kept beside these). Every engine pod avoids nodes with announced maintenance."""
     spec = server.valid.spec
     user = _avoid_maintenance(dict(spec.template.affinity or {}))
-    if spec.engine.type != "sglang" or not server.valid.shape.multi_host:
+    if spec.engine.type not in TPU_ENGINE_TYPES or not server.valid.shape.multi_host:
         return user
     group = server.group_name(replica)
     together = {
@@ -194,9 +195,10 @@ def _affinity(server: Server, replica: int) -> dict[str, Any]:
 def _resources(server: Server) -> dict[str, Any]:
     """google.com/tpu = the chips of one host; cpu and memory from `engine_resources`."""
     spec = server.valid.spec
-    machine = server.valid.shape.machine if spec.engine.type == "sglang" else None
+    on_tpu = spec.engine.type in TPU_ENGINE_TYPES
+    machine = server.valid.shape.machine if on_tpu else None
     requests, limits = engine_requirements(spec.engine.resources, machine)
-    if spec.engine.type == "sglang":
+    if on_tpu:
         chips = str(server.valid.shape.chips_per_host)
         requests[TPU_RESOURCE] = chips
         limits[TPU_RESOURCE] = chips
@@ -367,7 +369,7 @@ def engine_pod_template(
                 "protocol": "TCP",
             },
         ]
-        if spec.engine.type == "sglang":
+        if spec.engine.type == "sglang":  # TorchTPU's handshake (not SGLang-JAX's)
             container["ports"].append(
                 {
                     "name": "tpu-handshake",

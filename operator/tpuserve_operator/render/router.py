@@ -129,6 +129,8 @@ def router_args(server: Server) -> list[str]:
         args.append(f"--worker-networks={','.join(networks)}")
     args += buffer_args(_resources(server))
     args += peer_args(server)
+    if server.valid.spec.engine.type == "sglang-jax":  # its load and prefixes, not SGLang's
+        args.append("--engine-type=sglang-jax")
     kv_events = server.valid.spec.router.kv_events
     if kv_events is not None:  # unset: the router subscribes when its policy uses KV events
         args.append("--kv-events" if kv_events else "--no-kv-events")

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.engines.engine_types import adapter
 from tpuserve_router.engines.health import HealthChecker
 from tpuserve_router.engines.proxy import UpstreamPool
 from tpuserve_router.engines.worker_networks import (
@@ -146,6 +147,13 @@ class Admission:
                 touch_token_series(self.metrics, model, worker.name)
             self.on_routable()  # held requests go now that its models are known
         if self.kv is not None and self.registry.get(worker.name) is worker:
+            if not adapter(self.config.engine_type).publishes_kv_events:
+                log.info(
+                    "worker %s runs %s, which publishes no KV events: its prefix routing is %s",
+                    worker.name, self.config.engine_type,
+                    adapter(self.config.engine_type).prefix_routing,
+                )  # fmt: skip
+                return
             endpoints = await self._kv_endpoints(worker)
             problem = self._kv_endpoints_problem(worker, endpoints) if endpoints else None
             if problem:

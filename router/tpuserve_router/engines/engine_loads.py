@@ -9,12 +9,16 @@ back (`load_view.next_poll_gap`; one wait for all workers, so one failing worker
 all polled at the interval). A worker whose
 engine does not answer keeps its last estimate for `load_view.STALE_POLLS` intervals, then
 falls back to this router's own counts.
-An engine without ``/v1/loads`` (HTTP 404: SGLang before it, or another server) is not polled
-again until it is re-added. A poll every 100 ms per worker adds up (40 a second in front of
-four engines), so it goes over the proxy's own raw HTTP/1.1 connections (`proxy.UpstreamPool`,
-one kept-alive connection per worker, its own pool: a health ejection's
-``fail_unanswered`` leaves polls alone); aiohttp's client cost about eight times as much CPU
-per poll, some 40 µs per routed request at 500 requests/s (bench/router_overhead.py).
+Each worker is asked through its engine's adapter (`engine_types`): SGLang's ``/v1/loads``,
+SGLang-JAX's ``/get_server_info``. An engine that answers ``/v1/loads`` 404 in a row
+(`UNSUPPORTED_AFTER_404S`) is asked ``/get_server_info`` once under ``--engine-type auto``: its
+internal states in SGLang-JAX's shape make it SGLang-JAX (polled there from then on); otherwise
+(SGLang before 0.5.22, another server) it is not polled again until it is re-added. A poll every
+100 ms per worker adds up (40 a second in front of four engines), so it goes over the proxy's
+own raw HTTP/1.1 connections (`proxy.UpstreamPool`, one kept-alive connection per worker, its
+own pool: a health ejection's ``fail_unanswered`` leaves polls alone); aiohttp's client cost
+about eight times as much CPU per poll, some 40 µs per routed request at 500 requests/s
+(bench/router_overhead.py).
 
 A pass is one timer callback, not a task per poll: on a kept-alive connection the request is
 written at once and the answer taken in the connection's own callback (`_PollConnection`),
@@ -31,12 +35,24 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, cast
 
 import orjson
 
 from sglang_tpu.tasks import cancel_and_wait
+from tpuserve_router.engines.engine_types import (
+    ADAPTERS,
+    AUTO,
+    LOAD_KEYS,
+    SGLANG,
+    SGLANG_JAX,
+    EngineAdapter,
+    EngineLoad,
+    LoadAnswerError,
+    adapter,
+    detect,
+    parse_loads,
+)
 from tpuserve_router.engines.load_view import (
     STALE_POLLS,
     clear_peer_load,
@@ -48,50 +64,16 @@ from tpuserve_router.engines.workers import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
 
-LOADS_PATH: Final = "/v1/loads"
+LOADS_PATH: Final = ADAPTERS[SGLANG].load_path
 UNSUPPORTED_AFTER_404S: Final = 3
 """Consecutive 404s from one worker before it is taken for an engine without the path (one
 could come from a proxy or an engine still starting)."""
-LOAD_KEYS: Final = ("num_running_reqs", "num_waiting_reqs", "num_waiting_uncached_tokens")
-"""The fields of each DP rank's load snapshot the view uses (SGLang 0.5.23 `LoadSnapshot`)."""
 MAX_HEAD_BYTES: Final = 64 << 10
-MAX_BODY_BYTES: Final = 1 << 20
-"""An answer's bounds (a snapshot per DP rank is some 500 bytes); a larger one fails the poll."""
-
-
-class LoadAnswerError(ValueError):
-    """An answer of ``/v1/loads`` the router cannot use; the message names the field."""
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    """One engine's load over all its data-parallel ranks."""
-
-    requests: int
-    """Running plus waiting requests."""
-    waiting_uncached_tokens: int
-    """Prompt tokens waiting for prefill compute (past each request's cached prefix)."""
-
-
-def parse_engine_load(document: object) -> EngineLoad:
-    """Sum ``/v1/loads``'s per-rank snapshots; raises `LoadAnswerError` naming what is wrong."""
-    loads = document.get("loads") if isinstance(document, dict) else None
-    if not isinstance(loads, list) or not loads:
-        raise LoadAnswerError("/v1/loads: 'loads' must be a non-empty list of DP-rank snapshots")
-    sums = dict.fromkeys(LOAD_KEYS, 0)
-    for rank, snapshot in enumerate(loads):
-        if not isinstance(snapshot, dict):
-            raise LoadAnswerError(f"/v1/loads: loads[{rank}] must be an object")
-        for key in LOAD_KEYS:
-            value = snapshot.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise LoadAnswerError(
-                    f"/v1/loads: loads[{rank}].{key} is {value!r}; allowed: an integer >= 0"
-                )
-            sums[key] += value
-    return EngineLoad(
-        sums["num_running_reqs"] + sums["num_waiting_reqs"], sums["num_waiting_uncached_tokens"]
-    )
+MAX_BODY_BYTES: Final = ADAPTERS[SGLANG].max_load_body_bytes
+"""An answer's bounds (SGLang's adapter; SGLang-JAX's server info may take more); a larger
+one fails the poll."""
+parse_engine_load = parse_loads
+__all__ = ["LOAD_KEYS", "EngineLoad", "LoadAnswerError", "LoadPoller", "parse_engine_load"]
 
 
 class _PollConnection(UpstreamConnection):
@@ -118,9 +100,13 @@ class LoadPoller:
         *,
         interval_seconds: float,
         timeout_seconds: float,
+        engine_type: str = AUTO,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = registry
+        self.engine_type = engine_type  # `--engine-type`: every worker's, or auto (detected)
+        self._adapters: dict[str, EngineAdapter] = {}  # each worker's, once first polled
+        self._probing: set[str] = set()  # auto: asked /get_server_info after /v1/loads' 404s
         self.booked_prefill_tokens = booked_prefill_tokens
         self.interval_seconds = interval_seconds
         self.timeout_seconds = timeout_seconds
@@ -172,25 +158,70 @@ class LoadPoller:
             return
         self._take(worker, status, body)
 
+    def adapter_of(self, worker: Worker) -> EngineAdapter:
+        """The worker's engine adapter: `--engine-type`'s, or SGLang's until detection
+        finds another (`engine_types.detect`)."""
+        found = self._adapters.get(worker.name)
+        if found is None:
+            found = self._adapters[worker.name] = adapter(self.engine_type)
+            worker.engine_type = found.name if self.engine_type != AUTO else AUTO
+        return found
+
     def _take(self, worker: Worker, status: int, body: bytes) -> None:
         """Take one answer of ``worker``'s engine into the view (or note why not)."""
+        engine = self.adapter_of(worker)
         try:
+            if worker.name in self._probing:
+                self._detected(worker, status, body)
+                return
             if status == 404:
                 self._missing(worker)
                 return
             self._not_found.pop(worker.name, None)
             if status != 200:
-                raise LoadAnswerError(f"{LOADS_PATH} answered HTTP {status}")
-            load = parse_engine_load(orjson.loads(body))
+                raise LoadAnswerError(f"{engine.load_path} answered HTTP {status}")
+            load = engine.parse_load(orjson.loads(body))
         except ValueError as err:  # orjson's errors, LoadAnswerError
             self._failed(worker.name, type(err).__name__, err)
             return
         if self.registry.get(worker.name) is not worker:
             return  # removed meanwhile
         booked = self.booked_prefill_tokens(worker.name)
-        if set_peer_load(worker, load.requests, load.waiting_uncached_tokens, booked):
+        prefill = booked if load.waiting_uncached_tokens is None else load.waiting_uncached_tokens
+        worker.engine_load = load
+        if set_peer_load(worker, load.requests, prefill, booked):
             self._poll_soon()
         self.polled_at[worker.name] = self.clock()
+
+    def _detected(self, worker: Worker, status: int, body: bytes) -> None:
+        """The answer of ``/get_server_info`` asked after ``/v1/loads``' 404s: SGLang-JAX's
+        internal states make the worker SGLang-JAX (polled there from now on); anything else
+        leaves it unpolled, its load only what this router sent."""
+        self._probing.discard(worker.name)
+        found = None
+        if status == 200:
+            try:
+                found = detect(orjson.loads(body))
+            except ValueError:
+                found = None
+        if found is None:
+            self._unsupported(worker)
+            return
+        self._use(worker, ADAPTERS[found])
+        log.info(
+            "worker %s is %s: its load from %s, its prefix routing %s",
+            worker.name, found, ADAPTERS[found].load_path, ADAPTERS[found].prefix_routing,
+        )  # fmt: skip
+        self._take(worker, status, body)
+
+    def _use(self, worker: Worker, engine: EngineAdapter) -> None:
+        """Poll ``worker`` through ``engine``'s adapter from now on (a fresh pool: its answers
+        have their own bound)."""
+        self._adapters[worker.name] = engine
+        worker.engine_type = engine.name
+        pool = self._pools.pop(worker.name, None)
+        if pool is not None:
+            pool.close()
 
     def _failed(self, name: str, kind: str, err: BaseException) -> None:
         self._log_once(name, kind, err)
@@ -213,21 +244,29 @@ class LoadPoller:
         if pool is None:
             pool = self._pools[worker.name] = UpstreamPool(
                 worker.host, worker.port, connect_timeout_seconds=self.timeout_seconds,
-                max_idle=1, max_head_bytes=MAX_HEAD_BYTES, max_body_bytes=MAX_BODY_BYTES,
+                max_idle=1, max_head_bytes=MAX_HEAD_BYTES,
+                max_body_bytes=self._asked_adapter(worker).max_load_body_bytes,
                 connection=_PollConnection,
             )  # fmt: skip
         return pool
 
-    def _request(self, pool: UpstreamPool) -> bytes:
+    def _asked_adapter(self, worker: Worker) -> EngineAdapter:
+        """The adapter whose path the next poll asks (SGLang-JAX's while detecting)."""
+        if worker.name in self._probing:
+            return ADAPTERS[SGLANG_JAX]
+        return self.adapter_of(worker)
+
+    def _request(self, pool: UpstreamPool, worker: Worker) -> bytes:
+        path = self._asked_adapter(worker).load_path
         return (
-            b"GET " + LOADS_PATH.encode() + b" HTTP/1.1\r\nhost: " + pool.host_header
+            b"GET " + path.encode() + b" HTTP/1.1\r\nhost: " + pool.host_header
             + b"\r\naccept: application/json\r\n\r\n"
         )  # fmt: skip
 
     async def _get(self, worker: Worker) -> tuple[int, bytes]:
         """``GET /v1/loads`` on the worker's kept-alive connection: (status, body)."""
         pool = self._pool(worker)
-        request = self._request(pool)
+        request = self._request(pool, worker)
         conn = await pool.open(lambda c: self._exchange(c, request))
         try:
             return conn.status, await conn.read_all()
@@ -256,7 +295,7 @@ class LoadPoller:
             return False
         cast(_PollConnection, conn).answered = functools.partial(self._answered, worker, pool)
         self._asking[worker.name] = conn
-        self._send(conn, self._request(pool))
+        self._send(conn, self._request(pool, worker))
         return True
 
     def _answered(self, worker: Worker, pool: UpstreamPool, conn: UpstreamConnection) -> None:
@@ -291,11 +330,21 @@ class LoadPoller:
         self._not_found[worker.name] = count
         if count < UNSUPPORTED_AFTER_404S:
             return
+        self._not_found.pop(worker.name, None)
+        if self.engine_type == AUTO and self.adapter_of(worker).name == SGLANG:
+            self._probing.add(worker.name)  # SGLang-JAX? its /get_server_info says (`_detected`)
+            pool = self._pools.pop(worker.name, None)
+            if pool is not None:
+                pool.close()
+            return
+        self._unsupported(worker)
+
+    def _unsupported(self, worker: Worker) -> None:
         self.unsupported.add(worker.name)
         log.info(
             "worker %s has no %s (SGLang before 0.5.22?): its load is only what this router sent",
             worker.name,
-            LOADS_PATH,
+            self.adapter_of(worker).load_path,
         )
 
     def expire(self) -> None:
@@ -357,6 +406,8 @@ class LoadPoller:
             pool.close()
         self.unsupported.discard(worker.name)
         self._not_found.pop(worker.name, None)
+        self._adapters.pop(worker.name, None)
+        self._probing.discard(worker.name)
         self._logged = {logged for logged in self._logged if logged[0] != worker.name}
 
     def _log_once(self, name: str, kind: str, err: BaseException) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sglang_tpu.lora import split_model
+from tpuserve_router.engines.engine_types import ADAPTERS
 
 
 class InvalidWorkerURL(ValueError):
@@ -178,6 +179,8 @@ class Worker:
         "ejected",
         "ejected_until",
         "ejections",
+        "engine_load",
+        "engine_type",
         "health_failures",
         "health_ok",
         "health_successes",
@@ -238,6 +241,8 @@ class Worker:
         self.role = spec.role
         self.bootstrap_port = spec.bootstrap_port
         self.pd_contract = spec.pd_contract
+        self.engine_type = "auto"  # its engine adapter's name once the load poll knows it
+        self.engine_load: Any = None  # its engine's last polled load (`engine_types.EngineLoad`)
 
     @property
     def own_in_flight(self) -> int:
@@ -304,7 +309,21 @@ class Worker:
             "kv_events_endpoint": self.kv_events_endpoint,
             "kv_replay_endpoint": self.kv_replay_endpoint,
             "source": "admin" if self.manual else "discovery",
+            **self._engine(),
         }
+
+    def _engine(self) -> dict[str, Any]:
+        """Which engine the router takes it for and what it knows of its load and cache."""
+        load = self.engine_load
+        engine = ADAPTERS.get(self.engine_type)
+        return {
+            "engine_type": self.engine_type,
+            "prefix_routing": engine.prefix_routing if engine is not None else None,
+            "engine_load": None if load is None else {
+                "running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage,
+                "waiting_uncached_tokens": load.waiting_uncached_tokens,
+            },
+        }  # fmt: skip
 
 
 Listener = Callable[["WorkerRegistry"], None]

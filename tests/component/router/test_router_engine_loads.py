@@ -82,7 +82,12 @@ async def test_a_worker_is_unsupported_only_after_several_404s_in_a_row(
             await poller.poll(worker)
         assert worker.name not in poller.unsupported
         await poller.poll(worker)
+        # --engine-type auto: one more poll asks /get_server_info whether it is SGLang-JAX;
+        # this engine has none, so it is an engine whose load is only what the router sent
+        assert worker.name not in poller.unsupported
+        await poller.poll(worker)
         assert worker.name in poller.unsupported
+        assert worker.engine_type == "auto"
     finally:
         await poller.stop()
 

@@ -890,6 +890,7 @@ def promtool_test_file(values_path: Path = VALUES) -> dict[str, Any]:
             },
             role_test(),
             autoscaling_test(),
+            sglang_jax_test(),
             *alert_tests(),
         ],
     }
@@ -903,6 +904,8 @@ def tested_names(test: dict[str, Any]) -> set[str]:
         names |= {c["alertname"] for c in case.get("alert_rule_test", [])}
     return names
 
+
+from tests.metrics.promtool.jax_rule_tests import sglang_jax_test  # noqa: E402 (a cycle)
 
 if __name__ == "__main__":
     print(yaml.safe_dump(promtool_test_file(), sort_keys=False, width=100), end="")

@@ -294,6 +294,26 @@ def test_valid_examples_are_admitted(policy: Policy) -> None:
     assert policy.denies(simulated) is None
 
 
+def test_sgl_jax_flags_the_operator_owns_are_refused_as_the_operator_refuses_them(
+    policy: Policy,
+) -> None:
+    obj = tms_object(
+        "hf://Qwen/Qwen3-8B", "v5e", "4x4", engine_type="sglang-jax",
+        engine={"args": {"tp-size": 2, "dist-init-addr": "x:1", "api-key": "k",
+                         "mem-fraction-static": 0.8, "page-size": 64}},
+    )  # fmt: skip
+    message = assert_same_verdict(policy, obj)
+    assert message is not None
+    for field in ("spec.engine.args.tp-size", "spec.engine.args.dist-init-addr",
+                  "spec.engine.args.api-key"):  # fmt: skip
+        assert f"{field}: " in message
+    assert "allowed: SGLang-JAX flags the operator does not set" in message
+    assert "mem-fraction-static" not in message
+    assert "page-size" not in message
+    admitted = tms_object("hf://Qwen/Qwen3-8B", "v5e", "4x4", engine_type="sglang-jax")
+    assert assert_same_verdict(policy, admitted) is None
+
+
 # --- prefill/decode roles (spec.disaggregation) -------------------------------------------
 
 

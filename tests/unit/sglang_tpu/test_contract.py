@@ -102,7 +102,7 @@ def test_error_message_names_variable_value_and_allowed_values() -> None:
     with pytest.raises(ContractError) as err:
         LaunchContract.from_env({**SINGLE_HOST, "TPUSERVE_ENGINE": "vllm"})
     assert "TPUSERVE_ENGINE='vllm'" in str(err.value)
-    assert "allowed: sglang, simulated" in str(err.value)
+    assert "allowed: sglang, sglang-jax, simulated" in str(err.value)
 
 
 def test_empty_variable_is_a_problem_not_a_default() -> None:

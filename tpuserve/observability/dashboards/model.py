@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
-from sglang_tpu import metric_names as sg
 from tpuserve.observability import rules
 from tpuserve.observability.dashboards.common import (
     MODEL,
@@ -20,7 +19,6 @@ from tpuserve.observability.dashboards.common import (
 def build() -> Dashboard:
     ids = Ids()
     m = f"{{{MODEL}}}"
-    rank0 = f"{{{MODEL}, {rules.RANK0}}}"
     budget = round(1 - rules.SLO_OBJECTIVE, 6)
     return (
         base_dashboard(
@@ -182,8 +180,8 @@ def build() -> Dashboard:
                 "Running and queued requests per replica",
                 "Requests in the running batch and waiting in the scheduler queue (TP rank 0).",
                 "short",
-                target(f"max by (pod) ({sg.NUM_RUNNING_REQS.name}{rank0})", "{{pod}} running"),
-                target(f"max by (pod) ({sg.NUM_QUEUE_REQS.name}{rank0})", "{{pod}} queued"),
+                target(f"max by (pod) (pod:sglang_running_requests:max{m})", "{{pod}} running"),
+                target(f"max by (pod) (pod:sglang_queued_requests:max{m})", "{{pod}} queued"),
             )
         )
         .with_panel(
@@ -192,7 +190,7 @@ def build() -> Dashboard:
                 "KV-cache usage per replica",
                 "Share of the KV pool in use; near 1 precedes retractions and queueing.",
                 "percentunit",
-                target(f"max by (pod) ({sg.TOKEN_USAGE.name}{rank0})", "{{pod}}"),
+                target(f"max by (pod) (pod:sglang_kv_usage:ratio{m})", "{{pod}}"),
                 max_value=1,
             )
         )
