@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import aiohttp
-import orjson
 
 from tpuserve_router.core import RouterCore
 from tpuserve_router.engines.outliers import OutlierDetector
@@ -162,17 +161,8 @@ class Driver:
         """Why the request's stream cannot move to another engine ("": it can)."""
         if self.migration_limit <= 0:
             return "--migration-limit is 0"
-        parsed = admitted.parsed
-        if not parsed.stream:
-            return "not a stream"  # the cheap answers first: no body read again
-        why = why_not(admitted.route, parsed.stream, parsed.single, None)
-        if why:
-            return why
-        try:
-            data = orjson.loads(admitted.arrival.body)
-        except orjson.JSONDecodeError:
-            return "its body is not JSON"
-        return why_not(admitted.route, parsed.stream, parsed.single, data)
+        parsed = admitted.parsed  # what the body says beyond is read only if the stream breaks
+        return why_not(admitted.route, parsed.stream, parsed.single)
 
     async def _try(self, routed: Routed, selection: Selection, route: Route) -> TryOutcome:
         """One try: relayed, then accounted in the ledger however it ended (the client's

@@ -63,20 +63,23 @@ class Continuation:
     """How the stream broke (what an error event says if it cannot move on)."""
 
 
-def why_not(route: str, stream: bool, single: bool, body: dict[str, Any] | None) -> str:
-    """Why a request's stream cannot be migrated ("": it can; ``body`` None: what its route
-    and parsed fields alone say)."""
+def why_not(route: str, stream: bool, single: bool) -> str:
+    """Why a request's stream cannot be migrated, by its route and parsed fields ("": it may
+    be; its body is read only if the stream breaks, `continue_stream`)."""
     if not stream:
         return "not a stream"
     if route not in ROUTES:
         return f"{route}'s answer is not continued from its prompt"
     if not single:
         return "only one text prompt with one sample is continued"
-    if body is None:
-        return ""
-    if not isinstance(body.get("prompt"), str):
+    return ""
+
+
+def _body_why_not(data: dict[str, Any]) -> str:
+    """Why a request's body cannot be continued ("": it can)."""
+    if not isinstance(data.get("prompt"), str):
         return "only one text prompt with one sample is continued"
-    if body.get("echo"):
+    if data.get("echo"):
         return "an echoed prompt is not continued"
     return ""
 
@@ -113,6 +116,9 @@ def continue_stream(
     sent_tokens = len(tokens.encode(sent)) if sent else 0
     new_tokens = sent_tokens - (0 if before is None else before.sent_tokens)
     data = orjson.loads(body)
+    why = _body_why_not(data)
+    if why:
+        return why
     data["prompt"] = data["prompt"] + new
     for field in ("max_tokens", "max_completion_tokens"):
         if isinstance(data.get(field), int):
