@@ -23,8 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sglang_tpu.tiny_model import CHATML_TEMPLATE, TinyModelSpec, _corpus
-from sglang_tpu.tokenizer import EOS_TOKEN, SPECIAL_TOKENS
+from sglang_tpu.tiny_model import TinyModelSpec, build_tokenizer
 
 QWEN3_COMMON: dict[str, Any] = dict(
     architectures=["Qwen3ForCausalLM"],
@@ -69,33 +68,16 @@ SEED = 0
 
 
 def write_tokenizer(out: Path) -> int:
-    """Train and save the tiny BPE tokenizer; its EOS id."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
+    """Train and save the tiny BPE tokenizer (`tiny_model.build_tokenizer`); its EOS id."""
     spec = TinyModelSpec()
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
+    _, eos = build_tokenizer(
+        out,
         vocab_size=spec.vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(_corpus(spec), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        eos_token=EOS_TOKEN,
-        bos_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
-        chat_template=CHATML_TEMPLATE,
+        seed=spec.seed,
+        corpus_lines=spec.corpus_lines,
         model_max_length=8192,
     )
-    tokenizer.save_pretrained(out)
-    eos = bpe.token_to_id(EOS_TOKEN)
-    assert eos is not None, "the tokenizer lost its EOS token"
-    return int(eos)
+    return eos
 
 
 def qwen3_weights(shape: dict[str, Any], seed: int = SEED) -> dict[str, Any]:

@@ -77,16 +77,13 @@ from tpuserve_router.engines.engine_loads import LoadPoller
 from tpuserve_router.engines.health import HealthChecker
 from tpuserve_router.engines.outliers import Ejectable, OutlierDetector, outlier_config
 from tpuserve_router.engines.worker_networks import is_loopback, parse_networks
-from tpuserve_router.engines.worker_session import WorkerSession
 from tpuserve_router.engines.workers import WorkerRegistry, WorkerSpec
 from tpuserve_router.front.admin import ROUTE as ADMIN_ROUTE
 from tpuserve_router.front.admin import AdminApi
 from tpuserve_router.front.connections import BufferBudget, ConnectionBook
 from tpuserve_router.front.forwarding import Forwarder
-from tpuserve_router.front.pd import PdRouter
 from tpuserve_router.front.replies import reject
 from tpuserve_router.front.server import (
-    JSON_HEADERS,
     RETRY_AFTER,
     BodyNotTaken,
     FrontLimits,
@@ -98,13 +95,6 @@ from tpuserve_router.front.server import (
 from tpuserve_router.front.unix_listener import remove_socket
 from tpuserve_router.kv.block_index import BlockIndex
 from tpuserve_router.kv.kv_events import KvEventHub
-from tpuserve_router.kv.kv_snapshot import (
-    Seeds,
-    seed_from_peers,
-    seed_from_url,
-    snapshot_of,
-    snapshot_to_give,
-)
 from tpuserve_router.metrics import (
     RouterMetrics,
     StateCollector,
@@ -112,14 +102,24 @@ from tpuserve_router.metrics import (
     create_router_metrics,
     touch_known_series,
 )
+from tpuserve_router.peering.kv_snapshot import (
+    Seeds,
+    seed_from_peers,
+    seed_from_url,
+    snapshot_of,
+    snapshot_to_give,
+)
 from tpuserve_router.peering.peer_auth import load_key
 from tpuserve_router.peering.peer_snapshot import SnapshotService
 from tpuserve_router.peering.peer_view import PeerView, new_router_id
 from tpuserve_router.peering.peers import PeerNetwork
 from tpuserve_router.pipeline.cancellation import Aborter
-from tpuserve_router.pipeline.pd_settings import pd_settings, pd_workers
+from tpuserve_router.pipeline.client import JSON_HEADERS
+from tpuserve_router.pipeline.driver import make_driver
+from tpuserve_router.pipeline.pd_settings import pd_workers
 from tpuserve_router.pipeline.refusals import model_not_found, unauthorized
 from tpuserve_router.pipeline.request_body import GENERATION_ROUTES, ClientError
+from tpuserve_router.pipeline.stages import Pipeline
 from tpuserve_router.pipeline.token_cache import ChatTokenCache
 from tpuserve_router.policies.base import Policy, make_policy
 from tpuserve_router.tenancy.auth import ApiKey, KeyStore, presented_key
@@ -274,11 +274,11 @@ def create_router_app(
                 config.demand_lease,
                 config.demand_interval_seconds,
                 metrics,
-                # `forwarder` is made below, with this Lease's `arrived` as its hook
-                lambda: forwarder.in_flight > 0 or holds.total > 0,
+                # `pipeline` is made below, with this Lease's `arrived` as its hook
+                lambda: pipeline.in_flight > 0 or holds.total > 0,
             )
 
-    forwarder = Forwarder(
+    driver = make_driver(
         core,
         tokenizer,
         outliers,
@@ -289,15 +289,17 @@ def create_router_app(
         # decisions see the KV events at most an interval late
         before_decision=kv.readers.read_if_due if kv is not None else None,
         on_arrival=demand.arrived if demand is not None else None,
-        pair_router=pair_router(config, lambda: admission.health.session),
+        session=lambda: admission.health.session,
     )
+    pipeline = driver.pipeline
+    forwarder = Forwarder(driver)
     picker: EndpointPicker | None = None
     if config.picker_port is not None:  # grpc is imported only when the picker is on
         from tpuserve_router.front.picker import EndpointPicker
 
         token = None if config.picker_token_file is None else read_token(config.picker_token_file)
         picker = EndpointPicker(
-            forwarder, test_headers=config.picker_test_headers, tls=config.picker_tls,
+            driver, test_headers=config.picker_test_headers, tls=config.picker_tls,
             buffers=buffers, token=token,
         )  # fmt: skip
     admin = AdminApi(
@@ -325,8 +327,8 @@ def create_router_app(
         config=config, policy=policy, tokenizer=tokenizer, metrics=metrics, registry=workers,
         outliers=outliers, kv=kv, seeds=seeds, peering=peering, snapshots=snapshots,
         admission=admission, loads=loads, keys=keys, aborter=aborter, discovery=discovery,
-        demand=demand, forwarder=forwarder, admin=admin, limits=limits, book=book,
-        probe_book=probe_book, admin_book=admin_book, picker=picker,
+        demand=demand, pipeline=pipeline, forwarder=forwarder, admin=admin, limits=limits,
+        book=book, probe_book=probe_book, admin_book=admin_book, picker=picker,
     )  # fmt: skip
 
 
@@ -395,6 +397,7 @@ class RouterApp:
     aborter: Aborter
     discovery: PodWatcher | None
     demand: DemandLease | None
+    pipeline: Pipeline
     forwarder: Forwarder
     admin: AdminApi
     limits: FrontLimits
@@ -549,7 +552,7 @@ class RouterApp:
     async def stop(self) -> None:
         """Stop: no new connections (readiness fails), held requests refused with 503 and
         Retry-After, requests and streams in hand given up to ``drain_seconds`` to finish."""
-        self.forwarder.holds.refuse_all("the router is stopping; retry")
+        self.pipeline.holds.refuse_all("the router is stopping; retry")
         if self.demand is not None:
             await self.demand.stop()
         if self.discovery is not None:
@@ -862,7 +865,7 @@ class RouterApp:
         """Ready with a routable worker, or while requests can be held for one (scale from
         zero: the router must take requests at zero replicas to signal demand)."""
         healthy = self.registry.healthy_count()
-        holding = self.forwarder.holds.enabled
+        holding = self.pipeline.holds.enabled
         body = orjson.dumps(
             {
                 "ready": healthy > 0 or holding,
@@ -968,13 +971,3 @@ def _current_namespace() -> str:
             return handle.read().strip()
     except OSError:
         return "default"
-
-
-def pair_router(
-    config: RouterConfig, session: Callable[[], WorkerSession | None]
-) -> Callable[[Forwarder], PdRouter] | None:
-    """PD mode for the forwarder, when the router has prefill and decode workers."""
-    settings = pd_settings(config)
-    if settings is None:
-        return None
-    return lambda forwarder: PdRouter(forwarder, settings, session, config.seed)

@@ -429,6 +429,13 @@ OPTIONS: tuple[Option, ...] = (
         f"(default {DEFAULTS.max_retries}).",
     ),
     Option(
+        "--migration-limit",
+        "migration_limit",
+        cli_types.non_negative_int,
+        "Times a stream whose engine died mid-answer continues on another engine from the "
+        f"tokens already sent; 0: never (default {DEFAULTS.migration_limit}).",
+    ),
+    Option(
         "--retry-budget-percent",
         "retry_budget_percent",
         cli_types.non_negative_float,

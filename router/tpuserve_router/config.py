@@ -131,7 +131,7 @@ class RouterConfig:
     send_timeout_seconds: float = 60.0
     max_response_bytes: int = 64 * 1024 * 1024
     connect_timeout_seconds: float = 3.0
-    # A worker's first byte is awaited for a time derived from the request (forwarding.py,
+    # A worker's first byte is awaited for a time derived from the request (pipeline/relay.py,
     # first_byte_deadline): at least the floor, at most first_byte_timeout_seconds.
     first_byte_timeout_seconds: float = 600.0
     first_byte_timeout_floor_seconds: float = 15.0
@@ -140,6 +140,8 @@ class RouterConfig:
     stream_idle_timeout_seconds: float = 30.0
     request_timeout_seconds: float = 1800.0
     max_retries: int = 2
+    migration_limit: int = 2
+    """Times a stream whose engine died mid-answer continues on another engine."""
     retry_budget_percent: float = 20.0  # of the requests in flight, as Envoy's retry budget
     retry_budget_min: int = 3
     health_check_interval_seconds: float = 2.0
@@ -357,6 +359,10 @@ class RouterConfig:
         )
         problems += self._peering_problems()
         need(0 <= self.max_retries <= 10, f"max_retries={self.max_retries}: allowed 0..10")
+        need(
+            0 <= self.migration_limit <= 10,
+            f"migration_limit={self.migration_limit}: allowed 0..10",
+        )
         need(
             0 < self.outlier_failure_rate <= 1,
             f"outlier_failure_rate={self.outlier_failure_rate}: allowed (0, 1]",

@@ -13,7 +13,7 @@ from tpuserve_router.policies.base import Policy
 
 @dataclass(frozen=True, slots=True)
 class RouterCore:
-    """What `app.create_router_app` builds once and hands to admission and forwarding."""
+    """What `app.create_router_app` builds once and hands to the pipeline and the fronts."""
 
     config: RouterConfig
     policy: Policy

@@ -30,10 +30,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sglang_tpu.kv_events import DECODE_ERROR_REASONS
-from tpuserve_router.engines.outliers import EJECTION_REASONS
-from tpuserve_router.peering.peer_view import MESSAGE_KINDS as PEER_MESSAGE_KINDS
-from tpuserve_router.pipeline.cancellation import ABORT_REASONS
-from tpuserve_router.policies.base import OUTCOMES
+from tpuserve_router.labels import (
+    ABORT_REASONS,
+    EJECTION_REASONS,
+    KV_TIERS,
+    OUTCOMES,
+    PEER_MESSAGE_KINDS,
+)
 
 C = TypeVar("C")
 
@@ -233,7 +236,6 @@ RESYNC_REASONS: Final = (
 REPLAY_RESULTS: Final = ("ok", "failed")
 KV_EVENT_SKIP_REASONS: Final = DECODE_ERROR_REASONS  # bad_frames, ..., unknown_event
 INDEX_KINDS: Final = ("tree_chars", "confirmed_blocks", "predicted_blocks")
-KV_TIERS: Final = ("hbm", "host")
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,7 @@ class RouterMetrics:
     decisions: Counter
     prefix_match_ratio: Histogram
     retries: Counter
+    migrations: Counter
     retries_over_budget: Counter
     upstream_errors: Counter
     worker_ejections: Counter
@@ -356,6 +359,12 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "tpuserve_router_retries_total",
             "Requests re-sent to another worker after a failure before the first byte.",
             ["route"],
+        ),
+        migrations=Counter(
+            "tpuserve_router_stream_migrations_total",
+            "Streams whose engine died mid-answer: continued on another engine (migrated), or "
+            "ended with an error event saying why not (not_migrated).",
+            ["route", "result"],
         ),
         retries_over_budget=Counter(
             "tpuserve_router_retries_over_budget_total",

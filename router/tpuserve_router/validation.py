@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tpuserve_router.config import ConfigError, RouterConfig
 from tpuserve_router.engines.worker_networks import worker_problems
-from tpuserve_router.kv.kv_snapshot import snapshot_source_problems
+from tpuserve_router.peering.kv_snapshot import snapshot_source_problems
 from tpuserve_router.peering.peer_settings import peering_problems
 from tpuserve_router.pipeline.pd_settings import pd_problems
 from tpuserve_router.policies.base import policy_problems

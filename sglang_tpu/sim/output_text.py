@@ -1,9 +1,14 @@
 """The twin's output: deterministic pseudo-text of one-token words, cut at stop strings.
 
-Each request draws its tokens with its own LCG over a palette of one-token words of the
-tokenizer, seeded from the engine seed and the request's seed (or its prompt), so the same
-request on the same engine always produces the same text. The twin never samples EOS: a
-request runs to its ``max_new_tokens`` unless a stop string or stop token id matches.
+A request with a sampling seed draws its tokens with its own LCG over a palette of one-token
+words of the tokenizer, seeded from the engine seed and the request's seed. A greedy request
+(no seed) decodes as a language model does greedily: each next token is a function of the
+engine seed and every token before it (the prompt and what was generated so far), folded into
+the generator's state one token at a time; so a request whose prompt is another's prompt plus
+the first k tokens of its answer continues that answer from its token k + 1 (what a router
+migrating a stream relies on). Either way the same request on the same engine always produces
+the same text. The twin never samples EOS: a request runs to its ``max_new_tokens`` unless a
+stop string or stop token id matches.
 """
 
 from __future__ import annotations
@@ -56,17 +61,33 @@ class OutputPalette:
         self.text_of = dict(zip(ids, texts, strict=True))
 
 
+def _fold(state: int, token: int) -> int:
+    """The greedy generator's state after one more token of the sequence."""
+    return ((state ^ token) * _LCG_A + _LCG_C) & _MASK64
+
+
 def seed_output(req: Request, engine_seed: int) -> None:
-    """Start the request's generator from its sampling seed (else its prompt's tail)."""
+    """Start the request's generator: from its sampling seed, or (greedy) from the engine
+    seed with every prompt token folded in."""
     seed = req.sampling_seed
+    start = engine_seed * 0x9E3779B97F4A7C15 & _MASK64
     if seed is None:
-        tail = tuple(req.input_ids[-32:])
-        seed = hash(tail) ^ (len(req.input_ids) << 32)
-    req.rng_state = (seed * _LCG_A + engine_seed * 0x9E3779B97F4A7C15 + 1) & _MASK64
+        state = start
+        for token in req.input_ids:
+            state = _fold(state, token)
+        req.rng_state = state
+        return
+    req.rng_state = (seed * _LCG_A + start + 1) & _MASK64
 
 
 def next_token(req: Request, palette: OutputPalette) -> int:
     """Advance the request's generator and return its next output token."""
+    if req.sampling_seed is None:  # greedy: a function of the sequence so far
+        state = req.rng_state
+        mixed = (state ^ (state >> 31)) * 0xBF58476D1CE4E5B9 & _MASK64
+        token = palette.ids[(mixed >> 33) % len(palette.ids)]
+        req.rng_state = _fold(state, token)
+        return token
     x = (req.rng_state * _LCG_A + _LCG_C) & _MASK64
     req.rng_state = x
     return palette.ids[(x >> 33) % len(palette.ids)]

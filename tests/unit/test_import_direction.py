@@ -156,64 +156,123 @@ def test_no_module_imports_itself_back_through_others() -> None:
     assert circles(import_graph(module_files())) == []
 
 
-# ---------------------------------------------------------------- the router's package direction
+# ---------------------------------------------------------------- the router's layers
 
-ROUTER_NEVER_IMPORTS = {
-    "pipeline": ("front",),
-    "tenancy": ("front", "pipeline"),
-    "peering": ("front", "pipeline", "tenancy"),
-    "engines": ("front", "pipeline", "tenancy", "peering"),
-    "kv": ("front", "pipeline", "tenancy", "policies"),
-    "policies": ("front", "pipeline", "tenancy", "peering", "engines"),
-}
-"""docs/router.md, "Code": the router's sub-packages, each never importing those its reader
-need not know (a front runs the pipeline, the pipeline never reaches back into a front; the
-policies and the KV view know nothing of requests, tenants or fronts). No sub-package
-imports the wiring (``app``, ``cli``, ``validation``)."""
-WIRING = ("tpuserve_router.app", "tpuserve_router.cli", "tpuserve_router.validation")
+ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("config", "labels"),
+    ("metrics",),
+    ("kv",),
+    ("policies",),
+    ("engines",),
+    ("peering",),
+    ("core",),
+    ("tenancy",),
+    ("pipeline",),
+    ("front",),
+    ("validation",),
+    ("app",),
+    ("cli",),
+)
+"""docs/router.md, "Code": the router's parts (a sub-package, or a module at the top), bottom
+first. A module reaches, through any chain of imports, only modules of its own part or of the
+parts below it: the settings and the label vocabularies at the bottom, importing nothing of
+the router; the series; the KV view, which knows no request; the policies (they read the
+block index); the engines (registry, health, admission, connections); the replicas' peering;
+the shared core; tenancy; the request pipeline; the fronts; the wiring. No two parts import
+each other, directly or through others."""
 
 
-def router_package(module: str) -> str | None:
-    """The router sub-package of a module (None: a top-level module, or not the router's)."""
+def router_part(module: str) -> str | None:
+    """The router part of a module (its sub-package, or the top-level module itself); None:
+    not the router's, or the package itself."""
     parts = module.split(".")
-    if parts[0] != "tpuserve_router" or len(parts) < 3:
+    if parts[0] != "tpuserve_router" or len(parts) < 2:
         return None
     return parts[1]
 
 
-def wrong_way(graph: dict[str, set[str]]) -> list[str]:
-    """The imports of ``graph`` against the router's package direction."""
-    return sorted(
-        f"{module} imports {target}"
-        for module, targets in graph.items()
-        if (package := router_package(module)) is not None
-        for target in targets
-        if router_package(target) in ROUTER_NEVER_IMPORTS.get(package, ()) or target in WIRING
-    )
+def layer_violations(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Each router module that reaches, through any chain of imports of ``graph``, a module of
+    a part above its own (or of another part of its own layer), with the chain; and each part
+    ``layers`` does not place."""
+    rank = {part: i for i, layer in enumerate(layers) for part in layer}
+    found: set[str] = set()
+    for module in sorted(graph):
+        own = router_part(module)
+        if own is None:
+            continue
+        if own not in rank:
+            found.add(f"{module}: its part {own!r} is on no layer")
+            continue
+        # breadth first: the shortest chain to each module it reaches
+        chains = {module: [module]}
+        frontier = [module]
+        while frontier:
+            following: list[str] = []
+            for current in frontier:
+                for target in sorted(graph.get(current, ())):
+                    if target in chains:
+                        continue
+                    chains[target] = [*chains[current], target]
+                    following.append(target)
+            frontier = following
+        for target, chain in chains.items():
+            part = router_part(target)
+            if part is None or part == own or part not in rank:
+                continue
+            if rank[part] >= rank[own]:
+                found.add(f"{module} reaches {target}: " + " -> ".join(chain))
+    return sorted(found)
 
 
-def test_the_direction_check_finds_an_import_the_wrong_way() -> None:
+def test_the_layer_check_finds_an_indirect_import_up_the_layers() -> None:
+    # kv -> metrics is allowed; metrics -> pipeline is not: kv reaches the pipeline through it
     graph = {
-        "tpuserve_router.kv.events": {"tpuserve_router.front.server", "tpuserve_router.metrics"},
-        "tpuserve_router.front.server": {"tpuserve_router.pipeline.ledger"},
-        "tpuserve_router.pipeline.ledger": {"tpuserve_router.app"},
-        "tpuserve_router.app": {"tpuserve_router.front.server"},
+        "tpuserve_router.kv.events": {"tpuserve_router.metrics"},
+        "tpuserve_router.metrics": {"tpuserve_router.labels", "tpuserve_router.pipeline.ledger"},
+        "tpuserve_router.pipeline.ledger": {"tpuserve_router.config"},
+        "tpuserve_router.labels": set(),
+        "tpuserve_router.config": set(),
     }
-    assert wrong_way(graph) == [
-        "tpuserve_router.kv.events imports tpuserve_router.front.server",
-        "tpuserve_router.pipeline.ledger imports tpuserve_router.app",
+    assert layer_violations(graph, ROUTER_LAYERS) == [
+        "tpuserve_router.kv.events reaches tpuserve_router.pipeline.ledger: "
+        "tpuserve_router.kv.events -> tpuserve_router.metrics -> tpuserve_router.pipeline.ledger",
+        "tpuserve_router.metrics reaches tpuserve_router.pipeline.ledger: "
+        "tpuserve_router.metrics -> tpuserve_router.pipeline.ledger",
+    ]
+    # the same chain through a module of no part of the router (sglang_tpu, say) is found too
+    through = {
+        "tpuserve_router.kv.events": {"sglang_tpu.helper"},
+        "sglang_tpu.helper": {"tpuserve_router.front.server"},
+        "tpuserve_router.front.server": set(),
+    }
+    assert layer_violations(through, ROUTER_LAYERS) == [
+        "tpuserve_router.kv.events reaches tpuserve_router.front.server: "
+        "tpuserve_router.kv.events -> sglang_tpu.helper -> tpuserve_router.front.server"
+    ]
+    # two parts importing each other (engines <-> kv): the lower one reaches up
+    mutual = {
+        "tpuserve_router.engines.admission": {"tpuserve_router.kv.events"},
+        "tpuserve_router.kv.events": {"tpuserve_router.engines.workers"},
+        "tpuserve_router.engines.workers": set(),
+    }
+    assert layer_violations(mutual, ROUTER_LAYERS) == [
+        "tpuserve_router.kv.events reaches tpuserve_router.engines.workers: "
+        "tpuserve_router.kv.events -> tpuserve_router.engines.workers"
     ]
 
 
-def test_every_router_package_has_its_direction() -> None:
-    packages = {
-        p.name for p in PACKAGES["tpuserve_router"].iterdir() if (p / "__init__.py").exists()
-    }
-    assert packages == set(ROUTER_NEVER_IMPORTS) | {"front"}
+def test_every_router_part_is_on_one_layer() -> None:
+    root = PACKAGES["tpuserve_router"]
+    parts = {p.name for p in root.iterdir() if (p / "__init__.py").exists()}
+    parts |= {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    placed = [part for layer in ROUTER_LAYERS for part in layer]
+    assert sorted(placed) == sorted(set(placed)), "a part on two layers"
+    assert parts == set(placed)
 
 
-def test_the_router_packages_import_in_one_direction() -> None:
-    assert wrong_way(import_graph(module_files())) == []
+def test_the_router_imports_down_its_layers_only() -> None:
+    assert layer_violations(import_graph(module_files()), ROUTER_LAYERS) == []
 
 
 # ---------------------------------------------------------------- config, the router's leaf

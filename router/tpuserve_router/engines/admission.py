@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from sglang_tpu.tasks import cancel_and_wait
-from tpuserve_router.core import RouterCore
+from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.engine_types import adapter
 from tpuserve_router.engines.health import HealthChecker
 from tpuserve_router.engines.proxy import UpstreamPool
@@ -31,12 +31,30 @@ from tpuserve_router.engines.workers import Worker, WorkerRegistry, network_host
 from tpuserve_router.kv.kv_events import KvEventHub
 from tpuserve_router.kv.kv_publishers import Endpoints, NoPublisher, discover_publisher, pool_pages
 from tpuserve_router.metrics import (
+    RouterMetrics,
     remove_worker_series,
     touch_token_series,
     touch_worker_series,
 )
+from tpuserve_router.policies.base import Policy
 
 log = logging.getLogger(__name__)
+
+
+class Shared(Protocol):
+    """What admission reads of the parts the router shares (its `core.RouterCore`)."""
+
+    @property
+    def config(self) -> RouterConfig: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def registry(self) -> WorkerRegistry: ...
+
+    @property
+    def metrics(self) -> RouterMetrics: ...
 
 
 class Admission:
@@ -45,7 +63,7 @@ class Admission:
 
     def __init__(
         self,
-        core: RouterCore,
+        core: Shared,
         networks: Sequence[Network],
         kv: KvEventHub | None,
         on_routable: Callable[[], None] = lambda: None,

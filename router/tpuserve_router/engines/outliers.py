@@ -28,11 +28,10 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Protocol
 
 from tpuserve_router.config import RouterConfig
-
-EJECTION_REASONS: Final = ("consecutive_failures", "failure_rate")
+from tpuserve_router.labels import EJECTION_REASONS as EJECTION_REASONS
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ class WorkerSpec:
     kv_replay_endpoint: str | None = None
     model: str | None = None
     role: str | None = None
-    """PD role: ``prefill`` or ``decode`` (`tpuserve_router.front.pd`); None: a colocated engine."""
+    """PD role: ``prefill`` or ``decode`` (`tpuserve_router.pipeline.selection`); None: a
+    colocated engine."""
     bootstrap_port: int | None = None
     """A prefill engine's bootstrap port (SGLang's ``--disaggregation-bootstrap-port``)."""
     pd_contract: str | None = None
@@ -272,7 +273,7 @@ class Worker:
         self.health_successes = 0
         self.probe_passed_at = 0.0  # time.monotonic() of its last passing health check
         self.probe_failed_at = 0.0  # and of its last failing one
-        self.answered_at = 0.0  # time.monotonic() of the last answer's head it sent (forwarding)
+        self.answered_at = 0.0  # time.monotonic() of the last answer's head it sent (relay)
         self.ejected = False  # as an outlier (see tpuserve_router.engines.outliers)
         self.probe_failed_while_ejected = False
         self.ejected_until = 0.0

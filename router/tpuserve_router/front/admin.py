@@ -32,8 +32,9 @@ from tpuserve_router.engines.workers import (
     normalize_worker_url,
 )
 from tpuserve_router.front.replies import reject
-from tpuserve_router.front.server import JSON_HEADERS, HttpRequest
+from tpuserve_router.front.server import HttpRequest
 from tpuserve_router.metrics import RouterMetrics
+from tpuserve_router.pipeline.client import JSON_HEADERS
 from tpuserve_router.pipeline.request_body import ClientError, parse_json_object
 from tpuserve_router.policies.base import Policy
 

@@ -77,6 +77,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import hmac
 import logging
 import time
@@ -94,13 +95,14 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tpuserve_router.front.connections import BufferBudget
-from tpuserve_router.front.forwarding import Forwarder
 from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
+from tpuserve_router.pipeline.driver import Driver
 from tpuserve_router.pipeline.generation_limits import MAX_TOKENS_ALLOWED
-from tpuserve_router.pipeline.ledger import CLIENT_CLOSED, Spend, TryOutcome
+from tpuserve_router.pipeline.ledger import CLIENT_CLOSED, Spend, TryOutcome, Verdict
 from tpuserve_router.pipeline.refusals import unavailable
 from tpuserve_router.pipeline.request_body import CHARS_PER_TOKEN, GENERATION_ROUTES, ClientError
 from tpuserve_router.pipeline.request_ids import Restorer, name_request
+from tpuserve_router.pipeline.selection import Single
 from tpuserve_router.pipeline.stages import Admitted, Arrival
 from tpuserve_router.pipeline.stages import Refused as PipelineRefused
 from tpuserve_router.pipeline.usage import TokenCounts, usage_from_body, usage_from_stream_tail
@@ -208,6 +210,8 @@ class Pick:
     """The API key it is charged to: none, the gateway authenticates its clients (a
     `ledger.Bill`, as the HTTP port's requests are)."""
     spend: Spend | None = None
+    selection: Single | None = None
+    """The driver's selection (None off the generation routes)."""
 
 
 KNOWN_STATUSES: Final = frozenset(str(status.value) for status in HTTPStatus)
@@ -237,7 +241,7 @@ class EndpointPicker:
 
     def __init__(
         self,
-        forwarder: Forwarder,
+        driver: Driver,
         *,
         test_headers: bool = False,
         tls: bool = False,
@@ -247,17 +251,17 @@ class EndpointPicker:
         """``buffers``: the router-wide budget of buffered request bodies the HTTP front
         charges too (one of its own, ``--max-buffered-bytes``, when None); ``token``: what a
         stream's ``authorization: Bearer`` metadata must hold (None: no credentials)."""
-        self.forwarder = forwarder
-        self.pipeline = forwarder.pipeline
-        self.ledger = forwarder.ledger
+        self.driver = driver
+        self.pipeline = pipeline = driver.pipeline
+        self.ledger = driver.ledger
         self.certificate: bytes | None = None
         """The PEM certificate the port serves (``tls``), made at start; None: plaintext."""
         self._key: bytes | None = None
         if tls:
             self._key, self.certificate = self_signed_certificate()
-        self.config = forwarder.config
-        self.registry = forwarder.registry
-        self.metrics = forwarder.metrics
+        self.config = pipeline.config
+        self.registry = pipeline.registry
+        self.metrics = pipeline.metrics
         self.test_headers = test_headers
         self.max_body_bytes = self.config.max_request_bytes
         self.buffers = (
@@ -461,42 +465,22 @@ class EndpointPicker:
         parser = GENERATION_ROUTES.get(route)
         if parser is None:
             return self._pick_other(allowed, arrived)
-        pipeline = self.pipeline
         arrival = Arrival(
             route, parser, body, time.monotonic() if arrived is None else arrived,
             may_wait=False, authenticates=False, shed_status=429,
         )  # fmt: skip
+        narrow = None if allowed is None else functools.partial(_allowed, allowed)
         try:
-            admitted = pipeline.admit_now(arrival)
+            admitted, selection = self.driver.pick(arrival, narrow)
         except PipelineRefused as refused:
             raise Refused(refused.error, route, refused.model) from None
-        try:
-            return self._select(admitted, allowed, body)
-        except PipelineRefused as refused:
-            pipeline.leave(admitted)
-            raise Refused(refused.error, route, refused.model) from None
+        return self._pick(admitted, selection, body)
 
-    def _select(self, admitted: Admitted, allowed: frozenset[str] | None, body: bytes) -> Pick:
-        """The pipeline's selection among the endpoints ``allowed``, acted on."""
-        pipeline = self.pipeline
+    def _pick(self, admitted: Admitted, selection: Single, body: bytes) -> Pick:
+        """The driver's selection, as the gateway is told it: the endpoints in order."""
         parsed, served, bound = admitted.parsed, admitted.served, admitted.bound
-        candidates = served.workers
-        if allowed is not None:
-            candidates = [w for w in candidates if _allows(allowed, w)]
-            if not candidates:
-                raise PipelineRefused(
-                    unavailable(
-                        "none of the endpoints the gateway allows "
-                        f"({', '.join(sorted(allowed)) or 'none'}) serves model "
-                        f"{admitted.asked!r}"
-                    ),
-                    served.model,
-                )
-        try:
-            decision = pipeline.select(admitted, pipeline.first_choices(admitted, candidates))
-        except NoHealthyWorker:
-            raise pipeline.no_worker(admitted) from None
-        pipeline.chosen(admitted, decision)
+        candidates = selection.candidates
+        decision = selection.decision
         worker = decision.worker
         # The engine knows the request by the router's own id, never the client's (SGLang
         # aborts by prefix on a disconnect: request_ids), as in HTTP mode.
@@ -519,6 +503,7 @@ class EndpointPicker:
             prompt_cap,
             bound.allowance(parsed.prompt_tokens, context, MAX_TOKENS_ALLOWED * bound.generations),
             admitted,
+            selection=selection,
         )
 
     def _pick_other(self, allowed: frozenset[str] | None, arrived: float | None) -> Pick:
@@ -583,6 +568,21 @@ def self_signed_certificate() -> tuple[bytes, bytes]:
         serialization.NoEncryption(),
     )
     return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
+
+
+def _allowed(allowed: frozenset[str], admitted: Admitted) -> list[Worker]:
+    """The workers serving ``admitted``'s model that the gateway ``allowed``; `Refused`
+    (503) when none is."""
+    candidates = [w for w in admitted.served.workers if _allows(allowed, w)]
+    if not candidates:
+        raise PipelineRefused(
+            unavailable(
+                "none of the endpoints the gateway allows "
+                f"({', '.join(sorted(allowed)) or 'none'}) serves model {admitted.asked!r}"
+            ),
+            admitted.served.model,
+        )
+    return candidates
 
 
 def _allows(allowed: frozenset[str], worker: Worker) -> bool:
@@ -796,8 +796,9 @@ class Exchange:
         assert self.served is None, "one pick per exchange"
         self.pick = pick
         self.served = pick.worker
-        pick.worker.in_flight += 1
-        self.picker.pipeline.enter(pick.admitted)
+        if pick.selection is None:  # off the generation routes: counted here (`Driver.pick`)
+            self.picker.ledger.counted((pick.worker,), 1)
+            self.picker.pipeline.enter(None)
         self._wait("answer", time.monotonic())
 
     def _refuse(self, refused: Refused) -> list[ext_proc.ProcessingResponse]:
@@ -879,8 +880,9 @@ class Exchange:
             return served
         worker = self.picker.worker_at(served)
         if worker is not None:
-            current.in_flight -= 1
-            worker.in_flight += 1
+            ledger = self.picker.ledger
+            ledger.counted((current,), -1)
+            ledger.counted((worker,), 1)
             self.served = worker
         return served
 
@@ -930,27 +932,34 @@ class Exchange:
         self.pick = None
         picker = self.picker
         ledger = picker.ledger
-        picker.pipeline.leave(pick.admitted)
-        worker.in_flight -= 1
         status = self.status
         code = int(status) if status.isdigit() else 0
         # Outlier detection hears the status only from a gateway that presented its token
         # (`--picker-token-file`): from anyone else it is a claim, not an observation (a
         # forged stream would eject the worker of its choice), and only the health checks eject.
+        verdicts: tuple[Verdict, ...] = ()
         if picker.authenticated and status != CLIENT_CLOSED and code:
-            ledger.worker_answered(worker, code)
-        decision = pick.decision
+            failed = code >= 500
+            verdicts = (Verdict(worker, "server_error" if failed else "", failed),)
+        selection = pick.selection
         usage = None
-        if decision is not None and code == 200:
+        if selection is not None and code == 200:
             tail = self.tail[0] + self.tail[1]
             usage = usage_from_stream_tail(tail) if pick.stream else usage_from_body(tail)
             usage = None if usage is None else _bounded(usage, pick)
         outcome = TryOutcome(
-            status=status, succeeded=0 < code < 400, relayed=status != CLIENT_CLOSED, usage=usage
-        )
-        ledger.account(pick, worker.name, pick.model, outcome, decision)
-        if decision is not None:
-            ledger.ended(decision, outcome.succeeded)
+            status=status, succeeded=0 < code < 400, relayed=status != CLIENT_CLOSED,
+            usage=usage, verdicts=verdicts,
+        )  # fmt: skip
+        if selection is not None and pick.admitted is not None:
+            picker.driver.close(pick, pick.admitted, selection, worker, pick.model, outcome)
+            return
+        # off the generation routes: no decision to tell the policy of
+        picker.pipeline.leave(None)
+        ledger.counted((worker,), -1)
+        if verdicts:
+            ledger.worker_answered(worker, code)
+        ledger.account(pick, worker.name, pick.model, outcome)
 
     def close(self) -> None:
         """The stream ended: whatever was not accounted for is (a gateway gone: ``499``)."""

@@ -58,6 +58,7 @@ from tpuserve_router.engines.proxy import set_nodelay
 from tpuserve_router.engines.worker_networks import is_loopback
 from tpuserve_router.front.connections import ConnectionBook
 from tpuserve_router.front.unix_listener import serve_unix
+from tpuserve_router.pipeline.client import JSON_HEADERS
 from tpuserve_router.pipeline.refusals import RETRY_AFTER_SECONDS
 from tpuserve_router.pipeline.request_body import ClientError, error_body
 
@@ -145,9 +146,6 @@ def status_line(status: int) -> bytes:
             phrase = "Unknown"
         line = _STATUS_LINES[status] = f"HTTP/1.1 {status} {phrase}\r\n".encode()
     return line
-
-
-JSON_HEADERS = b"content-type: application/json\r\n"
 
 
 class HttpRequest:

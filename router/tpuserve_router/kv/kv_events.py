@@ -30,7 +30,7 @@ the index can still trust:
 - the first batch seen with a number above 0 and no catch-up yet: replay from 0.
 
 A replica started after an engine's replay buffer wrapped starts a stream from a peer
-router's snapshot instead (`tpuserve_router.kv.kv_snapshot`: the hub asks it where each new
+router's snapshot instead (`tpuserve_router.peering.kv_snapshot`: the hub asks it where each new
 stream starts) and replays only from the snapshot's batch number; a seeded stream whose engine
 no longer holds the snapshot's last batch nor any later one (it restarted meanwhile) drops the
 snapshot's blocks (``engine_restart``) and is replayed from 0.

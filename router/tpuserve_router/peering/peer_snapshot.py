@@ -32,9 +32,11 @@ from typing import Any, Final
 import msgpack
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.config import snapshot_port
+from tpuserve_router.kv.zmq_monitor import stop_monitor
 from tpuserve_router.peering.peer_auth import PeerGate, PeerKey
 from tpuserve_router.peering.peers import bind_or_refuse, peer_endpoint
 
@@ -48,8 +50,28 @@ UNKNOWN: Final = b"unknown"
 MAX_REQUEST_BYTES: Final = 1024
 """The most a snapshot request may take (with ``--peer-key-file``, a CURVE handshake command
 too: INITIATE takes about 300 bytes)."""
+CONNECT_SECONDS: Final = 1.0
+"""How long a starting replica waits for a peer's snapshot port to accept a connection: a
+peer not up by then is starting too (replicas installed together) and has nothing to give,
+so a start never waits ``--kv-snapshot-timeout`` for replicas that are not there yet."""
 CACHE_SECONDS: Final = 5.0
 """How long a packed snapshot is given to askers before the index is built and packed anew."""
+
+
+class PeerNotUp(Exception):
+    """A peer's snapshot port took no connection: the peer is not up (yet)."""
+
+
+async def _connected(monitor: Any, seconds: float) -> bool:
+    """Whether ``monitor``'s socket connected within ``seconds``."""
+    try:
+        async with asyncio.timeout(seconds):
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] == zmq.EVENT_CONNECTED:
+                    return True
+    except TimeoutError:
+        return False
 
 
 class SnapshotError(Exception):
@@ -189,7 +211,16 @@ class SnapshotService:
                 asker.setsockopt(zmq.IPV6, 1)
             if self.key is not None:
                 self.key.dial(asker)
-            asker.connect(endpoint)
+            monitor = asker.get_monitor_socket(zmq.EVENT_CONNECTED)
+            try:
+                asker.connect(endpoint)
+                if not await _connected(monitor, min(CONNECT_SECONDS, self.timeout_seconds)):
+                    raise PeerNotUp(
+                        f"its snapshot port took no connection within {CONNECT_SECONDS:g} s "
+                        "(a replica starting too has nothing to give)"
+                    )
+            finally:
+                stop_monitor(asker, monitor)
             async with asyncio.timeout(self.timeout_seconds):
                 await asker.send_multipart(request_frames(self.max_bytes))
                 return answer_body(await asker.recv_multipart())
@@ -234,6 +265,9 @@ class SnapshotService:
         except TimeoutError:
             log.warning("no KV snapshot from %s: no answer within %gs", endpoint,
                         self.timeout_seconds)  # fmt: skip
+            return False
+        except PeerNotUp as err:
+            log.info("no KV snapshot from %s: %s", endpoint, err)
             return False
         except (SnapshotError, zmq.ZMQError) as err:
             log.warning("no KV snapshot from %s: %s", endpoint, err)

@@ -39,11 +39,12 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Protocol
 
 import msgpack
 
 from tpuserve_router.engines.load_view import PeerLoad, announce_peer_request
+from tpuserve_router.labels import PEER_KINDS, PEER_MESSAGE_KINDS, PeerKind
 from tpuserve_router.policies.base import Decision, Policy
 
 FORMAT: Final = 1
@@ -55,10 +56,9 @@ HELLO_SECONDS: Final = 1.0
 SILENT_SECONDS: Final = 5.0
 """A peer heard nothing from this long (no hello) is taken for gone: its entries drop."""
 
-Kind = Literal["route", "first_byte", "end", "hello"]
-KINDS: Final[tuple[Kind, ...]] = ("route", "first_byte", "end", "hello")
-MESSAGE_KINDS: Final = (*KINDS, "malformed")
-"""The ``kind`` label of ``tpuserve_router_peer_messages_total``."""
+Kind = PeerKind
+KINDS: Final = PEER_KINDS
+MESSAGE_KINDS: Final = PEER_MESSAGE_KINDS
 
 
 class PeerMessageError(ValueError):

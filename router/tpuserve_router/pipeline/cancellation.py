@@ -19,18 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Final
 
 import aiohttp
 import orjson
 
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve_router.engines.worker_session import WorkerSession
+from tpuserve_router.labels import ABORT_REASONS as ABORT_REASONS
 
 log = logging.getLogger(__name__)
-
-ABORT_REASONS: Final = ("client_gone", "gave_up")
-"""Why the router aborted a request: its client left, or the router stopped waiting."""
 
 
 class Aborter:

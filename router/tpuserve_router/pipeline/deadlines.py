@@ -17,11 +17,11 @@ bounds every gap.
 Past the time a stream would have (`FirstByteBudget.alive_seconds`: floor and prefill), a
 request without its answer's head waits on only while its worker shows it is alive, with
 health checks on: a probe passed since (asked again every such period); a probe that failed
-with none passed ends the wait there (`forwarding.liveness`; issue 57 item 8: a hung
+with none passed ends the wait there (`relay.liveness`; issue 57 item 8: a hung
 worker held every non-streamed request without ``max_tokens`` for the cap, 600 s, until the
 probes ejected it). A worker whose probes pass keeps such a request to the cap; when its
 client leaves past that time and the worker answered nobody meanwhile, the worker is counted
-a failure (`forwarding._stuck`), so outlier detection ejects an engine that answers nothing.
+a failure (`relay._stuck`), so outlier detection ejects an engine that answers nothing.
 """
 
 from __future__ import annotations

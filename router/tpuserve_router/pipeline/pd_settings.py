@@ -1,6 +1,6 @@
 """PD mode's settings and its worker flags: PD mode's part of the router's configuration
-(`tpuserve_router.front.pd` is the mode itself), kept apart so the settings import no request
-path. `pd_settings` makes them from a `RouterConfig`; `pd_problems` checks what the values
+(`selection` and `pair_relay` are the mode itself), kept apart so the settings import no
+request path. `pd_settings` makes them from a `RouterConfig`; `pd_problems` checks what the values
 alone cannot (the worker flags, the performance model)."""
 
 from __future__ import annotations

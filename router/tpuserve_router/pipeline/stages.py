@@ -4,18 +4,19 @@
    limits, the router's in-flight limit (shed), the body parsed and validated, the hold
    queue while no worker can take it, the workers serving its model (404 otherwise), its
    tokens reserved of its key's limit;
-2. **select** (`Pipeline.select`): the policy's choice of one worker among the candidates
-   (a prefill/decode pair's prefill too: `tpuserve_router.front.pd`), acted on with
-   `Pipeline.chosen`;
-3. **relay**: the HTTP port's colocated try (`Forwarder.relay`, whole or streamed) or a
-   pair's two legs (`PdRouter.relay`); nothing for the endpoint picker, whose gateway
-   relays;
-4. **account**: the one ledger (`tpuserve_router.pipeline.ledger.Ledger.account`): tokens, metrics,
-   the key's quota settled, policy and peer feedback, outlier ejection.
+2. **select** (`tpuserve_router.pipeline.selection.Selector.select`): one worker or a
+   prefill/decode pair (`Single` | `Pair`), the policy's choice among the candidates
+   (`Pipeline.select`), acted on with `Pipeline.chosen`;
+3. **relay**: one worker's try (`tpuserve_router.pipeline.relay.SingleRelay.relay`, whole or
+   streamed) or a pair's two legs (`tpuserve_router.pipeline.pair_relay.PairRelay.relay`);
+   for the endpoint picker its gateway relays;
+4. **account**: the one ledger (`tpuserve_router.pipeline.ledger.Ledger.close`): tokens,
+   metrics, the key's quota settled, policy and peer feedback, outlier ejection.
 
-A front (the HTTP port's `Forwarder`, the picker's `Exchange`) turns a request into an
-`Arrival`, walks it through the stages, and answers a `Refused` its own way (an HTTP error,
-an ``ImmediateResponse``). A feature that lives in a stage applies to every mode.
+The driver (`tpuserve_router.pipeline.driver.Driver`) runs them, again from selection for a
+retry. A front (the HTTP port's `Forwarder`, the picker's `Exchange`) turns a request into an
+`Arrival`, hands it to the driver, and answers a `Refused` its own way (an HTTP error, an
+``ImmediateResponse``). A feature that lives in a stage applies to every mode.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tpuserve_router.core import RouterCore
 from tpuserve_router.engines.workers import ModelRoute, Worker
 from tpuserve_router.pipeline.adapter_affinity import AdapterAffinity
 from tpuserve_router.pipeline.generation_limits import GENERATION_LIMITS, GenerationLimit
-from tpuserve_router.pipeline.ledger import Ledger, Spend
+from tpuserve_router.pipeline.ledger import Ledger, Selected, Spend
 from tpuserve_router.pipeline.refusals import model_not_found, unauthorized, unavailable
 from tpuserve_router.pipeline.request_body import (
     ClientError,
@@ -129,7 +130,7 @@ class Pipeline:
         before_decision: Callable[[], None] | None = None,
         on_arrival: Callable[[bool], None] | None = None,
     ) -> None:
-        config = core.config
+        self.config = config = core.config
         self.policy = core.policy
         self.registry = registry = core.registry
         self.metrics = core.metrics
@@ -149,7 +150,8 @@ class Pipeline:
         registry.on_removed.append(lambda worker: self.affinity.forget(worker.name))
         self._shed_at = in_flight_limits(config.max_in_flight)
         self.pair_possible: Callable[[Sequence[Worker]], bool] | None = None
-        """Whether a prefill/decode pair could take a request (PD mode: `pd.PdRouter`)."""
+        """Whether a prefill/decode pair could take a request (PD mode:
+        `selection.Disaggregation`)."""
 
     # ------------------------------------------------------------------ 1. admit
 
@@ -217,7 +219,7 @@ class Pipeline:
             limit = self._shed_at[key.priority]
         if self.in_flight >= limit:
             if key is not None:
-                self.metrics.shed.labels(key.priority).inc()
+                self.ledger.shed(key.priority)
             message = (
                 f"the router has {self.in_flight} requests in flight, its limit "
                 + ("(--max-in-flight)" if key is None else f"for {key.priority} requests")
@@ -243,7 +245,7 @@ class Pipeline:
         presented = presented_key(authorization, api_key)
         key = self.keys.authenticate(presented)
         if key is None:
-            self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
+            self.ledger.unauthenticated("missing" if not presented else "invalid")
             raise Refused(unauthorized(presented))
         quota = self.quotas.of(key, arrival.arrived)
         refused = quota.admit(arrival.arrived)
@@ -305,7 +307,7 @@ class Pipeline:
 
     def _rate_limited(self, key: ApiKey, refusal: Refusal, headers: dict[str, str]) -> Refused:
         """The 429 of a key over its limits."""
-        self.metrics.rate_limited.labels(key.label, refusal.limit).inc()
+        self.ledger.rate_limited(key.label, refusal.limit)
         wait = refusal.retry_after_seconds
         message = refusal.message or (
             f"rate limit reached for {refusal.limit} per minute ({refusal.per_minute}, "
@@ -363,13 +365,14 @@ class Pipeline:
             self.before_decision()
         return self.policy.choose(admitted.route_request, pool)
 
-    def chosen(self, admitted: Admitted, decision: Decision[Worker]) -> None:
-        """Act on ``decision``: counted, announced to the peers, and the adapter's replica
-        remembered warm."""
-        self.ledger.chosen(decision)
+    def chosen(self, admitted: Admitted, selection: Selected) -> None:
+        """Act on ``selection`` (a worker or a pair, `selection`): counted and announced to
+        the peers (the ledger), and the adapter's replicas remembered warm."""
+        self.ledger.chosen(selection)
         adapter = admitted.served.adapter
         if adapter is not None:
-            self.affinity.routed(adapter, decision.worker.name)
+            for worker in selection.workers:
+                self.affinity.routed(adapter, worker.name)
 
     def first_choices(self, admitted: Admitted, candidates: list[Worker]) -> list[Worker]:
         """Where a first try looks: an adapter's warm replicas first (`adapter_affinity`)."""

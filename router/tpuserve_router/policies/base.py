@@ -29,13 +29,14 @@ from typing import (
     TYPE_CHECKING,
     Any,
     ClassVar,
-    Final,
     Generic,
-    Literal,
     Protocol,
     TypeVar,
     runtime_checkable,
 )
+
+from tpuserve_router.labels import OUTCOMES as OUTCOMES
+from tpuserve_router.labels import Outcome as Outcome
 
 if TYPE_CHECKING:
     from tpuserve_router.kv.block_index import BlockIndex
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 """Seconds on a monotonic clock (``time.monotonic`` live, a virtual clock in benchmarks)."""
 
-Outcome = Literal["prefix_hit", "miss", "balanced_away", "load_only"]
-OUTCOMES: Final[tuple[Outcome, ...]] = ("prefix_hit", "miss", "balanced_away", "load_only")
 """Why a worker was chosen: it holds the prefix (`prefix_hit`); no worker held enough of it
 (`miss`); one did but load imbalance sent the request elsewhere (`balanced_away`); the policy
 does not look at prefixes (`load_only`)."""

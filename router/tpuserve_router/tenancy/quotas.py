@@ -16,7 +16,7 @@ context's remainder, or the key's whole minute where the worker states no contex
 refused (429 with ``Retry-After``) unless the key's last minute has room for that reservation,
 and refused at once (429 without ``Retry-After``, naming the field to lower) when the
 reservation alone is more than a minute holds. Its reservation is then *settled*, once, when
-it ends (`tpuserve_router.front.forwarding.Spend.charge`), at what it cost:
+it ends (`tpuserve_router.pipeline.ledger.Spend.charge`), at what it cost:
 
 - its whole answer reached the client: the answer's usage (prompt and completion tokens); an
   answer without usage, what it reserved; an error answer without usage, nothing;

@@ -156,7 +156,7 @@ async def hang_up_on_a_plain_request(app: RouterApp, rid: str) -> None:
             f"rid {rid!r} after {loop.time() - began:.1f} s of loop time: sent on "
             f"{dispatched(app) - sent:g} (from {sent:g}); worker {worker!r} (polled beyond the "
             f"router's own {worker.peer_in_flight}); router in flight "
-            f"{app.forwarder.in_flight}; connections open {len(app.book.open)} (phases "
+            f"{app.pipeline.in_flight}; connections open {len(app.book.open)} (phases "
             f"{phases}), idle {len(app.book.waiting)}, buffered {app.book.buffers.used} bytes"
         )
 

@@ -124,7 +124,7 @@ class Ledger:
         async def idle() -> bool:
             async with aiohttp.ClientSession() as session:
                 busy = await running_requests(session, self.engine.url)
-            return not busy and self.app.forwarder.in_flight == 0
+            return not busy and self.app.pipeline.in_flight == 0
 
         await eventually_async(idle, what="the tenant's requests ended")
         self.read()

@@ -222,7 +222,7 @@ async def test_a_replica_gets_its_peers_kv_snapshot_with_an_admin_key(
             key_file = tmp_path / "snapshot-key"
             key_file.write_text(KEYS[key] + "\n")
             late["kv_snapshot_key_file"] = str(key_file)
-        with caplog.at_level(logging.INFO, logger="tpuserve_router.kv.kv_snapshot"):
+        with caplog.at_level(logging.INFO, logger="tpuserve_router.peering.kv_snapshot"):
             async with stub_router(StubWorker(), **settings, **late):
                 pass
     assert ("KV snapshot from" in caplog.text and "no KV snapshot" not in caplog.text) is taken

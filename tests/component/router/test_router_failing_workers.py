@@ -107,6 +107,12 @@ async def test_a_stalled_stream_is_cut_with_an_error_event() -> None:
         assert first.startswith('data: {"id":"c"')
         assert '"type":"upstream_error"' in error
         assert "the worker's stream stalled" in error
+        # the only worker stalled: the stream had nowhere to move (issue 68 item 2)
+        assert "the stream cannot move to another engine: no healthy worker" in error
+        migrations = "tpuserve_router_stream_migrations_total"
+        route = "/v1/completions"
+        assert sample(app, migrations, route=route, result="not_migrated") == 1
+        assert sample(app, migrations, route=route, result="migrated") == 0
         worker = app.registry.workers[0].name
         assert (
             sample(

@@ -180,7 +180,7 @@ async def settled(app: RouterApp, fleet: Fleet, mode: str) -> None:
             for engine in fleet.serving(mode):
                 if await running_requests(session, engine.url):
                     return False
-        return app.forwarder.in_flight == 0
+        return app.pipeline.in_flight == 0
 
     await eventually_async(idle, what="the requests ended")
 
@@ -198,9 +198,9 @@ def series(app: RouterApp, name: str, **labels: str) -> float:
 def ledger(app: RouterApp) -> dict[str, float]:
     """What the router wrote down for the tenant: its tokens, its requests by status, and
     what its key's minute holds."""
-    key = app.forwarder.keys.authenticate(KEY.encode()) if app.forwarder.keys else None
+    key = app.pipeline.keys.authenticate(KEY.encode()) if app.pipeline.keys else None
     assert key is not None
-    window = app.forwarder.quotas.of(key, 0.0).tokens
+    window = app.pipeline.quotas.of(key, 0.0).tokens
     assert window is not None
     return {
         "prompt": series(app, "tpuserve_router_tenant_tokens_total", kind="prompt"),
@@ -449,7 +449,7 @@ async def check_multi_model(t: Target) -> None:
 async def check_lora_affinity(t: Target) -> None:
     async with client(t) as oa:
         await complete(oa, f"{MODEL}:{ADAPTER}")
-    affinity = t.app.forwarder.affinity
+    affinity = t.app.pipeline.affinity
     workers = t.app.registry.workers
     other = next(w for w in workers if QWEN in w.models)  # never sent the adapter
     warm = [w for w in workers if affinity.candidates(ADAPTER, [w, other]) == [w]]
@@ -491,7 +491,7 @@ async def check_precise_routing(t: Target) -> None:
 
 
 async def check_holds(t: Target) -> None:
-    holds = t.app.forwarder.holds
+    holds = t.app.pipeline.holds
     async with client(t) as oa:
         answer = asyncio.ensure_future(complete(oa, LATE))
         await eventually_async(lambda: holds.total == 1 or answer.done(), what="a held request")
@@ -507,7 +507,7 @@ async def check_not_held(t: Target) -> None:
     async with client(t) as oa:
         with pytest.raises(openai.InternalServerError, match="no healthy worker"):
             await complete(oa, LATE)
-    assert t.app.forwarder.holds.total == 0
+    assert t.app.pipeline.holds.total == 0
 
 
 async def check_retries(t: Target) -> None:

@@ -225,7 +225,7 @@ async def test_over_max_in_flight_a_request_gets_503_with_retry_after() -> None:
         assert b"--max-in-flight" in data
         hang.release.set()
         await asyncio.gather(*busy)
-        assert app.forwarder.in_flight == 0
+        assert app.pipeline.in_flight == 0
 
 
 # ------------------------------------------------------------------ methods and protocols

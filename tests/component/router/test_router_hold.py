@@ -48,9 +48,7 @@ def sample(app: RouterApp, name: str, **labels: str) -> float:
 
 
 async def held(app: RouterApp, count: int) -> None:
-    await eventually_async(
-        lambda: app.forwarder.holds.total == count, what=f"{count} requests held"
-    )
+    await eventually_async(lambda: app.pipeline.holds.total == count, what=f"{count} requests held")
 
 
 async def bring_up(app: RouterApp, worker: StubWorker) -> None:
@@ -62,13 +60,13 @@ async def bring_up(app: RouterApp, worker: StubWorker) -> None:
 def record_choices(app: RouterApp, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The routing text of every request, in the order the policy was asked."""
     asked: list[str] = []
-    choose = app.forwarder.policy.choose
+    choose = app.pipeline.policy.choose
 
     def recording(request: RouteRequest, workers: Sequence[Worker]) -> Decision[Worker]:
         asked.append(request.text or "")
         return choose(request, workers)
 
-    monkeypatch.setattr(app.forwarder.policy, "choose", recording)
+    monkeypatch.setattr(app.pipeline.policy, "choose", recording)
     return asked
 
 
@@ -144,7 +142,7 @@ async def test_past_the_bound_a_request_gets_503_with_retry_after_at_once() -> N
             assert status == 503
             assert headers["Retry-After"]
             assert b"--hold-max-requests 2" in content
-            assert app.forwarder.holds.total == 2  # the two before it still wait
+            assert app.pipeline.holds.total == 2  # the two before it still wait
             await bring_up(app, worker)
             assert [s for s, _, _ in await asyncio.gather(*first)] == [200, 200]
         assert (
@@ -167,7 +165,7 @@ async def test_past_the_hold_time_a_request_gets_503_with_retry_after() -> None:
             sample(app, "tpuserve_router_hold_outcomes_total", model="other", outcome="timeout")
             == 1
         )
-        assert app.forwarder.holds.total == 0
+        assert app.pipeline.holds.total == 0
 
 
 async def test_a_client_that_leaves_is_removed_from_the_queue() -> None:
@@ -254,6 +252,6 @@ async def test_held_requests_do_not_count_toward_max_in_flight() -> None:
             await held(app, 1)
             status, _headers, content = await post(session, app, route, body(route, "up"))
             assert status == 200, content
-            assert app.forwarder.in_flight == 0
+            assert app.pipeline.in_flight == 0
             waiting.cancel()
         await held(app, 0)

@@ -47,19 +47,19 @@ def sleeping_twin() -> Iterator[list[EngineTwin]]:
 
 
 async def held(app: RouterApp, count: int) -> None:
-    await eventually_async(lambda: app.forwarder.holds.total == count, what=f"{count} held")
+    await eventually_async(lambda: app.pipeline.holds.total == count, what=f"{count} held")
 
 
 def record_decisions(app: RouterApp, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """(prompt, requests in flight at the router) of every routing decision, in order."""
     seen: list[tuple[str, int]] = []
-    choose = app.forwarder.policy.choose
+    choose = app.pipeline.policy.choose
 
     def recording(request: RouteRequest, workers: Sequence[Worker]) -> Decision[Worker]:
-        seen.append((request.text or "", app.forwarder.in_flight))
+        seen.append((request.text or "", app.pipeline.in_flight))
         return choose(request, workers)
 
-    monkeypatch.setattr(app.forwarder.policy, "choose", recording)
+    monkeypatch.setattr(app.pipeline.policy, "choose", recording)
     return seen
 
 
@@ -136,4 +136,4 @@ def arrivals(app: RouterApp) -> int:
     for family in app.metrics.registry.collect():
         if family.name == "tpuserve_router_hold_outcomes":
             counted += sum(s.value for s in family.samples if s.name.endswith("_total"))
-    return app.forwarder.holds.total + int(counted)
+    return app.pipeline.holds.total + int(counted)

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.component
 
 
 def settled(app: RouterApp) -> bool:
-    return app.forwarder.in_flight == 0 and all(w.in_flight == 0 for w in app.registry.workers)
+    return app.pipeline.in_flight == 0 and all(w.in_flight == 0 for w in app.registry.workers)
 
 
 def headers(

@@ -44,8 +44,8 @@ from tpuserve_router.config import RouterConfig
 from tpuserve_router.kv import kv_events, kv_replay
 from tpuserve_router.kv.kv_events import RECEIVE_HIGH_WATER_MARK
 from tpuserve_router.kv.kv_replay import DRAIN_MAX_MESSAGES
-from tpuserve_router.kv.kv_snapshot import SNAPSHOT_FORMAT
 from tpuserve_router.metrics import KV_EVENT_SKIP_REASONS
+from tpuserve_router.peering.kv_snapshot import SNAPSHOT_FORMAT
 
 pytestmark = pytest.mark.component
 

@@ -172,7 +172,7 @@ async def test_an_adapter_sticks_to_its_warm_replica(
 ) -> None:
     """Both llama twins have sql loaded; least_load alone would pick the first listed on a
     tie, but the replica that served sql lately is preferred while the load stays even."""
-    router.forwarder.affinity.routed("sql", engines[1].url)
+    router.pipeline.affinity.routed("sql", engines[1].url)
     async with client(router) as oa:
         for _ in range(5):
             await oa.completions.create(model="llama:sql", prompt="hello", max_tokens=2)
@@ -186,7 +186,7 @@ async def test_a_failing_warm_replica_hands_the_adapter_to_another() -> None:
         await eventually_async(
             lambda: all(w.adapters for w in app.registry.workers), what="adapters listed"
         )
-        app.forwarder.affinity.routed("sql", app.registry.workers[0].name)  # warm: the failing
+        app.pipeline.affinity.routed("sql", app.registry.workers[0].name)  # warm: the failing
         body = {"model": f"{STUB_MODEL}:sql", "prompt": "hi", "max_tokens": 1}
         async with session.post(app.base_url + "/v1/completions", json=body) as answer:
             assert answer.status == 200  # retried on the other replica, warm or not

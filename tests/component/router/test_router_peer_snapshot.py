@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from tpuserve.cluster.ports import free_port_pair
-from tpuserve_router.kv.kv_snapshot import read_bounded
+from tpuserve_router.peering.kv_snapshot import read_bounded
 from tpuserve_router.peering.peer_snapshot import SnapshotError, SnapshotService, unpack_snapshot
 from tpuserve_router.peering.peers import peer_endpoint
 
@@ -202,6 +203,28 @@ async def test_a_silent_peer_does_not_hold_the_start(
     finally:
         asker.context.term()
     assert taken == [answering]
+
+
+async def test_a_peer_not_up_yet_is_passed_over_within_the_connect_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Replicas installed together: a peer whose snapshot port takes no connection (not
+    started yet) has nothing to give, and a start does not wait ``--kv-snapshot-timeout`` for
+    it (issue 68 item 3: three replicas started together waited 10 s each)."""
+    asker = service(None)
+    asker.timeout_seconds = 600.0  # were the peer waited for, the hang guard below fails
+    nobody = peer_endpoint("127.0.0.1", free_port_pair() + 1)
+
+    async def take(body: bytes, endpoint: str) -> None:
+        raise AssertionError("nothing to take")
+
+    caplog.set_level(logging.INFO, logger="tpuserve_router.peering.peer_snapshot")
+    try:
+        async with asyncio.timeout(30):  # a hang guard, far below the snapshot timeout
+            assert await asker.take_from([nobody], take) is None
+    finally:
+        asker.context.term()
+    assert f"no KV snapshot from {nobody}: its snapshot port took no connection" in caplog.text
 
 
 async def body_of(route: web.StreamResponse, max_bytes: int) -> bytes:

@@ -31,10 +31,11 @@ pytestmark = pytest.mark.component
 STAGE_OF = {
     "Pipeline.admit": "admit",
     "Pipeline.admit_now": "admit",
-    "Pipeline.select": "select",
-    "Forwarder.relay": "relay",
-    "PdRouter.relay": "relay",
-    "Ledger.account": "account",
+    "Selector.select": "select",
+    "Selector.select_single": "select",
+    "SingleRelay.relay": "relay",
+    "PairRelay.relay": "relay",
+    "Ledger.close": "account",
 }
 """The functions that run each stage, by qualified name (the walk records them)."""
 ANSWERED = {"route": "/v1/completions", "status": "200"}
@@ -79,7 +80,7 @@ async def test_the_http_port_walks_the_stages_in_order(colocated: RouterApp, str
     walk = await post(colocated, {"model": MODEL, "prompt": "pipeline", "stream": stream})
     assert walk.stages == ["admit", "select", "relay", "account"], walk.top()
     assert answered(colocated) == before + 1
-    assert colocated.forwarder.in_flight == 0
+    assert colocated.pipeline.in_flight == 0
 
 
 async def test_the_picker_walks_the_same_stages_but_the_relay(colocated: RouterApp) -> None:
@@ -97,7 +98,7 @@ async def test_the_picker_walks_the_same_stages_but_the_relay(colocated: RouterA
     assert walk.stages == ["admit", "select", "account"], walk.top()
     assert "front/forwarding.py" not in walk.entries  # the HTTP port's front and relay
     assert answered(colocated) == before + 1
-    assert colocated.forwarder.in_flight == 0
+    assert colocated.pipeline.in_flight == 0
 
 
 async def test_a_pair_walks_the_stages_in_order(fleet: Fleet) -> None:
@@ -107,6 +108,6 @@ async def test_a_pair_walks_the_stages_in_order(fleet: Fleet) -> None:
         walk = await post(app, {"prompt": LONG, "max_tokens": 4})
         assert how(app, "disaggregated") == 1
         assert walk.stages == ["admit", "select", "relay", "account"], walk.top()
-        assert app.forwarder.in_flight == 0
+        assert app.pipeline.in_flight == 0
     finally:
         await app.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuserve_router.front.framing import response_headers as _response_headers
+from tpuserve_router.pipeline.framing import response_headers as _response_headers
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tpuserve_router.kv.block_index import BlockIndex
-from tpuserve_router.kv.kv_snapshot import SNAPSHOT_FORMAT, Seeds
+from tpuserve_router.peering.kv_snapshot import SNAPSHOT_FORMAT, Seeds
 
 pytestmark = pytest.mark.unit
 

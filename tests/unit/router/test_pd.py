@@ -15,14 +15,12 @@ from tpuserve_router.cli import build_config, configure, env_name
 from tpuserve_router.config import ConfigError, RouterConfig
 from tpuserve_router.engines.proxy import UpstreamConnection, UpstreamError
 from tpuserve_router.engines.workers import Worker, WorkerSpec
-from tpuserve_router.front.pd import (
+from tpuserve_router.pipeline.pair_relay import (
     LegFailed,
-    PdRouter,
+    PairRelay,
     _batch,
     _failure_kind,
     _transfer_seconds,
-    pairable,
-    pairs,
 )
 from tpuserve_router.pipeline.pd_settings import (
     PdSettings,
@@ -30,6 +28,7 @@ from tpuserve_router.pipeline.pd_settings import (
     pd_settings,
     pd_workers,
 )
+from tpuserve_router.pipeline.selection import Disaggregation, pairable, pairs
 from tpuserve_router.policies.base import Decision, RouteRequest
 from tpuserve_router.validation import validate
 
@@ -111,9 +110,7 @@ class FakeWorker:
 
 
 def router_with(policy: str, threshold: int) -> object:
-    from tpuserve_router.front.pd import PdRouter
-
-    router = object.__new__(PdRouter)
+    router = object.__new__(Disaggregation)
     router.settings = PdSettings(policy, threshold, 300.0)
     return router
 
@@ -137,9 +134,7 @@ def test_a_short_suffix_after_a_long_cached_prefix_stalls_by_the_performance_mod
     settings = pd_settings(config)
     assert settings is not None
     assert settings.timer is not None
-    from tpuserve_router.front.pd import PdRouter
-
-    router = object.__new__(PdRouter)
+    router = object.__new__(Disaggregation)
     router.settings = settings
     n = settings.threshold_tokens
     assert router.stalls(n, n)
@@ -161,18 +156,16 @@ def test_a_short_suffix_after_a_long_cached_prefix_stalls_by_the_performance_mod
 
 
 def test_a_conversation_keeps_its_dp_rank_and_the_room_lands_there() -> None:
-    from tpuserve_router.front.pd import PdRouter
-
     first = RouteRequest("m", "system prompt and turn one", list(range(500)))
     later = RouteRequest("m", "system prompt and turn one, two", [*range(500), 7, 8, 9])
     for dp in (2, 4, 8):
-        rank = PdRouter.rank_for(first, dp)
-        assert PdRouter.rank_for(later, dp) == rank
+        rank = PairRelay.rank_for(first, dp)
+        assert PairRelay.rank_for(later, dp) == rank
         room = disaggregation.room_for_rank(rank, dp)
         assert disaggregation.dp_rank_of(room, dp) == rank
-    ranks = {PdRouter.rank_for(RouteRequest("m", f"user {i} " * 40), 4) for i in range(40)}
+    ranks = {PairRelay.rank_for(RouteRequest("m", f"user {i} " * 40), 4) for i in range(40)}
     assert len(ranks) > 1  # different conversations spread over the ranks
-    assert PdRouter.rank_for(first, 1) == 0
+    assert PairRelay.rank_for(first, 1) == 0
 
 
 def test_batches_carry_lists_and_single_prompts_scalars() -> None:
@@ -197,9 +190,7 @@ def test_the_transfer_time_is_read_from_the_prefills_meta_info() -> None:
 
 
 def test_prefill_logprobs_are_merged_into_the_decode_answer() -> None:
-    from tpuserve_router.front.pd import PdRouter
-
-    router = object.__new__(PdRouter)
+    router = object.__new__(PairRelay)
 
     async def merged() -> dict[str, object]:
         prefill: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
@@ -250,16 +241,14 @@ def test_a_prefill_pairs_only_with_a_decode_of_its_contract() -> None:
 
 
 def test_the_rank_holding_the_longest_prefix_takes_the_turn_else_the_hash() -> None:
-    from tpuserve_router.front.pd import PdRouter
-
     turn = RouteRequest("m", "turn", list(range(300)))
-    hashed = PdRouter.rank_for(turn, 4)
+    hashed = PairRelay.rank_for(turn, 4)
     other = (hashed + 1) % 4
-    assert PdRouter.rank_for(turn, 4, [(other, 3), (hashed, 1)]) == other
-    assert PdRouter.rank_for(turn, 4, [(other, 3), (hashed, 3)]) == hashed  # a tie: the hash
-    assert PdRouter.rank_for(turn, 4, [(other, 0)]) == hashed  # nothing held: the hash
-    assert PdRouter.rank_for(turn, 4, [(9, 5)]) == hashed  # a rank the engine no longer has
-    assert PdRouter.rank_for(turn, 1, [(0, 5)]) == 0
+    assert PairRelay.rank_for(turn, 4, [(other, 3), (hashed, 1)]) == other
+    assert PairRelay.rank_for(turn, 4, [(other, 3), (hashed, 3)]) == hashed  # a tie: the hash
+    assert PairRelay.rank_for(turn, 4, [(other, 0)]) == hashed  # nothing held: the hash
+    assert PairRelay.rank_for(turn, 4, [(9, 5)]) == hashed  # a rank the engine no longer has
+    assert PairRelay.rank_for(turn, 1, [(0, 5)]) == 0
 
 
 def test_prefills_already_waiting_on_the_colocated_worker_count_toward_the_stall() -> None:
@@ -272,7 +261,7 @@ def test_prefills_already_waiting_on_the_colocated_worker_count_toward_the_stall
 async def decode_head_failure(
     decode_alive: bool | None, prefill: str, stream: bool = False
 ) -> LegFailed:
-    """How `PdRouter._decode_head` fails when the decode's leg timed out before its first
+    """How `PairRelay._decode_head` fails when the decode's leg timed out before its first
     token (its head, or a stream's first chunk), with the prefill ``pending``, ``answered``
     or ``failed``, and the decode's health verdict ``decode_alive``."""
     loop = asyncio.get_running_loop()
@@ -289,7 +278,7 @@ async def decode_head_failure(
     else:
         d_task.set_exception(timeout)
     with pytest.raises(LegFailed) as caught:
-        await PdRouter._decode_head(
+        await PairRelay._decode_head(
             None,  # type: ignore[arg-type]
             d_task, p_task, stream, lambda: decode_alive,
         )  # fmt: skip

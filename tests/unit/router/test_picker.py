@@ -149,7 +149,7 @@ def test_a_request_is_picked_at_its_body_end_and_its_body_passed_on(app: RouterA
     chosen = app.registry.get(f"http://{endpoints[0]}")
     assert chosen is not None
     assert chosen.in_flight == 1
-    assert app.forwarder.in_flight == 1
+    assert app.pipeline.in_flight == 1
     # the answer: headers, then the body, echoed back chunk by chunk
     (reply,) = ex.handle(response_headers(200, endpoints[0]))
     assert reply.WhichOneof("response") == "response_headers"
@@ -159,7 +159,7 @@ def test_a_request_is_picked_at_its_body_end_and_its_body_passed_on(app: RouterA
         assert (echoed.body, echoed.end_of_stream) == (piece, last)
     assert ex.closed
     assert chosen.in_flight == 0
-    assert app.forwarder.in_flight == 0
+    assert app.pipeline.in_flight == 0
     assert requests_total(app, chosen.name, "200") == 1
     tokens = {"model": MODEL, "worker": chosen.name}
     assert (
@@ -218,7 +218,7 @@ def test_nothing_eligible_in_the_subset_is_503(app: RouterApp, subset: object) -
     assert b"none of the endpoints" in immediate.body
     assert {h.header.key for h in immediate.headers.set_headers} >= {"retry-after"}
     assert ex.closed
-    assert app.forwarder.in_flight == 0
+    assert app.pipeline.in_flight == 0
 
 
 def test_no_healthy_worker_is_503(app: RouterApp) -> None:
@@ -301,7 +301,7 @@ def test_a_message_after_the_pick_is_a_protocol_error_not_a_second_pick(
     ex = exchange(app)
     ex.handle(headers_message())
     destination(ex.handle(body_message(BODY)))
-    assert app.forwarder.in_flight == 1
+    assert app.pipeline.in_flight == 1
     if second.WhichOneof("request") == "request_trailers":
         (reply,) = ex.handle(second)  # trailers are answered; no second decision
         assert reply.WhichOneof("response") == "request_trailers"
@@ -309,10 +309,10 @@ def test_a_message_after_the_pick_is_a_protocol_error_not_a_second_pick(
         with pytest.raises(epp.StreamRefused) as caught:
             ex.handle(second)
         assert caught.value.reason == "protocol"
-    assert app.forwarder.in_flight == 1
+    assert app.pipeline.in_flight == 1
     assert sum(w.in_flight for w in app.registry.workers) == 1
     ex.close()
-    assert app.forwarder.in_flight == 0
+    assert app.pipeline.in_flight == 0
     assert all(w.in_flight == 0 for w in app.registry.workers)
 
 
@@ -336,7 +336,7 @@ def test_at_max_in_flight_the_request_is_shed_with_429() -> None:
     (reply,) = second.handle(body_message(BODY))
     assert reply.immediate_response.status.code == 429
     first.close()  # the gateway's stream ended before the answer: 499, nothing left booked
-    assert app.forwarder.in_flight == 0
+    assert app.pipeline.in_flight == 0
     assert sum(requests_total(app, u, "499") for u in URLS) == 1
     assert all(w.in_flight == 0 for w in app.registry.workers)
 
@@ -366,7 +366,7 @@ def test_bodiless_requests_are_picked_on_their_headers_without_the_policy(app: R
     assert header.split(",")[0] in ENDPOINTS
     ex.handle(response_headers(200, header.split(",")[0]))
     ex.handle(response_body(b"{}", True))
-    assert app.forwarder.in_flight == 0
+    assert app.pipeline.in_flight == 0
     assert all(w.in_flight == 0 for w in app.registry.workers)
 
 

@@ -63,6 +63,7 @@ EXPECTED = {
     "tpuserve_router_peers": "gauge",
     "tpuserve_router_peer_messages": "counter",
     "tpuserve_router_pd_requests": "counter",
+    "tpuserve_router_stream_migrations": "counter",
     "tpuserve_router_pd_failures": "counter",
     "tpuserve_router_pd_ttft_seconds": "histogram",
     "tpuserve_router_pd_prefill_seconds": "histogram",

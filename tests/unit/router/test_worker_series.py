@@ -101,7 +101,7 @@ async def test_kv_events_are_subscribed_when_the_policy_uses_them(
     try:
         assert (app.kv is not None) is subscribed
         # a routing decision first takes the KV streams' due read (zmtp.SubscriberGroup)
-        hook = app.forwarder.before_decision
+        hook = app.pipeline.before_decision
         assert hook == (app.kv.readers.read_if_due if app.kv is not None else None)
         apply_discovered(app.registry, [WorkerSpec(WORKER)])
         assert values(registry, kv_series(WORKER)) == ({0.0} if subscribed else {None})

@@ -20,7 +20,8 @@ from sglang_tpu.perf_model import ModelDoesNotFit, StepTimer, check_fits, get_pr
 from sglang_tpu.sgl_jax_predict import MODEL, predict_row
 from sglang_tpu.topology import lookup
 from tpuserve import cli
-from tpuserve.fleet.model import FleetConfig, FleetSim
+from tpuserve.fleet.config import FleetConfig
+from tpuserve.fleet.model import FleetSim
 from tpuserve_operator.validation import validate
 
 pytestmark = pytest.mark.unit
@@ -121,7 +122,7 @@ def test_sgl_jaxs_kv_pool_pads_a_64_wide_head_to_128() -> None:
 
 def test_the_fleet_model_runs_sgl_jaxs_step_times() -> None:
     config = FleetConfig(generation="v5e", topology="1x1", model=MODEL, engine="sglang-jax")
-    assert FleetSim(config).timer.engine == "sglang-jax"
+    assert FleetSim(config).slots.timer.engine == "sglang-jax"
     with pytest.raises(ValueError, match="engine: 'jax' is not allowed"):
         FleetSim(replace(config, engine="jax"))
 

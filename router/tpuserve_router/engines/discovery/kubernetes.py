@@ -158,7 +158,7 @@ def worker_from_pod(pod: Mapping[str, Any], rules: PodRules) -> WorkerSpec | Non
         kv_events_endpoint=annotations.get(rules.kv_events_annotation) or None,
         kv_replay_endpoint=annotations.get(rules.kv_replay_annotation) or None,
         model=(labels.get(rules.model_label) or None) if rules.model_label else None,
-        role=role if role in PD_ROLES else None,  # a PD pair's worker (tpuserve_router.front.pd)
+        role=role if role in PD_ROLES else None,  # a PD pair's worker (pipeline.selection)
         bootstrap_port=bootstrap if role == "prefill" else None,
         pd_contract=(labels.get(PD_CONTRACT_LABEL) or None) if role in PD_ROLES else None,
     )

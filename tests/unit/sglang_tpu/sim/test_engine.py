@@ -69,6 +69,27 @@ def test_output_is_deterministic_for_the_same_prompt_and_seed() -> None:
     assert outs[0][1].startswith(" ")
 
 
+def test_a_greedy_answer_continues_from_its_prompt_plus_what_it_generated() -> None:
+    """A greedy request's next token is a function of its whole sequence so far, as a
+    language model's greedy decoding: the prompt plus the first k tokens of an answer, sent
+    again, generate that answer's remaining tokens (a router migrating a stream relies on it);
+    a seeded request does not (its seed, not its prefix, drives it)."""
+
+    def run(ids: list[int], n: int, seed: int | None = None) -> list[int]:
+        sim = VirtualEngine(make_core())
+        req = Request("a", ids, n, sampling_seed=seed)
+        sim.submit(req, at=0.0)
+        sim.run_to_completion()
+        return list(req.output_ids)
+
+    whole = run(prompt(50), 20)
+    for k in (1, 7, 19):
+        assert run(prompt(50) + whole[:k], 20 - k) == whole[k:]
+    assert len(set(whole)) > 1  # not one word repeated
+    seeded = run(prompt(50), 20, seed=7)
+    assert run(prompt(50) + seeded[:5], 15, seed=7) != seeded[5:]
+
+
 def test_continuous_batching_decodes_requests_together() -> None:
     core = make_core()
     sim = VirtualEngine(core)

@@ -1,14 +1,15 @@
 """How a request and its answer are framed on their way through the router (HTTP/1.1): the
 hop-by-hop headers dropped both ways (RFC 9110 7.6.1), the upstream request line and host,
-whether an answer is chunked. The colocated relay (`forwarding`) and a pair's legs (`pd`)
-frame alike."""
+whether an answer is chunked. The colocated relay and a pair's legs
+frame alike (`relay`, `pair_relay`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from tpuserve_router.engines.proxy import UpstreamConnection
-from tpuserve_router.front.server import HttpRequest
+from tpuserve_router.pipeline.client import Client
 
 HOP_BY_HOP: Final = frozenset(
     {
@@ -33,7 +34,7 @@ CREDENTIALS: Final = frozenset({b"authorization", b"x-api-key"})
 NONE_NAMED: Final = frozenset[bytes]()
 
 
-def connection_named(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+def connection_named(headers: Sequence[tuple[bytes, bytes]]) -> frozenset[bytes]:
     """The headers a ``Connection`` header names: hop-by-hop as well (RFC 9110 7.6.1), not
     passed on (names lower case)."""
     named = NONE_NAMED
@@ -44,7 +45,7 @@ def connection_named(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
     return named
 
 
-def forwarded_headers(request: HttpRequest, body: bytes, dropped: frozenset[bytes]) -> bytes:
+def forwarded_headers(request: Client, body: bytes, dropped: frozenset[bytes]) -> bytes:
     """The client's headers but ``dropped`` and those its ``Connection`` names, and ``body``,
     framed: all of a request after its host."""
     named = connection_named(request.headers)
@@ -56,7 +57,7 @@ def forwarded_headers(request: HttpRequest, body: bytes, dropped: frozenset[byte
     )
 
 
-def upstream_request(request: HttpRequest, host: bytes, headers_and_body: bytes) -> bytes:
+def upstream_request(request: Client, host: bytes, headers_and_body: bytes) -> bytes:
     target = request.path.encode("latin-1")
     if request.query:
         target += b"?" + request.query.encode("latin-1")
