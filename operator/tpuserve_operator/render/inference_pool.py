@@ -178,6 +178,8 @@ def picker_args(server: Server) -> list[str]:
     token = _token_ref(server)
     if token is not None:
         args.append(f"--picker-token-file={PICKER_TOKEN_DIR}/{token.key}")
+    else:  # the NetworkPolicy keeps the port to the gateway
+        args.append("--picker-no-token")
     return args
 
 

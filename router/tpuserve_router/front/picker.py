@@ -96,12 +96,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tpuserve_router.front.connections import BufferBudget
 from tpuserve_router.front.forwarding import Forwarder
 from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
+from tpuserve_router.pipeline.deadlines import first_byte_budget
 from tpuserve_router.pipeline.generation_limits import MAX_TOKENS_ALLOWED
 from tpuserve_router.pipeline.ledger import CLIENT_CLOSED, Spend, TryOutcome
 from tpuserve_router.pipeline.refusals import unavailable
 from tpuserve_router.pipeline.request_body import CHARS_PER_TOKEN, GENERATION_ROUTES, ClientError
 from tpuserve_router.pipeline.request_ids import Restorer, name_request
-from tpuserve_router.pipeline.stages import Admitted, Arrival
+from tpuserve_router.pipeline.stages import Admitted, Arrival, InFlight
 from tpuserve_router.pipeline.stages import Refused as PipelineRefused
 from tpuserve_router.pipeline.usage import TokenCounts, usage_from_body, usage_from_stream_tail
 from tpuserve_router.policies.base import (
@@ -146,6 +147,9 @@ MAX_METADATA_BYTES: Final = 64 * 1024
 """The most bytes of a headers message beside its headers (the subset hint, attributes)."""
 TOKEN_METADATA: Final = "authorization"
 """The gRPC metadata carrying ``Bearer <token>`` (``--picker-token-file``)."""
+ADMIT_BYTES: Final = 1024 * 1024
+"""The buffer room (or ``--max-request-bytes``, the smaller) below which the picker counts as
+unable to admit: its health says NOT_SERVING."""
 SERVING: Final = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: Final = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -208,6 +212,10 @@ class Pick:
     """The API key it is charged to: none, the gateway authenticates its clients (a
     `ledger.Bill`, as the HTTP port's requests are)."""
     spend: Spend | None = None
+    answer_seconds: float = 0.0
+    """How long the gateway is given to bring the answer's head back: what the HTTP port
+    gives a worker for this request's first byte (`deadlines.FirstByteBudget`), so a pick the
+    gateway never follows is released as soon as a working engine would have answered."""
 
 
 KNOWN_STATUSES: Final = frozenset(str(status.value) for status in HTTPStatus)
@@ -244,9 +252,10 @@ class EndpointPicker:
         buffers: BufferBudget | None = None,
         token: bytes | None = None,
     ) -> None:
-        """``buffers``: the router-wide budget of buffered request bodies the HTTP front
-        charges too (one of its own, ``--max-buffered-bytes``, when None); ``token``: what a
-        stream's ``authorization: Bearer`` metadata must hold (None: no credentials)."""
+        """``buffers``: the picker's own budget of buffered request bodies
+        (``--picker-max-buffered-bytes``, apart from the HTTP port's; made from the config
+        when None); ``token``: what a stream's ``authorization: Bearer`` metadata must hold
+        (None: no credentials)."""
         self.forwarder = forwarder
         self.pipeline = forwarder.pipeline
         self.ledger = forwarder.ledger
@@ -261,8 +270,12 @@ class EndpointPicker:
         self.test_headers = test_headers
         self.max_body_bytes = self.config.max_request_bytes
         self.buffers = (
-            buffers if buffers is not None else BufferBudget(self.config.max_buffered_bytes)
+            buffers if buffers is not None else BufferBudget(self.config.picker_buffer_bytes())
         )
+        self.share = InFlight(self.config.picker_in_flight(), "--picker-max-in-flight")
+        """The picker's own requests in flight, apart from the HTTP port's (``--max-in-flight``):
+        picks never followed hold this share, never the HTTP port's room."""
+        self.first_byte = first_byte_budget(self.config)
         self.buffered = 0
         """Request-body bytes the picker's streams hold (charged to `buffers` too)."""
         self._token = None if token is None else b"Bearer " + token
@@ -288,13 +301,13 @@ class EndpointPicker:
 
     async def start(self, host: str, port: int) -> None:
         config = self.config
-        streams = config.max_in_flight + SHED_STREAMS
+        streams = self.share.limit + SHED_STREAMS
         server = grpc.aio.server(
             options=[
                 # refused by gRPC from the message's length prefix, before it is buffered
                 ("grpc.max_receive_message_length", config.picker_max_message_bytes),
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-                # room beyond --max-in-flight, so the requests over it get their 429 at once
+                # room beyond --picker-max-in-flight, so the requests over it get a 429 at once
                 ("grpc.max_concurrent_streams", streams),
                 ("grpc.max_allowed_incoming_connections", config.picker_max_connections),
                 # a connection that completes no handshake, or holds no stream, goes
@@ -350,9 +363,16 @@ class EndpointPicker:
             await self._refresh_health()
 
     async def _refresh_health(self) -> None:
-        status = SERVING if self.registry.healthy_count() > 0 else NOT_SERVING
+        status = SERVING if self.registry.healthy_count() > 0 and self.admits() else NOT_SERVING
         for service in HEALTH_SERVICES:
             await self.health.set(service, status)
+
+    def admits(self) -> bool:
+        """Whether the picker can take a request now: its in-flight share has room and its
+        buffer budget room for a body (`ADMIT_BYTES` or ``--max-request-bytes``, the
+        smaller). Readiness follows it (gRPC health: NOT_SERVING while it cannot)."""
+        room = min(ADMIT_BYTES, self.max_body_bytes)
+        return not self.share.full and self.buffers.free >= room
 
     # ------------------------------------------------------------------ the stream
 
@@ -464,7 +484,7 @@ class EndpointPicker:
         pipeline = self.pipeline
         arrival = Arrival(
             route, parser, body, time.monotonic() if arrived is None else arrived,
-            may_wait=False, authenticates=False, shed_status=429,
+            may_wait=False, authenticates=False, shed_status=429, share=self.share,
         )  # fmt: skip
         try:
             admitted = pipeline.admit_now(arrival)
@@ -506,6 +526,9 @@ class EndpointPicker:
         prompt_cap = (parsed.prompt_tokens * CHARS_PER_TOKEN + TEMPLATE_TOKENS) * bound.generations
         if context is not None:
             prompt_cap = min(prompt_cap, context * bound.generations)
+        answer = self.first_byte.seconds(
+            parsed.prompt_tokens, parsed.max_new_tokens, parsed.stream, worker.in_flight
+        )
         return Pick(
             worker,
             decision,
@@ -519,10 +542,17 @@ class EndpointPicker:
             prompt_cap,
             bound.allowance(parsed.prompt_tokens, context, MAX_TOKENS_ALLOWED * bound.generations),
             admitted,
+            answer_seconds=answer,
         )
 
     def _pick_other(self, allowed: frozenset[str] | None, arrived: float | None) -> Pick:
         """A request off the generation routes: the least loaded routable worker."""
+        if self.share.full:  # counted in the picker's share too (`Exchange._book`)
+            message = (
+                f"the router has {self.share.count} of the picker's requests in flight, its "
+                "limit (--picker-max-in-flight); retry"
+            )
+            raise Refused(ClientError(429, message, error_type="rate_limit_exceeded"), "other")
         workers = self.registry.workers
         if allowed is not None:
             workers = [w for w in workers if _allows(allowed, w)]
@@ -533,6 +563,7 @@ class EndpointPicker:
         return Pick(
             worker, None, [endpoint_of(worker), *self._fallbacks(worker, workers)], "", "other",
             False, time.monotonic() if arrived is None else arrived,
+            answer_seconds=self.config.first_byte_timeout_floor_seconds,
         )  # fmt: skip
 
     def _fallbacks(self, chosen: Worker, candidates: Sequence[Worker]) -> list[str]:
@@ -644,6 +675,8 @@ class Exchange:
             return False
         setting, flag, reason = WAITS[self.waiting]
         seconds = getattr(self.picker.config, setting)
+        if self.waiting == "answer" and self.pick is not None:
+            seconds = self.pick.answer_seconds  # derived from the request, at most the flag's
         what = self.waiting.replace("_", " ")
         self.timed_out = StreamRefused(
             grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -726,9 +759,9 @@ class Exchange:
             return self._refuse(
                 Refused(
                     unavailable(
-                        f"the router holds {budget.used} bytes of requests, its limit is "
-                        f"{budget.max_bytes} (--max-buffered-bytes, shared with the HTTP "
-                        "port); retry"
+                        f"the picker holds {budget.used} bytes of requests, its limit is "
+                        f"{budget.max_bytes} (--picker-max-buffered-bytes, its own share of "
+                        "--max-buffered-bytes); retry"
                     ),
                     self._route_label(),
                 )
@@ -797,8 +830,9 @@ class Exchange:
         self.pick = pick
         self.served = pick.worker
         pick.worker.in_flight += 1
-        self.picker.pipeline.enter(pick.admitted)
-        self._wait("answer", time.monotonic())
+        self.picker.pipeline.enter(pick.admitted, self.picker.share)
+        self.waiting = "answer"
+        self.deadline = time.monotonic() + pick.answer_seconds
 
     def _refuse(self, refused: Refused) -> list[ext_proc.ProcessingResponse]:
         self._release_body()
@@ -930,7 +964,7 @@ class Exchange:
         self.pick = None
         picker = self.picker
         ledger = picker.ledger
-        picker.pipeline.leave(pick.admitted)
+        picker.pipeline.leave(pick.admitted, picker.share)
         worker.in_flight -= 1
         status = self.status
         code = int(status) if status.isdigit() else 0
