@@ -246,3 +246,35 @@ async def test_a_pick_the_gateway_never_follows_is_released_at_its_first_byte_bo
     finally:
         await client.close()
         await app.stop()
+
+
+async def test_at_zero_replicas_only_admitted_picks_are_demand() -> None:
+    """Issue 68: 20 picks at zero replicas woke the server although the client got a 404
+    (the arrival counted as demand before admission). Now a pick for a model the router
+    knows (``--hold-models``: the operator passes the served name) is 503 with
+    ``Retry-After`` and demand; one for any other model is 503 and no demand. The hook is the
+    one `DemandLease.arrived` is wired to (tests/component/router/test_router_demand.py
+    holds the Lease's side)."""
+    config = RouterConfig(workers=(), picker_port=0, hold_models=(MODEL,))
+    app = await start_router(config)
+    picker = app.picker
+    assert picker is not None
+    demand: list[bool] = []
+    app.forwarder.pipeline.on_arrival = demand.append
+    client = PickerClient(f"127.0.0.1:{picker.port}")
+    try:
+        for _ in range(20):
+            forged = await client.exchange(
+                "/v1/completions", orjson.dumps({"model": "not-served", "prompt": "x"})
+            )
+            assert forged.status == 503  # the docs' answer at zero replicas (a 404 before)
+        assert demand == []
+        wanted = await client.exchange("/v1/completions", completion("wake up"))
+        assert wanted.status == 503
+        retry = {h.header.key: h.header.raw_value for h in wanted.immediate.headers.set_headers}
+        assert retry.get("retry-after")
+        assert demand == [True]  # held at once: the Lease is renewed without waiting
+        assert picker.share.count == 0
+    finally:
+        await client.close()
+        await app.stop()
