@@ -964,7 +964,8 @@ def connection_budget(config: RouterConfig) -> int:
     descriptors can neither answer clients nor probe its workers."""
     room = open_file_limit() - config.max_in_flight - FD_RESERVE
     if config.picker_port is not None:  # the picker's gateway connections have their own cap
-        room -= config.picker_max_connections
+        # each is three descriptors: the gate's two ends of its relay and gRPC's own socket
+        room -= 3 * config.picker_max_connections
     return max(1, min(config.max_connections, room))
 
 

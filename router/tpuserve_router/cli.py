@@ -650,6 +650,15 @@ OPTIONS: tuple[Option, ...] = (
         f"(default {DEFAULTS.picker_max_connections}).",
     ),
     Option(
+        "--picker-max-connections-per-address",
+        "picker_max_connections_per_address",
+        cli_types.positive_int,
+        "With --picker-port: of --picker-max-connections, what one source address may hold "
+        "before a stream on the connection presents the gateway's token (--picker-token-file; "
+        "without a token, every connection counts); a newcomer past it is closed at once "
+        f"(default {DEFAULTS.picker_max_connections_per_address}).",
+    ),
+    Option(
         "--picker-max-message-bytes",
         "picker_max_message_bytes",
         cli_types.positive_int,

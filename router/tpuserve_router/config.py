@@ -165,6 +165,8 @@ class RouterConfig:
     picker_tls: bool = False  # serve TLS with a self-signed certificate (picker.py)
     picker_token_file: str | None = None  # the gateway's token (gRPC metadata); None: none
     picker_max_connections: int = 256  # gateway connections open at once on the picker port
+    # of them, what one source address may hold before a stream on it authenticates
+    picker_max_connections_per_address: int = 64
     # The largest ext_proc message the picker takes: one body chunk of Envoy's (at most about
     # its per_connection_buffer_limit_bytes, 1 MiB by default), with room to spare.
     picker_max_message_bytes: int = 2 * 1024 * 1024
@@ -519,6 +521,12 @@ def _picker_problems(config: RouterConfig) -> list[str]:
         return [
             f"picker_max_connections={config.picker_max_connections}: allowed "
             f"1..{MAX_PICKER_CONNECTIONS} (a gateway holds a few connections per proxy)"
+        ]
+    per_address = config.picker_max_connections_per_address
+    if not 1 <= per_address <= MAX_PICKER_CONNECTIONS:
+        return [
+            f"picker_max_connections_per_address={per_address}: allowed "
+            f"1..{MAX_PICKER_CONNECTIONS} (at most picker_max_connections is used)"
         ]
     if not MIN_PICKER_MESSAGE_BYTES <= config.picker_max_message_bytes <= MAX_PICKER_MESSAGE_BYTES:
         return [

@@ -95,7 +95,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tpuserve_router.front.connections import BufferBudget
 from tpuserve_router.front.forwarding import Forwarder
-from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
+from tpuserve_router.front.picker_gate import PickerGate
+from tpuserve_router.metrics import (
+    PICKER_CONNECTION_REFUSAL_REASONS,
+    PICKER_STREAM_REFUSAL_REASONS,
+)
 from tpuserve_router.pipeline.deadlines import first_byte_budget
 from tpuserve_router.pipeline.generation_limits import MAX_TOKENS_ALLOWED
 from tpuserve_router.pipeline.ledger import CLIENT_CLOSED, Spend, TryOutcome
@@ -288,6 +292,10 @@ class EndpointPicker:
         self._sweep: asyncio.TimerHandle | None = None
         for reason in PICKER_STREAM_REFUSAL_REASONS:
             self.metrics.picker_streams_refused.labels(reason)
+        for reason in PICKER_CONNECTION_REFUSAL_REASONS:
+            self.metrics.picker_connections_refused.labels(reason)
+        self.gate: PickerGate | None = None
+        """The port's TCP front (`picker_gate`): connection caps per source address."""
         self.health = _LiveHealth(self._refresh_health)
         self._server: grpc.aio.Server | None = None
         self._port = 0
@@ -309,7 +317,9 @@ class EndpointPicker:
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
                 # room beyond --picker-max-in-flight, so the requests over it get a 429 at once
                 ("grpc.max_concurrent_streams", streams),
-                ("grpc.max_allowed_incoming_connections", config.picker_max_connections),
+                # the gate (`picker_gate`) holds the cap; the relays of connections it just
+                # closed may not have reached gRPC yet, so gRPC's own backstop has room
+                ("grpc.max_allowed_incoming_connections", 2 * config.picker_max_connections),
                 # a connection that completes no handshake, or holds no stream, goes
                 ("grpc.server_handshake_timeout_ms", int(config.header_timeout_seconds * 1000)),
                 ("grpc.max_connection_idle_ms", int(config.keep_alive_timeout_seconds * 1000)),
@@ -320,17 +330,33 @@ class EndpointPicker:
         )
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # gRPC listens on loopback only; the port is the gate's (per-address caps)
+        inner = "127.0.0.1:0"
         if self.certificate is not None and self._key is not None:
             credentials = grpc.ssl_server_credentials([(self._key, self.certificate)])
-            bound = server.add_secure_port(address, credentials)
+            relayed = server.add_secure_port(inner, credentials)
         else:
-            bound = server.add_insecure_port(address)
-        if not bound:
-            raise OSError(f"picker_port={port}: could not listen on {address}")
-        self._port = bound
+            relayed = server.add_insecure_port(inner)
+        if not relayed:
+            raise OSError(f"picker_port={port}: could not listen on {inner} (its gRPC server)")
         await server.start()
         self._server = server
+        refused = self.metrics.picker_connections_refused
+        self.gate = PickerGate(
+            relayed,
+            max_connections=config.picker_max_connections,
+            per_address=min(
+                config.picker_max_connections_per_address, config.picker_max_connections
+            ),
+            count=lambda reason: refused.labels(reason).inc(),
+        )
+        try:
+            bound = await self.gate.start(host, port)
+        except OSError as err:
+            await server.stop(0)
+            self._server = None
+            raise OSError(f"picker_port={port}: could not listen on {host}: {err}") from None
+        self._port = bound
         self._sweep = asyncio.get_running_loop().call_later(self._tick_seconds(), self._tick)
         await self.health.set("liveness", SERVING)
         await self._refresh_health()
@@ -352,10 +378,15 @@ class EndpointPicker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh
             self._refresh = None
+        if self.gate is not None:
+            self.gate.close_listener()
         if self._server is not None:
             await self.health.enter_graceful_shutdown()
             await self._server.stop(grace_seconds)
             self._server = None
+        if self.gate is not None:
+            await self.gate.stop()
+            self.gate = None
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -436,14 +467,17 @@ class EndpointPicker:
                 presented = value.encode("latin-1") if isinstance(value, str) else value
                 break
         assert self._token is not None
-        if not hmac.compare_digest(presented, self._token):
-            raise StreamRefused(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "unauthenticated",
-                "this picker needs the gateway's token: gRPC metadata "
-                f"'{TOKEN_METADATA}: Bearer <token>' (--picker-token-file)"
-                + ("; the one presented does not match" if presented else ""),
-            )
+        if hmac.compare_digest(presented, self._token):
+            if self.gate is not None:  # its connection no longer counts against its address
+                self.gate.authenticated(context.peer())
+            return
+        raise StreamRefused(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "unauthenticated",
+            "this picker needs the gateway's token: gRPC metadata "
+            f"'{TOKEN_METADATA}: Bearer <token>' (--picker-token-file)"
+            + ("; the one presented does not match" if presented else ""),
+        )
 
     # ------------------------------------------------------------------ deadlines
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -278,3 +280,56 @@ async def test_at_zero_replicas_only_admitted_picks_are_demand() -> None:
     finally:
         await client.close()
         await app.stop()
+
+
+async def test_a_connection_flood_from_one_address_leaves_the_gateway_room(
+    engines: list[EngineTwin], tmp_path: Path
+) -> None:
+    """Issue 68: 300 half-open connections from one address blocked 44 of 45 new gateway
+    connections (one cap for the port, counted before authentication). From 127.0.0.2, 300
+    connections that never speak; from 127.0.0.1 the gateway opens 45 connections, each
+    authenticating with a request: every one is served. The flood's address holds at most
+    --picker-max-connections-per-address, and at the port's cap its connections are the ones
+    closed, never an authenticated one."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    config = RouterConfig(
+        workers=tuple(e.url for e in engines),
+        policy="round_robin",
+        health_check_interval_seconds=0.5,
+        picker_port=0,
+        picker_token_file=str(token),
+        picker_max_connections=96,
+    )
+    app = await start_router(config, ready_workers=len(engines))
+    picker = app.picker
+    assert picker is not None
+    flood: list[socket.socket] = []
+    gateway: list[PickerClient] = []
+    try:
+        for _ in range(300):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", picker.port))
+            flood.append(s)
+        for i in range(45):  # one after another, as a gateway's proxies connect
+            client = PickerClient(f"127.0.0.1:{picker.port}", token=TOKEN, own_connection=True)
+            gateway.append(client)
+            answer = await client.exchange("/v1/completions", completion(f"gateway {i}"))
+            assert answer.status == 200, (i, answer.body)
+        assert await http_completion(app)
+        # (the listen backlog held some back: not all 300 arrived)
+        assert sample(app, PICKER_CONNECTIONS_REFUSED, {"reason": "per_address"}) >= 100
+        assert picker.gate is not None
+        assert picker.gate.unauthenticated.get("127.0.0.2", 0) <= 64
+    finally:
+        for s in flood:
+            s.close()
+        for client in gateway:
+            await client.close()
+        await app.stop()
+
+
+PICKER_CONNECTIONS_REFUSED = "tpuserve_router_picker_connections_refused_total"
+TOKEN = "gateway-token-0123456789abcdef"
