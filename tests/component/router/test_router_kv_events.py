@@ -344,7 +344,12 @@ async def wait_blocks(app: RouterApp, worker: str, blocks: int, what: str) -> No
 
 @pytest.fixture(scope="module")
 def plain_engine() -> Iterator[EngineTwin]:
-    engine = EngineTwin(["--time-scale", "0", "--page-size", str(PAGE)], kv_events=False)
+    # a pool of 131,072 pages: the stream of a worker added with its endpoint is bounded by
+    # it too (issue 68), and the longest replay here is 80,000 pages
+    engine = EngineTwin(
+        ["--time-scale", "0", "--page-size", str(PAGE), "--cache-tokens", str(PAGE << 17)],
+        kv_events=False,
+    )
     engine.start()
     yield engine
     engine.stop()
