@@ -82,7 +82,13 @@ async def soak(args: argparse.Namespace) -> None:
     )  # fmt: skip
     app = create_router_app(config, registry=CollectorRegistry())
     await app.start()
-    await wait_ready(app, args.engines)
+    try:
+        await wait_ready(app, args.engines)
+    except BaseException:
+        await app.stop()
+        for engine in engines:
+            engine.stop()
+        raise
     load = await asyncio.create_subprocess_exec(
         sys.executable, "-c", LOAD, app.base_url + "/v1/completions", str(args.rate),
         str(args.seconds), stdout=asyncio.subprocess.PIPE,
