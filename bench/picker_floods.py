@@ -67,7 +67,9 @@ def start_router(
 ) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "tpuserve", "router", "--port", str(port),
                "--picker-port", str(picker),
-               "--max-buffered-bytes", str(budget_mib << 20)]  # fmt: skip
+               "--max-buffered-bytes", str(budget_mib << 20),
+               # the picker's share (a quarter) and the HTTP port's each hold one body
+               "--max-request-bytes", str(min(32 << 20, (budget_mib << 20) // 4))]  # fmt: skip
     if token_file:
         command += ["--picker-token-file", token_file]
     router = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -75,6 +75,7 @@ from tpuserve_operator.render.autoscaler import KEDA_API_VERSION, KEDA_KIND, KED
 from tpuserve_operator.render.demand import demand_lease_name, scales_to_zero
 from tpuserve_operator.render.inference_pool import GROUP_VERSION as INFERENCE_GROUP_VERSION
 from tpuserve_operator.render.inference_pool import KIND as INFERENCE_POOL
+from tpuserve_operator.render.inference_pool import picker_secret, wants_picker_secret
 from tpuserve_operator.render.pod import startup_budget_seconds
 from tpuserve_operator.render.roles import role_scale_name, role_selector, with_replicas
 from tpuserve_operator.render.router import router_peering_secret
@@ -355,6 +356,7 @@ class Reconciler:
             urgent=urgent,
         )
         await self._ensure_peering_secret(state, rendered)
+        await self._ensure_picker_secret(state, rendered)
         # an InferencePool of the server's name that someone else made is left alone
         pool_ref = (INFERENCE_POOL, server.name)
         foreign = await gateway.foreign_pool(
@@ -453,6 +455,16 @@ class Reconciler:
             return
         await self.kube.create(router_peering_secret(server, secrets.token_urlsafe(32)))
         state.peering_secret = True
+
+    async def _ensure_picker_secret(self, state: ServerState, rendered: Rendered) -> None:
+        """Create the gateway's token for the router's picker once (``pickerAuth: Token``
+        without ``tokenSecretRef``): a random value the operator never reads back; the
+        routers mount it, the gateway's configuration reads it. An existing one is kept."""
+        server = rendered.server
+        if state.picker_secret or not wants_picker_secret(server):
+            return
+        await self.kube.create(picker_secret(server, secrets.token_urlsafe(32)))
+        state.picker_secret = True
 
     async def _compile_cache(
         self,

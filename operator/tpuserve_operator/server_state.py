@@ -49,6 +49,7 @@ class ServerState:
     # (kind, name) -> what the operator's last apply of that child returned
     applied: dict[tuple[str, str], AppliedRecord] = field(default_factory=dict)
     peering_secret: bool = False  # the router's peering Secret was created (or existed)
+    picker_secret: bool = False  # the picker's token Secret was created (or existed)
     # StatefulSet path, per replica group: its pods while it runs as one, and the uids of
     # pods the operator deleted to restart it (group_restart)
     epochs: dict[int, Epoch] = field(default_factory=dict)

@@ -134,6 +134,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+ADMIT_BYTES: Final = 1024 * 1024
+"""The buffer room (or ``--max-request-bytes``, the smaller) below which the HTTP port counts
+as unable to admit: ``/readiness`` answers 503 while it cannot."""
+
 METRICS_HEADERS: Final = f"content-type: {CONTENT_TYPE_LATEST}\r\n".encode()
 MSGPACK_HEADERS: Final = b"content-type: application/msgpack\r\n"
 KNOWN_METHODS: Final = (b"GET", b"HEAD", b"POST", b"DELETE")
@@ -215,7 +219,9 @@ def create_router_app(
         )  # fmt: skip
 
     core = RouterCore(config, policy, workers, metrics, peering.link if peering else None)
-    buffers = BufferBudget(config.max_buffered_bytes, config.client_buffer_bytes())
+    # The HTTP port's bodies and the picker's are two budgets: neither front can starve the
+    # other (the picker's share is carved out of --max-buffered-bytes).
+    buffers = BufferBudget(config.http_buffer_bytes(), config.client_buffer_bytes())
     holds = HoldQueues(
         config.hold_max_requests, config.hold_max_seconds, metrics,
         max_bytes=config.max_buffered_bytes // 2,
@@ -300,7 +306,7 @@ def create_router_app(
         token = None if config.picker_token_file is None else read_token(config.picker_token_file)
         picker = EndpointPicker(
             driver, test_headers=config.picker_test_headers, tls=config.picker_tls,
-            buffers=buffers, token=token,
+            buffers=BufferBudget(config.picker_buffer_bytes()), token=token,
         )  # fmt: skip
     admin = AdminApi(
         workers,
@@ -320,7 +326,7 @@ def create_router_app(
             functools.partial(_worker_states, workers),
             policy.index_sizes,
             lambda: len(book.open),
-            lambda: buffers.used,
+            lambda: buffers.used + (picker.buffers.used if picker is not None else 0),
         )
     )
     return RouterApp(
@@ -863,21 +869,34 @@ class RouterApp:
 
     async def _readiness(self, request: HttpRequest) -> None:
         """Ready with a routable worker, or while requests can be held for one (scale from
-        zero: the router must take requests at zero replicas to signal demand)."""
+        zero: the router must take requests at zero replicas to signal demand), and while
+        the HTTP port can admit a request (`admits`; the picker's readiness is its gRPC
+        health, which follows its own shares)."""
         healthy = self.registry.healthy_count()
         holding = self.pipeline.holds.enabled
+        admits = self.admits()
+        ready = (healthy > 0 or holding) and admits
         body = orjson.dumps(
             {
-                "ready": healthy > 0 or holding,
+                "ready": ready,
                 "healthy_workers": healthy,
                 "workers": len(self.registry.workers),
                 "holding": holding,
+                "admits": admits,
             }
         )
-        if healthy or holding:
+        if ready:
             request.respond(200, JSON_HEADERS, body)
         else:
             request.respond(503, JSON_HEADERS + RETRY_AFTER, body)
+
+    def admits(self) -> bool:
+        """Whether the HTTP port can take a request now: under ``--max-in-flight``, with
+        room in its buffer budget for a body (`ADMIT_BYTES` or ``--max-request-bytes``, the
+        smaller)."""
+        room = min(ADMIT_BYTES, self.config.max_request_bytes)
+        in_flight = self.pipeline.in_flight < self.config.max_in_flight
+        return in_flight and self.book.buffers.free >= room
 
     async def _metrics(self, request: HttpRequest) -> None:
         request.respond(200, METRICS_HEADERS, generate_latest(self.metrics.registry))
@@ -960,7 +979,8 @@ def connection_budget(config: RouterConfig) -> int:
     descriptors can neither answer clients nor probe its workers."""
     room = open_file_limit() - config.max_in_flight - FD_RESERVE
     if config.picker_port is not None:  # the picker's gateway connections have their own cap
-        room -= config.picker_max_connections
+        # each is three descriptors: the gate's two ends of its relay and gRPC's own socket
+        room -= 3 * config.picker_max_connections
     return max(1, min(config.max_connections, room))
 
 

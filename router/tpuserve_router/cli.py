@@ -637,9 +637,35 @@ OPTIONS: tuple[Option, ...] = (
         "With --picker-port: a file holding the gateway's token (16 to 4096 printable "
         "characters, a mounted Secret); a stream without gRPC metadata 'authorization: Bearer "
         "TOKEN' is refused with UNAUTHENTICATED (Envoy sends it with the ext_proc "
-        "grpc_service's initial_metadata). Default: none (keep the port off the client "
-        "network: NetworkPolicy).",
+        "grpc_service's initial_metadata). Required unless --host is a loopback address or "
+        "--picker-no-token is given.",
         metavar="FILE",
+    ),
+    Option(
+        "--picker-no-token",
+        "picker_no_token",
+        _auto_bool,
+        "With --picker-port: serve it without a token on a non-loopback --host, for gateways "
+        "that cannot present one (those building their ext_proc configuration from an "
+        "InferencePool); a NetworkPolicy must keep the port to the gateway's pods. An explicit "
+        "opt-out: without it (or --picker-token-file) the router refuses to start.",
+        switch=True,
+    ),
+    Option(
+        "--picker-max-in-flight",
+        "picker_max_in_flight",
+        cli_types.positive_int,
+        "With --picker-port: the picker's own requests in flight (picked, answer not ended), "
+        "apart from --max-in-flight's, which the HTTP port keeps; beyond, 429. Default: "
+        "--max-in-flight.",
+    ),
+    Option(
+        "--picker-max-buffered-bytes",
+        "picker_max_buffered_bytes",
+        cli_types.positive_int,
+        "With --picker-port: the request bodies the picker holds at once, its own share of "
+        "--max-buffered-bytes (the HTTP port keeps the rest); beyond, 503 with Retry-After. "
+        "Default: a quarter of --max-buffered-bytes, at least --max-request-bytes.",
     ),
     Option(
         "--picker-max-connections",
@@ -648,6 +674,15 @@ OPTIONS: tuple[Option, ...] = (
         "With --picker-port: gateway connections open at once on that port; a connection "
         "beyond it is closed at once, one holding no stream for --keep-alive-timeout is closed "
         f"(default {DEFAULTS.picker_max_connections}).",
+    ),
+    Option(
+        "--picker-max-connections-per-address",
+        "picker_max_connections_per_address",
+        cli_types.positive_int,
+        "With --picker-port: of --picker-max-connections, what one source address may hold "
+        "before a stream on the connection presents the gateway's token (--picker-token-file; "
+        "without a token, every connection counts); a newcomer past it is closed at once "
+        f"(default {DEFAULTS.picker_max_connections_per_address}).",
     ),
     Option(
         "--picker-max-message-bytes",

@@ -177,9 +177,19 @@ class RouterConfig:
     picker_tls: bool = False  # serve TLS with a self-signed certificate (picker.py)
     picker_token_file: str | None = None  # the gateway's token (gRPC metadata); None: none
     picker_max_connections: int = 256  # gateway connections open at once on the picker port
+    # of them, what one source address may hold before a stream on it authenticates
+    picker_max_connections_per_address: int = 64
     # The largest ext_proc message the picker takes: one body chunk of Envoy's (at most about
     # its per_connection_buffer_limit_bytes, 1 MiB by default), with room to spare.
     picker_max_message_bytes: int = 2 * 1024 * 1024
+    # The picker's own shares (picker.py), apart from the HTTP port's: requests in flight
+    # (None: --max-in-flight) and request bodies buffered, carved out of max_buffered_bytes
+    # (None: a quarter of it, at least one body of max_request_bytes).
+    picker_max_in_flight: int | None = None
+    picker_max_buffered_bytes: int | None = None
+    # Serve the picker without a token on a non-loopback host: an explicit opt-out, for
+    # gateways that cannot present one (a NetworkPolicy must keep the port to the gateway).
+    picker_no_token: bool = False
     seed: int | None = None
     # PD mode (pd.py): prefill and decode workers, routed as pairs
     pd_disaggregation: bool | None = False  # PD mode with discovered roles (a pod's pd-role label)
@@ -195,12 +205,35 @@ class RouterConfig:
         return dataclasses.replace(self, **changes)
 
     def client_buffer_bytes(self) -> int:
-        """What one client may hold of the buffer budget: ``max_buffered_bytes_per_client``,
-        or a quarter of the budget, at least one body of ``max_request_bytes``."""
+        """What one client may hold of the HTTP port's buffer budget:
+        ``max_buffered_bytes_per_client``, or a quarter of the budget, at least one body of
+        ``max_request_bytes``."""
+        budget = self.http_buffer_bytes()
         if self.max_buffered_bytes_per_client is not None:
-            return self.max_buffered_bytes_per_client
-        share = max(self.max_buffered_bytes // 4, self.max_request_bytes)
-        return min(share, self.max_buffered_bytes)
+            return min(self.max_buffered_bytes_per_client, budget)
+        share = max(budget // 4, self.max_request_bytes)
+        return min(share, budget)
+
+    def picker_buffer_bytes(self) -> int:
+        """The endpoint picker's own buffer budget (0 without ``picker_port``):
+        ``picker_max_buffered_bytes``, or a quarter of ``max_buffered_bytes``, at least one
+        body of ``max_request_bytes``."""
+        if self.picker_port is None:
+            return 0
+        if self.picker_max_buffered_bytes is not None:
+            return self.picker_max_buffered_bytes
+        return max(self.max_buffered_bytes // 4, self.max_request_bytes)
+
+    def http_buffer_bytes(self) -> int:
+        """The HTTP port's buffer budget: ``max_buffered_bytes`` less the picker's share."""
+        return max(self.max_request_bytes, self.max_buffered_bytes - self.picker_buffer_bytes())
+
+    def picker_in_flight(self) -> int:
+        """The endpoint picker's own in-flight limit: ``picker_max_in_flight``, else
+        ``max_in_flight``."""
+        if self.picker_max_in_flight is not None:
+            return self.picker_max_in_flight
+        return self.max_in_flight
 
     def _pd_problems(self) -> list[str]:
         problems: list[str] = []
@@ -489,6 +522,13 @@ def _picker_problems(config: RouterConfig) -> list[str]:
                 f"picker_token_file={config.picker_token_file!r}: needs picker_port (the "
                 "picker's gRPC port)"
             )
+        problems += [
+            f"{name}={getattr(config, name)}: needs picker_port (the picker's gRPC port)"
+            for name in ("picker_max_in_flight", "picker_max_buffered_bytes")
+            if getattr(config, name) is not None
+        ]
+        if config.picker_no_token:
+            problems.append("picker_no_token=True: needs picker_port (the picker's gRPC port)")
         return problems
     if not 0 <= port <= 65535:
         return [f"picker_port={port}: allowed 0..65535 (0 = any free)"]
@@ -504,6 +544,12 @@ def _picker_problems(config: RouterConfig) -> list[str]:
             f"picker_max_connections={config.picker_max_connections}: allowed "
             f"1..{MAX_PICKER_CONNECTIONS} (a gateway holds a few connections per proxy)"
         ]
+    per_address = config.picker_max_connections_per_address
+    if not 1 <= per_address <= MAX_PICKER_CONNECTIONS:
+        return [
+            f"picker_max_connections_per_address={per_address}: allowed "
+            f"1..{MAX_PICKER_CONNECTIONS} (at most picker_max_connections is used)"
+        ]
     if not MIN_PICKER_MESSAGE_BYTES <= config.picker_max_message_bytes <= MAX_PICKER_MESSAGE_BYTES:
         return [
             f"picker_max_message_bytes={config.picker_max_message_bytes}: allowed "
@@ -516,6 +562,36 @@ def _picker_problems(config: RouterConfig) -> list[str]:
             read_token(config.picker_token_file)
         except ValueError as err:
             return [f"picker_token_file: {err}"]
+        if config.picker_no_token:
+            return [
+                f"picker_no_token=True and picker_token_file={config.picker_token_file!r}: "
+                "allowed one of them"
+            ]
+    elif not config.picker_no_token and not _loopback(config.host):
+        return [
+            f"picker_port={port} on host={config.host!r}: needs picker_token_file (the "
+            "gateway's token, --picker-token-file), or picker_no_token=True "
+            "(--picker-no-token: a gateway that cannot present one, its port kept to the "
+            "gateway by a NetworkPolicy); a loopback host needs neither"
+        ]
+    limit = config.picker_max_in_flight
+    if limit is not None and not 1 <= limit <= MAX_PICKER_IN_FLIGHT:
+        return [f"picker_max_in_flight={limit}: allowed 1..{MAX_PICKER_IN_FLIGHT}"]
+    share = config.picker_max_buffered_bytes
+    room = config.max_buffered_bytes - config.max_request_bytes
+    if share is not None and not config.max_request_bytes <= share <= room:
+        return [
+            f"picker_max_buffered_bytes={share}: allowed max_request_bytes="
+            f"{config.max_request_bytes} to max_buffered_bytes - max_request_bytes={room} "
+            "(the picker's share of max_buffered_bytes: one body at least, and one left to "
+            "the HTTP port)"
+        ]
+    if share is None and config.picker_buffer_bytes() > room:
+        return [
+            f"max_buffered_bytes={config.max_buffered_bytes}: with picker_port, must hold a "
+            f"body of max_request_bytes={config.max_request_bytes} for the picker (a quarter, "
+            "picker_max_buffered_bytes) and one for the HTTP port"
+        ]
     taken = {config.port, config.metrics_port, config.admin_port}
     if config.peer_port:
         taken |= {config.peer_port, snapshot_port(config.peer_port)}
@@ -527,7 +603,20 @@ def _picker_problems(config: RouterConfig) -> list[str]:
     return []
 
 
+def _loopback(host: str) -> bool:
+    """``host`` is this host's loopback (as `worker_networks.is_loopback`, which imports
+    this module)."""
+    host = host.removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 MAX_PICKER_CONNECTIONS: Final = 65_536
+MAX_PICKER_IN_FLIGHT: Final = 1 << 20
 MIN_PICKER_MESSAGE_BYTES: Final = 128 * 1024
 MAX_PICKER_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 MIN_TOKEN_BYTES: Final = 16

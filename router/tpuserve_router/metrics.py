@@ -207,6 +207,11 @@ PICKER_STREAM_REFUSAL_REASONS: Final = (
     "idle_timeout",  # no next part of the answer within --stream-idle-timeout
 )
 """Why the endpoint picker ended a stream with a gRPC status (picker.py)."""
+PICKER_CONNECTION_REFUSAL_REASONS: Final = (
+    "per_address",  # its address holds --picker-max-connections-per-address unauthenticated
+    "full",  # --picker-max-connections reached (the oldest unauthenticated one is closed)
+)
+"""Why the endpoint picker's gate closed a connection (picker_gate.py)."""
 CONNECTION_CLOSE_REASONS: Final = (
     "header_timeout",  # a head (or a new connection's first request) did not arrive in time
     "body_timeout",
@@ -271,6 +276,7 @@ class RouterMetrics:
     api_keys: Gauge
     connections_closed: Counter
     picker_streams_refused: Counter
+    picker_connections_refused: Counter
     kv_events: Counter
     kv_event_gaps: Counter
     kv_event_resyncs: Counter
@@ -461,6 +467,12 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             "tpuserve_router_picker_streams_refused_total",
             "Endpoint-picker streams the router ended with a gRPC status instead of an answer, "
             "by reason (unauthenticated, protocol, headers_too_large, and the timeouts).",
+            ["reason"],
+        ),
+        picker_connections_refused=Counter(
+            "tpuserve_router_picker_connections_refused_total",
+            "Endpoint-picker connections the router closed at its connection caps, by reason "
+            "(per_address: the address's unauthenticated connections; full: the port's cap).",
             ["reason"],
         ),
         kv_events=Counter(

@@ -14,6 +14,7 @@ controller's write of the pool's ``status.parents`` reaches ``status.inferencePo
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import re
@@ -112,9 +113,13 @@ def start_engine(name: str, log_dir: Path) -> tuple[ManagedProcess, str]:
     return process, match.group(1)
 
 
-def start_router(cluster: Cluster, namespace: str, log_dir: Path) -> tuple[ManagedProcess, int]:
+def start_router(
+    cluster: Cluster, namespace: str, log_dir: Path
+) -> tuple[ManagedProcess, int, str]:
     """`tpuserve router` as rendered (the picker on, plaintext here: the test's client cannot
-    know the self-signed certificate of another process); returns it and its picker port."""
+    know the self-signed certificate of another process), with the gateway's token the
+    operator created (its Secret, written where the pod would mount it); returns it, its
+    picker port and the token."""
     (deployment,) = router_deployments(cluster, namespace)
     pod_spec = deployment["spec"]["template"]["spec"]
     (container,) = pod_spec["containers"]
@@ -132,6 +137,13 @@ def start_router(cluster: Cluster, namespace: str, log_dir: Path) -> tuple[Manag
     # here cannot know the self-signed certificate another process makes)
     dropped = ("--peers-from-dns=", "--peer-key-file=", "--picker-tls")
     alone = [a for a in container["args"] if not a.startswith(dropped)]
+    secret = get(cluster, namespace, "secrets", f"{NAME}-router-picker")  # issue 68: by default
+    token = base64.b64decode(secret["data"][pools.PICKER_TOKEN_KEY]).decode()
+    token_file = log_dir / "picker-token"
+    token_file.write_text(token)
+    mounted = f"--picker-token-file={pools.PICKER_TOKEN_DIR}/{pools.PICKER_TOKEN_KEY}"
+    assert mounted in alone
+    alone = [f"--picker-token-file={token_file}" if a == mounted else a for a in alone]
     argv = [
         sys.executable,
         "-m",
@@ -155,7 +167,7 @@ def start_router(cluster: Cluster, namespace: str, log_dir: Path) -> tuple[Manag
         interval_seconds=POLL_SECONDS,
         ignore=NOT_YET,
     )
-    return process, int(match.group(1))
+    return process, int(match.group(1)), token
 
 
 def cached_tokens(usage: Any) -> int:
@@ -163,11 +175,11 @@ def cached_tokens(usage: Any) -> int:
     return int(details.cached_tokens or 0) if details is not None else 0
 
 
-async def through_the_gateway(picker_port: int) -> tuple[list[int], str, int]:
+async def through_the_gateway(picker_port: int, token: str) -> tuple[list[int], str, int]:
     """The same prompt twice and a streamed chat, with the openai client through the emulated
     gateway: the first two answers' cached tokens, the stream's text and its completion
     tokens."""
-    client = PickerClient(f"127.0.0.1:{picker_port}")
+    client = PickerClient(f"127.0.0.1:{picker_port}", token=token)
     front = GatewayFront(client)
     url = await front.start()
     try:
@@ -201,7 +213,7 @@ def test_a_server_with_an_inference_pool_is_picked_for_by_its_router(
     tmp_path: Path,
 ) -> None:
     manifest = server(NAME, "v6e", "2x4", replicas=2, engine="simulated")
-    manifest["spec"]["inferencePool"] = {"failureMode": "FailOpen"}
+    manifest["spec"]["inferencePool"] = {"failureMode": "FailOpen", "gatewayName": "gateway"}
     apply(cluster, namespace, manifest)
 
     def pool() -> dict[str, Any]:
@@ -234,7 +246,7 @@ def test_a_server_with_an_inference_pool_is_picked_for_by_its_router(
             process, url = start_engine(f"engine-{i}", tmp_path)
             started.append(process)
             annotate(core_v1, namespace, pod, url)
-        router, picker_port = start_router(cluster, namespace, tmp_path)
+        router, picker_port, token = start_router(cluster, namespace, tmp_path)
         started.append(router)
 
         async def readiness() -> str:
@@ -251,7 +263,7 @@ def test_a_server_with_an_inference_pool_is_picked_for_by_its_router(
             interval_seconds=POLL_SECONDS,
             ignore=NOT_YET,
         )
-        cached, text, completion_tokens = asyncio.run(through_the_gateway(picker_port))
+        cached, text, completion_tokens = asyncio.run(through_the_gateway(picker_port, token))
         assert cached[1] > 0  # the second answer reused the first one's prefix: same engine
         assert text
         assert completion_tokens == 5

@@ -10,10 +10,14 @@ Picker protocol, Envoy ext_proc over gRPC, TLS with a self-signed certificate as
 reference picker serves it). ``failureMode`` comes from the spec.
 
 The gateway dials the endpoints the picker names, so the engines' NetworkPolicy admits the
-gateway (``gatewayFrom``, else every pod of ``gatewayNamespace``, by default the server's own
-namespace; never any source) on the HTTP port, and the router's admits it on the picker port.
-With ``tokenSecretRef`` the router's pods mount that Secret key read-only and run with
-``--picker-token-file``: a stream without the gateway's token is refused.
+gateway's own pods (``gatewayName``: those labelled `GATEWAY_POD_LABEL` with its name, in
+``gatewayNamespace``, by default the server's own namespace; or the ``gatewayFrom`` peers,
+each a podSelector or an ipBlock; never any source, never a whole namespace) on the HTTP
+port, and the router's admits them on the picker port. With ``pickerAuth: Token`` (the
+default) the router's pods mount the gateway's token read-only (``tokenSecretRef``, else the
+Secret `picker_secret_name` the reconciler creates once with a random value) and run with
+``--picker-token-file``: a stream without it is refused. ``NetworkPolicyOnly`` renders
+``--picker-no-token``: the explicit opt-out for gateways that cannot send a token.
 
 A pool of that name which the operator did not create is never applied nor deleted
 (`tpuserve_operator.gateway`): shared ownership, as the Inference Extension asks of
@@ -22,12 +26,13 @@ controllers.
 
 from __future__ import annotations
 
+import base64
 import copy
 from collections.abc import Mapping
 from typing import Any, Final
 
 from tpuserve_operator import labels, launch_contract
-from tpuserve_operator.api import SecretKeyRef
+from tpuserve_operator.api import GATEWAY_POD_LABEL, SecretKeyRef
 from tpuserve_operator.errors import Problem
 from tpuserve_operator.render.context import Manifest, RenderConfig, Server
 
@@ -41,6 +46,8 @@ PICKER_PORT: Final = 9002
 PICKER_PORT_NAME: Final = "picker"
 PICKER_TOKEN_DIR: Final = "/etc/tpuserve/picker"
 PICKER_TOKEN_VOLUME: Final = "picker-token"
+PICKER_TOKEN_KEY: Final = "token"
+"""The key of the picker's token in the Secret the operator creates."""
 APP_PROTOCOL: Final = "http2"
 """The picker Service port's appProtocol, as the Inference Extension's own picker Services
 have it (gRPC over TLS: the router runs with --picker-tls)."""
@@ -178,7 +185,33 @@ def picker_args(server: Server) -> list[str]:
     token = _token_ref(server)
     if token is not None:
         args.append(f"--picker-token-file={PICKER_TOKEN_DIR}/{token.key}")
+    else:  # NetworkPolicyOnly: the explicit opt-out; the NetworkPolicy keeps the port
+        args.append("--picker-no-token")
     return args
+
+
+def picker_secret_name(server: Server) -> str:
+    return f"{server.router_name}-picker"
+
+
+def wants_picker_secret(server: Server) -> bool:
+    """The operator creates the picker's token Secret: a pool with ``pickerAuth: Token`` and
+    no ``tokenSecretRef``."""
+    pool = server.valid.spec.inference_pool
+    return pool is not None and pool.picker_auth == "Token" and pool.token_secret_ref is None
+
+
+def picker_secret(server: Server, token: str) -> Manifest:
+    """The gateway's token (``token``: random, made by the reconciler), owned by the server;
+    created once, never applied again nor read back by the operator (the gateway's
+    configuration reads it: an Envoy's ext_proc ``initial_metadata``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": server.metadata(picker_secret_name(server), labels.COMPONENT_ROUTER),
+        "type": "Opaque",
+        "data": {PICKER_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
 
 
 def picker_token_volume(server: Server) -> tuple[list[Manifest], list[Manifest]]:
@@ -199,8 +232,14 @@ def picker_token_volume(server: Server) -> tuple[list[Manifest], list[Manifest]]
 
 
 def _token_ref(server: Server) -> SecretKeyRef | None:
+    """The Secret key of the picker's token: ``tokenSecretRef``, else the operator's own
+    Secret; None with ``pickerAuth: NetworkPolicyOnly`` (or no pool)."""
     pool = server.valid.spec.inference_pool
-    return pool.token_secret_ref if pool is not None else None
+    if pool is None or pool.picker_auth != "Token":
+        return None
+    if pool.token_secret_ref is not None:
+        return pool.token_secret_ref
+    return SecretKeyRef(name=picker_secret_name(server), key=PICKER_TOKEN_KEY)
 
 
 def picker_container_ports(server: Server) -> list[Manifest]:
@@ -210,13 +249,22 @@ def picker_container_ports(server: Server) -> list[Manifest]:
 
 
 def _gateway_peers(server: Server) -> list[Manifest]:
-    """The spec's gatewayFrom peers, else every pod of gatewayNamespace (default: the
-    server's own): never any source (issue 57, item 6)."""
+    """The spec's gatewayFrom peers, else the pods of gatewayName (labelled
+    `GATEWAY_POD_LABEL`) in gatewayNamespace (default: the server's own): never any source
+    (issue 57, item 6), never a whole namespace (issue 68)."""
     pool = server.valid.spec.inference_pool
     if pool is not None and pool.gateway_from:
         return [copy.deepcopy(dict(peer)) for peer in pool.gateway_from]
-    namespace = (pool.gateway_namespace if pool is not None else None) or server.namespace
-    return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}]
+    # the CRD's GATEWAY_NAMED_RULE (checked before rendering): never an empty "from"
+    assert pool is not None
+    assert pool.gateway_name is not None
+    namespace = pool.gateway_namespace or server.namespace
+    return [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "podSelector": {"matchLabels": {GATEWAY_POD_LABEL: pool.gateway_name}},
+        }
+    ]
 
 
 def engine_ingress(server: Server) -> list[Manifest]:

@@ -92,8 +92,9 @@ struct Stream {
     /// The page size its first `BlockStored` gave (0: none yet); a block of another size on
     /// this stream is dropped.
     page_size: usize,
-    /// It has published a lower tier (a host-memory `BlockStored`): its worker's KV pool
-    /// (the HBM's, from `/server_info`) no longer bounds it, `max_stream_blocks` does.
+    /// It has published a lower tier (a host-memory `BlockStored`): it may hold up to
+    /// `HOST_TIER_FACTOR` times its worker's KV pool (the HBM's, from `/server_info`), at
+    /// most `max_stream_blocks`.
     tiered: bool,
 }
 
@@ -119,9 +120,15 @@ struct Worker {
     has_events: bool,
     /// The most blocks each of its streams may hold (its KV pool's pages, else the index's
     /// `max_stream_blocks`): a stream claiming more is not believed past it (a tiered stream
-    /// is bounded by `max_stream_blocks` only).
+    /// up to `HOST_TIER_FACTOR` times it). All its streams together hold at most
+    /// `max_stream_blocks`, whatever ranks and tiers they claim.
     max_blocks: usize,
 }
+
+/// A stream that publishes a host tier may hold this many times its worker's KV pool (HBM
+/// and host together; SGLang's default host pool is twice the device pool, `--hicache-ratio`
+/// 2.0): a `CPU_PINNED` tag no longer lifts its bound to `max_stream_blocks` (issue 68).
+pub const HOST_TIER_FACTOR: usize = 16;
 
 #[pyclass(module = "tpuserve_router._native")]
 pub struct BlockIndex {
@@ -334,6 +341,10 @@ impl BlockIndex {
         let worker = self.workers.get_mut(name).expect("just ensured");
         worker.has_events = true;
         let limit = worker.max_blocks;
+        // The worker's streams together (every rank it claims, every tier) hold at most
+        // `max_stream_blocks` (issue 68: 16 claimed ranks held 16 times it).
+        let mut held: usize = worker.streams.values().map(|s| s.engine_keys.len()).sum();
+        let worker_cap = self.max_stream_blocks;
         let stream = worker.streams.get_mut(&rank).expect("just ensured");
         if block_size >= 1 {
             let size = block_size as usize;
@@ -366,9 +377,11 @@ impl BlockIndex {
             stream.tiered = true;
         }
         // A tiered stream holds its HBM pool and its host pool, which `/server_info` does not
-        // size: only `max_stream_blocks` bounds it.
+        // size: up to `HOST_TIER_FACTOR` times its pool, at most `max_stream_blocks`.
         let limit = if stream.tiered {
-            self.max_stream_blocks
+            limit
+                .saturating_mul(HOST_TIER_FACTOR)
+                .min(self.max_stream_blocks)
         } else {
             limit
         };
@@ -393,7 +406,7 @@ impl BlockIndex {
                 }
             }
             for (&engine_hash, &key) in hashes.iter().zip(keys) {
-                if stream.engine_keys.len() >= limit
+                if (stream.engine_keys.len() >= limit || held >= worker_cap)
                     && !stream.engine_keys.contains_key(&engine_hash)
                 {
                     self.dropped_blocks += 1; // more than its pool holds: not believed
@@ -401,7 +414,11 @@ impl BlockIndex {
                 }
                 let mut tiers = tier;
                 let new = Entry { key, tiers };
-                if let Some(old) = stream.engine_keys.insert(engine_hash, new) {
+                let replaced = stream.engine_keys.insert(engine_hash, new);
+                if replaced.is_none() {
+                    held += 1;
+                }
+                if let Some(old) = replaced {
                     // stored again: in another tier too, or (another key) replacing it
                     if old.tiers == HOST {
                         self.host_only_blocks -= 1;
@@ -1148,8 +1165,10 @@ impl BlockIndex {
     /// The worker left: drop its entries and free its bits.
     /// The most blocks each of `name`'s streams may hold (its KV pool's pages), at most
     /// `max_stream_blocks`; a stream already holding more keeps them until it is cleared. A
-    /// stream that publishes a host tier is bounded by `max_stream_blocks` only (its pool
-    /// is the HBM's; the `precise` policy still reads it as the HBM room, `worker_limit`).
+    /// stream that publishes a host tier may hold `HOST_TIER_FACTOR` times it, at most
+    /// `max_stream_blocks` (its pool is the HBM's; the `precise` policy still reads it as the
+    /// HBM room, `worker_limit`). All the worker's streams together hold at most
+    /// `max_stream_blocks`.
     fn set_worker_limit(&mut self, name: &str, max_blocks: usize) {
         self.ensure_worker(name);
         let limit = max_blocks.min(self.max_stream_blocks);

@@ -13,6 +13,7 @@ pool, its series and its KV-event subscription; the policy hears of every change
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
@@ -29,7 +30,13 @@ from tpuserve_router.engines.worker_networks import (
 )
 from tpuserve_router.engines.workers import Worker, WorkerRegistry, network_host
 from tpuserve_router.kv.kv_events import KvEventHub
-from tpuserve_router.kv.kv_publishers import Endpoints, NoPublisher, discover_publisher, pool_pages
+from tpuserve_router.kv.kv_publishers import (
+    SERVER_INFO_PATHS,
+    Endpoints,
+    NoPublisher,
+    discover_publisher,
+    pool_pages,
+)
 from tpuserve_router.metrics import (
     RouterMetrics,
     remove_worker_series,
@@ -223,6 +230,12 @@ class Admission:
         of its streams can hold (its pool's pages: `kv_publishers.pool_pages`), the bound
         its streams are believed to (without it, ``BlockIndex.max_stream_blocks``)."""
         if worker.kv_events_endpoint:
+            # Endpoints given with the worker: its pool still bounds what its stream is
+            # believed to hold (issue 68), when its /server_info says.
+            with contextlib.suppress(Exception):
+                pages = pool_pages(await self.health.get_json(worker.name + SERVER_INFO_PATHS[0]))
+                if pages is not None and self.kv is not None:
+                    self.kv.index.set_worker_limit(worker.name, pages)
             return [Endpoints(worker.kv_events_endpoint, worker.kv_replay_endpoint)]
         answers: list[object] = []
 

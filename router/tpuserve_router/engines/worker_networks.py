@@ -12,7 +12,10 @@ What a worker names rather than what the router was given is bounded even withou
 KV-event endpoint a worker's ``/server_info`` names (``kv_events_config.endpoint`` may name
 any host) is dialled only at the worker's own host or inside `DEFAULT_NETWORKS` (loopback and
 the private ranges pods have), never at a public or link-local address (169.254.169.254, the
-metadata server) a hostile or misconfigured engine chose (issue 57, item 7).
+metadata server) a hostile or misconfigured engine chose (issue 57, item 7); and what a
+pod's annotations name (its worker URL, its KV-event endpoints) is dialled only at an IP
+inside `DEFAULT_NETWORKS` (issue 68: anyone who may annotate a pod could point the router at
+the metadata server; `discovery.kubernetes`).
 """
 
 from __future__ import annotations

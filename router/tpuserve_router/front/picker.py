@@ -95,7 +95,12 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tpuserve_router.front.connections import BufferBudget
-from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
+from tpuserve_router.front.picker_gate import PickerGate
+from tpuserve_router.metrics import (
+    PICKER_CONNECTION_REFUSAL_REASONS,
+    PICKER_STREAM_REFUSAL_REASONS,
+)
+from tpuserve_router.pipeline.deadlines import first_byte_budget
 from tpuserve_router.pipeline.driver import Driver
 from tpuserve_router.pipeline.generation_limits import MAX_TOKENS_ALLOWED
 from tpuserve_router.pipeline.ledger import CLIENT_CLOSED, Spend, TryOutcome, Verdict
@@ -103,7 +108,7 @@ from tpuserve_router.pipeline.refusals import unavailable
 from tpuserve_router.pipeline.request_body import CHARS_PER_TOKEN, GENERATION_ROUTES, ClientError
 from tpuserve_router.pipeline.request_ids import Restorer, name_request
 from tpuserve_router.pipeline.selection import Single
-from tpuserve_router.pipeline.stages import Admitted, Arrival
+from tpuserve_router.pipeline.stages import Admitted, Arrival, InFlight
 from tpuserve_router.pipeline.stages import Refused as PipelineRefused
 from tpuserve_router.pipeline.usage import TokenCounts, usage_from_body, usage_from_stream_tail
 from tpuserve_router.policies.base import (
@@ -148,6 +153,9 @@ MAX_METADATA_BYTES: Final = 64 * 1024
 """The most bytes of a headers message beside its headers (the subset hint, attributes)."""
 TOKEN_METADATA: Final = "authorization"
 """The gRPC metadata carrying ``Bearer <token>`` (``--picker-token-file``)."""
+ADMIT_BYTES: Final = 1024 * 1024
+"""The buffer room (or ``--max-request-bytes``, the smaller) below which the picker counts as
+unable to admit: its health says NOT_SERVING."""
 SERVING: Final = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: Final = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -212,6 +220,10 @@ class Pick:
     spend: Spend | None = None
     selection: Single | None = None
     """The driver's selection (None off the generation routes)."""
+    answer_seconds: float = 0.0
+    """How long the gateway is given to bring the answer's head back: what the HTTP port
+    gives a worker for this request's first byte (`deadlines.FirstByteBudget`), so a pick the
+    gateway never follows is released as soon as a working engine would have answered."""
 
 
 KNOWN_STATUSES: Final = frozenset(str(status.value) for status in HTTPStatus)
@@ -248,9 +260,10 @@ class EndpointPicker:
         buffers: BufferBudget | None = None,
         token: bytes | None = None,
     ) -> None:
-        """``buffers``: the router-wide budget of buffered request bodies the HTTP front
-        charges too (one of its own, ``--max-buffered-bytes``, when None); ``token``: what a
-        stream's ``authorization: Bearer`` metadata must hold (None: no credentials)."""
+        """``buffers``: the picker's own budget of buffered request bodies
+        (``--picker-max-buffered-bytes``, apart from the HTTP port's; made from the config
+        when None); ``token``: what a stream's ``authorization: Bearer`` metadata must hold
+        (None: no credentials)."""
         self.driver = driver
         self.pipeline = pipeline = driver.pipeline
         self.ledger = driver.ledger
@@ -265,8 +278,12 @@ class EndpointPicker:
         self.test_headers = test_headers
         self.max_body_bytes = self.config.max_request_bytes
         self.buffers = (
-            buffers if buffers is not None else BufferBudget(self.config.max_buffered_bytes)
+            buffers if buffers is not None else BufferBudget(self.config.picker_buffer_bytes())
         )
+        self.share = InFlight(self.config.picker_in_flight(), "--picker-max-in-flight")
+        """The picker's own requests in flight, apart from the HTTP port's (``--max-in-flight``):
+        picks never followed hold this share, never the HTTP port's room."""
+        self.first_byte = first_byte_budget(self.config)
         self.buffered = 0
         """Request-body bytes the picker's streams hold (charged to `buffers` too)."""
         self._token = None if token is None else b"Bearer " + token
@@ -279,6 +296,10 @@ class EndpointPicker:
         self._sweep: asyncio.TimerHandle | None = None
         for reason in PICKER_STREAM_REFUSAL_REASONS:
             self.metrics.picker_streams_refused.labels(reason)
+        for reason in PICKER_CONNECTION_REFUSAL_REASONS:
+            self.metrics.picker_connections_refused.labels(reason)
+        self.gate: PickerGate | None = None
+        """The port's TCP front (`picker_gate`): connection caps per source address."""
         self.health = _LiveHealth(self._refresh_health)
         self._server: grpc.aio.Server | None = None
         self._port = 0
@@ -292,15 +313,17 @@ class EndpointPicker:
 
     async def start(self, host: str, port: int) -> None:
         config = self.config
-        streams = config.max_in_flight + SHED_STREAMS
+        streams = self.share.limit + SHED_STREAMS
         server = grpc.aio.server(
             options=[
                 # refused by gRPC from the message's length prefix, before it is buffered
                 ("grpc.max_receive_message_length", config.picker_max_message_bytes),
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-                # room beyond --max-in-flight, so the requests over it get their 429 at once
+                # room beyond --picker-max-in-flight, so the requests over it get a 429 at once
                 ("grpc.max_concurrent_streams", streams),
-                ("grpc.max_allowed_incoming_connections", config.picker_max_connections),
+                # the gate (`picker_gate`) holds the cap; the relays of connections it just
+                # closed may not have reached gRPC yet, so gRPC's own backstop has room
+                ("grpc.max_allowed_incoming_connections", 2 * config.picker_max_connections),
                 # a connection that completes no handshake, or holds no stream, goes
                 ("grpc.server_handshake_timeout_ms", int(config.header_timeout_seconds * 1000)),
                 ("grpc.max_connection_idle_ms", int(config.keep_alive_timeout_seconds * 1000)),
@@ -311,17 +334,33 @@ class EndpointPicker:
         )
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(self, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # gRPC listens on loopback only; the port is the gate's (per-address caps)
+        inner = "127.0.0.1:0"
         if self.certificate is not None and self._key is not None:
             credentials = grpc.ssl_server_credentials([(self._key, self.certificate)])
-            bound = server.add_secure_port(address, credentials)
+            relayed = server.add_secure_port(inner, credentials)
         else:
-            bound = server.add_insecure_port(address)
-        if not bound:
-            raise OSError(f"picker_port={port}: could not listen on {address}")
-        self._port = bound
+            relayed = server.add_insecure_port(inner)
+        if not relayed:
+            raise OSError(f"picker_port={port}: could not listen on {inner} (its gRPC server)")
         await server.start()
         self._server = server
+        refused = self.metrics.picker_connections_refused
+        self.gate = PickerGate(
+            relayed,
+            max_connections=config.picker_max_connections,
+            per_address=min(
+                config.picker_max_connections_per_address, config.picker_max_connections
+            ),
+            count=lambda reason: refused.labels(reason).inc(),
+        )
+        try:
+            bound = await self.gate.start(host, port)
+        except OSError as err:
+            await server.stop(0)
+            self._server = None
+            raise OSError(f"picker_port={port}: could not listen on {host}: {err}") from None
+        self._port = bound
         self._sweep = asyncio.get_running_loop().call_later(self._tick_seconds(), self._tick)
         await self.health.set("liveness", SERVING)
         await self._refresh_health()
@@ -343,10 +382,15 @@ class EndpointPicker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh
             self._refresh = None
+        if self.gate is not None:
+            self.gate.close_listener()
         if self._server is not None:
             await self.health.enter_graceful_shutdown()
             await self._server.stop(grace_seconds)
             self._server = None
+        if self.gate is not None:
+            await self.gate.stop()
+            self.gate = None
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -354,9 +398,16 @@ class EndpointPicker:
             await self._refresh_health()
 
     async def _refresh_health(self) -> None:
-        status = SERVING if self.registry.healthy_count() > 0 else NOT_SERVING
+        status = SERVING if self.registry.healthy_count() > 0 and self.admits() else NOT_SERVING
         for service in HEALTH_SERVICES:
             await self.health.set(service, status)
+
+    def admits(self) -> bool:
+        """Whether the picker can take a request now: its in-flight share has room and its
+        buffer budget room for a body (`ADMIT_BYTES` or ``--max-request-bytes``, the
+        smaller). Readiness follows it (gRPC health: NOT_SERVING while it cannot)."""
+        room = min(ADMIT_BYTES, self.max_body_bytes)
+        return not self.share.full and self.buffers.free >= room
 
     # ------------------------------------------------------------------ the stream
 
@@ -420,14 +471,17 @@ class EndpointPicker:
                 presented = value.encode("latin-1") if isinstance(value, str) else value
                 break
         assert self._token is not None
-        if not hmac.compare_digest(presented, self._token):
-            raise StreamRefused(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "unauthenticated",
-                "this picker needs the gateway's token: gRPC metadata "
-                f"'{TOKEN_METADATA}: Bearer <token>' (--picker-token-file)"
-                + ("; the one presented does not match" if presented else ""),
-            )
+        if hmac.compare_digest(presented, self._token):
+            if self.gate is not None:  # its connection no longer counts against its address
+                self.gate.authenticated(context.peer())
+            return
+        raise StreamRefused(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "unauthenticated",
+            "this picker needs the gateway's token: gRPC metadata "
+            f"'{TOKEN_METADATA}: Bearer <token>' (--picker-token-file)"
+            + ("; the one presented does not match" if presented else ""),
+        )
 
     # ------------------------------------------------------------------ deadlines
 
@@ -467,7 +521,7 @@ class EndpointPicker:
             return self._pick_other(allowed, arrived)
         arrival = Arrival(
             route, parser, body, time.monotonic() if arrived is None else arrived,
-            may_wait=False, authenticates=False, shed_status=429,
+            may_wait=False, authenticates=False, shed_status=429, share=self.share,
         )  # fmt: skip
         narrow = None if allowed is None else functools.partial(_allowed, allowed)
         try:
@@ -490,6 +544,9 @@ class EndpointPicker:
         prompt_cap = (parsed.prompt_tokens * CHARS_PER_TOKEN + TEMPLATE_TOKENS) * bound.generations
         if context is not None:
             prompt_cap = min(prompt_cap, context * bound.generations)
+        answer = self.first_byte.seconds(
+            parsed.prompt_tokens, parsed.max_new_tokens, parsed.stream, worker.in_flight
+        )
         return Pick(
             worker,
             decision,
@@ -504,10 +561,17 @@ class EndpointPicker:
             bound.allowance(parsed.prompt_tokens, context, MAX_TOKENS_ALLOWED * bound.generations),
             admitted,
             selection=selection,
+            answer_seconds=answer,
         )
 
     def _pick_other(self, allowed: frozenset[str] | None, arrived: float | None) -> Pick:
         """A request off the generation routes: the least loaded routable worker."""
+        if self.share.full:  # counted in the picker's share too (`Exchange._book`)
+            message = (
+                f"the router has {self.share.count} of the picker's requests in flight, its "
+                "limit (--picker-max-in-flight); retry"
+            )
+            raise Refused(ClientError(429, message, error_type="rate_limit_exceeded"), "other")
         workers = self.registry.workers
         if allowed is not None:
             workers = [w for w in workers if _allows(allowed, w)]
@@ -518,6 +582,7 @@ class EndpointPicker:
         return Pick(
             worker, None, [endpoint_of(worker), *self._fallbacks(worker, workers)], "", "other",
             False, time.monotonic() if arrived is None else arrived,
+            answer_seconds=self.config.first_byte_timeout_floor_seconds,
         )  # fmt: skip
 
     def _fallbacks(self, chosen: Worker, candidates: Sequence[Worker]) -> list[str]:
@@ -644,6 +709,8 @@ class Exchange:
             return False
         setting, flag, reason = WAITS[self.waiting]
         seconds = getattr(self.picker.config, setting)
+        if self.waiting == "answer" and self.pick is not None:
+            seconds = self.pick.answer_seconds  # derived from the request, at most the flag's
         what = self.waiting.replace("_", " ")
         self.timed_out = StreamRefused(
             grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -726,9 +793,9 @@ class Exchange:
             return self._refuse(
                 Refused(
                     unavailable(
-                        f"the router holds {budget.used} bytes of requests, its limit is "
-                        f"{budget.max_bytes} (--max-buffered-bytes, shared with the HTTP "
-                        "port); retry"
+                        f"the picker holds {budget.used} bytes of requests, its limit is "
+                        f"{budget.max_bytes} (--picker-max-buffered-bytes, its own share of "
+                        "--max-buffered-bytes); retry"
                     ),
                     self._route_label(),
                 )
@@ -798,8 +865,9 @@ class Exchange:
         self.served = pick.worker
         if pick.selection is None:  # off the generation routes: counted here (`Driver.pick`)
             self.picker.ledger.counted((pick.worker,), 1)
-            self.picker.pipeline.enter(None)
-        self._wait("answer", time.monotonic())
+            self.picker.pipeline.enter(None, self.picker.share)
+        self.waiting = "answer"
+        self.deadline = time.monotonic() + pick.answer_seconds
 
     def _refuse(self, refused: Refused) -> list[ext_proc.ProcessingResponse]:
         self._release_body()
@@ -955,7 +1023,7 @@ class Exchange:
             picker.driver.close(pick, pick.admitted, selection, worker, pick.model, outcome)
             return
         # off the generation routes: no decision to tell the policy of
-        picker.pipeline.leave(None)
+        picker.pipeline.leave(None, picker.share)
         ledger.counted((worker,), -1)
         if verdicts:
             ledger.worker_answered(worker, code)

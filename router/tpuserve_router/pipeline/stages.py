@@ -43,10 +43,26 @@ from tpuserve_router.pipeline.request_body import (
 from tpuserve_router.pipeline.request_ids import ClientRid, client_rid
 from tpuserve_router.policies.base import Decision, RouteRequest
 from tpuserve_router.tenancy.auth import DEFAULT_PRIORITY, ApiKey, KeyStore, presented_key
-from tpuserve_router.tenancy.hold import HoldQueues, HoldRefused, hold_label
+from tpuserve_router.tenancy.hold import OTHER_MODEL, HoldQueues, HoldRefused, hold_label
 from tpuserve_router.tenancy.quotas import Quotas, Refusal, Reservation, in_flight_limits
 
 STAGES: Final = ("admit", "select", "relay", "account")
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A front's own share of requests in flight (the endpoint picker's,
+    ``--picker-max-in-flight``): counted apart from the router's own (``--max-in-flight``,
+    the HTTP port's), so neither front can take the other's room."""
+
+    limit: int
+    flag: str
+    """The setting that bounds it, named in a refusal."""
+    count: int = 0
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.limit
 
 
 class Refused(Exception):
@@ -83,6 +99,8 @@ class Arrival:
     429 elsewhere)."""
     reply_headers: bytes = b""
     """What every answer to it carries (its key's rate-limit headers), once admission knows."""
+    share: InFlight | None = None
+    """The in-flight share it is counted in (None: the router's own, ``--max-in-flight``)."""
 
 
 @dataclass(slots=True)
@@ -182,28 +200,46 @@ class Pipeline:
         """Admit a request that is answered at once (the picker's); raises `Refused`."""
         key, _limit = self._gate(arrival)
         parsed, bound, theirs = self._parse(arrival)
-        if self.on_arrival is not None:
+        if not self.routable(parsed.model):
+            # No worker can take it now (zero replicas, say): 503 with Retry-After, which a
+            # gateway retries, not the 404 of a model nobody serves. A model the router knows
+            # (served, or held for: --hold-models) is demand that may wake the server.
+            label = hold_label(parsed.model, self._known_models())
+            if label != OTHER_MODEL and self.on_arrival is not None:
+                self.on_arrival(True)
+            raise Refused(unavailable(f"no healthy worker for model {parsed.model!r}"), label)
+        admitted = self._let_in(arrival, key, parsed, bound, theirs, arrival.arrived)
+        if self.on_arrival is not None:  # demand comes only from admitted requests
             self.on_arrival(False)
-        return self._let_in(arrival, key, parsed, bound, theirs, arrival.arrived)
+        return admitted
 
-    def enter(self, admitted: Admitted | None) -> None:
-        """Count a request in flight until `leave`: an admitted one, or (None) one the
-        picker sends to a worker off the generation routes, which it counts too."""
+    def enter(self, admitted: Admitted | None, share: InFlight | None = None) -> None:
+        """Count a request in flight until `leave`: an admitted one (in its arrival's share),
+        or (None) one the picker sends to a worker off the generation routes, in
+        ``share``."""
         if admitted is not None:
             assert not admitted.counted, "counted in flight once"
             admitted.counted = True
-        self.in_flight += 1
+            share = admitted.arrival.share
+        if share is not None:
+            share.count += 1
+        else:
+            self.in_flight += 1
 
-    def leave(self, admitted: Admitted | None) -> None:
+    def leave(self, admitted: Admitted | None, share: InFlight | None = None) -> None:
         """A request `enter` counted ended (or an admitted one never entered): out of
         flight (room for a held one, maybe), and what it cost settled on its key (the
         ledger)."""
         if admitted is None or admitted.counted:
             if admitted is not None:
                 admitted.counted = False
-            self.in_flight -= 1
-            if self.holds.total:
-                self.holds.announce()
+                share = admitted.arrival.share
+            if share is not None:
+                share.count -= 1
+            else:
+                self.in_flight -= 1
+                if self.holds.total:
+                    self.holds.announce()
         if admitted is None:
             return
         spend, admitted.spend = admitted.spend, None
@@ -217,6 +253,19 @@ class Pipeline:
         if self.keys is not None and arrival.authenticates:
             key = self._authenticate(arrival)
             limit = self._shed_at[key.priority]
+        share = arrival.share
+        if share is not None:
+            if share.full:
+                message = (
+                    f"the router has {share.count} of this front's requests in flight, its "
+                    f"limit ({share.flag}); retry"
+                )
+                raise Refused(
+                    ClientError(arrival.shed_status, message, error_type="rate_limit_exceeded")
+                    if arrival.shed_status != 503
+                    else unavailable(message)
+                )
+            return key, limit
         if self.in_flight >= limit:
             if key is not None:
                 self.ledger.shed(key.priority)

@@ -37,7 +37,8 @@ pytestmark = pytest.mark.component
 
 
 def settled(app: RouterApp) -> bool:
-    return app.pipeline.in_flight == 0 and all(w.in_flight == 0 for w in app.registry.workers)
+    assert app.picker is not None
+    return app.picker.share.count == 0 and all(w.in_flight == 0 for w in app.registry.workers)
 
 
 def headers(
@@ -231,7 +232,8 @@ async def test_idle_streams_and_bodies_that_never_end_are_timed_out_and_released
             )
         )
         await eventually_async(lambda: picker.buffered == 3000, what="the body held")
-        assert guarded.book.buffers.used == 3000  # one budget with the HTTP port
+        assert picker.buffers.used == 3000  # the picker's own budget, not the HTTP port's
+        assert guarded.book.buffers.used == 0
         idle_end, body_end = await asyncio.gather(ended_with(idle), ended_with(holding))
         assert idle_end[0] == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "--header-timeout" in idle_end[1]
@@ -242,7 +244,7 @@ async def test_idle_streams_and_bodies_that_never_end_are_timed_out_and_released
     assert refused(guarded, "header_timeout") == 1
     assert refused(guarded, "body_timeout") == 1
     assert picker.buffered == 0
-    assert guarded.book.buffers.used == 0
+    assert picker.buffers.used == 0
     assert picker.streams == 0
     assert await keyed_completion(guarded)
 

@@ -20,6 +20,7 @@ import zmq.asyncio
 
 from sglang_tpu.kv_events import (
     END_SEQ_BYTES,
+    MEDIUM_HOST,
     BlockRemoved,
     BlockStored,
     EventBatch,
@@ -343,7 +344,12 @@ async def wait_blocks(app: RouterApp, worker: str, blocks: int, what: str) -> No
 
 @pytest.fixture(scope="module")
 def plain_engine() -> Iterator[EngineTwin]:
-    engine = EngineTwin(["--time-scale", "0", "--page-size", str(PAGE)], kv_events=False)
+    # a pool of 131,072 pages: the stream of a worker added with its endpoint is bounded by
+    # it too (issue 68), and the longest replay here is 80,000 pages
+    engine = EngineTwin(
+        ["--time-scale", "0", "--page-size", str(PAGE), "--cache-tokens", str(PAGE << 17)],
+        kv_events=False,
+    )
     engine.start()
     yield engine
     engine.stop()
@@ -795,3 +801,31 @@ async def test_each_workers_streams_are_bounded_by_its_pool(
             assert info["page_size"] == PAGE
             assert 0 < pages < index.max_stream_blocks  # the pool's, not the cap
             assert index.worker_limit(engine.url) == pages
+
+
+async def test_a_host_tagged_flood_is_held_to_a_multiple_of_the_workers_pool() -> None:
+    """Issue 68: one event tagged as host memory lifted a stream's bound from its worker's
+    pool to 1,048,576 blocks, and a worker added with its KV-event endpoint given had no pool
+    bound at all. Over real ZMQ, 1,000 host-tagged pages from the stream of a worker whose
+    /server_info says 16 pages: the router believes 16 x 16 of them, the rest dropped."""
+    engine = EngineTwin(
+        ["--time-scale", "0", "--page-size", str(PAGE), "--cache-tokens", str(16 * PAGE)],
+        kv_events=False,
+    )
+    engine.start()
+    try:
+        async with publishing_router(engine, replay=False) as (app, publisher, name):
+            index = app.block_index
+            assert index is not None
+            await eventually_async(
+                lambda: index.worker_limit(name) == 16, what="the pool read from /server_info"
+            )
+            tokens = list(range(1000 * PAGE))
+            flood = encode_batch(EventBatch(0.0, [*page_stores(tokens, PAGE, MEDIUM_HOST)]))
+            await publisher.publish(0, flood)
+            await eventually_async(
+                lambda: index.dropped_blocks >= 1000 - 16 * 16, what="the flood read"
+            )
+            assert blocks_of(app, name) == 16 * 16  # before: all 1,000 (up to 1,048,576)
+    finally:
+        engine.stop()

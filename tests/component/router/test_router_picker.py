@@ -62,7 +62,12 @@ async def gateway(picker: RouterApp) -> AsyncIterator[PickerClient]:
 
 
 def settled(app: RouterApp) -> bool:
-    return app.pipeline.in_flight == 0 and all(w.in_flight == 0 for w in app.registry.workers)
+    picks = app.picker.share.count if app.picker is not None else 0
+    return (
+        picks == 0
+        and app.pipeline.in_flight == 0
+        and all(w.in_flight == 0 for w in app.registry.workers)
+    )
 
 
 async def test_the_destination_is_the_policys_choice_in_header_and_metadata(

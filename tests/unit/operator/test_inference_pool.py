@@ -15,7 +15,13 @@ from prometheus_client import CollectorRegistry
 from tests.fakes import FakeKube
 from tests.unit.operator.conftest import RenderFn, SpecWith
 from tpuserve_operator import labels, launch_contract
-from tpuserve_operator.api import GATEWAY_FROM_RULE, GATEWAY_ONE_WAY_RULE
+from tpuserve_operator.api import (
+    GATEWAY_FROM_RULE,
+    GATEWAY_NAMED_RULE,
+    GATEWAY_ONE_WAY_RULE,
+    GATEWAY_POD_LABEL,
+    TOKEN_AUTH_RULE,
+)
 from tpuserve_operator.build import admission
 from tpuserve_operator.errors import InvalidSpec
 from tpuserve_operator.metrics import create_operator_metrics
@@ -27,6 +33,9 @@ from tpuserve_operator.render.context import ROUTER_PORT
 pytestmark = pytest.mark.unit
 
 NAMESPACE = "ml"
+GATEWAY = "inference-gateway"
+POOL: dict[str, Any] = {"gatewayName": GATEWAY}
+"""The least spec.inferencePool: the gateway named (its pods, by label, are admitted)."""
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
 
@@ -37,7 +46,9 @@ def child(rendered: Rendered, kind: str, name: str) -> dict[str, Any]:
 def test_the_pool_selects_serving_leaders_on_the_engine_port_and_names_the_picker(
     rendered: RenderFn, spec_with: SpecWith
 ) -> None:
-    out = rendered(spec_with(inferencePool={"failureMode": "FailOpen"}), inference_pool=True)
+    out = rendered(
+        spec_with(inferencePool={**POOL, "failureMode": "FailOpen"}), inference_pool=True
+    )
     pool = child(out, "InferencePool", "qwen")
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
     assert pool["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -81,7 +92,9 @@ def test_the_pool_passes_the_released_crds_schema(rendered: RenderFn, spec_with:
     crd = yaml.safe_load(path.read_text())
     (version,) = crd["spec"]["versions"]
     schema = version["schema"]["openAPIV3Schema"]
-    out = rendered(spec_with(inferencePool={"failureMode": "FailOpen"}), inference_pool=True)
+    out = rendered(
+        spec_with(inferencePool={**POOL, "failureMode": "FailOpen"}), inference_pool=True
+    )
     pool = child(out, "InferencePool", "qwen")
     jsonschema.validate(pool, schema)
     assert crd["spec"]["group"] == pools.GROUP
@@ -92,7 +105,7 @@ def test_the_pool_passes_the_released_crds_schema(rendered: RenderFn, spec_with:
 def test_failure_mode_defaults_to_fail_close_and_no_pool_means_no_picker(
     rendered: RenderFn, spec_with: SpecWith
 ) -> None:
-    out = rendered(spec_with(inferencePool={}), inference_pool=True)
+    out = rendered(spec_with(inferencePool=POOL), inference_pool=True)
     pool = child(out, "InferencePool", "qwen")
     assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
     plain = rendered(spec_with(), inference_pool=True)
@@ -106,9 +119,11 @@ def test_the_gateways_token_is_a_secret_mounted_read_only_for_the_picker(
     rendered: RenderFn, spec_with: SpecWith
 ) -> None:
     """Issue 57 item 2: with tokenSecretRef the router's pods mount that Secret key alone,
-    read-only, and run the picker with --picker-token-file naming it; without, no token."""
+    read-only, and run the picker with --picker-token-file naming it; issue 68: without it,
+    the Secret the operator creates (a token by default); no token only with the explicit
+    pickerAuth NetworkPolicyOnly, which renders --picker-no-token."""
     ref = {"name": "gateway-token", "key": "bearer"}
-    out = rendered(spec_with(inferencePool={"tokenSecretRef": ref}), inference_pool=True)
+    out = rendered(spec_with(inferencePool={**POOL, "tokenSecretRef": ref}), inference_pool=True)
     pod = child(out, "Deployment", "qwen-router")["spec"]["template"]["spec"]
     (router,) = pod["containers"]
     assert f"--picker-token-file={pools.PICKER_TOKEN_DIR}/bearer" in router["args"]
@@ -119,10 +134,26 @@ def test_the_gateways_token_is_a_secret_mounted_read_only_for_the_picker(
         "name": "picker-token",
         "secret": {"secretName": "gateway-token", "items": [{"key": "bearer", "path": "bearer"}]},
     } in pod["volumes"]
-    plain = rendered(spec_with(inferencePool={}), inference_pool=True)
+    plain = rendered(spec_with(inferencePool=POOL), inference_pool=True)
     pod = child(plain, "Deployment", "qwen-router")["spec"]["template"]["spec"]
-    assert not [a for a in pod["containers"][0]["args"] if a.startswith("--picker-token-file")]
-    assert not [v for v in pod["volumes"] if v["name"] == "picker-token"]
+    assert f"--picker-token-file={pools.PICKER_TOKEN_DIR}/token" in pod["containers"][0]["args"]
+    assert {
+        "name": "picker-token",
+        "secret": {
+            "secretName": "qwen-router-picker",
+            "items": [{"key": "token", "path": "token"}],
+        },
+    } in pod["volumes"]
+    opted_out = {**POOL, "pickerAuth": "NetworkPolicyOnly"}
+    open_pod = child(
+        rendered(spec_with(inferencePool=opted_out), inference_pool=True),
+        "Deployment",
+        "qwen-router",
+    )["spec"]["template"]["spec"]
+    args = open_pod["containers"][0]["args"]
+    assert "--picker-no-token" in args
+    assert not [a for a in args if a.startswith("--picker-token-file")]
+    assert not [v for v in open_pod.get("volumes", []) if v["name"] == "picker-token"]
 
 
 def test_the_rendered_token_flag_is_one_the_router_takes(
@@ -134,7 +165,7 @@ def test_the_rendered_token_flag_is_one_the_router_takes(
     from tpuserve_router.validation import validate
 
     ref = {"name": "gateway-token"}
-    out = rendered(spec_with(inferencePool={"tokenSecretRef": ref}), inference_pool=True)
+    out = rendered(spec_with(inferencePool={**POOL, "tokenSecretRef": ref}), inference_pool=True)
     router = child(out, "Deployment", "qwen-router")["spec"]["template"]["spec"]["containers"][0]
     token = tmp_path / "token"
     token.write_text("a-gateway-token-0123456789\n")
@@ -149,8 +180,11 @@ def test_the_rendered_token_flag_is_one_the_router_takes(
     assert config.picker_port == pools.PICKER_PORT
 
 
-def namespace_peer(namespace: str) -> dict[str, Any]:
-    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+def gateway_pods(namespace: str) -> dict[str, Any]:
+    return {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "podSelector": {"matchLabels": {GATEWAY_POD_LABEL: GATEWAY}},
+    }
 
 
 GATEWAY_PEER = {"ipBlock": {"cidr": "10.129.0.0/23"}}  # e.g. GKE's proxy-only subnet
@@ -159,9 +193,10 @@ GATEWAY_PEER = {"ipBlock": {"cidr": "10.129.0.0/23"}}  # e.g. GKE's proxy-only s
 @pytest.mark.parametrize(
     ("section", "peers"),
     [
-        # issue 57 item 6: unset used to render no "from" at all, any source
-        ({}, [namespace_peer(NAMESPACE)]),
-        ({"gatewayNamespace": "gateway"}, [namespace_peer("gateway")]),
+        # issue 57 item 6: unset used to render no "from" at all, any source; issue 68: then
+        # every pod of the gateway's namespace, now the gateway's own pods, by label
+        (POOL, [gateway_pods(NAMESPACE)]),
+        ({**POOL, "gatewayNamespace": "gateway"}, [gateway_pods("gateway")]),
         ({"gatewayFrom": [GATEWAY_PEER]}, [GATEWAY_PEER]),
     ],
 )
@@ -216,7 +251,7 @@ def admits(policy: dict[str, Any], namespace: str, pod: dict[str, str], port: in
 
 ROUTER_POD = labels.router_selector("qwen")
 SOURCES = {
-    "the gateway": ("gateway", {"app": "gateway-proxy"}),
+    "the gateway": ("gateway", {"app": "gateway-proxy", GATEWAY_POD_LABEL: GATEWAY}),
     "a client pod in the gateway's namespace": ("gateway", {"app": "client"}),
     "a client pod in the server's namespace": (NAMESPACE, {"app": "client"}),
     "a client pod elsewhere": ("apps", {"app": "client"}),
@@ -232,7 +267,9 @@ def test_what_the_policies_of_a_pool_admit_and_refuse(
     namespace only; every other source is refused there, the server's own router aside
     (it dials the engines and their KV events, never the picker), and the engines' KV-event
     ports are the router's alone. The router's HTTP port stays open to clients."""
-    out = rendered(spec_with(inferencePool={"gatewayNamespace": "gateway"}), inference_pool=True)
+    out = rendered(
+        spec_with(inferencePool={**POOL, "gatewayNamespace": "gateway"}), inference_pool=True
+    )
     engines = child(out, "NetworkPolicy", "qwen-engines")
     router = child(out, "NetworkPolicy", "qwen-router")
     http, kv = launch_contract.HTTP_PORT, launch_contract.KV_EVENTS_PORT
@@ -248,7 +285,8 @@ def test_what_the_policies_of_a_pool_admit_and_refuse(
     assert admitted == {
         # engines' HTTP, KV events, the picker, the router's HTTP port
         "the gateway": (True, False, True, True),
-        "a client pod in the gateway's namespace": (True, False, True, True),
+        # issue 68: every pod of the gateway's namespace was admitted; its own pods only now
+        "a client pod in the gateway's namespace": (False, False, False, True),
         "a client pod in the server's namespace": (False, False, False, True),
         "a client pod elsewhere": (False, False, False, True),
         "the server's router": (True, True, False, True),
@@ -260,7 +298,15 @@ def test_what_the_policies_of_a_pool_admit_and_refuse(
     [
         ({"gatewayFrom": []}, GATEWAY_FROM_RULE[1]),
         ({"gatewayFrom": [GATEWAY_PEER, {}]}, GATEWAY_FROM_RULE[1]),
+        # issue 68: a namespaceSelector alone admits every pod of the namespace
+        ({"gatewayFrom": [{"namespaceSelector": {}}]}, GATEWAY_FROM_RULE[1]),
         ({"gatewayFrom": [GATEWAY_PEER], "gatewayNamespace": "gateway"}, GATEWAY_ONE_WAY_RULE[1]),
+        ({}, GATEWAY_NAMED_RULE[1]),  # issue 68: no gateway named (was: the whole namespace)
+        ({**POOL, "gatewayFrom": [GATEWAY_PEER]}, GATEWAY_NAMED_RULE[1]),
+        (
+            {**POOL, "pickerAuth": "NetworkPolicyOnly", "tokenSecretRef": {"name": "t"}},
+            TOKEN_AUTH_RULE[1],
+        ),
     ],
 )
 def test_a_gateway_peer_that_admits_any_source_is_refused_naming_the_field(
@@ -276,11 +322,11 @@ def test_a_pool_without_the_crd_or_the_router_is_invalid_naming_the_field(
     rendered: RenderFn, spec_with: SpecWith
 ) -> None:
     with pytest.raises(InvalidSpec) as caught:
-        rendered(spec_with(inferencePool={}))
+        rendered(spec_with(inferencePool=POOL))
     assert str(caught.value) == f"spec.inferencePool: {pools.NO_CRD}"
     assert "inference.networking.k8s.io/v1 InferencePool" in str(caught.value)
     with pytest.raises(InvalidSpec) as caught:
-        rendered(spec_with(inferencePool={}, router={"enabled": False}), inference_pool=True)
+        rendered(spec_with(inferencePool=POOL, router={"enabled": False}), inference_pool=True)
     assert str(caught.value) == f"spec.inferencePool: {pools.NEEDS_ROUTER}"
 
 
@@ -292,7 +338,7 @@ def test_a_pool_of_a_disaggregated_server_is_invalid_naming_both_fields(
 ) -> None:
     """A pool would select prefill and decode engines, and the gateway would send a request
     to one of them alone: refused, naming spec.inferencePool and spec.disaggregation."""
-    spec = spec_with(inferencePool={}, engine={"type": "simulated"}, disaggregation=PD)
+    spec = spec_with(inferencePool=POOL, engine={"type": "simulated"}, disaggregation=PD)
     with pytest.raises(InvalidSpec) as caught:
         rendered(spec, inference_pool=True)
     assert str(caught.value) == f"spec.inferencePool: {pools.WITH_DISAGGREGATION}"
@@ -398,7 +444,7 @@ SPEC = {
     "tpu": {"generation": "v6e", "topology": "2x4"},
     "replicas": 1,
     "engine": {"type": "simulated"},
-    "inferencePool": {},
+    "inferencePool": {"gatewayName": "inference-gateway"},
 }
 
 
@@ -483,6 +529,24 @@ async def test_the_pool_is_applied_and_its_gateway_acceptance_reported() -> None
         {"gateway": "ml/gw", "accepted": True, "reason": "Accepted", "message": ""},
         {"gateway": "ml/other", "accepted": False, "reason": "NotSupportedByParent", "message": ""},
     ]
+
+
+async def test_the_gateways_token_secret_is_created_once_and_kept() -> None:
+    """Issue 68: a pool's picker requires a token by default; the operator creates it (a
+    random value it never reads back) once, owned by the server, and mounts it."""
+    import base64
+
+    kube = FakeKube(group_versions=[pools.GROUP_VERSION])
+    reconciler = reconciler_for(kube)
+    key = put_server(kube)
+    await converge(kube, reconciler, key)
+    secret = kube.get_object("v1", "Secret", NAMESPACE, "qwen-router-picker")
+    token = base64.b64decode(secret["data"]["token"])
+    assert 16 <= len(token) <= 4096  # what --picker-token-file takes
+    assert secret["metadata"]["ownerReferences"][0]["name"] == "qwen"
+    await converge(kube, reconciler, key)
+    assert kube.get_object("v1", "Secret", NAMESPACE, "qwen-router-picker") == secret
+    assert ("Secret", "qwen-router-picker") not in kube.deleted
 
 
 async def test_a_pool_someone_else_made_is_left_alone() -> None:

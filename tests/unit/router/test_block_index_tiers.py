@@ -189,3 +189,31 @@ def test_the_compiled_tiered_choice_agrees_with_decide_tiered() -> None:
         assert (i, outcome) == tiered[:2], (depths, device, loads, queued)
         agreed[outcome] += 1
     assert min(agreed.values()) > 0, agreed  # every kind of decision was compared
+
+
+def test_a_host_tier_tag_lifts_a_streams_bound_only_to_a_multiple_of_its_pool() -> None:
+    """Issue 68: one event tagged as host memory lifted a stream's bound from its worker's
+    pool (6,760 blocks) to ``max_stream_blocks`` (1,048,576). A tiered stream now holds at
+    most `HOST_TIER_FACTOR` (16) times its pool, HBM and host together."""
+    index = BlockIndex(page_size=PAGE, max_stream_blocks=100_000)
+    index.set_worker_limit(A, 2)
+    tokens = list(range(PAGE * 100))
+    index.store(A, block_hashes(tokens, PAGE), None, tokens, PAGE, 0, MEDIUM_HOST)
+    assert index.worker_blocks(A) == 2 * 16
+    assert index.dropped_blocks == 100 - 32
+    assert index.worker_limit(A) == 2  # the HBM room `precise` reads is still the pool
+
+
+def test_claimed_data_parallel_ranks_do_not_multiply_a_workers_bound() -> None:
+    """Issue 68: a worker claiming 16 data-parallel ranks held 16 times ``max_stream_blocks``
+    (16.8 M blocks, 2.7 GB of router memory). All of a worker's streams together hold at
+    most ``max_stream_blocks``, whatever ranks and tiers they claim."""
+    index = BlockIndex(page_size=PAGE, max_stream_blocks=8)
+    for rank in range(16):
+        tokens = list(range(rank * 1000, rank * 1000 + PAGE * 12))
+        index.store(A, block_hashes(tokens, PAGE), None, tokens, PAGE, rank, MEDIUM_HOST)
+    assert index.worker_blocks(A) == 8
+    assert index.dropped_blocks == 16 * 12 - 8
+    tokens = list(range(PAGE * 3))
+    store(index, B, MEDIUM_GPU, tokens)  # another worker keeps its own bound
+    assert index.worker_blocks(B) == 3

@@ -161,3 +161,30 @@ def test_a_pd_pods_role_bootstrap_port_and_pairing_contract_are_read() -> None:
     spec = worker_from_pod(colocated, RULES)
     assert spec is not None
     assert (spec.role, spec.pd_contract) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {"serving.tpuserve.dev/worker-url": "http://169.254.169.254:80"},
+        {"serving.tpuserve.dev/worker-url": "http://metadata.google.internal:80"},
+        {"serving.tpuserve.dev/kv-events-endpoint": "tcp://169.254.169.254:5557"},
+        {"serving.tpuserve.dev/worker-url": "http://8.8.8.8:30000"},
+    ],
+    ids=["link-local-url", "host-name-url", "link-local-kv-endpoint", "public-url"],
+)
+def test_without_worker_networks_annotations_are_dialled_only_inside_private_ranges(
+    annotations: dict[str, str],
+) -> None:
+    """Issue 68: with ``--worker-networks`` unset, a pod annotated with 169.254.169.254 (the
+    metadata server) was dialled. What annotations name must be an IP in the default
+    networks (loopback, private ranges); the pod's own address is routed as before."""
+    from tpuserve_router.engines.discovery.kubernetes import classify_pods
+
+    specs, rejected = classify_pods([pod(annotations=annotations)], RULES)
+    assert specs == []
+    (refusal,) = rejected
+    assert "without --worker-networks" in refusal.reason
+    private = {"serving.tpuserve.dev/worker-url": "http://10.1.2.3:30000"}
+    assert len(classify_pods([pod(annotations=private)], RULES)[0]) == 1
+    assert len(classify_pods([pod()], RULES)[0]) == 1

@@ -45,6 +45,12 @@ def app() -> RouterApp:
     return make_app()
 
 
+def picks(app: RouterApp) -> int:
+    """The picker's requests in flight (its own share, apart from the HTTP port's)."""
+    assert app.picker is not None
+    return app.picker.share.count
+
+
 def exchange(app: RouterApp) -> epp.Exchange:
     assert app.picker is not None
     return epp.Exchange(app.picker)
@@ -149,7 +155,7 @@ def test_a_request_is_picked_at_its_body_end_and_its_body_passed_on(app: RouterA
     chosen = app.registry.get(f"http://{endpoints[0]}")
     assert chosen is not None
     assert chosen.in_flight == 1
-    assert app.pipeline.in_flight == 1
+    assert picks(app) == 1
     # the answer: headers, then the body, echoed back chunk by chunk
     (reply,) = ex.handle(response_headers(200, endpoints[0]))
     assert reply.WhichOneof("response") == "response_headers"
@@ -159,7 +165,7 @@ def test_a_request_is_picked_at_its_body_end_and_its_body_passed_on(app: RouterA
         assert (echoed.body, echoed.end_of_stream) == (piece, last)
     assert ex.closed
     assert chosen.in_flight == 0
-    assert app.pipeline.in_flight == 0
+    assert picks(app) == 0
     assert requests_total(app, chosen.name, "200") == 1
     tokens = {"model": MODEL, "worker": chosen.name}
     assert (
@@ -218,7 +224,7 @@ def test_nothing_eligible_in_the_subset_is_503(app: RouterApp, subset: object) -
     assert b"none of the endpoints" in immediate.body
     assert {h.header.key for h in immediate.headers.set_headers} >= {"retry-after"}
     assert ex.closed
-    assert app.pipeline.in_flight == 0
+    assert picks(app) == 0
 
 
 def test_no_healthy_worker_is_503(app: RouterApp) -> None:
@@ -257,12 +263,13 @@ def test_a_body_over_the_limit_is_413_and_its_buffer_released(app: RouterApp) ->
     ex.handle(headers_message())
     assert ex.handle(body_message(b"x" * 3000, end=False)) == []
     assert app.picker.buffered == 3000
-    assert app.book.buffers.used == 3000  # one budget with the HTTP front's
+    assert app.picker.buffers.used == 3000  # its own budget, not the HTTP front's
+    assert app.book.buffers.used == 0
     (reply,) = ex.handle(body_message(b"x" * 3000, end=False))
     assert reply.immediate_response.status.code == 413
     assert b"--max-request-bytes" in reply.immediate_response.body
     assert app.picker.buffered == 0
-    assert app.book.buffers.used == 0
+    assert app.picker.buffers.used == 0
     assert ex.closed
 
 
@@ -274,16 +281,26 @@ def test_a_short_token_file_is_refused_naming_what_is_allowed(tmp_path: Path) ->
     assert any("allowed: 16 to 4096 printable" in p for p in caught.value.problems)
 
 
-def test_the_picker_and_the_http_front_share_one_buffer_budget() -> None:
-    app = make_app(max_request_bytes=4096, max_buffered_bytes=5000)
+def test_the_picker_and_the_http_front_each_have_their_own_buffer_budget() -> None:
+    """Issue 68: one budget let half-sent picker bodies lock the HTTP port out (503). The
+    picker's share is carved out of --max-buffered-bytes; either front full leaves the other
+    its whole share."""
+    app = make_app(max_request_bytes=4096, max_buffered_bytes=12_000)
     assert app.picker is not None
-    app.book.buffers.take(3000)  # an HTTP body being read
+    assert app.picker.buffers.max_bytes == 4096  # a quarter, at least one body
+    assert app.book.buffers.max_bytes == 12_000 - 4096
+    assert app.book.buffers.take(7000)  # HTTP bodies being read: its budget almost full
     ex = exchange(app)
     ex.handle(headers_message())
-    (reply,) = ex.handle(body_message(b"x" * 2500, end=False))
+    assert ex.handle(body_message(b"x" * 3000, end=False)) == []  # the picker's room is whole
+    other = exchange(app)
+    other.handle(headers_message())
+    (reply,) = other.handle(body_message(b"x" * 2000, end=False))
     assert reply.immediate_response.status.code == 503
-    assert b"--max-buffered-bytes" in reply.immediate_response.body
-    assert app.book.buffers.used == 3000
+    assert b"--picker-max-buffered-bytes" in reply.immediate_response.body
+    assert app.picker.buffers.used == 3000
+    assert app.book.buffers.used == 7000
+    assert app.book.buffers.free >= 900  # what the HTTP port had is still its own
 
 
 @pytest.mark.parametrize(
@@ -301,7 +318,7 @@ def test_a_message_after_the_pick_is_a_protocol_error_not_a_second_pick(
     ex = exchange(app)
     ex.handle(headers_message())
     destination(ex.handle(body_message(BODY)))
-    assert app.pipeline.in_flight == 1
+    assert picks(app) == 1
     if second.WhichOneof("request") == "request_trailers":
         (reply,) = ex.handle(second)  # trailers are answered; no second decision
         assert reply.WhichOneof("response") == "request_trailers"
@@ -309,10 +326,10 @@ def test_a_message_after_the_pick_is_a_protocol_error_not_a_second_pick(
         with pytest.raises(epp.StreamRefused) as caught:
             ex.handle(second)
         assert caught.value.reason == "protocol"
-    assert app.pipeline.in_flight == 1
+    assert picks(app) == 1
     assert sum(w.in_flight for w in app.registry.workers) == 1
     ex.close()
-    assert app.pipeline.in_flight == 0
+    assert picks(app) == 0
     assert all(w.in_flight == 0 for w in app.registry.workers)
 
 
@@ -336,7 +353,7 @@ def test_at_max_in_flight_the_request_is_shed_with_429() -> None:
     (reply,) = second.handle(body_message(BODY))
     assert reply.immediate_response.status.code == 429
     first.close()  # the gateway's stream ended before the answer: 499, nothing left booked
-    assert app.pipeline.in_flight == 0
+    assert picks(app) == 0
     assert sum(requests_total(app, u, "499") for u in URLS) == 1
     assert all(w.in_flight == 0 for w in app.registry.workers)
 
@@ -366,7 +383,7 @@ def test_bodiless_requests_are_picked_on_their_headers_without_the_policy(app: R
     assert header.split(",")[0] in ENDPOINTS
     ex.handle(response_headers(200, header.split(",")[0]))
     ex.handle(response_body(b"{}", True))
-    assert app.pipeline.in_flight == 0
+    assert picks(app) == 0
     assert all(w.in_flight == 0 for w in app.registry.workers)
 
 

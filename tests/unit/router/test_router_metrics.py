@@ -52,6 +52,7 @@ EXPECTED = {
     "tpuserve_router_worker_changes": "counter",
     "tpuserve_router_connections_closed": "counter",
     "tpuserve_router_picker_streams_refused": "counter",
+    "tpuserve_router_picker_connections_refused": "counter",
     "tpuserve_router_client_connections": "gauge",
     "tpuserve_router_buffered_request_bytes": "gauge",
     "tpuserve_router_in_flight_requests": "gauge",

@@ -51,7 +51,12 @@ from tpuserve_router.config import (
     DEFAULT_MODEL_LABEL,
     DEFAULT_WORKER_URL_ANNOTATION,
 )
-from tpuserve_router.engines.worker_networks import Network, endpoint_problem, url_problem
+from tpuserve_router.engines.worker_networks import (
+    DEFAULT_NETWORKS,
+    Network,
+    endpoint_problem,
+    url_problem,
+)
 from tpuserve_router.engines.workers import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -173,11 +178,21 @@ class RejectedPod:
     reason: str
 
 
-def _dial_problem(spec: WorkerSpec, rules: PodRules) -> str | None:
-    problem = url_problem(spec.url, rules.networks)
+def _dial_problem(spec: WorkerSpec, rules: PodRules, pod: Mapping[str, Any]) -> str | None:
+    """Why the worker may not be dialled. Without ``--worker-networks``, what a pod's
+    annotations name (its worker URL, its KV-event endpoints) must still be an IP in
+    `DEFAULT_NETWORKS` (loopback and the private ranges pods have): anyone who may annotate
+    a pod would otherwise have the router dial 169.254.169.254, the metadata server
+    (issue 68), or a name resolving to it."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotated = rules.networks or DEFAULT_NETWORKS
+    url_networks = annotated if annotations.get(rules.url_annotation) else rules.networks
+    problem = url_problem(spec.url, url_networks)
     for endpoint in (spec.kv_events_endpoint, spec.kv_replay_endpoint):
         if problem is None and endpoint:
-            problem = endpoint_problem(endpoint, rules.networks)
+            problem = endpoint_problem(endpoint, annotated)
+    if problem is not None and not rules.networks:
+        problem += " (annotations are dialled only inside these without --worker-networks)"
     return problem
 
 
@@ -193,7 +208,7 @@ def classify_pods(
         spec = worker_from_pod(pod, rules)
         if spec is None:
             continue
-        problem = _dial_problem(spec, rules)
+        problem = _dial_problem(spec, rules, pod)
         if problem is None:
             specs.append(spec)
         else:
