@@ -191,8 +191,16 @@ def _build(out: Path, spec: TinyModelSpec) -> None:
     model.save_pretrained(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang_tpu.tiny_model", description=__doc__)
+def model_cli(
+    argv: list[str] | None,
+    prog: str,
+    description: str | None,
+    target: Callable[[Path], Path],
+    ensure: Callable[[Path], Path],
+) -> int:
+    """The command line of a tiny-model builder: ``--root DIR`` and ``--print-dir`` or
+    ``--check``; ``target(root)`` is where the model is, ``ensure(root)`` builds it there."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--root", type=Path, required=True, help="cache directory for models")
     action = parser.add_mutually_exclusive_group()
     action.add_argument(
@@ -204,14 +212,23 @@ def main(argv: list[str] | None = None) -> int:
         help="print the model directory; exit 1 if it is not built, build nothing",
     )
     args = parser.parse_args(argv)
-    spec = TinyModelSpec()
     root: Path = args.root
     if args.print_dir or args.check:
-        target = model_dir(root, spec)
-        print(target)
-        return 1 if args.check and not is_complete(target) else 0
-    print(ensure_model(root, spec))
+        print(target(root))
+        return 1 if args.check and not is_complete(target(root)) else 0
+    print(ensure(root))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec = TinyModelSpec()
+    return model_cli(
+        argv,
+        "python -m sglang_tpu.tiny_model",
+        __doc__,
+        lambda root: model_dir(root, spec),
+        lambda root: ensure_model(root, spec),
+    )
 
 
 if __name__ == "__main__":

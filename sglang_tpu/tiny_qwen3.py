@@ -17,7 +17,6 @@ needs numpy, safetensors, tokenizers and transformers (scripts/build-sglang-jax.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_tpu import tiny_model
-from sglang_tpu.tiny_model import build_tokenizer, ensure_built, is_complete
+from sglang_tpu.tiny_model import build_tokenizer, ensure_built, model_cli
 
 
 @dataclass(frozen=True)
@@ -146,26 +145,14 @@ def _build(out: Path, spec: TinyQwen3Spec) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang_tpu.tiny_qwen3", description=__doc__)
-    parser.add_argument("--root", type=Path, required=True, help="cache directory for models")
-    action = parser.add_mutually_exclusive_group()
-    action.add_argument(
-        "--print-dir", action="store_true", help="print the model directory, build nothing"
-    )
-    action.add_argument(
-        "--check",
-        action="store_true",
-        help="print the model directory; exit 1 if it is not built, build nothing",
-    )
-    args = parser.parse_args(argv)
     spec = TinyQwen3Spec()
-    root: Path = args.root
-    if args.print_dir or args.check:
-        target = model_dir(root, spec)
-        print(target)
-        return 1 if args.check and not is_complete(target) else 0
-    print(ensure_model(root, spec))
-    return 0
+    return model_cli(
+        argv,
+        "python -m sglang_tpu.tiny_qwen3",
+        __doc__,
+        lambda root: model_dir(root, spec),
+        lambda root: ensure_model(root, spec),
+    )
 
 
 if __name__ == "__main__":
