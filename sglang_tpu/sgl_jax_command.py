@@ -31,6 +31,7 @@ from sglang_tpu.sgl_jax_flags import (
     cpu_flags,
     default_flags,
 )
+from sglang_tpu.sglang_command import model_format_flags
 
 __all__ = ["DEFAULT_PYTHON", "sgl_jax_command", "sgl_jax_env", "tensor_parallel_size"]
 
@@ -100,21 +101,9 @@ def sgl_jax_command(
         ]
     command += ["--host", contract.bind_host, "--port", str(contract.http_port)]
     command += ["--enable-metrics", "--enable-cache-report"]
-    if contract.quantization != "none":
-        command += ["--quantization", QUANTIZATION_METHODS[contract.quantization]]
-    if contract.kv_cache_dtype != "auto":
-        command += ["--kv-cache-dtype", KV_CACHE_DTYPES[contract.kv_cache_dtype]]
-    if contract.context_length is not None:
-        command += ["--context-length", str(contract.context_length)]
-    if contract.speculative_algorithm != "none":
-        command += [
-            "--speculative-algorithm",
-            SPECULATIVE_ALGORITHMS[contract.speculative_algorithm],
-        ]
-        if draft_path is not None:
-            command += ["--speculative-draft-model-path", draft_path]
-        if contract.speculative_num_steps is not None:
-            command += ["--speculative-num-steps", str(contract.speculative_num_steps)]
+    command += model_format_flags(
+        contract, draft_path, QUANTIZATION_METHODS, KV_CACHE_DTYPES, SPECULATIVE_ALGORITHMS
+    )
     command += host_kv_flags(contract)
     command += lora.lora_args(adapter_paths)
     extra = list(contract.sglang_extra_args)

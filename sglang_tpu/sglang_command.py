@@ -5,7 +5,7 @@ this module reads the contract, so the table stays a leaf the contract can impor
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sglang_tpu import hicache, lora
 from sglang_tpu.contract.launch_contract import LaunchContract
@@ -37,6 +37,35 @@ def host_kv_flags(contract: LaunchContract) -> list[str]:
     if contract.host_kv_cache is None:
         return []
     return hicache.flags(contract.host_kv_size_gb, contract.host_kv_ratio, contract.host_kv_cache)
+
+
+def model_format_flags(
+    contract: LaunchContract,
+    draft_path: str | None,
+    quantization_methods: Mapping[str, str],
+    kv_cache_dtypes: Mapping[str, str],
+    speculative_algorithms: Mapping[str, str],
+) -> list[str]:
+    """The flags SGLang and SGLang-JAX spell alike for the model's format: quantization, KV
+    cache dtype, context length and speculative decoding, each engine's values given by its
+    own tables (`sglang_flags`, `sgl_jax_flags`)."""
+    command: list[str] = []
+    if contract.quantization != "none":
+        command += ["--quantization", quantization_methods[contract.quantization]]
+    if contract.kv_cache_dtype != "auto":
+        command += ["--kv-cache-dtype", kv_cache_dtypes[contract.kv_cache_dtype]]
+    if contract.context_length is not None:
+        command += ["--context-length", str(contract.context_length)]
+    if contract.speculative_algorithm != "none":
+        command += [
+            "--speculative-algorithm",
+            speculative_algorithms[contract.speculative_algorithm],
+        ]
+        if draft_path is not None:
+            command += ["--speculative-draft-model-path", draft_path]
+        if contract.speculative_num_steps is not None:
+            command += ["--speculative-num-steps", str(contract.speculative_num_steps)]
+    return command
 
 
 def sglang_command(
@@ -74,21 +103,9 @@ def sglang_command(
     command += ["--host", contract.bind_host, "--port", str(contract.http_port)]
     command += ["--enable-metrics", "--enable-cache-report"]
     command += ["--kv-events-config", kv_events_config(contract)]
-    if contract.quantization != "none":
-        command += ["--quantization", QUANTIZATION_METHODS[contract.quantization]]
-    if contract.kv_cache_dtype != "auto":
-        command += ["--kv-cache-dtype", KV_CACHE_DTYPES[contract.kv_cache_dtype]]
-    if contract.context_length is not None:
-        command += ["--context-length", str(contract.context_length)]
-    if contract.speculative_algorithm != "none":
-        command += [
-            "--speculative-algorithm",
-            SPECULATIVE_ALGORITHMS[contract.speculative_algorithm],
-        ]
-        if draft_path is not None:
-            command += ["--speculative-draft-model-path", draft_path]
-        if contract.speculative_num_steps is not None:
-            command += ["--speculative-num-steps", str(contract.speculative_num_steps)]
+    command += model_format_flags(
+        contract, draft_path, QUANTIZATION_METHODS, KV_CACHE_DTYPES, SPECULATIVE_ALGORITHMS
+    )
     command += host_kv_flags(contract)
     command += lora.lora_args(adapter_paths)
     if cpu:
