@@ -72,6 +72,17 @@ class RealSGLangMissing(RuntimeError):
     """The real-SGLang venv or the tiny model is not installed."""
 
 
+def script_paths(script: Path, missing: type[Exception]) -> dict[str, str]:
+    """The ``NAME=value`` lines an install script's ``--check`` prints (where it installed
+    what); ``missing`` with the script's own words when it says nothing is installed."""
+    checked = subprocess.run(
+        ["bash", str(script), "--check"], capture_output=True, text=True, check=False, timeout=60
+    )
+    if checked.returncode != 0:
+        raise missing(checked.stderr.strip() or checked.stdout.strip())
+    return dict(line.split("=", 1) for line in checked.stdout.splitlines() if "=" in line)
+
+
 @dataclass(frozen=True)
 class RealSGLang:
     """An installed real SGLang: its venv's python, its version and the tiny model directory."""
@@ -83,16 +94,7 @@ class RealSGLang:
     @classmethod
     def discover(cls) -> RealSGLang:
         """Ask the install script where everything is; RealSGLangMissing if not installed."""
-        checked = subprocess.run(
-            ["bash", str(INSTALL_SCRIPT), "--check"],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-        if checked.returncode != 0:
-            raise RealSGLangMissing(checked.stderr.strip() or checked.stdout.strip())
-        paths = dict(line.split("=", 1) for line in checked.stdout.splitlines() if "=" in line)
+        paths = script_paths(INSTALL_SCRIPT, RealSGLangMissing)
         return cls(
             version=paths["SGLANG_VERSION"],
             python=Path(paths["SGLANG_PYTHON"]),

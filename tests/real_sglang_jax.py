@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from tests.real_sglang import script_paths
 from tests.waiting import eventually
 from tpuserve.cluster.ports import LOOPBACK, free_port
 from tpuserve.cluster.process import ManagedProcess, tail
@@ -66,16 +66,7 @@ class SGLangJax:
     @classmethod
     def discover(cls) -> SGLangJax:
         """Ask the build script where everything is; SGLangJaxMissing if it is not built."""
-        checked = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--check"],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-        if checked.returncode != 0:
-            raise SGLangJaxMissing(checked.stderr.strip() or checked.stdout.strip())
-        paths = dict(line.split("=", 1) for line in checked.stdout.splitlines() if "=" in line)
+        paths = script_paths(BUILD_SCRIPT, SGLangJaxMissing)
         return cls(
             commit=paths["SGLANG_JAX_COMMIT"],
             python=Path(paths["SGLANG_JAX_PYTHON"]),
