@@ -191,7 +191,11 @@ async def test_a_failed_transfer_or_bootstrap_is_retried_on_a_new_pair(
         )
         == 2
     )
-    assert sample(router, "tpuserve_router_pd_failures_total", {"leg": "prefill", "kind": kind})
+    if kind == "transfer":  # answered at once by the prefill: no race, the prefill's leg
+        assert sample(router, "tpuserve_router_pd_failures_total", {"leg": "prefill", "kind": kind})
+    # A bootstrap timeout is the race above: under load both pairs' decodes may time out first
+    # (seen in a CI run on a loaded machine: prefill/bootstrap 0 of 2), so only the engines'
+    # own counters below say which fault it was.
     failed = {
         "transfer": "sglang:num_transfer_failed_reqs_total",
         "bootstrap": "sglang:num_bootstrap_failed_reqs_total",
