@@ -7,7 +7,9 @@ lookup for ConfigMaps and Secrets, following the kubelet's rules:
   `$(VAR)` references expanded from the container's environment (`$$(VAR)` stays literal);
 - environment: the image's, then `envFrom` (ConfigMaps and Secrets, with `prefix`), then `env`
   in order (`value` with `$(VAR)` expansion; `valueFrom` field, resource, ConfigMap and
-  Secret references); a missing reference that is not `optional` is the kubelet's
+  Secret references), then the local image's `overrides` (what stands in for a device this
+  machine lacks, images.py; a `pvc://` model source of the image's launcher becomes the
+  claim's directory); a missing reference that is not `optional` is the kubelet's
   CreateContainerConfigError;
 - the ServiceAccount token is not at /var/run/secrets/... for a process on the host, so the
   container gets `KUBECONFIG`, a kubeconfig with the pod's token (the clients in tpuserve read
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sglang_tpu.model_source import parse_model_source
 from tpuserve.cluster.pods.images import LocalImage
 
 KUBECONFIG_ENV = "KUBECONFIG"
@@ -215,6 +218,11 @@ def environment(
             raise ContainerConfigError(f"env {name}: valueFrom {sorted(source)} is not supported")
         if value is not None:
             env[name] = local(value)
+    env.update({k: local(v) for k, v in image.overrides.items()})
+    for name in image.model_sources:
+        value = env.get(name, "")
+        if value.startswith("pvc://"):
+            env[name] = local(parse_model_source(value).local_path(None, None))
     return env
 
 
