@@ -23,6 +23,7 @@ Without the opt-in build it skips, saying how to build it (CI has none).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -168,6 +169,10 @@ def chat(client: openai.OpenAI, prompt: str) -> Any:
     )
 
 
+def answered(client: openai.OpenAI, text: str) -> bool:
+    return bool(chat(client, text).choices[0].message.content)
+
+
 def prompt(session: int, question: str) -> str:
     """~200 tokens: a prefix shared by every question of one session, then the question."""
     words = " ".join(f"fact{session}x{i}" for i in range(40))
@@ -192,7 +197,7 @@ def test_a_sglang_jax_server_answers_through_its_router_with_cached_prefixes(
         began = time.monotonic()
         wait(
             f"an answer to the warm-up {question!r} (its batch shape compiles first)",
-            lambda q=question: bool(chat(client, prompt(0, q)).choices[0].message.content),
+            functools.partial(answered, client, prompt(0, question)),
             ANSWER_SECONDS,
         )
         print(f"MEASURED warm-up {question!r} answered after {time.monotonic() - began:.0f} s")
@@ -211,19 +216,18 @@ def test_a_sglang_jax_server_answers_through_its_router_with_cached_prefixes(
         assert answer.usage.prompt_tokens > 100
     assert first.usage is not None
     assert second.usage is not None
-    first_cached = _cached(first)
-    second_cached = _cached(second)
+    # SGLang-JAX leaves the details out (null) when nothing was cached: the new session shares
+    # only the chat template's head (under one page of 16) with the warm-up; the second
+    # question of it shares the whole session prefix with the first, in whole pages.
+    first_details = first.usage.prompt_tokens_details
+    first_cached = first_details.cached_tokens or 0 if first_details is not None else 0
+    second_details = second.usage.prompt_tokens_details
+    assert second_details is not None, "no cached tokens reported (--enable-cache-report)"
+    second_cached = second_details.cached_tokens or 0
     print(
         f"MEASURED prompt tokens {first.usage.prompt_tokens}/{second.usage.prompt_tokens}, "
         f"cached {first_cached}/{second_cached}"
     )
-    # The new session shares only the chat template's head with the warm-up; the second
-    # question of it shares its whole session prefix with the first (whole pages of 16).
+    assert second_cached % ENGINE_ARGS["page-size"] == 0
     assert second_cached > first_cached
     assert second_cached >= second.usage.prompt_tokens // 2
-
-
-def _cached(answer: Any) -> int:
-    details = answer.usage.prompt_tokens_details
-    assert details is not None, "no prompt_tokens_details: is --enable-cache-report set?"
-    return int(details.cached_tokens or 0)

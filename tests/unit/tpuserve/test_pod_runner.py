@@ -19,7 +19,9 @@ from tpuserve.cluster.pods.container_spec import (
     PodContext,
     expand,
     localize,
+    pod_link,
     process_spec,
+    short_path,
 )
 from tpuserve.cluster.pods.services import local_address, selects
 from tpuserve.cluster.pods.status import ContainerState, phase
@@ -203,6 +205,22 @@ def test_without_the_build_the_sglang_jax_image_is_unknown_and_says_how_to_build
     with pytest.raises(images.UnknownImage, match=r"scripts/build-sglang-jax\.sh") as raised:
         images.local_image(DEFAULT_SGLANG_JAX_IMAGE)
     assert str(tmp_path / "sglang-jax") in str(raised.value)
+
+
+def test_a_tmpdir_too_long_for_unix_sockets_is_reached_through_a_short_link(
+    tmp_path: Path,
+) -> None:
+    pod_dir = tmp_path / ("deep-" * 12) / "pod"
+    tmp = pod_dir / "volumes" / "tmp"
+    tmp.mkdir(parents=True)
+    try:
+        short = short_path(tmp, pod_dir)
+        assert short == pod_link(pod_dir) / "volumes" / "tmp"
+        assert len(str(short / "tmpk2_lnfd2")) < 107  # room for a socket's name
+        assert short.resolve() == tmp.resolve()
+        assert short_path(Path("/tmp/p/tmp"), Path("/tmp/p")) == Path("/tmp/p/tmp")  # short
+    finally:
+        pod_link(pod_dir).unlink(missing_ok=True)
 
 
 def test_pod_addresses_are_loopback_unique_and_reused_last() -> None:

@@ -26,6 +26,8 @@ applied) and without resource limits.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +43,10 @@ Lookup = Callable[[str, str, str], Mapping[str, str] | None]
 
 _WILDCARD_IPV4 = re.compile(r"(?<![\d.])0\.0\.0\.0(?![\d.])")
 _WILDCARD_IPV6 = ("::", "[::]")
+# A unix socket's path has at most 107 bytes: a TMPDIR this long leaves room for the name of a
+# socket in it (SGLang-JAX's ZMQ sockets are tempfile names there).
+MAX_SOCKET_DIR_CHARS = 64
+SHORT_LINK_DIR = "/tmp"
 _VAR_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _PATH_START = re.compile(r"(^|[=:,])(/[^\s:,=]*)")
 
@@ -226,6 +232,26 @@ def environment(
     return env
 
 
+def pod_link(pod_dir: Path) -> Path:
+    """A short name for a pod's directory (a symbolic link in /tmp, made by `short_path`)."""
+    digest = hashlib.sha256(str(pod_dir).encode()).hexdigest()[:16]
+    return Path(SHORT_LINK_DIR) / f"tpuserve-pod-{digest}"
+
+
+def short_path(directory: Path, pod_dir: Path) -> Path:
+    """`directory`, or when its name is too long for unix sockets in it (108 bytes with the
+    socket's name; a pod's /tmp under a deep run directory is), the same directory through
+    `pod_link(pod_dir)`, as a container's short /tmp is. The pod runner removes the link."""
+    if len(str(directory)) <= MAX_SOCKET_DIR_CHARS or not directory.is_relative_to(pod_dir):
+        return directory
+    link = pod_link(pod_dir)
+    if not link.is_symlink():
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # another container of the pod made it
+            link.symlink_to(pod_dir, target_is_directory=True)
+    return link / directory.relative_to(pod_dir)
+
+
 def process_spec(
     ctx: PodContext,
     container: Mapping[str, Any],
@@ -240,7 +266,7 @@ def process_spec(
     )
     env = environment(ctx, container, image, lookup, mount_points)
     tmp = next((d for p, d in mount_points if p == "/tmp"), None)
-    env.setdefault("TMPDIR", str(tmp or ctx.pod_dir))
+    env.setdefault("TMPDIR", str(ctx.pod_dir if tmp is None else short_path(tmp, ctx.pod_dir)))
     argv = [
         expand(localize(a, ctx.pod_ip, mount_points), env)
         for a in image.argv(container.get("command"), container.get("args"))
