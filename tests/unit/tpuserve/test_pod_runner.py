@@ -19,11 +19,17 @@ from tpuserve.cluster.pods.container_spec import (
     PodContext,
     expand,
     localize,
+    pod_link,
     process_spec,
+    short_path,
 )
 from tpuserve.cluster.pods.services import local_address, selects
 from tpuserve.cluster.pods.status import ContainerState, phase
-from tpuserve_operator.render.context import DEFAULT_ENGINE_IMAGE, DEFAULT_IMAGE
+from tpuserve_operator.render.context import (
+    DEFAULT_ENGINE_IMAGE,
+    DEFAULT_IMAGE,
+    DEFAULT_SGLANG_JAX_IMAGE,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -147,6 +153,74 @@ def test_images_are_known_by_repository_and_run_like_docker() -> None:
     assert images.repository("localhost:5000/x/y:tag") == "localhost:5000/x/y"
     with pytest.raises(images.UnknownImage, match="has no local command"):
         images.local_image("nginx:1.27")
+
+
+def test_the_sglang_jax_image_runs_the_launcher_on_cpu_with_the_opt_in_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / "sglang-jax" / "venv-x"
+    python = venv / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("TPUSERVE_SGLANG_JAX_PYTHON", str(python))
+    monkeypatch.setenv("TPUSERVE_SGLANG_JAX_MODEL", str(model))
+    image = images.local_image(DEFAULT_SGLANG_JAX_IMAGE)
+    container = {
+        "name": "engine",
+        "image": DEFAULT_SGLANG_JAX_IMAGE,
+        "command": ["tpuserve", "engine", "launch"],
+        "env": [
+            {"name": "TPUSERVE_DEVICE", "value": "tpu"},
+            {"name": "TPUSERVE_MODEL", "value": "pvc://weights/tiny"},
+            {"name": "TPUSERVE_SPECULATIVE_DRAFT_MODEL", "value": "hf://org/draft"},
+        ],
+        "volumeMounts": [{"name": "model-0", "mountPath": "/mnt/tpuserve/pvc/weights"}],
+    }
+    claim = tmp_path / "claims" / "ns" / "weights"
+    spec = process_spec(
+        context(tmp_path, pod_manifest("p", [container]), **{"model-0": claim}),
+        container,
+        image,
+        lambda *_: None,
+    )
+    assert spec.argv[1:] == ["engine", "launch"]
+    # the pod asks for the TPU; the machine has none: the build's CPU device stands in for it
+    assert spec.env["TPUSERVE_DEVICE"] == "cpu"
+    assert spec.env["TPUSERVE_SGLANG_PYTHON"] == str(python)
+    # the launcher reads a claim in place at its mountPath: here, the claim's directory
+    assert spec.env["TPUSERVE_MODEL"] == str(claim / "tiny")
+    assert spec.env["TPUSERVE_SPECULATIVE_DRAFT_MODEL"] == "hf://org/draft"
+    assert spec.env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "sglang-jax" / "jax-cache")
+
+
+def test_without_the_build_the_sglang_jax_image_is_unknown_and_says_how_to_build_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TPUSERVE_CACHE", str(tmp_path))
+    monkeypatch.delenv("TPUSERVE_SGLANG_JAX_PYTHON", raising=False)
+    monkeypatch.delenv("TPUSERVE_SGLANG_JAX_MODEL", raising=False)
+    with pytest.raises(images.UnknownImage, match=r"scripts/build-sglang-jax\.sh") as raised:
+        images.local_image(DEFAULT_SGLANG_JAX_IMAGE)
+    assert str(tmp_path / "sglang-jax") in str(raised.value)
+
+
+def test_a_tmpdir_too_long_for_unix_sockets_is_reached_through_a_short_link(
+    tmp_path: Path,
+) -> None:
+    pod_dir = tmp_path / ("deep-" * 12) / "pod"
+    tmp = pod_dir / "volumes" / "tmp"
+    tmp.mkdir(parents=True)
+    try:
+        short = short_path(tmp, pod_dir)
+        assert short == pod_link(pod_dir) / "volumes" / "tmp"
+        assert len(str(short / "tmpk2_lnfd2")) < 107  # room for a socket's name
+        assert short.resolve() == tmp.resolve()
+        assert short_path(Path("/tmp/p/tmp"), Path("/tmp/p")) == Path("/tmp/p/tmp")  # short
+    finally:
+        pod_link(pod_dir).unlink(missing_ok=True)
 
 
 def test_pod_addresses_are_loopback_unique_and_reused_last() -> None:

@@ -7,7 +7,9 @@ lookup for ConfigMaps and Secrets, following the kubelet's rules:
   `$(VAR)` references expanded from the container's environment (`$$(VAR)` stays literal);
 - environment: the image's, then `envFrom` (ConfigMaps and Secrets, with `prefix`), then `env`
   in order (`value` with `$(VAR)` expansion; `valueFrom` field, resource, ConfigMap and
-  Secret references); a missing reference that is not `optional` is the kubelet's
+  Secret references), then the local image's `overrides` (what stands in for a device this
+  machine lacks, images.py; a `pvc://` model source of the image's launcher becomes the
+  claim's directory); a missing reference that is not `optional` is the kubelet's
   CreateContainerConfigError;
 - the ServiceAccount token is not at /var/run/secrets/... for a process on the host, so the
   container gets `KUBECONFIG`, a kubeconfig with the pod's token (the clients in tpuserve read
@@ -24,12 +26,15 @@ applied) and without resource limits.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sglang_tpu.model_source import parse_model_source
 from tpuserve.cluster.pods.images import LocalImage
 
 KUBECONFIG_ENV = "KUBECONFIG"
@@ -38,6 +43,10 @@ Lookup = Callable[[str, str, str], Mapping[str, str] | None]
 
 _WILDCARD_IPV4 = re.compile(r"(?<![\d.])0\.0\.0\.0(?![\d.])")
 _WILDCARD_IPV6 = ("::", "[::]")
+# A unix socket's path has at most 107 bytes: a TMPDIR this long leaves room for the name of a
+# socket in it (SGLang-JAX's ZMQ sockets are tempfile names there).
+MAX_SOCKET_DIR_CHARS = 64
+SHORT_LINK_DIR = "/tmp"
 _VAR_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _PATH_START = re.compile(r"(^|[=:,])(/[^\s:,=]*)")
 
@@ -215,7 +224,32 @@ def environment(
             raise ContainerConfigError(f"env {name}: valueFrom {sorted(source)} is not supported")
         if value is not None:
             env[name] = local(value)
+    env.update({k: local(v) for k, v in image.overrides.items()})
+    for name in image.model_sources:
+        value = env.get(name, "")
+        if value.startswith("pvc://"):
+            env[name] = local(parse_model_source(value).local_path(None, None))
     return env
+
+
+def pod_link(pod_dir: Path) -> Path:
+    """A short name for a pod's directory (a symbolic link in /tmp, made by `short_path`)."""
+    digest = hashlib.sha256(str(pod_dir).encode()).hexdigest()[:16]
+    return Path(SHORT_LINK_DIR) / f"tpuserve-pod-{digest}"
+
+
+def short_path(directory: Path, pod_dir: Path) -> Path:
+    """`directory`, or when its name is too long for unix sockets in it (108 bytes with the
+    socket's name; a pod's /tmp under a deep run directory is), the same directory through
+    `pod_link(pod_dir)`, as a container's short /tmp is. The pod runner removes the link."""
+    if len(str(directory)) <= MAX_SOCKET_DIR_CHARS or not directory.is_relative_to(pod_dir):
+        return directory
+    link = pod_link(pod_dir)
+    if not link.is_symlink():
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # another container of the pod made it
+            link.symlink_to(pod_dir, target_is_directory=True)
+    return link / directory.relative_to(pod_dir)
 
 
 def process_spec(
@@ -232,7 +266,7 @@ def process_spec(
     )
     env = environment(ctx, container, image, lookup, mount_points)
     tmp = next((d for p, d in mount_points if p == "/tmp"), None)
-    env.setdefault("TMPDIR", str(tmp or ctx.pod_dir))
+    env.setdefault("TMPDIR", str(ctx.pod_dir if tmp is None else short_path(tmp, ctx.pod_dir)))
     argv = [
         expand(localize(a, ctx.pod_ip, mount_points), env)
         for a in image.argv(container.get("command"), container.get("args"))

@@ -16,7 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuserve_operator.render.context import DEFAULT_ENGINE_IMAGE, DEFAULT_IMAGE
+from tpuserve_operator.render.context import (
+    DEFAULT_ENGINE_IMAGE,
+    DEFAULT_IMAGE,
+    DEFAULT_SGLANG_JAX_IMAGE,
+)
 
 BIN_DIR = Path(sys.executable).parent
 SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
@@ -30,6 +34,12 @@ class LocalImage:
     cmd: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     path: tuple[str, ...] = (str(BIN_DIR), *SYSTEM_PATH)
+    # Set after the pod's own environment: what stands in for a device this machine lacks.
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    # Variables holding model sources the image's launcher reads: a `pvc://CLAIM/PATH` among
+    # them becomes the path it names (/mnt/tpuserve/pvc/CLAIM/PATH, the claim's mountPath),
+    # localized like any path under a mount, since the launcher derives it out of sight.
+    model_sources: tuple[str, ...] = ()
 
     def argv(self, command: list[str] | None, args: list[str] | None) -> list[str]:
         """Docker's rule: `command` replaces the entrypoint, `args` the default arguments."""
@@ -62,18 +72,47 @@ IMAGES: Mapping[str, LocalImage] = {
 }
 
 
+SGLANG_JAX_IMAGE = repository(DEFAULT_SGLANG_JAX_IMAGE)
+
+
 class UnknownImage(LookupError):
     """An image with no local command; the container waits with reason ErrImagePull."""
 
-    def __init__(self, image: str) -> None:
+    def __init__(self, image: str, why: str | None = None) -> None:
+        known = ", ".join(sorted([*IMAGES, SGLANG_JAX_IMAGE]))
         super().__init__(
-            f"image {image!r} has no local command; the pod runner runs: "
-            f"{', '.join(sorted(IMAGES))} (any tag)"
+            why or f"image {image!r} has no local command; the pod runner runs: {known} (any tag)"
         )
 
 
+def sglang_jax_image(image: str) -> LocalImage:
+    """`tpuserve engine launch` on the cpu device with the opt-in SGLang-JAX build."""
+    from tpuserve.up.errors import UpError
+    from tpuserve.up.sglang_jax import find_build
+
+    try:
+        build = find_build()
+    except UpError as err:
+        why = f"image {image!r}: SGLang-JAX on CPU stands in for it here: {err}"
+        raise UnknownImage(image, why) from None
+    env = {
+        **_IMAGE_ENV,
+        "TOKENIZERS_PARALLELISM": "false",
+        # compiled batch shapes kept across pods and runs, shared with `tpuserve up`
+        "JAX_COMPILATION_CACHE_DIR": str(build.python.parents[2] / "jax-cache"),
+    }
+    overrides = {"TPUSERVE_DEVICE": "cpu", "TPUSERVE_SGLANG_PYTHON": str(build.python)}
+    sources = ("TPUSERVE_MODEL", "TPUSERVE_SPECULATIVE_DRAFT_MODEL")
+    return LocalImage(
+        ("tpuserve", "engine", "launch"), (), env, overrides=overrides, model_sources=sources
+    )
+
+
 def local_image(image: str) -> LocalImage:
-    found = IMAGES.get(repository(image))
+    name = repository(image)
+    if name == SGLANG_JAX_IMAGE:
+        return sglang_jax_image(image)
+    found = IMAGES.get(name)
     if found is None:
         raise UnknownImage(image)
     return found

@@ -31,6 +31,7 @@ from tpuserve.cluster.pods.container_spec import (
     Lookup,
     PodContext,
     ProcessSpec,
+    pod_link,
     process_spec,
 )
 from tpuserve.cluster.pods.status import Conditions, now, pod_status
@@ -213,6 +214,8 @@ class PodSupervisor:
             if self.pod_ip:
                 self.host.release_address(self.pod_ip)
             shutil.rmtree(self.work_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                pod_link(self.work_dir).unlink(missing_ok=True)
 
     async def _run(self) -> None:
         self.pod_ip = self.host.allocate_address()
