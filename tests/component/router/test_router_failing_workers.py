@@ -53,7 +53,11 @@ async def test_a_worker_answering_500_to_everything_is_ejected_and_costs_no_requ
     bad = StubWorker("error_500")
     good = [StubWorker() for _ in range(3)]
     concurrency = 16
-    async with router(bad, *good) as app:
+    # An ejection long enough that the worker cannot come back within the run, however slow
+    # the machine (at the default 30 s a loaded CI run took longer and saw a second ejection).
+    async with router(
+        bad, *good, outlier_base_ejection_seconds=600.0, outlier_max_ejection_seconds=600.0
+    ) as app:
         statuses = await send(app, 1000, concurrency)
         bad_worker = app.registry.workers[0]
         # Its 500s are retried elsewhere, within the retry budget (the few over it reach
