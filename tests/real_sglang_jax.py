@@ -269,6 +269,16 @@ def installation() -> SGLangJax:
         )
 
 
+PYTHON_ENV = "TPUSERVE_SGLANG_JAX_PYTHON"
+"""An interpreter with sgl_jax (and JAX) that tests use instead of the opt-in build's."""
+
+
+def sgl_jax_python() -> str:
+    """``$TPUSERVE_SGLANG_JAX_PYTHON``, else the opt-in build's interpreter, else a skip that
+    says how to build it (`installation`)."""
+    return os.environ.get(PYTHON_ENV) or str(installation().python)
+
+
 @pytest.fixture(scope="session", name="real_sglang_jax")
 def real_sglang_jax_installation() -> SGLangJax:
     return installation()

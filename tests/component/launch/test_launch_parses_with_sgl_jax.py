@@ -13,7 +13,6 @@ SGLang-JAX is copied here.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from typing import Any
 
@@ -22,10 +21,10 @@ import pytest
 from sglang_tpu import launch
 from sglang_tpu.contract.launch_contract import LaunchContract
 from tests.contract_env import contract_env
+from tests.real_sglang_jax import sgl_jax_python
 
 pytestmark = pytest.mark.component
 
-PYTHON_ENV = "TPUSERVE_SGLANG_JAX_PYTHON"
 READ_BACK = ("model_path", "served_model_name", "device", "tp_size", "nnodes", "node_rank",
              "dist_init_addr", "host", "port", "enable_metrics", "enable_cache_report",
              "page_size", "quantization", "kv_cache_dtype", "context_length", "hicache_storage",
@@ -88,13 +87,7 @@ CONTRACTS: dict[str, dict[str, str]] = {
 
 @pytest.fixture(scope="module")
 def parsed() -> dict[str, Any]:
-    python = os.environ.get(PYTHON_ENV)
-    if not python:
-        pytest.skip(
-            f"{PYTHON_ENV} is unset: point it at the opt-in SGLang-JAX build's interpreter "
-            "(its venv under ~/.cache/tpuserve/sglang-jax) to parse the launcher's command "
-            "lines with SGLang-JAX's own ServerArgs"
-        )
+    python = sgl_jax_python()  # or a skip naming scripts/build-sglang-jax.sh
     cases: dict[str, dict[str, Any]] = {}
     for name, env in CONTRACTS.items():
         plan = launch.plan(LaunchContract.from_env(env))

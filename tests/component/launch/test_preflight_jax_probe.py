@@ -9,8 +9,6 @@ the v5e is the TPU lane's.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from sglang_tpu.contract.launch_contract import LaunchContract
@@ -22,21 +20,14 @@ from sglang_tpu.preflight import (
     run_preflight,
 )
 from tests.contract_env import contract_env
+from tests.real_sglang_jax import sgl_jax_python
 
 pytestmark = pytest.mark.component
-
-PYTHON_ENV = "TPUSERVE_SGLANG_JAX_PYTHON"
 
 
 @pytest.fixture(scope="module")
 def jax_python() -> str:
-    python = os.environ.get(PYTHON_ENV)
-    if not python:
-        pytest.skip(
-            f"{PYTHON_ENV} is unset: point it at an interpreter with JAX installed (the opt-in "
-            "SGLang-JAX build's venv under ~/.cache/tpuserve/sglang-jax) to run the probe "
-            "against real JAX"
-        )
+    python = sgl_jax_python()  # or a skip naming scripts/build-sglang-jax.sh
     return python
 
 
