@@ -135,6 +135,10 @@ def test_a_worker_joins_the_leader_with_its_own_rank(lws: dict[str, Any]) -> Non
     assert plan.env["TPU_WORKER_ID"] == "2"
     assert value(command, "--dist-init-addr") == value(leader.command, "--dist-init-addr")
     assert plan.env["TPU_WORKER_HOSTNAMES"] == leader.env["TPU_WORKER_HOSTNAMES"]
+    # a worker's rank is the LeaderWorkerSet's worker index, read from its label
+    from_lws = {"fieldRef": {"fieldPath": WORKER_INDEX}}
+    env = {e["name"]: e.get("valueFrom") for e in engine(template)["env"]}
+    assert env["TPUSERVE_HOST_INDEX"] == env["TPU_WORKER_ID"] == from_lws
     assert "ports" not in engine(template)  # only the leader serves
 
 
