@@ -499,6 +499,12 @@ class FakePodHost:
         ca_cert.parent.mkdir(parents=True, exist_ok=True)
         ca_cert.write_text("not a certificate\n")
         self.reader = _FakeReader(self.objects, ca_cert)
+        self.dns: Any = None  # a tpuserve.cluster.pods.dns.HostsFile, as the runner keeps one
+        self.supervisors: dict[str, Any] = {}
+
+    @property
+    def hosts_file(self) -> Any:
+        return None if self.dns is None else self.dns.path
 
     def lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
         return self.objects.get((kind, namespace, name))
@@ -520,7 +526,9 @@ class FakePodHost:
         self.deleted.append(str(pod["metadata"]["name"]))
 
     def pod_changed(self, supervisor: Any) -> None:
-        pass
+        self.supervisors[supervisor.uid] = supervisor
+        if self.dns is not None:
+            self.dns.refresh((s.pod, s.pod_ip) for s in self.supervisors.values() if s.pod_ip)
 
     @property
     def status(self) -> dict[str, Any]:

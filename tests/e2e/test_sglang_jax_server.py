@@ -24,8 +24,6 @@ Without the opt-in build it skips, saying how to build it (CI has none).
 from __future__ import annotations
 
 import functools
-import json
-import shutil
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -42,17 +40,15 @@ from tests.e2e.fleet_harness import (
     ready,
     wait,
 )
+from tests.e2e.jax_harness import CLAIM, MODEL_DIR, apply_object, model_claim, remove_claim
 from tests.real_sglang_jax import SGLangJax, installation
 from tpuserve.cluster import Cluster, NodePool
-from tpuserve.cluster.pods.runner import CLAIMS_DIR
 from tpuserve_operator import labels
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 NAME = "tiny-jax"
 POOL = "jax-v5e"
-CLAIM = "tiny-model"
-MODEL_DIR = "tiny-qwen3"
 SERVED = "tiny-qwen3"
 READY_SECONDS = 480.0  # pods start, the engine loads and JAX starts on CPU: 1-3 min here
 ANSWER_SECONDS = 600.0  # warm-up: each new batch shape compiles (30-50 s) before it answers
@@ -92,51 +88,6 @@ def jax_build() -> SGLangJax:
     return installation()
 
 
-def _apply(cluster: Cluster, body: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))  # JSON is YAML
-
-
-def model_claim(cluster: Cluster, build: SGLangJax) -> None:
-    """A claim bound to a volume made for it, holding the tiny model where the pod runner keeps
-    the claim's files (the engine reads it in place at /mnt/tpuserve/pvc/<claim>)."""
-    _apply(
-        cluster,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": f"{NAMESPACE}-{CLAIM}"},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "hostPath": {"path": "/var/cache/tpuserve-e2e-tiny-model"},
-                "claimRef": {"namespace": NAMESPACE, "name": CLAIM},
-            },
-        },
-    )
-    _apply(
-        cluster,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": CLAIM, "namespace": NAMESPACE},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": f"{NAMESPACE}-{CLAIM}",
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
-    wait(
-        f"{CLAIM} Bound",
-        lambda: get(cluster, "pvc", CLAIM, "-n", NAMESPACE)["status"]["phase"] == "Bound",
-    )
-    target = cluster.run_dir / CLAIMS_DIR / NAMESPACE / CLAIM / MODEL_DIR
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(build.model, target)
-
-
 @pytest.fixture(scope="module")
 def jax_server(jax_build: SGLangJax, living_cluster: Cluster) -> Iterator[str]:
     """The server Ready on the living cluster; its router's local base URL."""
@@ -145,7 +96,7 @@ def jax_server(jax_build: SGLangJax, living_cluster: Cluster) -> Iterator[str]:
     cluster.add_node_pool(NodePool.tpu(POOL, "v5e", "1x1"))
     model_claim(cluster, jax_build)
     started = time.monotonic()
-    _apply(cluster, SERVER)
+    apply_object(cluster, SERVER)
     try:
         wait(f"{NAME} Ready", lambda: ready(cluster, NAME), READY_SECONDS)
         print(f"\nMEASURED {NAME} Ready {time.monotonic() - started:.0f} s after kubectl apply")
@@ -154,8 +105,7 @@ def jax_server(jax_build: SGLangJax, living_cluster: Cluster) -> Iterator[str]:
         cluster.kubectl("delete", labels.KIND.lower(), NAME, "-n", NAMESPACE, "--wait=false")
         selector = f"app.kubernetes.io/instance={NAME}"
         wait(f"{NAME}'s pods gone", lambda: not pods(cluster, selector), 240)
-        cluster.kubectl("delete", "pvc", CLAIM, "-n", NAMESPACE, "--wait=false")
-        cluster.kubectl("delete", "pv", f"{NAMESPACE}-{CLAIM}", "--wait=false")
+        remove_claim(cluster)
         cluster.remove_node_pool(POOL)
 
 

@@ -6,12 +6,22 @@ environment as the kubelet would fill it in (the LeaderWorkerSet's worker-index 
 worker's host index): each host starts `python -m sgl_jax.launch_server` with tensor
 parallelism 16 over the slice and SGLang-JAX's distributed initialisation towards the
 leader, with libtpu's and JAX's environment.
+
+docs/sglang-jax.md shows the leader's pod, the worker's difference and each host's command
+between the `sgl-jax-rendered-pod` markers, generated here (`rendered_pod_section`); after a
+change to the renderer or the launcher, regenerate and review:
+
+    TPUSERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/operator/test_render_sgl_jax.py
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
+import os
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +34,18 @@ from tpuserve.cli import main
 
 pytestmark = pytest.mark.unit
 
-CHART = Path(__file__).resolve().parents[3] / "charts" / "tpuserve"
+REPO = Path(__file__).resolve().parents[3]
+CHART = REPO / "charts" / "tpuserve"
 EXAMPLE = CHART / "examples" / "v5e-4x4-sglang-jax.yaml"
+DOC = REPO / "docs" / "sglang-jax.md"
+DOC_MARK = "sgl-jax-rendered-pod"
+UPDATE = os.environ.get("TPUSERVE_UPDATE_GOLDEN") == "1"
+PRINT_LEADER = (
+    "tpuserve render -f charts/tpuserve/examples/v5e-4x4-sglang-jax.yaml --leaderworkerset \\\n"
+    '  | python3 -c \'import sys, yaml; [print(yaml.safe_dump(d["spec"]["leaderWorkerTemplate"]'
+    '["leaderTemplate"], sort_keys=False)) for d in yaml.safe_load_all(sys.stdin) '
+    'if d and d["kind"] == "LeaderWorkerSet"]\''
+)
 WORKER_INDEX = "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']"
 
 
@@ -115,6 +135,10 @@ def test_a_worker_joins_the_leader_with_its_own_rank(lws: dict[str, Any]) -> Non
     assert plan.env["TPU_WORKER_ID"] == "2"
     assert value(command, "--dist-init-addr") == value(leader.command, "--dist-init-addr")
     assert plan.env["TPU_WORKER_HOSTNAMES"] == leader.env["TPU_WORKER_HOSTNAMES"]
+    # a worker's rank is the LeaderWorkerSet's worker index, read from its label
+    from_lws = {"fieldRef": {"fieldPath": WORKER_INDEX}}
+    env = {e["name"]: e.get("valueFrom") for e in engine(template)["env"]}
+    assert env["TPUSERVE_HOST_INDEX"] == env["TPU_WORKER_ID"] == from_lws
     assert "ports" not in engine(template)  # only the leader serves
 
 
@@ -136,3 +160,65 @@ def test_the_router_is_told_its_workers_run_sgl_jax(rendered: list[dict[str, Any
     config = validate(build_config(parser.parse_args(args), environ={}))
     assert config.engine_type == "sglang-jax"
     assert "--no-kv-events" in args  # the example's router.kvEvents: false
+
+
+def rendered_pod_section(lws: dict[str, Any]) -> str:
+    """docs/sglang-jax.md's block: the leader's pod as rendered, the worker's difference, and
+    what `tpuserve engine launch` runs on host 0 and host 1 (its plan, `--dry-run`)."""
+    spec = lws["spec"]["leaderWorkerTemplate"]
+    leader = yaml.safe_dump(spec["leaderTemplate"], sort_keys=False)
+    worker = yaml.safe_dump(spec["workerTemplate"], sort_keys=False)
+    diff = difflib.unified_diff(
+        leader.splitlines(), worker.splitlines(), "leaderTemplate", "workerTemplate", n=1,
+        lineterm="",
+    )  # fmt: skip
+    hosts = []
+    for rank in (0, 1):
+        template = spec["leaderTemplate" if rank == 0 else "workerTemplate"]
+        plan = planned(template, rank)
+        env = " \\\n  ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
+        hosts.append(f"# host {rank}\n{env} \\\n  {shlex.join(plan.command)}")
+    name = lws["metadata"]["name"]
+    return "\n".join(
+        [
+            f"LeaderWorkerSet `{name}`, size {spec['size']}: the leader's pod (host 0), printed by",
+            "",
+            "```sh",
+            PRINT_LEADER,
+            "```",
+            "",
+            "<details><summary>the leader's pod template</summary>",
+            "",
+            "```yaml",
+            leader.rstrip("\n"),
+            "```",
+            "",
+            "</details>",
+            "",
+            "The workers' pods (hosts 1 to 3) differ from it in these lines:",
+            "",
+            "```diff",
+            *diff,
+            "```",
+            "",
+            "What `tpuserve engine launch` runs on host 0 and host 1 (its plan: `--dry-run` prints",
+            "it as JSON from the pod's environment; weights fetched to the cache first):",
+            "",
+            "```sh",
+            "\n\n".join(hosts),
+            "```",
+        ]
+    )
+
+
+def test_the_docs_show_the_rendered_pod(lws: dict[str, Any]) -> None:
+    text = DOC.read_text()
+    pattern = rf"(<!-- {DOC_MARK}: generated.*?-->\n)(.*?)(\n?<!-- /{DOC_MARK} -->)"
+    match = re.search(pattern, text, re.DOTALL)
+    assert match, f"docs/sglang-jax.md lacks the {DOC_MARK} markers"
+    expected = rendered_pod_section(lws)
+    if UPDATE and match.group(2) != expected:
+        DOC.write_text(text[: match.start(2)] + expected + "\n" + text[match.start(3) :])
+        match = re.search(pattern, DOC.read_text(), re.DOTALL)
+        assert match
+    assert match.group(2) == expected, "stale rendered pod; see this module's docstring"

@@ -2,7 +2,9 @@
 
 The launcher's SGLang-JAX flags come from `sglang_tpu.sgl_jax_flags` and SGLang-JAX's own
 server flags from `sglang_tpu.sgl_jax_server_args`; each table sits between marker comments.
-After changing a definition, regenerate and review:
+Two more facts are checked, not generated: the table of tests that need the opt-in build names
+exactly the test modules that use it, and the page names the one SGLang-JAX commit the image,
+the build script and the flag table pin. After changing a definition, regenerate and review:
 
     TPUSERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/sglang_tpu/test_sgl_jax_docs.py
 """
@@ -16,11 +18,16 @@ from pathlib import Path
 import pytest
 
 from sglang_tpu import sgl_jax_flags
-from sglang_tpu.sgl_jax_server_args import SERVER_FLAGS
+from sglang_tpu.sgl_jax_server_args import SERVER_FLAGS, SOURCE_COMMIT
 
 pytestmark = pytest.mark.unit
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "sglang-jax.md"
+REPO = Path(__file__).resolve().parents[3]
+DOC = REPO / "docs" / "sglang-jax.md"
+# What marks a test module as using the opt-in build (tests/real_sglang_jax.py).
+USES_BUILD = re.compile(
+    r"pytest\.mark\.real_sglang_jax|from tests\.real_sglang_jax import|TPUSERVE_SGLANG_JAX_SRC"
+)
 UPDATE = os.environ.get("TPUSERVE_UPDATE_GOLDEN") == "1"
 
 
@@ -86,3 +93,31 @@ def test_generated_tables_are_current(name: str) -> None:
         )
         match = section(name, DOC.read_text())
     assert match.group(2) == expected, "stale table; see this module's docstring"
+
+
+def test_the_opt_in_table_names_every_test_that_needs_the_build() -> None:
+    match = re.search(
+        r"<!-- sgl-jax-opt-in-tests:.*?-->\n(.*?)<!-- /sgl-jax-opt-in-tests -->",
+        DOC.read_text(),
+        re.DOTALL,
+    )
+    assert match, "docs/sglang-jax.md lacks the sgl-jax-opt-in-tests markers"
+    listed = set(re.findall(r"^\| `(tests/[^`]+\.py)`", match.group(1), re.MULTILINE))
+    using = {
+        str(path.relative_to(REPO))
+        for path in (REPO / "tests").rglob("test_*.py")
+        if USES_BUILD.search(path.read_text()) and path != Path(__file__).resolve()
+    }
+    assert listed == using, (
+        f"docs/sglang-jax.md's table of tests needing the opt-in build: missing "
+        f"{sorted(using - listed)}, listed but not using it {sorted(listed - using)}"
+    )
+
+
+def test_one_sgl_jax_commit_in_the_docs_image_build_script_and_flag_table() -> None:
+    (documented,) = re.findall(r"from source, commit\s+`([0-9a-f]{40})`", DOC.read_text())
+    dockerfile = (REPO / "sglang_tpu" / "Dockerfile.sglang-jax").read_text()
+    (image,) = re.findall(r"^ARG SGLANG_JAX_COMMIT=([0-9a-f]{40})$", dockerfile, re.MULTILINE)
+    script = (REPO / "scripts" / "build-sglang-jax.sh").read_text()
+    (built,) = re.findall(r"^PINNED_COMMIT=([0-9a-f]{40})$", script, re.MULTILINE)
+    assert documented == image == built == SOURCE_COMMIT

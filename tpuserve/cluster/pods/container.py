@@ -153,11 +153,13 @@ class Container:
             log_start = log_file.tell()
             log_file.write(f"==== {time.strftime('%H:%M:%S')} starting: {spec.argv}\n".encode())
             log_file.flush()
+            hosts = ["--hosts", str(spec.hosts_file)] if spec.hosts_file is not None else []
             try:
                 process = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-I",
                     str(INIT),
+                    *hosts,
                     *spec.argv,
                     env=spec.env,
                     cwd=spec.cwd,

@@ -1,7 +1,7 @@
 """The first process of every container the pod runner starts: what PID 1 and the container's
 cgroup give a real container.
 
-    python -I container_init.py COMMAND [ARG...]
+    python -I container_init.py [--hosts FILE] COMMAND [ARG...]
 
 It runs COMMAND as its child and is a child subreaper, so processes COMMAND leaves behind
 (a launcher's server in its own session, say) become its children rather than init's. It
@@ -9,6 +9,10 @@ passes SIGTERM and SIGINT on to COMMAND; SIGUSR1 (the runner's "kill the contain
 it gets if the runner dies) is SIGKILL for COMMAND and every process under it. When COMMAND
 exits, everything still running under it is killed too, as when a container's main process
 ends, and this exits with COMMAND's status (128 + N when a signal N ended it).
+
+With `--hosts FILE` it first enters a user and mount namespace of its own and bind-mounts FILE
+over /etc/hosts, as the kubelet mounts a pod's /etc/hosts (`dns.py`: the pod runner's stand-in
+for cluster DNS); where the kernel refuses, it says why on stderr and runs the command anyway.
 
 Standard library only, run with `-I`: it starts in milliseconds and never imports the code
 under test.
@@ -25,11 +29,34 @@ import time
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_MS_BIND = 4096
+HOSTS = "/etc/hosts"
 
 
 def _prctl(option: int, value: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(option, value)
+
+
+def own_hosts(path: str) -> str | None:
+    """Enter a user and mount namespace (same uid and gid inside) and bind `path` over
+    /etc/hosts; None when done, else why not. Before any thread starts (unshare requires it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+        return f"unshare(CLONE_NEWUSER|CLONE_NEWNS): {os.strerror(ctypes.get_errno())}"
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
+            with open(f"/proc/self/{name}", "w", encoding="ascii") as handle:
+                handle.write(text)
+    except OSError as err:
+        return f"user namespace maps: {err}"
+    if libc.mount(path.encode(), HOSTS.encode(), None, _MS_BIND, None) != 0:
+        return f"mount --bind {path} {HOSTS}: {os.strerror(ctypes.get_errno())}"
+    return None
 
 
 def descendants(root: int) -> list[int]:
@@ -85,8 +112,13 @@ def reap(block_seconds: float = 0.0) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--hosts"] and len(argv) >= 2:
+        problem = own_hosts(argv[1])
+        if problem is not None:
+            print(f"container_init: {HOSTS} stays the machine's: {problem}", file=sys.stderr)
+        argv = argv[2:]
     if not argv:
-        print("usage: container_init.py COMMAND [ARG...]", file=sys.stderr)
+        print("usage: container_init.py [--hosts FILE] COMMAND [ARG...]", file=sys.stderr)
         return 2
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGUSR1)

@@ -62,6 +62,7 @@ class ProcessSpec:
     cwd: Path
     pod_ip: str = ""
     mount_points: tuple[tuple[str, Path], ...] = ()
+    hosts_file: Path | None = None  # seen as /etc/hosts by the process (dns.py)
 
     def localize(self, text: str) -> str:
         """`text` as the container would mean it (an exec probe's or hook's command)."""
@@ -79,6 +80,7 @@ class PodContext:
     volumes: Mapping[str, Path]  # volume name -> its directory on the host
     kubeconfig: Path | None  # the pod's ServiceAccount kubeconfig, when a token is mounted
     base_env: Mapping[str, str]  # what every process gets from the runner (PYTHONPATH, ...)
+    hosts_file: Path | None = None  # the runner's stand-in for cluster DNS (dns.py)
 
     @property
     def namespace(self) -> str:
@@ -281,4 +283,6 @@ def process_spec(
     working_dir = container.get("workingDir")
     cwd = Path(localize(working_dir, ctx.pod_ip, mount_points)) if working_dir else ctx.pod_dir
     cwd.mkdir(parents=True, exist_ok=True)
-    return ProcessSpec([program, *argv[1:]], env, cwd, ctx.pod_ip, tuple(mount_points))
+    return ProcessSpec(
+        [program, *argv[1:]], env, cwd, ctx.pod_ip, tuple(mount_points), ctx.hosts_file
+    )

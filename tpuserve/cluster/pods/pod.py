@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from sglang_tpu.tasks import cancel_and_wait
 from tpuserve.cluster.kwok import NODE_IP
-from tpuserve.cluster.pods import images, volumes
+from tpuserve.cluster.pods import dns, images, volumes
 from tpuserve.cluster.pods.container import TERMINATION_MESSAGE_PATH, Container
 from tpuserve.cluster.pods.container_spec import (
     ContainerConfigError,
@@ -59,6 +59,10 @@ class PodHost(Protocol):
 
     @property
     def backoff_base_seconds(self) -> float: ...
+
+    @property
+    def hosts_file(self) -> Path | None:
+        """The pods' names and addresses (dns.py), or None where the host keeps none."""
 
     def lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None: ...
 
@@ -190,6 +194,7 @@ class PodSupervisor:
             volumes=self._volumes.directories,
             kubeconfig=self._volumes.kubeconfig,
             base_env=self.host.base_env,
+            hosts_file=self.host.hosts_file if dns.needs_hosts(self.pod) else None,
         )
         lookup: Lookup = self.host.lookup
         message_path = str(spec.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH)

@@ -31,6 +31,7 @@ from tpuserve.cluster import kube, kubeconfig
 from tpuserve.cluster.components import POD_LOGS_DIR as PODS_DIR
 from tpuserve.cluster.components import POD_RUNNER_READY_FILE as READY_FILE
 from tpuserve.cluster.pods.addresses import DEFAULT_NETWORK, Network, PodAddresses
+from tpuserve.cluster.pods.dns import HOSTS_FILE, HostsFile
 from tpuserve.cluster.pods.pod import PodSupervisor
 from tpuserve.cluster.pods.services import LOCAL_ADDRESS_ANNOTATION, ServiceProxy
 from tpuserve.cluster.pods.status import now
@@ -112,6 +113,7 @@ class PodRunner:
         self.addresses = PodAddresses(network.pods)
         self.supervisors: dict[str, PodSupervisor] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.dns = HostsFile(run_dir / HOSTS_FILE)
         self.proxy = ServiceProxy(lambda: list(self.supervisors.values()))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: asyncio.Queue[tuple[str, str, dict[str, Any]]] = asyncio.Queue()
@@ -184,8 +186,16 @@ class PodRunner:
                 body={"preconditions": {"uid": metadata["uid"]}, "gracePeriodSeconds": 0},
             )
 
+    @property
+    def hosts_file(self) -> Path:
+        return self.dns.path
+
     def pod_changed(self, supervisor: PodSupervisor) -> None:
-        """Nothing to do: the proxy reads pods at connect time."""
+        """Pods' names follow their addresses (the proxy reads pods at connect time)."""
+        self._refresh_names()
+
+    def _refresh_names(self) -> None:
+        self.dns.refresh((s.pod, s.pod_ip) for s in self.supervisors.values() if s.pod_ip)
 
     # ---- watches -------------------------------------------------------------------------
 
@@ -263,6 +273,7 @@ class PodRunner:
 
     def _forget(self, uid: str) -> None:
         self.supervisors.pop(uid, None)
+        self._refresh_names()
         task = self.tasks.pop(uid, None)
         if task is not None and not task.cancelled() and task.exception() is not None:
             log.error("pod %s failed in the runner", uid, exc_info=task.exception())
