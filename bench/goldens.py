@@ -50,6 +50,8 @@ RULES_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07c"
 BURSTY_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07d"
 PD_RESULTS = ROOT / "bench" / "pd_results"
 ROUTER_RESULTS = ROOT / "bench" / "router_results"
+AUTOSCALING_LOG = ROOT / "bench" / "fleet_results" / "README.md"
+"""The autoscaler experiments' log (its tables are generated like the pages')."""
 ANCHOR = "sglang-router 0.3.2 cache_aware"
 PD_DATE = "2026-12-06"
 PD_WORKLOADS = ("W9", "W10", "10k1k", "W1", "W2")
@@ -439,32 +441,30 @@ TABLES: dict[str, Table] = {
     "tokens-per-day": Table(ROOT / "docs" / "capacity-planning.md", tokens_per_day_table),
     "plan-cases": Table(ROOT / "docs" / "capacity-planning.md", plan_table),
     "fleet-vs-twin": Table(ROOT / "docs" / "capacity-planning.md", fleet_vs_twin_table),
-    "autoscaling-day": Table(ROOT / "docs" / "capacity-planning.md", autoscaling_day_table),
-    "autoscaling-day-split": Table(
-        ROOT / "docs" / "capacity-planning.md", autoscaling_day_split_table
-    ),
+    "autoscaling-day": Table(AUTOSCALING_LOG, autoscaling_day_table),
+    "autoscaling-day-split": Table(AUTOSCALING_LOG, autoscaling_day_split_table),
     "autoscaling-day-1000": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(PLAN_RESULTS / "autoscaling_day.1000chips.json"),
     ),
     "autoscaling-behavior-100": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(BEHAVIOR_RESULTS / "autoscaling_day.100chips.json"),
     ),
     "autoscaling-behavior-1000": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(BEHAVIOR_RESULTS / "autoscaling_day.1000chips.json"),
     ),
     "autoscaling-rules-100": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(RULES_RESULTS / "autoscaling_day.100chips.json"),
     ),
     "autoscaling-rules-1000": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(RULES_RESULTS / "autoscaling_day.1000chips.json"),
     ),
     "autoscaling-bursty-1000": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(BURSTY_RESULTS / "autoscaling_day.1000chips.bursty.json"),
     ),
     "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
