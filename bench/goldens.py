@@ -48,6 +48,7 @@ PLAN_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07"
 BEHAVIOR_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07b"
 RULES_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07c"
 BURSTY_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07d"
+MANY_MODELS_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07e"
 PD_RESULTS = ROOT / "bench" / "pd_results"
 ROUTER_RESULTS = ROOT / "bench" / "router_results"
 AUTOSCALING_LOG = ROOT / "bench" / "fleet_results" / "README.md"
@@ -324,6 +325,13 @@ def autoscaling_day_split_table() -> str:
     return str(day.split_report(data))
 
 
+def many_models_table() -> str:
+    """bench/fleet_many_models.py's table of its committed runs (issue 70's hundred models)."""
+    many = _bench_module("fleet_many_models")
+    data = json.loads((MANY_MODELS_RESULTS / "many_models.json").read_text())
+    return str(many.report(data["runs"]))
+
+
 def autoscaling_report_and_split(path: Path) -> Callable[[], str]:
     """bench/autoscaling_day.py's report and --split tables of one committed run: the
     1,000-chip run, those comparing scaling behaviours (2026-12-07b,
@@ -468,6 +476,7 @@ TABLES: dict[str, Table] = {
         autoscaling_report_and_split(BURSTY_RESULTS / "autoscaling_day.1000chips.bursty.json"),
     ),
     "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
+    "many-models": Table(ROOT / "docs" / "capacity-planning.md", many_models_table),
     "router-cpu": Table(ROOT / "docs" / "router.md", router_cpu_headline),
     "router-cpu-benchmarks": Table(
         ROOT / "docs" / "benchmarks.md", router_cpu_headline, block="router-cpu"
