@@ -55,6 +55,14 @@ def test_every_docs_page_is_in_the_index() -> None:
     assert sorted(linked - set(pages)) == []  # no page named that is not there
 
 
+def test_every_path_the_index_names_exists() -> None:
+    """docs/README.md's "Where to change what" sends a newcomer to files: they are there."""
+    index = (DOCS / "README.md").read_text()
+    named = re.findall(r"`((?:router|operator|tpuserve|sglang_tpu|tests|bench)/[\w/.-]+)`", index)
+    assert len(named) >= 8, named
+    assert [n for n in named if not (REPO / n).exists()] == []
+
+
 def test_the_large_modules_list_is_true() -> None:
     lines = source_lines()
     listed = large_modules_table()
