@@ -117,11 +117,15 @@ COMMAND = re.compile(
     re.MULTILINE,
 )
 GENERATED = re.compile(
-    r"<!-- (golden:[\w-]+:begin|generated:[\w-]+) -->.*?"
-    r"<!-- (golden:[\w-]+:end|/generated:[\w-]+) -->",
+    r"<!-- (?:golden:([\w-]+):begin|generated:([\w-]+)|([\w-]+):begin) -->.*?"
+    r"<!-- (?:golden:\1:end|/generated:\2|\3:end) -->",
     re.DOTALL,
 )
+"""A block a generator writes: bench/goldens.py's ``golden:NAME``, the operator's
+``generated:NAME``, the observability generator's ``NAME:begin`` / ``NAME:end``."""
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+SETTINGS = re.compile(r"\|[^\n]*\bdefaults?\b[^\n]*\|\n\|[-| :]+\|", re.IGNORECASE)
+"""A table whose header names a default: flags or fields and their settings."""
 UNDATED = Path(__file__).with_name("undated_figures.txt")
 """Paragraphs with figures that were neither generated nor dated when this check came in
 (page and the paragraph's first line): each is to be dated, generated or reworded, and then
@@ -131,14 +135,18 @@ leaves the list. No paragraph may join it."""
 def undated_figures(page: str, text: str) -> list[str]:
     """``page: first line`` of each paragraph of ``text`` that has a measured figure outside a
     generated block and sits in a section (heading to heading) without both a date and a
-    command, nor a date of its own."""
+    command, nor a date of its own. A table with a "default" column lists settings, not
+    measurements. Code blocks count as commands (their lines are not headings)."""
     found = []
-    for section in re.split(r"\n(?=#{1,6} )", GENERATED.sub("", text)):
+    text = FENCE.sub("```\n```", GENERATED.sub("", text))
+    for section in re.split(r"\n(?=#{1,6} )", text):
         if DATE.search(section) and COMMAND.search(section):
             continue
-        for paragraph in re.split(r"\n\s*\n", FENCE.sub("", section)):
+        for paragraph in re.split(r"\n\s*\n", section):
             head = paragraph.strip()
-            if head.startswith("#") or not FIGURE.search(paragraph) or DATE.search(paragraph):
+            if head.startswith(("#", "```")) or not FIGURE.search(paragraph):
+                continue
+            if DATE.search(paragraph) or SETTINGS.match(head):
                 continue
             found.append(f"{page}: {head.splitlines()[0][:80]}")
     return found
@@ -173,3 +181,7 @@ def test_the_figure_check_finds_an_undated_figure_and_accepts_a_dated_one() -> N
     assert undated_figures("p.md", generated) == []
     setting = "## Settings\n\nThe window is 30 s and the threshold 80 %.\n"
     assert undated_figures("p.md", setting) == []
+    flags = "## Flags\n\n| flag | default |\n|---|---|\n| `--step` | 10 ms |\n"
+    assert undated_figures("p.md", flags) == []
+    fenced = "## Speed\n\n```\n# a comment, not a heading\nrun\n```\n\nIt is 2×.\n"
+    assert undated_figures("p.md", fenced) == ["p.md: It is 2×."]
