@@ -126,6 +126,10 @@ GENERATED = re.compile(
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 SETTINGS = re.compile(r"\|[^\n]*\bdefaults?\b[^\n]*\|\n\|[-| :]+\|", re.IGNORECASE)
 """A table whose header names a default: flags or fields and their settings."""
+NOT_MEASURED = "<!-- figures: "
+"""A paragraph that says its figures are not this project's measurements, and what they are:
+``<!-- figures: cited -->`` (a published source, named in it), ``<!-- figures: settings -->``,
+``<!-- figures: definitions -->`` (a workload's or a model's parameters)."""
 UNDATED = Path(__file__).with_name("undated_figures.txt")
 """Paragraphs with figures that were neither generated nor dated when this check came in
 (page and the paragraph's first line): each is to be dated, generated or reworded, and then
@@ -135,20 +139,24 @@ leaves the list. No paragraph may join it."""
 def undated_figures(page: str, text: str) -> list[str]:
     """``page: first line`` of each paragraph of ``text`` that has a measured figure outside a
     generated block and sits in a section (heading to heading) without both a date and a
-    command, nor a date of its own. A table with a "default" column lists settings, not
+    command, nor a date of its own (a table: nor in the paragraph before it), nor a
+    ``NOT_MEASURED`` marker. A table with a "default" column lists settings, not
     measurements. Code blocks count as commands (their lines are not headings)."""
     found = []
     text = FENCE.sub("```\n```", GENERATED.sub("", text))
     for section in re.split(r"\n(?=#{1,6} )", text):
         if DATE.search(section) and COMMAND.search(section):
             continue
+        before = ""
         for paragraph in re.split(r"\n\s*\n", section):
             head = paragraph.strip()
             if head.startswith(("#", "```")) or not FIGURE.search(paragraph):
+                before = paragraph
                 continue
-            if DATE.search(paragraph) or SETTINGS.match(head):
-                continue
-            found.append(f"{page}: {head.splitlines()[0][:80]}")
+            dated = DATE.search(paragraph) or (head[:1] == "|" and DATE.search(before))
+            if not (dated or SETTINGS.match(head) or NOT_MEASURED in paragraph):
+                found.append(f"{page}: {head.splitlines()[0][:80]}")
+            before = paragraph
     return found
 
 
@@ -183,5 +191,11 @@ def test_the_figure_check_finds_an_undated_figure_and_accepts_a_dated_one() -> N
     assert undated_figures("p.md", setting) == []
     flags = "## Flags\n\n| flag | default |\n|---|---|\n| `--step` | 10 ms |\n"
     assert undated_figures("p.md", flags) == []
+    cited = "## Chips\n\n<!-- figures: cited -->\nThe v5e link is 400 GB/s, 2× v4 (Google).\n"
+    assert undated_figures("p.md", cited) == []
+    table = "## Speed\n\nMeasured 2026-12-07:\n\n| a | 3 ms |\n|---|---|\n"
+    assert undated_figures("p.md", table) == []
+    undated_table = table.replace("Measured 2026-12-07:", "Measured:")
+    assert undated_figures("p.md", undated_table) == ["p.md: | a | 3 ms |"]
     fenced = "## Speed\n\n```\n# a comment, not a heading\nrun\n```\n\nIt is 2×.\n"
     assert undated_figures("p.md", fenced) == ["p.md: It is 2×."]
