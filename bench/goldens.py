@@ -3,7 +3,8 @@
 Two kinds of pin, both checked by ``tests/unit/bench/test_goldens.py``:
 
 - **Reduced seeded runs** (``FIGURES``): each published seeded simulation (the fleet hour, the
-  tokens-per-day table, `tpuserve plan`, the PD benchmark) is rerun here on a configuration
+  tokens-per-day table, `tpuserve plan`, the PD benchmark, the hundred models behind one
+  gateway) is rerun here on a configuration
   small enough for a test (seconds), through the same code, and its figures are compared with
   ``tests/goldens/<name>.json``. A change that moves the simulation moves these, and the test
   fails until the goldens are rewritten on purpose.
@@ -148,11 +149,24 @@ def pd_small() -> dict[str, Any]:
     return data
 
 
+def many_models_small() -> dict[str, Any]:
+    """bench/fleet_many_models.py's gateway, hold queues, scale to zero and flood: 12 models
+    for half an hour, the compile cache cold, with a flood, the router's CPU fixed."""
+    many = _bench_module("fleet_many_models")
+    config = many.Config(
+        models=12, chips=200, hours=0.5, on_minutes=5.0, off_minutes=5.0, router_us=320.0,
+        cache="cold", flood=True, flood_rate=200.0, flood_at=10.0, flood_minutes=5.0, seed=0,
+    )  # fmt: skip
+    result: dict[str, Any] = many.run(config)
+    return result
+
+
 FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     "fleet_hour": fleet_hour_small,
     "tokens_per_day": tokens_per_day_small,
     "plan": plan_small,
     "pd_disaggregation": pd_small,
+    "many_models": many_models_small,
 }
 
 
