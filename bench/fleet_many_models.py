@@ -95,7 +95,7 @@ class Config:
     seed: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # replicas are told apart by identity, not by their counts
 class Replica:
     ready: bool = False
     running: int = 0
