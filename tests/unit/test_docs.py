@@ -1,9 +1,10 @@
-"""The docs index, the large-modules list and the router CPU figure stay true to the tree.
+"""The docs index, the large-modules list and the docs' measured figures stay true to the tree.
 
 docs/README.md names every page of docs/; docs/development.md's table of modules over 500 lines
-names every such module (and none under 400: one that shrank leaves the list); the CPU figure
-under each `<!-- CPU-RATIO -->` marker reads the same on every page that carries it; and no
-tracked file sends a reader to the team's notes outside the repository.
+names every such module (and none under 400: one that shrank leaves the list); no tracked
+file sends a reader to the team's notes outside the repository; and every measured figure in
+README.md and docs/ is generated from a results file or dated with its command. (The router
+CPU headline is one generated block on two pages: bench/goldens.py, ``router-cpu``.)
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ SOURCE_ROOTS = (
 )
 LISTED_OVER = 500
 KEPT_FROM = 400
-CPU_MARKER = "<!-- CPU-RATIO -->"
 
 
 def source_lines() -> dict[str, int]:
@@ -55,6 +55,14 @@ def test_every_docs_page_is_in_the_index() -> None:
     assert sorted(linked - set(pages)) == []  # no page named that is not there
 
 
+def test_every_path_the_index_names_exists() -> None:
+    """docs/README.md's "Where to change what" sends a newcomer to files: they are there."""
+    index = (DOCS / "README.md").read_text()
+    named = re.findall(r"`((?:router|operator|tpuserve|sglang_tpu|tests|bench)/[\w/.-]+)`", index)
+    assert len(named) >= 8, named
+    assert [n for n in named if not (REPO / n).exists()] == []
+
+
 def test_the_large_modules_list_is_true() -> None:
     lines = source_lines()
     listed = large_modules_table()
@@ -66,18 +74,6 @@ def test_the_large_modules_list_is_true() -> None:
     assert gone == [], "docs/development.md lists modules that do not exist"
     small = [f"{name} ({lines[name]} lines)" for name in listed if lines[name] < KEPT_FROM]
     assert small == [], f"under {KEPT_FROM} lines: drop from docs/development.md's list"
-
-
-def test_the_cpu_figure_reads_the_same_on_every_page() -> None:
-    figures: dict[str, str] = {}
-    for page in sorted(DOCS.glob("*.md")):
-        lines = [*page.read_text().splitlines(), ""]
-        for i, line in enumerate(lines[:-1]):
-            if line.strip() == CPU_MARKER:
-                figures[page.name] = lines[i + 1].strip()
-                assert figures[page.name], f"{page.name}: no figure on the line after {CPU_MARKER}"
-    assert {"router.md", "benchmarks.md"} <= figures.keys()
-    assert len(set(figures.values())) == 1, figures
 
 
 OUTSIDE = re.compile(r"\.\./shared|shared" + r"/(reference|design)")  # split: not a match itself
@@ -104,3 +100,95 @@ def test_nothing_in_the_repository_refers_to_files_outside_it() -> None:
         found += [f"{relative}:{n}" for n, line in enumerate(text.splitlines(), 1)
                   if OUTSIDE.search(line)]  # fmt: skip
     assert found == []
+
+
+# ---- measured figures: generated or dated with their command -------------------------------
+
+FIGURE = re.compile(
+    r"(?<![\w.])\d(?:[\d,.]*\d)?(?:[-–]\d[\d,.]*)?\s?"
+    r"(?:×|ms\b|µs\b|us\b|req/s\b|tokens/s\b|tok/s\b|min\b|minutes\b|GB\b)"
+)
+"""A measured figure, by its unit: a ratio (×), a latency (ms, µs), a rate (req/s, tokens/s),
+a build or install (minutes, GB). Plain seconds and percentages are left out: most of them in
+these pages are settings (timeouts, windows, thresholds), not measurements."""
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d[a-z]?\b")  # a results folder: 2026-12-07c
+COMMAND = re.compile(
+    r"`[^`\n]*(?:python|bench/|tpuserve |make |pytest|scripts/|kubectl |helm )[^`\n]*`|^```",
+    re.MULTILINE,
+)
+GENERATED = re.compile(
+    r"<!-- (?:golden:([\w-]+):begin|generated:([\w-]+)|([\w-]+):begin) -->.*?"
+    r"<!-- (?:golden:\1:end|/generated:\2|\3:end) -->",
+    re.DOTALL,
+)
+"""A block a generator writes: bench/goldens.py's ``golden:NAME``, the operator's
+``generated:NAME``, the observability generator's ``NAME:begin`` / ``NAME:end``."""
+FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+SETTINGS = re.compile(r"\|[^\n]*\bdefaults?\b[^\n]*\|\n\|[-| :]+\|", re.IGNORECASE)
+"""A table whose header names a default: flags or fields and their settings."""
+NOT_MEASURED = "<!-- figures: "
+"""A paragraph that says its figures are not this project's measurements, and what they are:
+``<!-- figures: cited -->`` (a published source, named in it), ``<!-- figures: settings -->``,
+``<!-- figures: definitions -->`` (a workload's or a model's parameters)."""
+
+
+def undated_figures(page: str, text: str) -> list[str]:
+    """``page: first line`` of each paragraph of ``text`` that has a measured figure outside a
+    generated block and sits in a section (heading to heading) without both a date and a
+    command, nor a date of its own (a table: nor in the paragraph before it), nor a
+    ``NOT_MEASURED`` marker. A table with a "default" column lists settings, not
+    measurements. Code blocks count as commands (their lines are not headings)."""
+    found = []
+    text = FENCE.sub("```\n```", GENERATED.sub("", text))
+    for section in re.split(r"\n(?=#{1,6} )", text):
+        if DATE.search(section) and COMMAND.search(section):
+            continue
+        before = ""
+        for paragraph in re.split(r"\n\s*\n", section):
+            head = paragraph.strip()
+            if head.startswith(("#", "```")) or not FIGURE.search(paragraph):
+                before = paragraph
+                continue
+            dated = DATE.search(paragraph) or (head[:1] == "|" and DATE.search(before))
+            if not (dated or SETTINGS.match(head) or NOT_MEASURED in paragraph):
+                found.append(f"{page}: {head.splitlines()[0][:80]}")
+            before = paragraph
+    return found
+
+
+def figure_pages() -> dict[str, str]:
+    pages = {"README.md": (REPO / "README.md").read_text()}
+    pages |= {f"docs/{p.name}": p.read_text() for p in sorted(DOCS.glob("*.md"))}
+    return pages
+
+
+def test_every_figure_in_the_docs_is_generated_or_dated() -> None:
+    found = [u for page, text in figure_pages().items() for u in undated_figures(page, text)]
+    assert found == [], (
+        "figures neither generated (bench/goldens.py) nor dated with their command (a "
+        "YYYY-MM-DD date in the paragraph, or a date and a command in its section), nor "
+        f"labelled ({NOT_MEASURED}cited|settings|definitions: ... -->):\n" + "\n".join(found)
+    )
+
+
+def test_the_figure_check_finds_an_undated_figure_and_accepts_a_dated_one() -> None:
+    undated = "## Speed\n\nThe router adds 0.4 ms a request.\n"
+    assert undated_figures("p.md", undated) == ["p.md: The router adds 0.4 ms a request."]
+    dated = "## Speed\n\nThe router adds 0.4 ms a request (2026-12-07, `bench/x.py`).\n"
+    assert undated_figures("p.md", dated) == []
+    in_section = "## Speed\n\nMeasured 2026-12-07:\n\n```\npython bench/x.py\n```\n\nIt is 2×.\n"
+    assert undated_figures("p.md", in_section) == []
+    generated = "## Speed\n\n<!-- golden:x:begin -->\n| 1.1× |\n<!-- golden:x:end -->\n"
+    assert undated_figures("p.md", generated) == []
+    setting = "## Settings\n\nThe window is 30 s and the threshold 80 %.\n"
+    assert undated_figures("p.md", setting) == []
+    flags = "## Flags\n\n| flag | default |\n|---|---|\n| `--step` | 10 ms |\n"
+    assert undated_figures("p.md", flags) == []
+    cited = "## Chips\n\n<!-- figures: cited -->\nThe v5e link is 400 GB/s, 2× v4 (Google).\n"
+    assert undated_figures("p.md", cited) == []
+    table = "## Speed\n\nMeasured 2026-12-07:\n\n| a | 3 ms |\n|---|---|\n"
+    assert undated_figures("p.md", table) == []
+    undated_table = table.replace("Measured 2026-12-07:", "Measured:")
+    assert undated_figures("p.md", undated_table) == ["p.md: | a | 3 ms |"]
+    fenced = "## Speed\n\n```\n# a comment, not a heading\nrun\n```\n\nIt is 2×.\n"
+    assert undated_figures("p.md", fenced) == ["p.md: It is 2×."]
