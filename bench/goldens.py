@@ -48,7 +48,12 @@ PLAN_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07"
 BEHAVIOR_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07b"
 RULES_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07c"
 BURSTY_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07d"
+MANY_MODELS_RESULTS = ROOT / "bench" / "fleet_results" / "2026-12-07e"
 PD_RESULTS = ROOT / "bench" / "pd_results"
+ROUTER_RESULTS = ROOT / "bench" / "router_results"
+AUTOSCALING_LOG = ROOT / "bench" / "fleet_results" / "README.md"
+"""The autoscaler experiments' log (its tables are generated like the pages')."""
+ANCHOR = "sglang-router 0.3.2 cache_aware"
 PD_DATE = "2026-12-06"
 PD_WORKLOADS = ("W9", "W10", "10k1k", "W1", "W2")
 REL_TOL = 1e-9
@@ -320,6 +325,13 @@ def autoscaling_day_split_table() -> str:
     return str(day.split_report(data))
 
 
+def many_models_table() -> str:
+    """bench/fleet_many_models.py's table of its committed runs (issue 70's hundred models)."""
+    many = _bench_module("fleet_many_models")
+    data = json.loads((MANY_MODELS_RESULTS / "many_models.json").read_text())
+    return str(many.report(data["runs"]))
+
+
 def autoscaling_report_and_split(path: Path) -> Callable[[], str]:
     """bench/autoscaling_day.py's report and --split tables of one committed run: the
     1,000-chip run, those comparing scaling behaviours (2026-12-07b,
@@ -379,10 +391,57 @@ def pd_table() -> str:
     return "\n".join(lines)
 
 
+def _anchor_row(run: dict[str, Any]) -> dict[str, Any]:
+    rows = json.loads((ROUTER_RESULTS / run["results"]).read_text())
+    found = [r for r in rows if r["against"] == ANCHOR]
+    if len(found) != 1:
+        raise ValueError(f"{run['results']}: {len(found)} rows against {ANCHOR}, need 1")
+    row: dict[str, Any] = found[0]
+    return row
+
+
+def _ratio(row: dict[str, Any]) -> str:
+    lo, hi = row["paired_ratio_ci95"]
+    return f"{row['paired_ratio']:.3f}× [{lo:.3f}-{hi:.3f}]"
+
+
+def router_cpu_headline() -> str:
+    """The router's CPU per request against sglang-router `cache_aware` (docs/router.md and
+    docs/benchmarks.md): the first run of ``bench/router_results/headline.json`` from its
+    results file, then the earlier ones. A new measurement goes in by adding its run at the
+    top of that file and running ``bench/goldens.py --write``."""
+    runs = json.loads((ROUTER_RESULTS / "headline.json").read_text())["runs"]
+    head, earlier = runs[0], runs[1:]
+    row = _anchor_row(head)
+    folder = Path(head["results"]).parent.as_posix()
+    lines = [
+        "The default policy (`precise` + KV events) against sglang-router 0.3.2 `cache_aware`, "
+        f"CPU per request, same run, paired rounds, as last measured ({head['commit']}, "
+        f"{head['what']}; {head['date']}; {head['engines']}, {len(row['rounds'])} rounds of "
+        f"{head['requests']:,} requests at {head['rate']:g}/s, load average {head['load']}; "
+        f"`bench/router_results/{folder}/`): **{_ratio(row)}** "
+        f"({row['cpu_us_per_request']:.0f} against {row['against_us_per_request']:.0f} µs).",
+    ]
+    if earlier:
+        lines.append(
+            "Earlier runs, same conditions: "
+            + "; ".join(
+                f"{r['commit']} ({r['what']}, {r['date']}, load average {r['load']}) "
+                f"{_ratio(_anchor_row(r))}"
+                for r in earlier
+            )
+            + "."
+        )
+    lines += ["", "```", head["command"], "```"]
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Table:
     page: Path
     render: Callable[[], str]
+    block: str = ""
+    """The block's name in the page when not the table's key (one figure on several pages)."""
 
 
 TABLES: dict[str, Table] = {
@@ -390,36 +449,44 @@ TABLES: dict[str, Table] = {
     "tokens-per-day": Table(ROOT / "docs" / "capacity-planning.md", tokens_per_day_table),
     "plan-cases": Table(ROOT / "docs" / "capacity-planning.md", plan_table),
     "fleet-vs-twin": Table(ROOT / "docs" / "capacity-planning.md", fleet_vs_twin_table),
-    "autoscaling-day": Table(ROOT / "docs" / "capacity-planning.md", autoscaling_day_table),
-    "autoscaling-day-split": Table(
-        ROOT / "docs" / "capacity-planning.md", autoscaling_day_split_table
-    ),
+    "autoscaling-day": Table(AUTOSCALING_LOG, autoscaling_day_table),
+    "autoscaling-day-split": Table(AUTOSCALING_LOG, autoscaling_day_split_table),
     "autoscaling-day-1000": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(PLAN_RESULTS / "autoscaling_day.1000chips.json"),
     ),
     "autoscaling-behavior-100": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(BEHAVIOR_RESULTS / "autoscaling_day.100chips.json"),
     ),
     "autoscaling-behavior-1000": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(BEHAVIOR_RESULTS / "autoscaling_day.1000chips.json"),
     ),
     "autoscaling-rules-100": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(RULES_RESULTS / "autoscaling_day.100chips.json"),
     ),
     "autoscaling-rules-1000": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(RULES_RESULTS / "autoscaling_day.1000chips.json"),
     ),
     "autoscaling-bursty-1000": Table(
-        ROOT / "docs" / "capacity-planning.md",
+        AUTOSCALING_LOG,
         autoscaling_report_and_split(BURSTY_RESULTS / "autoscaling_day.1000chips.bursty.json"),
     ),
     "pd-disaggregation": Table(ROOT / "docs" / "pd.md", pd_table),
+    "many-models": Table(ROOT / "docs" / "capacity-planning.md", many_models_table),
+    "router-cpu": Table(ROOT / "docs" / "router.md", router_cpu_headline),
+    "router-cpu-benchmarks": Table(
+        ROOT / "docs" / "benchmarks.md", router_cpu_headline, block="router-cpu"
+    ),
 }
+
+
+def block_name(name: str) -> str:
+    """The name of table ``name``'s block in its page."""
+    return TABLES[name].block or name
 
 
 def block(text: str, name: str) -> str:
@@ -465,7 +532,7 @@ def check(names: list[str]) -> list[str]:
         diff = differences(json.loads(path.read_text()), _normalise(FIGURES[name]()))
         problems += [f"{name}{d}" for d in diff[:20]]
     for name, table in TABLES.items():
-        if block(table.page.read_text(), name) != table.render():
+        if block(table.page.read_text(), block_name(name)) != table.render():
             page = table.page.relative_to(ROOT)
             problems.append(f"{page}: the {name} table differs from its results file")
     return problems
@@ -478,7 +545,8 @@ def write(names: list[str]) -> None:
         golden_path(name).write_text(text + "\n")
         print(f"wrote {golden_path(name).relative_to(ROOT)}")
     for name, table in TABLES.items():
-        table.page.write_text(replace_block(table.page.read_text(), name, table.render()))
+        text = table.page.read_text()
+        table.page.write_text(replace_block(text, block_name(name), table.render()))
         print(f"rewrote the {name} table in {table.page.relative_to(ROOT)}")
 
 

@@ -1,9 +1,10 @@
-"""The docs index, the large-modules list and the router CPU figure stay true to the tree.
+"""The docs index, the large-modules list and the docs' measured figures stay true to the tree.
 
 docs/README.md names every page of docs/; docs/development.md's table of modules over 500 lines
-names every such module (and none under 400: one that shrank leaves the list); the CPU figure
-under each `<!-- CPU-RATIO -->` marker reads the same on every page that carries it; and no
-tracked file sends a reader to the team's notes outside the repository.
+names every such module (and none under 400: one that shrank leaves the list); no tracked
+file sends a reader to the team's notes outside the repository; and every measured figure in
+README.md and docs/ is generated from a results file or dated with its command. (The router
+CPU headline is one generated block on two pages: bench/goldens.py, ``router-cpu``.)
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ SOURCE_ROOTS = (
 )
 LISTED_OVER = 500
 KEPT_FROM = 400
-CPU_MARKER = "<!-- CPU-RATIO -->"
 
 
 def source_lines() -> dict[str, int]:
@@ -68,18 +68,6 @@ def test_the_large_modules_list_is_true() -> None:
     assert small == [], f"under {KEPT_FROM} lines: drop from docs/development.md's list"
 
 
-def test_the_cpu_figure_reads_the_same_on_every_page() -> None:
-    figures: dict[str, str] = {}
-    for page in sorted(DOCS.glob("*.md")):
-        lines = [*page.read_text().splitlines(), ""]
-        for i, line in enumerate(lines[:-1]):
-            if line.strip() == CPU_MARKER:
-                figures[page.name] = lines[i + 1].strip()
-                assert figures[page.name], f"{page.name}: no figure on the line after {CPU_MARKER}"
-    assert {"router.md", "benchmarks.md"} <= figures.keys()
-    assert len(set(figures.values())) == 1, figures
-
-
 OUTSIDE = re.compile(r"\.\./shared|shared" + r"/(reference|design)")  # split: not a match itself
 """A path into the folder beside the checkout where the team keeps its reference notes: no
 clone has it, so nothing in the repository may send a reader there."""
@@ -104,3 +92,76 @@ def test_nothing_in_the_repository_refers_to_files_outside_it() -> None:
         found += [f"{relative}:{n}" for n, line in enumerate(text.splitlines(), 1)
                   if OUTSIDE.search(line)]  # fmt: skip
     assert found == []
+
+
+# ---- measured figures: generated or dated with their command -------------------------------
+
+FIGURE = re.compile(
+    r"(?<![\w.])\d(?:[\d,.]*\d)?(?:[-–]\d[\d,.]*)?\s?"
+    r"(?:×|ms\b|µs\b|us\b|req/s\b|tokens/s\b|tok/s\b|min\b|minutes\b|GB\b)"
+)
+"""A measured figure, by its unit: a ratio (×), a latency (ms, µs), a rate (req/s, tokens/s),
+a build or install (minutes, GB). Plain seconds and percentages are left out: most of them in
+these pages are settings (timeouts, windows, thresholds), not measurements."""
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+COMMAND = re.compile(
+    r"`[^`\n]*(?:python|bench/|tpuserve |make |pytest|scripts/|kubectl |helm )[^`\n]*`|^```",
+    re.MULTILINE,
+)
+GENERATED = re.compile(
+    r"<!-- (golden:[\w-]+:begin|generated:[\w-]+) -->.*?"
+    r"<!-- (golden:[\w-]+:end|/generated:[\w-]+) -->",
+    re.DOTALL,
+)
+FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+UNDATED = Path(__file__).with_name("undated_figures.txt")
+"""Paragraphs with figures that were neither generated nor dated when this check came in
+(page and the paragraph's first line): each is to be dated, generated or reworded, and then
+leaves the list. No paragraph may join it."""
+
+
+def undated_figures(page: str, text: str) -> list[str]:
+    """``page: first line`` of each paragraph of ``text`` that has a measured figure outside a
+    generated block and sits in a section (heading to heading) without both a date and a
+    command, nor a date of its own."""
+    found = []
+    for section in re.split(r"\n(?=#{1,6} )", GENERATED.sub("", text)):
+        if DATE.search(section) and COMMAND.search(section):
+            continue
+        for paragraph in re.split(r"\n\s*\n", FENCE.sub("", section)):
+            head = paragraph.strip()
+            if head.startswith("#") or not FIGURE.search(paragraph) or DATE.search(paragraph):
+                continue
+            found.append(f"{page}: {head.splitlines()[0][:80]}")
+    return found
+
+
+def figure_pages() -> dict[str, str]:
+    pages = {"README.md": (REPO / "README.md").read_text()}
+    pages |= {f"docs/{p.name}": p.read_text() for p in sorted(DOCS.glob("*.md"))}
+    return pages
+
+
+def test_every_figure_in_the_docs_is_generated_or_dated() -> None:
+    allowed = [line for line in UNDATED.read_text().splitlines() if line and line[0] != "#"]
+    found = [u for page, text in figure_pages().items() for u in undated_figures(page, text)]
+    new = [u for u in found if u not in allowed]
+    assert new == [], (
+        "figures neither generated (bench/goldens.py) nor dated with their command "
+        "(a YYYY-MM-DD date and the command in the paragraph or its section):\n" + "\n".join(new)
+    )
+    gone = [a for a in allowed if a not in found]
+    assert gone == [], f"dated or gone now: drop from {UNDATED.name}:\n" + "\n".join(gone)
+
+
+def test_the_figure_check_finds_an_undated_figure_and_accepts_a_dated_one() -> None:
+    undated = "## Speed\n\nThe router adds 0.4 ms a request.\n"
+    assert undated_figures("p.md", undated) == ["p.md: The router adds 0.4 ms a request."]
+    dated = "## Speed\n\nThe router adds 0.4 ms a request (2026-12-07, `bench/x.py`).\n"
+    assert undated_figures("p.md", dated) == []
+    in_section = "## Speed\n\nMeasured 2026-12-07:\n\n```\npython bench/x.py\n```\n\nIt is 2×.\n"
+    assert undated_figures("p.md", in_section) == []
+    generated = "## Speed\n\n<!-- golden:x:begin -->\n| 1.1× |\n<!-- golden:x:end -->\n"
+    assert undated_figures("p.md", generated) == []
+    setting = "## Settings\n\nThe window is 30 s and the threshold 80 %.\n"
+    assert undated_figures("p.md", setting) == []

@@ -40,7 +40,7 @@ def test_a_seeded_figure_equals_its_golden(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(goldens.TABLES))
 def test_a_docs_table_is_what_its_results_file_renders(name: str) -> None:
     table = goldens.TABLES[name]
-    assert goldens.block(table.page.read_text(), name) == table.render(), HOW
+    assert goldens.block(table.page.read_text(), goldens.block_name(name)) == table.render(), HOW
 
 
 def test_a_moved_figure_is_reported_where_it_moved() -> None:
