@@ -175,6 +175,14 @@ class Ledger:
         self._completion_tokens = metrics.completion_tokens.child
         self._cached_tokens = metrics.cached_tokens.child
         self._predicted_tokens = metrics.predicted_cached_tokens.child
+        # Every answer's four token series, by (model, worker): their families' own children
+        # (the one cache, not a copy) read first, the lookup (made on first use) only on a miss
+        self._token_children = (
+            metrics.prompt_tokens.children,
+            metrics.completion_tokens.children,
+            metrics.cached_tokens.children,
+            metrics.predicted_cached_tokens.children,
+        )
         self._tenant_requests = metrics.tenant_requests.labels
         self._tenant_tokens = metrics.tenant_tokens.labels
         self._retries = metrics.retries.labels
@@ -364,10 +372,12 @@ class Ledger:
     ) -> None:
         key = (model, worker)
         prompt, completion, cached = usage
-        self._prompt_tokens(key).value += prompt
-        self._completion_tokens(key).value += completion
-        self._cached_tokens(key).value += cached
-        predicted = self._predicted_tokens(key)  # the series exists at zero too
+        prompts, completions, cacheds, predicteds = self._token_children
+        (prompts.get(key) or self._prompt_tokens(key)).value += prompt
+        (completions.get(key) or self._completion_tokens(key)).value += completion
+        (cacheds.get(key) or self._cached_tokens(key)).value += cached
+        # the series exists at zero too
+        predicted = predicteds.get(key) or self._predicted_tokens(key)
         if decision is None:
             return
         ratio = decision.predicted_match_ratio
