@@ -9,6 +9,9 @@ ROOT_KEY: int
 
 def block_keys(token_ids: Sequence[int], page_size: int) -> list[int]: ...
 def usage_counts(body: bytes) -> tuple[int, int, int] | None: ...
+def pass_on(
+    headers: Iterable[tuple[bytes, bytes]], dropped: frozenset[bytes], body: bytes | None = None
+) -> bytes: ...
 def choose_worker(
     held: Sequence[int],
     prompt_units: int,

@@ -7,6 +7,7 @@
 mod affinity;
 mod bits;
 mod events;
+mod framing;
 mod index;
 mod keys;
 mod predictions;
@@ -91,6 +92,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_block_keys, m)?)?;
     m.add_function(wrap_pyfunction!(usage_counts, m)?)?;
     m.add_function(wrap_pyfunction!(choose_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(framing::pass_on, m)?)?;
     m.add_class::<index::BlockIndex>()?;
     m.add_class::<index::BlockKeys>()?;
     m.add_class::<tokens::TokenIds>()?;

@@ -5,9 +5,9 @@ frame alike (`relay`, `pair_relay`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Final
 
+from tpuserve_router._native import pass_on
 from tpuserve_router.engines.proxy import UpstreamConnection
 from tpuserve_router.pipeline.client import Client
 
@@ -31,30 +31,11 @@ HOP_BY_HOP: Final = frozenset(
 CREDENTIALS: Final = frozenset({b"authorization", b"x-api-key"})
 
 
-NONE_NAMED: Final = frozenset[bytes]()
-
-
-def connection_named(headers: Sequence[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    """The headers a ``Connection`` header names: hop-by-hop as well (RFC 9110 7.6.1), not
-    passed on (names lower case)."""
-    named = NONE_NAMED
-    for name, value in headers:  # most requests and answers have none: no list built
-        if name == b"connection":
-            tokens = (token.strip().lower() for token in value.split(b","))
-            named = named.union(token for token in tokens if token)
-    return named
-
-
 def forwarded_headers(request: Client, body: bytes, dropped: frozenset[bytes]) -> bytes:
     """The client's headers but ``dropped`` and those its ``Connection`` names, and ``body``,
-    framed: all of a request after its host."""
-    named = connection_named(request.headers)
-    if named:
-        dropped = dropped | named
-    return b"".join(
-        [name + b": " + value + b"\r\n" for name, value in request.headers if name not in dropped]
-        + [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body]
-    )
+    framed: all of a request after its host (`_native.pass_on`: one call on every request,
+    where a comprehension, the scan for ``Connection`` and the join were a frame each)."""
+    return pass_on(request.headers, dropped, body)
 
 
 def upstream_request(request: Client, host: bytes, headers_and_body: bytes) -> bytes:
@@ -68,12 +49,8 @@ def upstream_request(request: Client, host: bytes, headers_and_body: bytes) -> b
 
 def response_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
     """Upstream response headers to pass on (names arrive lower-cased from the proxy): not
-    the hop-by-hop ones, nor those its ``Connection`` names."""
-    named = connection_named(headers)
-    dropped = HOP_BY_HOP | named if named else HOP_BY_HOP
-    return b"".join(
-        [name + b": " + value + b"\r\n" for name, value in headers if name not in dropped]
-    )
+    the hop-by-hop ones, nor those its ``Connection`` names (`_native.pass_on`)."""
+    return pass_on(headers, HOP_BY_HOP)
 
 
 def is_chunked(upstream: UpstreamConnection) -> bool:

@@ -160,7 +160,8 @@ class Ledger:
         self.metrics = metrics
         self.outliers = outliers
         # Children whose labels never change, bound once; the others are looked up in their
-        # family (the one cache of children) through lookups bound here.
+        # family (the one cache of children) through lookups bound here. On the request path
+        # a counter child's ``value`` is added to in place: ``inc`` would be a call a series.
         self.decisions = {o: metrics.decisions.labels(policy.name, o) for o in OUTCOMES}
         self._ratio_predicted = metrics.prefix_match_ratio.labels(policy.name, "predicted")
         self._ratio_actual = metrics.prefix_match_ratio.labels(policy.name, "actual")
@@ -174,6 +175,14 @@ class Ledger:
         self._completion_tokens = metrics.completion_tokens.child
         self._cached_tokens = metrics.cached_tokens.child
         self._predicted_tokens = metrics.predicted_cached_tokens.child
+        # Every answer's four token series, by (model, worker): their families' own children
+        # (the one cache, not a copy) read first, the lookup (made on first use) only on a miss
+        self._token_children = (
+            metrics.prompt_tokens.children,
+            metrics.completion_tokens.children,
+            metrics.cached_tokens.children,
+            metrics.predicted_cached_tokens.children,
+        )
         self._tenant_requests = metrics.tenant_requests.labels
         self._tenant_tokens = metrics.tenant_tokens.labels
         self._retries = metrics.retries.labels
@@ -259,10 +268,10 @@ class Ledger:
         if bill.spend is not None:
             bill.spend.outcome = outcome
         status = outcome.status
-        self._requests(model, worker, bill.route, status).inc()
+        self._requests(model, worker, bill.route, status).value += 1
         key = bill.key
         if key is not None:
-            self._tenant_requests(key.label, key.priority, status).inc()
+            self._tenant_requests(key.label, key.priority, status).value += 1
         if status != CLIENT_CLOSED:
             self._e2e(model, bill.route).observe(time.monotonic() - bill.arrived)
 
@@ -305,7 +314,7 @@ class Ledger:
         """A selection is acted on: its decision counted (a pair's by its prefill's), how a
         PD-mode request is served, and the decision announced to the peers."""
         decision = selection.decision
-        self.decisions[decision.outcome].inc()
+        self.decisions[decision.outcome].value += 1
         if selection.how:
             self._pd_requests(selection.how).inc()
         if self.peers is not None:
@@ -363,18 +372,20 @@ class Ledger:
     ) -> None:
         key = (model, worker)
         prompt, completion, cached = usage
-        self._prompt_tokens(key).inc(prompt)
-        self._completion_tokens(key).inc(completion)
-        self._cached_tokens(key).inc(cached)
-        predicted = self._predicted_tokens(key)  # the series exists at zero too
+        prompts, completions, cacheds, predicteds = self._token_children
+        (prompts.get(key) or self._prompt_tokens(key)).value += prompt
+        (completions.get(key) or self._completion_tokens(key)).value += completion
+        (cacheds.get(key) or self._cached_tokens(key)).value += cached
+        # the series exists at zero too
+        predicted = predicteds.get(key) or self._predicted_tokens(key)
         if decision is None:
             return
         ratio = decision.predicted_match_ratio
         if ratio is not None and prompt > 0:
             tokens = round(ratio * prompt)
-            predicted.inc(tokens)
+            predicted.value += tokens
             host = round(decision.predicted_host_ratio * prompt)
-            self._tier_hbm.inc(tokens - host)
-            self._tier_host.inc(host)
+            self._tier_hbm.value += tokens - host
+            self._tier_host.value += host
             self._ratio_predicted.observe(ratio)
             self._ratio_actual.observe(min(1.0, cached / prompt))
