@@ -40,7 +40,6 @@ from tpuserve_router.pipeline.migration import (
     Continuation,
     Encoder,
     continue_stream,
-    corrected_usage,
 )
 from tpuserve_router.pipeline.request_body import ClientError, ParsedBody
 from tpuserve_router.pipeline.request_ids import Restorer
@@ -257,8 +256,11 @@ class SingleRelay:
         request = routed.request
         status = upstream.status
         continued = routed.continuation
+        rejoin = None
         if continued is None:
             request.start_chunked(status, response_headers(upstream.headers))
+        else:
+            rejoin = continued.rejoin()
         upstream.watch_progress()
         restorer = routed.restorer
         kept: list[bytes] | None = [] if not routed.unmigratable else None
@@ -275,10 +277,11 @@ class SingleRelay:
                     self.ledger.first_byte(decision, model, arrived)
                 if kept is not None:
                     kept.append(data)
-                if continued is not None:
-                    data = corrected_usage(data, continued.sent_tokens)
+                if rejoin is not None:
+                    data = rejoin.feed(data)
                 request.write_chunk(data if restorer is None else restorer.chunk(data))
-                before, last = last, data
+                if data:
+                    before, last = last, data
                 if request.write_paused:
                     await request.drain()
         except UpstreamError as err:
@@ -306,6 +309,10 @@ class SingleRelay:
             if routed.spend is not None:
                 routed.spend.stream_tail = before + last
             raise
+        if rejoin is not None and rejoin.held:
+            rest = rejoin.flush()
+            request.write_chunk(rest if restorer is None else restorer.chunk(rest))
+            before, last = before + last, rest
         if restorer is not None:
             request.write_chunk(restorer.rest())
         request.end_chunked()
@@ -323,8 +330,10 @@ class SingleRelay:
             return routed.unmigratable
         if tried.migrations_left <= 0:
             return f"it moved {self.config.migration_limit} times (--migration-limit)"
+        sent = b"".join(kept)
+        tokens = self.tokens()
         moved = continue_stream(
-            routed.body, b"".join(kept), routed.continuation, self.tokens(), routed.shown_id
+            routed.route, routed.body, sent, routed.continuation, tokens, routed.shown_id
         )
         if isinstance(moved, str):
             return moved
