@@ -318,7 +318,7 @@ class Rejoin:
             meta = event.get("meta_info")
             if isinstance(meta, dict):
                 ids = event.get("output_ids")
-                if isinstance(ids, list) and len(ids) == meta.get("completion_tokens"):
+                if isinstance(ids, list) and len(ids) == meta.get("completion_tokens", len(ids)):
                     event["output_ids"] = [*moved.sent_ids, *ids]  # cumulative
                     if isinstance(event.get("text"), str):
                         event["text"] = moved.text + event["text"]

@@ -4,7 +4,8 @@ text in) and completions. An engine answering is killed (SIGKILL) mid-answer; th
 one answer whose greedy text, ids and usage equal an uninterrupted run's on a surviving engine,
 and the ledger's record says what happened (two routing decisions, one migration for a stream,
 one free retry for a whole answer, the request counted once on its last engine). Past
-``--migration-limit`` a chat and a ``/generate`` stream end with an error event saying so.
+``--migration-limit`` a chat and a ``/generate`` stream end with an error event saying so, on
+the HTTP port and in PD mode.
 Real engine twins on loopback; the `test_router_migration` fixtures."""
 
 from __future__ import annotations
@@ -114,26 +115,41 @@ class Mode:
     prompt: str
 
 
-@pytest.fixture(params=["http", "pd"])
-async def mode(
-    request: pytest.FixtureRequest, twins: list[EngineTwin], fleet: Fleet
-) -> AsyncIterator[Mode]:
-    engines = twins if request.param == "http" else fleet.engines
+async def start_mode(kind: str, twins: list[EngineTwin], fleet: Fleet, **changes: object) -> Mode:
+    """A router over the HTTP twins (``http``) or the PD fleet (``pd``), every engine up."""
+    engines = twins if kind == "http" else fleet.engines
     for engine in engines:  # a test killed one
         if engine.proc is None or engine.proc.poll() is not None:
             engine.start()
-    if request.param == "http":
+    if kind == "http":
         config = RouterConfig(
             workers=tuple(t.url for t in twins), policy="round_robin",
             health_check_interval_seconds=0.3, health_failure_threshold=2,
         )  # fmt: skip
-        app = await start_router(config, ready_workers=len(twins))
-        yield Mode(app, twins, lambda dead: next(t for t in twins if t is not dead), PROMPT)
-    else:
-        app = await start_router(fleet.config())
-        await wait_ready(app, len(fleet.engines))
-        yield Mode(app, fleet.decode, lambda _dead: fleet.colocated, LONG)
-    await app.stop()
+        app = await start_router(config.replace(**changes), ready_workers=len(twins))
+        return Mode(app, twins, lambda dead: next(t for t in twins if t is not dead), PROMPT)
+    app = await start_router(fleet.config(**changes))
+    await wait_ready(app, len(fleet.engines))
+    return Mode(app, fleet.decode, lambda _dead: fleet.colocated, LONG)
+
+
+@pytest.fixture(params=["http", "pd"])
+async def mode(
+    request: pytest.FixtureRequest, twins: list[EngineTwin], fleet: Fleet
+) -> AsyncIterator[Mode]:
+    started = await start_mode(request.param, twins, fleet)
+    yield started
+    await started.app.stop()
+
+
+@pytest.fixture(params=["http", "pd"])
+async def limited(
+    request: pytest.FixtureRequest, twins: list[EngineTwin], fleet: Fleet
+) -> AsyncIterator[Mode]:
+    """A router that lets a stream move once (``--migration-limit 1``)."""
+    started = await start_mode(request.param, twins, fleet, migration_limit=1)
+    yield started
+    await started.app.stop()
 
 
 def decisions(app: RouterApp) -> float:
@@ -231,35 +247,26 @@ async def test_a_whole_answer_whose_engine_dies_is_answered_whole_by_another(
 
 @pytest.mark.parametrize("route", ROUTES[:2])
 async def test_past_the_migration_limit_a_stream_ends_with_an_error_event_saying_so(
-    twins: list[EngineTwin], route: str
+    limited: Mode, route: str
 ) -> None:
-    for twin in twins:
-        if twin.proc is None or twin.proc.poll() is not None:
-            twin.start()
-    config = RouterConfig(
-        workers=tuple(t.url for t in twins), policy="round_robin",
-        health_check_interval_seconds=0.3, health_failure_threshold=2, migration_limit=1,
-    )  # fmt: skip
-    app = await start_router(config, ready_workers=len(twins))
-    path, body = request(route, PROMPT, stream=True)
+    app = limited.app
+    path, body = request(route, limited.prompt, stream=True)
     killed: list[EngineTwin] = []
 
     def on_event(n: int) -> None:
         if n in (KILL_AFTER, 2 * KILL_AFTER):  # the first engine, then its successor
-            killed.append(answering(app, twins))
+            killed.append(answering(app, limited.answerers))
             killed[-1].kill()
 
-    try:
-        answer = await ask(app.base_url, path, body, on_event)
-        labels = {"route": path, "result": "not_migrated"}
-        assert sample(app, "tpuserve_router_stream_migrations_total", labels) == 1
-        labels["result"] = "migrated"
-        assert sample(app, "tpuserve_router_stream_migrations_total", labels) == 1
-        assert requests(app, path) == {(killed[-1].url, "stream_error"): 1}
-    finally:
-        await app.stop()
+    answer = await ask(app.base_url, path, body, on_event)
     assert len(killed) == 2
     error = answer.last.get("error")
     assert error is not None, answer.last
     assert "cannot move to another engine" in error["message"]
     assert "it moved 1 times (--migration-limit)" in error["message"]
+    labels = {"route": path, "result": "not_migrated"}
+    assert sample(app, "tpuserve_router_stream_migrations_total", labels) == 1
+    labels["result"] = "migrated"
+    assert sample(app, "tpuserve_router_stream_migrations_total", labels) == 1
+    assert requests(app, path) == {(killed[-1].url, "stream_error"): 1}
+    assert decisions(app) == 2
