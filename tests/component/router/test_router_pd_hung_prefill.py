@@ -15,9 +15,10 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from tests.component.router.router_fleet import EngineTwin, free_port, sample, start_router
+from tests.component.router.router_fleet import EngineTwin, sample, start_router
 from tests.component.router.test_router_failing_workers import HangingFront
 from tests.component.router.test_router_pd import LONG
+from tpuserve.cluster.ports import free_port
 from tpuserve_router.config import RouterConfig
 
 pytestmark = pytest.mark.component
