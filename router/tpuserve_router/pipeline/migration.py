@@ -30,7 +30,9 @@ seam). A sampled one continues validly, with other draws.
 At most ``--migration-limit`` migrations per request; they spend no retry budget (the engine
 is gone). What cannot be migrated ends with an SSE error event that says why: several prompts
 or samples, a completion prompt of token ids, ``echo``, a stream cut inside an event, tool
-calls or reasoning in a chat answer, or no migration left. A
+calls or reasoning in a chat answer, an incremental ``/generate`` stream (only its last event
+is kept: SGLang's default events are cumulative), an answer over `MAX_KEPT_BYTES`, or no
+migration left. A
 non-streamed answer never reached the client: its engine's death is a failed try, retried from
 the start under the retry rule (`retry.FREE_RETRIES`: no budget spent).
 """
@@ -53,7 +55,13 @@ CHAT: Final = "/v1/chat/completions"
 GENERATE: Final = "/generate"
 ROUTES: Final = frozenset({COMPLETIONS, CHAT, GENERATE})
 """The routes whose answer a continuation can extend."""
+MAX_KEPT_BYTES: Final = 16 << 20
+"""The most of a stream's bytes kept for its continuation (`Kept`): a longer answer (some
+80,000 tokens of chat events) is not continued, so what the router holds stays bounded."""
 ONE_PROMPT: Final = "only one prompt with one sample is continued"
+INCREMENTAL: Final = (
+    "an incremental /generate stream (--incremental-streaming-output) is not continued"
+)
 TOKEN_PROMPT: Final = (
     "a completion prompt of token ids is not continued (its stream carries no output ids; "
     "/generate's does)"
@@ -91,6 +99,42 @@ class Continuation:
         return Rejoin(self)
 
 
+class Kept:
+    """What a stream that may move keeps of the bytes the client has: all of them
+    (completions and chat events carry the text piece by piece), or for ``/generate`` only
+    from the last whole event on (its events are cumulative: the last holds the whole answer),
+    at most `MAX_KEPT_BYTES`. One append per chunk; nothing is parsed unless the stream
+    breaks."""
+
+    __slots__ = ("chunks", "clean", "over", "size", "tail_only")
+
+    def __init__(self, route: str) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.tail_only = route == GENERATE
+        self.clean = False  # the bytes kept end with a whole event
+        self.over = False
+
+    def add(self, data: bytes) -> None:
+        if self.over:
+            return
+        if self.clean and self.tail_only:
+            self.chunks.clear()
+            self.size = 0
+        self.chunks.append(data)
+        self.size += len(data)
+        self.clean = data.endswith(b"\n\n")
+        if self.size > MAX_KEPT_BYTES:
+            self.over = True
+            self.chunks.clear()
+
+    def bytes(self) -> bytes | str:
+        """The bytes kept, or why they cannot continue the stream."""
+        if self.over:
+            return f"the answer sent is over {MAX_KEPT_BYTES} bytes, more than a move keeps"
+        return b"".join(self.chunks)
+
+
 def why_not(route: str, stream: bool, single: bool) -> str:
     """Why a request's stream cannot be migrated, by its route and parsed fields ("": it may
     be; its body is read only if the stream breaks, `continue_stream`)."""
@@ -109,6 +153,8 @@ class _Sent:
 
     text: str = ""
     ids: list[int] | None = None
+    completion_tokens: int | None = None
+    """``/generate``: the tokens its last event counted."""
 
 
 def _read_events(route: str, relayed: bytes) -> _Sent | str:
@@ -160,6 +206,7 @@ def _generate_event(event: dict[str, Any], sent: _Sent, pieces: list[str]) -> st
     text, ids = event.get("text"), event.get("output_ids")
     if not isinstance(text, str) or not isinstance(ids, list):
         return "a /generate event without its text and output_ids is not continued"
+    sent.completion_tokens = meta.get("completion_tokens")
     if len(ids) == meta.get("completion_tokens", len(ids)):  # cumulative
         pieces[:] = [text]
         sent.ids = list(ids)
@@ -192,6 +239,8 @@ def continue_stream(
     data = orjson.loads(body)
     if route == GENERATE:
         new_ids = read.ids or []
+        if read.completion_tokens not in (None, len(new_ids)):  # history not kept
+            return INCREMENTAL
         sent_ids = (before.sent_ids if before is not None else ()) + tuple(new_ids)
         new_tokens = len(new_ids)
         sent_tokens = len(sent_ids)

@@ -58,7 +58,7 @@ from tpuserve_router.pipeline.ledger import (
     TryOutcome,
     Verdict,
 )
-from tpuserve_router.pipeline.migration import Continuation
+from tpuserve_router.pipeline.migration import Continuation, Kept
 from tpuserve_router.pipeline.pd_settings import DECODE, PREFILL, PdSettings
 from tpuserve_router.pipeline.relay import (
     Retry,
@@ -478,13 +478,13 @@ class PairRelay:
         else:
             rejoin = continued.rejoin()
         conn.watch_progress()
-        kept: list[bytes] | None = [] if not routed.unmigratable else None
+        kept = Kept(routed.route) if not routed.unmigratable else None
         before, last = b"", first
         data = first
         try:
             while data:
                 if kept is not None:
-                    kept.append(data)
+                    kept.add(data)
                 if rejoin is not None:
                     data = rejoin.feed(data)
                 request.write_chunk(data if restorer is None else restorer.chunk(data))

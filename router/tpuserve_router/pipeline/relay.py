@@ -39,6 +39,7 @@ from tpuserve_router.pipeline.migration import (
     MIGRATES,
     Continuation,
     Encoder,
+    Kept,
     continue_stream,
 )
 from tpuserve_router.pipeline.request_body import ClientError, ParsedBody
@@ -263,7 +264,7 @@ class SingleRelay:
             rejoin = continued.rejoin()
         upstream.watch_progress()
         restorer = routed.restorer
-        kept: list[bytes] | None = [] if not routed.unmigratable else None
+        kept = Kept(routed.route) if not routed.unmigratable else None
         first = True
         before = last = b""
         try:
@@ -276,7 +277,7 @@ class SingleRelay:
                     arrived = request.arrived if routed.parsed.stream and not continued else None
                     self.ledger.first_byte(decision, model, arrived)
                 if kept is not None:
-                    kept.append(data)
+                    kept.add(data)
                 if rejoin is not None:
                     data = rejoin.feed(data)
                 request.write_chunk(data if restorer is None else restorer.chunk(data))
@@ -320,7 +321,7 @@ class SingleRelay:
         return relayed(decision.worker, status, usage)
 
     def migrate(
-        self, routed: Routed, err: UpstreamError, kept: list[bytes] | None, tried: Tried
+        self, routed: Routed, err: UpstreamError, kept: Kept | None, tried: Tried
     ) -> Continuation | str:
         """Where a broken stream goes on (`migration`), or why it does not ("": its failure
         is not one a migration answers)."""
@@ -330,7 +331,9 @@ class SingleRelay:
             return routed.unmigratable
         if tried.migrations_left <= 0:
             return f"it moved {self.config.migration_limit} times (--migration-limit)"
-        sent = b"".join(kept)
+        sent = kept.bytes()
+        if isinstance(sent, str):
+            return sent
         tokens = self.tokens()
         moved = continue_stream(
             routed.route, routed.body, sent, routed.continuation, tokens, routed.shown_id

@@ -8,8 +8,10 @@ import orjson
 import pytest
 
 from sglang_tpu.tokenizer import load_tokenizer
+from tpuserve_router.pipeline import migration
 from tpuserve_router.pipeline.migration import (
     Continuation,
+    Kept,
     continue_stream,
     corrected_usage,
     why_not,
@@ -201,3 +203,45 @@ def test_a_chat_continuations_role_chunk_is_dropped_and_usage_corrected() -> Non
     assert out.count(b"data: ") == 3  # content, usage, [DONE]
     n = moved.sent_tokens
     assert f'"prompt_tokens":{12 - n},"completion_tokens":{5 + n}'.encode() in out
+
+
+def test_a_generate_stream_keeps_only_its_last_whole_event() -> None:
+    """Its events are cumulative: what the client has is in the last one, so the bytes kept
+    stay those of about one event however long the answer (an event split across reads is
+    kept whole)."""
+    kept = Kept(GENERATE)
+    relayed = generate_events((" a", [7]), (" a b", [7, 8]), (" a b c", [7, 8, 9]))
+    events_ = [e + b"\n\n" for e in relayed.split(b"\n\n")[:-1]]
+    kept.add(events_[0])
+    kept.add(events_[1][:20])
+    kept.add(events_[1][20:])
+    assert kept.bytes() == events_[1]
+    kept.add(events_[2])
+    assert kept.bytes() == events_[2]
+    body = orjson.dumps({"input_ids": [1, 2], "stream": True})
+    moved = continue_stream(GENERATE, body, events_[2], None, TOKENS, None)
+    assert isinstance(moved, Continuation)
+    assert orjson.loads(moved.body)["input_ids"] == [1, 2, 7, 8, 9]
+    chat = Kept(CHAT)  # chat and completions events carry pieces: all are kept
+    for event in events_:
+        chat.add(event)
+    assert chat.bytes() == relayed
+
+
+def test_an_incremental_generate_stream_whose_history_is_not_kept_says_so() -> None:
+    tail = generate_events((" a", [7]), (" b", [8]), cumulative=False).split(b"\n\n")[1]
+    body = orjson.dumps({"input_ids": [1, 2], "stream": True})
+    moved = continue_stream(GENERATE, body, tail + b"\n\n", None, TOKENS, None)
+    assert moved == migration.INCREMENTAL
+
+
+def test_an_answer_over_what_a_move_keeps_is_not_continued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(migration, "MAX_KEPT_BYTES", 100)
+    kept = Kept(CHAT)
+    kept.add(b"x" * 60)
+    assert kept.bytes() == b"x" * 60
+    kept.add(b"x" * 60)
+    assert kept.bytes() == "the answer sent is over 100 bytes, more than a move keeps"
+    assert kept.chunks == []  # nothing held past the bound
