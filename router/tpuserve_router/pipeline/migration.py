@@ -30,7 +30,9 @@ seam). A sampled one continues validly, with other draws.
 At most ``--migration-limit`` migrations per request; they spend no retry budget (the engine
 is gone). What cannot be migrated ends with an SSE error event that says why: several prompts
 or samples, a completion prompt of token ids, ``echo``, a stream cut inside an event, tool
-calls or reasoning in a chat answer, an incremental ``/generate`` stream (only its last event
+calls or reasoning in a chat answer, a constrained answer (its grammar would start again
+mid-answer: ``response_format``, ``regex``, ``ebnf``, ``json_schema``, a forced tool), an
+incremental ``/generate`` stream (only its last event
 is kept: SGLang's default events are cumulative), an answer over `MAX_KEPT_BYTES`, or no
 migration left. A
 non-streamed answer never reached the client: its engine's death is a failed try, retried from
@@ -59,6 +61,9 @@ MAX_KEPT_BYTES: Final = 16 << 20
 """The most of a stream's bytes kept for its continuation (`Kept`): a longer answer (some
 80,000 tokens of chat events) is not continued, so what the router holds stays bounded."""
 ONE_PROMPT: Final = "only one prompt with one sample is continued"
+CONSTRAINED: Final = "a constrained answer (a grammar, a schema, a forced tool) is not continued"
+GRAMMARS: Final = ("json_schema", "regex", "ebnf", "structural_tag")
+"""SGLang's constrained-decoding parameters: a continuation's grammar would start again."""
 INCREMENTAL: Final = (
     "an incremental /generate stream (--incremental-streaming-output) is not continued"
 )
@@ -264,8 +269,22 @@ def continue_stream(
     )  # fmt: skip
 
 
+def _constrained(data: dict[str, Any]) -> bool:
+    """Whether an OpenAI request's answer follows a grammar (``response_format`` other than
+    text, SGLang's ``regex``/``ebnf``/``json_schema``, a forced tool): its continuation's
+    grammar would start again, from the middle of the answer."""
+    fmt = data.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        return True
+    if data.get("tool_choice") not in (None, "auto", "none"):
+        return True
+    return any(data.get(name) is not None for name in GRAMMARS)
+
+
 def _continue_openai(route: str, data: dict[str, Any], new: str, new_tokens: int) -> str:
     """``data`` (an OpenAI request) continued by ``new``, or why it cannot be."""
+    if _constrained(data):
+        return CONSTRAINED
     if route == COMPLETIONS:
         prompt = data.get("prompt")
         if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
@@ -310,6 +329,8 @@ def _continue_generate(data: dict[str, Any], new: str, new_ids: list[int], new_t
     else:
         return ONE_PROMPT
     params = data.get("sampling_params")
+    if isinstance(params, dict) and any(params.get(name) is not None for name in GRAMMARS):
+        return CONSTRAINED
     if isinstance(params, dict) and isinstance(params.get("max_new_tokens"), int):
         left = params["max_new_tokens"] - new_tokens
         if left <= 0:

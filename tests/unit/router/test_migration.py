@@ -245,3 +245,27 @@ def test_an_answer_over_what_a_move_keeps_is_not_continued(
     kept.add(b"x" * 60)
     assert kept.bytes() == "the answer sent is over 100 bytes, more than a move keeps"
     assert kept.chunks == []  # nothing held past the bound
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        (CHAT, {"response_format": {"type": "json_object"}}),
+        (CHAT, {"tool_choice": "required"}),
+        (C, {"regex": "[a-z]+"}),
+        (GENERATE, {"sampling_params": {"json_schema": "{}"}}),
+    ],
+)
+def test_a_constrained_answer_is_not_continued(route: str, body: dict[str, object]) -> None:
+    """Its grammar would start again from the middle of the answer."""
+    if route == CHAT:
+        body = {"messages": [{"role": "user", "content": "x"}], **body}
+        relayed = chat_events(" the")
+    elif route == C:
+        body = {"prompt": "x", **body}
+        relayed = events(" the")
+    else:
+        body = {"text": "x", **body}
+        relayed = generate_events((" a", [7]))
+    moved = continue_stream(route, orjson.dumps(body), relayed, None, TOKENS, None)
+    assert moved == migration.CONSTRAINED
