@@ -497,7 +497,7 @@ class PairRelay:
             if routed.spend is not None:
                 routed.spend.stream_tail = before + last
             verdicts = (Verdict(worker, err.reason),)
-            moved = self.single.migrate(routed, err, kept, tried)
+            moved = self.single.migrate(routed, err, kept, tried, rejoin)
             if isinstance(moved, Continuation):
                 return TryOutcome(
                     RETRY, verdicts=verdicts, leg_failure=(DECODE, "transport"),

@@ -40,6 +40,7 @@ from tpuserve_router.pipeline.migration import (
     Continuation,
     Encoder,
     Kept,
+    Rejoin,
     continue_stream,
 )
 from tpuserve_router.pipeline.request_body import ClientError, ParsedBody
@@ -289,7 +290,7 @@ class SingleRelay:
             if routed.spend is not None:
                 routed.spend.stream_tail = before + last
             verdicts = (Verdict(decision.worker, err.reason),)
-            moved = self.migrate(routed, err, kept, tried)
+            moved = self.migrate(routed, err, kept, tried, rejoin)
             if isinstance(moved, Continuation):
                 return TryOutcome(
                     RETRY, abandoned=_abandoned(err), verdicts=verdicts, continuation=moved
@@ -321,10 +322,16 @@ class SingleRelay:
         return relayed(decision.worker, status, usage)
 
     def migrate(
-        self, routed: Routed, err: UpstreamError, kept: Kept | None, tried: Tried
+        self,
+        routed: Routed,
+        err: UpstreamError,
+        kept: Kept | None,
+        tried: Tried,
+        rejoin: Rejoin | None = None,
     ) -> Continuation | str:
         """Where a broken stream goes on (`migration`), or why it does not ("": its failure
-        is not one a migration answers)."""
+        is not one a migration answers). ``rejoin``: a continuation's, whose held bytes (an
+        event not yet whole) never reached the client."""
         if err.reason not in MIGRATES:
             return ""
         if kept is None:
@@ -334,6 +341,8 @@ class SingleRelay:
         sent = kept.bytes()
         if isinstance(sent, str):
             return sent
+        if rejoin is not None and rejoin.held:
+            sent = sent[: len(sent) - len(rejoin.held)]
         tokens = self.tokens()
         moved = continue_stream(
             routed.route, routed.body, sent, routed.continuation, tokens, routed.shown_id
