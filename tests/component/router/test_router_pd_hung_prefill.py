@@ -5,7 +5,9 @@ prefill), and the request moves to a new pair without spending the retry budget,
 worker's requests do on the HTTP port (`relay.liveness`; issue 57 item 8). Without it a
 non-streamed request without ``max_tokens`` waited for the handoff timeout, then spent the
 budget (here none is left: it would be answered 504). Real engine twins on loopback, the
-hung one behind a real TCP front that stops answering (`HangingFront`)."""
+hung one behind a real TCP front that stops answering (`HangingFront`); whole answers and
+streams (a stream's first byte is given floor and prefill anyway: its retry is what the
+check frees)."""
 
 from __future__ import annotations
 
@@ -49,8 +51,9 @@ def bootstrap_port(twin: EngineTwin) -> int:
     return int(args[args.index("--disaggregation-bootstrap-port") + 1])
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_hung_prefills_requests_move_at_its_floor_without_spending_the_retry_budget(
-    engines: tuple[list[EngineTwin], EngineTwin],
+    engines: tuple[list[EngineTwin], EngineTwin], stream: bool
 ) -> None:
     prefill, decode = engines
     front = HangingFront(prefill[0].port)
@@ -77,7 +80,8 @@ async def test_a_hung_prefills_requests_move_at_its_floor_without_spending_the_r
     assert hung is not None
     try:
         front.hang()  # probes and requests alike: a stopped engine
-        body = {"prompt": LONG, "temperature": 0}  # no max_tokens: the cap, not the floor
+        # no max_tokens: a whole answer is given the cap, not the floor
+        body = {"prompt": LONG, "temperature": 0, "stream": stream}
         async with aiohttp.ClientSession() as session:
 
             async def one() -> tuple[int, bytes]:
@@ -86,6 +90,7 @@ async def test_a_hung_prefills_requests_move_at_its_floor_without_spending_the_r
 
             answers = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(REQUESTS))), 60)
         assert [status for status, _ in answers] == [200] * REQUESTS, answers
+        assert not any(b'"error"' in answer for _, answer in answers)  # nor a stream's event
         assert hung.healthy  # never ejected: each request left it on its own
         timeouts = sample(
             app, "tpuserve_router_upstream_errors_total",
