@@ -111,33 +111,35 @@ class Kept:
     at most `MAX_KEPT_BYTES`. One append per chunk; nothing is parsed unless the stream
     breaks."""
 
-    __slots__ = ("chunks", "clean", "over", "size", "tail_only")
+    __slots__ = ("chunks", "over", "size", "tail_only", "whole")
 
     def __init__(self, route: str) -> None:
         self.chunks: list[bytes] = []
+        """Since the last whole event (all of them unless ``tail_only``)."""
+        self.whole: list[bytes] = []
+        """``tail_only``: the chunks that ended with the last whole event."""
         self.size = 0
         self.tail_only = route == GENERATE
-        self.clean = False  # the bytes kept end with a whole event
         self.over = False
 
     def add(self, data: bytes) -> None:
         if self.over:
             return
-        if self.clean and self.tail_only:
-            self.chunks.clear()
-            self.size = 0
         self.chunks.append(data)
         self.size += len(data)
-        self.clean = data.endswith(b"\n\n")
+        if self.tail_only and data.endswith(b"\n\n"):  # the events so far are whole
+            self.whole, self.chunks = self.chunks, []
+            self.size = sum(map(len, self.whole))  # about one event: the next replaces it
         if self.size > MAX_KEPT_BYTES:
             self.over = True
             self.chunks.clear()
+            self.whole = []
 
     def bytes(self) -> bytes | str:
         """The bytes kept, or why they cannot continue the stream."""
         if self.over:
             return f"the answer sent is over {MAX_KEPT_BYTES} bytes, more than a move keeps"
-        return b"".join(self.chunks)
+        return b"".join(self.whole) + b"".join(self.chunks)
 
 
 def why_not(route: str, stream: bool, single: bool) -> str:

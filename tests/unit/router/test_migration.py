@@ -214,6 +214,7 @@ def test_a_generate_stream_keeps_only_its_last_whole_event() -> None:
     events_ = [e + b"\n\n" for e in relayed.split(b"\n\n")[:-1]]
     kept.add(events_[0])
     kept.add(events_[1][:20])
+    assert kept.bytes() == events_[0] + events_[1][:20]  # the last whole one, and a part
     kept.add(events_[1][20:])
     assert kept.bytes() == events_[1]
     kept.add(events_[2])
@@ -244,7 +245,7 @@ def test_an_answer_over_what_a_move_keeps_is_not_continued(
     assert kept.bytes() == b"x" * 60
     kept.add(b"x" * 60)
     assert kept.bytes() == "the answer sent is over 100 bytes, more than a move keeps"
-    assert kept.chunks == []  # nothing held past the bound
+    assert (kept.chunks, kept.whole) == ([], [])  # nothing held past the bound
 
 
 @pytest.mark.parametrize(
