@@ -127,13 +127,30 @@ async def handle_completions(request: web.Request) -> web.StreamResponse:
 async def handle_chat(request: web.Request) -> web.StreamResponse:
     svc = service_of(request)
     try:
-        gen, messages = parse_chat(parse_json(await request.read()))
+        data = parse_json(await request.read())
+        gen, messages = parse_chat(data)
         _check_model(svc, gen.model)
-        ids = svc.tokenizer.encode(svc.tokenizer.apply_chat_template(messages))
+        ids = chat_prompt_ids(svc, messages, data.get("continue_final_message") is True)
         req = prepare(svc, gen, ids, openai=True)
     except InvalidRequest as err:
         return _error(err)
     return await _respond(request, svc, gen, req, chat=True)
+
+
+def chat_prompt_ids(
+    svc: EngineService, messages: list[dict[str, Any]], continue_final: bool
+) -> list[int]:
+    """The prompt's ids, as SGLang 0.5.23's ``serving_chat`` makes them: the messages rendered
+    with the generation prompt; with ``continue_final_message`` and a last assistant message
+    of string content, that message is taken out, the others rendered so, and its content's
+    tokens appended (`_handle_last_assistant_message`, `_append_assistant_prefix_to_prompt_ids`:
+    the assistant's turn continues from its text)."""
+    tokenizer = svc.tokenizer
+    last = messages[-1]
+    if continue_final and last.get("role") == "assistant" and isinstance(last.get("content"), str):
+        ids = list(tokenizer.encode(tokenizer.apply_chat_template(messages[:-1])))
+        return ids + list(tokenizer.encode(last["content"]))
+    return list(tokenizer.encode(tokenizer.apply_chat_template(messages)))
 
 
 async def _respond(

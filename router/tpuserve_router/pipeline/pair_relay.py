@@ -58,7 +58,7 @@ from tpuserve_router.pipeline.ledger import (
     TryOutcome,
     Verdict,
 )
-from tpuserve_router.pipeline.migration import Continuation, corrected_usage
+from tpuserve_router.pipeline.migration import Continuation, Kept
 from tpuserve_router.pipeline.pd_settings import DECODE, PREFILL, PdSettings
 from tpuserve_router.pipeline.relay import (
     Retry,
@@ -472,20 +472,24 @@ class PairRelay:
         request = routed.request
         restorer = named.restorer
         continued = routed.continuation
+        rejoin = None
         if continued is None:
             request.start_chunked(conn.status, response_headers(conn.headers))
+        else:
+            rejoin = continued.rejoin()
         conn.watch_progress()
-        kept: list[bytes] | None = [] if not routed.unmigratable else None
+        kept = Kept(routed.route) if not routed.unmigratable else None
         before, last = b"", first
         data = first
         try:
             while data:
                 if kept is not None:
-                    kept.append(data)
-                if continued is not None:
-                    data = corrected_usage(data, continued.sent_tokens)
+                    kept.add(data)
+                if rejoin is not None:
+                    data = rejoin.feed(data)
                 request.write_chunk(data if restorer is None else restorer.chunk(data))
-                before, last = last, data
+                if data:
+                    before, last = last, data
                 if request.write_paused:
                     await request.drain()
                 data = await conn.read()
@@ -493,7 +497,7 @@ class PairRelay:
             if routed.spend is not None:
                 routed.spend.stream_tail = before + last
             verdicts = (Verdict(worker, err.reason),)
-            moved = self.single.migrate(routed, err, kept, tried)
+            moved = self.single.migrate(routed, err, kept, tried, rejoin)
             if isinstance(moved, Continuation):
                 return TryOutcome(
                     RETRY, verdicts=verdicts, leg_failure=(DECODE, "transport"),
@@ -514,6 +518,10 @@ class PairRelay:
             if routed.spend is not None:
                 routed.spend.stream_tail = before + last
             raise
+        if rejoin is not None and rejoin.held:
+            rest = rejoin.flush()
+            request.write_chunk(rest if restorer is None else restorer.chunk(rest))
+            before, last = before + last, rest
         if restorer is not None:
             request.write_chunk(restorer.rest())
         request.end_chunked()

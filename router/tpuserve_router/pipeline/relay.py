@@ -39,8 +39,9 @@ from tpuserve_router.pipeline.migration import (
     MIGRATES,
     Continuation,
     Encoder,
+    Kept,
+    Rejoin,
     continue_stream,
-    corrected_usage,
 )
 from tpuserve_router.pipeline.request_body import ClientError, ParsedBody
 from tpuserve_router.pipeline.request_ids import Restorer
@@ -257,11 +258,14 @@ class SingleRelay:
         request = routed.request
         status = upstream.status
         continued = routed.continuation
+        rejoin = None
         if continued is None:
             request.start_chunked(status, response_headers(upstream.headers))
+        else:
+            rejoin = continued.rejoin()
         upstream.watch_progress()
         restorer = routed.restorer
-        kept: list[bytes] | None = [] if not routed.unmigratable else None
+        kept = Kept(routed.route) if not routed.unmigratable else None
         first = True
         before = last = b""
         try:
@@ -274,18 +278,19 @@ class SingleRelay:
                     arrived = request.arrived if routed.parsed.stream and not continued else None
                     self.ledger.first_byte(decision, model, arrived)
                 if kept is not None:
-                    kept.append(data)
-                if continued is not None:
-                    data = corrected_usage(data, continued.sent_tokens)
+                    kept.add(data)
+                if rejoin is not None:
+                    data = rejoin.feed(data)
                 request.write_chunk(data if restorer is None else restorer.chunk(data))
-                before, last = last, data
+                if data:
+                    before, last = last, data
                 if request.write_paused:
                     await request.drain()
         except UpstreamError as err:
             if routed.spend is not None:
                 routed.spend.stream_tail = before + last
             verdicts = (Verdict(decision.worker, err.reason),)
-            moved = self.migrate(routed, err, kept, tried)
+            moved = self.migrate(routed, err, kept, tried, rejoin)
             if isinstance(moved, Continuation):
                 return TryOutcome(
                     RETRY, abandoned=_abandoned(err), verdicts=verdicts, continuation=moved
@@ -306,6 +311,10 @@ class SingleRelay:
             if routed.spend is not None:
                 routed.spend.stream_tail = before + last
             raise
+        if rejoin is not None and rejoin.held:
+            rest = rejoin.flush()
+            request.write_chunk(rest if restorer is None else restorer.chunk(rest))
+            before, last = before + last, rest
         if restorer is not None:
             request.write_chunk(restorer.rest())
         request.end_chunked()
@@ -313,18 +322,30 @@ class SingleRelay:
         return relayed(decision.worker, status, usage)
 
     def migrate(
-        self, routed: Routed, err: UpstreamError, kept: list[bytes] | None, tried: Tried
+        self,
+        routed: Routed,
+        err: UpstreamError,
+        kept: Kept | None,
+        tried: Tried,
+        rejoin: Rejoin | None = None,
     ) -> Continuation | str:
         """Where a broken stream goes on (`migration`), or why it does not ("": its failure
-        is not one a migration answers)."""
+        is not one a migration answers). ``rejoin``: a continuation's, whose held bytes (an
+        event not yet whole) never reached the client."""
         if err.reason not in MIGRATES:
             return ""
         if kept is None:
             return routed.unmigratable
         if tried.migrations_left <= 0:
             return f"it moved {self.config.migration_limit} times (--migration-limit)"
+        sent = kept.bytes()
+        if isinstance(sent, str):
+            return sent
+        if rejoin is not None and rejoin.held:
+            sent = sent[: len(sent) - len(rejoin.held)]
+        tokens = self.tokens()
         moved = continue_stream(
-            routed.body, b"".join(kept), routed.continuation, self.tokens(), routed.shown_id
+            routed.route, routed.body, sent, routed.continuation, tokens, routed.shown_id
         )
         if isinstance(moved, str):
             return moved

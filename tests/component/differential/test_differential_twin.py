@@ -103,6 +103,20 @@ def test_openai_chat_answers_alike(pair: EnginePair, stream: bool) -> None:
     assert_alike(*pair.post("/v1/chat/completions", body))
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_continued_assistant_message_answers_alike(pair: EnginePair, stream: bool) -> None:
+    """``continue_final_message``, the router's chat migration (`pipeline.migration`): the
+    messages before the assistant's rendered with the generation prompt, its text's tokens
+    appended; the prompt's token count (usage) is the same on both."""
+    body = {"model": pair.real.model, "max_tokens": 4, "stream": stream, **GREEDY,
+            "continue_final_message": True,
+            "messages": [{"role": "user", "content": "Compare the chats."},
+                         {"role": "assistant", "content": "The chats compare"}]}  # fmt: skip
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    assert_alike(*pair.post("/v1/chat/completions", body))
+
+
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_continuous_usage_stats_stream_alike(pair: EnginePair, path: str) -> None:
     """``stream_options.continuous_usage_stats``: running usage on the chunks SGLang puts it."""

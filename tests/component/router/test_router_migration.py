@@ -2,8 +2,9 @@
 killed mid-answer (SIGKILL) continues on another engine from the tokens already sent, on the
 HTTP port and in PD mode (a pair's decode killed); the client reads one unbroken stream whose
 greedy text and usage equal an uninterrupted run's. What cannot move ends with an error event
-saying why (a chat stream; a request past ``--migration-limit``), and a non-streamed answer
-whose engine dies is answered whole by another. Real engine twins on loopback."""
+saying why (a completion prompt of token ids; a request past ``--migration-limit``), and a
+non-streamed answer whose engine dies is answered whole by another. Real engine twins on
+loopback. The other routes: `test_router_migration_routes`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import aiohttp
 import orjson
 import pytest
 
+from sglang_tpu.tokenizer import load_tokenizer
 from tests.component.router.router_fleet import (
     EngineTwin,
     sample,
@@ -183,23 +185,24 @@ async def test_past_the_migration_limit_the_stream_ends_with_an_error_saying_so(
     assert "--migration-limit" in error["message"]
 
 
-async def test_a_chat_stream_is_not_migrated_and_its_error_event_says_why(
+async def test_a_stream_that_cannot_move_ends_with_an_error_event_saying_why(
     router: RouterApp, twins: list[EngineTwin]
 ) -> None:
     killed: list[EngineTwin] = []
-    chat = {
-        "messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS,
-        "temperature": 0,
-    }  # fmt: skip
-    _text, _usage, events = await stream(
-        router.base_url, chat, killer(router, twins, killed), path="/v1/chat/completions"
-    )
+    ids = list(load_tokenizer().encode(PROMPT))  # its stream carries text, not the ids
+    tokens = {"prompt": ids, "max_tokens": TOKENS, "temperature": 0}
+    _text, _usage, events = await stream(router.base_url, tokens, killer(router, twins, killed))
     assert len(killed) == 1
     error = events[-1].get("error")
     assert error is not None, events[-1]
-    assert "/v1/chat/completions's answer is not continued from its prompt" in error["message"]
-    labels = {"route": "/v1/chat/completions", "result": "not_migrated"}
+    assert (
+        "the stream cannot move to another engine: a completion prompt of token ids"
+        in (error["message"])
+    )
+    labels = {"route": "/v1/completions", "result": "not_migrated"}
     assert sample(router, "tpuserve_router_stream_migrations_total", labels) == 1
+    labels["result"] = "migrated"
+    assert sample(router, "tpuserve_router_stream_migrations_total", labels) == 0
 
 
 async def test_a_whole_answer_whose_engine_dies_is_answered_by_another(
