@@ -14,13 +14,16 @@
 4. **HBM**: each device has the catalog's HBM per device (within `HBM_TOLERANCE`);
 5. **execution mode**: TorchTPU offers what `TPUSERVE_EXECUTION_MODE` asks for (the `tpu`
    compile backend, or the eager mode);
-6. **compile cache**: every compile-cache directory can be created and written.
+6. **compiled tokens**: a compiled step is not asked of a torch-tpu known to compile SGLang's
+   step to wrong tokens with the KV pool's writes in the graph, unless the engine image
+   declares them eager (`tpu_stack.WRONG_TOKEN_RULES`, `tpu_stack.KV_WRITES_ENV`);
+7. **compile cache**: every compile-cache directory can be created and written.
 
-Checks 1-5 run for real SGLang on a TPU (`TPUSERVE_ENGINE=sglang`, `TPUSERVE_DEVICE=tpu`).
+Checks 1-6 run for real SGLang on a TPU (`TPUSERVE_ENGINE=sglang`, `TPUSERVE_DEVICE=tpu`).
 SGLang-JAX on a TPU (`sglang-jax`) gets them through JAX instead of torch: the stack is jax
 and libtpu installed, the chips are `jax.local_devices()` (platform, kind, count, the HBM
 of `memory_stats()`), and the execution mode is not checked (JAX compiles every step). The
-twin and the cpu device get check 6 only. The TPU is looked at through a `Probe`:
+twin and the cpu device get check 7 only. The TPU is looked at through a `Probe`:
 `SubprocessProbe` runs `preflight_probe.py` (mode `device`, or `jax-device`) with the
 interpreter and environment the engine will get, in a process of its own that exits before
 the engine starts (one process at a time can hold a TPU); tests pass fakes (`tests/fakes.py`).
@@ -87,13 +90,16 @@ EAGER_MODE_MEMBER: Mapping[str, str] = {
 }
 
 
-CheckName = Literal["stack", "accelerator", "chips", "hbm", "execution mode", "compile cache"]
+CheckName = Literal[
+    "stack", "accelerator", "chips", "hbm", "execution mode", "compiled tokens", "compile cache"
+]
 CHECK_ORDER: tuple[CheckName, ...] = (
     "stack",
     "accelerator",
     "chips",
     "hbm",
     "execution mode",
+    "compiled tokens",
     "compile cache",
 )
 
@@ -165,6 +171,7 @@ class Expectation:
     jax: bool = False  # SGLang-JAX: through JAX, not torch
     cache_dirs: tuple[str, ...] = ()
     accelerator_type_hint: str | None = None  # TPU_ACCELERATOR_TYPE as the node set it
+    kv_writes: str | None = None  # tpu_stack.KV_WRITES_ENV as the engine image declares it
 
     @property
     def runtime(self) -> str:
@@ -190,6 +197,7 @@ class Expectation:
             jax=jax,
             cache_dirs=tuple(dict.fromkeys(dirs)),
             accelerator_type_hint=environ.get(ACCELERATOR_TYPE_ENV) or None,
+            kv_writes=environ.get(tpu_stack.KV_WRITES_ENV) or None,
         )
 
 
@@ -561,6 +569,38 @@ def _check_mode(expect: Expectation, facts: DeviceFacts) -> Check:
     return Check("execution mode", "failed", failures=(failure,))
 
 
+def check_compiled_tokens(expect: Expectation, versions: StackVersions) -> Check:
+    """Refuse a compiled SGLang step on a torch-tpu known to compile it to wrong tokens with
+    the KV pool's writes in the graph (`tpu_stack.WRONG_TOKEN_RULES`), unless the engine image
+    declares them kept eager (`tpu_stack.KV_WRITES_ENV`)."""
+    name: CheckName = "compiled tokens"
+    field = tpu_stack.KV_WRITES_ENV
+    if expect.kv_writes is not None and expect.kv_writes not in tpu_stack.KV_WRITES_VALUES:
+        failure = Failure(
+            Reason.EXECUTION_MODE_UNSUPPORTED,
+            field,
+            expect.kv_writes,
+            " or ".join(tpu_stack.KV_WRITES_VALUES) + " (or unset: graph)",
+            "the engine image's declaration of where SGLang's KV pool writes run",
+        )
+        return Check(name, "failed", failures=(failure,))
+    if expect.execution_mode != "compiled":
+        return Check(name, "skipped", f"{expect.execution_mode}: nothing is compiled")
+    rule = tpu_stack.compiled_wrong_tokens(versions.torch_tpu, expect.kv_writes)
+    writes = expect.kv_writes or "graph"
+    if rule is None:
+        return Check(name, "passed", f"torch-tpu {versions.torch_tpu}, KV pool writes: {writes}")
+    failure = Failure(
+        Reason.EXECUTION_MODE_UNSUPPORTED,
+        f"execution mode ({Var.EXECUTION_MODE}) on torch-tpu {versions.torch_tpu}",
+        f"compiled, with the KV pool's writes in the graph ({field} {expect.kv_writes or 'unset'})",
+        f"eager, eager-defer-and-fuse or eager-debug; compiled only from an engine image that "
+        f"keeps the writes eager and sets {field}=eager",
+        f"known to compile wrong tokens: {rule.seen}",
+    )
+    return Check(name, "failed", failures=(failure,))
+
+
 def run_preflight(
     expect: Expectation,
     probe: Probe,
@@ -605,6 +645,8 @@ def run_preflight(
             except ProbeError as err:
                 facts = DeviceFacts(stage="probe", error=str(err))
             checks += check_device(expect, facts)
+        if versions is not None and not expect.jax and checks[0].status == "passed":
+            checks.append(check_compiled_tokens(expect, versions))
     if cache not in checks:
         checks.append(cache)
     return Report(tuple(checks), versions, facts)

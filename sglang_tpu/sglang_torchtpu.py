@@ -48,11 +48,17 @@ def _stub_class(name: str) -> type:
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         return None
 
+    def getattr_(self: Any, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        return _stub_attr(name, attr)
+
     return _StubMeta(
         name.rsplit(".", 1)[-1],
         (),
         {
             "__init__": init,
+            "__getattr__": getattr_,
             "__init_subclass__": classmethod(lambda cls, **kwargs: None),
             "__get_pydantic_core_schema__": classmethod(schema),
             "__module__": name.rsplit(".", 1)[0],
@@ -158,7 +164,28 @@ def install_missing_module_stubs(names: set[str]) -> list[str]:
                 return None
             return importlib.machinery.ModuleSpec(fullname, _Loader(), is_package=True)
 
-    sys.meta_path.append(_Finder())
+    sys.meta_path.insert(0, _Finder())  # only for names nothing else found
+    if "uvloop" in tops:
+        # SGLang's tokenizer manager installs uvloop's policy at import: asyncio's own here.
+        import asyncio
+        import importlib
+
+        uvloop: Any = importlib.import_module("uvloop")  # the stand-in
+        uvloop.EventLoopPolicy = asyncio.DefaultEventLoopPolicy
+        uvloop.new_event_loop = asyncio.new_event_loop
+        uvloop.install = lambda: None
+    if "triton" in tops:
+        # SGLang asks Triton's active driver for the device and falls back to the CPU when
+        # that raises (`sglang.kernels.ops.attention.fla.utils`); a stand-in must raise too.
+        import importlib
+
+        runtime: Any = importlib.import_module("triton.runtime")  # the stand-in
+
+        class _NoDriver:
+            def __getattr__(self, attr: str) -> Any:
+                raise RuntimeError("Triton is a stand-in here: no active driver")
+
+        runtime.driver = SimpleNamespace(active=_NoDriver())
     return stubbed
 
 

@@ -71,6 +71,36 @@ STACK_RULES: tuple[StackRule, ...] = (
 )
 
 
+# An engine image whose SGLang keeps the KV pool's writes out of the compiled graph
+# (`sglang_tpu.sglang_torchtpu.keep_kv_pool_writes_eager`, which the one-process launch's device
+# bridge applies when it compiles) says so in this variable: "eager". Unset, or "graph", the
+# writes are compiled into the step with the rest of SGLang's forward.
+KV_WRITES_ENV = "TPUSERVE_SGLANG_KV_WRITES"
+KV_WRITES_VALUES = ("eager", "graph")
+
+
+@dataclass(frozen=True, slots=True)
+class WrongTokenRule:
+    """A torch-tpu series whose compiled SGLang step gives wrong tokens with the KV pool's
+    writes inside the graph, and where that was seen."""
+
+    torch_tpu_series: Release
+    seen: str
+
+
+WRONG_TOKEN_RULES: tuple[WrongTokenRule, ...] = (
+    WrongTokenRule(
+        torch_tpu_series=(0, 2),
+        seen=(
+            "torch-tpu 0.2.0 on a v5e: SGLang 0.5.23's step under torch.compile(backend='tpu') "
+            "with the KV pool's writes in the graph gave token 0 for every token (its last "
+            "layer's keys read back NaN); with the writes kept eager it gave the CPU's tokens "
+            "(device calls 6-8 of 2026-12-07, docs/tpu-lane.md)"
+        ),
+    ),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class StackVersions:
     """What the interpreter that will run SGLang has installed (None: not installed)."""
@@ -182,6 +212,19 @@ def check_stack(
             )
         )
     return problems
+
+
+def compiled_wrong_tokens(
+    torch_tpu: str | None,
+    kv_writes: str | None,
+    rules: Sequence[WrongTokenRule] = WRONG_TOKEN_RULES,
+) -> WrongTokenRule | None:
+    """The rule saying this torch-tpu compiles SGLang's step to wrong tokens with the KV pool's
+    writes as `kv_writes` says (None: unset, in the graph); None when none is known."""
+    if kv_writes == "eager" or torch_tpu is None:
+        return None
+    parts = release(torch_tpu)
+    return next((r for r in rules if parts[: len(r.torch_tpu_series)] == r.torch_tpu_series), None)
 
 
 def fix_text(problems: Sequence[StackProblem], versions: StackVersions) -> str:

@@ -45,6 +45,9 @@ def test_preflight_passes_for_the_contract_of_this_chip(
     tmp_path: Path, record_property: RecordProperty
 ) -> None:
     env = chip.environment() | chip.contract(TPUSERVE_COMPILE_CACHE_DIR=str(tmp_path / "cc"))
+    # An image whose SGLang keeps its KV pool writes eager (else compiled mode is refused on
+    # torch-tpu 0.2: the compiled-tokens check, docs/engine-launch.md).
+    env["TPUSERVE_SGLANG_KV_WRITES"] = "eager"
     result = chip.preflight(tmp_path, env)
     record_property("report", result.report)
     assert result.returncode == 0, result.stderr

@@ -141,6 +141,7 @@ def test_launch_exits_1_when_the_weights_are_missing(
 ) -> None:
     env = contract_env(model=f"{tmp_path}/no-such-model")
     env["TPUSERVE_COMPILE_CACHE_DIR"] = f"{tmp_path}/compile"
+    env["TPUSERVE_SGLANG_KV_WRITES"] = "eager"  # an image whose compiled step is right
     probe = FakeTPUProbe.matching("v6e", "2x4")  # the pre-flight passes
     assert launch.launch(env, dry_run=False, probe=probe) == launch.EXIT_FETCH_FAILED
     assert "no-such-model" in capsys.readouterr().err

@@ -30,7 +30,14 @@ from sglang_tpu.preflight import (
     termination_message,
 )
 from sglang_tpu.topology import GIB, SLICE_SHAPES, SliceShape
-from sglang_tpu.tpu_stack import STACK_RULES, StackVersions, check_stack, release
+from sglang_tpu.tpu_stack import (
+    KV_WRITES_ENV,
+    STACK_RULES,
+    WRONG_TOKEN_RULES,
+    StackVersions,
+    check_stack,
+    release,
+)
 from tests.contract_env import contract_env
 from tests.fakes import FakeTPUProbe
 
@@ -40,6 +47,10 @@ V5E = contract_env("v5e", "1x1", 1, 1, 0)
 
 
 def expect(env: dict[str, str], **environ: str) -> Expectation:
+    # The engine image of these tests keeps SGLang's KV pool writes eager (it declares so);
+    # the compiled-tokens tests below say otherwise.
+    environ.setdefault(KV_WRITES_ENV, "eager")
+    environ = {k: v for k, v in environ.items() if v != "<unset>"}
     return Expectation.from_contract(LaunchContract.from_env(env), environ)
 
 
@@ -74,6 +85,7 @@ def test_a_host_with_the_contracts_chips_and_the_image_stack_passes(shape: Slice
         "chips": "passed",
         "hbm": "passed",
         "execution mode": "passed",
+        "compiled tokens": "passed",
         "compile cache": "skipped",  # no TPUSERVE_COMPILE_CACHE_DIR
     }
 
@@ -227,6 +239,46 @@ def test_an_execution_mode_torch_tpu_lacks_is_unsupported(
     assert "eager" in failure.allowed
 
 
+@pytest.mark.parametrize("declared", ["<unset>", "graph"])
+def test_a_compiled_step_known_to_give_wrong_tokens_is_refused_with_what_is_allowed(
+    declared: str,
+) -> None:
+    """torch-tpu 0.2.x compiles SGLang's step to token 0 everywhere with the KV pool's writes
+    in the graph (device calls 6-8): the default compiled mode from an image that does not
+    declare the writes eager is refused, naming the version, the mode and the way out."""
+    probe = FakeTPUProbe.matching("v5e", "1x1")
+    report = run(V5E, probe, **{KV_WRITES_ENV: declared})
+    failure = only_failure(report)
+    assert failure.reason == Reason.EXECUTION_MODE_UNSUPPORTED
+    assert "torch-tpu 0.2.0" in failure.field
+    assert failure.value.startswith("compiled")
+    assert "eager-defer-and-fuse" in failure.allowed
+    assert f"{KV_WRITES_ENV}=eager" in failure.allowed
+    assert WRONG_TOKEN_RULES[0].seen in failure.detail
+    assert {c.name: c.status for c in report.checks}["compiled tokens"] == "failed"
+    assert termination_message(report.failures).startswith("ExecutionModeUnsupported: ")
+
+
+def test_eager_modes_and_an_image_keeping_the_writes_eager_pass_the_compiled_tokens_check() -> None:
+    probe = FakeTPUProbe.matching("v5e", "1x1")
+    eager = run({**V5E, "TPUSERVE_EXECUTION_MODE": "eager"}, probe, **{KV_WRITES_ENV: "<unset>"})
+    assert eager.ok, eager.failures
+    assert {c.name: c.status for c in eager.checks}["compiled tokens"] == "skipped"
+    declared = run(V5E, probe, **{KV_WRITES_ENV: "eager"})
+    assert declared.ok, declared.failures
+    # A torch-tpu no rule knows: nothing is known to be wrong.
+    newer = FakeTPUProbe.matching("v5e", "1x1", torch_tpu="0.3.0", torch="2.17.0")
+    assert run(V5E, newer, **{KV_WRITES_ENV: "<unset>"}).ok
+
+
+def test_an_unknown_kv_writes_declaration_is_refused_by_name() -> None:
+    probe = FakeTPUProbe.matching("v5e", "1x1")
+    failure = only_failure(run(V5E, probe, **{KV_WRITES_ENV: "sometimes"}))
+    assert failure.reason == Reason.EXECUTION_MODE_UNSUPPORTED
+    assert (failure.field, failure.value) == (KV_WRITES_ENV, "sometimes")
+    assert "eager or graph" in failure.allowed
+
+
 def test_an_unwritable_compile_cache_is_named_with_its_path(tmp_path: Path) -> None:
     (tmp_path / "volume").write_text("a file where the volume's directory should be")
     env = {**V5E, "TPUSERVE_COMPILE_CACHE_DIR": str(tmp_path / "volume")}
@@ -315,7 +367,7 @@ def test_launch_stops_with_exit_3_and_the_termination_message_before_any_fetch(
 
 
 def test_launch_dry_run_and_a_passing_preflight_go_on(tmp_path: Path) -> None:
-    env = {**V5E, "TPUSERVE_MODEL": f"{tmp_path}/no-such-model"}
+    env = {**V5E, "TPUSERVE_MODEL": f"{tmp_path}/no-such-model", KV_WRITES_ENV: "eager"}
     probe = FakeTPUProbe.matching("v5e", "1x1")
     assert launch.launch(env, dry_run=True, probe=probe) == 0
     assert probe.asked == []  # a dry run checks nothing
@@ -331,6 +383,6 @@ def test_preflight_command_prints_one_json_report(capsys: pytest.CaptureFixture[
     assert report["ok"] is False
     assert report["reason"] == "AcceleratorMismatch"
     assert report["versions"]["libtpu"] == "0.0.50"
-    assert preflight_cli.check(V5E, as_json=False, probe=probe) == 0
+    assert preflight_cli.check({**V5E, KV_WRITES_ENV: "eager"}, as_json=False, probe=probe) == 0
     assert "chips: passed (1 devices)" in capsys.readouterr().out
     assert preflight_cli.check({}, as_json=True, probe=probe) == launch.EXIT_INVALID_CONTRACT
