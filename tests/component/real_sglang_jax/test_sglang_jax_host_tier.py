@@ -18,6 +18,7 @@ host copy (below). Needs the opt-in build
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,8 +74,9 @@ def tiered_engine(
 
 
 def prompt(index: int, length: int) -> list[int]:
-    """Ordinary token ids, disjoint between prompts (no shared prefix)."""
-    return list(range(1000 + 1000 * index, 1000 + 1000 * index + length))
+    """Ordinary token ids of the tiny model's 2,048-token vocabulary, a different first id for
+    each prompt (no shared prefix)."""
+    return [100 + index, *random.Random(index).choices(range(200, 2000), k=length - 1)]
 
 
 def cached(engine: RealJaxEngine, ids: list[int]) -> int:
