@@ -18,16 +18,21 @@ host copy (below). Needs the opt-in build
 from __future__ import annotations
 
 import contextlib
+import json
 import random
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sglang_tpu import launch
 from sglang_tpu.contract.launch_contract import LaunchContract
+from tests.component.router.router_fleet import RouterProcess
 from tests.contract_env import contract_env
 from tests.real_sglang_jax import REQUEST_TIMEOUT_SECONDS, RealJaxEngine, SGLangJax, start_engine
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.component, pytest.mark.real_sglang_jax]
 
@@ -126,3 +131,30 @@ def test_a_host_hit_past_the_free_pool_is_computed_again(tiered_engine: RealJaxE
         assert cached(engine, prompt(filler, 400)) == 0
     assert cached(engine, first) == 0, "SGLang-JAX now evicts for a load back"
     assert engine.alive(), engine.log_tail()
+
+
+def test_the_router_reads_the_size_of_its_host_tier(tiered_engine: RealJaxEngine) -> None:
+    """All `/get_server_info` says of the tier (its storage, ratio and the device pool) reaches
+    the router's view of the worker: 4 x 1,024 tokens."""
+    router = RouterProcess(
+        args=[
+            *("--worker", tiered_engine.url),
+            *("--tokenizer", str(tiered_engine.model_path / "tokenizer.json")),
+            "--no-kv-events",
+            *("--load-poll-interval", "0.2"),
+            *("--health-check-timeout", "10"),
+        ]
+    ).start()
+    try:
+
+        def tier() -> int | None:
+            with urllib.request.urlopen(f"{router.url}/workers", timeout=10) as response:
+                (worker,) = json.load(response)["workers"]
+            load: dict[str, Any] | None = worker["engine_load"]
+            return None if load is None else load["host_tier_tokens"]
+
+        seen = eventually(tier, what="the router's view of the engine's host tier",
+                          timeout_seconds=60, context=router.log)  # fmt: skip
+        assert seen == 4 * POOL_TOKENS
+    finally:
+        router.stop()
