@@ -13,6 +13,7 @@ SGLang-JAX starts its scheduler and detokenizer with multiprocessing's ``spawn``
 has to be thrown in every process it starts: `sitecustomize.py` beside this file does it when
 Python starts. The launcher puts `PYTHONPATH_ENTRY` on the server's PYTHONPATH on the cpu
 device only (`sglang_tpu.launch`); on a TPU the kernels compile for the chip as they are.
+Being first on the path, it shadows any other `sitecustomize` the interpreter would run.
 """
 
 from __future__ import annotations
