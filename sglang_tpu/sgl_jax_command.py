@@ -11,14 +11,15 @@ The environment: libtpu's view of the slice (`TPU_WORKER_HOSTNAMES`, `TPU_WORKER
 `TPU_ACCELERATOR_TYPE`, pinned so every host agrees without asking the metadata server),
 `JAX_PLATFORMS` equal to `--device` (SGLang-JAX asserts they agree), and JAX's persistent
 compilation cache on the managed compile cache (`compile_cache.jax_cache_env`). None of
-TorchTPU's variables are set.
+TorchTPU's variables are set. On the cpu development device, `sglang_tpu.sgl_jax_cpu_shim`
+goes on its PYTHONPATH: its Pallas TPU kernels run in JAX's TPU interpret mode there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_tpu import compile_cache, hicache, lora
+from sglang_tpu import compile_cache, hicache, lora, sgl_jax_cpu_shim
 from sglang_tpu.contract.launch_contract import LaunchContract
 from sglang_tpu.sgl_jax_flags import (
     CPU_ENV,
@@ -47,6 +48,10 @@ def sgl_jax_env(contract: LaunchContract) -> dict[str, str]:
     """The server's environment beyond what it inherits (no secrets)."""
     if contract.device == "cpu":
         env = dict(CPU_ENV)
+        # Pallas TPU kernels (the host tier's load back, PD's KV write) in TPU interpret
+        # mode in every process of the server; `server_env` puts it before any inherited
+        # PYTHONPATH.
+        env["PYTHONPATH"] = str(sgl_jax_cpu_shim.PYTHONPATH_ENTRY)
     else:
         shape = contract.shape
         env = {

@@ -534,6 +534,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         emit_kv_events=bool(args.kv_events_endpoint) and args.flavor != SGLANG_JAX,
         host_cache_tokens=host_tokens,
         write_policy=args.hicache_write_policy,
+        load_back_free_only=args.flavor == SGLANG_JAX,
     )
     lora_paths = parse_lora_paths(args.lora_paths or ())
     measured_cold, measured_warm = compile_figures(profile.layers)

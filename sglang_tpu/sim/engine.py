@@ -77,6 +77,10 @@ class EngineConfig:
     # The host-memory tier (SGLang's HiCache): its size in tokens (0: none) and write policy.
     host_cache_tokens: int = 0
     write_policy: str = "write_through"
+    # SGLang-JAX (pinned commit) loads a host hit back only into free device slots, all or
+    # nothing, and never evicts for it (`schedule_policy.py` 685, `unified_radix_cache.py`
+    # 1094): a longer host hit is computed again. SGLang evicts for it (False).
+    load_back_free_only: bool = False
 
 
 @dataclass(slots=True)
@@ -332,6 +336,11 @@ class EngineCore:
             fill = req.fill_ids()
             if self.cache.tiered:
                 prefix, host, node = self.cache.match_prefix_tiers(fill[: len(fill) - 1])
+                if host and cfg.load_back_free_only and host > self._free_tokens():
+                    while not node.on_device:  # compute the host part again (SGLang-JAX)
+                        assert node.parent is not None
+                        node = node.parent
+                    host = 0
             else:
                 (prefix, node), host = self.cache.match_prefix(fill[: len(fill) - 1]), 0
             extend = len(fill) - prefix - host

@@ -136,6 +136,12 @@ def _server_args(svc: EngineService) -> dict[str, Any]:
         "kv_events_config": kv_events_config,
         "disable_radix_cache": False,
         "disaggregation_mode": "null",
+        # its host tier (`--hicache-storage none`): a ratio of the device pool, no size in GB
+        "hicache_storage": "none" if cfg.host_cache_tokens > 0 else "disable",
+        "hicache_ratio": cfg.host_cache_tokens / cfg.cache_tokens
+        if cfg.host_cache_tokens > 0
+        else 2.0,  # SGLang-JAX's default
+        "hicache_write_policy": cfg.write_policy,
     }
 
 

@@ -52,6 +52,10 @@ class EngineLoad:
     waiting: int = 0
     kv_usage: float | None = None
     """Share of the KV pool in use (the most loaded rank), None where not said."""
+    host_tier_tokens: int | None = None
+    """The engine's host-memory KV tier in tokens, None without one or where not said: for
+    SGLang-JAX its ``hicache_ratio`` x ``max_total_num_tokens`` when ``hicache_storage`` is not
+    ``disable`` (all ``/get_server_info`` shows of its tier: no use, no load backs, no events)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,20 @@ def parse_server_info_load(document: object) -> EngineLoad:
         rank_usage = _kv_usage(state)
         if rank_usage is not None:
             usage = rank_usage if usage is None else max(usage, rank_usage)
-    return EngineLoad(running + waiting, None, running, waiting, usage)
+    return EngineLoad(running + waiting, None, running, waiting, usage, _host_tier(document))
+
+
+def _host_tier(document: object) -> int | None:
+    """SGLang-JAX's host pool in tokens from its server arguments in ``/get_server_info``:
+    ratio x device pool with ``--hicache-storage`` other than ``disable``, else None."""
+    if not isinstance(document, dict) or document.get("hicache_storage") in (None, "disable"):
+        return None
+    ratio, pool = document.get("hicache_ratio"), document.get("max_total_num_tokens")
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or ratio <= 0:
+        return None
+    if type(pool) is not int or pool <= 0:
+        return None
+    return int(ratio * pool)
 
 
 def _kv_usage(state: Mapping[str, object]) -> float | None:

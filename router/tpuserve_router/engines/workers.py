@@ -373,6 +373,7 @@ class Worker:
             "engine_load": None if load is None else {
                 "running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage,
                 "waiting_uncached_tokens": load.waiting_uncached_tokens,
+                "host_tier_tokens": load.host_tier_tokens,
             },
         }  # fmt: skip
 

@@ -53,6 +53,16 @@ def test_sglang_jax_kv_usage_falls_back_to_its_rounded_share() -> None:
     assert parse_server_info_load(server_info(state)).kv_usage == 0.5
 
 
+def test_sglang_jax_host_tier_is_its_ratio_times_its_device_pool() -> None:
+    tiered = server_info(jax_state(0, 0, 1000)) | {
+        "hicache_storage": "none", "hicache_ratio": 4.0, "max_total_num_tokens": 1024,
+    }  # fmt: skip
+    assert parse_server_info_load(tiered).host_tier_tokens == 4096
+    assert parse_server_info_load(tiered | {"hicache_storage": "disable"}).host_tier_tokens is None
+    assert parse_server_info_load(tiered | {"hicache_ratio": "4"}).host_tier_tokens is None
+    assert parse_server_info_load(server_info(jax_state(0, 0, 1000))).host_tier_tokens is None
+
+
 @pytest.mark.parametrize(
     ("document", "problem"),
     [

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sglang_tpu import launch, sgl_jax_flags
+from sglang_tpu import launch, sgl_jax_cpu_shim, sgl_jax_flags
 from sglang_tpu.contract.launch_contract import LaunchContract
 from sglang_tpu.contract.problems import ContractError
 from sglang_tpu.sgl_jax_server_args import SERVER_FLAGS
@@ -184,7 +185,10 @@ def test_cpu_device_runs_native_attention_offline_with_one_device_per_host(
     assert value(command, "--tp-size") == "2"  # one CPU device per host
     assert value(command, "--attention-backend") == "native"
     assert value(command, "--dist-init-addr") == "127.0.0.1:20000"
-    assert out["env"] == sgl_jax_flags.CPU_ENV
+    # its Pallas TPU kernels (host tier load back, PD's KV write) run in TPU interpret mode
+    shim = str(sgl_jax_cpu_shim.PYTHONPATH_ENTRY)
+    assert out["env"] == {**sgl_jax_flags.CPU_ENV, "PYTHONPATH": shim}
+    assert (Path(shim) / "sitecustomize.py").is_file()
 
 
 def test_the_contract_names_the_sgl_jax_interpreter(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ SGLang's `medium` for each step."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from typing import Any
 
@@ -18,6 +19,7 @@ from sglang_tpu.kv_events import (
     block_hashes,
 )
 from sglang_tpu.perf_model import StepTimer, get_profile
+from sglang_tpu.sim.cli import build_settings, configure
 from sglang_tpu.sim.engine import EngineConfig, EngineCore
 from sglang_tpu.sim.output_text import OutputPalette
 from sglang_tpu.sim.radix_cache import RadixCache
@@ -163,9 +165,9 @@ def prompt(n: int, start: int) -> list[int]:
     return list(range(start, start + n))
 
 
-def run_turns(core: EngineCore) -> tuple[Request, Any]:
-    """A 2,000-token prompt, two others that push it out of the 4,096-token pool, then the
-    first again; returns its second request and the prefill step that served it."""
+def run_turns(core: EngineCore, first: int = 2000) -> tuple[Request, Any]:
+    """A `first`-token prompt, two of 2,000 tokens that push it out of the 4,096-token pool,
+    then the first again; returns its second request and the prefill step that served it."""
     sim = VirtualEngine(core)
     steps: list[Any] = []
     original = core.finish_step
@@ -175,9 +177,9 @@ def run_turns(core: EngineCore) -> tuple[Request, Any]:
         return original(step, now)
 
     core.finish_step = record  # type: ignore[method-assign]
-    for i, start in enumerate((10_000, 20_000, 30_000)):
-        sim.submit(Request(f"r{i}", prompt(2000, start), 4), at=float(i))
-    again = Request("again", prompt(2000, 10_000), 4)
+    for i, (n, start) in enumerate(((first, 10_000), (2000, 20_000), (2000, 30_000))):
+        sim.submit(Request(f"r{i}", prompt(n, start), 4), at=float(i))
+    again = Request("again", prompt(first, 10_000), 4)
     sim.submit(again, at=10.0)
     sim.run_to_completion()
     (served,) = [s for s in steps if s.kind == "prefill" and any(r is again for r, _ in s.prefill)]
@@ -200,3 +202,36 @@ def test_a_host_hit_is_loaded_back_at_the_catalogs_bandwidth_and_counted_as_cach
     assert missed.first_token_time is not None
     # loading back beats computing the prefill again
     assert again.first_token_time - again.arrival_time < missed.first_token_time - 10.0
+
+
+def test_sglang_jax_loads_a_host_hit_back_only_into_free_slots() -> None:
+    """SGLang-JAX's rule (`load_back_free_only`, the twin's sglang-jax flavour): the 1,984-token
+    host hit does not fit the ~100 free slots the two other prompts leave, so it is computed
+    again (nothing cached, no load back) and put back on the device; a host hit that fits
+    the free slots is loaded back as SGLang does."""
+    core = make_core(host_cache_tokens=8192, load_back_free_only=True)
+    again, step = run_turns(core)
+    assert (again.cached_tokens, again.cached_host_tokens) == (0, 0)
+    assert (step.prefill_host_tokens, step.load_back_seconds) == (0, 0.0)
+    assert step.prefill_compute_tokens == 2000
+    assert core.cache.match_prefix_tiers(prompt(2000, 10_000)[:1999])[:2] == (1984, 0)
+    # the third prompt evicts a 96-token first one and leaves room for its 80-token host
+    # hit; a 128-token first one's 112 do not fit (SGLang, evicting for it, loads them back)
+    small = make_core(host_cache_tokens=8192, load_back_free_only=True)
+    loaded, step = run_turns(small, first=96)
+    assert (loaded.cached_tokens, loaded.cached_host_tokens) == (80, 80)
+    assert step.load_back_seconds > 0
+    past = make_core(host_cache_tokens=8192, load_back_free_only=True)
+    assert run_turns(past, first=128)[0].cached_tokens == 0
+    assert run_turns(make_core(host_cache_tokens=8192), first=128)[0].cached_host_tokens == 112
+
+
+def test_the_sglang_jax_flavour_has_its_load_back_rule() -> None:
+    def engine(*flags: str) -> EngineConfig:
+        parser = argparse.ArgumentParser()
+        configure(parser)
+        args = parser.parse_args(["--time-scale", "0", "--cache-tokens", "4096", *flags])
+        return build_settings(args).engine
+
+    assert engine("--flavor", "sglang-jax").load_back_free_only
+    assert not engine().load_back_free_only
