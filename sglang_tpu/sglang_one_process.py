@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 FAKE_BACKEND = "fake"
 NO_TCP_ERRNO = 97  # EAFNOSUPPORT: what the TPU machine answers to an internet socket
+FIXED_NCCL_PORT = 29500  # fixed, so SGLang does not probe for a free port over TCP
 
 
 def use_fake_process_groups() -> None:
@@ -99,7 +100,8 @@ def refuse_internet_sockets() -> Iterator[list[str]]:
         socket.socket.__init__ = original  # type: ignore[method-assign]
 
 
-def _engine_class() -> type:
+def engine_class() -> type:
+    """SGLang's `Engine` subclass whose scheduler and detokenizer run in threads."""
     from sglang.srt.entrypoints.engine import Engine, SchedulerInitResult
 
     class OneProcessEngine(Engine):  # type: ignore[misc]
@@ -189,8 +191,8 @@ def start_engine(**server_args: Any) -> Any:
     """SGLang's `Engine` of these `ServerArgs` fields in this process; no TCP socket is
     opened (``nccl_port`` is fixed so SGLang does not probe for a free one)."""
     use_fake_process_groups()
-    server_args.setdefault("nccl_port", 29500)
+    server_args.setdefault("nccl_port", FIXED_NCCL_PORT)
     started = time.monotonic()
-    engine = _engine_class()(**server_args)
+    engine = engine_class()(**server_args)
     logger.info("one-process engine ready in %.1f s", time.monotonic() - started)
     return engine
