@@ -100,9 +100,41 @@ def refuse_internet_sockets() -> Iterator[list[str]]:
         socket.socket.__init__ = original  # type: ignore[method-assign]
 
 
+CPU_MONITOR_COMPONENT = "one-process"
+
+
+def one_cpu_monitor() -> None:
+    """Start SGLang's CPU-time monitor once per process (with `--enable-metrics`).
+
+    The tokenizer manager and the detokenizer each start one, registering the same Prometheus
+    counter: in one process the second registration raises `DuplicateTimeseries`. A process's
+    CPU time is every component's here, so one counter, labelled `CPU_MONITOR_COMPONENT`,
+    counts it. Idempotent."""
+    from sglang.srt.managers import detokenizer_manager, tokenizer_manager
+    from sglang.srt.observability import cpu_monitor
+
+    start = cpu_monitor.start_cpu_monitor_thread
+    if getattr(start, "_tpuserve_once", False):
+        return
+    started: list[threading.Thread] = []
+    lock = threading.Lock()
+
+    def start_once(component: str, interval: float = 5.0) -> threading.Thread:
+        with lock:
+            if not started:
+                started.append(start(CPU_MONITOR_COMPONENT, interval))
+            return started[0]
+
+    start_once._tpuserve_once = True  # type: ignore[attr-defined]
+    for module in (cpu_monitor, tokenizer_manager, detokenizer_manager):
+        module.start_cpu_monitor_thread = start_once
+
+
 def engine_class() -> type:
     """SGLang's `Engine` subclass whose scheduler and detokenizer run in threads."""
     from sglang.srt.entrypoints.engine import Engine, SchedulerInitResult
+
+    one_cpu_monitor()
 
     class OneProcessEngine(Engine):  # type: ignore[misc]
         """SGLang's `Engine` with its scheduler and detokenizer in threads."""

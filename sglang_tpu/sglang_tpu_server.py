@@ -29,6 +29,7 @@ TorchTPU's device (compiled when ``--enable-torch-compile`` is given). With
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -131,8 +132,11 @@ def _serve_on_unix_socket(path: str, server_args: Any) -> None:
         return uvicorn.Config(app, **kwargs, uds=path)
 
     http_server.uvicorn = _UvicornOnSocket(uvicorn, config)
-    # The warm-up request goes to host:port over TCP: skip it.
+    # The warm-up request and the post-warm-up `/freeze_gc` go to host:port over TCP: skip
+    # the first; the second becomes `gc.freeze()` here, where the scheduler and detokenizer
+    # are threads of this process.
     server_args.skip_server_warmup = True
+    http_server._freeze_gc_after_server_warmup = lambda server_args: gc.freeze()
 
 
 class _UvicornOnSocket:
