@@ -106,8 +106,13 @@ def check_declaration(environ: Mapping[str, str]) -> None:
 
 def _on_torchtpu(server_args: Any) -> Any:
     """SGLang's arguments for the host side of the bridge, and the bridge to TorchTPU."""
+    import importlib
+
     from sglang_tpu import sglang_device_bridge
 
+    # TorchTPU registers the `tpu` device when imported; its eager mode comes from the
+    # TORCH_TPU_* variables the launcher sets (launch.EAGER_MODE_ENV).
+    importlib.import_module("torch_tpu")
     compiled = bool(server_args.enable_torch_compile)
     os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # every CustomOp on its native torch path
     server_args.device = "cpu"
