@@ -144,6 +144,10 @@ def plan(contract: LaunchContract) -> LaunchPlan:
         directories = []
     else:
         env = torch_tpu_env(contract)
+        shim = cpu_kernel_shim_dir(contract) if contract.engine == "sglang" else None
+        if shim is not None:
+            # SGLang's host side imports `sgl_kernel`, which the TPU image does not install.
+            env["PYTHONPATH"] = shim
         env |= compile_cache.compile_cache_env(contract)
         env |= compile_cache.tier2_cache_env()
         env |= EAGER_MODE_ENV[contract.execution_mode]

@@ -15,6 +15,7 @@ from sglang_tpu.sglang_flags import (
     QUANTIZATION_METHODS,
     SGLANG_MODULE,
     SPECULATIVE_ALGORITHMS,
+    TPU_SGLANG_MODULE,
     cpu_flags,
 )
 
@@ -76,12 +77,13 @@ def sglang_command(
     adapter_paths: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """The SGLang server command for one host of the slice; paths (of the model, the draft
-    model and each LoRA adapter by name) are already local."""
+    model and each LoRA adapter by name) are already local. On a TPU the server starts
+    through the TorchTPU adapter's entry (`TPU_SGLANG_MODULE`) with the same flags."""
     shape = contract.shape
     cpu = contract.device == "cpu"
     command = [
         python,
-        *SGLANG_MODULE,
+        *(SGLANG_MODULE if cpu else TPU_SGLANG_MODULE),
         "--model-path",
         model_path,
         "--served-model-name",

@@ -175,6 +175,9 @@ SPECULATIVE_ALGORITHMS = {"EAGLE3": "EAGLE3", "MTP": "NEXTN"}
 
 DEFAULT_PYTHON = "python3"  # the image's interpreter, which has SGLang and TorchTPU
 SGLANG_MODULE = ("-m", "sglang.launch_server")
+# On a TPU: SGLang's launch_server with the TorchTPU adapter applied in the server's process,
+# the same flags (`sglang_tpu.sglang_tpu_server`).
+TPU_SGLANG_MODULE = ("-m", "sglang_tpu.sglang_tpu_server")
 
 
 def owned_flag(arg: str) -> str | None:

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 FAKE_BACKEND = "fake"
 NO_TCP_ERRNO = 97  # EAFNOSUPPORT: what the TPU machine answers to an internet socket
+FIXED_NCCL_PORT = 29500  # fixed, so SGLang does not probe for a free port over TCP
 
 
 def use_fake_process_groups() -> None:
@@ -99,8 +100,41 @@ def refuse_internet_sockets() -> Iterator[list[str]]:
         socket.socket.__init__ = original  # type: ignore[method-assign]
 
 
-def _engine_class() -> type:
+CPU_MONITOR_COMPONENT = "one-process"
+
+
+def one_cpu_monitor() -> None:
+    """Start SGLang's CPU-time monitor once per process (with `--enable-metrics`).
+
+    The tokenizer manager and the detokenizer each start one, registering the same Prometheus
+    counter: in one process the second registration raises `DuplicateTimeseries`. A process's
+    CPU time is every component's here, so one counter, labelled `CPU_MONITOR_COMPONENT`,
+    counts it. Idempotent."""
+    from sglang.srt.managers import detokenizer_manager, tokenizer_manager
+    from sglang.srt.observability import cpu_monitor
+
+    start = cpu_monitor.start_cpu_monitor_thread
+    if getattr(start, "_tpuserve_once", False):
+        return
+    started: list[threading.Thread] = []
+    lock = threading.Lock()
+
+    def start_once(component: str, interval: float = 5.0) -> threading.Thread:
+        with lock:
+            if not started:
+                started.append(start(CPU_MONITOR_COMPONENT, interval))
+            return started[0]
+
+    start_once._tpuserve_once = True  # type: ignore[attr-defined]
+    for module in (cpu_monitor, tokenizer_manager, detokenizer_manager):
+        module.start_cpu_monitor_thread = start_once
+
+
+def engine_class() -> type:
+    """SGLang's `Engine` subclass whose scheduler and detokenizer run in threads."""
     from sglang.srt.entrypoints.engine import Engine, SchedulerInitResult
+
+    one_cpu_monitor()
 
     class OneProcessEngine(Engine):  # type: ignore[misc]
         """SGLang's `Engine` with its scheduler and detokenizer in threads."""
@@ -189,8 +223,8 @@ def start_engine(**server_args: Any) -> Any:
     """SGLang's `Engine` of these `ServerArgs` fields in this process; no TCP socket is
     opened (``nccl_port`` is fixed so SGLang does not probe for a free one)."""
     use_fake_process_groups()
-    server_args.setdefault("nccl_port", 29500)
+    server_args.setdefault("nccl_port", FIXED_NCCL_PORT)
     started = time.monotonic()
-    engine = _engine_class()(**server_args)
+    engine = engine_class()(**server_args)
     logger.info("one-process engine ready in %.1f s", time.monotonic() - started)
     return engine

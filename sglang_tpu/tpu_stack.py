@@ -72,9 +72,10 @@ STACK_RULES: tuple[StackRule, ...] = (
 
 
 # An engine image whose SGLang keeps the KV pool's writes out of the compiled graph
-# (`sglang_tpu.sglang_torchtpu.keep_kv_pool_writes_eager`, which the one-process launch's device
-# bridge applies when it compiles) says so in this variable: "eager". Unset, or "graph", the
-# writes are compiled into the step with the rest of SGLang's forward.
+# (`sglang_tpu.sglang_torchtpu.keep_kv_pool_writes_eager`, which the engine image's TPU entry,
+# `sglang_tpu.sglang_tpu_server`, applies before SGLang starts) says so in this variable:
+# "eager". Unset, or "graph", the writes are compiled into the step with the rest of SGLang's
+# forward.
 KV_WRITES_ENV = "TPUSERVE_SGLANG_KV_WRITES"
 KV_WRITES_VALUES = ("eager", "graph")
 

@@ -144,7 +144,7 @@ def test_single_host_eight_chips(generation: str, capsys: pytest.CaptureFixture[
     env, command = out["env"], out["command"]
     assert isinstance(env, dict)
     assert isinstance(command, list)
-    assert command[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert command[:3] == ["python3", "-m", "sglang_tpu.sglang_tpu_server"]  # the adapter
     assert flag(command, "--tp-size") == "8"
     assert flag(command, "--device") == "tpu"
     assert "--nnodes" not in command
