@@ -32,7 +32,6 @@ from tpuserve_router.engines.workers import ModelRoute, Worker
 from tpuserve_router.pipeline.adapter_affinity import AdapterAffinity
 from tpuserve_router.pipeline.generation_limits import GENERATION_LIMITS, GenerationLimit
 from tpuserve_router.pipeline.ledger import Ledger, Selected, Spend
-from tpuserve_router.tenancy.model_shares import ModelFlights
 from tpuserve_router.pipeline.refusals import model_not_found, unauthorized, unavailable
 from tpuserve_router.pipeline.request_body import (
     ClientError,
@@ -45,6 +44,7 @@ from tpuserve_router.pipeline.request_ids import ClientRid, client_rid
 from tpuserve_router.policies.base import Decision, RouteRequest
 from tpuserve_router.tenancy.auth import DEFAULT_PRIORITY, ApiKey, KeyStore, presented_key
 from tpuserve_router.tenancy.hold import OTHER_MODEL, HoldQueues, HoldRefused, hold_label
+from tpuserve_router.tenancy.model_shares import ModelFlights
 from tpuserve_router.tenancy.quotas import Quotas, Refusal, Reservation, in_flight_limits
 
 STAGES: Final = ("admit", "select", "relay", "account")

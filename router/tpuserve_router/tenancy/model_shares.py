@@ -31,11 +31,16 @@ if TYPE_CHECKING:  # the Leases' module (aiohttp, the API client) loads with dis
 
 
 class _Config(Protocol):
-    demand_leases: tuple[str, ...]
-    discovery: str
-    hold_model_share: float
-    max_in_flight: int
-    max_in_flight_per_model: int | None
+    @property
+    def demand_leases(self) -> tuple[str, ...]: ...
+    @property
+    def discovery(self) -> str: ...
+    @property
+    def hold_model_share(self) -> float: ...
+    @property
+    def max_in_flight(self) -> int: ...
+    @property
+    def max_in_flight_per_model(self) -> int | None: ...
 
 
 def demand_lease_map(entries: tuple[str, ...]) -> dict[str, str]:
@@ -104,9 +109,7 @@ class ModelDemand:
     router's ``--demand-lease``), and one per model (``--demand-leases``), renewed only by its
     own model's."""
 
-    def __init__(
-        self, leases: Mapping[str, DemandLease], every: DemandLease | None = None
-    ) -> None:
+    def __init__(self, leases: Mapping[str, DemandLease], every: DemandLease | None = None) -> None:
         self.leases = dict(leases)
         self.every = every
 

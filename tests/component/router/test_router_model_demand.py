@@ -55,7 +55,8 @@ async def test_each_models_requests_renew_its_own_lease_and_no_other() -> None:
     demand = demand_signals(
         ApiServer(url, {}, False, None), "ml", config, metrics, holds, lambda: pipeline
     )
-    assert demand is not None and demand.every is None
+    assert demand is not None
+    assert demand.every is None
     demand.start()
     try:
         demand.arrived(True, "qwen")  # held: qwen's Lease at once

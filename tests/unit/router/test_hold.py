@@ -269,7 +269,8 @@ async def test_one_models_held_bodies_take_at_most_its_share_of_the_bytes() -> N
     assert queues.held("flood") == 1
     tasks.append(asyncio.ensure_future(hold("quiet", "quiet", 50)))  # its own share is whole
     await asyncio.sleep(0)
-    assert queues.held("quiet") == 1 and queues.held_bytes == 80
+    assert queues.held("quiet") == 1
+    assert queues.held_bytes == 80
     assert "quiet" not in outcomes
     for task in tasks:
         task.cancel()
