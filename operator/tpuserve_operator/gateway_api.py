@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from tpuserve_operator.api import (
+    DNS_SUBDOMAIN,
     LABEL_VALUE,
     MAX_REQUEST_SECONDS,
     ApiKeysSecret,
@@ -60,6 +61,7 @@ class GatewayHoldSpec(HoldSpec):
 class GatewayInferencePoolSpec(Schema):
     gateway_name: str = Field(
         max_length=253,
+        pattern=DNS_SUBDOMAIN,
         description=(
             "gatewayName names the Gateway (gateway.networking.k8s.io) whose pods may reach the "
             "gateway's picker port; one InferencePool per model is rendered, each naming the "

@@ -7,10 +7,11 @@ client talks to it:
 
 1. each running model is answered through the gateway; the model at zero is not woken by
    them (its demand Lease never renewed, its replicas stay 0);
-2. an unloaded run of model B, then the same run while model A is flooded by more clients
-   than its share of requests in flight (`maxInFlightPerModel`): B is answered every time (no
-   429 or 503), A's excess gets 429 naming its share; the latencies of both runs are printed
-   (`-s`) for the report, never asserted;
+2. an unloaded run of model B, then the same run while model A runs as many closed-loop
+   clients as its share of requests in flight (`maxInFlightPerModel`), then while A is flooded
+   by three times as many: B is answered every time (no 429 or 503), A's excess gets 429
+   naming its share; the latencies of the runs are printed (`-s`) for the report, never
+   asserted;
 3. a burst at the model at zero, more than its hold slots: the excess gets 503 with
    Retry-After at once (its own slots), A and B keep being answered meanwhile; its own held
    requests renew its Lease, the operator wakes exactly that server, and they are answered.
@@ -18,6 +19,7 @@ client talks to it:
 
 from __future__ import annotations
 
+import functools
 import statistics
 import threading
 import time
@@ -199,13 +201,19 @@ def test_one_gateway_fronts_three_servers_and_wakes_only_the_one_asked_for(
         )
 
 
+def ready(cluster: Cluster, name: str) -> bool:
+    return condition(server(cluster, name), "Ready").get("status") == "True"
+
+
+def gateway_status(cluster: Cluster) -> dict[str, Any] | None:
+    """The gateway's status once it lists every model."""
+    status: dict[str, Any] = get(cluster, "tpugateway", GATEWAY, "-n", NAMESPACE).get("status")
+    return status if len((status or {}).get("models") or []) == len(SERVERS) else None
+
+
 def _run(cluster: Cluster) -> None:
     for name in ("gw-a", "gw-b"):
-        wait(
-            f"{name} Ready",
-            lambda name=name: condition(server(cluster, name), "Ready").get("status") == "True",
-            STARTUP_TIMEOUT_SECONDS,
-        )
+        wait(f"{name} Ready", functools.partial(ready, cluster, name), STARTUP_TIMEOUT_SECONDS)
     wait(
         f"{ZERO} valid at zero behind the gateway",
         lambda: (
@@ -213,20 +221,8 @@ def _run(cluster: Cluster) -> None:
             and condition(server(cluster, ZERO), "Ready").get("reason") == "ScaledToZero"
         ),
     )
-    gateway = wait(
-        "the gateway's status lists the three models",
-        lambda: (
-            (get(cluster, "tpugateway", GATEWAY, "-n", NAMESPACE).get("status") or {})
-            if len(
-                (get(cluster, "tpugateway", GATEWAY, "-n", NAMESPACE).get("status") or {}).get(
-                    "models"
-                )
-                or []
-            )
-            == 3
-            else None
-        ),
-    )
+    gateway = wait("the gateway's status lists the three models", lambda: gateway_status(cluster))
+    assert gateway is not None
     assert {m["model"]: m["scalesToZero"] for m in gateway["models"]} == {
         "model-a": False,
         "model-b": False,
@@ -245,7 +241,13 @@ def _run(cluster: Cluster) -> None:
     assert server(cluster, ZERO)["spec"].get("replicas") == 0
     assert not pods(cluster, f"{labels.INSTANCE}={ZERO}")
 
-    # 2. model A flooded past its share; model B answered every time
+    # 2. model A at its share, then flooded past it; model B answered every time
+    steady = Calls(base_url, "model-a")
+    steady.flood(IN_FLIGHT_PER_MODEL)
+    try:
+        share_b = b.sequential(SAMPLES)
+    finally:
+        steady.halt()
     flood = Calls(base_url, "model-a")
     flood.flood(FLOOD_CLIENTS)
     try:
@@ -279,6 +281,10 @@ def _run(cluster: Cluster) -> None:
         "\ngateway latencies (s): "
         f"model-a unloaded p50 {statistics.median(unloaded_a):.4f} p99 {p99(unloaded_a):.4f}; "
         f"model-b unloaded p50 {statistics.median(unloaded_b):.4f} p99 {p99(unloaded_b):.4f}; "
+        f"model-b with model-a at its share ({IN_FLIGHT_PER_MODEL} clients) p50 "
+        f"{statistics.median(share_b):.4f} p99 {p99(share_b):.4f} "
+        f"(p99 ratio {p99(share_b) / p99(unloaded_b):.2f}, model-a statuses "
+        f"{sorted(set(steady.statuses()))}); "
         f"model-b under model-a's flood ({FLOOD_CLIENTS} clients) p50 "
         f"{statistics.median(loaded_b):.4f} p99 {p99(loaded_b):.4f} "
         f"(p99 ratio {p99(loaded_b) / p99(unloaded_b):.2f}); flood statuses: "
