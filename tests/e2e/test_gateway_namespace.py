@@ -289,5 +289,7 @@ def _run(cluster: Cluster) -> None:
         f"{statistics.median(loaded_b):.4f} p99 {p99(loaded_b):.4f} "
         f"(p99 ratio {p99(loaded_b) / p99(unloaded_b):.2f}); flood statuses: "
         f"{flood_statuses.count(200)} x 200, {flood_statuses.count(429)} x 429; "
-        f"model-z burst {held}"
+        f"model-z burst {held}, its held requests answered after "
+        f"{min(t for st, t, _ in z.results if st == 200):.1f}-"
+        f"{max(t for st, t, _ in z.results if st == 200):.1f} s (cold start from zero)"
     )
