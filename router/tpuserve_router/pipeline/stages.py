@@ -32,7 +32,12 @@ from tpuserve_router.engines.workers import ModelRoute, Worker
 from tpuserve_router.pipeline.adapter_affinity import AdapterAffinity
 from tpuserve_router.pipeline.generation_limits import GENERATION_LIMITS, GenerationLimit
 from tpuserve_router.pipeline.ledger import Ledger, Selected, Spend
-from tpuserve_router.pipeline.refusals import model_not_found, unauthorized, unavailable
+from tpuserve_router.pipeline.refusals import (
+    RETRY_AFTER_SECONDS,
+    model_not_found,
+    unauthorized,
+    unavailable,
+)
 from tpuserve_router.pipeline.request_body import (
     ClientError,
     ParsedBody,
@@ -340,6 +345,7 @@ class Pipeline:
                     f"model {served.model!r} has {self.flights.of(served.model)} requests in "
                     "flight, the most one model may (--max-in-flight-per-model); retry",
                     error_type="rate_limit_exceeded",
+                    headers={"retry-after": RETRY_AFTER_SECONDS},
                 ),
                 served.model,
             )

@@ -58,8 +58,9 @@ async def test_a_model_at_its_share_is_shed_while_others_are_served_and_unlisted
             )
             await stream.__anext__()
             streams.append(stream)
-        with pytest.raises(openai.RateLimitError, match="--max-in-flight-per-model"):
+        with pytest.raises(openai.RateLimitError, match="--max-in-flight-per-model") as shed:
             await oa.completions.create(model=LLAMA, prompt="one more", max_tokens=2)
+        assert shed.value.response.headers.get("retry-after")
         answer = await oa.completions.create(model=QWEN, prompt="another model", max_tokens=2)
         assert answer.choices[0].text
     finally:
