@@ -271,7 +271,6 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         },
         "gateway": {
             "rss_at_rest_mib": round(rest_rss, 1),
-            "rss_at_rest_per_model_kib": round(rest_rss * 1024 / args.models, 1),
             "rss_after_mib": round(end_rss, 1),
             "peak_rss_mib": round(peak, 1),
             "cpu_seconds": round(cpu, 2),
