@@ -7,7 +7,7 @@ A pass (every `PASS_SECONDS`, and at once on a change of the TPUGateway):
    ``autoscaling.minReplicas: 0``;
 2. create the replicas' peering Secret once (random, never read back), then apply what
    `render.gateway.gateway_children` renders (server-side apply, only what changed since the
-   last pass: the rendered manifests' hashes);
+   last pass, and everything every `RESYNC_SECONDS`, which restores what was deleted);
 3. delete the InferencePools of models no longer selected (by the gateway's label);
 4. write ``status`` (endpoint, models, a message).
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpuserve_operator import labels
@@ -42,6 +43,9 @@ from tpuserve_operator.render.inference_pool import KIND as POOL_KIND
 log = logging.getLogger(__name__)
 
 PASS_SECONDS = 5.0
+RESYNC_SECONDS = 60.0
+"""Every this often a pass applies every object, changed or not (one deleted by hand comes
+back; in between a pass applies only what its rendering changed)."""
 
 
 async def fronted_by_gateway(
@@ -61,13 +65,21 @@ async def fronted_by_gateway(
 class GatewayReconciler:
     """One per TPUGateway daemon: what it applied last, so a pass applies only changes."""
 
-    def __init__(self, kube: Kube, config: RenderConfig) -> None:
+    def __init__(
+        self, kube: Kube, config: RenderConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.kube = kube
         self.config = config
+        self.clock = clock
         self.applied: dict[tuple[str, str], str] = {}  # (kind, name) -> hash
+        self.applied_all_at: float | None = None
         self.secret_made = False
 
     async def converge(self, body: Mapping[str, Any]) -> None:
+        now = self.clock()
+        if self.applied_all_at is None or now - self.applied_all_at >= RESYNC_SECONDS:
+            self.applied.clear()  # apply everything again: restores what was deleted or edited
+            self.applied_all_at = now
         meta = body.get("metadata") or {}
         namespace, name = str(meta.get("namespace")), str(meta.get("name"))
         try:

@@ -7,10 +7,14 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import FakeKube
+from tests.fakes import FakeKube, VirtualClock
 from tpuserve_operator import labels
 from tpuserve_operator.gateway_api import TPUGatewaySpec
-from tpuserve_operator.gateway_reconciler import GatewayReconciler, fronted_by_gateway
+from tpuserve_operator.gateway_reconciler import (
+    RESYNC_SECONDS,
+    GatewayReconciler,
+    fronted_by_gateway,
+)
 from tpuserve_operator.render.context import RenderConfig
 from tpuserve_operator.render.gateway import Gateway, gateway_children, gateway_models
 from tpuserve_operator.render.inference_pool import GROUP_VERSION as POOL_API
@@ -111,7 +115,8 @@ async def test_a_pass_applies_reports_and_prunes_the_pool_of_a_model_no_longer_s
     for body in (server("llama", "llama"), server("qwen", "qwen", zero=True)):
         kube.put(body)
     kube.put(gateway_body(inferencePool={"gatewayName": "inference"}))
-    reconciler = GatewayReconciler(kube, RenderConfig())  # type: ignore[arg-type]
+    clock = VirtualClock(0.0)
+    reconciler = GatewayReconciler(kube, RenderConfig(), clock)  # type: ignore[arg-type]
 
     def gateway() -> dict[str, Any]:
         return kube.get_object(labels.API_VERSION, labels.GATEWAY_KIND, NAMESPACE, "models")
@@ -138,6 +143,13 @@ async def test_a_pass_applies_reports_and_prunes_the_pool_of_a_model_no_longer_s
     assert "--hold-models=qwen" in args_of(
         [kube.get_object("apps/v1", "Deployment", NAMESPACE, "models-gateway")]
     )
+
+    await kube.delete("apps/v1", "Deployment", NAMESPACE, "models-gateway")  # by hand
+    await reconciler.converge(gateway())
+    assert "models-gateway" not in kube.names("Deployment")  # unchanged rendering: not applied
+    clock.advance(RESYNC_SECONDS)
+    await reconciler.converge(gateway())
+    assert "models-gateway" in kube.names("Deployment")  # the periodic full pass restores it
 
 
 async def test_a_server_is_fronted_only_by_a_gateway_whose_selector_matches_it() -> None:
