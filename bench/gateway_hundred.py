@@ -1,7 +1,8 @@
 """A hundred models behind one TPUGateway on the local control plane (issue 70, item 3).
 
     .venv/bin/python bench/gateway_hundred.py [--models 100] [--stagger 3] [--requests 24]
-        [--rate 1.5] [--idle 30] [--json bench/gateway_results/hundred.json]
+        [--rate 1.5] [--idle 30] [--flood-clients N --max-in-flight-per-model M]
+        [--json bench/gateway_results/hundred.json]
 
 A real apiserver, scheduler and kwok nodes; pods run as local processes (engine twins of a
 simulated Qwen3-8B on v6e `2x4`, the gateway's `tpuserve router`); `tpuserve operator` runs as
@@ -17,6 +18,10 @@ and the gateway's router process: resident memory at rest with every model confi
 peak, and its CPU time over the run per request and per model. Twins start in seconds and
 compile nothing, so the cold start here is the platform's part (demand Lease, operator, pod
 start, readiness), not a TPU's weights and compilation (minutes; docs/operator.md).
+
+With `--flood-clients N`, a process of its own floods `model-000` with N closed-loop clients
+for the whole run (each 429 waited out for its Retry-After); the others' warm latencies are
+then the figure to hold against a run without it.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ NAMESPACE = "default"
 GATEWAY = "models"
 
 
-def manifests(models: int, idle: int) -> list[dict[str, Any]]:
+def manifests(models: int, idle: int, per_model: int = 1024) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
         {
             "apiVersion": labels.API_VERSION,
@@ -75,6 +80,7 @@ def manifests(models: int, idle: int) -> list[dict[str, Any]]:
             "spec": {
                 "serverSelector": {"matchLabels": {"tier": "bench"}},
                 "replicas": 1,
+                "maxInFlightPerModel": per_model,
                 "hold": {"maxRequests": 32, "maxSeconds": 600},
             },
         }
@@ -116,6 +122,40 @@ def cpu_seconds(pid: int) -> float:
 
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+FLOOD_MODEL = "model-000"
+
+
+def _flood(base_url: str, clients: int, stop: Any, counts: Any) -> None:
+    """A flood's process: ``clients`` closed-loop threads on `FLOOD_MODEL`; a 429 is waited
+    out for its Retry-After, as the openai SDK's retries do. counts: 200, 429, other."""
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+    def loop() -> None:
+        while not stop.is_set():
+            slot, wait = 0, 0.0
+            try:
+                client.chat.completions.create(
+                    model=FLOOD_MODEL,
+                    messages=[{"role": "user", "content": "flood: what is a TPU?"}],
+                    max_tokens=64,
+                    timeout=600,
+                )
+            except openai.APIStatusError as err:
+                slot = 1 if err.status_code == 429 else 2
+                wait = float(err.response.headers.get("retry-after") or 0)
+            except Exception:
+                slot = 2
+            with counts.get_lock():
+                counts[slot] += 1
+            stop.wait(wait)
+
+    threads = [threading.Thread(target=loop, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -174,7 +214,9 @@ class Sessions:
 
 
 def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
-    documents = "---\n".join(yaml.safe_dump(m) for m in manifests(args.models, args.idle))
+    documents = "---\n".join(
+        yaml.safe_dump(m) for m in manifests(args.models, args.idle, args.max_in_flight_per_model)
+    )
     created = time.monotonic()
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=documents)
 
@@ -225,12 +267,28 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     rest_rss = memory_mib(pid, "VmRSS")
     cpu_before = cpu_seconds(pid)
 
+    flood = None
+    if args.flood_clients:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        stop, counts = context.Event(), context.Array("i", 3)
+        flood = context.Process(
+            target=_flood, args=(base_url, args.flood_clients, stop, counts), daemon=True
+        )
+        flood.start()
     sessions = Sessions(base_url)
     t0 = time.monotonic() + 1
     for i in range(args.models):
         sessions.schedule(f"model-{i:03d}", t0 + i * args.stagger, args.requests, args.rate)
     sessions.join()
     duration = time.monotonic() - t0
+    flooded = None
+    if flood is not None:
+        stop.set()
+        flood.join(700)
+        flooded = {"clients": args.flood_clients, "200": counts[0], "429": counts[1]}
+        flooded["other"] = counts[2]
     cpu = cpu_seconds(pid) - cpu_before
     peak = memory_mib(pid, "VmHWM")
     end_rss = memory_mib(pid, "VmRSS")
@@ -243,7 +301,9 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     warm = [
         r["seconds"]
         for r in rows
-        if r["status"] == 200 and r["started"] > up.get(r["model"], float("inf"))
+        if r["status"] == 200
+        and r["started"] > up.get(r["model"], float("inf"))
+        and not (flood is not None and r["model"] == FLOOD_MODEL)
     ]
     return {
         "models": args.models,
@@ -269,6 +329,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             "p99": round(percentile(warm, 0.99), 3) if warm else None,
             "count": len(warm),
         },
+        "flood": flooded,
         "gateway": {
             "rss_at_rest_mib": round(rest_rss, 1),
             "rss_after_mib": round(end_rss, 1),
@@ -287,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--rate", type=float, default=1.5)
     parser.add_argument("--idle", type=int, default=30)
+    parser.add_argument(
+        "--flood-clients",
+        type=int,
+        default=0,
+        help=f"closed-loop clients flooding {FLOOD_MODEL} for the whole run (its warm "
+        "latencies are then left out of the others')",
+    )
+    parser.add_argument("--max-in-flight-per-model", type=int, default=1024)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     pools = [
