@@ -198,7 +198,9 @@ class Pipeline:
                     tenant=key.tenant if key is not None else f"client {arrival.client}",
                     priority=key.priority if key is not None else DEFAULT_PRIORITY,
                     size=arrival.size,
-                    admissible=functools.partial(self._has_room, limit),
+                    admissible=functools.partial(
+                        self._has_room, limit, self.registry.split_model(parsed.model)[0]
+                    ),
                 )  # fmt: skip
             except HoldRefused as refused:
                 raise Refused(unavailable(str(refused)), label) from None
@@ -398,10 +400,12 @@ class Pipeline:
             served = [n for n in served if n.partition(":")[0] in self.hold_models]
         return model_not_found(name, served)
 
-    def _has_room(self, limit: int) -> bool:
-        """Live traffic under ``limit`` in flight would be admitted now (a held request
-        leaves the queue through the same admission)."""
-        return self.in_flight < limit
+    def _has_room(self, limit: int, model: str = "") -> bool:
+        """Live traffic under ``limit`` in flight, and ``model``'s under its share
+        (--max-in-flight-per-model), would be admitted now (a held request leaves the queue
+        through the same admission: released at once past its model's share, it would get
+        429)."""
+        return self.in_flight < limit and not self.flights.full(model)
 
     def _must_hold(self, model: str) -> bool:
         """Whether a request for ``model`` waits in the hold queue: others of its queue
