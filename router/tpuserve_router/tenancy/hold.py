@@ -15,7 +15,8 @@ leave alternately, and a ``critical`` request held behind 256 ``low`` ones leave
 
 How fast. The next request leaves only through the admission live traffic passes: its model
 has a routable worker (``routable()``) and the router has room for its class under
-``--max-in-flight`` (``admissible()``: the shed thresholds of `quotas.in_flight_limits`).
+``--max-in-flight`` (``admissible()``: the shed thresholds of `quotas.in_flight_limits`), and
+its model has room under ``--max-in-flight-per-model``.
 A released request is counted in flight before the next is considered, so a wake-up never
 takes the router past its limit, and a held ``low`` request waits (held, not refused) while
 the router has no room for ``low`` traffic. The next one looks again when a request leaves
