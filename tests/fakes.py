@@ -165,6 +165,15 @@ class FakeKube:
         body["status"] = _merge_patch(body.get("status") or {}, status)
         self.status_patches.append(copy.deepcopy(dict(status)))
 
+    async def patch_gateway_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        key = (labels.API_VERSION, labels.GATEWAY_KIND, namespace, name)
+        body = self.objects.get(key)
+        if body is None:
+            raise not_found(f"{labels.GATEWAY_KIND} {namespace}/{name}")
+        body["status"] = _merge_patch(body.get("status") or {}, status)
+
     async def patch_replicas(self, namespace: str, name: str, replicas: int) -> None:
         key = (labels.API_VERSION, labels.KIND, namespace, name)
         body = self.objects[key] = _merge_patch(self.objects[key], replicas_patch(replicas))

@@ -209,7 +209,8 @@ def options_from(args: argparse.Namespace) -> OperatorOptions:
 def run(args: argparse.Namespace) -> int:
     import kopf
 
-    import tpuserve_operator.handlers.tpumodelserver  # noqa: F401  (registers the handlers)
+    import tpuserve_operator.handlers.tpugateway
+    import tpuserve_operator.handlers.tpumodelserver  # noqa: F401
 
     options = options_from(args)
     if args.log_format == "json":

@@ -80,6 +80,7 @@ KINDS: dict[tuple[str, str], Kind] = {
         Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
         Kind(labels.API_VERSION, labels.KIND, labels.PLURAL),
         Kind(labels.API_VERSION, labels.ROLE_KIND, labels.ROLE_PLURAL),
+        Kind(labels.API_VERSION, labels.GATEWAY_KIND, labels.GATEWAY_PLURAL),
         Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False),
         Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings"),
     )
@@ -242,6 +243,17 @@ class Kube:
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         kind = KINDS[(labels.API_VERSION, labels.KIND)]
+        await self._request(
+            "patch",
+            kind.path(namespace, name) + "/status",
+            body={"status": dict(status)},
+            content_type=MERGE_PATCH,
+        )
+
+    async def patch_gateway_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        kind = KINDS[(labels.API_VERSION, labels.GATEWAY_KIND)]
         await self._request(
             "patch",
             kind.path(namespace, name) + "/status",

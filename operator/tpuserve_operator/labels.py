@@ -21,6 +21,11 @@ ROLE_KIND = "TPUModelServerRole"
 ROLE_PLURAL = "tpumodelserverroles"
 ROLE_SINGULAR = "tpumodelserverrole"
 ROLE_SHORT_NAMES = ("tmsrole",)
+# One router in front of many servers of a namespace (gateway_api.py).
+GATEWAY_KIND = "TPUGateway"
+GATEWAY_PLURAL = "tpugateways"
+GATEWAY_SINGULAR = "tpugateway"
+GATEWAY_SHORT_NAMES = ("tgw",)
 
 FIELD_MANAGER = "tpuserve-operator"
 
@@ -46,6 +51,7 @@ ROLE_LEADER = "leader"
 ROLE_WORKER = "worker"
 REVISION = f"{GROUP}/revision"
 SHARED_ROUTER = f"{GROUP}/shared-router"  # "true" on routers fronting several servers
+GATEWAY = f"{GROUP}/gateway"  # the TPUGateway a gateway's objects belong to
 
 # Annotations.
 SPEC_HASH = f"{GROUP}/spec-hash"  # hash of the manifest the operator applied to a child
@@ -71,6 +77,8 @@ LABEL_DOCS: Mapping[str, str] = {
     SHARED_ROUTER: f"`true`, with `{COMPONENT}: {COMPONENT_ROUTER}`, on a router pod of your own "
     "that fronts several TPUModelServers of the namespace (docs/router.md, Many models): "
     "every server's engine NetworkPolicy lets it in, as it lets the server's own routers",
+    GATEWAY: "the TPUGateway's name, on the objects the operator renders for it (its router "
+    "pods carry `shared-router: true` too)",
 }
 
 ANNOTATION_DOCS: Mapping[str, str] = {

@@ -61,6 +61,18 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         "write a TPUModelServerRole's status (the role's groups, its leaders' selector)",
     ),
     Rule(
+        labels.GROUP,
+        (labels.GATEWAY_PLURAL,),
+        ("get", "list", "watch", "patch"),
+        "watch TPUGateways (and list them: is a server fronted); kopf's finalizer",
+    ),
+    Rule(
+        labels.GROUP,
+        (f"{labels.GATEWAY_PLURAL}/status",),
+        ("get", "patch"),
+        "write a TPUGateway's status (endpoint, models)",
+    ),
+    Rule(
         "leaderworkerset.x-k8s.io",
         ("leaderworkersets",),
         MANAGE,

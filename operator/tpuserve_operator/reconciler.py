@@ -43,8 +43,9 @@ from tpuserve_operator.cold_starts import (
     cache_location,
     compile_cache_status,
 )
-from tpuserve_operator.errors import InvalidSpec
+from tpuserve_operator.errors import InvalidSpec, Problem
 from tpuserve_operator.floor_status import floor_statuses
+from tpuserve_operator.gateway_reconciler import fronted_by_gateway
 from tpuserve_operator.kube import EventSink, KubeApi, NotFoundError, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow
 from tpuserve_operator.node_signals import (
@@ -72,7 +73,12 @@ from tpuserve_operator.render import (
     validate_server,
 )
 from tpuserve_operator.render.autoscaler import KEDA_API_VERSION, KEDA_KIND, KEDA_PLURAL
-from tpuserve_operator.render.demand import demand_lease_name, scales_to_zero
+from tpuserve_operator.render.demand import (
+    GATEWAY_NEEDED,
+    demand_lease_name,
+    needs_gateway,
+    scales_to_zero,
+)
 from tpuserve_operator.render.inference_pool import GROUP_VERSION as INFERENCE_GROUP_VERSION
 from tpuserve_operator.render.inference_pool import KIND as INFERENCE_POOL
 from tpuserve_operator.render.inference_pool import picker_secret, wants_picker_secret
@@ -324,6 +330,10 @@ class Reconciler:
         config = await self._config(previous)
         now = self._clock()
         try:
+            if needs_gateway(body.get("spec") or {}) and not await fronted_by_gateway(
+                self.kube, key[0], meta.get("labels") or {}
+            ):
+                raise InvalidSpec([Problem("spec.autoscaling.minReplicas", GATEWAY_NEEDED)])
             rendered = self._render(state, meta, body, config)
         except InvalidSpec as err:
             await self._report_invalid(key, state, body, previous, err, now)

@@ -122,7 +122,6 @@ def validate(
     problems += _sources(model)
     problems += disaggregation.problems(model, shape)
     problems += _owned_overrides(model)
-    problems += _scale_to_zero(model)
     problems += _sgl_jax_router(model)
     if shape is not None:
         problems += _fit(model, shape)
@@ -349,19 +348,6 @@ def _owned_args(spec: TPUModelServerSpec, field: str, args: Mapping[str, Any]) -
                 Problem(path, f"{value!r} is not allowed; allowed: a string, number or boolean")
             )
     return problems
-
-
-def _scale_to_zero(spec: TPUModelServerSpec) -> list[Problem]:
-    """minReplicas 0 needs the router: it holds requests at zero and signals the demand."""
-    if spec.autoscaling is None or spec.autoscaling.min_replicas > 0 or spec.router.enabled:
-        return []
-    return [
-        Problem(
-            "spec.autoscaling.minReplicas",
-            "0 needs spec.router.enabled true (the router holds the requests that arrive at "
-            "zero replicas and signals the demand); allowed with the router off: 1 or more",
-        )
-    ]
 
 
 def _sgl_jax_router(spec: TPUModelServerSpec) -> list[Problem]:

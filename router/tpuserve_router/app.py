@@ -124,13 +124,14 @@ from tpuserve_router.pipeline.token_cache import ChatTokenCache
 from tpuserve_router.policies.base import Policy, make_policy
 from tpuserve_router.tenancy.auth import ApiKey, KeyStore, presented_key
 from tpuserve_router.tenancy.hold import HoldQueues, touch_hold_series
+from tpuserve_router.tenancy.model_shares import demand_signals
 from tpuserve_router.tenancy.quotas import Quotas
 from tpuserve_router.validation import validate
 
 if TYPE_CHECKING:
     from tpuserve_router.engines.discovery.kubernetes import PodWatcher
     from tpuserve_router.front.picker import EndpointPicker
-    from tpuserve_router.tenancy.demand import DemandLease
+    from tpuserve_router.tenancy.model_shares import ModelDemand
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ def create_router_app(
     buffers = BufferBudget(config.http_buffer_bytes(), config.client_buffer_bytes())
     holds = HoldQueues(
         config.hold_max_requests, config.hold_max_seconds, metrics,
-        max_bytes=config.max_buffered_bytes // 2,
+        max_bytes=config.max_buffered_bytes // 2, model_share=config.hold_model_share,
     )  # fmt: skip
     if holds.enabled:
         for model in config.hold_models:
@@ -255,7 +256,7 @@ def create_router_app(
     )
 
     discovery: PodWatcher | None = None
-    demand: DemandLease | None = None
+    demand: ModelDemand | None = None
     if config.discovery == "kubernetes":
         from tpuserve_router.engines.discovery.kubernetes import ApiServer, PodRules, PodWatcher
 
@@ -271,18 +272,7 @@ def create_router_app(
         discovery = PodWatcher(
             api, namespace, config.selector, rules, functools.partial(apply_discovered, workers)
         )
-        if config.demand_lease is not None:
-            from tpuserve_router.tenancy.demand import DemandLease
-
-            demand = DemandLease(
-                api,
-                namespace,
-                config.demand_lease,
-                config.demand_interval_seconds,
-                metrics,
-                # `pipeline` is made below, with this Lease's `arrived` as its hook
-                lambda: pipeline.in_flight > 0 or holds.total > 0,
-            )
+        demand = demand_signals(api, namespace, config, metrics, holds, lambda: pipeline)
 
     driver = make_driver(
         core,
@@ -402,7 +392,7 @@ class RouterApp:
     keys: KeyStore | None
     aborter: Aborter
     discovery: PodWatcher | None
-    demand: DemandLease | None
+    demand: ModelDemand | None
     pipeline: Pipeline
     forwarder: Forwarder
     admin: AdminApi

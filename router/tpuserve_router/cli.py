@@ -324,12 +324,45 @@ OPTIONS: tuple[Option, ...] = (
         metavar="NAME[,NAME]",
     ),
     Option(
+        "--hold-models-only",
+        "hold_models_only",
+        _auto_bool,
+        "Serve only the models of --hold-models (a namespace gateway's selection): a "
+        "request for another model gets 404, whatever workers discovery finds (default: "
+        "off).",
+        switch=True,
+    ),
+    Option(
         "--demand-lease",
         "demand_lease",
         str,
         "A coordination.k8s.io Lease in --namespace whose renewTime the router sets while "
         "requests arrive, are in flight or held: the operator scales from zero and back to "
         "zero on it (needs --discovery kubernetes; default: none).",
+    ),
+    Option(
+        "--demand-leases",
+        "demand_leases",
+        _comma_list,
+        "One Lease per model (a namespace gateway's): each is renewed, as --demand-lease, only "
+        "while its own model's requests arrive, are in flight or held, so a model at zero is "
+        "woken by its own requests alone (needs --discovery kubernetes; default: none).",
+        metavar="MODEL=LEASE[,MODEL=LEASE]",
+    ),
+    Option(
+        "--hold-model-share",
+        "hold_model_share",
+        cli_types.positive_float,
+        "The share (above 0, at most 1) of the held requests' byte budget one model's hold "
+        "queue may take, so one model's flood leaves the others room "
+        f"(default {DEFAULTS.hold_model_share:g}).",
+    ),
+    Option(
+        "--max-in-flight-per-model",
+        "max_in_flight_per_model",
+        cli_types.positive_int,
+        "Generation requests of one model in flight at once; beyond, 429 for that model "
+        "while the others keep the rest of --max-in-flight (default: --max-in-flight).",
     ),
     Option(
         "--demand-interval",

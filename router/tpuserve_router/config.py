@@ -120,8 +120,13 @@ class RouterConfig:
     hold_max_requests: int = 0  # per model; 0: no holding, 503 at once
     hold_max_seconds: float = 300.0
     hold_models: tuple[str, ...] = ()
+    hold_models_only: bool = False  # a gateway's: a model not in hold_models gets 404
     demand_lease: str | None = None
+    # A namespace gateway's per-model Leases ("MODEL=LEASE") and shares (model_shares.py).
+    demand_leases: tuple[str, ...] = ()
     demand_interval_seconds: float = 5.0
+    hold_model_share: float = 1.0
+    max_in_flight_per_model: int | None = None
     # On SIGTERM: requests and streams in hand finish within this (fits Kubernetes' default
     # 30 s terminationGracePeriodSeconds; a longer pod grace wants a longer drain).
     drain_seconds: float = 25.0
@@ -366,6 +371,11 @@ class RouterConfig:
                 f"demand_lease={self.demand_lease!r}: not a valid object name (lower-case "
                 "letters, digits, '-' and '.')",
             )
+        from tpuserve_router.tenancy.model_shares import check_model_shares
+
+        check_model_shares(
+            self, need, lambda name: bool(_DNS_SUBDOMAIN.match(name)) and len(name) <= 253
+        )
         need(
             self.health_check_interval_seconds >= 0,
             f"health_check_interval_seconds={self.health_check_interval_seconds}: must be >= 0 "

@@ -216,7 +216,7 @@ def test_dashboards_ship_as_labelled_configmaps(render: Render) -> None:
     maps = [o for o in by_kind(objects, "ConfigMap") if "-dashboard-" in o["metadata"]["name"]]
     files = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
     assert sorted(k for m in maps for k in m["data"]) == files
-    assert len(files) == 6
+    assert len(files) == 7
     for cm in maps:
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert cm["metadata"]["namespace"] == "grafana"
@@ -235,6 +235,7 @@ def test_crds_come_from_the_operator_and_the_test_hook_checks_routers(render: Re
     objects = render(include_crds=True)
     crds = {o["metadata"]["name"] for o in by_kind(objects, "CustomResourceDefinition")}
     assert f"{labels.PLURAL}.{labels.GROUP}" in crds
+    assert f"{labels.GATEWAY_PLURAL}.{labels.GROUP}" in crds
     (pod,) = by_kind(objects, "Pod")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert pod["spec"]["containers"][0]["command"] == ["python", "/scripts/check_routers.py"]

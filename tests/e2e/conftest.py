@@ -128,12 +128,16 @@ def _reset_living(cluster: Cluster) -> None:
     crd = f"{labels.PLURAL}.{labels.GROUP}"
     if cluster.kubectl("get", "crd", crd, check=False).returncode == 0:  # a chart was installed
         cluster.kubectl("delete", labels.PLURAL, "--all", "--all-namespaces", "--wait=false")
+    gateways = f"{labels.GATEWAY_PLURAL}.{labels.GROUP}"
+    if cluster.kubectl("get", "crd", gateways, check=False).returncode == 0:
+        cluster.kubectl("delete", gateways, "--all", "--all-namespaces", "--wait=false")
     managed = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 
     def nothing_left() -> bool:
         servers = cluster.kubectl("get", crd, "-A", "-o", "name", check=False).stdout.split()
         pods = cluster.kubectl("get", "pods", "-A", "-l", managed, "-o", "name").stdout.split()
-        return not servers and not pods
+        routers = cluster.kubectl("get", "pods", "-A", "-l", labels.GATEWAY, "-o", "name").stdout
+        return not servers and not pods and not routers.split()
 
     eventually(
         nothing_left,

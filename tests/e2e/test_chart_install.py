@@ -21,6 +21,7 @@ RELEASE = "tpuserve"
 CRDS = {
     "tpumodelservers.serving.tpuserve.dev",
     "tpumodelserverroles.serving.tpuserve.dev",
+    "tpugateways.serving.tpuserve.dev",
     "clusterkopfpeerings.kopf.dev",
     "kopfpeerings.kopf.dev",
 }

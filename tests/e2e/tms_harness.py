@@ -171,6 +171,7 @@ def install_operator_rbac(cluster: Cluster) -> Path:
         [
             "tpumodelservers.serving.tpuserve.dev",
             "tpumodelserverroles.serving.tpuserve.dev",
+            "tpugateways.serving.tpuserve.dev",
             "clusterkopfpeerings.kopf.dev",
         ]
     )

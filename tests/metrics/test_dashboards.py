@@ -21,9 +21,10 @@ def panels(path: Any) -> list[dict[str, Any]]:
     return [p for p in board["panels"] if p["type"] != "row"]
 
 
-def test_the_six_dashboards_exist() -> None:
+def test_the_seven_dashboards_exist() -> None:
     assert [p.stem for p in DASHBOARD_FILES] == [
         "tpuserve-fleet-overview",
+        "tpuserve-gateway",
         "tpuserve-model-detail",
         "tpuserve-operator",
         "tpuserve-pd",

@@ -34,7 +34,8 @@ helm install tpuserve charts/tpuserve --namespace tpuserve-system --create-names
 
 `helm uninstall tpuserve -n tpuserve-system` removes everything the chart created except the
 CRDs in `crds/` (`tpumodelservers.serving.tpuserve.dev`, `tpumodelserverroles.serving.tpuserve.dev`
-(the autoscaled roles of disaggregated servers, docs/pd.md) and kopf's `clusterkopfpeerings` /
+(the autoscaled roles of disaggregated servers, docs/pd.md), `tpugateways.serving.tpuserve.dev`
+(one router for the servers of a namespace, docs/gateway.md) and kopf's `clusterkopfpeerings` /
 `kopfpeerings.kopf.dev`): Helm never deletes CRDs, and installs them only on `helm install`
 (after a `helm upgrade` that brings a new one, `kubectl apply --server-side -f crds/`).
 `kubectl delete crd tpumodelservers.serving.tpuserve.dev` removes the CRD and every
@@ -42,7 +43,8 @@ TPUModelServer with it.
 
 Examples (`examples/`, each checked by `tpuserve render -f` in the tests):
 `simulated.yaml` runs the engine twin on any CPU node (no TPU), `v6e-4x4-qwen3-8b.yaml` serves
-Qwen3-8B on v6e 4x4 slices.
+Qwen3-8B on v6e 4x4 slices. One router for many servers of a namespace, with scale to zero
+per model: a `TPUGateway` (docs/gateway.md, "A gateway for a namespace").
 
 Monitoring: the chart's monitors are fleet-wide (every TPUModelServer's leaders and routers in
 the watched namespaces, the operator, GKE's TPU device plugin). A TPUModelServer's own

@@ -91,9 +91,9 @@ def _without_defaults(node: JSON) -> JSON:
 
 def _definition(
     kind: str, plural: str, singular: str, short_names: tuple[str, ...], schema: JSON,
-    columns: list[JSON],
+    columns: list[JSON], scale: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
-    """A namespaced CRD of the group, with status and scale subresources."""
+    """A namespaced CRD of the group, with status and (``scale``) scale subresources."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -120,11 +120,17 @@ def _definition(
                     "schema": {"openAPIV3Schema": schema},
                     "subresources": {
                         "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.replicas",
-                            "statusReplicasPath": ".status.replicas",
-                            "labelSelectorPath": ".status.selector",
-                        },
+                        **(
+                            {
+                                "scale": {
+                                    "specReplicasPath": ".spec.replicas",
+                                    "statusReplicasPath": ".status.replicas",
+                                    "labelSelectorPath": ".status.selector",
+                                }
+                            }
+                            if scale
+                            else {}
+                        ),
                     },
                     "additionalPrinterColumns": columns,
                 }
@@ -166,4 +172,38 @@ def role_custom_resource_definition() -> dict[str, Any]:
     return _definition(
         labels.ROLE_KIND, labels.ROLE_PLURAL, labels.ROLE_SINGULAR, labels.ROLE_SHORT_NAMES,
         role_openapi_schema(), ROLE_PRINTER_COLUMNS,
+    )  # fmt: skip
+
+
+GATEWAY_DESCRIPTION = (
+    "TPUGateway is one router Deployment in front of every TPUModelServer of its namespace "
+    "that its serverSelector selects: requests are routed by their model among that "
+    "model's leaders, with the per-server router's peering, keys, quotas, priorities, hold "
+    "queue and metrics, per model; a model at zero replicas is held and woken through its "
+    "own demand Lease; per-model shares keep one model's flood from another's room."
+)
+
+GATEWAY_PRINTER_COLUMNS: list[JSON] = [
+    {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def gateway_openapi_schema() -> JSON:
+    from tpuserve_operator.gateway_api import TPUGatewaySpec, TPUGatewayStatus
+
+    schema = _object_schema(
+        GATEWAY_DESCRIPTION, labels.GATEWAY_KIND, TPUGatewaySpec,
+        "spec: which servers, and the router in front of them.", TPUGatewayStatus,
+    )  # fmt: skip
+    schema["x-kubernetes-validations"] = openapi_schema()["x-kubernetes-validations"]
+    return schema
+
+
+def gateway_custom_resource_definition() -> dict[str, Any]:
+    return _definition(
+        labels.GATEWAY_KIND, labels.GATEWAY_PLURAL, labels.GATEWAY_SINGULAR,
+        labels.GATEWAY_SHORT_NAMES, gateway_openapi_schema(), GATEWAY_PRINTER_COLUMNS,
+        scale=False,
     )  # fmt: skip

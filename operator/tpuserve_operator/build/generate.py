@@ -7,6 +7,7 @@ Generated here:
 
 - charts/tpuserve/crds/tpumodelservers.serving.tpuserve.dev.yaml  (api.py via crd.py)
 - charts/tpuserve/crds/tpumodelserverroles.serving.tpuserve.dev.yaml  (api.py via crd.py)
+- charts/tpuserve/crds/tpugateways.serving.tpuserve.dev.yaml      (gateway_api.py via crd.py)
 - charts/tpuserve/crds/kopf-peerings.yaml                         (peering.py)
 - charts/tpuserve/files/operator-rbac-rules.yaml                  (rbac.py)
 - charts/tpuserve/files/admission-policy.yaml                     (build/admission.py)
@@ -27,12 +28,14 @@ from tpuserve_operator import peering, rbac
 from tpuserve_operator.build import admission, docs, metrics_adapter
 from tpuserve_operator.build.crd import (
     custom_resource_definition,
+    gateway_custom_resource_definition,
     role_custom_resource_definition,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CRD_PATH = Path("charts/tpuserve/crds/tpumodelservers.serving.tpuserve.dev.yaml")
 ROLE_CRD_PATH = Path("charts/tpuserve/crds/tpumodelserverroles.serving.tpuserve.dev.yaml")
+GATEWAY_CRD_PATH = Path("charts/tpuserve/crds/tpugateways.serving.tpuserve.dev.yaml")
 PEERING_CRD_PATH = Path("charts/tpuserve/crds/kopf-peerings.yaml")
 RBAC_PATH = Path("charts/tpuserve/files/operator-rbac-rules.yaml")
 ADMISSION_PATH = Path("charts/tpuserve/files/admission-policy.yaml")
@@ -55,6 +58,10 @@ def generated_files(root: Path = REPO_ROOT) -> dict[Path, str]:
         CRD_PATH: _yaml(custom_resource_definition(), source="operator/tpuserve_operator/api.py"),
         ROLE_CRD_PATH: _yaml(
             role_custom_resource_definition(), source="operator/tpuserve_operator/api.py"
+        ),
+        GATEWAY_CRD_PATH: _yaml(
+            gateway_custom_resource_definition(),
+            source="operator/tpuserve_operator/gateway_api.py",
         ),
         PEERING_CRD_PATH: _yaml(
             *peering.custom_resource_definitions(),

@@ -25,6 +25,7 @@ from tpuserve_operator.render.context import (
     group_name,
     stable_hash,
 )
+from tpuserve_operator.render.demand import demand_lease
 from tpuserve_operator.render.inference_pool import pool_children, pool_problems
 from tpuserve_operator.render.monitors import monitors
 from tpuserve_operator.render.network_policy import engine_network_policy
@@ -203,6 +204,8 @@ def render(server: ValidServer) -> Rendered:
         *autoscaler(server),
         *roles.role_scales(server),
         *router_children(server),
+        # without a router of its own, a TPUGateway renews the Lease (render/gateway.py)
+        *(demand_lease(server) if not server.valid.spec.router.enabled else []),
         *monitors(server),
         *pool_children(server),
     ]

@@ -24,12 +24,25 @@ FRESH_RENEWALS: Final = 3
 
 
 def scales_to_zero(server: Server) -> bool:
+    """minReplicas 0: the server's routers, or a TPUGateway in front of it (without a router
+    of its own; the reconciler checks one selects it: `gateway_problem`), renew its Lease."""
     autoscaling = server.valid.spec.autoscaling
-    return (
-        autoscaling is not None
-        and autoscaling.min_replicas == 0
-        and server.valid.spec.router.enabled
-    )
+    return autoscaling is not None and autoscaling.min_replicas == 0
+
+
+GATEWAY_NEEDED = (
+    "0 needs someone to hold the requests that arrive at zero replicas and signal the "
+    "demand: spec.router.enabled true, or a TPUGateway of the namespace whose serverSelector "
+    "selects this server (none does); allowed with neither: 1 or more"
+)
+
+
+def needs_gateway(spec: Any) -> bool:
+    """A spec (JSON) that scales to zero with no router of its own: only a TPUGateway can
+    hold its requests and renew its Lease."""
+    router = spec.get("router") or {}
+    autoscaling = spec.get("autoscaling") or {}
+    return router.get("enabled", True) is False and autoscaling.get("minReplicas", 1) == 0
 
 
 def demand_lease_name(server: Server) -> str:

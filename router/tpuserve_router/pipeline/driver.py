@@ -252,7 +252,7 @@ def make_driver(
     keys: KeyStore | None = None,
     quotas: Quotas | None = None,
     before_decision: Callable[[], None] | None = None,
-    on_arrival: Callable[[bool], None] | None = None,
+    on_arrival: Callable[[bool, str], None] | None = None,
     session: Callable[[], WorkerSession | None] = lambda: None,
 ) -> Driver:
     """The driver and its stages, for one router: with ``keys`` (the router's own API keys) a

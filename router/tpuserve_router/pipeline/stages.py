@@ -32,7 +32,12 @@ from tpuserve_router.engines.workers import ModelRoute, Worker
 from tpuserve_router.pipeline.adapter_affinity import AdapterAffinity
 from tpuserve_router.pipeline.generation_limits import GENERATION_LIMITS, GenerationLimit
 from tpuserve_router.pipeline.ledger import Ledger, Selected, Spend
-from tpuserve_router.pipeline.refusals import model_not_found, unauthorized, unavailable
+from tpuserve_router.pipeline.refusals import (
+    RETRY_AFTER_SECONDS,
+    model_not_found,
+    unauthorized,
+    unavailable,
+)
 from tpuserve_router.pipeline.request_body import (
     ClientError,
     ParsedBody,
@@ -44,6 +49,7 @@ from tpuserve_router.pipeline.request_ids import ClientRid, client_rid
 from tpuserve_router.policies.base import Decision, RouteRequest
 from tpuserve_router.tenancy.auth import DEFAULT_PRIORITY, ApiKey, KeyStore, presented_key
 from tpuserve_router.tenancy.hold import OTHER_MODEL, HoldQueues, HoldRefused, hold_label
+from tpuserve_router.tenancy.model_shares import ModelFlights
 from tpuserve_router.tenancy.quotas import Quotas, Refusal, Reservation, in_flight_limits
 
 STAGES: Final = ("admit", "select", "relay", "account")
@@ -146,7 +152,7 @@ class Pipeline:
         keys: KeyStore | None = None,
         quotas: Quotas | None = None,
         before_decision: Callable[[], None] | None = None,
-        on_arrival: Callable[[bool], None] | None = None,
+        on_arrival: Callable[[bool, str], None] | None = None,
     ) -> None:
         self.config = config = core.config
         self.policy = core.policy
@@ -162,6 +168,8 @@ class Pipeline:
         self.quotas = quotas if quotas is not None else Quotas()
         self.holds = holds
         self.hold_models = frozenset(config.hold_models)
+        self.flights = ModelFlights(config.max_in_flight_per_model)
+        self.listed_only = config.hold_models_only
         self.before_decision = before_decision
         self.on_arrival = on_arrival
         self.affinity = AdapterAffinity()
@@ -179,8 +187,9 @@ class Pipeline:
         parsed, bound, theirs = self._parse(arrival)
         since = arrival.arrived
         held = arrival.may_wait and self.holds.enabled and self._must_hold(parsed.model)
+        label = hold_label(self.registry.split_model(parsed.model)[0], self._known_models())
         if self.on_arrival is not None:
-            self.on_arrival(held)
+            self.on_arrival(held, label)
         if held:
             label = hold_label(parsed.model, self._known_models())  # bounded, as a label
             try:
@@ -189,7 +198,9 @@ class Pipeline:
                     tenant=key.tenant if key is not None else f"client {arrival.client}",
                     priority=key.priority if key is not None else DEFAULT_PRIORITY,
                     size=arrival.size,
-                    admissible=functools.partial(self._has_room, limit),
+                    admissible=functools.partial(
+                        self._has_room, limit, self.registry.split_model(parsed.model)[0]
+                    ),
                 )  # fmt: skip
             except HoldRefused as refused:
                 raise Refused(unavailable(str(refused)), label) from None
@@ -206,11 +217,11 @@ class Pipeline:
             # (served, or held for: --hold-models) is demand that may wake the server.
             label = hold_label(parsed.model, self._known_models())
             if label != OTHER_MODEL and self.on_arrival is not None:
-                self.on_arrival(True)
+                self.on_arrival(True, label)
             raise Refused(unavailable(f"no healthy worker for model {parsed.model!r}"), label)
         admitted = self._let_in(arrival, key, parsed, bound, theirs, arrival.arrived)
         if self.on_arrival is not None:  # demand comes only from admitted requests
-            self.on_arrival(False)
+            self.on_arrival(False, admitted.parsed.model)
         return admitted
 
     def enter(self, admitted: Admitted | None, share: InFlight | None = None) -> None:
@@ -221,6 +232,7 @@ class Pipeline:
             assert not admitted.counted, "counted in flight once"
             admitted.counted = True
             share = admitted.arrival.share
+            self.flights.enter(admitted.parsed.model)
         if share is not None:
             share.count += 1
         else:
@@ -234,6 +246,7 @@ class Pipeline:
             if admitted is not None:
                 admitted.counted = False
                 share = admitted.arrival.share
+                self.flights.leave(admitted.parsed.model)
             if share is not None:
                 share.count -= 1
             else:
@@ -323,10 +336,21 @@ class Pipeline:
         """The workers serving the request's model (404 if none), and its tokens reserved of
         its key's limit (429 if they do not fit)."""
         served = self.registry.route(parsed.model, parsed.lora_path)
-        if served is None:
+        if served is None or (self.listed_only and served.model not in self.hold_models):
             raise Refused(self.not_served(parsed.model, parsed.lora_path))
         asked = parsed.model
         parsed.model = served.model  # from here on the served name: a bounded label
+        if self.flights.full(served.model):  # its share (--max-in-flight-per-model)
+            raise Refused(
+                ClientError(
+                    429,
+                    f"model {served.model!r} has {self.flights.of(served.model)} requests in "
+                    "flight, the most one model may (--max-in-flight-per-model); retry",
+                    error_type="rate_limit_exceeded",
+                    headers={"retry-after": RETRY_AFTER_SECONDS},
+                ),
+                served.model,
+            )
         admitted = Admitted(arrival, key, parsed, bound, theirs, served, asked, since)
         if key is not None:
             admitted.spend = self._reserve(arrival, key, parsed, bound, served.workers)
@@ -371,12 +395,17 @@ class Pipeline:
 
     def not_served(self, model: str, lora_path: str | None) -> ClientError:
         name = f"{model!r}" + (f" with LoRA adapter {lora_path!r}" if lora_path else "")
-        return model_not_found(name, [n for n, _ in self.registry.served()])
+        served = [n for n, _ in self.registry.served()]
+        if self.listed_only:
+            served = [n for n in served if n.partition(":")[0] in self.hold_models]
+        return model_not_found(name, served)
 
-    def _has_room(self, limit: int) -> bool:
-        """Live traffic under ``limit`` in flight would be admitted now (a held request
-        leaves the queue through the same admission)."""
-        return self.in_flight < limit
+    def _has_room(self, limit: int, model: str = "") -> bool:
+        """Live traffic under ``limit`` in flight, and ``model``'s under its share
+        (--max-in-flight-per-model), would be admitted now (a held request leaves the queue
+        through the same admission: released at once past its model's share, it would get
+        429)."""
+        return self.in_flight < limit and not self.flights.full(model)
 
     def _must_hold(self, model: str) -> bool:
         """Whether a request for ``model`` waits in the hold queue: others of its queue

@@ -15,7 +15,8 @@ leave alternately, and a ``critical`` request held behind 256 ``low`` ones leave
 
 How fast. The next request leaves only through the admission live traffic passes: its model
 has a routable worker (``routable()``) and the router has room for its class under
-``--max-in-flight`` (``admissible()``: the shed thresholds of `quotas.in_flight_limits`).
+``--max-in-flight`` (``admissible()``: the shed thresholds of `quotas.in_flight_limits`), and
+its model has room under ``--max-in-flight-per-model``.
 A released request is counted in flight before the next is considered, so a wake-up never
 takes the router past its limit, and a held ``low`` request waits (held, not refused) while
 the router has no room for ``low`` traffic. The next one looks again when a request leaves
@@ -23,7 +24,9 @@ the router (`announce`), when the workers change, and every `RECHECK_SECONDS` an
 
 Bounds, and who gives way. Each model's queue holds at most ``max_requests`` requests, and
 the requests held in all queues at most ``max_bytes`` bytes of bodies (half of
-``--max-buffered-bytes``, so held requests never take what live traffic needs). A newcomer
+``--max-buffered-bytes``, so held requests never take what live traffic needs), one model's
+at most ``model_share`` of them (``--hold-model-share``: behind a namespace gateway one
+model's flood leaves the other models their room). A newcomer
 that does not fit takes the place of the newest request of the tenant holding most in the
 least important class waiting, if that class is below its own, or if it is its own and that
 tenant would still hold at least as much as the newcomer's tenant with it (in requests for
@@ -98,16 +101,18 @@ class _Entry:
 class _Queue:
     """One model's held requests: by class, then tenant (in turn order), then arrival."""
 
-    __slots__ = ("classes", "count")
+    __slots__ = ("bytes", "classes", "count")
 
     def __init__(self) -> None:
         # classes[rank]: tenant -> its requests, oldest first; dict order is the turn order
         self.classes: list[dict[str, deque[_Entry]]] = [{} for _ in PRIORITIES]
         self.count = 0
+        self.bytes = 0  # its requests' bodies
 
     def add(self, entry: _Entry) -> None:
         self.classes[entry.rank].setdefault(entry.tenant, deque()).append(entry)
         self.count += 1
+        self.bytes += entry.size
 
     def remove(self, entry: _Entry, *, took_turn: bool) -> None:
         """Take ``entry`` out; ``took_turn`` (it left to a worker): its tenant goes to the
@@ -116,6 +121,7 @@ class _Queue:
         mine = tenants[entry.tenant]
         mine.remove(entry)
         self.count -= 1
+        self.bytes -= entry.size
         if took_turn or not mine:
             del tenants[entry.tenant]
             if mine:
@@ -197,10 +203,14 @@ class HoldQueues:
         clock: Callable[[], float] = time.monotonic,
         *,
         max_bytes: int = UNBOUNDED_BYTES,
+        model_share: float = 1.0,
     ) -> None:
         self.max_requests = max_requests
         self.max_seconds = max_seconds
         self.max_bytes = max_bytes
+        # what one model's queue may hold of them (--hold-model-share): one model's flood
+        # leaves the others their room
+        self.model_max_bytes = max_bytes if model_share >= 1 else int(max_bytes * model_share)
         self.metrics = metrics
         self.clock = clock
         self._queues: dict[str, _Queue] = {}
@@ -333,6 +343,19 @@ class HoldQueues:
                     "retry",
                 )
             victims = found
+        excess = queue.bytes - sum(v.size for v in victims) + newcomer.size - self.model_max_bytes
+        if excess > 0:
+            found = _victims(queue.entries(), newcomer, _size, excess, victims)
+            if found is None:
+                raise HoldRefused(
+                    "queue_full",
+                    f"model {label!r} has no routable worker yet and its held requests take "
+                    f"{queue.bytes} bytes of bodies, the most one model may "
+                    f"({self.model_max_bytes}, --hold-model-share of the held budget), none "
+                    "of a lower priority class nor of a tenant holding more than its share; "
+                    "retry",
+                )
+            victims += found
         excess = self.held_bytes - sum(v.size for v in victims) + newcomer.size - self.max_bytes
         if excess > 0:
             every = itertools.chain.from_iterable(q.entries() for q in self._queues.values())

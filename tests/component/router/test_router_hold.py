@@ -255,3 +255,24 @@ async def test_held_requests_do_not_count_toward_max_in_flight() -> None:
             assert app.pipeline.in_flight == 0
             waiting.cancel()
         await held(app, 0)
+
+
+async def test_held_requests_leave_within_their_models_share_none_refused() -> None:
+    """Held past its model's --max-in-flight-per-model, a request waits in the queue for its
+    model's room, as for the router's: released all at once, the excess would get 429."""
+    worker = StubWorker()
+    total, share = 6, 2
+    async with stub_router(
+        hold_max_requests=total, hold_models=(STUB_MODEL,), max_in_flight_per_model=share
+    ) as app:
+        async with aiohttp.ClientSession() as session:
+            route = "/v1/completions"
+            tasks = [
+                asyncio.ensure_future(post(session, app, route, body(route, f"req{i}")))
+                for i in range(total)
+            ]
+            await held(app, total)
+            await bring_up(app, worker)
+            answers = await asyncio.gather(*tasks)
+        assert [status for status, _, _ in answers] == [200] * total
+        assert worker.generation_requests == total

@@ -262,7 +262,7 @@ async def test_at_zero_replicas_only_admitted_picks_are_demand() -> None:
     picker = app.picker
     assert picker is not None
     demand: list[bool] = []
-    app.pipeline.on_arrival = demand.append
+    app.pipeline.on_arrival = lambda held, model: demand.append(held)
     client = PickerClient(f"127.0.0.1:{picker.port}")
     try:
         for _ in range(20):

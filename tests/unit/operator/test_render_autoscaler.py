@@ -210,10 +210,15 @@ def test_without_scale_to_zero_no_lease_and_no_holding(
     assert not [a for a in args if a.startswith(("--hold", "--demand"))]
 
 
-def test_min_replicas_of_zero_needs_the_router(rendered: RenderFn, spec_with: SpecWith) -> None:
+def test_min_replicas_of_zero_without_a_router_renders_the_lease_for_a_gateway(
+    rendered: RenderFn, spec_with: SpecWith
+) -> None:
+    """A TPUGateway holds its requests and renews its Lease (the reconciler refuses the
+    server while none selects it: test_scale_to_zero.py)."""
     spec = spec_with(autoscaling={"minReplicas": 0, "maxReplicas": 4}, router={"enabled": False})
-    with pytest.raises(InvalidSpec, match=r"spec\.autoscaling\.minReplicas.*router\.enabled"):
-        rendered(spec)
+    out = rendered(spec)
+    assert [c["metadata"]["name"] for c in out.children if c["kind"] == "Lease"] == ["qwen-demand"]
+    assert not [c for c in out.children if c["kind"] == "Deployment"]
 
 
 @pytest.mark.parametrize("idle", [0, 29, 86401])

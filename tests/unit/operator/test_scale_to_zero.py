@@ -291,3 +291,36 @@ async def test_a_server_set_to_zero_by_hand_stays_there() -> None:
     fleet.kube.put(body)
     await fleet.converge()
     assert fleet.kube.replica_patches == []
+
+
+async def test_zero_without_a_router_is_refused_until_a_gateway_selects_the_server() -> None:
+    fleet = Fleet()
+    body = fleet.body()
+    body["spec"]["router"] = {"enabled": False}
+    body["metadata"]["labels"] = {"tier": "shared"}
+    fleet.kube.put(body)
+    await fleet.converge()
+    assert fleet.condition("Valid") == ("False", "InvalidSpec")
+    message = next(c for c in fleet.body()["status"]["conditions"] if c["type"] == "Valid")
+    assert "spec.autoscaling.minReplicas: 0 needs" in message["message"]
+    assert "TPUGateway" in message["message"]
+    assert fleet.kube.names("Lease") == []
+
+    gateway: dict[str, Any] = {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.GATEWAY_KIND,
+        "metadata": {"name": "models", "namespace": NAMESPACE},
+        "spec": {"serverSelector": {"matchLabels": {"tier": "other"}}},
+    }
+    fleet.kube.put(gateway)  # selects other servers: still refused
+    await fleet.converge()
+    assert fleet.condition("Valid")[0] == "False"
+
+    gateway["spec"]["serverSelector"]["matchLabels"] = {"tier": "shared"}
+    fleet.kube.put(gateway)
+    await fleet.converge()
+    assert fleet.condition("Valid")[0] == "True"
+    assert fleet.kube.names("Lease") == ["qwen-demand"]  # the gateway renews it
+    fleet.clock.advance(IDLE + 1)
+    await fleet.converge()
+    assert fleet.kube.replica_patches == [0]  # and the operator scales on it as before

@@ -248,3 +248,30 @@ async def test_held_bodies_are_bounded_in_bytes_across_queues() -> None:
     assert await held.outcome("big") == "preempted"
     assert setup.queues.held_bytes == 90
     await held.close()
+
+
+async def test_one_models_held_bodies_take_at_most_its_share_of_the_bytes() -> None:
+    setup = Setup()
+    queues = HoldQueues(8, 60.0, setup.metrics, setup.clock, max_bytes=100, model_share=0.5)
+    outcomes: dict[str, str] = {}
+
+    async def hold(name: str, model: str, size: int) -> None:
+        try:
+            await queues.hold(model, setup.clock(), lambda: False, tenant=name, size=size)
+        except HoldRefused as refused:
+            outcomes[name] = refused.outcome
+
+    tasks = [asyncio.ensure_future(hold("f1", "flood", 30))]
+    await asyncio.sleep(0)
+    tasks.append(asyncio.ensure_future(hold("f2", "flood", 30)))  # 60 > the model's 50
+    await asyncio.sleep(0)
+    assert outcomes == {"f2": "queue_full"}
+    assert queues.held("flood") == 1
+    tasks.append(asyncio.ensure_future(hold("quiet", "quiet", 50)))  # its own share is whole
+    await asyncio.sleep(0)
+    assert queues.held("quiet") == 1
+    assert queues.held_bytes == 80
+    assert "quiet" not in outcomes
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from tpuserve.observability.dashboards import fleet as fleet
+from tpuserve.observability.dashboards import gateway as gateway
 from tpuserve.observability.dashboards import model as model
 from tpuserve.observability.dashboards import operator as operator
 from tpuserve.observability.dashboards import pd as pd
@@ -26,5 +27,6 @@ DASHBOARDS: Mapping[str, Callable[[], Dashboard]] = MappingProxyType(
         "tpuserve-tpu-utilisation": tpu.build,
         "tpuserve-operator": operator.build,
         "tpuserve-pd": pd.build,
+        "tpuserve-gateway": gateway.build,
     }
 )
