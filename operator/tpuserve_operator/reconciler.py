@@ -11,13 +11,15 @@ A pass:
 
 1. validate and render (`render.validate_server`, `render.render`); an invalid spec sets
    `Valid=False` with the field-named message, posts an Event and changes nothing else;
-2. plan groups (`rollout.plan`) from observed group states (`status.report_group`);
+2. plan groups (`rollout_plan`) from observed group states (`status.report_group`);
 3. server-side apply shared children and the groups the plan allows, skipping children
-   whose applied hash and generation say nothing changed (`children`, `drift`);
+   whose applied hash and generation say nothing changed (`children`, `drift`; autoscaled
+   roles' TPUModelServerRoles are created first, `role_scales`);
 4. on the StatefulSet path, restart groups as one: the stale pods of groups being updated,
    and the other pods of a group one of whose hosts restarted (`restarts`); on both paths,
    move the groups on nodes GKE is taking away (`node_signals`, fed by the node watch);
 5. delete children this server no longer wants (scale-down, surge groups, router off);
+   scale an idle server to zero and back on demand (`zero_scaler`);
 6. write status and post Events for condition transitions (`status_writer`).
 """
 
@@ -28,14 +30,13 @@ import contextlib
 import dataclasses
 import datetime
 import logging
-import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuserve_operator import conditions, disaggregation, gateway, labels, launch_contract, rollout
-from tpuserve_operator.api import CompileCacheStatus, RoleStatus, TPUModelServerStatus
+from tpuserve_operator import conditions, disaggregation, gateway, labels, launch_contract
+from tpuserve_operator.api import CompileCacheStatus, TPUModelServerStatus
 from tpuserve_operator.children import Children
 from tpuserve_operator.cold_starts import (
     LeaderStart,
@@ -46,7 +47,7 @@ from tpuserve_operator.cold_starts import (
 from tpuserve_operator.errors import InvalidSpec, Problem
 from tpuserve_operator.floor_status import floor_statuses
 from tpuserve_operator.gateway_reconciler import fronted_by_gateway
-from tpuserve_operator.kube import EventSink, KubeApi, NotFoundError, error_summary
+from tpuserve_operator.kube import EventSink, KubeApi, error_summary
 from tpuserve_operator.metrics import OperatorMetrics, ReplicaRow, ServerPodsRow
 from tpuserve_operator.node_signals import (
     NodeSignal,
@@ -81,12 +82,10 @@ from tpuserve_operator.render.demand import (
 )
 from tpuserve_operator.render.inference_pool import GROUP_VERSION as INFERENCE_GROUP_VERSION
 from tpuserve_operator.render.inference_pool import KIND as INFERENCE_POOL
-from tpuserve_operator.render.inference_pool import picker_secret, wants_picker_secret
-from tpuserve_operator.render.pod import startup_budget_seconds
-from tpuserve_operator.render.roles import role_scale_name, role_selector, with_replicas
-from tpuserve_operator.render.router import router_peering_secret
 from tpuserve_operator.restarts import GroupRestarts
-from tpuserve_operator.scale_to_zero import decide_zero
+from tpuserve_operator.role_scales import RoleScales
+from tpuserve_operator.rollout_plan import plan_groups
+from tpuserve_operator.router_secrets import RouterSecrets
 from tpuserve_operator.server_state import RenderKey, ServedModel, ServerState
 from tpuserve_operator.status import (
     DEFAULT_PARTIAL_GROUP_SECONDS,
@@ -96,6 +95,7 @@ from tpuserve_operator.status import (
     report_group,
 )
 from tpuserve_operator.status_writer import ServerGone, StatusWriter, build_status
+from tpuserve_operator.zero_scaler import ZeroScaler
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +178,9 @@ class Reconciler:
         self._children = Children(kube, self.cache, metrics)
         self._restarts = GroupRestarts(kube, self.cache, emit_event)
         self._status = StatusWriter(kube, emit_event)
+        self._roles = RoleScales(kube, self.cache)
+        self._secrets = RouterSecrets(kube)
+        self._zero = ZeroScaler(kube, emit_event)
         self._read_cold_start = read_cold_start  # None: leaders' reports are not read
 
     def _state(self, key: ServerKey) -> ServerState:
@@ -365,8 +368,8 @@ class Reconciler:
             moving=moving,
             urgent=urgent,
         )
-        await self._ensure_peering_secret(state, rendered)
-        await self._ensure_picker_secret(state, rendered)
+        await self._secrets.ensure_peering_secret(state, rendered)
+        await self._secrets.ensure_picker_secret(state, rendered)
         # an InferencePool of the server's name that someone else made is left alone
         pool_ref = (INFERENCE_POOL, server.name)
         foreign = await gateway.foreign_pool(
@@ -375,15 +378,16 @@ class Reconciler:
         ours = rendered
         if foreign is not None:
             ours = dataclasses.replace(rendered, shared=gateway.without_pool(rendered))
-        await self._seed_role_scales(key, rendered, children)
+        await self._roles.seed_role_scales(key, rendered, children)
         apply_error = await self._children.apply(key, state, ours, plan, reports, children)
         if apply_error is None:
             await self._restarts.replace_stale_pods(key, rendered, plan)
             await self._restarts.move_groups(key, body, plan, displaced)
             await self._restarts.restart_broken_groups(key, state, body, rendered, plan, groups)
             await self._children.prune(key, state, ours, plan, children)
-        zero_recheck = await self._scale_to_zero(
-            key, state, body, rendered, children, now, any(r.ready for r in reports.values())
+        lease = children.get(("Lease", demand_lease_name(server)))
+        zero_recheck = await self._zero.scale_to_zero(
+            key, state, body, rendered, lease, now, any(r.ready for r in reports.values())
         )
         decided = decide(
             replicas=rendered.replicas,
@@ -408,7 +412,7 @@ class Reconciler:
             reports=reports,
             compile_cache=await self._compile_cache(key, state, rendered, previous),
         )
-        await self._write_role_scales(key, status.roles)
+        await self._roles.write_role_scales(key, status.roles)
         pool = gateway.pool_status(rendered, self.cache.children(key), foreign)
         if pool is not None or previous.inference_pool is not None:
             status = status.model_copy(update={"inference_pool": pool})
@@ -456,26 +460,6 @@ class Reconciler:
             n: g for n, g in state.lost_reported.items() if self.nodes.vanished_recently(n, now)
         }
 
-    async def _ensure_peering_secret(self, state: ServerState, rendered: Rendered) -> None:
-        """Create the router replicas' peering secret once (a random value the operator
-        never reads back: its RBAC may create Secrets, not read them). Checked again after an
-        operator restart; an existing one is kept."""
-        server = rendered.server
-        if state.peering_secret or not server.valid.spec.router.enabled:
-            return
-        await self.kube.create(router_peering_secret(server, secrets.token_urlsafe(32)))
-        state.peering_secret = True
-
-    async def _ensure_picker_secret(self, state: ServerState, rendered: Rendered) -> None:
-        """Create the gateway's token for the router's picker once (``pickerAuth: Token``
-        without ``tokenSecretRef``): a random value the operator never reads back; the
-        routers mount it, the gateway's configuration reads it. An existing one is kept."""
-        server = rendered.server
-        if state.picker_secret or not wants_picker_secret(server):
-            return
-        await self.kube.create(picker_secret(server, secrets.token_urlsafe(32)))
-        state.picker_secret = True
-
     async def _compile_cache(
         self,
         key: ServerKey,
@@ -496,85 +480,6 @@ class Reconciler:
         return compile_cache_status(
             previous.compile_cache, rendered.server.contract, location, starts
         )
-
-    async def _scale_to_zero(
-        self,
-        key: ServerKey,
-        state: ServerState,
-        body: Mapping[str, Any],
-        rendered: Rendered,
-        children: Mapping[tuple[str, str], ChildView],
-        now: datetime.datetime,
-        ready: bool,
-    ) -> float | None:
-        """Activate an idle-at-zero server on demand, or scale an idle one to zero
-        (`scale_to_zero`); returns when the idle period would end, if it runs. ``ready``:
-        a group is Ready now."""
-        server = rendered.server
-        autoscaling = server.valid.spec.autoscaling
-        if ready and state.activating:
-            state.activating = False
-            state.active_since = now  # the idle clock starts at the first Ready group
-        replicas = server.valid.spec.replicas
-        if autoscaling is not None and autoscaling.engine == "keda":
-            # KEDA owns 0 <-> 1 through its activation (the ScaledObject's router-demand
-            # trigger, `render.autoscaler`): the operator does not scale it
-            state.active_since = state.zeroed_at = state.replicas_set = None
-            state.activating = False
-            return None
-        if autoscaling is None or not scales_to_zero(server):
-            state.active_since = state.zeroed_at = state.replicas_set = None
-            state.activating = False
-            annotations = (body.get("metadata") or {}).get("annotations") or {}
-            if replicas == 0 and annotations.get(labels.SCALED_TO_ZERO) == "true":
-                # Scale to zero was turned off while the operator held the server at zero;
-                # the HPA stands aside at 0, so bring it back up.
-                least = max(1, autoscaling.min_replicas if autoscaling else 1)
-                await self.kube.patch_replicas(key[0], key[1], least)
-                log.info("%s/%s: scale to zero is off: replicas 0 -> %d", *key, least)
-            return None
-        generation = int((body.get("metadata") or {}).get("generation") or 0)
-        if state.replicas_set is not None:
-            patched_on, target = state.replicas_set
-            if replicas != target and generation <= patched_on:
-                return None  # our own change has not come back on the watch yet
-            state.replicas_set = None  # seen, or someone else's later write
-        if replicas == 0:
-            state.active_since = None
-        elif state.active_since is None:
-            state.active_since = now
-        lease = children.get(("Lease", demand_lease_name(server)))
-        created = parse_time(lease.created) if lease is not None else None
-        marks = [t for t in (created, state.active_since) if t is not None]
-        starting_until = None
-        if state.activating and state.active_since is not None:
-            budget = datetime.timedelta(seconds=startup_budget_seconds(server))
-            starting_until = state.active_since + budget
-        decision = decide_zero(
-            replicas=replicas,
-            idle_seconds=autoscaling.scale_to_zero.idle_seconds,
-            now=now,
-            renewed=state.demand_seen if lease is not None else None,
-            active_since=max(marks) if marks else None,
-            zeroed_at=state.zeroed_at,
-            starting_until=starting_until,
-        )
-        if decision.action is None:
-            return decision.recheck_seconds
-        target = 1 if decision.action == "activate" else 0
-        await self.kube.patch_replicas(key[0], key[1], target)
-        state.replicas_set = (generation, target)
-        if target:
-            state.activating = True
-            state.active_since = now
-            reason = conditions.Reason.ACTIVATING
-        else:
-            state.activating = False
-            state.zeroed_at = now
-            reason = conditions.Reason.SCALED_TO_ZERO
-        log.info("%s/%s: %s", *key, decision.message)
-        self._emit_event(body, "Normal", str(reason), decision.message)
-        return None
 
     async def _list_pods(self, key: ServerKey) -> list[PodView] | None:
         """A server's pods, listed now from the API."""
@@ -640,7 +545,7 @@ class Reconciler:
         """Render, or reuse the last rendering of this generation (spec changes bump it) and
         of its autoscaled roles' counts."""
         key = (str(meta.get("namespace")), str(meta.get("name")))
-        scaled = self._observed_role_replicas(key)
+        scaled = self._roles.observed_role_replicas(key)
         marker: RenderKey = (
             meta.get("uid"),
             meta.get("generation"),
@@ -664,15 +569,6 @@ class Reconciler:
         state.rendering = (marker, rendered)
         return rendered
 
-    def _observed_role_replicas(self, key: ServerKey) -> tuple[tuple[str, int | None], ...]:
-        """Each role's count as its TPUModelServerRole says (None: none seen, or unset)."""
-        children = self.cache.children(key)
-        out = []
-        for role in disaggregation.ROLES:
-            child = children.get((labels.ROLE_KIND, role_scale_name(key[1], role)))
-            out.append((role, None if child is None or child.deleting else child.desired))
-        return tuple(out)
-
     @staticmethod
     def _validate(
         meta: Mapping[str, Any],
@@ -695,37 +591,6 @@ class Reconciler:
             return server
         spec = disaggregation.with_role_replicas(spec, counts)
         return validate_server(meta, spec, config, cel_rules=False)
-
-    async def _seed_role_scales(
-        self, key: ServerKey, rendered: Rendered, children: Mapping[tuple[str, str], ChildView]
-    ) -> None:
-        """Create each autoscaled role's TPUModelServerRole with the count it was rendered at
-        (the apply that follows leaves spec.replicas to its HPA); give one that lost its
-        spec.replicas that count back."""
-        spec = rendered.server.valid.spec
-        for manifest in rendered.shared:
-            if manifest["kind"] != labels.ROLE_KIND:
-                continue
-            count = disaggregation.role_of(spec, manifest["spec"]["role"]).replicas
-            child = children.get((labels.ROLE_KIND, manifest["metadata"]["name"]))
-            if child is None:
-                await self.kube.create(with_replicas(manifest, count))
-            elif child.desired is None and not child.deleting:
-                await self.kube.patch_role(key[0], child.name, {"spec": {"replicas": count}})
-
-    async def _write_role_scales(self, key: ServerKey, roles: list[RoleStatus]) -> None:
-        """Each TPUModelServerRole's status: the role's groups and its leaders' selector."""
-        children = self.cache.children(key)
-        for role in roles:
-            child = children.get((labels.ROLE_KIND, role_scale_name(key[1], role.role)))
-            if child is None or child.deleting:
-                continue
-            selector = labels.selector_string(role_selector(key[1], role.role))
-            if child.scale_status == (role.replicas, selector):
-                continue
-            status = {"replicas": role.replicas, "selector": selector}
-            with contextlib.suppress(NotFoundError):  # pruned meanwhile
-                await self.kube.patch_role(key[0], child.name, {"status": status}, status=True)
 
     async def _config(self, previous: TPUModelServerStatus) -> RenderConfig:
         """Cluster capabilities; the workload kind sticks once a server has one."""
@@ -816,52 +681,6 @@ class Reconciler:
             )
             for key, served in self._served()
         ]
-
-
-def plan_groups(
-    rendered: Rendered,
-    groups: Mapping[int, rollout.GroupState],
-    *,
-    max_unavailable: int,
-    max_surge: int,
-    moving: frozenset[int] = frozenset(),
-    urgent: frozenset[int] = frozenset(),
-) -> rollout.Plan:
-    """The rollout plan over group keys: `rollout.plan` for a plain server; for a
-    disaggregated one `rollout.plan_roles` over each role's indices (groups of no current
-    role, left from before the server was disaggregated, are deleted)."""
-    spec = rendered.server.valid.spec
-    if spec.disaggregation is None:
-        return rollout.plan(
-            spec.replicas,
-            groups,
-            max_unavailable=max_unavailable,
-            max_surge=max_surge,
-            moving=moving,
-            urgent=urgent,
-        )
-
-    def by_role(keys: Iterable[int]) -> dict[str, dict[int, int]]:
-        """role -> {index within the role: group key}"""
-        out: dict[str, dict[int, int]] = {role: {} for role in disaggregation.ROLES}
-        for k in keys:
-            role = disaggregation.key_role(k)
-            if role is not None:
-                out[role][disaggregation.key_index(k)] = k
-        return out
-
-    plans = rollout.plan_roles(
-        {role: disaggregation.role_of(spec, role).replicas for role in disaggregation.ROLES},
-        {role: {i: groups[k] for i, k in ks.items()} for role, ks in by_role(groups).items()},
-        max_unavailable=max_unavailable,
-        max_surge=max_surge,
-        moving={role: frozenset(ks) for role, ks in by_role(moving).items()},
-        urgent={role: frozenset(ks) for role, ks in by_role(urgent).items()},
-    )
-    stray = [k for k, g in groups.items() if g.exists and disaggregation.key_role(k) is None]
-    return rollout.merged(
-        {disaggregation.ROLE_KEY_BASE[role]: p for role, p in plans.items()}, stray
-    )
 
 
 def _children_selector(key: ServerKey) -> str:
