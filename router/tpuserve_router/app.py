@@ -195,7 +195,10 @@ def create_router_app(
             )
         else:
             seeds = Seeds(policy.block_index)
-            kv = KvEventHub(policy.block_index, metrics, resume=seeds.resume)
+            kv = KvEventHub(
+                policy.block_index, metrics, resume=seeds.resume,
+                lost=getattr(policy, "remember_lost", None),
+            )  # fmt: skip
 
     peering: PeerNetwork | None = None
     snapshots: SnapshotService | None = None
