@@ -358,9 +358,12 @@ class PrecisePolicy(BlockIndexPolicy):
                 i, moved = successor, True
         if not moved and outcome == "prefix_hit" and self.shared is not None:
             depth = depths[i]
-            if 0 < depth < len(keys) and self.shared.is_shared(keys[depth - 1], keys[depth]):
-                i = self.shared.move(depths, loads, i)
-                moved = i != chosen
+            if depth:  # what follows the match: the next block, or the tail past the last one
+                whole = depth == len(keys)  # every whole page held: the partial last follows
+                following = hash(tuple(tokens[depth * page :])) if whole else keys[depth]
+                if self.shared.is_shared(keys[depth - 1], following):
+                    i = self.shared.move(depths, loads, i)
+                    moved = i != chosen
         if not predicted and not moved:
             i = leave_long_queue(healthy, depths, page, prompt, i, self.queues, params)
         device: list[int] | None = None
