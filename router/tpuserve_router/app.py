@@ -170,7 +170,11 @@ def create_router_app(
     config = validate(config)
     params: dict[str, Any] = dict(config.policy_params)  # strings, converted by the policy
     policy = policy or make_policy(config.policy, seed=config.seed, **params)
-    tokenizer = ChatTokenCache(load_tokenizer(config.tokenizer)) if policy.needs_tokens else None
+    tokenizer = (
+        ChatTokenCache(load_tokenizer(config.tokenizer), config.token_cache_bytes)
+        if policy.needs_tokens
+        else None
+    )
     networks = parse_networks(config.worker_networks)
     metrics = create_router_metrics(registry or CollectorRegistry())
     metrics.info.labels(policy.name, tpuserve_version()).set(1)
