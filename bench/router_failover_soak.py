@@ -286,7 +286,7 @@ def report(
         by_conv.setdefault(t.conversation, []).append(t)
     failover = []
     for killed_at, restarted_at, engine in kills:
-        moved = consistent = conversations = 0
+        moved = consistent = conversations = other_replica = other_replica_consistent = 0
         for conv in by_conv.values():
             before = [t for t in conv if t.ok and t.end <= killed_at]
             after = [t for t in conv if t.ok and t.start >= killed_at]
@@ -297,6 +297,9 @@ def report(
             for t in after[1:]:
                 moved += 1
                 consistent += t.engines[0] == successor
+                if t.replica != after[0].replica:  # decided by another replica than the first
+                    other_replica += 1
+                    other_replica_consistent += t.engines[0] == successor
         low, high = restarted_at + 5, restarted_at + args.share_window
         window = [c[0] for c in by_conv.values() if c[0].ok and low <= c[0].start < high]
         share = sum(1 for t in window if t.engines[0] == engine) / len(window) if window else 0.0
@@ -305,6 +308,8 @@ def report(
             "restarted_at": round(restarted_at, 1), "conversations_held": conversations,
             "later_turns": moved, "on_successor": consistent,
             "consistency": round(consistent / moved, 4) if moved else None,
+            "later_turns_via_another_replica": other_replica,
+            "via_another_replica_on_successor": other_replica_consistent,
             "first_turns_after_restart": len(window),
             "restarted_engine_share": round(share, 3),
         })  # fmt: skip
@@ -314,7 +319,7 @@ def report(
         for prev, t in itertools.pairwise(ok):
             total += 1
             same += t.engines[0] == prev.engines[-1]
-    mem = {}
+    mem: dict[str, Any] = {}
     for index, points in memory.items():
         half = [p for p in points if p[0] >= args.seconds / 2]
         slope, spread = slope_and_range(half)
@@ -324,6 +329,7 @@ def report(
             "max_mib": round(max(p[1] for p in points), 1) if points else None,
             "last_half_slope_mib_per_min": round(slope, 3),
             "last_half_range_mib": round(spread, 1),
+            "series": [(round(t), round(m, 1)) for t, m in points],
         }  # fmt: skip
     return {
         "requests": len(turns), "failed": len(failed),
