@@ -429,12 +429,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                         print(f"{at:6.0f} s  engine e{which} restarted", flush=True)
                 await asyncio.sleep(0.2)
             await runner
-            checks = []
+            checks: list[dict[str, Any]] = []
             live = next(e for e in engines if e.proc is not None and e.proc.poll() is None)
-            for killed_at, _, engine in kills:
+            for killed_at, _, fingerprint in kills:
                 for t in load.turns:
                     answering = t.start < killed_at < t.end
-                    if t.stream and t.engines and t.engines[0] == engine and answering:
+                    if t.stream and t.engines and t.engines[0] == fingerprint and answering:
                         expected = await direct_text(session, live.url, t)
                         checks.append({"conversation": t.conversation, "turn": t.turn,
                                        "engines": t.engines, "ok": t.ok,
