@@ -265,6 +265,21 @@ def slope_and_range(points: list[tuple[float, float]]) -> tuple[float, float]:
     return (sxy / sxx * 60 if sxx else 0.0), max(values) - min(values)
 
 
+async def index_sizes(session: aiohttp.ClientSession, url: str) -> str:
+    """The replica's block index sizes (``tpuserve_router_prefix_index_size``), compactly."""
+    try:
+        async with session.get(url + "/metrics") as resp:
+            text = await resp.text()
+    except aiohttp.ClientError:
+        return "?"
+    sizes = []
+    for line in text.splitlines():
+        if line.startswith("tpuserve_router_prefix_index_size{"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            sizes.append(f"{kind.split('_')[0]}={float(line.rsplit(' ', 1)[1]):.0f}")
+    return ",".join(sizes)
+
+
 async def direct_text(session: aiohttp.ClientSession, url: str, t: Turn) -> str:
     body = {"model": MODEL, "prompt": t.prompt, "max_tokens": t.max_tokens, "temperature": 0}
     async with session.post(url + "/v1/completions", json=body) as resp:
@@ -396,6 +411,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                         if mib is not None:
                             memory.setdefault(r.index, []).append((now, mib))
                             line.append(f"router{r.index} {mib:6.1f} MiB")
+                    for r in replicas:
+                        if r.in_service:
+                            line.append(f"r{r.index} {await index_sizes(session, r.url)}")
                     done = [t for t in load.turns if t.end]
                     line.append(f"requests {len(done)} failed {sum(1 for t in done if not t.ok)}")
                     print("  ".join(line), flush=True)

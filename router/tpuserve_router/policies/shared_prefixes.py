@@ -14,7 +14,7 @@ end of its previous turn, and what follows there (the new question) is new: the 
 not one seen after that point before. A new conversation matches up to the end of the shared
 prefix, where many conversations branched: its next block differs from the one seen there
 last time. `SharedPrefixes` keeps, for the last block of each recent hit, the block that
-followed it (at most `MAX_ENDS` entries, the oldest dropped first); a hit whose match ends at
+followed it (at most `MAX_ENDS`, 8,192, the oldest dropped first); a hit whose match ends at
 a block seen followed by another one is a shared prefix, and such a hit is held to the bound
 of consistent hashing with bounded loads (`prefix_routing.bounded`, ``shared_load_factor``,
 1.25 by default, `cost`'s factor): when its holder would carry more than that times the
@@ -30,8 +30,11 @@ from typing import Final
 
 from tpuserve_router.policies.prefix_routing import bounded
 
-MAX_ENDS: Final = 1 << 16
-"""The most match ends remembered (about 150 bytes each: some 10 MiB at most)."""
+MAX_ENDS: Final = 1 << 13
+"""The most match ends remembered (about 150 bytes each: some 1.2 MiB at most). A shared
+prefix's end is remembered anew by every conversation that branches there, so a small bound
+keeps the busy ones; each conversation's own ends come and go (at 20 requests a second the
+bound holds about the last 7 minutes of them)."""
 
 
 class SharedPrefixes:
