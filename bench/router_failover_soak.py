@@ -302,6 +302,7 @@ def report(
     failover = []
     for killed_at, restarted_at, engine in kills:
         moved = consistent = conversations = other_replica = other_replica_consistent = 0
+        strays: list[list[tuple[int, float, int, list[str]]]] = []
         for conv in by_conv.values():
             before = [t for t in conv if t.ok and t.end <= killed_at]
             after = [t for t in conv if t.ok and t.start >= killed_at]
@@ -312,6 +313,9 @@ def report(
             for t in after[1:]:
                 moved += 1
                 consistent += t.engines[0] == successor
+                if t.engines[0] != successor and len(strays) < 20:
+                    strays.append([(u.turn, round(u.start, 1), u.replica, u.engines)
+                                   for u in conv])  # fmt: skip
                 if t.replica != after[0].replica:  # decided by another replica than the first
                     other_replica += 1
                     other_replica_consistent += t.engines[0] == successor
@@ -327,6 +331,7 @@ def report(
             "via_another_replica_on_successor": other_replica_consistent,
             "first_turns_after_restart": len(window),
             "restarted_engine_share": round(share, 3),
+            "strays": strays,  # (turn, start s, replica, engines) of each turn
         })  # fmt: skip
     same = total = 0
     for conv in by_conv.values():

@@ -19,7 +19,10 @@ whatever its load view; each conversation gets its own (the key is its own histo
 dead engine's conversations spread evenly over the live ones, and removing another worker
 moves only the conversations that were on it. The successor then stores the conversation,
 its KV events reach every replica, and later turns follow the index as usual: the
-conversation stays there, also after the dead engine is back.
+conversation stays there, also after the dead engine is back: the worker that lost a
+conversation is never its successor while the loss is remembered, so its return does not
+take back conversations that moved on (nor, were the successor to evict them, pull them
+back to it).
 
 Bounded: at most `MAX_KEYS` keys are remembered in all (about 70 bytes each), the oldest
 loss's first; each loss is forgotten after ``failover_ttl_seconds``. Nothing here runs
@@ -82,7 +85,7 @@ class Successors:
         self._clock = clock
         self.ttl_seconds = ttl_seconds
         self.max_keys = max_keys
-        self._keys: dict[int, float] = {}  # key -> when it is forgotten, oldest first
+        self._keys: dict[int, tuple[float, str]] = {}  # key -> (forgotten at, lost by)
         self.chosen = 0  # requests sent to a successor
 
     @property
@@ -92,10 +95,10 @@ class Successors:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def remember(self, keys: Iterable[int | None]) -> int:
-        """Remember ``keys`` (a lost stream's; None entries skipped) until the TTL; the
-        number remembered."""
-        until = self._clock() + self.ttl_seconds  # one float shared by all this loss's keys
+    def remember(self, keys: Iterable[int | None], worker: str = "") -> int:
+        """Remember ``keys`` (a lost stream's, of ``worker``; None entries skipped) until the
+        TTL; the number remembered."""
+        until = (self._clock() + self.ttl_seconds, worker)  # one tuple for the loss's keys
         held = self._keys
         count = 0
         for key in keys:
@@ -115,7 +118,7 @@ class Successors:
         now = self._clock()
         while held:
             first = next(iter(held))
-            if held[first] > now:
+            if held[first][0] > now:
                 break
             del held[first]
 
@@ -128,3 +131,8 @@ class Successors:
                 break
             depth += 1
         return depth
+
+    def lost_by(self, key: int) -> str | None:
+        """The worker that lost ``key`` (remembered), or None."""
+        loss = self._keys.get(key)
+        return None if loss is None else loss[1]

@@ -414,7 +414,12 @@ class PrecisePolicy(BlockIndexPolicy):
         if loads_imbalanced(loads, p.balance_abs_threshold, p.balance_rel_threshold):
             return None
         successors.chosen += 1
-        return rendezvous(keys[lost - 1], names)
+        key = keys[lost - 1]
+        by = successors.lost_by(key)  # never back to the worker that lost it (it restarted)
+        if by is not None and by in names and len(names) > 1:
+            others = [name for name in names if name != by]
+            return names.index(others[rendezvous(key, others)])
+        return rendezvous(key, names)
 
     def remember_lost(self, name: str, rank: int | None = None) -> None:
         """Worker ``name``'s stream (of DP rank ``rank``; every rank's when None) is about to
@@ -425,7 +430,7 @@ class PrecisePolicy(BlockIndexPolicy):
         index = self.block_index
         ranks = [rank] if rank is not None else [r for r, _ in index.rank_depths(name, [])]
         for r in ranks:
-            self.successors.remember(key for _, key in index.stream_blocks(name, r))
+            self.successors.remember((key for _, key in index.stream_blocks(name, r)), name)
 
     def _room_move(
         self,

@@ -172,3 +172,18 @@ def test_workers_that_leave_are_remembered() -> None:
     key = policy.block_index.keys(next_turn(3))[7]
     assert decision.worker.name == NAMES[1:][rendezvous(key, NAMES[1:])]
     assert policy.successors.chosen == 1
+
+
+def test_a_restarted_worker_does_not_take_back_the_conversations_it_lost() -> None:
+    """Its return changes the live set: rendezvous over it could send a conversation whose
+    successor no longer holds it (evicted) back to it; the worker that lost it is left out."""
+    clock = VirtualClock()
+    policy = replica(clock)
+    fleet(policy, 30)
+    policy.remember_lost(NAMES[0])
+    policy.block_index.clear(NAMES[0])
+    back = [fake_worker(name) for name in NAMES]  # the lost worker restarted, healthy again
+    chosen = {policy.choose(fake_request(token_ids=next_turn(i)), back).worker.name
+              for i in range(0, 30, 3)}  # fmt: skip
+    assert NAMES[0] not in chosen
+    assert chosen == {NAMES[1], NAMES[2]}
