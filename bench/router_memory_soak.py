@@ -13,6 +13,7 @@ after the restart and the last (the leak, if any: what a plateau does not show).
     python bench/router_memory_soak.py [--seconds 240] [--rate 20] [--kill-at 60]
                                        [--restart-at 90] [--sample-every 15] [--top 12]
                                        [--engine-arg=--cache-tokens=16384]
+                                       [--question-chars 0] [--token-cache-bytes 67108864]
 """
 
 from __future__ import annotations
@@ -35,9 +36,17 @@ from tpuserve_router.config import RouterConfig
 LOAD = r"""
 import asyncio, random, sys, aiohttp, orjson
 url, rate, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+chars = int(sys.argv[4])
 PREFIXES = [("system prompt %d " % i) * 60 for i in range(8)]
+def question(i):
+    rng = random.Random(i)
+    words, size = ["question %d" % i], 0
+    while size < chars:
+        words.append("word%d" % rng.randrange(100000))
+        size += len(words[-1]) + 1
+    return " ".join(words)
 async def one(session, i, stats):
-    body = {"model": "m", "prompt": PREFIXES[i % 8] + "question %d" % i, "max_tokens": 16,
+    body = {"model": "m", "prompt": PREFIXES[i % 8] + question(i), "max_tokens": 16,
             "stream": True}
     try:
         async with session.post(url, json=body) as r:
@@ -78,7 +87,7 @@ async def soak(args: argparse.Namespace) -> None:
     tracemalloc.start(args.frames)
     config = RouterConfig(
         host="127.0.0.1", port=0, workers=tuple(e.url for e in engines),
-        health_check_interval_seconds=1.0,
+        health_check_interval_seconds=1.0, token_cache_bytes=args.token_cache_bytes,
     )  # fmt: skip
     app = create_router_app(config, registry=CollectorRegistry())
     await app.start()
@@ -91,7 +100,7 @@ async def soak(args: argparse.Namespace) -> None:
         raise
     load = await asyncio.create_subprocess_exec(
         sys.executable, "-c", LOAD, app.base_url + "/v1/completions", str(args.rate),
-        str(args.seconds), stdout=asyncio.subprocess.PIPE,
+        str(args.seconds), str(args.question_chars), stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     start = time.monotonic()
     killed = restarted = False
@@ -150,6 +159,13 @@ def main() -> None:
     parser.add_argument("--sample-every", type=float, default=15)
     parser.add_argument("--frames", type=int, default=8)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument(
+        "--question-chars",
+        type=int,
+        default=0,
+        help="each prompt's own tail, after its shared prefix (distinct text)",
+    )
+    parser.add_argument("--token-cache-bytes", type=int, default=64 << 20)
     parser.add_argument(
         "--engine-arg", action="append", default=[],
         help="a flag for every engine twin, e.g. --engine-arg=--cache-tokens=16384",

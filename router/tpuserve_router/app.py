@@ -171,7 +171,11 @@ def create_router_app(
     config = validate(config)
     params: dict[str, Any] = dict(config.policy_params)  # strings, converted by the policy
     policy = policy or make_policy(config.policy, seed=config.seed, **params)
-    tokenizer = ChatTokenCache(load_tokenizer(config.tokenizer)) if policy.needs_tokens else None
+    tokenizer = (
+        ChatTokenCache(load_tokenizer(config.tokenizer), config.token_cache_bytes)
+        if policy.needs_tokens
+        else None
+    )
     networks = parse_networks(config.worker_networks)
     metrics = create_router_metrics(registry or CollectorRegistry())
     metrics.info.labels(policy.name, tpuserve_version()).set(1)
@@ -196,7 +200,10 @@ def create_router_app(
             )
         else:
             seeds = Seeds(policy.block_index)
-            kv = KvEventHub(policy.block_index, metrics, resume=seeds.resume)
+            kv = KvEventHub(
+                policy.block_index, metrics, resume=seeds.resume,
+                lost=getattr(policy, "remember_lost", None),
+            )  # fmt: skip
 
     peering: PeerNetwork | None = None
     snapshots: SnapshotService | None = None

@@ -218,6 +218,13 @@ OPTIONS: tuple[Option, ...] = (
         f"(default {DEFAULTS.kv_snapshot_max_bytes}).",
     ),
     Option(
+        "--token-cache-bytes",
+        "token_cache_bytes",
+        cli_types.positive_int,
+        "Memory the cache of prompts' token ids may take, in bytes (at least 1 MiB; precise "
+        f"and cost) (default {DEFAULTS.token_cache_bytes}).",
+    ),
+    Option(
         "--tokenizer",
         "tokenizer",
         str,

@@ -102,6 +102,8 @@ class RouterConfig:
     kv_snapshot_timeout_seconds: float = 10.0
     kv_snapshot_max_bytes: int = 256 * 1024 * 1024
     tokenizer: str | None = None
+    # The token cache's bound, in bytes of memory (pipeline/token_cache.py: MAX_BYTES).
+    token_cache_bytes: int = 64 * 1024 * 1024
     metrics_port: int | None = None
     # The front's limits (server.FrontLimits), as uvicorn, aiohttp and Envoy bound theirs.
     max_request_line_bytes: int = 8 * 1024
@@ -511,6 +513,7 @@ _SIZE_FLOORS: dict[str, int] = {
     "max_in_flight": 1,
     "max_response_bytes": 1024,
     "kv_snapshot_max_bytes": 1024,
+    "token_cache_bytes": 1024 * 1024,
 }
 """The least each size limit may be: below these an ordinary request could not pass."""
 

@@ -118,6 +118,12 @@ OPTION_GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
                 ServerSettings,
             ),
             Option(
+                "--system-fingerprint",
+                "OpenAI's system_fingerprint, sent in every completion and chat answer and "
+                "chunk, e.g. to tell which engine answered behind a router (default: none).",
+                source=ServerSettings,
+            ),
+            Option(
                 "--body-timeout-seconds",
                 "How long a request body may take to arrive; then 408 and the connection "
                 "closes (default: %(default)s).",
@@ -560,6 +566,7 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
         kv_cache_dtype=kv_dtype,
         drain_grace_seconds=args.drain_grace_seconds,
         body_timeout_seconds=args.body_timeout_seconds,
+        system_fingerprint=args.system_fingerprint,
         enable_cache_report=args.enable_cache_report,
         enable_debug_endpoints=args.enable_debug_endpoints,
         pd=PdSettings(

@@ -159,6 +159,7 @@ async def _respond(
     palette = svc.core.palette
     model = gen.model or DEFAULT_MODEL_NAME
     report = svc.settings.enable_cache_report
+    fingerprint = svc.settings.system_fingerprint
     flavor = svc.settings.flavor
     created = int(time.time())
     rid = req.rid
@@ -190,6 +191,8 @@ async def _respond(
                                  "weight_versions": weight_versions(req)}}  # fmt: skip
             if flavor == SGLANG_JAX:  # its responses have no weight-version metadata
                 del body["metadata"]
+            if fingerprint is not None:
+                body["system_fingerprint"] = fingerprint
             return json_response(body)
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
         resp: web.StreamResponse | None = None
@@ -213,6 +216,8 @@ async def _respond(
             }
             body = {"id": rid, "object": chunk_obj, "created": created, "model": model,
                     "choices": [c]}  # fmt: skip
+            if fingerprint is not None:
+                body["system_fingerprint"] = fingerprint
             running = gen.continuous_usage and (delta or not chat) and not first
             running = running and svc.settings.flavor != SGLANG_JAX  # its StreamOptions lack it
             if running:  # SGLang: on content chunks (chat), on every chunk (completions)

@@ -64,6 +64,7 @@ class ServerSettings:
     kv_cache_dtype: str = "auto"
     drain_grace_seconds: float = 30.0
     body_timeout_seconds: float = 30.0  # a request body must arrive within this, else 408
+    system_fingerprint: str | None = None  # OpenAI's field, in every answer and chunk
     enable_cache_report: bool = False  # as SGLang: cached tokens in OpenAI usage only when set
     enable_debug_endpoints: bool = False  # /debug/radix_cache shows cached token ids
     enable_lora: bool = False  # as SGLang: requests may name adapters (set by --lora-paths)

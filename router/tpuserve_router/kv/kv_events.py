@@ -555,6 +555,11 @@ class _Subscription:
         return stored, removed
 
 
+LOST_REASONS = frozenset({"publisher_disconnected", "engine_restart"})
+"""Resyncs that mean the engine lost what it held (it died, or came back empty), not only
+that this router lost track of it."""
+
+
 class KvEventHub:
     """Owns every worker's subscriptions; the app calls ``watch``/``unwatch`` as workers change."""
 
@@ -563,8 +568,10 @@ class KvEventHub:
         index: BlockIndex,
         metrics: RouterMetrics,
         resume: Callable[[_Subscription], None] | None = None,
+        lost: Callable[[str, int | None], None] | None = None,
     ) -> None:
         self.index = index
+        self.lost = lost  # told before a dead or restarted engine's blocks are dropped
         self.metrics = metrics
         self.resume = resume  # where a new stream starts: a peer's snapshot may say
         self.context = zmq.asyncio.Context()  # replay sockets, and streams other than tcp://
@@ -618,7 +625,11 @@ class KvEventHub:
         self.context.term()
 
     def resync(self, worker: str, reason: str, rank: int | None = None) -> None:
-        """Drop what the index knows of the worker (of one DP rank's stream, given ``rank``)."""
+        """Drop what the index knows of the worker (of one DP rank's stream, given ``rank``);
+        when its engine is gone (``LOST_REASONS``), ``lost`` is told first (the `precise`
+        policy's successors, `policies.failover`)."""
+        if self.lost is not None and reason in LOST_REASONS:
+            self.lost(worker, rank)
         self.index.clear(worker, rank)
         self.metrics.kv_event_resyncs.labels(worker, reason).inc()
 

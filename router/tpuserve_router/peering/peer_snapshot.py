@@ -51,9 +51,14 @@ MAX_REQUEST_BYTES: Final = 1024
 """The most a snapshot request may take (with ``--peer-key-file``, a CURVE handshake command
 too: INITIATE takes about 300 bytes)."""
 CONNECT_SECONDS: Final = 1.0
-"""How long a starting replica waits for a peer's snapshot port to accept a connection: a
-peer not up by then is starting too (replicas installed together) and has nothing to give,
-so a start never waits ``--kv-snapshot-timeout`` for replicas that are not there yet."""
+"""How long a starting replica waits for a peer's snapshot port to accept a connection when
+the peer's host neither accepts nor refuses it (a port that is not bound refuses at once, and
+that peer is passed over at once): a peer not up by then is starting too (replicas installed
+together) and has nothing to give, so a start never waits ``--kv-snapshot-timeout`` for
+replicas that are not there yet."""
+NOT_UP_REFUSED: Final = "its snapshot port refused the connection"
+"""What the log says of a peer whose snapshot port is not bound yet: passed over at once, so
+replicas installed together are ready without waiting for each other."""
 CACHE_SECONDS: Final = 5.0
 """How long a packed snapshot is given to askers before the index is built and packed anew."""
 
@@ -62,16 +67,20 @@ class PeerNotUp(Exception):
     """A peer's snapshot port took no connection: the peer is not up (yet)."""
 
 
-async def _connected(monitor: Any, seconds: float) -> bool:
-    """Whether ``monitor``'s socket connected within ``seconds``."""
+async def _connected(monitor: Any, seconds: float) -> bool | None:
+    """Whether ``monitor``'s socket connected: True once it did, False as soon as the peer
+    refused the connection (its port is not bound: libzmq retries, and says so), None when
+    neither happened within ``seconds`` (a host that does not answer)."""
     try:
         async with asyncio.timeout(seconds):
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
                 if event["event"] == zmq.EVENT_CONNECTED:
                     return True
+                if event["event"] == zmq.EVENT_CONNECT_RETRIED:
+                    return False
     except TimeoutError:
-        return False
+        return None
 
 
 class SnapshotError(Exception):
@@ -211,16 +220,19 @@ class SnapshotService:
                 asker.setsockopt(zmq.IPV6, 1)
             if self.key is not None:
                 self.key.dial(asker)
-            monitor = asker.get_monitor_socket(zmq.EVENT_CONNECTED)
+            monitor = asker.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED)
             try:
                 asker.connect(endpoint)
-                if not await _connected(monitor, min(CONNECT_SECONDS, self.timeout_seconds)):
-                    raise PeerNotUp(
-                        f"its snapshot port took no connection within {CONNECT_SECONDS:g} s "
-                        "(a replica starting too has nothing to give)"
-                    )
+                connected = await _connected(monitor, min(CONNECT_SECONDS, self.timeout_seconds))
             finally:
                 stop_monitor(asker, monitor)
+            if connected is False:
+                raise PeerNotUp(f"{NOT_UP_REFUSED} (a replica starting too has nothing to give)")
+            if connected is None:
+                raise PeerNotUp(
+                    f"its snapshot port took no connection within {CONNECT_SECONDS:g} s "
+                    "(a replica starting too has nothing to give)"
+                )
             async with asyncio.timeout(self.timeout_seconds):
                 await asker.send_multipart(request_frames(self.max_bytes))
                 return answer_body(await asker.recv_multipart())

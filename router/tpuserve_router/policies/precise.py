@@ -89,8 +89,10 @@ from tpuserve_router.policies.base import (
     RouteRequest,
     W,
     build_params,
+    loads_imbalanced,
     register,
 )
+from tpuserve_router.policies.failover import Successors, rendezvous
 from tpuserve_router.policies.prefix_routing import (
     LOAD_FACTOR,
     AffinityParams,
@@ -102,6 +104,7 @@ from tpuserve_router.policies.prefix_routing import (
     leave_long_queue,
     queue_move,
 )
+from tpuserve_router.policies.shared_prefixes import SharedPrefixes
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,14 @@ class PreciseParams(AffinityParams, IndexParams, QueueParams):
     blocks it holds only in host memory; there only its HBM blocks count (the module's
     docstring, the tiered choice)."""
 
+    shared_load_factor: float = LOAD_FACTOR
+    """A hit on a prefix where prompts branch (a shared system prompt) goes to its holder only
+    while the holder is within this times the fleet's mean load (`shared_prefixes`); 0: no
+    bound, the affinity rule alone."""
+    failover_ttl_seconds: float = 300.0
+    """How long the blocks a lost worker held steer its conversations to their successors
+    (`failover`); 0: not at all."""
+
     def validate(self) -> str | None:
         return (
             AffinityParams.validate(self)
@@ -121,6 +132,16 @@ class PreciseParams(AffinityParams, IndexParams, QueueParams):
                 None
                 if self.host_load_factor >= 1.0
                 else f"host_load_factor={self.host_load_factor} must be >= 1"
+            )
+            or (
+                None
+                if self.shared_load_factor == 0 or self.shared_load_factor >= 1.0
+                else f"shared_load_factor={self.shared_load_factor} must be 0 (off) or >= 1"
+            )
+            or (
+                None
+                if self.failover_ttl_seconds >= 0
+                else f"failover_ttl_seconds={self.failover_ttl_seconds} must be >= 0"
             )
         )
 
@@ -295,6 +316,8 @@ class PrecisePolicy(BlockIndexPolicy):
         self.start_index(self.params, clock)
         p = self.params
         self.room = HbmRoom()
+        self.successors = Successors(clock, p.failover_ttl_seconds)
+        self.shared = SharedPrefixes(p.shared_load_factor) if p.shared_load_factor else None
         self.block_index.set_route_params(
             p.cache_threshold, p.balance_abs_threshold, p.balance_rel_threshold,
             p.queue_margin_tokens, p.saved_prefix_weight, p.host_hit_weight,
@@ -328,7 +351,20 @@ class PrecisePolicy(BlockIndexPolicy):
             tokens, names, loads, queued
         )  # keys are whole pages of the prompt: depth x page <= prompt
         chosen = i
-        if not predicted:
+        moved = False
+        if self.successors.active or len(healthy) < len(workers):  # something was lost
+            successor = self._successor(keys, depths, names, loads, workers)
+            if successor is not None:
+                i, moved = successor, True
+        if not moved and outcome == "prefix_hit" and self.shared is not None:
+            depth = depths[i]
+            if depth:  # what follows the match: the next block, or the tail past the last one
+                whole = depth == len(keys)  # every whole page held: the partial last follows
+                following = hash(tuple(tokens[depth * page :])) if whole else keys[depth]
+                if self.shared.is_shared(keys[depth - 1], following):
+                    i = self.shared.move(depths, loads, i)
+                    moved = i != chosen
+        if not predicted and not moved:
             i = leave_long_queue(healthy, depths, page, prompt, i, self.queues, params)
         device: list[int] | None = None
         if index.host_only_blocks:  # some engine has a host tier: what of it is where
@@ -353,6 +389,48 @@ class PrecisePolicy(BlockIndexPolicy):
         self.queues.book(decision, prompt - hit, last_key)
         self.room.book(decision, prompt)
         return decision
+
+    def _successor(
+        self,
+        keys: Sequence[int],
+        depths: Sequence[int],
+        names: Sequence[str],
+        loads: Sequence[int],
+        workers: Sequence[W],
+    ) -> int | None:
+        """The successor of a prompt whose longest prefix a lost worker held (`failover`):
+        remembered from a lost stream, or still indexed on an unhealthy candidate; None when a
+        live worker holds as much, when the lost prefix would not have been a hit, or when
+        loads are imbalanced (the affinity rule's first test goes first)."""
+        successors = self.successors
+        successors.expire()
+        lost = successors.depth(keys) if successors.active else 0
+        gone = [w.name for w in workers if not w.healthy]
+        if gone:
+            lost = max(lost, *self.block_index.match(keys, gone))
+        p = self.params
+        if lost <= max(depths) or lost <= p.cache_threshold * len(keys):
+            return None
+        if loads_imbalanced(loads, p.balance_abs_threshold, p.balance_rel_threshold):
+            return None
+        successors.chosen += 1
+        key = keys[lost - 1]
+        by = successors.lost_by(key)  # never back to the worker that lost it (it restarted)
+        if by is not None and by in names and len(names) > 1:
+            others = [name for name in names if name != by]
+            return names.index(others[rendezvous(key, others)])
+        return rendezvous(key, names)
+
+    def remember_lost(self, name: str, rank: int | None = None) -> None:
+        """Worker ``name``'s stream (of DP rank ``rank``; every rank's when None) is about to
+        be dropped because the engine died or restarted empty: remember what it held, so its
+        conversations go to their successors (`failover`)."""
+        if self.params.failover_ttl_seconds <= 0:
+            return
+        index = self.block_index
+        ranks = [rank] if rank is not None else [r for r, _ in index.rank_depths(name, [])]
+        for r in ranks:
+            self.successors.remember((key for _, key in index.stream_blocks(name, r)), name)
 
     def _room_move(
         self,
@@ -403,5 +481,9 @@ class PrecisePolicy(BlockIndexPolicy):
         self.room.book(decision, len(keys) * self.block_index.page_size)
 
     def on_workers_changed(self, names: Collection[str]) -> None:
+        keep = set(names)
+        for name in self.block_index.workers():
+            if name not in keep:  # it left (drained, removed): its conversations move on
+                self.remember_lost(name)
         super().on_workers_changed(names)
         self.room.keep_only(set(names))

@@ -380,3 +380,15 @@ def test_a_clients_share_of_the_buffer_budget_fits_a_body_and_the_budget() -> No
         )
     flagged = build_config(parse("--max-buffered-bytes-per-client", str(64 * mib)), environ={})
     assert flagged.max_buffered_bytes_per_client == 64 * mib
+
+
+def test_the_token_cache_bound_is_a_flag_and_a_variable_with_a_floor() -> None:
+    """`--token-cache-bytes` (issue 68 item 4: the cache's bound is one of the caps the
+    router's memory plateaus under)."""
+    flagged = build_config(parse("--token-cache-bytes", str(8 << 20)), {})
+    assert flagged.token_cache_bytes == 8 << 20
+    env = {env_name("token_cache_bytes"): str(4 << 20)}
+    assert build_config(parse(), env).token_cache_bytes == 4 << 20
+    assert build_config(parse(), {}).token_cache_bytes == 64 << 20
+    with pytest.raises(ConfigError, match=r"token_cache_bytes=1000: must be >= 1048576"):
+        validate(RouterConfig(token_cache_bytes=1000))
