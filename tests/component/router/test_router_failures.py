@@ -53,6 +53,9 @@ async def slow_router(slow_engines: list[EngineTwin]) -> AsyncIterator[RouterApp
             health_check_interval_seconds=0.3,
             health_failure_threshold=2,
             first_byte_timeout_seconds=5,
+            # Streams do not move here: these tests hold the broken-stream path (a chat
+            # stream now moves by default; test_router_migration_routes.py tests that).
+            migration_limit=0,
         )
     )
     await wait_ready(app, len(slow_engines))
