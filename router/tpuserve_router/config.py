@@ -373,10 +373,30 @@ class RouterConfig:
                 f"demand_lease={self.demand_lease!r}: not a valid object name (lower-case "
                 "letters, digits, '-' and '.')",
             )
-        from tpuserve_router.tenancy.model_shares import check_model_shares
-
-        check_model_shares(
-            self, need, lambda name: bool(_DNS_SUBDOMAIN.match(name)) and len(name) <= 253
+        seen: set[str] = set()  # a namespace gateway's per-model Leases and shares
+        for entry in self.demand_leases:
+            model, sep, lease = entry.partition("=")
+            need(
+                bool(sep and model) and bool(_DNS_SUBDOMAIN.match(lease)) and len(lease) <= 253
+                and model not in seen,
+                f"demand_leases: {entry!r}: allowed MODEL=LEASE, each model once, the Lease a "
+                "valid object name (lower-case letters, digits, '-' and '.')",
+            )  # fmt: skip
+            seen.add(model)
+        need(
+            not self.demand_leases or self.discovery == "kubernetes",
+            f"demand_leases={','.join(self.demand_leases)}: needs discovery=kubernetes (the "
+            "Leases are written through the same API server)",
+        )
+        need(
+            0 < self.hold_model_share <= 1,
+            f"hold_model_share={self.hold_model_share}: allowed more than 0, at most 1 (the "
+            "share of the held bodies' bytes one model may take)",
+        )
+        limit = self.max_in_flight_per_model
+        need(
+            limit is None or 1 <= limit <= self.max_in_flight,
+            f"max_in_flight_per_model={limit}: allowed 1 to max_in_flight={self.max_in_flight}",
         )
         need(
             self.health_check_interval_seconds >= 0,

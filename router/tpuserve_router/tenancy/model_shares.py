@@ -21,7 +21,7 @@ name), never by what a client sends.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the Leases' module (aiohttp, the API client) loads with discovery only
     from tpuserve_router.engines.discovery.kubernetes import ApiServer
@@ -30,54 +30,10 @@ if TYPE_CHECKING:  # the Leases' module (aiohttp, the API client) loads with dis
     from tpuserve_router.tenancy.hold import HoldQueues
 
 
-class _Config(Protocol):
-    @property
-    def demand_leases(self) -> tuple[str, ...]: ...
-    @property
-    def discovery(self) -> str: ...
-    @property
-    def hold_model_share(self) -> float: ...
-    @property
-    def max_in_flight(self) -> int: ...
-    @property
-    def max_in_flight_per_model(self) -> int | None: ...
-
-
 def demand_lease_map(entries: tuple[str, ...]) -> dict[str, str]:
-    """``MODEL=LEASE`` entries (checked by `check_model_shares`) as model -> Lease name."""
+    """``MODEL=LEASE`` entries (checked by `RouterConfig`) as model -> Lease name."""
     pairs = (entry.split("=", 1) for entry in entries)
     return {model: lease for model, lease in pairs}
-
-
-def check_model_shares(
-    config: _Config, need: Callable[[bool, str], None], valid_name: Callable[[str], bool]
-) -> None:
-    """The per-model Leases and shares: well formed, each model once, within the router's
-    own limits."""
-    seen: set[str] = set()
-    for entry in config.demand_leases:
-        model, sep, lease = entry.partition("=")
-        need(
-            bool(sep) and bool(model) and valid_name(lease) and model not in seen,
-            f"demand_leases: {entry!r}: allowed MODEL=LEASE, each model once, the Lease a "
-            "valid object name (lower-case letters, digits, '-' and '.')",
-        )
-        seen.add(model)
-    need(
-        not config.demand_leases or config.discovery == "kubernetes",
-        f"demand_leases={','.join(config.demand_leases)}: needs discovery=kubernetes (the "
-        "Leases are written through the same API server)",
-    )
-    need(
-        0 < config.hold_model_share <= 1,
-        f"hold_model_share={config.hold_model_share}: allowed more than 0, at most 1 (the "
-        "share of the held bodies' bytes one model may take)",
-    )
-    limit = config.max_in_flight_per_model
-    need(
-        limit is None or 1 <= limit <= config.max_in_flight,
-        f"max_in_flight_per_model={limit}: allowed 1 to max_in_flight={config.max_in_flight}",
-    )
 
 
 class ModelFlights:
