@@ -18,6 +18,7 @@ import pytest
 
 from sglang_tpu import launch
 from sglang_tpu.contract.launch_contract import LaunchContract
+from sglang_tpu.sglang_flags import TPU_SGLANG_MODULE
 from tests.contract_env import contract_env
 from tests.real_sglang import RealSGLang
 from tests.sglang_kv_events import sglang_kv_events
@@ -25,7 +26,20 @@ from tests.sglang_kv_events import sglang_kv_events
 pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
 
 GOLDEN_DIR = Path(__file__).resolve().parents[2] / "unit" / "sglang_tpu" / "golden" / "launch"
-LAUNCH_MODULE = ("-m", "sglang.launch_server")
+# SGLang's own launcher (cpu) and the TorchTPU entry (tpu), which takes SGLang's flags unchanged
+LAUNCH_MODULES = (("-m", "sglang.launch_server"), TPU_SGLANG_MODULE)
+
+
+def sglang_argv(command: list[str]) -> list[str]:
+    """What follows `python -m MODULE` of either launch module: SGLang's own arguments."""
+    for module in LAUNCH_MODULES:
+        if module[1] in command:
+            start = command.index(module[1]) + 1
+            assert command[start - 2 : start] == list(module), command
+            return command[start:]
+    raise AssertionError(f"no SGLang launch module in {command}")
+
+
 READ_BACK = ("model_path", "served_model_name", "device", "tp_size", "nnodes", "node_rank",
              "dist_init_addr", "host", "port", "enable_metrics", "enable_cache_report",
              "kv_events_config", "enable_torch_compile")  # fmt: skip
@@ -47,10 +61,7 @@ def golden_commands() -> dict[str, list[str]]:
     """File name -> the launcher's arguments to `python -m sglang.launch_server`."""
     out = {}
     for path in sorted(GOLDEN_DIR.glob("*.json")):
-        command = json.loads(path.read_text())["command"]
-        start = command.index(LAUNCH_MODULE[1]) + 1
-        assert command[start - 2 : start] == list(LAUNCH_MODULE), command
-        out[path.stem] = command[start:]
+        out[path.stem] = sglang_argv(json.loads(path.read_text())["command"])
     return out
 
 
@@ -88,7 +99,7 @@ def lora_command() -> list[str]:
         "TPUSERVE_LORA_ADAPTERS": "sql=hf://org/sql-lora,law=/adapters/law",
     }
     command = launch.plan(LaunchContract.from_env(env)).command
-    return command[command.index(LAUNCH_MODULE[1]) + 1 :]
+    return sglang_argv(command)
 
 
 @pytest.fixture(scope="module")

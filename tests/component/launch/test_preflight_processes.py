@@ -44,7 +44,12 @@ def preflight(tmp_path: Path, python: Path, generation: str = "v5e", **extra: st
 
 def test_a_stack_and_chip_like_the_v5e_pass(tmp_path: Path) -> None:
     python = stand_in_tpu_python(tmp_path, "0.0.50")
-    done = preflight(tmp_path, python, TPUSERVE_COMPILE_CACHE_DIR=str(tmp_path / "cc"))
+    done = preflight(  # an engine image that keeps the KV pool's writes eager, as ours does
+        tmp_path,
+        python,
+        TPUSERVE_COMPILE_CACHE_DIR=str(tmp_path / "cc"),
+        TPUSERVE_SGLANG_KV_WRITES="eager",
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["ok"] is True

@@ -45,9 +45,14 @@ def contract_env(shape: SliceShape) -> dict[str, str]:
     }
 
 
+CHECKOUT = str(Path(__file__).resolve().parents[3])
+
+
 def dry_run(env: dict[str, str]) -> dict[str, Any]:
+    """The plan's `--dry-run` output, the checkout's own path (where the shims live on
+    PYTHONPATH) written as <checkout> so the goldens hold in any clone."""
     plan = launch.plan(LaunchContract.from_env(env))
-    result: dict[str, Any] = json.loads(plan.dry_run_json())
+    result: dict[str, Any] = json.loads(plan.dry_run_json().replace(CHECKOUT, "<checkout>"))
     return result
 
 

@@ -3,7 +3,7 @@
 The image declares `TPUSERVE_SGLANG_KV_WRITES=eager` (which lets pre-flight allow a compiled
 step on torch-tpu 0.2.x) only because the launcher starts SGLang on a TPU through the entry,
 and the entry applies `keep_kv_pool_writes_eager` before SGLang's server starts. These tests
-tie the three; tests/component/real_sglang/test_sglang_tpu_server.py runs the entry against
+tie the three; tests/component/real_sglang/test_tpu_entry_on_real_sglang.py runs the entry against
 real SGLang 0.5.23 (the patch in effect, an answer over HTTP).
 """
 
