@@ -128,7 +128,9 @@ async def start_mode(kind: str, twins: list[EngineTwin], fleet: Fleet, **changes
         )  # fmt: skip
         app = await start_router(config.replace(**changes), ready_workers=len(twins))
         return Mode(app, twins, lambda dead: next(t for t in twins if t is not dead), PROMPT)
-    app = await start_router(fleet.config(**changes))
+    # A whole answer's decode leg answers only when it is done: give it room on a loaded
+    # machine (the PD fixture's 3 s hand-off timed out three tries in a row under CI load).
+    app = await start_router(fleet.config(**({"pd_handoff_timeout_seconds": 30.0} | changes)))
     await wait_ready(app, len(fleet.engines))
     return Mode(app, fleet.decode, lambda _dead: fleet.colocated, LONG)
 

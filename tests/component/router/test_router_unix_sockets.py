@@ -149,7 +149,11 @@ async def test_the_router_listens_on_a_unix_socket(twin: Path, short_tmp: Path) 
 
             async def ready() -> bool:
                 async with session.get("http://localhost/readiness") as response:
-                    return bool((await response.json())["healthy_workers"] == 1)
+                    if (await response.json())["healthy_workers"] != 1:
+                        return False
+                # the worker's models are learned by a poll of their own, after its health
+                async with session.get("http://localhost/v1/models") as response:
+                    return bool((await response.json())["data"])
 
             await eventually_async(ready, what="a routable unix worker", timeout_seconds=30)
             async with session.get("http://localhost/v1/models") as response:
