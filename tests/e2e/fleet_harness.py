@@ -87,7 +87,7 @@ def local_base_url(cluster: Cluster, name: str) -> str:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,  # a second on a quiet machine; minutes seen under the whole suite's load
         check=True,
         env={**os.environ},
     )

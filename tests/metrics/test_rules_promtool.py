@@ -24,17 +24,23 @@ def rendered_groups(values: list[Path], kind: str) -> list[dict[str, Any]]:
     return groups
 
 
-def run_promtool_tests(promtool: Path, folder: Path, groups: list[dict[str, Any]]) -> str:
-    """`promtool test rules` on `groups` with rule_tests' file; its output, failing or not."""
+PARTS = sorted(rule_tests.promtool_test_files())
+
+
+def run_promtool_tests(
+    promtool: Path, folder: Path, groups: list[dict[str, Any]], part: str
+) -> str:
+    """`promtool test rules` on `groups` with one part of rule_tests' file; its output, failing
+    or not."""
     (folder / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    test_file = yaml.safe_dump(rule_tests.promtool_test_file(), sort_keys=False)
+    test_file = yaml.safe_dump(rule_tests.promtool_test_files()[part], sort_keys=False)
     (folder / "tpuserve.test.yaml").write_text(test_file)
     done = subprocess.run(
         [str(promtool), "test", "rules", "tpuserve.test.yaml"],
         cwd=folder,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=600,  # ~5-10 s of CPU a part; the wait is for a loaded machine
     )
     return f"exit {done.returncode}\n{done.stdout}{done.stderr}"
 
@@ -65,9 +71,12 @@ def test_promtool_check_rules_accepts_rendered_rules(
     assert f"SUCCESS: {expected} rules found" in done.stdout
 
 
-def test_promtool_unit_tests_pass_on_rendered_rules(promtool: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("part", PARTS)
+def test_promtool_unit_tests_pass_on_rendered_rules(
+    promtool: Path, tmp_path: Path, part: str
+) -> None:
     groups = rendered_groups([rule_tests.VALUES], "PrometheusRule")
-    output = run_promtool_tests(promtool, tmp_path, groups)
+    output = run_promtool_tests(promtool, tmp_path, groups, part)
     assert output.startswith("exit 0\n"), output
     assert "SUCCESS" in output
 
@@ -78,6 +87,16 @@ def test_promtool_unit_tests_catch_a_wrong_rule(promtool: Path, tmp_path: Path) 
     for group in groups:
         for rule in group["rules"]:
             rule["expr"] = rule["expr"].replace(', tp_rank="0", pp_rank="0"', "")
-    output = run_promtool_tests(promtool, tmp_path, groups)
+    output = run_promtool_tests(promtool, tmp_path, groups, "every-15s")  # the fleet case's
     assert not output.startswith("exit 0\n")
     assert "pod:sglang_decode_tokens:rate1m" in output
+
+
+def test_the_parts_hold_every_case_once_at_its_own_interval() -> None:
+    whole = rule_tests.promtool_test_file()["tests"]
+    parts = rule_tests.promtool_test_files()
+    assert sorted(c["name"] for p in parts.values() for c in p["tests"]) == sorted(
+        c["name"] for c in whole
+    )
+    for part in parts.values():
+        assert {c.get("interval", "1m") for c in part["tests"]} == {part["evaluation_interval"]}

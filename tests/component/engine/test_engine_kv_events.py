@@ -242,8 +242,9 @@ def sglang_decodes(payload: bytes) -> bool:
 
 
 def published(sub: zmq.Socket[bytes], url: str, prompt: str) -> list[list[bytes]]:
-    """Messages the engine publishes while it serves ``prompt`` (sent until one arrives: a
-    new SUB misses what is published before its subscription reaches the engine)."""
+    """Messages the engine publishes while it serves ``prompt``, all of them: a new SUB misses
+    what is published before its subscription reaches the engine, so prompts go until one
+    message arrives, and then one more."""
 
     def poke() -> list[list[bytes]]:
         send(url, [f"{time.monotonic()} {prompt}"])  # new each time: stores every page
@@ -252,7 +253,10 @@ def published(sub: zmq.Socket[bytes], url: str, prompt: str) -> list[list[bytes]
             messages.append(sub.recv_multipart())
         return messages
 
-    return eventually(poke, what="a published KV-event batch", timeout_seconds=DEADLINE_SECONDS)
+    # Until one arrives the subscription may have joined mid-prompt, with only a tail of its
+    # batches (a loaded machine's case); once one has, the next prompt's come whole.
+    eventually(poke, what="a published KV-event batch", timeout_seconds=DEADLINE_SECONDS)
+    return eventually(poke, what="one prompt's batches", timeout_seconds=DEADLINE_SECONDS)
 
 
 def replayed(replay_endpoint: str, ctx: zmq.Context[zmq.Socket[bytes]]) -> list[list[bytes]]:

@@ -17,7 +17,8 @@ DRIVER = REPO / "bench" / "sglang_engine_chip.py"
 MODELS = REPO / "bench" / "sglang_jax_models.py"
 TIMEOUT_S = 300
 
-pytestmark = [pytest.mark.component, pytest.mark.real_sglang]
+# an engine's start and run on CPU, once or twice per test: minutes on a loaded machine
+pytestmark = [pytest.mark.component, pytest.mark.real_sglang, pytest.mark.timeout(900)]
 
 
 def _env(real_sglang: RealSGLang) -> dict[str, str]:
@@ -60,10 +61,18 @@ def _answers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("phase") == "tokens"]
 
 
+@pytest.fixture(scope="module")
+def plain_rows(
+    real_sglang: RealSGLang, tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
+    """The driver's rows of the engine's own run: its CPU's tokens, nothing stood in for."""
+    return _run(real_sglang, tiny_qwen3, tmp_path_factory.mktemp("plain") / "plain.jsonl")
+
+
 def test_the_engine_serves_a_shared_prefix_from_its_radix_cache_in_one_process(
-    real_sglang: RealSGLang, tiny_qwen3: Path, tmp_path: Path
+    plain_rows: list[dict[str, Any]],
 ) -> None:
-    rows = _run(real_sglang, tiny_qwen3, tmp_path / "plain.jsonl")
+    rows = plain_rows
     answers = _answers(rows)
     assert [a["kind"] for a in answers] == ["first"] + ["shared-prefix"] * 4
     assert answers[0]["cached_tokens"] == 0
@@ -75,12 +84,12 @@ def test_the_engine_serves_a_shared_prefix_from_its_radix_cache_in_one_process(
 
 
 def test_the_bridge_gives_the_engines_own_tokens_where_the_tpu_machine_lacks_packages(
-    real_sglang: RealSGLang, tiny_qwen3: Path, tmp_path: Path
+    real_sglang: RealSGLang, tiny_qwen3: Path, tmp_path: Path, plain_rows: list[dict[str, Any]]
 ) -> None:
     """The chip's rehearsal: the packages the TPU machine lacks hidden and stood in for, no
     internet socket, the forward through the bridge; tokens and cached tokens are SGLang's
     CPU engine's."""
-    plain = _answers(_run(real_sglang, tiny_qwen3, tmp_path / "plain.jsonl"))
+    plain = _answers(plain_rows)
     rows = _run(
         real_sglang,
         tiny_qwen3,

@@ -185,7 +185,9 @@ async def test_thousands_of_idle_connections_lock_out_no_client_and_no_probe() -
                 writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: r\r\n")
             sockets.append(writer)
         assert len(app.book.open) <= 300
-        assert closed(app, "evicted") >= 2700
+        # each closed to make room, or, where opening 3,000 took longer than the head's
+        # timeout (a loaded machine), for sending no head in time
+        assert closed(app, "evicted") + closed(app, "header_timeout") >= 2700
         assert await served(app) == 200
         assert await served(app, app.metrics_port, "/readiness") == 200
         await eventually_async(
