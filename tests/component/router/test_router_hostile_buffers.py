@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +154,7 @@ async def big(oa: openai.AsyncOpenAI, model: str, padding: str) -> str:
 
 
 async def until_at_most(
-    pending_at_most: int, tasks: list[asyncio.Future[str]], wait_seconds: float
+    pending_at_most: int, tasks: Sequence[asyncio.Future[str]], wait_seconds: float
 ) -> tuple[set[asyncio.Future[str]], set[asyncio.Future[str]]]:
     """`asyncio.wait` until at most ``pending_at_most`` tasks are pending (then 2 s more, for
     an answer that should not come) or ``wait_seconds`` passed: (done, pending)."""
