@@ -98,10 +98,9 @@ async def test_a_low_tenant_filling_the_hold_queue_keeps_out_no_critical_request
     try:
         for i in range(HOLD + 4):  # the flooder fills the queue, then is refused
             await send("batch", f"batch-{i:02d}")
-        assert [sent[f"batch-{i:02d}"].done() for i in range(HOLD + 4)] == [False] * HOLD + [
-            True
-        ] * 4
-        assert {sent[f"batch-{i:02d}"].result() for i in range(HOLD, HOLD + 4)} == {"503"}
+        # the refused four: their 503s may still be on the way when the queue has counted them
+        assert [await sent[f"batch-{i:02d}"] for i in range(HOLD, HOLD + 4)] == ["503"] * 4
+        assert [sent[f"batch-{i:02d}"].done() for i in range(HOLD)] == [False] * HOLD
         for i in range(2):  # another low tenant takes its share from the flooder's newest
             await send("small", f"small-{i}")
         await send("ops", "ops-critical")  # critical: never refused while low ones wait

@@ -184,7 +184,7 @@ async def test_streams_without_the_gateways_token_are_refused(guarded: RouterApp
         assert answer.status == 200
     finally:
         await client.close()
-    assert settled(guarded)
+    await eventually_async(lambda: settled(guarded), what="every request accounted for")
 
 
 async def test_a_header_flood_is_refused_and_nothing_of_it_is_kept(guarded: RouterApp) -> None:
@@ -212,7 +212,7 @@ async def test_a_header_flood_is_refused_and_nothing_of_it_is_kept(guarded: Rout
     await eventually_async(lambda: picker.streams == 0, what="every stream released")
     assert picker.buffered == 0
     assert guarded.book.buffers.used == 0
-    assert settled(guarded)
+    await eventually_async(lambda: settled(guarded), what="every request accounted for")
 
 
 async def test_idle_streams_and_bodies_that_never_end_are_timed_out_and_released(

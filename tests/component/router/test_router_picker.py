@@ -89,6 +89,7 @@ async def test_the_destination_is_the_policys_choice_in_header_and_metadata(
     assert again.endpoints[0] == endpoints[0]  # the prefix stays where it is cached
     usage = orjson.loads(again.body)["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] > 0
+    await eventually_async(lambda: settled(picker), what="every request accounted for")
     worker = f"http://{endpoints[0]}"
     labels = {"model": MODEL, "worker": worker, "route": "/v1/completions", "status": "200"}
     assert sample(picker, "tpuserve_router_requests_total", labels) == 2
@@ -102,7 +103,7 @@ async def test_the_destination_is_the_policys_choice_in_header_and_metadata(
         sample(picker, "tpuserve_router_cached_tokens_total", {"model": MODEL, "worker": worker})
         > 0
     )
-    assert settled(picker)
+    await eventually_async(lambda: settled(picker), what="every request accounted for")
 
 
 async def test_openai_client_through_the_gateway_streamed_and_not(
@@ -189,6 +190,8 @@ async def test_a_fallback_that_served_takes_the_accounting(
     ]
     assert decided.headers[epp.TEST_SERVED_HEADER] == fallback
     assert orjson.loads(b"".join(chunks))["usage"]["completion_tokens"] == 4
+    # the stream's end is accounted for after its last chunk went out
+    await eventually_async(lambda: settled(picker), what="every request accounted for")
     labels = {"model": MODEL, "route": "/v1/completions", "status": "200"}
     assert (
         sample(picker, "tpuserve_router_requests_total", {**labels, "worker": f"http://{fallback}"})
@@ -198,7 +201,7 @@ async def test_a_fallback_that_served_takes_the_accounting(
         sample(picker, "tpuserve_router_requests_total", {**labels, "worker": f"http://{primary}"})
         == 0
     )
-    assert settled(picker)
+    await eventually_async(lambda: settled(picker), what="every request accounted for")
 
 
 async def test_refusals_are_immediate_responses_naming_the_problem(
@@ -216,7 +219,7 @@ async def test_refusals_are_immediate_responses_naming_the_problem(
     assert b"--max-request-bytes" in too_big.body
     assert picker.picker is not None
     assert picker.picker.buffered == 0
-    assert settled(picker)
+    await eventually_async(lambda: settled(picker), what="every request accounted for")
 
 
 async def test_at_max_in_flight_the_picker_sheds_with_429(engines: list[EngineTwin]) -> None:
