@@ -170,6 +170,7 @@ ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipeline",),
     ("front",),
     ("validation",),
+    ("options",),
     ("app",),
     ("cli",),
 )
@@ -178,8 +179,9 @@ first. A module reaches, through any chain of imports, only modules of its own p
 parts below it: the settings and the label vocabularies at the bottom, importing nothing of
 the router; the series; the KV view, which knows no request; the policies (they read the
 block index); the engines (registry, health, admission, connections); the replicas' peering;
-the shared core; tenancy; the request pipeline; the fronts; the wiring. No two parts import
-each other, directly or through others."""
+the shared core; tenancy; the request pipeline; the fronts; the wiring (the
+settings' checks, the flags, the app, the command). No two parts import each other, directly
+or through others."""
 
 
 def router_part(module: str) -> str | None:

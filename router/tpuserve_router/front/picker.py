@@ -99,10 +99,7 @@ from tpuserve_router.front.picker_protocol import (
     StreamRefused,
     endpoint_of,
 )
-from tpuserve_router.metrics import (
-    PICKER_CONNECTION_REFUSAL_REASONS,
-    PICKER_STREAM_REFUSAL_REASONS,
-)
+from tpuserve_router.metrics import PICKER_CONNECTION_REFUSAL_REASONS, PICKER_STREAM_REFUSAL_REASONS
 from tpuserve_router.pipeline.deadlines import first_byte_budget
 from tpuserve_router.pipeline.driver import Driver
 from tpuserve_router.pipeline.generation_limits import MAX_TOKENS_ALLOWED
@@ -112,11 +109,7 @@ from tpuserve_router.pipeline.request_ids import name_request
 from tpuserve_router.pipeline.selection import Single
 from tpuserve_router.pipeline.stages import Admitted, Arrival, InFlight
 from tpuserve_router.pipeline.stages import Refused as PipelineRefused
-from tpuserve_router.policies.base import (
-    NoHealthyWorker,
-    healthy_workers,
-    least_loaded,
-)
+from tpuserve_router.policies.base import NoHealthyWorker, healthy_workers, least_loaded
 
 if TYPE_CHECKING:
     from tpuserve_router.engines.workers import Worker

@@ -19,9 +19,7 @@ from tpuserve_router.pipeline.request_body import ClientError
 from tpuserve_router.pipeline.request_ids import Restorer
 from tpuserve_router.pipeline.selection import Single
 from tpuserve_router.pipeline.stages import Admitted
-from tpuserve_router.policies.base import (
-    Decision,
-)
+from tpuserve_router.policies.base import Decision
 from tpuserve_router.tenancy.auth import ApiKey
 
 if TYPE_CHECKING:
