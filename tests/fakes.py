@@ -37,7 +37,8 @@ from tpuserve_operator.kube import replicas_patch
 from tpuserve_operator.observed import PodView
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.front.server import HttpRequest, front_limits, serve, status_line
+from tpuserve_router.front.http_request import HttpRequest, status_line
+from tpuserve_router.front.server import front_limits, serve
 from tpuserve_router.policies import RouteRequest
 
 Watcher = Callable[[str, Mapping[str, Any]], None]  # event type (ADDED, MODIFIED, DELETED), body

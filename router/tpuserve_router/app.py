@@ -68,9 +68,10 @@ from tpuserve_router.front.admin import ROUTE as ADMIN_ROUTE
 from tpuserve_router.front.admin import AdminApi
 from tpuserve_router.front.connections import BufferBudget, ConnectionBook
 from tpuserve_router.front.forwarding import Forwarder
+from tpuserve_router.front.http_request import HttpRequest
 from tpuserve_router.front.replies import reject
 from tpuserve_router.front.routes import MODELS_PREFIX, Routes
-from tpuserve_router.front.server import RETRY_AFTER, FrontLimits, HttpRequest, front_limits, serve
+from tpuserve_router.front.server import RETRY_AFTER, FrontLimits, front_limits, serve
 from tpuserve_router.front.unix_listener import remove_socket
 from tpuserve_router.kv.block_index import BlockIndex
 from tpuserve_router.kv.kv_events import KvEventHub

@@ -27,8 +27,8 @@ from typing import Final
 
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.front.admin import ROUTE as ADMIN_ROUTE
+from tpuserve_router.front.http_request import BodyNotTaken, Handler, HttpRequest
 from tpuserve_router.front.replies import reject
-from tpuserve_router.front.server import BodyNotTaken, Handler, HttpRequest
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.pipeline.refusals import unauthorized
 from tpuserve_router.pipeline.request_body import GENERATION_ROUTES, ClientError

@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from tpuserve_router.app import create_router_app
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.front.server import HttpConnection, HttpRequest
+from tpuserve_router.front.http_request import HttpRequest
+from tpuserve_router.front.server import HttpConnection
 from tpuserve_router.tenancy.auth import (
     MAX_KEY_LABELS,
     OTHER_KEY,
