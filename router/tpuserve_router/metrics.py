@@ -36,7 +36,7 @@ from tpuserve_router.series import Counter, Gauge, Histogram, Series, SeriesColl
 TTFT_BUCKETS_SECONDS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
-"""2.0 is the TTFT SLO's bound (`tpuserve.observability.rules.TTFT_SLO_SECONDS`): the SLO's
+"""2.0 is the TTFT SLO's bound (`tpuserve.observability.rule_basis.TTFT_SLO_SECONDS`): the SLO's
 good ratio of an engine without SGLang's histogram reads this one."""
 E2E_BUCKETS_SECONDS: Final = (
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,

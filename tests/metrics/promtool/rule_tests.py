@@ -1,4 +1,5 @@
-"""promtool unit tests for every recording rule and alert in `tpuserve/observability/rules.py`.
+"""promtool unit tests for every recording rule and alert (`tpuserve/observability/rules.py`,
+`alert_rules.py`).
 
 `test_rules_promtool.py` renders the chart's rules with `helm template` (prices from `VALUES`,
 this folder's values.yaml), writes `promtool_test_file()` beside them and runs `promtool test
@@ -25,7 +26,7 @@ from typing import Any
 import yaml
 
 from sglang_tpu import metric_names as sg
-from tpuserve.observability import rules
+from tpuserve.observability import rule_basis, rules
 
 # Prices the tests render the chart with: binary fractions keep expected costs exact.
 VALUES = Path(__file__).parent / "values.yaml"
@@ -462,7 +463,7 @@ def latency_tests() -> list[dict[str, Any]]:
         for q in quantiles:
             name = f"model:sglang_{short}_seconds:p{round(q * 100)}_5m"
             cases.append(_expect(name, [_sample(name, llama, histogram_quantile(q, buckets, r5))]))
-    good = TTFT_BUCKETS[repr(rules.TTFT_SLO_SECONDS)]
+    good = TTFT_BUCKETS[repr(rule_basis.TTFT_SLO_SECONDS)]
     windows = {"5m": 300, "30m": 1800, "1h": 3600, "6h": 4200}  # 6h: only 70 min of data yet
     for window, seconds in windows.items():
         name = f"model:sglang_ttft_good:ratio_rate{window}"
@@ -474,7 +475,7 @@ def latency_tests() -> list[dict[str, Any]]:
         cases.append(_expect(name, [_sample(name, llama, value)]))
     for window, seconds in (("5m", 300), ("1h", 3600)):
         name = f"model:sglang_itl_good:ratio_rate{window}"
-        value = _rate(ITL_BUCKETS[repr(rules.ITL_SLO_SECONDS)], seconds) / _rate(300, seconds)
+        value = _rate(ITL_BUCKETS[repr(rule_basis.ITL_SLO_SECONDS)], seconds) / _rate(300, seconds)
         cases.append(_expect(name, [_sample(name, llama, value)]))
     return cases
 
@@ -634,14 +635,16 @@ def alert_tests() -> list[dict[str, Any]]:
     router = {"namespace": NS, "pod": "router-0"}
     router_series = [
         _series(
-            rules.ROUTER_WORKER_HEALTHY, {**router, "model": "llama", "worker": "w0"}, "0+0x20"
+            rule_basis.ROUTER_WORKER_HEALTHY, {**router, "model": "llama", "worker": "w0"}, "0+0x20"
         ),
         _series(
-            rules.ROUTER_WORKER_HEALTHY, {**router, "model": "llama", "worker": "w1"}, "0+0x20"
+            rule_basis.ROUTER_WORKER_HEALTHY, {**router, "model": "llama", "worker": "w1"}, "0+0x20"
         ),
-        _series(rules.ROUTER_WORKER_HEALTHY, {**router, "model": "qwen", "worker": "w2"}, "1+0x20"),
         _series(
-            rules.ROUTER_REQUESTS,
+            rule_basis.ROUTER_WORKER_HEALTHY, {**router, "model": "qwen", "worker": "w2"}, "1+0x20"
+        ),
+        _series(
+            rule_basis.ROUTER_REQUESTS,
             {
                 **router,
                 "model": "llama",
@@ -652,12 +655,12 @@ def alert_tests() -> list[dict[str, Any]]:
             "0+100x20",
         ),
         _series(
-            rules.ROUTER_UPSTREAM_ERRORS,
+            rule_basis.ROUTER_UPSTREAM_ERRORS,
             {**router, "worker": "w0", "reason": "connect_error"},
             "0+10x20",
         ),
         _series(
-            rules.ROUTER_REQUESTS,
+            rule_basis.ROUTER_REQUESTS,
             {
                 "namespace": NS,
                 "pod": "router-1",
@@ -669,21 +672,21 @@ def alert_tests() -> list[dict[str, Any]]:
             "0+100x20",
         ),
         _series(
-            rules.ROUTER_UPSTREAM_ERRORS,
+            rule_basis.ROUTER_UPSTREAM_ERRORS,
             {"namespace": NS, "pod": "router-1", "worker": "w2", "reason": "connect_error"},
             "0+1x20",
         ),
-        _series(rules.ROUTER_KV_EVENT_GAPS, {**router, "worker": "w0"}, "0+0x5 1+0x15"),
-        _series(rules.ROUTER_KV_EVENT_GAPS, {**router, "worker": "w1"}, "0+0x20"),
+        _series(rule_basis.ROUTER_KV_EVENT_GAPS, {**router, "worker": "w0"}, "0+0x5 1+0x15"),
+        _series(rule_basis.ROUTER_KV_EVENT_GAPS, {**router, "worker": "w1"}, "0+0x20"),
     ]
     operator = {"namespace": "tpuserve-system", "pod": "tpuserve-operator-0"}
     operator_series = [
         # errors every minute for 40 minutes, then none
-        _series(rules.OPERATOR_RECONCILES, {**operator, "result": "error"}, "0+1x40 40+0x30"),
-        _series(rules.OPERATOR_RECONCILES, {**operator, "result": "ok"}, "0+10x70"),
+        _series(rule_basis.OPERATOR_RECONCILES, {**operator, "result": "error"}, "0+1x40 40+0x30"),
+        _series(rule_basis.OPERATOR_RECONCILES, {**operator, "result": "ok"}, "0+10x70"),
         # a standby operator: no errors
         _series(
-            rules.OPERATOR_RECONCILES,
+            rule_basis.OPERATOR_RECONCILES,
             {**operator, "pod": "tpuserve-operator-1", "result": "error"},
             "0+0x70",
         ),
@@ -693,10 +696,10 @@ def alert_tests() -> list[dict[str, Any]]:
     placed = {**stuck, "tpumodelserver": "small", "tpu_topology": "2x4"}
     unschedulable_series = [
         # two operator replicas export the same server (HA): one alert, not two
-        _series(rules.UNSCHEDULABLE_PODS, {**stuck, "pod": "op-0"}, "4+0x30"),
-        _series(rules.UNSCHEDULABLE_PODS, {**stuck, "pod": "op-1"}, "4+0x30"),
+        _series(rule_basis.UNSCHEDULABLE_PODS, {**stuck, "pod": "op-0"}, "4+0x30"),
+        _series(rule_basis.UNSCHEDULABLE_PODS, {**stuck, "pod": "op-1"}, "4+0x30"),
         # pending for 5 minutes while the autoscaler adds a node, then placed: quiet
-        _series(rules.UNSCHEDULABLE_PODS, {**placed, "pod": "op-0"}, "2+0x5 0+0x25"),
+        _series(rule_basis.UNSCHEDULABLE_PODS, {**placed, "pod": "op-0"}, "2+0x5 0+0x25"),
     ]
     down = {"job": f"{NS}/tpuserve-model-server", "namespace": NS, "pod": "dead-0"}
     up_series = [
@@ -793,15 +796,15 @@ def alert_tests() -> list[dict[str, Any]]:
             "name": "demand Lease: all writes failing alert, some failures among successes do not",
             "interval": "1m",
             "input_series": [
-                _series(rules.ROUTER_DEMAND_SIGNALS, {**router, "result": "failed"}, "0+1x20"),
-                _series(rules.ROUTER_DEMAND_SIGNALS, {**router, "result": "ok"}, "5+0x20"),
+                _series(rule_basis.ROUTER_DEMAND_SIGNALS, {**router, "result": "failed"}, "0+1x20"),
+                _series(rule_basis.ROUTER_DEMAND_SIGNALS, {**router, "result": "ok"}, "5+0x20"),
                 _series(
-                    rules.ROUTER_DEMAND_SIGNALS,
+                    rule_basis.ROUTER_DEMAND_SIGNALS,
                     {"namespace": NS, "pod": "router-1", "result": "failed"},
                     "0+1x20",
                 ),
                 _series(
-                    rules.ROUTER_DEMAND_SIGNALS,
+                    rule_basis.ROUTER_DEMAND_SIGNALS,
                     {"namespace": NS, "pod": "router-1", "result": "ok"},
                     "0+10x20",
                 ),
