@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from sglang_tpu import disaggregation as pd
 from sglang_tpu.cold_start import ColdStartReport
-from tests.fakes import FakeKube, not_found, pod_object, refused
+from tests.fake_kube import FakeKube, not_found, pod_object, refused
 from tpuserve_operator import labels
 from tpuserve_operator.metrics import create_operator_metrics
 from tpuserve_operator.reconciler import ERROR_BACKOFF_SECONDS, Reconciler, ReconcilerSettings
