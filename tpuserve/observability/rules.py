@@ -6,7 +6,8 @@ encode, the series names and the PromQL both share are `rule_basis`'.
 `charts/tpuserve/rules/tpuserve.rules.yaml`; the chart puts them into a PrometheusRule or GKE
 Managed Prometheus ClusterRules and appends the `tpuserve.prices` group rendered from
 `values.pricing` (prices are values, never literals in a rule or a dashboard). The promtool unit
-tests for every rule live in `tests/metrics/promtool/rule_tests.py`.
+tests for every rule live in `tests/metrics/promtool/rule_tests.py` (the alerts' in
+`alert_rule_tests.py`).
 
 Conventions (docs/observability.md explains each):
 - names follow `level:metric:operation` (https://prometheus.io/docs/practices/rules/); the levels

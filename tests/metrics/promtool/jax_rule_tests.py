@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sglang_tpu import metric_names as sg
-from tests.metrics.promtool.rule_tests import (
+from tests.metrics.promtool.fleet_series import (
     NS,
     STEP_SECONDS,
     _alert,
