@@ -1,5 +1,5 @@
-"""The endpoint picker's stream handling (`picker.Exchange`), message by message, on a router
-that is built but not started (workers added by hand), and its settings' checks."""
+"""The endpoint picker's stream handling (`picker_exchange.Exchange`), message by message, on a
+router that is built but not started (workers added by hand), and its settings' checks."""
 
 from __future__ import annotations
 
