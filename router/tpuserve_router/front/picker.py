@@ -70,6 +70,10 @@ their picker over TLS without verifying it (Istio, GKE, NGINX Gateway Fabric by 
 reference picker: the request header ``test-epp-endpoint-selection: ip[:port][,...]`` narrows
 the choice like a subset, and the response gets ``x-conformance-test-served-endpoint`` with
 the served endpoint. It is for conformance runs only: any client may set that header.
+
+This module is the server (`EndpointPicker`: the port, its health, its shares, the pick); one
+stream's turns are `picker_exchange`'s, the protocol's names, limits and messages
+`picker_protocol`'s.
 """
 
 from __future__ import annotations
