@@ -20,7 +20,8 @@ from sglang_tpu.perf_model import get_profile, kv_pool_tokens
 from sglang_tpu.topology import lookup
 from tpuserve.bench import traces, workloads
 from tpuserve.bench.report import summarize
-from tpuserve.bench.sim_runner import SimConfig, run_sim
+from tpuserve.bench.sim_config import SimConfig
+from tpuserve.bench.sim_runner import run_sim
 from tpuserve.fleet import FleetConfig, run_fleet
 
 

@@ -44,7 +44,7 @@ from tpuserve.bench.live_runner import (
     wait_router_ready,
 )
 from tpuserve.bench.report import RequestRecord
-from tpuserve.bench.sim_runner import SimConfig
+from tpuserve.bench.sim_config import SimConfig
 from tpuserve.bench.traces import TraceRequest
 from tpuserve.cluster.ports import free_port_pair
 

@@ -16,7 +16,8 @@ import sys
 import uvloop
 
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.front.server import Handler, HttpRequest, front_limits, serve
+from tpuserve_router.front.http_request import Handler, HttpRequest
+from tpuserve_router.front.server import front_limits, serve
 
 JSON = b"content-type: application/json\r\n"
 SSE = b"content-type: text/event-stream\r\n"

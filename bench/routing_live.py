@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 from tpuserve.bench import sizing, workloads
-from tpuserve.bench.sim_runner import SimConfig, measure_rr_saturation
+from tpuserve.bench.sim_config import SimConfig
+from tpuserve.bench.sim_runner import measure_rr_saturation
 from tpuserve_router.config import DEFAULT_POLICY
 
 HERE = Path(__file__).resolve().parent

@@ -37,7 +37,8 @@ import numpy as np
 from tpuserve.bench import sizing, traces, workloads
 from tpuserve.bench.anchors import policy_names
 from tpuserve.bench.report import RequestRecord, measured, summarize
-from tpuserve.bench.sim_runner import SimConfig, measure_rr_saturation, run_sim
+from tpuserve.bench.sim_config import SimConfig
+from tpuserve.bench.sim_runner import measure_rr_saturation, run_sim
 
 LOADS = (0.3, 0.7, 0.85, 1.0, 1.15)
 SWEEP_POLICIES = (

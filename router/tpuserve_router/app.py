@@ -27,21 +27,7 @@ SGLang-compatible server):
   (``{"url": ...}`` or ``?url=``), ``POST /flush_cache`` (sent to every worker) (`admin`),
   ``GET /kv_snapshot`` (the block index, for a replica started late: `kv_snapshot`).
 
-Who may do what is settled at the end of a request's head, before its body is read
-(`_head_check`): a route that needs an API key refuses a request without a valid one (401),
-the admin API one without the right to it (403), and either refuses two ``Authorization``
-(or ``x-api-key``) headers (400). The admin API trusts no client for its address: with
-``--admin loopback`` (the default) it needs an admin key, unless the request came through a
-listener bound to a loopback address (``--host 127.0.0.1``, or ``--admin-port``, which serves
-only the admin API on ``127.0.0.1``): a proxy in the pod (a service-mesh sidecar) dials from a
-loopback address, but it forwards what reached the pod's address, never a loopback listener.
-
-An unknown path gets 404, a known path with another method 405 naming the allowed ones,
-a method the router never serves (``CONNECT``, ``PUT``, ...) 405; when such a request has a
-body, at the end of its head (`_body_refusal`), the body unread and the connection closed, as
-for a ``GET`` or ``HEAD`` with a body (400): every body the router reads is on a route that
-takes one, and needs a key when the router has keys. Each client's bodies are charged to its
-share of the buffer budget (`_client_of`: its key's tenant, else its address).
+Who may use which route, and dispatch by method and path, are `routes.Routes`'.
 
 With ``--metrics-port``, that port serves ``/metrics``, ``/health`` and ``/readiness`` with
 a connection budget of its own (`PROBE_CONNECTIONS`), so probes and scrapes are never locked
@@ -82,16 +68,10 @@ from tpuserve_router.front.admin import ROUTE as ADMIN_ROUTE
 from tpuserve_router.front.admin import AdminApi
 from tpuserve_router.front.connections import BufferBudget, ConnectionBook
 from tpuserve_router.front.forwarding import Forwarder
+from tpuserve_router.front.http_request import HttpRequest
 from tpuserve_router.front.replies import reject
-from tpuserve_router.front.server import (
-    RETRY_AFTER,
-    BodyNotTaken,
-    FrontLimits,
-    Handler,
-    HttpRequest,
-    front_limits,
-    serve,
-)
+from tpuserve_router.front.routes import MODELS_PREFIX, Routes
+from tpuserve_router.front.server import RETRY_AFTER, FrontLimits, front_limits, serve
 from tpuserve_router.front.unix_listener import remove_socket
 from tpuserve_router.kv.block_index import BlockIndex
 from tpuserve_router.kv.kv_events import KvEventHub
@@ -117,12 +97,12 @@ from tpuserve_router.pipeline.cancellation import Aborter
 from tpuserve_router.pipeline.client import JSON_HEADERS
 from tpuserve_router.pipeline.driver import make_driver
 from tpuserve_router.pipeline.pd_settings import pd_workers
-from tpuserve_router.pipeline.refusals import model_not_found, unauthorized
+from tpuserve_router.pipeline.refusals import model_not_found
 from tpuserve_router.pipeline.request_body import GENERATION_ROUTES, ClientError
 from tpuserve_router.pipeline.stages import Pipeline
 from tpuserve_router.pipeline.token_cache import ChatTokenCache
 from tpuserve_router.policies.base import Policy, make_policy
-from tpuserve_router.tenancy.auth import ApiKey, KeyStore, presented_key
+from tpuserve_router.tenancy.auth import ApiKey, KeyStore
 from tpuserve_router.tenancy.hold import HoldQueues, touch_hold_series
 from tpuserve_router.tenancy.model_shares import demand_signals
 from tpuserve_router.tenancy.quotas import Quotas
@@ -141,8 +121,6 @@ as unable to admit: ``/readiness`` answers 503 while it cannot."""
 
 METRICS_HEADERS: Final = f"content-type: {CONTENT_TYPE_LATEST}\r\n".encode()
 MSGPACK_HEADERS: Final = b"content-type: application/msgpack\r\n"
-KNOWN_METHODS: Final = (b"GET", b"HEAD", b"POST", b"DELETE")
-MODELS_PREFIX: Final = "/v1/models/"
 PROBE_CONNECTIONS: Final = 64
 """The metrics port's own connection budget: probes and scrapes never wait for clients."""
 PROBE_BODY_BYTES: Final = 1 << 16
@@ -150,10 +128,6 @@ ADMIN_HOST: Final = "127.0.0.1"
 """Where ``--admin-port`` listens (`admin_host`): only this host (this pod) reaches it."""
 ADMIN_CONNECTIONS: Final = 64
 ADMIN_BODY_BYTES: Final = 1 << 20
-ADMIN_PATHS: Final = frozenset(
-    {"/workers", "/flush_cache", "/add_worker", "/remove_worker", "/kv_snapshot"}
-)
-CREDENTIAL_HEADERS: Final = (b"authorization", b"x-api-key")
 FD_RESERVE: Final = 512
 """Open files kept for what is not a client connection (listeners, health checks, idle
 upstream pools, KV-event sockets, logs), beside one upstream connection per request."""
@@ -409,43 +383,37 @@ class RouterApp:
     admin_book: ConnectionBook
     picker: EndpointPicker | None = None
     """The Endpoint Picker protocol's gRPC server (``--picker-port``), if on."""
+    routes: Routes = field(init=False)
+    """The route tables and who may use them, filled here."""
     _servers: list[asyncio.Server] = field(default_factory=list, init=False)
     _admin_server: asyncio.Server | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        admin = self._admin_only
-        self._post: dict[str, Handler] = {
-            "/workers": admin(self.admin.add_worker),
-            "/flush_cache": admin(self.admin.flush_cache),
-            "/add_worker": admin(self.admin.add_worker),
-            "/remove_worker": admin(self.admin.remove_worker),
-        }
-        for route, parser in GENERATION_ROUTES.items():
-            self._post[route] = self.forwarder.handler(route, parser)
-        self._model_card = self._model if self.keys is None else self._keyed(self._model)
-        self._get: dict[str, Handler] = {
-            "/v1/models": self._models if self.keys is None else self._keyed(self._models),
-            "/health": self._health,
-            "/readiness": self._readiness,
-            "/metrics": self._metrics,
-            "/workers": admin(self.admin.list_workers),
-            "/kv_snapshot": admin(self._kv_snapshot),
-        }
-        self._delete: dict[str, Handler] = {
-            "/workers": admin(self.admin.remove_worker),
-        }
-        # What `_head_check` guards, by path: the route label of its refusals, and whether
-        # it is the admin API's (else it needs an API key when the router has keys).
-        self._guarded: dict[bytes, tuple[str, bool]] = {
-            route.encode(): (route, False) for route in GENERATION_ROUTES
-        }
-        self._guarded[b"/v1/models"] = ("other", False)
-        self._guarded.update({path.encode(): (ADMIN_ROUTE, True) for path in ADMIN_PATHS})
-        # What takes a request body (every one of them guarded above), by method and path.
-        self._body_routes = frozenset(
-            {(b"POST", path.encode()) for path in self._post}
-            | {(b"DELETE", path.encode()) for path in self._delete}
+        self.routes = routes = Routes(self.config, self.keys, self.metrics)
+        admin = routes.admin_only
+        routes.post.update(
+            {
+                "/workers": admin(self.admin.add_worker),
+                "/flush_cache": admin(self.admin.flush_cache),
+                "/add_worker": admin(self.admin.add_worker),
+                "/remove_worker": admin(self.admin.remove_worker),
+            }
         )
+        for route, parser in GENERATION_ROUTES.items():
+            routes.post[route] = self.forwarder.handler(route, parser)
+        routes.model_card = self._model if self.keys is None else routes.keyed(self._model)
+        routes.get.update(
+            {
+                "/v1/models": self._models if self.keys is None else routes.keyed(self._models),
+                "/health": self._health,
+                "/readiness": self._readiness,
+                "/metrics": self._metrics,
+                "/workers": admin(self.admin.list_workers),
+                "/kv_snapshot": admin(self._kv_snapshot),
+            }
+        )
+        routes.delete["/workers"] = admin(self.admin.remove_worker)
+        routes.seal()
 
     # ================================================================== lifetime
 
@@ -499,8 +467,8 @@ class RouterApp:
                 config.max_in_flight + FD_RESERVE,
             )
         front = await serve(
-            self._handle, config.host, config.port, self.limits, self.book, self._head_check,
-            self._client_of, uds=config.uds,
+            self.routes.handle, config.host, config.port, self.limits, self.book,
+            self.routes.head_check, self.routes.client_of, uds=config.uds,
         )  # fmt: skip
         self._servers.append(front)
         if config.metrics_port is not None:
@@ -521,8 +489,8 @@ class RouterApp:
                 self.limits, max_connections=ADMIN_CONNECTIONS, max_body_bytes=ADMIN_BODY_BYTES
             )
             self._admin_server = await serve(
-                self._handle_admin, admin_host(config.host), config.admin_port, admin_limits,
-                self.admin_book, self._admin_head_check, self._client_of,
+                self.routes.handle_admin, admin_host(config.host), config.admin_port, admin_limits,
+                self.admin_book, self.routes.admin_head_check, self.routes.client_of,
             )  # fmt: skip
             self._servers.append(self._admin_server)
         if self.picker is not None and config.picker_port is not None:
@@ -595,63 +563,6 @@ class RouterApp:
 
     # ================================================================== dispatch
 
-    async def _handle(self, request: HttpRequest) -> None:
-        method = request.method
-        if method == b"POST":
-            handler = self._post.get(request.path)
-        elif method == b"GET" or method == b"HEAD":
-            handler = self._get.get(request.path)
-        elif method == b"DELETE":
-            handler = self._delete.get(request.path)
-        else:
-            handler = None
-        if handler is not None:
-            await handler(request)
-            return
-        path = request.path
-        if (method == b"GET" or method == b"HEAD") and path.startswith(MODELS_PREFIX):
-            await self._model_card(request)
-            return
-        if path in self._post or path in self._get or path in self._delete:
-            allowed = [
-                m
-                for m, t in (("GET", self._get), ("POST", self._post), ("DELETE", self._delete))
-                if path in t
-            ]
-            reject(
-                request,
-                ClientError(
-                    405,
-                    f"method {method.decode('latin-1')} is not allowed on {path}; "
-                    f"allowed: {', '.join(allowed)}",
-                    param="method",
-                    headers={"allow": ", ".join(allowed)},
-                ),
-                self.metrics,
-                route="other",
-            )
-            return
-        if method not in KNOWN_METHODS:  # CONNECT included: the router is no forward proxy
-            reject(
-                request,
-                ClientError(
-                    405,
-                    f"method {method.decode('latin-1')} is not supported; supported: "
-                    f"{', '.join(m.decode() for m in KNOWN_METHODS)}",
-                    param="method",
-                    headers={"allow": ", ".join(m.decode() for m in KNOWN_METHODS)},
-                ),
-                self.metrics,
-                route="other",
-            )
-            return
-        reject(
-            request,
-            ClientError(404, f"no route {path}", param="path", error_type="not_found_error"),
-            self.metrics,
-            route="other",
-        )
-
     async def _handle_probe(self, request: HttpRequest) -> None:
         """The metrics port: scrapes and probes, with a connection budget of their own."""
         path = request.path
@@ -667,197 +578,6 @@ class RouterApp:
                 JSON_HEADERS,
                 b'{"error": "only /metrics, /health and /readiness are served here"}',
             )
-
-    async def _handle_admin(self, request: HttpRequest) -> None:
-        """``--admin-port``: the admin API alone, to this host's clients."""
-        if request.path in ADMIN_PATHS:
-            await self._handle(request)
-            return
-        reject(
-            request,
-            ClientError(
-                404,
-                f"no route {request.path} here: this port serves only the admin API "
-                f"({', '.join(sorted(ADMIN_PATHS))})",
-                param="path",
-                error_type="not_found_error",
-            ),
-            self.metrics,
-            route=ADMIN_ROUTE,
-        )
-
-    # ================================================================== who may do what
-
-    def _head_check(
-        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], local: bool
-    ) -> ClientError | None:
-        """What a request's head settles, before its body is read (`server.HeadCheck`): on a
-        guarded route, two credential headers are refused (400: a router and a proxy in
-        front could each read another one), a keyed route needs a valid API key (401), the
-        admin API the right to it (403). A body on a route that takes none is refused
-        (`_body_refusal`), so every body the router reads is on a guarded route. Counted as
-        the handlers count their refusals."""
-        path = url.partition(b"?")[0]
-        if (method, path) not in self._body_routes and _declares_body(headers):
-            return self._body_refusal(method, path)
-        guarded = self._guarded.get(path)
-        if guarded is None:
-            if not path.startswith(b"/v1/models/"):
-                return None
-            guarded = ("other", False)
-        route, is_admin = guarded
-        found: dict[bytes, bytes] | None = None  # most requests carry one or none
-        for name, value in headers:
-            if name in CREDENTIAL_HEADERS:
-                if found is None:
-                    found = {name: value}
-                    continue
-                if name in found:
-                    duplicate = ClientError(
-                        400,
-                        f"the request has more than one {name.decode()} header; allowed: one",
-                        param=name.decode(),
-                    )
-                    self.metrics.requests.labels("", "none", route, "400").inc()
-                    return duplicate
-                found[name] = value
-        if not is_admin and self.keys is None:
-            return None
-        presented = (
-            None
-            if found is None
-            else presented_key(found.get(b"authorization"), found.get(b"x-api-key"))
-        )
-        if is_admin:
-            refusal = self._admin_refusal(presented, local)
-            if refusal is not None:
-                self.metrics.auth_failures.labels("admin_denied").inc()
-                self.metrics.requests.labels("", "none", route, str(refusal.status)).inc()
-            return refusal
-        if self.keys is None or self.keys.authenticate(presented) is not None:
-            return None
-        self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
-        self.metrics.requests.labels("", "none", route, "401").inc()
-        return unauthorized(presented)
-
-    def _admin_head_check(
-        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], local: bool
-    ) -> ClientError | None:
-        """``--admin-port``'s: `_head_check` on the admin API (anything else gets its 404,
-        at once when it has a body)."""
-        path = url.partition(b"?")[0]
-        if path.decode("latin-1") in ADMIN_PATHS:
-            return self._head_check(method, url, headers, local)
-        if not _declares_body(headers):
-            return None
-        self.metrics.requests.labels("", "none", ADMIN_ROUTE, "404").inc()
-        return BodyNotTaken(
-            404,
-            f"no route {path.decode('latin-1')} here: this port serves only the admin API "
-            f"({', '.join(sorted(ADMIN_PATHS))})",
-            param="path",
-            error_type="not_found_error",
-        )
-
-    def _body_refusal(self, method: bytes, path: bytes) -> BodyNotTaken:
-        """The answer to a request with a body on a route that takes none, given before the
-        body is read (which the connection then drops): 404 for an unknown path, 405 for a
-        method the path does not serve, 400 for a method that takes no body."""
-        name = path.decode("latin-1")
-        verb = method.decode("latin-1")
-        allowed = [
-            m for m, t in (("GET", self._get), ("POST", self._post), ("DELETE", self._delete))
-            if name in t or (m == "GET" and name.startswith(MODELS_PREFIX))
-        ]  # fmt: skip
-        refusal: BodyNotTaken
-        if not allowed:
-            refusal = BodyNotTaken(
-                404, f"no route {name}", param="path", error_type="not_found_error"
-            )
-        elif verb not in allowed and not (verb == "HEAD" and "GET" in allowed):
-            refusal = BodyNotTaken(
-                405,
-                f"method {verb} is not allowed on {name}; allowed: {', '.join(allowed)}",
-                param="method",
-                headers={"allow": ", ".join(allowed)},
-            )
-        else:
-            refusal = BodyNotTaken(
-                400, f"{verb} {name} takes no request body; send none", param="body"
-            )
-        self.metrics.requests.labels("", "none", "other", str(refusal.status)).inc()
-        return refusal
-
-    def _client_of(self, headers: list[tuple[bytes, bytes]], address: str) -> str:
-        """Whose share of the buffer budget a request's body is charged to: its API key's
-        tenant when the router has keys (every body route needs one), else its address."""
-        if self.keys is not None:
-            presented = presented_key(
-                _first(headers, b"authorization"), _first(headers, b"x-api-key")
-            )
-            key = self.keys.authenticate(presented)
-            if key is not None:
-                return f"tenant {key.tenant}"
-        return f"address {address}"
-
-    def _admin_only(self, handler: Handler) -> Handler:
-        """``handler``, answering only those ``--admin`` lets use the admin API (checked at
-        the head already, `_head_check`; again here for a listener without the check)."""
-
-        async def gated(request: HttpRequest) -> None:
-            refusal = self._admin_refusal(self._presented(request), request.local)
-            if refusal is None:
-                await handler(request)
-                return
-            self.metrics.auth_failures.labels("admin_denied").inc()
-            reject(request, refusal, self.metrics, route=ADMIN_ROUTE)
-
-        return gated
-
-    def _admin_refusal(self, presented: bytes | None, local: bool) -> ClientError | None:
-        """Why a request presenting ``presented`` (through a loopback-bound listener when
-        ``local``) may not use the admin API, or None. The client's address is never
-        trusted: only the listener it came through, or an admin key."""
-        mode = self.config.admin
-        if mode == "open":
-            return None
-        if mode == "off":
-            return ClientError(
-                403, "the admin API is off (--admin off)", error_type="permission_error"
-            )
-        key = self.keys.authenticate(presented) if self.keys is not None else None
-        if key is not None and key.admin:
-            return None
-        if mode == "loopback" and local:
-            return None
-        allowed = "an admin API key" + (
-            " (or a request through a listener bound to a loopback address: --host "
-            "127.0.0.1, or --admin-port)"
-            if mode == "loopback"
-            else ""
-        )
-        return ClientError(
-            403,
-            f"the admin API needs {allowed} (--admin {mode})",
-            error_type="permission_error",
-        )
-
-    def _keyed(self, handler: Handler) -> Handler:
-        """``handler``, answering only requests with a valid API key (else 401)."""
-
-        async def keyed(request: HttpRequest) -> None:
-            presented = self._presented(request)
-            if self.keys is not None and self.keys.authenticate(presented) is None:
-                self.metrics.auth_failures.labels("missing" if not presented else "invalid").inc()
-                reject(request, unauthorized(presented), self.metrics, route="other")
-                return
-            await handler(request)
-
-        return keyed
-
-    @staticmethod
-    def _presented(request: HttpRequest) -> bytes | None:
-        return presented_key(request.header(b"authorization"), request.header(b"x-api-key"))
 
     # ================================================================== the router's own state
 
@@ -940,22 +660,6 @@ class RouterApp:
             reject(request, model_not_found(repr(name), served), self.metrics, route="other")
             return
         request.respond(200, JSON_HEADERS, orjson.dumps(card))
-
-
-def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
-    """The request has a body: a ``content-length`` above 0 (or unreadable), or a
-    ``transfer-encoding``."""
-    for name, value in headers:
-        if name == b"transfer-encoding":
-            return True
-        if name == b"content-length":
-            value = value.strip()
-            return not (value.isdigit() and int(value) == 0)
-    return False
-
-
-def _first(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    return next((value for key, value in headers if key == name), None)
 
 
 def admin_host(host: str) -> str:

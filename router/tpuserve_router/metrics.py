@@ -3,30 +3,23 @@
 Dashboards, alerts and recording rules refer to these names; a search from a panel lands
 here. The request hot path must stay cheap (the router's CPU per request is a benchmarked
 target), so series are kept in plain Python numbers: `Counter`, `Histogram` and `Gauge`
-below mirror client_python's ``labels(...).inc()/observe()/set()`` interface, but a child
-is a bare value with no lock (the router is one event loop), and ``labels(...)`` is one
-dict lookup: a family keeps its children, made on first use, and is their only cache (so
-`remove_worker_series` leaves no stale copy behind). One client_python collector exposes
-them all at scrape time, in the standard text format, through a normal `CollectorRegistry`.
-Gauges that mirror state (in-flight, health, index size) are computed at scrape time by
-`StateCollector`.
+(`tpuserve_router.series`) mirror client_python's ``labels(...).inc()/observe()/set()``
+interface, but a child is a bare value with no lock (the router is one event loop), and
+``labels(...)`` is one dict lookup: a family keeps its children, made on first use, and is
+their only cache (so `remove_worker_series` leaves no stale copy behind). One client_python
+collector exposes them all at scrape time, in the standard text format, through a normal
+`CollectorRegistry`. Gauges that mirror state (in-flight, health, index size) are computed
+at scrape time by `StateCollector`.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sglang_tpu.kv_events import DECODE_ERROR_REASONS
@@ -37,140 +30,13 @@ from tpuserve_router.labels import (
     OUTCOMES,
     PEER_MESSAGE_KINDS,
 )
-
-C = TypeVar("C")
-
-
-class _Value:
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0.0
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.value += amount
-
-    def set(self, value: float) -> None:
-        self.value = value
-
-
-class _Buckets:
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-
-class _Series(ABC, Generic[C]):
-    """A named series family with labelled children (client_python's labels() interface).
-
-    ``labels(...)`` is the one cache of children: a child is made on first use and kept
-    until `remove_by_labels` drops it, so callers look children up per request instead of
-    keeping copies that could outlive a departed worker.
-    """
-
-    kind = ""
-
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
-        self.children: dict[tuple[str, ...], C] = {}
-
-    @abstractmethod
-    def _new(self) -> C: ...
-
-    @abstractmethod
-    def family(self) -> Metric:
-        """The family as client_python exposes it, with every child."""
-
-    def labels(self, *values: str) -> C:
-        """The child for these label values, made on first use (children are never falsy)."""
-        return self.children.get(values) or self._add(values)
-
-    def child(self, values: tuple[str, ...]) -> C:
-        """`labels` for a tuple already built (one key serves several families)."""
-        return self.children.get(values) or self._add(values)
-
-    def _add(self, values: tuple[str, ...]) -> C:
-        if len(values) != len(self.labelnames):
-            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-        child = self.children[values] = self._new()
-        return child
-
-    def remove_by_labels(self, labels: dict[str, str]) -> None:
-        positions = {self.labelnames.index(k): v for k, v in labels.items()}
-        for key in [k for k in self.children if all(k[i] == v for i, v in positions.items())]:
-            del self.children[key]
-
-
-class Counter(_Series[_Value]):
-    kind = "counter"
-
-    def _new(self) -> _Value:
-        return _Value()
-
-    def family(self) -> Metric:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for key, child in self.children.items():
-            family.add_metric(key, child.value)
-        return family
-
-
-class Gauge(Counter):
-    kind = "gauge"
-
-    def family(self) -> Metric:
-        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for key, child in self.children.items():
-            family.add_metric(key, child.value)
-        return family
-
-
-class Histogram(_Series[_Buckets]):
-    kind = "histogram"
-
-    def __init__(
-        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
-    ) -> None:
-        super().__init__(name, documentation, labelnames)
-        self.bounds = tuple(float(b) for b in buckets)
-
-    def _new(self) -> _Buckets:
-        return _Buckets(self.bounds)
-
-    def family(self) -> Metric:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for key, child in self.children.items():
-            cumulative = 0
-            buckets = []
-            for bound, count in zip((*self.bounds, float("inf")), child.counts, strict=True):
-                cumulative += count
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-            family.add_metric(list(key), buckets, child.sum)
-        return family
-
-
-class _SeriesCollector(Collector):
-    def __init__(self, series: Iterable[_Series[Any]]) -> None:
-        self.series = list(series)
-
-    def collect(self) -> Iterator[Metric]:
-        for series in self.series:
-            yield series.family()
-
+from tpuserve_router.series import Counter, Gauge, Histogram, Series, SeriesCollector
 
 # Seconds; TTFT on TPU ranges from tens of ms (cached prefix) to tens of seconds (queues).
 TTFT_BUCKETS_SECONDS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
-"""2.0 is the TTFT SLO's bound (`tpuserve.observability.rules.TTFT_SLO_SECONDS`): the SLO's
+"""2.0 is the TTFT SLO's bound (`tpuserve.observability.rule_basis.TTFT_SLO_SECONDS`): the SLO's
 good ratio of an engine without SGLang's histogram reads this one."""
 E2E_BUCKETS_SECONDS: Final = (
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
@@ -560,8 +426,8 @@ def create_router_metrics(registry: CollectorRegistry) -> RouterMetrics:
             TTFT_BUCKETS_SECONDS,
         ),
     )
-    series: list[_Series[Any]] = [v for v in vars(metrics).values() if isinstance(v, _Series)]
-    registry.register(_SeriesCollector(series))
+    series: list[Series[Any]] = [v for v in vars(metrics).values() if isinstance(v, Series)]
+    registry.register(SeriesCollector(series))
     return metrics
 
 
@@ -679,7 +545,7 @@ class StateCollector(Collector):
 
 def remove_worker_series(metrics: RouterMetrics, worker: str) -> None:
     """Drop a departed worker's series so dashboards stop showing it."""
-    per_worker: tuple[_Series[Any], ...] = (
+    per_worker: tuple[Series[Any], ...] = (
         metrics.requests,
         metrics.prompt_tokens,
         metrics.completion_tokens,

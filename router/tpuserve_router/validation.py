@@ -1,6 +1,6 @@
 """The router's start-up check: every problem with a `RouterConfig`, reported at once.
 
-`tpuserve_router.config` checks what the values alone decide; each package checks its own
+`tpuserve_router.config_checks` checks what the values alone decide; each package checks its own
 part with its own logic (PD mode's worker flags and performance model, the worker URLs and
 networks, the peer key file and hosts, the API keys file, the policy and its parameters).
 Like `app` and `cli`, this module wires packages together, and no package imports it.
@@ -9,6 +9,7 @@ Like `app` and `cli`, this module wires packages together, and no package import
 from __future__ import annotations
 
 from tpuserve_router.config import ConfigError, RouterConfig
+from tpuserve_router.config_checks import problems as config_problems
 from tpuserve_router.engines.worker_networks import worker_problems
 from tpuserve_router.peering.kv_snapshot import snapshot_source_problems
 from tpuserve_router.peering.peer_settings import peering_problems
@@ -21,7 +22,7 @@ def validate(config: RouterConfig) -> RouterConfig:
     """Return ``config`` if every setting is valid, else raise `ConfigError` listing all."""
     problems = [
         *pd_problems(config),
-        *config.problems(),
+        *config_problems(config),
         *worker_problems(config),
         *snapshot_source_problems(config),
         *peering_problems(config),

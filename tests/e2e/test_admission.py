@@ -21,7 +21,7 @@ import yaml
 
 from sglang_tpu.topology import SLICE_SHAPES
 from tests.e2e.tms_harness import CRDS, NOT_YET, POLL_SECONDS, REPO, TIMEOUT_SECONDS
-from tests.fakes import operator_verdict, tms_object
+from tests.fake_kube import operator_verdict, tms_object
 from tests.waiting import eventually
 from tpuserve.cluster import Cluster, kube
 from tpuserve.cluster.tools import CommandError

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tpuserve.observability import catalog, generate, rules
+from tpuserve.observability import catalog, generate, rule_basis, rules
 
 pytestmark = pytest.mark.unit
 
@@ -58,7 +58,10 @@ def test_panels_select_only_declared_metrics(path: Any) -> None:
 
 def test_rules_select_only_declared_metrics() -> None:
     known = catalog.known_series()
-    every: list[rules.Recording | rules.Alert] = [*rules.recording_rules(), *rules.alerts()]
+    every: list[rule_basis.Recording | rule_basis.Alert] = [
+        *rules.recording_rules(),
+        *rules.alerts(),
+    ]
     for rule in every:
         unknown = catalog.selected_names(rule.expr) - known
         assert not unknown, f"{rule}: {unknown}"

@@ -4,7 +4,7 @@ all, its /metrics as the real engine's), the router in front of them and the rep
 the operator would export, while traffic goes through the router. Every recording rule and
 fleet, model, router and TPU panel query that reads ``sglang:`` series when the engine is
 SGLang returns data here too, from the router's own per-worker series (the rules' fallback,
-`rules._at_engine_pods`), except the two SGLang histograms the router cannot see
+`rule_basis.at_engine_pods`), except the two SGLang histograms the router cannot see
 (`NOT_SEEN_BY_THE_ROUTER`: inter-token latency and queue time), which are asserted to be the
 only ones left empty."""
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.chart.chart_helpers import VALUES_DIR, find_tool, make_renderer
-from tests.metrics.promtool import rule_tests
+from tests.metrics.promtool import fleet_series, rule_tests
 from tpuserve.observability import generate, rules
 
 pytestmark = pytest.mark.component
@@ -75,7 +75,7 @@ def test_promtool_check_rules_accepts_rendered_rules(
 def test_promtool_unit_tests_pass_on_rendered_rules(
     promtool: Path, tmp_path: Path, part: str
 ) -> None:
-    groups = rendered_groups([rule_tests.VALUES], "PrometheusRule")
+    groups = rendered_groups([fleet_series.VALUES], "PrometheusRule")
     output = run_promtool_tests(promtool, tmp_path, groups, part)
     assert output.startswith("exit 0\n"), output
     assert "SUCCESS" in output
@@ -83,7 +83,7 @@ def test_promtool_unit_tests_pass_on_rendered_rules(
 
 def test_promtool_unit_tests_catch_a_wrong_rule(promtool: Path, tmp_path: Path) -> None:
     """The unit tests can fail: a rule that double counts TP ranks is caught."""
-    groups = rendered_groups([rule_tests.VALUES], "PrometheusRule")
+    groups = rendered_groups([fleet_series.VALUES], "PrometheusRule")
     for group in groups:
         for rule in group["rules"]:
             rule["expr"] = rule["expr"].replace(', tp_rank="0", pp_rank="0"', "")

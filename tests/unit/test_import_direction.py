@@ -159,7 +159,8 @@ def test_no_module_imports_itself_back_through_others() -> None:
 # ---------------------------------------------------------------- the router's layers
 
 ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("config", "labels"),
+    ("config", "labels", "series"),
+    ("config_checks",),
     ("metrics",),
     ("kv",),
     ("policies",),
@@ -170,16 +171,18 @@ ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipeline",),
     ("front",),
     ("validation",),
+    ("options",),
     ("app",),
     ("cli",),
 )
 """docs/router.md, "Code": the router's parts (a sub-package, or a module at the top), bottom
 first. A module reaches, through any chain of imports, only modules of its own part or of the
-parts below it: the settings and the label vocabularies at the bottom, importing nothing of
-the router; the series; the KV view, which knows no request; the policies (they read the
-block index); the engines (registry, health, admission, connections); the replicas' peering;
-the shared core; tenancy; the request pipeline; the fronts; the wiring. No two parts import
-each other, directly or through others."""
+parts below it: the settings, the label vocabularies and the series kinds at the bottom,
+importing nothing of the router; the checks of the settings' values; the series; the KV view,
+which knows no request; the policies (they read the block index); the engines (registry, health,
+admission, connections); the replicas' peering; the shared core; tenancy; the request pipeline;
+the fronts; the wiring (the settings' checks, the flags, the app, the command). No two parts
+import each other, directly or through others."""
 
 
 def router_part(module: str) -> str | None:

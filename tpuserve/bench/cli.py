@@ -15,7 +15,8 @@ from sglang_tpu.topology import CatalogError, generation_names, lookup
 from tpuserve.bench import sizing, traces, workloads
 from tpuserve.bench.anchors import policy_names
 from tpuserve.bench.report import SLO_FACTOR, RequestRecord, recovery_seconds, summarize
-from tpuserve.bench.sim_runner import Fault, SimConfig, measure_rr_saturation, run_sim
+from tpuserve.bench.sim_config import Fault, SimConfig
+from tpuserve.bench.sim_runner import measure_rr_saturation, run_sim
 from tpuserve.bench.slo_search import DEFAULT_ATTAINMENT, search_max_rate
 from tpuserve_router.config import DEFAULT_POLICY
 

@@ -39,7 +39,7 @@ import aiohttp
 import orjson
 
 from tpuserve.bench.report import LoadSamples, RequestRecord
-from tpuserve.bench.sim_runner import SimConfig, make_timer
+from tpuserve.bench.sim_config import SimConfig, make_timer
 from tpuserve.bench.traces import TraceRequest, token_ids_of
 from tpuserve.cluster.ports import free_port
 from tpuserve_router.policies.base import registered_policy_names

@@ -31,8 +31,8 @@ from tpuserve_router.engines.workers import (
     model_name_problem,
     normalize_worker_url,
 )
+from tpuserve_router.front.http_request import HttpRequest
 from tpuserve_router.front.replies import reject
-from tpuserve_router.front.server import HttpRequest
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.pipeline.client import JSON_HEADERS
 from tpuserve_router.pipeline.request_body import ClientError, parse_json_object

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from tpuserve_router.front.server import Handler, HttpRequest
+from tpuserve_router.front.http_request import Handler, HttpRequest
 from tpuserve_router.pipeline.client import reply_error
 from tpuserve_router.pipeline.driver import Driver
 from tpuserve_router.pipeline.request_body import Parser

@@ -70,6 +70,10 @@ their picker over TLS without verifying it (Istio, GKE, NGINX Gateway Fabric by 
 reference picker: the request header ``test-epp-endpoint-selection: ip[:port][,...]`` narrows
 the choice like a subset, and the response gets ``x-conformance-test-served-endpoint`` with
 the served endpoint. It is for conformance runs only: any client may set that header.
+
+This module is the server (`EndpointPicker`: the port, its health, its shares, the pick); one
+stream's turns are `picker_exchange`'s, the protocol's names, limits and messages
+`picker_protocol`'s.
 """
 
 from __future__ import annotations
@@ -81,59 +85,41 @@ import functools
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
-from http import HTTPStatus
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
-from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tpuserve_router.front.connections import BufferBudget
+from tpuserve_router.front.picker_exchange import Exchange
 from tpuserve_router.front.picker_gate import PickerGate
-from tpuserve_router.metrics import (
-    PICKER_CONNECTION_REFUSAL_REASONS,
-    PICKER_STREAM_REFUSAL_REASONS,
+from tpuserve_router.front.picker_protocol import (
+    TEMPLATE_TOKENS,
+    Pick,
+    Refused,
+    StreamRefused,
+    endpoint_of,
 )
+from tpuserve_router.metrics import PICKER_CONNECTION_REFUSAL_REASONS, PICKER_STREAM_REFUSAL_REASONS
 from tpuserve_router.pipeline.deadlines import first_byte_budget
 from tpuserve_router.pipeline.driver import Driver
 from tpuserve_router.pipeline.generation_limits import MAX_TOKENS_ALLOWED
-from tpuserve_router.pipeline.ledger import CLIENT_CLOSED, Spend, TryOutcome, Verdict
 from tpuserve_router.pipeline.refusals import unavailable
 from tpuserve_router.pipeline.request_body import CHARS_PER_TOKEN, GENERATION_ROUTES, ClientError
-from tpuserve_router.pipeline.request_ids import Restorer, name_request
+from tpuserve_router.pipeline.request_ids import name_request
 from tpuserve_router.pipeline.selection import Single
 from tpuserve_router.pipeline.stages import Admitted, Arrival, InFlight
 from tpuserve_router.pipeline.stages import Refused as PipelineRefused
-from tpuserve_router.pipeline.usage import TokenCounts, usage_from_body, usage_from_stream_tail
-from tpuserve_router.policies.base import (
-    Decision,
-    NoHealthyWorker,
-    healthy_workers,
-    least_loaded,
-)
-from tpuserve_router.tenancy.auth import ApiKey
+from tpuserve_router.policies.base import NoHealthyWorker, healthy_workers, least_loaded
 
 if TYPE_CHECKING:
     from tpuserve_router.engines.workers import Worker
 
 log = logging.getLogger(__name__)
 
-SUBSET_NAMESPACE: Final = "envoy.lb.subset_hint"
-SUBSET_KEY: Final = "x-gateway-destination-endpoint-subset"
-DESTINATION_NAMESPACE: Final = "envoy.lb"
-DESTINATION_KEY: Final = "x-gateway-destination-endpoint"
-SERVED_KEY: Final = "x-gateway-destination-endpoint-served"
-TEST_SELECTION_HEADER: Final = "test-epp-endpoint-selection"
-TEST_SERVED_HEADER: Final = "x-conformance-test-served-endpoint"
-CHUNK_BYTES: Final = 62_000
-"""The most body bytes in one ``streamed_response`` (Envoy takes 64 KiB; the Inference
-Extension's pickers keep this margin)."""
 EXT_PROC_SERVICE: Final = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_SERVICES: Final = ("", "readiness", EXT_PROC_SERVICE, "inference-extension")
 """Health services that follow readiness (a routable worker); ``liveness`` is always
@@ -145,12 +131,6 @@ what it takes is ``--picker-max-message-bytes``."""
 SHED_STREAMS: Final = 1024
 """Streams a gateway connection may open beyond ``--max-in-flight``: requests the picker
 refuses at once (429) rather than leave waiting for a stream."""
-MAX_HEADER_BYTES: Final = 60 * 1024
-"""The most bytes of request (or response) headers one stream may send, names and values:
-Envoy's own limit (``max_request_headers_kb``, 60 KiB by default), so a gateway never sends
-more; a stream that does is ended (``RESOURCE_EXHAUSTED``) and nothing of it kept."""
-MAX_METADATA_BYTES: Final = 64 * 1024
-"""The most bytes of a headers message beside its headers (the subset hint, attributes)."""
 TOKEN_METADATA: Final = "authorization"
 """The gRPC metadata carrying ``Bearer <token>`` (``--picker-token-file``)."""
 ADMIT_BYTES: Final = 1024 * 1024
@@ -158,81 +138,6 @@ ADMIT_BYTES: Final = 1024 * 1024
 unable to admit: its health says NOT_SERVING."""
 SERVING: Final = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: Final = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def endpoint_of(worker: Worker) -> str:
-    """The ``ip:port`` a gateway dials for ``worker`` (``[v6]:port`` for IPv6)."""
-    host = worker.host
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"{host}:{worker.port}"
-
-
-class StreamRefused(Exception):
-    """A stream the picker ends with a gRPC status instead of answering it as a request: it
-    broke the protocol, sent more than a gateway may, took too long, or has no credentials.
-    ``reason`` is counted (``tpuserve_router_picker_streams_refused_total``)."""
-
-    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-
-
-class Refused(Exception):
-    """A request the picker answers itself (an ``ImmediateResponse``)."""
-
-    def __init__(self, error: ClientError, route: str, model: str = "") -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.route = route
-        self.model = model
-
-
-@dataclass(slots=True)
-class Pick:
-    """Where a request goes: the decision (None off the generation routes, which bypass the
-    policy) and the endpoints in order, the chosen one first."""
-
-    worker: Worker
-    decision: Decision[Worker] | None
-    endpoints: list[str]
-    model: str
-    route: str
-    stream: bool
-    arrived: float
-    """When its stream started (its end-to-end latency runs from it)."""
-    body: bytes | None = None
-    """The body to pass on, with the router's own ``rid`` (None: the one received)."""
-    restorer: Restorer | None = None
-    """Writes the client's own ``rid`` back into the answer (None: it gave none)."""
-    max_prompt_tokens: int = 0
-    """The most prompt tokens the request can have cost (the answer's ``usage`` is capped)."""
-    max_completion_tokens: int = 0
-    """The most completion tokens it may generate, as its max-tokens fields and the workers'
-    context allow."""
-    admitted: Admitted | None = None
-    """What the pipeline's admission let in (None off the generation routes)."""
-    key: ApiKey | None = None
-    """The API key it is charged to: none, the gateway authenticates its clients (a
-    `ledger.Bill`, as the HTTP port's requests are)."""
-    spend: Spend | None = None
-    selection: Single | None = None
-    """The driver's selection (None off the generation routes)."""
-    answer_seconds: float = 0.0
-    """How long the gateway is given to bring the answer's head back: what the HTTP port
-    gives a worker for this request's first byte (`deadlines.FirstByteBudget`), so a pick the
-    gateway never follows is released as soon as a working engine would have answered."""
-
-
-KNOWN_STATUSES: Final = frozenset(str(status.value) for status in HTTPStatus)
-OTHER_STATUS: Final = "other"
-"""The status label of an answer whose ``:status`` is none of `KNOWN_STATUSES`: what the
-stream says is the gateway's word, so it never makes a new series."""
-TEMPLATE_TOKENS: Final = 4096
-"""Tokens a chat template (or an engine's own framing) may add to a prompt, per generation,
-beyond one token per character: part of the cap on an answer's ``usage``."""
 
 
 class _LiveHealth(health.aio.HealthServicer):  # type: ignore[misc]
@@ -654,475 +559,3 @@ def _allows(allowed: frozenset[str], worker: Worker) -> bool:
     """``worker`` is in ``allowed``: by ``ip:port``, or by its address alone (an entry
     without a port allows every port of that address, as the reference picker reads it)."""
     return endpoint_of(worker) in allowed or worker.host.strip("[]") in allowed
-
-
-class Exchange:
-    """One ext_proc stream: one HTTP request and its answer."""
-
-    __slots__ = (
-        "arrived",
-        "body",
-        "closed",
-        "deadline",
-        "first_chunk",
-        "headers",
-        "path",
-        "pick",
-        "picker",
-        "requested",
-        "served",
-        "size",
-        "status",
-        "subset",
-        "tail",
-        "timed_out",
-        "waiting",
-    )
-
-    def __init__(self, picker: EndpointPicker) -> None:
-        self.picker = picker
-        self.arrived = time.monotonic()
-        self.headers: dict[str, str] = {}
-        self.path = "/"
-        self.subset: frozenset[str] | None = None
-        self.body: list[bytes] = []
-        self.size = 0  # bytes in body
-        self.pick: Pick | None = None
-        self.served: Worker | None = None
-        self.status = CLIENT_CLOSED
-        self.first_chunk = True
-        self.tail = (b"", b"")
-        self.closed = False
-        self.requested = False  # its request headers arrived
-        self.waiting = "headers"  # what the stream waits for: a key of `WAITS`
-        self.deadline = self.arrived + picker.config.header_timeout_seconds
-        self.timed_out: StreamRefused | None = None  # set by `expired`
-
-    def _wait(self, what: str, now: float) -> None:
-        self.waiting = what
-        self.deadline = now + getattr(self.picker.config, WAITS[what][0])
-
-    def expired(self, now: float) -> bool:
-        """Whether the stream waited past its deadline for what it waits for; if so,
-        ``timed_out`` says how it ends (the sweep, `EndpointPicker._tick`, cancels it)."""
-        if now <= self.deadline:
-            return False
-        setting, flag, reason = WAITS[self.waiting]
-        seconds = getattr(self.picker.config, setting)
-        if self.waiting == "answer" and self.pick is not None:
-            seconds = self.pick.answer_seconds  # derived from the request, at most the flag's
-        what = self.waiting.replace("_", " ")
-        self.timed_out = StreamRefused(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            reason,
-            f"the stream's {what} did not arrive within {seconds:g} s ({flag})",
-        )
-        return True
-
-    def handle(self, message: ext_proc.ProcessingRequest) -> list[ext_proc.ProcessingResponse]:
-        """The replies to one message; raises `StreamRefused` for a message out of turn: one
-        stream carries one request, its headers once, its body until decided, and the
-        answer only once decided."""
-        kind = message.WhichOneof("request")
-        if kind == "request_headers":
-            return self._request_headers(message)
-        if not self.requested:
-            raise _out_of_turn(kind, "before the request headers")
-        if kind == "request_body":
-            return self._request_body(message.request_body)
-        if kind == "request_trailers":  # the body ended without its end_of_stream
-            replies = self._decide(body_ends=False) if self.pick is None and not self.closed else []
-            trailers = ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
-            return [*replies, trailers]
-        if self.pick is None:
-            raise _out_of_turn(kind, "before the picker chose an endpoint")
-        self._wait("answer_body", time.monotonic())
-        if kind == "response_headers":
-            return self._response_headers(message)
-        if kind == "response_body":
-            return self._response_body(message)
-        if kind == "response_trailers":
-            self._finish()
-            return [ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())]
-        return []
-
-    # ------------------------------------------------------------------ request path
-
-    def _request_headers(
-        self, message: ext_proc.ProcessingRequest
-    ) -> list[ext_proc.ProcessingResponse]:
-        if self.requested:
-            raise _out_of_turn("request_headers", "again")
-        self.requested = True
-        headers = message.request_headers
-        _check_header_size(message, headers)
-        for header in headers.headers.headers:
-            value = header.raw_value.decode("latin-1") if header.raw_value else header.value
-            self.headers[header.key.lower()] = value
-        self.path = self.headers.get(":path", "/")
-        self.subset = _subset(message.metadata_context)
-        if self.picker.test_headers:
-            selection = self.headers.get(TEST_SELECTION_HEADER, "")
-            chosen = frozenset(e.strip() for e in selection.split(",") if e.strip())
-            if chosen:
-                self.subset = chosen
-        if headers.end_of_stream:
-            return self._decide(body_ends=None)
-        self._wait("body", time.monotonic())
-        return []
-
-    def _request_body(self, chunk: ext_proc.HttpBody) -> list[ext_proc.ProcessingResponse]:
-        picker = self.picker
-        if self.pick is not None:
-            raise _out_of_turn("request_body", "after the request's body ended")
-        size = len(chunk.body)
-        if self.size + size > picker.max_body_bytes:
-            return self._refuse(
-                Refused(
-                    ClientError(
-                        413,
-                        f"the request body is over {picker.max_body_bytes} bytes "
-                        "(--max-request-bytes)",
-                        error_type="invalid_request_error",
-                    ),
-                    self._route_label(),
-                )
-            )
-        if size and not picker.buffers.take(size):
-            budget = picker.buffers
-            return self._refuse(
-                Refused(
-                    unavailable(
-                        f"the picker holds {budget.used} bytes of requests, its limit is "
-                        f"{budget.max_bytes} (--picker-max-buffered-bytes, its own share of "
-                        "--max-buffered-bytes); retry"
-                    ),
-                    self._route_label(),
-                )
-            )
-        if size:
-            self.body.append(chunk.body)
-            self.size += size
-            picker.buffered += size
-        if chunk.end_of_stream:
-            return self._decide(body_ends=True)
-        return []
-
-    def _route_label(self) -> str:
-        route = self.path.partition("?")[0]
-        return route if route in GENERATION_ROUTES else "other"
-
-    def _decide(self, body_ends: bool | None) -> list[ext_proc.ProcessingResponse]:
-        """Choose the worker and reply: the headers, then the body buffered so far, its last
-        piece marked ``body_ends`` (None: the request had no body, so none is sent)."""
-        body = b"".join(self.body)
-        self._release_body()
-        try:
-            pick = self.picker.pick(self.path, body, self.subset, self.arrived)
-        except Refused as refused:
-            return self._refuse(refused)
-        self._book(pick)
-        destination = ",".join(pick.endpoints)
-        mutation = ext_proc.HeaderMutation(
-            set_headers=[
-                base_pb2.HeaderValueOption(
-                    header=base_pb2.HeaderValue(key=DESTINATION_KEY, raw_value=destination.encode())
-                )
-            ]
-        )
-        if pick.body is not None and pick.body != body:
-            body = pick.body
-            if "content-length" in self.headers:  # the gateway would send the old length
-                mutation.set_headers.append(
-                    base_pb2.HeaderValueOption(
-                        header=base_pb2.HeaderValue(
-                            key="content-length", raw_value=str(len(body)).encode()
-                        )
-                    )
-                )
-        metadata = struct_pb2.Struct()
-        metadata.update({DESTINATION_NAMESPACE: {DESTINATION_KEY: destination}})
-        replies = [
-            ext_proc.ProcessingResponse(
-                request_headers=ext_proc.HeadersResponse(
-                    response=ext_proc.CommonResponse(
-                        clear_route_cache=True, header_mutation=mutation
-                    )
-                ),
-                dynamic_metadata=metadata,
-            )
-        ]
-        if body_ends is not None:
-            replies += [_request_chunk(part, last and body_ends) for part, last in _chunks(body)]
-        return replies
-
-    def _book(self, pick: Pick) -> None:
-        """The one place a pick is counted in flight (`_finish` the one it is taken back);
-        an exchange makes one pick at most."""
-        assert self.pick is None, "one pick per exchange"
-        assert self.served is None, "one pick per exchange"
-        self.pick = pick
-        self.served = pick.worker
-        if pick.selection is None:  # off the generation routes: counted here (`Driver.pick`)
-            self.picker.ledger.counted((pick.worker,), 1)
-            self.picker.pipeline.enter(None, self.picker.share)
-        self.waiting = "answer"
-        self.deadline = time.monotonic() + pick.answer_seconds
-
-    def _refuse(self, refused: Refused) -> list[ext_proc.ProcessingResponse]:
-        self._release_body()
-        self.closed = True
-        error = refused.error
-        self.status = str(error.status)
-        self.picker.ledger.refused(refused.route, refused.model, error.status)
-        headers = [
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json")
-            )
-        ]
-        headers += [
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=k, raw_value=v.encode("latin-1"))
-            )
-            for k, v in error.headers.items()
-        ]
-        return [
-            ext_proc.ProcessingResponse(
-                immediate_response=ext_proc.ImmediateResponse(
-                    status=http_status_pb2.HttpStatus(code=error.status),
-                    headers=ext_proc.HeaderMutation(set_headers=headers),
-                    body=error.body(),
-                    details=f"tpuserve picker: {error.message}"[:200],
-                )
-            )
-        ]
-
-    def _release_body(self) -> None:
-        self.picker.buffered -= self.size
-        self.picker.buffers.give(self.size)
-        self.size = 0
-        self.body = []
-
-    # ------------------------------------------------------------------ response path
-
-    def _response_headers(
-        self, message: ext_proc.ProcessingRequest
-    ) -> list[ext_proc.ProcessingResponse]:
-        headers = message.response_headers
-        _check_header_size(message, headers)
-        for header in headers.headers.headers:
-            if header.key == ":status":
-                status = header.raw_value.decode("latin-1") if header.raw_value else header.value
-                self.status = status if status in KNOWN_STATUSES else OTHER_STATUS
-        served = self._served_endpoint(message.metadata_context)
-        mutation = ext_proc.HeaderMutation()
-        if self.pick is not None and self.pick.restorer is not None:
-            mutation.remove_headers.append("content-length")  # the client's ids change it
-        if self.picker.test_headers:
-            shown = served or (endpoint_of(self.served) if self.served is not None else "")
-            mutation.set_headers.append(
-                base_pb2.HeaderValueOption(
-                    header=base_pb2.HeaderValue(key=TEST_SERVED_HEADER, raw_value=shown.encode())
-                )
-            )
-        reply = ext_proc.ProcessingResponse(
-            response_headers=ext_proc.HeadersResponse(
-                response=ext_proc.CommonResponse(header_mutation=mutation)
-            )
-        )
-        if headers.end_of_stream:
-            self._finish()
-        return [reply]
-
-    def _served_endpoint(self, context: base_pb2.Metadata) -> str:
-        """The endpoint the gateway says served the request (metadata), or ""; the request's
-        in-flight count moves to it when it is a fallback."""
-        namespace = context.filter_metadata.get(DESTINATION_NAMESPACE)
-        if namespace is None or SERVED_KEY not in namespace.fields:
-            return ""
-        value = namespace.fields[SERVED_KEY]
-        served = str(value.string_value).strip()
-        pick = self.pick
-        current = self.served
-        if pick is None or current is None or not served or served == endpoint_of(current):
-            return served
-        worker = self.picker.worker_at(served)
-        if worker is not None:
-            ledger = self.picker.ledger
-            ledger.counted((current,), -1)
-            ledger.counted((worker,), 1)
-            self.served = worker
-        return served
-
-    def _response_body(
-        self, message: ext_proc.ProcessingRequest
-    ) -> list[ext_proc.ProcessingResponse]:
-        chunk = message.response_body
-        if self.served is not None and self.pick is not None and self.first_chunk:
-            self.first_chunk = False
-            self._served_endpoint(message.metadata_context)
-            pick = self.pick
-            if pick.decision is not None:
-                arrived = pick.arrived if pick.stream else None
-                self.picker.ledger.first_byte(pick.decision, pick.model, arrived)
-        if chunk.body:
-            self.tail = (self.tail[1], chunk.body)
-        passed = chunk.body
-        restorer = self.pick.restorer if self.pick is not None else None
-        if restorer is not None:
-            passed = restorer.chunk(passed)
-            if chunk.end_of_stream:
-                passed += restorer.rest()
-        reply = ext_proc.ProcessingResponse(
-            response_body=ext_proc.BodyResponse(
-                response=ext_proc.CommonResponse(
-                    body_mutation=ext_proc.BodyMutation(
-                        streamed_response=ext_proc.StreamedBodyResponse(
-                            body=passed, end_of_stream=chunk.end_of_stream
-                        )
-                    )
-                )
-            )
-        )
-        if chunk.end_of_stream:
-            self._finish()
-        return [reply]
-
-    # ------------------------------------------------------------------ the end
-
-    def _finish(self) -> None:
-        """The answer ended: account for it once, in the ledger every mode shares
-        (`Ledger.account`, as `Forwarder._ended` does for the HTTP port's tries)."""
-        pick, worker = self.pick, self.served
-        self.closed = True
-        if pick is None or worker is None:
-            return
-        self.pick = None
-        picker = self.picker
-        ledger = picker.ledger
-        status = self.status
-        code = int(status) if status.isdigit() else 0
-        # Outlier detection hears the status only from a gateway that presented its token
-        # (`--picker-token-file`): from anyone else it is a claim, not an observation (a
-        # forged stream would eject the worker of its choice), and only the health checks eject.
-        verdicts: tuple[Verdict, ...] = ()
-        if picker.authenticated and status != CLIENT_CLOSED and code:
-            failed = code >= 500
-            verdicts = (Verdict(worker, "server_error" if failed else "", failed),)
-        selection = pick.selection
-        usage = None
-        if selection is not None and code == 200:
-            tail = self.tail[0] + self.tail[1]
-            usage = usage_from_stream_tail(tail) if pick.stream else usage_from_body(tail)
-            usage = None if usage is None else _bounded(usage, pick)
-        outcome = TryOutcome(
-            status=status, succeeded=0 < code < 400, relayed=status != CLIENT_CLOSED,
-            usage=usage, verdicts=verdicts,
-        )  # fmt: skip
-        if selection is not None and pick.admitted is not None:
-            picker.driver.close(pick, pick.admitted, selection, worker, pick.model, outcome)
-            return
-        # off the generation routes: no decision to tell the policy of
-        picker.pipeline.leave(None, picker.share)
-        ledger.counted((worker,), -1)
-        if verdicts:
-            ledger.worker_answered(worker, code)
-        ledger.account(pick, worker.name, pick.model, outcome)
-
-    def close(self) -> None:
-        """The stream ended: whatever was not accounted for is (a gateway gone: ``499``)."""
-        self._release_body()
-        if self.pick is not None:
-            self.status = CLIENT_CLOSED
-            self._finish()
-
-
-WAITS: Final = {
-    "headers": ("header_timeout_seconds", "--header-timeout", "header_timeout"),
-    "body": ("body_timeout_seconds", "--body-timeout", "body_timeout"),
-    "answer": ("first_byte_timeout_seconds", "--first-byte-timeout", "first_byte_timeout"),
-    "answer_body": ("stream_idle_timeout_seconds", "--stream-idle-timeout", "idle_timeout"),
-}
-"""What a stream may wait for, with the setting (and its flag) bounding each wait and the
-reason counted when it runs out: the request headers from the stream's start, the whole
-request body from its headers, the answer from the pick, each next part of the answer from
-the one before."""
-
-
-def _out_of_turn(kind: str | None, when: str) -> StreamRefused:
-    return StreamRefused(
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "protocol",
-        f"{kind or 'an empty message'} {when}: one request per stream, its headers once, its "
-        "body until it ends, its answer once an endpoint is chosen (the Endpoint Picker "
-        "protocol)",
-    )
-
-
-def _check_header_size(message: ext_proc.ProcessingRequest, headers: ext_proc.HttpHeaders) -> None:
-    """Raise `StreamRefused` if ``headers`` hold more than `MAX_HEADER_BYTES` (names and
-    values), or the message more than `MAX_METADATA_BYTES` beside them."""
-    size = sum(len(h.key) + len(h.raw_value or h.value) for h in headers.headers.headers)
-    if size > MAX_HEADER_BYTES:
-        raise StreamRefused(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            "headers_too_large",
-            f"the headers hold {size} bytes; the picker's limit is {MAX_HEADER_BYTES} "
-            "(Envoy's max_request_headers_kb default)",
-        )
-    whole = message.ByteSize()
-    if whole > size + MAX_METADATA_BYTES + len(headers.headers.headers) * 8:
-        raise StreamRefused(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            "headers_too_large",
-            f"the headers message holds {whole - size} bytes beside its headers (metadata, "
-            f"attributes); the picker's limit is {MAX_METADATA_BYTES}",
-        )
-
-
-def _bounded(usage: TokenCounts, pick: Pick) -> TokenCounts:
-    """``usage`` as the stream reported it, capped by what the request could cost: the answer
-    side is the gateway's word, and one forged ``usage`` must not move the counters by 10¹⁸."""
-    prompt, completion, cached = usage
-    prompt = min(prompt, pick.max_prompt_tokens)
-    return prompt, min(completion, pick.max_completion_tokens), min(cached, prompt)
-
-
-def _subset(context: base_pb2.Metadata) -> frozenset[str] | None:
-    """The endpoints of the gateway's subset hint, or None when it gave none."""
-    namespace = context.filter_metadata.get(SUBSET_NAMESPACE)
-    if namespace is None or SUBSET_KEY not in namespace.fields:
-        return None
-    value = namespace.fields[SUBSET_KEY]
-    items: Iterable[str]
-    kind = value.WhichOneof("kind")
-    if kind == "list_value":
-        items = [v.string_value for v in value.list_value.values if v.HasField("string_value")]
-    elif kind == "string_value":
-        items = [value.string_value]
-    else:
-        items = []
-    return frozenset(e.strip() for item in items for e in item.split(",") if e.strip())
-
-
-def _chunks(body: bytes) -> list[tuple[bytes, bool]]:
-    """``body`` in pieces of at most `CHUNK_BYTES`, the last one marked (one empty piece for
-    an empty body)."""
-    if not body:
-        return [(b"", True)]
-    parts = [body[i : i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)]
-    return [(part, i == len(parts) - 1) for i, part in enumerate(parts)]
-
-
-def _request_chunk(body: bytes, end_of_stream: bool) -> ext_proc.ProcessingResponse:
-    return ext_proc.ProcessingResponse(
-        request_body=ext_proc.BodyResponse(
-            response=ext_proc.CommonResponse(
-                body_mutation=ext_proc.BodyMutation(
-                    streamed_response=ext_proc.StreamedBodyResponse(
-                        body=body, end_of_stream=end_of_stream
-                    )
-                )
-            )
-        )
-    )

@@ -3,7 +3,7 @@ route not found); the pipeline's own are `tpuserve_router.pipeline.client`'s."""
 
 from __future__ import annotations
 
-from tpuserve_router.front.server import HttpRequest
+from tpuserve_router.front.http_request import HttpRequest
 from tpuserve_router.metrics import RouterMetrics
 from tpuserve_router.pipeline.client import reply_error
 from tpuserve_router.pipeline.request_body import ClientError

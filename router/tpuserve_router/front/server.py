@@ -5,9 +5,9 @@ CPU per request against about 180 µs on aiohttp's server and client (ARCHITECTU
 
 Two objects, as in uvicorn's protocol/cycle split. `HttpConnection` is one client
 connection: the transport, the parser, requests waiting their turn, flow control and the
-closing rules. `HttpRequest` is one request on it and the progress of its response: it is
-built once the body is complete and handed to the handler, which reads its fields and
-answers through it: ``respond`` for a whole response, or ``start_chunked`` /
+closing rules. `HttpRequest` (`http_request`) is one request on it and the progress of its
+response: it is built once the body is complete and handed to the handler, which reads its
+fields and answers through it: ``respond`` for a whole response, or ``start_chunked`` /
 ``write_chunk`` / ``end_chunked`` to stream, with ``drain`` for back-pressure when the
 client reads slowly.
 
@@ -46,9 +46,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Final, cast
 
 import httptools
@@ -57,6 +55,14 @@ from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.proxy import set_nodelay
 from tpuserve_router.engines.worker_networks import is_loopback
 from tpuserve_router.front.connections import ConnectionBook
+from tpuserve_router.front.http_request import (
+    BodyNotTaken,
+    ClientOf,
+    Handler,
+    HeadCheck,
+    HttpRequest,
+    status_line,
+)
 from tpuserve_router.front.unix_listener import serve_unix
 from tpuserve_router.pipeline.client import JSON_HEADERS
 from tpuserve_router.pipeline.refusals import RETRY_AFTER_SECONDS
@@ -132,168 +138,6 @@ def front_limits(config: RouterConfig, max_connections: int | None = None) -> Fr
         keep_alive_timeout_seconds=config.keep_alive_timeout_seconds,
         send_timeout_seconds=config.send_timeout_seconds,
     )
-
-
-_STATUS_LINES: dict[int, bytes] = {}
-
-
-def status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = "Unknown"
-        line = _STATUS_LINES[status] = f"HTTP/1.1 {status} {phrase}\r\n".encode()
-    return line
-
-
-class HttpRequest:
-    """One request and the progress of its response (uvicorn's request-response cycle).
-
-    ``keep_alive`` starts as the client asked and turns false once a response says
-    ``connection: close``; ``finished`` is true once the whole response is written.
-    """
-
-    __slots__ = (
-        "_conn",
-        "arrived",
-        "body",
-        "charged",
-        "client",
-        "extra_headers",
-        "finished",
-        "head_only",
-        "head_sent",
-        "headers",
-        "keep_alive",
-        "method",
-        "path",
-        "query",
-    )
-
-    def __init__(
-        self,
-        conn: HttpConnection,
-        method: bytes,
-        url: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        keep_alive: bool,
-        arrived: float,
-    ) -> None:
-        path, _, query = url.partition(b"?")
-        self._conn = conn
-        self.method = method
-        self.path = path.decode("latin-1")
-        self.query = query.decode("latin-1")
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-        self.arrived = arrived
-        self.head_sent = False
-        self.finished = False
-        self.head_only = method == b"HEAD"
-        self.extra_headers = b""  # added to the response's head (e.g. rate-limit headers)
-        self.charged = 0  # bytes of the buffer budget its body holds (given back once answered)
-        self.client: str | None = None  # whose share of the budget they are charged to
-
-    def header(self, name: bytes) -> bytes | None:
-        """The first header called ``name`` (lower case), or None."""
-        for key, value in self.headers:
-            if key.lower() == name:
-                return value
-        return None
-
-    # ------------------------------------------------------------------ writing the response
-
-    def respond(self, status: int, headers: bytes, body: bytes, *, keep_alive: bool = True) -> None:
-        """Send a whole response; ``headers`` are pre-encoded ``name: value\\r\\n`` lines."""
-        conn = self._conn
-        transport = conn.transport
-        if conn.closed or transport is None or self.head_sent:
-            return
-        self.head_sent = self.finished = True
-        keep = keep_alive and self.keep_alive
-        self.keep_alive = keep
-        connection = b"" if keep else b"connection: close\r\n"
-        transport.write(
-            b"".join(
-                (
-                    status_line(status),
-                    headers,
-                    self.extra_headers,
-                    connection,
-                    b"content-length: ",
-                    str(len(body)).encode(),
-                    b"\r\n\r\n",
-                    b"" if self.head_only else body,
-                )
-            )
-        )
-
-    def start_chunked(self, status: int, headers: bytes) -> None:
-        conn = self._conn
-        transport = conn.transport
-        if conn.closed or transport is None or self.head_sent:
-            return
-        self.head_sent = True
-        connection = b"" if self.keep_alive else b"connection: close\r\n"
-        transport.write(
-            status_line(status)
-            + headers
-            + self.extra_headers
-            + connection
-            + b"transfer-encoding: chunked\r\n\r\n"
-        )
-
-    def write_chunk(self, data: bytes) -> None:
-        conn = self._conn
-        if data and not conn.closed and conn.transport is not None:
-            conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-
-    def end_chunked(self, *, keep_alive: bool = True) -> None:
-        conn = self._conn
-        if conn.closed or conn.transport is None:
-            return
-        self.finished = True
-        conn.transport.write(b"0\r\n\r\n")
-        if not keep_alive:
-            self.keep_alive = False
-
-    @property
-    def write_paused(self) -> bool:
-        """The client reads slower than the response is written: ``await drain()``."""
-        return self._conn.write_paused
-
-    @property
-    def local(self) -> bool:
-        """The request came through a listener bound to a loopback address: only processes
-        of this host (this pod) reach it. The client's own address proves nothing: a proxy
-        on this host (a service-mesh sidecar) dials from a loopback address too."""
-        return self._conn.local
-
-    @property
-    def peer_host(self) -> str:
-        """The client's address as the router sees it ("" when unknown)."""
-        return self._conn.peer_host()
-
-    async def drain(self) -> None:
-        await self._conn.drain()
-
-
-Handler = Callable[[HttpRequest], Awaitable[None]]
-HeadCheck = Callable[[bytes, bytes, list[tuple[bytes, bytes]], bool], ClientError | None]
-"""Run once a request's head has arrived, before its body is read: given the method, the URL,
-the headers and whether the listener is local, the refusal to answer at once, or None."""
-ClientOf = Callable[[list[tuple[bytes, bytes]], str], str]
-"""Who a request that passed the head check is, for its share of the buffer budget: given
-its headers and the client's address, a name (its key's tenant, its address)."""
-
-
-class BodyNotTaken(ClientError):
-    """A head check's answer to a request with a body on a route that takes none (404, 405,
-    400): answered before the body is read, the connection closed (``unexpected_body``)."""
 
 
 class HttpConnection(asyncio.Protocol):

@@ -18,7 +18,7 @@ connect, no one else."""
 async def serve_unix(factory: Callable[[], asyncio.Protocol], path: str) -> asyncio.Server:
     """Listen on the unix socket ``path``; the caller closes the server and `remove_socket`s.
     A stale socket left there (a router that died) is replaced; anything else there is refused
-    (`tpuserve_router.config.uds_problems` says so at start-up; here `FileExistsError`)."""
+    (`tpuserve_router.config_checks.uds_problems` says so at start-up; here `FileExistsError`)."""
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             raise FileExistsError(f"uds={path!r}: the path exists and is not a socket")

@@ -29,6 +29,7 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tpuserve_router.front import picker as epp
+from tpuserve_router.front import picker_protocol as protocol
 
 REQUEST_CHUNK_BYTES = 1000  # small, so a test body arrives in several chunks
 HOP_BY_HOP = frozenset({"connection", "transfer-encoding", "content-length", "keep-alive"})
@@ -137,7 +138,7 @@ class PickerClient:
         if subset is not None:
             value = subset if isinstance(subset, str) else list(subset)
             message.metadata_context.CopyFrom(
-                _metadata(epp.SUBSET_NAMESPACE, epp.SUBSET_KEY, value)
+                _metadata(protocol.SUBSET_NAMESPACE, protocol.SUBSET_KEY, value)
             )
         await call.write(message)
         writer = asyncio.create_task(self._send_body(call, body, self.chunk_bytes))
@@ -180,10 +181,10 @@ class PickerClient:
                 common = reply.request_headers.response
                 result.cleared_route_cache = common.clear_route_cache
                 for option in common.header_mutation.set_headers:
-                    if option.header.key == epp.DESTINATION_KEY:
+                    if option.header.key == protocol.DESTINATION_KEY:
                         result.header_destination = option.header.raw_value.decode()
-                lb = reply.dynamic_metadata.fields[epp.DESTINATION_NAMESPACE].struct_value
-                result.metadata_destination = lb.fields[epp.DESTINATION_KEY].string_value
+                lb = reply.dynamic_metadata.fields[protocol.DESTINATION_NAMESPACE].struct_value
+                result.metadata_destination = lb.fields[protocol.DESTINATION_KEY].string_value
                 if not body:
                     return call, result
                 continue
@@ -222,7 +223,7 @@ class PickerClient:
         the body chunks the picker passes back."""
         if self.http is None:
             self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
-        served = _metadata(epp.DESTINATION_NAMESPACE, epp.SERVED_KEY, endpoint)
+        served = _metadata(protocol.DESTINATION_NAMESPACE, protocol.SERVED_KEY, endpoint)
         async with self.http.request(
             method,
             f"http://{endpoint}{path}",

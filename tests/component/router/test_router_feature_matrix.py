@@ -1,15 +1,13 @@
 """Where features meet (issue 56): the router's modes crossed with its features, against engine
 twins on loopback through the official ``openai`` client.
 
-First the breaks a review found where two features meet, each a test that failed before its
-fix: a client hanging up on a disaggregated stream is charged as on a colocated one (one
-ledger), and a LoRA request in PD mode goes to workers of the right roles. Then the matrix:
-modes (HTTP colocated, HTTP PD, the endpoint picker behind an emulated gateway, the picker in
-PD mode) × features (API keys, request and token limits, priority, multi-model, LoRA affinity);
-each cell works, shown through the client with the feature's effect asserted, or is refused
-at router start naming the flags (or, for the picker and keys, left to the gateway). The
-table in docs/router.md is generated from `CELLS` (`matrix_table`), and a test fails when it
-is stale.
+The breaks a review found where two features meet are `test_router_feature_breaks`; here the
+matrix: modes (HTTP colocated, HTTP PD, the endpoint picker behind an emulated gateway, the
+picker in PD mode) × features (API keys, request and token limits, priority, multi-model, LoRA
+affinity); each cell works, shown through the client with the feature's effect asserted, or is
+refused at router start naming the flags (or, for the picker and keys, left to the gateway).
+The table in docs/router.md is generated from `CELLS` (`matrix_table`), and a test fails when
+it is stale.
 """
 
 from __future__ import annotations
@@ -18,9 +16,8 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import aiohttp
 import openai
@@ -28,105 +25,43 @@ import orjson
 import pytest
 
 from sglang_tpu.tokenizer import load_tokenizer
-from tests.component.engine.engine_process import running_requests
+from tests.component.router.feature_fleet import (
+    ADAPTER,
+    KEY,
+    LATE,
+    PROMPT,
+    QWEN,
+    Fleet,
+    Target,
+    client,
+    complete,
+    running_fleet,
+    series,
+    serve,
+    settled,
+)
 from tests.component.router.gateway_emulator import GatewayFront, PickerClient
 from tests.component.router.router_fleet import (
     MODEL,
     EngineTwin,
     start_router,
     wait_caught_up,
-    wait_ready,
 )
 from tests.fakes import StubWorker
 from tests.waiting import eventually_async
 from tpuserve.cluster.ports import free_port
 from tpuserve_router.app import RouterApp
-from tpuserve_router.config import ConfigError, RouterConfig
+from tpuserve_router.config import ConfigError
 from tpuserve_router.engines.workers import Worker
 from tpuserve_router.tenancy.auth import digest_of, key_id
 
 pytestmark = pytest.mark.component
 
-KEY = "sk-matrix-0123456789abcdef"
-ADAPTER = "sql"
-QWEN = "qwen"
-LATE = "late"  # a model whose engines come up while a request waits for them
-PROMPT = "Tell me everything about tensor processing units, their memory and their links. " * 3
-MODES = ("colocated", "pd")
-"""HTTP colocated (``--worker``) and HTTP PD (``--prefill``/``--decode``, every request a
-pair: ``--pd-policy always``)."""
-
-
-class Fleet:
-    """For each of two models (`MODEL` with LoRA adapter `ADAPTER`, and `QWEN`), a prefill, a
-    decode and a colocated twin, at half their modelled speed (a stream still runs when its
-    client leaves)."""
-
-    def __init__(self) -> None:
-        slow = ["--time-scale", "0.5"]
-        self.bootstrap: dict[str, int] = {}
-        self.by_model: dict[str, dict[str, EngineTwin]] = {}
-        for model, extra in (
-            (MODEL, ["--lora-paths", f"{ADAPTER}=/lora/{ADAPTER}"]),
-            (QWEN, ["--served-model-name", QWEN]),
-        ):
-            base = [*slow, *extra]
-            port = free_port()
-            prefill = EngineTwin(
-                [*base, "--disaggregation-mode", "prefill", "--enable-debug-endpoints",
-                 "--disaggregation-bootstrap-port", str(port)],
-            )  # fmt: skip
-            self.bootstrap[prefill.url] = port
-            self.by_model[model] = {
-                "prefill": prefill,
-                "decode": EngineTwin([*base, "--disaggregation-mode", "decode"]),
-                "colocated": EngineTwin(base),
-            }
-
-    @property
-    def engines(self) -> list[EngineTwin]:
-        return [twin for roles in self.by_model.values() for twin in roles.values()]
-
-    def of(self, role: str) -> list[EngineTwin]:
-        return [roles[role] for roles in self.by_model.values()]
-
-    @property
-    def prefill(self) -> EngineTwin:
-        return self.by_model[MODEL]["prefill"]
-
-    def config(self, mode: str, **changes: object) -> RouterConfig:
-        if not mode.endswith("pd"):
-            config = RouterConfig(workers=tuple(t.url for t in self.of("colocated")))
-        else:
-            config = RouterConfig(
-                prefill=tuple(f"{t.url} {self.bootstrap[t.url]}" for t in self.of("prefill")),
-                decode=tuple(t.url for t in self.of("decode")),
-                pd_policy="always",
-            )
-        if mode.startswith("picker"):
-            config = config.replace(picker_port=0)
-        settings: dict[str, object] = {
-            "policy": "cache_aware",
-            "health_check_interval_seconds": 0.3,
-        }
-        return config.replace(**{**settings, **changes})
-
-    def serving(self, mode: str) -> list[EngineTwin]:
-        if mode.endswith("pd"):
-            return [*self.of("prefill"), *self.of("decode")]
-        return self.of("colocated")
-
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
-    fleet = Fleet()
-    try:
-        for engine in fleet.engines:
-            engine.start()
-        yield fleet
-    finally:
-        for engine in fleet.engines:
-            engine.stop()
+    with running_fleet() as started:
+        yield started
 
 
 @pytest.fixture
@@ -136,171 +71,6 @@ async def routers() -> AsyncIterator[list[RouterApp]]:
     yield started
     for app in started:
         await app.stop()
-
-
-async def serve(fleet: Fleet, routers: list[RouterApp], mode: str, **changes: object) -> RouterApp:
-    app = await start_router(fleet.config(mode, **changes))
-    routers.append(app)
-    await wait_ready(app, len(fleet.serving(mode)))
-    return app
-
-
-def keys_file(tmp_path: Path, **limits: object) -> str:
-    path = tmp_path / "keys.json"
-    path.write_bytes(orjson.dumps({"keys": [{"key": KEY, "tenant": "matrix", **limits}]}))
-    return str(path)
-
-
-def client(app: RouterApp | Target, key: str = KEY) -> openai.AsyncOpenAI:
-    url = app.url if isinstance(app, Target) else app.base_url
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
-
-
-@dataclass(frozen=True)
-class Target:
-    """A router in one mode, and where its clients send (a gateway's front, for the picker)."""
-
-    app: RouterApp
-    url: str
-    mode: str
-    late: tuple[EngineTwin, ...] = ()
-    """Engines of model `LATE` the router knows but that are not up yet (the holds cell)."""
-    failing: StubWorker | None = None
-    """A worker of `MODEL` answering 500 to every request, listed first (the retries cell)."""
-    fleet: Fleet | None = None
-    peer: RouterApp | None = None
-    """A second replica peering with ``app`` (the peering cell)."""
-
-
-async def settled(app: RouterApp, fleet: Fleet, mode: str) -> None:
-    """Until nothing runs on the router or on the engines it sends to."""
-
-    async def idle() -> bool:
-        async with aiohttp.ClientSession() as session:
-            for engine in fleet.serving(mode):
-                if await running_requests(session, engine.url):
-                    return False
-        return app.pipeline.in_flight == 0
-
-    await eventually_async(idle, what="the requests ended")
-
-
-def series(app: RouterApp, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
-    total = 0.0
-    for family in app.metrics.registry.collect():
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
-
-
-def ledger(app: RouterApp) -> dict[str, float]:
-    """What the router wrote down for the tenant: its tokens, its requests by status, and
-    what its key's minute holds."""
-    key = app.pipeline.keys.authenticate(KEY.encode()) if app.pipeline.keys else None
-    assert key is not None
-    window = app.pipeline.quotas.of(key, 0.0).tokens
-    assert window is not None
-    return {
-        "prompt": series(app, "tpuserve_router_tenant_tokens_total", kind="prompt"),
-        "completion": series(app, "tpuserve_router_tenant_tokens_total", kind="completion"),
-        "requests 499": series(app, "tpuserve_router_requests_total", status="499"),
-        "tenant requests 499": series(app, "tpuserve_router_tenant_requests_total", status="499"),
-        "minute": float(window.used),
-        # what outlier ejection heard (the window outlasts the test): nothing of a client leaving
-        "outlier window": float(sum(w.window_requests for w in app.registry.workers)),
-    }
-
-
-# ---------------------------------------------------------------- the breaks
-
-
-async def hang_up(app: RouterApp, fleet: Fleet, mode: str, stream: bool) -> None:
-    """A chat request the client leaves: after one chunk of its stream, or while it waits
-    for a whole answer the engines are generating."""
-    async with client(app) as oa:
-        messages: Any = [{"role": "user", "content": PROMPT}]
-        if stream:
-            answer = await oa.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=100, stream=True
-            )
-            async for _ in answer:
-                break
-            await answer.close()
-            return
-
-        async def generating() -> bool:
-            async with aiohttp.ClientSession() as session:
-                engine = fleet.by_model[MODEL]["colocated" if mode == "colocated" else "decode"]
-                return await running_requests(session, engine.url) > 0
-
-        whole = asyncio.ensure_future(
-            oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=100)
-        )
-        await eventually_async(generating, what="the engine generating the request")
-        whole.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await whole
-
-
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-async def test_a_client_hanging_up_on_a_pair_is_charged_as_on_a_colocated_worker(
-    fleet: Fleet, routers: list[RouterApp], tmp_path: Path, stream: bool
-) -> None:
-    """The same hang-up in both modes. The key is charged by the same rule (`Spend.charge`:
-    the prompt and the completion it reserved, what its minute holds at least its
-    reservation) and the request is counted 499, colocated or disaggregated."""
-    found = {}
-    for mode in MODES:
-        keys = keys_file(tmp_path, tokens_per_minute=5000)
-        app = await serve(fleet, routers, mode, api_keys_file=keys, outlier_interval_seconds=3600.0)
-        await hang_up(app, fleet, mode, stream)
-        await settled(app, fleet, mode)
-        found[mode] = ledger(app)
-    assert found["colocated"]["prompt"] > 0
-    assert found["colocated"]["completion"] == 100  # what it reserved: no usage came
-    assert found["colocated"]["tenant requests 499"] == 1
-    assert found["colocated"]["outlier window"] == 0
-    assert found["pd"] == found["colocated"]
-
-
-async def test_a_lora_request_in_pd_mode_goes_to_a_pair(
-    fleet: Fleet, routers: list[RouterApp]
-) -> None:
-    """An adapter's requests in PD mode are served as pairs, as a base model's are: never by
-    a prefill or a decode engine alone (which cannot serve them: a decode engine refuses a
-    request without a bootstrap room)."""
-    app = await serve(fleet, routers, "pd")
-    async with client(app) as oa:
-        for i in range(4):
-            answer = await oa.completions.create(
-                model=f"{MODEL}:{ADAPTER}", prompt=f"{i} {PROMPT}", max_tokens=4
-            )
-            assert answer.choices[0].text
-    assert series(app, "tpuserve_router_pd_requests_total", how="disaggregated") == 4
-    for worker in app.registry.workers:
-        if worker.role == "prefill":
-            assert series(app, "tpuserve_router_requests_total", worker=worker.name) == 0
-
-
-async def test_a_lora_request_after_a_pair_stays_colocated_when_short(
-    fleet: Fleet, routers: list[RouterApp]
-) -> None:
-    """Conditional PD with a colocated worker: a long prompt of an adapter goes to a pair (the
-    adapter is warm there now), and a short one then goes to the colocated worker, which the
-    adapter's warm pair must not hide."""
-    colocated = fleet.by_model[MODEL]["colocated"].url
-    app = await serve(
-        fleet, routers, "pd", workers=(colocated,), pd_policy="conditional",
-        pd_threshold_tokens=200,
-    )  # fmt: skip
-    async with client(app) as oa:
-        await complete(oa, f"{MODEL}:{ADAPTER}", prompt=PROMPT * 10)
-        await complete(oa, f"{MODEL}:{ADAPTER}", prompt="short")
-    assert series(app, "tpuserve_router_pd_requests_total", how="disaggregated") == 1
-    assert series(app, "tpuserve_router_pd_requests_total", how="colocated") == 1
-    assert series(app, "tpuserve_router_requests_total", worker=colocated, status="200") == 1
 
 
 # ---------------------------------------------------------------- the matrix
@@ -376,14 +146,6 @@ def feature_keys(tmp_path: Path) -> str:
     ]
     path.write_bytes(orjson.dumps({"keys": keys}))
     return str(path)
-
-
-async def complete(
-    oa: openai.AsyncOpenAI, model: str = MODEL, max_tokens: int = 4, prompt: str = PROMPT
-) -> str:
-    answer = await oa.completions.create(model=model, prompt=prompt, max_tokens=max_tokens)
-    assert answer.choices[0].text
-    return answer.model
 
 
 async def check_api_keys(t: Target) -> None:

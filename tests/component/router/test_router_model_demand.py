@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from tests.fakes import LoopbackApp
 from tests.waiting import eventually_async
 from tpuserve_router.config import RouterConfig
+from tpuserve_router.config_checks import problems as config_problems
 from tpuserve_router.engines.discovery.kubernetes import ApiServer
 from tpuserve_router.metrics import create_router_metrics
 from tpuserve_router.tenancy.hold import HoldQueues
@@ -83,7 +84,7 @@ async def test_each_models_requests_renew_its_own_lease_and_no_other() -> None:
 
 def test_malformed_or_repeated_model_leases_are_refused_naming_the_entry() -> None:
     def problems(**settings: object) -> str:
-        return "\n".join(RouterConfig(**settings).problems())  # type: ignore[arg-type]
+        return "\n".join(config_problems(RouterConfig(**settings)))  # type: ignore[arg-type]
 
     kube = {"discovery": "kubernetes", "selector": {"app": "x"}}
     for entries in (("qwen",), ("=x",), ("qwen=Bad_Name",), ("qwen=a", "qwen=b")):

@@ -24,6 +24,7 @@ from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.front import picker as epp
+from tpuserve_router.front import picker_protocol as protocol
 
 pytestmark = pytest.mark.component
 
@@ -167,12 +168,12 @@ async def test_the_conformance_selection_header_steers_and_the_served_endpoint_i
         result = await gateway.exchange(
             "/v1/completions",
             completion("short"),
-            headers={epp.TEST_SELECTION_HEADER: ",".join(wanted)},
+            headers={protocol.TEST_SELECTION_HEADER: ",".join(wanted)},
         )
         assert result.status == 200
         if by_port:
             assert set(result.endpoints) <= set(wanted)
-        assert result.headers[epp.TEST_SERVED_HEADER] == result.endpoints[0]
+        assert result.headers[protocol.TEST_SERVED_HEADER] == result.endpoints[0]
 
 
 async def test_a_fallback_that_served_takes_the_accounting(
@@ -180,7 +181,7 @@ async def test_a_fallback_that_served_takes_the_accounting(
 ) -> None:
     call, decided = await gateway.open("/v1/completions", completion(SYSTEM + "fallback"))
     primary, fallback = decided.endpoints[:2]
-    by_endpoint = {epp.endpoint_of(w): w for w in picker.registry.workers}
+    by_endpoint = {protocol.endpoint_of(w): w for w in picker.registry.workers}
     assert by_endpoint[primary].in_flight == 1  # booked on the choice
     chunks = [
         piece
@@ -188,7 +189,7 @@ async def test_a_fallback_that_served_takes_the_accounting(
             call, decided, fallback, "/v1/completions", "POST", decided.request_body
         )
     ]
-    assert decided.headers[epp.TEST_SERVED_HEADER] == fallback
+    assert decided.headers[protocol.TEST_SERVED_HEADER] == fallback
     assert orjson.loads(b"".join(chunks))["usage"]["completion_tokens"] == 4
     # the stream's end is accounted for after its last chunk went out
     await eventually_async(lambda: settled(picker), what="every request accounted for")

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sglang_tpu import metric_names as sg
-from tests.metrics.promtool.rule_tests import (
+from tests.metrics.promtool.fleet_series import (
     NS,
     STEP_SECONDS,
     _alert,
@@ -27,7 +27,7 @@ from tests.metrics.promtool.rule_tests import (
     _series,
     histogram_quantile,
 )
-from tpuserve.observability import rules
+from tpuserve.observability import rule_basis
 
 JAX_POD = {"namespace": NS, "pod": "jax-0", "model_name": "jx", "tpu_generation": "v5e",
            "tpu_topology": "2x2"}  # fmt: skip
@@ -70,29 +70,29 @@ def sglang_jax_test() -> dict[str, Any]:
     for pod in (JAX_POD, SG_POD):
         for router, share in ROUTERS.items():
             for name, per_step in (
-                (rules.ROUTER_PROMPT_TOKENS, 150), (rules.ROUTER_CACHED_TOKENS, 60),
-                (rules.ROUTER_COMPLETION_TOKENS, 30),
+                (rule_basis.ROUTER_PROMPT_TOKENS, 150), (rule_basis.ROUTER_CACHED_TOKENS, 60),
+                (rule_basis.ROUTER_COMPLETION_TOKENS, 30),
             ):  # fmt: skip
                 values = f"0+{per_step * share}x{STEPS}"
                 series.append(_series(name, _router(name, pod, router), values))
             for status, per_step in (("200", 3), ("503", 1)):
-                labels = _router(rules.ROUTER_REQUESTS, pod, router, route="/v1/completions",
+                labels = _router(rule_basis.ROUTER_REQUESTS, pod, router, route="/v1/completions",
                                  status=status)  # fmt: skip
                 values = f"0+{per_step * share}x{STEPS}"
-                series.append(_series(rules.ROUTER_REQUESTS, labels, values))
+                series.append(_series(rule_basis.ROUTER_REQUESTS, labels, values))
             worker = {"namespace": NS, "pod": router, "worker": f"http://{ADDRESSES[pod['pod']]}"}
             for state, value in (("running", 3), ("waiting", 2)):
-                series.append(_series(rules.ROUTER_ENGINE_REQUESTS, {**worker, "state": state},
+                series.append(_series(rule_basis.ROUTER_ENGINE_REQUESTS, {**worker, "state": state},
                                       f"{value}+0x{STEPS}"))  # fmt: skip
-            series.append(_series(rules.ROUTER_KV_USAGE, worker, f"0.25+0x{STEPS}"))
+            series.append(_series(rule_basis.ROUTER_KV_USAGE, worker, f"0.25+0x{STEPS}"))
         none = {"namespace": NS, "pod": "router-0", "model": pod["model_name"], "worker": "none",
                 "route": "/v1/completions", "status": "200"}  # fmt: skip
-        series.append(_series(rules.ROUTER_REQUESTS, none, f"0+7x{STEPS}"))
+        series.append(_series(rule_basis.ROUTER_REQUESTS, none, f"0+7x{STEPS}"))
     for le, per_step in TTFT.items():
         labels = {"namespace": NS, "pod": "router-0", "model": "jx", "le": le}
-        series.append(_series(f"{rules.ROUTER_TTFT}_bucket", labels, f"0+{per_step}x{STEPS}"))
+        series.append(_series(f"{rule_basis.ROUTER_TTFT}_bucket", labels, f"0+{per_step}x{STEPS}"))
     ttft_count = {"namespace": NS, "pod": "router-0", "model": "jx"}
-    series.append(_series(f"{rules.ROUTER_TTFT}_count", ttft_count, f"0+60x{STEPS}"))
+    series.append(_series(f"{rule_basis.ROUTER_TTFT}_count", ttft_count, f"0+60x{STEPS}"))
     # SGLang's own series for sg-0
     for spec, per_step in ((sg.PROMPT_TOKENS, 100),):
         series.append(_series(spec.name, _engine(spec, SG_POD), f"0+{per_step}x{STEPS}"))
@@ -198,8 +198,10 @@ def sglang_jax_alert_test() -> dict[str, Any]:
     series = [_up(JAX_POD), _up(SG_POD)]
     for pod in (JAX_POD, SG_POD):
         at = {**worker, "worker": f"http://{ADDRESSES[pod['pod']]}"}
-        series.append(_series(rules.ROUTER_ENGINE_REQUESTS, {**at, "state": "waiting"}, "5+0x30"))
-        series.append(_series(rules.ROUTER_KV_USAGE, at, "0.95+0x30"))
+        series.append(
+            _series(rule_basis.ROUTER_ENGINE_REQUESTS, {**at, "state": "waiting"}, "5+0x30")
+        )
+        series.append(_series(rule_basis.ROUTER_KV_USAGE, at, "0.95+0x30"))
     for spec, value in ((sg.NUM_QUEUE_REQS, "5+0x30"), (sg.TOKEN_USAGE, "0.5+0x30")):
         series.append(_series(spec.name, _engine(spec, SG_POD), value))
     full = {"namespace": NS, "pod": "jax-0", "model_name": "jx"}

@@ -1,4 +1,5 @@
-"""promtool unit tests for every recording rule and alert in `tpuserve/observability/rules.py`.
+"""promtool unit tests for every recording rule and alert (`tpuserve/observability/rules.py`,
+`alert_rules.py`).
 
 `test_rules_promtool.py` renders the chart's rules with `helm template` (prices from `VALUES`,
 this folder's values.yaml), writes `promtool_test_file()` beside them and runs `promtool test
@@ -7,7 +8,8 @@ computed here with the same floating-point operations PromQL performs, so promto
 comparison holds. Input series carry the label sets SGLang 0.5.23 exposes
 (`sglang_tpu.metric_names`).
 
-The fleet fixture (15 s samples, evaluated at 70 min):
+The fleet fixture (`fleet_series`; 15 s samples, evaluated at 70 min); the alerts' tests are
+`alert_rule_tests`':
 - `llama-0` (v6e 2x4, 8 chips): 100 prompt tok/s, 40 cached, 20 finished-output, 30 decoded
   (real-time counter, TP rank 0; a rank-1 copy must not be counted), 1 req/s;
 - `qwen-0` (v5e 2x4, 8 chips): 50 prompt, 10 cached, 10 output, no real-time counter (fallback),
@@ -18,148 +20,36 @@ The fleet fixture (15 s samples, evaluated at 70 min):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from sglang_tpu import metric_names as sg
-from tpuserve.observability import rules
-
-# Prices the tests render the chart with: binary fractions keep expected costs exact.
-VALUES = Path(__file__).parent / "values.yaml"
-STEP_SECONDS = 15
-EVAL = "70m"
-NS = "team"
-PODS: dict[str, dict[str, str]] = {
-    "llama-0": {"model_name": "llama", "tpu_generation": "v6e", "tpu_topology": "2x4"},
-    "qwen-0": {"model_name": "qwen", "tpu_generation": "v5e", "tpu_topology": "2x4"},
-    "idle-0": {"model_name": "idle", "tpu_generation": "v5e", "tpu_topology": "1x1"},
-}
-CHIPS = {"llama-0": 8, "qwen-0": 8, "idle-0": 1}
-# Tokens per 15 s step: prompt, cached, generation (finish-time), realtime decode, requests.
-PER_STEP = {
-    "llama-0": (1500, 600, 300, 450, 15),
-    "qwen-0": (750, 150, 150, None, 30),
-    "idle-0": (0, 0, 0, None, 0),
-}
-STEPS = 400  # 100 minutes of samples
-
-
-def _labels(labels: dict[str, str]) -> str:
-    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-
-
-def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
-    return {"series": f"{name}{_labels(labels)}", "values": values}
-
-
-def _pod_labels(pod: str) -> dict[str, str]:
-    return {"namespace": NS, "pod": pod, **PODS[pod]}
-
-
-# Values of SGLang's own labels on a single-rank, non-disaggregated server.
-ENGINE_LABEL_VALUES = {
-    "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0",
-    "is_streaming": "false", "cache_source": "device",
-}  # fmt: skip
-
-
-def _engine(spec: sg.MetricSpec, target: dict[str, str], **values: str) -> dict[str, str]:
-    """`target`'s labels (what the scrape adds, and `model_name`) plus every label SGLang puts
-    on `spec`, so the fixture's series look like a real server's."""
-    own = {k: values.get(k, ENGINE_LABEL_VALUES.get(k, "")) for k in spec.labels if k not in target}
-    missing = [k for k, v in own.items() if not v]
-    if missing:
-        raise ValueError(f"{spec.name}: give values for {missing}")
-    return {**target, **own}
-
-
-def _rate(per_step: float, window_seconds: int) -> float:
-    """rate() over a window fully covered by samples (no extrapolation), as PromQL computes it."""
-    return (per_step * (window_seconds // STEP_SECONDS)) * 1.0 / window_seconds
-
-
-def _sample(name: str, labels: dict[str, str], value: float) -> dict[str, Any]:
-    return {"labels": f"{name}{_labels(labels)}", "value": value}
-
-
-def fleet_series() -> list[dict[str, str]]:
-    out: list[dict[str, str]] = []
-    for pod, (prompt, cached, generated, decode, requests) in PER_STEP.items():
-        labels = _pod_labels(pod)
-        if pod == "llama-0":  # streaming and non-streaming requests: two series to add up
-            for streaming, share in (("false", 900), ("true", prompt - 900)):
-                tagged = _engine(sg.PROMPT_TOKENS, labels, is_streaming=streaming)
-                out.append(_series(sg.PROMPT_TOKENS.name, tagged, f"0+{share}x{STEPS}"))
-        else:
-            out.append(
-                _series(sg.PROMPT_TOKENS.name, _engine(sg.PROMPT_TOKENS, labels),
-                        f"0+{prompt}x{STEPS}")
-            )  # fmt: skip
-        out.append(
-            _series(sg.CACHED_TOKENS.name, _engine(sg.CACHED_TOKENS, labels), f"0+{cached}x{STEPS}")
-        )
-        out.append(
-            _series(sg.GENERATION_TOKENS.name, _engine(sg.GENERATION_TOKENS, labels),
-                    f"0+{generated}x{STEPS}")
-        )  # fmt: skip
-        if decode is not None:
-            for rank in ("0", "1"):
-                rank_labels = _engine(sg.REALTIME_TOKENS, labels, mode="decode", tp_rank=rank)
-                out.append(_series(sg.REALTIME_TOKENS.name, rank_labels, f"0+{decode}x{STEPS}"))
-        if pod == "qwen-0":  # restarts 30 s before the evaluation time
-            before = 277
-            values = f"0+{requests}x{before} 0+{requests}x{STEPS - before - 1}"
-        else:
-            values = f"0+{requests}x{STEPS}"
-        out.append(_series(sg.NUM_REQUESTS.name, _engine(sg.NUM_REQUESTS, labels), values))
-        owner = {"namespace": NS, "pod": pod, "tpu_generation": PODS[pod]["tpu_generation"]}
-        out.append(_series("tpuserve_replica_tpu_chips", owner, f"{CHIPS[pod]}+0x{STEPS}"))
-        info = {"namespace": NS, "pod": pod, **PODS[pod]}
-        out.append(_series("tpuserve_replica_info", info, f"1+0x{STEPS}"))
-    gone = {"namespace": NS, "pod": "gone-0", "model_name": "gone", "tpu_generation": "v6e"}
-    out.append(_series(sg.PROMPT_TOKENS.name, _engine(sg.PROMPT_TOKENS, gone), "0+1500x120"))
-    # TTFT of llama: per step 15 requests <= 1 s, 24 <= 2 s, all 30 <= 4 s.
-    llama = {"namespace": NS, "pod": "llama-0", "model_name": "llama"}
-    for spec, buckets, count in (
-        (sg.TIME_TO_FIRST_TOKEN, TTFT_BUCKETS, 30),
-        (sg.INTER_TOKEN_LATENCY, ITL_BUCKETS, 300),
-        (sg.E2E_REQUEST_LATENCY, E2E_BUCKETS, None),
-        (sg.QUEUE_TIME, QUEUE_BUCKETS, None),
-    ):
-        for le, per_step in buckets.items():
-            bucket = {**_engine(spec, llama), "le": le}
-            out.append(_series(f"{spec.name}_bucket", bucket, f"0+{per_step}x{STEPS}"))
-        if count is not None:
-            out.append(_series(f"{spec.name}_count", _engine(spec, llama), f"0+{count}x{STEPS}"))
-    return out
-
-
-TTFT_BUCKETS = {"1.0": 15, "2.0": 24, "4.0": 30, "+Inf": 30}
-ITL_BUCKETS = {"0.05": 150, "0.1": 285, "0.2": 300, "+Inf": 300}
-E2E_BUCKETS = {"2.0": 6, "4.0": 15, "8.0": 30, "+Inf": 30}
-QUEUE_BUCKETS = {"0.1": 24, "0.5": 30, "+Inf": 30}
-
-
-def histogram_quantile(q: float, buckets: dict[str, int], window_seconds: int) -> float:
-    """Prometheus 2.x bucketQuantile over rates of the given per-step bucket increments."""
-    bounds = [(float(le), _rate(n, window_seconds)) for le, n in buckets.items()]
-    rank = q * bounds[-1][1]
-    b = next((i for i, (_, count) in enumerate(bounds[:-1]) if count >= rank), len(bounds) - 1)
-    if b == len(bounds) - 1:
-        return bounds[-2][0]
-    start, end, count = 0.0, bounds[b][0], bounds[b][1]
-    if b > 0:
-        start = bounds[b - 1][0]
-        count -= bounds[b - 1][1]
-        rank -= bounds[b - 1][1]
-    return start + (end - start) * (rank / count)
-
-
-def _expect(expr: str, samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    return {"expr": expr, "eval_time": EVAL, "exp_samples": list(samples)}
+from tests.metrics.promtool.alert_rule_tests import alert_tests
+from tests.metrics.promtool.fleet_series import (
+    CHIPS,
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    NS,
+    PER_STEP,
+    PODS,
+    QUEUE_BUCKETS,
+    STEP_SECONDS,
+    STEPS,
+    TTFT_BUCKETS,
+    VALUES,
+    _engine,
+    _expect,
+    _pod_labels,
+    _rate,
+    _sample,
+    _series,
+    fleet_series,
+    histogram_quantile,
+)
+from tests.metrics.promtool.jax_rule_tests import sglang_jax_alert_test, sglang_jax_test
+from tpuserve.observability import rule_basis
 
 
 def token_tests() -> list[dict[str, Any]]:
@@ -462,7 +352,7 @@ def latency_tests() -> list[dict[str, Any]]:
         for q in quantiles:
             name = f"model:sglang_{short}_seconds:p{round(q * 100)}_5m"
             cases.append(_expect(name, [_sample(name, llama, histogram_quantile(q, buckets, r5))]))
-    good = TTFT_BUCKETS[repr(rules.TTFT_SLO_SECONDS)]
+    good = TTFT_BUCKETS[repr(rule_basis.TTFT_SLO_SECONDS)]
     windows = {"5m": 300, "30m": 1800, "1h": 3600, "6h": 4200}  # 6h: only 70 min of data yet
     for window, seconds in windows.items():
         name = f"model:sglang_ttft_good:ratio_rate{window}"
@@ -474,7 +364,7 @@ def latency_tests() -> list[dict[str, Any]]:
         cases.append(_expect(name, [_sample(name, llama, value)]))
     for window, seconds in (("5m", 300), ("1h", 3600)):
         name = f"model:sglang_itl_good:ratio_rate{window}"
-        value = _rate(ITL_BUCKETS[repr(rules.ITL_SLO_SECONDS)], seconds) / _rate(300, seconds)
+        value = _rate(ITL_BUCKETS[repr(rule_basis.ITL_SLO_SECONDS)], seconds) / _rate(300, seconds)
         cases.append(_expect(name, [_sample(name, llama, value)]))
     return cases
 
@@ -593,283 +483,6 @@ def autoscaling_test() -> dict[str, Any]:
     }
 
 
-def _alert(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    alert = next(a for a in rules.alerts() if a.alert == name)
-    annotations = {"summary": alert.summary, "description": alert.description}
-    for key, text in annotations.items():
-        for label, value in labels.items():
-            text = text.replace(f"{{{{ $labels.{label} }}}}", value)
-        annotations[key] = text
-    return {"exp_labels": {**labels, "severity": alert.severity}, "exp_annotations": annotations}
-
-
-def alert_tests() -> list[dict[str, Any]]:
-    ttft_b, ttft_c = f"{sg.TIME_TO_FIRST_TOKEN.name}_bucket", f"{sg.TIME_TO_FIRST_TOKEN.name}_count"
-    burn_series = []
-    # "slow": every request misses 2 s; "meh": 10 % miss (slow burn only); "fine": none miss.
-    for model, good_per_min in (("slow", 0), ("meh", 54), ("fine", 60)):
-        labels = _engine(
-            sg.TIME_TO_FIRST_TOKEN, {"namespace": NS, "pod": f"{model}-0", "model_name": model}
-        )
-        burn_series.append(_series(ttft_b, {**labels, "le": "2.0"}, f"0+{good_per_min}x420"))
-        burn_series.append(_series(ttft_c, labels, "0+60x420"))
-    # Prefix collapse: "dropped" serves 60 % from cache for 6h40m, then 10 %; "steady" stays.
-    prompt, cached = sg.PROMPT_TOKENS, sg.CACHED_TOKENS
-    dropped, steady = {"model_name": "dropped"}, {"model_name": "steady"}
-    prefix_series = [
-        _series(prompt.name, _engine(prompt, dropped), "0+600x430"),
-        _series(cached.name, _engine(cached, dropped), "0+360x400 144060+60x30"),
-        _series(prompt.name, _engine(prompt, steady), "0+600x430"),
-        _series(cached.name, _engine(cached, steady), "0+360x430"),
-    ]
-    queue_series = [
-        _series(spec.name, _engine(spec, {"namespace": NS, "pod": pod, "model_name": "m"}), values)
-        for spec, pod, values in (
-            (sg.NUM_QUEUE_REQS, "full-0", "5+0x30"),
-            (sg.TOKEN_USAGE, "full-0", "0.95+0x30"),
-            (sg.NUM_QUEUE_REQS, "roomy-0", "5+0x30"),
-            (sg.TOKEN_USAGE, "roomy-0", "0.5+0x30"),
-        )
-    ]
-    router = {"namespace": NS, "pod": "router-0"}
-    router_series = [
-        _series(
-            rules.ROUTER_WORKER_HEALTHY, {**router, "model": "llama", "worker": "w0"}, "0+0x20"
-        ),
-        _series(
-            rules.ROUTER_WORKER_HEALTHY, {**router, "model": "llama", "worker": "w1"}, "0+0x20"
-        ),
-        _series(rules.ROUTER_WORKER_HEALTHY, {**router, "model": "qwen", "worker": "w2"}, "1+0x20"),
-        _series(
-            rules.ROUTER_REQUESTS,
-            {
-                **router,
-                "model": "llama",
-                "worker": "w0",
-                "route": "/v1/completions",
-                "status": "200",
-            },
-            "0+100x20",
-        ),
-        _series(
-            rules.ROUTER_UPSTREAM_ERRORS,
-            {**router, "worker": "w0", "reason": "connect_error"},
-            "0+10x20",
-        ),
-        _series(
-            rules.ROUTER_REQUESTS,
-            {
-                "namespace": NS,
-                "pod": "router-1",
-                "model": "qwen",
-                "worker": "w2",
-                "route": "/v1/completions",
-                "status": "200",
-            },
-            "0+100x20",
-        ),
-        _series(
-            rules.ROUTER_UPSTREAM_ERRORS,
-            {"namespace": NS, "pod": "router-1", "worker": "w2", "reason": "connect_error"},
-            "0+1x20",
-        ),
-        _series(rules.ROUTER_KV_EVENT_GAPS, {**router, "worker": "w0"}, "0+0x5 1+0x15"),
-        _series(rules.ROUTER_KV_EVENT_GAPS, {**router, "worker": "w1"}, "0+0x20"),
-    ]
-    operator = {"namespace": "tpuserve-system", "pod": "tpuserve-operator-0"}
-    operator_series = [
-        # errors every minute for 40 minutes, then none
-        _series(rules.OPERATOR_RECONCILES, {**operator, "result": "error"}, "0+1x40 40+0x30"),
-        _series(rules.OPERATOR_RECONCILES, {**operator, "result": "ok"}, "0+10x70"),
-        # a standby operator: no errors
-        _series(
-            rules.OPERATOR_RECONCILES,
-            {**operator, "pod": "tpuserve-operator-1", "result": "error"},
-            "0+0x70",
-        ),
-    ]
-    stuck = {"namespace": NS, "tpumodelserver": "big", "tpu_generation": "v6e",
-             "tpu_topology": "4x4"}  # fmt: skip
-    placed = {**stuck, "tpumodelserver": "small", "tpu_topology": "2x4"}
-    unschedulable_series = [
-        # two operator replicas export the same server (HA): one alert, not two
-        _series(rules.UNSCHEDULABLE_PODS, {**stuck, "pod": "op-0"}, "4+0x30"),
-        _series(rules.UNSCHEDULABLE_PODS, {**stuck, "pod": "op-1"}, "4+0x30"),
-        # pending for 5 minutes while the autoscaler adds a node, then placed: quiet
-        _series(rules.UNSCHEDULABLE_PODS, {**placed, "pod": "op-0"}, "2+0x5 0+0x25"),
-    ]
-    down = {"job": f"{NS}/tpuserve-model-server", "namespace": NS, "pod": "dead-0"}
-    up_series = [
-        _series("up", down, "0+0x30"),
-        _series("up", {**down, "pod": "alive-0"}, "1+0x30"),
-    ]
-    return [
-        {
-            "name": "TTFT burn: fast burn pages, slow burn tickets, a healthy model stays quiet",
-            "interval": "1m",
-            "input_series": burn_series,
-            "alert_rule_test": [
-                {
-                    "eval_time": "10m",
-                    "alertname": "TPUServeTTFTBudgetFastBurn",
-                    "exp_alerts": [_alert("TPUServeTTFTBudgetFastBurn", {"model_name": "slow"})],
-                },
-                {"eval_time": "1m", "alertname": "TPUServeTTFTBudgetFastBurn", "exp_alerts": []},
-                {
-                    "eval_time": "400m",
-                    "alertname": "TPUServeTTFTBudgetSlowBurn",
-                    "exp_alerts": [
-                        _alert("TPUServeTTFTBudgetSlowBurn", {"model_name": "meh"}),
-                        _alert("TPUServeTTFTBudgetSlowBurn", {"model_name": "slow"}),
-                    ],
-                },
-            ],
-        },
-        {
-            "name": "queue backlog fires only on a saturated replica",
-            "interval": "1m",
-            "input_series": queue_series,
-            "alert_rule_test": [
-                {"eval_time": "5m", "alertname": "TPUServeQueueBacklog", "exp_alerts": []},
-                {
-                    "eval_time": "15m",
-                    "alertname": "TPUServeQueueBacklog",
-                    "exp_alerts": [
-                        _alert(
-                            "TPUServeQueueBacklog",
-                            {"namespace": NS, "pod": "full-0", "model_name": "m"},
-                        )
-                    ],
-                },
-            ],
-        },
-        {
-            "name": "prefix hit ratio collapse fires when the ratio falls below half its 6h level",
-            "interval": "1m",
-            "input_series": prefix_series,
-            "alert_rule_test": [
-                {
-                    "eval_time": "390m",
-                    "alertname": "TPUServePrefixHitRatioCollapse",
-                    "exp_alerts": [],
-                },
-                {
-                    "eval_time": "425m",
-                    "alertname": "TPUServePrefixHitRatioCollapse",
-                    "exp_alerts": [
-                        _alert("TPUServePrefixHitRatioCollapse", {"model_name": "dropped"})
-                    ],
-                },
-            ],
-        },
-        {
-            "name": "router alerts: no healthy worker, upstream errors over 5 %, KV-event gaps",
-            "interval": "1m",
-            "input_series": router_series,
-            "alert_rule_test": [
-                {"eval_time": "1m", "alertname": "TPUServeNoReadyReplicas", "exp_alerts": []},
-                {
-                    "eval_time": "5m",
-                    "alertname": "TPUServeNoReadyReplicas",
-                    "exp_alerts": [
-                        _alert("TPUServeNoReadyReplicas", {"namespace": NS, "model": "llama"})
-                    ],
-                },
-                {
-                    "eval_time": "15m",
-                    "alertname": "TPUServeRouterUpstreamErrors",
-                    "exp_alerts": [_alert("TPUServeRouterUpstreamErrors", router)],
-                },
-                {"eval_time": "4m", "alertname": "TPUServeKVEventGaps", "exp_alerts": []},
-                {
-                    "eval_time": "8m",
-                    "alertname": "TPUServeKVEventGaps",
-                    "exp_alerts": [_alert("TPUServeKVEventGaps", {**router, "worker": "w0"})],
-                },
-                {"eval_time": "19m", "alertname": "TPUServeKVEventGaps", "exp_alerts": []},
-            ],
-        },
-        {
-            "name": "demand Lease: all writes failing alert, some failures among successes do not",
-            "interval": "1m",
-            "input_series": [
-                _series(rules.ROUTER_DEMAND_SIGNALS, {**router, "result": "failed"}, "0+1x20"),
-                _series(rules.ROUTER_DEMAND_SIGNALS, {**router, "result": "ok"}, "5+0x20"),
-                _series(
-                    rules.ROUTER_DEMAND_SIGNALS,
-                    {"namespace": NS, "pod": "router-1", "result": "failed"},
-                    "0+1x20",
-                ),
-                _series(
-                    rules.ROUTER_DEMAND_SIGNALS,
-                    {"namespace": NS, "pod": "router-1", "result": "ok"},
-                    "0+10x20",
-                ),
-            ],
-            "alert_rule_test": [
-                {"eval_time": "3m", "alertname": "TPUServeDemandSignalFailing", "exp_alerts": []},
-                {
-                    "eval_time": "12m",
-                    "alertname": "TPUServeDemandSignalFailing",
-                    "exp_alerts": [_alert("TPUServeDemandSignalFailing", router)],
-                },
-            ],
-        },
-        {
-            "name": "operator: reconcile errors that persist for 15 minutes, a standby is quiet",
-            "interval": "1m",
-            "input_series": operator_series,
-            "alert_rule_test": [
-                {
-                    "eval_time": "10m",
-                    "alertname": "TPUServeOperatorReconcileErrors",
-                    "exp_alerts": [],
-                },
-                {
-                    "eval_time": "30m",
-                    "alertname": "TPUServeOperatorReconcileErrors",
-                    "exp_alerts": [_alert("TPUServeOperatorReconcileErrors", operator)],
-                },
-                {
-                    "eval_time": "65m",
-                    "alertname": "TPUServeOperatorReconcileErrors",
-                    "exp_alerts": [],
-                },
-            ],
-        },
-        {
-            "name": "TPU pods unschedulable for 15 minutes, once per server, not while scaling up",
-            "interval": "1m",
-            "input_series": unschedulable_series,
-            "alert_rule_test": [
-                {
-                    "eval_time": "10m",
-                    "alertname": "TPUServeTPUPodsUnschedulable",
-                    "exp_alerts": [],
-                },
-                {
-                    "eval_time": "20m",
-                    "alertname": "TPUServeTPUPodsUnschedulable",
-                    "exp_alerts": [_alert("TPUServeTPUPodsUnschedulable", stuck)],
-                },
-            ],
-        },
-        {
-            "name": "a model server that cannot be scraped for 5 minutes pages",
-            "interval": "1m",
-            "input_series": up_series,
-            "alert_rule_test": [
-                {"eval_time": "3m", "alertname": "TPUServeModelServerDown", "exp_alerts": []},
-                {
-                    "eval_time": "10m",
-                    "alertname": "TPUServeModelServerDown",
-                    "exp_alerts": [_alert("TPUServeModelServerDown", down)],
-                },
-            ],
-        },
-    ]
-
-
 def load_prices(values_path: Path) -> dict[str, float]:
     values = yaml.safe_load(values_path.read_text())
     return {p["generation"]: float(p["usdPerChipHour"]) for p in values["pricing"]}
@@ -920,11 +533,6 @@ def tested_names(test: dict[str, Any]) -> set[str]:
         names |= {c["alertname"] for c in case.get("alert_rule_test", [])}
     return names
 
-
-from tests.metrics.promtool.jax_rule_tests import (  # noqa: E402 (a cycle)
-    sglang_jax_alert_test,
-    sglang_jax_test,
-)
 
 if __name__ == "__main__":
     print(yaml.safe_dump(promtool_test_file(), sort_keys=False, width=100), end="")

@@ -10,13 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.router_overhead import (
-    cpu_summary,
-    policy_entry,
-    print_summary,
-    tpuserve_router,
-    upstreams_cpu_seconds,
-)
+from bench.router_overhead import policy_entry, tpuserve_router, upstreams_cpu_seconds
+from bench.router_overhead_summary import cpu_summary, print_summary
 
 pytestmark = pytest.mark.unit
 

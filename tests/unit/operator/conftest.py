@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -57,3 +57,21 @@ def spec_with() -> SpecWith:
 def rendered() -> RenderFn:
     """`rendered(spec, leaderworkerset=True, ...)`: render a server (name qwen, namespace ml)."""
     return _rendered
+
+
+def by_kind(children: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [c for c in children if c["kind"] == kind]
+
+
+def one(children: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [c for c in by_kind(children, kind) if c["metadata"]["name"] == name]
+    return found
+
+
+def pod_templates(children: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for c in children:
+        if c["kind"] in ("StatefulSet", "Deployment"):
+            yield c["spec"]["template"]
+        elif c["kind"] == "LeaderWorkerSet":
+            yield c["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+            yield c["spec"]["leaderWorkerTemplate"]["workerTemplate"]

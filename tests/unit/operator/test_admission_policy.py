@@ -20,7 +20,7 @@ from celpy.evaluation import CELEvalError, CELFunction
 
 from sglang_tpu import perf_model
 from sglang_tpu.topology import SLICE_SHAPES, generation_names
-from tests.fakes import operator_verdict, tms_object
+from tests.fake_kube import operator_verdict, tms_object
 from tpuserve_operator.build import admission
 
 pytestmark = pytest.mark.unit

@@ -14,7 +14,7 @@ import pytest
 
 from sglang_tpu import compile_cache
 from sglang_tpu.cold_start import ColdStartReport
-from tests.fakes import make_pod
+from tests.fake_kube import make_pod
 from tpuserve_operator import labels
 from tpuserve_operator.api import TPUModelServerStatus
 from tpuserve_operator.cold_starts import (

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import FakeKube, VirtualClock
+from tests.fake_kube import FakeKube
+from tests.fakes import VirtualClock
 from tpuserve_operator import labels
 from tpuserve_operator.gateway_api import TPUGatewaySpec
 from tpuserve_operator.gateway_reconciler import (

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tests.fakes import make_pod
+from tests.fake_kube import make_pod
 from tpuserve_operator.group_restart import check
 from tpuserve_operator.observed import PodView
 

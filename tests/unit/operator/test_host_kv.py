@@ -8,7 +8,7 @@ import pytest
 
 from sglang_tpu import hicache, launch
 from sglang_tpu.topology import GIB, SLICE_SHAPES, lookup
-from tests.fakes import operator_verdict, tms_object
+from tests.fake_kube import operator_verdict, tms_object
 from tests.unit.operator.conftest import RenderFn, SpecWith
 from tpuserve_operator import engine_resources
 from tpuserve_operator.errors import InvalidSpec

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.fakes import FakeKube
+from tests.fake_kube import FakeKube
 from tests.unit.operator.conftest import RenderFn, SpecWith
 from tpuserve_operator import labels, launch_contract
 from tpuserve_operator.api import (
@@ -394,7 +394,7 @@ def test_admission_refuses_what_the_operator_would(
 def test_the_whole_policy_denies_a_pool_on_a_cluster_without_the_crd() -> None:
     from celpy.adapter import json_to_cel
 
-    from tests.fakes import tms_object
+    from tests.fake_kube import tms_object
     from tests.unit.operator.test_admission_policy import Policy
 
     policy = Policy()

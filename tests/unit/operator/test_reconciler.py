@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
-import datetime
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sglang_tpu import disaggregation as pd
-from sglang_tpu.cold_start import ColdStartReport
-from tests.fakes import FakeKube, not_found, pod_object, refused
+from tests.fake_kube import FakeKube, not_found, pod_object, refused
+from tests.unit.operator.reconciler_harness import (
+    FOUR_HOSTS,
+    NAMESPACE,
+    NOW,
+    ONE_HOST,
+    RESYNC_SECONDS,
+    Operator,
+    make_operator,
+)
 from tpuserve_operator import labels
 from tpuserve_operator.metrics import create_operator_metrics
 from tpuserve_operator.reconciler import ERROR_BACKOFF_SECONDS, Reconciler, ReconcilerSettings
@@ -24,109 +28,10 @@ from tpuserve_operator.render import RenderConfig
 
 pytestmark = pytest.mark.unit
 
-NAMESPACE = "ml"
-NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
-RESYNC_SECONDS = 60.0
-
-ONE_HOST = {
-    "model": {"source": "hf://Qwen/Qwen3-8B"},
-    "tpu": {"generation": "v6e", "topology": "2x4"},
-    "replicas": 2,
-    "engine": {"type": "simulated"},
-}
-FOUR_HOSTS = {**ONE_HOST, "tpu": {"generation": "v6e", "topology": "4x4"}, "replicas": 1}
-
-
-@dataclass
-class Operator:
-    """A reconciler wired to a FakeKube the way the kopf handlers wire it to the cluster."""
-
-    kube: FakeKube
-    reconciler: Reconciler
-    registry: CollectorRegistry
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # type, reason, message
-
-    def create(self, spec: dict[str, Any], name: str = "qwen") -> tuple[str, str]:
-        self.kube.put(
-            {
-                "apiVersion": labels.API_VERSION,
-                "kind": labels.KIND,
-                "metadata": {
-                    "name": name,
-                    "namespace": NAMESPACE,
-                    "uid": f"{name}-uid",
-                    "generation": 1,
-                },
-                "spec": copy.deepcopy(spec),
-            }
-        )
-        return (NAMESPACE, name)
-
-    def body(self, key: tuple[str, str]) -> dict[str, Any]:
-        return self.kube.get_object(labels.API_VERSION, labels.KIND, *key)
-
-    def edit(self, key: tuple[str, str], **spec: Any) -> None:
-        """A spec change, as `kubectl apply` makes it: a new generation."""
-        body = self.body(key)
-        body["spec"] |= spec
-        body["metadata"]["generation"] += 1
-        self.kube.put(body)
-
-    async def converge(self, key: tuple[str, str]) -> float | None:
-        return await self.reconciler.converge(key, self.body(key))
-
-    def status(self, key: tuple[str, str]) -> dict[str, Any]:
-        status: dict[str, Any] = self.body(key)["status"]
-        return status
-
-    def conditions(self, key: tuple[str, str]) -> dict[str, tuple[str, str]]:
-        """type -> (status, reason)"""
-        return {c["type"]: (c["status"], c["reason"]) for c in self.status(key)["conditions"]}
-
-    def reasons(self) -> list[str]:
-        return [reason for _, reason, _ in self.events]
-
-    def reconciles(self, result: str) -> float:
-        value = self.registry.get_sample_value(
-            "tpuserve_operator_reconciles_total", {"result": result}
-        )
-        return value or 0.0
-
-
-COLD_START = ColdStartReport(
-    {"pull": 0.0, "weights": 13.7, "compile": 340.0, "warmup": 5.0}, "miss"
-)
-
-
-async def report_cold_start(base_url: str) -> ColdStartReport | None:
-    """A leader's `/server_info` report, without a network: every leader reports a miss."""
-    return COLD_START
-
 
 @pytest.fixture
 def operator() -> Operator:
-    kube = FakeKube()
-    registry = CollectorRegistry()
-    events: list[tuple[str, str, str]] = []
-    reconciler = Reconciler(
-        kube,
-        ReconcilerSettings(render=RenderConfig(), resync_seconds=RESYNC_SECONDS),
-        create_operator_metrics(registry),
-        lambda body, kind, reason, message: events.append((kind, reason, message)),
-        clock=lambda: NOW,
-        read_cold_start=report_cold_start,
-    )
-
-    def deliver(event_type: str, body: Any) -> None:
-        if body["kind"] == labels.KIND:
-            reconciler.on_server_event(event_type, body)
-        elif body["kind"] == "Pod":
-            reconciler.on_pod_event(event_type, body)
-        else:
-            reconciler.on_child_event(event_type, body)
-
-    kube.watch(deliver)
-    return Operator(kube, reconciler, registry, events)
+    return make_operator()
 
 
 async def test_a_new_server_gets_every_child_and_says_it_is_scaling_up(
@@ -588,200 +493,3 @@ async def test_a_role_binding_is_applied_after_its_role_and_workloads_after_both
     kinds = [kind for kind, _ in kube.applied]
     assert kinds.index("Role") < kinds.index("RoleBinding") < kinds.index("Deployment")
     assert kinds.index("ServiceAccount") < kinds.index("RoleBinding")
-
-
-PD_DECODE_AUTOSCALED = {
-    **ONE_HOST,
-    "disaggregation": {
-        "prefill": {"replicas": 1},
-        "decode": {"replicas": 5, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}},
-    },
-}
-
-
-async def test_an_autoscaled_role_without_the_role_crd_is_invalid_naming_the_field(
-    operator: Operator,
-) -> None:
-    # `helm upgrade` does not install a chart's new CRDs: say so, rather than fail every pass
-    operator.kube.resources.discard((labels.API_VERSION, labels.ROLE_PLURAL))
-    key = operator.create(PD_DECODE_AUTOSCALED)
-    await operator.converge(key)
-    assert operator.conditions(key)["Valid"][0] == "False"
-    _, _, message = operator.events[-1]
-    assert "spec.disaggregation.decode.autoscaling: needs the TPUModelServerRole API" in message
-    assert "kubectl apply --server-side" in message
-    assert operator.kube.names(labels.ROLE_KIND) == []
-    assert operator.reconciles("invalid") == 1
-    # the CRD applied: the next pass sees it, with no change to the server
-    operator.kube.resources.add((labels.API_VERSION, labels.ROLE_PLURAL))
-    await operator.converge(key)
-    assert operator.conditions(key)["Valid"] == ("True", "SpecValid")
-    assert operator.kube.names(labels.ROLE_KIND) == ["qwen-decode"]
-
-
-KEDA_SCALED = {
-    **ONE_HOST,
-    "autoscaling": {"engine": "keda", "maxReplicas": 4, "metric": "backlogSeconds", "target": 1},
-}
-
-
-async def test_keda_without_its_crds_is_invalid_naming_the_field_until_they_are_applied(
-    operator: Operator,
-) -> None:
-    operator.kube.resources.discard(("keda.sh/v1alpha1", "scaledobjects"))
-    key = operator.create(KEDA_SCALED)
-    await operator.converge(key)
-    assert operator.conditions(key)["Valid"][0] == "False"
-    _, _, message = operator.events[-1]
-    assert "spec.autoscaling.engine: keda needs KEDA's ScaledObject API" in message
-    assert operator.kube.names("ScaledObject") == []
-    # KEDA installed: the next pass sees it, with no change to the server
-    operator.kube.resources.add(("keda.sh/v1alpha1", "scaledobjects"))
-    await operator.converge(key)
-    assert operator.conditions(key)["Valid"] == ("True", "SpecValid")
-    assert operator.kube.names("ScaledObject") == ["qwen"]
-    assert operator.kube.names("HorizontalPodAutoscaler") == []
-
-
-async def test_a_role_scale_object_is_seeded_then_its_count_is_the_roles(
-    operator: Operator,
-) -> None:
-    key = operator.create(PD_DECODE_AUTOSCALED)
-    await operator.converge(key)
-    scale = operator.kube.get_object(labels.API_VERSION, labels.ROLE_KIND, NAMESPACE, "qwen-decode")
-    # seeded with the role's replicas within min..max (5 -> 4), owned by the server
-    assert scale["spec"] == {"role": "decode", "replicas": 4}
-    assert scale["metadata"]["ownerReferences"][0]["uid"] == "qwen-uid"
-    assert operator.kube.names("StatefulSet") == [*(f"qwen-d{k}" for k in range(4)), "qwen-p0"]
-    assert operator.kube.names(labels.ROLE_KIND) == ["qwen-decode"]  # prefill: no autoscaling
-    (hpa,) = [
-        operator.kube.get_object(*k)
-        for k in operator.kube.objects
-        if k[1] == "HorizontalPodAutoscaler"
-    ]
-    assert hpa["spec"]["scaleTargetRef"]["name"] == "qwen-decode"
-    prefill_group = operator.kube.get_object("apps/v1", "StatefulSet", NAMESPACE, "qwen-p0")
-    revision = operator.status(key)["revision"]
-
-    # the HPA (or kubectl scale) sets 2 through the scale subresource: decode shrinks to 2
-    operator.kube.scale(labels.API_VERSION, labels.ROLE_KIND, NAMESPACE, "qwen-decode", 2)
-    await operator.converge(key)
-    await operator.converge(key)  # the second pass prunes what the first stopped wanting
-    assert operator.kube.names("StatefulSet") == ["qwen-d0", "qwen-d1", "qwen-p0"]
-    assert operator.status(key)["revision"] == revision
-    after = operator.kube.get_object("apps/v1", "StatefulSet", NAMESPACE, "qwen-p0")
-    assert after["metadata"]["generation"] == prefill_group["metadata"]["generation"]
-    roles = {r["role"]: r for r in operator.status(key)["roles"]}
-    assert (roles["decode"]["desired"], roles["prefill"]["desired"]) == (2, 1)
-    scale = operator.kube.get_object(labels.API_VERSION, labels.ROLE_KIND, NAMESPACE, "qwen-decode")
-    assert scale["spec"]["replicas"] == 2  # applying the object did not take the count back
-    assert scale["status"] == {
-        "replicas": roles["decode"]["replicas"],
-        "selector": "app.kubernetes.io/instance=qwen,app.kubernetes.io/component=model-server,"
-        "serving.tpuserve.dev/role=leader,serving.tpuserve.dev/pd-role=decode",
-    }
-
-    # autoscaling removed: the scale object and the HPA go, the role's replicas count again
-    body = operator.body(key)
-    body["spec"]["disaggregation"]["decode"].pop("autoscaling")
-    body["metadata"]["generation"] += 1
-    operator.kube.put(body)
-    await operator.converge(key)
-    await operator.converge(key)
-    assert operator.kube.names(labels.ROLE_KIND) == []
-    assert operator.kube.names("HorizontalPodAutoscaler") == []
-    assert len(operator.kube.names("StatefulSet")) == 6
-
-
-PD: dict[str, Any] = {
-    "model": {"source": "hf://Qwen/Qwen3-8B"},
-    "tpu": {"generation": "v6e", "topology": "2x4"},
-    "engine": {"type": "simulated"},
-    "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 2}},
-}
-
-
-def serving(operator: Operator, group: str, role: str, index: int) -> None:
-    """A ready leader pod of a disaggregated server's group, as its workload makes it."""
-    workload = operator.kube.get_object("apps/v1", "StatefulSet", NAMESPACE, group)
-    template = workload["spec"]["template"]["metadata"]["labels"]
-    extra = {k: template[k] for k in (pd.PD_ROLE_LABEL, pd.PD_CONTRACT_LABEL)}
-    revision = template[labels.REVISION]
-    operator.kube.put(
-        pod_object("qwen", f"{group}-0", replica=index, revision=revision, extra_labels=extra)
-    )
-
-
-async def test_resizing_one_role_leaves_the_other_roles_groups_alone(operator: Operator) -> None:
-    key = operator.create(PD)
-    await operator.converge(key)
-    assert operator.kube.names("StatefulSet") == ["qwen-d0", "qwen-d1", "qwen-p0"]
-    for group, role, index in (("qwen-p0", "prefill", 0), ("qwen-d0", "decode", 0),
-                               ("qwen-d1", "decode", 1)):  # fmt: skip
-        serving(operator, group, role, index)
-    await operator.converge(key)
-    status = operator.status(key)
-    assert [(g["role"], g["index"], g["state"]) for g in status["groups"]] == [
-        ("prefill", 0, "Ready"), ("decode", 0, "Ready"), ("decode", 1, "Ready"),
-    ]  # fmt: skip
-    assert [(r["role"], r["readyReplicas"], r["groups"]) for r in status["roles"]] == [
-        ("prefill", 1, [0]), ("decode", 2, [0, 1]),
-    ]  # fmt: skip
-    assert operator.conditions(key)["Progressing"] == ("False", "Complete")
-
-    applied, deleted = len(operator.kube.applied), len(operator.kube.deleted)
-    operator.edit(key, disaggregation={"prefill": {"replicas": 2}, "decode": {"replicas": 1}})
-    await operator.converge(key)
-    assert operator.kube.applied[applied:] == [("Service", "qwen-p1"), ("StatefulSet", "qwen-p1")]
-    assert sorted(operator.kube.deleted[deleted:]) == [
-        ("Service", "qwen-d1"), ("StatefulSet", "qwen-d1"),
-    ]  # fmt: skip
-    assert operator.kube.names("StatefulSet") == ["qwen-d0", "qwen-p0", "qwen-p1"]
-    assert not any(kind == "Pod" for kind, _ in operator.kube.deleted)  # nothing restarted
-
-
-async def test_a_decode_only_change_rolls_decode_groups_alone(operator: Operator) -> None:
-    key = operator.create(PD)
-    await operator.converge(key)
-    for group, role, index in (("qwen-p0", "prefill", 0), ("qwen-d0", "decode", 0),
-                               ("qwen-d1", "decode", 1)):  # fmt: skip
-        serving(operator, group, role, index)
-    await operator.converge(key)
-    prefill_revision = operator.status(key)["roles"][0]["revision"]
-
-    applied, deleted = len(operator.kube.applied), len(operator.kube.deleted)
-    decode = {"replicas": 2, "args": {"max-running-requests": 64}}
-    operator.edit(key, disaggregation={**PD["disaggregation"], "decode": decode})
-    await operator.converge(key)
-    assert operator.kube.applied[applied:] == [("StatefulSet", "qwen-d0")]  # one at a time
-    assert operator.kube.deleted[deleted:] == [("Pod", "qwen-d0-0")]
-    roles = operator.status(key)["roles"]
-    assert roles[0]["revision"] == prefill_revision
-    assert [(r["role"], r["updatedReplicas"]) for r in roles] == [("prefill", 1), ("decode", 0)]
-    assert operator.conditions(key)["Progressing"] == ("True", "RollingUpdate")
-
-
-async def test_a_contract_change_with_one_group_per_role_surges_before_any_goes(
-    operator: Operator,
-) -> None:
-    spec = {**PD, "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}}
-    key = operator.create(spec)
-    await operator.converge(key)
-    serving(operator, "qwen-p0", "prefill", 0)
-    serving(operator, "qwen-d0", "decode", 0)
-    await operator.converge(key)
-    applied = len(operator.kube.applied)
-    operator.edit(key, engine={"type": "simulated", "image": "example.com/engine:2"})
-    await operator.converge(key)
-    new = sorted(name for kind, name in operator.kube.applied[applied:] if kind == "StatefulSet")
-    assert new == ["qwen-d1", "qwen-p1"]  # a surge group per role on the new contract
-    assert not any(kind == "Pod" for kind, _ in operator.kube.deleted)  # the old pair serves
-
-    serving(operator, "qwen-p1", "prefill", 1)  # the new prefill serves; no new decode yet
-    await operator.converge(key)
-    assert not any(kind == "Pod" for kind, _ in operator.kube.deleted)
-    serving(operator, "qwen-d1", "decode", 1)  # a new pair: the old groups may go
-    await operator.converge(key)
-    assert sorted(n for kind, n in operator.kube.deleted if kind == "Pod") == [
-        "qwen-d0-0", "qwen-p0-0",
-    ]  # fmt: skip

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.fakes import FakeKube, VirtualClock
+from tests.fake_kube import FakeKube
+from tests.fakes import VirtualClock
 from tpuserve_operator import labels
 from tpuserve_operator.metrics import create_operator_metrics
 from tpuserve_operator.node_signals import parse_time

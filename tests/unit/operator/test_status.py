@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import make_pod
+from tests.fake_kube import make_pod
 from tpuserve_operator import api, conditions
 from tpuserve_operator.api import GroupStatus
 from tpuserve_operator.conditions import DEGRADED, PROGRESSING, READY, VALID, Reason

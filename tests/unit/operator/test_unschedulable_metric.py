@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tests.fakes import FakeKube, pod_object
+from tests.fake_kube import FakeKube, pod_object
 from tpuserve_operator import labels
 from tpuserve_operator.metrics import ServerPodsRow, create_operator_metrics
 from tpuserve_operator.reconciler import Reconciler, ReconcilerSettings

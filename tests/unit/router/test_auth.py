@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from tpuserve_router.app import create_router_app
 from tpuserve_router.config import RouterConfig
-from tpuserve_router.front.server import HttpConnection, HttpRequest
+from tpuserve_router.front.http_request import HttpRequest
+from tpuserve_router.front.server import HttpConnection
 from tpuserve_router.tenancy.auth import (
     MAX_KEY_LABELS,
     OTHER_KEY,
@@ -230,12 +231,12 @@ async def test_by_default_the_admin_api_trusts_the_listener_never_the_client_add
 ) -> None:
     app = create_router_app(RouterConfig(), registry=CollectorRegistry())
     conn = HttpConnection(
-        app._handle, app.limits, app.book, asyncio.get_running_loop(), local=local
+        app.routes.handle, app.limits, app.book, asyncio.get_running_loop(), local=local
     )
     conn.transport = cast(asyncio.Transport, FakeTransport((peer, 40000)))
     request = HttpRequest(conn, b"GET", b"/workers", [], b"", True, 0.0)
     assert (request.local, request.peer_host) == (local, peer)
-    refusal = app._admin_refusal(None, request.local)
+    refusal = app.routes.admin_refusal(None, request.local)
     assert (refusal is not None) is refused
     if refusal is not None:
         assert (refusal.status, refusal.error_type) == (403, "permission_error")
@@ -251,9 +252,9 @@ async def test_two_credential_headers_are_refused_wherever_a_key_is_read(
     keys = keys_file(tmp_path, {"key": "sk-good-0123456789", "tenant": "t", "admin": True})
     app = create_router_app(RouterConfig(api_keys_file=str(keys)), registry=CollectorRegistry())
     good = b"Bearer sk-good-0123456789" if name == b"authorization" else b"sk-good-0123456789"
-    assert app._head_check(b"POST", path, [(name, good)], False) is None
+    assert app.routes.head_check(b"POST", path, [(name, good)], False) is None
     for second in (good, b"Bearer sk-other-0123456789"):
-        refusal = app._head_check(b"POST", path, [(name, good), (name, second)], False)
+        refusal = app.routes.head_check(b"POST", path, [(name, good), (name, second)], False)
         assert refusal is not None
         assert (refusal.status, refusal.param) == (400, name.decode())
         assert f"more than one {name.decode()} header" in refusal.message

@@ -14,7 +14,8 @@ from tests.waiting import eventually_async
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.proxy import UpstreamPool
 from tpuserve_router.front.connections import BufferBudget, ConnectionBook
-from tpuserve_router.front.server import Handler, HeadCheck, HttpRequest, front_limits, serve
+from tpuserve_router.front.http_request import Handler, HeadCheck, HttpRequest
+from tpuserve_router.front.server import front_limits, serve
 from tpuserve_router.pipeline.request_body import ClientError
 
 pytestmark = pytest.mark.unit

@@ -1,5 +1,5 @@
-"""The endpoint picker's stream handling (`picker.Exchange`), message by message, on a router
-that is built but not started (workers added by hand), and its settings' checks."""
+"""The endpoint picker's stream handling (`picker_exchange.Exchange`), message by message, on a
+router that is built but not started (workers added by hand), and its settings' checks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import ConfigError, RouterConfig
 from tpuserve_router.engines.workers import WorkerSpec
-from tpuserve_router.front import picker as epp
+from tpuserve_router.front import picker_protocol as protocol
+from tpuserve_router.front.picker_exchange import Exchange
 from tpuserve_router.metrics import PICKER_STREAM_REFUSAL_REASONS
 from tpuserve_router.validation import validate
 
@@ -51,9 +52,9 @@ def picks(app: RouterApp) -> int:
     return app.picker.share.count
 
 
-def exchange(app: RouterApp) -> epp.Exchange:
+def exchange(app: RouterApp) -> Exchange:
     assert app.picker is not None
-    return epp.Exchange(app.picker)
+    return Exchange(app.picker)
 
 
 def headers_message(
@@ -76,8 +77,8 @@ def headers_message(
     )
     if subset is not None:
         inner = struct_pb2.Struct()
-        inner.update({epp.SUBSET_KEY: subset})
-        message.metadata_context.filter_metadata[epp.SUBSET_NAMESPACE].CopyFrom(inner)
+        inner.update({protocol.SUBSET_KEY: subset})
+        message.metadata_context.filter_metadata[protocol.SUBSET_NAMESPACE].CopyFrom(inner)
     return message
 
 
@@ -87,9 +88,9 @@ def body_message(body: bytes, end: bool = True) -> ext_proc.ProcessingRequest:
 
 def served(endpoint: str) -> base_pb2.Metadata:
     inner = struct_pb2.Struct()
-    inner.update({epp.SERVED_KEY: endpoint})
+    inner.update({protocol.SERVED_KEY: endpoint})
     metadata = base_pb2.Metadata()
-    metadata.filter_metadata[epp.DESTINATION_NAMESPACE].CopyFrom(inner)
+    metadata.filter_metadata[protocol.DESTINATION_NAMESPACE].CopyFrom(inner)
     return metadata
 
 
@@ -124,9 +125,9 @@ def destination(replies: list[ext_proc.ProcessingResponse]) -> tuple[str, str]:
     common = reply.request_headers.response
     assert common.clear_route_cache
     (option,) = common.header_mutation.set_headers
-    assert option.header.key == epp.DESTINATION_KEY
-    lb = reply.dynamic_metadata.fields[epp.DESTINATION_NAMESPACE].struct_value
-    return option.header.raw_value.decode(), lb.fields[epp.DESTINATION_KEY].string_value
+    assert option.header.key == protocol.DESTINATION_KEY
+    lb = reply.dynamic_metadata.fields[protocol.DESTINATION_NAMESPACE].struct_value
+    return option.header.raw_value.decode(), lb.fields[protocol.DESTINATION_KEY].string_value
 
 
 def requests_total(
@@ -185,8 +186,8 @@ def test_large_bodies_are_re_emitted_in_chunks_the_gateway_takes() -> None:
     pieces = [r.request_body.response.body_mutation.streamed_response for r in replies[1:]]
     joined = b"".join(p.body for p in pieces)
     assert [len(p.body) for p in pieces] == [
-        epp.CHUNK_BYTES,
-        epp.CHUNK_BYTES,
+        protocol.CHUNK_BYTES,
+        protocol.CHUNK_BYTES,
         len(joined) - 124_000,
     ]
     assert [p.end_of_stream for p in pieces] == [False, False, True]
@@ -323,7 +324,7 @@ def test_a_message_after_the_pick_is_a_protocol_error_not_a_second_pick(
         (reply,) = ex.handle(second)  # trailers are answered; no second decision
         assert reply.WhichOneof("response") == "request_trailers"
     else:
-        with pytest.raises(epp.StreamRefused) as caught:
+        with pytest.raises(protocol.StreamRefused) as caught:
             ex.handle(second)
         assert caught.value.reason == "protocol"
     assert picks(app) == 1
@@ -335,11 +336,11 @@ def test_a_message_after_the_pick_is_a_protocol_error_not_a_second_pick(
 
 def test_answer_messages_before_the_pick_are_protocol_errors(app: RouterApp) -> None:
     ex = exchange(app)
-    with pytest.raises(epp.StreamRefused):
+    with pytest.raises(protocol.StreamRefused):
         ex.handle(body_message(BODY))  # before the headers
     ex = exchange(app)
     ex.handle(headers_message())
-    with pytest.raises(epp.StreamRefused):
+    with pytest.raises(protocol.StreamRefused):
         ex.handle(response_headers(200, ENDPOINTS[0]))
 
 
@@ -399,7 +400,7 @@ def test_request_trailers_end_the_body() -> None:
 
 
 def test_the_test_headers_steer_and_echo_only_when_asked() -> None:
-    steering = {epp.TEST_SELECTION_HEADER: ENDPOINTS[2]}
+    steering = {protocol.TEST_SELECTION_HEADER: ENDPOINTS[2]}
     for enabled in (True, False):
         app = make_app(picker_test_headers=enabled)
         chosen = set()
@@ -413,7 +414,9 @@ def test_the_test_headers_steer_and_echo_only_when_asked() -> None:
                 h.header.key: h.header.raw_value.decode()
                 for h in reply.response_headers.response.header_mutation.set_headers
             }
-            assert echoed.get(epp.TEST_SERVED_HEADER) == (header.split(",")[0] if enabled else None)
+            assert echoed.get(protocol.TEST_SERVED_HEADER) == (
+                header.split(",")[0] if enabled else None
+            )
             ex.close()
         assert (chosen == {ENDPOINTS[2]}) is enabled
 
@@ -421,7 +424,7 @@ def test_the_test_headers_steer_and_echo_only_when_asked() -> None:
 def test_ipv6_endpoints_are_bracketed() -> None:
     app = create_router_app(RouterConfig(picker_port=0), registry=CollectorRegistry())
     worker = app.registry.add(WorkerSpec("http://[fd00::1]:8000", model=MODEL))
-    assert epp.endpoint_of(worker) == "[fd00::1]:8000"
+    assert protocol.endpoint_of(worker) == "[fd00::1]:8000"
 
 
 @pytest.mark.parametrize(
@@ -449,12 +452,12 @@ def test_picker_settings_are_checked(settings: dict[str, object], words: str) ->
 
 
 def test_every_way_a_stream_ends_early_has_its_metric_label() -> None:
-    reasons = {reason for _, _, reason in epp.WAITS.values()}
+    reasons = {reason for _, _, reason in protocol.WAITS.values()}
     reasons |= {"unauthenticated", "protocol", "headers_too_large"}
     assert reasons == set(PICKER_STREAM_REFUSAL_REASONS)
 
 
-def answered(app: RouterApp, status: object, answer: bytes) -> epp.Exchange:
+def answered(app: RouterApp, status: object, answer: bytes) -> Exchange:
     """One request picked and answered through the stream with ``status`` and ``answer``."""
     ex = exchange(app)
     ex.handle(headers_message())
@@ -547,7 +550,7 @@ def test_the_clients_rid_is_replaced_in_the_body_and_restored_in_the_answer(
         for o in replies[0].request_headers.response.header_mutation.set_headers
     }
     assert set_headers["content-length"] == str(len(forwarded)).encode()
-    chosen = set_headers[epp.DESTINATION_KEY].decode().split(",")[0]
+    chosen = set_headers[protocol.DESTINATION_KEY].decode().split(",")[0]
     (reply,) = ex.handle(response_headers(200, chosen))
     assert "content-length" in reply.response_headers.response.header_mutation.remove_headers
     echoed = orjson.dumps({"id": ours, "choices": [{"text": "hi"}]})

@@ -10,7 +10,8 @@ import pytest
 
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.proxy import UpstreamConnection, UpstreamError, UpstreamPool
-from tpuserve_router.front.server import HttpRequest, front_limits, serve
+from tpuserve_router.front.http_request import HttpRequest
+from tpuserve_router.front.server import front_limits, serve
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,8 @@ from tests.waiting import eventually_async
 from tpuserve_router.app import RouterApp, create_router_app
 from tpuserve_router.config import RouterConfig
 from tpuserve_router.engines.proxy import UpstreamError
-from tpuserve_router.front.server import HttpRequest, front_limits, serve
+from tpuserve_router.front.http_request import HttpRequest
+from tpuserve_router.front.server import front_limits, serve
 from tpuserve_router.pipeline.client import JSON_HEADERS
 from tpuserve_router.pipeline.retry import (
     RETRYABLE_STATUSES,

@@ -10,6 +10,7 @@ from types import ModuleType
 
 import pytest
 
+from bench.perf_model_figures import Workload, fixed
 from sglang_tpu import perf_model as pm
 from sglang_tpu.topology import lookup
 
@@ -195,9 +196,7 @@ def test_validation_replay_reports_what_a_closed_loop_client_sees() -> None:
     bench = _validation_bench()
     shape, profile = lookup("v6e", "1x1"), pm.get_profile("llama-3.1-8b")
     timer = pm.StepTimer(shape, profile)
-    workload = bench.Workload(
-        "sglang", 2048, 8, 1, 3, bench.fixed(1000), bench.fixed(11), mem_fraction=0.9
-    )
+    workload = Workload("sglang", 2048, 8, 1, 3, fixed(1000), fixed(11), mem_fraction=0.9)
     outcome = bench.replay(timer, workload, pool_tokens=100_000)
     prefill = timer.prefill_seconds(1000)
     decode = sum(timer.decode_step_seconds(1, 1000 + i) for i in range(1, 11)) / 10

@@ -19,7 +19,7 @@ from sglang_tpu.contract.problems import ContractError
 from sglang_tpu.sim import cli as sim_cli
 from sglang_tpu.topology import GIB, lookup
 from tests.contract_env import contract_env
-from tests.fakes import operator_verdict, tms_object
+from tests.fake_kube import operator_verdict, tms_object
 from tpuserve.cli import main
 from tpuserve.plan.planner import PlanError, profile_from_hf_config
 from tpuserve_operator import model_profile

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
-from tpuserve.observability import rules
+from tpuserve.observability import rule_basis
 from tpuserve.observability.dashboards.common import (
     Ids,
     base_dashboard,
@@ -40,7 +40,7 @@ def build() -> Dashboard:
                 "Leaders of each model the gateway's routers consider healthy (0: at zero, or "
                 "starting).",
                 "short",
-                target(f"sum by (model) ({rules.ROUTER_WORKER_HEALTHY}{{{on}}})", "{{model}}"),
+                target(f"sum by (model) ({rule_basis.ROUTER_WORKER_HEALTHY}{{{on}}})", "{{model}}"),
                 span=8,
             )
         )
@@ -52,7 +52,7 @@ def build() -> Dashboard:
                 "flooded past maxInFlightPerModel shows its own 429s, the others none.",
                 "reqps",
                 target(
-                    f"sum by (model, status) (rate({rules.ROUTER_REQUESTS}{{{on}}}[{RI}]))",
+                    f"sum by (model, status) (rate({rule_basis.ROUTER_REQUESTS}{{{on}}}[{RI}]))",
                     "{{model}} {{status}}",
                 ),
                 span=16,
@@ -81,7 +81,7 @@ def build() -> Dashboard:
                 "s",
                 target(
                     "histogram_quantile(0.99, sum by (le, model) "
-                    f"(rate({rules.ROUTER_TTFT}_bucket{{{on}}}[{RI}])))",
+                    f"(rate({rule_basis.ROUTER_TTFT}_bucket{{{on}}}[{RI}])))",
                     "{{model}} p99",
                 ),
             )
@@ -119,7 +119,7 @@ def build() -> Dashboard:
                 "operator cannot see the demand; alert TPUServeDemandSignalFailing).",
                 "ops",
                 target(
-                    f"sum by (result) (rate({rules.ROUTER_DEMAND_SIGNALS}{{{on}}}[{RI}]))",
+                    f"sum by (result) (rate({rule_basis.ROUTER_DEMAND_SIGNALS}{{{on}}}[{RI}]))",
                     "{{result}}",
                 ),
                 span=24,

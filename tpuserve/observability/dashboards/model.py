@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
-from tpuserve.observability import rules
+from tpuserve.observability import rule_basis
 from tpuserve.observability.dashboards.common import (
     MODEL,
     Ids,
@@ -19,7 +19,7 @@ from tpuserve.observability.dashboards.common import (
 def build() -> Dashboard:
     ids = Ids()
     m = f"{{{MODEL}}}"
-    budget = round(1 - rules.SLO_OBJECTIVE, 6)
+    budget = round(1 - rule_basis.SLO_OBJECTIVE, 6)
     return (
         base_dashboard(
             "tpuserve / Model detail",
@@ -129,9 +129,9 @@ def build() -> Dashboard:
             timeseries_panel(
                 ids,
                 "SLO attainment",
-                f"Share of requests with TTFT <= {rules.TTFT_SLO_SECONDS} s and of tokens with "
-                f"inter-token latency <= {rules.ITL_SLO_SECONDS} s; objective "
-                f"{rules.SLO_OBJECTIVE:.0%}.",
+                f"Share of requests with TTFT <= {rule_basis.TTFT_SLO_SECONDS} s and of tokens "
+                f"with inter-token latency <= {rule_basis.ITL_SLO_SECONDS} s; objective "
+                f"{rule_basis.SLO_OBJECTIVE:.0%}.",
                 "percentunit",
                 target(f"model:sglang_ttft_good:ratio_rate5m{m}", "{{model_name}} TTFT 5m"),
                 target(f"model:sglang_ttft_good:ratio_rate1h{m}", "{{model_name}} TTFT 1h"),
@@ -144,7 +144,7 @@ def build() -> Dashboard:
                 ids,
                 "TTFT error-budget burn rate (1 h)",
                 "How many times faster than allowed the TTFT error budget burned over the last "
-                f"hour; 1 spends it exactly in 30 days, {rules.FAST_BURN_RATE} pages.",
+                f"hour; 1 spends it exactly in 30 days, {rule_basis.FAST_BURN_RATE} pages.",
                 "x",
                 target(
                     f"(1 - model:sglang_ttft_good:ratio_rate1h{m}) / {budget}", "{{model_name}}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
-from tpuserve.observability import rules
+from tpuserve.observability import rule_basis
 from tpuserve.observability.dashboards.common import (
     Ids,
     base_dashboard,
@@ -66,7 +66,7 @@ def build() -> Dashboard:
                 "Reconcile passes that failed with a Kubernetes API error in the last hour "
                 "(the TPUServeOperatorReconcileErrors alert fires when they persist).",
                 "short",
-                target(f'sum(increase({rules.OPERATOR_RECONCILES}{{result="error"}}[1h]))'),
+                target(f'sum(increase({rule_basis.OPERATOR_RECONCILES}{{result="error"}}[1h]))'),
             )
         )
         .with_panel(
@@ -76,7 +76,7 @@ def build() -> Dashboard:
                 "Pods of TPUModelServers the scheduler cannot place: no TPU node pool of their "
                 "generation and topology has room.",
                 "short",
-                target(f"sum({rules.UNSCHEDULABLE_PODS})"),
+                target(f"sum({rule_basis.UNSCHEDULABLE_PODS})"),
             )
         )
         .with_row(Row("Reconciling"))
@@ -89,7 +89,7 @@ def build() -> Dashboard:
                 "back-off).",
                 "ops",
                 target(
-                    f"sum by (result) (rate({rules.OPERATOR_RECONCILES}[$__rate_interval]))",
+                    f"sum by (result) (rate({rule_basis.OPERATOR_RECONCILES}[$__rate_interval]))",
                     "{{result}}",
                 ),
                 span=8,
@@ -155,7 +155,7 @@ def build() -> Dashboard:
                 "need (the TPUServeTPUPodsUnschedulable alert fires after 15 minutes).",
                 "short",
                 target(
-                    f"max by ({SLICE}) ({rules.UNSCHEDULABLE_PODS})",
+                    f"max by ({SLICE}) ({rule_basis.UNSCHEDULABLE_PODS})",
                     "{{namespace}}/{{tpumodelserver}} {{tpu_generation}} {{tpu_topology}}",
                 ),
                 span=8,

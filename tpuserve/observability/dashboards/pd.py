@@ -9,7 +9,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
 from sglang_tpu import metric_names as sg
-from tpuserve.observability import rules
+from tpuserve.observability import rule_basis
 from tpuserve.observability.dashboards.common import (
     MODEL,
     Ids,
@@ -38,7 +38,7 @@ def _quantiles(histogram: str, by: str, selector: str = "") -> tuple[tuple[str, 
 def build() -> Dashboard:
     ids = Ids()
     m = f"{{{MODEL}}}"
-    rank0 = f"{MODEL}, {rules.RANK0}"
+    rank0 = f"{MODEL}, {rule_basis.RANK0}"
     return (
         base_dashboard(
             "tpuserve / Prefill-decode",

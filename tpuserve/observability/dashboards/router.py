@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
-from tpuserve.observability import rules
+from tpuserve.observability import rule_basis
 from tpuserve.observability.dashboards.common import (
     Ids,
     base_dashboard,
@@ -35,7 +35,7 @@ def build() -> Dashboard:
                 "Healthy workers",
                 "Model-server leaders the routers currently consider healthy, per model.",
                 "short",
-                target(f"sum by (model) ({rules.ROUTER_WORKER_HEALTHY})", "{{model}}"),
+                target(f"sum by (model) ({rule_basis.ROUTER_WORKER_HEALTHY})", "{{model}}"),
                 span=8,
             )
         )
@@ -46,7 +46,7 @@ def build() -> Dashboard:
                 "Requests the routers finished per second, by model and HTTP status.",
                 "reqps",
                 target(
-                    f"sum by (model, status) (rate({rules.ROUTER_REQUESTS}[{RI}]))",
+                    f"sum by (model, status) (rate({rule_basis.ROUTER_REQUESTS}[{RI}]))",
                     "{{model}} {{status}}",
                 ),
                 span=16,
@@ -79,7 +79,7 @@ def build() -> Dashboard:
                 "retryable statuses and broken streams.",
                 "reqps",
                 target(
-                    f"sum by (reason) (rate({rules.ROUTER_UPSTREAM_ERRORS}[{RI}]))",
+                    f"sum by (reason) (rate({rule_basis.ROUTER_UPSTREAM_ERRORS}[{RI}]))",
                     "{{reason}}",
                 ),
                 target(f"sum(rate(tpuserve_router_retries_total[{RI}]))", "retries"),
@@ -151,7 +151,7 @@ def build() -> Dashboard:
                 "KV events received per second by type, and sequence gaps per second.",
                 "ops",
                 target(f"sum by (type) (rate(tpuserve_router_kv_events_total[{RI}]))", "{{type}}"),
-                target(f"sum(rate({rules.ROUTER_KV_EVENT_GAPS}[{RI}]))", "gaps"),
+                target(f"sum(rate({rule_basis.ROUTER_KV_EVENT_GAPS}[{RI}]))", "gaps"),
                 span=8,
             )
         )

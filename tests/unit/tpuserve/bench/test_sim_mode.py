@@ -13,7 +13,8 @@ import pytest
 
 from tpuserve.bench import sim_runner, sizing, traces, workloads
 from tpuserve.bench.report import summarize
-from tpuserve.bench.sim_runner import Fault, SimConfig, SimRun, measure_rr_saturation, run_sim
+from tpuserve.bench.sim_config import Fault, SimConfig
+from tpuserve.bench.sim_runner import SimRun, measure_rr_saturation, run_sim
 from tpuserve.cli import main
 from tpuserve_router.engines.load_view import set_peer_load
 
@@ -250,7 +251,7 @@ def test_an_injected_failure_carries_its_reason_in_records_and_summary(
 
 
 def test_every_way_a_sim_request_fails_names_its_reason() -> None:
-    from tpuserve.bench.sim_runner import FAILURE_REASONS
+    from tpuserve.bench.sim_config import FAILURE_REASONS
 
     trace = traces.rescale_to_rate(_tiny("W1", 200), 200.0)
     full = run_sim(trace, "round_robin", SimConfig(cache_tokens=20_000, max_queued_requests=2))
@@ -483,7 +484,7 @@ def test_precise_with_tiers_beats_the_tier_blind_router_on_a_working_set_beyond_
     the tiers (HBM room, step 5) reaches 1.1x the goodput of the same engines behind a
     tier-blind router, and its engines report host hits."""
     trace = traces.rescale_to_rate(workloads.generate("W4", 0), 0.85 * 11.121362833437455)
-    base = sim_runner.SimConfig(
+    base = SimConfig(
         workers=4, cache_tokens=16384, tpu="v5e", topology="2x2", host_cache_tokens=262144
     )
     results = {}
