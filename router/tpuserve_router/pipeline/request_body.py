@@ -105,7 +105,17 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _model(data: dict[str, Any]) -> str:
+def named_route(data: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """The model and LoRA adapter a parsed body names, read alone (what a model's share
+    needs, `stages.Pipeline`), or None where either is malformed (the route's parser then
+    names the field)."""
+    try:
+        return _model(data), _lora_path(data)
+    except ClientError:
+        return None
+
+
+def _model(data: Mapping[str, Any]) -> str:
     model = data.get("model")
     if model is None:
         return ""
@@ -114,7 +124,7 @@ def _model(data: dict[str, Any]) -> str:
     return model
 
 
-def _lora_path(data: dict[str, Any]) -> str | None:
+def _lora_path(data: Mapping[str, Any]) -> str | None:
     """SGLang's ``lora_path``: an adapter name, or one per prompt of a batch (the first named
     one is routed on)."""
     value = data.get("lora_path")

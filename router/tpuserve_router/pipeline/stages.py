@@ -1,9 +1,9 @@
 """The one request pipeline every mode runs, its stages in order:
 
 1. **admit** (`Pipeline.admit`, `Pipeline.admit_now`): the client's API key and its rate
-   limits, the router's in-flight limit (shed), the body parsed and validated, the hold
-   queue while no worker can take it, the workers serving its model (404 otherwise), its
-   tokens reserved of its key's limit;
+   limits, the router's in-flight limit (shed), its model's share (`Pipeline.over_share`), the
+   body parsed and validated, the hold queue while no worker can take it, the workers serving
+   its model (404 otherwise), its tokens reserved of its key's limit;
 2. **select** (`tpuserve_router.pipeline.selection.Selector.select`): one worker or a
    prefill/decode pair (`Single` | `Pair`), the policy's choice among the candidates
    (`Pipeline.select`), acted on with `Pipeline.chosen`;
@@ -25,7 +25,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from tpuserve_router.core import RouterCore
 from tpuserve_router.engines.workers import ModelRoute, Worker
@@ -43,6 +43,7 @@ from tpuserve_router.pipeline.request_body import (
     ParsedBody,
     Parser,
     Tokens,
+    named_route,
     parse_json_object,
 )
 from tpuserve_router.pipeline.request_ids import ClientRid, client_rid
@@ -184,7 +185,9 @@ class Pipeline:
     async def admit(self, arrival: Arrival) -> Admitted:
         """Admit a request that may wait for a worker (the hold queue); raises `Refused`."""
         key, limit = self._gate(arrival)
-        parsed, bound, theirs = self._parse(arrival)
+        data = self._json(arrival)
+        self.over_share(data, may_wait=arrival.may_wait)
+        parsed, bound, theirs = self._parse(arrival, data)
         since = arrival.arrived
         held = arrival.may_wait and self.holds.enabled and self._must_hold(parsed.model)
         label = hold_label(self.registry.split_model(parsed.model)[0], self._known_models())
@@ -210,7 +213,9 @@ class Pipeline:
     def admit_now(self, arrival: Arrival) -> Admitted:
         """Admit a request that is answered at once (the picker's); raises `Refused`."""
         key, _limit = self._gate(arrival)
-        parsed, bound, theirs = self._parse(arrival)
+        data = self._json(arrival)
+        self.over_share(data, may_wait=False, at_once=True)
+        parsed, bound, theirs = self._parse(arrival, data)
         if not self.routable(parsed.model):
             # No worker can take it now (zero replicas, say): 503 with Retry-After, which a
             # gateway retries, not the 404 of a model nobody serves. A model the router knows
@@ -316,9 +321,48 @@ class Pipeline:
         arrival.reply_headers = quota.headers()
         return key
 
-    def _parse(self, arrival: Arrival) -> tuple[ParsedBody, GenerationLimit, ClientRid]:
+    @staticmethod
+    def _json(arrival: Arrival) -> dict[str, Any]:
         try:
-            data = parse_json_object(arrival.body)
+            return parse_json_object(arrival.body)
+        except ClientError as err:
+            raise Refused(err) from None
+
+    def over_share(self, data: dict[str, Any], *, may_wait: bool, at_once: bool = False) -> None:
+        """Refuse (429) a request for a model at its share (--max-in-flight-per-model)
+        before its prompt is measured, validated, tokenized or held: what a flood past its
+        share costs, in the thousands a second. Only one admission would refuse anyway: its
+        model (and adapter) served; not one `admit` holds (``may_wait``), nor one no worker can
+        take now (``at_once``: `admit_now`'s 503). Other bad input gets its error once the
+        share has room. Demand (`on_arrival`) as in `admit`, unless ``at_once``."""
+        flights = self.flights
+        if not flights.counts or flights.limit is None or (named := named_route(data)) is None:
+            return
+        served = self.registry.route(*named)
+        if served is None or not flights.full(served.model):
+            return
+        model = named[0]
+        unlisted = self.listed_only and served.model not in self.hold_models
+        held = may_wait and self.holds.enabled and self._must_hold(model)
+        if unlisted or held or (at_once and not self.routable(model)):
+            return
+        if not at_once and self.on_arrival is not None:
+            self.on_arrival(False, served.model)
+        raise self._share_refusal(served.model)
+
+    def _share_refusal(self, model: str) -> Refused:
+        message = (
+            f"model {model!r} has {self.flights.of(model)} requests in flight, the most one "
+            "model may (--max-in-flight-per-model); retry"
+        )
+        headers = {"retry-after": RETRY_AFTER_SECONDS}
+        error = ClientError(429, message, error_type="rate_limit_exceeded", headers=headers)
+        return Refused(error, model)
+
+    def _parse(
+        self, arrival: Arrival, data: dict[str, Any]
+    ) -> tuple[ParsedBody, GenerationLimit, ClientRid]:
+        try:
             parsed = arrival.parser(data, self.want_text, self.tokenizer, self.max_prompt_chars)
             return parsed, GENERATION_LIMITS[arrival.route](data), client_rid(data)
         except ClientError as err:
@@ -341,16 +385,7 @@ class Pipeline:
         asked = parsed.model
         parsed.model = served.model  # from here on the served name: a bounded label
         if self.flights.full(served.model):  # its share (--max-in-flight-per-model)
-            raise Refused(
-                ClientError(
-                    429,
-                    f"model {served.model!r} has {self.flights.of(served.model)} requests in "
-                    "flight, the most one model may (--max-in-flight-per-model); retry",
-                    error_type="rate_limit_exceeded",
-                    headers={"retry-after": RETRY_AFTER_SECONDS},
-                ),
-                served.model,
-            )
+            raise self._share_refusal(served.model)
         admitted = Admitted(arrival, key, parsed, bound, theirs, served, asked, since)
         if key is not None:
             admitted.spend = self._reserve(arrival, key, parsed, bound, served.workers)
