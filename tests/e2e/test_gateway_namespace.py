@@ -35,7 +35,9 @@ from tests.e2e.tms_harness import CRDS, condition
 from tpuserve.cluster import Cluster
 from tpuserve_operator import labels
 
-pytestmark = pytest.mark.e2e
+# three servers, a gateway, an unloaded run, a run at A's share, a flood and a wake from zero:
+# ~110 s on a quiet machine, past 300 s seen at a load average of 20
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 GATEWAY = "models"
 SERVERS = {"gw-a": "model-a", "gw-b": "model-b", "gw-z": "model-z"}
