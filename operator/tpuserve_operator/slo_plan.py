@@ -86,8 +86,9 @@ class SloPlan:
 
     @staticmethod
     def error_band() -> ErrorBandStatus:
-        e = slo_sizing.PERF_MODEL_ERROR
-        return ErrorBandStatus(median=e["median"], worst=e["worst"], figures=int(e["rows"]))
+        e, t = slo_sizing.PERF_MODEL_ERROR, slo_sizing.TTFT_P99_ERROR
+        return ErrorBandStatus(median=e["median"], worst=e["worst"], figures=int(e["rows"]),
+                               ttft_p99_low=t["low"], ttft_p99_high=t["high"])  # fmt: skip
 
 
 CACHE_SIZE = 256

@@ -128,7 +128,7 @@ def to_json(result: FitResult) -> dict[str, Any]:
         "ranked": [f"{s.shape.generation.name} {s.shape.topology}" for s in result.ranked],
         "choice": None if best is None else f"{best.shape.generation.name} {best.shape.topology}",
         "candidates": [row(s) for s in result.sizes],
-        "error_band": slo_sizing.PERF_MODEL_ERROR,
+        "error_band": {**slo_sizing.PERF_MODEL_ERROR, "ttft_p99": slo_sizing.TTFT_P99_ERROR},
     }
 
 
@@ -161,7 +161,7 @@ def render(result: FitResult) -> str:
             f"| {p.tokens_per_second_per_chip:.0f} "
             f"| {_f(usd_per_million_output(inputs, s), '.3f')} |"
         )
-    err = slo_sizing.PERF_MODEL_ERROR
+    err, ttft = slo_sizing.PERF_MODEL_ERROR, slo_sizing.TTFT_P99_ERROR
     lines.append("")
     lines.append(
         f"ranked by {result.ranked_by}"
@@ -182,6 +182,8 @@ def render(result: FitResult) -> str:
     lines.append(
         f"error band: the performance model's {err['median']:.0%} median, {err['worst']:.0%} "
         "worst, plus the analytic model's against the simulation (docs/capacity-planning.md, "
-        '"The fit check"); `tpuserve plan` without --fit simulates'
+        '"The fit check"); the engine twin\'s TTFT p99 at the point is '
+        f"{ttft['low']:.2f}-{ttft['high']:.2f}x this one's; `tpuserve plan` without --fit "
+        "simulates"
     )
     return "\n".join(lines)

@@ -111,6 +111,17 @@ class ErrorBandStatus(Schema):
     median: float = Field(ge=0, description="median |error| of the performance model.")
     worst: float = Field(ge=0, description="worst |error| of the performance model.")
     figures: int = Field(ge=0, description="figures: published TPU serving figures compared.")
+    ttft_p99_low: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "ttftP99Low: the engine twin's TTFT p99 over the plan's at the operating point, "
+            "lowest over the validated workloads (measured / predicted)."
+        ),
+    )
+    ttft_p99_high: float | None = Field(
+        default=None, ge=0, description="ttftP99High: the same ratio, highest."
+    )
 
 
 class PlanStatus(Schema):

@@ -70,6 +70,9 @@ def test_a_server_given_only_an_slo_and_a_demand_gets_a_slice_and_replicas() -> 
     assert point.decode_batch >= 1
     assert status.error_band is not None
     assert status.error_band.median == 0.11
+    # the TTFT p99 band against the engine twin (bench/plan_ttft_vs_twin.py)
+    assert status.error_band.ttft_p99_low == slo_sizing.TTFT_P99_ERROR["low"]
+    assert status.error_band.ttft_p99_high == slo_sizing.TTFT_P99_ERROR["high"]
     assert "req/s per replica at concurrency" in status.message
 
 

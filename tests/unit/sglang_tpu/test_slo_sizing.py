@@ -9,7 +9,7 @@ import math
 import pytest
 
 from sglang_tpu import slo_sizing
-from sglang_tpu.perf_model import get_profile
+from sglang_tpu.perf_model import StepTimer, get_profile, kv_pool_tokens
 from sglang_tpu.slo_sizing import Demand, SizingError, Slo
 from sglang_tpu.topology import lookup
 
@@ -113,3 +113,37 @@ def test_ranking_is_by_tokens_per_chip_then_fewest_chips() -> None:
 def test_bad_demand_names_the_field(demand: Demand, message: str) -> None:
     with pytest.raises(SizingError, match=message.replace(".", r"\.")):
         slo_sizing.size([V6E_2X2], LLAMA, demand, Slo(1.0, 0.1))
+
+
+def _e2e() -> tuple[StepTimer, int, Demand, slo_sizing.OperatingPoint]:
+    """The e2e case (docs/capacity-planning.md): Qwen3-8B 2,000/500 on v6e 2x4."""
+    shape, profile = lookup("v6e", "2x4"), get_profile("qwen3-8b")
+    demand = Demand(20.0, 2000, 500)
+    point = slo_sizing.size_slice(shape, profile, demand, Slo(1.0, 0.05)).point
+    assert point is not None
+    return StepTimer(shape, profile), kv_pool_tokens(shape, profile), demand, point
+
+
+def test_at_rate_at_the_operating_point_is_the_point() -> None:
+    """`at_rate` (what bench/plan_ttft_vs_twin.py holds against the twin) answers the
+    operating point's own rate with the point's own TTFT and ITL."""
+    timer, pool, demand, point = _e2e()
+    load = slo_sizing.at_rate(timer, pool, demand, point.requests_per_second)
+    assert load.decode_batch == point.decode_batch
+    assert load.ttft_p99 == pytest.approx(point.ttft_p99, rel=1e-9)
+    assert load.ttft_p50 == pytest.approx(point.ttft_p50, rel=1e-9)
+    assert load.itl == pytest.approx(point.itl, rel=1e-9)
+
+
+def test_at_rate_rises_with_load_and_is_infinite_past_the_slots() -> None:
+    """Below the point the TTFT is lower, past it higher, and past the slot limit (the cliff)
+    it is infinite: the model errs on the safe side there."""
+    timer, pool, demand, point = _e2e()
+    rate = point.requests_per_second
+    p99 = [slo_sizing.at_rate(timer, pool, demand, rate * f).ttft_p99 for f in (0.97, 1.0, 1.02)]
+    assert p99 == sorted(p99)
+    assert p99[0] < point.ttft_p99 < p99[2]
+    past = slo_sizing.at_rate(timer, pool, demand, rate * 1.1)
+    assert math.isinf(past.ttft_p99)
+    with pytest.raises(SizingError, match=r"rate: -1\.0 is not allowed; allowed: > 0"):
+        slo_sizing.at_rate(timer, pool, demand, -1.0)

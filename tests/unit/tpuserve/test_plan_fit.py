@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from sglang_tpu import slo_sizing
 from sglang_tpu.topology import lookup
 from tpuserve import cli
 from tpuserve.fleet import FleetConfig
@@ -46,6 +47,7 @@ def test_fit_answers_with_each_slices_operating_point_ranked_by_tokens_per_chip(
     assert point["itl"] <= 0.05
     assert point["concurrency"] >= point["decode_batch"] >= 1
     assert best["replicas"] * point["requests_per_second"] >= 100
+    assert out["error_band"]["ttft_p99"] == slo_sizing.TTFT_P99_ERROR  # type: ignore[index]
 
 
 def test_fit_ranks_by_price_when_every_slice_has_one(capsys: pytest.CaptureFixture[str]) -> None:
