@@ -34,9 +34,7 @@ pub fn whole(data: &[u8], max_body: usize) -> Option<Whole<'_>> {
     if !code.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    let status = code
-        .iter()
-        .fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
+    let status = code.iter().fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
     // No body for 1xx, 204, 304 whatever the length says: httptools' rules, not ours.
     if !(200..600).contains(&status) || status == 204 || status == 304 {
         return None;
@@ -45,7 +43,9 @@ pub fn whole(data: &[u8], max_body: usize) -> Option<Whole<'_>> {
     let line_end = find_crlf(data, at)?;
     let reason = &data[at..line_end];
     if !(reason.is_empty() || reason[0] == b' ')
-        || reason.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f)
+        || reason
+            .iter()
+            .any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f)
     {
         return None;
     }
@@ -89,9 +89,7 @@ pub fn whole(data: &[u8], max_body: usize) -> Option<Whole<'_>> {
                         .fold(0usize, |n, d| n * 10 + usize::from(d - b'0')),
                 );
             }
-            b"transfer-encoding" | b"connection" | b"upgrade" | b"proxy-connection" => {
-                return None
-            }
+            b"transfer-encoding" | b"connection" | b"upgrade" | b"proxy-connection" => return None,
             _ => {}
         }
         headers.push((lower, value));
@@ -158,7 +156,7 @@ mod tests {
     fn leaves_the_rest_to_httptools() {
         for data in [
             &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nh"[..], // partial
-            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi!",     // bytes past it
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi!",    // bytes past it
             b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nhi",
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nhi",
