@@ -12,6 +12,9 @@ def usage_counts(body: bytes) -> tuple[int, int, int] | None: ...
 def pass_on(
     headers: Iterable[tuple[bytes, bytes]], dropped: frozenset[bytes], body: bytes | None = None
 ) -> bytes: ...
+def whole_answer(
+    data: bytes, max_body: int
+) -> tuple[int, list[tuple[bytes, bytes]], int] | None: ...
 def choose_worker(
     held: Sequence[int],
     prompt_units: int,

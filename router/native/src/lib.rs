@@ -5,6 +5,7 @@
 //! are split here too, and their batches applied without a round trip through Python.
 
 mod affinity;
+mod answers;
 mod bits;
 mod events;
 mod framing;
@@ -93,6 +94,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(usage_counts, m)?)?;
     m.add_function(wrap_pyfunction!(choose_worker, m)?)?;
     m.add_function(wrap_pyfunction!(framing::pass_on, m)?)?;
+    m.add_function(wrap_pyfunction!(answers::whole_answer, m)?)?;
     m.add_class::<index::BlockIndex>()?;
     m.add_class::<index::BlockKeys>()?;
     m.add_class::<tokens::TokenIds>()?;

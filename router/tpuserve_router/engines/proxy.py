@@ -25,6 +25,8 @@ from typing import cast
 
 import httptools
 
+from tpuserve_router._native import whole_answer
+
 READ_PAUSE_BYTES = 1 << 20  # stop reading from the worker while this much waits for the client
 TIMER_SLACK_SECONDS = 0.002
 ALIVE_RECHECK_SECONDS = 0.5
@@ -137,10 +139,35 @@ class UpstreamConnection(asyncio.Protocol):
                     self._too_large()
                 return
             self.received = seen
+            if seen == len(data):  # an answer's first bytes: the whole of it, maybe
+                whole = whole_answer(data, min(self.max_body_bytes, READ_PAUSE_BYTES))
+                if whole is not None:
+                    self._whole(data, *whole)
+                    return
         try:  # as _feed, inlined: this is the request path
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
             self._parse_failed(err)
+
+    def _whole(
+        self, data: bytes, status: int, headers: list[tuple[bytes, bytes]], body_at: int
+    ) -> None:
+        """A whole answer read in one native call (`whole_answer`: HTTP/1.1, a
+        content-length, no connection header, nothing past its end), left as the httptools
+        callbacks leave one; httptools' parser saw none of it, so it waits for the next."""
+        self.status = status
+        self.headers = headers
+        self.head_ready = True
+        body = data[body_at:]
+        self.received = len(body)
+        if body:
+            self.body_chunks = 1
+            self.chunks.append(body)
+            self.buffered = len(body)
+        self.done = True
+        self.keep_alive = True
+        self._check_at = math.inf  # its timer stays, for the connection's next request
+        self._wake()
 
     def _feed(self, data: bytes | memoryview) -> None:
         if self.closed:

@@ -497,6 +497,8 @@ class WorkerRegistry:
 
     def split_model(self, requested: str) -> tuple[str, str | None]:
         """``(model, adapter)`` of a requested name, as SGLang splits it (`split_model`)."""
+        if ":" not in requested:  # no adapter named: the common case, without the call
+            return requested, None
         return split_model(requested, self.by_model)
 
     def known_models(self) -> list[str]:

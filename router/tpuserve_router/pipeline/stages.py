@@ -190,7 +190,8 @@ class Pipeline:
         parsed, bound, theirs = self._parse(arrival, data)
         since = arrival.arrived
         held = arrival.may_wait and self.holds.enabled and self._must_hold(parsed.model)
-        label = hold_label(self.registry.split_model(parsed.model)[0], self._known_models())
+        base = self.registry.split_model(parsed.model)[0]
+        label = base if base and self._known(base) else OTHER_MODEL  # `hold_label`, no set made
         if self.on_arrival is not None:
             self.on_arrival(held, label)
         if held:
@@ -465,6 +466,10 @@ class Pipeline:
             colocated = (w for w in workers if w.role is None)
             return any(w.healthy for w in colocated) or self.pair_possible(workers)
         return any(w.healthy for w in workers)
+
+    def _known(self, model: str) -> bool:
+        """``model`` is in `_known_models` (without making the set)."""
+        return model in self.registry.by_model or model in self.hold_models
 
     def _known_models(self) -> frozenset[str]:
         return self.hold_models.union(self.registry.by_model)

@@ -47,13 +47,14 @@ class ModelFlights:
         return self.counts.get(model, 0)
 
     def full(self, model: str) -> bool:
-        return self.limit is not None and self.of(model) >= self.limit
+        return self.limit is not None and self.counts.get(model, 0) >= self.limit
 
     def enter(self, model: str) -> None:
-        self.counts[model] = self.of(model) + 1
+        counts = self.counts  # on every request's path: no call to `of`
+        counts[model] = counts.get(model, 0) + 1
 
     def leave(self, model: str) -> None:
-        left = self.of(model) - 1
+        left = self.counts.get(model, 0) - 1
         if left > 0:
             self.counts[model] = left
         else:
