@@ -321,7 +321,7 @@ def create_router_app(
     metrics.registry.register(
         StateCollector(
             functools.partial(_worker_states, workers),
-            policy.index_sizes,
+            functools.partial(_state_sizes, policy, tokenizer),
             lambda: len(book.open),
             lambda: buffers.used + (picker.buffers.used if picker is not None else 0),
         )
@@ -369,6 +369,14 @@ def _keys_reloaded(
 
 def _closed(metrics: RouterMetrics, reason: str) -> None:
     metrics.connections_closed.labels(reason).inc()
+
+
+def _state_sizes(policy: Policy, tokenizer: ChatTokenCache | None) -> dict[str, int]:
+    """The policy's index sizes and the token cache's bytes (`StateCollector`)."""
+    sizes = policy.index_sizes()
+    if tokenizer is not None:
+        sizes["token_cache_bytes"] = tokenizer.cached_bytes
+    return sizes
 
 
 def _worker_states(workers: WorkerRegistry) -> list[WorkerState]:

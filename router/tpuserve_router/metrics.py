@@ -240,7 +240,14 @@ RESYNC_REASONS: Final = (
 )
 REPLAY_RESULTS: Final = ("ok", "failed")
 KV_EVENT_SKIP_REASONS: Final = DECODE_ERROR_REASONS  # bad_frames, ..., unknown_event
-INDEX_KINDS: Final = ("tree_chars", "confirmed_blocks", "predicted_blocks")
+INDEX_KINDS: Final = (
+    "tree_chars",
+    "confirmed_blocks",
+    "predicted_blocks",
+    "successor_keys",
+    "shared_prefix_ends",
+    "token_cache_bytes",
+)
 
 
 @dataclass(frozen=True)
@@ -646,8 +653,10 @@ class StateCollector(Collector):
                     kv_usage.add_metric([worker.name], load.kv_usage)
         index = GaugeMetricFamily(
             "tpuserve_router_prefix_index_size",
-            "Size of the routing policy's prefix index: tree_chars (cache_aware), "
-            "confirmed_blocks and predicted_blocks (precise, cost).",
+            "Size of the routing state: tree_chars (cache_aware), confirmed_blocks and "
+            "predicted_blocks (precise, cost), successor_keys (lost workers' block keys "
+            "remembered, precise), shared_prefix_ends (precise), token_cache_bytes (the token "
+            "policies' token cache).",
             labels=["kind"],
         )
         sizes = self._index_size()
