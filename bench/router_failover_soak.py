@@ -377,7 +377,7 @@ def report(
         "migrated_streams_same_text": bool(migrated_checks)
         and all(m["same"] for m in migrated_checks),
         "consistency_at_least_0.99": bool(consistency)
-        and all(c is not None and c >= 0.99 for c in consistency),
+        and all(isinstance(c, (int, float)) and c >= 0.99 for c in consistency),
         f"memory_flat_last_half_slope_at_most_{args.flat_slope}_mib_per_min": bool(mem)
         and all(m["flat"] for m in mem.values()),
     }  # fmt: skip

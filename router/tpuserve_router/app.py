@@ -324,6 +324,7 @@ def create_router_app(
             functools.partial(_state_sizes, policy, tokenizer),
             lambda: len(book.open),
             lambda: buffers.used + (picker.buffers.used if picker is not None else 0),
+            policy.failover_routes,
         )
     )
     return RouterApp(

@@ -445,6 +445,10 @@ class PrecisePolicy(BlockIndexPolicy):
         sizes["shared_prefix_ends"] = len(self.shared) if self.shared is not None else 0
         return sizes
 
+    def failover_routes(self) -> dict[str, int]:
+        spread = self.shared.spread if self.shared is not None else 0
+        return {"successor": self.successors.chosen, "shared_prefix_spread": spread}
+
     def remember_lost(self, name: str, rank: int | None = None) -> None:
         """Worker ``name``'s stream (of DP rank ``rank``; every rank's when None) is about to
         be dropped because the engine died or restarted empty: remember what it held, so its
