@@ -91,6 +91,42 @@ def proc_status(pid: int, field: str) -> int | None:
     return None
 
 
+ARENA_ALIGN = 64 << 20  # glibc's thread arenas are heaps of 64 MiB, aligned to their size
+
+
+def memory_map(pid: int) -> dict[str, float]:
+    """Where a process's resident memory is (MiB, from ``/proc/PID/smaps``): glibc's main
+    heap (``[heap]``), its thread arenas (anonymous read-write mappings that start on a 64 MiB
+    boundary) and how many, the other anonymous mappings (pymalloc's arenas, large blocks
+    malloc maps on their own) and files (code, shared libraries)."""
+    out = {"heap": 0.0, "thread_arenas": 0.0, "thread_arena_count": 0.0, "other_anon": 0.0,
+           "files": 0.0}  # fmt: skip
+    kind = ""
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        head = line.split(None, 5)
+        if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            start = int(head[0].split("-", 1)[0], 16)
+            name = head[5].strip() if len(head) > 5 else ""
+            if name == "[heap]":
+                kind = "heap"
+            elif name.startswith("/"):
+                kind = "files"
+            elif not name and head[1].startswith("rw") and start % ARENA_ALIGN == 0:
+                kind = "thread_arenas"
+                out["thread_arena_count"] += 1
+            elif not name:
+                kind = "other_anon"
+            else:
+                kind = ""  # [stack], [vdso] and the like
+        elif line.startswith("Rss:") and kind:
+            out[kind] += int(line.split()[1]) / 1024
+    return {k: round(v, 1) for k, v in out.items()}
+
+
 def rss_mib(pid: int) -> float | None:
     kib = proc_status(pid, "VmRSS")
     return None if kib is None else kib / 1024
@@ -458,7 +494,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                         if r.in_service and r.proc is not None:
                             sizes = await index_sizes(session, r.url)
                             threads = proc_status(r.proc.pid, "Threads")
-                            sample[f"router{r.index}"] = {**sizes, "threads": threads}
+                            sample[f"router{r.index}"] = {**sizes, "threads": threads,
+                                                          **memory_map(r.proc.pid)}  # fmt: skip
                             line.append(f"r{r.index} {compact(sizes)},thr={threads}")
                     samples.append(sample)
                     done = [t for t in load.turns if t.end]
