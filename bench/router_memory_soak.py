@@ -18,7 +18,7 @@ or arenas not returning memory) rather than memory in use.
                                        [--restart-at 90] [--sample-every 15] [--top 12]
                                        [--engine-arg=--cache-tokens=16384]
                                        [--question-chars 0] [--token-cache-bytes 67108864]
-                                       [--trim-every-sample]
+                                       [--trim-every-sample] [--kill-every 0]
 """
 
 from __future__ import annotations
@@ -148,6 +148,10 @@ async def soak(args: argparse.Namespace) -> None:
                 await asyncio.to_thread(engines[0].start)
                 restarted = True
                 print(f"{now:6.0f} s  engine 0 restarted", flush=True)
+                if args.kill_every:  # the next cycle
+                    args.kill_at += args.kill_every
+                    args.restart_at += args.kill_every
+                    killed = restarted = False
             current, _peak = tracemalloc.get_traced_memory()
             used, free = malloc_mib()
             trimmed = ""
@@ -167,6 +171,8 @@ async def soak(args: argparse.Namespace) -> None:
             snapshot = tracemalloc.take_snapshot().filter_traces(
                 [tracemalloc.Filter(False, tracemalloc.__file__)]
             )
+            if args.kill_every and baseline is None and now >= args.kill_every:
+                baseline = snapshot  # the first cycle's
             if restarted and baseline is None:
                 baseline = snapshot
             last = snapshot
@@ -196,6 +202,8 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--kill-at", type=float, default=60)
     parser.add_argument("--restart-at", type=float, default=90)
+    parser.add_argument("--kill-every", type=float, default=0,
+                        help="repeat the kill and the restart every this many seconds")  # fmt: skip
     parser.add_argument("--sample-every", type=float, default=15)
     parser.add_argument("--frames", type=int, default=8)
     parser.add_argument("--top", type=int, default=12)
