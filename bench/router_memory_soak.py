@@ -145,7 +145,12 @@ async def soak(args: argparse.Namespace) -> None:
                 killed = True
                 print(f"{now:6.0f} s  engine 0 killed", flush=True)
             if killed and not restarted and now >= args.restart_at:
-                await asyncio.to_thread(engines[0].start)
+                try:
+                    await asyncio.to_thread(engines[0].start)
+                except RuntimeError as err:  # not ready in time (a loaded machine): again
+                    engines[0].stop()
+                    print(f"{now:6.0f} s  engine 0 restart failed ({err}); retrying", flush=True)
+                    continue
                 restarted = True
                 print(f"{now:6.0f} s  engine 0 restarted", flush=True)
                 if args.kill_every:  # the next cycle
