@@ -20,13 +20,18 @@ and put back once ready. It reports:
   replica, answered by the engine that answered their first turn after the kill;
 - the restarted engine's share of the first turns of new conversations in the
   ``--share-window`` seconds after its restart (a fair share is 1 / engines);
-- each replica's RSS over time, and its slope and range over the last half;
+- each replica's RSS over time, and its slope and range over the last half, against
+  ``--flat-slope`` (MiB/min: "flat" is a last-half least-squares slope at most this), with
+  the sizes of its bounded state (`tpuserve_router_prefix_index_size{kind}`: the block
+  index, the lost workers' keys, the shared-prefix ends, the token cache's bytes), its
+  thread count and the machine's load average at each sample;
 - the replicas' readiness at install: seconds from their (simultaneous) start to
   ``/readiness`` 200, and the restarted replica's.
 
     python bench/router_failover_soak.py [--seconds 600] [--rate 20] [--engines 4]
         [--replicas 3] [--kill 120 --kill 300] [--restart-after 20] [--router-restart 420]
-        [--sample-every 30] [--json out.json]
+        [--sample-every 30] [--replica-env 2:MALLOC_ARENA_MAX=2] [--flat-slope 0.1]
+        [--json out.json]
 
 With no ``--kill`` and no ``--router-restart`` it is a plain memory soak (item 4 of issue 68:
 ``--seconds 3600 --rate 4 --sample-every 60``).
@@ -75,14 +80,56 @@ def question(rng: random.Random, chars: int) -> str:
     return " ".join(words)
 
 
-def rss_mib(pid: int) -> float | None:
+def proc_status(pid: int, field: str) -> int | None:
+    """A number of ``/proc/PID/status`` (``VmRSS`` in KiB, ``Threads``), or None."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
     except OSError:
         return None
     return None
+
+
+ARENA_ALIGN = 64 << 20  # glibc's thread arenas are heaps of 64 MiB, aligned to their size
+
+
+def memory_map(pid: int) -> dict[str, float]:
+    """Where a process's resident memory is (MiB, from ``/proc/PID/smaps``): glibc's main
+    heap (``[heap]``), its thread arenas (anonymous read-write mappings that start on a 64 MiB
+    boundary) and how many, the other anonymous mappings (pymalloc's arenas, large blocks
+    malloc maps on their own) and files (code, shared libraries)."""
+    out = {"heap": 0.0, "thread_arenas": 0.0, "thread_arena_count": 0.0, "other_anon": 0.0,
+           "files": 0.0}  # fmt: skip
+    kind = ""
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        head = line.split(None, 5)
+        if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            start = int(head[0].split("-", 1)[0], 16)
+            name = head[5].strip() if len(head) > 5 else ""
+            if name == "[heap]":
+                kind = "heap"
+            elif name.startswith("/"):
+                kind = "files"
+            elif not name and head[1].startswith("rw") and start % ARENA_ALIGN == 0:
+                kind = "thread_arenas"
+                out["thread_arena_count"] += 1
+            elif not name:
+                kind = "other_anon"
+            else:
+                kind = ""  # [stack], [vdso] and the like
+        elif line.startswith("Rss:") and kind:
+            out[kind] += int(line.split()[1]) / 1024
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def rss_mib(pid: int) -> float | None:
+    kib = proc_status(pid, "VmRSS")
+    return None if kib is None else kib / 1024
 
 
 @dataclass
@@ -92,6 +139,7 @@ class Replica:
     peer_port: int
     peers: list[int]
     args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[str] | None = None
     log: Any = None
@@ -116,7 +164,7 @@ class Replica:
         self.ready_at = None
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )  # fmt: skip
 
     async def wait_ready(self, session: aiohttp.ClientSession, workers: int, within: float) -> None:
@@ -265,19 +313,24 @@ def slope_and_range(points: list[tuple[float, float]]) -> tuple[float, float]:
     return (sxy / sxx * 60 if sxx else 0.0), max(values) - min(values)
 
 
-async def index_sizes(session: aiohttp.ClientSession, url: str) -> str:
-    """The replica's block index sizes (``tpuserve_router_prefix_index_size``), compactly."""
+async def index_sizes(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
+    """The replica's state sizes (``tpuserve_router_prefix_index_size{kind}``), by kind."""
     try:
         async with session.get(url + "/metrics") as resp:
             text = await resp.text()
     except aiohttp.ClientError:
-        return "?"
-    sizes = []
+        return {}
+    sizes = {}
     for line in text.splitlines():
         if line.startswith("tpuserve_router_prefix_index_size{"):
             kind = line.split('kind="', 1)[1].split('"', 1)[0]
-            sizes.append(f"{kind.split('_')[0]}={float(line.rsplit(' ', 1)[1]):.0f}")
-    return ",".join(sizes)
+            sizes[kind] = int(float(line.rsplit(" ", 1)[1]))
+    return sizes
+
+
+def compact(sizes: dict[str, int]) -> str:
+    shown = (f"{kind.split('_')[0]}={n}" for kind, n in sizes.items() if kind != "tree_chars")
+    return ",".join(shown)
 
 
 async def direct_text(session: aiohttp.ClientSession, url: str, t: Turn) -> str:
@@ -294,6 +347,7 @@ def report(
     memory: dict[int, list[tuple[float, float]]],
     ready: dict[str, Any],
     migrated_checks: list[dict[str, Any]],
+    samples: list[dict[str, Any]],
 ) -> dict[str, Any]:
     failed = [t for t in turns if not t.ok]
     by_conv: dict[int, list[Turn]] = {}
@@ -344,6 +398,8 @@ def report(
         half = [p for p in points if p[0] >= args.seconds / 2]
         slope, spread = slope_and_range(half)
         mem[f"router{index}"] = {
+            "env": args.replica_env.get(index, {}),
+            "flat": abs(slope) <= args.flat_slope,
             "first_mib": round(points[0][1], 1) if points else None,
             "last_mib": round(points[-1][1], 1) if points else None,
             "max_mib": round(max(p[1] for p in points), 1) if points else None,
@@ -351,7 +407,21 @@ def report(
             "last_half_range_mib": round(spread, 1),
             "series": [(round(t), round(m, 1)) for t, m in points],
         }  # fmt: skip
+    consistency = [f["consistency"] for f in failover]
+    criteria = {
+        "no_request_failed": not failed,
+        "migrated_streams_same_text": bool(migrated_checks)
+        and all(m["same"] for m in migrated_checks),
+        "consistency_at_least_0.99": bool(consistency)
+        and all(isinstance(c, (int, float)) and c >= 0.99 for c in consistency),
+        f"memory_flat_last_half_slope_at_most_{args.flat_slope}_mib_per_min": bool(mem)
+        and all(m["flat"] for m in mem.values()),
+    }  # fmt: skip
+    loads = [s["load1"] for s in samples]
     return {
+        "criteria": criteria, "all_met": all(criteria.values()),
+        "load_average_1min": {"min": min(loads, default=None), "max": max(loads, default=None),
+                              "mean": round(sum(loads) / len(loads), 2) if loads else None},
         "requests": len(turns), "failed": len(failed),
         "failures": [f"{t.conversation}/{t.turn}: {t.error}" for t in failed[:20]],
         "streams_on_killed_engines": len(migrated_checks),
@@ -359,7 +429,7 @@ def report(
         "migrated": migrated_checks[:20],
         "failover": failover,
         "next_turn_same_engine": round(same / total, 4) if total else None,
-        "memory": mem, "ready": ready,
+        "memory": mem, "ready": ready, "samples": samples,
     }  # fmt: skip
 
 
@@ -371,6 +441,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     memory: dict[int, list[tuple[float, float]]] = {}
     kills: list[tuple[float, float, str]] = []
     ready: dict[str, Any] = {}
+    samples: list[dict[str, Any]] = []
     try:
         for engine in engines:
             engine.start()
@@ -378,7 +449,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         ports = [free_port_pair() for _ in range(args.replicas)]
         for i in range(args.replicas):
             peers = [p for j, p in enumerate(ports) if j != i]
-            replicas.append(Replica(i, urls, ports[i], peers, args.router_arg))
+            replicas.append(Replica(i, urls, ports[i], peers, args.router_arg,
+                                    args.replica_env.get(i, {})))  # fmt: skip
         timeout = aiohttp.ClientTimeout(total=300)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             for r in replicas:  # installed together
@@ -410,15 +482,22 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             while not runner.done():
                 now = time.monotonic() - t0
                 if now >= next_sample:
-                    line = [f"{now:6.0f} s"]
+                    load1 = os.getloadavg()[0]
+                    sample: dict[str, Any] = {"t": round(now), "load1": round(load1, 2)}
+                    line = [f"{now:6.0f} s  load {load1:5.2f}"]
                     for r in replicas:
                         mib = rss_mib(r.proc.pid) if r.proc is not None else None
                         if mib is not None:
                             memory.setdefault(r.index, []).append((now, mib))
                             line.append(f"router{r.index} {mib:6.1f} MiB")
                     for r in replicas:
-                        if r.in_service:
-                            line.append(f"r{r.index} {await index_sizes(session, r.url)}")
+                        if r.in_service and r.proc is not None:
+                            sizes = await index_sizes(session, r.url)
+                            threads = proc_status(r.proc.pid, "Threads")
+                            sample[f"router{r.index}"] = {**sizes, "threads": threads,
+                                                          **memory_map(r.proc.pid)}  # fmt: skip
+                            line.append(f"r{r.index} {compact(sizes)},thr={threads}")
+                    samples.append(sample)
                     done = [t for t in load.turns if t.end]
                     line.append(f"requests {len(done)} failed {sum(1 for t in done if not t.ok)}")
                     print("  ".join(line), flush=True)
@@ -462,7 +541,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                         checks.append({"conversation": t.conversation, "turn": t.turn,
                                        "engines": t.engines, "ok": t.ok,
                                        "same": t.ok and t.text == expected})  # fmt: skip
-        return report(args, load.turns, kills, memory, ready, checks)
+        return report(args, load.turns, kills, memory, ready, checks, samples)
     finally:
         for r in replicas:
             r.stop()
@@ -496,14 +575,29 @@ def main() -> int:
     )
     parser.add_argument("--router-arg", action="append", default=[],
                         help="a flag for every router replica")  # fmt: skip
+    parser.add_argument("--replica-env", action="append", default=[], metavar="I:KEY=VALUE",
+                        help="an environment variable for replica I only, e.g. "
+                        "2:MALLOC_ARENA_MAX=2 (an A/B within one run)")  # fmt: skip
+    parser.add_argument("--flat-slope", type=float, default=0.1,
+                        help="MiB/min: memory is flat when each replica's last-half "
+                        "least-squares RSS slope is at most this")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    envs: dict[int, dict[str, str]] = {}
+    for item in args.replica_env:
+        index, sep, assignment = item.partition(":")
+        key, eq, value = assignment.partition("=")
+        if not (sep and eq and key and index.isdigit() and int(index) < args.replicas):
+            parser.error(f"--replica-env {item!r}: expected I:KEY=VALUE, I below --replicas "
+                         f"({args.replicas})")  # fmt: skip
+        envs.setdefault(int(index), {})[key] = value
+    args.replica_env = envs
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop cleanly: finally runs
     result = asyncio.run(soak(args))
     print(json.dumps(result, indent=2), flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0 if result["failed"] == 0 else 1
+    return 0 if result["all_met"] else 1
 
 
 if __name__ == "__main__":

@@ -8,18 +8,24 @@ streamed completions a second (prompts sharing 8 prefixes, as a chat fleet's do)
 ``--kill-at`` seconds engine 0 is killed with SIGKILL, at ``--restart-at`` started again on
 its ports. Every ``--sample-every`` seconds it prints the process's RSS and the Python heap
 tracemalloc sees; at the end, the allocation sites that grew most between the first sample
-after the restart and the last (the leak, if any: what a plateau does not show).
+after the restart and the last (the leak, if any: what a plateau does not show). Each
+sample also reads glibc's ``mallinfo2`` (summed over every arena): the bytes in use and the
+bytes free but still held; at the end ``malloc_trim(0)`` returns what it can, and the RSS
+before and after it says how much of the RSS was free heap the allocator kept (fragmentation,
+or arenas not returning memory) rather than memory in use.
 
     python bench/router_memory_soak.py [--seconds 240] [--rate 20] [--kill-at 60]
                                        [--restart-at 90] [--sample-every 15] [--top 12]
                                        [--engine-arg=--cache-tokens=16384]
                                        [--question-chars 0] [--token-cache-bytes 67108864]
+                                       [--trim-every-sample] [--kill-every 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import os
 import sys
 import time
@@ -72,6 +78,28 @@ asyncio.run(main())
 """
 
 
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]  # fmt: skip
+
+
+LIBC = ctypes.CDLL("libc.so.6")
+LIBC.mallinfo2.restype = MallInfo2
+
+
+def malloc_mib() -> tuple[float, float]:
+    """glibc's heap: MiB in use (small blocks, ordinary blocks and mmapped ones) and MiB free
+    but held, over every arena."""
+    info = LIBC.mallinfo2()
+    used = info.uordblks + info.hblkhd
+    return used / 2**20, info.fordblks / 2**20
+
+
+def malloc_trim() -> None:
+    LIBC.malloc_trim(0)
+
+
 def rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -117,14 +145,30 @@ async def soak(args: argparse.Namespace) -> None:
                 killed = True
                 print(f"{now:6.0f} s  engine 0 killed", flush=True)
             if killed and not restarted and now >= args.restart_at:
-                await asyncio.to_thread(engines[0].start)
+                try:
+                    await asyncio.to_thread(engines[0].start)
+                except RuntimeError as err:  # not ready in time (a loaded machine): again
+                    engines[0].stop()
+                    print(f"{now:6.0f} s  engine 0 restart failed ({err}); retrying", flush=True)
+                    continue
                 restarted = True
                 print(f"{now:6.0f} s  engine 0 restarted", flush=True)
+                if args.kill_every:  # the next cycle
+                    args.kill_at += args.kill_every
+                    args.restart_at += args.kill_every
+                    killed = restarted = False
             current, _peak = tracemalloc.get_traced_memory()
+            used, free = malloc_mib()
+            trimmed = ""
+            if args.trim_every_sample:
+                before = rss_mib()
+                malloc_trim()
+                trimmed = f" (trimmed {before - rss_mib():4.1f})"
             routed = {w.name[-5:]: w.in_flight for w in app.registry.workers}
             tokens = app.tokenizer.cached_bytes if app.tokenizer is not None else 0
             print(
-                f"{now:6.0f} s  RSS {rss_mib():6.1f} MiB  traced heap {current / 2**20:6.1f} MiB"
+                f"{now:6.0f} s  RSS {rss_mib():6.1f} MiB{trimmed}  malloc used {used:6.1f} free "
+                f"{free:5.1f} MiB  traced heap {current / 2**20:6.1f} MiB"
                 f"  token cache {tokens / 2**20:5.1f} MiB  index {app.policy.index_sizes()}"
                 f"  in flight {routed}",
                 flush=True,
@@ -132,12 +176,19 @@ async def soak(args: argparse.Namespace) -> None:
             snapshot = tracemalloc.take_snapshot().filter_traces(
                 [tracemalloc.Filter(False, tracemalloc.__file__)]
             )
+            if args.kill_every and baseline is None and now >= args.kill_every:
+                baseline = snapshot  # the first cycle's
             if restarted and baseline is None:
                 baseline = snapshot
             last = snapshot
     finally:
         out, _ = await asyncio.wait_for(load.communicate(), 180)
         print("load:", out.decode().strip(), flush=True)
+        before = rss_mib()
+        used, free = malloc_mib()
+        malloc_trim()
+        print(f"at the end: RSS {before:.1f} MiB (malloc used {used:.1f}, free {free:.1f}); "
+              f"after malloc_trim(0) {rss_mib():.1f} MiB", flush=True)  # fmt: skip
         await app.stop()
         for engine in engines:
             engine.stop()
@@ -156,6 +207,8 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--kill-at", type=float, default=60)
     parser.add_argument("--restart-at", type=float, default=90)
+    parser.add_argument("--kill-every", type=float, default=0,
+                        help="repeat the kill and the restart every this many seconds")  # fmt: skip
     parser.add_argument("--sample-every", type=float, default=15)
     parser.add_argument("--frames", type=int, default=8)
     parser.add_argument("--top", type=int, default=12)
@@ -166,6 +219,11 @@ def main() -> None:
         help="each prompt's own tail, after its shared prefix (distinct text)",
     )
     parser.add_argument("--token-cache-bytes", type=int, default=64 << 20)
+    parser.add_argument(
+        "--trim-every-sample",
+        action="store_true",
+        help="call malloc_trim(0) after each sample (the RSS it returned)",
+    )
     parser.add_argument(
         "--engine-arg", action="append", default=[],
         help="a flag for every engine twin, e.g. --engine-arg=--cache-tokens=16384",

@@ -295,9 +295,13 @@ def create_router_app(
     metrics.registry.register(
         StateCollector(
             functools.partial(_worker_states, workers),
-            policy.index_sizes,
+            lambda: (
+                policy.index_sizes()  # and the token cache's bytes
+                | ({"token_cache_bytes": tokenizer.cached_bytes} if tokenizer is not None else {})
+            ),
             lambda: len(book.open),
             lambda: buffers.used + (picker.buffers.used if picker is not None else 0),
+            policy.failover_routes,
         )
     )
     return RouterApp(

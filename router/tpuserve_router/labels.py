@@ -33,5 +33,10 @@ PD_LEGS: Final = ("prefill", "decode")
 PD_FAILURE_KINDS: Final = ("bootstrap", "transfer", "transport", "status", "timeout")
 """A pair's failed leg and how it failed (``tpuserve_router_pd_failures_total``)."""
 
+FAILOVER_ROUTES: Final = ("successor", "shared_prefix_spread")
+"""``tpuserve_router_failover_routes_total{kind}``: a prompt a lost worker held sent to its
+successor (`policies.failover`); a hit on a shared prefix sent away from its busy holder
+(`policies.shared_prefixes`)."""
+
 MIGRATION_RESULTS: Final = ("migrated", "not_migrated")
 """``tpuserve_router_stream_migrations_total{result}``."""

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sglang_tpu.kv_events import DECODE_ERROR_REASONS
 from tpuserve_router.labels import (
     ABORT_REASONS,
     EJECTION_REASONS,
+    FAILOVER_ROUTES,
     KV_TIERS,
     OUTCOMES,
     PEER_MESSAGE_KINDS,
@@ -106,7 +107,14 @@ RESYNC_REASONS: Final = (
 )
 REPLAY_RESULTS: Final = ("ok", "failed")
 KV_EVENT_SKIP_REASONS: Final = DECODE_ERROR_REASONS  # bad_frames, ..., unknown_event
-INDEX_KINDS: Final = ("tree_chars", "confirmed_blocks", "predicted_blocks")
+INDEX_KINDS: Final = (
+    "tree_chars",
+    "confirmed_blocks",
+    "predicted_blocks",
+    "successor_keys",
+    "shared_prefix_ends",
+    "token_cache_bytes",
+)
 
 
 @dataclass(frozen=True)
@@ -456,6 +464,7 @@ class StateCollector(Collector):
     - ``tpuserve_router_prefix_index_size{kind}``
     - ``tpuserve_router_client_connections`` (open on the client port)
     - ``tpuserve_router_buffered_request_bytes`` (request bodies held, `--max-buffered-bytes`)
+    - ``tpuserve_router_failover_routes_total{kind}``: the policy's own counts
     """
 
     def __init__(
@@ -464,13 +473,15 @@ class StateCollector(Collector):
         index_size: Callable[[], dict[str, int]],
         connections: Callable[[], int] = lambda: 0,
         buffered: Callable[[], int] = lambda: 0,
+        failover_routes: Callable[[], dict[str, int]] = dict,
     ) -> None:
         self._workers = workers
         self._index_size = index_size
         self._connections = connections
         self._buffered = buffered
+        self._failover_routes = failover_routes
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(
             "tpuserve_router_in_flight_requests",
             "Requests sent to the worker that have not finished.",
@@ -512,8 +523,10 @@ class StateCollector(Collector):
                     kv_usage.add_metric([worker.name], load.kv_usage)
         index = GaugeMetricFamily(
             "tpuserve_router_prefix_index_size",
-            "Size of the routing policy's prefix index: tree_chars (cache_aware), "
-            "confirmed_blocks and predicted_blocks (precise, cost).",
+            "Size of the routing state: tree_chars (cache_aware), confirmed_blocks and "
+            "predicted_blocks (precise, cost), successor_keys (lost workers' block keys "
+            "remembered, precise), shared_prefix_ends (precise), token_cache_bytes (the token "
+            "policies' token cache).",
             labels=["kind"],
         )
         sizes = self._index_size()
@@ -536,10 +549,21 @@ class StateCollector(Collector):
         yield kv_usage
         yield engine_info
         yield index
+        failover = CounterMetricFamily(
+            "tpuserve_router_failover_routes",
+            "Requests the routing policy sent by its failover rules: successor (a prompt a "
+            "lost worker held, to its successor), shared_prefix_spread (a hit on a shared "
+            "prefix, away from its busy holder).",
+            labels=["kind"],
+        )
+        routes = self._failover_routes()
+        for kind in FAILOVER_ROUTES:
+            failover.add_metric([kind], routes.get(kind, 0))
         yield connections
         yield buffered
+        yield failover
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
+    def describe(self) -> Iterator[Metric]:
         return iter(())
 
 

@@ -76,6 +76,14 @@ def test_the_checker_catches_a_misspelt_metric() -> None:
     assert names - catalog.known_series()
 
 
+def test_a_counter_collected_at_scrape_time_is_known_by_its_exposed_name() -> None:
+    """The router's scrape-time counters (`StateCollector`) are exposed with ``_total``, as
+    the registry's are: a rule or panel selects them by that name."""
+    known = catalog.router_series()
+    assert "tpuserve_router_failover_routes_total" in known
+    assert "tpuserve_router_failover_routes" not in known
+
+
 def test_nothing_charts_the_cache_hit_rate_gauge() -> None:
     for path in DASHBOARD_FILES:
         assert "sglang:cache_hit_rate" not in path.read_text()

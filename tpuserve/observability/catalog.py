@@ -43,7 +43,7 @@ def router_series() -> frozenset[str]:
     create_router_metrics(registry)
     names = _series_of(registry)
     for family in StateCollector(lambda: (), dict).collect():
-        names.add(family.name)
+        names.update(family.name + suffix for suffix in SUFFIXES.get(family.type, ("",)))
     return frozenset(names)
 
 

@@ -177,6 +177,11 @@ class Policy(Protocol):
         when it keeps none."""
         ...
 
+    def failover_routes(self) -> dict[str, int]:
+        """Requests the policy routed by its failover rules since it started, by kind
+        (`labels.FAILOVER_ROUTES`); empty when it has none."""
+        ...
+
     def queued_prefill_tokens(self, name: str) -> int:
         """Prompt tokens this policy booked on worker ``name`` whose prefill is not over
         (the load poll subtracts them from the engine's count); 0 when it books none."""
@@ -210,6 +215,9 @@ class PolicyDefaults:
             "confirmed_blocks": index.confirmed_blocks,
             "predicted_blocks": index.predicted_blocks,
         }
+
+    def failover_routes(self) -> dict[str, int]:
+        return {}
 
     def queued_prefill_tokens(self, name: str) -> int:
         return 0

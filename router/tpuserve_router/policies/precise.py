@@ -92,7 +92,7 @@ from tpuserve_router.policies.base import (
     loads_imbalanced,
     register,
 )
-from tpuserve_router.policies.failover import Successors, rendezvous
+from tpuserve_router.policies.failover import MAX_KEYS, Successors, rendezvous
 from tpuserve_router.policies.prefix_routing import (
     LOAD_FACTOR,
     AffinityParams,
@@ -104,7 +104,7 @@ from tpuserve_router.policies.prefix_routing import (
     leave_long_queue,
     queue_move,
 )
-from tpuserve_router.policies.shared_prefixes import SharedPrefixes
+from tpuserve_router.policies.shared_prefixes import MAX_ENDS, SharedPrefixes
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,10 @@ class PreciseParams(AffinityParams, IndexParams, QueueParams):
     failover_ttl_seconds: float = 300.0
     """How long the blocks a lost worker held steer its conversations to their successors
     (`failover`); 0: not at all."""
+    failover_max_keys: int = MAX_KEYS
+    """The most block keys of lost workers remembered, in all (`failover.Successors`)."""
+    shared_prefix_ends: int = MAX_ENDS
+    """The most match ends `shared_prefixes` remembers (the oldest forgotten first)."""
 
     def validate(self) -> str | None:
         return (
@@ -142,6 +146,16 @@ class PreciseParams(AffinityParams, IndexParams, QueueParams):
                 None
                 if self.failover_ttl_seconds >= 0
                 else f"failover_ttl_seconds={self.failover_ttl_seconds} must be >= 0"
+            )
+            or (
+                None
+                if self.failover_max_keys >= 1
+                else f"failover_max_keys={self.failover_max_keys} must be >= 1"
+            )
+            or (
+                None
+                if self.shared_prefix_ends >= 1
+                else f"shared_prefix_ends={self.shared_prefix_ends} must be >= 1"
             )
         )
 
@@ -316,8 +330,12 @@ class PrecisePolicy(BlockIndexPolicy):
         self.start_index(self.params, clock)
         p = self.params
         self.room = HbmRoom()
-        self.successors = Successors(clock, p.failover_ttl_seconds)
-        self.shared = SharedPrefixes(p.shared_load_factor) if p.shared_load_factor else None
+        self.successors = Successors(clock, p.failover_ttl_seconds, p.failover_max_keys)
+        self.shared = (
+            SharedPrefixes(p.shared_load_factor, p.shared_prefix_ends)
+            if p.shared_load_factor
+            else None
+        )
         self.block_index.set_route_params(
             p.cache_threshold, p.balance_abs_threshold, p.balance_rel_threshold,
             p.queue_margin_tokens, p.saved_prefix_weight, p.host_hit_weight,
@@ -420,6 +438,16 @@ class PrecisePolicy(BlockIndexPolicy):
             others = [name for name in names if name != by]
             return names.index(others[rendezvous(key, others)])
         return rendezvous(key, names)
+
+    def index_sizes(self) -> dict[str, int]:
+        sizes = super().index_sizes()
+        sizes["successor_keys"] = len(self.successors)
+        sizes["shared_prefix_ends"] = len(self.shared) if self.shared is not None else 0
+        return sizes
+
+    def failover_routes(self) -> dict[str, int]:
+        spread = self.shared.spread if self.shared is not None else 0
+        return {"successor": self.successors.chosen, "shared_prefix_spread": spread}
 
     def remember_lost(self, name: str, rank: int | None = None) -> None:
         """Worker ``name``'s stream (of DP rank ``rank``; every rank's when None) is about to

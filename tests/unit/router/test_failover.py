@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.fakes import FakeWorker, VirtualClock, fake_request, fake_worker
-from tpuserve_router.policies import make_policy
+from tpuserve_router.policies import PolicyConfigError, make_policy
 from tpuserve_router.policies.failover import Successors, name_hash, rendezvous
 from tpuserve_router.policies.precise import PrecisePolicy
 
@@ -187,3 +187,16 @@ def test_a_restarted_worker_does_not_take_back_the_conversations_it_lost() -> No
               for i in range(0, 30, 3)}  # fmt: skip
     assert NAMES[0] not in chosen
     assert chosen == {NAMES[1], NAMES[2]}
+
+
+def test_a_lost_workers_keys_are_held_to_failover_max_keys() -> None:
+    """The policy's bound (``failover_max_keys``) holds whatever the lost worker held, and
+    the keys remembered are exported as an index size (``successor_keys``)."""
+    policy = make_policy("precise", clock=VirtualClock(), page_size=PAGE, failover_max_keys=20)
+    assert isinstance(policy, PrecisePolicy)
+    for i in range(10):
+        store(policy, NAMES[0], conversation(i))  # 80 blocks
+    policy.remember_lost(NAMES[0])
+    assert policy.index_sizes()["successor_keys"] == 20
+    with pytest.raises(PolicyConfigError, match="failover_max_keys=0 must be >= 1"):
+        make_policy("precise", failover_max_keys=0)

@@ -7,12 +7,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fakes import VirtualClock, fake_request, fake_worker
 from tpuserve_router.metrics import (
     StateCollector,
     WorkerState,
     create_router_metrics,
     remove_worker_series,
 )
+from tpuserve_router.policies import make_policy
+from tpuserve_router.policies.precise import PrecisePolicy
 
 pytestmark = pytest.mark.unit
 
@@ -70,6 +73,7 @@ EXPECTED = {
     "tpuserve_router_pd_prefill_seconds": "histogram",
     "tpuserve_router_pd_kv_transfer_seconds": "histogram",
     "tpuserve_router_predicted_cached_tokens_by_tier": "counter",
+    "tpuserve_router_failover_routes": "counter",
 }
 
 
@@ -122,6 +126,31 @@ def test_state_gauges_are_read_at_scrape_time() -> None:
     assert (
         registry.get_sample_value("tpuserve_router_prefix_index_size", {"kind": "tree_chars"}) == 42
     )
+
+
+def test_the_policys_failover_routes_and_state_sizes_are_exported() -> None:
+    """A worker that left: its blocks' keys are remembered (``..._prefix_index_size{kind=
+    "successor_keys"}``) and its conversation's next turn goes to its successor
+    (``tpuserve_router_failover_routes_total{kind="successor"}``), read at scrape time."""
+    policy = make_policy("precise", clock=VirtualClock(), page_size=4)
+    assert isinstance(policy, PrecisePolicy)
+    tokens = list(range(32))
+    parent = None
+    for p in range(8):
+        policy.block_index.store("http://a:1", [p + 1], parent, tokens[p * 4 : p * 4 + 4], 4)
+        parent = p + 1
+    registry = CollectorRegistry()
+    registry.register(
+        StateCollector(lambda: [], policy.index_sizes, failover_routes=policy.failover_routes)
+    )
+    routes = {"kind": "successor"}
+    assert registry.get_sample_value("tpuserve_router_failover_routes_total", routes) == 0
+    policy.on_workers_changed(["http://b:1", "http://c:1"])  # a left
+    workers = [fake_worker("http://b:1"), fake_worker("http://c:1")]
+    policy.choose(fake_request(token_ids=[*tokens, 99, 98, 97, 96]), workers)
+    assert registry.get_sample_value("tpuserve_router_failover_routes_total", routes) == 1
+    assert registry.get_sample_value(
+        "tpuserve_router_prefix_index_size", {"kind": "successor_keys"}) == 8  # fmt: skip
 
 
 def test_a_departed_workers_series_are_removed() -> None:

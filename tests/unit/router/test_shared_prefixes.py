@@ -100,3 +100,21 @@ def test_match_ends_are_bounded() -> None:
     assert len(shared) == 3
     assert shared.is_shared(4, 101)  # seen followed by 100: a branch
     assert not shared.is_shared(0, 101)  # forgotten (the oldest went first)
+
+
+def test_the_policy_holds_match_ends_to_shared_prefix_ends() -> None:
+    """Every new conversation's hit on the system prompt, then each one's next turn, leaves a
+    match end; the policy's bound (``shared_prefix_ends``) holds them, and their number is
+    exported as an index size."""
+    policy = make_policy("precise", clock=VirtualClock(), page_size=PAGE, shared_prefix_ends=4)
+    assert isinstance(policy, PrecisePolicy)
+    store(policy, "a", SYSTEM)
+    workers = [fake_worker("a"), fake_worker("b")]
+    for i in range(12):
+        tokens = new_conversation(i)
+        store(policy, "a", tokens)
+        policy.choose(fake_request(token_ids=[*tokens, *range(50_000 + 100 * i, 50_010 + 100 * i)]),
+                      workers)  # fmt: skip
+    assert policy.index_sizes()["shared_prefix_ends"] == 4
+    with pytest.raises(PolicyConfigError, match="shared_prefix_ends=0 must be >= 1"):
+        make_policy("precise", shared_prefix_ends=0)
